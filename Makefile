@@ -1,0 +1,140 @@
+# aned — one hand-written Makefile.
+#   make            build bin/aned, bin/aneclient, bin/anebench, libaneclient
+#   make run        build, start aned on the bundled model, print a story
+#   make test       unit + integration tests; ends with "N passed, M failed"
+#   make bench      benchmarks on real-size synthetic models
+#   make cuda       build with the CUDA backend (CUDA_ARCH=90)
+#   make help       this text
+# Knobs: CC, OPT, CFLAGS, SANITIZER=address|undefined|thread, WERROR=1.
+
+CC       ?= cc
+OPT      ?= -O2
+SANITIZER ?=
+WERROR   ?=
+PYTHON   ?= /usr/bin/python3
+
+WARN := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
+        -Wpointer-arith -Wformat=2 -Wno-unused-parameter
+ifeq ($(WERROR),1)
+WARN += -Werror
+endif
+
+SANFLAGS :=
+ifneq ($(SANITIZER),)
+SANFLAGS := -fsanitize=$(SANITIZER) -fno-omit-frame-pointer
+ifeq ($(SANITIZER),undefined)
+SANFLAGS += -fno-sanitize-recover=undefined
+endif
+endif
+
+# Dependencies come from Debian packages (see README "Dependencies").
+DEB_PKGS := pkg-config libmsgpack-dev libev-dev libjansson-dev libpcre2-dev \
+            libutf8proc-dev python3-msgpack xz-utils curl
+PC_PKGS  := msgpack jansson libpcre2-8 libutf8proc
+# Recursive (=) so they are read after `deps` has run.
+PC_CFLAGS = $(shell pkg-config --cflags $(PC_PKGS) 2>/dev/null)
+PC_LIBS   = $(shell pkg-config --libs $(PC_PKGS) 2>/dev/null)
+
+CPPFLAGS += -I. -D_GNU_SOURCE
+CFLAGS   ?=
+ALL_CFLAGS = -std=c11 $(OPT) -g -pthread -fPIC $(WARN) $(SANFLAGS) $(CPPFLAGS) $(PC_CFLAGS) $(CFLAGS)
+LDLIBS    = $(PC_LIBS) -lev -lm -lpthread
+LDFLAGS  += $(SANFLAGS) -pthread
+
+O := bin/obj
+
+PROTO_SRC  := $(wildcard proto/*.c)
+ENGINE_SRC := $(wildcard engine/*.c)
+CLIENT_LIB_SRC := client/libaneclient.c
+DAEMON_SRC := $(wildcard daemon/*.c)
+UNIT_SRC   := $(wildcard tests/unit/t_*.c)
+TEST_HELP_SRC := $(filter-out $(UNIT_SRC),$(wildcard tests/unit/*.c))
+
+PROTO_OBJ  := $(PROTO_SRC:%.c=$(O)/%.o)
+ENGINE_OBJ := $(ENGINE_SRC:%.c=$(O)/%.o)
+CLIENT_LIB_OBJ := $(CLIENT_LIB_SRC:%.c=$(O)/%.o)
+DAEMON_OBJ := $(DAEMON_SRC:%.c=$(O)/%.o)
+TEST_HELP_OBJ := $(TEST_HELP_SRC:%.c=$(O)/%.o)
+UNIT_BIN   := $(UNIT_SRC:tests/unit/%.c=bin/tests/%)
+
+LIBPROTO  := bin/libaneproto.a
+LIBENGINE := bin/libaneengine.a
+LIBCLIENT := bin/libaneclient.a
+
+PROGS := bin/aned bin/aneclient bin/anebench
+
+.PHONY: all deps run test bench cuda help clean fixtures
+all: $(PROGS) $(LIBCLIENT) $(UNIT_BIN)
+
+help:
+	@sed -n '2,9p' Makefile | sed 's/^# \{0,1\}//'
+
+# Install what is missing when root; otherwise print the exact command.
+deps:
+	@missing=""; \
+	for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing:$$missing"; \
+	    (apt-get install -y -qq $$missing >/dev/null 2>&1 || \
+	     (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq $$missing >/dev/null)) || \
+	     { echo "apt-get install failed:$$missing" >&2; exit 1; }; \
+	  else \
+	    echo "missing packages; run: sudo apt-get install$$missing" >&2; exit 1; \
+	  fi; \
+	fi
+
+bin/.deps-ok: | deps
+	@mkdir -p bin && touch $@
+
+$(O)/%.o: %.c | bin/.deps-ok
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -MMD -MP -c $< -o $@
+
+$(LIBPROTO): $(PROTO_OBJ)
+	@rm -f $@; ar rcs $@ $^
+$(LIBENGINE): $(ENGINE_OBJ)
+	@rm -f $@; ar rcs $@ $^
+$(LIBCLIENT): $(CLIENT_LIB_OBJ) $(PROTO_OBJ)
+	@rm -f $@; ar rcs $@ $^
+
+bin/aned: $(DAEMON_OBJ) $(LIBENGINE) $(LIBPROTO)
+	$(CC) $(LDFLAGS) -o $@ $(DAEMON_OBJ) $(LIBENGINE) $(LIBPROTO) $(LDLIBS)
+bin/aneclient: $(O)/client/aneclient.o $(LIBCLIENT)
+	$(CC) $(LDFLAGS) -o $@ $< $(LIBCLIENT) $(LDLIBS)
+bin/anebench: $(O)/tests/bench/anebench.o $(LIBENGINE)
+	$(CC) $(LDFLAGS) -o $@ $< $(LIBENGINE) $(LDLIBS)
+
+bin/tests/%: $(O)/tests/unit/%.o $(TEST_HELP_OBJ) $(LIBENGINE) $(LIBCLIENT) $(LIBPROTO)
+	@mkdir -p bin/tests
+	$(CC) $(LDFLAGS) -o $@ $< $(TEST_HELP_OBJ) $(LIBENGINE) $(LIBCLIENT) $(LIBPROTO) $(LDLIBS)
+
+# Fixtures that are stored compressed are unpacked at build time.
+XZ_FIX := $(patsubst %.xz,%,$(wildcard tests/fixtures/tokenizers/*.xz tests/fixtures/tokenizers/hf/*.xz))
+bin/fixtures/%: tests/fixtures/tokenizers/%.xz
+	@mkdir -p $(dir $@)
+	xz -dc $< > $@.tmp && mv $@.tmp $@
+bin/fixtures/hf/%: tests/fixtures/tokenizers/hf/%.xz
+	@mkdir -p $(dir $@)
+	xz -dc $< > $@.tmp && mv $@.tmp $@
+fixtures: $(patsubst tests/fixtures/tokenizers/%,bin/fixtures/%,$(XZ_FIX))
+
+MODEL ?= tests/fixtures/models/stories260K.gguf
+PROMPT ?= Once upon a time
+run: all
+	@sock=$$(mktemp -u /tmp/aned-run.XXXXXX.sock); \
+	bin/aned --model $(MODEL) --socket $$sock & pid=$$!; \
+	for i in $$(seq 100); do [ -S $$sock ] && break; sleep 0.05; done; \
+	bin/aneclient --socket $$sock -n 200 "$(PROMPT)"; rc=$$?; echo; \
+	kill $$pid; wait $$pid; exit $$rc
+
+test: all fixtures
+	@PYTHON=$(PYTHON) SANITIZER=$(SANITIZER) sh tests/run.sh
+
+bench: all
+	@PYTHON=$(PYTHON) sh tests/bench/bench.sh
+
+clean:
+	rm -rf bin
+
+-include $(shell find $(O) -name '*.d' 2>/dev/null)

@@ -1,0 +1,186 @@
+/* engine.h — the engine's whole public surface; the daemon includes nothing
+ * else from engine/.
+ *
+ * One eng owns one resident model (weights mmapped read-only), its tokenizer,
+ * the KV cache pool and one worker thread that runs every forward pass.
+ * Any thread may call eng_submit/eng_cancel/eng_tokenize/eng_stats_get; the
+ * worker never calls back into the caller except through opts.notify, which
+ * must only wake the caller's loop (ev_async_send). Results are then taken
+ * with eng_events_take() on the caller's thread.
+ *
+ * Conventions: 0 ok, -1 error; messages through (char *err, size_t errlen). */
+#ifndef ANE_ENGINE_H
+#define ANE_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct eng eng;
+
+typedef struct eng_opts {
+    const char *model_path; /* GGUF file or Hugging Face directory */
+    const char *backend;    /* "cpu", "cuda", or NULL for the best present */
+    int n_threads;          /* matmul threads; 0 = online cores */
+    int n_ctx;              /* max tokens per sequence; 0 = model's, capped at 4096 */
+    size_t kv_budget;       /* bytes for the shared KV pool; 0 = room for max_seqs full contexts */
+    int max_seqs;           /* sequences in one batched forward pass; 0 = 16 */
+    int max_queued;         /* jobs waiting beyond max_seqs before ENG_EBUSY; 0 = 256 */
+    /* Called on the worker thread whenever events were queued. Must not call
+     * into the engine; typically ev_async_send(). May be NULL (then poll). */
+    void (*notify)(void *arg);
+    void *notify_arg;
+} eng_opts;
+
+/* Loads the model and starts the worker. */
+int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen);
+/* Cancels every job, joins the worker, unmaps the model. NULL is fine.
+ * Events still queued are freed. */
+void eng_close(eng *e);
+
+typedef enum eng_err {
+    ENG_OK = 0,
+    ENG_EINVAL,      /* a field out of range (sampling value, max_tokens, top_n) */
+    ENG_ETOKEN,      /* a token id outside the vocabulary */
+    ENG_ECTX,        /* prompt (+ max_tokens floor) longer than the context */
+    ENG_EBUSY,       /* queue full; retry later */
+    ENG_ENOMODEL,    /* tokenizer-only model: no weights to run */
+    ENG_EUTF8,       /* text is not valid UTF-8 */
+    ENG_ENOMEM,
+    ENG_ESHUTDOWN,   /* the engine is closing */
+    ENG_EINTERNAL,
+} eng_err;
+
+const char *eng_strerror(eng_err code);
+
+/* Static facts about the loaded model; valid until eng_close. */
+typedef struct eng_model_info {
+    const char *path;
+    const char *arch;          /* "llama", "qwen2", "qwen3", ... */
+    const char *name;          /* general.name or the file's base name */
+    const char *backend;       /* "cpu" or "cuda" */
+    const char *chat_template; /* "chatml", "llama3" or "none" */
+    const char *warning;       /* e.g. unknown chat template; "" when none */
+    int tokenizer_only;        /* 1: no tensors; generate/eval answer ENG_ENOMODEL */
+    int32_t n_vocab, n_ctx, n_ctx_train, n_layer, n_embd, n_head, n_head_kv;
+    int32_t bos, eos, eot;     /* -1 when absent */
+    uint64_t n_params;         /* weights */
+    uint64_t weight_bytes;
+    int n_threads, max_seqs;
+} eng_model_info;
+
+const eng_model_info *eng_model(const eng *e);
+
+typedef struct eng_stats {
+    uint32_t active;          /* jobs in the running batch */
+    uint32_t queued;          /* jobs waiting to be admitted */
+    uint64_t jobs_done;
+    uint64_t prompt_tokens;   /* processed (prefill), over the engine's life */
+    uint64_t cached_tokens;   /* prompt tokens reused from the cache */
+    uint64_t gen_tokens;      /* generated */
+    size_t kv_used, kv_total; /* bytes */
+    size_t weight_bytes;
+} eng_stats;
+
+void eng_stats_get(eng *e, eng_stats *st);
+
+/* Tokenizer, callable from any thread. *ids and *text are malloc'd, caller frees.
+ * add_bos: prepend BOS when the model's tokenizer asks for it.
+ * parse_special: text like "<|im_end|>" becomes the special token. */
+int eng_tokenize(eng *e, const char *text, size_t len, int add_bos, int parse_special,
+                 int32_t **ids, size_t *n, eng_err *code, char *err, size_t errlen);
+int eng_detokenize(eng *e, const int32_t *ids, size_t n, char **text, size_t *len,
+                   eng_err *code, char *err, size_t errlen);
+
+typedef struct eng_sampling {
+    float temperature;     /* 0 = greedy */
+    int32_t top_k;         /* 0 = off */
+    float top_p;           /* 1 = off */
+    float min_p;           /* 0 = off */
+    float repeat_penalty;  /* 1 = off */
+    int32_t repeat_last_n; /* window for the penalty; default 64 */
+    uint64_t seed;         /* same seed, same text */
+} eng_sampling;
+
+void eng_sampling_default(eng_sampling *s);
+
+typedef enum eng_job_kind { ENG_JOB_GENERATE = 0, ENG_JOB_EVAL = 1 } eng_job_kind;
+
+/* Everything is copied by eng_submit; the caller's buffers may go away after. */
+typedef struct eng_job_desc {
+    eng_job_kind kind;
+    /* Prompt: tokens when n_tokens > 0 (used as given), else text. */
+    const int32_t *tokens;
+    size_t n_tokens;
+    const char *text;
+    size_t text_len;
+    const char *system;    /* optional system message (chat template only) */
+    size_t system_len;
+    int raw;               /* 1: no chat template; BOS per the tokenizer */
+    int parse_special;     /* special tokens in text are parsed (raw prompts) */
+    int32_t max_tokens;    /* generate: 0 = until context end */
+    eng_sampling sampling;
+    const char *const *stop; /* stop strings (bytes), n_stop of them */
+    const size_t *stop_len;
+    size_t n_stop;
+    int32_t top_n;         /* eval: top entries per position (1..ENG_MAX_TOP) */
+    uint64_t owner;        /* fairness key: one value per connection */
+    uint32_t uid;          /* fairness key: peer uid */
+    void *user;            /* returned in every event of this job */
+} eng_job_desc;
+
+#define ENG_MAX_TOP 100
+#define ENG_MAX_STOP 16
+
+/* Queues a job. On success *job_id names it in events and eng_cancel. On
+ * failure nothing was queued and *code/err say why. */
+int eng_submit(eng *e, const eng_job_desc *d, uint64_t *job_id,
+               eng_err *code, char *err, size_t errlen);
+
+/* Asks the worker to end a job. Its last event is ENG_EV_DONE with
+ * ENG_FINISH_CANCELLED (or its normal end if it finished first). Unknown ids
+ * are ignored. Its KV is freed before the next forward pass. */
+void eng_cancel(eng *e, uint64_t job_id);
+
+typedef enum eng_event_type {
+    ENG_EV_TOKEN = 0,  /* generate: one sampled token */
+    ENG_EV_LOGITS,     /* eval: top-N logits at one prompt position */
+    ENG_EV_DONE,       /* last event of a job that ran */
+    ENG_EV_ERROR,      /* last event of a job that failed after submit */
+} eng_event_type;
+
+typedef enum eng_finish {
+    ENG_FINISH_LENGTH = 0, ENG_FINISH_STOP, ENG_FINISH_EOS, ENG_FINISH_CANCELLED,
+} eng_finish;
+
+const char *eng_finish_str(eng_finish f);
+
+typedef struct eng_event {
+    struct eng_event *next;
+    eng_event_type type;
+    uint64_t job_id;
+    void *user;
+    /* TOKEN: the id, and the UTF-8 text it completes (whole characters only;
+     * may be empty while a character or a possible stop string is pending). */
+    int32_t token;
+    char *text;
+    size_t text_len;
+    /* LOGITS: position in the prompt and its top-N, best first. */
+    int32_t pos;
+    int32_t n_top;
+    int32_t *top_ids;
+    float *top_logits;
+    /* DONE */
+    eng_finish finish;
+    int32_t prompt_tokens, cached_tokens, completion_tokens;
+    double queue_ms, prefill_ms, decode_ms;
+    /* ERROR */
+    eng_err code;
+    char message[160];
+} eng_event;
+
+/* Takes every queued event (oldest first) as a list; NULL when none.
+ * Free each with eng_event_free. */
+eng_event *eng_events_take(eng *e);
+void eng_event_free(eng_event *ev);
+
+#endif

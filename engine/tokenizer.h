@@ -1,0 +1,52 @@
+/* tokenizer.h — text <-> token ids (engine-internal).
+ *
+ * Two families: SentencePiece-style (GGUF tokenizer.ggml.model = "llama":
+ * scores, byte fallback, space prefix) and byte-level BPE (model = "gpt2":
+ * GPT-2 / Qwen / Llama-3 pre-tokenizer rules, merge ranks, ignore_merges),
+ * loaded from GGUF metadata or from a Hugging Face tokenizer.json.
+ * A loaded tok is immutable: every function below may be called from any
+ * thread at once. */
+#ifndef ANE_TOKENIZER_H
+#define ANE_TOKENIZER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct gguf;
+typedef struct tok tok;
+
+int tok_load_gguf(tok **out, const struct gguf *g, char *err, size_t errlen);
+/* tokenizer.json, plus tokenizer_config.json when present (may be NULL):
+ * added/special tokens, bos/eos, add_bos_token, chat template source. */
+int tok_load_hf(tok **out, const char *tokenizer_json, const char *tokenizer_config,
+                char *err, size_t errlen);
+void tok_free(tok *t);
+
+int32_t tok_n_vocab(const tok *t);
+int32_t tok_bos(const tok *t);        /* -1 when none */
+int32_t tok_eos(const tok *t);
+int32_t tok_eot(const tok *t);        /* end of turn (<|im_end|>, <|eot_id|>); -1 when none */
+int tok_add_bos(const tok *t);        /* 1: prompts start with BOS */
+int tok_is_eog(const tok *t, int32_t id);   /* EOS, EOT or another end-of-generation token */
+int tok_is_control(const tok *t, int32_t id);
+/* Chat template source text from metadata ("" when none). */
+const char *tok_chat_template(const tok *t);
+
+/* Text → ids (no BOS added here). parse_special: special/added tokens written
+ * in the text become their ids; otherwise they are plain text. *ids is
+ * malloc'd, caller frees. -1 on invalid UTF-8 (message in err) or OOM. */
+int tok_encode(const tok *t, const char *text, size_t len, int parse_special,
+               int32_t **ids, size_t *n, char *err, size_t errlen);
+
+/* The bytes a token stands for when it follows other text (SentencePiece's
+ * U+2581 → ' ', <0xAB> → the byte, byte-level BPE's unicode → bytes). Control
+ * tokens give their text (e.g. "<|im_end|>"). Valid for the tok's lifetime.
+ * id must be in range. */
+const char *tok_piece(const tok *t, int32_t id, size_t *len);
+
+/* ids → text: concatenated pieces, except that a SentencePiece space prefix
+ * at the very start (or right after BOS) is dropped so that
+ * decode(encode(s)) == s. BOS/EOS are not rendered. *text malloc'd. */
+int tok_decode(const tok *t, const int32_t *ids, size_t n, char **text, size_t *len);
+
+#endif

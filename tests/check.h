@@ -1,0 +1,34 @@
+/* check.h — the unit-test harness: non-fatal CHECKs that report file:line,
+ * and a closing "N passed, M failed" line that tests/run.sh adds up.
+ * Each tests/unit/t_*.c is one program: define tests as functions and list
+ * them in main with RUN(fn). */
+#ifndef ANE_CHECK_H
+#define ANE_CHECK_H
+
+#include <stdio.h>
+#include <string.h>
+#include <math.h>
+
+static int check_pass_, check_fail_, check_cur_fail_;
+
+#define CHECK(cond) do { \
+    if (cond) { check_pass_++; } else { check_fail_++; check_cur_fail_++; \
+        fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); } } while (0)
+
+#define CHECKF(cond, ...) do { \
+    if (cond) { check_pass_++; } else { check_fail_++; check_cur_fail_++; \
+        fprintf(stderr, "%s:%d: CHECK failed: %s: ", __FILE__, __LINE__, #cond); \
+        fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
+
+#define CHECK_EQ_INT(a, b) CHECKF((long long)(a) == (long long)(b), "%lld != %lld", (long long)(a), (long long)(b))
+#define CHECK_NEAR(a, b, tol) CHECKF(fabs((double)(a) - (double)(b)) <= (tol), "%g vs %g (tol %g)", (double)(a), (double)(b), (double)(tol))
+
+#define RUN(fn) do { check_cur_fail_ = 0; fn(); \
+    fprintf(stderr, "%-40s %s\n", #fn, check_cur_fail_ ? "FAIL" : "ok"); } while (0)
+
+#define CHECK_DONE() (printf("%d passed, %d failed\n", check_pass_, check_fail_), check_fail_ ? 1 : 0)
+
+/* Repository-relative fixture path (tests run from the repository root). */
+#define FIXTURE(p) ("tests/fixtures/" p)
+
+#endif

@@ -1,0 +1,46 @@
+#!/bin/sh
+# Runs every unit test program (bin/tests/t_*) and every integration test
+# (tests/integration/*.sh, *.py), adds up their "N passed, M failed" lines and
+# closes with the total. A program that ends without such a line, or exits
+# non-zero, counts as one failure.
+PYTHON=${PYTHON:-/usr/bin/python3}
+export PYTHON
+cd "$(dirname "$0")/.." || exit 1
+tp=0; tf=0
+log=$(mktemp -d /tmp/anetest.XXXXXX)
+run_one() {
+    name=$1; shift
+    out="$log/$(basename "$name").out"
+    if [ -n "$ANE_TEST_TIMEOUT" ]; then to=$ANE_TEST_TIMEOUT; else to=600; fi
+    timeout "$to" "$@" >"$out" 2>&1; rc=$?
+    line=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$out" | tail -n 1)
+    if [ -n "$line" ]; then
+        p=${line%% passed*}; f=${line#*passed, }; f=${f%% failed*}
+    else
+        p=0; f=0
+    fi
+    if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
+    if [ -z "$line" ] && [ "$rc" -eq 0 ]; then f=1; fi
+    tp=$((tp + p)); tf=$((tf + f))
+    if [ "$f" -ne 0 ]; then
+        printf '%-44s FAIL (%s passed, %s failed, exit %s)\n' "$name" "$p" "$f" "$rc"
+        sed 's/^/    | /' "$out" | tail -n 40
+    else
+        printf '%-44s ok (%s passed)\n' "$name" "$p"
+    fi
+}
+for t in bin/tests/t_*; do
+    [ -x "$t" ] || continue
+    run_one "$t" "$t"
+done
+for t in tests/integration/*.sh; do
+    [ -f "$t" ] || continue
+    run_one "$t" sh "$t"
+done
+for t in tests/integration/test_*.py; do
+    [ -f "$t" ] || continue
+    run_one "$t" "$PYTHON" "$t"
+done
+rm -rf "$log"
+echo "$tp passed, $tf failed"
+[ "$tf" -eq 0 ]
