@@ -48,6 +48,8 @@ ENGINE_SRC := $(wildcard engine/*.c)
 CLIENT_LIB_SRC := client/libaneclient.c
 DAEMON_SRC := $(wildcard daemon/*.c)
 UNIT_SRC   := $(wildcard tests/unit/t_*.c)
+BENCH_SRC  := $(wildcard tests/bench/*.c)
+BENCH_BIN  := $(BENCH_SRC:tests/bench/%.c=bin/%)
 TEST_HELP_SRC := $(filter-out $(UNIT_SRC),$(wildcard tests/unit/*.c))
 
 PROTO_OBJ  := $(PROTO_SRC:%.c=$(O)/%.o)
@@ -61,7 +63,7 @@ LIBPROTO  := bin/libaneproto.a
 LIBENGINE := bin/libaneengine.a
 LIBCLIENT := bin/libaneclient.a
 
-PROGS := bin/aned bin/aneclient bin/anebench
+PROGS := bin/aned bin/aneclient $(BENCH_BIN)
 
 .PHONY: all deps run test bench cuda help clean fixtures
 all: $(PROGS) $(LIBCLIENT) $(UNIT_BIN)
@@ -102,8 +104,9 @@ bin/aned: $(DAEMON_OBJ) $(LIBENGINE) $(LIBPROTO)
 	$(CC) $(LDFLAGS) -o $@ $(DAEMON_OBJ) $(LIBENGINE) $(LIBPROTO) $(LDLIBS)
 bin/aneclient: $(O)/client/aneclient.o $(LIBCLIENT)
 	$(CC) $(LDFLAGS) -o $@ $< $(LIBCLIENT) $(LDLIBS)
-bin/anebench: $(O)/tests/bench/anebench.o $(LIBENGINE)
-	$(CC) $(LDFLAGS) -o $@ $< $(LIBENGINE) $(LDLIBS)
+# Every tests/bench/NAME.c is a program bin/NAME (anebench, ...).
+$(BENCH_BIN): bin/%: $(O)/tests/bench/%.o $(LIBENGINE) $(LIBCLIENT) $(LIBPROTO)
+	$(CC) $(LDFLAGS) -o $@ $< $(LIBENGINE) $(LIBCLIENT) $(LIBPROTO) $(LDLIBS)
 
 bin/tests/%: $(O)/tests/unit/%.o $(TEST_HELP_OBJ) $(LIBENGINE) $(LIBCLIENT) $(LIBPROTO)
 	@mkdir -p bin/tests
