@@ -255,7 +255,7 @@ int proto_req_encode(proto_buf *b, const proto_req *r)
         break;
     case PROTO_T_GENERATE:
         if (r->n_stop > PROTO_MAX_STOP) return -1;
-        pk_map(&k, 14 + (r->has_seed != 0) + (r->system != NULL));
+        pk_map(&k, 13 + (r->has_seed != 0) + (r->system != NULL));
         pk_kstr(&k, "type", tn, strlen(tn));
         pk_ku64(&k, "id", r->id);
         if (prompt_tokens) { pk_key(&k, "tokens"); pk_tokens(&k, r->tokens, r->n_tokens); }
