@@ -5,6 +5,7 @@
  * stay in the mapping; small vectors (norms, biases) are widened to f32. */
 #include "engine/model.h"
 #include "engine/gguf.h"
+#include "engine/hf.h"
 #include "engine/qtypes.h"
 #include "engine/tokenizer.h"
 
@@ -12,10 +13,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <math.h>
 
 typedef struct ld {
     model *m;
     gguf *g;
+    hf_model *hf;
     char *err; size_t errlen;
     float *vec_buf; size_t vec_used, vec_cap;  /* f32 copies of 1-D tensors */
 } ld;
@@ -62,7 +66,7 @@ static int key_f(ld *l, const char *suffix, double *v, int required, double dflt
 static int get_w(ld *l, wt *w, const char *name, int64_t n_in, int64_t n_out, int required)
 {
     memset(w, 0, sizeof *w);
-    const gguf_tensor *t = gguf_tensor_find(l->g, name);
+    const gguf_tensor *t = l->hf ? hf_tensor_find(l->hf, name) : gguf_tensor_find(l->g, name);
     if (!t) {
         if (required) return ld_fail(l, "missing tensor '%s'", name);
         return 0;
@@ -113,7 +117,120 @@ void model_free(model *m)
     free(m->layers);
     free(m->owned);
     gguf_close(m->gguf);
+    hf_close(m->hf);
     free(m);
+}
+
+/* Looks up, checks and attaches every tensor of the architecture. */
+static int load_weights(ld *l)
+{
+    model *m = l->m;
+    hparams *hp = &m->hp;
+    const gguf_tensor *te = l->hf ? hf_tensor_find(l->hf, "token_embd.weight") : gguf_tensor_find(l->g, "token_embd.weight");
+    if (!te) { ld_fail(l, "missing tensor 'token_embd.weight'"); return -1; }
+    hp->n_vocab = (int32_t)te->ne[1];
+    if (hp->n_vocab != tok_n_vocab(m->tok)) {
+        ld_fail(l, "token_embd.weight has %d rows but the tokenizer has %d tokens", hp->n_vocab, tok_n_vocab(m->tok));
+        return -1;
+    }
+
+    int E = hp->n_embd, HD = hp->head_dim, QD = hp->n_head * HD, KD = hp->n_head_kv * HD, F = hp->n_ff;
+    l->vec_cap = (size_t)2 * E + hp->n_rot + (size_t)hp->n_layer * (2 * E + QD + 2 * KD + 2 * HD) + 64;
+    l->vec_buf = malloc(l->vec_cap * sizeof(float));
+    m->owned = l->vec_buf;
+    m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
+    if (!l->vec_buf || !m->layers) { ld_fail(l, "out of memory"); return -1; }
+
+    if (get_w(l, &m->tok_embd, "token_embd.weight", E, hp->n_vocab, 1)) return -1;
+    if (get_w(l, &m->output_norm, "output_norm.weight", E, 0, 1)) return -1;
+    if (get_w(l, &m->output, "output.weight", E, hp->n_vocab, 0)) return -1;
+    if (!m->output.data) m->output = m->tok_embd;   /* tied embeddings */
+    if (get_w(l, &m->rope_freqs, "rope_freqs.weight", hp->n_rot / 2, 0, 0)) return -1;
+
+    for (int i = 0; i < hp->n_layer; i++) {
+        layer_w *L = &m->layers[i];
+        if (get_layer_w(l, &L->attn_norm, i, "attn_norm.weight", E, 0, 1) ||
+            get_layer_w(l, &L->wq, i, "attn_q.weight", E, QD, 1) ||
+            get_layer_w(l, &L->wk, i, "attn_k.weight", E, KD, 1) ||
+            get_layer_w(l, &L->wv, i, "attn_v.weight", E, KD, 1) ||
+            get_layer_w(l, &L->wo, i, "attn_output.weight", QD, E, 1) ||
+            get_layer_w(l, &L->ffn_norm, i, "ffn_norm.weight", E, 0, 1) ||
+            get_layer_w(l, &L->w_gate, i, "ffn_gate.weight", E, F, 1) ||
+            get_layer_w(l, &L->w_up, i, "ffn_up.weight", E, F, 1) ||
+            get_layer_w(l, &L->w_down, i, "ffn_down.weight", F, E, 1))
+            return -1;
+        int bias = hp->arch == ARCH_QWEN2;
+        if (get_layer_w(l, &L->bq, i, "attn_q.bias", QD, 0, bias) ||
+            get_layer_w(l, &L->bk, i, "attn_k.bias", KD, 0, bias) ||
+            get_layer_w(l, &L->bv, i, "attn_v.bias", KD, 0, bias))
+            return -1;
+        int qkn = hp->arch == ARCH_QWEN3;
+        if (get_layer_w(l, &L->q_norm, i, "attn_q_norm.weight", HD, 0, qkn) ||
+            get_layer_w(l, &L->k_norm, i, "attn_k_norm.weight", HD, 0, qkn))
+            return -1;
+    }
+    return 0;
+}
+
+/* Llama-3.1 rope scaling: per-pair divisors of the rotary frequencies, as
+ * the GGUF converter writes them into rope_freqs.weight. */
+static void llama3_rope_divisors(const hf_config *c, int n_rot, float *out)
+{
+    double lo_wavelen = c->rope_orig_ctx / c->rope_low, hi_wavelen = c->rope_orig_ctx / c->rope_high;
+    for (int i = 0; i < n_rot / 2; i++) {
+        double freq = pow(c->rope_theta, -2.0 * i / n_rot);
+        double wavelen = 2 * M_PI / freq;
+        double f;
+        if (wavelen < hi_wavelen) f = 1;
+        else if (wavelen > lo_wavelen) f = c->rope_factor;
+        else {
+            double smooth = (c->rope_orig_ctx / wavelen - c->rope_low) / (c->rope_high - c->rope_low);
+            f = 1 / ((1 - smooth) / c->rope_factor + smooth);
+        }
+        out[i] = (float)f;
+    }
+}
+
+/* A Hugging Face directory: hyper-parameters from config.json, the
+ * tokenizer from tokenizer.json, tensors from the safetensors shards. */
+static int model_load_hf(model *m, ld *l)
+{
+    char tj[1100], tc[1100];
+    struct stat st;
+    if (hf_open(&m->hf, m->path, l->err, l->errlen)) return -1;
+    l->hf = m->hf;
+    const hf_config *c = hf_cfg(m->hf);
+    snprintf(m->arch_name, sizeof m->arch_name, "%s", c->arch);
+    const char *b = strrchr(m->path, '/');
+    snprintf(m->name, sizeof m->name, "%.127s", b && b[1] ? b + 1 : m->path);
+    snprintf(tj, sizeof tj, "%s/tokenizer.json", m->path);
+    snprintf(tc, sizeof tc, "%s/tokenizer_config.json", m->path);
+    if (tok_load_hf(&m->tok, tj, stat(tc, &st) == 0 ? tc : NULL, l->err, l->errlen)) return -1;
+    hparams *hp = &m->hp;
+    hp->arch = !strcmp(c->arch, "qwen2") ? ARCH_QWEN2 : !strcmp(c->arch, "qwen3") ? ARCH_QWEN3 : ARCH_LLAMA;
+    if (c->hidden > 65536 || c->heads > 1024 || c->kv_heads > 1024 || c->heads % c->kv_heads ||
+        c->ff > (1 << 20) || c->head_dim > 1024 || c->head_dim % 2 || c->ctx <= 0 || c->ctx > (1 << 24))
+        return ld_fail(l, "config.json: implausible hyper-parameters");
+    hp->n_embd = (int32_t)c->hidden;
+    hp->n_layer = (int32_t)c->layers;
+    hp->n_head = (int32_t)c->heads;
+    hp->n_head_kv = (int32_t)c->kv_heads;
+    hp->head_dim = (int32_t)c->head_dim;
+    hp->n_ff = (int32_t)c->ff;
+    hp->n_rot = hp->head_dim;
+    hp->n_ctx_train = (int32_t)c->ctx;
+    hp->norm_eps = (float)c->eps;
+    hp->rope_base = (float)c->rope_theta;
+    hp->rope_neox = 1;   /* HF checkpoints rotate halves; only GGUF llama rows are permuted */
+    if (load_weights(l)) return -1;
+    if (c->rope_llama3) {
+        float *dst = l->vec_buf + l->vec_used;
+        llama3_rope_divisors(c, hp->n_rot, dst);
+        l->vec_used += (size_t)hp->n_rot / 2;
+        m->rope_freqs = (wt){ .type = QT_F32, .n_in = hp->n_rot / 2, .n_out = 1,
+                              .row_bytes = (size_t)hp->n_rot / 2 * 4, .data = dst };
+    }
+    return 0;
 }
 
 int model_load(model **out, const char *path, char *err, size_t errlen)
@@ -123,6 +240,12 @@ int model_load(model **out, const char *path, char *err, size_t errlen)
     if (!m) { snprintf(err, errlen, "%s: out of memory", path); return -1; }
     snprintf(m->path, sizeof m->path, "%s", path);
     ld l = { .m = m, .err = err, .errlen = errlen };
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+        if (model_load_hf(m, &l)) goto fail;
+        *out = m;
+        return 0;
+    }
     if (gguf_open(&m->gguf, path, err, errlen)) goto fail;
     l.g = m->gguf;
 
@@ -133,7 +256,7 @@ int model_load(model **out, const char *path, char *err, size_t errlen)
         snprintf(m->name, sizeof m->name, "%.*s", (int)(s.n < 127 ? s.n : 127), s.s);
     else {
         const char *b = strrchr(path, '/');
-        snprintf(m->name, sizeof m->name, "%s", b ? b + 1 : path);
+        snprintf(m->name, sizeof m->name, "%.127s", b ? b + 1 : path);
     }
     if (tok_load_gguf(&m->tok, l.g, err, errlen)) goto fail;
     m->spm = gguf_get_str(l.g, "tokenizer.ggml.model", &s) == 0 && s.n == 5 && !memcmp(s.s, "llama", 5);
@@ -195,49 +318,7 @@ int model_load(model **out, const char *path, char *err, size_t errlen)
     hp->rope_base = (float)f;
     hp->rope_neox = hp->arch != ARCH_LLAMA;
 
-    const gguf_tensor *te = gguf_tensor_find(l.g, "token_embd.weight");
-    if (!te) { ld_fail(&l, "missing tensor 'token_embd.weight'"); goto fail; }
-    hp->n_vocab = (int32_t)te->ne[1];
-    if (hp->n_vocab != tok_n_vocab(m->tok)) {
-        ld_fail(&l, "token_embd.weight has %d rows but the tokenizer has %d tokens", hp->n_vocab, tok_n_vocab(m->tok));
-        goto fail;
-    }
-
-    int E = hp->n_embd, HD = hp->head_dim, QD = hp->n_head * HD, KD = hp->n_head_kv * HD, F = hp->n_ff;
-    l.vec_cap = (size_t)2 * E + hp->n_rot + (size_t)hp->n_layer * (2 * E + QD + 2 * KD + 2 * HD) + 64;
-    l.vec_buf = malloc(l.vec_cap * sizeof(float));
-    m->owned = l.vec_buf;
-    m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
-    if (!l.vec_buf || !m->layers) { ld_fail(&l, "out of memory"); goto fail; }
-
-    if (get_w(&l, &m->tok_embd, "token_embd.weight", E, hp->n_vocab, 1)) goto fail;
-    if (get_w(&l, &m->output_norm, "output_norm.weight", E, 0, 1)) goto fail;
-    if (get_w(&l, &m->output, "output.weight", E, hp->n_vocab, 0)) goto fail;
-    if (!m->output.data) m->output = m->tok_embd;   /* tied embeddings */
-    if (get_w(&l, &m->rope_freqs, "rope_freqs.weight", hp->n_rot / 2, 0, 0)) goto fail;
-
-    for (int i = 0; i < hp->n_layer; i++) {
-        layer_w *L = &m->layers[i];
-        if (get_layer_w(&l, &L->attn_norm, i, "attn_norm.weight", E, 0, 1) ||
-            get_layer_w(&l, &L->wq, i, "attn_q.weight", E, QD, 1) ||
-            get_layer_w(&l, &L->wk, i, "attn_k.weight", E, KD, 1) ||
-            get_layer_w(&l, &L->wv, i, "attn_v.weight", E, KD, 1) ||
-            get_layer_w(&l, &L->wo, i, "attn_output.weight", QD, E, 1) ||
-            get_layer_w(&l, &L->ffn_norm, i, "ffn_norm.weight", E, 0, 1) ||
-            get_layer_w(&l, &L->w_gate, i, "ffn_gate.weight", E, F, 1) ||
-            get_layer_w(&l, &L->w_up, i, "ffn_up.weight", E, F, 1) ||
-            get_layer_w(&l, &L->w_down, i, "ffn_down.weight", F, E, 1))
-            goto fail;
-        int bias = hp->arch == ARCH_QWEN2;
-        if (get_layer_w(&l, &L->bq, i, "attn_q.bias", QD, 0, bias) ||
-            get_layer_w(&l, &L->bk, i, "attn_k.bias", KD, 0, bias) ||
-            get_layer_w(&l, &L->bv, i, "attn_v.bias", KD, 0, bias))
-            goto fail;
-        int qkn = hp->arch == ARCH_QWEN3;
-        if (get_layer_w(&l, &L->q_norm, i, "attn_q_norm.weight", HD, 0, qkn) ||
-            get_layer_w(&l, &L->k_norm, i, "attn_k_norm.weight", HD, 0, qkn))
-            goto fail;
-    }
+    if (load_weights(&l)) goto fail;
     *out = m;
     return 0;
 fail:

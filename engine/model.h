@@ -51,10 +51,12 @@ typedef struct model {
     uint64_t n_params, weight_bytes;
     /* owner of the bytes: */
     struct gguf *gguf;
+    struct hf_model *hf;
     void *owned;                /* converted/loaded buffers (HF dirs), freed with the model */
 } model;
 
-/* Loads a GGUF file (or, later, a Hugging Face directory). */
+/* Loads a GGUF file or a Hugging Face directory (config.json, *.safetensors,
+ * tokenizer.json). */
 int model_load(model **out, const char *path, char *err, size_t errlen);
 void model_free(model *m);
 
