@@ -685,6 +685,7 @@ typedef struct dctx {
     char *err;
     size_t errlen;
     const char *what;   /* message type name, for error texts */
+    int events;         /* decoding events: text is passed on unchecked */
 } dctx;
 
 static int fail(dctx *d, proto_err c, const char *fmt, ...)
@@ -819,7 +820,7 @@ static int get_str(dctx *d, const msgpack_object *o, const char *name, size_t ma
     else if (o->type == MSGPACK_OBJECT_BIN) { p = o->via.bin.ptr; len = o->via.bin.size; }
     else return fail(d, PROTO_E_BAD_REQUEST, "\"%s\" must be a string", name);
     if (len > maxlen) return fail(d, PROTO_E_TOO_LARGE, "\"%s\" is %zu bytes, over the limit of %zu", name, len, maxlen);
-    if (!proto_utf8_valid(p, len)) return fail(d, PROTO_E_INVALID_UTF8, "\"%s\" is not valid UTF-8", name);
+    if (!d->events && !proto_utf8_valid(p, len)) return fail(d, PROTO_E_INVALID_UTF8, "\"%s\" is not valid UTF-8", name);
     char *c = arena_alloc(d->r, len + 1, 1);
     if (!c) return fail(d, PROTO_E_INTERNAL, "out of memory");
     if (len) memcpy(c, p, len);
@@ -1162,7 +1163,7 @@ static int rd_next(proto_reader *r, void *out, int events, proto_err *code, char
         seterr(err, errlen, "out of memory");
         return -1;
     }
-    dctx d = { r, code, err, errlen, "message" };
+    dctx d = { r, code, err, errlen, "message", events };
     if (events) decode_ev(&d, &obj, out);
     else decode_req(&d, &obj, out);
     /* Strings were copied into the arena: the frame can go. */

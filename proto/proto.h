@@ -9,7 +9,8 @@
  * messages borrow their strings/arrays from the reader and stay valid until
  * the next proto_reader_next() call on that reader (decoded strings are
  * copies, NUL-terminated, so reading more bytes in between is fine; absent
- * event strings read as "").
+ * event strings read as ""). Request text is checked to be UTF-8; event
+ * text is passed on as received (the daemon guarantees UTF-8).
  *
  * Conventions: 0 ok, -1 error; messages through (char *err, size_t errlen). */
 #ifndef ANE_PROTO_H
