@@ -146,8 +146,16 @@ def t_before_hello(d):
     c = d.connect(hello=False)
     c.send({"type": "ping", "id": 5})
     ev = c.recv()
-    check(ev.get("type") == "error" and ev.get("code") == "handshake", "request before hello: %r" % ev)
-    check(c.wait_closed(), "request before hello closes the connection")
+    check(ev.get("type") == "error" and ev.get("code") == "handshake" and ev.get("id") == 5,
+          "request before hello: %r" % ev)
+    c.send({"type": "generate", "id": 6, "prompt": "x"})
+    ev = c.recv()
+    check(ev.get("type") == "error" and ev.get("code") == "handshake" and ev.get("id") == 6,
+          "generate before hello: %r" % ev)
+    # the connection stays: hello may still come
+    ev = c.hello()
+    check(ev.get("type") == "hello", "hello after a refused request")
+    still_serves(c, "after a late hello")
     c.close()
 
 
@@ -548,21 +556,27 @@ def t_shutdown(d):
     ev = c.next_event(id)
     check(ev["type"] == "token", "generation running before SIGTERM")
     d.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while os.path.exists(d.sock) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    check(not os.path.exists(d.sock), "socket removed at once on SIGTERM")
+    # new work is refused while the running request may finish
+    id2 = c.submit_generate(prompt="x", max_tokens=2)
+    expect_error(c, id2, "shutting_down", "request after SIGTERM")
     last = None
     try:
         for ev in c.events(id, timeout=20):
             last = ev
     except (anepy.Closed, socket.timeout) as e:
         last = last or {"exception": repr(e)}
-    check(last and ((last.get("type") == "error" and last.get("code") == "shutting_down") or
-                    (last.get("type") == "done" and last.get("finish") == "cancelled")),
-          "in-flight request ends at shutdown: %r" % last)
+    check(last and last.get("type") == "done" and last.get("finish") in ("cancelled", "length"),
+          "in-flight request ends with done at shutdown: %r" % last)
+    check(c.wait_closed(10), "connection closed once its request ended")
     try:
         rc = d.proc.wait(20)
     except subprocess.TimeoutExpired:
         rc = None
     check(rc == 0, "aned exits 0 on SIGTERM: %r" % rc)
-    check(not os.path.exists(d.sock), "socket removed on exit")
     c.close()
 
 
