@@ -47,11 +47,11 @@ def utf8_ok(s):
 
 
 class Daemon:
-    def __init__(self, model, tag):
+    def __init__(self, model, tag, extra=()):
         self.dir = tempfile.mkdtemp(prefix="aned-proto-")
         self.sock = os.path.join(self.dir, "%s.sock" % tag)
         self.log = open(os.path.join(self.dir, "aned.log"), "w+")
-        self.proc = subprocess.Popen([ANED, "--model", model, "--socket", self.sock],
+        self.proc = subprocess.Popen([ANED, "--model", model, "--socket", self.sock] + list(extra),
                                      stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
