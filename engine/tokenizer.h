@@ -32,8 +32,11 @@ int tok_is_control(const tok *t, int32_t id);
 /* Chat template source text from metadata ("" when none). */
 const char *tok_chat_template(const tok *t);
 
-/* Text → ids (no BOS added here). parse_special: special/added tokens written
- * in the text become their ids; otherwise they are plain text. *ids is
+/* Text → ids (no BOS added here). parse_special: special (control) tokens
+ * written in the text become their ids; otherwise they are plain text.
+ * Non-special added tokens (user-defined, e.g. Qwen's "<think>") are always
+ * matched, as Hugging Face tokenizers and llama.cpp do. Qwen (pre "qwen2")
+ * text is NFC-normalized first, as its tokenizer.json asks. *ids is
  * malloc'd, caller frees. -1 on invalid UTF-8 (message in err) or OOM. */
 int tok_encode(const tok *t, const char *text, size_t len, int parse_special,
                int32_t **ids, size_t *n, char *err, size_t errlen);

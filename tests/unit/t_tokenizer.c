@@ -199,7 +199,6 @@ static void test_llama3_vectors(void)
     CHECK_EQ_INT(tok_eot(t), 128009);
     CHECK(tok_is_eog(t, 128009));
     CHECK(tok_is_eog(t, 128001));
-    CHECK(tok_is_eog(t, 128008));      /* <|eom_id|> */
     CHECK(!tok_is_eog(t, 128000));
     tok_free(t);
 }
