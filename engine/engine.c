@@ -785,7 +785,7 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
     if (nth > 256) nth = 256;
     in->n_threads = nth;
     if (pool_open(&e->pool, nth)) { snprintf(err, errlen, "cannot start %d threads", nth); goto fail; }
-    if (be_cpu_open(&e->be, e->pool, 0, err, errlen)) goto fail;
+    if (be_cpu_open(&e->be, e->pool, !opt->kv_f32, err, errlen)) goto fail;
 
     size_t page_bytes = fw_kv_page_bytes(m, e->be->kv_elt);
     size_t pages_per_ctx = ((size_t)e->n_ctx + KV_PAGE - 1) / KV_PAGE;

@@ -25,6 +25,7 @@ typedef struct eng_opts {
     size_t kv_budget;       /* bytes for the shared KV pool; 0 = room for max_seqs full contexts */
     int max_seqs;           /* sequences in one batched forward pass; 0 = 16 */
     int max_queued;         /* jobs waiting beyond max_seqs before ENG_EBUSY; 0 = 256 */
+    int kv_f32;             /* 1: KV cache in f32 instead of f16 */
     /* Called on the worker thread whenever events were queued. Must not call
      * into the engine; typically ev_async_send(). May be NULL (then poll). */
     void (*notify)(void *arg);
