@@ -35,7 +35,12 @@ void log_msg(log_level lv, const char *fmt, ...) __attribute__((format(printf, 2
 #define log_debug(...) log_msg(LOG_DEBUG, __VA_ARGS__)
 
 /* ---- sock.c ---- */
-/* $ANE_SOCKET, else /tmp/aned-$UID.sock; written to buf (NUL-terminated). */
+#define ANED_SYSTEM_DIR    "/run/aned"
+#define ANED_SYSTEM_SOCKET "/run/aned/aned.sock" /* = libaneclient's ANE_SYSTEM_SOCKET */
+
+/* The default socket path: $ANE_SOCKET; else the system socket for root
+ * (creating /run/aned); else $XDG_RUNTIME_DIR/aned.sock; else
+ * /tmp/aned-$UID.sock. Written to buf (NUL-terminated). */
 int sock_default_path(char *buf, size_t size, char *err, size_t errlen);
 
 typedef struct sock_listener {

@@ -85,6 +85,7 @@ struct server {
     ev_io accept_io;
     ev_timer accept_retry;
     ev_timer phase_timer;
+    ev_timer poll_timer;      /* safety net for lost wakeups while jobs run */
     sock_listener *lst;
     client *clients;
     uint32_t n_clients;
@@ -408,6 +409,7 @@ static void req_submit(client *cl, const proto_req *r)
     if (s->jobs) s->jobs->all_prev = j;
     s->jobs = j;
     s->n_jobs++;
+    if (!ev_is_active(&s->poll_timer)) ev_timer_again(s->loop, &s->poll_timer);
 }
 
 static void req_tokenize(client *cl, const proto_req *r)
@@ -566,32 +568,10 @@ static int peer_gone(int fd)
     return (p.revents & (POLLHUP | POLLERR)) != 0;
 }
 
-static void on_client_read(struct ev_loop *loop, ev_io *w, int revents)
+/* Takes every whole message the reader holds. */
+static void client_drain(client *cl)
 {
-    client *cl = w->data;
-    size_t avail = 0;
-    char *sp = proto_reader_space(cl->rd, &avail);
-    if (!sp || !avail) {
-        client_free(cl, "out of memory for its request");
-        return;
-    }
-    if (avail > 65536) avail = 65536; /* a bounded slice per wakeup keeps clients fair */
-    ssize_t n;
-    do n = read(cl->fd, sp, avail); while (n < 0 && errno == EINTR);
-    if (n < 0) {
-        if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-        client_free(cl, errno == ECONNRESET ? "peer went away" : strerror(errno));
-        return;
-    }
-    if (n == 0) {
-        if (peer_gone(cl->fd)) { client_free(cl, "peer went away"); return; }
-        cl->eof = 1; /* half-closed: answer what was asked, then close */
-        client_update_read(cl);
-        client_maybe_finish(cl);
-        return;
-    }
-    proto_reader_commit(cl->rd, (size_t)n);
-    for (;;) {
+    while (cl->state != CL_CLOSING) {
         proto_req req;
         proto_err code = PROTO_OK;
         char err[256] = "";
@@ -610,8 +590,40 @@ static void on_client_read(struct ev_loop *loop, ev_io *w, int revents)
             continue;
         }
         dispatch(cl, &req);
-        if (cl->state == CL_CLOSING) break;
     }
+}
+
+static void on_client_read(struct ev_loop *loop, ev_io *w, int revents)
+{
+    client *cl = w->data;
+    size_t avail = 0;
+    char *sp = proto_reader_space(cl->rd, &avail);
+    if (!sp && avail) {
+        client_free(cl, "out of memory for its request");
+        return;
+    }
+    if (sp && avail) {
+        if (avail > 65536) avail = 65536; /* a bounded slice per wakeup keeps clients fair */
+        ssize_t n;
+        do n = read(cl->fd, sp, avail); while (n < 0 && errno == EINTR);
+        if (n < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+            client_free(cl, errno == ECONNRESET ? "peer went away" : strerror(errno));
+            return;
+        }
+        if (n == 0) {
+            if (peer_gone(cl->fd)) { client_free(cl, "peer went away"); return; }
+            cl->eof = 1; /* half-closed: answer what was asked, then close */
+            client_update_read(cl);
+            client_maybe_finish(cl);
+            return;
+        }
+        proto_reader_commit(cl->rd, (size_t)n);
+    } else if (!sp) {
+        client_free(cl, "out of memory for its request");
+        return;
+    }
+    client_drain(cl);
     client_maybe_finish(cl);
 }
 
@@ -778,9 +790,8 @@ static void handle_event(server *s, const eng_event *ev)
     if (cl) client_maybe_finish(cl);
 }
 
-static void on_wake(struct ev_loop *loop, ev_async *w, int revents)
+static void take_events(server *s)
 {
-    server *s = w->data;
     eng_event *ev = eng_events_take(s->eng);
     while (ev) {
         eng_event *nx = ev->next;
@@ -788,7 +799,22 @@ static void on_wake(struct ev_loop *loop, ev_async *w, int revents)
         eng_event_free(ev);
         ev = nx;
     }
+    if (!s->n_jobs) ev_timer_stop(s->loop, &s->poll_timer);
     check_done(s);
+}
+
+static void on_wake(struct ev_loop *loop, ev_async *w, int revents)
+{
+    take_events(w->data);
+}
+
+/* While jobs are in flight, events are also taken every POLL_S: a wakeup the
+ * engine failed to send then costs latency, never a job that hangs. */
+#define POLL_S 0.25
+
+static void on_poll(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    take_events(w->data);
 }
 
 static void notify_loop(void *arg)
@@ -884,6 +910,8 @@ int server_open(server **out, const server_opts *opt, char *err, size_t errlen)
     ev_async_init(&s->wake, on_wake);
     s->wake.data = s;
     ev_async_start(s->loop, &s->wake);
+    ev_timer_init(&s->poll_timer, on_poll, POLL_S, POLL_S);
+    s->poll_timer.data = s;
 
     /* The engine's worker thread inherits this mask: signals are for the loop. */
     sigset_t set, old;
@@ -940,6 +968,7 @@ int server_run(server *s, sock_listener *l)
     ev_io_stop(s->loop, &s->accept_io);
     ev_timer_stop(s->loop, &s->accept_retry);
     ev_timer_stop(s->loop, &s->phase_timer);
+    ev_timer_stop(s->loop, &s->poll_timer);
     if (s->lst) { sock_close(s->lst); s->lst = NULL; }
     while (s->clients) client_free(s->clients, "shutdown");
     log_info("served %llu connection(s), %llu request(s), %llu token(s)",

@@ -21,9 +21,21 @@
 
 int sock_default_path(char *buf, size_t size, char *err, size_t errlen)
 {
+    /* libaneclient's ane_default_socket() rule, seen from the server: root
+     * serves the system socket; other users their runtime dir, else /tmp.
+     * (Clients also pick the system socket when it exists; a user's daemon
+     * never takes it over.) */
     const char *env = getenv("ANE_SOCKET");
+    const char *xdg = getenv("XDG_RUNTIME_DIR");
     int n;
     if (env && *env) n = snprintf(buf, size, "%s", env);
+    else if (geteuid() == 0) {
+        n = snprintf(buf, size, "%s", ANED_SYSTEM_SOCKET);
+        if (mkdir(ANED_SYSTEM_DIR, 0755) < 0 && errno != EEXIST) {
+            snprintf(err, errlen, "cannot create %s: %s", ANED_SYSTEM_DIR, strerror(errno));
+            return -1;
+        }
+    } else if (xdg && xdg[0] == '/') n = snprintf(buf, size, "%s/aned.sock", xdg);
     else n = snprintf(buf, size, "/tmp/aned-%lu.sock", (unsigned long)getuid());
     if (n < 0 || (size_t)n >= size) {
         snprintf(err, errlen, "socket path too long (max %zu bytes)", size - 1);

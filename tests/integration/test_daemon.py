@@ -427,7 +427,7 @@ def test_garbage(d):
     # truncated message, then the peer goes away
     c = Conn(d.sock)
     c.hello()
-    c.send_raw(msgpack.packb({"type": "generate", "id": 5, "text": "hello"})[:-3])
+    c.send_raw(msgpack.packb({"type": "generate", "id": 5, "prompt": "hello"})[:-3])
     c.close()
     check(info(d.sock)["type"] == "info" and d.alive(), "daemon unwell after a truncated message")
 
@@ -444,7 +444,7 @@ def test_bad_requests_keep_connection(d):
         check(r["type"] == "error" and r.get("code") == "invalid_token", "bad token id: %r" % r)
         r = c.call("generate", tokens=[1] + [300] * 5000, raw=True, max_tokens=4)
         check(r["type"] == "error" and r.get("code") == "context", "over context: %r" % r)
-        r = c.call("generate", text="hi", temperature=-3.0, raw=True)
+        r = c.call("generate", prompt="hi", temperature=-3.0, raw=True)
         check(r["type"] == "error" and r.get("code") == "invalid_value", "negative temperature: %r" % r)
         c.request("cancel", id=424242)  # unknown id: ignored
         r = c.call("ping")
@@ -631,7 +631,7 @@ def test_tokenizer_only():
             check(r["type"] == "tokens" and r["tokens"], "tokenize: %r" % r)
             r2 = c.call("detokenize", tokens=r["tokens"])
             check(r2["type"] == "text" and r2["text"].strip() == "Hello world", "round trip: %r" % r2)
-            r = c.call("generate", text="Hello", raw=True, max_tokens=4)
+            r = c.call("generate", prompt="Hello", raw=True, max_tokens=4)
             check(r["type"] == "error" and r.get("code") == "no_model", "generate: %r" % r)
             r = c.call("info")
             check(r.get("tokenizer_only") in (True, 1), "info tokenizer_only %r" % r.get("tokenizer_only"))
