@@ -142,6 +142,10 @@ int eng_submit(eng *e, const eng_job_desc *d, uint64_t *job_id,
  * are ignored. Its KV is freed before the next forward pass. */
 void eng_cancel(eng *e, uint64_t job_id);
 
+/* Backpressure: a paused job keeps its KV but is left out of forward passes
+ * until resumed (its client is not reading). Unknown ids are ignored. */
+void eng_pause(eng *e, uint64_t job_id, int paused);
+
 typedef enum eng_event_type {
     ENG_EV_TOKEN = 0,  /* generate: one sampled token */
     ENG_EV_LOGITS,     /* eval: top-N logits at one prompt position */
