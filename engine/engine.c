@@ -420,8 +420,10 @@ int eng_submit(eng *e, const eng_job_desc *d, uint64_t *job_id, eng_err *code, c
             snprintf(terr, sizeof terr, "out of memory");
             for (size_t i = 0; rc == 0 && i < d->n_msgs; i++) {
                 const eng_msg *mm = &d->msgs[i];
-                if (mm->role_len >= sizeof roles[i] || !mm->role ||
-                    (memcmp(mm->role, "system", 6) && memcmp(mm->role, "user", 4) && memcmp(mm->role, "assistant", 9))) {
+                int known = mm->role && ((mm->role_len == 6 && !memcmp(mm->role, "system", 6)) ||
+                                         (mm->role_len == 4 && !memcmp(mm->role, "user", 4)) ||
+                                         (mm->role_len == 9 && !memcmp(mm->role, "assistant", 9)));
+                if (!known) {
                     snprintf(terr, sizeof terr, "message %zu: role must be system, user or assistant", i);
                     rc = -2;
                     break;
