@@ -46,9 +46,10 @@ static void cpu_embed(be *b, const wt *emb, const int32_t *ids, int T, float *ou
     for (int t = 0; t < T; t++) wt_row_f32(emb, ids[t], out + (size_t)t * emb->n_in);
 }
 
-static void cpu_rmsnorm(be *b, const float *x, const float *w, int rows, int n, float eps, float *out)
+static void cpu_rmsnorm(be *b, const float *x, const wt *wv, int rows, int n, float eps, float *out)
 {
     (void)b;
+    const float *w = wv->data;
     for (int r = 0; r < rows; r++) {
         const float *xr = x + (size_t)r * n;
         float *o = out + (size_t)r * n;
@@ -96,10 +97,10 @@ static void mm_rows(void *arg, int i, int ith)
         }
 }
 
-static void cpu_matmul(be *b, const wt *w, const float *bias, const float *x, int T, float *out)
+static void cpu_matmul(be *b, const wt *w, const wt *bias, const float *x, int T, float *out)
 {
     cpu_be *c = (cpu_be *)b;
-    mm_job j = { .w = w, .bias = bias, .x = x, .T = T, .out = out };
+    mm_job j = { .w = w, .bias = bias ? bias->data : NULL, .x = x, .T = T, .out = out };
     j.act_type = qt_act_type(w->type);
     j.act_stride = qt_row_size(j.act_type, w->n_in);
     size_t need = j.act_stride * (size_t)T;
@@ -133,9 +134,10 @@ static void cpu_silu_mul(be *b, const float *g, const float *u, size_t n, float 
 }
 
 static void cpu_rope(be *b, float *x, const be_batch *bt, int n_heads, int head_dim, int n_rot,
-                     float base, int neox, const float *freq_div)
+                     float base, int neox, const wt *fd)
 {
     (void)b;
+    const float *freq_div = fd ? fd->data : NULL;
     int half = n_rot / 2;
     for (int t = 0; t < bt->T; t++) {
         double p = bt->pos[t];
@@ -192,9 +194,16 @@ static void att_one(void *arg, int i, int ith)
     int t = i / j->n_head, h = i % j->n_head;
     int hd = j->head_dim, kvd = j->n_head_kv * hd;
     int kvh = h / (j->n_head / j->n_head_kv);
-    const float *q = j->q + ((size_t)t * j->n_head + h) * hd;
+    const float *q0 = j->q + ((size_t)t * j->n_head + h) * hd;
     float *o = j->out + ((size_t)t * j->n_head + h) * hd;
-    float acc[1024], kt[1024];
+    float acc[1024], kt[1024], qr[1024];
+    const float *q = q0;
+    /* with an f16 cache, q·k is an f16 dot product (q rounded like the keys),
+     * as in llama.cpp; it keeps quantized models within hundredths of it */
+    if (j->b->kv_elt == 2) {
+        for (int d = 0; d < hd; d++) qr[d] = qt_fp16_to_fp32(qt_fp32_to_fp16(q0[d]));
+        q = qr;
+    }
     for (int d = 0; d < hd; d++) acc[d] = 0;
     float mx = -INFINITY, sum = 0, scale = 1.0f / sqrtf((float)hd);
     int f16 = j->b->kv_elt == 2;
@@ -252,6 +261,31 @@ static const be_ops cpu_ops = {
     .attention = cpu_attention,
     .sync = cpu_sync,
 };
+
+const char *be_available(void)
+{
+#ifdef ANE_CUDA
+    return "cpu, cuda";
+#else
+    return "cpu";
+#endif
+}
+
+int be_open(be **out, const char *name, pool *p, int kv_f16, char *err, size_t errlen)
+{
+#ifdef ANE_CUDA
+    if (!name || !strcmp(name, "cuda")) {
+        char cerr[256];
+        if (be_cuda_open(out, p, kv_f16, cerr, sizeof cerr) == 0) return 0;
+        if (name) { snprintf(err, errlen, "cuda backend: %s", cerr); return -1; }
+    }
+#endif
+    if (name && strcmp(name, "cpu") != 0) {
+        snprintf(err, errlen, "backend '%s' is not available in this build (available: %s)", name, be_available());
+        return -1;
+    }
+    return be_cpu_open(out, p, kv_f16, err, errlen);
+}
 
 int be_cpu_open(be **out, pool *p, int kv_f16, char *err, size_t errlen)
 {
