@@ -536,6 +536,77 @@ def t_stream_errors(d):
     witness.close()
 
 
+def t_fuzz(d):
+    """Random mutations of valid requests over real connections: whatever
+    comes back is well-formed, and the daemon survives and keeps serving."""
+    import random
+    rnd = random.Random(1234)
+    corpus = [
+        {"type": "generate", "id": 1, "prompt": "Once upon", "max_tokens": 3, "raw": True, "stop": ["x"]},
+        {"type": "generate", "id": 2, "tokens": [1, 403], "max_tokens": 2, "temperature": 0.5, "seed": 3},
+        {"type": "eval", "id": 3, "tokens": [1, 403, 407], "top": 3},
+        {"type": "tokenize", "id": 4, "text": "Lily", "special": True},
+        {"type": "detokenize", "id": 5, "tokens": [403, 407]},
+        {"type": "info", "id": 6},
+        {"type": "cancel", "id": 1},
+        {"type": "ping", "id": 7},
+    ]
+    frames = [msgpack.packb(m) for m in corpus]
+    hello = msgpack.packb({"type": "hello", "id": 0, "version": 1})
+    witness = d.connect()
+    bad_events = 0
+    for i in range(400):
+        data = bytearray(rnd.choice(frames))
+        for _ in range(rnd.randint(1, 4)):
+            k = rnd.randrange(5)
+            pos = rnd.randrange(len(data))
+            if k == 0:
+                data[pos] ^= 1 << rnd.randrange(8)
+            elif k == 1:
+                data[pos] = rnd.choice([0xc1, 0xdb, 0xdd, 0xdf, 0xff, 0x00, 0x7f, 0xc0, 0xcb, 0xd4, 0x90, 0x80])
+            elif k == 2:
+                del data[pos:pos + rnd.randint(1, 4)]
+            elif k == 3:
+                data[pos:pos] = bytes(rnd.randrange(256) for _ in range(rnd.randint(1, 4)))
+            else:
+                data += data[pos:]
+        if not data:
+            continue
+        c = anepy.Client(d.sock, timeout=5)
+        try:
+            c.send_raw(hello + bytes(data))
+            deadline = time.monotonic() + 0.3
+            while time.monotonic() < deadline:
+                try:
+                    ev = c.recv(max(0.01, deadline - time.monotonic()))
+                except (anepy.Closed, socket.timeout):
+                    break
+                if not (isinstance(ev, dict) and isinstance(ev.get("type"), str) and isinstance(ev.get("id"), int)):
+                    bad_events += 1
+                if ev.get("type") == "error" and not isinstance(ev.get("code"), str):
+                    bad_events += 1
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        except Exception as e:   # the stream we got back did not decode
+            bad_events += 1
+            print("fuzz case %d: %r" % (i, e))
+        finally:
+            c.close()
+        if d.proc.poll() is not None:
+            break
+    check(d.proc.poll() is None, "aned survives 400 mutated requests")
+    check(bad_events == 0, "every reply to fuzzed input is a well-formed event (%d bad)" % bad_events)
+    check(witness.ping(), "a connection opened before the fuzzing still works")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        info = witness.info()
+        if info.get("active") == 0 and info.get("queued") == 0:
+            break
+        time.sleep(0.05)
+    check(info.get("active") == 0 and info.get("queued") == 0, "no jobs left running after the fuzzing: %r" % info)
+    witness.close()
+
+
 def t_no_model(d2):
     c = d2.connect()
     info = c.info()
@@ -589,7 +660,7 @@ def main():
     d2 = None
     try:
         for t in (t_handshake, t_version, t_before_hello, t_ping_info, t_tokenize, t_generate_greedy,
-                  t_interleave, t_duplicate, t_cancel, t_eval, t_errors, t_busy, t_stream_errors):
+                  t_interleave, t_duplicate, t_cancel, t_eval, t_errors, t_busy, t_stream_errors, t_fuzz):
             f0 = failed
             try:
                 t(d)
