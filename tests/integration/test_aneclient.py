@@ -151,6 +151,7 @@ def t_exit_codes(d):
         hold.close()
     finally:
         d2.stop()
+        d2.cleanup()
 
 
 def t_interrupt(d):
@@ -186,6 +187,9 @@ def main():
             print("%-24s %s" % (t.__name__, "ok" if tp.failed == f0 else "FAIL"), flush=True)
     finally:
         d.stop()
+        if tp.failed:
+            print("--- aned log (tail) ---\n" + d.logtext())
+        d.cleanup()
     print("%d passed, %d failed" % (tp.passed, tp.failed))
     return 1 if tp.failed else 0
 

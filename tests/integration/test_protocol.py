@@ -76,6 +76,15 @@ class Daemon:
     def connect(self, hello=True, timeout=30.0):
         return anepy.connect(self.sock, hello=hello, timeout=timeout)
 
+    def cleanup(self):
+        """Removes the private directory (socket, log)."""
+        import shutil
+        try:
+            self.log.close()
+        except OSError:
+            pass
+        shutil.rmtree(self.dir, ignore_errors=True)
+
     def stop(self):
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -691,6 +700,9 @@ def main():
             d2.stop()
         if failed:
             print("--- aned log (tail) ---\n" + d.logtext())
+        d.cleanup()
+        if d2:
+            d2.cleanup()
     print("%d passed, %d failed" % (passed, failed))
     return 1 if failed else 0
 
