@@ -245,6 +245,22 @@ def t_generate_greedy(d):
         txt, ids2, dn = c.generate_text("Once upon a time", raw=True, temperature=0, max_tokens=20, stop=[stop])
         check(dn["finish"] == "stop", "stop string ends with finish stop: %r" % dn)
         check(stop not in txt and full.startswith(txt), "stop string not in the text: %r / %r" % (txt, stop))
+    # UTF-8 assembly: hot sampling produces byte-fallback tokens; the streamed
+    # text (each piece valid UTF-8, or msgpack decoding would have failed)
+    # must add up to the detokenized ids. (Spaces are compared loosely: the
+    # leading space after a BOS the model emits mid-text is a separate matter.)
+    nbytes = 0
+    same = True
+    for seed in range(12):
+        txt, gids, _ = c.generate_text(tokens=[1], raw=True, temperature=3.0, top_k=0, top_p=1.0, min_p=0,
+                                       seed=seed, max_tokens=150)
+        nbytes += sum(1 for i in gids if 3 <= i < 259)
+        whole = c.detokenize(gids)
+        if txt.replace(" ", "") != whole.replace(" ", ""):
+            same = False
+            print("seed %d: streamed %r\n   detokenized %r" % (seed, txt[:120], whole[:120]))
+    check(nbytes > 0, "hot sampling produced byte tokens")
+    check(same, "streamed text equals the detokenized ids")
     # chat (non-raw) and system are accepted
     txt, ids3, dn = c.generate_text("Tell me a story", system="You are kind", max_tokens=5, temperature=0)
     check(dn["type"] == "done" and len(ids3) <= 5, "chat-mode generate runs: %r" % dn)
