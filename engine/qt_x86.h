@@ -96,65 +96,100 @@ QT_AI __m256i x_unpack_u(uint32_t type, const uint8_t *b)
     return _mm256_or_si256(x_nibbles(b + 8), hb);
 }
 
-/* ---- small blocks, signed weights, q8_0 activations ---- */
-QT_AI void x_small_s(uint32_t type, size_t bs, int NB, int64_t nblk, const uint8_t *wr,
-                     const uint8_t *a0, size_t as, float *out)
+#if defined(__clang__)
+#define QT_UNROLL8 _Pragma("unroll 8")
+#else
+#define QT_UNROLL8 _Pragma("GCC unroll 8")
+#endif
+
+QT_AI __m256i x_ld(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)(const void *)p); }
+
+/* ---- small blocks (q4_0, q5_0, q8_0 with q8_0 activations; q4_1, q5_1
+ * with q8_1 activations) ----
+ * Rows are taken in blocks of QT_RB; for each group of up to 4 activation
+ * rows the activation scales (and q8_1 sums) are converted to float once
+ * into a stack buffer, then every weight row of the block is dotted with the
+ * group. Per 8 weight blocks the 8 weight scales are converted together and
+ * multiplied with the activation scales in one vector op; each block's
+ * product is then broadcast with a lane permute. */
+
+#define QT_RB 32
+#define QT_MAXB 1024      /* blocks per row handled (n <= 32768); larger n: reference */
+
+QT_AI int x_u16(const uint8_t *p)
 {
-    __m256 acc0[4], acc1[4];
-    for (int k = 0; k < NB; k++) acc0[k] = acc1[k] = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 1 < nblk; i += 2) {
-        const uint8_t *wb0 = wr + i * bs, *wb1 = wb0 + bs;
-        _mm_prefetch((const char *)wb0 + QT_PF, _MM_HINT_T0);
-        const __m256i w0 = x_unpack_s(type, wb0), w1 = x_unpack_s(type, wb1);
-        const __m256i aw0 = _mm256_sign_epi8(w0, w0), aw1 = _mm256_sign_epi8(w1, w1);
-        const float d0 = x_h2f(wb0), d1 = x_h2f(wb1);
-        for (int k = 0; k < NB; k++) {
-            const uint8_t *ab = a0 + k * as + i * 34;
-            const __m256i y0 = _mm256_loadu_si256((const __m256i *)(const void *)(ab + 2));
-            const __m256i y1 = _mm256_loadu_si256((const __m256i *)(const void *)(ab + 36));
-            const __m256i p0 = QT_DOT_US(_mm256_setzero_si256(), aw0, _mm256_sign_epi8(y0, w0));
-            const __m256i p1 = QT_DOT_US(_mm256_setzero_si256(), aw1, _mm256_sign_epi8(y1, w1));
-            acc0[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(d0 * x_h2f(ab)), acc0[k]);
-            acc1[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(d1 * x_h2f(ab + 34)), acc1[k]);
-        }
-    }
-    if (i < nblk) {
-        const uint8_t *wb0 = wr + i * bs;
-        const __m256i w0 = x_unpack_s(type, wb0);
-        const __m256i aw0 = _mm256_sign_epi8(w0, w0);
-        const float d0 = x_h2f(wb0);
-        for (int k = 0; k < NB; k++) {
-            const uint8_t *ab = a0 + k * as + i * 34;
-            const __m256i y0 = _mm256_loadu_si256((const __m256i *)(const void *)(ab + 2));
-            const __m256i p0 = QT_DOT_US(_mm256_setzero_si256(), aw0, _mm256_sign_epi8(y0, w0));
-            acc0[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(d0 * x_h2f(ab)), acc0[k]);
-        }
-    }
-    for (int k = 0; k < NB; k++) out[k] = x_hsum_ps(_mm256_add_ps(acc0[k], acc1[k]));
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return h;
 }
 
-/* ---- small blocks, unsigned weights + min, q8_1 activations ---- */
-QT_AI void x_small_u(uint32_t type, size_t bs, int NB, int64_t nblk, const uint8_t *wr,
-                     const uint8_t *a0, size_t as, float *out)
+QT_AI __m256 x_h2f8(const uint8_t *p, size_t stride)
 {
-    __m256 acc[4];
-    float ms[4];
-    for (int k = 0; k < NB; k++) { acc[k] = _mm256_setzero_ps(); ms[k] = 0; }
-    for (int64_t i = 0; i < nblk; i++) {
+    __m128i h = _mm_cvtsi32_si128(x_u16(p));
+    h = _mm_insert_epi16(h, x_u16(p + 1 * stride), 1);
+    h = _mm_insert_epi16(h, x_u16(p + 2 * stride), 2);
+    h = _mm_insert_epi16(h, x_u16(p + 3 * stride), 3);
+    h = _mm_insert_epi16(h, x_u16(p + 4 * stride), 4);
+    h = _mm_insert_epi16(h, x_u16(p + 5 * stride), 5);
+    h = _mm_insert_epi16(h, x_u16(p + 6 * stride), 6);
+    h = _mm_insert_epi16(h, x_u16(p + 7 * stride), 7);
+    return _mm256_cvtph_ps(h);
+}
+
+QT_AI __m256i x_sblock(uint32_t type, const uint8_t *b)
+{
+    return (type == QT_Q4_1 || type == QT_Q5_1) ? x_unpack_u(type, b) : x_unpack_s(type, b);
+}
+
+/* One weight row against G activation rows. das/dss: [G][QT_MAXB] floats. */
+QT_AI void x_small_rows(uint32_t type, size_t bs, int G, int64_t nblk, const uint8_t *wr,
+                        const uint8_t *a0, size_t as, const float *das, const float *dss, float *out)
+{
+    const int sgn = !(type == QT_Q4_1 || type == QT_Q5_1);
+    const size_t abs_ = sgn ? 34 : 36, aoff = sgn ? 2 : 4;
+    __m256 acc[4][2], accm[4];
+    for (int k = 0; k < G; k++) acc[k][0] = acc[k][1] = accm[k] = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= nblk; i += 8) {
         const uint8_t *wb = wr + i * bs;
         _mm_prefetch((const char *)wb + QT_PF, _MM_HINT_T0);
-        const __m256i w = x_unpack_u(type, wb);
-        const float d = x_h2f(wb), m = x_h2f(wb + 2);
-        for (int k = 0; k < NB; k++) {
-            const uint8_t *ab = a0 + k * as + i * 36;
-            const __m256i y = _mm256_loadu_si256((const __m256i *)(const void *)(ab + 4));
-            const __m256i p = QT_DOT_US(_mm256_setzero_si256(), w, y);
-            acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * x_h2f(ab)), acc[k]);
-            ms[k] += m * x_h2f(ab + 2);
+        _mm_prefetch((const char *)wb + QT_PF + 64, _MM_HINT_T0);
+        _mm_prefetch((const char *)wb + QT_PF + 128, _MM_HINT_T0);
+        if (bs > 24) _mm_prefetch((const char *)wb + QT_PF + 192, _MM_HINT_T0);
+        const __m256 dw = x_h2f8(wb, bs);
+        __m256 sc[4];
+        for (int k = 0; k < G; k++) sc[k] = _mm256_mul_ps(dw, _mm256_loadu_ps(das + k * QT_MAXB + i));
+        if (!sgn) {
+            const __m256 mw = x_h2f8(wb + 2, bs);
+            for (int k = 0; k < G; k++) accm[k] = _mm256_fmadd_ps(mw, _mm256_loadu_ps(dss + k * QT_MAXB + i), accm[k]);
+        }
+        QT_UNROLL8
+        for (int j = 0; j < 8; j++) {
+            const __m256i w = x_sblock(type, wb + j * bs);
+            const __m256i aw = sgn ? _mm256_sign_epi8(w, w) : w;
+            const __m256i idx = _mm256_set1_epi32(j);
+            for (int k = 0; k < G; k++) {
+                const __m256i y = x_ld(a0 + k * as + (i + j) * abs_ + aoff);
+                const __m256i p = QT_DOT_US(_mm256_setzero_si256(), aw, sgn ? _mm256_sign_epi8(y, w) : y);
+                acc[k][j & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_permutevar8x32_ps(sc[k], idx), acc[k][j & 1]);
+            }
         }
     }
-    for (int k = 0; k < NB; k++) out[k] = x_hsum_ps(acc[k]) + ms[k];
+    float tail[4] = { 0, 0, 0, 0 };
+    for (; i < nblk; i++) {
+        const uint8_t *wb = wr + i * bs;
+        const __m256i w = x_sblock(type, wb);
+        const __m256i aw = sgn ? _mm256_sign_epi8(w, w) : w;
+        const float d = x_h2f(wb), m = sgn ? 0.f : x_h2f(wb + 2);
+        for (int k = 0; k < G; k++) {
+            const __m256i y = x_ld(a0 + k * as + i * abs_ + aoff);
+            const __m256i p = QT_DOT_US(_mm256_setzero_si256(), aw, sgn ? _mm256_sign_epi8(y, w) : y);
+            acc[k][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * das[k * QT_MAXB + i]), acc[k][0]);
+            if (!sgn) tail[k] += m * dss[k * QT_MAXB + i];
+        }
+    }
+    for (int k = 0; k < G; k++)
+        out[k] = x_hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[k][0], acc[k][1]), accm[k])) + tail[k];
 }
 
 QT_AI void x_small(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64_t r0, int64_t r1,
@@ -162,41 +197,38 @@ QT_AI void x_small(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64_
 {
     const size_t bs = qt_get(type)->type_size;
     const int64_t nblk = n / 32;
-    const int sgn = type == QT_Q4_0 || type == QT_Q5_0 || type == QT_Q8_0;
+    const int sgn = !(type == QT_Q4_1 || type == QT_Q5_1);
+    const size_t abs_ = sgn ? 34 : 36;
+    float das[4 * QT_MAXB] __attribute__((aligned(32)));
+    float dss[4 * QT_MAXB] __attribute__((aligned(32)));
     float out[4];
-    for (int64_t r = r0; r < r1; r++) {
-        const uint8_t *wr = W + r * ws;
+    for (int64_t rb = r0; rb < r1; rb += QT_RB) {
+        const int64_t re = rb + QT_RB < r1 ? rb + QT_RB : r1;
         for (int b0 = 0; b0 < nb;) {
             const int rem = nb - b0, g = rem >= 4 ? 4 : rem;
             const uint8_t *a0 = A + b0 * as;
-            if (sgn) {
-                switch (g) {
-                case 4: x_small_s(type, bs, 4, nblk, wr, a0, as, out); break;
-                case 3: x_small_s(type, bs, 3, nblk, wr, a0, as, out); break;
-                case 2: x_small_s(type, bs, 2, nblk, wr, a0, as, out); break;
-                default: x_small_s(type, bs, 1, nblk, wr, a0, as, out); break;
+            for (int k = 0; k < g; k++)
+                for (int64_t i = 0; i < nblk; i++) {
+                    const uint8_t *ab = a0 + k * as + i * abs_;
+                    das[k * QT_MAXB + i] = x_h2f(ab);
+                    if (!sgn) dss[k * QT_MAXB + i] = x_h2f(ab + 2);
                 }
-            } else {
+            for (int64_t r = rb; r < re; r++) {
+                const uint8_t *wr = W + r * ws;
                 switch (g) {
-                case 4: x_small_u(type, bs, 4, nblk, wr, a0, as, out); break;
-                case 3: x_small_u(type, bs, 3, nblk, wr, a0, as, out); break;
-                case 2: x_small_u(type, bs, 2, nblk, wr, a0, as, out); break;
-                default: x_small_u(type, bs, 1, nblk, wr, a0, as, out); break;
+                case 4: x_small_rows(type, bs, 4, nblk, wr, a0, as, das, dss, out); break;
+                case 3: x_small_rows(type, bs, 3, nblk, wr, a0, as, das, dss, out); break;
+                case 2: x_small_rows(type, bs, 2, nblk, wr, a0, as, das, dss, out); break;
+                default: x_small_rows(type, bs, 1, nblk, wr, a0, as, das, dss, out); break;
                 }
+                for (int k = 0; k < g; k++) Y[(b0 + k) * ldy + r] = out[k];
             }
-            for (int k = 0; k < g; k++) Y[(b0 + k) * ldy + r] = out[k];
             b0 += g;
         }
     }
 }
 
 /* ---- K-quants ---- */
-
-#if defined(__clang__)
-#define QT_UNROLL8 _Pragma("unroll 8")
-#else
-#define QT_UNROLL8 _Pragma("GCC unroll 8")
-#endif
 
 typedef struct {
     __m256i sv[8];   /* per 32-value chunk: int16 x16, lanes 0-7 scale of the 1st 16 values, 8-15 of the 2nd */
@@ -272,8 +304,6 @@ QT_AI void x_kscales_of(uint32_t type, const uint8_t *b, x_kscale *ks)
     }
     }
 }
-
-QT_AI __m256i x_ld(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)(const void *)p); }
 
 /* Chunk c (values 32c .. 32c+31) of a K-quant super-block as unsigned bytes.
  * Called with constant c from unrolled loops: loads shared by chunks fold. */
@@ -502,6 +532,7 @@ int QT_KERNEL_NAME(uint32_t wtype, int64_t n, const void *W, size_t w_stride,
     }
     const qt_traits *t = qt_get(wtype);
     if (n <= 0 || n % t->blck) return -1;
+    if (t->blck == 32 && n / 32 > QT_MAXB) return -1;
     fn(n, W, w_stride, r0, r1, A, a_stride, nb, Y, ldy);
     return 0;
 }

@@ -125,14 +125,16 @@ int main(int argc, char **argv)
     double tmin = 0.3;
     int want_isa[4] = { 1, 1, 1, 1 };
     uint32_t types[32];
-    int ntypes = 0;
+    int ntypes = 0, cached = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-t") && i + 1 < argc) tmin = atof(argv[++i]);
+        else if (!strcmp(argv[i], "-c")) cached = 1;
         else if (!strcmp(argv[i], "-i") && i + 1 < argc) {
             const char *l = argv[++i];
             for (int k = 0; k < 4; k++) want_isa[k] = strstr(l, qt_isa_name((qt_isa)k)) != NULL;
         } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: qtbench [-t SECONDS] [-i scalar,avx2,avx512] [TYPE...]\n");
+            printf("usage: qtbench [-c] [-t SECONDS] [-i scalar,avx2,avx512] [TYPE...]\n"
+                   "  -c  cache-resident matrices (1 MiB): kernel speed without memory\n");
             return 0;
         } else {
             int found = 0;
@@ -161,16 +163,19 @@ int main(int argc, char **argv)
     printf("memory read ceiling (512 MiB buffer): 1 thread %.1f GB/s, 2 threads %.1f GB/s\n\n", ceil1, ceil2);
 
     const int64_t n = 4096;
-    const size_t big = (size_t)128 << 20;
-    printf("weights: n=%lld, rows so that the matrix is >= 128 MiB (decode) / 4096 rows (nb=64)\n",
-           (long long)n);
+    const size_t big = cached ? (size_t)1 << 20 : (size_t)128 << 20;
+    if (cached)
+        printf("weights: n=%lld, cache-resident: 1 MiB matrix (nb=1,4,8) / 1/16 of it (nb=64)\n", (long long)n);
+    else
+        printf("weights: n=%lld, rows so that the matrix is >= 128 MiB (decode) / 4096 rows (nb=64)\n",
+               (long long)n);
     printf("%-5s %-7s | %-15s | %-15s | %-15s | %-17s\n", "type", "isa", "nb=1 GB/s 1t/2t",
            "nb=4 GB/s 1t/2t", "nb=8 GB/s 1t/2t", "nb=64 GFLOP/s 1t/2t");
     for (int ti = 0; ti < ntypes; ti++) {
         const uint32_t wt = types[ti], at = qt_act_type(wt);
         const size_t ws = qt_row_size(wt, n), as = qt_row_size(at, n);
         int64_t rows = (int64_t)((big + ws - 1) / ws);
-        if (rows < 4096) rows = 4096;
+        if (!cached && rows < 4096) rows = 4096;
         uint8_t *W = malloc(ws * (size_t)rows);
         uint8_t *A = malloc(as * 64);
         float *Y = malloc(sizeof(float) * (size_t)rows * 64);
@@ -191,7 +196,8 @@ int main(int argc, char **argv)
             if ((int)qt_isa_get() != isa) continue;
             /* the scalar reference is slow: time it on fewer rows */
             const int64_t drows = isa == QT_ISA_SCALAR ? rows / 16 : rows;
-            const int64_t crows = isa == QT_ISA_SCALAR ? 256 : 4096;
+            int64_t crows = isa == QT_ISA_SCALAR ? 256 : 4096;
+            if (cached) crows = rows / 16 > 16 ? rows / 16 : 16;
             const double bytes = (double)ws * (double)drows;
             printf("%-5s %-7s |", qt_name(wt), qt_isa_name((qt_isa)isa));
             const int nbs[3] = { 1, 4, 8 };
