@@ -366,6 +366,11 @@ static const be_ops cpu_ops = {
     .sync = cpu_sync,
 };
 
+void be_cpu_scalar(be *b, int on)
+{
+    ((cpu_be *)b)->simd_att = !on && (qt_isa_get() == QT_ISA_AVX2 || qt_isa_get() == QT_ISA_AVX512);
+}
+
 const char *be_available(void)
 {
 #ifdef ANE_CUDA
