@@ -113,12 +113,17 @@ static int flush_out(ane_client *c, long long deadline, char *err, size_t errlen
         if (n > 0) { off += (size_t)n; continue; }
         if (n < 0 && errno == EINTR) continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            struct pollfd pf = { c->fd, POLLOUT | POLLIN, 0 };
+            /* Read meanwhile only while there is room: with a whole frame of
+             * events not yet taken, wait for the socket alone (no spinning). */
+            size_t room;
+            proto_reader_space(c->rd, &room);
+            struct pollfd pf = { c->fd, (short)(POLLOUT | (room && !c->eof ? POLLIN : 0)), 0 };
             int t = left_ms(deadline);
             int pr = poll(&pf, 1, t);
             if (pr < 0 && errno == EINTR) continue;
             if (pr < 0) { seterr(err, errlen, "poll: %s", strerror(errno)); goto fail; }
             if (pr == 0) { seterr(err, errlen, "timed out sending to aned"); goto fail; }
+            if (pf.revents & POLLOUT) continue;
             if (pf.revents & POLLIN) {
                 if (read_some(c, err, errlen) < 0) goto fail;
             } else if (pf.revents & (POLLERR | POLLHUP)) {
