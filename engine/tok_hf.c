@@ -87,26 +87,24 @@ static int j_hex4(jp *j, const char *p, unsigned *v)
     return 0;
 }
 
+/* Strings are decoded in place: the decoded form is never longer than the
+ * source, so it overwrites the source and a NUL replaces the closing quote's
+ * byte or one before it. The parser's buffer must be writable. */
 static int j_string(jp *j, jv *out)
 {
-    const char *p = ++j->p;   /* past the quote */
-    const char *q = p;
+    char *p = (char *)++j->p;   /* past the quote */
+    char *q = p;
     while (q < j->end && *q != '"' && *q != '\\' && (unsigned char)*q >= 0x20) q++;
     if (q < j->end && *q == '"') {      /* fast path: no escapes */
-        char *s = ja_alloc(j, (size_t)(q - p) + 1);
-        if (!s) return jerr(j, "out of memory");
-        memcpy(s, p, (size_t)(q - p));
-        s[q - p] = 0;
-        out->t = J_STR; out->n = (uint32_t)(q - p); out->u.s = s;
+        *q = 0;
+        out->t = J_STR; out->n = (uint32_t)(q - p); out->u.s = p;
         j->p = q + 1;
         return 0;
     }
-    /* slow path: find the end first to size the buffer */
     const char *e = q;
     while (e < j->end && *e != '"') { if (*e == '\\') e++; e++; }
     if (e >= j->end) return jerr(j, "unterminated string");
-    char *s = ja_alloc(j, (size_t)(e - p) + 1), *o = s;
-    if (!s) return jerr(j, "out of memory");
+    char *s = p, *o = p;
     while (p < e) {
         unsigned char c = (unsigned char)*p;
         if (c < 0x20) { j->p = p; return jerr(j, "control character in string"); }
@@ -135,6 +133,7 @@ static int j_string(jp *j, jv *out)
             } else if (cp >= 0xDC00 && cp < 0xE000) {
                 cp = 0xFFFD;
             }
+            /* \uXXXX is 6 source bytes, at most 3 decoded; a pair 12 → 4 */
             if (cp < 0x80) *o++ = (char)cp;
             else if (cp < 0x800) { *o++ = (char)(0xC0 | (cp >> 6)); *o++ = (char)(0x80 | (cp & 0x3F)); }
             else if (cp < 0x10000) {
@@ -217,11 +216,22 @@ static int j_value(jp *j, jv *out)
     if (c == 'n' && j->end - j->p >= 4 && memcmp(j->p, "null", 4) == 0) { j->p += 4; out->t = J_NULL; return 0; }
     if (c == '-' || (c >= '0' && c <= '9')) {
         const char *q = j->p;
+        int neg = *q == '-';
+        if (neg) q++;
+        uint64_t v = 0;
+        const char *d0 = q;
+        while (q < j->end && *q >= '0' && *q <= '9' && q - d0 < 18) v = v * 10 + (uint64_t)(*q++ - '0');
+        if (q > d0 && (q >= j->end || (*q != '.' && *q != 'e' && *q != 'E' && !(*q >= '0' && *q <= '9')))) {
+            out->t = J_NUM;                       /* plain integer: the common case */
+            out->u.d = neg ? -(double)v : (double)v;
+            j->p = q;
+            return 0;
+        }
+        q = j->p;
         char buf[64];
-        size_t k = 0;
-        while (q < j->end && (strchr("+-.eE", *q) || (*q >= '0' && *q <= '9'))) q++;
-        k = (size_t)(q - j->p);
-        if (k >= sizeof buf) k = sizeof buf - 1;   /* huge integers: precision is irrelevant here */
+        while (q < j->end && (*q == '+' || *q == '-' || *q == '.' || *q == 'e' || *q == 'E' || (*q >= '0' && *q <= '9'))) q++;
+        size_t k = (size_t)(q - j->p);
+        if (k >= sizeof buf) k = sizeof buf - 1;   /* huge numbers: precision is irrelevant here */
         memcpy(buf, j->p, k);
         buf[k] = 0;
         char *e;
@@ -234,7 +244,7 @@ static int j_value(jp *j, jv *out)
     return jerr(j, "unexpected character");
 }
 
-static int j_parse(jp *j, const char *buf, size_t n, jv *root)
+static int j_parse(jp *j, char *buf, size_t n, jv *root)
 {
     memset(j, 0, sizeof *j);
     j->p = j->base = buf;

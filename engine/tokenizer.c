@@ -25,6 +25,9 @@ const char TOK_RE_LLAMA3[] =
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
     "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 
+/* a hash slot carries the text's place so that a hit costs one miss on the
+ * table and one on the text */
+typedef struct hent { uint32_t tag; int32_t id; uint32_t off, len; } hent;
 typedef struct merge_ent { uint64_t key; uint32_t rank; int32_t res; } merge_ent;
 
 struct tok {
@@ -37,7 +40,7 @@ struct tok {
     float *scores;
     uint8_t *ttype;
     uint8_t *eog;
-    int32_t *hmap;           /* text → id, open addressing, -1 empty */
+    struct hent *hmap;       /* text → id, open addressing, id -1: empty */
     uint32_t hmask;
     merge_ent *mmap;         /* (left id, right id) → rank, merged id */
     uint32_t mmask;
@@ -70,6 +73,7 @@ static int fail(char *err, size_t errlen, const char *fmt, ...)
 static uint64_t hash_bytes(const char *p, size_t n)
 {
     uint64_t h = 0x9E3779B97F4A7C15ull ^ (n * 0xff51afd7ed558ccdull);
+    size_t total = n;
     while (n >= 8) {
         uint64_t v;
         memcpy(&v, p, 8);
@@ -78,7 +82,12 @@ static uint64_t hash_bytes(const char *p, size_t n)
         p += 8; n -= 8;
     }
     uint64_t v = 0;
-    memcpy(&v, p, n);
+    if (n && total >= 8) {          /* the last 8 bytes, shifted: no byte-wise tail */
+        memcpy(&v, p + n - 8, 8);
+        v >>= (8 - n) * 8;
+    } else {
+        for (size_t i = 0; i < n; i++) v |= (uint64_t)(unsigned char)p[i] << (8 * i);
+    }
     h = (h ^ v) * 0x94d049bb133111ebull;
     h ^= h >> 29;
     h *= 0xbf58476d1ce4e5b9ull;
@@ -92,15 +101,48 @@ static uint64_t hash_pair(uint64_t k)
     return k ^ (k >> 33);
 }
 
+static int32_t find_h(const tok *t, const char *s, size_t n, uint64_t h)
+{
+    uint32_t i = (uint32_t)h & t->hmask, tag = (uint32_t)(h >> 32);
+    for (;;) {
+        const hent *e = &t->hmap[i];
+        if (e->id < 0) return -1;
+        if (e->tag == tag && e->len == n && memcmp(t->text + e->off, s, n) == 0) return e->id;
+        i = (i + 1) & t->hmask;
+    }
+}
+
 int32_t tok_find(const tok *t, const char *s, size_t n)
 {
     if (!t || !t->hmap) return -1;
-    uint32_t i = (uint32_t)hash_bytes(s, n) & t->hmask;
-    for (;;) {
-        int32_t id = t->hmap[i];
-        if (id < 0) return -1;
-        if (t->text_len[id] == n && memcmp(t->text + t->text_off[id], s, n) == 0) return id;
-        i = (i + 1) & t->hmask;
+    return find_h(t, s, n, hash_bytes(s, n));
+}
+
+/* Many lookups at once, with the table slots and then the texts prefetched,
+ * so that their cache misses overlap (building the merge table does ~3 per
+ * merge, hundreds of thousands in all). */
+#define FIND_BATCH 64
+static void find_batch(const tok *t, size_t n, const char *const *s, const size_t *len, int32_t *out)
+{
+    uint64_t h[FIND_BATCH];
+    const hent *cand[FIND_BATCH];
+    for (size_t i = 0; i < n; i++) {
+        h[i] = hash_bytes(s[i], len[i]);
+        __builtin_prefetch(&t->hmap[(uint32_t)h[i] & t->hmask]);
+    }
+    for (size_t i = 0; i < n; i++) {
+        uint32_t k = (uint32_t)h[i] & t->hmask, tag = (uint32_t)(h[i] >> 32);
+        cand[i] = NULL;
+        for (;; k = (k + 1) & t->hmask) {
+            const hent *e = &t->hmap[k];
+            if (e->id < 0) break;
+            if (e->tag == tag && e->len == len[i]) { cand[i] = e; __builtin_prefetch(t->text + e->off); break; }
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (!cand[i]) out[i] = -1;
+        else if (memcmp(t->text + cand[i]->off, s[i], len[i]) == 0) out[i] = cand[i]->id;
+        else out[i] = find_h(t, s[i], len[i], h[i]);
     }
 }
 
@@ -252,6 +294,7 @@ static void piece_of(const tok *t, int32_t id, char *o, uint32_t *len)
             inv_ready = 1;
         }
         for (uint32_t i = 0; i < n;) {
+            if (!((unsigned char)s[i] & 0x80)) { o[k++] = s[i++]; continue; }
             size_t l = utf8_len_lead((unsigned char)s[i]);
             if (i + l > n) l = n - i;
             uint32_t cp = utf8_get((const unsigned char *)s + i, l);
@@ -295,14 +338,14 @@ int tok_build(tok **out, const tok_spec *s, char *err, size_t errlen)
     t->scores = calloc((size_t)n, sizeof(float));
     t->ttype = malloc((size_t)n);
     t->eog = calloc((size_t)n, 1);
-    t->hmask = pow2_at_least((size_t)n * 2) - 1;
-    t->hmap = malloc(sizeof(int32_t) * ((size_t)t->hmask + 1));
+    t->hmask = pow2_at_least((size_t)n + (size_t)n / 2) - 1;
+    t->hmap = malloc(sizeof(hent) * ((size_t)t->hmask + 1));
     if (!t->text || !t->piece || !t->text_off || !t->text_len || !t->piece_off || !t->piece_len ||
         !t->scores || !t->ttype || !t->eog || !t->hmap) {
         tok_free(t);
         return fail(err, errlen, "tokenizer: out of memory");
     }
-    memset(t->hmap, 0xff, sizeof(int32_t) * ((size_t)t->hmask + 1));
+    for (size_t i = 0; i <= t->hmask; i++) t->hmap[i].id = -1;
     size_t off = 0;
     for (int32_t i = 0; i < n; i++) {
         t->text_off[i] = (uint32_t)off;
@@ -315,17 +358,24 @@ int tok_build(tok **out, const tok_spec *s, char *err, size_t errlen)
         if (s->scores) t->scores[i] = s->scores[i];
     }
     /* text → id; a later duplicate wins, as in llama.cpp's token_to_id */
+    uint64_t *hv = malloc(sizeof(uint64_t) * (size_t)n);
+    if (!hv) { tok_free(t); return fail(err, errlen, "tokenizer: out of memory"); }
+    for (int32_t i = 0; i < n; i++) hv[i] = hash_bytes(t->text + t->text_off[i], t->text_len[i]);
     for (int32_t i = 0; i < n; i++) {
+        if (i + 16 < n) __builtin_prefetch(&t->hmap[(uint32_t)hv[i + 16] & t->hmask], 1);
         uint32_t len = t->text_len[i];
         const char *p = t->text + t->text_off[i];
-        uint32_t h = (uint32_t)hash_bytes(p, len) & t->hmask;
+        uint32_t h = (uint32_t)hv[i] & t->hmask, tag = (uint32_t)(hv[i] >> 32);
         for (;;) {
-            int32_t id = t->hmap[h];
-            if (id < 0) { t->hmap[h] = i; break; }
-            if (t->text_len[id] == len && memcmp(t->text + t->text_off[id], p, len) == 0) { t->hmap[h] = i; break; }
+            hent *e = &t->hmap[h];
+            if (e->id < 0 || (e->tag == tag && e->len == len && memcmp(t->text + e->off, p, len) == 0)) {
+                e->id = i; e->tag = tag; e->off = t->text_off[i]; e->len = len;
+                break;
+            }
             h = (h + 1) & t->hmask;
         }
     }
+    free(hv);
     /* byte tokens */
     for (int b = 0; b < 256; b++) {
         char buf[8];
@@ -338,35 +388,68 @@ int tok_build(tok **out, const tok_spec *s, char *err, size_t errlen)
             t->byte_id[b] = tok_find(t, buf, l);
         }
     }
-    /* merges */
+    /* merges: (left id, right id) → rank and merged id */
     if (s->type == TOK_BPE && s->n_merges) {
-        t->mmask = pow2_at_least(s->n_merges * 2) - 1;
+        t->mmask = pow2_at_least(s->n_merges + s->n_merges / 2) - 1;
         t->mmap = malloc(sizeof(merge_ent) * ((size_t)t->mmask + 1));
-        char *cat = NULL;
-        size_t catcap = 0;
-        if (!t->mmap) { tok_free(t); return fail(err, errlen, "tokenizer: out of memory"); }
+        char *cat = malloc((size_t)FIND_BATCH * 512);
+        if (!t->mmap || !cat) { free(cat); tok_free(t); return fail(err, errlen, "tokenizer: out of memory"); }
         for (size_t i = 0; i <= t->mmask; i++) t->mmap[i].key = UINT64_MAX;
-        for (size_t r = 0; r < s->n_merges; r++) {
-            const tok_merge *m = &s->merges[r];
-            int32_t a = tok_find(t, m->a.s, m->a.n), b = tok_find(t, m->b.s, m->b.n);
-            if (a < 0 || b < 0) continue;
-            if (m->a.n + m->b.n > catcap) {
-                catcap = (m->a.n + m->b.n) * 2 + 64;
-                char *nc = realloc(cat, catcap);
-                if (!nc) { free(cat); tok_free(t); return fail(err, errlen, "tokenizer: out of memory"); }
-                cat = nc;
+        for (size_t r0 = 0; r0 < s->n_merges; r0 += FIND_BATCH / 2) {
+            size_t nb = s->n_merges - r0 < FIND_BATCH / 2 ? s->n_merges - r0 : FIND_BATCH / 2;
+            const char *q[FIND_BATCH];
+            size_t ql[FIND_BATCH];
+            int32_t ab[FIND_BATCH], res[FIND_BATCH / 2];
+            for (size_t k = 0; k < nb; k++) {
+                const tok_merge *m = &s->merges[r0 + k];
+                q[2 * k] = m->a.s; ql[2 * k] = m->a.n;
+                q[2 * k + 1] = m->b.s; ql[2 * k + 1] = m->b.n;
             }
-            memcpy(cat, m->a.s, m->a.n);
-            memcpy(cat + m->a.n, m->b.s, m->b.n);
-            int32_t res = tok_find(t, cat, m->a.n + m->b.n);
-            if (res < 0) continue;
-            uint64_t key = ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
-            uint32_t h = (uint32_t)hash_pair(key) & t->mmask;
-            while (t->mmap[h].key != UINT64_MAX && t->mmap[h].key != key) h = (h + 1) & t->mmask;
-            if (t->mmap[h].key == key) continue;   /* first (lowest) rank wins */
-            t->mmap[h].key = key;
-            t->mmap[h].rank = (uint32_t)r;
-            t->mmap[h].res = res;
+            find_batch(t, 2 * nb, q, ql, ab);
+            size_t nc = 0;
+            for (size_t k = 0; k < nb; k++) {
+                const tok_merge *m = &s->merges[r0 + k];
+                size_t l = m->a.n + m->b.n;
+                if (ab[2 * k] < 0 || ab[2 * k + 1] < 0 || l > 1024) { res[k] = -1; continue; }
+                char *c = l <= 512 ? cat + 512 * nc : NULL;
+                if (!c) { res[k] = -2; continue; }    /* long: looked up on its own below */
+                memcpy(c, m->a.s, m->a.n);
+                memcpy(c + m->a.n, m->b.s, m->b.n);
+                q[nc] = c; ql[nc] = l;
+                res[k] = -3 - (int32_t)nc;
+                nc++;
+            }
+            int32_t found[FIND_BATCH];
+            find_batch(t, nc, q, ql, found);
+            uint32_t slot[FIND_BATCH / 2];
+            for (size_t k = 0; k < nb; k++) {
+                uint64_t key = ((uint64_t)(uint32_t)ab[2 * k] << 32) | (uint32_t)ab[2 * k + 1];
+                slot[k] = (uint32_t)hash_pair(key) & t->mmask;
+                __builtin_prefetch(&t->mmap[slot[k]], 1);
+            }
+            for (size_t k = 0; k < nb; k++) {
+                int32_t id = res[k];
+                if (id == -1) continue;
+                if (id == -2) {
+                    const tok_merge *m = &s->merges[r0 + k];
+                    char *big = malloc(m->a.n + m->b.n);
+                    if (!big) continue;
+                    memcpy(big, m->a.s, m->a.n);
+                    memcpy(big + m->a.n, m->b.s, m->b.n);
+                    id = tok_find(t, big, m->a.n + m->b.n);
+                    free(big);
+                } else {
+                    id = found[-3 - id];
+                }
+                if (id < 0) continue;
+                uint64_t key = ((uint64_t)(uint32_t)ab[2 * k] << 32) | (uint32_t)ab[2 * k + 1];
+                uint32_t h = slot[k];
+                while (t->mmap[h].key != UINT64_MAX && t->mmap[h].key != key) h = (h + 1) & t->mmask;
+                if (t->mmap[h].key == key) continue;   /* first (lowest) rank wins */
+                t->mmap[h].key = key;
+                t->mmap[h].rank = (uint32_t)(r0 + k);
+                t->mmap[h].res = id;
+            }
         }
         free(cat);
     }
