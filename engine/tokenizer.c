@@ -47,6 +47,8 @@ struct tok {
     int32_t byte_id[256];    /* token of a single byte (SPM <0xAB>, BPE byte char) */
     int32_t *special;        /* candidates for matching in text, longest first */
     uint32_t sp_first[257];  /* special[sp_first[b] .. sp_first[b+1]) start with byte b */
+    uint64_t *pairs;         /* SPM: adjacent character pairs found inside tokens */
+    uint32_t pmask;
     int32_t bos, eos, eot, unk;
     int add_bos, add_space_prefix, ignore_merges, nfc, add_prefix_space;
     pcre2_code *re;
@@ -453,6 +455,34 @@ int tok_build(tok **out, const tok_spec *s, char *err, size_t errlen)
         }
         free(cat);
     }
+    /* SPM: the set of adjacent character pairs inside any token. Where two
+     * neighbouring characters of a text form no such pair, no merge can ever
+     * cross between them, so the text is merged in independent chunks. */
+    if (t->type == TOK_SPM) {
+        size_t np = 0;
+        for (int32_t i = 0; i < n; i++) np += t->text_len[i];
+        t->pmask = pow2_at_least(np + 16) - 1;
+        t->pairs = malloc(sizeof(uint64_t) * ((size_t)t->pmask + 1));
+        if (!t->pairs) { tok_free(t); return fail(err, errlen, "tokenizer: out of memory"); }
+        memset(t->pairs, 0xff, sizeof(uint64_t) * ((size_t)t->pmask + 1));
+        for (int32_t i = 0; i < n; i++) {
+            const unsigned char *p = (const unsigned char *)t->text + t->text_off[i];
+            uint32_t len = t->text_len[i], prev = UINT32_MAX;
+            for (uint32_t k = 0; k < len;) {
+                size_t l = utf8_len_lead(p[k]);
+                if (l > len - k) l = len - k;
+                uint32_t cp = utf8_get(p + k, l);
+                if (prev != UINT32_MAX) {
+                    uint64_t key = ((uint64_t)prev << 32) | cp;
+                    uint32_t h = (uint32_t)hash_pair(key) & t->pmask;
+                    while (t->pairs[h] != UINT64_MAX && t->pairs[h] != key) h = (h + 1) & t->pmask;
+                    t->pairs[h] = key;
+                }
+                prev = cp;
+                k += (uint32_t)l;
+            }
+        }
+    }
     /* pieces (decoded pieces are never longer than the text) */
     off = 0;
     for (int32_t i = 0; i < n; i++) {
@@ -524,7 +554,7 @@ void tok_free(tok *t)
     if (!t) return;
     free(t->text); free(t->text_off); free(t->text_len);
     free(t->piece); free(t->piece_off); free(t->piece_len);
-    free(t->scores); free(t->ttype); free(t->eog); free(t->hmap); free(t->mmap);
+    free(t->scores); free(t->ttype); free(t->eog); free(t->hmap); free(t->mmap); free(t->pairs);
     free(t->special); free(t->chat_template);
     if (t->re) pcre2_code_free(t->re);
     free(t);
@@ -666,7 +696,7 @@ static void spm_try(enc *e, const char *s, int32_t l, int32_t r)
 
 /* SentencePiece: merge the adjacent pair whose union is the highest-scoring
  * token until none is left; symbols that are not tokens become bytes. */
-static void spm_encode(enc *e, const char *s, size_t n)
+static void spm_chunk(enc *e, const char *s, size_t n)
 {
     size_t ns = 0;
     if (grow((void **)&e->syms, &e->syms_cap, n + 1, sizeof(sym))) { e->oom = 1; return; }
@@ -811,6 +841,35 @@ static int bpe_text(enc *e, const char *s, size_t n, char *err, size_t errlen)
     free(norm);
     free(pre);
     return e->oom ? -1 : 0;
+}
+
+static int spm_pair(const tok *t, uint32_t a, uint32_t b)
+{
+    uint64_t key = ((uint64_t)a << 32) | b;
+    uint32_t h = (uint32_t)hash_pair(key) & t->pmask;
+    for (;;) {
+        if (t->pairs[h] == key) return 1;
+        if (t->pairs[h] == UINT64_MAX) return 0;
+        h = (h + 1) & t->pmask;
+    }
+}
+
+static void spm_encode(enc *e, const char *s, size_t n)
+{
+    size_t start = 0, i = 0;
+    uint32_t prev = UINT32_MAX;
+    while (i < n) {
+        size_t l = utf8_len_lead((unsigned char)s[i]);
+        if (l > n - i) l = n - i;
+        uint32_t cp = utf8_get((const unsigned char *)s + i, l);
+        if (prev != UINT32_MAX && !spm_pair(e->t, prev, cp)) {
+            spm_chunk(e, s + start, i - start);
+            start = i;
+        }
+        prev = cp;
+        i += l;
+    }
+    spm_chunk(e, s + start, n - start);
 }
 
 static int spm_text(enc *e, const char *s, size_t n, int prefix)
