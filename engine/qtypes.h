@@ -68,4 +68,38 @@ uint16_t qt_fp32_to_fp16(float f);
 float qt_bf16_to_fp32(uint16_t h);
 uint16_t qt_fp32_to_bf16(float f);  /* round to nearest even, as llama.cpp */
 
+/* ---- Block layouts (exactly as GGML/GGUF store them) and the per-ISA
+ * kernel entry points. For qtypes*.c, qt_*.c and tests. ---- */
+#define QT_QK 32          /* values per block of the small-block types */
+#define QT_QK_K 256       /* values per K-quant super-block */
+
+typedef struct { uint16_t d; uint8_t qs[16]; } qt_block_q4_0;                 /* 18 */
+typedef struct { uint16_t d, m; uint8_t qs[16]; } qt_block_q4_1;              /* 20 */
+typedef struct { uint16_t d; uint8_t qh[4]; uint8_t qs[16]; } qt_block_q5_0;  /* 22 */
+typedef struct { uint16_t d, m; uint8_t qh[4]; uint8_t qs[16]; } qt_block_q5_1; /* 24 */
+typedef struct { uint16_t d; int8_t qs[32]; } qt_block_q8_0;                  /* 34 */
+typedef struct { uint16_t d, s; int8_t qs[32]; } qt_block_q8_1;               /* 36: s = d * sum(qs) */
+typedef struct { uint8_t scales[16]; uint8_t qs[64]; uint16_t d, dmin; } qt_block_q2_K;      /* 84 */
+typedef struct { uint8_t hmask[32]; uint8_t qs[64]; uint8_t scales[12]; uint16_t d; } qt_block_q3_K; /* 110 */
+typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[128]; } qt_block_q4_K;    /* 144 */
+typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[32]; uint8_t qs[128]; } qt_block_q5_K; /* 176 */
+typedef struct { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d; } qt_block_q6_K;  /* 210 */
+typedef struct { float d; int8_t qs[256]; int16_t bsums[16]; } qt_block_q8_K; /* 292: bsums = sums of 16 */
+
+/* Dot of two rows in the reference arithmetic (w row of wtype, a row of
+ * qt_act_type(wtype)). */
+float qt_vec_dot_ref(uint32_t wtype, int64_t n, const void *w, const void *a);
+
+/* SIMD kernels (same arguments as qt_gemm): 0 done, -1 type not handled
+ * there (the caller falls back to a lower ISA). Defined only where built. */
+int qt_gemm_avx2(uint32_t wtype, int64_t n, const void *W, size_t w_stride,
+                 int64_t r0, int64_t r1, const void *A, size_t a_stride, int nb,
+                 float *Y, int64_t ldy);
+int qt_gemm_avx512(uint32_t wtype, int64_t n, const void *W, size_t w_stride,
+                   int64_t r0, int64_t r1, const void *A, size_t a_stride, int nb,
+                   float *Y, int64_t ldy);
+int qt_gemm_neon(uint32_t wtype, int64_t n, const void *W, size_t w_stride,
+                 int64_t r0, int64_t r1, const void *A, size_t a_stride, int nb,
+                 float *Y, int64_t ldy);
+
 #endif

@@ -1,0 +1,273 @@
+/* backend_cpu.c — the CPU backend: the reference every other backend is
+ * tested against, and a fast path of its own through qtypes' SIMD kernels and
+ * the thread pool. Scratch buffers grow to the largest batch seen and are
+ * then reused, so steady-state decoding never allocates. */
+#include "engine/backend.h"
+#include "engine/pool.h"
+#include "engine/qtypes.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct cpu_be {
+    be base;
+    pool *pool;
+    void *act;            /* quantized activations */
+    size_t act_cap;
+} cpu_be;
+
+static void *cpu_alloc(be *b, size_t n)
+{
+    (void)b;
+    void *p = NULL;
+    if (posix_memalign(&p, 64, n ? n : 64)) return NULL;
+    memset(p, 0, n);
+    return p;
+}
+
+static void cpu_free(be *b, void *p) { (void)b; free(p); }
+static int cpu_weight_prepare(be *b, wt *w) { (void)b; (void)w; return 0; }
+static void cpu_copy(be *b, void *dst, const void *src, size_t n) { (void)b; memcpy(dst, src, n); }
+static void cpu_sync(be *b) { (void)b; }
+
+static void cpu_close(be *b)
+{
+    cpu_be *c = (cpu_be *)b;
+    if (!c) return;
+    free(c->act);
+    free(c);
+}
+
+static void cpu_embed(be *b, const wt *emb, const int32_t *ids, int T, float *out)
+{
+    (void)b;
+    for (int t = 0; t < T; t++) wt_row_f32(emb, ids[t], out + (size_t)t * emb->n_in);
+}
+
+static void cpu_rmsnorm(be *b, const float *x, const float *w, int rows, int n, float eps, float *out)
+{
+    (void)b;
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * n;
+        float *o = out + (size_t)r * n;
+        double ss = 0;
+        for (int i = 0; i < n; i++) ss += (double)xr[i] * xr[i];
+        float scale = (float)(1.0 / sqrt(ss / n + eps));
+        for (int i = 0; i < n; i++) o[i] = xr[i] * scale * w[i];
+    }
+}
+
+/* matmul: activations are quantized once (per row, in parallel), then row
+ * chunks of W are dotted against every activation row. */
+typedef struct mm_job {
+    const wt *w;
+    const float *bias;
+    const float *x;
+    int T;
+    float *out;
+    void *act;
+    size_t act_stride;
+    uint32_t act_type;
+    int64_t chunk;
+} mm_job;
+
+static void mm_quant(void *arg, int t, int ith)
+{
+    (void)ith;
+    mm_job *j = arg;
+    qt_quantize_row(j->act_type, j->x + (size_t)t * j->w->n_in, (char *)j->act + (size_t)t * j->act_stride,
+                    j->w->n_in);
+}
+
+static void mm_rows(void *arg, int i, int ith)
+{
+    (void)ith;
+    mm_job *j = arg;
+    int64_t r0 = (int64_t)i * j->chunk, r1 = r0 + j->chunk;
+    if (r1 > j->w->n_out) r1 = j->w->n_out;
+    qt_gemm(j->w->type, j->w->n_in, j->w->data, j->w->row_bytes, r0, r1, j->act, j->act_stride, j->T,
+            j->out, j->w->n_out);
+    if (j->bias)
+        for (int t = 0; t < j->T; t++) {
+            float *o = j->out + (size_t)t * j->w->n_out;
+            for (int64_t r = r0; r < r1; r++) o[r] += j->bias[r];
+        }
+}
+
+static void cpu_matmul(be *b, const wt *w, const float *bias, const float *x, int T, float *out)
+{
+    cpu_be *c = (cpu_be *)b;
+    mm_job j = { .w = w, .bias = bias, .x = x, .T = T, .out = out };
+    j.act_type = qt_act_type(w->type);
+    j.act_stride = qt_row_size(j.act_type, w->n_in);
+    size_t need = j.act_stride * (size_t)T;
+    if (need > c->act_cap) {
+        free(c->act);
+        c->act = NULL;
+        if (posix_memalign(&c->act, 64, need)) { c->act = NULL; c->act_cap = 0; abort(); }
+        c->act_cap = need;
+    }
+    j.act = c->act;
+    pool_run(c->pool, mm_quant, &j, T);
+    /* chunks: enough for balance across threads, rows a multiple of 16 */
+    int nth = pool_size(c->pool);
+    int64_t chunk = w->n_out / (nth * 8);
+    if (chunk < 16) chunk = 16;
+    chunk = (chunk + 15) / 16 * 16;
+    j.chunk = chunk;
+    pool_run(c->pool, mm_rows, &j, (int)((w->n_out + chunk - 1) / chunk));
+}
+
+static void cpu_add(be *b, float *x, const float *y, size_t n)
+{
+    (void)b;
+    for (size_t i = 0; i < n; i++) x[i] += y[i];
+}
+
+static void cpu_silu_mul(be *b, const float *g, const float *u, size_t n, float *out)
+{
+    (void)b;
+    for (size_t i = 0; i < n; i++) out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+static void cpu_rope(be *b, float *x, const be_batch *bt, int n_heads, int head_dim, int n_rot,
+                     float base, int neox, const float *freq_div)
+{
+    (void)b;
+    int half = n_rot / 2;
+    for (int t = 0; t < bt->T; t++) {
+        double p = bt->pos[t];
+        for (int i = 0; i < half; i++) {
+            double theta = p * pow((double)base, -2.0 * i / n_rot);
+            if (freq_div) theta /= freq_div[i];
+            float cs = (float)cos(theta), sn = (float)sin(theta);
+            for (int h = 0; h < n_heads; h++) {
+                float *v = x + ((size_t)t * n_heads + h) * head_dim;
+                int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+                float a = v[i0], c = v[i1];
+                v[i0] = a * cs - c * sn;
+                v[i1] = a * sn + c * cs;
+            }
+        }
+    }
+}
+
+static inline size_t kv_slot(const be_batch *bt, int t, int pos)
+{
+    (void)t;
+    return (size_t)bt->pages[t][pos / KV_PAGE] * KV_PAGE + (size_t)(pos % KV_PAGE);
+}
+
+static void cpu_kv_store(be *b, void *kc, void *vc, const be_batch *bt, int kv_dim, const float *k, const float *v)
+{
+    for (int t = 0; t < bt->T; t++) {
+        size_t s = kv_slot(bt, t, bt->pos[t]) * (size_t)kv_dim;
+        const float *kt = k + (size_t)t * kv_dim, *vt = v + (size_t)t * kv_dim;
+        if (b->kv_elt == 2) {
+            uint16_t *kd = (uint16_t *)kc + s, *vd = (uint16_t *)vc + s;
+            for (int i = 0; i < kv_dim; i++) { kd[i] = qt_fp32_to_fp16(kt[i]); vd[i] = qt_fp32_to_fp16(vt[i]); }
+        } else {
+            memcpy((float *)kc + s, kt, (size_t)kv_dim * 4);
+            memcpy((float *)vc + s, vt, (size_t)kv_dim * 4);
+        }
+    }
+}
+
+typedef struct att_job {
+    const be *b;
+    const float *q;
+    const void *kc, *vc;
+    const be_batch *bt;
+    int n_head, n_head_kv, head_dim;
+    float *out;
+} att_job;
+
+/* One (token, head): online softmax over the sequence's cached keys. */
+static void att_one(void *arg, int i, int ith)
+{
+    (void)ith;
+    att_job *j = arg;
+    int t = i / j->n_head, h = i % j->n_head;
+    int hd = j->head_dim, kvd = j->n_head_kv * hd;
+    int kvh = h / (j->n_head / j->n_head_kv);
+    const float *q0 = j->q + ((size_t)t * j->n_head + h) * hd;
+    float *o = j->out + ((size_t)t * j->n_head + h) * hd;
+    float acc[1024], kt[1024], qr[1024];
+    const float *q = q0;
+    /* with an f16 cache, q·k is an f16 dot product (q rounded like the keys),
+     * as in llama.cpp; it keeps quantized models within hundredths of it */
+    if (j->b->kv_elt == 2) {
+        for (int d = 0; d < hd; d++) qr[d] = qt_fp16_to_fp32(qt_fp32_to_fp16(q0[d]));
+        q = qr;
+    }
+    for (int d = 0; d < hd; d++) acc[d] = 0;
+    float mx = -INFINITY, sum = 0, scale = 1.0f / sqrtf((float)hd);
+    int f16 = j->b->kv_elt == 2;
+    for (int p = 0; p <= j->bt->pos[t]; p++) {
+        size_t s = kv_slot(j->bt, t, p) * (size_t)kvd + (size_t)kvh * hd;
+        const float *k, *v;
+        float vt[1024];
+        if (f16) {
+            const uint16_t *k16 = (const uint16_t *)j->kc + s, *v16 = (const uint16_t *)j->vc + s;
+            for (int d = 0; d < hd; d++) { kt[d] = qt_fp16_to_fp32(k16[d]); vt[d] = qt_fp16_to_fp32(v16[d]); }
+            k = kt; v = vt;
+        } else {
+            k = (const float *)j->kc + s;
+            v = (const float *)j->vc + s;
+        }
+        float sc = 0;
+        for (int d = 0; d < hd; d++) sc += q[d] * k[d];
+        sc *= scale;
+        if (sc > mx) {
+            float r = expf(mx - sc);
+            for (int d = 0; d < hd; d++) acc[d] *= r;
+            sum *= r;
+            mx = sc;
+        }
+        float e = expf(sc - mx);
+        sum += e;
+        for (int d = 0; d < hd; d++) acc[d] += e * v[d];
+    }
+    for (int d = 0; d < hd; d++) o[d] = acc[d] / sum;
+}
+
+static void cpu_attention(be *b, const float *q, const void *kc, const void *vc, const be_batch *bt,
+                          int n_head, int n_head_kv, int head_dim, float *out)
+{
+    cpu_be *c = (cpu_be *)b;
+    att_job j = { b, q, kc, vc, bt, n_head, n_head_kv, head_dim, out };
+    pool_run(c->pool, att_one, &j, bt->T * n_head);
+}
+
+static const be_ops cpu_ops = {
+    .name = "cpu",
+    .close = cpu_close,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .weight_prepare = cpu_weight_prepare,
+    .to_host = cpu_copy,
+    .to_dev = cpu_copy,
+    .embed = cpu_embed,
+    .rmsnorm = cpu_rmsnorm,
+    .matmul = cpu_matmul,
+    .add = cpu_add,
+    .silu_mul = cpu_silu_mul,
+    .rope = cpu_rope,
+    .kv_store = cpu_kv_store,
+    .attention = cpu_attention,
+    .sync = cpu_sync,
+};
+
+int be_cpu_open(be **out, pool *p, int kv_f16, char *err, size_t errlen)
+{
+    cpu_be *c = calloc(1, sizeof *c);
+    if (!c) { snprintf(err, errlen, "out of memory"); return -1; }
+    c->base.ops = &cpu_ops;
+    c->base.kv_elt = kv_f16 ? 2 : 4;
+    c->pool = p;
+    qt_init();
+    *out = &c->base;
+    return 0;
+}

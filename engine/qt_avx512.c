@@ -1,0 +1,29 @@
+/* qt_avx512.c — gemm kernels for AVX-512 (F, BW, VL, DQ, VNNI): the kernels
+ * of qt_x86.h with the u8*s8 dot done by vpdpbusd. The vectors stay 256 bits
+ * wide (the VL encodings): on cores that split 512-bit operations in two
+ * halves (Zen 4) that is the same throughput, without zmm frequency
+ * penalties elsewhere. Never uses AMX. */
+#include "engine/qtypes.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")
+#endif
+
+#include <immintrin.h>
+
+#define QT_DOT_US(acc, u, s) _mm256_dpbusd_epi32((acc), (u), (s))
+#define QT_KERNEL_NAME qt_gemm_avx512
+#include "engine/qt_x86.h"
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+#else
+typedef int qt_avx512_unused;
+#endif

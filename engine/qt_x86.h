@@ -1,0 +1,467 @@
+/* qt_x86.h — x86 SIMD gemm kernels, written once and compiled twice:
+ * qt_avx2.c (AVX2+FMA+F16C; u8*s8 dot = maddubs+madd) and qt_avx512.c
+ * (adds AVX-512 VNNI: u8*s8 dot = vpdpbusd). Include only from those files,
+ * after the target pragma, with QT_DOT_US(acc, u, s) and QT_KERNEL_NAME
+ * defined.
+ *
+ * Shape of every kernel: one weight row at a time, several activation rows
+ * per weight block load (register tiling 1 x 4 for small blocks and float
+ * weights, 1 x 16 for K-quants whose super-block is unpacked once to a 256-
+ * byte stack buffer and reused by every activation row). A weight row is read
+ * from memory once per call whatever nb is; the re-reads of later activation
+ * groups hit L1/L2. Software prefetch runs about 1 KiB ahead of the stream.
+ *
+ * Arithmetic: small blocks sum int32 lanes per block, then scale in float
+ * lanes (reassociated vs the reference: agreement to ~1e-6 relative). K-quants
+ * reduce to exact int32 totals per super-block and then evaluate the very
+ * same float expression as qt_vec_dot_ref, in the same order: bit-identical. */
+#ifndef QT_X86_TEMPLATE
+#define QT_X86_TEMPLATE
+
+#include <immintrin.h>
+#include <string.h>
+
+#define QT_AI static inline __attribute__((always_inline))
+#define QT_PF 1024
+
+QT_AI float x_h2f(const void *p)
+{
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+QT_AI float x_hsum_ps(__m256 v)
+{
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_add_ss(x, _mm_movehdup_ps(x));
+    return _mm_cvtss_f32(x);
+}
+
+QT_AI int32_t x_hsum_i32(__m256i v)
+{
+    __m128i x = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0x4E));
+    x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0xB1));
+    return _mm_cvtsi128_si32(x);
+}
+
+/* 32 bits -> 32 bytes, 0xFF where the bit is set. */
+QT_AI __m256i x_bits_to_bytes(const uint8_t *p)
+{
+    uint32_t x32;
+    memcpy(&x32, p, 4);
+    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
+                                           0x0101010101010101, 0x0000000000000000);
+    __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int)x32), shuf);
+    bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+    return _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1));
+}
+
+/* 16 packed bytes -> 32 nibbles: low nibbles first (values 0..15), then high. */
+QT_AI __m256i x_nibbles(const uint8_t *p)
+{
+    const __m128i t = _mm_loadu_si128((const __m128i *)(const void *)p);
+    const __m256i v = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+}
+
+/* Small block -> signed int8 x 32 (q4_0, q5_0, q8_0). */
+QT_AI __m256i x_unpack_s(uint32_t type, const uint8_t *b)
+{
+    switch (type) {
+    case QT_Q4_0:
+        return _mm256_sub_epi8(x_nibbles(b + 2), _mm256_set1_epi8(8));
+    case QT_Q5_0: {
+        const __m256i hb = _mm256_and_si256(x_bits_to_bytes(b + 2), _mm256_set1_epi8(0x10));
+        return _mm256_sub_epi8(_mm256_or_si256(x_nibbles(b + 6), hb), _mm256_set1_epi8(16));
+    }
+    default:
+        return _mm256_loadu_si256((const __m256i *)(const void *)(b + 2));
+    }
+}
+
+/* Small block -> unsigned int8 x 32 (q4_1, q5_1). */
+QT_AI __m256i x_unpack_u(uint32_t type, const uint8_t *b)
+{
+    if (type == QT_Q4_1) return x_nibbles(b + 4);
+    const __m256i hb = _mm256_and_si256(x_bits_to_bytes(b + 4), _mm256_set1_epi8(0x10));
+    return _mm256_or_si256(x_nibbles(b + 8), hb);
+}
+
+/* ---- small blocks, signed weights, q8_0 activations ---- */
+QT_AI void x_small_s(uint32_t type, size_t bs, int NB, int64_t nblk, const uint8_t *wr,
+                     const uint8_t *a0, size_t as, float *out)
+{
+    __m256 acc0[4], acc1[4];
+    for (int k = 0; k < NB; k++) acc0[k] = acc1[k] = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 1 < nblk; i += 2) {
+        const uint8_t *wb0 = wr + i * bs, *wb1 = wb0 + bs;
+        _mm_prefetch((const char *)wb0 + QT_PF, _MM_HINT_T0);
+        const __m256i w0 = x_unpack_s(type, wb0), w1 = x_unpack_s(type, wb1);
+        const __m256i aw0 = _mm256_sign_epi8(w0, w0), aw1 = _mm256_sign_epi8(w1, w1);
+        const float d0 = x_h2f(wb0), d1 = x_h2f(wb1);
+        for (int k = 0; k < NB; k++) {
+            const uint8_t *ab = a0 + k * as + i * 34;
+            const __m256i y0 = _mm256_loadu_si256((const __m256i *)(const void *)(ab + 2));
+            const __m256i y1 = _mm256_loadu_si256((const __m256i *)(const void *)(ab + 36));
+            const __m256i p0 = QT_DOT_US(_mm256_setzero_si256(), aw0, _mm256_sign_epi8(y0, w0));
+            const __m256i p1 = QT_DOT_US(_mm256_setzero_si256(), aw1, _mm256_sign_epi8(y1, w1));
+            acc0[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(d0 * x_h2f(ab)), acc0[k]);
+            acc1[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(d1 * x_h2f(ab + 34)), acc1[k]);
+        }
+    }
+    if (i < nblk) {
+        const uint8_t *wb0 = wr + i * bs;
+        const __m256i w0 = x_unpack_s(type, wb0);
+        const __m256i aw0 = _mm256_sign_epi8(w0, w0);
+        const float d0 = x_h2f(wb0);
+        for (int k = 0; k < NB; k++) {
+            const uint8_t *ab = a0 + k * as + i * 34;
+            const __m256i y0 = _mm256_loadu_si256((const __m256i *)(const void *)(ab + 2));
+            const __m256i p0 = QT_DOT_US(_mm256_setzero_si256(), aw0, _mm256_sign_epi8(y0, w0));
+            acc0[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(d0 * x_h2f(ab)), acc0[k]);
+        }
+    }
+    for (int k = 0; k < NB; k++) out[k] = x_hsum_ps(_mm256_add_ps(acc0[k], acc1[k]));
+}
+
+/* ---- small blocks, unsigned weights + min, q8_1 activations ---- */
+QT_AI void x_small_u(uint32_t type, size_t bs, int NB, int64_t nblk, const uint8_t *wr,
+                     const uint8_t *a0, size_t as, float *out)
+{
+    __m256 acc[4];
+    float ms[4];
+    for (int k = 0; k < NB; k++) { acc[k] = _mm256_setzero_ps(); ms[k] = 0; }
+    for (int64_t i = 0; i < nblk; i++) {
+        const uint8_t *wb = wr + i * bs;
+        _mm_prefetch((const char *)wb + QT_PF, _MM_HINT_T0);
+        const __m256i w = x_unpack_u(type, wb);
+        const float d = x_h2f(wb), m = x_h2f(wb + 2);
+        for (int k = 0; k < NB; k++) {
+            const uint8_t *ab = a0 + k * as + i * 36;
+            const __m256i y = _mm256_loadu_si256((const __m256i *)(const void *)(ab + 4));
+            const __m256i p = QT_DOT_US(_mm256_setzero_si256(), w, y);
+            acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * x_h2f(ab)), acc[k]);
+            ms[k] += m * x_h2f(ab + 2);
+        }
+    }
+    for (int k = 0; k < NB; k++) out[k] = x_hsum_ps(acc[k]) + ms[k];
+}
+
+QT_AI void x_small(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64_t r0, int64_t r1,
+                   const uint8_t *A, size_t as, int nb, float *Y, int64_t ldy)
+{
+    const size_t bs = qt_get(type)->type_size;
+    const int64_t nblk = n / 32;
+    const int sgn = type == QT_Q4_0 || type == QT_Q5_0 || type == QT_Q8_0;
+    float out[4];
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *wr = W + r * ws;
+        for (int b0 = 0; b0 < nb;) {
+            const int rem = nb - b0, g = rem >= 4 ? 4 : rem;
+            const uint8_t *a0 = A + b0 * as;
+            if (sgn) {
+                switch (g) {
+                case 4: x_small_s(type, bs, 4, nblk, wr, a0, as, out); break;
+                case 3: x_small_s(type, bs, 3, nblk, wr, a0, as, out); break;
+                case 2: x_small_s(type, bs, 2, nblk, wr, a0, as, out); break;
+                default: x_small_s(type, bs, 1, nblk, wr, a0, as, out); break;
+                }
+            } else {
+                switch (g) {
+                case 4: x_small_u(type, bs, 4, nblk, wr, a0, as, out); break;
+                case 3: x_small_u(type, bs, 3, nblk, wr, a0, as, out); break;
+                case 2: x_small_u(type, bs, 2, nblk, wr, a0, as, out); break;
+                default: x_small_u(type, bs, 1, nblk, wr, a0, as, out); break;
+                }
+            }
+            for (int k = 0; k < g; k++) Y[(b0 + k) * ldy + r] = out[k];
+            b0 += g;
+        }
+    }
+}
+
+/* ---- K-quants ---- */
+
+typedef struct {
+    __m256i sv[8];   /* per 32-value chunk: int16 x16, lanes 0-7 scale of the 1st 16 values, 8-15 of the 2nd */
+    __m256i mv;      /* int16 x16: offset coefficient per 16 values */
+    float fd, fm;
+} x_kscale;
+
+/* s16: the 16 per-16 scales as int8 (all fit: |s| <= 128). */
+QT_AI void x_kscales(__m128i s16, x_kscale *ks)
+{
+    const __m128i base = _mm_set_epi8(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    for (int c = 0; c < 8; c++) {
+        const __m128i idx = _mm_add_epi8(base, _mm_set1_epi8((char)(2 * c)));
+        ks->sv[c] = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(s16, idx));
+    }
+}
+
+QT_AI void x_unpack_k(uint32_t type, const uint8_t *b, uint8_t *q, x_kscale *ks)
+{
+    const __m256i m3 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(0x0F);
+    switch (type) {
+    case QT_Q2_K: {
+        const qt_block_q2_K *x = (const void *)b;
+        const __m128i sc = _mm_loadu_si128((const __m128i *)(const void *)x->scales);
+        x_kscales(_mm_and_si128(sc, _mm_set1_epi8(0x0F)), ks);
+        ks->mv = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc, 4), _mm_set1_epi8(0x0F)));
+        ks->fd = x_h2f(&x->d); ks->fm = x_h2f(&x->dmin);
+        for (int h = 0; h < 2; h++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(x->qs + 32 * h));
+            _mm256_store_si256((__m256i *)(void *)(q + 128 * h + 0), _mm256_and_si256(v, m3));
+            _mm256_store_si256((__m256i *)(void *)(q + 128 * h + 32), _mm256_and_si256(_mm256_srli_epi16(v, 2), m3));
+            _mm256_store_si256((__m256i *)(void *)(q + 128 * h + 64), _mm256_and_si256(_mm256_srli_epi16(v, 4), m3));
+            _mm256_store_si256((__m256i *)(void *)(q + 128 * h + 96), _mm256_and_si256(_mm256_srli_epi16(v, 6), m3));
+        }
+        break;
+    }
+    case QT_Q3_K: {
+        const qt_block_q3_K *x = (const void *)b;
+        const uint32_t kmask1 = 0x03030303, kmask2 = 0x0f0f0f0f;
+        uint32_t aux[4];
+        memcpy(aux, x->scales, 12);
+        const uint32_t tmp = aux[2];
+        aux[2] = ((aux[0] >> 4) & kmask2) | (((tmp >> 4) & kmask1) << 4);
+        aux[3] = ((aux[1] >> 4) & kmask2) | (((tmp >> 6) & kmask1) << 4);
+        aux[0] = (aux[0] & kmask2) | (((tmp >> 0) & kmask1) << 4);
+        aux[1] = (aux[1] & kmask2) | (((tmp >> 2) & kmask1) << 4);
+        const __m128i sc = _mm_sub_epi8(_mm_loadu_si128((const __m128i *)(const void *)aux), _mm_set1_epi8(32));
+        x_kscales(sc, ks);
+        ks->mv = _mm256_slli_epi16(_mm256_cvtepi8_epi16(sc), 2);
+        ks->fd = ks->fm = x_h2f(&x->d);
+        const __m256i hm = _mm256_loadu_si256((const __m256i *)(const void *)x->hmask);
+        const __m256i one = _mm256_set1_epi8(1);
+        for (int h = 0; h < 2; h++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(x->qs + 32 * h));
+            for (int j = 0; j < 4; j++) {
+                const int c = 4 * h + j;
+                const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(v, 2 * j), m3);
+                const __m256i hi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hm, c), one), 2);
+                _mm256_store_si256((__m256i *)(void *)(q + 32 * c), _mm256_or_si256(lo, hi));
+            }
+        }
+        break;
+    }
+    case QT_Q4_K: case QT_Q5_K: {
+        const uint32_t kmask1 = 0x3f3f3f3f, kmask2 = 0x0f0f0f0f, kmask3 = 0x03030303;
+        uint32_t u[4];
+        memcpy(u, b + 4, 12);
+        u[3] = ((u[2] >> 4) & kmask2) | (((u[1] >> 6) & kmask3) << 4);
+        const uint32_t uaux = u[1] & kmask1;
+        u[1] = (u[2] & kmask2) | (((u[0] >> 6) & kmask3) << 4);
+        u[2] = uaux;
+        u[0] &= kmask1;
+        /* bytes 0-7: scales of the 8 sub-blocks of 32; bytes 8-15: mins */
+        const __m128i sm = _mm_loadu_si128((const __m128i *)(const void *)u);
+        const __m128i sc16 = _mm_unpacklo_epi8(sm, sm), mn16 = _mm_unpackhi_epi8(sm, sm);
+        x_kscales(sc16, ks);
+        ks->mv = _mm256_cvtepu8_epi16(mn16);
+        ks->fd = x_h2f(b); ks->fm = x_h2f(b + 2);
+        const uint8_t *qs = type == QT_Q4_K ? b + 16 : b + 48;
+        __m256i qh = _mm256_setzero_si256();
+        if (type == QT_Q5_K) qh = _mm256_loadu_si256((const __m256i *)(const void *)(b + 16));
+        for (int j = 0; j < 4; j++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(qs + 32 * j));
+            __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            if (type == QT_Q5_K) {
+                const __m256i one = _mm256_set1_epi8(1);
+                lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j), one), 4));
+                hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j + 1), one), 4));
+            }
+            _mm256_store_si256((__m256i *)(void *)(q + 64 * j), lo);
+            _mm256_store_si256((__m256i *)(void *)(q + 64 * j + 32), hi);
+        }
+        break;
+    }
+    default: { /* QT_Q6_K */
+        const qt_block_q6_K *x = (const void *)b;
+        const __m128i sc = _mm_loadu_si128((const __m128i *)(const void *)x->scales);
+        x_kscales(sc, ks);
+        ks->mv = _mm256_slli_epi16(_mm256_cvtepi8_epi16(sc), 5);
+        ks->fd = ks->fm = x_h2f(&x->d);
+        const __m256i m30 = _mm256_set1_epi8(0x30);
+        for (int h = 0; h < 2; h++) {
+            const __m256i l0 = _mm256_loadu_si256((const __m256i *)(const void *)(x->ql + 64 * h));
+            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(const void *)(x->ql + 64 * h + 32));
+            const __m256i hh = _mm256_loadu_si256((const __m256i *)(const void *)(x->qh + 32 * h));
+            uint8_t *o = q + 128 * h;
+            _mm256_store_si256((__m256i *)(void *)(o + 0), _mm256_or_si256(_mm256_and_si256(l0, m4),
+                               _mm256_and_si256(_mm256_slli_epi16(hh, 4), m30)));
+            _mm256_store_si256((__m256i *)(void *)(o + 32), _mm256_or_si256(_mm256_and_si256(l1, m4),
+                               _mm256_and_si256(_mm256_slli_epi16(hh, 2), m30)));
+            _mm256_store_si256((__m256i *)(void *)(o + 64), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                               _mm256_and_si256(hh, m30)));
+            _mm256_store_si256((__m256i *)(void *)(o + 96), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                               _mm256_and_si256(_mm256_srli_epi16(hh, 2), m30)));
+        }
+        break;
+    }
+    }
+}
+
+QT_AI void x_kquant(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64_t r0, int64_t r1,
+                    const uint8_t *A, size_t as, int nb, float *Y, int64_t ldy)
+{
+    const size_t bs = qt_get(type)->type_size;
+    const int64_t nsb = n / 256;
+    uint8_t q[256] __attribute__((aligned(32)));
+    x_kscale ks;
+    float sums[16];
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *wr = W + r * ws;
+        for (int b0 = 0; b0 < nb; b0 += 16) {
+            const int g = nb - b0 < 16 ? nb - b0 : 16;
+            for (int k = 0; k < g; k++) sums[k] = 0;
+            for (int64_t i = 0; i < nsb; i++) {
+                const uint8_t *wb = wr + i * bs;
+                for (size_t o = 0; o < bs; o += 64) _mm_prefetch((const char *)wb + QT_PF + o, _MM_HINT_T0);
+                x_unpack_k(type, wb, q, &ks);
+                for (int k = 0; k < g; k++) {
+                    const qt_block_q8_K *a = (const void *)(A + (b0 + k) * as + i * sizeof(qt_block_q8_K));
+                    __m256i acc = _mm256_setzero_si256();
+                    for (int c = 0; c < 8; c++) {
+                        const __m256i p = _mm256_maddubs_epi16(
+                            _mm256_load_si256((const __m256i *)(const void *)(q + 32 * c)),
+                            _mm256_loadu_si256((const __m256i *)(const void *)(a->qs + 32 * c)));
+                        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, ks.sv[c]));
+                    }
+                    const __m256i ms = _mm256_madd_epi16(ks.mv,
+                        _mm256_loadu_si256((const __m256i *)(const void *)a->bsums));
+                    const int32_t isum = x_hsum_i32(acc), msum = x_hsum_i32(ms);
+                    sums[k] += a->d * (ks.fd * (float)isum - ks.fm * (float)msum);
+                }
+            }
+            for (int k = 0; k < g; k++) Y[(b0 + k) * ldy + r] = sums[k];
+        }
+    }
+}
+
+/* ---- float weights, f32 activations ---- */
+
+QT_AI __m256 x_load8(uint32_t type, const uint8_t *w, int64_t i)
+{
+    if (type == QT_F32) return _mm256_loadu_ps((const float *)(const void *)(w + 4 * i));
+    const __m128i h = _mm_loadu_si128((const __m128i *)(const void *)(w + 2 * i));
+    if (type == QT_F16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+QT_AI float x_load1(uint32_t type, const uint8_t *w, int64_t i)
+{
+    if (type == QT_F32) { float f; memcpy(&f, w + 4 * i, 4); return f; }
+    uint16_t h;
+    memcpy(&h, w + 2 * i, 2);
+    if (type == QT_F16) return _cvtsh_ss(h);
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+QT_AI void x_float_rows(uint32_t type, int NB, int64_t n, const uint8_t *wr, const uint8_t *a0,
+                        size_t as, float *out)
+{
+    const size_t wsz = type == QT_F32 ? 4 : 2;
+    __m256 acc[4][2];
+    for (int k = 0; k < NB; k++) acc[k][0] = acc[k][1] = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        _mm_prefetch((const char *)wr + i * wsz + QT_PF, _MM_HINT_T0);
+        const __m256 w0 = x_load8(type, wr, i), w1 = x_load8(type, wr, i + 8);
+        for (int k = 0; k < NB; k++) {
+            const float *x = (const float *)(const void *)(a0 + k * as);
+            acc[k][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + i), acc[k][0]);
+            acc[k][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + i + 8), acc[k][1]);
+        }
+    }
+    for (; i + 8 <= n; i += 8) {
+        const __m256 w0 = x_load8(type, wr, i);
+        for (int k = 0; k < NB; k++) {
+            const float *x = (const float *)(const void *)(a0 + k * as);
+            acc[k][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + i), acc[k][0]);
+        }
+    }
+    for (int k = 0; k < NB; k++) {
+        const float *x = (const float *)(const void *)(a0 + k * as);
+        float s = x_hsum_ps(_mm256_add_ps(acc[k][0], acc[k][1]));
+        for (int64_t j = i; j < n; j++) s += x_load1(type, wr, j) * x[j];
+        out[k] = s;
+    }
+}
+
+QT_AI void x_float(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64_t r0, int64_t r1,
+                   const uint8_t *A, size_t as, int nb, float *Y, int64_t ldy)
+{
+    float out[4];
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *wr = W + r * ws;
+        for (int b0 = 0; b0 < nb;) {
+            const int rem = nb - b0, g = rem >= 4 ? 4 : rem;
+            const uint8_t *a0 = A + b0 * as;
+            switch (g) {
+            case 4: x_float_rows(type, 4, n, wr, a0, as, out); break;
+            case 3: x_float_rows(type, 3, n, wr, a0, as, out); break;
+            case 2: x_float_rows(type, 2, n, wr, a0, as, out); break;
+            default: x_float_rows(type, 1, n, wr, a0, as, out); break;
+            }
+            for (int k = 0; k < g; k++) Y[(b0 + k) * ldy + r] = out[k];
+            b0 += g;
+        }
+    }
+}
+
+/* One non-inlined instance per type, so each is specialised. */
+#define QT_X_INST(fn, inner, T) \
+    static void fn(int64_t n, const uint8_t *W, size_t ws, int64_t r0, int64_t r1, \
+                   const uint8_t *A, size_t as, int nb, float *Y, int64_t ldy) \
+    { inner(T, n, W, ws, r0, r1, A, as, nb, Y, ldy); }
+
+QT_X_INST(k_q4_0, x_small, QT_Q4_0)
+QT_X_INST(k_q4_1, x_small, QT_Q4_1)
+QT_X_INST(k_q5_0, x_small, QT_Q5_0)
+QT_X_INST(k_q5_1, x_small, QT_Q5_1)
+QT_X_INST(k_q8_0, x_small, QT_Q8_0)
+QT_X_INST(k_q2_K, x_kquant, QT_Q2_K)
+QT_X_INST(k_q3_K, x_kquant, QT_Q3_K)
+QT_X_INST(k_q4_K, x_kquant, QT_Q4_K)
+QT_X_INST(k_q5_K, x_kquant, QT_Q5_K)
+QT_X_INST(k_q6_K, x_kquant, QT_Q6_K)
+QT_X_INST(k_f32, x_float, QT_F32)
+QT_X_INST(k_f16, x_float, QT_F16)
+QT_X_INST(k_bf16, x_float, QT_BF16)
+
+int QT_KERNEL_NAME(uint32_t wtype, int64_t n, const void *W, size_t w_stride,
+                   int64_t r0, int64_t r1, const void *A, size_t a_stride, int nb,
+                   float *Y, int64_t ldy)
+{
+    void (*fn)(int64_t, const uint8_t *, size_t, int64_t, int64_t, const uint8_t *, size_t, int,
+               float *, int64_t);
+    switch (wtype) {
+    case QT_Q4_0: fn = k_q4_0; break;
+    case QT_Q4_1: fn = k_q4_1; break;
+    case QT_Q5_0: fn = k_q5_0; break;
+    case QT_Q5_1: fn = k_q5_1; break;
+    case QT_Q8_0: fn = k_q8_0; break;
+    case QT_Q2_K: fn = k_q2_K; break;
+    case QT_Q3_K: fn = k_q3_K; break;
+    case QT_Q4_K: fn = k_q4_K; break;
+    case QT_Q5_K: fn = k_q5_K; break;
+    case QT_Q6_K: fn = k_q6_K; break;
+    case QT_F32: fn = k_f32; break;
+    case QT_F16: fn = k_f16; break;
+    case QT_BF16: fn = k_bf16; break;
+    default: return -1;
+    }
+    const qt_traits *t = qt_get(wtype);
+    if (n <= 0 || n % t->blck) return -1;
+    fn(n, W, w_stride, r0, r1, A, a_stride, nb, Y, ldy);
+    return 0;
+}
+
+#endif

@@ -1,0 +1,214 @@
+/* t_qgemm.c — every SIMD gemm against the scalar reference, and the
+ * reference against a double-precision dot of the dequantized operands.
+ *
+ * Weights are random block bytes (so every field takes arbitrary values:
+ * 6-bit scales, signed scales of -128, q8 weights of -128) with the fp16
+ * scale fields forced to small finite values; activations are random floats
+ * quantized with qt_quantize_row.
+ *
+ * Tolerances, relative to mag = sum |w_i * a_i| of the dequantized operands:
+ *  - K-quants: SIMD == reference bit for bit (same int32 sums per super-
+ *    block, same float expression in the same order).
+ *  - small blocks and float weights: |simd - ref| <= 2e-6 * mag (float lanes
+ *    summed in another order; ~n/8 roundings of 6e-8 each at worst).
+ *  - reference vs double: <= 1e-5 * mag, plus for q4_1/q5_1 the fp16
+ *    rounding of the activation block sums s (2^-11 relative) times |m|. */
+#include "engine/qtypes.h"
+#include "tests/check.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+static uint32_t rnd(void)
+{
+    rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
+    return (uint32_t)(rng >> 16);
+}
+static float frand(void) { return (float)(rnd() & 0xFFFFFF) / 16777216.0f * 2.0f - 1.0f; }
+
+static const uint32_t wtypes[] = { QT_F32, QT_F16, QT_BF16, QT_Q4_0, QT_Q4_1, QT_Q5_0, QT_Q5_1,
+                                   QT_Q8_0, QT_Q2_K, QT_Q3_K, QT_Q4_K, QT_Q5_K, QT_Q6_K };
+
+static void fp16_fields(uint32_t type, int off[2], int *cnt)
+{
+    *cnt = 1; off[0] = 0; off[1] = 0;
+    switch (type) {
+    case QT_Q4_1: case QT_Q5_1: case QT_Q4_K: case QT_Q5_K: *cnt = 2; off[1] = 2; break;
+    case QT_Q2_K: *cnt = 2; off[0] = 80; off[1] = 82; break;
+    case QT_Q3_K: off[0] = 108; break;
+    case QT_Q6_K: off[0] = 208; break;
+    default: break;
+    }
+}
+
+static void make_weights(uint32_t type, uint8_t *w, int64_t rows, int64_t n)
+{
+    const qt_traits *t = qt_get(type);
+    const size_t rs = qt_row_size(type, n);
+    if (type == QT_F32 || type == QT_F16 || type == QT_BF16) {
+        for (int64_t i = 0; i < rows * n; i++) {
+            float f = frand();
+            if (type == QT_F32) memcpy(w + 4 * i, &f, 4);
+            else {
+                uint16_t h = type == QT_F16 ? qt_fp32_to_fp16(f) : qt_fp32_to_bf16(f);
+                memcpy(w + 2 * i, &h, 2);
+            }
+        }
+        return;
+    }
+    for (size_t i = 0; i < rs * (size_t)rows; i++) w[i] = (uint8_t)rnd();
+    int off[2], cnt;
+    fp16_fields(type, off, &cnt);
+    for (size_t b = 0; b < rs * (size_t)rows / t->type_size; b++)
+        for (int f = 0; f < cnt; f++) {
+            float v = (0.2f + 0.8f * (float)(rnd() & 1023) / 1024.f) * (t->blck == 256 ? 0.01f : 0.05f);
+            if (f == 1 && t->blck == 32 && (rnd() & 1)) v = -v;   /* q4_1/q5_1 min may be negative */
+            uint16_t h = qt_fp32_to_fp16(v);
+            memcpy(w + b * t->type_size + off[f], &h, 2);
+        }
+}
+
+/* Double-precision dot of dequantized operands, its magnitude and the
+ * allowance for the fp16 rounding of q8_1 block sums. */
+static void float_dot(uint32_t wt, int64_t n, const uint8_t *w, const uint8_t *a,
+                      double *dot, double *mag, double *s_allow)
+{
+    float *wf = malloc((size_t)n * 4), *af = malloc((size_t)n * 4);
+    const uint32_t at = qt_act_type(wt);
+    qt_dequant_row(wt, w, wf, n);
+    qt_dequant_row(at, a, af, n);
+    double s = 0, m = 0, al = 0;
+    for (int64_t i = 0; i < n; i++) {
+        s += (double)wf[i] * af[i];
+        m += fabs((double)wf[i] * af[i]);
+    }
+    if (at == QT_Q8_1) {
+        for (int64_t b = 0; b < n / 32; b++) {
+            const qt_block_q8_1 *ab = (const void *)(a + b * sizeof(qt_block_q8_1));
+            uint16_t hm;
+            memcpy(&hm, w + b * qt_get(wt)->type_size + 2, 2);
+            al += fabs((double)qt_fp16_to_fp32(hm) * qt_fp16_to_fp32(ab->s)) * (1.0 / 1024);
+        }
+    }
+    free(wf); free(af);
+    *dot = s; *mag = m; *s_allow = al;
+}
+
+static int isa_fail[4];
+
+static void one_case(uint32_t wt, int64_t n, int64_t rows, int nb)
+{
+    const uint32_t at = qt_act_type(wt);
+    const size_t ws = qt_row_size(wt, n), as = qt_row_size(at, n);
+    uint8_t *W = malloc(ws * (size_t)rows + 64), *A = malloc(as * (size_t)nb + 64);
+    float *x = malloc((size_t)n * 4);
+    const int64_t ldy = rows + 3;
+    float *Yr = calloc((size_t)(ldy * nb), 4), *Ys = calloc((size_t)(ldy * nb), 4);
+    make_weights(wt, W, rows, n);
+    for (int b = 0; b < nb; b++) {
+        const float sc = (b & 1) ? 3.0f : 0.25f;
+        for (int64_t i = 0; i < n; i++) x[i] = frand() * sc;
+        qt_quantize_row(at, x, A + (size_t)b * as, n);
+    }
+    qt_gemm_ref(wt, n, W, ws, 0, rows, A, as, nb, Yr, ldy);
+
+    /* reference vs double */
+    int bad = 0;
+    double worst = 0;
+    for (int64_t r = 0; r < rows; r++)
+        for (int b = 0; b < nb; b++) {
+            double d, m, al;
+            float_dot(wt, n, W + r * ws, A + b * as, &d, &m, &al);
+            double e = fabs(Yr[b * ldy + r] - d);
+            if (e > 1e-5 * m + al + 1e-30) bad++;
+            if (m > 0 && e / m > worst) worst = e / m;
+        }
+    CHECKF(bad == 0, "%s n=%lld rows=%lld nb=%d: ref vs double: %d bad (worst rel %g)",
+           qt_name(wt), (long long)n, (long long)rows, nb, bad, worst);
+
+    const int exact = qt_get(wt)->blck == 256;
+    for (int isa = QT_ISA_AVX2; isa <= QT_ISA_NEON; isa++) {
+        qt_isa_set((qt_isa)isa);
+        if ((int)qt_isa_get() != isa) continue;
+        for (size_t i = 0; i < (size_t)(ldy * nb); i++) Ys[i] = -12345.f;
+        /* two calls over split row ranges, as threads do */
+        int64_t mid = rows / 2;
+        qt_gemm(wt, n, W, ws, 0, mid, A, as, nb, Ys, ldy);
+        qt_gemm(wt, n, W, ws, mid, rows, A, as, nb, Ys, ldy);
+        bad = 0;
+        for (int64_t r = 0; r < rows; r++)
+            for (int b = 0; b < nb; b++) {
+                const float s = Ys[b * ldy + r], f = Yr[b * ldy + r];
+                if (exact) {
+                    if (memcmp(&s, &f, 4)) bad++;
+                } else {
+                    double d, m, al;
+                    float_dot(wt, n, W + r * ws, A + b * as, &d, &m, &al);
+                    if (!(fabs((double)s - f) <= 2e-6 * m + 1e-30)) bad++;
+                }
+            }
+        /* untouched padding */
+        for (int b = 0; b < nb; b++)
+            for (int64_t r = rows; r < ldy; r++)
+                if (Ys[b * ldy + r] != -12345.f) bad++;
+        if (bad) isa_fail[isa]++;
+        CHECKF(bad == 0, "%s %s n=%lld rows=%lld nb=%d: %d mismatches vs reference",
+               qt_isa_name((qt_isa)isa), qt_name(wt), (long long)n, (long long)rows, nb, bad);
+    }
+    qt_isa_set(QT_ISA_NEON);   /* back to the best available */
+    free(W); free(A); free(x); free(Yr); free(Ys);
+}
+
+static void test_all_types(void)
+{
+    static const int nbs[] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 21 };
+    static const int64_t rowss[] = { 1, 3, 17 };
+    for (size_t t = 0; t < sizeof wtypes / sizeof wtypes[0]; t++) {
+        const uint32_t wt = wtypes[t];
+        const int blck = qt_get(wt)->blck;
+        int64_t ns[4];
+        if (blck == 1) { ns[0] = 1; ns[1] = 7; ns[2] = 40; ns[3] = 301; }
+        else if (blck == 32) { ns[0] = 32; ns[1] = 96; ns[2] = 288; ns[3] = 1024; }
+        else { ns[0] = 256; ns[1] = 512; ns[2] = 1280; ns[3] = 2048; }
+        for (int ni = 0; ni < 4; ni++)
+            for (size_t ri = 0; ri < 3; ri++)
+                for (size_t bi = 0; bi < sizeof nbs / sizeof nbs[0]; bi++) {
+                    /* keep the run short: the largest n only with a few shapes */
+                    if (ni == 3 && (rowss[ri] == 17 || nbs[bi] > 4)) continue;
+                    one_case(wt, ns[ni], rowss[ri], nbs[bi]);
+                }
+    }
+}
+
+static void test_isa(void)
+{
+    qt_init();
+    qt_isa best = qt_isa_get();
+    fprintf(stderr, "best ISA: %s\n", qt_isa_name(best));
+    qt_isa_set(QT_ISA_SCALAR);
+    CHECK(qt_isa_get() == QT_ISA_SCALAR);
+    qt_isa_set(QT_ISA_NEON);
+    CHECK(qt_isa_get() == best);
+#if defined(__x86_64__)
+    CHECK(best != QT_ISA_NEON);
+#endif
+}
+
+static void test_unsupported(void)
+{
+    /* unknown and activation-only weight types: no crash (the loader rejects them first) */
+    float y = 7.f;
+    uint8_t buf[512] = { 0 };
+    qt_gemm(23, 256, buf, 0, 0, 1, buf, 0, 1, &y, 1);
+    qt_gemm(QT_Q8_K, 256, buf, 0, 0, 1, buf, 0, 1, &y, 1);
+    CHECK(qt_vec_dot_ref(23, 256, buf, buf) == 0.0f);
+}
+
+int main(void)
+{
+    RUN(test_isa);
+    RUN(test_unsupported);
+    RUN(test_all_types);
+    return CHECK_DONE();
+}
