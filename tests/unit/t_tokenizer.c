@@ -550,6 +550,114 @@ static void test_load_errors(void)
     tok_free(NULL);
 }
 
+
+static uint32_t rng_state = 12345;
+static uint32_t rnd(void)
+{
+    rng_state ^= rng_state << 13; rng_state ^= rng_state >> 17; rng_state ^= rng_state << 5;
+    return rng_state;
+}
+
+static size_t put_cp(char *o, uint32_t cp)
+{
+    if (cp < 0x80) { o[0] = (char)cp; return 1; }
+    if (cp < 0x800) { o[0] = (char)(0xC0 | (cp >> 6)); o[1] = (char)(0x80 | (cp & 0x3F)); return 2; }
+    if (cp < 0x10000) { o[0] = (char)(0xE0 | (cp >> 12)); o[1] = (char)(0x80 | ((cp >> 6) & 0x3F)); o[2] = (char)(0x80 | (cp & 0x3F)); return 3; }
+    o[0] = (char)(0xF0 | (cp >> 18)); o[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
+    o[2] = (char)(0x80 | ((cp >> 6) & 0x3F)); o[3] = (char)(0x80 | (cp & 0x3F));
+    return 4;
+}
+
+/* Random valid UTF-8 (ASCII-heavy, with whitespace runs, digits, marks,
+ * CJK, emoji, special-token fragments) decodes back exactly; random bytes
+ * never crash. */
+static void test_random_roundtrip(void)
+{
+    static const char *paths[] = { TOKDIR "ggml-vocab-llama-spm.gguf", TOKDIR "ggml-vocab-gpt-2.gguf",
+                                   "bin/fixtures/vocab-llama3.gguf", "tests/fixtures/models/stories260K.gguf",
+                                   "tests/fixtures/models/llama3-tiny.bf16.gguf" };
+    static const uint32_t pool[] = { ' ', ' ', ' ', '\n', '\t', '\r', 'a', 'e', 'Z', '0', '7', '\'', '<', '|', '>', '!',
+                                     0xA0, 0x301, 0xE9, 0x3000, 0x4E2D, 0x65E5, 0xAC00, 0x0627, 0x1F600, 0x2581, 0x10FFFF,
+                                     0x0, 0x7F, 0x85, 0x2028, 0xFEFF, 0x17F };
+    char buf[1200];
+    for (size_t m = 0; m < sizeof paths / sizeof paths[0]; m++) {
+        tok *t = load_gguf_tok(paths[m]);
+        CHECK(t != NULL);
+        if (!t) continue;
+        int bad = 0;
+        for (int it = 0; it < 300; it++) {
+            size_t n = 0, len = rnd() % 200;
+            for (size_t i = 0; i < len; i++) {
+                uint32_t r = rnd() % 100;
+                uint32_t cp = r < 50 ? 'a' + rnd() % 26 : r < 60 ? 'A' + rnd() % 26 : pool[rnd() % (sizeof pool / sizeof pool[0])];
+                /* SentencePiece writes spaces as U+2581: that one character
+                 * cannot survive the round trip, by design */
+                if (cp == 0x2581 && strcmp(tok_kind_name(t), "spm") == 0) cp = '_';
+                n += put_cp(buf + n, cp);
+            }
+            int32_t *ids = NULL;
+            size_t ni;
+            char err[200], *txt = NULL;
+            size_t tl;
+            int ps = it & 1;
+            if (tok_encode(t, buf, n, ps, &ids, &ni, err, sizeof err) != 0) { bad++; continue; }
+            if (!ps) {
+                if (tok_decode(t, ids, ni, &txt, &tl) != 0 || tl != n || memcmp(txt, buf, n) != 0) {
+                    if (!bad) {
+                        fprintf(stderr, "  roundtrip differs for %s on:", paths[m]);
+                        for (size_t i = 0; i < n; i++) fprintf(stderr, " %02x", (unsigned char)buf[i]);
+                        fprintf(stderr, "\n");
+                    }
+                    bad++;
+                }
+            }
+            free(txt);
+            free(ids);
+            /* random bytes: an error or ids, never a crash */
+            for (size_t i = 0; i < 64; i++) buf[i] = (char)rnd();
+            if (tok_encode(t, buf, 64, 1, &ids, &ni, err, sizeof err) == 0) free(ids);
+        }
+        CHECKF(bad == 0, "%s: %d random strings failed", paths[m], bad);
+        tok_free(t);
+    }
+}
+
+/* Truncated and corrupted tokenizer.json files fail cleanly. */
+static void test_hf_corrupt(void)
+{
+    size_t n;
+    char *src = slurp("tests/fixtures/hf/qwen2-tiny/tokenizer.json", &n);
+    CHECK(src != NULL);
+    if (!src) return;
+    int ok = 0, failed = 0;
+    for (int it = 0; it < 40; it++) {
+        size_t cut = it < 20 ? (size_t)rnd() % n : n;
+        char *cp = malloc(n);
+        memcpy(cp, src, n);
+        if (it >= 20) for (int k = 0; k < 5; k++) cp[rnd() % n] = "{}[]\",:0a\xff"[rnd() % 10];
+        FILE *f = fopen("bin/t_tokenizer_fuzz.json", "wb");
+        if (!f) { free(cp); break; }
+        fwrite(cp, 1, cut, f);
+        fclose(f);
+        free(cp);
+        tok *t = NULL;
+        char err[256];
+        if (tok_load_hf(&t, "bin/t_tokenizer_fuzz.json", NULL, err, sizeof err) == 0) {
+            int32_t *ids = NULL;
+            size_t ni;
+            if (tok_encode(t, "Hello world <|im_end|>", 22, 1, &ids, &ni, err, sizeof err) == 0) free(ids);
+            tok_free(t);
+            ok++;
+        } else {
+            CHECK(t == NULL && err[0]);
+            failed++;
+        }
+    }
+    CHECK(failed >= 20);
+    remove("bin/t_tokenizer_fuzz.json");
+    free(src);
+}
+
 int main(void)
 {
     RUN(test_spm_vectors);
@@ -563,5 +671,7 @@ int main(void)
     RUN(test_special_parsing);
     RUN(test_stories);
     RUN(test_load_errors);
+    RUN(test_random_roundtrip);
+    RUN(test_hf_corrupt);
     return CHECK_DONE();
 }
