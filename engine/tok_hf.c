@@ -345,6 +345,18 @@ static int pre_tok(const jv *pt, const char **regex, int *bytelevel, int *prefix
         }
         return 0;
     }
+    if (jis(ty, "Metaspace")) {
+        const char *rep = jstr(jget(pt, "replacement"));
+        if (rep && strcmp(rep, "\xE2\x96\x81") != 0)
+            return snprintf(err, errlen, "tokenizer.json: Metaspace replacement other than U+2581"), -1;
+        const char *scheme = jstr(jget(pt, "prepend_scheme"));
+        int p = scheme ? (strcmp(scheme, "always") == 0 ? 1 : strcmp(scheme, "first") == 0 ? 2 : 0)
+                       : jbool(jget(pt, "add_prefix_space"), 1);
+        *bytelevel = -1;                 /* SentencePiece-style */
+        if (p) *prefix = p;
+        if (jbool(jget(pt, "split"), 1)) *prefix |= 4;
+        return 0;
+    }
     if (jis(ty, "Split")) {
         const jv *pat = jget(pt, "pattern");
         const char *re = jstr(jget(pat, "Regex"));
@@ -355,6 +367,28 @@ static int pre_tok(const jv *pt, const char **regex, int *bytelevel, int *prefix
         return 0;
     }
     snprintf(err, errlen, "tokenizer.json: unsupported pre_tokenizer '%s'", jstr(ty) ? jstr(ty) : "?");
+    return -1;
+}
+
+/* Normalizers understood: NFC; Prepend("\u2581") and Replace(" " → "\u2581")
+ * as SentencePiece-style tokenizer.json files write them; a Sequence of those. */
+static int normalizer(const jv *n, int *nfc, int *prepend, int *space, char *err, size_t errlen)
+{
+    if (!n || n->t == J_NULL) return 0;
+    const jv *ty = jget(n, "type");
+    if (jis(ty, "NFC")) { *nfc = 1; return 0; }
+    if (jis(ty, "Sequence")) {
+        const jv *l = jget(n, "normalizers");
+        for (uint32_t i = 0; l && l->t == J_ARR && i < l->n; i++)
+            if (normalizer(&l->u.a[i], nfc, prepend, space, err, errlen)) return -1;
+        return 0;
+    }
+    if (jis(ty, "Prepend") && jis(jget(n, "prepend"), "\xE2\x96\x81")) { *prepend = 1; return 0; }
+    if (jis(ty, "Replace") && jis(jget(jget(n, "pattern"), "String"), " ") && jis(jget(n, "content"), "\xE2\x96\x81")) {
+        *space = 1;
+        return 0;
+    }
+    snprintf(err, errlen, "tokenizer.json: unsupported normalizer '%s'", jstr(ty) ? jstr(ty) : "?");
     return -1;
 }
 
@@ -403,11 +437,6 @@ int tok_load_hf(tok **out, const char *tokenizer_json, const char *tokenizer_con
     if (!jis(jget(model, "type"), "BPE")) {
         const char *mt = jstr(jget(model, "type"));
         snprintf(err, errlen, "%s: unsupported model type '%s' (BPE only)", tokenizer_json, mt ? mt : "?");
-        goto done;
-    }
-    if (jbool(jget(model, "byte_fallback"), 0)) {
-        snprintf(err, errlen, "%s: byte_fallback BPE (SentencePiece-style tokenizer.json) is not supported; use the GGUF",
-                 tokenizer_json);
         goto done;
     }
     const jv *vocab = jget(model, "vocab"), *mer = jget(model, "merges"), *added = jget(&root, "added_tokens");
@@ -483,26 +512,38 @@ int tok_load_hf(tok **out, const char *tokenizer_json, const char *tokenizer_con
     sp.ignore_merges = jbool(jget(model, "ignore_merges"), 0);
     sp.eot = sp.eom = sp.unk = -1;
 
-    const jv *norm = jget(&root, "normalizer");
-    if (norm && norm->t != J_NULL) {
-        if (jis(jget(norm, "type"), "NFC")) {
-            sp.nfc = 1;
-        } else {
-            const char *nt = jstr(jget(norm, "type"));
-            snprintf(err, errlen, "%s: unsupported normalizer '%s'", tokenizer_json, nt ? nt : "?");
-            goto done;
-        }
-    }
+    int nprepend = 0, nspace = 0;
+    if (normalizer(jget(&root, "normalizer"), &sp.nfc, &nprepend, &nspace, err, errlen)) goto done;
     int bytelevel = 0, prefix = 0;
     const char *regex = NULL;
     if (pre_tok(jget(&root, "pre_tokenizer"), &regex, &bytelevel, &prefix, err, errlen)) goto done;
-    if (!bytelevel) { snprintf(err, errlen, "%s: only byte-level BPE is supported", tokenizer_json); goto done; }
-    sp.regex = regex;
-    sp.add_prefix_space = prefix;
+    if (bytelevel > 0) {
+        sp.regex = regex;
+        sp.add_prefix_space = prefix;
+    } else if (bytelevel < 0 || nspace) {
+        /* SentencePiece-style: spaces as U+2581, merge ranks, byte fallback */
+        sp.type = TOK_SPM;
+        sp.add_space_prefix = bytelevel < 0 ? (prefix & 3) : nprepend;
+        sp.split_words = bytelevel < 0 && (prefix & 4);
+        if (sp.nfc) { snprintf(err, errlen, "%s: NFC with a SentencePiece-style model is not supported", tokenizer_json); goto done; }
+        const char *unk = jstr(jget(model, "unk_token"));
+        for (int32_t i = 0; i < h.n; i++) {
+            const tok_sv *x = &h.text[i];
+            if (h.types[i] == TT_NORMAL && x->n == 6 && memcmp(x->s, "<0x", 3) == 0 && x->s[5] == '>' &&
+                hexv(x->s[3]) >= 0 && hexv(x->s[4]) >= 0)
+                h.types[i] = TT_BYTE;
+        }
+        sp.unk = find_text(&h, unk);
+        if (sp.unk >= 0 && h.types[sp.unk] == TT_NORMAL) h.types[sp.unk] = TT_UNKNOWN;
+        regex = NULL;
+    } else {
+        snprintf(err, errlen, "%s: neither a byte-level nor a SentencePiece-style BPE", tokenizer_json);
+        goto done;
+    }
     if (regex == TOK_RE_GPT2 || (regex && strcmp(regex, TOK_RE_GPT2) == 0)) sp.pre_name = "gpt-2";
     else if (regex && strcmp(regex, TOK_RE_QWEN2) == 0) sp.pre_name = "qwen2";
     else if (regex && strcmp(regex, TOK_RE_LLAMA3) == 0) sp.pre_name = "llama-bpe";
-    else sp.pre_name = regex ? "custom" : "none";
+    else sp.pre_name = sp.type == TOK_SPM ? "spm" : regex ? "custom" : "none";
 
     /* BOS / EOS / add_bos: tokenizer_config.json first, then the post-processor */
     const char *pbos = post_bos(jget(&root, "post_processor"));

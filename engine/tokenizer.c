@@ -50,7 +50,7 @@ struct tok {
     uint64_t *pairs;         /* SPM: adjacent character pairs found inside tokens */
     uint32_t pmask;
     int32_t bos, eos, eot, unk;
-    int add_bos, add_space_prefix, ignore_merges, nfc, add_prefix_space;
+    int add_bos, add_space_prefix, ignore_merges, nfc, add_prefix_space, split_words;
     pcre2_code *re;
     int re_jit;
     char *chat_template;
@@ -271,7 +271,8 @@ static int cmp_special(const void *a, const void *b, void *ctx)
     return x < y ? -1 : x > y;
 }
 
-static void piece_of(const tok *t, int32_t id, char *o, uint32_t *len)
+/* inv: code point (< 324) → the byte it stands for in byte-level BPE, or -1 */
+static void piece_of(const tok *t, int32_t id, char *o, uint32_t *len, const int16_t *inv)
 {
     const char *s = t->text + t->text_off[id];
     uint32_t n = t->text_len[id], k = 0;
@@ -288,13 +289,6 @@ static void piece_of(const tok *t, int32_t id, char *o, uint32_t *len)
             return;
         }
     } else if (ty == TT_NORMAL) {
-        static int16_t inv[324];
-        static int inv_ready;
-        if (!inv_ready) {      /* idempotent; racing writers store equal values */
-            for (unsigned i = 0; i < 324; i++) inv[i] = -1;
-            for (unsigned b = 0; b < 256; b++) inv[byte_to_cp(b)] = (int16_t)b;
-            inv_ready = 1;
-        }
         for (uint32_t i = 0; i < n;) {
             if (!((unsigned char)s[i] & 0x80)) { o[k++] = s[i++]; continue; }
             size_t l = utf8_len_lead((unsigned char)s[i]);
@@ -322,6 +316,7 @@ int tok_build(tok **out, const tok_spec *s, char *err, size_t errlen)
     t->n = n;
     t->bos = s->bos; t->eos = s->eos; t->eot = s->eot; t->unk = s->unk;
     t->add_space_prefix = s->add_space_prefix;
+    t->split_words = s->split_words;
     t->ignore_merges = s->ignore_merges;
     t->nfc = s->nfc;
     t->add_prefix_space = s->add_prefix_space;
@@ -391,7 +386,7 @@ int tok_build(tok **out, const tok_spec *s, char *err, size_t errlen)
         }
     }
     /* merges: (left id, right id) → rank and merged id */
-    if (s->type == TOK_BPE && s->n_merges) {
+    if (s->n_merges) {
         t->mmask = pow2_at_least(s->n_merges + s->n_merges / 2) - 1;
         t->mmap = malloc(sizeof(merge_ent) * ((size_t)t->mmask + 1));
         char *cat = malloc((size_t)FIND_BATCH * 512);
@@ -484,10 +479,13 @@ int tok_build(tok **out, const tok_spec *s, char *err, size_t errlen)
         }
     }
     /* pieces (decoded pieces are never longer than the text) */
+    int16_t inv[324];
+    for (unsigned i = 0; i < 324; i++) inv[i] = -1;
+    for (unsigned b = 0; b < 256; b++) inv[byte_to_cp(b)] = (int16_t)b;
     off = 0;
     for (int32_t i = 0; i < n; i++) {
         uint32_t l;
-        piece_of(t, i, t->piece + off, &l);
+        piece_of(t, i, t->piece + off, &l, inv);
         t->piece_off[i] = (uint32_t)off;
         t->piece_len[i] = l;
         off += l;
@@ -646,7 +644,7 @@ static void emit(enc *e, int32_t id)
 /* heap order: SPM highest score first, BPE lowest rank first; ties leftmost */
 static int bg_before(const enc *e, const bigram *a, const bigram *b)
 {
-    if (e->t->type == TOK_SPM) {
+    if (e->t->type == TOK_SPM && !e->t->mmap) {
         if (a->score != b->score) return a->score > b->score;
     } else if (a->rank != b->rank) {
         return a->rank < b->rank;
@@ -696,8 +694,42 @@ static void spm_try(enc *e, const char *s, int32_t l, int32_t r)
 
 /* SentencePiece: merge the adjacent pair whose union is the highest-scoring
  * token until none is left; symbols that are not tokens become bytes. */
+static void bpe_merge(enc *e, size_t ns);
+
+/* SentencePiece-style text under BPE merge ranks (a tokenizer.json "BPE"
+ * model with byte_fallback: Llama-2, Mistral): one symbol per character,
+ * rank-ordered merges, characters outside the vocabulary as byte tokens. */
+static void spm_chunk_ranked(enc *e, const char *s, size_t n)
+{
+    const tok *t = e->t;
+    size_t ns = 0;
+    if (grow((void **)&e->syms, &e->syms_cap, n + 1, sizeof(sym))) { e->oom = 1; return; }
+    for (size_t off = 0; off < n;) {
+        size_t l = utf8_len_lead((unsigned char)s[off]);
+        if (l > n - off) l = n - off;
+        sym *y = &e->syms[ns];
+        y->id = tok_find(t, s + off, l);
+        y->off = (uint32_t)off; y->n = (uint32_t)l;
+        y->prev = (int32_t)ns - 1;
+        off += l;
+        y->next = off == n ? -1 : (int32_t)ns + 1;
+        ns++;
+    }
+    if (!ns) return;
+    bpe_merge(e, ns);
+    for (int32_t i = 0; i != -1; i = e->syms[i].next) {
+        const sym *y = &e->syms[i];
+        if (y->id >= 0) { emit(e, y->id); continue; }
+        for (uint32_t j = 0; j < y->n; j++) {
+            int32_t b = t->byte_id[(unsigned char)s[y->off + j]];
+            emit(e, b >= 0 ? b : t->unk);
+        }
+    }
+}
+
 static void spm_chunk(enc *e, const char *s, size_t n)
 {
+    if (e->t->mmap) { spm_chunk_ranked(e, s, n); return; }
     size_t ns = 0;
     if (grow((void **)&e->syms, &e->syms_cap, n + 1, sizeof(sym))) { e->oom = 1; return; }
     for (size_t off = 0; off < n;) {
@@ -767,8 +799,16 @@ static void bpe_word(enc *e, const char *s, size_t n)
         y->prev = (int32_t)i - 1;
         y->next = i + 1 == n ? -1 : (int32_t)i + 1;
     }
+    bpe_merge(e, n);
+    for (int32_t i = 0; i != -1; i = e->syms[i].next)
+        emit(e, e->syms[i].id >= 0 ? e->syms[i].id : t->unk);
+}
+
+/* Rank-ordered merges over e->syms[0..ns) (ids set, linked in order). */
+static void bpe_merge(enc *e, size_t ns)
+{
     e->hn = 0;
-    for (size_t i = 1; i < n; i++) bpe_try(e, (int32_t)i - 1, (int32_t)i);
+    for (size_t i = 1; i < ns; i++) bpe_try(e, (int32_t)i - 1, (int32_t)i);
     while (e->hn && !e->oom) {
         bigram g = heap_pop(e);
         sym *a = &e->syms[g.left], *b = &e->syms[g.right];
@@ -781,8 +821,6 @@ static void bpe_word(enc *e, const char *s, size_t n)
         bpe_try(e, a->prev, g.left);
         bpe_try(e, g.left, a->next);
     }
-    for (int32_t i = 0; i != -1; i = e->syms[i].next)
-        emit(e, e->syms[i].id >= 0 ? e->syms[i].id : t->unk);
 }
 
 static int bpe_text(enc *e, const char *s, size_t n, char *err, size_t errlen)
@@ -862,7 +900,7 @@ static void spm_encode(enc *e, const char *s, size_t n)
         size_t l = utf8_len_lead((unsigned char)s[i]);
         if (l > n - i) l = n - i;
         uint32_t cp = utf8_get((const unsigned char *)s + i, l);
-        if (prev != UINT32_MAX && !spm_pair(e->t, prev, cp)) {
+        if (prev != UINT32_MAX && (!spm_pair(e->t, prev, cp) || (e->t->split_words && cp == 0x2581))) {
             spm_chunk(e, s + start, i - start);
             start = i;
         }
@@ -901,10 +939,13 @@ static int32_t special_at(const tok *t, const char *p, const char *end, int pars
     return -1;
 }
 
+/* prev_special: 2 at the start of the text, 1 after a special token */
 static int encode_fragment(enc *e, const char *s, size_t n, int prev_special, char *err, size_t errlen)
 {
     if (n == 0) return 0;
-    if (e->t->type == TOK_SPM) return spm_text(e, s, n, e->t->add_space_prefix && prev_special);
+    if (e->t->type == TOK_SPM)
+        return spm_text(e, s, n, e->t->add_space_prefix == 1 ? prev_special != 0
+                               : e->t->add_space_prefix == 2 ? prev_special == 2 : 0);
     return bpe_text(e, s, n, err, errlen);
 }
 
@@ -944,7 +985,7 @@ int tok_encode_segs(const tok *t, const tok_seg *segs, size_t nseg,
     if (grow((void **)&e.out, &e.cap, total / 3 + 16, sizeof(int32_t))) { e.oom = 1; goto done; }
     {
         size_t frag = 0, pos = 0;
-        int prev_special = 1;
+        int prev_special = 2;
         for (size_t si = 0; si < nseg; si++) {
             const char *end = s + pos + segs[si].len;
             size_t segend = pos + segs[si].len;

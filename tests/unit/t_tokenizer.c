@@ -658,6 +658,113 @@ static void test_hf_corrupt(void)
     free(src);
 }
 
+/* A SentencePiece-style tokenizer.json, written the way Hugging Face's
+ * LlamaConverter writes one from a SentencePiece model (merges extracted from
+ * the vocabulary, ordered by the merged piece's score), from the llama-spm
+ * GGUF's vocabulary. Through it, llama.cpp's vectors must come out the same. */
+typedef struct xmerge { int32_t l, r; float score; size_t ord; } xmerge;
+
+static int cmp_xmerge(const void *a, const void *b)
+{
+    const xmerge *x = a, *y = b;
+    if (x->score != y->score) return x->score > y->score ? -1 : 1;
+    return x->ord < y->ord ? -1 : x->ord > y->ord;
+}
+
+static void json_put_str(FILE *f, const char *s, size_t n)
+{
+    fputc('"', f);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+        else if (c < 0x20) fprintf(f, "\\u%04x", c);
+        else fputc(c, f);
+    }
+    fputc('"', f);
+}
+
+static int write_spm_tokenizer_json(const char *path)
+{
+    char err[256];
+    gguf *g = NULL;
+    if (gguf_open(&g, TOKDIR "ggml-vocab-llama-spm.gguf", err, sizeof err)) return -1;
+    tok *t = NULL;
+    if (tok_load_gguf(&t, g, err, sizeof err)) { gguf_close(g); return -1; }
+    const gguf_kv *tk = gguf_get(g, "tokenizer.ggml.tokens"), *sc = gguf_get(g, "tokenizer.ggml.scores");
+    int32_t n = (int32_t)tk->arr_n;
+    size_t cap = 1 << 20, nm = 0;
+    xmerge *m = malloc(sizeof(xmerge) * cap);
+    for (int32_t i = 0; i < n; i++) {
+        gguf_str s = gguf_arr_str(tk, (uint64_t)i);
+        size_t first = nm;
+        for (size_t k = 1; k < s.n; k++) {
+            if (((unsigned char)s.s[k] & 0xC0) == 0x80) continue;   /* split between code points */
+            int32_t l = tok_find(t, s.s, k), r = tok_find(t, s.s + k, s.n - k);
+            if (l < 0 || r < 0 || nm == cap) continue;
+            m[nm].l = l; m[nm].r = r; m[nm].score = (float)gguf_arr_f64(sc, (uint64_t)i);
+            nm++;
+        }
+        /* local order: by (left id, right id) */
+        for (size_t a = first; a < nm; a++)
+            for (size_t b = a + 1; b < nm; b++)
+                if (m[b].l < m[a].l || (m[b].l == m[a].l && m[b].r < m[a].r)) { xmerge x = m[a]; m[a] = m[b]; m[b] = x; }
+    }
+    for (size_t i = 0; i < nm; i++) m[i].ord = i;
+    qsort(m, nm, sizeof(xmerge), cmp_xmerge);
+    FILE *f = fopen(path, "wb");
+    if (!f) { free(m); tok_free(t); gguf_close(g); return -1; }
+    fputs("{\"version\":\"1.0\",\"added_tokens\":[", f);
+    fputs("{\"id\":0,\"content\":\"<unk>\",\"special\":true},{\"id\":1,\"content\":\"<s>\",\"special\":true},"
+          "{\"id\":2,\"content\":\"</s>\",\"special\":true}],", f);
+    fputs("\"normalizer\":{\"type\":\"Sequence\",\"normalizers\":[{\"type\":\"Prepend\",\"prepend\":\"\u2581\"},"
+          "{\"type\":\"Replace\",\"pattern\":{\"String\":\" \"},\"content\":\"\u2581\"}]},\"pre_tokenizer\":null,", f);
+    fputs("\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":[{\"SpecialToken\":{\"id\":\"<s>\",\"type_id\":0}},"
+          "{\"Sequence\":{\"id\":\"A\",\"type_id\":0}}]},", f);
+    fputs("\"model\":{\"type\":\"BPE\",\"dropout\":null,\"unk_token\":\"<unk>\",\"fuse_unk\":true,\"byte_fallback\":true,\"vocab\":{", f);
+    for (int32_t i = 0; i < n; i++) {
+        gguf_str s = gguf_arr_str(tk, (uint64_t)i);
+        if (i) fputc(',', f);
+        json_put_str(f, s.s, s.n);
+        fprintf(f, ":%d", i);
+    }
+    fputs("},\"merges\":[", f);
+    for (size_t i = 0; i < nm; i++) {
+        gguf_str a = gguf_arr_str(tk, (uint64_t)m[i].l), b = gguf_arr_str(tk, (uint64_t)m[i].r);
+        if (i) fputc(',', f);
+        fputc('[', f);
+        json_put_str(f, a.s, a.n);
+        fputc(',', f);
+        json_put_str(f, b.s, b.n);
+        fputc(']', f);
+    }
+    fputs("]}}", f);
+    fclose(f);
+    free(m);
+    tok_free(t);
+    gguf_close(g);
+    return 0;
+}
+
+static void test_hf_spm(void)
+{
+    const char *path = "bin/t_tokenizer_spm.json";
+    CHECK(write_spm_tokenizer_json(path) == 0);
+    tok *t = NULL;
+    char err[256];
+    CHECKF(tok_load_hf(&t, path, NULL, err, sizeof err) == 0, "%s", err);
+    if (t) {
+        CHECK(strcmp(tok_kind_name(t), "spm") == 0);
+        CHECK(tok_add_bos(t) == 1 && tok_bos(t) == 1);
+        run_vectors(t, TOKDIR "ggml-vocab-llama-spm.gguf", 0);
+        tok *g = load_gguf_tok(TOKDIR "ggml-vocab-llama-spm.gguf");
+        if (g) compare_on_vectors(t, g, TOKDIR "ggml-vocab-llama-bpe.gguf", 1);
+        if (g) compare_on_vectors(t, g, TOKDIR "ggml-vocab-qwen2.gguf", 1);
+        tok_free(g);
+        tok_free(t);
+    }
+    remove(path);
+}
+
 int main(void)
 {
     RUN(test_spm_vectors);
@@ -673,5 +780,6 @@ int main(void)
     RUN(test_load_errors);
     RUN(test_random_roundtrip);
     RUN(test_hf_corrupt);
+    RUN(test_hf_spm);
     return CHECK_DONE();
 }
