@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 /* ---- JSON ------------------------------------------------------------- */
 
@@ -275,22 +276,19 @@ static int read_file(const char *path, char **buf, size_t *n, char *err, size_t 
     *buf = NULL;
     FILE *f = fopen(path, "rb");
     if (!f) { snprintf(err, errlen, "%s: %s", path, strerror(errno)); return -1; }
-    size_t cap = 1 << 16, len = 0;
-    char *b = malloc(cap);
-    while (b) {
-        if (len == cap) {
-            if (cap > ((size_t)1 << 30)) { free(b); b = NULL; fclose(f); snprintf(err, errlen, "%s: too large", path); return -1; }
-            char *nb = realloc(b, cap * 2);
-            if (!nb) { free(b); b = NULL; break; }
-            b = nb; cap *= 2;
-        }
-        size_t r = fread(b + len, 1, cap - len, f);
-        len += r;
-        if (r == 0) break;
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > ((off_t)1 << 30)) {
+        fclose(f);
+        snprintf(err, errlen, "%s: not a regular file of at most 1 GiB", path);
+        return -1;
     }
-    int bad = ferror(f);
+    size_t len = (size_t)st.st_size;
+    char *b = malloc(len + 1);
+    if (!b) { fclose(f); snprintf(err, errlen, "%s: out of memory", path); return -1; }
+    size_t got = len ? fread(b, 1, len, f) : 0;
     fclose(f);
-    if (!b || bad) { free(b); snprintf(err, errlen, "%s: read error", path); return -1; }
+    if (got != len) { free(b); snprintf(err, errlen, "%s: read error", path); return -1; }
+    b[len] = 0;
     *buf = b;
     *n = len;
     return 0;
