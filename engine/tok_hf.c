@@ -29,6 +29,11 @@ typedef struct jp {
     jchunk *chunks;
     jv *stack; size_t sn, scap;
     int depth;
+    /* tokenizer.json: model.vocab and model.merges (most of the file) are
+     * read straight into these lists instead of into the tree */
+    int hooks, in_model;
+    tok_sv *vk; int32_t *vid; size_t vn, vcap; int have_vocab;
+    tok_merge *mg; size_t mn, mcap; int have_merges;
     char msg[128];
 } jp;
 
@@ -54,6 +59,8 @@ static void ja_free(jp *j)
     j->chunks = NULL;
     free(j->stack);
     j->stack = NULL;
+    free(j->vk); free(j->vid); free(j->mg);
+    j->vk = NULL; j->vid = NULL; j->mg = NULL;
 }
 
 static int jerr(jp *j, const char *what)
@@ -168,6 +175,93 @@ static int j_push(jp *j, const jv *v)
     return 0;
 }
 
+static int j_lit(jp *j, char c, const char *what)
+{
+    jws(j);
+    if (j->p >= j->end || *j->p != c) return jerr(j, what);
+    j->p++;
+    return 0;
+}
+
+static int j_vocab(jp *j)
+{
+    if (j_lit(j, '{', "model.vocab: expected an object")) return -1;
+    jws(j);
+    if (j->p < j->end && *j->p == '}') { j->p++; j->have_vocab = 1; return 0; }
+    for (;;) {
+        jv k, v;
+        jws(j);
+        if (j->p >= j->end || *j->p != '"') return jerr(j, "model.vocab: expected a token");
+        if (j_string(j, &k) || j_lit(j, ':', "expected ':'") || j_value(j, &v)) return -1;
+        if (v.t != J_NUM || v.u.d < 0 || v.u.d >= (1 << 24) || v.u.d != (double)(int64_t)v.u.d)
+            return jerr(j, "model.vocab: bad token id");
+        if (j->vn == j->vcap) {
+            size_t nc = j->vcap ? j->vcap * 2 : 65536;
+            tok_sv *a = realloc(j->vk, nc * sizeof(tok_sv));
+            if (a) j->vk = a;
+            int32_t *b = realloc(j->vid, nc * sizeof(int32_t));
+            if (b) j->vid = b;
+            if (!a || !b) return jerr(j, "out of memory");
+            j->vcap = nc;
+        }
+        j->vk[j->vn].s = k.u.s;
+        j->vk[j->vn].n = k.n;
+        j->vid[j->vn++] = (int32_t)v.u.d;
+        jws(j);
+        if (j->p < j->end && *j->p == ',') { j->p++; continue; }
+        if (j->p < j->end && *j->p == '}') { j->p++; break; }
+        return jerr(j, "model.vocab: expected ',' or '}'");
+    }
+    j->have_vocab = 1;
+    return 0;
+}
+
+/* merges: "a b" strings or ["a", "b"] pairs */
+static int j_merges(jp *j)
+{
+    if (j_lit(j, '[', "model.merges: expected an array")) return -1;
+    jws(j);
+    if (j->p < j->end && *j->p == ']') { j->p++; j->have_merges = 1; return 0; }
+    for (;;) {
+        jv a, b;
+        tok_merge m;
+        jws(j);
+        if (j->p < j->end && *j->p == '"') {
+            if (j_string(j, &a)) return -1;
+            const char *sp = a.n > 1 ? memchr(a.u.s + 1, ' ', a.n - 1) : NULL;
+            if (!sp) return jerr(j, "model.merges: a merge without a space");
+            m.a.s = a.u.s; m.a.n = (size_t)(sp - a.u.s);
+            m.b.s = sp + 1; m.b.n = a.n - m.a.n - 1;
+        } else {
+            if (j_lit(j, '[', "model.merges: expected a string or a pair")) return -1;
+            jws(j);
+            if (j->p >= j->end || *j->p != '"' || j_string(j, &a)) return jerr(j, "model.merges: expected a string");
+            if (j_lit(j, ',', "model.merges: expected a pair")) return -1;
+            jws(j);
+            if (j->p >= j->end || *j->p != '"' || j_string(j, &b)) return jerr(j, "model.merges: expected a string");
+            if (j_lit(j, ']', "model.merges: expected a pair")) return -1;
+            m.a.s = a.u.s; m.a.n = a.n;
+            m.b.s = b.u.s; m.b.n = b.n;
+        }
+        if (j->mn == j->mcap) {
+            size_t nc = j->mcap ? j->mcap * 2 : 65536;
+            tok_merge *x = realloc(j->mg, nc * sizeof(tok_merge));
+            if (!x) return jerr(j, "out of memory");
+            j->mg = x;
+            j->mcap = nc;
+        }
+        j->mg[j->mn++] = m;
+        jws(j);
+        if (j->p < j->end && *j->p == ',') { j->p++; continue; }
+        if (j->p < j->end && *j->p == ']') { j->p++; break; }
+        return jerr(j, "model.merges: expected ',' or ']'");
+    }
+    j->have_merges = 1;
+    return 0;
+}
+
+static int key_is(const jv *k, const char *s) { return k->n == strlen(s) && memcmp(k->u.s, s, k->n) == 0; }
+
 static int j_container(jp *j, jv *out, int obj)
 {
     if (++j->depth > 64) return jerr(j, "nesting too deep");
@@ -184,8 +278,22 @@ static int j_container(jp *j, jv *out, int obj)
             jws(j);
             if (j->p >= j->end || *j->p != ':') return jerr(j, "expected ':'");
             j->p++;
+            if (j->hooks && j->depth == 2 && j->in_model && (key_is(&v, "vocab") || key_is(&v, "merges"))) {
+                if (key_is(&v, "vocab") ? j_vocab(j) : j_merges(j)) return -1;
+                v.t = J_NULL;
+                if (j_push(j, &v)) return -1;
+                goto next;
+            }
+            if (j->hooks && j->depth == 1 && key_is(&v, "model")) {
+                j->in_model = 1;
+                int r = j_value(j, &v);
+                j->in_model = 0;
+                if (r || j_push(j, &v)) return -1;
+                goto next;
+            }
         }
         if (j_value(j, &v) || j_push(j, &v)) return -1;
+next:
         jws(j);
         if (j->p < j->end && *j->p == ',') { j->p++; continue; }
         if (j->p < j->end && *j->p == (obj ? '}' : ']')) { j->p++; break; }
@@ -245,9 +353,10 @@ static int j_value(jp *j, jv *out)
     return jerr(j, "unexpected character");
 }
 
-static int j_parse(jp *j, char *buf, size_t n, jv *root)
+static int j_parse(jp *j, char *buf, size_t n, jv *root, int hooks)
 {
     memset(j, 0, sizeof *j);
+    j->hooks = hooks;
     j->p = j->base = buf;
     j->end = buf + n;
     if (j_value(j, root)) return -1;
@@ -426,10 +535,10 @@ int tok_load_hf(tok **out, const char *tokenizer_json, const char *tokenizer_con
     char note[160] = "";
 
     if (read_file(tokenizer_json, &buf, &blen, err, errlen)) return -1;
-    if (j_parse(&j, buf, blen, &root)) { snprintf(err, errlen, "%s: %s", tokenizer_json, j.msg); goto done; }
+    if (j_parse(&j, buf, blen, &root, 1)) { snprintf(err, errlen, "%s: %s", tokenizer_json, j.msg); goto done; }
     if (tokenizer_config) {
         if (read_file(tokenizer_config, &cbuf, &clen, err, errlen)) goto done;
-        if (j_parse(&jc, cbuf, clen, &croot)) { snprintf(err, errlen, "%s: %s", tokenizer_config, jc.msg); goto done; }
+        if (j_parse(&jc, cbuf, clen, &croot, 0)) { snprintf(err, errlen, "%s: %s", tokenizer_config, jc.msg); goto done; }
     }
     const jv *model = jget(&root, "model");
     if (!jis(jget(model, "type"), "BPE")) {
@@ -437,20 +546,13 @@ int tok_load_hf(tok **out, const char *tokenizer_json, const char *tokenizer_con
         snprintf(err, errlen, "%s: unsupported model type '%s' (BPE only)", tokenizer_json, mt ? mt : "?");
         goto done;
     }
-    const jv *vocab = jget(model, "vocab"), *mer = jget(model, "merges"), *added = jget(&root, "added_tokens");
-    if (!vocab || vocab->t != J_OBJ || !mer || mer->t != J_ARR) {
+    const jv *added = jget(&root, "added_tokens");
+    if (!j.have_vocab || !j.have_merges) {
         snprintf(err, errlen, "%s: model.vocab / model.merges missing", tokenizer_json);
         goto done;
     }
     int64_t maxid = -1;
-    for (uint32_t i = 0; i < vocab->n; i++) {
-        const jv *v = &vocab->u.a[2 * i + 1];
-        if (v->t != J_NUM || v->u.d < 0 || v->u.d >= (1 << 24) || v->u.d != (double)(int64_t)v->u.d) {
-            snprintf(err, errlen, "%s: bad id for vocab entry %u", tokenizer_json, i);
-            goto done;
-        }
-        if ((int64_t)v->u.d > maxid) maxid = (int64_t)v->u.d;
-    }
+    for (size_t i = 0; i < j.vn; i++) if (j.vid[i] > maxid) maxid = j.vid[i];
     for (uint32_t i = 0; added && added->t == J_ARR && i < added->n; i++) {
         const jv *id = jget(&added->u.a[i], "id");
         if (!id || id->t != J_NUM || id->u.d < 0 || id->u.d >= (1 << 24) || !jstr(jget(&added->u.a[i], "content"))) {
@@ -463,14 +565,11 @@ int tok_load_hf(tok **out, const char *tokenizer_json, const char *tokenizer_con
     h.n = (int32_t)maxid + 1;
     h.text = calloc((size_t)h.n, sizeof(tok_sv));
     h.types = malloc((size_t)h.n);
-    h.merges = malloc(sizeof(tok_merge) * (mer->n ? mer->n : 1));
-    if (!h.text || !h.types || !h.merges) { snprintf(err, errlen, "tokenizer: out of memory"); goto done; }
+    if (!h.text || !h.types) { snprintf(err, errlen, "tokenizer: out of memory"); goto done; }
     memset(h.types, TT_UNUSED, (size_t)h.n);
-    for (uint32_t i = 0; i < vocab->n; i++) {
-        int32_t id = (int32_t)vocab->u.a[2 * i + 1].u.d;
-        h.text[id].s = vocab->u.a[2 * i].u.s;
-        h.text[id].n = vocab->u.a[2 * i].n;
-        h.types[id] = TT_NORMAL;
+    for (size_t i = 0; i < j.vn; i++) {
+        h.text[j.vid[i]] = j.vk[i];
+        h.types[j.vid[i]] = TT_NORMAL;
     }
     for (uint32_t i = 0; added && added->t == J_ARR && i < added->n; i++) {
         const jv *a = &added->u.a[i];
@@ -480,24 +579,8 @@ int tok_load_hf(tok **out, const char *tokenizer_json, const char *tokenizer_con
         h.text[id].n = c->n;
         h.types[id] = jbool(jget(a, "special"), 0) ? TT_CONTROL : TT_USER;
     }
-    size_t nm = 0;
-    for (uint32_t i = 0; i < mer->n; i++) {
-        const jv *m = &mer->u.a[i];
-        if (m->t == J_STR) {
-            const char *sp = m->n > 1 ? memchr(m->u.s + 1, ' ', m->n - 1) : NULL;
-            if (!sp) continue;
-            h.merges[nm].a.s = m->u.s; h.merges[nm].a.n = (size_t)(sp - m->u.s);
-            h.merges[nm].b.s = sp + 1; h.merges[nm].b.n = m->n - h.merges[nm].a.n - 1;
-            nm++;
-        } else if (m->t == J_ARR && m->n == 2 && m->u.a[0].t == J_STR && m->u.a[1].t == J_STR) {
-            h.merges[nm].a.s = m->u.a[0].u.s; h.merges[nm].a.n = m->u.a[0].n;
-            h.merges[nm].b.s = m->u.a[1].u.s; h.merges[nm].b.n = m->u.a[1].n;
-            nm++;
-        } else {
-            snprintf(err, errlen, "%s: bad merge %u", tokenizer_json, i);
-            goto done;
-        }
-    }
+    size_t nm = j.mn;
+    h.merges = j.mg;
 
     tok_spec sp;
     memset(&sp, 0, sizeof sp);
@@ -566,7 +649,7 @@ int tok_load_hf(tok **out, const char *tokenizer_json, const char *tokenizer_con
     sp.note = note[0] ? note : NULL;
     rc = tok_build(out, &sp, err, errlen);
 done:
-    free(h.text); free(h.types); free(h.merges);
+    free(h.text); free(h.types);
     ja_free(&j); ja_free(&jc);
     free(buf); free(cbuf);
     return rc;
