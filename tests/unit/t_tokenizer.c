@@ -7,6 +7,7 @@
 #include "engine/tokenizer.h"
 
 #include <jansson.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <utf8proc.h>
@@ -765,6 +766,49 @@ static void test_hf_spm(void)
     remove(path);
 }
 
+/* A loaded tok is shared by threads: concurrent encodes give the same ids. */
+typedef struct thr_arg { const tok *t; const char *text; size_t len; int32_t *ids; size_t n; int rc; } thr_arg;
+
+static void *thr_encode(void *p)
+{
+    thr_arg *a = p;
+    char err[200];
+    for (int r = 0; r < 5 && a->rc == 0; r++) {
+        free(a->ids);
+        a->ids = NULL;
+        a->rc = tok_encode(a->t, a->text, a->len, 1, &a->ids, &a->n, err, sizeof err);
+    }
+    return NULL;
+}
+
+static void test_threads(void)
+{
+    static const char *paths[] = { "bin/fixtures/vocab-qwen2.gguf", TOKDIR "ggml-vocab-llama-spm.gguf" };
+    size_t len;
+    char *text = slurp(TOKDIR "ggml-vocab-qwen2.gguf.inp", &len);
+    CHECK(text != NULL);
+    if (!text) return;
+    for (int m = 0; m < 2; m++) {
+        tok *t = load_gguf_tok(paths[m]);
+        CHECK(t != NULL);
+        if (!t) continue;
+        thr_arg a[4];
+        pthread_t th[4];
+        for (int i = 0; i < 4; i++) {
+            a[i] = (thr_arg){ t, text, len, NULL, 0, 0 };
+            CHECK(pthread_create(&th[i], NULL, thr_encode, &a[i]) == 0);
+        }
+        for (int i = 0; i < 4; i++) pthread_join(th[i], NULL);
+        for (int i = 0; i < 4; i++) {
+            CHECK(a[i].rc == 0);
+            CHECK(ids_eq(a[i].ids, a[i].n, a[0].ids, a[0].n));
+        }
+        for (int i = 0; i < 4; i++) free(a[i].ids);
+        tok_free(t);
+    }
+    free(text);
+}
+
 int main(void)
 {
     RUN(test_spm_vectors);
@@ -781,5 +825,6 @@ int main(void)
     RUN(test_random_roundtrip);
     RUN(test_hf_corrupt);
     RUN(test_hf_spm);
+    RUN(test_threads);
     return CHECK_DONE();
 }
