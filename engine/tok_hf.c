@@ -71,7 +71,19 @@ static int jerr(jp *j, const char *what)
 
 static void jws(jp *j)
 {
-    while (j->p < j->end && (*j->p == ' ' || *j->p == '\n' || *j->p == '\r' || *j->p == '\t')) j->p++;
+    const char *p = j->p, *end = j->end;
+    for (;;) {
+        /* pretty-printed files are mostly indentation: skip 8 spaces at a time */
+        while (end - p >= 8) {
+            uint64_t v;
+            memcpy(&v, p, 8);
+            if (v != 0x2020202020202020ull) break;
+            p += 8;
+        }
+        if (p < end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t')) { p++; continue; }
+        break;
+    }
+    j->p = p;
 }
 
 static int hexv(char c)

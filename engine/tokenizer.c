@@ -403,6 +403,12 @@ int tok_build(tok **out, const tok_spec *s, char *err, size_t errlen)
                 q[2 * k + 1] = m->b.s; ql[2 * k + 1] = m->b.n;
             }
             find_batch(t, 2 * nb, q, ql, ab);
+            uint32_t slot[FIND_BATCH / 2];
+            for (size_t k = 0; k < nb; k++) {
+                uint64_t key = ((uint64_t)(uint32_t)ab[2 * k] << 32) | (uint32_t)ab[2 * k + 1];
+                slot[k] = (uint32_t)hash_pair(key) & t->mmask;
+                __builtin_prefetch(&t->mmap[slot[k]], 1);
+            }
             size_t nc = 0;
             for (size_t k = 0; k < nb; k++) {
                 const tok_merge *m = &s->merges[r0 + k];
@@ -418,12 +424,6 @@ int tok_build(tok **out, const tok_spec *s, char *err, size_t errlen)
             }
             int32_t found[FIND_BATCH];
             find_batch(t, nc, q, ql, found);
-            uint32_t slot[FIND_BATCH / 2];
-            for (size_t k = 0; k < nb; k++) {
-                uint64_t key = ((uint64_t)(uint32_t)ab[2 * k] << 32) | (uint32_t)ab[2 * k + 1];
-                slot[k] = (uint32_t)hash_pair(key) & t->mmask;
-                __builtin_prefetch(&t->mmap[slot[k]], 1);
-            }
             for (size_t k = 0; k < nb; k++) {
                 int32_t id = res[k];
                 if (id == -1) continue;
