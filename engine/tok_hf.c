@@ -536,8 +536,8 @@ int tok_load_hf(tok **out, const char *tokenizer_json, const char *tokenizer_con
                 char *err, size_t errlen)
 {
     *out = NULL;
-    char *buf = NULL, *cbuf = NULL;
-    size_t blen = 0, clen = 0;
+    char *buf = NULL, *cbuf = NULL, *tbuf = NULL;
+    size_t blen = 0, clen = 0, tlen = 0;
     jp j, jc;
     memset(&j, 0, sizeof j);
     memset(&jc, 0, sizeof jc);
@@ -658,11 +658,27 @@ int tok_load_hf(tok **out, const char *tokenizer_json, const char *tokenizer_con
             }
         }
     }
+    if (!sp.chat_template.n) {
+        /* newer exports keep the template beside the config: chat_template.jinja */
+        const char *ref = tokenizer_config ? tokenizer_config : tokenizer_json;
+        const char *slash = strrchr(ref, '/');
+        size_t dl = slash ? (size_t)(slash - ref) + 1 : 0;
+        char path[4096];
+        char tmp[256];
+        if (dl + 20 < sizeof path) {
+            memcpy(path, ref, dl);
+            memcpy(path + dl, "chat_template.jinja", 20);
+            if (read_file(path, &tbuf, &tlen, tmp, sizeof tmp) == 0) {
+                sp.chat_template.s = tbuf;
+                sp.chat_template.n = tlen;
+            }
+        }
+    }
     sp.note = note[0] ? note : NULL;
     rc = tok_build(out, &sp, err, errlen);
 done:
     free(h.text); free(h.types);
     ja_free(&j); ja_free(&jc);
-    free(buf); free(cbuf);
+    free(buf); free(cbuf); free(tbuf);
     return rc;
 }

@@ -8,6 +8,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static tok *load(const char *path)
 {
@@ -78,6 +79,32 @@ static void test_detect(void)
                       err, sizeof err) == 0);
     CHECK(t && chat_detect(tok_chat_template(t)) == CHAT_CHATML);
     tok_free(t);
+    /* a template kept in chat_template.jinja beside the files */
+    {
+        mkdir("bin/t_chat_dir", 0755);
+        FILE *f = fopen("bin/t_chat_dir/chat_template.jinja", "wb");
+        CHECK(f != NULL);
+        if (f) {
+            fputs("{{ '<|im_start|>' }}", f);
+            fclose(f);
+            t = NULL;
+            CHECK(tok_load_hf(&t, "tests/fixtures/hf/qwen2-tiny/tokenizer.json", "bin/t_chat_dir/none.json", err, sizeof err) == -1);
+            CHECK(tok_load_hf(&t, "tests/fixtures/hf/qwen2-tiny/tokenizer.json", NULL, err, sizeof err) == 0);
+            CHECK(t && tok_chat_template(t)[0] == 0);
+            tok_free(t);
+            t = NULL;
+            FILE *g = fopen("bin/t_chat_dir/tokenizer_config.json", "wb");
+            if (g) { fputs("{\"eos_token\": \"<|im_end|>\"}", g); fclose(g); }
+            CHECK(tok_load_hf(&t, "tests/fixtures/hf/qwen2-tiny/tokenizer.json", "bin/t_chat_dir/tokenizer_config.json",
+                              err, sizeof err) == 0);
+            CHECK(t && chat_detect(tok_chat_template(t)) == CHAT_CHATML);
+            CHECK(t && tok_eos(t) == tok_find(t, "<|im_end|>", 10));
+            tok_free(t);
+            remove("bin/t_chat_dir/tokenizer_config.json");
+            remove("bin/t_chat_dir/chat_template.jinja");
+            remove("bin/t_chat_dir");
+        }
+    }
     t = NULL;
     CHECK(tok_load_hf(&t, "bin/fixtures/hf/llama3-tokenizer.json", "tests/fixtures/tokenizers/hf/llama3-tokenizer_config.json",
                       err, sizeof err) == 0);
