@@ -823,23 +823,73 @@ static void bpe_merge(enc *e, size_t ns)
     }
 }
 
+/* A character NFC keeps as it is (quick-check Yes, combining class 0) and
+ * that never composes with the character before it: checked for these
+ * ranges against Unicode's data (ASCII/Latin up to U+02FF, Cyrillic letters,
+ * kana, CJK ideographs, Hangul syllables, emoji). Text splits before such a
+ * character into parts that normalize independently. */
+static int nfc_safe(uint32_t cp)
+{
+    return cp < 0x300 || (cp >= 0x400 && cp <= 0x482) || (cp >= 0x3041 && cp <= 0x3096) ||
+           (cp >= 0x30A1 && cp <= 0x30FA) || (cp >= 0x4E00 && cp <= 0x9FFF) || (cp >= 0xAC00 && cp <= 0xD7A3) ||
+           (cp >= 0x1F300 && cp <= 0x1FAFF);
+}
+
+/* NFC of valid UTF-8: *out is NULL when the text is already NFC-stable by
+ * nfc_safe; otherwise a malloc'd copy in which only the parts around other
+ * characters went through utf8proc. */
+static int nfc_text(const char *s, size_t n, char **out, size_t *outn, char *err, size_t errlen)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    char *o = NULL;
+    size_t on = 0, cap = 0, copied = 0, prev = 0, i = 0;
+    *out = NULL;
+    while (i < n) {
+        if (p[i] < 0x80) { prev = i++; continue; }
+        size_t l = utf8_len_lead(p[i]);
+        if (nfc_safe(utf8_get(p + i, l))) { prev = i; i += l; continue; }
+        /* from the last starter before this character to the next safe one */
+        size_t r0 = prev, r1 = i + l;
+        while (r1 < n) {
+            size_t l2 = utf8_len_lead(p[r1]);
+            if (p[r1] < 0x80 || nfc_safe(utf8_get(p + r1, l2))) break;
+            r1 += l2;
+        }
+        utf8proc_uint8_t *m = NULL;
+        utf8proc_ssize_t r = utf8proc_map(p + r0, (utf8proc_ssize_t)(r1 - r0), &m, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+        if (r < 0) { free(m); free(o); return fail(err, errlen, "tokenizer: NFC: %s", utf8proc_errmsg(r)); }
+        size_t need = on + (r0 - copied) + (size_t)r + (n - r1) + 1;
+        if (need > cap) {
+            size_t nc = need + need / 2 + 64;
+            char *no = realloc(o, nc);
+            if (!no) { free(m); free(o); return fail(err, errlen, "tokenizer: out of memory"); }
+            o = no;
+            cap = nc;
+        }
+        memcpy(o + on, s + copied, r0 - copied);
+        on += r0 - copied;
+        memcpy(o + on, m, (size_t)r);
+        on += (size_t)r;
+        free(m);
+        copied = i = prev = r1;
+    }
+    if (!o) return 0;
+    memcpy(o + on, s + copied, n - copied);
+    on += n - copied;
+    *out = o;
+    *outn = on;
+    return 0;
+}
+
 static int bpe_text(enc *e, const char *s, size_t n, char *err, size_t errlen)
 {
     const tok *t = e->t;
     char *norm = NULL;
     char *pre = NULL;
     if (t->nfc) {
-        size_t i = 0;
-        while (i < n && !((unsigned char)s[i] & 0x80)) i++;
-        if (i < n) {
-            utf8proc_uint8_t *o = NULL;
-            utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, &o,
-                                              UTF8PROC_STABLE | UTF8PROC_COMPOSE);
-            if (r < 0) { free(o); return fail(err, errlen, "tokenizer: NFC: %s", utf8proc_errmsg(r)); }
-            norm = (char *)o;
-            s = norm;
-            n = (size_t)r;
-        }
+        size_t nn = 0;
+        if (nfc_text(s, n, &norm, &nn, err, errlen)) return -1;
+        if (norm) { s = norm; n = nn; }
     }
     if (t->add_prefix_space && n && s[0] != ' ') {
         pre = malloc(n + 1);

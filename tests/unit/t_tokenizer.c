@@ -809,6 +809,45 @@ static void test_threads(void)
     free(text);
 }
 
+/* Qwen normalizes to NFC (only around characters that need it): encoding a
+ * text and encoding its full utf8proc NFC give the same ids. */
+static void test_nfc(void)
+{
+    static const uint32_t pool[] = { 'e', 'a', ' ', '\n', 0x301, 0x300, 0x327, 0x308, 0x323, 0x302, 0xE9, 0x1E9B,
+                                     0x212B, 0x2000, 0x387, 0x37E, 0x3099, 0x304B, 0x30AB, 0x1100, 0x1161, 0x11A8,
+                                     0xAC00, 0x627, 0x653, 0x64B, 0x928, 0x93C, 0xB47, 0xB3E, 0x41, 0x30A, 0x4E2D,
+                                     0x1F600, 0x418, 0x306, 0xFB01, 0x2126, 0xF900 };
+    tok *t = load_gguf_tok("bin/fixtures/vocab-qwen2.gguf");
+    CHECK(t != NULL);
+    if (!t) return;
+    char buf[1000];
+    int bad = 0;
+    for (int it = 0; it < 400; it++) {
+        size_t n = 0, len = 1 + rnd() % 60;
+        for (size_t i = 0; i < len; i++) n += put_cp(buf + n, pool[rnd() % (sizeof pool / sizeof pool[0])]);
+        size_t nn = 0;
+        char *norm = nfc(buf, n, &nn);
+        int32_t *a = NULL, *b = NULL;
+        size_t na = 0, nb = 0;
+        char err[200];
+        int ok = norm && tok_encode(t, buf, n, 0, &a, &na, err, sizeof err) == 0 &&
+                 tok_encode(t, norm, nn, 0, &b, &nb, err, sizeof err) == 0 && ids_eq(a, na, b, nb);
+        if (!ok) {
+            if (!bad) {
+                fprintf(stderr, "  NFC differs on:");
+                for (size_t i = 0; i < n; i++) fprintf(stderr, " %02x", (unsigned char)buf[i]);
+                fprintf(stderr, "\n");
+            }
+            bad++;
+        }
+        free(a);
+        free(b);
+        free(norm);
+    }
+    CHECKF(bad == 0, "%d strings", bad);
+    tok_free(t);
+}
+
 int main(void)
 {
     RUN(test_spm_vectors);
@@ -826,5 +865,6 @@ int main(void)
     RUN(test_hf_corrupt);
     RUN(test_hf_spm);
     RUN(test_threads);
+    RUN(test_nfc);
     return CHECK_DONE();
 }
