@@ -457,11 +457,17 @@ static int pre_tok(const jv *pt, const char **regex, int *bytelevel, int *prefix
     }
     if (jis(ty, "ByteLevel")) {
         *bytelevel = 1;
-        if (jbool(jget(pt, "add_prefix_space"), 0)) *prefix = 1;
+        if (jbool(jget(pt, "add_prefix_space"), 0)) *prefix |= 1;
         if (jbool(jget(pt, "use_regex"), 1)) {
             if (*regex) return snprintf(err, errlen, "tokenizer.json: two split regexes"), -1;
             *regex = TOK_RE_GPT2;
         }
+        return 0;
+    }
+    if (jis(ty, "Digits")) {
+        if (!jbool(jget(pt, "individual_digits"), 0))
+            return snprintf(err, errlen, "tokenizer.json: only Digits with individual_digits is supported"), -1;
+        *prefix |= 8;
         return 0;
     }
     if (jis(ty, "Metaspace")) {
@@ -472,7 +478,7 @@ static int pre_tok(const jv *pt, const char **regex, int *bytelevel, int *prefix
         int p = scheme ? (strcmp(scheme, "always") == 0 ? 1 : strcmp(scheme, "first") == 0 ? 2 : 0)
                        : jbool(jget(pt, "add_prefix_space"), 1);
         *bytelevel = -1;                 /* SentencePiece-style */
-        if (p) *prefix = p;
+        if (p) *prefix |= p;
         if (jbool(jget(pt, "split"), 1)) *prefix |= 4;
         return 0;
     }
@@ -612,7 +618,8 @@ int tok_load_hf(tok **out, const char *tokenizer_json, const char *tokenizer_con
     if (pre_tok(jget(&root, "pre_tokenizer"), &regex, &bytelevel, &prefix, err, errlen)) goto done;
     if (bytelevel > 0) {
         sp.regex = regex;
-        sp.add_prefix_space = prefix;
+        sp.add_prefix_space = prefix & 1;
+        sp.split_digits = (prefix & 8) != 0;
     } else if (bytelevel < 0 || nspace) {
         /* SentencePiece-style: spaces as U+2581, merge ranks, byte fallback */
         sp.type = TOK_SPM;
@@ -633,7 +640,8 @@ int tok_load_hf(tok **out, const char *tokenizer_json, const char *tokenizer_con
         snprintf(err, errlen, "%s: neither a byte-level nor a SentencePiece-style BPE", tokenizer_json);
         goto done;
     }
-    if (regex == TOK_RE_GPT2 || (regex && strcmp(regex, TOK_RE_GPT2) == 0)) sp.pre_name = "gpt-2";
+    if (sp.split_digits) sp.pre_name = "digits+regex";
+    else if (regex == TOK_RE_GPT2 || (regex && strcmp(regex, TOK_RE_GPT2) == 0)) sp.pre_name = "gpt-2";
     else if (regex && strcmp(regex, TOK_RE_QWEN2) == 0) sp.pre_name = "qwen2";
     else if (regex && strcmp(regex, TOK_RE_LLAMA3) == 0) sp.pre_name = "llama-bpe";
     else sp.pre_name = sp.type == TOK_SPM ? "spm" : regex ? "custom" : "none";

@@ -30,6 +30,7 @@ typedef struct tok_spec {
     int ignore_merges, nfc, add_prefix_space;
     int add_space_prefix;       /* SPM: 1 at the start and after special tokens, 2 at the start only */
     int split_words;            /* SPM: no merge across a U+2581 (Metaspace split) */
+    int split_digits;           /* BPE: each numeric character a word of its own (Digits pre-tokenizer) */
     int32_t bos, eos, eot, eom, unk;
     int add_bos;
     tok_sv chat_template;

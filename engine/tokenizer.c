@@ -50,7 +50,7 @@ struct tok {
     uint64_t *pairs;         /* SPM: adjacent character pairs found inside tokens */
     uint32_t pmask;
     int32_t bos, eos, eot, unk;
-    int add_bos, add_space_prefix, ignore_merges, nfc, add_prefix_space, split_words;
+    int add_bos, add_space_prefix, ignore_merges, nfc, add_prefix_space, split_words, split_digits;
     pcre2_code *re;
     int re_jit;
     char *chat_template;
@@ -317,6 +317,7 @@ int tok_build(tok **out, const tok_spec *s, char *err, size_t errlen)
     t->bos = s->bos; t->eos = s->eos; t->eot = s->eot; t->unk = s->unk;
     t->add_space_prefix = s->add_space_prefix;
     t->split_words = s->split_words;
+    t->split_digits = s->split_digits;
     t->ignore_merges = s->ignore_merges;
     t->nfc = s->nfc;
     t->add_prefix_space = s->add_prefix_space;
@@ -881,6 +882,38 @@ static int nfc_text(const char *s, size_t n, char **out, size_t *outn, char *err
     return 0;
 }
 
+static int re_split(enc *e, const char *s, size_t n, char *err, size_t errlen)
+{
+    const tok *t = e->t;
+    if (!t->re) {
+        bpe_word(e, s, n);
+    } else {
+        size_t gap = 0, start = 0;
+        while (start < n && !e->oom) {
+            int rc = t->re_jit
+                ? pcre2_jit_match(t->re, (PCRE2_SPTR)s, n, start, 0, e->md, NULL)
+                : pcre2_match(t->re, (PCRE2_SPTR)s, n, start, PCRE2_NO_UTF_CHECK, e->md, NULL);
+            if (rc == PCRE2_ERROR_NOMATCH) break;
+            if (rc < 0) {
+                PCRE2_UCHAR msg[120];
+                pcre2_get_error_message(rc, msg, sizeof msg);
+                return fail(err, errlen, "tokenizer: split regex: %s", (const char *)msg);
+            }
+            PCRE2_SIZE *ov = pcre2_get_ovector_pointer(e->md);
+            size_t ms = ov[0], me = ov[1];
+            if (me == ms) {     /* empty match: step over one character, keep it in the gap */
+                start = ms + utf8_len_lead((unsigned char)s[ms]);
+                continue;
+            }
+            if (ms > gap) bpe_word(e, s + gap, ms - gap);
+            bpe_word(e, s + ms, me - ms);
+            gap = start = me;
+        }
+        if (gap < n) bpe_word(e, s + gap, n - gap);
+    }
+    return 0;
+}
+
 static int bpe_text(enc *e, const char *s, size_t n, char *err, size_t errlen)
 {
     const tok *t = e->t;
@@ -899,36 +932,27 @@ static int bpe_text(enc *e, const char *s, size_t n, char *err, size_t errlen)
         s = pre;
         n++;
     }
-    if (!t->re) {
-        bpe_word(e, s, n);
+    int rc = 0;
+    if (!t->split_digits) {
+        rc = re_split(e, s, n, err, errlen);
     } else {
-        size_t gap = 0, start = 0;
-        while (start < n && !e->oom) {
-            int rc = t->re_jit
-                ? pcre2_jit_match(t->re, (PCRE2_SPTR)s, n, start, 0, e->md, NULL)
-                : pcre2_match(t->re, (PCRE2_SPTR)s, n, start, PCRE2_NO_UTF_CHECK, e->md, NULL);
-            if (rc == PCRE2_ERROR_NOMATCH) break;
-            if (rc < 0) {
-                PCRE2_UCHAR msg[120];
-                pcre2_get_error_message(rc, msg, sizeof msg);
-                free(norm); free(pre);
-                return fail(err, errlen, "tokenizer: split regex: %s", (const char *)msg);
+        /* every numeric character is a word of its own; the rest goes through the regex */
+        size_t run = 0;
+        for (size_t i = 0; i < n && rc == 0;) {
+            size_t l = utf8_len_lead((unsigned char)s[i]);
+            utf8proc_propval_t cat = utf8proc_category(utf8_get((const unsigned char *)s + i, l));
+            if (cat == UTF8PROC_CATEGORY_ND || cat == UTF8PROC_CATEGORY_NL || cat == UTF8PROC_CATEGORY_NO) {
+                if (i > run) rc = re_split(e, s + run, i - run, err, errlen);
+                bpe_word(e, s + i, l);
+                run = i + l;
             }
-            PCRE2_SIZE *ov = pcre2_get_ovector_pointer(e->md);
-            size_t ms = ov[0], me = ov[1];
-            if (me == ms) {     /* empty match: step over one character, keep it in the gap */
-                start = ms + utf8_len_lead((unsigned char)s[ms]);
-                continue;
-            }
-            if (ms > gap) bpe_word(e, s + gap, ms - gap);
-            bpe_word(e, s + ms, me - ms);
-            gap = start = me;
+            i += l;
         }
-        if (gap < n) bpe_word(e, s + gap, n - gap);
+        if (rc == 0 && run < n) rc = re_split(e, s + run, n - run, err, errlen);
     }
     free(norm);
     free(pre);
-    return e->oom ? -1 : 0;
+    return rc ? -1 : e->oom ? -1 : 0;
 }
 
 static int spm_pair(const tok *t, uint32_t a, uint32_t b)
@@ -1176,6 +1200,9 @@ int tok_load_gguf(tok **out, const gguf *g, char *err, size_t errlen)
         } else if (name_in(pre, pre_llama3_regex)) {
             sp.regex = TOK_RE_LLAMA3;
             snprintf(pre_name, sizeof pre_name, "llama-bpe");
+        } else if (gstr_eq(pre, "smollm")) {
+            sp.regex = TOK_RE_GPT2; sp.split_digits = 1;
+            snprintf(pre_name, sizeof pre_name, "smollm");
         } else if (name_in(pre, pre_qwen2)) {
             /* Qwen's tokenizer.json normalizes to NFC; do the same here so both
              * files of one model give the same ids */

@@ -848,6 +848,43 @@ static void test_nfc(void)
     tok_free(t);
 }
 
+/* A Digits(individual_digits) + ByteLevel pre-tokenizer (SmolLM's): every
+ * digit is a word of its own, the rest follows the GPT-2 rules. */
+static void test_hf_digits(void)
+{
+    size_t n;
+    char *src = slurp("tests/fixtures/hf/qwen2-tiny/tokenizer.json", &n);
+    CHECK(src != NULL);
+    if (!src) return;
+    char *a = strstr(src, "\"pre_tokenizer\": "), *b = strstr(src, ", \"post_processor\"");
+    CHECK(a && b && a < b);
+    if (!a || !b) { free(src); return; }
+    FILE *f = fopen("bin/t_tokenizer_digits.json", "wb");
+    if (!f) { CHECK(0); free(src); return; }
+    fwrite(src, 1, (size_t)(a - src), f);
+    fputs("\"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Digits\", \"individual_digits\": true},"
+          " {\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"trim_offsets\": true, \"use_regex\": true}]}", f);
+    fputs(b, f);
+    fclose(f);
+    free(src);
+    tok *t = NULL;
+    char err[256];
+    CHECKF(tok_load_hf(&t, "bin/t_tokenizer_digits.json", NULL, err, sizeof err) == 0, "%s", err);
+    remove("bin/t_tokenizer_digits.json");
+    if (!t) return;
+    int32_t *ids = NULL;
+    size_t k;
+    CHECK(tok_encode(t, "abc 2024 x", 10, 0, &ids, &k, err, sizeof err) == 0);
+    int32_t want_tail[] = { 220, 17, 15, 17, 19 };   /* 'Ġ' '2' '0' '2' '4' */
+    CHECK(k >= 6 && memcmp(ids + k - 6, want_tail, sizeof want_tail) == 0);
+    char *txt = NULL;
+    size_t tl;
+    CHECK(tok_decode(t, ids, k, &txt, &tl) == 0 && tl == 10 && memcmp(txt, "abc 2024 x", 10) == 0);
+    free(txt);
+    free(ids);
+    tok_free(t);
+}
+
 int main(void)
 {
     RUN(test_spm_vectors);
@@ -866,5 +903,6 @@ int main(void)
     RUN(test_hf_spm);
     RUN(test_threads);
     RUN(test_nfc);
+    RUN(test_hf_digits);
     return CHECK_DONE();
 }
