@@ -18,8 +18,7 @@ typedef struct tok tok;
 /* The gguf may be closed afterwards (everything needed is copied).
  * tokenizer.ggml.pre selects the split rules: "qwen2" (and aliases),
  * "llama-bpe" ("llama3", "smaug-bpe", ...), "smollm" (digits split), "gpt-2";
- * any other name gets
- * GPT-2 rules and says so in tok_note. */
+ * any other name gets GPT-2 rules and says so in tok_note. */
 int tok_load_gguf(tok **out, const struct gguf *g, char *err, size_t errlen);
 /* tokenizer.json, plus tokenizer_config.json when present (may be NULL):
  * added/special tokens, bos/eos, add_bos_token, chat template source.
