@@ -1038,10 +1038,12 @@ int tok_encode_segs(const tok *t, const tok_seg *segs, size_t nseg,
     }
     enc e = { .t = t };
     char *all = NULL;
+    static const tok_seg empty_seg = { "", 0, 0 };
+    if (nseg == 0) { segs = &empty_seg; nseg = 1; }
     const char *s;
     int rc = -1;
     if (nseg == 1) {
-        s = segs[0].text;
+        s = segs[0].text ? segs[0].text : "";
     } else {
         all = malloc(total + 1);
         if (!all) return fail(err, errlen, "tokenizer: out of memory");

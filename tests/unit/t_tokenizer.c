@@ -406,6 +406,11 @@ static void test_invalid_utf8(void)
         ids = NULL;
         CHECK(tok_encode(ts[k], "", 0, 1, &ids, &n, err, sizeof err) == 0 && n == 0);
         free(ids);
+        CHECK(tok_encode(ts[k], NULL, 0, 1, &ids, &n, err, sizeof err) == 0 && n == 0);
+        free(ids);
+        CHECK(tok_encode_segs(ts[k], NULL, 0, &ids, &n, err, sizeof err) == 0 && n == 0);
+        free(ids);
+        CHECK(tok_encode(ts[k], NULL, 3, 1, &ids, &n, err, sizeof err) == -1);
         /* embedded NUL is text */
         CHECK(tok_encode(ts[k], "a\0b", 3, 0, &ids, &n, err, sizeof err) == 0 && n >= 2);
         char *txt = NULL;
