@@ -890,6 +890,41 @@ static void test_hf_digits(void)
     tok_free(t);
 }
 
+/* Ids made by the sentencepiece library itself for models built from the
+ * GGUF vocabularies (tests/fixtures/tokenizers/sentencepiece_vectors.json). */
+static void test_sentencepiece_vectors(void)
+{
+    json_error_t je;
+    json_t *root = json_load_file("tests/fixtures/tokenizers/sentencepiece_vectors.json", 0, &je);
+    CHECK(root != NULL);
+    if (!root) return;
+    const char *path;
+    json_t *cases;
+    json_object_foreach(json_object_get(root, "models"), path, cases) {
+        tok *t = load_gguf_tok(path);
+        CHECKF(t != NULL, "%s", path);
+        if (!t) continue;
+        size_t i;
+        json_t *c;
+        int ok = 0, bad = 0;
+        json_array_foreach(cases, i, c) {
+            const char *s = json_string_value(json_array_get(c, 0));
+            json_t *want = json_array_get(c, 1);
+            int32_t *ids = NULL;
+            size_t n = 0;
+            char err[200];
+            int same = s && tok_encode(t, s, strlen(s), 0, &ids, &n, err, sizeof err) == 0 && json_array_size(want) == n;
+            for (size_t k = 0; same && k < n; k++) same = json_integer_value(json_array_get(want, k)) == ids[k];
+            if (same) ok++;
+            else if (bad++ < 3) fprintf(stderr, "  %s: differs on '%s'\n", path, s ? s : "?");
+            free(ids);
+        }
+        CHECKF(bad == 0 && ok >= 500, "%s: %d ok, %d differ", path, ok, bad);
+        tok_free(t);
+    }
+    json_decref(root);
+}
+
 int main(void)
 {
     RUN(test_spm_vectors);
@@ -897,6 +932,7 @@ int main(void)
     RUN(test_qwen2_vectors);
     RUN(test_llama3_vectors);
     RUN(test_llama2_vectors);
+    RUN(test_sentencepiece_vectors);
     RUN(test_tiny_refs);
     RUN(test_hf_vs_gguf);
     RUN(test_invalid_utf8);
