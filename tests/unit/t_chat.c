@@ -6,6 +6,7 @@
 #include "engine/gguf.h"
 #include "engine/tokenizer.h"
 
+#include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -265,6 +266,45 @@ static void test_qwen3_think(void)
     tok_free(t);
 }
 
+/* Texts rendered by jinja2 from the real Qwen3 and Llama-3 templates
+ * (tests/fixtures/tokenizers/chat_renders.json): chat_encode gives the ids
+ * of that text encoded with special tokens. */
+static void test_jinja_renders(void)
+{
+    json_error_t je;
+    json_t *root = json_load_file("tests/fixtures/tokenizers/chat_renders.json", 0, &je);
+    CHECK(root != NULL);
+    if (!root) return;
+    tok *q = load("tests/fixtures/models/qwen2-tiny.bf16.gguf"), *l = load("bin/fixtures/vocab-llama3.gguf");
+    CHECK(q && l);
+    size_t i;
+    json_t *c;
+    int n = 0;
+    json_array_foreach(json_object_get(root, "cases"), i, c) {
+        if (!q || !l) break;
+        int ll = strcmp(json_string_value(json_object_get(c, "kind")), "llama3") == 0;
+        json_t *ms = json_object_get(c, "msgs");
+        chat_msg m[16];
+        size_t nm = json_array_size(ms);
+        if (nm > 16) continue;
+        for (size_t k = 0; k < nm; k++) {
+            json_t *x = json_array_get(ms, k);
+            m[k].role = json_string_value(json_object_get(x, "role"));
+            m[k].content = json_string_value(json_object_get(x, "content"));
+            m[k].content_len = strlen(m[k].content);
+        }
+        const char *text = json_string_value(json_object_get(c, "text"));
+        /* the Llama-3 text opens with <|begin_of_text|>, which is the BOS */
+        CHECKF(same_as_text(ll ? l : q, ll ? CHAT_LLAMA3 : CHAT_CHATML, m, nm, json_is_true(json_object_get(c, "gen")),
+                            text, -1), "case %zu", i);
+        n++;
+    }
+    CHECK(n >= 20);
+    tok_free(q);
+    tok_free(l);
+    json_decref(root);
+}
+
 int main(void)
 {
     RUN(test_detect);
@@ -273,5 +313,6 @@ int main(void)
     RUN(test_llama3);
     RUN(test_none);
     RUN(test_qwen3_think);
+    RUN(test_jinja_renders);
     return CHECK_DONE();
 }
