@@ -23,6 +23,7 @@
 #include <limits.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -1261,6 +1262,9 @@ static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_co
         if (!c) return;
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
         c->fd = ci ? ci->connect_fd : -1;
+        /* Every SSE event is sent when it is made: no Nagle delay. */
+        int one = 1;
+        if (c->fd >= 0) setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         *socket_context = c;
     } else if (toe == MHD_CONNECTION_NOTIFY_CLOSED) {
         gw_conn *c = *socket_context;
@@ -1507,7 +1511,8 @@ int main(int argc, char **argv)
     if (fd < 0) { logf_("%s", err); return 1; }
 
     struct MHD_Daemon *d = MHD_start_daemon(
-        MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ERROR_LOG,
+        MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ERROR_LOG
+        | MHD_USE_TURBO,
         0, NULL, NULL, on_request, NULL,
         MHD_OPTION_LISTEN_SOCKET, fd,
         MHD_OPTION_CONNECTION_LIMIT, G.max_conns,
