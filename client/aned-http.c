@@ -21,6 +21,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <math.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -428,7 +429,8 @@ static int get_int(json_t *o, const char *key, long long lo, long long hi, int *
     if (!present(v)) return 0;
     long long x;
     if (json_is_integer(v)) x = json_integer_value(v);
-    else if (json_is_real(v) && json_real_value(v) == (double)(long long)json_real_value(v)) x = (long long)json_real_value(v);
+    else if (json_is_real(v) && fabs(json_real_value(v)) < 9.2e18 && json_real_value(v) == floor(json_real_value(v)))
+        x = (long long)json_real_value(v);
     else return pfail(e, key, "\"%s\" must be an integer", key);
     if (x < lo || x > hi) return pfail(e, key, "\"%s\" = %lld is out of range [%lld, %lld]", key, x, lo, hi);
     *has = 1;
@@ -862,6 +864,7 @@ static enum MHD_Result handle_generation(gw_req *rq, struct MHD_Connection *mc, 
             json_t *role = json_object_get(m, "role");
             if (!json_is_string(role)) { pfail(&e, "messages", "messages[%zu].role must be a string", i); goto bad; }
             const char *r = json_string_value(role);
+            if (strlen(r) != json_string_length(role)) { pfail(&e, "messages", "messages[%zu].role holds a NUL", i); goto bad; }
             if (!strcmp(r, "developer")) r = "system";
             if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant")) {
                 pfail(&e, "messages", "messages[%zu].role \"%.40s\" is not supported (system, developer, user, assistant)", i, r);

@@ -438,6 +438,8 @@ def t_http_errors(env):
                       ({"prompt": "x", "presence_penalty": 0.5}, "unsupported_parameter"),
                       ({"prompt": "x", "logit_bias": {"5": 1}}, "unsupported_parameter"),
                       ({"prompt": "x", "suffix": "y"}, "unsupported_parameter"),
+                      ({"prompt": "x", "model": 5}, "invalid_value"),
+                      ({"prompt": "x", "max_tokens": 1e300}, "invalid_value"),
                       ({"prompt": [1, 100000]}, "invalid_token")]:
         st, _, b = post(gw, "/v1/completions", bad)
         check(st == 400 and is_error(b, code), "%r: %s %r" % (bad, st, b))
@@ -544,6 +546,25 @@ def t_keepalive_concurrency(env):
             check(r.status == 200 and ev[-1] == "[DONE]", "keep-alive stream %d" % i)
     finally:
         conn.close()
+    # HTTP/1.0: no chunked encoding, the stream ends with the connection.
+    body = json.dumps({"prompt": [1], "max_tokens": 3, "temperature": 0, "stream": True}).encode()
+    s = socket.create_connection(("127.0.0.1", gw.port), timeout=10)
+    s.sendall(b"POST /v1/completions HTTP/1.0\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    got = b""
+    while True:
+        x = s.recv(65536)
+        if not x:
+            break
+        got += x
+    s.close()
+    head, _, rest = got.partition(b"\r\n\r\n")
+    check(head.startswith(b"HTTP/1.") and b" 200 " in head.split(b"\r\n")[0] and b"chunked" not in head.lower(),
+          "HTTP/1.0 head %r" % head)
+    ev = sse_events(rest.splitlines(True))
+    check(ev[-1] == "[DONE]" and "".join(x["choices"][0]["text"] for x in ev[:-1]) == "Once upon a",
+          "HTTP/1.0 stream %r" % ev)
+    st, hd, b = get(gw, "/health", method="HEAD")
+    check(st == 200 and not b, "HEAD %s %r" % (st, b))
     errs = []
 
     def worker(k):
