@@ -118,6 +118,18 @@ class Raw:
             if m.get("id") == 1:
                 return m
 
+    def call(self, **req):
+        """Sends one request (id 9); returns its events up to the terminal one."""
+        self.s.sendall(msgpack.packb(dict(req, id=9)))
+        out = []
+        while True:
+            m = self.next()
+            if m.get("id") != 9:
+                continue
+            out.append(m)
+            if m["type"] in ("done", "error", "tokens", "text", "info", "pong"):
+                return out
+
     def close(self):
         self.s.close()
 
@@ -384,6 +396,21 @@ def t_chat(env):
                       ({"messages": same, "response_format": {"type": "json_object"}}, "unsupported_parameter")]:
         st, _, b = post(gw, "/v1/chat/completions", bad)
         check(st == 400 and is_error(b, code), "refused %r: %s %r" % (bad, st, b))
+    # The protocol's "messages" straight to aned: the same prompt as over HTTP.
+    c = Raw(env.chat.sock)
+    try:
+        ev = c.call(type="generate", messages=same, max_tokens=6, temperature=0.0)
+        check(ev[-1]["type"] == "done" and ev[-1]["usage"]["prompt_tokens"] == b2["usage"]["prompt_tokens"],
+              "protocol messages %r" % ev[-1])
+        check("".join(e["text"] for e in ev[:-1]) == b2["choices"][0]["message"]["content"], "protocol text")
+        ev = c.call(type="generate", messages=same, system="x")
+        check(ev[-1]["type"] == "error" and ev[-1]["code"] == "bad_request", "messages + system %r" % ev)
+        ev = c.call(type="generate", messages=[{"role": "robot", "content": "x"}])
+        check(ev[-1]["type"] == "error" and ev[-1]["code"] == "invalid_value", "unknown role %r" % ev)
+        ev = c.call(type="eval", messages=same, top=2)
+        check(ev[-1]["type"] == "done" and ev[-1]["usage"]["prompt_tokens"] == len(ev) - 1, "eval messages %r" % ev[-1])
+    finally:
+        c.close()
     # A model without a chat template cannot take messages.
     st, _, b = post(env.gw_raw, "/v1/chat/completions", {"messages": same, "max_tokens": 3})
     check(st == 400 and is_error(b) and "template" in b["error"]["message"], "no template %s %r" % (st, b))
