@@ -726,7 +726,7 @@ static enum MHD_Result respond_generation(gw_req *rq, struct MHD_Connection *mc)
         if (!rq->chat && rq->echo)
             for (int i = 0; i < rq->n_jobs; i++)
                 if (rq->jobs[i].text.len) sse_text(rq, rq->jobs[i].index, rq->jobs[i].text.p, rq->jobs[i].text.len, NULL);
-        if (apply_event(rq, &ev)) { /* not reached: errors handled above */ }
+        (void)apply_event(rq, &ev);   /* not an error: that was answered above */
         if (rq->n_done == rq->n_jobs) sse_finish(rq);
         struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, rq, NULL);
         if (!r) return MHD_NO;

@@ -328,7 +328,7 @@ int main(int argc, char **argv)
     printf("%-34s %10s %10s %10s %12s\n", "", "direct", "http", "added", "gateway cpu");
 
     /* tokenize round trips */
-    double cpu0 = gw_cpu_us(), cpu_tok = 0, cpu_gen = 0, cpu_stream = 0, c1;
+    double cpu_tok = 0, cpu_gen = 0, cpu_stream = 0, c1;
     for (int i = 0; i < nreq; i++) {
         double t = now_us();
         uint64_t id = ane_submit_tokenize(c, "Hello world", 11, 1, 0, err, sizeof err);
@@ -340,7 +340,6 @@ int main(int argc, char **argv)
         x[i] = now_us() - t;
         cpu_tok += gw_cpu_us() - c1;
     }
-    (void)cpu0;
     double d50 = pct(d, nreq, 0.5), x50 = pct(x, nreq, 0.5), d99 = pct(d, nreq, 0.99), x99 = pct(x, nreq, 0.99);
     printf("%-34s %8.1fus %8.1fus %8.1fus %10.1fus\n", "tokenize p50", d50, x50, x50 - d50, cpu_tok / nreq);
     printf("%-34s %8.1fus %8.1fus %8.1fus\n", "tokenize p99", d99, x99, x99 - d99);
