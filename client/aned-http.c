@@ -1276,6 +1276,7 @@ static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_co
     }
 }
 
+static void mhd_log(void *cls, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
 static void mhd_log(void *cls, const char *fmt, va_list ap)
 {
     (void)cls;
