@@ -265,32 +265,35 @@ QT_AI void x_kscales_of(uint32_t type, const uint8_t *b, x_kscale *ks)
     case QT_Q3_K: {
         const qt_block_q3_K *x = (const void *)b;
         const uint32_t kmask1 = 0x03030303, kmask2 = 0x0f0f0f0f;
-        uint32_t aux[4];
-        memcpy(aux, x->scales, 12);
-        const uint32_t tmp = aux[2];
-        aux[2] = ((aux[0] >> 4) & kmask2) | (((tmp >> 4) & kmask1) << 4);
-        aux[3] = ((aux[1] >> 4) & kmask2) | (((tmp >> 6) & kmask1) << 4);
-        aux[0] = (aux[0] & kmask2) | (((tmp >> 0) & kmask1) << 4);
-        aux[1] = (aux[1] & kmask2) | (((tmp >> 2) & kmask1) << 4);
-        const __m128i sc = _mm_sub_epi8(_mm_loadu_si128((const __m128i *)(const void *)aux), _mm_set1_epi8(32));
+        uint32_t a0, a1, tmp;
+        memcpy(&a0, x->scales, 4);
+        memcpy(&a1, x->scales + 4, 4);
+        memcpy(&tmp, x->scales + 8, 4);
+        /* built in registers: a 16-byte reload of 4-byte stores would stall */
+        const __m128i aux = _mm_setr_epi32((int)((a0 & kmask2) | (((tmp >> 0) & kmask1) << 4)),
+                                           (int)((a1 & kmask2) | (((tmp >> 2) & kmask1) << 4)),
+                                           (int)(((a0 >> 4) & kmask2) | (((tmp >> 4) & kmask1) << 4)),
+                                           (int)(((a1 >> 4) & kmask2) | (((tmp >> 6) & kmask1) << 4)));
+        const __m128i sc = _mm_sub_epi8(aux, _mm_set1_epi8(32));
         x_kscales(sc, ks);
         ks->mv = _mm256_slli_epi16(_mm256_cvtepi8_epi16(sc), 2);
         ks->fd = ks->fm = x_h2f(&x->d);
         break;
     }
     case QT_Q4_K: case QT_Q5_K: {
-        const uint32_t kmask1 = 0x3f3f3f3f, kmask2 = 0x0f0f0f0f, kmask3 = 0x03030303;
-        uint32_t u[4];
-        memcpy(u, b + 4, 12);
-        u[3] = ((u[2] >> 4) & kmask2) | (((u[1] >> 6) & kmask3) << 4);
-        const uint32_t uaux = u[1] & kmask1;
-        u[1] = (u[2] & kmask2) | (((u[0] >> 6) & kmask3) << 4);
-        u[2] = uaux;
-        u[0] &= kmask1;
-        /* bytes 0-7: scales of the 8 sub-blocks of 32; bytes 8-15: mins */
-        const __m128i sm = _mm_loadu_si128((const __m128i *)(const void *)u);
-        x_kscales(_mm_unpacklo_epi8(sm, sm), ks);
-        ks->mv = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(sm, sm));
+        /* 12 bytes -> 8 six-bit scales and 8 six-bit mins, in registers */
+        uint64_t x;
+        uint32_t y;
+        memcpy(&x, b + 4, 8);
+        memcpy(&y, b + 12, 4);
+        const uint64_t lo = x & 0x3f3f3f3f3f3f3f3full;                     /* sc0-3, m0-3: low 6 bits */
+        const uint64_t hb = (x >> 2) & 0x3030303030303030ull;               /* their top 2 bits -> bits 4-5 */
+        const uint64_t hi = ((uint64_t)(y & 0x0f0f0f0fu) | ((uint64_t)((y >> 4) & 0x0f0f0f0fu) << 32)) | hb;
+        const __m128i v = _mm_set_epi64x((long long)hi, (long long)lo);   /* sc0-3 m0-3 sc4-7 m4-7 */
+        const __m128i sc16 = _mm_shuffle_epi8(v, _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 8, 8, 9, 9, 10, 10, 11, 11));
+        const __m128i mn16 = _mm_shuffle_epi8(v, _mm_setr_epi8(4, 4, 5, 5, 6, 6, 7, 7, 12, 12, 13, 13, 14, 14, 15, 15));
+        x_kscales(sc16, ks);
+        ks->mv = _mm256_cvtepu8_epi16(mn16);
         ks->fd = x_h2f(b); ks->fm = x_h2f(b + 2);
         break;
     }
@@ -318,7 +321,9 @@ QT_AI __m256i x_kchunk(uint32_t type, const uint8_t *b, int c)
     case QT_Q3_K: {
         const __m256i v = x_ld(b + 32 + 32 * (c / 4)), hm = x_ld(b);
         const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(v, 2 * (c % 4)), m3);
-        const __m256i hi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hm, c), one), 2);
+        const __m256i four = _mm256_set1_epi8(4);
+        const __m256i hi = c >= 2 ? _mm256_and_si256(_mm256_srli_epi16(hm, c - 2), four)
+                                  : _mm256_and_si256(_mm256_slli_epi16(hm, 2 - c), four);
         return _mm256_or_si256(lo, hi);
     }
     case QT_Q4_K: case QT_Q5_K: {
