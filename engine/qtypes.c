@@ -711,7 +711,14 @@ static qt_isa detect(void)
     return QT_ISA_AVX2;
 }
 #elif defined(__aarch64__)
-static qt_isa detect(void) { return QT_ISA_SCALAR; /* NEON kernels not built yet */ }
+#include <sys/auxv.h>
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1 << 20)
+#endif
+static qt_isa detect(void)
+{
+    return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) ? QT_ISA_NEON : QT_ISA_SCALAR;
+}
 #else
 static qt_isa detect(void) { return QT_ISA_SCALAR; }
 #endif
@@ -751,6 +758,12 @@ void qt_isa_set(qt_isa isa)
 {
     qt_init();
     if (isa > g_best) isa = g_best;
+    /* an ISA of the other architecture means "as low as that": scalar */
+#if defined(__aarch64__)
+    if (isa == QT_ISA_AVX2 || isa == QT_ISA_AVX512) isa = QT_ISA_SCALAR;
+#else
+    if (isa == QT_ISA_NEON) isa = g_best;
+#endif
     __atomic_store_n(&g_cur, isa, __ATOMIC_RELAXED);
 }
 
