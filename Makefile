@@ -45,7 +45,7 @@ O := bin/obj
 
 PROTO_SRC  := $(wildcard proto/*.c)
 ENGINE_SRC := $(wildcard engine/*.c)
-CLIENT_LIB_SRC := client/libaneclient.c
+CLIENT_LIB_SRC := $(wildcard client/libaneclient.c)
 DAEMON_SRC := $(wildcard daemon/*.c)
 UNIT_SRC   := $(wildcard tests/unit/t_*.c)
 BENCH_SRC  := $(wildcard tests/bench/*.c)
@@ -63,7 +63,7 @@ LIBPROTO  := bin/libaneproto.a
 LIBENGINE := bin/libaneengine.a
 LIBCLIENT := bin/libaneclient.a
 
-PROGS := bin/aned bin/aneclient $(BENCH_BIN)
+PROGS := $(if $(DAEMON_SRC),bin/aned) $(if $(wildcard client/aneclient.c),bin/aneclient) $(BENCH_BIN)
 
 .PHONY: all deps run test bench cuda help clean fixtures
 all: $(PROGS) $(LIBCLIENT) $(UNIT_BIN)
@@ -94,11 +94,11 @@ $(O)/%.o: %.c | bin/.deps-ok
 	$(CC) $(ALL_CFLAGS) -MMD -MP -c $< -o $@
 
 $(LIBPROTO): $(PROTO_OBJ)
-	@rm -f $@; ar rcs $@ $^
+	@mkdir -p bin; rm -f $@; ar rcs $@ $^
 $(LIBENGINE): $(ENGINE_OBJ)
-	@rm -f $@; ar rcs $@ $^
+	@mkdir -p bin; rm -f $@; ar rcs $@ $^
 $(LIBCLIENT): $(CLIENT_LIB_OBJ) $(PROTO_OBJ)
-	@rm -f $@; ar rcs $@ $^
+	@mkdir -p bin; rm -f $@; ar rcs $@ $^
 
 bin/aned: $(DAEMON_OBJ) $(LIBENGINE) $(LIBPROTO)
 	$(CC) $(LDFLAGS) -o $@ $(DAEMON_OBJ) $(LIBENGINE) $(LIBPROTO) $(LDLIBS)
@@ -128,7 +128,7 @@ run: all
 	@sock=$$(mktemp -u /tmp/aned-run.XXXXXX.sock); \
 	bin/aned --model $(MODEL) --socket $$sock & pid=$$!; \
 	for i in $$(seq 100); do [ -S $$sock ] && break; sleep 0.05; done; \
-	bin/aneclient --socket $$sock -n 200 "$(PROMPT)"; rc=$$?; echo; \
+	printf '%s' "$(PROMPT)"; bin/aneclient --socket $$sock --raw -n 200 "$(PROMPT)"; rc=$$?; echo; \
 	kill $$pid; wait $$pid; exit $$rc
 
 test: all fixtures

@@ -26,8 +26,17 @@ typedef struct chat_msg {
 } chat_msg;
 
 /* Renders msgs and, when add_assistant, the opening of the assistant turn,
- * to token ids (BOS included when the tokenizer uses one). *ids malloc'd. */
+ * to token ids (BOS included when the tokenizer uses one). *ids malloc'd.
+ * CHATML: when msgs do not open with a system message and the template has a
+ * literal default one (Qwen2.5's "You are Qwen, created by Alibaba Cloud..."),
+ * that system turn is rendered first, as the template does. LLAMA3: contents
+ * are trimmed (the template's "| trim"); BOS always opens the prompt.
+ * CHAT_NONE: the contents as plain text, one per line, BOS per tok_add_bos. */
 int chat_encode(const struct tok *t, chat_kind k, const chat_msg *msgs, size_t n,
                 int add_assistant, int32_t **ids, size_t *n_ids, char *err, size_t errlen);
+
+/* The literal default system message of a ChatML template (written to buf,
+ * NUL-terminated); its length, or -1 when the template has none. */
+int chat_default_system(const char *template_src, char *buf, size_t cap);
 
 #endif

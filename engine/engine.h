@@ -25,6 +25,7 @@ typedef struct eng_opts {
     size_t kv_budget;       /* bytes for the shared KV pool; 0 = room for max_seqs full contexts */
     int max_seqs;           /* sequences in one batched forward pass; 0 = 16 */
     int max_queued;         /* jobs waiting beyond max_seqs before ENG_EBUSY; 0 = 256 */
+    int kv_f32;             /* 1: KV cache in f32 instead of f16 */
     /* Called on the worker thread whenever events were queued. Must not call
      * into the engine; typically ev_async_send(). May be NULL (then poll). */
     void (*notify)(void *arg);
@@ -105,6 +106,12 @@ void eng_sampling_default(eng_sampling *s);
 
 typedef enum eng_job_kind { ENG_JOB_GENERATE = 0, ENG_JOB_EVAL = 1 } eng_job_kind;
 
+/* One chat message (role "system", "user" or "assistant"). */
+typedef struct eng_msg {
+    const char *role; size_t role_len;
+    const char *content; size_t content_len;
+} eng_msg;
+
 /* Everything is copied by eng_submit; the caller's buffers may go away after. */
 typedef struct eng_job_desc {
     eng_job_kind kind;
@@ -115,6 +122,8 @@ typedef struct eng_job_desc {
     size_t text_len;
     const char *system;    /* optional system message (chat template only) */
     size_t system_len;
+    const eng_msg *msgs;   /* a whole conversation (instead of text/system), rendered */
+    size_t n_msgs;         /* with the model's chat template; ends with the assistant's turn */
     int raw;               /* 1: no chat template; BOS per the tokenizer */
     int parse_special;     /* special tokens in text are parsed (raw prompts) */
     int32_t max_tokens;    /* generate: 0 = until context end */
@@ -140,6 +149,10 @@ int eng_submit(eng *e, const eng_job_desc *d, uint64_t *job_id,
  * ENG_FINISH_CANCELLED (or its normal end if it finished first). Unknown ids
  * are ignored. Its KV is freed before the next forward pass. */
 void eng_cancel(eng *e, uint64_t job_id);
+
+/* Backpressure: a paused job keeps its KV but is left out of forward passes
+ * until resumed (its client is not reading). Unknown ids are ignored. */
+void eng_pause(eng *e, uint64_t job_id, int paused);
 
 typedef enum eng_event_type {
     ENG_EV_TOKEN = 0,  /* generate: one sampled token */

@@ -32,8 +32,11 @@ int tok_is_control(const tok *t, int32_t id);
 /* Chat template source text from metadata ("" when none). */
 const char *tok_chat_template(const tok *t);
 
-/* Text → ids (no BOS added here). parse_special: special/added tokens written
- * in the text become their ids; otherwise they are plain text. *ids is
+/* Text → ids (no BOS added here). parse_special: special (control) tokens
+ * written in the text become their ids; otherwise they are plain text.
+ * Non-special added tokens (user-defined, e.g. Qwen's "<think>") are always
+ * matched, as Hugging Face tokenizers and llama.cpp do. Qwen (pre "qwen2")
+ * text is NFC-normalized first, as its tokenizer.json asks. *ids is
  * malloc'd, caller frees. -1 on invalid UTF-8 (message in err) or OOM. */
 int tok_encode(const tok *t, const char *text, size_t len, int parse_special,
                int32_t **ids, size_t *n, char *err, size_t errlen);
@@ -48,5 +51,21 @@ const char *tok_piece(const tok *t, int32_t id, size_t *len);
  * at the very start (or right after BOS) is dropped so that
  * decode(encode(s)) == s. BOS/EOS are not rendered. *text malloc'd. */
 int tok_decode(const tok *t, const int32_t *ids, size_t n, char **text, size_t *len);
+
+/* Text made of segments, encoded as if concatenated (so pre-tokenizer words
+ * may span segments), but special tokens are matched only where the segment
+ * allows it and only entirely inside one segment. Chat rendering uses this:
+ * template text with parse_special = 1, message content with 0. */
+typedef struct tok_seg { const char *text; size_t len; int parse_special; } tok_seg;
+int tok_encode_segs(const tok *t, const tok_seg *segs, size_t nseg,
+                    int32_t **ids, size_t *n, char *err, size_t errlen);
+
+/* Exact token text (as the vocabulary stores it) → id; -1 when none. */
+int32_t tok_find(const tok *t, const char *text, size_t len);
+const char *tok_kind_name(const tok *t);   /* "spm" or "bpe" */
+const char *tok_pre_name(const tok *t);    /* pre-tokenizer rules in use ("gpt-2", "qwen2", ...) */
+/* "" or a note about a fallback taken while loading (e.g. an unknown
+ * pre-tokenizer name handled with GPT-2 rules). */
+const char *tok_note(const tok *t);
 
 #endif

@@ -1,0 +1,317 @@
+/* aned.c — main: options, start-up order, daemonizing, pidfile.
+ *
+ * Start-up order: options → (detach) → log file → listening socket (fails fast
+ * when another server owns the path) → model → ready (the detached parent
+ * exits 0 only now, so `aned --daemonize && aneclient ...` works) → serve. */
+#include "daemon/aned.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+"usage: aned --model PATH [options]\n"
+"\n"
+"Serves one resident model to local clients over a Unix socket.\n"
+"\n"
+"  -m, --model PATH        GGUF file or Hugging Face model directory (required)\n"
+"  -s, --socket PATH       socket to listen on; default: $ANE_SOCKET, else\n"
+"                          " ANED_SYSTEM_SOCKET " for root, else\n"
+"                          $XDG_RUNTIME_DIR/aned.sock, else /tmp/aned-$UID.sock.\n"
+"                          A socket passed by systemd (LISTEN_FDS) wins.\n"
+"      --socket-mode MODE  octal permissions of the socket (default 0660)\n"
+"      --backend NAME      cpu or cuda (default: the best present)\n"
+"  -t, --threads N         matmul threads (default: online cores)\n"
+"  -c, --ctx N             tokens per sequence (default: the model's, at most 4096)\n"
+"      --max-seqs N        sequences batched together (default 16)\n"
+"      --max-queued N      jobs waiting beyond --max-seqs before \"busy\" (default 256)\n"
+"      --kv-budget MIB     KV cache pool size (default: --max-seqs full contexts)\n"
+"      --max-clients N     connections at once (default 256)\n"
+"      --shutdown-grace S  seconds running jobs may finish after SIGTERM (default 5)\n"
+"  -d, --daemonize         detach; the parent exits once the model is loaded\n"
+"  -l, --log FILE          log to FILE (reopened on SIGHUP) instead of stderr\n"
+"      --log-level LEVEL   error, warn, info (default) or debug\n"
+"  -p, --pidfile FILE      write the daemon's pid to FILE\n"
+"  -h, --help              this text\n"
+"\n"
+"SIGTERM/SIGINT: stop accepting, let running jobs finish (--shutdown-grace),\n"
+"cancel the rest, flush replies, remove the socket, exit 0. A second signal\n"
+"cancels at once. SIGHUP reopens the log file.\n");
+}
+
+static int parse_int(const char *opt, const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) {
+        fprintf(stderr, "aned: %s: expected an integer in [%ld, %ld], got '%s'\n", opt, lo, hi, s);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int parse_double(const char *opt, const char *s, double lo, double hi, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !(v >= lo && v <= hi)) {
+        fprintf(stderr, "aned: %s: expected a number in [%g, %g], got '%s'\n", opt, lo, hi, s);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* Readiness pipe of --daemonize: the daemon writes one byte when serving. */
+static int ready_fd = -1;
+
+static void ready_signal(char status)
+{
+    if (ready_fd < 0) return;
+    ssize_t w;
+    do w = write(ready_fd, &status, 1); while (w < 0 && errno == EINTR);
+    close(ready_fd);
+    ready_fd = -1;
+}
+
+/* Returns in the daemon (grandchild); the original process exits with the
+ * daemon's start-up status. */
+static int daemonize(void)
+{
+    int p[2];
+    if (pipe2(p, O_CLOEXEC) < 0) { perror("aned: pipe"); return -1; }
+    pid_t pid = fork();
+    if (pid < 0) { perror("aned: fork"); return -1; }
+    if (pid > 0) {
+        close(p[1]);
+        char st = 1;
+        ssize_t r;
+        do r = read(p[0], &st, 1); while (r < 0 && errno == EINTR);
+        int status;
+        waitpid(pid, &status, 0);
+        _exit(r == 1 && st == 0 ? 0 : 1);
+    }
+    close(p[0]);
+    if (setsid() < 0) { perror("aned: setsid"); _exit(1); }
+    signal(SIGHUP, SIG_IGN);
+    pid = fork();
+    if (pid < 0) { perror("aned: fork"); _exit(1); }
+    if (pid > 0) _exit(0); /* the session leader goes; the daemon can never regain a tty */
+    signal(SIGHUP, SIG_DFL);
+    ready_fd = p[1];
+    if (chdir("/") < 0) { perror("aned: chdir /"); _exit(1); }
+    int nul = open("/dev/null", O_RDWR);
+    if (nul >= 0) {
+        dup2(nul, 0);
+        dup2(nul, 1);
+        if (nul > 2) close(nul);
+    }
+    /* stderr stays the terminal until ready: start-up errors are seen there */
+    return 0;
+}
+
+static int write_pidfile(const char *path, char *err, size_t errlen)
+{
+    char tmp[PATH_MAX];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) {
+        snprintf(err, errlen, "pidfile path too long: %.512s", path);
+        return -1;
+    }
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd < 0) { snprintf(err, errlen, "cannot write pidfile %.512s: %s", tmp, strerror(errno)); return -1; }
+    char buf[32];
+    int n = snprintf(buf, sizeof buf, "%ld\n", (long)getpid());
+    int ok = write(fd, buf, (size_t)n) == n;
+    ok = close(fd) == 0 && ok;
+    if (!ok || rename(tmp, path) < 0) {
+        snprintf(err, errlen, "cannot write pidfile %.512s: %s", path, strerror(errno));
+        unlink(tmp);
+        return -1;
+    }
+    return 0;
+}
+
+enum {
+    OPT_SOCKET_MODE = 256, OPT_BACKEND, OPT_MAX_SEQS, OPT_MAX_QUEUED, OPT_KV_BUDGET,
+    OPT_MAX_CLIENTS, OPT_GRACE, OPT_LOG_LEVEL,
+};
+
+int main(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        { "model", required_argument, 0, 'm' },
+        { "socket", required_argument, 0, 's' },
+        { "socket-mode", required_argument, 0, OPT_SOCKET_MODE },
+        { "backend", required_argument, 0, OPT_BACKEND },
+        { "threads", required_argument, 0, 't' },
+        { "ctx", required_argument, 0, 'c' },
+        { "max-seqs", required_argument, 0, OPT_MAX_SEQS },
+        { "max-queued", required_argument, 0, OPT_MAX_QUEUED },
+        { "kv-budget", required_argument, 0, OPT_KV_BUDGET },
+        { "max-clients", required_argument, 0, OPT_MAX_CLIENTS },
+        { "shutdown-grace", required_argument, 0, OPT_GRACE },
+        { "daemonize", no_argument, 0, 'd' },
+        { "log", required_argument, 0, 'l' },
+        { "log-level", required_argument, 0, OPT_LOG_LEVEL },
+        { "pidfile", required_argument, 0, 'p' },
+        { "help", no_argument, 0, 'h' },
+        { 0, 0, 0, 0 },
+    };
+    server_opts so;
+    server_opts_default(&so);
+    const char *sock_path = NULL, *log_path = NULL, *pidfile = NULL;
+    unsigned sock_mode = 0660;
+    int detach = 0;
+    long v;
+    double d;
+    int c;
+    while ((c = getopt_long(argc, argv, "m:s:t:c:dl:p:h", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'm': so.eng.model_path = optarg; break;
+        case 's': sock_path = optarg; break;
+        case OPT_SOCKET_MODE: {
+            char *end;
+            errno = 0;
+            unsigned long m = strtoul(optarg, &end, 8);
+            if (errno || end == optarg || *end || m > 0777) {
+                fprintf(stderr, "aned: --socket-mode: expected octal permissions like 0660, got '%s'\n", optarg);
+                return 2;
+            }
+            sock_mode = (unsigned)m;
+            break;
+        }
+        case OPT_BACKEND:
+            if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda")) {
+                fprintf(stderr, "aned: --backend: expected cpu or cuda, got '%s'\n", optarg);
+                return 2;
+            }
+            so.eng.backend = optarg;
+            break;
+        case 't': if (parse_int("--threads", optarg, 0, 1024, &v)) return 2; so.eng.n_threads = (int)v; break;
+        case 'c': if (parse_int("--ctx", optarg, 0, 1 << 24, &v)) return 2; so.eng.n_ctx = (int)v; break;
+        case OPT_MAX_SEQS: if (parse_int("--max-seqs", optarg, 0, 4096, &v)) return 2; so.eng.max_seqs = (int)v; break;
+        case OPT_MAX_QUEUED: if (parse_int("--max-queued", optarg, 0, 1 << 20, &v)) return 2; so.eng.max_queued = (int)v; break;
+        case OPT_KV_BUDGET: if (parse_int("--kv-budget", optarg, 0, 1L << 30, &v)) return 2; so.eng.kv_budget = (size_t)v << 20; break;
+        case OPT_MAX_CLIENTS: if (parse_int("--max-clients", optarg, 1, 1 << 20, &v)) return 2; so.max_clients = (int)v; break;
+        case OPT_GRACE: if (parse_double("--shutdown-grace", optarg, 0, 3600, &d)) return 2; so.shutdown_grace = d; break;
+        case 'd': detach = 1; break;
+        case 'l': log_path = optarg; break;
+        case OPT_LOG_LEVEL: {
+            log_level lv;
+            if (log_level_parse(optarg, &lv) < 0) {
+                fprintf(stderr, "aned: --log-level: expected error, warn, info or debug, got '%s'\n", optarg);
+                return 2;
+            }
+            log_set_level(lv);
+            break;
+        }
+        case 'p': pidfile = optarg; break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "aned: unexpected argument '%s' (see --help)\n", argv[optind]);
+        return 2;
+    }
+    if (!so.eng.model_path) {
+        fprintf(stderr, "aned: --model PATH is required (see --help)\n");
+        return 2;
+    }
+
+    char err[1024];
+    char pathbuf[256];
+    if (!sock_path) {
+        if (sock_default_path(pathbuf, sizeof pathbuf, err, sizeof err) < 0) {
+            fprintf(stderr, "aned: %s\n", err);
+            return 1;
+        }
+        sock_path = pathbuf;
+    }
+    /* Relative paths would change meaning after chdir("/") in --daemonize. */
+    char abs_model[PATH_MAX], abs_log[PATH_MAX], abs_pid[PATH_MAX], abs_sock[PATH_MAX];
+    if (detach) {
+        const char **ps[] = { &so.eng.model_path, &log_path, &pidfile, &sock_path };
+        char *bufs[] = { abs_model, abs_log, abs_pid, abs_sock };
+        char cwd[PATH_MAX];
+        if (!getcwd(cwd, sizeof cwd)) { perror("aned: getcwd"); return 1; }
+        for (int i = 0; i < 4; i++) {
+            if (!*ps[i] || (*ps[i])[0] == '/') continue;
+            if (snprintf(bufs[i], PATH_MAX, "%s/%s", cwd, *ps[i]) >= PATH_MAX) {
+                fprintf(stderr, "aned: path too long: %s\n", *ps[i]);
+                return 1;
+            }
+            *ps[i] = bufs[i];
+        }
+        if (!log_path)
+            fprintf(stderr, "aned: warning: --daemonize without --log: log lines are discarded\n");
+    }
+
+    signal(SIGPIPE, SIG_IGN);
+    if (detach && daemonize() < 0) return 1;
+    if (log_path && log_open_file(log_path, err, sizeof err) < 0) {
+        fprintf(stderr, "aned: %s\n", err);
+        ready_signal(1);
+        return 1;
+    }
+
+    int rc = 1;
+    server *srv = NULL;
+    sock_listener lst;
+    int have_lst = 0, have_pid = 0;
+    int act = sock_listen_activated(&lst, err, sizeof err);
+    if (act < 0) { log_error("%s", err); goto out; }
+    if (act == 0 && sock_listen(&lst, sock_path, sock_mode, 128, err, sizeof err) < 0) {
+        log_error("%s", err);
+        goto out;
+    }
+    have_lst = 1;
+
+    if (server_open(&srv, &so, err, sizeof err) < 0) { log_error("%s", err); goto out; }
+    const eng_model_info *mi = server_model(srv);
+    log_info("model %s: %s, %s, %d layers, vocab %d, ctx %d, %s backend, %d thread(s), %d seq(s)%s",
+             mi->path ? mi->path : so.eng.model_path, mi->name ? mi->name : "?", mi->arch ? mi->arch : "?",
+             mi->n_layer, mi->n_vocab, mi->n_ctx, mi->backend ? mi->backend : "?", mi->n_threads,
+             mi->max_seqs, mi->tokenizer_only ? ", tokenizer only" : "");
+    if (mi->warning && mi->warning[0]) log_warn("model: %s", mi->warning);
+    if (pidfile) {
+        if (write_pidfile(pidfile, err, sizeof err) < 0) { log_error("%s", err); goto out; }
+        have_pid = 1;
+    }
+    log_info("%s listening on %s%s (pid %ld)", ANED_SERVER_NAME, lst.path,
+             lst.activated ? " (systemd socket)" : "", (long)getpid());
+    if (detach) {
+        if (!log_path) {
+            int nul = open("/dev/null", O_WRONLY);
+            if (nul >= 0) { dup2(nul, 2); if (nul > 2) close(nul); }
+        } else {
+            /* anything the engine prints to stderr lands in the log too */
+            int lf = open(log_path, O_WRONLY | O_APPEND | O_CLOEXEC);
+            if (lf >= 0) { dup2(lf, 2); close(lf); }
+        }
+    }
+    ready_signal(0);
+    rc = server_run(srv, &lst);
+    have_lst = 0; /* server_run closed it */
+    log_info("exiting");
+out:
+    ready_signal(1);
+    if (have_lst) sock_close(&lst);
+    server_close(srv);
+    if (have_pid) unlink(pidfile);
+    log_close();
+    return rc;
+}

@@ -1,0 +1,101 @@
+/* log.c — one line per message: "2026-01-31T12:00:00.123Z aned[123] info: ...".
+ * Lines are written with one write(2) each so that concurrent writers (the
+ * engine's thread may log too, through stderr) never interleave mid-line. */
+#include "daemon/aned.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+#include <unistd.h>
+
+static int log_fd = 2;
+static char *log_path;
+static log_level log_max = LOG_INFO;
+
+static const char *const level_names[] = { "error", "warn", "info", "debug" };
+
+int log_level_parse(const char *s, log_level *lv)
+{
+    for (int i = 0; i <= LOG_DEBUG; i++)
+        if (strcasecmp(s, level_names[i]) == 0) { *lv = (log_level)i; return 0; }
+    return -1;
+}
+
+void log_set_level(log_level lv) { log_max = lv; }
+
+static int open_log(const char *path)
+{
+    return open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOCTTY, 0640);
+}
+
+int log_open_file(const char *path, char *err, size_t errlen)
+{
+    int fd = open_log(path);
+    if (fd < 0) {
+        snprintf(err, errlen, "cannot open log file %s: %s", path, strerror(errno));
+        return -1;
+    }
+    char *p = strdup(path);
+    if (!p) { close(fd); snprintf(err, errlen, "out of memory"); return -1; }
+    if (log_fd > 2) close(log_fd);
+    free(log_path);
+    log_fd = fd;
+    log_path = p;
+    return 0;
+}
+
+int log_reopen(void)
+{
+    if (!log_path) return 0;
+    int fd = open_log(log_path);
+    if (fd < 0) return -1;
+    int old = log_fd;
+    log_fd = fd;
+    if (old > 2) close(old);
+    return 0;
+}
+
+void log_close(void)
+{
+    if (log_fd > 2) close(log_fd);
+    log_fd = 2;
+    free(log_path);
+    log_path = NULL;
+}
+
+void log_msg(log_level lv, const char *fmt, ...)
+{
+    if (lv > log_max) return;
+    int saved = errno;
+    char line[2048];
+    struct timespec ts;
+    struct tm tm;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    gmtime_r(&ts.tv_sec, &tm);
+    size_t n = strftime(line, sizeof line, "%Y-%m-%dT%H:%M:%S", &tm);
+    int k = snprintf(line + n, sizeof line - n, ".%03ldZ aned[%ld] %s: ",
+                     ts.tv_nsec / 1000000, (long)getpid(), level_names[lv]);
+    if (k > 0) n += (size_t)k;
+    va_list ap;
+    va_start(ap, fmt);
+    k = vsnprintf(line + n, sizeof line - n, fmt, ap);
+    va_end(ap);
+    if (k > 0) n += (size_t)k;
+    if (n > sizeof line - 2) n = sizeof line - 2;
+    /* Control characters from peers (names, messages) must not forge lines. */
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)line[i] < 0x20 && line[i] != '\t') line[i] = '?';
+    line[n++] = '\n';
+    for (size_t off = 0; off < n;) {
+        ssize_t w = write(log_fd, line + off, n - off);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) break;
+        off += (size_t)w;
+    }
+    errno = saved;
+}

@@ -1,0 +1,992 @@
+/* server.c — the event loop: one libev loop owns every socket; the engine's
+ * worker wakes it through an ev_async and the loop takes the engine's events
+ * and encodes them to their clients.
+ *
+ * Ownership rules that keep a disconnect from dangling anything:
+ *   - A job struct is the `user` pointer of its engine job. It lives from
+ *     eng_submit until the job's terminal event (DONE/ERROR) is taken, or until
+ *     eng_close at exit, whichever comes first; never shorter.
+ *   - A job points to its client while the client lives. When a client goes
+ *     away its jobs are cancelled and orphaned (cl = NULL); their later events
+ *     are dropped.
+ *   - Clients are freed only from top-level callbacks, and only once no job
+ *     points at them.
+ *
+ * Back-pressure: replies go to a per-client buffer written with non-blocking
+ * sends under an EV_WRITE watcher, so a slow reader never stalls the loop.
+ * Past opt.out_pause bytes of backlog the client's requests are no longer
+ * read; past opt.out_max its jobs are cancelled and each ends with error
+ * "busy" (its remaining tokens are dropped) instead of buffering without
+ * bound. */
+#include "daemon/aned.h"
+#include "proto/proto.h"
+
+#include <errno.h>
+#include <ev.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef struct client client;
+typedef struct job job;
+
+typedef enum cl_state {
+    CL_HANDSHAKE = 0, /* waiting for hello */
+    CL_READY,         /* serving requests */
+    CL_CLOSING,       /* no more reading, no jobs: flush what is queued, then close */
+} cl_state;
+
+struct job {
+    client *cl;               /* NULL once the client is gone */
+    job *cl_prev, *cl_next;   /* the client's jobs */
+    job *all_prev, *all_next; /* every job the engine still owns */
+    uint64_t eng_id, req_id;
+    int started;              /* an event arrived: it left the queue */
+    int cancelled;            /* eng_cancel was sent */
+    int overflow;             /* cancelled for the client's backlog */
+};
+
+struct client {
+    server *srv;
+    client *prev, *next;
+    uint64_t serial;          /* connection number; the engine's fairness owner */
+    int fd;
+    cl_state state;
+    int eof;                  /* peer shut its writing side: close when idle */
+    ev_io rio, wio;
+    ev_timer timer;           /* hello deadline, then the closing deadline */
+    proto_reader *rd;
+    proto_buf out;
+    sock_peer peer;
+    job *jobs;
+    uint32_t n_jobs;
+    uint64_t n_requests, n_tokens;
+    ev_tstamp since;
+    char name[48];            /* from hello, for the log */
+};
+
+typedef enum srv_phase {
+    PH_RUN = 0,
+    PH_GRACE,     /* no new connections or jobs; running jobs may finish */
+    PH_CANCEL,    /* jobs cancelled; waiting for their last events and flushes */
+} srv_phase;
+
+struct server {
+    struct ev_loop *loop;
+    eng *eng;
+    server_opts opt;
+    ev_async wake;
+    ev_signal sig_term, sig_int, sig_hup;
+    ev_io accept_io;
+    ev_timer accept_retry;
+    ev_timer phase_timer;
+    ev_timer poll_timer;      /* safety net for lost wakeups while jobs run */
+    sock_listener *lst;
+    client *clients;
+    uint32_t n_clients;
+    job *jobs;
+    uint32_t n_jobs;
+    uint64_t next_serial;
+    srv_phase phase;
+    ev_tstamp started;
+    uint64_t tokens_served, conns_total, requests_total;
+    uint64_t seed_state;
+};
+
+void server_opts_default(server_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->max_clients = 256;
+    o->out_pause = 1u << 20;
+    o->out_max = 16u << 20;
+    o->handshake_timeout = 10.0;
+    o->shutdown_grace = 5.0;
+    o->drain_timeout = 2.0;
+}
+
+const eng_model_info *server_model(const server *s) { return eng_model(s->eng); }
+
+static proto_err map_eng_err(eng_err c)
+{
+    switch (c) {
+    case ENG_OK:        return PROTO_OK;
+    case ENG_EINVAL:    return PROTO_E_INVALID_VALUE;
+    case ENG_ETOKEN:    return PROTO_E_INVALID_TOKEN;
+    case ENG_ECTX:      return PROTO_E_CONTEXT;
+    case ENG_EBUSY:     return PROTO_E_BUSY;
+    case ENG_ENOMODEL:  return PROTO_E_NO_MODEL;
+    case ENG_EUTF8:     return PROTO_E_INVALID_UTF8;
+    case ENG_ESHUTDOWN: return PROTO_E_SHUTDOWN;
+    case ENG_ENOMEM:
+    case ENG_EINTERNAL:
+    default:            return PROTO_E_INTERNAL;
+    }
+}
+
+/* ---------------------------------------------------------------- output */
+
+static void client_update_read(client *cl)
+{
+    server *s = cl->srv;
+    int want = cl->state != CL_CLOSING && !cl->eof;
+    if (want) {
+        /* hysteresis: pause past out_pause, resume at half of it */
+        size_t lim = ev_is_active(&cl->rio) ? s->opt.out_pause : s->opt.out_pause / 2;
+        want = cl->out.len <= lim;
+    }
+    if (want && !ev_is_active(&cl->rio)) ev_io_start(s->loop, &cl->rio);
+    else if (!want && ev_is_active(&cl->rio)) ev_io_stop(s->loop, &cl->rio);
+}
+
+static void job_cancel(server *s, job *j)
+{
+    if (j->cancelled) return;
+    j->cancelled = 1;
+    eng_cancel(s->eng, j->eng_id);
+}
+
+static void client_overflow(client *cl)
+{
+    int n = 0;
+    for (job *j = cl->jobs; j; j = j->cl_next) {
+        if (j->overflow) continue;
+        j->overflow = 1;
+        job_cancel(cl->srv, j);
+        n++;
+    }
+    if (n)
+        log_warn("client %llu (pid %ld): output backlog %zu bytes over %zu: cancelled %d job(s)",
+                 (unsigned long long)cl->serial, (long)cl->peer.pid, cl->out.len,
+                 cl->srv->opt.out_max, n);
+}
+
+/* Appends one message; never frees the client. */
+static void client_send(client *cl, const proto_ev *ev)
+{
+    size_t before = cl->out.len;
+    if (proto_ev_encode(&cl->out, ev) < 0) {
+        cl->out.len = before; /* drop a partial message */
+        log_error("client %llu: cannot encode a %s message (over a limit or out of memory)",
+                  (unsigned long long)cl->serial, proto_type_name(ev->type));
+        if (ev->type == PROTO_T_ERROR) return;
+        proto_ev e;
+        proto_ev_init(&e, PROTO_T_ERROR, ev->id);
+        e.code = PROTO_E_INTERNAL;
+        e.message = "reply could not be encoded";
+        e.message_len = strlen(e.message);
+        if (proto_ev_encode(&cl->out, &e) < 0) cl->out.len = before;
+    }
+    if (cl->out.len && !ev_is_active(&cl->wio)) ev_io_start(cl->srv->loop, &cl->wio);
+    if (cl->out.len > cl->srv->opt.out_max) client_overflow(cl);
+    client_update_read(cl);
+}
+
+static void send_error(client *cl, uint64_t id, proto_err code, const char *msg)
+{
+    proto_ev e;
+    proto_ev_init(&e, PROTO_T_ERROR, id);
+    e.code = code;
+    e.message = msg ? msg : "";
+    e.message_len = strlen(e.message);
+    client_send(cl, &e);
+}
+
+/* For connections refused at accept: one message, best effort, then close. */
+static void refuse_fd(int fd, proto_err code, const char *msg)
+{
+    proto_buf b = { 0 };
+    proto_ev e;
+    proto_ev_init(&e, PROTO_T_ERROR, 0);
+    e.code = code;
+    e.message = msg;
+    e.message_len = strlen(msg);
+    if (proto_ev_encode(&b, &e) == 0) {
+        ssize_t w = send(fd, b.data, b.len, MSG_NOSIGNAL | MSG_DONTWAIT);
+        (void)w;
+    }
+    proto_buf_free(&b);
+    close(fd);
+}
+
+/* ---------------------------------------------------------------- clients */
+
+static void check_done(server *s);
+
+static void client_free(client *cl, const char *why)
+{
+    server *s = cl->srv;
+    for (job *j = cl->jobs, *nx; j; j = nx) {
+        nx = j->cl_next;
+        job_cancel(s, j);
+        j->cl = NULL;
+        j->cl_prev = j->cl_next = NULL;
+    }
+    cl->jobs = NULL;
+    ev_io_stop(s->loop, &cl->rio);
+    ev_io_stop(s->loop, &cl->wio);
+    ev_timer_stop(s->loop, &cl->timer);
+    close(cl->fd);
+    if (cl->prev) cl->prev->next = cl->next; else s->clients = cl->next;
+    if (cl->next) cl->next->prev = cl->prev;
+    s->n_clients--;
+    log_info("client %llu (uid %lu pid %ld%s%s) closed: %s; %llu requests, %llu tokens, %.1f s",
+             (unsigned long long)cl->serial, (unsigned long)cl->peer.uid, (long)cl->peer.pid,
+             cl->name[0] ? " " : "", cl->name, why,
+             (unsigned long long)cl->n_requests, (unsigned long long)cl->n_tokens,
+             ev_now(s->loop) - cl->since);
+    proto_reader_free(cl->rd);
+    proto_buf_free(&cl->out);
+    free(cl);
+    check_done(s);
+}
+
+static void on_client_timer(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    client *cl = w->data;
+    client_free(cl, cl->state == CL_HANDSHAKE ? "no hello in time" : "peer did not read its last replies");
+}
+
+/* Stop reading, cancel what runs, flush what is queued, then close (bounded). */
+static void client_close_soon(client *cl)
+{
+    server *s = cl->srv;
+    if (cl->state == CL_CLOSING) return;
+    cl->state = CL_CLOSING;
+    for (job *j = cl->jobs; j; j = j->cl_next) job_cancel(s, j);
+    client_update_read(cl);
+    ev_timer_stop(s->loop, &cl->timer);
+    ev_timer_set(&cl->timer, s->opt.drain_timeout, 0.);
+    ev_timer_start(s->loop, &cl->timer);
+}
+
+/* Closes the client if nothing more can be owed to it. Top-level only. */
+static int client_maybe_finish(client *cl)
+{
+    server *s = cl->srv;
+    if (cl->n_jobs) return 0;
+    int done = cl->state == CL_CLOSING || cl->eof || s->phase != PH_RUN;
+    if (!done) return 0;
+    if (cl->out.len) {
+        if (cl->state != CL_CLOSING) client_close_soon(cl);
+        return 0;
+    }
+    client_free(cl, cl->eof ? "peer finished" : cl->state == CL_CLOSING ? "closing" : "shutdown");
+    return 1;
+}
+
+static void on_client_write(struct ev_loop *loop, ev_io *w, int revents)
+{
+    client *cl = w->data;
+    while (cl->out.len) {
+        ssize_t n = send(cl->fd, cl->out.data, cl->out.len, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+            client_free(cl, errno == EPIPE || errno == ECONNRESET ? "peer went away" : strerror(errno));
+            return;
+        }
+        proto_buf_consume(&cl->out, (size_t)n);
+    }
+    if (!cl->out.len) ev_io_stop(loop, &cl->wio);
+    client_update_read(cl);
+    if (!cl->out.len) client_maybe_finish(cl);
+}
+
+static job *client_find_job(client *cl, uint64_t req_id)
+{
+    for (job *j = cl->jobs; j; j = j->cl_next)
+        if (j->req_id == req_id) return j;
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- requests */
+
+static uint64_t next_seed(server *s)
+{
+    /* splitmix64 over a clock-seeded state: distinct seeds per job */
+    uint64_t z = (s->seed_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static void req_hello(client *cl, const proto_req *r)
+{
+    server *s = cl->srv;
+    if (cl->state != CL_HANDSHAKE) {
+        send_error(cl, r->id, PROTO_E_BAD_REQUEST, "hello was already received");
+        return;
+    }
+    size_t n = r->client_len < sizeof cl->name - 1 ? r->client_len : sizeof cl->name - 1;
+    memcpy(cl->name, r->client ? r->client : "", n);
+    cl->name[n] = 0;
+    if (r->version != PROTO_VERSION) {
+        char msg[96];
+        snprintf(msg, sizeof msg, "server speaks protocol version %d, client asked for %u",
+                 PROTO_VERSION, (unsigned)r->version);
+        send_error(cl, r->id, PROTO_E_VERSION, msg);
+        client_close_soon(cl);
+        return;
+    }
+    ev_timer_stop(s->loop, &cl->timer);
+    cl->state = CL_READY;
+    const eng_model_info *mi = eng_model(s->eng);
+    proto_ev e;
+    proto_ev_init(&e, PROTO_T_HELLO_OK, r->id);
+    e.version = PROTO_VERSION;
+    e.server = ANED_SERVER_NAME;
+    e.server_len = strlen(e.server);
+    e.model = mi->name ? mi->name : "";
+    e.model_len = strlen(e.model);
+    client_send(cl, &e);
+}
+
+static void req_submit(client *cl, const proto_req *r)
+{
+    server *s = cl->srv;
+    if (s->phase != PH_RUN) {
+        send_error(cl, r->id, PROTO_E_SHUTDOWN, "the server is shutting down");
+        return;
+    }
+    if (cl->n_jobs >= PROTO_MAX_INFLIGHT) {
+        char msg[64];
+        snprintf(msg, sizeof msg, "%d requests already in flight on this connection",
+                 PROTO_MAX_INFLIGHT);
+        send_error(cl, r->id, PROTO_E_BUSY, msg);
+        return;
+    }
+    job *j = calloc(1, sizeof *j);
+    if (!j) { send_error(cl, r->id, PROTO_E_INTERNAL, "out of memory"); return; }
+
+    eng_job_desc d;
+    memset(&d, 0, sizeof d);
+    d.kind = r->type == PROTO_T_EVAL ? ENG_JOB_EVAL : ENG_JOB_GENERATE;
+    d.tokens = r->tokens;
+    d.n_tokens = r->n_tokens;
+    d.text = r->text;
+    d.text_len = r->text_len;
+    d.system = r->system;
+    d.system_len = r->system_len;
+    d.raw = r->raw;
+    d.parse_special = r->special;
+    d.max_tokens = r->max_tokens;
+    eng_sampling_default(&d.sampling);
+    d.sampling.temperature = r->temperature;
+    d.sampling.top_k = r->top_k;
+    d.sampling.top_p = r->top_p;
+    d.sampling.min_p = r->min_p;
+    d.sampling.repeat_penalty = r->repeat_penalty;
+    d.sampling.repeat_last_n = r->repeat_last_n;
+    d.sampling.seed = r->has_seed ? r->seed : next_seed(s);
+    d.stop = r->stop;
+    d.stop_len = r->stop_len;
+    d.n_stop = r->n_stop;
+    d.top_n = r->top;
+    d.owner = cl->serial;
+    d.uid = (uint32_t)cl->peer.uid;
+    d.user = j;
+
+    eng_err code = ENG_OK;
+    char err[256] = "";
+    if (eng_submit(s->eng, &d, &j->eng_id, &code, err, sizeof err) < 0) {
+        free(j);
+        if (code == ENG_OK) code = ENG_EINTERNAL;
+        send_error(cl, r->id, map_eng_err(code), err[0] ? err : eng_strerror(code));
+        return;
+    }
+    j->req_id = r->id;
+    j->cl = cl;
+    j->cl_next = cl->jobs;
+    if (cl->jobs) cl->jobs->cl_prev = j;
+    cl->jobs = j;
+    cl->n_jobs++;
+    j->all_next = s->jobs;
+    if (s->jobs) s->jobs->all_prev = j;
+    s->jobs = j;
+    s->n_jobs++;
+    if (!ev_is_active(&s->poll_timer)) ev_timer_again(s->loop, &s->poll_timer);
+}
+
+static void req_tokenize(client *cl, const proto_req *r)
+{
+    server *s = cl->srv;
+    if (r->n_tokens || !r->text) {
+        send_error(cl, r->id, PROTO_E_BAD_REQUEST, "tokenize takes text");
+        return;
+    }
+    int32_t *ids = NULL;
+    size_t n = 0;
+    eng_err code = ENG_OK;
+    char err[256] = "";
+    if (eng_tokenize(s->eng, r->text, r->text_len, r->add_bos, r->special, &ids, &n,
+                     &code, err, sizeof err) < 0) {
+        if (code == ENG_OK) code = ENG_EINTERNAL;
+        send_error(cl, r->id, map_eng_err(code), err[0] ? err : eng_strerror(code));
+        return;
+    }
+    if (n > PROTO_MAX_TOKENS) {
+        free(ids);
+        send_error(cl, r->id, PROTO_E_TOO_LARGE, "text gives more tokens than one reply may carry");
+        return;
+    }
+    proto_ev e;
+    proto_ev_init(&e, PROTO_T_TOKENS, r->id);
+    e.tokens = ids;
+    e.n_tokens = n;
+    client_send(cl, &e);
+    free(ids);
+}
+
+static void req_detokenize(client *cl, const proto_req *r)
+{
+    server *s = cl->srv;
+    if (r->text_len) {
+        send_error(cl, r->id, PROTO_E_BAD_REQUEST, "detokenize takes tokens");
+        return;
+    }
+    char *text = NULL;
+    size_t len = 0;
+    eng_err code = ENG_OK;
+    char err[256] = "";
+    if (eng_detokenize(s->eng, r->tokens, r->n_tokens, &text, &len, &code, err, sizeof err) < 0) {
+        if (code == ENG_OK) code = ENG_EINTERNAL;
+        send_error(cl, r->id, map_eng_err(code), err[0] ? err : eng_strerror(code));
+        return;
+    }
+    if (len > PROTO_MAX_FRAME - 256) {
+        free(text);
+        send_error(cl, r->id, PROTO_E_TOO_LARGE, "text longer than one reply may carry");
+        return;
+    }
+    proto_ev e;
+    proto_ev_init(&e, PROTO_T_TEXT, r->id);
+    e.text = text ? text : "";
+    e.text_len = len;
+    client_send(cl, &e);
+    free(text);
+}
+
+static void req_info(client *cl, const proto_req *r)
+{
+    server *s = cl->srv;
+    const eng_model_info *mi = eng_model(s->eng);
+    eng_stats st;
+    eng_stats_get(s->eng, &st);
+    proto_ev e;
+    proto_ev_init(&e, PROTO_T_INFO_OK, r->id);
+    e.version = PROTO_VERSION;
+    e.server = ANED_SERVER_NAME;
+    e.server_len = strlen(e.server);
+#define STR(f, v) do { e.f = (v) ? (v) : ""; e.f##_len = strlen(e.f); } while (0)
+    STR(model, mi->name);
+    STR(arch, mi->arch);
+    STR(backend, mi->backend);
+    STR(chat_template, mi->chat_template);
+    STR(warning, mi->warning);
+#undef STR
+    e.n_vocab = mi->n_vocab;
+    e.n_ctx = mi->n_ctx;
+    e.n_layer = mi->n_layer;
+    e.n_embd = mi->n_embd;
+    e.tokenizer_only = mi->tokenizer_only;
+    e.active = st.active;
+    e.queued = st.queued;
+    e.clients = s->n_clients;
+    e.jobs_done = st.jobs_done;
+    e.tokens_served = s->tokens_served;
+    e.prompt_tokens_total = st.prompt_tokens;
+    e.kv_used = st.kv_used;
+    e.kv_total = st.kv_total;
+    e.weight_bytes = st.weight_bytes ? st.weight_bytes : mi->weight_bytes;
+    e.uptime_s = ev_time() - s->started;
+    /* Per connection: a job is "active" once its first event arrived, else
+     * "queued" (the engine does not report per-job state). */
+    proto_client_count *pc = calloc(s->n_clients ? s->n_clients : 1, sizeof *pc);
+    if (pc) {
+        size_t i = 0;
+        for (client *c = s->clients; c && i < s->n_clients; c = c->next, i++) {
+            pc[i].uid = (uint32_t)c->peer.uid;
+            pc[i].pid = (uint32_t)c->peer.pid;
+            for (job *j = c->jobs; j; j = j->cl_next) {
+                if (j->started) pc[i].active++;
+                else pc[i].queued++;
+            }
+        }
+        e.per_client = pc;
+        e.n_per_client = i;
+    }
+    client_send(cl, &e);
+    free(pc);
+}
+
+static void dispatch(client *cl, const proto_req *r)
+{
+    cl->n_requests++;
+    cl->srv->requests_total++;
+    if (r->type == PROTO_T_HELLO) { req_hello(cl, r); return; }
+    if (cl->state == CL_HANDSHAKE) {
+        send_error(cl, r->id, PROTO_E_HANDSHAKE, "the first request must be hello");
+        return;
+    }
+    if (r->type == PROTO_T_CANCEL) {
+        job *j = client_find_job(cl, r->id);
+        if (j) job_cancel(cl->srv, j);
+        return;
+    }
+    if (client_find_job(cl, r->id)) {
+        send_error(cl, r->id, PROTO_E_DUPLICATE_ID, "a request with this id is in flight");
+        return;
+    }
+    switch (r->type) {
+    case PROTO_T_GENERATE:
+    case PROTO_T_EVAL:       req_submit(cl, r); break;
+    case PROTO_T_TOKENIZE:   req_tokenize(cl, r); break;
+    case PROTO_T_DETOKENIZE: req_detokenize(cl, r); break;
+    case PROTO_T_INFO:       req_info(cl, r); break;
+    case PROTO_T_PING: {
+        proto_ev e;
+        proto_ev_init(&e, PROTO_T_PONG, r->id);
+        client_send(cl, &e);
+        break;
+    }
+    default:
+        send_error(cl, r->id, PROTO_E_UNKNOWN_TYPE, "not a request type");
+        break;
+    }
+}
+
+/* 1: the peer closed both directions (gone); 0: it only shut its writing side. */
+static int peer_gone(int fd)
+{
+    struct pollfd p = { .fd = fd, .events = POLLOUT };
+    if (poll(&p, 1, 0) < 0) return 1;
+    return (p.revents & (POLLHUP | POLLERR)) != 0;
+}
+
+/* Takes every whole message the reader holds. */
+static void client_drain(client *cl)
+{
+    while (cl->state != CL_CLOSING) {
+        proto_req req;
+        proto_err code = PROTO_OK;
+        char err[256] = "";
+        int rc = proto_reader_next_req(cl->rd, &req, &code, err, sizeof err);
+        if (rc == 0) break;
+        if (rc < 0) {
+            log_info("client %llu: broken stream (%s: %s); closing", (unsigned long long)cl->serial,
+                     proto_err_name(code), err);
+            send_error(cl, 0, code == PROTO_OK ? PROTO_E_MALFORMED : code, err);
+            client_close_soon(cl);
+            break;
+        }
+        if (code != PROTO_OK) {
+            cl->n_requests++;
+            send_error(cl, req.id, code, err);
+            continue;
+        }
+        dispatch(cl, &req);
+    }
+}
+
+static void on_client_read(struct ev_loop *loop, ev_io *w, int revents)
+{
+    client *cl = w->data;
+    size_t avail = 0;
+    char *sp = proto_reader_space(cl->rd, &avail);
+    if (!sp && avail) {
+        client_free(cl, "out of memory for its request");
+        return;
+    }
+    if (sp && avail) {
+        if (avail > 65536) avail = 65536; /* a bounded slice per wakeup keeps clients fair */
+        ssize_t n;
+        do n = read(cl->fd, sp, avail); while (n < 0 && errno == EINTR);
+        if (n < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+            client_free(cl, errno == ECONNRESET ? "peer went away" : strerror(errno));
+            return;
+        }
+        if (n == 0) {
+            if (peer_gone(cl->fd)) { client_free(cl, "peer went away"); return; }
+            cl->eof = 1; /* half-closed: answer what was asked, then close */
+            client_update_read(cl);
+            client_maybe_finish(cl);
+            return;
+        }
+        proto_reader_commit(cl->rd, (size_t)n);
+    } else if (!sp) {
+        client_free(cl, "out of memory for its request");
+        return;
+    }
+    client_drain(cl);
+    client_maybe_finish(cl);
+}
+
+static int peer_allowed(server *s, const sock_peer *p)
+{
+    /* Allow-lists hook in here. Until then the socket's mode is the policy. */
+    (void)s; (void)p;
+    return 1;
+}
+
+static void client_new(server *s, int fd, const sock_peer *peer)
+{
+    client *cl = calloc(1, sizeof *cl);
+    proto_reader *rd = cl ? proto_reader_new(PROTO_MAX_FRAME) : NULL;
+    if (!cl || !rd) {
+        free(cl);
+        proto_reader_free(rd);
+        refuse_fd(fd, PROTO_E_INTERNAL, "out of memory");
+        return;
+    }
+    cl->srv = s;
+    cl->fd = fd;
+    cl->rd = rd;
+    cl->peer = *peer;
+    cl->serial = ++s->next_serial;
+    cl->since = ev_now(s->loop);
+    ev_io_init(&cl->rio, on_client_read, fd, EV_READ);
+    ev_io_init(&cl->wio, on_client_write, fd, EV_WRITE);
+    ev_timer_init(&cl->timer, on_client_timer, s->opt.handshake_timeout, 0.);
+    cl->rio.data = cl->wio.data = cl->timer.data = cl;
+    cl->next = s->clients;
+    if (s->clients) s->clients->prev = cl;
+    s->clients = cl;
+    s->n_clients++;
+    s->conns_total++;
+    ev_io_start(s->loop, &cl->rio);
+    ev_timer_start(s->loop, &cl->timer);
+    log_debug("client %llu connected: uid %lu gid %lu pid %ld", (unsigned long long)cl->serial,
+              (unsigned long)peer->uid, (unsigned long)peer->gid, (long)peer->pid);
+}
+
+/* ---------------------------------------------------------------- accept */
+
+static void on_accept_retry(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    server *s = w->data;
+    if (s->phase == PH_RUN && s->lst) ev_io_start(loop, &s->accept_io);
+}
+
+static void on_accept(struct ev_loop *loop, ev_io *w, int revents)
+{
+    server *s = w->data;
+    for (int i = 0; i < 64; i++) {
+        sock_peer peer;
+        int fd = sock_accept(w->fd, &peer);
+        if (fd < 0) {
+            int e = errno;
+            if (e == EAGAIN || e == EWOULDBLOCK) return;
+            if (e == ECONNABORTED || e == EPROTO || e == EPERM) continue;
+            /* EMFILE/ENFILE/ENOBUFS/ENOMEM: the pending connection stays
+             * pending; pause instead of spinning on a readable socket. */
+            log_warn("accept: %s; pausing new connections for 0.5 s", strerror(e));
+            ev_io_stop(loop, &s->accept_io);
+            ev_timer_stop(loop, &s->accept_retry);
+            ev_timer_set(&s->accept_retry, 0.5, 0.);
+            ev_timer_start(loop, &s->accept_retry);
+            return;
+        }
+        if (!peer_allowed(s, &peer)) {
+            log_warn("refused connection from uid %lu pid %ld", (unsigned long)peer.uid, (long)peer.pid);
+            refuse_fd(fd, PROTO_E_DENIED, "not allowed to use this server");
+            continue;
+        }
+        if (s->n_clients >= (uint32_t)s->opt.max_clients) {
+            log_warn("refused connection from uid %lu pid %ld: %u clients already",
+                     (unsigned long)peer.uid, (long)peer.pid, s->n_clients);
+            refuse_fd(fd, PROTO_E_BUSY, "too many connections");
+            continue;
+        }
+        client_new(s, fd, &peer);
+    }
+}
+
+/* ---------------------------------------------------------------- engine events */
+
+static void job_end(server *s, job *j)
+{
+    client *cl = j->cl;
+    if (cl) {
+        if (j->cl_prev) j->cl_prev->cl_next = j->cl_next; else cl->jobs = j->cl_next;
+        if (j->cl_next) j->cl_next->cl_prev = j->cl_prev;
+        cl->n_jobs--;
+    }
+    if (j->all_prev) j->all_prev->all_next = j->all_next; else s->jobs = j->all_next;
+    if (j->all_next) j->all_next->all_prev = j->all_prev;
+    s->n_jobs--;
+    free(j);
+}
+
+static void handle_event(server *s, const eng_event *ev)
+{
+    job *j = ev->user;
+    if (!j) { log_error("engine event without a job (job %llu)", (unsigned long long)ev->job_id); return; }
+    client *cl = j->cl;
+    int live = cl && !j->overflow;
+    proto_ev e;
+    switch (ev->type) {
+    case ENG_EV_TOKEN:
+        j->started = 1;
+        if (!live) return;
+        proto_ev_init(&e, PROTO_T_TOKEN, j->req_id);
+        e.token = ev->token;
+        e.text = ev->text ? ev->text : "";
+        e.text_len = ev->text ? ev->text_len : 0;
+        cl->n_tokens++;
+        s->tokens_served++;
+        client_send(cl, &e);
+        return;
+    case ENG_EV_LOGITS: {
+        j->started = 1;
+        if (!live) return;
+        proto_top top[ENG_MAX_TOP];
+        int32_t n = ev->n_top < 0 ? 0 : ev->n_top > ENG_MAX_TOP ? ENG_MAX_TOP : ev->n_top;
+        for (int32_t i = 0; i < n; i++) {
+            top[i].id = ev->top_ids[i];
+            top[i].logit = ev->top_logits[i];
+        }
+        proto_ev_init(&e, PROTO_T_LOGITS, j->req_id);
+        e.pos = ev->pos;
+        e.top = top;
+        e.n_top = (size_t)n;
+        client_send(cl, &e);
+        return;
+    }
+    case ENG_EV_DONE:
+        if (cl && j->overflow) {
+            char msg[128];
+            snprintf(msg, sizeof msg, "cancelled: client output backlog passed %zu bytes",
+                     s->opt.out_max);
+            send_error(cl, j->req_id, PROTO_E_BUSY, msg);
+        } else if (cl) {
+            const char *f = eng_finish_str(ev->finish);
+            proto_ev_init(&e, PROTO_T_DONE, j->req_id);
+            e.finish = f ? f : "";
+            e.finish_len = strlen(e.finish);
+            e.prompt_tokens = (uint32_t)ev->prompt_tokens;
+            e.cached_tokens = (uint32_t)ev->cached_tokens;
+            e.completion_tokens = (uint32_t)ev->completion_tokens;
+            e.queue_ms = ev->queue_ms;
+            e.prefill_ms = ev->prefill_ms;
+            e.decode_ms = ev->decode_ms;
+            client_send(cl, &e);
+        }
+        break;
+    case ENG_EV_ERROR:
+        if (cl) send_error(cl, j->req_id, map_eng_err(ev->code),
+                           ev->message[0] ? ev->message : eng_strerror(ev->code));
+        break;
+    default:
+        log_error("unknown engine event type %d", (int)ev->type);
+        return;
+    }
+    job_end(s, j);
+    if (cl) client_maybe_finish(cl);
+}
+
+static void take_events(server *s)
+{
+    eng_event *ev = eng_events_take(s->eng);
+    while (ev) {
+        eng_event *nx = ev->next;
+        handle_event(s, ev);
+        eng_event_free(ev);
+        ev = nx;
+    }
+    if (!s->n_jobs) ev_timer_stop(s->loop, &s->poll_timer);
+    check_done(s);
+}
+
+static void on_wake(struct ev_loop *loop, ev_async *w, int revents)
+{
+    take_events(w->data);
+}
+
+/* While jobs are in flight, events are also taken every POLL_S: a wakeup the
+ * engine failed to send then costs latency, never a job that hangs. */
+#define POLL_S 0.25
+
+static void on_poll(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    take_events(w->data);
+}
+
+static void notify_loop(void *arg)
+{
+    server *s = arg;
+    ev_async_send(s->loop, &s->wake);
+}
+
+/* ---------------------------------------------------------------- shutdown */
+
+static void check_done(server *s)
+{
+    if (s->phase == PH_RUN) return;
+    if (s->n_jobs == 0 && s->n_clients == 0) ev_break(s->loop, EVBREAK_ALL);
+}
+
+static void cancel_all(server *s)
+{
+    s->phase = PH_CANCEL;
+    for (job *j = s->jobs; j; j = j->all_next) job_cancel(s, j);
+    ev_timer_stop(s->loop, &s->phase_timer);
+    ev_timer_set(&s->phase_timer, s->opt.drain_timeout, 0.);
+    ev_timer_start(s->loop, &s->phase_timer);
+}
+
+static void on_phase_timer(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    server *s = w->data;
+    if (s->phase == PH_GRACE) {
+        log_info("grace period over: cancelling %u job(s)", s->n_jobs);
+        cancel_all(s);
+        return;
+    }
+    log_warn("drain timeout: leaving %u job(s) and %u client(s) unflushed", s->n_jobs, s->n_clients);
+    ev_break(loop, EVBREAK_ALL);
+}
+
+static void begin_shutdown(server *s, const char *why)
+{
+    if (s->phase != PH_RUN) {
+        if (s->phase == PH_GRACE) {
+            log_info("%s again: cancelling %u job(s) now", why, s->n_jobs);
+            cancel_all(s);
+        }
+        return;
+    }
+    log_info("%s: shutting down (%u client(s), %u job(s))", why, s->n_clients, s->n_jobs);
+    s->phase = PH_GRACE;
+    ev_io_stop(s->loop, &s->accept_io);
+    ev_timer_stop(s->loop, &s->accept_retry);
+    if (s->lst) { sock_close(s->lst); s->lst = NULL; }
+    /* idle connections go now (after their replies); busy ones when their jobs end */
+    for (client *c = s->clients, *nx; c; c = nx) {
+        nx = c->next;
+        client_maybe_finish(c);
+    }
+    if (s->n_jobs) {
+        if (s->opt.shutdown_grace > 0) {
+            ev_timer_set(&s->phase_timer, s->opt.shutdown_grace, 0.);
+            ev_timer_start(s->loop, &s->phase_timer);
+        } else {
+            cancel_all(s);
+        }
+    } else {
+        ev_timer_set(&s->phase_timer, s->opt.drain_timeout, 0.);
+        s->phase = PH_CANCEL;
+        ev_timer_start(s->loop, &s->phase_timer);
+    }
+    check_done(s);
+}
+
+static void on_signal(struct ev_loop *loop, ev_signal *w, int revents)
+{
+    server *s = w->data;
+    if (w->signum == SIGHUP) {
+        if (log_reopen() < 0) log_error("SIGHUP: cannot reopen the log file");
+        else log_info("SIGHUP: log file reopened");
+        return;
+    }
+    begin_shutdown(s, w->signum == SIGTERM ? "SIGTERM" : "SIGINT");
+}
+
+/* ---------------------------------------------------------------- lifecycle */
+
+int server_open(server **out, const server_opts *opt, char *err, size_t errlen)
+{
+    *out = NULL;
+    server *s = calloc(1, sizeof *s);
+    if (!s) { snprintf(err, errlen, "out of memory"); return -1; }
+    s->opt = *opt;
+    s->loop = ev_default_loop(EVFLAG_AUTO);
+    if (!s->loop) { snprintf(err, errlen, "cannot create the event loop"); free(s); return -1; }
+    ev_async_init(&s->wake, on_wake);
+    s->wake.data = s;
+    ev_async_start(s->loop, &s->wake);
+    ev_timer_init(&s->poll_timer, on_poll, POLL_S, POLL_S);
+    s->poll_timer.data = s;
+
+    /* The engine's worker thread inherits this mask: signals are for the loop. */
+    sigset_t set, old;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGHUP);
+    pthread_sigmask(SIG_BLOCK, &set, &old);
+    eng_opts eo = opt->eng;
+    eo.notify = notify_loop;
+    eo.notify_arg = s;
+    char eerr[512] = "";
+    int rc = eng_open(&s->eng, &eo, eerr, sizeof eerr);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc < 0) {
+        const char *p = eo.model_path ? eo.model_path : "(none)";
+        if (strstr(eerr, p)) snprintf(err, errlen, "cannot load model: %s", eerr);
+        else snprintf(err, errlen, "cannot load model %s: %s", p, eerr[0] ? eerr : "unknown error");
+        ev_async_stop(s->loop, &s->wake);
+        free(s);
+        return -1;
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    s->seed_state = (uint64_t)ts.tv_sec * 1000000007ull ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)getpid() << 32);
+    *out = s;
+    return 0;
+}
+
+int server_run(server *s, sock_listener *l)
+{
+    s->lst = l;
+    s->started = ev_time();
+    ev_io_init(&s->accept_io, on_accept, l->fd, EV_READ);
+    s->accept_io.data = s;
+    ev_timer_init(&s->accept_retry, on_accept_retry, 0.5, 0.);
+    s->accept_retry.data = s;
+    ev_timer_init(&s->phase_timer, on_phase_timer, 1., 0.);
+    s->phase_timer.data = s;
+    ev_signal_init(&s->sig_term, on_signal, SIGTERM);
+    ev_signal_init(&s->sig_int, on_signal, SIGINT);
+    ev_signal_init(&s->sig_hup, on_signal, SIGHUP);
+    s->sig_term.data = s->sig_int.data = s->sig_hup.data = s;
+    ev_signal_start(s->loop, &s->sig_term);
+    ev_signal_start(s->loop, &s->sig_int);
+    ev_signal_start(s->loop, &s->sig_hup);
+    ev_io_start(s->loop, &s->accept_io);
+
+    ev_run(s->loop, 0);
+
+    ev_signal_stop(s->loop, &s->sig_term);
+    ev_signal_stop(s->loop, &s->sig_int);
+    ev_signal_stop(s->loop, &s->sig_hup);
+    ev_io_stop(s->loop, &s->accept_io);
+    ev_timer_stop(s->loop, &s->accept_retry);
+    ev_timer_stop(s->loop, &s->phase_timer);
+    ev_timer_stop(s->loop, &s->poll_timer);
+    if (s->lst) { sock_close(s->lst); s->lst = NULL; }
+    while (s->clients) client_free(s->clients, "shutdown");
+    log_info("served %llu connection(s), %llu request(s), %llu token(s)",
+             (unsigned long long)s->conns_total, (unsigned long long)s->requests_total,
+             (unsigned long long)s->tokens_served);
+    return 0;
+}
+
+void server_close(server *s)
+{
+    if (!s) return;
+    while (s->clients) client_free(s->clients, "shutdown");
+    eng_close(s->eng); /* frees events still queued: their jobs are ours to free */
+    for (job *j = s->jobs, *nx; j; j = nx) {
+        nx = j->all_next;
+        free(j);
+    }
+    ev_async_stop(s->loop, &s->wake);
+    ev_loop_destroy(s->loop);
+    free(s);
+}

@@ -1,0 +1,410 @@
+/* backend_cpu.c — the CPU backend: the reference every other backend is
+ * tested against, and a fast path of its own through qtypes' SIMD kernels and
+ * the thread pool. Scratch buffers grow to the largest batch seen and are
+ * then reused, so steady-state decoding never allocates. */
+#include "engine/backend.h"
+#include "engine/pool.h"
+#include "engine/qtypes.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct cpu_be {
+    be base;
+    pool *pool;
+    void *act;            /* quantized activations */
+    size_t act_cap;
+    int simd_att;         /* attention through AVX2/F16C */
+} cpu_be;
+
+static void *cpu_alloc(be *b, size_t n)
+{
+    (void)b;
+    void *p = NULL;
+    if (posix_memalign(&p, 64, n ? n : 64)) return NULL;
+    memset(p, 0, n);
+    return p;
+}
+
+static void cpu_free(be *b, void *p) { (void)b; free(p); }
+static int cpu_weight_prepare(be *b, wt *w) { (void)b; (void)w; return 0; }
+static void cpu_copy(be *b, void *dst, const void *src, size_t n) { (void)b; memcpy(dst, src, n); }
+static void cpu_sync(be *b) { (void)b; }
+
+static void cpu_close(be *b)
+{
+    cpu_be *c = (cpu_be *)b;
+    if (!c) return;
+    free(c->act);
+    free(c);
+}
+
+static void cpu_embed(be *b, const wt *emb, const int32_t *ids, int T, float *out)
+{
+    (void)b;
+    for (int t = 0; t < T; t++) wt_row_f32(emb, ids[t], out + (size_t)t * emb->n_in);
+}
+
+static void cpu_rmsnorm(be *b, const float *x, const wt *wv, int rows, int n, float eps, float *out)
+{
+    (void)b;
+    const float *w = wv->data;
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * n;
+        float *o = out + (size_t)r * n;
+        double ss = 0;
+        for (int i = 0; i < n; i++) ss += (double)xr[i] * xr[i];
+        float scale = (float)(1.0 / sqrt(ss / n + eps));
+        for (int i = 0; i < n; i++) o[i] = xr[i] * scale * w[i];
+    }
+}
+
+/* matmul: activations are quantized once (per row, in parallel), then row
+ * chunks of W are dotted against every activation row. */
+typedef struct mm_job {
+    const wt *w;
+    const float *bias;
+    const float *x;
+    int T;
+    float *out;
+    void *act;
+    size_t act_stride;
+    uint32_t act_type;
+    int64_t chunk;
+} mm_job;
+
+static void mm_quant(void *arg, int t, int ith)
+{
+    (void)ith;
+    mm_job *j = arg;
+    qt_quantize_row(j->act_type, j->x + (size_t)t * j->w->n_in, (char *)j->act + (size_t)t * j->act_stride,
+                    j->w->n_in);
+}
+
+static void mm_rows(void *arg, int i, int ith)
+{
+    (void)ith;
+    mm_job *j = arg;
+    int64_t r0 = (int64_t)i * j->chunk, r1 = r0 + j->chunk;
+    if (r1 > j->w->n_out) r1 = j->w->n_out;
+    qt_gemm(j->w->type, j->w->n_in, j->w->data, j->w->row_bytes, r0, r1, j->act, j->act_stride, j->T,
+            j->out, j->w->n_out);
+    if (j->bias)
+        for (int t = 0; t < j->T; t++) {
+            float *o = j->out + (size_t)t * j->w->n_out;
+            for (int64_t r = r0; r < r1; r++) o[r] += j->bias[r];
+        }
+}
+
+static void cpu_matmul(be *b, const wt *w, const wt *bias, const float *x, int T, float *out)
+{
+    cpu_be *c = (cpu_be *)b;
+    mm_job j = { .w = w, .bias = bias ? bias->data : NULL, .x = x, .T = T, .out = out };
+    j.act_type = qt_act_type(w->type);
+    j.act_stride = qt_row_size(j.act_type, w->n_in);
+    size_t need = j.act_stride * (size_t)T;
+    if (need > c->act_cap) {
+        free(c->act);
+        c->act = NULL;
+        if (posix_memalign(&c->act, 64, need)) { c->act = NULL; c->act_cap = 0; abort(); }
+        c->act_cap = need;
+    }
+    j.act = c->act;
+    pool_run(c->pool, mm_quant, &j, T);
+    /* chunks: enough for balance across threads, rows a multiple of 16 */
+    int nth = pool_size(c->pool);
+    int64_t chunk = w->n_out / (nth * 8);
+    if (chunk < 16) chunk = 16;
+    chunk = (chunk + 15) / 16 * 16;
+    j.chunk = chunk;
+    pool_run(c->pool, mm_rows, &j, (int)((w->n_out + chunk - 1) / chunk));
+}
+
+static void cpu_add(be *b, float *x, const float *y, size_t n)
+{
+    (void)b;
+    for (size_t i = 0; i < n; i++) x[i] += y[i];
+}
+
+static void cpu_silu_mul(be *b, const float *g, const float *u, size_t n, float *out)
+{
+    (void)b;
+    for (size_t i = 0; i < n; i++) out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+static void cpu_rope(be *b, float *x, const be_batch *bt, int n_heads, int head_dim, int n_rot,
+                     float base, int neox, const wt *fd)
+{
+    (void)b;
+    const float *freq_div = fd ? fd->data : NULL;
+    int half = n_rot / 2;
+    for (int t = 0; t < bt->T; t++) {
+        double p = bt->pos[t];
+        for (int i = 0; i < half; i++) {
+            double theta = p * pow((double)base, -2.0 * i / n_rot);
+            if (freq_div) theta /= freq_div[i];
+            float cs = (float)cos(theta), sn = (float)sin(theta);
+            for (int h = 0; h < n_heads; h++) {
+                float *v = x + ((size_t)t * n_heads + h) * head_dim;
+                int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+                float a = v[i0], c = v[i1];
+                v[i0] = a * cs - c * sn;
+                v[i1] = a * sn + c * cs;
+            }
+        }
+    }
+}
+
+static inline size_t kv_slot(const be_batch *bt, int t, int pos)
+{
+    (void)t;
+    return (size_t)bt->pages[t][pos / KV_PAGE] * KV_PAGE + (size_t)(pos % KV_PAGE);
+}
+
+static void cpu_kv_store(be *b, void *kc, void *vc, const be_batch *bt, int kv_dim, const float *k, const float *v)
+{
+    for (int t = 0; t < bt->T; t++) {
+        size_t s = kv_slot(bt, t, bt->pos[t]) * (size_t)kv_dim;
+        const float *kt = k + (size_t)t * kv_dim, *vt = v + (size_t)t * kv_dim;
+        if (b->kv_elt == 2) {
+            uint16_t *kd = (uint16_t *)kc + s, *vd = (uint16_t *)vc + s;
+            for (int i = 0; i < kv_dim; i++) { kd[i] = qt_fp32_to_fp16(kt[i]); vd[i] = qt_fp32_to_fp16(vt[i]); }
+        } else {
+            memcpy((float *)kc + s, kt, (size_t)kv_dim * 4);
+            memcpy((float *)vc + s, vt, (size_t)kv_dim * 4);
+        }
+    }
+}
+
+typedef struct att_job {
+    const be *b;
+    const float *q;
+    const void *kc, *vc;
+    const be_batch *bt;
+    int n_head, n_head_kv, head_dim;
+    float *out;
+    int simd;                 /* use the AVX2 version */
+} att_job;
+
+/* One (token, head): online softmax over the sequence's cached keys, in
+ * chunks of ATT_CHUNK keys (scores of a chunk first, then one rescale). This
+ * scalar version is the reference for the SIMD one below. */
+#define ATT_CHUNK 32
+
+static void att_one_ref(att_job *j, int t, int h)
+{
+    int hd = j->head_dim, kvd = j->n_head_kv * hd;
+    int kvh = h / (j->n_head / j->n_head_kv);
+    const float *q0 = j->q + ((size_t)t * j->n_head + h) * hd;
+    float *o = j->out + ((size_t)t * j->n_head + h) * hd;
+    float acc[1024], qr[1024], sc[ATT_CHUNK];
+    int f16 = j->b->kv_elt == 2;
+    /* with an f16 cache, q·k is an f16 dot product (q rounded like the keys),
+     * as in llama.cpp; it keeps quantized models within hundredths of it */
+    for (int d = 0; d < hd; d++) {
+        qr[d] = f16 ? qt_fp16_to_fp32(qt_fp32_to_fp16(q0[d])) : q0[d];
+        acc[d] = 0;
+    }
+    float mx = -INFINITY, sum = 0, scale = 1.0f / sqrtf((float)hd);
+    int n = j->bt->pos[t] + 1;
+    for (int p0 = 0; p0 < n; p0 += ATT_CHUNK) {
+        int m = n - p0 < ATT_CHUNK ? n - p0 : ATT_CHUNK;
+        float cmx = -INFINITY;
+        for (int i = 0; i < m; i++) {
+            size_t s = kv_slot(j->bt, t, p0 + i) * (size_t)kvd + (size_t)kvh * hd;
+            float dot = 0;
+            if (f16) {
+                const uint16_t *k = (const uint16_t *)j->kc + s;
+                for (int d = 0; d < hd; d++) dot += qr[d] * qt_fp16_to_fp32(k[d]);
+            } else {
+                const float *k = (const float *)j->kc + s;
+                for (int d = 0; d < hd; d++) dot += qr[d] * k[d];
+            }
+            sc[i] = dot * scale;
+            if (sc[i] > cmx) cmx = sc[i];
+        }
+        if (cmx > mx) {
+            float r = expf(mx - cmx);
+            for (int d = 0; d < hd; d++) acc[d] *= r;
+            sum *= r;
+            mx = cmx;
+        }
+        for (int i = 0; i < m; i++) {
+            size_t s = kv_slot(j->bt, t, p0 + i) * (size_t)kvd + (size_t)kvh * hd;
+            float e = expf(sc[i] - mx);
+            sum += e;
+            if (f16) {
+                const uint16_t *v = (const uint16_t *)j->vc + s;
+                for (int d = 0; d < hd; d++) acc[d] += e * qt_fp16_to_fp32(v[d]);
+            } else {
+                const float *v = (const float *)j->vc + s;
+                for (int d = 0; d < hd; d++) acc[d] += e * v[d];
+            }
+        }
+    }
+    for (int d = 0; d < hd; d++) o[d] = acc[d] / sum;
+}
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+__attribute__((target("avx2,fma,f16c")))
+static inline float hsum256(__m256 v)
+{
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_add_ss(x, _mm_movehdup_ps(x));
+    return _mm_cvtss_f32(x);
+}
+
+/* AVX2/F16C version of att_one_ref for head_dim % 8 == 0 (f16 or f32 cache). */
+__attribute__((target("avx2,fma,f16c")))
+static void att_one_avx2(att_job *j, int t, int h)
+{
+    int hd = j->head_dim, kvd = j->n_head_kv * hd;
+    int kvh = h / (j->n_head / j->n_head_kv);
+    const float *q0 = j->q + ((size_t)t * j->n_head + h) * hd;
+    float *o = j->out + ((size_t)t * j->n_head + h) * hd;
+    float acc[1024] __attribute__((aligned(32))), qr[1024] __attribute__((aligned(32))), sc[ATT_CHUNK];
+    int f16 = j->b->kv_elt == 2;
+    for (int d = 0; d < hd; d += 8) {
+        __m256 q = _mm256_loadu_ps(q0 + d);
+        if (f16) q = _mm256_cvtph_ps(_mm256_cvtps_ph(q, _MM_FROUND_TO_NEAREST_INT));
+        _mm256_store_ps(qr + d, q);
+        _mm256_store_ps(acc + d, _mm256_setzero_ps());
+    }
+    float mx = -INFINITY, sum = 0, scale = 1.0f / sqrtf((float)hd);
+    int n = j->bt->pos[t] + 1;
+    for (int p0 = 0; p0 < n; p0 += ATT_CHUNK) {
+        int m = n - p0 < ATT_CHUNK ? n - p0 : ATT_CHUNK;
+        float cmx = -INFINITY;
+        for (int i = 0; i < m; i++) {
+            size_t s = kv_slot(j->bt, t, p0 + i) * (size_t)kvd + (size_t)kvh * hd;
+            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+            int d = 0;
+            if (f16) {
+                const uint16_t *k = (const uint16_t *)j->kc + s;
+                for (; d + 16 <= hd; d += 16) {
+                    a0 = _mm256_fmadd_ps(_mm256_load_ps(qr + d), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + d))), a0);
+                    a1 = _mm256_fmadd_ps(_mm256_load_ps(qr + d + 8), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + d + 8))), a1);
+                }
+                for (; d < hd; d += 8)
+                    a0 = _mm256_fmadd_ps(_mm256_load_ps(qr + d), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + d))), a0);
+            } else {
+                const float *k = (const float *)j->kc + s;
+                for (; d < hd; d += 8) a0 = _mm256_fmadd_ps(_mm256_load_ps(qr + d), _mm256_loadu_ps(k + d), a0);
+            }
+            sc[i] = hsum256(_mm256_add_ps(a0, a1)) * scale;
+            if (sc[i] > cmx) cmx = sc[i];
+        }
+        if (cmx > mx) {
+            __m256 r = _mm256_set1_ps(expf(mx - cmx));
+            for (int d = 0; d < hd; d += 8) _mm256_store_ps(acc + d, _mm256_mul_ps(_mm256_load_ps(acc + d), r));
+            sum *= expf(mx - cmx);
+            mx = cmx;
+        }
+        for (int i = 0; i < m; i++) {
+            size_t s = kv_slot(j->bt, t, p0 + i) * (size_t)kvd + (size_t)kvh * hd;
+            float e = expf(sc[i] - mx);
+            sum += e;
+            __m256 ev = _mm256_set1_ps(e);
+            if (f16) {
+                const uint16_t *v = (const uint16_t *)j->vc + s;
+                for (int d = 0; d < hd; d += 8)
+                    _mm256_store_ps(acc + d, _mm256_fmadd_ps(ev, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + d))),
+                                                             _mm256_load_ps(acc + d)));
+            } else {
+                const float *v = (const float *)j->vc + s;
+                for (int d = 0; d < hd; d += 8)
+                    _mm256_store_ps(acc + d, _mm256_fmadd_ps(ev, _mm256_loadu_ps(v + d), _mm256_load_ps(acc + d)));
+            }
+        }
+    }
+    __m256 inv = _mm256_set1_ps(1.0f / sum);
+    for (int d = 0; d < hd; d += 8) _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_load_ps(acc + d), inv));
+}
+#endif
+
+static void att_one(void *arg, int i, int ith)
+{
+    (void)ith;
+    att_job *j = arg;
+    int t = i / j->n_head, h = i % j->n_head;
+#if defined(__x86_64__)
+    if (j->simd) { att_one_avx2(j, t, h); return; }
+#endif
+    att_one_ref(j, t, h);
+}
+
+static void cpu_attention(be *b, const float *q, const void *kc, const void *vc, const be_batch *bt,
+                          int n_head, int n_head_kv, int head_dim, float *out)
+{
+    cpu_be *c = (cpu_be *)b;
+    att_job j = { b, q, kc, vc, bt, n_head, n_head_kv, head_dim, out, 0 };
+    j.simd = c->simd_att && head_dim % 8 == 0;
+    pool_run(c->pool, att_one, &j, bt->T * n_head);
+}
+
+static const be_ops cpu_ops = {
+    .name = "cpu",
+    .close = cpu_close,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .weight_prepare = cpu_weight_prepare,
+    .to_host = cpu_copy,
+    .to_dev = cpu_copy,
+    .embed = cpu_embed,
+    .rmsnorm = cpu_rmsnorm,
+    .matmul = cpu_matmul,
+    .add = cpu_add,
+    .silu_mul = cpu_silu_mul,
+    .rope = cpu_rope,
+    .kv_store = cpu_kv_store,
+    .attention = cpu_attention,
+    .sync = cpu_sync,
+};
+
+void be_cpu_scalar(be *b, int on)
+{
+    ((cpu_be *)b)->simd_att = !on && (qt_isa_get() == QT_ISA_AVX2 || qt_isa_get() == QT_ISA_AVX512);
+}
+
+const char *be_available(void)
+{
+#ifdef ANE_CUDA
+    return "cpu, cuda";
+#else
+    return "cpu";
+#endif
+}
+
+int be_open(be **out, const char *name, pool *p, int kv_f16, char *err, size_t errlen)
+{
+#ifdef ANE_CUDA
+    if (!name || !strcmp(name, "cuda")) {
+        char cerr[256];
+        if (be_cuda_open(out, p, kv_f16, cerr, sizeof cerr) == 0) return 0;
+        if (name) { snprintf(err, errlen, "cuda backend: %s", cerr); return -1; }
+    }
+#endif
+    if (name && strcmp(name, "cpu") != 0) {
+        snprintf(err, errlen, "backend '%s' is not available in this build (available: %s)", name, be_available());
+        return -1;
+    }
+    return be_cpu_open(out, p, kv_f16, err, errlen);
+}
+
+int be_cpu_open(be **out, pool *p, int kv_f16, char *err, size_t errlen)
+{
+    cpu_be *c = calloc(1, sizeof *c);
+    if (!c) { snprintf(err, errlen, "out of memory"); return -1; }
+    c->base.ops = &cpu_ops;
+    c->base.kv_elt = kv_f16 ? 2 : 4;
+    c->pool = p;
+    qt_init();
+    c->simd_att = qt_isa_get() == QT_ISA_AVX2 || qt_isa_get() == QT_ISA_AVX512;
+    *out = &c->base;
+    return 0;
+}

@@ -1,0 +1,139 @@
+/* forward.c — llama-family transformer (llama, qwen2, qwen3):
+ *   x = embed(tokens)
+ *   per layer: x += Wo · attn(rope(norm_q(Wq·n(x)+bq)), rope(norm_k(Wk·n(x)+bk)), Wv·n(x)+bv)
+ *              x += Wd · (silu(Wg·n(x)) ∘ Wu·n(x))
+ *   logits = Wout · n(x)  (only for the rows asked for)
+ * Buffers (T = tokens in the batch, E = n_embd, Q = n_head*head_dim,
+ * K = n_head_kv*head_dim, F = n_ff, V = n_vocab):
+ *   x, xb [T][E]   q, att [T][Q]   k, v [T][K]   hg, hu [T][F]
+ *   xo [max_out][E]   lg [max_out][V] */
+#include "engine/forward.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+struct fw {
+    model *m;
+    be *b;
+    int max_T, max_out, n_pages;
+    float *x, *xb, *q, *k, *v, *att, *hg, *hu, *xo, *lg;
+    void **kc, **vc;           /* [n_layer] cache of each layer */
+    size_t kv_bytes;
+};
+
+size_t fw_kv_page_bytes(const model *m, size_t kv_elt)
+{
+    const hparams *hp = &m->hp;
+    return (size_t)2 * hp->n_layer * KV_PAGE * hp->n_head_kv * hp->head_dim * kv_elt;
+}
+
+void fw_close(fw *f)
+{
+    if (!f) return;
+    be *b = f->b;
+    float *bufs[] = { f->x, f->xb, f->q, f->k, f->v, f->att, f->hg, f->hu, f->xo, f->lg };
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) b->ops->free(b, bufs[i]);
+    for (int l = 0; l < f->m->hp.n_layer; l++) {
+        if (f->kc && f->kc[l]) b->ops->free(b, f->kc[l]);
+        if (f->vc && f->vc[l]) b->ops->free(b, f->vc[l]);
+    }
+    free(f->kc);
+    free(f->vc);
+    free(f);
+}
+
+void fw_seq_reset(fw *f, int slot)
+{
+    (void)f; (void)slot;   /* attention-only models keep no state outside the KV pages */
+}
+
+int fw_open(fw **out, model *m, be *b, int max_T, int max_out, int n_pages, int max_seqs,
+            char *err, size_t errlen)
+{
+    (void)max_seqs;
+    const hparams *hp = &m->hp;
+    fw *f = calloc(1, sizeof *f);
+    if (!f) goto oom;
+    f->m = m; f->b = b; f->max_T = max_T; f->max_out = max_out; f->n_pages = n_pages;
+    size_t T = (size_t)max_T, E = hp->n_embd, Q = (size_t)hp->n_head * hp->head_dim,
+           K = (size_t)hp->n_head_kv * hp->head_dim, F = hp->n_ff;
+    f->x = b->ops->alloc(b, T * E * 4);
+    f->xb = b->ops->alloc(b, T * E * 4);
+    f->q = b->ops->alloc(b, T * Q * 4);
+    f->att = b->ops->alloc(b, T * Q * 4);
+    f->k = b->ops->alloc(b, T * K * 4);
+    f->v = b->ops->alloc(b, T * K * 4);
+    f->hg = b->ops->alloc(b, T * F * 4);
+    f->hu = b->ops->alloc(b, T * F * 4);
+    f->xo = b->ops->alloc(b, (size_t)max_out * E * 4);
+    f->lg = b->ops->alloc(b, (size_t)max_out * hp->n_vocab * 4);
+    f->kc = calloc((size_t)hp->n_layer, sizeof *f->kc);
+    f->vc = calloc((size_t)hp->n_layer, sizeof *f->vc);
+    if (!f->x || !f->xb || !f->q || !f->att || !f->k || !f->v || !f->hg || !f->hu || !f->xo || !f->lg ||
+        !f->kc || !f->vc)
+        goto oom;
+    size_t layer_bytes = (size_t)n_pages * KV_PAGE * K * b->kv_elt;
+    for (int l = 0; l < hp->n_layer; l++) {
+        f->kc[l] = b->ops->alloc(b, layer_bytes);
+        f->vc[l] = b->ops->alloc(b, layer_bytes);
+        if (!f->kc[l] || !f->vc[l]) {
+            snprintf(err, errlen, "cannot allocate the KV cache (%zu MiB)",
+                     (size_t)2 * hp->n_layer * layer_bytes >> 20);
+            fw_close(f);
+            return -1;
+        }
+    }
+    f->kv_bytes = (size_t)2 * hp->n_layer * layer_bytes;
+    *out = f;
+    return 0;
+oom:
+    snprintf(err, errlen, "out of memory for activation buffers");
+    fw_close(f);
+    return -1;
+}
+
+size_t fw_kv_bytes(const fw *f) { return f->kv_bytes; }
+
+void fw_run(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out, float *logits)
+{
+    const model *m = f->m;
+    const hparams *hp = &m->hp;
+    be *b = f->b;
+    const be_ops *o = b->ops;
+    int T = bt->T, E = hp->n_embd, HD = hp->head_dim;
+    int K = hp->n_head_kv * HD, F = hp->n_ff;
+    const wt *freq_div = &m->rope_freqs;
+
+    o->embed(b, &m->tok_embd, tokens, T, f->x);
+    for (int l = 0; l < hp->n_layer; l++) {
+        const layer_w *L = &m->layers[l];
+        o->rmsnorm(b, f->x, &L->attn_norm, T, E, hp->norm_eps, f->xb);
+        o->matmul(b, &L->wq, &L->bq, f->xb, T, f->q);
+        o->matmul(b, &L->wk, &L->bk, f->xb, T, f->k);
+        o->matmul(b, &L->wv, &L->bv, f->xb, T, f->v);
+        if (L->q_norm.data) {
+            o->rmsnorm(b, f->q, &L->q_norm, T * hp->n_head, HD, hp->norm_eps, f->q);
+            o->rmsnorm(b, f->k, &L->k_norm, T * hp->n_head_kv, HD, hp->norm_eps, f->k);
+        }
+        o->rope(b, f->q, bt, hp->n_head, HD, hp->n_rot, hp->rope_base, hp->rope_neox, freq_div);
+        o->rope(b, f->k, bt, hp->n_head_kv, HD, hp->n_rot, hp->rope_base, hp->rope_neox, freq_div);
+        o->kv_store(b, f->kc[l], f->vc[l], bt, K, f->k, f->v);
+        o->attention(b, f->q, f->kc[l], f->vc[l], bt, hp->n_head, hp->n_head_kv, HD, f->att);
+        o->matmul(b, &L->wo, NULL, f->att, T, f->xb);
+        o->add(b, f->x, f->xb, (size_t)T * E);
+        o->rmsnorm(b, f->x, &L->ffn_norm, T, E, hp->norm_eps, f->xb);
+        o->matmul(b, &L->w_gate, NULL, f->xb, T, f->hg);
+        o->matmul(b, &L->w_up, NULL, f->xb, T, f->hu);
+        o->silu_mul(b, f->hg, f->hu, (size_t)T * F, f->hg);
+        o->matmul(b, &L->w_down, NULL, f->hg, T, f->xb);
+        o->add(b, f->x, f->xb, (size_t)T * E);
+    }
+    if (n_out <= 0) { o->sync(b); return; }
+    for (int i = 0; i < n_out; i++)
+        o->rmsnorm(b, f->x + (size_t)out_idx[i] * E, &m->output_norm, 1, E, hp->norm_eps,
+                   f->xo + (size_t)i * E);
+    o->matmul(b, &m->output, NULL, f->xo, n_out, f->lg);
+    o->to_host(b, logits, f->lg, (size_t)n_out * hp->n_vocab * 4);
+    o->sync(b);
+}

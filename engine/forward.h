@@ -1,0 +1,27 @@
+/* forward.h — the transformer forward pass over a batch of tokens from any
+ * number of sequences, written once against backend ops (engine-internal).
+ * fw owns the activation buffers (sized for max_T tokens) and the KV cache
+ * pool (n_pages pages of KV_PAGE tokens for every layer). */
+#ifndef ANE_FORWARD_H
+#define ANE_FORWARD_H
+
+#include "engine/backend.h"
+#include "engine/model.h"
+
+typedef struct fw fw;
+
+/* max_seqs: sequence slots for per-sequence state (recurrent layers). */
+int fw_open(fw **out, model *m, be *b, int max_T, int max_out, int n_pages, int max_seqs,
+            char *err, size_t errlen);
+/* A new sequence takes `slot`: clears its per-sequence state. */
+void fw_seq_reset(fw *f, int slot);
+void fw_close(fw *f);
+size_t fw_kv_bytes(const fw *f);          /* bytes of the whole KV pool */
+size_t fw_kv_page_bytes(const model *m, size_t kv_elt);
+
+/* Runs tokens[0..bt->T) (T <= max_T) and writes the logits of the tokens
+ * out_idx[0..n_out) (n_out <= max_out) to host memory logits [n_out][n_vocab]. */
+void fw_run(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out,
+            float *logits);
+
+#endif

@@ -1,0 +1,71 @@
+/* model.h — a loaded model: hyper-parameters from metadata and weight
+ * tensors used in place from the file mapping (engine-internal).
+ *
+ * Shapes follow ggml: a weight W with ne = {n_in, n_out} has n_out rows of
+ * n_in values, and y = W x means y[r] = dot(row r, x). */
+#ifndef ANE_MODEL_H
+#define ANE_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct tok;
+
+typedef enum model_arch { ARCH_LLAMA = 0, ARCH_QWEN2, ARCH_QWEN3 } model_arch;
+
+typedef struct wt {
+    uint32_t type;          /* qtypes id */
+    int64_t n_in, n_out;    /* ne[0], ne[1] */
+    size_t row_bytes;
+    const void *data;       /* host bytes (mmap or owned) */
+    void *dev;              /* the backend's copy, when it keeps one */
+} wt;
+
+typedef struct layer_w {
+    wt attn_norm, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down;
+    wt bq, bk, bv;              /* qwen2 biases (data NULL when absent) */
+    wt q_norm, k_norm;          /* qwen3 per-head norms */
+} layer_w;
+
+typedef struct hparams {
+    model_arch arch;
+    int32_t n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff;
+    int32_t n_rot;              /* rotary dims per head */
+    int32_t n_ctx_train;
+    float norm_eps;
+    float rope_base;
+    int rope_neox;              /* 1: rotate (i, i+n_rot/2); 0: adjacent pairs */
+} hparams;
+
+typedef struct model {
+    hparams hp;
+    char arch_name[32];
+    char name[128];
+    char path[512];
+    wt tok_embd, output_norm, output;
+    wt rope_freqs;              /* llama-3.1 per-dim divisors; data NULL when absent */
+    layer_w *layers;
+    int tokenizer_only;
+    int spm;                    /* SentencePiece vocabulary: drop the space prefix after BOS */
+    int recurrent;              /* has per-sequence recurrent state: no prefix reuse */
+    struct tok *tok;
+    uint64_t n_params, weight_bytes;
+    /* owner of the bytes: */
+    struct gguf *gguf;
+    struct hf_model *hf;
+    void *owned;                /* converted/loaded buffers (HF dirs), freed with the model */
+} model;
+
+/* Loads a GGUF file or a Hugging Face directory (config.json, *.safetensors,
+ * tokenizer.json). */
+int model_load(model **out, const char *path, char *err, size_t errlen);
+void model_free(model *m);
+
+struct be;
+/* Hands every weight to the backend once (upload/repack); 0 ok. */
+int model_prepare(model *m, struct be *b, char *err, size_t errlen);
+
+/* Dequantizes row r of w to f32 (embedding lookup, tests). */
+void wt_row_f32(const wt *w, int64_t r, float *dst);
+
+#endif

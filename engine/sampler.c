@@ -1,0 +1,146 @@
+#include "engine/sampler.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct cand { int32_t id; float logit; float p; } cand;
+
+struct sampler {
+    int32_t n_vocab;
+    cand *c;
+};
+
+int sampler_open(sampler **out, int32_t n_vocab)
+{
+    sampler *s = calloc(1, sizeof *s);
+    if (!s) return -1;
+    s->n_vocab = n_vocab;
+    s->c = malloc((size_t)n_vocab * sizeof *s->c);
+    if (!s->c) { free(s); return -1; }
+    *out = s;
+    return 0;
+}
+
+void sampler_close(sampler *s)
+{
+    if (!s) return;
+    free(s->c);
+    free(s);
+}
+
+/* splitmix64 to spread the seed, xorshift64* for the stream */
+uint64_t sampler_rng_seed(uint64_t seed)
+{
+    uint64_t z = seed + 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return z ? z : 1;
+}
+
+static double rng_next(uint64_t *st)
+{
+    uint64_t x = *st;
+    x ^= x >> 12; x ^= x << 25; x ^= x >> 27;
+    *st = x;
+    return (double)((x * 0x2545F4914F6CDD1Dull) >> 11) / 9007199254740992.0;
+}
+
+static int cand_cmp(const void *a, const void *b)
+{
+    const cand *x = a, *y = b;
+    if (x->logit > y->logit) return -1;
+    if (x->logit < y->logit) return 1;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+static void apply_penalty(float *logits, int32_t n_vocab, const eng_sampling *p,
+                          const int32_t *recent, size_t n_recent)
+{
+    if (p->repeat_penalty == 1.0f || n_recent == 0) return;
+    size_t from = 0;
+    if (p->repeat_last_n >= 0 && n_recent > (size_t)p->repeat_last_n) from = n_recent - (size_t)p->repeat_last_n;
+    /* each distinct token once: mark by flipping through a small linear scan */
+    for (size_t i = from; i < n_recent; i++) {
+        int32_t id = recent[i];
+        if (id < 0 || id >= n_vocab) continue;
+        int seen = 0;
+        for (size_t j = from; j < i; j++) if (recent[j] == id) { seen = 1; break; }
+        if (seen) continue;
+        float *l = &logits[id];
+        *l = *l > 0 ? *l / p->repeat_penalty : *l * p->repeat_penalty;
+    }
+}
+
+int32_t sampler_pick(sampler *s, float *logits, const eng_sampling *p,
+                     const int32_t *recent, size_t n_recent, uint64_t *rng)
+{
+    int32_t n = s->n_vocab;
+    apply_penalty(logits, n, p, recent, n_recent);
+    if (p->temperature <= 0.0f) {
+        int32_t best = 0;
+        for (int32_t i = 1; i < n; i++) if (logits[i] > logits[best]) best = i;
+        return best;
+    }
+    cand *c = s->c;
+    size_t m = 0;
+    size_t k = p->top_k > 0 ? (size_t)p->top_k : (size_t)n;
+    if (k <= 256) {
+        /* small k: keep the best k by insertion, one pass over the vocabulary */
+        for (int32_t i = 0; i < n; i++) {
+            float v = logits[i];
+            if (isnan(v) || (m == k && !(v > c[m - 1].logit))) continue;
+            size_t j = m < k ? m++ : k - 1;
+            while (j > 0 && v > c[j - 1].logit) { c[j] = c[j - 1]; j--; }
+            c[j].id = i; c[j].logit = v;
+        }
+    } else {
+        for (int32_t i = 0; i < n; i++)
+            if (!isnan(logits[i])) { c[m].id = i; c[m].logit = logits[i]; m++; }
+        qsort(c, m, sizeof *c, cand_cmp);
+        if (k < m) m = k;
+    }
+    if (m == 0) return 0;
+    /* softmax at temperature 1 for top-p / min-p (as llama.cpp's chain) */
+    double mx = c[0].logit, sum = 0;
+    for (size_t i = 0; i < m; i++) { c[i].p = (float)exp(c[i].logit - mx); sum += c[i].p; }
+    for (size_t i = 0; i < m; i++) c[i].p = (float)(c[i].p / sum);
+    if (p->top_p < 1.0f) {
+        double cum = 0;
+        size_t keep = m;
+        for (size_t i = 0; i < m; i++) {
+            cum += c[i].p;
+            if (cum >= p->top_p) { keep = i + 1; break; }
+        }
+        m = keep;
+    }
+    if (p->min_p > 0.0f) {
+        float thr = c[0].p * p->min_p;
+        size_t keep = 1;
+        while (keep < m && c[keep].p >= thr) keep++;
+        m = keep;
+    }
+    /* temperature, then draw */
+    mx = c[0].logit / p->temperature;
+    sum = 0;
+    for (size_t i = 0; i < m; i++) { c[i].p = (float)exp(c[i].logit / p->temperature - mx); sum += c[i].p; }
+    double r = rng_next(rng) * sum, acc = 0;
+    for (size_t i = 0; i < m; i++) {
+        acc += c[i].p;
+        if (r < acc) return c[i].id;
+    }
+    return c[m - 1].id;
+}
+
+void sampler_top(const float *logits, int32_t n_vocab, int n, int32_t *ids, float *vals)
+{
+    int cnt = 0;
+    for (int32_t i = 0; i < n_vocab; i++) {
+        float v = logits[i];
+        if (cnt == n && !(v > vals[n - 1])) continue;
+        int j = cnt < n ? cnt++ : n - 1;
+        while (j > 0 && v > vals[j - 1]) { vals[j] = vals[j - 1]; ids[j] = ids[j - 1]; j--; }
+        vals[j] = v; ids[j] = i;
+    }
+}

@@ -1,0 +1,220 @@
+/* anebench — in-process speed of the engine on one model.
+ *
+ *   anebench --model FILE [--prompt N] [--gen M] [--threads T] [--streams S]
+ *            [--repeat R] [--backend cpu|cuda] [--json]
+ *
+ * Prefill: a prompt of N tokens, generate 1 token; prefill tokens/s from the
+ * engine's own timing. Decode: M greedy tokens; decode tokens/s over the
+ * tokens after the first. With --streams S, S greedy jobs run at once and the
+ * aggregate decode rate is reported beside the single-stream one. The weight
+ * bytes read per decode step over the measured time give the achieved
+ * bandwidth, shown against a plain multi-threaded memory read measured in the
+ * same run. Each figure is the median of R repeats. */
+#include "engine/engine.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_d);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* ---- memory-read ceiling ---- */
+typedef struct { const uint64_t *p; size_t n; uint64_t sum; } rd_arg;
+
+static void *rd_main(void *a)
+{
+    rd_arg *r = a;
+    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    for (size_t i = 0; i + 4 <= r->n; i += 4) { s0 += r->p[i]; s1 += r->p[i + 1]; s2 += r->p[i + 2]; s3 += r->p[i + 3]; }
+    r->sum = s0 + s1 + s2 + s3;
+    return NULL;
+}
+
+static double mem_read_gbs(int nth, size_t bytes)
+{
+    uint64_t *buf = malloc(bytes);
+    if (!buf) return 0;
+    size_t n = bytes / 8;
+    for (size_t i = 0; i < n; i++) buf[i] = i;
+    double best = 0;
+    for (int rep = 0; rep < 5; rep++) {
+        pthread_t th[64];
+        rd_arg ar[64];
+        double t0 = now_s();
+        for (int i = 0; i < nth; i++) {
+            ar[i].p = buf + n / nth * i;
+            ar[i].n = n / nth;
+            pthread_create(&th[i], NULL, rd_main, &ar[i]);
+        }
+        uint64_t s = 0;
+        for (int i = 0; i < nth; i++) { pthread_join(th[i], NULL); s += ar[i].sum; }
+        double dt = now_s() - t0;
+        if (s == 42) fprintf(stderr, " ");
+        double gbs = bytes / dt / 1e9;
+        if (gbs > best) best = gbs;
+    }
+    free(buf);
+    return best;
+}
+
+typedef struct run_res { double prefill_tps, decode_tps, wall_s; int ok; } run_res;
+
+/* Runs S jobs at once; returns per-job medians and aggregate decode rate. */
+static int run_jobs(eng *e, int n_prompt, int n_gen, int streams, double *prefill_tps, double *decode_tps,
+                    double *agg_tps)
+{
+    int32_t nv = eng_model(e)->n_vocab;
+    int32_t *toks = malloc((size_t)n_prompt * sizeof *toks);
+    uint64_t ids[256];
+    double pf[256], dc[256];
+    int done = 0;
+    char err[256];
+    eng_err code;
+    for (int i = 0; i < n_prompt; i++) toks[i] = (int32_t)((i * 7919 + 13) % (nv > 3 ? nv - 3 : 1)) + 3;
+    double t0 = now_s();
+    for (int s = 0; s < streams; s++) {
+        eng_job_desc d = { 0 };
+        d.kind = ENG_JOB_GENERATE;
+        toks[0] = eng_model(e)->bos >= 0 ? eng_model(e)->bos : toks[0];
+        toks[n_prompt > 1 ? 1 : 0] = 3 + s;   /* distinct prompts */
+        d.tokens = toks;
+        d.n_tokens = (size_t)n_prompt;
+        d.max_tokens = n_gen;
+        eng_sampling_default(&d.sampling);
+        d.sampling.temperature = 0;
+        d.owner = (uint64_t)s;
+        if (eng_submit(e, &d, &ids[s], &code, err, sizeof err)) {
+            fprintf(stderr, "anebench: submit: %s\n", err);
+            free(toks);
+            return -1;
+        }
+    }
+    int gen_total = 0;
+    double first_tok = 0;
+    while (done < streams) {
+        eng_event *ev = eng_events_take(e);
+        if (!ev) { usleep(200); continue; }
+        while (ev) {
+            eng_event *nx = ev->next;
+            if (ev->type == ENG_EV_TOKEN) {
+                gen_total++;
+                if (!first_tok && gen_total >= streams) first_tok = now_s();
+            }
+            if (ev->type == ENG_EV_DONE) {
+                pf[done] = ev->prefill_ms > 0 ? n_prompt / (ev->prefill_ms / 1e3) : 0;
+                dc[done] = ev->decode_ms > 0 ? (ev->completion_tokens - 1) / (ev->decode_ms / 1e3) : 0;
+                done++;
+            }
+            if (ev->type == ENG_EV_ERROR) {
+                fprintf(stderr, "anebench: job error: %s\n", ev->message);
+                done++;
+            }
+            eng_event_free(ev);
+            ev = nx;
+        }
+    }
+    double t1 = now_s();
+    free(toks);
+    *prefill_tps = median(pf, streams);
+    *decode_tps = median(dc, streams);
+    *agg_tps = first_tok && t1 > first_tok ? (gen_total - streams) / (t1 - first_tok) : 0;
+    (void)t0;
+    return 0;
+}
+
+static void usage(void)
+{
+    fprintf(stderr, "usage: anebench --model FILE [--prompt N] [--gen M] [--threads T] [--streams S]\n"
+                    "                [--repeat R] [--backend cpu|cuda] [--ctx N] [--json]\n");
+}
+
+int main(int argc, char **argv)
+{
+    const char *model = NULL, *backend = NULL;
+    int n_prompt = 128, n_gen = 64, threads = 0, streams = 1, repeat = 3, json = 0, ctx = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--json")) { json = 1; continue; }
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(); return 0; }
+        if (!v) { usage(); return 1; }
+        if (!strcmp(a, "--model")) model = v;
+        else if (!strcmp(a, "--prompt")) n_prompt = atoi(v);
+        else if (!strcmp(a, "--gen")) n_gen = atoi(v);
+        else if (!strcmp(a, "--threads")) threads = atoi(v);
+        else if (!strcmp(a, "--streams")) streams = atoi(v);
+        else if (!strcmp(a, "--repeat")) repeat = atoi(v);
+        else if (!strcmp(a, "--backend")) backend = v;
+        else if (!strcmp(a, "--ctx")) ctx = atoi(v);
+        else { usage(); return 1; }
+        i++;
+    }
+    if (!model || n_prompt < 1 || n_gen < 2 || streams < 1 || streams > 256 || repeat < 1) { usage(); return 1; }
+    char err[512];
+    eng *e;
+    eng_opts o = { 0 };
+    o.model_path = model;
+    o.n_threads = threads;
+    o.backend = backend;
+    o.max_seqs = streams > 16 ? streams : 16;
+    o.n_ctx = ctx ? ctx : n_prompt + n_gen + 16;
+    double t0 = now_s();
+    if (eng_open(&e, &o, err, sizeof err)) { fprintf(stderr, "anebench: %s\n", err); return 1; }
+    double load_s = now_s() - t0;
+    const eng_model_info *mi = eng_model(e);
+    if (mi->tokenizer_only) { fprintf(stderr, "anebench: %s has no weights\n", model); return 1; }
+
+    double pf[64], dc[64], ag[64], pfs[64], dcs[64];
+    if (repeat > 64) repeat = 64;
+    /* warm-up: touch the weights once */
+    double w0, w1, w2;
+    if (run_jobs(e, n_prompt < 16 ? n_prompt : 16, 2, 1, &w0, &w1, &w2)) return 1;
+    for (int r = 0; r < repeat; r++) {
+        if (run_jobs(e, n_prompt, n_gen, 1, &pf[r], &dc[r], &ag[r])) return 1;
+        if (streams > 1 && run_jobs(e, n_prompt, n_gen, streams, &pfs[r], &dcs[r], &ag[r])) return 1;
+    }
+    double prefill = median(pf, repeat), decode = median(dc, repeat);
+    double agg = streams > 1 ? median(ag, repeat) : decode;
+    int nth = mi->n_threads;
+    double ceil_gbs = mem_read_gbs(nth, (size_t)1 << 30);
+    double wgbs = decode * (double)mi->weight_bytes / 1e9;
+    if (json) {
+        printf("{\"model\":\"%s\",\"backend\":\"%s\",\"threads\":%d,\"prompt\":%d,\"gen\":%d,\"streams\":%d,"
+               "\"load_s\":%.3f,\"weight_bytes\":%llu,\"prefill_tps\":%.2f,\"decode_tps\":%.2f,"
+               "\"aggregate_decode_tps\":%.2f,\"weight_gbs\":%.2f,\"mem_read_gbs\":%.2f,\"bw_fraction\":%.3f}\n",
+               model, mi->backend, nth, n_prompt, n_gen, streams, load_s, (unsigned long long)mi->weight_bytes,
+               prefill, decode, agg, wgbs, ceil_gbs, ceil_gbs > 0 ? wgbs / ceil_gbs : 0);
+    } else {
+        printf("model      %s (%s, %.1f MB of weights, loaded in %.2f s)\n", model, mi->arch,
+               mi->weight_bytes / 1e6, load_s);
+        printf("backend    %s, %d threads\n", mi->backend, nth);
+        printf("prefill    %8.2f tokens/s  (%d-token prompt)\n", prefill, n_prompt);
+        printf("decode     %8.2f tokens/s  (%d tokens)  %.2f GB/s of weights, %.0f%% of the %.2f GB/s read ceiling\n",
+               decode, n_gen, wgbs, ceil_gbs > 0 ? 100 * wgbs / ceil_gbs : 0, ceil_gbs);
+        if (streams > 1)
+            printf("aggregate  %8.2f tokens/s  over %d concurrent streams (%.2fx one stream)\n", agg, streams,
+                   decode > 0 ? agg / decode : 0);
+    }
+    eng_close(e);
+    return 0;
+}

@@ -1,0 +1,898 @@
+#!/usr/bin/python3
+"""Integration tests of the aned daemon: the real bin/aned on a private socket,
+driven with raw msgpack sockets and the real bin/aneclient.
+
+Every test has a deadline; every daemon started here is killed in a finally.
+Ends with "N passed, M failed"; exits non-zero on any failure."""
+import json
+import os
+import random
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+
+import msgpack
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+ANED = os.path.join(ROOT, "bin", "aned")
+ANECLIENT = os.path.join(ROOT, "bin", "aneclient")
+FIX = os.path.join(ROOT, "tests", "fixtures")
+MODEL = os.path.join(FIX, "models", "stories260K.gguf")
+VOCAB_ONLY = os.path.join(FIX, "tokenizers", "llama.cpp", "ggml-vocab-llama-spm.gguf")
+with open(os.path.join(FIX, "refs", "stories260K.greedy.json")) as f:
+    GREEDY = json.load(f)["generated_ids"]
+# Greedy text from BOS (tests/fixtures/refs/stories260K.md).
+GREEDY_TEXT = "Once upon a time, there was a little girl named Lily."
+
+PROTO_VERSION = 1
+STARTUP_S = 30.0
+
+
+class TestFailure(Exception):
+    pass
+
+
+def check(cond, msg):
+    if not cond:
+        raise TestFailure(msg)
+
+
+# ------------------------------------------------------------------ daemon
+
+class Daemon:
+    """One bin/aned on a socket in a private temp dir."""
+
+    def __init__(self, model=MODEL, args=(), sock=None, tmp=None):
+        self.tmp = tmp or tempfile.mkdtemp(prefix="aned-t.")
+        self.sock = sock or os.path.join(self.tmp, "aned.sock")
+        self.log = os.path.join(self.tmp, "aned.%d.log" % random.randrange(1 << 30))
+        self.model = model
+        self.args = list(args)
+        self.proc = None
+
+    def start(self, wait=True):
+        self.logf = open(self.log, "wb")
+        cmd = [ANED, "--model", self.model, "--socket", self.sock, "--log-level", "debug"] + self.args
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self.logf,
+                                     stderr=subprocess.STDOUT)
+        if wait:
+            self.wait_ready()
+        return self
+
+    def wait_ready(self, timeout=STARTUP_S):
+        end = time.time() + timeout
+        while time.time() < end:
+            if self.proc.poll() is not None:
+                raise TestFailure("aned exited %s during start-up:\n%s" % (self.proc.returncode, self.log_text()))
+            try:
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                s.settimeout(1)
+                s.connect(self.sock)
+                s.close()
+                # connectable: make sure the model is loaded (hello answered)
+                c = Conn(self.sock)
+                c.hello()
+                c.close()
+                return
+            except (OSError, TestFailure):
+                time.sleep(0.05)
+        raise TestFailure("aned not ready after %.0f s:\n%s" % (timeout, self.log_text()))
+
+    def log_text(self):
+        try:
+            with open(self.log, "rb") as f:
+                return f.read().decode("utf-8", "replace")[-4000:]
+        except OSError:
+            return ""
+
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout=15):
+        """SIGTERM; returns the exit status (None if it had to be killed)."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                return None
+        return self.proc.returncode
+
+    def kill(self):
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        try:
+            self.logf.close()
+        except Exception:
+            pass
+
+
+class Conn:
+    """A raw protocol connection."""
+
+    def __init__(self, path, timeout=20):
+        self.s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.s.settimeout(timeout)
+        self.s.connect(path)
+        self.u = msgpack.Unpacker(raw=False, strict_map_key=False)
+        self.next_id = 1
+
+    def send(self, msg):
+        self.s.sendall(msgpack.packb(msg, use_bin_type=True))
+
+    def send_raw(self, data):
+        self.s.sendall(data)
+
+    def recv(self):
+        """Next message; None at EOF."""
+        while True:
+            for m in self.u:
+                return m
+            try:
+                data = self.s.recv(65536)
+            except ConnectionResetError:
+                return None
+            if not data:
+                return None
+            self.u.feed(data)
+
+    def request(self, typ, **fields):
+        rid = fields.pop("id", None)
+        if rid is None:
+            rid = self.next_id
+            self.next_id += 1
+        m = {"type": typ, "id": rid}
+        m.update(fields)
+        self.send(m)
+        return rid
+
+    def hello(self):
+        self.request("hello", version=PROTO_VERSION, client="test_daemon")
+        r = self.recv()
+        check(r is not None and r.get("type") == "hello", "hello reply: %r" % (r,))
+        return r
+
+    def call(self, typ, **fields):
+        rid = self.request(typ, **fields)
+        r = self.recv()
+        check(r is not None, "connection closed waiting for a reply to %s" % typ)
+        check(r.get("id") == rid, "reply id %r for request %r: %r" % (r.get("id"), rid, r))
+        return r
+
+    def generate(self, **fields):
+        """Runs one generate to its end: (token ids, text, last message)."""
+        rid = self.request("generate", **fields)
+        ids, text = [], b""
+        while True:
+            m = self.recv()
+            check(m is not None, "connection closed mid-generation")
+            check(m.get("id") == rid, "message for another id: %r" % (m,))
+            if m["type"] == "token":
+                ids.append(m["token"])
+                t = m.get("text", "")
+                text += t.encode() if isinstance(t, str) else t
+            else:
+                return ids, text.decode("utf-8", "replace"), m
+
+    def close(self):
+        try:
+            self.s.close()
+        except OSError:
+            pass
+
+
+def greedy_req(n=48, **kw):
+    d = dict(tokens=[1], raw=True, temperature=0.0, max_tokens=n)
+    d.update(kw)
+    return d
+
+
+def info(path):
+    c = Conn(path)
+    try:
+        c.hello()
+        return c.call("info")
+    finally:
+        c.close()
+
+
+def wait_for(pred, timeout, what):
+    end = time.time() + timeout
+    while time.time() < end:
+        if pred():
+            return
+        time.sleep(0.05)
+    raise TestFailure("timed out waiting for " + what)
+
+
+def have_client():
+    return os.access(ANECLIENT, os.X_OK)
+
+
+def run_client(d, args, timeout=60, input=None):
+    env = dict(os.environ)
+    env["ANE_SOCKET"] = d.sock
+    return subprocess.run([ANECLIENT, "--socket", d.sock] + args, input=input, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)
+
+
+# ------------------------------------------------------------------ tests
+
+def test_help():
+    p = subprocess.run([ANED, "--help"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=10)
+    check(p.returncode == 0, "--help exit %d" % p.returncode)
+    out = p.stdout.decode()
+    for opt in ("--model", "--socket", "--daemonize", "--threads", "--ctx", "--max-seqs", "--backend", "--log"):
+        check(opt in out, "--help does not mention %s" % opt)
+    p = subprocess.run([ANED, "--bogus"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=10)
+    check(p.returncode != 0, "unknown option accepted")
+    p = subprocess.run([ANED, "--socket", "/tmp/x.sock"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=10)
+    check(p.returncode != 0 and b"--model" in p.stderr, "missing --model not reported")
+
+
+def _start_fails(model, needle):
+    tmp = tempfile.mkdtemp(prefix="aned-t.")
+    sock = os.path.join(tmp, "s.sock")
+    p = subprocess.run([ANED, "--model", model, "--socket", sock], stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, timeout=30)
+    err = p.stderr.decode("utf-8", "replace")
+    check(p.returncode != 0, "aned started on a bad model (%s)" % model)
+    check(needle in err, "message does not name the file %r: %r" % (needle, err))
+    check(not os.path.exists(sock), "socket left behind after a failed start")
+
+
+def test_missing_model():
+    _start_fails("/nonexistent/dir/model.gguf", "/nonexistent/dir/model.gguf")
+
+
+def test_corrupt_model():
+    tmp = tempfile.mkdtemp(prefix="aned-t.")
+    bad = os.path.join(tmp, "corrupt.gguf")
+    with open(bad, "wb") as f:
+        f.write(b"GGUF" + bytes(random.Random(1).randrange(256) for _ in range(4000)))
+    _start_fails(bad, bad)
+    with open(bad, "wb") as f:
+        f.write(b"this is not a model at all\n")
+    _start_fails(bad, bad)
+    # a truncated copy of the real model
+    with open(MODEL, "rb") as f:
+        data = f.read()
+    with open(bad, "wb") as f:
+        f.write(data[: len(data) // 3])
+    _start_fails(bad, bad)
+
+
+def test_hello_ping_info(d):
+    c = Conn(d.sock)
+    try:
+        h = c.hello()
+        check(h.get("server") == "aned/0.1", "server name %r" % h.get("server"))
+        check(h.get("model"), "hello carries no model name")
+        r = c.call("ping")
+        check(r["type"] == "pong", "ping: %r" % r)
+        r = c.call("info")
+        check(r["type"] == "info", "info: %r" % r)
+        check(r.get("clients", 0) >= 1, "info clients %r" % r.get("clients"))
+        for k in ("active", "queued", "tokens_served", "uptime_s", "per_client", "n_vocab"):
+            check(k in r, "info lacks %s: %r" % (k, sorted(r)))
+        me = [p for p in r["per_client"] if p.get("pid") == os.getpid()]
+        check(me and me[0].get("uid") == os.getuid(), "per_client lacks this process: %r" % r["per_client"])
+    finally:
+        c.close()
+
+
+def test_handshake_required(d):
+    c = Conn(d.sock)
+    try:
+        r = c.call("generate", **greedy_req(4))
+        check(r["type"] == "error" and r.get("code") == "handshake", "request before hello: %r" % r)
+        c.hello()
+        ids, _, last = c.generate(**greedy_req(4))
+        check(last["type"] == "done" and len(ids) == 4, "after hello: %r" % last)
+    finally:
+        c.close()
+    c = Conn(d.sock)
+    try:
+        c.request("hello", version=99, client="future")
+        r = c.recv()
+        check(r and r["type"] == "error" and r.get("code") == "version", "version 99: %r" % r)
+        check(c.recv() is None, "connection stays open after a version mismatch")
+    finally:
+        c.close()
+
+
+def test_greedy_reference(d):
+    c = Conn(d.sock)
+    try:
+        c.hello()
+        ids, text, last = c.generate(**greedy_req(48))
+        check(last["type"] == "done", "last message %r" % last)
+        check(ids == GREEDY[:48], "greedy ids differ:\n got %r\nwant %r" % (ids, GREEDY[:48]))
+        check(text.lstrip().startswith(GREEDY_TEXT), "greedy text %r" % text)
+        check(last.get("finish") == "length", "finish %r" % last.get("finish"))
+        # detokenize agrees with the streamed text
+        r = c.call("detokenize", tokens=ids)
+        check(r["type"] == "text" and r["text"] == text, "detokenize %r vs %r" % (r.get("text"), text))
+    finally:
+        c.close()
+
+
+def test_aneclient_story(d):
+    if not have_client():
+        raise TestFailure("bin/aneclient is missing")
+    p = run_client(d, ["Once upon a time"])
+    out = p.stdout.decode("utf-8", "replace")
+    check(p.returncode == 0, "aneclient exit %d: %s" % (p.returncode, p.stderr.decode(errors="replace")))
+    check(len(out.strip()) > 20, "aneclient printed no story: %r" % out)
+
+
+def test_aneclient_greedy(d):
+    if not have_client():
+        raise TestFailure("bin/aneclient is missing")
+    p = run_client(d, ["--tokens", "1", "-t", "0", "-n", "48", "--json"])
+    check(p.returncode == 0, "aneclient exit %d: %s" % (p.returncode, p.stderr.decode(errors="replace")))
+    out = p.stdout.decode("utf-8", "replace")
+    ids, text = _ids_from_json_output(out)
+    check(ids == GREEDY[:48], "aneclient greedy ids %r" % ids)
+    check(GREEDY_TEXT in text, "aneclient greedy text %r" % text)
+
+
+def _ids_from_json_output(out):
+    """Token ids and text from aneclient --json: JSON lines (one per event) or one document."""
+    ids, text = [], ""
+    docs = []
+    try:
+        docs = [json.loads(out)]
+    except ValueError:
+        for line in out.splitlines():
+            line = line.strip()
+            if line:
+                try:
+                    docs.append(json.loads(line))
+                except ValueError:
+                    pass
+    for doc in docs:
+        if not isinstance(doc, dict):
+            continue
+        if doc.get("type") == "token":
+            ids.append(doc.get("token"))
+            text += doc.get("text", "")
+        for k in ("tokens", "ids", "token_ids", "completion_tokens_ids"):
+            if isinstance(doc.get(k), list):
+                ids = list(doc[k])
+        if isinstance(doc.get("text"), str) and doc.get("type") != "token":
+            text = doc["text"]
+    return ids, text
+
+
+GARBAGE = [
+    ("random", bytes(random.Random(7).randrange(256) for _ in range(5000))),
+    ("not a map", msgpack.packb(12345)),
+    ("array", msgpack.packb([1, 2, 3])),
+    ("oversized str32", b"\x81\xa4type\xdb\x7f\xff\xff\xff" + b"x" * 100),
+    ("oversized map32", b"\xdf\x7f\xff\xff\xff"),
+    ("oversized frame", msgpack.packb({"type": "ping", "id": 1, "pad": "x" * (2 << 20)})),
+    ("deep nesting", b"\x81\xa1a" + b"\x91" * 5000 + b"\xc0"),
+    ("reserved byte", b"\xc1\xc1\xc1\xc1"),
+]
+
+
+def test_garbage(d):
+    for name, data in GARBAGE:
+        c = Conn(d.sock, timeout=10)
+        try:
+            if name != "random":
+                c.hello()
+            try:
+                c.send_raw(data)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            # an error (id 0) may come, then the connection must close
+            seen = []
+            while True:
+                try:
+                    m = c.recv()
+                except (socket.timeout, TimeoutError):
+                    raise TestFailure("%s: connection neither answered nor closed" % name)
+                except msgpack.exceptions.ExtraData:
+                    m = None
+                if m is None:
+                    break
+                seen.append(m)
+                check(len(seen) < 10, "%s: too many replies %r" % (name, seen))
+            errs = [m for m in seen if m.get("type") == "error"]
+            check(errs, "%s: closed without an error message" % name)
+        finally:
+            c.close()
+        check(d.alive(), "daemon died on %s" % name)
+        # a second client still works
+        c = Conn(d.sock)
+        try:
+            c.hello()
+            ids, _, last = c.generate(**greedy_req(8))
+            check(last["type"] == "done" and ids == GREEDY[:8], "after %s: %r %r" % (name, ids, last))
+        finally:
+            c.close()
+    # truncated message, then the peer goes away
+    c = Conn(d.sock)
+    c.hello()
+    c.send_raw(msgpack.packb({"type": "generate", "id": 5, "prompt": "hello"})[:-3])
+    c.close()
+    check(info(d.sock)["type"] == "info" and d.alive(), "daemon unwell after a truncated message")
+
+
+def test_bad_requests_keep_connection(d):
+    c = Conn(d.sock)
+    try:
+        c.hello()
+        r = c.call("frobnicate")
+        check(r["type"] == "error" and r.get("code") == "unknown_type", "unknown type: %r" % r)
+        r = c.call("generate", tokens="not a list")
+        check(r["type"] == "error" and r.get("code") == "bad_request", "wrong type: %r" % r)
+        r = c.call("generate", tokens=[1, 100000], raw=True, max_tokens=4)
+        check(r["type"] == "error" and r.get("code") == "invalid_token", "bad token id: %r" % r)
+        r = c.call("generate", tokens=[1] + [300] * 5000, raw=True, max_tokens=4)
+        check(r["type"] == "error" and r.get("code") == "context", "over context: %r" % r)
+        r = c.call("generate", prompt="hi", temperature=-3.0, raw=True)
+        check(r["type"] == "error" and r.get("code") == "invalid_value", "negative temperature: %r" % r)
+        c.request("cancel", id=424242)  # unknown id: ignored
+        r = c.call("ping")
+        check(r["type"] == "pong", "connection unusable after bad requests: %r" % r)
+        # duplicate id in flight
+        rid = c.request("generate", id=77, **greedy_req(400))
+        c.request("generate", id=77, **greedy_req(4))
+        got_dup = False
+        while True:
+            m = c.recv()
+            check(m is not None, "closed")
+            if m["type"] == "error" and m.get("code") == "duplicate_id":
+                got_dup = True
+                c.request("cancel", id=77)
+            if m["type"] in ("done", "error") and m.get("code") != "duplicate_id":
+                break
+        check(got_dup, "no duplicate_id error")
+        check(m["type"] == "done", "first request ended with %r" % m)
+        ids, _, last = c.generate(**greedy_req(8))
+        check(ids == GREEDY[:8], "after duplicate: %r" % ids)
+    finally:
+        c.close()
+
+
+def test_inflight_limit(d):
+    c = Conn(d.sock)
+    try:
+        c.hello()
+        batch = b"".join(msgpack.packb(dict(type="generate", id=i + 1, **greedy_req(1500)))
+                         for i in range(33))
+        c.send_raw(batch)
+        busy = None
+        done = set()
+        while len(done) < 33:
+            m = c.recv()
+            check(m is not None, "closed")
+            if m["type"] == "error" and m.get("code") == "busy":
+                busy = m["id"]
+                done.add(m["id"])
+                for i in range(32):
+                    c.request("cancel", id=i + 1)
+            elif m["type"] in ("done", "error"):
+                done.add(m["id"])
+        check(busy == 33, "33rd request not refused with busy (got %r)" % busy)
+    finally:
+        c.close()
+
+
+def test_concurrent(d, n=8):
+    results = [None] * n
+
+    def worker(i):
+        try:
+            c = Conn(d.sock, timeout=60)
+            try:
+                c.hello()
+                results[i] = c.generate(**greedy_req(48))
+            finally:
+                c.close()
+        except Exception as e:
+            results[i] = e
+
+    ts = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(90)
+    for i, r in enumerate(results):
+        check(not isinstance(r, Exception) and r is not None, "client %d: %r" % (i, r))
+        ids, text, last = r
+        check(last["type"] == "done" and ids == GREEDY[:48], "client %d got %r" % (i, ids))
+    if have_client():
+        procs = [subprocess.Popen([ANECLIENT, "--socket", d.sock, "-n", "32", "Once upon a time"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(n)]
+        for p in procs:
+            out, err = p.communicate(timeout=90)
+            check(p.returncode == 0 and out.strip(), "concurrent aneclient: %d %r" % (p.returncode, err))
+
+
+def test_disconnect_mid_generation(d):
+    a = Conn(d.sock)
+    b = Conn(d.sock)
+    try:
+        a.hello()
+        b.hello()
+        a.request("generate", **greedy_req(1800))
+        for _ in range(5):
+            m = a.recv()
+            check(m and m["type"] == "token", "a: %r" % m)
+        a.close()
+        ids, _, last = b.generate(**greedy_req(48))
+        check(last["type"] == "done" and ids == GREEDY[:48], "b disturbed: %r" % ids)
+        wait_for(lambda: info(d.sock).get("active") == 0 and info(d.sock).get("queued") == 0, 10,
+                 "the dropped client's job to be freed")
+    finally:
+        a.close()
+        b.close()
+
+
+def test_cancel(d):
+    c = Conn(d.sock)
+    try:
+        c.hello()
+        rid = c.request("generate", **greedy_req(1800))
+        n = 0
+        while True:
+            m = c.recv()
+            check(m is not None, "closed")
+            if m["type"] == "token":
+                n += 1
+                if n == 3:
+                    c.request("cancel", id=rid)
+                continue
+            break
+        check(m["type"] == "done" and m.get("finish") == "cancelled", "after cancel: %r" % m)
+        check(n < 1800, "cancel had no effect")
+    finally:
+        c.close()
+
+
+def test_half_close(d):
+    c = Conn(d.sock)
+    try:
+        c.send(dict(type="hello", id=1, version=PROTO_VERSION))
+        c.send(dict(type="generate", id=2, **greedy_req(16)))
+        c.s.shutdown(socket.SHUT_WR)
+        msgs = []
+        while True:
+            m = c.recv()
+            if m is None:
+                break
+            msgs.append(m)
+        check(msgs and msgs[0]["type"] == "hello", "half-closed: %r" % msgs[:2])
+        ids = [m["token"] for m in msgs if m["type"] == "token"]
+        check(ids == GREEDY[:16] and msgs[-1]["type"] == "done", "half-closed peer lost replies: %r" % ids)
+    finally:
+        c.close()
+
+
+def test_slow_reader(d):
+    slow = Conn(d.sock)
+    try:
+        slow.hello()
+        slow.s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        for i in range(8):
+            slow.request("generate", **greedy_req(1500))
+        # never reads; others must not notice
+        t0 = time.time()
+        c = Conn(d.sock)
+        try:
+            c.hello()
+            for _ in range(3):
+                ids, _, last = c.generate(**greedy_req(32))
+                check(ids == GREEDY[:32], "other client disturbed by a slow reader")
+        finally:
+            c.close()
+        check(time.time() - t0 < 30, "other client slowed down")
+    finally:
+        slow.close()
+    wait_for(lambda: info(d.sock).get("active") == 0, 15, "the slow reader's jobs to end")
+
+
+def test_tokenize(d):
+    c = Conn(d.sock)
+    try:
+        c.hello()
+        r = c.call("tokenize", text="Once upon a time")
+        check(r["type"] == "tokens" and r["tokens"] and r["tokens"][0] == 1, "tokenize: %r" % r)
+        r2 = c.call("detokenize", tokens=r["tokens"])
+        check(r2["type"] == "text" and r2["text"].strip() == "Once upon a time", "detokenize: %r" % r2)
+        r = c.call("detokenize", tokens=[5, 99999])
+        check(r["type"] == "error" and r.get("code") == "invalid_token", "detokenize bad id: %r" % r)
+    finally:
+        c.close()
+
+
+def test_tokenizer_only():
+    d = Daemon(model=VOCAB_ONLY).start()
+    try:
+        c = Conn(d.sock)
+        try:
+            c.hello()
+            r = c.call("tokenize", text="Hello world", add_bos=False)
+            check(r["type"] == "tokens" and r["tokens"], "tokenize: %r" % r)
+            r2 = c.call("detokenize", tokens=r["tokens"])
+            check(r2["type"] == "text" and r2["text"].strip() == "Hello world", "round trip: %r" % r2)
+            r = c.call("generate", prompt="Hello", raw=True, max_tokens=4)
+            check(r["type"] == "error" and r.get("code") == "no_model", "generate: %r" % r)
+            r = c.call("info")
+            check(r.get("tokenizer_only") in (True, 1), "info tokenizer_only %r" % r.get("tokenizer_only"))
+        finally:
+            c.close()
+        check(d.stop() == 0, "exit status")
+    finally:
+        d.kill()
+
+
+def test_sigterm_mid_generation():
+    d = Daemon(args=["--shutdown-grace", "0.5"]).start()
+    try:
+        c = Conn(d.sock)
+        c.hello()
+        c.request("generate", **greedy_req(0))
+        m = c.recv()
+        check(m and m["type"] == "token", "no token before SIGTERM: %r" % m)
+        msgs = []
+
+        def drain():
+            try:
+                while True:
+                    m = c.recv()
+                    if m is None:
+                        break
+                    msgs.append(m)
+            except OSError:
+                pass
+
+        reader = threading.Thread(target=drain)
+        reader.start()
+        t0 = time.time()
+        d.proc.send_signal(signal.SIGTERM)
+        rc = d.proc.wait(15)
+        dt = time.time() - t0
+        reader.join(10)
+        check(rc == 0, "exit status %r after SIGTERM" % rc)
+        check(dt < 5, "shutdown took %.1f s" % dt)
+        check(not os.path.exists(d.sock), "socket not removed")
+        check(msgs and msgs[-1]["type"] == "done" and msgs[-1].get("finish") == "cancelled",
+              "last message before close: %r" % (msgs[-1:],))
+        c.close()
+        check("exiting" in d.log_text(), "no shutdown log line")
+        if os.environ.get("ANED_TEST_VERBOSE"): print(d.log_text())
+    finally:
+        d.kill()
+
+
+def test_sigint_idle():
+    d = Daemon().start()
+    try:
+        d.proc.send_signal(signal.SIGINT)
+        check(d.proc.wait(10) == 0, "exit status after SIGINT")
+        check(not os.path.exists(d.sock), "socket not removed")
+    finally:
+        d.kill()
+
+
+def test_stale_socket():
+    tmp = tempfile.mkdtemp(prefix="aned-t.")
+    path = os.path.join(tmp, "aned.sock")
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(path)
+    s.close()  # leaves a socket file nobody listens on
+    check(os.path.exists(path), "setup: no stale socket")
+    d = Daemon(sock=path, tmp=tmp).start()
+    try:
+        check(info(path)["type"] == "info", "daemon on a replaced stale socket")
+        check("stale" in d.log_text(), "stale socket removal not logged")
+    finally:
+        d.stop()
+        d.kill()
+
+
+def test_second_daemon_refuses():
+    d = Daemon().start()
+    try:
+        p = subprocess.run([ANED, "--model", MODEL, "--socket", d.sock], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, timeout=30)
+        check(p.returncode != 0, "a second aned started on a live socket")
+        err = p.stderr.decode("utf-8", "replace")
+        check("already" in err and d.sock in err, "unclear refusal: %r" % err)
+        check(os.path.exists(d.sock) and info(d.sock)["type"] == "info", "first daemon disturbed")
+        # a live non-aned listener is refused too, and never unlinked
+        tmp = tempfile.mkdtemp(prefix="aned-t.")
+        other = os.path.join(tmp, "other.sock")
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.bind(other)
+        s.listen(1)
+        try:
+            p = subprocess.run([ANED, "--model", MODEL, "--socket", other], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, timeout=30)
+            check(p.returncode != 0 and os.path.exists(other), "took over another server's socket")
+        finally:
+            s.close()
+        # a regular file is never replaced
+        reg = os.path.join(tmp, "file.sock")
+        with open(reg, "w") as f:
+            f.write("keep me")
+        p = subprocess.run([ANED, "--model", MODEL, "--socket", reg], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, timeout=30)
+        check(p.returncode != 0 and b"not a socket" in p.stderr, "regular file: %r" % p.stderr)
+        with open(reg) as f:
+            check(f.read() == "keep me", "regular file modified")
+        # a path too long for sun_path
+        p = subprocess.run([ANED, "--model", MODEL, "--socket", "/tmp/" + "x" * 200], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, timeout=30)
+        check(p.returncode != 0 and b"too long" in p.stderr, "long path: %r" % p.stderr)
+    finally:
+        d.stop()
+        d.kill()
+
+
+def test_socket_mode():
+    d = Daemon().start()
+    try:
+        mode = stat.S_IMODE(os.stat(d.sock).st_mode)
+        check(mode == 0o660, "default mode %o" % mode)
+    finally:
+        d.stop()
+        d.kill()
+    d = Daemon(args=["--socket-mode", "0600"]).start()
+    try:
+        mode = stat.S_IMODE(os.stat(d.sock).st_mode)
+        check(mode == 0o600, "--socket-mode 0600 gave %o" % mode)
+    finally:
+        d.stop()
+        d.kill()
+
+
+def test_daemonize():
+    tmp = tempfile.mkdtemp(prefix="aned-t.")
+    sock = os.path.join(tmp, "d.sock")
+    pidf = os.path.join(tmp, "aned.pid")
+    logf = os.path.join(tmp, "aned.log")
+    pid = None
+    try:
+        p = subprocess.run([ANED, "--model", MODEL, "--socket", sock, "--daemonize", "--pidfile", pidf,
+                            "--log", logf], stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30)
+        check(p.returncode == 0, "--daemonize exit %d: %r" % (p.returncode, p.stderr))
+        with open(pidf) as f:
+            pid = int(f.read().strip())
+        check(os.path.exists(sock), "not ready when the parent returned")
+        check(info(sock)["type"] == "info", "daemon does not answer")
+        with open(logf) as f:
+            check("listening" in f.read(), "log file lacks the start-up line")
+        os.kill(pid, signal.SIGTERM)
+        wait_for(lambda: not os.path.exists("/proc/%d" % pid), 10, "the daemon to exit")
+        pid = None
+        check(not os.path.exists(sock) and not os.path.exists(pidf), "socket or pidfile left behind")
+        # a failing start reports through the parent's exit status
+        p = subprocess.run([ANED, "--model", "/nonexistent.gguf", "--socket", sock, "--daemonize"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30)
+        check(p.returncode != 0 and b"/nonexistent.gguf" in p.stderr, "daemonized bad start: %r" % p.stderr)
+    finally:
+        if pid:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def test_many_connections(d):
+    conns = []
+    try:
+        for _ in range(100):
+            c = Conn(d.sock)
+            conns.append(c)
+        for c in conns[:10]:
+            c.hello()
+        r = info(d.sock)
+        check(r.get("clients", 0) >= 101, "clients %r" % r.get("clients"))
+    finally:
+        for c in conns:
+            c.close()
+    wait_for(lambda: info(d.sock).get("clients") == 1, 10, "closed connections to be reaped")
+
+
+# ------------------------------------------------------------------ runner
+
+SHARED = [
+    test_hello_ping_info, test_handshake_required, test_greedy_reference, test_tokenize,
+    test_aneclient_story, test_aneclient_greedy, test_garbage, test_bad_requests_keep_connection,
+    test_inflight_limit, test_concurrent, test_disconnect_mid_generation, test_cancel,
+    test_half_close, test_slow_reader, test_many_connections,
+]
+OWN = [
+    test_help, test_missing_model, test_corrupt_model, test_tokenizer_only, test_sigterm_mid_generation,
+    test_sigint_idle, test_stale_socket, test_second_daemon_refuses, test_socket_mode, test_daemonize,
+]
+TIMEOUT_S = 120
+
+
+class Timeout(Exception):
+    pass
+
+
+def _alarm(signum, frame):
+    raise Timeout("test took longer than %d s" % TIMEOUT_S)
+
+
+def run(fn, *args):
+    signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(TIMEOUT_S)
+    t0 = time.time()
+    try:
+        fn(*args)
+        ok, msg = True, ""
+    except Exception as e:
+        ok = False
+        msg = "%s: %s" % (type(e).__name__, e)
+        if not isinstance(e, (TestFailure, Timeout)):
+            msg += "\n" + traceback.format_exc()
+    finally:
+        signal.alarm(0)
+    print("%-40s %s (%.2f s)%s" % (fn.__name__, "ok" if ok else "FAIL", time.time() - t0,
+                                  "" if ok else "\n    " + msg.replace("\n", "\n    ")), flush=True)
+    return ok
+
+
+def main():
+    only = set(sys.argv[1:])
+    if not os.access(ANED, os.X_OK):
+        print("bin/aned is missing (run make)")
+        print("0 passed, 1 failed")
+        return 1
+    passed = failed = 0
+    shared = [t for t in SHARED if not only or t.__name__ in only]
+    if shared:
+        d = Daemon(args=["--max-seqs", "8"])
+        try:
+            d.start()
+            for t in shared:
+                if not d.alive():
+                    print("%-40s FAIL (daemon gone)" % t.__name__)
+                    failed += 1
+                    continue
+                if run(t, d):
+                    passed += 1
+                else:
+                    failed += 1
+            rc = d.stop()
+            if rc != 0:
+                print("shared daemon exit status %r\n%s" % (rc, d.log_text()))
+                failed += 1
+        except Exception as e:
+            print("shared daemon: %s" % e)
+            failed += 1
+        finally:
+            d.kill()
+    for t in OWN:
+        if only and t.__name__ not in only:
+            continue
+        if run(t):
+            passed += 1
+        else:
+            failed += 1
+    print("%d passed, %d failed" % (passed, failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
