@@ -441,6 +441,14 @@ static void quant_q8_K(const float *x, qt_block_q8_K *y, int64_t nb)
 
 void qt_quantize_row(uint32_t act_type, const float *x, void *dst, int64_t n)
 {
+#if defined(__x86_64__) || defined(__i386__)
+    if (qt_isa_get() >= QT_ISA_AVX2 && qt_quantize_avx2(act_type, x, dst, n) == 0) return;
+#endif
+    qt_quantize_row_ref(act_type, x, dst, n);
+}
+
+void qt_quantize_row_ref(uint32_t act_type, const float *x, void *dst, int64_t n)
+{
     const qt_traits *t = qt_get(act_type);
     if (!t || n <= 0 || n % t->blck) return;
     const int64_t nb = n / t->blck;

@@ -90,6 +90,12 @@ typedef struct { float d; int8_t qs[256]; int16_t bsums[16]; } qt_block_q8_K; /*
  * qt_act_type(wtype)). */
 float qt_vec_dot_ref(uint32_t wtype, int64_t n, const void *w, const void *a);
 
+/* qt_quantize_row in plain C. qt_quantize_row itself uses SIMD versions
+ * (qt_quantize_avx2: 0 done, -1 not handled) whose output is identical
+ * byte for byte for finite input. */
+void qt_quantize_row_ref(uint32_t act_type, const float *x, void *dst, int64_t n);
+int qt_quantize_avx2(uint32_t act_type, const float *x, void *dst, int64_t n);
+
 /* SIMD kernels (same arguments as qt_gemm): 0 done, -1 type not handled
  * there (the caller falls back to a lower ISA). Defined only where built. */
 int qt_gemm_avx2(uint32_t wtype, int64_t n, const void *W, size_t w_stride,
