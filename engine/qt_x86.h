@@ -114,6 +114,9 @@ QT_AI __m256i x_ld(const uint8_t *p) { return _mm256_loadu_si256((const __m256i 
  * product is then broadcast with a lane permute. */
 
 #define QT_RB 32
+#ifndef QT_GMAX
+#define QT_GMAX 4         /* activation rows per weight-row pass (register tile) */
+#endif
 #define QT_MAXB 1024      /* blocks per row handled (n <= 32768); larger n: reference */
 
 QT_AI int x_u16(const uint8_t *p)
@@ -147,7 +150,7 @@ QT_AI void x_small_rows(uint32_t type, size_t bs, int G, int64_t nblk, const uin
 {
     const int sgn = !(type == QT_Q4_1 || type == QT_Q5_1);
     const size_t abs_ = sgn ? 34 : 36, aoff = sgn ? 2 : 4;
-    __m256 acc[4][2], accm[4];
+    __m256 acc[QT_GMAX][2], accm[QT_GMAX];
     for (int k = 0; k < G; k++) acc[k][0] = acc[k][1] = accm[k] = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 8 <= nblk; i += 8) {
@@ -157,7 +160,7 @@ QT_AI void x_small_rows(uint32_t type, size_t bs, int G, int64_t nblk, const uin
         _mm_prefetch((const char *)wb + QT_PF + 128, _MM_HINT_T0);
         if (bs > 24) _mm_prefetch((const char *)wb + QT_PF + 192, _MM_HINT_T0);
         const __m256 dw = x_h2f8(wb, bs);
-        __m256 sc[4];
+        __m256 sc[QT_GMAX];
         for (int k = 0; k < G; k++) sc[k] = _mm256_mul_ps(dw, _mm256_loadu_ps(das + k * QT_MAXB + i));
         if (!sgn) {
             const __m256 mw = x_h2f8(wb + 2, bs);
@@ -171,11 +174,13 @@ QT_AI void x_small_rows(uint32_t type, size_t bs, int G, int64_t nblk, const uin
             for (int k = 0; k < G; k++) {
                 const __m256i y = x_ld(a0 + k * as + (i + j) * abs_ + aoff);
                 const __m256i p = QT_DOT_US(_mm256_setzero_si256(), aw, sgn ? _mm256_sign_epi8(y, w) : y);
-                acc[k][j & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_permutevar8x32_ps(sc[k], idx), acc[k][j & 1]);
+                const int h = G <= 2 ? (j & 1) : 0;   /* 2 chains per row only where there are few rows */
+                acc[k][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_permutevar8x32_ps(sc[k], idx), acc[k][h]);
             }
         }
     }
-    float tail[4] = { 0, 0, 0, 0 };
+    float tail[QT_GMAX];
+    for (int k = 0; k < G; k++) tail[k] = 0;
     for (; i < nblk; i++) {
         const uint8_t *wb = wr + i * bs;
         const __m256i w = x_sblock(type, wb);
@@ -199,13 +204,13 @@ QT_AI void x_small(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64_
     const int64_t nblk = n / 32;
     const int sgn = !(type == QT_Q4_1 || type == QT_Q5_1);
     const size_t abs_ = sgn ? 34 : 36;
-    float das[4 * QT_MAXB] __attribute__((aligned(32)));
-    float dss[4 * QT_MAXB] __attribute__((aligned(32)));
-    float out[4];
+    float das[QT_GMAX * QT_MAXB] __attribute__((aligned(32)));
+    float dss[QT_GMAX * QT_MAXB] __attribute__((aligned(32)));
+    float out[QT_GMAX];
     for (int64_t rb = r0; rb < r1; rb += QT_RB) {
         const int64_t re = rb + QT_RB < r1 ? rb + QT_RB : r1;
         for (int b0 = 0; b0 < nb;) {
-            const int rem = nb - b0, g = rem >= 4 ? 4 : rem;
+            const int rem = nb - b0, g = rem >= QT_GMAX ? QT_GMAX : rem;
             const uint8_t *a0 = A + b0 * as;
             for (int k = 0; k < g; k++)
                 for (int64_t i = 0; i < nblk; i++) {
@@ -216,6 +221,12 @@ QT_AI void x_small(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64_
             for (int64_t r = rb; r < re; r++) {
                 const uint8_t *wr = W + r * ws;
                 switch (g) {
+#if QT_GMAX > 4
+                case 8: x_small_rows(type, bs, 8, nblk, wr, a0, as, das, dss, out); break;
+                case 7: x_small_rows(type, bs, 7, nblk, wr, a0, as, das, dss, out); break;
+                case 6: x_small_rows(type, bs, 6, nblk, wr, a0, as, das, dss, out); break;
+                case 5: x_small_rows(type, bs, 5, nblk, wr, a0, as, das, dss, out); break;
+#endif
                 case 4: x_small_rows(type, bs, 4, nblk, wr, a0, as, das, dss, out); break;
                 case 3: x_small_rows(type, bs, 3, nblk, wr, a0, as, das, dss, out); break;
                 case 2: x_small_rows(type, bs, 2, nblk, wr, a0, as, das, dss, out); break;
