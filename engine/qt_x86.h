@@ -117,7 +117,7 @@ QT_AI __m256i x_ld(const uint8_t *p) { return _mm256_loadu_si256((const __m256i 
 #ifndef QT_GMAX
 #define QT_GMAX 4         /* activation rows per weight-row pass (register tile) */
 #endif
-#define QT_MAXB 1024      /* blocks per row handled (n <= 32768); larger n: reference */
+#define QT_MAXB 1024      /* blocks per column chunk (32768 values) */
 
 QT_AI int x_u16(const uint8_t *p)
 {
@@ -207,34 +207,41 @@ QT_AI void x_small(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64_
     float das[QT_GMAX * QT_MAXB] __attribute__((aligned(32)));
     float dss[QT_GMAX * QT_MAXB] __attribute__((aligned(32)));
     float out[QT_GMAX];
-    for (int64_t rb = r0; rb < r1; rb += QT_RB) {
-        const int64_t re = rb + QT_RB < r1 ? rb + QT_RB : r1;
-        for (int b0 = 0; b0 < nb;) {
-            const int rem = nb - b0, g = rem >= QT_GMAX ? QT_GMAX : rem;
-            const uint8_t *a0 = A + b0 * as;
-            for (int k = 0; k < g; k++)
-                for (int64_t i = 0; i < nblk; i++) {
-                    const uint8_t *ab = a0 + k * as + i * abs_;
-                    das[k * QT_MAXB + i] = x_h2f(ab);
-                    if (!sgn) dss[k * QT_MAXB + i] = x_h2f(ab + 2);
-                }
-            for (int64_t r = rb; r < re; r++) {
-                const uint8_t *wr = W + r * ws;
-                switch (g) {
+    /* rows longer than QT_MAXB blocks go in column chunks, summed in Y */
+    for (int64_t cb = 0; cb < nblk; cb += QT_MAXB) {
+        const int64_t cn = nblk - cb < QT_MAXB ? nblk - cb : QT_MAXB;
+        for (int64_t rb = r0; rb < r1; rb += QT_RB) {
+            const int64_t re = rb + QT_RB < r1 ? rb + QT_RB : r1;
+            for (int b0 = 0; b0 < nb;) {
+                const int rem = nb - b0, g = rem >= QT_GMAX ? QT_GMAX : rem;
+                const uint8_t *a0 = A + b0 * as + cb * abs_;
+                for (int k = 0; k < g; k++)
+                    for (int64_t i = 0; i < cn; i++) {
+                        const uint8_t *ab = a0 + k * as + i * abs_;
+                        das[k * QT_MAXB + i] = x_h2f(ab);
+                        if (!sgn) dss[k * QT_MAXB + i] = x_h2f(ab + 2);
+                    }
+                for (int64_t r = rb; r < re; r++) {
+                    const uint8_t *wr = W + r * ws + cb * bs;
+                    switch (g) {
 #if QT_GMAX > 4
-                case 8: x_small_rows(type, bs, 8, nblk, wr, a0, as, das, dss, out); break;
-                case 7: x_small_rows(type, bs, 7, nblk, wr, a0, as, das, dss, out); break;
-                case 6: x_small_rows(type, bs, 6, nblk, wr, a0, as, das, dss, out); break;
-                case 5: x_small_rows(type, bs, 5, nblk, wr, a0, as, das, dss, out); break;
+                    case 8: x_small_rows(type, bs, 8, cn, wr, a0, as, das, dss, out); break;
+                    case 7: x_small_rows(type, bs, 7, cn, wr, a0, as, das, dss, out); break;
+                    case 6: x_small_rows(type, bs, 6, cn, wr, a0, as, das, dss, out); break;
+                    case 5: x_small_rows(type, bs, 5, cn, wr, a0, as, das, dss, out); break;
 #endif
-                case 4: x_small_rows(type, bs, 4, nblk, wr, a0, as, das, dss, out); break;
-                case 3: x_small_rows(type, bs, 3, nblk, wr, a0, as, das, dss, out); break;
-                case 2: x_small_rows(type, bs, 2, nblk, wr, a0, as, das, dss, out); break;
-                default: x_small_rows(type, bs, 1, nblk, wr, a0, as, das, dss, out); break;
+                    case 4: x_small_rows(type, bs, 4, cn, wr, a0, as, das, dss, out); break;
+                    case 3: x_small_rows(type, bs, 3, cn, wr, a0, as, das, dss, out); break;
+                    case 2: x_small_rows(type, bs, 2, cn, wr, a0, as, das, dss, out); break;
+                    default: x_small_rows(type, bs, 1, cn, wr, a0, as, das, dss, out); break;
+                    }
+                    for (int k = 0; k < g; k++) {
+                        float *y = &Y[(b0 + k) * ldy + r];
+                        *y = cb ? *y + out[k] : out[k];
+                    }
                 }
-                for (int k = 0; k < g; k++) Y[(b0 + k) * ldy + r] = out[k];
+                b0 += g;
             }
-            b0 += g;
         }
     }
 }
@@ -600,7 +607,6 @@ int QT_KERNEL_NAME(uint32_t wtype, int64_t n, const void *W, size_t w_stride,
     }
     const qt_traits *t = qt_get(wtype);
     if (n <= 0 || n % t->blck) return -1;
-    if (t->blck == 32 && n / 32 > QT_MAXB) return -1;
     fn(n, W, w_stride, r0, r1, A, a_stride, nb, Y, ldy);
     return 0;
 }

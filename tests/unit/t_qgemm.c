@@ -182,6 +182,14 @@ static void test_all_types(void)
     }
 }
 
+/* rows longer than one column chunk of the small-block kernels (32768) */
+static void test_long_rows(void)
+{
+    one_case(QT_Q8_0, 32768 + 64, 3, 2);
+    one_case(QT_Q4_1, 2 * 32768 + 32 * 9, 2, 9);
+    one_case(QT_Q4_K, 32768 + 512, 2, 3);
+}
+
 static void test_isa(void)
 {
     qt_init();
@@ -211,5 +219,6 @@ int main(void)
     RUN(test_isa);
     RUN(test_unsupported);
     RUN(test_all_types);
+    RUN(test_long_rows);
     return CHECK_DONE();
 }
