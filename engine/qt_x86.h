@@ -30,6 +30,24 @@
 #define QT_AI static inline __attribute__((always_inline))
 #define QT_PF 1024
 
+/* Block size as a compile-time constant once inlined. */
+QT_AI size_t x_tsize(uint32_t type)
+{
+    switch (type) {
+    case QT_Q4_0: return sizeof(qt_block_q4_0);
+    case QT_Q4_1: return sizeof(qt_block_q4_1);
+    case QT_Q5_0: return sizeof(qt_block_q5_0);
+    case QT_Q5_1: return sizeof(qt_block_q5_1);
+    case QT_Q8_0: return sizeof(qt_block_q8_0);
+    case QT_Q2_K: return sizeof(qt_block_q2_K);
+    case QT_Q3_K: return sizeof(qt_block_q3_K);
+    case QT_Q4_K: return sizeof(qt_block_q4_K);
+    case QT_Q5_K: return sizeof(qt_block_q5_K);
+    case QT_Q6_K: return sizeof(qt_block_q6_K);
+    default: return 0;
+    }
+}
+
 QT_AI float x_h2f(const void *p)
 {
     uint16_t h;
@@ -200,7 +218,7 @@ QT_AI void x_small_rows(uint32_t type, size_t bs, int G, int64_t nblk, const uin
 QT_AI void x_small(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64_t r0, int64_t r1,
                    const uint8_t *A, size_t as, int nb, float *Y, int64_t ldy)
 {
-    const size_t bs = qt_get(type)->type_size;
+    const size_t bs = x_tsize(type);
     const int64_t nblk = n / 32;
     const int sgn = !(type == QT_Q4_1 || type == QT_Q5_1);
     const size_t abs_ = sgn ? 34 : 36;
@@ -383,7 +401,7 @@ QT_AI float x_kfinish(__m256i acc, const x_kscale *ks, const qt_block_q8_K *a, f
 QT_AI void x_kquant(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64_t r0, int64_t r1,
                     const uint8_t *A, size_t as, int nb, float *Y, int64_t ldy)
 {
-    const size_t bs = qt_get(type)->type_size;
+    const size_t bs = x_tsize(type);
     const int64_t nsb = n / 256;
     uint8_t q[256] __attribute__((aligned(32)));
     x_kscale ks;
@@ -397,14 +415,18 @@ QT_AI void x_kquant(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64
                 for (size_t o = 0; o < bs; o += 64) _mm_prefetch((const char *)wb + QT_PF + o, _MM_HINT_T0);
                 const qt_block_q8_K *a = (const void *)(A + i * sizeof(qt_block_q8_K));
                 x_kscales_of(type, wb, &ks);
-                __m256i acc = _mm256_setzero_si256();
+                /* two accumulators: vpdpwssd has a 5-cycle latency */
+                __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
                 QT_UNROLL8
-                for (int c = 0; c < 8; c++) {
-                    const __m256i p = _mm256_maddubs_epi16(x_kchunk(type, wb, c),
-                                                           x_ld((const uint8_t *)a->qs + 32 * c));
-                    acc = QT_MADD_ACC(acc, p, ks.sv[c]);
+                for (int c = 0; c < 8; c += 2) {
+                    const __m256i p0 = _mm256_maddubs_epi16(x_kchunk(type, wb, c),
+                                                            x_ld((const uint8_t *)a->qs + 32 * c));
+                    const __m256i p1 = _mm256_maddubs_epi16(x_kchunk(type, wb, c + 1),
+                                                            x_ld((const uint8_t *)a->qs + 32 * c + 32));
+                    acc0 = QT_MADD_ACC(acc0, p0, ks.sv[c]);
+                    acc1 = QT_MADD_ACC(acc1, p1, ks.sv[c + 1]);
                 }
-                sum = x_kfinish(acc, &ks, a, sum);
+                sum = x_kfinish(_mm256_add_epi32(acc0, acc1), &ks, a, sum);
             }
             Y[r] = sum;
             continue;
@@ -421,15 +443,19 @@ QT_AI void x_kquant(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64
                     _mm256_store_si256((__m256i *)(void *)(q + 32 * c), x_kchunk(type, wb, c));
                 for (int k = 0; k < g; k++) {
                     const qt_block_q8_K *a = (const void *)(A + (b0 + k) * as + i * sizeof(qt_block_q8_K));
-                    __m256i acc = _mm256_setzero_si256();
+                    __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
                     QT_UNROLL8
-                    for (int c = 0; c < 8; c++) {
-                        const __m256i p = _mm256_maddubs_epi16(
+                    for (int c = 0; c < 8; c += 2) {
+                        const __m256i p0 = _mm256_maddubs_epi16(
                             _mm256_load_si256((const __m256i *)(const void *)(q + 32 * c)),
                             x_ld((const uint8_t *)a->qs + 32 * c));
-                        acc = QT_MADD_ACC(acc, p, ks.sv[c]);
+                        const __m256i p1 = _mm256_maddubs_epi16(
+                            _mm256_load_si256((const __m256i *)(const void *)(q + 32 * c + 32)),
+                            x_ld((const uint8_t *)a->qs + 32 * c + 32));
+                        acc0 = QT_MADD_ACC(acc0, p0, ks.sv[c]);
+                        acc1 = QT_MADD_ACC(acc1, p1, ks.sv[c + 1]);
                     }
-                    sums[k] = x_kfinish(acc, &ks, a, sums[k]);
+                    sums[k] = x_kfinish(_mm256_add_epi32(acc0, acc1), &ks, a, sums[k]);
                 }
             }
             for (int k = 0; k < g; k++) Y[(b0 + k) * ldy + r] = sums[k];
