@@ -169,6 +169,7 @@ QT_AI void x_small_rows(uint32_t type, size_t bs, int G, int64_t nblk, const uin
     const int sgn = !(type == QT_Q4_1 || type == QT_Q5_1);
     const size_t abs_ = sgn ? 34 : 36, aoff = sgn ? 2 : 4;
     __m256 acc[QT_GMAX][2], accm[QT_GMAX];
+    QT_UNROLL8
     for (int k = 0; k < G; k++) acc[k][0] = acc[k][1] = accm[k] = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 8 <= nblk; i += 8) {
@@ -179,9 +180,11 @@ QT_AI void x_small_rows(uint32_t type, size_t bs, int G, int64_t nblk, const uin
         if (bs > 24) _mm_prefetch((const char *)wb + QT_PF + 192, _MM_HINT_T0);
         const __m256 dw = x_h2f8(wb, bs);
         __m256 sc[QT_GMAX];
+        QT_UNROLL8
         for (int k = 0; k < G; k++) sc[k] = _mm256_mul_ps(dw, _mm256_loadu_ps(das + k * QT_MAXB + i));
         if (!sgn) {
             const __m256 mw = x_h2f8(wb + 2, bs);
+            QT_UNROLL8
             for (int k = 0; k < G; k++) accm[k] = _mm256_fmadd_ps(mw, _mm256_loadu_ps(dss + k * QT_MAXB + i), accm[k]);
         }
         QT_UNROLL8
@@ -189,6 +192,7 @@ QT_AI void x_small_rows(uint32_t type, size_t bs, int G, int64_t nblk, const uin
             const __m256i w = x_sblock(type, wb + j * bs);
             const __m256i aw = sgn ? _mm256_sign_epi8(w, w) : w;
             const __m256i idx = _mm256_set1_epi32(j);
+            QT_UNROLL8
             for (int k = 0; k < G; k++) {
                 const __m256i y = x_ld(a0 + k * as + (i + j) * abs_ + aoff);
                 const __m256i p = QT_DOT_US(_mm256_setzero_si256(), aw, sgn ? _mm256_sign_epi8(y, w) : y);
@@ -198,12 +202,14 @@ QT_AI void x_small_rows(uint32_t type, size_t bs, int G, int64_t nblk, const uin
         }
     }
     float tail[QT_GMAX];
+    QT_UNROLL8
     for (int k = 0; k < G; k++) tail[k] = 0;
     for (; i < nblk; i++) {
         const uint8_t *wb = wr + i * bs;
         const __m256i w = x_sblock(type, wb);
         const __m256i aw = sgn ? _mm256_sign_epi8(w, w) : w;
         const float d = x_h2f(wb), m = sgn ? 0.f : x_h2f(wb + 2);
+        QT_UNROLL8
         for (int k = 0; k < G; k++) {
             const __m256i y = x_ld(a0 + k * as + i * abs_ + aoff);
             const __m256i p = QT_DOT_US(_mm256_setzero_si256(), aw, sgn ? _mm256_sign_epi8(y, w) : y);
@@ -211,6 +217,7 @@ QT_AI void x_small_rows(uint32_t type, size_t bs, int G, int64_t nblk, const uin
             if (!sgn) tail[k] += m * dss[k * QT_MAXB + i];
         }
     }
+    QT_UNROLL8
     for (int k = 0; k < G; k++)
         out[k] = x_hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[k][0], acc[k][1]), accm[k])) + tail[k];
 }
@@ -490,11 +497,13 @@ QT_AI void x_float_rows(uint32_t type, int NB, int64_t n, const uint8_t *wr, con
 {
     const size_t wsz = type == QT_F32 ? 4 : 2;
     __m256 acc[4][2];
+    QT_UNROLL8
     for (int k = 0; k < NB; k++) acc[k][0] = acc[k][1] = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
         _mm_prefetch((const char *)wr + i * wsz + QT_PF, _MM_HINT_T0);
         const __m256 w0 = x_load8(type, wr, i), w1 = x_load8(type, wr, i + 8);
+        QT_UNROLL8
         for (int k = 0; k < NB; k++) {
             const float *x = (const float *)(const void *)(a0 + k * as);
             acc[k][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + i), acc[k][0]);
@@ -503,11 +512,13 @@ QT_AI void x_float_rows(uint32_t type, int NB, int64_t n, const uint8_t *wr, con
     }
     for (; i + 8 <= n; i += 8) {
         const __m256 w0 = x_load8(type, wr, i);
+        QT_UNROLL8
         for (int k = 0; k < NB; k++) {
             const float *x = (const float *)(const void *)(a0 + k * as);
             acc[k][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + i), acc[k][0]);
         }
     }
+    QT_UNROLL8
     for (int k = 0; k < NB; k++) {
         const float *x = (const float *)(const void *)(a0 + k * as);
         float s = x_hsum_ps(_mm256_add_ps(acc[k][0], acc[k][1]));
@@ -522,6 +533,7 @@ QT_AI void x_float_rows2(uint32_t type, int NB, int64_t n, const uint8_t *w0r, c
 {
     const size_t wsz = type == QT_F32 ? 4 : 2;
     __m256 acc0[4], acc1[4];
+    QT_UNROLL8
     for (int k = 0; k < NB; k++) acc0[k] = acc1[k] = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
@@ -530,12 +542,14 @@ QT_AI void x_float_rows2(uint32_t type, int NB, int64_t n, const uint8_t *w0r, c
             _mm_prefetch((const char *)w1r + i * wsz + QT_PF, _MM_HINT_T0);
         }
         const __m256 w0 = x_load8(type, w0r, i), w1 = x_load8(type, w1r, i);
+        QT_UNROLL8
         for (int k = 0; k < NB; k++) {
             const __m256 x = _mm256_loadu_ps((const float *)(const void *)(a0 + k * as) + i);
             acc0[k] = _mm256_fmadd_ps(w0, x, acc0[k]);
             acc1[k] = _mm256_fmadd_ps(w1, x, acc1[k]);
         }
     }
+    QT_UNROLL8
     for (int k = 0; k < NB; k++) {
         const float *x = (const float *)(const void *)(a0 + k * as);
         float s0 = x_hsum_ps(acc0[k]), s1 = x_hsum_ps(acc1[k]);
