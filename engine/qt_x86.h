@@ -11,6 +11,10 @@
  * from memory once per call whatever nb is; the re-reads of later activation
  * groups hit L1/L2. Software prefetch runs about 1 KiB ahead of the stream.
  *
+ * Batch invariance: a (weight row, activation row) result is bit-identical
+ * whatever nb, the row range and the activation row's place in the batch:
+ * every tile size runs the same operations in the same order per pair.
+ *
  * Arithmetic: small blocks sum int32 lanes per block, then scale in float
  * lanes (reassociated vs the reference: agreement to ~1e-6 relative). K-quants
  * reduce to exact int32 totals per super-block and then evaluate the very
@@ -196,8 +200,8 @@ QT_AI void x_small_rows(uint32_t type, size_t bs, int G, int64_t nblk, const uin
             for (int k = 0; k < G; k++) {
                 const __m256i y = x_ld(a0 + k * as + (i + j) * abs_ + aoff);
                 const __m256i p = QT_DOT_US(_mm256_setzero_si256(), aw, sgn ? _mm256_sign_epi8(y, w) : y);
-                const int h = G <= 2 ? (j & 1) : 0;   /* 2 chains per row only where there are few rows */
-                acc[k][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_permutevar8x32_ps(sc[k], idx), acc[k][h]);
+                /* two chains per row whatever G: a row's sum must not depend on the batch */
+                acc[k][j & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_permutevar8x32_ps(sc[k], idx), acc[k][j & 1]);
             }
         }
     }
@@ -527,66 +531,11 @@ QT_AI void x_float_rows(uint32_t type, int NB, int64_t n, const uint8_t *wr, con
     }
 }
 
-/* Two weight rows x NB activation rows: each activation load feeds two FMAs. */
-QT_AI void x_float_rows2(uint32_t type, int NB, int64_t n, const uint8_t *w0r, const uint8_t *w1r,
-                         const uint8_t *a0, size_t as, float *out0, float *out1)
-{
-    const size_t wsz = type == QT_F32 ? 4 : 2;
-    __m256 acc0[4], acc1[4];
-    QT_UNROLL8
-    for (int k = 0; k < NB; k++) acc0[k] = acc1[k] = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        if ((i & 15) == 0) {
-            _mm_prefetch((const char *)w0r + i * wsz + QT_PF, _MM_HINT_T0);
-            _mm_prefetch((const char *)w1r + i * wsz + QT_PF, _MM_HINT_T0);
-        }
-        const __m256 w0 = x_load8(type, w0r, i), w1 = x_load8(type, w1r, i);
-        QT_UNROLL8
-        for (int k = 0; k < NB; k++) {
-            const __m256 x = _mm256_loadu_ps((const float *)(const void *)(a0 + k * as) + i);
-            acc0[k] = _mm256_fmadd_ps(w0, x, acc0[k]);
-            acc1[k] = _mm256_fmadd_ps(w1, x, acc1[k]);
-        }
-    }
-    QT_UNROLL8
-    for (int k = 0; k < NB; k++) {
-        const float *x = (const float *)(const void *)(a0 + k * as);
-        float s0 = x_hsum_ps(acc0[k]), s1 = x_hsum_ps(acc1[k]);
-        for (int64_t j = i; j < n; j++) {
-            s0 += x_load1(type, w0r, j) * x[j];
-            s1 += x_load1(type, w1r, j) * x[j];
-        }
-        out0[k] = s0;
-        out1[k] = s1;
-    }
-}
-
 QT_AI void x_float(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64_t r0, int64_t r1,
                    const uint8_t *A, size_t as, int nb, float *Y, int64_t ldy)
 {
-    float out[4], out1[4];
-    int64_t r = r0;
-    if (nb >= 2)   /* batched: two weight rows at a time */
-        for (; r + 1 < r1; r += 2) {
-            const uint8_t *wr = W + r * ws;
-            for (int b0 = 0; b0 < nb;) {
-                const int rem = nb - b0, g = rem >= 4 ? 4 : rem;
-                const uint8_t *a0 = A + b0 * as;
-                switch (g) {
-                case 4: x_float_rows2(type, 4, n, wr, wr + ws, a0, as, out, out1); break;
-                case 3: x_float_rows2(type, 3, n, wr, wr + ws, a0, as, out, out1); break;
-                case 2: x_float_rows2(type, 2, n, wr, wr + ws, a0, as, out, out1); break;
-                default: x_float_rows2(type, 1, n, wr, wr + ws, a0, as, out, out1); break;
-                }
-                for (int k = 0; k < g; k++) {
-                    Y[(b0 + k) * ldy + r] = out[k];
-                    Y[(b0 + k) * ldy + r + 1] = out1[k];
-                }
-                b0 += g;
-            }
-        }
-    for (; r < r1; r++) {
+    float out[4];
+    for (int64_t r = r0; r < r1; r++) {
         const uint8_t *wr = W + r * ws;
         for (int b0 = 0; b0 < nb;) {
             const int rem = nb - b0, g = rem >= 4 ? 4 : rem;
