@@ -62,48 +62,68 @@ static void cpu_rmsnorm(be *b, const float *x, const wt *wv, int rows, int n, fl
 }
 
 /* matmul: activations are quantized once (per row, in parallel), then row
- * chunks of W are dotted against every activation row. */
+ * chunks of W are dotted against every activation row. Several weights that
+ * read the same input (Q/K/V, gate/up) share the quantized activations and
+ * one pool_run: their chunks form one list of work items. */
+#define MM_MAXW 4
+
 typedef struct mm_job {
-    const wt *w;
-    const float *bias;
+    int nw;
+    const wt *w[MM_MAXW];
+    const float *bias[MM_MAXW];
+    float *out[MM_MAXW];
+    int64_t chunk[MM_MAXW];
+    int first[MM_MAXW + 1];   /* first work item of each weight */
     const float *x;
     int T;
-    float *out;
+    int64_t n_in;
     void *act;
     size_t act_stride;
     uint32_t act_type;
-    int64_t chunk;
 } mm_job;
 
 static void mm_quant(void *arg, int t, int ith)
 {
     (void)ith;
     mm_job *j = arg;
-    qt_quantize_row(j->act_type, j->x + (size_t)t * j->w->n_in, (char *)j->act + (size_t)t * j->act_stride,
-                    j->w->n_in);
+    qt_quantize_row(j->act_type, j->x + (size_t)t * j->n_in, (char *)j->act + (size_t)t * j->act_stride, j->n_in);
 }
 
 static void mm_rows(void *arg, int i, int ith)
 {
     (void)ith;
     mm_job *j = arg;
-    int64_t r0 = (int64_t)i * j->chunk, r1 = r0 + j->chunk;
-    if (r1 > j->w->n_out) r1 = j->w->n_out;
-    qt_gemm(j->w->type, j->w->n_in, j->w->data, j->w->row_bytes, r0, r1, j->act, j->act_stride, j->T,
-            j->out, j->w->n_out);
-    if (j->bias)
+    int k = 0;
+    while (i >= j->first[k + 1]) k++;
+    const wt *w = j->w[k];
+    int64_t r0 = (int64_t)(i - j->first[k]) * j->chunk[k], r1 = r0 + j->chunk[k];
+    if (r1 > w->n_out) r1 = w->n_out;
+    float *out = j->out[k];
+    qt_gemm(w->type, w->n_in, w->data, w->row_bytes, r0, r1, j->act, j->act_stride, j->T, out, w->n_out);
+    if (j->bias[k])
         for (int t = 0; t < j->T; t++) {
-            float *o = j->out + (size_t)t * j->w->n_out;
-            for (int64_t r = r0; r < r1; r++) o[r] += j->bias[r];
+            float *o = out + (size_t)t * w->n_out;
+            for (int64_t r = r0; r < r1; r++) o[r] += j->bias[k][r];
         }
 }
 
-static void cpu_matmul(be *b, const wt *w, const wt *bias, const float *x, int T, float *out)
+static void cpu_matmul_n(be *b, int n, const wt *const *w, const wt *const *bias, const float *x, int T,
+                         float *const *out)
 {
     cpu_be *c = (cpu_be *)b;
-    mm_job j = { .w = w, .bias = bias ? bias->data : NULL, .x = x, .T = T, .out = out };
-    j.act_type = qt_act_type(w->type);
-    j.act_stride = qt_row_size(j.act_type, w->n_in);
+    if (n > 1) {
+        /* one shared pass needs one activation format */
+        int same = n <= MM_MAXW;
+        for (int k = 1; k < n && same; k++)
+            same = w[k]->n_in == w[0]->n_in && qt_act_type(w[k]->type) == qt_act_type(w[0]->type);
+        if (!same) {
+            for (int k = 0; k < n; k++) cpu_matmul_n(b, 1, &w[k], &bias[k], x, T, &out[k]);
+            return;
+        }
+    }
+    mm_job j = { .nw = n, .x = x, .T = T, .n_in = w[0]->n_in };
+    j.act_type = qt_act_type(w[0]->type);
+    j.act_stride = qt_row_size(j.act_type, w[0]->n_in);
     size_t need = j.act_stride * (size_t)T;
     if (need > c->act_cap) {
         free(c->act);
@@ -115,11 +135,23 @@ static void cpu_matmul(be *b, const wt *w, const wt *bias, const float *x, int T
     pool_run(c->pool, mm_quant, &j, T);
     /* chunks: enough for balance across threads, rows a multiple of 16 */
     int nth = pool_size(c->pool);
-    int64_t chunk = w->n_out / (nth * 8);
-    if (chunk < 16) chunk = 16;
-    chunk = (chunk + 15) / 16 * 16;
-    j.chunk = chunk;
-    pool_run(c->pool, mm_rows, &j, (int)((w->n_out + chunk - 1) / chunk));
+    j.first[0] = 0;
+    for (int k = 0; k < n; k++) {
+        j.w[k] = w[k];
+        j.bias[k] = bias && bias[k] ? bias[k]->data : NULL;
+        j.out[k] = out[k];
+        int64_t chunk = w[k]->n_out / (nth * 8);
+        if (chunk < 16) chunk = 16;
+        chunk = (chunk + 15) / 16 * 16;
+        j.chunk[k] = chunk;
+        j.first[k + 1] = j.first[k] + (int)((w[k]->n_out + chunk - 1) / chunk);
+    }
+    pool_run(c->pool, mm_rows, &j, j.first[n]);
+}
+
+static void cpu_matmul(be *b, const wt *w, const wt *bias, const float *x, int T, float *out)
+{
+    cpu_matmul_n(b, 1, &w, &bias, x, T, &out);
 }
 
 static void cpu_add(be *b, float *x, const float *y, size_t n)
@@ -363,6 +395,7 @@ static const be_ops cpu_ops = {
     .rope = cpu_rope,
     .kv_store = cpu_kv_store,
     .attention = cpu_attention,
+    .matmul_n = cpu_matmul_n,
     .sync = cpu_sync,
 };
 

@@ -109,9 +109,15 @@ void fw_run(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out
     for (int l = 0; l < hp->n_layer; l++) {
         const layer_w *L = &m->layers[l];
         o->rmsnorm(b, f->x, &L->attn_norm, T, E, hp->norm_eps, f->xb);
-        o->matmul(b, &L->wq, &L->bq, f->xb, T, f->q);
-        o->matmul(b, &L->wk, &L->bk, f->xb, T, f->k);
-        o->matmul(b, &L->wv, &L->bv, f->xb, T, f->v);
+        if (o->matmul_n) {
+            const wt *ws[3] = { &L->wq, &L->wk, &L->wv }, *bs[3] = { &L->bq, &L->bk, &L->bv };
+            float *os[3] = { f->q, f->k, f->v };
+            o->matmul_n(b, 3, ws, bs, f->xb, T, os);
+        } else {
+            o->matmul(b, &L->wq, &L->bq, f->xb, T, f->q);
+            o->matmul(b, &L->wk, &L->bk, f->xb, T, f->k);
+            o->matmul(b, &L->wv, &L->bv, f->xb, T, f->v);
+        }
         if (L->q_norm.data) {
             o->rmsnorm(b, f->q, &L->q_norm, T * hp->n_head, HD, hp->norm_eps, f->q);
             o->rmsnorm(b, f->k, &L->k_norm, T * hp->n_head_kv, HD, hp->norm_eps, f->k);
@@ -123,8 +129,14 @@ void fw_run(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out
         o->matmul(b, &L->wo, NULL, f->att, T, f->xb);
         o->add(b, f->x, f->xb, (size_t)T * E);
         o->rmsnorm(b, f->x, &L->ffn_norm, T, E, hp->norm_eps, f->xb);
-        o->matmul(b, &L->w_gate, NULL, f->xb, T, f->hg);
-        o->matmul(b, &L->w_up, NULL, f->xb, T, f->hu);
+        if (o->matmul_n) {
+            const wt *ws[2] = { &L->w_gate, &L->w_up }, *bs[2] = { NULL, NULL };
+            float *os[2] = { f->hg, f->hu };
+            o->matmul_n(b, 2, ws, bs, f->xb, T, os);
+        } else {
+            o->matmul(b, &L->w_gate, NULL, f->xb, T, f->hg);
+            o->matmul(b, &L->w_up, NULL, f->xb, T, f->hu);
+        }
         o->silu_mul(b, f->hg, f->hu, (size_t)T * F, f->hg);
         o->matmul(b, &L->w_down, NULL, f->hg, T, f->xb);
         o->add(b, f->x, f->xb, (size_t)T * E);
