@@ -17,6 +17,12 @@ typedef struct cpu_be {
     void *act;            /* quantized activations */
     size_t act_cap;
     int simd_att;         /* attention through AVX2/F16C */
+    /* rope: cos/sin per (position, pair), computed once per position and
+     * reused by every head, layer and later batch; grows by doubling. */
+    float *rope_tab;      /* [rope_n][half][2] */
+    int rope_n, rope_half;
+    float rope_base;
+    const float *rope_fd;
 } cpu_be;
 
 static void *cpu_alloc(be *b, size_t n)
@@ -38,6 +44,7 @@ static void cpu_close(be *b)
     cpu_be *c = (cpu_be *)b;
     if (!c) return;
     free(c->act);
+    free(c->rope_tab);
     free(c);
 }
 
@@ -160,30 +167,72 @@ static void cpu_add(be *b, float *x, const float *y, size_t n)
     for (size_t i = 0; i < n; i++) x[i] += y[i];
 }
 
+typedef struct silu_job { const float *g, *u; float *out; size_t n; } silu_job;
+#define SILU_CHUNK 8192
+
+static void silu_part(void *arg, int k, int ith)
+{
+    (void)ith;
+    silu_job *j = arg;
+    size_t i0 = (size_t)k * SILU_CHUNK, i1 = i0 + SILU_CHUNK < j->n ? i0 + SILU_CHUNK : j->n;
+    const float *g = j->g, *u = j->u;
+    float *out = j->out;
+    for (size_t i = i0; i < i1; i++) out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+/* split over the pool in prefill (expf dominates); one chunk runs inline */
 static void cpu_silu_mul(be *b, const float *g, const float *u, size_t n, float *out)
 {
-    (void)b;
-    for (size_t i = 0; i < n; i++) out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    cpu_be *c = (cpu_be *)b;
+    silu_job j = { g, u, out, n };
+    pool_run(c->pool, silu_part, &j, (int)((n + SILU_CHUNK - 1) / SILU_CHUNK));
 }
 
 static void cpu_rope(be *b, float *x, const be_batch *bt, int n_heads, int head_dim, int n_rot,
                      float base, int neox, const wt *fd)
 {
-    (void)b;
+    cpu_be *c = (cpu_be *)b;
     const float *freq_div = fd ? fd->data : NULL;
     int half = n_rot / 2;
+    int maxp = 0;
+    for (int t = 0; t < bt->T; t++)
+        if (bt->pos[t] > maxp) maxp = bt->pos[t];
+    if (c->rope_half != half || c->rope_base != base || c->rope_fd != freq_div) c->rope_n = 0;
+    if (maxp >= c->rope_n) {
+        int n = c->rope_n ? c->rope_n : 256;
+        while (n <= maxp) n *= 2;
+        float *tab = realloc(c->rope_tab, (size_t)n * half * 2 * sizeof *tab);
+        if (!tab) abort();
+        /* same expression as before the table: results are unchanged */
+        for (int p = c->rope_n; p < n; p++)
+            for (int i = 0; i < half; i++) {
+                double theta = (double)p * pow((double)base, -2.0 * i / n_rot);
+                if (freq_div) theta /= freq_div[i];
+                tab[((size_t)p * half + i) * 2] = (float)cos(theta);
+                tab[((size_t)p * half + i) * 2 + 1] = (float)sin(theta);
+            }
+        c->rope_tab = tab;
+        c->rope_n = n;
+        c->rope_half = half;
+        c->rope_base = base;
+        c->rope_fd = freq_div;
+    }
     for (int t = 0; t < bt->T; t++) {
-        double p = bt->pos[t];
-        for (int i = 0; i < half; i++) {
-            double theta = p * pow((double)base, -2.0 * i / n_rot);
-            if (freq_div) theta /= freq_div[i];
-            float cs = (float)cos(theta), sn = (float)sin(theta);
-            for (int h = 0; h < n_heads; h++) {
-                float *v = x + ((size_t)t * n_heads + h) * head_dim;
-                int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
-                float a = v[i0], c = v[i1];
-                v[i0] = a * cs - c * sn;
-                v[i1] = a * sn + c * cs;
+        const float *cs = c->rope_tab + (size_t)bt->pos[t] * half * 2;
+        for (int h = 0; h < n_heads; h++) {
+            float *v = x + ((size_t)t * n_heads + h) * head_dim;
+            if (neox) {
+                for (int i = 0; i < half; i++) {
+                    float a = v[i], d = v[i + half];
+                    v[i] = a * cs[2 * i] - d * cs[2 * i + 1];
+                    v[i + half] = a * cs[2 * i + 1] + d * cs[2 * i];
+                }
+            } else {
+                for (int i = 0; i < half; i++) {
+                    float a = v[2 * i], d = v[2 * i + 1];
+                    v[2 * i] = a * cs[2 * i] - d * cs[2 * i + 1];
+                    v[2 * i + 1] = a * cs[2 * i + 1] + d * cs[2 * i];
+                }
             }
         }
     }
