@@ -398,6 +398,15 @@ QT_AI __m256i x_kchunk(uint32_t type, const uint8_t *b, int c)
     }
 }
 
+/* 8 int32 x 8 vectors -> the vector of their 8 horizontal sums (exact). */
+QT_AI __m256i x_hsum8_i32(const __m256i *v)
+{
+    const __m256i h01 = _mm256_hadd_epi32(v[0], v[1]), h23 = _mm256_hadd_epi32(v[2], v[3]);
+    const __m256i h45 = _mm256_hadd_epi32(v[4], v[5]), h67 = _mm256_hadd_epi32(v[6], v[7]);
+    const __m256i a = _mm256_hadd_epi32(h01, h23), b = _mm256_hadd_epi32(h45, h67);
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+}
+
 /* sums += da * (fd * isum - fm * msum), as qt_vec_dot_ref. */
 QT_AI float x_kfinish(__m256i acc, const x_kscale *ks, const qt_block_q8_K *a, float sum)
 {
@@ -452,7 +461,39 @@ QT_AI void x_kquant(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64
                 QT_UNROLL8
                 for (int c = 0; c < 8; c++)
                     _mm256_store_si256((__m256i *)(void *)(q + 32 * c), x_kchunk(type, wb, c));
-                for (int k = 0; k < g; k++) {
+                int k = 0;
+                /* 8 rows at once: the horizontal sums as two 8-way reductions and
+                 * the float expression of x_kfinish lane-wise (same bits) */
+                for (; k + 8 <= g; k += 8) {
+                    __m256i iv[8], mv[8];
+                    float dv[8];
+                    QT_UNROLL8
+                    for (int u = 0; u < 8; u++) {
+                        const qt_block_q8_K *a = (const void *)(A + (b0 + k + u) * as + i * sizeof(qt_block_q8_K));
+                        __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
+                        QT_UNROLL8
+                        for (int c = 0; c < 8; c += 2) {
+                            const __m256i p0 = _mm256_maddubs_epi16(
+                                _mm256_load_si256((const __m256i *)(const void *)(q + 32 * c)),
+                                x_ld((const uint8_t *)a->qs + 32 * c));
+                            const __m256i p1 = _mm256_maddubs_epi16(
+                                _mm256_load_si256((const __m256i *)(const void *)(q + 32 * c + 32)),
+                                x_ld((const uint8_t *)a->qs + 32 * c + 32));
+                            acc0 = QT_MADD_ACC(acc0, p0, ks.sv[c]);
+                            acc1 = QT_MADD_ACC(acc1, p1, ks.sv[c + 1]);
+                        }
+                        iv[u] = _mm256_add_epi32(acc0, acc1);
+                        mv[u] = _mm256_madd_epi16(ks.mv, x_ld((const uint8_t *)a->bsums));
+                        dv[u] = a->d;
+                    }
+                    const __m256 isum = _mm256_cvtepi32_ps(x_hsum8_i32(iv));
+                    const __m256 msum = _mm256_cvtepi32_ps(x_hsum8_i32(mv));
+                    const __m256 t = _mm256_sub_ps(_mm256_mul_ps(_mm256_set1_ps(ks.fd), isum),
+                                                   _mm256_mul_ps(_mm256_set1_ps(ks.fm), msum));
+                    _mm256_storeu_ps(sums + k, _mm256_add_ps(_mm256_loadu_ps(sums + k),
+                                                             _mm256_mul_ps(_mm256_loadu_ps(dv), t)));
+                }
+                for (; k < g; k++) {
                     const qt_block_q8_K *a = (const void *)(A + (b0 + k) * as + i * sizeof(qt_block_q8_K));
                     __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
                     QT_UNROLL8
