@@ -1,11 +1,18 @@
 /* pool.c — worker threads that spin briefly on a generation counter, then
  * sleep on a condition variable; work items are handed out with an atomic
- * counter so uneven items balance themselves. */
+ * counter so uneven items balance themselves.
+ *
+ * The job waits for its items, not for the threads: the caller returns as
+ * soon as every item is done, so a helper that was descheduled (a busy
+ * machine) and never took an item costs nothing. Items are claimed with a
+ * compare-and-swap on (generation, next item), so a helper that wakes late
+ * can never run an item of a job that has moved on. */
 #include "engine/pool.h"
 
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -27,23 +34,31 @@ struct pool {
     pthread_t *th;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    atomic_uint gen;            /* bumped for every job */
-    atomic_int next;            /* next item to take */
-    atomic_int pending;         /* helper threads still inside the job */
-    int stop;
-    pool_fn fn;
-    void *arg;
-    int n_items;
+    _Atomic uint64_t work;      /* generation << 32 | next item to take */
+    atomic_int done;            /* items finished in the current job */
+    atomic_int stop;
+    _Atomic(pool_fn) fn;        /* the current job; written only while no item is left */
+    _Atomic(void *) arg;
+    atomic_int n_items;
 };
 
 typedef struct { pool *p; int ith; } pool_arg;
 
-static void pool_work(pool *p, int ith)
+/* Runs items of generation g until none is left or the job has changed. */
+static void pool_work(pool *p, uint32_t g, int ith)
 {
+    pool_fn fn = atomic_load_explicit(&p->fn, memory_order_relaxed);
+    void *arg = atomic_load_explicit(&p->arg, memory_order_relaxed);
+    int n = atomic_load_explicit(&p->n_items, memory_order_relaxed);
+    uint64_t w = atomic_load_explicit(&p->work, memory_order_acquire);
     for (;;) {
-        int i = atomic_fetch_add_explicit(&p->next, 1, memory_order_relaxed);
-        if (i >= p->n_items) break;
-        p->fn(p->arg, i, ith);
+        if ((uint32_t)(w >> 32) != g || (uint32_t)w >= (uint32_t)n) return;
+        if (!atomic_compare_exchange_weak_explicit(&p->work, &w, w + 1, memory_order_acq_rel,
+                                                   memory_order_acquire))
+            continue;
+        fn(arg, (int)(uint32_t)w, ith);
+        atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
+        w = atomic_load_explicit(&p->work, memory_order_acquire);
     }
 }
 
@@ -53,23 +68,22 @@ static void *pool_main(void *a)
     pool *p = pa->p;
     int ith = pa->ith;
     free(pa);
-    unsigned seen = 0;
+    uint32_t seen = 0;
     for (;;) {
-        unsigned g;
+        uint32_t g;
         int spins = 0;
-        while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen) {
+        while ((g = (uint32_t)(atomic_load_explicit(&p->work, memory_order_acquire) >> 32)) == seen) {
             if (++spins < POOL_SPIN) { cpu_relax(); continue; }
             pthread_mutex_lock(&p->mu);
-            while (atomic_load(&p->gen) == seen && !p->stop) pthread_cond_wait(&p->cv, &p->mu);
-            int stop = p->stop;
+            while ((uint32_t)(atomic_load(&p->work) >> 32) == seen && !atomic_load(&p->stop)) pthread_cond_wait(&p->cv, &p->mu);
+            int stop = atomic_load(&p->stop);
             pthread_mutex_unlock(&p->mu);
             if (stop) return NULL;
             spins = 0;
         }
         seen = g;
-        if (p->stop) return NULL;
-        pool_work(p, ith);
-        atomic_fetch_sub_explicit(&p->pending, 1, memory_order_release);
+        if (atomic_load(&p->stop)) return NULL;
+        pool_work(p, g, ith);
     }
 }
 
@@ -99,8 +113,8 @@ void pool_close(pool *p)
 {
     if (!p) return;
     pthread_mutex_lock(&p->mu);
-    p->stop = 1;
-    atomic_fetch_add(&p->gen, 1);
+    atomic_store(&p->stop, 1);
+    atomic_fetch_add(&p->work, (uint64_t)1 << 32);
     pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
     for (int i = 1; i < p->n; i++) pthread_join(p->th[i], NULL);
@@ -119,16 +133,23 @@ void pool_run(pool *p, pool_fn fn, void *arg, int n)
         for (int i = 0; i < n; i++) fn(arg, i, 0);
         return;
     }
-    p->fn = fn; p->arg = arg; p->n_items = n;
-    atomic_store_explicit(&p->next, 0, memory_order_relaxed);
-    atomic_store_explicit(&p->pending, p->n - 1, memory_order_relaxed);
+    /* The previous job is complete (all its items done). First a generation
+     * with no item to take, so that a helper reading the fields below while
+     * they change can claim nothing; then the job's own generation. */
+    uint64_t w = atomic_load_explicit(&p->work, memory_order_relaxed);
+    uint32_t g = (uint32_t)(w >> 32) + 2;
+    atomic_store_explicit(&p->work, (uint64_t)(g - 1) << 32 | UINT32_MAX, memory_order_seq_cst);
+    atomic_store_explicit(&p->fn, fn, memory_order_relaxed);
+    atomic_store_explicit(&p->arg, arg, memory_order_relaxed);
+    atomic_store_explicit(&p->n_items, n, memory_order_relaxed);
+    atomic_store_explicit(&p->done, 0, memory_order_relaxed);
     pthread_mutex_lock(&p->mu);
-    atomic_fetch_add_explicit(&p->gen, 1, memory_order_release);
+    atomic_store_explicit(&p->work, (uint64_t)g << 32, memory_order_release);
     pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
-    pool_work(p, 0);
-    for (int spins = 0; atomic_load_explicit(&p->pending, memory_order_acquire) > 0; spins++) {
+    pool_work(p, g, 0);
+    for (int spins = 0; atomic_load_explicit(&p->done, memory_order_acquire) < n; spins++) {
         if (spins < POOL_SPIN) cpu_relax();
-        else sched_yield();   /* a helper was descheduled: let it run */
+        else sched_yield();   /* a helper holding an item was descheduled: let it run */
     }
 }
