@@ -58,14 +58,13 @@ typedef struct be_ops {
      * q, out [T][n_head][head_dim]. */
     void (*attention)(be *b, const float *q, const void *kcache, const void *vcache,
                       const be_batch *bt, int n_head, int n_head_kv, int head_dim, float *out);
-    /* Optional (NULL: callers use matmul once per weight): out[i] = W[i] x[t]
-     * (+ bias[i]) for n <= 4 weights of the same n_in, in one pass over x
-     * (Q/K/V, gate/up): one activation quantization, one split over threads.
-     * Same results as n matmul calls. */
-    void (*matmul_n)(be *b, int n, const wt *const *w, const wt *const *bias, const float *x, int T,
-                     float *const *out);
     /* Waits for queued work (no-op on the CPU). */
     void (*sync)(be *b);
+
+    /* Optional fused ops (fw_run uses the plain ops where NULL).
+     * matmul_n: n (<= 3) matmuls of the same x: out[i] = W[i] x (+ bias[i]). */
+    void (*matmul_n)(be *b, int n, const wt *const *w, const wt *const *bias, const float *x, int T,
+                     float *const *out);
 } be_ops;
 
 struct be {

@@ -111,8 +111,8 @@ void fw_run(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out
         o->rmsnorm(b, f->x, &L->attn_norm, T, E, hp->norm_eps, f->xb);
         if (o->matmul_n) {
             const wt *ws[3] = { &L->wq, &L->wk, &L->wv }, *bs[3] = { &L->bq, &L->bk, &L->bv };
-            float *os[3] = { f->q, f->k, f->v };
-            o->matmul_n(b, 3, ws, bs, f->xb, T, os);
+            float *outs[3] = { f->q, f->k, f->v };
+            o->matmul_n(b, 3, ws, bs, f->xb, T, outs);
         } else {
             o->matmul(b, &L->wq, &L->bq, f->xb, T, f->q);
             o->matmul(b, &L->wk, &L->bk, f->xb, T, f->k);
@@ -131,8 +131,8 @@ void fw_run(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out
         o->rmsnorm(b, f->x, &L->ffn_norm, T, E, hp->norm_eps, f->xb);
         if (o->matmul_n) {
             const wt *ws[2] = { &L->w_gate, &L->w_up }, *bs[2] = { NULL, NULL };
-            float *os[2] = { f->hg, f->hu };
-            o->matmul_n(b, 2, ws, bs, f->xb, T, os);
+            float *outs[2] = { f->hg, f->hu };
+            o->matmul_n(b, 2, ws, bs, f->xb, T, outs);
         } else {
             o->matmul(b, &L->w_gate, NULL, f->xb, T, f->hg);
             o->matmul(b, &L->w_up, NULL, f->xb, T, f->hu);
