@@ -80,6 +80,8 @@ static double mem_read_gbs(int nth, size_t bytes)
 typedef struct run_res { double prefill_tps, decode_tps, wall_s; int ok; } run_res;
 
 /* Runs S jobs at once; returns per-job medians and aggregate decode rate. */
+static unsigned run_seq;   /* makes every submitted prompt distinct */
+
 static int run_jobs(eng *e, int n_prompt, int n_gen, int streams, double *prefill_tps, double *decode_tps,
                     double *agg_tps)
 {
@@ -96,7 +98,9 @@ static int run_jobs(eng *e, int n_prompt, int n_gen, int streams, double *prefil
         eng_job_desc d = { 0 };
         d.kind = ENG_JOB_GENERATE;
         toks[0] = eng_model(e)->bos >= 0 ? eng_model(e)->bos : toks[0];
-        toks[n_prompt > 1 ? 1 : 0] = 3 + s;   /* distinct prompts */
+        /* distinct prompts, across streams and across calls: a prompt seen
+         * before would be served from the prefix cache and not measure prefill */
+        toks[n_prompt > 1 ? 1 : 0] = 3 + (int32_t)((run_seq++ % 4093) % (nv > 3 ? nv - 3 : 1));
         d.tokens = toks;
         d.n_tokens = (size_t)n_prompt;
         d.max_tokens = n_gen;
