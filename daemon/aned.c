@@ -37,6 +37,8 @@ static void usage(FILE *f)
 "      --max-queued N      jobs waiting beyond --max-seqs before \"busy\" (default 256)\n"
 "      --kv-budget MIB     KV cache pool size (default: --max-seqs full contexts)\n"
 "      --max-clients N     connections at once (default 256)\n"
+"      --max-backlog KIB   output waiting for one client before its jobs are\n"
+"                          cancelled with \"busy\" (default 16384)\n"
 "      --shutdown-grace S  seconds running jobs may finish after SIGTERM (default 5)\n"
 "  -d, --daemonize         detach; the parent exits once the model is loaded\n"
 "  -l, --log FILE          log to FILE (reopened on SIGHUP) instead of stderr\n"
@@ -146,7 +148,7 @@ static int write_pidfile(const char *path, char *err, size_t errlen)
 
 enum {
     OPT_SOCKET_MODE = 256, OPT_BACKEND, OPT_MAX_SEQS, OPT_MAX_QUEUED, OPT_KV_BUDGET,
-    OPT_MAX_CLIENTS, OPT_GRACE, OPT_LOG_LEVEL,
+    OPT_MAX_CLIENTS, OPT_MAX_BACKLOG, OPT_GRACE, OPT_LOG_LEVEL,
 };
 
 int main(int argc, char **argv)
@@ -162,6 +164,7 @@ int main(int argc, char **argv)
         { "max-queued", required_argument, 0, OPT_MAX_QUEUED },
         { "kv-budget", required_argument, 0, OPT_KV_BUDGET },
         { "max-clients", required_argument, 0, OPT_MAX_CLIENTS },
+        { "max-backlog", required_argument, 0, OPT_MAX_BACKLOG },
         { "shutdown-grace", required_argument, 0, OPT_GRACE },
         { "daemonize", no_argument, 0, 'd' },
         { "log", required_argument, 0, 'l' },
@@ -206,6 +209,12 @@ int main(int argc, char **argv)
         case OPT_MAX_QUEUED: if (parse_int("--max-queued", optarg, 0, 1 << 20, &v)) return 2; so.eng.max_queued = (int)v; break;
         case OPT_KV_BUDGET: if (parse_int("--kv-budget", optarg, 0, 1L << 30, &v)) return 2; so.eng.kv_budget = (size_t)v << 20; break;
         case OPT_MAX_CLIENTS: if (parse_int("--max-clients", optarg, 1, 1 << 20, &v)) return 2; so.max_clients = (int)v; break;
+        case OPT_MAX_BACKLOG:
+            if (parse_int("--max-backlog", optarg, 16, 1L << 22, &v)) return 2;
+            so.out_max = (size_t)v << 10;
+            /* stop reading requests well before cancelling */
+            so.out_pause = so.out_max / 4 < so.out_pause ? so.out_max / 4 : so.out_pause;
+            break;
         case OPT_GRACE: if (parse_double("--shutdown-grace", optarg, 0, 3600, &d)) return 2; so.shutdown_grace = d; break;
         case 'd': detach = 1; break;
         case 'l': log_path = optarg; break;

@@ -49,6 +49,7 @@ struct job {
     int started;              /* an event arrived: it left the queue */
     int cancelled;            /* eng_cancel was sent */
     int overflow;             /* cancelled for the client's backlog */
+    int shutdown;             /* cancelled by the shutdown */
 };
 
 struct client {
@@ -67,6 +68,7 @@ struct client {
     uint32_t n_jobs;
     uint64_t n_requests, n_tokens;
     ev_tstamp since;
+    const char *why;          /* why it is closing, for the log */
     char name[48];            /* from hello, for the log */
 };
 
@@ -252,11 +254,12 @@ static void on_client_timer(struct ev_loop *loop, ev_timer *w, int revents)
 }
 
 /* Stop reading, cancel what runs, flush what is queued, then close (bounded). */
-static void client_close_soon(client *cl)
+static void client_close_soon(client *cl, const char *why)
 {
     server *s = cl->srv;
     if (cl->state == CL_CLOSING) return;
     cl->state = CL_CLOSING;
+    cl->why = why;
     for (job *j = cl->jobs; j; j = j->cl_next) job_cancel(s, j);
     client_update_read(cl);
     ev_timer_stop(s->loop, &cl->timer);
@@ -264,18 +267,23 @@ static void client_close_soon(client *cl)
     ev_timer_start(s->loop, &cl->timer);
 }
 
-/* Closes the client if nothing more can be owed to it. Top-level only. */
+/* Closes the client once nothing more is owed to it. Top-level only. */
 static int client_maybe_finish(client *cl)
 {
     server *s = cl->srv;
     if (cl->n_jobs) return 0;
-    int done = cl->state == CL_CLOSING || cl->eof || s->phase != PH_RUN;
-    if (!done) return 0;
-    if (cl->out.len) {
-        if (cl->state != CL_CLOSING) client_close_soon(cl);
-        return 0;
+    if (cl->state != CL_CLOSING) {
+        if (s->phase != PH_RUN) {
+            send_error(cl, 0, PROTO_E_SHUTDOWN, "the server is shutting down");
+            client_close_soon(cl, "shutdown");
+        } else if (cl->eof) {
+            client_close_soon(cl, "peer finished");
+        } else {
+            return 0;
+        }
     }
-    client_free(cl, cl->eof ? "peer finished" : cl->state == CL_CLOSING ? "closing" : "shutdown");
+    if (cl->out.len) return 0;
+    client_free(cl, cl->why ? cl->why : "closing");
     return 1;
 }
 
@@ -330,7 +338,7 @@ static void req_hello(client *cl, const proto_req *r)
         snprintf(msg, sizeof msg, "server speaks protocol version %d, client asked for %u",
                  PROTO_VERSION, (unsigned)r->version);
         send_error(cl, r->id, PROTO_E_VERSION, msg);
-        client_close_soon(cl);
+        client_close_soon(cl, "protocol version mismatch");
         return;
     }
     ev_timer_stop(s->loop, &cl->timer);
@@ -504,18 +512,20 @@ static void req_info(client *cl, const proto_req *r)
     e.kv_total = st.kv_total;
     e.weight_bytes = st.weight_bytes ? st.weight_bytes : mi->weight_bytes;
     e.uptime_s = ev_time() - s->started;
-    /* Per connection: a job is "active" once its first event arrived, else
-     * "queued" (the engine does not report per-job state). */
+    /* One entry per connection with jobs. A job counts as "active" once its
+     * first event arrived, else "queued" (the engine reports no per-job state). */
     proto_client_count *pc = calloc(s->n_clients ? s->n_clients : 1, sizeof *pc);
     if (pc) {
         size_t i = 0;
-        for (client *c = s->clients; c && i < s->n_clients; c = c->next, i++) {
+        for (client *c = s->clients; c && i < s->n_clients; c = c->next) {
+            if (!c->n_jobs) continue;
             pc[i].uid = (uint32_t)c->peer.uid;
             pc[i].pid = (uint32_t)c->peer.pid;
             for (job *j = c->jobs; j; j = j->cl_next) {
                 if (j->started) pc[i].active++;
                 else pc[i].queued++;
             }
+            i++;
         }
         e.per_client = pc;
         e.n_per_client = i;
@@ -531,6 +541,7 @@ static void dispatch(client *cl, const proto_req *r)
     if (r->type == PROTO_T_HELLO) { req_hello(cl, r); return; }
     if (cl->state == CL_HANDSHAKE) {
         send_error(cl, r->id, PROTO_E_HANDSHAKE, "the first request must be hello");
+        client_close_soon(cl, "request before hello");
         return;
     }
     if (r->type == PROTO_T_CANCEL) {
@@ -581,7 +592,7 @@ static void client_drain(client *cl)
             log_info("client %llu: broken stream (%s: %s); closing", (unsigned long long)cl->serial,
                      proto_err_name(code), err);
             send_error(cl, 0, code == PROTO_OK ? PROTO_E_MALFORMED : code, err);
-            client_close_soon(cl);
+            client_close_soon(cl, "broken stream");
             break;
         }
         if (code != PROTO_OK) {
@@ -759,7 +770,9 @@ static void handle_event(server *s, const eng_event *ev)
         return;
     }
     case ENG_EV_DONE:
-        if (cl && j->overflow) {
+        if (cl && j->shutdown && ev->finish == ENG_FINISH_CANCELLED) {
+            send_error(cl, j->req_id, PROTO_E_SHUTDOWN, "cancelled: the server is shutting down");
+        } else if (cl && j->overflow) {
             char msg[128];
             snprintf(msg, sizeof msg, "cancelled: client output backlog passed %zu bytes",
                      s->opt.out_max);
@@ -834,7 +847,10 @@ static void check_done(server *s)
 static void cancel_all(server *s)
 {
     s->phase = PH_CANCEL;
-    for (job *j = s->jobs; j; j = j->all_next) job_cancel(s, j);
+    for (job *j = s->jobs; j; j = j->all_next) {
+        if (!j->cancelled) j->shutdown = 1;
+        job_cancel(s, j);
+    }
     ev_timer_stop(s->loop, &s->phase_timer);
     ev_timer_set(&s->phase_timer, s->opt.drain_timeout, 0.);
     ev_timer_start(s->loop, &s->phase_timer);

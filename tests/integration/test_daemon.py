@@ -284,10 +284,28 @@ def test_hello_ping_info(d):
         r = c.call("info")
         check(r["type"] == "info", "info: %r" % r)
         check(r.get("clients", 0) >= 1, "info clients %r" % r.get("clients"))
-        for k in ("active", "queued", "tokens_served", "uptime_s", "per_client", "n_vocab"):
+        for k in ("active", "queued", "tokens_served", "uptime_s", "per_client", "n_vocab", "n_ctx",
+                  "arch", "backend", "jobs_done", "kv_total", "weight_bytes"):
             check(k in r, "info lacks %s: %r" % (k, sorted(r)))
+        check(r["n_vocab"] == 512 and r["arch"] == "llama", "model facts %r" % r)
+        served = r["tokens_served"]
+        # a job in flight shows up under this process
+        rid = c.request("generate", **greedy_req(1800))
+        m = c.recv()
+        check(m and m["type"] == "token", "generate: %r" % m)
+        r = c.call("info")
         me = [p for p in r["per_client"] if p.get("pid") == os.getpid()]
-        check(me and me[0].get("uid") == os.getuid(), "per_client lacks this process: %r" % r["per_client"])
+        check(me and me[0].get("uid") == os.getuid() and me[0].get("active", 0) + me[0].get("queued", 0) == 1,
+              "per_client lacks this process: %r" % r["per_client"])
+        c.request("cancel", id=rid)
+        while True:
+            m = c.recv()
+            check(m is not None, "closed")
+            if m["type"] != "token":
+                break
+        check(m["type"] == "done" and m["finish"] == "cancelled", "cancel: %r" % m)
+        r = c.call("info")
+        check(r["tokens_served"] > served, "tokens_served did not grow: %r" % r["tokens_served"])
     finally:
         c.close()
 
@@ -297,9 +315,16 @@ def test_handshake_required(d):
     try:
         r = c.call("generate", **greedy_req(4))
         check(r["type"] == "error" and r.get("code") == "handshake", "request before hello: %r" % r)
+        check(c.recv() is None, "connection stays open after a request before hello")
+    finally:
+        c.close()
+    c = Conn(d.sock)
+    try:
         c.hello()
+        r = c.call("hello", version=PROTO_VERSION)
+        check(r["type"] == "error" and r.get("code") == "bad_request", "second hello: %r" % r)
         ids, _, last = c.generate(**greedy_req(4))
-        check(last["type"] == "done" and len(ids) == 4, "after hello: %r" % last)
+        check(last["type"] == "done" and ids == GREEDY[:4], "after hello: %r" % last)
     finally:
         c.close()
     c = Conn(d.sock)
@@ -590,7 +615,7 @@ def test_slow_reader(d):
         slow.hello()
         slow.s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         for i in range(8):
-            slow.request("generate", **greedy_req(1500))
+            slow.request("generate", **greedy_req(400))
         # never reads; others must not notice
         t0 = time.time()
         c = Conn(d.sock)
@@ -605,6 +630,28 @@ def test_slow_reader(d):
     finally:
         slow.close()
     wait_for(lambda: info(d.sock).get("active") == 0, 15, "the slow reader's jobs to end")
+
+
+def test_eval(d):
+    c = Conn(d.sock)
+    try:
+        c.hello()
+        prompt = [1] + GREEDY[:5]
+        rid = c.request("eval", tokens=prompt, raw=True, top=5)
+        pos = []
+        while True:
+            m = c.recv()
+            check(m is not None and m["id"] == rid, "eval: %r" % m)
+            if m["type"] != "logits":
+                break
+            check(len(m["top"]) == 5, "top size %r" % m)
+            # greedy continuation: the best entry at position p is the next greedy id
+            check(m["top"][0][0] == GREEDY[m["pos"]], "eval pos %d best %r" % (m["pos"], m["top"][0]))
+            pos.append(m["pos"])
+        check(m["type"] == "done", "eval end: %r" % m)
+        check(pos == list(range(len(prompt))), "positions %r" % pos)
+    finally:
+        c.close()
 
 
 def test_tokenize(d):
@@ -672,8 +719,11 @@ def test_sigterm_mid_generation():
         check(rc == 0, "exit status %r after SIGTERM" % rc)
         check(dt < 5, "shutdown took %.1f s" % dt)
         check(not os.path.exists(d.sock), "socket not removed")
-        check(msgs and msgs[-1]["type"] == "done" and msgs[-1].get("finish") == "cancelled",
-              "last message before close: %r" % (msgs[-1:],))
+        ends = [m for m in msgs if m["type"] != "token"]
+        check(ends and ends[0]["type"] == "error" and ends[0].get("code") == "shutting_down"
+              and ends[0]["id"] == 2, "the job's end at shutdown: %r" % (ends[:1],))
+        check(ends[-1]["id"] == 0 and ends[-1].get("code") == "shutting_down",
+              "no connection-level shutting_down before close: %r" % (ends[-1:],))
         c.close()
         check("exiting" in d.log_text(), "no shutdown log line")
         if os.environ.get("ANED_TEST_VERBOSE"): print(d.log_text())
@@ -795,6 +845,32 @@ def test_daemonize():
                 pass
 
 
+def test_backlog_cap():
+    """A client that never reads has its jobs cancelled once its backlog passes --max-backlog."""
+    d = Daemon(args=["--max-backlog", "64"]).start()
+    try:
+        slow = Conn(d.sock)
+        slow.hello()
+        for i in range(8):
+            slow.request("generate", **greedy_req(1500))
+        wait_for(lambda: info(d.sock).get("active") == 0, 30, "the slow reader's jobs to be cancelled")
+        check("output backlog" in d.log_text(), "backlog cancel not logged")
+        ends = {}
+        while len(ends) < 8:
+            m = slow.recv()
+            check(m is not None, "closed before every request ended (%d)" % len(ends))
+            if m["type"] != "token":
+                ends[m["id"]] = m
+        busy = [m for m in ends.values() if m["type"] == "error" and m.get("code") == "busy"]
+        check(busy, "no request ended with busy: %r" % list(ends.values())[:2])
+        ids, _, last = slow.generate(**greedy_req(8))
+        check(ids == GREEDY[:8], "the connection is not usable afterwards")
+        slow.close()
+        check(d.stop() == 0, "exit status")
+    finally:
+        d.kill()
+
+
 def test_many_connections(d):
     conns = []
     try:
@@ -814,14 +890,14 @@ def test_many_connections(d):
 # ------------------------------------------------------------------ runner
 
 SHARED = [
-    test_hello_ping_info, test_handshake_required, test_greedy_reference, test_tokenize,
+    test_hello_ping_info, test_handshake_required, test_greedy_reference, test_eval, test_tokenize,
     test_aneclient_story, test_aneclient_greedy, test_garbage, test_bad_requests_keep_connection,
     test_inflight_limit, test_concurrent, test_disconnect_mid_generation, test_cancel,
     test_half_close, test_slow_reader, test_many_connections,
 ]
 OWN = [
     test_help, test_missing_model, test_corrupt_model, test_tokenizer_only, test_sigterm_mid_generation,
-    test_sigint_idle, test_stale_socket, test_second_daemon_refuses, test_socket_mode, test_daemonize,
+    test_sigint_idle, test_backlog_cap, test_stale_socket, test_second_daemon_refuses, test_socket_mode, test_daemonize,
 ]
 TIMEOUT_S = 120
 
