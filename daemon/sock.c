@@ -165,7 +165,7 @@ int sock_listen(sock_listener *l, const char *path, unsigned mode, int backlog,
         goto fail_fd;
     }
     if (chmod(path, mode) < 0) {
-        snprintf(err, errlen, "cannot chmod %s to %03o: %s", path, mode, strerror(errno));
+        snprintf(err, errlen, "cannot chmod %s to %03o: %s", l->path, mode, strerror(errno));
         unlink(path);
         goto fail_fd;
     }

@@ -7,6 +7,7 @@ Ends with "N passed, M failed"; exits non-zero on any failure."""
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import stat
@@ -38,6 +39,16 @@ class TestFailure(Exception):
     pass
 
 
+TMPDIRS = []
+
+
+def mktmp():
+    """A private directory, removed when the run ends."""
+    t = tempfile.mkdtemp(prefix="aned-t.")
+    TMPDIRS.append(t)
+    return t
+
+
 def check(cond, msg):
     if not cond:
         raise TestFailure(msg)
@@ -49,7 +60,7 @@ class Daemon:
     """One bin/aned on a socket in a private temp dir."""
 
     def __init__(self, model=MODEL, args=(), sock=None, tmp=None):
-        self.tmp = tmp or tempfile.mkdtemp(prefix="aned-t.")
+        self.tmp = tmp or mktmp()
         self.sock = sock or os.path.join(self.tmp, "aned.sock")
         self.log = os.path.join(self.tmp, "aned.%d.log" % random.randrange(1 << 30))
         self.model = model
@@ -242,7 +253,7 @@ def test_help():
 
 
 def _start_fails(model, needle):
-    tmp = tempfile.mkdtemp(prefix="aned-t.")
+    tmp = mktmp()
     sock = os.path.join(tmp, "s.sock")
     p = subprocess.run([ANED, "--model", model, "--socket", sock], stdout=subprocess.PIPE,
                        stderr=subprocess.PIPE, timeout=30)
@@ -257,7 +268,7 @@ def test_missing_model():
 
 
 def test_corrupt_model():
-    tmp = tempfile.mkdtemp(prefix="aned-t.")
+    tmp = mktmp()
     bad = os.path.join(tmp, "corrupt.gguf")
     with open(bad, "wb") as f:
         f.write(b"GGUF" + bytes(random.Random(1).randrange(256) for _ in range(4000)))
@@ -742,7 +753,7 @@ def test_sigint_idle():
 
 
 def test_stale_socket():
-    tmp = tempfile.mkdtemp(prefix="aned-t.")
+    tmp = mktmp()
     path = os.path.join(tmp, "aned.sock")
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.bind(path)
@@ -767,7 +778,7 @@ def test_second_daemon_refuses():
         check("already" in err and d.sock in err, "unclear refusal: %r" % err)
         check(os.path.exists(d.sock) and info(d.sock)["type"] == "info", "first daemon disturbed")
         # a live non-aned listener is refused too, and never unlinked
-        tmp = tempfile.mkdtemp(prefix="aned-t.")
+        tmp = mktmp()
         other = os.path.join(tmp, "other.sock")
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.bind(other)
@@ -813,8 +824,16 @@ def test_socket_mode():
         d.kill()
 
 
+def _gone(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().split(") ")[-1].startswith("Z")  # exited, not yet reaped
+    except OSError:
+        return True
+
+
 def test_daemonize():
-    tmp = tempfile.mkdtemp(prefix="aned-t.")
+    tmp = mktmp()
     sock = os.path.join(tmp, "d.sock")
     pidf = os.path.join(tmp, "aned.pid")
     logf = os.path.join(tmp, "aned.log")
@@ -830,7 +849,8 @@ def test_daemonize():
         with open(logf) as f:
             check("listening" in f.read(), "log file lacks the start-up line")
         os.kill(pid, signal.SIGTERM)
-        wait_for(lambda: not os.path.exists("/proc/%d" % pid), 10, "the daemon to exit")
+        wait_for(lambda: not os.path.exists(pidf), 10, "the daemon to remove its pidfile")
+        wait_for(lambda: _gone(pid), 10, "the daemon to exit")
         pid = None
         check(not os.path.exists(sock) and not os.path.exists(pidf), "socket or pidfile left behind")
         # a failing start reports through the parent's exit status
@@ -871,6 +891,38 @@ def test_backlog_cap():
         d.kill()
 
 
+def test_socket_activation():
+    """A socket passed by systemd (LISTEN_FDS) is served, and left in place at exit."""
+    sa = shutil.which("systemd-socket-activate")
+    if not sa:
+        print("    (systemd-socket-activate not installed: skipped)")
+        return
+    tmp = mktmp()
+    sock = os.path.join(tmp, "act.sock")
+    logf = os.path.join(tmp, "act.log")
+    with open(logf, "wb") as lf:
+        p = subprocess.Popen([sa, "-l", sock, ANED, "--model", MODEL, "--socket", "/nonexistent/ignored.sock"],
+                             stdin=subprocess.DEVNULL, stdout=lf, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: os.path.exists(sock), 10, "the activation socket")
+        c = Conn(sock)
+        try:
+            c.hello()  # the first connection starts aned
+            ids, _, last = c.generate(**greedy_req(8))
+            check(ids == GREEDY[:8], "activated daemon: %r" % ids)
+        finally:
+            c.close()
+        p.send_signal(signal.SIGTERM)
+        check(p.wait(10) == 0, "exit status")
+        with open(logf) as f:
+            check("systemd socket" in f.read(), "did not use the passed socket")
+        check(os.path.exists(sock), "removed a socket it does not own")
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
 def test_many_connections(d):
     conns = []
     try:
@@ -897,7 +949,7 @@ SHARED = [
 ]
 OWN = [
     test_help, test_missing_model, test_corrupt_model, test_tokenizer_only, test_sigterm_mid_generation,
-    test_sigint_idle, test_backlog_cap, test_stale_socket, test_second_daemon_refuses, test_socket_mode, test_daemonize,
+    test_sigint_idle, test_backlog_cap, test_socket_activation, test_stale_socket, test_second_daemon_refuses, test_socket_mode, test_daemonize,
 ]
 TIMEOUT_S = 120
 
@@ -966,6 +1018,8 @@ def main():
             passed += 1
         else:
             failed += 1
+    for t in TMPDIRS:
+        shutil.rmtree(t, ignore_errors=True)
     print("%d passed, %d failed" % (passed, failed))
     return 1 if failed else 0
 
