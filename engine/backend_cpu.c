@@ -192,9 +192,16 @@ static void att_one(void *arg, int i, int ith)
     int t = i / j->n_head, h = i % j->n_head;
     int hd = j->head_dim, kvd = j->n_head_kv * hd;
     int kvh = h / (j->n_head / j->n_head_kv);
-    const float *q = j->q + ((size_t)t * j->n_head + h) * hd;
+    const float *q0 = j->q + ((size_t)t * j->n_head + h) * hd;
     float *o = j->out + ((size_t)t * j->n_head + h) * hd;
-    float acc[1024], kt[1024];
+    float acc[1024], kt[1024], qr[1024];
+    const float *q = q0;
+    /* with an f16 cache, q·k is an f16 dot product (q rounded like the keys),
+     * as in llama.cpp; it keeps quantized models within hundredths of it */
+    if (j->b->kv_elt == 2) {
+        for (int d = 0; d < hd; d++) qr[d] = qt_fp16_to_fp32(qt_fp32_to_fp16(q0[d]));
+        q = qr;
+    }
     for (int d = 0; d < hd; d++) acc[d] = 0;
     float mx = -INFINITY, sum = 0, scale = 1.0f / sqrtf((float)hd);
     int f16 = j->b->kv_elt == 2;

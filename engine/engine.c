@@ -46,6 +46,7 @@ typedef struct job {
     uint32_t uid;
     job_state state;
     atomic_int cancel;
+    atomic_int paused;
 
     int32_t *toks;               /* prompt then generated ids; capacity cap */
     int n_prompt, n_tok, cap;
@@ -505,6 +506,17 @@ void eng_cancel(eng *e, uint64_t id)
     pthread_mutex_unlock(&e->mu);
 }
 
+void eng_pause(eng *e, uint64_t id, int paused)
+{
+    pthread_mutex_lock(&e->mu);
+    for (job *j = e->queue_head; j; j = j->next)
+        if (j->id == id) atomic_store(&j->paused, paused != 0);
+    for (int i = 0; i < e->n_active; i++)
+        if (e->active[i]->id == id) atomic_store(&e->active[i]->paused, paused != 0);
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
 /* ---- the worker ---------------------------------------------------------- */
 
 /* Picks the queued job to admit next: the one whose uid, then owner, has the
@@ -624,6 +636,7 @@ static void step(eng *e)
     /* decode tokens first (one per generating sequence), then prefill chunks */
     for (int i = 0; i < e->n_active; i++) {
         job *j = e->active[i];
+        if (atomic_load_explicit(&j->paused, memory_order_relaxed)) continue;
         if (j->n_past < j->n_tok && j->n_past >= j->n_prompt) {
             e->b_tok[T] = j->toks[j->n_past];
             e->b_pos[T] = j->n_past;
@@ -638,7 +651,7 @@ static void step(eng *e)
     int n_decode = T;
     for (int i = 0; i < e->n_active && T < BATCH_TOKENS; i++) {
         job *j = e->active[i];
-        if (j->n_past >= j->n_prompt) continue;
+        if (j->n_past >= j->n_prompt || atomic_load_explicit(&j->paused, memory_order_relaxed)) continue;
         int take = j->n_prompt - j->n_past;
         if (take > BATCH_TOKENS - T) take = BATCH_TOKENS - T;
         if (j->kind == ENG_JOB_EVAL && take > EVAL_ROWS - n_out) take = EVAL_ROWS - n_out;
@@ -706,13 +719,21 @@ static void step(eng *e)
     pthread_mutex_unlock(&e->mu);
 }
 
+/* Whether a forward pass has anything to do. Under mu. */
+static int runnable(eng *e)
+{
+    for (int i = 0; i < e->n_active; i++)
+        if (!atomic_load(&e->active[i]->paused)) return 1;
+    return 0;
+}
+
 static void *worker_main(void *arg)
 {
     eng *e = arg;
     for (;;) {
         pthread_mutex_lock(&e->mu);
         schedule(e);
-        while (!e->stop && e->n_active == 0 && !e->queue_head) {
+        while (!e->stop && !runnable(e)) {
             pthread_cond_wait(&e->cv, &e->mu);
             schedule(e);
         }
@@ -785,7 +806,7 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
     if (nth > 256) nth = 256;
     in->n_threads = nth;
     if (pool_open(&e->pool, nth)) { snprintf(err, errlen, "cannot start %d threads", nth); goto fail; }
-    if (be_cpu_open(&e->be, e->pool, 0, err, errlen)) goto fail;
+    if (be_cpu_open(&e->be, e->pool, !opt->kv_f32, err, errlen)) goto fail;
 
     size_t page_bytes = fw_kv_page_bytes(m, e->be->kv_elt);
     size_t pages_per_ctx = ((size_t)e->n_ctx + KV_PAGE - 1) / KV_PAGE;

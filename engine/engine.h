@@ -25,6 +25,7 @@ typedef struct eng_opts {
     size_t kv_budget;       /* bytes for the shared KV pool; 0 = room for max_seqs full contexts */
     int max_seqs;           /* sequences in one batched forward pass; 0 = 16 */
     int max_queued;         /* jobs waiting beyond max_seqs before ENG_EBUSY; 0 = 256 */
+    int kv_f32;             /* 1: KV cache in f32 instead of f16 */
     /* Called on the worker thread whenever events were queued. Must not call
      * into the engine; typically ev_async_send(). May be NULL (then poll). */
     void (*notify)(void *arg);
@@ -140,6 +141,10 @@ int eng_submit(eng *e, const eng_job_desc *d, uint64_t *job_id,
  * ENG_FINISH_CANCELLED (or its normal end if it finished first). Unknown ids
  * are ignored. Its KV is freed before the next forward pass. */
 void eng_cancel(eng *e, uint64_t job_id);
+
+/* Backpressure: a paused job keeps its KV but is left out of forward passes
+ * until resumed (its client is not reading). Unknown ids are ignored. */
+void eng_pause(eng *e, uint64_t job_id, int paused);
 
 typedef enum eng_event_type {
     ENG_EV_TOKEN = 0,  /* generate: one sampled token */

@@ -7,7 +7,10 @@
  * size, count and nesting against the limits below *before* handing a whole
  * message to msgpack-c, so no length from the peer is trusted. Decoded
  * messages borrow their strings/arrays from the reader and stay valid until
- * the next proto_reader_next() call on that reader.
+ * the next proto_reader_next() call on that reader (decoded strings are
+ * copies, NUL-terminated, so reading more bytes in between is fine; absent
+ * event strings read as ""). Request text is checked to be UTF-8; event
+ * text is passed on as received (the daemon guarantees UTF-8).
  *
  * Conventions: 0 ok, -1 error; messages through (char *err, size_t errlen). */
 #ifndef ANE_PROTO_H
@@ -26,6 +29,10 @@
 #define PROTO_MAX_STOP_LEN  256         /* bytes per stop string */
 #define PROTO_MAX_TOP       100         /* eval top-N */
 #define PROTO_MAX_GEN       1048576     /* max_tokens upper bound */
+#define PROTO_MAX_NAME      256         /* bytes of hello's "client" */
+#define PROTO_MAX_TEMPERATURE 100.0     /* temperature range [0, 100] */
+#define PROTO_MAX_PENALTY   100.0       /* repeat_penalty range (0, 100] */
+#define PROTO_DEF_MAX_TOKENS 256        /* generate's max_tokens when absent */
 
 typedef enum proto_type {
     PROTO_T_NONE = 0,
@@ -80,11 +87,11 @@ typedef struct proto_req {
     uint32_t version;
     const char *client; size_t client_len;
     /* generate / eval / tokenize: the prompt as text or as ids (exactly one) */
-    const char *text; size_t text_len;
-    const int32_t *tokens; size_t n_tokens;  /* detokenize input too */
+    const char *text; size_t text_len;       /* != NULL when sent, even "" */
+    const int32_t *tokens; size_t n_tokens;  /* != NULL when sent; detokenize input too */
     const char *system; size_t system_len;
     int raw;                /* generate/eval: 1 = no chat template */
-    int special;            /* tokenize: parse special tokens */
+    int special;            /* tokenize, generate: parse special tokens in text */
     int add_bos;            /* tokenize: prepend BOS when the model uses one (default 1) */
     int32_t max_tokens;     /* default 256 */
     float temperature;      /* default 0.8 */
@@ -140,6 +147,7 @@ typedef struct proto_ev {
     uint64_t kv_used, kv_total, weight_bytes;
     double uptime_s;
     const proto_client_count *per_client; size_t n_per_client;
+    const char *model_path; size_t model_path_len; /* info */
 } proto_ev;
 
 void proto_ev_init(proto_ev *e, proto_type t, uint64_t id);
@@ -156,10 +164,14 @@ int proto_ev_encode(proto_buf *b, const proto_ev *e);
 typedef struct proto_reader proto_reader;
 proto_reader *proto_reader_new(size_t max_frame);     /* 0 = PROTO_MAX_FRAME */
 void proto_reader_free(proto_reader *r);
-/* Space to read into: *avail bytes at the returned pointer; then commit. */
+/* Space to read into: *avail bytes at the returned pointer; then commit.
+ * Drain with proto_reader_next_*() until it returns 0 before asking again:
+ * *avail is 0 only when a whole message is still waiting to be taken. */
 char *proto_reader_space(proto_reader *r, size_t *avail);
 void proto_reader_commit(proto_reader *r, size_t n);
 int proto_reader_feed(proto_reader *r, const void *buf, size_t n); /* copy in; -1 OOM */
+/* Bytes received but not yet returned as messages. */
+size_t proto_reader_pending(const proto_reader *r);
 
 /* Next whole message from the stream:
  *   1  a message was decoded into *req (server side) — or, when the map is a

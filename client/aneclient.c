@@ -1,0 +1,665 @@
+/* aneclient — command-line client for aned. See `aneclient --help`. */
+#include "client/aneclient.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define ANECLIENT_VERSION "0.1.0"
+
+enum {
+    EX_OK = 0, EX_USAGE = 1, EX_CONNECT = 2, EX_REFUSED = 3, EX_REQUEST = 4, EX_INTERRUPTED = 130,
+};
+
+enum mode { M_GENERATE, M_EVAL, M_TOKENIZE, M_DETOKENIZE, M_INFO, M_PING };
+
+static volatile sig_atomic_t interrupted;
+
+static void on_sigint(int sig)
+{
+    (void)sig;
+    if (interrupted) _exit(EX_INTERRUPTED);   /* second Ctrl-C: leave now */
+    interrupted = 1;
+}
+
+static void usage(FILE *f)
+{
+    char sock[256];
+    ane_default_socket(sock, sizeof sock);
+    fprintf(f,
+"usage: aneclient [options] [PROMPT...]\n"
+"Sends PROMPT (the arguments joined by spaces; else standard input when it is\n"
+"not a terminal, one trailing newline removed) to aned and streams the reply.\n"
+"\n"
+"Modes (default: generate text):\n"
+"      --tokens \"ID ID ...\"  use these token ids as the prompt instead of text\n"
+"      --eval              print the top logits at every prompt position\n"
+"      --top N             entries per position for --eval (1..%d, default 10)\n"
+"      --tokenize          print the token ids of the text (see --special, --no-bos)\n"
+"      --detokenize        print the text of the token ids given as arguments or on stdin\n"
+"      --info              print the daemon's model and load figures\n"
+"      --ping              check that the daemon answers; print the round trip\n"
+"\n"
+"Generation:\n"
+"  -n, --max-tokens N      tokens to generate (0 = until the context is full; default 256)\n"
+"  -t, --temperature F     0 = greedy (default 0.8)\n"
+"      --top-k N           0 = off (default 40)\n"
+"      --top-p F           1 = off (default 0.95)\n"
+"      --min-p F           0 = off (default 0.05)\n"
+"      --repeat-penalty F  1 = off (default 1.0)\n"
+"      --repeat-last-n N   window of the penalty (default 64)\n"
+"      --seed N            same seed, same text (default: random)\n"
+"      --stop STR          stop when STR is generated; repeatable (up to %d)\n"
+"      --system STR        system message for the chat template\n"
+"      --raw               no chat template: continue the prompt as is\n"
+"      --special           parse special tokens such as <|im_end|> in the text\n"
+"      --no-bos            --tokenize: do not prepend BOS\n"
+"\n"
+"Output and connection:\n"
+"      --json              one JSON object per line (see below)\n"
+"  -v, --verbose           token counts and speeds on standard error\n"
+"      --socket PATH       daemon socket (now: %s)\n"
+"  -h, --help              this text\n"
+"  -V, --version           print the version\n"
+"\n"
+"Socket path when --socket is not given: $ANE_SOCKET if set; else\n"
+"" ANE_SYSTEM_SOCKET " when run as root or when that socket exists; else\n"
+"$XDG_RUNTIME_DIR/aned.sock when XDG_RUNTIME_DIR is set; else /tmp/aned-UID.sock.\n"
+"\n"
+"--json lines: {\"event\":\"token\",\"id\":ID,\"text\":\"...\"} while generating, then\n"
+"{\"event\":\"done\",\"tokens\":[...],\"text\":\"...\",\"finish_reason\":\"...\",\"usage\":{...},\"timings\":{...}};\n"
+"--tokenize: {\"tokens\":[...]}; --detokenize: {\"text\":\"...\"}; --eval: {\"positions\":[{\"pos\":P,\"top\":[[id,logit],...]},...]};\n"
+"--info: the info fields; errors: {\"event\":\"error\",\"code\":\"...\",\"message\":\"...\"}.\n"
+"\n"
+"Ctrl-C cancels the request (a second one quits at once).\n"
+"Exit status: 0 ok, 1 usage error, 2 cannot connect to aned (or the connection\n"
+"was lost), 3 refused by aned (denied, busy, version, shutting down), 4 aned\n"
+"reported an error for the request, 130 interrupted.\n",
+    PROTO_MAX_TOP, PROTO_MAX_STOP, sock);
+}
+
+static void die_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+static void die_usage(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("aneclient: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputs("\nTry 'aneclient --help'.\n", stderr);
+    va_end(ap);
+    exit(EX_USAGE);
+}
+
+static long long parse_int(const char *opt, const char *s, long long lo, long long hi)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi)
+        die_usage("%s: \"%s\" is not an integer in [%lld, %lld]", opt, s, lo, hi);
+    return v;
+}
+
+static unsigned long long parse_u64(const char *opt, const char *s)
+{
+    char *end;
+    errno = 0;
+    if (*s == '-') die_usage("%s: \"%s\" must not be negative", opt, s);
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || *end) die_usage("%s: \"%s\" is not a non-negative integer", opt, s);
+    return v;
+}
+
+static float parse_float(const char *opt, const char *s, double lo, double hi)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !isfinite(v) || v < lo || v > hi)
+        die_usage("%s: \"%s\" is not a number in [%g, %g]", opt, s, lo, hi);
+    return (float)v;
+}
+
+/* Token ids separated by spaces, commas or newlines. */
+static int32_t *parse_ids(const char *what, const char *s, size_t *n)
+{
+    size_t cap = 64, k = 0;
+    int32_t *ids = malloc(cap * sizeof *ids);
+    if (!ids) die_usage("out of memory");
+    const char *p = s;
+    for (;;) {
+        while (*p == ' ' || *p == ',' || *p == '\n' || *p == '\t' || *p == '\r' || *p == '[' || *p == ']') p++;
+        if (!*p) break;
+        char *end;
+        errno = 0;
+        long long v = strtoll(p, &end, 10);
+        if (errno || end == p || v < 0 || v > INT32_MAX || (*end && !strchr(" ,\n\t\r[]", *end)))
+            die_usage("%s: \"%.20s\" is not a token id", what, p);
+        if (k == PROTO_MAX_TOKENS) die_usage("%s: more than %d token ids", what, PROTO_MAX_TOKENS);
+        if (k == cap) {
+            cap *= 2;
+            int32_t *q = realloc(ids, cap * sizeof *ids);
+            if (!q) die_usage("out of memory");
+            ids = q;
+        }
+        ids[k++] = (int32_t)v;
+        p = end;
+    }
+    *n = k;
+    return ids;
+}
+
+/* All of standard input, at most max bytes. */
+static char *read_stdin(size_t max, size_t *len)
+{
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap + 1);
+    if (!buf) die_usage("out of memory");
+    for (;;) {
+        if (n == cap) {
+            if (cap > max) break;
+            cap *= 2;
+            char *p = realloc(buf, cap + 1);
+            if (!p) die_usage("out of memory");
+            buf = p;
+        }
+        size_t got = fread(buf + n, 1, cap - n, stdin);
+        n += got;
+        if (got == 0) break;
+    }
+    if (ferror(stdin)) die_usage("reading standard input: %s", strerror(errno));
+    if (n > max) die_usage("standard input is longer than %zu bytes", max);
+    buf[n] = 0;
+    *len = n;
+    return buf;
+}
+
+/* ---- JSON output ---- */
+
+static void json_str(FILE *f, const char *s, size_t n)
+{
+    static const char hex[] = "0123456789abcdef";
+    fputc('"', f);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        switch (c) {
+        case '"': fputs("\\\"", f); break;
+        case '\\': fputs("\\\\", f); break;
+        case '\n': fputs("\\n", f); break;
+        case '\r': fputs("\\r", f); break;
+        case '\t': fputs("\\t", f); break;
+        case '\b': fputs("\\b", f); break;
+        case '\f': fputs("\\f", f); break;
+        default:
+            if (c < 0x20 || c == 0x7f) {
+                fputs("\\u00", f);
+                fputc(hex[c >> 4], f);
+                fputc(hex[c & 15], f);
+            } else if (c >= 0x80) {
+                /* Whole valid characters pass through; anything else is U+FFFD. */
+                size_t len = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+                if (len > 1 && i + len <= n && proto_utf8_valid(s + i, len)) {
+                    fwrite(s + i, 1, len, f);
+                    i += len - 1;
+                } else {
+                    fputs("\\ufffd", f);
+                }
+            } else {
+                fputc(c, f);
+            }
+        }
+    }
+    fputc('"', f);
+}
+
+static void json_num(FILE *f, double v)
+{
+    if (isfinite(v)) fprintf(f, "%.9g", v);
+    else fputs("null", f);
+}
+
+static void json_usage_timings(FILE *f, const proto_ev *ev)
+{
+    fprintf(f, "\"usage\":{\"prompt_tokens\":%u,\"cached_tokens\":%u,\"completion_tokens\":%u}",
+            ev->prompt_tokens, ev->cached_tokens, ev->completion_tokens);
+    double pre = ev->prompt_tokens > ev->cached_tokens ? ev->prompt_tokens - ev->cached_tokens : 0;
+    fprintf(f, ",\"timings\":{\"queue_ms\":%.3f,\"prefill_ms\":%.3f,\"decode_ms\":%.3f,"
+               "\"prefill_tps\":%.2f,\"decode_tps\":%.2f}",
+            ev->queue_ms, ev->prefill_ms, ev->decode_ms,
+            ev->prefill_ms > 0 ? pre * 1000.0 / ev->prefill_ms : 0.0,
+            ev->decode_ms > 0 ? ev->completion_tokens * 1000.0 / ev->decode_ms : 0.0);
+}
+
+static void json_info(FILE *f, const proto_ev *e)
+{
+    fputs("{\"event\":\"info\",\"version\":", f);
+    fprintf(f, "%u", e->version);
+    fputs(",\"server\":", f); json_str(f, e->server, e->server_len);
+    fputs(",\"model\":", f); json_str(f, e->model, e->model_len);
+    fputs(",\"model_path\":", f); json_str(f, e->model_path, e->model_path_len);
+    fputs(",\"arch\":", f); json_str(f, e->arch, e->arch_len);
+    fputs(",\"backend\":", f); json_str(f, e->backend, e->backend_len);
+    fputs(",\"chat_template\":", f); json_str(f, e->chat_template, e->chat_template_len);
+    fputs(",\"warning\":", f); json_str(f, e->warning, e->warning_len);
+    fprintf(f, ",\"n_vocab\":%d,\"n_ctx\":%d,\"n_layer\":%d,\"n_embd\":%d,\"tokenizer_only\":%s",
+            e->n_vocab, e->n_ctx, e->n_layer, e->n_embd, e->tokenizer_only ? "true" : "false");
+    fprintf(f, ",\"active\":%u,\"queued\":%u,\"clients\":%u", e->active, e->queued, e->clients);
+    fprintf(f, ",\"jobs_done\":%llu,\"tokens_served\":%llu,\"prompt_tokens_total\":%llu",
+            (unsigned long long)e->jobs_done, (unsigned long long)e->tokens_served,
+            (unsigned long long)e->prompt_tokens_total);
+    fprintf(f, ",\"kv_used\":%llu,\"kv_total\":%llu,\"weight_bytes\":%llu,\"uptime_s\":%.3f",
+            (unsigned long long)e->kv_used, (unsigned long long)e->kv_total,
+            (unsigned long long)e->weight_bytes, e->uptime_s);
+    fputs(",\"per_client\":[", f);
+    for (size_t i = 0; i < e->n_per_client; i++)
+        fprintf(f, "%s{\"uid\":%u,\"pid\":%u,\"active\":%u,\"queued\":%u}", i ? "," : "",
+                e->per_client[i].uid, e->per_client[i].pid, e->per_client[i].active, e->per_client[i].queued);
+    fputs("]}\n", f);
+}
+
+static void text_info(FILE *f, const proto_ev *e)
+{
+    fprintf(f, "server:          %.*s (protocol %u)\n", (int)e->server_len, e->server, e->version);
+    fprintf(f, "model:           %.*s\n", (int)e->model_len, e->model);
+    if (e->model_path_len) fprintf(f, "path:            %.*s\n", (int)e->model_path_len, e->model_path);
+    fprintf(f, "arch:            %.*s%s\n", (int)e->arch_len, e->arch, e->tokenizer_only ? " (tokenizer only)" : "");
+    fprintf(f, "backend:         %.*s\n", (int)e->backend_len, e->backend);
+    fprintf(f, "chat template:   %.*s\n", (int)e->chat_template_len, e->chat_template);
+    if (e->warning_len) fprintf(f, "warning:         %.*s\n", (int)e->warning_len, e->warning);
+    fprintf(f, "vocab/ctx:       %d / %d\n", e->n_vocab, e->n_ctx);
+    fprintf(f, "layers/embd:     %d / %d\n", e->n_layer, e->n_embd);
+    fprintf(f, "weights:         %.1f MiB\n", (double)e->weight_bytes / 1048576.0);
+    fprintf(f, "kv cache:        %.1f / %.1f MiB\n", (double)e->kv_used / 1048576.0, (double)e->kv_total / 1048576.0);
+    fprintf(f, "jobs:            %u active, %u queued, %llu done\n", e->active, e->queued,
+            (unsigned long long)e->jobs_done);
+    fprintf(f, "tokens:          %llu prompt, %llu generated\n",
+            (unsigned long long)e->prompt_tokens_total, (unsigned long long)e->tokens_served);
+    fprintf(f, "clients:         %u\n", e->clients);
+    for (size_t i = 0; i < e->n_per_client; i++)
+        fprintf(f, "  uid %u pid %u: %u active, %u queued\n", e->per_client[i].uid, e->per_client[i].pid,
+                e->per_client[i].active, e->per_client[i].queued);
+    fprintf(f, "uptime:          %.1f s\n", e->uptime_s);
+}
+
+/* ---- main ---- */
+
+typedef struct run {
+    enum mode mode;
+    int json, verbose;
+    int tty_out;
+    /* accumulated for --json done / --eval --json */
+    char *acc; size_t acc_len; FILE *accf;       /* text (generate) or positions (eval) */
+    char *toks; size_t toks_len; FILE *toksf;    /* generated ids, JSON */
+    size_t n_gen;
+    int last_nl;                                  /* last text byte written was '\n' */
+    long long t0_ns;
+} run;
+
+static long long now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static int is_refusal(proto_err c)
+{
+    return c == PROTO_E_BUSY || c == PROTO_E_DENIED || c == PROTO_E_VERSION || c == PROTO_E_SHUTDOWN;
+}
+
+static void report_error(const run *R, const char *code, const char *msg, size_t msg_len)
+{
+    if (R->json) {
+        fputs("{\"event\":\"error\",\"code\":", stdout);
+        json_str(stdout, code, strlen(code));
+        fputs(",\"message\":", stdout);
+        json_str(stdout, msg, msg_len);
+        fputs("}\n", stdout);
+        fflush(stdout);
+    } else {
+        if (R->mode == M_GENERATE && !R->last_nl && R->tty_out) { fputc('\n', stdout); fflush(stdout); }
+        fprintf(stderr, "aneclient: %s: %.*s\n", code, (int)msg_len, msg);
+    }
+}
+
+/* Handles one event of our request; returns -1 to go on, else the exit code. */
+static int on_event(run *R, const proto_ev *ev)
+{
+    switch (ev->type) {
+    case PROTO_T_TOKEN:
+        R->n_gen++;
+        if (R->json) {
+            fprintf(stdout, "{\"event\":\"token\",\"id\":%d,\"text\":", ev->token);
+            json_str(stdout, ev->text, ev->text_len);
+            fputs("}\n", stdout);
+            fprintf(R->toksf, "%s%d", R->n_gen > 1 ? "," : "", ev->token);
+            fwrite(ev->text, 1, ev->text_len, R->accf);
+        } else if (ev->text_len) {
+            fwrite(ev->text, 1, ev->text_len, stdout);
+            R->last_nl = ev->text[ev->text_len - 1] == '\n';
+        }
+        fflush(stdout);
+        return -1;
+    case PROTO_T_LOGITS:
+        if (R->json) {
+            fprintf(R->accf, "%s{\"pos\":%d,\"top\":[", R->n_gen ? "," : "", ev->pos);
+            for (size_t i = 0; i < ev->n_top; i++) {
+                fprintf(R->accf, "%s[%d,", i ? "," : "", ev->top[i].id);
+                json_num(R->accf, ev->top[i].logit);
+                fputc(']', R->accf);
+            }
+            fputs("]}", R->accf);
+        } else {
+            fprintf(stdout, "%d", ev->pos);
+            for (size_t i = 0; i < ev->n_top; i++) fprintf(stdout, "%c%d:%.6g", i ? ' ' : '\t', ev->top[i].id, ev->top[i].logit);
+            fputc('\n', stdout);
+            fflush(stdout);
+        }
+        R->n_gen++;
+        return -1;
+    case PROTO_T_DONE: {
+        int cancelled = ev->finish_len == 9 && memcmp(ev->finish, "cancelled", 9) == 0;
+        if (R->json) {
+            fflush(R->accf);
+            fflush(R->toksf);
+            if (R->mode == M_EVAL) {
+                fputs("{\"event\":\"done\",\"positions\":[", stdout);
+                fwrite(R->acc, 1, R->acc_len, stdout);
+                fputs("],", stdout);
+            } else {
+                fputs("{\"event\":\"done\",\"tokens\":[", stdout);
+                fwrite(R->toks, 1, R->toks_len, stdout);
+                fputs("],\"text\":", stdout);
+                json_str(stdout, R->acc, R->acc_len);
+                fputc(',', stdout);
+            }
+            fputs("\"finish_reason\":", stdout);
+            json_str(stdout, ev->finish, ev->finish_len);
+            fputc(',', stdout);
+            json_usage_timings(stdout, ev);
+            fputs("}\n", stdout);
+        } else if (R->mode == M_GENERATE && R->tty_out && !R->last_nl) {
+            fputc('\n', stdout);
+        }
+        fflush(stdout);
+        if (R->verbose) {
+            double pre = ev->prompt_tokens > ev->cached_tokens ? ev->prompt_tokens - ev->cached_tokens : 0;
+            fprintf(stderr, "\n[%s] prompt %u tokens (%u cached) in %.1f ms (%.1f t/s), "
+                    "%u generated in %.1f ms (%.1f t/s), queued %.1f ms, total %.1f ms\n",
+                    ev->finish, ev->prompt_tokens, ev->cached_tokens, ev->prefill_ms,
+                    ev->prefill_ms > 0 ? pre * 1000 / ev->prefill_ms : 0.0,
+                    ev->completion_tokens, ev->decode_ms,
+                    ev->decode_ms > 0 ? ev->completion_tokens * 1000.0 / ev->decode_ms : 0.0,
+                    ev->queue_ms, (double)(now_ns() - R->t0_ns) / 1e6);
+        }
+        return cancelled && interrupted ? EX_INTERRUPTED : EX_OK;
+    }
+    case PROTO_T_ERROR: {
+        const char *name = proto_err_name(ev->code);
+        report_error(R, name, ev->message, ev->message_len);
+        return is_refusal(ev->code) ? EX_REFUSED : EX_REQUEST;
+    }
+    case PROTO_T_TOKENS:
+        if (R->json) fputs("{\"tokens\":[", stdout);
+        for (size_t i = 0; i < ev->n_tokens; i++) fprintf(stdout, i ? (R->json ? ",%d" : " %d") : "%d", ev->tokens[i]);
+        fputs(R->json ? "]}\n" : "\n", stdout);
+        fflush(stdout);
+        return EX_OK;
+    case PROTO_T_TEXT:
+        if (R->json) {
+            fputs("{\"text\":", stdout);
+            json_str(stdout, ev->text, ev->text_len);
+            fputs("}\n", stdout);
+        } else {
+            fwrite(ev->text, 1, ev->text_len, stdout);
+            if (R->tty_out && (!ev->text_len || ev->text[ev->text_len - 1] != '\n')) fputc('\n', stdout);
+        }
+        fflush(stdout);
+        return EX_OK;
+    case PROTO_T_INFO_OK:
+        if (R->json) json_info(stdout, ev);
+        else text_info(stdout, ev);
+        fflush(stdout);
+        return EX_OK;
+    case PROTO_T_PONG: {
+        double ms = (double)(now_ns() - R->t0_ns) / 1e6;
+        if (R->json) printf("{\"event\":\"pong\",\"ms\":%.3f}\n", ms);
+        else printf("pong from aned: %.3f ms\n", ms);
+        fflush(stdout);
+        return EX_OK;
+    }
+    default:
+        return -1;
+    }
+}
+
+int main(int argc, char **argv)
+{
+    enum { O_SOCKET = 256, O_TOPK, O_TOPP, O_MINP, O_RPEN, O_RLAST, O_SEED, O_STOP, O_SYSTEM, O_RAW,
+           O_SPECIAL, O_NOBOS, O_TOKENS, O_TOKENIZE, O_DETOKENIZE, O_EVAL, O_TOP, O_INFO, O_PING, O_JSON };
+    static const struct option opts[] = {
+        { "socket", required_argument, 0, O_SOCKET },
+        { "max-tokens", required_argument, 0, 'n' },
+        { "temperature", required_argument, 0, 't' },
+        { "top-k", required_argument, 0, O_TOPK },
+        { "top-p", required_argument, 0, O_TOPP },
+        { "min-p", required_argument, 0, O_MINP },
+        { "repeat-penalty", required_argument, 0, O_RPEN },
+        { "repeat-last-n", required_argument, 0, O_RLAST },
+        { "seed", required_argument, 0, O_SEED },
+        { "stop", required_argument, 0, O_STOP },
+        { "system", required_argument, 0, O_SYSTEM },
+        { "raw", no_argument, 0, O_RAW },
+        { "special", no_argument, 0, O_SPECIAL },
+        { "no-bos", no_argument, 0, O_NOBOS },
+        { "tokens", required_argument, 0, O_TOKENS },
+        { "tokenize", no_argument, 0, O_TOKENIZE },
+        { "detokenize", no_argument, 0, O_DETOKENIZE },
+        { "eval", no_argument, 0, O_EVAL },
+        { "top", required_argument, 0, O_TOP },
+        { "info", no_argument, 0, O_INFO },
+        { "ping", no_argument, 0, O_PING },
+        { "json", no_argument, 0, O_JSON },
+        { "verbose", no_argument, 0, 'v' },
+        { "help", no_argument, 0, 'h' },
+        { "version", no_argument, 0, 'V' },
+        { 0, 0, 0, 0 },
+    };
+    run R;
+    memset(&R, 0, sizeof R);
+    R.mode = M_GENERATE;
+    R.last_nl = 1;
+    proto_req q;
+    proto_req_init(&q, PROTO_T_GENERATE, 0);
+    const char *socket_path = NULL;
+    const char *tokens_arg = NULL;
+    int modes = 0, have_top = 0;
+
+    int c;
+    while ((c = getopt_long(argc, argv, "n:t:vhV", opts, NULL)) != -1) {
+        switch (c) {
+        case O_SOCKET: socket_path = optarg; break;
+        case 'n': q.max_tokens = (int32_t)parse_int("--max-tokens", optarg, 0, PROTO_MAX_GEN); break;
+        case 't': q.temperature = parse_float("--temperature", optarg, 0, PROTO_MAX_TEMPERATURE); break;
+        case O_TOPK: q.top_k = (int32_t)parse_int("--top-k", optarg, 0, INT32_MAX); break;
+        case O_TOPP: q.top_p = parse_float("--top-p", optarg, 0, 1); break;
+        case O_MINP: q.min_p = parse_float("--min-p", optarg, 0, 1); break;
+        case O_RPEN:
+            q.repeat_penalty = parse_float("--repeat-penalty", optarg, 0, PROTO_MAX_PENALTY);
+            if (q.repeat_penalty <= 0) die_usage("--repeat-penalty must be greater than 0");
+            break;
+        case O_RLAST: q.repeat_last_n = (int32_t)parse_int("--repeat-last-n", optarg, 0, PROTO_MAX_TOKENS); break;
+        case O_SEED: q.seed = parse_u64("--seed", optarg); q.has_seed = 1; break;
+        case O_STOP:
+            if (q.n_stop == PROTO_MAX_STOP) die_usage("--stop: at most %d stop strings", PROTO_MAX_STOP);
+            if (!*optarg || strlen(optarg) > PROTO_MAX_STOP_LEN)
+                die_usage("--stop: the string must be 1..%d bytes", PROTO_MAX_STOP_LEN);
+            q.stop[q.n_stop] = optarg;
+            q.stop_len[q.n_stop++] = strlen(optarg);
+            break;
+        case O_SYSTEM: q.system = optarg; q.system_len = strlen(optarg); break;
+        case O_RAW: q.raw = 1; break;
+        case O_SPECIAL: q.special = 1; break;
+        case O_NOBOS: q.add_bos = 0; break;
+        case O_TOKENS: tokens_arg = optarg; break;
+        case O_TOKENIZE: R.mode = M_TOKENIZE; modes++; break;
+        case O_DETOKENIZE: R.mode = M_DETOKENIZE; modes++; break;
+        case O_EVAL: R.mode = M_EVAL; modes++; break;
+        case O_TOP: q.top = (int32_t)parse_int("--top", optarg, 1, PROTO_MAX_TOP); have_top = 1; break;
+        case O_INFO: R.mode = M_INFO; modes++; break;
+        case O_PING: R.mode = M_PING; modes++; break;
+        case O_JSON: R.json = 1; break;
+        case 'v': R.verbose = 1; break;
+        case 'h': usage(stdout); return EX_OK;
+        case 'V': printf("aneclient %s (protocol %d)\n", ANECLIENT_VERSION, PROTO_VERSION); return EX_OK;
+        default: fputs("Try 'aneclient --help'.\n", stderr); return EX_USAGE;
+        }
+    }
+    if (modes > 1) die_usage("--eval, --tokenize, --detokenize, --info and --ping exclude each other");
+    if (have_top && R.mode != M_EVAL) die_usage("--top goes with --eval");
+    if (tokens_arg && R.mode != M_GENERATE && R.mode != M_EVAL) die_usage("--tokens goes with generation or --eval");
+
+    /* The input. */
+    char *input = NULL;
+    size_t input_len = 0;
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    int need_text = R.mode == M_GENERATE || R.mode == M_EVAL || R.mode == M_TOKENIZE || R.mode == M_DETOKENIZE;
+    if (tokens_arg) {
+        if (optind < argc) die_usage("give either --tokens or a text prompt, not both");
+        ids = parse_ids("--tokens", tokens_arg, &n_ids);
+        if (!n_ids) die_usage("--tokens: no token ids");
+        need_text = 0;
+    }
+    if (!need_text && optind < argc && !tokens_arg) die_usage("unexpected argument \"%s\"", argv[optind]);
+    if (need_text) {
+        if (optind < argc) {
+            size_t total = 0;
+            for (int i = optind; i < argc; i++) total += strlen(argv[i]) + 1;
+            input = malloc(total + 1);
+            if (!input) die_usage("out of memory");
+            for (int i = optind; i < argc; i++) {
+                size_t l = strlen(argv[i]);
+                if (i > optind) input[input_len++] = ' ';
+                memcpy(input + input_len, argv[i], l);
+                input_len += l;
+            }
+            input[input_len] = 0;
+        } else if (!isatty(STDIN_FILENO)) {
+            input = read_stdin(PROTO_MAX_PROMPT, &input_len);
+            if (R.mode != M_DETOKENIZE) {
+                if (input_len && input[input_len - 1] == '\n') input_len--;
+                if (input_len && input[input_len - 1] == '\r') input_len--;
+                input[input_len] = 0;
+            }
+        } else {
+            die_usage(R.mode == M_DETOKENIZE ? "no token ids: give them as arguments or on standard input"
+                                              : "no prompt: give it as arguments or on standard input");
+        }
+        if (R.mode == M_DETOKENIZE) {
+            ids = parse_ids("--detokenize", input, &n_ids);
+        } else {
+            if (input_len > PROTO_MAX_PROMPT) die_usage("the prompt is longer than %d bytes", PROTO_MAX_PROMPT);
+            if (!proto_utf8_valid(input, input_len)) die_usage("the prompt is not valid UTF-8");
+        }
+    }
+    if (q.system && !proto_utf8_valid(q.system, q.system_len)) die_usage("--system is not valid UTF-8");
+    for (size_t i = 0; i < q.n_stop; i++)
+        if (!proto_utf8_valid(q.stop[i], q.stop_len[i])) die_usage("--stop is not valid UTF-8");
+
+    switch (R.mode) {
+    case M_GENERATE: q.type = PROTO_T_GENERATE; break;
+    case M_EVAL: q.type = PROTO_T_EVAL; break;
+    case M_TOKENIZE: q.type = PROTO_T_TOKENIZE; break;
+    case M_DETOKENIZE: q.type = PROTO_T_DETOKENIZE; break;
+    case M_INFO: q.type = PROTO_T_INFO; break;
+    case M_PING: q.type = PROTO_T_PING; break;
+    }
+    if (ids) { q.tokens = ids; q.n_tokens = n_ids; }
+    else { q.text = input ? input : ""; q.text_len = input_len; }
+
+    R.tty_out = isatty(STDOUT_FILENO);
+    R.accf = open_memstream(&R.acc, &R.acc_len);
+    R.toksf = open_memstream(&R.toks, &R.toks_len);
+    if (!R.accf || !R.toksf) die_usage("out of memory");
+
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigint;   /* no SA_RESTART: waits return to check the flag */
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+
+    /* Connect and send. */
+    char err[512];
+    ane_client *cl = NULL;
+    ane_connect_opts co = { socket_path, "aneclient", 0 };
+    proto_err refused = PROTO_OK;
+    int rc = EX_OK;
+    R.t0_ns = now_ns();
+    if (ane_connect_with(&cl, &co, &refused, err, sizeof err) < 0) {
+        if (interrupted) { rc = EX_INTERRUPTED; goto out; }
+        report_error(&R, refused ? proto_err_name(refused) : "connect", err, strlen(err));
+        rc = refused ? EX_REFUSED : EX_CONNECT;
+        goto out;
+    }
+    R.t0_ns = now_ns();
+    uint64_t id = ane_submit(cl, &q, err, sizeof err);
+    if (!id) {
+        report_error(&R, "connect", err, strlen(err));
+        rc = EX_CONNECT;
+        goto out;
+    }
+
+    int cancel_sent = 0;
+    long long cancel_deadline = 0;
+    for (;;) {
+        if (interrupted && !cancel_sent) {
+            cancel_sent = 1;
+            cancel_deadline = now_ns() + 2000000000LL;
+            if (ane_cancel(cl, id, err, sizeof err) < 0) { rc = EX_INTERRUPTED; break; }
+        }
+        int wait = -1;
+        if (cancel_sent) {
+            long long left = (cancel_deadline - now_ns()) / 1000000;
+            if (left <= 0) { rc = EX_INTERRUPTED; break; }
+            wait = (int)left;
+        }
+        proto_ev ev;
+        int n = ane_next_event(cl, &ev, wait, err, sizeof err);
+        if (n == 0) continue;
+        if (n < 0) {
+            if (interrupted) { rc = EX_INTERRUPTED; break; }
+            report_error(&R, "connection", err, strlen(err));
+            rc = EX_CONNECT;
+            break;
+        }
+        if (ev.id == 0 && ev.type == PROTO_T_ERROR) {   /* about the connection */
+            report_error(&R, proto_err_name(ev.code), ev.message, ev.message_len);
+            rc = is_refusal(ev.code) ? EX_REFUSED : EX_REQUEST;
+            break;
+        }
+        if (ev.id != id) continue;
+        int r = on_event(&R, &ev);
+        if (r >= 0) {
+            rc = interrupted ? EX_INTERRUPTED : r;
+            break;
+        }
+    }
+out:
+    ane_close(cl);
+    if (R.accf) fclose(R.accf);
+    if (R.toksf) fclose(R.toksf);
+    free(R.acc);
+    free(R.toks);
+    free(input);
+    free(ids);
+    if (fflush(stdout) != 0 && rc == EX_OK) rc = EX_REQUEST;
+    return rc;
+}

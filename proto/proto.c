@@ -1,0 +1,1193 @@
+/* proto.c — the aned wire protocol: names, defaults, encoders, the framing
+ * reader and the message decoders. See proto.h and PROTOCOL.md. */
+#include "proto/proto.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <msgpack.h>
+
+/* ------------------------------------------------------------------ names */
+
+static const char *const err_names[PROTO_E__COUNT] = {
+    [PROTO_OK] = "ok",
+    [PROTO_E_MALFORMED] = "malformed",
+    [PROTO_E_TOO_LARGE] = "too_large",
+    [PROTO_E_TOO_DEEP] = "too_deep",
+    [PROTO_E_BAD_REQUEST] = "bad_request",
+    [PROTO_E_UNKNOWN_TYPE] = "unknown_type",
+    [PROTO_E_VERSION] = "version",
+    [PROTO_E_HANDSHAKE] = "handshake",
+    [PROTO_E_DUPLICATE_ID] = "duplicate_id",
+    [PROTO_E_INVALID_VALUE] = "invalid_value",
+    [PROTO_E_INVALID_TOKEN] = "invalid_token",
+    [PROTO_E_INVALID_UTF8] = "invalid_utf8",
+    [PROTO_E_CONTEXT] = "context",
+    [PROTO_E_BUSY] = "busy",
+    [PROTO_E_DENIED] = "denied",
+    [PROTO_E_NO_MODEL] = "no_model",
+    [PROTO_E_SHUTDOWN] = "shutting_down",
+    [PROTO_E_INTERNAL] = "internal",
+};
+
+const char *proto_err_name(proto_err e)
+{
+    if ((int)e < 0 || e >= PROTO_E__COUNT) return "internal";
+    return err_names[e];
+}
+
+proto_err proto_err_from_name(const char *s, size_t n)
+{
+    if (!s) return PROTO_E_INTERNAL;
+    for (int i = 0; i < PROTO_E__COUNT; i++)
+        if (strlen(err_names[i]) == n && memcmp(err_names[i], s, n) == 0) return (proto_err)i;
+    return PROTO_E_INTERNAL;
+}
+
+static const char *const type_names[] = {
+    [PROTO_T_NONE] = "",
+    [PROTO_T_HELLO] = "hello", [PROTO_T_GENERATE] = "generate",
+    [PROTO_T_TOKENIZE] = "tokenize", [PROTO_T_DETOKENIZE] = "detokenize",
+    [PROTO_T_EVAL] = "eval", [PROTO_T_CANCEL] = "cancel", [PROTO_T_INFO] = "info",
+    [PROTO_T_PING] = "ping",
+    [PROTO_T_HELLO_OK] = "hello", [PROTO_T_TOKEN] = "token", [PROTO_T_LOGITS] = "logits",
+    [PROTO_T_DONE] = "done", [PROTO_T_ERROR] = "error", [PROTO_T_TOKENS] = "tokens",
+    [PROTO_T_TEXT] = "text", [PROTO_T_INFO_OK] = "info", [PROTO_T_PONG] = "pong",
+};
+#define N_TYPES ((int)(sizeof type_names / sizeof type_names[0]))
+
+const char *proto_type_name(proto_type t)
+{
+    if ((int)t < 0 || (int)t >= N_TYPES) return "";
+    return type_names[t];
+}
+
+/* Wire name → type, for requests (first half) or events (second half). */
+static proto_type type_lookup(const char *s, size_t n, int events)
+{
+    int lo = events ? PROTO_T_HELLO_OK : PROTO_T_HELLO;
+    int hi = events ? PROTO_T_PONG : PROTO_T_PING;
+    for (int i = lo; i <= hi; i++)
+        if (strlen(type_names[i]) == n && memcmp(type_names[i], s, n) == 0) return (proto_type)i;
+    return PROTO_T_NONE;
+}
+
+/* ------------------------------------------------------------------ init */
+
+void proto_req_init(proto_req *r, proto_type t, uint64_t id)
+{
+    memset(r, 0, sizeof *r);
+    r->type = t;
+    r->id = id;
+    r->version = PROTO_VERSION;
+    r->add_bos = 1;
+    r->max_tokens = PROTO_DEF_MAX_TOKENS;
+    r->temperature = 0.8f;
+    r->top_k = 40;
+    r->top_p = 0.95f;
+    r->min_p = 0.05f;
+    r->repeat_penalty = 1.0f;
+    r->repeat_last_n = 64;
+    r->top = 10;
+}
+
+void proto_ev_init(proto_ev *e, proto_type t, uint64_t id)
+{
+    memset(e, 0, sizeof *e);
+    e->type = t;
+    e->id = id;
+}
+
+/* ------------------------------------------------------------------ UTF-8 */
+
+int proto_utf8_valid(const char *str, size_t n)
+{
+    const unsigned char *s = (const unsigned char *)str;
+    size_t i = 0;
+    while (i < n) {
+        unsigned c = s[i];
+        if (c < 0x80) { i++; continue; }
+        size_t len;
+        unsigned lo = 0x80, hi = 0xBF;
+        if (c >= 0xC2 && c <= 0xDF) len = 2;
+        else if (c >= 0xE0 && c <= 0xEF) {
+            len = 3;
+            if (c == 0xE0) lo = 0xA0;        /* overlong */
+            else if (c == 0xED) hi = 0x9F;   /* surrogates */
+        } else if (c >= 0xF0 && c <= 0xF4) {
+            len = 4;
+            if (c == 0xF0) lo = 0x90;        /* overlong */
+            else if (c == 0xF4) hi = 0x8F;   /* > U+10FFFF */
+        } else return 0;
+        if (n - i < len) return 0;
+        if (s[i + 1] < lo || s[i + 1] > hi) return 0;
+        for (size_t k = 2; k < len; k++)
+            if ((s[i + k] & 0xC0) != 0x80) return 0;
+        i += len;
+    }
+    return 1;
+}
+
+size_t proto_utf8_whole(const char *str, size_t n)
+{
+    const unsigned char *s = (const unsigned char *)str;
+    /* Look back over at most 3 continuation bytes for the last lead byte. */
+    size_t k = 0;
+    while (k < n && k < 4) {
+        unsigned c = s[n - 1 - k];
+        if ((c & 0xC0) != 0x80) {
+            size_t need;
+            if (c < 0x80) return n;
+            else if ((c & 0xE0) == 0xC0) need = 2;
+            else if ((c & 0xF0) == 0xE0) need = 3;
+            else if ((c & 0xF8) == 0xF0) need = 4;
+            else return n;               /* invalid lead: will never complete */
+            return (k + 1 < need) ? n - 1 - k : n;
+        }
+        k++;
+    }
+    return n;   /* only continuation bytes: nothing pending can complete them */
+}
+
+/* ------------------------------------------------------------------ buffer */
+
+void proto_buf_free(proto_buf *b)
+{
+    if (!b) return;
+    free(b->data);
+    b->data = NULL;
+    b->len = b->cap = 0;
+}
+
+void proto_buf_consume(proto_buf *b, size_t n)
+{
+    if (n >= b->len) { b->len = 0; return; }
+    memmove(b->data, b->data + n, b->len - n);
+    b->len -= n;
+}
+
+static int buf_write(void *data, const char *s, size_t n)
+{
+    proto_buf *b = data;
+    if (n > b->cap - b->len) {
+        size_t need = b->len + n;
+        if (need < b->len) return -1;
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < need) {
+            if (cap > SIZE_MAX / 2) return -1;
+            cap *= 2;
+        }
+        char *p = realloc(b->data, cap);
+        if (!p) return -1;
+        b->data = p;
+        b->cap = cap;
+    }
+    memcpy(b->data + b->len, s, n);
+    b->len += n;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ encoders */
+
+/* Packing helpers: every call ORs failures into pk->fail. */
+typedef struct pk { msgpack_packer p; int fail; } pk;
+
+static void pk_str(pk *k, const char *s, size_t n)
+{
+    if (!s) { s = ""; n = 0; }
+    k->fail |= msgpack_pack_str_with_body(&k->p, s, n);
+}
+static void pk_cstr(pk *k, const char *s) { pk_str(k, s, s ? strlen(s) : 0); }
+static void pk_key(pk *k, const char *s) { pk_cstr(k, s); }
+static void pk_map(pk *k, size_t n) { k->fail |= msgpack_pack_map(&k->p, n); }
+static void pk_arr(pk *k, size_t n) { k->fail |= msgpack_pack_array(&k->p, n); }
+static void pk_u64(pk *k, uint64_t v) { k->fail |= msgpack_pack_uint64(&k->p, v); }
+static void pk_i64(pk *k, int64_t v) { k->fail |= msgpack_pack_int64(&k->p, v); }
+static void pk_f32(pk *k, float v) { k->fail |= msgpack_pack_float(&k->p, v); }
+static void pk_f64(pk *k, double v) { k->fail |= msgpack_pack_double(&k->p, v); }
+static void pk_bool(pk *k, int v) { k->fail |= v ? msgpack_pack_true(&k->p) : msgpack_pack_false(&k->p); }
+
+static void pk_kstr(pk *k, const char *key, const char *s, size_t n) { pk_key(k, key); pk_str(k, s, n); }
+static void pk_ku64(pk *k, const char *key, uint64_t v) { pk_key(k, key); pk_u64(k, v); }
+static void pk_ki64(pk *k, const char *key, int64_t v) { pk_key(k, key); pk_i64(k, v); }
+static void pk_kf32(pk *k, const char *key, float v) { pk_key(k, key); pk_f32(k, v); }
+static void pk_kf64(pk *k, const char *key, double v) { pk_key(k, key); pk_f64(k, v); }
+static void pk_kbool(pk *k, const char *key, int v) { pk_key(k, key); pk_bool(k, v); }
+
+static void pk_tokens(pk *k, const int32_t *t, size_t n)
+{
+    pk_arr(k, n);
+    for (size_t i = 0; i < n && !k->fail; i++) pk_i64(k, t[i]);
+}
+
+/* Starts a message; finish with pk_end, which rolls back on failure. */
+static void pk_begin(pk *k, proto_buf *b)
+{
+    msgpack_packer_init(&k->p, b, buf_write);
+    k->fail = 0;
+}
+static int pk_end(pk *k, proto_buf *b, size_t start)
+{
+    if (k->fail || b->len - start > PROTO_MAX_FRAME) {
+        b->len = start;
+        return -1;
+    }
+    return 0;
+}
+
+int proto_req_encode(proto_buf *b, const proto_req *r)
+{
+    size_t start = b->len;
+    pk k;
+    pk_begin(&k, b);
+    const char *tn = proto_type_name(r->type);
+    int prompt_tokens = r->tokens != NULL;
+    switch (r->type) {
+    case PROTO_T_HELLO:
+        pk_map(&k, r->client ? 4 : 3);
+        pk_kstr(&k, "type", tn, strlen(tn));
+        pk_ku64(&k, "id", r->id);
+        pk_ku64(&k, "version", r->version);
+        if (r->client) pk_kstr(&k, "client", r->client, r->client_len);
+        break;
+    case PROTO_T_GENERATE:
+        if (r->n_stop > PROTO_MAX_STOP) return -1;
+        pk_map(&k, 13 + (r->has_seed != 0) + (r->system != NULL));
+        pk_kstr(&k, "type", tn, strlen(tn));
+        pk_ku64(&k, "id", r->id);
+        if (prompt_tokens) { pk_key(&k, "tokens"); pk_tokens(&k, r->tokens, r->n_tokens); }
+        else pk_kstr(&k, "prompt", r->text, r->text_len);
+        if (r->system) pk_kstr(&k, "system", r->system, r->system_len);
+        pk_kbool(&k, "raw", r->raw);
+        pk_ki64(&k, "max_tokens", r->max_tokens);
+        pk_kf32(&k, "temperature", r->temperature);
+        pk_ki64(&k, "top_k", r->top_k);
+        pk_kf32(&k, "top_p", r->top_p);
+        pk_kf32(&k, "min_p", r->min_p);
+        pk_kf32(&k, "repeat_penalty", r->repeat_penalty);
+        pk_ki64(&k, "repeat_last_n", r->repeat_last_n);
+        if (r->has_seed) pk_ku64(&k, "seed", r->seed);
+        pk_key(&k, "stop");
+        pk_arr(&k, r->n_stop);
+        for (size_t i = 0; i < r->n_stop; i++) pk_str(&k, r->stop[i], r->stop_len[i]);
+        pk_kbool(&k, "special", r->special);
+        break;
+    case PROTO_T_EVAL:
+        pk_map(&k, 5 + (r->system != NULL));
+        pk_kstr(&k, "type", tn, strlen(tn));
+        pk_ku64(&k, "id", r->id);
+        if (prompt_tokens) { pk_key(&k, "tokens"); pk_tokens(&k, r->tokens, r->n_tokens); }
+        else pk_kstr(&k, "prompt", r->text, r->text_len);
+        if (r->system) pk_kstr(&k, "system", r->system, r->system_len);
+        pk_kbool(&k, "raw", r->raw);
+        pk_ki64(&k, "top", r->top);
+        break;
+    case PROTO_T_TOKENIZE:
+        pk_map(&k, 5);
+        pk_kstr(&k, "type", tn, strlen(tn));
+        pk_ku64(&k, "id", r->id);
+        pk_kstr(&k, "text", r->text, r->text_len);
+        pk_kbool(&k, "special", r->special);
+        pk_kbool(&k, "add_bos", r->add_bos);
+        break;
+    case PROTO_T_DETOKENIZE:
+        pk_map(&k, 3);
+        pk_kstr(&k, "type", tn, strlen(tn));
+        pk_ku64(&k, "id", r->id);
+        pk_key(&k, "tokens");
+        pk_tokens(&k, r->tokens, r->tokens ? r->n_tokens : 0);
+        break;
+    case PROTO_T_CANCEL:
+    case PROTO_T_INFO:
+    case PROTO_T_PING:
+        pk_map(&k, 2);
+        pk_kstr(&k, "type", tn, strlen(tn));
+        pk_ku64(&k, "id", r->id);
+        break;
+    default:
+        return -1;
+    }
+    return pk_end(&k, b, start);
+}
+
+static double per_s(double n, double ms) { return ms > 0 ? n * 1000.0 / ms : 0.0; }
+
+int proto_ev_encode(proto_buf *b, const proto_ev *e)
+{
+    size_t start = b->len;
+    pk k;
+    pk_begin(&k, b);
+    const char *tn = proto_type_name(e->type);
+    switch (e->type) {
+    case PROTO_T_HELLO_OK:
+        pk_map(&k, 5);
+        pk_kstr(&k, "type", tn, strlen(tn));
+        pk_ku64(&k, "id", e->id);
+        pk_ku64(&k, "version", e->version);
+        pk_kstr(&k, "server", e->server, e->server_len);
+        pk_kstr(&k, "model", e->model, e->model_len);
+        break;
+    case PROTO_T_TOKEN:
+        pk_map(&k, 4);
+        pk_kstr(&k, "type", tn, strlen(tn));
+        pk_ku64(&k, "id", e->id);
+        pk_ki64(&k, "token", e->token);
+        pk_kstr(&k, "text", e->text, e->text_len);
+        break;
+    case PROTO_T_LOGITS:
+        pk_map(&k, 4);
+        pk_kstr(&k, "type", tn, strlen(tn));
+        pk_ku64(&k, "id", e->id);
+        pk_ki64(&k, "pos", e->pos);
+        pk_key(&k, "top");
+        pk_arr(&k, e->top ? e->n_top : 0);
+        for (size_t i = 0; e->top && i < e->n_top && !k.fail; i++) {
+            pk_arr(&k, 2);
+            pk_i64(&k, e->top[i].id);
+            pk_f32(&k, e->top[i].logit);
+        }
+        break;
+    case PROTO_T_DONE: {
+        pk_map(&k, 5);
+        pk_kstr(&k, "type", tn, strlen(tn));
+        pk_ku64(&k, "id", e->id);
+        pk_kstr(&k, "finish", e->finish, e->finish_len);
+        pk_key(&k, "usage");
+        pk_map(&k, 3);
+        pk_ku64(&k, "prompt_tokens", e->prompt_tokens);
+        pk_ku64(&k, "cached_tokens", e->cached_tokens);
+        pk_ku64(&k, "completion_tokens", e->completion_tokens);
+        pk_key(&k, "timings");
+        pk_map(&k, 5);
+        pk_kf64(&k, "queue_ms", e->queue_ms);
+        pk_kf64(&k, "prefill_ms", e->prefill_ms);
+        pk_kf64(&k, "decode_ms", e->decode_ms);
+        double prefilled = e->prompt_tokens > e->cached_tokens
+                         ? (double)(e->prompt_tokens - e->cached_tokens) : 0.0;
+        pk_kf64(&k, "prefill_tps", per_s(prefilled, e->prefill_ms));
+        pk_kf64(&k, "decode_tps", per_s(e->completion_tokens, e->decode_ms));
+        break;
+    }
+    case PROTO_T_ERROR:
+        pk_map(&k, 4);
+        pk_kstr(&k, "type", tn, strlen(tn));
+        pk_ku64(&k, "id", e->id);
+        pk_kstr(&k, "code", proto_err_name(e->code), strlen(proto_err_name(e->code)));
+        pk_kstr(&k, "message", e->message, e->message_len);
+        break;
+    case PROTO_T_TOKENS:
+        pk_map(&k, 3);
+        pk_kstr(&k, "type", tn, strlen(tn));
+        pk_ku64(&k, "id", e->id);
+        pk_key(&k, "tokens");
+        pk_tokens(&k, e->tokens, e->tokens ? e->n_tokens : 0);
+        break;
+    case PROTO_T_TEXT:
+        pk_map(&k, 3);
+        pk_kstr(&k, "type", tn, strlen(tn));
+        pk_ku64(&k, "id", e->id);
+        pk_kstr(&k, "text", e->text, e->text_len);
+        break;
+    case PROTO_T_INFO_OK:
+        pk_map(&k, 27);
+        pk_kstr(&k, "type", tn, strlen(tn));
+        pk_ku64(&k, "id", e->id);
+        pk_ku64(&k, "version", e->version);
+        pk_kstr(&k, "server", e->server, e->server_len);
+        pk_kstr(&k, "model", e->model, e->model_len);
+        pk_kstr(&k, "arch", e->arch, e->arch_len);
+        pk_kstr(&k, "backend", e->backend, e->backend_len);
+        pk_kstr(&k, "chat_template", e->chat_template, e->chat_template_len);
+        pk_kstr(&k, "warning", e->warning, e->warning_len);
+        pk_ki64(&k, "n_vocab", e->n_vocab);
+        pk_ki64(&k, "n_ctx", e->n_ctx);
+        pk_ki64(&k, "n_layer", e->n_layer);
+        pk_ki64(&k, "n_embd", e->n_embd);
+        pk_kbool(&k, "tokenizer_only", e->tokenizer_only);
+        pk_ku64(&k, "active", e->active);
+        pk_ku64(&k, "queued", e->queued);
+        pk_ku64(&k, "clients", e->clients);
+        pk_ku64(&k, "jobs_done", e->jobs_done);
+        pk_ku64(&k, "tokens_served", e->tokens_served);
+        pk_ku64(&k, "prompt_tokens_total", e->prompt_tokens_total);
+        pk_ku64(&k, "kv_used", e->kv_used);
+        pk_ku64(&k, "kv_total", e->kv_total);
+        pk_ku64(&k, "weight_bytes", e->weight_bytes);
+        pk_kf64(&k, "uptime_s", e->uptime_s);
+        pk_key(&k, "per_client");
+        pk_arr(&k, e->per_client ? e->n_per_client : 0);
+        for (size_t i = 0; e->per_client && i < e->n_per_client && !k.fail; i++) {
+            const proto_client_count *c = &e->per_client[i];
+            pk_map(&k, 4);
+            pk_ku64(&k, "uid", c->uid);
+            pk_ku64(&k, "pid", c->pid);
+            pk_ku64(&k, "active", c->active);
+            pk_ku64(&k, "queued", c->queued);
+        }
+        pk_kstr(&k, "model_path", e->model_path, e->model_path_len);
+        pk_ku64(&k, "max_inflight", PROTO_MAX_INFLIGHT);
+        break;
+    case PROTO_T_PONG:
+        pk_map(&k, 2);
+        pk_kstr(&k, "type", tn, strlen(tn));
+        pk_ku64(&k, "id", e->id);
+        break;
+    default:
+        return -1;
+    }
+    return pk_end(&k, b, start);
+}
+
+/* ------------------------------------------------------------------ reader */
+
+#define RD_MIN_CAP   16384u
+#define RD_IDLE_CAP  65536u   /* buffers above this are released when idle */
+
+struct proto_reader {
+    size_t max_frame;
+    char *buf;
+    size_t cap, start, end;       /* unread bytes are buf[start..end) */
+    /* Skimmer state for the frame at buf[start], kept across calls so a
+     * frame arriving in pieces is scanned once. */
+    size_t sk_pos;                /* bytes of the frame accepted so far */
+    int sk_depth;                 /* open containers */
+    uint64_t sk_rem[PROTO_MAX_DEPTH + 1]; /* elements left per level (0 = top slot) */
+    uint64_t sk_pending;          /* sum of sk_rem: each needs >= 1 more byte */
+    int sk_started;
+    /* Decoding. */
+    msgpack_zone *zone;
+    char *arena;                  /* decoded strings/arrays of the last message */
+    size_t arena_cap, arena_len;
+    int broken;                   /* after -1 every call returns -1 */
+    proto_err broken_code;
+};
+
+static void sk_reset(proto_reader *r)
+{
+    r->sk_pos = 0;
+    r->sk_depth = 0;
+    r->sk_rem[0] = 1;
+    r->sk_pending = 1;
+    r->sk_started = 0;
+}
+
+proto_reader *proto_reader_new(size_t max_frame)
+{
+    proto_reader *r = calloc(1, sizeof *r);
+    if (!r) return NULL;
+    r->max_frame = max_frame ? max_frame : PROTO_MAX_FRAME;
+    r->zone = msgpack_zone_new(8192);
+    if (!r->zone) { free(r); return NULL; }
+    sk_reset(r);
+    return r;
+}
+
+void proto_reader_free(proto_reader *r)
+{
+    if (!r) return;
+    free(r->buf);
+    free(r->arena);
+    if (r->zone) msgpack_zone_free(r->zone);
+    free(r);
+}
+
+/* The buffer never needs more than one frame plus a read's worth. */
+static size_t rd_cap_max(const proto_reader *r) { return r->max_frame + RD_MIN_CAP; }
+
+static void rd_compact(proto_reader *r)
+{
+    if (r->start == 0) return;
+    if (r->end > r->start) memmove(r->buf, r->buf + r->start, r->end - r->start);
+    r->end -= r->start;
+    r->start = 0;
+}
+
+static int rd_reserve(proto_reader *r, size_t want)
+{
+    if (r->cap - r->end >= want) return 0;
+    rd_compact(r);
+    if (r->cap - r->end >= want) return 0;
+    size_t need = r->end + want;
+    size_t cap = r->cap ? r->cap : RD_MIN_CAP;
+    while (cap < need) cap *= 2;
+    if (cap > rd_cap_max(r) && need <= rd_cap_max(r)) cap = rd_cap_max(r);
+    char *p = realloc(r->buf, cap);
+    if (!p) return -1;
+    r->buf = p;
+    r->cap = cap;
+    return 0;
+}
+
+char *proto_reader_space(proto_reader *r, size_t *avail)
+{
+    /* Ask for a read's worth; settle for what fits under the cap. */
+    size_t lim = rd_cap_max(r);
+    size_t pending = r->end - r->start;
+    size_t want = RD_MIN_CAP;
+    if (pending + want > lim) want = lim > pending ? lim - pending : 0;
+    if (want && r->cap - r->end < want && rd_reserve(r, want) < 0) want = 0;
+    if (r->cap - r->end == 0 && r->start) rd_compact(r);
+    *avail = r->cap - r->end;
+    return r->buf ? r->buf + r->end : NULL;
+}
+
+void proto_reader_commit(proto_reader *r, size_t n)
+{
+    if (n > r->cap - r->end) n = r->cap - r->end;
+    r->end += n;
+}
+
+int proto_reader_feed(proto_reader *r, const void *data, size_t n)
+{
+    if (n == 0) return 0;
+    /* Pending bytes beyond two frames cannot be a valid stream the caller
+     * is draining; refuse instead of growing without bound. */
+    if (r->end - r->start + n > 2 * r->max_frame + RD_MIN_CAP) return -1;
+    if (rd_reserve(r, n) < 0) return -1;
+    memcpy(r->buf + r->end, data, n);
+    r->end += n;
+    return 0;
+}
+
+size_t proto_reader_pending(const proto_reader *r) { return r->end - r->start; }
+
+static void seterr(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void seterr(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (!err || !errlen) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+static uint64_t rd_be(const unsigned char *p, int n)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < n; i++) v = (v << 8) | p[i];
+    return v;
+}
+
+/* Scans msgpack headers of the frame at buf[start] without trusting any
+ * length. 1: the frame is complete (*len), 0: need more bytes, -1: broken. */
+static int rd_skim(proto_reader *r, size_t *len, proto_err *code, char *err, size_t errlen)
+{
+    const unsigned char *p = (const unsigned char *)r->buf + r->start;
+    size_t n = r->end - r->start;
+    uint64_t lim = r->max_frame;
+    for (;;) {
+        if (r->sk_rem[0] == 0 && r->sk_depth == 0) { *len = r->sk_pos; return 1; }
+        size_t pos = r->sk_pos;
+        if (pos >= n) return 0;
+        unsigned b = p[pos];
+        int hdr = 1, lenbytes = 0;
+        uint64_t payload = 0, count = 0;
+        int container = 0;   /* 1 array, 2 map */
+        if (b <= 0x7f || b >= 0xe0 || b == 0xc0 || b == 0xc2 || b == 0xc3) {
+            /* fixint, nil, bool */
+        } else if (b >= 0x80 && b <= 0x8f) { container = 2; count = b & 0x0f; }
+        else if (b >= 0x90 && b <= 0x9f) { container = 1; count = b & 0x0f; }
+        else if (b >= 0xa0 && b <= 0xbf) { payload = b & 0x1f; }
+        else switch (b) {
+            case 0xc4: case 0xd9: lenbytes = 1; break;               /* bin8 str8 */
+            case 0xc5: case 0xda: lenbytes = 2; break;               /* bin16 str16 */
+            case 0xc6: case 0xdb: lenbytes = 4; break;               /* bin32 str32 */
+            case 0xca: payload = 4; break;                           /* float32 */
+            case 0xcb: payload = 8; break;                           /* float64 */
+            case 0xcc: case 0xd0: payload = 1; break;
+            case 0xcd: case 0xd1: payload = 2; break;
+            case 0xce: case 0xd2: payload = 4; break;
+            case 0xcf: case 0xd3: payload = 8; break;
+            case 0xdc: container = 1; lenbytes = 2; break;
+            case 0xdd: container = 1; lenbytes = 4; break;
+            case 0xde: container = 2; lenbytes = 2; break;
+            case 0xdf: container = 2; lenbytes = 4; break;
+            default:   /* 0xc1, ext types */
+                *code = PROTO_E_MALFORMED;
+                seterr(err, errlen, "malformed message: byte 0x%02x at offset %zu is not allowed", b, pos);
+                return -1;
+        }
+        if (!r->sk_started && container != 2) {
+            *code = PROTO_E_MALFORMED;
+            seterr(err, errlen, "malformed message: top level is not a map");
+            return -1;
+        }
+        hdr += lenbytes;
+        /* Every element still owed (sk_pending, this one included) needs a byte. */
+        if ((uint64_t)pos + hdr + (r->sk_pending - 1) > lim) goto too_large;
+        if (pos + hdr > n) return 0;
+        if (lenbytes) {
+            uint64_t v = rd_be(p + pos + 1, lenbytes);
+            if (container) count = v; else payload = v;
+        }
+        uint64_t elems = container == 2 ? count * 2 : count;
+        if ((uint64_t)pos + hdr + payload + elems + (r->sk_pending - 1) > lim) goto too_large;
+        if (!container && pos + hdr + payload > n) return 0;
+        /* Accept this element. */
+        r->sk_started = 1;
+        r->sk_pos = pos + hdr + (size_t)payload;
+        r->sk_rem[r->sk_depth]--;
+        r->sk_pending--;
+        if (container) {
+            if (r->sk_depth + 1 > PROTO_MAX_DEPTH) {
+                *code = PROTO_E_TOO_DEEP;
+                seterr(err, errlen, "message nests deeper than %d levels", PROTO_MAX_DEPTH);
+                return -1;
+            }
+            r->sk_depth++;
+            r->sk_rem[r->sk_depth] = elems;
+            r->sk_pending += elems;
+        }
+        while (r->sk_depth > 0 && r->sk_rem[r->sk_depth] == 0) r->sk_depth--;
+    }
+too_large:
+    *code = PROTO_E_TOO_LARGE;
+    seterr(err, errlen, "message larger than %zu bytes", r->max_frame);
+    return -1;
+}
+
+/* --- arena: decoded strings and arrays of the current message --- */
+
+static void *arena_alloc(proto_reader *r, size_t n, size_t align)
+{
+    size_t off = (r->arena_len + align - 1) & ~(align - 1);
+    if (off > r->arena_cap || n > r->arena_cap - off) return NULL;
+    r->arena_len = off + n;
+    return r->arena + off;
+}
+
+/* Worst case for one frame: int32 per one-byte array element, plus
+ * alignment and NUL terminators. */
+static int arena_prepare(proto_reader *r, size_t frame_len)
+{
+    size_t need = frame_len * 4 + 1024;
+    r->arena_len = 0;
+    if (r->arena_cap >= need) return 0;
+    size_t cap = r->arena_cap ? r->arena_cap : 4096;
+    while (cap < need) cap *= 2;
+    char *p = malloc(cap);
+    if (!p) return -1;
+    free(r->arena);
+    r->arena = p;
+    r->arena_cap = cap;
+    return 0;
+}
+
+/* --- field decoding --- */
+
+typedef struct dctx {
+    proto_reader *r;
+    proto_err *code;
+    char *err;
+    size_t errlen;
+    const char *what;   /* message type name, for error texts */
+    int events;         /* decoding events: text is passed on unchecked */
+} dctx;
+
+static int fail(dctx *d, proto_err c, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int fail(dctx *d, proto_err c, const char *fmt, ...)
+{
+    if (*d->code == PROTO_OK) {
+        *d->code = c;
+        if (d->err && d->errlen) {
+            int k = snprintf(d->err, d->errlen, "%s: ", d->what);
+            if (k < 0) k = 0;
+            if ((size_t)k < d->errlen) {
+                va_list ap;
+                va_start(ap, fmt);
+                vsnprintf(d->err + k, d->errlen - (size_t)k, fmt, ap);
+                va_end(ap);
+            }
+        }
+    }
+    return -1;
+}
+
+static int key_is(const msgpack_object *k, const char *s)
+{
+    size_t n = strlen(s);
+    return k->type == MSGPACK_OBJECT_STR && k->via.str.size == n && memcmp(k->via.str.ptr, s, n) == 0;
+}
+
+/* A number as double; integers exactly when they fit. */
+static int obj_number(const msgpack_object *o, double *v)
+{
+    switch (o->type) {
+    case MSGPACK_OBJECT_POSITIVE_INTEGER: *v = (double)o->via.u64; return 0;
+    case MSGPACK_OBJECT_NEGATIVE_INTEGER: *v = (double)o->via.i64; return 0;
+    case MSGPACK_OBJECT_FLOAT32:
+    case MSGPACK_OBJECT_FLOAT64: *v = o->via.f64; return 0;
+    default: return -1;
+    }
+}
+
+/* An integer field: any int encoding, or a float with an integral value. */
+static int get_int(dctx *d, const msgpack_object *o, const char *name,
+                   int64_t lo, int64_t hi, int64_t *out)
+{
+    int64_t v = 0;
+    if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER) {
+        if (o->via.u64 > (uint64_t)INT64_MAX)
+            return fail(d, PROTO_E_INVALID_VALUE, "\"%s\" out of range [%lld, %lld]", name, (long long)lo, (long long)hi);
+        v = (int64_t)o->via.u64;
+    } else if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER) {
+        v = o->via.i64;
+    } else if (o->type == MSGPACK_OBJECT_FLOAT32 || o->type == MSGPACK_OBJECT_FLOAT64) {
+        double f = o->via.f64;
+        if (!isfinite(f) || f != floor(f) || f < -9.2e18 || f > 9.2e18)
+            return fail(d, PROTO_E_INVALID_VALUE, "\"%s\" must be an integer", name);
+        v = (int64_t)f;
+    } else {
+        return fail(d, PROTO_E_BAD_REQUEST, "\"%s\" must be an integer", name);
+    }
+    if (v < lo || v > hi)
+        return fail(d, PROTO_E_INVALID_VALUE, "\"%s\" = %lld out of range [%lld, %lld]",
+                    name, (long long)v, (long long)lo, (long long)hi);
+    *out = v;
+    return 0;
+}
+
+static int get_u64(dctx *d, const msgpack_object *o, const char *name, uint64_t *out)
+{
+    if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER) { *out = o->via.u64; return 0; }
+    if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER)
+        return fail(d, PROTO_E_INVALID_VALUE, "\"%s\" must not be negative", name);
+    if (o->type == MSGPACK_OBJECT_FLOAT32 || o->type == MSGPACK_OBJECT_FLOAT64) {
+        double f = o->via.f64;
+        if (!isfinite(f) || f != floor(f) || f < 0 || f >= 18446744073709551616.0)
+            return fail(d, PROTO_E_INVALID_VALUE, "\"%s\" must be a non-negative integer", name);
+        *out = (uint64_t)f;
+        return 0;
+    }
+    return fail(d, PROTO_E_BAD_REQUEST, "\"%s\" must be a non-negative integer", name);
+}
+
+static int get_u32(dctx *d, const msgpack_object *o, const char *name, uint32_t *out)
+{
+    uint64_t v;
+    if (get_u64(d, o, name, &v) < 0) return -1;
+    if (v > UINT32_MAX) return fail(d, PROTO_E_INVALID_VALUE, "\"%s\" out of range [0, 4294967295]", name);
+    *out = (uint32_t)v;
+    return 0;
+}
+
+static int get_i32(dctx *d, const msgpack_object *o, const char *name, int64_t lo, int64_t hi, int32_t *out)
+{
+    int64_t v = 0;
+    if (get_int(d, o, name, lo, hi, &v) < 0) return -1;
+    *out = (int32_t)v;
+    return 0;
+}
+
+static int get_double(dctx *d, const msgpack_object *o, const char *name, double *out)
+{
+    if (obj_number(o, out) < 0) return fail(d, PROTO_E_BAD_REQUEST, "\"%s\" must be a number", name);
+    if (!isfinite(*out)) return fail(d, PROTO_E_INVALID_VALUE, "\"%s\" must be finite", name);
+    return 0;
+}
+
+static int get_float(dctx *d, const msgpack_object *o, const char *name, double lo, double hi,
+                     int lo_open, float *out)
+{
+    double v = 0;
+    if (get_double(d, o, name, &v) < 0) return -1;
+    if (v < lo || v > hi || (lo_open && v == lo))
+        return fail(d, PROTO_E_INVALID_VALUE, "\"%s\" = %g out of range %c%g, %g]",
+                    name, v, lo_open ? '(' : '[', lo, hi);
+    *out = (float)v;
+    return 0;
+}
+
+static int get_bool(dctx *d, const msgpack_object *o, const char *name, int *out)
+{
+    if (o->type != MSGPACK_OBJECT_BOOLEAN) return fail(d, PROTO_E_BAD_REQUEST, "\"%s\" must be a boolean", name);
+    *out = o->via.boolean ? 1 : 0;
+    return 0;
+}
+
+/* A text field (str; bin accepted), copied NUL-terminated into the arena. */
+static int get_str(dctx *d, const msgpack_object *o, const char *name, size_t maxlen,
+                   const char **s, size_t *n)
+{
+    const char *p;
+    size_t len;
+    if (o->type == MSGPACK_OBJECT_STR) { p = o->via.str.ptr; len = o->via.str.size; }
+    else if (o->type == MSGPACK_OBJECT_BIN) { p = o->via.bin.ptr; len = o->via.bin.size; }
+    else return fail(d, PROTO_E_BAD_REQUEST, "\"%s\" must be a string", name);
+    if (len > maxlen) return fail(d, PROTO_E_TOO_LARGE, "\"%s\" is %zu bytes, over the limit of %zu", name, len, maxlen);
+    if (!d->events && !proto_utf8_valid(p, len)) return fail(d, PROTO_E_INVALID_UTF8, "\"%s\" is not valid UTF-8", name);
+    char *c = arena_alloc(d->r, len + 1, 1);
+    if (!c) return fail(d, PROTO_E_INTERNAL, "out of memory");
+    if (len) memcpy(c, p, len);
+    c[len] = 0;
+    *s = c;
+    *n = len;
+    return 0;
+}
+
+/* An array of token ids, converted to int32 in the arena. */
+static int get_tokens(dctx *d, const msgpack_object *o, const char *name, size_t min_n,
+                      const int32_t **t, size_t *n)
+{
+    if (o->type != MSGPACK_OBJECT_ARRAY) return fail(d, PROTO_E_BAD_REQUEST, "\"%s\" must be an array of integers", name);
+    size_t cnt = o->via.array.size;
+    if (cnt > PROTO_MAX_TOKENS) return fail(d, PROTO_E_TOO_LARGE, "\"%s\" has %zu ids, over the limit of %d", name, cnt, PROTO_MAX_TOKENS);
+    if (cnt < min_n) return fail(d, PROTO_E_INVALID_VALUE, "\"%s\" must not be empty", name);
+    int32_t *out = arena_alloc(d->r, (cnt ? cnt : 1) * sizeof *out, sizeof *out);
+    if (!out) return fail(d, PROTO_E_INTERNAL, "out of memory");
+    for (size_t i = 0; i < cnt; i++) {
+        const msgpack_object *e = &o->via.array.ptr[i];
+        double v;
+        if (obj_number(e, &v) < 0)
+            return fail(d, PROTO_E_BAD_REQUEST, "\"%s\"[%zu] must be an integer", name, i);
+        if (v != floor(v) || v < 0 || v > INT32_MAX)
+            return fail(d, PROTO_E_INVALID_TOKEN, "\"%s\"[%zu] is not a token id", name, i);
+        out[i] = (int32_t)v;
+    }
+    *t = out;
+    *n = cnt;
+    return 0;
+}
+
+static int is_nil(const msgpack_object *o) { return o->type == MSGPACK_OBJECT_NIL; }
+
+/* Reads "type" and "id" of a message map; the rest is per type. */
+static void read_head(const msgpack_object *m, const msgpack_object **type, const msgpack_object **id)
+{
+    *type = *id = NULL;
+    for (uint32_t i = 0; i < m->via.map.size; i++) {
+        const msgpack_object_kv *kv = &m->via.map.ptr[i];
+        if (key_is(&kv->key, "type")) *type = &kv->val;
+        else if (key_is(&kv->key, "id")) *id = &kv->val;
+    }
+}
+
+static int decode_req(dctx *d, const msgpack_object *m, proto_req *q)
+{
+    const msgpack_object *ot, *oid;
+    read_head(m, &ot, &oid);
+    proto_req_init(q, PROTO_T_NONE, 0);
+    d->what = "request";
+    if (oid && get_u64(d, oid, "id", &q->id) < 0) q->id = 0;
+    if (!ot) return fail(d, PROTO_E_BAD_REQUEST, "missing \"type\"");
+    if (ot->type != MSGPACK_OBJECT_STR) return fail(d, PROTO_E_BAD_REQUEST, "\"type\" must be a string");
+    q->type = type_lookup(ot->via.str.ptr, ot->via.str.size, 0);
+    if (q->type == PROTO_T_NONE) {
+        size_t n = ot->via.str.size;
+        int show = proto_utf8_valid(ot->via.str.ptr, n) && n <= 64;
+        return fail(d, PROTO_E_UNKNOWN_TYPE, "unknown request type \"%.*s\"",
+                    show ? (int)n : 3, show ? ot->via.str.ptr : "...");
+    }
+    d->what = proto_type_name(q->type);
+    if (*d->code) return -1;   /* a bad id */
+    if (!oid && q->type != PROTO_T_HELLO) return fail(d, PROTO_E_BAD_REQUEST, "missing \"id\"");
+
+    int has_prompt = 0, has_tokens = 0, has_version = 0, has_text = 0;
+    for (uint32_t i = 0; i < m->via.map.size; i++) {
+        const msgpack_object *k = &m->via.map.ptr[i].key, *v = &m->via.map.ptr[i].val;
+        if (k->type != MSGPACK_OBJECT_STR || key_is(k, "type") || key_is(k, "id")) continue;
+        if (is_nil(v)) continue;   /* nil = absent: the default applies */
+        int rc = 0;
+        switch (q->type) {
+        case PROTO_T_HELLO:
+            if (key_is(k, "version")) { rc = get_u32(d, v, "version", &q->version); has_version = 1; }
+            else if (key_is(k, "client")) rc = get_str(d, v, "client", PROTO_MAX_NAME, &q->client, &q->client_len);
+            break;
+        case PROTO_T_GENERATE:
+        case PROTO_T_EVAL:
+            if (key_is(k, "prompt")) { rc = get_str(d, v, "prompt", PROTO_MAX_PROMPT, &q->text, &q->text_len); has_prompt = 1; }
+            else if (key_is(k, "tokens")) { rc = get_tokens(d, v, "tokens", 1, &q->tokens, &q->n_tokens); has_tokens = 1; }
+            else if (key_is(k, "system")) rc = get_str(d, v, "system", PROTO_MAX_PROMPT, &q->system, &q->system_len);
+            else if (key_is(k, "raw")) rc = get_bool(d, v, "raw", &q->raw);
+            else if (q->type == PROTO_T_EVAL) {
+                if (key_is(k, "top")) rc = get_i32(d, v, "top", 1, PROTO_MAX_TOP, &q->top);
+            }
+            else if (key_is(k, "special")) rc = get_bool(d, v, "special", &q->special);
+            else if (key_is(k, "max_tokens")) rc = get_i32(d, v, "max_tokens", 0, PROTO_MAX_GEN, &q->max_tokens);
+            else if (key_is(k, "temperature")) rc = get_float(d, v, "temperature", 0, PROTO_MAX_TEMPERATURE, 0, &q->temperature);
+            else if (key_is(k, "top_k")) rc = get_i32(d, v, "top_k", 0, INT32_MAX, &q->top_k);
+            else if (key_is(k, "top_p")) rc = get_float(d, v, "top_p", 0, 1, 0, &q->top_p);
+            else if (key_is(k, "min_p")) rc = get_float(d, v, "min_p", 0, 1, 0, &q->min_p);
+            else if (key_is(k, "repeat_penalty")) rc = get_float(d, v, "repeat_penalty", 0, PROTO_MAX_PENALTY, 1, &q->repeat_penalty);
+            else if (key_is(k, "repeat_last_n")) rc = get_i32(d, v, "repeat_last_n", 0, PROTO_MAX_TOKENS, &q->repeat_last_n);
+            else if (key_is(k, "seed")) { rc = get_u64(d, v, "seed", &q->seed); q->has_seed = rc == 0; }
+            else if (key_is(k, "stop")) {
+                if (v->type != MSGPACK_OBJECT_ARRAY) { rc = fail(d, PROTO_E_BAD_REQUEST, "\"stop\" must be an array of strings"); break; }
+                if (v->via.array.size > PROTO_MAX_STOP) {
+                    rc = fail(d, PROTO_E_TOO_LARGE, "\"stop\" has %u strings, over the limit of %d", v->via.array.size, PROTO_MAX_STOP);
+                    break;
+                }
+                q->n_stop = 0;
+                for (uint32_t j = 0; j < v->via.array.size && rc == 0; j++) {
+                    rc = get_str(d, &v->via.array.ptr[j], "stop", PROTO_MAX_STOP_LEN, &q->stop[j], &q->stop_len[j]);
+                    if (rc == 0 && q->stop_len[j] == 0) rc = fail(d, PROTO_E_INVALID_VALUE, "\"stop\"[%u] is empty", j);
+                    if (rc == 0) q->n_stop = j + 1;
+                }
+            }
+            break;
+        case PROTO_T_TOKENIZE:
+            if (key_is(k, "text")) { rc = get_str(d, v, "text", PROTO_MAX_PROMPT, &q->text, &q->text_len); has_text = 1; }
+            else if (key_is(k, "special")) rc = get_bool(d, v, "special", &q->special);
+            else if (key_is(k, "add_bos")) rc = get_bool(d, v, "add_bos", &q->add_bos);
+            break;
+        case PROTO_T_DETOKENIZE:
+            if (key_is(k, "tokens")) { rc = get_tokens(d, v, "tokens", 0, &q->tokens, &q->n_tokens); has_tokens = 1; }
+            break;
+        default:
+            break;
+        }
+        if (rc < 0) return -1;
+    }
+    switch (q->type) {
+    case PROTO_T_HELLO:
+        if (!has_version) return fail(d, PROTO_E_BAD_REQUEST, "missing \"version\"");
+        break;
+    case PROTO_T_GENERATE:
+    case PROTO_T_EVAL:
+        if (has_prompt && has_tokens) return fail(d, PROTO_E_BAD_REQUEST, "give \"prompt\" or \"tokens\", not both");
+        if (!has_prompt && !has_tokens) return fail(d, PROTO_E_BAD_REQUEST, "missing \"prompt\" or \"tokens\"");
+        break;
+    case PROTO_T_TOKENIZE:
+        if (!has_text) return fail(d, PROTO_E_BAD_REQUEST, "missing \"text\"");
+        break;
+    case PROTO_T_DETOKENIZE:
+        if (!has_tokens) return fail(d, PROTO_E_BAD_REQUEST, "missing \"tokens\"");
+        break;
+    default:
+        break;
+    }
+    return 0;
+}
+
+/* --- events --- */
+
+static int get_top(dctx *d, const msgpack_object *v, proto_ev *e)
+{
+    if (v->type != MSGPACK_OBJECT_ARRAY) return fail(d, PROTO_E_BAD_REQUEST, "\"top\" must be an array");
+    uint32_t n = v->via.array.size;
+    if (n > PROTO_MAX_TOP) return fail(d, PROTO_E_TOO_LARGE, "\"top\" has %u entries, over the limit of %d", n, PROTO_MAX_TOP);
+    proto_top *t = arena_alloc(d->r, (n ? n : 1) * sizeof *t, 8);
+    if (!t) return fail(d, PROTO_E_INTERNAL, "out of memory");
+    for (uint32_t i = 0; i < n; i++) {
+        const msgpack_object *p = &v->via.array.ptr[i];
+        double logit;
+        if (p->type != MSGPACK_OBJECT_ARRAY || p->via.array.size != 2)
+            return fail(d, PROTO_E_BAD_REQUEST, "\"top\"[%u] must be [id, logit]", i);
+        if (get_i32(d, &p->via.array.ptr[0], "top id", 0, INT32_MAX, &t[i].id) < 0) return -1;
+        if (obj_number(&p->via.array.ptr[1], &logit) < 0)
+            return fail(d, PROTO_E_BAD_REQUEST, "\"top\"[%u] logit must be a number", i);
+        t[i].logit = (float)logit;   /* -inf is a legal logit */
+    }
+    e->top = t;
+    e->n_top = n;
+    return 0;
+}
+
+static int get_per_client(dctx *d, const msgpack_object *v, proto_ev *e)
+{
+    if (v->type != MSGPACK_OBJECT_ARRAY) return fail(d, PROTO_E_BAD_REQUEST, "\"per_client\" must be an array");
+    uint32_t n = v->via.array.size;
+    proto_client_count *c = arena_alloc(d->r, (n ? n : 1) * sizeof *c, 8);
+    if (!c) return fail(d, PROTO_E_INTERNAL, "out of memory");
+    memset(c, 0, (n ? n : 1) * sizeof *c);
+    for (uint32_t i = 0; i < n; i++) {
+        const msgpack_object *m = &v->via.array.ptr[i];
+        if (m->type != MSGPACK_OBJECT_MAP) return fail(d, PROTO_E_BAD_REQUEST, "\"per_client\"[%u] must be a map", i);
+        for (uint32_t j = 0; j < m->via.map.size; j++) {
+            const msgpack_object *k = &m->via.map.ptr[j].key, *x = &m->via.map.ptr[j].val;
+            int rc = 0;
+            if (key_is(k, "uid")) rc = get_u32(d, x, "uid", &c[i].uid);
+            else if (key_is(k, "pid")) rc = get_u32(d, x, "pid", &c[i].pid);
+            else if (key_is(k, "active")) rc = get_u32(d, x, "active", &c[i].active);
+            else if (key_is(k, "queued")) rc = get_u32(d, x, "queued", &c[i].queued);
+            if (rc < 0) return -1;
+        }
+    }
+    e->per_client = c;
+    e->n_per_client = n;
+    return 0;
+}
+
+static int decode_submap(dctx *d, const msgpack_object *v, const char *name, proto_ev *e)
+{
+    if (v->type != MSGPACK_OBJECT_MAP) return fail(d, PROTO_E_BAD_REQUEST, "\"%s\" must be a map", name);
+    for (uint32_t j = 0; j < v->via.map.size; j++) {
+        const msgpack_object *k = &v->via.map.ptr[j].key, *x = &v->via.map.ptr[j].val;
+        int rc = 0;
+        if (key_is(k, "prompt_tokens")) rc = get_u32(d, x, "prompt_tokens", &e->prompt_tokens);
+        else if (key_is(k, "cached_tokens")) rc = get_u32(d, x, "cached_tokens", &e->cached_tokens);
+        else if (key_is(k, "completion_tokens")) rc = get_u32(d, x, "completion_tokens", &e->completion_tokens);
+        else if (key_is(k, "queue_ms")) rc = get_double(d, x, "queue_ms", &e->queue_ms);
+        else if (key_is(k, "prefill_ms")) rc = get_double(d, x, "prefill_ms", &e->prefill_ms);
+        else if (key_is(k, "decode_ms")) rc = get_double(d, x, "decode_ms", &e->decode_ms);
+        if (rc < 0) return -1;
+    }
+    return 0;
+}
+
+static int decode_ev(dctx *d, const msgpack_object *m, proto_ev *e)
+{
+    const msgpack_object *ot, *oid;
+    read_head(m, &ot, &oid);
+    proto_ev_init(e, PROTO_T_NONE, 0);
+    d->what = "event";
+    if (oid && get_u64(d, oid, "id", &e->id) < 0) e->id = 0;
+    if (!ot) return fail(d, PROTO_E_BAD_REQUEST, "missing \"type\"");
+    if (ot->type != MSGPACK_OBJECT_STR) return fail(d, PROTO_E_BAD_REQUEST, "\"type\" must be a string");
+    e->type = type_lookup(ot->via.str.ptr, ot->via.str.size, 1);
+    if (e->type == PROTO_T_NONE) return fail(d, PROTO_E_UNKNOWN_TYPE, "unknown event type");
+    d->what = proto_type_name(e->type);
+    if (*d->code) return -1;
+
+    int has_code = 0;
+    for (uint32_t i = 0; i < m->via.map.size; i++) {
+        const msgpack_object *k = &m->via.map.ptr[i].key, *v = &m->via.map.ptr[i].val;
+        if (k->type != MSGPACK_OBJECT_STR || key_is(k, "type") || key_is(k, "id") || is_nil(v)) continue;
+        int rc = 0;
+        const size_t big = PROTO_MAX_FRAME;
+        switch (e->type) {
+        case PROTO_T_HELLO_OK:
+        case PROTO_T_INFO_OK:
+            if (key_is(k, "version")) rc = get_u32(d, v, "version", &e->version);
+            else if (key_is(k, "server")) rc = get_str(d, v, "server", big, &e->server, &e->server_len);
+            else if (key_is(k, "model")) rc = get_str(d, v, "model", big, &e->model, &e->model_len);
+            else if (e->type == PROTO_T_HELLO_OK) break;
+            else if (key_is(k, "model_path")) rc = get_str(d, v, "model_path", big, &e->model_path, &e->model_path_len);
+            else if (key_is(k, "arch")) rc = get_str(d, v, "arch", big, &e->arch, &e->arch_len);
+            else if (key_is(k, "backend")) rc = get_str(d, v, "backend", big, &e->backend, &e->backend_len);
+            else if (key_is(k, "chat_template")) rc = get_str(d, v, "chat_template", big, &e->chat_template, &e->chat_template_len);
+            else if (key_is(k, "warning")) rc = get_str(d, v, "warning", big, &e->warning, &e->warning_len);
+            else if (key_is(k, "n_vocab")) rc = get_i32(d, v, "n_vocab", 0, INT32_MAX, &e->n_vocab);
+            else if (key_is(k, "n_ctx")) rc = get_i32(d, v, "n_ctx", 0, INT32_MAX, &e->n_ctx);
+            else if (key_is(k, "n_layer")) rc = get_i32(d, v, "n_layer", 0, INT32_MAX, &e->n_layer);
+            else if (key_is(k, "n_embd")) rc = get_i32(d, v, "n_embd", 0, INT32_MAX, &e->n_embd);
+            else if (key_is(k, "tokenizer_only")) rc = get_bool(d, v, "tokenizer_only", &e->tokenizer_only);
+            else if (key_is(k, "active")) rc = get_u32(d, v, "active", &e->active);
+            else if (key_is(k, "queued")) rc = get_u32(d, v, "queued", &e->queued);
+            else if (key_is(k, "clients")) rc = get_u32(d, v, "clients", &e->clients);
+            else if (key_is(k, "jobs_done")) rc = get_u64(d, v, "jobs_done", &e->jobs_done);
+            else if (key_is(k, "tokens_served")) rc = get_u64(d, v, "tokens_served", &e->tokens_served);
+            else if (key_is(k, "prompt_tokens_total")) rc = get_u64(d, v, "prompt_tokens_total", &e->prompt_tokens_total);
+            else if (key_is(k, "kv_used")) rc = get_u64(d, v, "kv_used", &e->kv_used);
+            else if (key_is(k, "kv_total")) rc = get_u64(d, v, "kv_total", &e->kv_total);
+            else if (key_is(k, "weight_bytes")) rc = get_u64(d, v, "weight_bytes", &e->weight_bytes);
+            else if (key_is(k, "uptime_s")) rc = get_double(d, v, "uptime_s", &e->uptime_s);
+            else if (key_is(k, "per_client")) rc = get_per_client(d, v, e);
+            break;
+        case PROTO_T_TOKEN:
+            if (key_is(k, "token")) rc = get_i32(d, v, "token", 0, INT32_MAX, &e->token);
+            else if (key_is(k, "text")) rc = get_str(d, v, "text", big, &e->text, &e->text_len);
+            break;
+        case PROTO_T_TEXT:
+            if (key_is(k, "text")) rc = get_str(d, v, "text", big, &e->text, &e->text_len);
+            break;
+        case PROTO_T_LOGITS:
+            if (key_is(k, "pos")) rc = get_i32(d, v, "pos", 0, INT32_MAX, &e->pos);
+            else if (key_is(k, "top")) rc = get_top(d, v, e);
+            break;
+        case PROTO_T_DONE:
+            if (key_is(k, "finish")) rc = get_str(d, v, "finish", 64, &e->finish, &e->finish_len);
+            else if (key_is(k, "usage")) rc = decode_submap(d, v, "usage", e);
+            else if (key_is(k, "timings")) rc = decode_submap(d, v, "timings", e);
+            break;
+        case PROTO_T_ERROR:
+            if (key_is(k, "code")) {
+                const char *s; size_t n;
+                rc = get_str(d, v, "code", 64, &s, &n);
+                if (rc == 0) { e->code = proto_err_from_name(s, n); has_code = 1; }
+            } else if (key_is(k, "message")) rc = get_str(d, v, "message", big, &e->message, &e->message_len);
+            break;
+        case PROTO_T_TOKENS:
+            if (key_is(k, "tokens")) rc = get_tokens(d, v, "tokens", 0, &e->tokens, &e->n_tokens);
+            break;
+        default:
+            break;
+        }
+        if (rc < 0) return -1;
+    }
+    /* Absent strings read as "" so callers never see NULL. */
+    const char **sp[] = { &e->server, &e->model, &e->text, &e->finish, &e->message, &e->arch,
+                          &e->backend, &e->chat_template, &e->warning, &e->model_path };
+    for (size_t i = 0; i < sizeof sp / sizeof sp[0]; i++) if (!*sp[i]) *sp[i] = "";
+    if (e->type == PROTO_T_ERROR && !has_code) e->code = PROTO_E_INTERNAL;
+    if (e->type == PROTO_T_DONE && e->finish_len == 0) return fail(d, PROTO_E_BAD_REQUEST, "missing \"finish\"");
+    return 0;
+}
+
+/* Frames one message and decodes it with fn. */
+static int rd_next(proto_reader *r, void *out, int events, proto_err *code, char *err, size_t errlen)
+{
+    *code = PROTO_OK;
+    if (err && errlen) err[0] = 0;
+    if (r->broken) {
+        *code = r->broken_code;
+        seterr(err, errlen, "connection stream is broken (%s)", proto_err_name(r->broken_code));
+        return -1;
+    }
+    /* The previous message's storage is released now. */
+    if (r->arena_cap > RD_IDLE_CAP * 4) { free(r->arena); r->arena = NULL; r->arena_cap = 0; }
+    size_t len = 0;
+    int rc = rd_skim(r, &len, code, err, errlen);
+    if (rc == 0) {
+        if (r->start == r->end) {
+            r->start = r->end = 0;
+            if (r->cap > RD_IDLE_CAP) { free(r->buf); r->buf = NULL; r->cap = 0; }
+        }
+        return 0;
+    }
+    if (rc < 0) {
+        r->broken = 1;
+        r->broken_code = *code;
+        return -1;
+    }
+    const char *frame = r->buf + r->start;
+    msgpack_object obj;
+    size_t off = 0;
+    msgpack_zone_clear(r->zone);
+    msgpack_unpack_return ur = msgpack_unpack(frame, len, &off, r->zone, &obj);
+    if ((ur != MSGPACK_UNPACK_SUCCESS && ur != MSGPACK_UNPACK_EXTRA_BYTES) || off != len
+        || obj.type != MSGPACK_OBJECT_MAP) {
+        r->broken = 1;
+        r->broken_code = *code = ur == MSGPACK_UNPACK_NOMEM_ERROR ? PROTO_E_INTERNAL : PROTO_E_MALFORMED;
+        seterr(err, errlen, ur == MSGPACK_UNPACK_NOMEM_ERROR ? "out of memory" : "malformed message");
+        return -1;
+    }
+    if (arena_prepare(r, len) < 0) {
+        r->broken = 1;
+        r->broken_code = *code = PROTO_E_INTERNAL;
+        seterr(err, errlen, "out of memory");
+        return -1;
+    }
+    dctx d = { r, code, err, errlen, "message", events };
+    if (events) decode_ev(&d, &obj, out);
+    else decode_req(&d, &obj, out);
+    /* Strings were copied into the arena: the frame can go. */
+    r->start += len;
+    sk_reset(r);
+    if (len > RD_IDLE_CAP) {
+        msgpack_zone_free(r->zone);
+        r->zone = msgpack_zone_new(8192);
+        if (!r->zone) {
+            r->broken = 1;
+            r->broken_code = *code = PROTO_E_INTERNAL;
+            seterr(err, errlen, "out of memory");
+            return -1;
+        }
+    }
+    return 1;
+}
+
+int proto_reader_next_req(proto_reader *r, proto_req *req, proto_err *code, char *err, size_t errlen)
+{
+    return rd_next(r, req, 0, code, err, errlen);
+}
+
+int proto_reader_next_ev(proto_reader *r, proto_ev *ev, proto_err *code, char *err, size_t errlen)
+{
+    return rd_next(r, ev, 1, code, err, errlen);
+}

@@ -1,0 +1,175 @@
+/* t_models — every architecture and weight format against references made
+ * by other tools (tests/fixtures/refs): transformers float64 for bf16 files
+ * and Hugging Face directories (tolerance 0.05), llama.cpp for quantized files
+ * (0.15). For each case: the top-10 logits at every prompt position within
+ * the tolerance, top-1 equal where the reference's top-2 margin exceeds it,
+ * and greedy ids equal up to the first step whose margin is below it. */
+#include "engine/engine.h"
+#include "tests/check.h"
+
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef struct evres { int n_pos; int32_t (*ids)[10]; float (*vals)[10]; int32_t gen[64]; int n_gen; int done; } evres;
+
+static void run_job(eng *e, const eng_job_desc *d, evres *r)
+{
+    char err[256];
+    eng_err code;
+    uint64_t id;
+    if (eng_submit(e, d, &id, &code, err, sizeof err)) {
+        fprintf(stderr, "submit: %s\n", err);
+        return;
+    }
+    for (int spins = 0; !r->done && spins < 400000; spins++) {
+        eng_event *ev = eng_events_take(e);
+        if (!ev) { usleep(250); continue; }
+        while (ev) {
+            eng_event *nx = ev->next;
+            if (ev->type == ENG_EV_LOGITS && ev->pos < r->n_pos) {
+                for (int k = 0; k < 10 && k < ev->n_top; k++) {
+                    r->ids[ev->pos][k] = ev->top_ids[k];
+                    r->vals[ev->pos][k] = ev->top_logits[k];
+                }
+            } else if (ev->type == ENG_EV_TOKEN && r->n_gen < 64) {
+                r->gen[r->n_gen++] = ev->token;
+            } else if (ev->type == ENG_EV_DONE || ev->type == ENG_EV_ERROR) {
+                r->done = 1;
+            }
+            eng_event_free(ev);
+            ev = nx;
+        }
+    }
+}
+
+static void check_model(const char *model, const char *ref, double tol, int kv_f32)
+{
+    char err[512];
+    json_error_t je;
+    json_t *root = json_load_file(ref, 0, &je);
+    CHECKF(root != NULL, "%s: %s", ref, je.text);
+    if (!root) return;
+    eng *e = NULL;
+    eng_opts o = { 0 };
+    o.model_path = model;
+    o.n_threads = 2;
+    o.kv_f32 = kv_f32;
+    if (eng_open(&e, &o, err, sizeof err)) {
+        CHECKF(0, "%s", err);
+        json_decref(root);
+        return;
+    }
+    json_t *cases = json_object_get(root, "cases");
+    size_t ci;
+    json_t *c;
+    double worst = 0;
+    int top1_bad = 0, greedy_bad = 0, positions = 0;
+    json_array_foreach(cases, ci, c) {
+        json_t *jt = json_object_get(c, "tokens"), *top = json_object_get(c, "top10");
+        size_t n = json_array_size(jt);
+        int32_t *toks = malloc(n * sizeof *toks);
+        for (size_t i = 0; i < n; i++) toks[i] = (int32_t)json_integer_value(json_array_get(jt, i));
+        evres r = { 0 };
+        r.n_pos = (int)n;
+        r.ids = calloc(n, sizeof *r.ids);
+        r.vals = calloc(n, sizeof *r.vals);
+        eng_job_desc d = { 0 };
+        d.kind = ENG_JOB_EVAL;
+        d.tokens = toks;
+        d.n_tokens = n;
+        d.top_n = 10;
+        run_job(e, &d, &r);
+        CHECK(r.done);
+        for (size_t p = 0; p < n && p < json_array_size(top); p++) {
+            json_t *tp = json_array_get(top, p);
+            positions++;
+            for (size_t k = 0; k < json_array_size(tp); k++) {
+                int32_t id = (int32_t)json_integer_value(json_array_get(json_array_get(tp, k), 0));
+                double v = json_number_value(json_array_get(json_array_get(tp, k), 1));
+                for (int q = 0; q < 10; q++)
+                    if (r.ids[p][q] == id) {
+                        double dv = fabs(r.vals[p][q] - v);
+                        if (dv > worst) worst = dv;
+                        CHECKF(dv <= tol, "%s case %zu pos %zu token %d: %g vs %g", model, ci, p, id, r.vals[p][q], v);
+                    }
+            }
+            double margin = json_number_value(json_array_get(json_array_get(tp, 0), 1)) -
+                            json_number_value(json_array_get(json_array_get(tp, 1), 1));
+            int32_t want = (int32_t)json_integer_value(json_array_get(json_array_get(tp, 0), 0));
+            if (margin > tol && r.ids[p][0] != want) {
+                top1_bad++;
+                CHECKF(0, "%s case %zu pos %zu: top-1 %d, reference %d (margin %.3f)", model, ci, p, r.ids[p][0], want, margin);
+            }
+        }
+        /* greedy */
+        json_t *greedy = json_object_get(c, "greedy"), *gm = json_object_get(c, "greedy_margin");
+        size_t ng = json_array_size(greedy);
+        evres g = { 0 };
+        d.kind = ENG_JOB_GENERATE;
+        d.max_tokens = (int32_t)ng;
+        eng_sampling_default(&d.sampling);
+        d.sampling.temperature = 0;
+        run_job(e, &d, &g);
+        for (size_t i = 0; i < ng; i++) {
+            if (json_number_value(json_array_get(gm, i)) < tol) break;
+            int32_t want = (int32_t)json_integer_value(json_array_get(greedy, i));
+            if ((int)i >= g.n_gen || g.gen[i] != want) {
+                greedy_bad++;
+                CHECKF(0, "%s case %zu: greedy step %zu gave %d, reference %d", model, ci, i,
+                       (int)i < g.n_gen ? g.gen[i] : -1, want);
+                break;
+            }
+        }
+        free(r.ids);
+        free(r.vals);
+        free(toks);
+    }
+    fprintf(stderr, "  %-44s %4d positions, max |dlogit| %.4f (tol %.2f), top-1 misses %d, greedy misses %d\n",
+            model, positions, worst, tol, top1_bad, greedy_bad);
+    eng_close(e);
+    json_decref(root);
+}
+
+#define M(f) FIXTURE("models/" f)
+#define R(f) FIXTURE("refs/" f)
+
+static void test_bf16_vs_transformers(void)
+{
+    check_model(M("qwen2-tiny.bf16.gguf"), R("qwen2-tiny.dev.json"), 0.05, 0);
+    check_model(M("qwen3-tiny.bf16.gguf"), R("qwen3-tiny.dev.json"), 0.05, 0);
+    check_model(M("llama3-tiny.bf16.gguf"), R("llama3-tiny.dev.json"), 0.05, 0);
+    check_model(M("llama-q.bf16.gguf"), R("llama-q.dev.json"), 0.05, 0);
+}
+
+static void test_kv_f32(void)
+{
+    check_model(M("qwen3-tiny.bf16.gguf"), R("qwen3-tiny.dev.json"), 0.05, 1);
+}
+
+static void test_hf_directory(void)
+{
+    /* the directory the qwen2-tiny GGUF was converted from gives the same results */
+    check_model(FIXTURE("hf/qwen2-tiny"), R("qwen2-tiny.dev.json"), 0.05, 0);
+    check_model(FIXTURE("hf/qwen2-tiny"), R("qwen2-tiny.bf16.llamacpp.dev.json"), 0.05, 0);
+}
+
+static void test_quantized_vs_llamacpp(void)
+{
+    check_model(M("qwen2-tiny.Q8_0.gguf"), R("qwen2-tiny.Q8_0.llamacpp.dev.json"), 0.15, 0);
+    check_model(M("llama-q.Q8_0.gguf"), R("llama-q.Q8_0.llamacpp.dev.json"), 0.15, 0);
+    check_model(M("llama-q.Q4_0.gguf"), R("llama-q.Q4_0.llamacpp.dev.json"), 0.15, 0);
+    check_model(M("llama-q.Q4_K_M.gguf"), R("llama-q.Q4_K_M.llamacpp.dev.json"), 0.15, 0);
+    check_model(M("llama-q.Q6_K.gguf"), R("llama-q.Q6_K.llamacpp.dev.json"), 0.15, 0);
+    check_model(M("llama-q.bf16.gguf"), R("llama-q.bf16.llamacpp.dev.json"), 0.15, 0);
+}
+
+int main(void)
+{
+    RUN(test_bf16_vs_transformers);
+    RUN(test_kv_f32);
+    RUN(test_hf_directory);
+    RUN(test_quantized_vs_llamacpp);
+    return CHECK_DONE();
+}
