@@ -38,7 +38,10 @@ static void usage(FILE *f)
 "      --kv-budget MIB     KV cache pool size (default: --max-seqs full contexts)\n"
 "      --max-clients N     connections at once (default 256)\n"
 "      --max-backlog KIB   output waiting for one client before its jobs are\n"
-"                          cancelled with \"busy\" (default 16384)\n"
+"                          cancelled with \"busy\" (default 16384); past a\n"
+"                          quarter of it (at most 1024) its jobs are paused\n"
+"      --stall-timeout S   seconds a client's jobs may stay paused before they\n"
+"                          are cancelled with \"busy\" (default 60)\n"
 "      --shutdown-grace S  seconds running jobs may finish after SIGTERM (default 5)\n"
 "  -d, --daemonize         detach; the parent exits once the model is loaded\n"
 "  -l, --log FILE          log to FILE (reopened on SIGHUP) instead of stderr\n"
@@ -148,7 +151,7 @@ static int write_pidfile(const char *path, char *err, size_t errlen)
 
 enum {
     OPT_SOCKET_MODE = 256, OPT_BACKEND, OPT_MAX_SEQS, OPT_MAX_QUEUED, OPT_KV_BUDGET,
-    OPT_MAX_CLIENTS, OPT_MAX_BACKLOG, OPT_GRACE, OPT_LOG_LEVEL,
+    OPT_MAX_CLIENTS, OPT_MAX_BACKLOG, OPT_STALL, OPT_GRACE, OPT_LOG_LEVEL,
 };
 
 int main(int argc, char **argv)
@@ -165,6 +168,7 @@ int main(int argc, char **argv)
         { "kv-budget", required_argument, 0, OPT_KV_BUDGET },
         { "max-clients", required_argument, 0, OPT_MAX_CLIENTS },
         { "max-backlog", required_argument, 0, OPT_MAX_BACKLOG },
+        { "stall-timeout", required_argument, 0, OPT_STALL },
         { "shutdown-grace", required_argument, 0, OPT_GRACE },
         { "daemonize", no_argument, 0, 'd' },
         { "log", required_argument, 0, 'l' },
@@ -215,6 +219,7 @@ int main(int argc, char **argv)
             /* stop reading requests well before cancelling */
             so.out_pause = so.out_max / 4 < so.out_pause ? so.out_max / 4 : so.out_pause;
             break;
+        case OPT_STALL: if (parse_double("--stall-timeout", optarg, 0.1, 86400, &d)) return 2; so.stall_timeout = d; break;
         case OPT_GRACE: if (parse_double("--shutdown-grace", optarg, 0, 3600, &d)) return 2; so.shutdown_grace = d; break;
         case 'd': detach = 1; break;
         case 'l': log_path = optarg; break;

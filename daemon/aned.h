@@ -73,8 +73,9 @@ typedef struct server server;
 typedef struct server_opts {
     eng_opts eng;            /* notify/notify_arg are set by server_open */
     int max_clients;         /* connections served at once; past it: "busy", closed */
-    size_t out_pause;        /* stop reading a client's requests while its backlog is over this */
+    size_t out_pause;        /* pause a client's reading and jobs while its backlog is over this */
     size_t out_max;          /* cancel a client's jobs when its backlog passes this */
+    double stall_timeout;    /* seconds a client may stay paused before its jobs are cancelled */
     double handshake_timeout; /* seconds a new connection has to send hello */
     double shutdown_grace;   /* seconds running jobs may finish after SIGTERM */
     double drain_timeout;    /* seconds to flush replies after the last job ended */

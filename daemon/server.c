@@ -15,9 +15,12 @@
  * Back-pressure: replies go to a per-client buffer written with non-blocking
  * sends under an EV_WRITE watcher, so a slow reader never stalls the loop.
  * Past opt.out_pause bytes of backlog the client's requests are no longer
- * read; past opt.out_max its jobs are cancelled and each ends with error
- * "busy" (its remaining tokens are dropped) instead of buffering without
- * bound. */
+ * read and its jobs are paused in the engine (eng_pause: they keep their KV
+ * but leave the batch); both resume once the backlog is down to half of it.
+ * A client that stays paused for opt.stall_timeout seconds, or whose backlog
+ * passes opt.out_max anyway, has its jobs cancelled: each ends with error
+ * "busy" (its remaining tokens are dropped) instead of holding memory and
+ * engine slots without bound. */
 #include "daemon/aned.h"
 #include "proto/proto.h"
 
@@ -59,8 +62,9 @@ struct client {
     int fd;
     cl_state state;
     int eof;                  /* peer shut its writing side: close when idle */
+    int paused;               /* its jobs are paused for its backlog */
     ev_io rio, wio;
-    ev_timer timer;           /* hello deadline, then the closing deadline */
+    ev_timer timer;           /* hello deadline, stall deadline, closing deadline */
     proto_reader *rd;
     proto_buf out;
     sock_peer peer;
@@ -106,6 +110,7 @@ void server_opts_default(server_opts *o)
     o->max_clients = 256;
     o->out_pause = 1u << 20;
     o->out_max = 16u << 20;
+    o->stall_timeout = 60.0;
     o->handshake_timeout = 10.0;
     o->shutdown_grace = 5.0;
     o->drain_timeout = 2.0;
@@ -152,7 +157,7 @@ static void job_cancel(server *s, job *j)
     eng_cancel(s->eng, j->eng_id);
 }
 
-static void client_overflow(client *cl)
+static void client_overflow(client *cl, const char *why)
 {
     int n = 0;
     for (job *j = cl->jobs; j; j = j->cl_next) {
@@ -162,9 +167,29 @@ static void client_overflow(client *cl)
         n++;
     }
     if (n)
-        log_warn("client %llu (pid %ld): output backlog %zu bytes over %zu: cancelled %d job(s)",
-                 (unsigned long long)cl->serial, (long)cl->peer.pid, cl->out.len,
-                 cl->srv->opt.out_max, n);
+        log_warn("client %llu (pid %ld): output backlog %zu bytes, %s: cancelled %d job(s)",
+                 (unsigned long long)cl->serial, (long)cl->peer.pid, cl->out.len, why, n);
+}
+
+/* Pauses or resumes the client's jobs in the engine as its backlog moves. */
+static void client_update_pause(client *cl)
+{
+    server *s = cl->srv;
+    int want;
+    if (cl->state == CL_CLOSING) want = 0;
+    else if (cl->paused) want = cl->out.len > s->opt.out_pause / 2;
+    else want = cl->out.len > s->opt.out_pause;
+    if (want == cl->paused) return;
+    cl->paused = want;
+    for (job *j = cl->jobs; j; j = j->cl_next)
+        if (!j->cancelled) eng_pause(s->eng, j->eng_id, want);
+    if (cl->state != CL_READY) return;
+    ev_timer_stop(s->loop, &cl->timer);
+    if (want) {
+        log_debug("client %llu: backlog %zu bytes: jobs paused", (unsigned long long)cl->serial, cl->out.len);
+        ev_timer_set(&cl->timer, s->opt.stall_timeout, 0.);
+        ev_timer_start(s->loop, &cl->timer);
+    }
 }
 
 /* Appends one message; never frees the client. */
@@ -184,7 +209,8 @@ static void client_send(client *cl, const proto_ev *ev)
         if (proto_ev_encode(&cl->out, &e) < 0) cl->out.len = before;
     }
     if (cl->out.len && !ev_is_active(&cl->wio)) ev_io_start(cl->srv->loop, &cl->wio);
-    if (cl->out.len > cl->srv->opt.out_max) client_overflow(cl);
+    if (cl->out.len > cl->srv->opt.out_max) client_overflow(cl, "over the backlog limit");
+    client_update_pause(cl);
     client_update_read(cl);
 }
 
@@ -250,6 +276,10 @@ static void client_free(client *cl, const char *why)
 static void on_client_timer(struct ev_loop *loop, ev_timer *w, int revents)
 {
     client *cl = w->data;
+    if (cl->state == CL_READY) { /* stalled: paused too long */
+        client_overflow(cl, "not read for the stall timeout");
+        return;
+    }
     client_free(cl, cl->state == CL_HANDSHAKE ? "no hello in time" : "peer did not read its last replies");
 }
 
@@ -301,6 +331,7 @@ static void on_client_write(struct ev_loop *loop, ev_io *w, int revents)
         proto_buf_consume(&cl->out, (size_t)n);
     }
     if (!cl->out.len) ev_io_stop(loop, &cl->wio);
+    client_update_pause(cl);
     client_update_read(cl);
     if (!cl->out.len) client_maybe_finish(cl);
 }
@@ -418,6 +449,7 @@ static void req_submit(client *cl, const proto_req *r)
     s->jobs = j;
     s->n_jobs++;
     if (!ev_is_active(&s->poll_timer)) ev_timer_again(s->loop, &s->poll_timer);
+    if (cl->paused) eng_pause(s->eng, j->eng_id, 1);
 }
 
 static void req_tokenize(client *cl, const proto_req *r)
@@ -773,10 +805,8 @@ static void handle_event(server *s, const eng_event *ev)
         if (cl && j->shutdown && ev->finish == ENG_FINISH_CANCELLED) {
             send_error(cl, j->req_id, PROTO_E_SHUTDOWN, "cancelled: the server is shutting down");
         } else if (cl && j->overflow) {
-            char msg[128];
-            snprintf(msg, sizeof msg, "cancelled: client output backlog passed %zu bytes",
-                     s->opt.out_max);
-            send_error(cl, j->req_id, PROTO_E_BUSY, msg);
+            send_error(cl, j->req_id, PROTO_E_BUSY,
+                       "cancelled: the client did not read its output (backlog limit or stall timeout)");
         } else if (cl) {
             const char *f = eng_finish_str(ev->finish);
             proto_ev_init(&e, PROTO_T_DONE, j->req_id);
