@@ -524,6 +524,7 @@ static void req_info(client *cl, const proto_req *r)
     e.server_len = strlen(e.server);
 #define STR(f, v) do { e.f = (v) ? (v) : ""; e.f##_len = strlen(e.f); } while (0)
     STR(model, mi->name);
+    STR(model_path, mi->path);
     STR(arch, mi->arch);
     STR(backend, mi->backend);
     STR(chat_template, mi->chat_template);

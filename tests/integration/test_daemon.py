@@ -299,6 +299,7 @@ def test_hello_ping_info(d):
                   "arch", "backend", "jobs_done", "kv_total", "weight_bytes"):
             check(k in r, "info lacks %s: %r" % (k, sorted(r)))
         check(r["n_vocab"] == 512 and r["arch"] == "llama", "model facts %r" % r)
+        check(r.get("model_path", "").endswith("stories260K.gguf"), "model_path %r" % r.get("model_path"))
         served = r["tokens_served"]
         # a job in flight shows up under this process
         rid = c.request("generate", **greedy_req(1800))
