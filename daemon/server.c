@@ -449,7 +449,13 @@ static void req_submit(client *cl, const proto_req *r)
     s->jobs = j;
     s->n_jobs++;
     if (!ev_is_active(&s->poll_timer)) ev_timer_again(s->loop, &s->poll_timer);
-    if (cl->paused) eng_pause(s->eng, j->eng_id, 1);
+    if (cl->paused) {
+        eng_pause(s->eng, j->eng_id, 1);
+        if (!ev_is_active(&cl->timer)) { /* the stall deadline covers it too */
+            ev_timer_set(&cl->timer, s->opt.stall_timeout, 0.);
+            ev_timer_start(s->loop, &cl->timer);
+        }
+    }
 }
 
 static void req_tokenize(client *cl, const proto_req *r)
@@ -803,6 +809,9 @@ static void handle_event(server *s, const eng_event *ev)
         return;
     }
     case ENG_EV_DONE:
+        if (!cl)
+            log_debug("job %llu of a closed connection ended: %s", (unsigned long long)ev->job_id,
+                      eng_finish_str(ev->finish));
         if (cl && j->shutdown && ev->finish == ENG_FINISH_CANCELLED) {
             send_error(cl, j->req_id, PROTO_E_SHUTDOWN, "cancelled: the server is shutting down");
         } else if (cl && j->overflow) {
@@ -959,6 +968,15 @@ int server_open(server **out, const server_opts *opt, char *err, size_t errlen)
     ev_async_start(s->loop, &s->wake);
     ev_timer_init(&s->poll_timer, on_poll, POLL_S, POLL_S);
     s->poll_timer.data = s;
+    /* Watched from here on: a SIGTERM while the model loads stops the
+     * daemon cleanly as soon as the loop runs. */
+    ev_signal_init(&s->sig_term, on_signal, SIGTERM);
+    ev_signal_init(&s->sig_int, on_signal, SIGINT);
+    ev_signal_init(&s->sig_hup, on_signal, SIGHUP);
+    s->sig_term.data = s->sig_int.data = s->sig_hup.data = s;
+    ev_signal_start(s->loop, &s->sig_term);
+    ev_signal_start(s->loop, &s->sig_int);
+    ev_signal_start(s->loop, &s->sig_hup);
 
     /* The engine's worker thread inherits this mask: signals are for the loop. */
     sigset_t set, old;
@@ -977,7 +995,11 @@ int server_open(server **out, const server_opts *opt, char *err, size_t errlen)
         const char *p = eo.model_path ? eo.model_path : "(none)";
         if (strstr(eerr, p)) snprintf(err, errlen, "cannot load model: %s", eerr);
         else snprintf(err, errlen, "cannot load model %s: %s", p, eerr[0] ? eerr : "unknown error");
+        ev_signal_stop(s->loop, &s->sig_term);
+        ev_signal_stop(s->loop, &s->sig_int);
+        ev_signal_stop(s->loop, &s->sig_hup);
         ev_async_stop(s->loop, &s->wake);
+        ev_loop_destroy(s->loop);
         free(s);
         return -1;
     }
@@ -998,13 +1020,6 @@ int server_run(server *s, sock_listener *l)
     s->accept_retry.data = s;
     ev_timer_init(&s->phase_timer, on_phase_timer, 1., 0.);
     s->phase_timer.data = s;
-    ev_signal_init(&s->sig_term, on_signal, SIGTERM);
-    ev_signal_init(&s->sig_int, on_signal, SIGINT);
-    ev_signal_init(&s->sig_hup, on_signal, SIGHUP);
-    s->sig_term.data = s->sig_int.data = s->sig_hup.data = s;
-    ev_signal_start(s->loop, &s->sig_term);
-    ev_signal_start(s->loop, &s->sig_int);
-    ev_signal_start(s->loop, &s->sig_hup);
     ev_io_start(s->loop, &s->accept_io);
 
     ev_run(s->loop, 0);
@@ -1033,6 +1048,10 @@ void server_close(server *s)
         nx = j->all_next;
         free(j);
     }
+    ev_signal_stop(s->loop, &s->sig_term);
+    ev_signal_stop(s->loop, &s->sig_int);
+    ev_signal_stop(s->loop, &s->sig_hup);
+    ev_timer_stop(s->loop, &s->poll_timer);
     ev_async_stop(s->loop, &s->wake);
     ev_loop_destroy(s->loop);
     free(s);
