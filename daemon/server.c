@@ -244,6 +244,7 @@ static void refuse_fd(int fd, proto_err code, const char *msg)
 /* ---------------------------------------------------------------- clients */
 
 static void check_done(server *s);
+static void client_close_soon(client *cl, const char *why);
 
 static void client_free(client *cl, const char *why)
 {
@@ -280,7 +281,14 @@ static void on_client_timer(struct ev_loop *loop, ev_timer *w, int revents)
         client_overflow(cl, "not read for the stall timeout");
         return;
     }
-    client_free(cl, cl->state == CL_HANDSHAKE ? "no hello in time" : "peer did not read its last replies");
+    if (cl->state == CL_HANDSHAKE) {
+        char msg[64];
+        snprintf(msg, sizeof msg, "no hello within %.0f s", cl->srv->opt.handshake_timeout);
+        send_error(cl, 0, PROTO_E_HANDSHAKE, msg);
+        client_close_soon(cl, "no hello in time");
+        return;
+    }
+    client_free(cl, "peer did not read its last replies");
 }
 
 /* Stop reading, cancel what runs, flush what is queued, then close (bounded). */
@@ -819,6 +827,10 @@ static void handle_event(server *s, const eng_event *ev)
                        "cancelled: the client did not read its output (backlog limit or stall timeout)");
         } else if (cl) {
             const char *f = eng_finish_str(ev->finish);
+            log_debug("client %llu request %llu: %s; %d prompt (%d cached) + %d generated tokens; "
+                      "queue %.1f ms, prefill %.1f ms, decode %.1f ms", (unsigned long long)cl->serial,
+                      (unsigned long long)j->req_id, f ? f : "?", ev->prompt_tokens, ev->cached_tokens,
+                      ev->completion_tokens, ev->queue_ms, ev->prefill_ms, ev->decode_ms);
             proto_ev_init(&e, PROTO_T_DONE, j->req_id);
             e.finish = f ? f : "";
             e.finish_len = strlen(e.finish);
@@ -832,6 +844,7 @@ static void handle_event(server *s, const eng_event *ev)
         }
         break;
     case ENG_EV_ERROR:
+        log_info("job %llu failed: %s: %s", (unsigned long long)ev->job_id, eng_strerror(ev->code), ev->message);
         if (cl) send_error(cl, j->req_id, map_eng_err(ev->code),
                            ev->message[0] ? ev->message : eng_strerror(ev->code));
         break;

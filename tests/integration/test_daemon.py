@@ -59,7 +59,8 @@ def check(cond, msg):
 class Daemon:
     """One bin/aned on a socket in a private temp dir."""
 
-    def __init__(self, model=MODEL, args=(), sock=None, tmp=None):
+    def __init__(self, model=MODEL, args=(), sock=None, tmp=None, preexec=None):
+        self.preexec = preexec
         self.tmp = tmp or mktmp()
         self.sock = sock or os.path.join(self.tmp, "aned.sock")
         self.log = os.path.join(self.tmp, "aned.%d.log" % random.randrange(1 << 30))
@@ -71,7 +72,7 @@ class Daemon:
         self.logf = open(self.log, "wb")
         cmd = [ANED, "--model", self.model, "--socket", self.sock, "--log-level", "debug"] + self.args
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self.logf,
-                                     stderr=subprocess.STDOUT)
+                                     stderr=subprocess.STDOUT, preexec_fn=self.preexec)
         if wait:
             self.wait_ready()
         return self
@@ -931,6 +932,74 @@ def test_socket_activation():
             p.wait()
 
 
+def test_max_clients():
+    d = Daemon(args=["--max-clients", "2"]).start()
+    try:
+        wait_for(lambda: info(d.sock).get("clients") == 1, 5, "start-up probes to be reaped")
+        time.sleep(0.1)
+        a, b = Conn(d.sock), Conn(d.sock)
+        a.hello()
+        b.hello()
+        c = Conn(d.sock)
+        m = c.recv()
+        check(m and m["type"] == "error" and m.get("code") == "busy" and m["id"] == 0, "third: %r" % m)
+        check(c.recv() is None, "refused connection left open")
+        c.close()
+        a.close()
+        wait_for(lambda: _hello_ok(d.sock), 5, "a slot to free up")
+        b.close()
+        check(d.stop() == 0, "exit status")
+    finally:
+        d.kill()
+
+
+def _hello_ok(path):
+    c = Conn(path)
+    try:
+        c.hello()
+        return True
+    except TestFailure:
+        return False
+    finally:
+        c.close()
+
+
+def _cpu_s(pid):
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().split(") ")[-1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_fd_exhaustion():
+    """Out of descriptors, accept errors pause accepting instead of spinning; service resumes."""
+    import resource
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (24, 24))
+
+    d = Daemon(preexec=limit).start()
+    conns = []
+    try:
+        for _ in range(40):
+            c = Conn(d.sock, timeout=5)
+            conns.append(c)
+        time.sleep(0.3)
+        t0 = _cpu_s(d.proc.pid)
+        time.sleep(1.0)
+        used = _cpu_s(d.proc.pid) - t0
+        check(used < 0.3, "daemon burned %.2f s CPU in 1 s while out of descriptors" % used)
+        check("pausing new connections" in d.log_text(tail=1 << 30), "accept failure not logged")
+        for c in conns:
+            c.close()
+        conns = []
+        wait_for(lambda: _hello_ok(d.sock), 10, "service to resume")
+        check(d.stop() == 0, "exit status")
+    finally:
+        for c in conns:
+            c.close()
+        d.kill()
+
+
 def test_many_connections(d):
     conns = []
     try:
@@ -957,7 +1026,7 @@ SHARED = [
 ]
 OWN = [
     test_help, test_missing_model, test_corrupt_model, test_tokenizer_only, test_sigterm_mid_generation,
-    test_sigint_idle, test_backlog_cap, test_socket_activation, test_stale_socket, test_second_daemon_refuses, test_socket_mode, test_daemonize,
+    test_sigint_idle, test_backlog_cap, test_max_clients, test_fd_exhaustion, test_socket_activation, test_stale_socket, test_second_daemon_refuses, test_socket_mode, test_daemonize,
 ]
 TIMEOUT_S = 120
 
