@@ -275,6 +275,14 @@ int main(int argc, char **argv)
     }
 
     signal(SIGPIPE, SIG_IGN);
+    /* Held until the loop watches them (server_open): a SIGTERM during
+     * start-up then means a clean stop, never a socket left behind. */
+    sigset_t stop_sigs;
+    sigemptyset(&stop_sigs);
+    sigaddset(&stop_sigs, SIGTERM);
+    sigaddset(&stop_sigs, SIGINT);
+    sigaddset(&stop_sigs, SIGHUP);
+    sigprocmask(SIG_BLOCK, &stop_sigs, NULL);
     if (detach && daemonize() < 0) return 1;
     if (log_path && log_open_file(log_path, err, sizeof err) < 0) {
         fprintf(stderr, "aned: %s\n", err);
@@ -296,7 +304,7 @@ int main(int argc, char **argv)
 
     if (server_open(&srv, &so, err, sizeof err) < 0) { log_error("%s", err); goto out; }
     const eng_model_info *mi = server_model(srv);
-    log_info("model %s: %s, %s, %d layers, vocab %d, ctx %d, %s backend, %d thread(s), %d seq(s)%s",
+    log_info("model %s: \"%s\", arch %s, %d layers, vocab %d, ctx %d, %s backend, %d thread(s), %d seq(s)%s",
              mi->path ? mi->path : so.eng.model_path, mi->name ? mi->name : "?", mi->arch ? mi->arch : "?",
              mi->n_layer, mi->n_vocab, mi->n_ctx, mi->backend ? mi->backend : "?", mi->n_threads,
              mi->max_seqs, mi->tokenizer_only ? ", tokenizer only" : "");

@@ -670,7 +670,11 @@ static void on_client_read(struct ev_loop *loop, ev_io *w, int revents)
             return;
         }
         if (n == 0) {
-            if (peer_gone(cl->fd)) { client_free(cl, "peer went away"); return; }
+            if (peer_gone(cl->fd)) {
+                client_free(cl, cl->n_jobs ? "peer went away mid-request (its jobs cancelled)"
+                                           : "closed by peer");
+                return;
+            }
             cl->eof = 1; /* half-closed: answer what was asked, then close */
             client_update_read(cl);
             client_maybe_finish(cl);
@@ -991,19 +995,20 @@ int server_open(server **out, const server_opts *opt, char *err, size_t errlen)
     ev_signal_start(s->loop, &s->sig_int);
     ev_signal_start(s->loop, &s->sig_hup);
 
-    /* The engine's worker thread inherits this mask: signals are for the loop. */
-    sigset_t set, old;
+    /* The engine's worker thread inherits this mask: signals are for the loop.
+     * Unblocked here once the engine runs, whatever the caller's mask was. */
+    sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGTERM);
     sigaddset(&set, SIGINT);
     sigaddset(&set, SIGHUP);
-    pthread_sigmask(SIG_BLOCK, &set, &old);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
     eng_opts eo = opt->eng;
     eo.notify = notify_loop;
     eo.notify_arg = s;
     char eerr[512] = "";
     int rc = eng_open(&s->eng, &eo, eerr, sizeof eerr);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    pthread_sigmask(SIG_UNBLOCK, &set, NULL);
     if (rc < 0) {
         const char *p = eo.model_path ? eo.model_path : "(none)";
         if (strstr(eerr, p)) snprintf(err, errlen, "cannot load model: %s", eerr);

@@ -267,6 +267,7 @@ def _start_fails(model, needle):
     check(p.returncode != 0, "aned started on a bad model (%s)" % model)
     check(needle in err, "message does not name the file %r: %r" % (needle, err))
     check(not os.path.exists(sock), "socket left behind after a failed start")
+    check(not os.path.exists(sock + ".lock"), "lock file left behind after a failed start")
 
 
 def test_missing_model():
@@ -760,6 +761,22 @@ def test_sigint_idle():
         d.kill()
 
 
+def test_sigterm_during_startup():
+    """A SIGTERM at any moment of start-up never leaves a socket or lock behind."""
+    for delay in (0.0, 0.002, 0.005, 0.01, 0.02, 0.05):
+        d = Daemon()
+        try:
+            d.start(wait=False)
+            time.sleep(delay)
+            d.proc.send_signal(signal.SIGTERM)
+            rc = d.proc.wait(15)
+            check(rc in (0, -signal.SIGTERM), "exit status %r (delay %g)" % (rc, delay))
+            check(not os.path.exists(d.sock), "socket left behind (delay %g)" % delay)
+            check(not os.path.exists(d.sock + ".lock"), "lock file left behind (delay %g)" % delay)
+        finally:
+            d.kill()
+
+
 def test_stale_socket():
     tmp = mktmp()
     path = os.path.join(tmp, "aned.sock")
@@ -1026,7 +1043,7 @@ SHARED = [
 ]
 OWN = [
     test_help, test_missing_model, test_corrupt_model, test_tokenizer_only, test_sigterm_mid_generation,
-    test_sigint_idle, test_backlog_cap, test_max_clients, test_fd_exhaustion, test_socket_activation, test_stale_socket, test_second_daemon_refuses, test_socket_mode, test_daemonize,
+    test_sigint_idle, test_sigterm_during_startup, test_backlog_cap, test_max_clients, test_fd_exhaustion, test_socket_activation, test_stale_socket, test_second_daemon_refuses, test_socket_mode, test_daemonize,
 ]
 TIMEOUT_S = 120
 
