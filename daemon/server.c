@@ -66,7 +66,8 @@ struct client {
     ev_io rio, wio;
     ev_timer timer;           /* hello deadline, stall deadline, closing deadline */
     proto_reader *rd;
-    proto_buf out;
+    proto_buf out;            /* replies; bytes before out_off are already sent */
+    size_t out_off;
     sock_peer peer;
     job *jobs;
     uint32_t n_jobs;
@@ -137,6 +138,10 @@ static proto_err map_eng_err(eng_err c)
 
 /* ---------------------------------------------------------------- output */
 
+#define OUT_KEEP (256u << 10) /* output buffer kept between bursts */
+
+static size_t backlog(const client *cl) { return cl->out.len - cl->out_off; }
+
 static void client_update_read(client *cl)
 {
     server *s = cl->srv;
@@ -144,7 +149,7 @@ static void client_update_read(client *cl)
     if (want) {
         /* hysteresis: pause past out_pause, resume at half of it */
         size_t lim = ev_is_active(&cl->rio) ? s->opt.out_pause : s->opt.out_pause / 2;
-        want = cl->out.len <= lim;
+        want = backlog(cl) <= lim;
     }
     if (want && !ev_is_active(&cl->rio)) ev_io_start(s->loop, &cl->rio);
     else if (!want && ev_is_active(&cl->rio)) ev_io_stop(s->loop, &cl->rio);
@@ -168,7 +173,7 @@ static void client_overflow(client *cl, const char *why)
     }
     if (n)
         log_warn("client %llu (pid %ld): output backlog %zu bytes, %s: cancelled %d job(s)",
-                 (unsigned long long)cl->serial, (long)cl->peer.pid, cl->out.len, why, n);
+                 (unsigned long long)cl->serial, (long)cl->peer.pid, backlog(cl), why, n);
 }
 
 /* Pauses or resumes the client's jobs in the engine as its backlog moves. */
@@ -177,8 +182,8 @@ static void client_update_pause(client *cl)
     server *s = cl->srv;
     int want;
     if (cl->state == CL_CLOSING) want = 0;
-    else if (cl->paused) want = cl->out.len > s->opt.out_pause / 2;
-    else want = cl->out.len > s->opt.out_pause;
+    else if (cl->paused) want = backlog(cl) > s->opt.out_pause / 2;
+    else want = backlog(cl) > s->opt.out_pause;
     if (want == cl->paused) return;
     cl->paused = want;
     for (job *j = cl->jobs; j; j = j->cl_next)
@@ -186,7 +191,7 @@ static void client_update_pause(client *cl)
     if (cl->state != CL_READY) return;
     ev_timer_stop(s->loop, &cl->timer);
     if (want) {
-        log_debug("client %llu: backlog %zu bytes: jobs paused", (unsigned long long)cl->serial, cl->out.len);
+        log_debug("client %llu: backlog %zu bytes: jobs paused", (unsigned long long)cl->serial, backlog(cl));
         ev_timer_set(&cl->timer, s->opt.stall_timeout, 0.);
         ev_timer_start(s->loop, &cl->timer);
     }
@@ -208,8 +213,8 @@ static void client_send(client *cl, const proto_ev *ev)
         e.message_len = strlen(e.message);
         if (proto_ev_encode(&cl->out, &e) < 0) cl->out.len = before;
     }
-    if (cl->out.len && !ev_is_active(&cl->wio)) ev_io_start(cl->srv->loop, &cl->wio);
-    if (cl->out.len > cl->srv->opt.out_max) client_overflow(cl, "over the backlog limit");
+    if (backlog(cl) && !ev_is_active(&cl->wio)) ev_io_start(cl->srv->loop, &cl->wio);
+    if (backlog(cl) > cl->srv->opt.out_max) client_overflow(cl, "over the backlog limit");
     client_update_pause(cl);
     client_update_read(cl);
 }
@@ -320,7 +325,7 @@ static int client_maybe_finish(client *cl)
             return 0;
         }
     }
-    if (cl->out.len) return 0;
+    if (backlog(cl)) return 0;
     client_free(cl, cl->why ? cl->why : "closing");
     return 1;
 }
@@ -328,20 +333,29 @@ static int client_maybe_finish(client *cl)
 static void on_client_write(struct ev_loop *loop, ev_io *w, int revents)
 {
     client *cl = w->data;
-    while (cl->out.len) {
-        ssize_t n = send(cl->fd, cl->out.data, cl->out.len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    while (backlog(cl)) {
+        ssize_t n = send(cl->fd, cl->out.data + cl->out_off, backlog(cl), MSG_NOSIGNAL | MSG_DONTWAIT);
         if (n < 0) {
             if (errno == EINTR) continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK) break;
             client_free(cl, errno == EPIPE || errno == ECONNRESET ? "peer went away" : strerror(errno));
             return;
         }
-        proto_buf_consume(&cl->out, (size_t)n);
+        cl->out_off += (size_t)n;
     }
-    if (!cl->out.len) ev_io_stop(loop, &cl->wio);
+    if (!backlog(cl)) {
+        ev_io_stop(loop, &cl->wio);
+        if (cl->out.cap > OUT_KEEP) proto_buf_free(&cl->out); /* a burst's memory goes back */
+        else cl->out.len = 0;
+        cl->out_off = 0;
+    } else if (cl->out_off >= OUT_KEEP && cl->out_off >= cl->out.len / 2) {
+        /* sent bytes are dropped in large steps: never a memmove per send */
+        proto_buf_consume(&cl->out, cl->out_off);
+        cl->out_off = 0;
+    }
     client_update_pause(cl);
     client_update_read(cl);
-    if (!cl->out.len) client_maybe_finish(cl);
+    if (!backlog(cl)) client_maybe_finish(cl);
 }
 
 static job *client_find_job(client *cl, uint64_t req_id)
