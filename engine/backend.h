@@ -20,6 +20,7 @@ typedef struct be_batch {
     int T;
     const int32_t *pos;            /* [T] position in its sequence */
     const int32_t *const *pages;   /* [T] page table of the token's sequence */
+    const int32_t *slot;           /* [T] sequence slot (0..max_seqs-1) for per-sequence state */
 } be_batch;
 
 typedef struct be be;
@@ -36,18 +37,20 @@ typedef struct be_ops {
 
     /* out[t] = row ids[t] of emb, as f32.                    out [T][n_in] */
     void (*embed)(be *b, const wt *emb, const int32_t *ids, int T, float *out);
-    /* out[r] = x[r] / rms(x[r]) * w.  x, out [rows][n]; in place allowed. */
-    void (*rmsnorm)(be *b, const float *x, const float *w, int rows, int n, float eps, float *out);
-    /* out[t] = W x[t] (+ bias).   x [T][w->n_in], out [T][w->n_out] */
-    void (*matmul)(be *b, const wt *w, const float *bias, const float *x, int T, float *out);
+    /* out[r] = x[r] / rms(x[r]) * w.  x, out [rows][n]; in place allowed;
+     * w is an f32 vector of n. */
+    void (*rmsnorm)(be *b, const float *x, const wt *w, int rows, int n, float eps, float *out);
+    /* out[t] = W x[t] (+ bias, an f32 vector, or NULL / no data).
+     * x [T][w->n_in], out [T][w->n_out] */
+    void (*matmul)(be *b, const wt *w, const wt *bias, const float *x, int T, float *out);
     /* x += y                                                   [n] */
     void (*add)(be *b, float *x, const float *y, size_t n);
     /* out = silu(gate) * up                                    [n] */
     void (*silu_mul)(be *b, const float *gate, const float *up, size_t n, float *out);
     /* Rotary embedding in place on x [T][n_heads][head_dim] at bt->pos.
-     * freq_div: per-pair divisors (llama-3.1) or NULL. */
+     * freq_div: per-pair divisors (llama-3.1), or NULL / no data. */
     void (*rope)(be *b, float *x, const be_batch *bt, int n_heads, int head_dim, int n_rot,
-                 float base, int neox, const float *freq_div);
+                 float base, int neox, const wt *freq_div);
     /* Writes k, v [T][kv_dim] into layer cache slots of each token. */
     void (*kv_store)(be *b, void *kcache, void *vcache, const be_batch *bt, int kv_dim,
                      const float *k, const float *v);
@@ -65,6 +68,16 @@ struct be {
 };
 
 struct pool;
+/* Opens backend `name` ("cpu", "cuda"; NULL = the best present). The pool
+ * serves the CPU backend (and host-side work of others). */
+int be_open(be **out, const char *name, struct pool *p, int kv_f16, char *err, size_t errlen);
 int be_cpu_open(be **out, struct pool *p, int kv_f16, char *err, size_t errlen);
+/* Tests: 1 = the CPU backend uses only its scalar reference code. */
+void be_cpu_scalar(be *b, int on);
+#ifdef ANE_CUDA
+int be_cuda_open(be **out, struct pool *p, int kv_f16, char *err, size_t errlen);
+#endif
+/* Backends compiled into this program, e.g. "cpu" or "cpu, cuda". */
+const char *be_available(void);
 
 #endif

@@ -106,6 +106,12 @@ void eng_sampling_default(eng_sampling *s);
 
 typedef enum eng_job_kind { ENG_JOB_GENERATE = 0, ENG_JOB_EVAL = 1 } eng_job_kind;
 
+/* One chat message (role "system", "user" or "assistant"). */
+typedef struct eng_msg {
+    const char *role; size_t role_len;
+    const char *content; size_t content_len;
+} eng_msg;
+
 /* Everything is copied by eng_submit; the caller's buffers may go away after. */
 typedef struct eng_job_desc {
     eng_job_kind kind;
@@ -116,6 +122,8 @@ typedef struct eng_job_desc {
     size_t text_len;
     const char *system;    /* optional system message (chat template only) */
     size_t system_len;
+    const eng_msg *msgs;   /* a whole conversation (instead of text/system), rendered */
+    size_t n_msgs;         /* with the model's chat template; ends with the assistant's turn */
     int raw;               /* 1: no chat template; BOS per the tokenizer */
     int parse_special;     /* special tokens in text are parsed (raw prompts) */
     int32_t max_tokens;    /* generate: 0 = until context end */

@@ -43,8 +43,15 @@ void fw_close(fw *f)
     free(f);
 }
 
-int fw_open(fw **out, model *m, be *b, int max_T, int max_out, int n_pages, char *err, size_t errlen)
+void fw_seq_reset(fw *f, int slot)
 {
+    (void)f; (void)slot;   /* attention-only models keep no state outside the KV pages */
+}
+
+int fw_open(fw **out, model *m, be *b, int max_T, int max_out, int n_pages, int max_seqs,
+            char *err, size_t errlen)
+{
+    (void)max_seqs;
     const hparams *hp = &m->hp;
     fw *f = calloc(1, sizeof *f);
     if (!f) goto oom;
@@ -96,18 +103,18 @@ void fw_run(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out
     const be_ops *o = b->ops;
     int T = bt->T, E = hp->n_embd, HD = hp->head_dim;
     int K = hp->n_head_kv * HD, F = hp->n_ff;
-    const float *freq_div = m->rope_freqs.data;
+    const wt *freq_div = &m->rope_freqs;
 
     o->embed(b, &m->tok_embd, tokens, T, f->x);
     for (int l = 0; l < hp->n_layer; l++) {
         const layer_w *L = &m->layers[l];
-        o->rmsnorm(b, f->x, L->attn_norm.data, T, E, hp->norm_eps, f->xb);
-        o->matmul(b, &L->wq, L->bq.data, f->xb, T, f->q);
-        o->matmul(b, &L->wk, L->bk.data, f->xb, T, f->k);
-        o->matmul(b, &L->wv, L->bv.data, f->xb, T, f->v);
+        o->rmsnorm(b, f->x, &L->attn_norm, T, E, hp->norm_eps, f->xb);
+        o->matmul(b, &L->wq, &L->bq, f->xb, T, f->q);
+        o->matmul(b, &L->wk, &L->bk, f->xb, T, f->k);
+        o->matmul(b, &L->wv, &L->bv, f->xb, T, f->v);
         if (L->q_norm.data) {
-            o->rmsnorm(b, f->q, L->q_norm.data, T * hp->n_head, HD, hp->norm_eps, f->q);
-            o->rmsnorm(b, f->k, L->k_norm.data, T * hp->n_head_kv, HD, hp->norm_eps, f->k);
+            o->rmsnorm(b, f->q, &L->q_norm, T * hp->n_head, HD, hp->norm_eps, f->q);
+            o->rmsnorm(b, f->k, &L->k_norm, T * hp->n_head_kv, HD, hp->norm_eps, f->k);
         }
         o->rope(b, f->q, bt, hp->n_head, HD, hp->n_rot, hp->rope_base, hp->rope_neox, freq_div);
         o->rope(b, f->k, bt, hp->n_head_kv, HD, hp->n_rot, hp->rope_base, hp->rope_neox, freq_div);
@@ -115,7 +122,7 @@ void fw_run(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out
         o->attention(b, f->q, f->kc[l], f->vc[l], bt, hp->n_head, hp->n_head_kv, HD, f->att);
         o->matmul(b, &L->wo, NULL, f->att, T, f->xb);
         o->add(b, f->x, f->xb, (size_t)T * E);
-        o->rmsnorm(b, f->x, L->ffn_norm.data, T, E, hp->norm_eps, f->xb);
+        o->rmsnorm(b, f->x, &L->ffn_norm, T, E, hp->norm_eps, f->xb);
         o->matmul(b, &L->w_gate, NULL, f->xb, T, f->hg);
         o->matmul(b, &L->w_up, NULL, f->xb, T, f->hu);
         o->silu_mul(b, f->hg, f->hu, (size_t)T * F, f->hg);
@@ -124,7 +131,7 @@ void fw_run(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out
     }
     if (n_out <= 0) { o->sync(b); return; }
     for (int i = 0; i < n_out; i++)
-        o->rmsnorm(b, f->x + (size_t)out_idx[i] * E, m->output_norm.data, 1, E, hp->norm_eps,
+        o->rmsnorm(b, f->x + (size_t)out_idx[i] * E, &m->output_norm, 1, E, hp->norm_eps,
                    f->xo + (size_t)i * E);
     o->matmul(b, &m->output, NULL, f->xo, n_out, f->lg);
     o->to_host(b, logits, f->lg, (size_t)n_out * hp->n_vocab * 4);

@@ -10,7 +10,11 @@
 
 typedef struct fw fw;
 
-int fw_open(fw **out, model *m, be *b, int max_T, int max_out, int n_pages, char *err, size_t errlen);
+/* max_seqs: sequence slots for per-sequence state (recurrent layers). */
+int fw_open(fw **out, model *m, be *b, int max_T, int max_out, int n_pages, int max_seqs,
+            char *err, size_t errlen);
+/* A new sequence takes `slot`: clears its per-sequence state. */
+void fw_seq_reset(fw *f, int slot);
 void fw_close(fw *f);
 size_t fw_kv_bytes(const fw *f);          /* bytes of the whole KV pool */
 size_t fw_kv_page_bytes(const model *m, size_t kv_elt);

@@ -4,12 +4,14 @@
  * here with its name and the field, never later in a kernel. Weight matrices
  * stay in the mapping; small vectors (norms, biases) are widened to f32. */
 #include "engine/model.h"
+#include "engine/backend.h"
 #include "engine/gguf.h"
 #include "engine/hf.h"
 #include "engine/qtypes.h"
 #include "engine/tokenizer.h"
 
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,6 +48,7 @@ static int key_i(ld *l, const char *suffix, int64_t *v, int required, int64_t df
         return 0;
     }
     if (gguf_get_i64(l->g, key, v)) return ld_fail(l, "metadata key '%s' is not an integer", key);
+    if (*v < 0 || *v > INT32_MAX) return ld_fail(l, "metadata key '%s' is out of range (%lld)", key, (long long)*v);
     return 0;
 }
 
@@ -103,6 +106,25 @@ static int get_layer_w(ld *l, wt *w, int i, const char *what, int64_t n_in, int6
     char name[96];
     snprintf(name, sizeof name, "blk.%d.%s", i, what);
     return get_w(l, w, name, n_in, n_out, required);
+}
+
+int model_prepare(model *m, be *b, char *err, size_t errlen)
+{
+    wt *top[] = { &m->tok_embd, &m->output_norm, &m->output, &m->rope_freqs };
+    for (size_t i = 0; i < sizeof top / sizeof top[0]; i++)
+        if (top[i]->data && b->ops->weight_prepare(b, top[i])) goto fail;
+    for (int l = 0; l < m->hp.n_layer; l++) {
+        layer_w *L = &m->layers[l];
+        wt *ws[] = { &L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_norm, &L->w_gate, &L->w_up,
+                     &L->w_down, &L->bq, &L->bk, &L->bv, &L->q_norm, &L->k_norm };
+        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
+            if (ws[i]->data && b->ops->weight_prepare(b, ws[i])) goto fail;
+    }
+    return 0;
+fail:
+    snprintf(err, errlen, "%s: the %s backend could not take the weights (out of device memory?)",
+             m->path, b->ops->name);
+    return -1;
 }
 
 void wt_row_f32(const wt *w, int64_t r, float *dst)

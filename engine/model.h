@@ -47,6 +47,7 @@ typedef struct model {
     layer_w *layers;
     int tokenizer_only;
     int spm;                    /* SentencePiece vocabulary: drop the space prefix after BOS */
+    int recurrent;              /* has per-sequence recurrent state: no prefix reuse */
     struct tok *tok;
     uint64_t n_params, weight_bytes;
     /* owner of the bytes: */
@@ -59,6 +60,10 @@ typedef struct model {
  * tokenizer.json). */
 int model_load(model **out, const char *path, char *err, size_t errlen);
 void model_free(model *m);
+
+struct be;
+/* Hands every weight to the backend once (upload/repack); 0 ok. */
+int model_prepare(model *m, struct be *b, char *err, size_t errlen);
 
 /* Dequantizes row r of w to f32 (embedding lookup, tests). */
 void wt_row_f32(const wt *w, int64_t r, float *dst);
