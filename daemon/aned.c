@@ -4,6 +4,7 @@
  * when another server owns the path) → model → ready (the detached parent
  * exits 0 only now, so `aned --daemonize && aneclient ...` works) → serve. */
 #include "daemon/aned.h"
+#include "proto/proto.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -47,6 +48,7 @@ static void usage(FILE *f)
 "  -l, --log FILE          log to FILE (reopened on SIGHUP) instead of stderr\n"
 "      --log-level LEVEL   error, warn, info (default) or debug\n"
 "  -p, --pidfile FILE      write the daemon's pid to FILE\n"
+"  -V, --version           print the version and exit\n"
 "  -h, --help              this text\n"
 "\n"
 "SIGTERM/SIGINT: stop accepting, let running jobs finish (--shutdown-grace),\n"
@@ -175,6 +177,7 @@ int main(int argc, char **argv)
         { "log-level", required_argument, 0, OPT_LOG_LEVEL },
         { "pidfile", required_argument, 0, 'p' },
         { "help", no_argument, 0, 'h' },
+        { "version", no_argument, 0, 'V' },
         { 0, 0, 0, 0 },
     };
     server_opts so;
@@ -185,7 +188,7 @@ int main(int argc, char **argv)
     long v;
     double d;
     int c;
-    while ((c = getopt_long(argc, argv, "m:s:t:c:dl:p:h", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "m:s:t:c:dl:p:hV", longopts, NULL)) != -1) {
         switch (c) {
         case 'm': so.eng.model_path = optarg; break;
         case 's': sock_path = optarg; break;
@@ -234,6 +237,7 @@ int main(int argc, char **argv)
         }
         case 'p': pidfile = optarg; break;
         case 'h': usage(stdout); return 0;
+        case 'V': printf("%s (protocol %d)\n", ANED_SERVER_NAME, PROTO_VERSION); return 0;
         default: usage(stderr); return 2;
         }
     }
