@@ -139,6 +139,7 @@ class Conn:
         self.s.connect(path)
         self.u = msgpack.Unpacker(raw=False, strict_map_key=False)
         self.next_id = 1
+        self.stash = []  # messages for other ids met while waiting in call()
 
     def send(self, msg):
         self.s.sendall(msgpack.packb(msg, use_bin_type=True))
@@ -148,6 +149,8 @@ class Conn:
 
     def recv(self):
         """Next message; None at EOF."""
+        if self.stash:
+            return self.stash.pop(0)
         while True:
             for m in self.u:
                 return m
@@ -176,11 +179,28 @@ class Conn:
         return r
 
     def call(self, typ, **fields):
+        """One request and its reply; events of other requests are kept for recv()."""
         rid = self.request(typ, **fields)
-        r = self.recv()
-        check(r is not None, "connection closed waiting for a reply to %s" % typ)
-        check(r.get("id") == rid, "reply id %r for request %r: %r" % (r.get("id"), rid, r))
-        return r
+        held = []
+        while True:
+            r = self._recv_wire()
+            check(r is not None, "connection closed waiting for a reply to %s" % typ)
+            if r.get("id") == rid or r.get("id") == 0:
+                self.stash = self.stash + held
+                return r
+            held.append(r)
+
+    def _recv_wire(self):
+        while True:
+            for m in self.u:
+                return m
+            try:
+                data = self.s.recv(65536)
+            except ConnectionResetError:
+                return None
+            if not data:
+                return None
+            self.u.feed(data)
 
     def generate(self, **fields):
         """Runs one generate to its end: (token ids, text, last message)."""
