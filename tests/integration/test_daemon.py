@@ -779,6 +779,21 @@ def test_tokenizer_only():
             check(r2["type"] == "text" and r2["text"].strip() == "Hello world", "round trip: %r" % r2)
             r = c.call("generate", prompt="Hello", raw=True, max_tokens=4)
             check(r["type"] == "error" and r.get("code") == "no_model", "generate: %r" % r)
+            r = c.call("eval", tokens=[1, 15043], top=2)
+            check(r["type"] == "error" and r.get("code") == "no_model", "eval: %r" % r)
+            # llama.cpp's own test vectors for this vocabulary, through the daemon
+            base = VOCAB_ONLY
+            with open(base + ".inp", encoding="utf-8") as f:
+                texts = f.read().split("\n__ggml_vocab_test__\n")[:-1]
+            with open(base + ".out") as f:
+                want = [[int(x) for x in line.split()] for line in f.read().split("\n")]
+            n_ok = 0
+            for text, ids in list(zip(texts, want))[:30]:
+                r = c.call("tokenize", text=text, add_bos=False)
+                check(r["type"] == "tokens", "tokenize %r: %r" % (text, r))
+                check(r["tokens"] == ids, "tokenize %r: %r, llama.cpp %r" % (text, r["tokens"], ids))
+                n_ok += 1
+            check(n_ok >= 20, "only %d vectors" % n_ok)
             r = c.call("info")
             check(r.get("tokenizer_only") in (True, 1), "info tokenizer_only %r" % r.get("tokenizer_only"))
         finally:
