@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
+#include <grp.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
@@ -31,6 +32,8 @@ static void usage(FILE *f)
 "                          $XDG_RUNTIME_DIR/aned.sock, else /tmp/aned-$UID.sock.\n"
 "                          A socket passed by systemd (LISTEN_FDS) wins.\n"
 "      --socket-mode MODE  octal permissions of the socket (default 0660)\n"
+"      --socket-group G    group owning the socket, by name or number (default:\n"
+"                          the daemon's); with 0660 its members may connect\n"
 "      --backend NAME      cpu or cuda (default: the best present)\n"
 "  -t, --threads N         matmul threads (default: online cores)\n"
 "  -c, --ctx N             tokens per sequence (default: the model's, at most 4096)\n"
@@ -152,7 +155,7 @@ static int write_pidfile(const char *path, char *err, size_t errlen)
 }
 
 enum {
-    OPT_SOCKET_MODE = 256, OPT_BACKEND, OPT_MAX_SEQS, OPT_MAX_QUEUED, OPT_KV_BUDGET,
+    OPT_SOCKET_MODE = 256, OPT_SOCKET_GROUP, OPT_BACKEND, OPT_MAX_SEQS, OPT_MAX_QUEUED, OPT_KV_BUDGET,
     OPT_MAX_CLIENTS, OPT_MAX_BACKLOG, OPT_STALL, OPT_GRACE, OPT_LOG_LEVEL,
 };
 
@@ -162,6 +165,7 @@ int main(int argc, char **argv)
         { "model", required_argument, 0, 'm' },
         { "socket", required_argument, 0, 's' },
         { "socket-mode", required_argument, 0, OPT_SOCKET_MODE },
+        { "socket-group", required_argument, 0, OPT_SOCKET_GROUP },
         { "backend", required_argument, 0, OPT_BACKEND },
         { "threads", required_argument, 0, 't' },
         { "ctx", required_argument, 0, 'c' },
@@ -184,6 +188,7 @@ int main(int argc, char **argv)
     server_opts_default(&so);
     const char *sock_path = NULL, *log_path = NULL, *pidfile = NULL;
     unsigned sock_mode = 0660;
+    gid_t sock_gid = (gid_t)-1;
     int detach = 0;
     long v;
     double d;
@@ -201,6 +206,19 @@ int main(int argc, char **argv)
                 return 2;
             }
             sock_mode = (unsigned)m;
+            break;
+        }
+        case OPT_SOCKET_GROUP: {
+            struct group *gr = getgrnam(optarg);
+            char *end;
+            errno = 0;
+            unsigned long g = strtoul(optarg, &end, 10);
+            if (gr) sock_gid = gr->gr_gid;
+            else if (!errno && end != optarg && !*end && g < (gid_t)-1) sock_gid = (gid_t)g;
+            else {
+                fprintf(stderr, "aned: --socket-group: no group '%s'\n", optarg);
+                return 2;
+            }
             break;
         }
         case OPT_BACKEND:
@@ -300,7 +318,7 @@ int main(int argc, char **argv)
     int have_lst = 0, have_pid = 0;
     int act = sock_listen_activated(&lst, err, sizeof err);
     if (act < 0) { log_error("%s", err); goto out; }
-    if (act == 0 && sock_listen(&lst, sock_path, sock_mode, 128, err, sizeof err) < 0) {
+    if (act == 0 && sock_listen(&lst, sock_path, sock_mode, sock_gid, 128, err, sizeof err) < 0) {
         log_error("%s", err);
         goto out;
     }

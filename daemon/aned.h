@@ -51,10 +51,11 @@ typedef struct sock_listener {
     dev_t dev; ino_t ino; /* the socket file we created: removed only if still ours */
 } sock_listener;
 
-/* Binds and listens on path with the given mode (e.g. 0660).
- * A socket file nobody answers on is removed first; a live one, or a path that
- * is not a socket, is refused with a message saying so. */
-int sock_listen(sock_listener *l, const char *path, unsigned mode, int backlog,
+/* Binds and listens on path with the given mode (e.g. 0660) and group
+ * ((gid_t)-1: the daemon's). A socket file nobody answers on is removed
+ * first; a live one, or a path that is not a socket, is refused with a
+ * message saying so. */
+int sock_listen(sock_listener *l, const char *path, unsigned mode, gid_t gid, int backlog,
                 char *err, size_t errlen);
 /* Takes a socket passed by systemd (LISTEN_PID/LISTEN_FDS): 1 taken, 0 none
  * passed, -1 error. */

@@ -941,6 +941,16 @@ def test_socket_mode():
     finally:
         d.stop()
         d.kill()
+    if os.geteuid() == 0:  # only root may give a file to any group
+        d = Daemon(args=["--socket-group", "12345"]).start()
+        try:
+            check(os.stat(d.sock).st_gid == 12345, "--socket-group gave gid %d" % os.stat(d.sock).st_gid)
+        finally:
+            d.stop()
+            d.kill()
+    p = subprocess.run([ANED, "--model", MODEL, "--socket-group", "no-such-group-x"], stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, timeout=10)
+    check(p.returncode == 2 and b"no-such-group-x" in p.stderr, "unknown group: %r" % p.stderr)
 
 
 def _gone(pid):
