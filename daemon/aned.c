@@ -47,6 +47,7 @@ static void usage(FILE *f)
 "      --stall-timeout S   seconds a client's jobs may stay paused before they\n"
 "                          are cancelled with \"busy\" (default 60)\n"
 "      --shutdown-grace S  seconds running jobs may finish after SIGTERM (default 5)\n"
+"      --hello-timeout S   seconds a new connection has to say hello (default 10)\n"
 "  -d, --daemonize         detach; the parent exits once the model is loaded\n"
 "  -l, --log FILE          log to FILE (reopened on SIGHUP) instead of stderr\n"
 "      --log-level LEVEL   error, warn, info (default) or debug\n"
@@ -156,7 +157,7 @@ static int write_pidfile(const char *path, char *err, size_t errlen)
 
 enum {
     OPT_SOCKET_MODE = 256, OPT_SOCKET_GROUP, OPT_BACKEND, OPT_MAX_SEQS, OPT_MAX_QUEUED, OPT_KV_BUDGET,
-    OPT_MAX_CLIENTS, OPT_MAX_BACKLOG, OPT_STALL, OPT_GRACE, OPT_LOG_LEVEL,
+    OPT_MAX_CLIENTS, OPT_MAX_BACKLOG, OPT_STALL, OPT_GRACE, OPT_HELLO, OPT_LOG_LEVEL,
 };
 
 int main(int argc, char **argv)
@@ -176,6 +177,7 @@ int main(int argc, char **argv)
         { "max-backlog", required_argument, 0, OPT_MAX_BACKLOG },
         { "stall-timeout", required_argument, 0, OPT_STALL },
         { "shutdown-grace", required_argument, 0, OPT_GRACE },
+        { "hello-timeout", required_argument, 0, OPT_HELLO },
         { "daemonize", no_argument, 0, 'd' },
         { "log", required_argument, 0, 'l' },
         { "log-level", required_argument, 0, OPT_LOG_LEVEL },
@@ -242,6 +244,7 @@ int main(int argc, char **argv)
             break;
         case OPT_STALL: if (parse_double("--stall-timeout", optarg, 0.1, 86400, &d)) return 2; so.stall_timeout = d; break;
         case OPT_GRACE: if (parse_double("--shutdown-grace", optarg, 0, 3600, &d)) return 2; so.shutdown_grace = d; break;
+        case OPT_HELLO: if (parse_double("--hello-timeout", optarg, 0.1, 3600, &d)) return 2; so.handshake_timeout = d; break;
         case 'd': detach = 1; break;
         case 'l': log_path = optarg; break;
         case OPT_LOG_LEVEL: {

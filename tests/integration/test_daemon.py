@@ -871,6 +871,95 @@ def test_sigterm_during_startup():
             d.kill()
 
 
+def test_hello_timeout():
+    d = Daemon(args=["--hello-timeout", "0.5"]).start()
+    try:
+        c = Conn(d.sock, timeout=10)
+        t0 = time.time()
+        m = c.recv()
+        check(m and m.get("code") == "handshake" and m["id"] == 0, "silent connection: %r" % m)
+        check(c.recv() is None and time.time() - t0 < 5, "silent connection not closed in time")
+        c.close()
+        check(_hello_ok(d.sock), "daemon unwell")
+    finally:
+        d.stop()
+        d.kill()
+
+
+def test_shutdown_grace():
+    """Within --shutdown-grace a running job finishes normally; a second SIGTERM cancels at once."""
+    d = Daemon(args=["--shutdown-grace", "30"]).start()
+    try:
+        c = Conn(d.sock)
+        c.hello()
+        c.request("generate", **greedy_req(64))
+        check(c.recv()["type"] == "token", "no token")
+        d.proc.send_signal(signal.SIGTERM)
+        ends = []
+        while True:
+            m = c.recv()
+            if m is None:
+                break
+            if m["type"] != "token":
+                ends.append(m)
+        check(ends and ends[0]["type"] == "done" and ends[0]["finish"] == "length", "job end: %r" % ends)
+        check(d.proc.wait(10) == 0, "exit status")
+        check(not os.path.exists(d.sock), "socket left behind")
+    finally:
+        d.kill()
+    d = Daemon(args=["--shutdown-grace", "30"]).start()
+    try:
+        c = Conn(d.sock)
+        c.hello()
+        c.request("generate", **greedy_req(0))
+        check(c.recv()["type"] == "token", "no token")
+        t0 = time.time()
+        d.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
+        check(d.alive(), "daemon did not wait for its job")
+        d.proc.send_signal(signal.SIGTERM)
+        msgs = []
+
+        def drain():
+            try:
+                while True:
+                    m = c.recv()
+                    if m is None:
+                        break
+                    msgs.append(m)
+            except OSError:
+                pass
+
+        t = threading.Thread(target=drain)
+        t.start()
+        check(d.proc.wait(10) == 0, "exit status")
+        t.join(10)
+        check(time.time() - t0 < 5, "second SIGTERM did not cancel at once")
+        ends = [m for m in msgs if m["type"] != "token"]
+        check(ends and ends[0].get("code") == "shutting_down", "job end: %r" % ends[:1])
+    finally:
+        d.kill()
+
+
+def test_sighup_reopens_log():
+    tmp = mktmp()
+    logf = os.path.join(tmp, "aned.log")
+    d = Daemon(args=["--log", logf], tmp=tmp).start()
+    try:
+        os.rename(logf, logf + ".1")
+        d.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: os.path.exists(logf), 5, "the log file to be reopened")
+        check(info(d.sock)["type"] == "info", "daemon unwell after SIGHUP")
+        check(d.stop() == 0, "exit status")
+        with open(logf) as f:
+            text = f.read()
+        check("reopened" in text and "exiting" in text, "new log file: %r" % text)
+        with open(logf + ".1") as f:
+            check("listening" in f.read(), "old log file lost its lines")
+    finally:
+        d.kill()
+
+
 def test_stale_socket():
     tmp = mktmp()
     path = os.path.join(tmp, "aned.sock")
@@ -1148,7 +1237,8 @@ SHARED = [
 ]
 OWN = [
     test_help, test_missing_model, test_corrupt_model, test_tokenizer_only, test_sigterm_mid_generation,
-    test_sigint_idle, test_sigterm_during_startup, test_backlog_cap, test_max_clients, test_fd_exhaustion, test_socket_activation, test_stale_socket, test_second_daemon_refuses, test_socket_mode, test_daemonize,
+    test_sigint_idle, test_sigterm_during_startup, test_hello_timeout, test_shutdown_grace,
+    test_sighup_reopens_log, test_backlog_cap, test_max_clients, test_fd_exhaustion, test_socket_activation, test_stale_socket, test_second_daemon_refuses, test_socket_mode, test_daemonize,
 ]
 TIMEOUT_S = 120
 
