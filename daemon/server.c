@@ -52,7 +52,6 @@ struct job {
     int started;              /* an event arrived: it left the queue */
     int cancelled;            /* eng_cancel was sent */
     int overflow;             /* cancelled for the client's backlog */
-    int shutdown;             /* cancelled by the shutdown */
 };
 
 struct client {
@@ -601,8 +600,9 @@ static void dispatch(client *cl, const proto_req *r)
     cl->srv->requests_total++;
     if (r->type == PROTO_T_HELLO) { req_hello(cl, r); return; }
     if (cl->state == CL_HANDSHAKE) {
+        /* dropped; the connection stays and hello may follow (the hello
+         * deadline still runs) */
         send_error(cl, r->id, PROTO_E_HANDSHAKE, "the first request must be hello");
-        client_close_soon(cl, "request before hello");
         return;
     }
     if (r->type == PROTO_T_CANCEL) {
@@ -838,9 +838,7 @@ static void handle_event(server *s, const eng_event *ev)
         if (!cl)
             log_debug("job %llu of a closed connection ended: %s", (unsigned long long)ev->job_id,
                       eng_finish_str(ev->finish));
-        if (cl && j->shutdown && ev->finish == ENG_FINISH_CANCELLED) {
-            send_error(cl, j->req_id, PROTO_E_SHUTDOWN, "cancelled: the server is shutting down");
-        } else if (cl && j->overflow) {
+        if (cl && j->overflow) {
             send_error(cl, j->req_id, PROTO_E_BUSY,
                        "cancelled: the client did not read its output (backlog limit or stall timeout)");
         } else if (cl) {
@@ -918,10 +916,7 @@ static void check_done(server *s)
 static void cancel_all(server *s)
 {
     s->phase = PH_CANCEL;
-    for (job *j = s->jobs; j; j = j->all_next) {
-        if (!j->cancelled) j->shutdown = 1;
-        job_cancel(s, j);
-    }
+    for (job *j = s->jobs; j; j = j->all_next) job_cancel(s, j);
     ev_timer_stop(s->loop, &s->phase_timer);
     ev_timer_set(&s->phase_timer, s->opt.drain_timeout, 0.);
     ev_timer_start(s->loop, &s->phase_timer);
