@@ -345,9 +345,7 @@ int main(int argc, char **argv)
             int nul = open("/dev/null", O_WRONLY);
             if (nul >= 0) { dup2(nul, 2); if (nul > 2) close(nul); }
         } else {
-            /* anything the engine prints to stderr lands in the log too */
-            int lf = open(log_path, O_WRONLY | O_APPEND | O_CLOEXEC);
-            if (lf >= 0) { dup2(lf, 2); close(lf); }
+            log_capture_stderr(); /* anything the engine prints lands in the log */
         }
     }
     ready_signal(0);

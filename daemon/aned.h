@@ -24,6 +24,9 @@ typedef enum log_level { LOG_ERROR = 0, LOG_WARN, LOG_INFO, LOG_DEBUG } log_leve
 int log_open_file(const char *path, char *err, size_t errlen);
 /* Reopens the file given to log_open_file (log rotation, SIGHUP). */
 int log_reopen(void);
+/* Points stderr at the log file, now and after each reopen (so whatever a
+ * library prints lands there too). */
+int log_capture_stderr(void);
 void log_set_level(log_level lv);
 int log_level_parse(const char *s, log_level *lv);
 void log_close(void);
