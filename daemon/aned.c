@@ -15,6 +15,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -153,6 +155,21 @@ static int write_pidfile(const char *path, char *err, size_t errlen)
         return -1;
     }
     return 0;
+}
+
+/* Room for every allowed connection plus the daemon's own descriptors. */
+static void raise_fd_limit(int max_clients)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) < 0) return;
+    rlim_t want = (rlim_t)max_clients + 64;
+    if (rl.rlim_cur >= want) return;
+    rlim_t old = rl.rlim_cur;
+    rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= want ? want : rl.rlim_max;
+    if (rl.rlim_cur > old) setrlimit(RLIMIT_NOFILE, &rl);
+    if (rl.rlim_cur < want)
+        log_warn("descriptor limit %llu is below --max-clients + 64 = %llu: connections past it wait",
+                 (unsigned long long)rl.rlim_cur, (unsigned long long)want);
 }
 
 enum {
@@ -315,13 +332,15 @@ int main(int argc, char **argv)
         return 1;
     }
 
+    raise_fd_limit(so.max_clients);
+
     int rc = 1;
     server *srv = NULL;
     sock_listener lst;
     int have_lst = 0, have_pid = 0;
     int act = sock_listen_activated(&lst, err, sizeof err);
     if (act < 0) { log_error("%s", err); goto out; }
-    if (act == 0 && sock_listen(&lst, sock_path, sock_mode, sock_gid, 128, err, sizeof err) < 0) {
+    if (act == 0 && sock_listen(&lst, sock_path, sock_mode, sock_gid, SOMAXCONN, err, sizeof err) < 0) {
         log_error("%s", err);
         goto out;
     }
