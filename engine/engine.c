@@ -522,9 +522,9 @@ int eng_submit(eng *e, const eng_job_desc *d, uint64_t *job_id, eng_err *code, c
     if (e->queue_tail) e->queue_tail->next = j; else e->queue_head = j;
     e->queue_tail = j;
     e->n_queued++;
+    *job_id = j->id;  /* under mu: once unlocked the worker may end and free j */
     pthread_cond_signal(&e->cv);
     pthread_mutex_unlock(&e->mu);
-    *job_id = j->id;
     return 0;
 }
 
@@ -774,6 +774,7 @@ static void *worker_main(void *arg)
         pthread_mutex_lock(&e->mu);
         schedule(e);
         while (!e->stop && !runnable(e)) {
+            notify(e);  /* schedule() may have retired jobs (their DONE events) */
             pthread_cond_wait(&e->cv, &e->mu);
             schedule(e);
         }
