@@ -1,0 +1,247 @@
+/* backend_cpu_ssm.c — the CPU backend's linear-attention (Gated DeltaNet)
+ * and gated-attention ops (see backend.h for their contracts). Runs of
+ * tokens of one sequence go through the delta rule in chunks of DN_CHUNK
+ * (the chunked parallel form: the state meets a chunk through three matrix
+ * products, the chunk's own tokens through a triangular solve); a run of
+ * one token (decoding) is the plain recurrent step. Work is split over value
+ * heads (deltanet) and channel blocks (conv); each job walks the batch in
+ * order, so several tokens of one sequence in a batch are always applied
+ * in position order. */
+#include "engine/backend_cpu_ssm.h"
+#include "engine/pool.h"
+
+#include <math.h>
+#include <string.h>
+
+#define DN_CHUNK 64
+
+void cpu_copy_rows(be *b, float *dst, size_t dst_stride, const float *src, size_t src_stride, int rows, int n)
+{
+    (void)b;
+    for (int r = 0; r < rows; r++) memcpy(dst + (size_t)r * dst_stride, src + (size_t)r * src_stride, (size_t)n * 4);
+}
+
+void cpu_sigmoid_mul(be *b, float *x, const float *g, size_t n)
+{
+    (void)b;
+    for (size_t i = 0; i < n; i++) x[i] = x[i] / (1.0f + expf(-g[i]));
+}
+
+void cpu_rmsnorm_gated(be *b, const float *x, const float *z, const wt *wv, int rows, int n, float eps, float *out)
+{
+    (void)b;
+    const float *w = wv->data;
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * n, *zr = z + (size_t)r * n;
+        float *o = out + (size_t)r * n;
+        double ss = 0;
+        for (int i = 0; i < n; i++) ss += (double)xr[i] * xr[i];
+        float scale = (float)(1.0 / sqrt(ss / n + eps));
+        for (int i = 0; i < n; i++) o[i] = xr[i] * scale * w[i] * (zr[i] / (1.0f + expf(-zr[i])));
+    }
+}
+
+/* ---- causal conv ---------------------------------------------------------- */
+
+#define CONV_BLOCK 64   /* channels per job */
+
+typedef struct conv_job {
+    const float *x;
+    const float *w;
+    float *state;
+    const be_batch *bt;
+    int C, K;
+    float *out;
+} conv_job;
+
+static void conv_block(void *arg, int i, int ith)
+{
+    (void)ith;
+    conv_job *j = arg;
+    int C = j->C, K = j->K, c0 = i * CONV_BLOCK, c1 = c0 + CONV_BLOCK;
+    if (c1 > C) c1 = C;
+    size_t slot_sz = (size_t)(K - 1) * C;
+    for (int t = 0; t < j->bt->T; t++) {
+        float *st = j->state + (size_t)j->bt->slot[t] * slot_sz;
+        if (j->bt->pos[t] == 0)
+            for (int p = 0; p < K - 1; p++) memset(st + (size_t)p * C + c0, 0, (size_t)(c1 - c0) * 4);
+        const float *xt = j->x + (size_t)t * C;
+        float *ot = j->out + (size_t)t * C;
+        for (int c = c0; c < c1; c++) {
+            const float *w = j->w + (size_t)c * K;
+            float xc = xt[c], y = w[K - 1] * xc;
+            for (int p = 0; p < K - 1; p++) y += w[p] * st[(size_t)p * C + c];
+            for (int p = 0; p + 1 < K - 1; p++) st[(size_t)p * C + c] = st[(size_t)(p + 1) * C + c];
+            if (K > 1) st[(size_t)(K - 2) * C + c] = xc;
+            ot[c] = y / (1.0f + expf(-y));
+        }
+    }
+}
+
+void cpu_conv1d_silu(be *b, const float *x, const wt *w, float *state, const be_batch *bt, int C, int K, float *out)
+{
+    conv_job j = { x, w->data, state, bt, C, K, out };
+    pool_run(be_cpu_pool(b), conv_block, &j, (C + CONV_BLOCK - 1) / CONV_BLOCK);
+}
+
+/* ---- gated delta rule ------------------------------------------------------ */
+
+typedef struct dn_job {
+    const float *qkv;
+    size_t stride;
+    const float *a, *bb, *A, *dt;
+    float *state;
+    const be_batch *bt;
+    int nk, nv, dk, dv;
+    float eps;
+    float *out;
+    float *scratch;        /* per thread: dn_scratch_floats(dk, dv) */
+    size_t scratch_n;
+} dn_job;
+
+static size_t dn_scratch_floats(int dk, int dv)
+{
+    return (size_t)DN_CHUNK * (2 * (size_t)dk + 3 * (size_t)dv + 4) + (size_t)dk + (size_t)dv;
+}
+
+static float softplus(float x) { return x > 20 ? x : log1pf(expf(x)); }
+
+/* Copies q or k of token t, head kh, L2-normalized and scaled, to dst. */
+static void dn_load_norm(const float *src, int d, float eps, float scale, float *dst)
+{
+    double ss = 0;
+    for (int i = 0; i < d; i++) ss += (double)src[i] * src[i];
+    float s = (float)(scale / sqrt(ss + eps));
+    for (int i = 0; i < d; i++) dst[i] = src[i] * s;
+}
+
+/* One chunk of L tokens (batch indices t0.., consecutive, one sequence) for
+ * value head h, state S [dk][dv]. */
+static void dn_chunk(const dn_job *j, int h, int t0, int L, float *S, float *sc)
+{
+    int dk = j->dk, dv = j->dv, kh = h % j->nk;
+    float *Q = sc, *K = Q + (size_t)DN_CHUNK * dk, *V = K + (size_t)DN_CHUNK * dk;
+    float *W = V + (size_t)DN_CHUNK * dv, *U = W + (size_t)DN_CHUNK * dv;
+    float *gc = U + (size_t)DN_CHUNK * dv, *beta = gc + DN_CHUNK;
+    float *tmp = beta + DN_CHUNK;   /* [dv] */
+    float qscale = 1.0f / sqrtf((float)dk);
+    float cum = 0;
+    for (int i = 0; i < L; i++) {
+        int t = t0 + i;
+        const float *row = j->qkv + (size_t)t * j->stride;
+        dn_load_norm(row + (size_t)kh * dk, dk, j->eps, qscale, Q + (size_t)i * dk);
+        dn_load_norm(row + (size_t)(j->nk + kh) * dk, dk, j->eps, 1.0f, K + (size_t)i * dk);
+        memcpy(V + (size_t)i * dv, row + (size_t)2 * j->nk * dk + (size_t)h * dv, (size_t)dv * 4);
+        float g = j->A[h] * softplus(j->a[(size_t)t * j->nv + h] + j->dt[h]);
+        cum += g;
+        gc[i] = cum;
+        beta[i] = 1.0f / (1.0f + expf(-j->bb[(size_t)t * j->nv + h]));
+    }
+    if (L == 1) {   /* the recurrent step */
+        float e = expf(gc[0]), *k = K, *q = Q, *v = V;
+        for (int c = 0; c < dv; c++) tmp[c] = 0;
+        for (int d = 0; d < dk; d++) {
+            float *Sd = S + (size_t)d * dv;
+            for (int c = 0; c < dv; c++) { Sd[c] *= e; tmp[c] += Sd[c] * k[d]; }
+        }
+        for (int c = 0; c < dv; c++) tmp[c] = (v[c] - tmp[c]) * beta[0];
+        float *o = j->out + ((size_t)t0 * j->nv + h) * dv;
+        for (int c = 0; c < dv; c++) o[c] = 0;
+        for (int d = 0; d < dk; d++) {
+            float *Sd = S + (size_t)d * dv;
+            for (int c = 0; c < dv; c++) { Sd[c] += k[d] * tmp[c]; o[c] += Sd[c] * q[d]; }
+        }
+        return;
+    }
+    /* W = K S0;  U[i] = beta_i (v_i - exp(gc_i) W[i]) - sum_{j<i} beta_i e^{gc_i-gc_j} (k_i.k_j) U[j] */
+    for (int i = 0; i < L; i++) {
+        float *w = W + (size_t)i * dv;
+        const float *k = K + (size_t)i * dk;
+        for (int c = 0; c < dv; c++) w[c] = 0;
+        for (int d = 0; d < dk; d++) {
+            const float *Sd = S + (size_t)d * dv;
+            float kd = k[d];
+            for (int c = 0; c < dv; c++) w[c] += kd * Sd[c];
+        }
+    }
+    for (int i = 0; i < L; i++) {
+        float *u = U + (size_t)i * dv;
+        const float *w = W + (size_t)i * dv, *v = V + (size_t)i * dv, *ki = K + (size_t)i * dk;
+        float gi = expf(gc[i]);
+        for (int c = 0; c < dv; c++) u[c] = v[c] - gi * w[c];
+        for (int jj = 0; jj < i; jj++) {
+            const float *kj = K + (size_t)jj * dk;
+            float dot = 0;
+            for (int d = 0; d < dk; d++) dot += ki[d] * kj[d];
+            float m = dot * expf(gc[i] - gc[jj]);
+            const float *uj = U + (size_t)jj * dv;
+            for (int c = 0; c < dv; c++) u[c] -= m * uj[c];
+        }
+        for (int c = 0; c < dv; c++) u[c] *= beta[i];
+    }
+    /* out[i] = exp(gc_i) S0^T q_i + sum_{j<=i} e^{gc_i-gc_j} (q_i.k_j) U[j] */
+    for (int i = 0; i < L; i++) {
+        float *o = j->out + ((size_t)(t0 + i) * j->nv + h) * dv;
+        const float *q = Q + (size_t)i * dk;
+        for (int c = 0; c < dv; c++) tmp[c] = 0;
+        for (int d = 0; d < dk; d++) {
+            const float *Sd = S + (size_t)d * dv;
+            float qd = q[d];
+            for (int c = 0; c < dv; c++) tmp[c] += qd * Sd[c];
+        }
+        float gi = expf(gc[i]);
+        for (int c = 0; c < dv; c++) o[c] = gi * tmp[c];
+        for (int jj = 0; jj <= i; jj++) {
+            const float *kj = K + (size_t)jj * dk;
+            float dot = 0;
+            for (int d = 0; d < dk; d++) dot += q[d] * kj[d];
+            float m = dot * expf(gc[i] - gc[jj]);
+            const float *uj = U + (size_t)jj * dv;
+            for (int c = 0; c < dv; c++) o[c] += m * uj[c];
+        }
+    }
+    /* S = exp(gc_L) S0 + sum_j e^{gc_L-gc_j} k_j U[j]^T */
+    float gl = expf(gc[L - 1]);
+    for (int i = 0; i < L; i++) {   /* fold the decay into K */
+        float f = expf(gc[L - 1] - gc[i]);
+        float *k = K + (size_t)i * dk;
+        for (int d = 0; d < dk; d++) k[d] *= f;
+    }
+    for (int d = 0; d < dk; d++) {
+        float *Sd = S + (size_t)d * dv;
+        for (int c = 0; c < dv; c++) Sd[c] *= gl;
+        for (int i = 0; i < L; i++) {
+            float kd = K[(size_t)i * dk + d];
+            const float *u = U + (size_t)i * dv;
+            for (int c = 0; c < dv; c++) Sd[c] += kd * u[c];
+        }
+    }
+}
+
+static void dn_head(void *arg, int h, int ith)
+{
+    dn_job *j = arg;
+    const be_batch *bt = j->bt;
+    float *sc = j->scratch + (size_t)ith * j->scratch_n;
+    size_t head_sz = (size_t)j->dk * j->dv;
+    for (int t = 0; t < bt->T;) {
+        int slot = bt->slot[t], n = 1;
+        while (t + n < bt->T && bt->slot[t + n] == slot && bt->pos[t + n] == bt->pos[t + n - 1] + 1) n++;
+        float *S = j->state + ((size_t)slot * j->nv + h) * head_sz;
+        if (bt->pos[t] == 0) memset(S, 0, head_sz * 4);
+        for (int c = 0; c < n; c += DN_CHUNK) dn_chunk(j, h, t + c, n - c < DN_CHUNK ? n - c : DN_CHUNK, S, sc);
+        t += n;
+    }
+}
+
+void cpu_deltanet(be *b, const float *qkv, size_t stride, const float *a, const float *bb, const wt *A,
+                  const wt *dt_bias, float *state, const be_batch *bt, int nk, int nv, int dk, int dv, float eps,
+                  float *out)
+{
+    pool *p = be_cpu_pool(b);
+    size_t per = dn_scratch_floats(dk, dv);
+    float *scratch = be_cpu_scratch(b, per * (size_t)pool_size(p) * sizeof(float));
+    if (!scratch) return;   /* be_cpu_scratch aborts on allocation failure */
+    dn_job j = { qkv, stride, a, bb, A->data, dt_bias->data, state, bt, nk, nv, dk, dv, eps, out, scratch, per };
+    pool_run(p, dn_head, &j, nv);
+}
