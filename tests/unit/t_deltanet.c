@@ -1,0 +1,255 @@
+/* t_deltanet — the Gated DeltaNet ops of the CPU backend against scalar
+ * token-by-token references (double precision) on random data: the chunked
+ * delta rule over runs longer than a chunk, several sequences in one batch
+ * with state carried in from earlier batches, a run split over two batches,
+ * state reset at position 0, and the causal conv with its state. Then
+ * Qwen3.5 through the engine: concurrent greedy jobs (continuous batching)
+ * give the same tokens as one job alone. */
+#include "engine/backend.h"
+#include "engine/engine.h"
+#include "engine/pool.h"
+#include "tests/check.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+
+static float frand(void)   /* uniform in [-1, 1) */
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (float)((rng_state >> 11) * (1.0 / 9007199254740992.0) * 2 - 1);
+}
+
+static wt f32_vec(float *v, int n) { return (wt){ .type = 0, .n_in = n, .n_out = 1, .row_bytes = (size_t)n * 4, .data = v }; }
+
+/* The recurrence exactly as the transformers reference states it, one token
+ * at a time, in double. S: [nv][dk][dv] of this sequence. */
+static void ref_step(const float *row, float a_h[], float b_h[], const float *A, const float *dt, double *S,
+                     int nk, int nv, int dk, int dv, float eps, double *out)
+{
+    for (int h = 0; h < nv; h++) {
+        int kh = h % nk;
+        const float *q = row + (size_t)kh * dk, *k = row + (size_t)(nk + kh) * dk,
+                    *v = row + (size_t)2 * nk * dk + (size_t)h * dv;
+        double qs = 0, ks = 0, qn[256], kn[256];
+        for (int d = 0; d < dk; d++) { qs += (double)q[d] * q[d]; ks += (double)k[d] * k[d]; }
+        for (int d = 0; d < dk; d++) {
+            qn[d] = q[d] / sqrt(qs + eps) / sqrt((double)dk);
+            kn[d] = k[d] / sqrt(ks + eps);
+        }
+        double x = (double)a_h[h] + dt[h];
+        double g = A[h] * (x > 20 ? x : log1p(exp(x)));
+        double beta = 1 / (1 + exp(-(double)b_h[h]));
+        double *Sh = S + (size_t)h * dk * dv;
+        for (int i = 0; i < dk * dv; i++) Sh[i] *= exp(g);
+        for (int c = 0; c < dv; c++) {
+            double mem = 0;
+            for (int d = 0; d < dk; d++) mem += Sh[(size_t)d * dv + c] * kn[d];
+            double delta = (v[c] - mem) * beta;
+            for (int d = 0; d < dk; d++) Sh[(size_t)d * dv + c] += kn[d] * delta;
+        }
+        for (int c = 0; c < dv; c++) {
+            double o = 0;
+            for (int d = 0; d < dk; d++) o += Sh[(size_t)d * dv + c] * qn[d];
+            out[(size_t)h * dv + c] = o;
+        }
+    }
+}
+
+typedef struct seqdef { int slot, pos0, n; } seqdef;
+
+static void deltanet_case(be *b, int nk, int nv, int dk, int dv, const seqdef *seqs, int n_seq, int split)
+{
+    const float eps = 1e-6f;
+    int max_seqs = 4, stride = 2 * nk * dk + nv * dv;
+    size_t head_sz = (size_t)dk * dv, slot_sz = (size_t)nv * head_sz;
+    int T = 0;
+    for (int s = 0; s < n_seq; s++) T += seqs[s].n;
+    float *qkv = malloc((size_t)T * stride * 4), *a = malloc((size_t)T * nv * 4), *bb = malloc((size_t)T * nv * 4);
+    float *out = malloc((size_t)T * nv * dv * 4), A[64], dt[64];
+    float *state = malloc((size_t)max_seqs * slot_sz * 4);
+    double *ref_state = malloc((size_t)max_seqs * slot_sz * 8), *ref_out = malloc((size_t)T * nv * dv * 8);
+    int32_t *pos = malloc((size_t)T * 4), *slot = malloc((size_t)T * 4);
+    for (size_t i = 0; i < (size_t)T * stride; i++) qkv[i] = frand();
+    for (size_t i = 0; i < (size_t)T * nv; i++) { a[i] = 2 * frand(); bb[i] = 3 * frand(); }
+    for (int h = 0; h < nv; h++) { A[h] = -(0.05f + 4 * fabsf(frand())); dt[h] = frand(); }
+    for (size_t i = 0; i < (size_t)max_seqs * slot_sz; i++) { state[i] = 0.5f * frand(); ref_state[i] = state[i]; }
+    int t = 0;
+    for (int s = 0; s < n_seq; s++) {
+        if (seqs[s].pos0 == 0) memset(ref_state + (size_t)seqs[s].slot * slot_sz, 0, slot_sz * 8);
+        for (int i = 0; i < seqs[s].n; i++, t++) {
+            pos[t] = seqs[s].pos0 + i;
+            slot[t] = seqs[s].slot;
+            ref_step(qkv + (size_t)t * stride, a + (size_t)t * nv, bb + (size_t)t * nv, A, dt,
+                     ref_state + (size_t)slot[t] * slot_sz, nk, nv, dk, dv, eps, ref_out + (size_t)t * nv * dv);
+        }
+    }
+    wt Aw = f32_vec(A, nv), dtw = f32_vec(dt, nv);
+    /* the batch in one call, or cut at `split` tokens into two calls */
+    int cuts[3] = { 0, split > 0 && split < T ? split : T, T };
+    for (int c = 0; c < 2; c++) {
+        int t0 = cuts[c], n = cuts[c + 1] - cuts[c];
+        if (n <= 0) continue;
+        be_batch bt = { .T = n, .pos = pos + t0, .pages = NULL, .slot = slot + t0 };
+        b->ops->deltanet(b, qkv + (size_t)t0 * stride, (size_t)stride, a + (size_t)t0 * nv, bb + (size_t)t0 * nv,
+                         &Aw, &dtw, state, &bt, nk, nv, dk, dv, eps, out + (size_t)t0 * nv * dv);
+    }
+    double worst = 0, worst_s = 0;
+    for (size_t i = 0; i < (size_t)T * nv * dv; i++) {
+        double d = fabs(out[i] - ref_out[i]) / (1 + fabs(ref_out[i]));
+        if (d > worst) worst = d;
+    }
+    for (int s = 0; s < n_seq; s++)
+        for (size_t i = 0; i < slot_sz; i++) {
+            size_t k = (size_t)seqs[s].slot * slot_sz + i;
+            double d = fabs(state[k] - ref_state[k]) / (1 + fabs(ref_state[k]));
+            if (d > worst_s) worst_s = d;
+        }
+    CHECKF(worst < 2e-5, "nk %d nv %d dk %d dv %d T %d split %d: output differs by %g", nk, nv, dk, dv, T, split, worst);
+    CHECKF(worst_s < 2e-5, "nk %d nv %d dk %d dv %d T %d split %d: state differs by %g", nk, nv, dk, dv, T, split, worst_s);
+    fprintf(stderr, "  deltanet nk %d nv %d dk %3d dv %3d T %3d split %3d: max rel err out %.2e state %.2e\n",
+            nk, nv, dk, dv, T, split, worst, worst_s);
+    free(qkv); free(a); free(bb); free(out); free(state); free(ref_state); free(ref_out); free(pos); free(slot);
+}
+
+static be *g_be;
+
+static void test_deltanet_chunked(void)
+{
+    /* decode token with carried state, a fresh 150-token prompt (3 chunks,
+     * its slot holding garbage), a continuation of 40 tokens */
+    seqdef mix[] = { { 1, 5, 1 }, { 0, 0, 150 }, { 2, 10, 40 } };
+    deltanet_case(g_be, 2, 4, 16, 8, mix, 3, 0);
+    deltanet_case(g_be, 2, 4, 32, 32, mix, 3, 0);
+    deltanet_case(g_be, 1, 3, 64, 16, mix, 3, 0);
+    /* one sequence cut over two batches at, and off, a chunk boundary */
+    seqdef one[] = { { 3, 0, 200 } };
+    deltanet_case(g_be, 2, 4, 16, 16, one, 1, 0);
+    deltanet_case(g_be, 2, 4, 16, 16, one, 1, 64);
+    deltanet_case(g_be, 2, 4, 16, 16, one, 1, 77);
+    /* decoding only: one token for each of four sequences */
+    seqdef dec[] = { { 0, 3, 1 }, { 1, 9, 1 }, { 2, 1, 1 }, { 3, 100, 1 } };
+    deltanet_case(g_be, 2, 4, 32, 32, dec, 4, 0);
+}
+
+static void test_conv1d(void)
+{
+    be *b = g_be;
+    enum { C = 70, K = 4, T = 9, S = 2 };
+    float x[T][C], w[C][K], out[T][C], state[S][K - 1][C], ref_state[S][K - 1][C];
+    int32_t pos[T] = { 0, 1, 2, 3, 4, 7, 8, 9, 10 }, slot[T] = { 0, 0, 0, 0, 0, 1, 1, 1, 1 };
+    for (int t = 0; t < T; t++) for (int c = 0; c < C; c++) x[t][c] = frand();
+    for (int c = 0; c < C; c++) for (int k = 0; k < K; k++) w[c][k] = frand();
+    for (int s = 0; s < S; s++) for (int p = 0; p < K - 1; p++) for (int c = 0; c < C; c++)
+        state[s][p][c] = ref_state[s][p][c] = frand();
+    wt ww = { .type = 0, .n_in = K, .n_out = C, .row_bytes = K * 4, .data = w };
+    be_batch bt = { .T = T, .pos = pos, .pages = NULL, .slot = slot };
+    b->ops->conv1d_silu(b, &x[0][0], &ww, &state[0][0][0], &bt, C, K, &out[0][0]);
+    double worst = 0;
+    for (int t = 0; t < T; t++) {
+        int s = slot[t];
+        if (pos[t] == 0) memset(ref_state[s], 0, sizeof ref_state[s]);
+        for (int c = 0; c < C; c++) {
+            double y = w[c][K - 1] * (double)x[t][c];
+            for (int p = 0; p < K - 1; p++) y += w[c][p] * (double)ref_state[s][p][c];
+            for (int p = 0; p < K - 2; p++) ref_state[s][p][c] = ref_state[s][p + 1][c];
+            ref_state[s][K - 2][c] = x[t][c];
+            double r = y / (1 + exp(-y));
+            if (fabs(r - out[t][c]) > worst) worst = fabs(r - out[t][c]);
+        }
+    }
+    CHECKF(worst < 1e-5, "conv output differs by %g", worst);
+    CHECK(memcmp(state, ref_state, sizeof state) == 0);
+}
+
+/* ---- Qwen3.5 through the engine ------------------------------------------ */
+
+typedef struct res { int32_t gen[64]; int n_gen; int done; } res;
+
+static void test_qwen35_concurrent(void)
+{
+    char err[256];
+    eng *e = NULL;
+    eng_opts o = { 0 };
+    o.model_path = FIXTURE("models/qwen35-tiny.bf16.gguf");
+    o.n_threads = 2;
+    o.max_seqs = 4;
+    if (eng_open(&e, &o, err, sizeof err)) { CHECKF(0, "%s", err); return; }
+    /* prompts of different lengths (one longer than a chunk) */
+    enum { N = 4, GEN = 12 };
+    int32_t prompts[N][80];
+    int lens[N] = { 3, 17, 80, 1 };
+    for (int i = 0; i < N; i++) for (int k = 0; k < lens[i]; k++) prompts[i][k] = (int32_t)((i * 977 + k * 131) % 4000);
+    res alone[N] = { 0 }, together[N] = { 0 };
+    for (int pass = 0; pass < 2; pass++) {
+        res *r = pass ? together : alone;
+        uint64_t ids[N];
+        for (int i = 0; i < N; i++) {
+            eng_job_desc d = { 0 };
+            d.kind = ENG_JOB_GENERATE;
+            d.tokens = prompts[i];
+            d.n_tokens = (size_t)lens[i];
+            d.max_tokens = GEN;
+            eng_sampling_default(&d.sampling);
+            d.sampling.temperature = 0;
+            eng_err code;
+            if (eng_submit(e, &d, &ids[i], &code, err, sizeof err)) { CHECKF(0, "%s", err); return; }
+            /* alone: wait for each job before the next */
+            for (int spins = 0; !pass && !r[i].done && spins < 200000; spins++) {
+                eng_event *ev = eng_events_take(e);
+                if (!ev) { usleep(200); continue; }
+                while (ev) {
+                    eng_event *nx = ev->next;
+                    if (ev->type == ENG_EV_TOKEN && r[i].n_gen < 64) r[i].gen[r[i].n_gen++] = ev->token;
+                    else if (ev->type == ENG_EV_DONE || ev->type == ENG_EV_ERROR) r[i].done = 1;
+                    eng_event_free(ev);
+                    ev = nx;
+                }
+            }
+        }
+        for (int spins = 0; pass && spins < 200000; spins++) {
+            int all = 1;
+            for (int i = 0; i < N; i++) all &= r[i].done;
+            if (all) break;
+            eng_event *ev = eng_events_take(e);
+            if (!ev) { usleep(200); continue; }
+            while (ev) {
+                eng_event *nx = ev->next;
+                for (int i = 0; i < N; i++)
+                    if (ev->job_id == ids[i]) {
+                        if (ev->type == ENG_EV_TOKEN && r[i].n_gen < 64) r[i].gen[r[i].n_gen++] = ev->token;
+                        else if (ev->type == ENG_EV_DONE || ev->type == ENG_EV_ERROR) r[i].done = 1;
+                    }
+                eng_event_free(ev);
+                ev = nx;
+            }
+        }
+    }
+    for (int i = 0; i < N; i++) {
+        CHECK(alone[i].done && together[i].done);
+        CHECK_EQ_INT(together[i].n_gen, alone[i].n_gen);
+        CHECKF(!memcmp(alone[i].gen, together[i].gen, sizeof alone[i].gen), "job %d: tokens differ when batched", i);
+    }
+    eng_close(e);
+}
+
+int main(void)
+{
+    pool *p = NULL;
+    char err[128];
+    if (pool_open(&p, 2) || be_cpu_open(&g_be, p, 0, err, sizeof err)) {
+        fprintf(stderr, "cannot open the CPU backend\n");
+        return 1;
+    }
+    RUN(test_deltanet_chunked);
+    RUN(test_conv1d);
+    RUN(test_qwen35_concurrent);
+    g_be->ops->close(g_be);
+    pool_close(p);
+    return CHECK_DONE();
+}
