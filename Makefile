@@ -128,7 +128,7 @@ run: all
 	@sock=$$(mktemp -u /tmp/aned-run.XXXXXX.sock); \
 	bin/aned --model $(MODEL) --socket $$sock & pid=$$!; \
 	for i in $$(seq 100); do [ -S $$sock ] && break; sleep 0.05; done; \
-	bin/aneclient --socket $$sock -n 200 "$(PROMPT)"; rc=$$?; echo; \
+	printf '%s' "$(PROMPT)"; bin/aneclient --socket $$sock --raw -n 200 "$(PROMPT)"; rc=$$?; echo; \
 	kill $$pid; wait $$pid; exit $$rc
 
 test: all fixtures

@@ -109,6 +109,8 @@ struct pool;
  * serves the CPU backend (and host-side work of others). */
 int be_open(be **out, const char *name, struct pool *p, int kv_f16, char *err, size_t errlen);
 int be_cpu_open(be **out, struct pool *p, int kv_f16, char *err, size_t errlen);
+/* Tests: 1 = the CPU backend uses only its scalar reference code. */
+void be_cpu_scalar(be *b, int on);
 #ifdef ANE_CUDA
 int be_cuda_open(be **out, struct pool *p, int kv_f16, char *err, size_t errlen);
 #endif

@@ -17,6 +17,7 @@ typedef struct cpu_be {
     pool *pool;
     void *act;            /* quantized activations */
     size_t act_cap;
+    int simd_att;         /* attention through AVX2/F16C */
     void *scratch;        /* be_cpu_scratch */
     size_t scratch_cap;
 } cpu_be;
@@ -188,62 +189,165 @@ typedef struct att_job {
     const be_batch *bt;
     int n_head, n_head_kv, head_dim;
     float *out;
+    int simd;                 /* use the AVX2 version */
 } att_job;
 
-/* One (token, head): online softmax over the sequence's cached keys. */
+/* One (token, head): online softmax over the sequence's cached keys, in
+ * chunks of ATT_CHUNK keys (scores of a chunk first, then one rescale). This
+ * scalar version is the reference for the SIMD one below. */
+#define ATT_CHUNK 32
+
+static void att_one_ref(att_job *j, int t, int h)
+{
+    int hd = j->head_dim, kvd = j->n_head_kv * hd;
+    int kvh = h / (j->n_head / j->n_head_kv);
+    const float *q0 = j->q + ((size_t)t * j->n_head + h) * hd;
+    float *o = j->out + ((size_t)t * j->n_head + h) * hd;
+    float acc[1024], qr[1024], sc[ATT_CHUNK];
+    int f16 = j->b->kv_elt == 2;
+    /* with an f16 cache, q·k is an f16 dot product (q rounded like the keys),
+     * as in llama.cpp; it keeps quantized models within hundredths of it */
+    for (int d = 0; d < hd; d++) {
+        qr[d] = f16 ? qt_fp16_to_fp32(qt_fp32_to_fp16(q0[d])) : q0[d];
+        acc[d] = 0;
+    }
+    float mx = -INFINITY, sum = 0, scale = 1.0f / sqrtf((float)hd);
+    int n = j->bt->pos[t] + 1;
+    for (int p0 = 0; p0 < n; p0 += ATT_CHUNK) {
+        int m = n - p0 < ATT_CHUNK ? n - p0 : ATT_CHUNK;
+        float cmx = -INFINITY;
+        for (int i = 0; i < m; i++) {
+            size_t s = kv_slot(j->bt, t, p0 + i) * (size_t)kvd + (size_t)kvh * hd;
+            float dot = 0;
+            if (f16) {
+                const uint16_t *k = (const uint16_t *)j->kc + s;
+                for (int d = 0; d < hd; d++) dot += qr[d] * qt_fp16_to_fp32(k[d]);
+            } else {
+                const float *k = (const float *)j->kc + s;
+                for (int d = 0; d < hd; d++) dot += qr[d] * k[d];
+            }
+            sc[i] = dot * scale;
+            if (sc[i] > cmx) cmx = sc[i];
+        }
+        if (cmx > mx) {
+            float r = expf(mx - cmx);
+            for (int d = 0; d < hd; d++) acc[d] *= r;
+            sum *= r;
+            mx = cmx;
+        }
+        for (int i = 0; i < m; i++) {
+            size_t s = kv_slot(j->bt, t, p0 + i) * (size_t)kvd + (size_t)kvh * hd;
+            float e = expf(sc[i] - mx);
+            sum += e;
+            if (f16) {
+                const uint16_t *v = (const uint16_t *)j->vc + s;
+                for (int d = 0; d < hd; d++) acc[d] += e * qt_fp16_to_fp32(v[d]);
+            } else {
+                const float *v = (const float *)j->vc + s;
+                for (int d = 0; d < hd; d++) acc[d] += e * v[d];
+            }
+        }
+    }
+    for (int d = 0; d < hd; d++) o[d] = acc[d] / sum;
+}
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+__attribute__((target("avx2,fma,f16c")))
+static inline float hsum256(__m256 v)
+{
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_add_ss(x, _mm_movehdup_ps(x));
+    return _mm_cvtss_f32(x);
+}
+
+/* AVX2/F16C version of att_one_ref for head_dim % 8 == 0 (f16 or f32 cache). */
+__attribute__((target("avx2,fma,f16c")))
+static void att_one_avx2(att_job *j, int t, int h)
+{
+    int hd = j->head_dim, kvd = j->n_head_kv * hd;
+    int kvh = h / (j->n_head / j->n_head_kv);
+    const float *q0 = j->q + ((size_t)t * j->n_head + h) * hd;
+    float *o = j->out + ((size_t)t * j->n_head + h) * hd;
+    float acc[1024] __attribute__((aligned(32))), qr[1024] __attribute__((aligned(32))), sc[ATT_CHUNK];
+    int f16 = j->b->kv_elt == 2;
+    for (int d = 0; d < hd; d += 8) {
+        __m256 q = _mm256_loadu_ps(q0 + d);
+        if (f16) q = _mm256_cvtph_ps(_mm256_cvtps_ph(q, _MM_FROUND_TO_NEAREST_INT));
+        _mm256_store_ps(qr + d, q);
+        _mm256_store_ps(acc + d, _mm256_setzero_ps());
+    }
+    float mx = -INFINITY, sum = 0, scale = 1.0f / sqrtf((float)hd);
+    int n = j->bt->pos[t] + 1;
+    for (int p0 = 0; p0 < n; p0 += ATT_CHUNK) {
+        int m = n - p0 < ATT_CHUNK ? n - p0 : ATT_CHUNK;
+        float cmx = -INFINITY;
+        for (int i = 0; i < m; i++) {
+            size_t s = kv_slot(j->bt, t, p0 + i) * (size_t)kvd + (size_t)kvh * hd;
+            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+            int d = 0;
+            if (f16) {
+                const uint16_t *k = (const uint16_t *)j->kc + s;
+                for (; d + 16 <= hd; d += 16) {
+                    a0 = _mm256_fmadd_ps(_mm256_load_ps(qr + d), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + d))), a0);
+                    a1 = _mm256_fmadd_ps(_mm256_load_ps(qr + d + 8), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + d + 8))), a1);
+                }
+                for (; d < hd; d += 8)
+                    a0 = _mm256_fmadd_ps(_mm256_load_ps(qr + d), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + d))), a0);
+            } else {
+                const float *k = (const float *)j->kc + s;
+                for (; d < hd; d += 8) a0 = _mm256_fmadd_ps(_mm256_load_ps(qr + d), _mm256_loadu_ps(k + d), a0);
+            }
+            sc[i] = hsum256(_mm256_add_ps(a0, a1)) * scale;
+            if (sc[i] > cmx) cmx = sc[i];
+        }
+        if (cmx > mx) {
+            __m256 r = _mm256_set1_ps(expf(mx - cmx));
+            for (int d = 0; d < hd; d += 8) _mm256_store_ps(acc + d, _mm256_mul_ps(_mm256_load_ps(acc + d), r));
+            sum *= expf(mx - cmx);
+            mx = cmx;
+        }
+        for (int i = 0; i < m; i++) {
+            size_t s = kv_slot(j->bt, t, p0 + i) * (size_t)kvd + (size_t)kvh * hd;
+            float e = expf(sc[i] - mx);
+            sum += e;
+            __m256 ev = _mm256_set1_ps(e);
+            if (f16) {
+                const uint16_t *v = (const uint16_t *)j->vc + s;
+                for (int d = 0; d < hd; d += 8)
+                    _mm256_store_ps(acc + d, _mm256_fmadd_ps(ev, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + d))),
+                                                             _mm256_load_ps(acc + d)));
+            } else {
+                const float *v = (const float *)j->vc + s;
+                for (int d = 0; d < hd; d += 8)
+                    _mm256_store_ps(acc + d, _mm256_fmadd_ps(ev, _mm256_loadu_ps(v + d), _mm256_load_ps(acc + d)));
+            }
+        }
+    }
+    __m256 inv = _mm256_set1_ps(1.0f / sum);
+    for (int d = 0; d < hd; d += 8) _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_load_ps(acc + d), inv));
+}
+#endif
+
 static void att_one(void *arg, int i, int ith)
 {
     (void)ith;
     att_job *j = arg;
     int t = i / j->n_head, h = i % j->n_head;
-    int hd = j->head_dim, kvd = j->n_head_kv * hd;
-    int kvh = h / (j->n_head / j->n_head_kv);
-    const float *q0 = j->q + ((size_t)t * j->n_head + h) * hd;
-    float *o = j->out + ((size_t)t * j->n_head + h) * hd;
-    float acc[1024], kt[1024], qr[1024];
-    const float *q = q0;
-    /* with an f16 cache, q·k is an f16 dot product (q rounded like the keys),
-     * as in llama.cpp; it keeps quantized models within hundredths of it */
-    if (j->b->kv_elt == 2) {
-        for (int d = 0; d < hd; d++) qr[d] = qt_fp16_to_fp32(qt_fp32_to_fp16(q0[d]));
-        q = qr;
-    }
-    for (int d = 0; d < hd; d++) acc[d] = 0;
-    float mx = -INFINITY, sum = 0, scale = 1.0f / sqrtf((float)hd);
-    int f16 = j->b->kv_elt == 2;
-    for (int p = 0; p <= j->bt->pos[t]; p++) {
-        size_t s = kv_slot(j->bt, t, p) * (size_t)kvd + (size_t)kvh * hd;
-        const float *k, *v;
-        float vt[1024];
-        if (f16) {
-            const uint16_t *k16 = (const uint16_t *)j->kc + s, *v16 = (const uint16_t *)j->vc + s;
-            for (int d = 0; d < hd; d++) { kt[d] = qt_fp16_to_fp32(k16[d]); vt[d] = qt_fp16_to_fp32(v16[d]); }
-            k = kt; v = vt;
-        } else {
-            k = (const float *)j->kc + s;
-            v = (const float *)j->vc + s;
-        }
-        float sc = 0;
-        for (int d = 0; d < hd; d++) sc += q[d] * k[d];
-        sc *= scale;
-        if (sc > mx) {
-            float r = expf(mx - sc);
-            for (int d = 0; d < hd; d++) acc[d] *= r;
-            sum *= r;
-            mx = sc;
-        }
-        float e = expf(sc - mx);
-        sum += e;
-        for (int d = 0; d < hd; d++) acc[d] += e * v[d];
-    }
-    for (int d = 0; d < hd; d++) o[d] = acc[d] / sum;
+#if defined(__x86_64__)
+    if (j->simd) { att_one_avx2(j, t, h); return; }
+#endif
+    att_one_ref(j, t, h);
 }
 
 static void cpu_attention(be *b, const float *q, const void *kc, const void *vc, const be_batch *bt,
                           int n_head, int n_head_kv, int head_dim, float *out)
 {
     cpu_be *c = (cpu_be *)b;
-    att_job j = { b, q, kc, vc, bt, n_head, n_head_kv, head_dim, out };
+    att_job j = { b, q, kc, vc, bt, n_head, n_head_kv, head_dim, out, 0 };
+    j.simd = c->simd_att && head_dim % 8 == 0;
     pool_run(c->pool, att_one, &j, bt->T * n_head);
 }
 
@@ -285,6 +389,11 @@ static const be_ops cpu_ops = {
     .deltanet = cpu_deltanet,
 };
 
+void be_cpu_scalar(be *b, int on)
+{
+    ((cpu_be *)b)->simd_att = !on && (qt_isa_get() == QT_ISA_AVX2 || qt_isa_get() == QT_ISA_AVX512);
+}
+
 const char *be_available(void)
 {
 #ifdef ANE_CUDA
@@ -318,6 +427,7 @@ int be_cpu_open(be **out, pool *p, int kv_f16, char *err, size_t errlen)
     c->base.kv_elt = kv_f16 ? 2 : 4;
     c->pool = p;
     qt_init();
+    c->simd_att = qt_isa_get() == QT_ISA_AVX2 || qt_isa_get() == QT_ISA_AVX512;
     *out = &c->base;
     return 0;
 }

@@ -11,6 +11,7 @@
 #include "engine/tokenizer.h"
 
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,6 +48,7 @@ static int key_i(ld *l, const char *suffix, int64_t *v, int required, int64_t df
         return 0;
     }
     if (gguf_get_i64(l->g, key, v)) return ld_fail(l, "metadata key '%s' is not an integer", key);
+    if (*v < 0 || *v > INT32_MAX) return ld_fail(l, "metadata key '%s' is out of range (%lld)", key, (long long)*v);
     return 0;
 }
 

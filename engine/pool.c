@@ -8,6 +8,20 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define cpu_relax() _mm_pause()
+#elif defined(__aarch64__)
+#define cpu_relax() __asm__ __volatile__("yield")
+#else
+#define cpu_relax() ((void)0)
+#endif
+
+/* Spin this many pause-loops (tens of microseconds) waiting for the next job
+ * before sleeping: ops of one forward pass follow each other closely, and a
+ * wake-up through the kernel costs more than the spin. */
+#define POOL_SPIN 4000
+
 struct pool {
     int n;                      /* threads including the caller */
     pthread_t *th;
@@ -44,7 +58,7 @@ static void *pool_main(void *a)
         unsigned g;
         int spins = 0;
         while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen) {
-            if (++spins < 20000) { sched_yield(); continue; }
+            if (++spins < POOL_SPIN) { cpu_relax(); continue; }
             pthread_mutex_lock(&p->mu);
             while (atomic_load(&p->gen) == seen && !p->stop) pthread_cond_wait(&p->cv, &p->mu);
             int stop = p->stop;
@@ -113,5 +127,8 @@ void pool_run(pool *p, pool_fn fn, void *arg, int n)
     pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
     pool_work(p, 0);
-    while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0) sched_yield();
+    for (int spins = 0; atomic_load_explicit(&p->pending, memory_order_acquire) > 0; spins++) {
+        if (spins < POOL_SPIN) cpu_relax();
+        else sched_yield();   /* a helper was descheduled: let it run */
+    }
 }

@@ -15,6 +15,7 @@
 
 #define QT_DOT_US(acc, u, s) \
     _mm256_add_epi32((acc), _mm256_madd_epi16(_mm256_maddubs_epi16((u), (s)), _mm256_set1_epi16(1)))
+#define QT_MADD_ACC(acc, p, s) _mm256_add_epi32((acc), _mm256_madd_epi16((p), (s)))
 #define QT_KERNEL_NAME qt_gemm_avx2
 #include "engine/qt_x86.h"
 

@@ -16,6 +16,7 @@
 #include <immintrin.h>
 
 #define QT_DOT_US(acc, u, s) _mm256_dpbusd_epi32((acc), (u), (s))
+#define QT_MADD_ACC(acc, p, s) _mm256_dpwssd_epi32((acc), (p), (s))
 #define QT_KERNEL_NAME qt_gemm_avx512
 #include "engine/qt_x86.h"
 

@@ -21,6 +21,12 @@
 #include <immintrin.h>
 #include <string.h>
 
+/* Float expressions must not be fused into FMAs (bit-exactness); gcc in
+ * ISO C mode does not fuse, clang needs telling. */
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#endif
+
 #define QT_AI static inline __attribute__((always_inline))
 #define QT_PF 1024
 
@@ -90,65 +96,100 @@ QT_AI __m256i x_unpack_u(uint32_t type, const uint8_t *b)
     return _mm256_or_si256(x_nibbles(b + 8), hb);
 }
 
-/* ---- small blocks, signed weights, q8_0 activations ---- */
-QT_AI void x_small_s(uint32_t type, size_t bs, int NB, int64_t nblk, const uint8_t *wr,
-                     const uint8_t *a0, size_t as, float *out)
+#if defined(__clang__)
+#define QT_UNROLL8 _Pragma("unroll 8")
+#else
+#define QT_UNROLL8 _Pragma("GCC unroll 8")
+#endif
+
+QT_AI __m256i x_ld(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)(const void *)p); }
+
+/* ---- small blocks (q4_0, q5_0, q8_0 with q8_0 activations; q4_1, q5_1
+ * with q8_1 activations) ----
+ * Rows are taken in blocks of QT_RB; for each group of up to 4 activation
+ * rows the activation scales (and q8_1 sums) are converted to float once
+ * into a stack buffer, then every weight row of the block is dotted with the
+ * group. Per 8 weight blocks the 8 weight scales are converted together and
+ * multiplied with the activation scales in one vector op; each block's
+ * product is then broadcast with a lane permute. */
+
+#define QT_RB 32
+#define QT_MAXB 1024      /* blocks per row handled (n <= 32768); larger n: reference */
+
+QT_AI int x_u16(const uint8_t *p)
 {
-    __m256 acc0[4], acc1[4];
-    for (int k = 0; k < NB; k++) acc0[k] = acc1[k] = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 1 < nblk; i += 2) {
-        const uint8_t *wb0 = wr + i * bs, *wb1 = wb0 + bs;
-        _mm_prefetch((const char *)wb0 + QT_PF, _MM_HINT_T0);
-        const __m256i w0 = x_unpack_s(type, wb0), w1 = x_unpack_s(type, wb1);
-        const __m256i aw0 = _mm256_sign_epi8(w0, w0), aw1 = _mm256_sign_epi8(w1, w1);
-        const float d0 = x_h2f(wb0), d1 = x_h2f(wb1);
-        for (int k = 0; k < NB; k++) {
-            const uint8_t *ab = a0 + k * as + i * 34;
-            const __m256i y0 = _mm256_loadu_si256((const __m256i *)(const void *)(ab + 2));
-            const __m256i y1 = _mm256_loadu_si256((const __m256i *)(const void *)(ab + 36));
-            const __m256i p0 = QT_DOT_US(_mm256_setzero_si256(), aw0, _mm256_sign_epi8(y0, w0));
-            const __m256i p1 = QT_DOT_US(_mm256_setzero_si256(), aw1, _mm256_sign_epi8(y1, w1));
-            acc0[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(d0 * x_h2f(ab)), acc0[k]);
-            acc1[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(d1 * x_h2f(ab + 34)), acc1[k]);
-        }
-    }
-    if (i < nblk) {
-        const uint8_t *wb0 = wr + i * bs;
-        const __m256i w0 = x_unpack_s(type, wb0);
-        const __m256i aw0 = _mm256_sign_epi8(w0, w0);
-        const float d0 = x_h2f(wb0);
-        for (int k = 0; k < NB; k++) {
-            const uint8_t *ab = a0 + k * as + i * 34;
-            const __m256i y0 = _mm256_loadu_si256((const __m256i *)(const void *)(ab + 2));
-            const __m256i p0 = QT_DOT_US(_mm256_setzero_si256(), aw0, _mm256_sign_epi8(y0, w0));
-            acc0[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(d0 * x_h2f(ab)), acc0[k]);
-        }
-    }
-    for (int k = 0; k < NB; k++) out[k] = x_hsum_ps(_mm256_add_ps(acc0[k], acc1[k]));
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return h;
 }
 
-/* ---- small blocks, unsigned weights + min, q8_1 activations ---- */
-QT_AI void x_small_u(uint32_t type, size_t bs, int NB, int64_t nblk, const uint8_t *wr,
-                     const uint8_t *a0, size_t as, float *out)
+QT_AI __m256 x_h2f8(const uint8_t *p, size_t stride)
 {
-    __m256 acc[4];
-    float ms[4];
-    for (int k = 0; k < NB; k++) { acc[k] = _mm256_setzero_ps(); ms[k] = 0; }
-    for (int64_t i = 0; i < nblk; i++) {
+    __m128i h = _mm_cvtsi32_si128(x_u16(p));
+    h = _mm_insert_epi16(h, x_u16(p + 1 * stride), 1);
+    h = _mm_insert_epi16(h, x_u16(p + 2 * stride), 2);
+    h = _mm_insert_epi16(h, x_u16(p + 3 * stride), 3);
+    h = _mm_insert_epi16(h, x_u16(p + 4 * stride), 4);
+    h = _mm_insert_epi16(h, x_u16(p + 5 * stride), 5);
+    h = _mm_insert_epi16(h, x_u16(p + 6 * stride), 6);
+    h = _mm_insert_epi16(h, x_u16(p + 7 * stride), 7);
+    return _mm256_cvtph_ps(h);
+}
+
+QT_AI __m256i x_sblock(uint32_t type, const uint8_t *b)
+{
+    return (type == QT_Q4_1 || type == QT_Q5_1) ? x_unpack_u(type, b) : x_unpack_s(type, b);
+}
+
+/* One weight row against G activation rows. das/dss: [G][QT_MAXB] floats. */
+QT_AI void x_small_rows(uint32_t type, size_t bs, int G, int64_t nblk, const uint8_t *wr,
+                        const uint8_t *a0, size_t as, const float *das, const float *dss, float *out)
+{
+    const int sgn = !(type == QT_Q4_1 || type == QT_Q5_1);
+    const size_t abs_ = sgn ? 34 : 36, aoff = sgn ? 2 : 4;
+    __m256 acc[4][2], accm[4];
+    for (int k = 0; k < G; k++) acc[k][0] = acc[k][1] = accm[k] = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= nblk; i += 8) {
         const uint8_t *wb = wr + i * bs;
         _mm_prefetch((const char *)wb + QT_PF, _MM_HINT_T0);
-        const __m256i w = x_unpack_u(type, wb);
-        const float d = x_h2f(wb), m = x_h2f(wb + 2);
-        for (int k = 0; k < NB; k++) {
-            const uint8_t *ab = a0 + k * as + i * 36;
-            const __m256i y = _mm256_loadu_si256((const __m256i *)(const void *)(ab + 4));
-            const __m256i p = QT_DOT_US(_mm256_setzero_si256(), w, y);
-            acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * x_h2f(ab)), acc[k]);
-            ms[k] += m * x_h2f(ab + 2);
+        _mm_prefetch((const char *)wb + QT_PF + 64, _MM_HINT_T0);
+        _mm_prefetch((const char *)wb + QT_PF + 128, _MM_HINT_T0);
+        if (bs > 24) _mm_prefetch((const char *)wb + QT_PF + 192, _MM_HINT_T0);
+        const __m256 dw = x_h2f8(wb, bs);
+        __m256 sc[4];
+        for (int k = 0; k < G; k++) sc[k] = _mm256_mul_ps(dw, _mm256_loadu_ps(das + k * QT_MAXB + i));
+        if (!sgn) {
+            const __m256 mw = x_h2f8(wb + 2, bs);
+            for (int k = 0; k < G; k++) accm[k] = _mm256_fmadd_ps(mw, _mm256_loadu_ps(dss + k * QT_MAXB + i), accm[k]);
+        }
+        QT_UNROLL8
+        for (int j = 0; j < 8; j++) {
+            const __m256i w = x_sblock(type, wb + j * bs);
+            const __m256i aw = sgn ? _mm256_sign_epi8(w, w) : w;
+            const __m256i idx = _mm256_set1_epi32(j);
+            for (int k = 0; k < G; k++) {
+                const __m256i y = x_ld(a0 + k * as + (i + j) * abs_ + aoff);
+                const __m256i p = QT_DOT_US(_mm256_setzero_si256(), aw, sgn ? _mm256_sign_epi8(y, w) : y);
+                acc[k][j & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_permutevar8x32_ps(sc[k], idx), acc[k][j & 1]);
+            }
         }
     }
-    for (int k = 0; k < NB; k++) out[k] = x_hsum_ps(acc[k]) + ms[k];
+    float tail[4] = { 0, 0, 0, 0 };
+    for (; i < nblk; i++) {
+        const uint8_t *wb = wr + i * bs;
+        const __m256i w = x_sblock(type, wb);
+        const __m256i aw = sgn ? _mm256_sign_epi8(w, w) : w;
+        const float d = x_h2f(wb), m = sgn ? 0.f : x_h2f(wb + 2);
+        for (int k = 0; k < G; k++) {
+            const __m256i y = x_ld(a0 + k * as + i * abs_ + aoff);
+            const __m256i p = QT_DOT_US(_mm256_setzero_si256(), aw, sgn ? _mm256_sign_epi8(y, w) : y);
+            acc[k][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * das[k * QT_MAXB + i]), acc[k][0]);
+            if (!sgn) tail[k] += m * dss[k * QT_MAXB + i];
+        }
+    }
+    for (int k = 0; k < G; k++)
+        out[k] = x_hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[k][0], acc[k][1]), accm[k])) + tail[k];
 }
 
 QT_AI void x_small(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64_t r0, int64_t r1,
@@ -156,29 +197,32 @@ QT_AI void x_small(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64_
 {
     const size_t bs = qt_get(type)->type_size;
     const int64_t nblk = n / 32;
-    const int sgn = type == QT_Q4_0 || type == QT_Q5_0 || type == QT_Q8_0;
+    const int sgn = !(type == QT_Q4_1 || type == QT_Q5_1);
+    const size_t abs_ = sgn ? 34 : 36;
+    float das[4 * QT_MAXB] __attribute__((aligned(32)));
+    float dss[4 * QT_MAXB] __attribute__((aligned(32)));
     float out[4];
-    for (int64_t r = r0; r < r1; r++) {
-        const uint8_t *wr = W + r * ws;
+    for (int64_t rb = r0; rb < r1; rb += QT_RB) {
+        const int64_t re = rb + QT_RB < r1 ? rb + QT_RB : r1;
         for (int b0 = 0; b0 < nb;) {
             const int rem = nb - b0, g = rem >= 4 ? 4 : rem;
             const uint8_t *a0 = A + b0 * as;
-            if (sgn) {
-                switch (g) {
-                case 4: x_small_s(type, bs, 4, nblk, wr, a0, as, out); break;
-                case 3: x_small_s(type, bs, 3, nblk, wr, a0, as, out); break;
-                case 2: x_small_s(type, bs, 2, nblk, wr, a0, as, out); break;
-                default: x_small_s(type, bs, 1, nblk, wr, a0, as, out); break;
+            for (int k = 0; k < g; k++)
+                for (int64_t i = 0; i < nblk; i++) {
+                    const uint8_t *ab = a0 + k * as + i * abs_;
+                    das[k * QT_MAXB + i] = x_h2f(ab);
+                    if (!sgn) dss[k * QT_MAXB + i] = x_h2f(ab + 2);
                 }
-            } else {
+            for (int64_t r = rb; r < re; r++) {
+                const uint8_t *wr = W + r * ws;
                 switch (g) {
-                case 4: x_small_u(type, bs, 4, nblk, wr, a0, as, out); break;
-                case 3: x_small_u(type, bs, 3, nblk, wr, a0, as, out); break;
-                case 2: x_small_u(type, bs, 2, nblk, wr, a0, as, out); break;
-                default: x_small_u(type, bs, 1, nblk, wr, a0, as, out); break;
+                case 4: x_small_rows(type, bs, 4, nblk, wr, a0, as, das, dss, out); break;
+                case 3: x_small_rows(type, bs, 3, nblk, wr, a0, as, das, dss, out); break;
+                case 2: x_small_rows(type, bs, 2, nblk, wr, a0, as, das, dss, out); break;
+                default: x_small_rows(type, bs, 1, nblk, wr, a0, as, das, dss, out); break;
                 }
+                for (int k = 0; k < g; k++) Y[(b0 + k) * ldy + r] = out[k];
             }
-            for (int k = 0; k < g; k++) Y[(b0 + k) * ldy + r] = out[k];
             b0 += g;
         }
     }
@@ -195,16 +239,20 @@ typedef struct {
 /* s16: the 16 per-16 scales as int8 (all fit: |s| <= 128). */
 QT_AI void x_kscales(__m128i s16, x_kscale *ks)
 {
-    const __m128i base = _mm_set_epi8(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m256i w = _mm256_cvtepi8_epi16(s16);
+    const __m256i lo = _mm256_permute4x64_epi64(w, 0x44), hi = _mm256_permute4x64_epi64(w, 0xEE);
+    QT_UNROLL8
     for (int c = 0; c < 8; c++) {
-        const __m128i idx = _mm_add_epi8(base, _mm_set1_epi8((char)(2 * c)));
-        ks->sv[c] = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(s16, idx));
+        const int i = (2 * c) & 7;   /* int16 lane of the 1st scale within its 128-bit half */
+        const char a0 = (char)(2 * i), a1 = (char)(2 * i + 1), b0 = (char)(2 * i + 2), b1 = (char)(2 * i + 3);
+        const __m256i m = _mm256_setr_epi8(a0, a1, a0, a1, a0, a1, a0, a1, a0, a1, a0, a1, a0, a1, a0, a1,
+                                           b0, b1, b0, b1, b0, b1, b0, b1, b0, b1, b0, b1, b0, b1, b0, b1);
+        ks->sv[c] = _mm256_shuffle_epi8(c < 4 ? lo : hi, m);
     }
 }
 
-QT_AI void x_unpack_k(uint32_t type, const uint8_t *b, uint8_t *q, x_kscale *ks)
+QT_AI void x_kscales_of(uint32_t type, const uint8_t *b, x_kscale *ks)
 {
-    const __m256i m3 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(0x0F);
     switch (type) {
     case QT_Q2_K: {
         const qt_block_q2_K *x = (const void *)b;
@@ -212,13 +260,6 @@ QT_AI void x_unpack_k(uint32_t type, const uint8_t *b, uint8_t *q, x_kscale *ks)
         x_kscales(_mm_and_si128(sc, _mm_set1_epi8(0x0F)), ks);
         ks->mv = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc, 4), _mm_set1_epi8(0x0F)));
         ks->fd = x_h2f(&x->d); ks->fm = x_h2f(&x->dmin);
-        for (int h = 0; h < 2; h++) {
-            const __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(x->qs + 32 * h));
-            _mm256_store_si256((__m256i *)(void *)(q + 128 * h + 0), _mm256_and_si256(v, m3));
-            _mm256_store_si256((__m256i *)(void *)(q + 128 * h + 32), _mm256_and_si256(_mm256_srli_epi16(v, 2), m3));
-            _mm256_store_si256((__m256i *)(void *)(q + 128 * h + 64), _mm256_and_si256(_mm256_srli_epi16(v, 4), m3));
-            _mm256_store_si256((__m256i *)(void *)(q + 128 * h + 96), _mm256_and_si256(_mm256_srli_epi16(v, 6), m3));
-        }
         break;
     }
     case QT_Q3_K: {
@@ -235,17 +276,6 @@ QT_AI void x_unpack_k(uint32_t type, const uint8_t *b, uint8_t *q, x_kscale *ks)
         x_kscales(sc, ks);
         ks->mv = _mm256_slli_epi16(_mm256_cvtepi8_epi16(sc), 2);
         ks->fd = ks->fm = x_h2f(&x->d);
-        const __m256i hm = _mm256_loadu_si256((const __m256i *)(const void *)x->hmask);
-        const __m256i one = _mm256_set1_epi8(1);
-        for (int h = 0; h < 2; h++) {
-            const __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(x->qs + 32 * h));
-            for (int j = 0; j < 4; j++) {
-                const int c = 4 * h + j;
-                const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(v, 2 * j), m3);
-                const __m256i hi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hm, c), one), 2);
-                _mm256_store_si256((__m256i *)(void *)(q + 32 * c), _mm256_or_si256(lo, hi));
-            }
-        }
         break;
     }
     case QT_Q4_K: case QT_Q5_K: {
@@ -259,24 +289,9 @@ QT_AI void x_unpack_k(uint32_t type, const uint8_t *b, uint8_t *q, x_kscale *ks)
         u[0] &= kmask1;
         /* bytes 0-7: scales of the 8 sub-blocks of 32; bytes 8-15: mins */
         const __m128i sm = _mm_loadu_si128((const __m128i *)(const void *)u);
-        const __m128i sc16 = _mm_unpacklo_epi8(sm, sm), mn16 = _mm_unpackhi_epi8(sm, sm);
-        x_kscales(sc16, ks);
-        ks->mv = _mm256_cvtepu8_epi16(mn16);
+        x_kscales(_mm_unpacklo_epi8(sm, sm), ks);
+        ks->mv = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(sm, sm));
         ks->fd = x_h2f(b); ks->fm = x_h2f(b + 2);
-        const uint8_t *qs = type == QT_Q4_K ? b + 16 : b + 48;
-        __m256i qh = _mm256_setzero_si256();
-        if (type == QT_Q5_K) qh = _mm256_loadu_si256((const __m256i *)(const void *)(b + 16));
-        for (int j = 0; j < 4; j++) {
-            const __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(qs + 32 * j));
-            __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-            if (type == QT_Q5_K) {
-                const __m256i one = _mm256_set1_epi8(1);
-                lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j), one), 4));
-                hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j + 1), one), 4));
-            }
-            _mm256_store_si256((__m256i *)(void *)(q + 64 * j), lo);
-            _mm256_store_si256((__m256i *)(void *)(q + 64 * j + 32), hi);
-        }
         break;
     }
     default: { /* QT_Q6_K */
@@ -285,24 +300,61 @@ QT_AI void x_unpack_k(uint32_t type, const uint8_t *b, uint8_t *q, x_kscale *ks)
         x_kscales(sc, ks);
         ks->mv = _mm256_slli_epi16(_mm256_cvtepi8_epi16(sc), 5);
         ks->fd = ks->fm = x_h2f(&x->d);
-        const __m256i m30 = _mm256_set1_epi8(0x30);
-        for (int h = 0; h < 2; h++) {
-            const __m256i l0 = _mm256_loadu_si256((const __m256i *)(const void *)(x->ql + 64 * h));
-            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(const void *)(x->ql + 64 * h + 32));
-            const __m256i hh = _mm256_loadu_si256((const __m256i *)(const void *)(x->qh + 32 * h));
-            uint8_t *o = q + 128 * h;
-            _mm256_store_si256((__m256i *)(void *)(o + 0), _mm256_or_si256(_mm256_and_si256(l0, m4),
-                               _mm256_and_si256(_mm256_slli_epi16(hh, 4), m30)));
-            _mm256_store_si256((__m256i *)(void *)(o + 32), _mm256_or_si256(_mm256_and_si256(l1, m4),
-                               _mm256_and_si256(_mm256_slli_epi16(hh, 2), m30)));
-            _mm256_store_si256((__m256i *)(void *)(o + 64), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                               _mm256_and_si256(hh, m30)));
-            _mm256_store_si256((__m256i *)(void *)(o + 96), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                               _mm256_and_si256(_mm256_srli_epi16(hh, 2), m30)));
-        }
         break;
     }
     }
+}
+
+/* Chunk c (values 32c .. 32c+31) of a K-quant super-block as unsigned bytes.
+ * Called with constant c from unrolled loops: loads shared by chunks fold. */
+QT_AI __m256i x_kchunk(uint32_t type, const uint8_t *b, int c)
+{
+    const __m256i m3 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+    switch (type) {
+    case QT_Q2_K: {
+        const __m256i v = x_ld(b + 16 + 32 * (c / 4));
+        return _mm256_and_si256(_mm256_srli_epi16(v, 2 * (c % 4)), m3);
+    }
+    case QT_Q3_K: {
+        const __m256i v = x_ld(b + 32 + 32 * (c / 4)), hm = x_ld(b);
+        const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(v, 2 * (c % 4)), m3);
+        const __m256i hi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hm, c), one), 2);
+        return _mm256_or_si256(lo, hi);
+    }
+    case QT_Q4_K: case QT_Q5_K: {
+        const __m256i v = x_ld(b + (type == QT_Q4_K ? 16 : 48) + 32 * (c / 2));
+        __m256i q = (c & 1) ? _mm256_and_si256(_mm256_srli_epi16(v, 4), m4) : _mm256_and_si256(v, m4);
+        if (type == QT_Q5_K) {
+            const __m256i qh = x_ld(b + 16);
+            q = _mm256_or_si256(q, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, c), one), 4));
+        }
+        return q;
+    }
+    default: { /* QT_Q6_K: ql at 0, qh at 128 */
+        const int h = c / 4, j = c % 4;
+        const __m256i l = x_ld(b + 64 * h + 32 * (j & 1)), hh = x_ld(b + 128 + 32 * h);
+        const __m256i lo = j < 2 ? _mm256_and_si256(l, m4) : _mm256_and_si256(_mm256_srli_epi16(l, 4), m4);
+        __m256i hb;
+        switch (j) {
+        case 0: hb = _mm256_slli_epi16(hh, 4); break;
+        case 1: hb = _mm256_slli_epi16(hh, 2); break;
+        case 2: hb = hh; break;
+        default: hb = _mm256_srli_epi16(hh, 2); break;
+        }
+        return _mm256_or_si256(lo, _mm256_and_si256(hb, _mm256_set1_epi8(0x30)));
+    }
+    }
+}
+
+/* sums += da * (fd * isum - fm * msum), as qt_vec_dot_ref. */
+QT_AI float x_kfinish(__m256i acc, const x_kscale *ks, const qt_block_q8_K *a, float sum)
+{
+    const __m256i ms = _mm256_madd_epi16(ks->mv, x_ld((const uint8_t *)a->bsums));
+    const __m256i h = _mm256_hadd_epi32(acc, ms);
+    __m128i x = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    x = _mm_hadd_epi32(x, x);
+    const int32_t isum = _mm_cvtsi128_si32(x), msum = _mm_extract_epi32(x, 1);
+    return sum + a->d * (ks->fd * (float)isum - ks->fm * (float)msum);
 }
 
 QT_AI void x_kquant(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64_t r0, int64_t r1,
@@ -315,26 +367,46 @@ QT_AI void x_kquant(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64
     float sums[16];
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *wr = W + r * ws;
+        if (nb == 1) {   /* decode: unpack in registers, no stores */
+            float sum = 0;
+            for (int64_t i = 0; i < nsb; i++) {
+                const uint8_t *wb = wr + i * bs;
+                for (size_t o = 0; o < bs; o += 64) _mm_prefetch((const char *)wb + QT_PF + o, _MM_HINT_T0);
+                const qt_block_q8_K *a = (const void *)(A + i * sizeof(qt_block_q8_K));
+                x_kscales_of(type, wb, &ks);
+                __m256i acc = _mm256_setzero_si256();
+                QT_UNROLL8
+                for (int c = 0; c < 8; c++) {
+                    const __m256i p = _mm256_maddubs_epi16(x_kchunk(type, wb, c),
+                                                           x_ld((const uint8_t *)a->qs + 32 * c));
+                    acc = QT_MADD_ACC(acc, p, ks.sv[c]);
+                }
+                sum = x_kfinish(acc, &ks, a, sum);
+            }
+            Y[r] = sum;
+            continue;
+        }
         for (int b0 = 0; b0 < nb; b0 += 16) {
             const int g = nb - b0 < 16 ? nb - b0 : 16;
             for (int k = 0; k < g; k++) sums[k] = 0;
             for (int64_t i = 0; i < nsb; i++) {
                 const uint8_t *wb = wr + i * bs;
                 for (size_t o = 0; o < bs; o += 64) _mm_prefetch((const char *)wb + QT_PF + o, _MM_HINT_T0);
-                x_unpack_k(type, wb, q, &ks);
+                x_kscales_of(type, wb, &ks);
+                QT_UNROLL8
+                for (int c = 0; c < 8; c++)
+                    _mm256_store_si256((__m256i *)(void *)(q + 32 * c), x_kchunk(type, wb, c));
                 for (int k = 0; k < g; k++) {
                     const qt_block_q8_K *a = (const void *)(A + (b0 + k) * as + i * sizeof(qt_block_q8_K));
                     __m256i acc = _mm256_setzero_si256();
+                    QT_UNROLL8
                     for (int c = 0; c < 8; c++) {
                         const __m256i p = _mm256_maddubs_epi16(
                             _mm256_load_si256((const __m256i *)(const void *)(q + 32 * c)),
-                            _mm256_loadu_si256((const __m256i *)(const void *)(a->qs + 32 * c)));
-                        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, ks.sv[c]));
+                            x_ld((const uint8_t *)a->qs + 32 * c));
+                        acc = QT_MADD_ACC(acc, p, ks.sv[c]);
                     }
-                    const __m256i ms = _mm256_madd_epi16(ks.mv,
-                        _mm256_loadu_si256((const __m256i *)(const void *)a->bsums));
-                    const int32_t isum = x_hsum_i32(acc), msum = x_hsum_i32(ms);
-                    sums[k] += a->d * (ks.fd * (float)isum - ks.fm * (float)msum);
+                    sums[k] = x_kfinish(acc, &ks, a, sums[k]);
                 }
             }
             for (int k = 0; k < g; k++) Y[(b0 + k) * ldy + r] = sums[k];
@@ -460,6 +532,7 @@ int QT_KERNEL_NAME(uint32_t wtype, int64_t n, const void *W, size_t w_stride,
     }
     const qt_traits *t = qt_get(wtype);
     if (n <= 0 || n % t->blck) return -1;
+    if (t->blck == 32 && n / 32 > QT_MAXB) return -1;
     fn(n, W, w_stride, r0, r1, A, a_stride, nb, Y, ldy);
     return 0;
 }

@@ -115,10 +115,11 @@ static void test_greedy_reference(void)
     eng_close(e);
 }
 
-/* Eight different prompts at once give what each gives alone. */
-static void test_batch_invariance(void)
+/* Eight different prompts at once give what each gives alone (greedy), for
+ * float weights and for quantized ones whose kernels tile the batch. */
+static void batch_invariance(const char *model, int32_t vocab_lo)
 {
-    eng *e = open_eng(STORIES, 8);
+    eng *e = open_eng(model, 8);
     if (!e) { CHECK(0); return; }
     static res solo[8], many[8];
     int32_t prompts[8][3];
@@ -126,7 +127,7 @@ static void test_batch_invariance(void)
     memset(solo, 0, sizeof solo);
     memset(many, 0, sizeof many);
     for (int i = 0; i < 8; i++) {
-        prompts[i][0] = 1; prompts[i][1] = 300 + 7 * i; prompts[i][2] = 400 - 3 * i;
+        prompts[i][0] = 1; prompts[i][1] = vocab_lo + 7 * i; prompts[i][2] = vocab_lo + 100 - 3 * i;
         CHECK(submit(e, prompts[i], 3, 40, 0, 0, i, &id) == 0);
         pump(e, solo, 1 + 0 * i);
     }
@@ -138,6 +139,15 @@ static void test_batch_invariance(void)
         CHECKF(!memcmp(solo[i].ids, many[i].ids, sizeof(int32_t) * (size_t)solo[i].n), "stream %d differs", i);
     }
     eng_close(e);
+}
+
+static void test_batch_invariance(void)
+{
+    batch_invariance(STORIES, 300);
+    batch_invariance(FIXTURE("models/llama-q.Q4_K_M.gguf"), 1000);
+    batch_invariance(FIXTURE("models/llama-q.Q8_0.gguf"), 1000);
+    batch_invariance(FIXTURE("models/llama-q.Q4_0.gguf"), 1000);
+    batch_invariance(FIXTURE("models/qwen2-tiny.bf16.gguf"), 1000);
 }
 
 static void test_prefix_reuse(void)
@@ -185,6 +195,39 @@ static void test_cancel(void)
     CHECK_EQ_INT(st.active, 0);
     CHECK_EQ_INT(st.kv_used, 0);
     eng_cancel(e, 987654);     /* unknown: ignored */
+    eng_close(e);
+}
+
+static void test_pause(void)
+{
+    eng *e = open_eng(STORIES, 4);
+    if (!e) { CHECK(0); return; }
+    int32_t bos = 1;
+    res r[1];
+    memset(r, 0, sizeof r);
+    uint64_t id;
+    CHECK(submit(e, &bos, 1, 64, 0, 0, 0, &id) == 0);
+    eng_pause(e, id, 1);
+    usleep(50000);
+    /* paused right away: at most the tokens of a step already under way */
+    int before = 0;
+    for (eng_event *ev = eng_events_take(e); ev;) {
+        eng_event *nx = ev->next;
+        before += ev->type == ENG_EV_TOKEN;
+        eng_event_free(ev);
+        ev = nx;
+    }
+    usleep(50000);
+    eng_event *late = eng_events_take(e);
+    CHECK(late == NULL);
+    while (late) { eng_event *nx = late->next; eng_event_free(late); late = nx; }
+    eng_stats st;
+    eng_stats_get(e, &st);
+    CHECK_EQ_INT(st.active, 1);
+    eng_pause(e, id, 0);
+    pump(e, r, 1);
+    CHECK(r[0].done && r[0].finish == ENG_FINISH_LENGTH);
+    CHECK_EQ_INT(r[0].n + before, 64);
     eng_close(e);
 }
 
@@ -348,6 +391,7 @@ int main(void)
     RUN(test_batch_invariance);
     RUN(test_prefix_reuse);
     RUN(test_cancel);
+    RUN(test_pause);
     RUN(test_seeded_sampling);
     RUN(test_stop_string);
     RUN(test_eval);

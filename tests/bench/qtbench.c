@@ -1,0 +1,219 @@
+/* qtbench — weight-streaming speed of qt_gemm per type and ISA.
+ *
+ *   bin/qtbench [-t SECONDS] [-i ISA,...] [TYPE...]
+ *
+ * First the ceiling: a plain multi-threaded read of a buffer far larger than
+ * the last-level cache (GB/s). Then, for each weight type, a 4096-wide
+ * matrix with enough rows to be >= 128 MiB (so it streams from memory, not
+ * cache) at nb = 1, 4, 8 (GB/s of weights read per second, and % of the
+ * 2-thread ceiling), and a 4096 x 4096 matrix at nb = 64 (GFLOP/s, 2*n*rows*nb
+ * per call), with 1 and 2 threads splitting rows as the forward pass does.
+ * Scalar, AVX2 and AVX-512 side by side. */
+#include "engine/qtypes.h"
+
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* ---- memory-read ceiling ---- */
+
+typedef struct { const uint64_t *p; size_t n; uint64_t out; } rd_job;
+
+static void *rd_main(void *arg)
+{
+    rd_job *j = arg;
+    uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0, a7 = 0;
+    for (size_t i = 0; i + 8 <= j->n; i += 8) {
+        a0 ^= j->p[i]; a1 ^= j->p[i + 1]; a2 ^= j->p[i + 2]; a3 ^= j->p[i + 3];
+        a4 ^= j->p[i + 4]; a5 ^= j->p[i + 5]; a6 ^= j->p[i + 6]; a7 ^= j->p[i + 7];
+    }
+    j->out = a0 ^ a1 ^ a2 ^ a3 ^ a4 ^ a5 ^ a6 ^ a7;
+    return NULL;
+}
+
+static double read_gbs(const uint64_t *buf, size_t n, int nt, double tmin)
+{
+    double best = 0, t0 = now();
+    do {
+        pthread_t th[8];
+        rd_job jb[8];
+        double s = now();
+        for (int t = 0; t < nt; t++) {
+            jb[t].p = buf + n / nt * t;
+            jb[t].n = n / nt;
+            pthread_create(&th[t], NULL, rd_main, &jb[t]);
+        }
+        uint64_t x = 0;
+        for (int t = 0; t < nt; t++) { pthread_join(th[t], NULL); x ^= jb[t].out; }
+        double e = now() - s;
+        if (x == 42) fputc(' ', stderr);
+        double g = (double)n * 8 / e / 1e9;
+        if (g > best) best = g;
+    } while (now() - t0 < tmin);
+    return best;
+}
+
+/* ---- gemm runs ---- */
+
+typedef struct {
+    uint32_t wt; int64_t n; const uint8_t *W; size_t ws; int64_t r0, r1;
+    const uint8_t *A; size_t as; int nb; float *Y; int64_t ldy;
+} gm_job;
+
+static void *gm_main(void *arg)
+{
+    gm_job *j = arg;
+    qt_gemm(j->wt, j->n, j->W, j->ws, j->r0, j->r1, j->A, j->as, j->nb, j->Y, j->ldy);
+    return NULL;
+}
+
+/* Seconds per call (best of repeated calls over at least tmin). */
+static double gemm_time(uint32_t wt, int64_t n, const uint8_t *W, int64_t rows,
+                        const uint8_t *A, int nb, float *Y, int nt, double tmin)
+{
+    const size_t ws = qt_row_size(wt, n), as = qt_row_size(qt_act_type(wt), n);
+    double best = 1e30, t0 = now();
+    int it = 0;
+    do {
+        pthread_t th[8];
+        gm_job jb[8];
+        double s = now();
+        for (int t = 0; t < nt; t++) {
+            jb[t] = (gm_job){ wt, n, W, ws, rows * t / nt, rows * (t + 1) / nt, A, as, nb, Y, rows };
+            if (nt == 1) gm_main(&jb[t]);
+            else pthread_create(&th[t], NULL, gm_main, &jb[t]);
+        }
+        if (nt > 1)
+            for (int t = 0; t < nt; t++) pthread_join(th[t], NULL);
+        double e = now() - s;
+        if (e < best) best = e;
+        it++;
+    } while (now() - t0 < tmin || it < 2);
+    return best;
+}
+
+static void fill_random(uint32_t wt, uint8_t *w, size_t bytes)
+{
+    uint64_t s = 0x243F6A8885A308D3ull;
+    for (size_t i = 0; i < bytes; i++) {
+        s ^= s << 13; s ^= s >> 7; s ^= s << 17;
+        w[i] = (uint8_t)(s >> 24);
+    }
+    /* sane fp16/bf16 values for float types; quantized types: any bytes do,
+     * the kernels' speed does not depend on them */
+    if (wt == QT_F16 || wt == QT_BF16)
+        for (size_t i = 0; i + 1 < bytes; i += 2) w[i + 1] &= 0x3b;
+    if (wt == QT_F32)
+        for (size_t i = 0; i + 3 < bytes; i += 4) w[i + 3] &= 0x3f;
+}
+
+static const uint32_t all_types[] = { QT_Q8_0, QT_Q4_K, QT_Q6_K, QT_Q4_0, QT_Q4_1, QT_Q5_0, QT_Q5_1,
+                                      QT_Q2_K, QT_Q3_K, QT_Q5_K, QT_F16, QT_BF16, QT_F32 };
+
+int main(int argc, char **argv)
+{
+    double tmin = 0.3;
+    int want_isa[4] = { 1, 1, 1, 1 };
+    uint32_t types[32];
+    int ntypes = 0, cached = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-t") && i + 1 < argc) tmin = atof(argv[++i]);
+        else if (!strcmp(argv[i], "-c")) cached = 1;
+        else if (!strcmp(argv[i], "-i") && i + 1 < argc) {
+            const char *l = argv[++i];
+            for (int k = 0; k < 4; k++) want_isa[k] = strstr(l, qt_isa_name((qt_isa)k)) != NULL;
+        } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            printf("usage: qtbench [-c] [-t SECONDS] [-i scalar,avx2,avx512] [TYPE...]\n"
+                   "  -c  cache-resident matrices (1 MiB): kernel speed without memory\n");
+            return 0;
+        } else {
+            int found = 0;
+            for (uint32_t t = 0; t < QT_COUNT && ntypes < 32; t++)
+                if (qt_get(t) && qt_get(t)->weight_ok && !strcmp(qt_name(t), argv[i])) {
+                    types[ntypes++] = t;
+                    found = 1;
+                }
+            if (!found) { fprintf(stderr, "qtbench: unknown type %s\n", argv[i]); return 2; }
+        }
+    }
+    if (!ntypes) {
+        ntypes = (int)(sizeof all_types / sizeof all_types[0]);
+        memcpy(types, all_types, sizeof all_types);
+    }
+    qt_init();
+    const qt_isa best = qt_isa_get();
+    printf("qtbench: best ISA %s\n", qt_isa_name(best));
+
+    const size_t rbytes = (size_t)512 << 20;
+    uint64_t *rbuf = malloc(rbytes);
+    if (!rbuf) { fprintf(stderr, "qtbench: out of memory\n"); return 1; }
+    memset(rbuf, 1, rbytes);
+    const double ceil1 = read_gbs(rbuf, rbytes / 8, 1, tmin), ceil2 = read_gbs(rbuf, rbytes / 8, 2, tmin);
+    free(rbuf);
+    printf("memory read ceiling (512 MiB buffer): 1 thread %.1f GB/s, 2 threads %.1f GB/s\n\n", ceil1, ceil2);
+
+    const int64_t n = 4096;
+    const size_t big = cached ? (size_t)1 << 20 : (size_t)128 << 20;
+    if (cached)
+        printf("weights: n=%lld, cache-resident: 1 MiB matrix (nb=1,4,8) / 1/16 of it (nb=64)\n", (long long)n);
+    else
+        printf("weights: n=%lld, rows so that the matrix is >= 128 MiB (decode) / 4096 rows (nb=64)\n",
+               (long long)n);
+    printf("%-5s %-7s | %-15s | %-15s | %-15s | %-17s\n", "type", "isa", "nb=1 GB/s 1t/2t",
+           "nb=4 GB/s 1t/2t", "nb=8 GB/s 1t/2t", "nb=64 GFLOP/s 1t/2t");
+    for (int ti = 0; ti < ntypes; ti++) {
+        const uint32_t wt = types[ti], at = qt_act_type(wt);
+        const size_t ws = qt_row_size(wt, n), as = qt_row_size(at, n);
+        int64_t rows = (int64_t)((big + ws - 1) / ws);
+        if (!cached && rows < 4096) rows = 4096;
+        uint8_t *W = malloc(ws * (size_t)rows);
+        uint8_t *A = malloc(as * 64);
+        float *Y = malloc(sizeof(float) * (size_t)rows * 64);
+        float *x = malloc(sizeof(float) * (size_t)n);
+        if (!W || !A || !Y || !x) { fprintf(stderr, "qtbench: out of memory\n"); return 1; }
+        fill_random(wt, W, ws * (size_t)rows);
+        uint64_t s = 1;
+        for (int b = 0; b < 64; b++) {
+            for (int64_t i = 0; i < n; i++) {
+                s = s * 6364136223846793005ull + 1442695040888963407ull;
+                x[i] = (float)((int64_t)(s >> 40) - (1 << 23)) / (float)(1 << 23);
+            }
+            qt_quantize_row(at, x, A + b * as, n);
+        }
+        for (int isa = 0; isa <= (int)best; isa++) {
+            if (!want_isa[isa]) continue;
+            qt_isa_set((qt_isa)isa);
+            if ((int)qt_isa_get() != isa) continue;
+            /* the scalar reference is slow: time it on fewer rows */
+            const int64_t drows = isa == QT_ISA_SCALAR ? rows / 16 : rows;
+            int64_t crows = isa == QT_ISA_SCALAR ? 256 : 4096;
+            if (cached) crows = rows / 16 > 16 ? rows / 16 : 16;
+            const double bytes = (double)ws * (double)drows;
+            printf("%-5s %-7s |", qt_name(wt), qt_isa_name((qt_isa)isa));
+            const int nbs[3] = { 1, 4, 8 };
+            for (int k = 0; k < 3; k++) {
+                double t1 = gemm_time(wt, n, W, drows, A, nbs[k], Y, 1, tmin);
+                double t2 = gemm_time(wt, n, W, drows, A, nbs[k], Y, 2, tmin);
+                printf(" %6.2f %6.2f  |", bytes / t1 / 1e9, bytes / t2 / 1e9);
+            }
+            double flop = 2.0 * (double)n * (double)crows * 64;
+            double t1 = gemm_time(wt, n, W, crows, A, 64, Y, 1, tmin);
+            double t2 = gemm_time(wt, n, W, crows, A, 64, Y, 2, tmin);
+            printf(" %7.1f %7.1f\n", flop / t1 / 1e9, flop / t2 / 1e9);
+            fflush(stdout);
+        }
+        free(W); free(A); free(Y); free(x);
+    }
+    qt_isa_set(best);
+    return 0;
+}
