@@ -115,6 +115,48 @@ static void dn_load_norm(const float *src, int d, float eps, float scale, float 
     for (int i = 0; i < d; i++) dst[i] = src[i] * s;
 }
 
+/* Vector helpers: GCC vector extensions (8 floats; AVX where the CPU has it
+ * through target clones, two SSE halves otherwise), scalar tails. */
+typedef float vf8 __attribute__((vector_size(32), aligned(4), may_alias));
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define DN_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define DN_CLONES
+#endif
+
+/* y += a * x */
+DN_CLONES static void v_axpy(float *restrict y, float a, const float *restrict x, int n)
+{
+    int i = 0;
+    vf8 va = { a, a, a, a, a, a, a, a };
+    for (; i + 8 <= n; i += 8) *(vf8 *)(y + i) += va * *(const vf8 *)(x + i);
+    for (; i < n; i++) y[i] += a * x[i];
+}
+
+DN_CLONES static float v_dot(const float *restrict x, const float *restrict y, int n)
+{
+    int i = 0;
+    vf8 acc = { 0 };
+    for (; i + 8 <= n; i += 8) acc += *(const vf8 *)(x + i) * *(const vf8 *)(y + i);
+    float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (; i < n; i++) s += x[i] * y[i];
+    return s;
+}
+
+/* y = x^T M for M [rows][n] (y [n] = sum_r x[r] M[r]) */
+DN_CLONES static void v_vecmat(float *restrict y, const float *restrict x, const float *restrict M, int rows, int n)
+{
+    for (int c = 0; c < n; c++) y[c] = 0;
+    for (int r = 0; r < rows; r++) {
+        const float *Mr = M + (size_t)r * n;
+        float a = x[r];
+        int i = 0;
+        vf8 va = { a, a, a, a, a, a, a, a };
+        for (; i + 8 <= n; i += 8) *(vf8 *)(y + i) += va * *(const vf8 *)(Mr + i);
+        for (; i < n; i++) y[i] += a * Mr[i];
+    }
+}
+
 /* One chunk of L tokens (batch indices t0.., consecutive, one sequence) for
  * value head h, state S [dk][dv]. */
 static void dn_chunk(const dn_job *j, int h, int t0, int L, float *S, float *sc)
@@ -137,84 +179,50 @@ static void dn_chunk(const dn_job *j, int h, int t0, int L, float *S, float *sc)
         gc[i] = cum;
         beta[i] = 1.0f / (1.0f + expf(-j->bb[(size_t)t * j->nv + h]));
     }
-    if (L == 1) {   /* the recurrent step */
-        float e = expf(gc[0]), *k = K, *q = Q, *v = V;
-        for (int c = 0; c < dv; c++) tmp[c] = 0;
+    if (L == 1) {   /* the recurrent step: S = e S; u = (v - S^T k) beta; S += k u^T; o = S^T q */
+        float e = expf(gc[0]), *o = j->out + ((size_t)t0 * j->nv + h) * dv;
+        v_vecmat(tmp, K, S, dk, dv);
+        for (int c = 0; c < dv; c++) tmp[c] = (V[c] - e * tmp[c]) * beta[0];
         for (int d = 0; d < dk; d++) {
             float *Sd = S + (size_t)d * dv;
-            for (int c = 0; c < dv; c++) { Sd[c] *= e; tmp[c] += Sd[c] * k[d]; }
+            for (int c = 0; c < dv; c++) Sd[c] *= e;
+            v_axpy(Sd, K[d], tmp, dv);
         }
-        for (int c = 0; c < dv; c++) tmp[c] = (v[c] - tmp[c]) * beta[0];
-        float *o = j->out + ((size_t)t0 * j->nv + h) * dv;
-        for (int c = 0; c < dv; c++) o[c] = 0;
-        for (int d = 0; d < dk; d++) {
-            float *Sd = S + (size_t)d * dv;
-            for (int c = 0; c < dv; c++) { Sd[c] += k[d] * tmp[c]; o[c] += Sd[c] * q[d]; }
-        }
+        v_vecmat(o, Q, S, dk, dv);
         return;
     }
     /* W = K S0;  U[i] = beta_i (v_i - exp(gc_i) W[i]) - sum_{j<i} beta_i e^{gc_i-gc_j} (k_i.k_j) U[j] */
-    for (int i = 0; i < L; i++) {
-        float *w = W + (size_t)i * dv;
-        const float *k = K + (size_t)i * dk;
-        for (int c = 0; c < dv; c++) w[c] = 0;
-        for (int d = 0; d < dk; d++) {
-            const float *Sd = S + (size_t)d * dv;
-            float kd = k[d];
-            for (int c = 0; c < dv; c++) w[c] += kd * Sd[c];
-        }
-    }
+    for (int i = 0; i < L; i++) v_vecmat(W + (size_t)i * dv, K + (size_t)i * dk, S, dk, dv);
     for (int i = 0; i < L; i++) {
         float *u = U + (size_t)i * dv;
         const float *w = W + (size_t)i * dv, *v = V + (size_t)i * dv, *ki = K + (size_t)i * dk;
         float gi = expf(gc[i]);
         for (int c = 0; c < dv; c++) u[c] = v[c] - gi * w[c];
-        for (int jj = 0; jj < i; jj++) {
-            const float *kj = K + (size_t)jj * dk;
-            float dot = 0;
-            for (int d = 0; d < dk; d++) dot += ki[d] * kj[d];
-            float m = dot * expf(gc[i] - gc[jj]);
-            const float *uj = U + (size_t)jj * dv;
-            for (int c = 0; c < dv; c++) u[c] -= m * uj[c];
-        }
+        for (int jj = 0; jj < i; jj++)
+            v_axpy(u, -v_dot(ki, K + (size_t)jj * dk, dk) * expf(gc[i] - gc[jj]), U + (size_t)jj * dv, dv);
         for (int c = 0; c < dv; c++) u[c] *= beta[i];
     }
     /* out[i] = exp(gc_i) S0^T q_i + sum_{j<=i} e^{gc_i-gc_j} (q_i.k_j) U[j] */
     for (int i = 0; i < L; i++) {
         float *o = j->out + ((size_t)(t0 + i) * j->nv + h) * dv;
         const float *q = Q + (size_t)i * dk;
-        for (int c = 0; c < dv; c++) tmp[c] = 0;
-        for (int d = 0; d < dk; d++) {
-            const float *Sd = S + (size_t)d * dv;
-            float qd = q[d];
-            for (int c = 0; c < dv; c++) tmp[c] += qd * Sd[c];
-        }
+        v_vecmat(tmp, q, S, dk, dv);
         float gi = expf(gc[i]);
         for (int c = 0; c < dv; c++) o[c] = gi * tmp[c];
-        for (int jj = 0; jj <= i; jj++) {
-            const float *kj = K + (size_t)jj * dk;
-            float dot = 0;
-            for (int d = 0; d < dk; d++) dot += q[d] * kj[d];
-            float m = dot * expf(gc[i] - gc[jj]);
-            const float *uj = U + (size_t)jj * dv;
-            for (int c = 0; c < dv; c++) o[c] += m * uj[c];
-        }
+        for (int jj = 0; jj <= i; jj++)
+            v_axpy(o, v_dot(q, K + (size_t)jj * dk, dk) * expf(gc[i] - gc[jj]), U + (size_t)jj * dv, dv);
     }
     /* S = exp(gc_L) S0 + sum_j e^{gc_L-gc_j} k_j U[j]^T */
     float gl = expf(gc[L - 1]);
-    for (int i = 0; i < L; i++) {   /* fold the decay into K */
+    for (int i = 0; i < L; i++) {   /* fold the decay into K, transposed into Q (free now): [dk][L] */
         float f = expf(gc[L - 1] - gc[i]);
-        float *k = K + (size_t)i * dk;
-        for (int d = 0; d < dk; d++) k[d] *= f;
+        const float *k = K + (size_t)i * dk;
+        for (int d = 0; d < dk; d++) Q[(size_t)d * L + i] = k[d] * f;
     }
     for (int d = 0; d < dk; d++) {
         float *Sd = S + (size_t)d * dv;
         for (int c = 0; c < dv; c++) Sd[c] *= gl;
-        for (int i = 0; i < L; i++) {
-            float kd = K[(size_t)i * dk + d];
-            const float *u = U + (size_t)i * dv;
-            for (int c = 0; c < dv; c++) Sd[c] += kd * u[c];
-        }
+        for (int i = 0; i < L; i++) v_axpy(Sd, Q[(size_t)d * L + i], U + (size_t)i * dv, dv);
     }
 }
 
