@@ -27,6 +27,8 @@ struct fwq {
     float *x, *xb, *big, *q, *gz, *att, *k, *v, *ga, *gb, *hg, *hu, *xo, *lg;
     void **kc, **vc;            /* [n_layer]: full-attention layers only */
     float **conv, **ssm;        /* [n_layer]: linear layers only */
+    float **conv_snap, **ssm_snap;  /* [n_layer]: n_snap copies of one slot's state */
+    int n_snap;
     size_t conv_slot, ssm_slot; /* floats per slot */
     float *zero;                /* host zeros for resets: max(conv_slot, ssm_slot) */
     size_t kv_bytes, state_bytes;
@@ -52,7 +54,11 @@ void fwq_close(fwq *f)
         if (f->vc && f->vc[l]) b->ops->free(b, f->vc[l]);
         if (f->conv && f->conv[l]) b->ops->free(b, f->conv[l]);
         if (f->ssm && f->ssm[l]) b->ops->free(b, f->ssm[l]);
+        if (f->conv_snap && f->conv_snap[l]) b->ops->free(b, f->conv_snap[l]);
+        if (f->ssm_snap && f->ssm_snap[l]) b->ops->free(b, f->ssm_snap[l]);
     }
+    free(f->conv_snap);
+    free(f->ssm_snap);
     free(f->kc);
     free(f->vc);
     free(f->conv);
@@ -109,24 +115,30 @@ int fwq_open(fwq **out, model *m, be *b, int max_T, int max_out, int n_pages, in
     f->vc = calloc((size_t)hp->n_layer, sizeof *f->vc);
     f->conv = calloc((size_t)hp->n_layer, sizeof *f->conv);
     f->ssm = calloc((size_t)hp->n_layer, sizeof *f->ssm);
+    f->conv_snap = calloc((size_t)hp->n_layer, sizeof *f->conv_snap);
+    f->ssm_snap = calloc((size_t)hp->n_layer, sizeof *f->ssm_snap);
+    f->n_snap = 2 * max_seqs;
     f->conv_slot = (size_t)(hp->ssm_conv_k - 1) * CD;
     f->ssm_slot = NV * hp->ssm_dk * hp->ssm_dv;
     f->zero = calloc(f->conv_slot > f->ssm_slot ? f->conv_slot + 1 : f->ssm_slot + 1, sizeof(float));
     if (!f->x || !f->xb || !f->big || !f->q || !f->gz || !f->att || !f->k || !f->v || !f->ga || !f->gb ||
-        !f->hg || !f->hu || !f->xo || !f->lg || !f->kc || !f->vc || !f->conv || !f->ssm || !f->zero)
+        !f->hg || !f->hu || !f->xo || !f->lg || !f->kc || !f->vc || !f->conv || !f->ssm || !f->zero ||
+        !f->conv_snap || !f->ssm_snap)
         goto oom;
     size_t layer_bytes = (size_t)n_pages * KV_PAGE * K * b->kv_elt;
     for (int l = 0; l < hp->n_layer; l++) {
         if (m->layers[l].linear) {
             f->conv[l] = o->alloc(b, (size_t)max_seqs * f->conv_slot * 4 + 4);
             f->ssm[l] = o->alloc(b, (size_t)max_seqs * f->ssm_slot * 4);
-            if (!f->conv[l] || !f->ssm[l]) {
+            f->conv_snap[l] = o->alloc(b, (size_t)f->n_snap * f->conv_slot * 4 + 4);
+            f->ssm_snap[l] = o->alloc(b, (size_t)f->n_snap * f->ssm_slot * 4);
+            if (!f->conv[l] || !f->ssm[l] || !f->conv_snap[l] || !f->ssm_snap[l]) {
                 snprintf(err, errlen, "cannot allocate the recurrent state (%zu MiB)",
-                         (size_t)hp->n_layer * max_seqs * (f->conv_slot + f->ssm_slot) * 4 >> 20);
+                         (size_t)hp->n_layer * (max_seqs + f->n_snap) * (f->conv_slot + f->ssm_slot) * 4 >> 20);
                 fwq_close(f);
                 return -1;
             }
-            f->state_bytes += (size_t)max_seqs * (f->conv_slot + f->ssm_slot) * 4;
+            f->state_bytes += (size_t)(max_seqs + f->n_snap) * (f->conv_slot + f->ssm_slot) * 4;
             continue;
         }
         f->kc[l] = o->alloc(b, layer_bytes);
@@ -145,6 +157,37 @@ oom:
     snprintf(err, errlen, "out of memory for activation buffers");
     fwq_close(f);
     return -1;
+}
+
+int fwq_snap_count(const fwq *f) { return f->n_snap; }
+
+/* Copies one slot-sized state between buffers (device memory: copy_rows). */
+static void state_copy(fwq *f, float *dst, const float *src, size_t n)
+{
+    be *b = f->b;
+    size_t row = f->m->hp.ssm_dv > 0 ? (size_t)f->m->hp.ssm_dv : 1;
+    if (n % row) row = 1;
+    if (n) b->ops->copy_rows(b, dst, row, src, row, (int)(n / row), (int)row);
+}
+
+void fwq_snap_save(fwq *f, int slot, int snap)
+{
+    if (slot < 0 || slot >= f->max_seqs || snap < 0 || snap >= f->n_snap) return;
+    for (int l = 0; l < f->m->hp.n_layer; l++) {
+        if (!f->m->layers[l].linear) continue;
+        state_copy(f, f->conv_snap[l] + (size_t)snap * f->conv_slot, f->conv[l] + (size_t)slot * f->conv_slot, f->conv_slot);
+        state_copy(f, f->ssm_snap[l] + (size_t)snap * f->ssm_slot, f->ssm[l] + (size_t)slot * f->ssm_slot, f->ssm_slot);
+    }
+}
+
+void fwq_snap_load(fwq *f, int snap, int slot)
+{
+    if (slot < 0 || slot >= f->max_seqs || snap < 0 || snap >= f->n_snap) return;
+    for (int l = 0; l < f->m->hp.n_layer; l++) {
+        if (!f->m->layers[l].linear) continue;
+        state_copy(f, f->conv[l] + (size_t)slot * f->conv_slot, f->conv_snap[l] + (size_t)snap * f->conv_slot, f->conv_slot);
+        state_copy(f, f->ssm[l] + (size_t)slot * f->ssm_slot, f->ssm_snap[l] + (size_t)snap * f->ssm_slot, f->ssm_slot);
+    }
 }
 
 size_t fwq_kv_bytes(const fwq *f) { return f->kv_bytes + f->state_bytes; }

@@ -4,7 +4,8 @@
  * with state carried in from earlier batches, a run split over two batches,
  * state reset at position 0, and the causal conv with its state. Then
  * Qwen3.5 through the engine: concurrent greedy jobs (continuous batching)
- * give the same tokens as one job alone. */
+ * give the same tokens as one job alone, and prefix reuse (from snapshots of
+ * the recurrent state) gives the same tokens as recomputing. */
 #include "engine/backend.h"
 #include "engine/engine.h"
 #include "engine/pool.h"
@@ -179,7 +180,6 @@ static void test_qwen35_concurrent(void)
     o.model_path = FIXTURE("models/qwen35-tiny.bf16.gguf");
     o.n_threads = 2;
     o.max_seqs = 4;
-    if (eng_open(&e, &o, err, sizeof err)) { CHECKF(0, "%s", err); return; }
     /* prompts of different lengths (one longer than a chunk) */
     enum { N = 4, GEN = 12 };
     int32_t prompts[N][80];
@@ -189,6 +189,9 @@ static void test_qwen35_concurrent(void)
     for (int pass = 0; pass < 2; pass++) {
         res *r = pass ? together : alone;
         uint64_t ids[N];
+        /* a fresh engine for each pass: nothing reused, batching alone differs */
+        eng_close(e);
+        if (eng_open(&e, &o, err, sizeof err)) { CHECKF(0, "%s", err); return; }
         for (int i = 0; i < N; i++) {
             eng_job_desc d = { 0 };
             d.kind = ENG_JOB_GENERATE;
@@ -238,6 +241,102 @@ static void test_qwen35_concurrent(void)
     eng_close(e);
 }
 
+/* One greedy job, waited for: its tokens and the prompt tokens it reused. */
+static int gen(eng *e, const int32_t *toks, int n, int max_tokens, int32_t *out, int *cached)
+{
+    char err[256];
+    eng_err code;
+    uint64_t id;
+    eng_job_desc d = { 0 };
+    d.kind = ENG_JOB_GENERATE;
+    d.tokens = toks;
+    d.n_tokens = (size_t)n;
+    d.max_tokens = max_tokens;
+    eng_sampling_default(&d.sampling);
+    d.sampling.temperature = 0;
+    if (eng_submit(e, &d, &id, &code, err, sizeof err)) { CHECKF(0, "%s", err); return 0; }
+    int n_out = 0, done = 0;
+    *cached = -1;
+    for (int spins = 0; !done && spins < 200000; spins++) {
+        eng_event *ev = eng_events_take(e);
+        if (!ev) { usleep(200); continue; }
+        while (ev) {
+            eng_event *nx = ev->next;
+            if (ev->type == ENG_EV_TOKEN && n_out < max_tokens) out[n_out++] = ev->token;
+            else if (ev->type == ENG_EV_DONE) { done = 1; *cached = (int)ev->cached_tokens; }
+            else if (ev->type == ENG_EV_ERROR) done = 1;
+            eng_event_free(ev);
+            ev = nx;
+        }
+    }
+    CHECK(done);
+    return n_out;
+}
+
+static eng *open_q35(void)
+{
+    char err[256];
+    eng *e = NULL;
+    eng_opts o = { 0 };
+    o.model_path = FIXTURE("models/qwen35-tiny.bf16.gguf");
+    o.n_threads = 2;
+    o.max_seqs = 2;
+    if (eng_open(&e, &o, err, sizeof err)) { CHECKF(0, "%s", err); return NULL; }
+    return e;
+}
+
+/* The same job on a fresh engine (nothing cached): the reference. */
+static int gen_fresh(const int32_t *toks, int n, int max_tokens, int32_t *out)
+{
+    eng *e = open_q35();
+    if (!e) return 0;
+    int cached, k = gen(e, toks, n, max_tokens, out, &cached);
+    CHECK_EQ_INT(cached, 0);
+    eng_close(e);
+    return k;
+}
+
+/* Prefix reuse on a recurrent model resumes from a snapshot of the
+ * recurrent state at a page boundary and gives what recomputing gives. */
+static void test_qwen35_prefix_reuse(void)
+{
+    eng *e = open_q35();
+    if (!e) return;
+    int32_t base[64], conv[80], other[40], out[16], ref[16];
+    for (int i = 0; i < 64; i++) base[i] = (int32_t)((i * 389 + 17) % 4000);
+    int cached;
+    /* a first prompt: snapshots at 32 (its last page boundary) and, while
+     * decoding, at 48 */
+    int n = gen(e, base, 45, 8, out, &cached);
+    CHECK_EQ_INT(n, 8);
+    CHECK_EQ_INT(cached, 0);
+    /* the conversation continues: prompt + answer + more, resumes at 48 */
+    memcpy(conv, base, 45 * sizeof *conv);
+    memcpy(conv + 45, out, 8 * sizeof *conv);
+    for (int i = 0; i < 7; i++) conv[53 + i] = (int32_t)(100 + i * 7);
+    n = gen(e, conv, 60, 8, out, &cached);
+    CHECK_EQ_INT(cached, 48);
+    int rn = gen_fresh(conv, 60, 8, ref);
+    CHECK(n == rn && !memcmp(out, ref, (size_t)n * sizeof *out));
+    /* the first prompt again: its own boundary snapshot survived decoding */
+    int32_t first[16];
+    memcpy(first, conv + 45, 8 * sizeof *first);
+    n = gen(e, base, 45, 8, out, &cached);
+    CHECK_EQ_INT(cached, 32);
+    CHECK(n == 8 && !memcmp(out, first, 8 * sizeof *out));
+    /* another prompt sharing 32 tokens */
+    memcpy(other, base, 32 * sizeof *other);
+    for (int i = 32; i < 40; i++) other[i] = (int32_t)(2000 + i);
+    n = gen(e, other, 40, 8, out, &cached);
+    CHECK_EQ_INT(cached, 32);
+    rn = gen_fresh(other, 40, 8, ref);
+    CHECK(n == rn && !memcmp(out, ref, (size_t)n * sizeof *out));
+    /* shorter than a page: nothing to reuse */
+    n = gen(e, base, 10, 4, out, &cached);
+    CHECK_EQ_INT(cached, 0);
+    eng_close(e);
+}
+
 int main(void)
 {
     pool *p = NULL;
@@ -249,6 +348,7 @@ int main(void)
     RUN(test_deltanet_chunked);
     RUN(test_conv1d);
     RUN(test_qwen35_concurrent);
+    RUN(test_qwen35_prefix_reuse);
     g_be->ops->close(g_be);
     pool_close(p);
     return CHECK_DONE();
