@@ -20,6 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define SNAP_BUDGET ((size_t)512 << 20)   /* bytes of recurrent-state snapshots at most */
+
 struct fwq {
     model *m;
     be *b;
@@ -115,11 +117,14 @@ int fwq_open(fwq **out, model *m, be *b, int max_T, int max_out, int n_pages, in
     f->vc = calloc((size_t)hp->n_layer, sizeof *f->vc);
     f->conv = calloc((size_t)hp->n_layer, sizeof *f->conv);
     f->ssm = calloc((size_t)hp->n_layer, sizeof *f->ssm);
-    f->conv_snap = calloc((size_t)hp->n_layer, sizeof *f->conv_snap);
-    f->ssm_snap = calloc((size_t)hp->n_layer, sizeof *f->ssm_snap);
-    f->n_snap = 2 * max_seqs;
     f->conv_slot = (size_t)(hp->ssm_conv_k - 1) * CD;
     f->ssm_slot = NV * hp->ssm_dk * hp->ssm_dv;
+    f->conv_snap = calloc((size_t)hp->n_layer, sizeof *f->conv_snap);
+    f->ssm_snap = calloc((size_t)hp->n_layer, sizeof *f->ssm_snap);
+    /* snapshots: two per slot, within SNAP_BUDGET (none: prefixes are recomputed) */
+    size_t snap_bytes = (size_t)(hp->n_layer - hp->n_attn_layers) * (f->conv_slot + f->ssm_slot) * 4;
+    f->n_snap = 2 * max_seqs;
+    while (f->n_snap > 0 && (size_t)f->n_snap * snap_bytes > SNAP_BUDGET) f->n_snap--;
     f->zero = calloc(f->conv_slot > f->ssm_slot ? f->conv_slot + 1 : f->ssm_slot + 1, sizeof(float));
     if (!f->x || !f->xb || !f->big || !f->q || !f->gz || !f->att || !f->k || !f->v || !f->ga || !f->gb ||
         !f->hg || !f->hu || !f->xo || !f->lg || !f->kc || !f->vc || !f->conv || !f->ssm || !f->zero ||
@@ -130,9 +135,11 @@ int fwq_open(fwq **out, model *m, be *b, int max_T, int max_out, int n_pages, in
         if (m->layers[l].linear) {
             f->conv[l] = o->alloc(b, (size_t)max_seqs * f->conv_slot * 4 + 4);
             f->ssm[l] = o->alloc(b, (size_t)max_seqs * f->ssm_slot * 4);
-            f->conv_snap[l] = o->alloc(b, (size_t)f->n_snap * f->conv_slot * 4 + 4);
-            f->ssm_snap[l] = o->alloc(b, (size_t)f->n_snap * f->ssm_slot * 4);
-            if (!f->conv[l] || !f->ssm[l] || !f->conv_snap[l] || !f->ssm_snap[l]) {
+            if (f->n_snap) {
+                f->conv_snap[l] = o->alloc(b, (size_t)f->n_snap * f->conv_slot * 4 + 4);
+                f->ssm_snap[l] = o->alloc(b, (size_t)f->n_snap * f->ssm_slot * 4);
+            }
+            if (!f->conv[l] || !f->ssm[l] || (f->n_snap && (!f->conv_snap[l] || !f->ssm_snap[l]))) {
                 snprintf(err, errlen, "cannot allocate the recurrent state (%zu MiB)",
                          (size_t)hp->n_layer * (max_seqs + f->n_snap) * (f->conv_slot + f->ssm_slot) * 4 >> 20);
                 fwq_close(f);

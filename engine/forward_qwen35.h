@@ -2,8 +2,8 @@
  * forward.c hands models of ARCH_QWEN35 to these; contracts as in forward.h.
  * Besides the KV pool (full-attention layers only), it keeps per sequence
  * slot a conv state and a delta-rule state for every linear layer: fixed
- * memory per sequence, whatever its length; and 2*max_seqs snapshots of
- * that state for prefix reuse. */
+ * memory per sequence, whatever its length; and up to 2*max_seqs snapshots
+ * of that state for prefix reuse (within 512 MiB). */
 #ifndef ANE_FORWARD_QWEN35_H
 #define ANE_FORWARD_QWEN35_H
 
