@@ -300,6 +300,11 @@ typedef struct run {
     size_t n_gen;
     int last_nl;                                  /* last text byte written was '\n' */
     long long t0_ns;
+    ane_client *cl;
+    uint64_t id;
+    int rc;                                       /* exit code once decided, else -1 */
+    int cancel_sent;
+    long long cancel_deadline_ns;
 } run;
 
 static long long now_ns(void)
@@ -438,6 +443,29 @@ static int on_event(run *R, const proto_ev *ev)
     default:
         return -1;
     }
+}
+
+/* ane_run callback: our request's events, connection errors, and Ctrl-C. */
+static int on_run_event(const proto_ev *ev, void *arg)
+{
+    run *R = arg;
+    if (interrupted && !R->cancel_sent) {
+        char err[256];
+        R->cancel_sent = 1;
+        R->cancel_deadline_ns = now_ns() + 2000000000LL;   /* wait briefly for done */
+        if (ane_cancel(R->cl, R->id, err, sizeof err) < 0) { R->rc = EX_INTERRUPTED; return 1; }
+    }
+    if (R->cancel_sent && now_ns() > R->cancel_deadline_ns) { R->rc = EX_INTERRUPTED; return 1; }
+    if (!ev) return 0;
+    if (ev->id == 0 && ev->type == PROTO_T_ERROR) {   /* about the connection */
+        report_error(R, proto_err_name(ev->code), ev->message, ev->message_len);
+        R->rc = is_refusal(ev->code) ? EX_REFUSED : EX_REQUEST;
+        return 1;
+    }
+    if (ev->id != R->id) return 0;
+    int r = on_event(R, ev);
+    if (r >= 0) R->rc = interrupted ? EX_INTERRUPTED : r;
+    return 0;   /* ane_run returns after the terminal event */
 }
 
 int main(int argc, char **argv)
@@ -617,40 +645,16 @@ int main(int argc, char **argv)
         goto out;
     }
 
-    int cancel_sent = 0;
-    long long cancel_deadline = 0;
-    for (;;) {
-        if (interrupted && !cancel_sent) {
-            cancel_sent = 1;
-            cancel_deadline = now_ns() + 2000000000LL;
-            if (ane_cancel(cl, id, err, sizeof err) < 0) { rc = EX_INTERRUPTED; break; }
-        }
-        int wait = -1;
-        if (cancel_sent) {
-            long long left = (cancel_deadline - now_ns()) / 1000000;
-            if (left <= 0) { rc = EX_INTERRUPTED; break; }
-            wait = (int)left;
-        }
-        proto_ev ev;
-        int n = ane_next_event(cl, &ev, wait, err, sizeof err);
-        if (n == 0) continue;
-        if (n < 0) {
-            if (interrupted) { rc = EX_INTERRUPTED; break; }
-            report_error(&R, "connection", err, strlen(err));
-            rc = EX_CONNECT;
-            break;
-        }
-        if (ev.id == 0 && ev.type == PROTO_T_ERROR) {   /* about the connection */
-            report_error(&R, proto_err_name(ev.code), ev.message, ev.message_len);
-            rc = is_refusal(ev.code) ? EX_REFUSED : EX_REQUEST;
-            break;
-        }
-        if (ev.id != id) continue;
-        int r = on_event(&R, &ev);
-        if (r >= 0) {
-            rc = interrupted ? EX_INTERRUPTED : r;
-            break;
-        }
+    R.cl = cl;
+    R.id = id;
+    R.rc = -1;
+    /* ane_run calls back at least every 100 ms so Ctrl-C is seen promptly. */
+    int st = ane_run(cl, id, on_run_event, &R, 100, err, sizeof err);
+    if (st < 0) {
+        if (interrupted) rc = EX_INTERRUPTED;
+        else { report_error(&R, "connection", err, strlen(err)); rc = EX_CONNECT; }
+    } else {
+        rc = R.rc >= 0 ? R.rc : EX_INTERRUPTED;
     }
 out:
     ane_close(cl);

@@ -18,6 +18,9 @@
  * Several requests may be in flight on it; their events interleave and carry
  * the request id. Events borrow their strings from the client and stay valid
  * until the next ane_next_event/ane_run call. SIGPIPE is never raised.
+ * Sending reads incoming events into the client's buffer while it waits,
+ * so keep taking events: with about 1 MiB of them unread a send may wait
+ * for the daemon.
  *
  * Conventions: 0 ok, -1 error; messages through (char *err, size_t errlen). */
 #ifndef ANE_CLIENT_H

@@ -17,7 +17,8 @@
 
 struct ane_client {
     int fd;
-    int dead;                 /* the connection failed; every call errors */
+    int dead;                 /* sending failed or the daemon closed: no more requests */
+    int eof;                  /* nothing more to read; events already buffered still come */
     uint64_t next_id;
     proto_reader *rd;
     proto_buf out;
@@ -88,12 +89,14 @@ static int read_some(ane_client *c, char *err, size_t errlen)
         if (n > 0) { proto_reader_commit(c->rd, (size_t)n); return 1; }
         if (n == 0) {
             seterr(err, errlen, "aned closed the connection");
+            c->eof = 1;
             fail_conn(c);
             return -1;
         }
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
         seterr(err, errlen, "read from aned: %s", strerror(errno));
+        c->eof = 1;
         fail_conn(c);
         return -1;
     }
@@ -110,12 +113,17 @@ static int flush_out(ane_client *c, long long deadline, char *err, size_t errlen
         if (n > 0) { off += (size_t)n; continue; }
         if (n < 0 && errno == EINTR) continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            struct pollfd pf = { c->fd, POLLOUT | POLLIN, 0 };
+            /* Read meanwhile only while there is room: with a whole frame of
+             * events not yet taken, wait for the socket alone (no spinning). */
+            size_t room;
+            proto_reader_space(c->rd, &room);
+            struct pollfd pf = { c->fd, (short)(POLLOUT | (room && !c->eof ? POLLIN : 0)), 0 };
             int t = left_ms(deadline);
             int pr = poll(&pf, 1, t);
             if (pr < 0 && errno == EINTR) continue;
             if (pr < 0) { seterr(err, errlen, "poll: %s", strerror(errno)); goto fail; }
             if (pr == 0) { seterr(err, errlen, "timed out sending to aned"); goto fail; }
+            if (pf.revents & POLLOUT) continue;
             if (pf.revents & POLLIN) {
                 if (read_some(c, err, errlen) < 0) goto fail;
             } else if (pf.revents & (POLLERR | POLLHUP)) {
@@ -169,7 +177,6 @@ int ane_event_terminal(const proto_ev *ev)
 /* Next event with a deadline (-1 none). Same returns as ane_next_event. */
 static int next_event(ane_client *c, proto_ev *ev, long long deadline, char *err, size_t errlen)
 {
-    if (c->dead) { seterr(err, errlen, "the connection to aned is closed"); return -1; }
     for (;;) {
         proto_err code;
         char perr[200];
@@ -177,6 +184,7 @@ static int next_event(ane_client *c, proto_ev *ev, long long deadline, char *err
         if (rc == 1 && code == PROTO_E_UNKNOWN_TYPE) continue;   /* newer daemon: skip */
         if (rc == 1 && code != PROTO_OK) {
             seterr(err, errlen, "aned sent an invalid event (%s): %s", proto_err_name(code), perr);
+            c->eof = 1;
             fail_conn(c);
             return -1;
         }
@@ -187,9 +195,11 @@ static int next_event(ane_client *c, proto_ev *ev, long long deadline, char *err
         }
         if (rc < 0) {
             seterr(err, errlen, "aned sent a broken stream: %s", perr);
+            c->eof = 1;
             fail_conn(c);
             return -1;
         }
+        if (c->eof) { seterr(err, errlen, "the connection to aned is closed"); return -1; }
         int got = read_some(c, err, errlen);
         if (got < 0) return -1;
         if (got > 0) continue;
@@ -198,7 +208,7 @@ static int next_event(ane_client *c, proto_ev *ev, long long deadline, char *err
         struct pollfd pf = { c->fd, POLLIN, 0 };
         int pr = poll(&pf, 1, t);
         if (pr < 0 && errno == EINTR) return 0;
-        if (pr < 0) { seterr(err, errlen, "poll: %s", strerror(errno)); fail_conn(c); return -1; }
+        if (pr < 0) { seterr(err, errlen, "poll: %s", strerror(errno)); c->eof = 1; fail_conn(c); return -1; }
         if (pr == 0) return 0;
         if (read_some(c, err, errlen) < 0) return -1;
     }
@@ -273,15 +283,18 @@ int ane_connect_with(ane_client **out, const ane_connect_opts *o, proto_err *ref
     q.client_len = strlen(name) > PROTO_MAX_NAME ? PROTO_MAX_NAME : strlen(name);
     if (!proto_utf8_valid(q.client, q.client_len)) { q.client = "libaneclient"; q.client_len = 12; }
     if (proto_req_encode(&c->out, &q) < 0) { seterr(err, errlen, "out of memory"); goto fail; }
-    if (flush_out(c, deadline, err, errlen) < 0) goto fail;
+    char e2[256];
+    /* A daemon that refuses at once (busy, denied) may close before reading
+     * our hello: its error is still there to read, so read before failing. */
+    int sent = flush_out(c, deadline, e2, sizeof e2);
+    char e3[256];
     proto_ev ev;
     int rc;
-    char e2[256];
-    do rc = next_event(c, &ev, deadline, e2, sizeof e2);
-    while (rc == 0 && left_ms(deadline) != 0);
-    if (rc == 0) { seterr(err, errlen, "aned at %s did not answer the handshake", path); goto fail; }
-    if (rc < 0) {
-        seterr(err, errlen, "handshake with aned at %s: %s", path, e2);
+    do rc = next_event(c, &ev, deadline, e3, sizeof e3);
+    while (rc == 0 && sent == 0 && left_ms(deadline) != 0);
+    if (rc == 0 && sent == 0) { seterr(err, errlen, "aned at %s did not answer the handshake", path); goto fail; }
+    if (rc <= 0) {
+        seterr(err, errlen, "handshake with aned at %s: %s", path, sent < 0 ? e2 : e3);
         goto fail;
     }
     if (ev.type == PROTO_T_ERROR) {
@@ -297,7 +310,6 @@ int ane_connect_with(ane_client **out, const ane_connect_opts *o, proto_err *ref
     c->version = ev.version;
     copy_str(c->server, sizeof c->server, ev.server, ev.server_len);
     copy_str(c->model, sizeof c->model, ev.model, ev.model_len);
-    c->dead = 0;
     *out = c;
     return 0;
 fail:

@@ -35,6 +35,8 @@
 
 #define BATCH_TOKENS 512   /* tokens in one forward pass */
 #define EVAL_ROWS    64    /* logits rows in one forward pass */
+#define PREFILL_SHARED 128 /* prefill tokens per pass while other sequences decode,
+                              so a long prompt does not stall their streams */
 
 typedef enum { JOB_QUEUED, JOB_ACTIVE } job_state;
 
@@ -709,11 +711,12 @@ static void step(eng *e)
         }
     }
     int n_decode = T;
-    for (int i = 0; i < e->n_active && T < BATCH_TOKENS; i++) {
+    int budget = n_decode ? n_decode + PREFILL_SHARED : BATCH_TOKENS;
+    for (int i = 0; i < e->n_active && T < budget; i++) {
         job *j = e->active[i];
         if (j->n_past >= j->n_prompt || atomic_load_explicit(&j->paused, memory_order_relaxed)) continue;
         int take = j->n_prompt - j->n_past;
-        if (take > BATCH_TOKENS - T) take = BATCH_TOKENS - T;
+        if (take > budget - T) take = budget - T;
         if (j->kind == ENG_JOB_EVAL && take > EVAL_ROWS - n_out) take = EVAL_ROWS - n_out;
         if (j->snap >= 0) {   /* stop at the prompt's last page boundary: a snapshot is taken there */
             int mark = (j->n_prompt - 1) / KV_PAGE * KV_PAGE;

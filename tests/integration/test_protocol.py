@@ -1,0 +1,727 @@
+#!/usr/bin/python3
+"""Drives the real bin/aned through anepy (written from PROTOCOL.md) and
+checks every part of the protocol a client can reach. Ends with
+"N passed, M failed"; exits non-zero on failure."""
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+import anepy  # noqa: E402
+import msgpack  # noqa: E402
+
+MODEL = os.path.join(ROOT, "tests/fixtures/models/stories260K.gguf")
+VOCAB_ONLY = os.path.join(ROOT, "tests/fixtures/tokenizers/llama.cpp/ggml-vocab-llama-spm.gguf")
+GREEDY = os.path.join(ROOT, "tests/fixtures/refs/stories260K.greedy.json")
+ANED = os.path.join(ROOT, "bin/aned")
+
+passed = 0
+failed = 0
+
+
+def check(cond, what):
+    global passed, failed
+    if cond:
+        passed += 1
+    else:
+        failed += 1
+        print("FAIL: %s" % what, flush=True)
+    return cond
+
+
+def utf8_ok(s):
+    try:
+        s.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
+class Daemon:
+    def __init__(self, model, tag, extra=()):
+        self.dir = tempfile.mkdtemp(prefix="aned-proto-")
+        self.sock = os.path.join(self.dir, "%s.sock" % tag)
+        self.log = open(os.path.join(self.dir, "aned.log"), "w+")
+        self.proc = subprocess.Popen([ANED, "--model", model, "--socket", self.sock] + list(extra),
+                                     stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if os.path.exists(self.sock):
+                try:
+                    s = socket.socket(socket.AF_UNIX)
+                    s.connect(self.sock)
+                    s.close()
+                    return
+                except OSError:
+                    pass
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise RuntimeError("aned did not come up on %s:\n%s" % (self.sock, self.logtext()))
+
+    def logtext(self):
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read()[-4000:]
+
+    def connect(self, hello=True, timeout=30.0):
+        return anepy.connect(self.sock, hello=hello, timeout=timeout)
+
+    def cleanup(self):
+        """Removes the private directory (socket, log)."""
+        import shutil
+        try:
+            self.log.close()
+        except OSError:
+            pass
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+def expect_error(c, id, code, what, timeout=30.0):
+    try:
+        ev = c.next_event(id, timeout)
+    except Exception as e:
+        return check(False, "%s: no event (%r)" % (what, e))
+    ok = ev.get("type") == "error" and ev.get("code") == code and ev.get("id") == id
+    ok = ok and isinstance(ev.get("message"), str) and len(ev["message"]) > 0
+    return check(ok, "%s: wanted error %s for id %s, got %r" % (what, code, id, ev))
+
+
+def still_serves(c, what):
+    try:
+        return check(c.ping(), "%s: connection still answers ping" % what)
+    except Exception as e:
+        return check(False, "%s: connection dead after the error (%r)" % (what, e))
+
+
+# ---------------------------------------------------------------- tests
+
+def t_handshake(d):
+    c = d.connect(hello=False)
+    c.send({"type": "hello", "id": 0, "version": 1, "client": "test_protocol"})
+    ev = c.recv()
+    check(ev.get("type") == "hello" and ev.get("id") == 0, "hello reply: %r" % ev)
+    check(ev.get("version") == 1, "hello version 1")
+    check(isinstance(ev.get("server"), str) and ev["server"], "hello server string")
+    check(isinstance(ev.get("model"), str), "hello model string")
+    # hello with a chosen id echoes it; unknown keys are ignored
+    c2 = d.connect(hello=False)
+    c2.send({"type": "hello", "id": 77, "version": 1, "future": {"x": [1, 2]}})
+    ev = c2.recv()
+    check(ev.get("type") == "hello" and ev.get("id") == 77, "hello id echoed, unknown key ignored: %r" % ev)
+    # second hello
+    c2.send({"type": "hello", "id": 78, "version": 1})
+    expect_error(c2, 78, "bad_request", "second hello")
+    still_serves(c2, "second hello")
+    c.close()
+    c2.close()
+
+
+def t_version(d):
+    c = d.connect(hello=False)
+    c.send({"type": "hello", "id": 1, "version": 2})
+    ev = c.recv()
+    check(ev.get("type") == "error" and ev.get("code") == "version", "version mismatch: %r" % ev)
+    check(c.wait_closed(), "version mismatch closes the connection")
+    c.close()
+    c = d.connect(hello=False)
+    c.send({"type": "hello", "id": 1})
+    ev = c.recv()
+    check(ev.get("type") == "error" and ev.get("code") in ("bad_request", "version"),
+          "hello without version: %r" % ev)
+    c.close()
+
+
+def t_before_hello(d):
+    c = d.connect(hello=False)
+    c.send({"type": "ping", "id": 5})
+    ev = c.recv()
+    check(ev.get("type") == "error" and ev.get("code") == "handshake" and ev.get("id") == 5,
+          "request before hello: %r" % ev)
+    c.send({"type": "generate", "id": 6, "prompt": "x"})
+    ev = c.recv()
+    check(ev.get("type") == "error" and ev.get("code") == "handshake" and ev.get("id") == 6,
+          "generate before hello: %r" % ev)
+    # the connection stays: hello may still come
+    ev = c.hello()
+    check(ev.get("type") == "hello", "hello after a refused request")
+    still_serves(c, "after a late hello")
+    c.close()
+
+
+def t_ping_info(d):
+    c = d.connect()
+    id = c.request("ping", id=123456789012)
+    ev = c.next_event(id)
+    check(ev == {"type": "pong", "id": 123456789012}, "pong: %r" % ev)
+    big = (1 << 64) - 1
+    c.request("ping", id=big)
+    ev = c.next_event(big)
+    check(ev.get("type") == "pong" and ev.get("id") == big, "uint64 max id: %r" % ev)
+    info = c.info()
+    check(info.get("type") == "info", "info type")
+    for k, t in (("model", str), ("arch", str), ("backend", str), ("chat_template", str),
+                 ("n_vocab", int), ("n_ctx", int), ("n_layer", int), ("n_embd", int),
+                 ("active", int), ("queued", int), ("clients", int), ("per_client", list),
+                 ("uptime_s", (int, float)), ("version", int)):
+        check(isinstance(info.get(k), t), "info field %s is %s: %r" % (k, t, info.get(k)))
+    check(info.get("n_vocab") == 512, "stories260K vocabulary is 512: %r" % info.get("n_vocab"))
+    check(info.get("n_layer") == 5 and info.get("n_embd") == 64, "stories260K shape")
+    check(info.get("clients", 0) >= 1, "info counts this client")
+    c.close()
+
+
+def t_tokenize(d):
+    c = d.connect()
+    text = "Once upon a time, there was a little girl named Lily."
+    ids = c.tokenize(text)
+    check(isinstance(ids, list) and all(isinstance(i, int) for i in ids) and len(ids) > 3, "tokenize ids: %r" % ids)
+    check(ids[0] == 1, "tokenize prepends BOS by default: %r" % ids[:3])
+    nobos = c.tokenize(text, add_bos=False)
+    check(nobos == ids[1:], "add_bos=false drops only BOS: %r vs %r" % (nobos[:4], ids[:4]))
+    back = c.detokenize(nobos)
+    check(back == text or back.lstrip(" ") == text, "detokenize round trip: %r" % back)
+    check(c.detokenize([]) == "", "detokenize of nothing is empty")
+    check(c.tokenize("") in ([1], []), "tokenize of empty text")
+    uni = "héllo wörld — 日本 😀"
+    back = c.detokenize(c.tokenize(uni, add_bos=False))
+    check(utf8_ok(back) and (back == uni or back.lstrip(" ") == uni or "\ufffd" in back or len(back) > 0),
+          "non-ASCII round trip gives valid text: %r" % back)
+    c.close()
+
+
+def t_generate_greedy(d):
+    ref = json.load(open(GREEDY))
+    want = ref["generated_ids"][:40]
+    c = d.connect()
+    events = list(c.generate(tokens=[1], raw=True, temperature=0, max_tokens=40))
+    toks = [e for e in events if e["type"] == "token"]
+    done = events[-1]
+    check(done["type"] == "done", "generate ends with done: %r" % done)
+    check(all(e["type"] == "token" for e in events[:-1]), "only token events before done")
+    check(len(toks) == 40, "max_tokens=40 gives 40 token events: %d" % len(toks))
+    ids = [e["token"] for e in toks]
+    check(ids[:24] == want[:24], "greedy ids match the reference: %r vs %r" % (ids[:24], want[:24]))
+    text = "".join(e["text"] for e in toks)
+    check(utf8_ok(text) and text.lstrip().startswith("Once upon a time"), "greedy text: %r" % text[:60])
+    check(done.get("finish") == "length", "finish length: %r" % done.get("finish"))
+    u = done.get("usage", {})
+    t = done.get("timings", {})
+    check(u.get("completion_tokens") == 40 and u.get("prompt_tokens") == 1, "usage: %r" % u)
+    check(isinstance(u.get("cached_tokens"), int), "usage.cached_tokens")
+    for k in ("queue_ms", "prefill_ms", "decode_ms", "prefill_tps", "decode_tps"):
+        check(isinstance(t.get(k), (int, float)) and t[k] >= 0, "timings.%s: %r" % (k, t.get(k)))
+    # text prompt, same result twice (greedy is deterministic)
+    a = c.generate_text("Once upon a time", raw=True, temperature=0, max_tokens=20)
+    b = c.generate_text("Once upon a time", raw=True, temperature=0, max_tokens=20)
+    check(a[1] == b[1] and len(a[1]) == 20, "greedy text prompt is deterministic")
+    # seeded sampling is reproducible
+    s1 = c.generate_text(tokens=[1], raw=True, temperature=1.0, top_p=0.9, seed=133742, max_tokens=30)
+    s2 = c.generate_text(tokens=[1], raw=True, temperature=1.0, top_p=0.9, seed=133742, max_tokens=30)
+    check(s1[1] == s2[1], "same seed, same tokens")
+    # stop string
+    full = a[0]
+    if len(full) > 12:
+        stop = full[6:10]
+        txt, ids2, dn = c.generate_text("Once upon a time", raw=True, temperature=0, max_tokens=20, stop=[stop])
+        check(dn["finish"] == "stop", "stop string ends with finish stop: %r" % dn)
+        check(stop not in txt and full.startswith(txt), "stop string not in the text: %r / %r" % (txt, stop))
+    # UTF-8 assembly: hot sampling produces byte-fallback tokens; the streamed
+    # text (each piece valid UTF-8, or msgpack decoding would have failed)
+    # must add up to the detokenized ids. (Spaces are compared loosely: the
+    # leading space after a BOS the model emits mid-text is a separate matter.)
+    nbytes = 0
+    same = True
+    for seed in range(12):
+        txt, gids, _ = c.generate_text(tokens=[1], raw=True, temperature=3.0, top_k=0, top_p=1.0, min_p=0,
+                                       seed=seed, max_tokens=150)
+        nbytes += sum(1 for i in gids if 3 <= i < 259)
+        whole = c.detokenize(gids)
+        if txt.replace(" ", "") != whole.replace(" ", ""):
+            same = False
+            print("seed %d: streamed %r\n   detokenized %r" % (seed, txt[:120], whole[:120]))
+    check(nbytes > 0, "hot sampling produced byte tokens")
+    check(same, "streamed text equals the detokenized ids")
+    # chat (non-raw) and system are accepted
+    txt, ids3, dn = c.generate_text("Tell me a story", system="You are kind", max_tokens=5, temperature=0)
+    check(dn["type"] == "done" and len(ids3) <= 5, "chat-mode generate runs: %r" % dn)
+    c.close()
+
+
+def t_interleave(d):
+    c = d.connect()
+    ids = [c.submit_generate(tokens=[1], raw=True, temperature=0, max_tokens=30) for _ in range(3)]
+    ids.append(c.request("ping"))
+    ids.append(c.request("tokenize", text="Lily"))
+    check(len(set(ids)) == 5, "distinct ids")
+    order = []
+    per = {i: [] for i in ids}
+    ends = set()
+    deadline = time.monotonic() + 60
+    while len(ends) < len(ids) and time.monotonic() < deadline:
+        ev = c.recv()
+        check(ev.get("id") in per, "event for a known id: %r" % ev)
+        per.setdefault(ev.get("id"), []).append(ev)
+        order.append(ev.get("id"))
+        if ev.get("type") in anepy.TERMINAL:
+            check(ev.get("id") not in ends, "one terminal event per request")
+            ends.add(ev.get("id"))
+    check(len(ends) == len(ids), "every request ended")
+    texts = []
+    for i in ids[:3]:
+        evs = per[i]
+        check(evs and evs[-1]["type"] == "done", "request %d ends with done" % i)
+        check(all(e["type"] == "token" for e in evs[:-1]), "request %d: tokens then done" % i)
+        texts.append([e["token"] for e in evs if e["type"] == "token"])
+    check(texts[0] == texts[1] == texts[2] and len(texts[0]) == 30, "concurrent greedy runs agree")
+    check(per[ids[3]][-1]["type"] == "pong" and per[ids[4]][-1]["type"] == "tokens", "ping and tokenize answered among them")
+    # the three generations ran together: their token events interleave
+    gen = [x for x in order if x in ids[:3]]
+    switches = sum(1 for a, b in zip(gen, gen[1:]) if a != b)
+    check(switches >= 2, "generation events interleave (%d switches)" % switches)
+    c.close()
+
+
+def t_duplicate(d):
+    c = d.connect()
+    c.send_raw(msgpack.packb({"type": "generate", "id": 50, "tokens": [1], "raw": True, "max_tokens": 0,
+                              "temperature": 0}) +
+               msgpack.packb({"type": "generate", "id": 50, "tokens": [1], "max_tokens": 3}))
+    first = c.next_event(50)
+    seen = [first]
+    # the duplicate is refused; the original keeps going
+    for _ in range(10000):
+        if any(e["type"] == "error" for e in seen):
+            break
+        seen.append(c.next_event(50))
+    errs = [e for e in seen if e["type"] == "error"]
+    check(len(errs) == 1 and errs[0]["code"] == "duplicate_id", "duplicate id refused: %r" % errs)
+    c.cancel(50)
+    rest = list(c.events(50))
+    check(rest and rest[-1]["type"] == "done", "original request still ends with done: %r" % rest[-1:])
+    # the id is free again afterwards
+    c.request("ping", id=50)
+    check(c.next_event(50).get("type") == "pong", "id reusable after its end")
+    c.close()
+
+
+def t_cancel(d):
+    c = d.connect()
+    id = c.submit_generate(tokens=[1], raw=True, temperature=1.0, seed=7, max_tokens=0)
+    ev = c.next_event(id)
+    check(ev["type"] == "token", "generation started: %r" % ev)
+    c.cancel(id)
+    n = 0
+    last = None
+    for ev in c.events(id):
+        last = ev
+        n += 1
+    check(last and last["type"] == "done" and last.get("finish") == "cancelled", "cancel ends with cancelled: %r" % last)
+    check(last and last["usage"]["completion_tokens"] >= 1, "usage after cancel")
+    # cancelling unknown / finished ids is silent
+    c.cancel(id)
+    c.cancel(987654)
+    pid = c.request("ping")
+    ev = c.recv(10)
+    check(ev == {"type": "pong", "id": pid}, "cancel of unknown ids sends nothing: %r" % ev)
+    # cancel a queued/just-sent request
+    id2 = c.submit_generate(tokens=[1], raw=True, max_tokens=0)
+    c.cancel(id2)
+    evs = list(c.events(id2))
+    check(evs[-1]["type"] == "done" and evs[-1]["finish"] in ("cancelled",), "immediate cancel: %r" % evs[-1])
+    # cancel an eval
+    id3 = c.request("eval", tokens=[1] + [100] * 1500, top=3)
+    c.cancel(id3)
+    evs = list(c.events(id3))
+    check(evs[-1]["type"] == "done", "cancelled eval ends with done: %r" % evs[-1])
+    # closing the connection with work in flight leaves the daemon fine
+    c2 = d.connect()
+    c2.submit_generate(tokens=[1], raw=True, max_tokens=0)
+    c2.close()
+    check(c.ping(), "daemon fine after a client left mid-generation")
+    c.close()
+
+
+def t_eval(d):
+    c = d.connect()
+    toks = [1, 403, 407, 261]
+    pos, done = c.eval(tokens=toks, top=5)
+    check(done["type"] == "done", "eval ends with done")
+    check([p for p, _ in pos] == list(range(len(toks))), "one logits event per position, in order: %r" % [p for p, _ in pos])
+    ok = all(len(t) == 5 and all(isinstance(x[0], int) and isinstance(x[1], float) for x in t) for _, t in pos)
+    check(ok, "top-5 pairs of [int, float]")
+    ok = all(all(t[i][1] >= t[i + 1][1] for i in range(len(t) - 1)) for _, t in pos)
+    check(ok, "best first")
+    check(all(0 <= x[0] < 512 for _, t in pos for x in t), "ids inside the vocabulary")
+    # The greedy reference: the argmax after BOS, 403, 407 is the next reference id.
+    ref = json.load(open(GREEDY))["generated_ids"]
+    check(pos[0][1][0][0] == ref[0], "argmax after BOS is the reference's first token")
+    check(pos[1][1][0][0] == ref[1] and pos[2][1][0][0] == ref[2], "argmax at later positions matches")
+    check(done["usage"]["prompt_tokens"] == len(toks), "eval usage.prompt_tokens: %r" % done["usage"])
+    pos, done = c.eval(tokens=toks)
+    check(all(len(t) == 10 for _, t in pos), "eval default top is 10")
+    pos, done = c.eval(tokens=toks, top=100)
+    check(all(len(t) == 100 for _, t in pos), "eval top 100")
+    pos, done = c.eval(prompt="Once upon a time", raw=True, top=1)
+    check(len(pos) >= 4 and all(len(t) == 1 for _, t in pos), "eval of a text prompt")
+    c.close()
+
+
+def t_errors(d):
+    c = d.connect()
+    n = [1000]
+
+    def req(msg):
+        n[0] += 1
+        m = {"id": n[0]}
+        m.update(msg)
+        c.send(m)
+        return n[0]
+
+    cases = [
+        ({"type": "frobnicate"}, "unknown_type", "unknown type"),
+        ({"type": "generate"}, "bad_request", "generate without prompt"),
+        ({"type": "generate", "prompt": 5}, "bad_request", "prompt of the wrong type"),
+        ({"type": "generate", "prompt": "x", "tokens": [1]}, "bad_request", "prompt and tokens"),
+        ({"type": "generate", "prompt": "x", "temperature": "hot"}, "bad_request", "temperature string"),
+        ({"type": "generate", "prompt": "x", "max_tokens": [1]}, "bad_request", "max_tokens array"),
+        ({"type": "generate", "prompt": "x", "raw": 1}, "bad_request", "raw as int"),
+        ({"type": "generate", "prompt": "x", "stop": "a"}, "bad_request", "stop as a string"),
+        ({"type": "generate", "prompt": "x", "stop": [1]}, "bad_request", "stop of ints"),
+        ({"type": "generate", "prompt": "x", "seed": "1"}, "bad_request", "seed string"),
+        ({"type": "tokenize"}, "bad_request", "tokenize without text"),
+        ({"type": "tokenize", "text": "a", "special": "yes"}, "bad_request", "special string"),
+        ({"type": "detokenize", "tokens": "1 2"}, "bad_request", "tokens as a string"),
+        ({"type": "detokenize", "tokens": ["a"]}, "bad_request", "tokens of strings"),
+        ({"type": "eval", "tokens": [1], "top": "5"}, "bad_request", "top string"),
+        ({"type": "generate", "prompt": "x", "temperature": -1}, "invalid_value", "temperature -1"),
+        ({"type": "generate", "prompt": "x", "temperature": float("nan")}, "invalid_value", "temperature NaN"),
+        ({"type": "generate", "prompt": "x", "temperature": 1000}, "invalid_value", "temperature 1000"),
+        ({"type": "generate", "prompt": "x", "top_p": 2}, "invalid_value", "top_p 2"),
+        ({"type": "generate", "prompt": "x", "min_p": -0.5}, "invalid_value", "min_p -0.5"),
+        ({"type": "generate", "prompt": "x", "top_k": -1}, "invalid_value", "top_k -1"),
+        ({"type": "generate", "prompt": "x", "repeat_penalty": 0}, "invalid_value", "repeat_penalty 0"),
+        ({"type": "generate", "prompt": "x", "repeat_last_n": -5}, "invalid_value", "repeat_last_n -5"),
+        ({"type": "generate", "prompt": "x", "max_tokens": -1}, "invalid_value", "max_tokens -1"),
+        ({"type": "generate", "prompt": "x", "max_tokens": 2.5}, "invalid_value", "max_tokens 2.5"),
+        ({"type": "generate", "prompt": "x", "max_tokens": 1048577}, "invalid_value", "max_tokens over the bound"),
+        ({"type": "generate", "prompt": "x", "seed": -1}, "invalid_value", "seed -1"),
+        ({"type": "generate", "prompt": "x", "stop": [""]}, "invalid_value", "empty stop string"),
+        ({"type": "generate", "tokens": []}, "invalid_value", "empty tokens"),
+        ({"type": "eval", "tokens": [1], "top": 0}, "invalid_value", "top 0"),
+        ({"type": "eval", "tokens": [1], "top": 101}, "invalid_value", "top 101"),
+        ({"type": "generate", "prompt": "x", "stop": ["s"] * 17}, "too_large", "17 stop strings"),
+        ({"type": "generate", "prompt": "x", "stop": ["s" * 257]}, "too_large", "stop string of 257 bytes"),
+        ({"type": "detokenize", "tokens": [1] * 131073}, "too_large", "131073 token ids"),
+        ({"type": "detokenize", "tokens": [99999]}, "invalid_token", "detokenize id outside the vocabulary"),
+        ({"type": "detokenize", "tokens": [512]}, "invalid_token", "detokenize id = n_vocab"),
+        ({"type": "detokenize", "tokens": [-1]}, "invalid_token", "negative token id"),
+        ({"type": "generate", "tokens": [1, 600]}, "invalid_token", "generate id outside the vocabulary"),
+        ({"type": "eval", "tokens": [1, 100000]}, "invalid_token", "eval id outside the vocabulary"),
+        ({"type": "generate", "prompt": b"\xff\xfe"}, "invalid_utf8", "prompt bytes not UTF-8"),
+        ({"type": "generate", "prompt": "x", "system": b"\xc3"}, "invalid_utf8", "system not UTF-8"),
+        ({"type": "tokenize", "text": b"a\xed\xa0\x80"}, "invalid_utf8", "surrogate in text"),
+        ({"type": "generate", "prompt": "x", "stop": [b"\xc0\x80"]}, "invalid_utf8", "overlong stop string"),
+        ({"type": "generate", "tokens": [1] + [100] * 5000, "raw": True}, "context", "prompt longer than the context"),
+    ]
+    for msg, code, what in cases:
+        id = req(msg)
+        expect_error(c, id, code, what)
+    still_serves(c, "after field errors")
+    # A str (not bin) with invalid UTF-8, built by hand: {"type":"tokenize","id":9,"text":"\xff"}
+    raw = b"\x83\xa4type\xa8tokenize\xa2id\x09\xa4text\xa1\xff"
+    c.send_raw(raw)
+    expect_error(c, 9, "invalid_utf8", "str holding invalid UTF-8")
+    # A prompt over the prompt limit in a frame under the frame limit.
+    id = req({"type": "generate", "prompt": "a" * (1044480 + 1)})
+    expect_error(c, id, "too_large", "prompt over 1044480 bytes")
+    # Missing id on a request.
+    c.send({"type": "ping"})
+    ev = c.recv()
+    check(ev.get("type") == "error" and ev.get("code") == "bad_request", "request without id: %r" % ev)
+    # Numbers in other encodings are accepted.
+    c.send_raw(b"\x86\xa4type\xa8generate\xa2id\xcf" + struct.pack(">Q", 4242) +
+               b"\xa6tokens\x91\xd1\x00\x01\xaamax_tokens\xcb" + struct.pack(">d", 2.0) +
+               b"\xabtemperature\x00\xa3raw\xc3")
+    evs = list(c.events(4242))
+    check(evs[-1]["type"] == "done" and len(evs) == 3, "int16/uint64/float64 encodings accepted: %r" % evs[-1])
+    # Still alive.
+    still_serves(c, "after all request errors")
+    c.close()
+
+
+def t_busy(d):
+    c = d.connect()
+    ids = [c.submit_generate(tokens=[1], raw=True, max_tokens=0) for _ in range(40)]
+    codes = {}
+    # Requests beyond the engine's batch wait silently in its queue, so read
+    # whatever comes until the refusals are in.
+    deadline = time.monotonic() + 20
+    while len(codes) < 40 - 32 and time.monotonic() < deadline:
+        try:
+            ev = c.recv(max(0.01, deadline - time.monotonic()))
+        except socket.timeout:
+            break
+        if ev.get("type") == "error":
+            codes[ev["id"]] = ev["code"]
+        else:
+            c.pending.setdefault(ev.get("id"), anepy.deque()).append(ev)
+    busy = [i for i, k in codes.items() if k == "busy"]
+    check(len(busy) >= 40 - 32, "more than 32 in flight are refused busy: %d busy, %r" % (len(busy), set(codes.values())))
+    check(all(k == "busy" for k in codes.values()), "only busy errors: %r" % set(codes.values()))
+    for i in ids:
+        if i not in codes:
+            c.cancel(i)
+    for i in ids:
+        if i not in codes:
+            evs = list(c.events(i))
+            check(evs[-1]["type"] == "done", "in-flight request %d ends after cancel" % i)
+    still_serves(c, "after busy")
+    c.close()
+
+
+def t_stream_errors(d):
+    """Connection-level errors: error with id 0, then the connection closes;
+    the daemon keeps serving the others."""
+    witness = d.connect()
+    cases = [
+        (b"\x92\x01\x02", "malformed", "top level array"),
+        (b"\xa5hello", "malformed", "top level string"),
+        (b"\x81\xa1x\xc1", "malformed", "byte 0xc1"),
+        (b"\x81\xa1x\xd4\x01\x00", "malformed", "ext type"),
+        (b'{"type":"ping","id":1}', "malformed", "JSON is not msgpack"),
+        (b"\x81\xa1x" + b"\x91" * 12 + b"\xc0", "too_deep", "12 levels"),
+        (b"\x81\xa4text\xdb" + struct.pack(">I", 2 << 20), "too_large", "str32 header of 2 MiB"),
+        (b"\x81\xa1x\xdd" + struct.pack(">I", 0x7fffffff), "too_large", "array32 of 2^31 entries"),
+    ]
+    for data, code, what in cases:
+        c = d.connect()
+        c.send_raw(data)
+        try:
+            ev = c.recv(10)
+        except Exception as e:
+            ev = {"exception": repr(e)}
+        check(ev.get("type") == "error" and ev.get("code") == code and ev.get("id") == 0,
+              "%s: wanted %s with id 0, got %r" % (what, code, ev))
+        check(c.wait_closed(), "%s: connection closed" % what)
+        c.close()
+    # A real 1.5 MiB frame, sent whole.
+    c = d.connect()
+    try:
+        c.send({"type": "tokenize", "id": 1, "text": "a" * (3 << 19)})
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    try:
+        ev = c.recv(10)
+    except Exception as e:
+        ev = {"exception": repr(e)}
+    check(ev.get("type") == "error" and ev.get("code") == "too_large", "1.5 MiB frame: %r" % ev)
+    check(c.wait_closed(), "1.5 MiB frame closes the connection")
+    c.close()
+    # A frame of exactly the limit is fine.
+    base = msgpack.packb({"type": "tokenize", "id": 3, "text": "Lily", "pad": ""})
+    pad = (1 << 20) - len(base) - 4       # str32 header instead of fixstr
+    frame = msgpack.packb({"type": "tokenize", "id": 3, "text": "Lily", "pad": "a" * pad})
+    check(len(frame) == 1 << 20, "frame of exactly 1 MiB built (%d)" % len(frame))
+    c = d.connect()
+    c.send_raw(frame)
+    ev = c.next_event(3, 60)
+    check(ev.get("type") == "tokens", "a frame of exactly 1 MiB is accepted: %r" % ev)
+    still_serves(c, "after a 1 MiB frame")
+    c.close()
+    # Partial frames trickled byte by byte are assembled.
+    c = d.connect()
+    data = msgpack.packb({"type": "tokenize", "id": 4, "text": "Lily went home"})
+    for i in range(len(data)):
+        c.send_raw(data[i:i + 1])
+        time.sleep(0.001)
+    ev = c.next_event(4)
+    check(ev.get("type") == "tokens", "byte-by-byte frame: %r" % ev)
+    c.close()
+    check(witness.ping(), "daemon keeps serving a second connection through all of this")
+    witness.close()
+
+
+def t_fuzz(d):
+    """Random mutations of valid requests over real connections: whatever
+    comes back is well-formed, and the daemon survives and keeps serving."""
+    import random
+    rnd = random.Random(1234)
+    corpus = [
+        {"type": "generate", "id": 1, "prompt": "Once upon", "max_tokens": 3, "raw": True, "stop": ["x"]},
+        {"type": "generate", "id": 2, "tokens": [1, 403], "max_tokens": 2, "temperature": 0.5, "seed": 3},
+        {"type": "eval", "id": 3, "tokens": [1, 403, 407], "top": 3},
+        {"type": "tokenize", "id": 4, "text": "Lily", "special": True},
+        {"type": "detokenize", "id": 5, "tokens": [403, 407]},
+        {"type": "info", "id": 6},
+        {"type": "cancel", "id": 1},
+        {"type": "ping", "id": 7},
+    ]
+    frames = [msgpack.packb(m) for m in corpus]
+    hello = msgpack.packb({"type": "hello", "id": 0, "version": 1})
+    witness = d.connect()
+    bad_events = 0
+    for i in range(400):
+        data = bytearray(rnd.choice(frames))
+        for _ in range(rnd.randint(1, 4)):
+            k = rnd.randrange(5)
+            pos = rnd.randrange(len(data))
+            if k == 0:
+                data[pos] ^= 1 << rnd.randrange(8)
+            elif k == 1:
+                data[pos] = rnd.choice([0xc1, 0xdb, 0xdd, 0xdf, 0xff, 0x00, 0x7f, 0xc0, 0xcb, 0xd4, 0x90, 0x80])
+            elif k == 2:
+                del data[pos:pos + rnd.randint(1, 4)]
+            elif k == 3:
+                data[pos:pos] = bytes(rnd.randrange(256) for _ in range(rnd.randint(1, 4)))
+            else:
+                data += data[pos:]
+        if not data:
+            continue
+        c = anepy.Client(d.sock, timeout=5)
+        try:
+            c.send_raw(hello + bytes(data))
+            deadline = time.monotonic() + 0.3
+            while time.monotonic() < deadline:
+                try:
+                    ev = c.recv(max(0.01, deadline - time.monotonic()))
+                except (anepy.Closed, socket.timeout):
+                    break
+                if not (isinstance(ev, dict) and isinstance(ev.get("type"), str) and isinstance(ev.get("id"), int)):
+                    bad_events += 1
+                if ev.get("type") == "error" and not isinstance(ev.get("code"), str):
+                    bad_events += 1
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        except Exception as e:   # the stream we got back did not decode
+            bad_events += 1
+            print("fuzz case %d: %r" % (i, e))
+        finally:
+            c.close()
+        if d.proc.poll() is not None:
+            break
+    check(d.proc.poll() is None, "aned survives 400 mutated requests")
+    check(bad_events == 0, "every reply to fuzzed input is a well-formed event (%d bad)" % bad_events)
+    check(witness.ping(), "a connection opened before the fuzzing still works")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        info = witness.info()
+        if info.get("active") == 0 and info.get("queued") == 0:
+            break
+        time.sleep(0.05)
+    check(info.get("active") == 0 and info.get("queued") == 0, "no jobs left running after the fuzzing: %r" % info)
+    witness.close()
+
+
+def t_no_model(d2):
+    c = d2.connect()
+    info = c.info()
+    check(info.get("tokenizer_only") is True, "vocab-only model reports tokenizer_only: %r" % info.get("tokenizer_only"))
+    id = c.submit_generate(prompt="hi", max_tokens=3)
+    expect_error(c, id, "no_model", "generate on a tokenizer-only model")
+    id = c.request("eval", prompt="hi")
+    expect_error(c, id, "no_model", "eval on a tokenizer-only model")
+    ids = c.tokenize("Hello world")
+    check(isinstance(ids, list) and len(ids) >= 2, "tokenize works on a tokenizer-only model")
+    check(c.detokenize(c.tokenize("Hello world", add_bos=False)).lstrip() == "Hello world", "detokenize there too")
+    c.close()
+
+
+def t_shutdown(d):
+    c = d.connect()
+    id = c.submit_generate(tokens=[1], raw=True, max_tokens=0, temperature=1.0)
+    ev = c.next_event(id)
+    check(ev["type"] == "token", "generation running before SIGTERM")
+    d.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while os.path.exists(d.sock) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    check(not os.path.exists(d.sock), "socket removed at once on SIGTERM")
+    # new work is refused while the running request may finish
+    id2 = c.submit_generate(prompt="x", max_tokens=2)
+    expect_error(c, id2, "shutting_down", "request after SIGTERM")
+    last = None
+    try:
+        for ev in c.events(id, timeout=20):
+            last = ev
+    except (anepy.Closed, socket.timeout) as e:
+        last = last or {"exception": repr(e)}
+    check(last and last.get("type") == "done" and last.get("finish") in ("cancelled", "length"),
+          "in-flight request ends with done at shutdown: %r" % last)
+    check(c.wait_closed(10), "connection closed once its request ended")
+    try:
+        rc = d.proc.wait(20)
+    except subprocess.TimeoutExpired:
+        rc = None
+    check(rc == 0, "aned exits 0 on SIGTERM: %r" % rc)
+    c.close()
+
+
+def main():
+    if not os.access(ANED, os.X_OK):
+        print("bin/aned is missing: build it first (make)")
+        print("0 passed, 1 failed")
+        return 1
+    d = Daemon(MODEL, "main")
+    d2 = None
+    try:
+        for t in (t_handshake, t_version, t_before_hello, t_ping_info, t_tokenize, t_generate_greedy,
+                  t_interleave, t_duplicate, t_cancel, t_eval, t_errors, t_busy, t_stream_errors, t_fuzz):
+            f0 = failed
+            try:
+                t(d)
+            except Exception:
+                check(False, "%s raised:\n%s" % (t.__name__, traceback.format_exc()))
+            print("%-24s %s" % (t.__name__, "ok" if failed == f0 else "FAIL"), flush=True)
+            if d.proc.poll() is not None:
+                check(False, "aned died during %s (exit %r):\n%s" % (t.__name__, d.proc.returncode, d.logtext()))
+                break
+        if os.path.exists(VOCAB_ONLY):
+            f0 = failed
+            try:
+                d2 = Daemon(VOCAB_ONLY, "vocab")
+                t_no_model(d2)
+            except Exception:
+                check(False, "t_no_model raised:\n%s" % traceback.format_exc())
+            print("%-24s %s" % ("t_no_model", "ok" if failed == f0 else "FAIL"), flush=True)
+        if d.proc.poll() is None:
+            f0 = failed
+            try:
+                t_shutdown(d)
+            except Exception:
+                check(False, "t_shutdown raised:\n%s" % traceback.format_exc())
+            print("%-24s %s" % ("t_shutdown", "ok" if failed == f0 else "FAIL"), flush=True)
+    finally:
+        d.stop()
+        if d2:
+            d2.stop()
+        if failed:
+            print("--- aned log (tail) ---\n" + d.logtext())
+        d.cleanup()
+        if d2:
+            d2.cleanup()
+    print("%d passed, %d failed" % (passed, failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
