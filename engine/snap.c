@@ -70,6 +70,7 @@ int snapc_take(snapc *s, const void *owner)
     }
     if (best >= 0) {
         s->e[best].owner = owner;
+        s->e[best].len = 0;   /* the state buffer is the owner's to overwrite */
         s->e[best].used = ++s->tick;
     }
     return best;

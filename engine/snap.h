@@ -21,7 +21,8 @@ void snapc_close(snapc *s);
 int snapc_find(snapc *s, const int32_t *toks, int max_len, int align, int *len);
 
 /* An entry for `owner` to write its snapshots to: a free one, else the least
- * recently used one no other owner holds; -1 if every entry is held. */
+ * recently used one no other owner holds (its snapshot is dropped); -1 if
+ * every entry is held. */
 int snapc_take(snapc *s, const void *owner);
 /* Records that entry i now holds the state after toks[0..len). */
 void snapc_set(snapc *s, int i, const int32_t *toks, int len);

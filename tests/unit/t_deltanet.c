@@ -9,6 +9,7 @@
 #include "engine/backend.h"
 #include "engine/engine.h"
 #include "engine/pool.h"
+#include "engine/snap.h"
 #include "tests/check.h"
 
 #include <math.h>
@@ -241,6 +242,32 @@ static void test_qwen35_concurrent(void)
     eng_close(e);
 }
 
+static void test_snapc(void)
+{
+    snapc *s;
+    CHECK(snapc_open(&s, 3, 64) == 0);
+    int32_t a[64], b[64];
+    for (int i = 0; i < 64; i++) { a[i] = i; b[i] = i < 16 ? i : 1000 + i; }
+    int len, x = snapc_take(s, &a), y = snapc_take(s, &b);
+    CHECK(x >= 0 && y >= 0 && x != y);
+    CHECK(snapc_find(s, a, 64, 16, &len) == -1);
+    snapc_set(s, x, a, 32);
+    snapc_set(s, y, b, 48);
+    CHECK(snapc_find(s, a, 64, 16, &len) == x && len == 32);
+    CHECK(snapc_find(s, a, 31, 16, &len) == -1);                   /* too long for the limit */
+    CHECK(snapc_find(s, b, 64, 16, &len) == y && len == 48);
+    snapc_set(s, x, a, 20);
+    CHECK(snapc_find(s, a, 64, 16, &len) == -1);                   /* not page aligned */
+    int z = snapc_take(s, &len);
+    CHECK(z >= 0 && z != x && z != y);
+    CHECK(snapc_take(s, &len) == -1);                              /* every entry held */
+    snapc_release(s, y);
+    CHECK(snapc_take(s, &len) == y);                               /* reused: its snapshot dropped */
+    CHECK(snapc_find(s, b, 64, 16, &len) == -1);
+    snapc_close(s);
+    snapc_close(NULL);
+}
+
 /* One greedy job, waited for: its tokens and the prompt tokens it reused. */
 static int gen(eng *e, const int32_t *toks, int n, int max_tokens, int32_t *out, int *cached)
 {
@@ -347,6 +374,7 @@ int main(void)
     }
     RUN(test_deltanet_chunked);
     RUN(test_conv1d);
+    RUN(test_snapc);
     RUN(test_qwen35_concurrent);
     RUN(test_qwen35_prefix_reuse);
     g_be->ops->close(g_be);
