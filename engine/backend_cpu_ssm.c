@@ -21,24 +21,55 @@ void cpu_copy_rows(be *b, float *dst, size_t dst_stride, const float *src, size_
     for (int r = 0; r < rows; r++) memcpy(dst + (size_t)r * dst_stride, src + (size_t)r * src_stride, (size_t)n * 4);
 }
 
+/* elementwise ops in blocks of EW_BLOCK over the pool */
+#define EW_BLOCK 4096
+
+typedef struct ew_job {
+    float *x;
+    const float *g, *z;
+    const float *w;
+    size_t n;        /* sigmoid_mul: elements; rmsnorm_gated: rows */
+    int rn;          /* rmsnorm_gated: row length */
+    float eps;
+    const float *xin;
+} ew_job;
+
+static void sigmoid_block(void *arg, int i, int ith)
+{
+    (void)ith;
+    ew_job *j = arg;
+    size_t a = (size_t)i * EW_BLOCK, e = a + EW_BLOCK < j->n ? a + EW_BLOCK : j->n;
+    for (size_t k = a; k < e; k++) j->x[k] = j->x[k] / (1.0f + expf(-j->g[k]));
+}
+
 void cpu_sigmoid_mul(be *b, float *x, const float *g, size_t n)
 {
-    (void)b;
-    for (size_t i = 0; i < n; i++) x[i] = x[i] / (1.0f + expf(-g[i]));
+    ew_job j = { .x = x, .g = g, .n = n };
+    pool_run(be_cpu_pool(b), sigmoid_block, &j, (int)((n + EW_BLOCK - 1) / EW_BLOCK));
+}
+
+static void rmsg_block(void *arg, int i, int ith)
+{
+    (void)ith;
+    ew_job *j = arg;
+    int n = j->rn;
+    size_t per = EW_BLOCK / (size_t)n ? EW_BLOCK / (size_t)n : 1;
+    size_t r0 = (size_t)i * per, r1 = r0 + per < j->n ? r0 + per : j->n;
+    for (size_t r = r0; r < r1; r++) {
+        const float *xr = j->xin + r * n, *zr = j->z + r * n;
+        float *o = j->x + r * n;
+        double ss = 0;
+        for (int k = 0; k < n; k++) ss += (double)xr[k] * xr[k];
+        float scale = (float)(1.0 / sqrt(ss / n + j->eps));
+        for (int k = 0; k < n; k++) o[k] = xr[k] * scale * j->w[k] * (zr[k] / (1.0f + expf(-zr[k])));
+    }
 }
 
 void cpu_rmsnorm_gated(be *b, const float *x, const float *z, const wt *wv, int rows, int n, float eps, float *out)
 {
-    (void)b;
-    const float *w = wv->data;
-    for (int r = 0; r < rows; r++) {
-        const float *xr = x + (size_t)r * n, *zr = z + (size_t)r * n;
-        float *o = out + (size_t)r * n;
-        double ss = 0;
-        for (int i = 0; i < n; i++) ss += (double)xr[i] * xr[i];
-        float scale = (float)(1.0 / sqrt(ss / n + eps));
-        for (int i = 0; i < n; i++) o[i] = xr[i] * scale * w[i] * (zr[i] / (1.0f + expf(-zr[i])));
-    }
+    ew_job j = { .x = out, .xin = x, .z = z, .w = wv->data, .n = (size_t)rows, .rn = n, .eps = eps };
+    size_t per = EW_BLOCK / (size_t)n ? EW_BLOCK / (size_t)n : 1;
+    pool_run(be_cpu_pool(b), rmsg_block, &j, (int)(((size_t)rows + per - 1) / per));
 }
 
 /* ---- causal conv ---------------------------------------------------------- */

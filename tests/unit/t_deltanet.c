@@ -242,6 +242,40 @@ static void test_qwen35_concurrent(void)
     eng_close(e);
 }
 
+/* copy_rows, sigmoid_mul, rmsnorm_gated against their definitions (sizes
+ * that cross the CPU backend's block boundaries) */
+static void test_small_ops(void)
+{
+    be *b = g_be;
+    enum { R = 150, N = 48 };
+    static float x[R][N], z[R][N], out[R][N], y[R][2 * N], w[N];
+    for (int r = 0; r < R; r++) for (int i = 0; i < N; i++) { x[r][i] = 3 * frand(); z[r][i] = 4 * frand(); }
+    for (int i = 0; i < N; i++) w[i] = 1 + frand();
+    for (int r = 0; r < R; r++) for (int i = 0; i < 2 * N; i++) y[r][i] = frand();
+    b->ops->copy_rows(b, &out[0][0], N, &y[0][0] + N, 2 * N, R, N);
+    CHECK(memcmp(out[R - 1], y[R - 1] + N, sizeof out[0]) == 0 && memcmp(out[0], y[0] + N, sizeof out[0]) == 0);
+    wt ww = f32_vec(w, N);
+    b->ops->rmsnorm_gated(b, &x[0][0], &z[0][0], &ww, R, N, 1e-6f, &out[0][0]);
+    double worst = 0;
+    for (int r = 0; r < R; r++) {
+        double ss = 0;
+        for (int i = 0; i < N; i++) ss += (double)x[r][i] * x[r][i];
+        for (int i = 0; i < N; i++) {
+            double want = x[r][i] / sqrt(ss / N + 1e-6) * w[i] * z[r][i] / (1 + exp(-(double)z[r][i]));
+            if (fabs(want - out[r][i]) > worst) worst = fabs(want - out[r][i]);
+        }
+    }
+    CHECKF(worst < 1e-5, "rmsnorm_gated differs by %g", worst);
+    memcpy(out, x, sizeof out);
+    b->ops->sigmoid_mul(b, &out[0][0], &z[0][0], (size_t)R * N);
+    worst = 0;
+    for (int r = 0; r < R; r++) for (int i = 0; i < N; i++) {
+        double want = x[r][i] / (1 + exp(-(double)z[r][i]));
+        if (fabs(want - out[r][i]) > worst) worst = fabs(want - out[r][i]);
+    }
+    CHECKF(worst < 1e-5, "sigmoid_mul differs by %g", worst);
+}
+
 static void test_snapc(void)
 {
     snapc *s;
@@ -374,6 +408,7 @@ int main(void)
     }
     RUN(test_deltanet_chunked);
     RUN(test_conv1d);
+    RUN(test_small_ops);
     RUN(test_snapc);
     RUN(test_qwen35_concurrent);
     RUN(test_qwen35_prefix_reuse);
