@@ -25,6 +25,14 @@ typedef struct be_batch {
 
 typedef struct be be;
 
+/* A save point for per-sequence state: the state of sequence `slot` right
+ * after its token at position pos-1 is copied to dst (a slot-sized buffer of
+ * the same layout), when that token is in the batch. */
+typedef struct be_save {
+    int slot, pos;
+    float *dst;
+} be_save;
+
 typedef struct be_ops {
     const char *name;
     void (*close)(be *b);
@@ -82,7 +90,7 @@ typedef struct be_ops {
      * inputs), which is updated. w: f32 rows of K taps, one per channel.
      * x, out [T][C]; in place allowed. */
     void (*conv1d_silu)(be *b, const float *x, const wt *w, float *state, const be_batch *bt, int C, int K,
-                        float *out);
+                        const be_save *sv, int n_sv, float *out);
     /* Gated delta rule (Gated DeltaNet), per value head h of nv, with key
      * head h % nk (GGUF files store value heads in this tiled order; the
      * Hugging Face layout groups them, h / (nv/nk)). Row t of qkv (stride floats apart) holds q [nk][dk],
@@ -93,10 +101,11 @@ typedef struct be_ops {
      *   S = exp(g) S;  S += k ((v - S^T k) beta)^T;  out[t][h] = S^T q.
      * A run of tokens of one sequence is computed in chunks (the chunked
      * parallel form), which equals the token-by-token recurrence.
-     * a, bb [T][nv]; out [T][nv][dv]. */
+     * a, bb [T][nv]; out [T][nv][dv]. Both ops honour save points sv[n_sv]
+     * (the prefix state a later prompt can resume from). */
     void (*deltanet)(be *b, const float *qkv, size_t stride, const float *a, const float *bb, const wt *A,
                      const wt *dt_bias, float *state, const be_batch *bt, int nk, int nv, int dk, int dv,
-                     float eps, float *out);
+                     float eps, const be_save *sv, int n_sv, float *out);
 } be_ops;
 
 struct be {

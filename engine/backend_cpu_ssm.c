@@ -82,6 +82,8 @@ typedef struct conv_job {
     float *state;
     const be_batch *bt;
     int C, K;
+    const be_save *sv;
+    int n_sv;
     float *out;
 } conv_job;
 
@@ -106,12 +108,17 @@ static void conv_block(void *arg, int i, int ith)
             if (K > 1) st[(size_t)(K - 2) * C + c] = xc;
             ot[c] = y / (1.0f + expf(-y));
         }
+        for (int s = 0; s < j->n_sv; s++)
+            if (j->sv[s].slot == j->bt->slot[t] && j->sv[s].pos == j->bt->pos[t] + 1)
+                for (int p = 0; p < K - 1; p++)
+                    memcpy(j->sv[s].dst + (size_t)p * C + c0, st + (size_t)p * C + c0, (size_t)(c1 - c0) * 4);
     }
 }
 
-void cpu_conv1d_silu(be *b, const float *x, const wt *w, float *state, const be_batch *bt, int C, int K, float *out)
+void cpu_conv1d_silu(be *b, const float *x, const wt *w, float *state, const be_batch *bt, int C, int K,
+                     const be_save *sv, int n_sv, float *out)
 {
-    conv_job j = { x, w->data, state, bt, C, K, out };
+    conv_job j = { x, w->data, state, bt, C, K, sv, n_sv, out };
     pool_run(be_cpu_pool(b), conv_block, &j, (C + CONV_BLOCK - 1) / CONV_BLOCK);
 }
 
@@ -125,6 +132,8 @@ typedef struct dn_job {
     const be_batch *bt;
     int nk, nv, dk, dv;
     float eps;
+    const be_save *sv;
+    int n_sv;
     float *out;
     float *scratch;        /* per thread: dn_scratch_floats(dk, dv) */
     size_t scratch_n;
@@ -268,19 +277,31 @@ static void dn_head(void *arg, int h, int ith)
         while (t + n < bt->T && bt->slot[t + n] == slot && bt->pos[t + n] == bt->pos[t + n - 1] + 1) n++;
         float *S = j->state + ((size_t)slot * j->nv + h) * head_sz;
         if (bt->pos[t] == 0) memset(S, 0, head_sz * 4);
-        for (int c = 0; c < n; c += DN_CHUNK) dn_chunk(j, h, t + c, n - c < DN_CHUNK ? n - c : DN_CHUNK, S, sc);
+        /* a save point inside the run cuts the chunks there */
+        int cut = n;
+        const be_save *save = NULL;
+        for (int s = 0; s < j->n_sv; s++) {
+            int at = j->sv[s].pos - bt->pos[t];
+            if (j->sv[s].slot == slot && at >= 1 && at <= n) { cut = at; save = &j->sv[s]; }
+        }
+        for (int c = 0; c < n;) {
+            int end = c < cut ? cut : n, len = end - c < DN_CHUNK ? end - c : DN_CHUNK;
+            dn_chunk(j, h, t + c, len, S, sc);
+            c += len;
+            if (save && c == cut) memcpy(save->dst + (size_t)h * head_sz, S, head_sz * 4);
+        }
         t += n;
     }
 }
 
 void cpu_deltanet(be *b, const float *qkv, size_t stride, const float *a, const float *bb, const wt *A,
                   const wt *dt_bias, float *state, const be_batch *bt, int nk, int nv, int dk, int dv, float eps,
-                  float *out)
+                  const be_save *sv, int n_sv, float *out)
 {
     pool *p = be_cpu_pool(b);
     size_t per = dn_scratch_floats(dk, dv);
     float *scratch = be_cpu_scratch(b, per * (size_t)pool_size(p) * sizeof(float));
     if (!scratch) return;   /* be_cpu_scratch aborts on allocation failure */
-    dn_job j = { qkv, stride, a, bb, A->data, dt_bias->data, state, bt, nk, nv, dk, dv, eps, out, scratch, per };
+    dn_job j = { qkv, stride, a, bb, A->data, dt_bias->data, state, bt, nk, nv, dk, dv, eps, sv, n_sv, out, scratch, per };
     pool_run(p, dn_head, &j, nv);
 }

@@ -718,11 +718,13 @@ static void step(eng *e)
         int take = j->n_prompt - j->n_past;
         if (take > budget - T) take = budget - T;
         if (j->kind == ENG_JOB_EVAL && take > EVAL_ROWS - n_out) take = EVAL_ROWS - n_out;
-        if (j->snap >= 0) {   /* stop at the prompt's last page boundary: a snapshot is taken there */
-            int mark = (j->n_prompt - 1) / KV_PAGE * KV_PAGE;
-            if (j->n_past < mark && j->n_past + take > mark) take = mark - j->n_past;
-        }
         if (take <= 0) continue;
+        int mark = (j->n_prompt - 1) / KV_PAGE * KV_PAGE;
+        if (j->snap >= 0 && j->n_past < mark && j->n_past + take >= mark) {
+            /* the state at the prompt's last page boundary, saved in this pass */
+            fw_snap_at(e->fw, j->slot, mark, j->snap);
+            snapc_set(e->snaps, j->snap, j->toks, mark);
+        }
         for (int k = 0; k < take; k++) {
             int p = j->n_past + k;
             e->b_tok[T] = j->toks[p];

@@ -105,6 +105,7 @@ oom:
 int fw_snap_count(const fw *f) { return f->q35 ? fwq_snap_count(f->q35) : 0; }
 void fw_snap_save(fw *f, int slot, int snap) { if (f->q35) fwq_snap_save(f->q35, slot, snap); }
 void fw_snap_load(fw *f, int snap, int slot) { if (f->q35) fwq_snap_load(f->q35, snap, slot); }
+void fw_snap_at(fw *f, int slot, int pos, int snap) { if (f->q35) fwq_snap_at(f->q35, slot, pos, snap); }
 
 size_t fw_kv_bytes(const fw *f) { return f->q35 ? fwq_kv_bytes(f->q35) : f->kv_bytes; }
 

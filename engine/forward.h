@@ -22,6 +22,9 @@ void fw_close(fw *f);
 int fw_snap_count(const fw *f);
 void fw_snap_save(fw *f, int slot, int snap);
 void fw_snap_load(fw *f, int snap, int slot);
+/* The next fw_run saves slot's state right after its token at position
+ * pos-1 (which must be in that batch) into snapshot `snap`. */
+void fw_snap_at(fw *f, int slot, int pos, int snap);
 size_t fw_kv_bytes(const fw *f);          /* bytes of the whole KV pool */
 size_t fw_kv_page_bytes(const model *m, size_t kv_elt);
 

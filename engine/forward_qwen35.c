@@ -31,6 +31,9 @@ struct fwq {
     float **conv, **ssm;        /* [n_layer]: linear layers only */
     float **conv_snap, **ssm_snap;  /* [n_layer]: n_snap copies of one slot's state */
     int n_snap;
+    struct fwq_req { int slot, pos, snap; } *req;  /* [max_seqs] save points of the next run */
+    be_save *sv;                /* [max_seqs] the same for one op */
+    int n_req;
     size_t conv_slot, ssm_slot; /* floats per slot */
     float *zero;                /* host zeros for resets: max(conv_slot, ssm_slot) */
     size_t kv_bytes, state_bytes;
@@ -61,6 +64,8 @@ void fwq_close(fwq *f)
     }
     free(f->conv_snap);
     free(f->ssm_snap);
+    free(f->req);
+    free(f->sv);
     free(f->kc);
     free(f->vc);
     free(f->conv);
@@ -121,6 +126,8 @@ int fwq_open(fwq **out, model *m, be *b, int max_T, int max_out, int n_pages, in
     f->ssm_slot = NV * hp->ssm_dk * hp->ssm_dv;
     f->conv_snap = calloc((size_t)hp->n_layer, sizeof *f->conv_snap);
     f->ssm_snap = calloc((size_t)hp->n_layer, sizeof *f->ssm_snap);
+    f->req = calloc((size_t)max_seqs, sizeof *f->req);
+    f->sv = calloc((size_t)max_seqs, sizeof *f->sv);
     /* snapshots: two per slot, within SNAP_BUDGET (none: prefixes are recomputed) */
     size_t snap_bytes = (size_t)(hp->n_layer - hp->n_attn_layers) * (f->conv_slot + f->ssm_slot) * 4;
     f->n_snap = 2 * max_seqs;
@@ -128,7 +135,7 @@ int fwq_open(fwq **out, model *m, be *b, int max_T, int max_out, int n_pages, in
     f->zero = calloc(f->conv_slot > f->ssm_slot ? f->conv_slot + 1 : f->ssm_slot + 1, sizeof(float));
     if (!f->x || !f->xb || !f->big || !f->q || !f->gz || !f->att || !f->k || !f->v || !f->ga || !f->gb ||
         !f->hg || !f->hu || !f->xo || !f->lg || !f->kc || !f->vc || !f->conv || !f->ssm || !f->zero ||
-        !f->conv_snap || !f->ssm_snap)
+        !f->conv_snap || !f->ssm_snap || !f->req || !f->sv)
         goto oom;
     size_t layer_bytes = (size_t)n_pages * KV_PAGE * K * b->kv_elt;
     for (int l = 0; l < hp->n_layer; l++) {
@@ -197,6 +204,25 @@ void fwq_snap_load(fwq *f, int snap, int slot)
     }
 }
 
+void fwq_snap_at(fwq *f, int slot, int pos, int snap)
+{
+    if (slot < 0 || slot >= f->max_seqs || snap < 0 || snap >= f->n_snap || f->n_req >= f->max_seqs) return;
+    f->req[f->n_req++] = (struct fwq_req){ slot, pos, snap };
+}
+
+/* The save points of this run for layer l: into its conv (ssm = 0) or
+ * delta-rule (ssm = 1) snapshots. */
+static const be_save *saves(fwq *f, int l, int ssm)
+{
+    for (int i = 0; i < f->n_req; i++) {
+        size_t snap = (size_t)f->req[i].snap;
+        f->sv[i].slot = f->req[i].slot;
+        f->sv[i].pos = f->req[i].pos;
+        f->sv[i].dst = ssm ? f->ssm_snap[l] + snap * f->ssm_slot : f->conv_snap[l] + snap * f->conv_slot;
+    }
+    return f->sv;
+}
+
 size_t fwq_kv_bytes(const fwq *f) { return f->kv_bytes + f->state_bytes; }
 
 static void linear_layer(fwq *f, const layer_w *L, int l, const be_batch *bt)
@@ -209,9 +235,9 @@ static void linear_layer(fwq *f, const layer_w *L, int l, const be_batch *bt)
     o->matmul(b, &L->ssm_z, NULL, f->xb, T, f->gz);
     o->matmul(b, &L->ssm_alpha, NULL, f->xb, T, f->ga);
     o->matmul(b, &L->ssm_beta, NULL, f->xb, T, f->gb);
-    o->conv1d_silu(b, f->big, &L->ssm_conv, f->conv[l], bt, CD, hp->ssm_conv_k, f->big);
+    o->conv1d_silu(b, f->big, &L->ssm_conv, f->conv[l], bt, CD, hp->ssm_conv_k, saves(f, l, 0), f->n_req, f->big);
     o->deltanet(b, f->big, (size_t)CD, f->ga, f->gb, &L->ssm_a, &L->ssm_dt_bias, f->ssm[l], bt, hp->ssm_nk,
-                hp->ssm_nv, hp->ssm_dk, hp->ssm_dv, 1e-6f, f->att);
+                hp->ssm_nv, hp->ssm_dk, hp->ssm_dv, 1e-6f, saves(f, l, 1), f->n_req, f->att);
     o->rmsnorm_gated(b, f->att, f->gz, &L->ssm_norm, T * hp->ssm_nv, hp->ssm_dv, hp->norm_eps, f->att);
     o->matmul(b, &L->ssm_out, NULL, f->att, T, f->xb);
 }
@@ -259,6 +285,7 @@ void fwq_run(fwq *f, const int32_t *tokens, const be_batch *bt, const int32_t *o
         o->matmul(b, &L->w_down, NULL, f->hg, T, f->xb);
         o->add(b, f->x, f->xb, (size_t)T * E);
     }
+    f->n_req = 0;
     if (n_out <= 0) { o->sync(b); return; }
     for (int i = 0; i < n_out; i++)
         o->rmsnorm(b, f->x + (size_t)out_idx[i] * E, &m->output_norm, 1, E, hp->norm_eps, f->xo + (size_t)i * E);

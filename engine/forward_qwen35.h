@@ -19,6 +19,7 @@ void fwq_close(fwq *f);
 int fwq_snap_count(const fwq *f);
 void fwq_snap_save(fwq *f, int slot, int snap);
 void fwq_snap_load(fwq *f, int snap, int slot);
+void fwq_snap_at(fwq *f, int slot, int pos, int snap);
 size_t fwq_kv_bytes(const fwq *f);          /* KV pool and recurrent state */
 size_t fwq_kv_page_bytes(const model *m, size_t kv_elt);
 void fwq_run(fwq *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out,

@@ -65,7 +65,8 @@ static void ref_step(const float *row, float a_h[], float b_h[], const float *A,
 
 typedef struct seqdef { int slot, pos0, n; } seqdef;
 
-static void deltanet_case(be *b, int nk, int nv, int dk, int dv, const seqdef *seqs, int n_seq, int split)
+static void deltanet_case(be *b, int nk, int nv, int dk, int dv, const seqdef *seqs, int n_seq, int split,
+                          int save_slot, int save_pos)
 {
     const float eps = 1e-6f;
     int max_seqs = 4, stride = 2 * nk * dk + nv * dv;
@@ -77,6 +78,8 @@ static void deltanet_case(be *b, int nk, int nv, int dk, int dv, const seqdef *s
     float *state = malloc((size_t)max_seqs * slot_sz * 4);
     double *ref_state = malloc((size_t)max_seqs * slot_sz * 8), *ref_out = malloc((size_t)T * nv * dv * 8);
     int32_t *pos = malloc((size_t)T * 4), *slot = malloc((size_t)T * 4);
+    float *saved = calloc(slot_sz, 4);
+    double *ref_saved = calloc(slot_sz, 8);
     for (size_t i = 0; i < (size_t)T * stride; i++) qkv[i] = frand();
     for (size_t i = 0; i < (size_t)T * nv; i++) { a[i] = 2 * frand(); bb[i] = 3 * frand(); }
     for (int h = 0; h < nv; h++) { A[h] = -(0.05f + 4 * fabsf(frand())); dt[h] = frand(); }
@@ -89,6 +92,8 @@ static void deltanet_case(be *b, int nk, int nv, int dk, int dv, const seqdef *s
             slot[t] = seqs[s].slot;
             ref_step(qkv + (size_t)t * stride, a + (size_t)t * nv, bb + (size_t)t * nv, A, dt,
                      ref_state + (size_t)slot[t] * slot_sz, nk, nv, dk, dv, eps, ref_out + (size_t)t * nv * dv);
+            if (slot[t] == save_slot && pos[t] + 1 == save_pos)
+                memcpy(ref_saved, ref_state + (size_t)slot[t] * slot_sz, slot_sz * 8);
         }
     }
     wt Aw = f32_vec(A, nv), dtw = f32_vec(dt, nv);
@@ -98,8 +103,9 @@ static void deltanet_case(be *b, int nk, int nv, int dk, int dv, const seqdef *s
         int t0 = cuts[c], n = cuts[c + 1] - cuts[c];
         if (n <= 0) continue;
         be_batch bt = { .T = n, .pos = pos + t0, .pages = NULL, .slot = slot + t0 };
+        be_save sv = { save_slot, save_pos, saved };
         b->ops->deltanet(b, qkv + (size_t)t0 * stride, (size_t)stride, a + (size_t)t0 * nv, bb + (size_t)t0 * nv,
-                         &Aw, &dtw, state, &bt, nk, nv, dk, dv, eps, out + (size_t)t0 * nv * dv);
+                         &Aw, &dtw, state, &bt, nk, nv, dk, dv, eps, &sv, save_pos > 0, out + (size_t)t0 * nv * dv);
     }
     double worst = 0, worst_s = 0;
     for (size_t i = 0; i < (size_t)T * nv * dv; i++) {
@@ -112,11 +118,18 @@ static void deltanet_case(be *b, int nk, int nv, int dk, int dv, const seqdef *s
             double d = fabs(state[k] - ref_state[k]) / (1 + fabs(ref_state[k]));
             if (d > worst_s) worst_s = d;
         }
+    double worst_v = 0;
+    for (size_t i = 0; save_pos > 0 && i < slot_sz; i++) {
+        double d = fabs(saved[i] - ref_saved[i]) / (1 + fabs(ref_saved[i]));
+        if (d > worst_v) worst_v = d;
+    }
+    CHECKF(worst_v < 2e-5, "save point %d of slot %d differs by %g", save_pos, save_slot, worst_v);
     CHECKF(worst < 2e-5, "nk %d nv %d dk %d dv %d T %d split %d: output differs by %g", nk, nv, dk, dv, T, split, worst);
     CHECKF(worst_s < 2e-5, "nk %d nv %d dk %d dv %d T %d split %d: state differs by %g", nk, nv, dk, dv, T, split, worst_s);
     fprintf(stderr, "  deltanet nk %d nv %d dk %3d dv %3d T %3d split %3d: max rel err out %.2e state %.2e\n",
             nk, nv, dk, dv, T, split, worst, worst_s);
     free(qkv); free(a); free(bb); free(out); free(state); free(ref_state); free(ref_out); free(pos); free(slot);
+    free(saved); free(ref_saved);
 }
 
 static be *g_be;
@@ -126,17 +139,18 @@ static void test_deltanet_chunked(void)
     /* decode token with carried state, a fresh 150-token prompt (3 chunks,
      * its slot holding garbage), a continuation of 40 tokens */
     seqdef mix[] = { { 1, 5, 1 }, { 0, 0, 150 }, { 2, 10, 40 } };
-    deltanet_case(g_be, 2, 4, 16, 8, mix, 3, 0);
-    deltanet_case(g_be, 2, 4, 32, 32, mix, 3, 0);
-    deltanet_case(g_be, 1, 3, 64, 16, mix, 3, 0);
+    deltanet_case(g_be, 2, 4, 16, 8, mix, 3, 0, 0, 0);
+    deltanet_case(g_be, 2, 4, 32, 32, mix, 3, 0, 0, 96);      /* save points: in a run, */
+    deltanet_case(g_be, 1, 3, 64, 16, mix, 3, 0, 2, 50);      /* at a run's end */
+    deltanet_case(g_be, 1, 3, 64, 16, mix, 3, 0, 0, 77);
     /* one sequence cut over two batches at, and off, a chunk boundary */
     seqdef one[] = { { 3, 0, 200 } };
-    deltanet_case(g_be, 2, 4, 16, 16, one, 1, 0);
-    deltanet_case(g_be, 2, 4, 16, 16, one, 1, 64);
-    deltanet_case(g_be, 2, 4, 16, 16, one, 1, 77);
+    deltanet_case(g_be, 2, 4, 16, 16, one, 1, 0, 3, 130);
+    deltanet_case(g_be, 2, 4, 16, 16, one, 1, 64, 0, 0);
+    deltanet_case(g_be, 2, 4, 16, 16, one, 1, 77, 0, 0);
     /* decoding only: one token for each of four sequences */
     seqdef dec[] = { { 0, 3, 1 }, { 1, 9, 1 }, { 2, 1, 1 }, { 3, 100, 1 } };
-    deltanet_case(g_be, 2, 4, 32, 32, dec, 4, 0);
+    deltanet_case(g_be, 2, 4, 32, 32, dec, 4, 0, 3, 101);    /* and after a decode step */
 }
 
 static void test_conv1d(void)
@@ -151,7 +165,9 @@ static void test_conv1d(void)
         state[s][p][c] = ref_state[s][p][c] = frand();
     wt ww = { .type = 0, .n_in = K, .n_out = C, .row_bytes = K * 4, .data = w };
     be_batch bt = { .T = T, .pos = pos, .pages = NULL, .slot = slot };
-    b->ops->conv1d_silu(b, &x[0][0], &ww, &state[0][0][0], &bt, C, K, &out[0][0]);
+    float saved[K - 1][C], ref_saved[K - 1][C];
+    be_save sv = { 0, 3, &saved[0][0] };   /* slot 0 after its token at position 2 */
+    b->ops->conv1d_silu(b, &x[0][0], &ww, &state[0][0][0], &bt, C, K, &sv, 1, &out[0][0]);
     double worst = 0;
     for (int t = 0; t < T; t++) {
         int s = slot[t];
@@ -161,12 +177,14 @@ static void test_conv1d(void)
             for (int p = 0; p < K - 1; p++) y += w[c][p] * (double)ref_state[s][p][c];
             for (int p = 0; p < K - 2; p++) ref_state[s][p][c] = ref_state[s][p + 1][c];
             ref_state[s][K - 2][c] = x[t][c];
+            if (s == 0 && pos[t] == 2) for (int p = 0; p < K - 1; p++) ref_saved[p][c] = ref_state[s][p][c];
             double r = y / (1 + exp(-y));
             if (fabs(r - out[t][c]) > worst) worst = fabs(r - out[t][c]);
         }
     }
     CHECKF(worst < 1e-5, "conv output differs by %g", worst);
     CHECK(memcmp(state, ref_state, sizeof state) == 0);
+    CHECK(memcmp(saved, ref_saved, sizeof saved) == 0);
 }
 
 /* ---- Qwen3.5 through the engine ------------------------------------------ */
