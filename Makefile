@@ -1,5 +1,5 @@
 # aned — one hand-written Makefile.
-#   make            build bin/aned, bin/aneclient, bin/anebench, libaneclient
+#   make            build bin/aned, bin/aneclient, bin/aned-http, bin/anebench, libaneclient
 #   make run        build, start aned on the bundled model, print a story
 #   make test       unit + integration tests; ends with "N passed, M failed"
 #   make bench      benchmarks on real-size synthetic models
@@ -29,11 +29,14 @@ endif
 
 # Dependencies come from Debian packages (see README "Dependencies").
 DEB_PKGS := pkg-config libmsgpack-dev libev-dev libjansson-dev libpcre2-dev \
-            libutf8proc-dev python3-msgpack xz-utils curl
+            libutf8proc-dev python3-msgpack xz-utils curl libmicrohttpd-dev
 PC_PKGS  := msgpack jansson libpcre2-8 libutf8proc
 # Recursive (=) so they are read after `deps` has run.
 PC_CFLAGS = $(shell pkg-config --cflags $(PC_PKGS) 2>/dev/null)
 PC_LIBS   = $(shell pkg-config --libs $(PC_PKGS) 2>/dev/null)
+# The HTTP gateway's library is linked into bin/aned-http alone, never aned.
+HTTP_PC_PKGS := libmicrohttpd
+HTTP_LIBS = $(shell pkg-config --libs $(HTTP_PC_PKGS) 2>/dev/null)
 
 CPPFLAGS += -I. -D_GNU_SOURCE
 CFLAGS   ?=
@@ -46,6 +49,7 @@ O := bin/obj
 PROTO_SRC  := $(wildcard proto/*.c)
 ENGINE_SRC := $(wildcard engine/*.c)
 CLIENT_LIB_SRC := $(wildcard client/libaneclient.c)
+HTTP_SRC   := $(wildcard client/aned-http.c client/http_*.c)
 DAEMON_SRC := $(wildcard daemon/*.c)
 UNIT_SRC   := $(wildcard tests/unit/t_*.c)
 BENCH_SRC  := $(wildcard tests/bench/*.c)
@@ -56,6 +60,7 @@ PROTO_OBJ  := $(PROTO_SRC:%.c=$(O)/%.o)
 ENGINE_OBJ := $(ENGINE_SRC:%.c=$(O)/%.o)
 CLIENT_LIB_OBJ := $(CLIENT_LIB_SRC:%.c=$(O)/%.o)
 DAEMON_OBJ := $(DAEMON_SRC:%.c=$(O)/%.o)
+HTTP_OBJ   := $(HTTP_SRC:%.c=$(O)/%.o)
 TEST_HELP_OBJ := $(TEST_HELP_SRC:%.c=$(O)/%.o)
 UNIT_BIN   := $(UNIT_SRC:tests/unit/%.c=bin/tests/%)
 
@@ -63,7 +68,8 @@ LIBPROTO  := bin/libaneproto.a
 LIBENGINE := bin/libaneengine.a
 LIBCLIENT := bin/libaneclient.a
 
-PROGS := $(if $(DAEMON_SRC),bin/aned) $(if $(wildcard client/aneclient.c),bin/aneclient) $(BENCH_BIN)
+PROGS := $(if $(DAEMON_SRC),bin/aned) $(if $(wildcard client/aneclient.c),bin/aneclient) \
+         $(if $(HTTP_SRC),bin/aned-http) $(BENCH_BIN)
 
 .PHONY: all deps run test bench cuda help clean fixtures
 all: $(PROGS) $(LIBCLIENT) $(UNIT_BIN)
@@ -104,6 +110,8 @@ bin/aned: $(DAEMON_OBJ) $(LIBENGINE) $(LIBPROTO)
 	$(CC) $(LDFLAGS) -o $@ $(DAEMON_OBJ) $(LIBENGINE) $(LIBPROTO) $(LDLIBS)
 bin/aneclient: $(O)/client/aneclient.o $(LIBCLIENT)
 	$(CC) $(LDFLAGS) -o $@ $< $(LIBCLIENT) $(LDLIBS)
+bin/aned-http: $(HTTP_OBJ) $(LIBCLIENT)
+	$(CC) $(LDFLAGS) -o $@ $(HTTP_OBJ) $(LIBCLIENT) $(HTTP_LIBS) $(LDLIBS)
 # Every tests/bench/NAME.c is a program bin/NAME (anebench, ...).
 $(BENCH_BIN): bin/%: $(O)/tests/bench/%.o $(LIBENGINE) $(LIBCLIENT) $(LIBPROTO)
 	$(CC) $(LDFLAGS) -o $@ $< $(LIBENGINE) $(LIBCLIENT) $(LIBPROTO) $(LDLIBS)

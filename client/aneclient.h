@@ -72,6 +72,10 @@ uint64_t ane_submit(ane_client *c, proto_req *req, char *err, size_t errlen);
 /* Shorthands for ane_submit with the protocol defaults. */
 uint64_t ane_submit_generate(ane_client *c, const char *prompt, int32_t max_tokens, char *err, size_t errlen);
 uint64_t ane_submit_eval(ane_client *c, const char *prompt, int32_t top, char *err, size_t errlen);
+/* A whole conversation (roles "system", "user", "assistant"), rendered with
+ * the model's chat template; the reply is the assistant's next turn. */
+uint64_t ane_submit_chat(ane_client *c, const proto_msg *msgs, size_t n, int32_t max_tokens,
+                         char *err, size_t errlen);
 uint64_t ane_submit_tokenize(ane_client *c, const char *text, size_t len, int add_bos, int special,
                              char *err, size_t errlen);
 uint64_t ane_submit_detokenize(ane_client *c, const int32_t *ids, size_t n, char *err, size_t errlen);

@@ -375,6 +375,19 @@ uint64_t ane_submit_eval(ane_client *c, const char *prompt, int32_t top, char *e
     return ane_submit(c, &q, err, errlen);
 }
 
+uint64_t ane_submit_chat(ane_client *c, const proto_msg *msgs, size_t n, int32_t max_tokens,
+                         char *err, size_t errlen)
+{
+    if (!msgs || n == 0) { seterr(err, errlen, "ane_submit_chat: no messages"); return 0; }
+    if (n > PROTO_MAX_MSGS) { seterr(err, errlen, "ane_submit_chat: over %d messages", PROTO_MAX_MSGS); return 0; }
+    proto_req q;
+    proto_req_init(&q, PROTO_T_GENERATE, 0);
+    q.msgs = msgs;
+    q.n_msgs = n;
+    q.max_tokens = max_tokens;
+    return ane_submit(c, &q, err, errlen);
+}
+
 uint64_t ane_submit_tokenize(ane_client *c, const char *text, size_t len, int add_bos, int special,
                              char *err, size_t errlen)
 {

@@ -363,6 +363,15 @@ static void req_submit(client *cl, const proto_req *r)
     job *j = calloc(1, sizeof *j);
     if (!j) { send_error(cl, r->id, PROTO_E_INTERNAL, "out of memory"); return; }
 
+    /* proto_msg and eng_msg are separate types by design (wire vs engine). */
+    eng_msg *msgs = NULL;
+    if (r->n_msgs) {
+        msgs = calloc(r->n_msgs, sizeof *msgs);
+        if (!msgs) { free(j); send_error(cl, r->id, PROTO_E_INTERNAL, "out of memory"); return; }
+        for (size_t i = 0; i < r->n_msgs; i++)
+            msgs[i] = (eng_msg){ r->msgs[i].role, r->msgs[i].role_len,
+                                 r->msgs[i].content, r->msgs[i].content_len };
+    }
     eng_job_desc d;
     memset(&d, 0, sizeof d);
     d.kind = r->type == PROTO_T_EVAL ? ENG_JOB_EVAL : ENG_JOB_GENERATE;
@@ -372,6 +381,8 @@ static void req_submit(client *cl, const proto_req *r)
     d.text_len = r->text_len;
     d.system = r->system;
     d.system_len = r->system_len;
+    d.msgs = msgs;
+    d.n_msgs = r->n_msgs;
     d.raw = r->raw;
     d.parse_special = r->special;
     d.max_tokens = r->max_tokens;
@@ -393,7 +404,9 @@ static void req_submit(client *cl, const proto_req *r)
 
     eng_err code = ENG_OK;
     char err[256] = "";
-    if (eng_submit(s->eng, &d, &j->eng_id, &code, err, sizeof err) < 0) {
+    int rc = eng_submit(s->eng, &d, &j->eng_id, &code, err, sizeof err);
+    free(msgs);   /* eng_submit copied them */
+    if (rc < 0) {
         free(j);
         if (code == ENG_OK) code = ENG_EINTERNAL;
         send_error(cl, r->id, map_eng_err(code), err[0] ? err : eng_strerror(code));

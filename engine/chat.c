@@ -69,6 +69,15 @@ static int fail(char *err, size_t errlen, const char *fmt, ...)
     return -1;
 }
 
+static const char *memmem_(const char *h, size_t hl, const char *needle)
+{
+    size_t nl = strlen(needle);
+    if (!h || hl < nl) return NULL;
+    for (size_t i = 0; i + nl <= hl; i++)
+        if (h[i] == needle[0] && memcmp(h + i, needle, nl) == 0) return h + i;
+    return NULL;
+}
+
 typedef struct segs { tok_seg *s; size_t n, cap; } segs;
 
 static void seg_add(segs *v, const char *text, size_t len, int special)
@@ -109,11 +118,47 @@ int chat_encode(const struct tok *t, chat_kind k, const chat_msg *msgs, size_t n
             seg_add(&v, defsys, (size_t)dl, 1);
             seg_lit(&v, "<|im_end|>\n");
         }
+        /* Qwen3's template drops the reasoning of earlier assistant turns
+         * and writes that of turns after the last user message as a think block */
+        int qwen3 = strstr(tok_chat_template(t), "reasoning_content") != NULL;
+        size_t last_q = n ? n - 1 : 0;
+        for (size_t i = n; i-- > 0;) {
+            const char *c = msgs[i].content;
+            size_t l = msgs[i].content_len;
+            int tool = l >= 33 && memcmp(c, "<tool_response>", 15) == 0 && memcmp(c + l - 16, "</tool_response>", 16) == 0;
+            if (strcmp(msgs[i].role, "user") == 0 && !tool) { last_q = i; break; }
+        }
         for (size_t i = 0; i < n; i++) {
             seg_lit(&v, "<|im_start|>");
             seg_add(&v, msgs[i].role, strlen(msgs[i].role), 0);
             seg_lit(&v, "\n");
-            seg_add(&v, msgs[i].content, msgs[i].content_len, 0);
+            if (qwen3 && strcmp(msgs[i].role, "assistant") == 0) {
+                const char *c = msgs[i].content, *ce = c + msgs[i].content_len;
+                const char *rs = c, *re = c;        /* reasoning */
+                const char *first = memmem_(c, msgs[i].content_len, "</think>");
+                if (first) {
+                    const char *last = first, *q;
+                    while ((q = memmem_(last + 8, (size_t)(ce - last - 8), "</think>"))) last = q;
+                    re = first;
+                    while (re > c && re[-1] == '\n') re--;
+                    for (const char *w = c; (q = memmem_(w, (size_t)(re - w), "<think>")); w = q + 7) rs = q + 7;
+                    while (rs < re && *rs == '\n') rs++;
+                    c = last + 8;
+                }
+                int block = i > last_q && (i + 1 == n || re > rs);
+                if (block) {
+                    while (rs < re && *rs == '\n') rs++;
+                    while (re > rs && re[-1] == '\n') re--;
+                    seg_lit(&v, "<think>\n");
+                    seg_add(&v, rs, (size_t)(re - rs), 0);
+                    seg_lit(&v, "\n</think>\n\n");
+                }
+                if (first || block)
+                    while (c < ce && *c == '\n') c++;
+                seg_add(&v, c, (size_t)(ce - c), 0);
+            } else {
+                seg_add(&v, msgs[i].content, msgs[i].content_len, 0);
+            }
             seg_lit(&v, "<|im_end|>\n");
         }
         if (add_assistant) seg_lit(&v, "<|im_start|>assistant\n");

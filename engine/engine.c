@@ -38,7 +38,7 @@
 #define PREFILL_SHARED 128 /* prefill tokens per pass while other sequences decode,
                               so a long prompt does not stall their streams */
 
-typedef enum { JOB_QUEUED, JOB_ACTIVE } job_state;
+typedef enum { JOB_QUEUED, JOB_ACTIVE, JOB_PARKED } job_state;
 
 typedef struct job {
     struct job *next;            /* queue link */
@@ -90,6 +90,7 @@ struct eng {
     job *queue_head, *queue_tail;
     int n_queued;
     job **active; int n_active;
+    job *parked; int n_parked;   /* paused jobs out of the batch, KV kept (list by next) */
     int stop;
     uint64_t next_id;
 
@@ -548,6 +549,8 @@ void eng_cancel(eng *e, uint64_t id)
         if (j->id == id) atomic_store(&j->cancel, 1);
     for (int i = 0; i < e->n_active; i++)
         if (e->active[i]->id == id) atomic_store(&e->active[i]->cancel, 1);
+    for (job *j = e->parked; j; j = j->next)
+        if (j->id == id) atomic_store(&j->cancel, 1);
     pthread_cond_signal(&e->cv);
     pthread_mutex_unlock(&e->mu);
 }
@@ -559,6 +562,8 @@ void eng_pause(eng *e, uint64_t id, int paused)
         if (j->id == id) atomic_store(&j->paused, paused != 0);
     for (int i = 0; i < e->n_active; i++)
         if (e->active[i]->id == id) atomic_store(&e->active[i]->paused, paused != 0);
+    for (job *j = e->parked; j; j = j->next)
+        if (j->id == id) atomic_store(&j->paused, paused != 0);
     pthread_cond_signal(&e->cv);
     pthread_mutex_unlock(&e->mu);
 }
@@ -572,6 +577,7 @@ static job *pick_fair(eng *e, job **prev_out)
     job *best = NULL, *best_prev = NULL, *prev = NULL;
     int best_u = 0, best_o = 0;
     for (job *j = e->queue_head; j; prev = j, j = j->next) {
+        if (atomic_load(&j->paused)) continue;   /* waits in the queue until resumed */
         int nu = 0, no = 0;
         for (int i = 0; i < e->n_active; i++) {
             nu += e->active[i]->uid == j->uid;
@@ -616,9 +622,43 @@ static void schedule(eng *e)
             e->active[i] = e->active[--e->n_active];
         } else i++;
     }
+    /* paused jobs leave the batch (keeping their KV) so that others can run;
+     * recurrent models keep them, their state lives in the slot */
+    for (int i = 0; i < e->n_active && !e->m->recurrent;) {
+        job *j = e->active[i];
+        if (atomic_load(&j->paused)) {
+            e->slot_used[j->slot] = 0;
+            j->state = JOB_PARKED;
+            j->next = e->parked;
+            e->parked = j;
+            e->n_parked++;
+            e->active[i] = e->active[--e->n_active];
+        } else i++;
+    }
+    for (job **pp = &e->parked; *pp;) {
+        job *j = *pp;
+        if (atomic_load(&j->cancel)) {
+            *pp = j->next;
+            e->n_parked--;
+            pages_release(e, j);
+            job_finish(e, j, ENG_FINISH_CANCELLED);
+            e->st.jobs_done++;
+            job_free(j);
+        } else if (!atomic_load(&j->paused) && e->n_active < e->max_seqs) {
+            *pp = j->next;
+            e->n_parked--;
+            j->next = NULL;
+            j->slot = 0;
+            while (e->slot_used[j->slot]) j->slot++;
+            e->slot_used[j->slot] = 1;
+            j->state = JOB_ACTIVE;
+            e->active[e->n_active++] = j;
+        } else pp = &j->next;
+    }
     while (e->n_active < e->max_seqs && e->queue_head) {
         job *p;
         job *j = pick_fair(e, &p);
+        if (!j) break;
         int need = (j->n_prompt + j->max_gen + KV_PAGE - 1) / KV_PAGE;
         /* reuse whole cached pages of the prompt; at least its last token is
          * computed again, for its logits. Eval needs every position's logits. */
@@ -654,7 +694,7 @@ static void schedule(eng *e)
         j->t_admit = now_ms();
         e->active[e->n_active++] = j;
     }
-    e->st.active = (uint32_t)e->n_active;
+    e->st.active = (uint32_t)(e->n_active + e->n_parked);
     e->st.queued = (uint32_t)e->n_queued;
     e->st.kv_used = (size_t)kvc_in_use(e->kv) * fw_kv_page_bytes(e->m, e->be->kv_elt);
 }
@@ -794,6 +834,9 @@ static int runnable(eng *e)
 {
     for (int i = 0; i < e->n_active; i++)
         if (!atomic_load(&e->active[i]->paused)) return 1;
+    if (e->n_active < e->max_seqs)
+        for (job *j = e->parked; j; j = j->next)
+            if (!atomic_load(&j->paused) || atomic_load(&j->cancel)) return 1;
     return 0;
 }
 
@@ -937,6 +980,7 @@ void eng_close(eng *e)
     }
     for (job *j = e->queue_head; j;) { job *n = j->next; job_free(j); j = n; }
     for (int i = 0; i < e->n_active; i++) job_free(e->active[i]);
+    for (job *j = e->parked; j;) { job *n = j->next; job_free(j); j = n; }
     eng_event *ev = e->ev_head;
     while (ev) { eng_event *n = ev->next; eng_event_free(ev); ev = n; }
     sampler_close(e->smp);
@@ -960,7 +1004,7 @@ void eng_stats_get(eng *e, eng_stats *st)
 {
     pthread_mutex_lock(&e->mu);
     *st = e->st;
-    st->active = (uint32_t)e->n_active;
+    st->active = (uint32_t)(e->n_active + e->n_parked);
     st->queued = (uint32_t)e->n_queued;
     pthread_mutex_unlock(&e->mu);
 }

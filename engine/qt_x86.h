@@ -11,6 +11,10 @@
  * from memory once per call whatever nb is; the re-reads of later activation
  * groups hit L1/L2. Software prefetch runs about 1 KiB ahead of the stream.
  *
+ * Batch invariance: a (weight row, activation row) result is bit-identical
+ * whatever nb, the row range and the activation row's place in the batch:
+ * every tile size runs the same operations in the same order per pair.
+ *
  * Arithmetic: small blocks sum int32 lanes per block, then scale in float
  * lanes (reassociated vs the reference: agreement to ~1e-6 relative). K-quants
  * reduce to exact int32 totals per super-block and then evaluate the very
@@ -29,6 +33,24 @@
 
 #define QT_AI static inline __attribute__((always_inline))
 #define QT_PF 1024
+
+/* Block size as a compile-time constant once inlined. */
+QT_AI size_t x_tsize(uint32_t type)
+{
+    switch (type) {
+    case QT_Q4_0: return sizeof(qt_block_q4_0);
+    case QT_Q4_1: return sizeof(qt_block_q4_1);
+    case QT_Q5_0: return sizeof(qt_block_q5_0);
+    case QT_Q5_1: return sizeof(qt_block_q5_1);
+    case QT_Q8_0: return sizeof(qt_block_q8_0);
+    case QT_Q2_K: return sizeof(qt_block_q2_K);
+    case QT_Q3_K: return sizeof(qt_block_q3_K);
+    case QT_Q4_K: return sizeof(qt_block_q4_K);
+    case QT_Q5_K: return sizeof(qt_block_q5_K);
+    case QT_Q6_K: return sizeof(qt_block_q6_K);
+    default: return 0;
+    }
+}
 
 QT_AI float x_h2f(const void *p)
 {
@@ -114,7 +136,10 @@ QT_AI __m256i x_ld(const uint8_t *p) { return _mm256_loadu_si256((const __m256i 
  * product is then broadcast with a lane permute. */
 
 #define QT_RB 32
-#define QT_MAXB 1024      /* blocks per row handled (n <= 32768); larger n: reference */
+#ifndef QT_GMAX
+#define QT_GMAX 4         /* activation rows per weight-row pass (register tile) */
+#endif
+#define QT_MAXB 1024      /* blocks per column chunk (32768 values) */
 
 QT_AI int x_u16(const uint8_t *p)
 {
@@ -147,7 +172,8 @@ QT_AI void x_small_rows(uint32_t type, size_t bs, int G, int64_t nblk, const uin
 {
     const int sgn = !(type == QT_Q4_1 || type == QT_Q5_1);
     const size_t abs_ = sgn ? 34 : 36, aoff = sgn ? 2 : 4;
-    __m256 acc[4][2], accm[4];
+    __m256 acc[QT_GMAX][2], accm[QT_GMAX];
+    QT_UNROLL8
     for (int k = 0; k < G; k++) acc[k][0] = acc[k][1] = accm[k] = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 8 <= nblk; i += 8) {
@@ -157,10 +183,12 @@ QT_AI void x_small_rows(uint32_t type, size_t bs, int G, int64_t nblk, const uin
         _mm_prefetch((const char *)wb + QT_PF + 128, _MM_HINT_T0);
         if (bs > 24) _mm_prefetch((const char *)wb + QT_PF + 192, _MM_HINT_T0);
         const __m256 dw = x_h2f8(wb, bs);
-        __m256 sc[4];
+        __m256 sc[QT_GMAX];
+        QT_UNROLL8
         for (int k = 0; k < G; k++) sc[k] = _mm256_mul_ps(dw, _mm256_loadu_ps(das + k * QT_MAXB + i));
         if (!sgn) {
             const __m256 mw = x_h2f8(wb + 2, bs);
+            QT_UNROLL8
             for (int k = 0; k < G; k++) accm[k] = _mm256_fmadd_ps(mw, _mm256_loadu_ps(dss + k * QT_MAXB + i), accm[k]);
         }
         QT_UNROLL8
@@ -168,19 +196,24 @@ QT_AI void x_small_rows(uint32_t type, size_t bs, int G, int64_t nblk, const uin
             const __m256i w = x_sblock(type, wb + j * bs);
             const __m256i aw = sgn ? _mm256_sign_epi8(w, w) : w;
             const __m256i idx = _mm256_set1_epi32(j);
+            QT_UNROLL8
             for (int k = 0; k < G; k++) {
                 const __m256i y = x_ld(a0 + k * as + (i + j) * abs_ + aoff);
                 const __m256i p = QT_DOT_US(_mm256_setzero_si256(), aw, sgn ? _mm256_sign_epi8(y, w) : y);
+                /* two chains per row whatever G: a row's sum must not depend on the batch */
                 acc[k][j & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_permutevar8x32_ps(sc[k], idx), acc[k][j & 1]);
             }
         }
     }
-    float tail[4] = { 0, 0, 0, 0 };
+    float tail[QT_GMAX];
+    QT_UNROLL8
+    for (int k = 0; k < G; k++) tail[k] = 0;
     for (; i < nblk; i++) {
         const uint8_t *wb = wr + i * bs;
         const __m256i w = x_sblock(type, wb);
         const __m256i aw = sgn ? _mm256_sign_epi8(w, w) : w;
         const float d = x_h2f(wb), m = sgn ? 0.f : x_h2f(wb + 2);
+        QT_UNROLL8
         for (int k = 0; k < G; k++) {
             const __m256i y = x_ld(a0 + k * as + i * abs_ + aoff);
             const __m256i p = QT_DOT_US(_mm256_setzero_si256(), aw, sgn ? _mm256_sign_epi8(y, w) : y);
@@ -188,6 +221,7 @@ QT_AI void x_small_rows(uint32_t type, size_t bs, int G, int64_t nblk, const uin
             if (!sgn) tail[k] += m * dss[k * QT_MAXB + i];
         }
     }
+    QT_UNROLL8
     for (int k = 0; k < G; k++)
         out[k] = x_hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[k][0], acc[k][1]), accm[k])) + tail[k];
 }
@@ -195,35 +229,48 @@ QT_AI void x_small_rows(uint32_t type, size_t bs, int G, int64_t nblk, const uin
 QT_AI void x_small(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64_t r0, int64_t r1,
                    const uint8_t *A, size_t as, int nb, float *Y, int64_t ldy)
 {
-    const size_t bs = qt_get(type)->type_size;
+    const size_t bs = x_tsize(type);
     const int64_t nblk = n / 32;
     const int sgn = !(type == QT_Q4_1 || type == QT_Q5_1);
     const size_t abs_ = sgn ? 34 : 36;
-    float das[4 * QT_MAXB] __attribute__((aligned(32)));
-    float dss[4 * QT_MAXB] __attribute__((aligned(32)));
-    float out[4];
-    for (int64_t rb = r0; rb < r1; rb += QT_RB) {
-        const int64_t re = rb + QT_RB < r1 ? rb + QT_RB : r1;
-        for (int b0 = 0; b0 < nb;) {
-            const int rem = nb - b0, g = rem >= 4 ? 4 : rem;
-            const uint8_t *a0 = A + b0 * as;
-            for (int k = 0; k < g; k++)
-                for (int64_t i = 0; i < nblk; i++) {
-                    const uint8_t *ab = a0 + k * as + i * abs_;
-                    das[k * QT_MAXB + i] = x_h2f(ab);
-                    if (!sgn) dss[k * QT_MAXB + i] = x_h2f(ab + 2);
+    float das[QT_GMAX * QT_MAXB] __attribute__((aligned(32)));
+    float dss[QT_GMAX * QT_MAXB] __attribute__((aligned(32)));
+    float out[QT_GMAX];
+    /* rows longer than QT_MAXB blocks go in column chunks, summed in Y */
+    for (int64_t cb = 0; cb < nblk; cb += QT_MAXB) {
+        const int64_t cn = nblk - cb < QT_MAXB ? nblk - cb : QT_MAXB;
+        for (int64_t rb = r0; rb < r1; rb += QT_RB) {
+            const int64_t re = rb + QT_RB < r1 ? rb + QT_RB : r1;
+            for (int b0 = 0; b0 < nb;) {
+                const int rem = nb - b0, g = rem >= QT_GMAX ? QT_GMAX : rem;
+                const uint8_t *a0 = A + b0 * as + cb * abs_;
+                for (int k = 0; k < g; k++)
+                    for (int64_t i = 0; i < cn; i++) {
+                        const uint8_t *ab = a0 + k * as + i * abs_;
+                        das[k * QT_MAXB + i] = x_h2f(ab);
+                        if (!sgn) dss[k * QT_MAXB + i] = x_h2f(ab + 2);
+                    }
+                for (int64_t r = rb; r < re; r++) {
+                    const uint8_t *wr = W + r * ws + cb * bs;
+                    switch (g) {
+#if QT_GMAX > 4
+                    case 8: x_small_rows(type, bs, 8, cn, wr, a0, as, das, dss, out); break;
+                    case 7: x_small_rows(type, bs, 7, cn, wr, a0, as, das, dss, out); break;
+                    case 6: x_small_rows(type, bs, 6, cn, wr, a0, as, das, dss, out); break;
+                    case 5: x_small_rows(type, bs, 5, cn, wr, a0, as, das, dss, out); break;
+#endif
+                    case 4: x_small_rows(type, bs, 4, cn, wr, a0, as, das, dss, out); break;
+                    case 3: x_small_rows(type, bs, 3, cn, wr, a0, as, das, dss, out); break;
+                    case 2: x_small_rows(type, bs, 2, cn, wr, a0, as, das, dss, out); break;
+                    default: x_small_rows(type, bs, 1, cn, wr, a0, as, das, dss, out); break;
+                    }
+                    for (int k = 0; k < g; k++) {
+                        float *y = &Y[(b0 + k) * ldy + r];
+                        *y = cb ? *y + out[k] : out[k];
+                    }
                 }
-            for (int64_t r = rb; r < re; r++) {
-                const uint8_t *wr = W + r * ws;
-                switch (g) {
-                case 4: x_small_rows(type, bs, 4, nblk, wr, a0, as, das, dss, out); break;
-                case 3: x_small_rows(type, bs, 3, nblk, wr, a0, as, das, dss, out); break;
-                case 2: x_small_rows(type, bs, 2, nblk, wr, a0, as, das, dss, out); break;
-                default: x_small_rows(type, bs, 1, nblk, wr, a0, as, das, dss, out); break;
-                }
-                for (int k = 0; k < g; k++) Y[(b0 + k) * ldy + r] = out[k];
+                b0 += g;
             }
-            b0 += g;
         }
     }
 }
@@ -265,32 +312,35 @@ QT_AI void x_kscales_of(uint32_t type, const uint8_t *b, x_kscale *ks)
     case QT_Q3_K: {
         const qt_block_q3_K *x = (const void *)b;
         const uint32_t kmask1 = 0x03030303, kmask2 = 0x0f0f0f0f;
-        uint32_t aux[4];
-        memcpy(aux, x->scales, 12);
-        const uint32_t tmp = aux[2];
-        aux[2] = ((aux[0] >> 4) & kmask2) | (((tmp >> 4) & kmask1) << 4);
-        aux[3] = ((aux[1] >> 4) & kmask2) | (((tmp >> 6) & kmask1) << 4);
-        aux[0] = (aux[0] & kmask2) | (((tmp >> 0) & kmask1) << 4);
-        aux[1] = (aux[1] & kmask2) | (((tmp >> 2) & kmask1) << 4);
-        const __m128i sc = _mm_sub_epi8(_mm_loadu_si128((const __m128i *)(const void *)aux), _mm_set1_epi8(32));
+        uint32_t a0, a1, tmp;
+        memcpy(&a0, x->scales, 4);
+        memcpy(&a1, x->scales + 4, 4);
+        memcpy(&tmp, x->scales + 8, 4);
+        /* built in registers: a 16-byte reload of 4-byte stores would stall */
+        const __m128i aux = _mm_setr_epi32((int)((a0 & kmask2) | (((tmp >> 0) & kmask1) << 4)),
+                                           (int)((a1 & kmask2) | (((tmp >> 2) & kmask1) << 4)),
+                                           (int)(((a0 >> 4) & kmask2) | (((tmp >> 4) & kmask1) << 4)),
+                                           (int)(((a1 >> 4) & kmask2) | (((tmp >> 6) & kmask1) << 4)));
+        const __m128i sc = _mm_sub_epi8(aux, _mm_set1_epi8(32));
         x_kscales(sc, ks);
         ks->mv = _mm256_slli_epi16(_mm256_cvtepi8_epi16(sc), 2);
         ks->fd = ks->fm = x_h2f(&x->d);
         break;
     }
     case QT_Q4_K: case QT_Q5_K: {
-        const uint32_t kmask1 = 0x3f3f3f3f, kmask2 = 0x0f0f0f0f, kmask3 = 0x03030303;
-        uint32_t u[4];
-        memcpy(u, b + 4, 12);
-        u[3] = ((u[2] >> 4) & kmask2) | (((u[1] >> 6) & kmask3) << 4);
-        const uint32_t uaux = u[1] & kmask1;
-        u[1] = (u[2] & kmask2) | (((u[0] >> 6) & kmask3) << 4);
-        u[2] = uaux;
-        u[0] &= kmask1;
-        /* bytes 0-7: scales of the 8 sub-blocks of 32; bytes 8-15: mins */
-        const __m128i sm = _mm_loadu_si128((const __m128i *)(const void *)u);
-        x_kscales(_mm_unpacklo_epi8(sm, sm), ks);
-        ks->mv = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(sm, sm));
+        /* 12 bytes -> 8 six-bit scales and 8 six-bit mins, in registers */
+        uint64_t x;
+        uint32_t y;
+        memcpy(&x, b + 4, 8);
+        memcpy(&y, b + 12, 4);
+        const uint64_t lo = x & 0x3f3f3f3f3f3f3f3full;                     /* sc0-3, m0-3: low 6 bits */
+        const uint64_t hb = (x >> 2) & 0x3030303030303030ull;               /* their top 2 bits -> bits 4-5 */
+        const uint64_t hi = ((uint64_t)(y & 0x0f0f0f0fu) | ((uint64_t)((y >> 4) & 0x0f0f0f0fu) << 32)) | hb;
+        const __m128i v = _mm_set_epi64x((long long)hi, (long long)lo);   /* sc0-3 m0-3 sc4-7 m4-7 */
+        const __m128i sc16 = _mm_shuffle_epi8(v, _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 8, 8, 9, 9, 10, 10, 11, 11));
+        const __m128i mn16 = _mm_shuffle_epi8(v, _mm_setr_epi8(4, 4, 5, 5, 6, 6, 7, 7, 12, 12, 13, 13, 14, 14, 15, 15));
+        x_kscales(sc16, ks);
+        ks->mv = _mm256_cvtepu8_epi16(mn16);
         ks->fd = x_h2f(b); ks->fm = x_h2f(b + 2);
         break;
     }
@@ -318,7 +368,9 @@ QT_AI __m256i x_kchunk(uint32_t type, const uint8_t *b, int c)
     case QT_Q3_K: {
         const __m256i v = x_ld(b + 32 + 32 * (c / 4)), hm = x_ld(b);
         const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(v, 2 * (c % 4)), m3);
-        const __m256i hi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hm, c), one), 2);
+        const __m256i four = _mm256_set1_epi8(4);
+        const __m256i hi = c >= 2 ? _mm256_and_si256(_mm256_srli_epi16(hm, c - 2), four)
+                                  : _mm256_and_si256(_mm256_slli_epi16(hm, 2 - c), four);
         return _mm256_or_si256(lo, hi);
     }
     case QT_Q4_K: case QT_Q5_K: {
@@ -360,7 +412,7 @@ QT_AI float x_kfinish(__m256i acc, const x_kscale *ks, const qt_block_q8_K *a, f
 QT_AI void x_kquant(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64_t r0, int64_t r1,
                     const uint8_t *A, size_t as, int nb, float *Y, int64_t ldy)
 {
-    const size_t bs = qt_get(type)->type_size;
+    const size_t bs = x_tsize(type);
     const int64_t nsb = n / 256;
     uint8_t q[256] __attribute__((aligned(32)));
     x_kscale ks;
@@ -374,14 +426,18 @@ QT_AI void x_kquant(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64
                 for (size_t o = 0; o < bs; o += 64) _mm_prefetch((const char *)wb + QT_PF + o, _MM_HINT_T0);
                 const qt_block_q8_K *a = (const void *)(A + i * sizeof(qt_block_q8_K));
                 x_kscales_of(type, wb, &ks);
-                __m256i acc = _mm256_setzero_si256();
+                /* two accumulators: vpdpwssd has a 5-cycle latency */
+                __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
                 QT_UNROLL8
-                for (int c = 0; c < 8; c++) {
-                    const __m256i p = _mm256_maddubs_epi16(x_kchunk(type, wb, c),
-                                                           x_ld((const uint8_t *)a->qs + 32 * c));
-                    acc = QT_MADD_ACC(acc, p, ks.sv[c]);
+                for (int c = 0; c < 8; c += 2) {
+                    const __m256i p0 = _mm256_maddubs_epi16(x_kchunk(type, wb, c),
+                                                            x_ld((const uint8_t *)a->qs + 32 * c));
+                    const __m256i p1 = _mm256_maddubs_epi16(x_kchunk(type, wb, c + 1),
+                                                            x_ld((const uint8_t *)a->qs + 32 * c + 32));
+                    acc0 = QT_MADD_ACC(acc0, p0, ks.sv[c]);
+                    acc1 = QT_MADD_ACC(acc1, p1, ks.sv[c + 1]);
                 }
-                sum = x_kfinish(acc, &ks, a, sum);
+                sum = x_kfinish(_mm256_add_epi32(acc0, acc1), &ks, a, sum);
             }
             Y[r] = sum;
             continue;
@@ -398,15 +454,19 @@ QT_AI void x_kquant(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64
                     _mm256_store_si256((__m256i *)(void *)(q + 32 * c), x_kchunk(type, wb, c));
                 for (int k = 0; k < g; k++) {
                     const qt_block_q8_K *a = (const void *)(A + (b0 + k) * as + i * sizeof(qt_block_q8_K));
-                    __m256i acc = _mm256_setzero_si256();
+                    __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
                     QT_UNROLL8
-                    for (int c = 0; c < 8; c++) {
-                        const __m256i p = _mm256_maddubs_epi16(
+                    for (int c = 0; c < 8; c += 2) {
+                        const __m256i p0 = _mm256_maddubs_epi16(
                             _mm256_load_si256((const __m256i *)(const void *)(q + 32 * c)),
                             x_ld((const uint8_t *)a->qs + 32 * c));
-                        acc = QT_MADD_ACC(acc, p, ks.sv[c]);
+                        const __m256i p1 = _mm256_maddubs_epi16(
+                            _mm256_load_si256((const __m256i *)(const void *)(q + 32 * c + 32)),
+                            x_ld((const uint8_t *)a->qs + 32 * c + 32));
+                        acc0 = QT_MADD_ACC(acc0, p0, ks.sv[c]);
+                        acc1 = QT_MADD_ACC(acc1, p1, ks.sv[c + 1]);
                     }
-                    sums[k] = x_kfinish(acc, &ks, a, sums[k]);
+                    sums[k] = x_kfinish(_mm256_add_epi32(acc0, acc1), &ks, a, sums[k]);
                 }
             }
             for (int k = 0; k < g; k++) Y[(b0 + k) * ldy + r] = sums[k];
@@ -441,11 +501,13 @@ QT_AI void x_float_rows(uint32_t type, int NB, int64_t n, const uint8_t *wr, con
 {
     const size_t wsz = type == QT_F32 ? 4 : 2;
     __m256 acc[4][2];
+    QT_UNROLL8
     for (int k = 0; k < NB; k++) acc[k][0] = acc[k][1] = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
         _mm_prefetch((const char *)wr + i * wsz + QT_PF, _MM_HINT_T0);
         const __m256 w0 = x_load8(type, wr, i), w1 = x_load8(type, wr, i + 8);
+        QT_UNROLL8
         for (int k = 0; k < NB; k++) {
             const float *x = (const float *)(const void *)(a0 + k * as);
             acc[k][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + i), acc[k][0]);
@@ -454,11 +516,13 @@ QT_AI void x_float_rows(uint32_t type, int NB, int64_t n, const uint8_t *wr, con
     }
     for (; i + 8 <= n; i += 8) {
         const __m256 w0 = x_load8(type, wr, i);
+        QT_UNROLL8
         for (int k = 0; k < NB; k++) {
             const float *x = (const float *)(const void *)(a0 + k * as);
             acc[k][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + i), acc[k][0]);
         }
     }
+    QT_UNROLL8
     for (int k = 0; k < NB; k++) {
         const float *x = (const float *)(const void *)(a0 + k * as);
         float s = x_hsum_ps(_mm256_add_ps(acc[k][0], acc[k][1]));
@@ -532,7 +596,6 @@ int QT_KERNEL_NAME(uint32_t wtype, int64_t n, const void *W, size_t w_stride,
     }
     const qt_traits *t = qt_get(wtype);
     if (n <= 0 || n % t->blck) return -1;
-    if (t->blck == 32 && n / 32 > QT_MAXB) return -1;
     fn(n, W, w_stride, r0, r1, A, a_stride, nb, Y, ldy);
     return 0;
 }

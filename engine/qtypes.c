@@ -441,6 +441,14 @@ static void quant_q8_K(const float *x, qt_block_q8_K *y, int64_t nb)
 
 void qt_quantize_row(uint32_t act_type, const float *x, void *dst, int64_t n)
 {
+#if defined(__x86_64__) || defined(__i386__)
+    if (qt_isa_get() >= QT_ISA_AVX2 && qt_quantize_avx2(act_type, x, dst, n) == 0) return;
+#endif
+    qt_quantize_row_ref(act_type, x, dst, n);
+}
+
+void qt_quantize_row_ref(uint32_t act_type, const float *x, void *dst, int64_t n)
+{
     const qt_traits *t = qt_get(act_type);
     if (!t || n <= 0 || n % t->blck) return;
     const int64_t nb = n / t->blck;
@@ -711,7 +719,14 @@ static qt_isa detect(void)
     return QT_ISA_AVX2;
 }
 #elif defined(__aarch64__)
-static qt_isa detect(void) { return QT_ISA_SCALAR; /* NEON kernels not built yet */ }
+#include <sys/auxv.h>
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1 << 20)
+#endif
+static qt_isa detect(void)
+{
+    return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) ? QT_ISA_NEON : QT_ISA_SCALAR;
+}
 #else
 static qt_isa detect(void) { return QT_ISA_SCALAR; }
 #endif
@@ -751,6 +766,12 @@ void qt_isa_set(qt_isa isa)
 {
     qt_init();
     if (isa > g_best) isa = g_best;
+    /* an ISA of the other architecture means "as low as that": scalar */
+#if defined(__aarch64__)
+    if (isa == QT_ISA_AVX2 || isa == QT_ISA_AVX512) isa = QT_ISA_SCALAR;
+#else
+    if (isa == QT_ISA_NEON) isa = g_best;
+#endif
     __atomic_store_n(&g_cur, isa, __ATOMIC_RELAXED);
 }
 

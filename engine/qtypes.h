@@ -45,7 +45,9 @@ void qt_quantize_row(uint32_t act_type, const float *x, void *dst, int64_t n);
 /* Y[b*ldy + r] = dot(row r of W, activation row b)   for r0 <= r < r1, 0 <= b < nb.
  * W rows are w_stride bytes apart; activations (already in qt_act_type(wtype)
  * format) a_stride bytes apart; n = values per row. Dispatches to the best
- * ISA found by qt_init(). Thread-safe; no allocation. */
+ * ISA found by qt_init(). Thread-safe; no allocation (kernels use up to
+ * ~64 KiB of stack). Batch-invariant: for a given ISA, Y[b*ldy + r] is
+ * bit-identical whatever nb, r0/r1 and the place of row b in the batch. */
 void qt_gemm(uint32_t wtype, int64_t n, const void *W, size_t w_stride,
              int64_t r0, int64_t r1, const void *A, size_t a_stride, int nb,
              float *Y, int64_t ldy);
@@ -89,6 +91,12 @@ typedef struct { float d; int8_t qs[256]; int16_t bsums[16]; } qt_block_q8_K; /*
 /* Dot of two rows in the reference arithmetic (w row of wtype, a row of
  * qt_act_type(wtype)). */
 float qt_vec_dot_ref(uint32_t wtype, int64_t n, const void *w, const void *a);
+
+/* qt_quantize_row in plain C. qt_quantize_row itself uses SIMD versions
+ * (qt_quantize_avx2: 0 done, -1 not handled) whose output is identical
+ * byte for byte for finite input. */
+void qt_quantize_row_ref(uint32_t act_type, const float *x, void *dst, int64_t n);
+int qt_quantize_avx2(uint32_t act_type, const float *x, void *dst, int64_t n);
 
 /* SIMD kernels (same arguments as qt_gemm): 0 done, -1 type not handled
  * there (the caller falls back to a lower ISA). Defined only where built. */

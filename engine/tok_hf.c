@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 /* ---- JSON ------------------------------------------------------------- */
 
@@ -28,6 +29,11 @@ typedef struct jp {
     jchunk *chunks;
     jv *stack; size_t sn, scap;
     int depth;
+    /* tokenizer.json: model.vocab and model.merges (most of the file) are
+     * read straight into these lists instead of into the tree */
+    int hooks, in_model;
+    tok_sv *vk; int32_t *vid; size_t vn, vcap; int have_vocab;
+    tok_merge *mg; size_t mn, mcap; int have_merges;
     char msg[128];
 } jp;
 
@@ -53,6 +59,8 @@ static void ja_free(jp *j)
     j->chunks = NULL;
     free(j->stack);
     j->stack = NULL;
+    free(j->vk); free(j->vid); free(j->mg);
+    j->vk = NULL; j->vid = NULL; j->mg = NULL;
 }
 
 static int jerr(jp *j, const char *what)
@@ -63,7 +71,19 @@ static int jerr(jp *j, const char *what)
 
 static void jws(jp *j)
 {
-    while (j->p < j->end && (*j->p == ' ' || *j->p == '\n' || *j->p == '\r' || *j->p == '\t')) j->p++;
+    const char *p = j->p, *end = j->end;
+    for (;;) {
+        /* pretty-printed files are mostly indentation: skip 8 spaces at a time */
+        while (end - p >= 8) {
+            uint64_t v;
+            memcpy(&v, p, 8);
+            if (v != 0x2020202020202020ull) break;
+            p += 8;
+        }
+        if (p < end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t')) { p++; continue; }
+        break;
+    }
+    j->p = p;
 }
 
 static int hexv(char c)
@@ -87,26 +107,24 @@ static int j_hex4(jp *j, const char *p, unsigned *v)
     return 0;
 }
 
+/* Strings are decoded in place: the decoded form is never longer than the
+ * source, so it overwrites the source and a NUL replaces the closing quote's
+ * byte or one before it. The parser's buffer must be writable. */
 static int j_string(jp *j, jv *out)
 {
-    const char *p = ++j->p;   /* past the quote */
-    const char *q = p;
+    char *p = (char *)++j->p;   /* past the quote */
+    char *q = p;
     while (q < j->end && *q != '"' && *q != '\\' && (unsigned char)*q >= 0x20) q++;
     if (q < j->end && *q == '"') {      /* fast path: no escapes */
-        char *s = ja_alloc(j, (size_t)(q - p) + 1);
-        if (!s) return jerr(j, "out of memory");
-        memcpy(s, p, (size_t)(q - p));
-        s[q - p] = 0;
-        out->t = J_STR; out->n = (uint32_t)(q - p); out->u.s = s;
+        *q = 0;
+        out->t = J_STR; out->n = (uint32_t)(q - p); out->u.s = p;
         j->p = q + 1;
         return 0;
     }
-    /* slow path: find the end first to size the buffer */
     const char *e = q;
     while (e < j->end && *e != '"') { if (*e == '\\') e++; e++; }
     if (e >= j->end) return jerr(j, "unterminated string");
-    char *s = ja_alloc(j, (size_t)(e - p) + 1), *o = s;
-    if (!s) return jerr(j, "out of memory");
+    char *s = p, *o = p;
     while (p < e) {
         unsigned char c = (unsigned char)*p;
         if (c < 0x20) { j->p = p; return jerr(j, "control character in string"); }
@@ -135,6 +153,7 @@ static int j_string(jp *j, jv *out)
             } else if (cp >= 0xDC00 && cp < 0xE000) {
                 cp = 0xFFFD;
             }
+            /* \uXXXX is 6 source bytes, at most 3 decoded; a pair 12 → 4 */
             if (cp < 0x80) *o++ = (char)cp;
             else if (cp < 0x800) { *o++ = (char)(0xC0 | (cp >> 6)); *o++ = (char)(0x80 | (cp & 0x3F)); }
             else if (cp < 0x10000) {
@@ -168,6 +187,93 @@ static int j_push(jp *j, const jv *v)
     return 0;
 }
 
+static int j_lit(jp *j, char c, const char *what)
+{
+    jws(j);
+    if (j->p >= j->end || *j->p != c) return jerr(j, what);
+    j->p++;
+    return 0;
+}
+
+static int j_vocab(jp *j)
+{
+    if (j_lit(j, '{', "model.vocab: expected an object")) return -1;
+    jws(j);
+    if (j->p < j->end && *j->p == '}') { j->p++; j->have_vocab = 1; return 0; }
+    for (;;) {
+        jv k, v;
+        jws(j);
+        if (j->p >= j->end || *j->p != '"') return jerr(j, "model.vocab: expected a token");
+        if (j_string(j, &k) || j_lit(j, ':', "expected ':'") || j_value(j, &v)) return -1;
+        if (v.t != J_NUM || v.u.d < 0 || v.u.d >= (1 << 24) || v.u.d != (double)(int64_t)v.u.d)
+            return jerr(j, "model.vocab: bad token id");
+        if (j->vn == j->vcap) {
+            size_t nc = j->vcap ? j->vcap * 2 : 65536;
+            tok_sv *a = realloc(j->vk, nc * sizeof(tok_sv));
+            if (a) j->vk = a;
+            int32_t *b = realloc(j->vid, nc * sizeof(int32_t));
+            if (b) j->vid = b;
+            if (!a || !b) return jerr(j, "out of memory");
+            j->vcap = nc;
+        }
+        j->vk[j->vn].s = k.u.s;
+        j->vk[j->vn].n = k.n;
+        j->vid[j->vn++] = (int32_t)v.u.d;
+        jws(j);
+        if (j->p < j->end && *j->p == ',') { j->p++; continue; }
+        if (j->p < j->end && *j->p == '}') { j->p++; break; }
+        return jerr(j, "model.vocab: expected ',' or '}'");
+    }
+    j->have_vocab = 1;
+    return 0;
+}
+
+/* merges: "a b" strings or ["a", "b"] pairs */
+static int j_merges(jp *j)
+{
+    if (j_lit(j, '[', "model.merges: expected an array")) return -1;
+    jws(j);
+    if (j->p < j->end && *j->p == ']') { j->p++; j->have_merges = 1; return 0; }
+    for (;;) {
+        jv a, b;
+        tok_merge m;
+        jws(j);
+        if (j->p < j->end && *j->p == '"') {
+            if (j_string(j, &a)) return -1;
+            const char *sp = a.n > 1 ? memchr(a.u.s + 1, ' ', a.n - 1) : NULL;
+            if (!sp) return jerr(j, "model.merges: a merge without a space");
+            m.a.s = a.u.s; m.a.n = (size_t)(sp - a.u.s);
+            m.b.s = sp + 1; m.b.n = a.n - m.a.n - 1;
+        } else {
+            if (j_lit(j, '[', "model.merges: expected a string or a pair")) return -1;
+            jws(j);
+            if (j->p >= j->end || *j->p != '"' || j_string(j, &a)) return jerr(j, "model.merges: expected a string");
+            if (j_lit(j, ',', "model.merges: expected a pair")) return -1;
+            jws(j);
+            if (j->p >= j->end || *j->p != '"' || j_string(j, &b)) return jerr(j, "model.merges: expected a string");
+            if (j_lit(j, ']', "model.merges: expected a pair")) return -1;
+            m.a.s = a.u.s; m.a.n = a.n;
+            m.b.s = b.u.s; m.b.n = b.n;
+        }
+        if (j->mn == j->mcap) {
+            size_t nc = j->mcap ? j->mcap * 2 : 65536;
+            tok_merge *x = realloc(j->mg, nc * sizeof(tok_merge));
+            if (!x) return jerr(j, "out of memory");
+            j->mg = x;
+            j->mcap = nc;
+        }
+        j->mg[j->mn++] = m;
+        jws(j);
+        if (j->p < j->end && *j->p == ',') { j->p++; continue; }
+        if (j->p < j->end && *j->p == ']') { j->p++; break; }
+        return jerr(j, "model.merges: expected ',' or ']'");
+    }
+    j->have_merges = 1;
+    return 0;
+}
+
+static int key_is(const jv *k, const char *s) { return k->n == strlen(s) && memcmp(k->u.s, s, k->n) == 0; }
+
 static int j_container(jp *j, jv *out, int obj)
 {
     if (++j->depth > 64) return jerr(j, "nesting too deep");
@@ -184,8 +290,22 @@ static int j_container(jp *j, jv *out, int obj)
             jws(j);
             if (j->p >= j->end || *j->p != ':') return jerr(j, "expected ':'");
             j->p++;
+            if (j->hooks && j->depth == 2 && j->in_model && (key_is(&v, "vocab") || key_is(&v, "merges"))) {
+                if (key_is(&v, "vocab") ? j_vocab(j) : j_merges(j)) return -1;
+                v.t = J_NULL;
+                if (j_push(j, &v)) return -1;
+                goto next;
+            }
+            if (j->hooks && j->depth == 1 && key_is(&v, "model")) {
+                j->in_model = 1;
+                int r = j_value(j, &v);
+                j->in_model = 0;
+                if (r || j_push(j, &v)) return -1;
+                goto next;
+            }
         }
         if (j_value(j, &v) || j_push(j, &v)) return -1;
+next:
         jws(j);
         if (j->p < j->end && *j->p == ',') { j->p++; continue; }
         if (j->p < j->end && *j->p == (obj ? '}' : ']')) { j->p++; break; }
@@ -217,11 +337,22 @@ static int j_value(jp *j, jv *out)
     if (c == 'n' && j->end - j->p >= 4 && memcmp(j->p, "null", 4) == 0) { j->p += 4; out->t = J_NULL; return 0; }
     if (c == '-' || (c >= '0' && c <= '9')) {
         const char *q = j->p;
+        int neg = *q == '-';
+        if (neg) q++;
+        uint64_t v = 0;
+        const char *d0 = q;
+        while (q < j->end && *q >= '0' && *q <= '9' && q - d0 < 18) v = v * 10 + (uint64_t)(*q++ - '0');
+        if (q > d0 && (q >= j->end || (*q != '.' && *q != 'e' && *q != 'E' && !(*q >= '0' && *q <= '9')))) {
+            out->t = J_NUM;                       /* plain integer: the common case */
+            out->u.d = neg ? -(double)v : (double)v;
+            j->p = q;
+            return 0;
+        }
+        q = j->p;
         char buf[64];
-        size_t k = 0;
-        while (q < j->end && (strchr("+-.eE", *q) || (*q >= '0' && *q <= '9'))) q++;
-        k = (size_t)(q - j->p);
-        if (k >= sizeof buf) k = sizeof buf - 1;   /* huge integers: precision is irrelevant here */
+        while (q < j->end && (*q == '+' || *q == '-' || *q == '.' || *q == 'e' || *q == 'E' || (*q >= '0' && *q <= '9'))) q++;
+        size_t k = (size_t)(q - j->p);
+        if (k >= sizeof buf) k = sizeof buf - 1;   /* huge numbers: precision is irrelevant here */
         memcpy(buf, j->p, k);
         buf[k] = 0;
         char *e;
@@ -234,9 +365,10 @@ static int j_value(jp *j, jv *out)
     return jerr(j, "unexpected character");
 }
 
-static int j_parse(jp *j, const char *buf, size_t n, jv *root)
+static int j_parse(jp *j, char *buf, size_t n, jv *root, int hooks)
 {
     memset(j, 0, sizeof *j);
+    j->hooks = hooks;
     j->p = j->base = buf;
     j->end = buf + n;
     if (j_value(j, root)) return -1;
@@ -265,22 +397,19 @@ static int read_file(const char *path, char **buf, size_t *n, char *err, size_t 
     *buf = NULL;
     FILE *f = fopen(path, "rb");
     if (!f) { snprintf(err, errlen, "%s: %s", path, strerror(errno)); return -1; }
-    size_t cap = 1 << 16, len = 0;
-    char *b = malloc(cap);
-    while (b) {
-        if (len == cap) {
-            if (cap > ((size_t)1 << 30)) { free(b); b = NULL; fclose(f); snprintf(err, errlen, "%s: too large", path); return -1; }
-            char *nb = realloc(b, cap * 2);
-            if (!nb) { free(b); b = NULL; break; }
-            b = nb; cap *= 2;
-        }
-        size_t r = fread(b + len, 1, cap - len, f);
-        len += r;
-        if (r == 0) break;
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > ((off_t)1 << 30)) {
+        fclose(f);
+        snprintf(err, errlen, "%s: not a regular file of at most 1 GiB", path);
+        return -1;
     }
-    int bad = ferror(f);
+    size_t len = (size_t)st.st_size;
+    char *b = malloc(len + 1);
+    if (!b) { fclose(f); snprintf(err, errlen, "%s: out of memory", path); return -1; }
+    size_t got = len ? fread(b, 1, len, f) : 0;
     fclose(f);
-    if (!b || bad) { free(b); snprintf(err, errlen, "%s: read error", path); return -1; }
+    if (got != len) { free(b); snprintf(err, errlen, "%s: read error", path); return -1; }
+    b[len] = 0;
     *buf = b;
     *n = len;
     return 0;
@@ -328,11 +457,29 @@ static int pre_tok(const jv *pt, const char **regex, int *bytelevel, int *prefix
     }
     if (jis(ty, "ByteLevel")) {
         *bytelevel = 1;
-        if (jbool(jget(pt, "add_prefix_space"), 0)) *prefix = 1;
+        if (jbool(jget(pt, "add_prefix_space"), 0)) *prefix |= 1;
         if (jbool(jget(pt, "use_regex"), 1)) {
             if (*regex) return snprintf(err, errlen, "tokenizer.json: two split regexes"), -1;
             *regex = TOK_RE_GPT2;
         }
+        return 0;
+    }
+    if (jis(ty, "Digits")) {
+        if (!jbool(jget(pt, "individual_digits"), 0))
+            return snprintf(err, errlen, "tokenizer.json: only Digits with individual_digits is supported"), -1;
+        *prefix |= 8;
+        return 0;
+    }
+    if (jis(ty, "Metaspace")) {
+        const char *rep = jstr(jget(pt, "replacement"));
+        if (rep && strcmp(rep, "\xE2\x96\x81") != 0)
+            return snprintf(err, errlen, "tokenizer.json: Metaspace replacement other than U+2581"), -1;
+        const char *scheme = jstr(jget(pt, "prepend_scheme"));
+        int p = scheme ? (strcmp(scheme, "always") == 0 ? 1 : strcmp(scheme, "first") == 0 ? 2 : 0)
+                       : jbool(jget(pt, "add_prefix_space"), 1);
+        *bytelevel = -1;                 /* SentencePiece-style */
+        if (p) *prefix |= p;
+        if (jbool(jget(pt, "split"), 1)) *prefix |= 4;
         return 0;
     }
     if (jis(ty, "Split")) {
@@ -345,6 +492,28 @@ static int pre_tok(const jv *pt, const char **regex, int *bytelevel, int *prefix
         return 0;
     }
     snprintf(err, errlen, "tokenizer.json: unsupported pre_tokenizer '%s'", jstr(ty) ? jstr(ty) : "?");
+    return -1;
+}
+
+/* Normalizers understood: NFC; Prepend("\u2581") and Replace(" " → "\u2581")
+ * as SentencePiece-style tokenizer.json files write them; a Sequence of those. */
+static int normalizer(const jv *n, int *nfc, int *prepend, int *space, char *err, size_t errlen)
+{
+    if (!n || n->t == J_NULL) return 0;
+    const jv *ty = jget(n, "type");
+    if (jis(ty, "NFC")) { *nfc = 1; return 0; }
+    if (jis(ty, "Sequence")) {
+        const jv *l = jget(n, "normalizers");
+        for (uint32_t i = 0; l && l->t == J_ARR && i < l->n; i++)
+            if (normalizer(&l->u.a[i], nfc, prepend, space, err, errlen)) return -1;
+        return 0;
+    }
+    if (jis(ty, "Prepend") && jis(jget(n, "prepend"), "\xE2\x96\x81")) { *prepend = 1; return 0; }
+    if (jis(ty, "Replace") && jis(jget(jget(n, "pattern"), "String"), " ") && jis(jget(n, "content"), "\xE2\x96\x81")) {
+        *space = 1;
+        return 0;
+    }
+    snprintf(err, errlen, "tokenizer.json: unsupported normalizer '%s'", jstr(ty) ? jstr(ty) : "?");
     return -1;
 }
 
@@ -373,8 +542,8 @@ int tok_load_hf(tok **out, const char *tokenizer_json, const char *tokenizer_con
                 char *err, size_t errlen)
 {
     *out = NULL;
-    char *buf = NULL, *cbuf = NULL;
-    size_t blen = 0, clen = 0;
+    char *buf = NULL, *cbuf = NULL, *tbuf = NULL;
+    size_t blen = 0, clen = 0, tlen = 0;
     jp j, jc;
     memset(&j, 0, sizeof j);
     memset(&jc, 0, sizeof jc);
@@ -384,10 +553,10 @@ int tok_load_hf(tok **out, const char *tokenizer_json, const char *tokenizer_con
     char note[160] = "";
 
     if (read_file(tokenizer_json, &buf, &blen, err, errlen)) return -1;
-    if (j_parse(&j, buf, blen, &root)) { snprintf(err, errlen, "%s: %s", tokenizer_json, j.msg); goto done; }
+    if (j_parse(&j, buf, blen, &root, 1)) { snprintf(err, errlen, "%s: %s", tokenizer_json, j.msg); goto done; }
     if (tokenizer_config) {
         if (read_file(tokenizer_config, &cbuf, &clen, err, errlen)) goto done;
-        if (j_parse(&jc, cbuf, clen, &croot)) { snprintf(err, errlen, "%s: %s", tokenizer_config, jc.msg); goto done; }
+        if (j_parse(&jc, cbuf, clen, &croot, 0)) { snprintf(err, errlen, "%s: %s", tokenizer_config, jc.msg); goto done; }
     }
     const jv *model = jget(&root, "model");
     if (!jis(jget(model, "type"), "BPE")) {
@@ -395,25 +564,13 @@ int tok_load_hf(tok **out, const char *tokenizer_json, const char *tokenizer_con
         snprintf(err, errlen, "%s: unsupported model type '%s' (BPE only)", tokenizer_json, mt ? mt : "?");
         goto done;
     }
-    if (jbool(jget(model, "byte_fallback"), 0)) {
-        snprintf(err, errlen, "%s: byte_fallback BPE (SentencePiece-style tokenizer.json) is not supported; use the GGUF",
-                 tokenizer_json);
-        goto done;
-    }
-    const jv *vocab = jget(model, "vocab"), *mer = jget(model, "merges"), *added = jget(&root, "added_tokens");
-    if (!vocab || vocab->t != J_OBJ || !mer || mer->t != J_ARR) {
+    const jv *added = jget(&root, "added_tokens");
+    if (!j.have_vocab || !j.have_merges) {
         snprintf(err, errlen, "%s: model.vocab / model.merges missing", tokenizer_json);
         goto done;
     }
     int64_t maxid = -1;
-    for (uint32_t i = 0; i < vocab->n; i++) {
-        const jv *v = &vocab->u.a[2 * i + 1];
-        if (v->t != J_NUM || v->u.d < 0 || v->u.d >= (1 << 24) || v->u.d != (double)(int64_t)v->u.d) {
-            snprintf(err, errlen, "%s: bad id for vocab entry %u", tokenizer_json, i);
-            goto done;
-        }
-        if ((int64_t)v->u.d > maxid) maxid = (int64_t)v->u.d;
-    }
+    for (size_t i = 0; i < j.vn; i++) if (j.vid[i] > maxid) maxid = j.vid[i];
     for (uint32_t i = 0; added && added->t == J_ARR && i < added->n; i++) {
         const jv *id = jget(&added->u.a[i], "id");
         if (!id || id->t != J_NUM || id->u.d < 0 || id->u.d >= (1 << 24) || !jstr(jget(&added->u.a[i], "content"))) {
@@ -426,14 +583,11 @@ int tok_load_hf(tok **out, const char *tokenizer_json, const char *tokenizer_con
     h.n = (int32_t)maxid + 1;
     h.text = calloc((size_t)h.n, sizeof(tok_sv));
     h.types = malloc((size_t)h.n);
-    h.merges = malloc(sizeof(tok_merge) * (mer->n ? mer->n : 1));
-    if (!h.text || !h.types || !h.merges) { snprintf(err, errlen, "tokenizer: out of memory"); goto done; }
+    if (!h.text || !h.types) { snprintf(err, errlen, "tokenizer: out of memory"); goto done; }
     memset(h.types, TT_UNUSED, (size_t)h.n);
-    for (uint32_t i = 0; i < vocab->n; i++) {
-        int32_t id = (int32_t)vocab->u.a[2 * i + 1].u.d;
-        h.text[id].s = vocab->u.a[2 * i].u.s;
-        h.text[id].n = vocab->u.a[2 * i].n;
-        h.types[id] = TT_NORMAL;
+    for (size_t i = 0; i < j.vn; i++) {
+        h.text[j.vid[i]] = j.vk[i];
+        h.types[j.vid[i]] = TT_NORMAL;
     }
     for (uint32_t i = 0; added && added->t == J_ARR && i < added->n; i++) {
         const jv *a = &added->u.a[i];
@@ -443,24 +597,8 @@ int tok_load_hf(tok **out, const char *tokenizer_json, const char *tokenizer_con
         h.text[id].n = c->n;
         h.types[id] = jbool(jget(a, "special"), 0) ? TT_CONTROL : TT_USER;
     }
-    size_t nm = 0;
-    for (uint32_t i = 0; i < mer->n; i++) {
-        const jv *m = &mer->u.a[i];
-        if (m->t == J_STR) {
-            const char *sp = m->n > 1 ? memchr(m->u.s + 1, ' ', m->n - 1) : NULL;
-            if (!sp) continue;
-            h.merges[nm].a.s = m->u.s; h.merges[nm].a.n = (size_t)(sp - m->u.s);
-            h.merges[nm].b.s = sp + 1; h.merges[nm].b.n = m->n - h.merges[nm].a.n - 1;
-            nm++;
-        } else if (m->t == J_ARR && m->n == 2 && m->u.a[0].t == J_STR && m->u.a[1].t == J_STR) {
-            h.merges[nm].a.s = m->u.a[0].u.s; h.merges[nm].a.n = m->u.a[0].n;
-            h.merges[nm].b.s = m->u.a[1].u.s; h.merges[nm].b.n = m->u.a[1].n;
-            nm++;
-        } else {
-            snprintf(err, errlen, "%s: bad merge %u", tokenizer_json, i);
-            goto done;
-        }
-    }
+    size_t nm = j.mn;
+    h.merges = j.mg;
 
     tok_spec sp;
     memset(&sp, 0, sizeof sp);
@@ -473,26 +611,40 @@ int tok_load_hf(tok **out, const char *tokenizer_json, const char *tokenizer_con
     sp.ignore_merges = jbool(jget(model, "ignore_merges"), 0);
     sp.eot = sp.eom = sp.unk = -1;
 
-    const jv *norm = jget(&root, "normalizer");
-    if (norm && norm->t != J_NULL) {
-        if (jis(jget(norm, "type"), "NFC")) {
-            sp.nfc = 1;
-        } else {
-            const char *nt = jstr(jget(norm, "type"));
-            snprintf(err, errlen, "%s: unsupported normalizer '%s'", tokenizer_json, nt ? nt : "?");
-            goto done;
-        }
-    }
+    int nprepend = 0, nspace = 0;
+    if (normalizer(jget(&root, "normalizer"), &sp.nfc, &nprepend, &nspace, err, errlen)) goto done;
     int bytelevel = 0, prefix = 0;
     const char *regex = NULL;
     if (pre_tok(jget(&root, "pre_tokenizer"), &regex, &bytelevel, &prefix, err, errlen)) goto done;
-    if (!bytelevel) { snprintf(err, errlen, "%s: only byte-level BPE is supported", tokenizer_json); goto done; }
-    sp.regex = regex;
-    sp.add_prefix_space = prefix;
-    if (regex == TOK_RE_GPT2 || (regex && strcmp(regex, TOK_RE_GPT2) == 0)) sp.pre_name = "gpt-2";
+    if (bytelevel > 0) {
+        sp.regex = regex;
+        sp.add_prefix_space = prefix & 1;
+        sp.split_digits = (prefix & 8) != 0;
+    } else if (bytelevel < 0 || nspace) {
+        /* SentencePiece-style: spaces as U+2581, merge ranks, byte fallback */
+        sp.type = TOK_SPM;
+        sp.add_space_prefix = bytelevel < 0 ? (prefix & 3) : nprepend;
+        sp.split_words = bytelevel < 0 && (prefix & 4);
+        if (sp.nfc) { snprintf(err, errlen, "%s: NFC with a SentencePiece-style model is not supported", tokenizer_json); goto done; }
+        const char *unk = jstr(jget(model, "unk_token"));
+        for (int32_t i = 0; i < h.n; i++) {
+            const tok_sv *x = &h.text[i];
+            if (h.types[i] == TT_NORMAL && x->n == 6 && memcmp(x->s, "<0x", 3) == 0 && x->s[5] == '>' &&
+                hexv(x->s[3]) >= 0 && hexv(x->s[4]) >= 0)
+                h.types[i] = TT_BYTE;
+        }
+        sp.unk = find_text(&h, unk);
+        if (sp.unk >= 0 && h.types[sp.unk] == TT_NORMAL) h.types[sp.unk] = TT_UNKNOWN;
+        regex = NULL;
+    } else {
+        snprintf(err, errlen, "%s: neither a byte-level nor a SentencePiece-style BPE", tokenizer_json);
+        goto done;
+    }
+    if (sp.split_digits) sp.pre_name = "digits+regex";
+    else if (regex == TOK_RE_GPT2 || (regex && strcmp(regex, TOK_RE_GPT2) == 0)) sp.pre_name = "gpt-2";
     else if (regex && strcmp(regex, TOK_RE_QWEN2) == 0) sp.pre_name = "qwen2";
     else if (regex && strcmp(regex, TOK_RE_LLAMA3) == 0) sp.pre_name = "llama-bpe";
-    else sp.pre_name = regex ? "custom" : "none";
+    else sp.pre_name = sp.type == TOK_SPM ? "spm" : regex ? "custom" : "none";
 
     /* BOS / EOS / add_bos: tokenizer_config.json first, then the post-processor */
     const char *pbos = post_bos(jget(&root, "post_processor"));
@@ -514,11 +666,27 @@ int tok_load_hf(tok **out, const char *tokenizer_json, const char *tokenizer_con
             }
         }
     }
+    if (!sp.chat_template.n) {
+        /* newer exports keep the template beside the config: chat_template.jinja */
+        const char *ref = tokenizer_config ? tokenizer_config : tokenizer_json;
+        const char *slash = strrchr(ref, '/');
+        size_t dl = slash ? (size_t)(slash - ref) + 1 : 0;
+        char path[4096];
+        char tmp[256];
+        if (dl + 20 < sizeof path) {
+            memcpy(path, ref, dl);
+            memcpy(path + dl, "chat_template.jinja", 20);
+            if (read_file(path, &tbuf, &tlen, tmp, sizeof tmp) == 0) {
+                sp.chat_template.s = tbuf;
+                sp.chat_template.n = tlen;
+            }
+        }
+    }
     sp.note = note[0] ? note : NULL;
     rc = tok_build(out, &sp, err, errlen);
 done:
-    free(h.text); free(h.types); free(h.merges);
+    free(h.text); free(h.types);
     ja_free(&j); ja_free(&jc);
-    free(buf); free(cbuf);
+    free(buf); free(cbuf); free(tbuf);
     return rc;
 }

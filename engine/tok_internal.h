@@ -27,7 +27,10 @@ typedef struct tok_spec {
     const char *regex;          /* BPE split regex (PCRE2 syntax); NULL: none */
     const char *pre_name;       /* for tok_info */
     const char *note;           /* fallback taken while loading, or NULL */
-    int ignore_merges, nfc, add_prefix_space, add_space_prefix;
+    int ignore_merges, nfc, add_prefix_space;
+    int add_space_prefix;       /* SPM: 1 at the start and after special tokens, 2 at the start only */
+    int split_words;            /* SPM: no merge across a U+2581 (Metaspace split) */
+    int split_digits;           /* BPE: each numeric character a word of its own (Digits pre-tokenizer) */
     int32_t bos, eos, eot, eom, unk;
     int add_bos;
     tok_sv chat_template;

@@ -25,6 +25,9 @@ const char TOK_RE_LLAMA3[] =
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
     "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 
+/* a hash slot carries the text's place so that a hit costs one miss on the
+ * table and one on the text */
+typedef struct hent { uint32_t tag; int32_t id; uint32_t off, len; } hent;
 typedef struct merge_ent { uint64_t key; uint32_t rank; int32_t res; } merge_ent;
 
 struct tok {
@@ -37,15 +40,17 @@ struct tok {
     float *scores;
     uint8_t *ttype;
     uint8_t *eog;
-    int32_t *hmap;           /* text → id, open addressing, -1 empty */
+    struct hent *hmap;       /* text → id, open addressing, id -1: empty */
     uint32_t hmask;
     merge_ent *mmap;         /* (left id, right id) → rank, merged id */
     uint32_t mmask;
     int32_t byte_id[256];    /* token of a single byte (SPM <0xAB>, BPE byte char) */
     int32_t *special;        /* candidates for matching in text, longest first */
     uint32_t sp_first[257];  /* special[sp_first[b] .. sp_first[b+1]) start with byte b */
+    uint64_t *pairs;         /* SPM: adjacent character pairs found inside tokens */
+    uint32_t pmask;
     int32_t bos, eos, eot, unk;
-    int add_bos, add_space_prefix, ignore_merges, nfc, add_prefix_space;
+    int add_bos, add_space_prefix, ignore_merges, nfc, add_prefix_space, split_words, split_digits;
     pcre2_code *re;
     int re_jit;
     char *chat_template;
@@ -70,6 +75,7 @@ static int fail(char *err, size_t errlen, const char *fmt, ...)
 static uint64_t hash_bytes(const char *p, size_t n)
 {
     uint64_t h = 0x9E3779B97F4A7C15ull ^ (n * 0xff51afd7ed558ccdull);
+    size_t total = n;
     while (n >= 8) {
         uint64_t v;
         memcpy(&v, p, 8);
@@ -78,7 +84,12 @@ static uint64_t hash_bytes(const char *p, size_t n)
         p += 8; n -= 8;
     }
     uint64_t v = 0;
-    memcpy(&v, p, n);
+    if (n && total >= 8) {          /* the last 8 bytes, shifted: no byte-wise tail */
+        memcpy(&v, p + n - 8, 8);
+        v >>= (8 - n) * 8;
+    } else {
+        for (size_t i = 0; i < n; i++) v |= (uint64_t)(unsigned char)p[i] << (8 * i);
+    }
     h = (h ^ v) * 0x94d049bb133111ebull;
     h ^= h >> 29;
     h *= 0xbf58476d1ce4e5b9ull;
@@ -92,15 +103,48 @@ static uint64_t hash_pair(uint64_t k)
     return k ^ (k >> 33);
 }
 
+static int32_t find_h(const tok *t, const char *s, size_t n, uint64_t h)
+{
+    uint32_t i = (uint32_t)h & t->hmask, tag = (uint32_t)(h >> 32);
+    for (;;) {
+        const hent *e = &t->hmap[i];
+        if (e->id < 0) return -1;
+        if (e->tag == tag && e->len == n && memcmp(t->text + e->off, s, n) == 0) return e->id;
+        i = (i + 1) & t->hmask;
+    }
+}
+
 int32_t tok_find(const tok *t, const char *s, size_t n)
 {
     if (!t || !t->hmap) return -1;
-    uint32_t i = (uint32_t)hash_bytes(s, n) & t->hmask;
-    for (;;) {
-        int32_t id = t->hmap[i];
-        if (id < 0) return -1;
-        if (t->text_len[id] == n && memcmp(t->text + t->text_off[id], s, n) == 0) return id;
-        i = (i + 1) & t->hmask;
+    return find_h(t, s, n, hash_bytes(s, n));
+}
+
+/* Many lookups at once, with the table slots and then the texts prefetched,
+ * so that their cache misses overlap (building the merge table does ~3 per
+ * merge, hundreds of thousands in all). */
+#define FIND_BATCH 64
+static void find_batch(const tok *t, size_t n, const char *const *s, const size_t *len, int32_t *out)
+{
+    uint64_t h[FIND_BATCH];
+    const hent *cand[FIND_BATCH];
+    for (size_t i = 0; i < n; i++) {
+        h[i] = hash_bytes(s[i], len[i]);
+        __builtin_prefetch(&t->hmap[(uint32_t)h[i] & t->hmask]);
+    }
+    for (size_t i = 0; i < n; i++) {
+        uint32_t k = (uint32_t)h[i] & t->hmask, tag = (uint32_t)(h[i] >> 32);
+        cand[i] = NULL;
+        for (;; k = (k + 1) & t->hmask) {
+            const hent *e = &t->hmap[k];
+            if (e->id < 0) break;
+            if (e->tag == tag && e->len == len[i]) { cand[i] = e; __builtin_prefetch(t->text + e->off); break; }
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (!cand[i]) out[i] = -1;
+        else if (memcmp(t->text + cand[i]->off, s[i], len[i]) == 0) out[i] = cand[i]->id;
+        else out[i] = find_h(t, s[i], len[i], h[i]);
     }
 }
 
@@ -227,7 +271,8 @@ static int cmp_special(const void *a, const void *b, void *ctx)
     return x < y ? -1 : x > y;
 }
 
-static void piece_of(const tok *t, int32_t id, char *o, uint32_t *len)
+/* inv: code point (< 324) → the byte it stands for in byte-level BPE, or -1 */
+static void piece_of(const tok *t, int32_t id, char *o, uint32_t *len, const int16_t *inv)
 {
     const char *s = t->text + t->text_off[id];
     uint32_t n = t->text_len[id], k = 0;
@@ -244,14 +289,8 @@ static void piece_of(const tok *t, int32_t id, char *o, uint32_t *len)
             return;
         }
     } else if (ty == TT_NORMAL) {
-        static int16_t inv[324];
-        static int inv_ready;
-        if (!inv_ready) {      /* idempotent; racing writers store equal values */
-            for (unsigned i = 0; i < 324; i++) inv[i] = -1;
-            for (unsigned b = 0; b < 256; b++) inv[byte_to_cp(b)] = (int16_t)b;
-            inv_ready = 1;
-        }
         for (uint32_t i = 0; i < n;) {
+            if (!((unsigned char)s[i] & 0x80)) { o[k++] = s[i++]; continue; }
             size_t l = utf8_len_lead((unsigned char)s[i]);
             if (i + l > n) l = n - i;
             uint32_t cp = utf8_get((const unsigned char *)s + i, l);
@@ -277,6 +316,8 @@ int tok_build(tok **out, const tok_spec *s, char *err, size_t errlen)
     t->n = n;
     t->bos = s->bos; t->eos = s->eos; t->eot = s->eot; t->unk = s->unk;
     t->add_space_prefix = s->add_space_prefix;
+    t->split_words = s->split_words;
+    t->split_digits = s->split_digits;
     t->ignore_merges = s->ignore_merges;
     t->nfc = s->nfc;
     t->add_prefix_space = s->add_prefix_space;
@@ -295,14 +336,14 @@ int tok_build(tok **out, const tok_spec *s, char *err, size_t errlen)
     t->scores = calloc((size_t)n, sizeof(float));
     t->ttype = malloc((size_t)n);
     t->eog = calloc((size_t)n, 1);
-    t->hmask = pow2_at_least((size_t)n * 2) - 1;
-    t->hmap = malloc(sizeof(int32_t) * ((size_t)t->hmask + 1));
+    t->hmask = pow2_at_least((size_t)n + (size_t)n / 2) - 1;
+    t->hmap = malloc(sizeof(hent) * ((size_t)t->hmask + 1));
     if (!t->text || !t->piece || !t->text_off || !t->text_len || !t->piece_off || !t->piece_len ||
         !t->scores || !t->ttype || !t->eog || !t->hmap) {
         tok_free(t);
         return fail(err, errlen, "tokenizer: out of memory");
     }
-    memset(t->hmap, 0xff, sizeof(int32_t) * ((size_t)t->hmask + 1));
+    for (size_t i = 0; i <= t->hmask; i++) t->hmap[i].id = -1;
     size_t off = 0;
     for (int32_t i = 0; i < n; i++) {
         t->text_off[i] = (uint32_t)off;
@@ -315,17 +356,24 @@ int tok_build(tok **out, const tok_spec *s, char *err, size_t errlen)
         if (s->scores) t->scores[i] = s->scores[i];
     }
     /* text → id; a later duplicate wins, as in llama.cpp's token_to_id */
+    uint64_t *hv = malloc(sizeof(uint64_t) * (size_t)n);
+    if (!hv) { tok_free(t); return fail(err, errlen, "tokenizer: out of memory"); }
+    for (int32_t i = 0; i < n; i++) hv[i] = hash_bytes(t->text + t->text_off[i], t->text_len[i]);
     for (int32_t i = 0; i < n; i++) {
+        if (i + 16 < n) __builtin_prefetch(&t->hmap[(uint32_t)hv[i + 16] & t->hmask], 1);
         uint32_t len = t->text_len[i];
         const char *p = t->text + t->text_off[i];
-        uint32_t h = (uint32_t)hash_bytes(p, len) & t->hmask;
+        uint32_t h = (uint32_t)hv[i] & t->hmask, tag = (uint32_t)(hv[i] >> 32);
         for (;;) {
-            int32_t id = t->hmap[h];
-            if (id < 0) { t->hmap[h] = i; break; }
-            if (t->text_len[id] == len && memcmp(t->text + t->text_off[id], p, len) == 0) { t->hmap[h] = i; break; }
+            hent *e = &t->hmap[h];
+            if (e->id < 0 || (e->tag == tag && e->len == len && memcmp(t->text + e->off, p, len) == 0)) {
+                e->id = i; e->tag = tag; e->off = t->text_off[i]; e->len = len;
+                break;
+            }
             h = (h + 1) & t->hmask;
         }
     }
+    free(hv);
     /* byte tokens */
     for (int b = 0; b < 256; b++) {
         char buf[8];
@@ -338,43 +386,107 @@ int tok_build(tok **out, const tok_spec *s, char *err, size_t errlen)
             t->byte_id[b] = tok_find(t, buf, l);
         }
     }
-    /* merges */
-    if (s->type == TOK_BPE && s->n_merges) {
-        t->mmask = pow2_at_least(s->n_merges * 2) - 1;
+    /* merges: (left id, right id) → rank and merged id */
+    if (s->n_merges) {
+        t->mmask = pow2_at_least(s->n_merges + s->n_merges / 2) - 1;
         t->mmap = malloc(sizeof(merge_ent) * ((size_t)t->mmask + 1));
-        char *cat = NULL;
-        size_t catcap = 0;
-        if (!t->mmap) { tok_free(t); return fail(err, errlen, "tokenizer: out of memory"); }
+        char *cat = malloc((size_t)FIND_BATCH * 512);
+        if (!t->mmap || !cat) { free(cat); tok_free(t); return fail(err, errlen, "tokenizer: out of memory"); }
         for (size_t i = 0; i <= t->mmask; i++) t->mmap[i].key = UINT64_MAX;
-        for (size_t r = 0; r < s->n_merges; r++) {
-            const tok_merge *m = &s->merges[r];
-            int32_t a = tok_find(t, m->a.s, m->a.n), b = tok_find(t, m->b.s, m->b.n);
-            if (a < 0 || b < 0) continue;
-            if (m->a.n + m->b.n > catcap) {
-                catcap = (m->a.n + m->b.n) * 2 + 64;
-                char *nc = realloc(cat, catcap);
-                if (!nc) { free(cat); tok_free(t); return fail(err, errlen, "tokenizer: out of memory"); }
-                cat = nc;
+        for (size_t r0 = 0; r0 < s->n_merges; r0 += FIND_BATCH / 2) {
+            size_t nb = s->n_merges - r0 < FIND_BATCH / 2 ? s->n_merges - r0 : FIND_BATCH / 2;
+            const char *q[FIND_BATCH];
+            size_t ql[FIND_BATCH];
+            int32_t ab[FIND_BATCH], res[FIND_BATCH / 2];
+            for (size_t k = 0; k < nb; k++) {
+                const tok_merge *m = &s->merges[r0 + k];
+                q[2 * k] = m->a.s; ql[2 * k] = m->a.n;
+                q[2 * k + 1] = m->b.s; ql[2 * k + 1] = m->b.n;
             }
-            memcpy(cat, m->a.s, m->a.n);
-            memcpy(cat + m->a.n, m->b.s, m->b.n);
-            int32_t res = tok_find(t, cat, m->a.n + m->b.n);
-            if (res < 0) continue;
-            uint64_t key = ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
-            uint32_t h = (uint32_t)hash_pair(key) & t->mmask;
-            while (t->mmap[h].key != UINT64_MAX && t->mmap[h].key != key) h = (h + 1) & t->mmask;
-            if (t->mmap[h].key == key) continue;   /* first (lowest) rank wins */
-            t->mmap[h].key = key;
-            t->mmap[h].rank = (uint32_t)r;
-            t->mmap[h].res = res;
+            find_batch(t, 2 * nb, q, ql, ab);
+            uint32_t slot[FIND_BATCH / 2];
+            for (size_t k = 0; k < nb; k++) {
+                uint64_t key = ((uint64_t)(uint32_t)ab[2 * k] << 32) | (uint32_t)ab[2 * k + 1];
+                slot[k] = (uint32_t)hash_pair(key) & t->mmask;
+                __builtin_prefetch(&t->mmap[slot[k]], 1);
+            }
+            size_t nc = 0;
+            for (size_t k = 0; k < nb; k++) {
+                const tok_merge *m = &s->merges[r0 + k];
+                size_t l = m->a.n + m->b.n;
+                if (ab[2 * k] < 0 || ab[2 * k + 1] < 0 || l > 1024) { res[k] = -1; continue; }
+                char *c = l <= 512 ? cat + 512 * nc : NULL;
+                if (!c) { res[k] = -2; continue; }    /* long: looked up on its own below */
+                memcpy(c, m->a.s, m->a.n);
+                memcpy(c + m->a.n, m->b.s, m->b.n);
+                q[nc] = c; ql[nc] = l;
+                res[k] = -3 - (int32_t)nc;
+                nc++;
+            }
+            int32_t found[FIND_BATCH];
+            find_batch(t, nc, q, ql, found);
+            for (size_t k = 0; k < nb; k++) {
+                int32_t id = res[k];
+                if (id == -1) continue;
+                if (id == -2) {
+                    const tok_merge *m = &s->merges[r0 + k];
+                    char *big = malloc(m->a.n + m->b.n);
+                    if (!big) continue;
+                    memcpy(big, m->a.s, m->a.n);
+                    memcpy(big + m->a.n, m->b.s, m->b.n);
+                    id = tok_find(t, big, m->a.n + m->b.n);
+                    free(big);
+                } else {
+                    id = found[-3 - id];
+                }
+                if (id < 0) continue;
+                uint64_t key = ((uint64_t)(uint32_t)ab[2 * k] << 32) | (uint32_t)ab[2 * k + 1];
+                uint32_t h = slot[k];
+                while (t->mmap[h].key != UINT64_MAX && t->mmap[h].key != key) h = (h + 1) & t->mmask;
+                if (t->mmap[h].key == key) continue;   /* first (lowest) rank wins */
+                t->mmap[h].key = key;
+                t->mmap[h].rank = (uint32_t)(r0 + k);
+                t->mmap[h].res = id;
+            }
         }
         free(cat);
     }
+    /* SPM: the set of adjacent character pairs inside any token. Where two
+     * neighbouring characters of a text form no such pair, no merge can ever
+     * cross between them, so the text is merged in independent chunks. */
+    if (t->type == TOK_SPM) {
+        size_t np = 0;
+        for (int32_t i = 0; i < n; i++) np += t->text_len[i];
+        t->pmask = pow2_at_least(np + 16) - 1;
+        t->pairs = malloc(sizeof(uint64_t) * ((size_t)t->pmask + 1));
+        if (!t->pairs) { tok_free(t); return fail(err, errlen, "tokenizer: out of memory"); }
+        memset(t->pairs, 0xff, sizeof(uint64_t) * ((size_t)t->pmask + 1));
+        for (int32_t i = 0; i < n; i++) {
+            const unsigned char *p = (const unsigned char *)t->text + t->text_off[i];
+            uint32_t len = t->text_len[i], prev = UINT32_MAX;
+            for (uint32_t k = 0; k < len;) {
+                size_t l = utf8_len_lead(p[k]);
+                if (l > len - k) l = len - k;
+                uint32_t cp = utf8_get(p + k, l);
+                if (prev != UINT32_MAX) {
+                    uint64_t key = ((uint64_t)prev << 32) | cp;
+                    uint32_t h = (uint32_t)hash_pair(key) & t->pmask;
+                    while (t->pairs[h] != UINT64_MAX && t->pairs[h] != key) h = (h + 1) & t->pmask;
+                    t->pairs[h] = key;
+                }
+                prev = cp;
+                k += (uint32_t)l;
+            }
+        }
+    }
     /* pieces (decoded pieces are never longer than the text) */
+    int16_t inv[324];
+    for (unsigned i = 0; i < 324; i++) inv[i] = -1;
+    for (unsigned b = 0; b < 256; b++) inv[byte_to_cp(b)] = (int16_t)b;
     off = 0;
     for (int32_t i = 0; i < n; i++) {
         uint32_t l;
-        piece_of(t, i, t->piece + off, &l);
+        piece_of(t, i, t->piece + off, &l, inv);
         t->piece_off[i] = (uint32_t)off;
         t->piece_len[i] = l;
         off += l;
@@ -441,7 +553,7 @@ void tok_free(tok *t)
     if (!t) return;
     free(t->text); free(t->text_off); free(t->text_len);
     free(t->piece); free(t->piece_off); free(t->piece_len);
-    free(t->scores); free(t->ttype); free(t->eog); free(t->hmap); free(t->mmap);
+    free(t->scores); free(t->ttype); free(t->eog); free(t->hmap); free(t->mmap); free(t->pairs);
     free(t->special); free(t->chat_template);
     if (t->re) pcre2_code_free(t->re);
     free(t);
@@ -533,7 +645,7 @@ static void emit(enc *e, int32_t id)
 /* heap order: SPM highest score first, BPE lowest rank first; ties leftmost */
 static int bg_before(const enc *e, const bigram *a, const bigram *b)
 {
-    if (e->t->type == TOK_SPM) {
+    if (e->t->type == TOK_SPM && !e->t->mmap) {
         if (a->score != b->score) return a->score > b->score;
     } else if (a->rank != b->rank) {
         return a->rank < b->rank;
@@ -583,8 +695,42 @@ static void spm_try(enc *e, const char *s, int32_t l, int32_t r)
 
 /* SentencePiece: merge the adjacent pair whose union is the highest-scoring
  * token until none is left; symbols that are not tokens become bytes. */
-static void spm_encode(enc *e, const char *s, size_t n)
+static void bpe_merge(enc *e, size_t ns);
+
+/* SentencePiece-style text under BPE merge ranks (a tokenizer.json "BPE"
+ * model with byte_fallback: Llama-2, Mistral): one symbol per character,
+ * rank-ordered merges, characters outside the vocabulary as byte tokens. */
+static void spm_chunk_ranked(enc *e, const char *s, size_t n)
 {
+    const tok *t = e->t;
+    size_t ns = 0;
+    if (grow((void **)&e->syms, &e->syms_cap, n + 1, sizeof(sym))) { e->oom = 1; return; }
+    for (size_t off = 0; off < n;) {
+        size_t l = utf8_len_lead((unsigned char)s[off]);
+        if (l > n - off) l = n - off;
+        sym *y = &e->syms[ns];
+        y->id = tok_find(t, s + off, l);
+        y->off = (uint32_t)off; y->n = (uint32_t)l;
+        y->prev = (int32_t)ns - 1;
+        off += l;
+        y->next = off == n ? -1 : (int32_t)ns + 1;
+        ns++;
+    }
+    if (!ns) return;
+    bpe_merge(e, ns);
+    for (int32_t i = 0; i != -1; i = e->syms[i].next) {
+        const sym *y = &e->syms[i];
+        if (y->id >= 0) { emit(e, y->id); continue; }
+        for (uint32_t j = 0; j < y->n; j++) {
+            int32_t b = t->byte_id[(unsigned char)s[y->off + j]];
+            emit(e, b >= 0 ? b : t->unk);
+        }
+    }
+}
+
+static void spm_chunk(enc *e, const char *s, size_t n)
+{
+    if (e->t->mmap) { spm_chunk_ranked(e, s, n); return; }
     size_t ns = 0;
     if (grow((void **)&e->syms, &e->syms_cap, n + 1, sizeof(sym))) { e->oom = 1; return; }
     for (size_t off = 0; off < n;) {
@@ -654,8 +800,16 @@ static void bpe_word(enc *e, const char *s, size_t n)
         y->prev = (int32_t)i - 1;
         y->next = i + 1 == n ? -1 : (int32_t)i + 1;
     }
+    bpe_merge(e, n);
+    for (int32_t i = 0; i != -1; i = e->syms[i].next)
+        emit(e, e->syms[i].id >= 0 ? e->syms[i].id : t->unk);
+}
+
+/* Rank-ordered merges over e->syms[0..ns) (ids set, linked in order). */
+static void bpe_merge(enc *e, size_t ns)
+{
     e->hn = 0;
-    for (size_t i = 1; i < n; i++) bpe_try(e, (int32_t)i - 1, (int32_t)i);
+    for (size_t i = 1; i < ns; i++) bpe_try(e, (int32_t)i - 1, (int32_t)i);
     while (e->hn && !e->oom) {
         bigram g = heap_pop(e);
         sym *a = &e->syms[g.left], *b = &e->syms[g.right];
@@ -668,36 +822,69 @@ static void bpe_word(enc *e, const char *s, size_t n)
         bpe_try(e, a->prev, g.left);
         bpe_try(e, g.left, a->next);
     }
-    for (int32_t i = 0; i != -1; i = e->syms[i].next)
-        emit(e, e->syms[i].id >= 0 ? e->syms[i].id : t->unk);
 }
 
-static int bpe_text(enc *e, const char *s, size_t n, char *err, size_t errlen)
+/* A character NFC keeps as it is (quick-check Yes, combining class 0) and
+ * that never composes with the character before it: checked for these
+ * ranges against Unicode's data (ASCII/Latin up to U+02FF, Cyrillic letters,
+ * kana, CJK ideographs, Hangul syllables, emoji). Text splits before such a
+ * character into parts that normalize independently. */
+static int nfc_safe(uint32_t cp)
+{
+    return cp < 0x300 || (cp >= 0x400 && cp <= 0x482) || (cp >= 0x3041 && cp <= 0x3096) ||
+           (cp >= 0x30A1 && cp <= 0x30FA) || (cp >= 0x4E00 && cp <= 0x9FFF) || (cp >= 0xAC00 && cp <= 0xD7A3) ||
+           (cp >= 0x1F300 && cp <= 0x1FAFF);
+}
+
+/* NFC of valid UTF-8: *out is NULL when the text is already NFC-stable by
+ * nfc_safe; otherwise a malloc'd copy in which only the parts around other
+ * characters went through utf8proc. */
+static int nfc_text(const char *s, size_t n, char **out, size_t *outn, char *err, size_t errlen)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    char *o = NULL;
+    size_t on = 0, cap = 0, copied = 0, prev = 0, i = 0;
+    *out = NULL;
+    while (i < n) {
+        if (p[i] < 0x80) { prev = i++; continue; }
+        size_t l = utf8_len_lead(p[i]);
+        if (nfc_safe(utf8_get(p + i, l))) { prev = i; i += l; continue; }
+        /* from the last starter before this character to the next safe one */
+        size_t r0 = prev, r1 = i + l;
+        while (r1 < n) {
+            size_t l2 = utf8_len_lead(p[r1]);
+            if (p[r1] < 0x80 || nfc_safe(utf8_get(p + r1, l2))) break;
+            r1 += l2;
+        }
+        utf8proc_uint8_t *m = NULL;
+        utf8proc_ssize_t r = utf8proc_map(p + r0, (utf8proc_ssize_t)(r1 - r0), &m, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+        if (r < 0) { free(m); free(o); return fail(err, errlen, "tokenizer: NFC: %s", utf8proc_errmsg(r)); }
+        size_t need = on + (r0 - copied) + (size_t)r + (n - r1) + 1;
+        if (need > cap) {
+            size_t nc = need + need / 2 + 64;
+            char *no = realloc(o, nc);
+            if (!no) { free(m); free(o); return fail(err, errlen, "tokenizer: out of memory"); }
+            o = no;
+            cap = nc;
+        }
+        memcpy(o + on, s + copied, r0 - copied);
+        on += r0 - copied;
+        memcpy(o + on, m, (size_t)r);
+        on += (size_t)r;
+        free(m);
+        copied = i = prev = r1;
+    }
+    if (!o) return 0;
+    memcpy(o + on, s + copied, n - copied);
+    on += n - copied;
+    *out = o;
+    *outn = on;
+    return 0;
+}
+
+static int re_split(enc *e, const char *s, size_t n, char *err, size_t errlen)
 {
     const tok *t = e->t;
-    char *norm = NULL;
-    char *pre = NULL;
-    if (t->nfc) {
-        size_t i = 0;
-        while (i < n && !((unsigned char)s[i] & 0x80)) i++;
-        if (i < n) {
-            utf8proc_uint8_t *o = NULL;
-            utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, &o,
-                                              UTF8PROC_STABLE | UTF8PROC_COMPOSE);
-            if (r < 0) { free(o); return fail(err, errlen, "tokenizer: NFC: %s", utf8proc_errmsg(r)); }
-            norm = (char *)o;
-            s = norm;
-            n = (size_t)r;
-        }
-    }
-    if (t->add_prefix_space && n && s[0] != ' ') {
-        pre = malloc(n + 1);
-        if (!pre) { free(norm); e->oom = 1; return -1; }
-        pre[0] = ' ';
-        memcpy(pre + 1, s, n);
-        s = pre;
-        n++;
-    }
     if (!t->re) {
         bpe_word(e, s, n);
     } else {
@@ -710,7 +897,6 @@ static int bpe_text(enc *e, const char *s, size_t n, char *err, size_t errlen)
             if (rc < 0) {
                 PCRE2_UCHAR msg[120];
                 pcre2_get_error_message(rc, msg, sizeof msg);
-                free(norm); free(pre);
                 return fail(err, errlen, "tokenizer: split regex: %s", (const char *)msg);
             }
             PCRE2_SIZE *ov = pcre2_get_ovector_pointer(e->md);
@@ -725,9 +911,77 @@ static int bpe_text(enc *e, const char *s, size_t n, char *err, size_t errlen)
         }
         if (gap < n) bpe_word(e, s + gap, n - gap);
     }
+    return 0;
+}
+
+static int bpe_text(enc *e, const char *s, size_t n, char *err, size_t errlen)
+{
+    const tok *t = e->t;
+    char *norm = NULL;
+    char *pre = NULL;
+    if (t->nfc) {
+        size_t nn = 0;
+        if (nfc_text(s, n, &norm, &nn, err, errlen)) return -1;
+        if (norm) { s = norm; n = nn; }
+    }
+    if (t->add_prefix_space && n && s[0] != ' ') {
+        pre = malloc(n + 1);
+        if (!pre) { free(norm); e->oom = 1; return -1; }
+        pre[0] = ' ';
+        memcpy(pre + 1, s, n);
+        s = pre;
+        n++;
+    }
+    int rc = 0;
+    if (!t->split_digits) {
+        rc = re_split(e, s, n, err, errlen);
+    } else {
+        /* every numeric character is a word of its own; the rest goes through the regex */
+        size_t run = 0;
+        for (size_t i = 0; i < n && rc == 0;) {
+            size_t l = utf8_len_lead((unsigned char)s[i]);
+            utf8proc_propval_t cat = utf8proc_category(utf8_get((const unsigned char *)s + i, l));
+            if (cat == UTF8PROC_CATEGORY_ND || cat == UTF8PROC_CATEGORY_NL || cat == UTF8PROC_CATEGORY_NO) {
+                if (i > run) rc = re_split(e, s + run, i - run, err, errlen);
+                bpe_word(e, s + i, l);
+                run = i + l;
+            }
+            i += l;
+        }
+        if (rc == 0 && run < n) rc = re_split(e, s + run, n - run, err, errlen);
+    }
     free(norm);
     free(pre);
-    return e->oom ? -1 : 0;
+    return rc ? -1 : e->oom ? -1 : 0;
+}
+
+static int spm_pair(const tok *t, uint32_t a, uint32_t b)
+{
+    uint64_t key = ((uint64_t)a << 32) | b;
+    uint32_t h = (uint32_t)hash_pair(key) & t->pmask;
+    for (;;) {
+        if (t->pairs[h] == key) return 1;
+        if (t->pairs[h] == UINT64_MAX) return 0;
+        h = (h + 1) & t->pmask;
+    }
+}
+
+static void spm_encode(enc *e, const char *s, size_t n)
+{
+    size_t start = 0, i = 0;
+    uint32_t prev = UINT32_MAX;
+    while (i < n) {
+        size_t l = utf8_len_lead((unsigned char)s[i]);
+        if (l > n - i) l = n - i;
+        uint32_t cp = utf8_get((const unsigned char *)s + i, l);
+        if (prev != UINT32_MAX && (!spm_pair(e->t, prev, cp) || (e->t->split_words && cp == 0x2581))) {
+            spm_chunk(e, s + start, i - start);
+            start = i;
+        }
+        prev = cp;
+        i += l;
+    }
+    spm_chunk(e, s + start, n - start);
 }
 
 static int spm_text(enc *e, const char *s, size_t n, int prefix)
@@ -759,10 +1013,13 @@ static int32_t special_at(const tok *t, const char *p, const char *end, int pars
     return -1;
 }
 
+/* prev_special: 2 at the start of the text, 1 after a special token */
 static int encode_fragment(enc *e, const char *s, size_t n, int prev_special, char *err, size_t errlen)
 {
     if (n == 0) return 0;
-    if (e->t->type == TOK_SPM) return spm_text(e, s, n, e->t->add_space_prefix && prev_special);
+    if (e->t->type == TOK_SPM)
+        return spm_text(e, s, n, e->t->add_space_prefix == 1 ? prev_special != 0
+                               : e->t->add_space_prefix == 2 ? prev_special == 2 : 0);
     return bpe_text(e, s, n, err, errlen);
 }
 
@@ -781,10 +1038,12 @@ int tok_encode_segs(const tok *t, const tok_seg *segs, size_t nseg,
     }
     enc e = { .t = t };
     char *all = NULL;
+    static const tok_seg empty_seg = { "", 0, 0 };
+    if (nseg == 0) { segs = &empty_seg; nseg = 1; }
     const char *s;
     int rc = -1;
     if (nseg == 1) {
-        s = segs[0].text;
+        s = segs[0].text ? segs[0].text : "";
     } else {
         all = malloc(total + 1);
         if (!all) return fail(err, errlen, "tokenizer: out of memory");
@@ -802,7 +1061,7 @@ int tok_encode_segs(const tok *t, const tok_seg *segs, size_t nseg,
     if (grow((void **)&e.out, &e.cap, total / 3 + 16, sizeof(int32_t))) { e.oom = 1; goto done; }
     {
         size_t frag = 0, pos = 0;
-        int prev_special = 1;
+        int prev_special = 2;
         for (size_t si = 0; si < nseg; si++) {
             const char *end = s + pos + segs[si].len;
             size_t segend = pos + segs[si].len;
@@ -943,6 +1202,9 @@ int tok_load_gguf(tok **out, const gguf *g, char *err, size_t errlen)
         } else if (name_in(pre, pre_llama3_regex)) {
             sp.regex = TOK_RE_LLAMA3;
             snprintf(pre_name, sizeof pre_name, "llama-bpe");
+        } else if (gstr_eq(pre, "smollm")) {
+            sp.regex = TOK_RE_GPT2; sp.split_digits = 1;
+            snprintf(pre_name, sizeof pre_name, "smollm");
         } else if (name_in(pre, pre_qwen2)) {
             /* Qwen's tokenizer.json normalizes to NFC; do the same here so both
              * files of one model give the same ids */

@@ -15,9 +15,17 @@
 struct gguf;
 typedef struct tok tok;
 
+/* The gguf may be closed afterwards (everything needed is copied).
+ * tokenizer.ggml.pre selects the split rules: "qwen2" (and aliases),
+ * "llama-bpe" ("llama3", "smaug-bpe", ...), "smollm" (digits split), "gpt-2";
+ * any other name gets GPT-2 rules and says so in tok_note. */
 int tok_load_gguf(tok **out, const struct gguf *g, char *err, size_t errlen);
 /* tokenizer.json, plus tokenizer_config.json when present (may be NULL):
- * added/special tokens, bos/eos, add_bos_token, chat template source. */
+ * added/special tokens, bos/eos, add_bos_token, chat template source.
+ * Models: byte-level BPE (ByteLevel / Split(regex, Isolated) pre-tokenizers,
+ * NFC or no normalizer) and SentencePiece-style BPE (byte_fallback,
+ * Prepend/Replace "\u2581" normalizers or Metaspace). Anything else
+ * (Unigram, WordPiece, other normalizers) is refused with a message. */
 int tok_load_hf(tok **out, const char *tokenizer_json, const char *tokenizer_config,
                 char *err, size_t errlen);
 void tok_free(tok *t);

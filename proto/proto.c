@@ -223,6 +223,17 @@ static void pk_tokens(pk *k, const int32_t *t, size_t n)
     for (size_t i = 0; i < n && !k->fail; i++) pk_i64(k, t[i]);
 }
 
+static void pk_msgs(pk *k, const proto_msg *m, size_t n)
+{
+    pk_key(k, "messages");
+    pk_arr(k, n);
+    for (size_t i = 0; i < n && !k->fail; i++) {
+        pk_map(k, 2);
+        pk_kstr(k, "role", m[i].role, m[i].role_len);
+        pk_kstr(k, "content", m[i].content, m[i].content_len);
+    }
+}
+
 /* Starts a message; finish with pk_end, which rolls back on failure. */
 static void pk_begin(pk *k, proto_buf *b)
 {
@@ -245,6 +256,9 @@ int proto_req_encode(proto_buf *b, const proto_req *r)
     pk_begin(&k, b);
     const char *tn = proto_type_name(r->type);
     int prompt_tokens = r->tokens != NULL;
+    int prompt_msgs = r->msgs != NULL && r->n_msgs > 0;
+    if ((r->type == PROTO_T_GENERATE || r->type == PROTO_T_EVAL) && prompt_msgs && r->n_msgs > PROTO_MAX_MSGS)
+        return -1;
     switch (r->type) {
     case PROTO_T_HELLO:
         pk_map(&k, r->client ? 4 : 3);
@@ -258,7 +272,8 @@ int proto_req_encode(proto_buf *b, const proto_req *r)
         pk_map(&k, 13 + (r->has_seed != 0) + (r->system != NULL));
         pk_kstr(&k, "type", tn, strlen(tn));
         pk_ku64(&k, "id", r->id);
-        if (prompt_tokens) { pk_key(&k, "tokens"); pk_tokens(&k, r->tokens, r->n_tokens); }
+        if (prompt_msgs) pk_msgs(&k, r->msgs, r->n_msgs);
+        else if (prompt_tokens) { pk_key(&k, "tokens"); pk_tokens(&k, r->tokens, r->n_tokens); }
         else pk_kstr(&k, "prompt", r->text, r->text_len);
         if (r->system) pk_kstr(&k, "system", r->system, r->system_len);
         pk_kbool(&k, "raw", r->raw);
@@ -279,7 +294,8 @@ int proto_req_encode(proto_buf *b, const proto_req *r)
         pk_map(&k, 5 + (r->system != NULL));
         pk_kstr(&k, "type", tn, strlen(tn));
         pk_ku64(&k, "id", r->id);
-        if (prompt_tokens) { pk_key(&k, "tokens"); pk_tokens(&k, r->tokens, r->n_tokens); }
+        if (prompt_msgs) pk_msgs(&k, r->msgs, r->n_msgs);
+        else if (prompt_tokens) { pk_key(&k, "tokens"); pk_tokens(&k, r->tokens, r->n_tokens); }
         else pk_kstr(&k, "prompt", r->text, r->text_len);
         if (r->system) pk_kstr(&k, "system", r->system, r->system_len);
         pk_kbool(&k, "raw", r->raw);
@@ -660,11 +676,12 @@ static void *arena_alloc(proto_reader *r, size_t n, size_t align)
     return r->arena + off;
 }
 
-/* Worst case for one frame: int32 per one-byte array element, plus
- * alignment and NUL terminators. */
+/* Worst case for one frame: int32 per one-byte array element, or a
+ * 32-byte proto_msg (+ its role's copy) per message of at least 8 bytes,
+ * plus alignment and NUL terminators. */
 static int arena_prepare(proto_reader *r, size_t frame_len)
 {
-    size_t need = frame_len * 4 + 1024;
+    size_t need = frame_len * 5 + 1024;
     r->arena_len = 0;
     if (r->arena_cap >= need) return 0;
     size_t cap = r->arena_cap ? r->arena_cap : 4096;
@@ -856,6 +873,42 @@ static int get_tokens(dctx *d, const msgpack_object *o, const char *name, size_t
 
 static int is_nil(const msgpack_object *o) { return o->type == MSGPACK_OBJECT_NIL; }
 
+/* "messages": [{"role": str, "content": str}, ...], 1..PROTO_MAX_MSGS of
+ * them, contents adding up to at most PROTO_MAX_PROMPT bytes. */
+static int get_msgs(dctx *d, const msgpack_object *v, proto_req *q)
+{
+    if (v->type != MSGPACK_OBJECT_ARRAY) return fail(d, PROTO_E_BAD_REQUEST, "\"messages\" must be an array of maps");
+    uint32_t n = v->via.array.size;
+    if (n > PROTO_MAX_MSGS)
+        return fail(d, PROTO_E_TOO_LARGE, "\"messages\" has %u entries, over the limit of %d", n, PROTO_MAX_MSGS);
+    if (n == 0) return fail(d, PROTO_E_INVALID_VALUE, "\"messages\" must not be empty");
+    proto_msg *m = arena_alloc(d->r, n * sizeof *m, 8);
+    if (!m) return fail(d, PROTO_E_INTERNAL, "out of memory");
+    size_t total = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const msgpack_object *e = &v->via.array.ptr[i];
+        if (e->type != MSGPACK_OBJECT_MAP) return fail(d, PROTO_E_BAD_REQUEST, "\"messages\"[%u] must be a map", i);
+        m[i] = (proto_msg){ NULL, 0, "", 0 };
+        for (uint32_t j = 0; j < e->via.map.size; j++) {
+            const msgpack_object *k = &e->via.map.ptr[j].key, *x = &e->via.map.ptr[j].val;
+            if (is_nil(x)) continue;
+            if (key_is(k, "role")) {
+                if (get_str(d, x, "role", PROTO_MAX_ROLE, &m[i].role, &m[i].role_len) < 0) return -1;
+            } else if (key_is(k, "content")) {
+                if (get_str(d, x, "content", PROTO_MAX_PROMPT, &m[i].content, &m[i].content_len) < 0) return -1;
+            }
+        }
+        if (!m[i].role || m[i].role_len == 0)
+            return fail(d, PROTO_E_BAD_REQUEST, "\"messages\"[%u] has no \"role\"", i);
+        total += m[i].content_len;
+        if (total > PROTO_MAX_PROMPT)
+            return fail(d, PROTO_E_TOO_LARGE, "\"messages\" hold over %d bytes of content", PROTO_MAX_PROMPT);
+    }
+    q->msgs = m;
+    q->n_msgs = n;
+    return 0;
+}
+
 /* Reads "type" and "id" of a message map; the rest is per type. */
 static void read_head(const msgpack_object *m, const msgpack_object **type, const msgpack_object **id)
 {
@@ -887,7 +940,7 @@ static int decode_req(dctx *d, const msgpack_object *m, proto_req *q)
     if (*d->code) return -1;   /* a bad id */
     if (!oid && q->type != PROTO_T_HELLO) return fail(d, PROTO_E_BAD_REQUEST, "missing \"id\"");
 
-    int has_prompt = 0, has_tokens = 0, has_version = 0, has_text = 0;
+    int has_prompt = 0, has_tokens = 0, has_version = 0, has_text = 0, has_msgs = 0;
     for (uint32_t i = 0; i < m->via.map.size; i++) {
         const msgpack_object *k = &m->via.map.ptr[i].key, *v = &m->via.map.ptr[i].val;
         if (k->type != MSGPACK_OBJECT_STR || key_is(k, "type") || key_is(k, "id")) continue;
@@ -902,6 +955,7 @@ static int decode_req(dctx *d, const msgpack_object *m, proto_req *q)
         case PROTO_T_EVAL:
             if (key_is(k, "prompt")) { rc = get_str(d, v, "prompt", PROTO_MAX_PROMPT, &q->text, &q->text_len); has_prompt = 1; }
             else if (key_is(k, "tokens")) { rc = get_tokens(d, v, "tokens", 1, &q->tokens, &q->n_tokens); has_tokens = 1; }
+            else if (key_is(k, "messages")) { rc = get_msgs(d, v, q); has_msgs = 1; }
             else if (key_is(k, "system")) rc = get_str(d, v, "system", PROTO_MAX_PROMPT, &q->system, &q->system_len);
             else if (key_is(k, "raw")) rc = get_bool(d, v, "raw", &q->raw);
             else if (q->type == PROTO_T_EVAL) {
@@ -949,8 +1003,12 @@ static int decode_req(dctx *d, const msgpack_object *m, proto_req *q)
         break;
     case PROTO_T_GENERATE:
     case PROTO_T_EVAL:
-        if (has_prompt && has_tokens) return fail(d, PROTO_E_BAD_REQUEST, "give \"prompt\" or \"tokens\", not both");
-        if (!has_prompt && !has_tokens) return fail(d, PROTO_E_BAD_REQUEST, "missing \"prompt\" or \"tokens\"");
+        if (has_prompt + has_tokens + has_msgs > 1)
+            return fail(d, PROTO_E_BAD_REQUEST, "give one of \"prompt\", \"tokens\" and \"messages\"");
+        if (!has_prompt && !has_tokens && !has_msgs)
+            return fail(d, PROTO_E_BAD_REQUEST, "missing \"prompt\", \"tokens\" or \"messages\"");
+        if (has_msgs && q->system) return fail(d, PROTO_E_BAD_REQUEST, "\"system\" goes into \"messages\" as a message");
+        if (has_msgs && q->raw) return fail(d, PROTO_E_BAD_REQUEST, "\"messages\" are rendered with the chat template: \"raw\" does not apply");
         break;
     case PROTO_T_TOKENIZE:
         if (!has_text) return fail(d, PROTO_E_BAD_REQUEST, "missing \"text\"");

@@ -33,6 +33,8 @@
 #define PROTO_MAX_TEMPERATURE 100.0     /* temperature range [0, 100] */
 #define PROTO_MAX_PENALTY   100.0       /* repeat_penalty range (0, 100] */
 #define PROTO_DEF_MAX_TOKENS 256        /* generate's max_tokens when absent */
+#define PROTO_MAX_MSGS      1024        /* messages in one request */
+#define PROTO_MAX_ROLE      32          /* bytes of one message's role */
 
 typedef enum proto_type {
     PROTO_T_NONE = 0,
@@ -78,6 +80,12 @@ const char *proto_err_name(proto_err e);
 proto_err proto_err_from_name(const char *s, size_t n); /* PROTO_E_INTERNAL if unknown */
 const char *proto_type_name(proto_type t);               /* wire name */
 
+/* One chat message of a request's "messages". */
+typedef struct proto_msg {
+    const char *role; size_t role_len;
+    const char *content; size_t content_len;
+} proto_msg;
+
 /* A request (client → server). Strings are bytes with explicit length and
  * are not NUL-terminated. has_* flags say which optional fields were sent. */
 typedef struct proto_req {
@@ -90,6 +98,9 @@ typedef struct proto_req {
     const char *text; size_t text_len;       /* != NULL when sent, even "" */
     const int32_t *tokens; size_t n_tokens;  /* != NULL when sent; detokenize input too */
     const char *system; size_t system_len;
+    /* generate / eval: a whole conversation instead of prompt/tokens (when
+     * n_msgs > 0); contents add up to at most PROTO_MAX_PROMPT bytes */
+    const proto_msg *msgs; size_t n_msgs;
     int raw;                /* generate/eval: 1 = no chat template */
     int special;            /* tokenize, generate: parse special tokens in text */
     int add_bos;            /* tokenize: prepend BOS when the model uses one (default 1) */

@@ -30,3 +30,5 @@ if [ -z "$BENCH_MODELS" ]; then
     echo "== $f: 8 concurrent greedy streams vs one"
     bin/anebench --model "$f" --prompt 32 --gen 64 --threads "$T" --streams 8 --repeat "$R"
 fi
+echo "== aned-http: what the HTTP gateway adds to libaneclient (stories260K)"
+bin/httpbench --repeat "$((R * 5))"

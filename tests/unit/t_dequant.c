@@ -214,11 +214,47 @@ static void test_quantizers(void)
     CHECK(qk[0].d == 0 && qk[0].qs[7] == 0 && qk[0].bsums[3] == 0);
 }
 
+/* SIMD quantizers (used by qt_quantize_row) vs the scalar references,
+ * byte for byte, including exact ties of the two rounding rules. */
+static void test_quantizers_simd(void)
+{
+    enum { N = 2048 };
+    static float x[N];
+    static uint8_t a[N / 256 * 292 + 64], b[N / 256 * 292 + 64];
+    const uint32_t acts[] = { QT_Q8_0, QT_Q8_1, QT_Q8_K };
+    uint32_t s = 777;
+    int bad = 0;
+    for (int rep = 0; rep < 200; rep++) {
+        const float scale = rep % 3 == 0 ? 1e-3f : rep % 3 == 1 ? 1.0f : 300.0f;
+        for (int i = 0; i < N; i++) {
+            s = s * 1664525u + 1013904223u;
+            x[i] = ((float)(s >> 8) / 16777216.0f - 0.5f) * scale;
+        }
+        if (rep % 4 == 0) {
+            /* amax 127 -> scale exactly 1: halves are ties for roundf and for
+             * round-half-even alike */
+            for (int i = 0; i < N; i++) x[i] = (float)((int)((s >> (i % 7)) % 254u) - 127) * 0.5f;
+            for (int blk = 0; blk < N / 32; blk++) x[blk * 32 + 5] = -127.0f;
+        }
+        if (rep == 1) memset(x, 0, 256 * sizeof x[0]);     /* an all-zero block */
+        for (size_t t = 0; t < 3; t++) {
+            const size_t sz = qt_row_size(acts[t], N);
+            memset(a, 0x5a, sizeof a);
+            memset(b, 0x5a, sizeof b);
+            qt_quantize_row(acts[t], x, a, N);
+            qt_quantize_row_ref(acts[t], x, b, N);
+            if (memcmp(a, b, sz + 64)) bad++;
+        }
+    }
+    CHECKF(bad == 0, "%d rows differ (isa %s)", bad, qt_isa_name(qt_isa_get()));
+}
+
 int main(void)
 {
     RUN(test_traits);
     RUN(test_conversions);
     RUN(test_quantizers);
+    RUN(test_quantizers_simd);
     RUN(test_fixture);
     return CHECK_DONE();
 }

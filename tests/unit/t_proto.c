@@ -1046,6 +1046,149 @@ static void t_fuzz(void)
     for (int i = 0; i < nc; i++) proto_buf_free(&corpus[i]);
 }
 
+/* "messages": a whole conversation in generate/eval. */
+static void p_msgs_ok(msgpack_packer *pk)
+{
+    msgpack_pack_array(pk, 2);
+    msgpack_pack_map(pk, 2);
+    msgpack_pack_str_with_body(pk, "role", 4); msgpack_pack_str_with_body(pk, "system", 6);
+    msgpack_pack_str_with_body(pk, "content", 7); msgpack_pack_str_with_body(pk, "be brief", 8);
+    msgpack_pack_map(pk, 3);
+    msgpack_pack_str_with_body(pk, "role", 4); msgpack_pack_str_with_body(pk, "user", 4);
+    msgpack_pack_str_with_body(pk, "name", 4); msgpack_pack_int(pk, 3);   /* unknown: ignored */
+    msgpack_pack_str_with_body(pk, "content", 7); msgpack_pack_nil(pk);   /* nil: "" */
+}
+static void p_msgs_norole(msgpack_packer *pk)
+{
+    msgpack_pack_array(pk, 1);
+    msgpack_pack_map(pk, 1);
+    msgpack_pack_str_with_body(pk, "content", 7); msgpack_pack_str_with_body(pk, "hi", 2);
+}
+static void p_msgs_longrole(msgpack_packer *pk)
+{
+    char role[PROTO_MAX_ROLE + 1];
+    memset(role, 'r', sizeof role);
+    msgpack_pack_array(pk, 1);
+    msgpack_pack_map(pk, 1);
+    msgpack_pack_str_with_body(pk, "role", 4); msgpack_pack_str_with_body(pk, role, sizeof role);
+}
+static void p_msgs_badutf8(msgpack_packer *pk)
+{
+    msgpack_pack_array(pk, 1);
+    msgpack_pack_map(pk, 2);
+    msgpack_pack_str_with_body(pk, "role", 4); msgpack_pack_str_with_body(pk, "user", 4);
+    msgpack_pack_str_with_body(pk, "content", 7); msgpack_pack_str_with_body(pk, "a\xff", 2);
+}
+static void p_msgs_many(msgpack_packer *pk)
+{
+    msgpack_pack_array(pk, PROTO_MAX_MSGS + 1);
+    for (int i = 0; i <= PROTO_MAX_MSGS; i++) {
+        msgpack_pack_map(pk, 1);
+        msgpack_pack_str_with_body(pk, "role", 4); msgpack_pack_str_with_body(pk, "u", 1);
+    }
+}
+/* The most messages, each as small as a message can be: the decoder's
+ * storage must hold them. */
+static void p_msgs_max_small(msgpack_packer *pk)
+{
+    msgpack_pack_array(pk, PROTO_MAX_MSGS);
+    for (int i = 0; i < PROTO_MAX_MSGS; i++) {
+        msgpack_pack_map(pk, 1);
+        msgpack_pack_str_with_body(pk, "role", 4); msgpack_pack_str_with_body(pk, "u", 1);
+    }
+}
+static void p_msgs_bulky(msgpack_packer *pk)
+{
+    /* two contents just over PROTO_MAX_PROMPT together, in one frame */
+    static char big[2 * (PROTO_MAX_PROMPT / 2 + 1)];
+    memset(big, 'a', sizeof big);
+    msgpack_pack_array(pk, 2);
+    for (int i = 0; i < 2; i++) {
+        msgpack_pack_map(pk, 2);
+        msgpack_pack_str_with_body(pk, "role", 4); msgpack_pack_str_with_body(pk, "user", 4);
+        msgpack_pack_str_with_body(pk, "content", 7); msgpack_pack_str_with_body(pk, big, sizeof big / 2);
+    }
+}
+
+static void t_messages(void)
+{
+    proto_reader *r = proto_reader_new(0);
+    proto_req q, o;
+    proto_err code;
+    char err[256];
+    static const proto_msg msgs[] = {
+        { "system", 6, "You are terse.", 14 },
+        { "user", 4, "Hi \xc3\xa9", 6 },
+        { "assistant", 9, "", 0 },
+        { "user", 4, "Again", 5 },
+    };
+    proto_req_init(&q, PROTO_T_GENERATE, 9);
+    q.msgs = msgs; q.n_msgs = 4; q.max_tokens = 3;
+    if (rt_req(r, &q, &o) == 0) {
+        CHECK(o.text == NULL && o.tokens == NULL);
+        CHECK_EQ_INT(o.n_msgs, 4);
+        for (size_t i = 0; o.msgs && i < 4 && i < o.n_msgs; i++) {
+            CHECK(o.msgs[i].role_len == msgs[i].role_len && memcmp(o.msgs[i].role, msgs[i].role, msgs[i].role_len) == 0);
+            CHECK(o.msgs[i].content_len == msgs[i].content_len
+                  && memcmp(o.msgs[i].content, msgs[i].content, msgs[i].content_len) == 0);
+        }
+        CHECK_EQ_INT(o.max_tokens, 3);
+    }
+    proto_req_init(&q, PROTO_T_EVAL, 10);
+    q.msgs = msgs + 1; q.n_msgs = 1; q.top = 2;
+    if (rt_req(r, &q, &o) == 0) {
+        CHECK_EQ_INT(o.n_msgs, 1);
+        CHECK_EQ_INT(o.top, 2);
+    }
+    /* Requests without messages decode none. */
+    proto_req_init(&q, PROTO_T_GENERATE, 11);
+    q.text = "x"; q.text_len = 1;
+    if (rt_req(r, &q, &o) == 0) CHECK(o.msgs == NULL && o.n_msgs == 0);
+    /* Too many to encode. */
+    proto_buf b = {0};
+    proto_req_init(&q, PROTO_T_GENERATE, 12);
+    q.msgs = msgs; q.n_msgs = PROTO_MAX_MSGS + 1;
+    CHECK(proto_req_encode(&b, &q) == -1 && b.len == 0);
+    proto_buf_free(&b);
+    proto_reader_free(r);
+
+    int rc = field_case("generate", "messages", p_msgs_ok, NULL, NULL, &q, &code, err, sizeof err);
+    CHECKF(rc == 1 && code == PROTO_OK, "%s", err);
+    if (rc == 1 && code == PROTO_OK && q.n_msgs == 2) {
+        CHECK(q.msgs[0].role_len == 6 && strcmp(q.msgs[0].role, "system") == 0);
+        CHECK(q.msgs[0].content_len == 8 && strcmp(q.msgs[0].content, "be brief") == 0);
+        CHECK(q.msgs[1].role_len == 4 && q.msgs[1].content && q.msgs[1].content_len == 0);
+    } else CHECK(0);
+    rc = field_case("generate", "messages", p_msgs_max_small, NULL, NULL, &q, &code, err, sizeof err);
+    CHECKF(rc == 1 && code == PROTO_OK && q.n_msgs == PROTO_MAX_MSGS, "%s", err);
+
+    struct { const char *type; packfn v; const char *extra_key; packfn extra; proto_err want; } cases[] = {
+        { "generate", p_str, NULL, NULL, PROTO_E_BAD_REQUEST },
+        { "generate", p_arr, NULL, NULL, PROTO_E_BAD_REQUEST },
+        { "generate", p_arr_empty, NULL, NULL, PROTO_E_INVALID_VALUE },
+        { "generate", p_msgs_norole, NULL, NULL, PROTO_E_BAD_REQUEST },
+        { "generate", p_msgs_longrole, NULL, NULL, PROTO_E_TOO_LARGE },
+        { "generate", p_msgs_badutf8, NULL, NULL, PROTO_E_INVALID_UTF8 },
+        { "generate", p_msgs_many, NULL, NULL, PROTO_E_TOO_LARGE },
+        { "generate", p_msgs_bulky, NULL, NULL, PROTO_E_TOO_LARGE },
+        { "generate", p_msgs_ok, "prompt", p_prompt, PROTO_E_BAD_REQUEST },
+        { "generate", p_msgs_ok, "tokens", p_arr, PROTO_E_BAD_REQUEST },
+        { "generate", p_msgs_ok, "system", p_prompt, PROTO_E_BAD_REQUEST },
+        { "generate", p_msgs_ok, "raw", p_bool, PROTO_E_BAD_REQUEST },
+        { "eval", p_msgs_norole, NULL, NULL, PROTO_E_BAD_REQUEST },
+        { "eval", p_msgs_ok, "prompt", p_prompt, PROTO_E_BAD_REQUEST },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        rc = field_case(cases[i].type, "messages", cases[i].v, cases[i].extra_key, cases[i].extra,
+                        &q, &code, err, sizeof err);
+        CHECKF(rc == 1 && code == cases[i].want, "case %zu: rc %d code %s (%s)", i, rc, proto_err_name(code), err);
+        CHECK_EQ_INT(q.id, 7);
+    }
+    /* messages is not a tokenize field: ignored there. */
+    rc = field_case("tokenize", "messages", p_msgs_ok, "text", p_prompt, &q, &code, err, sizeof err);
+    CHECK(rc == 1 && code == PROTO_OK && q.n_msgs == 0);
+}
+
 int main(void)
 {
     RUN(t_names);
@@ -1063,5 +1206,6 @@ int main(void)
     RUN(t_bounded);
     RUN(t_utf8);
     RUN(t_fuzz);
+    RUN(t_messages);
     return CHECK_DONE();
 }

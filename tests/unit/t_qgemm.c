@@ -8,7 +8,9 @@
  *
  * Tolerances, relative to mag = sum |w_i * a_i| of the dequantized operands:
  *  - K-quants: SIMD == reference bit for bit (same int32 sums per super-
- *    block, same float expression in the same order).
+ *    block, same float expression in the same order; holds as long as the
+ *    compiler does not fuse a*b+c into FMAs: ISO C mode, as the Makefile
+ *    builds, or clang with the pragma in the sources).
  *  - small blocks and float weights: |simd - ref| <= 2e-6 * mag (float lanes
  *    summed in another order; ~n/8 roundings of 6e-8 each at worst).
  *  - reference vs double: <= 1e-5 * mag, plus for q4_1/q5_1 the fp16
@@ -182,6 +184,50 @@ static void test_all_types(void)
     }
 }
 
+/* A result does not depend on the batch: each activation row alone, or in
+ * a batch of any size at any place, gives the same bits (the engine's
+ * batch invariance rests on this). */
+static void test_batch_invariance(void)
+{
+    enum { NB = 21, ROWS = 5 };
+    for (size_t t = 0; t < sizeof wtypes / sizeof wtypes[0]; t++) {
+        const uint32_t wt = wtypes[t], at = qt_act_type(wt);
+        const int64_t n = qt_get(wt)->blck == 1 ? 333 : qt_get(wt)->blck * (qt_get(wt)->blck == 32 ? 19 : 3);
+        const size_t ws = qt_row_size(wt, n), as = qt_row_size(at, n);
+        uint8_t *W = malloc(ws * ROWS), *A = malloc(as * NB);
+        float *x = malloc((size_t)n * 4), Yall[NB * ROWS], Y1[NB * ROWS];
+        make_weights(wt, W, ROWS, n);
+        for (int b = 0; b < NB; b++) {
+            for (int64_t i = 0; i < n; i++) x[i] = frand();
+            qt_quantize_row(at, x, A + (size_t)b * as, n);
+        }
+        for (int isa = QT_ISA_SCALAR; isa <= QT_ISA_NEON; isa++) {
+            qt_isa_set((qt_isa)isa);
+            if ((int)qt_isa_get() != isa) continue;
+            qt_gemm(wt, n, W, ws, 0, ROWS, A, as, NB, Yall, ROWS);
+            int bad = 0;
+            static const int sizes[] = { 1, 2, 3, 5, 8, 13 };
+            for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++)
+                for (int b0 = 0; b0 < NB; b0 += sizes[si]) {
+                    const int g = NB - b0 < sizes[si] ? NB - b0 : sizes[si];
+                    qt_gemm(wt, n, W, ws, 0, ROWS, A + (size_t)b0 * as, as, g, Y1 + b0 * ROWS, ROWS);
+                }
+            for (int i = 0; i < NB * ROWS; i++) bad += memcmp(&Yall[i], &Y1[i], 4) != 0;
+            CHECKF(bad == 0, "%s %s: %d results depend on the batch", qt_isa_name((qt_isa)isa), qt_name(wt), bad);
+        }
+        qt_isa_set(QT_ISA_NEON);
+        free(W); free(A); free(x);
+    }
+}
+
+/* rows longer than one column chunk of the small-block kernels (32768) */
+static void test_long_rows(void)
+{
+    one_case(QT_Q8_0, 32768 + 64, 3, 2);
+    one_case(QT_Q4_1, 2 * 32768 + 32 * 9, 2, 9);
+    one_case(QT_Q4_K, 32768 + 512, 2, 3);
+}
+
 static void test_isa(void)
 {
     qt_init();
@@ -211,5 +257,7 @@ int main(void)
     RUN(test_isa);
     RUN(test_unsupported);
     RUN(test_all_types);
+    RUN(test_long_rows);
+    RUN(test_batch_invariance);
     return CHECK_DONE();
 }

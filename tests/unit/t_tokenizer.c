@@ -7,6 +7,7 @@
 #include "engine/tokenizer.h"
 
 #include <jansson.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <utf8proc.h>
@@ -405,6 +406,11 @@ static void test_invalid_utf8(void)
         ids = NULL;
         CHECK(tok_encode(ts[k], "", 0, 1, &ids, &n, err, sizeof err) == 0 && n == 0);
         free(ids);
+        CHECK(tok_encode(ts[k], NULL, 0, 1, &ids, &n, err, sizeof err) == 0 && n == 0);
+        free(ids);
+        CHECK(tok_encode_segs(ts[k], NULL, 0, &ids, &n, err, sizeof err) == 0 && n == 0);
+        free(ids);
+        CHECK(tok_encode(ts[k], NULL, 3, 1, &ids, &n, err, sizeof err) == -1);
         /* embedded NUL is text */
         CHECK(tok_encode(ts[k], "a\0b", 3, 0, &ids, &n, err, sizeof err) == 0 && n >= 2);
         char *txt = NULL;
@@ -550,6 +556,375 @@ static void test_load_errors(void)
     tok_free(NULL);
 }
 
+
+static uint32_t rng_state = 12345;
+static uint32_t rnd(void)
+{
+    rng_state ^= rng_state << 13; rng_state ^= rng_state >> 17; rng_state ^= rng_state << 5;
+    return rng_state;
+}
+
+static size_t put_cp(char *o, uint32_t cp)
+{
+    if (cp < 0x80) { o[0] = (char)cp; return 1; }
+    if (cp < 0x800) { o[0] = (char)(0xC0 | (cp >> 6)); o[1] = (char)(0x80 | (cp & 0x3F)); return 2; }
+    if (cp < 0x10000) { o[0] = (char)(0xE0 | (cp >> 12)); o[1] = (char)(0x80 | ((cp >> 6) & 0x3F)); o[2] = (char)(0x80 | (cp & 0x3F)); return 3; }
+    o[0] = (char)(0xF0 | (cp >> 18)); o[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
+    o[2] = (char)(0x80 | ((cp >> 6) & 0x3F)); o[3] = (char)(0x80 | (cp & 0x3F));
+    return 4;
+}
+
+/* Random valid UTF-8 (ASCII-heavy, with whitespace runs, digits, marks,
+ * CJK, emoji, special-token fragments) decodes back exactly; random bytes
+ * never crash. */
+static void test_random_roundtrip(void)
+{
+    static const char *paths[] = { TOKDIR "ggml-vocab-llama-spm.gguf", TOKDIR "ggml-vocab-gpt-2.gguf",
+                                   "bin/fixtures/vocab-llama3.gguf", "tests/fixtures/models/stories260K.gguf",
+                                   "tests/fixtures/models/llama3-tiny.bf16.gguf" };
+    static const uint32_t pool[] = { ' ', ' ', ' ', '\n', '\t', '\r', 'a', 'e', 'Z', '0', '7', '\'', '<', '|', '>', '!',
+                                     0xA0, 0x301, 0xE9, 0x3000, 0x4E2D, 0x65E5, 0xAC00, 0x0627, 0x1F600, 0x2581, 0x10FFFF,
+                                     0x0, 0x7F, 0x85, 0x2028, 0xFEFF, 0x17F };
+    char buf[1200];
+    for (size_t m = 0; m < sizeof paths / sizeof paths[0]; m++) {
+        tok *t = load_gguf_tok(paths[m]);
+        CHECK(t != NULL);
+        if (!t) continue;
+        int bad = 0;
+        for (int it = 0; it < 300; it++) {
+            size_t n = 0, len = rnd() % 200;
+            for (size_t i = 0; i < len; i++) {
+                uint32_t r = rnd() % 100;
+                uint32_t cp = r < 50 ? 'a' + rnd() % 26 : r < 60 ? 'A' + rnd() % 26 : pool[rnd() % (sizeof pool / sizeof pool[0])];
+                /* SentencePiece writes spaces as U+2581: that one character
+                 * cannot survive the round trip, by design */
+                if (cp == 0x2581 && strcmp(tok_kind_name(t), "spm") == 0) cp = '_';
+                n += put_cp(buf + n, cp);
+            }
+            int32_t *ids = NULL;
+            size_t ni;
+            char err[200], *txt = NULL;
+            size_t tl;
+            int ps = it & 1;
+            if (tok_encode(t, buf, n, ps, &ids, &ni, err, sizeof err) != 0) { bad++; continue; }
+            if (!ps) {
+                if (tok_decode(t, ids, ni, &txt, &tl) != 0 || tl != n || memcmp(txt, buf, n) != 0) {
+                    if (!bad) {
+                        fprintf(stderr, "  roundtrip differs for %s on:", paths[m]);
+                        for (size_t i = 0; i < n; i++) fprintf(stderr, " %02x", (unsigned char)buf[i]);
+                        fprintf(stderr, "\n");
+                    }
+                    bad++;
+                }
+            }
+            free(txt);
+            free(ids);
+            /* random bytes: an error or ids, never a crash */
+            for (size_t i = 0; i < 64; i++) buf[i] = (char)rnd();
+            if (tok_encode(t, buf, 64, 1, &ids, &ni, err, sizeof err) == 0) free(ids);
+        }
+        CHECKF(bad == 0, "%s: %d random strings failed", paths[m], bad);
+        tok_free(t);
+    }
+}
+
+/* Truncated and corrupted tokenizer.json files fail cleanly. */
+static void test_hf_corrupt(void)
+{
+    size_t n;
+    char *src = slurp("tests/fixtures/hf/qwen2-tiny/tokenizer.json", &n);
+    CHECK(src != NULL);
+    if (!src) return;
+    int ok = 0, failed = 0;
+    for (int it = 0; it < 40; it++) {
+        size_t cut = it < 20 ? (size_t)rnd() % n : n;
+        char *cp = malloc(n);
+        memcpy(cp, src, n);
+        if (it >= 20) for (int k = 0; k < 5; k++) cp[rnd() % n] = "{}[]\",:0a\xff"[rnd() % 10];
+        FILE *f = fopen("bin/t_tokenizer_fuzz.json", "wb");
+        if (!f) { free(cp); break; }
+        fwrite(cp, 1, cut, f);
+        fclose(f);
+        free(cp);
+        tok *t = NULL;
+        char err[256];
+        if (tok_load_hf(&t, "bin/t_tokenizer_fuzz.json", NULL, err, sizeof err) == 0) {
+            int32_t *ids = NULL;
+            size_t ni;
+            if (tok_encode(t, "Hello world <|im_end|>", 22, 1, &ids, &ni, err, sizeof err) == 0) free(ids);
+            tok_free(t);
+            ok++;
+        } else {
+            CHECK(t == NULL && err[0]);
+            failed++;
+        }
+    }
+    CHECK(failed >= 20);
+    remove("bin/t_tokenizer_fuzz.json");
+    free(src);
+}
+
+/* A SentencePiece-style tokenizer.json, written the way Hugging Face's
+ * LlamaConverter writes one from a SentencePiece model (merges extracted from
+ * the vocabulary, ordered by the merged piece's score), from the llama-spm
+ * GGUF's vocabulary. Through it, llama.cpp's vectors must come out the same. */
+typedef struct xmerge { int32_t l, r; float score; size_t ord; } xmerge;
+
+static int cmp_xmerge(const void *a, const void *b)
+{
+    const xmerge *x = a, *y = b;
+    if (x->score != y->score) return x->score > y->score ? -1 : 1;
+    return x->ord < y->ord ? -1 : x->ord > y->ord;
+}
+
+static void json_put_str(FILE *f, const char *s, size_t n)
+{
+    fputc('"', f);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+        else if (c < 0x20) fprintf(f, "\\u%04x", c);
+        else fputc(c, f);
+    }
+    fputc('"', f);
+}
+
+static int write_spm_tokenizer_json(const char *path)
+{
+    char err[256];
+    gguf *g = NULL;
+    if (gguf_open(&g, TOKDIR "ggml-vocab-llama-spm.gguf", err, sizeof err)) return -1;
+    tok *t = NULL;
+    if (tok_load_gguf(&t, g, err, sizeof err)) { gguf_close(g); return -1; }
+    const gguf_kv *tk = gguf_get(g, "tokenizer.ggml.tokens"), *sc = gguf_get(g, "tokenizer.ggml.scores");
+    int32_t n = (int32_t)tk->arr_n;
+    size_t cap = 1 << 20, nm = 0;
+    xmerge *m = malloc(sizeof(xmerge) * cap);
+    for (int32_t i = 0; i < n; i++) {
+        gguf_str s = gguf_arr_str(tk, (uint64_t)i);
+        size_t first = nm;
+        for (size_t k = 1; k < s.n; k++) {
+            if (((unsigned char)s.s[k] & 0xC0) == 0x80) continue;   /* split between code points */
+            int32_t l = tok_find(t, s.s, k), r = tok_find(t, s.s + k, s.n - k);
+            if (l < 0 || r < 0 || nm == cap) continue;
+            m[nm].l = l; m[nm].r = r; m[nm].score = (float)gguf_arr_f64(sc, (uint64_t)i);
+            nm++;
+        }
+        /* local order: by (left id, right id) */
+        for (size_t a = first; a < nm; a++)
+            for (size_t b = a + 1; b < nm; b++)
+                if (m[b].l < m[a].l || (m[b].l == m[a].l && m[b].r < m[a].r)) { xmerge x = m[a]; m[a] = m[b]; m[b] = x; }
+    }
+    for (size_t i = 0; i < nm; i++) m[i].ord = i;
+    qsort(m, nm, sizeof(xmerge), cmp_xmerge);
+    FILE *f = fopen(path, "wb");
+    if (!f) { free(m); tok_free(t); gguf_close(g); return -1; }
+    fputs("{\"version\":\"1.0\",\"added_tokens\":[", f);
+    fputs("{\"id\":0,\"content\":\"<unk>\",\"special\":true},{\"id\":1,\"content\":\"<s>\",\"special\":true},"
+          "{\"id\":2,\"content\":\"</s>\",\"special\":true}],", f);
+    fputs("\"normalizer\":{\"type\":\"Sequence\",\"normalizers\":[{\"type\":\"Prepend\",\"prepend\":\"\u2581\"},"
+          "{\"type\":\"Replace\",\"pattern\":{\"String\":\" \"},\"content\":\"\u2581\"}]},\"pre_tokenizer\":null,", f);
+    fputs("\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":[{\"SpecialToken\":{\"id\":\"<s>\",\"type_id\":0}},"
+          "{\"Sequence\":{\"id\":\"A\",\"type_id\":0}}]},", f);
+    fputs("\"model\":{\"type\":\"BPE\",\"dropout\":null,\"unk_token\":\"<unk>\",\"fuse_unk\":true,\"byte_fallback\":true,\"vocab\":{", f);
+    for (int32_t i = 0; i < n; i++) {
+        gguf_str s = gguf_arr_str(tk, (uint64_t)i);
+        if (i) fputc(',', f);
+        json_put_str(f, s.s, s.n);
+        fprintf(f, ":%d", i);
+    }
+    fputs("},\"merges\":[", f);
+    for (size_t i = 0; i < nm; i++) {
+        gguf_str a = gguf_arr_str(tk, (uint64_t)m[i].l), b = gguf_arr_str(tk, (uint64_t)m[i].r);
+        if (i) fputc(',', f);
+        fputc('[', f);
+        json_put_str(f, a.s, a.n);
+        fputc(',', f);
+        json_put_str(f, b.s, b.n);
+        fputc(']', f);
+    }
+    fputs("]}}", f);
+    fclose(f);
+    free(m);
+    tok_free(t);
+    gguf_close(g);
+    return 0;
+}
+
+static void test_hf_spm(void)
+{
+    const char *path = "bin/t_tokenizer_spm.json";
+    CHECK(write_spm_tokenizer_json(path) == 0);
+    tok *t = NULL;
+    char err[256];
+    CHECKF(tok_load_hf(&t, path, NULL, err, sizeof err) == 0, "%s", err);
+    if (t) {
+        CHECK(strcmp(tok_kind_name(t), "spm") == 0);
+        CHECK(tok_add_bos(t) == 1 && tok_bos(t) == 1);
+        run_vectors(t, TOKDIR "ggml-vocab-llama-spm.gguf", 0);
+        tok *g = load_gguf_tok(TOKDIR "ggml-vocab-llama-spm.gguf");
+        if (g) compare_on_vectors(t, g, TOKDIR "ggml-vocab-llama-bpe.gguf", 1);
+        if (g) compare_on_vectors(t, g, TOKDIR "ggml-vocab-qwen2.gguf", 1);
+        tok_free(g);
+        tok_free(t);
+    }
+    remove(path);
+}
+
+/* A loaded tok is shared by threads: concurrent encodes give the same ids. */
+typedef struct thr_arg { const tok *t; const char *text; size_t len; int32_t *ids; size_t n; int rc; } thr_arg;
+
+static void *thr_encode(void *p)
+{
+    thr_arg *a = p;
+    char err[200];
+    for (int r = 0; r < 5 && a->rc == 0; r++) {
+        free(a->ids);
+        a->ids = NULL;
+        a->rc = tok_encode(a->t, a->text, a->len, 1, &a->ids, &a->n, err, sizeof err);
+    }
+    return NULL;
+}
+
+static void test_threads(void)
+{
+    static const char *paths[] = { "bin/fixtures/vocab-qwen2.gguf", TOKDIR "ggml-vocab-llama-spm.gguf" };
+    size_t len;
+    char *text = slurp(TOKDIR "ggml-vocab-qwen2.gguf.inp", &len);
+    CHECK(text != NULL);
+    if (!text) return;
+    for (int m = 0; m < 2; m++) {
+        tok *t = load_gguf_tok(paths[m]);
+        CHECK(t != NULL);
+        if (!t) continue;
+        thr_arg a[4];
+        pthread_t th[4];
+        for (int i = 0; i < 4; i++) {
+            a[i] = (thr_arg){ t, text, len, NULL, 0, 0 };
+            CHECK(pthread_create(&th[i], NULL, thr_encode, &a[i]) == 0);
+        }
+        for (int i = 0; i < 4; i++) pthread_join(th[i], NULL);
+        for (int i = 0; i < 4; i++) {
+            CHECK(a[i].rc == 0);
+            CHECK(ids_eq(a[i].ids, a[i].n, a[0].ids, a[0].n));
+        }
+        for (int i = 0; i < 4; i++) free(a[i].ids);
+        tok_free(t);
+    }
+    free(text);
+}
+
+/* Qwen normalizes to NFC (only around characters that need it): encoding a
+ * text and encoding its full utf8proc NFC give the same ids. */
+static void test_nfc(void)
+{
+    static const uint32_t pool[] = { 'e', 'a', ' ', '\n', 0x301, 0x300, 0x327, 0x308, 0x323, 0x302, 0xE9, 0x1E9B,
+                                     0x212B, 0x2000, 0x387, 0x37E, 0x3099, 0x304B, 0x30AB, 0x1100, 0x1161, 0x11A8,
+                                     0xAC00, 0x627, 0x653, 0x64B, 0x928, 0x93C, 0xB47, 0xB3E, 0x41, 0x30A, 0x4E2D,
+                                     0x1F600, 0x418, 0x306, 0xFB01, 0x2126, 0xF900 };
+    tok *t = load_gguf_tok("bin/fixtures/vocab-qwen2.gguf");
+    CHECK(t != NULL);
+    if (!t) return;
+    char buf[1000];
+    int bad = 0;
+    for (int it = 0; it < 400; it++) {
+        size_t n = 0, len = 1 + rnd() % 60;
+        for (size_t i = 0; i < len; i++) n += put_cp(buf + n, pool[rnd() % (sizeof pool / sizeof pool[0])]);
+        size_t nn = 0;
+        char *norm = nfc(buf, n, &nn);
+        int32_t *a = NULL, *b = NULL;
+        size_t na = 0, nb = 0;
+        char err[200];
+        int ok = norm && tok_encode(t, buf, n, 0, &a, &na, err, sizeof err) == 0 &&
+                 tok_encode(t, norm, nn, 0, &b, &nb, err, sizeof err) == 0 && ids_eq(a, na, b, nb);
+        if (!ok) {
+            if (!bad) {
+                fprintf(stderr, "  NFC differs on:");
+                for (size_t i = 0; i < n; i++) fprintf(stderr, " %02x", (unsigned char)buf[i]);
+                fprintf(stderr, "\n");
+            }
+            bad++;
+        }
+        free(a);
+        free(b);
+        free(norm);
+    }
+    CHECKF(bad == 0, "%d strings", bad);
+    tok_free(t);
+}
+
+/* A Digits(individual_digits) + ByteLevel pre-tokenizer (SmolLM's): every
+ * digit is a word of its own, the rest follows the GPT-2 rules. */
+static void test_hf_digits(void)
+{
+    size_t n;
+    char *src = slurp("tests/fixtures/hf/qwen2-tiny/tokenizer.json", &n);
+    CHECK(src != NULL);
+    if (!src) return;
+    char *a = strstr(src, "\"pre_tokenizer\": "), *b = strstr(src, ", \"post_processor\"");
+    CHECK(a && b && a < b);
+    if (!a || !b) { free(src); return; }
+    FILE *f = fopen("bin/t_tokenizer_digits.json", "wb");
+    if (!f) { CHECK(0); free(src); return; }
+    fwrite(src, 1, (size_t)(a - src), f);
+    fputs("\"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Digits\", \"individual_digits\": true},"
+          " {\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"trim_offsets\": true, \"use_regex\": true}]}", f);
+    fputs(b, f);
+    fclose(f);
+    free(src);
+    tok *t = NULL;
+    char err[256];
+    CHECKF(tok_load_hf(&t, "bin/t_tokenizer_digits.json", NULL, err, sizeof err) == 0, "%s", err);
+    remove("bin/t_tokenizer_digits.json");
+    if (!t) return;
+    int32_t *ids = NULL;
+    size_t k;
+    CHECK(tok_encode(t, "abc 2024 x", 10, 0, &ids, &k, err, sizeof err) == 0);
+    int32_t want_tail[] = { 220, 17, 15, 17, 19 };   /* 'Ġ' '2' '0' '2' '4' */
+    CHECK(k >= 6 && memcmp(ids + k - 6, want_tail, sizeof want_tail) == 0);
+    char *txt = NULL;
+    size_t tl;
+    CHECK(tok_decode(t, ids, k, &txt, &tl) == 0 && tl == 10 && memcmp(txt, "abc 2024 x", 10) == 0);
+    free(txt);
+    free(ids);
+    tok_free(t);
+}
+
+/* Ids made by the sentencepiece library itself for models built from the
+ * GGUF vocabularies (tests/fixtures/tokenizers/sentencepiece_vectors.json). */
+static void test_sentencepiece_vectors(void)
+{
+    json_error_t je;
+    json_t *root = json_load_file("tests/fixtures/tokenizers/sentencepiece_vectors.json", 0, &je);
+    CHECK(root != NULL);
+    if (!root) return;
+    const char *path;
+    json_t *cases;
+    json_object_foreach(json_object_get(root, "models"), path, cases) {
+        tok *t = load_gguf_tok(path);
+        CHECKF(t != NULL, "%s", path);
+        if (!t) continue;
+        size_t i;
+        json_t *c;
+        int ok = 0, bad = 0;
+        json_array_foreach(cases, i, c) {
+            const char *s = json_string_value(json_array_get(c, 0));
+            json_t *want = json_array_get(c, 1);
+            int32_t *ids = NULL;
+            size_t n = 0;
+            char err[200];
+            int same = s && tok_encode(t, s, strlen(s), 0, &ids, &n, err, sizeof err) == 0 && json_array_size(want) == n;
+            for (size_t k = 0; same && k < n; k++) same = json_integer_value(json_array_get(want, k)) == ids[k];
+            if (same) ok++;
+            else if (bad++ < 3) fprintf(stderr, "  %s: differs on '%s'\n", path, s ? s : "?");
+            free(ids);
+        }
+        CHECKF(bad == 0 && ok >= 500, "%s: %d ok, %d differ", path, ok, bad);
+        tok_free(t);
+    }
+    json_decref(root);
+}
+
 int main(void)
 {
     RUN(test_spm_vectors);
@@ -557,11 +932,18 @@ int main(void)
     RUN(test_qwen2_vectors);
     RUN(test_llama3_vectors);
     RUN(test_llama2_vectors);
+    RUN(test_sentencepiece_vectors);
     RUN(test_tiny_refs);
     RUN(test_hf_vs_gguf);
     RUN(test_invalid_utf8);
     RUN(test_special_parsing);
     RUN(test_stories);
     RUN(test_load_errors);
+    RUN(test_random_roundtrip);
+    RUN(test_hf_corrupt);
+    RUN(test_hf_spm);
+    RUN(test_threads);
+    RUN(test_nfc);
+    RUN(test_hf_digits);
     return CHECK_DONE();
 }
