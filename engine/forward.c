@@ -8,6 +8,7 @@
  *   x, xb [T][E]   q, att [T][Q]   k, v [T][K]   hg, hu [T][F]
  *   xo [max_out][E]   lg [max_out][V] */
 #include "engine/forward.h"
+#include "engine/forward_qwen35.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,17 +20,20 @@ struct fw {
     float *x, *xb, *q, *k, *v, *att, *hg, *hu, *xo, *lg;
     void **kc, **vc;           /* [n_layer] cache of each layer */
     size_t kv_bytes;
+    fwq *q35;                  /* qwen35 models run there */
 };
 
 size_t fw_kv_page_bytes(const model *m, size_t kv_elt)
 {
     const hparams *hp = &m->hp;
+    if (hp->arch == ARCH_QWEN35) return fwq_kv_page_bytes(m, kv_elt);
     return (size_t)2 * hp->n_layer * KV_PAGE * hp->n_head_kv * hp->head_dim * kv_elt;
 }
 
 void fw_close(fw *f)
 {
     if (!f) return;
+    fwq_close(f->q35);
     be *b = f->b;
     float *bufs[] = { f->x, f->xb, f->q, f->k, f->v, f->att, f->hg, f->hu, f->xo, f->lg };
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
@@ -45,7 +49,7 @@ void fw_close(fw *f)
 
 void fw_seq_reset(fw *f, int slot)
 {
-    (void)f; (void)slot;   /* attention-only models keep no state outside the KV pages */
+    if (f->q35) fwq_seq_reset(f->q35, slot);   /* others keep no state outside the KV pages */
 }
 
 int fw_open(fw **out, model *m, be *b, int max_T, int max_out, int n_pages, int max_seqs,
@@ -56,6 +60,11 @@ int fw_open(fw **out, model *m, be *b, int max_T, int max_out, int n_pages, int 
     fw *f = calloc(1, sizeof *f);
     if (!f) goto oom;
     f->m = m; f->b = b; f->max_T = max_T; f->max_out = max_out; f->n_pages = n_pages;
+    if (hp->arch == ARCH_QWEN35) {
+        if (fwq_open(&f->q35, m, b, max_T, max_out, n_pages, max_seqs, err, errlen)) { free(f); return -1; }
+        *out = f;
+        return 0;
+    }
     size_t T = (size_t)max_T, E = hp->n_embd, Q = (size_t)hp->n_head * hp->head_dim,
            K = (size_t)hp->n_head_kv * hp->head_dim, F = hp->n_ff;
     f->x = b->ops->alloc(b, T * E * 4);
@@ -93,7 +102,12 @@ oom:
     return -1;
 }
 
-size_t fw_kv_bytes(const fw *f) { return f->kv_bytes; }
+int fw_snap_count(const fw *f) { return f->q35 ? fwq_snap_count(f->q35) : 0; }
+void fw_snap_save(fw *f, int slot, int snap) { if (f->q35) fwq_snap_save(f->q35, slot, snap); }
+void fw_snap_load(fw *f, int snap, int slot) { if (f->q35) fwq_snap_load(f->q35, snap, slot); }
+void fw_snap_at(fw *f, int slot, int pos, int snap) { if (f->q35) fwq_snap_at(f->q35, slot, pos, snap); }
+
+size_t fw_kv_bytes(const fw *f) { return f->q35 ? fwq_kv_bytes(f->q35) : f->kv_bytes; }
 
 void fw_run(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out, float *logits)
 {
@@ -104,6 +118,7 @@ void fw_run(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out
     int T = bt->T, E = hp->n_embd, HD = hp->head_dim;
     int K = hp->n_head_kv * HD, F = hp->n_ff;
     const wt *freq_div = &m->rope_freqs;
+    if (f->q35) { fwq_run(f->q35, tokens, bt, out_idx, n_out, logits); return; }
 
     o->embed(b, &m->tok_embd, tokens, T, f->x);
     for (int l = 0; l < hp->n_layer; l++) {

@@ -28,6 +28,7 @@ PAIRS = [
     ("models/qwen3-tiny.bf16.gguf", "refs/qwen3-tiny.dev.json", 0.05),
     ("models/llama3-tiny.bf16.gguf", "refs/llama3-tiny.dev.json", 0.05),
     ("models/llama-q.bf16.gguf", "refs/llama-q.dev.json", 0.05),
+    ("models/qwen35-tiny.bf16.gguf", "refs/qwen35-tiny.dev.json", 0.05),
     ("hf/qwen2-tiny", "refs/qwen2-tiny.dev.json", 0.05),
     ("models/qwen2-tiny.Q8_0.gguf", "refs/qwen2-tiny.Q8_0.llamacpp.dev.json", 0.15),
     ("models/llama-q.Q8_0.gguf", "refs/llama-q.Q8_0.llamacpp.dev.json", 0.15),

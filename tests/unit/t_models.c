@@ -141,6 +141,7 @@ static void test_bf16_vs_transformers(void)
     check_model(M("qwen3-tiny.bf16.gguf"), R("qwen3-tiny.dev.json"), 0.05, 0);
     check_model(M("llama3-tiny.bf16.gguf"), R("llama3-tiny.dev.json"), 0.05, 0);
     check_model(M("llama-q.bf16.gguf"), R("llama-q.dev.json"), 0.05, 0);
+    check_model(M("qwen35-tiny.bf16.gguf"), R("qwen35-tiny.dev.json"), 0.05, 0);
 }
 
 static void test_kv_f32(void)
