@@ -60,6 +60,15 @@ typedef struct be_ops {
                       const be_batch *bt, int n_head, int n_head_kv, int head_dim, float *out);
     /* Waits for queued work (no-op on the CPU). */
     void (*sync)(be *b);
+
+    /* Optional hooks (NULL when a backend has none).
+     * step_begin: called by fw_run before the ops of a forward pass with its
+     * whole input (host arrays); the backend may upload them once for every
+     * op, and returns 1 when it replays a recorded pass of the same shape
+     * (e.g. a CUDA graph): fw_run then skips the ops. step_end: after the
+     * ops (or the skip), before the logits are read. */
+    int (*step_begin)(be *b, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out);
+    void (*step_end)(be *b);
 } be_ops;
 
 struct be {

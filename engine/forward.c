@@ -105,6 +105,8 @@ void fw_run(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out
     int K = hp->n_head_kv * HD, F = hp->n_ff;
     const wt *freq_div = &m->rope_freqs;
 
+    /* a backend that records passes (CUDA graphs) may replay one instead */
+    if (o->step_begin && o->step_begin(b, tokens, bt, out_idx, n_out)) goto ops_done;
     o->embed(b, &m->tok_embd, tokens, T, f->x);
     for (int l = 0; l < hp->n_layer; l++) {
         const layer_w *L = &m->layers[l];
@@ -129,11 +131,12 @@ void fw_run(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out
         o->matmul(b, &L->w_down, NULL, f->hg, T, f->xb);
         o->add(b, f->x, f->xb, (size_t)T * E);
     }
-    if (n_out <= 0) { o->sync(b); return; }
     for (int i = 0; i < n_out; i++)
         o->rmsnorm(b, f->x + (size_t)out_idx[i] * E, &m->output_norm, 1, E, hp->norm_eps,
                    f->xo + (size_t)i * E);
-    o->matmul(b, &m->output, NULL, f->xo, n_out, f->lg);
-    o->to_host(b, logits, f->lg, (size_t)n_out * hp->n_vocab * 4);
+    if (n_out > 0) o->matmul(b, &m->output, NULL, f->xo, n_out, f->lg);
+ops_done:
+    if (o->step_end) o->step_end(b);
+    if (n_out > 0) o->to_host(b, logits, f->lg, (size_t)n_out * hp->n_vocab * 4);
     o->sync(b);
 }

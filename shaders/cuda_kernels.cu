@@ -1,0 +1,662 @@
+// cuda_kernels.cu — the CUDA backend's kernels. Weights are read in their
+// GGUF block layouts: dq32<TYPE> turns 32 consecutive values of a row into
+// f32 with the reference dequantizer's expressions (engine/qtypes.c), and
+// every weight kernel (embedding, GEMV, dequantize-for-GEMM) is built on it.
+#include "shaders/cuda_kernels.h"
+
+#include <cuda_fp16.h>
+#include <math.h>
+#include <stdint.h>
+
+enum {
+    T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8,
+    T_Q2_K = 10, T_Q3_K = 11, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14, T_BF16 = 30
+};
+
+__device__ __forceinline__ float h2f(const uint8_t *p)
+{
+    unsigned short u = (unsigned short)(p[0] | (p[1] << 8));
+    return __half2float(__ushort_as_half(u));
+}
+
+__device__ __forceinline__ uint32_t ld32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+
+__device__ __forceinline__ void scale_min_k4(int j, const uint8_t *q, int &d, int &m)
+{
+    if (j < 4) {
+        d = q[j] & 63; m = q[j + 4] & 63;
+    } else {
+        d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        m = (q[j + 4] >> 4) | ((q[j - 0] >> 6) << 4);
+    }
+}
+
+// 32 values c*32 .. c*32+31 of a row (n values; float types mask past n).
+template <int TY>
+__device__ __forceinline__ void dq32(const uint8_t *row, int c, int n, float w[32])
+{
+    if (TY == T_F32) {
+        const float *r = (const float *)row + c * 32;
+        if (c * 32 + 32 <= n && ((uintptr_t)r & 15) == 0) {
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                float4 v = __ldg((const float4 *)r + i);
+                w[4 * i] = v.x; w[4 * i + 1] = v.y; w[4 * i + 2] = v.z; w[4 * i + 3] = v.w;
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < 32; i++) w[i] = c * 32 + i < n ? r[i] : 0.f;
+        }
+    } else if (TY == T_F16 || TY == T_BF16) {
+        const unsigned short *r = (const unsigned short *)row + c * 32;
+        if (c * 32 + 32 <= n && ((uintptr_t)r & 15) == 0) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                uint4 v = __ldg((const uint4 *)r + i);
+                uint32_t u[4] = { v.x, v.y, v.z, v.w };
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    unsigned short lo = (unsigned short)(u[k] & 0xffff), hi = (unsigned short)(u[k] >> 16);
+                    if (TY == T_F16) {
+                        w[8 * i + 2 * k] = __half2float(__ushort_as_half(lo));
+                        w[8 * i + 2 * k + 1] = __half2float(__ushort_as_half(hi));
+                    } else {
+                        w[8 * i + 2 * k] = __uint_as_float((uint32_t)lo << 16);
+                        w[8 * i + 2 * k + 1] = __uint_as_float((uint32_t)hi << 16);
+                    }
+                }
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < 32; i++) {
+                unsigned short u = c * 32 + i < n ? r[i] : 0;
+                w[i] = TY == T_F16 ? __half2float(__ushort_as_half(u)) : __uint_as_float((uint32_t)u << 16);
+            }
+        }
+    } else if (TY == T_Q4_0) {
+        const uint8_t *b = row + c * 18;
+        float d = h2f(b);
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            int q = b[2 + j];
+            w[j] = (float)((q & 0xF) - 8) * d;
+            w[j + 16] = (float)((q >> 4) - 8) * d;
+        }
+    } else if (TY == T_Q4_1) {
+        const uint8_t *b = row + c * 20;
+        float d = h2f(b), m = h2f(b + 2);
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            int q = b[4 + j];
+            w[j] = (float)(q & 0xF) * d + m;
+            w[j + 16] = (float)(q >> 4) * d + m;
+        }
+    } else if (TY == T_Q5_0) {
+        const uint8_t *b = row + c * 22;
+        float d = h2f(b);
+        uint32_t qh = ld32(b + 2);
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            int q = b[6 + j];
+            int xh0 = ((qh >> j) << 4) & 0x10, xh1 = (qh >> (j + 12)) & 0x10;
+            w[j] = (float)(((q & 0xF) | xh0) - 16) * d;
+            w[j + 16] = (float)(((q >> 4) | xh1) - 16) * d;
+        }
+    } else if (TY == T_Q5_1) {
+        const uint8_t *b = row + c * 24;
+        float d = h2f(b), m = h2f(b + 2);
+        uint32_t qh = ld32(b + 4);
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            int q = b[8 + j];
+            int xh0 = ((qh >> j) << 4) & 0x10, xh1 = (qh >> (j + 12)) & 0x10;
+            w[j] = (float)((q & 0xF) | xh0) * d + m;
+            w[j + 16] = (float)((q >> 4) | xh1) * d + m;
+        }
+    } else if (TY == T_Q8_0) {
+        const uint8_t *b = row + c * 34;
+        float d = h2f(b);
+        const uint16_t *q2 = (const uint16_t *)(b + 2);   /* blocks are 2-byte aligned */
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            uint16_t u = q2[j];
+            w[2 * j] = (float)(int8_t)(u & 0xff) * d;
+            w[2 * j + 1] = (float)(int8_t)(u >> 8) * d;
+        }
+    } else if (TY == T_Q2_K) {
+        const uint8_t *b = row + (c >> 3) * 84;
+        int sub = c & 7, half = sub >> 2, j = sub & 3, shift = 2 * j;
+        float d = h2f(b + 80), mn = h2f(b + 82);
+        const uint8_t *q = b + 16 + 32 * half;
+        int is = half * 8 + 2 * j;
+        int sc = b[is];
+        float dl = d * (float)(sc & 0xF), ml = mn * (float)(sc >> 4);
+#pragma unroll
+        for (int l = 0; l < 16; l++) w[l] = dl * (float)((q[l] >> shift) & 3) - ml;
+        sc = b[is + 1];
+        dl = d * (float)(sc & 0xF); ml = mn * (float)(sc >> 4);
+#pragma unroll
+        for (int l = 0; l < 16; l++) w[16 + l] = dl * (float)((q[l + 16] >> shift) & 3) - ml;
+    } else if (TY == T_Q3_K) {
+        const uint8_t *b = row + (c >> 3) * 110;
+        int sub = c & 7, half = sub >> 2, j = sub & 3, shift = 2 * j;
+        const uint8_t *hm = b, *q = b + 32 + 32 * half, *s12 = b + 96;
+        float d_all = h2f(b + 108);
+        int m = 1 << (half * 4 + j);
+        int is = half * 8 + 2 * j;
+        int sc[2];
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            int i = is + k;   /* 6-bit scale i: low 4 bits, high 2 bits */
+            int lo = i < 8 ? (s12[i] & 0xF) : (s12[i - 8] >> 4);
+            int hi = (s12[8 + (i & 3)] >> (2 * (i >> 2))) & 3;
+            sc[k] = (lo | (hi << 4)) - 32;
+        }
+        float dl = d_all * (float)sc[0];
+#pragma unroll
+        for (int l = 0; l < 16; l++) w[l] = dl * (float)(((q[l] >> shift) & 3) - ((hm[l] & m) ? 0 : 4));
+        dl = d_all * (float)sc[1];
+#pragma unroll
+        for (int l = 0; l < 16; l++)
+            w[16 + l] = dl * (float)(((q[l + 16] >> shift) & 3) - ((hm[l + 16] & m) ? 0 : 4));
+    } else if (TY == T_Q4_K) {
+        const uint8_t *b = row + (c >> 3) * 144;
+        int sub = c & 7, g = sub >> 1, hi = sub & 1;
+        float d = h2f(b), mn = h2f(b + 2);
+        int sc, m;
+        scale_min_k4(sub, b + 4, sc, m);
+        float d1 = d * (float)sc, m1 = mn * (float)m;
+        const uint4 *q4 = (const uint4 *)(b + 16 + 32 * g);   /* 16-byte aligned when rows are */
+        if (((uintptr_t)q4 & 15) == 0) {
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                uint4 v = q4[i];
+                uint32_t u[4] = { v.x, v.y, v.z, v.w };
+#pragma unroll
+                for (int k = 0; k < 16; k++) {
+                    int byte = (u[k >> 2] >> (8 * (k & 3))) & 0xff;
+                    w[16 * i + k] = d1 * (float)(hi ? byte >> 4 : byte & 0xF) - m1;
+                }
+            }
+        } else {
+            const uint8_t *q = b + 16 + 32 * g;
+#pragma unroll
+            for (int l = 0; l < 32; l++) w[l] = d1 * (float)(hi ? q[l] >> 4 : q[l] & 0xF) - m1;
+        }
+    } else if (TY == T_Q5_K) {
+        const uint8_t *b = row + (c >> 3) * 176;
+        int sub = c & 7, g = sub >> 1, hi = sub & 1;
+        float d = h2f(b), mn = h2f(b + 2);
+        int sc, m;
+        scale_min_k4(sub, b + 4, sc, m);
+        float d1 = d * (float)sc, m1 = mn * (float)m;
+        const uint8_t *qh = b + 16, *ql = b + 48 + 32 * g;
+        int bit = 2 * g + hi;
+#pragma unroll
+        for (int l = 0; l < 32; l++) {
+            int v = (hi ? ql[l] >> 4 : ql[l] & 0xF) + (((qh[l] >> bit) & 1) << 4);
+            w[l] = d1 * (float)v - m1;
+        }
+    } else if (TY == T_Q6_K) {
+        const uint8_t *b = row + (c >> 3) * 210;
+        int sub = c & 7, half = sub >> 2, qq = sub & 3;
+        float d = h2f(b + 208);
+        const uint8_t *ql = b + 64 * half + (qq & 1) * 32, *qh = b + 128 + 32 * half;
+        const int8_t *sc = (const int8_t *)(b + 192 + 8 * half) + 2 * qq;
+        int nshift = (qq >> 1) * 4, hshift = 2 * qq;
+        float d0 = d * (float)sc[0], d1 = d * (float)sc[1];
+#pragma unroll
+        for (int l = 0; l < 32; l++) {
+            int v = ((ql[l] >> nshift) & 0xF) | (((qh[l] >> hshift) & 3) << 4);
+            w[l] = (l < 16 ? d0 : d1) * (float)(v - 32);
+        }
+    }
+}
+
+/* ---------------- embedding ---------------- */
+
+template <int TY>
+__global__ void k_embed(const uint8_t *W, size_t rb, int n, const int32_t *ids, float *out)
+{
+    int t = blockIdx.y;
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c * 32 >= n) return;
+    const uint8_t *row = W + (size_t)ids[t] * rb;
+    float w[32];
+    dq32<TY>(row, c, n, w);
+    float *o = out + (size_t)t * n + c * 32;
+#pragma unroll
+    for (int i = 0; i < 32; i++)
+        if (c * 32 + i < n) o[i] = w[i];
+}
+
+/* ---------------- GEMV: one warp per output row, T <= 8 tokens ---------------- */
+
+template <int TY, int NT>
+__global__ void __launch_bounds__(256) k_gemv(const uint8_t *W, size_t rb, int n, int n_out,
+                                              const float *bias, const float *x, float *out)
+{
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int r = blockIdx.x * 8 + warp;
+    if (r >= n_out) return;
+    const uint8_t *row = W + (size_t)r * rb;
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.f;
+    int nc = (n + 31) / 32;
+    bool vec = (n & 31) == 0 && (((uintptr_t)x) & 15) == 0;
+    for (int c = lane; c < nc; c += 32) {
+        float w[32];
+        dq32<TY>(row, c, n, w);
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            const float *xt = x + (size_t)t * n + c * 32;
+            float s = 0.f;
+            if (vec) {
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    float4 v = __ldg((const float4 *)xt + i);
+                    s += w[4 * i] * v.x + w[4 * i + 1] * v.y + w[4 * i + 2] * v.z + w[4 * i + 3] * v.w;
+                }
+            } else {
+#pragma unroll
+                for (int i = 0; i < 32; i++)
+                    if (c * 32 + i < n) s += w[i] * xt[i];
+            }
+            acc[t] += s;
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        float s = acc[t];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        acc[t] = s;
+    }
+    if (lane == 0) {
+        float bv = bias ? bias[r] : 0.f;
+#pragma unroll
+        for (int t = 0; t < NT; t++) out[(size_t)t * n_out + r] = acc[t] + bv;
+    }
+}
+
+/* ---------------- dequantize to f16 (the GEMM path) ---------------- */
+
+template <int TY>
+__global__ void k_dequant_f16(const uint8_t *W, size_t rb, int n, int n_out, __half *dst)
+{
+    int nc = (n + 31) / 32;
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)nc * n_out) return;
+    int r = (int)(i / nc), c = (int)(i % nc);
+    float w[32];
+    dq32<TY>(W + (size_t)r * rb, c, n, w);
+    __half *o = dst + (size_t)r * n + c * 32;
+    if ((n & 31) == 0) {
+        __align__(16) __half h[32];
+#pragma unroll
+        for (int k = 0; k < 32; k++) h[k] = __float2half_rn(w[k]);
+#pragma unroll
+        for (int k = 0; k < 4; k++) ((uint4 *)o)[k] = ((const uint4 *)h)[k];
+    } else {
+        for (int k = 0; k < 32; k++)
+            if (c * 32 + k < n) o[k] = __float2half_rn(w[k]);
+    }
+}
+
+__global__ void k_f32_to_f16(const float *x, size_t n, __half *dst)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] = __float2half_rn(fminf(fmaxf(x[i], -65504.f), 65504.f));
+}
+
+__global__ void k_add_bias(float *out, const float *bias, int T, int n_out)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < (size_t)T * n_out) out[i] += bias[i % n_out];
+}
+
+/* ---------------- elementwise ---------------- */
+
+__global__ void k_add(float *x, const float *y, size_t n)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] += y[i];
+}
+
+__global__ void k_silu_mul(const float *g, const float *u, size_t n, float *out)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) { float a = g[i]; out[i] = a / (1.0f + expf(-a)) * u[i]; }
+}
+
+__global__ void k_rmsnorm(const float *x, const float *w, int n, float eps, float *out)
+{
+    const float *xr = x + (size_t)blockIdx.x * n;
+    float *o = out + (size_t)blockIdx.x * n;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+    __shared__ float red[32];
+    for (int k = 16; k > 0; k >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, k);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float v = threadIdx.x < (blockDim.x + 31) / 32 ? red[threadIdx.x] : 0.f;
+        for (int k = 16; k > 0; k >>= 1) v += __shfl_xor_sync(0xffffffffu, v, k);
+        if (threadIdx.x == 0) red[0] = v;
+    }
+    __syncthreads();
+    float scale = (float)(1.0 / sqrt((double)red[0] / n + eps));
+    for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = xr[i] * scale * w[i];
+}
+
+/* one thread per (token, pair); the angle in double, as the CPU reference */
+__global__ void k_rope(float *x, const int32_t *pos, int n_heads, int hd, int n_rot, float base, int neox,
+                       const float *fd)
+{
+    int t = blockIdx.y, i = blockIdx.x * blockDim.x + threadIdx.x, half = n_rot / 2;
+    if (i >= half) return;
+    double theta = (double)pos[t] * pow((double)base, -2.0 * i / n_rot);
+    if (fd) theta /= fd[i];
+    float cs = (float)cos(theta), sn = (float)sin(theta);
+    int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+    for (int h = 0; h < n_heads; h++) {
+        float *v = x + ((size_t)t * n_heads + h) * hd;
+        float a = v[i0], c = v[i1];
+        v[i0] = a * cs - c * sn;
+        v[i1] = a * sn + c * cs;
+    }
+}
+
+__device__ __forceinline__ size_t kv_slot(const int32_t *off, const int32_t *pages, int t, int p)
+{
+    return (size_t)pages[off[t] + p / 16] * 16 + (size_t)(p % 16);
+}
+
+__global__ void k_kv_store(void *kc, void *vc, int f16, const int32_t *pos, const int32_t *off,
+                           const int32_t *pages, int kv_dim, const float *k, const float *v)
+{
+    int t = blockIdx.y, i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= kv_dim) return;
+    size_t s = kv_slot(off, pages, t, pos[t]) * (size_t)kv_dim + i;
+    float kv = k[(size_t)t * kv_dim + i], vv = v[(size_t)t * kv_dim + i];
+    if (f16) { ((__half *)kc)[s] = __float2half_rn(kv); ((__half *)vc)[s] = __float2half_rn(vv); }
+    else { ((float *)kc)[s] = kv; ((float *)vc)[s] = vv; }
+}
+
+/* ---------------- attention ----------------
+ * Block (token*head, split): 4 warps; warp w takes positions start+w, +4, ...
+ * of the split's range; each lane holds dims lane, lane+32, ... (ND of them).
+ * Online softmax per warp, merged in shared memory. */
+#define ATT_WARPS 4
+template <int ND, int F16>
+__global__ void __launch_bounds__(128) k_attention(const float *q, const void *kc, const void *vc,
+                                                   const int32_t *pos, const int32_t *off, const int32_t *pages,
+                                                   int n_head, int n_head_kv, int hd, float *out, float *part,
+                                                   int nsplit)
+{
+    int th = blockIdx.x, t = th / n_head, h = th % n_head, s = blockIdx.y;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int kvh = h / (n_head / n_head_kv), kvd = n_head_kv * hd;
+    int len = pos[t] + 1;
+    int per = (len + nsplit - 1) / nsplit;
+    int p0 = s * per, p1 = min(len, p0 + per);
+    const float *qt = q + (size_t)th * hd;
+    float qr[ND], acc[ND];
+    float scale = rsqrtf((float)hd);
+    scale = 1.0f / sqrtf((float)hd);
+#pragma unroll
+    for (int i = 0; i < ND; i++) {
+        int d = lane + 32 * i;
+        float v = d < hd ? qt[d] : 0.f;
+        if (F16) v = __half2float(__float2half_rn(v));
+        qr[i] = v;
+        acc[i] = 0.f;
+    }
+    float mx = -INFINITY, sum = 0.f;
+    for (int p = p0 + warp; p < p1; p += ATT_WARPS) {
+        size_t base = kv_slot(off, pages, t, p) * (size_t)kvd + (size_t)kvh * hd;
+        float sc = 0.f, vv[ND];
+#pragma unroll
+        for (int i = 0; i < ND; i++) {
+            int d = lane + 32 * i;
+            float kx = 0.f, vx = 0.f;
+            if (d < hd) {
+                if (F16) { kx = __half2float(((const __half *)kc)[base + d]); vx = __half2float(((const __half *)vc)[base + d]); }
+                else { kx = ((const float *)kc)[base + d]; vx = ((const float *)vc)[base + d]; }
+            }
+            sc += qr[i] * kx;
+            vv[i] = vx;
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) sc += __shfl_xor_sync(0xffffffffu, sc, o);
+        sc *= scale;
+        if (sc > mx) {
+            float r = expf(mx - sc);
+#pragma unroll
+            for (int i = 0; i < ND; i++) acc[i] *= r;
+            sum *= r;
+            mx = sc;
+        }
+        float e = expf(sc - mx);
+        sum += e;
+#pragma unroll
+        for (int i = 0; i < ND; i++) acc[i] += e * vv[i];
+    }
+    __shared__ float sm_m[ATT_WARPS], sm_l[ATT_WARPS];
+    __shared__ float sm_acc[ATT_WARPS][ND * 32];
+    if (lane == 0) { sm_m[warp] = mx; sm_l[warp] = sum; }
+#pragma unroll
+    for (int i = 0; i < ND; i++) sm_acc[warp][lane + 32 * i] = acc[i];
+    __syncthreads();
+    float M = -INFINITY;
+    for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, sm_m[w]);
+    float L = 0.f;
+    for (int w = 0; w < ATT_WARPS; w++) if (sm_m[w] > -INFINITY) L += sm_l[w] * expf(sm_m[w] - M);
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float a = 0.f;
+        for (int w = 0; w < ATT_WARPS; w++) if (sm_m[w] > -INFINITY) a += sm_acc[w][d] * expf(sm_m[w] - M);
+        if (nsplit == 1) out[(size_t)th * hd + d] = a / L;
+        else part[((size_t)th * nsplit + s) * (hd + 2) + 2 + d] = a;
+    }
+    if (nsplit > 1 && threadIdx.x == 0) {
+        part[((size_t)th * nsplit + s) * (hd + 2)] = M;
+        part[((size_t)th * nsplit + s) * (hd + 2) + 1] = L;
+    }
+}
+
+__global__ void k_att_merge(const float *part, int nsplit, int hd, float *out)
+{
+    int th = blockIdx.x;
+    const float *p = part + (size_t)th * nsplit * (hd + 2);
+    float M = -INFINITY;
+    for (int s = 0; s < nsplit; s++) M = fmaxf(M, p[s * (hd + 2)]);
+    float L = 0.f;
+    for (int s = 0; s < nsplit; s++) {
+        float m = p[s * (hd + 2)];
+        if (m > -INFINITY) L += p[s * (hd + 2) + 1] * expf(m - M);
+    }
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float a = 0.f;
+        for (int s = 0; s < nsplit; s++) {
+            float m = p[s * (hd + 2)];
+            if (m > -INFINITY) a += p[s * (hd + 2) + 2 + d] * expf(m - M);
+        }
+        out[(size_t)th * hd + d] = a / L;
+    }
+}
+
+__global__ void k_argmax(const float *x, int n, int32_t *ids)
+{
+    const float *r = x + (size_t)blockIdx.x * n;
+    float best = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = r[i];
+        if (v > best) { best = v; bi = i; }
+    }
+    __shared__ float sv[1024];
+    __shared__ int si[1024];
+    sv[threadIdx.x] = best; si[threadIdx.x] = bi;
+    __syncthreads();
+    for (int k = blockDim.x / 2; k > 0; k >>= 1) {
+        if (threadIdx.x < k) {
+            float v = sv[threadIdx.x + k];
+            int j = si[threadIdx.x + k];
+            if (v > sv[threadIdx.x] || (v == sv[threadIdx.x] && j < si[threadIdx.x])) { sv[threadIdx.x] = v; si[threadIdx.x] = j; }
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) ids[blockIdx.x] = si[0] == 0x7fffffff ? 0 : si[0];
+}
+
+/* ---------------- launchers ---------------- */
+
+#define TYPE_SWITCH(type, FN)                   \
+    switch (type) {                             \
+    case T_F32: FN(T_F32); break;               \
+    case T_F16: FN(T_F16); break;               \
+    case T_BF16: FN(T_BF16); break;             \
+    case T_Q4_0: FN(T_Q4_0); break;             \
+    case T_Q4_1: FN(T_Q4_1); break;             \
+    case T_Q5_0: FN(T_Q5_0); break;             \
+    case T_Q5_1: FN(T_Q5_1); break;             \
+    case T_Q8_0: FN(T_Q8_0); break;             \
+    case T_Q2_K: FN(T_Q2_K); break;             \
+    case T_Q3_K: FN(T_Q3_K); break;             \
+    case T_Q4_K: FN(T_Q4_K); break;             \
+    case T_Q5_K: FN(T_Q5_K); break;             \
+    case T_Q6_K: FN(T_Q6_K); break;             \
+    default: break;                             \
+    }
+
+static inline unsigned nblk(size_t n, unsigned bs) { return (unsigned)((n + bs - 1) / bs); }
+
+template <int TY>
+static void gemv_t(cudaStream_t st, const void *W, size_t rb, int n, int n_out, const float *bias,
+                   const float *x, int T, float *out)
+{
+    unsigned g = nblk(n_out, 8);
+    const uint8_t *w = (const uint8_t *)W;
+    switch (T) {
+    case 1: k_gemv<TY, 1><<<g, 256, 0, st>>>(w, rb, n, n_out, bias, x, out); break;
+    case 2: k_gemv<TY, 2><<<g, 256, 0, st>>>(w, rb, n, n_out, bias, x, out); break;
+    case 3: k_gemv<TY, 3><<<g, 256, 0, st>>>(w, rb, n, n_out, bias, x, out); break;
+    case 4: k_gemv<TY, 4><<<g, 256, 0, st>>>(w, rb, n, n_out, bias, x, out); break;
+    case 5: k_gemv<TY, 5><<<g, 256, 0, st>>>(w, rb, n, n_out, bias, x, out); break;
+    case 6: k_gemv<TY, 6><<<g, 256, 0, st>>>(w, rb, n, n_out, bias, x, out); break;
+    case 7: k_gemv<TY, 7><<<g, 256, 0, st>>>(w, rb, n, n_out, bias, x, out); break;
+    default: k_gemv<TY, 8><<<g, 256, 0, st>>>(w, rb, n, n_out, bias, x, out); break;
+    }
+}
+
+extern "C" {
+
+int ck_type_ok(uint32_t type)
+{
+    switch (type) {
+    case T_F32: case T_F16: case T_BF16: case T_Q4_0: case T_Q4_1: case T_Q5_0: case T_Q5_1: case T_Q8_0:
+    case T_Q2_K: case T_Q3_K: case T_Q4_K: case T_Q5_K: case T_Q6_K: return 1;
+    default: return 0;
+    }
+}
+
+void ck_embed(cudaStream_t st, uint32_t type, const void *W, size_t rb, int n, const int32_t *ids, int T,
+              float *out)
+{
+    int nc = (n + 31) / 32;
+    dim3 g(nblk(nc, 64), T);
+#define L_EMB(TY) k_embed<TY><<<g, 64, 0, st>>>((const uint8_t *)W, rb, n, ids, out)
+    TYPE_SWITCH(type, L_EMB)
+}
+
+void ck_rmsnorm(cudaStream_t st, const float *x, const float *w, int rows, int n, float eps, float *out)
+{
+    int bs = n >= 1024 ? 1024 : ((n + 31) / 32) * 32;
+    k_rmsnorm<<<rows, bs, 0, st>>>(x, w, n, eps, out);
+}
+
+void ck_gemv(cudaStream_t st, uint32_t type, const void *W, size_t rb, int n, int n_out, const float *bias,
+             const float *x, int T, float *out)
+{
+    for (int t0 = 0; t0 < T; t0 += CK_GEMV_MAX_T) {
+        int tn = T - t0 < CK_GEMV_MAX_T ? T - t0 : CK_GEMV_MAX_T;
+        const float *xt = x + (size_t)t0 * n;
+        float *ot = out + (size_t)t0 * n_out;
+#define L_GEMV(TY) gemv_t<TY>(st, W, rb, n, n_out, bias, xt, tn, ot)
+        TYPE_SWITCH(type, L_GEMV)
+    }
+}
+
+void ck_dequant_f16(cudaStream_t st, uint32_t type, const void *W, size_t rb, int n, int n_out, void *dst)
+{
+    size_t tot = (size_t)((n + 31) / 32) * n_out;
+#define L_DQ(TY) k_dequant_f16<TY><<<nblk(tot, 256), 256, 0, st>>>((const uint8_t *)W, rb, n, n_out, (__half *)dst)
+    TYPE_SWITCH(type, L_DQ)
+}
+
+void ck_f32_to_f16(cudaStream_t st, const float *x, size_t n, void *dst)
+{
+    k_f32_to_f16<<<nblk(n, 256), 256, 0, st>>>(x, n, (__half *)dst);
+}
+
+void ck_add_bias(cudaStream_t st, float *out, const float *bias, int T, int n_out)
+{
+    size_t n = (size_t)T * n_out;
+    k_add_bias<<<nblk(n, 256), 256, 0, st>>>(out, bias, T, n_out);
+}
+
+void ck_add(cudaStream_t st, float *x, const float *y, size_t n)
+{
+    k_add<<<nblk(n, 256), 256, 0, st>>>(x, y, n);
+}
+
+void ck_silu_mul(cudaStream_t st, const float *g, const float *u, size_t n, float *out)
+{
+    k_silu_mul<<<nblk(n, 256), 256, 0, st>>>(g, u, n, out);
+}
+
+void ck_rope(cudaStream_t st, float *x, const int32_t *pos, int T, int n_heads, int hd, int n_rot, float base,
+             int neox, const float *fd)
+{
+    int half = n_rot / 2;
+    dim3 g(nblk(half, 64), T);
+    k_rope<<<g, 64, 0, st>>>(x, pos, n_heads, hd, n_rot, base, neox, fd);
+}
+
+void ck_kv_store(cudaStream_t st, void *kc, void *vc, int f16, const int32_t *pos, const int32_t *off,
+                 const int32_t *pages, int T, int kv_dim, const float *k, const float *v)
+{
+    dim3 g(nblk(kv_dim, 128), T);
+    k_kv_store<<<g, 128, 0, st>>>(kc, vc, f16, pos, off, pages, kv_dim, k, v);
+}
+
+void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *vc, int f16, const int32_t *pos,
+                  const int32_t *off, const int32_t *pages, int T, int n_head, int n_head_kv, int hd, float *out,
+                  float *part, int nsplit)
+{
+    dim3 g(T * n_head, nsplit);
+    int nd = (hd + 31) / 32;
+#define L_ATT(ND)                                                                                              \
+    do {                                                                                                       \
+        if (f16) k_attention<ND, 1><<<g, 128, 0, st>>>(q, kc, vc, pos, off, pages, n_head, n_head_kv, hd, out, \
+                                                       part, nsplit);                                          \
+        else k_attention<ND, 0><<<g, 128, 0, st>>>(q, kc, vc, pos, off, pages, n_head, n_head_kv, hd, out,     \
+                                                   part, nsplit);                                              \
+    } while (0)
+    if (nd <= 1) L_ATT(1);
+    else if (nd <= 2) L_ATT(2);
+    else if (nd <= 4) L_ATT(4);
+    else L_ATT(8);
+    if (nsplit > 1) k_att_merge<<<T * n_head, 128, 0, st>>>(part, nsplit, hd, out);
+}
+
+void ck_argmax(cudaStream_t st, const float *x, int rows, int n, int32_t *ids)
+{
+    k_argmax<<<rows, 1024, 0, st>>>(x, n, ids);
+}
+
+}  /* extern "C" */
