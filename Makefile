@@ -92,8 +92,9 @@ help:
 	@sed -n '2,9p' Makefile | sed 's/^# \{0,1\}//'
 
 # Install what is missing when root; otherwise print the exact command.
+# SKIP_DEPS=1: the libraries come from elsewhere (PC_CFLAGS/PC_LIBS given).
 deps:
-	@missing=""; \
+	@[ -n "$(SKIP_DEPS)" ] && exit 0; missing=""; \
 	for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \

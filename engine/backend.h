@@ -69,6 +69,8 @@ typedef struct be_ops {
      * ops (or the skip), before the logits are read. */
     int (*step_begin)(be *b, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out);
     void (*step_end)(be *b);
+    /* Optional: host ids[r] = first argmax of row r of x [rows][n]; waits. */
+    void (*argmax)(be *b, const float *x, int rows, int n, int32_t *ids);
 } be_ops;
 
 struct be {

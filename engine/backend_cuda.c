@@ -8,9 +8,10 @@
  * positions and page tables go up in one copy (step_begin) into a fixed
  * device block that every op reads. Pure decode passes (every token an
  * output row) are recorded once per batch size as a CUDA graph and replayed.
- * Matmuls: T <= CK_GEMV_MAX_T tokens go through a GEMV that reads the quantized
- * blocks directly (f32 arithmetic); larger batches dequantize W to f16 and
- * call cuBLAS (f16 inputs, f32 accumulation and output). */
+ * Matmuls: batches under gemm_min_t tokens (32 + 1; ANE_CUDA_GEMM_T sets it) go
+ * through a GEMV that reads the quantized blocks directly (f32 arithmetic);
+ * larger ones dequantize W to f16 and call cuBLAS (f16 inputs, f32
+ * accumulation and output). Greedy rows come back as ids (argmax on the GPU). */
 #ifdef ANE_CUDA
 
 #include "engine/backend.h"
@@ -23,7 +24,7 @@
 #include <string.h>
 
 #define GRAPH_MAX_T 256        /* decode batches recorded as graphs */
-#define GEMM_MIN_T  (CK_GEMV_MAX_T + 1)
+#define ARGMAX_ROWS 4096
 
 typedef struct upl { const void *data; void *dev; } upl;
 
@@ -33,6 +34,7 @@ typedef struct cu_be {
     cublasHandle_t blas;
     void *blas_ws;
     int n_sm;
+    int gemm_min_t;
     int failed;                /* a CUDA call failed: reported once */
     /* uploaded weights */
     upl *up; int n_up, cap_up;
@@ -53,8 +55,9 @@ typedef struct cu_be {
     cudaGraphExec_t graph[GRAPH_MAX_T + 1];
     unsigned char seen[GRAPH_MAX_T + 1];
     int capturing, cap_graph_T;
-    /* host staging for logits */
+    /* host staging for logits; argmax ids */
     void *h_out; size_t h_out_cap;
+    int32_t *d_ids_out, *h_ids_out;
 } cu_be;
 
 static int ok(cu_be *c, cudaError_t e, const char *what)
@@ -93,6 +96,8 @@ static void cu_close(be *b)
     cudaFree(c->w16); cudaFree(c->x16); cudaFree(c->d_step); cudaFree(c->part); cudaFree(c->blas_ws);
     if (c->h_step) cudaFreeHost(c->h_step);
     if (c->h_out) cudaFreeHost(c->h_out);
+    if (c->h_ids_out) cudaFreeHost(c->h_ids_out);
+    cudaFree(c->d_ids_out);
     if (c->blas) cublasDestroy(c->blas);
     if (c->st) cudaStreamDestroy(c->st);
     free(c);
@@ -268,7 +273,7 @@ static int cu_step_begin(be *b, const int32_t *tokens, const be_batch *bt, const
 {
     cu_be *c = (cu_be *)b;
     int T = bt->T;
-    if (T >= GEMM_MIN_T && ensure_gemm(c, T)) return 0;
+    if (T >= c->gemm_min_t && ensure_gemm(c, T)) return 0;
     stage(c, tokens, T, bt);
     c->cur_bt = bt;
     c->cur_ids = tokens;
@@ -324,7 +329,7 @@ static void cu_matmul(be *b, const wt *w, const wt *bias, const float *x, int T,
     cu_be *c = (cu_be *)b;
     const float *bv = bias && bias->data ? bias->dev : NULL;
     int n = (int)w->n_in, no = (int)w->n_out;
-    if (T < GEMM_MIN_T || (!c->capturing && ensure_gemm(c, T)) || c->w16_cap < (size_t)n * no * 2 ||
+    if (T < c->gemm_min_t || (!c->capturing && ensure_gemm(c, T)) || c->w16_cap < (size_t)n * no * 2 ||
         c->x16_cap < (size_t)T * n * 2) {
         ck_gemv(c->st, w->type, w->dev, w->row_bytes, n, no, bv, x, T, out);
         return;
@@ -379,6 +384,18 @@ static void cu_attention(be *b, const float *q, const void *kc, const void *vc, 
                  head_dim, out, c->part, ns);
 }
 
+static void cu_argmax(be *b, const float *x, int rows, int n, int32_t *ids)
+{
+    cu_be *c = (cu_be *)b;
+    for (int r0 = 0; r0 < rows; r0 += ARGMAX_ROWS) {
+        int nr = rows - r0 < ARGMAX_ROWS ? rows - r0 : ARGMAX_ROWS;
+        ck_argmax(c->st, x + (size_t)r0 * n, nr, n, c->d_ids_out);
+        ok(c, cudaMemcpyAsync(c->h_ids_out, c->d_ids_out, (size_t)nr * 4, cudaMemcpyDeviceToHost, c->st), "ids");
+        ok(c, cudaStreamSynchronize(c->st), "sync");
+        memcpy(ids + r0, c->h_ids_out, (size_t)nr * 4);
+    }
+}
+
 static const be_ops cuda_ops = {
     .name = "cuda",
     .close = cu_close,
@@ -398,6 +415,7 @@ static const be_ops cuda_ops = {
     .sync = cu_sync,
     .step_begin = cu_step_begin,
     .step_end = cu_step_end,
+    .argmax = cu_argmax,
 };
 
 int be_cuda_open(be **out, struct pool *p, int kv_f16, char *err, size_t errlen)
@@ -427,6 +445,10 @@ int be_cuda_open(be **out, struct pool *p, int kv_f16, char *err, size_t errlen)
     if (cublasSetWorkspace(c->blas, c->blas_ws, ws) != CUBLAS_STATUS_SUCCESS) goto fail;
     c->part_cap = (size_t)4 * c->n_sm * (256 + 2) + 4096;
     if (cudaMalloc((void **)&c->part, c->part_cap * 4) != cudaSuccess) goto fail;
+    if (cudaMalloc((void **)&c->d_ids_out, ARGMAX_ROWS * 4) != cudaSuccess) goto fail;
+    if (cudaMallocHost((void **)&c->h_ids_out, ARGMAX_ROWS * 4) != cudaSuccess) goto fail;
+    const char *gt = getenv("ANE_CUDA_GEMM_T");
+    c->gemm_min_t = gt && atoi(gt) > 0 ? atoi(gt) : 33;
     *out = &c->base;
     return 0;
 fail:

@@ -95,7 +95,8 @@ oom:
 
 size_t fw_kv_bytes(const fw *f) { return f->kv_bytes; }
 
-void fw_run(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out, float *logits)
+/* Every op of a forward pass, up to the logits in f->lg (queued, not synced). */
+static void fw_pass(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out)
 {
     const model *m = f->m;
     const hparams *hp = &m->hp;
@@ -137,6 +138,23 @@ void fw_run(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out
     if (n_out > 0) o->matmul(b, &m->output, NULL, f->xo, n_out, f->lg);
 ops_done:
     if (o->step_end) o->step_end(b);
-    if (n_out > 0) o->to_host(b, logits, f->lg, (size_t)n_out * hp->n_vocab * 4);
-    o->sync(b);
+}
+
+void fw_run(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out, float *logits)
+{
+    be *b = f->b;
+    fw_pass(f, tokens, bt, out_idx, n_out);
+    if (n_out > 0) b->ops->to_host(b, logits, f->lg, (size_t)n_out * f->m->hp.n_vocab * 4);
+    b->ops->sync(b);
+}
+
+int fw_greedy_ok(const fw *f) { return f->b->ops->argmax != NULL; }
+
+void fw_run_greedy(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out,
+                   int32_t *ids)
+{
+    be *b = f->b;
+    fw_pass(f, tokens, bt, out_idx, n_out);
+    if (n_out > 0) b->ops->argmax(b, f->lg, n_out, f->m->hp.n_vocab, ids);
+    b->ops->sync(b);
 }

@@ -216,6 +216,167 @@ __device__ __forceinline__ void dq32(const uint8_t *row, int c, int n, float w[3
     }
 }
 
+
+__device__ __forceinline__ void nib8(uint32_t lo4, uint32_t hi4, int high, float *q)
+{
+    /* 8 bytes (two words) -> 8 nibbles (low or high) */
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        q[k] = (float)(((lo4 >> (8 * k)) >> (high ? 4 : 0)) & 0xF);
+        q[4 + k] = (float)(((hi4 >> (8 * k)) >> (high ? 4 : 0)) & 0xF);
+    }
+}
+
+__device__ __forceinline__ uint32_t ld32a2(const uint8_t *p)   /* 2-byte aligned */
+{
+    const uint16_t *h = (const uint16_t *)p;
+    return (uint32_t)h[0] | ((uint32_t)h[1] << 16);
+}
+
+// 8 values g*8 .. g*8+7 of a row (n values; n % 8 == 0 for quantized types;
+// float types mask past n). Consecutive g read consecutive bytes, so a warp
+// over consecutive g reads the row coalesced.
+template <int TY>
+__device__ __forceinline__ void dq8(const uint8_t *__restrict__ row, int g, int n, float w[8])
+{
+    if (TY == T_F32) {
+        const float *r = (const float *)row + g * 8;
+        if (g * 8 + 8 <= n && ((uintptr_t)r & 15) == 0) {
+            float4 a = __ldg((const float4 *)r), b = __ldg((const float4 *)r + 1);
+            w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w; w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
+        } else {
+#pragma unroll
+            for (int i = 0; i < 8; i++) w[i] = g * 8 + i < n ? r[i] : 0.f;
+        }
+    } else if (TY == T_F16 || TY == T_BF16) {
+        const unsigned short *r = (const unsigned short *)row + g * 8;
+        if (g * 8 + 8 <= n && ((uintptr_t)r & 15) == 0) {
+            uint4 v = __ldg((const uint4 *)r);
+            uint32_t u[4] = { v.x, v.y, v.z, v.w };
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                unsigned short lo = (unsigned short)(u[k] & 0xffff), hi = (unsigned short)(u[k] >> 16);
+                if (TY == T_F16) { w[2 * k] = __half2float(__ushort_as_half(lo)); w[2 * k + 1] = __half2float(__ushort_as_half(hi)); }
+                else { w[2 * k] = __uint_as_float((uint32_t)lo << 16); w[2 * k + 1] = __uint_as_float((uint32_t)hi << 16); }
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                unsigned short u = g * 8 + i < n ? r[i] : 0;
+                w[i] = TY == T_F16 ? __half2float(__ushort_as_half(u)) : __uint_as_float((uint32_t)u << 16);
+            }
+        }
+    } else if (TY == T_Q4_0 || TY == T_Q4_1 || TY == T_Q5_0 || TY == T_Q5_1 || TY == T_Q8_0) {
+        const int bs = TY == T_Q4_0 ? 18 : TY == T_Q4_1 ? 20 : TY == T_Q5_0 ? 22 : TY == T_Q5_1 ? 24 : 34;
+        const uint8_t *b = row + (g >> 2) * bs;
+        int j8 = g & 3;
+        float d = h2f(b);
+        if (TY == T_Q8_0) {
+            uint32_t a0 = ld32a2(b + 2 + 8 * j8), a1 = ld32a2(b + 6 + 8 * j8);
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                w[k] = (float)(int8_t)(a0 >> (8 * k)) * d;
+                w[4 + k] = (float)(int8_t)(a1 >> (8 * k)) * d;
+            }
+        } else {
+            const int qo = TY == T_Q4_0 ? 2 : TY == T_Q4_1 ? 4 : TY == T_Q5_0 ? 6 : 8;
+            const uint8_t *q = b + qo + 8 * (j8 & 1);
+            uint32_t a0 = TY == T_Q4_1 || TY == T_Q5_1 ? *(const uint32_t *)q : ld32a2(q);
+            uint32_t a1 = TY == T_Q4_1 || TY == T_Q5_1 ? *(const uint32_t *)(q + 4) : ld32a2(q + 4);
+            float v[8];
+            nib8(a0, a1, j8 >> 1, v);
+            if (TY == T_Q5_0 || TY == T_Q5_1) {
+                uint32_t qh = TY == T_Q5_0 ? ld32a2(b + 2) : *(const uint32_t *)(b + 4);
+#pragma unroll
+                for (int k = 0; k < 8; k++) v[k] += (float)(((qh >> (8 * j8 + k)) & 1) << 4);
+            }
+            if (TY == T_Q4_0) {
+#pragma unroll
+                for (int k = 0; k < 8; k++) w[k] = (v[k] - 8.f) * d;
+            } else if (TY == T_Q5_0) {
+#pragma unroll
+                for (int k = 0; k < 8; k++) w[k] = (v[k] - 16.f) * d;
+            } else {
+                float m = h2f(b + 2);
+#pragma unroll
+                for (int k = 0; k < 8; k++) w[k] = v[k] * d + m;
+            }
+        }
+    } else {
+        /* K-quants: super-block of 256 = 32 groups; chunk c of 32, offset o */
+        int gi = g & 31, c = gi >> 2, o = (gi & 3) * 8;
+        if (TY == T_Q2_K || TY == T_Q3_K) {
+            const int bs = TY == T_Q2_K ? 84 : 110;
+            const uint8_t *b = row + (g >> 5) * bs;
+            int half = c >> 2, j = c & 3, shift = 2 * j, is = half * 8 + 2 * j + (o >= 16);
+            const uint8_t *q = b + (TY == T_Q2_K ? 16 : 32) + 32 * half + o;
+            uint32_t a0 = ld32a2(q), a1 = ld32a2(q + 4);
+            float v[8];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                v[k] = (float)((a0 >> (8 * k + shift)) & 3);
+                v[4 + k] = (float)((a1 >> (8 * k + shift)) & 3);
+            }
+            if (TY == T_Q2_K) {
+                float d = h2f(b + 80), mn = h2f(b + 82);
+                int sc = b[is];
+                float dl = d * (float)(sc & 0xF), ml = mn * (float)(sc >> 4);
+#pragma unroll
+                for (int k = 0; k < 8; k++) w[k] = dl * v[k] - ml;
+            } else {
+                const uint8_t *s12 = b + 96;
+                int lo = is < 8 ? (s12[is] & 0xF) : (s12[is - 8] >> 4);
+                int hi = (s12[8 + (is & 3)] >> (2 * (is >> 2))) & 3;
+                float dl = h2f(b + 108) * (float)((lo | (hi << 4)) - 32);
+                uint32_t h0 = ld32a2(b + o), h1 = ld32a2(b + o + 4);
+                int mb = half * 4 + j;
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    w[k] = dl * (v[k] - (((h0 >> (8 * k + mb)) & 1) ? 0.f : 4.f));
+                    w[4 + k] = dl * (v[4 + k] - (((h1 >> (8 * k + mb)) & 1) ? 0.f : 4.f));
+                }
+            }
+        } else if (TY == T_Q4_K || TY == T_Q5_K) {
+            const int bs = TY == T_Q4_K ? 144 : 176;
+            const uint8_t *b = row + (g >> 5) * bs;
+            int gg = c >> 1, hi = c & 1;
+            float d = h2f(b), mn = h2f(b + 2);
+            int sc, m;
+            scale_min_k4(c, b + 4, sc, m);
+            float d1 = d * (float)sc, m1 = mn * (float)m;
+            const uint8_t *q = b + (TY == T_Q4_K ? 16 : 48) + 32 * gg + o;
+            uint2 a = *(const uint2 *)q;   /* 8-byte aligned: super-blocks are */
+            float v[8];
+            nib8(a.x, a.y, hi, v);
+            if (TY == T_Q5_K) {
+                uint2 h = *(const uint2 *)(b + 16 + o);
+                int bit = 2 * gg + hi;
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    v[k] += (float)(((h.x >> (8 * k + bit)) & 1) << 4);
+                    v[4 + k] += (float)(((h.y >> (8 * k + bit)) & 1) << 4);
+                }
+            }
+#pragma unroll
+            for (int k = 0; k < 8; k++) w[k] = d1 * v[k] - m1;
+        } else if (TY == T_Q6_K) {
+            const uint8_t *b = row + (g >> 5) * 210;
+            int half = c >> 2, qq = c & 3;
+            const uint8_t *ql = b + 64 * half + (qq & 1) * 32 + o, *qh = b + 128 + 32 * half + o;
+            float d = h2f(b + 208) * (float)((const int8_t *)b)[192 + 8 * half + 2 * qq + (o >= 16)];
+            uint32_t l0 = ld32a2(ql), l1 = ld32a2(ql + 4), h0 = ld32a2(qh), h1 = ld32a2(qh + 4);
+            int nshift = (qq >> 1) * 4, hshift = 2 * qq;
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                int v0 = ((l0 >> (8 * k + nshift)) & 0xF) | (((h0 >> (8 * k + hshift)) & 3) << 4);
+                int v1 = ((l1 >> (8 * k + nshift)) & 0xF) | (((h1 >> (8 * k + hshift)) & 3) << 4);
+                w[k] = d * (float)(v0 - 32);
+                w[4 + k] = d * (float)(v1 - 32);
+            }
+        }
+    }
+}
+
 /* ---------------- embedding ---------------- */
 
 template <int TY>
@@ -233,38 +394,40 @@ __global__ void k_embed(const uint8_t *W, size_t rb, int n, const int32_t *ids, 
         if (c * 32 + i < n) o[i] = w[i];
 }
 
-/* ---------------- GEMV: one warp per output row, T <= 8 tokens ---------------- */
-
+/* ---------------- GEMV: one warp per output row, up to 16 tokens ----------------
+ * Lane l takes 8-value groups l, l+32, ...: the warp reads the row's bytes and
+ * x's floats contiguously. */
 template <int TY, int NT>
-__global__ void __launch_bounds__(256) k_gemv(const uint8_t *W, size_t rb, int n, int n_out,
-                                              const float *bias, const float *x, float *out)
+__global__ void __launch_bounds__(128) k_gemv(const uint8_t *__restrict__ W, size_t rb, int n, int n_out,
+                                              const float *__restrict__ bias, const float *__restrict__ x,
+                                              float *__restrict__ out, int T)
 {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int r = blockIdx.x * 8 + warp;
+    int r = blockIdx.x * 4 + warp;
     if (r >= n_out) return;
     const uint8_t *row = W + (size_t)r * rb;
     float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = 0.f;
-    int nc = (n + 31) / 32;
-    bool vec = (n & 31) == 0 && (((uintptr_t)x) & 15) == 0;
-    for (int c = lane; c < nc; c += 32) {
-        float w[32];
-        dq32<TY>(row, c, n, w);
+    int ng = (n + 7) / 8;
+    bool vec = (n & 7) == 0;
+#pragma unroll 2
+    for (int g = lane; g < ng; g += 32) {
+        float w[8];
+        dq8<TY>(row, g, n, w);
 #pragma unroll
         for (int t = 0; t < NT; t++) {
-            const float *xt = x + (size_t)t * n + c * 32;
-            float s = 0.f;
+            if (t >= T) break;
+            const float *xt = x + (size_t)t * n + g * 8;
+            float s;
             if (vec) {
-#pragma unroll
-                for (int i = 0; i < 8; i++) {
-                    float4 v = __ldg((const float4 *)xt + i);
-                    s += w[4 * i] * v.x + w[4 * i + 1] * v.y + w[4 * i + 2] * v.z + w[4 * i + 3] * v.w;
-                }
+                float4 a = __ldg((const float4 *)xt), b = __ldg((const float4 *)xt + 1);
+                s = w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * b.x + w[5] * b.y + w[6] * b.z + w[7] * b.w;
             } else {
+                s = 0.f;
 #pragma unroll
-                for (int i = 0; i < 32; i++)
-                    if (c * 32 + i < n) s += w[i] * xt[i];
+                for (int i = 0; i < 8; i++)
+                    if (g * 8 + i < n) s += w[i] * xt[i];
             }
             acc[t] += s;
         }
@@ -276,10 +439,11 @@ __global__ void __launch_bounds__(256) k_gemv(const uint8_t *W, size_t rb, int n
         for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
         acc[t] = s;
     }
-    if (lane == 0) {
-        float bv = bias ? bias[r] : 0.f;
+    if (lane < T) {
+        float v = 0.f;
 #pragma unroll
-        for (int t = 0; t < NT; t++) out[(size_t)t * n_out + r] = acc[t] + bv;
+        for (int t = 0; t < NT; t++) if (t == lane) v = acc[t];
+        out[(size_t)lane * n_out + r] = v + (bias ? bias[r] : 0.f);
     }
 }
 
@@ -539,17 +703,17 @@ template <int TY>
 static void gemv_t(cudaStream_t st, const void *W, size_t rb, int n, int n_out, const float *bias,
                    const float *x, int T, float *out)
 {
-    unsigned g = nblk(n_out, 8);
+    unsigned g = nblk(n_out, 4);
     const uint8_t *w = (const uint8_t *)W;
     switch (T) {
-    case 1: k_gemv<TY, 1><<<g, 256, 0, st>>>(w, rb, n, n_out, bias, x, out); break;
-    case 2: k_gemv<TY, 2><<<g, 256, 0, st>>>(w, rb, n, n_out, bias, x, out); break;
-    case 3: k_gemv<TY, 3><<<g, 256, 0, st>>>(w, rb, n, n_out, bias, x, out); break;
-    case 4: k_gemv<TY, 4><<<g, 256, 0, st>>>(w, rb, n, n_out, bias, x, out); break;
-    case 5: k_gemv<TY, 5><<<g, 256, 0, st>>>(w, rb, n, n_out, bias, x, out); break;
-    case 6: k_gemv<TY, 6><<<g, 256, 0, st>>>(w, rb, n, n_out, bias, x, out); break;
-    case 7: k_gemv<TY, 7><<<g, 256, 0, st>>>(w, rb, n, n_out, bias, x, out); break;
-    default: k_gemv<TY, 8><<<g, 256, 0, st>>>(w, rb, n, n_out, bias, x, out); break;
+    case 1: k_gemv<TY, 1><<<g, 128, 0, st>>>(w, rb, n, n_out, bias, x, out, T); break;
+    case 2: k_gemv<TY, 2><<<g, 128, 0, st>>>(w, rb, n, n_out, bias, x, out, T); break;
+    case 3: k_gemv<TY, 3><<<g, 128, 0, st>>>(w, rb, n, n_out, bias, x, out, T); break;
+    case 4: k_gemv<TY, 4><<<g, 128, 0, st>>>(w, rb, n, n_out, bias, x, out, T); break;
+    case 5: case 6: k_gemv<TY, 6><<<g, 128, 0, st>>>(w, rb, n, n_out, bias, x, out, T); break;
+    case 7: case 8: k_gemv<TY, 8><<<g, 128, 0, st>>>(w, rb, n, n_out, bias, x, out, T); break;
+    case 9: case 10: case 11: case 12: k_gemv<TY, 12><<<g, 128, 0, st>>>(w, rb, n, n_out, bias, x, out, T); break;
+    default: k_gemv<TY, 16><<<g, 128, 0, st>>>(w, rb, n, n_out, bias, x, out, T); break;
     }
 }
 

@@ -23,8 +23,9 @@ void ck_embed(cudaStream_t st, uint32_t type, const void *W, size_t row_bytes, i
               const int32_t *ids, int T, float *out);
 /* out[r] = x[r] / rms(x[r]) * w                                  [rows][n] */
 void ck_rmsnorm(cudaStream_t st, const float *x, const float *w, int rows, int n, float eps, float *out);
-/* out[t][r] = dot(row r, x[t]) (+ bias[r]) for T <= CK_GEMV_MAX_T, f32 arithmetic. */
-#define CK_GEMV_MAX_T 8
+/* out[t][r] = dot(row r, x[t]) (+ bias[r]) f32 arithmetic; */
+#define CK_GEMV_MAX_T 16
+/* (larger T: passes of CK_GEMV_MAX_T tokens) */
 void ck_gemv(cudaStream_t st, uint32_t type, const void *W, size_t row_bytes, int n_in, int n_out,
              const float *bias, const float *x, int T, float *out);
 /* dst [n_out][n_in] f16 = W dequantized. */

@@ -88,6 +88,10 @@ static const uint32_t TYPES[] = { QT_F32, QT_F16, QT_BF16, QT_Q4_0, QT_Q4_1, QT_
 #define N_TYPES (sizeof TYPES / sizeof TYPES[0])
 
 static be *gpu, *gpu32, *cpu, *cpu32;
+/* weight bytes stay alive to the end: backends key uploads by host pointer */
+static void *keep[256];
+static int n_keep;
+static void *kept(void *p) { if (n_keep < 256) keep[n_keep++] = p; return p; }
 static pool *pl;
 
 static float *dev_from(be *b, const float *h, size_t n)
@@ -99,7 +103,7 @@ static float *dev_from(be *b, const float *h, size_t n)
 
 static void test_matmul(void)
 {
-    const int Ts[] = { 1, 2, 3, 5, 8, 9, 17, 64 };
+    const int Ts[] = { 1, 2, 3, 5, 8, 9, 17, 32, 33, 64 };
     for (size_t ti = 0; ti < N_TYPES; ti++) {
         uint32_t type = TYPES[ti];
         int fl = type == QT_F32 || type == QT_F16 || type == QT_BF16;
@@ -107,7 +111,7 @@ static void test_matmul(void)
         for (int si = 0; si < 2; si++) {
             int n_in = shapes[si][0], n_out = shapes[si][1];
             size_t rb;
-            void *wd = make_weight(type, n_in, n_out, &rb);
+            void *wd = kept(make_weight(type, n_in, n_out, &rb));
             float *wf = malloc((size_t)n_in * n_out * 4);
             for (int r = 0; r < n_out; r++) qt_dequant_row(type, (char *)wd + (size_t)r * rb, wf + (size_t)r * n_in, n_in);
             float *bias = malloc((size_t)n_out * 4);
@@ -135,13 +139,14 @@ static void test_matmul(void)
                 gpu->ops->to_host(gpu, y, dy, (size_t)T * n_out * 4);
                 gpu->ops->sync(gpu);
                 double e = rel_err(y, ref, (size_t)T * n_out);
-                double tol = T <= 8 ? 2e-5 : 2e-3;   /* f32 GEMV; f16 tensor cores */
+                double tol = T <= 32 ? 2e-5 : 2e-3;   /* f32 GEMV; f16 tensor cores */
                 CHECKF(e <= tol, "matmul %s %dx%d T=%d: rel err %.3g (tol %g)", qt_name(type), n_out, n_in, T, e, tol);
                 gpu->ops->free(gpu, dx);
                 gpu->ops->free(gpu, dy);
                 free(x); free(y); free(ref);
             }
-            free(wd); free(wf); free(bias);
+            free(wf);
+            kept(bias);
         }
     }
 }
@@ -152,7 +157,7 @@ static void test_embed(void)
         uint32_t type = TYPES[ti];
         int n_in = 512, n_out = 50, T = 7;
         size_t rb;
-        void *wd = make_weight(type, n_in, n_out, &rb);
+        void *wd = kept(make_weight(type, n_in, n_out, &rb));
         wt w = { .type = type, .n_in = n_in, .n_out = n_out, .row_bytes = rb, .data = wd };
         CHECK(gpu->ops->weight_prepare(gpu, &w) == 0);
         int32_t ids[7];
@@ -165,7 +170,7 @@ static void test_embed(void)
         gpu->ops->sync(gpu);
         CHECKF(memcmp(y, ref, (size_t)T * n_in * 4) == 0, "embed %s differs", qt_name(type));
         gpu->ops->free(gpu, dy);
-        free(wd); free(ref); free(y);
+        free(ref); free(y);
     }
 }
 
@@ -199,7 +204,7 @@ static void test_elementwise(void)
     CHECK(memcmp(a, g, N * 4) == 0);
     gpu->ops->sync(gpu);
     gpu->ops->free(gpu, dx); gpu->ops->free(gpu, dy); gpu->ops->free(gpu, dout);
-    free(x); free(y); free(w); free(a); free(g);
+    free(x); free(y); kept(w); free(a); free(g);
 }
 
 static void test_rope(void)
@@ -304,6 +309,26 @@ static void attn_case(be *gb, be *cb, int n_head, int n_head_kv, int hd)
     free(ckc); free(cvc);
 }
 
+static void test_argmax(void)
+{
+    int rows = 37, n = 151936;
+    size_t N = (size_t)rows * n;
+    float *x = malloc(N * 4);
+    for (size_t i = 0; i < N; i++) x[i] = frand() * 20;
+    x[(size_t)3 * n + 77] = 100; x[(size_t)3 * n + 78] = 100;   /* ties: the first wins */
+    float *dx = dev_from(gpu, x, N);
+    int32_t ids[37];
+    CHECK(gpu->ops->argmax != NULL);
+    if (gpu->ops->argmax) gpu->ops->argmax(gpu, dx, rows, n, ids);
+    for (int r = 0; r < rows; r++) {
+        int best = 0;
+        for (int i = 1; i < n; i++) if (x[(size_t)r * n + i] > x[(size_t)r * n + best]) best = i;
+        CHECKF(ids[r] == best, "argmax row %d: %d, want %d", r, ids[r], best);
+    }
+    gpu->ops->free(gpu, dx);
+    free(x);
+}
+
 static void test_attention(void)
 {
     attn_case(gpu, cpu, 8, 2, 64);
@@ -333,7 +358,9 @@ int main(void)
     RUN(test_elementwise);
     RUN(test_rope);
     RUN(test_attention);
+    RUN(test_argmax);
     gpu->ops->close(gpu); gpu32->ops->close(gpu32); cpu->ops->close(cpu); cpu32->ops->close(cpu32);
     pool_close(pl);
+    for (int i = 0; i < n_keep; i++) free(keep[i]);
     return CHECK_DONE();
 }
