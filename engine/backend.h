@@ -71,6 +71,12 @@ typedef struct be_ops {
     void (*step_end)(be *b);
     /* Optional: host ids[r] = first argmax of row r of x [rows][n]; waits. */
     void (*argmax)(be *b, const float *x, int rows, int n, int32_t *ids);
+    /* Optional fused ops (fw_run uses the plain ops where NULL).
+     * matmul_n: n (<= 3) matmuls of the same x: out[i] = W[i] x (+ bias[i]). */
+    void (*matmul_n)(be *b, int n, const wt *const *w, const wt *const *bias, const float *x, int T,
+                     float *const *out);
+    /* add_rmsnorm: x += y, then out = rmsnorm(x) * w (out may be y).  [rows][n] */
+    void (*add_rmsnorm)(be *b, float *x, const float *y, const wt *w, int rows, int n, float eps, float *out);
 } be_ops;
 
 struct be {

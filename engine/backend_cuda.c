@@ -8,7 +8,7 @@
  * positions and page tables go up in one copy (step_begin) into a fixed
  * device block that every op reads. Pure decode passes (every token an
  * output row) are recorded once per batch size as a CUDA graph and replayed.
- * Matmuls: batches under gemm_min_t tokens (32 + 1; ANE_CUDA_GEMM_T sets it) go
+ * Matmuls: batches under gemm_min_t tokens (9; ANE_CUDA_GEMM_T sets it) go
  * through a GEMV that reads the quantized blocks directly (f32 arithmetic);
  * larger ones dequantize W to f16 and call cuBLAS (f16 inputs, f32
  * accumulation and output). Greedy rows come back as ids (argmax on the GPU). */
@@ -273,7 +273,8 @@ static int cu_step_begin(be *b, const int32_t *tokens, const be_batch *bt, const
 {
     cu_be *c = (cu_be *)b;
     int T = bt->T;
-    if (T >= c->gemm_min_t && ensure_gemm(c, T)) return 0;
+    /* the GEMM scratch is taken at the first pass, for batches up to 1024 */
+    if (ensure_gemm(c, T > 1024 ? T : 1024)) return 0;
     stage(c, tokens, T, bt);
     c->cur_bt = bt;
     c->cur_ids = tokens;
@@ -282,7 +283,8 @@ static int cu_step_begin(be *b, const int32_t *tokens, const be_batch *bt, const
         if (!ok(c, cudaGraphLaunch(c->graph[T], c->st), "graph launch")) return 0;
         return 1;
     }
-    if (!c->seen[T]) { c->seen[T] = 1; return 0; }   /* first time: run eagerly (warms cuBLAS) */
+    /* record a shape once it repeats (the first passes run eagerly, warming cuBLAS) */
+    if (c->seen[T] < 2) { c->seen[T]++; return 0; }
     if (!ok(c, cudaStreamBeginCapture(c->st, cudaStreamCaptureModeThreadLocal), "begin capture")) return 0;
     c->capturing = 1;
     c->cap_graph_T = T;
@@ -346,6 +348,33 @@ static void cu_matmul(be *b, const wt *w, const wt *bias, const float *x, int T,
         return;
     }
     if (bv) ck_add_bias(c->st, out, bv, T, no);
+}
+
+static void cu_matmul_n(be *b, int n, const wt *const *w, const wt *const *bias, const float *x, int T,
+                        float *const *out)
+{
+    cu_be *c = (cu_be *)b;
+    int same = n <= CK_MULTI_MAX && T < c->gemm_min_t;
+    for (int i = 1; same && i < n; i++)
+        same = w[i]->type == w[0]->type && w[i]->n_in == w[0]->n_in && w[i]->row_bytes == w[0]->row_bytes;
+    if (!same) {
+        for (int i = 0; i < n; i++) cu_matmul(b, w[i], bias[i], x, T, out[i]);
+        return;
+    }
+    const void *W[CK_MULTI_MAX];
+    const float *bv[CK_MULTI_MAX];
+    int no[CK_MULTI_MAX];
+    for (int i = 0; i < n; i++) {
+        W[i] = w[i]->dev;
+        bv[i] = bias[i] && bias[i]->data ? bias[i]->dev : NULL;
+        no[i] = (int)w[i]->n_out;
+    }
+    ck_gemv_multi(c->st, w[0]->type, n, W, w[0]->row_bytes, (int)w[0]->n_in, no, bv, x, T, out);
+}
+
+static void cu_add_rmsnorm(be *b, float *x, const float *y, const wt *w, int rows, int n, float eps, float *out)
+{
+    ck_add_rmsnorm(((cu_be *)b)->st, x, y, w->dev, rows, n, eps, out);
 }
 
 static void cu_add(be *b, float *x, const float *y, size_t n)
@@ -416,6 +445,8 @@ static const be_ops cuda_ops = {
     .step_begin = cu_step_begin,
     .step_end = cu_step_end,
     .argmax = cu_argmax,
+    .matmul_n = cu_matmul_n,
+    .add_rmsnorm = cu_add_rmsnorm,
 };
 
 int be_cuda_open(be **out, struct pool *p, int kv_f16, char *err, size_t errlen)
@@ -448,7 +479,7 @@ int be_cuda_open(be **out, struct pool *p, int kv_f16, char *err, size_t errlen)
     if (cudaMalloc((void **)&c->d_ids_out, ARGMAX_ROWS * 4) != cudaSuccess) goto fail;
     if (cudaMallocHost((void **)&c->h_ids_out, ARGMAX_ROWS * 4) != cudaSuccess) goto fail;
     const char *gt = getenv("ANE_CUDA_GEMM_T");
-    c->gemm_min_t = gt && atoi(gt) > 0 ? atoi(gt) : 33;
+    c->gemm_min_t = gt && atoi(gt) > 0 ? atoi(gt) : 9;
     *out = &c->base;
     return 0;
 fail:

@@ -109,12 +109,20 @@ static void fw_pass(fw *f, const int32_t *tokens, const be_batch *bt, const int3
     /* a backend that records passes (CUDA graphs) may replay one instead */
     if (o->step_begin && o->step_begin(b, tokens, bt, out_idx, n_out)) goto ops_done;
     o->embed(b, &m->tok_embd, tokens, T, f->x);
+    /* backends with fused ops: each residual add runs with the next norm */
+    int fuse = o->add_rmsnorm != NULL;
     for (int l = 0; l < hp->n_layer; l++) {
         const layer_w *L = &m->layers[l];
-        o->rmsnorm(b, f->x, &L->attn_norm, T, E, hp->norm_eps, f->xb);
-        o->matmul(b, &L->wq, &L->bq, f->xb, T, f->q);
-        o->matmul(b, &L->wk, &L->bk, f->xb, T, f->k);
-        o->matmul(b, &L->wv, &L->bv, f->xb, T, f->v);
+        if (!fuse || l == 0) o->rmsnorm(b, f->x, &L->attn_norm, T, E, hp->norm_eps, f->xb);
+        if (o->matmul_n) {
+            const wt *ws[3] = { &L->wq, &L->wk, &L->wv }, *bs[3] = { &L->bq, &L->bk, &L->bv };
+            float *outs[3] = { f->q, f->k, f->v };
+            o->matmul_n(b, 3, ws, bs, f->xb, T, outs);
+        } else {
+            o->matmul(b, &L->wq, &L->bq, f->xb, T, f->q);
+            o->matmul(b, &L->wk, &L->bk, f->xb, T, f->k);
+            o->matmul(b, &L->wv, &L->bv, f->xb, T, f->v);
+        }
         if (L->q_norm.data) {
             o->rmsnorm(b, f->q, &L->q_norm, T * hp->n_head, HD, hp->norm_eps, f->q);
             o->rmsnorm(b, f->k, &L->k_norm, T * hp->n_head_kv, HD, hp->norm_eps, f->k);
@@ -124,13 +132,26 @@ static void fw_pass(fw *f, const int32_t *tokens, const be_batch *bt, const int3
         o->kv_store(b, f->kc[l], f->vc[l], bt, K, f->k, f->v);
         o->attention(b, f->q, f->kc[l], f->vc[l], bt, hp->n_head, hp->n_head_kv, HD, f->att);
         o->matmul(b, &L->wo, NULL, f->att, T, f->xb);
-        o->add(b, f->x, f->xb, (size_t)T * E);
-        o->rmsnorm(b, f->x, &L->ffn_norm, T, E, hp->norm_eps, f->xb);
-        o->matmul(b, &L->w_gate, NULL, f->xb, T, f->hg);
-        o->matmul(b, &L->w_up, NULL, f->xb, T, f->hu);
+        if (fuse) {
+            o->add_rmsnorm(b, f->x, f->xb, &L->ffn_norm, T, E, hp->norm_eps, f->xb);
+        } else {
+            o->add(b, f->x, f->xb, (size_t)T * E);
+            o->rmsnorm(b, f->x, &L->ffn_norm, T, E, hp->norm_eps, f->xb);
+        }
+        if (o->matmul_n) {
+            const wt *ws[2] = { &L->w_gate, &L->w_up }, *bs[2] = { NULL, NULL };
+            float *outs[2] = { f->hg, f->hu };
+            o->matmul_n(b, 2, ws, bs, f->xb, T, outs);
+        } else {
+            o->matmul(b, &L->w_gate, NULL, f->xb, T, f->hg);
+            o->matmul(b, &L->w_up, NULL, f->xb, T, f->hu);
+        }
         o->silu_mul(b, f->hg, f->hu, (size_t)T * F, f->hg);
         o->matmul(b, &L->w_down, NULL, f->hg, T, f->xb);
-        o->add(b, f->x, f->xb, (size_t)T * E);
+        if (fuse && l + 1 < hp->n_layer)
+            o->add_rmsnorm(b, f->x, f->xb, &m->layers[l + 1].attn_norm, T, E, hp->norm_eps, f->xb);
+        else
+            o->add(b, f->x, f->xb, (size_t)T * E);
     }
     for (int i = 0; i < n_out; i++)
         o->rmsnorm(b, f->x + (size_t)out_idx[i] * E, &m->output_norm, 1, E, hp->norm_eps,

@@ -394,25 +394,34 @@ __global__ void k_embed(const uint8_t *W, size_t rb, int n, const int32_t *ids, 
         if (c * 32 + i < n) o[i] = w[i];
 }
 
-/* ---------------- GEMV: one warp per output row, up to 16 tokens ----------------
- * Lane l takes 8-value groups l, l+32, ...: the warp reads the row's bytes and
- * x's floats contiguously. */
-template <int TY, int NT>
-__global__ void __launch_bounds__(128) k_gemv(const uint8_t *__restrict__ W, size_t rb, int n, int n_out,
-                                              const float *__restrict__ bias, const float *__restrict__ x,
-                                              float *__restrict__ out, int T)
+/* ---------------- GEMV: up to 16 tokens ----------------
+ * A block of 4 warps takes 4/K rows, K warps per row (split over the row for
+ * long rows). Lane l of a row's warp k takes 8-value groups l + 32*k, +32*K,
+ * ...: each warp reads the row's bytes and x's floats contiguously. */
+struct gv_mat { const uint8_t *W; const float *bias; float *out; int n_out, blk0; };
+struct gv_set { gv_mat m[CK_MULTI_MAX]; int nm; };   /* matrices of one type and n_in, one launch */
+
+template <int TY, int NT, int K>
+__global__ void __launch_bounds__(128) k_gemv(const gv_set S, size_t rb, int n, const float *__restrict__ x, int T)
 {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int r = blockIdx.x * 4 + warp;
-    if (r >= n_out) return;
-    const uint8_t *row = W + (size_t)r * rb;
+    int mi = 0;
+#pragma unroll
+    for (int i = 1; i < CK_MULTI_MAX; i++) if (i < S.nm && (int)blockIdx.x >= S.m[i].blk0) mi = i;
+    const uint8_t *W = S.m[mi].W;
+    const float *bias = S.m[mi].bias;
+    float *out = S.m[mi].out;
+    int n_out = S.m[mi].n_out;
+    int r = ((int)blockIdx.x - S.m[mi].blk0) * (4 / K) + warp / K, part = warp % K;
+    bool live = r < n_out;
+    const uint8_t *row = W + (size_t)(live ? r : 0) * rb;
     float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = 0.f;
-    int ng = (n + 7) / 8;
+    int ng = live ? (n + 7) / 8 : 0;
     bool vec = (n & 7) == 0;
-#pragma unroll 2
-    for (int g = lane; g < ng; g += 32) {
+#pragma unroll 4
+    for (int g = lane + 32 * part; g < ng; g += 32 * K) {
         float w[8];
         dq8<TY>(row, g, n, w);
 #pragma unroll
@@ -439,7 +448,23 @@ __global__ void __launch_bounds__(128) k_gemv(const uint8_t *__restrict__ W, siz
         for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
         acc[t] = s;
     }
-    if (lane < T) {
+    if (K > 1) {
+        __shared__ float red[4][NT];
+        if (lane == 0) {
+#pragma unroll
+            for (int t = 0; t < NT; t++) red[warp][t] = acc[t];
+        }
+        __syncthreads();
+        if (part != 0) return;
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            float v = 0.f;
+#pragma unroll
+            for (int k = 0; k < K; k++) v += red[warp + k][t];
+            acc[t] = v;
+        }
+    }
+    if (live && lane < T) {
         float v = 0.f;
 #pragma unroll
         for (int t = 0; t < NT; t++) if (t == lane) v = acc[t];
@@ -503,6 +528,27 @@ __global__ void k_rmsnorm(const float *x, const float *w, int n, float eps, floa
     float *o = out + (size_t)blockIdx.x * n;
     float ss = 0.f;
     for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+    __shared__ float red[32];
+    for (int k = 16; k > 0; k >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, k);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float v = threadIdx.x < (blockDim.x + 31) / 32 ? red[threadIdx.x] : 0.f;
+        for (int k = 16; k > 0; k >>= 1) v += __shfl_xor_sync(0xffffffffu, v, k);
+        if (threadIdx.x == 0) red[0] = v;
+    }
+    __syncthreads();
+    float scale = (float)(1.0 / sqrt((double)red[0] / n + eps));
+    for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = xr[i] * scale * w[i];
+}
+
+__global__ void k_add_rmsnorm(float *x, const float *y, const float *w, int n, float eps, float *out)
+{
+    float *xr = x + (size_t)blockIdx.x * n;
+    const float *yr = y + (size_t)blockIdx.x * n;
+    float *o = out + (size_t)blockIdx.x * n;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) { float v = xr[i] + yr[i]; xr[i] = v; ss += v * v; }
     __shared__ float red[32];
     for (int k = 16; k > 0; k >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, k);
     if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
@@ -699,22 +745,26 @@ __global__ void k_argmax(const float *x, int n, int32_t *ids)
 
 static inline unsigned nblk(size_t n, unsigned bs) { return (unsigned)((n + bs - 1) / bs); }
 
-template <int TY>
-static void gemv_t(cudaStream_t st, const void *W, size_t rb, int n, int n_out, const float *bias,
-                   const float *x, int T, float *out)
+template <int TY, int K>
+static void gemv_k(cudaStream_t st, gv_set S, size_t rb, int n, const float *x, int T)
 {
-    unsigned g = nblk(n_out, 4);
-    const uint8_t *w = (const uint8_t *)W;
+    unsigned g = 0;
+    for (int i = 0; i < S.nm; i++) { S.m[i].blk0 = (int)g; g += nblk(S.m[i].n_out, 4 / K); }
     switch (T) {
-    case 1: k_gemv<TY, 1><<<g, 128, 0, st>>>(w, rb, n, n_out, bias, x, out, T); break;
-    case 2: k_gemv<TY, 2><<<g, 128, 0, st>>>(w, rb, n, n_out, bias, x, out, T); break;
-    case 3: k_gemv<TY, 3><<<g, 128, 0, st>>>(w, rb, n, n_out, bias, x, out, T); break;
-    case 4: k_gemv<TY, 4><<<g, 128, 0, st>>>(w, rb, n, n_out, bias, x, out, T); break;
-    case 5: case 6: k_gemv<TY, 6><<<g, 128, 0, st>>>(w, rb, n, n_out, bias, x, out, T); break;
-    case 7: case 8: k_gemv<TY, 8><<<g, 128, 0, st>>>(w, rb, n, n_out, bias, x, out, T); break;
-    case 9: case 10: case 11: case 12: k_gemv<TY, 12><<<g, 128, 0, st>>>(w, rb, n, n_out, bias, x, out, T); break;
-    default: k_gemv<TY, 16><<<g, 128, 0, st>>>(w, rb, n, n_out, bias, x, out, T); break;
+    case 1: k_gemv<TY, 1, K><<<g, 128, 0, st>>>(S, rb, n, x, T); break;
+    case 2: k_gemv<TY, 2, K><<<g, 128, 0, st>>>(S, rb, n, x, T); break;
+    case 3: case 4: k_gemv<TY, 4, K><<<g, 128, 0, st>>>(S, rb, n, x, T); break;
+    case 5: case 6: case 7: case 8: k_gemv<TY, 8, K><<<g, 128, 0, st>>>(S, rb, n, x, T); break;
+    default: k_gemv<TY, 16, K><<<g, 128, 0, st>>>(S, rb, n, x, T); break;
     }
+}
+
+template <int TY>
+static void gemv_t(cudaStream_t st, const gv_set &S, size_t rb, int n, const float *x, int T)
+{
+    if (n >= 4096) gemv_k<TY, 4>(st, S, rb, n, x, T);
+    else if (n >= 1024) gemv_k<TY, 2>(st, S, rb, n, x, T);
+    else gemv_k<TY, 1>(st, S, rb, n, x, T);
 }
 
 extern "C" {
@@ -737,22 +787,43 @@ void ck_embed(cudaStream_t st, uint32_t type, const void *W, size_t rb, int n, c
     TYPE_SWITCH(type, L_EMB)
 }
 
+void ck_add_rmsnorm(cudaStream_t st, float *x, const float *y, const float *w, int rows, int n, float eps,
+                    float *out)
+{
+    int bs = n >= 1024 ? 1024 : ((n + 31) / 32) * 32;
+    k_add_rmsnorm<<<rows, bs, 0, st>>>(x, y, w, n, eps, out);
+}
+
 void ck_rmsnorm(cudaStream_t st, const float *x, const float *w, int rows, int n, float eps, float *out)
 {
     int bs = n >= 1024 ? 1024 : ((n + 31) / 32) * 32;
     k_rmsnorm<<<rows, bs, 0, st>>>(x, w, n, eps, out);
 }
 
-void ck_gemv(cudaStream_t st, uint32_t type, const void *W, size_t rb, int n, int n_out, const float *bias,
-             const float *x, int T, float *out)
+void ck_gemv_multi(cudaStream_t st, uint32_t type, int nm, const void *const *W, size_t rb, int n,
+                   const int *n_out, const float *const *bias, const float *x, int T, float *const *out)
 {
     for (int t0 = 0; t0 < T; t0 += CK_GEMV_MAX_T) {
         int tn = T - t0 < CK_GEMV_MAX_T ? T - t0 : CK_GEMV_MAX_T;
+        gv_set S;
+        S.nm = nm;
+        for (int i = 0; i < nm; i++) {
+            S.m[i].W = (const uint8_t *)W[i];
+            S.m[i].bias = bias[i];
+            S.m[i].out = out[i] + (size_t)t0 * n_out[i];
+            S.m[i].n_out = n_out[i];
+            S.m[i].blk0 = 0;
+        }
         const float *xt = x + (size_t)t0 * n;
-        float *ot = out + (size_t)t0 * n_out;
-#define L_GEMV(TY) gemv_t<TY>(st, W, rb, n, n_out, bias, xt, tn, ot)
+#define L_GEMV(TY) gemv_t<TY>(st, S, rb, n, xt, tn)
         TYPE_SWITCH(type, L_GEMV)
     }
+}
+
+void ck_gemv(cudaStream_t st, uint32_t type, const void *W, size_t rb, int n, int n_out, const float *bias,
+             const float *x, int T, float *out)
+{
+    ck_gemv_multi(st, type, 1, &W, rb, n, &n_out, &bias, x, T, &out);
 }
 
 void ck_dequant_f16(cudaStream_t st, uint32_t type, const void *W, size_t rb, int n, int n_out, void *dst)

@@ -28,6 +28,13 @@ void ck_rmsnorm(cudaStream_t st, const float *x, const float *w, int rows, int n
 /* (larger T: passes of CK_GEMV_MAX_T tokens) */
 void ck_gemv(cudaStream_t st, uint32_t type, const void *W, size_t row_bytes, int n_in, int n_out,
              const float *bias, const float *x, int T, float *out);
+/* Several matrices of one type and n_in on the same x, in one launch. */
+#define CK_MULTI_MAX 3
+void ck_gemv_multi(cudaStream_t st, uint32_t type, int nm, const void *const *W, size_t row_bytes, int n_in,
+                   const int *n_out, const float *const *bias, const float *x, int T, float *const *out);
+/* x += y; out = x / rms(x) * w (out may be y)                    [rows][n] */
+void ck_add_rmsnorm(cudaStream_t st, float *x, const float *y, const float *w, int rows, int n, float eps,
+                    float *out);
 /* dst [n_out][n_in] f16 = W dequantized. */
 void ck_dequant_f16(cudaStream_t st, uint32_t type, const void *W, size_t row_bytes, int n_in, int n_out,
                     void *dst);

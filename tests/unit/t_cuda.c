@@ -89,9 +89,9 @@ static const uint32_t TYPES[] = { QT_F32, QT_F16, QT_BF16, QT_Q4_0, QT_Q4_1, QT_
 
 static be *gpu, *gpu32, *cpu, *cpu32;
 /* weight bytes stay alive to the end: backends key uploads by host pointer */
-static void *keep[256];
+static void *keep[1024];
 static int n_keep;
-static void *kept(void *p) { if (n_keep < 256) keep[n_keep++] = p; return p; }
+static void *kept(void *p) { if (n_keep < 1024) keep[n_keep++] = p; return p; }
 static pool *pl;
 
 static float *dev_from(be *b, const float *h, size_t n)
@@ -107,8 +107,8 @@ static void test_matmul(void)
     for (size_t ti = 0; ti < N_TYPES; ti++) {
         uint32_t type = TYPES[ti];
         int fl = type == QT_F32 || type == QT_F16 || type == QT_BF16;
-        int shapes[2][2] = { { 512, 77 }, { fl ? 72 : 256, 40 } };
-        for (int si = 0; si < 2; si++) {
+        int shapes[4][2] = { { 512, 77 }, { fl ? 72 : 256, 40 }, { 1536, 21 }, { 4352, 13 } };
+        for (int si = 0; si < 4; si++) {
             int n_in = shapes[si][0], n_out = shapes[si][1];
             size_t rb;
             void *wd = kept(make_weight(type, n_in, n_out, &rb));
@@ -139,7 +139,7 @@ static void test_matmul(void)
                 gpu->ops->to_host(gpu, y, dy, (size_t)T * n_out * 4);
                 gpu->ops->sync(gpu);
                 double e = rel_err(y, ref, (size_t)T * n_out);
-                double tol = T <= 32 ? 2e-5 : 2e-3;   /* f32 GEMV; f16 tensor cores */
+                double tol = T <= 8 ? 2e-5 : 2e-3;   /* f32 GEMV; f16 tensor cores from 9 */
                 CHECKF(e <= tol, "matmul %s %dx%d T=%d: rel err %.3g (tol %g)", qt_name(type), n_out, n_in, T, e, tol);
                 gpu->ops->free(gpu, dx);
                 gpu->ops->free(gpu, dy);
@@ -149,6 +149,73 @@ static void test_matmul(void)
             kept(bias);
         }
     }
+}
+
+/* matmul_n equals the single matmuls; add_rmsnorm equals add + rmsnorm */
+static void test_fused(void)
+{
+    CHECK(gpu->ops->matmul_n != NULL && gpu->ops->add_rmsnorm != NULL);
+    if (!gpu->ops->matmul_n || !gpu->ops->add_rmsnorm) return;
+    const uint32_t mix[2][3] = { { QT_Q8_0, QT_Q8_0, QT_Q8_0 }, { QT_Q4_K, QT_Q4_K, QT_Q6_K } };
+    const int Ts[] = { 1, 3, 16, 40 };
+    int n_in = 1024, n_out[3] = { 96, 32, 32 };
+    for (int mi = 0; mi < 2; mi++) {
+        wt w[3], bw[3];
+        for (int i = 0; i < 3; i++) {
+            size_t rb;
+            void *wd = kept(make_weight(mix[mi][i], n_in, n_out[i], &rb));
+            float *bias = kept(malloc((size_t)n_out[i] * 4));
+            for (int r = 0; r < n_out[i]; r++) bias[r] = frand();
+            w[i] = (wt){ .type = mix[mi][i], .n_in = n_in, .n_out = n_out[i], .row_bytes = rb, .data = wd };
+            bw[i] = (wt){ .type = QT_F32, .n_in = n_out[i], .n_out = 1, .row_bytes = (size_t)n_out[i] * 4, .data = bias };
+            CHECK(gpu->ops->weight_prepare(gpu, &w[i]) == 0);
+            CHECK(gpu->ops->weight_prepare(gpu, &bw[i]) == 0);
+        }
+        for (size_t k = 0; k < sizeof Ts / sizeof Ts[0]; k++) {
+            int T = Ts[k];
+            float *x = malloc((size_t)T * n_in * 4);
+            for (int i = 0; i < T * n_in; i++) x[i] = frand();
+            float *dx = dev_from(gpu, x, (size_t)T * n_in);
+            float *o1[3], *o2[3];
+            const wt *ws[3] = { &w[0], &w[1], &w[2] }, *bs[3] = { &bw[0], NULL, &bw[2] };
+            for (int i = 0; i < 3; i++) {
+                o1[i] = gpu->ops->alloc(gpu, (size_t)T * n_out[i] * 4);
+                o2[i] = gpu->ops->alloc(gpu, (size_t)T * n_out[i] * 4);
+                gpu->ops->matmul(gpu, ws[i], bs[i], dx, T, o1[i]);
+            }
+            gpu->ops->matmul_n(gpu, 3, ws, bs, dx, T, o2);
+            for (int i = 0; i < 3; i++) {
+                size_t n = (size_t)T * n_out[i];
+                float *a = malloc(n * 4), *g = malloc(n * 4);
+                gpu->ops->to_host(gpu, a, o1[i], n * 4);
+                gpu->ops->to_host(gpu, g, o2[i], n * 4);
+                CHECKF(memcmp(a, g, n * 4) == 0, "matmul_n set %d T=%d matrix %d differs", mi, T, i);
+                free(a); free(g);
+                gpu->ops->free(gpu, o1[i]); gpu->ops->free(gpu, o2[i]);
+            }
+            gpu->ops->free(gpu, dx);
+            free(x);
+        }
+    }
+    int rows = 5, n = 3584;
+    size_t N = (size_t)rows * n;
+    float *x = malloc(N * 4), *y = malloc(N * 4), *w = kept(malloc((size_t)n * 4)), *a = malloc(N * 4), *g = malloc(N * 4);
+    for (size_t i = 0; i < N; i++) { x[i] = frand() * 3; y[i] = frand(); }
+    for (int i = 0; i < n; i++) w[i] = frand();
+    wt wv = { .type = QT_F32, .n_in = n, .n_out = 1, .row_bytes = (size_t)n * 4, .data = w };
+    CHECK(gpu->ops->weight_prepare(gpu, &wv) == 0);
+    float *dx = dev_from(gpu, x, N), *dy = dev_from(gpu, y, N);
+    cpu->ops->add(cpu, x, y, N);
+    cpu->ops->rmsnorm(cpu, x, &wv, rows, n, 1e-6f, a);
+    gpu->ops->add_rmsnorm(gpu, dx, dy, &wv, rows, n, 1e-6f, dy);
+    gpu->ops->to_host(gpu, g, dy, N * 4);
+    double e = rel_err_f(g, a, N);
+    CHECKF(e < 1e-5, "add_rmsnorm out rel err %.3g", e);
+    gpu->ops->to_host(gpu, g, dx, N * 4);
+    CHECK(memcmp(g, x, N * 4) == 0);
+    gpu->ops->sync(gpu);
+    gpu->ops->free(gpu, dx); gpu->ops->free(gpu, dy);
+    free(x); free(y); free(a); free(g);
 }
 
 static void test_embed(void)
@@ -354,6 +421,7 @@ int main(void)
         return 1;
     }
     RUN(test_matmul);
+    RUN(test_fused);
     RUN(test_embed);
     RUN(test_elementwise);
     RUN(test_rope);
