@@ -9,7 +9,9 @@
  * device block that every op reads. Pure decode passes (every token an
  * output row) are recorded once per batch size as a CUDA graph and replayed.
  * Matmuls: batches under gemm_min_t tokens (9; ANE_CUDA_GEMM_T sets it) go
- * through a GEMV that reads the quantized blocks directly (f32 arithmetic);
+ * through a GEMV that reads the quantized blocks directly (q8_0 and q4_K with
+ * x quantized to int8 per 32 values and __dp4a, as the CPU's q8 activations;
+ * the other types in f32 arithmetic);
  * larger ones dequantize W to f16 and call cuBLAS (f16 inputs, f32
  * accumulation and output). Greedy rows come back as ids (argmax on the GPU). */
 #ifdef ANE_CUDA
@@ -42,6 +44,7 @@ typedef struct cu_be {
     int64_t max_n_in;
     void *w16; size_t w16_cap; /* bytes */
     void *x16; size_t x16_cap;
+    void *xq; size_t xq_cap;   /* int8 activations of the GEMV */
     /* per-step block: ids[cap_T] pos[cap_T] off[cap_T] pages[...] */
     int32_t *h_step, *d_step;
     size_t step_cap;           /* int32s */
@@ -93,7 +96,7 @@ static void cu_close(be *b)
     graphs_drop(c);
     for (int i = 0; i < c->n_up; i++) cudaFree(c->up[i].dev);
     free(c->up);
-    cudaFree(c->w16); cudaFree(c->x16); cudaFree(c->d_step); cudaFree(c->part); cudaFree(c->blas_ws);
+    cudaFree(c->w16); cudaFree(c->x16); cudaFree(c->xq); cudaFree(c->d_step); cudaFree(c->part); cudaFree(c->blas_ws);
     if (c->h_step) cudaFreeHost(c->h_step);
     if (c->h_out) cudaFreeHost(c->h_out);
     if (c->h_ids_out) cudaFreeHost(c->h_ids_out);
@@ -254,6 +257,20 @@ static int ensure_gemm(cu_be *c, int T)
     return 0;
 }
 
+/* int8 activation scratch for T tokens of the widest matrix; NULL if none */
+static void *xq_for(cu_be *c, int T, int n)
+{
+    size_t need = CK_XQ_BYTES(T, n), want = CK_XQ_BYTES(T, c->max_n_in > n ? c->max_n_in : n);
+    if (need <= c->xq_cap) return c->xq;
+    if (c->capturing) return NULL;
+    ok(c, cudaStreamSynchronize(c->st), "sync");
+    cudaFree(c->xq); c->xq = NULL; c->xq_cap = 0;
+    graphs_drop(c);
+    if (!ok(c, cudaMalloc(&c->xq, want), "int8 scratch")) return NULL;
+    c->xq_cap = want;
+    return c->xq;
+}
+
 static int attn_splits(cu_be *c, int T, int n_head)
 {
     int work = T * n_head, want = 2 * c->n_sm;
@@ -273,8 +290,9 @@ static int cu_step_begin(be *b, const int32_t *tokens, const be_batch *bt, const
 {
     cu_be *c = (cu_be *)b;
     int T = bt->T;
-    /* the GEMM scratch is taken at the first pass, for batches up to 1024 */
+    /* the scratch is taken at the first pass: GEMM for batches up to 1024 */
     if (ensure_gemm(c, T > 1024 ? T : 1024)) return 0;
+    xq_for(c, c->gemm_min_t > 16 ? c->gemm_min_t : 16, (int)c->max_n_in);
     stage(c, tokens, T, bt);
     c->cur_bt = bt;
     c->cur_ids = tokens;
@@ -333,7 +351,8 @@ static void cu_matmul(be *b, const wt *w, const wt *bias, const float *x, int T,
     int n = (int)w->n_in, no = (int)w->n_out;
     if (T < c->gemm_min_t || (!c->capturing && ensure_gemm(c, T)) || c->w16_cap < (size_t)n * no * 2 ||
         c->x16_cap < (size_t)T * n * 2) {
-        ck_gemv(c->st, w->type, w->dev, w->row_bytes, n, no, bv, x, T, out);
+        ck_gemv(c->st, w->type, w->dev, w->row_bytes, n, no, bv, x, T, out,
+                ck_gemv_int8(w->type, n) ? xq_for(c, T, n) : NULL);
         return;
     }
     ck_dequant_f16(c->st, w->type, w->dev, w->row_bytes, n, no, c->w16);
@@ -369,7 +388,9 @@ static void cu_matmul_n(be *b, int n, const wt *const *w, const wt *const *bias,
         bv[i] = bias[i] && bias[i]->data ? bias[i]->dev : NULL;
         no[i] = (int)w[i]->n_out;
     }
-    ck_gemv_multi(c->st, w[0]->type, n, W, w[0]->row_bytes, (int)w[0]->n_in, no, bv, x, T, out);
+    int nin = (int)w[0]->n_in;
+    ck_gemv_multi(c->st, w[0]->type, n, W, w[0]->row_bytes, nin, no, bv, x, T, out,
+                  ck_gemv_int8(w[0]->type, nin) ? xq_for(c, T, nin) : NULL);
 }
 
 static void cu_add_rmsnorm(be *b, float *x, const float *y, const wt *w, int rows, int n, float eps, float *out)

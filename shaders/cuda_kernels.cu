@@ -472,6 +472,116 @@ __global__ void __launch_bounds__(128) k_gemv(const gv_set S, size_t rb, int n, 
     }
 }
 
+
+/* ---------------- int8 GEMV (q8_0, q4_K): x quantized per 32 values ----------------
+ * xq [T][n] int8, xd [T][n/32] scale, xs [T][n/32] sum of the block's ints.
+ * Dot products with __dp4a, as the CPU's q8 activations (same error class). */
+__global__ void k_quant_x(const float *__restrict__ x, int n, int nb_total, int8_t *__restrict__ xq,
+                          float *__restrict__ xd, int *__restrict__ xs)
+{
+    int b = blockIdx.x * blockDim.x + threadIdx.x;
+    if (b >= nb_total) return;
+    const float *v = x + (size_t)b * 32;   /* rows are whole blocks: n % 32 == 0 */
+    float amax = 0.f;
+#pragma unroll
+    for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(v[i]));
+    float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
+    int sum = 0;
+    __align__(16) int8_t q[32];
+#pragma unroll
+    for (int i = 0; i < 32; i++) { int k = __float2int_rn(v[i] * id); q[i] = (int8_t)k; sum += k; }
+#pragma unroll
+    for (int i = 0; i < 2; i++) ((int4 *)(xq + (size_t)b * 32))[i] = ((const int4 *)q)[i];
+    xd[b] = d;
+    xs[b] = sum;
+    (void)n;
+}
+
+template <int TY, int NT, int K>
+__global__ void __launch_bounds__(128) k_gemv_q(const gv_set S, size_t rb, int n, const int8_t *__restrict__ xq,
+                                                const float *__restrict__ xd, const int *__restrict__ xs, int T)
+{
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int mi = 0;
+#pragma unroll
+    for (int i = 1; i < CK_MULTI_MAX; i++) if (i < S.nm && (int)blockIdx.x >= S.m[i].blk0) mi = i;
+    const uint8_t *W = S.m[mi].W;
+    int n_out = S.m[mi].n_out;
+    int r = ((int)blockIdx.x - S.m[mi].blk0) * (4 / K) + warp / K, part = warp % K;
+    bool live = r < n_out;
+    const uint8_t *row = W + (size_t)(live ? r : 0) * rb;
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.f;
+    int ng = live ? n / 8 : 0, nbx = n / 32;
+#pragma unroll 4
+    for (int g = lane + 32 * part; g < ng; g += 32 * K) {
+        int w0, w1;
+        float dw, mw = 0.f;
+        if (TY == T_Q8_0) {
+            const uint8_t *b = row + (g >> 2) * 34;
+            dw = h2f(b);
+            w0 = (int)ld32a2(b + 2 + 8 * (g & 3));
+            w1 = (int)ld32a2(b + 6 + 8 * (g & 3));
+        } else {   /* T_Q4_K */
+            int gi = g & 31, c = gi >> 2, o = (gi & 3) * 8;
+            const uint8_t *b = row + (g >> 5) * 144;
+            int sc, m;
+            scale_min_k4(c, b + 4, sc, m);
+            dw = h2f(b) * (float)sc;
+            mw = h2f(b + 2) * (float)m;
+            uint2 a = *(const uint2 *)(b + 16 + 32 * (c >> 1) + o);
+            int sh = (c & 1) * 4;
+            w0 = (int)((a.x >> sh) & 0x0F0F0F0Fu);
+            w1 = (int)((a.y >> sh) & 0x0F0F0F0Fu);
+        }
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            if (t >= T) break;
+            int2 xv = *(const int2 *)(xq + (size_t)t * n + g * 8);
+            float dx = __ldg(xd + (size_t)t * nbx + (g >> 2));
+            int dot = __dp4a(w0, xv.x, __dp4a(w1, xv.y, 0));
+            if (TY == T_Q8_0) {
+                acc[t] += dw * dx * (float)dot;
+            } else {
+                int sx = __dp4a(0x01010101, xv.x, __dp4a(0x01010101, xv.y, 0));
+                acc[t] += dx * (dw * (float)dot - mw * (float)sx);
+            }
+        }
+    }
+    (void)xs;
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        float s = acc[t];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        acc[t] = s;
+    }
+    if (K > 1) {
+        __shared__ float red[4][NT];
+        if (lane == 0) {
+#pragma unroll
+            for (int t = 0; t < NT; t++) red[warp][t] = acc[t];
+        }
+        __syncthreads();
+        if (part != 0) return;
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            float v = 0.f;
+#pragma unroll
+            for (int k = 0; k < K; k++) v += red[warp + k][t];
+            acc[t] = v;
+        }
+    }
+    if (live && lane < T) {
+        float v = 0.f;
+#pragma unroll
+        for (int t = 0; t < NT; t++) if (t == lane) v = acc[t];
+        const float *bias = S.m[mi].bias;
+        S.m[mi].out[(size_t)lane * n_out + r] = v + (bias ? bias[r] : 0.f);
+    }
+}
+
 /* ---------------- dequantize to f16 (the GEMM path) ---------------- */
 
 template <int TY>
@@ -563,21 +673,27 @@ __global__ void k_add_rmsnorm(float *x, const float *y, const float *w, int n, f
     for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = xr[i] * scale * w[i];
 }
 
-/* one thread per (token, pair); the angle in double, as the CPU reference */
+/* block per token: the angles (double, as the CPU reference) once per pair
+ * into shared memory, then every (head, pair) in parallel */
 __global__ void k_rope(float *x, const int32_t *pos, int n_heads, int hd, int n_rot, float base, int neox,
                        const float *fd)
 {
-    int t = blockIdx.y, i = blockIdx.x * blockDim.x + threadIdx.x, half = n_rot / 2;
-    if (i >= half) return;
-    double theta = (double)pos[t] * pow((double)base, -2.0 * i / n_rot);
-    if (fd) theta /= fd[i];
-    float cs = (float)cos(theta), sn = (float)sin(theta);
-    int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
-    for (int h = 0; h < n_heads; h++) {
+    __shared__ float cs[512], sn[512];
+    int t = blockIdx.x, half = n_rot / 2;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        double theta = (double)pos[t] * pow((double)base, -2.0 * i / n_rot);
+        if (fd) theta /= fd[i];
+        cs[i] = (float)cos(theta);
+        sn[i] = (float)sin(theta);
+    }
+    __syncthreads();
+    for (int k = threadIdx.x; k < half * n_heads; k += blockDim.x) {
+        int h = k / half, i = k % half;
         float *v = x + ((size_t)t * n_heads + h) * hd;
+        int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
         float a = v[i0], c = v[i1];
-        v[i0] = a * cs - c * sn;
-        v[i1] = a * sn + c * cs;
+        v[i0] = a * cs[i] - c * sn[i];
+        v[i1] = a * sn[i] + c * cs[i];
     }
 }
 
@@ -759,6 +875,30 @@ static void gemv_k(cudaStream_t st, gv_set S, size_t rb, int n, const float *x, 
     }
 }
 
+template <int TY, int K>
+static void gemv_qk(cudaStream_t st, gv_set S, size_t rb, int n, const int8_t *xq, const float *xd, const int *xs,
+                    int T)
+{
+    unsigned g = 0;
+    for (int i = 0; i < S.nm; i++) { S.m[i].blk0 = (int)g; g += nblk(S.m[i].n_out, 4 / K); }
+    switch (T) {
+    case 1: k_gemv_q<TY, 1, K><<<g, 128, 0, st>>>(S, rb, n, xq, xd, xs, T); break;
+    case 2: k_gemv_q<TY, 2, K><<<g, 128, 0, st>>>(S, rb, n, xq, xd, xs, T); break;
+    case 3: case 4: k_gemv_q<TY, 4, K><<<g, 128, 0, st>>>(S, rb, n, xq, xd, xs, T); break;
+    case 5: case 6: case 7: case 8: k_gemv_q<TY, 8, K><<<g, 128, 0, st>>>(S, rb, n, xq, xd, xs, T); break;
+    default: k_gemv_q<TY, 16, K><<<g, 128, 0, st>>>(S, rb, n, xq, xd, xs, T); break;
+    }
+}
+
+template <int TY>
+static void gemv_qt(cudaStream_t st, const gv_set &S, size_t rb, int n, const int8_t *xq, const float *xd,
+                    const int *xs, int T)
+{
+    if (n >= 4096) gemv_qk<TY, 4>(st, S, rb, n, xq, xd, xs, T);
+    else if (n >= 1024) gemv_qk<TY, 2>(st, S, rb, n, xq, xd, xs, T);
+    else gemv_qk<TY, 1>(st, S, rb, n, xq, xd, xs, T);
+}
+
 template <int TY>
 static void gemv_t(cudaStream_t st, const gv_set &S, size_t rb, int n, const float *x, int T)
 {
@@ -800,9 +940,38 @@ void ck_rmsnorm(cudaStream_t st, const float *x, const float *w, int rows, int n
     k_rmsnorm<<<rows, bs, 0, st>>>(x, w, n, eps, out);
 }
 
+int ck_gemv_int8(uint32_t type, int n_in) { return (type == T_Q8_0 || type == T_Q4_K) && n_in % 32 == 0; }
+
 void ck_gemv_multi(cudaStream_t st, uint32_t type, int nm, const void *const *W, size_t rb, int n,
-                   const int *n_out, const float *const *bias, const float *x, int T, float *const *out)
+                   const int *n_out, const float *const *bias, const float *x, int T, float *const *out,
+                   void *xq_scratch)
 {
+    if (xq_scratch && ck_gemv_int8(type, n)) {
+        /* scratch: xq [T][n] int8, then xd and xs [T][n/32] */
+        int8_t *xq = (int8_t *)xq_scratch;
+        size_t nbt = (size_t)T * (n / 32);
+        float *xd = (float *)(xq + (size_t)T * n);
+        int *xs = (int *)(xd + nbt);
+        k_quant_x<<<nblk(nbt, 128), 128, 0, st>>>(x, n, (int)nbt, xq, xd, xs);
+        for (int t0 = 0; t0 < T; t0 += CK_GEMV_MAX_T) {
+            int tn = T - t0 < CK_GEMV_MAX_T ? T - t0 : CK_GEMV_MAX_T;
+            gv_set S;
+            S.nm = nm;
+            for (int i = 0; i < nm; i++) {
+                S.m[i].W = (const uint8_t *)W[i];
+                S.m[i].bias = bias[i];
+                S.m[i].out = out[i] + (size_t)t0 * n_out[i];
+                S.m[i].n_out = n_out[i];
+                S.m[i].blk0 = 0;
+            }
+            const int8_t *q = xq + (size_t)t0 * n;
+            const float *d = xd + (size_t)t0 * (n / 32);
+            const int *sx = xs + (size_t)t0 * (n / 32);
+            if (type == T_Q8_0) gemv_qt<T_Q8_0>(st, S, rb, n, q, d, sx, tn);
+            else gemv_qt<T_Q4_K>(st, S, rb, n, q, d, sx, tn);
+        }
+        return;
+    }
     for (int t0 = 0; t0 < T; t0 += CK_GEMV_MAX_T) {
         int tn = T - t0 < CK_GEMV_MAX_T ? T - t0 : CK_GEMV_MAX_T;
         gv_set S;
@@ -821,9 +990,9 @@ void ck_gemv_multi(cudaStream_t st, uint32_t type, int nm, const void *const *W,
 }
 
 void ck_gemv(cudaStream_t st, uint32_t type, const void *W, size_t rb, int n, int n_out, const float *bias,
-             const float *x, int T, float *out)
+             const float *x, int T, float *out, void *xq_scratch)
 {
-    ck_gemv_multi(st, type, 1, &W, rb, n, &n_out, &bias, x, T, &out);
+    ck_gemv_multi(st, type, 1, &W, rb, n, &n_out, &bias, x, T, &out, xq_scratch);
 }
 
 void ck_dequant_f16(cudaStream_t st, uint32_t type, const void *W, size_t rb, int n, int n_out, void *dst)
@@ -857,9 +1026,7 @@ void ck_silu_mul(cudaStream_t st, const float *g, const float *u, size_t n, floa
 void ck_rope(cudaStream_t st, float *x, const int32_t *pos, int T, int n_heads, int hd, int n_rot, float base,
              int neox, const float *fd)
 {
-    int half = n_rot / 2;
-    dim3 g(nblk(half, 64), T);
-    k_rope<<<g, 64, 0, st>>>(x, pos, n_heads, hd, n_rot, base, neox, fd);
+    k_rope<<<T, 256, 0, st>>>(x, pos, n_heads, hd, n_rot, base, neox, fd);
 }
 
 void ck_kv_store(cudaStream_t st, void *kc, void *vc, int f16, const int32_t *pos, const int32_t *off,

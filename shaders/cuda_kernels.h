@@ -27,11 +27,16 @@ void ck_rmsnorm(cudaStream_t st, const float *x, const float *w, int rows, int n
 #define CK_GEMV_MAX_T 16
 /* (larger T: passes of CK_GEMV_MAX_T tokens) */
 void ck_gemv(cudaStream_t st, uint32_t type, const void *W, size_t row_bytes, int n_in, int n_out,
-             const float *bias, const float *x, int T, float *out);
+             const float *bias, const float *x, int T, float *out, void *xq_scratch);
+/* Types with an int8 path (x quantized per 32 values, __dp4a dots), used when
+ * xq_scratch (CK_XQ_BYTES(T, n_in) bytes) is given; else f32 arithmetic. */
+int ck_gemv_int8(uint32_t type, int n_in);
+#define CK_XQ_BYTES(T, n) ((size_t)(T) * (size_t)(n) + (size_t)(T) * ((size_t)(n) / 32) * 8)
 /* Several matrices of one type and n_in on the same x, in one launch. */
 #define CK_MULTI_MAX 3
 void ck_gemv_multi(cudaStream_t st, uint32_t type, int nm, const void *const *W, size_t row_bytes, int n_in,
-                   const int *n_out, const float *const *bias, const float *x, int T, float *const *out);
+                   const int *n_out, const float *const *bias, const float *x, int T, float *const *out,
+                   void *xq_scratch);
 /* x += y; out = x / rms(x) * w (out may be y)                    [rows][n] */
 void ck_add_rmsnorm(cudaStream_t st, float *x, const float *y, const float *w, int rows, int n, float eps,
                     float *out);
