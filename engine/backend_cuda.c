@@ -9,8 +9,8 @@
  * device block that every op reads. Pure decode passes (every token an
  * output row) are recorded once per batch size as a CUDA graph and replayed.
  * Matmuls: batches under gemm_min_t tokens (9; ANE_CUDA_GEMM_T sets it) go
- * through a GEMV that reads the quantized blocks directly (q8_0 and q4_K with
- * x quantized to int8 per 32 values and __dp4a, as the CPU's q8 activations;
+ * through a GEMV that reads the quantized blocks directly (q4_K with x
+ * quantized to int8 per 32 values and __dp4a, as the CPU's q8 activations;
  * the other types in f32 arithmetic);
  * larger ones dequantize W to f16 and call cuBLAS (f16 inputs, f32
  * accumulation and output). Greedy rows come back as ids (argmax on the GPU). */

@@ -473,7 +473,7 @@ __global__ void __launch_bounds__(128) k_gemv(const gv_set S, size_t rb, int n, 
 }
 
 
-/* ---------------- int8 GEMV (q8_0, q4_K): x quantized per 32 values ----------------
+/* ---------------- int8 GEMV (q4_K): x quantized per 32 values ----------------
  * xq [T][n] int8, xd [T][n/32] scale, xs [T][n/32] sum of the block's ints.
  * Dot products with __dp4a, as the CPU's q8 activations (same error class). */
 __global__ void k_quant_x(const float *__restrict__ x, int n, int nb_total, int8_t *__restrict__ xq,
@@ -497,9 +497,17 @@ __global__ void k_quant_x(const float *__restrict__ x, int n, int nb_total, int8
     (void)n;
 }
 
-template <int TY, int NT, int K>
-__global__ void __launch_bounds__(128) k_gemv_q(const gv_set S, size_t rb, int n, const int8_t *__restrict__ xq,
-                                                const float *__restrict__ xd, const int *__restrict__ xs, int T)
+__device__ __forceinline__ int byte_of3(uint4 h, int k)   /* byte k (0..11) of h.y, h.z, h.w */
+{
+    uint32_t w = k < 4 ? h.y : k < 8 ? h.z : h.w;
+    return (int)((w >> (8 * (k & 3))) & 0xFF);
+}
+
+/* q4_K: lane takes one 64-value pair of a super-block (16-byte header and
+ * 32 bytes of nibbles in three 16-byte loads); x as int8. */
+template <int NT, int K>
+__global__ void __launch_bounds__(128) k_gemv_q4k(const gv_set S, size_t rb, int n, const int8_t *__restrict__ xq,
+                                                  const float *__restrict__ xd, const int *__restrict__ xs, int T)
 {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int mi = 0;
@@ -513,43 +521,46 @@ __global__ void __launch_bounds__(128) k_gemv_q(const gv_set S, size_t rb, int n
     float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = 0.f;
-    int ng = live ? n / 8 : 0, nbx = n / 32;
-#pragma unroll 4
-    for (int g = lane + 32 * part; g < ng; g += 32 * K) {
-        int w0, w1;
-        float dw, mw = 0.f;
-        if (TY == T_Q8_0) {
-            const uint8_t *b = row + (g >> 2) * 34;
-            dw = h2f(b);
-            w0 = (int)ld32a2(b + 2 + 8 * (g & 3));
-            w1 = (int)ld32a2(b + 6 + 8 * (g & 3));
-        } else {   /* T_Q4_K */
-            int gi = g & 31, c = gi >> 2, o = (gi & 3) * 8;
-            const uint8_t *b = row + (g >> 5) * 144;
-            int sc, m;
-            scale_min_k4(c, b + 4, sc, m);
-            dw = h2f(b) * (float)sc;
-            mw = h2f(b + 2) * (float)m;
-            uint2 a = *(const uint2 *)(b + 16 + 32 * (c >> 1) + o);
-            int sh = (c & 1) * 4;
-            w0 = (int)((a.x >> sh) & 0x0F0F0F0Fu);
-            w1 = (int)((a.y >> sh) & 0x0F0F0F0Fu);
+    int np = live ? n / 64 : 0, nbx = n / 32;
+#pragma unroll 2
+    for (int p = lane + 32 * part; p < np; p += 32 * K) {
+        const uint8_t *b = row + (p >> 2) * 144;
+        int j = p & 3, c0 = 2 * j, c1 = 2 * j + 1;
+        uint4 h = *(const uint4 *)b;
+        uint4 q0 = *(const uint4 *)(b + 16 + 32 * j), q1 = *(const uint4 *)(b + 32 + 32 * j);
+        float d = __half2float(__ushort_as_half((unsigned short)(h.x & 0xffff)));
+        float dm = __half2float(__ushort_as_half((unsigned short)(h.x >> 16)));
+        int sc0, m0, sc1, m1;
+        if (j < 2) {
+            sc0 = byte_of3(h, c0) & 63; m0 = byte_of3(h, c0 + 4) & 63;
+            sc1 = byte_of3(h, c1) & 63; m1 = byte_of3(h, c1 + 4) & 63;
+        } else {
+            sc0 = (byte_of3(h, c0 + 4) & 0xF) | ((byte_of3(h, c0 - 4) >> 6) << 4);
+            m0 = (byte_of3(h, c0 + 4) >> 4) | ((byte_of3(h, c0) >> 6) << 4);
+            sc1 = (byte_of3(h, c1 + 4) & 0xF) | ((byte_of3(h, c1 - 4) >> 6) << 4);
+            m1 = (byte_of3(h, c1 + 4) >> 4) | ((byte_of3(h, c1) >> 6) << 4);
         }
+        float d0 = d * (float)sc0, d1 = d * (float)sc1, mm0 = dm * (float)m0, mm1 = dm * (float)m1;
+        uint32_t qw[8] = { q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w };
 #pragma unroll
         for (int t = 0; t < NT; t++) {
             if (t >= T) break;
-            int2 xv = *(const int2 *)(xq + (size_t)t * n + g * 8);
-            float dx = __ldg(xd + (size_t)t * nbx + (g >> 2));
-            int dot = __dp4a(w0, xv.x, __dp4a(w1, xv.y, 0));
-            if (TY == T_Q8_0) {
-                acc[t] += dw * dx * (float)dot;
-            } else {
-                int sx = __dp4a(0x01010101, xv.x, __dp4a(0x01010101, xv.y, 0));
-                acc[t] += dx * (dw * (float)dot - mw * (float)sx);
+            const int4 *xv = (const int4 *)(xq + (size_t)t * n + 64 * p);
+            int4 xa = xv[0], xb = xv[1], xc = xv[2], xe = xv[3];
+            int xl[8] = { xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w };
+            int xh[8] = { xc.x, xc.y, xc.z, xc.w, xe.x, xe.y, xe.z, xe.w };
+            int dot0 = 0, dot1 = 0;
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                dot0 = __dp4a((int)(qw[k] & 0x0F0F0F0Fu), xl[k], dot0);
+                dot1 = __dp4a((int)((qw[k] >> 4) & 0x0F0F0F0Fu), xh[k], dot1);
             }
+            size_t xb0 = (size_t)t * nbx + 2 * p;
+            float dx0 = __ldg(xd + xb0), dx1 = __ldg(xd + xb0 + 1);
+            int s0 = __ldg(xs + xb0), s1 = __ldg(xs + xb0 + 1);
+            acc[t] += dx0 * (d0 * (float)dot0 - mm0 * (float)s0) + dx1 * (d1 * (float)dot1 - mm1 * (float)s1);
         }
     }
-    (void)xs;
 #pragma unroll
     for (int t = 0; t < NT; t++) {
         float s = acc[t];
@@ -875,28 +886,27 @@ static void gemv_k(cudaStream_t st, gv_set S, size_t rb, int n, const float *x, 
     }
 }
 
-template <int TY, int K>
+template <int K>
 static void gemv_qk(cudaStream_t st, gv_set S, size_t rb, int n, const int8_t *xq, const float *xd, const int *xs,
                     int T)
 {
     unsigned g = 0;
     for (int i = 0; i < S.nm; i++) { S.m[i].blk0 = (int)g; g += nblk(S.m[i].n_out, 4 / K); }
     switch (T) {
-    case 1: k_gemv_q<TY, 1, K><<<g, 128, 0, st>>>(S, rb, n, xq, xd, xs, T); break;
-    case 2: k_gemv_q<TY, 2, K><<<g, 128, 0, st>>>(S, rb, n, xq, xd, xs, T); break;
-    case 3: case 4: k_gemv_q<TY, 4, K><<<g, 128, 0, st>>>(S, rb, n, xq, xd, xs, T); break;
-    case 5: case 6: case 7: case 8: k_gemv_q<TY, 8, K><<<g, 128, 0, st>>>(S, rb, n, xq, xd, xs, T); break;
-    default: k_gemv_q<TY, 16, K><<<g, 128, 0, st>>>(S, rb, n, xq, xd, xs, T); break;
+    case 1: k_gemv_q4k<1, K><<<g, 128, 0, st>>>(S, rb, n, xq, xd, xs, T); break;
+    case 2: k_gemv_q4k<2, K><<<g, 128, 0, st>>>(S, rb, n, xq, xd, xs, T); break;
+    case 3: case 4: k_gemv_q4k<4, K><<<g, 128, 0, st>>>(S, rb, n, xq, xd, xs, T); break;
+    case 5: case 6: case 7: case 8: k_gemv_q4k<8, K><<<g, 128, 0, st>>>(S, rb, n, xq, xd, xs, T); break;
+    default: k_gemv_q4k<16, K><<<g, 128, 0, st>>>(S, rb, n, xq, xd, xs, T); break;
     }
 }
 
-template <int TY>
 static void gemv_qt(cudaStream_t st, const gv_set &S, size_t rb, int n, const int8_t *xq, const float *xd,
                     const int *xs, int T)
 {
-    if (n >= 4096) gemv_qk<TY, 4>(st, S, rb, n, xq, xd, xs, T);
-    else if (n >= 1024) gemv_qk<TY, 2>(st, S, rb, n, xq, xd, xs, T);
-    else gemv_qk<TY, 1>(st, S, rb, n, xq, xd, xs, T);
+    if (n >= 8192) gemv_qk<4>(st, S, rb, n, xq, xd, xs, T);
+    else if (n >= 2048) gemv_qk<2>(st, S, rb, n, xq, xd, xs, T);
+    else gemv_qk<1>(st, S, rb, n, xq, xd, xs, T);
 }
 
 template <int TY>
@@ -940,7 +950,7 @@ void ck_rmsnorm(cudaStream_t st, const float *x, const float *w, int rows, int n
     k_rmsnorm<<<rows, bs, 0, st>>>(x, w, n, eps, out);
 }
 
-int ck_gemv_int8(uint32_t type, int n_in) { return (type == T_Q8_0 || type == T_Q4_K) && n_in % 32 == 0; }
+int ck_gemv_int8(uint32_t type, int n_in) { return type == T_Q4_K && n_in % 256 == 0; }
 
 void ck_gemv_multi(cudaStream_t st, uint32_t type, int nm, const void *const *W, size_t rb, int n,
                    const int *n_out, const float *const *bias, const float *x, int T, float *const *out,
@@ -967,8 +977,7 @@ void ck_gemv_multi(cudaStream_t st, uint32_t type, int nm, const void *const *W,
             const int8_t *q = xq + (size_t)t0 * n;
             const float *d = xd + (size_t)t0 * (n / 32);
             const int *sx = xs + (size_t)t0 * (n / 32);
-            if (type == T_Q8_0) gemv_qt<T_Q8_0>(st, S, rb, n, q, d, sx, tn);
-            else gemv_qt<T_Q4_K>(st, S, rb, n, q, d, sx, tn);
+            gemv_qt(st, S, rb, n, q, d, sx, tn);
         }
         return;
     }
