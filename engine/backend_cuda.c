@@ -9,14 +9,16 @@
  * device block that every op reads. Pure decode passes (every token an
  * output row) are recorded once per batch size as a CUDA graph and replayed.
  * Matmuls: batches under gemm_min_t tokens (9; ANE_CUDA_GEMM_T sets it) go
- * through a GEMV that reads the quantized blocks directly (q4_K with x
- * quantized to int8 per 32 values and __dp4a, as the CPU's q8 activations;
- * the other types in f32 arithmetic);
+ * through a GEMV that reads the quantized blocks directly (q4_K and q8_0 with
+ * x quantized to int8 per 32 values and __dp4a, as the CPU's q8 activations;
+ * the other types in f32 arithmetic; q8_0 is repacked at upload into aligned
+ * quants followed by the row's scales);
  * larger ones dequantize W to f16 and call cuBLAS (f16 inputs, f32
  * accumulation and output). Greedy rows come back as ids (argmax on the GPU). */
 #ifdef ANE_CUDA
 
 #include "engine/backend.h"
+#include "engine/qtypes.h"
 #include "shaders/cuda_kernels.h"
 
 #include <cublas_v2.h>
@@ -117,6 +119,15 @@ static int cu_weight_prepare(be *b, wt *w)
     void *d = NULL;
     if (cudaMalloc(&d, n ? n : 256) != cudaSuccess) { cudaGetLastError(); return -1; }
     if (!ok(c, cudaMemcpy(d, w->data, n, cudaMemcpyHostToDevice), "weight upload")) { cudaFree(d); return -1; }
+    if (w->type == QT_Q8_0) {   /* the kernels read q8_0 repacked (aligned quants, then scales) */
+        void *r = NULL;
+        if (cudaMalloc(&r, n ? n : 256) != cudaSuccess) { cudaGetLastError(); cudaFree(d); return -1; }
+        ck_repack_q8_0(c->st, d, r, w->row_bytes, (int)w->n_in, (int)w->n_out);
+        int good = ok(c, cudaStreamSynchronize(c->st), "repack");
+        cudaFree(d);
+        d = r;
+        if (!good) { cudaFree(d); return -1; }
+    }
     if (c->n_up == c->cap_up) {
         int cap = c->cap_up ? 2 * c->cap_up : 64;
         upl *u = realloc(c->up, (size_t)cap * sizeof *u);

@@ -24,6 +24,18 @@ __device__ __forceinline__ uint32_t ld32(const uint8_t *p)
     return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
 }
 
+__device__ __forceinline__ uint32_t ld32a2(const uint8_t *p)   /* 2-byte aligned */
+{
+    const uint16_t *h = (const uint16_t *)p;
+    return (uint32_t)h[0] | ((uint32_t)h[1] << 16);
+}
+
+__device__ __forceinline__ int2 ld8(const uint8_t *p)   /* 2-byte aligned at least */
+{
+    if (((uintptr_t)p & 7) == 0) return *(const int2 *)p;
+    return make_int2((int)ld32a2(p), (int)ld32a2(p + 4));
+}
+
 __device__ __forceinline__ void scale_min_k4(int j, const uint8_t *q, int &d, int &m)
 {
     if (j < 4) {
@@ -117,14 +129,17 @@ __device__ __forceinline__ void dq32(const uint8_t *row, int c, int n, float w[3
             w[j + 16] = (float)((q >> 4) | xh1) * d + m;
         }
     } else if (TY == T_Q8_0) {
-        const uint8_t *b = row + c * 34;
-        float d = h2f(b);
-        const uint16_t *q2 = (const uint16_t *)(b + 2);   /* blocks are 2-byte aligned */
+        /* repacked on the device (ck_repack_q8_0): a row's quants, then its scales */
+        const uint8_t *q = row + c * 32;
+        float d = h2f(row + n + 2 * c);
 #pragma unroll
-        for (int j = 0; j < 16; j++) {
-            uint16_t u = q2[j];
-            w[2 * j] = (float)(int8_t)(u & 0xff) * d;
-            w[2 * j + 1] = (float)(int8_t)(u >> 8) * d;
+        for (int i = 0; i < 4; i++) {
+            int2 v = ld8(q + 8 * i);
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                w[8 * i + k] = (float)(int8_t)(v.x >> (8 * k)) * d;
+                w[8 * i + 4 + k] = (float)(int8_t)(v.y >> (8 * k)) * d;
+            }
         }
     } else if (TY == T_Q2_K) {
         const uint8_t *b = row + (c >> 3) * 84;
@@ -227,11 +242,6 @@ __device__ __forceinline__ void nib8(uint32_t lo4, uint32_t hi4, int high, float
     }
 }
 
-__device__ __forceinline__ uint32_t ld32a2(const uint8_t *p)   /* 2-byte aligned */
-{
-    const uint16_t *h = (const uint16_t *)p;
-    return (uint32_t)h[0] | ((uint32_t)h[1] << 16);
-}
 
 // 8 values g*8 .. g*8+7 of a row (n values; n % 8 == 0 for quantized types;
 // float types mask past n). Consecutive g read consecutive bytes, so a warp
@@ -266,19 +276,20 @@ __device__ __forceinline__ void dq8(const uint8_t *__restrict__ row, int g, int 
                 w[i] = TY == T_F16 ? __half2float(__ushort_as_half(u)) : __uint_as_float((uint32_t)u << 16);
             }
         }
-    } else if (TY == T_Q4_0 || TY == T_Q4_1 || TY == T_Q5_0 || TY == T_Q5_1 || TY == T_Q8_0) {
-        const int bs = TY == T_Q4_0 ? 18 : TY == T_Q4_1 ? 20 : TY == T_Q5_0 ? 22 : TY == T_Q5_1 ? 24 : 34;
+    } else if (TY == T_Q8_0) {
+        int2 v = ld8(row + g * 8);
+        float d = h2f(row + n + 2 * (g >> 2));
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            w[k] = (float)(int8_t)(v.x >> (8 * k)) * d;
+            w[4 + k] = (float)(int8_t)(v.y >> (8 * k)) * d;
+        }
+    } else if (TY == T_Q4_0 || TY == T_Q4_1 || TY == T_Q5_0 || TY == T_Q5_1) {
+        const int bs = TY == T_Q4_0 ? 18 : TY == T_Q4_1 ? 20 : TY == T_Q5_0 ? 22 : 24;
         const uint8_t *b = row + (g >> 2) * bs;
         int j8 = g & 3;
         float d = h2f(b);
-        if (TY == T_Q8_0) {
-            uint32_t a0 = ld32a2(b + 2 + 8 * j8), a1 = ld32a2(b + 6 + 8 * j8);
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                w[k] = (float)(int8_t)(a0 >> (8 * k)) * d;
-                w[4 + k] = (float)(int8_t)(a1 >> (8 * k)) * d;
-            }
-        } else {
+        {
             const int qo = TY == T_Q4_0 ? 2 : TY == T_Q4_1 ? 4 : TY == T_Q5_0 ? 6 : 8;
             const uint8_t *q = b + qo + 8 * (j8 & 1);
             uint32_t a0 = TY == T_Q4_1 || TY == T_Q5_1 ? *(const uint32_t *)q : ld32a2(q);
@@ -473,7 +484,7 @@ __global__ void __launch_bounds__(128) k_gemv(const gv_set S, size_t rb, int n, 
 }
 
 
-/* ---------------- int8 GEMV (q4_K): x quantized per 32 values ----------------
+/* ---------------- int8 GEMV (q4_K, q8_0): x quantized per 32 values ----------------
  * xq [T][n] int8, xd [T][n/32] scale, xs [T][n/32] sum of the block's ints.
  * Dot products with __dp4a, as the CPU's q8 activations (same error class). */
 __global__ void k_quant_x(const float *__restrict__ x, int n, int nb_total, int8_t *__restrict__ xq,
@@ -591,6 +602,94 @@ __global__ void __launch_bounds__(128) k_gemv_q4k(const gv_set S, size_t rb, int
         const float *bias = S.m[mi].bias;
         S.m[mi].out[(size_t)lane * n_out + r] = v + (bias ? bias[r] : 0.f);
     }
+}
+
+/* q8_0 (repacked): lane takes one 32-value block: 32 quant bytes, one scale */
+template <int NT, int K>
+__global__ void __launch_bounds__(128) k_gemv_q8(const gv_set S, size_t rb, int n, const int8_t *__restrict__ xq,
+                                                 const float *__restrict__ xd, int T)
+{
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int mi = 0;
+#pragma unroll
+    for (int i = 1; i < CK_MULTI_MAX; i++) if (i < S.nm && (int)blockIdx.x >= S.m[i].blk0) mi = i;
+    const uint8_t *W = S.m[mi].W;
+    int n_out = S.m[mi].n_out;
+    int r = ((int)blockIdx.x - S.m[mi].blk0) * (4 / K) + warp / K, part = warp % K;
+    bool live = r < n_out;
+    const uint8_t *row = W + (size_t)(live ? r : 0) * rb;
+    bool a16 = ((uintptr_t)row & 15) == 0;
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.f;
+    int nb = live ? n / 32 : 0;
+#pragma unroll 2
+    for (int c = lane + 32 * part; c < nb; c += 32 * K) {
+        int q[8];
+        if (a16) {
+            int4 u = *(const int4 *)(row + 32 * c), v = *(const int4 *)(row + 32 * c + 16);
+            q[0] = u.x; q[1] = u.y; q[2] = u.z; q[3] = u.w; q[4] = v.x; q[5] = v.y; q[6] = v.z; q[7] = v.w;
+        } else {
+#pragma unroll
+            for (int i = 0; i < 4; i++) { int2 u = ld8(row + 32 * c + 8 * i); q[2 * i] = u.x; q[2 * i + 1] = u.y; }
+        }
+        float dw = h2f(row + n + 2 * c);
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            if (t >= T) break;
+            const int4 *xv = (const int4 *)(xq + (size_t)t * n + 32 * c);
+            int4 xa = xv[0], xb = xv[1];
+            int dot = __dp4a(q[0], xa.x, 0);
+            dot = __dp4a(q[1], xa.y, dot); dot = __dp4a(q[2], xa.z, dot); dot = __dp4a(q[3], xa.w, dot);
+            dot = __dp4a(q[4], xb.x, dot); dot = __dp4a(q[5], xb.y, dot); dot = __dp4a(q[6], xb.z, dot);
+            dot = __dp4a(q[7], xb.w, dot);
+            acc[t] += dw * __ldg(xd + (size_t)t * (n / 32) + c) * (float)dot;
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        float s = acc[t];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        acc[t] = s;
+    }
+    if (K > 1) {
+        __shared__ float red[4][NT];
+        if (lane == 0) {
+#pragma unroll
+            for (int t = 0; t < NT; t++) red[warp][t] = acc[t];
+        }
+        __syncthreads();
+        if (part != 0) return;
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            float v = 0.f;
+#pragma unroll
+            for (int k = 0; k < K; k++) v += red[warp + k][t];
+            acc[t] = v;
+        }
+    }
+    if (live && lane < T) {
+        float v = 0.f;
+#pragma unroll
+        for (int t = 0; t < NT; t++) if (t == lane) v = acc[t];
+        const float *bias = S.m[mi].bias;
+        S.m[mi].out[(size_t)lane * n_out + r] = v + (bias ? bias[r] : 0.f);
+    }
+}
+
+/* GGUF q8_0 rows (34-byte blocks) -> a row's 32-byte quant blocks, then its f16 scales */
+__global__ void k_repack_q8_0(const uint8_t *src, uint8_t *dst, size_t rb, int n, int n_out)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    int nb = n / 32;
+    if (i >= (size_t)nb * n_out) return;
+    int r = (int)(i / nb), c = (int)(i % nb);
+    const uint8_t *b = src + (size_t)r * rb + (size_t)c * 34;
+    uint8_t *row = dst + (size_t)r * rb;
+    row[n + 2 * c] = b[0];
+    row[n + 2 * c + 1] = b[1];
+    for (int k = 0; k < 32; k++) row[32 * c + k] = b[2 + k];
 }
 
 /* ---------------- dequantize to f16 (the GEMM path) ---------------- */
@@ -901,6 +1000,27 @@ static void gemv_qk(cudaStream_t st, gv_set S, size_t rb, int n, const int8_t *x
     }
 }
 
+template <int K>
+static void gemv_q8k(cudaStream_t st, gv_set S, size_t rb, int n, const int8_t *xq, const float *xd, int T)
+{
+    unsigned g = 0;
+    for (int i = 0; i < S.nm; i++) { S.m[i].blk0 = (int)g; g += nblk(S.m[i].n_out, 4 / K); }
+    switch (T) {
+    case 1: k_gemv_q8<1, K><<<g, 128, 0, st>>>(S, rb, n, xq, xd, T); break;
+    case 2: k_gemv_q8<2, K><<<g, 128, 0, st>>>(S, rb, n, xq, xd, T); break;
+    case 3: case 4: k_gemv_q8<4, K><<<g, 128, 0, st>>>(S, rb, n, xq, xd, T); break;
+    case 5: case 6: case 7: case 8: k_gemv_q8<8, K><<<g, 128, 0, st>>>(S, rb, n, xq, xd, T); break;
+    default: k_gemv_q8<16, K><<<g, 128, 0, st>>>(S, rb, n, xq, xd, T); break;
+    }
+}
+
+static void gemv_q8t(cudaStream_t st, const gv_set &S, size_t rb, int n, const int8_t *xq, const float *xd, int T)
+{
+    if (n >= 4096) gemv_q8k<4>(st, S, rb, n, xq, xd, T);
+    else if (n >= 1024) gemv_q8k<2>(st, S, rb, n, xq, xd, T);
+    else gemv_q8k<1>(st, S, rb, n, xq, xd, T);
+}
+
 static void gemv_qt(cudaStream_t st, const gv_set &S, size_t rb, int n, const int8_t *xq, const float *xd,
                     const int *xs, int T)
 {
@@ -950,7 +1070,16 @@ void ck_rmsnorm(cudaStream_t st, const float *x, const float *w, int rows, int n
     k_rmsnorm<<<rows, bs, 0, st>>>(x, w, n, eps, out);
 }
 
-int ck_gemv_int8(uint32_t type, int n_in) { return type == T_Q4_K && n_in % 256 == 0; }
+int ck_gemv_int8(uint32_t type, int n_in)
+{
+    return (type == T_Q4_K && n_in % 256 == 0) || (type == T_Q8_0 && n_in % 32 == 0);
+}
+
+void ck_repack_q8_0(cudaStream_t st, const void *src, void *dst, size_t rb, int n, int n_out)
+{
+    size_t tot = (size_t)(n / 32) * n_out;
+    k_repack_q8_0<<<nblk(tot, 256), 256, 0, st>>>((const uint8_t *)src, (uint8_t *)dst, rb, n, n_out);
+}
 
 void ck_gemv_multi(cudaStream_t st, uint32_t type, int nm, const void *const *W, size_t rb, int n,
                    const int *n_out, const float *const *bias, const float *x, int T, float *const *out,
@@ -977,7 +1106,8 @@ void ck_gemv_multi(cudaStream_t st, uint32_t type, int nm, const void *const *W,
             const int8_t *q = xq + (size_t)t0 * n;
             const float *d = xd + (size_t)t0 * (n / 32);
             const int *sx = xs + (size_t)t0 * (n / 32);
-            gemv_qt(st, S, rb, n, q, d, sx, tn);
+            if (type == T_Q8_0) gemv_q8t(st, S, rb, n, q, d, tn);
+            else gemv_qt(st, S, rb, n, q, d, sx, tn);
         }
         return;
     }

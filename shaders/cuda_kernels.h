@@ -28,6 +28,9 @@ void ck_rmsnorm(cudaStream_t st, const float *x, const float *w, int rows, int n
 /* (larger T: passes of CK_GEMV_MAX_T tokens) */
 void ck_gemv(cudaStream_t st, uint32_t type, const void *W, size_t row_bytes, int n_in, int n_out,
              const float *bias, const float *x, int T, float *out, void *xq_scratch);
+/* q8_0 weights live on the device repacked (same bytes per row): a row's
+ * 32-byte quant blocks, then its f16 scales. Every kernel reads that layout. */
+void ck_repack_q8_0(cudaStream_t st, const void *src, void *dst, size_t row_bytes, int n_in, int n_out);
 /* Types with an int8 path (x quantized per 32 values, __dp4a dots), used when
  * xq_scratch (CK_XQ_BYTES(T, n_in) bytes) is given; else f32 arithmetic. */
 int ck_gemv_int8(uint32_t type, int n_in);
