@@ -112,6 +112,7 @@ struct eng {
     job **b_job_of_out;
     int *b_out_pos;
     float *logits;
+    int32_t *b_ids;              /* [max_T] greedy ids computed by the backend */
 };
 
 static double now_ms(void)
@@ -784,7 +785,15 @@ static void step(eng *e)
     }
     if (T == 0) return;
     be_batch bt = { .T = T, .pos = e->b_pos, .pages = e->b_pages, .slot = e->b_slot };
-    fw_run(e->fw, e->b_tok, &bt, e->b_out, n_out, e->logits);
+    /* when every output row is greedy without penalties, only the argmax ids
+     * are needed: backends that can (CUDA) compute them and skip the logits */
+    int greedy = n_out > 0 && fw_greedy_ok(e->fw);
+    for (int o = 0; greedy && o < n_out; o++) {
+        const job *j = e->b_job_of_out[o];
+        if (j->kind == ENG_JOB_EVAL || j->s.temperature > 0.0f || j->s.repeat_penalty != 1.0f) greedy = 0;
+    }
+    if (greedy) fw_run_greedy(e->fw, e->b_tok, &bt, e->b_out, n_out, e->b_ids);
+    else fw_run(e->fw, e->b_tok, &bt, e->b_out, n_out, e->logits);
 
     for (int t = 0; t < T; t++) e->b_job[t]->n_past++;
     for (int i = 0; i < e->n_active; i++) pages_publish(e, e->active[i]);
@@ -807,7 +816,7 @@ static void step(eng *e)
             continue;
         }
         if (!j->t_first) j->t_first = now_ms();
-        int32_t id = sampler_pick(e->smp, lg, &j->s, j->toks, (size_t)j->n_tok, &j->rng);
+        int32_t id = greedy ? e->b_ids[o] : sampler_pick(e->smp, lg, &j->s, j->toks, (size_t)j->n_tok, &j->rng);
         emit_token(e, j, id, &j->finished, &j->why);
         gen++;
     }
@@ -938,6 +947,7 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
     e->b_tok = malloc((size_t)max_T * sizeof *e->b_tok);
     e->b_pos = malloc((size_t)max_T * sizeof *e->b_pos);
     e->b_out = malloc((size_t)max_T * sizeof *e->b_out);
+    e->b_ids = malloc((size_t)max_T * sizeof *e->b_ids);
     e->b_pages = malloc((size_t)max_T * sizeof *e->b_pages);
     e->b_job = malloc((size_t)max_T * sizeof *e->b_job);
     e->b_slot = malloc((size_t)max_T * sizeof *e->b_slot);
@@ -950,7 +960,7 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
         snprintf(err, errlen, "out of memory");
         goto fail;
     }
-    if (!e->active || !e->b_tok || !e->b_pos || !e->b_out || !e->b_pages || !e->b_job || !e->b_slot || !e->slot_used ||
+    if (!e->active || !e->b_tok || !e->b_pos || !e->b_out || !e->b_ids || !e->b_pages || !e->b_job || !e->b_slot || !e->slot_used ||
         !e->b_job_of_out || !e->b_out_pos || !e->logits) {
         snprintf(err, errlen, "out of memory");
         goto fail;
@@ -992,7 +1002,7 @@ void eng_close(eng *e)
     kvc_close(e->kv);
     snapc_close(e->snaps);
     free(e->active); free(e->b_tok); free(e->b_pos); free(e->b_out);
-    free(e->b_pages); free(e->b_job); free(e->b_slot); free(e->slot_used); free(e->b_job_of_out); free(e->b_out_pos); free(e->logits);
+    free(e->b_pages); free(e->b_job); free(e->b_slot); free(e->slot_used); free(e->b_job_of_out); free(e->b_out_pos); free(e->logits); free(e->b_ids);
     pthread_mutex_destroy(&e->mu);
     pthread_mutex_destroy(&e->ev_mu);
     pthread_cond_destroy(&e->cv);
