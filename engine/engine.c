@@ -306,7 +306,7 @@ static char *job_text(job *j, const char *piece, size_t plen, int final, int *st
         if (!nh) return NULL;
         j->hold = nh; j->hold_cap = nc;
     }
-    memcpy(j->hold + j->hold_len, piece, plen);
+    if (plen) memcpy(j->hold + j->hold_len, piece, plen);   /* hold may still be NULL */
     j->hold_len += plen;
 
     size_t send = j->hold_len;
