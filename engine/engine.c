@@ -326,6 +326,7 @@ static char *job_text(job *j, const char *piece, size_t plen, int final, int *st
         /* hold back the longest tail that could begin a stop string */
         for (size_t i = 0; i < j->n_stop; i++) {
             size_t sl = j->stop_len[i];
+            if (sl == 0) continue;   /* sl - 1 would wrap: an empty stop never matches */
             for (size_t k = sl - 1; k > 0; k--) {
                 if (k > j->hold_len) continue;
                 if (!memcmp(j->hold + j->hold_len - k, j->stop[i], k)) {
@@ -338,7 +339,7 @@ static char *job_text(job *j, const char *piece, size_t plen, int final, int *st
     char *out = malloc(send * 3 + 1);
     if (!out) return NULL;
     size_t used = utf8_clean(j->hold, send, final, out, out_len);
-    memmove(j->hold, j->hold + used, j->hold_len - used);
+    if (used) memmove(j->hold, j->hold + used, j->hold_len - used);   /* hold may still be NULL */
     j->hold_len -= used;
     if (*stopped) j->hold_len = 0;
     out[*out_len] = 0;
