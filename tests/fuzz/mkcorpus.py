@@ -4,7 +4,9 @@
 Seeds are small valid inputs built from the fixtures' formats: protocol
 messages of every type, tiny GGUF models (SentencePiece llama, byte-level BPE
 qwen2, vocabulary-only), a tiny Hugging Face directory, and tokenizer texts.
-Run from the repository root; the output is deterministic."""
+Run from the repository root; the output is deterministic. Files named
+regress-* are inputs that once crashed a target: they are kept by hand and
+not written here."""
 import json
 import os
 import random
