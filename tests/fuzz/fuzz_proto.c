@@ -1,7 +1,8 @@
 /* fuzz_proto — the wire decoder (proto_reader) on arbitrary bytes.
  *
- * Input: byte 0 picks the side (bit 0: requests or events) and the chunking
- * seed; the rest is the stream. The stream is fed in pseudo-random chunks
+ * Input: byte 0 picks the side (bit 0: requests or events), a small frame
+ * limit (bit 1), whole-input feeding (bit 2) and the chunking seed; the rest
+ * is the stream. The stream is fed in pseudo-random chunks
  * through both entry points (space/commit and feed), drained after each
  * chunk as the contract asks. Every decoded message is encoded again and the
  * encoding decoded once more, which must succeed. */
@@ -70,7 +71,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (!r) return 0;
     size_t off = 0;
     while (off < size) {
-        size_t chunk = 1 + rng_next(&seed) % 97;
+        /* bit 2: the whole input at once (whole frames); else small pieces */
+        size_t chunk = (data[-1] & 4) ? size : 1 + rng_next(&seed) % 97;
         if (chunk > size - off) chunk = size - off;
         if (rng_next(&seed) & 1) {
             size_t avail = 0;

@@ -72,6 +72,8 @@ def proto_seeds():
         put("fuzz_proto", "req-%02d-%s" % (i, m["type"]), b"\x00" + pk(m))
     put("fuzz_proto", "req-stream", b"\x00" + b"".join(pk(m) for m in REQS))
     put("fuzz_proto", "req-stream-small", b"\x02" + b"".join(pk(m) for m in REQS))
+    put("fuzz_proto", "req-stream-whole", b"\x04" + b"".join(pk(m) for m in REQS))
+    put("fuzz_proto", "ev-stream-whole", b"\x05" + b"".join(pk(m) for m in EVS))
     for i, m in enumerate(EVS):
         put("fuzz_proto", "ev-%02d-%s" % (i, m["type"]), b"\x01" + pk(m))
     put("fuzz_proto", "ev-stream", b"\x01" + b"".join(pk(m) for m in EVS))
