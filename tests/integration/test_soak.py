@@ -66,6 +66,8 @@ def gen(c, rid, req):
         m = c.recv()
         if m is None:
             return ids, None
+        if m.get("id") == 0 and m.get("type") == "error":
+            return ids, m   # connection-level (e.g. shutting_down): the caller judges
         check(m.get("id") == rid, "message for another id: %r" % m)
         if m["type"] == "token":
             ids.append(m["token"])
@@ -251,7 +253,7 @@ def test_sigterm_under_load():
                         ids, last = gen(c, j + 1, dict(cases[i], max_tokens=300) if long else cases[i])
                     except (BrokenPipeError, ConnectionResetError):
                         break   # sent after the daemon closed: never accepted
-                    if last is None and not ids:
+                    if not ids and (last is None or last.get("id") == 0):
                         break   # closed before this request was read: never accepted
                     outs.append((-1 if long else i, ids, last))
                     if last is None or last["type"] == "error":
@@ -285,6 +287,8 @@ def test_sigterm_under_load():
                 elif last["type"] == "done" and last.get("finish") == "cancelled":
                     n_shut += 1
                 else:
+                    check(last.get("id") != 0, "client %d: a request with %d tokens out ended without its own "
+                          "terminal event: %r" % (k, len(ids), last))
                     check(last["type"] == "error" and last.get("code") in ("shutting_down", "busy"),
                           "client %d: unexpected end %r" % (k, last))
                     n_shut += 1
