@@ -517,13 +517,13 @@ int eng_submit(eng *e, const eng_job_desc *d, uint64_t *job_id, eng_err *code, c
         return fail(code, ENG_EBUSY, err, errlen, NULL);
     }
     j->id = ++e->next_id;
+    *job_id = j->id;   /* under mu: once it is unlocked the worker may finish and free j */
     j->state = JOB_QUEUED;
     if (e->queue_tail) e->queue_tail->next = j; else e->queue_head = j;
     e->queue_tail = j;
     e->n_queued++;
     pthread_cond_signal(&e->cv);
     pthread_mutex_unlock(&e->mu);
-    *job_id = j->id;
     return 0;
 }
 
