@@ -4,8 +4,9 @@
 #   make test       unit + integration tests; ends with "N passed, M failed"
 #   make bench      benchmarks on real-size synthetic models
 #   make cuda       build with the CUDA backend (CUDA_ARCH=90); test-cuda runs its tests
+#   make fuzz       every libFuzzer target FUZZ_SECONDS (default 30) s each
 #   make help       this text
-# Knobs: CC, OPT, CFLAGS, SANITIZER=address|undefined|thread, WERROR=1.
+# Knobs: CC, OPT, CFLAGS, SANITIZER=address|undefined|address,undefined|thread, WERROR=1.
 
 CC       ?= cc
 OPT      ?= -O2
@@ -22,7 +23,7 @@ endif
 SANFLAGS :=
 ifneq ($(SANITIZER),)
 SANFLAGS := -fsanitize=$(SANITIZER) -fno-omit-frame-pointer
-ifeq ($(SANITIZER),undefined)
+ifneq ($(findstring undefined,$(SANITIZER)),)
 SANFLAGS += -fno-sanitize-recover=undefined
 endif
 endif
@@ -91,11 +92,11 @@ LIBCLIENT := $(LIBDIR)/libaneclient.a
 PROGS := $(if $(DAEMON_SRC),bin/aned) $(if $(wildcard client/aneclient.c),bin/aneclient) \
          $(if $(HTTP_SRC),bin/aned-http) $(BENCH_BIN)
 
-.PHONY: all deps run test bench cuda test-cuda help clean fixtures
+.PHONY: all deps run test bench cuda test-cuda help clean fixtures fuzz
 all: $(PROGS) $(LIBCLIENT) $(UNIT_BIN)
 
 help:
-	@sed -n '2,9p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,10p' Makefile | sed 's/^# \{0,1\}//'
 
 # Install what is missing when root; otherwise print the exact command.
 # SKIP_DEPS=1: the libraries come from elsewhere (PC_CFLAGS/PC_LIBS given).
@@ -177,6 +178,34 @@ test: all fixtures
 
 bench: all
 	@PYTHON=$(PYTHON) sh tests/bench/bench.sh
+
+# Fuzzing: tests/fuzz/fuzz_*.c are libFuzzer targets built with clang and
+# ASan+UBSan into bin/fuzz/; each runs FUZZ_SECONDS from its seed corpus
+# (tests/fuzz/corpus/<target>, read-only; new inputs go to bin/fuzz/work).
+# Any crash, leak or timeout fails; reproducers land in bin/fuzz/.
+FUZZ_CC      ?= clang
+FUZZ_SECONDS ?= 30
+FUZZ_FLAGS   ?= -timeout=10 -rss_limit_mb=2048 -max_len=65536 -print_final_stats=0
+FUZZ_SRC  := $(wildcard tests/fuzz/fuzz_*.c)
+FUZZ_BIN  := $(FUZZ_SRC:tests/fuzz/%.c=bin/fuzz/%)
+FUZZ_LIB_OBJ := $(patsubst %.c,bin/fuzz/obj/%.o,$(ENGINE_SRC) $(PROTO_SRC))
+FUZZ_CFLAGS = -std=c11 -O1 -g -pthread -fno-omit-frame-pointer -fsanitize=address,undefined \
+              -fno-sanitize-recover=undefined -fsanitize=fuzzer-no-link $(CPPFLAGS) $(PC_CFLAGS)
+
+bin/fuzz/obj/%.o: %.c | bin/.deps-ok
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -MMD -MP -c $< -o $@
+bin/fuzz/%: bin/fuzz/obj/tests/fuzz/%.o $(FUZZ_LIB_OBJ)
+	$(FUZZ_CC) -fsanitize=fuzzer,address,undefined -pthread -o $@ $^ $(LDLIBS)
+
+fuzz: $(FUZZ_BIN) fixtures
+	@fail=0; for b in $(FUZZ_BIN); do t=$${b##*/}; w=bin/fuzz/work/$$t; mkdir -p $$w; \
+	  echo "== $$t ($(FUZZ_SECONDS) s)"; \
+	  $$b $(FUZZ_FLAGS) -max_total_time=$(FUZZ_SECONDS) -artifact_prefix=bin/fuzz/$$t- \
+	      $$w tests/fuzz/corpus/$$t > bin/fuzz/$$t.log 2>&1; rc=$$?; \
+	  grep -E '^Done [0-9]+ runs' bin/fuzz/$$t.log || true; \
+	  if [ $$rc -ne 0 ]; then fail=1; echo "$$t FAILED (exit $$rc):"; tail -n 40 bin/fuzz/$$t.log; fi; \
+	done; exit $$fail
 
 clean:
 	rm -rf bin

@@ -323,7 +323,7 @@ static char *job_text(job *j, const char *piece, size_t plen, int final, int *st
         if (!nh) return NULL;
         j->hold = nh; j->hold_cap = nc;
     }
-    memcpy(j->hold + j->hold_len, piece, plen);
+    if (plen) memcpy(j->hold + j->hold_len, piece, plen);   /* hold may still be NULL */
     j->hold_len += plen;
 
     size_t send = j->hold_len;
@@ -343,6 +343,7 @@ static char *job_text(job *j, const char *piece, size_t plen, int final, int *st
         /* hold back the longest tail that could begin a stop string */
         for (size_t i = 0; i < j->n_stop; i++) {
             size_t sl = j->stop_len[i];
+            if (sl == 0) continue;   /* sl - 1 would wrap: an empty stop never matches */
             for (size_t k = sl - 1; k > 0; k--) {
                 if (k > j->hold_len) continue;
                 if (!memcmp(j->hold + j->hold_len - k, j->stop[i], k)) {
@@ -355,7 +356,7 @@ static char *job_text(job *j, const char *piece, size_t plen, int final, int *st
     char *out = malloc(send * 3 + 1);
     if (!out) return NULL;
     size_t used = utf8_clean(j->hold, send, final, out, out_len);
-    memmove(j->hold, j->hold + used, j->hold_len - used);
+    if (used) memmove(j->hold, j->hold + used, j->hold_len - used);   /* hold may still be NULL */
     j->hold_len -= used;
     if (*stopped) j->hold_len = 0;
     out[*out_len] = 0;
@@ -533,6 +534,7 @@ int eng_submit(eng *e, const eng_job_desc *d, uint64_t *job_id, eng_err *code, c
         return fail(code, ENG_EBUSY, err, errlen, NULL);
     }
     j->id = ++e->next_id;
+    *job_id = j->id;   /* under mu: once it is unlocked the worker may finish and free j */
     j->state = JOB_QUEUED;
     if (e->queue_tail) e->queue_tail->next = j; else e->queue_head = j;
     e->queue_tail = j;
