@@ -4,15 +4,19 @@
  * when another server owns the path) → model → ready (the detached parent
  * exits 0 only now, so `aned --daemonize && aneclient ...` works) → serve. */
 #include "daemon/aned.h"
+#include "proto/proto.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
+#include <grp.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -30,6 +34,8 @@ static void usage(FILE *f)
 "                          $XDG_RUNTIME_DIR/aned.sock, else /tmp/aned-$UID.sock.\n"
 "                          A socket passed by systemd (LISTEN_FDS) wins.\n"
 "      --socket-mode MODE  octal permissions of the socket (default 0660)\n"
+"      --socket-group G    group owning the socket, by name or number (default:\n"
+"                          the daemon's); with 0660 its members may connect\n"
 "      --backend NAME      cpu or cuda (default: the best present)\n"
 "  -t, --threads N         matmul threads (default: online cores)\n"
 "  -c, --ctx N             tokens per sequence (default: the model's, at most 4096)\n"
@@ -37,11 +43,18 @@ static void usage(FILE *f)
 "      --max-queued N      jobs waiting beyond --max-seqs before \"busy\" (default 256)\n"
 "      --kv-budget MIB     KV cache pool size (default: --max-seqs full contexts)\n"
 "      --max-clients N     connections at once (default 256)\n"
+"      --max-backlog KIB   output waiting for one client before its jobs are\n"
+"                          cancelled with \"busy\" (default 16384); past a\n"
+"                          quarter of it (at most 1024) its jobs are paused\n"
+"      --stall-timeout S   seconds a client's jobs may stay paused before they\n"
+"                          are cancelled with \"busy\" (default 60)\n"
 "      --shutdown-grace S  seconds running jobs may finish after SIGTERM (default 5)\n"
+"      --hello-timeout S   seconds a new connection has to say hello (default 10)\n"
 "  -d, --daemonize         detach; the parent exits once the model is loaded\n"
 "  -l, --log FILE          log to FILE (reopened on SIGHUP) instead of stderr\n"
 "      --log-level LEVEL   error, warn, info (default) or debug\n"
 "  -p, --pidfile FILE      write the daemon's pid to FILE\n"
+"  -V, --version           print the version and exit\n"
 "  -h, --help              this text\n"
 "\n"
 "SIGTERM/SIGINT: stop accepting, let running jobs finish (--shutdown-grace),\n"
@@ -144,9 +157,24 @@ static int write_pidfile(const char *path, char *err, size_t errlen)
     return 0;
 }
 
+/* Room for every allowed connection plus the daemon's own descriptors. */
+static void raise_fd_limit(int max_clients)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) < 0) return;
+    rlim_t want = (rlim_t)max_clients + 64;
+    if (rl.rlim_cur >= want) return;
+    rlim_t old = rl.rlim_cur;
+    rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= want ? want : rl.rlim_max;
+    if (rl.rlim_cur > old) setrlimit(RLIMIT_NOFILE, &rl);
+    if (rl.rlim_cur < want)
+        log_warn("descriptor limit %llu is below --max-clients + 64 = %llu: connections past it wait",
+                 (unsigned long long)rl.rlim_cur, (unsigned long long)want);
+}
+
 enum {
-    OPT_SOCKET_MODE = 256, OPT_BACKEND, OPT_MAX_SEQS, OPT_MAX_QUEUED, OPT_KV_BUDGET,
-    OPT_MAX_CLIENTS, OPT_GRACE, OPT_LOG_LEVEL,
+    OPT_SOCKET_MODE = 256, OPT_SOCKET_GROUP, OPT_BACKEND, OPT_MAX_SEQS, OPT_MAX_QUEUED, OPT_KV_BUDGET,
+    OPT_MAX_CLIENTS, OPT_MAX_BACKLOG, OPT_STALL, OPT_GRACE, OPT_HELLO, OPT_LOG_LEVEL,
 };
 
 int main(int argc, char **argv)
@@ -155,6 +183,7 @@ int main(int argc, char **argv)
         { "model", required_argument, 0, 'm' },
         { "socket", required_argument, 0, 's' },
         { "socket-mode", required_argument, 0, OPT_SOCKET_MODE },
+        { "socket-group", required_argument, 0, OPT_SOCKET_GROUP },
         { "backend", required_argument, 0, OPT_BACKEND },
         { "threads", required_argument, 0, 't' },
         { "ctx", required_argument, 0, 'c' },
@@ -162,23 +191,28 @@ int main(int argc, char **argv)
         { "max-queued", required_argument, 0, OPT_MAX_QUEUED },
         { "kv-budget", required_argument, 0, OPT_KV_BUDGET },
         { "max-clients", required_argument, 0, OPT_MAX_CLIENTS },
+        { "max-backlog", required_argument, 0, OPT_MAX_BACKLOG },
+        { "stall-timeout", required_argument, 0, OPT_STALL },
         { "shutdown-grace", required_argument, 0, OPT_GRACE },
+        { "hello-timeout", required_argument, 0, OPT_HELLO },
         { "daemonize", no_argument, 0, 'd' },
         { "log", required_argument, 0, 'l' },
         { "log-level", required_argument, 0, OPT_LOG_LEVEL },
         { "pidfile", required_argument, 0, 'p' },
         { "help", no_argument, 0, 'h' },
+        { "version", no_argument, 0, 'V' },
         { 0, 0, 0, 0 },
     };
     server_opts so;
     server_opts_default(&so);
     const char *sock_path = NULL, *log_path = NULL, *pidfile = NULL;
     unsigned sock_mode = 0660;
+    gid_t sock_gid = (gid_t)-1;
     int detach = 0;
     long v;
     double d;
     int c;
-    while ((c = getopt_long(argc, argv, "m:s:t:c:dl:p:h", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "m:s:t:c:dl:p:hV", longopts, NULL)) != -1) {
         switch (c) {
         case 'm': so.eng.model_path = optarg; break;
         case 's': sock_path = optarg; break;
@@ -191,6 +225,19 @@ int main(int argc, char **argv)
                 return 2;
             }
             sock_mode = (unsigned)m;
+            break;
+        }
+        case OPT_SOCKET_GROUP: {
+            struct group *gr = getgrnam(optarg);
+            char *end;
+            errno = 0;
+            unsigned long g = strtoul(optarg, &end, 10);
+            if (gr) sock_gid = gr->gr_gid;
+            else if (!errno && end != optarg && !*end && g < (gid_t)-1) sock_gid = (gid_t)g;
+            else {
+                fprintf(stderr, "aned: --socket-group: no group '%s'\n", optarg);
+                return 2;
+            }
             break;
         }
         case OPT_BACKEND:
@@ -206,7 +253,15 @@ int main(int argc, char **argv)
         case OPT_MAX_QUEUED: if (parse_int("--max-queued", optarg, 0, 1 << 20, &v)) return 2; so.eng.max_queued = (int)v; break;
         case OPT_KV_BUDGET: if (parse_int("--kv-budget", optarg, 0, 1L << 30, &v)) return 2; so.eng.kv_budget = (size_t)v << 20; break;
         case OPT_MAX_CLIENTS: if (parse_int("--max-clients", optarg, 1, 1 << 20, &v)) return 2; so.max_clients = (int)v; break;
+        case OPT_MAX_BACKLOG:
+            if (parse_int("--max-backlog", optarg, 16, 1L << 22, &v)) return 2;
+            so.out_max = (size_t)v << 10;
+            /* stop reading requests well before cancelling */
+            so.out_pause = so.out_max / 4 < so.out_pause ? so.out_max / 4 : so.out_pause;
+            break;
+        case OPT_STALL: if (parse_double("--stall-timeout", optarg, 0.1, 86400, &d)) return 2; so.stall_timeout = d; break;
         case OPT_GRACE: if (parse_double("--shutdown-grace", optarg, 0, 3600, &d)) return 2; so.shutdown_grace = d; break;
+        case OPT_HELLO: if (parse_double("--hello-timeout", optarg, 0.1, 3600, &d)) return 2; so.handshake_timeout = d; break;
         case 'd': detach = 1; break;
         case 'l': log_path = optarg; break;
         case OPT_LOG_LEVEL: {
@@ -220,6 +275,7 @@ int main(int argc, char **argv)
         }
         case 'p': pidfile = optarg; break;
         case 'h': usage(stdout); return 0;
+        case 'V': printf("%s (protocol %d)\n", ANED_SERVER_NAME, PROTO_VERSION); return 0;
         default: usage(stderr); return 2;
         }
     }
@@ -261,6 +317,14 @@ int main(int argc, char **argv)
     }
 
     signal(SIGPIPE, SIG_IGN);
+    /* Held until the loop watches them (server_open): a SIGTERM during
+     * start-up then means a clean stop, never a socket left behind. */
+    sigset_t stop_sigs;
+    sigemptyset(&stop_sigs);
+    sigaddset(&stop_sigs, SIGTERM);
+    sigaddset(&stop_sigs, SIGINT);
+    sigaddset(&stop_sigs, SIGHUP);
+    sigprocmask(SIG_BLOCK, &stop_sigs, NULL);
     if (detach && daemonize() < 0) return 1;
     if (log_path && log_open_file(log_path, err, sizeof err) < 0) {
         fprintf(stderr, "aned: %s\n", err);
@@ -268,13 +332,15 @@ int main(int argc, char **argv)
         return 1;
     }
 
+    raise_fd_limit(so.max_clients);
+
     int rc = 1;
     server *srv = NULL;
     sock_listener lst;
     int have_lst = 0, have_pid = 0;
     int act = sock_listen_activated(&lst, err, sizeof err);
     if (act < 0) { log_error("%s", err); goto out; }
-    if (act == 0 && sock_listen(&lst, sock_path, sock_mode, 128, err, sizeof err) < 0) {
+    if (act == 0 && sock_listen(&lst, sock_path, sock_mode, sock_gid, SOMAXCONN, err, sizeof err) < 0) {
         log_error("%s", err);
         goto out;
     }
@@ -282,7 +348,7 @@ int main(int argc, char **argv)
 
     if (server_open(&srv, &so, err, sizeof err) < 0) { log_error("%s", err); goto out; }
     const eng_model_info *mi = server_model(srv);
-    log_info("model %s: %s, %s, %d layers, vocab %d, ctx %d, %s backend, %d thread(s), %d seq(s)%s",
+    log_info("model %s: \"%s\", arch %s, %d layers, vocab %d, ctx %d, %s backend, %d thread(s), %d seq(s)%s",
              mi->path ? mi->path : so.eng.model_path, mi->name ? mi->name : "?", mi->arch ? mi->arch : "?",
              mi->n_layer, mi->n_vocab, mi->n_ctx, mi->backend ? mi->backend : "?", mi->n_threads,
              mi->max_seqs, mi->tokenizer_only ? ", tokenizer only" : "");
@@ -298,9 +364,7 @@ int main(int argc, char **argv)
             int nul = open("/dev/null", O_WRONLY);
             if (nul >= 0) { dup2(nul, 2); if (nul > 2) close(nul); }
         } else {
-            /* anything the engine prints to stderr lands in the log too */
-            int lf = open(log_path, O_WRONLY | O_APPEND | O_CLOEXEC);
-            if (lf >= 0) { dup2(lf, 2); close(lf); }
+            log_capture_stderr(); /* anything the engine prints lands in the log */
         }
     }
     ready_signal(0);

@@ -24,6 +24,9 @@ typedef enum log_level { LOG_ERROR = 0, LOG_WARN, LOG_INFO, LOG_DEBUG } log_leve
 int log_open_file(const char *path, char *err, size_t errlen);
 /* Reopens the file given to log_open_file (log rotation, SIGHUP). */
 int log_reopen(void);
+/* Points stderr at the log file, now and after each reopen (so whatever a
+ * library prints lands there too). */
+int log_capture_stderr(void);
 void log_set_level(log_level lv);
 int log_level_parse(const char *s, log_level *lv);
 void log_close(void);
@@ -51,10 +54,11 @@ typedef struct sock_listener {
     dev_t dev; ino_t ino; /* the socket file we created: removed only if still ours */
 } sock_listener;
 
-/* Binds and listens on path with the given mode (e.g. 0660).
- * A socket file nobody answers on is removed first; a live one, or a path that
- * is not a socket, is refused with a message saying so. */
-int sock_listen(sock_listener *l, const char *path, unsigned mode, int backlog,
+/* Binds and listens on path with the given mode (e.g. 0660) and group
+ * ((gid_t)-1: the daemon's). A socket file nobody answers on is removed
+ * first; a live one, or a path that is not a socket, is refused with a
+ * message saying so. */
+int sock_listen(sock_listener *l, const char *path, unsigned mode, gid_t gid, int backlog,
                 char *err, size_t errlen);
 /* Takes a socket passed by systemd (LISTEN_PID/LISTEN_FDS): 1 taken, 0 none
  * passed, -1 error. */
@@ -73,8 +77,9 @@ typedef struct server server;
 typedef struct server_opts {
     eng_opts eng;            /* notify/notify_arg are set by server_open */
     int max_clients;         /* connections served at once; past it: "busy", closed */
-    size_t out_pause;        /* stop reading a client's requests while its backlog is over this */
+    size_t out_pause;        /* pause a client's reading and jobs while its backlog is over this */
     size_t out_max;          /* cancel a client's jobs when its backlog passes this */
+    double stall_timeout;    /* seconds a client may stay paused before its jobs are cancelled */
     double handshake_timeout; /* seconds a new connection has to send hello */
     double shutdown_grace;   /* seconds running jobs may finish after SIGTERM */
     double drain_timeout;    /* seconds to flush replies after the last job ended */

@@ -16,6 +16,7 @@
 static int log_fd = 2;
 static char *log_path;
 static log_level log_max = LOG_INFO;
+static int log_on_stderr;  /* stderr follows the log file (detached daemon) */
 
 static const char *const level_names[] = { "error", "warn", "info", "debug" };
 
@@ -57,6 +58,15 @@ int log_reopen(void)
     int old = log_fd;
     log_fd = fd;
     if (old > 2) close(old);
+    if (log_on_stderr) dup2(log_fd, 2);
+    return 0;
+}
+
+int log_capture_stderr(void)
+{
+    if (log_fd <= 2) return -1;
+    if (dup2(log_fd, 2) < 0) return -1;
+    log_on_stderr = 1;
     return 0;
 }
 

@@ -15,9 +15,12 @@
  * Back-pressure: replies go to a per-client buffer written with non-blocking
  * sends under an EV_WRITE watcher, so a slow reader never stalls the loop.
  * Past opt.out_pause bytes of backlog the client's requests are no longer
- * read; past opt.out_max its jobs are cancelled and each ends with error
- * "busy" (its remaining tokens are dropped) instead of buffering without
- * bound. */
+ * read and its jobs are paused in the engine (eng_pause: they keep their KV
+ * but leave the batch); both resume once the backlog is down to half of it.
+ * A client that stays paused for opt.stall_timeout seconds, or whose backlog
+ * passes opt.out_max anyway, has its jobs cancelled: each ends with error
+ * "busy" (its remaining tokens are dropped) instead of holding memory and
+ * engine slots without bound. */
 #include "daemon/aned.h"
 #include "proto/proto.h"
 
@@ -58,15 +61,18 @@ struct client {
     int fd;
     cl_state state;
     int eof;                  /* peer shut its writing side: close when idle */
+    int paused;               /* its jobs are paused for its backlog */
     ev_io rio, wio;
-    ev_timer timer;           /* hello deadline, then the closing deadline */
+    ev_timer timer;           /* hello deadline, stall deadline, closing deadline */
     proto_reader *rd;
-    proto_buf out;
+    proto_buf out;            /* replies; bytes before out_off are already sent */
+    size_t out_off;
     sock_peer peer;
     job *jobs;
     uint32_t n_jobs;
     uint64_t n_requests, n_tokens;
     ev_tstamp since;
+    const char *why;          /* why it is closing, for the log */
     char name[48];            /* from hello, for the log */
 };
 
@@ -104,6 +110,7 @@ void server_opts_default(server_opts *o)
     o->max_clients = 256;
     o->out_pause = 1u << 20;
     o->out_max = 16u << 20;
+    o->stall_timeout = 60.0;
     o->handshake_timeout = 10.0;
     o->shutdown_grace = 5.0;
     o->drain_timeout = 2.0;
@@ -130,6 +137,10 @@ static proto_err map_eng_err(eng_err c)
 
 /* ---------------------------------------------------------------- output */
 
+#define OUT_KEEP (256u << 10) /* output buffer kept between bursts */
+
+static size_t backlog(const client *cl) { return cl->out.len - cl->out_off; }
+
 static void client_update_read(client *cl)
 {
     server *s = cl->srv;
@@ -137,7 +148,7 @@ static void client_update_read(client *cl)
     if (want) {
         /* hysteresis: pause past out_pause, resume at half of it */
         size_t lim = ev_is_active(&cl->rio) ? s->opt.out_pause : s->opt.out_pause / 2;
-        want = cl->out.len <= lim;
+        want = backlog(cl) <= lim;
     }
     if (want && !ev_is_active(&cl->rio)) ev_io_start(s->loop, &cl->rio);
     else if (!want && ev_is_active(&cl->rio)) ev_io_stop(s->loop, &cl->rio);
@@ -150,7 +161,7 @@ static void job_cancel(server *s, job *j)
     eng_cancel(s->eng, j->eng_id);
 }
 
-static void client_overflow(client *cl)
+static void client_overflow(client *cl, const char *why)
 {
     int n = 0;
     for (job *j = cl->jobs; j; j = j->cl_next) {
@@ -160,9 +171,29 @@ static void client_overflow(client *cl)
         n++;
     }
     if (n)
-        log_warn("client %llu (pid %ld): output backlog %zu bytes over %zu: cancelled %d job(s)",
-                 (unsigned long long)cl->serial, (long)cl->peer.pid, cl->out.len,
-                 cl->srv->opt.out_max, n);
+        log_warn("client %llu (pid %ld): output backlog %zu bytes, %s: cancelled %d job(s)",
+                 (unsigned long long)cl->serial, (long)cl->peer.pid, backlog(cl), why, n);
+}
+
+/* Pauses or resumes the client's jobs in the engine as its backlog moves. */
+static void client_update_pause(client *cl)
+{
+    server *s = cl->srv;
+    int want;
+    if (cl->state == CL_CLOSING) want = 0;
+    else if (cl->paused) want = backlog(cl) > s->opt.out_pause / 2;
+    else want = backlog(cl) > s->opt.out_pause;
+    if (want == cl->paused) return;
+    cl->paused = want;
+    for (job *j = cl->jobs; j; j = j->cl_next)
+        if (!j->cancelled) eng_pause(s->eng, j->eng_id, want);
+    if (cl->state != CL_READY) return;
+    ev_timer_stop(s->loop, &cl->timer);
+    if (want) {
+        log_debug("client %llu: backlog %zu bytes: jobs paused", (unsigned long long)cl->serial, backlog(cl));
+        ev_timer_set(&cl->timer, s->opt.stall_timeout, 0.);
+        ev_timer_start(s->loop, &cl->timer);
+    }
 }
 
 /* Appends one message; never frees the client. */
@@ -181,8 +212,9 @@ static void client_send(client *cl, const proto_ev *ev)
         e.message_len = strlen(e.message);
         if (proto_ev_encode(&cl->out, &e) < 0) cl->out.len = before;
     }
-    if (cl->out.len && !ev_is_active(&cl->wio)) ev_io_start(cl->srv->loop, &cl->wio);
-    if (cl->out.len > cl->srv->opt.out_max) client_overflow(cl);
+    if (backlog(cl) && !ev_is_active(&cl->wio)) ev_io_start(cl->srv->loop, &cl->wio);
+    if (backlog(cl) > cl->srv->opt.out_max) client_overflow(cl, "over the backlog limit");
+    client_update_pause(cl);
     client_update_read(cl);
 }
 
@@ -216,6 +248,7 @@ static void refuse_fd(int fd, proto_err code, const char *msg)
 /* ---------------------------------------------------------------- clients */
 
 static void check_done(server *s);
+static void client_close_soon(client *cl, const char *why);
 
 static void client_free(client *cl, const char *why)
 {
@@ -248,15 +281,27 @@ static void client_free(client *cl, const char *why)
 static void on_client_timer(struct ev_loop *loop, ev_timer *w, int revents)
 {
     client *cl = w->data;
-    client_free(cl, cl->state == CL_HANDSHAKE ? "no hello in time" : "peer did not read its last replies");
+    if (cl->state == CL_READY) { /* stalled: paused too long */
+        client_overflow(cl, "not read for the stall timeout");
+        return;
+    }
+    if (cl->state == CL_HANDSHAKE) {
+        char msg[64];
+        snprintf(msg, sizeof msg, "no hello within %.0f s", cl->srv->opt.handshake_timeout);
+        send_error(cl, 0, PROTO_E_HANDSHAKE, msg);
+        client_close_soon(cl, "no hello in time");
+        return;
+    }
+    client_free(cl, "peer did not read its last replies");
 }
 
 /* Stop reading, cancel what runs, flush what is queued, then close (bounded). */
-static void client_close_soon(client *cl)
+static void client_close_soon(client *cl, const char *why)
 {
     server *s = cl->srv;
     if (cl->state == CL_CLOSING) return;
     cl->state = CL_CLOSING;
+    cl->why = why;
     for (job *j = cl->jobs; j; j = j->cl_next) job_cancel(s, j);
     client_update_read(cl);
     ev_timer_stop(s->loop, &cl->timer);
@@ -264,37 +309,52 @@ static void client_close_soon(client *cl)
     ev_timer_start(s->loop, &cl->timer);
 }
 
-/* Closes the client if nothing more can be owed to it. Top-level only. */
+/* Closes the client once nothing more is owed to it. Top-level only. */
 static int client_maybe_finish(client *cl)
 {
     server *s = cl->srv;
     if (cl->n_jobs) return 0;
-    int done = cl->state == CL_CLOSING || cl->eof || s->phase != PH_RUN;
-    if (!done) return 0;
-    if (cl->out.len) {
-        if (cl->state != CL_CLOSING) client_close_soon(cl);
-        return 0;
+    if (cl->state != CL_CLOSING) {
+        if (s->phase != PH_RUN) {
+            send_error(cl, 0, PROTO_E_SHUTDOWN, "the server is shutting down");
+            client_close_soon(cl, "shutdown");
+        } else if (cl->eof) {
+            client_close_soon(cl, "peer finished");
+        } else {
+            return 0;
+        }
     }
-    client_free(cl, cl->eof ? "peer finished" : cl->state == CL_CLOSING ? "closing" : "shutdown");
+    if (backlog(cl)) return 0;
+    client_free(cl, cl->why ? cl->why : "closing");
     return 1;
 }
 
 static void on_client_write(struct ev_loop *loop, ev_io *w, int revents)
 {
     client *cl = w->data;
-    while (cl->out.len) {
-        ssize_t n = send(cl->fd, cl->out.data, cl->out.len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    while (backlog(cl)) {
+        ssize_t n = send(cl->fd, cl->out.data + cl->out_off, backlog(cl), MSG_NOSIGNAL | MSG_DONTWAIT);
         if (n < 0) {
             if (errno == EINTR) continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK) break;
             client_free(cl, errno == EPIPE || errno == ECONNRESET ? "peer went away" : strerror(errno));
             return;
         }
-        proto_buf_consume(&cl->out, (size_t)n);
+        cl->out_off += (size_t)n;
     }
-    if (!cl->out.len) ev_io_stop(loop, &cl->wio);
+    if (!backlog(cl)) {
+        ev_io_stop(loop, &cl->wio);
+        if (cl->out.cap > OUT_KEEP) proto_buf_free(&cl->out); /* a burst's memory goes back */
+        else cl->out.len = 0;
+        cl->out_off = 0;
+    } else if (cl->out_off >= OUT_KEEP && cl->out_off >= cl->out.len / 2) {
+        /* sent bytes are dropped in large steps: never a memmove per send */
+        proto_buf_consume(&cl->out, cl->out_off);
+        cl->out_off = 0;
+    }
+    client_update_pause(cl);
     client_update_read(cl);
-    if (!cl->out.len) client_maybe_finish(cl);
+    if (!backlog(cl)) client_maybe_finish(cl);
 }
 
 static job *client_find_job(client *cl, uint64_t req_id)
@@ -330,7 +390,7 @@ static void req_hello(client *cl, const proto_req *r)
         snprintf(msg, sizeof msg, "server speaks protocol version %d, client asked for %u",
                  PROTO_VERSION, (unsigned)r->version);
         send_error(cl, r->id, PROTO_E_VERSION, msg);
-        client_close_soon(cl);
+        client_close_soon(cl, "protocol version mismatch");
         return;
     }
     ev_timer_stop(s->loop, &cl->timer);
@@ -423,6 +483,13 @@ static void req_submit(client *cl, const proto_req *r)
     s->jobs = j;
     s->n_jobs++;
     if (!ev_is_active(&s->poll_timer)) ev_timer_again(s->loop, &s->poll_timer);
+    if (cl->paused) {
+        eng_pause(s->eng, j->eng_id, 1);
+        if (!ev_is_active(&cl->timer)) { /* the stall deadline covers it too */
+            ev_timer_set(&cl->timer, s->opt.stall_timeout, 0.);
+            ev_timer_start(s->loop, &cl->timer);
+        }
+    }
 }
 
 static void req_tokenize(client *cl, const proto_req *r)
@@ -497,6 +564,7 @@ static void req_info(client *cl, const proto_req *r)
     e.server_len = strlen(e.server);
 #define STR(f, v) do { e.f = (v) ? (v) : ""; e.f##_len = strlen(e.f); } while (0)
     STR(model, mi->name);
+    STR(model_path, mi->path);
     STR(arch, mi->arch);
     STR(backend, mi->backend);
     STR(chat_template, mi->chat_template);
@@ -517,18 +585,20 @@ static void req_info(client *cl, const proto_req *r)
     e.kv_total = st.kv_total;
     e.weight_bytes = st.weight_bytes ? st.weight_bytes : mi->weight_bytes;
     e.uptime_s = ev_time() - s->started;
-    /* Per connection: a job is "active" once its first event arrived, else
-     * "queued" (the engine does not report per-job state). */
+    /* One entry per connection with jobs. A job counts as "active" once its
+     * first event arrived, else "queued" (the engine reports no per-job state). */
     proto_client_count *pc = calloc(s->n_clients ? s->n_clients : 1, sizeof *pc);
     if (pc) {
         size_t i = 0;
-        for (client *c = s->clients; c && i < s->n_clients; c = c->next, i++) {
+        for (client *c = s->clients; c && i < s->n_clients; c = c->next) {
+            if (!c->n_jobs) continue;
             pc[i].uid = (uint32_t)c->peer.uid;
             pc[i].pid = (uint32_t)c->peer.pid;
             for (job *j = c->jobs; j; j = j->cl_next) {
                 if (j->started) pc[i].active++;
                 else pc[i].queued++;
             }
+            i++;
         }
         e.per_client = pc;
         e.n_per_client = i;
@@ -543,6 +613,8 @@ static void dispatch(client *cl, const proto_req *r)
     cl->srv->requests_total++;
     if (r->type == PROTO_T_HELLO) { req_hello(cl, r); return; }
     if (cl->state == CL_HANDSHAKE) {
+        /* dropped; the connection stays and hello may follow (the hello
+         * deadline still runs) */
         send_error(cl, r->id, PROTO_E_HANDSHAKE, "the first request must be hello");
         return;
     }
@@ -594,7 +666,7 @@ static void client_drain(client *cl)
             log_info("client %llu: broken stream (%s: %s); closing", (unsigned long long)cl->serial,
                      proto_err_name(code), err);
             send_error(cl, 0, code == PROTO_OK ? PROTO_E_MALFORMED : code, err);
-            client_close_soon(cl);
+            client_close_soon(cl, "broken stream");
             break;
         }
         if (code != PROTO_OK) {
@@ -625,7 +697,11 @@ static void on_client_read(struct ev_loop *loop, ev_io *w, int revents)
             return;
         }
         if (n == 0) {
-            if (peer_gone(cl->fd)) { client_free(cl, "peer went away"); return; }
+            if (peer_gone(cl->fd)) {
+                client_free(cl, cl->n_jobs ? "peer went away mid-request (its jobs cancelled)"
+                                           : "closed by peer");
+                return;
+            }
             cl->eof = 1; /* half-closed: answer what was asked, then close */
             client_update_read(cl);
             client_maybe_finish(cl);
@@ -772,13 +848,18 @@ static void handle_event(server *s, const eng_event *ev)
         return;
     }
     case ENG_EV_DONE:
+        if (!cl)
+            log_debug("job %llu of a closed connection ended: %s", (unsigned long long)ev->job_id,
+                      eng_finish_str(ev->finish));
         if (cl && j->overflow) {
-            char msg[128];
-            snprintf(msg, sizeof msg, "cancelled: client output backlog passed %zu bytes",
-                     s->opt.out_max);
-            send_error(cl, j->req_id, PROTO_E_BUSY, msg);
+            send_error(cl, j->req_id, PROTO_E_BUSY,
+                       "cancelled: the client did not read its output (backlog limit or stall timeout)");
         } else if (cl) {
             const char *f = eng_finish_str(ev->finish);
+            log_debug("client %llu request %llu: %s; %d prompt (%d cached) + %d generated tokens; "
+                      "queue %.1f ms, prefill %.1f ms, decode %.1f ms", (unsigned long long)cl->serial,
+                      (unsigned long long)j->req_id, f ? f : "?", ev->prompt_tokens, ev->cached_tokens,
+                      ev->completion_tokens, ev->queue_ms, ev->prefill_ms, ev->decode_ms);
             proto_ev_init(&e, PROTO_T_DONE, j->req_id);
             e.finish = f ? f : "";
             e.finish_len = strlen(e.finish);
@@ -792,6 +873,7 @@ static void handle_event(server *s, const eng_event *ev)
         }
         break;
     case ENG_EV_ERROR:
+        log_info("job %llu failed: %s: %s", (unsigned long long)ev->job_id, eng_strerror(ev->code), ev->message);
         if (cl) send_error(cl, j->req_id, map_eng_err(ev->code),
                            ev->message[0] ? ev->message : eng_strerror(ev->code));
         break;
@@ -925,25 +1007,39 @@ int server_open(server **out, const server_opts *opt, char *err, size_t errlen)
     ev_async_start(s->loop, &s->wake);
     ev_timer_init(&s->poll_timer, on_poll, POLL_S, POLL_S);
     s->poll_timer.data = s;
+    /* Watched from here on: a SIGTERM while the model loads stops the
+     * daemon cleanly as soon as the loop runs. */
+    ev_signal_init(&s->sig_term, on_signal, SIGTERM);
+    ev_signal_init(&s->sig_int, on_signal, SIGINT);
+    ev_signal_init(&s->sig_hup, on_signal, SIGHUP);
+    s->sig_term.data = s->sig_int.data = s->sig_hup.data = s;
+    ev_signal_start(s->loop, &s->sig_term);
+    ev_signal_start(s->loop, &s->sig_int);
+    ev_signal_start(s->loop, &s->sig_hup);
 
-    /* The engine's worker thread inherits this mask: signals are for the loop. */
-    sigset_t set, old;
+    /* The engine's worker thread inherits this mask: signals are for the loop.
+     * Unblocked here once the engine runs, whatever the caller's mask was. */
+    sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGTERM);
     sigaddset(&set, SIGINT);
     sigaddset(&set, SIGHUP);
-    pthread_sigmask(SIG_BLOCK, &set, &old);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
     eng_opts eo = opt->eng;
     eo.notify = notify_loop;
     eo.notify_arg = s;
     char eerr[512] = "";
     int rc = eng_open(&s->eng, &eo, eerr, sizeof eerr);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    pthread_sigmask(SIG_UNBLOCK, &set, NULL);
     if (rc < 0) {
         const char *p = eo.model_path ? eo.model_path : "(none)";
         if (strstr(eerr, p)) snprintf(err, errlen, "cannot load model: %s", eerr);
         else snprintf(err, errlen, "cannot load model %s: %s", p, eerr[0] ? eerr : "unknown error");
+        ev_signal_stop(s->loop, &s->sig_term);
+        ev_signal_stop(s->loop, &s->sig_int);
+        ev_signal_stop(s->loop, &s->sig_hup);
         ev_async_stop(s->loop, &s->wake);
+        ev_loop_destroy(s->loop);
         free(s);
         return -1;
     }
@@ -964,13 +1060,6 @@ int server_run(server *s, sock_listener *l)
     s->accept_retry.data = s;
     ev_timer_init(&s->phase_timer, on_phase_timer, 1., 0.);
     s->phase_timer.data = s;
-    ev_signal_init(&s->sig_term, on_signal, SIGTERM);
-    ev_signal_init(&s->sig_int, on_signal, SIGINT);
-    ev_signal_init(&s->sig_hup, on_signal, SIGHUP);
-    s->sig_term.data = s->sig_int.data = s->sig_hup.data = s;
-    ev_signal_start(s->loop, &s->sig_term);
-    ev_signal_start(s->loop, &s->sig_int);
-    ev_signal_start(s->loop, &s->sig_hup);
     ev_io_start(s->loop, &s->accept_io);
 
     ev_run(s->loop, 0);
@@ -999,6 +1088,10 @@ void server_close(server *s)
         nx = j->all_next;
         free(j);
     }
+    ev_signal_stop(s->loop, &s->sig_term);
+    ev_signal_stop(s->loop, &s->sig_int);
+    ev_signal_stop(s->loop, &s->sig_hup);
+    ev_timer_stop(s->loop, &s->poll_timer);
     ev_async_stop(s->loop, &s->wake);
     ev_loop_destroy(s->loop);
     free(s);

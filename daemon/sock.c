@@ -137,7 +137,7 @@ static void drop_lock(sock_listener *l)
     l->lock_fd = -1;
 }
 
-int sock_listen(sock_listener *l, const char *path, unsigned mode, int backlog,
+int sock_listen(sock_listener *l, const char *path, unsigned mode, gid_t gid, int backlog,
                 char *err, size_t errlen)
 {
     memset(l, 0, sizeof *l);
@@ -164,8 +164,13 @@ int sock_listen(sock_listener *l, const char *path, unsigned mode, int backlog,
             snprintf(err, errlen, "cannot bind %s: %s", path, strerror(e));
         goto fail_fd;
     }
+    if (gid != (gid_t)-1 && chown(path, (uid_t)-1, gid) < 0) {
+        snprintf(err, errlen, "cannot give %s to group %lu: %s", l->path, (unsigned long)gid, strerror(errno));
+        unlink(path);
+        goto fail_fd;
+    }
     if (chmod(path, mode) < 0) {
-        snprintf(err, errlen, "cannot chmod %s to %03o: %s", path, mode, strerror(errno));
+        snprintf(err, errlen, "cannot chmod %s to %03o: %s", l->path, mode, strerror(errno));
         unlink(path);
         goto fail_fd;
     }

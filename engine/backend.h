@@ -25,6 +25,14 @@ typedef struct be_batch {
 
 typedef struct be be;
 
+/* A save point for per-sequence state: the state of sequence `slot` right
+ * after its token at position pos-1 is copied to dst (a slot-sized buffer of
+ * the same layout), when that token is in the batch. */
+typedef struct be_save {
+    int slot, pos;
+    float *dst;
+} be_save;
+
 typedef struct be_ops {
     const char *name;
     void (*close)(be *b);
@@ -61,10 +69,60 @@ typedef struct be_ops {
     /* Waits for queued work (no-op on the CPU). */
     void (*sync)(be *b);
 
+    /* ---- Optional ops (NULL where a backend lacks them; a model that needs
+     * them fails to open with a clear message). Linear-attention (Gated
+     * DeltaNet) layers and gated attention (qwen35). Per-sequence state
+     * lives in buffers indexed by bt->slot; the tokens of one sequence come
+     * in position order within a batch, and a token at position 0 starts
+     * from zero state. ---- */
+    /* dst[r*dst_stride + i] = src[r*src_stride + i], i < n, r < rows. */
+    void (*copy_rows)(be *b, float *dst, size_t dst_stride, const float *src, size_t src_stride,
+                      int rows, int n);
+    /* x *= sigmoid(g)                                         [n] */
+    void (*sigmoid_mul)(be *b, float *x, const float *g, size_t n);
+    /* out[r] = x[r] / rms(x[r]) * w * silu(z[r]).  x, z, out [rows][n];
+     * in place (out == x) allowed; w an f32 vector of n. */
+    void (*rmsnorm_gated)(be *b, const float *x, const float *z, const wt *w, int rows, int n, float eps,
+                          float *out);
+    /* Causal depthwise convolution of each sequence's stream, then SiLU:
+     * out[t][c] = silu(sum_j w[c][j] * in[t-K+1+j][c]), where inputs before
+     * the batch come from state ([max_seqs][K-1][C]: the sequence's last K-1
+     * inputs), which is updated. w: f32 rows of K taps, one per channel.
+     * x, out [T][C]; in place allowed. */
+    void (*conv1d_silu)(be *b, const float *x, const wt *w, float *state, const be_batch *bt, int C, int K,
+                        const be_save *sv, int n_sv, float *out);
+    /* Gated delta rule (Gated DeltaNet), per value head h of nv, with key
+     * head h % nk (GGUF files store value heads in this tiled order; the
+     * Hugging Face layout groups them, h / (nv/nk)). Row t of qkv (stride floats apart) holds q [nk][dk],
+     * k [nk][dk], v [nv][dv]; q and k are L2-normalized (eps) and q scaled
+     * by 1/sqrt(dk). Gates: g = A[h] * softplus(a[t][h] + dt_bias[h]) (log
+     * decay), beta = sigmoid(bb[t][h]). With S [dk][dv] the head's state
+     * (state: [max_seqs][nv][dk][dv]):
+     *   S = exp(g) S;  S += k ((v - S^T k) beta)^T;  out[t][h] = S^T q.
+     * A run of tokens of one sequence is computed in chunks (the chunked
+     * parallel form), which equals the token-by-token recurrence.
+     * a, bb [T][nv]; out [T][nv][dv]. Both ops honour save points sv[n_sv]
+     * (the prefix state a later prompt can resume from). */
+    void (*deltanet)(be *b, const float *qkv, size_t stride, const float *a, const float *bb, const wt *A,
+                     const wt *dt_bias, float *state, const be_batch *bt, int nk, int nv, int dk, int dv,
+                     float eps, const be_save *sv, int n_sv, float *out);
+
+    /* Optional hooks (NULL when a backend has none).
+     * step_begin: called by fw_run before the ops of a forward pass with its
+     * whole input (host arrays); the backend may upload them once for every
+     * op, and returns 1 when it replays a recorded pass of the same shape
+     * (e.g. a CUDA graph): fw_run then skips the ops. step_end: after the
+     * ops (or the skip), before the logits are read. */
+    int (*step_begin)(be *b, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out);
+    void (*step_end)(be *b);
+    /* Optional: host ids[r] = first argmax of row r of x [rows][n]; waits. */
+    void (*argmax)(be *b, const float *x, int rows, int n, int32_t *ids);
     /* Optional fused ops (fw_run uses the plain ops where NULL).
      * matmul_n: n (<= 3) matmuls of the same x: out[i] = W[i] x (+ bias[i]). */
     void (*matmul_n)(be *b, int n, const wt *const *w, const wt *const *bias, const float *x, int T,
                      float *const *out);
+    /* add_rmsnorm: x += y, then out = rmsnorm(x) * w (out may be y).  [rows][n] */
+    void (*add_rmsnorm)(be *b, float *x, const float *y, const wt *w, int rows, int n, float eps, float *out);
 } be_ops;
 
 struct be {

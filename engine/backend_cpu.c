@@ -3,6 +3,7 @@
  * the thread pool. Scratch buffers grow to the largest batch seen and are
  * then reused, so steady-state decoding never allocates. */
 #include "engine/backend.h"
+#include "engine/backend_cpu_ssm.h"
 #include "engine/pool.h"
 #include "engine/qtypes.h"
 
@@ -23,6 +24,8 @@ typedef struct cpu_be {
     int rope_n, rope_half;
     float rope_base;
     const float *rope_fd;
+    void *scratch;        /* be_cpu_scratch */
+    size_t scratch_cap;
 } cpu_be;
 
 static void *cpu_alloc(be *b, size_t n)
@@ -45,6 +48,7 @@ static void cpu_close(be *b)
     if (!c) return;
     free(c->act);
     free(c->rope_tab);
+    free(c->scratch);
     free(c);
 }
 
@@ -428,6 +432,20 @@ static void cpu_attention(be *b, const float *q, const void *kc, const void *vc,
     pool_run(c->pool, att_one, &j, bt->T * n_head);
 }
 
+pool *be_cpu_pool(be *b) { return ((cpu_be *)b)->pool; }
+
+void *be_cpu_scratch(be *b, size_t bytes)
+{
+    cpu_be *c = (cpu_be *)b;
+    if (bytes > c->scratch_cap) {
+        free(c->scratch);
+        c->scratch = NULL;
+        if (posix_memalign(&c->scratch, 64, bytes)) { c->scratch = NULL; c->scratch_cap = 0; abort(); }
+        c->scratch_cap = bytes;
+    }
+    return c->scratch;
+}
+
 static const be_ops cpu_ops = {
     .name = "cpu",
     .close = cpu_close,
@@ -446,6 +464,11 @@ static const be_ops cpu_ops = {
     .attention = cpu_attention,
     .matmul_n = cpu_matmul_n,
     .sync = cpu_sync,
+    .copy_rows = cpu_copy_rows,
+    .sigmoid_mul = cpu_sigmoid_mul,
+    .rmsnorm_gated = cpu_rmsnorm_gated,
+    .conv1d_silu = cpu_conv1d_silu,
+    .deltanet = cpu_deltanet,
 };
 
 void be_cpu_scalar(be *b, int on)

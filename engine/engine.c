@@ -21,6 +21,7 @@
 #include "engine/pool.h"
 #include "engine/qtypes.h"
 #include "engine/sampler.h"
+#include "engine/snap.h"
 #include "engine/tokenizer.h"
 
 #include <math.h>
@@ -62,6 +63,8 @@ typedef struct job {
 
     int32_t *pages; int n_pages;
     int slot;                    /* sequence slot while active (per-sequence state) */
+    int snap, snap2;             /* recurrent models: snapshot entries it saves to (the
+                                    prompt's last page boundary; later ones), or -1 */
     int n_cached;                /* prompt tokens whose KV was reused */
     int n_published;             /* pages offered for prefix reuse */
     int finished; eng_finish why;  /* set by the worker; retired after the step */
@@ -92,6 +95,7 @@ struct eng {
     uint64_t next_id;
 
     kvc *kv;                     /* page ownership and prefix reuse (worker only) */
+    snapc *snaps;                /* recurrent-state snapshots for prefix reuse (worker only) */
     int n_pages_total;
 
     pthread_mutex_t ev_mu;
@@ -108,6 +112,7 @@ struct eng {
     job **b_job_of_out;
     int *b_out_pos;
     float *logits;
+    int32_t *b_ids;              /* [max_T] greedy ids computed by the backend */
 };
 
 static double now_ms(void)
@@ -266,6 +271,8 @@ static void job_free(job *j)
 static void pages_release(eng *e, job *j)
 {
     if (j->state == JOB_ACTIVE) e->slot_used[j->slot] = 0;
+    if (j->state == JOB_ACTIVE && j->snap >= 0) snapc_release(e->snaps, j->snap);
+    if (j->state == JOB_ACTIVE && j->snap2 >= 0) snapc_release(e->snaps, j->snap2);
     kvc_release(e->kv, j->pages, j->n_pages);
     j->n_pages = 0;
 }
@@ -275,6 +282,13 @@ static void pages_publish(eng *e, job *j)
 {
     int full = j->n_past / KV_PAGE;
     while (j->n_published < full) kvc_publish(e->kv, j->pages, j->n_published++, j->toks);
+    /* recurrent models: the state at each page boundary, for a later prompt
+     * that reuses these pages */
+    int s = j->n_past <= (j->n_prompt - 1) / KV_PAGE * KV_PAGE ? j->snap : j->snap2;
+    if (s >= 0 && j->n_past > 0 && j->n_past % KV_PAGE == 0 && j->n_past > snapc_len(e->snaps, s)) {
+        fw_snap_save(e->fw, j->slot, s);
+        snapc_set(e->snaps, s, j->toks, j->n_past);
+    }
 }
 
 static void job_finish(eng *e, job *j, eng_finish f)
@@ -309,7 +323,7 @@ static char *job_text(job *j, const char *piece, size_t plen, int final, int *st
         if (!nh) return NULL;
         j->hold = nh; j->hold_cap = nc;
     }
-    memcpy(j->hold + j->hold_len, piece, plen);
+    if (plen) memcpy(j->hold + j->hold_len, piece, plen);   /* hold may still be NULL */
     j->hold_len += plen;
 
     size_t send = j->hold_len;
@@ -329,6 +343,7 @@ static char *job_text(job *j, const char *piece, size_t plen, int final, int *st
         /* hold back the longest tail that could begin a stop string */
         for (size_t i = 0; i < j->n_stop; i++) {
             size_t sl = j->stop_len[i];
+            if (sl == 0) continue;   /* sl - 1 would wrap: an empty stop never matches */
             for (size_t k = sl - 1; k > 0; k--) {
                 if (k > j->hold_len) continue;
                 if (!memcmp(j->hold + j->hold_len - k, j->stop[i], k)) {
@@ -341,7 +356,7 @@ static char *job_text(job *j, const char *piece, size_t plen, int final, int *st
     char *out = malloc(send * 3 + 1);
     if (!out) return NULL;
     size_t used = utf8_clean(j->hold, send, final, out, out_len);
-    memmove(j->hold, j->hold + used, j->hold_len - used);
+    if (used) memmove(j->hold, j->hold + used, j->hold_len - used);   /* hold may still be NULL */
     j->hold_len -= used;
     if (*stopped) j->hold_len = 0;
     out[*out_len] = 0;
@@ -519,13 +534,14 @@ int eng_submit(eng *e, const eng_job_desc *d, uint64_t *job_id, eng_err *code, c
         return fail(code, ENG_EBUSY, err, errlen, NULL);
     }
     j->id = ++e->next_id;
+    *job_id = j->id;   /* under mu: once it is unlocked the worker may finish and free j */
     j->state = JOB_QUEUED;
     if (e->queue_tail) e->queue_tail->next = j; else e->queue_head = j;
     e->queue_tail = j;
     e->n_queued++;
+    *job_id = j->id;  /* under mu: once unlocked the worker may end and free j */
     pthread_cond_signal(&e->cv);
     pthread_mutex_unlock(&e->mu);
-    *job_id = j->id;
     return 0;
 }
 
@@ -649,9 +665,17 @@ static void schedule(eng *e)
         int need = (j->n_prompt + j->max_gen + KV_PAGE - 1) / KV_PAGE;
         /* reuse whole cached pages of the prompt; at least its last token is
          * computed again, for its logits. Eval needs every position's logits. */
-        int reuse = 0;
-        if (j->kind == ENG_JOB_GENERATE && !e->m->recurrent)
+        int reuse = 0, snap = -1, snap_len = 0;
+        if (j->kind == ENG_JOB_GENERATE && (!e->m->recurrent || e->snaps))
             reuse = kvc_match(e->kv, j->toks, j->n_prompt, (j->n_prompt - 1) / KV_PAGE, j->pages);
+        if (e->m->recurrent && reuse > 0) {
+            /* recurrent layers resume only from a saved state: cut the reuse
+             * back to the longest snapshot of this prompt */
+            snap = snapc_find(e->snaps, j->toks, reuse * KV_PAGE, KV_PAGE, &snap_len);
+            int keep = snap >= 0 ? snap_len / KV_PAGE : 0;
+            kvc_release(e->kv, j->pages + keep, reuse - keep);
+            reuse = keep;
+        }
         if (kvc_alloc(e->kv, need - reuse, j->pages + reuse)) {
             kvc_release(e->kv, j->pages, reuse);
             break;                            /* wait for pages; keeps order fair */
@@ -661,6 +685,9 @@ static void schedule(eng *e)
         while (e->slot_used[j->slot]) j->slot++;   /* n_active < max_seqs: one is free */
         e->slot_used[j->slot] = 1;
         fw_seq_reset(e->fw, j->slot);
+        if (reuse > 0 && snap >= 0) fw_snap_load(e->fw, snap, j->slot);
+        j->snap = e->snaps && j->kind == ENG_JOB_GENERATE ? snapc_take(e->snaps, j) : -1;
+        j->snap2 = j->snap >= 0 ? snapc_take(e->snaps, j) : -1;
         j->n_pages = need;
         j->n_cached = reuse * KV_PAGE;
         j->n_past = j->n_cached;
@@ -735,6 +762,12 @@ static void step(eng *e)
         if (take > budget - T) take = budget - T;
         if (j->kind == ENG_JOB_EVAL && take > EVAL_ROWS - n_out) take = EVAL_ROWS - n_out;
         if (take <= 0) continue;
+        int mark = (j->n_prompt - 1) / KV_PAGE * KV_PAGE;
+        if (j->snap >= 0 && j->n_past < mark && j->n_past + take >= mark) {
+            /* the state at the prompt's last page boundary, saved in this pass */
+            fw_snap_at(e->fw, j->slot, mark, j->snap);
+            snapc_set(e->snaps, j->snap, j->toks, mark);
+        }
         for (int k = 0; k < take; k++) {
             int p = j->n_past + k;
             e->b_tok[T] = j->toks[p];
@@ -754,7 +787,15 @@ static void step(eng *e)
     }
     if (T == 0) return;
     be_batch bt = { .T = T, .pos = e->b_pos, .pages = e->b_pages, .slot = e->b_slot };
-    fw_run(e->fw, e->b_tok, &bt, e->b_out, n_out, e->logits);
+    /* when every output row is greedy without penalties, only the argmax ids
+     * are needed: backends that can (CUDA) compute them and skip the logits */
+    int greedy = n_out > 0 && fw_greedy_ok(e->fw);
+    for (int o = 0; greedy && o < n_out; o++) {
+        const job *j = e->b_job_of_out[o];
+        if (j->kind == ENG_JOB_EVAL || j->s.temperature > 0.0f || j->s.repeat_penalty != 1.0f) greedy = 0;
+    }
+    if (greedy) fw_run_greedy(e->fw, e->b_tok, &bt, e->b_out, n_out, e->b_ids);
+    else fw_run(e->fw, e->b_tok, &bt, e->b_out, n_out, e->logits);
 
     for (int t = 0; t < T; t++) e->b_job[t]->n_past++;
     for (int i = 0; i < e->n_active; i++) pages_publish(e, e->active[i]);
@@ -777,7 +818,7 @@ static void step(eng *e)
             continue;
         }
         if (!j->t_first) j->t_first = now_ms();
-        int32_t id = sampler_pick(e->smp, lg, &j->s, j->toks, (size_t)j->n_tok, &j->rng);
+        int32_t id = greedy ? e->b_ids[o] : sampler_pick(e->smp, lg, &j->s, j->toks, (size_t)j->n_tok, &j->rng);
         emit_token(e, j, id, &j->finished, &j->why);
         gen++;
     }
@@ -817,6 +858,7 @@ static void *worker_main(void *arg)
         pthread_mutex_lock(&e->mu);
         schedule(e);
         while (!e->stop && !runnable(e)) {
+            notify(e);  /* schedule() may have retired jobs (their DONE events) */
             pthread_cond_wait(&e->cv, &e->mu);
             schedule(e);
         }
@@ -907,6 +949,7 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
     e->b_tok = malloc((size_t)max_T * sizeof *e->b_tok);
     e->b_pos = malloc((size_t)max_T * sizeof *e->b_pos);
     e->b_out = malloc((size_t)max_T * sizeof *e->b_out);
+    e->b_ids = malloc((size_t)max_T * sizeof *e->b_ids);
     e->b_pages = malloc((size_t)max_T * sizeof *e->b_pages);
     e->b_job = malloc((size_t)max_T * sizeof *e->b_job);
     e->b_slot = malloc((size_t)max_T * sizeof *e->b_slot);
@@ -915,7 +958,11 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
     e->b_out_pos = malloc((size_t)max_T * sizeof *e->b_out_pos);
     e->logits = malloc((size_t)max_out * m->hp.n_vocab * sizeof(float));
     if (kvc_open(&e->kv, e->n_pages_total, KV_PAGE)) { snprintf(err, errlen, "out of memory"); goto fail; }
-    if (!e->active || !e->b_tok || !e->b_pos || !e->b_out || !e->b_pages || !e->b_job || !e->b_slot || !e->slot_used ||
+    if (m->recurrent && fw_snap_count(e->fw) > 0 && snapc_open(&e->snaps, fw_snap_count(e->fw), e->n_ctx)) {
+        snprintf(err, errlen, "out of memory");
+        goto fail;
+    }
+    if (!e->active || !e->b_tok || !e->b_pos || !e->b_out || !e->b_ids || !e->b_pages || !e->b_job || !e->b_slot || !e->slot_used ||
         !e->b_job_of_out || !e->b_out_pos || !e->logits) {
         snprintf(err, errlen, "out of memory");
         goto fail;
@@ -955,8 +1002,9 @@ void eng_close(eng *e)
     pool_close(e->pool);
     model_free(e->m);
     kvc_close(e->kv);
+    snapc_close(e->snaps);
     free(e->active); free(e->b_tok); free(e->b_pos); free(e->b_out);
-    free(e->b_pages); free(e->b_job); free(e->b_slot); free(e->slot_used); free(e->b_job_of_out); free(e->b_out_pos); free(e->logits);
+    free(e->b_pages); free(e->b_job); free(e->b_slot); free(e->slot_used); free(e->b_job_of_out); free(e->b_out_pos); free(e->logits); free(e->b_ids);
     pthread_mutex_destroy(&e->mu);
     pthread_mutex_destroy(&e->ev_mu);
     pthread_cond_destroy(&e->cv);

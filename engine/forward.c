@@ -8,6 +8,7 @@
  *   x, xb [T][E]   q, att [T][Q]   k, v [T][K]   hg, hu [T][F]
  *   xo [max_out][E]   lg [max_out][V] */
 #include "engine/forward.h"
+#include "engine/forward_qwen35.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,17 +20,20 @@ struct fw {
     float *x, *xb, *q, *k, *v, *att, *hg, *hu, *xo, *lg;
     void **kc, **vc;           /* [n_layer] cache of each layer */
     size_t kv_bytes;
+    fwq *q35;                  /* qwen35 models run there */
 };
 
 size_t fw_kv_page_bytes(const model *m, size_t kv_elt)
 {
     const hparams *hp = &m->hp;
+    if (hp->arch == ARCH_QWEN35) return fwq_kv_page_bytes(m, kv_elt);
     return (size_t)2 * hp->n_layer * KV_PAGE * hp->n_head_kv * hp->head_dim * kv_elt;
 }
 
 void fw_close(fw *f)
 {
     if (!f) return;
+    fwq_close(f->q35);
     be *b = f->b;
     float *bufs[] = { f->x, f->xb, f->q, f->k, f->v, f->att, f->hg, f->hu, f->xo, f->lg };
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
@@ -45,7 +49,7 @@ void fw_close(fw *f)
 
 void fw_seq_reset(fw *f, int slot)
 {
-    (void)f; (void)slot;   /* attention-only models keep no state outside the KV pages */
+    if (f->q35) fwq_seq_reset(f->q35, slot);   /* others keep no state outside the KV pages */
 }
 
 int fw_open(fw **out, model *m, be *b, int max_T, int max_out, int n_pages, int max_seqs,
@@ -56,6 +60,11 @@ int fw_open(fw **out, model *m, be *b, int max_T, int max_out, int n_pages, int 
     fw *f = calloc(1, sizeof *f);
     if (!f) goto oom;
     f->m = m; f->b = b; f->max_T = max_T; f->max_out = max_out; f->n_pages = n_pages;
+    if (hp->arch == ARCH_QWEN35) {
+        if (fwq_open(&f->q35, m, b, max_T, max_out, n_pages, max_seqs, err, errlen)) { free(f); return -1; }
+        *out = f;
+        return 0;
+    }
     size_t T = (size_t)max_T, E = hp->n_embd, Q = (size_t)hp->n_head * hp->head_dim,
            K = (size_t)hp->n_head_kv * hp->head_dim, F = hp->n_ff;
     f->x = b->ops->alloc(b, T * E * 4);
@@ -93,9 +102,15 @@ oom:
     return -1;
 }
 
-size_t fw_kv_bytes(const fw *f) { return f->kv_bytes; }
+int fw_snap_count(const fw *f) { return f->q35 ? fwq_snap_count(f->q35) : 0; }
+void fw_snap_save(fw *f, int slot, int snap) { if (f->q35) fwq_snap_save(f->q35, slot, snap); }
+void fw_snap_load(fw *f, int snap, int slot) { if (f->q35) fwq_snap_load(f->q35, snap, slot); }
+void fw_snap_at(fw *f, int slot, int pos, int snap) { if (f->q35) fwq_snap_at(f->q35, slot, pos, snap); }
 
-void fw_run(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out, float *logits)
+size_t fw_kv_bytes(const fw *f) { return f->q35 ? fwq_kv_bytes(f->q35) : f->kv_bytes; }
+
+/* Every op of a forward pass, up to the logits in f->lg (queued, not synced). */
+static void fw_pass(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out)
 {
     const model *m = f->m;
     const hparams *hp = &m->hp;
@@ -104,11 +119,14 @@ void fw_run(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out
     int T = bt->T, E = hp->n_embd, HD = hp->head_dim;
     int K = hp->n_head_kv * HD, F = hp->n_ff;
     const wt *freq_div = &m->rope_freqs;
-
+    /* a backend that records passes (CUDA graphs) may replay one instead */
+    if (o->step_begin && o->step_begin(b, tokens, bt, out_idx, n_out)) goto ops_done;
     o->embed(b, &m->tok_embd, tokens, T, f->x);
+    /* backends with fused ops: each residual add runs with the next norm */
+    int fuse = o->add_rmsnorm != NULL;
     for (int l = 0; l < hp->n_layer; l++) {
         const layer_w *L = &m->layers[l];
-        o->rmsnorm(b, f->x, &L->attn_norm, T, E, hp->norm_eps, f->xb);
+        if (!fuse || l == 0) o->rmsnorm(b, f->x, &L->attn_norm, T, E, hp->norm_eps, f->xb);
         if (o->matmul_n) {
             const wt *ws[3] = { &L->wq, &L->wk, &L->wv }, *bs[3] = { &L->bq, &L->bk, &L->bv };
             float *outs[3] = { f->q, f->k, f->v };
@@ -127,8 +145,12 @@ void fw_run(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out
         o->kv_store(b, f->kc[l], f->vc[l], bt, K, f->k, f->v);
         o->attention(b, f->q, f->kc[l], f->vc[l], bt, hp->n_head, hp->n_head_kv, HD, f->att);
         o->matmul(b, &L->wo, NULL, f->att, T, f->xb);
-        o->add(b, f->x, f->xb, (size_t)T * E);
-        o->rmsnorm(b, f->x, &L->ffn_norm, T, E, hp->norm_eps, f->xb);
+        if (fuse) {
+            o->add_rmsnorm(b, f->x, f->xb, &L->ffn_norm, T, E, hp->norm_eps, f->xb);
+        } else {
+            o->add(b, f->x, f->xb, (size_t)T * E);
+            o->rmsnorm(b, f->x, &L->ffn_norm, T, E, hp->norm_eps, f->xb);
+        }
         if (o->matmul_n) {
             const wt *ws[2] = { &L->w_gate, &L->w_up }, *bs[2] = { NULL, NULL };
             float *outs[2] = { f->hg, f->hu };
@@ -139,13 +161,35 @@ void fw_run(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out
         }
         o->silu_mul(b, f->hg, f->hu, (size_t)T * F, f->hg);
         o->matmul(b, &L->w_down, NULL, f->hg, T, f->xb);
-        o->add(b, f->x, f->xb, (size_t)T * E);
+        if (fuse && l + 1 < hp->n_layer)
+            o->add_rmsnorm(b, f->x, f->xb, &m->layers[l + 1].attn_norm, T, E, hp->norm_eps, f->xb);
+        else
+            o->add(b, f->x, f->xb, (size_t)T * E);
     }
-    if (n_out <= 0) { o->sync(b); return; }
     for (int i = 0; i < n_out; i++)
         o->rmsnorm(b, f->x + (size_t)out_idx[i] * E, &m->output_norm, 1, E, hp->norm_eps,
                    f->xo + (size_t)i * E);
-    o->matmul(b, &m->output, NULL, f->xo, n_out, f->lg);
-    o->to_host(b, logits, f->lg, (size_t)n_out * hp->n_vocab * 4);
-    o->sync(b);
+    if (n_out > 0) o->matmul(b, &m->output, NULL, f->xo, n_out, f->lg);
+ops_done:
+    if (o->step_end) o->step_end(b);
+}
+
+void fw_run(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out, float *logits)
+{
+    be *b = f->b;
+    if (f->q35) { fwq_run(f->q35, tokens, bt, out_idx, n_out, logits); return; }
+    fw_pass(f, tokens, bt, out_idx, n_out);
+    if (n_out > 0) b->ops->to_host(b, logits, f->lg, (size_t)n_out * f->m->hp.n_vocab * 4);
+    b->ops->sync(b);
+}
+
+int fw_greedy_ok(const fw *f) { return !f->q35 && f->b->ops->argmax != NULL; }
+
+void fw_run_greedy(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out,
+                   int32_t *ids)
+{
+    be *b = f->b;
+    fw_pass(f, tokens, bt, out_idx, n_out);
+    if (n_out > 0) b->ops->argmax(b, f->lg, n_out, f->m->hp.n_vocab, ids);
+    b->ops->sync(b);
 }

@@ -16,6 +16,15 @@ int fw_open(fw **out, model *m, be *b, int max_T, int max_out, int n_pages, int 
 /* A new sequence takes `slot`: clears its per-sequence state. */
 void fw_seq_reset(fw *f, int slot);
 void fw_close(fw *f);
+/* Recurrent-state snapshots (models with per-sequence state; 0 of them
+ * elsewhere): save copies slot's state into snapshot `snap`, load the
+ * reverse. Both queue backend work like fw_run. */
+int fw_snap_count(const fw *f);
+void fw_snap_save(fw *f, int slot, int snap);
+void fw_snap_load(fw *f, int snap, int slot);
+/* The next fw_run saves slot's state right after its token at position
+ * pos-1 (which must be in that batch) into snapshot `snap`. */
+void fw_snap_at(fw *f, int slot, int pos, int snap);
 size_t fw_kv_bytes(const fw *f);          /* bytes of the whole KV pool */
 size_t fw_kv_page_bytes(const model *m, size_t kv_elt);
 
@@ -23,5 +32,11 @@ size_t fw_kv_page_bytes(const model *m, size_t kv_elt);
  * out_idx[0..n_out) (n_out <= max_out) to host memory logits [n_out][n_vocab]. */
 void fw_run(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out,
             float *logits);
+/* As fw_run, but writes only the greedy choice (first argmax of the logits)
+ * of each output row to host ids[n_out]: the logits stay on the device. Only
+ * where fw_greedy_ok (the backend has an argmax). */
+int fw_greedy_ok(const fw *f);
+void fw_run_greedy(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out,
+                   int32_t *ids);
 
 #endif

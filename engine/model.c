@@ -116,7 +116,9 @@ int model_prepare(model *m, be *b, char *err, size_t errlen)
     for (int l = 0; l < m->hp.n_layer; l++) {
         layer_w *L = &m->layers[l];
         wt *ws[] = { &L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_norm, &L->w_gate, &L->w_up,
-                     &L->w_down, &L->bq, &L->bk, &L->bv, &L->q_norm, &L->k_norm };
+                     &L->w_down, &L->bq, &L->bk, &L->bv, &L->q_norm, &L->k_norm,
+                     &L->ssm_qkv, &L->ssm_z, &L->ssm_alpha, &L->ssm_beta, &L->ssm_a, &L->ssm_dt_bias,
+                     &L->ssm_conv, &L->ssm_norm, &L->ssm_out };
         for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
             if (ws[i]->data && b->ops->weight_prepare(b, ws[i])) goto fail;
     }
@@ -191,6 +193,98 @@ static int load_weights(ld *l)
             get_layer_w(l, &L->k_norm, i, "attn_k_norm.weight", HD, 0, qkn))
             return -1;
     }
+    return 0;
+}
+
+/* Qwen3.5 hybrid: Gated DeltaNet (linear attention) layers with a full
+ * gated-attention layer every full_attention_interval layers. The GGUF
+ * converter already stores norm weights as 1 + w and ssm_a as -exp(A_log). */
+static int load_qwen35(ld *l)
+{
+    model *m = l->m;
+    hparams *hp = &m->hp;
+    int64_t nk, nv, dk, inner, interval, ck;
+    if (key_i(l, "ssm.conv_kernel", &ck, 1, 0) || key_i(l, "ssm.state_size", &dk, 1, 0) ||
+        key_i(l, "ssm.group_count", &nk, 1, 0) || key_i(l, "ssm.time_step_rank", &nv, 1, 0) ||
+        key_i(l, "ssm.inner_size", &inner, 1, 0) || key_i(l, "full_attention_interval", &interval, 0, 4))
+        return -1;
+    if (ck < 1 || ck > 16 || dk < 1 || dk > 1024 || nk < 1 || nk > 1024 || nv < 1 || nv > 1024 || nv % nk ||
+        inner < 1 || inner % nv || inner / nv > 1024 || interval < 1 || interval > hp->n_layer)
+        return ld_fail(l, "implausible linear-attention hyper-parameters (conv %lld, state %lld, groups %lld, "
+                       "heads %lld, inner %lld, interval %lld)", (long long)ck, (long long)dk, (long long)nk,
+                       (long long)nv, (long long)inner, (long long)interval);
+    hp->ssm_conv_k = (int32_t)ck;
+    hp->ssm_dk = (int32_t)dk;
+    hp->ssm_nk = (int32_t)nk;
+    hp->ssm_nv = (int32_t)nv;
+    hp->ssm_dv = (int32_t)(inner / nv);
+    m->recurrent = 1;
+
+    const gguf_tensor *te = gguf_tensor_find(l->g, "token_embd.weight");
+    if (!te) return ld_fail(l, "missing tensor 'token_embd.weight'");
+    hp->n_vocab = (int32_t)te->ne[1];
+    if (hp->n_vocab != tok_n_vocab(m->tok))
+        return ld_fail(l, "token_embd.weight has %d rows but the tokenizer has %d tokens", hp->n_vocab,
+                       tok_n_vocab(m->tok));
+
+    int E = hp->n_embd, HD = hp->head_dim, QD = hp->n_head * HD, KD = hp->n_head_kv * HD, F = hp->n_ff;
+    int SK = hp->ssm_nk * hp->ssm_dk, SV = hp->ssm_nv * hp->ssm_dv, CD = 2 * SK + SV;
+    size_t per_layer = (size_t)2 * E + 2 * HD + 2 * (size_t)nv + (size_t)hp->ssm_dv + (size_t)CD * (size_t)ck;
+    l->vec_cap = (size_t)2 * E + (size_t)hp->n_layer * per_layer + 64;
+    l->vec_buf = malloc(l->vec_cap * sizeof(float));
+    m->owned = l->vec_buf;
+    m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
+    if (!l->vec_buf || !m->layers) return ld_fail(l, "out of memory");
+
+    if (get_w(l, &m->tok_embd, "token_embd.weight", E, hp->n_vocab, 1)) return -1;
+    if (get_w(l, &m->output_norm, "output_norm.weight", E, 0, 1)) return -1;
+    if (get_w(l, &m->output, "output.weight", E, hp->n_vocab, 0)) return -1;
+    if (!m->output.data) m->output = m->tok_embd;   /* tied embeddings */
+
+    hp->n_attn_layers = 0;
+    for (int i = 0; i < hp->n_layer; i++) {
+        layer_w *L = &m->layers[i];
+        L->linear = (i + 1) % interval != 0;
+        if (get_layer_w(l, &L->attn_norm, i, "attn_norm.weight", E, 0, 1) ||
+            get_layer_w(l, &L->ffn_norm, i, "post_attention_norm.weight", E, 0, 1) ||
+            get_layer_w(l, &L->w_gate, i, "ffn_gate.weight", E, F, 1) ||
+            get_layer_w(l, &L->w_up, i, "ffn_up.weight", E, F, 1) ||
+            get_layer_w(l, &L->w_down, i, "ffn_down.weight", F, E, 1))
+            return -1;
+        if (!L->linear) {
+            hp->n_attn_layers++;
+            if (get_layer_w(l, &L->wq, i, "attn_q.weight", E, 2 * QD, 1) ||
+                get_layer_w(l, &L->wk, i, "attn_k.weight", E, KD, 1) ||
+                get_layer_w(l, &L->wv, i, "attn_v.weight", E, KD, 1) ||
+                get_layer_w(l, &L->wo, i, "attn_output.weight", QD, E, 1) ||
+                get_layer_w(l, &L->q_norm, i, "attn_q_norm.weight", HD, 0, 1) ||
+                get_layer_w(l, &L->k_norm, i, "attn_k_norm.weight", HD, 0, 1))
+                return -1;
+            continue;
+        }
+        if (get_layer_w(l, &L->ssm_qkv, i, "attn_qkv.weight", E, CD, 1) ||
+            get_layer_w(l, &L->ssm_z, i, "attn_gate.weight", E, SV, 1) ||
+            get_layer_w(l, &L->ssm_alpha, i, "ssm_alpha.weight", E, nv, 1) ||
+            get_layer_w(l, &L->ssm_beta, i, "ssm_beta.weight", E, nv, 1) ||
+            get_layer_w(l, &L->ssm_a, i, "ssm_a", nv, 0, 1) ||
+            get_layer_w(l, &L->ssm_dt_bias, i, "ssm_dt.bias", nv, 0, 1) ||
+            get_layer_w(l, &L->ssm_norm, i, "ssm_norm.weight", hp->ssm_dv, 0, 1) ||
+            get_layer_w(l, &L->ssm_out, i, "ssm_out.weight", SV, E, 1) ||
+            get_layer_w(l, &L->ssm_conv, i, "ssm_conv1d.weight", ck, CD, 1))
+            return -1;
+        /* the conv taps are read as f32 by the ops: widen them */
+        wt *c = &L->ssm_conv;
+        if (c->type != QT_F32) {
+            float *dst = l->vec_buf + l->vec_used;
+            if (l->vec_used + (size_t)CD * (size_t)ck > l->vec_cap) return ld_fail(l, "internal: vector buffer too small");
+            for (int r = 0; r < CD; r++) wt_row_f32(c, r, dst + (size_t)r * ck);
+            l->vec_used += (size_t)CD * (size_t)ck;
+            c->type = QT_F32;
+            c->row_bytes = (size_t)ck * 4;
+            c->data = dst;
+        }
+    }
+    if (hp->n_attn_layers == 0) return ld_fail(l, "no full-attention layer (full_attention_interval %lld)", (long long)interval);
     return 0;
 }
 
@@ -293,8 +387,9 @@ int model_load(model **out, const char *path, char *err, size_t errlen)
     if (!strcmp(m->arch_name, "llama")) hp->arch = ARCH_LLAMA;
     else if (!strcmp(m->arch_name, "qwen2")) hp->arch = ARCH_QWEN2;
     else if (!strcmp(m->arch_name, "qwen3")) hp->arch = ARCH_QWEN3;
+    else if (!strcmp(m->arch_name, "qwen35")) hp->arch = ARCH_QWEN35;
     else {
-        ld_fail(&l, "unsupported architecture '%s' in general.architecture (supported: llama, qwen2, qwen3)",
+        ld_fail(&l, "unsupported architecture '%s' in general.architecture (supported: llama, qwen2, qwen3, qwen35)",
                 m->arch_name[0] ? m->arch_name : "(missing)");
         goto fail;
     }
@@ -340,7 +435,7 @@ int model_load(model **out, const char *path, char *err, size_t errlen)
     hp->rope_base = (float)f;
     hp->rope_neox = hp->arch != ARCH_LLAMA;
 
-    if (load_weights(&l)) goto fail;
+    if (hp->arch == ARCH_QWEN35 ? load_qwen35(&l) : load_weights(&l)) goto fail;
     *out = m;
     return 0;
 fail:

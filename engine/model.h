@@ -11,7 +11,7 @@
 
 struct tok;
 
-typedef enum model_arch { ARCH_LLAMA = 0, ARCH_QWEN2, ARCH_QWEN3 } model_arch;
+typedef enum model_arch { ARCH_LLAMA = 0, ARCH_QWEN2, ARCH_QWEN3, ARCH_QWEN35 } model_arch;
 
 typedef struct wt {
     uint32_t type;          /* qtypes id */
@@ -25,6 +25,18 @@ typedef struct layer_w {
     wt attn_norm, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down;
     wt bq, bk, bv;              /* qwen2 biases (data NULL when absent) */
     wt q_norm, k_norm;          /* qwen3 per-head norms */
+    /* qwen35: linear (Gated DeltaNet) layers use these instead of wq..wo;
+     * full-attention layers use wq (query and output gate interleaved per
+     * head), wk, wv, wo, q_norm, k_norm. ffn_norm is post_attention_norm. */
+    int linear;
+    wt ssm_qkv;                 /* [E] -> [2*n_k*dk + n_v*dv]: q, k, v channels */
+    wt ssm_z;                   /* [E] -> [n_v*dv]: output gate (attn_gate) */
+    wt ssm_alpha, ssm_beta;     /* [E] -> [n_v] */
+    wt ssm_a;                   /* f32 [n_v]: -exp(A_log) */
+    wt ssm_dt_bias;             /* f32 [n_v] */
+    wt ssm_conv;                /* f32 [conv_dim] rows of ssm_conv_k taps */
+    wt ssm_norm;                /* f32 [dv] */
+    wt ssm_out;                 /* [n_v*dv] -> [E] */
 } layer_w;
 
 typedef struct hparams {
@@ -35,6 +47,11 @@ typedef struct hparams {
     float norm_eps;
     float rope_base;
     int rope_neox;              /* 1: rotate (i, i+n_rot/2); 0: adjacent pairs */
+    /* qwen35 linear-attention layers (0 elsewhere) */
+    int32_t ssm_conv_k;         /* causal conv taps */
+    int32_t ssm_dk, ssm_dv;     /* key / value head size */
+    int32_t ssm_nk, ssm_nv;     /* key / value heads (nv a multiple of nk) */
+    int32_t n_attn_layers;      /* qwen35: layers that keep a KV cache */
 } hparams;
 
 typedef struct model {

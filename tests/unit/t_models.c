@@ -56,6 +56,7 @@ static void check_model(const char *model, const char *ref, double tol, int kv_f
     o.model_path = model;
     o.n_threads = 2;
     o.kv_f32 = kv_f32;
+    o.backend = getenv("ANE_BACKEND");   /* e.g. cuda; NULL: the best present */
     if (eng_open(&e, &o, err, sizeof err)) {
         CHECKF(0, "%s", err);
         json_decref(root);
@@ -141,6 +142,7 @@ static void test_bf16_vs_transformers(void)
     check_model(M("qwen3-tiny.bf16.gguf"), R("qwen3-tiny.dev.json"), 0.05, 0);
     check_model(M("llama3-tiny.bf16.gguf"), R("llama3-tiny.dev.json"), 0.05, 0);
     check_model(M("llama-q.bf16.gguf"), R("llama-q.dev.json"), 0.05, 0);
+    check_model(M("qwen35-tiny.bf16.gguf"), R("qwen35-tiny.dev.json"), 0.05, 0);
 }
 
 static void test_kv_f32(void)
