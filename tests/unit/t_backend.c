@@ -7,6 +7,7 @@
 #include "tests/check.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 static uint64_t rs = 88172645463325252ull;
 static float frand(void)
@@ -142,10 +143,94 @@ static void test_rmsnorm_rope(void)
     pool_close(p);
 }
 
+/* matmul_n (Q/K/V, gate/up in one pass) gives the same bits as one matmul per
+ * weight, with biases, uneven row counts, and mixed types (which fall back). */
+static void test_matmul_n(void)
+{
+    pool *p;
+    char err[128];
+    be *b;
+    CHECK(pool_open(&p, 2) == 0);
+    CHECK(be_cpu_open(&b, p, 1, err, sizeof err) == 0);
+    if (!b->ops->matmul_n) { b->ops->close(b); pool_close(p); return; }
+    enum { N = 256, T = 5 };
+    const int rows[3] = { 96, 32, 48 };
+    const uint32_t types[2][3] = { { QT_Q8_0, QT_Q8_0, QT_Q8_0 }, { QT_Q8_0, QT_Q4_K, QT_F32 } };
+    void *wd[3];
+    float bias[3][96], x[T][N], y1[3][T * 96], yn[3][T * 96];
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < N; i++) x[t][i] = frand();
+    for (int set = 0; set < 2; set++) {
+        wt w[3], bw[3];
+        for (int k = 0; k < 3; k++) {
+            uint32_t ty = types[set][k];
+            size_t rb = qt_row_size(ty, N);
+            wd[k] = malloc(rb * (size_t)rows[k]);
+            uint8_t *q = wd[k];
+            for (size_t i = 0; i < rb * (size_t)rows[k]; i++) q[i] = (uint8_t)(rand() & 0xff);
+            if (ty == QT_F32)
+                for (int i = 0; i < N * rows[k]; i++) ((float *)wd[k])[i] = frand();
+            else if (ty == QT_Q8_0)
+                for (int r = 0; r < rows[k] * N / 32; r++) {
+                    uint16_t h = qt_fp32_to_fp16(0.01f + 0.001f * (float)(r % 7));
+                    memcpy(q + (size_t)r * 34, &h, 2);
+                }
+            else
+                for (int r = 0; r < rows[k] * N / 256; r++) {
+                    uint16_t h = qt_fp32_to_fp16(0.001f), m = qt_fp32_to_fp16(0.0005f);
+                    memcpy(q + (size_t)r * 144, &h, 2);
+                    memcpy(q + (size_t)r * 144 + 2, &m, 2);
+                }
+            w[k] = (wt){ .type = ty, .n_in = N, .n_out = rows[k], .row_bytes = rb, .data = wd[k] };
+            for (int i = 0; i < rows[k]; i++) bias[k][i] = frand();
+            bw[k] = (wt){ .type = QT_F32, .n_in = rows[k], .n_out = 1, .row_bytes = (size_t)rows[k] * 4,
+                          .data = k == 1 ? NULL : bias[k] };
+        }
+        for (int k = 0; k < 3; k++) b->ops->matmul(b, &w[k], &bw[k], &x[0][0], T, y1[k]);
+        const wt *ws[3] = { &w[0], &w[1], &w[2] }, *bs[3] = { &bw[0], &bw[1], &bw[2] };
+        float *outs[3] = { yn[0], yn[1], yn[2] };
+        b->ops->matmul_n(b, 3, ws, bs, &x[0][0], T, outs);
+        int bad = 0;
+        for (int k = 0; k < 3; k++) bad += memcmp(y1[k], yn[k], (size_t)T * rows[k] * 4) != 0;
+        CHECKF(bad == 0, "set %d: %d of 3 outputs differ from separate matmuls", set, bad);
+        for (int k = 0; k < 3; k++) free(wd[k]);
+    }
+    b->ops->close(b);
+    pool_close(p);
+}
+
+/* rope's cos/sin table is rebuilt when the base changes, and grows with positions */
+static void test_rope_table(void)
+{
+    pool *p;
+    char err[128];
+    be *b;
+    CHECK(pool_open(&p, 1) == 0);
+    CHECK(be_cpu_open(&b, p, 1, err, sizeof err) == 0);
+    const float bases[3] = { 10000.0f, 1000000.0f, 10000.0f };
+    const int32_t poss[3] = { 3, 3, 5000 };
+    for (int c = 0; c < 3; c++) {
+        float v[8], v0[8];
+        for (int i = 0; i < 8; i++) v[i] = v0[i] = frand();
+        int32_t pos[1] = { poss[c] };
+        be_batch bt = { .T = 1, .pos = pos };
+        b->ops->rope(b, v, &bt, 1, 8, 8, bases[c], 1, NULL);
+        for (int i = 0; i < 4; i++) {
+            double th = poss[c] * pow(bases[c], -2.0 * i / 8);
+            CHECK_NEAR(v[i], v0[i] * cos(th) - v0[i + 4] * sin(th), 1e-4);
+            CHECK_NEAR(v[i + 4], v0[i] * sin(th) + v0[i + 4] * cos(th), 1e-4);
+        }
+    }
+    b->ops->close(b);
+    pool_close(p);
+}
+
 int main(void)
 {
     qt_init();
     RUN(test_attention);
     RUN(test_rmsnorm_rope);
+    RUN(test_matmul_n);
+    RUN(test_rope_table);
     return CHECK_DONE();
 }
