@@ -9,7 +9,10 @@
  * aggregate decode rate is reported beside the single-stream one. The weight
  * bytes read per decode step over the measured time give the achieved
  * bandwidth, shown against a plain multi-threaded memory read measured in the
- * same run. Each figure is the median of R repeats. */
+ * same run. Each figure is the median of R repeats. On a shared machine the
+ * wall-clock rates measure the other load as much as the engine, so the
+ * single-stream rates are also given per CPU-second of the process (times the
+ * thread count): the rate with the cores to itself. */
 #include "engine/engine.h"
 
 #include <pthread.h>
@@ -82,6 +85,18 @@ typedef struct run_res { double prefill_tps, decode_tps, wall_s; int ok; } run_r
 /* Runs S jobs at once; returns per-job medians and aggregate decode rate. */
 static unsigned run_seq;   /* makes every submitted prompt distinct */
 
+static double cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* CPU seconds of the process during the last single-stream run's prefill (up
+ * to its first token) and decode (the rest), and the tokens of each. */
+static double cpu_pf_s, cpu_dc_s;
+static int cpu_dc_tokens;
+
 static int run_jobs(eng *e, int n_prompt, int n_gen, int streams, double *prefill_tps, double *decode_tps,
                     double *agg_tps)
 {
@@ -93,7 +108,7 @@ static int run_jobs(eng *e, int n_prompt, int n_gen, int streams, double *prefil
     char err[256];
     eng_err code;
     for (int i = 0; i < n_prompt; i++) toks[i] = (int32_t)((i * 7919 + 13) % (nv > 3 ? nv - 3 : 1)) + 3;
-    double t0 = now_s();
+    double t0 = now_s(), c0 = cpu_s(), c1 = 0;
     for (int s = 0; s < streams; s++) {
         eng_job_desc d = { 0 };
         d.kind = ENG_JOB_GENERATE;
@@ -123,10 +138,16 @@ static int run_jobs(eng *e, int n_prompt, int n_gen, int streams, double *prefil
             if (ev->type == ENG_EV_TOKEN) {
                 gen_total++;
                 if (!first_tok && gen_total >= streams) first_tok = now_s();
+                if (gen_total == 1) c1 = cpu_s();
             }
             if (ev->type == ENG_EV_DONE) {
                 pf[done] = ev->prefill_ms > 0 ? n_prompt / (ev->prefill_ms / 1e3) : 0;
                 dc[done] = ev->decode_ms > 0 ? (ev->completion_tokens - 1) / (ev->decode_ms / 1e3) : 0;
+                if (streams == 1 && c1 > 0) {
+                    cpu_pf_s = c1 - c0;
+                    cpu_dc_s = cpu_s() - c1;
+                    cpu_dc_tokens = (int)ev->completion_tokens - 1;
+                }
                 done++;
             }
             if (ev->type == ENG_EV_ERROR) {
@@ -188,26 +209,32 @@ int main(int argc, char **argv)
     const eng_model_info *mi = eng_model(e);
     if (mi->tokenizer_only) { fprintf(stderr, "anebench: %s has no weights\n", model); return 1; }
 
-    double pf[64], dc[64], ag[64], pfs[64], dcs[64];
+    double pf[64], dc[64], ag[64], pfs[64], dcs[64], pfc[64], dcc[64];
     if (repeat > 64) repeat = 64;
     /* warm-up: touch the weights once */
     double w0, w1, w2;
     if (run_jobs(e, n_prompt < 16 ? n_prompt : 16, 2, 1, &w0, &w1, &w2)) return 1;
     for (int r = 0; r < repeat; r++) {
         if (run_jobs(e, n_prompt, n_gen, 1, &pf[r], &dc[r], &ag[r])) return 1;
+        pfc[r] = cpu_pf_s > 0 ? n_prompt / cpu_pf_s : 0;
+        dcc[r] = cpu_dc_s > 0 ? cpu_dc_tokens / cpu_dc_s : 0;
         if (streams > 1 && run_jobs(e, n_prompt, n_gen, streams, &pfs[r], &dcs[r], &ag[r])) return 1;
     }
     double prefill = median(pf, repeat), decode = median(dc, repeat);
     double agg = streams > 1 ? median(ag, repeat) : decode;
     int nth = mi->n_threads;
+    /* tokens per CPU-second times the threads: what the run would give with
+     * the cores to itself (time descheduled by other load is not counted;
+     * the pool's spinning is, as it would be on an idle machine) */
+    double prefill_cpu = median(pfc, repeat) * nth, decode_cpu = median(dcc, repeat) * nth;
     double ceil_gbs = mem_read_gbs(nth, (size_t)1 << 30);
     double wgbs = decode * (double)mi->weight_bytes / 1e9;
     if (json) {
         printf("{\"model\":\"%s\",\"backend\":\"%s\",\"threads\":%d,\"prompt\":%d,\"gen\":%d,\"streams\":%d,"
                "\"load_s\":%.3f,\"weight_bytes\":%llu,\"prefill_tps\":%.2f,\"decode_tps\":%.2f,"
-               "\"aggregate_decode_tps\":%.2f,\"weight_gbs\":%.2f,\"mem_read_gbs\":%.2f,\"bw_fraction\":%.3f}\n",
+               "\"aggregate_decode_tps\":%.2f,\"weight_gbs\":%.2f,\"mem_read_gbs\":%.2f,\"bw_fraction\":%.3f,\"prefill_cpu_tps\":%.2f,\"decode_cpu_tps\":%.2f}\n",
                model, mi->backend, nth, n_prompt, n_gen, streams, load_s, (unsigned long long)mi->weight_bytes,
-               prefill, decode, agg, wgbs, ceil_gbs, ceil_gbs > 0 ? wgbs / ceil_gbs : 0);
+               prefill, decode, agg, wgbs, ceil_gbs, ceil_gbs > 0 ? wgbs / ceil_gbs : 0, prefill_cpu, decode_cpu);
     } else {
         printf("model      %s (%s, %.1f MB of weights, loaded in %.2f s)\n", model, mi->arch,
                mi->weight_bytes / 1e6, load_s);
@@ -215,6 +242,8 @@ int main(int argc, char **argv)
         printf("prefill    %8.2f tokens/s  (%d-token prompt)\n", prefill, n_prompt);
         printf("decode     %8.2f tokens/s  (%d tokens)  %.2f GB/s of weights, %.0f%% of the %.2f GB/s read ceiling\n",
                decode, n_gen, wgbs, ceil_gbs > 0 ? 100 * wgbs / ceil_gbs : 0, ceil_gbs);
+        printf("cpu-time   prefill %.2f, decode %.2f tokens/s with the cores to itself (tokens per CPU-second\n"
+               "           x %d threads: time lost to other load not counted)\n", prefill_cpu, decode_cpu, nth);
         if (streams > 1)
             printf("aggregate  %8.2f tokens/s  over %d concurrent streams (%.2fx one stream)\n", agg, streams,
                    decode > 0 ? agg / decode : 0);
