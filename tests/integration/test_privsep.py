@@ -158,7 +158,10 @@ def recv():
     while True:
         for o in u:
             return o
-        d = s.recv(65536)
+        try:
+            d = s.recv(65536)
+        except ConnectionResetError:  # closed with our hello unread: the same as EOF
+            d = b""
         if not d:
             return None
         u.feed(d)
