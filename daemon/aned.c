@@ -443,6 +443,13 @@ int main(int argc, char **argv)
     }
     if (scm == PRIV_SECCOMP_AUTO)
         scm = mi->backend && !strcmp(mi->backend, "cpu") ? PRIV_SECCOMP_ENFORCE : PRIV_SECCOMP_OFF;
+    if (scm != PRIV_SECCOMP_OFF) {
+        const char *rm[2] = { lst.activated ? NULL : lst.path, pidfile };
+        int abi = priv_landlock(log_path, rm, 2, err, sizeof err);
+        if (abi < 0) { log_error("cannot confine the daemon: %s", err); goto out; }
+        if (abi > 0) log_info("landlock (ABI %d) on the loop thread: files may only be created in the log directory", abi);
+        else log_info("landlock not available in this kernel");
+    }
     if (priv_seccomp_install(scm, log_dir_fd(), err, sizeof err) < 0) {
         log_error("cannot confine the daemon: %s (--seccomp off to run without the filter)", err);
         goto out;

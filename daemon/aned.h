@@ -109,6 +109,13 @@ int priv_seccomp_parse(const char *s, priv_seccomp_mode *m);
  * with open_dirfd as its directory (-1: never). */
 int priv_seccomp_install(priv_seccomp_mode mode, int open_dirfd, char *err, size_t errlen);
 
+/* Landlock on the calling thread (the loop thread; the engine's threads
+ * exist already and never touch files): from now on it may only create or
+ * append to files in log_file's directory and remove files in the
+ * directories of the paths in remove (socket, lock, pidfile). Returns the
+ * Landlock ABI used, 0 when the kernel has none, -1 error. */
+int priv_landlock(const char *log_file, const char *const *remove, int n_remove, char *err, size_t errlen);
+
 /* Who may connect: a peer is allowed if its uid is listed, or its gid or one
  * of its supplementary groups (SO_PEERGROUPS) is. */
 typedef struct acl {

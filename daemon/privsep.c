@@ -25,6 +25,7 @@
 #include <grp.h>
 #include <linux/audit.h>
 #include <linux/filter.h>
+#include <linux/landlock.h>
 #include <linux/seccomp.h>
 #include <pwd.h>
 #include <stdarg.h>
@@ -269,6 +270,57 @@ int priv_seccomp_install(priv_seccomp_mode mode, int open_dirfd, char *err, size
         return -1;
     }
     return 0;
+#endif
+}
+
+/* ---------------------------------------------------------------- landlock */
+
+#ifdef SYS_landlock_create_ruleset
+static int ll_rule(int ruleset, const char *file, unsigned long long access, char *err, size_t errlen)
+{
+    /* the file's directory, beneath which access is granted */
+    char dir[4096];
+    const char *slash = strrchr(file, '/');
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == file) snprintf(dir, sizeof dir, "/");
+    else snprintf(dir, sizeof dir, "%.*s", (int)(slash - file), file);
+    int fd = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) { snprintf(err, errlen, "landlock: %s: %s", dir, strerror(errno)); return -1; }
+    struct landlock_path_beneath_attr pb = { .allowed_access = access, .parent_fd = fd };
+    long rc = syscall(SYS_landlock_add_rule, ruleset, LANDLOCK_RULE_PATH_BENEATH, &pb, 0);
+    int e = errno;
+    close(fd);
+    if (rc < 0) { snprintf(err, errlen, "landlock: rule for %s: %s", dir, strerror(e)); return -1; }
+    return 0;
+}
+#endif
+
+int priv_landlock(const char *log_file, const char *const *remove, int n_remove, char *err, size_t errlen)
+{
+#ifndef SYS_landlock_create_ruleset
+    (void)log_file; (void)remove; (void)n_remove; (void)err; (void)errlen;
+    return 0;
+#else
+    long abi = syscall(SYS_landlock_create_ruleset, NULL, 0, LANDLOCK_CREATE_RULESET_VERSION);
+    if (abi < 1) return 0; /* not built in or disabled: nothing to do */
+    struct landlock_ruleset_attr ra = { .handled_access_fs = (1ull << 13) - 1 /* ABI 1 */ };
+    if (abi >= 2) ra.handled_access_fs |= LANDLOCK_ACCESS_FS_REFER;
+#ifdef LANDLOCK_ACCESS_FS_TRUNCATE
+    if (abi >= 3) ra.handled_access_fs |= LANDLOCK_ACCESS_FS_TRUNCATE;
+#endif
+    int rs = (int)syscall(SYS_landlock_create_ruleset, &ra, sizeof ra, 0);
+    if (rs < 0) { snprintf(err, errlen, "landlock_create_ruleset: %s", strerror(errno)); return -1; }
+    int rc = 0;
+    if (log_file)
+        rc = ll_rule(rs, log_file, LANDLOCK_ACCESS_FS_WRITE_FILE | LANDLOCK_ACCESS_FS_MAKE_REG, err, errlen);
+    for (int i = 0; i < n_remove && rc == 0; i++)
+        if (remove[i]) rc = ll_rule(rs, remove[i], LANDLOCK_ACCESS_FS_REMOVE_FILE, err, errlen);
+    if (rc == 0 && syscall(SYS_landlock_restrict_self, rs, 0) < 0) {
+        snprintf(err, errlen, "landlock_restrict_self: %s", strerror(errno));
+        rc = -1;
+    }
+    close(rs);
+    return rc < 0 ? -1 : (int)abi;
 #endif
 }
 
