@@ -3,9 +3,10 @@
 #   make run        build, start aned on the bundled model, print a story
 #   make test       unit + integration tests; ends with "N passed, M failed"
 #   make bench      benchmarks on real-size synthetic models
-#   make cuda       build with the CUDA backend (CUDA_ARCH=90)
+#   make cuda       build with the CUDA backend (CUDA_ARCH=90); test-cuda runs its tests
+#   make fuzz       every libFuzzer target FUZZ_SECONDS (default 30) s each
 #   make help       this text
-# Knobs: CC, OPT, CFLAGS, SANITIZER=address|undefined|thread, WERROR=1.
+# Knobs: CC, OPT, CFLAGS, SANITIZER=address|undefined|address,undefined|thread, WERROR=1.
 
 CC       ?= cc
 OPT      ?= -O2
@@ -22,7 +23,7 @@ endif
 SANFLAGS :=
 ifneq ($(SANITIZER),)
 SANFLAGS := -fsanitize=$(SANITIZER) -fno-omit-frame-pointer
-ifeq ($(SANITIZER),undefined)
+ifneq ($(findstring undefined,$(SANITIZER)),)
 SANFLAGS += -fno-sanitize-recover=undefined
 endif
 endif
@@ -41,10 +42,28 @@ HTTP_LIBS = $(shell pkg-config --libs $(HTTP_PC_PKGS) 2>/dev/null)
 CPPFLAGS += -I. -D_GNU_SOURCE
 CFLAGS   ?=
 ALL_CFLAGS = -std=c11 $(OPT) -g -pthread -fPIC $(WARN) $(SANFLAGS) $(CPPFLAGS) $(PC_CFLAGS) $(CFLAGS)
-LDLIBS    = $(PC_LIBS) -lev -lm -lpthread
+LDLIBS    = $(PC_LIBS) -lev -lm -lpthread $(CUDA_LIBS)
 LDFLAGS  += $(SANFLAGS) -pthread
 
 O := bin/obj
+
+# CUDA=1 (set by `make cuda`): the same programs with the CUDA backend, objects
+# under bin/obj-cuda. Plain builds never need nvcc.
+CUDA      ?=
+CUDA_ARCH ?= 90
+CUDA_HOME ?= /usr/local/cuda
+NVCC      ?= $(CUDA_HOME)/bin/nvcc
+CUDA_OBJ  :=
+ifeq ($(CUDA),1)
+O := bin/obj-cuda
+CPPFLAGS += -DANE_CUDA -isystem $(CUDA_HOME)/include
+CUDA_OBJ := $(patsubst %.cu,$(O)/%.o,$(wildcard shaders/*.cu))
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcublas -lcublasLt -lcudart_static -ldl -lrt -lstdc++
+NVCCFLAGS ?= -O3 -std=c++17 -lineinfo
+endif
+BUILD_KIND := $(if $(filter 1,$(CUDA)),cuda,cpu)
+# programs relink when the build kind changes (bin/.kind holds the last one)
+$(shell mkdir -p bin; [ "$$(cat bin/.kind 2>/dev/null)" = "$(BUILD_KIND)" ] || echo $(BUILD_KIND) > bin/.kind)
 
 PROTO_SRC  := $(wildcard proto/*.c)
 ENGINE_SRC := $(wildcard engine/*.c)
@@ -64,22 +83,25 @@ HTTP_OBJ   := $(HTTP_SRC:%.c=$(O)/%.o)
 TEST_HELP_OBJ := $(TEST_HELP_SRC:%.c=$(O)/%.o)
 UNIT_BIN   := $(UNIT_SRC:tests/unit/%.c=bin/tests/%)
 
-LIBPROTO  := bin/libaneproto.a
-LIBENGINE := bin/libaneengine.a
-LIBCLIENT := bin/libaneclient.a
+# (CUDA builds keep their libraries under bin/obj-cuda)
+LIBDIR    := $(if $(filter 1,$(CUDA)),$(O),bin)
+LIBPROTO  := $(LIBDIR)/libaneproto.a
+LIBENGINE := $(LIBDIR)/libaneengine.a
+LIBCLIENT := $(LIBDIR)/libaneclient.a
 
 PROGS := $(if $(DAEMON_SRC),bin/aned) $(if $(wildcard client/aneclient.c),bin/aneclient) \
          $(if $(HTTP_SRC),bin/aned-http) $(BENCH_BIN)
 
-.PHONY: all deps run test bench cuda help clean fixtures
+.PHONY: all deps run test bench cuda test-cuda help clean fixtures fuzz
 all: $(PROGS) $(LIBCLIENT) $(UNIT_BIN)
 
 help:
-	@sed -n '2,9p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,10p' Makefile | sed 's/^# \{0,1\}//'
 
 # Install what is missing when root; otherwise print the exact command.
+# SKIP_DEPS=1: the libraries come from elsewhere (PC_CFLAGS/PC_LIBS given).
 deps:
-	@missing=""; \
+	@[ -n "$(SKIP_DEPS)" ] && exit 0; missing=""; \
 	for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
@@ -100,23 +122,35 @@ $(O)/%.o: %.c | bin/.deps-ok
 	$(CC) $(ALL_CFLAGS) -MMD -MP -c $< -o $@
 
 $(LIBPROTO): $(PROTO_OBJ)
-	@mkdir -p bin; rm -f $@; ar rcs $@ $^
-$(LIBENGINE): $(ENGINE_OBJ)
-	@mkdir -p bin; rm -f $@; ar rcs $@ $^
-$(LIBCLIENT): $(CLIENT_LIB_OBJ) $(PROTO_OBJ)
-	@mkdir -p bin; rm -f $@; ar rcs $@ $^
+	@mkdir -p $(dir $@); rm -f $@; ar rcs $@ $^
+$(LIBENGINE): $(ENGINE_OBJ) $(CUDA_OBJ)
+	@mkdir -p $(dir $@); rm -f $@; ar rcs $@ $^
 
-bin/aned: $(DAEMON_OBJ) $(LIBENGINE) $(LIBPROTO)
+$(O)/shaders/%.o: shaders/%.cu shaders/%.h
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -I. -gencode arch=compute_$(CUDA_ARCH),code=sm_$(CUDA_ARCH) -Xcompiler -fPIC -c $< -o $@
+
+cuda:
+	$(MAKE) CUDA=1 all
+
+# kernels against the CPU reference, then the model references through CUDA
+test-cuda: fixtures
+	$(MAKE) CUDA=1 all
+	@bin/tests/t_cuda && ANE_BACKEND=cuda bin/tests/t_models
+$(LIBCLIENT): $(CLIENT_LIB_OBJ) $(PROTO_OBJ)
+	@mkdir -p $(dir $@); rm -f $@; ar rcs $@ $^
+
+bin/aned: $(DAEMON_OBJ) $(LIBENGINE) $(LIBPROTO) bin/.kind
 	$(CC) $(LDFLAGS) -o $@ $(DAEMON_OBJ) $(LIBENGINE) $(LIBPROTO) $(LDLIBS)
 bin/aneclient: $(O)/client/aneclient.o $(LIBCLIENT)
 	$(CC) $(LDFLAGS) -o $@ $< $(LIBCLIENT) $(LDLIBS)
 bin/aned-http: $(HTTP_OBJ) $(LIBCLIENT)
 	$(CC) $(LDFLAGS) -o $@ $(HTTP_OBJ) $(LIBCLIENT) $(HTTP_LIBS) $(LDLIBS)
 # Every tests/bench/NAME.c is a program bin/NAME (anebench, ...).
-$(BENCH_BIN): bin/%: $(O)/tests/bench/%.o $(LIBENGINE) $(LIBCLIENT) $(LIBPROTO)
+$(BENCH_BIN): bin/%: $(O)/tests/bench/%.o $(LIBENGINE) $(LIBCLIENT) $(LIBPROTO) bin/.kind
 	$(CC) $(LDFLAGS) -o $@ $< $(LIBENGINE) $(LIBCLIENT) $(LIBPROTO) $(LDLIBS)
 
-bin/tests/%: $(O)/tests/unit/%.o $(TEST_HELP_OBJ) $(LIBENGINE) $(LIBCLIENT) $(LIBPROTO)
+bin/tests/%: $(O)/tests/unit/%.o $(TEST_HELP_OBJ) $(LIBENGINE) $(LIBCLIENT) $(LIBPROTO) bin/.kind
 	@mkdir -p bin/tests
 	$(CC) $(LDFLAGS) -o $@ $< $(TEST_HELP_OBJ) $(LIBENGINE) $(LIBCLIENT) $(LIBPROTO) $(LDLIBS)
 
@@ -144,6 +178,34 @@ test: all fixtures
 
 bench: all
 	@PYTHON=$(PYTHON) sh tests/bench/bench.sh
+
+# Fuzzing: tests/fuzz/fuzz_*.c are libFuzzer targets built with clang and
+# ASan+UBSan into bin/fuzz/; each runs FUZZ_SECONDS from its seed corpus
+# (tests/fuzz/corpus/<target>, read-only; new inputs go to bin/fuzz/work).
+# Any crash, leak or timeout fails; reproducers land in bin/fuzz/.
+FUZZ_CC      ?= clang
+FUZZ_SECONDS ?= 30
+FUZZ_FLAGS   ?= -timeout=10 -rss_limit_mb=2048 -max_len=65536 -print_final_stats=0
+FUZZ_SRC  := $(wildcard tests/fuzz/fuzz_*.c)
+FUZZ_BIN  := $(FUZZ_SRC:tests/fuzz/%.c=bin/fuzz/%)
+FUZZ_LIB_OBJ := $(patsubst %.c,bin/fuzz/obj/%.o,$(ENGINE_SRC) $(PROTO_SRC))
+FUZZ_CFLAGS = -std=c11 -O1 -g -pthread -fno-omit-frame-pointer -fsanitize=address,undefined \
+              -fno-sanitize-recover=undefined -fsanitize=fuzzer-no-link $(CPPFLAGS) $(PC_CFLAGS)
+
+bin/fuzz/obj/%.o: %.c | bin/.deps-ok
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -MMD -MP -c $< -o $@
+bin/fuzz/%: bin/fuzz/obj/tests/fuzz/%.o $(FUZZ_LIB_OBJ)
+	$(FUZZ_CC) -fsanitize=fuzzer,address,undefined -pthread -o $@ $^ $(LDLIBS)
+
+fuzz: $(FUZZ_BIN) fixtures
+	@fail=0; for b in $(FUZZ_BIN); do t=$${b##*/}; w=bin/fuzz/work/$$t; mkdir -p $$w; \
+	  echo "== $$t ($(FUZZ_SECONDS) s)"; \
+	  $$b $(FUZZ_FLAGS) -max_total_time=$(FUZZ_SECONDS) -artifact_prefix=bin/fuzz/$$t- \
+	      $$w tests/fuzz/corpus/$$t > bin/fuzz/$$t.log 2>&1; rc=$$?; \
+	  grep -E '^Done [0-9]+ runs' bin/fuzz/$$t.log || true; \
+	  if [ $$rc -ne 0 ]; then fail=1; echo "$$t FAILED (exit $$rc):"; tail -n 40 bin/fuzz/$$t.log; fi; \
+	done; exit $$fail
 
 clean:
 	rm -rf bin

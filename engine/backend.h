@@ -106,6 +106,23 @@ typedef struct be_ops {
     void (*deltanet)(be *b, const float *qkv, size_t stride, const float *a, const float *bb, const wt *A,
                      const wt *dt_bias, float *state, const be_batch *bt, int nk, int nv, int dk, int dv,
                      float eps, const be_save *sv, int n_sv, float *out);
+
+    /* Optional hooks (NULL when a backend has none).
+     * step_begin: called by fw_run before the ops of a forward pass with its
+     * whole input (host arrays); the backend may upload them once for every
+     * op, and returns 1 when it replays a recorded pass of the same shape
+     * (e.g. a CUDA graph): fw_run then skips the ops. step_end: after the
+     * ops (or the skip), before the logits are read. */
+    int (*step_begin)(be *b, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out);
+    void (*step_end)(be *b);
+    /* Optional: host ids[r] = first argmax of row r of x [rows][n]; waits. */
+    void (*argmax)(be *b, const float *x, int rows, int n, int32_t *ids);
+    /* Optional fused ops (fw_run uses the plain ops where NULL).
+     * matmul_n: n (<= 3) matmuls of the same x: out[i] = W[i] x (+ bias[i]). */
+    void (*matmul_n)(be *b, int n, const wt *const *w, const wt *const *bias, const float *x, int T,
+                     float *const *out);
+    /* add_rmsnorm: x += y, then out = rmsnorm(x) * w (out may be y).  [rows][n] */
+    void (*add_rmsnorm)(be *b, float *x, const float *y, const wt *w, int rows, int n, float eps, float *out);
 } be_ops;
 
 struct be {

@@ -112,6 +112,7 @@ struct eng {
     job **b_job_of_out;
     int *b_out_pos;
     float *logits;
+    int32_t *b_ids;              /* [max_T] greedy ids computed by the backend */
 };
 
 static double now_ms(void)
@@ -322,7 +323,7 @@ static char *job_text(job *j, const char *piece, size_t plen, int final, int *st
         if (!nh) return NULL;
         j->hold = nh; j->hold_cap = nc;
     }
-    memcpy(j->hold + j->hold_len, piece, plen);
+    if (plen) memcpy(j->hold + j->hold_len, piece, plen);   /* hold may still be NULL */
     j->hold_len += plen;
 
     size_t send = j->hold_len;
@@ -342,6 +343,7 @@ static char *job_text(job *j, const char *piece, size_t plen, int final, int *st
         /* hold back the longest tail that could begin a stop string */
         for (size_t i = 0; i < j->n_stop; i++) {
             size_t sl = j->stop_len[i];
+            if (sl == 0) continue;   /* sl - 1 would wrap: an empty stop never matches */
             for (size_t k = sl - 1; k > 0; k--) {
                 if (k > j->hold_len) continue;
                 if (!memcmp(j->hold + j->hold_len - k, j->stop[i], k)) {
@@ -354,7 +356,7 @@ static char *job_text(job *j, const char *piece, size_t plen, int final, int *st
     char *out = malloc(send * 3 + 1);
     if (!out) return NULL;
     size_t used = utf8_clean(j->hold, send, final, out, out_len);
-    memmove(j->hold, j->hold + used, j->hold_len - used);
+    if (used) memmove(j->hold, j->hold + used, j->hold_len - used);   /* hold may still be NULL */
     j->hold_len -= used;
     if (*stopped) j->hold_len = 0;
     out[*out_len] = 0;
@@ -532,6 +534,7 @@ int eng_submit(eng *e, const eng_job_desc *d, uint64_t *job_id, eng_err *code, c
         return fail(code, ENG_EBUSY, err, errlen, NULL);
     }
     j->id = ++e->next_id;
+    *job_id = j->id;   /* under mu: once it is unlocked the worker may finish and free j */
     j->state = JOB_QUEUED;
     if (e->queue_tail) e->queue_tail->next = j; else e->queue_head = j;
     e->queue_tail = j;
@@ -784,7 +787,15 @@ static void step(eng *e)
     }
     if (T == 0) return;
     be_batch bt = { .T = T, .pos = e->b_pos, .pages = e->b_pages, .slot = e->b_slot };
-    fw_run(e->fw, e->b_tok, &bt, e->b_out, n_out, e->logits);
+    /* when every output row is greedy without penalties, only the argmax ids
+     * are needed: backends that can (CUDA) compute them and skip the logits */
+    int greedy = n_out > 0 && fw_greedy_ok(e->fw);
+    for (int o = 0; greedy && o < n_out; o++) {
+        const job *j = e->b_job_of_out[o];
+        if (j->kind == ENG_JOB_EVAL || j->s.temperature > 0.0f || j->s.repeat_penalty != 1.0f) greedy = 0;
+    }
+    if (greedy) fw_run_greedy(e->fw, e->b_tok, &bt, e->b_out, n_out, e->b_ids);
+    else fw_run(e->fw, e->b_tok, &bt, e->b_out, n_out, e->logits);
 
     for (int t = 0; t < T; t++) e->b_job[t]->n_past++;
     for (int i = 0; i < e->n_active; i++) pages_publish(e, e->active[i]);
@@ -807,7 +818,7 @@ static void step(eng *e)
             continue;
         }
         if (!j->t_first) j->t_first = now_ms();
-        int32_t id = sampler_pick(e->smp, lg, &j->s, j->toks, (size_t)j->n_tok, &j->rng);
+        int32_t id = greedy ? e->b_ids[o] : sampler_pick(e->smp, lg, &j->s, j->toks, (size_t)j->n_tok, &j->rng);
         emit_token(e, j, id, &j->finished, &j->why);
         gen++;
     }
@@ -938,6 +949,7 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
     e->b_tok = malloc((size_t)max_T * sizeof *e->b_tok);
     e->b_pos = malloc((size_t)max_T * sizeof *e->b_pos);
     e->b_out = malloc((size_t)max_T * sizeof *e->b_out);
+    e->b_ids = malloc((size_t)max_T * sizeof *e->b_ids);
     e->b_pages = malloc((size_t)max_T * sizeof *e->b_pages);
     e->b_job = malloc((size_t)max_T * sizeof *e->b_job);
     e->b_slot = malloc((size_t)max_T * sizeof *e->b_slot);
@@ -950,7 +962,7 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
         snprintf(err, errlen, "out of memory");
         goto fail;
     }
-    if (!e->active || !e->b_tok || !e->b_pos || !e->b_out || !e->b_pages || !e->b_job || !e->b_slot || !e->slot_used ||
+    if (!e->active || !e->b_tok || !e->b_pos || !e->b_out || !e->b_ids || !e->b_pages || !e->b_job || !e->b_slot || !e->slot_used ||
         !e->b_job_of_out || !e->b_out_pos || !e->logits) {
         snprintf(err, errlen, "out of memory");
         goto fail;
@@ -992,7 +1004,7 @@ void eng_close(eng *e)
     kvc_close(e->kv);
     snapc_close(e->snaps);
     free(e->active); free(e->b_tok); free(e->b_pos); free(e->b_out);
-    free(e->b_pages); free(e->b_job); free(e->b_slot); free(e->slot_used); free(e->b_job_of_out); free(e->b_out_pos); free(e->logits);
+    free(e->b_pages); free(e->b_job); free(e->b_slot); free(e->slot_used); free(e->b_job_of_out); free(e->b_out_pos); free(e->logits); free(e->b_ids);
     pthread_mutex_destroy(&e->mu);
     pthread_mutex_destroy(&e->ev_mu);
     pthread_cond_destroy(&e->cv);

@@ -109,7 +109,8 @@ void fw_snap_at(fw *f, int slot, int pos, int snap) { if (f->q35) fwq_snap_at(f-
 
 size_t fw_kv_bytes(const fw *f) { return f->q35 ? fwq_kv_bytes(f->q35) : f->kv_bytes; }
 
-void fw_run(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out, float *logits)
+/* Every op of a forward pass, up to the logits in f->lg (queued, not synced). */
+static void fw_pass(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out)
 {
     const model *m = f->m;
     const hparams *hp = &m->hp;
@@ -118,15 +119,23 @@ void fw_run(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out
     int T = bt->T, E = hp->n_embd, HD = hp->head_dim;
     int K = hp->n_head_kv * HD, F = hp->n_ff;
     const wt *freq_div = &m->rope_freqs;
-    if (f->q35) { fwq_run(f->q35, tokens, bt, out_idx, n_out, logits); return; }
-
+    /* a backend that records passes (CUDA graphs) may replay one instead */
+    if (o->step_begin && o->step_begin(b, tokens, bt, out_idx, n_out)) goto ops_done;
     o->embed(b, &m->tok_embd, tokens, T, f->x);
+    /* backends with fused ops: each residual add runs with the next norm */
+    int fuse = o->add_rmsnorm != NULL;
     for (int l = 0; l < hp->n_layer; l++) {
         const layer_w *L = &m->layers[l];
-        o->rmsnorm(b, f->x, &L->attn_norm, T, E, hp->norm_eps, f->xb);
-        o->matmul(b, &L->wq, &L->bq, f->xb, T, f->q);
-        o->matmul(b, &L->wk, &L->bk, f->xb, T, f->k);
-        o->matmul(b, &L->wv, &L->bv, f->xb, T, f->v);
+        if (!fuse || l == 0) o->rmsnorm(b, f->x, &L->attn_norm, T, E, hp->norm_eps, f->xb);
+        if (o->matmul_n) {
+            const wt *ws[3] = { &L->wq, &L->wk, &L->wv }, *bs[3] = { &L->bq, &L->bk, &L->bv };
+            float *outs[3] = { f->q, f->k, f->v };
+            o->matmul_n(b, 3, ws, bs, f->xb, T, outs);
+        } else {
+            o->matmul(b, &L->wq, &L->bq, f->xb, T, f->q);
+            o->matmul(b, &L->wk, &L->bk, f->xb, T, f->k);
+            o->matmul(b, &L->wv, &L->bv, f->xb, T, f->v);
+        }
         if (L->q_norm.data) {
             o->rmsnorm(b, f->q, &L->q_norm, T * hp->n_head, HD, hp->norm_eps, f->q);
             o->rmsnorm(b, f->k, &L->k_norm, T * hp->n_head_kv, HD, hp->norm_eps, f->k);
@@ -136,19 +145,51 @@ void fw_run(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out
         o->kv_store(b, f->kc[l], f->vc[l], bt, K, f->k, f->v);
         o->attention(b, f->q, f->kc[l], f->vc[l], bt, hp->n_head, hp->n_head_kv, HD, f->att);
         o->matmul(b, &L->wo, NULL, f->att, T, f->xb);
-        o->add(b, f->x, f->xb, (size_t)T * E);
-        o->rmsnorm(b, f->x, &L->ffn_norm, T, E, hp->norm_eps, f->xb);
-        o->matmul(b, &L->w_gate, NULL, f->xb, T, f->hg);
-        o->matmul(b, &L->w_up, NULL, f->xb, T, f->hu);
+        if (fuse) {
+            o->add_rmsnorm(b, f->x, f->xb, &L->ffn_norm, T, E, hp->norm_eps, f->xb);
+        } else {
+            o->add(b, f->x, f->xb, (size_t)T * E);
+            o->rmsnorm(b, f->x, &L->ffn_norm, T, E, hp->norm_eps, f->xb);
+        }
+        if (o->matmul_n) {
+            const wt *ws[2] = { &L->w_gate, &L->w_up }, *bs[2] = { NULL, NULL };
+            float *outs[2] = { f->hg, f->hu };
+            o->matmul_n(b, 2, ws, bs, f->xb, T, outs);
+        } else {
+            o->matmul(b, &L->w_gate, NULL, f->xb, T, f->hg);
+            o->matmul(b, &L->w_up, NULL, f->xb, T, f->hu);
+        }
         o->silu_mul(b, f->hg, f->hu, (size_t)T * F, f->hg);
         o->matmul(b, &L->w_down, NULL, f->hg, T, f->xb);
-        o->add(b, f->x, f->xb, (size_t)T * E);
+        if (fuse && l + 1 < hp->n_layer)
+            o->add_rmsnorm(b, f->x, f->xb, &m->layers[l + 1].attn_norm, T, E, hp->norm_eps, f->xb);
+        else
+            o->add(b, f->x, f->xb, (size_t)T * E);
     }
-    if (n_out <= 0) { o->sync(b); return; }
     for (int i = 0; i < n_out; i++)
         o->rmsnorm(b, f->x + (size_t)out_idx[i] * E, &m->output_norm, 1, E, hp->norm_eps,
                    f->xo + (size_t)i * E);
-    o->matmul(b, &m->output, NULL, f->xo, n_out, f->lg);
-    o->to_host(b, logits, f->lg, (size_t)n_out * hp->n_vocab * 4);
-    o->sync(b);
+    if (n_out > 0) o->matmul(b, &m->output, NULL, f->xo, n_out, f->lg);
+ops_done:
+    if (o->step_end) o->step_end(b);
+}
+
+void fw_run(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out, float *logits)
+{
+    be *b = f->b;
+    if (f->q35) { fwq_run(f->q35, tokens, bt, out_idx, n_out, logits); return; }
+    fw_pass(f, tokens, bt, out_idx, n_out);
+    if (n_out > 0) b->ops->to_host(b, logits, f->lg, (size_t)n_out * f->m->hp.n_vocab * 4);
+    b->ops->sync(b);
+}
+
+int fw_greedy_ok(const fw *f) { return !f->q35 && f->b->ops->argmax != NULL; }
+
+void fw_run_greedy(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out,
+                   int32_t *ids)
+{
+    be *b = f->b;
+    fw_pass(f, tokens, bt, out_idx, n_out);
+    if (n_out > 0) b->ops->argmax(b, f->lg, n_out, f->m->hp.n_vocab, ids);
+    b->ops->sync(b);
 }

@@ -32,5 +32,11 @@ size_t fw_kv_page_bytes(const model *m, size_t kv_elt);
  * out_idx[0..n_out) (n_out <= max_out) to host memory logits [n_out][n_vocab]. */
 void fw_run(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out,
             float *logits);
+/* As fw_run, but writes only the greedy choice (first argmax of the logits)
+ * of each output row to host ids[n_out]: the logits stay on the device. Only
+ * where fw_greedy_ok (the backend has an argmax). */
+int fw_greedy_ok(const fw *f);
+void fw_run_greedy(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out,
+                   int32_t *ids);
 
 #endif

@@ -426,6 +426,13 @@ int64_t gguf_arr_i64(const gguf_kv *kv, uint64_t i)
     size_t sz = vtype_size(kv->arr_type);
     if (!sz) return 0;
     scalar_read(&tmp, kv->arr_data + i * sz);
-    if (tmp.type == GGUF_T_FLOAT32 || tmp.type == GGUF_T_FLOAT64) return (int64_t)tmp.v.f;
+    if (tmp.type == GGUF_T_FLOAT32 || tmp.type == GGUF_T_FLOAT64) {
+        /* saturate: NaN and values past int64 are not convertible */
+        double f = tmp.v.f;
+        if (f != f) return 0;
+        if (f >= 9.2233720368547758e18) return INT64_MAX;
+        if (f <= -9.2233720368547758e18) return INT64_MIN;
+        return (int64_t)f;
+    }
     return is_signed(tmp.type) ? tmp.v.i : (int64_t)tmp.v.u;
 }

@@ -56,6 +56,7 @@ static void check_model(const char *model, const char *ref, double tol, int kv_f
     o.model_path = model;
     o.n_threads = 2;
     o.kv_f32 = kv_f32;
+    o.backend = getenv("ANE_BACKEND");   /* e.g. cuda; NULL: the best present */
     if (eng_open(&e, &o, err, sizeof err)) {
         CHECKF(0, "%s", err);
         json_decref(root);

@@ -1,0 +1,525 @@
+/* backend_cuda.c — the CUDA backend (host side; kernels in shaders/).
+ * Built only with -DANE_CUDA (make cuda).
+ *
+ * Weights are uploaded once, in their GGUF block layouts (one copy per
+ * distinct host pointer, so a tied output shares tok_embd's). Activations
+ * and the KV cache are device memory. Every op is queued on one stream;
+ * nothing syncs until the logits are read. Each forward pass's ids,
+ * positions and page tables go up in one copy (step_begin) into a fixed
+ * device block that every op reads. Pure decode passes (every token an
+ * output row) are recorded once per batch size as a CUDA graph and replayed.
+ * Matmuls: batches under gemm_min_t tokens (9; ANE_CUDA_GEMM_T sets it) go
+ * through a GEMV that reads the quantized blocks directly (q4_K and q8_0 with
+ * x quantized to int8 per 32 values and __dp4a, as the CPU's q8 activations;
+ * the other types in f32 arithmetic; q8_0 is repacked at upload into aligned
+ * quants followed by the row's scales);
+ * larger ones dequantize W to f16 and call cuBLAS (f16 inputs, f32
+ * accumulation and output). Greedy rows come back as ids (argmax on the GPU). */
+#ifdef ANE_CUDA
+
+#include "engine/backend.h"
+#include "engine/qtypes.h"
+#include "shaders/cuda_kernels.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define GRAPH_MAX_T 256        /* decode batches recorded as graphs */
+#define ARGMAX_ROWS 4096
+
+typedef struct upl { const void *data; void *dev; } upl;
+
+typedef struct cu_be {
+    be base;
+    cudaStream_t st;
+    cublasHandle_t blas;
+    void *blas_ws;
+    int n_sm;
+    int gemm_min_t;
+    int failed;                /* a CUDA call failed: reported once */
+    /* uploaded weights */
+    upl *up; int n_up, cap_up;
+    size_t max_w_elems;        /* largest matrix, for the f16 scratch */
+    int64_t max_n_in;
+    void *w16; size_t w16_cap; /* bytes */
+    void *x16; size_t x16_cap;
+    void *xq; size_t xq_cap;   /* int8 activations of the GEMV */
+    /* per-step block: ids[cap_T] pos[cap_T] off[cap_T] pages[...] */
+    int32_t *h_step, *d_step;
+    size_t step_cap;           /* int32s */
+    int cap_T;
+    const be_batch *cur_bt;
+    const int32_t *cur_ids;
+    int cur_nsplit_T;
+    float *part;               /* attention partials */
+    size_t part_cap;           /* floats */
+    /* graphs */
+    cudaGraphExec_t graph[GRAPH_MAX_T + 1];
+    unsigned char seen[GRAPH_MAX_T + 1];
+    int capturing, cap_graph_T;
+    /* host staging for logits; argmax ids */
+    void *h_out; size_t h_out_cap;
+    int32_t *d_ids_out, *h_ids_out;
+} cu_be;
+
+static int ok(cu_be *c, cudaError_t e, const char *what)
+{
+    if (e == cudaSuccess) return 1;
+    if (!c->failed) fprintf(stderr, "cuda backend: %s: %s\n", what, cudaGetErrorString(e));
+    c->failed = 1;
+    return 0;
+}
+
+static void *cu_alloc(be *b, size_t n)
+{
+    cu_be *c = (cu_be *)b;
+    void *p = NULL;
+    if (cudaMalloc(&p, n ? n : 256) != cudaSuccess) { cudaGetLastError(); return NULL; }
+    if (!ok(c, cudaMemset(p, 0, n ? n : 256), "memset")) { cudaFree(p); return NULL; }
+    return p;
+}
+
+static void cu_free(be *b, void *p) { (void)b; if (p) cudaFree(p); }
+
+static void graphs_drop(cu_be *c)
+{
+    for (int i = 0; i <= GRAPH_MAX_T; i++)
+        if (c->graph[i]) { cudaGraphExecDestroy(c->graph[i]); c->graph[i] = NULL; }
+}
+
+static void cu_close(be *b)
+{
+    cu_be *c = (cu_be *)b;
+    if (!c) return;
+    if (c->st) cudaStreamSynchronize(c->st);
+    graphs_drop(c);
+    for (int i = 0; i < c->n_up; i++) cudaFree(c->up[i].dev);
+    free(c->up);
+    cudaFree(c->w16); cudaFree(c->x16); cudaFree(c->xq); cudaFree(c->d_step); cudaFree(c->part); cudaFree(c->blas_ws);
+    if (c->h_step) cudaFreeHost(c->h_step);
+    if (c->h_out) cudaFreeHost(c->h_out);
+    if (c->h_ids_out) cudaFreeHost(c->h_ids_out);
+    cudaFree(c->d_ids_out);
+    if (c->blas) cublasDestroy(c->blas);
+    if (c->st) cudaStreamDestroy(c->st);
+    free(c);
+}
+
+static int cu_weight_prepare(be *b, wt *w)
+{
+    cu_be *c = (cu_be *)b;
+    if (!w->data) return 0;
+    if (!ck_type_ok(w->type)) return -1;
+    for (int i = 0; i < c->n_up; i++)
+        if (c->up[i].data == w->data) { w->dev = c->up[i].dev; goto dims; }
+    size_t n = (size_t)w->n_out * w->row_bytes;
+    void *d = NULL;
+    if (cudaMalloc(&d, n ? n : 256) != cudaSuccess) { cudaGetLastError(); return -1; }
+    if (!ok(c, cudaMemcpy(d, w->data, n, cudaMemcpyHostToDevice), "weight upload")) { cudaFree(d); return -1; }
+    if (w->type == QT_Q8_0) {   /* the kernels read q8_0 repacked (aligned quants, then scales) */
+        void *r = NULL;
+        if (cudaMalloc(&r, n ? n : 256) != cudaSuccess) { cudaGetLastError(); cudaFree(d); return -1; }
+        ck_repack_q8_0(c->st, d, r, w->row_bytes, (int)w->n_in, (int)w->n_out);
+        int good = ok(c, cudaStreamSynchronize(c->st), "repack");
+        cudaFree(d);
+        d = r;
+        if (!good) { cudaFree(d); return -1; }
+    }
+    if (c->n_up == c->cap_up) {
+        int cap = c->cap_up ? 2 * c->cap_up : 64;
+        upl *u = realloc(c->up, (size_t)cap * sizeof *u);
+        if (!u) { cudaFree(d); return -1; }
+        c->up = u; c->cap_up = cap;
+    }
+    c->up[c->n_up].data = w->data;
+    c->up[c->n_up].dev = d;
+    c->n_up++;
+    w->dev = d;
+dims:
+    if (w->n_out > 1) {
+        size_t e = (size_t)w->n_in * (size_t)w->n_out;
+        if (e > c->max_w_elems) c->max_w_elems = e;
+        if (w->n_in > c->max_n_in) c->max_n_in = w->n_in;
+    }
+    return 0;
+}
+
+static void cu_to_host(be *b, void *dst, const void *src, size_t n)
+{
+    cu_be *c = (cu_be *)b;
+    if (n > c->h_out_cap) {
+        if (c->h_out) cudaFreeHost(c->h_out);
+        c->h_out = NULL; c->h_out_cap = 0;
+        if (!ok(c, cudaMallocHost(&c->h_out, n), "pinned staging")) {
+            ok(c, cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost), "to_host");
+            return;
+        }
+        c->h_out_cap = n;
+    }
+    ok(c, cudaMemcpyAsync(c->h_out, src, n, cudaMemcpyDeviceToHost, c->st), "to_host");
+    ok(c, cudaStreamSynchronize(c->st), "sync");
+    memcpy(dst, c->h_out, n);
+}
+
+static void cu_to_dev(be *b, void *dst, const void *src, size_t n)
+{
+    cu_be *c = (cu_be *)b;
+    ok(c, cudaStreamSynchronize(c->st), "sync");
+    ok(c, cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice), "to_dev");
+}
+
+static void cu_sync(be *b)
+{
+    cu_be *c = (cu_be *)b;
+    ok(c, cudaStreamSynchronize(c->st), "sync");
+    ok(c, cudaGetLastError(), "kernel");
+}
+
+/* ---- the per-step block ---- */
+
+/* Uploads ids (may be NULL) and bt's positions and page tables (bt may be
+ * NULL). Not while capturing. */
+static int stage(cu_be *c, const int32_t *ids, int T, const be_batch *bt)
+{
+    size_t n_pages = 0;
+    if (bt) {
+        const int32_t *prev = NULL;
+        int have = 0;
+        for (int t = 0; t < T; t++) {
+            int need = bt->pos[t] / KV_PAGE + 1;
+            if (bt->pages[t] == prev) { if (need > have) { n_pages += (size_t)(need - have); have = need; } }
+            else { n_pages += (size_t)need; have = need; prev = bt->pages[t]; }
+        }
+    }
+    int capT = c->cap_T;
+    if (T > capT) capT = T < 1024 ? 1024 : T;
+    size_t need = (size_t)3 * capT + n_pages;
+    if (capT != c->cap_T || need > c->step_cap) {
+        size_t cap = need > c->step_cap ? need * 2 : c->step_cap;
+        ok(c, cudaStreamSynchronize(c->st), "sync");
+        graphs_drop(c);
+        if (c->h_step) cudaFreeHost(c->h_step);
+        cudaFree(c->d_step);
+        c->h_step = NULL; c->d_step = NULL; c->step_cap = 0; c->cap_T = 0;
+        if (!ok(c, cudaMallocHost((void **)&c->h_step, cap * 4), "step block") ||
+            !ok(c, cudaMalloc((void **)&c->d_step, cap * 4), "step block"))
+            return -1;
+        c->step_cap = cap;
+        c->cap_T = capT;
+    } else {
+        /* the previous step's copy must be done before the host block is rewritten */
+        ok(c, cudaStreamSynchronize(c->st), "sync");
+    }
+    int32_t *h = c->h_step, *ids_h = h, *pos_h = h + c->cap_T, *off_h = h + 2 * c->cap_T, *pg = h + 3 * c->cap_T;
+    if (ids) memcpy(ids_h, ids, (size_t)T * 4);
+    size_t used = 0;
+    if (bt) {
+        const int32_t *prev = NULL;
+        int have = 0;
+        int32_t start = 0;
+        for (int t = 0; t < T; t++) {
+            int need_p = bt->pos[t] / KV_PAGE + 1;
+            if (bt->pages[t] != prev) { start = (int32_t)used; have = 0; prev = bt->pages[t]; }
+            if (need_p > have) {
+                memcpy(pg + start + have, bt->pages[t] + have, (size_t)(need_p - have) * 4);
+                used = (size_t)start + (size_t)need_p;
+                have = need_p;
+            }
+            pos_h[t] = bt->pos[t];
+            off_h[t] = start;
+        }
+    }
+    /* one copy: ids/pos/off rows (T each) and the page tables */
+    ok(c, cudaMemcpyAsync(c->d_step, h, (size_t)(3 * c->cap_T + used) * 4, cudaMemcpyHostToDevice, c->st),
+       "step upload");
+    return 0;
+}
+
+static const int32_t *d_ids(cu_be *c) { return c->d_step; }
+static const int32_t *d_pos(cu_be *c) { return c->d_step + c->cap_T; }
+static const int32_t *d_off(cu_be *c) { return c->d_step + 2 * c->cap_T; }
+static const int32_t *d_pages(cu_be *c) { return c->d_step + 3 * c->cap_T; }
+
+/* Makes bt current (outside a step: uploads it now). */
+static void use_batch(cu_be *c, const be_batch *bt)
+{
+    if (bt == c->cur_bt && c->cur_bt) return;
+    stage(c, NULL, bt->T, bt);
+}
+
+static int ensure_gemm(cu_be *c, int T)
+{
+    size_t w = c->max_w_elems * 2, x = (size_t)T * (size_t)c->max_n_in * 2;
+    if (w > c->w16_cap) {
+        cudaFree(c->w16); c->w16 = NULL; c->w16_cap = 0;
+        if (!ok(c, cudaMalloc(&c->w16, w), "f16 weight scratch")) return -1;
+        c->w16_cap = w;
+        graphs_drop(c);
+    }
+    if (x > c->x16_cap) {
+        cudaFree(c->x16); c->x16 = NULL; c->x16_cap = 0;
+        if (!ok(c, cudaMalloc(&c->x16, x), "f16 activation scratch")) return -1;
+        c->x16_cap = x;
+        graphs_drop(c);
+    }
+    return 0;
+}
+
+/* int8 activation scratch for T tokens of the widest matrix; NULL if none */
+static void *xq_for(cu_be *c, int T, int n)
+{
+    size_t need = CK_XQ_BYTES(T, n), want = CK_XQ_BYTES(T, c->max_n_in > n ? c->max_n_in : n);
+    if (need <= c->xq_cap) return c->xq;
+    if (c->capturing) return NULL;
+    ok(c, cudaStreamSynchronize(c->st), "sync");
+    cudaFree(c->xq); c->xq = NULL; c->xq_cap = 0;
+    graphs_drop(c);
+    if (!ok(c, cudaMalloc(&c->xq, want), "int8 scratch")) return NULL;
+    c->xq_cap = want;
+    return c->xq;
+}
+
+static int attn_splits(cu_be *c, int T, int n_head)
+{
+    int work = T * n_head, want = 2 * c->n_sm;
+    if (work >= want) return 1;
+    int s = (want + work - 1) / work;
+    return s > 32 ? 32 : s;
+}
+
+static int decode_shape(int T, const int32_t *out_idx, int n_out)
+{
+    if (n_out != T || T > GRAPH_MAX_T) return 0;
+    for (int i = 0; i < n_out; i++) if (out_idx[i] != i) return 0;
+    return 1;
+}
+
+static int cu_step_begin(be *b, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out)
+{
+    cu_be *c = (cu_be *)b;
+    int T = bt->T;
+    /* the scratch is taken at the first pass: GEMM for batches up to 1024 */
+    if (ensure_gemm(c, T > 1024 ? T : 1024)) return 0;
+    xq_for(c, c->gemm_min_t > 16 ? c->gemm_min_t : 16, (int)c->max_n_in);
+    stage(c, tokens, T, bt);
+    c->cur_bt = bt;
+    c->cur_ids = tokens;
+    if (c->failed || !decode_shape(T, out_idx, n_out)) return 0;
+    if (c->graph[T]) {
+        if (!ok(c, cudaGraphLaunch(c->graph[T], c->st), "graph launch")) return 0;
+        return 1;
+    }
+    /* record a shape once it repeats (the first passes run eagerly, warming cuBLAS) */
+    if (c->seen[T] < 2) { c->seen[T]++; return 0; }
+    if (!ok(c, cudaStreamBeginCapture(c->st, cudaStreamCaptureModeThreadLocal), "begin capture")) return 0;
+    c->capturing = 1;
+    c->cap_graph_T = T;
+    return 0;
+}
+
+static void cu_step_end(be *b)
+{
+    cu_be *c = (cu_be *)b;
+    if (c->capturing) {
+        cudaGraph_t g = NULL;
+        c->capturing = 0;
+        int T = c->cap_graph_T;
+        if (ok(c, cudaStreamEndCapture(c->st, &g), "end capture")) {
+            cudaGraphExec_t ex = NULL;
+            if (ok(c, cudaGraphInstantiate(&ex, g, 0), "graph instantiate")) {
+                c->graph[T] = ex;
+                ok(c, cudaGraphLaunch(ex, c->st), "graph launch");
+            }
+            cudaGraphDestroy(g);
+        }
+    }
+    c->cur_bt = NULL;
+    c->cur_ids = NULL;
+}
+
+/* ---- ops ---- */
+
+static void cu_embed(be *b, const wt *emb, const int32_t *ids, int T, float *out)
+{
+    cu_be *c = (cu_be *)b;
+    if (ids != c->cur_ids) stage(c, ids, T, NULL);
+    ck_embed(c->st, emb->type, emb->dev, emb->row_bytes, (int)emb->n_in, d_ids(c), T, out);
+}
+
+static void cu_rmsnorm(be *b, const float *x, const wt *w, int rows, int n, float eps, float *out)
+{
+    cu_be *c = (cu_be *)b;
+    ck_rmsnorm(c->st, x, w->dev, rows, n, eps, out);
+}
+
+static void cu_matmul(be *b, const wt *w, const wt *bias, const float *x, int T, float *out)
+{
+    cu_be *c = (cu_be *)b;
+    const float *bv = bias && bias->data ? bias->dev : NULL;
+    int n = (int)w->n_in, no = (int)w->n_out;
+    if (T < c->gemm_min_t || (!c->capturing && ensure_gemm(c, T)) || c->w16_cap < (size_t)n * no * 2 ||
+        c->x16_cap < (size_t)T * n * 2) {
+        ck_gemv(c->st, w->type, w->dev, w->row_bytes, n, no, bv, x, T, out,
+                ck_gemv_int8(w->type, n) ? xq_for(c, T, n) : NULL);
+        return;
+    }
+    ck_dequant_f16(c->st, w->type, w->dev, w->row_bytes, n, no, c->w16);
+    ck_f32_to_f16(c->st, x, (size_t)T * n, c->x16);
+    const float one = 1.0f, zero = 0.0f;
+    cublasStatus_t s = cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, no, T, n, &one, c->w16, CUDA_R_16F, n,
+                                    c->x16, CUDA_R_16F, n, &zero, out, CUDA_R_32F, no, CUBLAS_COMPUTE_32F,
+                                    CUBLAS_GEMM_DEFAULT);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        if (!c->failed) fprintf(stderr, "cuda backend: cublasGemmEx failed (%d)\n", (int)s);
+        c->failed = 1;
+        return;
+    }
+    if (bv) ck_add_bias(c->st, out, bv, T, no);
+}
+
+static void cu_matmul_n(be *b, int n, const wt *const *w, const wt *const *bias, const float *x, int T,
+                        float *const *out)
+{
+    cu_be *c = (cu_be *)b;
+    int same = n <= CK_MULTI_MAX && T < c->gemm_min_t;
+    for (int i = 1; same && i < n; i++)
+        same = w[i]->type == w[0]->type && w[i]->n_in == w[0]->n_in && w[i]->row_bytes == w[0]->row_bytes;
+    if (!same) {
+        for (int i = 0; i < n; i++) cu_matmul(b, w[i], bias[i], x, T, out[i]);
+        return;
+    }
+    const void *W[CK_MULTI_MAX];
+    const float *bv[CK_MULTI_MAX];
+    int no[CK_MULTI_MAX];
+    for (int i = 0; i < n; i++) {
+        W[i] = w[i]->dev;
+        bv[i] = bias[i] && bias[i]->data ? bias[i]->dev : NULL;
+        no[i] = (int)w[i]->n_out;
+    }
+    int nin = (int)w[0]->n_in;
+    ck_gemv_multi(c->st, w[0]->type, n, W, w[0]->row_bytes, nin, no, bv, x, T, out,
+                  ck_gemv_int8(w[0]->type, nin) ? xq_for(c, T, nin) : NULL);
+}
+
+static void cu_add_rmsnorm(be *b, float *x, const float *y, const wt *w, int rows, int n, float eps, float *out)
+{
+    ck_add_rmsnorm(((cu_be *)b)->st, x, y, w->dev, rows, n, eps, out);
+}
+
+static void cu_add(be *b, float *x, const float *y, size_t n)
+{
+    ck_add(((cu_be *)b)->st, x, y, n);
+}
+
+static void cu_silu_mul(be *b, const float *g, const float *u, size_t n, float *out)
+{
+    ck_silu_mul(((cu_be *)b)->st, g, u, n, out);
+}
+
+static void cu_rope(be *b, float *x, const be_batch *bt, int n_heads, int head_dim, int n_rot, float base,
+                    int neox, const wt *fd)
+{
+    cu_be *c = (cu_be *)b;
+    use_batch(c, bt);
+    ck_rope(c->st, x, d_pos(c), bt->T, n_heads, head_dim, n_rot, base, neox, fd && fd->data ? fd->dev : NULL);
+}
+
+static void cu_kv_store(be *b, void *kc, void *vc, const be_batch *bt, int kv_dim, const float *k, const float *v)
+{
+    cu_be *c = (cu_be *)b;
+    use_batch(c, bt);
+    ck_kv_store(c->st, kc, vc, b->kv_elt == 2, d_pos(c), d_off(c), d_pages(c), bt->T, kv_dim, k, v);
+}
+
+static void cu_attention(be *b, const float *q, const void *kc, const void *vc, const be_batch *bt, int n_head,
+                         int n_head_kv, int head_dim, float *out)
+{
+    cu_be *c = (cu_be *)b;
+    use_batch(c, bt);
+    int ns = attn_splits(c, bt->T, n_head);
+    if ((size_t)bt->T * n_head * ns * (head_dim + 2) > c->part_cap) ns = 1;
+    ck_attention(c->st, q, kc, vc, b->kv_elt == 2, d_pos(c), d_off(c), d_pages(c), bt->T, n_head, n_head_kv,
+                 head_dim, out, c->part, ns);
+}
+
+static void cu_argmax(be *b, const float *x, int rows, int n, int32_t *ids)
+{
+    cu_be *c = (cu_be *)b;
+    for (int r0 = 0; r0 < rows; r0 += ARGMAX_ROWS) {
+        int nr = rows - r0 < ARGMAX_ROWS ? rows - r0 : ARGMAX_ROWS;
+        ck_argmax(c->st, x + (size_t)r0 * n, nr, n, c->d_ids_out);
+        ok(c, cudaMemcpyAsync(c->h_ids_out, c->d_ids_out, (size_t)nr * 4, cudaMemcpyDeviceToHost, c->st), "ids");
+        ok(c, cudaStreamSynchronize(c->st), "sync");
+        memcpy(ids + r0, c->h_ids_out, (size_t)nr * 4);
+    }
+}
+
+static const be_ops cuda_ops = {
+    .name = "cuda",
+    .close = cu_close,
+    .alloc = cu_alloc,
+    .free = cu_free,
+    .weight_prepare = cu_weight_prepare,
+    .to_host = cu_to_host,
+    .to_dev = cu_to_dev,
+    .embed = cu_embed,
+    .rmsnorm = cu_rmsnorm,
+    .matmul = cu_matmul,
+    .add = cu_add,
+    .silu_mul = cu_silu_mul,
+    .rope = cu_rope,
+    .kv_store = cu_kv_store,
+    .attention = cu_attention,
+    .sync = cu_sync,
+    .step_begin = cu_step_begin,
+    .step_end = cu_step_end,
+    .argmax = cu_argmax,
+    .matmul_n = cu_matmul_n,
+    .add_rmsnorm = cu_add_rmsnorm,
+};
+
+int be_cuda_open(be **out, struct pool *p, int kv_f16, char *err, size_t errlen)
+{
+    (void)p;
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
+        cudaGetLastError();
+        snprintf(err, errlen, "no CUDA device");
+        return -1;
+    }
+    cu_be *c = calloc(1, sizeof *c);
+    if (!c) { snprintf(err, errlen, "out of memory"); return -1; }
+    c->base.ops = &cuda_ops;
+    c->base.kv_elt = kv_f16 ? 2 : 4;
+    const char *what = "device";
+    if (cudaSetDevice(0) != cudaSuccess) goto fail;
+    if (cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess) goto fail;
+    what = "stream";
+    if (cudaStreamCreateWithFlags(&c->st, cudaStreamNonBlocking) != cudaSuccess) goto fail;
+    what = "cuBLAS";
+    if (cublasCreate(&c->blas) != CUBLAS_STATUS_SUCCESS) goto fail;
+    if (cublasSetStream(c->blas, c->st) != CUBLAS_STATUS_SUCCESS) goto fail;
+    size_t ws = (size_t)32 << 20;
+    what = "device memory";
+    if (cudaMalloc(&c->blas_ws, ws) != cudaSuccess) goto fail;
+    if (cublasSetWorkspace(c->blas, c->blas_ws, ws) != CUBLAS_STATUS_SUCCESS) goto fail;
+    c->part_cap = (size_t)4 * c->n_sm * (256 + 2) + 4096;
+    if (cudaMalloc((void **)&c->part, c->part_cap * 4) != cudaSuccess) goto fail;
+    if (cudaMalloc((void **)&c->d_ids_out, ARGMAX_ROWS * 4) != cudaSuccess) goto fail;
+    if (cudaMallocHost((void **)&c->h_ids_out, ARGMAX_ROWS * 4) != cudaSuccess) goto fail;
+    const char *gt = getenv("ANE_CUDA_GEMM_T");
+    c->gemm_min_t = gt && atoi(gt) > 0 ? atoi(gt) : 9;
+    *out = &c->base;
+    return 0;
+fail:
+    snprintf(err, errlen, "cannot set up the CUDA %s: %s", what, cudaGetErrorString(cudaGetLastError()));
+    cu_close(&c->base);
+    return -1;
+}
+
+#else
+typedef int backend_cuda_unused;   /* CPU-only builds: nothing here */
+#endif

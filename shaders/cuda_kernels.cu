@@ -1,0 +1,1203 @@
+// cuda_kernels.cu — the CUDA backend's kernels. Weights are read in their
+// GGUF block layouts: dq32<TYPE> turns 32 consecutive values of a row into
+// f32 with the reference dequantizer's expressions (engine/qtypes.c), and
+// every weight kernel (embedding, GEMV, dequantize-for-GEMM) is built on it.
+#include "shaders/cuda_kernels.h"
+
+#include <cuda_fp16.h>
+#include <math.h>
+#include <stdint.h>
+
+enum {
+    T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8,
+    T_Q2_K = 10, T_Q3_K = 11, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14, T_BF16 = 30
+};
+
+__device__ __forceinline__ float h2f(const uint8_t *p)
+{
+    unsigned short u = (unsigned short)(p[0] | (p[1] << 8));
+    return __half2float(__ushort_as_half(u));
+}
+
+__device__ __forceinline__ uint32_t ld32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+
+__device__ __forceinline__ uint32_t ld32a2(const uint8_t *p)   /* 2-byte aligned */
+{
+    const uint16_t *h = (const uint16_t *)p;
+    return (uint32_t)h[0] | ((uint32_t)h[1] << 16);
+}
+
+__device__ __forceinline__ int2 ld8(const uint8_t *p)   /* 2-byte aligned at least */
+{
+    if (((uintptr_t)p & 7) == 0) return *(const int2 *)p;
+    return make_int2((int)ld32a2(p), (int)ld32a2(p + 4));
+}
+
+__device__ __forceinline__ void scale_min_k4(int j, const uint8_t *q, int &d, int &m)
+{
+    if (j < 4) {
+        d = q[j] & 63; m = q[j + 4] & 63;
+    } else {
+        d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        m = (q[j + 4] >> 4) | ((q[j - 0] >> 6) << 4);
+    }
+}
+
+// 32 values c*32 .. c*32+31 of a row (n values; float types mask past n).
+template <int TY>
+__device__ __forceinline__ void dq32(const uint8_t *row, int c, int n, float w[32])
+{
+    if (TY == T_F32) {
+        const float *r = (const float *)row + c * 32;
+        if (c * 32 + 32 <= n && ((uintptr_t)r & 15) == 0) {
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                float4 v = __ldg((const float4 *)r + i);
+                w[4 * i] = v.x; w[4 * i + 1] = v.y; w[4 * i + 2] = v.z; w[4 * i + 3] = v.w;
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < 32; i++) w[i] = c * 32 + i < n ? r[i] : 0.f;
+        }
+    } else if (TY == T_F16 || TY == T_BF16) {
+        const unsigned short *r = (const unsigned short *)row + c * 32;
+        if (c * 32 + 32 <= n && ((uintptr_t)r & 15) == 0) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                uint4 v = __ldg((const uint4 *)r + i);
+                uint32_t u[4] = { v.x, v.y, v.z, v.w };
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    unsigned short lo = (unsigned short)(u[k] & 0xffff), hi = (unsigned short)(u[k] >> 16);
+                    if (TY == T_F16) {
+                        w[8 * i + 2 * k] = __half2float(__ushort_as_half(lo));
+                        w[8 * i + 2 * k + 1] = __half2float(__ushort_as_half(hi));
+                    } else {
+                        w[8 * i + 2 * k] = __uint_as_float((uint32_t)lo << 16);
+                        w[8 * i + 2 * k + 1] = __uint_as_float((uint32_t)hi << 16);
+                    }
+                }
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < 32; i++) {
+                unsigned short u = c * 32 + i < n ? r[i] : 0;
+                w[i] = TY == T_F16 ? __half2float(__ushort_as_half(u)) : __uint_as_float((uint32_t)u << 16);
+            }
+        }
+    } else if (TY == T_Q4_0) {
+        const uint8_t *b = row + c * 18;
+        float d = h2f(b);
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            int q = b[2 + j];
+            w[j] = (float)((q & 0xF) - 8) * d;
+            w[j + 16] = (float)((q >> 4) - 8) * d;
+        }
+    } else if (TY == T_Q4_1) {
+        const uint8_t *b = row + c * 20;
+        float d = h2f(b), m = h2f(b + 2);
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            int q = b[4 + j];
+            w[j] = (float)(q & 0xF) * d + m;
+            w[j + 16] = (float)(q >> 4) * d + m;
+        }
+    } else if (TY == T_Q5_0) {
+        const uint8_t *b = row + c * 22;
+        float d = h2f(b);
+        uint32_t qh = ld32(b + 2);
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            int q = b[6 + j];
+            int xh0 = ((qh >> j) << 4) & 0x10, xh1 = (qh >> (j + 12)) & 0x10;
+            w[j] = (float)(((q & 0xF) | xh0) - 16) * d;
+            w[j + 16] = (float)(((q >> 4) | xh1) - 16) * d;
+        }
+    } else if (TY == T_Q5_1) {
+        const uint8_t *b = row + c * 24;
+        float d = h2f(b), m = h2f(b + 2);
+        uint32_t qh = ld32(b + 4);
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            int q = b[8 + j];
+            int xh0 = ((qh >> j) << 4) & 0x10, xh1 = (qh >> (j + 12)) & 0x10;
+            w[j] = (float)((q & 0xF) | xh0) * d + m;
+            w[j + 16] = (float)((q >> 4) | xh1) * d + m;
+        }
+    } else if (TY == T_Q8_0) {
+        /* repacked on the device (ck_repack_q8_0): a row's quants, then its scales */
+        const uint8_t *q = row + c * 32;
+        float d = h2f(row + n + 2 * c);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int2 v = ld8(q + 8 * i);
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                w[8 * i + k] = (float)(int8_t)(v.x >> (8 * k)) * d;
+                w[8 * i + 4 + k] = (float)(int8_t)(v.y >> (8 * k)) * d;
+            }
+        }
+    } else if (TY == T_Q2_K) {
+        const uint8_t *b = row + (c >> 3) * 84;
+        int sub = c & 7, half = sub >> 2, j = sub & 3, shift = 2 * j;
+        float d = h2f(b + 80), mn = h2f(b + 82);
+        const uint8_t *q = b + 16 + 32 * half;
+        int is = half * 8 + 2 * j;
+        int sc = b[is];
+        float dl = d * (float)(sc & 0xF), ml = mn * (float)(sc >> 4);
+#pragma unroll
+        for (int l = 0; l < 16; l++) w[l] = dl * (float)((q[l] >> shift) & 3) - ml;
+        sc = b[is + 1];
+        dl = d * (float)(sc & 0xF); ml = mn * (float)(sc >> 4);
+#pragma unroll
+        for (int l = 0; l < 16; l++) w[16 + l] = dl * (float)((q[l + 16] >> shift) & 3) - ml;
+    } else if (TY == T_Q3_K) {
+        const uint8_t *b = row + (c >> 3) * 110;
+        int sub = c & 7, half = sub >> 2, j = sub & 3, shift = 2 * j;
+        const uint8_t *hm = b, *q = b + 32 + 32 * half, *s12 = b + 96;
+        float d_all = h2f(b + 108);
+        int m = 1 << (half * 4 + j);
+        int is = half * 8 + 2 * j;
+        int sc[2];
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            int i = is + k;   /* 6-bit scale i: low 4 bits, high 2 bits */
+            int lo = i < 8 ? (s12[i] & 0xF) : (s12[i - 8] >> 4);
+            int hi = (s12[8 + (i & 3)] >> (2 * (i >> 2))) & 3;
+            sc[k] = (lo | (hi << 4)) - 32;
+        }
+        float dl = d_all * (float)sc[0];
+#pragma unroll
+        for (int l = 0; l < 16; l++) w[l] = dl * (float)(((q[l] >> shift) & 3) - ((hm[l] & m) ? 0 : 4));
+        dl = d_all * (float)sc[1];
+#pragma unroll
+        for (int l = 0; l < 16; l++)
+            w[16 + l] = dl * (float)(((q[l + 16] >> shift) & 3) - ((hm[l + 16] & m) ? 0 : 4));
+    } else if (TY == T_Q4_K) {
+        const uint8_t *b = row + (c >> 3) * 144;
+        int sub = c & 7, g = sub >> 1, hi = sub & 1;
+        float d = h2f(b), mn = h2f(b + 2);
+        int sc, m;
+        scale_min_k4(sub, b + 4, sc, m);
+        float d1 = d * (float)sc, m1 = mn * (float)m;
+        const uint4 *q4 = (const uint4 *)(b + 16 + 32 * g);   /* 16-byte aligned when rows are */
+        if (((uintptr_t)q4 & 15) == 0) {
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                uint4 v = q4[i];
+                uint32_t u[4] = { v.x, v.y, v.z, v.w };
+#pragma unroll
+                for (int k = 0; k < 16; k++) {
+                    int byte = (u[k >> 2] >> (8 * (k & 3))) & 0xff;
+                    w[16 * i + k] = d1 * (float)(hi ? byte >> 4 : byte & 0xF) - m1;
+                }
+            }
+        } else {
+            const uint8_t *q = b + 16 + 32 * g;
+#pragma unroll
+            for (int l = 0; l < 32; l++) w[l] = d1 * (float)(hi ? q[l] >> 4 : q[l] & 0xF) - m1;
+        }
+    } else if (TY == T_Q5_K) {
+        const uint8_t *b = row + (c >> 3) * 176;
+        int sub = c & 7, g = sub >> 1, hi = sub & 1;
+        float d = h2f(b), mn = h2f(b + 2);
+        int sc, m;
+        scale_min_k4(sub, b + 4, sc, m);
+        float d1 = d * (float)sc, m1 = mn * (float)m;
+        const uint8_t *qh = b + 16, *ql = b + 48 + 32 * g;
+        int bit = 2 * g + hi;
+#pragma unroll
+        for (int l = 0; l < 32; l++) {
+            int v = (hi ? ql[l] >> 4 : ql[l] & 0xF) + (((qh[l] >> bit) & 1) << 4);
+            w[l] = d1 * (float)v - m1;
+        }
+    } else if (TY == T_Q6_K) {
+        const uint8_t *b = row + (c >> 3) * 210;
+        int sub = c & 7, half = sub >> 2, qq = sub & 3;
+        float d = h2f(b + 208);
+        const uint8_t *ql = b + 64 * half + (qq & 1) * 32, *qh = b + 128 + 32 * half;
+        const int8_t *sc = (const int8_t *)(b + 192 + 8 * half) + 2 * qq;
+        int nshift = (qq >> 1) * 4, hshift = 2 * qq;
+        float d0 = d * (float)sc[0], d1 = d * (float)sc[1];
+#pragma unroll
+        for (int l = 0; l < 32; l++) {
+            int v = ((ql[l] >> nshift) & 0xF) | (((qh[l] >> hshift) & 3) << 4);
+            w[l] = (l < 16 ? d0 : d1) * (float)(v - 32);
+        }
+    }
+}
+
+
+__device__ __forceinline__ void nib8(uint32_t lo4, uint32_t hi4, int high, float *q)
+{
+    /* 8 bytes (two words) -> 8 nibbles (low or high) */
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        q[k] = (float)(((lo4 >> (8 * k)) >> (high ? 4 : 0)) & 0xF);
+        q[4 + k] = (float)(((hi4 >> (8 * k)) >> (high ? 4 : 0)) & 0xF);
+    }
+}
+
+
+// 8 values g*8 .. g*8+7 of a row (n values; n % 8 == 0 for quantized types;
+// float types mask past n). Consecutive g read consecutive bytes, so a warp
+// over consecutive g reads the row coalesced.
+template <int TY>
+__device__ __forceinline__ void dq8(const uint8_t *__restrict__ row, int g, int n, float w[8])
+{
+    if (TY == T_F32) {
+        const float *r = (const float *)row + g * 8;
+        if (g * 8 + 8 <= n && ((uintptr_t)r & 15) == 0) {
+            float4 a = __ldg((const float4 *)r), b = __ldg((const float4 *)r + 1);
+            w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w; w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
+        } else {
+#pragma unroll
+            for (int i = 0; i < 8; i++) w[i] = g * 8 + i < n ? r[i] : 0.f;
+        }
+    } else if (TY == T_F16 || TY == T_BF16) {
+        const unsigned short *r = (const unsigned short *)row + g * 8;
+        if (g * 8 + 8 <= n && ((uintptr_t)r & 15) == 0) {
+            uint4 v = __ldg((const uint4 *)r);
+            uint32_t u[4] = { v.x, v.y, v.z, v.w };
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                unsigned short lo = (unsigned short)(u[k] & 0xffff), hi = (unsigned short)(u[k] >> 16);
+                if (TY == T_F16) { w[2 * k] = __half2float(__ushort_as_half(lo)); w[2 * k + 1] = __half2float(__ushort_as_half(hi)); }
+                else { w[2 * k] = __uint_as_float((uint32_t)lo << 16); w[2 * k + 1] = __uint_as_float((uint32_t)hi << 16); }
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                unsigned short u = g * 8 + i < n ? r[i] : 0;
+                w[i] = TY == T_F16 ? __half2float(__ushort_as_half(u)) : __uint_as_float((uint32_t)u << 16);
+            }
+        }
+    } else if (TY == T_Q8_0) {
+        int2 v = ld8(row + g * 8);
+        float d = h2f(row + n + 2 * (g >> 2));
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            w[k] = (float)(int8_t)(v.x >> (8 * k)) * d;
+            w[4 + k] = (float)(int8_t)(v.y >> (8 * k)) * d;
+        }
+    } else if (TY == T_Q4_0 || TY == T_Q4_1 || TY == T_Q5_0 || TY == T_Q5_1) {
+        const int bs = TY == T_Q4_0 ? 18 : TY == T_Q4_1 ? 20 : TY == T_Q5_0 ? 22 : 24;
+        const uint8_t *b = row + (g >> 2) * bs;
+        int j8 = g & 3;
+        float d = h2f(b);
+        {
+            const int qo = TY == T_Q4_0 ? 2 : TY == T_Q4_1 ? 4 : TY == T_Q5_0 ? 6 : 8;
+            const uint8_t *q = b + qo + 8 * (j8 & 1);
+            uint32_t a0 = TY == T_Q4_1 || TY == T_Q5_1 ? *(const uint32_t *)q : ld32a2(q);
+            uint32_t a1 = TY == T_Q4_1 || TY == T_Q5_1 ? *(const uint32_t *)(q + 4) : ld32a2(q + 4);
+            float v[8];
+            nib8(a0, a1, j8 >> 1, v);
+            if (TY == T_Q5_0 || TY == T_Q5_1) {
+                uint32_t qh = TY == T_Q5_0 ? ld32a2(b + 2) : *(const uint32_t *)(b + 4);
+#pragma unroll
+                for (int k = 0; k < 8; k++) v[k] += (float)(((qh >> (8 * j8 + k)) & 1) << 4);
+            }
+            if (TY == T_Q4_0) {
+#pragma unroll
+                for (int k = 0; k < 8; k++) w[k] = (v[k] - 8.f) * d;
+            } else if (TY == T_Q5_0) {
+#pragma unroll
+                for (int k = 0; k < 8; k++) w[k] = (v[k] - 16.f) * d;
+            } else {
+                float m = h2f(b + 2);
+#pragma unroll
+                for (int k = 0; k < 8; k++) w[k] = v[k] * d + m;
+            }
+        }
+    } else {
+        /* K-quants: super-block of 256 = 32 groups; chunk c of 32, offset o */
+        int gi = g & 31, c = gi >> 2, o = (gi & 3) * 8;
+        if (TY == T_Q2_K || TY == T_Q3_K) {
+            const int bs = TY == T_Q2_K ? 84 : 110;
+            const uint8_t *b = row + (g >> 5) * bs;
+            int half = c >> 2, j = c & 3, shift = 2 * j, is = half * 8 + 2 * j + (o >= 16);
+            const uint8_t *q = b + (TY == T_Q2_K ? 16 : 32) + 32 * half + o;
+            uint32_t a0 = ld32a2(q), a1 = ld32a2(q + 4);
+            float v[8];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                v[k] = (float)((a0 >> (8 * k + shift)) & 3);
+                v[4 + k] = (float)((a1 >> (8 * k + shift)) & 3);
+            }
+            if (TY == T_Q2_K) {
+                float d = h2f(b + 80), mn = h2f(b + 82);
+                int sc = b[is];
+                float dl = d * (float)(sc & 0xF), ml = mn * (float)(sc >> 4);
+#pragma unroll
+                for (int k = 0; k < 8; k++) w[k] = dl * v[k] - ml;
+            } else {
+                const uint8_t *s12 = b + 96;
+                int lo = is < 8 ? (s12[is] & 0xF) : (s12[is - 8] >> 4);
+                int hi = (s12[8 + (is & 3)] >> (2 * (is >> 2))) & 3;
+                float dl = h2f(b + 108) * (float)((lo | (hi << 4)) - 32);
+                uint32_t h0 = ld32a2(b + o), h1 = ld32a2(b + o + 4);
+                int mb = half * 4 + j;
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    w[k] = dl * (v[k] - (((h0 >> (8 * k + mb)) & 1) ? 0.f : 4.f));
+                    w[4 + k] = dl * (v[4 + k] - (((h1 >> (8 * k + mb)) & 1) ? 0.f : 4.f));
+                }
+            }
+        } else if (TY == T_Q4_K || TY == T_Q5_K) {
+            const int bs = TY == T_Q4_K ? 144 : 176;
+            const uint8_t *b = row + (g >> 5) * bs;
+            int gg = c >> 1, hi = c & 1;
+            float d = h2f(b), mn = h2f(b + 2);
+            int sc, m;
+            scale_min_k4(c, b + 4, sc, m);
+            float d1 = d * (float)sc, m1 = mn * (float)m;
+            const uint8_t *q = b + (TY == T_Q4_K ? 16 : 48) + 32 * gg + o;
+            uint2 a = *(const uint2 *)q;   /* 8-byte aligned: super-blocks are */
+            float v[8];
+            nib8(a.x, a.y, hi, v);
+            if (TY == T_Q5_K) {
+                uint2 h = *(const uint2 *)(b + 16 + o);
+                int bit = 2 * gg + hi;
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    v[k] += (float)(((h.x >> (8 * k + bit)) & 1) << 4);
+                    v[4 + k] += (float)(((h.y >> (8 * k + bit)) & 1) << 4);
+                }
+            }
+#pragma unroll
+            for (int k = 0; k < 8; k++) w[k] = d1 * v[k] - m1;
+        } else if (TY == T_Q6_K) {
+            const uint8_t *b = row + (g >> 5) * 210;
+            int half = c >> 2, qq = c & 3;
+            const uint8_t *ql = b + 64 * half + (qq & 1) * 32 + o, *qh = b + 128 + 32 * half + o;
+            float d = h2f(b + 208) * (float)((const int8_t *)b)[192 + 8 * half + 2 * qq + (o >= 16)];
+            uint32_t l0 = ld32a2(ql), l1 = ld32a2(ql + 4), h0 = ld32a2(qh), h1 = ld32a2(qh + 4);
+            int nshift = (qq >> 1) * 4, hshift = 2 * qq;
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                int v0 = ((l0 >> (8 * k + nshift)) & 0xF) | (((h0 >> (8 * k + hshift)) & 3) << 4);
+                int v1 = ((l1 >> (8 * k + nshift)) & 0xF) | (((h1 >> (8 * k + hshift)) & 3) << 4);
+                w[k] = d * (float)(v0 - 32);
+                w[4 + k] = d * (float)(v1 - 32);
+            }
+        }
+    }
+}
+
+/* ---------------- embedding ---------------- */
+
+template <int TY>
+__global__ void k_embed(const uint8_t *W, size_t rb, int n, const int32_t *ids, float *out)
+{
+    int t = blockIdx.y;
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c * 32 >= n) return;
+    const uint8_t *row = W + (size_t)ids[t] * rb;
+    float w[32];
+    dq32<TY>(row, c, n, w);
+    float *o = out + (size_t)t * n + c * 32;
+#pragma unroll
+    for (int i = 0; i < 32; i++)
+        if (c * 32 + i < n) o[i] = w[i];
+}
+
+/* ---------------- GEMV: up to 16 tokens ----------------
+ * A block of 4 warps takes 4/K rows, K warps per row (split over the row for
+ * long rows). Lane l of a row's warp k takes 8-value groups l + 32*k, +32*K,
+ * ...: each warp reads the row's bytes and x's floats contiguously. */
+struct gv_mat { const uint8_t *W; const float *bias; float *out; int n_out, blk0; };
+struct gv_set { gv_mat m[CK_MULTI_MAX]; int nm; };   /* matrices of one type and n_in, one launch */
+
+template <int TY, int NT, int K>
+__global__ void __launch_bounds__(128) k_gemv(const gv_set S, size_t rb, int n, const float *__restrict__ x, int T)
+{
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int mi = 0;
+#pragma unroll
+    for (int i = 1; i < CK_MULTI_MAX; i++) if (i < S.nm && (int)blockIdx.x >= S.m[i].blk0) mi = i;
+    const uint8_t *W = S.m[mi].W;
+    const float *bias = S.m[mi].bias;
+    float *out = S.m[mi].out;
+    int n_out = S.m[mi].n_out;
+    int r = ((int)blockIdx.x - S.m[mi].blk0) * (4 / K) + warp / K, part = warp % K;
+    bool live = r < n_out;
+    const uint8_t *row = W + (size_t)(live ? r : 0) * rb;
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.f;
+    int ng = live ? (n + 7) / 8 : 0;
+    bool vec = (n & 7) == 0;
+#pragma unroll 4
+    for (int g = lane + 32 * part; g < ng; g += 32 * K) {
+        float w[8];
+        dq8<TY>(row, g, n, w);
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            if (t >= T) break;
+            const float *xt = x + (size_t)t * n + g * 8;
+            float s;
+            if (vec) {
+                float4 a = __ldg((const float4 *)xt), b = __ldg((const float4 *)xt + 1);
+                s = w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * b.x + w[5] * b.y + w[6] * b.z + w[7] * b.w;
+            } else {
+                s = 0.f;
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+                    if (g * 8 + i < n) s += w[i] * xt[i];
+            }
+            acc[t] += s;
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        float s = acc[t];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        acc[t] = s;
+    }
+    if (K > 1) {
+        __shared__ float red[4][NT];
+        if (lane == 0) {
+#pragma unroll
+            for (int t = 0; t < NT; t++) red[warp][t] = acc[t];
+        }
+        __syncthreads();
+        if (part != 0) return;
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            float v = 0.f;
+#pragma unroll
+            for (int k = 0; k < K; k++) v += red[warp + k][t];
+            acc[t] = v;
+        }
+    }
+    if (live && lane < T) {
+        float v = 0.f;
+#pragma unroll
+        for (int t = 0; t < NT; t++) if (t == lane) v = acc[t];
+        out[(size_t)lane * n_out + r] = v + (bias ? bias[r] : 0.f);
+    }
+}
+
+
+/* ---------------- int8 GEMV (q4_K, q8_0): x quantized per 32 values ----------------
+ * xq [T][n] int8, xd [T][n/32] scale, xs [T][n/32] sum of the block's ints.
+ * Dot products with __dp4a, as the CPU's q8 activations (same error class). */
+__global__ void k_quant_x(const float *__restrict__ x, int n, int nb_total, int8_t *__restrict__ xq,
+                          float *__restrict__ xd, int *__restrict__ xs)
+{
+    int b = blockIdx.x * blockDim.x + threadIdx.x;
+    if (b >= nb_total) return;
+    const float *v = x + (size_t)b * 32;   /* rows are whole blocks: n % 32 == 0 */
+    float amax = 0.f;
+#pragma unroll
+    for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(v[i]));
+    float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
+    int sum = 0;
+    __align__(16) int8_t q[32];
+#pragma unroll
+    for (int i = 0; i < 32; i++) { int k = __float2int_rn(v[i] * id); q[i] = (int8_t)k; sum += k; }
+#pragma unroll
+    for (int i = 0; i < 2; i++) ((int4 *)(xq + (size_t)b * 32))[i] = ((const int4 *)q)[i];
+    xd[b] = d;
+    xs[b] = sum;
+    (void)n;
+}
+
+__device__ __forceinline__ int byte_of3(uint4 h, int k)   /* byte k (0..11) of h.y, h.z, h.w */
+{
+    uint32_t w = k < 4 ? h.y : k < 8 ? h.z : h.w;
+    return (int)((w >> (8 * (k & 3))) & 0xFF);
+}
+
+/* q4_K: lane takes one 64-value pair of a super-block (16-byte header and
+ * 32 bytes of nibbles in three 16-byte loads); x as int8. */
+template <int NT, int K>
+__global__ void __launch_bounds__(128) k_gemv_q4k(const gv_set S, size_t rb, int n, const int8_t *__restrict__ xq,
+                                                  const float *__restrict__ xd, const int *__restrict__ xs, int T)
+{
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int mi = 0;
+#pragma unroll
+    for (int i = 1; i < CK_MULTI_MAX; i++) if (i < S.nm && (int)blockIdx.x >= S.m[i].blk0) mi = i;
+    const uint8_t *W = S.m[mi].W;
+    int n_out = S.m[mi].n_out;
+    int r = ((int)blockIdx.x - S.m[mi].blk0) * (4 / K) + warp / K, part = warp % K;
+    bool live = r < n_out;
+    const uint8_t *row = W + (size_t)(live ? r : 0) * rb;
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.f;
+    int np = live ? n / 64 : 0, nbx = n / 32;
+#pragma unroll 2
+    for (int p = lane + 32 * part; p < np; p += 32 * K) {
+        const uint8_t *b = row + (p >> 2) * 144;
+        int j = p & 3, c0 = 2 * j, c1 = 2 * j + 1;
+        uint4 h = *(const uint4 *)b;
+        uint4 q0 = *(const uint4 *)(b + 16 + 32 * j), q1 = *(const uint4 *)(b + 32 + 32 * j);
+        float d = __half2float(__ushort_as_half((unsigned short)(h.x & 0xffff)));
+        float dm = __half2float(__ushort_as_half((unsigned short)(h.x >> 16)));
+        int sc0, m0, sc1, m1;
+        if (j < 2) {
+            sc0 = byte_of3(h, c0) & 63; m0 = byte_of3(h, c0 + 4) & 63;
+            sc1 = byte_of3(h, c1) & 63; m1 = byte_of3(h, c1 + 4) & 63;
+        } else {
+            sc0 = (byte_of3(h, c0 + 4) & 0xF) | ((byte_of3(h, c0 - 4) >> 6) << 4);
+            m0 = (byte_of3(h, c0 + 4) >> 4) | ((byte_of3(h, c0) >> 6) << 4);
+            sc1 = (byte_of3(h, c1 + 4) & 0xF) | ((byte_of3(h, c1 - 4) >> 6) << 4);
+            m1 = (byte_of3(h, c1 + 4) >> 4) | ((byte_of3(h, c1) >> 6) << 4);
+        }
+        float d0 = d * (float)sc0, d1 = d * (float)sc1, mm0 = dm * (float)m0, mm1 = dm * (float)m1;
+        uint32_t qw[8] = { q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w };
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            if (t >= T) break;
+            const int4 *xv = (const int4 *)(xq + (size_t)t * n + 64 * p);
+            int4 xa = xv[0], xb = xv[1], xc = xv[2], xe = xv[3];
+            int xl[8] = { xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w };
+            int xh[8] = { xc.x, xc.y, xc.z, xc.w, xe.x, xe.y, xe.z, xe.w };
+            int dot0 = 0, dot1 = 0;
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                dot0 = __dp4a((int)(qw[k] & 0x0F0F0F0Fu), xl[k], dot0);
+                dot1 = __dp4a((int)((qw[k] >> 4) & 0x0F0F0F0Fu), xh[k], dot1);
+            }
+            size_t xb0 = (size_t)t * nbx + 2 * p;
+            float dx0 = __ldg(xd + xb0), dx1 = __ldg(xd + xb0 + 1);
+            int s0 = __ldg(xs + xb0), s1 = __ldg(xs + xb0 + 1);
+            acc[t] += dx0 * (d0 * (float)dot0 - mm0 * (float)s0) + dx1 * (d1 * (float)dot1 - mm1 * (float)s1);
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        float s = acc[t];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        acc[t] = s;
+    }
+    if (K > 1) {
+        __shared__ float red[4][NT];
+        if (lane == 0) {
+#pragma unroll
+            for (int t = 0; t < NT; t++) red[warp][t] = acc[t];
+        }
+        __syncthreads();
+        if (part != 0) return;
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            float v = 0.f;
+#pragma unroll
+            for (int k = 0; k < K; k++) v += red[warp + k][t];
+            acc[t] = v;
+        }
+    }
+    if (live && lane < T) {
+        float v = 0.f;
+#pragma unroll
+        for (int t = 0; t < NT; t++) if (t == lane) v = acc[t];
+        const float *bias = S.m[mi].bias;
+        S.m[mi].out[(size_t)lane * n_out + r] = v + (bias ? bias[r] : 0.f);
+    }
+}
+
+/* q8_0 (repacked): lane takes one 32-value block: 32 quant bytes, one scale */
+template <int NT, int K>
+__global__ void __launch_bounds__(128) k_gemv_q8(const gv_set S, size_t rb, int n, const int8_t *__restrict__ xq,
+                                                 const float *__restrict__ xd, int T)
+{
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int mi = 0;
+#pragma unroll
+    for (int i = 1; i < CK_MULTI_MAX; i++) if (i < S.nm && (int)blockIdx.x >= S.m[i].blk0) mi = i;
+    const uint8_t *W = S.m[mi].W;
+    int n_out = S.m[mi].n_out;
+    int r = ((int)blockIdx.x - S.m[mi].blk0) * (4 / K) + warp / K, part = warp % K;
+    bool live = r < n_out;
+    const uint8_t *row = W + (size_t)(live ? r : 0) * rb;
+    bool a16 = ((uintptr_t)row & 15) == 0;
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.f;
+    int nb = live ? n / 32 : 0;
+#pragma unroll 2
+    for (int c = lane + 32 * part; c < nb; c += 32 * K) {
+        int q[8];
+        if (a16) {
+            int4 u = *(const int4 *)(row + 32 * c), v = *(const int4 *)(row + 32 * c + 16);
+            q[0] = u.x; q[1] = u.y; q[2] = u.z; q[3] = u.w; q[4] = v.x; q[5] = v.y; q[6] = v.z; q[7] = v.w;
+        } else {
+#pragma unroll
+            for (int i = 0; i < 4; i++) { int2 u = ld8(row + 32 * c + 8 * i); q[2 * i] = u.x; q[2 * i + 1] = u.y; }
+        }
+        float dw = h2f(row + n + 2 * c);
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            if (t >= T) break;
+            const int4 *xv = (const int4 *)(xq + (size_t)t * n + 32 * c);
+            int4 xa = xv[0], xb = xv[1];
+            int dot = __dp4a(q[0], xa.x, 0);
+            dot = __dp4a(q[1], xa.y, dot); dot = __dp4a(q[2], xa.z, dot); dot = __dp4a(q[3], xa.w, dot);
+            dot = __dp4a(q[4], xb.x, dot); dot = __dp4a(q[5], xb.y, dot); dot = __dp4a(q[6], xb.z, dot);
+            dot = __dp4a(q[7], xb.w, dot);
+            acc[t] += dw * __ldg(xd + (size_t)t * (n / 32) + c) * (float)dot;
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        float s = acc[t];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        acc[t] = s;
+    }
+    if (K > 1) {
+        __shared__ float red[4][NT];
+        if (lane == 0) {
+#pragma unroll
+            for (int t = 0; t < NT; t++) red[warp][t] = acc[t];
+        }
+        __syncthreads();
+        if (part != 0) return;
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            float v = 0.f;
+#pragma unroll
+            for (int k = 0; k < K; k++) v += red[warp + k][t];
+            acc[t] = v;
+        }
+    }
+    if (live && lane < T) {
+        float v = 0.f;
+#pragma unroll
+        for (int t = 0; t < NT; t++) if (t == lane) v = acc[t];
+        const float *bias = S.m[mi].bias;
+        S.m[mi].out[(size_t)lane * n_out + r] = v + (bias ? bias[r] : 0.f);
+    }
+}
+
+/* GGUF q8_0 rows (34-byte blocks) -> a row's 32-byte quant blocks, then its f16 scales */
+__global__ void k_repack_q8_0(const uint8_t *src, uint8_t *dst, size_t rb, int n, int n_out)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    int nb = n / 32;
+    if (i >= (size_t)nb * n_out) return;
+    int r = (int)(i / nb), c = (int)(i % nb);
+    const uint8_t *b = src + (size_t)r * rb + (size_t)c * 34;
+    uint8_t *row = dst + (size_t)r * rb;
+    row[n + 2 * c] = b[0];
+    row[n + 2 * c + 1] = b[1];
+    for (int k = 0; k < 32; k++) row[32 * c + k] = b[2 + k];
+}
+
+/* ---------------- dequantize to f16 (the GEMM path) ---------------- */
+
+template <int TY>
+__global__ void k_dequant_f16(const uint8_t *W, size_t rb, int n, int n_out, __half *dst)
+{
+    int nc = (n + 31) / 32;
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)nc * n_out) return;
+    int r = (int)(i / nc), c = (int)(i % nc);
+    float w[32];
+    dq32<TY>(W + (size_t)r * rb, c, n, w);
+    __half *o = dst + (size_t)r * n + c * 32;
+    if ((n & 31) == 0) {
+        __align__(16) __half h[32];
+#pragma unroll
+        for (int k = 0; k < 32; k++) h[k] = __float2half_rn(w[k]);
+#pragma unroll
+        for (int k = 0; k < 4; k++) ((uint4 *)o)[k] = ((const uint4 *)h)[k];
+    } else {
+        for (int k = 0; k < 32; k++)
+            if (c * 32 + k < n) o[k] = __float2half_rn(w[k]);
+    }
+}
+
+__global__ void k_f32_to_f16(const float *x, size_t n, __half *dst)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] = __float2half_rn(fminf(fmaxf(x[i], -65504.f), 65504.f));
+}
+
+__global__ void k_add_bias(float *out, const float *bias, int T, int n_out)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < (size_t)T * n_out) out[i] += bias[i % n_out];
+}
+
+/* ---------------- elementwise ---------------- */
+
+__global__ void k_add(float *x, const float *y, size_t n)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] += y[i];
+}
+
+__global__ void k_silu_mul(const float *g, const float *u, size_t n, float *out)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) { float a = g[i]; out[i] = a / (1.0f + expf(-a)) * u[i]; }
+}
+
+__global__ void k_rmsnorm(const float *x, const float *w, int n, float eps, float *out)
+{
+    const float *xr = x + (size_t)blockIdx.x * n;
+    float *o = out + (size_t)blockIdx.x * n;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+    __shared__ float red[32];
+    for (int k = 16; k > 0; k >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, k);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float v = threadIdx.x < (blockDim.x + 31) / 32 ? red[threadIdx.x] : 0.f;
+        for (int k = 16; k > 0; k >>= 1) v += __shfl_xor_sync(0xffffffffu, v, k);
+        if (threadIdx.x == 0) red[0] = v;
+    }
+    __syncthreads();
+    float scale = (float)(1.0 / sqrt((double)red[0] / n + eps));
+    for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = xr[i] * scale * w[i];
+}
+
+__global__ void k_add_rmsnorm(float *x, const float *y, const float *w, int n, float eps, float *out)
+{
+    float *xr = x + (size_t)blockIdx.x * n;
+    const float *yr = y + (size_t)blockIdx.x * n;
+    float *o = out + (size_t)blockIdx.x * n;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) { float v = xr[i] + yr[i]; xr[i] = v; ss += v * v; }
+    __shared__ float red[32];
+    for (int k = 16; k > 0; k >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, k);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float v = threadIdx.x < (blockDim.x + 31) / 32 ? red[threadIdx.x] : 0.f;
+        for (int k = 16; k > 0; k >>= 1) v += __shfl_xor_sync(0xffffffffu, v, k);
+        if (threadIdx.x == 0) red[0] = v;
+    }
+    __syncthreads();
+    float scale = (float)(1.0 / sqrt((double)red[0] / n + eps));
+    for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = xr[i] * scale * w[i];
+}
+
+/* block per token: the angles (double, as the CPU reference) once per pair
+ * into shared memory, then every (head, pair) in parallel */
+__global__ void k_rope(float *x, const int32_t *pos, int n_heads, int hd, int n_rot, float base, int neox,
+                       const float *fd)
+{
+    __shared__ float cs[512], sn[512];
+    int t = blockIdx.x, half = n_rot / 2;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        double theta = (double)pos[t] * pow((double)base, -2.0 * i / n_rot);
+        if (fd) theta /= fd[i];
+        cs[i] = (float)cos(theta);
+        sn[i] = (float)sin(theta);
+    }
+    __syncthreads();
+    for (int k = threadIdx.x; k < half * n_heads; k += blockDim.x) {
+        int h = k / half, i = k % half;
+        float *v = x + ((size_t)t * n_heads + h) * hd;
+        int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+        float a = v[i0], c = v[i1];
+        v[i0] = a * cs[i] - c * sn[i];
+        v[i1] = a * sn[i] + c * cs[i];
+    }
+}
+
+__device__ __forceinline__ size_t kv_slot(const int32_t *off, const int32_t *pages, int t, int p)
+{
+    return (size_t)pages[off[t] + p / 16] * 16 + (size_t)(p % 16);
+}
+
+__global__ void k_kv_store(void *kc, void *vc, int f16, const int32_t *pos, const int32_t *off,
+                           const int32_t *pages, int kv_dim, const float *k, const float *v)
+{
+    int t = blockIdx.y, i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= kv_dim) return;
+    size_t s = kv_slot(off, pages, t, pos[t]) * (size_t)kv_dim + i;
+    float kv = k[(size_t)t * kv_dim + i], vv = v[(size_t)t * kv_dim + i];
+    if (f16) { ((__half *)kc)[s] = __float2half_rn(kv); ((__half *)vc)[s] = __float2half_rn(vv); }
+    else { ((float *)kc)[s] = kv; ((float *)vc)[s] = vv; }
+}
+
+/* ---------------- attention ----------------
+ * Block (token*head, split): 4 warps; warp w takes positions start+w, +4, ...
+ * of the split's range; each lane holds dims lane, lane+32, ... (ND of them).
+ * Online softmax per warp, merged in shared memory. */
+#define ATT_WARPS 4
+template <int ND, int F16>
+__global__ void __launch_bounds__(128) k_attention(const float *q, const void *kc, const void *vc,
+                                                   const int32_t *pos, const int32_t *off, const int32_t *pages,
+                                                   int n_head, int n_head_kv, int hd, float *out, float *part,
+                                                   int nsplit)
+{
+    int th = blockIdx.x, t = th / n_head, h = th % n_head, s = blockIdx.y;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int kvh = h / (n_head / n_head_kv), kvd = n_head_kv * hd;
+    int len = pos[t] + 1;
+    int per = (len + nsplit - 1) / nsplit;
+    int p0 = s * per, p1 = min(len, p0 + per);
+    const float *qt = q + (size_t)th * hd;
+    float qr[ND], acc[ND];
+    float scale = rsqrtf((float)hd);
+    scale = 1.0f / sqrtf((float)hd);
+#pragma unroll
+    for (int i = 0; i < ND; i++) {
+        int d = lane + 32 * i;
+        float v = d < hd ? qt[d] : 0.f;
+        if (F16) v = __half2float(__float2half_rn(v));
+        qr[i] = v;
+        acc[i] = 0.f;
+    }
+    float mx = -INFINITY, sum = 0.f;
+    for (int p = p0 + warp; p < p1; p += ATT_WARPS) {
+        size_t base = kv_slot(off, pages, t, p) * (size_t)kvd + (size_t)kvh * hd;
+        float sc = 0.f, vv[ND];
+#pragma unroll
+        for (int i = 0; i < ND; i++) {
+            int d = lane + 32 * i;
+            float kx = 0.f, vx = 0.f;
+            if (d < hd) {
+                if (F16) { kx = __half2float(((const __half *)kc)[base + d]); vx = __half2float(((const __half *)vc)[base + d]); }
+                else { kx = ((const float *)kc)[base + d]; vx = ((const float *)vc)[base + d]; }
+            }
+            sc += qr[i] * kx;
+            vv[i] = vx;
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) sc += __shfl_xor_sync(0xffffffffu, sc, o);
+        sc *= scale;
+        if (sc > mx) {
+            float r = expf(mx - sc);
+#pragma unroll
+            for (int i = 0; i < ND; i++) acc[i] *= r;
+            sum *= r;
+            mx = sc;
+        }
+        float e = expf(sc - mx);
+        sum += e;
+#pragma unroll
+        for (int i = 0; i < ND; i++) acc[i] += e * vv[i];
+    }
+    __shared__ float sm_m[ATT_WARPS], sm_l[ATT_WARPS];
+    __shared__ float sm_acc[ATT_WARPS][ND * 32];
+    if (lane == 0) { sm_m[warp] = mx; sm_l[warp] = sum; }
+#pragma unroll
+    for (int i = 0; i < ND; i++) sm_acc[warp][lane + 32 * i] = acc[i];
+    __syncthreads();
+    float M = -INFINITY;
+    for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, sm_m[w]);
+    float L = 0.f;
+    for (int w = 0; w < ATT_WARPS; w++) if (sm_m[w] > -INFINITY) L += sm_l[w] * expf(sm_m[w] - M);
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float a = 0.f;
+        for (int w = 0; w < ATT_WARPS; w++) if (sm_m[w] > -INFINITY) a += sm_acc[w][d] * expf(sm_m[w] - M);
+        if (nsplit == 1) out[(size_t)th * hd + d] = a / L;
+        else part[((size_t)th * nsplit + s) * (hd + 2) + 2 + d] = a;
+    }
+    if (nsplit > 1 && threadIdx.x == 0) {
+        part[((size_t)th * nsplit + s) * (hd + 2)] = M;
+        part[((size_t)th * nsplit + s) * (hd + 2) + 1] = L;
+    }
+}
+
+__global__ void k_att_merge(const float *part, int nsplit, int hd, float *out)
+{
+    int th = blockIdx.x;
+    const float *p = part + (size_t)th * nsplit * (hd + 2);
+    float M = -INFINITY;
+    for (int s = 0; s < nsplit; s++) M = fmaxf(M, p[s * (hd + 2)]);
+    float L = 0.f;
+    for (int s = 0; s < nsplit; s++) {
+        float m = p[s * (hd + 2)];
+        if (m > -INFINITY) L += p[s * (hd + 2) + 1] * expf(m - M);
+    }
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float a = 0.f;
+        for (int s = 0; s < nsplit; s++) {
+            float m = p[s * (hd + 2)];
+            if (m > -INFINITY) a += p[s * (hd + 2) + 2 + d] * expf(m - M);
+        }
+        out[(size_t)th * hd + d] = a / L;
+    }
+}
+
+__global__ void k_argmax(const float *x, int n, int32_t *ids)
+{
+    const float *r = x + (size_t)blockIdx.x * n;
+    float best = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = r[i];
+        if (v > best) { best = v; bi = i; }
+    }
+    __shared__ float sv[1024];
+    __shared__ int si[1024];
+    sv[threadIdx.x] = best; si[threadIdx.x] = bi;
+    __syncthreads();
+    for (int k = blockDim.x / 2; k > 0; k >>= 1) {
+        if (threadIdx.x < k) {
+            float v = sv[threadIdx.x + k];
+            int j = si[threadIdx.x + k];
+            if (v > sv[threadIdx.x] || (v == sv[threadIdx.x] && j < si[threadIdx.x])) { sv[threadIdx.x] = v; si[threadIdx.x] = j; }
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) ids[blockIdx.x] = si[0] == 0x7fffffff ? 0 : si[0];
+}
+
+/* ---------------- launchers ---------------- */
+
+#define TYPE_SWITCH(type, FN)                   \
+    switch (type) {                             \
+    case T_F32: FN(T_F32); break;               \
+    case T_F16: FN(T_F16); break;               \
+    case T_BF16: FN(T_BF16); break;             \
+    case T_Q4_0: FN(T_Q4_0); break;             \
+    case T_Q4_1: FN(T_Q4_1); break;             \
+    case T_Q5_0: FN(T_Q5_0); break;             \
+    case T_Q5_1: FN(T_Q5_1); break;             \
+    case T_Q8_0: FN(T_Q8_0); break;             \
+    case T_Q2_K: FN(T_Q2_K); break;             \
+    case T_Q3_K: FN(T_Q3_K); break;             \
+    case T_Q4_K: FN(T_Q4_K); break;             \
+    case T_Q5_K: FN(T_Q5_K); break;             \
+    case T_Q6_K: FN(T_Q6_K); break;             \
+    default: break;                             \
+    }
+
+static inline unsigned nblk(size_t n, unsigned bs) { return (unsigned)((n + bs - 1) / bs); }
+
+template <int TY, int K>
+static void gemv_k(cudaStream_t st, gv_set S, size_t rb, int n, const float *x, int T)
+{
+    unsigned g = 0;
+    for (int i = 0; i < S.nm; i++) { S.m[i].blk0 = (int)g; g += nblk(S.m[i].n_out, 4 / K); }
+    switch (T) {
+    case 1: k_gemv<TY, 1, K><<<g, 128, 0, st>>>(S, rb, n, x, T); break;
+    case 2: k_gemv<TY, 2, K><<<g, 128, 0, st>>>(S, rb, n, x, T); break;
+    case 3: case 4: k_gemv<TY, 4, K><<<g, 128, 0, st>>>(S, rb, n, x, T); break;
+    case 5: case 6: case 7: case 8: k_gemv<TY, 8, K><<<g, 128, 0, st>>>(S, rb, n, x, T); break;
+    default: k_gemv<TY, 16, K><<<g, 128, 0, st>>>(S, rb, n, x, T); break;
+    }
+}
+
+template <int K>
+static void gemv_qk(cudaStream_t st, gv_set S, size_t rb, int n, const int8_t *xq, const float *xd, const int *xs,
+                    int T)
+{
+    unsigned g = 0;
+    for (int i = 0; i < S.nm; i++) { S.m[i].blk0 = (int)g; g += nblk(S.m[i].n_out, 4 / K); }
+    switch (T) {
+    case 1: k_gemv_q4k<1, K><<<g, 128, 0, st>>>(S, rb, n, xq, xd, xs, T); break;
+    case 2: k_gemv_q4k<2, K><<<g, 128, 0, st>>>(S, rb, n, xq, xd, xs, T); break;
+    case 3: case 4: k_gemv_q4k<4, K><<<g, 128, 0, st>>>(S, rb, n, xq, xd, xs, T); break;
+    case 5: case 6: case 7: case 8: k_gemv_q4k<8, K><<<g, 128, 0, st>>>(S, rb, n, xq, xd, xs, T); break;
+    default: k_gemv_q4k<16, K><<<g, 128, 0, st>>>(S, rb, n, xq, xd, xs, T); break;
+    }
+}
+
+template <int K>
+static void gemv_q8k(cudaStream_t st, gv_set S, size_t rb, int n, const int8_t *xq, const float *xd, int T)
+{
+    unsigned g = 0;
+    for (int i = 0; i < S.nm; i++) { S.m[i].blk0 = (int)g; g += nblk(S.m[i].n_out, 4 / K); }
+    switch (T) {
+    case 1: k_gemv_q8<1, K><<<g, 128, 0, st>>>(S, rb, n, xq, xd, T); break;
+    case 2: k_gemv_q8<2, K><<<g, 128, 0, st>>>(S, rb, n, xq, xd, T); break;
+    case 3: case 4: k_gemv_q8<4, K><<<g, 128, 0, st>>>(S, rb, n, xq, xd, T); break;
+    case 5: case 6: case 7: case 8: k_gemv_q8<8, K><<<g, 128, 0, st>>>(S, rb, n, xq, xd, T); break;
+    default: k_gemv_q8<16, K><<<g, 128, 0, st>>>(S, rb, n, xq, xd, T); break;
+    }
+}
+
+static void gemv_q8t(cudaStream_t st, const gv_set &S, size_t rb, int n, const int8_t *xq, const float *xd, int T)
+{
+    if (n >= 4096) gemv_q8k<4>(st, S, rb, n, xq, xd, T);
+    else if (n >= 1024) gemv_q8k<2>(st, S, rb, n, xq, xd, T);
+    else gemv_q8k<1>(st, S, rb, n, xq, xd, T);
+}
+
+static void gemv_qt(cudaStream_t st, const gv_set &S, size_t rb, int n, const int8_t *xq, const float *xd,
+                    const int *xs, int T)
+{
+    if (n >= 8192) gemv_qk<4>(st, S, rb, n, xq, xd, xs, T);
+    else if (n >= 2048) gemv_qk<2>(st, S, rb, n, xq, xd, xs, T);
+    else gemv_qk<1>(st, S, rb, n, xq, xd, xs, T);
+}
+
+template <int TY>
+static void gemv_t(cudaStream_t st, const gv_set &S, size_t rb, int n, const float *x, int T)
+{
+    if (n >= 4096) gemv_k<TY, 4>(st, S, rb, n, x, T);
+    else if (n >= 1024) gemv_k<TY, 2>(st, S, rb, n, x, T);
+    else gemv_k<TY, 1>(st, S, rb, n, x, T);
+}
+
+extern "C" {
+
+int ck_type_ok(uint32_t type)
+{
+    switch (type) {
+    case T_F32: case T_F16: case T_BF16: case T_Q4_0: case T_Q4_1: case T_Q5_0: case T_Q5_1: case T_Q8_0:
+    case T_Q2_K: case T_Q3_K: case T_Q4_K: case T_Q5_K: case T_Q6_K: return 1;
+    default: return 0;
+    }
+}
+
+void ck_embed(cudaStream_t st, uint32_t type, const void *W, size_t rb, int n, const int32_t *ids, int T,
+              float *out)
+{
+    int nc = (n + 31) / 32;
+    dim3 g(nblk(nc, 64), T);
+#define L_EMB(TY) k_embed<TY><<<g, 64, 0, st>>>((const uint8_t *)W, rb, n, ids, out)
+    TYPE_SWITCH(type, L_EMB)
+}
+
+void ck_add_rmsnorm(cudaStream_t st, float *x, const float *y, const float *w, int rows, int n, float eps,
+                    float *out)
+{
+    int bs = n >= 1024 ? 1024 : ((n + 31) / 32) * 32;
+    k_add_rmsnorm<<<rows, bs, 0, st>>>(x, y, w, n, eps, out);
+}
+
+void ck_rmsnorm(cudaStream_t st, const float *x, const float *w, int rows, int n, float eps, float *out)
+{
+    int bs = n >= 1024 ? 1024 : ((n + 31) / 32) * 32;
+    k_rmsnorm<<<rows, bs, 0, st>>>(x, w, n, eps, out);
+}
+
+int ck_gemv_int8(uint32_t type, int n_in)
+{
+    return (type == T_Q4_K && n_in % 256 == 0) || (type == T_Q8_0 && n_in % 32 == 0);
+}
+
+void ck_repack_q8_0(cudaStream_t st, const void *src, void *dst, size_t rb, int n, int n_out)
+{
+    size_t tot = (size_t)(n / 32) * n_out;
+    k_repack_q8_0<<<nblk(tot, 256), 256, 0, st>>>((const uint8_t *)src, (uint8_t *)dst, rb, n, n_out);
+}
+
+void ck_gemv_multi(cudaStream_t st, uint32_t type, int nm, const void *const *W, size_t rb, int n,
+                   const int *n_out, const float *const *bias, const float *x, int T, float *const *out,
+                   void *xq_scratch)
+{
+    if (xq_scratch && ck_gemv_int8(type, n)) {
+        /* scratch: xq [T][n] int8, then xd and xs [T][n/32] */
+        int8_t *xq = (int8_t *)xq_scratch;
+        size_t nbt = (size_t)T * (n / 32);
+        float *xd = (float *)(xq + (size_t)T * n);
+        int *xs = (int *)(xd + nbt);
+        k_quant_x<<<nblk(nbt, 128), 128, 0, st>>>(x, n, (int)nbt, xq, xd, xs);
+        for (int t0 = 0; t0 < T; t0 += CK_GEMV_MAX_T) {
+            int tn = T - t0 < CK_GEMV_MAX_T ? T - t0 : CK_GEMV_MAX_T;
+            gv_set S;
+            S.nm = nm;
+            for (int i = 0; i < nm; i++) {
+                S.m[i].W = (const uint8_t *)W[i];
+                S.m[i].bias = bias[i];
+                S.m[i].out = out[i] + (size_t)t0 * n_out[i];
+                S.m[i].n_out = n_out[i];
+                S.m[i].blk0 = 0;
+            }
+            const int8_t *q = xq + (size_t)t0 * n;
+            const float *d = xd + (size_t)t0 * (n / 32);
+            const int *sx = xs + (size_t)t0 * (n / 32);
+            if (type == T_Q8_0) gemv_q8t(st, S, rb, n, q, d, tn);
+            else gemv_qt(st, S, rb, n, q, d, sx, tn);
+        }
+        return;
+    }
+    for (int t0 = 0; t0 < T; t0 += CK_GEMV_MAX_T) {
+        int tn = T - t0 < CK_GEMV_MAX_T ? T - t0 : CK_GEMV_MAX_T;
+        gv_set S;
+        S.nm = nm;
+        for (int i = 0; i < nm; i++) {
+            S.m[i].W = (const uint8_t *)W[i];
+            S.m[i].bias = bias[i];
+            S.m[i].out = out[i] + (size_t)t0 * n_out[i];
+            S.m[i].n_out = n_out[i];
+            S.m[i].blk0 = 0;
+        }
+        const float *xt = x + (size_t)t0 * n;
+#define L_GEMV(TY) gemv_t<TY>(st, S, rb, n, xt, tn)
+        TYPE_SWITCH(type, L_GEMV)
+    }
+}
+
+void ck_gemv(cudaStream_t st, uint32_t type, const void *W, size_t rb, int n, int n_out, const float *bias,
+             const float *x, int T, float *out, void *xq_scratch)
+{
+    ck_gemv_multi(st, type, 1, &W, rb, n, &n_out, &bias, x, T, &out, xq_scratch);
+}
+
+void ck_dequant_f16(cudaStream_t st, uint32_t type, const void *W, size_t rb, int n, int n_out, void *dst)
+{
+    size_t tot = (size_t)((n + 31) / 32) * n_out;
+#define L_DQ(TY) k_dequant_f16<TY><<<nblk(tot, 256), 256, 0, st>>>((const uint8_t *)W, rb, n, n_out, (__half *)dst)
+    TYPE_SWITCH(type, L_DQ)
+}
+
+void ck_f32_to_f16(cudaStream_t st, const float *x, size_t n, void *dst)
+{
+    k_f32_to_f16<<<nblk(n, 256), 256, 0, st>>>(x, n, (__half *)dst);
+}
+
+void ck_add_bias(cudaStream_t st, float *out, const float *bias, int T, int n_out)
+{
+    size_t n = (size_t)T * n_out;
+    k_add_bias<<<nblk(n, 256), 256, 0, st>>>(out, bias, T, n_out);
+}
+
+void ck_add(cudaStream_t st, float *x, const float *y, size_t n)
+{
+    k_add<<<nblk(n, 256), 256, 0, st>>>(x, y, n);
+}
+
+void ck_silu_mul(cudaStream_t st, const float *g, const float *u, size_t n, float *out)
+{
+    k_silu_mul<<<nblk(n, 256), 256, 0, st>>>(g, u, n, out);
+}
+
+void ck_rope(cudaStream_t st, float *x, const int32_t *pos, int T, int n_heads, int hd, int n_rot, float base,
+             int neox, const float *fd)
+{
+    k_rope<<<T, 256, 0, st>>>(x, pos, n_heads, hd, n_rot, base, neox, fd);
+}
+
+void ck_kv_store(cudaStream_t st, void *kc, void *vc, int f16, const int32_t *pos, const int32_t *off,
+                 const int32_t *pages, int T, int kv_dim, const float *k, const float *v)
+{
+    dim3 g(nblk(kv_dim, 128), T);
+    k_kv_store<<<g, 128, 0, st>>>(kc, vc, f16, pos, off, pages, kv_dim, k, v);
+}
+
+void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *vc, int f16, const int32_t *pos,
+                  const int32_t *off, const int32_t *pages, int T, int n_head, int n_head_kv, int hd, float *out,
+                  float *part, int nsplit)
+{
+    dim3 g(T * n_head, nsplit);
+    int nd = (hd + 31) / 32;
+#define L_ATT(ND)                                                                                              \
+    do {                                                                                                       \
+        if (f16) k_attention<ND, 1><<<g, 128, 0, st>>>(q, kc, vc, pos, off, pages, n_head, n_head_kv, hd, out, \
+                                                       part, nsplit);                                          \
+        else k_attention<ND, 0><<<g, 128, 0, st>>>(q, kc, vc, pos, off, pages, n_head, n_head_kv, hd, out,     \
+                                                   part, nsplit);                                              \
+    } while (0)
+    if (nd <= 1) L_ATT(1);
+    else if (nd <= 2) L_ATT(2);
+    else if (nd <= 4) L_ATT(4);
+    else L_ATT(8);
+    if (nsplit > 1) k_att_merge<<<T * n_head, 128, 0, st>>>(part, nsplit, hd, out);
+}
+
+void ck_argmax(cudaStream_t st, const float *x, int rows, int n, int32_t *ids)
+{
+    k_argmax<<<rows, 1024, 0, st>>>(x, n, ids);
+}
+
+}  /* extern "C" */

@@ -1,0 +1,71 @@
+/* cuda_kernels.h — launchers of the CUDA kernels (shaders/cuda_kernels.cu)
+ * for the CUDA backend (engine/backend_cuda.c). Every launcher queues work on
+ * `st` and returns at once; pointers are device memory unless said otherwise.
+ * Weights stay in their GGUF block layout; rows are row_bytes apart.
+ * Per-step batch data (ids, pos, page tables) lives in a device block:
+ *   pos[T], off[T] (start of token t's page table in pages[]), pages[]. */
+#ifndef ANE_CUDA_KERNELS_H
+#define ANE_CUDA_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* 1 when the kernels know weight type `type`. */
+int ck_type_ok(uint32_t type);
+
+/* out[t] = row ids[t] of W as f32.                              out [T][n_in] */
+void ck_embed(cudaStream_t st, uint32_t type, const void *W, size_t row_bytes, int n_in,
+              const int32_t *ids, int T, float *out);
+/* out[r] = x[r] / rms(x[r]) * w                                  [rows][n] */
+void ck_rmsnorm(cudaStream_t st, const float *x, const float *w, int rows, int n, float eps, float *out);
+/* out[t][r] = dot(row r, x[t]) (+ bias[r]) f32 arithmetic; */
+#define CK_GEMV_MAX_T 16
+/* (larger T: passes of CK_GEMV_MAX_T tokens) */
+void ck_gemv(cudaStream_t st, uint32_t type, const void *W, size_t row_bytes, int n_in, int n_out,
+             const float *bias, const float *x, int T, float *out, void *xq_scratch);
+/* q8_0 weights live on the device repacked (same bytes per row): a row's
+ * 32-byte quant blocks, then its f16 scales. Every kernel reads that layout. */
+void ck_repack_q8_0(cudaStream_t st, const void *src, void *dst, size_t row_bytes, int n_in, int n_out);
+/* Types with an int8 path (x quantized per 32 values, __dp4a dots), used when
+ * xq_scratch (CK_XQ_BYTES(T, n_in) bytes) is given; else f32 arithmetic. */
+int ck_gemv_int8(uint32_t type, int n_in);
+#define CK_XQ_BYTES(T, n) ((size_t)(T) * (size_t)(n) + (size_t)(T) * ((size_t)(n) / 32) * 8)
+/* Several matrices of one type and n_in on the same x, in one launch. */
+#define CK_MULTI_MAX 3
+void ck_gemv_multi(cudaStream_t st, uint32_t type, int nm, const void *const *W, size_t row_bytes, int n_in,
+                   const int *n_out, const float *const *bias, const float *x, int T, float *const *out,
+                   void *xq_scratch);
+/* x += y; out = x / rms(x) * w (out may be y)                    [rows][n] */
+void ck_add_rmsnorm(cudaStream_t st, float *x, const float *y, const float *w, int rows, int n, float eps,
+                    float *out);
+/* dst [n_out][n_in] f16 = W dequantized. */
+void ck_dequant_f16(cudaStream_t st, uint32_t type, const void *W, size_t row_bytes, int n_in, int n_out,
+                    void *dst);
+/* dst f16 = x (saturated to the f16 range).                                [n] */
+void ck_f32_to_f16(cudaStream_t st, const float *x, size_t n, void *dst);
+/* out[t][r] += bias[r]                                           [T][n_out] */
+void ck_add_bias(cudaStream_t st, float *out, const float *bias, int T, int n_out);
+void ck_add(cudaStream_t st, float *x, const float *y, size_t n);
+void ck_silu_mul(cudaStream_t st, const float *g, const float *u, size_t n, float *out);
+void ck_rope(cudaStream_t st, float *x, const int32_t *pos, int T, int n_heads, int head_dim, int n_rot,
+             float base, int neox, const float *freq_div);
+void ck_kv_store(cudaStream_t st, void *kc, void *vc, int f16, const int32_t *pos, const int32_t *off,
+                 const int32_t *pages, int T, int kv_dim, const float *k, const float *v);
+/* Causal attention over the paged cache, split over `nsplit` ranges of
+ * positions per (token, head) (flash-decoding) and merged; `part` holds
+ * T*n_head*nsplit*(head_dim+2) floats when nsplit > 1. head_dim <= 256. */
+void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *vc, int f16,
+                  const int32_t *pos, const int32_t *off, const int32_t *pages, int T, int n_head,
+                  int n_head_kv, int head_dim, float *out, float *part, int nsplit);
+/* ids[r] = argmax of row r of x [rows][n] (first of equals). */
+void ck_argmax(cudaStream_t st, const float *x, int rows, int n, int32_t *ids);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,435 @@
+/* t_cuda — every op of the CUDA backend against the CPU reference on random
+ * data: matmul for every weight type (the GEMV path and the cuBLAS path) against
+ * the dequantized weights in double, embedding rows bit-exact, and rmsnorm,
+ * add, silu_mul, rope, kv_store + paged attention (f16 and f32 caches, GQA,
+ * several sequences, prefill and split decode) against the CPU backend's ops.
+ * Builds without CUDA print "0 passed, 0 failed" (nothing to test). */
+#include "engine/backend.h"
+#include "engine/pool.h"
+#include "engine/qtypes.h"
+#include "tests/check.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t rng_s = 0x9e3779b97f4a7c15ull;
+static uint32_t rnd(void)
+{
+    rng_s ^= rng_s << 13; rng_s ^= rng_s >> 7; rng_s ^= rng_s << 17;
+    return (uint32_t)(rng_s >> 11);
+}
+static float frand(void) { return (float)rnd() / 2097152.0f / 1024.0f * 2.0f - 1.0f; }  /* [-1, 1) */
+
+static double rel_err(const float *a, const double *ref, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(a[i])) return INFINITY;
+        double d = a[i] - ref[i];
+        num += d * d;
+        den += ref[i] * ref[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static double rel_err_f(const float *a, const float *ref, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(a[i])) return INFINITY;
+        double d = (double)a[i] - ref[i];
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static void put_f16(uint8_t *p, float v) { uint16_t h = qt_fp32_to_fp16(v); memcpy(p, &h, 2); }
+
+/* Random weight bytes of a valid layout: random quants, small positive scales. */
+static void *make_weight(uint32_t type, int n_in, int n_out, size_t *row_bytes)
+{
+    size_t rb = qt_row_size(type, n_in);
+    uint8_t *w = malloc(rb * (size_t)n_out);
+    *row_bytes = rb;
+    if (type == QT_F32 || type == QT_F16 || type == QT_BF16) {
+        for (size_t i = 0; i < (size_t)n_in * n_out; i++) {
+            float v = frand() * 0.5f;
+            if (type == QT_F32) memcpy(w + 4 * i, &v, 4);
+            else {
+                uint16_t h = type == QT_F16 ? qt_fp32_to_fp16(v) : qt_fp32_to_bf16(v);
+                memcpy(w + 2 * i, &h, 2);
+            }
+        }
+        return w;
+    }
+    for (size_t i = 0; i < rb * (size_t)n_out; i++) w[i] = (uint8_t)rnd();
+    const qt_traits *tr = qt_get(type);
+    size_t nb = rb * (size_t)n_out / tr->type_size;
+    for (size_t b = 0; b < nb; b++) {
+        uint8_t *p = w + b * tr->type_size;
+        float d = 0.002f + 0.01f * (float)(rnd() % 1000) / 1000.0f, m = 0.001f * (float)(rnd() % 1000) / 1000.0f;
+        switch (type) {
+        case QT_Q4_0: case QT_Q5_0: case QT_Q8_0: put_f16(p, d); break;
+        case QT_Q4_1: case QT_Q5_1: put_f16(p, d); put_f16(p + 2, m); break;
+        case QT_Q2_K: put_f16(p + 80, d); put_f16(p + 82, m); break;
+        case QT_Q3_K: put_f16(p + 108, d * 0.1f); break;
+        case QT_Q4_K: case QT_Q5_K: put_f16(p, d * 0.1f); put_f16(p + 2, m * 0.1f); break;
+        case QT_Q6_K: put_f16(p + 208, d * 0.05f); break;
+        default: break;
+        }
+    }
+    return w;
+}
+
+static const uint32_t TYPES[] = { QT_F32, QT_F16, QT_BF16, QT_Q4_0, QT_Q4_1, QT_Q5_0, QT_Q5_1, QT_Q8_0,
+                                  QT_Q2_K, QT_Q3_K, QT_Q4_K, QT_Q5_K, QT_Q6_K };
+#define N_TYPES (sizeof TYPES / sizeof TYPES[0])
+
+static be *gpu, *gpu32, *cpu, *cpu32;
+/* weight bytes stay alive to the end: backends key uploads by host pointer */
+static void *keep[1024];
+static int n_keep;
+static void *kept(void *p) { if (n_keep < 1024) keep[n_keep++] = p; return p; }
+static pool *pl;
+
+static float *dev_from(be *b, const float *h, size_t n)
+{
+    float *d = b->ops->alloc(b, n * 4);
+    b->ops->to_dev(b, d, h, n * 4);
+    return d;
+}
+
+static void test_matmul(void)
+{
+    const int Ts[] = { 1, 2, 3, 5, 8, 9, 17, 32, 33, 64 };
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        uint32_t type = TYPES[ti];
+        int fl = type == QT_F32 || type == QT_F16 || type == QT_BF16;
+        int shapes[4][2] = { { 512, 77 }, { fl ? 72 : 256, 40 }, { 1536, 21 }, { 4352, 13 } };
+        for (int si = 0; si < 4; si++) {
+            int n_in = shapes[si][0], n_out = shapes[si][1];
+            size_t rb;
+            void *wd = kept(make_weight(type, n_in, n_out, &rb));
+            float *wf = malloc((size_t)n_in * n_out * 4);
+            for (int r = 0; r < n_out; r++) qt_dequant_row(type, (char *)wd + (size_t)r * rb, wf + (size_t)r * n_in, n_in);
+            float *bias = malloc((size_t)n_out * 4);
+            for (int r = 0; r < n_out; r++) bias[r] = frand();
+            wt w = { .type = type, .n_in = n_in, .n_out = n_out, .row_bytes = rb, .data = wd };
+            wt bw = { .type = QT_F32, .n_in = n_out, .n_out = 1, .row_bytes = (size_t)n_out * 4, .data = bias };
+            CHECK(gpu->ops->weight_prepare(gpu, &w) == 0);
+            CHECK(gpu->ops->weight_prepare(gpu, &bw) == 0);
+            for (size_t k = 0; k < sizeof Ts / sizeof Ts[0]; k++) {
+                int T = Ts[k];
+                float *x = malloc((size_t)T * n_in * 4), *y = malloc((size_t)T * n_out * 4);
+                double *ref = malloc((size_t)T * n_out * sizeof *ref);
+                for (int i = 0; i < T * n_in; i++) x[i] = frand();
+                int use_bias = (k & 1) == 0;
+                for (int t = 0; t < T; t++)
+                    for (int r = 0; r < n_out; r++) {
+                        double s = use_bias ? bias[r] : 0;
+                        for (int i = 0; i < n_in; i++) s += (double)wf[(size_t)r * n_in + i] * x[(size_t)t * n_in + i];
+                        ref[(size_t)t * n_out + r] = s;
+                    }
+                float *dx = dev_from(gpu, x, (size_t)T * n_in), *dy = gpu->ops->alloc(gpu, (size_t)T * n_out * 4);
+                for (int i = 0; i < T * n_out; i++) y[i] = NAN;
+                gpu->ops->to_dev(gpu, dy, y, (size_t)T * n_out * 4);   /* poison */
+                gpu->ops->matmul(gpu, &w, use_bias ? &bw : NULL, dx, T, dy);
+                gpu->ops->to_host(gpu, y, dy, (size_t)T * n_out * 4);
+                gpu->ops->sync(gpu);
+                double e = rel_err(y, ref, (size_t)T * n_out);
+                /* f32 GEMV; int8 activations (q4_K, q8_0); f16 tensor cores from 9 */
+                double tol = T > 8 ? 2e-3 : type == QT_Q4_K || type == QT_Q8_0 ? 1e-2 : 2e-5;
+                CHECKF(e <= tol, "matmul %s %dx%d T=%d: rel err %.3g (tol %g)", qt_name(type), n_out, n_in, T, e, tol);
+                gpu->ops->free(gpu, dx);
+                gpu->ops->free(gpu, dy);
+                free(x); free(y); free(ref);
+            }
+            free(wf);
+            kept(bias);
+        }
+    }
+}
+
+/* matmul_n equals the single matmuls; add_rmsnorm equals add + rmsnorm */
+static void test_fused(void)
+{
+    CHECK(gpu->ops->matmul_n != NULL && gpu->ops->add_rmsnorm != NULL);
+    if (!gpu->ops->matmul_n || !gpu->ops->add_rmsnorm) return;
+    const uint32_t mix[2][3] = { { QT_Q8_0, QT_Q8_0, QT_Q8_0 }, { QT_Q4_K, QT_Q4_K, QT_Q6_K } };
+    const int Ts[] = { 1, 3, 16, 40 };
+    int n_in = 1024, n_out[3] = { 96, 32, 32 };
+    for (int mi = 0; mi < 2; mi++) {
+        wt w[3], bw[3];
+        for (int i = 0; i < 3; i++) {
+            size_t rb;
+            void *wd = kept(make_weight(mix[mi][i], n_in, n_out[i], &rb));
+            float *bias = kept(malloc((size_t)n_out[i] * 4));
+            for (int r = 0; r < n_out[i]; r++) bias[r] = frand();
+            w[i] = (wt){ .type = mix[mi][i], .n_in = n_in, .n_out = n_out[i], .row_bytes = rb, .data = wd };
+            bw[i] = (wt){ .type = QT_F32, .n_in = n_out[i], .n_out = 1, .row_bytes = (size_t)n_out[i] * 4, .data = bias };
+            CHECK(gpu->ops->weight_prepare(gpu, &w[i]) == 0);
+            CHECK(gpu->ops->weight_prepare(gpu, &bw[i]) == 0);
+        }
+        for (size_t k = 0; k < sizeof Ts / sizeof Ts[0]; k++) {
+            int T = Ts[k];
+            float *x = malloc((size_t)T * n_in * 4);
+            for (int i = 0; i < T * n_in; i++) x[i] = frand();
+            float *dx = dev_from(gpu, x, (size_t)T * n_in);
+            float *o1[3], *o2[3];
+            const wt *ws[3] = { &w[0], &w[1], &w[2] }, *bs[3] = { &bw[0], NULL, &bw[2] };
+            for (int i = 0; i < 3; i++) {
+                o1[i] = gpu->ops->alloc(gpu, (size_t)T * n_out[i] * 4);
+                o2[i] = gpu->ops->alloc(gpu, (size_t)T * n_out[i] * 4);
+                gpu->ops->matmul(gpu, ws[i], bs[i], dx, T, o1[i]);
+            }
+            gpu->ops->matmul_n(gpu, 3, ws, bs, dx, T, o2);
+            for (int i = 0; i < 3; i++) {
+                size_t n = (size_t)T * n_out[i];
+                float *a = malloc(n * 4), *g = malloc(n * 4);
+                gpu->ops->to_host(gpu, a, o1[i], n * 4);
+                gpu->ops->to_host(gpu, g, o2[i], n * 4);
+                CHECKF(memcmp(a, g, n * 4) == 0, "matmul_n set %d T=%d matrix %d differs", mi, T, i);
+                free(a); free(g);
+                gpu->ops->free(gpu, o1[i]); gpu->ops->free(gpu, o2[i]);
+            }
+            gpu->ops->free(gpu, dx);
+            free(x);
+        }
+    }
+    int rows = 5, n = 3584;
+    size_t N = (size_t)rows * n;
+    float *x = malloc(N * 4), *y = malloc(N * 4), *w = kept(malloc((size_t)n * 4)), *a = malloc(N * 4), *g = malloc(N * 4);
+    for (size_t i = 0; i < N; i++) { x[i] = frand() * 3; y[i] = frand(); }
+    for (int i = 0; i < n; i++) w[i] = frand();
+    wt wv = { .type = QT_F32, .n_in = n, .n_out = 1, .row_bytes = (size_t)n * 4, .data = w };
+    CHECK(gpu->ops->weight_prepare(gpu, &wv) == 0);
+    float *dx = dev_from(gpu, x, N), *dy = dev_from(gpu, y, N);
+    cpu->ops->add(cpu, x, y, N);
+    cpu->ops->rmsnorm(cpu, x, &wv, rows, n, 1e-6f, a);
+    gpu->ops->add_rmsnorm(gpu, dx, dy, &wv, rows, n, 1e-6f, dy);
+    gpu->ops->to_host(gpu, g, dy, N * 4);
+    double e = rel_err_f(g, a, N);
+    CHECKF(e < 1e-5, "add_rmsnorm out rel err %.3g", e);
+    gpu->ops->to_host(gpu, g, dx, N * 4);
+    CHECK(memcmp(g, x, N * 4) == 0);
+    gpu->ops->sync(gpu);
+    gpu->ops->free(gpu, dx); gpu->ops->free(gpu, dy);
+    free(x); free(y); free(a); free(g);
+}
+
+static void test_embed(void)
+{
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        uint32_t type = TYPES[ti];
+        int n_in = 512, n_out = 50, T = 7;
+        size_t rb;
+        void *wd = kept(make_weight(type, n_in, n_out, &rb));
+        wt w = { .type = type, .n_in = n_in, .n_out = n_out, .row_bytes = rb, .data = wd };
+        CHECK(gpu->ops->weight_prepare(gpu, &w) == 0);
+        int32_t ids[7];
+        for (int t = 0; t < T; t++) ids[t] = (int32_t)(rnd() % (uint32_t)n_out);
+        float *ref = malloc((size_t)T * n_in * 4), *y = malloc((size_t)T * n_in * 4);
+        for (int t = 0; t < T; t++) wt_row_f32(&w, ids[t], ref + (size_t)t * n_in);
+        float *dy = gpu->ops->alloc(gpu, (size_t)T * n_in * 4);
+        gpu->ops->embed(gpu, &w, ids, T, dy);
+        gpu->ops->to_host(gpu, y, dy, (size_t)T * n_in * 4);
+        gpu->ops->sync(gpu);
+        CHECKF(memcmp(y, ref, (size_t)T * n_in * 4) == 0, "embed %s differs", qt_name(type));
+        gpu->ops->free(gpu, dy);
+        free(ref); free(y);
+    }
+}
+
+static void test_elementwise(void)
+{
+    int rows = 9, n = 896;
+    size_t N = (size_t)rows * n;
+    float *x = malloc(N * 4), *y = malloc(N * 4), *w = malloc((size_t)n * 4), *a = malloc(N * 4), *g = malloc(N * 4);
+    for (size_t i = 0; i < N; i++) { x[i] = frand() * 3; y[i] = frand(); }
+    for (int i = 0; i < n; i++) w[i] = frand();
+    wt wv = { .type = QT_F32, .n_in = n, .n_out = 1, .row_bytes = (size_t)n * 4, .data = w };
+    CHECK(gpu->ops->weight_prepare(gpu, &wv) == 0);
+    float *dx = dev_from(gpu, x, N), *dy = dev_from(gpu, y, N), *dout = gpu->ops->alloc(gpu, N * 4);
+
+    cpu->ops->rmsnorm(cpu, x, &wv, rows, n, 1e-6f, a);
+    gpu->ops->rmsnorm(gpu, dx, &wv, rows, n, 1e-6f, dout);
+    gpu->ops->to_host(gpu, g, dout, N * 4);
+    double e = rel_err_f(g, a, N);
+    CHECKF(e < 1e-5, "rmsnorm rel err %.3g", e);
+
+    cpu->ops->silu_mul(cpu, x, y, N, a);
+    gpu->ops->silu_mul(gpu, dx, dy, N, dout);
+    gpu->ops->to_host(gpu, g, dout, N * 4);
+    e = rel_err_f(g, a, N);
+    CHECKF(e < 1e-6, "silu_mul rel err %.3g", e);
+
+    memcpy(a, x, N * 4);
+    cpu->ops->add(cpu, a, y, N);
+    gpu->ops->add(gpu, dx, dy, N);
+    gpu->ops->to_host(gpu, g, dx, N * 4);
+    CHECK(memcmp(a, g, N * 4) == 0);
+    gpu->ops->sync(gpu);
+    gpu->ops->free(gpu, dx); gpu->ops->free(gpu, dy); gpu->ops->free(gpu, dout);
+    free(x); free(y); kept(w); free(a); free(g);
+}
+
+static void test_rope(void)
+{
+    int T = 6, nh = 4, hd = 64;
+    size_t N = (size_t)T * nh * hd;
+    int32_t pos[6] = { 0, 1, 17, 300, 4095, 9000 };
+    int32_t pg[1] = { 0 };
+    const int32_t *pages[6] = { pg, pg, pg, pg, pg, pg };
+    int32_t slot[6] = { 0 };
+    be_batch bt = { .T = T, .pos = pos, .pages = pages, .slot = slot };
+    float fd[32];
+    for (int i = 0; i < 32; i++) fd[i] = 1.0f + (float)i * 0.37f;
+    wt fdw = { .type = QT_F32, .n_in = 32, .n_out = 1, .row_bytes = 128, .data = fd };
+    CHECK(gpu->ops->weight_prepare(gpu, &fdw) == 0);
+    float *x = malloc(N * 4), *a = malloc(N * 4), *g = malloc(N * 4);
+    for (int neox = 0; neox < 2; neox++)
+        for (int with_fd = 0; with_fd < 2; with_fd++)
+            for (int n_rot = 32; n_rot <= 64; n_rot += 32) {
+                for (size_t i = 0; i < N; i++) x[i] = frand();
+                memcpy(a, x, N * 4);
+                float *dx = dev_from(gpu, x, N);
+                cpu->ops->rope(cpu, a, &bt, nh, hd, n_rot, 1e6f, neox, with_fd ? &fdw : NULL);
+                gpu->ops->rope(gpu, dx, &bt, nh, hd, n_rot, 1e6f, neox, with_fd ? &fdw : NULL);
+                gpu->ops->to_host(gpu, g, dx, N * 4);
+                double e = rel_err_f(g, a, N);
+                CHECKF(e < 1e-6, "rope neox=%d fd=%d n_rot=%d rel err %.3g", neox, with_fd, n_rot, e);
+                gpu->ops->free(gpu, dx);
+            }
+    free(x); free(a); free(g);
+}
+
+/* Three sequences with scrambled page tables: a prefill batch of all their
+ * tokens, then decode steps at longer contexts (split attention). */
+static void attn_case(be *gb, be *cb, int n_head, int n_head_kv, int hd)
+{
+    enum { NS = 3, MAXP = 64 };
+    int n_pages = NS * MAXP, kvd = n_head_kv * hd;
+    size_t elt = gb->kv_elt, cache = (size_t)n_pages * KV_PAGE * kvd * elt;
+    int32_t perm[NS * MAXP];
+    for (int i = 0; i < n_pages; i++) perm[i] = i;
+    for (int i = n_pages - 1; i > 0; i--) { int j = (int)(rnd() % (uint32_t)(i + 1)); int32_t t = perm[i]; perm[i] = perm[j]; perm[j] = t; }
+    int32_t *tbl[NS];
+    for (int s = 0; s < NS; s++) tbl[s] = perm + s * MAXP;
+    void *ckc = calloc(1, cache), *cvc = calloc(1, cache);
+    void *gkc = gb->ops->alloc(gb, cache), *gvc = gb->ops->alloc(gb, cache);
+    int lens[NS] = { 37, 5, 300 };
+    for (int step = 0; step < 4; step++) {
+        /* step 0: prefill lens[s] tokens each; later: one token each at a longer position */
+        int T = 0;
+        int32_t pos[400], slot[400];
+        const int32_t *pages[400];
+        for (int s = 0; s < NS; s++) {
+            int from = step == 0 ? 0 : lens[s] + 200 * step - 1, to = step == 0 ? lens[s] : from + 1;
+            for (int p = from; p < to; p++) { pos[T] = p; pages[T] = tbl[s]; slot[T] = s; T++; }
+        }
+        be_batch bt = { .T = T, .pos = pos, .pages = pages, .slot = slot };
+        size_t nq = (size_t)T * n_head * hd, nk = (size_t)T * kvd;
+        float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4), *a = malloc(nq * 4), *g = malloc(nq * 4);
+        for (size_t i = 0; i < nq; i++) q[i] = frand();
+        for (size_t i = 0; i < nk; i++) { k[i] = frand(); v[i] = frand(); }
+        if (step > 0) {
+            /* fill the positions skipped since the last step with the same keys on both sides */
+            for (int s = 0; s < NS; s++) {
+                int from = step == 1 ? lens[s] : lens[s] + 200 * (step - 1), to = lens[s] + 200 * step - 1;
+                int n = to - from;
+                if (n <= 0) continue;
+                int32_t fp[400], fs[400];
+                const int32_t *fpg[400];
+                for (int i = 0; i < n; i++) { fp[i] = from + i; fpg[i] = tbl[s]; fs[i] = s; }
+                be_batch fb = { .T = n, .pos = fp, .pages = fpg, .slot = fs };
+                float *fk = malloc((size_t)n * kvd * 4), *fv = malloc((size_t)n * kvd * 4);
+                for (size_t i = 0; i < (size_t)n * kvd; i++) { fk[i] = frand(); fv[i] = frand(); }
+                float *dk = dev_from(gb, fk, (size_t)n * kvd), *dv = dev_from(gb, fv, (size_t)n * kvd);
+                cb->ops->kv_store(cb, ckc, cvc, &fb, kvd, fk, fv);
+                gb->ops->kv_store(gb, gkc, gvc, &fb, kvd, dk, dv);
+                gb->ops->sync(gb);
+                gb->ops->free(gb, dk); gb->ops->free(gb, dv);
+                free(fk); free(fv);
+            }
+        }
+        float *dq = dev_from(gb, q, nq), *dk = dev_from(gb, k, nk), *dv = dev_from(gb, v, nk);
+        float *dout = gb->ops->alloc(gb, nq * 4);
+        cb->ops->kv_store(cb, ckc, cvc, &bt, kvd, k, v);
+        cb->ops->attention(cb, q, ckc, cvc, &bt, n_head, n_head_kv, hd, a);
+        gb->ops->kv_store(gb, gkc, gvc, &bt, kvd, dk, dv);
+        gb->ops->attention(gb, dq, gkc, gvc, &bt, n_head, n_head_kv, hd, dout);
+        gb->ops->to_host(gb, g, dout, nq * 4);
+        gb->ops->sync(gb);
+        double e = rel_err_f(g, a, nq);
+        CHECKF(e < 1e-4, "attention kv%s heads %d/%d hd %d step %d (T=%d): rel err %.3g",
+               elt == 2 ? "16" : "32", n_head, n_head_kv, hd, step, T, e);
+        gb->ops->free(gb, dq); gb->ops->free(gb, dk); gb->ops->free(gb, dv); gb->ops->free(gb, dout);
+        free(q); free(k); free(v); free(a); free(g);
+    }
+    /* the caches hold the same values */
+    void *back = malloc(cache);
+    gb->ops->to_host(gb, back, gkc, cache);
+    CHECK(memcmp(back, ckc, cache) == 0);
+    free(back);
+    gb->ops->free(gb, gkc); gb->ops->free(gb, gvc);
+    free(ckc); free(cvc);
+}
+
+static void test_argmax(void)
+{
+    int rows = 37, n = 151936;
+    size_t N = (size_t)rows * n;
+    float *x = malloc(N * 4);
+    for (size_t i = 0; i < N; i++) x[i] = frand() * 20;
+    x[(size_t)3 * n + 77] = 100; x[(size_t)3 * n + 78] = 100;   /* ties: the first wins */
+    float *dx = dev_from(gpu, x, N);
+    int32_t ids[37];
+    CHECK(gpu->ops->argmax != NULL);
+    if (gpu->ops->argmax) gpu->ops->argmax(gpu, dx, rows, n, ids);
+    for (int r = 0; r < rows; r++) {
+        int best = 0;
+        for (int i = 1; i < n; i++) if (x[(size_t)r * n + i] > x[(size_t)r * n + best]) best = i;
+        CHECKF(ids[r] == best, "argmax row %d: %d, want %d", r, ids[r], best);
+    }
+    gpu->ops->free(gpu, dx);
+    free(x);
+}
+
+static void test_attention(void)
+{
+    attn_case(gpu, cpu, 8, 2, 64);
+    attn_case(gpu, cpu, 14, 2, 64);
+    attn_case(gpu, cpu, 4, 4, 128);
+    attn_case(gpu, cpu, 6, 3, 48);
+    attn_case(gpu32, cpu32, 8, 2, 64);
+    attn_case(gpu32, cpu32, 4, 1, 128);
+}
+
+int main(void)
+{
+    char err[256];
+    if (pool_open(&pl, 2)) return 1;
+    if (be_open(&gpu, "cuda", pl, 1, err, sizeof err)) {
+        fprintf(stderr, "t_cuda: %s: nothing to test\n", err);
+        pool_close(pl);
+        return CHECK_DONE();
+    }
+    if (be_open(&gpu32, "cuda", pl, 0, err, sizeof err) || be_open(&cpu, "cpu", pl, 1, err, sizeof err) ||
+        be_open(&cpu32, "cpu", pl, 0, err, sizeof err)) {
+        fprintf(stderr, "%s\n", err);
+        return 1;
+    }
+    RUN(test_matmul);
+    RUN(test_fused);
+    RUN(test_embed);
+    RUN(test_elementwise);
+    RUN(test_rope);
+    RUN(test_attention);
+    RUN(test_argmax);
+    gpu->ops->close(gpu); gpu32->ops->close(gpu32); cpu->ops->close(cpu); cpu32->ops->close(cpu32);
+    pool_close(pl);
+    for (int i = 0; i < n_keep; i++) free(keep[i]);
+    return CHECK_DONE();
+}
