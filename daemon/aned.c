@@ -23,17 +23,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define ANED_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || __has_feature(undefined_behavior_sanitizer)
-#define ANED_SANITIZED 1
-#endif
-#endif
-#ifndef ANED_SANITIZED
-#define ANED_SANITIZED 0
-#endif
-
 static void usage(FILE *f)
 {
     fprintf(f,

@@ -152,7 +152,8 @@ int priv_drop(const priv_user *u, char *err, size_t errlen)
     int nth = 0;
     if (check_threads(u->uid, u->gid, &nth, err, errlen) < 0) return -1;
     /* setuid makes us non-dumpable already; say it. */
-    if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0) {
+    if (ANED_SANITIZED) log_info("sanitizer build: staying dumpable for the leak check");
+    if (prctl(PR_SET_DUMPABLE, ANED_SANITIZED, 0, 0, 0) < 0) {
         snprintf(err, errlen, "PR_SET_DUMPABLE: %s", strerror(errno));
         return -1;
     }
