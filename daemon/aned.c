@@ -1,8 +1,10 @@
 /* aned.c — main: options, start-up order, daemonizing, pidfile.
  *
  * Start-up order: options → (detach) → log file → listening socket (fails fast
- * when another server owns the path) → model → ready (the detached parent
- * exits 0 only now, so `aned --daemonize && aneclient ...` works) → serve. */
+ * when another server owns the path) → no_new_privs → model (the engine's
+ * threads start here) → pidfile → drop root (--user) → seccomp filter →
+ * ready (the detached parent exits 0 only now, so `aned --daemonize &&
+ * aneclient ...` works; systemd gets READY=1) → serve. */
 #include "daemon/aned.h"
 #include "proto/proto.h"
 
@@ -50,6 +52,24 @@ static void usage(FILE *f)
 "                          are cancelled with \"busy\" (default 60)\n"
 "      --shutdown-grace S  seconds running jobs may finish after SIGTERM (default 5)\n"
 "      --hello-timeout S   seconds a new connection has to say hello (default 10)\n"
+"\n"
+"Access (README.md, \"Access control and privilege separation\"):\n"
+"  -u, --user USER         started as root: drop to USER (name or uid) once the\n"
+"                          socket, log, pidfile and model are open; with USER's\n"
+"                          supplementary groups\n"
+"  -g, --group GROUP       with --user: this primary group, no supplementary ones\n"
+"      --allow-user U      peers with this user (name or uid) may connect;\n"
+"                          repeatable. root and the daemon's own user always may\n"
+"      --allow-group G     peers with this group (primary or supplementary) may\n"
+"                          connect; repeatable. Others get \"denied\" and are closed\n"
+"      --max-jobs-per-uid N     jobs in flight + queued per peer user, across its\n"
+"                          connections, before \"busy\" (default 0: no limit)\n"
+"      --max-clients-per-uid N  connections per peer user; past it \"busy\",\n"
+"                          closed (default 0: no limit)\n"
+"      --seccomp MODE      enforce, log, off or auto (default: enforce on the cpu\n"
+"                          backend, off on cuda, whose driver needs ioctl/open);\n"
+"                          not off: Landlock confines the loop thread as well\n"
+"\n"
 "  -d, --daemonize         detach; the parent exits once the model is loaded\n"
 "  -l, --log FILE          log to FILE (reopened on SIGHUP) instead of stderr\n"
 "      --log-level LEVEL   error, warn, info (default) or debug\n"
@@ -175,6 +195,7 @@ static void raise_fd_limit(int max_clients)
 enum {
     OPT_SOCKET_MODE = 256, OPT_SOCKET_GROUP, OPT_BACKEND, OPT_MAX_SEQS, OPT_MAX_QUEUED, OPT_KV_BUDGET,
     OPT_MAX_CLIENTS, OPT_MAX_BACKLOG, OPT_STALL, OPT_GRACE, OPT_HELLO, OPT_LOG_LEVEL,
+    OPT_ALLOW_USER, OPT_ALLOW_GROUP, OPT_JOBS_UID, OPT_CLIENTS_UID, OPT_SECCOMP,
 };
 
 int main(int argc, char **argv)
@@ -195,6 +216,13 @@ int main(int argc, char **argv)
         { "stall-timeout", required_argument, 0, OPT_STALL },
         { "shutdown-grace", required_argument, 0, OPT_GRACE },
         { "hello-timeout", required_argument, 0, OPT_HELLO },
+        { "user", required_argument, 0, 'u' },
+        { "group", required_argument, 0, 'g' },
+        { "allow-user", required_argument, 0, OPT_ALLOW_USER },
+        { "allow-group", required_argument, 0, OPT_ALLOW_GROUP },
+        { "max-jobs-per-uid", required_argument, 0, OPT_JOBS_UID },
+        { "max-clients-per-uid", required_argument, 0, OPT_CLIENTS_UID },
+        { "seccomp", required_argument, 0, OPT_SECCOMP },
         { "daemonize", no_argument, 0, 'd' },
         { "log", required_argument, 0, 'l' },
         { "log-level", required_argument, 0, OPT_LOG_LEVEL },
@@ -209,10 +237,14 @@ int main(int argc, char **argv)
     unsigned sock_mode = 0660;
     gid_t sock_gid = (gid_t)-1;
     int detach = 0;
+    const char *user = NULL, *group = NULL;
+    priv_seccomp_mode scm = PRIV_SECCOMP_AUTO;
+    static acl allow; /* static: its lists live as long as the server */
+    char aerr[256];
     long v;
     double d;
     int c;
-    while ((c = getopt_long(argc, argv, "m:s:t:c:dl:p:hV", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "m:s:t:c:u:g:dl:p:hV", longopts, NULL)) != -1) {
         switch (c) {
         case 'm': so.eng.model_path = optarg; break;
         case 's': sock_path = optarg; break;
@@ -262,6 +294,22 @@ int main(int argc, char **argv)
         case OPT_STALL: if (parse_double("--stall-timeout", optarg, 0.1, 86400, &d)) return 2; so.stall_timeout = d; break;
         case OPT_GRACE: if (parse_double("--shutdown-grace", optarg, 0, 3600, &d)) return 2; so.shutdown_grace = d; break;
         case OPT_HELLO: if (parse_double("--hello-timeout", optarg, 0.1, 3600, &d)) return 2; so.handshake_timeout = d; break;
+        case 'u': user = optarg; break;
+        case 'g': group = optarg; break;
+        case OPT_ALLOW_USER:
+            if (acl_add_user(&allow, optarg, aerr, sizeof aerr) < 0) { fprintf(stderr, "aned: %s\n", aerr); return 2; }
+            break;
+        case OPT_ALLOW_GROUP:
+            if (acl_add_group(&allow, optarg, aerr, sizeof aerr) < 0) { fprintf(stderr, "aned: %s\n", aerr); return 2; }
+            break;
+        case OPT_JOBS_UID: if (parse_int("--max-jobs-per-uid", optarg, 0, 1 << 20, &v)) return 2; so.max_jobs_per_uid = (int)v; break;
+        case OPT_CLIENTS_UID: if (parse_int("--max-clients-per-uid", optarg, 0, 1 << 20, &v)) return 2; so.max_clients_per_uid = (int)v; break;
+        case OPT_SECCOMP:
+            if (priv_seccomp_parse(optarg, &scm) < 0) {
+                fprintf(stderr, "aned: --seccomp: expected enforce, log, off or auto, got '%s'\n", optarg);
+                return 2;
+            }
+            break;
         case 'd': detach = 1; break;
         case 'l': log_path = optarg; break;
         case OPT_LOG_LEVEL: {
@@ -286,6 +334,22 @@ int main(int argc, char **argv)
     if (!so.eng.model_path) {
         fprintf(stderr, "aned: --model PATH is required (see --help)\n");
         return 2;
+    }
+    if (group && !user) {
+        fprintf(stderr, "aned: --group needs --user\n");
+        return 2;
+    }
+    priv_user pu;
+    if (user) {
+        if (geteuid() != 0) {
+            fprintf(stderr, "aned: --user %s: only root can change user (running as uid %lu)\n",
+                    user, (unsigned long)geteuid());
+            return 2;
+        }
+        if (priv_user_lookup(&pu, user, group, aerr, sizeof aerr) < 0) {
+            fprintf(stderr, "aned: %s\n", aerr);
+            return 2;
+        }
     }
 
     char err[1024];
@@ -345,6 +409,18 @@ int main(int argc, char **argv)
         goto out;
     }
     have_lst = 1;
+    notify_open(); /* before the drop and the filter: socket() is gone then */
+
+    /* Set before the engine's threads exist, so every thread inherits it:
+     * aned never executes anything, and nothing it runs may gain privileges. */
+    if (priv_no_new_privs() < 0) log_warn("PR_SET_NO_NEW_PRIVS: %s", strerror(errno));
+    /* The allow-list: listed users and groups, plus root and the daemon's own
+     * user (after the drop). */
+    if (acl_add_uid(&allow, 0) < 0 || acl_add_uid(&allow, user ? pu.uid : geteuid()) < 0) {
+        log_error("out of memory");
+        goto out;
+    }
+    so.allow = &allow;
 
     if (server_open(&srv, &so, err, sizeof err) < 0) { log_error("%s", err); goto out; }
     const eng_model_info *mi = server_model(srv);
@@ -357,6 +433,40 @@ int main(int argc, char **argv)
         if (write_pidfile(pidfile, err, sizeof err) < 0) { log_error("%s", err); goto out; }
         have_pid = 1;
     }
+    if (user) {
+        if (log_path && log_chown(pu.uid, pu.gid) < 0)
+            log_warn("cannot give the log file %s to %s: %s (SIGHUP may fail to reopen it)",
+                     log_path, pu.name, strerror(errno));
+        if (priv_drop(&pu, err, sizeof err) < 0) { log_error("cannot drop privileges: %s", err); goto out; }
+    } else if (geteuid() == 0) {
+        log_warn("running as root: give --user USER (a dedicated user) so that a flaw in the "
+                 "daemon or engine cannot give root away");
+    }
+    if (scm == PRIV_SECCOMP_AUTO) {
+        scm = mi->backend && !strcmp(mi->backend, "cpu") ? PRIV_SECCOMP_ENFORCE : PRIV_SECCOMP_OFF;
+        if (ANED_SANITIZED && scm == PRIV_SECCOMP_ENFORCE) {
+            /* the sanitizers' runtimes (leak check: clone + ptrace) need calls the filter refuses */
+            log_info("sanitizer build: seccomp filter off unless --seccomp enforce");
+            scm = PRIV_SECCOMP_OFF;
+        }
+    }
+    if (scm != PRIV_SECCOMP_OFF && ANED_SANITIZED) {
+        log_info("sanitizer build: landlock off (the leak check reads /proc at exit)");
+    } else if (scm != PRIV_SECCOMP_OFF) {
+        const char *rm[2] = { lst.activated ? NULL : lst.path, pidfile };
+        int abi = priv_landlock(log_path, rm, 2, err, sizeof err);
+        if (abi < 0) { log_error("cannot confine the daemon: %s", err); goto out; }
+        if (abi > 0) log_info("landlock (ABI %d) on the loop thread: files may only be created in the log directory", abi);
+        else log_info("landlock not available in this kernel");
+    }
+    if (priv_seccomp_install(scm, log_dir_fd(), err, sizeof err) < 0) {
+        log_error("cannot confine the daemon: %s (--seccomp off to run without the filter)", err);
+        goto out;
+    }
+    if (scm != PRIV_SECCOMP_OFF)
+        log_info("seccomp filter installed (%s)", scm == PRIV_SECCOMP_LOG ? "log" : "enforce");
+    else
+        log_info("seccomp filter off%s", mi->backend && strcmp(mi->backend, "cpu") ? " (accelerator backend)" : "");
     log_info("%s listening on %s%s (pid %ld)", ANED_SERVER_NAME, lst.path,
              lst.activated ? " (systemd socket)" : "", (long)getpid());
     if (detach) {
@@ -368,6 +478,8 @@ int main(int argc, char **argv)
         }
     }
     ready_signal(0);
+    notify_send("READY=1\nSTATUS=serving %s on %s\nMAINPID=%ld", mi->name ? mi->name : "model",
+                lst.path, (long)getpid());
     rc = server_run(srv, &lst);
     have_lst = 0; /* server_run closed it */
     log_info("exiting");
@@ -375,7 +487,10 @@ out:
     ready_signal(1);
     if (have_lst) sock_close(&lst);
     server_close(srv);
-    if (have_pid) unlink(pidfile);
+    if (have_pid && unlink(pidfile) < 0 && errno != ENOENT)
+        log_debug("cannot remove pidfile %s: %s", pidfile, strerror(errno));
+    notify_close();
+    acl_free(&allow);
     log_close();
     return rc;
 }

@@ -3,6 +3,7 @@
  *   log.c     timestamped, levelled log lines to stderr or a file
  *   sock.c    the listening socket: path rules, stale sockets, modes, lock
  *   server.c  the event loop: clients, requests, engine events, shutdown
+ *   privsep.c dropping root, the seccomp filter, the peer allow-list, sd_notify
  *   aned.c    main: options, daemonizing, pidfile
  *
  * Conventions: 0 ok, -1 error; messages through (char *err, size_t errlen). */
@@ -24,6 +25,11 @@ typedef enum log_level { LOG_ERROR = 0, LOG_WARN, LOG_INFO, LOG_DEBUG } log_leve
 int log_open_file(const char *path, char *err, size_t errlen);
 /* Reopens the file given to log_open_file (log rotation, SIGHUP). */
 int log_reopen(void);
+/* The log file's directory (O_PATH), which log_reopen opens relative to; -1 if none. */
+int log_dir_fd(void);
+/* Gives the open log file to uid:gid (before dropping root, so that the
+ * daemon can still reopen it on SIGHUP). */
+int log_chown(uid_t uid, gid_t gid);
 /* Points stderr at the log file, now and after each reopen (so whatever a
  * library prints lands there too). */
 int log_capture_stderr(void);
@@ -71,6 +77,79 @@ typedef struct sock_peer { uid_t uid; gid_t gid; pid_t pid; } sock_peer;
  * credentials (SO_PEERCRED). Returns the fd, or -1 with errno set. */
 int sock_accept(int lfd, sock_peer *peer);
 
+/* ---- privsep.c ---- */
+/* Sanitizer builds (tests only): their runtimes' leak check stops the world
+ * with clone + ptrace, so the seccomp filter is off by default there and the
+ * process stays dumpable after the drop. */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define ANED_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define ANED_SANITIZED 1
+#endif
+#endif
+#ifndef ANED_SANITIZED
+#define ANED_SANITIZED 0
+#endif
+
+#define PRIV_MAX_GROUPS 64
+typedef struct priv_user {
+    uid_t uid;
+    gid_t gid;
+    gid_t groups[PRIV_MAX_GROUPS]; /* supplementary groups to keep */
+    int n_groups;
+    char name[64];
+} priv_user;
+
+/* Resolves --user (name or uid; root refused) and --group (name or gid;
+ * given: no supplementary groups; absent: the user's primary group and its
+ * getgrouplist). */
+int priv_user_lookup(priv_user *u, const char *user, const char *group, char *err, size_t errlen);
+/* setgroups, setresgid, setresuid (every thread, via glibc), then checks that
+ * root cannot be regained and that every thread has the new ids; makes the
+ * process non-dumpable. */
+int priv_drop(const priv_user *u, char *err, size_t errlen);
+/* PR_SET_NO_NEW_PRIVS on the calling thread (and threads it creates later). */
+int priv_no_new_privs(void);
+
+typedef enum priv_seccomp_mode {
+    PRIV_SECCOMP_AUTO = 0, /* resolved by main: enforce on the cpu backend, else off */
+    PRIV_SECCOMP_OFF,
+    PRIV_SECCOMP_LOG,      /* unlisted calls allowed, logged by the kernel */
+    PRIV_SECCOMP_ENFORCE,  /* unlisted calls fail with EPERM */
+} priv_seccomp_mode;
+int priv_seccomp_parse(const char *s, priv_seccomp_mode *m);
+/* Installs the allow-list on every thread (TSYNC). openat is allowed only
+ * with open_dirfd as its directory (-1: never). */
+int priv_seccomp_install(priv_seccomp_mode mode, int open_dirfd, char *err, size_t errlen);
+
+/* Landlock on the calling thread (the loop thread; the engine's threads
+ * exist already and never touch files): from now on it may only create or
+ * append to files in log_file's directory and remove files in the
+ * directories of the paths in remove (socket, lock, pidfile). Returns the
+ * Landlock ABI used, 0 when the kernel has none, -1 error. */
+int priv_landlock(const char *log_file, const char *const *remove, int n_remove, char *err, size_t errlen);
+
+/* Who may connect: a peer is allowed if its uid is listed, or its gid or one
+ * of its supplementary groups (SO_PEERGROUPS) is. */
+typedef struct acl {
+    unsigned *uids; size_t n_uids;
+    unsigned *gids; size_t n_gids;
+} acl;
+int acl_add_user(acl *a, const char *user, char *err, size_t errlen); /* name or uid */
+int acl_add_group(acl *a, const char *group, char *err, size_t errlen); /* name or gid */
+int acl_add_uid(acl *a, uid_t uid);
+/* 1 allowed, 0 not; fd is the accepted connection. */
+int acl_allows(const acl *a, int fd, const sock_peer *p);
+void acl_free(acl *a);
+
+/* systemd readiness (sd_notify protocol): notify_open reads NOTIFY_SOCKET
+ * (1 opened, 0 none, -1 bad); notify_send sends one datagram such as
+ * "READY=1" (no-op without a socket). */
+int notify_open(void);
+void notify_send(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void notify_close(void);
+
 /* ---- server.c ---- */
 typedef struct server server;
 
@@ -83,6 +162,9 @@ typedef struct server_opts {
     double handshake_timeout; /* seconds a new connection has to send hello */
     double shutdown_grace;   /* seconds running jobs may finish after SIGTERM */
     double drain_timeout;    /* seconds to flush replies after the last job ended */
+    const acl *allow;        /* who may connect; NULL: anyone the socket mode lets in */
+    int max_jobs_per_uid;    /* jobs in flight + queued per peer uid, all its connections; 0: no limit */
+    int max_clients_per_uid; /* connections per peer uid; 0: no limit */
 } server_opts;
 
 void server_opts_default(server_opts *o);

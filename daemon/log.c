@@ -17,6 +17,8 @@ static int log_fd = 2;
 static char *log_path;
 static log_level log_max = LOG_INFO;
 static int log_on_stderr;  /* stderr follows the log file (detached daemon) */
+static int log_dirfd = -1; /* the log file's directory: reopened relative to it */
+static const char *log_base;
 
 static const char *const level_names[] = { "error", "warn", "info", "debug" };
 
@@ -43,17 +45,36 @@ int log_open_file(const char *path, char *err, size_t errlen)
     }
     char *p = strdup(path);
     if (!p) { close(fd); snprintf(err, errlen, "out of memory"); return -1; }
+    /* The directory stays open: reopening relative to it works after a
+     * chroot-less confinement that allows openat only on this descriptor. */
+    char *slash = strrchr(p, '/');
+    int dfd;
+    if (slash == p) dfd = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+    else if (slash) { *slash = 0; dfd = open(p, O_PATH | O_DIRECTORY | O_CLOEXEC); *slash = '/'; }
+    else dfd = open(".", O_PATH | O_DIRECTORY | O_CLOEXEC);
     if (log_fd > 2) close(log_fd);
+    if (log_dirfd >= 0) close(log_dirfd);
     free(log_path);
     log_fd = fd;
     log_path = p;
+    log_dirfd = dfd;
+    log_base = slash ? slash + 1 : p;
     return 0;
+}
+
+int log_dir_fd(void) { return log_dirfd; }
+
+int log_chown(uid_t uid, gid_t gid)
+{
+    return log_fd > 2 ? fchown(log_fd, uid, gid) : 0;
 }
 
 int log_reopen(void)
 {
     if (!log_path) return 0;
-    int fd = open_log(log_path);
+    int fd = log_dirfd >= 0
+        ? openat(log_dirfd, log_base, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOCTTY, 0640)
+        : open_log(log_path);
     if (fd < 0) return -1;
     int old = log_fd;
     log_fd = fd;
@@ -74,8 +95,11 @@ void log_close(void)
 {
     if (log_fd > 2) close(log_fd);
     log_fd = 2;
+    if (log_dirfd >= 0) close(log_dirfd);
+    log_dirfd = -1;
     free(log_path);
     log_path = NULL;
+    log_base = NULL;
 }
 
 void log_msg(log_level lv, const char *fmt, ...)

@@ -52,6 +52,7 @@ struct job {
     int started;              /* an event arrived: it left the queue */
     int cancelled;            /* eng_cancel was sent */
     int overflow;             /* cancelled for the client's backlog */
+    uid_t uid;                /* the peer's, counted in its uid_use until the job ends */
 };
 
 struct client {
@@ -75,6 +76,14 @@ struct client {
     const char *why;          /* why it is closing, for the log */
     char name[48];            /* from hello, for the log */
 };
+
+/* Per peer uid: connections and jobs (in flight + queued) across all its
+ * connections, for --max-clients-per-uid and --max-jobs-per-uid. An entry
+ * goes when both reach 0; few uids share a machine, so a list will do. */
+typedef struct uid_use {
+    uid_t uid;
+    uint32_t clients, jobs;
+} uid_use;
 
 typedef enum srv_phase {
     PH_RUN = 0,
@@ -102,7 +111,36 @@ struct server {
     ev_tstamp started;
     uint64_t tokens_served, conns_total, requests_total;
     uint64_t seed_state;
+    uid_use *uids;
+    size_t n_uids, cap_uids;
 };
+
+static uid_use *uid_find(server *s, uid_t uid, int create)
+{
+    for (size_t i = 0; i < s->n_uids; i++)
+        if (s->uids[i].uid == uid) return &s->uids[i];
+    if (!create) return NULL;
+    if (s->n_uids == s->cap_uids) {
+        size_t nc = s->cap_uids ? s->cap_uids * 2 : 8;
+        uid_use *nu = realloc(s->uids, nc * sizeof *nu);
+        if (!nu) return NULL;
+        s->uids = nu;
+        s->cap_uids = nc;
+    }
+    uid_use *u = &s->uids[s->n_uids++];
+    u->uid = uid;
+    u->clients = u->jobs = 0;
+    return u;
+}
+
+static void uid_release(server *s, uid_t uid, int clients, int jobs)
+{
+    uid_use *u = uid_find(s, uid, 0);
+    if (!u) return;
+    u->clients -= (uint32_t)clients;
+    u->jobs -= (uint32_t)jobs;
+    if (!u->clients && !u->jobs) *u = s->uids[--s->n_uids];
+}
 
 void server_opts_default(server_opts *o)
 {
@@ -267,6 +305,7 @@ static void client_free(client *cl, const char *why)
     if (cl->prev) cl->prev->next = cl->next; else s->clients = cl->next;
     if (cl->next) cl->next->prev = cl->prev;
     s->n_clients--;
+    uid_release(s, cl->peer.uid, 1, 0);
     log_info("client %llu (uid %lu pid %ld%s%s) closed: %s; %llu requests, %llu tokens, %.1f s",
              (unsigned long long)cl->serial, (unsigned long)cl->peer.uid, (long)cl->peer.pid,
              cl->name[0] ? " " : "", cl->name, why,
@@ -420,6 +459,15 @@ static void req_submit(client *cl, const proto_req *r)
         send_error(cl, r->id, PROTO_E_BUSY, msg);
         return;
     }
+    uid_use *uu = uid_find(s, cl->peer.uid, 1);
+    if (!uu) { send_error(cl, r->id, PROTO_E_INTERNAL, "out of memory"); return; }
+    if (s->opt.max_jobs_per_uid > 0 && uu->jobs >= (uint32_t)s->opt.max_jobs_per_uid) {
+        char msg[96];
+        snprintf(msg, sizeof msg, "%u requests already in flight or queued for uid %lu",
+                 uu->jobs, (unsigned long)cl->peer.uid);
+        send_error(cl, r->id, PROTO_E_BUSY, msg);
+        return;
+    }
     job *j = calloc(1, sizeof *j);
     if (!j) { send_error(cl, r->id, PROTO_E_INTERNAL, "out of memory"); return; }
 
@@ -474,6 +522,8 @@ static void req_submit(client *cl, const proto_req *r)
     }
     j->req_id = r->id;
     j->cl = cl;
+    j->uid = cl->peer.uid;
+    uid_find(s, j->uid, 1)->jobs++; /* the entry exists: nothing freed it since */
     j->cl_next = cl->jobs;
     if (cl->jobs) cl->jobs->cl_prev = j;
     cl->jobs = j;
@@ -716,11 +766,9 @@ static void on_client_read(struct ev_loop *loop, ev_io *w, int revents)
     client_maybe_finish(cl);
 }
 
-static int peer_allowed(server *s, const sock_peer *p)
+static int peer_allowed(server *s, int fd, const sock_peer *p)
 {
-    /* Allow-lists hook in here. Until then the socket's mode is the policy. */
-    (void)s; (void)p;
-    return 1;
+    return !s->opt.allow || acl_allows(s->opt.allow, fd, p);
 }
 
 static void client_new(server *s, int fd, const sock_peer *peer)
@@ -736,6 +784,14 @@ static void client_new(server *s, int fd, const sock_peer *peer)
     cl->srv = s;
     cl->fd = fd;
     cl->rd = rd;
+    uid_use *uu = uid_find(s, peer->uid, 1);
+    if (!uu) {
+        proto_reader_free(rd);
+        free(cl);
+        refuse_fd(fd, PROTO_E_INTERNAL, "out of memory");
+        return;
+    }
+    uu->clients++;
     cl->peer = *peer;
     cl->serial = ++s->next_serial;
     cl->since = ev_now(s->loop);
@@ -781,9 +837,17 @@ static void on_accept(struct ev_loop *loop, ev_io *w, int revents)
             ev_timer_start(loop, &s->accept_retry);
             return;
         }
-        if (!peer_allowed(s, &peer)) {
-            log_warn("refused connection from uid %lu pid %ld", (unsigned long)peer.uid, (long)peer.pid);
+        if (!peer_allowed(s, fd, &peer)) {
+            log_warn("denied connection from uid %lu gid %lu pid %ld: not on the allow list",
+                     (unsigned long)peer.uid, (unsigned long)peer.gid, (long)peer.pid);
             refuse_fd(fd, PROTO_E_DENIED, "not allowed to use this server");
+            continue;
+        }
+        uid_use *uu = uid_find(s, peer.uid, 0);
+        if (s->opt.max_clients_per_uid > 0 && uu && uu->clients >= (uint32_t)s->opt.max_clients_per_uid) {
+            log_warn("refused connection from uid %lu pid %ld: %u connections of that uid already",
+                     (unsigned long)peer.uid, (long)peer.pid, uu->clients);
+            refuse_fd(fd, PROTO_E_BUSY, "too many connections from this user");
             continue;
         }
         if (s->n_clients >= (uint32_t)s->opt.max_clients) {
@@ -801,6 +865,7 @@ static void on_accept(struct ev_loop *loop, ev_io *w, int revents)
 static void job_end(server *s, job *j)
 {
     client *cl = j->cl;
+    uid_release(s, j->uid, 0, 1);
     if (cl) {
         if (j->cl_prev) j->cl_prev->cl_next = j->cl_next; else cl->jobs = j->cl_next;
         if (j->cl_next) j->cl_next->cl_prev = j->cl_prev;
@@ -957,6 +1022,7 @@ static void begin_shutdown(server *s, const char *why)
         return;
     }
     log_info("%s: shutting down (%u client(s), %u job(s))", why, s->n_clients, s->n_jobs);
+    notify_send("STOPPING=1\nSTATUS=draining %u job(s)", s->n_jobs);
     s->phase = PH_GRACE;
     ev_io_stop(s->loop, &s->accept_io);
     ev_timer_stop(s->loop, &s->accept_retry);
@@ -1094,5 +1160,6 @@ void server_close(server *s)
     ev_timer_stop(s->loop, &s->poll_timer);
     ev_async_stop(s->loop, &s->wake);
     ev_loop_destroy(s->loop);
+    free(s->uids);
     free(s);
 }
