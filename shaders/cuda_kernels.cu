@@ -1178,21 +1178,31 @@ static void gemv_qt(cudaStream_t st, const gv_set &S, size_t rb, int n, const in
     else gemv_qk<1>(st, S, rb, n, xq, xd, xs, T);
 }
 
-/* ANE_CUDA_GEMV_MR=0: decode through the one-row kernels (for comparison) */
+/* ANE_CUDA_GEMV_MR=0: decode through the one-row kernels (for comparison);
+ * ANE_CUDA_GEMV_R (2, 4, 8) rows per group and ANE_CUDA_GEMV_K (1, 2, 4) warps
+ * per group override the defaults for one token (for tuning) */
+static int env_int(const char *name, int dflt)
+{
+    const char *e = getenv(name);
+    return e && *e ? atoi(e) : dflt;
+}
+
 static int gemv_mr_off(void)
 {
     static int v = -1;
-    if (v < 0) { const char *e = getenv("ANE_CUDA_GEMV_MR"); v = e && e[0] == '0'; }
+    if (v < 0) v = env_int("ANE_CUDA_GEMV_MR", 1) == 0;
     return v;
 }
 
 /* decode (T <= 2): rows per group R, K warps per group by the units per row */
 template <int NT, int R, bool Q4K>
 static void gemv_mr_k(cudaStream_t st, gv_set S, size_t rb, int n, const int8_t *xq, const float *xd, const int *xs,
-                      int T)
+                      int T, int K)
 {
-    int nu = Q4K ? n / 64 : n / 32;
-    int K = nu >= 256 ? 4 : nu >= 64 ? 2 : 1;
+    if (K <= 0) {
+        int nu = Q4K ? n / 64 : n / 32;
+        K = nu >= 256 ? 4 : nu >= 64 ? 2 : 1;
+    }
     unsigned g = 0;
     for (int i = 0; i < S.nm; i++) { S.m[i].blk0 = (int)g; g += nblk(S.m[i].n_out, (unsigned)(4 / K * R)); }
     if (K == 4) k_gemv_mr<NT, R, 4, Q4K><<<g, 128, 0, st>>>(S, rb, n, xq, xd, xs, T);
@@ -1200,16 +1210,27 @@ static void gemv_mr_k(cudaStream_t st, gv_set S, size_t rb, int n, const int8_t 
     else k_gemv_mr<NT, R, 1, Q4K><<<g, 128, 0, st>>>(S, rb, n, xq, xd, xs, T);
 }
 
+template <bool Q4K>
+static void gemv_mr_q(cudaStream_t st, const gv_set &S, size_t rb, int n, const int8_t *xq, const float *xd,
+                      const int *xs, int T)
+{
+    static int R = -1, K = -1;
+    if (R < 0) {
+        R = env_int("ANE_CUDA_GEMV_R", 4);
+        K = env_int("ANE_CUDA_GEMV_K", 0);
+        if (K != 1 && K != 2 && K != 4) K = 0;
+    }
+    if (T == 2) gemv_mr_k<2, 2, Q4K>(st, S, rb, n, xq, xd, xs, T, 0);
+    else if (R == 8) gemv_mr_k<1, 8, Q4K>(st, S, rb, n, xq, xd, xs, T, K);
+    else if (R == 2) gemv_mr_k<1, 2, Q4K>(st, S, rb, n, xq, xd, xs, T, K);
+    else gemv_mr_k<1, 4, Q4K>(st, S, rb, n, xq, xd, xs, T, K);
+}
+
 static void gemv_mr(cudaStream_t st, const gv_set &S, bool q4k, size_t rb, int n, const int8_t *xq, const float *xd,
                     const int *xs, int T)
 {
-    if (q4k) {
-        if (T == 1) gemv_mr_k<1, 4, true>(st, S, rb, n, xq, xd, xs, T);
-        else gemv_mr_k<2, 2, true>(st, S, rb, n, xq, xd, xs, T);
-    } else {
-        if (T == 1) gemv_mr_k<1, 4, false>(st, S, rb, n, xq, xd, xs, T);
-        else gemv_mr_k<2, 2, false>(st, S, rb, n, xq, xd, xs, T);
-    }
+    if (q4k) gemv_mr_q<true>(st, S, rb, n, xq, xd, xs, T);
+    else gemv_mr_q<false>(st, S, rb, n, xq, xd, xs, T);
 }
 
 template <int TY>
