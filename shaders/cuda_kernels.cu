@@ -7,6 +7,7 @@
 #include <cuda_fp16.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 enum {
     T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8,
@@ -678,6 +679,154 @@ __global__ void __launch_bounds__(128) k_gemv_q8(const gv_set S, size_t rb, int 
     }
 }
 
+/* ---------------- int8 GEMV for decode (1-2 tokens): several rows per group ----------------
+ * A block of 4 warps holds 4/K groups of K warps; a group takes R rows. Each
+ * thread loads its x units once per step and reuses them for the R rows, so
+ * x traffic and the reduction are amortized over R rows and every thread has
+ * R independent 16-byte weight loads in flight. Q4K: unit = 64-value pair of
+ * a super-block (as k_gemv_q4k); else q8_0 repacked, unit = 32-value block. */
+template <int NT, int R, int K, bool Q4K>
+__global__ void __launch_bounds__(128) k_gemv_mr(const gv_set S, size_t rb, int n, const int8_t *__restrict__ xq,
+                                                 const float *__restrict__ xd, const int *__restrict__ xs, int T)
+{
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int mi = 0;
+#pragma unroll
+    for (int i = 1; i < CK_MULTI_MAX; i++) if (i < S.nm && (int)blockIdx.x >= S.m[i].blk0) mi = i;
+    const uint8_t *W = S.m[mi].W;
+    int n_out = S.m[mi].n_out;
+    int r0 = (((int)blockIdx.x - S.m[mi].blk0) * (4 / K) + warp / K) * R, part = warp % K;
+    const uint8_t *rows[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) rows[r] = W + (size_t)min(r0 + r, n_out - 1) * rb;
+    float acc[R][NT];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[r][t] = 0.f;
+    int nu = Q4K ? n / 64 : n / 32, nbx = n / 32;
+    for (int u = lane + 32 * part; u < nu; u += 32 * K) {
+        if (Q4K) {
+            const int j = u & 3, c0 = 2 * j, c1 = 2 * j + 1;
+            uint4 h[R], q0[R], q1[R];
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                const uint8_t *b = rows[r] + (u >> 2) * 144;
+                h[r] = __ldg((const uint4 *)b);
+                q0[r] = __ldg((const uint4 *)(b + 16 + 32 * j));
+                q1[r] = __ldg((const uint4 *)(b + 32 + 32 * j));
+            }
+            int xl[NT][8], xh[NT][8];
+            float dx0[NT], dx1[NT];
+            int s0[NT], s1[NT];
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                const int4 *xv = (const int4 *)(xq + (size_t)t * n + 64 * u);
+                int4 xa = __ldg(xv), xb = __ldg(xv + 1), xc = __ldg(xv + 2), xe = __ldg(xv + 3);
+                xl[t][0] = xa.x; xl[t][1] = xa.y; xl[t][2] = xa.z; xl[t][3] = xa.w;
+                xl[t][4] = xb.x; xl[t][5] = xb.y; xl[t][6] = xb.z; xl[t][7] = xb.w;
+                xh[t][0] = xc.x; xh[t][1] = xc.y; xh[t][2] = xc.z; xh[t][3] = xc.w;
+                xh[t][4] = xe.x; xh[t][5] = xe.y; xh[t][6] = xe.z; xh[t][7] = xe.w;
+                size_t xb0 = (size_t)t * nbx + 2 * u;
+                dx0[t] = __ldg(xd + xb0); dx1[t] = __ldg(xd + xb0 + 1);
+                s0[t] = __ldg(xs + xb0); s1[t] = __ldg(xs + xb0 + 1);
+            }
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                float d = __half2float(__ushort_as_half((unsigned short)(h[r].x & 0xffff)));
+                float dm = __half2float(__ushort_as_half((unsigned short)(h[r].x >> 16)));
+                int sc0, m0, sc1, m1;
+                if (j < 2) {
+                    sc0 = byte_of3(h[r], c0) & 63; m0 = byte_of3(h[r], c0 + 4) & 63;
+                    sc1 = byte_of3(h[r], c1) & 63; m1 = byte_of3(h[r], c1 + 4) & 63;
+                } else {
+                    sc0 = (byte_of3(h[r], c0 + 4) & 0xF) | ((byte_of3(h[r], c0 - 4) >> 6) << 4);
+                    m0 = (byte_of3(h[r], c0 + 4) >> 4) | ((byte_of3(h[r], c0) >> 6) << 4);
+                    sc1 = (byte_of3(h[r], c1 + 4) & 0xF) | ((byte_of3(h[r], c1 - 4) >> 6) << 4);
+                    m1 = (byte_of3(h[r], c1 + 4) >> 4) | ((byte_of3(h[r], c1) >> 6) << 4);
+                }
+                float d0 = d * (float)sc0, d1 = d * (float)sc1, mm0 = dm * (float)m0, mm1 = dm * (float)m1;
+                uint32_t qw[8] = { q0[r].x, q0[r].y, q0[r].z, q0[r].w, q1[r].x, q1[r].y, q1[r].z, q1[r].w };
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+                    int dot0 = 0, dot1 = 0;
+#pragma unroll
+                    for (int k = 0; k < 8; k++) {
+                        dot0 = __dp4a((int)(qw[k] & 0x0F0F0F0Fu), xl[t][k], dot0);
+                        dot1 = __dp4a((int)((qw[k] >> 4) & 0x0F0F0F0Fu), xh[t][k], dot1);
+                    }
+                    acc[r][t] += dx0[t] * (d0 * (float)dot0 - mm0 * (float)s0[t]) +
+                                 dx1[t] * (d1 * (float)dot1 - mm1 * (float)s1[t]);
+                }
+            }
+        } else {
+            int q[R][8];
+            float dw[R];
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                const uint8_t *p = rows[r] + 32 * u;
+                if (((uintptr_t)rows[r] & 15) == 0) {
+                    int4 a = __ldg((const int4 *)p), c = __ldg((const int4 *)(p + 16));
+                    q[r][0] = a.x; q[r][1] = a.y; q[r][2] = a.z; q[r][3] = a.w;
+                    q[r][4] = c.x; q[r][5] = c.y; q[r][6] = c.z; q[r][7] = c.w;
+                } else {
+#pragma unroll
+                    for (int i = 0; i < 4; i++) { int2 v = ld8(p + 8 * i); q[r][2 * i] = v.x; q[r][2 * i + 1] = v.y; }
+                }
+                dw[r] = __half2float(__ushort_as_half(__ldg((const unsigned short *)(rows[r] + n) + u)));
+            }
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                const int4 *xv = (const int4 *)(xq + (size_t)t * n + 32 * u);
+                int4 xa = __ldg(xv), xb = __ldg(xv + 1);
+                float dx = __ldg(xd + (size_t)t * nbx + u);
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    int dot = __dp4a(q[r][0], xa.x, 0);
+                    dot = __dp4a(q[r][1], xa.y, dot); dot = __dp4a(q[r][2], xa.z, dot); dot = __dp4a(q[r][3], xa.w, dot);
+                    dot = __dp4a(q[r][4], xb.x, dot); dot = __dp4a(q[r][5], xb.y, dot); dot = __dp4a(q[r][6], xb.z, dot);
+                    dot = __dp4a(q[r][7], xb.w, dot);
+                    acc[r][t] += dw[r] * dx * (float)dot;
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            float s = acc[r][t];
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+            acc[r][t] = s;
+        }
+    float v = 0.f;
+    if (K > 1) {
+        __shared__ float red[4][R * NT];
+        if (lane == 0) {
+#pragma unroll
+            for (int r = 0; r < R; r++)
+#pragma unroll
+                for (int t = 0; t < NT; t++) red[warp][r * NT + t] = acc[r][t];
+        }
+        __syncthreads();
+        if (part != 0 || lane >= R * NT) return;
+#pragma unroll
+        for (int k = 0; k < K; k++) v += red[warp + k][lane];
+    } else {
+        if (lane >= R * NT) return;
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int t = 0; t < NT; t++) if (r * NT + t == lane) v = acc[r][t];
+    }
+    int r = r0 + lane / NT, t = lane % NT;
+    if (r < n_out && t < T) {
+        const float *bias = S.m[mi].bias;
+        S.m[mi].out[(size_t)t * n_out + r] = v + (bias ? bias[r] : 0.f);
+    }
+}
+
 /* GGUF q8_0 rows (34-byte blocks) -> a row's 32-byte quant blocks, then its f16 scales */
 __global__ void k_repack_q8_0(const uint8_t *src, uint8_t *dst, size_t rb, int n, int n_out)
 {
@@ -1029,6 +1178,61 @@ static void gemv_qt(cudaStream_t st, const gv_set &S, size_t rb, int n, const in
     else gemv_qk<1>(st, S, rb, n, xq, xd, xs, T);
 }
 
+/* ANE_CUDA_GEMV_MR=0: decode through the one-row kernels (for comparison);
+ * ANE_CUDA_GEMV_R (2, 4, 8) rows per group and ANE_CUDA_GEMV_K (1, 2, 4) warps
+ * per group override the defaults for one token (for tuning) */
+static int env_int(const char *name, int dflt)
+{
+    const char *e = getenv(name);
+    return e && *e ? atoi(e) : dflt;
+}
+
+static int gemv_mr_off(void)
+{
+    static int v = -1;
+    if (v < 0) v = env_int("ANE_CUDA_GEMV_MR", 1) == 0;
+    return v;
+}
+
+/* decode (T <= 2): rows per group R, K warps per group by the units per row */
+template <int NT, int R, bool Q4K>
+static void gemv_mr_k(cudaStream_t st, gv_set S, size_t rb, int n, const int8_t *xq, const float *xd, const int *xs,
+                      int T, int K)
+{
+    if (K <= 0) {
+        int nu = Q4K ? n / 64 : n / 32;
+        K = nu >= 256 ? 4 : nu >= 64 ? 2 : 1;
+    }
+    unsigned g = 0;
+    for (int i = 0; i < S.nm; i++) { S.m[i].blk0 = (int)g; g += nblk(S.m[i].n_out, (unsigned)(4 / K * R)); }
+    if (K == 4) k_gemv_mr<NT, R, 4, Q4K><<<g, 128, 0, st>>>(S, rb, n, xq, xd, xs, T);
+    else if (K == 2) k_gemv_mr<NT, R, 2, Q4K><<<g, 128, 0, st>>>(S, rb, n, xq, xd, xs, T);
+    else k_gemv_mr<NT, R, 1, Q4K><<<g, 128, 0, st>>>(S, rb, n, xq, xd, xs, T);
+}
+
+template <bool Q4K>
+static void gemv_mr_q(cudaStream_t st, const gv_set &S, size_t rb, int n, const int8_t *xq, const float *xd,
+                      const int *xs, int T)
+{
+    static int R = -1, K = -1;
+    if (R < 0) {
+        R = env_int("ANE_CUDA_GEMV_R", 4);
+        K = env_int("ANE_CUDA_GEMV_K", 0);
+        if (K != 1 && K != 2 && K != 4) K = 0;
+    }
+    if (T == 2) gemv_mr_k<2, 2, Q4K>(st, S, rb, n, xq, xd, xs, T, 0);
+    else if (R == 8) gemv_mr_k<1, 8, Q4K>(st, S, rb, n, xq, xd, xs, T, K);
+    else if (R == 2) gemv_mr_k<1, 2, Q4K>(st, S, rb, n, xq, xd, xs, T, K);
+    else gemv_mr_k<1, 4, Q4K>(st, S, rb, n, xq, xd, xs, T, K);
+}
+
+static void gemv_mr(cudaStream_t st, const gv_set &S, bool q4k, size_t rb, int n, const int8_t *xq, const float *xd,
+                    const int *xs, int T)
+{
+    if (q4k) gemv_mr_q<true>(st, S, rb, n, xq, xd, xs, T);
+    else gemv_mr_q<false>(st, S, rb, n, xq, xd, xs, T);
+}
+
 template <int TY>
 static void gemv_t(cudaStream_t st, const gv_set &S, size_t rb, int n, const float *x, int T)
 {
@@ -1106,7 +1310,8 @@ void ck_gemv_multi(cudaStream_t st, uint32_t type, int nm, const void *const *W,
             const int8_t *q = xq + (size_t)t0 * n;
             const float *d = xd + (size_t)t0 * (n / 32);
             const int *sx = xs + (size_t)t0 * (n / 32);
-            if (type == T_Q8_0) gemv_q8t(st, S, rb, n, q, d, tn);
+            if (tn <= 2 && !gemv_mr_off()) gemv_mr(st, S, type == T_Q4_K, rb, n, q, d, sx, tn);
+            else if (type == T_Q8_0) gemv_q8t(st, S, rb, n, q, d, tn);
             else gemv_qt(st, S, rb, n, q, d, sx, tn);
         }
         return;
