@@ -928,6 +928,18 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
     in->n_threads = nth;
     if (pool_open(&e->pool, nth)) { snprintf(err, errlen, "cannot start %d threads", nth); goto fail; }
     if (be_open(&e->be, opt->backend, e->pool, !opt->kv_f32, err, errlen)) goto fail;
+    if (m->hp.arch == ARCH_QWEN35 && !e->be->ops->deltanet) {
+        /* linear-attention layers need ops this backend lacks: when the
+         * backend was not asked for by name, run the model on the CPU */
+        if (opt->backend) {
+            snprintf(err, errlen, "%s: the %s backend cannot run %s models (linear-attention ops); use --backend cpu",
+                     m->path, e->be->ops->name, m->arch_name);
+            goto fail;
+        }
+        e->be->ops->close(e->be);
+        e->be = NULL;
+        if (be_cpu_open(&e->be, e->pool, !opt->kv_f32, err, errlen)) goto fail;
+    }
     in->backend = e->be->ops->name;
     if (model_prepare(m, e->be, err, errlen)) goto fail;
 
