@@ -387,6 +387,20 @@ static int valid_sampling(const eng_sampling *s, char *err, size_t errlen)
     return -1;
 }
 
+/* Every id in range of the vocabulary, else ENG_ETOKEN naming the first bad one. */
+static int check_ids(const tok *t, const int32_t *ids, size_t n, eng_err *code, char *err, size_t errlen)
+{
+    int32_t nv = tok_n_vocab(t);
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= nv) {
+            char msg[96];
+            snprintf(msg, sizeof msg, "token id %d at position %zu is outside the vocabulary (0..%d)",
+                     (int)ids[i], i, nv - 1);
+            return fail(code, ENG_ETOKEN, err, errlen, msg);
+        }
+    return 0;
+}
+
 int eng_submit(eng *e, const eng_job_desc *d, uint64_t *job_id, eng_err *code, char *err, size_t errlen)
 {
     if (code) *code = ENG_OK;
@@ -407,21 +421,12 @@ int eng_submit(eng *e, const eng_job_desc *d, uint64_t *job_id, eng_err *code, c
     int32_t *ids = NULL;
     size_t n = 0;
     const tok *t = e->m->tok;
-    int32_t nv = tok_n_vocab(t);
     if (d->n_tokens > 0) {
         if (d->n_tokens > (size_t)e->n_ctx) { job_free(j); return fail(code, ENG_ECTX, err, errlen, NULL); }
+        if (check_ids(t, d->tokens, d->n_tokens, code, err, errlen)) { job_free(j); return -1; }
         ids = malloc(d->n_tokens * sizeof *ids);
         if (!ids) { job_free(j); return fail(code, ENG_ENOMEM, err, errlen, NULL); }
-        for (size_t i = 0; i < d->n_tokens; i++) {
-            if (d->tokens[i] < 0 || d->tokens[i] >= nv) {
-                char msg[96];
-                snprintf(msg, sizeof msg, "token id %d at position %zu is outside the vocabulary (0..%d)",
-                         (int)d->tokens[i], i, nv - 1);
-                free(ids); job_free(j);
-                return fail(code, ENG_ETOKEN, err, errlen, msg);
-            }
-            ids[i] = d->tokens[i];
-        }
+        memcpy(ids, d->tokens, d->n_tokens * sizeof *ids);
         n = d->n_tokens;
     } else {
         int rc;
@@ -1058,14 +1063,7 @@ int eng_detokenize(eng *e, const int32_t *ids, size_t n, char **text, size_t *le
                    eng_err *code, char *err, size_t errlen)
 {
     const tok *t = e->m->tok;
-    int32_t nv = tok_n_vocab(t);
-    for (size_t i = 0; i < n; i++)
-        if (ids[i] < 0 || ids[i] >= nv) {
-            char msg[96];
-            snprintf(msg, sizeof msg, "token id %d at position %zu is outside the vocabulary (0..%d)",
-                     (int)ids[i], i, nv - 1);
-            return fail(code, ENG_ETOKEN, err, errlen, msg);
-        }
+    if (check_ids(t, ids, n, code, err, errlen)) return -1;
     char *raw;
     size_t rl;
     if (tok_decode(t, ids, n, &raw, &rl)) return fail(code, ENG_ENOMEM, err, errlen, NULL);

@@ -408,24 +408,28 @@ gguf_str gguf_arr_str(const gguf_kv *kv, uint64_t i)
     return s;
 }
 
+/* Element i of a numeric array, widened into tmp; -1 if there is none. */
+static int arr_elem(const gguf_kv *kv, uint64_t i, gguf_kv *tmp)
+{
+    size_t sz = vtype_size(kv->arr_type);
+    if (kv->type != GGUF_T_ARRAY || i >= kv->arr_n || !sz) return -1;
+    *tmp = (gguf_kv){ .type = kv->arr_type };
+    scalar_read(tmp, kv->arr_data + i * sz);
+    return 0;
+}
+
 double gguf_arr_f64(const gguf_kv *kv, uint64_t i)
 {
-    if (kv->type != GGUF_T_ARRAY || i >= kv->arr_n) return 0;
-    gguf_kv tmp = { .type = kv->arr_type };
-    size_t sz = vtype_size(kv->arr_type);
-    if (!sz) return 0;
-    scalar_read(&tmp, kv->arr_data + i * sz);
+    gguf_kv tmp;
+    if (arr_elem(kv, i, &tmp)) return 0;
     if (tmp.type == GGUF_T_FLOAT32 || tmp.type == GGUF_T_FLOAT64) return tmp.v.f;
     return is_signed(tmp.type) ? (double)tmp.v.i : (double)tmp.v.u;
 }
 
 int64_t gguf_arr_i64(const gguf_kv *kv, uint64_t i)
 {
-    if (kv->type != GGUF_T_ARRAY || i >= kv->arr_n) return 0;
-    gguf_kv tmp = { .type = kv->arr_type };
-    size_t sz = vtype_size(kv->arr_type);
-    if (!sz) return 0;
-    scalar_read(&tmp, kv->arr_data + i * sz);
+    gguf_kv tmp;
+    if (arr_elem(kv, i, &tmp)) return 0;
     if (tmp.type == GGUF_T_FLOAT32 || tmp.type == GGUF_T_FLOAT64) {
         /* saturate: NaN and values past int64 are not convertible */
         double f = tmp.v.f;
