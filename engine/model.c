@@ -38,15 +38,19 @@ static int ld_fail(ld *l, const char *fmt, ...)
     return -1;
 }
 
+/* "<arch>.<suffix>" into key; 1 present, 0 absent (error when required), -1 error. */
+static int key_has(ld *l, const char *suffix, char *key, size_t n, int required)
+{
+    snprintf(key, n, "%s.%s", l->m->arch_name, suffix);
+    if (gguf_get(l->g, key)) return 1;
+    return required ? ld_fail(l, "missing metadata key '%s'", key) : 0;
+}
+
 static int key_i(ld *l, const char *suffix, int64_t *v, int required, int64_t dflt)
 {
     char key[128];
-    snprintf(key, sizeof key, "%s.%s", l->m->arch_name, suffix);
-    if (!gguf_get(l->g, key)) {
-        if (required) return ld_fail(l, "missing metadata key '%s'", key);
-        *v = dflt;
-        return 0;
-    }
+    int has = key_has(l, suffix, key, sizeof key, required);
+    if (has <= 0) { *v = dflt; return has; }
     if (gguf_get_i64(l->g, key, v)) return ld_fail(l, "metadata key '%s' is not an integer", key);
     if (*v < 0 || *v > INT32_MAX) return ld_fail(l, "metadata key '%s' is out of range (%lld)", key, (long long)*v);
     return 0;
@@ -55,12 +59,8 @@ static int key_i(ld *l, const char *suffix, int64_t *v, int required, int64_t df
 static int key_f(ld *l, const char *suffix, double *v, int required, double dflt)
 {
     char key[128];
-    snprintf(key, sizeof key, "%s.%s", l->m->arch_name, suffix);
-    if (!gguf_get(l->g, key)) {
-        if (required) return ld_fail(l, "missing metadata key '%s'", key);
-        *v = dflt;
-        return 0;
-    }
+    int has = key_has(l, suffix, key, sizeof key, required);
+    if (has <= 0) { *v = dflt; return has; }
     if (gguf_get_f64(l->g, key, v)) return ld_fail(l, "metadata key '%s' is not a number", key);
     return 0;
 }
