@@ -5,8 +5,8 @@
  * distinct host pointer, so a tied output shares tok_embd's). Activations
  * and the KV cache are device memory. Every op is queued on one stream;
  * nothing syncs until the logits are read. Each forward pass's ids,
- * positions and page tables go up in one copy (step_begin) into a fixed
- * device block that every op reads. Pure decode passes (every token an
+ * positions, sequence slots and page tables go up in one copy (step_begin)
+ * into a fixed device block that every op reads. Pure decode passes (every token an
  * output row) are recorded once per batch size as a CUDA graph and replayed.
  * Matmuls: decode rows (be_batch.n_dec) go through GEMVs that read the
  * quantized blocks directly (q4_K and q8_0 with x quantized to int8 per 32
@@ -26,6 +26,7 @@
 #include "engine/backend.h"
 #include "engine/qtypes.h"
 #include "shaders/cuda_kernels.h"
+#include "shaders/cuda_ssm.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -53,7 +54,7 @@ typedef struct cu_be {
     void *w16; size_t w16_cap; /* bytes */
     void *x16; size_t x16_cap;
     void *xq; size_t xq_cap;   /* int8 activations of the GEMV */
-    /* per-step block: ids[cap_T] pos[cap_T] off[cap_T] pages[...] */
+    /* per-step block: ids[cap_T] pos[cap_T] off[cap_T] slot[cap_T] pages[...] */
     int32_t *h_step, *d_step;
     size_t step_cap;           /* int32s */
     int cap_T;
@@ -204,7 +205,7 @@ static int stage(cu_be *c, const int32_t *ids, int T, const be_batch *bt)
     }
     int capT = c->cap_T;
     if (T > capT) capT = T < 1024 ? 1024 : T;
-    size_t need = (size_t)3 * capT + n_pages;
+    size_t need = (size_t)4 * capT + n_pages;
     if (capT != c->cap_T || need > c->step_cap) {
         size_t cap = need > c->step_cap ? need * 2 : c->step_cap;
         ok(c, cudaStreamSynchronize(c->st), "sync");
@@ -221,7 +222,8 @@ static int stage(cu_be *c, const int32_t *ids, int T, const be_batch *bt)
         /* the previous step's copy must be done before the host block is rewritten */
         ok(c, cudaStreamSynchronize(c->st), "sync");
     }
-    int32_t *h = c->h_step, *ids_h = h, *pos_h = h + c->cap_T, *off_h = h + 2 * c->cap_T, *pg = h + 3 * c->cap_T;
+    int32_t *h = c->h_step, *ids_h = h, *pos_h = h + c->cap_T, *off_h = h + 2 * c->cap_T, *pg = h + 4 * c->cap_T;
+    int32_t *slot_h = h + 3 * c->cap_T;
     if (ids) memcpy(ids_h, ids, (size_t)T * 4);
     size_t used = 0;
     if (bt) {
@@ -238,10 +240,11 @@ static int stage(cu_be *c, const int32_t *ids, int T, const be_batch *bt)
             }
             pos_h[t] = bt->pos[t];
             off_h[t] = start;
+            slot_h[t] = bt->slot ? bt->slot[t] : 0;
         }
     }
-    /* one copy: ids/pos/off rows (T each) and the page tables */
-    ok(c, cudaMemcpyAsync(c->d_step, h, (size_t)(3 * c->cap_T + used) * 4, cudaMemcpyHostToDevice, c->st),
+    /* one copy: ids/pos/off/slot rows (T each) and the page tables */
+    ok(c, cudaMemcpyAsync(c->d_step, h, (size_t)(4 * c->cap_T + used) * 4, cudaMemcpyHostToDevice, c->st),
        "step upload");
     return 0;
 }
@@ -249,7 +252,8 @@ static int stage(cu_be *c, const int32_t *ids, int T, const be_batch *bt)
 static const int32_t *d_ids(cu_be *c) { return c->d_step; }
 static const int32_t *d_pos(cu_be *c) { return c->d_step + c->cap_T; }
 static const int32_t *d_off(cu_be *c) { return c->d_step + 2 * c->cap_T; }
-static const int32_t *d_pages(cu_be *c) { return c->d_step + 3 * c->cap_T; }
+static const int32_t *d_slot(cu_be *c) { return c->d_step + 3 * c->cap_T; }
+static const int32_t *d_pages(cu_be *c) { return c->d_step + 4 * c->cap_T; }
 
 /* Makes bt current (outside a step: uploads it now). */
 static void use_batch(cu_be *c, const be_batch *bt)
@@ -522,6 +526,94 @@ static void cu_argmax(be *b, const float *x, int rows, int n, int32_t *ids)
     }
 }
 
+/* ---- linear-attention ops (shaders/cuda_ssm.cu) ---- */
+
+static void cu_copy_rows(be *b, float *dst, size_t ds, const float *src, size_t ss, int rows, int n)
+{
+    cs_copy_rows(((cu_be *)b)->st, dst, ds, src, ss, rows, n);
+}
+
+static void cu_sigmoid_mul(be *b, float *x, const float *g, size_t n)
+{
+    cs_sigmoid_mul(((cu_be *)b)->st, x, g, n);
+}
+
+static void cu_rmsnorm_gated(be *b, const float *x, const float *z, const wt *w, int rows, int n, float eps,
+                             float *out)
+{
+    cs_rmsnorm_gated(((cu_be *)b)->st, x, z, w->dev, rows, n, eps, out);
+}
+
+static int ssm_fail(cu_be *c, const char *what)
+{
+    if (!c->failed) fprintf(stderr, "cuda backend: %s\n", what);
+    c->failed = 1;
+    return -1;
+}
+
+/* Save points need the host batch: never inside a recorded pass. */
+static int ssm_ready(cu_be *c, const be_batch *bt, int n_sv)
+{
+    if (!bt->slot) return ssm_fail(c, "recurrent op without sequence slots");
+    if (n_sv > 0 && c->capturing) return ssm_fail(c, "save points in a recorded pass");
+    use_batch(c, bt);
+    return 0;
+}
+
+/* The batch is run in segments t0..t1-1 that end at tokens with save points. */
+static int ssm_seg_end(const be_batch *bt, int t0, const be_save *sv, int n_sv)
+{
+    for (int t = t0; t < bt->T; t++)
+        for (int i = 0; i < n_sv; i++)
+            if (sv[i].slot == bt->slot[t] && sv[i].pos == bt->pos[t] + 1) return t + 1;
+    return bt->T;
+}
+
+/* After a segment ending at token t1-1: the state of the save points there. */
+static void ssm_saves(cu_be *c, const be_batch *bt, int t1, const be_save *sv, int n_sv, const float *state,
+                      size_t slot_floats)
+{
+    int t = t1 - 1;
+    for (int i = 0; i < n_sv; i++)
+        if (sv[i].slot == bt->slot[t] && sv[i].pos == bt->pos[t] + 1 && slot_floats)
+            ok(c, cudaMemcpyAsync(sv[i].dst, state + (size_t)sv[i].slot * slot_floats, slot_floats * 4,
+                                  cudaMemcpyDeviceToDevice, c->st), "save point");
+}
+
+static void cu_conv1d_silu(be *b, const float *x, const wt *w, float *state, const be_batch *bt, int C, int K,
+                           const be_save *sv, int n_sv, float *out)
+{
+    cu_be *c = (cu_be *)b;
+    if (ssm_ready(c, bt, n_sv)) return;
+    for (int t0 = 0; t0 < bt->T;) {
+        int t1 = n_sv > 0 ? ssm_seg_end(bt, t0, sv, n_sv) : bt->T;
+        if (cs_conv1d_silu(c->st, x, w->dev, state, d_pos(c), d_slot(c), t0, t1, C, K, out)) {
+            ssm_fail(c, "conv1d: unsupported kernel size");
+            return;
+        }
+        if (n_sv > 0) ssm_saves(c, bt, t1, sv, n_sv, state, (size_t)(K - 1) * C);
+        t0 = t1;
+    }
+}
+
+static void cu_deltanet(be *b, const float *qkv, size_t stride, const float *a, const float *bb, const wt *A,
+                        const wt *dt_bias, float *state, const be_batch *bt, int nk, int nv, int dk, int dv,
+                        float eps, const be_save *sv, int n_sv, float *out)
+{
+    cu_be *c = (cu_be *)b;
+    if (ssm_ready(c, bt, n_sv)) return;
+    for (int t0 = 0; t0 < bt->T;) {
+        int t1 = n_sv > 0 ? ssm_seg_end(bt, t0, sv, n_sv) : bt->T;
+        if (cs_deltanet(c->st, qkv, stride, a, bb, A->dev, dt_bias->dev, state, d_pos(c), d_slot(c), t0, t1, nk,
+                        nv, dk, dv, eps, out)) {
+            ssm_fail(c, "deltanet: unsupported head size");
+            return;
+        }
+        if (n_sv > 0) ssm_saves(c, bt, t1, sv, n_sv, state, (size_t)nv * dk * dv);
+        t0 = t1;
+    }
+}
+
 static const be_ops cuda_ops = {
     .name = "cuda",
     .close = cu_close,
@@ -544,6 +636,11 @@ static const be_ops cuda_ops = {
     .argmax = cu_argmax,
     .matmul_n = cu_matmul_n,
     .add_rmsnorm = cu_add_rmsnorm,
+    .copy_rows = cu_copy_rows,
+    .sigmoid_mul = cu_sigmoid_mul,
+    .rmsnorm_gated = cu_rmsnorm_gated,
+    .conv1d_silu = cu_conv1d_silu,
+    .deltanet = cu_deltanet,
 };
 
 int be_cuda_open(be **out, struct pool *p, int kv_f16, char *err, size_t errlen)
