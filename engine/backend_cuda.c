@@ -49,7 +49,7 @@ typedef struct cu_be {
     int failed;                /* a CUDA call failed: reported once */
     /* uploaded weights */
     upl *up; int n_up, cap_up;
-    size_t max_w_elems;        /* largest matrix, for the f16 scratch */
+    size_t max_w_elems;        /* largest matrix, for the f16 / f32 scratch */
     int64_t max_n_in;
     void *w16; size_t w16_cap; /* bytes */
     void *x16; size_t x16_cap;
@@ -65,6 +65,7 @@ typedef struct cu_be {
     size_t part_cap;           /* floats */
     int att_maxs;              /* spans per (token, head) row of part */
     int invariant;             /* ANE_CUDA_INVARIANT=1: decode rows always by GEMV */
+    int gemm_t_set;            /* ANE_CUDA_GEMM_T given */
     /* graphs */
     cudaGraphExec_t graph[GRAPH_MAX_T + 1];
     unsigned char seen[GRAPH_MAX_T + 1];
@@ -264,7 +265,7 @@ static void use_batch(cu_be *c, const be_batch *bt)
 
 static int ensure_gemm(cu_be *c, int T)
 {
-    size_t w = c->max_w_elems * 2, x = (size_t)T * (size_t)c->max_n_in * 2;
+    size_t w = c->max_w_elems * 4, x = (size_t)T * (size_t)c->max_n_in * 2;
     if (w > c->w16_cap) {
         cudaFree(c->w16); c->w16 = NULL; c->w16_cap = 0;
         if (!ok(c, cudaMalloc(&c->w16, w), "f16 weight scratch")) return -1;
@@ -404,18 +405,31 @@ static void gemv_rows(cu_be *c, const wt *w, const float *bv, const float *x, in
             ck_gemv_int8(w->type, n) ? xq_for(c, T, n) : NULL);
 }
 
-/* cuBLAS over f16 copies of W and x; -1 when it cannot run (no scratch) */
+/* cuBLAS: quantized W over f16 copies of W and x; float W (f32, f16, bf16:
+ * unquantized models, held to the transformers reference) in plain f32,
+ * since 10-bit inputs (f16, TF32) put the Qwen3.5 gates' logits 0.066 off
+ * where f32 gives 0.0016. -1 when it cannot run (no scratch). */
 static int gemm_rows(cu_be *c, const wt *w, const float *bv, const float *x, int T, float *out)
 {
     int n = (int)w->n_in, no = (int)w->n_out;
-    if ((!c->capturing && ensure_gemm(c, T)) || c->w16_cap < (size_t)n * no * 2 || c->x16_cap < (size_t)T * n * 2)
+    if ((!c->capturing && ensure_gemm(c, T)) || c->w16_cap < (size_t)n * no * 4 || c->x16_cap < (size_t)T * n * 2)
         return -1;
-    ck_dequant_f16(c->st, w->type, w->dev, w->row_bytes, n, no, c->w16);
-    ck_f32_to_f16(c->st, x, (size_t)T * n, c->x16);
     const float one = 1.0f, zero = 0.0f;
-    cublasStatus_t s = cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, no, T, n, &one, c->w16, CUDA_R_16F, n,
-                                    c->x16, CUDA_R_16F, n, &zero, out, CUDA_R_32F, no, CUBLAS_COMPUTE_32F,
-                                    CUBLAS_GEMM_DEFAULT);
+    cublasStatus_t s;
+    if (w->type == QT_F32 || w->type == QT_F16 || w->type == QT_BF16) {
+        const void *wf = w->dev;
+        if (w->type != QT_F32) {
+            ck_dequant_f32(c->st, w->type, w->dev, w->row_bytes, n, no, c->w16);
+            wf = c->w16;
+        }
+        s = cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, no, T, n, &one, wf, CUDA_R_32F, n, x, CUDA_R_32F, n,
+                         &zero, out, CUDA_R_32F, no, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    } else {
+        ck_dequant_f16(c->st, w->type, w->dev, w->row_bytes, n, no, c->w16);
+        ck_f32_to_f16(c->st, x, (size_t)T * n, c->x16);
+        s = cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, no, T, n, &one, c->w16, CUDA_R_16F, n, c->x16,
+                         CUDA_R_16F, n, &zero, out, CUDA_R_32F, no, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    }
     if (s != CUBLAS_STATUS_SUCCESS) {
         if (!c->failed) fprintf(stderr, "cuda backend: cublasGemmEx failed (%d)\n", (int)s);
         c->failed = 1;
@@ -435,6 +449,7 @@ static int gemv_count(const cu_be *c, const wt *w, int T)
     if (ck_mmq(w->type, (int)w->n_in)) return T;
     if (c->in_step) {
         int nd = c->n_dec < T ? c->n_dec : T;
+        if (c->gemm_t_set && T - nd < c->gemm_min_t) return T;   /* ANE_CUDA_GEMM_T: small prompts too */
         return nd <= CK_GEMV_MAX_T || c->invariant ? nd : 0;
     }
     return T < c->gemm_min_t ? T : 0;
@@ -675,6 +690,7 @@ int be_cuda_open(be **out, struct pool *p, int kv_f16, char *err, size_t errlen)
     if (cudaMallocHost((void **)&c->h_ids_out, ARGMAX_ROWS * 4) != cudaSuccess) goto fail;
     const char *gt = getenv("ANE_CUDA_GEMM_T");
     c->gemm_min_t = gt && atoi(gt) > 0 ? atoi(gt) : 9;
+    c->gemm_t_set = gt && atoi(gt) > 0;
     const char *iv = getenv("ANE_CUDA_INVARIANT");
     c->invariant = iv && atoi(iv) > 0;
     *out = &c->base;

@@ -1005,6 +1005,21 @@ __global__ void k_repack_q8_0(const uint8_t *src, uint8_t *dst, size_t rb, int n
 /* ---------------- dequantize to f16 (the GEMM path) ---------------- */
 
 template <int TY>
+__global__ void k_dequant_f32(const uint8_t *W, size_t rb, int n, int n_out, float *dst)
+{
+    int nc = (n + 31) / 32;
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)nc * n_out) return;
+    int r = (int)(i / nc), c = (int)(i % nc);
+    float w[32];
+    dq32<TY>(W + (size_t)r * rb, c, n, w);
+    float *o = dst + (size_t)r * n + c * 32;
+#pragma unroll
+    for (int k = 0; k < 32; k++)
+        if (c * 32 + k < n) o[k] = w[k];
+}
+
+template <int TY>
 __global__ void k_dequant_f16(const uint8_t *W, size_t rb, int n, int n_out, __half *dst)
 {
     int nc = (n + 31) / 32;
@@ -1612,6 +1627,13 @@ void ck_dequant_f16(cudaStream_t st, uint32_t type, const void *W, size_t rb, in
     size_t tot = (size_t)((n + 31) / 32) * n_out;
 #define L_DQ(TY) k_dequant_f16<TY><<<nblk(tot, 256), 256, 0, st>>>((const uint8_t *)W, rb, n, n_out, (__half *)dst)
     TYPE_SWITCH(type, L_DQ)
+}
+
+void ck_dequant_f32(cudaStream_t st, uint32_t type, const void *W, size_t rb, int n, int n_out, float *dst)
+{
+    size_t tot = (size_t)((n + 31) / 32) * n_out;
+#define L_DQ32(TY) k_dequant_f32<TY><<<nblk(tot, 256), 256, 0, st>>>((const uint8_t *)W, rb, n, n_out, dst)
+    TYPE_SWITCH(type, L_DQ32)
 }
 
 void ck_f32_to_f16(cudaStream_t st, const float *x, size_t n, void *dst)

@@ -50,6 +50,9 @@ void ck_add_rmsnorm(cudaStream_t st, float *x, const float *y, const float *w, i
 /* dst [n_out][n_in] f16 = W dequantized. */
 void ck_dequant_f16(cudaStream_t st, uint32_t type, const void *W, size_t row_bytes, int n_in, int n_out,
                     void *dst);
+/* dst [n_out][n_in] f32 = W dequantized. */
+void ck_dequant_f32(cudaStream_t st, uint32_t type, const void *W, size_t row_bytes, int n_in, int n_out,
+                    float *dst);
 /* dst f16 = x (saturated to the f16 range).                                [n] */
 void ck_f32_to_f16(cudaStream_t st, const float *x, size_t n, void *dst);
 /* out[t][r] += bias[r]                                           [T][n_out] */

@@ -2,7 +2,7 @@
 # The CUDA backend on a GPU machine: build (make cuda), kernel tests against
 # the CPU reference, model references through --backend cuda, then anebench
 # on real-size synthetic models (llama.cpp anchors in BENCHMARKS.md).
-#   sh tests/bench/cuda.sh [test|bench|all] [MODEL:TYPE ...]
+#   sh tests/bench/cuda.sh [build|test|bench|all] [MODEL:TYPE ...]
 # Where the Debian libraries are missing, .debs/*.deb (apt-get download of
 # libmsgpack-dev libmsgpackc2 libev-dev libev4 libjansson-dev libjansson4
 # libpcre2-dev libpcre2-8-0 libutf8proc-dev libutf8proc2) are unpacked into a
@@ -29,14 +29,14 @@ make -j"$J" CUDA=1 "$@" all >/tmp/build.log 2>&1 || { tail -40 /tmp/build.log; e
 echo "== build $(( $(date +%s) - t0 )) s"
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader
 rc=0
-if [ "$what" != bench ]; then
+if [ "$what" = test ] || [ "$what" = all ]; then
     echo "== t_cuda"; bin/tests/t_cuda || rc=1
     echo "== t_models (--backend cuda)"; ANE_BACKEND=cuda bin/tests/t_models || rc=1
     echo "== t_engine (default backend: cuda)"
     bin/tests/t_engine > /tmp/t_engine.log 2>&1 || rc=1
     grep -E "FAIL|failed" /tmp/t_engine.log | tail -20
 fi
-if [ "$what" != test ]; then
+if [ "$what" = bench ] || [ "$what" = all ]; then
     for m in $MODELS; do
         p=${m%%:*}; t=${m##*:}; f=/tmp/$p-$t.gguf
         [ -f "$f" ] || $PY tests/bench/synth_gguf.py --preset "$p" --type "$t" \
