@@ -113,7 +113,7 @@ struct eng {
     job *queue_head, *queue_tail; /* ready jobs, in submit (id) order */
     int n_queued;
     pthread_t tokw;              /* the tokenizer thread */
-    int tokw_started;
+    int tokw_started, tokw_ready;
     pthread_cond_t tok_cv;       /* pending jobs or stop, for the tokenizer */
     job *pend_head, *pend_tail;  /* waiting to be tokenized, in submit order */
     job *tokenizing;             /* the one being tokenized now, or NULL */
@@ -1067,6 +1067,8 @@ static void *tokw_main(void *arg)
     eng *e = arg;
     (void)setpriority(PRIO_PROCESS, 0, TOK_NICE);   /* best effort; 0 is this thread on Linux */
     pthread_mutex_lock(&e->mu);
+    e->tokw_ready = 1;   /* eng_open waits for this: no syscall of ours after it returns (seccomp) */
+    pthread_cond_broadcast(&e->cv);
     for (;;) {
         while (!e->stop && !e->pend_head) pthread_cond_wait(&e->tok_cv, &e->mu);
         if (e->stop) break;
@@ -1227,6 +1229,9 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
         goto fail;
     }
     e->tokw_started = 1;
+    pthread_mutex_lock(&e->mu);
+    while (!e->tokw_ready) pthread_cond_wait(&e->cv, &e->mu);
+    pthread_mutex_unlock(&e->mu);
     *out = e;
     return 0;
 fail:
