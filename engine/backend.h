@@ -21,6 +21,12 @@ typedef struct be_batch {
     const int32_t *pos;            /* [T] position in its sequence */
     const int32_t *const *pages;   /* [T] page table of the token's sequence */
     const int32_t *slot;           /* [T] sequence slot (0..max_seqs-1) for per-sequence state */
+    /* Tokens [0, n_dec) are decode steps (a sampled token of a sequence past
+     * its prompt, one per sequence), and they are also the first n_dec
+     * output rows; the rest are prompt tokens. A backend whose kernels
+     * differ by batch size routes rows by this, so that what a sequence
+     * computes does not depend on the other sequences in the batch. */
+    int n_dec;
 } be_batch;
 
 typedef struct be be;

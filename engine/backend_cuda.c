@@ -5,21 +5,28 @@
  * distinct host pointer, so a tied output shares tok_embd's). Activations
  * and the KV cache are device memory. Every op is queued on one stream;
  * nothing syncs until the logits are read. Each forward pass's ids,
- * positions and page tables go up in one copy (step_begin) into a fixed
- * device block that every op reads. Pure decode passes (every token an
+ * positions, sequence slots and page tables go up in one copy (step_begin)
+ * into a fixed device block that every op reads. Pure decode passes (every token an
  * output row) are recorded once per batch size as a CUDA graph and replayed.
- * Matmuls: batches under gemm_min_t tokens (9; ANE_CUDA_GEMM_T sets it) go
- * through a GEMV that reads the quantized blocks directly (q4_K and q8_0 with
- * x quantized to int8 per 32 values and __dp4a, as the CPU's q8 activations;
- * the other types in f32 arithmetic; q8_0 is repacked at upload into aligned
- * quants followed by the row's scales);
- * larger ones dequantize W to f16 and call cuBLAS (f16 inputs, f32
- * accumulation and output). Greedy rows come back as ids (argmax on the GPU). */
+ * Matmuls: decode rows (be_batch.n_dec) go through GEMVs that read the
+ * quantized blocks directly (q4_K and q8_0 with x quantized to int8 per 32
+ * values and __dp4a, as the CPU's q8 activations; the other types in f32
+ * arithmetic; q8_0 is repacked at upload into aligned quants followed by the
+ * row's scales); prompt rows, and decode batches past CK_GEMV_MAX_T rows,
+ * dequantize W to f16 for cuBLAS (f32 accumulation and output). Every GEMV
+ * tile size, and every spread of attention over blocks, gives a row the same
+ * arithmetic, so a decoding sequence computes the same whatever else is in a
+ * batch of up to CK_GEMV_MAX_T (at any size with ANE_CUDA_INVARIANT=1).
+ * ANE_CUDA_MMQ=1: q8_0 and q4_K rows of every batch through one int8
+ * tensor-core kernel (the same arithmetic for decode and prompt rows at any
+ * batch size). Outside a forward pass (tests) batches under gemm_min_t rows
+ * (9; ANE_CUDA_GEMM_T) take the GEMV. Greedy rows come back as ids. */
 #ifdef ANE_CUDA
 
 #include "engine/backend.h"
 #include "engine/qtypes.h"
 #include "shaders/cuda_kernels.h"
+#include "shaders/cuda_ssm.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -47,15 +54,17 @@ typedef struct cu_be {
     void *w16; size_t w16_cap; /* bytes */
     void *x16; size_t x16_cap;
     void *xq; size_t xq_cap;   /* int8 activations of the GEMV */
-    /* per-step block: ids[cap_T] pos[cap_T] off[cap_T] pages[...] */
+    /* per-step block: ids[cap_T] pos[cap_T] off[cap_T] slot[cap_T] pages[...] */
     int32_t *h_step, *d_step;
     size_t step_cap;           /* int32s */
     int cap_T;
     const be_batch *cur_bt;
     const int32_t *cur_ids;
-    int cur_nsplit_T;
-    float *part;               /* attention partials */
+    int in_step, n_dec;        /* inside fw's pass: its decode rows */
+    float *part;               /* attention partials: 2*n_sm rows of att_maxs spans */
     size_t part_cap;           /* floats */
+    int att_maxs;              /* spans per (token, head) row of part */
+    int invariant;             /* ANE_CUDA_INVARIANT=1: decode rows always by GEMV */
     /* graphs */
     cudaGraphExec_t graph[GRAPH_MAX_T + 1];
     unsigned char seen[GRAPH_MAX_T + 1];
@@ -196,7 +205,7 @@ static int stage(cu_be *c, const int32_t *ids, int T, const be_batch *bt)
     }
     int capT = c->cap_T;
     if (T > capT) capT = T < 1024 ? 1024 : T;
-    size_t need = (size_t)3 * capT + n_pages;
+    size_t need = (size_t)4 * capT + n_pages;
     if (capT != c->cap_T || need > c->step_cap) {
         size_t cap = need > c->step_cap ? need * 2 : c->step_cap;
         ok(c, cudaStreamSynchronize(c->st), "sync");
@@ -213,7 +222,8 @@ static int stage(cu_be *c, const int32_t *ids, int T, const be_batch *bt)
         /* the previous step's copy must be done before the host block is rewritten */
         ok(c, cudaStreamSynchronize(c->st), "sync");
     }
-    int32_t *h = c->h_step, *ids_h = h, *pos_h = h + c->cap_T, *off_h = h + 2 * c->cap_T, *pg = h + 3 * c->cap_T;
+    int32_t *h = c->h_step, *ids_h = h, *pos_h = h + c->cap_T, *off_h = h + 2 * c->cap_T, *pg = h + 4 * c->cap_T;
+    int32_t *slot_h = h + 3 * c->cap_T;
     if (ids) memcpy(ids_h, ids, (size_t)T * 4);
     size_t used = 0;
     if (bt) {
@@ -230,10 +240,11 @@ static int stage(cu_be *c, const int32_t *ids, int T, const be_batch *bt)
             }
             pos_h[t] = bt->pos[t];
             off_h[t] = start;
+            slot_h[t] = bt->slot ? bt->slot[t] : 0;
         }
     }
-    /* one copy: ids/pos/off rows (T each) and the page tables */
-    ok(c, cudaMemcpyAsync(c->d_step, h, (size_t)(3 * c->cap_T + used) * 4, cudaMemcpyHostToDevice, c->st),
+    /* one copy: ids/pos/off/slot rows (T each) and the page tables */
+    ok(c, cudaMemcpyAsync(c->d_step, h, (size_t)(4 * c->cap_T + used) * 4, cudaMemcpyHostToDevice, c->st),
        "step upload");
     return 0;
 }
@@ -241,7 +252,8 @@ static int stage(cu_be *c, const int32_t *ids, int T, const be_batch *bt)
 static const int32_t *d_ids(cu_be *c) { return c->d_step; }
 static const int32_t *d_pos(cu_be *c) { return c->d_step + c->cap_T; }
 static const int32_t *d_off(cu_be *c) { return c->d_step + 2 * c->cap_T; }
-static const int32_t *d_pages(cu_be *c) { return c->d_step + 3 * c->cap_T; }
+static const int32_t *d_slot(cu_be *c) { return c->d_step + 3 * c->cap_T; }
+static const int32_t *d_pages(cu_be *c) { return c->d_step + 4 * c->cap_T; }
 
 /* Makes bt current (outside a step: uploads it now). */
 static void use_batch(cu_be *c, const be_batch *bt)
@@ -282,12 +294,37 @@ static void *xq_for(cu_be *c, int T, int n)
     return c->xq;
 }
 
-static int attn_splits(cu_be *c, int T, int n_head)
+/* Room in part for every token of bt (spans of CK_ATT_SPAN); grows it
+ * (dropping recorded graphs, which bake its size) when a sequence outgrows
+ * it. 0 when there is room. */
+static int att_room(cu_be *c, const be_batch *bt)
+{
+    int need = 1;
+    for (int t = 0; t < bt->T; t++) {
+        int ns = (bt->pos[t] + CK_ATT_SPAN) / CK_ATT_SPAN;
+        if (ns > need) need = ns;
+    }
+    if (need <= c->att_maxs) return 0;
+    if (c->capturing) return -1;
+    int m = c->att_maxs * 2 > need ? c->att_maxs * 2 : need;
+    size_t cap = (size_t)2 * c->n_sm * (size_t)m * (256 + 2);
+    ok(c, cudaStreamSynchronize(c->st), "sync");
+    graphs_drop(c);
+    cudaFree(c->part); c->part = NULL; c->part_cap = 0; c->att_maxs = 0;
+    if (!ok(c, cudaMalloc((void **)&c->part, cap * 4), "attention partials")) return -1;
+    c->part_cap = cap;
+    c->att_maxs = m;
+    return 0;
+}
+
+/* Blocks per (token, head): several for short batches (flash-decoding). */
+static int att_blocks(cu_be *c, int T, int n_head, int head_dim)
 {
     int work = T * n_head, want = 2 * c->n_sm;
-    if (work >= want) return 1;
-    int s = (want + work - 1) / work;
-    return s > 32 ? 32 : s;
+    if (work >= want || c->att_maxs < 2) return 1;
+    if ((size_t)work * c->att_maxs * (size_t)(head_dim + 2) > c->part_cap) return 1;
+    int g = (want + work - 1) / work;
+    return g > c->att_maxs ? c->att_maxs : g;
 }
 
 static int decode_shape(int T, const int32_t *out_idx, int n_out)
@@ -303,11 +340,14 @@ static int cu_step_begin(be *b, const int32_t *tokens, const be_batch *bt, const
     int T = bt->T;
     /* the scratch is taken at the first pass: GEMM for batches up to 1024 */
     if (ensure_gemm(c, T > 1024 ? T : 1024)) return 0;
-    xq_for(c, c->gemm_min_t > 16 ? c->gemm_min_t : 16, (int)c->max_n_in);
+    xq_for(c, T > 16 ? T : 16, (int)c->max_n_in);   /* before any capture */
+    att_room(c, bt);
     stage(c, tokens, T, bt);
     c->cur_bt = bt;
     c->cur_ids = tokens;
-    if (c->failed || !decode_shape(T, out_idx, n_out)) return 0;
+    c->in_step = 1;
+    c->n_dec = bt->n_dec;
+    if (c->failed || bt->n_dec != T || !decode_shape(T, out_idx, n_out)) return 0;
     if (c->graph[T]) {
         if (!ok(c, cudaGraphLaunch(c->graph[T], c->st), "graph launch")) return 0;
         return 1;
@@ -338,6 +378,8 @@ static void cu_step_end(be *b)
     }
     c->cur_bt = NULL;
     c->cur_ids = NULL;
+    c->in_step = 0;
+    c->n_dec = 0;
 }
 
 /* ---- ops ---- */
@@ -355,17 +397,19 @@ static void cu_rmsnorm(be *b, const float *x, const wt *w, int rows, int n, floa
     ck_rmsnorm(c->st, x, w->dev, rows, n, eps, out);
 }
 
-static void cu_matmul(be *b, const wt *w, const wt *bias, const float *x, int T, float *out)
+static void gemv_rows(cu_be *c, const wt *w, const float *bv, const float *x, int T, float *out)
 {
-    cu_be *c = (cu_be *)b;
-    const float *bv = bias && bias->data ? bias->dev : NULL;
+    int n = (int)w->n_in;
+    ck_gemv(c->st, w->type, w->dev, w->row_bytes, n, (int)w->n_out, bv, x, T, out,
+            ck_gemv_int8(w->type, n) ? xq_for(c, T, n) : NULL);
+}
+
+/* cuBLAS over f16 copies of W and x; -1 when it cannot run (no scratch) */
+static int gemm_rows(cu_be *c, const wt *w, const float *bv, const float *x, int T, float *out)
+{
     int n = (int)w->n_in, no = (int)w->n_out;
-    if (T < c->gemm_min_t || (!c->capturing && ensure_gemm(c, T)) || c->w16_cap < (size_t)n * no * 2 ||
-        c->x16_cap < (size_t)T * n * 2) {
-        ck_gemv(c->st, w->type, w->dev, w->row_bytes, n, no, bv, x, T, out,
-                ck_gemv_int8(w->type, n) ? xq_for(c, T, n) : NULL);
-        return;
-    }
+    if ((!c->capturing && ensure_gemm(c, T)) || c->w16_cap < (size_t)n * no * 2 || c->x16_cap < (size_t)T * n * 2)
+        return -1;
     ck_dequant_f16(c->st, w->type, w->dev, w->row_bytes, n, no, c->w16);
     ck_f32_to_f16(c->st, x, (size_t)T * n, c->x16);
     const float one = 1.0f, zero = 0.0f;
@@ -375,16 +419,42 @@ static void cu_matmul(be *b, const wt *w, const wt *bias, const float *x, int T,
     if (s != CUBLAS_STATUS_SUCCESS) {
         if (!c->failed) fprintf(stderr, "cuda backend: cublasGemmEx failed (%d)\n", (int)s);
         c->failed = 1;
-        return;
+        return 0;
     }
     if (bv) ck_add_bias(c->st, out, bv, T, no);
+    return 0;
+}
+
+/* Rows [0, nd) by GEMV (or the int8 tensor-core kernel), the rest by cuBLAS.
+ * In a pass: its decode rows while they are at most CK_GEMV_MAX_T (or
+ * invariant is set), so a decoding sequence computes the same alone or
+ * among up to that many; larger decode batches go to the tensor cores.
+ * Elsewhere (tests): all rows of a batch under gemm_min_t. */
+static int gemv_count(const cu_be *c, const wt *w, int T)
+{
+    if (ck_mmq(w->type, (int)w->n_in)) return T;
+    if (c->in_step) {
+        int nd = c->n_dec < T ? c->n_dec : T;
+        return nd <= CK_GEMV_MAX_T || c->invariant ? nd : 0;
+    }
+    return T < c->gemm_min_t ? T : 0;
+}
+
+static void cu_matmul(be *b, const wt *w, const wt *bias, const float *x, int T, float *out)
+{
+    cu_be *c = (cu_be *)b;
+    const float *bv = bias && bias->data ? bias->dev : NULL;
+    int nd = gemv_count(c, w, T);
+    if (nd < T && gemm_rows(c, w, bv, x + (size_t)nd * w->n_in, T - nd, out + (size_t)nd * w->n_out))
+        nd = T;
+    if (nd > 0) gemv_rows(c, w, bv, x, nd, out);
 }
 
 static void cu_matmul_n(be *b, int n, const wt *const *w, const wt *const *bias, const float *x, int T,
                         float *const *out)
 {
     cu_be *c = (cu_be *)b;
-    int same = n <= CK_MULTI_MAX && T < c->gemm_min_t;
+    int same = n <= CK_MULTI_MAX && gemv_count(c, w[0], T) == T;
     for (int i = 1; same && i < n; i++)
         same = w[i]->type == w[0]->type && w[i]->n_in == w[0]->n_in && w[i]->row_bytes == w[0]->row_bytes;
     if (!same) {
@@ -439,10 +509,9 @@ static void cu_attention(be *b, const float *q, const void *kc, const void *vc, 
 {
     cu_be *c = (cu_be *)b;
     use_batch(c, bt);
-    int ns = attn_splits(c, bt->T, n_head);
-    if ((size_t)bt->T * n_head * ns * (head_dim + 2) > c->part_cap) ns = 1;
+    int G = att_room(c, bt) ? 1 : att_blocks(c, bt->T, n_head, head_dim);
     ck_attention(c->st, q, kc, vc, b->kv_elt == 2, d_pos(c), d_off(c), d_pages(c), bt->T, n_head, n_head_kv,
-                 head_dim, out, c->part, ns);
+                 head_dim, out, c->part, G, c->att_maxs);
 }
 
 static void cu_argmax(be *b, const float *x, int rows, int n, int32_t *ids)
@@ -454,6 +523,94 @@ static void cu_argmax(be *b, const float *x, int rows, int n, int32_t *ids)
         ok(c, cudaMemcpyAsync(c->h_ids_out, c->d_ids_out, (size_t)nr * 4, cudaMemcpyDeviceToHost, c->st), "ids");
         ok(c, cudaStreamSynchronize(c->st), "sync");
         memcpy(ids + r0, c->h_ids_out, (size_t)nr * 4);
+    }
+}
+
+/* ---- linear-attention ops (shaders/cuda_ssm.cu) ---- */
+
+static void cu_copy_rows(be *b, float *dst, size_t ds, const float *src, size_t ss, int rows, int n)
+{
+    cs_copy_rows(((cu_be *)b)->st, dst, ds, src, ss, rows, n);
+}
+
+static void cu_sigmoid_mul(be *b, float *x, const float *g, size_t n)
+{
+    cs_sigmoid_mul(((cu_be *)b)->st, x, g, n);
+}
+
+static void cu_rmsnorm_gated(be *b, const float *x, const float *z, const wt *w, int rows, int n, float eps,
+                             float *out)
+{
+    cs_rmsnorm_gated(((cu_be *)b)->st, x, z, w->dev, rows, n, eps, out);
+}
+
+static int ssm_fail(cu_be *c, const char *what)
+{
+    if (!c->failed) fprintf(stderr, "cuda backend: %s\n", what);
+    c->failed = 1;
+    return -1;
+}
+
+/* Save points need the host batch: never inside a recorded pass. */
+static int ssm_ready(cu_be *c, const be_batch *bt, int n_sv)
+{
+    if (!bt->slot) return ssm_fail(c, "recurrent op without sequence slots");
+    if (n_sv > 0 && c->capturing) return ssm_fail(c, "save points in a recorded pass");
+    use_batch(c, bt);
+    return 0;
+}
+
+/* The batch is run in segments t0..t1-1 that end at tokens with save points. */
+static int ssm_seg_end(const be_batch *bt, int t0, const be_save *sv, int n_sv)
+{
+    for (int t = t0; t < bt->T; t++)
+        for (int i = 0; i < n_sv; i++)
+            if (sv[i].slot == bt->slot[t] && sv[i].pos == bt->pos[t] + 1) return t + 1;
+    return bt->T;
+}
+
+/* After a segment ending at token t1-1: the state of the save points there. */
+static void ssm_saves(cu_be *c, const be_batch *bt, int t1, const be_save *sv, int n_sv, const float *state,
+                      size_t slot_floats)
+{
+    int t = t1 - 1;
+    for (int i = 0; i < n_sv; i++)
+        if (sv[i].slot == bt->slot[t] && sv[i].pos == bt->pos[t] + 1 && slot_floats)
+            ok(c, cudaMemcpyAsync(sv[i].dst, state + (size_t)sv[i].slot * slot_floats, slot_floats * 4,
+                                  cudaMemcpyDeviceToDevice, c->st), "save point");
+}
+
+static void cu_conv1d_silu(be *b, const float *x, const wt *w, float *state, const be_batch *bt, int C, int K,
+                           const be_save *sv, int n_sv, float *out)
+{
+    cu_be *c = (cu_be *)b;
+    if (ssm_ready(c, bt, n_sv)) return;
+    for (int t0 = 0; t0 < bt->T;) {
+        int t1 = n_sv > 0 ? ssm_seg_end(bt, t0, sv, n_sv) : bt->T;
+        if (cs_conv1d_silu(c->st, x, w->dev, state, d_pos(c), d_slot(c), t0, t1, C, K, out)) {
+            ssm_fail(c, "conv1d: unsupported kernel size");
+            return;
+        }
+        if (n_sv > 0) ssm_saves(c, bt, t1, sv, n_sv, state, (size_t)(K - 1) * C);
+        t0 = t1;
+    }
+}
+
+static void cu_deltanet(be *b, const float *qkv, size_t stride, const float *a, const float *bb, const wt *A,
+                        const wt *dt_bias, float *state, const be_batch *bt, int nk, int nv, int dk, int dv,
+                        float eps, const be_save *sv, int n_sv, float *out)
+{
+    cu_be *c = (cu_be *)b;
+    if (ssm_ready(c, bt, n_sv)) return;
+    for (int t0 = 0; t0 < bt->T;) {
+        int t1 = n_sv > 0 ? ssm_seg_end(bt, t0, sv, n_sv) : bt->T;
+        if (cs_deltanet(c->st, qkv, stride, a, bb, A->dev, dt_bias->dev, state, d_pos(c), d_slot(c), t0, t1, nk,
+                        nv, dk, dv, eps, out)) {
+            ssm_fail(c, "deltanet: unsupported head size");
+            return;
+        }
+        if (n_sv > 0) ssm_saves(c, bt, t1, sv, n_sv, state, (size_t)nv * dk * dv);
+        t0 = t1;
     }
 }
 
@@ -479,6 +636,11 @@ static const be_ops cuda_ops = {
     .argmax = cu_argmax,
     .matmul_n = cu_matmul_n,
     .add_rmsnorm = cu_add_rmsnorm,
+    .copy_rows = cu_copy_rows,
+    .sigmoid_mul = cu_sigmoid_mul,
+    .rmsnorm_gated = cu_rmsnorm_gated,
+    .conv1d_silu = cu_conv1d_silu,
+    .deltanet = cu_deltanet,
 };
 
 int be_cuda_open(be **out, struct pool *p, int kv_f16, char *err, size_t errlen)
@@ -506,12 +668,15 @@ int be_cuda_open(be **out, struct pool *p, int kv_f16, char *err, size_t errlen)
     what = "device memory";
     if (cudaMalloc(&c->blas_ws, ws) != cudaSuccess) goto fail;
     if (cublasSetWorkspace(c->blas, c->blas_ws, ws) != CUBLAS_STATUS_SUCCESS) goto fail;
-    c->part_cap = (size_t)4 * c->n_sm * (256 + 2) + 4096;
+    c->att_maxs = 8;
+    c->part_cap = (size_t)2 * c->n_sm * (size_t)c->att_maxs * (256 + 2);
     if (cudaMalloc((void **)&c->part, c->part_cap * 4) != cudaSuccess) goto fail;
     if (cudaMalloc((void **)&c->d_ids_out, ARGMAX_ROWS * 4) != cudaSuccess) goto fail;
     if (cudaMallocHost((void **)&c->h_ids_out, ARGMAX_ROWS * 4) != cudaSuccess) goto fail;
     const char *gt = getenv("ANE_CUDA_GEMM_T");
     c->gemm_min_t = gt && atoi(gt) > 0 ? atoi(gt) : 9;
+    const char *iv = getenv("ANE_CUDA_INVARIANT");
+    c->invariant = iv && atoi(iv) > 0;
     *out = &c->base;
     return 0;
 fail:

@@ -957,7 +957,7 @@ static void step(eng *e)
         }
     }
     if (T == 0) return;
-    be_batch bt = { .T = T, .pos = e->b_pos, .pages = e->b_pages, .slot = e->b_slot };
+    be_batch bt = { .T = T, .pos = e->b_pos, .pages = e->b_pages, .slot = e->b_slot, .n_dec = n_decode };
     /* when every output row is greedy without penalties, only the argmax ids
      * are needed: backends that can (CUDA) compute them and skip the logits */
     int greedy = n_out > 0 && fw_greedy_ok(e->fw);

@@ -270,7 +270,10 @@ void fwq_run(fwq *f, const int32_t *tokens, const be_batch *bt, const int32_t *o
     be *b = f->b;
     const be_ops *o = b->ops;
     int T = bt->T, E = hp->n_embd, F = hp->n_ff;
-
+    /* a backend that records passes (CUDA graphs) may replay one instead;
+     * a pass with save points always runs its ops (they copy state out) */
+    int begun = f->n_req == 0 && o->step_begin;
+    if (begun && o->step_begin(b, tokens, bt, out_idx, n_out)) goto ops_done;
     o->embed(b, &m->tok_embd, tokens, T, f->x);
     for (int l = 0; l < hp->n_layer; l++) {
         const layer_w *L = &m->layers[l];
@@ -285,11 +288,13 @@ void fwq_run(fwq *f, const int32_t *tokens, const be_batch *bt, const int32_t *o
         o->matmul(b, &L->w_down, NULL, f->hg, T, f->xb);
         o->add(b, f->x, f->xb, (size_t)T * E);
     }
-    f->n_req = 0;
-    if (n_out <= 0) { o->sync(b); return; }
     for (int i = 0; i < n_out; i++)
         o->rmsnorm(b, f->x + (size_t)out_idx[i] * E, &m->output_norm, 1, E, hp->norm_eps, f->xo + (size_t)i * E);
-    o->matmul(b, &m->output, NULL, f->xo, n_out, f->lg);
+    if (n_out > 0) o->matmul(b, &m->output, NULL, f->xo, n_out, f->lg);
+ops_done:
+    if (begun && o->step_end) o->step_end(b);
+    f->n_req = 0;
+    if (n_out <= 0) { o->sync(b); return; }
     o->to_host(b, logits, f->lg, (size_t)n_out * hp->n_vocab * 4);
     o->sync(b);
 }

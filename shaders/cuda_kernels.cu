@@ -443,14 +443,17 @@ __global__ void __launch_bounds__(128) k_gemv(const gv_set S, size_t rb, int n, 
             float s;
             if (vec) {
                 float4 a = __ldg((const float4 *)xt), b = __ldg((const float4 *)xt + 1);
-                s = w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * b.x + w[5] * b.y + w[6] * b.z + w[7] * b.w;
+                s = __fmul_rn(w[0], a.x);
+                s = __fmaf_rn(w[1], a.y, s); s = __fmaf_rn(w[2], a.z, s); s = __fmaf_rn(w[3], a.w, s);
+                s = __fmaf_rn(w[4], b.x, s); s = __fmaf_rn(w[5], b.y, s); s = __fmaf_rn(w[6], b.z, s);
+                s = __fmaf_rn(w[7], b.w, s);
             } else {
-                s = 0.f;
+                s = __fmul_rn(w[0], xt[0]);
 #pragma unroll
-                for (int i = 0; i < 8; i++)
-                    if (g * 8 + i < n) s += w[i] * xt[i];
+                for (int i = 1; i < 8; i++)
+                    if (g * 8 + i < n) s = __fmaf_rn(w[i], xt[i], s);
             }
-            acc[t] += s;
+            acc[t] = __fadd_rn(acc[t], s);
         }
     }
 #pragma unroll
@@ -489,7 +492,8 @@ __global__ void __launch_bounds__(128) k_gemv(const gv_set S, size_t rb, int n, 
  * xq [T][n] int8, xd [T][n/32] scale, xs [T][n/32] sum of the block's ints.
  * Dot products with __dp4a, as the CPU's q8 activations (same error class). */
 __global__ void k_quant_x(const float *__restrict__ x, int n, int nb_total, int8_t *__restrict__ xq,
-                          float *__restrict__ xd, int *__restrict__ xs)
+                          float *__restrict__ xd, int *__restrict__ xs, float *__restrict__ xdt,
+                          int *__restrict__ xst, int tp)
 {
     int b = blockIdx.x * blockDim.x + threadIdx.x;
     if (b >= nb_total) return;
@@ -506,8 +510,30 @@ __global__ void k_quant_x(const float *__restrict__ x, int n, int nb_total, int8
     for (int i = 0; i < 2; i++) ((int4 *)(xq + (size_t)b * 32))[i] = ((const int4 *)q)[i];
     xd[b] = d;
     xs[b] = sum;
-    (void)n;
+    /* block-major copies for the tensor-core kernel: tokens side by side */
+    int nbr = n / 32, t = b / nbr, k = b - t * nbr;
+    xdt[(size_t)k * tp + t] = d;
+    xst[(size_t)k * tp + t] = sum;
 }
+
+/* Per-unit sums of the int8 GEMVs, rounded step by step (no contraction),
+ * so that every kernel and tile size gives a (row, token) the same result. */
+__device__ __forceinline__ float q4k_unit(float acc, float dx0, float d0, int dot0, float mm0, int s0, float dx1,
+                                          float d1, int dot1, float mm1, int s1)
+{
+    float a = __fsub_rn(__fmul_rn(d0, (float)dot0), __fmul_rn(mm0, (float)s0));
+    float b = __fsub_rn(__fmul_rn(d1, (float)dot1), __fmul_rn(mm1, (float)s1));
+    return __fadd_rn(acc, __fadd_rn(__fmul_rn(dx0, a), __fmul_rn(dx1, b)));
+}
+
+__device__ __forceinline__ float q8_unit(float acc, float dw, float dx, int dot)
+{
+    return __fadd_rn(acc, __fmul_rn(__fmul_rn(dw, dx), (float)dot));
+}
+
+/* Warps per row (K) of every int8 GEMV: a function of the units per row
+ * only, since the lane -> unit split and the reduction depend on it. */
+static inline int gv_warps(int nu) { return nu >= 256 ? 4 : nu >= 64 ? 2 : 1; }
 
 __device__ __forceinline__ int byte_of3(uint4 h, int k)   /* byte k (0..11) of h.y, h.z, h.w */
 {
@@ -570,7 +596,7 @@ __global__ void __launch_bounds__(128) k_gemv_q4k(const gv_set S, size_t rb, int
             size_t xb0 = (size_t)t * nbx + 2 * p;
             float dx0 = __ldg(xd + xb0), dx1 = __ldg(xd + xb0 + 1);
             int s0 = __ldg(xs + xb0), s1 = __ldg(xs + xb0 + 1);
-            acc[t] += dx0 * (d0 * (float)dot0 - mm0 * (float)s0) + dx1 * (d1 * (float)dot1 - mm1 * (float)s1);
+            acc[t] = q4k_unit(acc[t], dx0, d0, dot0, mm0, s0, dx1, d1, dot1, mm1, s1);
         }
     }
 #pragma unroll
@@ -644,7 +670,7 @@ __global__ void __launch_bounds__(128) k_gemv_q8(const gv_set S, size_t rb, int 
             dot = __dp4a(q[1], xa.y, dot); dot = __dp4a(q[2], xa.z, dot); dot = __dp4a(q[3], xa.w, dot);
             dot = __dp4a(q[4], xb.x, dot); dot = __dp4a(q[5], xb.y, dot); dot = __dp4a(q[6], xb.z, dot);
             dot = __dp4a(q[7], xb.w, dot);
-            acc[t] += dw * __ldg(xd + (size_t)t * (n / 32) + c) * (float)dot;
+            acc[t] = q8_unit(acc[t], dw, __ldg(xd + (size_t)t * (n / 32) + c), dot);
         }
     }
 #pragma unroll
@@ -755,8 +781,7 @@ __global__ void __launch_bounds__(128) k_gemv_mr(const gv_set S, size_t rb, int 
                         dot0 = __dp4a((int)(qw[k] & 0x0F0F0F0Fu), xl[t][k], dot0);
                         dot1 = __dp4a((int)((qw[k] >> 4) & 0x0F0F0F0Fu), xh[t][k], dot1);
                     }
-                    acc[r][t] += dx0[t] * (d0 * (float)dot0 - mm0 * (float)s0[t]) +
-                                 dx1[t] * (d1 * (float)dot1 - mm1 * (float)s1[t]);
+                    acc[r][t] = q4k_unit(acc[r][t], dx0[t], d0, dot0, mm0, s0[t], dx1[t], d1, dot1, mm1, s1[t]);
                 }
             }
         } else {
@@ -786,7 +811,7 @@ __global__ void __launch_bounds__(128) k_gemv_mr(const gv_set S, size_t rb, int 
                     dot = __dp4a(q[r][1], xa.y, dot); dot = __dp4a(q[r][2], xa.z, dot); dot = __dp4a(q[r][3], xa.w, dot);
                     dot = __dp4a(q[r][4], xb.x, dot); dot = __dp4a(q[r][5], xb.y, dot); dot = __dp4a(q[r][6], xb.z, dot);
                     dot = __dp4a(q[r][7], xb.w, dot);
-                    acc[r][t] += dw[r] * dx * (float)dot;
+                    acc[r][t] = q8_unit(acc[r][t], dw[r], dx, dot);
                 }
             }
         }
@@ -824,6 +849,142 @@ __global__ void __launch_bounds__(128) k_gemv_mr(const gv_set S, size_t rb, int 
     if (r < n_out && t < T) {
         const float *bias = S.m[mi].bias;
         S.m[mi].out[(size_t)t * n_out + r] = v + (bias ? bias[r] : 0.f);
+    }
+}
+
+/* ---------------- int8 tensor-core matmul (q8_0, q4_K) ----------------
+ * mma.m16n8k32 (s8): a warp multiplies 16 weight rows by 8 tokens over one
+ * 32-value block, exact in int32, then adds the block's scaled sum in float,
+ * block by block in order (q8_unit / q4k_unit). The MQ_WARPS warps of a CTA
+ * take blocks w, w+MQ_WARPS, ... of the same 16 rows and are summed in warp
+ * order; J tiles of 8 tokens share each weight load. Nothing in a (row,
+ * token) result depends on T or on the token's place in the batch, so every
+ * row of every batch, decode or prompt, gets the same arithmetic.
+ * Fragments: lane = 4*g + q; A rows g and g+8, B token g; the 8 bytes a lane
+ * gives for one block are bytes 8q..8q+7 of it in A and in B alike (the k
+ * order within a block does not change an exact integer dot). */
+#define MQ_WARPS 8
+#define MQ_ROWS 16
+
+__device__ __forceinline__ void mma_s8(int (&c)[4], int a0, int a1, int a2, int a3, int b0, int b1)
+{
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void q4k_scales(uint4 h, int j, float &d0, float &d1, float &mm0, float &mm1)
+{
+    int c0 = 2 * j, c1 = 2 * j + 1, sc0, m0, sc1, m1;
+    float d = __half2float(__ushort_as_half((unsigned short)(h.x & 0xffff)));
+    float dm = __half2float(__ushort_as_half((unsigned short)(h.x >> 16)));
+    if (j < 2) {
+        sc0 = byte_of3(h, c0) & 63; m0 = byte_of3(h, c0 + 4) & 63;
+        sc1 = byte_of3(h, c1) & 63; m1 = byte_of3(h, c1 + 4) & 63;
+    } else {
+        sc0 = (byte_of3(h, c0 + 4) & 0xF) | ((byte_of3(h, c0 - 4) >> 6) << 4);
+        m0 = (byte_of3(h, c0 + 4) >> 4) | ((byte_of3(h, c0) >> 6) << 4);
+        sc1 = (byte_of3(h, c1 + 4) & 0xF) | ((byte_of3(h, c1 - 4) >> 6) << 4);
+        m1 = (byte_of3(h, c1 + 4) >> 4) | ((byte_of3(h, c1) >> 6) << 4);
+    }
+    d0 = d * (float)sc0; d1 = d * (float)sc1; mm0 = dm * (float)m0; mm1 = dm * (float)m1;
+}
+
+template <int J, bool Q4K>
+__global__ void __launch_bounds__(MQ_WARPS * 32) k_mmq(const gv_set S, size_t rb, int n, const int8_t *__restrict__ xq,
+                                                      const float *__restrict__ xd, const int *__restrict__ xs, int T,
+                                                      int tp)
+{
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    int mi = 0;
+#pragma unroll
+    for (int i = 1; i < CK_MULTI_MAX; i++) if (i < S.nm && (int)blockIdx.x >= S.m[i].blk0) mi = i;
+    const uint8_t *W = S.m[mi].W;
+    int n_out = S.m[mi].n_out;
+    int r0 = ((int)blockIdx.x - S.m[mi].blk0) * MQ_ROWS;
+    int t0 = (int)blockIdx.y * 8 * J;
+    const uint8_t *wa = W + (size_t)min(r0 + g, n_out - 1) * rb, *wb = W + (size_t)min(r0 + g + 8, n_out - 1) * rb;
+    /* this lane's B token per tile; its two C tokens are tc, tc+1 (xd, xs:
+     * the block-major copies, tp tokens per block) */
+    const int8_t *xb[J];
+#pragma unroll
+    for (int j = 0; j < J; j++) xb[j] = xq + (size_t)min(t0 + 8 * j + g, T - 1) * n + 8 * q;
+    const int tc = t0 + 2 * q;
+    int jn = (T - t0 + 7) / 8;   /* live tiles (uniform over the CTA) */
+    float acc[J][4];
+#pragma unroll
+    for (int j = 0; j < J; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    if (!Q4K) {
+        int nbx = n / 32;
+#pragma unroll 2
+        for (int b = warp; b < nbx; b += MQ_WARPS) {
+            int2 qa = ld8(wa + 32 * b + 8 * q), qb = ld8(wb + 32 * b + 8 * q);
+            float dwa = h2f(wa + n + 2 * b), dwb = h2f(wb + n + 2 * b);
+#pragma unroll
+            for (int j = 0; j < J; j++) {
+                if (j >= jn) break;
+                int2 xv = *(const int2 *)(xb[j] + 32 * b);
+                int c[4] = { 0, 0, 0, 0 };
+                mma_s8(c, qa.x, qb.x, qa.y, qb.y, xv.x, xv.y);
+                float2 dx = __ldg((const float2 *)(xd + (size_t)b * tp + tc + 8 * j));
+                float dx0 = dx.x, dx1 = dx.y;
+                acc[j][0] = q8_unit(acc[j][0], dwa, dx0, c[0]);
+                acc[j][1] = q8_unit(acc[j][1], dwa, dx1, c[1]);
+                acc[j][2] = q8_unit(acc[j][2], dwb, dx0, c[2]);
+                acc[j][3] = q8_unit(acc[j][3], dwb, dx1, c[3]);
+            }
+        }
+    } else {
+        int nu = n / 64;
+#pragma unroll 2
+        for (int u = warp; u < nu; u += MQ_WARPS) {
+            int sb = u >> 2, j4 = u & 3;
+            const uint8_t *ba = wa + (size_t)sb * 144, *bb = wb + (size_t)sb * 144;
+            uint4 ha = __ldg((const uint4 *)ba), hb = __ldg((const uint4 *)bb);
+            int2 qa = *(const int2 *)(ba + 16 + 32 * j4 + 8 * q), qb = *(const int2 *)(bb + 16 + 32 * j4 + 8 * q);
+            float da0, da1, ma0, ma1, db0, db1, mb0, mb1;
+            q4k_scales(ha, j4, da0, da1, ma0, ma1);
+            q4k_scales(hb, j4, db0, db1, mb0, mb1);
+            const int lo = 0x0F0F0F0F;
+            int al0 = qa.x & lo, al1 = qb.x & lo, al2 = qa.y & lo, al3 = qb.y & lo;
+            int ah0 = (qa.x >> 4) & lo, ah1 = (qb.x >> 4) & lo, ah2 = (qa.y >> 4) & lo, ah3 = (qb.y >> 4) & lo;
+            int xo = 64 * u;
+#pragma unroll
+            for (int j = 0; j < J; j++) {
+                if (j >= jn) break;
+                int2 x0 = *(const int2 *)(xb[j] + xo), x1 = *(const int2 *)(xb[j] + xo + 32);
+                int c0[4] = { 0, 0, 0, 0 }, c1[4] = { 0, 0, 0, 0 };
+                mma_s8(c0, al0, al1, al2, al3, x0.x, x0.y);
+                mma_s8(c1, ah0, ah1, ah2, ah3, x1.x, x1.y);
+                size_t k0 = (size_t)(2 * u) * tp + tc + 8 * j, k1 = k0 + tp;
+                float2 dA = __ldg((const float2 *)(xd + k0)), dB = __ldg((const float2 *)(xd + k1));
+                int2 sA = __ldg((const int2 *)(xs + k0)), sB = __ldg((const int2 *)(xs + k1));
+                float e0 = dA.x, f0 = dA.y, e1 = dB.x, f1 = dB.y;
+                int s0 = sA.x, z0 = sA.y, s1 = sB.x, z1 = sB.y;
+                acc[j][0] = q4k_unit(acc[j][0], e0, da0, c0[0], ma0, s0, e1, da1, c1[0], ma1, s1);
+                acc[j][1] = q4k_unit(acc[j][1], f0, da0, c0[1], ma0, z0, f1, da1, c1[1], ma1, z1);
+                acc[j][2] = q4k_unit(acc[j][2], e0, db0, c0[2], mb0, s0, e1, db1, c1[2], mb1, s1);
+                acc[j][3] = q4k_unit(acc[j][3], f0, db0, c0[3], mb0, z0, f1, db1, c1[3], mb1, z1);
+            }
+        }
+    }
+    __shared__ float red[MQ_WARPS][J * 4][32];
+#pragma unroll
+    for (int j = 0; j < J; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) red[warp][j * 4 + i][lane] = acc[j][i];
+    __syncthreads();
+    /* warp w sums value slots w, w+MQ_WARPS, ... over the warps, in warp order */
+    const float *bias = S.m[mi].bias;
+    float *out = S.m[mi].out;
+    for (int k = warp; k < J * 4; k += MQ_WARPS) {
+        int j = k >> 2, i = k & 3;
+        float v = red[0][k][lane];
+#pragma unroll
+        for (int w = 1; w < MQ_WARPS; w++) v = __fadd_rn(v, red[w][k][lane]);
+        int r = r0 + g + (i >= 2 ? 8 : 0), t = t0 + 8 * j + 2 * q + (i & 1);
+        if (r < n_out && t < T) out[(size_t)t * n_out + r] = v + (bias ? bias[r] : 0.f);
     }
 }
 
@@ -973,37 +1134,41 @@ __global__ void k_kv_store(void *kc, void *vc, int f16, const int32_t *pos, cons
 }
 
 /* ---------------- attention ----------------
- * Block (token*head, split): 4 warps; warp w takes positions start+w, +4, ...
- * of the split's range; each lane holds dims lane, lane+32, ... (ND of them).
- * Online softmax per warp, merged in shared memory. */
+ * A token's positions are taken in spans of ATT_SPAN. A span's partial
+ * (max, sum, weighted values) comes from one block of 4 warps (warp w takes
+ * positions start+w, +4, ...; lane l holds dims l, l+32, ...; the warps are
+ * merged in shared memory), and a token's spans are merged in span order by
+ * one online step, wherever they were computed: all in one block, or spread
+ * over G blocks for short batches (flash-decoding: partials in `part`, then
+ * k_att_merge). The arithmetic of a token is therefore the same whatever
+ * batch it is in and however its spans are spread (batch invariance);
+ * products are rounded explicitly so no kernel contracts them differently. */
 #define ATT_WARPS 4
-template <int ND, int F16>
-__global__ void __launch_bounds__(128) k_attention(const float *q, const void *kc, const void *vc,
-                                                   const int32_t *pos, const int32_t *off, const int32_t *pages,
-                                                   int n_head, int n_head_kv, int hd, float *out, float *part,
-                                                   int nsplit)
+#define ATT_DPT 2     /* dims per thread in the merges: head_dim <= 256 */
+
+__device__ __forceinline__ void att_merge_step(float &M, float &L, float (&A)[ATT_DPT], float m, float l,
+                                               const float (&a)[ATT_DPT])
 {
-    int th = blockIdx.x, t = th / n_head, h = th % n_head, s = blockIdx.y;
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int kvh = h / (n_head / n_head_kv), kvd = n_head_kv * hd;
-    int len = pos[t] + 1;
-    int per = (len + nsplit - 1) / nsplit;
-    int p0 = s * per, p1 = min(len, p0 + per);
-    const float *qt = q + (size_t)th * hd;
-    float qr[ND], acc[ND];
-    float scale = rsqrtf((float)hd);
-    scale = 1.0f / sqrtf((float)hd);
+    if (!(m > -INFINITY)) return;
+    float mn = fmaxf(M, m), fo = expf(M - mn), fs = expf(m - mn);
+    L = __fmaf_rn(l, fs, __fmul_rn(L, fo));
 #pragma unroll
-    for (int i = 0; i < ND; i++) {
-        int d = lane + 32 * i;
-        float v = d < hd ? qt[d] : 0.f;
-        if (F16) v = __half2float(__float2half_rn(v));
-        qr[i] = v;
-        acc[i] = 0.f;
-    }
-    float mx = -INFINITY, sum = 0.f;
+    for (int i = 0; i < ATT_DPT; i++) A[i] = __fmaf_rn(a[i], fs, __fmul_rn(A[i], fo));
+    M = mn;
+}
+
+template <int ND, int F16>
+__device__ __forceinline__ void att_span(const float (&qr)[ND], const void *kc, const void *vc, const int32_t *off,
+                                         const int32_t *pages, int t, size_t kvo, int kvd, int hd, float scale,
+                                         int p0, int p1, float &sM, float &sL, float (&sa)[ATT_DPT],
+                                         float (*sm_acc)[ND * 32], float *sm_m, float *sm_l)
+{
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    float acc[ND], mx = -INFINITY, sum = 0.f;
+#pragma unroll
+    for (int i = 0; i < ND; i++) acc[i] = 0.f;
     for (int p = p0 + warp; p < p1; p += ATT_WARPS) {
-        size_t base = kv_slot(off, pages, t, p) * (size_t)kvd + (size_t)kvh * hd;
+        size_t base = kv_slot(off, pages, t, p) * (size_t)kvd + kvo;
         float sc = 0.f, vv[ND];
 #pragma unroll
         for (int i = 0; i < ND; i++) {
@@ -1013,64 +1178,122 @@ __global__ void __launch_bounds__(128) k_attention(const float *q, const void *k
                 if (F16) { kx = __half2float(((const __half *)kc)[base + d]); vx = __half2float(((const __half *)vc)[base + d]); }
                 else { kx = ((const float *)kc)[base + d]; vx = ((const float *)vc)[base + d]; }
             }
-            sc += qr[i] * kx;
+            sc = __fmaf_rn(qr[i], kx, sc);
             vv[i] = vx;
         }
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) sc += __shfl_xor_sync(0xffffffffu, sc, o);
-        sc *= scale;
+        for (int o = 16; o > 0; o >>= 1) sc = __fadd_rn(sc, __shfl_xor_sync(0xffffffffu, sc, o));
+        sc = __fmul_rn(sc, scale);
         if (sc > mx) {
             float r = expf(mx - sc);
 #pragma unroll
-            for (int i = 0; i < ND; i++) acc[i] *= r;
-            sum *= r;
+            for (int i = 0; i < ND; i++) acc[i] = __fmul_rn(acc[i], r);
+            sum = __fmul_rn(sum, r);
             mx = sc;
         }
         float e = expf(sc - mx);
-        sum += e;
+        sum = __fadd_rn(sum, e);
 #pragma unroll
-        for (int i = 0; i < ND; i++) acc[i] += e * vv[i];
+        for (int i = 0; i < ND; i++) acc[i] = __fmaf_rn(e, vv[i], acc[i]);
     }
-    __shared__ float sm_m[ATT_WARPS], sm_l[ATT_WARPS];
-    __shared__ float sm_acc[ATT_WARPS][ND * 32];
+    __syncthreads();   /* the previous span's readers are done with the shared arrays */
     if (lane == 0) { sm_m[warp] = mx; sm_l[warp] = sum; }
 #pragma unroll
     for (int i = 0; i < ND; i++) sm_acc[warp][lane + 32 * i] = acc[i];
     __syncthreads();
-    float M = -INFINITY;
+    float M = -INFINITY, L = 0.f;
     for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, sm_m[w]);
-    float L = 0.f;
-    for (int w = 0; w < ATT_WARPS; w++) if (sm_m[w] > -INFINITY) L += sm_l[w] * expf(sm_m[w] - M);
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    for (int w = 0; w < ATT_WARPS; w++) if (sm_m[w] > -INFINITY) L = __fmaf_rn(sm_l[w], expf(sm_m[w] - M), L);
+#pragma unroll
+    for (int i = 0; i < ATT_DPT; i++) {
+        int d = threadIdx.x + 128 * i;
         float a = 0.f;
-        for (int w = 0; w < ATT_WARPS; w++) if (sm_m[w] > -INFINITY) a += sm_acc[w][d] * expf(sm_m[w] - M);
-        if (nsplit == 1) out[(size_t)th * hd + d] = a / L;
-        else part[((size_t)th * nsplit + s) * (hd + 2) + 2 + d] = a;
+        if (d < hd)
+            for (int w = 0; w < ATT_WARPS; w++)
+                if (sm_m[w] > -INFINITY) a = __fmaf_rn(sm_acc[w][d], expf(sm_m[w] - M), a);
+        sa[i] = a;
     }
-    if (nsplit > 1 && threadIdx.x == 0) {
-        part[((size_t)th * nsplit + s) * (hd + 2)] = M;
-        part[((size_t)th * nsplit + s) * (hd + 2) + 1] = L;
+    sM = M; sL = L;
+}
+
+/* Block (token*head, y) of G. G == 1 or a one-span token: every span here,
+ * merged, written to out. Else spans y, y+G, ... to part (maxs per row). */
+template <int ND, int F16>
+__global__ void __launch_bounds__(128) k_attention(const float *q, const void *kc, const void *vc,
+                                                   const int32_t *pos, const int32_t *off, const int32_t *pages,
+                                                   int n_head, int n_head_kv, int hd, float *out, float *part,
+                                                   int G, int maxs)
+{
+    int th = blockIdx.x, t = th / n_head, h = th % n_head, y = blockIdx.y;
+    int lane = threadIdx.x & 31;
+    int kvh = h / (n_head / n_head_kv), kvd = n_head_kv * hd;
+    int len = pos[t] + 1, ns = (len + CK_ATT_SPAN - 1) / CK_ATT_SPAN;
+    if ((G == 1 || ns == 1) && y != 0) return;
+    const float *qt = q + (size_t)th * hd;
+    float qr[ND];
+    float scale = 1.0f / sqrtf((float)hd);
+#pragma unroll
+    for (int i = 0; i < ND; i++) {
+        int d = lane + 32 * i;
+        float v = d < hd ? qt[d] : 0.f;
+        if (F16) v = __half2float(__float2half_rn(v));
+        qr[i] = v;
+    }
+    __shared__ float sm_m[ATT_WARPS], sm_l[ATT_WARPS];
+    __shared__ float sm_acc[ATT_WARPS][ND * 32];
+    float sM, sL, sa[ATT_DPT];
+    size_t kvo = (size_t)kvh * hd;
+    if (G == 1 || ns == 1) {
+        float M = -INFINITY, L = 0.f, A[ATT_DPT];
+#pragma unroll
+        for (int i = 0; i < ATT_DPT; i++) A[i] = 0.f;
+        for (int s = 0; s < ns; s++) {
+            att_span<ND, F16>(qr, kc, vc, off, pages, t, kvo, kvd, hd, scale, s * CK_ATT_SPAN,
+                              min(len, (s + 1) * CK_ATT_SPAN), sM, sL, sa, sm_acc, sm_m, sm_l);
+            att_merge_step(M, L, A, sM, sL, sa);
+        }
+#pragma unroll
+        for (int i = 0; i < ATT_DPT; i++) {
+            int d = threadIdx.x + 128 * i;
+            if (d < hd) out[(size_t)th * hd + d] = A[i] / L;
+        }
+        return;
+    }
+    for (int s = y; s < ns; s += G) {
+        att_span<ND, F16>(qr, kc, vc, off, pages, t, kvo, kvd, hd, scale, s * CK_ATT_SPAN,
+                          min(len, (s + 1) * CK_ATT_SPAN), sM, sL, sa, sm_acc, sm_m, sm_l);
+        float *pp = part + ((size_t)th * maxs + s) * (hd + 2);
+        if (threadIdx.x == 0) { pp[0] = sM; pp[1] = sL; }
+#pragma unroll
+        for (int i = 0; i < ATT_DPT; i++) {
+            int d = threadIdx.x + 128 * i;
+            if (d < hd) pp[2 + d] = sa[i];
+        }
     }
 }
 
-__global__ void k_att_merge(const float *part, int nsplit, int hd, float *out)
+/* Tokens of more than one span, after k_attention with G > 1. 128 threads. */
+__global__ void k_att_merge(const float *part, const int32_t *pos, int n_head, int hd, int maxs, float *out)
 {
-    int th = blockIdx.x;
-    const float *p = part + (size_t)th * nsplit * (hd + 2);
-    float M = -INFINITY;
-    for (int s = 0; s < nsplit; s++) M = fmaxf(M, p[s * (hd + 2)]);
-    float L = 0.f;
-    for (int s = 0; s < nsplit; s++) {
-        float m = p[s * (hd + 2)];
-        if (m > -INFINITY) L += p[s * (hd + 2) + 1] * expf(m - M);
-    }
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float a = 0.f;
-        for (int s = 0; s < nsplit; s++) {
-            float m = p[s * (hd + 2)];
-            if (m > -INFINITY) a += p[s * (hd + 2) + 2 + d] * expf(m - M);
+    int th = blockIdx.x, t = th / n_head;
+    int ns = (pos[t] + 1 + CK_ATT_SPAN - 1) / CK_ATT_SPAN;
+    if (ns <= 1) return;
+    float M = -INFINITY, L = 0.f, A[ATT_DPT], a[ATT_DPT];
+#pragma unroll
+    for (int i = 0; i < ATT_DPT; i++) A[i] = 0.f;
+    for (int s = 0; s < ns; s++) {
+        const float *pp = part + ((size_t)th * maxs + s) * (hd + 2);
+#pragma unroll
+        for (int i = 0; i < ATT_DPT; i++) {
+            int d = threadIdx.x + 128 * i;
+            a[i] = d < hd ? pp[2 + d] : 0.f;
         }
-        out[(size_t)th * hd + d] = a / L;
+        att_merge_step(M, L, A, pp[0], pp[1], a);
+    }
+#pragma unroll
+    for (int i = 0; i < ATT_DPT; i++) {
+        int d = threadIdx.x + 128 * i;
+        if (d < hd) out[(size_t)th * hd + d] = A[i] / L;
     }
 }
 
@@ -1165,22 +1388,23 @@ static void gemv_q8k(cudaStream_t st, gv_set S, size_t rb, int n, const int8_t *
 
 static void gemv_q8t(cudaStream_t st, const gv_set &S, size_t rb, int n, const int8_t *xq, const float *xd, int T)
 {
-    if (n >= 4096) gemv_q8k<4>(st, S, rb, n, xq, xd, T);
-    else if (n >= 1024) gemv_q8k<2>(st, S, rb, n, xq, xd, T);
+    int K = gv_warps(n / 32);
+    if (K == 4) gemv_q8k<4>(st, S, rb, n, xq, xd, T);
+    else if (K == 2) gemv_q8k<2>(st, S, rb, n, xq, xd, T);
     else gemv_q8k<1>(st, S, rb, n, xq, xd, T);
 }
 
 static void gemv_qt(cudaStream_t st, const gv_set &S, size_t rb, int n, const int8_t *xq, const float *xd,
                     const int *xs, int T)
 {
-    if (n >= 8192) gemv_qk<4>(st, S, rb, n, xq, xd, xs, T);
-    else if (n >= 2048) gemv_qk<2>(st, S, rb, n, xq, xd, xs, T);
+    int K = gv_warps(n / 64);
+    if (K == 4) gemv_qk<4>(st, S, rb, n, xq, xd, xs, T);
+    else if (K == 2) gemv_qk<2>(st, S, rb, n, xq, xd, xs, T);
     else gemv_qk<1>(st, S, rb, n, xq, xd, xs, T);
 }
 
 /* ANE_CUDA_GEMV_MR=0: decode through the one-row kernels (for comparison);
- * ANE_CUDA_GEMV_R (2, 4, 8) rows per group and ANE_CUDA_GEMV_K (1, 2, 4) warps
- * per group override the defaults for one token (for tuning) */
+ * ANE_CUDA_GEMV_R (2, 4, 8) rows per group for one token (for tuning). */
 static int env_int(const char *name, int dflt)
 {
     const char *e = getenv(name);
@@ -1197,12 +1421,9 @@ static int gemv_mr_off(void)
 /* decode (T <= 2): rows per group R, K warps per group by the units per row */
 template <int NT, int R, bool Q4K>
 static void gemv_mr_k(cudaStream_t st, gv_set S, size_t rb, int n, const int8_t *xq, const float *xd, const int *xs,
-                      int T, int K)
+                      int T)
 {
-    if (K <= 0) {
-        int nu = Q4K ? n / 64 : n / 32;
-        K = nu >= 256 ? 4 : nu >= 64 ? 2 : 1;
-    }
+    int K = gv_warps(Q4K ? n / 64 : n / 32);
     unsigned g = 0;
     for (int i = 0; i < S.nm; i++) { S.m[i].blk0 = (int)g; g += nblk(S.m[i].n_out, (unsigned)(4 / K * R)); }
     if (K == 4) k_gemv_mr<NT, R, 4, Q4K><<<g, 128, 0, st>>>(S, rb, n, xq, xd, xs, T);
@@ -1214,16 +1435,12 @@ template <bool Q4K>
 static void gemv_mr_q(cudaStream_t st, const gv_set &S, size_t rb, int n, const int8_t *xq, const float *xd,
                       const int *xs, int T)
 {
-    static int R = -1, K = -1;
-    if (R < 0) {
-        R = env_int("ANE_CUDA_GEMV_R", 4);
-        K = env_int("ANE_CUDA_GEMV_K", 0);
-        if (K != 1 && K != 2 && K != 4) K = 0;
-    }
-    if (T == 2) gemv_mr_k<2, 2, Q4K>(st, S, rb, n, xq, xd, xs, T, 0);
-    else if (R == 8) gemv_mr_k<1, 8, Q4K>(st, S, rb, n, xq, xd, xs, T, K);
-    else if (R == 2) gemv_mr_k<1, 2, Q4K>(st, S, rb, n, xq, xd, xs, T, K);
-    else gemv_mr_k<1, 4, Q4K>(st, S, rb, n, xq, xd, xs, T, K);
+    static int R = -1;
+    if (R < 0) R = env_int("ANE_CUDA_GEMV_R", 4);
+    if (T == 2) gemv_mr_k<2, 2, Q4K>(st, S, rb, n, xq, xd, xs, T);
+    else if (R == 8) gemv_mr_k<1, 8, Q4K>(st, S, rb, n, xq, xd, xs, T);
+    else if (R == 2) gemv_mr_k<1, 2, Q4K>(st, S, rb, n, xq, xd, xs, T);
+    else gemv_mr_k<1, 4, Q4K>(st, S, rb, n, xq, xd, xs, T);
 }
 
 static void gemv_mr(cudaStream_t st, const gv_set &S, bool q4k, size_t rb, int n, const int8_t *xq, const float *xd,
@@ -1231,6 +1448,35 @@ static void gemv_mr(cudaStream_t st, const gv_set &S, bool q4k, size_t rb, int n
 {
     if (q4k) gemv_mr_q<true>(st, S, rb, n, xq, xd, xs, T);
     else gemv_mr_q<false>(st, S, rb, n, xq, xd, xs, T);
+}
+
+/* ANE_CUDA_MMQ=1: q8_0 / q4_K through the int8 tensor-core kernel at every
+ * batch size (invariant for prompt rows too) instead of GEMV + cuBLAS */
+static int mmq_off(void)
+{
+    static int v = -1;
+    if (v < 0) v = env_int("ANE_CUDA_MMQ", 0) == 0;
+    return v;
+}
+
+template <int J, bool Q4K>
+static void mmq_k(cudaStream_t st, gv_set S, size_t rb, int n, const int8_t *xq, const float *xd, const int *xs,
+                  int T, int tp)
+{
+    unsigned g = 0;
+    for (int i = 0; i < S.nm; i++) { S.m[i].blk0 = (int)g; g += nblk(S.m[i].n_out, MQ_ROWS); }
+    dim3 grid(g, nblk(T, 8 * J));
+    k_mmq<J, Q4K><<<grid, MQ_WARPS * 32, 0, st>>>(S, rb, n, xq, xd, xs, T, tp);
+}
+
+template <bool Q4K>
+static void mmq(cudaStream_t st, const gv_set &S, size_t rb, int n, const int8_t *xq, const float *xd, const int *xs,
+                int T, int tp)
+{
+    if (T <= 8) mmq_k<1, Q4K>(st, S, rb, n, xq, xd, xs, T, tp);
+    else if (T <= 16) mmq_k<2, Q4K>(st, S, rb, n, xq, xd, xs, T, tp);
+    else if (T <= 32) mmq_k<4, Q4K>(st, S, rb, n, xq, xd, xs, T, tp);
+    else mmq_k<8, Q4K>(st, S, rb, n, xq, xd, xs, T, tp);
 }
 
 template <int TY>
@@ -1279,6 +1525,11 @@ int ck_gemv_int8(uint32_t type, int n_in)
     return (type == T_Q4_K && n_in % 256 == 0) || (type == T_Q8_0 && n_in % 32 == 0);
 }
 
+int ck_mmq(uint32_t type, int n_in)
+{
+    return ck_gemv_int8(type, n_in) && !mmq_off();
+}
+
 void ck_repack_q8_0(cudaStream_t st, const void *src, void *dst, size_t rb, int n, int n_out)
 {
     size_t tot = (size_t)(n / 32) * n_out;
@@ -1295,7 +1546,24 @@ void ck_gemv_multi(cudaStream_t st, uint32_t type, int nm, const void *const *W,
         size_t nbt = (size_t)T * (n / 32);
         float *xd = (float *)(xq + (size_t)T * n);
         int *xs = (int *)(xd + nbt);
-        k_quant_x<<<nblk(nbt, 128), 128, 0, st>>>(x, n, (int)nbt, xq, xd, xs);
+        int tp = (T + 7) & ~7;
+        float *xdt = (float *)(xs + nbt);
+        int *xst = (int *)(xdt + (size_t)tp * (n / 32));
+        k_quant_x<<<nblk(nbt, 128), 128, 0, st>>>(x, n, (int)nbt, xq, xd, xs, xdt, xst, tp);
+        if (!mmq_off()) {
+            gv_set S;
+            S.nm = nm;
+            for (int i = 0; i < nm; i++) {
+                S.m[i].W = (const uint8_t *)W[i];
+                S.m[i].bias = bias[i];
+                S.m[i].out = out[i];
+                S.m[i].n_out = n_out[i];
+                S.m[i].blk0 = 0;
+            }
+            if (type == T_Q4_K) mmq<true>(st, S, rb, n, xq, xdt, xst, T, tp);
+            else mmq<false>(st, S, rb, n, xq, xdt, xst, T, tp);
+            return;
+        }
         for (int t0 = 0; t0 < T; t0 += CK_GEMV_MAX_T) {
             int tn = T - t0 < CK_GEMV_MAX_T ? T - t0 : CK_GEMV_MAX_T;
             gv_set S;
@@ -1382,22 +1650,23 @@ void ck_kv_store(cudaStream_t st, void *kc, void *vc, int f16, const int32_t *po
 
 void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *vc, int f16, const int32_t *pos,
                   const int32_t *off, const int32_t *pages, int T, int n_head, int n_head_kv, int hd, float *out,
-                  float *part, int nsplit)
+                  float *part, int G, int maxs)
 {
-    dim3 g(T * n_head, nsplit);
+    if (G < 1 || maxs < 1) G = 1;
+    dim3 g(T * n_head, G);
     int nd = (hd + 31) / 32;
 #define L_ATT(ND)                                                                                              \
     do {                                                                                                       \
         if (f16) k_attention<ND, 1><<<g, 128, 0, st>>>(q, kc, vc, pos, off, pages, n_head, n_head_kv, hd, out, \
-                                                       part, nsplit);                                          \
+                                                       part, G, maxs);                                         \
         else k_attention<ND, 0><<<g, 128, 0, st>>>(q, kc, vc, pos, off, pages, n_head, n_head_kv, hd, out,     \
-                                                   part, nsplit);                                              \
+                                                   part, G, maxs);                                             \
     } while (0)
     if (nd <= 1) L_ATT(1);
     else if (nd <= 2) L_ATT(2);
     else if (nd <= 4) L_ATT(4);
     else L_ATT(8);
-    if (nsplit > 1) k_att_merge<<<T * n_head, 128, 0, st>>>(part, nsplit, hd, out);
+    if (G > 1) k_att_merge<<<T * n_head, 128, 0, st>>>(part, pos, n_head, hd, maxs, out);
 }
 
 void ck_argmax(cudaStream_t st, const float *x, int rows, int n, int32_t *ids)

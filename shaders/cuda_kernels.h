@@ -34,7 +34,11 @@ void ck_repack_q8_0(cudaStream_t st, const void *src, void *dst, size_t row_byte
 /* Types with an int8 path (x quantized per 32 values, __dp4a dots), used when
  * xq_scratch (CK_XQ_BYTES(T, n_in) bytes) is given; else f32 arithmetic. */
 int ck_gemv_int8(uint32_t type, int n_in);
-#define CK_XQ_BYTES(T, n) ((size_t)(T) * (size_t)(n) + (size_t)(T) * ((size_t)(n) / 32) * 8)
+/* 1 when those go through the int8 tensor-core kernel: every batch size,
+ * the same arithmetic per (row, token) (opt-in: ANE_CUDA_MMQ=1). */
+int ck_mmq(uint32_t type, int n_in);
+#define CK_XQ_BYTES(T, n) \
+    ((size_t)(T) * (size_t)(n) + ((size_t)(T) + (((size_t)(T) + 7) & ~(size_t)7)) * ((size_t)(n) / 32) * 8)
 /* Several matrices of one type and n_in on the same x, in one launch. */
 #define CK_MULTI_MAX 3
 void ck_gemv_multi(cudaStream_t st, uint32_t type, int nm, const void *const *W, size_t row_bytes, int n_in,
@@ -56,12 +60,15 @@ void ck_rope(cudaStream_t st, float *x, const int32_t *pos, int T, int n_heads, 
              float base, int neox, const float *freq_div);
 void ck_kv_store(cudaStream_t st, void *kc, void *vc, int f16, const int32_t *pos, const int32_t *off,
                  const int32_t *pages, int T, int kv_dim, const float *k, const float *v);
-/* Causal attention over the paged cache, split over `nsplit` ranges of
- * positions per (token, head) (flash-decoding) and merged; `part` holds
- * T*n_head*nsplit*(head_dim+2) floats when nsplit > 1. head_dim <= 256. */
+/* Causal attention over the paged cache. A token's positions go in spans of
+ * CK_ATT_SPAN, merged in order, so its result does not depend on the batch.
+ * G > 1 spreads the spans of each (token, head) over G blocks (flash-
+ * decoding): `part` then holds T*n_head*maxs*(head_dim+2) floats, and maxs
+ * must be at least the spans of the longest token. head_dim <= 256. */
+#define CK_ATT_SPAN 128
 void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *vc, int f16,
                   const int32_t *pos, const int32_t *off, const int32_t *pages, int T, int n_head,
-                  int n_head_kv, int head_dim, float *out, float *part, int nsplit);
+                  int n_head_kv, int head_dim, float *out, float *part, int G, int maxs);
 /* ids[r] = argmax of row r of x [rows][n] (first of equals). */
 void ck_argmax(cudaStream_t st, const float *x, int rows, int n, int32_t *ids);
 

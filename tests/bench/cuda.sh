@@ -32,7 +32,9 @@ rc=0
 if [ "$what" != bench ]; then
     echo "== t_cuda"; bin/tests/t_cuda || rc=1
     echo "== t_models (--backend cuda)"; ANE_BACKEND=cuda bin/tests/t_models || rc=1
-    echo "== t_engine (default backend: cuda)"; bin/tests/t_engine 2>&1 | tail -3 || rc=1
+    echo "== t_engine (default backend: cuda)"
+    bin/tests/t_engine > /tmp/t_engine.log 2>&1 || rc=1
+    grep -E "FAIL|failed" /tmp/t_engine.log | tail -20
 fi
 if [ "$what" != test ]; then
     for m in $MODELS; do
