@@ -1,17 +1,23 @@
 /* engine.c — the public engine: jobs, the scheduler and the worker thread.
  *
- * Ownership: the submitting thread builds a job (prompt tokenized, limits
- * checked) and queues it under e->mu. The worker thread owns every admitted
- * job, the forward pass, the KV pool and the sampler: no locks are held
- * around tensors. Each step the worker
- *   1. retires cancelled jobs and admits queued ones (fair across owners and
- *      uids, while sequence slots and KV pages last);
+ * Ownership: the submitting thread checks what is cheap to check (fields,
+ * token ids, roles), copies the prompt and queues the job under e->mu. A
+ * prompt given as text or messages waits on the pending list until the
+ * tokenizer thread has turned it into ids (chat template included), so a
+ * huge prompt costs neither the caller's loop nor the worker's steps; what
+ * that finds wrong (invalid UTF-8, a prompt over the context) ends the job
+ * with ENG_EV_ERROR. The worker thread owns every admitted job, the forward
+ * pass, the KV pool and the sampler: no locks are held around tensors. Each
+ * step the worker
+ *   1. retires cancelled and failed jobs and admits ready ones (fair across
+ *      owners and uids, while sequence slots and KV pages last);
  *   2. builds one batch: a decode token for every generating sequence, then
  *      prefill chunks from the token budget that is left;
  *   3. runs the forward pass once for the whole batch;
  *   4. samples / reports logits, turns tokens into whole-UTF-8 text with stop
  *      strings held back, and queues events; notify() wakes the caller.
- * A job's KV pages are returned the moment it ends or is cancelled. */
+ * Every event is queued by the worker. A job's KV pages are returned the
+ * moment it ends or is cancelled. */
 #include "engine/engine.h"
 #include "engine/backend.h"
 #include "engine/chat.h"
@@ -30,6 +36,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -38,7 +45,11 @@
 #define PREFILL_SHARED 128 /* prefill tokens per pass while other sequences decode,
                               so a long prompt does not stall their streams */
 
-typedef enum { JOB_QUEUED, JOB_ACTIVE, JOB_PARKED } job_state;
+/* PENDING: prompt not tokenized yet; TOKENIZING: the tokenizer thread has it;
+ * QUEUED: ready (or failed: err_code) and waiting for the worker. */
+typedef enum { JOB_PENDING, JOB_TOKENIZING, JOB_QUEUED, JOB_ACTIVE, JOB_PARKED } job_state;
+
+#define TOK_NICE 10  /* the tokenizer thread yields the cores to forward passes */
 
 typedef struct job {
     struct job *next;            /* queue link */
@@ -69,6 +80,18 @@ typedef struct job {
     int n_published;             /* pages offered for prefix reuse */
     int finished; eng_finish why;  /* set by the worker; retired after the step */
     double t_submit, t_admit, t_first, t_end;
+
+    /* the prompt as submitted, until the tokenizer thread has encoded it
+     * (read only by that thread while TOKENIZING) */
+    char *text; size_t text_len;
+    char *system; size_t system_len;
+    chat_msg *msgs; size_t n_msgs; char *msg_buf;
+    int raw, parse_special;
+    int32_t max_tokens;
+    eng_err err_code;            /* set by the tokenizer: fails with this once taken */
+    char err_msg[160];
+    int reported;                /* cancelled while TOKENIZING: DONE already queued */
+    uint64_t vt;                 /* virtual start for the tokenizer's fair order */
 } job;
 
 struct eng {
@@ -87,8 +110,15 @@ struct eng {
     int worker_started;
     pthread_mutex_t mu;          /* queue, active list, stop, stats */
     pthread_cond_t cv;
-    job *queue_head, *queue_tail;
+    job *queue_head, *queue_tail; /* ready jobs, in submit (id) order */
     int n_queued;
+    pthread_t tokw;              /* the tokenizer thread */
+    int tokw_started, tokw_ready;
+    pthread_cond_t tok_cv;       /* pending jobs or stop, for the tokenizer */
+    job *pend_head, *pend_tail;  /* waiting to be tokenized, in submit order */
+    job *tokenizing;             /* the one being tokenized now, or NULL */
+    int n_pending;               /* pending + tokenizing (not reported) */
+    uint64_t tok_vt;             /* virtual start of the last job taken to tokenize */
     job **active; int n_active;
     job *parked; int n_parked;   /* paused jobs out of the batch, KV kept (list by next) */
     int stop;
@@ -256,9 +286,20 @@ static void notify(eng *e)
 
 /* ---- jobs ---------------------------------------------------------------- */
 
+/* The submitted prompt's copies, once encoded. */
+static void job_prompt_free(job *j)
+{
+    free(j->text); j->text = NULL;
+    free(j->system); j->system = NULL;
+    free(j->msgs); j->msgs = NULL;
+    free(j->msg_buf); j->msg_buf = NULL;
+    j->n_msgs = 0;
+}
+
 static void job_free(job *j)
 {
     if (!j) return;
+    job_prompt_free(j);
     free(j->toks);
     for (size_t i = 0; i < j->n_stop; i++) free(j->stop[i]);
     free(j->stop);
@@ -401,6 +442,163 @@ static int check_ids(const tok *t, const int32_t *ids, size_t n, eng_err *code, 
     return 0;
 }
 
+/* The prompt's ids for a text or messages job, from the job's copies (any
+ * thread: reads only the job and the immutable tokenizer). */
+static int job_encode(const eng *e, const job *j, int32_t **ids, size_t *n,
+                      eng_err *code, char *err, size_t errlen)
+{
+    const tok *t = e->m->tok;
+    char terr[160];
+    int rc;
+    *ids = NULL;
+    *n = 0;
+    if (j->n_msgs > 0) {
+        rc = chat_encode(t, e->chat, j->msgs, j->n_msgs, 1, ids, n, terr, sizeof terr);
+    } else if (!j->raw && e->chat != CHAT_NONE) {
+        chat_msg msgs[2];
+        size_t nm = 0;
+        if (j->system_len) msgs[nm++] = (chat_msg){ "system", j->system, j->system_len };
+        msgs[nm++] = (chat_msg){ "user", j->text ? j->text : "", j->text_len };
+        rc = chat_encode(t, e->chat, msgs, nm, 1, ids, n, terr, sizeof terr);
+    } else {
+        rc = tok_encode(t, j->text ? j->text : "", j->text_len, j->parse_special, ids, n, terr, sizeof terr);
+        if (rc == 0 && tok_add_bos(t) && tok_bos(t) >= 0) {
+            int32_t *nb = realloc(*ids, (*n + 1) * sizeof **ids);
+            if (!nb) {
+                rc = -1;
+                snprintf(terr, sizeof terr, "out of memory");
+            } else {
+                *ids = nb;
+                memmove(nb + 1, nb, *n * sizeof *nb);
+                nb[0] = tok_bos(t);
+                (*n)++;
+            }
+        }
+    }
+    if (rc) { free(*ids); *ids = NULL; *n = 0; return fail(code, ENG_EUTF8, err, errlen, terr); }
+    return 0;
+}
+
+/* Takes ids (n of them, ownership passes) as the job's prompt: context and
+ * KV-budget checks, generation room, token and page buffers. */
+static int job_set_prompt(eng *e, job *j, int32_t *ids, size_t n, eng_err *code, char *err, size_t errlen)
+{
+    const tok *t = e->m->tok;
+    if (n == 0) {
+        free(ids);
+        if (tok_bos(t) < 0) return fail(code, ENG_EINVAL, err, errlen, "empty prompt");
+        ids = malloc(sizeof *ids);
+        if (!ids) return fail(code, ENG_ENOMEM, err, errlen, NULL);
+        ids[0] = tok_bos(t);
+        n = 1;
+    }
+    if (n >= (size_t)e->n_ctx || (j->kind == ENG_JOB_EVAL && n > (size_t)e->n_ctx)) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "prompt of %zu tokens does not fit the context of %d", n, e->n_ctx);
+        free(ids);
+        return fail(code, ENG_ECTX, err, errlen, msg);
+    }
+    int room = e->n_ctx - (int)n;
+    j->max_gen = j->kind == ENG_JOB_EVAL ? 0 : (j->max_tokens == 0 || j->max_tokens > room ? room : j->max_tokens);
+    int need = ((int)n + j->max_gen + KV_PAGE - 1) / KV_PAGE;
+    if (need > e->n_pages_total) {
+        free(ids);
+        return fail(code, ENG_ECTX, err, errlen, "prompt and max_tokens exceed the KV cache budget");
+    }
+    j->cap = (int)n + j->max_gen + 1;
+    j->toks = realloc(ids, (size_t)j->cap * sizeof *ids);
+    if (!j->toks) { free(ids); return fail(code, ENG_ENOMEM, err, errlen, NULL); }
+    j->n_prompt = j->n_tok = (int)n;
+    j->pages = malloc((size_t)need * sizeof *j->pages);
+    if (!j->pages) return fail(code, ENG_ENOMEM, err, errlen, NULL);
+    return 0;
+}
+
+/* Copies a text or messages prompt into the job (roles checked here: cheap,
+ * and the caller hears of a bad one at once). */
+static int job_copy_prompt(eng *e, job *j, const eng_job_desc *d, eng_err *code, char *err, size_t errlen)
+{
+    j->raw = d->raw;
+    j->parse_special = d->parse_special;
+    if (d->n_msgs > 0) {
+        if (e->chat == CHAT_NONE) return fail(code, ENG_EINVAL, err, errlen, "the model has no chat template for messages");
+        if (d->n_msgs > 4096) return fail(code, ENG_EINVAL, err, errlen, "too many messages");
+        size_t total = 0;
+        for (size_t i = 0; i < d->n_msgs; i++) {
+            const eng_msg *mm = &d->msgs[i];
+            if (mm->content && mm->content_len > SIZE_MAX - 1 - total)
+                return fail(code, ENG_EINVAL, err, errlen, "messages too long");
+            total += (mm->content ? mm->content_len : 0) + 1;
+        }
+        j->msgs = calloc(d->n_msgs, sizeof *j->msgs);
+        j->msg_buf = malloc(total);
+        if (!j->msgs || !j->msg_buf) return fail(code, ENG_ENOMEM, err, errlen, NULL);
+        size_t off = 0;
+        for (size_t i = 0; i < d->n_msgs; i++) {
+            const eng_msg *mm = &d->msgs[i];
+            static const char *const roles[] = { "system", "user", "assistant" };
+            const char *role = NULL;
+            for (int r = 0; r < 3 && mm->role; r++)
+                if (mm->role_len == strlen(roles[r]) && !memcmp(mm->role, roles[r], mm->role_len)) role = roles[r];
+            if (!role) {
+                char msg[96];
+                snprintf(msg, sizeof msg, "message %zu: role must be system, user or assistant", i);
+                return fail(code, ENG_EINVAL, err, errlen, msg);
+            }
+            size_t cl = mm->content ? mm->content_len : 0;
+            if (cl) memcpy(j->msg_buf + off, mm->content, cl);
+            j->msg_buf[off + cl] = 0;
+            j->msgs[i] = (chat_msg){ role, j->msg_buf + off, cl };
+            off += cl + 1;
+        }
+        j->n_msgs = d->n_msgs;
+        return 0;
+    }
+    size_t tl = d->text ? d->text_len : 0;
+    j->text = malloc(tl + 1);
+    if (!j->text) return fail(code, ENG_ENOMEM, err, errlen, NULL);
+    if (tl) memcpy(j->text, d->text, tl);
+    j->text[tl] = 0;
+    j->text_len = tl;
+    if (d->system && d->system_len) {
+        j->system = malloc(d->system_len + 1);
+        if (!j->system) return fail(code, ENG_ENOMEM, err, errlen, NULL);
+        memcpy(j->system, d->system, d->system_len);
+        j->system[d->system_len] = 0;
+        j->system_len = d->system_len;
+    }
+    return 0;
+}
+
+/* Start-time fair queueing across uids for the tokenizer: a job's virtual
+ * start is one past its uid's latest waiting job, and never before the
+ * current virtual time, so uids take turns however many prompts (or however
+ * large ones) one of them piles up; within a uid, submit order. Admission
+ * (pick_fair) is unchanged. Under mu. */
+static uint64_t pend_vt(const eng *e, uint32_t uid)
+{
+    uint64_t vt = e->tok_vt;
+    if (e->tokenizing && e->tokenizing->uid == uid && e->tokenizing->vt + 1 > vt) vt = e->tokenizing->vt + 1;
+    for (const job *q = e->pend_head; q; q = q->next)
+        if (q->uid == uid && q->vt + 1 > vt) vt = q->vt + 1;
+    return vt;
+}
+
+/* Inserts a ready job into the queue by id, so that admission's "oldest
+ * first" stays submit order whenever tokenization finishes. Under mu. */
+static void queue_insert(eng *e, job *j)
+{
+    job *prev = NULL;
+    if (e->queue_tail && e->queue_tail->id > j->id)
+        for (job *q = e->queue_head; q && q->id < j->id; q = q->next) prev = q;
+    else prev = e->queue_tail;
+    j->next = prev ? prev->next : e->queue_head;
+    if (prev) prev->next = j; else e->queue_head = j;
+    if (e->queue_tail == prev) e->queue_tail = j;
+    j->state = JOB_QUEUED;
+    e->n_queued++;
+}
+
 int eng_submit(eng *e, const eng_job_desc *d, uint64_t *job_id, eng_err *code, char *err, size_t errlen)
 {
     if (code) *code = ENG_OK;
@@ -418,88 +616,21 @@ int eng_submit(eng *e, const eng_job_desc *d, uint64_t *job_id, eng_err *code, c
 
     job *j = calloc(1, sizeof *j);
     if (!j) return fail(code, ENG_ENOMEM, err, errlen, NULL);
-    int32_t *ids = NULL;
-    size_t n = 0;
-    const tok *t = e->m->tok;
-    if (d->n_tokens > 0) {
+    j->kind = d->kind;
+    j->max_tokens = d->max_tokens;
+    int text = d->n_tokens == 0;
+    if (!text) {
+        /* ids as given: checked and taken now, linear and cheap */
         if (d->n_tokens > (size_t)e->n_ctx) { job_free(j); return fail(code, ENG_ECTX, err, errlen, NULL); }
-        if (check_ids(t, d->tokens, d->n_tokens, code, err, errlen)) { job_free(j); return -1; }
-        ids = malloc(d->n_tokens * sizeof *ids);
+        if (check_ids(e->m->tok, d->tokens, d->n_tokens, code, err, errlen)) { job_free(j); return -1; }
+        int32_t *ids = malloc(d->n_tokens * sizeof *ids);
         if (!ids) { job_free(j); return fail(code, ENG_ENOMEM, err, errlen, NULL); }
         memcpy(ids, d->tokens, d->n_tokens * sizeof *ids);
-        n = d->n_tokens;
-    } else {
-        int rc;
-        char terr[160];
-        if (d->n_msgs > 0 && e->chat == CHAT_NONE) {
-            free(ids); job_free(j);
-            return fail(code, ENG_EINVAL, err, errlen, "the model has no chat template for messages");
-        }
-        if (d->n_msgs > 0) {
-            if (d->n_msgs > 4096) { job_free(j); return fail(code, ENG_EINVAL, err, errlen, "too many messages"); }
-            chat_msg *msgs = calloc(d->n_msgs, sizeof *msgs);
-            char (*roles)[16] = calloc(d->n_msgs, sizeof *roles);
-            rc = msgs && roles ? 0 : -1;
-            snprintf(terr, sizeof terr, "out of memory");
-            for (size_t i = 0; rc == 0 && i < d->n_msgs; i++) {
-                const eng_msg *mm = &d->msgs[i];
-                int known = mm->role && ((mm->role_len == 6 && !memcmp(mm->role, "system", 6)) ||
-                                         (mm->role_len == 4 && !memcmp(mm->role, "user", 4)) ||
-                                         (mm->role_len == 9 && !memcmp(mm->role, "assistant", 9)));
-                if (!known) {
-                    snprintf(terr, sizeof terr, "message %zu: role must be system, user or assistant", i);
-                    rc = -2;
-                    break;
-                }
-                memcpy(roles[i], mm->role, mm->role_len);
-                msgs[i] = (chat_msg){ roles[i], mm->content ? mm->content : "", mm->content_len };
-            }
-            if (rc == 0) rc = chat_encode(t, e->chat, msgs, d->n_msgs, 1, &ids, &n, terr, sizeof terr);
-            free(msgs);
-            free(roles);
-            if (rc == -2) { job_free(j); return fail(code, ENG_EINVAL, err, errlen, terr); }
-        } else if (!d->raw && e->chat != CHAT_NONE) {
-            chat_msg msgs[2];
-            size_t nm = 0;
-            if (d->system && d->system_len) msgs[nm++] = (chat_msg){ "system", d->system, d->system_len };
-            msgs[nm++] = (chat_msg){ "user", d->text ? d->text : "", d->text_len };
-            rc = chat_encode(t, e->chat, msgs, nm, 1, &ids, &n, terr, sizeof terr);
-        } else {
-            rc = tok_encode(t, d->text ? d->text : "", d->text_len, d->parse_special, &ids, &n, terr, sizeof terr);
-            if (rc == 0 && tok_add_bos(t) && tok_bos(t) >= 0) {
-                int32_t *nb = realloc(ids, (n + 1) * sizeof *ids);
-                if (!nb) rc = -1;
-                else {
-                    ids = nb;
-                    memmove(ids + 1, ids, n * sizeof *ids);
-                    ids[0] = tok_bos(t);
-                    n++;
-                }
-            }
-        }
-        if (rc) { free(ids); job_free(j); return fail(code, ENG_EUTF8, err, errlen, terr); }
+        if (job_set_prompt(e, j, ids, d->n_tokens, code, err, errlen)) { job_free(j); return -1; }
+    } else if (job_copy_prompt(e, j, d, code, err, errlen)) {
+        job_free(j);
+        return -1;
     }
-    if (n == 0) {
-        if (tok_bos(t) < 0) { free(ids); job_free(j); return fail(code, ENG_EINVAL, err, errlen, "empty prompt"); }
-        free(ids);
-        ids = malloc(sizeof *ids);
-        if (!ids) { job_free(j); return fail(code, ENG_ENOMEM, err, errlen, NULL); }
-        ids[0] = tok_bos(t);
-        n = 1;
-    }
-    if (n >= (size_t)e->n_ctx || (d->kind == ENG_JOB_EVAL && n > (size_t)e->n_ctx)) {
-        char msg[128];
-        snprintf(msg, sizeof msg, "prompt of %zu tokens does not fit the context of %d", n, e->n_ctx);
-        free(ids); job_free(j);
-        return fail(code, ENG_ECTX, err, errlen, msg);
-    }
-    int room = e->n_ctx - (int)n;
-    j->kind = d->kind;
-    j->max_gen = d->kind == ENG_JOB_EVAL ? 0 : (d->max_tokens == 0 || d->max_tokens > room ? room : d->max_tokens);
-    j->cap = (int)n + j->max_gen + 1;
-    j->toks = realloc(ids, (size_t)j->cap * sizeof *ids);
-    if (!j->toks) { free(ids); job_free(j); return fail(code, ENG_ENOMEM, err, errlen, NULL); }
-    j->n_prompt = j->n_tok = (int)n;
     j->s = d->sampling;
     j->rng = sampler_rng_seed(d->sampling.seed);
     j->top_n = d->top_n;
@@ -518,13 +649,6 @@ int eng_submit(eng *e, const eng_job_desc *d, uint64_t *job_id, eng_err *code, c
             j->n_stop++;
         }
     }
-    int need = (j->n_prompt + j->max_gen + KV_PAGE - 1) / KV_PAGE;
-    if (need > e->n_pages_total) {
-        job_free(j);
-        return fail(code, ENG_ECTX, err, errlen, "prompt and max_tokens exceed the KV cache budget");
-    }
-    j->pages = malloc((size_t)need * sizeof *j->pages);
-    if (!j->pages) { job_free(j); return fail(code, ENG_ENOMEM, err, errlen, NULL); }
     j->t_submit = now_ms();
 
     pthread_mutex_lock(&e->mu);
@@ -533,19 +657,24 @@ int eng_submit(eng *e, const eng_job_desc *d, uint64_t *job_id, eng_err *code, c
         job_free(j);
         return fail(code, ENG_ESHUTDOWN, err, errlen, NULL);
     }
-    if (e->n_queued >= e->max_queued) {
+    if (e->n_queued + e->n_pending >= e->max_queued) {
         pthread_mutex_unlock(&e->mu);
         job_free(j);
         return fail(code, ENG_EBUSY, err, errlen, NULL);
     }
     j->id = ++e->next_id;
-    *job_id = j->id;   /* under mu: once it is unlocked the worker may finish and free j */
-    j->state = JOB_QUEUED;
-    if (e->queue_tail) e->queue_tail->next = j; else e->queue_head = j;
-    e->queue_tail = j;
-    e->n_queued++;
-    *job_id = j->id;  /* under mu: once unlocked the worker may end and free j */
-    pthread_cond_signal(&e->cv);
+    *job_id = j->id;   /* under mu: once it is unlocked the job may end and be freed */
+    if (text) {
+        j->state = JOB_PENDING;
+        j->vt = pend_vt(e, j->uid);
+        if (e->pend_tail) e->pend_tail->next = j; else e->pend_head = j;
+        e->pend_tail = j;
+        e->n_pending++;
+        pthread_cond_signal(&e->tok_cv);
+    } else {
+        queue_insert(e, j);
+        pthread_cond_signal(&e->cv);
+    }
     pthread_mutex_unlock(&e->mu);
     return 0;
 }
@@ -553,6 +682,9 @@ int eng_submit(eng *e, const eng_job_desc *d, uint64_t *job_id, eng_err *code, c
 void eng_cancel(eng *e, uint64_t id)
 {
     pthread_mutex_lock(&e->mu);
+    for (job *j = e->pend_head; j; j = j->next)
+        if (j->id == id) atomic_store(&j->cancel, 1);
+    if (e->tokenizing && e->tokenizing->id == id) atomic_store(&e->tokenizing->cancel, 1);
     for (job *j = e->queue_head; j; j = j->next)
         if (j->id == id) atomic_store(&j->cancel, 1);
     for (int i = 0; i < e->n_active; i++)
@@ -566,6 +698,9 @@ void eng_cancel(eng *e, uint64_t id)
 void eng_pause(eng *e, uint64_t id, int paused)
 {
     pthread_mutex_lock(&e->mu);
+    for (job *j = e->pend_head; j; j = j->next)
+        if (j->id == id) atomic_store(&j->paused, paused != 0);
+    if (e->tokenizing && e->tokenizing->id == id) atomic_store(&e->tokenizing->paused, paused != 0);
     for (job *j = e->queue_head; j; j = j->next)
         if (j->id == id) atomic_store(&j->paused, paused != 0);
     for (int i = 0; i < e->n_active; i++)
@@ -607,15 +742,46 @@ static void queue_unlink(eng *e, job *j, job *prev)
     e->n_queued--;
 }
 
-/* Retires cancelled jobs and admits new ones. Under mu. */
+static void job_error(eng *e, job *j)
+{
+    eng_event *ev = ev_new(ENG_EV_ERROR, j);
+    if (ev) {
+        ev->code = j->err_code;
+        snprintf(ev->message, sizeof ev->message, "%s", j->err_msg[0] ? j->err_msg : eng_strerror(j->err_code));
+    }
+    ev_push(e, ev);
+}
+
+/* Retires cancelled and failed jobs and admits new ones. Under mu. */
 static void schedule(eng *e)
 {
     job *prev = NULL;
-    for (job *j = e->queue_head; j;) {
+    for (job *j = e->pend_head; j;) {
         job *nx = j->next;
         if (atomic_load(&j->cancel)) {
-            queue_unlink(e, j, prev);
+            if (prev) prev->next = nx; else e->pend_head = nx;
+            if (e->pend_tail == j) e->pend_tail = prev;
+            e->n_pending--;
             job_finish(e, j, ENG_FINISH_CANCELLED);
+            job_free(j);
+        } else prev = j;
+        j = nx;
+    }
+    /* the tokenizer cannot be stopped mid-prompt: the job ends now and the
+     * tokenizer thread drops it when it is through */
+    job *tj = e->tokenizing;
+    if (tj && !tj->reported && atomic_load(&tj->cancel)) {
+        tj->reported = 1;
+        e->n_pending--;
+        job_finish(e, tj, ENG_FINISH_CANCELLED);
+    }
+    prev = NULL;
+    for (job *j = e->queue_head; j;) {
+        job *nx = j->next;
+        if (atomic_load(&j->cancel) || j->err_code != ENG_OK) {
+            queue_unlink(e, j, prev);
+            if (atomic_load(&j->cancel)) job_finish(e, j, ENG_FINISH_CANCELLED);
+            else job_error(e, j);
             job_free(j);
         } else prev = j;
         j = nx;
@@ -703,7 +869,7 @@ static void schedule(eng *e)
         e->active[e->n_active++] = j;
     }
     e->st.active = (uint32_t)(e->n_active + e->n_parked);
-    e->st.queued = (uint32_t)e->n_queued;
+    e->st.queued = (uint32_t)(e->n_queued + e->n_pending);
     e->st.kv_used = (size_t)kvc_in_use(e->kv) * fw_kv_page_bytes(e->m, e->be->kv_elt);
 }
 
@@ -877,6 +1043,72 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
+/* ---- the tokenizer thread ------------------------------------------------ */
+
+/* The pending job to tokenize next: the least virtual start time, oldest
+ * first among equals (see pend_vt). Under mu. */
+static job *pick_pending(eng *e, job **prev_out)
+{
+    job *best = NULL, *best_prev = NULL, *prev = NULL;
+    for (job *j = e->pend_head; j; prev = j, j = j->next)
+        if (!best || j->vt < best->vt) { best = j; best_prev = prev; }
+    *prev_out = best_prev;
+    return best;
+}
+
+/* Encodes pending prompts one at a time, outside every lock, on its own
+ * thread rather than between the worker's steps: tok_encode cannot be cut
+ * into slices (pre-tokenizer words, NFC and chat segments span any cut), so
+ * on the worker a large prompt would stop every stream for its whole
+ * encoding; here it stops none. At a lower priority so that on a busy
+ * machine the worker's forward passes go first. */
+static void *tokw_main(void *arg)
+{
+    eng *e = arg;
+    (void)setpriority(PRIO_PROCESS, 0, TOK_NICE);   /* best effort; 0 is this thread on Linux */
+    pthread_mutex_lock(&e->mu);
+    e->tokw_ready = 1;   /* eng_open waits for this: no syscall of ours after it returns (seccomp) */
+    pthread_cond_broadcast(&e->cv);
+    for (;;) {
+        while (!e->stop && !e->pend_head) pthread_cond_wait(&e->tok_cv, &e->mu);
+        if (e->stop) break;
+        job *prev;
+        job *j = pick_pending(e, &prev);
+        if (prev) prev->next = j->next; else e->pend_head = j->next;
+        if (e->pend_tail == j) e->pend_tail = prev;
+        j->next = NULL;
+        j->state = JOB_TOKENIZING;
+        e->tokenizing = j;
+        e->tok_vt = j->vt;
+        pthread_mutex_unlock(&e->mu);
+
+        int32_t *ids = NULL;
+        size_t n = 0;
+        eng_err code = ENG_OK;
+        char msg[sizeof j->err_msg];
+        int rc = atomic_load(&j->cancel) ? 0 : job_encode(e, j, &ids, &n, &code, msg, sizeof msg);
+
+        pthread_mutex_lock(&e->mu);
+        e->tokenizing = NULL;
+        if (j->reported) {           /* cancelled meanwhile: its DONE is queued */
+            free(ids);
+            job_free(j);
+            continue;
+        }
+        e->n_pending--;
+        /* the rest only allocates; still under mu, as out of every list
+         * an eng_cancel could not find the job */
+        if (rc == 0 && !atomic_load(&j->cancel)) rc = job_set_prompt(e, j, ids, n, &code, msg, sizeof msg);
+        else free(ids);
+        if (rc) { j->err_code = code != ENG_OK ? code : ENG_EINTERNAL; memcpy(j->err_msg, msg, sizeof msg); }
+        job_prompt_free(j);
+        queue_insert(e, j);
+        pthread_cond_signal(&e->cv);
+    }
+    pthread_mutex_unlock(&e->mu);
+    return NULL;
+}
+
 /* ---- open / close / info ------------------------------------------------- */
 
 int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
@@ -888,6 +1120,7 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
     pthread_mutex_init(&e->mu, NULL);
     pthread_mutex_init(&e->ev_mu, NULL);
     pthread_cond_init(&e->cv, NULL);
+    pthread_cond_init(&e->tok_cv, NULL);
     if (model_load(&e->m, opt->model_path, err, errlen)) goto fail;
     model *m = e->m;
     eng_model_info *in = &e->info;
@@ -991,6 +1224,14 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
         goto fail;
     }
     e->worker_started = 1;
+    if (pthread_create(&e->tokw, NULL, tokw_main, e) != 0) {
+        snprintf(err, errlen, "cannot start the tokenizer thread");
+        goto fail;
+    }
+    e->tokw_started = 1;
+    pthread_mutex_lock(&e->mu);
+    while (!e->tokw_ready) pthread_cond_wait(&e->cv, &e->mu);
+    pthread_mutex_unlock(&e->mu);
     *out = e;
     return 0;
 fail:
@@ -1005,9 +1246,12 @@ void eng_close(eng *e)
         pthread_mutex_lock(&e->mu);
         e->stop = 1;
         pthread_cond_signal(&e->cv);
+        pthread_cond_signal(&e->tok_cv);
         pthread_mutex_unlock(&e->mu);
         pthread_join(e->worker, NULL);
+        if (e->tokw_started) pthread_join(e->tokw, NULL);   /* ends its current prompt first */
     }
+    for (job *j = e->pend_head; j;) { job *n = j->next; job_free(j); j = n; }
     for (job *j = e->queue_head; j;) { job *n = j->next; job_free(j); j = n; }
     for (int i = 0; i < e->n_active; i++) job_free(e->active[i]);
     for (job *j = e->parked; j;) { job *n = j->next; job_free(j); j = n; }
@@ -1025,6 +1269,7 @@ void eng_close(eng *e)
     pthread_mutex_destroy(&e->mu);
     pthread_mutex_destroy(&e->ev_mu);
     pthread_cond_destroy(&e->cv);
+    pthread_cond_destroy(&e->tok_cv);
     free(e);
 }
 
@@ -1035,7 +1280,7 @@ void eng_stats_get(eng *e, eng_stats *st)
     pthread_mutex_lock(&e->mu);
     *st = e->st;
     st->active = (uint32_t)(e->n_active + e->n_parked);
-    st->queued = (uint32_t)e->n_queued;
+    st->queued = (uint32_t)(e->n_queued + e->n_pending);
     pthread_mutex_unlock(&e->mu);
 }
 

@@ -141,7 +141,9 @@ typedef struct eng_job_desc {
 #define ENG_MAX_STOP 16
 
 /* Queues a job. On success *job_id names it in events and eng_cancel. On
- * failure nothing was queued and *code/err say why. */
+ * failure nothing was queued and *code/err say why. A text or messages
+ * prompt is only copied here and tokenized on the engine's own thread: what
+ * that finds (ENG_EUTF8, ENG_ECTX, ...) ends the job with ENG_EV_ERROR. */
 int eng_submit(eng *e, const eng_job_desc *d, uint64_t *job_id,
                eng_err *code, char *err, size_t errlen);
 

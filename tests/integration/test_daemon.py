@@ -1230,12 +1230,90 @@ def test_many_connections(d):
 
 # ------------------------------------------------------------------ runner
 
+def test_big_prompt_while_streaming(d):
+    """Prompts of ~1 MB from one client do not hold up another client's
+    stream: they are tokenized off the daemon's loop (and off the engine's
+    forward passes). Their 'context' errors still come as the requests' only
+    events. A liveness check, not a benchmark: the bound is loose."""
+    n_big = 4
+    big_text = ("Once upon a time there was a little girl named Lily. " * 20000)[:1040000]
+    frames = [msgpack.packb(dict(type="generate", id=i + 1, prompt=big_text, max_tokens=8), use_bin_type=True)
+              for i in range(n_big)]
+    window = {}
+    big_res = {}
+    stop = threading.Event()
+    streams = []   # (token count, largest gap in s, last message)
+    during = [0]
+
+    def stream():
+        c = Conn(d.sock, timeout=60)
+        try:
+            c.hello()
+            while True:
+                rid = c.request("generate", **greedy_req(2000))
+                n, gap, last_t = 0, 0.0, None
+                while True:
+                    m = c.recv()
+                    check(m is not None and m.get("id") == rid, "stream: %r" % (m,))
+                    t = time.monotonic()
+                    if m["type"] != "token":
+                        break
+                    if last_t is not None:
+                        gap = max(gap, t - last_t)
+                    last_t = t
+                    n += 1
+                    if "start" in window and "end" not in window:
+                        during[0] += 1
+                streams.append((n, gap, m))
+                if stop.is_set():
+                    return
+        finally:
+            c.close()
+
+    def big():
+        c = Conn(d.sock, timeout=60)
+        try:
+            c.hello()
+            window["start"] = time.monotonic()
+            for f in frames:
+                c.send_raw(f)
+            while len(big_res) < n_big:
+                m = c.recv()
+                check(m is not None, "big-prompt client: connection closed")
+                big_res[m["id"]] = m
+            window["end"] = time.monotonic()
+        finally:
+            c.close()
+
+    st = threading.Thread(target=stream)
+    st.start()
+    time.sleep(0.05)
+    try:
+        big()
+    finally:
+        stop.set()
+        st.join(90)
+    check(not st.is_alive(), "the stream never ended")
+    for i in range(1, n_big + 1):
+        m = big_res.get(i)
+        check(m is not None and m["type"] == "error" and m.get("code") == "context",
+              "1 MB prompt %d: %r" % (i, None if m is None else {k: m[k] for k in m if k != "text"}))
+    check(streams, "no stream ended")
+    worst = max(g for _, g, _ in streams)
+    for n, _, last in streams:
+        check(last["type"] == "done" and n == 2000, "stream ended with %r after %d tokens" % (last, n))
+    print("    %d MB of prompts in %.2f s; stream: %d tokens during, largest gap %.1f ms"
+          % (n_big, window["end"] - window["start"], during[0], worst * 1e3), flush=True)
+    check(during[0] > 0, "no stream token arrived while the big prompts were handled")
+    check(worst < 1.0, "a stream waited %.2f s between two tokens" % worst)
+
+
 SHARED = [
     test_hello_ping_info, test_handshake_required, test_greedy_reference, test_eval, test_tokenize,
     test_aneclient_story, test_aneclient_greedy, test_garbage, test_mutated_requests,
     test_bad_requests_keep_connection,
     test_inflight_limit, test_concurrent, test_disconnect_mid_generation, test_cancel,
-    test_half_close, test_slow_reader, test_many_connections,
+    test_half_close, test_slow_reader, test_many_connections, test_big_prompt_while_streaming,
 ]
 OWN = [
     test_help, test_missing_model, test_corrupt_model, test_tokenizer_only, test_sigterm_mid_generation,

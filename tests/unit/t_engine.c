@@ -1,11 +1,13 @@
 /* t_engine — the engine through its public header: greedy decoding against
  * the llama2.c reference, batch invariance, prefix reuse, cancellation, stop
- * strings, seeded sampling, and every submit-time error. */
+ * strings, seeded sampling, every submit-time error, and text prompts
+ * tokenized off the caller's thread (errors as events, cancel, order). */
 #include "engine/engine.h"
 #include "tests/check.h"
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define STORIES FIXTURE("models/stories260K.gguf")
@@ -369,6 +371,314 @@ static void test_submit_errors(void)
     eng_close(e);
 }
 
+/* ---- text prompts: tokenized on the engine's tokenizer thread ------------ */
+
+static double ms_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* A job's events as they were taken: when, and how it ended. */
+typedef struct tres {
+    int n_tok;
+    int32_t ids[512];
+    double first_ms, last_ms, max_gap_ms;
+    int n_during;            /* tokens taken while the watched window was open */
+    int ended, done, error;
+    double end_ms;
+    int order;               /* 1 + how many jobs ended before this one */
+    eng_finish finish;
+    int prompt_tokens;
+    eng_err code;
+    char message[160];
+    int after_end;           /* events after the terminal one (must stay 0) */
+} tres;
+
+static int watch_open;       /* set by a test while a huge prompt is in the tokenizer */
+
+static void tpump(eng *e, tres *r, int n, int until, double timeout_ms)
+{
+    int ended = 0;
+    for (int i = 0; i < n; i++) ended += r[i].ended;
+    double end = ms_now() + timeout_ms;
+    while (ended < until && ms_now() < end) {
+        eng_event *ev = eng_events_take(e);
+        if (!ev) { usleep(200); continue; }
+        double t = ms_now();
+        while (ev) {
+            eng_event *nx = ev->next;
+            tres *x = &r[(intptr_t)ev->user];
+            if (x->ended) x->after_end++;
+            else if (ev->type == ENG_EV_TOKEN) {
+                if (x->n_tok < 512) x->ids[x->n_tok] = ev->token;
+                if (x->n_tok && t - x->last_ms > x->max_gap_ms) x->max_gap_ms = t - x->last_ms;
+                if (!x->n_tok) x->first_ms = t;
+                x->last_ms = t;
+                x->n_tok++;
+                x->n_during += watch_open;
+            } else if (ev->type == ENG_EV_DONE || ev->type == ENG_EV_ERROR) {
+                x->ended = 1;
+                x->end_ms = t;
+                x->order = ++ended;
+                if (ev->type == ENG_EV_DONE) {
+                    x->done = 1; x->finish = ev->finish; x->prompt_tokens = ev->prompt_tokens;
+                } else {
+                    x->error = 1; x->code = ev->code;
+                    snprintf(x->message, sizeof x->message, "%s", ev->message);
+                }
+            }
+            eng_event_free(ev);
+            ev = nx;
+        }
+    }
+}
+
+static int submit_text(eng *e, eng_job_kind kind, const char *text, size_t len, int raw, int max_tokens,
+                       uint32_t uid, intptr_t user, uint64_t *id, eng_err *code, char *err, size_t errlen)
+{
+    eng_job_desc d = { 0 };
+    d.kind = kind;
+    d.text = text;
+    d.text_len = len;
+    d.raw = raw;
+    d.max_tokens = max_tokens;
+    d.top_n = 3;
+    eng_sampling_default(&d.sampling);
+    d.sampling.temperature = 0;
+    d.uid = uid;
+    d.owner = (uint64_t)user;
+    d.user = (void *)user;
+    return eng_submit(e, &d, id, code, err, errlen);
+}
+
+/* n bytes of story text (valid UTF-8, ASCII). */
+static char *story_text(size_t n)
+{
+    static const char w[] = "Once upon a time there was a little girl named Lily. She liked to play in the park. ";
+    char *t = malloc(n + 1);
+    if (!t) return NULL;
+    for (size_t i = 0; i < n; i++) t[i] = w[i % (sizeof w - 1)];
+    t[n] = 0;
+    return t;
+}
+
+/* A huge text prompt costs eng_submit a copy, not its encoding; a stream
+ * already running keeps producing while it is encoded; the prompt's error
+ * (over the context) arrives as the job's only event. */
+static void test_huge_prompt_async(void)
+{
+    eng *e = open_eng(STORIES, 4);
+    if (!e) { CHECK(0); return; }
+    size_t big = 4u << 20;
+    char *text = story_text(big);
+    char err[256];
+    eng_err code;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    double t0 = ms_now();
+    CHECK(eng_tokenize(e, text, big, 1, 0, &ids, &n, &code, err, sizeof err) == 0);
+    double tok_ms = ms_now() - t0;
+    free(ids);
+
+    tres r[2];
+    memset(r, 0, sizeof r);
+    int32_t bos = 1;
+    uint64_t a, b;
+    CHECK(submit(e, &bos, 1, 0, 0, 0, 0, &a) == 0);       /* greedy to the context's end */
+    tpump(e, r, 2, 0, 0);
+    for (double end = ms_now() + 10000; !r[0].n_tok && ms_now() < end;) tpump(e, r, 1, 1, 1);
+    CHECK(r[0].n_tok > 0 && !r[0].ended);
+    watch_open = 1;
+    t0 = ms_now();
+    int rc = submit_text(e, ENG_JOB_GENERATE, text, big, 1, 16, 0, 1, &b, &code, err, sizeof err);
+    double sub_ms = ms_now() - t0;
+    free(text);                                          /* eng_submit copied it */
+    CHECKF(rc == 0, "%s", err);
+    tpump(e, r, 2, 2, 60000);
+    watch_open = 0;
+    fprintf(stderr, "  encode %.1f ms, submit %.2f ms, stream's largest gap %.1f ms, %d tokens while encoding\n",
+            tok_ms, sub_ms, r[0].max_gap_ms, r[0].n_during);
+    CHECKF(sub_ms < tok_ms / 4, "submit took %.1f ms, encoding takes %.1f ms", sub_ms, tok_ms);
+    CHECK(r[1].error && r[1].code == ENG_ECTX);
+    CHECKF(strstr(r[1].message, "does not fit the context of") != NULL, "'%s'", r[1].message);
+    CHECK(r[0].done && r[0].finish == ENG_FINISH_LENGTH);
+    CHECK_EQ_INT(r[0].n_tok, eng_model(e)->n_ctx - 1);
+    CHECK(!memcmp(r[0].ids, ref_ids, sizeof ref_ids));
+    /* the stream went on while the prompt was encoded (tokenizing on the
+     * worker would hold every token back until the prompt was through) */
+    CHECKF(r[0].order == 1 || r[0].n_during > 0, "stream ended %d, %d tokens while encoding", r[0].order, r[0].n_during);
+    CHECK(r[0].after_end == 0 && r[1].after_end == 0);
+    eng_stats st;
+    eng_stats_get(e, &st);
+    CHECK_EQ_INT(st.queued + st.active, 0);
+    eng_close(e);
+}
+
+/* What the tokenizer finds wrong ends the job with ENG_EV_ERROR and the same
+ * code and message a synchronous refusal had; cheap checks stay synchronous. */
+static void test_prompt_errors_as_events(void)
+{
+    eng *e = open_eng(STORIES, 4);
+    if (!e) { CHECK(0); return; }
+    char err[256];
+    eng_err code;
+    uint64_t id;
+    tres r[6];
+    memset(r, 0, sizeof r);
+    char *longt = story_text(20000);   /* some 6000 tokens: over the context of 2048 */
+    CHECK(submit_text(e, ENG_JOB_GENERATE, "ab\xff\xfe", 4, 1, 8, 0, 0, &id, &code, err, sizeof err) == 0);
+    CHECK(submit_text(e, ENG_JOB_GENERATE, longt, 20000, 1, 8, 0, 1, &id, &code, err, sizeof err) == 0);
+    CHECK(submit_text(e, ENG_JOB_EVAL, longt, 20000, 1, 0, 0, 2, &id, &code, err, sizeof err) == 0);
+    CHECK(submit_text(e, ENG_JOB_GENERATE, "Once upon a time", 16, 1, 8, 0, 3, &id, &code, err, sizeof err) == 0);
+    CHECK(submit_text(e, ENG_JOB_EVAL, "Once upon a time", 16, 1, 0, 0, 4, &id, &code, err, sizeof err) == 0);
+    CHECK(submit_text(e, ENG_JOB_GENERATE, "", 0, 1, 4, 0, 5, &id, &code, err, sizeof err) == 0);
+    free(longt);
+    tpump(e, r, 6, 6, 30000);
+    CHECK(r[0].error && r[0].code == ENG_EUTF8 && r[0].message[0]);
+    CHECK(r[1].error && r[1].code == ENG_ECTX);
+    char want[64];
+    snprintf(want, sizeof want, "does not fit the context of %d", (int)eng_model(e)->n_ctx);
+    CHECKF(!strncmp(r[1].message, "prompt of ", 10) && strstr(r[1].message, want), "'%s'", r[1].message);
+    CHECK(r[2].error && r[2].code == ENG_ECTX);
+    CHECK(r[3].done && r[3].finish == ENG_FINISH_LENGTH && r[3].n_tok == 8 && r[3].prompt_tokens >= 4);
+    CHECK(r[4].done && r[4].prompt_tokens >= 4);
+    CHECK(r[5].done && r[5].prompt_tokens == 1);       /* empty text: BOS alone */
+    for (int i = 0; i < 6; i++) CHECK(r[i].after_end == 0);
+    /* messages without a chat template: refused at once */
+    eng_msg m = { "user", 4, "hi", 2 };
+    eng_job_desc d = { 0 };
+    d.kind = ENG_JOB_GENERATE;
+    d.msgs = &m;
+    d.n_msgs = 1;
+    eng_sampling_default(&d.sampling);
+    CHECK(eng_submit(e, &d, &id, &code, err, sizeof err) == -1 && code == ENG_EINVAL);
+    eng_stats st;
+    eng_stats_get(e, &st);
+    CHECK_EQ_INT(st.queued + st.active, 0);
+    eng_close(e);
+
+    /* a model with a chat template: messages and system prompts */
+    e = open_eng(FIXTURE("models/qwen2-tiny.bf16.gguf"), 4);
+    if (!e) { CHECK(0); return; }
+    memset(r, 0, sizeof r);
+    eng_msg ok[2] = { { "system", 6, "Be brief.", 9 }, { "user", 4, "Hello there", 11 } };
+    d.msgs = ok;
+    d.n_msgs = 2;
+    d.max_tokens = 4;
+    d.sampling.temperature = 0;
+    d.user = (void *)0;
+    CHECK(eng_submit(e, &d, &id, &code, err, sizeof err) == 0);
+    eng_msg bad_utf8[1] = { { "user", 4, "\xc3", 1 } };
+    d.msgs = bad_utf8;
+    d.n_msgs = 1;
+    d.user = (void *)1;
+    CHECK(eng_submit(e, &d, &id, &code, err, sizeof err) == 0);
+    eng_msg bad_role[2] = { { "user", 4, "hi", 2 }, { "robot", 5, "beep", 4 } };
+    d.msgs = bad_role;
+    d.n_msgs = 2;
+    CHECK(eng_submit(e, &d, &id, &code, err, sizeof err) == -1 && code == ENG_EINVAL);
+    CHECKF(strstr(err, "message 1: role must be") != NULL, "'%s'", err);
+    d.msgs = NULL;
+    d.n_msgs = 0;
+    d.text = "Hello there";
+    d.text_len = 11;
+    d.system = "Be brief.";
+    d.system_len = 9;
+    d.user = (void *)2;
+    CHECK(eng_submit(e, &d, &id, &code, err, sizeof err) == 0);
+    tpump(e, r, 3, 3, 30000);
+    CHECK(r[0].done && r[0].n_tok == 4);
+    CHECK(r[1].error && r[1].code == ENG_EUTF8);
+    CHECK(r[2].done && r[2].n_tok == 4);
+    /* the same conversation, given as messages or as system + text */
+    CHECK_EQ_INT(r[0].prompt_tokens, r[2].prompt_tokens);
+    CHECK(!memcmp(r[0].ids, r[2].ids, 4 * sizeof(int32_t)));
+    eng_close(e);
+}
+
+/* Cancelling a job whose prompt is being encoded, or waits to be, ends it at
+ * once; the tokenizer goes on with the next prompt; closing with prompts in
+ * the tokenizer frees them (ASan/LSan builds check). */
+static void test_cancel_tokenizing(void)
+{
+    eng *e = open_eng(STORIES, 4);
+    if (!e) { CHECK(0); return; }
+    size_t big = 8u << 20;
+    char *text = story_text(big);
+    char err[256];
+    eng_err code;
+    uint64_t x, y, z;
+    tres r[3];
+    memset(r, 0, sizeof r);
+    CHECK(submit_text(e, ENG_JOB_GENERATE, text, big, 1, 8, 0, 0, &x, &code, err, sizeof err) == 0);
+    CHECK(submit_text(e, ENG_JOB_GENERATE, text, big, 1, 8, 0, 1, &y, &code, err, sizeof err) == 0);
+    usleep(2000);
+    double t0 = ms_now();
+    eng_cancel(e, x);
+    eng_cancel(e, y);
+    tpump(e, r, 2, 2, 60000);
+    double cancel_ms = ms_now() - t0;
+    CHECK(r[0].done && r[0].finish == ENG_FINISH_CANCELLED && r[0].prompt_tokens == 0);
+    CHECK(r[1].done && r[1].finish == ENG_FINISH_CANCELLED && r[1].prompt_tokens == 0);
+    CHECK(!r[0].error && !r[1].error);
+    CHECK(submit_text(e, ENG_JOB_GENERATE, "Once upon a time", 16, 1, 8, 0, 2, &z, &code, err, sizeof err) == 0);
+    t0 = ms_now();
+    tpump(e, r, 3, 3, 60000);
+    double next_ms = ms_now() - t0;
+    fprintf(stderr, "  cancel took %.1f ms; the next prompt ended %.1f ms later\n", cancel_ms, next_ms);
+    CHECK(r[2].done && r[2].finish == ENG_FINISH_LENGTH && r[2].n_tok == 8);
+    CHECK(r[0].after_end == 0 && r[1].after_end == 0);
+    eng_stats st;
+    eng_stats_get(e, &st);
+    CHECK_EQ_INT(st.queued + st.active, 0);
+    /* close with one prompt being encoded and one waiting */
+    CHECK(submit_text(e, ENG_JOB_GENERATE, text, big, 1, 8, 0, 0, &x, &code, err, sizeof err) == 0);
+    CHECK(submit_text(e, ENG_JOB_EVAL, text, big, 1, 0, 0, 1, &y, &code, err, sizeof err) == 0);
+    usleep(2000);
+    eng_close(e);
+    free(text);
+}
+
+/* Ready jobs are admitted oldest first whatever path their prompt took (a
+ * text prompt encoded while later token prompts queue keeps its place); the
+ * tokenizer takes uids in turns, so one uid's pile of huge prompts does not
+ * hold up another uid's small one. */
+static void test_tokenizer_order(void)
+{
+    eng *e = open_eng(STORIES, 1);
+    if (!e) { CHECK(0); return; }
+    char err[256];
+    eng_err code;
+    uint64_t id;
+    tres r[4];
+    memset(r, 0, sizeof r);
+    int32_t bos = 1;
+    CHECK(submit(e, &bos, 1, 0, 0, 0, 0, &id) == 0);      /* holds the one slot a while */
+    CHECK(submit_text(e, ENG_JOB_GENERATE, "Once upon a time", 16, 1, 4, 0, 1, &id, &code, err, sizeof err) == 0);
+    CHECK(submit(e, &bos, 1, 4, 0, 0, 2, &id) == 0);
+    tpump(e, r, 3, 3, 60000);
+    CHECK(r[0].done && r[1].done && r[2].done);
+    CHECKF(r[0].order == 1 && r[1].order == 2 && r[2].order == 3, "order %d %d %d", r[0].order, r[1].order, r[2].order);
+    eng_close(e);
+
+    e = open_eng(STORIES, 4);
+    if (!e) { CHECK(0); return; }
+    size_t big = 4u << 20;
+    char *text = story_text(big);
+    memset(r, 0, sizeof r);
+    for (int i = 0; i < 3; i++)
+        CHECK(submit_text(e, ENG_JOB_GENERATE, text, big, 1, 4, 1000, i, &id, &code, err, sizeof err) == 0);
+    CHECK(submit_text(e, ENG_JOB_GENERATE, "Once upon a time", 16, 1, 4, 2000, 3, &id, &code, err, sizeof err) == 0);
+    tpump(e, r, 4, 4, 60000);
+    for (int i = 0; i < 3; i++) CHECK(r[i].error && r[i].code == ENG_ECTX);
+    CHECK(r[3].done && r[3].n_tok == 4);
+    CHECKF(r[3].order <= 2, "the other uid's prompt ended %d of 4", r[3].order);
+    free(text);
+    eng_close(e);
+}
+
 static void test_tokenizer_only(void)
 {
     eng *e = open_eng(FIXTURE("tokenizers/llama.cpp/ggml-vocab-llama-spm.gguf"), 4);
@@ -421,6 +731,10 @@ int main(void)
     RUN(test_stop_string);
     RUN(test_eval);
     RUN(test_submit_errors);
+    RUN(test_huge_prompt_async);
+    RUN(test_prompt_errors_as_events);
+    RUN(test_cancel_tokenizing);
+    RUN(test_tokenizer_order);
     RUN(test_tokenizer_only);
     RUN(test_open_errors);
     return CHECK_DONE();
