@@ -88,7 +88,10 @@ static void *cu_alloc(be *b, size_t n)
     cu_be *c = (cu_be *)b;
     void *p = NULL;
     if (cudaMalloc(&p, n ? n : 256) != cudaSuccess) { cudaGetLastError(); return NULL; }
-    if (!ok(c, cudaMemset(p, 0, n ? n : 256), "memset")) { cudaFree(p); return NULL; }
+    if (!ok(c, cudaMemsetAsync(p, 0, n ? n : 256, c->st), "memset") || !ok(c, cudaStreamSynchronize(c->st), "memset")) {
+        cudaFree(p);
+        return NULL;
+    }
     return p;
 }
 
@@ -128,7 +131,14 @@ static int cu_weight_prepare(be *b, wt *w)
     size_t n = (size_t)w->n_out * w->row_bytes;
     void *d = NULL;
     if (cudaMalloc(&d, n ? n : 256) != cudaSuccess) { cudaGetLastError(); return -1; }
-    if (!ok(c, cudaMemcpy(d, w->data, n, cudaMemcpyHostToDevice), "weight upload")) { cudaFree(d); return -1; }
+    /* on our stream, then waited for: a plain cudaMemcpy from pageable memory
+     * may return before its DMA lands, and runs on the legacy stream, which
+     * our non-blocking stream does not wait for */
+    if (!ok(c, cudaMemcpyAsync(d, w->data, n, cudaMemcpyHostToDevice, c->st), "weight upload") ||
+        !ok(c, cudaStreamSynchronize(c->st), "weight upload")) {
+        cudaFree(d);
+        return -1;
+    }
     if (w->type == QT_Q8_0) {   /* the kernels read q8_0 repacked (aligned quants, then scales) */
         void *r = NULL;
         if (cudaMalloc(&r, n ? n : 256) != cudaSuccess) { cudaGetLastError(); cudaFree(d); return -1; }
@@ -164,6 +174,7 @@ static void cu_to_host(be *b, void *dst, const void *src, size_t n)
         if (c->h_out) cudaFreeHost(c->h_out);
         c->h_out = NULL; c->h_out_cap = 0;
         if (!ok(c, cudaMallocHost(&c->h_out, n), "pinned staging")) {
+            ok(c, cudaStreamSynchronize(c->st), "sync");
             ok(c, cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost), "to_host");
             return;
         }
@@ -177,8 +188,9 @@ static void cu_to_host(be *b, void *dst, const void *src, size_t n)
 static void cu_to_dev(be *b, void *dst, const void *src, size_t n)
 {
     cu_be *c = (cu_be *)b;
+    /* (see cu_weight_prepare: a plain cudaMemcpy could still be in flight) */
+    ok(c, cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, c->st), "to_dev");
     ok(c, cudaStreamSynchronize(c->st), "sync");
-    ok(c, cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice), "to_dev");
 }
 
 static void cu_sync(be *b)
