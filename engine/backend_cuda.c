@@ -695,7 +695,7 @@ int be_cuda_open(be **out, struct pool *p, int kv_f16, char *err, size_t errlen)
     what = "device memory";
     if (cudaMalloc(&c->blas_ws, ws) != cudaSuccess) goto fail;
     if (cublasSetWorkspace(c->blas, c->blas_ws, ws) != CUBLAS_STATUS_SUCCESS) goto fail;
-    c->att_maxs = 8;
+    c->att_maxs = 32;
     c->part_cap = (size_t)2 * c->n_sm * (size_t)c->att_maxs * (256 + 2);
     if (cudaMalloc((void **)&c->part, c->part_cap * 4) != cudaSuccess) goto fail;
     if (cudaMalloc((void **)&c->d_ids_out, ARGMAX_ROWS * 4) != cudaSuccess) goto fail;

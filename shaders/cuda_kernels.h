@@ -68,7 +68,7 @@ void ck_kv_store(cudaStream_t st, void *kc, void *vc, int f16, const int32_t *po
  * G > 1 spreads the spans of each (token, head) over G blocks (flash-
  * decoding): `part` then holds T*n_head*maxs*(head_dim+2) floats, and maxs
  * must be at least the spans of the longest token. head_dim <= 256. */
-#define CK_ATT_SPAN 128
+#define CK_ATT_SPAN 32
 void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *vc, int f16,
                   const int32_t *pos, const int32_t *off, const int32_t *pages, int T, int n_head,
                   int n_head_kv, int head_dim, float *out, float *part, int G, int maxs);
