@@ -105,6 +105,7 @@ struct eng {
     eng_model_info info;
     char warning[160];
     int n_ctx, max_seqs, max_queued;
+    int prefill_shared;          /* prompt tokens per pass beside decoding streams */
 
     pthread_t worker;
     int worker_started;
@@ -925,7 +926,7 @@ static void step(eng *e)
         }
     }
     int n_decode = T;
-    int budget = n_decode ? n_decode + PREFILL_SHARED : BATCH_TOKENS;
+    int budget = n_decode ? n_decode + e->prefill_shared : BATCH_TOKENS;
     for (int i = 0; i < e->n_active && T < budget; i++) {
         job *j = e->active[i];
         if (j->n_past >= j->n_prompt || atomic_load_explicit(&j->paused, memory_order_relaxed)) continue;
@@ -1179,6 +1180,10 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
         if (be_cpu_open(&e->be, e->pool, !opt->kv_f32, err, errlen)) goto fail;
     }
     in->backend = e->be->ops->name;
+    /* a GPU pass costs about the same for 128 or 512 prompt tokens (each
+     * pass reads, and for prompts converts, every weight once): there
+     * prompts share passes with decoding streams at full width */
+    e->prefill_shared = strcmp(e->be->ops->name, "cpu") ? BATCH_TOKENS : PREFILL_SHARED;
     if (model_prepare(m, e->be, err, errlen)) goto fail;
 
     size_t page_bytes = fw_kv_page_bytes(m, e->be->kv_elt);
