@@ -656,11 +656,11 @@ static void cu_attention(be *b, const float *q, const void *kc, const void *vc, 
                          int n_head_kv, int head_dim, float *out)
 {
     cu_be *c = (cu_be *)b;
-    tag_clear(c);
     use_batch(c, bt);
     int G = att_room(c, bt) ? 1 : att_blocks(c, bt->T, n_head, head_dim);
+    void *xq = head_dim % 32 == 0 ? quant_ahead(c, out, bt->T, n_head * head_dim) : (tag_clear(c), NULL);
     ck_attention(c->st, q, kc, vc, b->kv_elt == 2, d_pos(c), d_off(c), d_pages(c), bt->T, n_head, n_head_kv,
-                 head_dim, out, c->part, G, c->att_maxs);
+                 head_dim, out, c->part, G, c->att_maxs, xq);
 }
 
 static void cu_argmax(be *b, const float *x, int rows, int n, int32_t *ids)

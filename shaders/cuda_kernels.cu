@@ -1328,7 +1328,7 @@ template <int ND, int F16>
 __global__ void __launch_bounds__(128) k_attention(const float *q, const void *kc, const void *vc,
                                                    const int32_t *pos, const int32_t *off, const int32_t *pages,
                                                    int n_head, int n_head_kv, int hd, float *out, float *part,
-                                                   int G, int maxs)
+                                                   int G, int maxs, xq_lay qx)
 {
     int th = blockIdx.x, t = th / n_head, h = th % n_head, y = blockIdx.y;
     int lane = threadIdx.x & 31;
@@ -1361,7 +1361,11 @@ __global__ void __launch_bounds__(128) k_attention(const float *q, const void *k
 #pragma unroll
         for (int i = 0; i < ATT_DPT; i++) {
             int d = threadIdx.x + 128 * i;
-            if (d < hd) out[(size_t)th * hd + d] = A[i] / L;
+            if (d < hd) {   /* (whole warps: hd % 32 == 0 when quantizing) */
+                float o = A[i] / L;
+                out[(size_t)th * hd + d] = o;
+                if (qx.q) quant_block(o, lane, ((size_t)th * hd + d) >> 5, qx);
+            }
         }
         return;
     }
@@ -1379,7 +1383,8 @@ __global__ void __launch_bounds__(128) k_attention(const float *q, const void *k
 }
 
 /* Tokens of more than one span, after k_attention with G > 1. 128 threads. */
-__global__ void k_att_merge(const float *part, const int32_t *pos, int n_head, int hd, int maxs, float *out)
+__global__ void k_att_merge(const float *part, const int32_t *pos, int n_head, int hd, int maxs, float *out,
+                            xq_lay qx)
 {
     int th = blockIdx.x, t = th / n_head;
     int ns = (pos[t] + 1 + CK_ATT_SPAN - 1) / CK_ATT_SPAN;
@@ -1399,7 +1404,11 @@ __global__ void k_att_merge(const float *part, const int32_t *pos, int n_head, i
 #pragma unroll
     for (int i = 0; i < ATT_DPT; i++) {
         int d = threadIdx.x + 128 * i;
-        if (d < hd) out[(size_t)th * hd + d] = A[i] / L;
+        if (d < hd) {
+            float o = A[i] / L;
+            out[(size_t)th * hd + d] = o;
+            if (qx.q) quant_block(o, threadIdx.x & 31, ((size_t)th * hd + d) >> 5, qx);
+        }
     }
 }
 
@@ -1794,23 +1803,24 @@ void ck_rope_kv(cudaStream_t st, float *q, float *k, const float *v, void *kc, v
 
 void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *vc, int f16, const int32_t *pos,
                   const int32_t *off, const int32_t *pages, int T, int n_head, int n_head_kv, int hd, float *out,
-                  float *part, int G, int maxs)
+                  float *part, int G, int maxs, void *xq)
 {
     if (G < 1 || maxs < 1) G = 1;
+    xq_lay L = xq_out(hd % 32 == 0 ? xq : NULL, T, n_head * hd);
     dim3 g(T * n_head, G);
     int nd = (hd + 31) / 32;
 #define L_ATT(ND)                                                                                              \
     do {                                                                                                       \
         if (f16) k_attention<ND, 1><<<g, 128, 0, st>>>(q, kc, vc, pos, off, pages, n_head, n_head_kv, hd, out, \
-                                                       part, G, maxs);                                         \
+                                                       part, G, maxs, L);                                      \
         else k_attention<ND, 0><<<g, 128, 0, st>>>(q, kc, vc, pos, off, pages, n_head, n_head_kv, hd, out,     \
-                                                   part, G, maxs);                                             \
+                                                   part, G, maxs, L);                                          \
     } while (0)
     if (nd <= 1) L_ATT(1);
     else if (nd <= 2) L_ATT(2);
     else if (nd <= 4) L_ATT(4);
     else L_ATT(8);
-    if (G > 1) k_att_merge<<<T * n_head, 128, 0, st>>>(part, pos, n_head, hd, maxs, out);
+    if (G > 1) k_att_merge<<<T * n_head, 128, 0, st>>>(part, pos, n_head, hd, maxs, out, L);
 }
 
 void ck_argmax(cudaStream_t st, const float *x, int rows, int n, int32_t *ids)

@@ -77,7 +77,8 @@ void ck_kv_store(cudaStream_t st, void *kc, void *vc, int f16, const int32_t *po
 void ck_rope_kv(cudaStream_t st, float *q, float *k, const float *v, void *kc, void *vc, int f16,
                 const int32_t *pos, const int32_t *off, const int32_t *pages, int T, int n_head, int n_head_kv,
                 int hd, int n_rot, float base, int neox, const float *fd);
-/* Causal attention over the paged cache. A token's positions go in spans of
+/* Causal attention over the paged cache (xq: also out's int8 form, as
+ * ck_rmsnorm; head_dim % 32 == 0). A token's positions go in spans of
  * CK_ATT_SPAN, merged in order, so its result does not depend on the batch.
  * G > 1 spreads the spans of each (token, head) over G blocks (flash-
  * decoding): `part` then holds T*n_head*maxs*(head_dim+2) floats, and maxs
@@ -85,7 +86,7 @@ void ck_rope_kv(cudaStream_t st, float *q, float *k, const float *v, void *kc, v
 #define CK_ATT_SPAN 128
 void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *vc, int f16,
                   const int32_t *pos, const int32_t *off, const int32_t *pages, int T, int n_head,
-                  int n_head_kv, int head_dim, float *out, float *part, int G, int maxs);
+                  int n_head_kv, int head_dim, float *out, float *part, int G, int maxs, void *xq);
 /* ids[r] = argmax of row r of x [rows][n] (first of equals). */
 void ck_argmax(cudaStream_t st, const float *x, int rows, int n, int32_t *ids);
 

@@ -506,6 +506,16 @@ static void attn_case(be *gb, be *cb, int n_head, int n_head_kv, int hd)
     void *ckc = calloc(1, cache), *cvc = calloc(1, cache);
     void *gkc = gb->ops->alloc(gb, cache), *gvc = gb->ops->alloc(gb, cache);
     int lens[NS] = { 37, 5, 300 };
+    /* an output projection after the attention: the attention's own int8
+     * form of its output (when it writes one) gives the same result */
+    int nq_in = n_head * hd, wo_n = 40;
+    size_t wo_rb;
+    wt wo = { .type = QT_Q8_0, .n_in = nq_in, .n_out = wo_n };
+    if (nq_in % 32 == 0) {
+        wo.data = kept(make_weight(QT_Q8_0, nq_in, wo_n, &wo_rb));
+        wo.row_bytes = wo_rb;
+        CHECK(gb->ops->weight_prepare(gb, &wo) == 0);
+    }
     for (int step = 0; step < 4; step++) {
         /* step 0: prefill lens[s] tokens each; later: one token each at a longer position */
         int T = 0;
@@ -546,6 +556,20 @@ static void attn_case(be *gb, be *cb, int n_head, int n_head_kv, int hd)
         cb->ops->attention(cb, q, ckc, cvc, &bt, n_head, n_head_kv, hd, a);
         gb->ops->kv_store(gb, gkc, gvc, &bt, kvd, dk, dv);
         gb->ops->attention(gb, dq, gkc, gvc, &bt, n_head, n_head_kv, hd, dout);
+        if (wo.data) {
+            size_t no = (size_t)T * wo_n;
+            float *p1 = gb->ops->alloc(gb, no * 4), *p2 = gb->ops->alloc(gb, no * 4);
+            float *h1 = calloc(no, 4), *h2 = calloc(no, 4);
+            gb->ops->matmul(gb, &wo, NULL, dout, T, p1);
+            gb->ops->to_dev(gb, p2, h1, 4);   /* any write: xq is the matmul's own again */
+            gb->ops->matmul(gb, &wo, NULL, dout, T, p2);
+            gb->ops->to_host(gb, h1, p1, no * 4);
+            gb->ops->to_host(gb, h2, p2, no * 4);
+            CHECKF(memcmp(h1, h2, no * 4) == 0, "attention kv%s heads %d/%d hd %d step %d: projection of the "
+                   "attention's int8 output differs", elt == 2 ? "16" : "32", n_head, n_head_kv, hd, step);
+            gb->ops->free(gb, p1); gb->ops->free(gb, p2);
+            free(h1); free(h2);
+        }
         gb->ops->to_host(gb, g, dout, nq * 4);
         gb->ops->sync(gb);
         double e = rel_err_f(g, a, nq);
