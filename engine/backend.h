@@ -129,6 +129,11 @@ typedef struct be_ops {
                      float *const *out);
     /* add_rmsnorm: x += y, then out = rmsnorm(x) * w (out may be y).  [rows][n] */
     void (*add_rmsnorm)(be *b, float *x, const float *y, const wt *w, int rows, int n, float eps, float *out);
+    /* rope_kv: rope of q [T][n_head][head_dim] and k [T][n_head_kv][head_dim]
+     * in place, then kv_store of k and v (kv_dim = n_head_kv*head_dim): the
+     * same values as rope, rope, kv_store. */
+    void (*rope_kv)(be *b, float *q, float *k, const float *v, void *kcache, void *vcache, const be_batch *bt,
+                    int n_head, int n_head_kv, int head_dim, int n_rot, float base, int neox, const wt *freq_div);
 } be_ops;
 
 struct be {

@@ -20,7 +20,15 @@
  * ANE_CUDA_MMQ=1: q8_0 and q4_K rows of every batch through one int8
  * tensor-core kernel (the same arithmetic for decode and prompt rows at any
  * batch size). Outside a forward pass (tests) batches under gemm_min_t rows
- * (9; ANE_CUDA_GEMM_T) take the GEMV. Greedy rows come back as ids. */
+ * (9; ANE_CUDA_GEMM_T) take the GEMV. Greedy rows come back as ids.
+ * Fusion (ANE_CUDA_FUSE=0 turns it off, for comparison): rope_kv is one
+ * kernel; and the ops that produce a GEMV's input (rmsnorm, add_rmsnorm,
+ * silu_mul) also write its int8 form into xq, with the GEMV's own
+ * quantizer, when an int8 matrix of that width would take all those rows
+ * by GEMV. A tag (source, rows, n) says what xq holds; a matmul on exactly
+ * that skips the quantization, every op that may write device memory
+ * clears it, and it never outlives a pass: being host state, it takes the
+ * same course while a pass is recorded as a graph. */
 #ifdef ANE_CUDA
 
 #include "engine/backend.h"
@@ -66,6 +74,13 @@ typedef struct cu_be {
     int att_maxs;              /* spans per (token, head) row of part */
     int invariant;             /* ANE_CUDA_INVARIANT=1: decode rows always by GEMV */
     int gemm_t_set;            /* ANE_CUDA_GEMM_T given */
+    int mmq;                   /* int8 matrices go through the tensor-core kernel */
+    int fuse;                  /* ANE_CUDA_FUSE (default on) */
+    const float *xq_src;       /* xq holds the int8 form of xq_src [xq_rows][xq_n], or nothing */
+    int xq_rows, xq_n;
+    int q_n[8], n_q_n;         /* widths (n_in) of the int8 matrices */
+    const float *mm_out;       /* the last matmul's output [mm_rows][mm_n] (silu_mul's rows) */
+    int mm_rows, mm_n;
     /* graphs */
     cudaGraphExec_t graph[GRAPH_MAX_T + 1];
     unsigned char seen[GRAPH_MAX_T + 1];
@@ -95,7 +110,28 @@ static void *cu_alloc(be *b, size_t n)
     return p;
 }
 
-static void cu_free(be *b, void *p) { (void)b; if (p) cudaFree(p); }
+static void tag_clear(cu_be *c) { c->xq_src = NULL; c->xq_rows = c->xq_n = 0; }
+
+static void tag_set(cu_be *c, const float *x, int rows, int n) { c->xq_src = x; c->xq_rows = rows; c->xq_n = n; }
+
+static int tag_is(const cu_be *c, const float *x, int rows, int n)
+{
+    return c->xq_src && c->xq_src == x && c->xq_rows == rows && c->xq_n == n;
+}
+
+/* out [n] floats were written: a tag on memory overlapping them goes */
+static void tag_written(cu_be *c, const float *out, size_t n)
+{
+    if (!c->xq_src) return;
+    const float *s = c->xq_src, *e = s + (size_t)c->xq_rows * c->xq_n;
+    if (out < e && s < out + n) tag_clear(c);
+}
+
+static void cu_free(be *b, void *p)
+{
+    tag_clear((cu_be *)b);
+    if (p) cudaFree(p);
+}
 
 static void graphs_drop(cu_be *c)
 {
@@ -163,6 +199,9 @@ dims:
         size_t e = (size_t)w->n_in * (size_t)w->n_out;
         if (e > c->max_w_elems) c->max_w_elems = e;
         if (w->n_in > c->max_n_in) c->max_n_in = w->n_in;
+        int k = 0;
+        while (k < c->n_q_n && c->q_n[k] != (int)w->n_in) k++;
+        if (k == c->n_q_n && k < 8 && ck_gemv_int8(w->type, (int)w->n_in)) c->q_n[c->n_q_n++] = (int)w->n_in;
     }
     return 0;
 }
@@ -188,6 +227,7 @@ static void cu_to_host(be *b, void *dst, const void *src, size_t n)
 static void cu_to_dev(be *b, void *dst, const void *src, size_t n)
 {
     cu_be *c = (cu_be *)b;
+    tag_clear(c);
     /* (see cu_weight_prepare: a plain cudaMemcpy could still be in flight) */
     ok(c, cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, c->st), "to_dev");
     ok(c, cudaStreamSynchronize(c->st), "sync");
@@ -300,6 +340,7 @@ static void *xq_for(cu_be *c, int T, int n)
     if (need <= c->xq_cap) return c->xq;
     if (c->capturing) return NULL;
     ok(c, cudaStreamSynchronize(c->st), "sync");
+    tag_clear(c);
     cudaFree(c->xq); c->xq = NULL; c->xq_cap = 0;
     graphs_drop(c);
     if (!ok(c, cudaMalloc(&c->xq, want), "int8 scratch")) return NULL;
@@ -351,6 +392,7 @@ static int cu_step_begin(be *b, const int32_t *tokens, const be_batch *bt, const
 {
     cu_be *c = (cu_be *)b;
     int T = bt->T;
+    tag_clear(c);
     /* the scratch is taken at the first pass: GEMM for batches up to 1024 */
     if (ensure_gemm(c, T > 1024 ? T : 1024)) return 0;
     xq_for(c, T > 16 ? T : 16, (int)c->max_n_in);   /* before any capture */
@@ -389,6 +431,7 @@ static void cu_step_end(be *b)
             cudaGraphDestroy(g);
         }
     }
+    tag_clear(c);
     c->cur_bt = NULL;
     c->cur_ids = NULL;
     c->in_step = 0;
@@ -400,21 +443,72 @@ static void cu_step_end(be *b)
 static void cu_embed(be *b, const wt *emb, const int32_t *ids, int T, float *out)
 {
     cu_be *c = (cu_be *)b;
+    tag_clear(c);
     if (ids != c->cur_ids) stage(c, ids, T, NULL);
     ck_embed(c->st, emb->type, emb->dev, emb->row_bytes, (int)emb->n_in, d_ids(c), T, out);
+}
+
+/* Rows [0, nd) by GEMV (or the int8 tensor-core kernel), the rest by cuBLAS.
+ * In a pass: its decode rows while they are at most CK_GEMV_MAX_T (or
+ * invariant is set), so a decoding sequence computes the same alone or
+ * among up to that many; larger decode batches go to the tensor cores.
+ * Elsewhere (tests): all rows of a batch under gemm_min_t. */
+static int gemv_take(const cu_be *c, int mmq, int T)
+{
+    if (mmq) return T;
+    if (c->in_step) {
+        int nd = c->n_dec < T ? c->n_dec : T;
+        if (c->gemm_t_set && T - nd < c->gemm_min_t) return T;   /* ANE_CUDA_GEMM_T: small prompts too */
+        return nd <= CK_GEMV_MAX_T || c->invariant ? nd : 0;
+    }
+    return T < c->gemm_min_t ? T : 0;
+}
+
+static int gemv_count(const cu_be *c, const wt *w, int T)
+{
+    return gemv_take(c, ck_mmq(w->type, (int)w->n_in), T);
+}
+
+/* For an op about to write out [rows][n]: xq, when out should go there in
+ * int8 too (an int8 matrix of width n would take all rows by GEMV), with
+ * the tag set to out; else NULL, the tag cleared. */
+static void *quant_ahead(cu_be *c, const float *out, int rows, int n)
+{
+    tag_clear(c);
+    if (!c->fuse || rows < 1 || n < 32 || n % 32) return NULL;
+    int known = 0;
+    for (int k = 0; k < c->n_q_n; k++) known |= c->q_n[k] == n;
+    if (!known || gemv_take(c, c->mmq, rows) != rows) return NULL;
+    void *xq = xq_for(c, rows, n);   /* (NULL while recording, if too small) */
+    if (xq) tag_set(c, out, rows, n);
+    return xq;
 }
 
 static void cu_rmsnorm(be *b, const float *x, const wt *w, int rows, int n, float eps, float *out)
 {
     cu_be *c = (cu_be *)b;
-    ck_rmsnorm(c->st, x, w->dev, rows, n, eps, out);
+    void *xq = quant_ahead(c, out, rows, n);
+    ck_rmsnorm(c->st, x, w->dev, rows, n, eps, out, xq);
 }
 
+/* int8 types on x [T][n]: from the tagged xq, or quantized here (then
+ * tagged); else f32 */
 static void gemv_rows(cu_be *c, const wt *w, const float *bv, const float *x, int T, float *out)
 {
     int n = (int)w->n_in;
-    ck_gemv(c->st, w->type, w->dev, w->row_bytes, n, (int)w->n_out, bv, x, T, out,
-            ck_gemv_int8(w->type, n) ? xq_for(c, T, n) : NULL);
+    if (!ck_gemv_int8(w->type, n)) {
+        ck_gemv(c->st, w->type, w->dev, w->row_bytes, n, (int)w->n_out, bv, x, T, out, NULL);
+        return;
+    }
+    const void *W = w->dev;
+    int no = (int)w->n_out;
+    if (tag_is(c, x, T, n)) {
+        ck_gemv_multi_q(c->st, w->type, 1, &W, w->row_bytes, n, &no, &bv, T, &out, c->xq);
+        return;
+    }
+    void *xq = xq_for(c, T, n);
+    ck_gemv(c->st, w->type, W, w->row_bytes, n, no, bv, x, T, out, xq);
+    if (xq) tag_set(c, x, T, n);
 }
 
 /* cuBLAS: quantized W over f16 copies of W and x; float W (f32, f16, bf16:
@@ -451,22 +545,6 @@ static int gemm_rows(cu_be *c, const wt *w, const float *bv, const float *x, int
     return 0;
 }
 
-/* Rows [0, nd) by GEMV (or the int8 tensor-core kernel), the rest by cuBLAS.
- * In a pass: its decode rows while they are at most CK_GEMV_MAX_T (or
- * invariant is set), so a decoding sequence computes the same alone or
- * among up to that many; larger decode batches go to the tensor cores.
- * Elsewhere (tests): all rows of a batch under gemm_min_t. */
-static int gemv_count(const cu_be *c, const wt *w, int T)
-{
-    if (ck_mmq(w->type, (int)w->n_in)) return T;
-    if (c->in_step) {
-        int nd = c->n_dec < T ? c->n_dec : T;
-        if (c->gemm_t_set && T - nd < c->gemm_min_t) return T;   /* ANE_CUDA_GEMM_T: small prompts too */
-        return nd <= CK_GEMV_MAX_T || c->invariant ? nd : 0;
-    }
-    return T < c->gemm_min_t ? T : 0;
-}
-
 static void cu_matmul(be *b, const wt *w, const wt *bias, const float *x, int T, float *out)
 {
     cu_be *c = (cu_be *)b;
@@ -475,6 +553,8 @@ static void cu_matmul(be *b, const wt *w, const wt *bias, const float *x, int T,
     if (nd < T && gemm_rows(c, w, bv, x + (size_t)nd * w->n_in, T - nd, out + (size_t)nd * w->n_out))
         nd = T;
     if (nd > 0) gemv_rows(c, w, bv, x, nd, out);
+    tag_written(c, out, (size_t)T * w->n_out);
+    c->mm_out = out; c->mm_rows = T; c->mm_n = (int)w->n_out;
 }
 
 static void cu_matmul_n(be *b, int n, const wt *const *w, const wt *const *bias, const float *x, int T,
@@ -497,29 +577,53 @@ static void cu_matmul_n(be *b, int n, const wt *const *w, const wt *const *bias,
         no[i] = (int)w[i]->n_out;
     }
     int nin = (int)w[0]->n_in;
-    ck_gemv_multi(c->st, w[0]->type, n, W, w[0]->row_bytes, nin, no, bv, x, T, out,
-                  ck_gemv_int8(w[0]->type, nin) ? xq_for(c, T, nin) : NULL);
+    if (!ck_gemv_int8(w[0]->type, nin)) {
+        ck_gemv_multi(c->st, w[0]->type, n, W, w[0]->row_bytes, nin, no, bv, x, T, out, NULL);
+    } else if (tag_is(c, x, T, nin)) {
+        ck_gemv_multi_q(c->st, w[0]->type, n, W, w[0]->row_bytes, nin, no, bv, T, out, c->xq);
+    } else {
+        void *xq = xq_for(c, T, nin);
+        ck_gemv_multi(c->st, w[0]->type, n, W, w[0]->row_bytes, nin, no, bv, x, T, out, xq);
+        if (xq) tag_set(c, x, T, nin);
+    }
+    for (int i = 0; i < n; i++) tag_written(c, out[i], (size_t)T * no[i]);
+    c->mm_out = out[0]; c->mm_rows = T; c->mm_n = no[0];
 }
 
 static void cu_add_rmsnorm(be *b, float *x, const float *y, const wt *w, int rows, int n, float eps, float *out)
 {
-    ck_add_rmsnorm(((cu_be *)b)->st, x, y, w->dev, rows, n, eps, out);
+    cu_be *c = (cu_be *)b;
+    void *xq = quant_ahead(c, out, rows, n);
+    ck_add_rmsnorm(c->st, x, y, w->dev, rows, n, eps, out, xq);
 }
 
 static void cu_add(be *b, float *x, const float *y, size_t n)
 {
-    ck_add(((cu_be *)b)->st, x, y, n);
+    cu_be *c = (cu_be *)b;
+    tag_clear(c);
+    ck_add(c->st, x, y, n);
 }
 
+/* out [rows][F] when g or u is the last matmul's output of that shape */
 static void cu_silu_mul(be *b, const float *g, const float *u, size_t n, float *out)
 {
-    ck_silu_mul(((cu_be *)b)->st, g, u, n, out);
+    cu_be *c = (cu_be *)b;
+    int rows = 0;
+    void *xq = NULL;
+    if (c->mm_out && (g == c->mm_out || u == c->mm_out) && c->mm_n > 0 && n == (size_t)c->mm_rows * c->mm_n) {
+        rows = c->mm_rows;
+        xq = quant_ahead(c, out, rows, c->mm_n);
+    } else {
+        tag_clear(c);
+    }
+    ck_silu_mul(c->st, g, u, n, out, xq, rows);
 }
 
 static void cu_rope(be *b, float *x, const be_batch *bt, int n_heads, int head_dim, int n_rot, float base,
                     int neox, const wt *fd)
 {
     cu_be *c = (cu_be *)b;
+    tag_clear(c);
     use_batch(c, bt);
     ck_rope(c->st, x, d_pos(c), bt->T, n_heads, head_dim, n_rot, base, neox, fd && fd->data ? fd->dev : NULL);
 }
@@ -527,8 +631,25 @@ static void cu_rope(be *b, float *x, const be_batch *bt, int n_heads, int head_d
 static void cu_kv_store(be *b, void *kc, void *vc, const be_batch *bt, int kv_dim, const float *k, const float *v)
 {
     cu_be *c = (cu_be *)b;
+    tag_clear(c);
     use_batch(c, bt);
     ck_kv_store(c->st, kc, vc, b->kv_elt == 2, d_pos(c), d_off(c), d_pages(c), bt->T, kv_dim, k, v);
+}
+
+static void cu_rope_kv(be *b, float *q, float *k, const float *v, void *kc, void *vc, const be_batch *bt,
+                       int n_head, int n_head_kv, int head_dim, int n_rot, float base, int neox, const wt *fd)
+{
+    cu_be *c = (cu_be *)b;
+    if (!c->fuse) {
+        cu_rope(b, q, bt, n_head, head_dim, n_rot, base, neox, fd);
+        cu_rope(b, k, bt, n_head_kv, head_dim, n_rot, base, neox, fd);
+        cu_kv_store(b, kc, vc, bt, n_head_kv * head_dim, k, v);
+        return;
+    }
+    tag_clear(c);
+    use_batch(c, bt);
+    ck_rope_kv(c->st, q, k, v, kc, vc, b->kv_elt == 2, d_pos(c), d_off(c), d_pages(c), bt->T, n_head, n_head_kv,
+               head_dim, n_rot, base, neox, fd && fd->data ? fd->dev : NULL);
 }
 
 static void cu_attention(be *b, const float *q, const void *kc, const void *vc, const be_batch *bt, int n_head,
@@ -537,8 +658,9 @@ static void cu_attention(be *b, const float *q, const void *kc, const void *vc, 
     cu_be *c = (cu_be *)b;
     use_batch(c, bt);
     int G = att_room(c, bt) ? 1 : att_blocks(c, bt->T, n_head, head_dim);
+    void *xq = head_dim % 32 == 0 ? quant_ahead(c, out, bt->T, n_head * head_dim) : (tag_clear(c), NULL);
     ck_attention(c->st, q, kc, vc, b->kv_elt == 2, d_pos(c), d_off(c), d_pages(c), bt->T, n_head, n_head_kv,
-                 head_dim, out, c->part, G, c->att_maxs);
+                 head_dim, out, c->part, G, c->att_maxs, xq);
 }
 
 static void cu_argmax(be *b, const float *x, int rows, int n, int32_t *ids)
@@ -557,17 +679,20 @@ static void cu_argmax(be *b, const float *x, int rows, int n, int32_t *ids)
 
 static void cu_copy_rows(be *b, float *dst, size_t ds, const float *src, size_t ss, int rows, int n)
 {
+    tag_clear((cu_be *)b);
     cs_copy_rows(((cu_be *)b)->st, dst, ds, src, ss, rows, n);
 }
 
 static void cu_sigmoid_mul(be *b, float *x, const float *g, size_t n)
 {
+    tag_clear((cu_be *)b);
     cs_sigmoid_mul(((cu_be *)b)->st, x, g, n);
 }
 
 static void cu_rmsnorm_gated(be *b, const float *x, const float *z, const wt *w, int rows, int n, float eps,
                              float *out)
 {
+    tag_clear((cu_be *)b);
     cs_rmsnorm_gated(((cu_be *)b)->st, x, z, w->dev, rows, n, eps, out);
 }
 
@@ -581,6 +706,7 @@ static int ssm_fail(cu_be *c, const char *what)
 /* Save points need the host batch: never inside a recorded pass. */
 static int ssm_ready(cu_be *c, const be_batch *bt, int n_sv)
 {
+    tag_clear(c);
     if (!bt->slot) return ssm_fail(c, "recurrent op without sequence slots");
     if (n_sv > 0 && c->capturing) return ssm_fail(c, "save points in a recorded pass");
     use_batch(c, bt);
@@ -663,6 +789,7 @@ static const be_ops cuda_ops = {
     .argmax = cu_argmax,
     .matmul_n = cu_matmul_n,
     .add_rmsnorm = cu_add_rmsnorm,
+    .rope_kv = cu_rope_kv,
     .copy_rows = cu_copy_rows,
     .sigmoid_mul = cu_sigmoid_mul,
     .rmsnorm_gated = cu_rmsnorm_gated,
@@ -705,6 +832,9 @@ int be_cuda_open(be **out, struct pool *p, int kv_f16, char *err, size_t errlen)
     c->gemm_t_set = gt && atoi(gt) > 0;
     const char *iv = getenv("ANE_CUDA_INVARIANT");
     c->invariant = iv && atoi(iv) > 0;
+    const char *fu = getenv("ANE_CUDA_FUSE");
+    c->fuse = !(fu && *fu && atoi(fu) == 0);
+    c->mmq = ck_mmq(QT_Q8_0, 32);   /* (the same for every int8 type) */
     *out = &c->base;
     return 0;
 fail:

@@ -8,6 +8,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 enum {
     T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8,
@@ -491,29 +492,57 @@ __global__ void __launch_bounds__(128) k_gemv(const gv_set S, size_t rb, int n, 
 /* ---------------- int8 GEMV (q4_K, q8_0): x quantized per 32 values ----------------
  * xq [T][n] int8, xd [T][n/32] scale, xs [T][n/32] sum of the block's ints.
  * Dot products with __dp4a, as the CPU's q8 activations (same error class). */
-__global__ void k_quant_x(const float *__restrict__ x, int n, int nb_total, int8_t *__restrict__ xq,
-                          float *__restrict__ xd, int *__restrict__ xs, float *__restrict__ xdt,
-                          int *__restrict__ xst, int tp)
+/* Where the int8 form of x [T][n] lives in a scratch of CK_XQ_BYTES(T, n):
+ * xq [T][n], then xd and xs [T][n/32], then the block-major copies xdt, xst
+ * [n/32][tp] (tp = T rounded up to 8) for the tensor-core kernel. */
+struct xq_lay { int8_t *q; float *d; int *s; float *dt; int *st; int nbr, tp; };
+
+static xq_lay xq_layout(void *scratch, int T, int n)
 {
-    int b = blockIdx.x * blockDim.x + threadIdx.x;
-    if (b >= nb_total) return;
-    const float *v = x + (size_t)b * 32;   /* rows are whole blocks: n % 32 == 0 */
-    float amax = 0.f;
+    xq_lay L;
+    size_t nbt = (size_t)T * (n / 32);
+    L.q = (int8_t *)scratch;
+    L.d = (float *)(L.q + (size_t)T * n);
+    L.s = (int *)(L.d + nbt);
+    L.tp = (T + 7) & ~7;
+    L.dt = (float *)(L.s + nbt);
+    L.st = (int *)(L.dt + (size_t)L.tp * (n / 32));
+    L.nbr = n / 32;
+    return L;
+}
+
+/* Block b (of the flattened [T][n/32]) of x quantized by one warp, lane l
+ * holding value l. The only quantizer of GEMV input: k_quant_x and the
+ * producers that quantize their own output (rmsnorm, add_rmsnorm,
+ * silu_mul) give the same bits. Every lane of the warp must call it. */
+__device__ __forceinline__ void quant_block(float v, int lane, size_t b, const xq_lay &L)
+{
+    float a = fabsf(v);
 #pragma unroll
-    for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(v[i]));
+    for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+    float amax = fmaxf(0.f, a);   /* (all NaN: 0, as a running max from 0) */
     float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
-    int sum = 0;
-    __align__(16) int8_t q[32];
+    int k = __float2int_rn(v * id), sum = k;
+    L.q[b * 32 + lane] = (int8_t)k;
 #pragma unroll
-    for (int i = 0; i < 32; i++) { int k = __float2int_rn(v[i] * id); q[i] = (int8_t)k; sum += k; }
-#pragma unroll
-    for (int i = 0; i < 2; i++) ((int4 *)(xq + (size_t)b * 32))[i] = ((const int4 *)q)[i];
-    xd[b] = d;
-    xs[b] = sum;
-    /* block-major copies for the tensor-core kernel: tokens side by side */
-    int nbr = n / 32, t = b / nbr, k = b - t * nbr;
-    xdt[(size_t)k * tp + t] = d;
-    xst[(size_t)k * tp + t] = sum;
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane == 0) {
+        L.d[b] = d;
+        L.s[b] = sum;
+        /* block-major copies: tokens side by side */
+        size_t t = b / L.nbr, k2 = b - t * L.nbr;
+        L.dt[k2 * L.tp + t] = d;
+        L.st[k2 * L.tp + t] = sum;
+    }
+}
+
+/* a warp per 32-value block; rows are whole blocks: n % 32 == 0 */
+__global__ void k_quant_x(const float *__restrict__ x, size_t nb_total, xq_lay L)
+{
+    size_t b = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (b >= nb_total) return;   /* whole warps */
+    quant_block(x[b * 32 + lane], lane, b, L);
 }
 
 /* Per-unit sums of the int8 GEMVs, rounded step by step (no contraction),
@@ -1061,18 +1090,21 @@ __global__ void k_add(float *x, const float *y, size_t n)
     if (i < n) x[i] += y[i];
 }
 
-__global__ void k_silu_mul(const float *g, const float *u, size_t n, float *out)
+__device__ __forceinline__ float silu_mul1(float a, float u) { return a / (1.0f + expf(-a)) * u; }
+
+/* qx.q: also the int8 form of out (rows of whole blocks: n % 32 == 0) */
+__global__ void k_silu_mul(const float *g, const float *u, size_t n, float *out, xq_lay qx)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) { float a = g[i]; out[i] = a / (1.0f + expf(-a)) * u[i]; }
+    if (i >= n) return;   /* whole warps when quantizing */
+    float v = silu_mul1(g[i], u[i]);
+    out[i] = v;
+    if (qx.q) quant_block(v, threadIdx.x & 31, i >> 5, qx);
 }
 
-__global__ void k_rmsnorm(const float *x, const float *w, int n, float eps, float *out)
+/* sum of squares of the block, in every thread */
+__device__ __forceinline__ float block_sum(float ss)
 {
-    const float *xr = x + (size_t)blockIdx.x * n;
-    float *o = out + (size_t)blockIdx.x * n;
-    float ss = 0.f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
     __shared__ float red[32];
     for (int k = 16; k > 0; k >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, k);
     if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
@@ -1083,52 +1115,79 @@ __global__ void k_rmsnorm(const float *x, const float *w, int n, float eps, floa
         if (threadIdx.x == 0) red[0] = v;
     }
     __syncthreads();
-    float scale = (float)(1.0 / sqrt((double)red[0] / n + eps));
-    for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = xr[i] * scale * w[i];
+    return red[0];
 }
 
-__global__ void k_add_rmsnorm(float *x, const float *y, const float *w, int n, float eps, float *out)
+/* Row blockIdx.x of out = xr / rms * w, and with qx.q its int8 form (n % 32
+ * == 0 and blockDim a multiple of 32: a warp's values are one block). */
+__device__ __forceinline__ void norm_out(const float *xr, const float *w, int n, float eps, float ss, float *o,
+                                         xq_lay qx)
+{
+    float scale = (float)(1.0 / sqrt((double)ss / n + eps));
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = xr[i] * scale * w[i];
+        o[i] = v;
+        if (qx.q) quant_block(v, threadIdx.x & 31, (size_t)blockIdx.x * (n / 32) + (i >> 5), qx);
+    }
+}
+
+__global__ void k_rmsnorm(const float *x, const float *w, int n, float eps, float *out, xq_lay qx)
+{
+    const float *xr = x + (size_t)blockIdx.x * n;
+    float *o = out + (size_t)blockIdx.x * n;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+    ss = block_sum(ss);
+    norm_out(xr, w, n, eps, ss, o, qx);
+}
+
+__global__ void k_add_rmsnorm(float *x, const float *y, const float *w, int n, float eps, float *out,
+                              xq_lay qx)
 {
     float *xr = x + (size_t)blockIdx.x * n;
     const float *yr = y + (size_t)blockIdx.x * n;
     float *o = out + (size_t)blockIdx.x * n;
     float ss = 0.f;
     for (int i = threadIdx.x; i < n; i += blockDim.x) { float v = xr[i] + yr[i]; xr[i] = v; ss += v * v; }
-    __shared__ float red[32];
-    for (int k = 16; k > 0; k >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, k);
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        float v = threadIdx.x < (blockDim.x + 31) / 32 ? red[threadIdx.x] : 0.f;
-        for (int k = 16; k > 0; k >>= 1) v += __shfl_xor_sync(0xffffffffu, v, k);
-        if (threadIdx.x == 0) red[0] = v;
-    }
-    __syncthreads();
-    float scale = (float)(1.0 / sqrt((double)red[0] / n + eps));
-    for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = xr[i] * scale * w[i];
+    ss = block_sum(ss);
+    norm_out(xr, w, n, eps, ss, o, qx);
 }
 
-/* block per token: the angles (double, as the CPU reference) once per pair
- * into shared memory, then every (head, pair) in parallel */
+/* Rope: the angle of pair i at position p (double, as the CPU reference),
+ * and the rotation of one pair, rounded step by step: every rope kernel
+ * gives the same bits. */
+__device__ __forceinline__ void rope_cs(int p, int i, int n_rot, float base, const float *fd, float &cs, float &sn)
+{
+    double theta = (double)p * pow((double)base, -2.0 * i / n_rot);
+    if (fd) theta /= fd[i];
+    cs = (float)cos(theta);
+    sn = (float)sin(theta);
+}
+
+__device__ __forceinline__ void rope_pair(float *v, int i, int half, int neox, float cs, float sn, float &o0,
+                                          float &o1, int &i0, int &i1)
+{
+    i0 = neox ? i : 2 * i; i1 = neox ? i + half : 2 * i + 1;
+    float a = v[i0], c = v[i1];
+    o0 = __fsub_rn(__fmul_rn(a, cs), __fmul_rn(c, sn));
+    o1 = __fadd_rn(__fmul_rn(a, sn), __fmul_rn(c, cs));
+    v[i0] = o0;
+    v[i1] = o1;
+}
+
+/* block per token: the angles once per pair into shared memory, then every
+ * (head, pair) in parallel */
 __global__ void k_rope(float *x, const int32_t *pos, int n_heads, int hd, int n_rot, float base, int neox,
                        const float *fd)
 {
     __shared__ float cs[512], sn[512];
     int t = blockIdx.x, half = n_rot / 2;
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        double theta = (double)pos[t] * pow((double)base, -2.0 * i / n_rot);
-        if (fd) theta /= fd[i];
-        cs[i] = (float)cos(theta);
-        sn[i] = (float)sin(theta);
-    }
+    for (int i = threadIdx.x; i < half; i += blockDim.x) rope_cs(pos[t], i, n_rot, base, fd, cs[i], sn[i]);
     __syncthreads();
     for (int k = threadIdx.x; k < half * n_heads; k += blockDim.x) {
-        int h = k / half, i = k % half;
-        float *v = x + ((size_t)t * n_heads + h) * hd;
-        int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
-        float a = v[i0], c = v[i1];
-        v[i0] = a * cs[i] - c * sn[i];
-        v[i1] = a * sn[i] + c * cs[i];
+        int h = k / half, i = k % half, i0, i1;
+        float o0, o1;
+        rope_pair(x + ((size_t)t * n_heads + h) * hd, i, half, neox, cs[i], sn[i], o0, o1, i0, i1);
     }
 }
 
@@ -1137,15 +1196,47 @@ __device__ __forceinline__ size_t kv_slot(const int32_t *off, const int32_t *pag
     return (size_t)pages[off[t] + p / 16] * 16 + (size_t)(p % 16);
 }
 
+__device__ __forceinline__ void kv_put(void *c, int f16, size_t s, float v)
+{
+    if (f16) ((__half *)c)[s] = __float2half_rn(v);
+    else ((float *)c)[s] = v;
+}
+
 __global__ void k_kv_store(void *kc, void *vc, int f16, const int32_t *pos, const int32_t *off,
                            const int32_t *pages, int kv_dim, const float *k, const float *v)
 {
     int t = blockIdx.y, i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= kv_dim) return;
     size_t s = kv_slot(off, pages, t, pos[t]) * (size_t)kv_dim + i;
-    float kv = k[(size_t)t * kv_dim + i], vv = v[(size_t)t * kv_dim + i];
-    if (f16) { ((__half *)kc)[s] = __float2half_rn(kv); ((__half *)vc)[s] = __float2half_rn(vv); }
-    else { ((float *)kc)[s] = kv; ((float *)vc)[s] = vv; }
+    kv_put(kc, f16, s, k[(size_t)t * kv_dim + i]);
+    kv_put(vc, f16, s, v[(size_t)t * kv_dim + i]);
+}
+
+/* rope of q and k, then kv_store of k and v, in one launch: block (t, h),
+ * h < n_head a head of q, else head h - n_head of k (and v): the same
+ * values as k_rope, k_rope, k_kv_store. */
+__global__ void k_rope_kv(float *q, float *k, const float *v, void *kc, void *vc, int f16, const int32_t *pos,
+                          const int32_t *off, const int32_t *pages, int n_head, int n_head_kv, int hd, int n_rot,
+                          float base, int neox, const float *fd)
+{
+    int t = blockIdx.x, h = blockIdx.y, half = n_rot / 2, p = pos[t];
+    int isk = h >= n_head, hh = isk ? h - n_head : h;
+    float *x = isk ? k + ((size_t)t * n_head_kv + hh) * hd : q + ((size_t)t * n_head + hh) * hd;
+    int kvd = n_head_kv * hd;
+    size_t s = isk ? kv_slot(off, pages, t, p) * (size_t)kvd + (size_t)hh * hd : 0;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        float cs, sn, o0, o1;
+        int i0, i1;
+        rope_cs(p, i, n_rot, base, fd, cs, sn);
+        rope_pair(x, i, half, neox, cs, sn, o0, o1, i0, i1);
+        if (isk) { kv_put(kc, f16, s + i0, o0); kv_put(kc, f16, s + i1, o1); }
+    }
+    if (!isk) return;
+    const float *vr = v + ((size_t)t * n_head_kv + hh) * hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        if (d >= n_rot) kv_put(kc, f16, s + d, x[d]);   /* past the rotated dims: as they are */
+        kv_put(vc, f16, s + d, vr[d]);
+    }
 }
 
 /* ---------------- attention ----------------
@@ -1237,7 +1328,7 @@ template <int ND, int F16>
 __global__ void __launch_bounds__(128) k_attention(const float *q, const void *kc, const void *vc,
                                                    const int32_t *pos, const int32_t *off, const int32_t *pages,
                                                    int n_head, int n_head_kv, int hd, float *out, float *part,
-                                                   int G, int maxs)
+                                                   int G, int maxs, xq_lay qx)
 {
     int th = blockIdx.x, t = th / n_head, h = th % n_head, y = blockIdx.y;
     int lane = threadIdx.x & 31;
@@ -1270,7 +1361,11 @@ __global__ void __launch_bounds__(128) k_attention(const float *q, const void *k
 #pragma unroll
         for (int i = 0; i < ATT_DPT; i++) {
             int d = threadIdx.x + 128 * i;
-            if (d < hd) out[(size_t)th * hd + d] = A[i] / L;
+            if (d < hd) {   /* (whole warps: hd % 32 == 0 when quantizing) */
+                float o = A[i] / L;
+                out[(size_t)th * hd + d] = o;
+                if (qx.q) quant_block(o, lane, ((size_t)th * hd + d) >> 5, qx);
+            }
         }
         return;
     }
@@ -1288,7 +1383,8 @@ __global__ void __launch_bounds__(128) k_attention(const float *q, const void *k
 }
 
 /* Tokens of more than one span, after k_attention with G > 1. 128 threads. */
-__global__ void k_att_merge(const float *part, const int32_t *pos, int n_head, int hd, int maxs, float *out)
+__global__ void k_att_merge(const float *part, const int32_t *pos, int n_head, int hd, int maxs, float *out,
+                            xq_lay qx)
 {
     int th = blockIdx.x, t = th / n_head;
     int ns = (pos[t] + 1 + CK_ATT_SPAN - 1) / CK_ATT_SPAN;
@@ -1308,7 +1404,11 @@ __global__ void k_att_merge(const float *part, const int32_t *pos, int n_head, i
 #pragma unroll
     for (int i = 0; i < ATT_DPT; i++) {
         int d = threadIdx.x + 128 * i;
-        if (d < hd) out[(size_t)th * hd + d] = A[i] / L;
+        if (d < hd) {
+            float o = A[i] / L;
+            out[(size_t)th * hd + d] = o;
+            if (qx.q) quant_block(o, threadIdx.x & 31, ((size_t)th * hd + d) >> 5, qx);
+        }
     }
 }
 
@@ -1522,17 +1622,26 @@ void ck_embed(cudaStream_t st, uint32_t type, const void *W, size_t rb, int n, c
     TYPE_SWITCH(type, L_EMB)
 }
 
-void ck_add_rmsnorm(cudaStream_t st, float *x, const float *y, const float *w, int rows, int n, float eps,
-                    float *out)
+/* the layout of xq for out [T][n], or none (q NULL) */
+static xq_lay xq_out(void *xq, int T, int n)
 {
-    int bs = n >= 1024 ? 1024 : ((n + 31) / 32) * 32;
-    k_add_rmsnorm<<<rows, bs, 0, st>>>(x, y, w, n, eps, out);
+    xq_lay L;
+    if (xq && n % 32 == 0) return xq_layout(xq, T, n);
+    memset(&L, 0, sizeof L);
+    return L;
 }
 
-void ck_rmsnorm(cudaStream_t st, const float *x, const float *w, int rows, int n, float eps, float *out)
+void ck_add_rmsnorm(cudaStream_t st, float *x, const float *y, const float *w, int rows, int n, float eps,
+                    float *out, void *xq)
 {
     int bs = n >= 1024 ? 1024 : ((n + 31) / 32) * 32;
-    k_rmsnorm<<<rows, bs, 0, st>>>(x, w, n, eps, out);
+    k_add_rmsnorm<<<rows, bs, 0, st>>>(x, y, w, n, eps, out, xq_out(xq, rows, n));
+}
+
+void ck_rmsnorm(cudaStream_t st, const float *x, const float *w, int rows, int n, float eps, float *out, void *xq)
+{
+    int bs = n >= 1024 ? 1024 : ((n + 31) / 32) * 32;
+    k_rmsnorm<<<rows, bs, 0, st>>>(x, w, n, eps, out, xq_out(xq, rows, n));
 }
 
 int ck_gemv_int8(uint32_t type, int n_in)
@@ -1551,20 +1660,19 @@ void ck_repack_q8_0(cudaStream_t st, const void *src, void *dst, size_t rb, int 
     k_repack_q8_0<<<nblk(tot, 256), 256, 0, st>>>((const uint8_t *)src, (uint8_t *)dst, rb, n, n_out);
 }
 
-void ck_gemv_multi(cudaStream_t st, uint32_t type, int nm, const void *const *W, size_t rb, int n,
-                   const int *n_out, const float *const *bias, const float *x, int T, float *const *out,
-                   void *xq_scratch)
+/* x [T][n] already quantized into xq_scratch (pre) or not yet */
+static void gemv_multi(cudaStream_t st, uint32_t type, int nm, const void *const *W, size_t rb, int n,
+                       const int *n_out, const float *const *bias, const float *x, int T, float *const *out,
+                       void *xq_scratch, bool pre)
 {
     if (xq_scratch && ck_gemv_int8(type, n)) {
-        /* scratch: xq [T][n] int8, then xd and xs [T][n/32] */
-        int8_t *xq = (int8_t *)xq_scratch;
+        xq_lay L = xq_layout(xq_scratch, T, n);
         size_t nbt = (size_t)T * (n / 32);
-        float *xd = (float *)(xq + (size_t)T * n);
-        int *xs = (int *)(xd + nbt);
-        int tp = (T + 7) & ~7;
-        float *xdt = (float *)(xs + nbt);
-        int *xst = (int *)(xdt + (size_t)tp * (n / 32));
-        k_quant_x<<<nblk(nbt, 128), 128, 0, st>>>(x, n, (int)nbt, xq, xd, xs, xdt, xst, tp);
+        if (!pre) k_quant_x<<<nblk(nbt * 32, 128), 128, 0, st>>>(x, nbt, L);
+        int8_t *xq = L.q;
+        float *xd = L.d, *xdt = L.dt;
+        int *xs = L.s, *xst = L.st;
+        int tp = L.tp;
         if (!mmq_off()) {
             gv_set S;
             S.nm = nm;
@@ -1616,6 +1724,19 @@ void ck_gemv_multi(cudaStream_t st, uint32_t type, int nm, const void *const *W,
     }
 }
 
+void ck_gemv_multi(cudaStream_t st, uint32_t type, int nm, const void *const *W, size_t rb, int n,
+                   const int *n_out, const float *const *bias, const float *x, int T, float *const *out,
+                   void *xq_scratch)
+{
+    gemv_multi(st, type, nm, W, rb, n, n_out, bias, x, T, out, xq_scratch, false);
+}
+
+void ck_gemv_multi_q(cudaStream_t st, uint32_t type, int nm, const void *const *W, size_t rb, int n,
+                     const int *n_out, const float *const *bias, int T, float *const *out, void *xq)
+{
+    if (ck_gemv_int8(type, n)) gemv_multi(st, type, nm, W, rb, n, n_out, bias, NULL, T, out, xq, true);
+}
+
 void ck_gemv(cudaStream_t st, uint32_t type, const void *W, size_t rb, int n, int n_out, const float *bias,
              const float *x, int T, float *out, void *xq_scratch)
 {
@@ -1652,9 +1773,10 @@ void ck_add(cudaStream_t st, float *x, const float *y, size_t n)
     k_add<<<nblk(n, 256), 256, 0, st>>>(x, y, n);
 }
 
-void ck_silu_mul(cudaStream_t st, const float *g, const float *u, size_t n, float *out)
+void ck_silu_mul(cudaStream_t st, const float *g, const float *u, size_t n, float *out, void *xq, int rows)
 {
-    k_silu_mul<<<nblk(n, 256), 256, 0, st>>>(g, u, n, out);
+    xq_lay L = xq_out(xq && rows > 0 && n % (size_t)rows == 0 ? xq : NULL, rows, rows > 0 ? (int)(n / rows) : 0);
+    k_silu_mul<<<nblk(n, 256), 256, 0, st>>>(g, u, n, out, L);
 }
 
 void ck_rope(cudaStream_t st, float *x, const int32_t *pos, int T, int n_heads, int hd, int n_rot, float base,
@@ -1670,25 +1792,35 @@ void ck_kv_store(cudaStream_t st, void *kc, void *vc, int f16, const int32_t *po
     k_kv_store<<<g, 128, 0, st>>>(kc, vc, f16, pos, off, pages, kv_dim, k, v);
 }
 
+void ck_rope_kv(cudaStream_t st, float *q, float *k, const float *v, void *kc, void *vc, int f16,
+                const int32_t *pos, const int32_t *off, const int32_t *pages, int T, int n_head, int n_head_kv,
+                int hd, int n_rot, float base, int neox, const float *fd)
+{
+    dim3 g(T, n_head + n_head_kv);
+    int bs = hd / 2 > 32 ? 128 : 32;
+    k_rope_kv<<<g, bs, 0, st>>>(q, k, v, kc, vc, f16, pos, off, pages, n_head, n_head_kv, hd, n_rot, base, neox, fd);
+}
+
 void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *vc, int f16, const int32_t *pos,
                   const int32_t *off, const int32_t *pages, int T, int n_head, int n_head_kv, int hd, float *out,
-                  float *part, int G, int maxs)
+                  float *part, int G, int maxs, void *xq)
 {
     if (G < 1 || maxs < 1) G = 1;
+    xq_lay L = xq_out(hd % 32 == 0 ? xq : NULL, T, n_head * hd);
     dim3 g(T * n_head, G);
     int nd = (hd + 31) / 32;
 #define L_ATT(ND)                                                                                              \
     do {                                                                                                       \
         if (f16) k_attention<ND, 1><<<g, 128, 0, st>>>(q, kc, vc, pos, off, pages, n_head, n_head_kv, hd, out, \
-                                                       part, G, maxs);                                         \
+                                                       part, G, maxs, L);                                      \
         else k_attention<ND, 0><<<g, 128, 0, st>>>(q, kc, vc, pos, off, pages, n_head, n_head_kv, hd, out,     \
-                                                   part, G, maxs);                                             \
+                                                   part, G, maxs, L);                                          \
     } while (0)
     if (nd <= 1) L_ATT(1);
     else if (nd <= 2) L_ATT(2);
     else if (nd <= 4) L_ATT(4);
     else L_ATT(8);
-    if (G > 1) k_att_merge<<<T * n_head, 128, 0, st>>>(part, pos, n_head, hd, maxs, out);
+    if (G > 1) k_att_merge<<<T * n_head, 128, 0, st>>>(part, pos, n_head, hd, maxs, out, L);
 }
 
 void ck_argmax(cudaStream_t st, const float *x, int rows, int n, int32_t *ids)

@@ -4,7 +4,9 @@
  * add, silu_mul, rope, kv_store + paged attention (f16 and f32 caches, GQA,
  * several sequences, prefill and split decode) against the CPU backend's ops,
  * and the linear-attention ops (copy_rows, sigmoid_mul, rmsnorm_gated, the
- * causal conv and the delta rule with per-sequence state and save points).
+ * causal conv and the delta rule with per-sequence state and save points),
+ * and the fused ops bit for bit against the plain ones (rope_kv; GEMV input
+ * quantized by the op that produced it).
  * Builds without CUDA print "0 passed, 0 failed" (nothing to test). */
 #include "engine/backend.h"
 #include "engine/pool.h"
@@ -14,6 +16,9 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef ANE_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 static uint64_t rng_s = 0x9e3779b97f4a7c15ull;
 static uint32_t rnd(void)
@@ -307,6 +312,185 @@ static void test_rope(void)
     free(x); free(a); free(g);
 }
 
+/* rope_kv equals rope, rope, kv_store bit for bit (q, k and both caches) */
+static void rope_kv_case(be *g, int n_head, int n_head_kv, int hd, int n_rot, int neox, int with_fd)
+{
+    enum { NS = 3, MAXP = 32 };
+    int n_pages = NS * MAXP, kvd = n_head_kv * hd;
+    size_t cache = (size_t)n_pages * KV_PAGE * kvd * g->kv_elt;
+    int32_t perm[NS * MAXP];
+    for (int i = 0; i < n_pages; i++) perm[i] = i;
+    for (int i = n_pages - 1; i > 0; i--) { int j = (int)(rnd() % (uint32_t)(i + 1)); int32_t t = perm[i]; perm[i] = perm[j]; perm[j] = t; }
+    int32_t pos[64], slot[64];
+    const int32_t *pages[64];
+    int T = 0;
+    const int from[NS] = { 0, 200, 37 }, cnt[NS] = { 20, 1, 3 };
+    for (int s = 0; s < NS; s++)
+        for (int i = 0; i < cnt[s]; i++) { pos[T] = from[s] + i; pages[T] = perm + s * MAXP; slot[T] = s; T++; }
+    be_batch bt = { .T = T, .pos = pos, .pages = pages, .slot = slot };
+    float *fd = kept(malloc((size_t)(n_rot / 2) * 4));
+    for (int i = 0; i < n_rot / 2; i++) fd[i] = 1.0f + (float)i * 0.37f;
+    wt fdw = { .type = QT_F32, .n_in = n_rot / 2, .n_out = 1, .row_bytes = (size_t)(n_rot / 2) * 4, .data = fd };
+    CHECK(g->ops->weight_prepare(g, &fdw) == 0);
+    size_t nq = (size_t)T * n_head * hd, nk = (size_t)T * kvd;
+    float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4);
+    for (size_t i = 0; i < nq; i++) q[i] = frand() * 2;
+    for (size_t i = 0; i < nk; i++) { k[i] = frand() * 2; v[i] = frand() * 2; }
+    float *dq[2], *dk[2], *dv[2];
+    void *kc[2], *vc[2];
+    for (int r = 0; r < 2; r++) {
+        dq[r] = dev_from(g, q, nq); dk[r] = dev_from(g, k, nk); dv[r] = dev_from(g, v, nk);
+        kc[r] = g->ops->alloc(g, cache); vc[r] = g->ops->alloc(g, cache);
+    }
+    const wt *f = with_fd ? &fdw : NULL;
+    g->ops->rope(g, dq[0], &bt, n_head, hd, n_rot, 1e6f, neox, f);
+    g->ops->rope(g, dk[0], &bt, n_head_kv, hd, n_rot, 1e6f, neox, f);
+    g->ops->kv_store(g, kc[0], vc[0], &bt, kvd, dk[0], dv[0]);
+    g->ops->rope_kv(g, dq[1], dk[1], dv[1], kc[1], vc[1], &bt, n_head, n_head_kv, hd, n_rot, 1e6f, neox, f);
+    size_t big = cache > nq * 4 ? cache : nq * 4;
+    char *a = malloc(big), *b = malloc(big);
+    const char *what[4] = { "q", "k", "k cache", "v cache" };
+    const void *src[4][2] = { { dq[0], dq[1] }, { dk[0], dk[1] }, { kc[0], kc[1] }, { vc[0], vc[1] } };
+    size_t len[4] = { nq * 4, nk * 4, cache, cache };
+    for (int i = 0; i < 4; i++) {
+        g->ops->to_host(g, a, src[i][0], len[i]);
+        g->ops->to_host(g, b, src[i][1], len[i]);
+        CHECKF(memcmp(a, b, len[i]) == 0, "rope_kv kv%s heads %d/%d hd %d n_rot %d neox %d fd %d: %s differs",
+               g->kv_elt == 2 ? "16" : "32", n_head, n_head_kv, hd, n_rot, neox, with_fd, what[i]);
+    }
+    g->ops->sync(g);
+    for (int r = 0; r < 2; r++) {
+        g->ops->free(g, dq[r]); g->ops->free(g, dk[r]); g->ops->free(g, dv[r]);
+        g->ops->free(g, kc[r]); g->ops->free(g, vc[r]);
+    }
+    free(q); free(k); free(v); free(a); free(b);
+}
+
+static void test_rope_kv(void)
+{
+    CHECK(gpu->ops->rope_kv != NULL);
+    if (!gpu->ops->rope_kv) return;
+    be *gs[2] = { gpu, gpu32 };
+    for (int i = 0; i < 2; i++) {
+        rope_kv_case(gs[i], 14, 2, 64, 64, 1, 0);    /* qwen2.5-0.5b */
+        rope_kv_case(gs[i], 8, 2, 128, 128, 0, 1);
+        rope_kv_case(gs[i], 4, 2, 64, 32, 1, 0);     /* partial rotary */
+        rope_kv_case(gs[i], 6, 3, 48, 32, 0, 1);
+        rope_kv_case(gs[i], 16, 8, 256, 64, 1, 0);
+    }
+}
+
+/* GEMV input quantized by the op that produced it (add_rmsnorm, rmsnorm,
+ * silu_mul) against a backend that quantizes in the matmul (ANE_CUDA_FUSE=0):
+ * a small FFN and a projection, bit for bit. On the fused side the matmul
+ * inputs are zeroed behind the backend's back once produced, so the check
+ * also shows that the matmuls took the producers' int8 form. */
+typedef struct fq_case {
+    int T, E, F, ND, NQ;
+    const float *x, *r;
+    wt *nw, *gate, *up, *down, *wq, *bq;
+} fq_case;
+
+static void fq_zero(be *b, void *p, size_t n)
+{
+#ifdef ANE_CUDA
+    b->ops->sync(b);
+    cudaMemset(p, 0, n);
+    cudaDeviceSynchronize();
+#else
+    (void)b; (void)p; (void)n;
+#endif
+}
+
+/* out: xb, hg (after silu_mul), y (down), q (wq on rmsnorm(x)) */
+static void fq_run(be *b, const fq_case *fc, int poison, float *xb, float *hg, float *y, float *q)
+{
+    int T = fc->T, E = fc->E, F = fc->F;
+    wt *ws[6] = { fc->nw, fc->gate, fc->up, fc->down, fc->wq, fc->bq };
+    for (int i = 0; i < 6; i++) CHECK(b->ops->weight_prepare(b, ws[i]) == 0);
+    float *dx = dev_from(b, fc->x, (size_t)T * E), *dr = dev_from(b, fc->r, (size_t)T * E);
+    float *dxb = b->ops->alloc(b, (size_t)T * E * 4), *dhg = b->ops->alloc(b, (size_t)T * F * 4);
+    float *dhu = b->ops->alloc(b, (size_t)T * F * 4), *dy = b->ops->alloc(b, (size_t)T * fc->ND * 4);
+    float *dq = b->ops->alloc(b, (size_t)T * fc->NQ * 4);
+    b->ops->add_rmsnorm(b, dx, dr, fc->nw, T, E, 1e-6f, dxb);
+    b->ops->to_host(b, xb, dxb, (size_t)T * E * 4);
+    if (poison) fq_zero(b, dxb, (size_t)T * E * 4);
+    const wt *gu[2] = { fc->gate, fc->up }, *nb[2] = { NULL, NULL };
+    float *outs[2] = { dhg, dhu };
+    b->ops->matmul_n(b, 2, gu, nb, dxb, T, outs);
+    b->ops->silu_mul(b, dhg, dhu, (size_t)T * F, dhg);
+    b->ops->to_host(b, hg, dhg, (size_t)T * F * 4);
+    if (poison) fq_zero(b, dhg, (size_t)T * F * 4);
+    b->ops->matmul(b, fc->down, NULL, dhg, T, dy);
+    b->ops->rmsnorm(b, dx, fc->nw, T, E, 1e-6f, dxb);
+    if (poison) fq_zero(b, dxb, (size_t)T * E * 4);
+    b->ops->matmul(b, fc->wq, fc->bq, dxb, T, dq);
+    b->ops->to_host(b, y, dy, (size_t)T * fc->ND * 4);
+    b->ops->to_host(b, q, dq, (size_t)T * fc->NQ * 4);
+    b->ops->sync(b);
+    float *bufs[] = { dx, dr, dxb, dhg, dhu, dy, dq };
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) b->ops->free(b, bufs[i]);
+}
+
+static void test_fused_quant(void)
+{
+    char err[256];
+    be *bf = NULL, *bn = NULL;
+    /* every batch by GEMV, with and without the fusion */
+    setenv("ANE_CUDA_GEMM_T", "1000000", 1);
+    setenv("ANE_CUDA_FUSE", "1", 1);
+    int bad = be_open(&bf, "cuda", pl, 1, err, sizeof err);
+    setenv("ANE_CUDA_FUSE", "0", 1);
+    bad |= be_open(&bn, "cuda", pl, 1, err, sizeof err);
+    unsetenv("ANE_CUDA_FUSE");
+    unsetenv("ANE_CUDA_GEMM_T");
+    CHECKF(!bad, "%s", err);
+    if (bad) goto done;
+    const uint32_t types[] = { QT_Q8_0, QT_Q4_K };
+    const int Ts[] = { 1, 3, 16, 40 };
+    for (int ti = 0; ti < 2; ti++) {
+        uint32_t type = types[ti];
+        int E = type == QT_Q4_K ? 1024 : 896, F = 4864, ND = 64, NQ = 96;
+        size_t rb;
+        wt gate = { .type = type, .n_in = E, .n_out = F }, up = gate;
+        gate.data = kept(make_weight(type, E, F, &rb)); gate.row_bytes = rb;
+        up.data = kept(make_weight(type, E, F, &rb)); up.row_bytes = rb;
+        wt down = { .type = type, .n_in = F, .n_out = ND, .data = kept(make_weight(type, F, ND, &rb)) };
+        down.row_bytes = rb;
+        wt wq = { .type = type, .n_in = E, .n_out = NQ, .data = kept(make_weight(type, E, NQ, &rb)) };
+        wq.row_bytes = rb;
+        float *nwd = kept(malloc((size_t)E * 4)), *bqd = kept(malloc((size_t)NQ * 4));
+        for (int i = 0; i < E; i++) nwd[i] = 0.5f + frand();
+        for (int i = 0; i < NQ; i++) bqd[i] = frand();
+        wt nw = { .type = QT_F32, .n_in = E, .n_out = 1, .row_bytes = (size_t)E * 4, .data = nwd };
+        wt bq = { .type = QT_F32, .n_in = NQ, .n_out = 1, .row_bytes = (size_t)NQ * 4, .data = bqd };
+        for (size_t k = 0; k < sizeof Ts / sizeof Ts[0]; k++) {
+            int T = Ts[k];
+            float *x = malloc((size_t)T * E * 4), *r = malloc((size_t)T * E * 4);
+            for (int i = 0; i < T * E; i++) { x[i] = frand() * 3; r[i] = frand(); }
+            fq_case fc = { T, E, F, ND, NQ, x, r, &nw, &gate, &up, &down, &wq, &bq };
+            float *res[2][4];
+            size_t len[4] = { (size_t)T * E, (size_t)T * F, (size_t)T * ND, (size_t)T * NQ };
+            for (int s = 0; s < 2; s++)
+                for (int i = 0; i < 4; i++) res[s][i] = malloc(len[i] * 4);
+            fq_run(bn, &fc, 0, res[0][0], res[0][1], res[0][2], res[0][3]);
+            fq_run(bf, &fc, 1, res[1][0], res[1][1], res[1][2], res[1][3]);
+            const char *what[4] = { "add_rmsnorm out", "silu_mul out", "down (silu_mul's int8)",
+                                    "wq (rmsnorm's int8)" };
+            for (int i = 0; i < 4; i++)
+                CHECKF(memcmp(res[0][i], res[1][i], len[i] * 4) == 0, "fused quantization %s n=%d T=%d: %s differs",
+                       qt_name(type), E, T, what[i]);
+            /* gate/up (add_rmsnorm's int8) show in silu_mul's out */
+            for (int s = 0; s < 2; s++)
+                for (int i = 0; i < 4; i++) free(res[s][i]);
+            free(x); free(r);
+        }
+    }
+done:
+    if (bf) bf->ops->close(bf);
+    if (bn) bn->ops->close(bn);
+}
+
 /* Three sequences with scrambled page tables: a prefill batch of all their
  * tokens, then decode steps at longer contexts (split attention). */
 static void attn_case(be *gb, be *cb, int n_head, int n_head_kv, int hd)
@@ -322,6 +506,16 @@ static void attn_case(be *gb, be *cb, int n_head, int n_head_kv, int hd)
     void *ckc = calloc(1, cache), *cvc = calloc(1, cache);
     void *gkc = gb->ops->alloc(gb, cache), *gvc = gb->ops->alloc(gb, cache);
     int lens[NS] = { 37, 5, 300 };
+    /* an output projection after the attention: the attention's own int8
+     * form of its output (when it writes one) gives the same result */
+    int nq_in = n_head * hd, wo_n = 40;
+    size_t wo_rb;
+    wt wo = { .type = QT_Q8_0, .n_in = nq_in, .n_out = wo_n };
+    if (nq_in % 32 == 0) {
+        wo.data = kept(make_weight(QT_Q8_0, nq_in, wo_n, &wo_rb));
+        wo.row_bytes = wo_rb;
+        CHECK(gb->ops->weight_prepare(gb, &wo) == 0);
+    }
     for (int step = 0; step < 4; step++) {
         /* step 0: prefill lens[s] tokens each; later: one token each at a longer position */
         int T = 0;
@@ -362,6 +556,20 @@ static void attn_case(be *gb, be *cb, int n_head, int n_head_kv, int hd)
         cb->ops->attention(cb, q, ckc, cvc, &bt, n_head, n_head_kv, hd, a);
         gb->ops->kv_store(gb, gkc, gvc, &bt, kvd, dk, dv);
         gb->ops->attention(gb, dq, gkc, gvc, &bt, n_head, n_head_kv, hd, dout);
+        if (wo.data) {
+            size_t no = (size_t)T * wo_n;
+            float *p1 = gb->ops->alloc(gb, no * 4), *p2 = gb->ops->alloc(gb, no * 4);
+            float *h1 = calloc(no, 4), *h2 = calloc(no, 4);
+            gb->ops->matmul(gb, &wo, NULL, dout, T, p1);
+            gb->ops->to_dev(gb, p2, h1, 4);   /* any write: xq is the matmul's own again */
+            gb->ops->matmul(gb, &wo, NULL, dout, T, p2);
+            gb->ops->to_host(gb, h1, p1, no * 4);
+            gb->ops->to_host(gb, h2, p2, no * 4);
+            CHECKF(memcmp(h1, h2, no * 4) == 0, "attention kv%s heads %d/%d hd %d step %d: projection of the "
+                   "attention's int8 output differs", elt == 2 ? "16" : "32", n_head, n_head_kv, hd, step);
+            gb->ops->free(gb, p1); gb->ops->free(gb, p2);
+            free(h1); free(h2);
+        }
         gb->ops->to_host(gb, g, dout, nq * 4);
         gb->ops->sync(gb);
         double e = rel_err_f(g, a, nq);
@@ -711,6 +919,8 @@ int main(void)
     RUN(test_embed);
     RUN(test_elementwise);
     RUN(test_rope);
+    RUN(test_rope_kv);
+    RUN(test_fused_quant);
     RUN(test_attention);
     RUN(test_argmax);
     RUN(test_ssm_elementwise);
