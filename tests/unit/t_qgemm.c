@@ -129,7 +129,7 @@ static void one_case(uint32_t wt, int64_t n, int64_t rows, int nb)
     CHECKF(bad == 0, "%s n=%lld rows=%lld nb=%d: ref vs double: %d bad (worst rel %g)",
            qt_name(wt), (long long)n, (long long)rows, nb, bad, worst);
 
-    const int exact = qt_get(wt)->blck == 256;
+    const int exact = qt_get(wt)->blck >= 32;
     for (int isa = QT_ISA_AVX2; isa <= QT_ISA_NEON; isa++) {
         qt_isa_set((qt_isa)isa);
         if ((int)qt_isa_get() != isa) continue;
