@@ -149,10 +149,13 @@ QT_AI __m256i x_ld(const uint8_t *p) { return _mm256_loadu_si256((const __m256i 
 #ifndef QT_VNNI
 #define QT_VNNI 0
 #endif
-#define QT_MAXB 128       /* blocks per column chunk (4096 values) */
+#define QT_MAXB 640       /* blocks per column chunk (20480 values) */
 #define QT_RB 128         /* weight rows per pass over several activation groups */
-#ifndef QT_PFR
-#define QT_PFR 16         /* prefetch distance in weight rows */
+#ifndef QT_PFB
+#define QT_PFB 8192       /* prefetch distance in bytes of a tile's rows */
+#endif
+#ifndef QT_PFH
+#define QT_PFH _MM_HINT_T0
 #endif
 
 QT_AI int x_u16(const uint8_t *p)
@@ -283,7 +286,7 @@ static const int x_lane_row[8] = { 0, 2, 4, 6, 1, 3, 5, 7 };
 /* 8 weight rows (p[r]: row r at the chunk start) x G activation rows.
  * acc[k] lane l: running sum of activation row k with weight row
  * x_lane_row[l]. */
-QT_AI void x_small_tile(uint32_t type, int G, int64_t cn, const uint8_t *const *p, size_t pfd,
+QT_AI void x_small_tile(uint32_t type, int G, int64_t cn, const uint8_t *const *p, int lin, size_t step,
                         const uint8_t *a0, size_t as, const x_sact *s, __m256 *acc)
 {
     const size_t bs = x_tsize(type);
@@ -294,10 +297,15 @@ QT_AI void x_small_tile(uint32_t type, int G, int64_t cn, const uint8_t *const *
     for (int k = 0; k < G; k++) f[k] = acc[k];
     for (int64_t i = 0; i < cn; i++) {
         const size_t off = (size_t)i * bs;
-        /* the same place QT_PFR rows on: the tiles after this one (a tile
-         * reads 8 rows side by side, which stream prefetchers do not follow) */
-        QT_UNROLL8
-        for (int r = 0; r < 8; r++) _mm_prefetch((const char *)p[r] + pfd + off, _MM_HINT_T0);
+        /* a tile reads 8 rows side by side, which stream prefetchers do not
+         * follow: prefetch the rows' bytes as one stream, QT_PFB ahead */
+        if (lin) {
+            const char *q = (const char *)p[0] + QT_PFB + (size_t)i * step;
+            for (size_t o = 0; o < step; o += 64) _mm_prefetch(q + o, QT_PFH);
+        } else {
+            QT_UNROLL8
+            for (int r = 0; r < 8; r++) _mm_prefetch((const char *)p[r] + off + QT_PF, QT_PFH);
+        }
         __m256i wt[8], wa[8];
         x_wtile(type, p, off, wt);
         const int sgntrick = type == QT_Q8_0 && !QT_VNNI;
@@ -345,7 +353,9 @@ QT_AI void x_small(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64_
     const int64_t nblk = n / 32;
     const int sgn = !(type == QT_Q4_1 || type == QT_Q5_1);
     const size_t abs_ = sgn ? 34 : 36;
-    const size_t pfd = QT_PFR * ws;
+    /* rows in one chunk: the tile's 8 rows are 8 * ws contiguous bytes */
+    const int lin = nblk <= QT_MAXB;
+    const size_t step = lin ? (8 * ws + (size_t)nblk - 1) / (size_t)nblk : 0;
     x_sact sa __attribute__((aligned(32)));
     __m256 acc[QT_GMAX];
     float lane[8] __attribute__((aligned(32)));
@@ -374,15 +384,15 @@ QT_AI void x_small(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64_
                     }
                     switch (g) {
 #if QT_GMAX > 4
-                    case 8: x_small_tile(type, 8, cn, p, pfd, a0, as, &sa, acc); break;
-                    case 7: x_small_tile(type, 7, cn, p, pfd, a0, as, &sa, acc); break;
-                    case 6: x_small_tile(type, 6, cn, p, pfd, a0, as, &sa, acc); break;
-                    case 5: x_small_tile(type, 5, cn, p, pfd, a0, as, &sa, acc); break;
+                    case 8: x_small_tile(type, 8, cn, p, lin, step, a0, as, &sa, acc); break;
+                    case 7: x_small_tile(type, 7, cn, p, lin, step, a0, as, &sa, acc); break;
+                    case 6: x_small_tile(type, 6, cn, p, lin, step, a0, as, &sa, acc); break;
+                    case 5: x_small_tile(type, 5, cn, p, lin, step, a0, as, &sa, acc); break;
 #endif
-                    case 4: x_small_tile(type, 4, cn, p, pfd, a0, as, &sa, acc); break;
-                    case 3: x_small_tile(type, 3, cn, p, pfd, a0, as, &sa, acc); break;
-                    case 2: x_small_tile(type, 2, cn, p, pfd, a0, as, &sa, acc); break;
-                    default: x_small_tile(type, 1, cn, p, pfd, a0, as, &sa, acc); break;
+                    case 4: x_small_tile(type, 4, cn, p, lin, step, a0, as, &sa, acc); break;
+                    case 3: x_small_tile(type, 3, cn, p, lin, step, a0, as, &sa, acc); break;
+                    case 2: x_small_tile(type, 2, cn, p, lin, step, a0, as, &sa, acc); break;
+                    default: x_small_tile(type, 1, cn, p, lin, step, a0, as, &sa, acc); break;
                     }
                     for (int k = 0; k < g; k++) {
                         _mm256_store_ps(lane, acc[k]);
