@@ -5,20 +5,23 @@
  * defined.
  *
  * Shape of every kernel: one weight row at a time, several activation rows
- * per weight block load (register tiling 1 x 4 for small blocks and float
- * weights, 1 x 16 for K-quants whose super-block is unpacked once to a 256-
- * byte stack buffer and reused by every activation row). A weight row is read
- * from memory once per call whatever nb is; the re-reads of later activation
- * groups hit L1/L2. Software prefetch runs about 1 KiB ahead of the stream.
+ * per weight block load (register tiling 1 x 4 for float weights, 1 x 16
+ * for K-quants whose super-block is unpacked once to a 256-byte stack buffer
+ * and reused by every activation row); small blocks instead take 8 weight
+ * rows side by side, one per lane (tile 8 x QT_GMAX, see below). A weight
+ * row is read from memory once per call whatever nb is; the re-reads of
+ * later activation groups hit L1/L2. Software prefetch runs about 1 KiB
+ * ahead of the stream (8 KiB for small-block tiles).
  *
  * Batch invariance: a (weight row, activation row) result is bit-identical
  * whatever nb, the row range and the activation row's place in the batch:
  * every tile size runs the same operations in the same order per pair.
  *
- * Arithmetic: small blocks sum int32 lanes per block, then scale in float
- * lanes (reassociated vs the reference: agreement to ~1e-6 relative). K-quants
- * reduce to exact int32 totals per super-block and then evaluate the very
- * same float expression as qt_vec_dot_ref, in the same order: bit-identical. */
+ * Arithmetic: small blocks get exact int32 totals per block and then
+ * evaluate the reference's float expression in the same order: bit-identical
+ * to qt_vec_dot_ref. K-quants reduce to exact int32 totals per super-block
+ * and then evaluate the very same float expression as qt_vec_dot_ref, in the
+ * same order: bit-identical. */
 #ifndef QT_X86_TEMPLATE
 #define QT_X86_TEMPLATE
 
