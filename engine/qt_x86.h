@@ -147,12 +147,20 @@ QT_AI __m256i x_ld(const uint8_t *p) { return _mm256_loadu_si256((const __m256i 
  * past 2 * 255 * 127) q8_0 keeps its sign: |w| against sign(a, w), c = 0. */
 
 #ifndef QT_GMAX
-#define QT_GMAX 4         /* activation rows per tile (float accumulators in registers) */
+#define QT_GMAX 4         /* activation rows per tile (float accumulators in registers), <= 16 */
 #endif
 #ifndef QT_VNNI
 #define QT_VNNI 0
 #endif
-#define QT_MAXB 640       /* blocks per column chunk (20480 values) */
+#ifndef QT_DOT_BCAST   /* acc += u . (4 signed bytes at p, broadcast) */
+#define QT_DOT_BCAST(acc, u, p) QT_DOT_US((acc), (u), _mm256_set1_epi32(x_u32(p)))
+#endif
+#if defined(__clang__)
+#define QT_UNROLL16 _Pragma("unroll 16")
+#else
+#define QT_UNROLL16 _Pragma("GCC unroll 16")
+#endif
+#define QT_MAXB (5120 / QT_GMAX)   /* blocks per column chunk: 640 (20480 values) at QT_GMAX 8 */
 #define QT_RB 128         /* weight rows per pass over several activation groups */
 #ifndef QT_PFB
 #define QT_PFB 8192       /* prefetch distance in bytes of a tile's rows */
@@ -296,7 +304,7 @@ QT_AI void x_small_tile(uint32_t type, int G, int64_t cn, const uint8_t *const *
     const int sgn = !(type == QT_Q4_1 || type == QT_Q5_1), c = x_soff(type);
     const size_t abs_ = sgn ? 34 : 36, aoff = sgn ? 2 : 4;
     __m256 f[QT_GMAX];
-    QT_UNROLL8
+    QT_UNROLL16
     for (int k = 0; k < G; k++) f[k] = acc[k];
     for (int64_t i = 0; i < cn; i++) {
         const size_t off = (size_t)i * bs;
@@ -319,20 +327,20 @@ QT_AI void x_small_tile(uint32_t type, int G, int64_t cn, const uint8_t *const *
         const uint8_t *const pl[8] = { p[0], p[2], p[4], p[6], p[1], p[3], p[5], p[7] };
         const __m256 dw = x_h2f8p(pl, off);
         const __m256 mw = sgn ? _mm256_setzero_ps() : x_h2f8p(pl, off + 2);
-        QT_UNROLL8
+        QT_UNROLL16
         for (int k = 0; k < G; k++) {
             const uint8_t *y = a0 + k * as + i * abs_ + aoff;
             __m256i t0 = c ? _mm256_set1_epi32(s->corr[k][i]) : _mm256_setzero_si256();
             __m256i t1 = _mm256_setzero_si256();
             QT_UNROLL8
             for (int g = 0; g < 8; g += 2) {
-                const __m256i y0 = _mm256_set1_epi32(x_u32(y + 4 * g)), y1 = _mm256_set1_epi32(x_u32(y + 4 * g + 4));
                 if (sgntrick) {
+                    const __m256i y0 = _mm256_set1_epi32(x_u32(y + 4 * g)), y1 = _mm256_set1_epi32(x_u32(y + 4 * g + 4));
                     t0 = QT_DOT_US(t0, wa[g], _mm256_sign_epi8(y0, wt[g]));
                     t1 = QT_DOT_US(t1, wa[g + 1], _mm256_sign_epi8(y1, wt[g + 1]));
                 } else {
-                    t0 = QT_DOT_US(t0, wt[g], y0);
-                    t1 = QT_DOT_US(t1, wt[g + 1], y1);
+                    t0 = QT_DOT_BCAST(t0, wt[g], y + 4 * g);
+                    t1 = QT_DOT_BCAST(t1, wt[g + 1], y + 4 * g + 4);
                 }
             }
             const __m256 isum = _mm256_cvtepi32_ps(_mm256_add_epi32(t0, t1));
@@ -344,7 +352,7 @@ QT_AI void x_small_tile(uint32_t type, int G, int64_t cn, const uint8_t *const *
                                                          _mm256_mul_ps(mw, _mm256_set1_ps(s->sa[k][i]))));
         }
     }
-    QT_UNROLL8
+    QT_UNROLL16
     for (int k = 0; k < G; k++) acc[k] = f[k];
 }
 
@@ -386,6 +394,16 @@ QT_AI void x_small(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64_
                         acc[k] = _mm256_load_ps(lane);
                     }
                     switch (g) {
+#if QT_GMAX > 8
+                    case 16: x_small_tile(type, 16, cn, p, lin, step, a0, as, &sa, acc); break;
+                    case 15: x_small_tile(type, 15, cn, p, lin, step, a0, as, &sa, acc); break;
+                    case 14: x_small_tile(type, 14, cn, p, lin, step, a0, as, &sa, acc); break;
+                    case 13: x_small_tile(type, 13, cn, p, lin, step, a0, as, &sa, acc); break;
+                    case 12: x_small_tile(type, 12, cn, p, lin, step, a0, as, &sa, acc); break;
+                    case 11: x_small_tile(type, 11, cn, p, lin, step, a0, as, &sa, acc); break;
+                    case 10: x_small_tile(type, 10, cn, p, lin, step, a0, as, &sa, acc); break;
+                    case 9: x_small_tile(type, 9, cn, p, lin, step, a0, as, &sa, acc); break;
+#endif
 #if QT_GMAX > 4
                     case 8: x_small_tile(type, 8, cn, p, lin, step, a0, as, &sa, acc); break;
                     case 7: x_small_tile(type, 7, cn, p, lin, step, a0, as, &sa, acc); break;
