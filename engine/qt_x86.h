@@ -5,13 +5,11 @@
  * defined.
  *
  * Shape of every kernel: one weight row at a time, several activation rows
- * per weight block load (register tiling 1 x 4 for float weights, 1 x 16
- * for K-quants whose super-block is unpacked once to a 256-byte stack buffer
- * and reused by every activation row); small blocks instead take 8 weight
- * rows side by side, one per lane (tile 8 x QT_GMAX, see below). A weight
- * row is read from memory once per call whatever nb is; the re-reads of
- * later activation groups hit L1/L2. Software prefetch runs about 1 KiB
- * ahead of the stream (8 KiB for small-block tiles).
+ * per weight block load (register tiling 8 x QT_SGMAX for small blocks, 1 x 4
+ * for float weights, 1 x 16 for K-quants whose super-block is unpacked to a 256-
+ * byte stack buffer and reused by every activation row). A weight row is read
+ * from memory once per call whatever nb is; the re-reads of later activation
+ * groups hit L1/L2. Software prefetch runs about 1 KiB ahead of the stream.
  *
  * Batch invariance: a (weight row, activation row) result is bit-identical
  * whatever nb, the row range and the activation row's place in the batch:
@@ -146,11 +144,11 @@ QT_AI __m256i x_ld(const uint8_t *p) { return _mm256_loadu_si256((const __m256i 
  * row range or the tile (batch invariance). Without VNNI (maddubs saturates
  * past 2 * 255 * 127) q8_0 keeps its sign: |w| against sign(a, w), c = 0. */
 
-#ifndef QT_GMAX
-#define QT_GMAX 4         /* activation rows per tile (float accumulators in registers), <= 16 */
+#ifndef QT_SGMAX
+#define QT_SGMAX 4        /* activation rows per tile (float accumulators in registers), <= 16 */
 #endif
-#ifndef QT_VNNI
-#define QT_VNNI 0
+#ifndef QT_SVNNI
+#define QT_SVNNI 0        /* 1: QT_DOT_US is vpdpbusd (no int16 saturation) */
 #endif
 #ifndef QT_DOT_BCAST   /* acc += u . (4 signed bytes at p, broadcast) */
 #define QT_DOT_BCAST(acc, u, p) QT_DOT_US((acc), (u), _mm256_set1_epi32(x_u32(p)))
@@ -160,13 +158,13 @@ QT_AI __m256i x_ld(const uint8_t *p) { return _mm256_loadu_si256((const __m256i 
 #else
 #define QT_UNROLL16 _Pragma("GCC unroll 16")
 #endif
-#define QT_MAXB (5120 / QT_GMAX)   /* blocks per column chunk: 640 (20480 values) at QT_GMAX 8 */
+#define QT_MAXB (5120 / QT_SGMAX)   /* blocks per column chunk: 60 KiB of x_sact */
 #define QT_RB 128         /* weight rows per pass over several activation groups */
-#ifndef QT_PFB
-#define QT_PFB 8192       /* prefetch distance in bytes of a tile's rows */
+#ifndef QT_SPFB
+#define QT_SPFB 8192      /* prefetch distance in bytes of a tile's rows */
 #endif
-#ifndef QT_PFH
-#define QT_PFH _MM_HINT_T0
+#ifndef QT_SPFH
+#define QT_SPFH _MM_HINT_T0
 #endif
 
 QT_AI int x_u16(const uint8_t *p)
@@ -203,7 +201,7 @@ QT_AI int x_soff(uint32_t type)
     switch (type) {
     case QT_Q4_0: return 8;
     case QT_Q5_0: return 16;
-    case QT_Q8_0: return QT_VNNI ? 128 : 0;
+    case QT_Q8_0: return QT_SVNNI ? 128 : 0;
     default: return 0;
     }
 }
@@ -257,7 +255,7 @@ QT_AI void x_wtile(uint32_t type, const uint8_t *const *p, size_t off, __m256i *
             break;
         default:
             v[r] = x_ld(b + 2);
-            if (QT_VNNI) v[r] = _mm256_xor_si256(v[r], _mm256_set1_epi8((char)0x80));
+            if (QT_SVNNI) v[r] = _mm256_xor_si256(v[r], _mm256_set1_epi8((char)0x80));
             break;
         }
     }
@@ -269,9 +267,9 @@ QT_AI void x_wtile(uint32_t type, const uint8_t *const *p, size_t off, __m256i *
 
 /* Per activation row and block: da, s (q8_1) and the int32 correction. */
 typedef struct {
-    float da[QT_GMAX][QT_MAXB];
-    float sa[QT_GMAX][QT_MAXB];
-    int32_t corr[QT_GMAX][QT_MAXB];
+    float da[QT_SGMAX][QT_MAXB];
+    float sa[QT_SGMAX][QT_MAXB];
+    int32_t corr[QT_SGMAX][QT_MAXB];
 } x_sact;
 
 QT_AI void x_sact_fill(uint32_t type, int G, int64_t cn, const uint8_t *a0, size_t as, x_sact *s)
@@ -303,23 +301,23 @@ QT_AI void x_small_tile(uint32_t type, int G, int64_t cn, const uint8_t *const *
     const size_t bs = x_tsize(type);
     const int sgn = !(type == QT_Q4_1 || type == QT_Q5_1), c = x_soff(type);
     const size_t abs_ = sgn ? 34 : 36, aoff = sgn ? 2 : 4;
-    __m256 f[QT_GMAX];
+    __m256 f[QT_SGMAX];
     QT_UNROLL16
     for (int k = 0; k < G; k++) f[k] = acc[k];
     for (int64_t i = 0; i < cn; i++) {
         const size_t off = (size_t)i * bs;
         /* a tile reads 8 rows side by side, which stream prefetchers do not
-         * follow: prefetch the rows' bytes as one stream, QT_PFB ahead */
+         * follow: prefetch the rows' bytes as one stream, QT_SPFB ahead */
         if (lin) {
-            const char *q = (const char *)p[0] + QT_PFB + (size_t)i * step;
-            for (size_t o = 0; o < step; o += 64) _mm_prefetch(q + o, QT_PFH);
+            const char *q = (const char *)p[0] + QT_SPFB + (size_t)i * step;
+            for (size_t o = 0; o < step; o += 64) _mm_prefetch(q + o, QT_SPFH);
         } else {
             QT_UNROLL8
-            for (int r = 0; r < 8; r++) _mm_prefetch((const char *)p[r] + off + QT_PF, QT_PFH);
+            for (int r = 0; r < 8; r++) _mm_prefetch((const char *)p[r] + off + QT_PF, QT_SPFH);
         }
         __m256i wt[8], wa[8];
         x_wtile(type, p, off, wt);
-        const int sgntrick = type == QT_Q8_0 && !QT_VNNI;
+        const int sgntrick = type == QT_Q8_0 && !QT_SVNNI;
         if (sgntrick) {
             QT_UNROLL8
             for (int g = 0; g < 8; g++) wa[g] = _mm256_sign_epi8(wt[g], wt[g]);
@@ -368,17 +366,17 @@ QT_AI void x_small(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64_
     const int lin = nblk <= QT_MAXB;
     const size_t step = lin ? (8 * ws + (size_t)nblk - 1) / (size_t)nblk : 0;
     x_sact sa __attribute__((aligned(32)));
-    __m256 acc[QT_GMAX];
+    __m256 acc[QT_SGMAX];
     float lane[8] __attribute__((aligned(32)));
     /* rows longer than QT_MAXB blocks go in column chunks: a chunk resumes
      * the running sums from Y, so the float chain is the same as unchunked */
     for (int64_t cb = 0; cb < nblk; cb += QT_MAXB) {
         const int64_t cn = nblk - cb < QT_MAXB ? nblk - cb : QT_MAXB;
-        const int64_t rbn = nb <= QT_GMAX ? r1 - r0 : QT_RB;
+        const int64_t rbn = nb <= QT_SGMAX ? r1 - r0 : QT_RB;
         for (int64_t rb = r0; rb < r1; rb += rbn) {
             const int64_t re = rb + rbn < r1 ? rb + rbn : r1;
             for (int b0 = 0; b0 < nb;) {
-                const int rem = nb - b0, g = rem >= QT_GMAX ? QT_GMAX : rem;
+                const int rem = nb - b0, g = rem >= QT_SGMAX ? QT_SGMAX : rem;
                 const uint8_t *a0 = A + b0 * as + cb * abs_;
                 x_sact_fill(type, g, cn, a0, as, &sa);
                 for (int64_t rt = rb; rt < re; rt += 8) {
@@ -394,7 +392,7 @@ QT_AI void x_small(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64_
                         acc[k] = _mm256_load_ps(lane);
                     }
                     switch (g) {
-#if QT_GMAX > 8
+#if QT_SGMAX > 8
                     case 16: x_small_tile(type, 16, cn, p, lin, step, a0, as, &sa, acc); break;
                     case 15: x_small_tile(type, 15, cn, p, lin, step, a0, as, &sa, acc); break;
                     case 14: x_small_tile(type, 14, cn, p, lin, step, a0, as, &sa, acc); break;
@@ -404,7 +402,7 @@ QT_AI void x_small(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64_
                     case 10: x_small_tile(type, 10, cn, p, lin, step, a0, as, &sa, acc); break;
                     case 9: x_small_tile(type, 9, cn, p, lin, step, a0, as, &sa, acc); break;
 #endif
-#if QT_GMAX > 4
+#if QT_SGMAX > 4
                     case 8: x_small_tile(type, 8, cn, p, lin, step, a0, as, &sa, acc); break;
                     case 7: x_small_tile(type, 7, cn, p, lin, step, a0, as, &sa, acc); break;
                     case 6: x_small_tile(type, 6, cn, p, lin, step, a0, as, &sa, acc); break;

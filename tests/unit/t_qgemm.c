@@ -265,7 +265,8 @@ static void test_small_every_nb(void)
     }
 }
 
-/* rows longer than one column chunk of the small-block kernels (20480) */
+/* rows longer than one column chunk of the small-block kernels (10240 values
+ * with AVX-512, 40960 with AVX2) */
 static void test_long_rows(void)
 {
     one_case(QT_Q8_0, 32768 + 64, 3, 2);
