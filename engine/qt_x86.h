@@ -161,10 +161,10 @@ QT_AI __m256i x_ld(const uint8_t *p) { return _mm256_loadu_si256((const __m256i 
 #define QT_MAXB (5120 / QT_SGMAX)   /* blocks per column chunk: 60 KiB of x_sact */
 #define QT_RB 128         /* weight rows per pass over several activation groups */
 #ifndef QT_SPFB
-#define QT_SPFB 8192      /* prefetch distance in bytes of a tile's rows */
+#define QT_SPFB 16384     /* prefetch distance in bytes of a tile's rows */
 #endif
 #ifndef QT_SPFH
-#define QT_SPFH _MM_HINT_T0
+#define QT_SPFH _MM_HINT_T1
 #endif
 
 QT_AI int x_u16(const uint8_t *p)
