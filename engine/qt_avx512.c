@@ -19,6 +19,18 @@
 #define QT_MADD_ACC(acc, p, s) _mm256_dpwssd_epi32((acc), (p), (s))
 #define QT_GMAX 8   /* 32 vector registers: 8 activation rows per pass */
 #define QT_KERNEL_NAME qt_gemm_avx512
+
+/* Small-block tiles: 16 activation rows (32 vector registers); the
+ * broadcast activation bytes as vpdpbusd's memory operand, one op instead of
+ * a load and a dot; weights may be unsigned up to 255 (no saturation). */
+#define QT_SGMAX 16
+#define QT_SVNNI 1
+static inline __attribute__((always_inline)) __m256i qt_dot_bcast(__m256i acc, __m256i u, const void *p)
+{
+    __asm__("vpdpbusd %2%{1to8%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*(const int *)p));
+    return acc;
+}
+#define QT_DOT_BCAST(acc, u, p) qt_dot_bcast((acc), (u), (p))
 #include "engine/qt_x86.h"
 
 #if defined(__clang__)

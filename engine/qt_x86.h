@@ -5,8 +5,8 @@
  * defined.
  *
  * Shape of every kernel: one weight row at a time, several activation rows
- * per weight block load (register tiling 1 x 4 for small blocks and float
- * weights, 1 x 16 for K-quants whose super-block is unpacked once to a 256-
+ * per weight block load (register tiling 8 x QT_SGMAX for small blocks, 1 x 4
+ * for float weights, 1 x 16 for K-quants whose super-block is unpacked to a 256-
  * byte stack buffer and reused by every activation row). A weight row is read
  * from memory once per call whatever nb is; the re-reads of later activation
  * groups hit L1/L2. Software prefetch runs about 1 KiB ahead of the stream.
@@ -15,10 +15,11 @@
  * whatever nb, the row range and the activation row's place in the batch:
  * every tile size runs the same operations in the same order per pair.
  *
- * Arithmetic: small blocks sum int32 lanes per block, then scale in float
- * lanes (reassociated vs the reference: agreement to ~1e-6 relative). K-quants
- * reduce to exact int32 totals per super-block and then evaluate the very
- * same float expression as qt_vec_dot_ref, in the same order: bit-identical. */
+ * Arithmetic: small blocks get exact int32 totals per block and then
+ * evaluate the reference's float expression in the same order: bit-identical
+ * to qt_vec_dot_ref. K-quants reduce to exact int32 totals per super-block
+ * and then evaluate the very same float expression as qt_vec_dot_ref, in the
+ * same order: bit-identical. */
 #ifndef QT_X86_TEMPLATE
 #define QT_X86_TEMPLATE
 
@@ -128,18 +129,43 @@ QT_AI __m256i x_ld(const uint8_t *p) { return _mm256_loadu_si256((const __m256i 
 
 /* ---- small blocks (q4_0, q5_0, q8_0 with q8_0 activations; q4_1, q5_1
  * with q8_1 activations) ----
- * Rows are taken in blocks of QT_RB; for each group of up to 4 activation
- * rows the activation scales (and q8_1 sums) are converted to float once
- * into a stack buffer, then every weight row of the block is dotted with the
- * group. Per 8 weight blocks the 8 weight scales are converted together and
- * multiplied with the activation scales in one vector op; each block's
- * product is then broadcast with a lane permute. */
+ * Tile: 8 weight rows x G activation rows. Per 32-value block the 8 weight
+ * rows are unpacked to unsigned bytes (q4 nibbles, q5 5-bit values, q8_0
+ * plus 128) and transposed so that lane l of vector g holds bytes 4g..4g+3
+ * of one weight row; each activation row's 4-byte group g is broadcast and
+ * u8*s8-dotted into it. Lanes are weight rows: no horizontal sums. The
+ * unsigned offset c comes back as an exact int32 term -c * sum(a) per
+ * activation block, precomputed per call, so each lane ends with the exact
+ * int32 block dot, and then runs the reference's float expression per block,
+ * in block order:
+ *   sum = sum + (float)isum * (d * da)                (q4_0, q5_0, q8_0)
+ *   sum = sum + ((d * da) * (float)isum + m * s)      (q4_1, q5_1)
+ * Results equal qt_vec_dot_ref bit for bit, hence do not depend on nb, the
+ * row range or the tile (batch invariance). Without VNNI (maddubs saturates
+ * past 2 * 255 * 127) q8_0 keeps its sign: |w| against sign(a, w), c = 0. */
 
-#define QT_RB 32
-#ifndef QT_GMAX
-#define QT_GMAX 4         /* activation rows per weight-row pass (register tile) */
+#ifndef QT_SGMAX
+#define QT_SGMAX 4        /* activation rows per tile (float accumulators in registers), <= 16 */
 #endif
-#define QT_MAXB 1024      /* blocks per column chunk (32768 values) */
+#ifndef QT_SVNNI
+#define QT_SVNNI 0        /* 1: QT_DOT_US is vpdpbusd (no int16 saturation) */
+#endif
+#ifndef QT_DOT_BCAST   /* acc += u . (4 signed bytes at p, broadcast) */
+#define QT_DOT_BCAST(acc, u, p) QT_DOT_US((acc), (u), _mm256_set1_epi32(x_u32(p)))
+#endif
+#if defined(__clang__)
+#define QT_UNROLL16 _Pragma("unroll 16")
+#else
+#define QT_UNROLL16 _Pragma("GCC unroll 16")
+#endif
+#define QT_MAXB (5120 / QT_SGMAX)   /* blocks per column chunk: 60 KiB of x_sact */
+#define QT_RB 128         /* weight rows per pass over several activation groups */
+#ifndef QT_SPFB
+#define QT_SPFB 16384     /* prefetch distance in bytes of a tile's rows */
+#endif
+#ifndef QT_SPFH
+#define QT_SPFH _MM_HINT_T1
+#endif
 
 QT_AI int x_u16(const uint8_t *p)
 {
@@ -148,83 +174,186 @@ QT_AI int x_u16(const uint8_t *p)
     return h;
 }
 
-QT_AI __m256 x_h2f8(const uint8_t *p, size_t stride)
+QT_AI int x_u32(const uint8_t *p)
 {
-    __m128i h = _mm_cvtsi32_si128(x_u16(p));
-    h = _mm_insert_epi16(h, x_u16(p + 1 * stride), 1);
-    h = _mm_insert_epi16(h, x_u16(p + 2 * stride), 2);
-    h = _mm_insert_epi16(h, x_u16(p + 3 * stride), 3);
-    h = _mm_insert_epi16(h, x_u16(p + 4 * stride), 4);
-    h = _mm_insert_epi16(h, x_u16(p + 5 * stride), 5);
-    h = _mm_insert_epi16(h, x_u16(p + 6 * stride), 6);
-    h = _mm_insert_epi16(h, x_u16(p + 7 * stride), 7);
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* fp16 at p[l] + off, l = 0..7 -> 8 floats */
+QT_AI __m256 x_h2f8p(const uint8_t *const *p, size_t off)
+{
+    __m128i h = _mm_cvtsi32_si128(x_u16(p[0] + off));
+    h = _mm_insert_epi16(h, x_u16(p[1] + off), 1);
+    h = _mm_insert_epi16(h, x_u16(p[2] + off), 2);
+    h = _mm_insert_epi16(h, x_u16(p[3] + off), 3);
+    h = _mm_insert_epi16(h, x_u16(p[4] + off), 4);
+    h = _mm_insert_epi16(h, x_u16(p[5] + off), 5);
+    h = _mm_insert_epi16(h, x_u16(p[6] + off), 6);
+    h = _mm_insert_epi16(h, x_u16(p[7] + off), 7);
     return _mm256_cvtph_ps(h);
 }
 
-QT_AI __m256i x_sblock(uint32_t type, const uint8_t *b)
+/* Offset c of the unsigned weight bytes: w = u - c. */
+QT_AI int x_soff(uint32_t type)
 {
-    return (type == QT_Q4_1 || type == QT_Q5_1) ? x_unpack_u(type, b) : x_unpack_s(type, b);
+    switch (type) {
+    case QT_Q4_0: return 8;
+    case QT_Q5_0: return 16;
+    case QT_Q8_0: return QT_SVNNI ? 128 : 0;
+    default: return 0;
+    }
 }
 
-/* One weight row against G activation rows. das/dss: [G][QT_MAXB] floats. */
-QT_AI void x_small_rows(uint32_t type, size_t bs, int G, int64_t nblk, const uint8_t *wr,
-                        const uint8_t *a0, size_t as, const float *das, const float *dss, float *out)
+/* 4 x 4 dword transpose of (r0|r1), (r2|r3), (r4|r5), (r6|r7) pairs of
+ * 128-bit rows: t[g] lane l = dword g of row lane_row[l], lane_row =
+ * 0,2,4,6,1,3,5,7. */
+QT_AI void x_tr4(__m256i r01, __m256i r23, __m256i r45, __m256i r67, __m256i *t)
 {
-    const int sgn = !(type == QT_Q4_1 || type == QT_Q5_1);
-    const size_t abs_ = sgn ? 34 : 36, aoff = sgn ? 2 : 4;
-    __m256 acc[QT_GMAX][2], accm[QT_GMAX];
-    QT_UNROLL8
-    for (int k = 0; k < G; k++) acc[k][0] = acc[k][1] = accm[k] = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 8 <= nblk; i += 8) {
-        const uint8_t *wb = wr + i * bs;
-        _mm_prefetch((const char *)wb + QT_PF, _MM_HINT_T0);
-        _mm_prefetch((const char *)wb + QT_PF + 64, _MM_HINT_T0);
-        _mm_prefetch((const char *)wb + QT_PF + 128, _MM_HINT_T0);
-        if (bs > 24) _mm_prefetch((const char *)wb + QT_PF + 192, _MM_HINT_T0);
-        const __m256 dw = x_h2f8(wb, bs);
-        __m256 sc[QT_GMAX];
+    const __m256i a = _mm256_unpacklo_epi32(r01, r23), b = _mm256_unpackhi_epi32(r01, r23);
+    const __m256i c = _mm256_unpacklo_epi32(r45, r67), d = _mm256_unpackhi_epi32(r45, r67);
+    t[0] = _mm256_unpacklo_epi64(a, c);
+    t[1] = _mm256_unpackhi_epi64(a, c);
+    t[2] = _mm256_unpacklo_epi64(b, d);
+    t[3] = _mm256_unpackhi_epi64(b, d);
+}
+
+QT_AI __m256i x_pair128(const uint8_t *lo, const uint8_t *hi)
+{
+    return _mm256_set_m128i(_mm_loadu_si128((const __m128i *)(const void *)hi),
+                            _mm_loadu_si128((const __m128i *)(const void *)lo));
+}
+
+/* One block of 8 weight rows (p[r] + off: block start of row r) -> wt[8]
+ * transposed unsigned bytes (signed ones for q8_0 without VNNI). */
+QT_AI void x_wtile(uint32_t type, const uint8_t *const *p, size_t off, __m256i *wt)
+{
+    if (type == QT_Q4_0 || type == QT_Q4_1) {
+        const size_t q = off + (type == QT_Q4_0 ? 2 : 4);
+        __m256i t[4];
+        x_tr4(x_pair128(p[0] + q, p[1] + q), x_pair128(p[2] + q, p[3] + q),
+              x_pair128(p[4] + q, p[5] + q), x_pair128(p[6] + q, p[7] + q), t);
+        const __m256i m = _mm256_set1_epi8(0x0F);
         QT_UNROLL8
-        for (int k = 0; k < G; k++) sc[k] = _mm256_mul_ps(dw, _mm256_loadu_ps(das + k * QT_MAXB + i));
-        if (!sgn) {
-            const __m256 mw = x_h2f8(wb + 2, bs);
-            QT_UNROLL8
-            for (int k = 0; k < G; k++) accm[k] = _mm256_fmadd_ps(mw, _mm256_loadu_ps(dss + k * QT_MAXB + i), accm[k]);
+        for (int g = 0; g < 4; g++) {
+            wt[g] = _mm256_and_si256(t[g], m);
+            wt[g + 4] = _mm256_and_si256(_mm256_srli_epi16(t[g], 4), m);
         }
-        QT_UNROLL8
-        for (int j = 0; j < 8; j++) {
-            const __m256i w = x_sblock(type, wb + j * bs);
-            const __m256i aw = sgn ? _mm256_sign_epi8(w, w) : w;
-            const __m256i idx = _mm256_set1_epi32(j);
-            QT_UNROLL8
-            for (int k = 0; k < G; k++) {
-                const __m256i y = x_ld(a0 + k * as + (i + j) * abs_ + aoff);
-                const __m256i p = QT_DOT_US(_mm256_setzero_si256(), aw, sgn ? _mm256_sign_epi8(y, w) : y);
-                /* two chains per row whatever G: a row's sum must not depend on the batch */
-                acc[k][j & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_permutevar8x32_ps(sc[k], idx), acc[k][j & 1]);
+        return;
+    }
+    __m256i v[8];
+    QT_UNROLL8
+    for (int r = 0; r < 8; r++) {
+        const uint8_t *b = p[r] + off;
+        switch (type) {
+        case QT_Q5_0:
+            v[r] = _mm256_or_si256(x_nibbles(b + 6), _mm256_and_si256(x_bits_to_bytes(b + 2), _mm256_set1_epi8(0x10)));
+            break;
+        case QT_Q5_1:
+            v[r] = x_unpack_u(QT_Q5_1, b);
+            break;
+        default:
+            v[r] = x_ld(b + 2);
+            if (QT_SVNNI) v[r] = _mm256_xor_si256(v[r], _mm256_set1_epi8((char)0x80));
+            break;
+        }
+    }
+    x_tr4(_mm256_permute2x128_si256(v[0], v[1], 0x20), _mm256_permute2x128_si256(v[2], v[3], 0x20),
+          _mm256_permute2x128_si256(v[4], v[5], 0x20), _mm256_permute2x128_si256(v[6], v[7], 0x20), wt);
+    x_tr4(_mm256_permute2x128_si256(v[0], v[1], 0x31), _mm256_permute2x128_si256(v[2], v[3], 0x31),
+          _mm256_permute2x128_si256(v[4], v[5], 0x31), _mm256_permute2x128_si256(v[6], v[7], 0x31), wt + 4);
+}
+
+/* Per activation row and block: da, s (q8_1) and the int32 correction. */
+typedef struct {
+    float da[QT_SGMAX][QT_MAXB];
+    float sa[QT_SGMAX][QT_MAXB];
+    int32_t corr[QT_SGMAX][QT_MAXB];
+} x_sact;
+
+QT_AI void x_sact_fill(uint32_t type, int G, int64_t cn, const uint8_t *a0, size_t as, x_sact *s)
+{
+    const int sgn = !(type == QT_Q4_1 || type == QT_Q5_1), c = x_soff(type);
+    const size_t abs_ = sgn ? 34 : 36;
+    for (int k = 0; k < G; k++)
+        for (int64_t i = 0; i < cn; i++) {
+            const uint8_t *ab = a0 + k * as + i * abs_;
+            s->da[k][i] = x_h2f(ab);
+            if (!sgn) s->sa[k][i] = x_h2f(ab + 2);
+            if (c) {
+                const __m256i t = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), x_ld(ab + 2)),
+                                                    _mm256_set1_epi16(1));
+                s->corr[k][i] = -c * x_hsum_i32(t);
             }
         }
-    }
-    float tail[QT_GMAX];
-    QT_UNROLL8
-    for (int k = 0; k < G; k++) tail[k] = 0;
-    for (; i < nblk; i++) {
-        const uint8_t *wb = wr + i * bs;
-        const __m256i w = x_sblock(type, wb);
-        const __m256i aw = sgn ? _mm256_sign_epi8(w, w) : w;
-        const float d = x_h2f(wb), m = sgn ? 0.f : x_h2f(wb + 2);
-        QT_UNROLL8
+}
+
+/* lane l of a tile holds weight row x_lane_row[l] (the order x_tr4 leaves) */
+static const int x_lane_row[8] = { 0, 2, 4, 6, 1, 3, 5, 7 };
+
+/* 8 weight rows (p[r]: row r at the chunk start) x G activation rows.
+ * acc[k] lane l: running sum of activation row k with weight row
+ * x_lane_row[l]. */
+QT_AI void x_small_tile(uint32_t type, int G, int64_t cn, const uint8_t *const *p, int lin, size_t step,
+                        const uint8_t *a0, size_t as, const x_sact *s, __m256 *acc)
+{
+    const size_t bs = x_tsize(type);
+    const int sgn = !(type == QT_Q4_1 || type == QT_Q5_1), c = x_soff(type);
+    const size_t abs_ = sgn ? 34 : 36, aoff = sgn ? 2 : 4;
+    __m256 f[QT_SGMAX];
+    QT_UNROLL16
+    for (int k = 0; k < G; k++) f[k] = acc[k];
+    for (int64_t i = 0; i < cn; i++) {
+        const size_t off = (size_t)i * bs;
+        /* a tile reads 8 rows side by side, which stream prefetchers do not
+         * follow: prefetch the rows' bytes as one stream, QT_SPFB ahead */
+        if (lin) {
+            const char *q = (const char *)p[0] + QT_SPFB + (size_t)i * step;
+            for (size_t o = 0; o < step; o += 64) _mm_prefetch(q + o, QT_SPFH);
+        } else {
+            QT_UNROLL8
+            for (int r = 0; r < 8; r++) _mm_prefetch((const char *)p[r] + off + QT_PF, QT_SPFH);
+        }
+        __m256i wt[8], wa[8];
+        x_wtile(type, p, off, wt);
+        const int sgntrick = type == QT_Q8_0 && !QT_SVNNI;
+        if (sgntrick) {
+            QT_UNROLL8
+            for (int g = 0; g < 8; g++) wa[g] = _mm256_sign_epi8(wt[g], wt[g]);
+        }
+        const uint8_t *const pl[8] = { p[0], p[2], p[4], p[6], p[1], p[3], p[5], p[7] };
+        const __m256 dw = x_h2f8p(pl, off);
+        const __m256 mw = sgn ? _mm256_setzero_ps() : x_h2f8p(pl, off + 2);
+        QT_UNROLL16
         for (int k = 0; k < G; k++) {
-            const __m256i y = x_ld(a0 + k * as + i * abs_ + aoff);
-            const __m256i p = QT_DOT_US(_mm256_setzero_si256(), aw, sgn ? _mm256_sign_epi8(y, w) : y);
-            acc[k][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * das[k * QT_MAXB + i]), acc[k][0]);
-            if (!sgn) tail[k] += m * dss[k * QT_MAXB + i];
+            const uint8_t *y = a0 + k * as + i * abs_ + aoff;
+            __m256i t0 = c ? _mm256_set1_epi32(s->corr[k][i]) : _mm256_setzero_si256();
+            __m256i t1 = _mm256_setzero_si256();
+            QT_UNROLL8
+            for (int g = 0; g < 8; g += 2) {
+                if (sgntrick) {
+                    const __m256i y0 = _mm256_set1_epi32(x_u32(y + 4 * g)), y1 = _mm256_set1_epi32(x_u32(y + 4 * g + 4));
+                    t0 = QT_DOT_US(t0, wa[g], _mm256_sign_epi8(y0, wt[g]));
+                    t1 = QT_DOT_US(t1, wa[g + 1], _mm256_sign_epi8(y1, wt[g + 1]));
+                } else {
+                    t0 = QT_DOT_BCAST(t0, wt[g], y + 4 * g);
+                    t1 = QT_DOT_BCAST(t1, wt[g + 1], y + 4 * g + 4);
+                }
+            }
+            const __m256 isum = _mm256_cvtepi32_ps(_mm256_add_epi32(t0, t1));
+            const __m256 sc = _mm256_mul_ps(dw, _mm256_set1_ps(s->da[k][i]));
+            if (sgn)
+                f[k] = _mm256_add_ps(f[k], _mm256_mul_ps(isum, sc));
+            else
+                f[k] = _mm256_add_ps(f[k], _mm256_add_ps(_mm256_mul_ps(sc, isum),
+                                                         _mm256_mul_ps(mw, _mm256_set1_ps(s->sa[k][i]))));
         }
     }
-    QT_UNROLL8
-    for (int k = 0; k < G; k++)
-        out[k] = x_hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[k][0], acc[k][1]), accm[k])) + tail[k];
+    QT_UNROLL16
+    for (int k = 0; k < G; k++) acc[k] = f[k];
 }
+
 
 QT_AI void x_small(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64_t r0, int64_t r1,
                    const uint8_t *A, size_t as, int nb, float *Y, int64_t ldy)
@@ -233,40 +362,61 @@ QT_AI void x_small(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64_
     const int64_t nblk = n / 32;
     const int sgn = !(type == QT_Q4_1 || type == QT_Q5_1);
     const size_t abs_ = sgn ? 34 : 36;
-    float das[QT_GMAX * QT_MAXB] __attribute__((aligned(32)));
-    float dss[QT_GMAX * QT_MAXB] __attribute__((aligned(32)));
-    float out[QT_GMAX];
-    /* rows longer than QT_MAXB blocks go in column chunks, summed in Y */
+    /* rows in one chunk: the tile's 8 rows are 8 * ws contiguous bytes */
+    const int lin = nblk <= QT_MAXB;
+    const size_t step = lin ? (8 * ws + (size_t)nblk - 1) / (size_t)nblk : 0;
+    x_sact sa __attribute__((aligned(32)));
+    __m256 acc[QT_SGMAX];
+    float lane[8] __attribute__((aligned(32)));
+    /* rows longer than QT_MAXB blocks go in column chunks: a chunk resumes
+     * the running sums from Y, so the float chain is the same as unchunked */
     for (int64_t cb = 0; cb < nblk; cb += QT_MAXB) {
         const int64_t cn = nblk - cb < QT_MAXB ? nblk - cb : QT_MAXB;
-        for (int64_t rb = r0; rb < r1; rb += QT_RB) {
-            const int64_t re = rb + QT_RB < r1 ? rb + QT_RB : r1;
+        const int64_t rbn = nb <= QT_SGMAX ? r1 - r0 : QT_RB;
+        for (int64_t rb = r0; rb < r1; rb += rbn) {
+            const int64_t re = rb + rbn < r1 ? rb + rbn : r1;
             for (int b0 = 0; b0 < nb;) {
-                const int rem = nb - b0, g = rem >= QT_GMAX ? QT_GMAX : rem;
+                const int rem = nb - b0, g = rem >= QT_SGMAX ? QT_SGMAX : rem;
                 const uint8_t *a0 = A + b0 * as + cb * abs_;
-                for (int k = 0; k < g; k++)
-                    for (int64_t i = 0; i < cn; i++) {
-                        const uint8_t *ab = a0 + k * as + i * abs_;
-                        das[k * QT_MAXB + i] = x_h2f(ab);
-                        if (!sgn) dss[k * QT_MAXB + i] = x_h2f(ab + 2);
-                    }
-                for (int64_t r = rb; r < re; r++) {
-                    const uint8_t *wr = W + r * ws + cb * bs;
-                    switch (g) {
-#if QT_GMAX > 4
-                    case 8: x_small_rows(type, bs, 8, cn, wr, a0, as, das, dss, out); break;
-                    case 7: x_small_rows(type, bs, 7, cn, wr, a0, as, das, dss, out); break;
-                    case 6: x_small_rows(type, bs, 6, cn, wr, a0, as, das, dss, out); break;
-                    case 5: x_small_rows(type, bs, 5, cn, wr, a0, as, das, dss, out); break;
-#endif
-                    case 4: x_small_rows(type, bs, 4, cn, wr, a0, as, das, dss, out); break;
-                    case 3: x_small_rows(type, bs, 3, cn, wr, a0, as, das, dss, out); break;
-                    case 2: x_small_rows(type, bs, 2, cn, wr, a0, as, das, dss, out); break;
-                    default: x_small_rows(type, bs, 1, cn, wr, a0, as, das, dss, out); break;
+                x_sact_fill(type, g, cn, a0, as, &sa);
+                for (int64_t rt = rb; rt < re; rt += 8) {
+                    const uint8_t *p[8];
+                    int64_t row[8];
+                    for (int l = 0; l < 8; l++) {
+                        row[l] = rt + x_lane_row[l] < re ? rt + x_lane_row[l] : -1;
+                        p[l] = W + (rt + l < re ? rt + l : re - 1) * ws + cb * bs;
                     }
                     for (int k = 0; k < g; k++) {
-                        float *y = &Y[(b0 + k) * ldy + r];
-                        *y = cb ? *y + out[k] : out[k];
+                        if (!cb) { acc[k] = _mm256_setzero_ps(); continue; }
+                        for (int l = 0; l < 8; l++) lane[l] = row[l] >= 0 ? Y[(b0 + k) * ldy + row[l]] : 0.f;
+                        acc[k] = _mm256_load_ps(lane);
+                    }
+                    switch (g) {
+#if QT_SGMAX > 8
+                    case 16: x_small_tile(type, 16, cn, p, lin, step, a0, as, &sa, acc); break;
+                    case 15: x_small_tile(type, 15, cn, p, lin, step, a0, as, &sa, acc); break;
+                    case 14: x_small_tile(type, 14, cn, p, lin, step, a0, as, &sa, acc); break;
+                    case 13: x_small_tile(type, 13, cn, p, lin, step, a0, as, &sa, acc); break;
+                    case 12: x_small_tile(type, 12, cn, p, lin, step, a0, as, &sa, acc); break;
+                    case 11: x_small_tile(type, 11, cn, p, lin, step, a0, as, &sa, acc); break;
+                    case 10: x_small_tile(type, 10, cn, p, lin, step, a0, as, &sa, acc); break;
+                    case 9: x_small_tile(type, 9, cn, p, lin, step, a0, as, &sa, acc); break;
+#endif
+#if QT_SGMAX > 4
+                    case 8: x_small_tile(type, 8, cn, p, lin, step, a0, as, &sa, acc); break;
+                    case 7: x_small_tile(type, 7, cn, p, lin, step, a0, as, &sa, acc); break;
+                    case 6: x_small_tile(type, 6, cn, p, lin, step, a0, as, &sa, acc); break;
+                    case 5: x_small_tile(type, 5, cn, p, lin, step, a0, as, &sa, acc); break;
+#endif
+                    case 4: x_small_tile(type, 4, cn, p, lin, step, a0, as, &sa, acc); break;
+                    case 3: x_small_tile(type, 3, cn, p, lin, step, a0, as, &sa, acc); break;
+                    case 2: x_small_tile(type, 2, cn, p, lin, step, a0, as, &sa, acc); break;
+                    default: x_small_tile(type, 1, cn, p, lin, step, a0, as, &sa, acc); break;
+                    }
+                    for (int k = 0; k < g; k++) {
+                        _mm256_store_ps(lane, acc[k]);
+                        for (int l = 0; l < 8; l++)
+                            if (row[l] >= 0) Y[(b0 + k) * ldy + row[l]] = lane[l];
                     }
                 }
                 b0 += g;

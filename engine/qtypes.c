@@ -6,9 +6,9 @@
  * built without floating-point contraction (ISO C mode does that by default).
  *
  * The reference dot products work per block in integers, as llama.cpp's
- * vec_dot does, then scale in float. The K-quant SIMD kernels evaluate the
- * very same integer sums and the same float expression per super-block, so
- * they agree with qt_vec_dot_ref bit for bit. */
+ * vec_dot does, then scale in float. The SIMD kernels for K-quants and small
+ * blocks evaluate the very same integer sums and the same float expression
+ * per (super-)block, so they agree with qt_vec_dot_ref bit for bit. */
 #include "engine/qtypes.h"
 
 #include <math.h>

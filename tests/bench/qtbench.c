@@ -8,7 +8,14 @@
  * cache) at nb = 1, 4, 8 (GB/s of weights read per second, and % of the
  * 2-thread ceiling), and a 4096 x 4096 matrix at nb = 64 (GFLOP/s, 2*n*rows*nb
  * per call), with 1 and 2 threads splitting rows as the forward pass does.
- * Scalar, AVX2 and AVX-512 side by side. */
+ * Scalar, AVX2 and AVX-512 side by side.
+ *
+ *   bin/qtbench -S [-b NB,...] [-t SECONDS] [-i ISA,...] [TYPE...]
+ *
+ * Model shapes instead: qwen2.5-0.5b's 896 -> 4864, 4864 -> 896 and
+ * 896 -> 151936 matrices at each nb (default 1,2,4,8,16,128), GFLOP/s with
+ * 1 thread and with 2 threads taking 16-row-multiple chunks as the CPU
+ * backend does. */
 #include "engine/qtypes.h"
 
 #include <pthread.h>
@@ -137,6 +144,94 @@ static void fill_random(uint32_t wt, uint8_t *w, size_t bytes)
     }
 }
 
+/* Model-shape run: 2 threads take chunks of rows in turn, as the pool does. */
+typedef struct { gm_job j; int64_t chunk, rows; } sh_job;
+
+static void *sh_main(void *arg)
+{
+    sh_job *s = arg;
+    for (int64_t r = s->j.r0; r < s->rows; r += 2 * s->chunk) {
+        const int64_t e = r + s->chunk < s->rows ? r + s->chunk : s->rows;
+        qt_gemm(s->j.wt, s->j.n, s->j.W, s->j.ws, r, e, s->j.A, s->j.as, s->j.nb, s->j.Y, s->j.ldy);
+    }
+    return NULL;
+}
+
+static double shape_time(uint32_t wt, int64_t n, const uint8_t *W, int64_t rows, const uint8_t *A,
+                         int nb, float *Y, int nt, double tmin)
+{
+    const size_t ws = qt_row_size(wt, n), as = qt_row_size(qt_act_type(wt), n);
+    int64_t chunk = rows / (2 * 8);
+    if (chunk < 16) chunk = 16;
+    chunk = (chunk + 15) / 16 * 16;
+    double best = 1e30, t0 = now();
+    int it = 0;
+    do {
+        pthread_t th;
+        sh_job jb[2];
+        double s = now();
+        for (int t = 0; t < nt; t++)
+            jb[t] = (sh_job){ { wt, n, W, ws, t * chunk, 0, A, as, nb, Y, rows }, nt == 1 ? rows : chunk, rows };
+        if (nt == 1) sh_main(&jb[0]);
+        else {
+            for (int t = 0; t < nt; t++) jb[t].chunk = chunk;
+            pthread_create(&th, NULL, sh_main, &jb[1]);
+            sh_main(&jb[0]);
+            pthread_join(th, NULL);
+        }
+        double e = now() - s;
+        if (e < best) best = e;
+        it++;
+    } while (now() - t0 < tmin || it < 2);
+    return best;
+}
+
+static int run_shapes(const uint32_t *types, int ntypes, const int *want_isa, const int *nbs, int nnb,
+                      double tmin)
+{
+    static const int64_t shapes[3][2] = { { 896, 4864 }, { 4864, 896 }, { 896, 151936 } };
+    int maxnb = 1;
+    for (int k = 0; k < nnb; k++) if (nbs[k] > maxnb) maxnb = nbs[k];
+    const qt_isa best = qt_isa_get();
+    printf("model shapes (n_in x n_out), GFLOP/s 1 thread / 2 threads\n");
+    for (int ti = 0; ti < ntypes; ti++)
+        for (int si = 0; si < 3; si++) {
+            const uint32_t wt = types[ti], at = qt_act_type(wt);
+            const int64_t n = shapes[si][0], rows = shapes[si][1];
+            const size_t ws = qt_row_size(wt, n), as = qt_row_size(at, n);
+            if (!ws) continue;
+            uint8_t *W = malloc(ws * (size_t)rows), *A = malloc(as * (size_t)maxnb);
+            float *Y = malloc(sizeof(float) * (size_t)rows * (size_t)maxnb), *x = malloc(sizeof(float) * (size_t)n);
+            if (!W || !A || !Y || !x) { fprintf(stderr, "qtbench: out of memory\n"); return 1; }
+            fill_random(wt, W, ws * (size_t)rows);
+            uint64_t s = 1;
+            for (int b = 0; b < maxnb; b++) {
+                for (int64_t i = 0; i < n; i++) {
+                    s = s * 6364136223846793005ull + 1442695040888963407ull;
+                    x[i] = (float)((int64_t)(s >> 40) - (1 << 23)) / (float)(1 << 23);
+                }
+                qt_quantize_row(at, x, A + b * as, n);
+            }
+            for (int isa = 1; isa <= (int)best; isa++) {
+                if (!want_isa[isa]) continue;
+                qt_isa_set((qt_isa)isa);
+                if ((int)qt_isa_get() != isa) continue;
+                printf("%-5s %-7s %5lldx%-6lld |", qt_name(wt), qt_isa_name((qt_isa)isa), (long long)n, (long long)rows);
+                for (int k = 0; k < nnb; k++) {
+                    const double flop = 2.0 * (double)n * (double)rows * nbs[k];
+                    const double t1 = shape_time(wt, n, W, rows, A, nbs[k], Y, 1, tmin);
+                    const double t2 = shape_time(wt, n, W, rows, A, nbs[k], Y, 2, tmin);
+                    printf(" nb=%d %.1f/%.1f |", nbs[k], flop / t1 / 1e9, flop / t2 / 1e9);
+                    fflush(stdout);
+                }
+                printf("\n");
+            }
+            free(W); free(A); free(Y); free(x);
+        }
+    qt_isa_set(best);
+    return 0;
+}
+
 static const uint32_t all_types[] = { QT_Q8_0, QT_Q4_K, QT_Q6_K, QT_Q4_0, QT_Q4_1, QT_Q5_0, QT_Q5_1,
                                       QT_Q2_K, QT_Q3_K, QT_Q5_K, QT_F16, QT_BF16, QT_F32 };
 
@@ -145,18 +240,32 @@ int main(int argc, char **argv)
     double tmin = 0.3;
     int want_isa[4] = { 1, 1, 1, 1 };
     uint32_t types[32];
-    int ntypes = 0, cached = 0;
+    int ntypes = 0, cached = 0, shapes = 0, nnb = 6;
+    int nbs_s[16] = { 1, 2, 4, 8, 16, 128 };
     int64_t ncols = 4096;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-t") && i + 1 < argc) tmin = atof(argv[++i]);
         else if (!strcmp(argv[i], "-c")) cached = 1;
+        else if (!strcmp(argv[i], "-S")) shapes = 1;
+        else if (!strcmp(argv[i], "-b") && i + 1 < argc) {
+            nnb = 0;
+            for (char *p = argv[++i]; *p && nnb < 16;) {
+                const long v = strtol(p, &p, 10);
+                if (v >= 1 && v <= 4096) nbs_s[nnb++] = (int)v;
+                while (*p == ',') p++;
+                if (*p && (*p < '0' || *p > '9')) break;
+            }
+            if (!nnb) { fprintf(stderr, "qtbench: bad -b list\n"); return 2; }
+        }
         else if (!strcmp(argv[i], "-n") && i + 1 < argc) ncols = atoll(argv[++i]);
         else if (!strcmp(argv[i], "-i") && i + 1 < argc) {
             const char *l = argv[++i];
             for (int k = 0; k < 4; k++) want_isa[k] = strstr(l, qt_isa_name((qt_isa)k)) != NULL;
         } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             printf("usage: qtbench [-c] [-n COLS] [-t SECONDS] [-i scalar,avx2,avx512] [TYPE...]\n"
-                   "  -c  cache-resident matrices (1 MiB): kernel speed without memory\n");
+                   "       qtbench -S [-b NB,...] [-t SECONDS] [-i avx2,avx512] [TYPE...]\n"
+                   "  -c  cache-resident matrices (1 MiB): kernel speed without memory\n"
+                   "  -S  qwen2.5-0.5b matrix shapes at each nb of -b (default 1,2,4,8,16,128)\n");
             return 0;
         } else {
             int found = 0;
@@ -168,6 +277,9 @@ int main(int argc, char **argv)
             if (!found) { fprintf(stderr, "qtbench: unknown type %s\n", argv[i]); return 2; }
         }
     }
+    if (!ntypes && shapes) {
+        types[0] = QT_Q4_0; types[1] = QT_Q8_0; ntypes = 2;
+    }
     if (!ntypes) {
         ntypes = (int)(sizeof all_types / sizeof all_types[0]);
         memcpy(types, all_types, sizeof all_types);
@@ -175,6 +287,9 @@ int main(int argc, char **argv)
     qt_init();
     const qt_isa best = qt_isa_get();
     printf("qtbench: best ISA %s\n", qt_isa_name(best));
+    if (shapes) {
+        return run_shapes(types, ntypes, want_isa, nbs_s, nnb, tmin);
+    }
 
     const size_t rbytes = (size_t)512 << 20;
     uint64_t *rbuf = malloc(rbytes);
