@@ -45,7 +45,9 @@
 #define GRAPH_MAX_T 256        /* decode batches recorded as graphs */
 #define ARGMAX_ROWS 4096
 
-typedef struct upl { const void *data; void *dev; } upl;
+/* an uploaded weight; dev16: its f16 copy for cuBLAS, made at first use
+ * while device memory allows (no16: it did not) */
+typedef struct upl { const void *data; void *dev; void *dev16; int no16; } upl;
 
 typedef struct cu_be {
     be base;
@@ -74,6 +76,7 @@ typedef struct cu_be {
     int att_maxs;              /* spans per (token, head) row of part */
     int invariant;             /* ANE_CUDA_INVARIANT=1: decode rows always by GEMV */
     int gemm_t_set;            /* ANE_CUDA_GEMM_T given */
+    int cache16;               /* keep f16 copies of quantized weights (ANE_CUDA_F16_CACHE, default 1) */
     int mmq;                   /* int8 matrices go through the tensor-core kernel */
     int fuse;                  /* ANE_CUDA_FUSE (default on) */
     const float *xq_src;       /* xq holds the int8 form of xq_src [xq_rows][xq_n], or nothing */
@@ -145,7 +148,7 @@ static void cu_close(be *b)
     if (!c) return;
     if (c->st) cudaStreamSynchronize(c->st);
     graphs_drop(c);
-    for (int i = 0; i < c->n_up; i++) cudaFree(c->up[i].dev);
+    for (int i = 0; i < c->n_up; i++) { cudaFree(c->up[i].dev); cudaFree(c->up[i].dev16); }
     free(c->up);
     cudaFree(c->w16); cudaFree(c->x16); cudaFree(c->xq); cudaFree(c->d_step); cudaFree(c->part); cudaFree(c->blas_ws);
     if (c->h_step) cudaFreeHost(c->h_step);
@@ -190,8 +193,7 @@ static int cu_weight_prepare(be *b, wt *w)
         if (!u) { cudaFree(d); return -1; }
         c->up = u; c->cap_up = cap;
     }
-    c->up[c->n_up].data = w->data;
-    c->up[c->n_up].dev = d;
+    c->up[c->n_up] = (upl){ .data = w->data, .dev = d };
     c->n_up++;
     w->dev = d;
 dims:
@@ -515,6 +517,31 @@ static void gemv_rows(cu_be *c, const wt *w, const float *bv, const float *x, in
  * unquantized models, held to the transformers reference) in plain f32,
  * since 10-bit inputs (f16, TF32) put the Qwen3.5 gates' logits 0.066 off
  * where f32 gives 0.0016. -1 when it cannot run (no scratch). */
+/* The f16 copy of quantized weight w, kept from its first prompt matmul on
+ * while free device memory stays above an eighth of it plus 1 GiB (the KV
+ * pool is taken before any pass): prompt passes and wide decode batches
+ * then skip dequantizing every weight in every pass. NULL: dequantize into
+ * the scratch (ANE_CUDA_F16_CACHE=0, no room, or while recording a graph). */
+static const void *w16_of(cu_be *c, const wt *w)
+{
+    if (!c->cache16) return NULL;
+    upl *u = NULL;
+    for (int i = 0; i < c->n_up && !u; i++) if (c->up[i].dev == w->dev) u = &c->up[i];
+    if (!u || u->no16) return NULL;
+    if (u->dev16 || c->capturing) return u->dev16;
+    size_t bytes = (size_t)w->n_in * (size_t)w->n_out * 2, fr = 0, tot = 0;
+    void *d = NULL;
+    if (cudaMemGetInfo(&fr, &tot) != cudaSuccess || fr < bytes + tot / 8 + ((size_t)1 << 30) ||
+        cudaMalloc(&d, bytes) != cudaSuccess) {
+        cudaGetLastError();
+        u->no16 = 1;
+        return NULL;
+    }
+    ck_dequant_f16(c->st, w->type, w->dev, w->row_bytes, (int)w->n_in, (int)w->n_out, d);
+    u->dev16 = d;
+    return d;
+}
+
 static int gemm_rows(cu_be *c, const wt *w, const float *bv, const float *x, int T, float *out)
 {
     int n = (int)w->n_in, no = (int)w->n_out;
@@ -531,9 +558,13 @@ static int gemm_rows(cu_be *c, const wt *w, const float *bv, const float *x, int
         s = cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, no, T, n, &one, wf, CUDA_R_32F, n, x, CUDA_R_32F, n,
                          &zero, out, CUDA_R_32F, no, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     } else {
-        ck_dequant_f16(c->st, w->type, w->dev, w->row_bytes, n, no, c->w16);
+        const void *w16 = w16_of(c, w);
+        if (!w16) {
+            ck_dequant_f16(c->st, w->type, w->dev, w->row_bytes, n, no, c->w16);
+            w16 = c->w16;
+        }
         ck_f32_to_f16(c->st, x, (size_t)T * n, c->x16);
-        s = cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, no, T, n, &one, c->w16, CUDA_R_16F, n, c->x16,
+        s = cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, no, T, n, &one, w16, CUDA_R_16F, n, c->x16,
                          CUDA_R_16F, n, &zero, out, CUDA_R_32F, no, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     }
     if (s != CUBLAS_STATUS_SUCCESS) {
@@ -830,6 +861,8 @@ int be_cuda_open(be **out, struct pool *p, int kv_f16, char *err, size_t errlen)
     const char *gt = getenv("ANE_CUDA_GEMM_T");
     c->gemm_min_t = gt && atoi(gt) > 0 ? atoi(gt) : 9;
     c->gemm_t_set = gt && atoi(gt) > 0;
+    const char *fc = getenv("ANE_CUDA_F16_CACHE");
+    c->cache16 = !(fc && *fc == '0');
     const char *iv = getenv("ANE_CUDA_INVARIANT");
     c->invariant = iv && atoi(iv) > 0;
     const char *fu = getenv("ANE_CUDA_FUSE");
