@@ -418,6 +418,203 @@ QT_AI float x_kfinish(__m256i acc, const x_kscale *ks, const qt_block_q8_K *a, f
     return sum + a->d * (ks->fd * (float)isum - ks->fm * (float)msum);
 }
 
+#ifndef QT_KR
+#define QT_KR 4   /* weight rows per pass at nb == 1 */
+#endif
+
+/* nb == 1: R weight rows against one activation row. Per super-block the R
+ * rows' exact int32 totals (isum, msum) are reduced together and the float
+ * expression of x_kfinish is evaluated lane-wise, one lane per row: the same
+ * IEEE operations in the same order per row, so the same bits. */
+QT_AI void x_krows1(uint32_t type, int R, int64_t nsb, const uint8_t *wr, size_t ws,
+                    const uint8_t *A, float *y)
+{
+    const size_t bs = x_tsize(type);
+    __m256 sums = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nsb; i++) {
+        const qt_block_q8_K *a = (const void *)(A + i * sizeof(qt_block_q8_K));
+        __m256i iv[8], mv[8];
+        float fd[8], fm[8];
+        QT_UNROLL8
+        for (int u = 0; u < R; u++) {
+            const uint8_t *wb = wr + (size_t)u * ws + i * bs;
+            for (size_t o = 0; o < bs; o += 64) _mm_prefetch((const char *)wb + QT_PF + o, _MM_HINT_T0);
+            x_kscale ks;
+            x_kscales_of(type, wb, &ks);
+            __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
+            QT_UNROLL8
+            for (int c = 0; c < 8; c += 2) {
+                const __m256i p0 = _mm256_maddubs_epi16(x_kchunk(type, wb, c),
+                                                        x_ld((const uint8_t *)a->qs + 32 * c));
+                const __m256i p1 = _mm256_maddubs_epi16(x_kchunk(type, wb, c + 1),
+                                                        x_ld((const uint8_t *)a->qs + 32 * c + 32));
+                acc0 = QT_MADD_ACC(acc0, p0, ks.sv[c]);
+                acc1 = QT_MADD_ACC(acc1, p1, ks.sv[c + 1]);
+            }
+            iv[u] = _mm256_add_epi32(acc0, acc1);
+            mv[u] = _mm256_madd_epi16(ks.mv, x_ld((const uint8_t *)a->bsums));
+            fd[u] = ks.fd;
+            fm[u] = ks.fm;
+        }
+        __m256 isum, msum, vd, vm;
+        if (R == 4) {
+            const __m256i v[8] = { iv[0], iv[1], iv[2], iv[3], mv[0], mv[1], mv[2], mv[3] };
+            const __m256i h = x_hsum8_i32(v);
+            isum = _mm256_castps128_ps256(_mm_cvtepi32_ps(_mm256_castsi256_si128(h)));
+            msum = _mm256_castps128_ps256(_mm_cvtepi32_ps(_mm256_extracti128_si256(h, 1)));
+            vd = _mm256_castps128_ps256(_mm_setr_ps(fd[0], fd[1], fd[2], fd[3]));
+            vm = _mm256_castps128_ps256(_mm_setr_ps(fm[0], fm[1], fm[2], fm[3]));
+        } else {
+            isum = _mm256_cvtepi32_ps(x_hsum8_i32(iv));
+            msum = _mm256_cvtepi32_ps(x_hsum8_i32(mv));
+            vd = _mm256_setr_ps(fd[0], fd[1], fd[2], fd[3], fd[4], fd[5], fd[6], fd[7]);
+            vm = _mm256_setr_ps(fm[0], fm[1], fm[2], fm[3], fm[4], fm[5], fm[6], fm[7]);
+        }
+        const __m256 t = _mm256_sub_ps(_mm256_mul_ps(vd, isum), _mm256_mul_ps(vm, msum));
+        sums = _mm256_add_ps(sums, _mm256_mul_ps(_mm256_set1_ps(a->d), t));
+    }
+    if (R == 4) _mm_storeu_ps(y, _mm256_castps256_ps128(sums));
+    else _mm256_storeu_ps(y, sums);
+}
+
+#ifndef QT_Q4V
+#define QT_Q4V 0
+#endif
+#ifdef QT_VNNI
+/* nb == 1 with vpdpbusd (q4_K, q6_K): each 32-value chunk c of a row's
+ * super-block is dotted with the activation bytes straight into an int32 x8
+ * vector P_c, with no int16 step and no per-chunk scale vector. Reductions
+ * of those vectors give the per-32 (q4_K) or per-16 (q6_K) exact totals,
+ * which vpmulld scales; the lane sums of iv / mv are isum / msum. */
+
+/* q4_K: high nibbles are dotted in place (as 16 * q) and shifted back after
+ * the reduction (exact). */
+QT_AI void x_q4k_row(const uint8_t *wb, const __m256i *av, __m256i b32, __m256i *iv, __m256i *mv)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m4h = _mm256_set1_epi8((char)0xF0);
+    uint64_t x;
+    uint32_t z;
+    memcpy(&x, wb + 4, 8);
+    memcpy(&z, wb + 12, 4);
+    const uint64_t lo = x & 0x3f3f3f3f3f3f3f3full;                     /* sc0-3, m0-3: low 6 bits */
+    const uint64_t hb = (x >> 2) & 0x3030303030303030ull;               /* their top 2 bits -> bits 4-5 */
+    const uint64_t hi = ((uint64_t)(z & 0x0f0f0f0fu) | ((uint64_t)((z >> 4) & 0x0f0f0f0fu) << 32)) | hb;
+    const __m128i sm = _mm_shuffle_epi8(_mm_set_epi64x((long long)hi, (long long)lo),
+                                        _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15));
+#if QT_Q4V == 1
+    /* scales as int32 lanes, each broadcast from a stack copy (load ports) */
+    int32_t sc[8] __attribute__((aligned(32)));
+    _mm256_store_si256((__m256i *)(void *)sc, _mm256_cvtepu8_epi32(sm));
+    __m256i acc = _mm256_setzero_si256();
+    QT_UNROLL8
+    for (int j = 0; j < 4; j++) {
+        const __m256i v = x_ld(wb + 16 + 32 * j);
+        const __m256i p0 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_and_si256(v, m4), av[2 * j]);
+        const __m256i p1 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4), av[2 * j + 1]);
+        acc = _mm256_add_epi32(acc, _mm256_mullo_epi32(p0, _mm256_set1_epi32(sc[2 * j])));
+        acc = _mm256_add_epi32(acc, _mm256_mullo_epi32(p1, _mm256_set1_epi32(sc[2 * j + 1])));
+    }
+    *iv = acc;
+    (void)m4h;
+#else
+    __m256i p[8];
+    QT_UNROLL8
+    for (int j = 0; j < 4; j++) {
+        const __m256i v = x_ld(wb + 16 + 32 * j);
+        p[2 * j] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_and_si256(v, m4), av[2 * j]);
+        p[2 * j + 1] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_and_si256(v, m4h), av[2 * j + 1]);
+    }
+    const __m256i t = _mm256_srav_epi32(x_hsum8_i32(p), _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4));
+    *iv = _mm256_mullo_epi32(t, _mm256_cvtepu8_epi32(sm));             /* sc0-7 */
+#endif
+    *mv = _mm256_mullo_epi32(b32, _mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8)));   /* m0-7 */
+}
+
+/* q6_K: the two 16-value halves of chunk c are lanes 0-3 and 4-7 of P_c; two
+ * hadd levels over 4 chunks give [c0a c1a c2a c3a | c0b c1b c2b c3b]. */
+QT_AI void x_q6k_row(const uint8_t *wb, const __m256i *av, __m256i bs, __m256i *iv, __m256i *mv)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    __m256i h[2];
+    QT_UNROLL8
+    for (int g = 0; g < 2; g++) {
+        const __m256i l0 = x_ld(wb + 64 * g), l1 = x_ld(wb + 64 * g + 32), hh = x_ld(wb + 128 + 32 * g);
+        /* A | (B & C): 0xF8 */
+        const __m256i q0 = _mm256_ternarylogic_epi32(_mm256_and_si256(l0, m4), _mm256_slli_epi16(hh, 4), m30, 0xF8);
+        const __m256i q1 = _mm256_ternarylogic_epi32(_mm256_and_si256(l1, m4), _mm256_slli_epi16(hh, 2), m30, 0xF8);
+        const __m256i q2 = _mm256_ternarylogic_epi32(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), hh, m30, 0xF8);
+        const __m256i q3 = _mm256_ternarylogic_epi32(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                                     _mm256_srli_epi16(hh, 2), m30, 0xF8);
+        const __m256i z = _mm256_setzero_si256();
+        const __m256i p0 = _mm256_dpbusd_epi32(z, q0, av[4 * g]), p1 = _mm256_dpbusd_epi32(z, q1, av[4 * g + 1]);
+        const __m256i p2 = _mm256_dpbusd_epi32(z, q2, av[4 * g + 2]), p3 = _mm256_dpbusd_epi32(z, q3, av[4 * g + 3]);
+        h[g] = _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
+    }
+    const __m128i sc = _mm_loadu_si128((const __m128i *)(const void *)(wb + 192));
+    const __m128i so = _mm_shuffle_epi8(sc, _mm_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15));
+    *iv = _mm256_add_epi32(_mm256_mullo_epi32(h[0], _mm256_cvtepi8_epi32(so)),
+                           _mm256_mullo_epi32(h[1], _mm256_cvtepi8_epi32(_mm_srli_si128(so, 8))));
+    *mv = _mm256_madd_epi16(_mm256_slli_epi16(_mm256_cvtepi8_epi16(sc), 5), bs);
+}
+
+QT_AI void x_kvnni_rows1(uint32_t type, int R, int64_t nsb, const uint8_t *wr, size_t ws,
+                         const uint8_t *A, float *y)
+{
+    const size_t bs = x_tsize(type);
+    __m256 sums = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nsb; i++) {
+        const qt_block_q8_K *a = (const void *)(A + i * sizeof(qt_block_q8_K));
+        __m256i av[8];
+        QT_UNROLL8
+        for (int c = 0; c < 8; c++) av[c] = x_ld((const uint8_t *)a->qs + 32 * c);
+        const __m256i bsum = x_ld((const uint8_t *)a->bsums);
+        /* q4_K: activation sums per 32 values, int32 x8 */
+        const __m256i b32 = type == QT_Q4_K ? _mm256_madd_epi16(bsum, _mm256_set1_epi16(1)) : bsum;
+        __m256i iv[8], mv[8];
+        uint32_t dm[8];   /* fp16 pairs (d, dmin); q6_K: (d, d) */
+        QT_UNROLL8
+        for (int u = 0; u < R; u++) {
+            const uint8_t *wb = wr + (size_t)u * ws + i * bs;
+            for (size_t o = 0; o < bs; o += 64) _mm_prefetch((const char *)wb + QT_PF + o, _MM_HINT_T0);
+            if (type == QT_Q4_K) {
+                x_q4k_row(wb, av, b32, &iv[u], &mv[u]);
+                memcpy(&dm[u], wb, 4);
+            } else {
+                x_q6k_row(wb, av, b32, &iv[u], &mv[u]);
+                uint16_t d;
+                memcpy(&d, wb + 208, 2);
+                dm[u] = (uint32_t)d * 0x10001u;
+            }
+        }
+        __m256 isum, msum, vd, vm;
+        const __m256i ev = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+        if (R == 4) {
+            const __m256i v[8] = { iv[0], iv[1], iv[2], iv[3], mv[0], mv[1], mv[2], mv[3] };
+            const __m256i h = x_hsum8_i32(v);
+            isum = _mm256_castps128_ps256(_mm_cvtepi32_ps(_mm256_castsi256_si128(h)));
+            msum = _mm256_castps128_ps256(_mm_cvtepi32_ps(_mm256_extracti128_si256(h, 1)));
+            /* d0 m0 d1 m1 .. -> d0-3 m0-3 */
+            vd = _mm256_permutevar8x32_ps(
+                _mm256_cvtph_ps(_mm_setr_epi32((int)dm[0], (int)dm[1], (int)dm[2], (int)dm[3])), ev);
+            vm = _mm256_castps128_ps256(_mm256_extractf128_ps(vd, 1));
+        } else {
+            isum = _mm256_cvtepi32_ps(x_hsum8_i32(iv));
+            msum = _mm256_cvtepi32_ps(x_hsum8_i32(mv));
+            const __m256 g0 = _mm256_permutevar8x32_ps(
+                _mm256_cvtph_ps(_mm_setr_epi32((int)dm[0], (int)dm[1], (int)dm[2], (int)dm[3])), ev);
+            const __m256 g1 = _mm256_permutevar8x32_ps(
+                _mm256_cvtph_ps(_mm_setr_epi32((int)dm[4], (int)dm[5], (int)dm[6], (int)dm[7])), ev);
+            vd = _mm256_permute2f128_ps(g0, g1, 0x20);
+            vm = _mm256_permute2f128_ps(g0, g1, 0x31);
+        }
+        const __m256 t = _mm256_sub_ps(_mm256_mul_ps(vd, isum), _mm256_mul_ps(vm, msum));
+        sums = _mm256_add_ps(sums, _mm256_mul_ps(_mm256_set1_ps(a->d), t));
+    }
+    if (R == 4) _mm_storeu_ps(y, _mm256_castps256_ps128(sums));
+    else _mm256_storeu_ps(y, sums);
+}
+#endif
+
 QT_AI void x_kquant(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64_t r0, int64_t r1,
                     const uint8_t *A, size_t as, int nb, float *Y, int64_t ldy)
 {
@@ -426,7 +623,15 @@ QT_AI void x_kquant(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64
     uint8_t q[256] __attribute__((aligned(32)));
     x_kscale ks;
     float sums[16];
-    for (int64_t r = r0; r < r1; r++) {
+    int64_t r = r0;
+    if (nb == 1)
+        for (; r + QT_KR <= r1; r += QT_KR) {
+#ifdef QT_VNNI
+            if (type == QT_Q4_K || type == QT_Q6_K) { x_kvnni_rows1(type, QT_KR, nsb, W + r * ws, ws, A, Y + r); continue; }
+#endif
+            x_krows1(type, QT_KR, nsb, W + r * ws, ws, A, Y + r);
+        }
+    for (; r < r1; r++) {
         const uint8_t *wr = W + r * ws;
         if (nb == 1) {   /* decode: unpack in registers, no stores */
             float sum = 0;
