@@ -557,6 +557,82 @@ QT_AI void x_q6k_row(const uint8_t *wb, const __m256i *av, __m256i bs, __m256i *
     *mv = _mm256_madd_epi16(_mm256_slli_epi16(_mm256_cvtepi8_epi16(sc), 5), bs);
 }
 
+#ifndef QT_ZMM
+#define QT_ZMM 1
+#endif
+#if QT_ZMM
+/* 512-bit forms: a zmm holds two 32-value chunks. The int32 x16 vpdpbusd
+ * lanes (4 products each, |P| <= 4 * 63 * 128 < 2^15) are packed to int16
+ * (exact) and multiplied by the per-16 / per-32 scales with vpdpwssd, so the
+ * scales need no reduction of their own: one fold of 16 lanes to 8 per row. */
+QT_AI __m256i x_fold16(__m512i v)
+{
+    return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+}
+
+QT_AI void x_q4k_row_z(const uint8_t *wb, const __m512i *az, __m256i bsum, __m256i *iv, __m256i *mv)
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    uint64_t x;
+    uint32_t z;
+    memcpy(&x, wb + 4, 8);
+    memcpy(&z, wb + 12, 4);
+    const uint64_t lo = x & 0x3f3f3f3f3f3f3f3full;
+    const uint64_t hb = (x >> 2) & 0x3030303030303030ull;
+    const uint64_t hi = ((uint64_t)(z & 0x0f0f0f0fu) | ((uint64_t)((z >> 4) & 0x0f0f0f0fu) << 32)) | hb;
+    /* int16: sc0-7 m0-7 */
+    const __m256i s16 = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(
+        _mm_set_epi64x((long long)hi, (long long)lo), _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15)));
+    const __m512i s = _mm512_castsi256_si512(s16);
+    /* packs of [c0|c2] with [c1|c3]: 128-bit lanes c0 c1 | c0 c1 | c2 c3 | c2 c3 (4 words each) */
+    const __m512i i0 = _mm512_set_epi16(3, 3, 3, 3, 2, 2, 2, 2, 3, 3, 3, 3, 2, 2, 2, 2,
+                                        1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0);
+    const __m512i i1 = _mm512_add_epi16(i0, _mm512_set1_epi16(4));
+    __m512i acc = _mm512_setzero_si512();
+    QT_UNROLL8
+    for (int h = 0; h < 2; h++) {
+        const __m512i v = _mm512_loadu_si512((const void *)(wb + 16 + 64 * h));
+        const __m512i pl = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(v, m4), az[2 * h]);
+        const __m512i ph = _mm512_dpbusd_epi32(_mm512_setzero_si512(),
+                                               _mm512_and_si512(_mm512_srli_epi16(v, 4), m4), az[2 * h + 1]);
+        acc = _mm512_dpwssd_epi32(acc, _mm512_packs_epi32(pl, ph), _mm512_permutexvar_epi16(h ? i1 : i0, s));
+    }
+    *iv = x_fold16(acc);
+    /* per-16 mins m[k/2] against the activation's sums of 16 */
+    const __m256i im = _mm256_setr_epi16(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
+    *mv = _mm256_madd_epi16(_mm256_permutexvar_epi16(im, s16), bsum);
+}
+
+QT_AI void x_q6k_row_z(const uint8_t *wb, const __m512i *az, __m256i bsum, __m256i *iv, __m256i *mv)
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(wb + 192)));
+    const __m512i s = _mm512_castsi256_si512(s16);
+    /* packs of [c0|c1] with [c2|c3]: lanes s0 s4 | s1 s5 | s2 s6 | s3 s7 (4 words each) */
+    const __m512i i0 = _mm512_set_epi16(7, 7, 7, 7, 3, 3, 3, 3, 6, 6, 6, 6, 2, 2, 2, 2,
+                                        5, 5, 5, 5, 1, 1, 1, 1, 4, 4, 4, 4, 0, 0, 0, 0);
+    const __m512i i1 = _mm512_add_epi16(i0, _mm512_set1_epi16(8));
+    /* per 256-bit half: shift qh so that its bit pair lands on bits 4-5 */
+    const __m512i shl = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+    const __m512i shr = _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1);
+    __m512i acc = _mm512_setzero_si512();
+    QT_UNROLL8
+    for (int g = 0; g < 2; g++) {
+        const __m512i l = _mm512_loadu_si512((const void *)(wb + 64 * g));
+        const __m512i hh = _mm512_broadcast_i64x4(x_ld(wb + 128 + 32 * g));
+        /* A | (B & C) = 0xF8 */
+        const __m512i q01 = _mm512_ternarylogic_epi32(_mm512_and_si512(l, m4), _mm512_sllv_epi16(hh, shl), m30, 0xF8);
+        const __m512i q23 = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                                                      _mm512_srlv_epi16(hh, shr), m30, 0xF8);
+        const __m512i p01 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q01, az[2 * g]);
+        const __m512i p23 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q23, az[2 * g + 1]);
+        acc = _mm512_dpwssd_epi32(acc, _mm512_packs_epi32(p01, p23), _mm512_permutexvar_epi16(g ? i1 : i0, s));
+    }
+    *iv = x_fold16(acc);
+    *mv = _mm256_madd_epi16(_mm256_slli_epi16(s16, 5), bsum);
+}
+#endif
+
 QT_AI void x_kvnni_rows1(uint32_t type, int R, int64_t nsb, const uint8_t *wr, size_t ws,
                          const uint8_t *A, float *y)
 {
@@ -564,12 +640,28 @@ QT_AI void x_kvnni_rows1(uint32_t type, int R, int64_t nsb, const uint8_t *wr, s
     __m256 sums = _mm256_setzero_ps();
     for (int64_t i = 0; i < nsb; i++) {
         const qt_block_q8_K *a = (const void *)(A + i * sizeof(qt_block_q8_K));
+        const __m256i bsum = x_ld((const uint8_t *)a->bsums);
+#if QT_ZMM
+        /* activation chunk pairs as the weight zmm hold them */
+        __m512i az[4];
+        const uint8_t *aq = (const uint8_t *)a->qs;
+        QT_UNROLL8
+        for (int h = 0; h < 4; h++) {
+            if (type == QT_Q4_K)   /* [c0|c2] [c1|c3] [c4|c6] [c5|c7] */
+                az[h] = _mm512_inserti64x4(_mm512_castsi256_si512(x_ld(aq + 128 * (h / 2) + 32 * (h % 2))),
+                                           x_ld(aq + 128 * (h / 2) + 32 * (h % 2) + 64), 1);
+            else                   /* [c0|c1] [c2|c3] .. */
+                az[h] = _mm512_loadu_si512((const void *)(aq + 64 * h));
+        }
+#else
         __m256i av[8];
         QT_UNROLL8
         for (int c = 0; c < 8; c++) av[c] = x_ld((const uint8_t *)a->qs + 32 * c);
-        const __m256i bsum = x_ld((const uint8_t *)a->bsums);
+#endif
         /* q4_K: activation sums per 32 values, int32 x8 */
+#if !QT_ZMM
         const __m256i b32 = type == QT_Q4_K ? _mm256_madd_epi16(bsum, _mm256_set1_epi16(1)) : bsum;
+#endif
         __m256i iv[8], mv[8];
         uint32_t dm[8];   /* fp16 pairs (d, dmin); q6_K: (d, d) */
         QT_UNROLL8
@@ -577,10 +669,18 @@ QT_AI void x_kvnni_rows1(uint32_t type, int R, int64_t nsb, const uint8_t *wr, s
             const uint8_t *wb = wr + (size_t)u * ws + i * bs;
             for (size_t o = 0; o < bs; o += 64) _mm_prefetch((const char *)wb + QT_PF + o, _MM_HINT_T0);
             if (type == QT_Q4_K) {
+#if QT_ZMM
+                x_q4k_row_z(wb, az, bsum, &iv[u], &mv[u]);
+#else
                 x_q4k_row(wb, av, b32, &iv[u], &mv[u]);
+#endif
                 memcpy(&dm[u], wb, 4);
             } else {
+#if QT_ZMM
+                x_q6k_row_z(wb, az, bsum, &iv[u], &mv[u]);
+#else
                 x_q6k_row(wb, av, b32, &iv[u], &mv[u]);
+#endif
                 uint16_t d;
                 memcpy(&d, wb + 208, 2);
                 dm[u] = (uint32_t)d * 0x10001u;
