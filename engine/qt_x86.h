@@ -10,6 +10,11 @@
  * byte stack buffer and reused by every activation row). A weight row is read
  * from memory once per call whatever nb is; the re-reads of later activation
  * groups hit L1/L2. Software prefetch runs about 1 KiB ahead of the stream.
+ * K-quants at nb == 1 (decode) instead take 4 weight rows per pass, unpacked
+ * in registers, their reductions and float finishes done together (one lane
+ * per row), prefetched into L2 a few tiles ahead; with VNNI (QT_VNNI) q4_K
+ * and q6_K use 512-bit vpdpbusd + vpdpwssd (on Zen 4, which splits zmm ops,
+ * half the instructions of the 256-bit form for the same work).
  *
  * Batch invariance: a (weight row, activation row) result is bit-identical
  * whatever nb, the row range and the activation row's place in the batch:
@@ -493,90 +498,13 @@ QT_AI void x_krows1(uint32_t type, int R, int64_t nsb, const uint8_t *wr, size_t
     else _mm256_storeu_ps(y, sums);
 }
 
-#ifndef QT_Q4V
-#define QT_Q4V 0
-#endif
 #ifdef QT_VNNI
-/* nb == 1 with vpdpbusd (q4_K, q6_K): each 32-value chunk c of a row's
- * super-block is dotted with the activation bytes straight into an int32 x8
- * vector P_c, with no int16 step and no per-chunk scale vector. Reductions
- * of those vectors give the per-32 (q4_K) or per-16 (q6_K) exact totals,
- * which vpmulld scales; the lane sums of iv / mv are isum / msum. */
-
-/* q4_K: high nibbles are dotted in place (as 16 * q) and shifted back after
- * the reduction (exact). */
-QT_AI void x_q4k_row(const uint8_t *wb, const __m256i *av, __m256i b32, __m256i *iv, __m256i *mv)
-{
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m4h = _mm256_set1_epi8((char)0xF0);
-    uint64_t x;
-    uint32_t z;
-    memcpy(&x, wb + 4, 8);
-    memcpy(&z, wb + 12, 4);
-    const uint64_t lo = x & 0x3f3f3f3f3f3f3f3full;                     /* sc0-3, m0-3: low 6 bits */
-    const uint64_t hb = (x >> 2) & 0x3030303030303030ull;               /* their top 2 bits -> bits 4-5 */
-    const uint64_t hi = ((uint64_t)(z & 0x0f0f0f0fu) | ((uint64_t)((z >> 4) & 0x0f0f0f0fu) << 32)) | hb;
-    const __m128i sm = _mm_shuffle_epi8(_mm_set_epi64x((long long)hi, (long long)lo),
-                                        _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15));
-#if QT_Q4V == 1
-    /* scales as int32 lanes, each broadcast from a stack copy (load ports) */
-    int32_t sc[8] __attribute__((aligned(32)));
-    _mm256_store_si256((__m256i *)(void *)sc, _mm256_cvtepu8_epi32(sm));
-    __m256i acc = _mm256_setzero_si256();
-    QT_UNROLL8
-    for (int j = 0; j < 4; j++) {
-        const __m256i v = x_ld(wb + 16 + 32 * j);
-        const __m256i p0 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_and_si256(v, m4), av[2 * j]);
-        const __m256i p1 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4), av[2 * j + 1]);
-        acc = _mm256_add_epi32(acc, _mm256_mullo_epi32(p0, _mm256_set1_epi32(sc[2 * j])));
-        acc = _mm256_add_epi32(acc, _mm256_mullo_epi32(p1, _mm256_set1_epi32(sc[2 * j + 1])));
-    }
-    *iv = acc;
-    (void)m4h;
-#else
-    __m256i p[8];
-    QT_UNROLL8
-    for (int j = 0; j < 4; j++) {
-        const __m256i v = x_ld(wb + 16 + 32 * j);
-        p[2 * j] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_and_si256(v, m4), av[2 * j]);
-        p[2 * j + 1] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_and_si256(v, m4h), av[2 * j + 1]);
-    }
-    const __m256i t = _mm256_srav_epi32(x_hsum8_i32(p), _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4));
-    *iv = _mm256_mullo_epi32(t, _mm256_cvtepu8_epi32(sm));             /* sc0-7 */
-#endif
-    *mv = _mm256_mullo_epi32(b32, _mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8)));   /* m0-7 */
-}
-
-/* q6_K: the two 16-value halves of chunk c are lanes 0-3 and 4-7 of P_c; two
- * hadd levels over 4 chunks give [c0a c1a c2a c3a | c0b c1b c2b c3b]. */
-QT_AI void x_q6k_row(const uint8_t *wb, const __m256i *av, __m256i bs, __m256i *iv, __m256i *mv)
-{
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
-    __m256i h[2];
-    QT_UNROLL8
-    for (int g = 0; g < 2; g++) {
-        const __m256i l0 = x_ld(wb + 64 * g), l1 = x_ld(wb + 64 * g + 32), hh = x_ld(wb + 128 + 32 * g);
-        /* A | (B & C): 0xF8 */
-        const __m256i q0 = _mm256_ternarylogic_epi32(_mm256_and_si256(l0, m4), _mm256_slli_epi16(hh, 4), m30, 0xF8);
-        const __m256i q1 = _mm256_ternarylogic_epi32(_mm256_and_si256(l1, m4), _mm256_slli_epi16(hh, 2), m30, 0xF8);
-        const __m256i q2 = _mm256_ternarylogic_epi32(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), hh, m30, 0xF8);
-        const __m256i q3 = _mm256_ternarylogic_epi32(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                                     _mm256_srli_epi16(hh, 2), m30, 0xF8);
-        const __m256i z = _mm256_setzero_si256();
-        const __m256i p0 = _mm256_dpbusd_epi32(z, q0, av[4 * g]), p1 = _mm256_dpbusd_epi32(z, q1, av[4 * g + 1]);
-        const __m256i p2 = _mm256_dpbusd_epi32(z, q2, av[4 * g + 2]), p3 = _mm256_dpbusd_epi32(z, q3, av[4 * g + 3]);
-        h[g] = _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
-    }
-    const __m128i sc = _mm_loadu_si128((const __m128i *)(const void *)(wb + 192));
-    const __m128i so = _mm_shuffle_epi8(sc, _mm_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15));
-    *iv = _mm256_add_epi32(_mm256_mullo_epi32(h[0], _mm256_cvtepi8_epi32(so)),
-                           _mm256_mullo_epi32(h[1], _mm256_cvtepi8_epi32(_mm_srli_si128(so, 8))));
-    *mv = _mm256_madd_epi16(_mm256_slli_epi16(_mm256_cvtepi8_epi16(sc), 5), bs);
-}
-
-#ifndef QT_ZMM
-#define QT_ZMM 1
-#endif
-#if QT_ZMM
+/* nb == 1 with vpdpbusd (q4_K, q6_K), 512 bits wide: a zmm holds two
+ * 32-value chunks. The int32 x16 vpdpbusd lanes (4 products each,
+ * |P| <= 4 * 63 * 128 < 2^15) are packed to int16 (exact) and multiplied by
+ * the per-32 (q4_K) / per-16 (q6_K) scales with vpdpwssd: no int16 step per
+ * chunk and no scale broadcasts. The lane sums of iv / mv are the
+ * super-block's isum / msum. */
 /* 512-bit forms: a zmm holds two 32-value chunks. The int32 x16 vpdpbusd
  * lanes (4 products each, |P| <= 4 * 63 * 128 < 2^15) are packed to int16
  * (exact) and multiplied by the per-16 / per-32 scales with vpdpwssd, so the
@@ -647,7 +575,6 @@ QT_AI void x_q6k_row_z(const uint8_t *wb, const __m512i *az, __m256i bsum, __m25
     *iv = x_fold16(acc);
     *mv = _mm256_madd_epi16(_mm256_slli_epi16(s16, 5), bsum);
 }
-#endif
 
 QT_AI void x_kvnni_rows1(uint32_t type, int R, int64_t nsb, const uint8_t *wr, size_t ws,
                          const uint8_t *A, float *y)
@@ -658,7 +585,6 @@ QT_AI void x_kvnni_rows1(uint32_t type, int R, int64_t nsb, const uint8_t *wr, s
     for (int64_t i = 0; i < nsb; i++) {
         const qt_block_q8_K *a = (const void *)(A + i * sizeof(qt_block_q8_K));
         const __m256i bsum = x_ld((const uint8_t *)a->bsums);
-#if QT_ZMM
         /* activation chunk pairs as the weight zmm hold them */
         __m512i az[4];
         const uint8_t *aq = (const uint8_t *)a->qs;
@@ -670,15 +596,6 @@ QT_AI void x_kvnni_rows1(uint32_t type, int R, int64_t nsb, const uint8_t *wr, s
             else                   /* [c0|c1] [c2|c3] .. */
                 az[h] = _mm512_loadu_si512((const void *)(aq + 64 * h));
         }
-#else
-        __m256i av[8];
-        QT_UNROLL8
-        for (int c = 0; c < 8; c++) av[c] = x_ld((const uint8_t *)a->qs + 32 * c);
-#endif
-        /* q4_K: activation sums per 32 values, int32 x8 */
-#if !QT_ZMM
-        const __m256i b32 = type == QT_Q4_K ? _mm256_madd_epi16(bsum, _mm256_set1_epi16(1)) : bsum;
-#endif
         __m256i iv[8], mv[8];
         uint32_t dm[8];   /* fp16 pairs (d, dmin); q6_K: (d, d) */
         QT_UNROLL8
@@ -686,18 +603,10 @@ QT_AI void x_kvnni_rows1(uint32_t type, int R, int64_t nsb, const uint8_t *wr, s
             const uint8_t *wb = wr + (size_t)u * ws + i * bs;
             for (size_t o = 0; o < bs; o += 64) _mm_prefetch((const char *)wb + pf + o, _MM_HINT_T1);
             if (type == QT_Q4_K) {
-#if QT_ZMM
                 x_q4k_row_z(wb, az, bsum, &iv[u], &mv[u]);
-#else
-                x_q4k_row(wb, av, b32, &iv[u], &mv[u]);
-#endif
                 memcpy(&dm[u], wb, 4);
             } else {
-#if QT_ZMM
                 x_q6k_row_z(wb, az, bsum, &iv[u], &mv[u]);
-#else
-                x_q6k_row(wb, av, b32, &iv[u], &mv[u]);
-#endif
                 uint16_t d;
                 memcpy(&d, wb + 208, 2);
                 dm[u] = (uint32_t)d * 0x10001u;
