@@ -576,6 +576,114 @@ QT_AI void x_q6k_row_z(const uint8_t *wb, const __m512i *az, __m256i bsum, __m25
     *mv = _mm256_madd_epi16(_mm256_slli_epi16(s16, 5), bsum);
 }
 
+/* Batches (nb > 1): one super-block's weights prepared once for every
+ * activation row, chunk pairs as contiguous as the activation ([c0|c1],
+ * [c2|c3], ..; q4_K nibbles of 32 bytes broadcast to both halves and shifted
+ * per half), with the two vpdpwssd scale vectors and the offset
+ * coefficients of x_kscale.mv. */
+typedef struct {
+    __m512i q[4], s[2];
+    __m256i mv;
+    float fd, fm;
+} x_kz;
+
+QT_AI void x_kz_prep(uint32_t type, const uint8_t *wb, x_kz *kz)
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    if (type == QT_Q4_K) {
+        const __m512i sh = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+        uint64_t x;
+        uint32_t z;
+        memcpy(&x, wb + 4, 8);
+        memcpy(&z, wb + 12, 4);
+        const uint64_t lo = x & 0x3f3f3f3f3f3f3f3full;
+        const uint64_t hb = (x >> 2) & 0x3030303030303030ull;
+        const uint64_t hi = ((uint64_t)(z & 0x0f0f0f0fu) | ((uint64_t)((z >> 4) & 0x0f0f0f0fu) << 32)) | hb;
+        const __m256i s16 = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(   /* sc0-7 m0-7 */
+            _mm_set_epi64x((long long)hi, (long long)lo), _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15)));
+        const __m512i s = _mm512_castsi256_si512(s16);
+        /* packs of [c0|c1] with [c2|c3]: 128-bit lanes c0 c2 | c0 c2 | c1 c3 | c1 c3 (4 words each) */
+        const __m512i i0 = _mm512_set_epi16(3, 3, 3, 3, 1, 1, 1, 1, 3, 3, 3, 3, 1, 1, 1, 1,
+                                            2, 2, 2, 2, 0, 0, 0, 0, 2, 2, 2, 2, 0, 0, 0, 0);
+        kz->s[0] = _mm512_permutexvar_epi16(i0, s);
+        kz->s[1] = _mm512_permutexvar_epi16(_mm512_add_epi16(i0, _mm512_set1_epi16(4)), s);
+        QT_UNROLL8
+        for (int j = 0; j < 4; j++)
+            kz->q[j] = _mm512_and_si512(_mm512_srlv_epi16(_mm512_broadcast_i64x4(x_ld(wb + 16 + 32 * j)), sh), m4);
+        kz->mv = _mm256_permutexvar_epi16(
+            _mm256_setr_epi16(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15), s16);
+        kz->fd = x_h2f(wb);
+        kz->fm = x_h2f(wb + 2);
+    } else {   /* QT_Q6_K, as x_q6k_row_z */
+        const __m512i m30 = _mm512_set1_epi8(0x30);
+        const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(wb + 192)));
+        const __m512i s = _mm512_castsi256_si512(s16);
+        const __m512i i0 = _mm512_set_epi16(7, 7, 7, 7, 3, 3, 3, 3, 6, 6, 6, 6, 2, 2, 2, 2,
+                                            5, 5, 5, 5, 1, 1, 1, 1, 4, 4, 4, 4, 0, 0, 0, 0);
+        kz->s[0] = _mm512_permutexvar_epi16(i0, s);
+        kz->s[1] = _mm512_permutexvar_epi16(_mm512_add_epi16(i0, _mm512_set1_epi16(8)), s);
+        const __m512i shl = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+        const __m512i shr = _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1);
+        QT_UNROLL8
+        for (int g = 0; g < 2; g++) {
+            const __m512i l = _mm512_loadu_si512((const void *)(wb + 64 * g));
+            const __m512i hh = _mm512_broadcast_i64x4(x_ld(wb + 128 + 32 * g));
+            kz->q[2 * g] = _mm512_ternarylogic_epi32(_mm512_and_si512(l, m4), _mm512_sllv_epi16(hh, shl), m30, 0xF8);
+            kz->q[2 * g + 1] = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                                                         _mm512_srlv_epi16(hh, shr), m30, 0xF8);
+        }
+        kz->mv = _mm256_slli_epi16(s16, 5);
+        kz->fd = kz->fm = x_h2f(wb + 208);
+    }
+}
+
+/* isum lanes of one activation row against a prepared super-block */
+QT_AI __m256i x_kz_dot(const x_kz *kz, const uint8_t *aq)
+{
+    __m512i acc = _mm512_setzero_si512();
+    QT_UNROLL8
+    for (int h = 0; h < 2; h++) {
+        const __m512i p0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), kz->q[2 * h],
+                                               _mm512_loadu_si512((const void *)(aq + 128 * h)));
+        const __m512i p1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), kz->q[2 * h + 1],
+                                               _mm512_loadu_si512((const void *)(aq + 128 * h + 64)));
+        acc = _mm512_dpwssd_epi32(acc, _mm512_packs_epi32(p0, p1), kz->s[h]);
+    }
+    return x_fold16(acc);
+}
+
+/* Activation rows b0 .. b0+g-1 against super-block i (prepared in kz), the
+ * float finish as in x_kquant's generic batch loop (same bits). */
+QT_AI void x_kz_rows(const x_kz *kz, const uint8_t *A, size_t as, int b0, int g, int64_t i, float *sums)
+{
+    int k = 0;
+    for (; k + 8 <= g; k += 8) {
+        __m256i iv[8], mv[8];
+        float dv[8];
+        QT_UNROLL8
+        for (int u = 0; u < 8; u++) {
+            const qt_block_q8_K *a = (const void *)(A + (b0 + k + u) * as + i * sizeof(qt_block_q8_K));
+            iv[u] = x_kz_dot(kz, (const uint8_t *)a->qs);
+            mv[u] = _mm256_madd_epi16(kz->mv, x_ld((const uint8_t *)a->bsums));
+            dv[u] = a->d;
+        }
+        const __m256 isum = _mm256_cvtepi32_ps(x_hsum8_i32(iv));
+        const __m256 msum = _mm256_cvtepi32_ps(x_hsum8_i32(mv));
+        const __m256 t = _mm256_sub_ps(_mm256_mul_ps(_mm256_set1_ps(kz->fd), isum),
+                                       _mm256_mul_ps(_mm256_set1_ps(kz->fm), msum));
+        _mm256_storeu_ps(sums + k, _mm256_add_ps(_mm256_loadu_ps(sums + k), _mm256_mul_ps(_mm256_loadu_ps(dv), t)));
+    }
+    for (; k < g; k++) {
+        const qt_block_q8_K *a = (const void *)(A + (b0 + k) * as + i * sizeof(qt_block_q8_K));
+        const __m256i h = _mm256_hadd_epi32(x_kz_dot(kz, (const uint8_t *)a->qs),
+                                            _mm256_madd_epi16(kz->mv, x_ld((const uint8_t *)a->bsums)));
+        __m128i x = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+        x = _mm_hadd_epi32(x, x);
+        const int32_t isum = _mm_cvtsi128_si32(x), msum = _mm_extract_epi32(x, 1);
+        sums[k] = sums[k] + a->d * (kz->fd * (float)isum - kz->fm * (float)msum);
+    }
+}
+
 QT_AI void x_kvnni_rows1(uint32_t type, int R, int64_t nsb, const uint8_t *wr, size_t ws,
                          const uint8_t *A, float *y)
 {
@@ -688,6 +796,14 @@ QT_AI void x_kquant(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64
             for (int64_t i = 0; i < nsb; i++) {
                 const uint8_t *wb = wr + i * bs;
                 for (size_t o = 0; o < bs; o += 64) _mm_prefetch((const char *)wb + QT_PF + o, _MM_HINT_T0);
+#ifdef QT_VNNI
+                if (type == QT_Q4_K || type == QT_Q6_K) {
+                    x_kz kz;
+                    x_kz_prep(type, wb, &kz);
+                    x_kz_rows(&kz, A, as, b0, g, i, sums);
+                    continue;
+                }
+#endif
                 x_kscales_of(type, wb, &ks);
                 QT_UNROLL8
                 for (int c = 0; c < 8; c++)
