@@ -266,6 +266,10 @@ static void test_long_rows(void)
     one_case(QT_Q8_0, 32768 + 64, 3, 2);
     one_case(QT_Q4_1, 2 * 32768 + 32 * 9, 2, 9);
     one_case(QT_Q4_K, 32768 + 512, 2, 3);
+    /* K-quant batches over more than 16 activation rows, rows of 40 super-blocks */
+    one_case(QT_Q4_K, 256 * 40, 5, 33);
+    one_case(QT_Q6_K, 256 * 40, 3, 33);
+    one_case(QT_Q3_K, 256 * 40, 3, 33);
 }
 
 static void test_isa(void)
