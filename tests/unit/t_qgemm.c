@@ -220,6 +220,38 @@ static void test_batch_invariance(void)
     }
 }
 
+/* rows longer than one column chunk of the small-block kernels (32768) */
+static void test_long_rows(void)
+{
+    one_case(QT_Q8_0, 32768 + 64, 3, 2);
+    one_case(QT_Q4_1, 2 * 32768 + 32 * 9, 2, 9);
+    one_case(QT_Q4_K, 32768 + 512, 2, 3);
+}
+
+static void test_isa(void)
+{
+    qt_init();
+    qt_isa best = qt_isa_get();
+    fprintf(stderr, "best ISA: %s\n", qt_isa_name(best));
+    qt_isa_set(QT_ISA_SCALAR);
+    CHECK(qt_isa_get() == QT_ISA_SCALAR);
+    qt_isa_set(QT_ISA_NEON);
+    CHECK(qt_isa_get() == best);
+#if defined(__x86_64__)
+    CHECK(best != QT_ISA_NEON);
+#endif
+}
+
+static void test_unsupported(void)
+{
+    /* unknown and activation-only weight types: no crash (the loader rejects them first) */
+    float y = 7.f;
+    uint8_t buf[512] = { 0 };
+    qt_gemm(23, 256, buf, 0, 0, 1, buf, 0, 1, &y, 1);
+    qt_gemm(QT_Q8_K, 256, buf, 0, 0, 1, buf, 0, 1, &y, 1);
+    CHECK(qt_vec_dot_ref(23, 256, buf, buf) == 0.0f);
+}
+
 /* Decode (nb = 1) of K-quants runs in tiles of several weight rows: row
  * ranges that start and end off a tile boundary, and rows of 1..9
  * super-blocks (the 4-block groups and their remainders), must give the
@@ -260,40 +292,12 @@ static void test_decode_tiles(void)
         }
 }
 
-/* rows longer than one column chunk of the small-block kernels (32768) */
-static void test_long_rows(void)
+/* K-quant batches over more than 16 activation rows, rows of 40 super-blocks */
+static void test_kquant_long_batches(void)
 {
-    one_case(QT_Q8_0, 32768 + 64, 3, 2);
-    one_case(QT_Q4_1, 2 * 32768 + 32 * 9, 2, 9);
-    one_case(QT_Q4_K, 32768 + 512, 2, 3);
-    /* K-quant batches over more than 16 activation rows, rows of 40 super-blocks */
     one_case(QT_Q4_K, 256 * 40, 5, 33);
     one_case(QT_Q6_K, 256 * 40, 3, 33);
     one_case(QT_Q3_K, 256 * 40, 3, 33);
-}
-
-static void test_isa(void)
-{
-    qt_init();
-    qt_isa best = qt_isa_get();
-    fprintf(stderr, "best ISA: %s\n", qt_isa_name(best));
-    qt_isa_set(QT_ISA_SCALAR);
-    CHECK(qt_isa_get() == QT_ISA_SCALAR);
-    qt_isa_set(QT_ISA_NEON);
-    CHECK(qt_isa_get() == best);
-#if defined(__x86_64__)
-    CHECK(best != QT_ISA_NEON);
-#endif
-}
-
-static void test_unsupported(void)
-{
-    /* unknown and activation-only weight types: no crash (the loader rejects them first) */
-    float y = 7.f;
-    uint8_t buf[512] = { 0 };
-    qt_gemm(23, 256, buf, 0, 0, 1, buf, 0, 1, &y, 1);
-    qt_gemm(QT_Q8_K, 256, buf, 0, 0, 1, buf, 0, 1, &y, 1);
-    CHECK(qt_vec_dot_ref(23, 256, buf, buf) == 0.0f);
 }
 
 int main(void)
@@ -302,7 +306,8 @@ int main(void)
     RUN(test_unsupported);
     RUN(test_all_types);
     RUN(test_long_rows);
-    RUN(test_decode_tiles);
     RUN(test_batch_invariance);
+    RUN(test_decode_tiles);
+    RUN(test_kquant_long_batches);
     return CHECK_DONE();
 }
