@@ -252,10 +252,10 @@ static void test_unsupported(void)
     CHECK(qt_vec_dot_ref(23, 256, buf, buf) == 0.0f);
 }
 
-/* Decode (nb = 1) of K-quants runs in tiles of several weight rows: row
- * ranges that start and end off a tile boundary, and rows of 1..9
- * super-blocks (the 4-block groups and their remainders), must give the
- * reference's bits in every row and leave the rows outside the range alone. */
+/* Decode (nb = 1) of K-quants runs in tiles of 4 weight rows: row ranges
+ * that start and end off a tile boundary (the rows left over take the
+ * one-row path), rows of 1, 5 and 9 super-blocks, must give the reference's
+ * bits in every row and leave the rows outside the range alone. */
 static void test_decode_tiles(void)
 {
     static const uint32_t kt[] = { QT_Q2_K, QT_Q3_K, QT_Q4_K, QT_Q5_K, QT_Q6_K };
