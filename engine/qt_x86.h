@@ -758,6 +758,14 @@ QT_AI void x_kquant(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64
     x_kscale ks;
     float sums[16];
     int64_t r = r0;
+    if (nb == 1 && r1 - r0 >= QT_KR) {
+        /* The tiles prefetch x_kpf bytes ahead of themselves, so the first
+         * x_kpf bytes of the range would come in on demand: all of a small
+         * range (k, v of a 1.5b split in 16 items: 14 KiB each). Start them. */
+        const size_t span = (size_t)(r1 - r0) * ws, pre = x_kpf(QT_KR, ws);
+        for (size_t o = 0; o < (span < pre ? span : pre); o += 64)
+            _mm_prefetch((const char *)(W + r0 * ws) + o, _MM_HINT_T1);
+    }
     if (nb == 1)
         for (; r + QT_KR <= r1; r += QT_KR) {
 #ifdef QT_VNNI
