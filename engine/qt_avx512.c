@@ -2,7 +2,9 @@
  * of qt_x86.h with the u8*s8 dot done by vpdpbusd. The vectors stay 256 bits
  * wide (the VL encodings): on cores that split 512-bit operations in two
  * halves (Zen 4) that is the same throughput, without zmm frequency
- * penalties elsewhere. Never uses AMX. */
+ * penalties elsewhere. The exception is the q4_K / q6_K decode path
+ * (QT_VNNI): there the instruction count, not the execution units, bounds
+ * the speed, and zmm halves it. Never uses AMX. */
 #include "engine/qtypes.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -17,6 +19,7 @@
 
 #define QT_DOT_US(acc, u, s) _mm256_dpbusd_epi32((acc), (u), (s))
 #define QT_MADD_ACC(acc, p, s) _mm256_dpwssd_epi32((acc), (p), (s))
+#define QT_VNNI 1   /* vpdpbusd: K-quant chunks dotted without the int16 step */
 #define QT_GMAX 8   /* 32 vector registers: 8 activation rows per pass */
 #define QT_KERNEL_NAME qt_gemm_avx512
 

@@ -10,6 +10,11 @@
  * byte stack buffer and reused by every activation row). A weight row is read
  * from memory once per call whatever nb is; the re-reads of later activation
  * groups hit L1/L2. Software prefetch runs about 1 KiB ahead of the stream.
+ * K-quants at nb == 1 (decode) instead take 4 weight rows per pass, unpacked
+ * in registers, their reductions and float finishes done together (one lane
+ * per row), prefetched into L2 a few tiles ahead; with VNNI (QT_VNNI) q4_K
+ * and q6_K use 512-bit vpdpbusd + vpdpwssd (on Zen 4, which splits zmm ops,
+ * half the instructions of the 256-bit form for the same work).
  *
  * Batch invariance: a (weight row, activation row) result is bit-identical
  * whatever nb, the row range and the activation row's place in the batch:
@@ -568,6 +573,332 @@ QT_AI float x_kfinish(__m256i acc, const x_kscale *ks, const qt_block_q8_K *a, f
     return sum + a->d * (ks->fd * (float)isum - ks->fm * (float)msum);
 }
 
+/* Prefetch of the row tiles: the R rows of a tile are read side by side,
+ * R short streams that the hardware prefetchers do not follow (rows of 1-2
+ * KiB: 4x fewer GB/s than one plain stream). Software prefetch fills in: the
+ * same place a whole number of tiles on (>= QT_PFB bytes: the memory latency
+ * times the stream rate, with margin), into L2 (prefetcht1: an L1 prefetch
+ * would hold a miss buffer for the whole trip). */
+#ifndef QT_PFB
+#define QT_PFB 16384
+#endif
+QT_AI size_t x_kpf(int R, size_t ws)
+{
+    const size_t tile = (size_t)R * ws;
+    return (QT_PFB + tile - 1) / tile * tile;
+}
+
+#ifndef QT_KR
+#define QT_KR 4   /* weight rows per pass at nb == 1 */
+#endif
+
+/* nb == 1: R weight rows against one activation row. Per super-block the R
+ * rows' exact int32 totals (isum, msum) are reduced together and the float
+ * expression of x_kfinish is evaluated lane-wise, one lane per row: the same
+ * IEEE operations in the same order per row, so the same bits. */
+QT_AI void x_krows1(uint32_t type, int R, int64_t nsb, const uint8_t *wr, size_t ws,
+                    const uint8_t *A, float *y)
+{
+    const size_t bs = x_tsize(type);
+    const size_t pf = x_kpf(R, ws);
+    __m256 sums = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nsb; i++) {
+        const qt_block_q8_K *a = (const void *)(A + i * sizeof(qt_block_q8_K));
+        __m256i iv[8], mv[8];
+        float fd[8], fm[8];
+        QT_UNROLL8
+        for (int u = 0; u < R; u++) {
+            const uint8_t *wb = wr + (size_t)u * ws + i * bs;
+            for (size_t o = 0; o < bs; o += 64) _mm_prefetch((const char *)wb + pf + o, _MM_HINT_T1);
+            x_kscale ks;
+            x_kscales_of(type, wb, &ks);
+            __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
+            QT_UNROLL8
+            for (int c = 0; c < 8; c += 2) {
+                const __m256i p0 = _mm256_maddubs_epi16(x_kchunk(type, wb, c),
+                                                        x_ld((const uint8_t *)a->qs + 32 * c));
+                const __m256i p1 = _mm256_maddubs_epi16(x_kchunk(type, wb, c + 1),
+                                                        x_ld((const uint8_t *)a->qs + 32 * c + 32));
+                acc0 = QT_MADD_ACC(acc0, p0, ks.sv[c]);
+                acc1 = QT_MADD_ACC(acc1, p1, ks.sv[c + 1]);
+            }
+            iv[u] = _mm256_add_epi32(acc0, acc1);
+            mv[u] = _mm256_madd_epi16(ks.mv, x_ld((const uint8_t *)a->bsums));
+            fd[u] = ks.fd;
+            fm[u] = ks.fm;
+        }
+        __m256 isum, msum, vd, vm;
+        if (R == 4) {
+            const __m256i v[8] = { iv[0], iv[1], iv[2], iv[3], mv[0], mv[1], mv[2], mv[3] };
+            const __m256i h = x_hsum8_i32(v);
+            isum = _mm256_castps128_ps256(_mm_cvtepi32_ps(_mm256_castsi256_si128(h)));
+            msum = _mm256_castps128_ps256(_mm_cvtepi32_ps(_mm256_extracti128_si256(h, 1)));
+            vd = _mm256_castps128_ps256(_mm_setr_ps(fd[0], fd[1], fd[2], fd[3]));
+            vm = _mm256_castps128_ps256(_mm_setr_ps(fm[0], fm[1], fm[2], fm[3]));
+        } else {
+            isum = _mm256_cvtepi32_ps(x_hsum8_i32(iv));
+            msum = _mm256_cvtepi32_ps(x_hsum8_i32(mv));
+            vd = _mm256_setr_ps(fd[0], fd[1], fd[2], fd[3], fd[4], fd[5], fd[6], fd[7]);
+            vm = _mm256_setr_ps(fm[0], fm[1], fm[2], fm[3], fm[4], fm[5], fm[6], fm[7]);
+        }
+        const __m256 t = _mm256_sub_ps(_mm256_mul_ps(vd, isum), _mm256_mul_ps(vm, msum));
+        sums = _mm256_add_ps(sums, _mm256_mul_ps(_mm256_set1_ps(a->d), t));
+    }
+    if (R == 4) _mm_storeu_ps(y, _mm256_castps256_ps128(sums));
+    else _mm256_storeu_ps(y, sums);
+}
+
+#ifdef QT_VNNI
+/* nb == 1 with vpdpbusd (q4_K, q6_K), 512 bits wide: a zmm holds two
+ * 32-value chunks. The int32 x16 vpdpbusd lanes (4 products each,
+ * |P| <= 4 * 63 * 128 < 2^15) are packed to int16 (exact) and multiplied by
+ * the per-32 (q4_K) / per-16 (q6_K) scales with vpdpwssd: no int16 step per
+ * chunk and no scale broadcasts. The lane sums of iv / mv are the
+ * super-block's isum / msum. */
+/* 512-bit forms: a zmm holds two 32-value chunks. The int32 x16 vpdpbusd
+ * lanes (4 products each, |P| <= 4 * 63 * 128 < 2^15) are packed to int16
+ * (exact) and multiplied by the per-16 / per-32 scales with vpdpwssd, so the
+ * scales need no reduction of their own: one fold of 16 lanes to 8 per row. */
+QT_AI __m256i x_fold16(__m512i v)
+{
+    return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+}
+
+QT_AI void x_q4k_row_z(const uint8_t *wb, const __m512i *az, __m256i bsum, __m256i *iv, __m256i *mv)
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    uint64_t x;
+    uint32_t z;
+    memcpy(&x, wb + 4, 8);
+    memcpy(&z, wb + 12, 4);
+    const uint64_t lo = x & 0x3f3f3f3f3f3f3f3full;
+    const uint64_t hb = (x >> 2) & 0x3030303030303030ull;
+    const uint64_t hi = ((uint64_t)(z & 0x0f0f0f0fu) | ((uint64_t)((z >> 4) & 0x0f0f0f0fu) << 32)) | hb;
+    /* int16: sc0-7 m0-7 */
+    const __m256i s16 = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(
+        _mm_set_epi64x((long long)hi, (long long)lo), _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15)));
+    const __m512i s = _mm512_castsi256_si512(s16);
+    /* packs of [c0|c2] with [c1|c3]: 128-bit lanes c0 c1 | c0 c1 | c2 c3 | c2 c3 (4 words each) */
+    const __m512i i0 = _mm512_set_epi16(3, 3, 3, 3, 2, 2, 2, 2, 3, 3, 3, 3, 2, 2, 2, 2,
+                                        1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0);
+    const __m512i i1 = _mm512_add_epi16(i0, _mm512_set1_epi16(4));
+    __m512i acc = _mm512_setzero_si512();
+    QT_UNROLL8
+    for (int h = 0; h < 2; h++) {
+        const __m512i v = _mm512_loadu_si512((const void *)(wb + 16 + 64 * h));
+        const __m512i pl = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(v, m4), az[2 * h]);
+        const __m512i ph = _mm512_dpbusd_epi32(_mm512_setzero_si512(),
+                                               _mm512_and_si512(_mm512_srli_epi16(v, 4), m4), az[2 * h + 1]);
+        acc = _mm512_dpwssd_epi32(acc, _mm512_packs_epi32(pl, ph), _mm512_permutexvar_epi16(h ? i1 : i0, s));
+    }
+    *iv = x_fold16(acc);
+    /* per-16 mins m[k/2] against the activation's sums of 16 */
+    const __m256i im = _mm256_setr_epi16(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
+    *mv = _mm256_madd_epi16(_mm256_permutexvar_epi16(im, s16), bsum);
+}
+
+QT_AI void x_q6k_row_z(const uint8_t *wb, const __m512i *az, __m256i bsum, __m256i *iv, __m256i *mv)
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(wb + 192)));
+    const __m512i s = _mm512_castsi256_si512(s16);
+    /* packs of [c0|c1] with [c2|c3]: lanes s0 s4 | s1 s5 | s2 s6 | s3 s7 (4 words each) */
+    const __m512i i0 = _mm512_set_epi16(7, 7, 7, 7, 3, 3, 3, 3, 6, 6, 6, 6, 2, 2, 2, 2,
+                                        5, 5, 5, 5, 1, 1, 1, 1, 4, 4, 4, 4, 0, 0, 0, 0);
+    const __m512i i1 = _mm512_add_epi16(i0, _mm512_set1_epi16(8));
+    /* per 256-bit half: shift qh so that its bit pair lands on bits 4-5 */
+    const __m512i shl = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+    const __m512i shr = _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1);
+    __m512i acc = _mm512_setzero_si512();
+    QT_UNROLL8
+    for (int g = 0; g < 2; g++) {
+        const __m512i l = _mm512_loadu_si512((const void *)(wb + 64 * g));
+        const __m512i hh = _mm512_broadcast_i64x4(x_ld(wb + 128 + 32 * g));
+        /* A | (B & C) = 0xF8 */
+        const __m512i q01 = _mm512_ternarylogic_epi32(_mm512_and_si512(l, m4), _mm512_sllv_epi16(hh, shl), m30, 0xF8);
+        const __m512i q23 = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                                                      _mm512_srlv_epi16(hh, shr), m30, 0xF8);
+        const __m512i p01 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q01, az[2 * g]);
+        const __m512i p23 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q23, az[2 * g + 1]);
+        acc = _mm512_dpwssd_epi32(acc, _mm512_packs_epi32(p01, p23), _mm512_permutexvar_epi16(g ? i1 : i0, s));
+    }
+    *iv = x_fold16(acc);
+    *mv = _mm256_madd_epi16(_mm256_slli_epi16(s16, 5), bsum);
+}
+
+/* Batches (nb > 1): one super-block's weights prepared once for every
+ * activation row, chunk pairs as contiguous as the activation ([c0|c1],
+ * [c2|c3], ..; q4_K nibbles of 32 bytes broadcast to both halves and shifted
+ * per half), with the two vpdpwssd scale vectors and the offset
+ * coefficients of x_kscale.mv. */
+typedef struct {
+    __m512i q[4], s[2];
+    __m256i mv;
+    float fd, fm;
+} x_kz;
+
+QT_AI void x_kz_prep(uint32_t type, const uint8_t *wb, x_kz *kz)
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    if (type == QT_Q4_K) {
+        const __m512i sh = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+        uint64_t x;
+        uint32_t z;
+        memcpy(&x, wb + 4, 8);
+        memcpy(&z, wb + 12, 4);
+        const uint64_t lo = x & 0x3f3f3f3f3f3f3f3full;
+        const uint64_t hb = (x >> 2) & 0x3030303030303030ull;
+        const uint64_t hi = ((uint64_t)(z & 0x0f0f0f0fu) | ((uint64_t)((z >> 4) & 0x0f0f0f0fu) << 32)) | hb;
+        const __m256i s16 = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(   /* sc0-7 m0-7 */
+            _mm_set_epi64x((long long)hi, (long long)lo), _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15)));
+        const __m512i s = _mm512_castsi256_si512(s16);
+        /* packs of [c0|c1] with [c2|c3]: 128-bit lanes c0 c2 | c0 c2 | c1 c3 | c1 c3 (4 words each) */
+        const __m512i i0 = _mm512_set_epi16(3, 3, 3, 3, 1, 1, 1, 1, 3, 3, 3, 3, 1, 1, 1, 1,
+                                            2, 2, 2, 2, 0, 0, 0, 0, 2, 2, 2, 2, 0, 0, 0, 0);
+        kz->s[0] = _mm512_permutexvar_epi16(i0, s);
+        kz->s[1] = _mm512_permutexvar_epi16(_mm512_add_epi16(i0, _mm512_set1_epi16(4)), s);
+        QT_UNROLL8
+        for (int j = 0; j < 4; j++)
+            kz->q[j] = _mm512_and_si512(_mm512_srlv_epi16(_mm512_broadcast_i64x4(x_ld(wb + 16 + 32 * j)), sh), m4);
+        kz->mv = _mm256_permutexvar_epi16(
+            _mm256_setr_epi16(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15), s16);
+        kz->fd = x_h2f(wb);
+        kz->fm = x_h2f(wb + 2);
+    } else {   /* QT_Q6_K, as x_q6k_row_z */
+        const __m512i m30 = _mm512_set1_epi8(0x30);
+        const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(wb + 192)));
+        const __m512i s = _mm512_castsi256_si512(s16);
+        const __m512i i0 = _mm512_set_epi16(7, 7, 7, 7, 3, 3, 3, 3, 6, 6, 6, 6, 2, 2, 2, 2,
+                                            5, 5, 5, 5, 1, 1, 1, 1, 4, 4, 4, 4, 0, 0, 0, 0);
+        kz->s[0] = _mm512_permutexvar_epi16(i0, s);
+        kz->s[1] = _mm512_permutexvar_epi16(_mm512_add_epi16(i0, _mm512_set1_epi16(8)), s);
+        const __m512i shl = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+        const __m512i shr = _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1);
+        QT_UNROLL8
+        for (int g = 0; g < 2; g++) {
+            const __m512i l = _mm512_loadu_si512((const void *)(wb + 64 * g));
+            const __m512i hh = _mm512_broadcast_i64x4(x_ld(wb + 128 + 32 * g));
+            kz->q[2 * g] = _mm512_ternarylogic_epi32(_mm512_and_si512(l, m4), _mm512_sllv_epi16(hh, shl), m30, 0xF8);
+            kz->q[2 * g + 1] = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                                                         _mm512_srlv_epi16(hh, shr), m30, 0xF8);
+        }
+        kz->mv = _mm256_slli_epi16(s16, 5);
+        kz->fd = kz->fm = x_h2f(wb + 208);
+    }
+}
+
+/* isum lanes of one activation row against a prepared super-block */
+QT_AI __m256i x_kz_dot(const x_kz *kz, const uint8_t *aq)
+{
+    __m512i acc = _mm512_setzero_si512();
+    QT_UNROLL8
+    for (int h = 0; h < 2; h++) {
+        const __m512i p0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), kz->q[2 * h],
+                                               _mm512_loadu_si512((const void *)(aq + 128 * h)));
+        const __m512i p1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), kz->q[2 * h + 1],
+                                               _mm512_loadu_si512((const void *)(aq + 128 * h + 64)));
+        acc = _mm512_dpwssd_epi32(acc, _mm512_packs_epi32(p0, p1), kz->s[h]);
+    }
+    return x_fold16(acc);
+}
+
+/* Activation rows b0 .. b0+g-1 against super-block i (prepared in kz), the
+ * float finish as in x_kquant's generic batch loop (same bits). */
+QT_AI void x_kz_rows(const x_kz *kz, const uint8_t *A, size_t as, int b0, int g, int64_t i, float *sums)
+{
+    int k = 0;
+    for (; k + 8 <= g; k += 8) {
+        __m256i iv[8], mv[8];
+        float dv[8];
+        QT_UNROLL8
+        for (int u = 0; u < 8; u++) {
+            const qt_block_q8_K *a = (const void *)(A + (b0 + k + u) * as + i * sizeof(qt_block_q8_K));
+            iv[u] = x_kz_dot(kz, (const uint8_t *)a->qs);
+            mv[u] = _mm256_madd_epi16(kz->mv, x_ld((const uint8_t *)a->bsums));
+            dv[u] = a->d;
+        }
+        const __m256 isum = _mm256_cvtepi32_ps(x_hsum8_i32(iv));
+        const __m256 msum = _mm256_cvtepi32_ps(x_hsum8_i32(mv));
+        const __m256 t = _mm256_sub_ps(_mm256_mul_ps(_mm256_set1_ps(kz->fd), isum),
+                                       _mm256_mul_ps(_mm256_set1_ps(kz->fm), msum));
+        _mm256_storeu_ps(sums + k, _mm256_add_ps(_mm256_loadu_ps(sums + k), _mm256_mul_ps(_mm256_loadu_ps(dv), t)));
+    }
+    for (; k < g; k++) {
+        const qt_block_q8_K *a = (const void *)(A + (b0 + k) * as + i * sizeof(qt_block_q8_K));
+        const __m256i h = _mm256_hadd_epi32(x_kz_dot(kz, (const uint8_t *)a->qs),
+                                            _mm256_madd_epi16(kz->mv, x_ld((const uint8_t *)a->bsums)));
+        __m128i x = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+        x = _mm_hadd_epi32(x, x);
+        const int32_t isum = _mm_cvtsi128_si32(x), msum = _mm_extract_epi32(x, 1);
+        sums[k] = sums[k] + a->d * (kz->fd * (float)isum - kz->fm * (float)msum);
+    }
+}
+
+QT_AI void x_kvnni_rows1(uint32_t type, int R, int64_t nsb, const uint8_t *wr, size_t ws,
+                         const uint8_t *A, float *y)
+{
+    const size_t bs = x_tsize(type);
+    const size_t pf = x_kpf(R, ws);
+    __m256 sums = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nsb; i++) {
+        const qt_block_q8_K *a = (const void *)(A + i * sizeof(qt_block_q8_K));
+        const __m256i bsum = x_ld((const uint8_t *)a->bsums);
+        /* activation chunk pairs as the weight zmm hold them */
+        __m512i az[4];
+        const uint8_t *aq = (const uint8_t *)a->qs;
+        QT_UNROLL8
+        for (int h = 0; h < 4; h++) {
+            if (type == QT_Q4_K)   /* [c0|c2] [c1|c3] [c4|c6] [c5|c7] */
+                az[h] = _mm512_inserti64x4(_mm512_castsi256_si512(x_ld(aq + 128 * (h / 2) + 32 * (h % 2))),
+                                           x_ld(aq + 128 * (h / 2) + 32 * (h % 2) + 64), 1);
+            else                   /* [c0|c1] [c2|c3] .. */
+                az[h] = _mm512_loadu_si512((const void *)(aq + 64 * h));
+        }
+        __m256i iv[8], mv[8];
+        uint32_t dm[8];   /* fp16 pairs (d, dmin); q6_K: (d, d) */
+        QT_UNROLL8
+        for (int u = 0; u < R; u++) {
+            const uint8_t *wb = wr + (size_t)u * ws + i * bs;
+            for (size_t o = 0; o < bs; o += 64) _mm_prefetch((const char *)wb + pf + o, _MM_HINT_T1);
+            if (type == QT_Q4_K) {
+                x_q4k_row_z(wb, az, bsum, &iv[u], &mv[u]);
+                memcpy(&dm[u], wb, 4);
+            } else {
+                x_q6k_row_z(wb, az, bsum, &iv[u], &mv[u]);
+                uint16_t d;
+                memcpy(&d, wb + 208, 2);
+                dm[u] = (uint32_t)d * 0x10001u;
+            }
+        }
+        __m256 isum, msum, vd, vm;
+        const __m256i ev = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+        if (R == 4) {
+            const __m256i v[8] = { iv[0], iv[1], iv[2], iv[3], mv[0], mv[1], mv[2], mv[3] };
+            const __m256i h = x_hsum8_i32(v);
+            isum = _mm256_castps128_ps256(_mm_cvtepi32_ps(_mm256_castsi256_si128(h)));
+            msum = _mm256_castps128_ps256(_mm_cvtepi32_ps(_mm256_extracti128_si256(h, 1)));
+            /* d0 m0 d1 m1 .. -> d0-3 m0-3 */
+            vd = _mm256_permutevar8x32_ps(
+                _mm256_cvtph_ps(_mm_setr_epi32((int)dm[0], (int)dm[1], (int)dm[2], (int)dm[3])), ev);
+            vm = _mm256_castps128_ps256(_mm256_extractf128_ps(vd, 1));
+        } else {
+            isum = _mm256_cvtepi32_ps(x_hsum8_i32(iv));
+            msum = _mm256_cvtepi32_ps(x_hsum8_i32(mv));
+            const __m256 g0 = _mm256_permutevar8x32_ps(
+                _mm256_cvtph_ps(_mm_setr_epi32((int)dm[0], (int)dm[1], (int)dm[2], (int)dm[3])), ev);
+            const __m256 g1 = _mm256_permutevar8x32_ps(
+                _mm256_cvtph_ps(_mm_setr_epi32((int)dm[4], (int)dm[5], (int)dm[6], (int)dm[7])), ev);
+            vd = _mm256_permute2f128_ps(g0, g1, 0x20);
+            vm = _mm256_permute2f128_ps(g0, g1, 0x31);
+        }
+        const __m256 t = _mm256_sub_ps(_mm256_mul_ps(vd, isum), _mm256_mul_ps(vm, msum));
+        sums = _mm256_add_ps(sums, _mm256_mul_ps(_mm256_set1_ps(a->d), t));
+    }
+    if (R == 4) _mm_storeu_ps(y, _mm256_castps256_ps128(sums));
+    else _mm256_storeu_ps(y, sums);
+}
+#endif
+
 QT_AI void x_kquant(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64_t r0, int64_t r1,
                     const uint8_t *A, size_t as, int nb, float *Y, int64_t ldy)
 {
@@ -576,7 +907,23 @@ QT_AI void x_kquant(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64
     uint8_t q[256] __attribute__((aligned(32)));
     x_kscale ks;
     float sums[16];
-    for (int64_t r = r0; r < r1; r++) {
+    int64_t r = r0;
+    if (nb == 1 && r1 - r0 >= QT_KR) {
+        /* The tiles prefetch x_kpf bytes ahead of themselves, so the first
+         * x_kpf bytes of the range would come in on demand: all of a small
+         * range (k, v of a 1.5b split in 16 items: 14 KiB each). Start them. */
+        const size_t span = (size_t)(r1 - r0) * ws, pre = x_kpf(QT_KR, ws);
+        for (size_t o = 0; o < (span < pre ? span : pre); o += 64)
+            _mm_prefetch((const char *)(W + r0 * ws) + o, _MM_HINT_T1);
+    }
+    if (nb == 1)
+        for (; r + QT_KR <= r1; r += QT_KR) {
+#ifdef QT_VNNI
+            if (type == QT_Q4_K || type == QT_Q6_K) { x_kvnni_rows1(type, QT_KR, nsb, W + r * ws, ws, A, Y + r); continue; }
+#endif
+            x_krows1(type, QT_KR, nsb, W + r * ws, ws, A, Y + r);
+        }
+    for (; r < r1; r++) {
         const uint8_t *wr = W + r * ws;
         if (nb == 1) {   /* decode: unpack in registers, no stores */
             float sum = 0;
@@ -607,6 +954,14 @@ QT_AI void x_kquant(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64
             for (int64_t i = 0; i < nsb; i++) {
                 const uint8_t *wb = wr + i * bs;
                 for (size_t o = 0; o < bs; o += 64) _mm_prefetch((const char *)wb + QT_PF + o, _MM_HINT_T0);
+#ifdef QT_VNNI
+                if (type == QT_Q4_K || type == QT_Q6_K) {
+                    x_kz kz;
+                    x_kz_prep(type, wb, &kz);
+                    x_kz_rows(&kz, A, as, b0, g, i, sums);
+                    continue;
+                }
+#endif
                 x_kscales_of(type, wb, &ks);
                 QT_UNROLL8
                 for (int c = 0; c < 8; c++)

@@ -299,6 +299,54 @@ static void test_unsupported(void)
     CHECK(qt_vec_dot_ref(23, 256, buf, buf) == 0.0f);
 }
 
+/* Decode (nb = 1) of K-quants runs in tiles of 4 weight rows: row ranges
+ * that start and end off a tile boundary (the rows left over take the
+ * one-row path), rows of 1, 5 and 9 super-blocks, must give the reference's
+ * bits in every row and leave the rows outside the range alone. */
+static void test_decode_tiles(void)
+{
+    static const uint32_t kt[] = { QT_Q2_K, QT_Q3_K, QT_Q4_K, QT_Q5_K, QT_Q6_K };
+    enum { ROWS = 19 };
+    for (size_t t = 0; t < sizeof kt / sizeof kt[0]; t++)
+        for (int64_t nsb = 1; nsb <= 9; nsb += 4) {
+            const uint32_t wt = kt[t], at = qt_act_type(wt);
+            const int64_t n = 256 * nsb;
+            const size_t ws = qt_row_size(wt, n), as = qt_row_size(at, n);
+            uint8_t *W = malloc(ws * ROWS), *A = malloc(as);
+            float *x = malloc((size_t)n * 4), Yr[ROWS], Y[ROWS];
+            make_weights(wt, W, ROWS, n);
+            for (int64_t i = 0; i < n; i++) x[i] = frand();
+            qt_quantize_row(at, x, A, n);
+            qt_gemm_ref(wt, n, W, ws, 0, ROWS, A, as, 1, Yr, ROWS);
+            for (int isa = QT_ISA_AVX2; isa <= QT_ISA_NEON; isa++) {
+                qt_isa_set((qt_isa)isa);
+                if ((int)qt_isa_get() != isa) continue;
+                static const int64_t rg[][2] = { { 0, ROWS }, { 1, ROWS - 2 }, { 3, 8 }, { 5, 6 } };
+                for (size_t k = 0; k < sizeof rg / sizeof rg[0]; k++) {
+                    for (int r = 0; r < ROWS; r++) Y[r] = -12345.f;
+                    qt_gemm(wt, n, W, ws, rg[k][0], rg[k][1], A, as, 1, Y, ROWS);
+                    int bad = 0;
+                    for (int64_t r = 0; r < ROWS; r++) {
+                        const int in = r >= rg[k][0] && r < rg[k][1];
+                        if (in ? memcmp(&Y[r], &Yr[r], 4) != 0 : Y[r] != -12345.f) bad++;
+                    }
+                    CHECKF(bad == 0, "%s %s n=%lld rows [%lld, %lld): %d bad", qt_isa_name((qt_isa)isa),
+                           qt_name(wt), (long long)n, (long long)rg[k][0], (long long)rg[k][1], bad);
+                }
+            }
+            qt_isa_set(QT_ISA_NEON);
+            free(W); free(A); free(x);
+        }
+}
+
+/* K-quant batches over more than 16 activation rows, rows of 40 super-blocks */
+static void test_kquant_long_batches(void)
+{
+    one_case(QT_Q4_K, 256 * 40, 5, 33);
+    one_case(QT_Q6_K, 256 * 40, 3, 33);
+    one_case(QT_Q3_K, 256 * 40, 3, 33);
+}
+
 int main(void)
 {
     RUN(test_isa);
@@ -307,5 +355,7 @@ int main(void)
     RUN(test_small_every_nb);
     RUN(test_long_rows);
     RUN(test_batch_invariance);
+    RUN(test_decode_tiles);
+    RUN(test_kquant_long_batches);
     return CHECK_DONE();
 }
