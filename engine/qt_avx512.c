@@ -20,7 +20,6 @@
 #define QT_DOT_US(acc, u, s) _mm256_dpbusd_epi32((acc), (u), (s))
 #define QT_MADD_ACC(acc, p, s) _mm256_dpwssd_epi32((acc), (p), (s))
 #define QT_VNNI 1   /* vpdpbusd: K-quant chunks dotted without the int16 step */
-#define QT_GMAX 8   /* 32 vector registers: 8 activation rows per pass */
 #define QT_KERNEL_NAME qt_gemm_avx512
 
 /* Small-block tiles: 16 activation rows (32 vector registers); the
