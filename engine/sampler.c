@@ -79,9 +79,18 @@ int32_t sampler_pick(sampler *s, float *logits, const eng_sampling *p,
     int32_t n = s->n_vocab;
     apply_penalty(logits, n, p, recent, n_recent);
     if (p->temperature <= 0.0f) {
-        int32_t best = 0;
-        for (int32_t i = 1; i < n; i++) if (logits[i] > logits[best]) best = i;
-        return best;
+        /* the largest value with 8 independent running maxima (no branch on
+         * the data, no chain through one register), then its first index */
+        float m[8];
+        int32_t i = 0;
+        for (int k = 0; k < 8; k++) m[k] = -INFINITY;
+        for (; i + 8 <= n; i += 8)
+            for (int k = 0; k < 8; k++) m[k] = logits[i + k] > m[k] ? logits[i + k] : m[k];
+        float best = -INFINITY;
+        for (int k = 0; k < 8; k++) best = m[k] > best ? m[k] : best;
+        for (; i < n; i++) best = logits[i] > best ? logits[i] : best;
+        for (i = 0; i < n; i++) if (logits[i] == best) return i;
+        return 0;   /* all NaN */
     }
     cand *c = s->c;
     size_t m = 0;
