@@ -144,14 +144,16 @@ static void cpu_matmul_n(be *b, int n, const wt *const *w, const wt *const *bias
     }
     j.act = c->act;
     pool_run(c->pool, mm_quant, &j, T);
-    /* chunks: enough for balance across threads, rows a multiple of 16 */
-    int nth = pool_size(c->pool);
+    /* chunks: enough for balance across threads, rows a multiple of 16;
+     * fewer, larger ones for batches (each chunk prepares the activation
+     * rows' scales once, a cost that grows with the batch) */
+    int nth = pool_size(c->pool), per = T >= 4 ? 2 : 8;
     j.first[0] = 0;
     for (int k = 0; k < n; k++) {
         j.w[k] = w[k];
         j.bias[k] = bias && bias[k] ? bias[k]->data : NULL;
         j.out[k] = out[k];
-        int64_t chunk = w[k]->n_out / (nth * 8);
+        int64_t chunk = w[k]->n_out / (nth * per);
         if (chunk < 16) chunk = 16;
         chunk = (chunk + 15) / 16 * 16;
         j.chunk[k] = chunk;
