@@ -147,7 +147,7 @@ static void cpu_matmul_n(be *b, int n, const wt *const *w, const wt *const *bias
     /* chunks: enough for balance across threads, rows a multiple of 16;
      * fewer, larger ones for batches (each chunk prepares the activation
      * rows' scales once, a cost that grows with the batch) */
-    int nth = pool_size(c->pool), per = T >= 4 ? 2 : 8;
+    int nth = pool_size(c->pool), per = T >= 4 ? 1 : 8;
     j.first[0] = 0;
     for (int k = 0; k < n; k++) {
         j.w[k] = w[k];
