@@ -562,6 +562,27 @@ QT_AI __m256i x_hsum8_i32(const __m256i *v)
     return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
 }
 
+/* The int32 lanes of one super-block's dot with activation a: the 8
+ * weight chunks (unpacked in registers from wb, or read from q, a super-block
+ * already unpacked to 256 bytes) times a's bytes, scaled per chunk; two
+ * accumulators (vpdpwssd has a 5-cycle latency). */
+QT_AI __m256i x_kdot(uint32_t type, const uint8_t *wb, const uint8_t *q, const x_kscale *ks,
+                     const qt_block_q8_K *a)
+{
+    __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
+    QT_UNROLL8
+    for (int c = 0; c < 8; c += 2) {
+        const __m256i w0 = q ? _mm256_load_si256((const __m256i *)(const void *)(q + 32 * c)) : x_kchunk(type, wb, c);
+        const __m256i w1 = q ? _mm256_load_si256((const __m256i *)(const void *)(q + 32 * c + 32))
+                             : x_kchunk(type, wb, c + 1);
+        const __m256i p0 = _mm256_maddubs_epi16(w0, x_ld((const uint8_t *)a->qs + 32 * c));
+        const __m256i p1 = _mm256_maddubs_epi16(w1, x_ld((const uint8_t *)a->qs + 32 * c + 32));
+        acc0 = QT_MADD_ACC(acc0, p0, ks->sv[c]);
+        acc1 = QT_MADD_ACC(acc1, p1, ks->sv[c + 1]);
+    }
+    return _mm256_add_epi32(acc0, acc1);
+}
+
 /* sums += da * (fd * isum - fm * msum), as qt_vec_dot_ref. */
 QT_AI float x_kfinish(__m256i acc, const x_kscale *ks, const qt_block_q8_K *a, float sum)
 {
@@ -612,17 +633,7 @@ QT_AI void x_krows1(uint32_t type, int R, int64_t nsb, const uint8_t *wr, size_t
             for (size_t o = 0; o < bs; o += 64) _mm_prefetch((const char *)wb + pf + o, _MM_HINT_T1);
             x_kscale ks;
             x_kscales_of(type, wb, &ks);
-            __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
-            QT_UNROLL8
-            for (int c = 0; c < 8; c += 2) {
-                const __m256i p0 = _mm256_maddubs_epi16(x_kchunk(type, wb, c),
-                                                        x_ld((const uint8_t *)a->qs + 32 * c));
-                const __m256i p1 = _mm256_maddubs_epi16(x_kchunk(type, wb, c + 1),
-                                                        x_ld((const uint8_t *)a->qs + 32 * c + 32));
-                acc0 = QT_MADD_ACC(acc0, p0, ks.sv[c]);
-                acc1 = QT_MADD_ACC(acc1, p1, ks.sv[c + 1]);
-            }
-            iv[u] = _mm256_add_epi32(acc0, acc1);
+            iv[u] = x_kdot(type, wb, NULL, &ks, a);
             mv[u] = _mm256_madd_epi16(ks.mv, x_ld((const uint8_t *)a->bsums));
             fd[u] = ks.fd;
             fm[u] = ks.fm;
@@ -932,18 +943,7 @@ QT_AI void x_kquant(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64
                 for (size_t o = 0; o < bs; o += 64) _mm_prefetch((const char *)wb + QT_PF + o, _MM_HINT_T0);
                 const qt_block_q8_K *a = (const void *)(A + i * sizeof(qt_block_q8_K));
                 x_kscales_of(type, wb, &ks);
-                /* two accumulators: vpdpwssd has a 5-cycle latency */
-                __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
-                QT_UNROLL8
-                for (int c = 0; c < 8; c += 2) {
-                    const __m256i p0 = _mm256_maddubs_epi16(x_kchunk(type, wb, c),
-                                                            x_ld((const uint8_t *)a->qs + 32 * c));
-                    const __m256i p1 = _mm256_maddubs_epi16(x_kchunk(type, wb, c + 1),
-                                                            x_ld((const uint8_t *)a->qs + 32 * c + 32));
-                    acc0 = QT_MADD_ACC(acc0, p0, ks.sv[c]);
-                    acc1 = QT_MADD_ACC(acc1, p1, ks.sv[c + 1]);
-                }
-                sum = x_kfinish(_mm256_add_epi32(acc0, acc1), &ks, a, sum);
+                sum = x_kfinish(x_kdot(type, wb, NULL, &ks, a), &ks, a, sum);
             }
             Y[r] = sum;
             continue;
@@ -975,19 +975,7 @@ QT_AI void x_kquant(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64
                     QT_UNROLL8
                     for (int u = 0; u < 8; u++) {
                         const qt_block_q8_K *a = (const void *)(A + (b0 + k + u) * as + i * sizeof(qt_block_q8_K));
-                        __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
-                        QT_UNROLL8
-                        for (int c = 0; c < 8; c += 2) {
-                            const __m256i p0 = _mm256_maddubs_epi16(
-                                _mm256_load_si256((const __m256i *)(const void *)(q + 32 * c)),
-                                x_ld((const uint8_t *)a->qs + 32 * c));
-                            const __m256i p1 = _mm256_maddubs_epi16(
-                                _mm256_load_si256((const __m256i *)(const void *)(q + 32 * c + 32)),
-                                x_ld((const uint8_t *)a->qs + 32 * c + 32));
-                            acc0 = QT_MADD_ACC(acc0, p0, ks.sv[c]);
-                            acc1 = QT_MADD_ACC(acc1, p1, ks.sv[c + 1]);
-                        }
-                        iv[u] = _mm256_add_epi32(acc0, acc1);
+                        iv[u] = x_kdot(type, wb, q, &ks, a);
                         mv[u] = _mm256_madd_epi16(ks.mv, x_ld((const uint8_t *)a->bsums));
                         dv[u] = a->d;
                     }
@@ -1000,19 +988,7 @@ QT_AI void x_kquant(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64
                 }
                 for (; k < g; k++) {
                     const qt_block_q8_K *a = (const void *)(A + (b0 + k) * as + i * sizeof(qt_block_q8_K));
-                    __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
-                    QT_UNROLL8
-                    for (int c = 0; c < 8; c += 2) {
-                        const __m256i p0 = _mm256_maddubs_epi16(
-                            _mm256_load_si256((const __m256i *)(const void *)(q + 32 * c)),
-                            x_ld((const uint8_t *)a->qs + 32 * c));
-                        const __m256i p1 = _mm256_maddubs_epi16(
-                            _mm256_load_si256((const __m256i *)(const void *)(q + 32 * c + 32)),
-                            x_ld((const uint8_t *)a->qs + 32 * c + 32));
-                        acc0 = QT_MADD_ACC(acc0, p0, ks.sv[c]);
-                        acc1 = QT_MADD_ACC(acc1, p1, ks.sv[c + 1]);
-                    }
-                    sums[k] = x_kfinish(_mm256_add_epi32(acc0, acc1), &ks, a, sums[k]);
+                    sums[k] = x_kfinish(x_kdot(type, wb, q, &ks, a), &ks, a, sums[k]);
                 }
             }
             for (int k = 0; k < g; k++) Y[(b0 + k) * ldy + r] = sums[k];
