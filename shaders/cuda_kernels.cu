@@ -414,16 +414,59 @@ __global__ void k_embed(const uint8_t *W, size_t rb, int n, const int32_t *ids, 
 struct gv_mat { const uint8_t *W; const float *bias; float *out; int n_out, blk0; };
 struct gv_set { gv_mat m[CK_MULTI_MAX]; int nm; };   /* matrices of one type and n_in, one launch */
 
+/* the matrix of S this block works on (blocks blk0.. of matrix i) */
+__device__ __forceinline__ int gv_pick(const gv_set &S)
+{
+    int mi = 0;
+#pragma unroll
+    for (int i = 1; i < CK_MULTI_MAX; i++) if (i < S.nm && (int)blockIdx.x >= S.m[i].blk0) mi = i;
+    return mi;
+}
+
+/* End of the one-row GEMVs: each warp's lane sums to one value per token,
+ * the K warps of a row are added in warp order, and lane t of the row's
+ * first warp writes token t (plus bias). Every thread of the block calls it. */
+template <int NT, int K>
+__device__ __forceinline__ void gv_finish(float (&acc)[NT], int warp, int lane, int part, bool live, int r, int T,
+                                          const gv_mat &m)
+{
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        float s = acc[t];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        acc[t] = s;
+    }
+    if (K > 1) {
+        __shared__ float red[4][NT];
+        if (lane == 0) {
+#pragma unroll
+            for (int t = 0; t < NT; t++) red[warp][t] = acc[t];
+        }
+        __syncthreads();
+        if (part != 0) return;
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            float v = 0.f;
+#pragma unroll
+            for (int k = 0; k < K; k++) v += red[warp + k][t];
+            acc[t] = v;
+        }
+    }
+    if (live && lane < T) {
+        float v = 0.f;
+#pragma unroll
+        for (int t = 0; t < NT; t++) if (t == lane) v = acc[t];
+        m.out[(size_t)lane * m.n_out + r] = v + (m.bias ? m.bias[r] : 0.f);
+    }
+}
+
 template <int TY, int NT, int K>
 __global__ void __launch_bounds__(128) k_gemv(const gv_set S, size_t rb, int n, const float *__restrict__ x, int T)
 {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int mi = 0;
-#pragma unroll
-    for (int i = 1; i < CK_MULTI_MAX; i++) if (i < S.nm && (int)blockIdx.x >= S.m[i].blk0) mi = i;
+    int mi = gv_pick(S);
     const uint8_t *W = S.m[mi].W;
-    const float *bias = S.m[mi].bias;
-    float *out = S.m[mi].out;
     int n_out = S.m[mi].n_out;
     int r = ((int)blockIdx.x - S.m[mi].blk0) * (4 / K) + warp / K, part = warp % K;
     bool live = r < n_out;
@@ -457,35 +500,7 @@ __global__ void __launch_bounds__(128) k_gemv(const gv_set S, size_t rb, int n, 
             acc[t] = __fadd_rn(acc[t], s);
         }
     }
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-        float s = acc[t];
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        acc[t] = s;
-    }
-    if (K > 1) {
-        __shared__ float red[4][NT];
-        if (lane == 0) {
-#pragma unroll
-            for (int t = 0; t < NT; t++) red[warp][t] = acc[t];
-        }
-        __syncthreads();
-        if (part != 0) return;
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-            float v = 0.f;
-#pragma unroll
-            for (int k = 0; k < K; k++) v += red[warp + k][t];
-            acc[t] = v;
-        }
-    }
-    if (live && lane < T) {
-        float v = 0.f;
-#pragma unroll
-        for (int t = 0; t < NT; t++) if (t == lane) v = acc[t];
-        out[(size_t)lane * n_out + r] = v + (bias ? bias[r] : 0.f);
-    }
+    gv_finish<NT, K>(acc, warp, lane, part, live, r, T, S.m[mi]);
 }
 
 
@@ -494,8 +509,11 @@ __global__ void __launch_bounds__(128) k_gemv(const gv_set S, size_t rb, int n, 
  * Dot products with __dp4a, as the CPU's q8 activations (same error class). */
 /* Where the int8 form of x [T][n] lives in a scratch of CK_XQ_BYTES(T, n):
  * xq [T][n], then xd and xs [T][n/32], then the block-major copies xdt, xst
- * [n/32][tp] (tp = T rounded up to 8) for the tensor-core kernel. */
+ * [n/32][tp] (tp = T rounded up to 8), written only for the tensor-core
+ * kernel (ANE_CUDA_MMQ=1; dt, st NULL otherwise). */
 struct xq_lay { int8_t *q; float *d; int *s; float *dt; int *st; int nbr, tp; };
+
+static int mmq_off(void);
 
 static xq_lay xq_layout(void *scratch, int T, int n)
 {
@@ -507,6 +525,7 @@ static xq_lay xq_layout(void *scratch, int T, int n)
     L.tp = (T + 7) & ~7;
     L.dt = (float *)(L.s + nbt);
     L.st = (int *)(L.dt + (size_t)L.tp * (n / 32));
+    if (mmq_off()) { L.dt = NULL; L.st = NULL; }
     L.nbr = n / 32;
     return L;
 }
@@ -529,10 +548,11 @@ __device__ __forceinline__ void quant_block(float v, int lane, size_t b, const x
     if (lane == 0) {
         L.d[b] = d;
         L.s[b] = sum;
-        /* block-major copies: tokens side by side */
-        size_t t = b / L.nbr, k2 = b - t * L.nbr;
-        L.dt[k2 * L.tp + t] = d;
-        L.st[k2 * L.tp + t] = sum;
+        if (L.dt) {   /* block-major copies: tokens side by side */
+            size_t t = b / L.nbr, k2 = b - t * L.nbr;
+            L.dt[k2 * L.tp + t] = d;
+            L.st[k2 * L.tp + t] = sum;
+        }
     }
 }
 
@@ -577,9 +597,7 @@ __global__ void __launch_bounds__(128) k_gemv_q4k(const gv_set S, size_t rb, int
                                                   const float *__restrict__ xd, const int *__restrict__ xs, int T)
 {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int mi = 0;
-#pragma unroll
-    for (int i = 1; i < CK_MULTI_MAX; i++) if (i < S.nm && (int)blockIdx.x >= S.m[i].blk0) mi = i;
+    int mi = gv_pick(S);
     const uint8_t *W = S.m[mi].W;
     int n_out = S.m[mi].n_out;
     int r = ((int)blockIdx.x - S.m[mi].blk0) * (4 / K) + warp / K, part = warp % K;
@@ -628,36 +646,7 @@ __global__ void __launch_bounds__(128) k_gemv_q4k(const gv_set S, size_t rb, int
             acc[t] = q4k_unit(acc[t], dx0, d0, dot0, mm0, s0, dx1, d1, dot1, mm1, s1);
         }
     }
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-        float s = acc[t];
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        acc[t] = s;
-    }
-    if (K > 1) {
-        __shared__ float red[4][NT];
-        if (lane == 0) {
-#pragma unroll
-            for (int t = 0; t < NT; t++) red[warp][t] = acc[t];
-        }
-        __syncthreads();
-        if (part != 0) return;
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-            float v = 0.f;
-#pragma unroll
-            for (int k = 0; k < K; k++) v += red[warp + k][t];
-            acc[t] = v;
-        }
-    }
-    if (live && lane < T) {
-        float v = 0.f;
-#pragma unroll
-        for (int t = 0; t < NT; t++) if (t == lane) v = acc[t];
-        const float *bias = S.m[mi].bias;
-        S.m[mi].out[(size_t)lane * n_out + r] = v + (bias ? bias[r] : 0.f);
-    }
+    gv_finish<NT, K>(acc, warp, lane, part, live, r, T, S.m[mi]);
 }
 
 /* q8_0 (repacked): lane takes one 32-value block: 32 quant bytes, one scale */
@@ -666,9 +655,7 @@ __global__ void __launch_bounds__(128) k_gemv_q8(const gv_set S, size_t rb, int 
                                                  const float *__restrict__ xd, int T)
 {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int mi = 0;
-#pragma unroll
-    for (int i = 1; i < CK_MULTI_MAX; i++) if (i < S.nm && (int)blockIdx.x >= S.m[i].blk0) mi = i;
+    int mi = gv_pick(S);
     const uint8_t *W = S.m[mi].W;
     int n_out = S.m[mi].n_out;
     int r = ((int)blockIdx.x - S.m[mi].blk0) * (4 / K) + warp / K, part = warp % K;
@@ -702,36 +689,7 @@ __global__ void __launch_bounds__(128) k_gemv_q8(const gv_set S, size_t rb, int 
             acc[t] = q8_unit(acc[t], dw, __ldg(xd + (size_t)t * (n / 32) + c), dot);
         }
     }
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-        float s = acc[t];
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        acc[t] = s;
-    }
-    if (K > 1) {
-        __shared__ float red[4][NT];
-        if (lane == 0) {
-#pragma unroll
-            for (int t = 0; t < NT; t++) red[warp][t] = acc[t];
-        }
-        __syncthreads();
-        if (part != 0) return;
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-            float v = 0.f;
-#pragma unroll
-            for (int k = 0; k < K; k++) v += red[warp + k][t];
-            acc[t] = v;
-        }
-    }
-    if (live && lane < T) {
-        float v = 0.f;
-#pragma unroll
-        for (int t = 0; t < NT; t++) if (t == lane) v = acc[t];
-        const float *bias = S.m[mi].bias;
-        S.m[mi].out[(size_t)lane * n_out + r] = v + (bias ? bias[r] : 0.f);
-    }
+    gv_finish<NT, K>(acc, warp, lane, part, live, r, T, S.m[mi]);
 }
 
 /* ---------------- int8 GEMV for decode (1-2 tokens): several rows per group ----------------
@@ -745,9 +703,7 @@ __global__ void __launch_bounds__(128) k_gemv_mr(const gv_set S, size_t rb, int 
                                                  const float *__restrict__ xd, const int *__restrict__ xs, int T)
 {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int mi = 0;
-#pragma unroll
-    for (int i = 1; i < CK_MULTI_MAX; i++) if (i < S.nm && (int)blockIdx.x >= S.m[i].blk0) mi = i;
+    int mi = gv_pick(S);
     const uint8_t *W = S.m[mi].W;
     int n_out = S.m[mi].n_out;
     int r0 = (((int)blockIdx.x - S.m[mi].blk0) * (4 / K) + warp / K) * R, part = warp % K;
@@ -926,9 +882,7 @@ __global__ void __launch_bounds__(MQ_WARPS * 32) k_mmq(const gv_set S, size_t rb
                                                       int tp)
 {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-    int mi = 0;
-#pragma unroll
-    for (int i = 1; i < CK_MULTI_MAX; i++) if (i < S.nm && (int)blockIdx.x >= S.m[i].blk0) mi = i;
+    int mi = gv_pick(S);
     const uint8_t *W = S.m[mi].W;
     int n_out = S.m[mi].n_out;
     int r0 = ((int)blockIdx.x - S.m[mi].blk0) * MQ_ROWS;
