@@ -127,7 +127,7 @@ $(LIBPROTO): $(PROTO_OBJ)
 $(LIBENGINE): $(ENGINE_OBJ) $(CUDA_OBJ)
 	@mkdir -p $(dir $@); rm -f $@; ar rcs $@ $^
 
-$(O)/shaders/%.o: shaders/%.cu shaders/%.h
+$(O)/shaders/%.o: shaders/%.cu shaders/%.h shaders/cuda_launch.cuh
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -I. -gencode arch=compute_$(CUDA_ARCH),code=sm_$(CUDA_ARCH) -Xcompiler -fPIC -c $< -o $@
 

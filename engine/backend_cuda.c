@@ -373,14 +373,20 @@ static int att_room(cu_be *c, const be_batch *bt)
     return 0;
 }
 
-/* Blocks per (token, head): several for short batches (flash-decoding). */
-static int att_blocks(cu_be *c, int T, int n_head, int head_dim)
+/* Blocks per (token, head): several for short batches (flash-decoding),
+ * no more than keep each block's warps on a span of the longest token. */
+static int att_blocks(cu_be *c, const be_batch *bt, int n_head, int head_dim)
 {
-    int work = T * n_head, want = 2 * c->n_sm;
+    int T = bt->T, work = T * n_head, want = 2 * c->n_sm, ns = 1;
     if (work >= want || c->att_maxs < 2) return 1;
     if ((size_t)work * c->att_maxs * (size_t)(head_dim + 2) > c->part_cap) return 1;
-    int g = (want + work - 1) / work;
-    return g > c->att_maxs ? c->att_maxs : g;
+    for (int t = 0; t < T; t++) {
+        int n = (bt->pos[t] + CK_ATT_SPAN) / CK_ATT_SPAN;
+        if (n > ns) ns = n;
+    }
+    int g = (want + work - 1) / work, gs = (ns + CK_ATT_WARPS - 1) / CK_ATT_WARPS;
+    if (g > gs) g = gs;
+    return g > c->att_maxs ? c->att_maxs : g < 1 ? 1 : g;
 }
 
 static int decode_shape(int T, const int32_t *out_idx, int n_out)
@@ -688,7 +694,7 @@ static void cu_attention(be *b, const float *q, const void *kc, const void *vc, 
 {
     cu_be *c = (cu_be *)b;
     use_batch(c, bt);
-    int G = att_room(c, bt) ? 1 : att_blocks(c, bt->T, n_head, head_dim);
+    int G = att_room(c, bt) ? 1 : att_blocks(c, bt, n_head, head_dim);
     void *xq = head_dim % 32 == 0 ? quant_ahead(c, out, bt->T, n_head * head_dim) : (tag_clear(c), NULL);
     ck_attention(c->st, q, kc, vc, b->kv_elt == 2, d_pos(c), d_off(c), d_pages(c), bt->T, n_head, n_head_kv,
                  head_dim, out, c->part, G, c->att_maxs, xq);

@@ -5,6 +5,8 @@
 #include "shaders/cuda_kernels.h"
 
 #include <cuda_fp16.h>
+#include "shaders/cuda_launch.cuh"
+
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -395,6 +397,7 @@ __device__ __forceinline__ void dq8(const uint8_t *__restrict__ row, int g, int 
 template <int TY>
 __global__ void k_embed(const uint8_t *W, size_t rb, int n, const int32_t *ids, float *out)
 {
+    pdl_begin();
     int t = blockIdx.y;
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c * 32 >= n) return;
@@ -464,6 +467,7 @@ __device__ __forceinline__ void gv_finish(float (&acc)[NT], int warp, int lane, 
 template <int TY, int NT, int K>
 __global__ void __launch_bounds__(128) k_gemv(const gv_set S, size_t rb, int n, const float *__restrict__ x, int T)
 {
+    pdl_begin();
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int mi = gv_pick(S);
     const uint8_t *W = S.m[mi].W;
@@ -559,6 +563,7 @@ __device__ __forceinline__ void quant_block(float v, int lane, size_t b, const x
 /* a warp per 32-value block; rows are whole blocks: n % 32 == 0 */
 __global__ void k_quant_x(const float *__restrict__ x, size_t nb_total, xq_lay L)
 {
+    pdl_begin();
     size_t b = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
     if (b >= nb_total) return;   /* whole warps */
@@ -582,12 +587,37 @@ __device__ __forceinline__ float q8_unit(float acc, float dw, float dx, int dot)
 
 /* Warps per row (K) of every int8 GEMV: a function of the units per row
  * only, since the lane -> unit split and the reduction depend on it. */
-static inline int gv_warps(int nu) { return nu >= 256 ? 4 : nu >= 64 ? 2 : 1; }
+static int env_int(const char *name, int dflt);
+static inline int gv_warps(int nu)
+{
+    static int kmax = -1;   /* ANE_CUDA_GEMV_KMAX: a lower cap, for tuning (every kernel alike) */
+    if (kmax < 0) kmax = env_int("ANE_CUDA_GEMV_KMAX", 4);
+    int k = nu >= 256 ? 4 : nu >= 64 ? 2 : 1;
+    return k > kmax ? (kmax >= 2 ? 2 : 1) : k;
+}
 
 __device__ __forceinline__ int byte_of3(uint4 h, int k)   /* byte k (0..11) of h.y, h.z, h.w */
 {
     uint32_t w = k < 4 ? h.y : k < 8 ? h.z : h.w;
     return (int)((w >> (8 * (k & 3))) & 0xFF);
+}
+
+/* q4_K scales of pair j (0..3) of a super-block with header h, as q4k_unit takes them */
+__device__ __forceinline__ void q4k_scales(uint4 h, int j, float &d0, float &d1, float &mm0, float &mm1)
+{
+    int c0 = 2 * j, c1 = 2 * j + 1, sc0, m0, sc1, m1;
+    float d = __half2float(__ushort_as_half((unsigned short)(h.x & 0xffff)));
+    float dm = __half2float(__ushort_as_half((unsigned short)(h.x >> 16)));
+    if (j < 2) {
+        sc0 = byte_of3(h, c0) & 63; m0 = byte_of3(h, c0 + 4) & 63;
+        sc1 = byte_of3(h, c1) & 63; m1 = byte_of3(h, c1 + 4) & 63;
+    } else {
+        sc0 = (byte_of3(h, c0 + 4) & 0xF) | ((byte_of3(h, c0 - 4) >> 6) << 4);
+        m0 = (byte_of3(h, c0 + 4) >> 4) | ((byte_of3(h, c0) >> 6) << 4);
+        sc1 = (byte_of3(h, c1 + 4) & 0xF) | ((byte_of3(h, c1 - 4) >> 6) << 4);
+        m1 = (byte_of3(h, c1 + 4) >> 4) | ((byte_of3(h, c1) >> 6) << 4);
+    }
+    d0 = d * (float)sc0; d1 = d * (float)sc1; mm0 = dm * (float)m0; mm1 = dm * (float)m1;
 }
 
 /* q4_K: lane takes one 64-value pair of a super-block (16-byte header and
@@ -596,6 +626,7 @@ template <int NT, int K>
 __global__ void __launch_bounds__(128) k_gemv_q4k(const gv_set S, size_t rb, int n, const int8_t *__restrict__ xq,
                                                   const float *__restrict__ xd, const int *__restrict__ xs, int T)
 {
+    pdl_begin();
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int mi = gv_pick(S);
     const uint8_t *W = S.m[mi].W;
@@ -654,6 +685,7 @@ template <int NT, int K>
 __global__ void __launch_bounds__(128) k_gemv_q8(const gv_set S, size_t rb, int n, const int8_t *__restrict__ xq,
                                                  const float *__restrict__ xd, int T)
 {
+    pdl_begin();
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int mi = gv_pick(S);
     const uint8_t *W = S.m[mi].W;
@@ -692,9 +724,9 @@ __global__ void __launch_bounds__(128) k_gemv_q8(const gv_set S, size_t rb, int 
     gv_finish<NT, K>(acc, warp, lane, part, live, r, T, S.m[mi]);
 }
 
-/* ---------------- int8 GEMV for decode (1-2 tokens): several rows per group ----------------
+/* ---------------- int8 GEMV for decode batches (up to 16 tokens): several rows per group ----------------
  * A block of 4 warps holds 4/K groups of K warps; a group takes R rows. Each
- * thread loads its x units once per step and reuses them for the R rows, so
+ * thread loads its x units once per token and reuses them for the R rows, so
  * x traffic and the reduction are amortized over R rows and every thread has
  * R independent 16-byte weight loads in flight. Q4K: unit = 64-value pair of
  * a super-block (as k_gemv_q4k); else q8_0 repacked, unit = 32-value block. */
@@ -702,6 +734,7 @@ template <int NT, int R, int K, bool Q4K>
 __global__ void __launch_bounds__(128) k_gemv_mr(const gv_set S, size_t rb, int n, const int8_t *__restrict__ xq,
                                                  const float *__restrict__ xd, const int *__restrict__ xs, int T)
 {
+    pdl_begin();
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int mi = gv_pick(S);
     const uint8_t *W = S.m[mi].W;
@@ -717,7 +750,8 @@ __global__ void __launch_bounds__(128) k_gemv_mr(const gv_set S, size_t rb, int 
         for (int t = 0; t < NT; t++) acc[r][t] = 0.f;
     int nu = Q4K ? n / 64 : n / 32, nbx = n / 32;
     for (int u = lane + 32 * part; u < nu; u += 32 * K) {
-        if (Q4K) {
+        if (Q4K && NT <= 2) {
+            /* one or two tokens: x loaded with the weights, before any of them is used */
             const int j = u & 3, c0 = 2 * j, c1 = 2 * j + 1;
             uint4 h[R], q0[R], q1[R];
 #pragma unroll
@@ -769,6 +803,41 @@ __global__ void __launch_bounds__(128) k_gemv_mr(const gv_set S, size_t rb, int 
                     acc[r][t] = q4k_unit(acc[r][t], dx0[t], d0, dot0, mm0, s0[t], dx1[t], d1, dot1, mm1, s1[t]);
                 }
             }
+        } else if (Q4K) {
+            const int j = u & 3;
+            float d0[R], d1[R], mm0[R], mm1[R];
+            uint32_t qw[R][8];
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                const uint8_t *b = rows[r] + (u >> 2) * 144;
+                uint4 h = __ldg((const uint4 *)b);
+                uint4 q0 = __ldg((const uint4 *)(b + 16 + 32 * j)), q1 = __ldg((const uint4 *)(b + 32 + 32 * j));
+                q4k_scales(h, j, d0[r], d1[r], mm0[r], mm1[r]);
+                qw[r][0] = q0.x; qw[r][1] = q0.y; qw[r][2] = q0.z; qw[r][3] = q0.w;
+                qw[r][4] = q1.x; qw[r][5] = q1.y; qw[r][6] = q1.z; qw[r][7] = q1.w;
+            }
+            /* token by token: x is loaded once per unit and used for the R rows */
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                if (t >= T) break;
+                const int4 *xv = (const int4 *)(xq + (size_t)t * n + 64 * u);
+                int4 xa = __ldg(xv), xb = __ldg(xv + 1), xc = __ldg(xv + 2), xe = __ldg(xv + 3);
+                int xl[8] = { xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w };
+                int xh[8] = { xc.x, xc.y, xc.z, xc.w, xe.x, xe.y, xe.z, xe.w };
+                size_t xb0 = (size_t)t * nbx + 2 * u;
+                float dx0 = __ldg(xd + xb0), dx1 = __ldg(xd + xb0 + 1);
+                int s0 = __ldg(xs + xb0), s1 = __ldg(xs + xb0 + 1);
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    int dot0 = 0, dot1 = 0;
+#pragma unroll
+                    for (int k = 0; k < 8; k++) {
+                        dot0 = __dp4a((int)(qw[r][k] & 0x0F0F0F0Fu), xl[k], dot0);
+                        dot1 = __dp4a((int)((qw[r][k] >> 4) & 0x0F0F0F0Fu), xh[k], dot1);
+                    }
+                    acc[r][t] = q4k_unit(acc[r][t], dx0, d0[r], dot0, mm0[r], s0, dx1, d1[r], dot1, mm1[r], s1);
+                }
+            }
         } else {
             int q[R][8];
             float dw[R];
@@ -787,6 +856,7 @@ __global__ void __launch_bounds__(128) k_gemv_mr(const gv_set S, size_t rb, int 
             }
 #pragma unroll
             for (int t = 0; t < NT; t++) {
+                if (t >= T) break;
                 const int4 *xv = (const int4 *)(xq + (size_t)t * n + 32 * u);
                 int4 xa = __ldg(xv), xb = __ldg(xv + 1);
                 float dx = __ldg(xd + (size_t)t * nbx + u);
@@ -810,30 +880,32 @@ __global__ void __launch_bounds__(128) k_gemv_mr(const gv_set S, size_t rb, int 
             for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
             acc[r][t] = s;
         }
-    float v = 0.f;
+    /* (after the butterfly every lane holds every sum; lane l writes the
+     * values l, l+32, ... of the R*NT) */
+    const float *bias = S.m[mi].bias;
+    float *out = S.m[mi].out;
     if (K > 1) {
         __shared__ float red[4][R * NT];
-        if (lane == 0) {
-#pragma unroll
-            for (int r = 0; r < R; r++)
-#pragma unroll
-                for (int t = 0; t < NT; t++) red[warp][r * NT + t] = acc[r][t];
-        }
-        __syncthreads();
-        if (part != 0 || lane >= R * NT) return;
-#pragma unroll
-        for (int k = 0; k < K; k++) v += red[warp + k][lane];
-    } else {
-        if (lane >= R * NT) return;
 #pragma unroll
         for (int r = 0; r < R; r++)
 #pragma unroll
-            for (int t = 0; t < NT; t++) if (r * NT + t == lane) v = acc[r][t];
-    }
-    int r = r0 + lane / NT, t = lane % NT;
-    if (r < n_out && t < T) {
-        const float *bias = S.m[mi].bias;
-        S.m[mi].out[(size_t)t * n_out + r] = v + (bias ? bias[r] : 0.f);
+            for (int t = 0; t < NT; t++) if ((r * NT + t) % 32 == lane) red[warp][r * NT + t] = acc[r][t];
+        __syncthreads();
+        if (part != 0) return;
+        for (int i = lane; i < R * NT; i += 32) {
+            float v = 0.f;
+#pragma unroll
+            for (int k = 0; k < K; k++) v += red[warp + k][i];
+            int r = r0 + i / NT, t = i % NT;
+            if (r < n_out && t < T) out[(size_t)t * n_out + r] = v + (bias ? bias[r] : 0.f);
+        }
+    } else {
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int t = 0; t < NT; t++)
+                if ((r * NT + t) % 32 == lane && r0 + r < n_out && t < T)
+                    out[(size_t)t * n_out + r0 + r] = acc[r][t] + (bias ? bias[r0 + r] : 0.f);
     }
 }
 
@@ -859,28 +931,13 @@ __device__ __forceinline__ void mma_s8(int (&c)[4], int a0, int a1, int a2, int 
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ void q4k_scales(uint4 h, int j, float &d0, float &d1, float &mm0, float &mm1)
-{
-    int c0 = 2 * j, c1 = 2 * j + 1, sc0, m0, sc1, m1;
-    float d = __half2float(__ushort_as_half((unsigned short)(h.x & 0xffff)));
-    float dm = __half2float(__ushort_as_half((unsigned short)(h.x >> 16)));
-    if (j < 2) {
-        sc0 = byte_of3(h, c0) & 63; m0 = byte_of3(h, c0 + 4) & 63;
-        sc1 = byte_of3(h, c1) & 63; m1 = byte_of3(h, c1 + 4) & 63;
-    } else {
-        sc0 = (byte_of3(h, c0 + 4) & 0xF) | ((byte_of3(h, c0 - 4) >> 6) << 4);
-        m0 = (byte_of3(h, c0 + 4) >> 4) | ((byte_of3(h, c0) >> 6) << 4);
-        sc1 = (byte_of3(h, c1 + 4) & 0xF) | ((byte_of3(h, c1 - 4) >> 6) << 4);
-        m1 = (byte_of3(h, c1 + 4) >> 4) | ((byte_of3(h, c1) >> 6) << 4);
-    }
-    d0 = d * (float)sc0; d1 = d * (float)sc1; mm0 = dm * (float)m0; mm1 = dm * (float)m1;
-}
 
 template <int J, bool Q4K>
 __global__ void __launch_bounds__(MQ_WARPS * 32) k_mmq(const gv_set S, size_t rb, int n, const int8_t *__restrict__ xq,
                                                       const float *__restrict__ xd, const int *__restrict__ xs, int T,
                                                       int tp)
 {
+    pdl_begin();
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     int mi = gv_pick(S);
     const uint8_t *W = S.m[mi].W;
@@ -974,6 +1031,7 @@ __global__ void __launch_bounds__(MQ_WARPS * 32) k_mmq(const gv_set S, size_t rb
 /* GGUF q8_0 rows (34-byte blocks) -> a row's 32-byte quant blocks, then its f16 scales */
 __global__ void k_repack_q8_0(const uint8_t *src, uint8_t *dst, size_t rb, int n, int n_out)
 {
+    pdl_begin();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     int nb = n / 32;
     if (i >= (size_t)nb * n_out) return;
@@ -990,6 +1048,7 @@ __global__ void k_repack_q8_0(const uint8_t *src, uint8_t *dst, size_t rb, int n
 template <int TY>
 __global__ void k_dequant_f32(const uint8_t *W, size_t rb, int n, int n_out, float *dst)
 {
+    pdl_begin();
     int nc = (n + 31) / 32;
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)nc * n_out) return;
@@ -1005,6 +1064,7 @@ __global__ void k_dequant_f32(const uint8_t *W, size_t rb, int n, int n_out, flo
 template <int TY>
 __global__ void k_dequant_f16(const uint8_t *W, size_t rb, int n, int n_out, __half *dst)
 {
+    pdl_begin();
     int nc = (n + 31) / 32;
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)nc * n_out) return;
@@ -1026,12 +1086,14 @@ __global__ void k_dequant_f16(const uint8_t *W, size_t rb, int n, int n_out, __h
 
 __global__ void k_f32_to_f16(const float *x, size_t n, __half *dst)
 {
+    pdl_begin();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) dst[i] = __float2half_rn(fminf(fmaxf(x[i], -65504.f), 65504.f));
 }
 
 __global__ void k_add_bias(float *out, const float *bias, int T, int n_out)
 {
+    pdl_begin();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < (size_t)T * n_out) out[i] += bias[i % n_out];
 }
@@ -1040,6 +1102,7 @@ __global__ void k_add_bias(float *out, const float *bias, int T, int n_out)
 
 __global__ void k_add(float *x, const float *y, size_t n)
 {
+    pdl_begin();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] += y[i];
 }
@@ -1049,6 +1112,7 @@ __device__ __forceinline__ float silu_mul1(float a, float u) { return a / (1.0f 
 /* qx.q: also the int8 form of out (rows of whole blocks: n % 32 == 0) */
 __global__ void k_silu_mul(const float *g, const float *u, size_t n, float *out, xq_lay qx)
 {
+    pdl_begin();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;   /* whole warps when quantizing */
     float v = silu_mul1(g[i], u[i]);
@@ -1087,6 +1151,7 @@ __device__ __forceinline__ void norm_out(const float *xr, const float *w, int n,
 
 __global__ void k_rmsnorm(const float *x, const float *w, int n, float eps, float *out, xq_lay qx)
 {
+    pdl_begin();
     const float *xr = x + (size_t)blockIdx.x * n;
     float *o = out + (size_t)blockIdx.x * n;
     float ss = 0.f;
@@ -1098,6 +1163,7 @@ __global__ void k_rmsnorm(const float *x, const float *w, int n, float eps, floa
 __global__ void k_add_rmsnorm(float *x, const float *y, const float *w, int n, float eps, float *out,
                               xq_lay qx)
 {
+    pdl_begin();
     float *xr = x + (size_t)blockIdx.x * n;
     const float *yr = y + (size_t)blockIdx.x * n;
     float *o = out + (size_t)blockIdx.x * n;
@@ -1134,6 +1200,7 @@ __device__ __forceinline__ void rope_pair(float *v, int i, int half, int neox, f
 __global__ void k_rope(float *x, const int32_t *pos, int n_heads, int hd, int n_rot, float base, int neox,
                        const float *fd)
 {
+    pdl_begin();
     __shared__ float cs[512], sn[512];
     int t = blockIdx.x, half = n_rot / 2;
     for (int i = threadIdx.x; i < half; i += blockDim.x) rope_cs(pos[t], i, n_rot, base, fd, cs[i], sn[i]);
@@ -1159,6 +1226,7 @@ __device__ __forceinline__ void kv_put(void *c, int f16, size_t s, float v)
 __global__ void k_kv_store(void *kc, void *vc, int f16, const int32_t *pos, const int32_t *off,
                            const int32_t *pages, int kv_dim, const float *k, const float *v)
 {
+    pdl_begin();
     int t = blockIdx.y, i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= kv_dim) return;
     size_t s = kv_slot(off, pages, t, pos[t]) * (size_t)kv_dim + i;
@@ -1173,6 +1241,7 @@ __global__ void k_rope_kv(float *q, float *k, const float *v, void *kc, void *vc
                           const int32_t *off, const int32_t *pages, int n_head, int n_head_kv, int hd, int n_rot,
                           float base, int neox, const float *fd)
 {
+    pdl_begin();
     int t = blockIdx.x, h = blockIdx.y, half = n_rot / 2, p = pos[t];
     int isk = h >= n_head, hh = isk ? h - n_head : h;
     float *x = isk ? k + ((size_t)t * n_head_kv + hh) * hd : q + ((size_t)t * n_head + hh) * hd;
@@ -1194,16 +1263,19 @@ __global__ void k_rope_kv(float *q, float *k, const float *v, void *kc, void *vc
 }
 
 /* ---------------- attention ----------------
- * A token's positions are taken in spans of ATT_SPAN. A span's partial
- * (max, sum, weighted values) comes from one block of 4 warps (warp w takes
- * positions start+w, +4, ...; lane l holds dims l, l+32, ...; the warps are
- * merged in shared memory), and a token's spans are merged in span order by
- * one online step, wherever they were computed: all in one block, or spread
- * over G blocks for short batches (flash-decoding: partials in `part`, then
- * k_att_merge). The arithmetic of a token is therefore the same whatever
- * batch it is in and however its spans are spread (batch invariance);
- * products are rounded explicitly so no kernel contracts them differently. */
-#define ATT_WARPS 4
+ * A token's positions are taken in spans of CK_ATT_SPAN (32). A span's
+ * partial (max, sum, weighted values) comes from one warp: lane l scores
+ * position start+l (a whole dot product per lane, q from shared memory),
+ * the warp takes the span's max and sum, then lane l accumulates dims l,
+ * l+32, ... over the span's positions in order. A token's spans are merged
+ * in span order by one online step, wherever they were computed: in one
+ * block (its warps take spans side by side, merged round by round), or
+ * spread over G blocks for short batches (flash-decoding: partials in
+ * `part`, then k_att_merge). The arithmetic of a token is therefore the
+ * same whatever batch it is in and however its spans are spread (batch
+ * invariance); products are rounded explicitly so no kernel contracts them
+ * differently. */
+#define ATT_WARPS CK_ATT_WARPS
 #define ATT_DPT 2     /* dims per thread in the merges: head_dim <= 256 */
 
 __device__ __forceinline__ void att_merge_step(float &M, float &L, float (&A)[ATT_DPT], float m, float l,
@@ -1217,100 +1289,173 @@ __device__ __forceinline__ void att_merge_step(float &M, float &L, float (&A)[AT
     M = mn;
 }
 
+/* ND consecutive cache values from element i, of which the first nv are
+ * real (the rest 0); vec: i and ND even, read in pairs (else one by one,
+ * since i may be odd when hd % ND != 0) */
 template <int ND, int F16>
-__device__ __forceinline__ void att_span(const float (&qr)[ND], const void *kc, const void *vc, const int32_t *off,
-                                         const int32_t *pages, int t, size_t kvo, int kvd, int hd, float scale,
-                                         int p0, int p1, float &sM, float &sL, float (&sa)[ATT_DPT],
-                                         float (*sm_acc)[ND * 32], float *sm_m, float *sm_l)
+__device__ __forceinline__ void att_load(const void *c, size_t i, int nv, bool vec, float (&v)[ND])
 {
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    float acc[ND], mx = -INFINITY, sum = 0.f;
+    if (F16 && ND % 2 == 0 && vec) {
+        const __half2 *p = (const __half2 *)((const __half *)c + i);
 #pragma unroll
-    for (int i = 0; i < ND; i++) acc[i] = 0.f;
-    for (int p = p0 + warp; p < p1; p += ATT_WARPS) {
-        size_t base = kv_slot(off, pages, t, p) * (size_t)kvd + kvo;
-        float sc = 0.f, vv[ND];
-#pragma unroll
-        for (int i = 0; i < ND; i++) {
-            int d = lane + 32 * i;
-            float kx = 0.f, vx = 0.f;
-            if (d < hd) {
-                if (F16) { kx = __half2float(((const __half *)kc)[base + d]); vx = __half2float(((const __half *)vc)[base + d]); }
-                else { kx = ((const float *)kc)[base + d]; vx = ((const float *)vc)[base + d]; }
-            }
-            sc = __fmaf_rn(qr[i], kx, sc);
-            vv[i] = vx;
+        for (int k = 0; k < ND; k += 2) {
+            float2 f = __half22float2(p[k / 2]);
+            v[k] = f.x; v[k + 1] = f.y;
         }
+    } else if (F16) {
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) sc = __fadd_rn(sc, __shfl_xor_sync(0xffffffffu, sc, o));
-        sc = __fmul_rn(sc, scale);
-        if (sc > mx) {
-            float r = expf(mx - sc);
+        for (int k = 0; k < ND; k++) v[k] = k < nv ? __half2float(((const __half *)c)[i + k]) : 0.f;
+    } else {
 #pragma unroll
-            for (int i = 0; i < ND; i++) acc[i] = __fmul_rn(acc[i], r);
-            sum = __fmul_rn(sum, r);
-            mx = sc;
-        }
-        float e = expf(sc - mx);
-        sum = __fadd_rn(sum, e);
-#pragma unroll
-        for (int i = 0; i < ND; i++) acc[i] = __fmaf_rn(e, vv[i], acc[i]);
+        for (int k = 0; k < ND; k++) v[k] = k < nv ? ((const float *)c)[i + k] : 0.f;
     }
-    __syncthreads();   /* the previous span's readers are done with the shared arrays */
-    if (lane == 0) { sm_m[warp] = mx; sm_l[warp] = sum; }
-#pragma unroll
-    for (int i = 0; i < ND; i++) sm_acc[warp][lane + 32 * i] = acc[i];
-    __syncthreads();
-    float M = -INFINITY, L = 0.f;
-    for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, sm_m[w]);
-    for (int w = 0; w < ATT_WARPS; w++) if (sm_m[w] > -INFINITY) L = __fmaf_rn(sm_l[w], expf(sm_m[w] - M), L);
-#pragma unroll
-    for (int i = 0; i < ATT_DPT; i++) {
-        int d = threadIdx.x + 128 * i;
-        float a = 0.f;
-        if (d < hd)
-            for (int w = 0; w < ATT_WARPS; w++)
-                if (sm_m[w] > -INFINITY) a = __fmaf_rn(sm_acc[w][d], expf(sm_m[w] - M), a);
-        sa[i] = a;
-    }
-    sM = M; sL = L;
 }
 
-/* Block (token*head, y) of G. G == 1 or a one-span token: every span here,
- * merged, written to out. Else spans y, y+G, ... to part (maxs per row). */
+/* One step of a warp's reduce-scatter of 32 values per lane: after the
+ * step of width O a lane keeps the O sums of the half of the indices its
+ * bit O selects (constant indices: the values stay in registers). */
+template <int O>
+__device__ __forceinline__ void att_rs(float (&ps)[32], int lane)
+{
+    bool up = lane & O;
+#pragma unroll
+    for (int i = 0; i < O; i++) {
+        float keep = up ? ps[i + O] : ps[i], send = up ? ps[i] : ps[i + O];
+        ps[i] = __fadd_rn(keep, __shfl_xor_sync(0xffffffffu, send, O));
+    }
+}
+
+/* The span [p0, p1) of token t (p0 % 32 == 0, 1..32 positions: two cache
+ * pages), by the calling warp. Lane l holds dims ND*l .. ND*l+ND-1 of q,
+ * of each K and V row read (a warp reads a row as one contiguous piece),
+ * and of the result a. The 32 partial dot products of a lane are summed
+ * across the warp by a reduce-scatter (31 shuffles), after which lane j
+ * holds the score of position p0+j. */
 template <int ND, int F16>
-__global__ void __launch_bounds__(128) k_attention(const float *q, const void *kc, const void *vc,
+__device__ __forceinline__ void att_span(const float *qs, const void *kc, const void *vc, const int32_t *off,
+                                         const int32_t *pages, int t, size_t kvo, int kvd, int hd, float scale,
+                                         int p0, int p1, float &m, float &l, float (&a)[ND])
+{
+    int lane = threadIdx.x & 31, np = p1 - p0, d0 = ND * lane;
+    bool dl = d0 < hd;
+    int nv = min(ND, hd - d0);   /* dims of this lane below hd */
+    bool vec = hd % ND == 0;
+    size_t rowA = (size_t)pages[off[t] + p0 / 16] * 16;
+    size_t rowB = np > 16 ? (size_t)pages[off[t] + p0 / 16 + 1] * 16 : rowA;
+    float qv[ND];
+#pragma unroll
+    for (int k = 0; k < ND; k++) qv[k] = dl && k < nv ? qs[d0 + k] : 0.f;
+    float ps[32];
+#pragma unroll
+    for (int j0 = 0; j0 < 32; j0 += 16) {
+        float kv[16][ND];
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            int jj = j0 + j;
+            size_t row = jj < np ? (jj < 16 ? rowA + jj : rowB + (jj - 16)) : rowA;
+#pragma unroll
+            for (int k = 0; k < ND; k++) kv[j][k] = 0.f;
+            if (dl) att_load<ND, F16>(kc, row * (size_t)kvd + kvo + d0, nv, vec, kv[j]);
+        }
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            float d = 0.f;
+#pragma unroll
+            for (int k = 0; k < ND; k++) d = __fmaf_rn(qv[k], kv[j][k], d);
+            ps[j0 + j] = d;
+        }
+    }
+    att_rs<16>(ps, lane);
+    att_rs<8>(ps, lane);
+    att_rs<4>(ps, lane);
+    att_rs<2>(ps, lane);
+    att_rs<1>(ps, lane);
+    bool live = lane < np;
+    float sc = live ? __fmul_rn(ps[0], scale) : -INFINITY;
+    float mx = sc;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float e = live && mx > -INFINITY ? expf(sc - mx) : 0.f, sum = e;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, o));
+#pragma unroll
+    for (int k = 0; k < ND; k++) a[k] = 0.f;
+#pragma unroll
+    for (int j0 = 0; j0 < 32; j0 += 16) {
+        if (j0 >= np) break;
+        float vv[16][ND];
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            int jj = j0 + j;
+            size_t row = jj < np ? (jj < 16 ? rowA + jj : rowB + (jj - 16)) : rowA;
+#pragma unroll
+            for (int k = 0; k < ND; k++) vv[j][k] = 0.f;
+            if (dl) att_load<ND, F16>(vc, row * (size_t)kvd + kvo + d0, nv, vec, vv[j]);
+        }
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            float ej = __shfl_sync(0xffffffffu, e, j0 + j);
+            if (j0 + j < np) {
+#pragma unroll
+                for (int k = 0; k < ND; k++) a[k] = __fmaf_rn(ej, vv[j][k], a[k]);
+            }
+        }
+    }
+    m = mx;
+    l = sum;
+}
+
+/* Block (token*head, y) of G, ATT_WARPS warps. G == 1 or a one-span token:
+ * every span here, merged, written to out. Else warp w of block y takes
+ * spans y + G*w, y + G*(w + ATT_WARPS), ... to part (maxs per row). */
+template <int ND, int F16>
+__global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const float *q, const void *kc, const void *vc,
                                                    const int32_t *pos, const int32_t *off, const int32_t *pages,
                                                    int n_head, int n_head_kv, int hd, float *out, float *part,
                                                    int G, int maxs, xq_lay qx)
 {
+    pdl_begin();
     int th = blockIdx.x, t = th / n_head, h = th % n_head, y = blockIdx.y;
-    int lane = threadIdx.x & 31;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int kvh = h / (n_head / n_head_kv), kvd = n_head_kv * hd;
     int len = pos[t] + 1, ns = (len + CK_ATT_SPAN - 1) / CK_ATT_SPAN;
     if ((G == 1 || ns == 1) && y != 0) return;
-    const float *qt = q + (size_t)th * hd;
-    float qr[ND];
-    float scale = 1.0f / sqrtf((float)hd);
-#pragma unroll
-    for (int i = 0; i < ND; i++) {
-        int d = lane + 32 * i;
-        float v = d < hd ? qt[d] : 0.f;
-        if (F16) v = __half2float(__float2half_rn(v));
-        qr[i] = v;
-    }
+    __shared__ float qs[ND * 32];
     __shared__ float sm_m[ATT_WARPS], sm_l[ATT_WARPS];
-    __shared__ float sm_acc[ATT_WARPS][ND * 32];
-    float sM, sL, sa[ATT_DPT];
+    __shared__ float sm_a[ATT_WARPS][ND * 32];
+    const float *qt = q + (size_t)th * hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float v = qt[d];
+        qs[d] = F16 ? __half2float(__float2half_rn(v)) : v;
+    }
+    __syncthreads();
+    float scale = 1.0f / sqrtf((float)hd);
     size_t kvo = (size_t)kvh * hd;
+    float m, l, a[ND];
     if (G == 1 || ns == 1) {
         float M = -INFINITY, L = 0.f, A[ATT_DPT];
 #pragma unroll
         for (int i = 0; i < ATT_DPT; i++) A[i] = 0.f;
-        for (int s = 0; s < ns; s++) {
-            att_span<ND, F16>(qr, kc, vc, off, pages, t, kvo, kvd, hd, scale, s * CK_ATT_SPAN,
-                              min(len, (s + 1) * CK_ATT_SPAN), sM, sL, sa, sm_acc, sm_m, sm_l);
-            att_merge_step(M, L, A, sM, sL, sa);
+        for (int s0 = 0; s0 < ns; s0 += ATT_WARPS) {
+            int s = s0 + warp;
+            if (s < ns) {
+                att_span<ND, F16>(qs, kc, vc, off, pages, t, kvo, kvd, hd, scale, s * CK_ATT_SPAN,
+                                  min(len, (s + 1) * CK_ATT_SPAN), m, l, a);
+                if (lane == 0) { sm_m[warp] = m; sm_l[warp] = l; }
+#pragma unroll
+                for (int k = 0; k < ND; k++) sm_a[warp][ND * lane + k] = a[k];
+            }
+            __syncthreads();
+            for (int w = 0; w < ATT_WARPS && s0 + w < ns; w++) {
+                float aw[ATT_DPT];
+#pragma unroll
+                for (int i = 0; i < ATT_DPT; i++) {
+                    int d = threadIdx.x + 128 * i;
+                    aw[i] = d < hd ? sm_a[w][d] : 0.f;
+                }
+                att_merge_step(M, L, A, sm_m[w], sm_l[w], aw);
+            }
+            __syncthreads();   /* the merges are done with the shared arrays */
         }
 #pragma unroll
         for (int i = 0; i < ATT_DPT; i++) {
@@ -1323,16 +1468,14 @@ __global__ void __launch_bounds__(128) k_attention(const float *q, const void *k
         }
         return;
     }
-    for (int s = y; s < ns; s += G) {
-        att_span<ND, F16>(qr, kc, vc, off, pages, t, kvo, kvd, hd, scale, s * CK_ATT_SPAN,
-                          min(len, (s + 1) * CK_ATT_SPAN), sM, sL, sa, sm_acc, sm_m, sm_l);
+    for (int s = y + G * warp; s < ns; s += G * ATT_WARPS) {
+        att_span<ND, F16>(qs, kc, vc, off, pages, t, kvo, kvd, hd, scale, s * CK_ATT_SPAN,
+                          min(len, (s + 1) * CK_ATT_SPAN), m, l, a);
         float *pp = part + ((size_t)th * maxs + s) * (hd + 2);
-        if (threadIdx.x == 0) { pp[0] = sM; pp[1] = sL; }
+        if (lane == 0) { pp[0] = m; pp[1] = l; }
 #pragma unroll
-        for (int i = 0; i < ATT_DPT; i++) {
-            int d = threadIdx.x + 128 * i;
-            if (d < hd) pp[2 + d] = sa[i];
-        }
+        for (int k = 0; k < ND; k++)
+            if (ND * lane + k < hd) pp[2 + ND * lane + k] = a[k];
     }
 }
 
@@ -1340,6 +1483,7 @@ __global__ void __launch_bounds__(128) k_attention(const float *q, const void *k
 __global__ void k_att_merge(const float *part, const int32_t *pos, int n_head, int hd, int maxs, float *out,
                             xq_lay qx)
 {
+    pdl_begin();
     int th = blockIdx.x, t = th / n_head;
     int ns = (pos[t] + 1 + CK_ATT_SPAN - 1) / CK_ATT_SPAN;
     if (ns <= 1) return;
@@ -1368,6 +1512,7 @@ __global__ void k_att_merge(const float *part, const int32_t *pos, int n_head, i
 
 __global__ void k_argmax(const float *x, int n, int32_t *ids)
 {
+    pdl_begin();
     const float *r = x + (size_t)blockIdx.x * n;
     float best = -INFINITY;
     int bi = 0x7fffffff;
@@ -1418,11 +1563,11 @@ static void gemv_k(cudaStream_t st, gv_set S, size_t rb, int n, const float *x, 
     unsigned g = 0;
     for (int i = 0; i < S.nm; i++) { S.m[i].blk0 = (int)g; g += nblk(S.m[i].n_out, 4 / K); }
     switch (T) {
-    case 1: k_gemv<TY, 1, K><<<g, 128, 0, st>>>(S, rb, n, x, T); break;
-    case 2: k_gemv<TY, 2, K><<<g, 128, 0, st>>>(S, rb, n, x, T); break;
-    case 3: case 4: k_gemv<TY, 4, K><<<g, 128, 0, st>>>(S, rb, n, x, T); break;
-    case 5: case 6: case 7: case 8: k_gemv<TY, 8, K><<<g, 128, 0, st>>>(S, rb, n, x, T); break;
-    default: k_gemv<TY, 16, K><<<g, 128, 0, st>>>(S, rb, n, x, T); break;
+    case 1: lk(k_gemv<TY, 1, K>, g, 128, 0, st, S, rb, n, x, T); break;
+    case 2: lk(k_gemv<TY, 2, K>, g, 128, 0, st, S, rb, n, x, T); break;
+    case 3: case 4: lk(k_gemv<TY, 4, K>, g, 128, 0, st, S, rb, n, x, T); break;
+    case 5: case 6: case 7: case 8: lk(k_gemv<TY, 8, K>, g, 128, 0, st, S, rb, n, x, T); break;
+    default: lk(k_gemv<TY, 16, K>, g, 128, 0, st, S, rb, n, x, T); break;
     }
 }
 
@@ -1433,11 +1578,11 @@ static void gemv_qk(cudaStream_t st, gv_set S, size_t rb, int n, const int8_t *x
     unsigned g = 0;
     for (int i = 0; i < S.nm; i++) { S.m[i].blk0 = (int)g; g += nblk(S.m[i].n_out, 4 / K); }
     switch (T) {
-    case 1: k_gemv_q4k<1, K><<<g, 128, 0, st>>>(S, rb, n, xq, xd, xs, T); break;
-    case 2: k_gemv_q4k<2, K><<<g, 128, 0, st>>>(S, rb, n, xq, xd, xs, T); break;
-    case 3: case 4: k_gemv_q4k<4, K><<<g, 128, 0, st>>>(S, rb, n, xq, xd, xs, T); break;
-    case 5: case 6: case 7: case 8: k_gemv_q4k<8, K><<<g, 128, 0, st>>>(S, rb, n, xq, xd, xs, T); break;
-    default: k_gemv_q4k<16, K><<<g, 128, 0, st>>>(S, rb, n, xq, xd, xs, T); break;
+    case 1: lk(k_gemv_q4k<1, K>, g, 128, 0, st, S, rb, n, xq, xd, xs, T); break;
+    case 2: lk(k_gemv_q4k<2, K>, g, 128, 0, st, S, rb, n, xq, xd, xs, T); break;
+    case 3: case 4: lk(k_gemv_q4k<4, K>, g, 128, 0, st, S, rb, n, xq, xd, xs, T); break;
+    case 5: case 6: case 7: case 8: lk(k_gemv_q4k<8, K>, g, 128, 0, st, S, rb, n, xq, xd, xs, T); break;
+    default: lk(k_gemv_q4k<16, K>, g, 128, 0, st, S, rb, n, xq, xd, xs, T); break;
     }
 }
 
@@ -1447,11 +1592,11 @@ static void gemv_q8k(cudaStream_t st, gv_set S, size_t rb, int n, const int8_t *
     unsigned g = 0;
     for (int i = 0; i < S.nm; i++) { S.m[i].blk0 = (int)g; g += nblk(S.m[i].n_out, 4 / K); }
     switch (T) {
-    case 1: k_gemv_q8<1, K><<<g, 128, 0, st>>>(S, rb, n, xq, xd, T); break;
-    case 2: k_gemv_q8<2, K><<<g, 128, 0, st>>>(S, rb, n, xq, xd, T); break;
-    case 3: case 4: k_gemv_q8<4, K><<<g, 128, 0, st>>>(S, rb, n, xq, xd, T); break;
-    case 5: case 6: case 7: case 8: k_gemv_q8<8, K><<<g, 128, 0, st>>>(S, rb, n, xq, xd, T); break;
-    default: k_gemv_q8<16, K><<<g, 128, 0, st>>>(S, rb, n, xq, xd, T); break;
+    case 1: lk(k_gemv_q8<1, K>, g, 128, 0, st, S, rb, n, xq, xd, T); break;
+    case 2: lk(k_gemv_q8<2, K>, g, 128, 0, st, S, rb, n, xq, xd, T); break;
+    case 3: case 4: lk(k_gemv_q8<4, K>, g, 128, 0, st, S, rb, n, xq, xd, T); break;
+    case 5: case 6: case 7: case 8: lk(k_gemv_q8<8, K>, g, 128, 0, st, S, rb, n, xq, xd, T); break;
+    default: lk(k_gemv_q8<16, K>, g, 128, 0, st, S, rb, n, xq, xd, T); break;
     }
 }
 
@@ -1487,7 +1632,17 @@ static int gemv_mr_off(void)
     return v;
 }
 
-/* decode (T <= 2): rows per group R, K warps per group by the units per row */
+/* ANE_CUDA_GEMV_BT=0: batches of 3..16 tokens through the one-row-per-warp
+ * kernels (k_gemv_q4k, k_gemv_q8) instead of R rows per group (for
+ * comparison; both give the same bits) */
+static int gemv_bt_off(void)
+{
+    static int v = -1;
+    if (v < 0) v = env_int("ANE_CUDA_GEMV_BT", 1) == 0;
+    return v;
+}
+
+/* decode: rows per group R, K warps per group by the units per row */
 template <int NT, int R, bool Q4K>
 static void gemv_mr_k(cudaStream_t st, gv_set S, size_t rb, int n, const int8_t *xq, const float *xd, const int *xs,
                       int T)
@@ -1495,9 +1650,9 @@ static void gemv_mr_k(cudaStream_t st, gv_set S, size_t rb, int n, const int8_t 
     int K = gv_warps(Q4K ? n / 64 : n / 32);
     unsigned g = 0;
     for (int i = 0; i < S.nm; i++) { S.m[i].blk0 = (int)g; g += nblk(S.m[i].n_out, (unsigned)(4 / K * R)); }
-    if (K == 4) k_gemv_mr<NT, R, 4, Q4K><<<g, 128, 0, st>>>(S, rb, n, xq, xd, xs, T);
-    else if (K == 2) k_gemv_mr<NT, R, 2, Q4K><<<g, 128, 0, st>>>(S, rb, n, xq, xd, xs, T);
-    else k_gemv_mr<NT, R, 1, Q4K><<<g, 128, 0, st>>>(S, rb, n, xq, xd, xs, T);
+    if (K == 4) lk(k_gemv_mr<NT, R, 4, Q4K>, g, 128, 0, st, S, rb, n, xq, xd, xs, T);
+    else if (K == 2) lk(k_gemv_mr<NT, R, 2, Q4K>, g, 128, 0, st, S, rb, n, xq, xd, xs, T);
+    else lk(k_gemv_mr<NT, R, 1, Q4K>, g, 128, 0, st, S, rb, n, xq, xd, xs, T);
 }
 
 template <bool Q4K>
@@ -1506,7 +1661,10 @@ static void gemv_mr_q(cudaStream_t st, const gv_set &S, size_t rb, int n, const 
 {
     static int R = -1;
     if (R < 0) R = env_int("ANE_CUDA_GEMV_R", 4);
-    if (T == 2) gemv_mr_k<2, 2, Q4K>(st, S, rb, n, xq, xd, xs, T);
+    if (T > 8) gemv_mr_k<16, 4, Q4K>(st, S, rb, n, xq, xd, xs, T);
+    else if (T > 4) gemv_mr_k<8, 4, Q4K>(st, S, rb, n, xq, xd, xs, T);
+    else if (T > 2) gemv_mr_k<4, 4, Q4K>(st, S, rb, n, xq, xd, xs, T);
+    else if (T == 2) gemv_mr_k<2, 2, Q4K>(st, S, rb, n, xq, xd, xs, T);
     else if (R == 8) gemv_mr_k<1, 8, Q4K>(st, S, rb, n, xq, xd, xs, T);
     else if (R == 2) gemv_mr_k<1, 2, Q4K>(st, S, rb, n, xq, xd, xs, T);
     else gemv_mr_k<1, 4, Q4K>(st, S, rb, n, xq, xd, xs, T);
@@ -1535,7 +1693,7 @@ static void mmq_k(cudaStream_t st, gv_set S, size_t rb, int n, const int8_t *xq,
     unsigned g = 0;
     for (int i = 0; i < S.nm; i++) { S.m[i].blk0 = (int)g; g += nblk(S.m[i].n_out, MQ_ROWS); }
     dim3 grid(g, nblk(T, 8 * J));
-    k_mmq<J, Q4K><<<grid, MQ_WARPS * 32, 0, st>>>(S, rb, n, xq, xd, xs, T, tp);
+    lk(k_mmq<J, Q4K>, grid, MQ_WARPS * 32, 0, st, S, rb, n, xq, xd, xs, T, tp);
 }
 
 template <bool Q4K>
@@ -1572,7 +1730,7 @@ void ck_embed(cudaStream_t st, uint32_t type, const void *W, size_t rb, int n, c
 {
     int nc = (n + 31) / 32;
     dim3 g(nblk(nc, 64), T);
-#define L_EMB(TY) k_embed<TY><<<g, 64, 0, st>>>((const uint8_t *)W, rb, n, ids, out)
+#define L_EMB(TY) lk(k_embed<TY>, g, 64, 0, st, (const uint8_t *)W, rb, n, ids, out)
     TYPE_SWITCH(type, L_EMB)
 }
 
@@ -1589,13 +1747,13 @@ void ck_add_rmsnorm(cudaStream_t st, float *x, const float *y, const float *w, i
                     float *out, void *xq)
 {
     int bs = n >= 1024 ? 1024 : ((n + 31) / 32) * 32;
-    k_add_rmsnorm<<<rows, bs, 0, st>>>(x, y, w, n, eps, out, xq_out(xq, rows, n));
+    lk(k_add_rmsnorm, rows, bs, 0, st, x, y, w, n, eps, out, xq_out(xq, rows, n));
 }
 
 void ck_rmsnorm(cudaStream_t st, const float *x, const float *w, int rows, int n, float eps, float *out, void *xq)
 {
     int bs = n >= 1024 ? 1024 : ((n + 31) / 32) * 32;
-    k_rmsnorm<<<rows, bs, 0, st>>>(x, w, n, eps, out, xq_out(xq, rows, n));
+    lk(k_rmsnorm, rows, bs, 0, st, x, w, n, eps, out, xq_out(xq, rows, n));
 }
 
 int ck_gemv_int8(uint32_t type, int n_in)
@@ -1611,7 +1769,7 @@ int ck_mmq(uint32_t type, int n_in)
 void ck_repack_q8_0(cudaStream_t st, const void *src, void *dst, size_t rb, int n, int n_out)
 {
     size_t tot = (size_t)(n / 32) * n_out;
-    k_repack_q8_0<<<nblk(tot, 256), 256, 0, st>>>((const uint8_t *)src, (uint8_t *)dst, rb, n, n_out);
+    lk(k_repack_q8_0, nblk(tot, 256), 256, 0, st, (const uint8_t *)src, (uint8_t *)dst, rb, n, n_out);
 }
 
 /* x [T][n] already quantized into xq_scratch (pre) or not yet */
@@ -1622,7 +1780,7 @@ static void gemv_multi(cudaStream_t st, uint32_t type, int nm, const void *const
     if (xq_scratch && ck_gemv_int8(type, n)) {
         xq_lay L = xq_layout(xq_scratch, T, n);
         size_t nbt = (size_t)T * (n / 32);
-        if (!pre) k_quant_x<<<nblk(nbt * 32, 128), 128, 0, st>>>(x, nbt, L);
+        if (!pre) lk(k_quant_x, nblk(nbt * 32, 128), 128, 0, st, x, nbt, L);
         int8_t *xq = L.q;
         float *xd = L.d, *xdt = L.dt;
         int *xs = L.s, *xst = L.st;
@@ -1655,7 +1813,7 @@ static void gemv_multi(cudaStream_t st, uint32_t type, int nm, const void *const
             const int8_t *q = xq + (size_t)t0 * n;
             const float *d = xd + (size_t)t0 * (n / 32);
             const int *sx = xs + (size_t)t0 * (n / 32);
-            if (tn <= 2 && !gemv_mr_off()) gemv_mr(st, S, type == T_Q4_K, rb, n, q, d, sx, tn);
+            if (tn <= 2 ? !gemv_mr_off() : !gemv_bt_off()) gemv_mr(st, S, type == T_Q4_K, rb, n, q, d, sx, tn);
             else if (type == T_Q8_0) gemv_q8t(st, S, rb, n, q, d, tn);
             else gemv_qt(st, S, rb, n, q, d, sx, tn);
         }
@@ -1700,50 +1858,50 @@ void ck_gemv(cudaStream_t st, uint32_t type, const void *W, size_t rb, int n, in
 void ck_dequant_f16(cudaStream_t st, uint32_t type, const void *W, size_t rb, int n, int n_out, void *dst)
 {
     size_t tot = (size_t)((n + 31) / 32) * n_out;
-#define L_DQ(TY) k_dequant_f16<TY><<<nblk(tot, 256), 256, 0, st>>>((const uint8_t *)W, rb, n, n_out, (__half *)dst)
+#define L_DQ(TY) lk(k_dequant_f16<TY>, nblk(tot, 256), 256, 0, st, (const uint8_t *)W, rb, n, n_out, (__half *)dst)
     TYPE_SWITCH(type, L_DQ)
 }
 
 void ck_dequant_f32(cudaStream_t st, uint32_t type, const void *W, size_t rb, int n, int n_out, float *dst)
 {
     size_t tot = (size_t)((n + 31) / 32) * n_out;
-#define L_DQ32(TY) k_dequant_f32<TY><<<nblk(tot, 256), 256, 0, st>>>((const uint8_t *)W, rb, n, n_out, dst)
+#define L_DQ32(TY) lk(k_dequant_f32<TY>, nblk(tot, 256), 256, 0, st, (const uint8_t *)W, rb, n, n_out, dst)
     TYPE_SWITCH(type, L_DQ32)
 }
 
 void ck_f32_to_f16(cudaStream_t st, const float *x, size_t n, void *dst)
 {
-    k_f32_to_f16<<<nblk(n, 256), 256, 0, st>>>(x, n, (__half *)dst);
+    lk(k_f32_to_f16, nblk(n, 256), 256, 0, st, x, n, (__half *)dst);
 }
 
 void ck_add_bias(cudaStream_t st, float *out, const float *bias, int T, int n_out)
 {
     size_t n = (size_t)T * n_out;
-    k_add_bias<<<nblk(n, 256), 256, 0, st>>>(out, bias, T, n_out);
+    lk(k_add_bias, nblk(n, 256), 256, 0, st, out, bias, T, n_out);
 }
 
 void ck_add(cudaStream_t st, float *x, const float *y, size_t n)
 {
-    k_add<<<nblk(n, 256), 256, 0, st>>>(x, y, n);
+    lk(k_add, nblk(n, 256), 256, 0, st, x, y, n);
 }
 
 void ck_silu_mul(cudaStream_t st, const float *g, const float *u, size_t n, float *out, void *xq, int rows)
 {
     xq_lay L = xq_out(xq && rows > 0 && n % (size_t)rows == 0 ? xq : NULL, rows, rows > 0 ? (int)(n / rows) : 0);
-    k_silu_mul<<<nblk(n, 256), 256, 0, st>>>(g, u, n, out, L);
+    lk(k_silu_mul, nblk(n, 256), 256, 0, st, g, u, n, out, L);
 }
 
 void ck_rope(cudaStream_t st, float *x, const int32_t *pos, int T, int n_heads, int hd, int n_rot, float base,
              int neox, const float *fd)
 {
-    k_rope<<<T, 256, 0, st>>>(x, pos, n_heads, hd, n_rot, base, neox, fd);
+    lk(k_rope, T, 256, 0, st, x, pos, n_heads, hd, n_rot, base, neox, fd);
 }
 
 void ck_kv_store(cudaStream_t st, void *kc, void *vc, int f16, const int32_t *pos, const int32_t *off,
                  const int32_t *pages, int T, int kv_dim, const float *k, const float *v)
 {
     dim3 g(nblk(kv_dim, 128), T);
-    k_kv_store<<<g, 128, 0, st>>>(kc, vc, f16, pos, off, pages, kv_dim, k, v);
+    lk(k_kv_store, g, 128, 0, st, kc, vc, f16, pos, off, pages, kv_dim, k, v);
 }
 
 void ck_rope_kv(cudaStream_t st, float *q, float *k, const float *v, void *kc, void *vc, int f16,
@@ -1752,7 +1910,7 @@ void ck_rope_kv(cudaStream_t st, float *q, float *k, const float *v, void *kc, v
 {
     dim3 g(T, n_head + n_head_kv);
     int bs = hd / 2 > 32 ? 128 : 32;
-    k_rope_kv<<<g, bs, 0, st>>>(q, k, v, kc, vc, f16, pos, off, pages, n_head, n_head_kv, hd, n_rot, base, neox, fd);
+    lk(k_rope_kv, g, bs, 0, st, q, k, v, kc, vc, f16, pos, off, pages, n_head, n_head_kv, hd, n_rot, base, neox, fd);
 }
 
 void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *vc, int f16, const int32_t *pos,
@@ -1765,21 +1923,21 @@ void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *v
     int nd = (hd + 31) / 32;
 #define L_ATT(ND)                                                                                              \
     do {                                                                                                       \
-        if (f16) k_attention<ND, 1><<<g, 128, 0, st>>>(q, kc, vc, pos, off, pages, n_head, n_head_kv, hd, out, \
+        if (f16) lk(k_attention<ND, 1>, g, ATT_WARPS * 32, 0, st, q, kc, vc, pos, off, pages, n_head, n_head_kv, hd, out, \
                                                        part, G, maxs, L);                                      \
-        else k_attention<ND, 0><<<g, 128, 0, st>>>(q, kc, vc, pos, off, pages, n_head, n_head_kv, hd, out,     \
+        else lk(k_attention<ND, 0>, g, ATT_WARPS * 32, 0, st, q, kc, vc, pos, off, pages, n_head, n_head_kv, hd, out,     \
                                                    part, G, maxs, L);                                          \
     } while (0)
     if (nd <= 1) L_ATT(1);
     else if (nd <= 2) L_ATT(2);
     else if (nd <= 4) L_ATT(4);
     else L_ATT(8);
-    if (G > 1) k_att_merge<<<T * n_head, 128, 0, st>>>(part, pos, n_head, hd, maxs, out, L);
+    if (G > 1) lk(k_att_merge, T * n_head, 128, 0, st, part, pos, n_head, hd, maxs, out, L);
 }
 
 void ck_argmax(cudaStream_t st, const float *x, int rows, int n, int32_t *ids)
 {
-    k_argmax<<<rows, 1024, 0, st>>>(x, n, ids);
+    lk(k_argmax, rows, 1024, 0, st, x, n, ids);
 }
 
 }  /* extern "C" */

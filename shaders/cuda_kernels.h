@@ -80,10 +80,12 @@ void ck_rope_kv(cudaStream_t st, float *q, float *k, const float *v, void *kc, v
 /* Causal attention over the paged cache (xq: also out's int8 form, as
  * ck_rmsnorm; head_dim % 32 == 0). A token's positions go in spans of
  * CK_ATT_SPAN, merged in order, so its result does not depend on the batch.
- * G > 1 spreads the spans of each (token, head) over G blocks (flash-
- * decoding): `part` then holds T*n_head*maxs*(head_dim+2) floats, and maxs
- * must be at least the spans of the longest token. head_dim <= 256. */
+ * G > 1 spreads the spans of each (token, head) over G blocks of
+ * CK_ATT_WARPS warps, a span per warp (flash-decoding): `part` then holds
+ * T*n_head*maxs*(head_dim+2) floats, and maxs must be at least the spans
+ * of the longest token. head_dim <= 256. */
 #define CK_ATT_SPAN 32
+#define CK_ATT_WARPS 4
 void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *vc, int f16,
                   const int32_t *pos, const int32_t *off, const int32_t *pages, int T, int n_head,
                   int n_head_kv, int head_dim, float *out, float *part, int G, int maxs, void *xq);

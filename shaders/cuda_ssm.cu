@@ -10,11 +10,14 @@
 // so the launch shape depends on the batch size only.
 #include "shaders/cuda_ssm.h"
 
+#include "shaders/cuda_launch.cuh"
+
 #include <math.h>
 #include <stdint.h>
 
 __global__ void k_copy_rows(float *dst, size_t ds, const float *src, size_t ss, int n, size_t total)
 {
+    pdl_begin();
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
         size_t r = i / (size_t)n, k = i % (size_t)n;
         dst[r * ds + k] = src[r * ss + k];
@@ -23,6 +26,7 @@ __global__ void k_copy_rows(float *dst, size_t ds, const float *src, size_t ss, 
 
 __global__ void k_sigmoid_mul(float *x, const float *g, size_t n)
 {
+    pdl_begin();
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         x[i] = x[i] / (1.0f + expf(-g[i]));
 }
@@ -36,6 +40,7 @@ __device__ __forceinline__ float warp_sum(float v)
 // One block per row; x and out may be the same.
 __global__ void k_rmsnorm_gated(const float *x, const float *z, const float *w, int n, float eps, float *out)
 {
+    pdl_begin();
     const float *xr = x + (size_t)blockIdx.x * n, *zr = z + (size_t)blockIdx.x * n;
     float *o = out + (size_t)blockIdx.x * n;
     float ss = 0.f;
@@ -62,6 +67,7 @@ __global__ void k_rmsnorm_gated(const float *x, const float *z, const float *w, 
 __global__ void k_conv1d_silu(const float *x, const float *__restrict__ w, float *state, const int32_t *pos,
                               const int32_t *slot, int t0, int t1, int C, int K, float *out)
 {
+    pdl_begin();
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
     const float *wc = w + (size_t)c * K;
@@ -90,6 +96,7 @@ k_deltanet(const float *__restrict__ qkv, size_t stride, const float *__restrict
            const int32_t *slot, int t0, int t1, int nk, int nv, int dk, int dv, float eps, float qscale,
            float *out)
 {
+    pdl_begin();
     int t = t0 + blockIdx.x, h = blockIdx.y, c = threadIdx.x, nt = blockDim.x;
     int s = slot[t];
     for (int u = t - 1; u >= t0; u--)
@@ -173,13 +180,13 @@ void cs_copy_rows(cudaStream_t st, float *dst, size_t dst_stride, const float *s
 {
     size_t total = (size_t)rows * (size_t)(n > 0 ? n : 0);
     if (!total) return;
-    k_copy_rows<<<ew_blocks(total), 256, 0, st>>>(dst, dst_stride, src, src_stride, n, total);
+    lk(k_copy_rows, ew_blocks(total), 256, 0, st, dst, dst_stride, src, src_stride, n, total);
 }
 
 void cs_sigmoid_mul(cudaStream_t st, float *x, const float *g, size_t n)
 {
     if (!n) return;
-    k_sigmoid_mul<<<ew_blocks(n), 256, 0, st>>>(x, g, n);
+    lk(k_sigmoid_mul, ew_blocks(n), 256, 0, st, x, g, n);
 }
 
 void cs_rmsnorm_gated(cudaStream_t st, const float *x, const float *z, const float *w, int rows, int n, float eps,
@@ -188,7 +195,7 @@ void cs_rmsnorm_gated(cudaStream_t st, const float *x, const float *z, const flo
     if (rows <= 0 || n <= 0) return;
     int bs = (n + 31) / 32 * 32;
     if (bs > 256) bs = 256;
-    k_rmsnorm_gated<<<rows, bs, 0, st>>>(x, z, w, n, eps, out);
+    lk(k_rmsnorm_gated, rows, bs, 0, st, x, z, w, n, eps, out);
 }
 
 int cs_conv1d_silu(cudaStream_t st, const float *x, const float *w, float *state, const int32_t *pos,
@@ -196,7 +203,7 @@ int cs_conv1d_silu(cudaStream_t st, const float *x, const float *w, float *state
 {
     if (K < 1 || K > CS_CONV_KMAX) return -1;
     if (t1 <= t0 || C <= 0) return 0;
-    k_conv1d_silu<<<(C + 127) / 128, 128, 0, st>>>(x, w, state, pos, slot, t0, t1, C, K, out);
+    lk(k_conv1d_silu, (C + 127) / 128, 128, 0, st, x, w, state, pos, slot, t0, t1, C, K, out);
     return 0;
 }
 
@@ -229,10 +236,10 @@ int cs_deltanet(cudaStream_t st, const float *qkv, size_t stride, const float *a
     size_t qk = (size_t)2 * dk * sizeof(float), full = qk + (size_t)dk * dv * sizeof(float);
     float qscale = 1.0f / sqrtf((float)dk);
     if (full <= (size_t)sm_max)
-        k_deltanet<true><<<g, bs, full, st>>>(qkv, stride, a, bb, A, dt_bias, state, pos, slot, t0, t1, nk, nv, dk,
+        lk(k_deltanet<true>, g, bs, full, st, qkv, stride, a, bb, A, dt_bias, state, pos, slot, t0, t1, nk, nv, dk,
                                               dv, eps, qscale, out);
     else
-        k_deltanet<false><<<g, bs, qk, st>>>(qkv, stride, a, bb, A, dt_bias, state, pos, slot, t0, t1, nk, nv, dk,
+        lk(k_deltanet<false>, g, bs, qk, st, qkv, stride, a, bb, A, dt_bias, state, pos, slot, t0, t1, nk, nv, dk,
                                              dv, eps, qscale, out);
     return 0;
 }

@@ -1,0 +1,50 @@
+// cuda_launch.cuh — how the backend's kernels are launched (shared by the
+// .cu files of shaders/; not part of any interface).
+//
+// Every kernel starts with pdl_begin() and is launched by lk() with
+// programmatic stream serialization (Hopper's programmatic dependent
+// launch): the next kernel's blocks may be scheduled while this one
+// finishes, and wait in pdl_begin() until it has completed and its writes
+// are visible. A decode step is hundreds of small dependent kernels, so
+// this hides most of each launch's latency. The order of work is unchanged:
+// nothing is read or written before the wait. ANE_CUDA_PDL=0 turns it off.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <stdlib.h>
+
+__device__ __forceinline__ void pdl_begin()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+static inline int pdl_on()
+{
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("ANE_CUDA_PDL");
+        int dev = 0, major = 0;
+        v = !(e && *e == '0') && cudaGetDevice(&dev) == cudaSuccess &&
+            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9;
+    }
+    return v;
+}
+
+template <typename... KA, typename... AA>
+static inline void lk(void (*k)(KA...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, AA &&...args)
+{
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[1];
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = pdl_on() ? 1 : 0;
+    cudaLaunchKernelEx(&cfg, k, static_cast<AA &&>(args)...);
+}
