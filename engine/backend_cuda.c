@@ -80,6 +80,8 @@ typedef struct cu_be {
     int mmq;                   /* int8 matrices go through the tensor-core kernel */
     int fuse;                  /* ANE_CUDA_FUSE (default on) */
     const float *xq_src;       /* xq holds the int8 form of xq_src [xq_rows][xq_n], or nothing */
+    const float *x16_src;      /* x16 holds the f16 form of x16_src [x16_rows][x16_n], or nothing */
+    int x16_rows, x16_n;
     int xq_rows, xq_n;
     int q_n[8], n_q_n;         /* widths (n_in) of the int8 matrices */
     const float *mm_out;       /* the last matmul's output [mm_rows][mm_n] (silu_mul's rows) */
@@ -113,7 +115,14 @@ static void *cu_alloc(be *b, size_t n)
     return p;
 }
 
-static void tag_clear(cu_be *c) { c->xq_src = NULL; c->xq_rows = c->xq_n = 0; }
+/* Tags say which activations the int8 (xq) and f16 (x16) scratches hold,
+ * so that matmuls on the same input convert it once; every op that writes
+ * device memory clears them (or checks the overlap: tag_written). */
+static void tag_clear(cu_be *c)
+{
+    c->xq_src = NULL; c->xq_rows = c->xq_n = 0;
+    c->x16_src = NULL; c->x16_rows = c->x16_n = 0;
+}
 
 static void tag_set(cu_be *c, const float *x, int rows, int n) { c->xq_src = x; c->xq_rows = rows; c->xq_n = n; }
 
@@ -125,9 +134,14 @@ static int tag_is(const cu_be *c, const float *x, int rows, int n)
 /* out [n] floats were written: a tag on memory overlapping them goes */
 static void tag_written(cu_be *c, const float *out, size_t n)
 {
-    if (!c->xq_src) return;
-    const float *s = c->xq_src, *e = s + (size_t)c->xq_rows * c->xq_n;
-    if (out < e && s < out + n) tag_clear(c);
+    if (c->xq_src) {
+        const float *s = c->xq_src, *e = s + (size_t)c->xq_rows * c->xq_n;
+        if (out < e && s < out + n) { c->xq_src = NULL; c->xq_rows = c->xq_n = 0; }
+    }
+    if (c->x16_src) {
+        const float *s = c->x16_src, *e = s + (size_t)c->x16_rows * c->x16_n;
+        if (out < e && s < out + n) { c->x16_src = NULL; c->x16_rows = c->x16_n = 0; }
+    }
 }
 
 static void cu_free(be *b, void *p)
@@ -328,6 +342,7 @@ static int ensure_gemm(cu_be *c, int T)
     }
     if (x > c->x16_cap) {
         cudaFree(c->x16); c->x16 = NULL; c->x16_cap = 0;
+        c->x16_src = NULL; c->x16_rows = c->x16_n = 0;
         if (!ok(c, cudaMalloc(&c->x16, x), "f16 activation scratch")) return -1;
         c->x16_cap = x;
         graphs_drop(c);
@@ -569,7 +584,10 @@ static int gemm_rows(cu_be *c, const wt *w, const float *bv, const float *x, int
             ck_dequant_f16(c->st, w->type, w->dev, w->row_bytes, n, no, c->w16);
             w16 = c->w16;
         }
-        ck_f32_to_f16(c->st, x, (size_t)T * n, c->x16);
+        if (!(c->x16_src == x && c->x16_rows == T && c->x16_n == n)) {
+            ck_f32_to_f16(c->st, x, (size_t)T * n, c->x16);
+            c->x16_src = x; c->x16_rows = T; c->x16_n = n;
+        }
         s = cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, no, T, n, &one, w16, CUDA_R_16F, n, c->x16,
                          CUDA_R_16F, n, &zero, out, CUDA_R_32F, no, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     }

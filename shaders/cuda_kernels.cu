@@ -1487,17 +1487,25 @@ __global__ void k_att_merge(const float *part, const int32_t *pos, int n_head, i
     int th = blockIdx.x, t = th / n_head;
     int ns = (pos[t] + 1 + CK_ATT_SPAN - 1) / CK_ATT_SPAN;
     if (ns <= 1) return;
-    float M = -INFINITY, L = 0.f, A[ATT_DPT], a[ATT_DPT];
+    float M = -INFINITY, L = 0.f, A[ATT_DPT];
 #pragma unroll
     for (int i = 0; i < ATT_DPT; i++) A[i] = 0.f;
-    for (int s = 0; s < ns; s++) {
-        const float *pp = part + ((size_t)th * maxs + s) * (hd + 2);
+    /* 8 spans' partials loaded at once, then merged in order */
+    for (int s0 = 0; s0 < ns; s0 += 8) {
+        float pm[8], pl[8], pa[8][ATT_DPT];
 #pragma unroll
-        for (int i = 0; i < ATT_DPT; i++) {
-            int d = threadIdx.x + 128 * i;
-            a[i] = d < hd ? pp[2 + d] : 0.f;
+        for (int j = 0; j < 8; j++) {
+            const float *pp = part + ((size_t)th * maxs + min(s0 + j, ns - 1)) * (hd + 2);
+            pm[j] = s0 + j < ns ? pp[0] : -INFINITY;
+            pl[j] = pp[1];
+#pragma unroll
+            for (int i = 0; i < ATT_DPT; i++) {
+                int d = threadIdx.x + 128 * i;
+                pa[j][i] = d < hd ? pp[2 + d] : 0.f;
+            }
         }
-        att_merge_step(M, L, A, pp[0], pp[1], a);
+#pragma unroll
+        for (int j = 0; j < 8; j++) att_merge_step(M, L, A, pm[j], pl[j], pa[j]);
     }
 #pragma unroll
     for (int i = 0; i < ATT_DPT; i++) {
