@@ -84,6 +84,7 @@ typedef struct cu_be {
     int x16_rows, x16_n;
     int xq_rows, xq_n;
     int q_n[8], n_q_n;         /* widths (n_in) of the int8 matrices */
+    int h_n[8], n_h_n;         /* widths of the quantized matrices (f16 GEMM inputs) */
     const float *mm_out;       /* the last matmul's output [mm_rows][mm_n] (silu_mul's rows) */
     int mm_rows, mm_n;
     /* graphs */
@@ -218,6 +219,10 @@ dims:
         int k = 0;
         while (k < c->n_q_n && c->q_n[k] != (int)w->n_in) k++;
         if (k == c->n_q_n && k < 8 && ck_gemv_int8(w->type, (int)w->n_in)) c->q_n[c->n_q_n++] = (int)w->n_in;
+        k = 0;
+        while (k < c->n_h_n && c->h_n[k] != (int)w->n_in) k++;
+        if (k == c->n_h_n && k < 8 && w->type != QT_F32 && w->type != QT_F16 && w->type != QT_BF16)
+            c->h_n[c->n_h_n++] = (int)w->n_in;
     }
     return 0;
 }
@@ -507,11 +512,24 @@ static void *quant_ahead(cu_be *c, const float *out, int rows, int n)
     return xq;
 }
 
+/* For an op about to write out [rows][n], after quant_ahead: x16 when all
+ * rows go to the f16 GEMMs of quantized matrices of width n, with the f16
+ * tag set to out (gemm_rows then takes it as converted); else NULL. */
+static void *f16_ahead(cu_be *c, const float *out, int rows, int n)
+{
+    if (!c->fuse || rows < 1 || c->xq_src || c->x16_cap < (size_t)rows * (size_t)n * 2) return NULL;
+    int known = 0;
+    for (int k = 0; k < c->n_h_n; k++) known |= c->h_n[k] == n;
+    if (!known || gemv_take(c, c->mmq, rows) != 0) return NULL;
+    c->x16_src = out; c->x16_rows = rows; c->x16_n = n;
+    return c->x16;
+}
+
 static void cu_rmsnorm(be *b, const float *x, const wt *w, int rows, int n, float eps, float *out)
 {
     cu_be *c = (cu_be *)b;
     void *xq = quant_ahead(c, out, rows, n);
-    ck_rmsnorm(c->st, x, w->dev, rows, n, eps, out, xq);
+    ck_rmsnorm(c->st, x, w->dev, rows, n, eps, out, xq, f16_ahead(c, out, rows, n));
 }
 
 /* int8 types on x [T][n]: from the tagged xq, or quantized here (then
@@ -649,7 +667,7 @@ static void cu_add_rmsnorm(be *b, float *x, const float *y, const wt *w, int row
 {
     cu_be *c = (cu_be *)b;
     void *xq = quant_ahead(c, out, rows, n);
-    ck_add_rmsnorm(c->st, x, y, w->dev, rows, n, eps, out, xq);
+    ck_add_rmsnorm(c->st, x, y, w->dev, rows, n, eps, out, xq, f16_ahead(c, out, rows, n));
 }
 
 static void cu_add(be *b, float *x, const float *y, size_t n)
@@ -664,14 +682,15 @@ static void cu_silu_mul(be *b, const float *g, const float *u, size_t n, float *
 {
     cu_be *c = (cu_be *)b;
     int rows = 0;
-    void *xq = NULL;
+    void *xq = NULL, *x16 = NULL;
     if (c->mm_out && (g == c->mm_out || u == c->mm_out) && c->mm_n > 0 && n == (size_t)c->mm_rows * c->mm_n) {
         rows = c->mm_rows;
         xq = quant_ahead(c, out, rows, c->mm_n);
+        x16 = f16_ahead(c, out, rows, c->mm_n);
     } else {
         tag_clear(c);
     }
-    ck_silu_mul(c->st, g, u, n, out, xq, rows);
+    ck_silu_mul(c->st, g, u, n, out, xq, x16, rows);
 }
 
 static void cu_rope(be *b, float *x, const be_batch *bt, int n_heads, int head_dim, int n_rot, float base,
@@ -714,8 +733,9 @@ static void cu_attention(be *b, const float *q, const void *kc, const void *vc, 
     use_batch(c, bt);
     int G = att_room(c, bt) ? 1 : att_blocks(c, bt, n_head, head_dim);
     void *xq = head_dim % 32 == 0 ? quant_ahead(c, out, bt->T, n_head * head_dim) : (tag_clear(c), NULL);
+    void *x16 = f16_ahead(c, out, bt->T, n_head * head_dim);
     ck_attention(c->st, q, kc, vc, b->kv_elt == 2, d_pos(c), d_off(c), d_pages(c), bt->T, n_head, n_head_kv,
-                 head_dim, out, c->part, G, c->att_maxs, xq);
+                 head_dim, out, c->part, G, c->att_maxs, xq, x16);
 }
 
 static void cu_argmax(be *b, const float *x, int rows, int n, int32_t *ids)

@@ -23,6 +23,13 @@ __device__ __forceinline__ float h2f(const uint8_t *p)
     return __half2float(__ushort_as_half(u));
 }
 
+/* f32 -> f16 for the GEMMs' inputs, saturated at the f16 range (one
+ * expression for every kernel that writes an f16 copy of an activation) */
+__device__ __forceinline__ __half f2h_sat(float v)
+{
+    return __float2half_rn(fminf(fmaxf(v, -65504.f), 65504.f));
+}
+
 __device__ __forceinline__ uint32_t ld32(const uint8_t *p)
 {
     return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
@@ -515,7 +522,7 @@ __global__ void __launch_bounds__(128) k_gemv(const gv_set S, size_t rb, int n, 
  * xq [T][n], then xd and xs [T][n/32], then the block-major copies xdt, xst
  * [n/32][tp] (tp = T rounded up to 8), written only for the tensor-core
  * kernel (ANE_CUDA_MMQ=1; dt, st NULL otherwise). */
-struct xq_lay { int8_t *q; float *d; int *s; float *dt; int *st; int nbr, tp; };
+struct xq_lay { int8_t *q; float *d; int *s; float *dt; int *st; int nbr, tp; __half *h; };
 
 static int mmq_off(void);
 
@@ -531,6 +538,7 @@ static xq_lay xq_layout(void *scratch, int T, int n)
     L.st = (int *)(L.dt + (size_t)L.tp * (n / 32));
     if (mmq_off()) { L.dt = NULL; L.st = NULL; }
     L.nbr = n / 32;
+    L.h = NULL;
     return L;
 }
 
@@ -1088,7 +1096,7 @@ __global__ void k_f32_to_f16(const float *x, size_t n, __half *dst)
 {
     pdl_begin();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) dst[i] = __float2half_rn(fminf(fmaxf(x[i], -65504.f), 65504.f));
+    if (i < n) dst[i] = f2h_sat(x[i]);
 }
 
 __global__ void k_add_bias(float *out, const float *bias, int T, int n_out)
@@ -1118,6 +1126,7 @@ __global__ void k_silu_mul(const float *g, const float *u, size_t n, float *out,
     float v = silu_mul1(g[i], u[i]);
     out[i] = v;
     if (qx.q) quant_block(v, threadIdx.x & 31, i >> 5, qx);
+    if (qx.h) qx.h[i] = f2h_sat(v);
 }
 
 /* sum of squares of the block, in every thread */
@@ -1146,6 +1155,7 @@ __device__ __forceinline__ void norm_out(const float *xr, const float *w, int n,
         float v = xr[i] * scale * w[i];
         o[i] = v;
         if (qx.q) quant_block(v, threadIdx.x & 31, (size_t)blockIdx.x * (n / 32) + (i >> 5), qx);
+        if (qx.h) qx.h[(size_t)blockIdx.x * n + i] = f2h_sat(v);
     }
 }
 
@@ -1464,6 +1474,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const float *q, co
                 float o = A[i] / L;
                 out[(size_t)th * hd + d] = o;
                 if (qx.q) quant_block(o, lane, ((size_t)th * hd + d) >> 5, qx);
+                if (qx.h) qx.h[(size_t)th * hd + d] = f2h_sat(o);
             }
         }
         return;
@@ -1514,6 +1525,7 @@ __global__ void k_att_merge(const float *part, const int32_t *pos, int n_head, i
             float o = A[i] / L;
             out[(size_t)th * hd + d] = o;
             if (qx.q) quant_block(o, threadIdx.x & 31, ((size_t)th * hd + d) >> 5, qx);
+            if (qx.h) qx.h[(size_t)th * hd + d] = f2h_sat(o);
         }
     }
 }
@@ -1743,25 +1755,29 @@ void ck_embed(cudaStream_t st, uint32_t type, const void *W, size_t rb, int n, c
 }
 
 /* the layout of xq for out [T][n], or none (q NULL) */
-static xq_lay xq_out(void *xq, int T, int n)
+/* The forms a producer writes beside its output [T][n]: int8 (xq, n % 32
+ * == 0) and/or f16 (x16) */
+static xq_lay xq_out(void *xq, void *x16, int T, int n)
 {
     xq_lay L;
-    if (xq && n % 32 == 0) return xq_layout(xq, T, n);
-    memset(&L, 0, sizeof L);
+    if (xq && n % 32 == 0) L = xq_layout(xq, T, n);
+    else memset(&L, 0, sizeof L);
+    L.h = (__half *)x16;
     return L;
 }
 
 void ck_add_rmsnorm(cudaStream_t st, float *x, const float *y, const float *w, int rows, int n, float eps,
-                    float *out, void *xq)
+                    float *out, void *xq, void *x16)
 {
     int bs = n >= 1024 ? 1024 : ((n + 31) / 32) * 32;
-    lk(k_add_rmsnorm, rows, bs, 0, st, x, y, w, n, eps, out, xq_out(xq, rows, n));
+    lk(k_add_rmsnorm, rows, bs, 0, st, x, y, w, n, eps, out, xq_out(xq, x16, rows, n));
 }
 
-void ck_rmsnorm(cudaStream_t st, const float *x, const float *w, int rows, int n, float eps, float *out, void *xq)
+void ck_rmsnorm(cudaStream_t st, const float *x, const float *w, int rows, int n, float eps, float *out, void *xq,
+                void *x16)
 {
     int bs = n >= 1024 ? 1024 : ((n + 31) / 32) * 32;
-    lk(k_rmsnorm, rows, bs, 0, st, x, w, n, eps, out, xq_out(xq, rows, n));
+    lk(k_rmsnorm, rows, bs, 0, st, x, w, n, eps, out, xq_out(xq, x16, rows, n));
 }
 
 int ck_gemv_int8(uint32_t type, int n_in)
@@ -1893,9 +1909,9 @@ void ck_add(cudaStream_t st, float *x, const float *y, size_t n)
     lk(k_add, nblk(n, 256), 256, 0, st, x, y, n);
 }
 
-void ck_silu_mul(cudaStream_t st, const float *g, const float *u, size_t n, float *out, void *xq, int rows)
+void ck_silu_mul(cudaStream_t st, const float *g, const float *u, size_t n, float *out, void *xq, void *x16, int rows)
 {
-    xq_lay L = xq_out(xq && rows > 0 && n % (size_t)rows == 0 ? xq : NULL, rows, rows > 0 ? (int)(n / rows) : 0);
+    xq_lay L = xq_out(xq && rows > 0 && n % (size_t)rows == 0 ? xq : NULL, x16, rows, rows > 0 ? (int)(n / rows) : 0);
     lk(k_silu_mul, nblk(n, 256), 256, 0, st, g, u, n, out, L);
 }
 
@@ -1923,10 +1939,10 @@ void ck_rope_kv(cudaStream_t st, float *q, float *k, const float *v, void *kc, v
 
 void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *vc, int f16, const int32_t *pos,
                   const int32_t *off, const int32_t *pages, int T, int n_head, int n_head_kv, int hd, float *out,
-                  float *part, int G, int maxs, void *xq)
+                  float *part, int G, int maxs, void *xq, void *x16)
 {
     if (G < 1 || maxs < 1) G = 1;
-    xq_lay L = xq_out(hd % 32 == 0 ? xq : NULL, T, n_head * hd);
+    xq_lay L = xq_out(hd % 32 == 0 ? xq : NULL, x16, T, n_head * hd);
     dim3 g(T * n_head, G);
     int nd = (hd + 31) / 32;
 #define L_ATT(ND)                                                                                              \

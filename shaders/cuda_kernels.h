@@ -24,9 +24,11 @@ void ck_embed(cudaStream_t st, uint32_t type, const void *W, size_t row_bytes, i
 /* out[r] = x[r] / rms(x[r]) * w                                  [rows][n]
  * xq (or NULL; n % 32 == 0): also out's int8 form for the GEMV, as
  * CK_XQ_BYTES(rows, n) scratch, the same bits as ck_gemv_multi's own
- * quantization: then ck_gemv_multi_q can take it. (So for add_rmsnorm and
- * silu_mul.) */
-void ck_rmsnorm(cudaStream_t st, const float *x, const float *w, int rows, int n, float eps, float *out, void *xq);
+ * quantization: then ck_gemv_multi_q can take it. x16 (or NULL): also
+ * out's f16 form [rows][n], the same values as ck_f32_to_f16 gives. (So
+ * for add_rmsnorm, silu_mul and attention.) */
+void ck_rmsnorm(cudaStream_t st, const float *x, const float *w, int rows, int n, float eps, float *out, void *xq,
+                void *x16);
 /* out[t][r] = dot(row r, x[t]) (+ bias[r]) f32 arithmetic; */
 #define CK_GEMV_MAX_T 16
 /* (larger T: passes of CK_GEMV_MAX_T tokens) */
@@ -50,7 +52,7 @@ void ck_gemv_multi(cudaStream_t st, uint32_t type, int nm, const void *const *W,
                    void *xq_scratch);
 /* x += y; out = x / rms(x) * w (out may be y)                    [rows][n] */
 void ck_add_rmsnorm(cudaStream_t st, float *x, const float *y, const float *w, int rows, int n, float eps,
-                    float *out, void *xq);
+                    float *out, void *xq, void *x16);
 /* ck_gemv_multi of an int8 type on x already quantized into xq (by one of
  * the producers above, with the same T and n_in). */
 void ck_gemv_multi_q(cudaStream_t st, uint32_t type, int nm, const void *const *W, size_t row_bytes, int n_in,
@@ -67,7 +69,7 @@ void ck_f32_to_f16(cudaStream_t st, const float *x, size_t n, void *dst);
 void ck_add_bias(cudaStream_t st, float *out, const float *bias, int T, int n_out);
 void ck_add(cudaStream_t st, float *x, const float *y, size_t n);
 /* out = silu(g) * u                               [n]; xq: out as [rows][n/rows] */
-void ck_silu_mul(cudaStream_t st, const float *g, const float *u, size_t n, float *out, void *xq, int rows);
+void ck_silu_mul(cudaStream_t st, const float *g, const float *u, size_t n, float *out, void *xq, void *x16, int rows);
 void ck_rope(cudaStream_t st, float *x, const int32_t *pos, int T, int n_heads, int head_dim, int n_rot,
              float base, int neox, const float *freq_div);
 void ck_kv_store(cudaStream_t st, void *kc, void *vc, int f16, const int32_t *pos, const int32_t *off,
@@ -88,7 +90,7 @@ void ck_rope_kv(cudaStream_t st, float *q, float *k, const float *v, void *kc, v
 #define CK_ATT_WARPS 4
 void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *vc, int f16,
                   const int32_t *pos, const int32_t *off, const int32_t *pages, int T, int n_head,
-                  int n_head_kv, int head_dim, float *out, float *part, int G, int maxs, void *xq);
+                  int n_head_kv, int head_dim, float *out, float *part, int G, int maxs, void *xq, void *x16);
 /* ids[r] = argmax of row r of x [rows][n] (first of equals). */
 void ck_argmax(cudaStream_t st, const float *x, int rows, int n, int32_t *ids);
 
