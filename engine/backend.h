@@ -131,9 +131,12 @@ typedef struct be_ops {
     void (*add_rmsnorm)(be *b, float *x, const float *y, const wt *w, int rows, int n, float eps, float *out);
     /* rope_kv: rope of q [T][n_head][head_dim] and k [T][n_head_kv][head_dim]
      * in place, then kv_store of k and v (kv_dim = n_head_kv*head_dim): the
-     * same values as rope, rope, kv_store. */
-    void (*rope_kv)(be *b, float *q, float *k, const float *v, void *kcache, void *vcache, const be_batch *bt,
-                    int n_head, int n_head_kv, int head_dim, int n_rot, float base, int neox, const wt *freq_div);
+     * same values as rope, rope, kv_store. bias[3] (each NULL or without
+     * data: none): the q, k, v projections' biases, added first (q and k
+     * keep them, as if the matmuls had added them; v may too). */
+    void (*rope_kv)(be *b, float *q, float *k, float *v, void *kcache, void *vcache, const be_batch *bt,
+                    int n_head, int n_head_kv, int head_dim, int n_rot, float base, int neox, const wt *freq_div,
+                    const wt *const *bias);
 } be_ops;
 
 struct be {

@@ -710,11 +710,22 @@ static void cu_kv_store(be *b, void *kc, void *vc, const be_batch *bt, int kv_di
     ck_kv_store(c->st, kc, vc, b->kv_elt == 2, d_pos(c), d_off(c), d_pages(c), bt->T, kv_dim, k, v);
 }
 
-static void cu_rope_kv(be *b, float *q, float *k, const float *v, void *kc, void *vc, const be_batch *bt,
-                       int n_head, int n_head_kv, int head_dim, int n_rot, float base, int neox, const wt *fd)
+static const float *bias_dev(const wt *const *bias, int i)
+{
+    return bias && bias[i] && bias[i]->data ? (const float *)bias[i]->dev : NULL;
+}
+
+static void cu_rope_kv(be *b, float *q, float *k, float *v, void *kc, void *vc, const be_batch *bt,
+                       int n_head, int n_head_kv, int head_dim, int n_rot, float base, int neox, const wt *fd,
+                       const wt *const *bias)
 {
     cu_be *c = (cu_be *)b;
     if (!c->fuse) {
+        const float *bq = bias_dev(bias, 0), *bk = bias_dev(bias, 1), *bv = bias_dev(bias, 2);
+        tag_clear(c);
+        if (bq) ck_add_bias(c->st, q, bq, bt->T, n_head * head_dim);
+        if (bk) ck_add_bias(c->st, k, bk, bt->T, n_head_kv * head_dim);
+        if (bv) ck_add_bias(c->st, v, bv, bt->T, n_head_kv * head_dim);
         cu_rope(b, q, bt, n_head, head_dim, n_rot, base, neox, fd);
         cu_rope(b, k, bt, n_head_kv, head_dim, n_rot, base, neox, fd);
         cu_kv_store(b, kc, vc, bt, n_head_kv * head_dim, k, v);
@@ -723,7 +734,8 @@ static void cu_rope_kv(be *b, float *q, float *k, const float *v, void *kc, void
     tag_clear(c);
     use_batch(c, bt);
     ck_rope_kv(c->st, q, k, v, kc, vc, b->kv_elt == 2, d_pos(c), d_off(c), d_pages(c), bt->T, n_head, n_head_kv,
-               head_dim, n_rot, base, neox, fd && fd->data ? fd->dev : NULL);
+               head_dim, n_rot, base, neox, fd && fd->data ? fd->dev : NULL, bias_dev(bias, 0), bias_dev(bias, 1),
+               bias_dev(bias, 2));
 }
 
 static void cu_attention(be *b, const float *q, const void *kc, const void *vc, const be_batch *bt, int n_head,

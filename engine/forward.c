@@ -127,14 +127,18 @@ static void fw_pass(fw *f, const int32_t *tokens, const be_batch *bt, const int3
     for (int l = 0; l < hp->n_layer; l++) {
         const layer_w *L = &m->layers[l];
         if (!fuse || l == 0) o->rmsnorm(b, f->x, &L->attn_norm, T, E, hp->norm_eps, f->xb);
+        /* with a fused rope_kv and no q/k norm between, the biases go there
+         * (one pass over q, k, v instead of one per matmul) */
+        const wt *qkv_b[3] = { &L->bq, &L->bk, &L->bv }, *none[3] = { NULL, NULL, NULL };
+        const wt *const *mb = o->rope_kv && !L->q_norm.data ? none : qkv_b;
         if (o->matmul_n) {
-            const wt *ws[3] = { &L->wq, &L->wk, &L->wv }, *bs[3] = { &L->bq, &L->bk, &L->bv };
+            const wt *ws[3] = { &L->wq, &L->wk, &L->wv };
             float *outs[3] = { f->q, f->k, f->v };
-            o->matmul_n(b, 3, ws, bs, f->xb, T, outs);
+            o->matmul_n(b, 3, ws, mb, f->xb, T, outs);
         } else {
-            o->matmul(b, &L->wq, &L->bq, f->xb, T, f->q);
-            o->matmul(b, &L->wk, &L->bk, f->xb, T, f->k);
-            o->matmul(b, &L->wv, &L->bv, f->xb, T, f->v);
+            o->matmul(b, &L->wq, mb[0], f->xb, T, f->q);
+            o->matmul(b, &L->wk, mb[1], f->xb, T, f->k);
+            o->matmul(b, &L->wv, mb[2], f->xb, T, f->v);
         }
         if (L->q_norm.data) {
             o->rmsnorm(b, f->q, &L->q_norm, T * hp->n_head, HD, hp->norm_eps, f->q);
@@ -142,7 +146,7 @@ static void fw_pass(fw *f, const int32_t *tokens, const be_batch *bt, const int3
         }
         if (o->rope_kv) {
             o->rope_kv(b, f->q, f->k, f->v, f->kc[l], f->vc[l], bt, hp->n_head, hp->n_head_kv, HD, hp->n_rot,
-                       hp->rope_base, hp->rope_neox, freq_div);
+                       hp->rope_base, hp->rope_neox, freq_div, mb == none ? qkv_b : NULL);
         } else {
             o->rope(b, f->q, bt, hp->n_head, HD, hp->n_rot, hp->rope_base, hp->rope_neox, freq_div);
             o->rope(b, f->k, bt, hp->n_head_kv, HD, hp->n_rot, hp->rope_base, hp->rope_neox, freq_div);

@@ -1194,11 +1194,13 @@ __device__ __forceinline__ void rope_cs(int p, int i, int n_rot, float base, con
     sn = (float)sin(theta);
 }
 
+/* bias (or NULL): added to v's pair first (v + bias, as the matmul would) */
 __device__ __forceinline__ void rope_pair(float *v, int i, int half, int neox, float cs, float sn, float &o0,
-                                          float &o1, int &i0, int &i1)
+                                          float &o1, int &i0, int &i1, const float *bias = NULL)
 {
     i0 = neox ? i : 2 * i; i1 = neox ? i + half : 2 * i + 1;
     float a = v[i0], c = v[i1];
+    if (bias) { a = __fadd_rn(a, bias[i0]); c = __fadd_rn(c, bias[i1]); }
     o0 = __fsub_rn(__fmul_rn(a, cs), __fmul_rn(c, sn));
     o1 = __fadd_rn(__fmul_rn(a, sn), __fmul_rn(c, cs));
     v[i0] = o0;
@@ -1249,26 +1251,33 @@ __global__ void k_kv_store(void *kc, void *vc, int f16, const int32_t *pos, cons
  * values as k_rope, k_rope, k_kv_store. */
 __global__ void k_rope_kv(float *q, float *k, const float *v, void *kc, void *vc, int f16, const int32_t *pos,
                           const int32_t *off, const int32_t *pages, int n_head, int n_head_kv, int hd, int n_rot,
-                          float base, int neox, const float *fd)
+                          float base, int neox, const float *fd, const float *bq, const float *bk,
+                          const float *bv)
 {
     pdl_begin();
     int t = blockIdx.x, h = blockIdx.y, half = n_rot / 2, p = pos[t];
     int isk = h >= n_head, hh = isk ? h - n_head : h;
     float *x = isk ? k + ((size_t)t * n_head_kv + hh) * hd : q + ((size_t)t * n_head + hh) * hd;
+    const float *bx = isk ? (bk ? bk + (size_t)hh * hd : NULL) : (bq ? bq + (size_t)hh * hd : NULL);
+    const float *bvh = bv ? bv + (size_t)hh * hd : NULL;
     int kvd = n_head_kv * hd;
     size_t s = isk ? kv_slot(off, pages, t, p) * (size_t)kvd + (size_t)hh * hd : 0;
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         float cs, sn, o0, o1;
         int i0, i1;
         rope_cs(p, i, n_rot, base, fd, cs, sn);
-        rope_pair(x, i, half, neox, cs, sn, o0, o1, i0, i1);
+        rope_pair(x, i, half, neox, cs, sn, o0, o1, i0, i1, bx);
         if (isk) { kv_put(kc, f16, s + i0, o0); kv_put(kc, f16, s + i1, o1); }
     }
+    /* past the rotated dims: as they are (with the bias) */
+    if (bx)
+        for (int d = n_rot + threadIdx.x; d < hd; d += blockDim.x) x[d] = __fadd_rn(x[d], bx[d]);
     if (!isk) return;
+    if (bx) __syncthreads();   /* (the tail written above is read below by other threads) */
     const float *vr = v + ((size_t)t * n_head_kv + hh) * hd;
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        if (d >= n_rot) kv_put(kc, f16, s + d, x[d]);   /* past the rotated dims: as they are */
-        kv_put(vc, f16, s + d, vr[d]);
+        if (d >= n_rot) kv_put(kc, f16, s + d, x[d]);
+        kv_put(vc, f16, s + d, bvh ? __fadd_rn(vr[d], bvh[d]) : vr[d]);
     }
 }
 
@@ -1930,11 +1939,13 @@ void ck_kv_store(cudaStream_t st, void *kc, void *vc, int f16, const int32_t *po
 
 void ck_rope_kv(cudaStream_t st, float *q, float *k, const float *v, void *kc, void *vc, int f16,
                 const int32_t *pos, const int32_t *off, const int32_t *pages, int T, int n_head, int n_head_kv,
-                int hd, int n_rot, float base, int neox, const float *fd)
+                int hd, int n_rot, float base, int neox, const float *fd, const float *bq, const float *bk,
+                const float *bv)
 {
     dim3 g(T, n_head + n_head_kv);
     int bs = hd / 2 > 32 ? 128 : 32;
-    lk(k_rope_kv, g, bs, 0, st, q, k, v, kc, vc, f16, pos, off, pages, n_head, n_head_kv, hd, n_rot, base, neox, fd);
+    lk(k_rope_kv, g, bs, 0, st, q, k, v, kc, vc, f16, pos, off, pages, n_head, n_head_kv, hd, n_rot, base, neox, fd,
+       bq, bk, bv);
 }
 
 void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *vc, int f16, const int32_t *pos,

@@ -75,10 +75,12 @@ void ck_rope(cudaStream_t st, float *x, const int32_t *pos, int T, int n_heads, 
 void ck_kv_store(cudaStream_t st, void *kc, void *vc, int f16, const int32_t *pos, const int32_t *off,
                  const int32_t *pages, int T, int kv_dim, const float *k, const float *v);
 /* ck_rope of q [T][n_head][hd] and k [T][n_head_kv][hd], then ck_kv_store
- * of k and v, in one launch (the same values). */
+ * of k and v, in one launch (the same values); bq, bk, bv (or NULL):
+ * biases added to q, k, v first, q and k keeping them. */
 void ck_rope_kv(cudaStream_t st, float *q, float *k, const float *v, void *kc, void *vc, int f16,
                 const int32_t *pos, const int32_t *off, const int32_t *pages, int T, int n_head, int n_head_kv,
-                int hd, int n_rot, float base, int neox, const float *fd);
+                int hd, int n_rot, float base, int neox, const float *fd, const float *bq, const float *bk,
+                const float *bv);
 /* Causal attention over the paged cache (xq: also out's int8 form, as
  * ck_rmsnorm; head_dim % 32 == 0). A token's positions go in spans of
  * CK_ATT_SPAN, merged in order, so its result does not depend on the batch.

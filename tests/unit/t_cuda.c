@@ -312,8 +312,10 @@ static void test_rope(void)
     free(x); free(a); free(g);
 }
 
-/* rope_kv equals rope, rope, kv_store bit for bit (q, k and both caches) */
-static void rope_kv_case(be *g, int n_head, int n_head_kv, int hd, int n_rot, int neox, int with_fd)
+/* rope_kv equals rope, rope, kv_store bit for bit (q, k and both caches);
+ * with_bias: rope_kv given the q, k, v biases equals the plain ops on
+ * q + bq, k + bk, v + bv */
+static void rope_kv_case(be *g, int n_head, int n_head_kv, int hd, int n_rot, int neox, int with_fd, int with_bias)
 {
     enum { NS = 3, MAXP = 32 };
     int n_pages = NS * MAXP, kvd = n_head_kv * hd;
@@ -336,17 +338,34 @@ static void rope_kv_case(be *g, int n_head, int n_head_kv, int hd, int n_rot, in
     float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4);
     for (size_t i = 0; i < nq; i++) q[i] = frand() * 2;
     for (size_t i = 0; i < nk; i++) { k[i] = frand() * 2; v[i] = frand() * 2; }
+    float *bq = kept(malloc((size_t)n_head * hd * 4)), *bk = kept(malloc((size_t)kvd * 4)), *bv = kept(malloc((size_t)kvd * 4));
+    for (int i = 0; i < n_head * hd; i++) bq[i] = frand();
+    for (int i = 0; i < kvd; i++) { bk[i] = frand(); bv[i] = frand(); }
+    wt bw[3] = { { .type = QT_F32, .n_in = n_head * hd, .n_out = 1, .row_bytes = (size_t)n_head * hd * 4, .data = bq },
+                 { .type = QT_F32, .n_in = kvd, .n_out = 1, .row_bytes = (size_t)kvd * 4, .data = bk },
+                 { .type = QT_F32, .n_in = kvd, .n_out = 1, .row_bytes = (size_t)kvd * 4, .data = bv } };
+    for (int i = 0; i < 3; i++) CHECK(g->ops->weight_prepare(g, &bw[i]) == 0);
+    const wt *bias[3] = { &bw[0], &bw[1], &bw[2] };
     float *dq[2], *dk[2], *dv[2];
     void *kc[2], *vc[2];
     for (int r = 0; r < 2; r++) {
-        dq[r] = dev_from(g, q, nq); dk[r] = dev_from(g, k, nk); dv[r] = dev_from(g, v, nk);
+        if (r == 0 && with_bias) {   /* the reference: the biases added on the host */
+            float *q2 = malloc(nq * 4), *k2 = malloc(nk * 4), *v2 = malloc(nk * 4);
+            for (size_t i = 0; i < nq; i++) q2[i] = q[i] + bq[i % ((size_t)n_head * hd)];
+            for (size_t i = 0; i < nk; i++) { k2[i] = k[i] + bk[i % (size_t)kvd]; v2[i] = v[i] + bv[i % (size_t)kvd]; }
+            dq[r] = dev_from(g, q2, nq); dk[r] = dev_from(g, k2, nk); dv[r] = dev_from(g, v2, nk);
+            free(q2); free(k2); free(v2);
+        } else {
+            dq[r] = dev_from(g, q, nq); dk[r] = dev_from(g, k, nk); dv[r] = dev_from(g, v, nk);
+        }
         kc[r] = g->ops->alloc(g, cache); vc[r] = g->ops->alloc(g, cache);
     }
     const wt *f = with_fd ? &fdw : NULL;
     g->ops->rope(g, dq[0], &bt, n_head, hd, n_rot, 1e6f, neox, f);
     g->ops->rope(g, dk[0], &bt, n_head_kv, hd, n_rot, 1e6f, neox, f);
     g->ops->kv_store(g, kc[0], vc[0], &bt, kvd, dk[0], dv[0]);
-    g->ops->rope_kv(g, dq[1], dk[1], dv[1], kc[1], vc[1], &bt, n_head, n_head_kv, hd, n_rot, 1e6f, neox, f);
+    g->ops->rope_kv(g, dq[1], dk[1], dv[1], kc[1], vc[1], &bt, n_head, n_head_kv, hd, n_rot, 1e6f, neox, f,
+                    with_bias ? bias : NULL);
     size_t big = cache > nq * 4 ? cache : nq * 4;
     char *a = malloc(big), *b = malloc(big);
     const char *what[4] = { "q", "k", "k cache", "v cache" };
@@ -355,8 +374,8 @@ static void rope_kv_case(be *g, int n_head, int n_head_kv, int hd, int n_rot, in
     for (int i = 0; i < 4; i++) {
         g->ops->to_host(g, a, src[i][0], len[i]);
         g->ops->to_host(g, b, src[i][1], len[i]);
-        CHECKF(memcmp(a, b, len[i]) == 0, "rope_kv kv%s heads %d/%d hd %d n_rot %d neox %d fd %d: %s differs",
-               g->kv_elt == 2 ? "16" : "32", n_head, n_head_kv, hd, n_rot, neox, with_fd, what[i]);
+        CHECKF(memcmp(a, b, len[i]) == 0, "rope_kv kv%s heads %d/%d hd %d n_rot %d neox %d fd %d bias %d: %s differs",
+               g->kv_elt == 2 ? "16" : "32", n_head, n_head_kv, hd, n_rot, neox, with_fd, with_bias, what[i]);
     }
     g->ops->sync(g);
     for (int r = 0; r < 2; r++) {
@@ -372,11 +391,26 @@ static void test_rope_kv(void)
     if (!gpu->ops->rope_kv) return;
     be *gs[2] = { gpu, gpu32 };
     for (int i = 0; i < 2; i++) {
-        rope_kv_case(gs[i], 14, 2, 64, 64, 1, 0);    /* qwen2.5-0.5b */
-        rope_kv_case(gs[i], 8, 2, 128, 128, 0, 1);
-        rope_kv_case(gs[i], 4, 2, 64, 32, 1, 0);     /* partial rotary */
-        rope_kv_case(gs[i], 6, 3, 48, 32, 0, 1);
-        rope_kv_case(gs[i], 16, 8, 256, 64, 1, 0);
+        rope_kv_case(gs[i], 14, 2, 64, 64, 1, 0, 0);    /* qwen2.5-0.5b */
+        rope_kv_case(gs[i], 8, 2, 128, 128, 0, 1, 0);
+        rope_kv_case(gs[i], 4, 2, 64, 32, 1, 0, 0);     /* partial rotary */
+        rope_kv_case(gs[i], 6, 3, 48, 32, 0, 1, 0);
+        rope_kv_case(gs[i], 16, 8, 256, 64, 1, 0, 0);
+        rope_kv_case(gs[i], 14, 2, 64, 64, 1, 0, 1);    /* qwen2.5: q, k, v biases */
+        rope_kv_case(gs[i], 4, 2, 64, 32, 1, 1, 1);
+        rope_kv_case(gs[i], 6, 3, 48, 32, 0, 0, 1);
+    }
+    /* and with fusion off (the plain ops, biases added first) */
+    setenv("ANE_CUDA_FUSE", "0", 1);
+    be *plain = NULL;
+    char err[256];
+    int bad = be_open(&plain, "cuda", pl, 1, err, sizeof err);
+    unsetenv("ANE_CUDA_FUSE");
+    CHECKF(!bad, "%s", err);
+    if (!bad) {
+        rope_kv_case(plain, 14, 2, 64, 64, 1, 0, 1);
+        rope_kv_case(plain, 4, 2, 64, 32, 1, 1, 1);
+        plain->ops->close(plain);
     }
 }
 
