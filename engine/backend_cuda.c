@@ -94,6 +94,7 @@ typedef struct cu_be {
     /* host staging for logits; argmax ids */
     void *h_out; size_t h_out_cap;
     int32_t *d_ids_out, *h_ids_out;
+    void *d_amax;              /* argmax partials: CK_ARGMAX_PART bytes */
 } cu_be;
 
 static int ok(cu_be *c, cudaError_t e, const char *what)
@@ -170,6 +171,7 @@ static void cu_close(be *b)
     if (c->h_out) cudaFreeHost(c->h_out);
     if (c->h_ids_out) cudaFreeHost(c->h_ids_out);
     cudaFree(c->d_ids_out);
+    cudaFree(c->d_amax);
     if (c->blas) cublasDestroy(c->blas);
     if (c->st) cudaStreamDestroy(c->st);
     free(c);
@@ -755,7 +757,7 @@ static void cu_argmax(be *b, const float *x, int rows, int n, int32_t *ids)
     cu_be *c = (cu_be *)b;
     for (int r0 = 0; r0 < rows; r0 += ARGMAX_ROWS) {
         int nr = rows - r0 < ARGMAX_ROWS ? rows - r0 : ARGMAX_ROWS;
-        ck_argmax(c->st, x + (size_t)r0 * n, nr, n, c->d_ids_out);
+        ck_argmax(c->st, x + (size_t)r0 * n, nr, n, c->d_ids_out, c->d_amax);
         ok(c, cudaMemcpyAsync(c->h_ids_out, c->d_ids_out, (size_t)nr * 4, cudaMemcpyDeviceToHost, c->st), "ids");
         ok(c, cudaStreamSynchronize(c->st), "sync");
         memcpy(ids + r0, c->h_ids_out, (size_t)nr * 4);
@@ -913,6 +915,7 @@ int be_cuda_open(be **out, struct pool *p, int kv_f16, char *err, size_t errlen)
     c->part_cap = (size_t)2 * c->n_sm * (size_t)c->att_maxs * (256 + 2);
     if (cudaMalloc((void **)&c->part, c->part_cap * 4) != cudaSuccess) goto fail;
     if (cudaMalloc((void **)&c->d_ids_out, ARGMAX_ROWS * 4) != cudaSuccess) goto fail;
+    if (cudaMalloc(&c->d_amax, CK_ARGMAX_PART) != cudaSuccess) goto fail;
     if (cudaMallocHost((void **)&c->h_ids_out, ARGMAX_ROWS * 4) != cudaSuccess) goto fail;
     const char *gt = getenv("ANE_CUDA_GEMM_T");
     c->gemm_min_t = gt && atoi(gt) > 0 ? atoi(gt) : 9;

@@ -93,8 +93,11 @@ void ck_rope_kv(cudaStream_t st, float *q, float *k, const float *v, void *kc, v
 void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *vc, int f16,
                   const int32_t *pos, const int32_t *off, const int32_t *pages, int T, int n_head,
                   int n_head_kv, int head_dim, float *out, float *part, int G, int maxs, void *xq, void *x16);
-/* ids[r] = argmax of row r of x [rows][n] (first of equals). */
-void ck_argmax(cudaStream_t st, const float *x, int rows, int n, int32_t *ids);
+/* ids[r] = argmax of row r of x [rows][n] (first of equals). part (or
+ * NULL): a scratch of CK_ARGMAX_PART bytes, with which fewer than 64 rows
+ * are each split over several blocks. */
+#define CK_ARGMAX_PART (64 * 32 * 8)
+void ck_argmax(cudaStream_t st, const float *x, int rows, int n, int32_t *ids, void *part);
 
 #ifdef __cplusplus
 }

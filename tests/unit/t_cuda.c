@@ -681,24 +681,32 @@ static void test_invariance(void)
         }
 }
 
+/* rows split over blocks (under 64 rows) and not; ties inside a block's
+ * share and across shares: the first wins; a row of -inf gives 0 */
 static void test_argmax(void)
 {
-    int rows = 37, n = 151936;
-    size_t N = (size_t)rows * n;
-    float *x = malloc(N * 4);
-    for (size_t i = 0; i < N; i++) x[i] = frand() * 20;
-    x[(size_t)3 * n + 77] = 100; x[(size_t)3 * n + 78] = 100;   /* ties: the first wins */
-    float *dx = dev_from(gpu, x, N);
-    int32_t ids[37];
-    CHECK(gpu->ops->argmax != NULL);
-    if (gpu->ops->argmax) gpu->ops->argmax(gpu, dx, rows, n, ids);
-    for (int r = 0; r < rows; r++) {
-        int best = 0;
-        for (int i = 1; i < n; i++) if (x[(size_t)r * n + i] > x[(size_t)r * n + best]) best = i;
-        CHECKF(ids[r] == best, "argmax row %d: %d, want %d", r, ids[r], best);
+    const int nrows[2] = { 37, 100 };
+    for (int c = 0; c < 2; c++) {
+        int rows = nrows[c], n = 151936;
+        size_t N = (size_t)rows * n;
+        float *x = malloc(N * 4);
+        for (size_t i = 0; i < N; i++) x[i] = frand() * 20;
+        x[(size_t)3 * n + 77] = 100; x[(size_t)3 * n + 78] = 100;
+        x[(size_t)5 * n + 9] = 100; x[(size_t)5 * n + n - 9] = 100;
+        x[(size_t)6 * n + n - 9] = 100; x[(size_t)6 * n + 70000] = 100;
+        for (int i = 0; i < n; i++) x[(size_t)7 * n + i] = -INFINITY;
+        float *dx = dev_from(gpu, x, N);
+        int32_t ids[100];
+        CHECK(gpu->ops->argmax != NULL);
+        if (gpu->ops->argmax) gpu->ops->argmax(gpu, dx, rows, n, ids);
+        for (int r = 0; r < rows; r++) {
+            int best = 0;
+            for (int i = 1; i < n; i++) if (x[(size_t)r * n + i] > x[(size_t)r * n + best]) best = i;
+            CHECKF(ids[r] == best, "argmax %d rows, row %d: %d, want %d", rows, r, ids[r], best);
+        }
+        gpu->ops->free(gpu, dx);
+        free(x);
     }
-    gpu->ops->free(gpu, dx);
-    free(x);
 }
 
 static void test_attention(void)
