@@ -595,14 +595,7 @@ __device__ __forceinline__ float q8_unit(float acc, float dw, float dx, int dot)
 
 /* Warps per row (K) of every int8 GEMV: a function of the units per row
  * only, since the lane -> unit split and the reduction depend on it. */
-static int env_int(const char *name, int dflt);
-static inline int gv_warps(int nu)
-{
-    static int kmax = -1;   /* ANE_CUDA_GEMV_KMAX: a lower cap, for tuning (every kernel alike) */
-    if (kmax < 0) kmax = env_int("ANE_CUDA_GEMV_KMAX", 4);
-    int k = nu >= 256 ? 4 : nu >= 64 ? 2 : 1;
-    return k > kmax ? (kmax >= 2 ? 2 : 1) : k;
-}
+static inline int gv_warps(int nu) { return nu >= 256 ? 4 : nu >= 64 ? 2 : 1; }
 
 __device__ __forceinline__ int byte_of3(uint4 h, int k)   /* byte k (0..11) of h.y, h.z, h.w */
 {
@@ -1688,14 +1681,16 @@ static int gemv_mr_off(void)
     return v;
 }
 
-/* ANE_CUDA_GEMV_BT=0: batches of 3..16 tokens through the one-row-per-warp
- * kernels (k_gemv_q4k, k_gemv_q8) instead of R rows per group (for
- * comparison; both give the same bits) */
-static int gemv_bt_off(void)
+/* Batches of 3..16 tokens: R rows per group for rows of 2048 values and
+ * more, where re-reading x per row costs most (measured: 7b 1.3-1.5x), one
+ * row per warp (k_gemv_q4k, k_gemv_q8) for shorter rows (0.5b: 8% faster
+ * there). Both give the same bits. ANE_CUDA_GEMV_BT=0 / 1: always the one
+ * or the other (for comparison). */
+static int gemv_bt(int n)
 {
-    static int v = -1;
-    if (v < 0) v = env_int("ANE_CUDA_GEMV_BT", 1) == 0;
-    return v;
+    static int v = -2;
+    if (v == -2) v = env_int("ANE_CUDA_GEMV_BT", -1);
+    return v < 0 ? n >= 2048 : v != 0;
 }
 
 /* decode: rows per group R, K warps per group by the units per row */
@@ -1873,7 +1868,7 @@ static void gemv_multi(cudaStream_t st, uint32_t type, int nm, const void *const
             const int8_t *q = xq + (size_t)t0 * n;
             const float *d = xd + (size_t)t0 * (n / 32);
             const int *sx = xs + (size_t)t0 * (n / 32);
-            if (tn <= 2 ? !gemv_mr_off() : !gemv_bt_off()) gemv_mr(st, S, type == T_Q4_K, rb, n, q, d, sx, tn);
+            if (tn <= 2 ? !gemv_mr_off() : gemv_bt(n)) gemv_mr(st, S, type == T_Q4_K, rb, n, q, d, sx, tn);
             else if (type == T_Q8_0) gemv_q8t(st, S, rb, n, q, d, tn);
             else gemv_qt(st, S, rb, n, q, d, sx, tn);
         }
