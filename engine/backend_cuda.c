@@ -22,13 +22,15 @@
  * batch size). Outside a forward pass (tests) batches under gemm_min_t rows
  * (9; ANE_CUDA_GEMM_T) take the GEMV. Greedy rows come back as ids.
  * Fusion (ANE_CUDA_FUSE=0 turns it off, for comparison): rope_kv is one
- * kernel; and the ops that produce a GEMV's input (rmsnorm, add_rmsnorm,
- * silu_mul) also write its int8 form into xq, with the GEMV's own
- * quantizer, when an int8 matrix of that width would take all those rows
- * by GEMV. A tag (source, rows, n) says what xq holds; a matmul on exactly
- * that skips the quantization, every op that may write device memory
- * clears it, and it never outlives a pass: being host state, it takes the
- * same course while a pass is recorded as a graph. */
+ * kernel (adding the q, k, v biases when the forward pass hands them over);
+ * and the ops that produce a matmul's input (rmsnorm, add_rmsnorm,
+ * silu_mul, attention) also write the form the matmul reads: int8 into xq,
+ * with the GEMV's own quantizer, when an int8 matrix of that width would
+ * take all those rows by GEMV; f16 into x16 when all of them go to cuBLAS.
+ * Tags (source, rows, n) say what xq and x16 hold; a matmul on exactly that
+ * skips the conversion, every op that may write device memory clears them,
+ * and they never outlive a pass: being host state, they take the same
+ * course while a pass is recorded as a graph. */
 #ifdef ANE_CUDA
 
 #include "engine/backend.h"
