@@ -433,6 +433,22 @@ __device__ __forceinline__ int gv_pick(const gv_set &S)
     return mi;
 }
 
+/* The row of a one-row GEMV's warp: matrix mi of the set, row r (row 0's
+ * bytes when r is past the end: live false), part of its K warps. */
+struct gv_row { int mi, r, part; bool live; const uint8_t *row; };
+
+template <int K>
+__device__ __forceinline__ gv_row gv_row_of(const gv_set &S, size_t rb, int warp)
+{
+    gv_row g;
+    g.mi = gv_pick(S);
+    g.r = ((int)blockIdx.x - S.m[g.mi].blk0) * (4 / K) + warp / K;
+    g.part = warp % K;
+    g.live = g.r < S.m[g.mi].n_out;
+    g.row = S.m[g.mi].W + (size_t)(g.live ? g.r : 0) * rb;
+    return g;
+}
+
 /* End of the one-row GEMVs: each warp's lane sums to one value per token,
  * the K warps of a row are added in warp order, and lane t of the row's
  * first warp writes token t (plus bias). Every thread of the block calls it. */
@@ -476,12 +492,10 @@ __global__ void __launch_bounds__(128) k_gemv(const gv_set S, size_t rb, int n, 
 {
     pdl_begin();
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int mi = gv_pick(S);
-    const uint8_t *W = S.m[mi].W;
-    int n_out = S.m[mi].n_out;
-    int r = ((int)blockIdx.x - S.m[mi].blk0) * (4 / K) + warp / K, part = warp % K;
-    bool live = r < n_out;
-    const uint8_t *row = W + (size_t)(live ? r : 0) * rb;
+    gv_row g = gv_row_of<K>(S, rb, warp);
+    int mi = g.mi, r = g.r, part = g.part;
+    bool live = g.live;
+    const uint8_t *row = g.row;
     float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = 0.f;
@@ -629,12 +643,10 @@ __global__ void __launch_bounds__(128) k_gemv_q4k(const gv_set S, size_t rb, int
 {
     pdl_begin();
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int mi = gv_pick(S);
-    const uint8_t *W = S.m[mi].W;
-    int n_out = S.m[mi].n_out;
-    int r = ((int)blockIdx.x - S.m[mi].blk0) * (4 / K) + warp / K, part = warp % K;
-    bool live = r < n_out;
-    const uint8_t *row = W + (size_t)(live ? r : 0) * rb;
+    gv_row g = gv_row_of<K>(S, rb, warp);
+    int mi = g.mi, r = g.r, part = g.part;
+    bool live = g.live;
+    const uint8_t *row = g.row;
     float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = 0.f;
@@ -642,22 +654,11 @@ __global__ void __launch_bounds__(128) k_gemv_q4k(const gv_set S, size_t rb, int
 #pragma unroll 2
     for (int p = lane + 32 * part; p < np; p += 32 * K) {
         const uint8_t *b = row + (p >> 2) * 144;
-        int j = p & 3, c0 = 2 * j, c1 = 2 * j + 1;
+        int j = p & 3;
         uint4 h = *(const uint4 *)b;
         uint4 q0 = *(const uint4 *)(b + 16 + 32 * j), q1 = *(const uint4 *)(b + 32 + 32 * j);
-        float d = __half2float(__ushort_as_half((unsigned short)(h.x & 0xffff)));
-        float dm = __half2float(__ushort_as_half((unsigned short)(h.x >> 16)));
-        int sc0, m0, sc1, m1;
-        if (j < 2) {
-            sc0 = byte_of3(h, c0) & 63; m0 = byte_of3(h, c0 + 4) & 63;
-            sc1 = byte_of3(h, c1) & 63; m1 = byte_of3(h, c1 + 4) & 63;
-        } else {
-            sc0 = (byte_of3(h, c0 + 4) & 0xF) | ((byte_of3(h, c0 - 4) >> 6) << 4);
-            m0 = (byte_of3(h, c0 + 4) >> 4) | ((byte_of3(h, c0) >> 6) << 4);
-            sc1 = (byte_of3(h, c1 + 4) & 0xF) | ((byte_of3(h, c1 - 4) >> 6) << 4);
-            m1 = (byte_of3(h, c1 + 4) >> 4) | ((byte_of3(h, c1) >> 6) << 4);
-        }
-        float d0 = d * (float)sc0, d1 = d * (float)sc1, mm0 = dm * (float)m0, mm1 = dm * (float)m1;
+        float d0, d1, mm0, mm1;
+        q4k_scales(h, j, d0, d1, mm0, mm1);
         uint32_t qw[8] = { q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w };
 #pragma unroll
         for (int t = 0; t < NT; t++) {
@@ -688,12 +689,10 @@ __global__ void __launch_bounds__(128) k_gemv_q8(const gv_set S, size_t rb, int 
 {
     pdl_begin();
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int mi = gv_pick(S);
-    const uint8_t *W = S.m[mi].W;
-    int n_out = S.m[mi].n_out;
-    int r = ((int)blockIdx.x - S.m[mi].blk0) * (4 / K) + warp / K, part = warp % K;
-    bool live = r < n_out;
-    const uint8_t *row = W + (size_t)(live ? r : 0) * rb;
+    gv_row g = gv_row_of<K>(S, rb, warp);
+    int mi = g.mi, r = g.r, part = g.part;
+    bool live = g.live;
+    const uint8_t *row = g.row;
     bool a16 = ((uintptr_t)row & 15) == 0;
     float acc[NT];
 #pragma unroll
@@ -753,7 +752,7 @@ __global__ void __launch_bounds__(128) k_gemv_mr(const gv_set S, size_t rb, int 
     for (int u = lane + 32 * part; u < nu; u += 32 * K) {
         if (Q4K && NT <= 2) {
             /* one or two tokens: x loaded with the weights, before any of them is used */
-            const int j = u & 3, c0 = 2 * j, c1 = 2 * j + 1;
+            const int j = u & 3;
             uint4 h[R], q0[R], q1[R];
 #pragma unroll
             for (int r = 0; r < R; r++) {
@@ -779,19 +778,8 @@ __global__ void __launch_bounds__(128) k_gemv_mr(const gv_set S, size_t rb, int 
             }
 #pragma unroll
             for (int r = 0; r < R; r++) {
-                float d = __half2float(__ushort_as_half((unsigned short)(h[r].x & 0xffff)));
-                float dm = __half2float(__ushort_as_half((unsigned short)(h[r].x >> 16)));
-                int sc0, m0, sc1, m1;
-                if (j < 2) {
-                    sc0 = byte_of3(h[r], c0) & 63; m0 = byte_of3(h[r], c0 + 4) & 63;
-                    sc1 = byte_of3(h[r], c1) & 63; m1 = byte_of3(h[r], c1 + 4) & 63;
-                } else {
-                    sc0 = (byte_of3(h[r], c0 + 4) & 0xF) | ((byte_of3(h[r], c0 - 4) >> 6) << 4);
-                    m0 = (byte_of3(h[r], c0 + 4) >> 4) | ((byte_of3(h[r], c0) >> 6) << 4);
-                    sc1 = (byte_of3(h[r], c1 + 4) & 0xF) | ((byte_of3(h[r], c1 - 4) >> 6) << 4);
-                    m1 = (byte_of3(h[r], c1 + 4) >> 4) | ((byte_of3(h[r], c1) >> 6) << 4);
-                }
-                float d0 = d * (float)sc0, d1 = d * (float)sc1, mm0 = dm * (float)m0, mm1 = dm * (float)m1;
+                float d0, d1, mm0, mm1;
+                q4k_scales(h[r], j, d0, d1, mm0, mm1);
                 uint32_t qw[8] = { q0[r].x, q0[r].y, q0[r].z, q0[r].w, q1[r].x, q1[r].y, q1[r].z, q1[r].w };
 #pragma unroll
                 for (int t = 0; t < NT; t++) {
@@ -1996,7 +1984,7 @@ void ck_argmax(cudaStream_t st, const float *x, int rows, int n, int32_t *ids, v
 {
     /* a row per block when there are enough rows; else each row split in
      * up to 32 parts (one block scanning a 150k vocabulary is latency-bound) */
-    int P = !part || rows >= 64 ? 1 : n / 4096 < 32 ? (n / 4096 > 0 ? n / 4096 : 1) : 32;
+    int P = !part || rows >= 64 ? 1 : min(32, max(1, n / 4096));
     dim3 g(rows, P);
     lk(k_argmax, g, 1024, 0, st, x, n, ids, (float2 *)part);
     if (P > 1) lk(k_argmax_fin, rows, 32, 0, st, (const float2 *)part, P, ids);
