@@ -135,17 +135,16 @@ static int tag_is(const cu_be *c, const float *x, int rows, int n)
     return c->xq_src && c->xq_src == x && c->xq_rows == rows && c->xq_n == n;
 }
 
+static int overlaps(const float *a, size_t na, const float *b, size_t nb)
+{
+    return a && b < a + na && a < b + nb;
+}
+
 /* out [n] floats were written: a tag on memory overlapping them goes */
 static void tag_written(cu_be *c, const float *out, size_t n)
 {
-    if (c->xq_src) {
-        const float *s = c->xq_src, *e = s + (size_t)c->xq_rows * c->xq_n;
-        if (out < e && s < out + n) { c->xq_src = NULL; c->xq_rows = c->xq_n = 0; }
-    }
-    if (c->x16_src) {
-        const float *s = c->x16_src, *e = s + (size_t)c->x16_rows * c->x16_n;
-        if (out < e && s < out + n) { c->x16_src = NULL; c->x16_rows = c->x16_n = 0; }
-    }
+    if (overlaps(c->xq_src, (size_t)c->xq_rows * c->xq_n, out, n)) { c->xq_src = NULL; c->xq_rows = c->xq_n = 0; }
+    if (overlaps(c->x16_src, (size_t)c->x16_rows * c->x16_n, out, n)) { c->x16_src = NULL; c->x16_rows = c->x16_n = 0; }
 }
 
 static void cu_free(be *b, void *p)
@@ -377,13 +376,18 @@ static void *xq_for(cu_be *c, int T, int n)
 /* Room in part for every token of bt (spans of CK_ATT_SPAN); grows it
  * (dropping recorded graphs, which bake its size) when a sequence outgrows
  * it. 0 when there is room. */
-static int att_room(cu_be *c, const be_batch *bt)
+static int att_spans(const be_batch *bt)
 {
     int need = 1;
     for (int t = 0; t < bt->T; t++) {
         int ns = (bt->pos[t] + CK_ATT_SPAN) / CK_ATT_SPAN;
         if (ns > need) need = ns;
     }
+    return need;
+}
+
+static int att_room(cu_be *c, int need)
+{
     if (need <= c->att_maxs) return 0;
     if (c->capturing) return -1;
     int m = c->att_maxs * 2 > need ? c->att_maxs * 2 : need;
@@ -399,15 +403,11 @@ static int att_room(cu_be *c, const be_batch *bt)
 
 /* Blocks per (token, head): several for short batches (flash-decoding),
  * no more than keep each block's warps on a span of the longest token. */
-static int att_blocks(cu_be *c, const be_batch *bt, int n_head, int head_dim)
+static int att_blocks(cu_be *c, int T, int ns, int n_head, int head_dim)
 {
-    int T = bt->T, work = T * n_head, want = 2 * c->n_sm, ns = 1;
+    int work = T * n_head, want = 2 * c->n_sm;
     if (work >= want || c->att_maxs < 2) return 1;
     if ((size_t)work * c->att_maxs * (size_t)(head_dim + 2) > c->part_cap) return 1;
-    for (int t = 0; t < T; t++) {
-        int n = (bt->pos[t] + CK_ATT_SPAN) / CK_ATT_SPAN;
-        if (n > ns) ns = n;
-    }
     int g = (want + work - 1) / work, gs = (ns + CK_ATT_WARPS - 1) / CK_ATT_WARPS;
     if (g > gs) g = gs;
     return g > c->att_maxs ? c->att_maxs : g < 1 ? 1 : g;
@@ -428,7 +428,7 @@ static int cu_step_begin(be *b, const int32_t *tokens, const be_batch *bt, const
     /* the scratch is taken at the first pass: GEMM for batches up to 1024 */
     if (ensure_gemm(c, T > 1024 ? T : 1024)) return 0;
     xq_for(c, T > 16 ? T : 16, (int)c->max_n_in);   /* before any capture */
-    att_room(c, bt);
+    att_room(c, att_spans(bt));
     stage(c, tokens, T, bt);
     c->cur_bt = bt;
     c->cur_ids = tokens;
@@ -747,7 +747,8 @@ static void cu_attention(be *b, const float *q, const void *kc, const void *vc, 
 {
     cu_be *c = (cu_be *)b;
     use_batch(c, bt);
-    int G = att_room(c, bt) ? 1 : att_blocks(c, bt, n_head, head_dim);
+    int ns = att_spans(bt);
+    int G = att_room(c, ns) ? 1 : att_blocks(c, bt->T, ns, n_head, head_dim);
     void *xq = head_dim % 32 == 0 ? quant_ahead(c, out, bt->T, n_head * head_dim) : (tag_clear(c), NULL);
     void *x16 = f16_ahead(c, out, bt->T, n_head * head_dim);
     ck_attention(c->st, q, kc, vc, b->kv_elt == 2, d_pos(c), d_off(c), d_pages(c), bt->T, n_head, n_head_kv,
