@@ -812,6 +812,21 @@ static int ssm_batch(const ssm_step *s, int32_t *pos, int32_t *slot, const int32
     return T;
 }
 
+/* The GPU's save points against the CPU's (relative error under tol), then
+ * both freed; g: a host scratch of slot_sz floats. */
+static void saves_check(be_save *gsv, be_save *csv, int n_sv, size_t slot_sz, float *g, double tol, const char *op,
+                        int a, int b, size_t step)
+{
+    for (int i = 0; i < n_sv; i++) {
+        gpu->ops->to_host(gpu, g, gsv[i].dst, slot_sz * 4);
+        double e = rel_err_f(g, csv[i].dst, slot_sz);
+        CHECKF(e < tol, "%s %d/%d step %zu save %d (slot %d pos %d) rel err %.3g", op, a, b, step, i, gsv[i].slot,
+               gsv[i].pos, e);
+        free(csv[i].dst);
+        gpu->ops->free(gpu, gsv[i].dst);
+    }
+}
+
 static void conv_case(int C, int K)
 {
     size_t slot_sz = (size_t)(K - 1) * C, st_n = SSM_SLOTS * slot_sz;
@@ -849,14 +864,7 @@ static void conv_case(int C, int K)
         gpu->ops->to_host(gpu, g, gst, st_n * 4);
         e = rel_err_f(g, cst, st_n);
         CHECKF(e < 1e-6, "conv C=%d K=%d step %zu state rel err %.3g", C, K, si, e);
-        for (int i = 0; i < s->n_sv; i++) {
-            gpu->ops->to_host(gpu, g, gsv[i].dst, slot_sz * 4);
-            e = rel_err_f(g, csv[i].dst, slot_sz);
-            CHECKF(e < 1e-6, "conv C=%d K=%d step %zu save %d (slot %d pos %d) rel err %.3g", C, K, si, i,
-                   s->sv[i].slot, s->sv[i].pos, e);
-            free(csv[i].dst);
-            gpu->ops->free(gpu, gsv[i].dst);
-        }
+        saves_check(gsv, csv, s->n_sv, slot_sz, g, 1e-6, "conv", C, K, si);
         gpu->ops->sync(gpu);
         gpu->ops->free(gpu, dx);
         if (!inplace) gpu->ops->free(gpu, dout);
@@ -916,14 +924,7 @@ static void deltanet_case(int nk, int nv, int dk, int dv)
         gpu->ops->to_host(gpu, g, gst, st_n * 4);
         e = rel_err_f(g, cst, st_n);
         CHECKF(e < 1e-4, "deltanet nk=%d nv=%d dk=%d dv=%d step %zu state rel err %.3g", nk, nv, dk, dv, si, e);
-        for (int i = 0; i < s->n_sv; i++) {
-            gpu->ops->to_host(gpu, g, gsv[i].dst, slot_sz * 4);
-            e = rel_err_f(g, csv[i].dst, slot_sz);
-            CHECKF(e < 1e-4, "deltanet dk=%d dv=%d step %zu save %d (slot %d pos %d) rel err %.3g", dk, dv, si, i,
-                   s->sv[i].slot, s->sv[i].pos, e);
-            free(csv[i].dst);
-            gpu->ops->free(gpu, gsv[i].dst);
-        }
+        saves_check(gsv, csv, s->n_sv, slot_sz, g, 1e-4, "deltanet", dk, dv, si);
         gpu->ops->sync(gpu);
         gpu->ops->free(gpu, dq); gpu->ops->free(gpu, da); gpu->ops->free(gpu, db); gpu->ops->free(gpu, dout);
         free(qkv); free(ga); free(gb); free(a); free(o);
