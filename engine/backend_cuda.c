@@ -12,8 +12,11 @@
  * quantized blocks directly (q4_K and q8_0 with x quantized to int8 per 32
  * values and __dp4a, as the CPU's q8 activations; the other types in f32
  * arithmetic; q8_0 is repacked at upload into aligned quants followed by the
- * row's scales); prompt rows, and decode batches past CK_GEMV_MAX_T rows,
- * dequantize W to f16 for cuBLAS (f32 accumulation and output). Every GEMV
+ * row's scales); decode batches of CK_GEMV_MAX_T+1 .. CK_MMQB_MAX_T rows of
+ * q4_K go through a batched kernel that reads the quantized weights once
+ * per step for f16 tensor cores (ANE_CUDA_MMQB=0: cuBLAS instead);
+ * prompt rows, larger decode batches and the other types dequantize W to
+ * f16 for cuBLAS (f32 accumulation and output). Every GEMV
  * tile size, and every spread of attention over blocks, gives a row the same
  * arithmetic, so a decoding sequence computes the same whatever else is in a
  * batch of up to CK_GEMV_MAX_T (at any size with ANE_CUDA_INVARIANT=1).
@@ -80,6 +83,8 @@ typedef struct cu_be {
     int gemm_t_set;            /* ANE_CUDA_GEMM_T given */
     int cache16;               /* keep f16 copies of quantized weights (ANE_CUDA_F16_CACHE, default 1) */
     int mmq;                   /* int8 matrices go through the tensor-core kernel */
+    int mmqb;                  /* q4_K decode batches past the GEMV's by the batched kernel (ANE_CUDA_MMQB=0: cuBLAS) */
+    void *mb_part; int *mb_cnt;   /* their split-K scratch (CK_MMQB_PART bytes, CK_MMQB_CNT counters) */
     int fuse;                  /* ANE_CUDA_FUSE (default on) */
     const float *xq_src;       /* xq holds the int8 form of xq_src [xq_rows][xq_n], or nothing */
     const float *x16_src;      /* x16 holds the f16 form of x16_src [x16_rows][x16_n], or nothing */
@@ -173,6 +178,7 @@ static void cu_close(be *b)
     if (c->h_ids_out) cudaFreeHost(c->h_ids_out);
     cudaFree(c->d_ids_out);
     cudaFree(c->d_amax);
+    cudaFree(c->mb_part); cudaFree(c->mb_cnt);
     if (c->blas) cublasDestroy(c->blas);
     if (c->st) cudaStreamDestroy(c->st);
     free(c);
@@ -485,20 +491,38 @@ static void cu_embed(be *b, const wt *emb, const int32_t *ids, int T, float *out
  * invariant is set), so a decoding sequence computes the same alone or
  * among up to that many; larger decode batches go to the tensor cores.
  * Elsewhere (tests): all rows of a batch under gemm_min_t. */
-static int gemv_take(const cu_be *c, int mmq, int T)
+static int gemv_take(const cu_be *c, int mmq, int mb, int T)
 {
     if (mmq) return T;
+    int nd = T;
     if (c->in_step) {
-        int nd = c->n_dec < T ? c->n_dec : T;
+        nd = c->n_dec < T ? c->n_dec : T;
         if (c->gemm_t_set && T - nd < c->gemm_min_t) return T;   /* ANE_CUDA_GEMM_T: small prompts too */
-        return nd <= CK_GEMV_MAX_T || c->invariant ? nd : 0;
+        if (nd <= CK_GEMV_MAX_T || c->invariant) return nd;
+    } else if (T < c->gemm_min_t) {
+        return T;
     }
-    return T < c->gemm_min_t ? T : 0;
+    return mb && c->mmqb && nd > CK_GEMV_MAX_T && nd <= CK_MMQB_MAX_T ? nd : 0;
 }
 
 static int gemv_count(const cu_be *c, const wt *w, int T)
 {
-    return gemv_take(c, ck_mmq(w->type, (int)w->n_in), T);
+    return gemv_take(c, ck_mmq(w->type, (int)w->n_in), ck_mmqb_ok(w->type, (int)w->n_in), T);
+}
+
+/* The decode rows of a batch of T that gemv_take gives to the batched q4_K
+ * kernel (rather than to the GEMV or cuBLAS); 0 when none. ANE_CUDA_GEMM_T
+ * (a measuring knob): the GEMV. */
+static int mmqb_rows(const cu_be *c, int T)
+{
+    int nd = c->in_step ? (c->n_dec < T ? c->n_dec : T) : T;
+    return c->mmqb && !c->mmq && !c->gemm_t_set && nd > CK_GEMV_MAX_T && nd <= CK_MMQB_MAX_T &&
+           !(c->in_step && c->invariant) && (c->in_step || T >= c->gemm_min_t) ? nd : 0;
+}
+
+static int by_mmqb(const cu_be *c, uint32_t type, int n, int T)
+{
+    return mmqb_rows(c, T) == T && ck_mmqb_ok(type, n);
 }
 
 /* For an op about to write out [rows][n]: xq, when out should go there in
@@ -510,21 +534,22 @@ static void *quant_ahead(cu_be *c, const float *out, int rows, int n)
     if (!c->fuse || rows < 1 || n < 32 || n % 32) return NULL;
     int known = 0;
     for (int k = 0; k < c->n_q_n; k++) known |= c->q_n[k] == n;
-    if (!known || gemv_take(c, c->mmq, rows) != rows) return NULL;
+    if (!known || gemv_take(c, c->mmq, 0, rows) != rows) return NULL;   /* (all rows by the GEMV) */
     void *xq = xq_for(c, rows, n);   /* (NULL while recording, if too small) */
     if (xq) tag_set(c, out, rows, n);
     return xq;
 }
 
 /* For an op about to write out [rows][n], after quant_ahead: x16 when all
- * rows go to the f16 GEMMs of quantized matrices of width n, with the f16
- * tag set to out (gemm_rows then takes it as converted); else NULL. */
+ * rows go to the f16 GEMMs of quantized matrices of width n (cuBLAS, or
+ * the batched f16 kernel), with the f16 tag set to out (the matmuls then
+ * take it as converted); else NULL. */
 static void *f16_ahead(cu_be *c, const float *out, int rows, int n)
 {
     if (!c->fuse || rows < 1 || c->xq_src || c->x16_cap < (size_t)rows * (size_t)n * 2) return NULL;
     int known = 0;
     for (int k = 0; k < c->n_h_n; k++) known |= c->h_n[k] == n;
-    if (!known || gemv_take(c, c->mmq, rows) != 0) return NULL;
+    if (!known || (gemv_take(c, c->mmq, 1, rows) != 0 && !mmqb_rows(c, rows))) return NULL;
     c->x16_src = out; c->x16_rows = rows; c->x16_n = n;
     return c->x16;
 }
@@ -534,6 +559,27 @@ static void cu_rmsnorm(be *b, const float *x, const wt *w, int rows, int n, floa
     cu_be *c = (cu_be *)b;
     void *xq = quant_ahead(c, out, rows, n);
     ck_rmsnorm(c->st, x, w->dev, rows, n, eps, out, xq, f16_ahead(c, out, rows, n));
+}
+
+/* x16 holding x [T][n] in f16: as tagged, or converted now (then tagged);
+ * NULL without the scratch */
+static const void *x_f16(cu_be *c, const float *x, int T, int n)
+{
+    if (c->x16_src == x && c->x16_rows == T && c->x16_n == n) return c->x16;
+    if ((!c->capturing && ensure_gemm(c, T)) || c->x16_cap < (size_t)T * n * 2) return NULL;
+    ck_f32_to_f16(c->st, x, (size_t)T * n, c->x16);
+    c->x16_src = x; c->x16_rows = T; c->x16_n = n;
+    return c->x16;
+}
+
+/* The batched q4_K kernel on x's f16 form; 0 when there is no scratch for it */
+static int mmqb_run(cu_be *c, uint32_t type, int nm, const void *const *W, size_t rb, int n, const int *no,
+                    const float *const *bv, const float *x, int T, float *const *out)
+{
+    const void *xh = x_f16(c, x, T, n);
+    if (!xh) return 0;
+    ck_mmq_dec(c->st, type, nm, W, rb, n, no, bv, T, out, xh, c->mb_part, CK_MMQB_PART, c->mb_cnt, CK_MMQB_CNT);
+    return 1;
 }
 
 /* int8 types on x [T][n]: from the tagged xq, or quantized here (then
@@ -547,6 +593,7 @@ static void gemv_rows(cu_be *c, const wt *w, const float *bv, const float *x, in
     }
     const void *W = w->dev;
     int no = (int)w->n_out;
+    if (by_mmqb(c, w->type, n, T) && mmqb_run(c, w->type, 1, &W, w->row_bytes, n, &no, &bv, x, T, &out)) return;
     if (tag_is(c, x, T, n)) {
         ck_gemv_multi_q(c->st, w->type, 1, &W, w->row_bytes, n, &no, &bv, T, &out, c->xq);
         return;
@@ -654,7 +701,9 @@ static void cu_matmul_n(be *b, int n, const wt *const *w, const wt *const *bias,
         no[i] = (int)w[i]->n_out;
     }
     int nin = (int)w[0]->n_in;
-    if (!ck_gemv_int8(w[0]->type, nin)) {
+    if (by_mmqb(c, w[0]->type, nin, T) && mmqb_run(c, w[0]->type, n, W, w[0]->row_bytes, nin, no, bv, x, T, out)) {
+        /* (done) */
+    } else if (!ck_gemv_int8(w[0]->type, nin)) {
         ck_gemv_multi(c->st, w[0]->type, n, W, w[0]->row_bytes, nin, no, bv, x, T, out, NULL);
     } else if (tag_is(c, x, T, nin)) {
         ck_gemv_multi_q(c->st, w[0]->type, n, W, w[0]->row_bytes, nin, no, bv, T, out, c->xq);
@@ -930,6 +979,13 @@ int be_cuda_open(be **out, struct pool *p, int kv_f16, char *err, size_t errlen)
     const char *fu = getenv("ANE_CUDA_FUSE");
     c->fuse = !(fu && *fu && atoi(fu) == 0);
     c->mmq = ck_mmq(QT_Q8_0, 32);   /* (the same for every int8 type) */
+    const char *mb = getenv("ANE_CUDA_MMQB");
+    c->mmqb = !(mb && *mb && atoi(mb) == 0);
+    what = "device memory";
+    if (cudaMalloc(&c->mb_part, CK_MMQB_PART) != cudaSuccess ||
+        cudaMalloc((void **)&c->mb_cnt, CK_MMQB_CNT * sizeof(int)) != cudaSuccess ||
+        cudaMemset(c->mb_cnt, 0, CK_MMQB_CNT * sizeof(int)) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess)
+        goto fail;
     *out = &c->base;
     return 0;
 fail:

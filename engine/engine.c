@@ -966,8 +966,10 @@ static void step(eng *e)
         const job *j = e->b_job_of_out[o];
         if (j->kind == ENG_JOB_EVAL || j->s.temperature > 0.0f || j->s.repeat_penalty != 1.0f) greedy = 0;
     }
+    double t_pass = now_ms();
     if (greedy) fw_run_greedy(e->fw, e->b_tok, &bt, e->b_out, n_out, e->b_ids);
     else fw_run(e->fw, e->b_tok, &bt, e->b_out, n_out, e->logits);
+    t_pass = now_ms() - t_pass;
 
     for (int t = 0; t < T; t++) e->b_job[t]->n_past++;
     for (int i = 0; i < e->n_active; i++) pages_publish(e, e->active[i]);
@@ -1009,6 +1011,8 @@ static void step(eng *e)
     }
     e->st.gen_tokens += gen;
     e->st.prompt_tokens += (uint64_t)(T - n_decode);
+    e->st.steps++;
+    e->st.pass_ms += t_pass;
     pthread_mutex_unlock(&e->mu);
 }
 
@@ -1027,12 +1031,14 @@ static void *worker_main(void *arg)
 {
     eng *e = arg;
     for (;;) {
+        double t0 = now_ms();
         pthread_mutex_lock(&e->mu);
         schedule(e);
         while (!e->stop && !runnable(e)) {
             notify(e);  /* schedule() may have retired jobs (their DONE events) */
             pthread_cond_wait(&e->cv, &e->mu);
             schedule(e);
+            t0 = now_ms();   /* (idle time is no step's) */
         }
         int stop = e->stop;
         pthread_mutex_unlock(&e->mu);
@@ -1040,6 +1046,9 @@ static void *worker_main(void *arg)
         notify(e);  /* cancellations/admissions may have produced events */
         step(e);
         notify(e);
+        pthread_mutex_lock(&e->mu);
+        e->st.step_ms += now_ms() - t0;
+        pthread_mutex_unlock(&e->mu);
     }
     return NULL;
 }

@@ -80,6 +80,11 @@ typedef struct eng_stats {
     uint64_t gen_tokens;      /* generated */
     size_t kv_used, kv_total; /* bytes */
     size_t weight_bytes;
+    /* the worker's steps: their count and time, and the part of it inside
+     * forward passes (waiting for the device included); the rest is host
+     * work between passes (scheduling, sampling, events) */
+    uint64_t steps;
+    double step_ms, pass_ms;
 } eng_stats;
 
 void eng_stats_get(eng *e, eng_stats *st);

@@ -421,7 +421,8 @@ __global__ void k_embed(const uint8_t *W, size_t rb, int n, const int32_t *ids, 
  * A block of 4 warps takes 4/K rows, K warps per row (split over the row for
  * long rows). Lane l of a row's warp k takes 8-value groups l + 32*k, +32*K,
  * ...: each warp reads the row's bytes and x's floats contiguously. */
-struct gv_mat { const uint8_t *W; const float *bias; float *out; int n_out, blk0; };
+/* (sp, per, pb, cb: k_mmqh's K split) */
+struct gv_mat { const uint8_t *W; const float *bias; float *out; int n_out, blk0, sp, per, pb, cb; };
 struct gv_set { gv_mat m[CK_MULTI_MAX]; int nm; };   /* matrices of one type and n_in, one launch */
 
 /* the matrix of S this block works on (blocks blk0.. of matrix i) */
@@ -1015,6 +1016,228 @@ __global__ void __launch_bounds__(MQ_WARPS * 32) k_mmq(const gv_set S, size_t rb
         int r = r0 + g + (i >= 2 ? 8 : 0), t = t0 + 8 * j + 2 * q + (i & 1);
         if (r < n_out && t < T) out[(size_t)t * n_out + r] = v + (bias ? bias[r] : 0.f);
     }
+}
+
+/* ---------------- q4_K matmul for decode batches (f16 tensor cores) ----------------
+ * Decode batches of CK_GEMV_MAX_T+1 .. CK_MMQB_MAX_T tokens (past the
+ * batch-invariant GEMVs) of q4_K matrices: the quantized weights are read
+ * once per step, where cuBLAS reads an f16 copy (3.6x the bytes). A CTA
+ * takes 128 rows (8 warps x 16) and walks its K range in chunks of 128
+ * values; each chunk's weight bytes (the rows' 64 bytes of nibbles and
+ * their super-block headers) and x (f16, up to 64 tokens) come into shared
+ * memory by cp.async, MH_ST - 1 chunks ahead of the one computed. The CTA
+ * decodes the chunk's sub-block scales once; each lane dequantizes its
+ * share of the nibbles to f16 in registers (0x6400 | q is the half
+ * 1024 + q) and mma.m16n8k16 accumulates whole chunks in f32. Short
+ * matrices split K over sp CTAs per row tile (chosen per matrix, never by
+ * the batch around it): their partials go to scratch and the tile's last
+ * CTA to finish (a counter) sums them in split order.
+ * Fragments: in a 16-value k-step (half of a sub-block's nibble plane)
+ * lane (g, q) takes values 4q..4q+3: a0 / a2 row g's values 4q, 4q+1 /
+ * 4q+2, 4q+3 (a1, a3: row g+8), b0 / b1 the same values of token g. */
+#define MB_WARPS 8
+#define MB_ROWS (MB_WARPS * 16)
+#define MH_CH 256                /* values per chunk: a super-block */
+#define MH_XS (MH_CH + 16)       /* halves per token row of x in shared memory (no bank conflicts) */
+#define MH_WB 144                /* bytes per row and chunk: the super-block */
+#define MH_SB (MH_CH / 32)       /* sub-blocks per chunk */
+#define MH_ST 2                  /* chunk buffers */
+
+template <int J> struct mh_smem {
+    __half x[MH_ST][J * 8][MH_XS];
+    uint8_t w[MH_ST][MB_ROWS][MH_WB];
+    __half2 sc[2][MB_ROWS][MH_SB][2];   /* per row, the chunk's sub-blocks: d * sc, -dmin * m */
+};
+
+__device__ __forceinline__ void cp_async16(void *smem, const void *g, int bytes)
+{
+    unsigned a = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(a), "l"(g), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+__device__ __forceinline__ void mma_f16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                        uint32_t b1)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t h2u(__half2 h) { return *(uint32_t *)&h; }
+__device__ __forceinline__ __half2 u2h(uint32_t u) { return *(__half2 *)&u; }
+
+/* bytes b0..b3 of u, nibble plane P, as the halves (b0, b1) and (b2, b3) of q * ds + nmm */
+template <int P>
+__device__ __forceinline__ void q4_pair(uint32_t u, __half2 ds, __half2 nmm, uint32_t &lo, uint32_t &hi)
+{
+    uint32_t s01 = __byte_perm(u, 0, 0x4140), s23 = __byte_perm(u, 0, 0x4342);
+    __half2 a, b;
+    if (P == 0) {   /* 1024 + q, exact; minus 1024 */
+        const __half2 k1024 = __floats2half2_rn(1024.f, 1024.f);
+        a = __hsub2(u2h((s01 & 0x000F000Fu) | 0x64006400u), k1024);
+        b = __hsub2(u2h((s23 & 0x000F000Fu) | 0x64006400u), k1024);
+    } else {        /* 1024 + 16 q; / 16 - 64, exact */
+        const __half2 r16 = __floats2half2_rn(0.0625f, 0.0625f), m64 = __floats2half2_rn(-64.f, -64.f);
+        a = __hfma2(u2h((s01 & 0x00F000F0u) | 0x64006400u), r16, m64);
+        b = __hfma2(u2h((s23 & 0x00F000F0u) | 0x64006400u), r16, m64);
+    }
+    lo = h2u(__hfma2(a, ds, nmm));
+    hi = h2u(__hfma2(b, ds, nmm));
+}
+
+/* The last CTA of a row tile: the sp splits' partials (J * 8 tokens x
+ * MB_ROWS rows each, from part0) summed in split order, plus bias, into
+ * out. A thread takes 4 rows of token tid / 32 + 8 j for each j; the loads
+ * of U splits are issued together. */
+template <int J>
+__device__ __forceinline__ void mb_sum(const float *part0, int sp, int tile, int n_out, int T, const float *bias,
+                                       float *out, int tid)
+{
+    constexpr int SLOT4 = J * 8 * MB_ROWS / 4, U = J <= 4 ? 4 : 2;
+    const float4 *p0 = (const float4 *)part0;
+    float4 v[J];
+#pragma unroll
+    for (int j = 0; j < J; j++) v[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+    int s = 0;
+    for (; s < sp; s += U) {
+        float4 a[U][J];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int j = 0; j < J; j++)
+                a[u][j] = s + u < sp ? __ldcg(p0 + (size_t)(s + u) * SLOT4 + tid + j * MB_WARPS * 32)
+                                     : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int j = 0; j < J; j++) {
+                if (s + u >= sp) break;
+                v[j].x += a[u][j].x; v[j].y += a[u][j].y; v[j].z += a[u][j].z; v[j].w += a[u][j].w;
+            }
+    }
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        int t = tid / (MB_ROWS / 4) + j * (MB_WARPS * 32 * 4 / MB_ROWS), r = tile * MB_ROWS + (tid % (MB_ROWS / 4)) * 4;
+        float e[4] = { v[j].x, v[j].y, v[j].z, v[j].w };
+        if (t < T)
+            for (int k = 0; k < 4; k++)
+                if (r + k < n_out) out[(size_t)t * n_out + r + k] = e[k] + (bias ? bias[r + k] : 0.f);
+    }
+}
+
+template <int J>
+__global__ void __launch_bounds__(MB_WARPS * 32, 2)
+    k_mmqh(const gv_set S, size_t rb, int n, const __half *__restrict__ x16, int T, float *__restrict__ part,
+           int *__restrict__ cnt)
+{
+    pdl_begin();
+    extern __shared__ __align__(16) unsigned char mh_raw[];
+    mh_smem<J> &sm = *(mh_smem<J> *)mh_raw;
+    __shared__ int last;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, q = lane & 3;
+    const int mi = gv_pick(S);
+    const gv_mat &M = S.m[mi];
+    const int local = (int)blockIdx.x - M.blk0, sp = M.sp, tile = local / sp, split = local - tile * sp;
+    const int nch = n / MH_CH, n_out = M.n_out;
+    const int c0 = split * M.per, c1 = min(c0 + M.per, nch);
+    const uint8_t *W = M.W;
+    const int jn = (T + 7) / 8, ra = warp * 16 + g;
+
+    auto load = [&](int c, int st) {
+        for (int p = tid; p < MB_ROWS * 9; p += MB_WARPS * 32) {
+            int row = p / 9, k = p % 9, r = min(tile * MB_ROWS + row, n_out - 1);
+            cp_async16(&sm.w[st][row][16 * k], W + (size_t)r * rb + (size_t)c * 144 + 16 * k, 16);
+        }
+        for (int p = tid; p < J * 8 * (MH_CH / 8); p += MB_WARPS * 32) {
+            int t = p / (MH_CH / 8), k = p % (MH_CH / 8);
+            bool v = t < T;
+            cp_async16(&sm.x[st][t][8 * k], v ? (const void *)(x16 + (size_t)t * n + c * MH_CH + 8 * k) : (const void *)x16,
+                       v ? 16 : 0);
+        }
+    };
+
+    float acc[J][4];
+#pragma unroll
+    for (int j = 0; j < J; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+#pragma unroll
+    for (int i = 0; i < MH_ST - 1; i++) {
+        if (c0 + i < c1) load(c0 + i, i);
+        cp_commit();
+    }
+    for (int c = c0, i = 0; c < c1; c++, i++) {
+        const int st = i % MH_ST, sb = i & 1;
+        cp_wait<MH_ST - 2>();   /* chunk c is in */
+        __syncthreads();        /* ... for every thread; and chunk c - 1's buffers are free */
+        if (c + MH_ST - 1 < c1) load(c + MH_ST - 1, (i + MH_ST - 1) % MH_ST);
+        cp_commit();
+        /* the chunk's scales: row e / 4, sub-block pair e % 4 */
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            int e = tid + k * MB_WARPS * 32, jp = e & 3;
+            float d0, d1, m0, m1;
+            q4k_scales(*(const uint4 *)sm.w[st][e >> 2], jp, d0, d1, m0, m1);
+            sm.sc[sb][e >> 2][2 * jp][0] = __floats2half2_rn(d0, d0);
+            sm.sc[sb][e >> 2][2 * jp][1] = __floats2half2_rn(-m0, -m0);
+            sm.sc[sb][e >> 2][2 * jp + 1][0] = __floats2half2_rn(d1, d1);
+            sm.sc[sb][e >> 2][2 * jp + 1][1] = __floats2half2_rn(-m1, -m1);
+        }
+        __syncthreads();
+        uint32_t ua[MH_SB], ub[MH_SB];
+#pragma unroll
+        for (int k = 0; k < MH_SB; k++) {
+            ua[k] = *(const uint32_t *)&sm.w[st][ra][16 + 16 * k + 4 * q];
+            ub[k] = *(const uint32_t *)&sm.w[st][ra + 8][16 + 16 * k + 4 * q];
+        }
+        /* k-steps: sub-block s = ks / 2 of the chunk (32-byte group s / 2, plane s % 2), its half kk */
+#pragma unroll
+        for (int ks = 0; ks < 2 * MH_SB; ks++) {
+            const int s = ks >> 1, kk = ks & 1, ui = 2 * (s >> 1) + kk;
+            __half2 dsa = sm.sc[sb][ra][s][0], nma = sm.sc[sb][ra][s][1];
+            __half2 dsb = sm.sc[sb][ra + 8][s][0], nmb = sm.sc[sb][ra + 8][s][1];
+            uint32_t a0, a1, a2, a3;
+            if (s & 1) {
+                q4_pair<1>(ua[ui], dsa, nma, a0, a2);
+                q4_pair<1>(ub[ui], dsb, nmb, a1, a3);
+            } else {
+                q4_pair<0>(ua[ui], dsa, nma, a0, a2);
+                q4_pair<0>(ub[ui], dsb, nmb, a1, a3);
+            }
+#pragma unroll
+            for (int j = 0; j < J; j++) {
+                if (j >= jn) break;
+                uint2 xv = *(const uint2 *)&sm.x[st][8 * j + g][32 * s + 16 * kk + 4 * q];
+                mma_f16(acc[j], a0, a1, a2, a3, xv.x, xv.y);
+            }
+        }
+    }
+    cp_wait<0>();
+    const float *bias = M.bias;
+    float *out = M.out;
+    if (sp == 1) {
+#pragma unroll
+        for (int j = 0; j < J; j++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int r = tile * MB_ROWS + ra + (i >> 1) * 8, t = 8 * j + 2 * q + (i & 1);
+                if (r < n_out && t < T) out[(size_t)t * n_out + r] = acc[j][i] + (bias ? bias[r] : 0.f);
+            }
+        return;
+    }
+    float *mine = part + ((size_t)M.pb + local) * (J * 8 * MB_ROWS);
+#pragma unroll
+    for (int j = 0; j < J; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) mine[(8 * j + 2 * q + (i & 1)) * MB_ROWS + ra + (i >> 1) * 8] = acc[j][i];
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) last = atomicAdd(cnt + M.cb + tile, 1) == sp - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    mb_sum<J>(part + ((size_t)M.pb + (size_t)tile * sp) * (J * 8 * MB_ROWS), sp, tile, n_out, T, bias, out, tid);
+    if (tid == 0) cnt[M.cb + tile] = 0;   /* ready for the next launch */
 }
 
 /* GGUF q8_0 rows (34-byte blocks) -> a row's 32-byte quant blocks, then its f16 scales */
@@ -1745,6 +1968,57 @@ static void mmq(cudaStream_t st, const gv_set &S, size_t rb, int n, const int8_t
     else mmq_k<8, Q4K>(st, S, rb, n, xq, xd, xs, T, tp);
 }
 
+/* The K split of each matrix for k_mmqh: enough CTAs for ~3 per SM, whole
+ * chunks per split; a function of the matrix's shape only (so one matrix
+ * alone and in a set give the same bits). Without room for the partials
+ * (or the counters), no split. */
+static int sm_count(void)
+{
+    static int n = 0;
+    if (!n) {
+        int dev = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n < 1) n = 1;
+    }
+    return n;
+}
+
+template <int J>
+static void mmqh_k(cudaStream_t st, gv_set S, size_t rb, int n, const __half *x16, int T, float *part,
+                   size_t part_bytes, int *cnt, int n_cnt)
+{
+    static bool attr = false;   /* (the dynamic shared memory past 48 KiB, once) */
+    if (!attr) {
+        cudaFuncSetAttribute(k_mmqh<J>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sizeof(mh_smem<J>));
+        attr = true;
+    }
+    int nch = n / MH_CH;
+    for (int pass = 0; pass < 2; pass++) {
+        unsigned g = 0;
+        size_t slots = 0;
+        int cb = 0;
+        for (int i = 0; i < S.nm; i++) {
+            int tiles = (int)nblk(S.m[i].n_out, MB_ROWS), sp = 1, per = nch;
+            if (pass == 0) {
+                int want = (3 * sm_count() + tiles - 1) / tiles;
+                want = want < 1 ? 1 : want > nch ? nch : want;
+                per = (nch + want - 1) / want;
+                sp = (nch + per - 1) / per;
+            }
+            S.m[i].blk0 = (int)g;
+            S.m[i].sp = sp;
+            S.m[i].per = per;
+            S.m[i].pb = (int)slots;
+            S.m[i].cb = cb;
+            g += (unsigned)(tiles * sp);
+            if (sp > 1) { slots += (size_t)tiles * sp; cb += tiles; }
+        }
+        if (pass == 1 || (slots * J * 8 * MB_ROWS * 4 <= part_bytes && cb <= n_cnt)) {
+            lk(k_mmqh<J>, g, MB_WARPS * 32, sizeof(mh_smem<J>), st, S, rb, n, x16, T, part, cnt);
+            return;
+        }
+    }
+}
+
 template <int TY>
 static void gemv_t(cudaStream_t st, const gv_set &S, size_t rb, int n, const float *x, int T)
 {
@@ -1813,6 +2087,28 @@ void ck_repack_q8_0(cudaStream_t st, const void *src, void *dst, size_t rb, int 
 {
     size_t tot = (size_t)(n / 32) * n_out;
     lk(k_repack_q8_0, nblk(tot, 256), 256, 0, st, (const uint8_t *)src, (uint8_t *)dst, rb, n, n_out);
+}
+
+int ck_mmqb_ok(uint32_t type, int n_in)
+{
+    return type == T_Q4_K && n_in % 256 == 0;
+}
+
+void ck_mmq_dec(cudaStream_t st, uint32_t type, int nm, const void *const *W, size_t rb, int n, const int *n_out,
+                const float *const *bias, int T, float *const *out, const void *x16, void *part, size_t part_bytes,
+                int *cnt, int n_cnt)
+{
+    if (!ck_mmqb_ok(type, n) || T < 1 || T > CK_MMQB_MAX_T || nm < 1 || nm > CK_MULTI_MAX) return;
+    gv_set S;
+    memset(&S, 0, sizeof S);
+    S.nm = nm;
+    for (int i = 0; i < nm; i++) {
+        S.m[i].W = (const uint8_t *)W[i];
+        S.m[i].bias = bias[i];
+        S.m[i].out = out[i];
+        S.m[i].n_out = n_out[i];
+    }
+    mmqh_k<CK_MMQB_MAX_T / 8>(st, S, rb, n, (const __half *)x16, T, (float *)part, part_bytes, cnt, n_cnt);
 }
 
 /* x [T][n] already quantized into xq_scratch (pre) or not yet */

@@ -203,6 +203,8 @@ typedef struct run_res { double prefill_tps, decode_tps, wall_s; int ok; } run_r
 
 /* Runs S jobs at once; returns per-job medians and aggregate decode rate. */
 static unsigned run_seq;   /* makes every submitted prompt distinct */
+/* the engine's counters at the start and end of the all-decoding window */
+static eng_stats win0, win1;
 
 static double cpu_s(void)
 {
@@ -265,7 +267,7 @@ static int run_jobs(eng *e, int n_prompt, int n_gen, int streams, double *prefil
                 while (s < streams && ids[s] != ev->job_id) s++;
                 if (s < streams && t_first[s] == 0) {
                     t_first[s] = now_s();
-                    if (++n_started == streams) t_all = t_first[s];
+                    if (++n_started == streams) { t_all = t_first[s]; eng_stats_get(e, &win0); }
                 } else if (t_all > 0 && t_end == 0) {
                     in_window++;
                 }
@@ -273,7 +275,7 @@ static int run_jobs(eng *e, int n_prompt, int n_gen, int streams, double *prefil
                 if (gen_total == 1) c1 = cpu_s();
             }
             if (ev->type == ENG_EV_DONE) {
-                if (t_end == 0) t_end = now_s();
+                if (t_end == 0) { t_end = now_s(); eng_stats_get(e, &win1); }
                 pf[done] = ev->prefill_ms > 0 ? n_prompt / (ev->prefill_ms / 1e3) : 0;
                 dc[done] = ev->decode_ms > 0 ? (ev->completion_tokens - 1) / (ev->decode_ms / 1e3) : 0;
                 if (streams == 1 && c1 > 0) {
@@ -414,6 +416,12 @@ int main(int argc, char **argv)
                    agg, streams, decode > 0 ? agg / decode : 0);
             printf("batched    %8.2f tokens/s  while all %d streams decode (%.2fx one stream)\n", steady, streams,
                    decode > 0 ? steady / decode : 0);
+            uint64_t ns = win1.steps - win0.steps;
+            if (ns > 0 && win1.step_ms > win0.step_ms)
+                printf("steps      %.3f ms each in that window (last repeat), %.1f%% of it inside forward passes\n"
+                       "           (device time included; the rest is host work between passes)\n",
+                       (win1.step_ms - win0.step_ms) / (double)ns,
+                       100 * (win1.pass_ms - win0.pass_ms) / (win1.step_ms - win0.step_ms));
         }
     }
     eng_close(e);

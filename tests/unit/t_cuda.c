@@ -110,7 +110,7 @@ static float *dev_from(be *b, const float *h, size_t n)
 
 static void test_matmul(void)
 {
-    const int Ts[] = { 1, 2, 3, 5, 8, 9, 17, 32, 33, 64 };
+    const int Ts[] = { 1, 2, 3, 5, 8, 9, 17, 32, 33, 64, 100 };
     for (size_t ti = 0; ti < N_TYPES; ti++) {
         uint32_t type = TYPES[ti];
         int fl = type == QT_F32 || type == QT_F16 || type == QT_BF16;
@@ -146,7 +146,8 @@ static void test_matmul(void)
                 gpu->ops->to_host(gpu, y, dy, (size_t)T * n_out * 4);
                 gpu->ops->sync(gpu);
                 double e = rel_err(y, ref, (size_t)T * n_out);
-                /* int8 activations (q4_K, q8_0); else f32 GEMV, f16 tensor cores from 9 */
+                /* int8 activations (q4_K, q8_0 GEMV; q4_K 17..32 rows: f16 tensor cores on the
+                 * quantized weights); else f32 GEMV, f16 tensor cores from 9 */
                 double tol = type == QT_Q4_K || type == QT_Q8_0 ? 1e-2 : T > 8 ? 2e-3 : 2e-5;
                 CHECKF(e <= tol, "matmul %s %dx%d T=%d: rel err %.3g (tol %g)", qt_name(type), n_out, n_in, T, e, tol);
                 gpu->ops->free(gpu, dx);
@@ -159,15 +160,86 @@ static void test_matmul(void)
     }
 }
 
+/* Decode-sized batches (17..32 rows) of q4_K: the batched f16 tensor-core
+ * kernel against the dequantized weights in double, on shapes that reach
+ * each of its cases: rows split over several blocks (short matrices, down
+ * to one chunk per split) and not (many rows), row and token tiles cut
+ * short; the same bits on a second run (the
+ * split counters are left at zero); and the f16 input written by rmsnorm
+ * gives the same bits as the matmul's own conversion. */
+static void test_mmqb(void)
+{
+    const struct { uint32_t type; int n_in, n_out, T; } cs[] = {
+        { QT_Q4_K, 768, 200, 17 }, { QT_Q4_K, 768, 200, 32 }, { QT_Q4_K, 3584, 260, 32 }, { QT_Q4_K, 4352, 130, 25 },
+        { QT_Q4_K, 256, 300, 31 }, { QT_Q4_K, 1024, 55000, 24 }, { QT_Q4_K, 512, 52000, 19 },
+    };
+    for (size_t k = 0; k < sizeof cs / sizeof cs[0]; k++) {
+        uint32_t type = cs[k].type;
+        int n_in = cs[k].n_in, n_out = cs[k].n_out, T = cs[k].T;
+        size_t rb, ny = (size_t)T * n_out;
+        void *wd = kept(make_weight(type, n_in, n_out, &rb));
+        float *wf = malloc((size_t)n_in * 4), *bias = kept(malloc((size_t)n_out * 4));
+        float *x = malloc((size_t)T * n_in * 4), *y = malloc(ny * 4), *y2 = malloc(ny * 4);
+        double *ref = calloc(ny, sizeof *ref);
+        for (int r = 0; r < n_out; r++) bias[r] = frand();
+        for (int i = 0; i < T * n_in; i++) x[i] = frand();
+        for (int r = 0; r < n_out; r++) {
+            qt_dequant_row(type, (char *)wd + (size_t)r * rb, wf, n_in);
+            for (int t = 0; t < T; t++) {
+                double a = bias[r];
+                for (int i = 0; i < n_in; i++) a += (double)wf[i] * x[(size_t)t * n_in + i];
+                ref[(size_t)t * n_out + r] = a;
+            }
+        }
+        wt w = { .type = type, .n_in = n_in, .n_out = n_out, .row_bytes = rb, .data = wd };
+        wt bw = { .type = QT_F32, .n_in = n_out, .n_out = 1, .row_bytes = (size_t)n_out * 4, .data = bias };
+        CHECK(gpu->ops->weight_prepare(gpu, &w) == 0);
+        CHECK(gpu->ops->weight_prepare(gpu, &bw) == 0);
+        float *dx = dev_from(gpu, x, (size_t)T * n_in), *dy = gpu->ops->alloc(gpu, ny * 4);
+        for (size_t i = 0; i < ny; i++) y[i] = NAN;
+        gpu->ops->to_dev(gpu, dy, y, ny * 4);   /* poison */
+        gpu->ops->matmul(gpu, &w, &bw, dx, T, dy);
+        gpu->ops->to_host(gpu, y, dy, ny * 4);
+        gpu->ops->sync(gpu);
+        double e = rel_err(y, ref, ny);
+        CHECKF(e <= 1e-2, "batched %s %dx%d T=%d: rel err %.3g", qt_name(type), n_out, n_in, T, e);
+        /* the same again (counters were left at zero; nothing carried over) */
+        gpu->ops->matmul(gpu, &w, &bw, dx, T, dy);
+        gpu->ops->to_host(gpu, y2, dy, ny * 4);
+        gpu->ops->sync(gpu);
+        CHECKF(!memcmp(y, y2, ny * 4), "batched %s %dx%d T=%d: a second run differs", qt_name(type), n_out,
+               n_in, T);
+        /* input from rmsnorm, which writes its f16 form for this matmul */
+        float *ones = kept(malloc((size_t)n_in * 4)), *h = malloc((size_t)T * n_in * 4);
+        for (int i = 0; i < n_in; i++) ones[i] = 1.0f + 0.01f * (float)(i % 7);
+        wt nw = { .type = QT_F32, .n_in = n_in, .n_out = 1, .row_bytes = (size_t)n_in * 4, .data = ones };
+        CHECK(gpu->ops->weight_prepare(gpu, &nw) == 0);
+        float *dn = gpu->ops->alloc(gpu, (size_t)T * n_in * 4);
+        gpu->ops->rmsnorm(gpu, dx, &nw, T, n_in, 1e-6f, dn);
+        gpu->ops->matmul(gpu, &w, &bw, dn, T, dy);
+        gpu->ops->to_host(gpu, y, dy, ny * 4);
+        gpu->ops->to_host(gpu, h, dn, (size_t)T * n_in * 4);
+        float *dn2 = dev_from(gpu, h, (size_t)T * n_in);   /* the same values, no f16 form at hand */
+        gpu->ops->matmul(gpu, &w, &bw, dn2, T, dy);
+        gpu->ops->to_host(gpu, y2, dy, ny * 4);
+        gpu->ops->sync(gpu);
+        CHECKF(!memcmp(y, y2, ny * 4), "batched %s %dx%d T=%d: rmsnorm's f16 output gives other bits",
+               qt_name(type), n_out, n_in, T);
+        gpu->ops->free(gpu, dn); gpu->ops->free(gpu, dn2); gpu->ops->free(gpu, dx); gpu->ops->free(gpu, dy);
+        free(wf); free(x); free(y); free(y2); free(ref); free(h);
+    }
+}
+
 /* matmul_n equals the single matmuls; add_rmsnorm equals add + rmsnorm */
 static void test_fused(void)
 {
     CHECK(gpu->ops->matmul_n != NULL && gpu->ops->add_rmsnorm != NULL);
     if (!gpu->ops->matmul_n || !gpu->ops->add_rmsnorm) return;
-    const uint32_t mix[2][3] = { { QT_Q8_0, QT_Q8_0, QT_Q8_0 }, { QT_Q4_K, QT_Q4_K, QT_Q6_K } };
+    const uint32_t mix[3][3] = { { QT_Q8_0, QT_Q8_0, QT_Q8_0 }, { QT_Q4_K, QT_Q4_K, QT_Q6_K },
+                                 { QT_Q4_K, QT_Q4_K, QT_Q4_K } };
     const int Ts[] = { 1, 3, 16, 40 };
     int n_in = 1024, n_out[3] = { 96, 32, 32 };
-    for (int mi = 0; mi < 2; mi++) {
+    for (int mi = 0; mi < 3; mi++) {
         wt w[3], bw[3];
         for (int i = 0; i < 3; i++) {
             size_t rb;
@@ -958,6 +1030,7 @@ int main(void)
         return 1;
     }
     RUN(test_matmul);
+    RUN(test_mmqb);
     RUN(test_fused);
     RUN(test_embed);
     RUN(test_elementwise);
