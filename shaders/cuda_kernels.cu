@@ -1022,31 +1022,32 @@ __global__ void __launch_bounds__(MQ_WARPS * 32) k_mmq(const gv_set S, size_t rb
  * Decode batches of CK_GEMV_MAX_T+1 .. CK_MMQB_MAX_T tokens (past the
  * batch-invariant GEMVs) of q4_K matrices: the quantized weights are read
  * once per step, where cuBLAS reads an f16 copy (3.6x the bytes). A CTA
- * takes 128 rows (8 warps x 16) and walks its K range in chunks of 128
- * values; each chunk's weight bytes (the rows' 64 bytes of nibbles and
- * their super-block headers) and x (f16, up to 64 tokens) come into shared
- * memory by cp.async, MH_ST - 1 chunks ahead of the one computed. The CTA
- * decodes the chunk's sub-block scales once; each lane dequantizes its
- * share of the nibbles to f16 in registers (0x6400 | q is the half
- * 1024 + q) and mma.m16n8k16 accumulates whole chunks in f32. Short
- * matrices split K over sp CTAs per row tile (chosen per matrix, never by
- * the batch around it): their partials go to scratch and the tile's last
- * CTA to finish (a counter) sums them in split order.
- * Fragments: in a 16-value k-step (half of a sub-block's nibble plane)
- * lane (g, q) takes values 4q..4q+3: a0 / a2 row g's values 4q, 4q+1 /
- * 4q+2, 4q+3 (a1, a3: row g+8), b0 / b1 the same values of token g. */
+ * takes 128 rows (8 warps x 16) and walks its K range a super-block (256
+ * values) at a time; each chunk's weight bytes and x (f16, JN tiles of 8
+ * tokens) come into shared memory by cp.async while the chunk before is
+ * computed. The CTA decodes the chunk's sub-block scales once; each lane
+ * dequantizes its share of the nibbles to f16 in registers (0x6400 | q is
+ * the half 1024 + q) and mma.m16n8k16 accumulates whole chunks in f32.
+ * Short matrices split K over sp CTAs per row tile (chosen per matrix,
+ * never by the batch around it): their partials go to scratch and the
+ * tile's last CTA to finish (a counter) sums them in split order.
+ * Fragments: in a sub-block, lane (g, q) takes values 8q..8q+7, the first
+ * four in k-step 0 and the last four in k-step 1: a0 / a2 row g's values
+ * +0, +1 / +2, +3 of its four (a1, a3: row g+8), b0 / b1 the same values of
+ * token g; so a lane reads 8 bytes of nibbles per row and group and 16
+ * bytes of x per sub-block and token tile. */
 #define MB_WARPS 8
 #define MB_ROWS (MB_WARPS * 16)
 #define MH_CH 256                /* values per chunk: a super-block */
-#define MH_XS (MH_CH + 16)       /* halves per token row of x in shared memory (no bank conflicts) */
-#define MH_WB 144                /* bytes per row and chunk: the super-block */
+#define MH_XS (MH_CH + 32)       /* halves per token row of x in shared memory (no bank conflicts) */
+#define MH_WB 160                /* bytes per row and chunk: the super-block, padded (no bank conflicts) */
 #define MH_SB (MH_CH / 32)       /* sub-blocks per chunk */
 #define MH_ST 2                  /* chunk buffers */
 
 template <int J> struct mh_smem {
     __half x[MH_ST][J * 8][MH_XS];
     uint8_t w[MH_ST][MB_ROWS][MH_WB];
-    __half2 sc[2][MB_ROWS][MH_SB][2];   /* per row, the chunk's sub-blocks: d * sc, -dmin * m */
+    uint2 sc[2][MB_ROWS][MH_SB + 1];   /* per row, the chunk's sub-blocks: (d * sc, -dmin * m) as half2s (padded) */
 };
 
 __device__ __forceinline__ void cp_async16(void *smem, const void *g, int bytes)
@@ -1142,19 +1143,22 @@ __global__ void __launch_bounds__(MB_WARPS * 32, 2)
     const int local = (int)blockIdx.x - M.blk0, sp = M.sp, tile = local / sp, split = local - tile * sp;
     const int nch = n / MH_CH, n_out = M.n_out;
     const int c0 = split * M.per, c1 = min(c0 + M.per, nch);
-    const uint8_t *W = M.W;
-    const int jn = (T + 7) / 8, ra = warp * 16 + g;
+    const int ra = warp * 16 + g;
+    /* what this thread copies per chunk: row tid / 2's 16-byte pieces 0..4
+     * (even tid) or 5..8 (odd); x pieces 4 (tid % 8) .. +3 of token tid / 8 */
+    const int wr = tid >> 1, wk0 = (tid & 1) * 5, wkn = (tid & 1) ? 4 : 5;
+    const uint8_t *wsrc = M.W + (size_t)min(tile * MB_ROWS + wr, n_out - 1) * rb + 16 * wk0;
+    const int xt = tid >> 3, xk = (tid & 7) * 32;   /* (halves) */
+    const bool xon = xt < J * 8, xv = xt < T;
+    const __half *xsrc = x16 + (size_t)(xv ? xt : 0) * n + xk;
 
     auto load = [&](int c, int st) {
-        for (int p = tid; p < MB_ROWS * 9; p += MB_WARPS * 32) {
-            int row = p / 9, k = p % 9, r = min(tile * MB_ROWS + row, n_out - 1);
-            cp_async16(&sm.w[st][row][16 * k], W + (size_t)r * rb + (size_t)c * 144 + 16 * k, 16);
-        }
-        for (int p = tid; p < J * 8 * (MH_CH / 8); p += MB_WARPS * 32) {
-            int t = p / (MH_CH / 8), k = p % (MH_CH / 8);
-            bool v = t < T;
-            cp_async16(&sm.x[st][t][8 * k], v ? (const void *)(x16 + (size_t)t * n + c * MH_CH + 8 * k) : (const void *)x16,
-                       v ? 16 : 0);
+#pragma unroll
+        for (int k = 0; k < 5; k++)
+            if (k < wkn) cp_async16(&sm.w[st][wr][16 * (wk0 + k)], wsrc + (size_t)c * 144 + 16 * k, 16);
+        if (xon) {
+#pragma unroll
+            for (int k = 0; k < 4; k++) cp_async16(&sm.x[st][xt][xk + 8 * k], xsrc + (size_t)c * MH_CH + 8 * k, xv ? 16 : 0);
         }
     };
 
@@ -1178,37 +1182,37 @@ __global__ void __launch_bounds__(MB_WARPS * 32, 2)
             int e = tid + k * MB_WARPS * 32, jp = e & 3;
             float d0, d1, m0, m1;
             q4k_scales(*(const uint4 *)sm.w[st][e >> 2], jp, d0, d1, m0, m1);
-            sm.sc[sb][e >> 2][2 * jp][0] = __floats2half2_rn(d0, d0);
-            sm.sc[sb][e >> 2][2 * jp][1] = __floats2half2_rn(-m0, -m0);
-            sm.sc[sb][e >> 2][2 * jp + 1][0] = __floats2half2_rn(d1, d1);
-            sm.sc[sb][e >> 2][2 * jp + 1][1] = __floats2half2_rn(-m1, -m1);
+            sm.sc[sb][e >> 2][2 * jp] = make_uint2(h2u(__floats2half2_rn(d0, d0)), h2u(__floats2half2_rn(-m0, -m0)));
+            sm.sc[sb][e >> 2][2 * jp + 1] = make_uint2(h2u(__floats2half2_rn(d1, d1)), h2u(__floats2half2_rn(-m1, -m1)));
         }
         __syncthreads();
-        uint32_t ua[MH_SB], ub[MH_SB];
+        /* group gi (sub-blocks 2 gi, 2 gi + 1): this lane's 8 bytes of each row */
 #pragma unroll
-        for (int k = 0; k < MH_SB; k++) {
-            ua[k] = *(const uint32_t *)&sm.w[st][ra][16 + 16 * k + 4 * q];
-            ub[k] = *(const uint32_t *)&sm.w[st][ra + 8][16 + 16 * k + 4 * q];
-        }
-        /* k-steps: sub-block s = ks / 2 of the chunk (32-byte group s / 2, plane s % 2), its half kk */
+        for (int gi = 0; gi < MH_SB / 2; gi++) {
+            uint2 ua = *(const uint2 *)&sm.w[st][ra][16 + 32 * gi + 8 * q];
+            uint2 ub = *(const uint2 *)&sm.w[st][ra + 8][16 + 32 * gi + 8 * q];
 #pragma unroll
-        for (int ks = 0; ks < 2 * MH_SB; ks++) {
-            const int s = ks >> 1, kk = ks & 1, ui = 2 * (s >> 1) + kk;
-            __half2 dsa = sm.sc[sb][ra][s][0], nma = sm.sc[sb][ra][s][1];
-            __half2 dsb = sm.sc[sb][ra + 8][s][0], nmb = sm.sc[sb][ra + 8][s][1];
-            uint32_t a0, a1, a2, a3;
-            if (s & 1) {
-                q4_pair<1>(ua[ui], dsa, nma, a0, a2);
-                q4_pair<1>(ub[ui], dsb, nmb, a1, a3);
-            } else {
-                q4_pair<0>(ua[ui], dsa, nma, a0, a2);
-                q4_pair<0>(ub[ui], dsb, nmb, a1, a3);
-            }
+            for (int h = 0; h < 2; h++) {
+                const int s = 2 * gi + h;
+                uint2 sca = sm.sc[sb][ra][s], scb = sm.sc[sb][ra + 8][s];
+                uint32_t a[2][4];   /* [kk]: a0..a3 */
+                if (h) {
+                    q4_pair<1>(ua.x, u2h(sca.x), u2h(sca.y), a[0][0], a[0][2]);
+                    q4_pair<1>(ub.x, u2h(scb.x), u2h(scb.y), a[0][1], a[0][3]);
+                    q4_pair<1>(ua.y, u2h(sca.x), u2h(sca.y), a[1][0], a[1][2]);
+                    q4_pair<1>(ub.y, u2h(scb.x), u2h(scb.y), a[1][1], a[1][3]);
+                } else {
+                    q4_pair<0>(ua.x, u2h(sca.x), u2h(sca.y), a[0][0], a[0][2]);
+                    q4_pair<0>(ub.x, u2h(scb.x), u2h(scb.y), a[0][1], a[0][3]);
+                    q4_pair<0>(ua.y, u2h(sca.x), u2h(sca.y), a[1][0], a[1][2]);
+                    q4_pair<0>(ub.y, u2h(scb.x), u2h(scb.y), a[1][1], a[1][3]);
+                }
 #pragma unroll
-            for (int j = 0; j < J; j++) {
-                if (j >= jn) break;
-                uint2 xv = *(const uint2 *)&sm.x[st][8 * j + g][32 * s + 16 * kk + 4 * q];
-                mma_f16(acc[j], a0, a1, a2, a3, xv.x, xv.y);
+                for (int j = 0; j < J; j++) {
+                    uint4 xv4 = *(const uint4 *)&sm.x[st][8 * j + g][32 * s + 8 * q];
+                    mma_f16(acc[j], a[0][0], a[0][1], a[0][2], a[0][3], xv4.x, xv4.y);
+                    mma_f16(acc[j], a[1][0], a[1][1], a[1][2], a[1][3], xv4.z, xv4.w);
+                }
             }
         }
     }
@@ -2108,7 +2112,9 @@ void ck_mmq_dec(cudaStream_t st, uint32_t type, int nm, const void *const *W, si
         S.m[i].out = out[i];
         S.m[i].n_out = n_out[i];
     }
-    mmqh_k<CK_MMQB_MAX_T / 8>(st, S, rb, n, (const __half *)x16, T, (float *)part, part_bytes, cnt, n_cnt);
+    /* token tiles: only live ones (the partial slots keep CK_MMQB_MAX_T tokens) */
+    if (T <= 24) mmqh_k<3>(st, S, rb, n, (const __half *)x16, T, (float *)part, part_bytes, cnt, n_cnt);
+    else mmqh_k<4>(st, S, rb, n, (const __half *)x16, T, (float *)part, part_bytes, cnt, n_cnt);
 }
 
 /* x [T][n] already quantized into xq_scratch (pre) or not yet */
