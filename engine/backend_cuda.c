@@ -486,13 +486,16 @@ static void cu_embed(be *b, const wt *emb, const int32_t *ids, int T, float *out
     ck_embed(c->st, emb->type, emb->dev, emb->row_bytes, (int)emb->n_in, d_ids(c), T, out);
 }
 
-/* Rows [0, nd) by GEMV (or the int8 tensor-core kernel), the rest by cuBLAS.
+/* Rows [0, nd) by GEMV (or the int8 tensor-core kernel), the rest by cuBLAS;
+ * *batched: rows [0, nd) go to the batched q4_K kernel instead (decode rows
+ * past CK_GEMV_MAX_T of the matrices it takes: mb).
  * In a pass: its decode rows while they are at most CK_GEMV_MAX_T (or
  * invariant is set), so a decoding sequence computes the same alone or
  * among up to that many; larger decode batches go to the tensor cores.
  * Elsewhere (tests): all rows of a batch under gemm_min_t. */
-static int gemv_take(const cu_be *c, int mmq, int mb, int T)
+static int gemv_take(const cu_be *c, int mmq, int mb, int T, int *batched)
 {
+    *batched = 0;
     if (mmq) return T;
     int nd = T;
     if (c->in_step) {
@@ -502,27 +505,14 @@ static int gemv_take(const cu_be *c, int mmq, int mb, int T)
     } else if (T < c->gemm_min_t) {
         return T;
     }
-    return mb && c->mmqb && nd > CK_GEMV_MAX_T && nd <= CK_MMQB_MAX_T ? nd : 0;
+    if (!mb || !c->mmqb || nd <= CK_GEMV_MAX_T || nd > CK_MMQB_MAX_T) return 0;
+    *batched = !c->gemm_t_set;   /* (ANE_CUDA_GEMM_T, a measuring knob: the GEMV) */
+    return nd;
 }
 
-static int gemv_count(const cu_be *c, const wt *w, int T)
+static int gemv_count(const cu_be *c, const wt *w, int T, int *batched)
 {
-    return gemv_take(c, ck_mmq(w->type, (int)w->n_in), ck_mmqb_ok(w->type, (int)w->n_in), T);
-}
-
-/* The decode rows of a batch of T that gemv_take gives to the batched q4_K
- * kernel (rather than to the GEMV or cuBLAS); 0 when none. ANE_CUDA_GEMM_T
- * (a measuring knob): the GEMV. */
-static int mmqb_rows(const cu_be *c, int T)
-{
-    int nd = c->in_step ? (c->n_dec < T ? c->n_dec : T) : T;
-    return c->mmqb && !c->mmq && !c->gemm_t_set && nd > CK_GEMV_MAX_T && nd <= CK_MMQB_MAX_T &&
-           !(c->in_step && c->invariant) && (c->in_step || T >= c->gemm_min_t) ? nd : 0;
-}
-
-static int by_mmqb(const cu_be *c, uint32_t type, int n, int T)
-{
-    return mmqb_rows(c, T) == T && ck_mmqb_ok(type, n);
+    return gemv_take(c, ck_mmq(w->type, (int)w->n_in), ck_mmqb_ok(w->type, (int)w->n_in), T, batched);
 }
 
 /* For an op about to write out [rows][n]: xq, when out should go there in
@@ -534,7 +524,8 @@ static void *quant_ahead(cu_be *c, const float *out, int rows, int n)
     if (!c->fuse || rows < 1 || n < 32 || n % 32) return NULL;
     int known = 0;
     for (int k = 0; k < c->n_q_n; k++) known |= c->q_n[k] == n;
-    if (!known || gemv_take(c, c->mmq, 0, rows) != rows) return NULL;   /* (all rows by the GEMV) */
+    int bt;
+    if (!known || gemv_take(c, c->mmq, 0, rows, &bt) != rows) return NULL;   /* (all rows by the GEMV) */
     void *xq = xq_for(c, rows, n);   /* (NULL while recording, if too small) */
     if (xq) tag_set(c, out, rows, n);
     return xq;
@@ -549,7 +540,8 @@ static void *f16_ahead(cu_be *c, const float *out, int rows, int n)
     if (!c->fuse || rows < 1 || c->xq_src || c->x16_cap < (size_t)rows * (size_t)n * 2) return NULL;
     int known = 0;
     for (int k = 0; k < c->n_h_n; k++) known |= c->h_n[k] == n;
-    if (!known || (gemv_take(c, c->mmq, 1, rows) != 0 && !mmqb_rows(c, rows))) return NULL;
+    int bt;
+    if (!known || (gemv_take(c, c->mmq, 1, rows, &bt) != 0 && !bt)) return NULL;
     c->x16_src = out; c->x16_rows = rows; c->x16_n = n;
     return c->x16;
 }
@@ -593,7 +585,6 @@ static void gemv_rows(cu_be *c, const wt *w, const float *bv, const float *x, in
     }
     const void *W = w->dev;
     int no = (int)w->n_out;
-    if (by_mmqb(c, w->type, n, T) && mmqb_run(c, w->type, 1, &W, w->row_bytes, n, &no, &bv, x, T, &out)) return;
     if (tag_is(c, x, T, n)) {
         ck_gemv_multi_q(c->st, w->type, 1, &W, w->row_bytes, n, &no, &bv, T, &out, c->xq);
         return;
@@ -653,10 +644,7 @@ static int gemm_rows(cu_be *c, const wt *w, const float *bv, const float *x, int
             ck_dequant_f16(c->st, w->type, w->dev, w->row_bytes, n, no, c->w16);
             w16 = c->w16;
         }
-        if (!(c->x16_src == x && c->x16_rows == T && c->x16_n == n)) {
-            ck_f32_to_f16(c->st, x, (size_t)T * n, c->x16);
-            c->x16_src = x; c->x16_rows = T; c->x16_n = n;
-        }
+        x_f16(c, x, T, n);   /* (room checked above) */
         s = cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, no, T, n, &one, w16, CUDA_R_16F, n, c->x16,
                          CUDA_R_16F, n, &zero, out, CUDA_R_32F, no, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     }
@@ -673,10 +661,15 @@ static void cu_matmul(be *b, const wt *w, const wt *bias, const float *x, int T,
 {
     cu_be *c = (cu_be *)b;
     const float *bv = bias && bias->data ? bias->dev : NULL;
-    int nd = gemv_count(c, w, T);
-    if (nd < T && gemm_rows(c, w, bv, x + (size_t)nd * w->n_in, T - nd, out + (size_t)nd * w->n_out))
-        nd = T;
-    if (nd > 0) gemv_rows(c, w, bv, x, nd, out);
+    int bt, nd = gemv_count(c, w, T, &bt);
+    if (nd < T && gemm_rows(c, w, bv, x + (size_t)nd * w->n_in, T - nd, out + (size_t)nd * w->n_out)) {
+        nd = T;   /* (no cuBLAS scratch: every row by the GEMV) */
+        bt = 0;
+    }
+    const void *W = w->dev;
+    int no = (int)w->n_out;
+    if (nd > 0 && !(bt && mmqb_run(c, w->type, 1, &W, w->row_bytes, (int)w->n_in, &no, &bv, x, nd, &out)))
+        gemv_rows(c, w, bv, x, nd, out);
     tag_written(c, out, (size_t)T * w->n_out);
     c->mm_out = out; c->mm_rows = T; c->mm_n = (int)w->n_out;
 }
@@ -685,7 +678,7 @@ static void cu_matmul_n(be *b, int n, const wt *const *w, const wt *const *bias,
                         float *const *out)
 {
     cu_be *c = (cu_be *)b;
-    int same = n <= CK_MULTI_MAX && gemv_count(c, w[0], T) == T;
+    int bt = 0, same = n <= CK_MULTI_MAX && gemv_count(c, w[0], T, &bt) == T;
     for (int i = 1; same && i < n; i++)
         same = w[i]->type == w[0]->type && w[i]->n_in == w[0]->n_in && w[i]->row_bytes == w[0]->row_bytes;
     if (!same) {
@@ -701,7 +694,7 @@ static void cu_matmul_n(be *b, int n, const wt *const *w, const wt *const *bias,
         no[i] = (int)w[i]->n_out;
     }
     int nin = (int)w[0]->n_in;
-    if (by_mmqb(c, w[0]->type, nin, T) && mmqb_run(c, w[0]->type, n, W, w[0]->row_bytes, nin, no, bv, x, T, out)) {
+    if (bt && mmqb_run(c, w[0]->type, n, W, w[0]->row_bytes, nin, no, bv, x, T, out)) {
         /* (done) */
     } else if (!ck_gemv_int8(w[0]->type, nin)) {
         ck_gemv_multi(c->st, w[0]->type, n, W, w[0]->row_bytes, nin, no, bv, x, T, out, NULL);
