@@ -14,29 +14,40 @@
 
 typedef struct evres { int n_pos; int32_t (*ids)[10]; float (*vals)[10]; int32_t gen[64]; int n_gen; int done; } evres;
 
-static void run_job(eng *e, const eng_job_desc *d, evres *r)
+#define CROWD 32   /* jobs at once in check_crowd */
+
+/* Submits the n jobs d (n <= CROWD) and gathers each one's events into r[i]
+ * (done set at its DONE or ERROR) until every submitted job is done. */
+static void run_jobs(eng *e, int n, const eng_job_desc *d, evres *r)
 {
-    char err[256];
-    eng_err code;
-    uint64_t id;
-    if (eng_submit(e, d, &id, &code, err, sizeof err)) {
-        fprintf(stderr, "submit: %s\n", err);
-        return;
+    uint64_t ids[CROWD];
+    int sent[CROWD] = { 0 }, live = 0;
+    for (int i = 0; i < n && i < CROWD; i++) {
+        char err[256];
+        eng_err code;
+        if (eng_submit(e, &d[i], &ids[i], &code, err, sizeof err)) fprintf(stderr, "submit: %s\n", err);
+        else { sent[i] = 1; live++; }
     }
-    for (int spins = 0; !r->done && spins < 400000; spins++) {
+    for (int spins = 0; live > 0 && spins < 400000; spins++) {
         eng_event *ev = eng_events_take(e);
         if (!ev) { usleep(250); continue; }
         while (ev) {
             eng_event *nx = ev->next;
-            if (ev->type == ENG_EV_LOGITS && ev->pos < r->n_pos) {
+            int i = 0;
+            while (i < n && !(sent[i] && ids[i] == ev->job_id)) i++;
+            evres *x = i < n && !r[i].done ? &r[i] : NULL;
+            if (!x) {
+                /* (another job's) */
+            } else if (ev->type == ENG_EV_LOGITS && ev->pos < x->n_pos) {
                 for (int k = 0; k < 10 && k < ev->n_top; k++) {
-                    r->ids[ev->pos][k] = ev->top_ids[k];
-                    r->vals[ev->pos][k] = ev->top_logits[k];
+                    x->ids[ev->pos][k] = ev->top_ids[k];
+                    x->vals[ev->pos][k] = ev->top_logits[k];
                 }
-            } else if (ev->type == ENG_EV_TOKEN && r->n_gen < 64) {
-                r->gen[r->n_gen++] = ev->token;
+            } else if (ev->type == ENG_EV_TOKEN && x->n_gen < 64) {
+                x->gen[x->n_gen++] = ev->token;
             } else if (ev->type == ENG_EV_DONE || ev->type == ENG_EV_ERROR) {
-                r->done = 1;
+                x->done = 1;
+                live--;
             }
             eng_event_free(ev);
             ev = nx;
@@ -44,69 +55,58 @@ static void run_job(eng *e, const eng_job_desc *d, evres *r)
     }
 }
 
+static void run_job(eng *e, const eng_job_desc *d, evres *r) { run_jobs(e, 1, d, r); }
+
+/* The first step at which the ids generated in g differ from case c's
+ * greedy reference while the reference's margin there is at least tol
+ * (*want: the reference id); -1 when none. */
+static int greedy_miss(json_t *c, const evres *g, double tol, int32_t *want)
+{
+    json_t *greedy = json_object_get(c, "greedy"), *gm = json_object_get(c, "greedy_margin");
+    for (size_t i = 0; i < json_array_size(greedy); i++) {
+        if (json_number_value(json_array_get(gm, i)) < tol) break;
+        *want = (int32_t)json_integer_value(json_array_get(greedy, i));
+        if ((int)i >= g->n_gen || g->gen[i] != *want) return (int)i;
+    }
+    return -1;
+}
+
 /* The greedy references again, CROWD jobs at once (the cases round-robin):
  * decode batches past 16 rows, which a GPU computes with other kernels than
  * a lone sequence's, held to the same bar. */
-#define CROWD 32
 static void check_crowd(eng *e, const char *model, json_t *cases, double tol)
 {
     size_t nc = json_array_size(cases);
     if (!nc) return;
-    uint64_t ids[CROWD];
-    int32_t *toks[CROWD] = { 0 };
-    static int32_t gen[CROWD][64];
-    int ng[CROWD] = { 0 }, done[CROWD] = { 0 }, live = 0, bad = 0;
+    eng_job_desc d[CROWD];
+    evres r[CROWD];
+    memset(d, 0, sizeof d);
+    memset(r, 0, sizeof r);
     for (int j = 0; j < CROWD; j++) {
         json_t *c = json_array_get(cases, (size_t)j % nc), *jt = json_object_get(c, "tokens");
         size_t n = json_array_size(jt);
-        toks[j] = malloc((n ? n : 1) * sizeof *toks[j]);
-        for (size_t i = 0; i < n; i++) toks[j][i] = (int32_t)json_integer_value(json_array_get(jt, i));
-        eng_job_desc d = { 0 };
-        d.kind = ENG_JOB_GENERATE;
-        d.tokens = toks[j];
-        d.n_tokens = n;
-        d.max_tokens = (int32_t)json_array_size(json_object_get(c, "greedy"));
-        eng_sampling_default(&d.sampling);
-        d.sampling.temperature = 0;
-        char err[256];
-        eng_err code;
-        if (eng_submit(e, &d, &ids[j], &code, err, sizeof err)) {
-            CHECKF(0, "%s crowd job %d: %s", model, j, err);
-            done[j] = 1;
-        } else {
-            live++;
-        }
+        int32_t *toks = malloc((n ? n : 1) * sizeof *toks);
+        for (size_t i = 0; i < n; i++) toks[i] = (int32_t)json_integer_value(json_array_get(jt, i));
+        d[j].kind = ENG_JOB_GENERATE;
+        d[j].tokens = toks;
+        d[j].n_tokens = n;
+        d[j].max_tokens = (int32_t)json_array_size(json_object_get(c, "greedy"));
+        eng_sampling_default(&d[j].sampling);
+        d[j].sampling.temperature = 0;
     }
-    for (int spins = 0; live > 0 && spins < 400000; spins++) {
-        eng_event *ev = eng_events_take(e);
-        if (!ev) { usleep(250); continue; }
-        while (ev) {
-            eng_event *nx = ev->next;
-            int j = 0;
-            while (j < CROWD && ids[j] != ev->job_id) j++;
-            if (j < CROWD && !done[j]) {
-                if (ev->type == ENG_EV_TOKEN && ng[j] < 64) gen[j][ng[j]++] = ev->token;
-                else if (ev->type == ENG_EV_DONE || ev->type == ENG_EV_ERROR) { done[j] = 1; live--; }
-            }
-            eng_event_free(ev);
-            ev = nx;
-        }
-    }
-    CHECKF(live == 0, "%s crowd: %d jobs unfinished", model, live);
+    run_jobs(e, CROWD, d, r);
+    int unfinished = 0, bad = 0;
+    for (int j = 0; j < CROWD; j++) unfinished += !r[j].done;
+    CHECKF(unfinished == 0, "%s crowd: %d jobs unfinished", model, unfinished);
     for (int j = 0; j < CROWD; j++) {
-        json_t *c = json_array_get(cases, (size_t)j % nc);
-        json_t *greedy = json_object_get(c, "greedy"), *gm = json_object_get(c, "greedy_margin");
-        for (size_t i = 0; i < json_array_size(greedy); i++) {
-            if (json_number_value(json_array_get(gm, i)) < tol) break;
-            int32_t want = (int32_t)json_integer_value(json_array_get(greedy, i));
-            if ((int)i >= ng[j] || gen[j][i] != want) {
-                bad++;
-                CHECKF(0, "%s crowd job %d (case %d): greedy step %zu gave %d, reference %d", model, j,
-                       (int)((size_t)j % nc), i, (int)i < ng[j] ? gen[j][i] : -1, want);
-                break;
-            }
+        int32_t want = -1;
+        int i = greedy_miss(json_array_get(cases, (size_t)j % nc), &r[j], tol, &want);
+        if (i >= 0) {
+            bad++;
+            CHECKF(0, "%s crowd job %d (case %d): greedy step %d gave %d, reference %d", model, j,
+                   (int)((size_t)j % nc), i, i < r[j].n_gen ? r[j].gen[i] : -1, want);
         }
-        free(toks[j]);
+        free((void *)d[j].tokens);
     }
     fprintf(stderr, "  %-44s %d jobs at once: greedy misses %d\n", "", CROWD, bad);
 }
@@ -173,23 +173,18 @@ static void check_model(const char *model, const char *ref, double tol, int kv_f
             }
         }
         /* greedy */
-        json_t *greedy = json_object_get(c, "greedy"), *gm = json_object_get(c, "greedy_margin");
-        size_t ng = json_array_size(greedy);
         evres g = { 0 };
         d.kind = ENG_JOB_GENERATE;
-        d.max_tokens = (int32_t)ng;
+        d.max_tokens = (int32_t)json_array_size(json_object_get(c, "greedy"));
         eng_sampling_default(&d.sampling);
         d.sampling.temperature = 0;
         run_job(e, &d, &g);
-        for (size_t i = 0; i < ng; i++) {
-            if (json_number_value(json_array_get(gm, i)) < tol) break;
-            int32_t want = (int32_t)json_integer_value(json_array_get(greedy, i));
-            if ((int)i >= g.n_gen || g.gen[i] != want) {
-                greedy_bad++;
-                CHECKF(0, "%s case %zu: greedy step %zu gave %d, reference %d", model, ci, i,
-                       (int)i < g.n_gen ? g.gen[i] : -1, want);
-                break;
-            }
+        int32_t want = -1;
+        int miss = greedy_miss(c, &g, tol, &want);
+        if (miss >= 0) {
+            greedy_bad++;
+            CHECKF(0, "%s case %zu: greedy step %d gave %d, reference %d", model, ci, miss,
+                   miss < g.n_gen ? g.gen[miss] : -1, want);
         }
         free(r.ids);
         free(r.vals);
