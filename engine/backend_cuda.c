@@ -570,7 +570,8 @@ static int mmqb_run(cu_be *c, uint32_t type, int nm, const void *const *W, size_
 {
     const void *xh = x_f16(c, x, T, n);
     if (!xh) return 0;
-    ck_mmq_dec(c->st, type, nm, W, rb, n, no, bv, T, out, xh, c->mb_part, CK_MMQB_PART, c->mb_cnt, CK_MMQB_CNT);
+    ck_mmq_dec(c->st, type, nm, W, rb, n, no, bv, T, out, xh, c->mb_part, CK_MMQB_PART, c->mb_cnt, CK_MMQB_CNT,
+               c->n_sm);
     return 1;
 }
 

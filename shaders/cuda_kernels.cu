@@ -425,6 +425,23 @@ __global__ void k_embed(const uint8_t *W, size_t rb, int n, const int32_t *ids, 
 struct gv_mat { const uint8_t *W; const float *bias; float *out; int n_out, blk0, sp, per, pb, cb; };
 struct gv_set { gv_mat m[CK_MULTI_MAX]; int nm; };   /* matrices of one type and n_in, one launch */
 
+/* The set of nm matrices for one launch (blk0 and the split fields 0),
+ * their outputs from token t0 on */
+static gv_set gv_fill(int nm, const void *const *W, const int *n_out, const float *const *bias, float *const *out,
+                      int t0)
+{
+    gv_set S;
+    memset(&S, 0, sizeof S);
+    S.nm = nm;
+    for (int i = 0; i < nm; i++) {
+        S.m[i].W = (const uint8_t *)W[i];
+        S.m[i].bias = bias[i];
+        S.m[i].out = out[i] + (size_t)t0 * n_out[i];
+        S.m[i].n_out = n_out[i];
+    }
+    return S;
+}
+
 /* the matrix of S this block works on (blocks blk0.. of matrix i) */
 __device__ __forceinline__ int gv_pick(const gv_set &S)
 {
@@ -1096,7 +1113,7 @@ template <int J>
 __device__ __forceinline__ void mb_sum(const float *part0, int sp, int tile, int n_out, int T, const float *bias,
                                        float *out, int tid)
 {
-    constexpr int SLOT4 = J * 8 * MB_ROWS / 4, U = J <= 4 ? 4 : 2;
+    constexpr int SLOT4 = J * 8 * MB_ROWS / 4, U = 4;   /* (J <= 4) */
     const float4 *p0 = (const float4 *)part0;
     float4 v[J];
 #pragma unroll
@@ -1538,6 +1555,24 @@ __device__ __forceinline__ void att_load(const void *c, size_t i, int nv, bool v
     }
 }
 
+/* Rows j0 .. j0+15 of a span of np positions on cache pages A and B (row
+ * indices rowA.., rowB..; past np, row A's as a valid address), this
+ * lane's dims (from base) of each from cache c, 0 where it has none: the
+ * K rows and the V rows of att_span alike. */
+template <int ND, int F16>
+__device__ __forceinline__ void att_rows16(const void *c, size_t rowA, size_t rowB, int j0, int np, int kvd,
+                                           size_t base, int nv, bool vec, bool dl, float (&r)[16][ND])
+{
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        int jj = j0 + j;
+        size_t row = jj < np ? (jj < 16 ? rowA + jj : rowB + (jj - 16)) : rowA;
+#pragma unroll
+        for (int k = 0; k < ND; k++) r[j][k] = 0.f;
+        if (dl) att_load<ND, F16>(c, row * (size_t)kvd + base, nv, vec, r[j]);
+    }
+}
+
 /* One step of a warp's reduce-scatter of 32 values per lane: after the
  * step of width O a lane keeps the O sums of the half of the indices its
  * bit O selects (constant indices: the values stay in registers). */
@@ -1576,14 +1611,7 @@ __device__ __forceinline__ void att_span(const float *qs, const void *kc, const 
 #pragma unroll
     for (int j0 = 0; j0 < 32; j0 += 16) {
         float kv[16][ND];
-#pragma unroll
-        for (int j = 0; j < 16; j++) {
-            int jj = j0 + j;
-            size_t row = jj < np ? (jj < 16 ? rowA + jj : rowB + (jj - 16)) : rowA;
-#pragma unroll
-            for (int k = 0; k < ND; k++) kv[j][k] = 0.f;
-            if (dl) att_load<ND, F16>(kc, row * (size_t)kvd + kvo + d0, nv, vec, kv[j]);
-        }
+        att_rows16<ND, F16>(kc, rowA, rowB, j0, np, kvd, kvo + d0, nv, vec, dl, kv);
 #pragma unroll
         for (int j = 0; j < 16; j++) {
             float d = 0.f;
@@ -1611,14 +1639,7 @@ __device__ __forceinline__ void att_span(const float *qs, const void *kc, const 
     for (int j0 = 0; j0 < 32; j0 += 16) {
         if (j0 >= np) break;
         float vv[16][ND];
-#pragma unroll
-        for (int j = 0; j < 16; j++) {
-            int jj = j0 + j;
-            size_t row = jj < np ? (jj < 16 ? rowA + jj : rowB + (jj - 16)) : rowA;
-#pragma unroll
-            for (int k = 0; k < ND; k++) vv[j][k] = 0.f;
-            if (dl) att_load<ND, F16>(vc, row * (size_t)kvd + kvo + d0, nv, vec, vv[j]);
-        }
+        att_rows16<ND, F16>(vc, rowA, rowB, j0, np, kvd, kvo + d0, nv, vec, dl, vv);
 #pragma unroll
         for (int j = 0; j < 16; j++) {
             float ej = __shfl_sync(0xffffffffu, e, j0 + j);
@@ -1976,19 +1997,9 @@ static void mmq(cudaStream_t st, const gv_set &S, size_t rb, int n, const int8_t
  * chunks per split; a function of the matrix's shape only (so one matrix
  * alone and in a set give the same bits). Without room for the partials
  * (or the counters), no split. */
-static int sm_count(void)
-{
-    static int n = 0;
-    if (!n) {
-        int dev = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n < 1) n = 1;
-    }
-    return n;
-}
-
 template <int J>
 static void mmqh_k(cudaStream_t st, gv_set S, size_t rb, int n, const __half *x16, int T, float *part,
-                   size_t part_bytes, int *cnt, int n_cnt)
+                   size_t part_bytes, int *cnt, int n_cnt, int n_sm)
 {
     static bool attr = false;   /* (the dynamic shared memory past 48 KiB, once) */
     if (!attr) {
@@ -2003,7 +2014,7 @@ static void mmqh_k(cudaStream_t st, gv_set S, size_t rb, int n, const __half *x1
         for (int i = 0; i < S.nm; i++) {
             int tiles = (int)nblk(S.m[i].n_out, MB_ROWS), sp = 1, per = nch;
             if (pass == 0) {
-                int want = (3 * sm_count() + tiles - 1) / tiles;
+                int want = (3 * n_sm + tiles - 1) / tiles;
                 want = want < 1 ? 1 : want > nch ? nch : want;
                 per = (nch + want - 1) / want;
                 sp = (nch + per - 1) / per;
@@ -2100,21 +2111,13 @@ int ck_mmqb_ok(uint32_t type, int n_in)
 
 void ck_mmq_dec(cudaStream_t st, uint32_t type, int nm, const void *const *W, size_t rb, int n, const int *n_out,
                 const float *const *bias, int T, float *const *out, const void *x16, void *part, size_t part_bytes,
-                int *cnt, int n_cnt)
+                int *cnt, int n_cnt, int n_sm)
 {
     if (!ck_mmqb_ok(type, n) || T < 1 || T > CK_MMQB_MAX_T || nm < 1 || nm > CK_MULTI_MAX) return;
-    gv_set S;
-    memset(&S, 0, sizeof S);
-    S.nm = nm;
-    for (int i = 0; i < nm; i++) {
-        S.m[i].W = (const uint8_t *)W[i];
-        S.m[i].bias = bias[i];
-        S.m[i].out = out[i];
-        S.m[i].n_out = n_out[i];
-    }
+    gv_set S = gv_fill(nm, W, n_out, bias, out, 0);
     /* token tiles: only live ones (the partial slots keep CK_MMQB_MAX_T tokens) */
-    if (T <= 24) mmqh_k<3>(st, S, rb, n, (const __half *)x16, T, (float *)part, part_bytes, cnt, n_cnt);
-    else mmqh_k<4>(st, S, rb, n, (const __half *)x16, T, (float *)part, part_bytes, cnt, n_cnt);
+    if (T <= 24) mmqh_k<3>(st, S, rb, n, (const __half *)x16, T, (float *)part, part_bytes, cnt, n_cnt, n_sm);
+    else mmqh_k<4>(st, S, rb, n, (const __half *)x16, T, (float *)part, part_bytes, cnt, n_cnt, n_sm);
 }
 
 /* x [T][n] already quantized into xq_scratch (pre) or not yet */
@@ -2131,30 +2134,14 @@ static void gemv_multi(cudaStream_t st, uint32_t type, int nm, const void *const
         int *xs = L.s, *xst = L.st;
         int tp = L.tp;
         if (!mmq_off()) {
-            gv_set S;
-            S.nm = nm;
-            for (int i = 0; i < nm; i++) {
-                S.m[i].W = (const uint8_t *)W[i];
-                S.m[i].bias = bias[i];
-                S.m[i].out = out[i];
-                S.m[i].n_out = n_out[i];
-                S.m[i].blk0 = 0;
-            }
+            gv_set S = gv_fill(nm, W, n_out, bias, out, 0);
             if (type == T_Q4_K) mmq<true>(st, S, rb, n, xq, xdt, xst, T, tp);
             else mmq<false>(st, S, rb, n, xq, xdt, xst, T, tp);
             return;
         }
         for (int t0 = 0; t0 < T; t0 += CK_GEMV_MAX_T) {
             int tn = T - t0 < CK_GEMV_MAX_T ? T - t0 : CK_GEMV_MAX_T;
-            gv_set S;
-            S.nm = nm;
-            for (int i = 0; i < nm; i++) {
-                S.m[i].W = (const uint8_t *)W[i];
-                S.m[i].bias = bias[i];
-                S.m[i].out = out[i] + (size_t)t0 * n_out[i];
-                S.m[i].n_out = n_out[i];
-                S.m[i].blk0 = 0;
-            }
+            gv_set S = gv_fill(nm, W, n_out, bias, out, t0);
             const int8_t *q = xq + (size_t)t0 * n;
             const float *d = xd + (size_t)t0 * (n / 32);
             const int *sx = xs + (size_t)t0 * (n / 32);
@@ -2166,15 +2153,7 @@ static void gemv_multi(cudaStream_t st, uint32_t type, int nm, const void *const
     }
     for (int t0 = 0; t0 < T; t0 += CK_GEMV_MAX_T) {
         int tn = T - t0 < CK_GEMV_MAX_T ? T - t0 : CK_GEMV_MAX_T;
-        gv_set S;
-        S.nm = nm;
-        for (int i = 0; i < nm; i++) {
-            S.m[i].W = (const uint8_t *)W[i];
-            S.m[i].bias = bias[i];
-            S.m[i].out = out[i] + (size_t)t0 * n_out[i];
-            S.m[i].n_out = n_out[i];
-            S.m[i].blk0 = 0;
-        }
+        gv_set S = gv_fill(nm, W, n_out, bias, out, t0);
         const float *xt = x + (size_t)t0 * n;
 #define L_GEMV(TY) gemv_t<TY>(st, S, rb, n, xt, tn)
         TYPE_SWITCH(type, L_GEMV)

@@ -47,16 +47,17 @@ int ck_mmq(uint32_t type, int n_in);
  * q4_K matrices (ck_mmqb_ok): out[i][t][r] = dot(row r of W[i], x[t])
  * (+ bias[i][r]), the quantized weights read once for all T tokens and
  * dequantized to f16 for f16 tensor cores; x16 is x [T][n] in f16 (as for
- * cuBLAS). Not batch-invariant. part (part_bytes) and cnt (n_cnt ints,
- * zero, left zero) are scratch for matrices whose rows are split over
- * several blocks; with too little, no split (slower). */
-#define CK_MMQB_MAX_T 32   /* (wider decode batches: cuBLAS, which then reads its f16 copy as fast) */
+ * cuBLAS). Other arithmetic than the GEMV's (outside the batch-invariance
+ * promise). part (part_bytes) and cnt (n_cnt ints, zero, left zero) are
+ * scratch for matrices whose rows are split over several blocks (how many:
+ * from n_sm, the device's SM count); with too little, no split (slower). */
+#define CK_MMQB_MAX_T 32   /* (wider decode batches: cuBLAS, faster there: BENCHMARKS.md) */
 #define CK_MMQB_PART (32u << 20)   /* part_bytes ample for any model */
 #define CK_MMQB_CNT 16384
 int ck_mmqb_ok(uint32_t type, int n_in);
 void ck_mmq_dec(cudaStream_t st, uint32_t type, int nm, const void *const *W, size_t row_bytes, int n_in,
                 const int *n_out, const float *const *bias, int T, float *const *out, const void *x16, void *part,
-                size_t part_bytes, int *cnt, int n_cnt);
+                size_t part_bytes, int *cnt, int n_cnt, int n_sm);
 #define CK_XQ_BYTES(T, n) \
     ((size_t)(T) * (size_t)(n) + ((size_t)(T) + (((size_t)(T) + 7) & ~(size_t)7)) * ((size_t)(n) / 32) * 8)
 /* Several matrices of one type and n_in on the same x, in one launch. */
