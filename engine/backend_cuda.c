@@ -9,10 +9,10 @@
  * into a fixed device block that every op reads. Pure decode passes (every token an
  * output row) are recorded once per batch size as a CUDA graph and replayed.
  * Matmuls: decode rows (be_batch.n_dec) go through GEMVs that read the
- * quantized blocks directly (q4_K and q8_0 with x quantized to int8 per 32
- * values and __dp4a, as the CPU's q8 activations; the other types in f32
- * arithmetic; q8_0 is repacked at upload into aligned quants followed by the
- * row's scales); decode batches of CK_GEMV_MAX_T+1 .. CK_MMQB_MAX_T rows of
+ * quantized blocks directly (q4_K, q6_K and q8_0 with x quantized to int8
+ * per 32 values and __dp4a, as the CPU's q8 activations; the other types in
+ * f32 arithmetic; q8_0 and q6_K are repacked at upload within each row into
+ * aligned words); decode batches of CK_GEMV_MAX_T+1 .. CK_MMQB_MAX_T rows of
  * q4_K go through a batched kernel that reads the quantized weights once
  * per step for f16 tensor cores (ANE_CUDA_MMQB=0: cuBLAS instead);
  * prompt rows, larger decode batches and the other types dequantize W to
@@ -92,6 +92,10 @@ typedef struct cu_be {
     int xq_rows, xq_n;
     int q_n[8], n_q_n;         /* widths (n_in) of the int8 matrices */
     int h_n[8], n_h_n;         /* widths of the quantized matrices (f16 GEMM inputs) */
+    /* rope angles of the pass's tokens, computed by its first rope_kv and
+     * read by the later layers' (same base, dims and divisors) */
+    void *rope_tab; size_t rope_cap;   /* bytes */
+    float rope_base; int rope_rot; const void *rope_fd; int rope_have;
     const float *mm_out;       /* the last matmul's output [mm_rows][mm_n] (silu_mul's rows) */
     int mm_rows, mm_n;
     /* graphs */
@@ -173,6 +177,7 @@ static void cu_close(be *b)
     for (int i = 0; i < c->n_up; i++) { cudaFree(c->up[i].dev); cudaFree(c->up[i].dev16); }
     free(c->up);
     cudaFree(c->w16); cudaFree(c->x16); cudaFree(c->xq); cudaFree(c->d_step); cudaFree(c->part); cudaFree(c->blas_ws);
+    cudaFree(c->rope_tab);
     if (c->h_step) cudaFreeHost(c->h_step);
     if (c->h_out) cudaFreeHost(c->h_out);
     if (c->h_ids_out) cudaFreeHost(c->h_ids_out);
@@ -202,10 +207,11 @@ static int cu_weight_prepare(be *b, wt *w)
         cudaFree(d);
         return -1;
     }
-    if (w->type == QT_Q8_0) {   /* the kernels read q8_0 repacked (aligned quants, then scales) */
+    if (w->type == QT_Q8_0 || w->type == QT_Q6_K) {   /* the kernels read these repacked (aligned words) */
         void *r = NULL;
         if (cudaMalloc(&r, n ? n : 256) != cudaSuccess) { cudaGetLastError(); cudaFree(d); return -1; }
-        ck_repack_q8_0(c->st, d, r, w->row_bytes, (int)w->n_in, (int)w->n_out);
+        if (w->type == QT_Q8_0) ck_repack_q8_0(c->st, d, r, w->row_bytes, (int)w->n_in, (int)w->n_out);
+        else ck_repack_q6_K(c->st, d, r, w->row_bytes, (int)w->n_in, (int)w->n_out);
         int good = ok(c, cudaStreamSynchronize(c->st), "repack");
         cudaFree(d);
         d = r;
@@ -439,6 +445,7 @@ static int cu_step_begin(be *b, const int32_t *tokens, const be_batch *bt, const
     c->cur_bt = bt;
     c->cur_ids = tokens;
     c->in_step = 1;
+    c->rope_have = 0;
     c->n_dec = bt->n_dec;
     if (c->failed || bt->n_dec != T || !decode_shape(T, out_idx, n_out)) return 0;
     if (c->graph[T]) {
@@ -780,9 +787,32 @@ static void cu_rope_kv(be *b, float *q, float *k, float *v, void *kc, void *vc, 
     }
     tag_clear(c);
     use_batch(c, bt);
+    const float *fdd = fd && fd->data ? fd->dev : NULL;
+    /* the angles: from the table when this pass's first rope_kv (same
+     * base, dims, divisors) wrote it; else computed, and written when the
+     * table is free (or can grow: not while recording) */
+    size_t need = (size_t)bt->T * (size_t)(n_rot / 2) * 8;
+    int mode = 0;
+    if (c->in_step && c->rope_have && c->rope_base == base && c->rope_rot == n_rot && c->rope_fd == fdd) {
+        mode = 2;
+    } else if (c->in_step && !c->rope_have) {
+        if (need > c->rope_cap && !c->capturing) {   /* (recorded graphs hold the old table) */
+            size_t cap = c->rope_cap * 2 > need ? c->rope_cap * 2 : need;
+            ok(c, cudaStreamSynchronize(c->st), "sync");
+            graphs_drop(c);
+            cudaFree(c->rope_tab);
+            c->rope_tab = NULL; c->rope_cap = 0;
+            if (cudaMalloc(&c->rope_tab, cap) == cudaSuccess) c->rope_cap = cap;
+            else cudaGetLastError();
+        }
+        if (need <= c->rope_cap) {
+            mode = 1;
+            c->rope_have = 1; c->rope_base = base; c->rope_rot = n_rot; c->rope_fd = fdd;
+        }
+    }
     ck_rope_kv(c->st, q, k, v, kc, vc, b->kv_elt == 2, d_pos(c), d_off(c), d_pages(c), bt->T, n_head, n_head_kv,
-               head_dim, n_rot, base, neox, fd && fd->data ? fd->dev : NULL, bias_dev(bias, 0), bias_dev(bias, 1),
-               bias_dev(bias, 2));
+               head_dim, n_rot, base, neox, fdd, bias_dev(bias, 0), bias_dev(bias, 1), bias_dev(bias, 2),
+               c->rope_tab, mode);
 }
 
 static void cu_attention(be *b, const float *q, const void *kc, const void *vc, const be_batch *bt, int n_head,

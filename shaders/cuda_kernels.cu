@@ -1,5 +1,5 @@
 // cuda_kernels.cu — the CUDA backend's kernels. Weights are read in their
-// GGUF block layouts: dq32<TYPE> turns 32 consecutive values of a row into
+// GGUF block layouts (q8_0 and q6_K repacked within each row): dq32<TYPE> turns 32 consecutive values of a row into
 // f32 with the reference dequantizer's expressions (engine/qtypes.c), and
 // every weight kernel (embedding, GEMV, dequantize-for-GEMM) is built on it.
 #include "shaders/cuda_kernels.h"
@@ -47,6 +47,47 @@ __device__ __forceinline__ int2 ld8(const uint8_t *p)   /* 2-byte aligned at lea
     return make_int2((int)ld32a2(p), (int)ld32a2(p + 4));
 }
 
+/* Weight loads of the decode GEMVs: each byte is read once per token, so
+ * marked first to leave L2 (and not kept in L1). A token streams gigabytes
+ * of weights through the 50 MB L2; without the hint they push out what the
+ * small kernels between the GEMVs reuse: their code, the activations, the
+ * KV rows. (-DANE_CUDA_NO_EVICT: the normal policy, for comparison.) */
+__device__ __forceinline__ uint64_t wpol()   /* the L2 policy of weight loads */
+{
+    uint64_t p;
+#ifdef ANE_CUDA_NO_EVICT
+    asm("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(p));
+#else
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+#endif
+    return p;
+}
+#define WLD "ld.global.nc.L1::no_allocate.L2::cache_hint"
+__device__ __forceinline__ uint4 wld16(const void *p, uint64_t pol)
+{
+    uint4 v;
+    asm(WLD ".v4.u32 {%0, %1, %2, %3}, [%4], %5;" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "l"(pol));
+    return v;
+}
+__device__ __forceinline__ uint2 wld8(const void *p, uint64_t pol)
+{
+    uint2 v;
+    asm(WLD ".v2.u32 {%0, %1}, [%2], %3;" : "=r"(v.x), "=r"(v.y) : "l"(p), "l"(pol));
+    return v;
+}
+__device__ __forceinline__ uint32_t wld4(const void *p, uint64_t pol)
+{
+    uint32_t v;
+    asm(WLD ".u32 %0, [%1], %2;" : "=r"(v) : "l"(p), "l"(pol));
+    return v;
+}
+__device__ __forceinline__ unsigned short wld2(const void *p, uint64_t pol)
+{
+    unsigned short v;
+    asm(WLD ".u16 %0, [%1], %2;" : "=h"(v) : "l"(p), "l"(pol));
+    return v;
+}
+
 __device__ __forceinline__ void scale_min_k4(int j, const uint8_t *q, int &d, int &m)
 {
     if (j < 4) {
@@ -55,6 +96,30 @@ __device__ __forceinline__ void scale_min_k4(int j, const uint8_t *q, int &d, in
         d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
         m = (q[j + 4] >> 4) | ((q[j - 0] >> 6) << 4);
     }
+}
+
+/* q6_K lives on the device repacked at upload (k_repack_q6_K; same bytes
+ * per row) so that the int8 GEMV reads it in aligned words. A row of n
+ * values is nu = n/64 units of 64 values: QL [n/2] (8 words per unit), QH
+ * [n/4] (4 words per unit), SC [n/16] (a unit's 4 sub-block scales, one
+ * word), D [n/256] (f16 per super-block). QL and QH words are interleaved
+ * over groups of 32 units (word w of the group's units side by side), so
+ * lanes on consecutive units read one contiguous piece per word. In unit u
+ * (values 64u..): QL word w byte j has value 4w+j in its low nibble and
+ * 32+4w+j in its high one; QH word k byte j holds the top two bits of values
+ * 8k+j, 32+8k+j, 8k+4+j, 32+8k+4+j (bits 0-1, 2-3, 4-5, 6-7); SC byte s
+ * scales values 16s..16s+15. */
+__device__ __forceinline__ int q6_word(int nu, int u, int w, int wpu)   /* byte offset of word w in QL / QH */
+{
+    int g0 = u & ~31, gs = min(32, nu - g0);
+    return (g0 * wpu + w * gs + (u - g0)) * 4;
+}
+
+/* value l (0..31) of half hh of a unit: 6-bit q from its QL and QH words */
+__device__ __forceinline__ int q6_val(const uint32_t (&ql)[8], const uint32_t (&qh)[4], int hh, int l)
+{
+    int w = l >> 2, j = l & 3;
+    return (int)(((ql[w] >> (8 * j + 4 * hh)) & 0xF) | (((qh[w >> 1] >> (8 * j + 4 * (w & 1) + 2 * hh)) & 3) << 4));
 }
 
 // 32 values c*32 .. c*32+31 of a row (n values; float types mask past n).
@@ -226,19 +291,18 @@ __device__ __forceinline__ void dq32(const uint8_t *row, int c, int n, float w[3
             int v = (hi ? ql[l] >> 4 : ql[l] & 0xF) + (((qh[l] >> bit) & 1) << 4);
             w[l] = d1 * (float)v - m1;
         }
-    } else if (TY == T_Q6_K) {
-        const uint8_t *b = row + (c >> 3) * 210;
-        int sub = c & 7, half = sub >> 2, qq = sub & 3;
-        float d = h2f(b + 208);
-        const uint8_t *ql = b + 64 * half + (qq & 1) * 32, *qh = b + 128 + 32 * half;
-        const int8_t *sc = (const int8_t *)(b + 192 + 8 * half) + 2 * qq;
-        int nshift = (qq >> 1) * 4, hshift = 2 * qq;
+    } else if (TY == T_Q6_K) {   /* repacked (q6_word) */
+        int nu = n >> 6, u = c >> 1, hh = c & 1;
+        uint32_t ql[8], qh[4];
+#pragma unroll
+        for (int k = 0; k < 8; k++) ql[k] = ld32a2(row + q6_word(nu, u, k, 8));
+#pragma unroll
+        for (int k = 0; k < 4; k++) qh[k] = ld32a2(row + n / 2 + q6_word(nu, u, k, 4));
+        const int8_t *sc = (const int8_t *)row + 3 * (n / 4) + 4 * u + 2 * hh;
+        float d = h2f(row + 13 * (n / 16) + 2 * (u >> 2));
         float d0 = d * (float)sc[0], d1 = d * (float)sc[1];
 #pragma unroll
-        for (int l = 0; l < 32; l++) {
-            int v = ((ql[l] >> nshift) & 0xF) | (((qh[l] >> hshift) & 3) << 4);
-            w[l] = (l < 16 ? d0 : d1) * (float)(v - 32);
-        }
+        for (int l = 0; l < 32; l++) w[l] = (l < 16 ? d0 : d1) * (float)(q6_val(ql, qh, hh, l) - 32);
     }
 }
 
@@ -381,19 +445,17 @@ __device__ __forceinline__ void dq8(const uint8_t *__restrict__ row, int g, int 
             }
 #pragma unroll
             for (int k = 0; k < 8; k++) w[k] = d1 * v[k] - m1;
-        } else if (TY == T_Q6_K) {
-            const uint8_t *b = row + (g >> 5) * 210;
-            int half = c >> 2, qq = c & 3;
-            const uint8_t *ql = b + 64 * half + (qq & 1) * 32 + o, *qh = b + 128 + 32 * half + o;
-            float d = h2f(b + 208) * (float)((const int8_t *)b)[192 + 8 * half + 2 * qq + (o >= 16)];
-            uint32_t l0 = ld32a2(ql), l1 = ld32a2(ql + 4), h0 = ld32a2(qh), h1 = ld32a2(qh + 4);
-            int nshift = (qq >> 1) * 4, hshift = 2 * qq;
+        } else if (TY == T_Q6_K) {   /* repacked (q6_word): values v0..v0+7 of unit u */
+            int nu = n >> 6, u = g >> 3, v0 = (g & 7) * 8, hh = v0 >> 5, w0 = (v0 & 31) >> 2;
+            uint32_t l0 = ld32a2(row + q6_word(nu, u, w0, 8)), l1 = ld32a2(row + q6_word(nu, u, w0 + 1, 8));
+            uint32_t h = ld32a2(row + n / 2 + q6_word(nu, u, w0 >> 1, 4));
+            float d = h2f(row + 13 * (n / 16) + 2 * (u >> 2)) * (float)((const int8_t *)row)[3 * (n / 4) + 4 * u + (v0 >> 4)];
 #pragma unroll
-            for (int k = 0; k < 4; k++) {
-                int v0 = ((l0 >> (8 * k + nshift)) & 0xF) | (((h0 >> (8 * k + hshift)) & 3) << 4);
-                int v1 = ((l1 >> (8 * k + nshift)) & 0xF) | (((h1 >> (8 * k + hshift)) & 3) << 4);
-                w[k] = d * (float)(v0 - 32);
-                w[4 + k] = d * (float)(v1 - 32);
+            for (int k = 0; k < 4; k++) {   /* (w0 even: its top bits at 0-1, word w0+1's at 4-5) */
+                int v0q = (int)(((l0 >> (8 * k + 4 * hh)) & 0xF) | (((h >> (8 * k + 2 * hh)) & 3) << 4));
+                int v1q = (int)(((l1 >> (8 * k + 4 * hh)) & 0xF) | (((h >> (8 * k + 4 + 2 * hh)) & 3) << 4));
+                w[k] = d * (float)(v0q - 32);
+                w[4 + k] = d * (float)(v1q - 32);
             }
         }
     }
@@ -423,7 +485,54 @@ __global__ void k_embed(const uint8_t *W, size_t rb, int n, const int32_t *ids, 
  * ...: each warp reads the row's bytes and x's floats contiguously. */
 /* (sp, per, pb, cb: k_mmqh's K split) */
 struct gv_mat { const uint8_t *W; const float *bias; float *out; int n_out, blk0, sp, per, pb, cb; };
-struct gv_set { gv_mat m[CK_MULTI_MAX]; int nm; };   /* matrices of one type and n_in, one launch */
+struct gv_set { gv_mat m[CK_MULTI_MAX]; int nm, pf, pfl; };   /* matrices of one type and n_in, one launch; pf, pfl: pf_blocks() */
+
+/* Weights are never written, so a GEMV block may start pulling its rows
+ * into L2 before pdl_begin(), while the kernel before it (whose output is
+ * x) still runs: the weight stream starts early instead of after a cold
+ * ramp. [p, p + n) shrunk to 16-byte bounds, by bulk prefetches. */
+__device__ __forceinline__ void l2_prefetch(const void *p, size_t n)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    uintptr_t a = ((uintptr_t)p + 15) & ~(uintptr_t)15, e = ((uintptr_t)p + n) & ~(uintptr_t)15;
+    for (; a < e; a += 65536) {
+        uint32_t sz = (uint32_t)(e - a < 65536 ? e - a : 65536);
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"(sz) : "memory");
+    }
+#endif
+}
+
+/* The same by lines: every thread of the block prefetches every
+ * blockDim-th 128-byte line of [p, p + n) */
+__device__ __forceinline__ void l2_prefetch_lines(const void *p, size_t n)
+{
+    for (size_t o = (size_t)threadIdx.x * 128; o < n; o += (size_t)blockDim.x * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)p + o) : "memory");
+}
+
+/* How many leading blocks of a GEMV launch of `blocks` blocks (of which
+ * `resident` fit on the device at once) prefetch their rows, for `bytes`
+ * of weights. ANE_CUDA_PREFETCH: 0 none, 1 all, 2 the first wave, 3 sets of
+ * up to 16 MiB (for comparison). */
+static int pf_mode(void)
+{
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("ANE_CUDA_PREFETCH");
+        v = e && *e ? atoi(e) : 1;
+    }
+    return v;
+}
+
+static int pf_blocks(int blocks, int resident, size_t bytes)
+{
+    switch (pf_mode()) {
+    case 0: return 0;
+    case 2: return resident;
+    case 3: case 5: return bytes <= ((size_t)16 << 20) ? blocks : 0;
+    default: return blocks;
+    }
+}
 
 /* The set of nm matrices for one launch (blk0 and the split fields 0),
  * their outputs from token t0 on */
@@ -742,22 +851,39 @@ __global__ void __launch_bounds__(128) k_gemv_q8(const gv_set S, size_t rb, int 
     gv_finish<NT, K>(acc, warp, lane, part, live, r, T, S.m[mi]);
 }
 
+/* per-unit sum of the q6_K GEMV: i0, i1 the exact integer dots of the
+ * unit's two x blocks (their scales and -32 offsets applied) */
+__device__ __forceinline__ float q6k_unit(float acc, float d, float dx0, int i0, float dx1, int i1)
+{
+    return __fadd_rn(acc, __fadd_rn(__fmul_rn(__fmul_rn(d, dx0), (float)i0), __fmul_rn(__fmul_rn(d, dx1), (float)i1)));
+}
+
+enum { GV_Q8 = 0, GV_Q4K = 1, GV_Q6K = 2 };   /* k_gemv_mr's weight kinds */
+
 /* ---------------- int8 GEMV for decode batches (up to 16 tokens): several rows per group ----------------
  * A block of 4 warps holds 4/K groups of K warps; a group takes R rows. Each
  * thread loads its x units once per token and reuses them for the R rows, so
  * x traffic and the reduction are amortized over R rows and every thread has
- * R independent 16-byte weight loads in flight. Q4K: unit = 64-value pair of
- * a super-block (as k_gemv_q4k); else q8_0 repacked, unit = 32-value block. */
-template <int NT, int R, int K, bool Q4K>
+ * R independent 16-byte weight loads in flight. KD (GV_*): q4_K, unit =
+ * 64-value pair of a super-block (as k_gemv_q4k); q8_0 repacked, unit =
+ * 32-value block; q6_K repacked, unit = 64 values (q6_word). */
+template <int NT, int R, int K, int KD>
 __global__ void __launch_bounds__(128) k_gemv_mr(const gv_set S, size_t rb, int n, const int8_t *__restrict__ xq,
                                                  const float *__restrict__ xd, const int *__restrict__ xs, int T)
 {
-    pdl_begin();
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int mi = gv_pick(S);
     const uint8_t *W = S.m[mi].W;
     int n_out = S.m[mi].n_out;
-    int r0 = (((int)blockIdx.x - S.m[mi].blk0) * (4 / K) + warp / K) * R, part = warp % K;
+    int row0 = ((int)blockIdx.x - S.m[mi].blk0) * (4 / K) * R;   /* the block's first row */
+    if ((int)blockIdx.x < S.pf) {
+        size_t nb = (size_t)min(4 / K * R, n_out - row0) * rb;
+        if (S.pfl) l2_prefetch_lines(W + (size_t)row0 * rb, nb);
+        else if (threadIdx.x == 0) l2_prefetch(W + (size_t)row0 * rb, nb);
+    }
+    pdl_begin();
+    const uint64_t pol = wpol();
+    int r0 = row0 + warp / K * R, part = warp % K;
     const uint8_t *rows[R];
 #pragma unroll
     for (int r = 0; r < R; r++) rows[r] = W + (size_t)min(r0 + r, n_out - 1) * rb;
@@ -766,18 +892,70 @@ __global__ void __launch_bounds__(128) k_gemv_mr(const gv_set S, size_t rb, int 
     for (int r = 0; r < R; r++)
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[r][t] = 0.f;
-    int nu = Q4K ? n / 64 : n / 32, nbx = n / 32;
+    const bool Q4K = KD == GV_Q4K;
+    int nu = KD == GV_Q8 ? n / 32 : n / 64, nbx = n / 32;
     for (int u = lane + 32 * part; u < nu; u += 32 * K) {
-        if (Q4K && NT <= 2) {
+        if (KD == GV_Q6K) {
+            /* 14 aligned words per row (8 QL, 4 QH, the scales, d's half); the
+             * -32 offset as 32 times x's sum per 16 values (once per token) */
+            uint32_t ql[R][8], qh[R][4], sw[R];
+            float dd[R];
+            int oq[8], oh[4];
+#pragma unroll
+            for (int k = 0; k < 8; k++) oq[k] = q6_word(nu, u, k, 8);
+#pragma unroll
+            for (int k = 0; k < 4; k++) oh[k] = n / 2 + q6_word(nu, u, k, 4);
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+#pragma unroll
+                for (int k = 0; k < 8; k++) ql[r][k] = wld4(rows[r] + oq[k], pol);
+#pragma unroll
+                for (int k = 0; k < 4; k++) qh[r][k] = wld4(rows[r] + oh[k], pol);
+                sw[r] = wld4(rows[r] + 3 * (n / 4) + 4 * u, pol);
+                dd[r] = __half2float(__ushort_as_half(wld2(rows[r] + 13 * (n / 16) + 2 * (u >> 2), pol)));
+            }
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                if (t >= T) break;
+                const int4 *xv = (const int4 *)(xq + (size_t)t * n + 64 * u);
+                int4 xa = __ldg(xv), xb = __ldg(xv + 1), xc = __ldg(xv + 2), xe = __ldg(xv + 3);
+                int xl[8] = { xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w };
+                int xh[8] = { xc.x, xc.y, xc.z, xc.w, xe.x, xe.y, xe.z, xe.w };
+                size_t xb0 = (size_t)t * nbx + 2 * u;
+                float dx0 = __ldg(xd + xb0), dx1 = __ldg(xd + xb0 + 1);
+                int s16[4] = { 0, 0, 0, 0 };
+#pragma unroll
+                for (int k = 0; k < 8; k++) {
+                    s16[k >> 2] = __dp4a(xl[k], 0x01010101, s16[k >> 2]);
+                    s16[2 + (k >> 2)] = __dp4a(xh[k], 0x01010101, s16[2 + (k >> 2)]);
+                }
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    int a[4] = { 0, 0, 0, 0 };
+#pragma unroll
+                    for (int k = 0; k < 8; k++) {
+                        uint32_t hb = qh[r][k >> 1] >> (4 * (k & 1));
+                        int lo = (int)((ql[r][k] & 0x0F0F0F0Fu) | ((hb & 0x03030303u) << 4));
+                        int hi = (int)(((ql[r][k] >> 4) & 0x0F0F0F0Fu) | (((hb >> 2) & 0x03030303u) << 4));
+                        a[k >> 2] = __dp4a(lo, xl[k], a[k >> 2]);
+                        a[2 + (k >> 2)] = __dp4a(hi, xh[k], a[2 + (k >> 2)]);
+                    }
+                    int s = (int)sw[r];
+                    int i0 = (int)(int8_t)s * (a[0] - 32 * s16[0]) + (int)(int8_t)(s >> 8) * (a[1] - 32 * s16[1]);
+                    int i1 = (int)(int8_t)(s >> 16) * (a[2] - 32 * s16[2]) + (int)(int8_t)(s >> 24) * (a[3] - 32 * s16[3]);
+                    acc[r][t] = q6k_unit(acc[r][t], dd[r], dx0, i0, dx1, i1);
+                }
+            }
+        } else if (Q4K && NT <= 2) {
             /* one or two tokens: x loaded with the weights, before any of them is used */
             const int j = u & 3;
             uint4 h[R], q0[R], q1[R];
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 const uint8_t *b = rows[r] + (u >> 2) * 144;
-                h[r] = __ldg((const uint4 *)b);
-                q0[r] = __ldg((const uint4 *)(b + 16 + 32 * j));
-                q1[r] = __ldg((const uint4 *)(b + 32 + 32 * j));
+                h[r] = wld16(b, pol);
+                q0[r] = wld16(b + 16 + 32 * j, pol);
+                q1[r] = wld16(b + 32 + 32 * j, pol);
             }
             int xl[NT][8], xh[NT][8];
             float dx0[NT], dx1[NT];
@@ -817,8 +995,8 @@ __global__ void __launch_bounds__(128) k_gemv_mr(const gv_set S, size_t rb, int 
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 const uint8_t *b = rows[r] + (u >> 2) * 144;
-                uint4 h = __ldg((const uint4 *)b);
-                uint4 q0 = __ldg((const uint4 *)(b + 16 + 32 * j)), q1 = __ldg((const uint4 *)(b + 32 + 32 * j));
+                uint4 h = wld16(b, pol);
+                uint4 q0 = wld16(b + 16 + 32 * j, pol), q1 = wld16(b + 32 + 32 * j, pol);
                 q4k_scales(h, j, d0[r], d1[r], mm0[r], mm1[r]);
                 qw[r][0] = q0.x; qw[r][1] = q0.y; qw[r][2] = q0.z; qw[r][3] = q0.w;
                 qw[r][4] = q1.x; qw[r][5] = q1.y; qw[r][6] = q1.z; qw[r][7] = q1.w;
@@ -852,14 +1030,17 @@ __global__ void __launch_bounds__(128) k_gemv_mr(const gv_set S, size_t rb, int 
             for (int r = 0; r < R; r++) {
                 const uint8_t *p = rows[r] + 32 * u;
                 if (((uintptr_t)rows[r] & 15) == 0) {
-                    int4 a = __ldg((const int4 *)p), c = __ldg((const int4 *)(p + 16));
+                    uint4 a = wld16(p, pol), c = wld16(p + 16, pol);
                     q[r][0] = a.x; q[r][1] = a.y; q[r][2] = a.z; q[r][3] = a.w;
                     q[r][4] = c.x; q[r][5] = c.y; q[r][6] = c.z; q[r][7] = c.w;
+                } else if (((uintptr_t)rows[r] & 7) == 0) {
+#pragma unroll
+                    for (int i = 0; i < 4; i++) { uint2 v = wld8(p + 8 * i, pol); q[r][2 * i] = v.x; q[r][2 * i + 1] = v.y; }
                 } else {
 #pragma unroll
                     for (int i = 0; i < 4; i++) { int2 v = ld8(p + 8 * i); q[r][2 * i] = v.x; q[r][2 * i + 1] = v.y; }
                 }
-                dw[r] = __half2float(__ushort_as_half(__ldg((const unsigned short *)(rows[r] + n) + u)));
+                dw[r] = __half2float(__ushort_as_half(wld2(rows[r] + n + 2 * u, pol)));
             }
 #pragma unroll
             for (int t = 0; t < NT; t++) {
@@ -1276,6 +1457,38 @@ __global__ void k_repack_q8_0(const uint8_t *src, uint8_t *dst, size_t rb, int n
     for (int k = 0; k < 32; k++) row[32 * c + k] = b[2 + k];
 }
 
+/* GGUF q6_K rows (210-byte super-blocks) -> the repacked layout (q6_word);
+ * a thread per (row, unit) */
+__global__ void k_repack_q6_K(const uint8_t *src, uint8_t *dst, size_t rb, int n, int n_out)
+{
+    pdl_begin();
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    int nu = n / 64;
+    if (i >= (size_t)nu * n_out) return;
+    int r = (int)(i / nu), u = (int)(i % nu), v0 = 64 * (u & 3);
+    const uint8_t *b = src + (size_t)r * rb + (size_t)(u >> 2) * 210;
+    uint8_t *row = dst + (size_t)r * rb;
+    uint32_t ql[8] = { 0 }, qh[4] = { 0 };
+    for (int v = 0; v < 64; v++) {
+        /* GGUF: value 128h + 32m + l: nibble of ql[64h + l + 32(m&1)] (high for m >= 2), qh[32h + l] >> 2m */
+        int sv = v0 + v, h = sv >> 7, m = (sv >> 5) & 3, l = sv & 31;
+        int nib = (b[64 * h + l + 32 * (m & 1)] >> (m >= 2 ? 4 : 0)) & 0xF;
+        int top = (b[128 + 32 * h + l] >> (2 * m)) & 3;
+        int hh = v >> 5, w = (v & 31) >> 2, j = v & 3;
+        ql[w] |= (uint32_t)nib << (8 * j + 4 * hh);
+        qh[w >> 1] |= (uint32_t)top << (8 * j + 4 * (w & 1) + 2 * hh);
+    }
+    for (int k = 0; k < 8; k++)
+        for (int j = 0; j < 4; j++) row[q6_word(nu, u, k, 8) + j] = (uint8_t)(ql[k] >> (8 * j));
+    for (int k = 0; k < 4; k++)
+        for (int j = 0; j < 4; j++) row[n / 2 + q6_word(nu, u, k, 4) + j] = (uint8_t)(qh[k] >> (8 * j));
+    for (int s2 = 0; s2 < 4; s2++) row[3 * (n / 4) + 4 * u + s2] = b[192 + v0 / 16 + s2];
+    if ((u & 3) == 0) {
+        row[13 * (n / 16) + 2 * (u >> 2)] = b[208];
+        row[13 * (n / 16) + 2 * (u >> 2) + 1] = b[209];
+    }
+}
+
 /* ---------------- dequantize to f16 (the GEMM path) ---------------- */
 
 template <int TY>
@@ -1370,42 +1583,65 @@ __device__ __forceinline__ float block_sum(float ss)
     return red[0];
 }
 
-/* Row blockIdx.x of out = xr / rms * w, and with qx.q its int8 form (n % 32
- * == 0 and blockDim a multiple of 32: a warp's values are one block). */
-__device__ __forceinline__ void norm_out(const float *xr, const float *w, int n, float eps, float ss, float *o,
+/* Row blockIdx.x of out = x (+ y, written back to x) / rms * w, and with
+ * qx.q its int8 form (n % 32 == 0 and blockDim a multiple of 32: a warp's
+ * values are one block), with qx.h its f16 form. A thread holds values
+ * threadIdx.x + k * blockDim.x (k < NPT) in registers; the norm's weights
+ * (never written) are read before pdl_begin(). NPT 0: any n, values
+ * re-read from x. */
+template <int NPT>
+__device__ __forceinline__ void norm_row(float *x, const float *y, const float *w, int n, float eps, float *out,
                                          xq_lay qx)
 {
+    const int bs = blockDim.x, tid = threadIdx.x;
+    float *xr = x + (size_t)blockIdx.x * n;
+    const float *yr = y ? y + (size_t)blockIdx.x * n : NULL;
+    float *o = out + (size_t)blockIdx.x * n;
+    float wv[NPT > 0 ? NPT : 1], v[NPT > 0 ? NPT : 1];
+#pragma unroll
+    for (int k = 0; k < NPT; k++) wv[k] = tid + k * bs < n ? __ldg(w + tid + k * bs) : 0.f;
+    pdl_begin();
+    float ss = 0.f;
+    if (NPT > 0) {
+#pragma unroll
+        for (int k = 0; k < NPT; k++) {
+            int i = tid + k * bs;
+            v[k] = 0.f;
+            if (i < n) {
+                v[k] = yr ? xr[i] + yr[i] : xr[i];
+                if (yr) xr[i] = v[k];
+                ss += v[k] * v[k];
+            }
+        }
+    } else {
+        for (int i = tid; i < n; i += bs) {
+            float t = yr ? xr[i] + yr[i] : xr[i];
+            if (yr) xr[i] = t;
+            ss += t * t;
+        }
+    }
+    ss = block_sum(ss);
     float scale = (float)(1.0 / sqrt((double)ss / n + eps));
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        float v = xr[i] * scale * w[i];
-        o[i] = v;
-        if (qx.q) quant_block(v, threadIdx.x & 31, (size_t)blockIdx.x * (n / 32) + (i >> 5), qx);
-        if (qx.h) qx.h[(size_t)blockIdx.x * n + i] = f2h_sat(v);
+    for (int k = 0; NPT == 0 || k < NPT; k++) {
+        int i = tid + k * bs;
+        if (i >= n) break;   /* (whole warps when quantizing) */
+        float r = NPT > 0 ? v[NPT > 0 ? k : 0] * scale * wv[NPT > 0 ? k : 0] : xr[i] * scale * w[i];
+        o[i] = r;
+        if (qx.q) quant_block(r, tid & 31, (size_t)blockIdx.x * (n / 32) + (i >> 5), qx);
+        if (qx.h) qx.h[(size_t)blockIdx.x * n + i] = f2h_sat(r);
     }
 }
 
+template <int NPT>
 __global__ void k_rmsnorm(const float *x, const float *w, int n, float eps, float *out, xq_lay qx)
 {
-    pdl_begin();
-    const float *xr = x + (size_t)blockIdx.x * n;
-    float *o = out + (size_t)blockIdx.x * n;
-    float ss = 0.f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
-    ss = block_sum(ss);
-    norm_out(xr, w, n, eps, ss, o, qx);
+    norm_row<NPT>((float *)x, NULL, w, n, eps, out, qx);   /* (x only read: y is NULL) */
 }
 
-__global__ void k_add_rmsnorm(float *x, const float *y, const float *w, int n, float eps, float *out,
-                              xq_lay qx)
+template <int NPT>
+__global__ void k_add_rmsnorm(float *x, const float *y, const float *w, int n, float eps, float *out, xq_lay qx)
 {
-    pdl_begin();
-    float *xr = x + (size_t)blockIdx.x * n;
-    const float *yr = y + (size_t)blockIdx.x * n;
-    float *o = out + (size_t)blockIdx.x * n;
-    float ss = 0.f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) { float v = xr[i] + yr[i]; xr[i] = v; ss += v * v; }
-    ss = block_sum(ss);
-    norm_out(xr, w, n, eps, ss, o, qx);
+    norm_row<NPT>(x, y, w, n, eps, out, qx);
 }
 
 /* Rope: the angle of pair i at position p (double, as the CPU reference),
@@ -1477,7 +1713,7 @@ __global__ void k_kv_store(void *kc, void *vc, int f16, const int32_t *pos, cons
 __global__ void k_rope_kv(float *q, float *k, const float *v, void *kc, void *vc, int f16, const int32_t *pos,
                           const int32_t *off, const int32_t *pages, int n_head, int n_head_kv, int hd, int n_rot,
                           float base, int neox, const float *fd, const float *bq, const float *bk,
-                          const float *bv)
+                          const float *bv, float2 *tab, int tmode)
 {
     pdl_begin();
     int t = blockIdx.x, h = blockIdx.y, half = n_rot / 2, p = pos[t];
@@ -1490,7 +1726,13 @@ __global__ void k_rope_kv(float *q, float *k, const float *v, void *kc, void *vc
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         float cs, sn, o0, o1;
         int i0, i1;
-        rope_cs(p, i, n_rot, base, fd, cs, sn);
+        if (tmode == 2) {
+            float2 a = tab[(size_t)t * half + i];
+            cs = a.x; sn = a.y;
+        } else {
+            rope_cs(p, i, n_rot, base, fd, cs, sn);
+            if (tmode == 1 && h == 0) tab[(size_t)t * half + i] = make_float2(cs, sn);
+        }
         rope_pair(x, i, half, neox, cs, sn, o0, o1, i0, i1, bx);
         if (isk) { kv_put(kc, f16, s + i0, o0); kv_put(kc, f16, s + i1, o1); }
     }
@@ -1508,10 +1750,10 @@ __global__ void k_rope_kv(float *q, float *k, const float *v, void *kc, void *vc
 
 /* ---------------- attention ----------------
  * A token's positions are taken in spans of CK_ATT_SPAN (32). A span's
- * partial (max, sum, weighted values) comes from one warp: lane l scores
- * position start+l (a whole dot product per lane, q from shared memory),
- * the warp takes the span's max and sum, then lane l accumulates dims l,
- * l+32, ... over the span's positions in order. A token's spans are merged
+ * partial (max, sum, weighted values) comes from one warp (att_span): lane
+ * l ends up with the score of position start+l, the warp takes the span's
+ * max and sum, then each lane accumulates its dims over the span's
+ * positions in order. A token's spans are merged
  * in span order by one online step, wherever they were computed: in one
  * block (its warps take spans side by side, merged round by round), or
  * spread over G blocks for short batches (flash-decoding: partials in
@@ -1573,30 +1815,18 @@ __device__ __forceinline__ void att_rows16(const void *c, size_t rowA, size_t ro
     }
 }
 
-/* One step of a warp's reduce-scatter of 32 values per lane: after the
- * step of width O a lane keeps the O sums of the half of the indices its
- * bit O selects (constant indices: the values stay in registers). */
-template <int O>
-__device__ __forceinline__ void att_rs(float (&ps)[32], int lane)
-{
-    bool up = lane & O;
-#pragma unroll
-    for (int i = 0; i < O; i++) {
-        float keep = up ? ps[i + O] : ps[i], send = up ? ps[i] : ps[i + O];
-        ps[i] = __fadd_rn(keep, __shfl_xor_sync(0xffffffffu, send, O));
-    }
-}
-
 /* The span [p0, p1) of token t (p0 % 32 == 0, 1..32 positions: two cache
  * pages), by the calling warp. Lane l holds dims ND*l .. ND*l+ND-1 of q,
  * of each K and V row read (a warp reads a row as one contiguous piece),
- * and of the result a. The 32 partial dot products of a lane are summed
- * across the warp by a reduce-scatter (31 shuffles), after which lane j
- * holds the score of position p0+j. */
+ * and of the result a. The lanes' shares of each row's dot product go to
+ * sp (the warp's [32][33] floats of shared memory); lane j sums row j's in
+ * lane order: the score of position p0+j. The loops stay rolled (16 rows'
+ * loads in flight per trip): a single-token decode runs this once per SM
+ * and launch, so its time is the code's fetch as much as its execution. */
 template <int ND, int F16>
 __device__ __forceinline__ void att_span(const float *qs, const void *kc, const void *vc, const int32_t *off,
                                          const int32_t *pages, int t, size_t kvo, int kvd, int hd, float scale,
-                                         int p0, int p1, float &m, float &l, float (&a)[ND])
+                                         int p0, int p1, float (*sp)[33], float &m, float &l, float (&a)[ND])
 {
     int lane = threadIdx.x & 31, np = p1 - p0, d0 = ND * lane;
     bool dl = d0 < hd;
@@ -1607,9 +1837,8 @@ __device__ __forceinline__ void att_span(const float *qs, const void *kc, const 
     float qv[ND];
 #pragma unroll
     for (int k = 0; k < ND; k++) qv[k] = dl && k < nv ? qs[d0 + k] : 0.f;
-    float ps[32];
-#pragma unroll
-    for (int j0 = 0; j0 < 32; j0 += 16) {
+#pragma unroll 1
+    for (int j0 = 0; j0 < np; j0 += 16) {
         float kv[16][ND];
         att_rows16<ND, F16>(kc, rowA, rowB, j0, np, kvd, kvo + d0, nv, vec, dl, kv);
 #pragma unroll
@@ -1617,16 +1846,18 @@ __device__ __forceinline__ void att_span(const float *qs, const void *kc, const 
             float d = 0.f;
 #pragma unroll
             for (int k = 0; k < ND; k++) d = __fmaf_rn(qv[k], kv[j][k], d);
-            ps[j0 + j] = d;
+            sp[j0 + j][lane] = d;
         }
     }
-    att_rs<16>(ps, lane);
-    att_rs<8>(ps, lane);
-    att_rs<4>(ps, lane);
-    att_rs<2>(ps, lane);
-    att_rs<1>(ps, lane);
+    __syncwarp();
     bool live = lane < np;
-    float sc = live ? __fmul_rn(ps[0], scale) : -INFINITY;
+    float ps = 0.f;
+    if (live) {
+#pragma unroll 8
+        for (int k = 0; k < 32; k++) ps = __fadd_rn(ps, sp[lane][k]);
+    }
+    __syncwarp();   /* (sp is the warp's next span's) */
+    float sc = live ? __fmul_rn(ps, scale) : -INFINITY;
     float mx = sc;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
@@ -1635,9 +1866,8 @@ __device__ __forceinline__ void att_span(const float *qs, const void *kc, const 
     for (int o = 16; o > 0; o >>= 1) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, o));
 #pragma unroll
     for (int k = 0; k < ND; k++) a[k] = 0.f;
-#pragma unroll
-    for (int j0 = 0; j0 < 32; j0 += 16) {
-        if (j0 >= np) break;
+#pragma unroll 1
+    for (int j0 = 0; j0 < np; j0 += 16) {
         float vv[16][ND];
         att_rows16<ND, F16>(vc, rowA, rowB, j0, np, kvd, kvo + d0, nv, vec, dl, vv);
 #pragma unroll
@@ -1671,6 +1901,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const float *q, co
     __shared__ float qs[ND * 32];
     __shared__ float sm_m[ATT_WARPS], sm_l[ATT_WARPS];
     __shared__ float sm_a[ATT_WARPS][ND * 32];
+    __shared__ float sp[ATT_WARPS][32][33];   /* att_span's row shares, per warp */
     const float *qt = q + (size_t)th * hd;
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float v = qt[d];
@@ -1688,7 +1919,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const float *q, co
             int s = s0 + warp;
             if (s < ns) {
                 att_span<ND, F16>(qs, kc, vc, off, pages, t, kvo, kvd, hd, scale, s * CK_ATT_SPAN,
-                                  min(len, (s + 1) * CK_ATT_SPAN), m, l, a);
+                                  min(len, (s + 1) * CK_ATT_SPAN), sp[warp], m, l, a);
                 if (lane == 0) { sm_m[warp] = m; sm_l[warp] = l; }
 #pragma unroll
                 for (int k = 0; k < ND; k++) sm_a[warp][ND * lane + k] = a[k];
@@ -1719,7 +1950,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const float *q, co
     }
     for (int s = y + G * warp; s < ns; s += G * ATT_WARPS) {
         att_span<ND, F16>(qs, kc, vc, off, pages, t, kvo, kvd, hd, scale, s * CK_ATT_SPAN,
-                          min(len, (s + 1) * CK_ATT_SPAN), m, l, a);
+                          min(len, (s + 1) * CK_ATT_SPAN), sp[warp], m, l, a);
         float *pp = part + ((size_t)th * maxs + s) * (hd + 2);
         if (lane == 0) { pp[0] = m; pp[1] = l; }
 #pragma unroll
@@ -1910,6 +2141,17 @@ static int env_int(const char *name, int dflt)
     return e && *e ? atoi(e) : dflt;
 }
 
+static int dev_sms(void)
+{
+    static int v = 0;
+    int dev = 0;
+    if (!v && (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)) {
+        cudaGetLastError();
+        v = 1;
+    }
+    return v;
+}
+
 static int gemv_mr_off(void)
 {
     static int v = -1;
@@ -1930,38 +2172,52 @@ static int gemv_bt(int n)
 }
 
 /* decode: rows per group R, K warps per group by the units per row */
-template <int NT, int R, bool Q4K>
+template <int NT, int R, int KD>
 static void gemv_mr_k(cudaStream_t st, gv_set S, size_t rb, int n, const int8_t *xq, const float *xd, const int *xs,
                       int T)
 {
-    int K = gv_warps(Q4K ? n / 64 : n / 32);
+    int K = gv_warps(KD == GV_Q8 ? n / 32 : n / 64);
     unsigned g = 0;
-    for (int i = 0; i < S.nm; i++) { S.m[i].blk0 = (int)g; g += nblk(S.m[i].n_out, (unsigned)(4 / K * R)); }
-    if (K == 4) lk(k_gemv_mr<NT, R, 4, Q4K>, g, 128, 0, st, S, rb, n, xq, xd, xs, T);
-    else if (K == 2) lk(k_gemv_mr<NT, R, 2, Q4K>, g, 128, 0, st, S, rb, n, xq, xd, xs, T);
-    else lk(k_gemv_mr<NT, R, 1, Q4K>, g, 128, 0, st, S, rb, n, xq, xd, xs, T);
+    size_t bytes = 0;
+    for (int i = 0; i < S.nm; i++) {
+        S.m[i].blk0 = (int)g;
+        g += nblk(S.m[i].n_out, (unsigned)(4 / K * R));
+        bytes += (size_t)S.m[i].n_out * rb;
+    }
+    void (*k)(const gv_set, size_t, int, const int8_t *, const float *, const int *, int) =
+        K == 4 ? k_gemv_mr<NT, R, 4, KD> : K == 2 ? k_gemv_mr<NT, R, 2, KD> : k_gemv_mr<NT, R, 1, KD>;
+    static int res[3] = { -1, -1, -1 };   /* resident blocks per SM, per K */
+    int ki = K == 4 ? 2 : K == 2 ? 1 : 0;
+    if (res[ki] < 0 && cudaOccupancyMaxActiveBlocksPerMultiprocessor(&res[ki], k, 128, 0) != cudaSuccess) {
+        cudaGetLastError();
+        res[ki] = 1;
+    }
+    S.pf = pf_blocks((int)g, res[ki] * dev_sms(), bytes);
+    S.pfl = pf_mode() >= 4;
+    lk(k, g, 128, 0, st, S, rb, n, xq, xd, xs, T);
 }
 
-template <bool Q4K>
+template <int KD>
 static void gemv_mr_q(cudaStream_t st, const gv_set &S, size_t rb, int n, const int8_t *xq, const float *xd,
                       const int *xs, int T)
 {
     static int R = -1;
     if (R < 0) R = env_int("ANE_CUDA_GEMV_R", 4);
-    if (T > 8) gemv_mr_k<16, 4, Q4K>(st, S, rb, n, xq, xd, xs, T);
-    else if (T > 4) gemv_mr_k<8, 4, Q4K>(st, S, rb, n, xq, xd, xs, T);
-    else if (T > 2) gemv_mr_k<4, 4, Q4K>(st, S, rb, n, xq, xd, xs, T);
-    else if (T == 2) gemv_mr_k<2, 2, Q4K>(st, S, rb, n, xq, xd, xs, T);
-    else if (R == 8) gemv_mr_k<1, 8, Q4K>(st, S, rb, n, xq, xd, xs, T);
-    else if (R == 2) gemv_mr_k<1, 2, Q4K>(st, S, rb, n, xq, xd, xs, T);
-    else gemv_mr_k<1, 4, Q4K>(st, S, rb, n, xq, xd, xs, T);
+    if (T > 8) gemv_mr_k<16, 4, KD>(st, S, rb, n, xq, xd, xs, T);
+    else if (T > 4) gemv_mr_k<8, 4, KD>(st, S, rb, n, xq, xd, xs, T);
+    else if (T > 2) gemv_mr_k<4, 4, KD>(st, S, rb, n, xq, xd, xs, T);
+    else if (T == 2) gemv_mr_k<2, 2, KD>(st, S, rb, n, xq, xd, xs, T);
+    else if (R == 8) gemv_mr_k<1, 8, KD>(st, S, rb, n, xq, xd, xs, T);
+    else if (R == 2) gemv_mr_k<1, 2, KD>(st, S, rb, n, xq, xd, xs, T);
+    else gemv_mr_k<1, 4, KD>(st, S, rb, n, xq, xd, xs, T);
 }
 
-static void gemv_mr(cudaStream_t st, const gv_set &S, bool q4k, size_t rb, int n, const int8_t *xq, const float *xd,
-                    const int *xs, int T)
+static void gemv_mr(cudaStream_t st, const gv_set &S, uint32_t type, size_t rb, int n, const int8_t *xq,
+                    const float *xd, const int *xs, int T)
 {
-    if (q4k) gemv_mr_q<true>(st, S, rb, n, xq, xd, xs, T);
-    else gemv_mr_q<false>(st, S, rb, n, xq, xd, xs, T);
+    if (type == T_Q4_K) gemv_mr_q<GV_Q4K>(st, S, rb, n, xq, xd, xs, T);
+    else if (type == T_Q6_K) gemv_mr_q<GV_Q6K>(st, S, rb, n, xq, xd, xs, T);
+    else gemv_mr_q<GV_Q8>(st, S, rb, n, xq, xd, xs, T);
 }
 
 /* ANE_CUDA_MMQ=1: q8_0 / q4_K through the int8 tensor-core kernel at every
@@ -2074,34 +2330,52 @@ static xq_lay xq_out(void *xq, void *x16, int T, int n)
     return L;
 }
 
+/* a block per row: up to 1024 threads, each with up to 8 values in registers */
+#define L_NORM(KER, ...)                                                                                  \
+    do {                                                                                                  \
+        int bs = n >= 1024 ? 1024 : ((n + 31) / 32) * 32, npt = (n + bs - 1) / bs;                         \
+        xq_lay L = xq_out(xq, x16, rows, n);                                                              \
+        if (npt == 1) lk(KER<1>, rows, bs, 0, st, __VA_ARGS__, L);                                        \
+        else if (npt == 2) lk(KER<2>, rows, bs, 0, st, __VA_ARGS__, L);                                   \
+        else if (npt <= 4) lk(KER<4>, rows, bs, 0, st, __VA_ARGS__, L);                                   \
+        else if (npt <= 8) lk(KER<8>, rows, bs, 0, st, __VA_ARGS__, L);                                   \
+        else lk(KER<0>, rows, bs, 0, st, __VA_ARGS__, L);                                                 \
+    } while (0)
+
 void ck_add_rmsnorm(cudaStream_t st, float *x, const float *y, const float *w, int rows, int n, float eps,
                     float *out, void *xq, void *x16)
 {
-    int bs = n >= 1024 ? 1024 : ((n + 31) / 32) * 32;
-    lk(k_add_rmsnorm, rows, bs, 0, st, x, y, w, n, eps, out, xq_out(xq, x16, rows, n));
+    L_NORM(k_add_rmsnorm, x, y, w, n, eps, out);
 }
 
 void ck_rmsnorm(cudaStream_t st, const float *x, const float *w, int rows, int n, float eps, float *out, void *xq,
                 void *x16)
 {
-    int bs = n >= 1024 ? 1024 : ((n + 31) / 32) * 32;
-    lk(k_rmsnorm, rows, bs, 0, st, x, w, n, eps, out, xq_out(xq, x16, rows, n));
+    L_NORM(k_rmsnorm, x, w, n, eps, out);
 }
 
 int ck_gemv_int8(uint32_t type, int n_in)
 {
-    return (type == T_Q4_K && n_in % 256 == 0) || (type == T_Q8_0 && n_in % 32 == 0);
+    /* (q6_K: rows of an even number of super-blocks are 4-byte aligned) */
+    return (type == T_Q4_K && n_in % 256 == 0) || (type == T_Q8_0 && n_in % 32 == 0) ||
+           (type == T_Q6_K && n_in % 512 == 0);
 }
 
 int ck_mmq(uint32_t type, int n_in)
 {
-    return ck_gemv_int8(type, n_in) && !mmq_off();
+    return ck_gemv_int8(type, n_in) && type != T_Q6_K && !mmq_off();
 }
 
 void ck_repack_q8_0(cudaStream_t st, const void *src, void *dst, size_t rb, int n, int n_out)
 {
     size_t tot = (size_t)(n / 32) * n_out;
     lk(k_repack_q8_0, nblk(tot, 256), 256, 0, st, (const uint8_t *)src, (uint8_t *)dst, rb, n, n_out);
+}
+
+void ck_repack_q6_K(cudaStream_t st, const void *src, void *dst, size_t rb, int n, int n_out)
+{
+    size_t tot = (size_t)(n / 64) * n_out;
+    lk(k_repack_q6_K, nblk(tot, 256), 256, 0, st, (const uint8_t *)src, (uint8_t *)dst, rb, n, n_out);
 }
 
 int ck_mmqb_ok(uint32_t type, int n_in)
@@ -2133,7 +2407,7 @@ static void gemv_multi(cudaStream_t st, uint32_t type, int nm, const void *const
         float *xd = L.d, *xdt = L.dt;
         int *xs = L.s, *xst = L.st;
         int tp = L.tp;
-        if (!mmq_off()) {
+        if (ck_mmq(type, n)) {
             gv_set S = gv_fill(nm, W, n_out, bias, out, 0);
             if (type == T_Q4_K) mmq<true>(st, S, rb, n, xq, xdt, xst, T, tp);
             else mmq<false>(st, S, rb, n, xq, xdt, xst, T, tp);
@@ -2145,7 +2419,8 @@ static void gemv_multi(cudaStream_t st, uint32_t type, int nm, const void *const
             const int8_t *q = xq + (size_t)t0 * n;
             const float *d = xd + (size_t)t0 * (n / 32);
             const int *sx = xs + (size_t)t0 * (n / 32);
-            if (tn <= 2 ? !gemv_mr_off() : gemv_bt(n)) gemv_mr(st, S, type == T_Q4_K, rb, n, q, d, sx, tn);
+            /* (q6_K: the R-row kernel only) */
+            if (type == T_Q6_K || (tn <= 2 ? !gemv_mr_off() : gemv_bt(n))) gemv_mr(st, S, type, rb, n, q, d, sx, tn);
             else if (type == T_Q8_0) gemv_q8t(st, S, rb, n, q, d, tn);
             else gemv_qt(st, S, rb, n, q, d, sx, tn);
         }
@@ -2231,12 +2506,12 @@ void ck_kv_store(cudaStream_t st, void *kc, void *vc, int f16, const int32_t *po
 void ck_rope_kv(cudaStream_t st, float *q, float *k, const float *v, void *kc, void *vc, int f16,
                 const int32_t *pos, const int32_t *off, const int32_t *pages, int T, int n_head, int n_head_kv,
                 int hd, int n_rot, float base, int neox, const float *fd, const float *bq, const float *bk,
-                const float *bv)
+                const float *bv, void *tab, int tab_mode)
 {
     dim3 g(T, n_head + n_head_kv);
     int bs = hd / 2 > 32 ? 128 : 32;
     lk(k_rope_kv, g, bs, 0, st, q, k, v, kc, vc, f16, pos, off, pages, n_head, n_head_kv, hd, n_rot, base, neox, fd,
-       bq, bk, bv);
+       bq, bk, bv, (float2 *)tab, tab ? tab_mode : 0);
 }
 
 void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *vc, int f16, const int32_t *pos,

@@ -1,7 +1,8 @@
 /* cuda_kernels.h — launchers of the CUDA kernels (shaders/cuda_kernels.cu)
  * for the CUDA backend (engine/backend_cuda.c). Every launcher queues work on
  * `st` and returns at once; pointers are device memory unless said otherwise.
- * Weights stay in their GGUF block layout; rows are row_bytes apart.
+ * Weights stay in their GGUF block layout (q8_0 and q6_K repacked within
+ * each row, same bytes); rows are row_bytes apart.
  * Per-step batch data (ids, pos, page tables) lives in a device block:
  *   pos[T], off[T] (start of token t's page table in pages[]), pages[]. */
 #ifndef ANE_CUDA_KERNELS_H
@@ -37,6 +38,9 @@ void ck_gemv(cudaStream_t st, uint32_t type, const void *W, size_t row_bytes, in
 /* q8_0 weights live on the device repacked (same bytes per row): a row's
  * 32-byte quant blocks, then its f16 scales. Every kernel reads that layout. */
 void ck_repack_q8_0(cudaStream_t st, const void *src, void *dst, size_t row_bytes, int n_in, int n_out);
+/* q6_K likewise (same bytes per row): aligned words for the int8 GEMV
+ * (the layout: q6_word in cuda_kernels.cu). */
+void ck_repack_q6_K(cudaStream_t st, const void *src, void *dst, size_t row_bytes, int n_in, int n_out);
 /* Types with an int8 path (x quantized per 32 values, __dp4a dots), used when
  * xq_scratch (CK_XQ_BYTES(T, n_in) bytes) is given; else f32 arithmetic. */
 int ck_gemv_int8(uint32_t type, int n_in);
@@ -91,11 +95,13 @@ void ck_kv_store(cudaStream_t st, void *kc, void *vc, int f16, const int32_t *po
                  const int32_t *pages, int T, int kv_dim, const float *k, const float *v);
 /* ck_rope of q [T][n_head][hd] and k [T][n_head_kv][hd], then ck_kv_store
  * of k and v, in one launch (the same values); bq, bk, bv (or NULL):
- * biases added to q, k, v first, q and k keeping them. */
+ * biases added to q, k, v first, q and k keeping them. tab ([T][n_rot/2]
+ * float pairs, or NULL) and tab_mode: 0 the angles computed, 1 computed
+ * and written to tab, 2 read from tab (the same values). */
 void ck_rope_kv(cudaStream_t st, float *q, float *k, const float *v, void *kc, void *vc, int f16,
                 const int32_t *pos, const int32_t *off, const int32_t *pages, int T, int n_head, int n_head_kv,
                 int hd, int n_rot, float base, int neox, const float *fd, const float *bq, const float *bk,
-                const float *bv);
+                const float *bv, void *tab, int tab_mode);
 /* Causal attention over the paged cache (xq: also out's int8 form, as
  * ck_rmsnorm; head_dim % 32 == 0). A token's positions go in spans of
  * CK_ATT_SPAN, merged in order, so its result does not depend on the batch.

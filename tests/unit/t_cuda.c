@@ -114,8 +114,8 @@ static void test_matmul(void)
     for (size_t ti = 0; ti < N_TYPES; ti++) {
         uint32_t type = TYPES[ti];
         int fl = type == QT_F32 || type == QT_F16 || type == QT_BF16;
-        int shapes[4][2] = { { 512, 77 }, { fl ? 72 : 256, 40 }, { 1536, 21 }, { 4352, 13 } };
-        for (int si = 0; si < 4; si++) {
+        int shapes[5][2] = { { 512, 77 }, { fl ? 72 : 256, 40 }, { 1536, 21 }, { 4352, 13 }, { 3584, 9 } };
+        for (int si = 0; si < 5; si++) {
             int n_in = shapes[si][0], n_out = shapes[si][1];
             size_t rb;
             void *wd = kept(make_weight(type, n_in, n_out, &rb));
@@ -146,9 +146,11 @@ static void test_matmul(void)
                 gpu->ops->to_host(gpu, y, dy, (size_t)T * n_out * 4);
                 gpu->ops->sync(gpu);
                 double e = rel_err(y, ref, (size_t)T * n_out);
-                /* int8 activations (q4_K, q8_0 GEMV; q4_K 17..32 rows: f16 tensor cores on the
-                 * quantized weights); else f32 GEMV, f16 tensor cores from 9 */
-                double tol = type == QT_Q4_K || type == QT_Q8_0 ? 1e-2 : T > 8 ? 2e-3 : 2e-5;
+                /* int8 activations (q4_K, q8_0, q6_K of whole super-block pairs GEMV; q4_K
+                 * 17..32 rows: f16 tensor cores on the quantized weights); else f32 GEMV,
+                 * f16 tensor cores from 9 */
+                int i8 = type == QT_Q4_K || type == QT_Q8_0 || (type == QT_Q6_K && n_in % 512 == 0);
+                double tol = i8 ? 1e-2 : T > 8 ? 2e-3 : 2e-5;
                 CHECKF(e <= tol, "matmul %s %dx%d T=%d: rel err %.3g (tol %g)", qt_name(type), n_out, n_in, T, e, tol);
                 gpu->ops->free(gpu, dx);
                 gpu->ops->free(gpu, dy);
@@ -751,6 +753,9 @@ static void test_invariance(void)
             if (gpum && si < 2 && (types[ti] == QT_Q8_0 || (types[ti] == QT_Q4_K && shapes[si][0] % 256 == 0)))
                 inv_case(gpum, types[ti], shapes[si][0], shapes[si][1] * 16, tg, 9, "int8 mma");
         }
+    /* q6_K's int8 GEMV over whole groups of 32 units and cut ones, by 1, 2 and 4 warps per row */
+    const int n6[] = { 3584, 8192, 16384 };
+    for (int k = 0; k < 3; k++) inv_case(gpuv, QT_Q6_K, n6[k], 21, tv, 10, "gemv");
 }
 
 /* rows split over blocks (under 64 rows) and not; ties inside a block's
