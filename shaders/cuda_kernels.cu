@@ -512,24 +512,33 @@ __device__ __forceinline__ void l2_prefetch_lines(const void *p, size_t n)
 
 /* How many leading blocks of a GEMV launch of `blocks` blocks (of which
  * `resident` fit on the device at once) prefetch their rows, for `bytes`
- * of weights. ANE_CUDA_PREFETCH: 0 none, 1 all, 2 the first wave, 3 sets of
- * up to 16 MiB (for comparison). */
+ * of weights, and whether by lines (pfl). Measured (BENCHMARKS.md): a
+ * launch-bound small model gains, a 7b loses 1-3% when its 7-17 MB
+ * matrices prefetch; so sets of up to 5 MiB, by lines.
+ * ANE_CUDA_PREFETCH (for comparison): 0 none, 1 all by bulk copies, 2 the
+ * first wave, 3 sets up to ANE_CUDA_PREFETCH_MB (default 5) by bulk
+ * copies, 4 all by lines, 5 (default) such sets by lines. */
 static int pf_mode(void)
 {
     static int v = -1;
     if (v < 0) {
         const char *e = getenv("ANE_CUDA_PREFETCH");
-        v = e && *e ? atoi(e) : 1;
+        v = e && *e ? atoi(e) : 5;
     }
     return v;
 }
 
 static int pf_blocks(int blocks, int resident, size_t bytes)
 {
+    static long mb = -1;
+    if (mb < 0) {
+        const char *e = getenv("ANE_CUDA_PREFETCH_MB");
+        mb = e && *e ? atol(e) : 5;
+    }
     switch (pf_mode()) {
     case 0: return 0;
     case 2: return resident;
-    case 3: case 5: return bytes <= ((size_t)16 << 20) ? blocks : 0;
+    case 3: case 5: return bytes <= ((size_t)mb << 20) ? blocks : 0;
     default: return blocks;
     }
 }
@@ -705,6 +714,49 @@ __device__ __forceinline__ void quant_block(float v, int lane, size_t b, const x
             size_t t = b / L.nbr, k2 = b - t * L.nbr;
             L.dt[k2 * L.tp + t] = d;
             L.st[k2 * L.tp + t] = sum;
+        }
+    }
+}
+
+/* quant_block of N blocks at once (their shuffles interleaved), the first
+ * nlive of them stored: the same bits per block */
+template <int N>
+__device__ __forceinline__ void quant_blocks(const float (&v)[N], int lane, const size_t (&b)[N], int nlive,
+                                             const xq_lay &L)
+{
+    float a[N];
+#pragma unroll
+    for (int k = 0; k < N; k++) a[k] = fabsf(v[k]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+        for (int k = 0; k < N; k++) a[k] = fmaxf(a[k], __shfl_xor_sync(0xffffffffu, a[k], o));
+    float d[N];
+    int q[N], sum[N];
+#pragma unroll
+    for (int k = 0; k < N; k++) {
+        float amax = fmaxf(0.f, a[k]);
+        d[k] = amax / 127.f;
+        float id = d[k] > 0.f ? 1.f / d[k] : 0.f;
+        q[k] = __float2int_rn(v[k] * id);
+        sum[k] = q[k];
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+        for (int k = 0; k < N; k++) sum[k] += __shfl_xor_sync(0xffffffffu, sum[k], o);
+#pragma unroll
+    for (int k = 0; k < N; k++) {
+        if (k >= nlive) break;
+        L.q[b[k] * 32 + lane] = (int8_t)q[k];
+        if (lane == 0) {
+            L.d[b[k]] = d[k];
+            L.s[b[k]] = sum[k];
+            if (L.dt) {
+                size_t t = b[k] / L.nbr, k2 = b[k] - t * L.nbr;
+                L.dt[k2 * L.tp + t] = d[k];
+                L.st[k2 * L.tp + t] = sum[k];
+            }
         }
     }
 }
@@ -1622,10 +1674,27 @@ __device__ __forceinline__ void norm_row(float *x, const float *y, const float *
     }
     ss = block_sum(ss);
     float scale = (float)(1.0 / sqrt((double)ss / n + eps));
-    for (int k = 0; NPT == 0 || k < NPT; k++) {
-        int i = tid + k * bs;
-        if (i >= n) break;   /* (whole warps when quantizing) */
-        float r = NPT > 0 ? v[NPT > 0 ? k : 0] * scale * wv[NPT > 0 ? k : 0] : xr[i] * scale * w[i];
+    if (NPT > 0) {
+        const int N = NPT > 0 ? NPT : 1;
+        float r[N];
+        size_t bq[N];
+        int nlive = 0;   /* (the same in a warp when quantizing: n % 32 == 0) */
+#pragma unroll
+        for (int k = 0; k < N; k++) {
+            int i = tid + k * bs;
+            r[k] = v[k] * scale * wv[k];
+            bq[k] = (size_t)blockIdx.x * (n / 32) + (i >> 5);
+            if (i < n) {
+                nlive = k + 1;
+                o[i] = r[k];
+                if (qx.h) qx.h[(size_t)blockIdx.x * n + i] = f2h_sat(r[k]);
+            }
+        }
+        if (qx.q) quant_blocks<N>(r, tid & 31, bq, nlive, qx);
+        return;
+    }
+    for (int i = tid; i < n; i += bs) {
+        float r = xr[i] * scale * w[i];
         o[i] = r;
         if (qx.q) quant_block(r, tid & 31, (size_t)blockIdx.x * (n / 32) + (i >> 5), qx);
         if (qx.h) qx.h[(size_t)blockIdx.x * n + i] = f2h_sat(r);
@@ -1815,15 +1884,49 @@ __device__ __forceinline__ void att_rows16(const void *c, size_t rowA, size_t ro
     }
 }
 
+/* V rows j0 .. j0+15 of a span (as att_rows16) weighted by their lanes' e, into a */
+template <int ND, int F16>
+__device__ __forceinline__ void att_v16(const void *vc, size_t rowA, size_t rowB, int j0, int np, int kvd,
+                                        size_t base, int nv, bool vec, bool dl, float e, float (&a)[ND])
+{
+    float vv[16][ND];
+    att_rows16<ND, F16>(vc, rowA, rowB, j0, np, kvd, base, nv, vec, dl, vv);
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        float ej = __shfl_sync(0xffffffffu, e, j0 + j);
+        if (j0 + j < np) {
+#pragma unroll
+            for (int k = 0; k < ND; k++) a[k] = __fmaf_rn(ej, vv[j][k], a[k]);
+        }
+    }
+}
+
+/* One step of a warp's reduce-scatter of 32 values per lane: after the
+ * step of width O a lane keeps the O sums of the half of the indices its
+ * bit O selects (constant indices: the values stay in registers). */
+template <int O>
+__device__ __forceinline__ void att_rs(float (&ps)[32], int lane)
+{
+    bool up = lane & O;
+#pragma unroll
+    for (int i = 0; i < O; i++) {
+        float keep = up ? ps[i + O] : ps[i], send = up ? ps[i] : ps[i + O];
+        ps[i] = __fadd_rn(keep, __shfl_xor_sync(0xffffffffu, send, O));
+    }
+}
+
 /* The span [p0, p1) of token t (p0 % 32 == 0, 1..32 positions: two cache
  * pages), by the calling warp. Lane l holds dims ND*l .. ND*l+ND-1 of q,
  * of each K and V row read (a warp reads a row as one contiguous piece),
- * and of the result a. The lanes' shares of each row's dot product go to
- * sp (the warp's [32][33] floats of shared memory); lane j sums row j's in
- * lane order: the score of position p0+j. The loops stay rolled (16 rows'
- * loads in flight per trip): a single-token decode runs this once per SM
- * and launch, so its time is the code's fetch as much as its execution. */
-template <int ND, int F16>
+ * and of the result a; lane j ends up with the score of position p0+j, the
+ * 32 lanes' shares of its dot product summed in the order of a butterfly.
+ * Two forms, the same arithmetic: unrolled (32 rows' loads in flight, the
+ * shares summed by a reduce-scatter of 31 shuffles), and for launches of
+ * few blocks (ROLL) rolled loops of 16 rows, the shares through the warp's
+ * sp ([32][33] floats of shared memory) and summed by lane j in the
+ * butterfly's order: a single-token decode runs this once per SM and
+ * launch, so its time is the code's fetch as much as its execution. */
+template <int ND, int F16, int ROLL>
 __device__ __forceinline__ void att_span(const float *qs, const void *kc, const void *vc, const int32_t *off,
                                          const int32_t *pages, int t, size_t kvo, int kvd, int hd, float scale,
                                          int p0, int p1, float (*sp)[33], float &m, float &l, float (&a)[ND])
@@ -1837,26 +1940,54 @@ __device__ __forceinline__ void att_span(const float *qs, const void *kc, const 
     float qv[ND];
 #pragma unroll
     for (int k = 0; k < ND; k++) qv[k] = dl && k < nv ? qs[d0 + k] : 0.f;
-#pragma unroll 1
-    for (int j0 = 0; j0 < np; j0 += 16) {
-        float kv[16][ND];
-        att_rows16<ND, F16>(kc, rowA, rowB, j0, np, kvd, kvo + d0, nv, vec, dl, kv);
-#pragma unroll
-        for (int j = 0; j < 16; j++) {
-            float d = 0.f;
-#pragma unroll
-            for (int k = 0; k < ND; k++) d = __fmaf_rn(qv[k], kv[j][k], d);
-            sp[j0 + j][lane] = d;
-        }
-    }
-    __syncwarp();
     bool live = lane < np;
-    float ps = 0.f;
-    if (live) {
-#pragma unroll 8
-        for (int k = 0; k < 32; k++) ps = __fadd_rn(ps, sp[lane][k]);
+    float ps;
+    if (ROLL) {
+#pragma unroll 1
+        for (int j0 = 0; j0 < np; j0 += 16) {
+            float kv[16][ND];
+            att_rows16<ND, F16>(kc, rowA, rowB, j0, np, kvd, kvo + d0, nv, vec, dl, kv);
+#pragma unroll
+            for (int j = 0; j < 16; j++) {
+                float d = 0.f;
+#pragma unroll
+                for (int k = 0; k < ND; k++) d = __fmaf_rn(qv[k], kv[j][k], d);
+                sp[j0 + j][lane] = d;
+            }
+        }
+        __syncwarp();
+        /* the reduce-scatter's sum for row `lane`: with b[x] = lane (lane ^
+         * x)'s share, each round adds b[x] + b[x + o] for x < o */
+        float b[32];
+#pragma unroll
+        for (int x = 0; x < 32; x++) b[x] = sp[lane][lane ^ x];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+            for (int x = 0; x < o; x++) b[x] = __fadd_rn(b[x], b[x + o]);
+        ps = b[0];
+        __syncwarp();   /* (sp is the warp's next span's) */
+    } else {
+        float pr[32];
+#pragma unroll
+        for (int j0 = 0; j0 < 32; j0 += 16) {
+            float kv[16][ND];
+            att_rows16<ND, F16>(kc, rowA, rowB, j0, np, kvd, kvo + d0, nv, vec, dl, kv);
+#pragma unroll
+            for (int j = 0; j < 16; j++) {
+                float d = 0.f;
+#pragma unroll
+                for (int k = 0; k < ND; k++) d = __fmaf_rn(qv[k], kv[j][k], d);
+                pr[j0 + j] = d;
+            }
+        }
+        att_rs<16>(pr, lane);
+        att_rs<8>(pr, lane);
+        att_rs<4>(pr, lane);
+        att_rs<2>(pr, lane);
+        att_rs<1>(pr, lane);
+        ps = pr[0];
     }
-    __syncwarp();   /* (sp is the warp's next span's) */
     float sc = live ? __fmul_rn(ps, scale) : -INFINITY;
     float mx = sc;
 #pragma unroll
@@ -1866,17 +1997,14 @@ __device__ __forceinline__ void att_span(const float *qs, const void *kc, const 
     for (int o = 16; o > 0; o >>= 1) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, o));
 #pragma unroll
     for (int k = 0; k < ND; k++) a[k] = 0.f;
+    if (ROLL) {
 #pragma unroll 1
-    for (int j0 = 0; j0 < np; j0 += 16) {
-        float vv[16][ND];
-        att_rows16<ND, F16>(vc, rowA, rowB, j0, np, kvd, kvo + d0, nv, vec, dl, vv);
+        for (int j0 = 0; j0 < np; j0 += 16) att_v16<ND, F16>(vc, rowA, rowB, j0, np, kvd, kvo + d0, nv, vec, dl, e, a);
+    } else {
 #pragma unroll
-        for (int j = 0; j < 16; j++) {
-            float ej = __shfl_sync(0xffffffffu, e, j0 + j);
-            if (j0 + j < np) {
-#pragma unroll
-                for (int k = 0; k < ND; k++) a[k] = __fmaf_rn(ej, vv[j][k], a[k]);
-            }
+        for (int j0 = 0; j0 < 32; j0 += 16) {
+            if (j0 >= np) break;
+            att_v16<ND, F16>(vc, rowA, rowB, j0, np, kvd, kvo + d0, nv, vec, dl, e, a);
         }
     }
     m = mx;
@@ -1886,22 +2014,36 @@ __device__ __forceinline__ void att_span(const float *qs, const void *kc, const 
 /* Block (token*head, y) of G, ATT_WARPS warps. G == 1 or a one-span token:
  * every span here, merged, written to out. Else warp w of block y takes
  * spans y + G*w, y + G*(w + ATT_WARPS), ... to part (maxs per row). */
-template <int ND, int F16>
+template <int ND, int F16, int ROLL>
 __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const float *q, const void *kc, const void *vc,
                                                    const int32_t *pos, const int32_t *off, const int32_t *pages,
                                                    int n_head, int n_head_kv, int hd, float *out, float *part,
                                                    int G, int maxs, xq_lay qx)
 {
-    pdl_begin();
     int th = blockIdx.x, t = th / n_head, h = th % n_head, y = blockIdx.y;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int kvh = h / (n_head / n_head_kv), kvd = n_head_kv * hd;
+    /* (the batch block was written before the pass's first kernel, the
+     * cache rows by earlier kernels: read before the wait, into L2) */
     int len = pos[t] + 1, ns = (len + CK_ATT_SPAN - 1) / CK_ATT_SPAN;
     if ((G == 1 || ns == 1) && y != 0) return;
+    if (ROLL) {   /* (few blocks: their latency is the launch's) */
+        int s = G == 1 || ns == 1 ? warp : y + G * warp, p = s * CK_ATT_SPAN + lane;
+        if (s < ns && p < len) {
+            size_t row = kv_slot(off, pages, t, p) * (size_t)kvd + (size_t)kvh * hd, eb = F16 ? 2 : 4;
+            for (size_t o = 0; o < hd * eb; o += 128) {
+                asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)kc + row * eb + o) : "memory");
+                asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)vc + row * eb + o) : "memory");
+            }
+        }
+    }
+    pdl_begin();
     __shared__ float qs[ND * 32];
     __shared__ float sm_m[ATT_WARPS], sm_l[ATT_WARPS];
     __shared__ float sm_a[ATT_WARPS][ND * 32];
-    __shared__ float sp[ATT_WARPS][32][33];   /* att_span's row shares, per warp */
+    extern __shared__ float att_sp[];   /* ROLL: att_span's row shares, [32][33] per warp (dynamic:
+                                         * the unrolled form takes none, and keeps its L1) */
+    float (*sp)[33] = (float (*)[33])(att_sp + (ROLL ? warp * 32 * 33 : 0));
     const float *qt = q + (size_t)th * hd;
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float v = qt[d];
@@ -1918,8 +2060,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const float *q, co
         for (int s0 = 0; s0 < ns; s0 += ATT_WARPS) {
             int s = s0 + warp;
             if (s < ns) {
-                att_span<ND, F16>(qs, kc, vc, off, pages, t, kvo, kvd, hd, scale, s * CK_ATT_SPAN,
-                                  min(len, (s + 1) * CK_ATT_SPAN), sp[warp], m, l, a);
+                att_span<ND, F16, ROLL>(qs, kc, vc, off, pages, t, kvo, kvd, hd, scale, s * CK_ATT_SPAN,
+                                  min(len, (s + 1) * CK_ATT_SPAN), sp, m, l, a);
                 if (lane == 0) { sm_m[warp] = m; sm_l[warp] = l; }
 #pragma unroll
                 for (int k = 0; k < ND; k++) sm_a[warp][ND * lane + k] = a[k];
@@ -1949,8 +2091,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const float *q, co
         return;
     }
     for (int s = y + G * warp; s < ns; s += G * ATT_WARPS) {
-        att_span<ND, F16>(qs, kc, vc, off, pages, t, kvo, kvd, hd, scale, s * CK_ATT_SPAN,
-                          min(len, (s + 1) * CK_ATT_SPAN), sp[warp], m, l, a);
+        att_span<ND, F16, ROLL>(qs, kc, vc, off, pages, t, kvo, kvd, hd, scale, s * CK_ATT_SPAN,
+                          min(len, (s + 1) * CK_ATT_SPAN), sp, m, l, a);
         float *pp = part + ((size_t)th * maxs + s) * (hd + 2);
         if (lane == 0) { pp[0] = m; pp[1] = l; }
 #pragma unroll
@@ -2522,12 +2664,25 @@ void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *v
     xq_lay L = xq_out(hd % 32 == 0 ? xq : NULL, x16, T, n_head * hd);
     dim3 g(T * n_head, G);
     int nd = (hd + 31) / 32;
+    /* rolled span loops for launches of fewer blocks than SMs (ANE_CUDA_ATT_ROLL=0/1 forces) */
+    static int rv = -2;
+    if (rv == -2) {
+        const char *e = getenv("ANE_CUDA_ATT_ROLL");
+        rv = e && *e ? atoi(e) : -1;
+    }
+    bool roll = rv < 0 ? (int)(g.x * g.y) < dev_sms() : rv != 0;
+#define L_ATT2(ND, F16)                                                                                        \
+    do {                                                                                                       \
+        if (roll) lk(k_attention<ND, F16, 1>, g, ATT_WARPS * 32, ATT_WARPS * 32 * 33 * 4, st, q, kc, vc, pos,   \
+                     off, pages, n_head,                                                                       \
+                     n_head_kv, hd, out, part, G, maxs, L);                                                    \
+        else lk(k_attention<ND, F16, 0>, g, ATT_WARPS * 32, 0, st, q, kc, vc, pos, off, pages, n_head,         \
+                n_head_kv, hd, out, part, G, maxs, L);                                                         \
+    } while (0)
 #define L_ATT(ND)                                                                                              \
     do {                                                                                                       \
-        if (f16) lk(k_attention<ND, 1>, g, ATT_WARPS * 32, 0, st, q, kc, vc, pos, off, pages, n_head, n_head_kv, hd, out, \
-                                                       part, G, maxs, L);                                      \
-        else lk(k_attention<ND, 0>, g, ATT_WARPS * 32, 0, st, q, kc, vc, pos, off, pages, n_head, n_head_kv, hd, out,     \
-                                                   part, G, maxs, L);                                          \
+        if (f16) L_ATT2(ND, 1);                                                                                \
+        else L_ATT2(ND, 0);                                                                                    \
     } while (0)
     if (nd <= 1) L_ATT(1);
     else if (nd <= 2) L_ATT(2);
