@@ -485,62 +485,32 @@ __global__ void k_embed(const uint8_t *W, size_t rb, int n, const int32_t *ids, 
  * ...: each warp reads the row's bytes and x's floats contiguously. */
 /* (sp, per, pb, cb: k_mmqh's K split) */
 struct gv_mat { const uint8_t *W; const float *bias; float *out; int n_out, blk0, sp, per, pb, cb; };
-struct gv_set { gv_mat m[CK_MULTI_MAX]; int nm, pf, pfl; };   /* matrices of one type and n_in, one launch; pf, pfl: pf_blocks() */
+struct gv_set { gv_mat m[CK_MULTI_MAX]; int nm, pf; };   /* matrices of one type and n_in, one launch; pf: gv_pf() */
 
 /* Weights are never written, so a GEMV block may start pulling its rows
  * into L2 before pdl_begin(), while the kernel before it (whose output is
  * x) still runs: the weight stream starts early instead of after a cold
- * ramp. [p, p + n) shrunk to 16-byte bounds, by bulk prefetches. */
+ * ramp. Every thread of the block prefetches every blockDim-th 128-byte
+ * line of [p, p + n). */
 __device__ __forceinline__ void l2_prefetch(const void *p, size_t n)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    uintptr_t a = ((uintptr_t)p + 15) & ~(uintptr_t)15, e = ((uintptr_t)p + n) & ~(uintptr_t)15;
-    for (; a < e; a += 65536) {
-        uint32_t sz = (uint32_t)(e - a < 65536 ? e - a : 65536);
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"(sz) : "memory");
-    }
-#endif
-}
-
-/* The same by lines: every thread of the block prefetches every
- * blockDim-th 128-byte line of [p, p + n) */
-__device__ __forceinline__ void l2_prefetch_lines(const void *p, size_t n)
 {
     for (size_t o = (size_t)threadIdx.x * 128; o < n; o += (size_t)blockDim.x * 128)
         asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)p + o) : "memory");
 }
 
-/* How many leading blocks of a GEMV launch of `blocks` blocks (of which
- * `resident` fit on the device at once) prefetch their rows, for `bytes`
- * of weights, and whether by lines (pfl). Measured (BENCHMARKS.md): a
- * launch-bound small model gains, a 7b loses 1-3% when its 7-17 MB
- * matrices prefetch; so sets of up to 5 MiB, by lines.
- * ANE_CUDA_PREFETCH (for comparison): 0 none, 1 all by bulk copies, 2 the
- * first wave, 3 sets up to ANE_CUDA_PREFETCH_MB (default 5) by bulk
- * copies, 4 all by lines, 5 (default) such sets by lines. */
-static int pf_mode(void)
-{
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("ANE_CUDA_PREFETCH");
-        v = e && *e ? atoi(e) : 5;
-    }
-    return v;
-}
-
-static int pf_blocks(int blocks, int resident, size_t bytes)
+/* Whether a GEMV launch over `bytes` of weights prefetches its rows: sets
+ * of up to 5 MiB. Measured (BENCHMARKS.md): a launch-bound small model
+ * gains, a 7b loses 1-3% when its 7-17 MB matrices prefetch (the prefetch
+ * runs beside attention and the norms, which are latency-bound).
+ * ANE_CUDA_PREFETCH_MB sets the limit (0: never), for comparison. */
+static int gv_pf(size_t bytes)
 {
     static long mb = -1;
     if (mb < 0) {
         const char *e = getenv("ANE_CUDA_PREFETCH_MB");
         mb = e && *e ? atol(e) : 5;
     }
-    switch (pf_mode()) {
-    case 0: return 0;
-    case 2: return resident;
-    case 3: case 5: return bytes <= ((size_t)mb << 20) ? blocks : 0;
-    default: return blocks;
-    }
+    return bytes <= ((size_t)mb << 20);
 }
 
 /* The set of nm matrices for one launch (blk0 and the split fields 0),
@@ -910,6 +880,20 @@ __device__ __forceinline__ float q6k_unit(float acc, float d, float dx0, int i0,
     return __fadd_rn(acc, __fadd_rn(__fmul_rn(__fmul_rn(d, dx0), (float)i0), __fmul_rn(__fmul_rn(d, dx1), (float)i1)));
 }
 
+/* x's int8 values 64u .. 64u+63 of token t (xl the first 32, xh the
+ * second, as words) and their two blocks' scales */
+__device__ __forceinline__ void x_unit64(const int8_t *xq, const float *xd, int n, int t, int u, int (&xl)[8],
+                                        int (&xh)[8], float &dx0, float &dx1)
+{
+    const int4 *xv = (const int4 *)(xq + (size_t)t * n + 64 * u);
+    int4 xa = __ldg(xv), xb = __ldg(xv + 1), xc = __ldg(xv + 2), xe = __ldg(xv + 3);
+    xl[0] = xa.x; xl[1] = xa.y; xl[2] = xa.z; xl[3] = xa.w; xl[4] = xb.x; xl[5] = xb.y; xl[6] = xb.z; xl[7] = xb.w;
+    xh[0] = xc.x; xh[1] = xc.y; xh[2] = xc.z; xh[3] = xc.w; xh[4] = xe.x; xh[5] = xe.y; xh[6] = xe.z; xh[7] = xe.w;
+    size_t xb0 = (size_t)t * (n / 32) + 2 * u;
+    dx0 = __ldg(xd + xb0);
+    dx1 = __ldg(xd + xb0 + 1);
+}
+
 enum { GV_Q8 = 0, GV_Q4K = 1, GV_Q6K = 2 };   /* k_gemv_mr's weight kinds */
 
 /* ---------------- int8 GEMV for decode batches (up to 16 tokens): several rows per group ----------------
@@ -928,11 +912,7 @@ __global__ void __launch_bounds__(128) k_gemv_mr(const gv_set S, size_t rb, int 
     const uint8_t *W = S.m[mi].W;
     int n_out = S.m[mi].n_out;
     int row0 = ((int)blockIdx.x - S.m[mi].blk0) * (4 / K) * R;   /* the block's first row */
-    if ((int)blockIdx.x < S.pf) {
-        size_t nb = (size_t)min(4 / K * R, n_out - row0) * rb;
-        if (S.pfl) l2_prefetch_lines(W + (size_t)row0 * rb, nb);
-        else if (threadIdx.x == 0) l2_prefetch(W + (size_t)row0 * rb, nb);
-    }
+    if (S.pf) l2_prefetch(W + (size_t)row0 * rb, (size_t)min(4 / K * R, n_out - row0) * rb);
     pdl_begin();
     const uint64_t pol = wpol();
     int r0 = row0 + warp / K * R, part = warp % K;
@@ -969,12 +949,9 @@ __global__ void __launch_bounds__(128) k_gemv_mr(const gv_set S, size_t rb, int 
 #pragma unroll
             for (int t = 0; t < NT; t++) {
                 if (t >= T) break;
-                const int4 *xv = (const int4 *)(xq + (size_t)t * n + 64 * u);
-                int4 xa = __ldg(xv), xb = __ldg(xv + 1), xc = __ldg(xv + 2), xe = __ldg(xv + 3);
-                int xl[8] = { xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w };
-                int xh[8] = { xc.x, xc.y, xc.z, xc.w, xe.x, xe.y, xe.z, xe.w };
-                size_t xb0 = (size_t)t * nbx + 2 * u;
-                float dx0 = __ldg(xd + xb0), dx1 = __ldg(xd + xb0 + 1);
+                int xl[8], xh[8];
+                float dx0, dx1;
+                x_unit64(xq, xd, n, t, u, xl, xh, dx0, dx1);
                 int s16[4] = { 0, 0, 0, 0 };
 #pragma unroll
                 for (int k = 0; k < 8; k++) {
@@ -1057,12 +1034,10 @@ __global__ void __launch_bounds__(128) k_gemv_mr(const gv_set S, size_t rb, int 
 #pragma unroll
             for (int t = 0; t < NT; t++) {
                 if (t >= T) break;
-                const int4 *xv = (const int4 *)(xq + (size_t)t * n + 64 * u);
-                int4 xa = __ldg(xv), xb = __ldg(xv + 1), xc = __ldg(xv + 2), xe = __ldg(xv + 3);
-                int xl[8] = { xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w };
-                int xh[8] = { xc.x, xc.y, xc.z, xc.w, xe.x, xe.y, xe.z, xe.w };
+                int xl[8], xh[8];
+                float dx0, dx1;
+                x_unit64(xq, xd, n, t, u, xl, xh, dx0, dx1);
                 size_t xb0 = (size_t)t * nbx + 2 * u;
-                float dx0 = __ldg(xd + xb0), dx1 = __ldg(xd + xb0 + 1);
                 int s0 = __ldg(xs + xb0), s1 = __ldg(xs + xb0 + 1);
 #pragma unroll
                 for (int r = 0; r < R; r++) {
@@ -1654,7 +1629,7 @@ __device__ __forceinline__ void norm_row(float *x, const float *y, const float *
     for (int k = 0; k < NPT; k++) wv[k] = tid + k * bs < n ? __ldg(w + tid + k * bs) : 0.f;
     pdl_begin();
     float ss = 0.f;
-    if (NPT > 0) {
+    if constexpr (NPT > 0) {
 #pragma unroll
         for (int k = 0; k < NPT; k++) {
             int i = tid + k * bs;
@@ -1674,8 +1649,8 @@ __device__ __forceinline__ void norm_row(float *x, const float *y, const float *
     }
     ss = block_sum(ss);
     float scale = (float)(1.0 / sqrt((double)ss / n + eps));
-    if (NPT > 0) {
-        const int N = NPT > 0 ? NPT : 1;
+    if constexpr (NPT > 0) {
+        const int N = NPT;
         float r[N];
         size_t bq[N];
         int nlive = 0;   /* (the same in a warp when quantizing: n % 32 == 0) */
@@ -1691,13 +1666,13 @@ __device__ __forceinline__ void norm_row(float *x, const float *y, const float *
             }
         }
         if (qx.q) quant_blocks<N>(r, tid & 31, bq, nlive, qx);
-        return;
-    }
-    for (int i = tid; i < n; i += bs) {
-        float r = xr[i] * scale * w[i];
-        o[i] = r;
-        if (qx.q) quant_block(r, tid & 31, (size_t)blockIdx.x * (n / 32) + (i >> 5), qx);
-        if (qx.h) qx.h[(size_t)blockIdx.x * n + i] = f2h_sat(r);
+    } else {
+        for (int i = tid; i < n; i += bs) {
+            float r = xr[i] * scale * w[i];
+            o[i] = r;
+            if (qx.q) quant_block(r, tid & 31, (size_t)blockIdx.x * (n / 32) + (i >> 5), qx);
+            if (qx.h) qx.h[(size_t)blockIdx.x * n + i] = f2h_sat(r);
+        }
     }
 }
 
@@ -1884,6 +1859,23 @@ __device__ __forceinline__ void att_rows16(const void *c, size_t rowA, size_t ro
     }
 }
 
+/* This lane's share of the dot products of q (its dims qv) with K rows
+ * j0 .. j0+15 of a span (as att_rows16) */
+template <int ND, int F16>
+__device__ __forceinline__ void att_k16(const void *kc, size_t rowA, size_t rowB, int j0, int np, int kvd,
+                                        size_t base, int nv, bool vec, bool dl, const float (&qv)[ND],
+                                        float (&d)[16])
+{
+    float kv[16][ND];
+    att_rows16<ND, F16>(kc, rowA, rowB, j0, np, kvd, base, nv, vec, dl, kv);
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        d[j] = 0.f;
+#pragma unroll
+        for (int k = 0; k < ND; k++) d[j] = __fmaf_rn(qv[k], kv[j][k], d[j]);
+    }
+}
+
 /* V rows j0 .. j0+15 of a span (as att_rows16) weighted by their lanes' e, into a */
 template <int ND, int F16>
 __device__ __forceinline__ void att_v16(const void *vc, size_t rowA, size_t rowB, int j0, int np, int kvd,
@@ -1945,15 +1937,10 @@ __device__ __forceinline__ void att_span(const float *qs, const void *kc, const 
     if (ROLL) {
 #pragma unroll 1
         for (int j0 = 0; j0 < np; j0 += 16) {
-            float kv[16][ND];
-            att_rows16<ND, F16>(kc, rowA, rowB, j0, np, kvd, kvo + d0, nv, vec, dl, kv);
+            float d[16];
+            att_k16<ND, F16>(kc, rowA, rowB, j0, np, kvd, kvo + d0, nv, vec, dl, qv, d);
 #pragma unroll
-            for (int j = 0; j < 16; j++) {
-                float d = 0.f;
-#pragma unroll
-                for (int k = 0; k < ND; k++) d = __fmaf_rn(qv[k], kv[j][k], d);
-                sp[j0 + j][lane] = d;
-            }
+            for (int j = 0; j < 16; j++) sp[j0 + j][lane] = d[j];
         }
         __syncwarp();
         /* the reduce-scatter's sum for row `lane`: with b[x] = lane (lane ^
@@ -1971,15 +1958,10 @@ __device__ __forceinline__ void att_span(const float *qs, const void *kc, const 
         float pr[32];
 #pragma unroll
         for (int j0 = 0; j0 < 32; j0 += 16) {
-            float kv[16][ND];
-            att_rows16<ND, F16>(kc, rowA, rowB, j0, np, kvd, kvo + d0, nv, vec, dl, kv);
+            float d[16];
+            att_k16<ND, F16>(kc, rowA, rowB, j0, np, kvd, kvo + d0, nv, vec, dl, qv, d);
 #pragma unroll
-            for (int j = 0; j < 16; j++) {
-                float d = 0.f;
-#pragma unroll
-                for (int k = 0; k < ND; k++) d = __fmaf_rn(qv[k], kv[j][k], d);
-                pr[j0 + j] = d;
-            }
+            for (int j = 0; j < 16; j++) pr[j0 + j] = d[j];
         }
         att_rs<16>(pr, lane);
         att_rs<8>(pr, lane);
@@ -2326,17 +2308,10 @@ static void gemv_mr_k(cudaStream_t st, gv_set S, size_t rb, int n, const int8_t 
         g += nblk(S.m[i].n_out, (unsigned)(4 / K * R));
         bytes += (size_t)S.m[i].n_out * rb;
     }
-    void (*k)(const gv_set, size_t, int, const int8_t *, const float *, const int *, int) =
-        K == 4 ? k_gemv_mr<NT, R, 4, KD> : K == 2 ? k_gemv_mr<NT, R, 2, KD> : k_gemv_mr<NT, R, 1, KD>;
-    static int res[3] = { -1, -1, -1 };   /* resident blocks per SM, per K */
-    int ki = K == 4 ? 2 : K == 2 ? 1 : 0;
-    if (res[ki] < 0 && cudaOccupancyMaxActiveBlocksPerMultiprocessor(&res[ki], k, 128, 0) != cudaSuccess) {
-        cudaGetLastError();
-        res[ki] = 1;
-    }
-    S.pf = pf_blocks((int)g, res[ki] * dev_sms(), bytes);
-    S.pfl = pf_mode() >= 4;
-    lk(k, g, 128, 0, st, S, rb, n, xq, xd, xs, T);
+    S.pf = gv_pf(bytes);
+    if (K == 4) lk(k_gemv_mr<NT, R, 4, KD>, g, 128, 0, st, S, rb, n, xq, xd, xs, T);
+    else if (K == 2) lk(k_gemv_mr<NT, R, 2, KD>, g, 128, 0, st, S, rb, n, xq, xd, xs, T);
+    else lk(k_gemv_mr<NT, R, 1, KD>, g, 128, 0, st, S, rb, n, xq, xd, xs, T);
 }
 
 template <int KD>
