@@ -398,16 +398,26 @@ static int att_spans(const be_batch *bt)
     return need;
 }
 
+/* A device scratch that recorded graphs point at, replaced by one of
+ * `bytes` (not while recording): after the queued work, with the graphs
+ * dropped. -1 (and no scratch) when that fails. */
+static int scratch_regrow(cu_be *c, void **p, size_t bytes, const char *what)
+{
+    if (c->capturing) return -1;
+    ok(c, cudaStreamSynchronize(c->st), "sync");
+    graphs_drop(c);
+    cudaFree(*p);
+    *p = NULL;
+    return ok(c, cudaMalloc(p, bytes), what) ? 0 : -1;
+}
+
 static int att_room(cu_be *c, int need)
 {
     if (need <= c->att_maxs) return 0;
-    if (c->capturing) return -1;
     int m = c->att_maxs * 2 > need ? c->att_maxs * 2 : need;
     size_t cap = (size_t)2 * c->n_sm * (size_t)m * (256 + 2);
-    ok(c, cudaStreamSynchronize(c->st), "sync");
-    graphs_drop(c);
-    cudaFree(c->part); c->part = NULL; c->part_cap = 0; c->att_maxs = 0;
-    if (!ok(c, cudaMalloc((void **)&c->part, cap * 4), "attention partials")) return -1;
+    c->part_cap = 0; c->att_maxs = 0;
+    if (scratch_regrow(c, (void **)&c->part, cap * 4, "attention partials")) return -1;
     c->part_cap = cap;
     c->att_maxs = m;
     return 0;
@@ -796,14 +806,9 @@ static void cu_rope_kv(be *b, float *q, float *k, float *v, void *kc, void *vc, 
     if (c->in_step && c->rope_have && c->rope_base == base && c->rope_rot == n_rot && c->rope_fd == fdd) {
         mode = 2;
     } else if (c->in_step && !c->rope_have) {
-        if (need > c->rope_cap && !c->capturing) {   /* (recorded graphs hold the old table) */
+        if (need > c->rope_cap) {
             size_t cap = c->rope_cap * 2 > need ? c->rope_cap * 2 : need;
-            ok(c, cudaStreamSynchronize(c->st), "sync");
-            graphs_drop(c);
-            cudaFree(c->rope_tab);
-            c->rope_tab = NULL; c->rope_cap = 0;
-            if (cudaMalloc(&c->rope_tab, cap) == cudaSuccess) c->rope_cap = cap;
-            else cudaGetLastError();
+            if (!c->capturing) c->rope_cap = scratch_regrow(c, &c->rope_tab, cap, "rope table") ? 0 : cap;
         }
         if (need <= c->rope_cap) {
             mode = 1;
@@ -825,7 +830,7 @@ static void cu_attention(be *b, const float *q, const void *kc, const void *vc, 
     void *xq = head_dim % 32 == 0 ? quant_ahead(c, out, bt->T, n_head * head_dim) : (tag_clear(c), NULL);
     void *x16 = f16_ahead(c, out, bt->T, n_head * head_dim);
     ck_attention(c->st, q, kc, vc, b->kv_elt == 2, d_pos(c), d_off(c), d_pages(c), bt->T, n_head, n_head_kv,
-                 head_dim, out, c->part, G, c->att_maxs, xq, x16);
+                 head_dim, out, c->part, G, c->att_maxs, xq, x16, c->n_sm);
 }
 
 static void cu_argmax(be *b, const float *x, int rows, int n, int32_t *ids)
@@ -1002,7 +1007,7 @@ int be_cuda_open(be **out, struct pool *p, int kv_f16, char *err, size_t errlen)
     c->invariant = iv && atoi(iv) > 0;
     const char *fu = getenv("ANE_CUDA_FUSE");
     c->fuse = !(fu && *fu && atoi(fu) == 0);
-    c->mmq = ck_mmq(QT_Q8_0, 32);   /* (the same for every int8 type) */
+    c->mmq = ck_mmq(QT_Q8_0, 32);   /* (the same for q4_K; q6_K never takes that kernel) */
     const char *mb = getenv("ANE_CUDA_MMQB");
     c->mmqb = !(mb && *mb && atoi(mb) == 0);
     what = "device memory";

@@ -1030,9 +1030,12 @@ static int runnable(eng *e)
 static void *worker_main(void *arg)
 {
     eng *e = arg;
+    double done = 0;   /* the last step's time, added under the next lock */
     for (;;) {
         double t0 = now_ms();
         pthread_mutex_lock(&e->mu);
+        e->st.step_ms += done;
+        done = 0;
         schedule(e);
         while (!e->stop && !runnable(e)) {
             notify(e);  /* schedule() may have retired jobs (their DONE events) */
@@ -1046,9 +1049,7 @@ static void *worker_main(void *arg)
         notify(e);  /* cancellations/admissions may have produced events */
         step(e);
         notify(e);
-        pthread_mutex_lock(&e->mu);
-        e->st.step_ms += now_ms() - t0;
-        pthread_mutex_unlock(&e->mu);
+        done = now_ms() - t0;
     }
     return NULL;
 }

@@ -82,7 +82,8 @@ typedef struct eng_stats {
     size_t weight_bytes;
     /* the worker's steps: their count and time, and the part of it inside
      * forward passes (waiting for the device included); the rest is host
-     * work between passes (scheduling, sampling, events) */
+     * work between passes (scheduling, sampling, events); step_ms takes a
+     * step in when the worker next takes the lock */
     uint64_t steps;
     double step_ms, pass_ms;
 } eng_stats;

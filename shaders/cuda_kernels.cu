@@ -665,31 +665,9 @@ static xq_lay xq_layout(void *scratch, int T, int n)
 /* Block b (of the flattened [T][n/32]) of x quantized by one warp, lane l
  * holding value l. The only quantizer of GEMV input: k_quant_x and the
  * producers that quantize their own output (rmsnorm, add_rmsnorm,
- * silu_mul) give the same bits. Every lane of the warp must call it. */
-__device__ __forceinline__ void quant_block(float v, int lane, size_t b, const xq_lay &L)
-{
-    float a = fabsf(v);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
-    float amax = fmaxf(0.f, a);   /* (all NaN: 0, as a running max from 0) */
-    float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
-    int k = __float2int_rn(v * id), sum = k;
-    L.q[b * 32 + lane] = (int8_t)k;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    if (lane == 0) {
-        L.d[b] = d;
-        L.s[b] = sum;
-        if (L.dt) {   /* block-major copies: tokens side by side */
-            size_t t = b / L.nbr, k2 = b - t * L.nbr;
-            L.dt[k2 * L.tp + t] = d;
-            L.st[k2 * L.tp + t] = sum;
-        }
-    }
-}
-
-/* quant_block of N blocks at once (their shuffles interleaved), the first
- * nlive of them stored: the same bits per block */
+ * silu_mul) give the same bits. Every lane of the warp must call it.
+ * quant_blocks: N blocks at once (v[k]: this lane's value of block b[k];
+ * their shuffles interleaved), the first nlive of them stored. */
 template <int N>
 __device__ __forceinline__ void quant_blocks(const float (&v)[N], int lane, const size_t (&b)[N], int nlive,
                                              const xq_lay &L)
@@ -705,7 +683,7 @@ __device__ __forceinline__ void quant_blocks(const float (&v)[N], int lane, cons
     int q[N], sum[N];
 #pragma unroll
     for (int k = 0; k < N; k++) {
-        float amax = fmaxf(0.f, a[k]);
+        float amax = fmaxf(0.f, a[k]);   /* (all NaN: 0, as a running max from 0) */
         d[k] = amax / 127.f;
         float id = d[k] > 0.f ? 1.f / d[k] : 0.f;
         q[k] = __float2int_rn(v[k] * id);
@@ -729,6 +707,13 @@ __device__ __forceinline__ void quant_blocks(const float (&v)[N], int lane, cons
             }
         }
     }
+}
+
+__device__ __forceinline__ void quant_block(float v, int lane, size_t b, const xq_lay &L)
+{
+    const float vv[1] = { v };
+    const size_t bb[1] = { b };
+    quant_blocks<1>(vv, lane, bb, 1, L);
 }
 
 /* a warp per 32-value block; rows are whole blocks: n % 32 == 0 */
@@ -2265,17 +2250,6 @@ static int env_int(const char *name, int dflt)
     return e && *e ? atoi(e) : dflt;
 }
 
-static int dev_sms(void)
-{
-    static int v = 0;
-    int dev = 0;
-    if (!v && (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)) {
-        cudaGetLastError();
-        v = 1;
-    }
-    return v;
-}
-
 static int gemv_mr_off(void)
 {
     static int v = -1;
@@ -2633,7 +2607,7 @@ void ck_rope_kv(cudaStream_t st, float *q, float *k, const float *v, void *kc, v
 
 void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *vc, int f16, const int32_t *pos,
                   const int32_t *off, const int32_t *pages, int T, int n_head, int n_head_kv, int hd, float *out,
-                  float *part, int G, int maxs, void *xq, void *x16)
+                  float *part, int G, int maxs, void *xq, void *x16, int n_sm)
 {
     if (G < 1 || maxs < 1) G = 1;
     xq_lay L = xq_out(hd % 32 == 0 ? xq : NULL, x16, T, n_head * hd);
@@ -2645,7 +2619,7 @@ void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *v
         const char *e = getenv("ANE_CUDA_ATT_ROLL");
         rv = e && *e ? atoi(e) : -1;
     }
-    bool roll = rv < 0 ? (int)(g.x * g.y) < dev_sms() : rv != 0;
+    bool roll = rv < 0 ? (int)(g.x * g.y) < n_sm : rv != 0;
 #define L_ATT2(ND, F16)                                                                                        \
     do {                                                                                                       \
         if (roll) lk(k_attention<ND, F16, 1>, g, ATT_WARPS * 32, ATT_WARPS * 32 * 33 * 4, st, q, kc, vc, pos,   \

@@ -108,12 +108,14 @@ void ck_rope_kv(cudaStream_t st, float *q, float *k, const float *v, void *kc, v
  * G > 1 spreads the spans of each (token, head) over G blocks of
  * CK_ATT_WARPS warps, a span per warp (flash-decoding): `part` then holds
  * T*n_head*maxs*(head_dim+2) floats, and maxs must be at least the spans
- * of the longest token. head_dim <= 256. */
+ * of the longest token. head_dim <= 256. n_sm: the device's SM count
+ * (launches of fewer blocks take the kernel's rolled form). */
 #define CK_ATT_SPAN 32
 #define CK_ATT_WARPS 4
 void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *vc, int f16,
                   const int32_t *pos, const int32_t *off, const int32_t *pages, int T, int n_head,
-                  int n_head_kv, int head_dim, float *out, float *part, int G, int maxs, void *xq, void *x16);
+                  int n_head_kv, int head_dim, float *out, float *part, int G, int maxs, void *xq, void *x16,
+                  int n_sm);
 /* ids[r] = argmax of row r of x [rows][n] (first of equals). part (or
  * NULL): a scratch of CK_ARGMAX_PART bytes, with which fewer than 64 rows
  * are each split over several blocks. */
