@@ -137,6 +137,11 @@ typedef struct be_ops {
     void (*rope_kv)(be *b, float *q, float *k, float *v, void *kcache, void *vcache, const be_batch *bt,
                     int n_head, int n_head_kv, int head_dim, int n_rot, float base, int neox, const wt *freq_div,
                     const wt *const *bias);
+    /* rope_attention: rope_kv, then attention of q into out: the same
+     * values (a backend may do the rope inside the attention). */
+    void (*rope_attention)(be *b, float *q, float *k, float *v, void *kcache, void *vcache, const be_batch *bt,
+                           int n_head, int n_head_kv, int head_dim, int n_rot, float base, int neox,
+                           const wt *freq_div, const wt *const *bias, float *out);
 } be_ops;
 
 struct be {

@@ -86,6 +86,7 @@ typedef struct cu_be {
     int mmqb;                  /* q4_K decode batches past the GEMV's by the batched kernel (ANE_CUDA_MMQB=0: cuBLAS) */
     void *mb_part; int *mb_cnt;   /* their split-K scratch (CK_MMQB_PART bytes, CK_MMQB_CNT counters) */
     int fuse;                  /* ANE_CUDA_FUSE (default on) */
+    int rope_att;              /* decode rope inside the attention (ANE_CUDA_ROPE_ATT, default on) */
     const float *xq_src;       /* xq holds the int8 form of xq_src [xq_rows][xq_n], or nothing */
     const float *x16_src;      /* x16 holds the f16 form of x16_src [x16_rows][x16_n], or nothing */
     int x16_rows, x16_n;
@@ -820,17 +821,44 @@ static void cu_rope_kv(be *b, float *q, float *k, float *v, void *kc, void *vc, 
                c->rope_tab, mode);
 }
 
-static void cu_attention(be *b, const float *q, const void *kc, const void *vc, const be_batch *bt, int n_head,
-                         int n_head_kv, int head_dim, float *out)
+static void att_run(cu_be *c, const float *q, const void *kc, const void *vc, const be_batch *bt, int n_head,
+                    int n_head_kv, int head_dim, float *out, const ck_rope_in *rp)
 {
-    cu_be *c = (cu_be *)b;
     use_batch(c, bt);
     int ns = att_spans(bt);
     int G = att_room(c, ns) ? 1 : att_blocks(c, bt->T, ns, n_head, head_dim);
     void *xq = head_dim % 32 == 0 ? quant_ahead(c, out, bt->T, n_head * head_dim) : (tag_clear(c), NULL);
     void *x16 = f16_ahead(c, out, bt->T, n_head * head_dim);
-    ck_attention(c->st, q, kc, vc, b->kv_elt == 2, d_pos(c), d_off(c), d_pages(c), bt->T, n_head, n_head_kv,
-                 head_dim, out, c->part, G, c->att_maxs, xq, x16, c->n_sm);
+    ck_attention(c->st, q, kc, vc, c->base.kv_elt == 2, d_pos(c), d_off(c), d_pages(c), bt->T, n_head, n_head_kv,
+                 head_dim, out, c->part, G, c->att_maxs, xq, x16, c->n_sm, rp);
+}
+
+static void cu_attention(be *b, const float *q, const void *kc, const void *vc, const be_batch *bt, int n_head,
+                         int n_head_kv, int head_dim, float *out)
+{
+    att_run((cu_be *)b, q, kc, vc, bt, n_head, n_head_kv, head_dim, out, NULL);
+}
+
+/* rope_kv then attention. A pass's decode batch (a token per sequence) past
+ * its first rope_kv (whose angle table the later layers read) does the rope
+ * and the KV store inside the attention kernel: one launch less per layer,
+ * the same values (the attention reads its token's K/V row only after
+ * writing it). ANE_CUDA_ROPE_ATT=0: always apart (for comparison). */
+static void cu_rope_attention(be *b, float *q, float *k, float *v, void *kc, void *vc, const be_batch *bt,
+                              int n_head, int n_head_kv, int head_dim, int n_rot, float base, int neox,
+                              const wt *freq_div, const wt *const *bias, float *out)
+{
+    cu_be *c = (cu_be *)b;
+    const float *fdd = freq_div && freq_div->data ? freq_div->dev : NULL;
+    int table = c->in_step && c->rope_have && c->rope_base == base && c->rope_rot == n_rot && c->rope_fd == fdd;
+    if (!c->fuse || !c->rope_att || !table || bt->n_dec != bt->T || n_rot > head_dim || n_rot % 2) {
+        cu_rope_kv(b, q, k, v, kc, vc, bt, n_head, n_head_kv, head_dim, n_rot, base, neox, freq_div, bias);
+        cu_attention(b, q, kc, vc, bt, n_head, n_head_kv, head_dim, out);
+        return;
+    }
+    tag_clear(c);
+    ck_rope_in rp = { k, v, bias_dev(bias, 0), bias_dev(bias, 1), bias_dev(bias, 2), c->rope_tab, n_rot, neox };
+    att_run(c, q, kc, vc, bt, n_head, n_head_kv, head_dim, out, &rp);
 }
 
 static void cu_argmax(be *b, const float *x, int rows, int n, int32_t *ids)
@@ -960,6 +988,7 @@ static const be_ops cuda_ops = {
     .matmul_n = cu_matmul_n,
     .add_rmsnorm = cu_add_rmsnorm,
     .rope_kv = cu_rope_kv,
+    .rope_attention = cu_rope_attention,
     .copy_rows = cu_copy_rows,
     .sigmoid_mul = cu_sigmoid_mul,
     .rmsnorm_gated = cu_rmsnorm_gated,
@@ -1008,6 +1037,8 @@ int be_cuda_open(be **out, struct pool *p, int kv_f16, char *err, size_t errlen)
     const char *fu = getenv("ANE_CUDA_FUSE");
     c->fuse = !(fu && *fu && atoi(fu) == 0);
     c->mmq = ck_mmq(QT_Q8_0, 32);   /* (the same for q4_K; q6_K never takes that kernel) */
+    const char *ra = getenv("ANE_CUDA_ROPE_ATT");
+    c->rope_att = !(ra && *ra && atoi(ra) == 0);
     const char *mb = getenv("ANE_CUDA_MMQB");
     c->mmqb = !(mb && *mb && atoi(mb) == 0);
     what = "device memory";

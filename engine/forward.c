@@ -144,15 +144,21 @@ static void fw_pass(fw *f, const int32_t *tokens, const be_batch *bt, const int3
             o->rmsnorm(b, f->q, &L->q_norm, T * hp->n_head, HD, hp->norm_eps, f->q);
             o->rmsnorm(b, f->k, &L->k_norm, T * hp->n_head_kv, HD, hp->norm_eps, f->k);
         }
-        if (o->rope_kv) {
-            o->rope_kv(b, f->q, f->k, f->v, f->kc[l], f->vc[l], bt, hp->n_head, hp->n_head_kv, HD, hp->n_rot,
-                       hp->rope_base, hp->rope_neox, freq_div, mb == none ? qkv_b : NULL);
+        const wt *const *rb = mb == none ? qkv_b : NULL;
+        if (o->rope_attention) {
+            o->rope_attention(b, f->q, f->k, f->v, f->kc[l], f->vc[l], bt, hp->n_head, hp->n_head_kv, HD, hp->n_rot,
+                              hp->rope_base, hp->rope_neox, freq_div, rb, f->att);
         } else {
-            o->rope(b, f->q, bt, hp->n_head, HD, hp->n_rot, hp->rope_base, hp->rope_neox, freq_div);
-            o->rope(b, f->k, bt, hp->n_head_kv, HD, hp->n_rot, hp->rope_base, hp->rope_neox, freq_div);
-            o->kv_store(b, f->kc[l], f->vc[l], bt, K, f->k, f->v);
+            if (o->rope_kv) {
+                o->rope_kv(b, f->q, f->k, f->v, f->kc[l], f->vc[l], bt, hp->n_head, hp->n_head_kv, HD, hp->n_rot,
+                           hp->rope_base, hp->rope_neox, freq_div, rb);
+            } else {
+                o->rope(b, f->q, bt, hp->n_head, HD, hp->n_rot, hp->rope_base, hp->rope_neox, freq_div);
+                o->rope(b, f->k, bt, hp->n_head_kv, HD, hp->n_rot, hp->rope_base, hp->rope_neox, freq_div);
+                o->kv_store(b, f->kc[l], f->vc[l], bt, K, f->k, f->v);
+            }
+            o->attention(b, f->q, f->kc[l], f->vc[l], bt, hp->n_head, hp->n_head_kv, HD, f->att);
         }
-        o->attention(b, f->q, f->kc[l], f->vc[l], bt, hp->n_head, hp->n_head_kv, HD, f->att);
         o->matmul(b, &L->wo, NULL, f->att, T, f->xb);
         if (fuse) {
             o->add_rmsnorm(b, f->x, f->xb, &L->ffn_norm, T, E, hp->norm_eps, f->xb);

@@ -1978,14 +1978,24 @@ __device__ __forceinline__ void att_span(const float *qs, const void *kc, const 
     l = sum;
 }
 
+/* The rope of a decode batch done by k_attention (tab NULL: none): k, v
+ * the projections' output, biases or NULL, tab the pass's angles (as
+ * k_rope_kv's mode 2), kc / vc the caches written. */
+struct att_rope { const float *k, *v, *bq, *bk, *bv; const float2 *tab; void *kc, *vc; int n_rot, neox; };
+
 /* Block (token*head, y) of G, ATT_WARPS warps. G == 1 or a one-span token:
  * every span here, merged, written to out. Else warp w of block y takes
- * spans y + G*w, y + G*(w + ATT_WARPS), ... to part (maxs per row). */
+ * spans y + G*w, y + G*(w + ATT_WARPS), ... to part (maxs per row).
+ * R.tab: a batch of decode tokens (one per sequence) whose rope and KV
+ * store come here instead of k_rope_kv: each block ropes its q head, and
+ * ropes and stores its token's K and V row; the blocks of one KV head
+ * write the same bits to that row, and each reads it only after its own
+ * write (so every value is k_rope_kv's, and the row read is this step's). */
 template <int ND, int F16, int ROLL>
 __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const float *q, const void *kc, const void *vc,
                                                    const int32_t *pos, const int32_t *off, const int32_t *pages,
                                                    int n_head, int n_head_kv, int hd, float *out, float *part,
-                                                   int G, int maxs, xq_lay qx)
+                                                   int G, int maxs, xq_lay qx, const att_rope R)
 {
     int th = blockIdx.x, t = th / n_head, h = th % n_head, y = blockIdx.y;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -2012,9 +2022,37 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const float *q, co
                                          * the unrolled form takes none, and keeps its L1) */
     float (*sp)[33] = (float (*)[33])(att_sp + (ROLL ? warp * 32 * 33 : 0));
     const float *qt = q + (size_t)th * hd;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float v = qt[d];
-        qs[d] = F16 ? __half2float(__float2half_rn(v)) : v;
+    if (R.tab) {
+        __shared__ float ks[ND * 32];
+        const int half = R.n_rot / 2;
+        const float *kt = R.k + ((size_t)t * n_head_kv + kvh) * hd, *vt = R.v + ((size_t)t * n_head_kv + kvh) * hd;
+        const float *bqh = R.bq ? R.bq + (size_t)h * hd : NULL, *bkh = R.bk ? R.bk + (size_t)kvh * hd : NULL;
+        const float *bvh = R.bv ? R.bv + (size_t)kvh * hd : NULL;
+        for (int d = threadIdx.x; d < hd; d += blockDim.x) { qs[d] = qt[d]; ks[d] = kt[d]; }
+        __syncthreads();
+        for (int i = threadIdx.x; i < half; i += blockDim.x) {
+            float2 a = R.tab[(size_t)t * half + i];
+            float o0, o1;
+            int i0, i1;
+            rope_pair(qs, i, half, R.neox, a.x, a.y, o0, o1, i0, i1, bqh);
+            rope_pair(ks, i, half, R.neox, a.x, a.y, o0, o1, i0, i1, bkh);
+        }
+        for (int d = R.n_rot + threadIdx.x; d < hd; d += blockDim.x) {   /* past the rotated dims */
+            if (bqh) qs[d] = __fadd_rn(qs[d], bqh[d]);
+            if (bkh) ks[d] = __fadd_rn(ks[d], bkh[d]);
+        }
+        __syncthreads();
+        size_t s = kv_slot(off, pages, t, pos[t]) * (size_t)kvd + (size_t)kvh * hd;
+        for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+            kv_put(R.kc, F16, s + d, ks[d]);
+            kv_put(R.vc, F16, s + d, bvh ? __fadd_rn(vt[d], bvh[d]) : vt[d]);
+            if (F16) qs[d] = __half2float(__float2half_rn(qs[d]));
+        }
+    } else {
+        for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+            float v = qt[d];
+            qs[d] = F16 ? __half2float(__float2half_rn(v)) : v;
+        }
     }
     __syncthreads();
     float scale = 1.0f / sqrtf((float)hd);
@@ -2607,9 +2645,15 @@ void ck_rope_kv(cudaStream_t st, float *q, float *k, const float *v, void *kc, v
 
 void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *vc, int f16, const int32_t *pos,
                   const int32_t *off, const int32_t *pages, int T, int n_head, int n_head_kv, int hd, float *out,
-                  float *part, int G, int maxs, void *xq, void *x16, int n_sm)
+                  float *part, int G, int maxs, void *xq, void *x16, int n_sm, const ck_rope_in *rp)
 {
     if (G < 1 || maxs < 1) G = 1;
+    att_rope R;
+    memset(&R, 0, sizeof R);
+    if (rp) {
+        R.k = rp->k; R.v = rp->v; R.bq = rp->bq; R.bk = rp->bk; R.bv = rp->bv;
+        R.tab = (const float2 *)rp->tab; R.kc = (void *)kc; R.vc = (void *)vc; R.n_rot = rp->n_rot; R.neox = rp->neox;
+    }
     xq_lay L = xq_out(hd % 32 == 0 ? xq : NULL, x16, T, n_head * hd);
     dim3 g(T * n_head, G);
     int nd = (hd + 31) / 32;
@@ -2623,10 +2667,9 @@ void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *v
 #define L_ATT2(ND, F16)                                                                                        \
     do {                                                                                                       \
         if (roll) lk(k_attention<ND, F16, 1>, g, ATT_WARPS * 32, ATT_WARPS * 32 * 33 * 4, st, q, kc, vc, pos,   \
-                     off, pages, n_head,                                                                       \
-                     n_head_kv, hd, out, part, G, maxs, L);                                                    \
+                     off, pages, n_head, n_head_kv, hd, out, part, G, maxs, L, R);                             \
         else lk(k_attention<ND, F16, 0>, g, ATT_WARPS * 32, 0, st, q, kc, vc, pos, off, pages, n_head,         \
-                n_head_kv, hd, out, part, G, maxs, L);                                                         \
+                n_head_kv, hd, out, part, G, maxs, L, R);                                                      \
     } while (0)
 #define L_ATT(ND)                                                                                              \
     do {                                                                                                       \

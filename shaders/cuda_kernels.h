@@ -112,10 +112,19 @@ void ck_rope_kv(cudaStream_t st, float *q, float *k, const float *v, void *kc, v
  * (launches of fewer blocks take the kernel's rolled form). */
 #define CK_ATT_SPAN 32
 #define CK_ATT_WARPS 4
+/* rp (or NULL): a batch of decode tokens (one per sequence) whose
+ * ck_rope_kv in table mode 2 the attention does itself: q, k, v as the
+ * projections left them (with the biases or NULL), the same values in q's
+ * use and in the caches as ck_rope_kv then ck_attention. */
+typedef struct ck_rope_in {
+    const float *k, *v, *bq, *bk, *bv;
+    const void *tab;   /* the pass's angles, written by its first ck_rope_kv */
+    int n_rot, neox;
+} ck_rope_in;
 void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *vc, int f16,
                   const int32_t *pos, const int32_t *off, const int32_t *pages, int T, int n_head,
                   int n_head_kv, int head_dim, float *out, float *part, int G, int maxs, void *xq, void *x16,
-                  int n_sm);
+                  int n_sm, const ck_rope_in *rp);
 /* ids[r] = argmax of row r of x [rows][n] (first of equals). part (or
  * NULL): a scratch of CK_ARGMAX_PART bytes, with which fewer than 64 rows
  * are each split over several blocks. */

@@ -488,6 +488,102 @@ static void test_rope_kv(void)
     }
 }
 
+/* rope_attention on a decode batch inside a pass (the rope done by the
+ * attention kernel, from the angles the pass's first rope_kv wrote)
+ * equals rope_kv then attention bit for bit: the output and both caches.
+ * q left as given shows that the fused kernel ran (rope_kv ropes q in
+ * place). T tokens, one per sequence, at positions 3 + 37 t (1 to many
+ * spans); enough of them for the attention's unrolled form too. */
+static void rope_att_case(be *g, int T, int n_head, int n_head_kv, int hd, int n_rot, int neox, int with_bias)
+{
+    enum { MAXP = 64 };
+    int kvd = n_head_kv * hd, n_pages = T * MAXP;
+    size_t cache = (size_t)n_pages * KV_PAGE * kvd * g->kv_elt;
+    int32_t *perm = malloc((size_t)n_pages * 4), *pos = malloc((size_t)T * 4), *slot = malloc((size_t)T * 4);
+    int32_t *ids = calloc((size_t)T, 4);
+    const int32_t **pages = malloc((size_t)T * sizeof *pages);
+    for (int i = 0; i < n_pages; i++) perm[i] = i;
+    for (int i = n_pages - 1; i > 0; i--) { int j = (int)(rnd() % (uint32_t)(i + 1)); int32_t t = perm[i]; perm[i] = perm[j]; perm[j] = t; }
+    for (int t = 0; t < T; t++) { pos[t] = 3 + 37 * t % 900; pages[t] = perm + t * MAXP; slot[t] = t; }
+    be_batch bt = { .T = T, .pos = pos, .pages = pages, .slot = slot, .n_dec = T };
+    size_t nq = (size_t)T * n_head * hd, nk = (size_t)T * kvd;
+    float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4);
+    for (size_t i = 0; i < nq; i++) q[i] = frand() * 2;
+    for (size_t i = 0; i < nk; i++) { k[i] = frand() * 2; v[i] = frand() * 2; }
+    float *bq = kept(malloc((size_t)n_head * hd * 4)), *bk = kept(malloc((size_t)kvd * 4)), *bv = kept(malloc((size_t)kvd * 4));
+    for (int i = 0; i < n_head * hd; i++) bq[i] = frand();
+    for (int i = 0; i < kvd; i++) { bk[i] = frand(); bv[i] = frand(); }
+    wt bw[3] = { { .type = QT_F32, .n_in = n_head * hd, .n_out = 1, .row_bytes = (size_t)n_head * hd * 4, .data = bq },
+                 { .type = QT_F32, .n_in = kvd, .n_out = 1, .row_bytes = (size_t)kvd * 4, .data = bk },
+                 { .type = QT_F32, .n_in = kvd, .n_out = 1, .row_bytes = (size_t)kvd * 4, .data = bv } };
+    for (int i = 0; i < 3; i++) CHECK(g->ops->weight_prepare(g, &bw[i]) == 0);
+    const wt *bias[3] = { &bw[0], &bw[1], &bw[2] }, *const *bs = with_bias ? bias : NULL;
+    /* the earlier positions, the same in both caches */
+    void *kc[3], *vc[3];
+    for (int r = 0; r < 3; r++) { kc[r] = g->ops->alloc(g, cache); vc[r] = g->ops->alloc(g, cache); }
+    for (int t = 0; t < T; t++) {
+        int n = pos[t];
+        int32_t *fp = malloc((size_t)n * 4), *fs = malloc((size_t)n * 4);
+        const int32_t **fpg = malloc((size_t)n * sizeof *fpg);
+        for (int i = 0; i < n; i++) { fp[i] = i; fpg[i] = pages[t]; fs[i] = t; }
+        be_batch fb = { .T = n, .pos = fp, .pages = fpg, .slot = fs };
+        float *fk = malloc((size_t)n * kvd * 4), *fv = malloc((size_t)n * kvd * 4);
+        for (size_t i = 0; i < (size_t)n * kvd; i++) { fk[i] = frand(); fv[i] = frand(); }
+        float *dk = dev_from(g, fk, (size_t)n * kvd), *dv = dev_from(g, fv, (size_t)n * kvd);
+        for (int r = 1; r < 3; r++) g->ops->kv_store(g, kc[r], vc[r], &fb, kvd, dk, dv);
+        g->ops->sync(g);
+        g->ops->free(g, dk); g->ops->free(g, dv);
+        free(fk); free(fv); free(fp); free(fs); free(fpg);
+    }
+    float *dq[3], *dk[3], *dv[3], *out[3];
+    for (int r = 0; r < 3; r++) {
+        dq[r] = dev_from(g, q, nq); dk[r] = dev_from(g, k, nk); dv[r] = dev_from(g, v, nk);
+        out[r] = g->ops->alloc(g, nq * 4);
+    }
+    CHECK(g->ops->step_begin(g, ids, &bt, NULL, 0) == 0);
+    /* the pass's first rope_kv (writes the angles), then each way */
+    g->ops->rope_kv(g, dq[0], dk[0], dv[0], kc[0], vc[0], &bt, n_head, n_head_kv, hd, n_rot, 1e6f, neox, NULL, bs);
+    g->ops->rope_kv(g, dq[1], dk[1], dv[1], kc[1], vc[1], &bt, n_head, n_head_kv, hd, n_rot, 1e6f, neox, NULL, bs);
+    g->ops->attention(g, dq[1], kc[1], vc[1], &bt, n_head, n_head_kv, hd, out[1]);
+    g->ops->rope_attention(g, dq[2], dk[2], dv[2], kc[2], vc[2], &bt, n_head, n_head_kv, hd, n_rot, 1e6f, neox,
+                           NULL, bs, out[2]);
+    g->ops->step_end(g);
+    size_t big = cache > nq * 4 ? cache : nq * 4;
+    char *a = malloc(big), *b = malloc(big);
+    const char *what[3] = { "out", "k cache", "v cache" };
+    const void *src[3][2] = { { out[1], out[2] }, { kc[1], kc[2] }, { vc[1], vc[2] } };
+    size_t len[3] = { nq * 4, cache, cache };
+    for (int i = 0; i < 3; i++) {
+        g->ops->to_host(g, a, src[i][0], len[i]);
+        g->ops->to_host(g, b, src[i][1], len[i]);
+        CHECKF(memcmp(a, b, len[i]) == 0, "rope_attention kv%s T %d heads %d/%d hd %d n_rot %d neox %d bias %d: %s "
+               "differs", g->kv_elt == 2 ? "16" : "32", T, n_head, n_head_kv, hd, n_rot, neox, with_bias, what[i]);
+    }
+    g->ops->to_host(g, a, dq[2], nq * 4);
+    CHECKF(memcmp(a, q, nq * 4) == 0, "rope_attention T %d: q was roped in place (not the fused kernel)", T);
+    g->ops->sync(g);
+    for (int r = 0; r < 3; r++) {
+        g->ops->free(g, dq[r]); g->ops->free(g, dk[r]); g->ops->free(g, dv[r]); g->ops->free(g, out[r]);
+        g->ops->free(g, kc[r]); g->ops->free(g, vc[r]);
+    }
+    free(q); free(k); free(v); free(a); free(b);
+    free(perm); free(pos); free(slot); free(ids); free(pages);
+}
+
+static void test_rope_attention(void)
+{
+    CHECK(gpu->ops->rope_attention != NULL && gpu->ops->step_begin != NULL);
+    if (!gpu->ops->rope_attention || !gpu->ops->step_begin) return;
+    be *gs[2] = { gpu, gpu32 };
+    for (int i = 0; i < 2; i++) {
+        rope_att_case(gs[i], 4, 14, 2, 64, 64, 1, 1);     /* qwen2.5-0.5b: few blocks (rolled) */
+        rope_att_case(gs[i], 24, 14, 2, 64, 64, 1, 1);    /* many (unrolled) */
+        rope_att_case(gs[i], 3, 28, 4, 128, 128, 1, 0);   /* qwen2.5-7b shape, no biases */
+        rope_att_case(gs[i], 5, 8, 2, 128, 64, 0, 1);     /* partial rotary, interleaved pairs */
+        rope_att_case(gs[i], 2, 6, 3, 48, 32, 1, 1);      /* head_dim not a multiple of 32 */
+    }
+}
+
 /* GEMV input quantized by the op that produced it (add_rmsnorm, rmsnorm,
  * silu_mul) against a backend that quantizes in the matmul (ANE_CUDA_FUSE=0):
  * a small FFN and a projection, bit for bit. On the fused side the matmul
@@ -1041,6 +1137,7 @@ int main(void)
     RUN(test_elementwise);
     RUN(test_rope);
     RUN(test_rope_kv);
+    RUN(test_rope_attention);
     RUN(test_fused_quant);
     RUN(test_attention);
     RUN(test_argmax);
