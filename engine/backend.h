@@ -127,6 +127,9 @@ typedef struct be_ops {
      * matmul_n: n (<= 3) matmuls of the same x: out[i] = W[i] x (+ bias[i]). */
     void (*matmul_n)(be *b, int n, const wt *const *w, const wt *const *bias, const float *x, int T,
                      float *const *out);
+    /* matmul_glu: out = silu(Wg x) * (Wu x), with g, u [T][n_out] as scratch
+     * (out may be g): the same values as matmul_n then silu_mul. */
+    void (*matmul_glu)(be *b, const wt *wg, const wt *wu, const float *x, int T, float *g, float *u, float *out);
     /* add_rmsnorm: x += y, then out = rmsnorm(x) * w (out may be y).  [rows][n] */
     void (*add_rmsnorm)(be *b, float *x, const float *y, const wt *w, int rows, int n, float eps, float *out);
     /* rope_kv: rope of q [T][n_head][head_dim] and k [T][n_head_kv][head_dim]

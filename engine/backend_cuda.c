@@ -69,6 +69,7 @@ typedef struct cu_be {
     void *w16; size_t w16_cap; /* bytes */
     void *x16; size_t x16_cap;
     void *xq; size_t xq_cap;   /* int8 activations of the GEMV */
+    void *xq2;                 /* a second of xq_cap, for a kernel that reads one form and writes another */
     /* per-step block: ids[cap_T] pos[cap_T] off[cap_T] slot[cap_T] pages[...] */
     int32_t *h_step, *d_step;
     size_t step_cap;           /* int32s */
@@ -87,6 +88,7 @@ typedef struct cu_be {
     void *mb_part; int *mb_cnt;   /* their split-K scratch (CK_MMQB_PART bytes, CK_MMQB_CNT counters) */
     int fuse;                  /* ANE_CUDA_FUSE (default on) */
     int rope_att;              /* decode rope inside the attention (ANE_CUDA_ROPE_ATT, default on) */
+    int glu;                   /* gate, up and silu_mul in one launch (ANE_CUDA_GLU, default on) */
     const float *xq_src;       /* xq holds the int8 form of xq_src [xq_rows][xq_n], or nothing */
     const float *x16_src;      /* x16 holds the f16 form of x16_src [x16_rows][x16_n], or nothing */
     int x16_rows, x16_n;
@@ -177,7 +179,7 @@ static void cu_close(be *b)
     graphs_drop(c);
     for (int i = 0; i < c->n_up; i++) { cudaFree(c->up[i].dev); cudaFree(c->up[i].dev16); }
     free(c->up);
-    cudaFree(c->w16); cudaFree(c->x16); cudaFree(c->xq); cudaFree(c->d_step); cudaFree(c->part); cudaFree(c->blas_ws);
+    cudaFree(c->w16); cudaFree(c->x16); cudaFree(c->xq); cudaFree(c->xq2); cudaFree(c->d_step); cudaFree(c->part); cudaFree(c->blas_ws);
     cudaFree(c->rope_tab);
     if (c->h_step) cudaFreeHost(c->h_step);
     if (c->h_out) cudaFreeHost(c->h_out);
@@ -380,8 +382,12 @@ static void *xq_for(cu_be *c, int T, int n)
     ok(c, cudaStreamSynchronize(c->st), "sync");
     tag_clear(c);
     cudaFree(c->xq); c->xq = NULL; c->xq_cap = 0;
+    cudaFree(c->xq2); c->xq2 = NULL;
     graphs_drop(c);
-    if (!ok(c, cudaMalloc(&c->xq, want), "int8 scratch")) return NULL;
+    if (!ok(c, cudaMalloc(&c->xq, want), "int8 scratch") || !ok(c, cudaMalloc(&c->xq2, want), "int8 scratch")) {
+        cudaFree(c->xq); c->xq = NULL;
+        return NULL;
+    }
     c->xq_cap = want;
     return c->xq;
 }
@@ -735,6 +741,35 @@ static void cu_add_rmsnorm(be *b, float *x, const float *y, const wt *w, int row
     ck_add_rmsnorm(c->st, x, y, w->dev, rows, n, eps, out, xq, f16_ahead(c, out, rows, n));
 }
 
+static void cu_silu_mul(be *b, const float *g, const float *u, size_t n, float *out);
+
+/* out = silu(Wg x) * (Wu x). One token whose x is already in int8 (the
+ * norm before wrote it) and whose out goes on in int8 (the down
+ * projection): one launch that writes out's int8 form into the second
+ * scratch, which then becomes xq (the kernel reads x's from the first).
+ * Else matmul_n and silu_mul. ANE_CUDA_GLU=0: always apart. */
+static void cu_matmul_glu(be *b, const wt *wg, const wt *wu, const float *x, int T, float *g, float *u, float *out)
+{
+    cu_be *c = (cu_be *)b;
+    int n = (int)wg->n_in, F = (int)wg->n_out, bt, known = 0;
+    for (int k = 0; k < c->n_q_n; k++) known |= c->q_n[k] == F;
+    if (!c->fuse || !c->glu || !known || !c->xq2 || wu->type != wg->type || (int)wu->n_in != n ||
+        (int)wu->n_out != F || wu->row_bytes != wg->row_bytes || !ck_glu_ok(wg->type, n, F, T) ||
+        gemv_count(c, wg, T, &bt) != T || bt || !tag_is(c, x, T, n) || CK_XQ_BYTES(T, F) > c->xq_cap) {
+        const wt *ws[2] = { wg, wu }, *bs[2] = { NULL, NULL };
+        float *outs[2] = { g, u };
+        cu_matmul_n(b, 2, ws, bs, x, T, outs);
+        cu_silu_mul(b, g, u, (size_t)T * F, out);
+        return;
+    }
+    tag_clear(c);
+    void *x16 = f16_ahead(c, out, T, F);
+    ck_gemv_glu(c->st, wg->type, wg->dev, wu->dev, wg->row_bytes, n, F, c->xq, out, c->xq2, x16);
+    void *t = c->xq; c->xq = c->xq2; c->xq2 = t;
+    tag_set(c, out, T, F);
+    c->mm_out = NULL;
+}
+
 static void cu_add(be *b, float *x, const float *y, size_t n)
 {
     cu_be *c = (cu_be *)b;
@@ -986,6 +1021,7 @@ static const be_ops cuda_ops = {
     .step_end = cu_step_end,
     .argmax = cu_argmax,
     .matmul_n = cu_matmul_n,
+    .matmul_glu = cu_matmul_glu,
     .add_rmsnorm = cu_add_rmsnorm,
     .rope_kv = cu_rope_kv,
     .rope_attention = cu_rope_attention,
@@ -1039,6 +1075,8 @@ int be_cuda_open(be **out, struct pool *p, int kv_f16, char *err, size_t errlen)
     c->mmq = ck_mmq(QT_Q8_0, 32);   /* (the same for q4_K; q6_K never takes that kernel) */
     const char *ra = getenv("ANE_CUDA_ROPE_ATT");
     c->rope_att = !(ra && *ra && atoi(ra) == 0);
+    const char *gl = getenv("ANE_CUDA_GLU");
+    c->glu = !(gl && *gl && atoi(gl) == 0);
     const char *mb = getenv("ANE_CUDA_MMQB");
     c->mmqb = !(mb && *mb && atoi(mb) == 0);
     what = "device memory";

@@ -166,15 +166,19 @@ static void fw_pass(fw *f, const int32_t *tokens, const be_batch *bt, const int3
             o->add(b, f->x, f->xb, (size_t)T * E);
             o->rmsnorm(b, f->x, &L->ffn_norm, T, E, hp->norm_eps, f->xb);
         }
-        if (o->matmul_n) {
-            const wt *ws[2] = { &L->w_gate, &L->w_up }, *bs[2] = { NULL, NULL };
-            float *outs[2] = { f->hg, f->hu };
-            o->matmul_n(b, 2, ws, bs, f->xb, T, outs);
+        if (o->matmul_glu) {
+            o->matmul_glu(b, &L->w_gate, &L->w_up, f->xb, T, f->hg, f->hu, f->hg);
         } else {
-            o->matmul(b, &L->w_gate, NULL, f->xb, T, f->hg);
-            o->matmul(b, &L->w_up, NULL, f->xb, T, f->hu);
+            if (o->matmul_n) {
+                const wt *ws[2] = { &L->w_gate, &L->w_up }, *bs[2] = { NULL, NULL };
+                float *outs[2] = { f->hg, f->hu };
+                o->matmul_n(b, 2, ws, bs, f->xb, T, outs);
+            } else {
+                o->matmul(b, &L->w_gate, NULL, f->xb, T, f->hg);
+                o->matmul(b, &L->w_up, NULL, f->xb, T, f->hu);
+            }
+            o->silu_mul(b, f->hg, f->hu, (size_t)T * F, f->hg);
         }
-        o->silu_mul(b, f->hg, f->hu, (size_t)T * F, f->hg);
         o->matmul(b, &L->w_down, NULL, f->hg, T, f->xb);
         if (fuse && l + 1 < hp->n_layer)
             o->add_rmsnorm(b, f->x, f->xb, &m->layers[l + 1].attn_norm, T, E, hp->norm_eps, f->xb);

@@ -879,6 +879,8 @@ __device__ __forceinline__ void x_unit64(const int8_t *xq, const float *xd, int 
     dx1 = __ldg(xd + xb0 + 1);
 }
 
+__device__ __forceinline__ float silu_mul1(float a, float u) { return a / (1.0f + expf(-a)) * u; }
+
 enum { GV_Q8 = 0, GV_Q4K = 1, GV_Q6K = 2 };   /* k_gemv_mr's weight kinds */
 
 /* ---------------- int8 GEMV for decode batches (up to 16 tokens): several rows per group ----------------
@@ -888,22 +890,43 @@ enum { GV_Q8 = 0, GV_Q4K = 1, GV_Q6K = 2 };   /* k_gemv_mr's weight kinds */
  * R independent 16-byte weight loads in flight. KD (GV_*): q4_K, unit =
  * 64-value pair of a super-block (as k_gemv_q4k); q8_0 repacked, unit =
  * 32-value block; q6_K repacked, unit = 64 values (q6_word). */
-template <int NT, int R, int K, int KD>
-__global__ void __launch_bounds__(128) k_gemv_mr(const gv_set S, size_t rb, int n, const int8_t *__restrict__ xq,
-                                                 const float *__restrict__ xd, const int *__restrict__ xs, int T)
+/* GLU (one token, K 1, R 4; 512 threads): the set is (gate, up) of n_out
+ * rows each, n_out % 32 == 0; block b takes outputs 32b .. 32b+31, warp w
+ * the gate and up rows of outputs 32b+2w, +1 (each row's arithmetic is the
+ * same as in any other launch), and the block writes silu(gate) * up of
+ * its 32 outputs to the gate's out, with their int8 block (and f16 form)
+ * by qo: the arithmetic of k_silu_mul, without its launch. */
+template <int NT, int R, int K, int KD, int GLU>
+__global__ void __launch_bounds__(GLU ? 512 : 128) k_gemv_mr(const gv_set S, size_t rb, int n,
+                                                             const int8_t *__restrict__ xq,
+                                                             const float *__restrict__ xd,
+                                                             const int *__restrict__ xs, int T, const xq_lay qo)
 {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int mi = gv_pick(S);
+    int mi = GLU ? 0 : gv_pick(S);
     const uint8_t *W = S.m[mi].W;
     int n_out = S.m[mi].n_out;
-    int row0 = ((int)blockIdx.x - S.m[mi].blk0) * (4 / K) * R;   /* the block's first row */
-    if (S.pf) l2_prefetch(W + (size_t)row0 * rb, (size_t)min(4 / K * R, n_out - row0) * rb);
+    int row0 = GLU ? 32 * (int)blockIdx.x : ((int)blockIdx.x - S.m[mi].blk0) * (4 / K) * R;   /* the block's first row */
+    if (S.pf) {
+        if (GLU) {
+            l2_prefetch(W + (size_t)row0 * rb, 32 * rb);
+            l2_prefetch(S.m[1].W + (size_t)row0 * rb, 32 * rb);
+        } else {
+            l2_prefetch(W + (size_t)row0 * rb, (size_t)min(4 / K * R, n_out - row0) * rb);
+        }
+    }
     pdl_begin();
     const uint64_t pol = wpol();
     int r0 = row0 + warp / K * R, part = warp % K;
     const uint8_t *rows[R];
+    if (GLU) {
+        r0 = row0 + 2 * warp;
 #pragma unroll
-    for (int r = 0; r < R; r++) rows[r] = W + (size_t)min(r0 + r, n_out - 1) * rb;
+        for (int r = 0; r < R; r++) rows[r] = (r < 2 ? W : S.m[1].W) + (size_t)(r0 + (r & 1)) * rb;
+    } else {
+#pragma unroll
+        for (int r = 0; r < R; r++) rows[r] = W + (size_t)min(r0 + r, n_out - 1) * rb;
+    }
     float acc[R][NT];
 #pragma unroll
     for (int r = 0; r < R; r++)
@@ -1084,6 +1107,24 @@ __global__ void __launch_bounds__(128) k_gemv_mr(const gv_set S, size_t rb, int 
      * values l, l+32, ... of the R*NT) */
     const float *bias = S.m[mi].bias;
     float *out = S.m[mi].out;
+    if constexpr (GLU) {
+        __shared__ float hs[32];
+        const float *bu = S.m[1].bias;
+        if (lane < 2) {
+            int r = r0 + lane;
+            float g = (lane ? acc[1][0] : acc[0][0]) + (bias ? bias[r] : 0.f);
+            float u = (lane ? acc[3][0] : acc[2][0]) + (bu ? bu[r] : 0.f);
+            hs[2 * warp + lane] = silu_mul1(g, u);
+        }
+        __syncthreads();
+        if (warp == 0) {
+            float v = hs[lane];
+            out[row0 + lane] = v;
+            if (qo.q) quant_block(v, lane, (size_t)blockIdx.x, qo);
+            if (qo.h) qo.h[row0 + lane] = f2h_sat(v);
+        }
+        return;
+    }
     if (K > 1) {
         __shared__ float red[4][R * NT];
 #pragma unroll
@@ -1565,7 +1606,6 @@ __global__ void k_add(float *x, const float *y, size_t n)
     if (i < n) x[i] += y[i];
 }
 
-__device__ __forceinline__ float silu_mul1(float a, float u) { return a / (1.0f + expf(-a)) * u; }
 
 /* qx.q: also the int8 form of out (rows of whole blocks: n % 32 == 0) */
 __global__ void k_silu_mul(const float *g, const float *u, size_t n, float *out, xq_lay qx)
@@ -2014,6 +2054,21 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const float *q, co
             }
         }
     }
+    /* the fused rope's angles and biases: not written by the kernel before
+     * (the angles by the pass's first rope_kv, two launches back at least) */
+    __shared__ float2 rcs[ND * 16];
+    __shared__ float rb[3][ND * 32];
+    const float *bqh = R.bq ? R.bq + (size_t)h * hd : NULL, *bkh = R.bk ? R.bk + (size_t)kvh * hd : NULL;
+    const float *bvh = R.bv ? R.bv + (size_t)kvh * hd : NULL;
+    if (R.tab) {
+        const int half = R.n_rot / 2;
+        for (int i = threadIdx.x; i < half; i += blockDim.x) rcs[i] = R.tab[(size_t)t * half + i];
+        for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+            rb[0][d] = bqh ? bqh[d] : 0.f;
+            rb[1][d] = bkh ? bkh[d] : 0.f;
+            rb[2][d] = bvh ? bvh[d] : 0.f;
+        }
+    }
     pdl_begin();
     __shared__ float qs[ND * 32];
     __shared__ float sm_m[ATT_WARPS], sm_l[ATT_WARPS];
@@ -2026,26 +2081,25 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const float *q, co
         __shared__ float ks[ND * 32];
         const int half = R.n_rot / 2;
         const float *kt = R.k + ((size_t)t * n_head_kv + kvh) * hd, *vt = R.v + ((size_t)t * n_head_kv + kvh) * hd;
-        const float *bqh = R.bq ? R.bq + (size_t)h * hd : NULL, *bkh = R.bk ? R.bk + (size_t)kvh * hd : NULL;
-        const float *bvh = R.bv ? R.bv + (size_t)kvh * hd : NULL;
+        const float *sbq = bqh ? rb[0] : NULL, *sbk = bkh ? rb[1] : NULL;
         for (int d = threadIdx.x; d < hd; d += blockDim.x) { qs[d] = qt[d]; ks[d] = kt[d]; }
         __syncthreads();
         for (int i = threadIdx.x; i < half; i += blockDim.x) {
-            float2 a = R.tab[(size_t)t * half + i];
+            float2 a = rcs[i];
             float o0, o1;
             int i0, i1;
-            rope_pair(qs, i, half, R.neox, a.x, a.y, o0, o1, i0, i1, bqh);
-            rope_pair(ks, i, half, R.neox, a.x, a.y, o0, o1, i0, i1, bkh);
+            rope_pair(qs, i, half, R.neox, a.x, a.y, o0, o1, i0, i1, sbq);
+            rope_pair(ks, i, half, R.neox, a.x, a.y, o0, o1, i0, i1, sbk);
         }
         for (int d = R.n_rot + threadIdx.x; d < hd; d += blockDim.x) {   /* past the rotated dims */
-            if (bqh) qs[d] = __fadd_rn(qs[d], bqh[d]);
-            if (bkh) ks[d] = __fadd_rn(ks[d], bkh[d]);
+            if (bqh) qs[d] = __fadd_rn(qs[d], rb[0][d]);
+            if (bkh) ks[d] = __fadd_rn(ks[d], rb[1][d]);
         }
         __syncthreads();
         size_t s = kv_slot(off, pages, t, pos[t]) * (size_t)kvd + (size_t)kvh * hd;
         for (int d = threadIdx.x; d < hd; d += blockDim.x) {
             kv_put(R.kc, F16, s + d, ks[d]);
-            kv_put(R.vc, F16, s + d, bvh ? __fadd_rn(vt[d], bvh[d]) : vt[d]);
+            kv_put(R.vc, F16, s + d, bvh ? __fadd_rn(vt[d], rb[2][d]) : vt[d]);
             if (F16) qs[d] = __half2float(__float2half_rn(qs[d]));
         }
     } else {
@@ -2321,17 +2375,25 @@ static void gemv_mr_k(cudaStream_t st, gv_set S, size_t rb, int n, const int8_t 
         bytes += (size_t)S.m[i].n_out * rb;
     }
     S.pf = gv_pf(bytes);
-    if (K == 4) lk(k_gemv_mr<NT, R, 4, KD>, g, 128, 0, st, S, rb, n, xq, xd, xs, T);
-    else if (K == 2) lk(k_gemv_mr<NT, R, 2, KD>, g, 128, 0, st, S, rb, n, xq, xd, xs, T);
-    else lk(k_gemv_mr<NT, R, 1, KD>, g, 128, 0, st, S, rb, n, xq, xd, xs, T);
+    xq_lay none;
+    memset(&none, 0, sizeof none);
+    if (K == 4) lk(k_gemv_mr<NT, R, 4, KD, 0>, g, 128, 0, st, S, rb, n, xq, xd, xs, T, none);
+    else if (K == 2) lk(k_gemv_mr<NT, R, 2, KD, 0>, g, 128, 0, st, S, rb, n, xq, xd, xs, T, none);
+    else lk(k_gemv_mr<NT, R, 1, KD, 0>, g, 128, 0, st, S, rb, n, xq, xd, xs, T, none);
+}
+
+static int gemv_r(void)
+{
+    static int R = -1;
+    if (R < 0) R = env_int("ANE_CUDA_GEMV_R", 4);
+    return R;
 }
 
 template <int KD>
 static void gemv_mr_q(cudaStream_t st, const gv_set &S, size_t rb, int n, const int8_t *xq, const float *xd,
                       const int *xs, int T)
 {
-    static int R = -1;
-    if (R < 0) R = env_int("ANE_CUDA_GEMV_R", 4);
+    int R = gemv_r();
     if (T > 8) gemv_mr_k<16, 4, KD>(st, S, rb, n, xq, xd, xs, T);
     else if (T > 4) gemv_mr_k<8, 4, KD>(st, S, rb, n, xq, xd, xs, T);
     else if (T > 2) gemv_mr_k<4, 4, KD>(st, S, rb, n, xq, xd, xs, T);
@@ -2575,6 +2637,30 @@ void ck_gemv_multi_q(cudaStream_t st, uint32_t type, int nm, const void *const *
                      const int *n_out, const float *const *bias, int T, float *const *out, void *xq)
 {
     if (ck_gemv_int8(type, n)) gemv_multi(st, type, nm, W, rb, n, n_out, bias, NULL, T, out, xq, true);
+}
+
+int ck_glu_ok(uint32_t type, int n_in, int n_out, int T)
+{
+    if (T != 1 || !ck_gemv_int8(type, n_in) || ck_mmq(type, n_in) || n_out % 32 || gemv_r() != 4) return 0;
+    if (type != T_Q6_K && gemv_mr_off()) return 0;
+    return gv_warps(type == T_Q8_0 ? n_in / 32 : n_in / 64) == 1;
+}
+
+void ck_gemv_glu(cudaStream_t st, uint32_t type, const void *Wg, const void *Wu, size_t rb, int n, int n_out,
+                 const void *xq, float *out, void *xq_next, void *x16_next)
+{
+    if (!ck_glu_ok(type, n, n_out, 1)) return;
+    const void *W[2] = { Wg, Wu };
+    const int no[2] = { n_out, n_out };
+    const float *bias[2] = { NULL, NULL };
+    float *outs[2] = { out, out };
+    gv_set S = gv_fill(2, W, no, bias, outs, 0);
+    S.pf = gv_pf((size_t)2 * n_out * rb);
+    xq_lay L = xq_layout((void *)xq, 1, n), O = xq_out(xq_next, x16_next, 1, n_out);
+    unsigned g = (unsigned)(n_out / 32);
+    if (type == T_Q4_K) lk(k_gemv_mr<1, 4, 1, GV_Q4K, 1>, g, 512, 0, st, S, rb, n, L.q, L.d, L.s, 1, O);
+    else if (type == T_Q6_K) lk(k_gemv_mr<1, 4, 1, GV_Q6K, 1>, g, 512, 0, st, S, rb, n, L.q, L.d, L.s, 1, O);
+    else lk(k_gemv_mr<1, 4, 1, GV_Q8, 1>, g, 512, 0, st, S, rb, n, L.q, L.d, L.s, 1, O);
 }
 
 void ck_gemv(cudaStream_t st, uint32_t type, const void *W, size_t rb, int n, int n_out, const float *bias,

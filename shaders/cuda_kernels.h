@@ -69,6 +69,14 @@ void ck_mmq_dec(cudaStream_t st, uint32_t type, int nm, const void *const *W, si
 void ck_gemv_multi(cudaStream_t st, uint32_t type, int nm, const void *const *W, size_t row_bytes, int n_in,
                    const int *n_out, const float *const *bias, const float *x, int T, float *const *out,
                    void *xq_scratch);
+/* One token's out = silu(Wg x) * (Wu x) (both n_out x n_in, of one type
+ * and row_bytes) in one launch, x already quantized in xq (as for
+ * ck_gemv_multi_q), out's int8 form to xq_out (another scratch than xq;
+ * or NULL) and f16 form to x16_out (or NULL): the same bits as
+ * ck_gemv_multi then ck_silu_mul. Only where ck_glu_ok. */
+int ck_glu_ok(uint32_t type, int n_in, int n_out, int T);
+void ck_gemv_glu(cudaStream_t st, uint32_t type, const void *Wg, const void *Wu, size_t row_bytes, int n_in,
+                 int n_out, const void *xq, float *out, void *xq_out, void *x16_out);
 /* x += y; out = x / rms(x) * w (out may be y)                    [rows][n] */
 void ck_add_rmsnorm(cudaStream_t st, float *x, const float *y, const float *w, int rows, int n, float eps,
                     float *out, void *xq, void *x16);

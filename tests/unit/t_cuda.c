@@ -584,6 +584,81 @@ static void test_rope_attention(void)
     }
 }
 
+/* matmul_glu (gate, up and silu_mul in one launch for one token) against
+ * matmul_n + silu_mul on a backend with it off (ANE_CUDA_GLU=0), bit for
+ * bit: out, and the down projection that takes out's int8 form. x comes
+ * from rmsnorm (its int8 form); on the fused side the float buffers are
+ * zeroed once produced, so the checks show that each step took the int8
+ * form. T 2 takes the ops apart on both sides. */
+static void glu_run(be *b, int poison, const wt *nw, const wt *wg, const wt *wu, const wt *wd, int T,
+                    const float *x, float *h, float *y)
+{
+    int n = (int)wg->n_in, F = (int)wg->n_out;
+    float *dx = dev_from(b, x, (size_t)T * n);
+    float *dg = b->ops->alloc(b, (size_t)T * F * 4), *du = b->ops->alloc(b, (size_t)T * F * 4);
+    float *dy = b->ops->alloc(b, (size_t)T * wd->n_out * 4);
+    b->ops->rmsnorm(b, dx, nw, T, n, 1e-6f, dx);
+    if (poison) fq_zero(b, dx, (size_t)T * n * 4);
+    b->ops->matmul_glu(b, wg, wu, dx, T, dg, du, dg);
+    b->ops->to_host(b, h, dg, (size_t)T * F * 4);
+    if (poison) fq_zero(b, dg, (size_t)T * F * 4);
+    b->ops->matmul(b, wd, NULL, dg, T, dy);
+    b->ops->to_host(b, y, dy, (size_t)T * wd->n_out * 4);
+    b->ops->sync(b);
+    b->ops->free(b, dx); b->ops->free(b, dg); b->ops->free(b, du); b->ops->free(b, dy);
+}
+
+static void test_glu(void)
+{
+    char err[256];
+    be *bf = NULL, *bn = NULL;
+    setenv("ANE_CUDA_GEMM_T", "1000000", 1);
+    int bad = be_open(&bf, "cuda", pl, 1, err, sizeof err);
+    setenv("ANE_CUDA_GLU", "0", 1);
+    bad |= be_open(&bn, "cuda", pl, 1, err, sizeof err);
+    unsetenv("ANE_CUDA_GLU");
+    unsetenv("ANE_CUDA_GEMM_T");
+    CHECKF(!bad, "%s", err);
+    CHECK(!bad && bf->ops->matmul_glu != NULL);
+    if (bad || !bf->ops->matmul_glu) goto done;
+    const uint32_t types[] = { QT_Q8_0, QT_Q4_K, QT_Q6_K };
+    const int ns[] = { 896, 1024, 1024 }, Fs[] = { 4864, 2816, 2048 };
+    for (int ti = 0; ti < 3; ti++) {
+        int n = ns[ti], F = Fs[ti], ND = 96;
+        size_t rb;
+        wt wg = { .type = types[ti], .n_in = n, .n_out = F, .data = kept(make_weight(types[ti], n, F, &rb)) };
+        wg.row_bytes = rb;
+        wt wu = wg;
+        wu.data = kept(make_weight(types[ti], n, F, &rb));
+        wt wd = { .type = QT_Q8_0, .n_in = F, .n_out = ND, .data = kept(make_weight(QT_Q8_0, F, ND, &rb)) };
+        wd.row_bytes = rb;
+        float *a = kept(malloc((size_t)n * 4));
+        for (int i = 0; i < n; i++) a[i] = 0.5f + frand();
+        wt nw = { .type = QT_F32, .n_in = n, .n_out = 1, .row_bytes = (size_t)n * 4, .data = a };
+        be *bs[2] = { bn, bf };
+        for (int T = 1; T <= 2; T++) {
+            float *x = malloc((size_t)T * n * 4), *res[2][2];
+            for (int i = 0; i < T * n; i++) x[i] = frand() * 2;
+            for (int s2 = 0; s2 < 2; s2++) {
+                wt *ws[4] = { &wg, &wu, &wd, &nw };
+                for (int i = 0; i < 4; i++) CHECK(bs[s2]->ops->weight_prepare(bs[s2], ws[i]) == 0);
+                res[s2][0] = malloc((size_t)T * F * 4);
+                res[s2][1] = malloc((size_t)T * ND * 4);
+                glu_run(bs[s2], s2, &nw, &wg, &wu, &wd, T, x, res[s2][0], res[s2][1]);
+            }
+            CHECKF(memcmp(res[0][0], res[1][0], (size_t)T * F * 4) == 0, "matmul_glu %s T=%d: out differs",
+                   qt_name(types[ti]), T);
+            CHECKF(memcmp(res[0][1], res[1][1], (size_t)T * ND * 4) == 0,
+                   "matmul_glu %s T=%d: the down projection of its int8 out differs", qt_name(types[ti]), T);
+            for (int s2 = 0; s2 < 2; s2++) { free(res[s2][0]); free(res[s2][1]); }
+            free(x);
+        }
+    }
+done:
+    if (bf) bf->ops->close(bf);
+    if (bn) bn->ops->close(bn);
+}
+
 /* GEMV input quantized by the op that produced it (add_rmsnorm, rmsnorm,
  * silu_mul) against a backend that quantizes in the matmul (ANE_CUDA_FUSE=0):
  * a small FFN and a projection, bit for bit. On the fused side the matmul
@@ -1139,6 +1214,7 @@ int main(void)
     RUN(test_rope_kv);
     RUN(test_rope_attention);
     RUN(test_fused_quant);
+    RUN(test_glu);
     RUN(test_attention);
     RUN(test_argmax);
     RUN(test_ssm_elementwise);
