@@ -584,6 +584,28 @@ static void test_rope_attention(void)
     }
 }
 
+/* GEMV input quantized by the op that produced it (add_rmsnorm, rmsnorm,
+ * silu_mul) against a backend that quantizes in the matmul (ANE_CUDA_FUSE=0):
+ * a small FFN and a projection, bit for bit. On the fused side the matmul
+ * inputs are zeroed behind the backend's back once produced, so the check
+ * also shows that the matmuls took the producers' int8 form. */
+typedef struct fq_case {
+    int T, E, F, ND, NQ;
+    const float *x, *r;
+    wt *nw, *gate, *up, *down, *wq, *bq;
+} fq_case;
+
+static void fq_zero(be *b, void *p, size_t n)
+{
+#ifdef ANE_CUDA
+    b->ops->sync(b);
+    cudaMemset(p, 0, n);
+    cudaDeviceSynchronize();
+#else
+    (void)b; (void)p; (void)n;
+#endif
+}
+
 /* matmul_glu (gate, up and silu_mul in one launch for one token) against
  * matmul_n + silu_mul on a backend with it off (ANE_CUDA_GLU=0), bit for
  * bit: out, and the down projection that takes out's int8 form. x comes
@@ -657,28 +679,6 @@ static void test_glu(void)
 done:
     if (bf) bf->ops->close(bf);
     if (bn) bn->ops->close(bn);
-}
-
-/* GEMV input quantized by the op that produced it (add_rmsnorm, rmsnorm,
- * silu_mul) against a backend that quantizes in the matmul (ANE_CUDA_FUSE=0):
- * a small FFN and a projection, bit for bit. On the fused side the matmul
- * inputs are zeroed behind the backend's back once produced, so the check
- * also shows that the matmuls took the producers' int8 form. */
-typedef struct fq_case {
-    int T, E, F, ND, NQ;
-    const float *x, *r;
-    wt *nw, *gate, *up, *down, *wq, *bq;
-} fq_case;
-
-static void fq_zero(be *b, void *p, size_t n)
-{
-#ifdef ANE_CUDA
-    b->ops->sync(b);
-    cudaMemset(p, 0, n);
-    cudaDeviceSynchronize();
-#else
-    (void)b; (void)p; (void)n;
-#endif
 }
 
 /* out: xb, hg (after silu_mul), y (down), q (wq on rmsnorm(x)) */
