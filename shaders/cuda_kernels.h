@@ -74,7 +74,10 @@ void ck_gemv_multi(cudaStream_t st, uint32_t type, int nm, const void *const *W,
  * ck_gemv_multi_q), out's int8 form to xq_out (another scratch than xq;
  * or NULL) and f16 form to x16_out (or NULL): the same bits as
  * ck_gemv_multi then ck_silu_mul. Only where ck_glu_ok. */
-int ck_glu_ok(uint32_t type, int n_in, int n_out, int T);
+int ck_glu_ok(uint32_t type, int n_in, int n_out, int T, int n_sm);
+/* 1 for GEMV sets of `bytes` small enough to be launch-bound (the GEMV's
+ * prefetch rule: up to ANE_CUDA_PREFETCH_MB, default 5 MiB). */
+int ck_small_set(size_t bytes);
 void ck_gemv_glu(cudaStream_t st, uint32_t type, const void *Wg, const void *Wu, size_t row_bytes, int n_in,
                  int n_out, const void *xq, float *out, void *xq_out, void *x16_out);
 /* x += y; out = x / rms(x) * w (out may be y)                    [rows][n] */

@@ -574,14 +574,22 @@ static void test_rope_attention(void)
 {
     CHECK(gpu->ops->rope_attention != NULL && gpu->ops->step_begin != NULL);
     if (!gpu->ops->rope_attention || !gpu->ops->step_begin) return;
-    be *gs[2] = { gpu, gpu32 };
-    for (int i = 0; i < 2; i++) {
+    /* (fused whatever the q/k/v set before: none here) */
+    char err[256];
+    be *gs[2] = { NULL, NULL };
+    setenv("ANE_CUDA_ROPE_ATT", "2", 1);
+    int bad = be_open(&gs[0], "cuda", pl, 1, err, sizeof err) || be_open(&gs[1], "cuda", pl, 0, err, sizeof err);
+    unsetenv("ANE_CUDA_ROPE_ATT");
+    CHECKF(!bad, "%s", err);
+    for (int i = 0; i < 2 && !bad; i++) {
         rope_att_case(gs[i], 4, 14, 2, 64, 64, 1, 1);     /* qwen2.5-0.5b: few blocks (rolled) */
         rope_att_case(gs[i], 24, 14, 2, 64, 64, 1, 1);    /* many (unrolled) */
         rope_att_case(gs[i], 3, 28, 4, 128, 128, 1, 0);   /* qwen2.5-7b shape, no biases */
         rope_att_case(gs[i], 5, 8, 2, 128, 64, 0, 1);     /* partial rotary, interleaved pairs */
         rope_att_case(gs[i], 2, 6, 3, 48, 32, 1, 1);      /* head_dim not a multiple of 32 */
     }
+    for (int i = 0; i < 2; i++)
+        if (gs[i]) gs[i]->ops->close(gs[i]);
 }
 
 /* GEMV input quantized by the op that produced it (add_rmsnorm, rmsnorm,
