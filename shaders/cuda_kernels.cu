@@ -915,7 +915,6 @@ __global__ void __launch_bounds__(GLU ? 512 : 128) k_gemv_mr(const gv_set S, siz
             l2_prefetch(W + (size_t)row0 * rb, (size_t)min(4 / K * R, n_out - row0) * rb);
         }
     }
-    pdl_begin();
     const uint64_t pol = wpol();
     int r0 = row0 + warp / K * R, part = warp % K;
     const uint8_t *rows[R];
@@ -927,14 +926,53 @@ __global__ void __launch_bounds__(GLU ? 512 : 128) k_gemv_mr(const gv_set S, siz
 #pragma unroll
         for (int r = 0; r < R; r++) rows[r] = W + (size_t)min(r0 + r, n_out - 1) * rb;
     }
+    const bool Q4K = KD == GV_Q4K;
+    int nu = KD == GV_Q8 ? n / 32 : n / 64, nbx = n / 32;
+    /* the weights of a lane's units (never written: the first unit's are
+     * loaded before the launch wait, off the path that waits for x) */
+    auto ld_q4k = [&](int u, uint4 (&h)[R], uint4 (&q0)[R], uint4 (&q1)[R]) {
+        const int j = u & 3;
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const uint8_t *b = rows[r] + (u >> 2) * 144;
+            h[r] = wld16(b, pol);
+            q0[r] = wld16(b + 16 + 32 * j, pol);
+            q1[r] = wld16(b + 32 + 32 * j, pol);
+        }
+    };
+    auto ld_q8 = [&](int u, int (&q)[R][8], float (&dw)[R]) {
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const uint8_t *p = rows[r] + 32 * u;
+            if (((uintptr_t)rows[r] & 15) == 0) {
+                uint4 a = wld16(p, pol), c = wld16(p + 16, pol);
+                q[r][0] = a.x; q[r][1] = a.y; q[r][2] = a.z; q[r][3] = a.w;
+                q[r][4] = c.x; q[r][5] = c.y; q[r][6] = c.z; q[r][7] = c.w;
+            } else if (((uintptr_t)rows[r] & 7) == 0) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) { uint2 v = wld8(p + 8 * i, pol); q[r][2 * i] = v.x; q[r][2 * i + 1] = v.y; }
+            } else {
+#pragma unroll
+                for (int i = 0; i < 4; i++) { int2 v = ld8(p + 8 * i); q[r][2 * i] = v.x; q[r][2 * i + 1] = v.y; }
+            }
+            dw[r] = __half2float(__ushort_as_half(wld2(rows[r] + n + 2 * u, pol)));
+        }
+    };
+    const int u0 = lane + 32 * part;
+    uint4 ph[R], pq0[R], pq1[R];   /* (Q4K, one or two tokens) */
+    int pq[R][8];                  /* (Q8) */
+    float pdw[R];
+    if (u0 < nu) {
+        if (KD == GV_Q8) ld_q8(u0, pq, pdw);
+        else if (Q4K && NT <= 2) ld_q4k(u0, ph, pq0, pq1);
+    }
+    pdl_begin();
     float acc[R][NT];
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[r][t] = 0.f;
-    const bool Q4K = KD == GV_Q4K;
-    int nu = KD == GV_Q8 ? n / 32 : n / 64, nbx = n / 32;
-    for (int u = lane + 32 * part; u < nu; u += 32 * K) {
+    for (int u = u0; u < nu; u += 32 * K) {
         if (KD == GV_Q6K) {
             /* 14 aligned words per row (8 QL, 4 QH, the scales, d's half); the
              * -32 offset as 32 times x's sum per 16 values (once per token) */
@@ -987,12 +1025,11 @@ __global__ void __launch_bounds__(GLU ? 512 : 128) k_gemv_mr(const gv_set S, siz
             /* one or two tokens: x loaded with the weights, before any of them is used */
             const int j = u & 3;
             uint4 h[R], q0[R], q1[R];
+            if (u == u0) {
 #pragma unroll
-            for (int r = 0; r < R; r++) {
-                const uint8_t *b = rows[r] + (u >> 2) * 144;
-                h[r] = wld16(b, pol);
-                q0[r] = wld16(b + 16 + 32 * j, pol);
-                q1[r] = wld16(b + 32 + 32 * j, pol);
+                for (int r = 0; r < R; r++) { h[r] = ph[r]; q0[r] = pq0[r]; q1[r] = pq1[r]; }
+            } else {
+                ld_q4k(u, h, q0, q1);
             }
             int xl[NT][8], xh[NT][8];
             float dx0[NT], dx1[NT];
@@ -1061,21 +1098,15 @@ __global__ void __launch_bounds__(GLU ? 512 : 128) k_gemv_mr(const gv_set S, siz
         } else {
             int q[R][8];
             float dw[R];
+            if (u == u0) {
 #pragma unroll
-            for (int r = 0; r < R; r++) {
-                const uint8_t *p = rows[r] + 32 * u;
-                if (((uintptr_t)rows[r] & 15) == 0) {
-                    uint4 a = wld16(p, pol), c = wld16(p + 16, pol);
-                    q[r][0] = a.x; q[r][1] = a.y; q[r][2] = a.z; q[r][3] = a.w;
-                    q[r][4] = c.x; q[r][5] = c.y; q[r][6] = c.z; q[r][7] = c.w;
-                } else if (((uintptr_t)rows[r] & 7) == 0) {
+                for (int r = 0; r < R; r++) {
+                    dw[r] = pdw[r];
 #pragma unroll
-                    for (int i = 0; i < 4; i++) { uint2 v = wld8(p + 8 * i, pol); q[r][2 * i] = v.x; q[r][2 * i + 1] = v.y; }
-                } else {
-#pragma unroll
-                    for (int i = 0; i < 4; i++) { int2 v = ld8(p + 8 * i); q[r][2 * i] = v.x; q[r][2 * i + 1] = v.y; }
+                    for (int k = 0; k < 8; k++) q[r][k] = pq[r][k];
                 }
-                dw[r] = __half2float(__ushort_as_half(wld2(rows[r] + n + 2 * u, pol)));
+            } else {
+                ld_q8(u, q, dw);
             }
 #pragma unroll
             for (int t = 0; t < NT; t++) {
