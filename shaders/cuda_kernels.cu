@@ -743,7 +743,7 @@ __device__ __forceinline__ float q8_unit(float acc, float dw, float dx, int dot)
 
 /* Warps per row (K) of every int8 GEMV: a function of the units per row
  * only, since the lane -> unit split and the reduction depend on it. */
-static inline int gv_warps(int nu) { return nu >= 128 ? 4 : nu >= 64 ? 2 : 1; }
+static inline int gv_warps(int nu) { return nu >= 128 ? 4 : nu > 32 ? 2 : 1; }
 
 __device__ __forceinline__ int byte_of3(uint4 h, int k)   /* byte k (0..11) of h.y, h.z, h.w */
 {
