@@ -386,6 +386,23 @@ static void test_rope(void)
     free(x); free(a); free(g);
 }
 
+/* Random q [T][n_head*hd], k and v [T][kvd] (host, freed by the caller)
+ * and their projections' biases, prepared on g */
+static void qkv_rand(be *g, int T, int n_head, int kvd, int hd, float **q, float **k, float **v, wt bw[3])
+{
+    size_t nq = (size_t)T * n_head * hd, nk = (size_t)T * kvd;
+    *q = malloc(nq * 4); *k = malloc(nk * 4); *v = malloc(nk * 4);
+    for (size_t i = 0; i < nq; i++) (*q)[i] = frand() * 2;
+    for (size_t i = 0; i < nk; i++) { (*k)[i] = frand() * 2; (*v)[i] = frand() * 2; }
+    float *bq = kept(malloc((size_t)n_head * hd * 4)), *bk = kept(malloc((size_t)kvd * 4)), *bv = kept(malloc((size_t)kvd * 4));
+    for (int i = 0; i < n_head * hd; i++) bq[i] = frand();
+    for (int i = 0; i < kvd; i++) { bk[i] = frand(); bv[i] = frand(); }
+    bw[0] = (wt){ .type = QT_F32, .n_in = n_head * hd, .n_out = 1, .row_bytes = (size_t)n_head * hd * 4, .data = bq };
+    bw[1] = (wt){ .type = QT_F32, .n_in = kvd, .n_out = 1, .row_bytes = (size_t)kvd * 4, .data = bk };
+    bw[2] = (wt){ .type = QT_F32, .n_in = kvd, .n_out = 1, .row_bytes = (size_t)kvd * 4, .data = bv };
+    for (int i = 0; i < 3; i++) CHECK(g->ops->weight_prepare(g, &bw[i]) == 0);
+}
+
 /* rope_kv equals rope, rope, kv_store bit for bit (q, k and both caches);
  * with_bias: rope_kv given the q, k, v biases equals the plain ops on
  * q + bq, k + bk, v + bv */
@@ -409,22 +426,16 @@ static void rope_kv_case(be *g, int n_head, int n_head_kv, int hd, int n_rot, in
     wt fdw = { .type = QT_F32, .n_in = n_rot / 2, .n_out = 1, .row_bytes = (size_t)(n_rot / 2) * 4, .data = fd };
     CHECK(g->ops->weight_prepare(g, &fdw) == 0);
     size_t nq = (size_t)T * n_head * hd, nk = (size_t)T * kvd;
-    float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4);
-    for (size_t i = 0; i < nq; i++) q[i] = frand() * 2;
-    for (size_t i = 0; i < nk; i++) { k[i] = frand() * 2; v[i] = frand() * 2; }
-    float *bq = kept(malloc((size_t)n_head * hd * 4)), *bk = kept(malloc((size_t)kvd * 4)), *bv = kept(malloc((size_t)kvd * 4));
-    for (int i = 0; i < n_head * hd; i++) bq[i] = frand();
-    for (int i = 0; i < kvd; i++) { bk[i] = frand(); bv[i] = frand(); }
-    wt bw[3] = { { .type = QT_F32, .n_in = n_head * hd, .n_out = 1, .row_bytes = (size_t)n_head * hd * 4, .data = bq },
-                 { .type = QT_F32, .n_in = kvd, .n_out = 1, .row_bytes = (size_t)kvd * 4, .data = bk },
-                 { .type = QT_F32, .n_in = kvd, .n_out = 1, .row_bytes = (size_t)kvd * 4, .data = bv } };
-    for (int i = 0; i < 3; i++) CHECK(g->ops->weight_prepare(g, &bw[i]) == 0);
+    float *q, *k, *v;
+    wt bw[3];
+    qkv_rand(g, T, n_head, kvd, hd, &q, &k, &v, bw);
     const wt *bias[3] = { &bw[0], &bw[1], &bw[2] };
     float *dq[2], *dk[2], *dv[2];
     void *kc[2], *vc[2];
     for (int r = 0; r < 2; r++) {
         if (r == 0 && with_bias) {   /* the reference: the biases added on the host */
             float *q2 = malloc(nq * 4), *k2 = malloc(nk * 4), *v2 = malloc(nk * 4);
+            const float *bq = bw[0].data, *bk = bw[1].data, *bv = bw[2].data;
             for (size_t i = 0; i < nq; i++) q2[i] = q[i] + bq[i % ((size_t)n_head * hd)];
             for (size_t i = 0; i < nk; i++) { k2[i] = k[i] + bk[i % (size_t)kvd]; v2[i] = v[i] + bv[i % (size_t)kvd]; }
             dq[r] = dev_from(g, q2, nq); dk[r] = dev_from(g, k2, nk); dv[r] = dev_from(g, v2, nk);
@@ -507,16 +518,9 @@ static void rope_att_case(be *g, int T, int n_head, int n_head_kv, int hd, int n
     for (int t = 0; t < T; t++) { pos[t] = 3 + 37 * t % 900; pages[t] = perm + t * MAXP; slot[t] = t; }
     be_batch bt = { .T = T, .pos = pos, .pages = pages, .slot = slot, .n_dec = T };
     size_t nq = (size_t)T * n_head * hd, nk = (size_t)T * kvd;
-    float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4);
-    for (size_t i = 0; i < nq; i++) q[i] = frand() * 2;
-    for (size_t i = 0; i < nk; i++) { k[i] = frand() * 2; v[i] = frand() * 2; }
-    float *bq = kept(malloc((size_t)n_head * hd * 4)), *bk = kept(malloc((size_t)kvd * 4)), *bv = kept(malloc((size_t)kvd * 4));
-    for (int i = 0; i < n_head * hd; i++) bq[i] = frand();
-    for (int i = 0; i < kvd; i++) { bk[i] = frand(); bv[i] = frand(); }
-    wt bw[3] = { { .type = QT_F32, .n_in = n_head * hd, .n_out = 1, .row_bytes = (size_t)n_head * hd * 4, .data = bq },
-                 { .type = QT_F32, .n_in = kvd, .n_out = 1, .row_bytes = (size_t)kvd * 4, .data = bk },
-                 { .type = QT_F32, .n_in = kvd, .n_out = 1, .row_bytes = (size_t)kvd * 4, .data = bv } };
-    for (int i = 0; i < 3; i++) CHECK(g->ops->weight_prepare(g, &bw[i]) == 0);
+    float *q, *k, *v;
+    wt bw[3];
+    qkv_rand(g, T, n_head, kvd, hd, &q, &k, &v, bw);
     const wt *bias[3] = { &bw[0], &bw[1], &bw[2] }, *const *bs = with_bias ? bias : NULL;
     /* the earlier positions, the same in both caches */
     void *kc[3], *vc[3];
