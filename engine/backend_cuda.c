@@ -541,6 +541,14 @@ static int gemv_count(const cu_be *c, const wt *w, int T, int *batched)
     return gemv_take(c, ck_mmq(w->type, (int)w->n_in), ck_mmqb_ok(w->type, (int)w->n_in), T, batched);
 }
 
+/* whether n is among the m widths w (the matrices' n_in of a kind) */
+static int width_in(const int *w, int m, int n)
+{
+    for (int k = 0; k < m; k++)
+        if (w[k] == n) return 1;
+    return 0;
+}
+
 /* For an op about to write out [rows][n]: xq, when out should go there in
  * int8 too (an int8 matrix of width n would take all rows by GEMV), with
  * the tag set to out; else NULL, the tag cleared. */
@@ -548,10 +556,8 @@ static void *quant_ahead(cu_be *c, const float *out, int rows, int n)
 {
     tag_clear(c);
     if (!c->fuse || rows < 1 || n < 32 || n % 32) return NULL;
-    int known = 0;
-    for (int k = 0; k < c->n_q_n; k++) known |= c->q_n[k] == n;
     int bt;
-    if (!known || gemv_take(c, c->mmq, 0, rows, &bt) != rows) return NULL;   /* (all rows by the GEMV) */
+    if (!width_in(c->q_n, c->n_q_n, n) || gemv_take(c, c->mmq, 0, rows, &bt) != rows) return NULL;   /* (all rows by the GEMV) */
     void *xq = xq_for(c, rows, n);   /* (NULL while recording, if too small) */
     if (xq) tag_set(c, out, rows, n);
     return xq;
@@ -564,10 +570,8 @@ static void *quant_ahead(cu_be *c, const float *out, int rows, int n)
 static void *f16_ahead(cu_be *c, const float *out, int rows, int n)
 {
     if (!c->fuse || rows < 1 || c->xq_src || c->x16_cap < (size_t)rows * (size_t)n * 2) return NULL;
-    int known = 0;
-    for (int k = 0; k < c->n_h_n; k++) known |= c->h_n[k] == n;
     int bt;
-    if (!known || (gemv_take(c, c->mmq, 1, rows, &bt) != 0 && !bt)) return NULL;
+    if (!width_in(c->h_n, c->n_h_n, n) || (gemv_take(c, c->mmq, 1, rows, &bt) != 0 && !bt)) return NULL;
     c->x16_src = out; c->x16_rows = rows; c->x16_n = n;
     return c->x16;
 }
@@ -755,11 +759,11 @@ static void cu_silu_mul(be *b, const float *g, const float *u, size_t n, float *
 static void cu_matmul_glu(be *b, const wt *wg, const wt *wu, const float *x, int T, float *g, float *u, float *out)
 {
     cu_be *c = (cu_be *)b;
-    int n = (int)wg->n_in, F = (int)wg->n_out, bt, known = 0;
-    for (int k = 0; k < c->n_q_n; k++) known |= c->q_n[k] == F;
-    if (!c->fuse || !c->glu || !known || !c->xq2 || wu->type != wg->type || (int)wu->n_in != n ||
-        (int)wu->n_out != F || wu->row_bytes != wg->row_bytes || !ck_glu_ok(wg->type, n, F, T, c->n_sm) ||
-        gemv_count(c, wg, T, &bt) != T || bt || !tag_is(c, x, T, n) || CK_XQ_BYTES(T, F) > c->xq_cap) {
+    int n = (int)wg->n_in, F = (int)wg->n_out, bt;
+    int same = wu->type == wg->type && (int)wu->n_in == n && (int)wu->n_out == F && wu->row_bytes == wg->row_bytes;
+    if (!c->fuse || !c->glu || !same || !c->xq2 || !width_in(c->q_n, c->n_q_n, F) ||
+        !ck_glu_ok(wg->type, n, F, T, c->n_sm) || gemv_count(c, wg, T, &bt) != T || bt || !tag_is(c, x, T, n) ||
+        CK_XQ_BYTES(T, F) > c->xq_cap) {
         const wt *ws[2] = { wg, wu }, *bs[2] = { NULL, NULL };
         float *outs[2] = { g, u };
         cu_matmul_n(b, 2, ws, bs, x, T, outs);
@@ -819,6 +823,13 @@ static const float *bias_dev(const wt *const *bias, int i)
     return bias && bias[i] && bias[i]->data ? (const float *)bias[i]->dev : NULL;
 }
 
+/* whether this pass's angle table (written by its first rope_kv) holds
+ * the angles of base, n_rot and divisors fd */
+static int rope_table(const cu_be *c, float base, int n_rot, const float *fd)
+{
+    return c->in_step && c->rope_have && c->rope_base == base && c->rope_rot == n_rot && c->rope_fd == fd;
+}
+
 static void cu_rope_kv(be *b, float *q, float *k, float *v, void *kc, void *vc, const be_batch *bt,
                        int n_head, int n_head_kv, int head_dim, int n_rot, float base, int neox, const wt *fd,
                        const wt *const *bias)
@@ -843,7 +854,7 @@ static void cu_rope_kv(be *b, float *q, float *k, float *v, void *kc, void *vc, 
      * table is free (or can grow: not while recording) */
     size_t need = (size_t)bt->T * (size_t)(n_rot / 2) * 8;
     int mode = 0;
-    if (c->in_step && c->rope_have && c->rope_base == base && c->rope_rot == n_rot && c->rope_fd == fdd) {
+    if (rope_table(c, base, n_rot, fdd)) {
         mode = 2;
     } else if (c->in_step && !c->rope_have) {
         if (need > c->rope_cap) {
@@ -891,9 +902,8 @@ static void cu_rope_attention(be *b, float *q, float *k, float *v, void *kc, voi
 {
     cu_be *c = (cu_be *)b;
     const float *fdd = freq_div && freq_div->data ? freq_div->dev : NULL;
-    int table = c->in_step && c->rope_have && c->rope_base == base && c->rope_rot == n_rot && c->rope_fd == fdd;
     int small = c->rope_att == 2 || (c->rope_att == 1 && c->mm_bytes && ck_small_set(c->mm_bytes));
-    if (!c->fuse || !small || !table || bt->n_dec != bt->T || n_rot > head_dim || n_rot % 2) {
+    if (!c->fuse || !small || !rope_table(c, base, n_rot, fdd) || bt->n_dec != bt->T || n_rot > head_dim || n_rot % 2) {
         cu_rope_kv(b, q, k, v, kc, vc, bt, n_head, n_head_kv, head_dim, n_rot, base, neox, freq_div, bias);
         cu_attention(b, q, kc, vc, bt, n_head, n_head_kv, head_dim, out);
         return;

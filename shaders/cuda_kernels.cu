@@ -932,8 +932,9 @@ __global__ void __launch_bounds__(GLU ? 512 : 128) k_gemv_mr(const gv_set S, siz
     }
     const bool Q4K = KD == GV_Q4K;
     int nu = KD == GV_Q8 ? n / 32 : n / 64, nbx = n / 32;
-    /* the weights of a lane's units (never written: q8_0's first unit is
-     * loaded before the launch wait, off the path that waits for x) */
+    /* the weights of a lane's unit u for the R rows (never written: q8_0's
+     * first unit is loaded before the launch wait, off the path that waits
+     * for x) */
     auto ld_q4k = [&](int u, uint4 (&h)[R], uint4 (&q0)[R], uint4 (&q1)[R]) {
         const int j = u & 3;
 #pragma unroll
@@ -1063,14 +1064,13 @@ __global__ void __launch_bounds__(GLU ? 512 : 128) k_gemv_mr(const gv_set S, siz
             const int j = u & 3;
             float d0[R], d1[R], mm0[R], mm1[R];
             uint32_t qw[R][8];
+            uint4 h[R], q0[R], q1[R];
+            ld_q4k(u, h, q0, q1);
 #pragma unroll
             for (int r = 0; r < R; r++) {
-                const uint8_t *b = rows[r] + (u >> 2) * 144;
-                uint4 h = wld16(b, pol);
-                uint4 q0 = wld16(b + 16 + 32 * j, pol), q1 = wld16(b + 32 + 32 * j, pol);
-                q4k_scales(h, j, d0[r], d1[r], mm0[r], mm1[r]);
-                qw[r][0] = q0.x; qw[r][1] = q0.y; qw[r][2] = q0.z; qw[r][3] = q0.w;
-                qw[r][4] = q1.x; qw[r][5] = q1.y; qw[r][6] = q1.z; qw[r][7] = q1.w;
+                q4k_scales(h[r], j, d0[r], d1[r], mm0[r], mm1[r]);
+                qw[r][0] = q0[r].x; qw[r][1] = q0[r].y; qw[r][2] = q0[r].z; qw[r][3] = q0[r].w;
+                qw[r][4] = q1[r].x; qw[r][5] = q1[r].y; qw[r][6] = q1[r].z; qw[r][7] = q1[r].w;
             }
             /* token by token: x is loaded once per unit and used for the R rows */
 #pragma unroll
