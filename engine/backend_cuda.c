@@ -77,9 +77,11 @@ typedef struct cu_be {
     const be_batch *cur_bt;
     const int32_t *cur_ids;
     int in_step, n_dec;        /* inside fw's pass: its decode rows */
-    float *part;               /* attention partials: 2*n_sm rows of att_maxs spans */
+    float *part;               /* attention partials: att_rows rows of att_maxs spans */
     size_t part_cap;           /* floats */
     int att_maxs;              /* spans per (token, head) row of part */
+    int att_rows;              /* (token, head) rows of part: 2*n_sm, more for grouped decode batches */
+    int att_grp;               /* grouped attention's blocks per SM (ANE_CUDA_ATT_GRP, default 4; 0: off) */
     int invariant;             /* ANE_CUDA_INVARIANT=1: decode rows always by GEMV */
     int gemm_t_set;            /* ANE_CUDA_GEMM_T given */
     int cache16;               /* keep f16 copies of quantized weights (ANE_CUDA_F16_CACHE, default 1) */
@@ -420,16 +422,24 @@ static int scratch_regrow(cu_be *c, void **p, size_t bytes, const char *what)
     return ok(c, cudaMalloc(p, bytes), what) ? 0 : -1;
 }
 
-static int att_room(cu_be *c, int need)
+/* Room in part for `rows` (token, head) rows of `need` spans each. */
+static int att_room_rows(cu_be *c, int need, int rows)
 {
-    if (need <= c->att_maxs) return 0;
-    int m = c->att_maxs * 2 > need ? c->att_maxs * 2 : need;
-    size_t cap = (size_t)2 * c->n_sm * (size_t)m * (256 + 2);
-    c->part_cap = 0; c->att_maxs = 0;
+    if (need <= c->att_maxs && rows <= c->att_rows) return 0;
+    int m = need <= c->att_maxs ? c->att_maxs : c->att_maxs * 2 > need ? c->att_maxs * 2 : need;
+    int r = rows > c->att_rows ? rows : c->att_rows;
+    size_t cap = (size_t)r * (size_t)m * (256 + 2);
+    c->part_cap = 0; c->att_maxs = 0; c->att_rows = 0;
     if (scratch_regrow(c, (void **)&c->part, cap * 4, "attention partials")) return -1;
     c->part_cap = cap;
     c->att_maxs = m;
+    c->att_rows = r;
     return 0;
+}
+
+static int att_room(cu_be *c, int need)
+{
+    return att_room_rows(c, need, c->att_rows);
 }
 
 /* Blocks per (token, head): several for short batches (flash-decoding),
@@ -442,6 +452,27 @@ static int att_blocks(cu_be *c, int T, int ns, int n_head, int head_dim)
     int g = (want + work - 1) / work, gs = (ns + CK_ATT_WARPS - 1) / CK_ATT_WARPS;
     if (g > gs) g = gs;
     return g > c->att_maxs ? c->att_maxs : g < 1 ? 1 : g;
+}
+
+/* Grouped attention (ck_attention's grp) for a batch that k_attention
+ * takes a block per (token, head) with G == 1: blocks per (token, KV head)
+ * for about att_grp blocks per SM (ANE_CUDA_ATT_GRP; measured, 7b 32
+ * streams: 4 the best of 1, 2, 4, 8, and 1, all of a token's spans in one
+ * block, 13% slower than ungrouped). 0 (the ungrouped kernel, the same
+ * bits) when the heads do not group, or the partials would pass 64 MiB (a
+ * prompt's batch), or part cannot grow now (in a capture). */
+static int att_group(cu_be *c, int T, int ns, int n_head, int n_head_kv, int head_dim)
+{
+    if (!c->att_grp || T * n_head < 2 * c->n_sm || !ck_att_grp_ok(c->base.kv_elt == 2, n_head, n_head_kv, head_dim))
+        return 0;
+    int per = T * n_head_kv, g = c->att_grp * c->n_sm / per;
+    g = g > ns ? ns : g < 1 ? 1 : g;
+    int rows = T * n_head;
+    if (g > 1 && rows > c->att_rows) {
+        if ((size_t)rows * (size_t)c->att_maxs * (256 + 2) * 4 > ((size_t)64 << 20)) return 0;
+        if (c->capturing || att_room_rows(c, ns, rows)) return 0;
+    }
+    return g;
 }
 
 static int decode_shape(int T, const int32_t *out_idx, int n_out)
@@ -877,10 +908,11 @@ static void att_run(cu_be *c, const float *q, const void *kc, const void *vc, co
     use_batch(c, bt);
     int ns = att_spans(bt);
     int G = att_room(c, ns) ? 1 : att_blocks(c, bt->T, ns, n_head, head_dim);
+    int grp = G == 1 && !rp && c->att_maxs >= ns ? att_group(c, bt->T, ns, n_head, n_head_kv, head_dim) : 0;
     void *xq = head_dim % 32 == 0 ? quant_ahead(c, out, bt->T, n_head * head_dim) : (tag_clear(c), NULL);
     void *x16 = f16_ahead(c, out, bt->T, n_head * head_dim);
     ck_attention(c->st, q, kc, vc, c->base.kv_elt == 2, d_pos(c), d_off(c), d_pages(c), bt->T, n_head, n_head_kv,
-                 head_dim, out, c->part, G, c->att_maxs, xq, x16, c->n_sm, rp);
+                 head_dim, out, c->part, G, c->att_maxs, xq, x16, c->n_sm, rp, grp);
 }
 
 static void cu_attention(be *b, const float *q, const void *kc, const void *vc, const be_batch *bt, int n_head,
@@ -1075,7 +1107,8 @@ int be_cuda_open(be **out, struct pool *p, int kv_f16, char *err, size_t errlen)
     if (cudaMalloc(&c->blas_ws, ws) != cudaSuccess) goto fail;
     if (cublasSetWorkspace(c->blas, c->blas_ws, ws) != CUBLAS_STATUS_SUCCESS) goto fail;
     c->att_maxs = 32;
-    c->part_cap = (size_t)2 * c->n_sm * (size_t)c->att_maxs * (256 + 2);
+    c->att_rows = 2 * c->n_sm;
+    c->part_cap = (size_t)c->att_rows * (size_t)c->att_maxs * (256 + 2);
     if (cudaMalloc((void **)&c->part, c->part_cap * 4) != cudaSuccess) goto fail;
     if (cudaMalloc((void **)&c->d_ids_out, ARGMAX_ROWS * 4) != cudaSuccess) goto fail;
     if (cudaMalloc(&c->d_amax, CK_ARGMAX_PART) != cudaSuccess) goto fail;
@@ -1094,6 +1127,9 @@ int be_cuda_open(be **out, struct pool *p, int kv_f16, char *err, size_t errlen)
     c->rope_att = ra && *ra ? atoi(ra) : 1;
     const char *gl = getenv("ANE_CUDA_GLU");
     c->glu = !(gl && *gl && atoi(gl) == 0);
+    const char *ag = getenv("ANE_CUDA_ATT_GRP");
+    c->att_grp = ag && *ag ? atoi(ag) : 4;
+    if (c->att_grp < 0) c->att_grp = 0;
     const char *mb = getenv("ANE_CUDA_MMQB");
     c->mmqb = !(mb && *mb && atoi(mb) == 0);
     what = "device memory";

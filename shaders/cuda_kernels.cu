@@ -1423,21 +1423,29 @@ __global__ void __launch_bounds__(MB_WARPS * 32, 2)
     const int nch = n / MH_CH, n_out = M.n_out;
     const int c0 = split * M.per, c1 = min(c0 + M.per, nch);
     const int ra = warp * 16 + g;
-    /* what this thread copies per chunk: row tid / 2's 16-byte pieces 0..4
-     * (even tid) or 5..8 (odd); x pieces 4 (tid % 8) .. +3 of token tid / 8 */
-    const int wr = tid >> 1, wk0 = (tid & 1) * 5, wkn = (tid & 1) ? 4 : 5;
-    const uint8_t *wsrc = M.W + (size_t)min(tile * MB_ROWS + wr, n_out - 1) * rb + 16 * wk0;
-    const int xt = tid >> 3, xk = (tid & 7) * 32;   /* (halves) */
-    const bool xon = xt < J * 8, xv = xt < T;
-    const __half *xsrc = x16 + (size_t)(xv ? xt : 0) * n + xk;
-
+    /* The copies of a chunk: piece p = tid + NT k of the weights is row p /
+     * 9's 16-byte piece p % 9, of x token p / 32's piece p % 32, so a warp
+     * reads whole rows' runs (measured: the gate+up of a 7b at 19% less
+     * time than with a row's pieces split over two threads) */
+    constexpr int NT = MB_WARPS * 32, WP = (MB_ROWS * 9 + NT - 1) / NT, XP = (J * 8 * 32 + NT - 1) / NT;
+    const uint8_t *wsrc[WP];
+    int woff[WP];
+#pragma unroll
+    for (int k = 0; k < WP; k++) {
+        int p = min(tid + NT * k, MB_ROWS * 9 - 1), r = p / 9, pc = p - r * 9;
+        wsrc[k] = M.W + (size_t)min(tile * MB_ROWS + r, n_out - 1) * rb + 16 * pc;
+        woff[k] = r * MH_WB + 16 * pc;
+    }
     auto load = [&](int c, int st) {
 #pragma unroll
-        for (int k = 0; k < 5; k++)
-            if (k < wkn) cp_async16(&sm.w[st][wr][16 * (wk0 + k)], wsrc + (size_t)c * 144 + 16 * k, 16);
-        if (xon) {
+        for (int k = 0; k < WP; k++)
+            if (tid + NT * k < MB_ROWS * 9) cp_async16(&sm.w[st][0][0] + woff[k], wsrc[k] + (size_t)c * 144, 16);
 #pragma unroll
-            for (int k = 0; k < 4; k++) cp_async16(&sm.x[st][xt][xk + 8 * k], xsrc + (size_t)c * MH_CH + 8 * k, xv ? 16 : 0);
+        for (int k = 0; k < XP; k++) {
+            int p = tid + NT * k, xt = p >> 5, xk = (p & 31) * 8;
+            bool xv = xt < T;
+            if (p < J * 8 * 32)
+                cp_async16(&sm.x[st][xt][xk], x16 + (size_t)(xv ? xt : 0) * n + (size_t)c * MH_CH + xk, xv ? 16 : 0);
         }
     };
 
@@ -1861,15 +1869,22 @@ __global__ void k_rope_kv(float *q, float *k, const float *v, void *kc, void *vc
 #define ATT_WARPS CK_ATT_WARPS
 #define ATT_DPT 2     /* dims per thread in the merges: head_dim <= 256 */
 
-__device__ __forceinline__ void att_merge_step(float &M, float &L, float (&A)[ATT_DPT], float m, float l,
-                                               const float (&a)[ATT_DPT])
+/* the online merge of a span's (m, l, a) into (M, L, A), N dims per thread */
+template <int N>
+__device__ __forceinline__ void att_merge_n(float &M, float &L, float (&A)[N], float m, float l, const float (&a)[N])
 {
     if (!(m > -INFINITY)) return;
     float mn = fmaxf(M, m), fo = expf(M - mn), fs = expf(m - mn);
     L = __fmaf_rn(l, fs, __fmul_rn(L, fo));
 #pragma unroll
-    for (int i = 0; i < ATT_DPT; i++) A[i] = __fmaf_rn(a[i], fs, __fmul_rn(A[i], fo));
+    for (int i = 0; i < N; i++) A[i] = __fmaf_rn(a[i], fs, __fmul_rn(A[i], fo));
     M = mn;
+}
+
+__device__ __forceinline__ void att_merge_step(float &M, float &L, float (&A)[ATT_DPT], float m, float l,
+                                               const float (&a)[ATT_DPT])
+{
+    att_merge_n<ATT_DPT>(M, L, A, m, l, a);
 }
 
 /* ND consecutive cache values from element i, of which the first nv are
@@ -1971,17 +1986,18 @@ __device__ __forceinline__ void att_rs(float (&ps)[32], int lane)
  * sp ([32][33] floats of shared memory) and summed by lane j in the
  * butterfly's order: a single-token decode runs this once per SM and
  * launch, so its time is the code's fetch as much as its execution. */
+/* att_span on rows rowA.. (positions 0..15) and rowB.. (16..31) of caches
+ * with rows of kvd values, the head's from kvo: the cache pages, or a
+ * block's copy of the span in shared memory (the same values). */
 template <int ND, int F16, int ROLL>
-__device__ __forceinline__ void att_span(const float *qs, const void *kc, const void *vc, const int32_t *off,
-                                         const int32_t *pages, int t, size_t kvo, int kvd, int hd, float scale,
-                                         int p0, int p1, float (*sp)[33], float &m, float &l, float (&a)[ND])
+__device__ __forceinline__ void att_span_at(const float *qs, const void *kc, const void *vc, size_t rowA,
+                                            size_t rowB, size_t kvo, int kvd, int hd, float scale, int np,
+                                            float (*sp)[33], float &m, float &l, float (&a)[ND])
 {
-    int lane = threadIdx.x & 31, np = p1 - p0, d0 = ND * lane;
+    int lane = threadIdx.x & 31, d0 = ND * lane;
     bool dl = d0 < hd;
     int nv = min(ND, hd - d0);   /* dims of this lane below hd */
     bool vec = hd % ND == 0;
-    size_t rowA = (size_t)pages[off[t] + p0 / 16] * 16;
-    size_t rowB = np > 16 ? (size_t)pages[off[t] + p0 / 16 + 1] * 16 : rowA;
     float qv[ND];
 #pragma unroll
     for (int k = 0; k < ND; k++) qv[k] = dl && k < nv ? qs[d0 + k] : 0.f;
@@ -2044,6 +2060,17 @@ __device__ __forceinline__ void att_span(const float *qs, const void *kc, const 
     }
     m = mx;
     l = sum;
+}
+
+template <int ND, int F16, int ROLL>
+__device__ __forceinline__ void att_span(const float *qs, const void *kc, const void *vc, const int32_t *off,
+                                         const int32_t *pages, int t, size_t kvo, int kvd, int hd, float scale,
+                                         int p0, int p1, float (*sp)[33], float &m, float &l, float (&a)[ND])
+{
+    int np = p1 - p0;
+    size_t rowA = (size_t)pages[off[t] + p0 / 16] * 16;
+    size_t rowB = np > 16 ? (size_t)pages[off[t] + p0 / 16 + 1] * 16 : rowA;
+    att_span_at<ND, F16, ROLL>(qs, kc, vc, rowA, rowB, kvo, kvd, hd, scale, np, sp, m, l, a);
 }
 
 /* The rope of a decode batch done by k_attention (tab NULL: none): k, v
@@ -2185,6 +2212,93 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const float *q, co
 #pragma unroll
         for (int k = 0; k < ND; k++)
             if (ND * lane + k < hd) pp[2 + ND * lane + k] = a[k];
+    }
+}
+
+/* Decode batches by KV head: block (token * n_head_kv + KV head, y) of G,
+ * warp w the group's q head w. The block copies each span's K and V rows
+ * (this KV head's share) into shared memory by cp.async, the next span's
+ * while the warps compute this one, and every head of the group reads
+ * them there: a row leaves L2 once per group (k_attention's blocks of one
+ * token and head read the rows of a 32-stream 7b step 7 times over), and
+ * the loads' latency is hidden (k_attention's warps wait on theirs, span
+ * by span). Each warp computes a span with att_span's arithmetic on the
+ * copied values. G == 1 or a one-span token: the spans merged in order
+ * from the empty state, as k_attention's rounds do, and written to out;
+ * else spans y, y + G, ... to part, merged in order by k_att_merge. So
+ * every (token, head) has k_attention's bits. Shared memory: two stages of
+ * K and V, 32 rows of hd values each (hd * elt <= 512 bytes). */
+template <int ND, int F16>
+__global__ void __launch_bounds__(256) k_att_grp(const float *q, const void *kc, const void *vc, const int32_t *pos,
+                                                 const int32_t *off, const int32_t *pages, int n_head,
+                                                 int n_head_kv, int hd, float *out, float *part, int G, int maxs,
+                                                 xq_lay qx)
+{
+    const int t = blockIdx.x / n_head_kv, kvh = blockIdx.x % n_head_kv, y = blockIdx.y;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int th = t * n_head + kvh * (n_head / n_head_kv) + warp, kvd = n_head_kv * hd;
+    const int len = pos[t] + 1, ns = (len + CK_ATT_SPAN - 1) / CK_ATT_SPAN;
+    const bool direct = G == 1 || ns == 1;
+    if (direct && y != 0) return;
+    pdl_begin();
+    constexpr int EB = F16 ? 2 : 4;
+    extern __shared__ __align__(16) unsigned char ag_raw[];
+    const int rowb = hd * EB, pr = rowb / 16;   /* bytes and 16-byte pieces of a row's head share */
+    auto stage = [&](int b, int v) { return ag_raw + (size_t)(2 * b + v) * 32 * rowb; };
+    __shared__ float qs[8][ND * 32];
+    const float *qt = q + (size_t)th * hd;
+    for (int d = lane; d < hd; d += 32) {
+        float v = qt[d];
+        qs[warp][d] = F16 ? __half2float(__float2half_rn(v)) : v;
+    }
+    const int s0 = direct ? 0 : y, ds = direct ? 1 : G;
+    /* span s's rows (zeros past the token's length) into stage b */
+    auto load = [&](int s, int b) {
+        const int p0 = s * CK_ATT_SPAN, np = min(len - p0, CK_ATT_SPAN);
+        for (int e = threadIdx.x; e < 2 * 32 * pr; e += blockDim.x) {
+            int v = e / (32 * pr), j = (e / pr) % 32, pc = e % pr;
+            const char *src = (const char *)(v ? vc : kc);
+            size_t r = kv_slot(off, pages, t, p0 + (j < np ? j : 0));
+            cp_async16(stage(b, v) + (size_t)j * rowb + 16 * pc, src + (r * kvd + (size_t)kvh * hd) * EB + 16 * pc,
+                       j < np ? 16 : 0);
+        }
+    };
+    const float scale = 1.0f / sqrtf((float)hd);
+    float M = -INFINITY, L = 0.f, A[ND], m, l, a[ND];
+#pragma unroll
+    for (int k = 0; k < ND; k++) A[k] = 0.f;
+    load(s0, 0);
+    cp_commit();
+    for (int s = s0, i = 0; s < ns; s += ds, i++) {
+        if (s + ds < ns) load(s + ds, (i + 1) & 1);
+        cp_commit();
+        cp_wait<1>();      /* span s is in ... */
+        __syncthreads();   /* ... for every thread */
+        const int p0 = s * CK_ATT_SPAN, np = min(len - p0, CK_ATT_SPAN);
+        att_span_at<ND, F16, 0>(qs[warp], stage(i & 1, 0), stage(i & 1, 1), 0, 16, 0, hd, hd, scale, np, NULL, m, l, a);
+        if (direct) {
+            att_merge_n<ND>(M, L, A, m, l, a);
+        } else {
+            float *pp = part + ((size_t)th * maxs + s) * (hd + 2);
+            if (lane == 0) { pp[0] = m; pp[1] = l; }
+#pragma unroll
+            for (int k = 0; k < ND; k++)
+                if (ND * lane + k < hd) pp[2 + ND * lane + k] = a[k];
+        }
+        __syncthreads();   /* stage i & 1 is free for span s + 2 ds */
+    }
+    cp_wait<0>();
+    if (!direct) return;
+    float *ob = qs[warp];   /* (q is done with) */
+#pragma unroll
+    for (int k = 0; k < ND; k++)
+        if (ND * lane + k < hd) ob[ND * lane + k] = A[k] / L;
+    __syncwarp();
+    for (int d = lane; d < hd; d += 32) {   /* (whole warps: hd % 32 == 0 when quantizing) */
+        float o = ob[d];
+        out[(size_t)th * hd + d] = o;
+        if (qx.q) quant_block(o, lane, ((size_t)th * hd + d) >> 5, qx);
+        if (qx.h) qx.h[(size_t)th * hd + d] = f2h_sat(o);
     }
 }
 
@@ -2468,7 +2582,19 @@ static void mmq(cudaStream_t st, const gv_set &S, size_t rb, int n, const int8_t
     else mmq_k<8, Q4K>(st, S, rb, n, xq, xd, xs, T, tp);
 }
 
-/* The K split of each matrix for k_mmqh: enough CTAs for ~3 per SM, whole
+/* CTAs per SM that k_mmqh's K split aims at: 2 (measured, 7b gate+up: 2
+ * CTAs per SM 7% faster than 3); ANE_CUDA_MMQB_CTAS for comparison */
+static int mmqh_ctas(void)
+{
+    static int v = 0;
+    if (!v) {
+        const char *e = getenv("ANE_CUDA_MMQB_CTAS");
+        v = e && atoi(e) > 0 ? atoi(e) : 2;
+    }
+    return v;
+}
+
+/* The K split of each matrix for k_mmqh: enough CTAs for ~2 per SM, whole
  * chunks per split; a function of the matrix's shape only (so one matrix
  * alone and in a set give the same bits). Without room for the partials
  * (or the counters), no split. */
@@ -2489,7 +2615,7 @@ static void mmqh_k(cudaStream_t st, gv_set S, size_t rb, int n, const __half *x1
         for (int i = 0; i < S.nm; i++) {
             int tiles = (int)nblk(S.m[i].n_out, MB_ROWS), sp = 1, per = nch;
             if (pass == 0) {
-                int want = (3 * n_sm + tiles - 1) / tiles;
+                int want = (mmqh_ctas() * n_sm + tiles - 1) / tiles;
                 want = want < 1 ? 1 : want > nch ? nch : want;
                 per = (nch + want - 1) / want;
                 sp = (nch + per - 1) / per;
@@ -2778,11 +2904,52 @@ void ck_rope_kv(cudaStream_t st, float *q, float *k, const float *v, void *kc, v
        bq, bk, bv, (float2 *)tab, tab ? tab_mode : 0);
 }
 
+int ck_att_grp_ok(int f16, int n_head, int n_head_kv, int hd)
+{
+    if (n_head_kv < 1 || n_head % n_head_kv || n_head / n_head_kv < 2 || n_head / n_head_kv > 8) return 0;
+    if (hd > 256 || hd * (f16 ? 2 : 4) > 512 || (hd * (f16 ? 2 : 4)) % 16) return 0;
+    static bool attr = false;   /* (64 KiB of dynamic shared memory at most, once) */
+    if (!attr) {
+        int b = 64 << 10;
+        cudaFuncSetAttribute(k_att_grp<1, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, b);
+        cudaFuncSetAttribute(k_att_grp<2, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, b);
+        cudaFuncSetAttribute(k_att_grp<4, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, b);
+        cudaFuncSetAttribute(k_att_grp<8, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, b);
+        cudaFuncSetAttribute(k_att_grp<1, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, b);
+        cudaFuncSetAttribute(k_att_grp<2, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, b);
+        cudaFuncSetAttribute(k_att_grp<4, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, b);
+        cudaFuncSetAttribute(k_att_grp<8, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, b);
+        attr = true;
+    }
+    return 1;
+}
+
 void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *vc, int f16, const int32_t *pos,
                   const int32_t *off, const int32_t *pages, int T, int n_head, int n_head_kv, int hd, float *out,
-                  float *part, int G, int maxs, void *xq, void *x16, int n_sm, const ck_rope_in *rp)
+                  float *part, int G, int maxs, void *xq, void *x16, int n_sm, const ck_rope_in *rp, int grp)
 {
     if (G < 1 || maxs < 1) G = 1;
+    int nd = (hd + 31) / 32;
+    if (grp > 0 && !rp && ck_att_grp_ok(f16, n_head, n_head_kv, hd)) {
+        xq_lay L = xq_out(hd % 32 == 0 ? xq : NULL, x16, T, n_head * hd);
+        dim3 g(T * n_head_kv, grp);
+        int bs = n_head / n_head_kv * 32;
+        size_t sm = (size_t)4 * 32 * hd * (f16 ? 2 : 4);
+#define L_GRP(ND)                                                                                              \
+    do {                                                                                                       \
+        if (f16) lk(k_att_grp<ND, 1>, g, bs, sm, st, q, kc, vc, pos, off, pages, n_head, n_head_kv, hd, out,   \
+                    part, grp, maxs, L);                                                                       \
+        else lk(k_att_grp<ND, 0>, g, bs, sm, st, q, kc, vc, pos, off, pages, n_head, n_head_kv, hd, out, part, \
+                grp, maxs, L);                                                                                 \
+    } while (0)
+        if (nd <= 1) L_GRP(1);
+        else if (nd <= 2) L_GRP(2);
+        else if (nd <= 4) L_GRP(4);
+        else L_GRP(8);
+#undef L_GRP
+        if (grp > 1) lk(k_att_merge, T * n_head, 128, 0, st, part, pos, n_head, hd, maxs, out, L);
+        return;
+    }
     att_rope R;
     memset(&R, 0, sizeof R);
     if (rp) {
@@ -2791,7 +2958,6 @@ void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *v
     }
     xq_lay L = xq_out(hd % 32 == 0 ? xq : NULL, x16, T, n_head * hd);
     dim3 g(T * n_head, G);
-    int nd = (hd + 31) / 32;
     /* rolled span loops for launches of fewer blocks than SMs (ANE_CUDA_ATT_ROLL=0/1 forces) */
     static int rv = -2;
     if (rv == -2) {

@@ -120,7 +120,10 @@ void ck_rope_kv(cudaStream_t st, float *q, float *k, const float *v, void *kc, v
  * CK_ATT_WARPS warps, a span per warp (flash-decoding): `part` then holds
  * T*n_head*maxs*(head_dim+2) floats, and maxs must be at least the spans
  * of the longest token. head_dim <= 256. n_sm: the device's SM count
- * (launches of fewer blocks take the kernel's rolled form). */
+ * (launches of fewer blocks take the kernel's rolled form). grp > 0 (no
+ * rp; ck_att_grp_ok): a block per (token, KV head) and each of grp parts
+ * of its spans, a warp per q head, the K and V rows read once per group
+ * (grp > 1: every span's partial to `part` as with G > 1): the same bits. */
 #define CK_ATT_SPAN 32
 #define CK_ATT_WARPS 4
 /* rp (or NULL): a batch of decode tokens (one per sequence) whose
@@ -132,10 +135,13 @@ typedef struct ck_rope_in {
     const void *tab;   /* the pass's angles, written by its first ck_rope_kv */
     int n_rot, neox;
 } ck_rope_in;
+/* whether ck_attention can group these heads (2..8 q heads per KV head,
+ * a head's cache row of at most 512 bytes, in 16-byte pieces) */
+int ck_att_grp_ok(int f16, int n_head, int n_head_kv, int hd);
 void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *vc, int f16,
                   const int32_t *pos, const int32_t *off, const int32_t *pages, int T, int n_head,
                   int n_head_kv, int head_dim, float *out, float *part, int G, int maxs, void *xq, void *x16,
-                  int n_sm, const ck_rope_in *rp);
+                  int n_sm, const ck_rope_in *rp, int grp);
 /* ids[r] = argmax of row r of x [rows][n] (first of equals). part (or
  * NULL): a scratch of CK_ARGMAX_PART bytes, with which fewer than 64 rows
  * are each split over several blocks. */

@@ -891,6 +891,107 @@ static void attn_case(be *gb, be *cb, int n_head, int n_head_kv, int hd)
     free(ckc); free(cvc);
 }
 
+/* A decode batch of many sequences (one token each, contexts of 1 to 700
+ * positions): the grouped kernel (a block per token and KV head; gb's
+ * spans split over blocks, gd's all in one block) against the CPU, bit for
+ * bit against the ungrouped kernel (gn: ANE_CUDA_ATT_GRP=0) and against
+ * each token alone (split over blocks). */
+static void attn_group_case(be *gb, be *gd, be *gn, be *cb, int n_head, int n_head_kv, int hd)
+{
+    enum { NS = 40, MAXP = 48 };
+    int n_pages = NS * MAXP, kvd = n_head_kv * hd;
+    size_t elt = gb->kv_elt, cache = (size_t)n_pages * KV_PAGE * kvd * elt;
+    int32_t perm[NS * MAXP];
+    for (int i = 0; i < n_pages; i++) perm[i] = i;
+    for (int i = n_pages - 1; i > 0; i--) { int j = (int)(rnd() % (uint32_t)(i + 1)); int32_t t = perm[i]; perm[i] = perm[j]; perm[j] = t; }
+    void *ckc = calloc(1, cache), *cvc = calloc(1, cache);
+    void *gkc = gb->ops->alloc(gb, cache), *gvc = gb->ops->alloc(gb, cache);
+    int32_t pos[NS], slot[NS];
+    const int32_t *pages[NS];
+    for (int s = 0; s < NS; s++) {
+        pos[s] = s % 5 == 0 ? (int)(rnd() % 32) : (int)(rnd() % 700);   /* one-span tokens among them */
+        pages[s] = perm + s * MAXP;
+        slot[s] = s;
+    }
+    /* the positions before each token: the same keys and values on both sides */
+    for (int s = 0; s < NS; s++) {
+        int n = pos[s];
+        if (n == 0) continue;
+        int32_t *fp = malloc((size_t)n * 4), *fs = malloc((size_t)n * 4);
+        const int32_t **fpg = malloc((size_t)n * sizeof *fpg);
+        for (int i = 0; i < n; i++) { fp[i] = i; fpg[i] = pages[s]; fs[i] = s; }
+        be_batch fb = { .T = n, .pos = fp, .pages = fpg, .slot = fs };
+        float *fk = malloc((size_t)n * kvd * 4), *fv = malloc((size_t)n * kvd * 4);
+        for (size_t i = 0; i < (size_t)n * kvd; i++) { fk[i] = frand(); fv[i] = frand(); }
+        float *dk = dev_from(gb, fk, (size_t)n * kvd), *dv = dev_from(gb, fv, (size_t)n * kvd);
+        cb->ops->kv_store(cb, ckc, cvc, &fb, kvd, fk, fv);
+        gb->ops->kv_store(gb, gkc, gvc, &fb, kvd, dk, dv);
+        gb->ops->sync(gb);
+        gb->ops->free(gb, dk); gb->ops->free(gb, dv);
+        free(fk); free(fv); free(fp); free(fs); free(fpg);
+    }
+    be_batch bt = { .T = NS, .pos = pos, .pages = pages, .slot = slot };
+    size_t row = (size_t)n_head * hd, nq = NS * row, nk = (size_t)NS * kvd;
+    float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4), *a = malloc(nq * 4);
+    float *g = malloc(nq * 4), *h = malloc(nq * 4), *g1 = malloc(row * 4);
+    for (size_t i = 0; i < nq; i++) q[i] = frand();
+    for (size_t i = 0; i < nk; i++) { k[i] = frand(); v[i] = frand(); }
+    float *dq = dev_from(gb, q, nq), *dk = dev_from(gb, k, nk), *dv = dev_from(gb, v, nk);
+    float *dout = gb->ops->alloc(gb, nq * 4), *dn = gn->ops->alloc(gn, nq * 4);
+    cb->ops->kv_store(cb, ckc, cvc, &bt, kvd, k, v);
+    cb->ops->attention(cb, q, ckc, cvc, &bt, n_head, n_head_kv, hd, a);
+    gb->ops->kv_store(gb, gkc, gvc, &bt, kvd, dk, dv);
+    gb->ops->attention(gb, dq, gkc, gvc, &bt, n_head, n_head_kv, hd, dout);
+    gb->ops->to_host(gb, g, dout, nq * 4);
+    gb->ops->sync(gb);
+    const char *kv = elt == 2 ? "16" : "32";
+    double e = rel_err_f(g, a, nq);
+    CHECKF(e < 1e-4, "grouped attention kv%s heads %d/%d hd %d: rel err %.3g", kv, n_head, n_head_kv, hd, e);
+    for (int o = 0; o < 2; o++) {
+        be *ob = o ? gd : gn;
+        ob->ops->attention(ob, dq, gkc, gvc, &bt, n_head, n_head_kv, hd, dn);
+        ob->ops->to_host(ob, h, dn, nq * 4);
+        ob->ops->sync(ob);
+        CHECKF(!memcmp(g, h, nq * 4), "grouped attention kv%s heads %d/%d hd %d: differs from the %s kernel", kv,
+               n_head, n_head_kv, hd, o ? "one-block grouped" : "ungrouped");
+    }
+    for (int t = 0; t < NS; t++) {
+        be_batch one = { .T = 1, .pos = pos + t, .pages = pages + t, .slot = slot + t };
+        float *dq1 = dev_from(gb, q + t * row, row), *do1 = gb->ops->alloc(gb, row * 4);
+        gb->ops->attention(gb, dq1, gkc, gvc, &one, n_head, n_head_kv, hd, do1);
+        gb->ops->to_host(gb, g1, do1, row * 4);
+        gb->ops->sync(gb);
+        CHECKF(!memcmp(g1, g + t * row, row * 4), "grouped attention kv%s heads %d/%d: token %d (pos %d) alone "
+               "differs from the batch of %d", kv, n_head, n_head_kv, t, pos[t], NS);
+        gb->ops->free(gb, dq1); gb->ops->free(gb, do1);
+    }
+    gb->ops->free(gb, dq); gb->ops->free(gb, dk); gb->ops->free(gb, dv); gb->ops->free(gb, dout);
+    gn->ops->free(gn, dn);
+    gb->ops->free(gb, gkc); gb->ops->free(gb, gvc);
+    free(q); free(k); free(v); free(a); free(g); free(h); free(g1); free(ckc); free(cvc);
+}
+
+static void test_att_group(void)
+{
+    char err[256];
+    be *gn = NULL, *gn32 = NULL, *gd = NULL, *gd32 = NULL;
+    setenv("ANE_CUDA_ATT_GRP", "0", 1);
+    int bad = be_open(&gn, "cuda", pl, 1, err, sizeof err) || be_open(&gn32, "cuda", pl, 0, err, sizeof err);
+    setenv("ANE_CUDA_ATT_GRP", "1", 1);
+    bad = bad || be_open(&gd, "cuda", pl, 1, err, sizeof err) || be_open(&gd32, "cuda", pl, 0, err, sizeof err);
+    unsetenv("ANE_CUDA_ATT_GRP");
+    CHECKF(!bad, "%s", err);
+    if (!bad) {
+        attn_group_case(gpu, gd, gn, cpu, 14, 2, 64);
+        attn_group_case(gpu, gd, gn, cpu, 28, 4, 128);
+        attn_group_case(gpu, gd, gn, cpu, 8, 2, 48);
+        attn_group_case(gpu32, gd32, gn32, cpu32, 28, 4, 128);
+    }
+    be *all[4] = { gn, gn32, gd, gd32 };
+    for (int i = 0; i < 4; i++)
+        if (all[i]) all[i]->ops->close(all[i]);
+}
+
 /* Batch invariance of matmul: a row's result has the same bits whatever the
  * batch size and its place in the batch: the GEMV of every type at every
  * tile size (gpuv: a backend whose GEMV takes every batch), and the int8
@@ -1228,6 +1329,7 @@ int main(void)
     RUN(test_fused_quant);
     RUN(test_glu);
     RUN(test_attention);
+    RUN(test_att_group);
     RUN(test_argmax);
     RUN(test_ssm_elementwise);
     RUN(test_conv1d);
