@@ -2070,7 +2070,14 @@ __device__ __forceinline__ void att_span(const float *qs, const void *kc, const 
     int np = p1 - p0;
     size_t rowA = (size_t)pages[off[t] + p0 / 16] * 16;
     size_t rowB = np > 16 ? (size_t)pages[off[t] + p0 / 16 + 1] * 16 : rowA;
-    att_span_at<ND, F16, ROLL>(qs, kc, vc, rowA, rowB, kvo, kvd, hd, scale, np, sp, m, l, a);
+    /* (head_dim 32 ND and a whole span, the common case: the same code
+     * with the lane's dims and the rows' bounds constant; not in the
+     * rolled form, whose launches are few blocks and fetch its code once
+     * per SM) */
+    if (!ROLL && hd == 32 * ND && np == CK_ATT_SPAN)
+        att_span_at<ND, F16, ROLL>(qs, kc, vc, rowA, rowB, kvo, kvd, 32 * ND, scale, CK_ATT_SPAN, sp, m, l, a);
+    else
+        att_span_at<ND, F16, ROLL>(qs, kc, vc, rowA, rowB, kvo, kvd, hd, scale, np, sp, m, l, a);
 }
 
 /* The rope of a decode batch done by k_attention (tab NULL: none): k, v
