@@ -782,6 +782,26 @@ done:
     if (bn) bn->ops->close(bn);
 }
 
+/* The same random K and V rows at positions from .. from+n-1 of sequence
+ * `slot` (page table pg) in the GPU caches and the CPU's */
+static void kv_fill(be *gb, void *gkc, void *gvc, be *cb, void *ckc, void *cvc, int kvd, const int32_t *pg,
+                    int slot, int from, int n)
+{
+    if (n <= 0) return;
+    int32_t *fp = malloc((size_t)n * 4), *fs = malloc((size_t)n * 4);
+    const int32_t **fpg = malloc((size_t)n * sizeof *fpg);
+    for (int i = 0; i < n; i++) { fp[i] = from + i; fpg[i] = pg; fs[i] = slot; }
+    be_batch fb = { .T = n, .pos = fp, .pages = fpg, .slot = fs };
+    float *fk = malloc((size_t)n * kvd * 4), *fv = malloc((size_t)n * kvd * 4);
+    for (size_t i = 0; i < (size_t)n * kvd; i++) { fk[i] = frand(); fv[i] = frand(); }
+    float *dk = dev_from(gb, fk, (size_t)n * kvd), *dv = dev_from(gb, fv, (size_t)n * kvd);
+    cb->ops->kv_store(cb, ckc, cvc, &fb, kvd, fk, fv);
+    gb->ops->kv_store(gb, gkc, gvc, &fb, kvd, dk, dv);
+    gb->ops->sync(gb);
+    gb->ops->free(gb, dk); gb->ops->free(gb, dv);
+    free(fk); free(fv); free(fp); free(fs); free(fpg);
+}
+
 /* Three sequences with scrambled page tables: a prefill batch of all their
  * tokens, then decode steps at longer contexts (split attention). */
 static void attn_case(be *gb, be *cb, int n_head, int n_head_kv, int hd)
@@ -825,20 +845,7 @@ static void attn_case(be *gb, be *cb, int n_head, int n_head_kv, int hd)
             /* fill the positions skipped since the last step with the same keys on both sides */
             for (int s = 0; s < NS; s++) {
                 int from = step == 1 ? lens[s] : lens[s] + 200 * (step - 1), to = lens[s] + 200 * step - 1;
-                int n = to - from;
-                if (n <= 0) continue;
-                int32_t fp[400], fs[400];
-                const int32_t *fpg[400];
-                for (int i = 0; i < n; i++) { fp[i] = from + i; fpg[i] = tbl[s]; fs[i] = s; }
-                be_batch fb = { .T = n, .pos = fp, .pages = fpg, .slot = fs };
-                float *fk = malloc((size_t)n * kvd * 4), *fv = malloc((size_t)n * kvd * 4);
-                for (size_t i = 0; i < (size_t)n * kvd; i++) { fk[i] = frand(); fv[i] = frand(); }
-                float *dk = dev_from(gb, fk, (size_t)n * kvd), *dv = dev_from(gb, fv, (size_t)n * kvd);
-                cb->ops->kv_store(cb, ckc, cvc, &fb, kvd, fk, fv);
-                gb->ops->kv_store(gb, gkc, gvc, &fb, kvd, dk, dv);
-                gb->ops->sync(gb);
-                gb->ops->free(gb, dk); gb->ops->free(gb, dv);
-                free(fk); free(fv);
+                kv_fill(gb, gkc, gvc, cb, ckc, cvc, kvd, tbl[s], s, from, to - from);
             }
         }
         float *dq = dev_from(gb, q, nq), *dk = dev_from(gb, k, nk), *dv = dev_from(gb, v, nk);
@@ -914,22 +921,7 @@ static void attn_group_case(be *gb, be *gd, be *gn, be *cb, int n_head, int n_he
         slot[s] = s;
     }
     /* the positions before each token: the same keys and values on both sides */
-    for (int s = 0; s < NS; s++) {
-        int n = pos[s];
-        if (n == 0) continue;
-        int32_t *fp = malloc((size_t)n * 4), *fs = malloc((size_t)n * 4);
-        const int32_t **fpg = malloc((size_t)n * sizeof *fpg);
-        for (int i = 0; i < n; i++) { fp[i] = i; fpg[i] = pages[s]; fs[i] = s; }
-        be_batch fb = { .T = n, .pos = fp, .pages = fpg, .slot = fs };
-        float *fk = malloc((size_t)n * kvd * 4), *fv = malloc((size_t)n * kvd * 4);
-        for (size_t i = 0; i < (size_t)n * kvd; i++) { fk[i] = frand(); fv[i] = frand(); }
-        float *dk = dev_from(gb, fk, (size_t)n * kvd), *dv = dev_from(gb, fv, (size_t)n * kvd);
-        cb->ops->kv_store(cb, ckc, cvc, &fb, kvd, fk, fv);
-        gb->ops->kv_store(gb, gkc, gvc, &fb, kvd, dk, dv);
-        gb->ops->sync(gb);
-        gb->ops->free(gb, dk); gb->ops->free(gb, dv);
-        free(fk); free(fv); free(fp); free(fs); free(fpg);
-    }
+    for (int s = 0; s < NS; s++) kv_fill(gb, gkc, gvc, cb, ckc, cvc, kvd, pages[s], s, 0, pos[s]);
     be_batch bt = { .T = NS, .pos = pos, .pages = pages, .slot = slot };
     size_t row = (size_t)n_head * hd, nq = NS * row, nk = (size_t)NS * kvd;
     float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4), *a = malloc(nq * 4);
