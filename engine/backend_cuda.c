@@ -422,12 +422,16 @@ static int scratch_regrow(cu_be *c, void **p, size_t bytes, const char *what)
     return ok(c, cudaMalloc(p, bytes), what) ? 0 : -1;
 }
 
-/* Room in part for `rows` (token, head) rows of `need` spans each. */
+#define ATT_GRP_PART ((size_t)64 << 20)   /* the most partials kept for grouped attention's rows */
+
+/* Room in part for `rows` (token, head) rows of `need` spans each. The
+ * rows a grouped batch added are kept while they fit ATT_GRP_PART. */
 static int att_room_rows(cu_be *c, int need, int rows)
 {
     if (need <= c->att_maxs && rows <= c->att_rows) return 0;
     int m = need <= c->att_maxs ? c->att_maxs : c->att_maxs * 2 > need ? c->att_maxs * 2 : need;
     int r = rows > c->att_rows ? rows : c->att_rows;
+    if ((size_t)r * (size_t)m * (256 + 2) * 4 > ATT_GRP_PART) r = rows > 2 * c->n_sm ? rows : 2 * c->n_sm;
     size_t cap = (size_t)r * (size_t)m * (256 + 2);
     c->part_cap = 0; c->att_maxs = 0; c->att_rows = 0;
     if (scratch_regrow(c, (void **)&c->part, cap * 4, "attention partials")) return -1;
@@ -439,7 +443,7 @@ static int att_room_rows(cu_be *c, int need, int rows)
 
 static int att_room(cu_be *c, int need)
 {
-    return att_room_rows(c, need, c->att_rows);
+    return att_room_rows(c, need, 2 * c->n_sm);
 }
 
 /* Blocks per (token, head): several for short batches (flash-decoding),
@@ -457,10 +461,11 @@ static int att_blocks(cu_be *c, int T, int ns, int n_head, int head_dim)
 /* Grouped attention (ck_attention's grp) for a batch that k_attention
  * takes a block per (token, head) with G == 1: blocks per (token, KV head)
  * for about att_grp blocks per SM (ANE_CUDA_ATT_GRP; measured, 7b 32
- * streams: 4 the best of 1, 2, 4, 8, and 1, all of a token's spans in one
- * block, 13% slower than ungrouped). 0 (the ungrouped kernel, the same
- * bits) when the heads do not group, or the partials would pass 64 MiB (a
- * prompt's batch), or part cannot grow now (in a capture). */
+ * streams: 2, 4 and 8 within 1%; 1, all of a token's spans in one block,
+ * 13% slower than ungrouped). 0 (the ungrouped kernel, the same bits) when
+ * the heads do not group, or the partials would pass ATT_GRP_PART (a
+ * prompt's batch, or long contexts), or part cannot grow now (in a
+ * capture). */
 static int att_group(cu_be *c, int T, int ns, int n_head, int n_head_kv, int head_dim)
 {
     if (!c->att_grp || T * n_head < 2 * c->n_sm || !ck_att_grp_ok(c->base.kv_elt == 2, n_head, n_head_kv, head_dim))
@@ -469,7 +474,7 @@ static int att_group(cu_be *c, int T, int ns, int n_head, int n_head_kv, int hea
     g = g > ns ? ns : g < 1 ? 1 : g;
     int rows = T * n_head;
     if (g > 1 && rows > c->att_rows) {
-        if ((size_t)rows * (size_t)c->att_maxs * (256 + 2) * 4 > ((size_t)64 << 20)) return 0;
+        if ((size_t)rows * (size_t)c->att_maxs * (256 + 2) * 4 > ATT_GRP_PART) return 0;
         if (c->capturing || att_room_rows(c, ns, rows)) return 0;
     }
     return g;
