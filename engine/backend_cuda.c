@@ -466,14 +466,10 @@ static int att_blocks(cu_be *c, int T, int ns, int n_head, int head_dim)
  * the heads do not group, or the partials would pass ATT_GRP_PART (a
  * prompt's batch, or long contexts), or part cannot grow now (in a
  * capture). */
-static int att_groups(const cu_be *c, int T, int n_head, int n_head_kv, int head_dim)
-{
-    return c->att_grp && T * n_head >= 2 * c->n_sm && ck_att_grp_ok(c->base.kv_elt == 2, n_head, n_head_kv, head_dim);
-}
-
 static int att_group(cu_be *c, int T, int ns, int n_head, int n_head_kv, int head_dim)
 {
-    if (!att_groups(c, T, n_head, n_head_kv, head_dim)) return 0;
+    if (!c->att_grp || T * n_head < 2 * c->n_sm || !ck_att_grp_ok(c->base.kv_elt == 2, n_head, n_head_kv, head_dim))
+        return 0;
     int per = T * n_head_kv, g = c->att_grp * c->n_sm / per;
     g = g > ns ? ns : g < 1 ? 1 : g;
     int rows = T * n_head;
@@ -943,10 +939,7 @@ static void cu_rope_attention(be *b, float *q, float *k, float *v, void *kc, voi
 {
     cu_be *c = (cu_be *)b;
     const float *fdd = freq_div && freq_div->data ? freq_div->dev : NULL;
-    /* (not where the batch takes the grouped attention, which has no rope:
-     * measured, 0.5b 32 streams 2.4% faster with rope_kv apart and grouped) */
-    int small = c->rope_att == 2 || (c->rope_att == 1 && c->mm_bytes && ck_small_set(c->mm_bytes) &&
-                                     !att_groups(c, bt->T, n_head, n_head_kv, head_dim));
+    int small = c->rope_att == 2 || (c->rope_att == 1 && c->mm_bytes && ck_small_set(c->mm_bytes));
     if (!c->fuse || !small || !rope_table(c, base, n_rot, fdd) || bt->n_dec != bt->T || n_rot > head_dim || n_rot % 2) {
         cu_rope_kv(b, q, k, v, kc, vc, bt, n_head, n_head_kv, head_dim, n_rot, base, neox, freq_div, bias);
         cu_attention(b, q, kc, vc, bt, n_head, n_head_kv, head_dim, out);
