@@ -2080,6 +2080,28 @@ __device__ __forceinline__ void att_span(const float *qs, const void *kc, const 
         att_span_at<ND, F16, ROLL>(qs, kc, vc, rowA, rowB, kvo, kvd, hd, scale, np, sp, m, l, a);
 }
 
+/* A (token, head) row's output value i (of out [T*n_head][hd]) and its
+ * int8 / f16 forms; lane: the caller's lane, whose warp holds i's 32-value block */
+__device__ __forceinline__ void att_put_out(float o, size_t i, int lane, float *out, const xq_lay &qx)
+{
+    out[i] = o;
+    if (qx.q) quant_block(o, lane, i >> 5, qx);
+    if (qx.h) qx.h[i] = f2h_sat(o);
+}
+
+/* Span s's partial (m, l, this lane's dims of a) of row th, for k_att_merge */
+template <int ND>
+__device__ __forceinline__ void att_put_part(float *part, int th, int maxs, int s, int hd, float m, float l,
+                                             const float (&a)[ND])
+{
+    int lane = threadIdx.x & 31;
+    float *pp = part + ((size_t)th * maxs + s) * (hd + 2);
+    if (lane == 0) { pp[0] = m; pp[1] = l; }
+#pragma unroll
+    for (int k = 0; k < ND; k++)
+        if (ND * lane + k < hd) pp[2 + ND * lane + k] = a[k];
+}
+
 /* The rope of a decode batch done by k_attention (tab NULL: none): k, v
  * the projections' output, biases or NULL, tab the pass's angles (as
  * k_rope_kv's mode 2), kc / vc the caches written. */
@@ -2202,23 +2224,15 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const float *q, co
 #pragma unroll
         for (int i = 0; i < ATT_DPT; i++) {
             int d = threadIdx.x + 128 * i;
-            if (d < hd) {   /* (whole warps: hd % 32 == 0 when quantizing) */
-                float o = A[i] / L;
-                out[(size_t)th * hd + d] = o;
-                if (qx.q) quant_block(o, lane, ((size_t)th * hd + d) >> 5, qx);
-                if (qx.h) qx.h[(size_t)th * hd + d] = f2h_sat(o);
-            }
+            /* (whole warps: hd % 32 == 0 when quantizing) */
+            if (d < hd) att_put_out(A[i] / L, (size_t)th * hd + d, lane, out, qx);
         }
         return;
     }
     for (int s = y + G * warp; s < ns; s += G * ATT_WARPS) {
         att_span<ND, F16, ROLL>(qs, kc, vc, off, pages, t, kvo, kvd, hd, scale, s * CK_ATT_SPAN,
                           min(len, (s + 1) * CK_ATT_SPAN), sp, m, l, a);
-        float *pp = part + ((size_t)th * maxs + s) * (hd + 2);
-        if (lane == 0) { pp[0] = m; pp[1] = l; }
-#pragma unroll
-        for (int k = 0; k < ND; k++)
-            if (ND * lane + k < hd) pp[2 + ND * lane + k] = a[k];
+        att_put_part<ND>(part, th, maxs, s, hd, m, l, a);
     }
 }
 
@@ -2289,15 +2303,8 @@ __global__ void __launch_bounds__(256) k_att_grp(const float *q, const void *kc,
             att_span_at<ND, F16, 0>(qs[warp], sk, sv, 0, 16, 0, 32 * ND, 32 * ND, scale, CK_ATT_SPAN, NULL, m, l, a);
         else
             att_span_at<ND, F16, 0>(qs[warp], sk, sv, 0, 16, 0, hd, hd, scale, np, NULL, m, l, a);
-        if (direct) {
-            att_merge_n<ND>(M, L, A, m, l, a);
-        } else {
-            float *pp = part + ((size_t)th * maxs + s) * (hd + 2);
-            if (lane == 0) { pp[0] = m; pp[1] = l; }
-#pragma unroll
-            for (int k = 0; k < ND; k++)
-                if (ND * lane + k < hd) pp[2 + ND * lane + k] = a[k];
-        }
+        if (direct) att_merge_n<ND>(M, L, A, m, l, a);
+        else att_put_part<ND>(part, th, maxs, s, hd, m, l, a);
         __syncthreads();   /* stage i & 1 is free for span s + 2 ds */
     }
     cp_wait<0>();
@@ -2307,12 +2314,8 @@ __global__ void __launch_bounds__(256) k_att_grp(const float *q, const void *kc,
     for (int k = 0; k < ND; k++)
         if (ND * lane + k < hd) ob[ND * lane + k] = A[k] / L;
     __syncwarp();
-    for (int d = lane; d < hd; d += 32) {   /* (whole warps: hd % 32 == 0 when quantizing) */
-        float o = ob[d];
-        out[(size_t)th * hd + d] = o;
-        if (qx.q) quant_block(o, lane, ((size_t)th * hd + d) >> 5, qx);
-        if (qx.h) qx.h[(size_t)th * hd + d] = f2h_sat(o);
-    }
+    for (int d = lane; d < hd; d += 32)   /* (whole warps: hd % 32 == 0 when quantizing) */
+        att_put_out(ob[d], (size_t)th * hd + d, lane, out, qx);
 }
 
 /* Tokens of more than one span, after k_attention with G > 1. 128 threads. */
@@ -2346,12 +2349,7 @@ __global__ void k_att_merge(const float *part, const int32_t *pos, int n_head, i
 #pragma unroll
     for (int i = 0; i < ATT_DPT; i++) {
         int d = threadIdx.x + 128 * i;
-        if (d < hd) {
-            float o = A[i] / L;
-            out[(size_t)th * hd + d] = o;
-            if (qx.q) quant_block(o, threadIdx.x & 31, ((size_t)th * hd + d) >> 5, qx);
-            if (qx.h) qx.h[(size_t)th * hd + d] = f2h_sat(o);
-        }
+        if (d < hd) att_put_out(A[i] / L, (size_t)th * hd + d, threadIdx.x & 31, out, qx);
     }
 }
 

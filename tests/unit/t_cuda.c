@@ -101,6 +101,31 @@ static int n_keep;
 static void *kept(void *p) { if (n_keep < 1024) keep[n_keep++] = p; return p; }
 static pool *pl;
 
+/* A CUDA backend opened with up to two knobs ("NAME=value", or NULL) set,
+ * unset again after (each backend reads its knobs when it opens) */
+static int gpu_open_env(be **b, int kv_f16, const char *k1, const char *k2, char *err, size_t errlen)
+{
+    const char *kv[2] = { k1, k2 };
+    char name[2][64];
+    for (int i = 0; i < 2; i++) {
+        if (!kv[i]) continue;
+        const char *eq = strchr(kv[i], '=');
+        snprintf(name[i], sizeof name[i], "%.*s", (int)(eq - kv[i]), kv[i]);
+        setenv(name[i], eq + 1, 1);
+    }
+    int bad = be_open(b, "cuda", pl, kv_f16, err, errlen);
+    for (int i = 0; i < 2; i++)
+        if (kv[i]) unsetenv(name[i]);
+    return bad;
+}
+
+/* perm = 0 .. n-1 shuffled: the scrambled page tables of the attention tests */
+static void page_perm(int32_t *perm, int n)
+{
+    for (int i = 0; i < n; i++) perm[i] = i;
+    for (int i = n - 1; i > 0; i--) { int j = (int)(rnd() % (uint32_t)(i + 1)); int32_t t = perm[i]; perm[i] = perm[j]; perm[j] = t; }
+}
+
 static float *dev_from(be *b, const float *h, size_t n)
 {
     float *d = b->ops->alloc(b, n * 4);
@@ -412,8 +437,7 @@ static void rope_kv_case(be *g, int n_head, int n_head_kv, int hd, int n_rot, in
     int n_pages = NS * MAXP, kvd = n_head_kv * hd;
     size_t cache = (size_t)n_pages * KV_PAGE * kvd * g->kv_elt;
     int32_t perm[NS * MAXP];
-    for (int i = 0; i < n_pages; i++) perm[i] = i;
-    for (int i = n_pages - 1; i > 0; i--) { int j = (int)(rnd() % (uint32_t)(i + 1)); int32_t t = perm[i]; perm[i] = perm[j]; perm[j] = t; }
+    page_perm(perm, n_pages);
     int32_t pos[64], slot[64];
     const int32_t *pages[64];
     int T = 0;
@@ -486,11 +510,9 @@ static void test_rope_kv(void)
         rope_kv_case(gs[i], 6, 3, 48, 32, 0, 0, 1);
     }
     /* and with fusion off (the plain ops, biases added first) */
-    setenv("ANE_CUDA_FUSE", "0", 1);
     be *plain = NULL;
     char err[256];
-    int bad = be_open(&plain, "cuda", pl, 1, err, sizeof err);
-    unsetenv("ANE_CUDA_FUSE");
+    int bad = gpu_open_env(&plain, 1, "ANE_CUDA_FUSE=0", NULL, err, sizeof err);
     CHECKF(!bad, "%s", err);
     if (!bad) {
         rope_kv_case(plain, 14, 2, 64, 64, 1, 0, 1);
@@ -513,8 +535,7 @@ static void rope_att_case(be *g, int T, int n_head, int n_head_kv, int hd, int n
     int32_t *perm = malloc((size_t)n_pages * 4), *pos = malloc((size_t)T * 4), *slot = malloc((size_t)T * 4);
     int32_t *ids = calloc((size_t)T, 4);
     const int32_t **pages = malloc((size_t)T * sizeof *pages);
-    for (int i = 0; i < n_pages; i++) perm[i] = i;
-    for (int i = n_pages - 1; i > 0; i--) { int j = (int)(rnd() % (uint32_t)(i + 1)); int32_t t = perm[i]; perm[i] = perm[j]; perm[j] = t; }
+    page_perm(perm, n_pages);
     for (int t = 0; t < T; t++) { pos[t] = 3 + 37 * t % 900; pages[t] = perm + t * MAXP; slot[t] = t; }
     be_batch bt = { .T = T, .pos = pos, .pages = pages, .slot = slot, .n_dec = T };
     size_t nq = (size_t)T * n_head * hd, nk = (size_t)T * kvd;
@@ -581,9 +602,8 @@ static void test_rope_attention(void)
     /* (fused whatever the q/k/v set before: none here) */
     char err[256];
     be *gs[2] = { NULL, NULL };
-    setenv("ANE_CUDA_ROPE_ATT", "2", 1);
-    int bad = be_open(&gs[0], "cuda", pl, 1, err, sizeof err) || be_open(&gs[1], "cuda", pl, 0, err, sizeof err);
-    unsetenv("ANE_CUDA_ROPE_ATT");
+    int bad = gpu_open_env(&gs[0], 1, "ANE_CUDA_ROPE_ATT=2", NULL, err, sizeof err) ||
+              gpu_open_env(&gs[1], 0, "ANE_CUDA_ROPE_ATT=2", NULL, err, sizeof err);
     CHECKF(!bad, "%s", err);
     for (int i = 0; i < 2 && !bad; i++) {
         rope_att_case(gs[i], 4, 14, 2, 64, 64, 1, 1);     /* qwen2.5-0.5b: few blocks (rolled) */
@@ -646,12 +666,8 @@ static void test_glu(void)
 {
     char err[256];
     be *bf = NULL, *bn = NULL;
-    setenv("ANE_CUDA_GEMM_T", "1000000", 1);
-    int bad = be_open(&bf, "cuda", pl, 1, err, sizeof err);
-    setenv("ANE_CUDA_GLU", "0", 1);
-    bad |= be_open(&bn, "cuda", pl, 1, err, sizeof err);
-    unsetenv("ANE_CUDA_GLU");
-    unsetenv("ANE_CUDA_GEMM_T");
+    int bad = gpu_open_env(&bf, 1, "ANE_CUDA_GEMM_T=1000000", NULL, err, sizeof err);
+    bad |= gpu_open_env(&bn, 1, "ANE_CUDA_GEMM_T=1000000", "ANE_CUDA_GLU=0", err, sizeof err);
     CHECKF(!bad, "%s", err);
     CHECK(!bad && bf->ops->matmul_glu != NULL);
     if (bad || !bf->ops->matmul_glu) goto done;
@@ -728,13 +744,8 @@ static void test_fused_quant(void)
     char err[256];
     be *bf = NULL, *bn = NULL;
     /* every batch by GEMV, with and without the fusion */
-    setenv("ANE_CUDA_GEMM_T", "1000000", 1);
-    setenv("ANE_CUDA_FUSE", "1", 1);
-    int bad = be_open(&bf, "cuda", pl, 1, err, sizeof err);
-    setenv("ANE_CUDA_FUSE", "0", 1);
-    bad |= be_open(&bn, "cuda", pl, 1, err, sizeof err);
-    unsetenv("ANE_CUDA_FUSE");
-    unsetenv("ANE_CUDA_GEMM_T");
+    int bad = gpu_open_env(&bf, 1, "ANE_CUDA_GEMM_T=1000000", "ANE_CUDA_FUSE=1", err, sizeof err);
+    bad |= gpu_open_env(&bn, 1, "ANE_CUDA_GEMM_T=1000000", "ANE_CUDA_FUSE=0", err, sizeof err);
     CHECKF(!bad, "%s", err);
     if (bad) goto done;
     const uint32_t types[] = { QT_Q8_0, QT_Q4_K };
@@ -810,8 +821,7 @@ static void attn_case(be *gb, be *cb, int n_head, int n_head_kv, int hd)
     int n_pages = NS * MAXP, kvd = n_head_kv * hd;
     size_t elt = gb->kv_elt, cache = (size_t)n_pages * KV_PAGE * kvd * elt;
     int32_t perm[NS * MAXP];
-    for (int i = 0; i < n_pages; i++) perm[i] = i;
-    for (int i = n_pages - 1; i > 0; i--) { int j = (int)(rnd() % (uint32_t)(i + 1)); int32_t t = perm[i]; perm[i] = perm[j]; perm[j] = t; }
+    page_perm(perm, n_pages);
     int32_t *tbl[NS];
     for (int s = 0; s < NS; s++) tbl[s] = perm + s * MAXP;
     void *ckc = calloc(1, cache), *cvc = calloc(1, cache);
@@ -909,8 +919,7 @@ static void attn_group_case(be *gb, be *gd, be *gn, be *cb, int n_head, int n_he
     int n_pages = NS * MAXP, kvd = n_head_kv * hd;
     size_t elt = gb->kv_elt, cache = (size_t)n_pages * KV_PAGE * kvd * elt;
     int32_t perm[NS * MAXP];
-    for (int i = 0; i < n_pages; i++) perm[i] = i;
-    for (int i = n_pages - 1; i > 0; i--) { int j = (int)(rnd() % (uint32_t)(i + 1)); int32_t t = perm[i]; perm[i] = perm[j]; perm[j] = t; }
+    page_perm(perm, n_pages);
     void *ckc = calloc(1, cache), *cvc = calloc(1, cache);
     void *gkc = gb->ops->alloc(gb, cache), *gvc = gb->ops->alloc(gb, cache);
     int32_t pos[NS], slot[NS];
@@ -967,11 +976,10 @@ static void test_att_group(void)
 {
     char err[256];
     be *gn = NULL, *gn32 = NULL, *gd = NULL, *gd32 = NULL;
-    setenv("ANE_CUDA_ATT_GRP", "0", 1);
-    int bad = be_open(&gn, "cuda", pl, 1, err, sizeof err) || be_open(&gn32, "cuda", pl, 0, err, sizeof err);
-    setenv("ANE_CUDA_ATT_GRP", "1", 1);
-    bad = bad || be_open(&gd, "cuda", pl, 1, err, sizeof err) || be_open(&gd32, "cuda", pl, 0, err, sizeof err);
-    unsetenv("ANE_CUDA_ATT_GRP");
+    int bad = gpu_open_env(&gn, 1, "ANE_CUDA_ATT_GRP=0", NULL, err, sizeof err) ||
+              gpu_open_env(&gn32, 0, "ANE_CUDA_ATT_GRP=0", NULL, err, sizeof err) ||
+              gpu_open_env(&gd, 1, "ANE_CUDA_ATT_GRP=1", NULL, err, sizeof err) ||
+              gpu_open_env(&gd32, 0, "ANE_CUDA_ATT_GRP=1", NULL, err, sizeof err);
     CHECKF(!bad, "%s", err);
     if (!bad) {
         attn_group_case(gpu, gd, gn, cpu, 14, 2, 64);
@@ -1326,9 +1334,7 @@ int main(void)
     RUN(test_ssm_elementwise);
     RUN(test_conv1d);
     RUN(test_deltanet);
-    setenv("ANE_CUDA_GEMM_T", "1000000", 1);
-    if (be_open(&gpuv, "cuda", pl, 1, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
-    unsetenv("ANE_CUDA_GEMM_T");
+    if (gpu_open_env(&gpuv, 1, "ANE_CUDA_GEMM_T=1000000", NULL, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
     /* the int8 tensor-core path is chosen once per process (ANE_CUDA_MMQ=1) */
     if (getenv("ANE_CUDA_MMQ") && atoi(getenv("ANE_CUDA_MMQ")) > 0) gpum = gpu;
     RUN(test_invariance);
