@@ -60,6 +60,8 @@ CPPFLAGS += -DANE_CUDA -isystem $(CUDA_HOME)/include
 CUDA_OBJ := $(patsubst %.cu,$(O)/%.o,$(wildcard shaders/*.cu))
 CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcublas -lcublasLt -lcudart_static -ldl -lrt -lstdc++
 NVCCFLAGS ?= -O3 -std=c++17 -lineinfo
+# Hopper (90) builds for sm_90a, whose warpgroup MMAs the batched q4_K kernel uses
+CUDA_SM   := $(if $(filter 90,$(CUDA_ARCH)),90a,$(CUDA_ARCH))
 endif
 BUILD_KIND := $(if $(filter 1,$(CUDA)),cuda,cpu)
 # programs relink when the build kind changes (bin/.kind holds the last one)
@@ -129,7 +131,7 @@ $(LIBENGINE): $(ENGINE_OBJ) $(CUDA_OBJ)
 
 $(O)/shaders/%.o: shaders/%.cu shaders/%.h shaders/cuda_launch.cuh
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -I. -gencode arch=compute_$(CUDA_ARCH),code=sm_$(CUDA_ARCH) -Xcompiler -fPIC -c $< -o $@
+	$(NVCC) $(NVCCFLAGS) -I. -gencode arch=compute_$(CUDA_SM),code=sm_$(CUDA_SM) $(if $(filter 90a,$(CUDA_SM)),-DCK_WGMMA=1) -Xcompiler -fPIC -c $< -o $@
 
 cuda:
 	$(MAKE) CUDA=1 all
