@@ -82,6 +82,8 @@ typedef struct cu_be {
     int att_maxs;              /* spans per (token, head) row of part */
     int att_rows;              /* (token, head) rows of part: 2*n_sm, more for grouped decode batches */
     int att_grp;               /* grouped attention's blocks per SM (ANE_CUDA_ATT_GRP, default 4; 0: off) */
+    int att_mma;               /* grouped attention on tensor cores: 1 for decode batches past CK_GEMV_MAX_T
+                                * (not invariant), 2 always, 0 never (ANE_CUDA_ATT_MMA, default 1) */
     int invariant;             /* ANE_CUDA_INVARIANT=1: decode rows always by GEMV */
     int gemm_t_set;            /* ANE_CUDA_GEMM_T given */
     int cache16;               /* keep f16 copies of quantized weights (ANE_CUDA_F16_CACHE, default 1) */
@@ -916,8 +918,10 @@ static void att_run(cu_be *c, const float *q, const void *kc, const void *vc, co
     int grp = G == 1 && !rp && c->att_maxs >= ns ? att_group(c, bt->T, ns, n_head, n_head_kv, head_dim) : 0;
     void *xq = head_dim % 32 == 0 ? quant_ahead(c, out, bt->T, n_head * head_dim) : (tag_clear(c), NULL);
     void *x16 = f16_ahead(c, out, bt->T, n_head * head_dim);
+    /* tensor cores where the matmuls leave the batch-invariance promise too */
+    int mma = c->att_mma == 2 || (c->att_mma == 1 && c->in_step && c->n_dec > CK_GEMV_MAX_T && !c->invariant);
     ck_attention(c->st, q, kc, vc, c->base.kv_elt == 2, d_pos(c), d_off(c), d_pages(c), bt->T, n_head, n_head_kv,
-                 head_dim, out, c->part, G, c->att_maxs, xq, x16, c->n_sm, rp, grp);
+                 head_dim, out, c->part, G, c->att_maxs, xq, x16, c->n_sm, rp, grp, mma);
 }
 
 static void cu_attention(be *b, const float *q, const void *kc, const void *vc, const be_batch *bt, int n_head,
@@ -1135,6 +1139,8 @@ int be_cuda_open(be **out, struct pool *p, int kv_f16, char *err, size_t errlen)
     const char *ag = getenv("ANE_CUDA_ATT_GRP");
     c->att_grp = ag && *ag ? atoi(ag) : 4;
     if (c->att_grp < 0) c->att_grp = 0;
+    const char *am = getenv("ANE_CUDA_ATT_MMA");
+    c->att_mma = am && *am ? atoi(am) : 1;
     const char *mb = getenv("ANE_CUDA_MMQB");
     c->mmqb = !(mb && *mb && atoi(mb) == 0);
     what = "device memory";

@@ -2510,6 +2510,212 @@ __global__ void __launch_bounds__(256) k_att_grp(const float *q, const void *kc,
         att_put_out(ob[d], (size_t)th * hd + d, lane, out, qx);
 }
 
+/* Grouped attention on tensor cores, for decode batches that are outside
+ * the batch-invariance promise (more than CK_GEMV_MAX_T streams, as the
+ * batched matmuls; f16 caches, head_dim 64 or 128, up to 16 q heads per KV
+ * head). k_att_grp's blocks (token, KV head, y of G) and partials, but one
+ * warp takes a whole span for all the group's heads: S = Q K^T by
+ * mma.m16n8k16 (the heads as the 16 rows; q rounded to f16 as k_attention
+ * rounds it; f32 sums), the online softmax on S's fragments, and O += P V
+ * with P split into f16 high and low parts (two MMAs: P carries ~2^-22 of
+ * rounding, so the result is f32-accurate) and V's fragments by
+ * ldmatrix.trans. A block's warps take its spans side by side, each span's
+ * K and V rows copied by the warp into its own shared memory. G == 1 or a
+ * one-span token: the warps' states merged in warp order and written to
+ * out; else each span's partial to part, merged by k_att_merge. */
+#define AM_WARPS 4
+template <int HD> struct am_stage {
+    __half k[32][HD + 8], v[32][HD + 8];   /* (+8: ldmatrix's 8 rows hit 8 bank groups) */
+};
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void *p)
+{
+    unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void *p)
+{
+    unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
+}
+/* (x, y) as f16 high parts, and what they leave as low parts */
+__device__ __forceinline__ void h2_split(float x, float y, uint32_t &hi, uint32_t &lo)
+{
+    __half2 h = __floats2half2_rn(x, y);
+    float2 f = __half22float2(h);
+    hi = h2u(h);
+    lo = h2u(__floats2half2_rn(x - f.x, y - f.y));
+}
+
+template <int HD>
+__global__ void __launch_bounds__(AM_WARPS * 32) k_att_mma(const float *q, const __half *kc, const __half *vc,
+                                                        const int32_t *pos, const int32_t *off,
+                                                        const int32_t *pages, int n_head, int n_head_kv,
+                                                        float *out, float *part, int G, int maxs, xq_lay qx)
+{
+    constexpr int KS = HD / 16, DT = HD / 8, PR = HD * 2 / 16;
+    const float LOG2E = 1.4426950408889634f;
+    const int t = blockIdx.x / n_head_kv, kvh = blockIdx.x % n_head_kv, y = blockIdx.y;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, qd = lane & 3;
+    const int gh = n_head / n_head_kv, h0 = t * n_head + kvh * gh, kvd = n_head_kv * HD;
+    const int len = pos[t] + 1, ns = (len + CK_ATT_SPAN - 1) / CK_ATT_SPAN;
+    const bool direct = G == 1 || ns == 1;
+    if (direct && y != 0) return;
+    pdl_begin();
+    extern __shared__ __align__(16) unsigned char am_raw[];
+    am_stage<HD> &sb = ((am_stage<HD> *)am_raw)[warp];
+    __shared__ float am_ml[AM_WARPS][2][16];
+    /* the group's q rows g and g + 8 (zero past gh) as A fragments */
+    uint32_t qa[KS][4];
+#pragma unroll
+    for (int kk = 0; kk < KS; kk++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int r = g + 8 * (i & 1), d = 16 * kk + 2 * qd + 8 * (i >> 1);
+            float2 v = r < gh ? *(const float2 *)(q + (size_t)(h0 + r) * HD + d) : make_float2(0.f, 0.f);
+            qa[kk][i] = h2u(__floats2half2_rn(v.x, v.y));
+        }
+    const float scale = 1.0f / sqrtf((float)HD);
+    float m_r[2], l_r[2], o[DT][4];
+    auto reset = [&]() {
+        m_r[0] = m_r[1] = -INFINITY;
+        l_r[0] = l_r[1] = 0.f;
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
+    };
+    reset();
+    const int s_first = direct ? warp : y + G * warp, s_step = direct ? AM_WARPS : G * AM_WARPS;
+    for (int s = s_first; s < ns; s += s_step) {
+        const int p0 = s * CK_ATT_SPAN, np = min(len - p0, CK_ATT_SPAN);
+        const int slot = (int)kv_slot(off, pages, t, p0 + min(lane, np - 1));
+        __syncwarp();   /* (the last span's reads of the stage are done) */
+        for (int e = lane; e < 2 * 32 * PR; e += 32) {
+            int v = e / (32 * PR), j = (e / PR) % 32, pc = e % PR;
+            int r = __shfl_sync(0xffffffffu, slot, j);
+            const __half *src = (v ? vc : kc) + (size_t)r * kvd + (size_t)kvh * HD + 8 * pc;
+            cp_async16(v ? &sb.v[j][8 * pc] : &sb.k[j][8 * pc], src, j < np ? 16 : 0);
+        }
+        cp_commit();
+        cp_wait<0>();
+        __syncwarp();
+        /* S: rows (heads) g, g + 8; columns (positions) 8 nt + 2 qd, + 1 */
+        float c[4][4];
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++) {
+            c[nt][0] = c[nt][1] = c[nt][2] = c[nt][3] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < KS; kk += 2) {
+                uint32_t b[4];
+                ldsm_x4(b, &sb.k[8 * nt + (lane & 7)][16 * kk + 8 * ((lane >> 3) & 1) + 16 * (lane >> 4)]);
+                mma_f16(c[nt], qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], b[0], b[1]);
+                mma_f16(c[nt], qa[kk + 1][0], qa[kk + 1][1], qa[kk + 1][2], qa[kk + 1][3], b[2], b[3]);
+            }
+        }
+        float mx[2] = { -INFINITY, -INFINITY };
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                float sv = 8 * nt + 2 * qd + (i & 1) < np ? c[nt][i] * scale : -INFINITY;
+                c[nt][i] = sv;
+                mx[i >> 1] = fmaxf(mx[i >> 1], sv);
+            }
+        float mn[2], corr[2], rs[2] = { 0.f, 0.f };
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+            mn[r] = fmaxf(m_r[r], mx[r]);
+            corr[r] = exp2f((m_r[r] - mn[r]) * LOG2E);
+        }
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                float p = exp2f((c[nt][i] - mn[i >> 1]) * LOG2E);
+                c[nt][i] = p;
+                rs[i >> 1] += p;
+            }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            rs[r] += __shfl_xor_sync(0xffffffffu, rs[r], 1);
+            rs[r] += __shfl_xor_sync(0xffffffffu, rs[r], 2);
+            l_r[r] = l_r[r] * corr[r] + rs[r];
+            m_r[r] = mn[r];
+        }
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) o[dt][i] *= corr[i >> 1];
+        /* O += P V, positions 16 ks .. 16 ks + 15 a k-step */
+#pragma unroll
+        for (int ks = 0; ks < 2; ks++) {
+            uint32_t ah[4], al[4];
+            h2_split(c[2 * ks][0], c[2 * ks][1], ah[0], al[0]);
+            h2_split(c[2 * ks][2], c[2 * ks][3], ah[1], al[1]);
+            h2_split(c[2 * ks + 1][0], c[2 * ks + 1][1], ah[2], al[2]);
+            h2_split(c[2 * ks + 1][2], c[2 * ks + 1][3], ah[3], al[3]);
+#pragma unroll
+            for (int dt = 0; dt < DT; dt += 2) {
+                uint32_t b[4];
+                ldsm_x4_t(b, &sb.v[16 * ks + 8 * ((lane >> 3) & 1) + (lane & 7)][8 * dt + 8 * (lane >> 4)]);
+                mma_f16(o[dt], ah[0], ah[1], ah[2], ah[3], b[0], b[1]);
+                mma_f16(o[dt], al[0], al[1], al[2], al[3], b[0], b[1]);
+                mma_f16(o[dt + 1], ah[0], ah[1], ah[2], ah[3], b[2], b[3]);
+                mma_f16(o[dt + 1], al[0], al[1], al[2], al[3], b[2], b[3]);
+            }
+        }
+        if (!direct) {   /* the span's partial, rows g and g + 8 */
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const int hr = g + 8 * r;
+                if (hr >= gh) continue;
+                float *pp = part + ((size_t)(h0 + hr) * maxs + s) * (HD + 2);
+                if (qd == 0) { pp[0] = m_r[r]; pp[1] = l_r[r]; }
+#pragma unroll
+                for (int dt = 0; dt < DT; dt++) {
+                    pp[2 + 8 * dt + 2 * qd] = o[dt][2 * r];
+                    pp[3 + 8 * dt + 2 * qd] = o[dt][2 * r + 1];
+                }
+            }
+            reset();
+        }
+    }
+    cp_wait<0>();
+    if (!direct) return;
+    /* the warps' states through shared memory (each warp's stage), merged in warp order */
+    __syncwarp();
+    float *fo = (float *)&sb;
+#pragma unroll
+    for (int dt = 0; dt < DT; dt++) {
+        fo[g * HD + 8 * dt + 2 * qd] = o[dt][0];
+        fo[g * HD + 8 * dt + 2 * qd + 1] = o[dt][1];
+        fo[(g + 8) * HD + 8 * dt + 2 * qd] = o[dt][2];
+        fo[(g + 8) * HD + 8 * dt + 2 * qd + 1] = o[dt][3];
+    }
+    if (qd == 0) {
+        am_ml[warp][0][g] = m_r[0]; am_ml[warp][0][g + 8] = m_r[1];
+        am_ml[warp][1][g] = l_r[0]; am_ml[warp][1][g + 8] = l_r[1];
+    }
+    __syncthreads();
+    for (int r = warp; r < gh; r += AM_WARPS) {
+        float M = -INFINITY, L = 0.f, A[HD / 32];
+#pragma unroll
+        for (int k = 0; k < HD / 32; k++) A[k] = 0.f;
+        for (int w = 0; w < AM_WARPS; w++) {
+            const float *fw = (const float *)&((am_stage<HD> *)am_raw)[w];
+            float a[HD / 32];
+#pragma unroll
+            for (int k = 0; k < HD / 32; k++) a[k] = fw[r * HD + lane + 32 * k];
+            att_merge_n<HD / 32>(M, L, A, am_ml[w][0][r], am_ml[w][1][r], a);
+        }
+#pragma unroll
+        for (int k = 0; k < HD / 32; k++) att_put_out(A[k] / L, (size_t)(h0 + r) * HD + lane + 32 * k, lane, out, qx);
+    }
+}
+
 /* Tokens of more than one span, after k_attention with G > 1. 128 threads. */
 __global__ void k_att_merge(const float *part, const int32_t *pos, int n_head, int hd, int maxs, float *out,
                             xq_lay qx)
@@ -3142,6 +3348,10 @@ int ck_att_grp_ok(int f16, int n_head, int n_head_kv, int hd)
         cudaFuncSetAttribute(k_att_grp<2, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, b);
         cudaFuncSetAttribute(k_att_grp<4, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, b);
         cudaFuncSetAttribute(k_att_grp<8, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, b);
+        cudaFuncSetAttribute(k_att_mma<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)(AM_WARPS * sizeof(am_stage<64>)));
+        cudaFuncSetAttribute(k_att_mma<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)(AM_WARPS * sizeof(am_stage<128>)));
         attr = true;
     }
     return 1;
@@ -3149,13 +3359,25 @@ int ck_att_grp_ok(int f16, int n_head, int n_head_kv, int hd)
 
 void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *vc, int f16, const int32_t *pos,
                   const int32_t *off, const int32_t *pages, int T, int n_head, int n_head_kv, int hd, float *out,
-                  float *part, int G, int maxs, void *xq, void *x16, int n_sm, const ck_rope_in *rp, int grp)
+                  float *part, int G, int maxs, void *xq, void *x16, int n_sm, const ck_rope_in *rp, int grp,
+                  int mma)
 {
     if (G < 1 || maxs < 1) G = 1;
     int nd = (hd + 31) / 32;
     if (grp > 0 && !rp && ck_att_grp_ok(f16, n_head, n_head_kv, hd)) {
         xq_lay L = xq_out(hd % 32 == 0 ? xq : NULL, x16, T, n_head * hd);
         dim3 g(T * n_head_kv, grp);
+        if (mma && f16 && (hd == 64 || hd == 128)) {
+            const __half *k16 = (const __half *)kc, *v16 = (const __half *)vc;
+            if (hd == 64)
+                lk(k_att_mma<64>, g, AM_WARPS * 32, AM_WARPS * sizeof(am_stage<64>), st, q, k16, v16, pos, off, pages,
+                   n_head, n_head_kv, out, part, grp, maxs, L);
+            else
+                lk(k_att_mma<128>, g, AM_WARPS * 32, AM_WARPS * sizeof(am_stage<128>), st, q, k16, v16, pos, off,
+                   pages, n_head, n_head_kv, out, part, grp, maxs, L);
+            if (grp > 1) lk(k_att_merge, T * n_head, 128, 0, st, part, pos, n_head, hd, maxs, out, L);
+            return;
+        }
         int bs = n_head / n_head_kv * 32;
         size_t sm = (size_t)4 * 32 * hd * (f16 ? 2 : 4);
 #define L_GRP(ND)                                                                                              \

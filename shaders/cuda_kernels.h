@@ -123,7 +123,10 @@ void ck_rope_kv(cudaStream_t st, float *q, float *k, const float *v, void *kc, v
  * (launches of fewer blocks take the kernel's rolled form). grp > 0 (no
  * rp; ck_att_grp_ok): a block per (token, KV head) and each of grp parts
  * of its spans, a warp per q head, the K and V rows read once per group
- * (grp > 1: every span's partial to `part` as with G > 1): the same bits. */
+ * (grp > 1: every span's partial to `part` as with G > 1): the same bits.
+ * mma (with grp; f16 caches, head_dim 64 or 128): the group's heads on
+ * tensor cores instead, f32-accurate but other bits (for batches outside
+ * the batch-invariance promise). */
 #define CK_ATT_SPAN 32
 #define CK_ATT_WARPS 4
 /* rp (or NULL): a batch of decode tokens (one per sequence) whose
@@ -141,7 +144,7 @@ int ck_att_grp_ok(int f16, int n_head, int n_head_kv, int hd);
 void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *vc, int f16,
                   const int32_t *pos, const int32_t *off, const int32_t *pages, int T, int n_head,
                   int n_head_kv, int head_dim, float *out, float *part, int G, int maxs, void *xq, void *x16,
-                  int n_sm, const ck_rope_in *rp, int grp);
+                  int n_sm, const ck_rope_in *rp, int grp, int mma);
 /* ids[r] = argmax of row r of x [rows][n] (first of equals). part (or
  * NULL): a scratch of CK_ARGMAX_PART bytes, with which fewer than 64 rows
  * are each split over several blocks. */

@@ -599,11 +599,13 @@ static void test_rope_attention(void)
 {
     CHECK(gpu->ops->rope_attention != NULL && gpu->ops->step_begin != NULL);
     if (!gpu->ops->rope_attention || !gpu->ops->step_begin) return;
-    /* (fused whatever the q/k/v set before: none here) */
+    /* (fused whatever the q/k/v set before: none here; the unfused side
+     * without the tensor-core attention, whose other bits a 24-stream
+     * batch would take: outside the promise) */
     char err[256];
     be *gs[2] = { NULL, NULL };
-    int bad = gpu_open_env(&gs[0], 1, "ANE_CUDA_ROPE_ATT=2", NULL, err, sizeof err) ||
-              gpu_open_env(&gs[1], 0, "ANE_CUDA_ROPE_ATT=2", NULL, err, sizeof err);
+    int bad = gpu_open_env(&gs[0], 1, "ANE_CUDA_ROPE_ATT=2", "ANE_CUDA_ATT_MMA=0", err, sizeof err) ||
+              gpu_open_env(&gs[1], 0, "ANE_CUDA_ROPE_ATT=2", "ANE_CUDA_ATT_MMA=0", err, sizeof err);
     CHECKF(!bad, "%s", err);
     for (int i = 0; i < 2 && !bad; i++) {
         rope_att_case(gs[i], 4, 14, 2, 64, 64, 1, 1);     /* qwen2.5-0.5b: few blocks (rolled) */
@@ -912,8 +914,11 @@ static void attn_case(be *gb, be *cb, int n_head, int n_head_kv, int hd)
  * positions): the grouped kernel (a block per token and KV head; gb's
  * spans split over blocks, gd's all in one block) against the CPU, bit for
  * bit against the ungrouped kernel (gn: ANE_CUDA_ATT_GRP=0) and against
- * each token alone (split over blocks). */
-static void attn_group_case(be *gb, be *gd, be *gn, be *cb, int n_head, int n_head_kv, int hd)
+ * each token alone (split over blocks). gm[0..1]: the tensor-core form
+ * (ANE_CUDA_ATT_MMA=2; spans split, and in one block) against the CPU as
+ * closely, or where it does not apply (f32 caches, head_dim 48) the
+ * grouped kernel's bits. */
+static void attn_group_case(be *gb, be *gd, be *gn, be *const *gm, be *cb, int n_head, int n_head_kv, int hd)
 {
     enum { NS = 40, MAXP = 48 };
     int n_pages = NS * MAXP, kvd = n_head_kv * hd;
@@ -956,6 +961,18 @@ static void attn_group_case(be *gb, be *gd, be *gn, be *cb, int n_head, int n_he
         CHECKF(!memcmp(g, h, nq * 4), "grouped attention kv%s heads %d/%d hd %d: differs from the %s kernel", kv,
                n_head, n_head_kv, hd, o ? "one-block grouped" : "ungrouped");
     }
+    int mma = elt == 2 && (hd == 64 || hd == 128);
+    for (int o = 0; o < 2; o++) {
+        gm[o]->ops->attention(gm[o], dq, gkc, gvc, &bt, n_head, n_head_kv, hd, dn);
+        gm[o]->ops->to_host(gm[o], h, dn, nq * 4);
+        gm[o]->ops->sync(gm[o]);
+        double em = rel_err_f(h, a, nq);
+        CHECKF(em < 1e-4, "tensor-core attention (%s) kv%s heads %d/%d hd %d: rel err %.3g",
+               o ? "one block" : "split", kv, n_head, n_head_kv, hd, em);
+        if (!mma)
+            CHECKF(!memcmp(g, h, nq * 4), "attention kv%s heads %d/%d hd %d: the tensor-core knob changed bits",
+                   kv, n_head, n_head_kv, hd);
+    }
     for (int t = 0; t < NS; t++) {
         be_batch one = { .T = 1, .pos = pos + t, .pages = pages + t, .slot = slot + t };
         float *dq1 = dev_from(gb, q + t * row, row), *do1 = gb->ops->alloc(gb, row * 4);
@@ -975,20 +992,24 @@ static void attn_group_case(be *gb, be *gd, be *gn, be *cb, int n_head, int n_he
 static void test_att_group(void)
 {
     char err[256];
-    be *gn = NULL, *gn32 = NULL, *gd = NULL, *gd32 = NULL;
+    be *gn = NULL, *gn32 = NULL, *gd = NULL, *gd32 = NULL, *gm[2] = { NULL, NULL }, *gm32[2] = { NULL, NULL };
     int bad = gpu_open_env(&gn, 1, "ANE_CUDA_ATT_GRP=0", NULL, err, sizeof err) ||
               gpu_open_env(&gn32, 0, "ANE_CUDA_ATT_GRP=0", NULL, err, sizeof err) ||
               gpu_open_env(&gd, 1, "ANE_CUDA_ATT_GRP=1", NULL, err, sizeof err) ||
-              gpu_open_env(&gd32, 0, "ANE_CUDA_ATT_GRP=1", NULL, err, sizeof err);
+              gpu_open_env(&gd32, 0, "ANE_CUDA_ATT_GRP=1", NULL, err, sizeof err) ||
+              gpu_open_env(&gm[0], 1, "ANE_CUDA_ATT_MMA=2", NULL, err, sizeof err) ||
+              gpu_open_env(&gm[1], 1, "ANE_CUDA_ATT_MMA=2", "ANE_CUDA_ATT_GRP=1", err, sizeof err) ||
+              gpu_open_env(&gm32[0], 0, "ANE_CUDA_ATT_MMA=2", NULL, err, sizeof err) ||
+              gpu_open_env(&gm32[1], 0, "ANE_CUDA_ATT_MMA=2", "ANE_CUDA_ATT_GRP=1", err, sizeof err);
     CHECKF(!bad, "%s", err);
     if (!bad) {
-        attn_group_case(gpu, gd, gn, cpu, 14, 2, 64);
-        attn_group_case(gpu, gd, gn, cpu, 28, 4, 128);
-        attn_group_case(gpu, gd, gn, cpu, 8, 2, 48);
-        attn_group_case(gpu32, gd32, gn32, cpu32, 28, 4, 128);
+        attn_group_case(gpu, gd, gn, gm, cpu, 14, 2, 64);
+        attn_group_case(gpu, gd, gn, gm, cpu, 28, 4, 128);
+        attn_group_case(gpu, gd, gn, gm, cpu, 8, 2, 48);
+        attn_group_case(gpu32, gd32, gn32, gm32, cpu32, 28, 4, 128);
     }
-    be *all[4] = { gn, gn32, gd, gd32 };
-    for (int i = 0; i < 4; i++)
+    be *all[8] = { gn, gn32, gd, gd32, gm[0], gm[1], gm32[0], gm32[1] };
+    for (int i = 0; i < 8; i++)
         if (all[i]) all[i]->ops->close(all[i]);
 }
 
