@@ -84,6 +84,8 @@ typedef struct cu_be {
     int att_grp;               /* grouped attention's blocks per SM (ANE_CUDA_ATT_GRP, default 4; 0: off) */
     int att_mma;               /* grouped attention on tensor cores: 1 for decode batches past CK_GEMV_MAX_T
                                 * (not invariant), 2 always, 0 never (ANE_CUDA_ATT_MMA, default 1) */
+    int att_mma_bps;           /* its blocks per SM (ANE_CUDA_ATT_GRP where set, else 1: a block's 4 warps
+                                * hold 136 KiB of stages) */
     int invariant;             /* ANE_CUDA_INVARIANT=1: decode rows always by GEMV */
     int gemm_t_set;            /* ANE_CUDA_GEMM_T given */
     int cache16;               /* keep f16 copies of quantized weights (ANE_CUDA_F16_CACHE, default 1) */
@@ -468,11 +470,11 @@ static int att_blocks(cu_be *c, int T, int ns, int n_head, int head_dim)
  * the heads do not group, or the partials would pass ATT_GRP_PART (a
  * prompt's batch, or long contexts), or part cannot grow now (in a
  * capture). */
-static int att_group(cu_be *c, int T, int ns, int n_head, int n_head_kv, int head_dim)
+static int att_group(cu_be *c, int T, int ns, int n_head, int n_head_kv, int head_dim, int mma)
 {
     if (!c->att_grp || T * n_head < 2 * c->n_sm || !ck_att_grp_ok(c->base.kv_elt == 2, n_head, n_head_kv, head_dim))
         return 0;
-    int per = T * n_head_kv, g = c->att_grp * c->n_sm / per;
+    int per = T * n_head_kv, g = (mma ? c->att_mma_bps : c->att_grp) * c->n_sm / per;
     g = g > ns ? ns : g < 1 ? 1 : g;
     int rows = T * n_head;
     if (g > 1 && rows > c->att_rows) {
@@ -915,11 +917,12 @@ static void att_run(cu_be *c, const float *q, const void *kc, const void *vc, co
     use_batch(c, bt);
     int ns = att_spans(bt);
     int G = att_room(c, ns) ? 1 : att_blocks(c, bt->T, ns, n_head, head_dim);
-    int grp = G == 1 && !rp && c->att_maxs >= ns ? att_group(c, bt->T, ns, n_head, n_head_kv, head_dim) : 0;
+    /* tensor cores where the matmuls leave the batch-invariance promise too */
+    int mma = (c->att_mma == 2 || (c->att_mma == 1 && c->in_step && c->n_dec > CK_GEMV_MAX_T && !c->invariant)) &&
+              ck_att_mma_ok(c->base.kv_elt == 2, n_head, n_head_kv, head_dim);
+    int grp = G == 1 && !rp && c->att_maxs >= ns ? att_group(c, bt->T, ns, n_head, n_head_kv, head_dim, mma) : 0;
     void *xq = head_dim % 32 == 0 ? quant_ahead(c, out, bt->T, n_head * head_dim) : (tag_clear(c), NULL);
     void *x16 = f16_ahead(c, out, bt->T, n_head * head_dim);
-    /* tensor cores where the matmuls leave the batch-invariance promise too */
-    int mma = c->att_mma == 2 || (c->att_mma == 1 && c->in_step && c->n_dec > CK_GEMV_MAX_T && !c->invariant);
     ck_attention(c->st, q, kc, vc, c->base.kv_elt == 2, d_pos(c), d_off(c), d_pages(c), bt->T, n_head, n_head_kv,
                  head_dim, out, c->part, G, c->att_maxs, xq, x16, c->n_sm, rp, grp, mma);
 }
@@ -1139,6 +1142,7 @@ int be_cuda_open(be **out, struct pool *p, int kv_f16, char *err, size_t errlen)
     const char *ag = getenv("ANE_CUDA_ATT_GRP");
     c->att_grp = ag && *ag ? atoi(ag) : 4;
     if (c->att_grp < 0) c->att_grp = 0;
+    c->att_mma_bps = ag && *ag ? c->att_grp : 1;
     const char *am = getenv("ANE_CUDA_ATT_MMA");
     c->att_mma = am && *am ? atoi(am) : 1;
     const char *mb = getenv("ANE_CUDA_MMQB");

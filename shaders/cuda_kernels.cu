@@ -2520,13 +2520,15 @@ __global__ void __launch_bounds__(256) k_att_grp(const float *q, const void *kc,
  * with P split into f16 high and low parts (two MMAs: P carries ~2^-22 of
  * rounding, so the result is f32-accurate) and V's fragments by
  * ldmatrix.trans. A block's warps take its spans side by side, each span's
- * K and V rows copied by the warp into its own shared memory. G == 1 or a
- * one-span token: the warps' states merged in warp order and written to
- * out; else each span's partial to part, merged by k_att_merge. */
+ * K and V rows copied by the warp into its own shared memory by cp.async,
+ * the next span's while it computes this one (two stages per warp). G == 1
+ * or a one-span token: the warps' states merged in warp order and written
+ * to out; else each span's partial to part, merged by k_att_merge. */
 #define AM_WARPS 4
 template <int HD> struct am_stage {
     __half k[32][HD + 8], v[32][HD + 8];   /* (+8: ldmatrix's 8 rows hit 8 bank groups) */
 };
+#define AM_SMEM(HD) (AM_WARPS * 2 * sizeof(am_stage<HD>))
 
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void *p)
 {
@@ -2565,7 +2567,7 @@ __global__ void __launch_bounds__(AM_WARPS * 32) k_att_mma(const float *q, const
     if (direct && y != 0) return;
     pdl_begin();
     extern __shared__ __align__(16) unsigned char am_raw[];
-    am_stage<HD> &sb = ((am_stage<HD> *)am_raw)[warp];
+    am_stage<HD> *sbs = (am_stage<HD> *)am_raw + 2 * warp;
     __shared__ float am_ml[AM_WARPS][2][16];
     /* the group's q rows g and g + 8 (zero past gh) as A fragments */
     uint32_t qa[KS][4];
@@ -2587,19 +2589,26 @@ __global__ void __launch_bounds__(AM_WARPS * 32) k_att_mma(const float *q, const
     };
     reset();
     const int s_first = direct ? warp : y + G * warp, s_step = direct ? AM_WARPS : G * AM_WARPS;
-    for (int s = s_first; s < ns; s += s_step) {
+    /* span s's K and V rows (zeros past the token's length) into stage b */
+    auto load = [&](int s, int b) {
         const int p0 = s * CK_ATT_SPAN, np = min(len - p0, CK_ATT_SPAN);
         const int slot = (int)kv_slot(off, pages, t, p0 + min(lane, np - 1));
-        __syncwarp();   /* (the last span's reads of the stage are done) */
         for (int e = lane; e < 2 * 32 * PR; e += 32) {
             int v = e / (32 * PR), j = (e / PR) % 32, pc = e % PR;
             int r = __shfl_sync(0xffffffffu, slot, j);
             const __half *src = (v ? vc : kc) + (size_t)r * kvd + (size_t)kvh * HD + 8 * pc;
-            cp_async16(v ? &sb.v[j][8 * pc] : &sb.k[j][8 * pc], src, j < np ? 16 : 0);
+            cp_async16(v ? &sbs[b].v[j][8 * pc] : &sbs[b].k[j][8 * pc], src, j < np ? 16 : 0);
         }
+    };
+    if (s_first < ns) load(s_first, 0);
+    cp_commit();
+    for (int s = s_first, i = 0; s < ns; s += s_step, i++) {
+        const int p0 = s * CK_ATT_SPAN, np = min(len - p0, CK_ATT_SPAN);
+        if (s + s_step < ns) load(s + s_step, (i + 1) & 1);
         cp_commit();
-        cp_wait<0>();
-        __syncwarp();
+        cp_wait<1>();   /* span s is in ... */
+        __syncwarp();   /* ... for every lane */
+        am_stage<HD> &sb = sbs[i & 1];
         /* S: rows (heads) g, g + 8; columns (positions) 8 nt + 2 qd, + 1 */
         float c[4][4];
 #pragma unroll
@@ -2682,12 +2691,13 @@ __global__ void __launch_bounds__(AM_WARPS * 32) k_att_mma(const float *q, const
             }
             reset();
         }
+        __syncwarp();   /* stage i & 1 is free for span s + 2 s_step */
     }
     cp_wait<0>();
     if (!direct) return;
-    /* the warps' states through shared memory (each warp's stage), merged in warp order */
+    /* the warps' states through shared memory (each warp's stages), merged in warp order */
     __syncwarp();
-    float *fo = (float *)&sb;
+    float *fo = (float *)sbs;
 #pragma unroll
     for (int dt = 0; dt < DT; dt++) {
         fo[g * HD + 8 * dt + 2 * qd] = o[dt][0];
@@ -2705,7 +2715,7 @@ __global__ void __launch_bounds__(AM_WARPS * 32) k_att_mma(const float *q, const
 #pragma unroll
         for (int k = 0; k < HD / 32; k++) A[k] = 0.f;
         for (int w = 0; w < AM_WARPS; w++) {
-            const float *fw = (const float *)&((am_stage<HD> *)am_raw)[w];
+            const float *fw = (const float *)((am_stage<HD> *)am_raw + 2 * w);
             float a[HD / 32];
 #pragma unroll
             for (int k = 0; k < HD / 32; k++) a[k] = fw[r * HD + lane + 32 * k];
@@ -3348,13 +3358,16 @@ int ck_att_grp_ok(int f16, int n_head, int n_head_kv, int hd)
         cudaFuncSetAttribute(k_att_grp<2, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, b);
         cudaFuncSetAttribute(k_att_grp<4, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, b);
         cudaFuncSetAttribute(k_att_grp<8, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, b);
-        cudaFuncSetAttribute(k_att_mma<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)(AM_WARPS * sizeof(am_stage<64>)));
-        cudaFuncSetAttribute(k_att_mma<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)(AM_WARPS * sizeof(am_stage<128>)));
+        cudaFuncSetAttribute(k_att_mma<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)AM_SMEM(64));
+        cudaFuncSetAttribute(k_att_mma<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)AM_SMEM(128));
         attr = true;
     }
     return 1;
+}
+
+int ck_att_mma_ok(int f16, int n_head, int n_head_kv, int hd)
+{
+    return f16 && (hd == 64 || hd == 128) && ck_att_grp_ok(f16, n_head, n_head_kv, hd);
 }
 
 void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *vc, int f16, const int32_t *pos,
@@ -3367,14 +3380,14 @@ void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *v
     if (grp > 0 && !rp && ck_att_grp_ok(f16, n_head, n_head_kv, hd)) {
         xq_lay L = xq_out(hd % 32 == 0 ? xq : NULL, x16, T, n_head * hd);
         dim3 g(T * n_head_kv, grp);
-        if (mma && f16 && (hd == 64 || hd == 128)) {
+        if (mma && ck_att_mma_ok(f16, n_head, n_head_kv, hd)) {
             const __half *k16 = (const __half *)kc, *v16 = (const __half *)vc;
             if (hd == 64)
-                lk(k_att_mma<64>, g, AM_WARPS * 32, AM_WARPS * sizeof(am_stage<64>), st, q, k16, v16, pos, off, pages,
-                   n_head, n_head_kv, out, part, grp, maxs, L);
+                lk(k_att_mma<64>, g, AM_WARPS * 32, AM_SMEM(64), st, q, k16, v16, pos, off, pages, n_head, n_head_kv,
+                   out, part, grp, maxs, L);
             else
-                lk(k_att_mma<128>, g, AM_WARPS * 32, AM_WARPS * sizeof(am_stage<128>), st, q, k16, v16, pos, off,
-                   pages, n_head, n_head_kv, out, part, grp, maxs, L);
+                lk(k_att_mma<128>, g, AM_WARPS * 32, AM_SMEM(128), st, q, k16, v16, pos, off, pages, n_head,
+                   n_head_kv, out, part, grp, maxs, L);
             if (grp > 1) lk(k_att_merge, T * n_head, 128, 0, st, part, pos, n_head, hd, maxs, out, L);
             return;
         }

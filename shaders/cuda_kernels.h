@@ -141,6 +141,8 @@ typedef struct ck_rope_in {
 /* whether ck_attention can group these heads (2..8 q heads per KV head,
  * a head's cache row of at most 512 bytes, in 16-byte pieces) */
 int ck_att_grp_ok(int f16, int n_head, int n_head_kv, int hd);
+/* whether it can take them to tensor cores (mma: f16 caches, head_dim 64 or 128) */
+int ck_att_mma_ok(int f16, int n_head, int n_head_kv, int hd);
 void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *vc, int f16,
                   const int32_t *pos, const int32_t *off, const int32_t *pages, int T, int n_head,
                   int n_head_kv, int head_dim, float *out, float *part, int G, int maxs, void *xq, void *x16,

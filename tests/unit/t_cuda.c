@@ -915,7 +915,7 @@ static void attn_case(be *gb, be *cb, int n_head, int n_head_kv, int hd)
  * spans split over blocks, gd's all in one block) against the CPU, bit for
  * bit against the ungrouped kernel (gn: ANE_CUDA_ATT_GRP=0) and against
  * each token alone (split over blocks). gm[0..1]: the tensor-core form
- * (ANE_CUDA_ATT_MMA=2; spans split, and in one block) against the CPU as
+ * (ANE_CUDA_ATT_MMA=2; spans split over blocks, and all in one block) against the CPU as
  * closely, or where it does not apply (f32 caches, head_dim 48) the
  * grouped kernel's bits. */
 static void attn_group_case(be *gb, be *gd, be *gn, be *const *gm, be *cb, int n_head, int n_head_kv, int hd)
@@ -997,9 +997,9 @@ static void test_att_group(void)
               gpu_open_env(&gn32, 0, "ANE_CUDA_ATT_GRP=0", NULL, err, sizeof err) ||
               gpu_open_env(&gd, 1, "ANE_CUDA_ATT_GRP=1", NULL, err, sizeof err) ||
               gpu_open_env(&gd32, 0, "ANE_CUDA_ATT_GRP=1", NULL, err, sizeof err) ||
-              gpu_open_env(&gm[0], 1, "ANE_CUDA_ATT_MMA=2", NULL, err, sizeof err) ||
+              gpu_open_env(&gm[0], 1, "ANE_CUDA_ATT_MMA=2", "ANE_CUDA_ATT_GRP=4", err, sizeof err) ||
               gpu_open_env(&gm[1], 1, "ANE_CUDA_ATT_MMA=2", "ANE_CUDA_ATT_GRP=1", err, sizeof err) ||
-              gpu_open_env(&gm32[0], 0, "ANE_CUDA_ATT_MMA=2", NULL, err, sizeof err) ||
+              gpu_open_env(&gm32[0], 0, "ANE_CUDA_ATT_MMA=2", "ANE_CUDA_ATT_GRP=4", err, sizeof err) ||
               gpu_open_env(&gm32[1], 0, "ANE_CUDA_ATT_MMA=2", "ANE_CUDA_ATT_GRP=1", err, sizeof err);
     CHECKF(!bad, "%s", err);
     if (!bad) {
