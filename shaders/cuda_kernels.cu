@@ -1321,7 +1321,7 @@ __global__ void __launch_bounds__(MQ_WARPS * 32) k_mmq(const gv_set S, size_t rb
 #define MH_XS (MH_CH + 32)       /* halves per token row of x in shared memory (no bank conflicts) */
 #define MH_WB 160                /* bytes per row and chunk: the super-block, padded (no bank conflicts) */
 #define MH_SB (MH_CH / 32)       /* sub-blocks per chunk */
-#define MH_ST 2                  /* chunk buffers */
+#define MH_ST 2                  /* chunk buffers (the prologues load one chunk ahead) */
 
 template <int J> struct mh_smem {
     __half x[MH_ST][J * 8][MH_XS];
@@ -1412,7 +1412,6 @@ __global__ void __launch_bounds__(MB_WARPS * 32, 2)
     k_mmqh(const gv_set S, size_t rb, int n, const __half *__restrict__ x16, int T, float *__restrict__ part,
            int *__restrict__ cnt)
 {
-    pdl_begin();
     extern __shared__ __align__(16) unsigned char mh_raw[];
     mh_smem<J> &sm = *(mh_smem<J> *)mh_raw;
     __shared__ int last;
@@ -1436,10 +1435,12 @@ __global__ void __launch_bounds__(MB_WARPS * 32, 2)
         wsrc[k] = M.W + (size_t)min(tile * MB_ROWS + r, n_out - 1) * rb + 16 * pc;
         woff[k] = r * MH_WB + 16 * pc;
     }
-    auto load = [&](int c, int st) {
+    auto load_w = [&](int c, int st) {
 #pragma unroll
         for (int k = 0; k < WP; k++)
             if (tid + NT * k < MB_ROWS * 9) cp_async16(&sm.w[st][0][0] + woff[k], wsrc[k] + (size_t)c * 144, 16);
+    };
+    auto load_x = [&](int c, int st) {
 #pragma unroll
         for (int k = 0; k < XP; k++) {
             int p = tid + NT * k, xt = p >> 5, xk = (p & 31) * 8;
@@ -1448,15 +1449,17 @@ __global__ void __launch_bounds__(MB_WARPS * 32, 2)
                 cp_async16(&sm.x[st][xt][xk], x16 + (size_t)(xv ? xt : 0) * n + (size_t)c * MH_CH + xk, xv ? 16 : 0);
         }
     };
+    auto load = [&](int c, int st) { load_w(c, st); load_x(c, st); };
 
     float acc[J][4];
 #pragma unroll
     for (int j = 0; j < J; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-#pragma unroll
-    for (int i = 0; i < MH_ST - 1; i++) {
-        if (c0 + i < c1) load(c0 + i, i);
-        cp_commit();
-    }
+    /* the first chunk's weights before the wait (no kernel writes them: they
+     * stream in while the kernel before ends), x after */
+    if (c0 < c1) load_w(c0, 0);
+    pdl_begin();
+    if (c0 < c1) load_x(c0, 0);
+    cp_commit();
     for (int c = c0, i = 0; c < c1; c++, i++) {
         const int st = i % MH_ST, sb = i & 1;
         cp_wait<MH_ST - 2>();   /* chunk c is in */
@@ -1600,7 +1603,6 @@ __global__ void __launch_bounds__(MB_WARPS * 32, 2)
            int *__restrict__ cnt)
 {
 #if defined(CK_HAVE_WGMMA)
-    pdl_begin();
     extern __shared__ __align__(128) unsigned char mw_raw[];
     mw_smem<J> &sm = *(mw_smem<J> *)(mw_raw + ((MW_AT - ((unsigned)__cvta_generic_to_shared(mw_raw) & (MW_AT - 1))) & (MW_AT - 1)));
     __shared__ int last;
@@ -1622,10 +1624,12 @@ __global__ void __launch_bounds__(MB_WARPS * 32, 2)
     }
     /* x piece p: token p / 32's piece p % 32 (a warp copies 512 bytes of one token), at piece
      * (p % 8) ^ (token % 8) of the token's row in atom p % 32 / 8 */
-    auto load = [&](int c, int st) {
+    auto load_w = [&](int c, int st) {
 #pragma unroll
         for (int k = 0; k < WP; k++)
             if (tid + NT * k < MB_ROWS * 9) cp_async16(&sm.w[st][0][0] + woff[k], wsrc[k] + (size_t)c * 144, 16);
+    };
+    auto load_x = [&](int c, int st) {
 #pragma unroll
         for (int k = 0; k < XP; k++) {
             int p = tid + NT * k, xt = p >> 5, pc = p & 31;
@@ -1635,15 +1639,15 @@ __global__ void __launch_bounds__(MB_WARPS * 32, 2)
                            x16 + (size_t)(xv ? xt : 0) * n + (size_t)c * MH_CH + 8 * pc, xv ? 16 : 0);
         }
     };
+    auto load = [&](int c, int st) { load_w(c, st); load_x(c, st); };
 
     float acc[J][4];
 #pragma unroll
     for (int j = 0; j < J; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-#pragma unroll
-    for (int i = 0; i < MH_ST - 1; i++) {
-        if (c0 + i < c1) load(c0 + i, i);
-        cp_commit();
-    }
+    if (c0 < c1) load_w(c0, 0);   /* (before the wait, as k_mmqh) */
+    pdl_begin();
+    if (c0 < c1) load_x(c0, 0);
+    cp_commit();
     for (int c = c0, i = 0; c < c1; c++, i++) {
         const int st = i % MH_ST, sb = i & 1;
         cp_wait<MH_ST - 2>();                                      /* chunk c is in */
