@@ -1407,6 +1407,95 @@ __device__ __forceinline__ void mb_sum(const float *part0, int sp, int tile, int
     }
 }
 
+/* What k_mmqh and k_mmqw share. A block's weight copies of a chunk: piece
+ * p = tid + NT k is row p / 9's 16-byte piece p % 9, so a warp reads whole
+ * rows' runs (measured: the gate+up of a 7b at 19% less time than with a
+ * row's pieces split over two threads); rows PITCH bytes apart. */
+#define MH_NT (MB_WARPS * 32)
+#define MH_WP ((MB_ROWS * 9 + MH_NT - 1) / MH_NT)
+/* A block's place: its matrix (S.m[mi]), its index among that matrix's
+ * blocks, the K split, its row tile and its chunks [c0, c1) */
+struct mh_place { int mi, local, sp, tile, c0, c1; };
+__device__ __forceinline__ mh_place mh_where(const gv_set &S, int n)
+{
+    mh_place P;
+    P.mi = gv_pick(S);
+    const gv_mat &M = S.m[P.mi];
+    P.local = (int)blockIdx.x - M.blk0;
+    P.sp = M.sp;
+    P.tile = P.local / P.sp;
+    P.c0 = (P.local - P.tile * P.sp) * M.per;
+    P.c1 = min(P.c0 + M.per, n / MH_CH);
+    return P;
+}
+template <int PITCH> struct mh_wcp {
+    const uint8_t *src[MH_WP];
+    int off[MH_WP];
+    __device__ __forceinline__ mh_wcp(const gv_mat &M, int tile, size_t rb, int tid)
+    {
+#pragma unroll
+        for (int k = 0; k < MH_WP; k++) {
+            int p = min(tid + MH_NT * k, MB_ROWS * 9 - 1), r = p / 9, pc = p - r * 9;
+            src[k] = M.W + (size_t)min(tile * MB_ROWS + r, M.n_out - 1) * rb + 16 * pc;
+            off[k] = r * PITCH + 16 * pc;
+        }
+    }
+    /* chunk c's weights into w (a stage's rows) */
+    __device__ __forceinline__ void copy(uint8_t *w, int c, int tid) const
+    {
+#pragma unroll
+        for (int k = 0; k < MH_WP; k++)
+            if (tid + MH_NT * k < MB_ROWS * 9) cp_async16(w + off[k], src[k] + (size_t)c * 144, 16);
+    }
+};
+/* the chunk's sub-block scales (d * sc, -dmin * m as half2s): row e / 4, sub-block pair e % 4 */
+template <int PITCH>
+__device__ __forceinline__ void mh_scales(const uint8_t (*w)[PITCH], uint2 (*sc)[MH_SB + 1], int tid)
+{
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        int e = tid + k * MH_NT, jp = e & 3;
+        float d0, d1, m0, m1;
+        q4k_scales(*(const uint4 *)w[e >> 2], jp, d0, d1, m0, m1);
+        sc[e >> 2][2 * jp] = make_uint2(h2u(__floats2half2_rn(d0, d0)), h2u(__floats2half2_rn(-m0, -m0)));
+        sc[e >> 2][2 * jp + 1] = make_uint2(h2u(__floats2half2_rn(d1, d1)), h2u(__floats2half2_rn(-m1, -m1)));
+    }
+}
+/* A block's sums (rows ra, ra + 8 of its tile; tokens 8 j + 2 q, + 1) out,
+ * or with a split K to its partial slot, the tile's last block summing the
+ * slots (mb_sum) */
+template <int J>
+__device__ __forceinline__ void mh_finish(const float (&acc)[J][4], const gv_mat &M, int local, int sp, int tile,
+                                          int ra, int q, int T, float *part, int *cnt, int tid, int &last)
+{
+    const float *bias = M.bias;
+    float *out = M.out;
+    const int n_out = M.n_out;
+    if (sp == 1) {
+#pragma unroll
+        for (int j = 0; j < J; j++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int r = tile * MB_ROWS + ra + (i >> 1) * 8, t = 8 * j + 2 * q + (i & 1);
+                if (r < n_out && t < T) out[(size_t)t * n_out + r] = acc[j][i] + (bias ? bias[r] : 0.f);
+            }
+        return;
+    }
+    float *mine = part + ((size_t)M.pb + local) * (J * 8 * MB_ROWS);
+#pragma unroll
+    for (int j = 0; j < J; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) mine[(8 * j + 2 * q + (i & 1)) * MB_ROWS + ra + (i >> 1) * 8] = acc[j][i];
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) last = atomicAdd(cnt + M.cb + tile, 1) == sp - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    mb_sum<J>(part + ((size_t)M.pb + (size_t)tile * sp) * (J * 8 * MB_ROWS), sp, tile, n_out, T, bias, out, tid);
+    if (tid == 0) cnt[M.cb + tile] = 0;   /* ready for the next launch */
+}
+
 template <int J>
 __global__ void __launch_bounds__(MB_WARPS * 32, 2)
     k_mmqh(const gv_set S, size_t rb, int n, const __half *__restrict__ x16, int T, float *__restrict__ part,
@@ -1416,34 +1505,16 @@ __global__ void __launch_bounds__(MB_WARPS * 32, 2)
     mh_smem<J> &sm = *(mh_smem<J> *)mh_raw;
     __shared__ int last;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, q = lane & 3;
-    const int mi = gv_pick(S);
-    const gv_mat &M = S.m[mi];
-    const int local = (int)blockIdx.x - M.blk0, sp = M.sp, tile = local / sp, split = local - tile * sp;
-    const int nch = n / MH_CH, n_out = M.n_out;
-    const int c0 = split * M.per, c1 = min(c0 + M.per, nch);
-    const int ra = warp * 16 + g;
-    /* The copies of a chunk: piece p = tid + NT k of the weights is row p /
-     * 9's 16-byte piece p % 9, of x token p / 32's piece p % 32, so a warp
-     * reads whole rows' runs (measured: the gate+up of a 7b at 19% less
-     * time than with a row's pieces split over two threads) */
-    constexpr int NT = MB_WARPS * 32, WP = (MB_ROWS * 9 + NT - 1) / NT, XP = (J * 8 * 32 + NT - 1) / NT;
-    const uint8_t *wsrc[WP];
-    int woff[WP];
-#pragma unroll
-    for (int k = 0; k < WP; k++) {
-        int p = min(tid + NT * k, MB_ROWS * 9 - 1), r = p / 9, pc = p - r * 9;
-        wsrc[k] = M.W + (size_t)min(tile * MB_ROWS + r, n_out - 1) * rb + 16 * pc;
-        woff[k] = r * MH_WB + 16 * pc;
-    }
-    auto load_w = [&](int c, int st) {
-#pragma unroll
-        for (int k = 0; k < WP; k++)
-            if (tid + NT * k < MB_ROWS * 9) cp_async16(&sm.w[st][0][0] + woff[k], wsrc[k] + (size_t)c * 144, 16);
-    };
+    const mh_place P = mh_where(S, n);
+    const gv_mat &M = S.m[P.mi];
+    const int local = P.local, sp = P.sp, tile = P.tile, c0 = P.c0, c1 = P.c1, ra = warp * 16 + g;
+    constexpr int XP = (J * 8 * 32 + MH_NT - 1) / MH_NT;
+    const mh_wcp<MH_WB> wc(M, tile, rb, tid);
+    auto load_w = [&](int c, int st) { wc.copy(&sm.w[st][0][0], c, tid); };
     auto load_x = [&](int c, int st) {
 #pragma unroll
         for (int k = 0; k < XP; k++) {
-            int p = tid + NT * k, xt = p >> 5, xk = (p & 31) * 8;
+            int p = tid + MH_NT * k, xt = p >> 5, xk = (p & 31) * 8;
             bool xv = xt < T;
             if (p < J * 8 * 32)
                 cp_async16(&sm.x[st][xt][xk], x16 + (size_t)(xv ? xt : 0) * n + (size_t)c * MH_CH + xk, xv ? 16 : 0);
@@ -1466,15 +1537,7 @@ __global__ void __launch_bounds__(MB_WARPS * 32, 2)
         __syncthreads();        /* ... for every thread; and chunk c - 1's buffers are free */
         if (c + MH_ST - 1 < c1) load(c + MH_ST - 1, (i + MH_ST - 1) % MH_ST);
         cp_commit();
-        /* the chunk's scales: row e / 4, sub-block pair e % 4 */
-#pragma unroll
-        for (int k = 0; k < 2; k++) {
-            int e = tid + k * MB_WARPS * 32, jp = e & 3;
-            float d0, d1, m0, m1;
-            q4k_scales(*(const uint4 *)sm.w[st][e >> 2], jp, d0, d1, m0, m1);
-            sm.sc[sb][e >> 2][2 * jp] = make_uint2(h2u(__floats2half2_rn(d0, d0)), h2u(__floats2half2_rn(-m0, -m0)));
-            sm.sc[sb][e >> 2][2 * jp + 1] = make_uint2(h2u(__floats2half2_rn(d1, d1)), h2u(__floats2half2_rn(-m1, -m1)));
-        }
+        mh_scales<MH_WB>(sm.w[st], sm.sc[sb], tid);
         __syncthreads();
         /* group gi (sub-blocks 2 gi, 2 gi + 1): this lane's 8 bytes of each row */
 #pragma unroll
@@ -1507,31 +1570,7 @@ __global__ void __launch_bounds__(MB_WARPS * 32, 2)
         }
     }
     cp_wait<0>();
-    const float *bias = M.bias;
-    float *out = M.out;
-    if (sp == 1) {
-#pragma unroll
-        for (int j = 0; j < J; j++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                int r = tile * MB_ROWS + ra + (i >> 1) * 8, t = 8 * j + 2 * q + (i & 1);
-                if (r < n_out && t < T) out[(size_t)t * n_out + r] = acc[j][i] + (bias ? bias[r] : 0.f);
-            }
-        return;
-    }
-    float *mine = part + ((size_t)M.pb + local) * (J * 8 * MB_ROWS);
-#pragma unroll
-    for (int j = 0; j < J; j++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) mine[(8 * j + 2 * q + (i & 1)) * MB_ROWS + ra + (i >> 1) * 8] = acc[j][i];
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) last = atomicAdd(cnt + M.cb + tile, 1) == sp - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    mb_sum<J>(part + ((size_t)M.pb + (size_t)tile * sp) * (J * 8 * MB_ROWS), sp, tile, n_out, T, bias, out, tid);
-    if (tid == 0) cnt[M.cb + tile] = 0;   /* ready for the next launch */
+    mh_finish<J>(acc, M, local, sp, tile, ra, q, T, part, cnt, tid, last);
 }
 
 /* ---------------- q4_K matmul for decode batches (Hopper warpgroup MMA) ----------------
@@ -1607,32 +1646,16 @@ __global__ void __launch_bounds__(MB_WARPS * 32, 2)
     mw_smem<J> &sm = *(mw_smem<J> *)(mw_raw + ((MW_AT - ((unsigned)__cvta_generic_to_shared(mw_raw) & (MW_AT - 1))) & (MW_AT - 1)));
     __shared__ int last;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, q = lane & 3;
-    const int mi = gv_pick(S);
-    const gv_mat &M = S.m[mi];
-    const int local = (int)blockIdx.x - M.blk0, sp = M.sp, tile = local / sp, split = local - tile * sp;
-    const int nch = n / MH_CH, n_out = M.n_out;
-    const int c0 = split * M.per, c1 = min(c0 + M.per, nch);
-    const int ra = warp * 16 + g;
-    constexpr int NT = MB_WARPS * 32, WP = (MB_ROWS * 9 + NT - 1) / NT, XP = (J * 8 * 32 + NT - 1) / NT;
-    const uint8_t *wsrc[WP];
-    int woff[WP];
-#pragma unroll
-    for (int k = 0; k < WP; k++) {
-        int p = min(tid + NT * k, MB_ROWS * 9 - 1), r = p / 9, pc = p - r * 9;
-        wsrc[k] = M.W + (size_t)min(tile * MB_ROWS + r, n_out - 1) * rb + 16 * pc;
-        woff[k] = r * MW_WB + 16 * pc;
-    }
-    /* x piece p: token p / 32's piece p % 32 (a warp copies 512 bytes of one token), at piece
-     * (p % 8) ^ (token % 8) of the token's row in atom p % 32 / 8 */
-    auto load_w = [&](int c, int st) {
-#pragma unroll
-        for (int k = 0; k < WP; k++)
-            if (tid + NT * k < MB_ROWS * 9) cp_async16(&sm.w[st][0][0] + woff[k], wsrc[k] + (size_t)c * 144, 16);
-    };
+    const mh_place P = mh_where(S, n);
+    const gv_mat &M = S.m[P.mi];
+    const int local = P.local, sp = P.sp, tile = P.tile, c0 = P.c0, c1 = P.c1, ra = warp * 16 + g;
+    constexpr int XP = (J * 8 * 32 + MH_NT - 1) / MH_NT;
+    const mh_wcp<MW_WB> wc(M, tile, rb, tid);
+    auto load_w = [&](int c, int st) { wc.copy(&sm.w[st][0][0], c, tid); };
     auto load_x = [&](int c, int st) {
 #pragma unroll
         for (int k = 0; k < XP; k++) {
-            int p = tid + NT * k, xt = p >> 5, pc = p & 31;
+            int p = tid + MH_NT * k, xt = p >> 5, pc = p & 31;
             bool xv = xt < T;
             if (p < J * 8 * 32)
                 cp_async16(&sm.x[st][((pc >> 3) * J + (xt >> 3)) * (MW_AT / 16) + (xt & 7) * 8 + ((pc ^ xt) & 7)],
@@ -1655,14 +1678,7 @@ __global__ void __launch_bounds__(MB_WARPS * 32, 2)
         __syncthreads();   /* ... for every thread; chunk c - 1's buffers are free (its MMAs waited for) */
         if (c + MH_ST - 1 < c1) load(c + MH_ST - 1, (i + MH_ST - 1) % MH_ST);
         cp_commit();
-#pragma unroll
-        for (int k = 0; k < 2; k++) {
-            int e = tid + k * MB_WARPS * 32, jp = e & 3;
-            float d0, d1, m0, m1;
-            q4k_scales(*(const uint4 *)sm.w[st][e >> 2], jp, d0, d1, m0, m1);
-            sm.sc[sb][e >> 2][2 * jp] = make_uint2(h2u(__floats2half2_rn(d0, d0)), h2u(__floats2half2_rn(-m0, -m0)));
-            sm.sc[sb][e >> 2][2 * jp + 1] = make_uint2(h2u(__floats2half2_rn(d1, d1)), h2u(__floats2half2_rn(-m1, -m1)));
-        }
+        mh_scales<MW_WB>(sm.w[st], sm.sc[sb], tid);
         __syncthreads();
         const uint64_t xd = wg_desc(&sm.x[st][0]);
 #pragma unroll
@@ -1699,31 +1715,7 @@ __global__ void __launch_bounds__(MB_WARPS * 32, 2)
         wg_wait<0>();
     }
     cp_wait<0>();
-    const float *bias = M.bias;
-    float *out = M.out;
-    if (sp == 1) {
-#pragma unroll
-        for (int j = 0; j < J; j++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                int r = tile * MB_ROWS + ra + (i >> 1) * 8, t = 8 * j + 2 * q + (i & 1);
-                if (r < n_out && t < T) out[(size_t)t * n_out + r] = acc[j][i] + (bias ? bias[r] : 0.f);
-            }
-        return;
-    }
-    float *mine = part + ((size_t)M.pb + local) * (J * 8 * MB_ROWS);
-#pragma unroll
-    for (int j = 0; j < J; j++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) mine[(8 * j + 2 * q + (i & 1)) * MB_ROWS + ra + (i >> 1) * 8] = acc[j][i];
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) last = atomicAdd(cnt + M.cb + tile, 1) == sp - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    mb_sum<J>(part + ((size_t)M.pb + (size_t)tile * sp) * (J * 8 * MB_ROWS), sp, tile, n_out, T, bias, out, tid);
-    if (tid == 0) cnt[M.cb + tile] = 0;   /* ready for the next launch */
+    mh_finish<J>(acc, M, local, sp, tile, ra, q, T, part, cnt, tid, last);
 #endif
 }
 
