@@ -1599,7 +1599,6 @@ __global__ void __launch_bounds__(MB_WARPS * 32, 2)
 template <int J> struct mw_smem {
     uint4 x[MH_ST][MH_CH / 64 * J * MW_AT / 16];
     uint8_t w[MH_ST][MB_ROWS][MW_WB];
-    uint2 sc[2][MB_ROWS][MH_SB + 1];
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -1672,14 +1671,23 @@ __global__ void __launch_bounds__(MB_WARPS * 32, 2)
     if (c0 < c1) load_x(c0, 0);
     cp_commit();
     for (int c = c0, i = 0; c < c1; c++, i++) {
-        const int st = i % MH_ST, sb = i & 1;
+        const int st = i % MH_ST;
         cp_wait<MH_ST - 2>();                                      /* chunk c is in */
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   /* ... for the tensor cores' reads too */
         __syncthreads();   /* ... for every thread; chunk c - 1's buffers are free (its MMAs waited for) */
         if (c + MH_ST - 1 < c1) load(c + MH_ST - 1, (i + MH_ST - 1) % MH_ST);
         cp_commit();
-        mh_scales<MW_WB>(sm.w[st], sm.sc[sb], tid);
-        __syncthreads();
+        /* this lane's scales: sub-blocks 2q, 2q + 1 of rows ra and ra + 8 (d * sc,
+         * -dmin * m as half2s); a sub-block's come from its lane by shuffle, so the
+         * warps need no second barrier */
+        uint32_t scd[2][2], scm[2][2];   /* [row ra, ra + 8][sub-block 2q, 2q + 1] */
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float d0, d1, m0, m1;
+            q4k_scales(*(const uint4 *)sm.w[st][ra + 8 * r], q, d0, d1, m0, m1);
+            scd[r][0] = h2u(__floats2half2_rn(d0, d0)); scm[r][0] = h2u(__floats2half2_rn(-m0, -m0));
+            scd[r][1] = h2u(__floats2half2_rn(d1, d1)); scm[r][1] = h2u(__floats2half2_rn(-m1, -m1));
+        }
         const uint64_t xd = wg_desc(&sm.x[st][0]);
 #pragma unroll
         for (int gi = 0; gi < MH_SB / 2; gi++) {
@@ -1692,7 +1700,9 @@ __global__ void __launch_bounds__(MB_WARPS * 32, 2)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 const int s = 2 * gi + h;
-                uint2 sca = sm.sc[sb][ra][s], scb = sm.sc[sb][ra + 8][s];
+                const int src = (lane & ~3) | (s >> 1);
+                uint2 sca = make_uint2(__shfl_sync(0xffffffffu, scd[0][s & 1], src), __shfl_sync(0xffffffffu, scm[0][s & 1], src));
+                uint2 scb = make_uint2(__shfl_sync(0xffffffffu, scd[1][s & 1], src), __shfl_sync(0xffffffffu, scm[1][s & 1], src));
                 uint32_t a0[4], a1[4];
                 if (h) {
                     q4_pair<1>(ua0, u2h(sca.x), u2h(sca.y), a0[0], a0[2]);
