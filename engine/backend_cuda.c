@@ -68,6 +68,7 @@ typedef struct cu_be {
     int64_t max_n_in;
     void *w16; size_t w16_cap; /* bytes */
     void *x16; size_t x16_cap;
+    void *x16b;                /* a second of x16_cap (the batched gate-and-up kernel reads one, writes the other) */
     void *xq; size_t xq_cap;   /* int8 activations of the GEMV */
     void *xq2;                 /* a second of xq_cap, for a kernel that reads one form and writes another */
     /* per-step block: ids[cap_T] pos[cap_T] off[cap_T] slot[cap_T] pages[...] */
@@ -187,7 +188,7 @@ static void cu_close(be *b)
     graphs_drop(c);
     for (int i = 0; i < c->n_up; i++) { cudaFree(c->up[i].dev); cudaFree(c->up[i].dev16); }
     free(c->up);
-    cudaFree(c->w16); cudaFree(c->x16); cudaFree(c->xq); cudaFree(c->xq2); cudaFree(c->d_step); cudaFree(c->part); cudaFree(c->blas_ws);
+    cudaFree(c->w16); cudaFree(c->x16); cudaFree(c->x16b); cudaFree(c->xq); cudaFree(c->xq2); cudaFree(c->d_step); cudaFree(c->part); cudaFree(c->blas_ws);
     cudaFree(c->rope_tab);
     if (c->h_step) cudaFreeHost(c->h_step);
     if (c->h_out) cudaFreeHost(c->h_out);
@@ -373,8 +374,13 @@ static int ensure_gemm(cu_be *c, int T)
     }
     if (x > c->x16_cap) {
         cudaFree(c->x16); c->x16 = NULL; c->x16_cap = 0;
+        cudaFree(c->x16b); c->x16b = NULL;
         c->x16_src = NULL; c->x16_rows = c->x16_n = 0;
-        if (!ok(c, cudaMalloc(&c->x16, x), "f16 activation scratch")) return -1;
+        if (!ok(c, cudaMalloc(&c->x16, x), "f16 activation scratch") ||
+            !ok(c, cudaMalloc(&c->x16b, x), "f16 activation scratch")) {
+            cudaFree(c->x16); c->x16 = NULL;
+            return -1;
+        }
         c->x16_cap = x;
         graphs_drop(c);
     }
@@ -795,12 +801,27 @@ static void cu_silu_mul(be *b, const float *g, const float *u, size_t n, float *
  * norm before wrote it) and whose out goes on in int8 (the down
  * projection): one launch that writes out's int8 form into the second
  * scratch, which then becomes xq (the kernel reads x's from the first).
- * Else matmul_n and silu_mul. ANE_CUDA_GLU=0: always apart. */
+ * A decode batch of the batched q4_K kernel: one launch whose gate and up
+ * rows of a feature share a block, writing out's f16 form into the second
+ * f16 scratch, which then becomes x16. Else matmul_n and silu_mul.
+ * ANE_CUDA_GLU=0: always apart. */
 static void cu_matmul_glu(be *b, const wt *wg, const wt *wu, const float *x, int T, float *g, float *u, float *out)
 {
     cu_be *c = (cu_be *)b;
     int n = (int)wg->n_in, F = (int)wg->n_out, bt;
     int same = wu->type == wg->type && (int)wu->n_in == n && (int)wu->n_out == F && wu->row_bytes == wg->row_bytes;
+    if (c->fuse && c->glu && same && gemv_count(c, wg, T, &bt) == T && bt) {
+        const void *xh = x_f16(c, x, T, n);
+        if (xh && c->x16b && c->x16_cap >= (size_t)T * F * 2 &&
+            ck_mmq_glu(c->st, wg->type, wg->dev, wu->dev, wg->row_bytes, n, F, T, out, c->x16b, xh, c->mb_part,
+                       CK_MMQB_PART, c->mb_cnt, CK_MMQB_CNT, c->n_sm)) {
+            void *t = c->x16; c->x16 = c->x16b; c->x16b = t;
+            tag_clear(c);
+            c->x16_src = out; c->x16_rows = T; c->x16_n = F;
+            c->mm_out = NULL;
+            return;
+        }
+    }
     if (!c->fuse || !c->glu || !same || !c->xq2 || !width_in(c->q_n, c->n_q_n, F) ||
         !ck_glu_ok(wg->type, n, F, T, c->n_sm) || gemv_count(c, wg, T, &bt) != T || bt || !tag_is(c, x, T, n) ||
         CK_XQ_BYTES(T, F) > c->xq_cap) {

@@ -110,6 +110,15 @@ void fw_snap_at(fw *f, int slot, int pos, int snap) { if (f->q35) fwq_snap_at(f-
 size_t fw_kv_bytes(const fw *f) { return f->q35 ? fwq_kv_bytes(f->q35) : f->kv_bytes; }
 
 /* Every op of a forward pass, up to the logits in f->lg (queued, not synced). */
+void fw_out_norm(be *b, const float *x, const wt *w, const int32_t *out_idx, int n_out, int E, float eps,
+                 float *xo)
+{
+    for (int i = 0, j; i < n_out; i = j) {
+        for (j = i + 1; j < n_out && out_idx[j] == out_idx[j - 1] + 1; j++) {}
+        b->ops->rmsnorm(b, x + (size_t)out_idx[i] * E, w, j - i, E, eps, xo + (size_t)i * E);
+    }
+}
+
 static void fw_pass(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out)
 {
     const model *m = f->m;
@@ -185,9 +194,7 @@ static void fw_pass(fw *f, const int32_t *tokens, const be_batch *bt, const int3
         else
             o->add(b, f->x, f->xb, (size_t)T * E);
     }
-    for (int i = 0; i < n_out; i++)
-        o->rmsnorm(b, f->x + (size_t)out_idx[i] * E, &m->output_norm, 1, E, hp->norm_eps,
-                   f->xo + (size_t)i * E);
+    fw_out_norm(b, f->x, &m->output_norm, out_idx, n_out, E, hp->norm_eps, f->xo);
     if (n_out > 0) o->matmul(b, &m->output, NULL, f->xo, n_out, f->lg);
 ops_done:
     if (o->step_end) o->step_end(b);

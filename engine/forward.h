@@ -25,6 +25,10 @@ void fw_snap_load(fw *f, int snap, int slot);
 /* The next fw_run saves slot's state right after its token at position
  * pos-1 (which must be in that batch) into snapshot `snap`. */
 void fw_snap_at(fw *f, int slot, int pos, int snap);
+/* The final norm of the output rows x[out_idx[i]] into xo[i] [n_out][E]:
+ * one rmsnorm per run of consecutive rows (a decode batch's are all one). */
+void fw_out_norm(be *b, const float *x, const wt *w, const int32_t *out_idx, int n_out, int E, float eps,
+                 float *xo);
 size_t fw_kv_bytes(const fw *f);          /* bytes of the whole KV pool */
 size_t fw_kv_page_bytes(const model *m, size_t kv_elt);
 

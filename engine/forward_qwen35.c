@@ -15,6 +15,7 @@
  * State: per linear layer conv [max_seqs][conv_k-1][CD] and delta-rule
  * [max_seqs][nv][dk][dv] (f32); KV cache pages for full-attention layers only. */
 #include "engine/forward_qwen35.h"
+#include "engine/forward.h"   /* (fw_out_norm) */
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -288,8 +289,7 @@ void fwq_run(fwq *f, const int32_t *tokens, const be_batch *bt, const int32_t *o
         o->matmul(b, &L->w_down, NULL, f->hg, T, f->xb);
         o->add(b, f->x, f->xb, (size_t)T * E);
     }
-    for (int i = 0; i < n_out; i++)
-        o->rmsnorm(b, f->x + (size_t)out_idx[i] * E, &m->output_norm, 1, E, hp->norm_eps, f->xo + (size_t)i * E);
+    fw_out_norm(b, f->x, &m->output_norm, out_idx, n_out, E, hp->norm_eps, f->xo);
     if (n_out > 0) o->matmul(b, &m->output, NULL, f->xo, n_out, f->lg);
 ops_done:
     if (begun && o->step_end) o->step_end(b);

@@ -485,7 +485,12 @@ __global__ void k_embed(const uint8_t *W, size_t rb, int n, const int32_t *ids, 
  * ...: each warp reads the row's bytes and x's floats contiguously. */
 /* (sp, per, pb, cb: k_mmqh's K split) */
 struct gv_mat { const uint8_t *W; const float *bias; float *out; int n_out, blk0, sp, per, pb, cb; };
-struct gv_set { gv_mat m[CK_MULTI_MAX]; int nm, pf; };   /* matrices of one type and n_in, one launch; pf: gv_pf() */
+struct gv_set {   /* matrices of one type and n_in, one launch; pf: gv_pf() */
+    gv_mat m[CK_MULTI_MAX];
+    int nm, pf;
+    const uint8_t *glu_u;   /* the batched q4_K kernels' gate-and-up form (ck_mmq_glu): the up matrix */
+    __half *glu_h;          /* ... and out's f16 form */
+};
 
 /* Weights are never written, so a GEMV block may start pulling its rows
  * into L2 before pdl_begin(), while the kernel before it (whose output is
@@ -1370,10 +1375,12 @@ __device__ __forceinline__ void q4_pair(uint32_t u, __half2 ds, __half2 nmm, uin
 /* The last CTA of a row tile: the sp splits' partials (J * 8 tokens x
  * MB_ROWS rows each, from part0) summed in split order, plus bias, into
  * out. A thread takes 4 rows of token tid / 32 + 8 j for each j; the loads
- * of U splits are issued together. */
+ * of U splits are issued together. Gate and up (glu_h): lane l < 16 holds
+ * gate rows 4 l.. of the tile's features, lane l + 16 their up rows; the
+ * gate lanes write silu(g) * u and its f16 form. */
 template <int J>
 __device__ __forceinline__ void mb_sum(const float *part0, int sp, int tile, int n_out, int T, const float *bias,
-                                       float *out, int tid)
+                                       float *out, int tid, __half *glu_h)
 {
     constexpr int SLOT4 = J * 8 * MB_ROWS / 4, U = 4;   /* (J <= 4) */
     const float4 *p0 = (const float4 *)part0;
@@ -1396,6 +1403,24 @@ __device__ __forceinline__ void mb_sum(const float *part0, int sp, int tile, int
                 if (s + u >= sp) break;
                 v[j].x += a[u][j].x; v[j].y += a[u][j].y; v[j].z += a[u][j].z; v[j].w += a[u][j].w;
             }
+    }
+    static_assert(MB_ROWS / 4 == 32, "a warp's lanes take one token's rows of a tile");
+    if (glu_h) {
+        const int lane = tid & 31, H = MB_ROWS / 2;
+#pragma unroll
+        for (int j = 0; j < J; j++) {
+            float4 u;
+            u.x = __shfl_down_sync(0xffffffffu, v[j].x, 16); u.y = __shfl_down_sync(0xffffffffu, v[j].y, 16);
+            u.z = __shfl_down_sync(0xffffffffu, v[j].z, 16); u.w = __shfl_down_sync(0xffffffffu, v[j].w, 16);
+            int t = tid / 32 + j * (MB_WARPS * 32 * 4 / MB_ROWS), f = tile * H + lane * 4;
+            float e[4] = { silu_mul1(v[j].x, u.x), silu_mul1(v[j].y, u.y), silu_mul1(v[j].z, u.z), silu_mul1(v[j].w, u.w) };
+            if (lane < 16 && t < T)
+                for (int k = 0; k < 4; k++) {
+                    out[(size_t)t * n_out + f + k] = e[k];
+                    glu_h[(size_t)t * n_out + f + k] = f2h_sat(e[k]);
+                }
+        }
+        return;
     }
 #pragma unroll
     for (int j = 0; j < J; j++) {
@@ -1431,12 +1456,15 @@ __device__ __forceinline__ mh_place mh_where(const gv_set &S, int n)
 template <int PITCH> struct mh_wcp {
     const uint8_t *src[MH_WP];
     int off[MH_WP];
-    __device__ __forceinline__ mh_wcp(const gv_mat &M, int tile, size_t rb, int tid)
+    __device__ __forceinline__ mh_wcp(const gv_set &S, const gv_mat &M, int tile, size_t rb, int tid)
     {
 #pragma unroll
         for (int k = 0; k < MH_WP; k++) {
             int p = min(tid + MH_NT * k, MB_ROWS * 9 - 1), r = p / 9, pc = p - r * 9;
-            src[k] = M.W + (size_t)min(tile * MB_ROWS + r, M.n_out - 1) * rb + 16 * pc;
+            if (S.glu_u)   /* rows 0..63: gate features tile * 64 + r; 64..127: the same features' up rows */
+                src[k] = (r < MB_ROWS / 2 ? M.W : S.glu_u) + (size_t)(tile * (MB_ROWS / 2) + (r & (MB_ROWS / 2 - 1))) * rb + 16 * pc;
+            else
+                src[k] = M.W + (size_t)min(tile * MB_ROWS + r, M.n_out - 1) * rb + 16 * pc;
             off[k] = r * PITCH + 16 * pc;
         }
     }
@@ -1463,14 +1491,41 @@ __device__ __forceinline__ void mh_scales(const uint8_t (*w)[PITCH], uint2 (*sc)
 }
 /* A block's sums (rows ra, ra + 8 of its tile; tokens 8 j + 2 q, + 1) out,
  * or with a split K to its partial slot, the tile's last block summing the
- * slots (mb_sum) */
+ * slots (mb_sum). Gate and up (S.glu_u; never split): the up warps' sums
+ * go through ex (shared memory of 64 x (8 J + 1) floats, free once every
+ * warp is past its last chunk) to the gate warps, which write
+ * silu(g) * u as k_silu_mul does, and its f16 form. */
 template <int J>
-__device__ __forceinline__ void mh_finish(const float (&acc)[J][4], const gv_mat &M, int local, int sp, int tile,
-                                          int ra, int q, int T, float *part, int *cnt, int tid, int &last)
+__device__ __forceinline__ void mh_finish(const float (&acc)[J][4], const gv_set &S, const gv_mat &M, int local,
+                                          int sp, int tile, int ra, int q, int T, float *part, int *cnt, int tid,
+                                          int &last, float *ex)
 {
     const float *bias = M.bias;
     float *out = M.out;
     const int n_out = M.n_out;
+    if (S.glu_u && sp == 1) {
+        constexpr int H = MB_ROWS / 2, XS = J * 8 + 1;
+        __syncthreads();
+        if (ra >= H)
+#pragma unroll
+            for (int j = 0; j < J; j++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) ex[(ra - H + (i >> 1) * 8) * XS + 8 * j + 2 * q + (i & 1)] = acc[j][i];
+        __syncthreads();
+        if (ra < H)
+#pragma unroll
+            for (int j = 0; j < J; j++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    int r = ra + (i >> 1) * 8, f = tile * H + r, t = 8 * j + 2 * q + (i & 1);
+                    if (t < T) {
+                        float v = silu_mul1(acc[j][i], ex[r * XS + t]);
+                        out[(size_t)t * n_out + f] = v;
+                        S.glu_h[(size_t)t * n_out + f] = f2h_sat(v);
+                    }
+                }
+        return;
+    }
     if (sp == 1) {
 #pragma unroll
         for (int j = 0; j < J; j++)
@@ -1492,7 +1547,8 @@ __device__ __forceinline__ void mh_finish(const float (&acc)[J][4], const gv_mat
     __syncthreads();
     if (!last) return;
     __threadfence();
-    mb_sum<J>(part + ((size_t)M.pb + (size_t)tile * sp) * (J * 8 * MB_ROWS), sp, tile, n_out, T, bias, out, tid);
+    mb_sum<J>(part + ((size_t)M.pb + (size_t)tile * sp) * (J * 8 * MB_ROWS), sp, tile, n_out, T, bias, out, tid,
+              S.glu_u ? S.glu_h : NULL);
     if (tid == 0) cnt[M.cb + tile] = 0;   /* ready for the next launch */
 }
 
@@ -1509,7 +1565,7 @@ __global__ void __launch_bounds__(MB_WARPS * 32, 2)
     const gv_mat &M = S.m[P.mi];
     const int local = P.local, sp = P.sp, tile = P.tile, c0 = P.c0, c1 = P.c1, ra = warp * 16 + g;
     constexpr int XP = (J * 8 * 32 + MH_NT - 1) / MH_NT;
-    const mh_wcp<MH_WB> wc(M, tile, rb, tid);
+    const mh_wcp<MH_WB> wc(S, M, tile, rb, tid);
     auto load_w = [&](int c, int st) { wc.copy(&sm.w[st][0][0], c, tid); };
     auto load_x = [&](int c, int st) {
 #pragma unroll
@@ -1570,7 +1626,7 @@ __global__ void __launch_bounds__(MB_WARPS * 32, 2)
         }
     }
     cp_wait<0>();
-    mh_finish<J>(acc, M, local, sp, tile, ra, q, T, part, cnt, tid, last);
+    mh_finish<J>(acc, S, M, local, sp, tile, ra, q, T, part, cnt, tid, last, (float *)&sm.w[0][0][0]);
 }
 
 /* ---------------- q4_K matmul for decode batches (Hopper warpgroup MMA) ----------------
@@ -1652,7 +1708,7 @@ __global__ void __launch_bounds__(MB_WARPS * 32, 2)
     const gv_mat &M = S.m[P.mi];
     const int local = P.local, sp = P.sp, tile = P.tile, c0 = P.c0, c1 = P.c1, ra = warp * 16 + g;
     constexpr int XP = (J * 8 * 32 + MH_NT - 1) / MH_NT;
-    const mh_wcp<MW_WB> wc(M, tile, rb, tid);
+    const mh_wcp<MW_WB> wc(S, M, tile, rb, tid);
     auto load_w = [&](int c, int st) { wc.copy(&sm.w[st][0][0], c, tid); };
     auto load_x = [&](int c, int st) {
 #pragma unroll
@@ -1728,7 +1784,7 @@ __global__ void __launch_bounds__(MB_WARPS * 32, 2)
         wg_wait<0>();
     }
     cp_wait<0>();
-    mh_finish<J>(acc, M, local, sp, tile, ra, q, T, part, cnt, tid, last);
+    mh_finish<J>(acc, S, M, local, sp, tile, ra, q, T, part, cnt, tid, last, (float *)&sm.w[0][0][0]);
 #endif
 }
 
@@ -3022,6 +3078,20 @@ static int mmqh_ctas(void)
     return v;
 }
 
+/* Whether a set whose row tiles fit in the CTA slots (ANE_CUDA_MMQB_CTAS
+ * per SM) splits K no further than they hold (ANE_CUDA_MMQB_FIT=0: each
+ * matrix as if alone, for comparison) */
+static int mmqb_fit(void)
+{
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("ANE_CUDA_MMQB_FIT");
+        v = !(e && *e && atoi(e) == 0);
+    }
+    return v;
+}
+
+
 /* k_mmqw for four token tiles: in sm_90a builds (CK_WGMMA), unless
  * ANE_CUDA_WGMMA=0 (for comparison) */
 static bool mmqw_on(void)
@@ -3039,9 +3109,13 @@ static bool mmqw_on(void)
 }
 
 /* The K split of each matrix for k_mmqh: enough CTAs for ~2 per SM, whole
- * chunks per split; a function of the matrix's shape only (so one matrix
- * alone and in a set give the same bits). Without room for the partials
- * (or the counters), no split. */
+ * chunks per split, but where the set's row tiles fit in the CTA slots,
+ * no more CTAs than slots (measured: a 7b down projection's 28 tiles split
+ * 10 ways left 16 CTAs for a second wave; 9 ways, 7b 32 streams +3-4%). A
+ * function of the set's shapes only, never of the batch. Without room for
+ * the partials (or the counters), no split. Gate and up (S.glu_u, one set
+ * entry of n_out features): tiles of 64 features' two rows, split as the
+ * set {gate, up} would be, so each row's sums are those of ck_mmq_dec. */
 template <int J, bool WG>
 static void mmqh_k(cudaStream_t st, gv_set S, size_t rb, int n, const __half *x16, int T, float *part,
                    size_t part_bytes, int *cnt, int n_cnt, int n_sm)
@@ -3053,15 +3127,18 @@ static void mmqh_k(cudaStream_t st, gv_set S, size_t rb, int n, const __half *x1
         cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         attr = true;
     }
-    int nch = n / MH_CH;
+    int nch = n / MH_CH, ctas = mmqh_ctas() * n_sm, ttot = 0, cap = 1 << 30;
+    for (int i = 0; i < S.nm; i++) ttot += (S.glu_u ? 2 : 1) * (int)nblk(S.m[i].n_out, MB_ROWS);
+    if (mmqb_fit() && ttot <= ctas) cap = ctas / ttot;
     for (int pass = 0; pass < 2; pass++) {
         unsigned g = 0;
         size_t slots = 0;
         int cb = 0;
         for (int i = 0; i < S.nm; i++) {
-            int tiles = (int)nblk(S.m[i].n_out, MB_ROWS), sp = 1, per = nch;
+            int mt = (int)nblk(S.m[i].n_out, MB_ROWS), tiles = S.glu_u ? S.m[i].n_out / (MB_ROWS / 2) : mt, sp = 1, per = nch;
             if (pass == 0) {
-                int want = (mmqh_ctas() * n_sm + tiles - 1) / tiles;
+                int want = (ctas + mt - 1) / mt;
+                want = want > cap ? cap : want;
                 want = want < 1 ? 1 : want > nch ? nch : want;
                 per = (nch + want - 1) / want;
                 sp = (nch + per - 1) / per;
@@ -3185,6 +3262,20 @@ void ck_mmq_dec(cudaStream_t st, uint32_t type, int nm, const void *const *W, si
     if (T <= 24) mmqh_k<3, false>(st, S, rb, n, (const __half *)x16, T, (float *)part, part_bytes, cnt, n_cnt, n_sm);
     else if (mmqw_on()) mmqh_k<4, true>(st, S, rb, n, (const __half *)x16, T, (float *)part, part_bytes, cnt, n_cnt, n_sm);
     else mmqh_k<4, false>(st, S, rb, n, (const __half *)x16, T, (float *)part, part_bytes, cnt, n_cnt, n_sm);
+}
+
+int ck_mmq_glu(cudaStream_t st, uint32_t type, const void *Wg, const void *Wu, size_t rb, int n, int F, int T,
+               float *out, void *h_out, const void *x16, void *part, size_t part_bytes, int *cnt, int n_cnt, int n_sm)
+{
+    if (!ck_mmqb_ok(type, n) || T < 1 || T > CK_MMQB_MAX_T || F % (MB_ROWS / 2) || !h_out) return 0;
+    const float *nb = NULL;
+    gv_set S = gv_fill(1, &Wg, &F, &nb, &out, 0);
+    S.glu_u = (const uint8_t *)Wu;
+    S.glu_h = (__half *)h_out;
+    if (T <= 24) mmqh_k<3, false>(st, S, rb, n, (const __half *)x16, T, (float *)part, part_bytes, cnt, n_cnt, n_sm);
+    else if (mmqw_on()) mmqh_k<4, true>(st, S, rb, n, (const __half *)x16, T, (float *)part, part_bytes, cnt, n_cnt, n_sm);
+    else mmqh_k<4, false>(st, S, rb, n, (const __half *)x16, T, (float *)part, part_bytes, cnt, n_cnt, n_sm);
+    return 1;
 }
 
 /* x [T][n] already quantized into xq_scratch (pre) or not yet */

@@ -62,6 +62,13 @@ int ck_mmqb_ok(uint32_t type, int n_in);
 void ck_mmq_dec(cudaStream_t st, uint32_t type, int nm, const void *const *W, size_t row_bytes, int n_in,
                 const int *n_out, const float *const *bias, int T, float *const *out, const void *x16, void *part,
                 size_t part_bytes, int *cnt, int n_cnt, int n_sm);
+/* Gate, up and silu_mul of a decode batch as above: out [T][F] =
+ * silu(Wg x) * (Wu x) and its f16 form to h_out (not x16), the same bits as
+ * ck_mmq_dec of {Wg, Wu} then ck_silu_mul. 0 (nothing done) where it does
+ * not apply: F not a multiple of 64, or no h_out. */
+int ck_mmq_glu(cudaStream_t st, uint32_t type, const void *Wg, const void *Wu, size_t row_bytes, int n_in, int F,
+               int T, float *out, void *h_out, const void *x16, void *part, size_t part_bytes, int *cnt, int n_cnt,
+               int n_sm);
 #define CK_XQ_BYTES(T, n) \
     ((size_t)(T) * (size_t)(n) + ((size_t)(T) + (((size_t)(T) + 7) & ~(size_t)7)) * ((size_t)(n) / 32) * 8)
 /* Several matrices of one type and n_in on the same x, in one launch. */

@@ -711,6 +711,83 @@ done:
     if (bn) bn->ops->close(bn);
 }
 
+/* The batched q4_K kernels' gate-and-up form (decode batches of 17..32,
+ * both kernels: T <= 24 and past it) against matmul_n + silu_mul
+ * (ANE_CUDA_GLU=0), bit for bit: out, and the down projection on its f16
+ * form (the fused side's float buffers zeroed once produced, as in
+ * test_glu). Features F = 2816 (two blocks' halves of 128 rows) and 4160
+ * (F % 128 = 64); n 1024 splits K, n 256 not. Also the CPU within 1e-2. */
+static void test_glu_batched(void)
+{
+    char err[256];
+    be *bf = NULL, *bn = NULL;
+    int bad = gpu_open_env(&bf, 1, NULL, NULL, err, sizeof err);
+    bad |= gpu_open_env(&bn, 1, "ANE_CUDA_GLU=0", NULL, err, sizeof err);
+    CHECKF(!bad, "%s", err);
+    if (bad) goto done;
+    const struct { int n, F; } cs[] = { { 1024, 2816 }, { 1024, 4160 }, { 256, 2816 } };
+    const int Ts[] = { 17, 24, 25, 32 };
+    for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
+        int n = cs[ci].n, F = cs[ci].F, ND = 128;
+        size_t rb;
+        wt wg = { .type = QT_Q4_K, .n_in = n, .n_out = F, .data = kept(make_weight(QT_Q4_K, n, F, &rb)) };
+        wg.row_bytes = rb;
+        wt wu = wg;
+        wu.data = kept(make_weight(QT_Q4_K, n, F, &rb));
+        wt wd = { .type = QT_Q4_K, .n_in = F, .n_out = ND, .data = kept(make_weight(QT_Q4_K, F, ND, &rb)) };
+        wd.row_bytes = rb;
+        float *a = kept(malloc((size_t)n * 4));
+        for (int i = 0; i < n; i++) a[i] = 0.002f * (0.5f + frand());   /* (out well inside f16's range) */
+        wt nw = { .type = QT_F32, .n_in = n, .n_out = 1, .row_bytes = (size_t)n * 4, .data = a };
+        be *bs[2] = { bn, bf };
+        /* first a run of the widest batch unpoisoned: the scratches grow to
+         * it (a growing scratch drops its tag, so the step after a poisoned
+         * buffer would read zeros) */
+        for (int s2 = 0; s2 < 2; s2++) {
+            wt *ws[4] = { &wg, &wu, &wd, &nw };
+            for (int i = 0; i < 4; i++) CHECK(bs[s2]->ops->weight_prepare(bs[s2], ws[i]) == 0);
+            int T = Ts[sizeof Ts / sizeof Ts[0] - 1];
+            float *x = calloc((size_t)T * n, 4), *h = malloc((size_t)T * F * 4), *y = malloc((size_t)T * ND * 4);
+            glu_run(bs[s2], 0, &nw, &wg, &wu, &wd, T, x, h, y);
+            free(x); free(h); free(y);
+        }
+        for (size_t k = 0; k < sizeof Ts / sizeof Ts[0]; k++) {
+            int T = Ts[k];
+            float *x = malloc((size_t)T * n * 4), *res[2][2];
+            for (int i = 0; i < T * n; i++) x[i] = frand() * 2;
+            for (int s2 = 0; s2 < 2; s2++) {
+                wt *ws[4] = { &wg, &wu, &wd, &nw };
+                for (int i = 0; i < 4; i++) CHECK(bs[s2]->ops->weight_prepare(bs[s2], ws[i]) == 0);
+                res[s2][0] = malloc((size_t)T * F * 4);
+                res[s2][1] = malloc((size_t)T * ND * 4);
+                glu_run(bs[s2], s2, &nw, &wg, &wu, &wd, T, x, res[s2][0], res[s2][1]);
+            }
+            CHECKF(memcmp(res[0][0], res[1][0], (size_t)T * F * 4) == 0,
+                   "batched matmul_glu n=%d F=%d T=%d: out differs", n, F, T);
+            CHECKF(memcmp(res[0][1], res[1][1], (size_t)T * ND * 4) == 0,
+                   "batched matmul_glu n=%d F=%d T=%d: the down projection of its f16 out differs", n, F, T);
+            /* against the CPU: norm, both matmuls, silu_mul in float */
+            float *cx = malloc((size_t)T * n * 4), *cg = malloc((size_t)T * F * 4), *cu = malloc((size_t)T * F * 4);
+            wt *cw[3] = { &wg, &wu, &nw };
+            for (int i = 0; i < 3; i++) CHECK(cpu->ops->weight_prepare(cpu, cw[i]) == 0);
+            cpu->ops->rmsnorm(cpu, x, &nw, T, n, 1e-6f, cx);
+            cpu->ops->matmul(cpu, &wg, NULL, cx, T, cg);
+            cpu->ops->matmul(cpu, &wu, NULL, cx, T, cu);
+            cpu->ops->silu_mul(cpu, cg, cu, (size_t)T * F, cg);
+            float big = 0;
+            for (size_t i = 0; i < (size_t)T * F; i++) big = fabsf(cg[i]) > big ? fabsf(cg[i]) : big;
+            CHECKF(big > 1e-3f && big < 1e4f, "batched matmul_glu n=%d F=%d T=%d: out's range (max %g)", n, F, T, big);
+            double e = rel_err_f(res[1][0], cg, (size_t)T * F);
+            CHECKF(e <= 1e-2, "batched matmul_glu n=%d F=%d T=%d: rel err %.3g against the CPU", n, F, T, e);
+            for (int s2 = 0; s2 < 2; s2++) { free(res[s2][0]); free(res[s2][1]); }
+            free(x); free(cx); free(cg); free(cu);
+        }
+    }
+done:
+    if (bf) bf->ops->close(bf);
+    if (bn) bn->ops->close(bn);
+}
+
 /* out: xb, hg (after silu_mul), y (down), q (wq on rmsnorm(x)) */
 static void fq_run(be *b, const fq_case *fc, int poison, float *xb, float *hg, float *y, float *q)
 {
@@ -1349,6 +1426,7 @@ int main(void)
     RUN(test_rope_attention);
     RUN(test_fused_quant);
     RUN(test_glu);
+    RUN(test_glu_batched);
     RUN(test_attention);
     RUN(test_att_group);
     RUN(test_argmax);
