@@ -664,6 +664,18 @@ static void glu_run(be *b, int poison, const wt *nw, const wt *wg, const wt *wu,
     b->ops->free(b, dx); b->ops->free(b, dg); b->ops->free(b, du); b->ops->free(b, dy);
 }
 
+/* glu_run on bs[0] and then bs[1] (poisoned), the weights ws (gate, up,
+ * down, norm) prepared for each; res[side] = { out, the down projection } */
+static void glu_both(be *const *bs, wt *const *ws, int T, const float *x, float *res[2][2])
+{
+    for (int s2 = 0; s2 < 2; s2++) {
+        for (int i = 0; i < 4; i++) CHECK(bs[s2]->ops->weight_prepare(bs[s2], ws[i]) == 0);
+        res[s2][0] = malloc((size_t)T * ws[0]->n_out * 4);
+        res[s2][1] = malloc((size_t)T * ws[2]->n_out * 4);
+        glu_run(bs[s2], s2, ws[3], ws[0], ws[1], ws[2], T, x, res[s2][0], res[s2][1]);
+    }
+}
+
 static void test_glu(void)
 {
     char err[256];
@@ -691,13 +703,8 @@ static void test_glu(void)
         for (int T = 1; T <= 2; T++) {
             float *x = malloc((size_t)T * n * 4), *res[2][2];
             for (int i = 0; i < T * n; i++) x[i] = frand() * 2;
-            for (int s2 = 0; s2 < 2; s2++) {
-                wt *ws[4] = { &wg, &wu, &wd, &nw };
-                for (int i = 0; i < 4; i++) CHECK(bs[s2]->ops->weight_prepare(bs[s2], ws[i]) == 0);
-                res[s2][0] = malloc((size_t)T * F * 4);
-                res[s2][1] = malloc((size_t)T * ND * 4);
-                glu_run(bs[s2], s2, &nw, &wg, &wu, &wd, T, x, res[s2][0], res[s2][1]);
-            }
+            wt *ws[4] = { &wg, &wu, &wd, &nw };
+            glu_both(bs, ws, T, x, res);
             CHECKF(memcmp(res[0][0], res[1][0], (size_t)T * F * 4) == 0, "matmul_glu %s T=%d: out differs",
                    qt_name(types[ti]), T);
             CHECKF(memcmp(res[0][1], res[1][1], (size_t)T * ND * 4) == 0,
@@ -755,13 +762,8 @@ static void test_glu_batched(void)
             int T = Ts[k];
             float *x = malloc((size_t)T * n * 4), *res[2][2];
             for (int i = 0; i < T * n; i++) x[i] = frand() * 2;
-            for (int s2 = 0; s2 < 2; s2++) {
-                wt *ws[4] = { &wg, &wu, &wd, &nw };
-                for (int i = 0; i < 4; i++) CHECK(bs[s2]->ops->weight_prepare(bs[s2], ws[i]) == 0);
-                res[s2][0] = malloc((size_t)T * F * 4);
-                res[s2][1] = malloc((size_t)T * ND * 4);
-                glu_run(bs[s2], s2, &nw, &wg, &wu, &wd, T, x, res[s2][0], res[s2][1]);
-            }
+            wt *ws[4] = { &wg, &wu, &wd, &nw };
+            glu_both(bs, ws, T, x, res);
             CHECKF(memcmp(res[0][0], res[1][0], (size_t)T * F * 4) == 0,
                    "batched matmul_glu n=%d F=%d T=%d: out differs", n, F, T);
             CHECKF(memcmp(res[0][1], res[1][1], (size_t)T * ND * 4) == 0,
