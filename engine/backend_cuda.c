@@ -143,13 +143,14 @@ static void *cu_alloc(be *b, size_t n)
 /* Tags say which activations the int8 (xq) and f16 (x16) scratches hold,
  * so that matmuls on the same input convert it once; every op that writes
  * device memory clears them (or checks the overlap: tag_written). */
+static void tag_set(cu_be *c, const float *x, int rows, int n) { c->xq_src = x; c->xq_rows = rows; c->xq_n = n; }
+static void tag16_set(cu_be *c, const float *x, int rows, int n) { c->x16_src = x; c->x16_rows = rows; c->x16_n = n; }
+
 static void tag_clear(cu_be *c)
 {
-    c->xq_src = NULL; c->xq_rows = c->xq_n = 0;
-    c->x16_src = NULL; c->x16_rows = c->x16_n = 0;
+    tag_set(c, NULL, 0, 0);
+    tag16_set(c, NULL, 0, 0);
 }
-
-static void tag_set(cu_be *c, const float *x, int rows, int n) { c->xq_src = x; c->xq_rows = rows; c->xq_n = n; }
 
 static int tag_is(const cu_be *c, const float *x, int rows, int n)
 {
@@ -164,8 +165,8 @@ static int overlaps(const float *a, size_t na, const float *b, size_t nb)
 /* out [n] floats were written: a tag on memory overlapping them goes */
 static void tag_written(cu_be *c, const float *out, size_t n)
 {
-    if (overlaps(c->xq_src, (size_t)c->xq_rows * c->xq_n, out, n)) { c->xq_src = NULL; c->xq_rows = c->xq_n = 0; }
-    if (overlaps(c->x16_src, (size_t)c->x16_rows * c->x16_n, out, n)) { c->x16_src = NULL; c->x16_rows = c->x16_n = 0; }
+    if (overlaps(c->xq_src, (size_t)c->xq_rows * c->xq_n, out, n)) tag_set(c, NULL, 0, 0);
+    if (overlaps(c->x16_src, (size_t)c->x16_rows * c->x16_n, out, n)) tag16_set(c, NULL, 0, 0);
 }
 
 static void cu_free(be *b, void *p)
@@ -375,7 +376,7 @@ static int ensure_gemm(cu_be *c, int T)
     if (x > c->x16_cap) {
         cudaFree(c->x16); c->x16 = NULL; c->x16_cap = 0;
         cudaFree(c->x16b); c->x16b = NULL;
-        c->x16_src = NULL; c->x16_rows = c->x16_n = 0;
+        tag16_set(c, NULL, 0, 0);
         if (!ok(c, cudaMalloc(&c->x16, x), "f16 activation scratch") ||
             !ok(c, cudaMalloc(&c->x16b, x), "f16 activation scratch")) {
             cudaFree(c->x16); c->x16 = NULL;
@@ -618,7 +619,7 @@ static void *f16_ahead(cu_be *c, const float *out, int rows, int n)
     if (!c->fuse || rows < 1 || c->xq_src || c->x16_cap < (size_t)rows * (size_t)n * 2) return NULL;
     int bt;
     if (!width_in(c->h_n, c->n_h_n, n) || (gemv_take(c, c->mmq, 1, rows, &bt) != 0 && !bt)) return NULL;
-    c->x16_src = out; c->x16_rows = rows; c->x16_n = n;
+    tag16_set(c, out, rows, n);
     return c->x16;
 }
 
@@ -636,7 +637,7 @@ static const void *x_f16(cu_be *c, const float *x, int T, int n)
     if (c->x16_src == x && c->x16_rows == T && c->x16_n == n) return c->x16;
     if ((!c->capturing && ensure_gemm(c, T)) || c->x16_cap < (size_t)T * n * 2) return NULL;
     ck_f32_to_f16(c->st, x, (size_t)T * n, c->x16);
-    c->x16_src = x; c->x16_rows = T; c->x16_n = n;
+    tag16_set(c, x, T, n);
     return c->x16;
 }
 
@@ -817,7 +818,7 @@ static void cu_matmul_glu(be *b, const wt *wg, const wt *wu, const float *x, int
                        CK_MMQB_PART, c->mb_cnt, CK_MMQB_CNT, c->n_sm)) {
             void *t = c->x16; c->x16 = c->x16b; c->x16b = t;
             tag_clear(c);
-            c->x16_src = out; c->x16_rows = T; c->x16_n = F;
+            tag16_set(c, out, T, F);
             c->mm_out = NULL;
             return;
         }

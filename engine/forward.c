@@ -109,7 +109,6 @@ void fw_snap_at(fw *f, int slot, int pos, int snap) { if (f->q35) fwq_snap_at(f-
 
 size_t fw_kv_bytes(const fw *f) { return f->q35 ? fwq_kv_bytes(f->q35) : f->kv_bytes; }
 
-/* Every op of a forward pass, up to the logits in f->lg (queued, not synced). */
 void fw_out_norm(be *b, const float *x, const wt *w, const int32_t *out_idx, int n_out, int E, float eps,
                  float *xo)
 {
@@ -119,6 +118,7 @@ void fw_out_norm(be *b, const float *x, const wt *w, const int32_t *out_idx, int
     }
 }
 
+/* Every op of a forward pass, up to the logits in f->lg (queued, not synced). */
 static void fw_pass(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out)
 {
     const model *m = f->m;

@@ -1491,18 +1491,18 @@ __device__ __forceinline__ void mh_scales(const uint8_t (*w)[PITCH], uint2 (*sc)
 }
 /* A block's sums (rows ra, ra + 8 of its tile; tokens 8 j + 2 q, + 1) out,
  * or with a split K to its partial slot, the tile's last block summing the
- * slots (mb_sum). Gate and up (S.glu_u; never split): the up warps' sums
- * go through ex (shared memory of 64 x (8 J + 1) floats, free once every
- * warp is past its last chunk) to the gate warps, which write
- * silu(g) * u as k_silu_mul does, and its f16 form. */
+ * slots (mb_sum). Gate and up (S.glu_u) unsplit: the up warps' sums go
+ * through ex (shared memory of 64 x (8 J + 1) floats, free once every warp
+ * is past its last chunk) to the gate warps, which write silu(g) * u as
+ * k_silu_mul does, and its f16 form (split: mb_sum does the same). */
 template <int J>
-__device__ __forceinline__ void mh_finish(const float (&acc)[J][4], const gv_set &S, const gv_mat &M, int local,
-                                          int sp, int tile, int ra, int q, int T, float *part, int *cnt, int tid,
-                                          int &last, float *ex)
+__device__ __forceinline__ void mh_finish(const float (&acc)[J][4], const gv_set &S, const mh_place &P, int ra,
+                                          int q, int T, float *part, int *cnt, int tid, int &last, float *ex)
 {
+    const gv_mat &M = S.m[P.mi];
     const float *bias = M.bias;
     float *out = M.out;
-    const int n_out = M.n_out;
+    const int n_out = M.n_out, sp = P.sp, tile = P.tile;
     if (S.glu_u && sp == 1) {
         constexpr int H = MB_ROWS / 2, XS = J * 8 + 1;
         __syncthreads();
@@ -1536,7 +1536,7 @@ __device__ __forceinline__ void mh_finish(const float (&acc)[J][4], const gv_set
             }
         return;
     }
-    float *mine = part + ((size_t)M.pb + local) * (J * 8 * MB_ROWS);
+    float *mine = part + ((size_t)M.pb + P.local) * (J * 8 * MB_ROWS);
 #pragma unroll
     for (int j = 0; j < J; j++)
 #pragma unroll
@@ -1563,9 +1563,9 @@ __global__ void __launch_bounds__(MB_WARPS * 32, 2)
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, q = lane & 3;
     const mh_place P = mh_where(S, n);
     const gv_mat &M = S.m[P.mi];
-    const int local = P.local, sp = P.sp, tile = P.tile, c0 = P.c0, c1 = P.c1, ra = warp * 16 + g;
+    const int c0 = P.c0, c1 = P.c1, ra = warp * 16 + g;
     constexpr int XP = (J * 8 * 32 + MH_NT - 1) / MH_NT;
-    const mh_wcp<MH_WB> wc(S, M, tile, rb, tid);
+    const mh_wcp<MH_WB> wc(S, M, P.tile, rb, tid);
     auto load_w = [&](int c, int st) { wc.copy(&sm.w[st][0][0], c, tid); };
     auto load_x = [&](int c, int st) {
 #pragma unroll
@@ -1626,7 +1626,7 @@ __global__ void __launch_bounds__(MB_WARPS * 32, 2)
         }
     }
     cp_wait<0>();
-    mh_finish<J>(acc, S, M, local, sp, tile, ra, q, T, part, cnt, tid, last, (float *)&sm.w[0][0][0]);
+    mh_finish<J>(acc, S, P, ra, q, T, part, cnt, tid, last, (float *)&sm.w[0][0][0]);
 }
 
 /* ---------------- q4_K matmul for decode batches (Hopper warpgroup MMA) ----------------
@@ -1706,9 +1706,9 @@ __global__ void __launch_bounds__(MB_WARPS * 32, 2)
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, q = lane & 3;
     const mh_place P = mh_where(S, n);
     const gv_mat &M = S.m[P.mi];
-    const int local = P.local, sp = P.sp, tile = P.tile, c0 = P.c0, c1 = P.c1, ra = warp * 16 + g;
+    const int c0 = P.c0, c1 = P.c1, ra = warp * 16 + g;
     constexpr int XP = (J * 8 * 32 + MH_NT - 1) / MH_NT;
-    const mh_wcp<MW_WB> wc(S, M, tile, rb, tid);
+    const mh_wcp<MW_WB> wc(S, M, P.tile, rb, tid);
     auto load_w = [&](int c, int st) { wc.copy(&sm.w[st][0][0], c, tid); };
     auto load_x = [&](int c, int st) {
 #pragma unroll
@@ -1784,7 +1784,7 @@ __global__ void __launch_bounds__(MB_WARPS * 32, 2)
         wg_wait<0>();
     }
     cp_wait<0>();
-    mh_finish<J>(acc, S, M, local, sp, tile, ra, q, T, part, cnt, tid, last, (float *)&sm.w[0][0][0]);
+    mh_finish<J>(acc, S, P, ra, q, T, part, cnt, tid, last, (float *)&sm.w[0][0][0]);
 #endif
 }
 
