@@ -51,8 +51,9 @@
 #define ARGMAX_ROWS 4096
 
 /* an uploaded weight; dev16: its f16 copy for cuBLAS, made at first use
- * while device memory allows (no16: it did not) */
-typedef struct upl { const void *data; void *dev; void *dev16; int no16; } upl;
+ * while device memory allows (no16: it did not); devb likewise, a q6_K
+ * matrix in the batched kernel's layout (nob) */
+typedef struct upl { const void *data; void *dev; void *dev16; int no16; void *devb; int nob; } upl;
 
 typedef struct cu_be {
     be base;
@@ -187,7 +188,7 @@ static void cu_close(be *b)
     if (!c) return;
     if (c->st) cudaStreamSynchronize(c->st);
     graphs_drop(c);
-    for (int i = 0; i < c->n_up; i++) { cudaFree(c->up[i].dev); cudaFree(c->up[i].dev16); }
+    for (int i = 0; i < c->n_up; i++) { cudaFree(c->up[i].dev); cudaFree(c->up[i].dev16); cudaFree(c->up[i].devb); }
     free(c->up);
     cudaFree(c->w16); cudaFree(c->x16); cudaFree(c->x16b); cudaFree(c->xq); cudaFree(c->xq2); cudaFree(c->d_step); cudaFree(c->part); cudaFree(c->blas_ws);
     cudaFree(c->rope_tab);
@@ -206,7 +207,7 @@ static int cu_weight_prepare(be *b, wt *w)
 {
     cu_be *c = (cu_be *)b;
     if (!w->data) return 0;
-    if (!ck_type_ok(w->type)) return -1;
+    if (!ck_type_ok(w->type) || (w->n_in > 0 && w->row_bytes == 0)) return -1;   /* (no whole blocks) */
     for (int i = 0; i < c->n_up; i++)
         if (c->up[i].data == w->data) { w->dev = c->up[i].dev; goto dims; }
     size_t n = (size_t)w->n_out * w->row_bytes;
@@ -583,9 +584,50 @@ static int gemv_take(const cu_be *c, int mmq, int mb, int T, int *batched)
     return nd;
 }
 
-static int gemv_count(const cu_be *c, const wt *w, int T, int *batched)
+static upl *upl_of(cu_be *c, const wt *w)
 {
-    return gemv_take(c, ck_mmq(w->type, (int)w->n_in), ck_mmqb_ok(w->type, (int)w->n_in), T, batched);
+    for (int i = 0; i < c->n_up; i++)
+        if (c->up[i].dev == w->dev) return &c->up[i];
+    return NULL;
+}
+
+/* bytes more of device memory, while an eighth of it plus 1 GiB stays free */
+static void *dev_spare(size_t bytes)
+{
+    size_t fr = 0, tot = 0;
+    void *d = NULL;
+    if (cudaMemGetInfo(&fr, &tot) != cudaSuccess || fr < bytes + tot / 8 + ((size_t)1 << 30) ||
+        cudaMalloc(&d, bytes) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    return d;
+}
+
+/* The q6_K matrix w in the batched kernel's layout, made at its first
+ * batched use (the first passes of a shape run before its capture); NULL
+ * while recording before that, or without room */
+static const void *wb_of(cu_be *c, const wt *w)
+{
+    upl *u = upl_of(c, w);
+    if (!u || u->nob) return NULL;
+    if (u->devb || c->capturing) return u->devb;
+    void *d = dev_spare(ck_q6b_row_bytes((int)w->n_in) * (size_t)w->n_out);
+    if (!d) { u->nob = 1; return NULL; }
+    /* waited for: the batched kernel reads its first weights before its
+     * launch wait (no kernel writes weights, but for this one) */
+    ck_repack_q6_Kb(c->st, w->dev, d, w->row_bytes, (int)w->n_in, (int)w->n_out);
+    if (!ok(c, cudaStreamSynchronize(c->st), "q6_K repack")) { cudaFree(d); u->nob = 1; return NULL; }
+    u->devb = d;
+    return d;
+}
+
+/* gemv_take for w (q6_K rows to the batched kernel only where its layout is at hand) */
+static int gemv_count(cu_be *c, const wt *w, int T, int *batched)
+{
+    int mmq = ck_mmq(w->type, (int)w->n_in), nd = gemv_take(c, mmq, ck_mmqb_ok(w->type, (int)w->n_in), T, batched);
+    if (*batched && w->type == QT_Q6_K && !wb_of(c, w)) nd = gemv_take(c, mmq, 0, T, batched);
+    return nd;
 }
 
 /* whether n is among the m widths w (the matrices' n_in of a kind) */
@@ -641,14 +683,22 @@ static const void *x_f16(cu_be *c, const float *x, int T, int n)
     return c->x16;
 }
 
-/* The batched q4_K kernel on x's f16 form; 0 when there is no scratch for it */
-static int mmqb_run(cu_be *c, uint32_t type, int nm, const void *const *W, size_t rb, int n, const int *no,
-                    const float *const *bv, const float *x, int T, float *const *out)
+/* The batched kernel for matrices w (one type and n_in) on x's f16 form;
+ * 0 when there is no scratch (or q6_K layout) for it */
+static int mmqb_run(cu_be *c, int nm, const wt *const *w, const float *const *bv, const float *x, int T,
+                    float *const *out)
 {
+    const void *W[CK_MULTI_MAX];
+    int no[CK_MULTI_MAX], n = (int)w[0]->n_in, q6 = w[0]->type == QT_Q6_K;
+    for (int i = 0; i < nm; i++) {
+        W[i] = q6 ? wb_of(c, w[i]) : w[i]->dev;
+        no[i] = (int)w[i]->n_out;
+        if (!W[i]) return 0;
+    }
     const void *xh = x_f16(c, x, T, n);
     if (!xh) return 0;
-    ck_mmq_dec(c->st, type, nm, W, rb, n, no, bv, T, out, xh, c->mb_part, CK_MMQB_PART, c->mb_cnt, CK_MMQB_CNT,
-               c->n_sm);
+    ck_mmq_dec(c->st, w[0]->type, nm, W, q6 ? ck_q6b_row_bytes(n) : w[0]->row_bytes, n, no, bv, T, out, xh,
+               c->mb_part, CK_MMQB_PART, c->mb_cnt, CK_MMQB_CNT, c->n_sm);
     return 1;
 }
 
@@ -684,18 +734,11 @@ static void gemv_rows(cu_be *c, const wt *w, const float *bv, const float *x, in
 static const void *w16_of(cu_be *c, const wt *w)
 {
     if (!c->cache16) return NULL;
-    upl *u = NULL;
-    for (int i = 0; i < c->n_up && !u; i++) if (c->up[i].dev == w->dev) u = &c->up[i];
+    upl *u = upl_of(c, w);
     if (!u || u->no16) return NULL;
     if (u->dev16 || c->capturing) return u->dev16;
-    size_t bytes = (size_t)w->n_in * (size_t)w->n_out * 2, fr = 0, tot = 0;
-    void *d = NULL;
-    if (cudaMemGetInfo(&fr, &tot) != cudaSuccess || fr < bytes + tot / 8 + ((size_t)1 << 30) ||
-        cudaMalloc(&d, bytes) != cudaSuccess) {
-        cudaGetLastError();
-        u->no16 = 1;
-        return NULL;
-    }
+    void *d = dev_spare((size_t)w->n_in * (size_t)w->n_out * 2);
+    if (!d) { u->no16 = 1; return NULL; }
     ck_dequant_f16(c->st, w->type, w->dev, w->row_bytes, (int)w->n_in, (int)w->n_out, d);
     u->dev16 = d;
     return d;
@@ -744,10 +787,7 @@ static void cu_matmul(be *b, const wt *w, const wt *bias, const float *x, int T,
         nd = T;   /* (no cuBLAS scratch: every row by the GEMV) */
         bt = 0;
     }
-    const void *W = w->dev;
-    int no = (int)w->n_out;
-    if (nd > 0 && !(bt && mmqb_run(c, w->type, 1, &W, w->row_bytes, (int)w->n_in, &no, &bv, x, nd, &out)))
-        gemv_rows(c, w, bv, x, nd, out);
+    if (nd > 0 && !(bt && mmqb_run(c, 1, &w, &bv, x, nd, &out))) gemv_rows(c, w, bv, x, nd, out);
     tag_written(c, out, (size_t)T * w->n_out);
     c->mm_out = out; c->mm_rows = T; c->mm_n = (int)w->n_out;
 }
@@ -774,7 +814,7 @@ static void cu_matmul_n(be *b, int n, const wt *const *w, const wt *const *bias,
         no[i] = (int)w[i]->n_out;
     }
     int nin = (int)w[0]->n_in;
-    if (bt && mmqb_run(c, w[0]->type, n, W, w[0]->row_bytes, nin, no, bv, x, T, out)) {
+    if (bt && mmqb_run(c, n, w, bv, x, T, out)) {
         /* (done) */
     } else if (!ck_gemv_int8(w[0]->type, nin)) {
         ck_gemv_multi(c->st, w[0]->type, n, W, w[0]->row_bytes, nin, no, bv, x, T, out, NULL);

@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <type_traits>
 
 enum {
     T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8,
@@ -1654,11 +1655,61 @@ __global__ void __launch_bounds__(MB_WARPS * 32, 2)
  * 14%, DRAM 39%) but by each warp's chain of waits, as is k_mmqh. */
 #define MW_WB 176   /* bytes per row and chunk: 2-byte gathers by 8 rows hit 16 banks */
 #define MW_AT 1024  /* bytes per swizzle atom (8 tokens x 64 values) */
+#define Q6B_CH 224  /* bytes per row and super-block of q6_K in the batched layout (k_repack_q6_Kb) */
 
-template <int J> struct mw_smem {
+/* q6_K (Q6): a chunk is the super-block in the batched layout (Q6B_CH
+ * bytes, k_repack_q6_Kb): the values' 192 bytes to w (rows 192 bytes apart:
+ * a quarter-warp's rows g, g + 1 on other banks), the 16 scales to sc */
+#define MW6_WB 192
+struct q6_stage {
+    uint8_t w[MB_ROWS][MW6_WB];
+    uint4 sc[MB_ROWS][2];
+};
+template <int J, bool Q6> struct mw_smem;
+template <int J> struct mw_smem<J, false> {
     uint4 x[MH_ST][MH_CH / 64 * J * MW_AT / 16];
     uint8_t w[MH_ST][MB_ROWS][MW_WB];
 };
+template <int J> struct mw_smem<J, true> {
+    uint4 x[MH_ST][MH_CH / 64 * J * MW_AT / 16];
+    q6_stage w[MH_ST];
+};
+template <int J> __device__ __forceinline__ uint8_t *mw_wst(mw_smem<J, false> &sm, int st) { return &sm.w[st][0][0]; }
+template <int J> __device__ __forceinline__ uint8_t *mw_wst(mw_smem<J, true> &sm, int st) { return (uint8_t *)&sm.w[st]; }
+/* A block's weight copies of a q6_K chunk: piece p = tid + NT k is row
+ * p / 14's piece p % 14 (0, 1: the scales) */
+#define MW6_WP (MB_ROWS * (Q6B_CH / 16) / MH_NT)
+struct mw6_wcp {
+    const uint8_t *src[MW6_WP];
+    int off[MW6_WP];
+    __device__ __forceinline__ mw6_wcp(const gv_set &, const gv_mat &M, int tile, size_t rb, int tid)
+    {
+#pragma unroll
+        for (int k = 0; k < MW6_WP; k++) {
+            int p = tid + MH_NT * k, r = p / (Q6B_CH / 16), pc = p - r * (Q6B_CH / 16);
+            src[k] = M.W + (size_t)min(tile * MB_ROWS + r, M.n_out - 1) * rb + 16 * pc;
+            off[k] = pc < 2 ? MB_ROWS * MW6_WB + r * 32 + 16 * pc : r * MW6_WB + 16 * (pc - 2);
+        }
+    }
+    __device__ __forceinline__ void copy(uint8_t *w, int c, int tid) const
+    {
+#pragma unroll
+        for (int k = 0; k < MW6_WP; k++) cp_async16(w + off[k], src[k] + (size_t)c * Q6B_CH, 16);
+    }
+};
+/* four values of q6_K sub-block t (0..3) of a batched-layout group from
+ * their ql word (t's 4 low bits: t's low or high nibbles) and qh word (bits
+ * 2t, 2t + 1 of each byte), times the sub-block's scale ds: bytes 0, 1 and
+ * 2, 3 as half2s. 0x6400 | q is the half 1024 + q; minus 1056, q - 32, exact */
+__device__ __forceinline__ void q6_pair(uint32_t ql, uint32_t qh, int t, __half2 ds, uint32_t &lo, uint32_t &hi)
+{
+    uint32_t nib = (t & 1 ? ql >> 4 : ql) & 0x0F0F0F0Fu;
+    uint32_t top = (t == 0 ? qh << 4 : t == 1 ? qh << 2 : t == 2 ? qh : qh >> 2) & 0x30303030u;
+    uint32_t v = nib | top;
+    const __half2 k1056 = __floats2half2_rn(1056.f, 1056.f);
+    lo = h2u(__hmul2(__hsub2(u2h(__byte_perm(v, 0x64646464u, 0x4140)), k1056), ds));
+    hi = h2u(__hmul2(__hsub2(u2h(__byte_perm(v, 0x64646464u, 0x4342)), k1056), ds));
+}
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define CK_HAVE_WGMMA 1
@@ -1694,22 +1745,65 @@ template <> __device__ __forceinline__ void wg_mma<3>(float (&d)[3][4], const ui
 }
 #endif
 
+#if defined(CK_HAVE_WGMMA)
+/* A q6_K chunk's MMAs (k_mmqw): lane q's three pieces of rows ra and
+ * ra + 8 hold its values of every sub-block (k-step), each ql piece two
+ * groups'; a group's 4 scales of a row come as 8 bytes (the lanes of a row
+ * read the same words) */
 template <int J>
+__device__ __forceinline__ void mw_q6_chunk(float (&acc)[J][4], const q6_stage &w, uint64_t xd, int ra, int q)
+{
+    const uint4 ha = *(const uint4 *)&w.w[ra][128 + 16 * q], hb = *(const uint4 *)&w.w[ra + 8][128 + 16 * q];
+    uint4 la, lb;
+    auto word = [](const uint4 &u, int i) { return i == 0 ? u.x : i == 1 ? u.y : i == 2 ? u.z : u.w; };
+    auto scale = [](const uint2 &s, int t) {   /* sub-block t of the group's scales as a half2 pair */
+        uint32_t u = t >> 1 ? s.y : s.x;
+        return u2h(__byte_perm(u, u, t & 1 ? 0x3232 : 0x1010));
+    };
+#pragma unroll
+    for (int gi = 0; gi < 4; gi++) {
+        if (!(gi & 1)) {
+            la = *(const uint4 *)&w.w[ra][64 * (gi >> 1) + 16 * q];
+            lb = *(const uint4 *)&w.w[ra + 8][64 * (gi >> 1) + 16 * q];
+        }
+        const uint2 sa = *(const uint2 *)((const uint8_t *)w.sc[ra] + 8 * gi);
+        const uint2 sb = *(const uint2 *)((const uint8_t *)w.sc[ra + 8] + 8 * gi);
+        const uint32_t qha = word(ha, gi), qhb = word(hb, gi);
+#pragma unroll
+        for (int tp = 0; tp < 2; tp++) {
+            const uint32_t qla = word(la, 2 * (gi & 1) + tp), qlb = word(lb, 2 * (gi & 1) + tp);
+            uint32_t a0[4], a1[4];
+            q6_pair(qla, qha, 2 * tp, scale(sa, 2 * tp), a0[0], a0[2]);
+            q6_pair(qlb, qhb, 2 * tp, scale(sb, 2 * tp), a0[1], a0[3]);
+            q6_pair(qla, qha, 2 * tp + 1, scale(sa, 2 * tp + 1), a1[0], a1[2]);
+            q6_pair(qlb, qhb, 2 * tp + 1, scale(sb, 2 * tp + 1), a1[1], a1[3]);
+            wg_fence();
+            /* k-steps 4 gi + 2 tp, + 1: atom gi, 32-byte steps within its rows */
+            wg_mma<J>(acc, a0, xd + ((gi * J * MW_AT + 64 * tp) >> 4));
+            wg_mma<J>(acc, a1, xd + ((gi * J * MW_AT + 64 * tp + 32) >> 4));
+            wg_commit();
+        }
+    }
+    wg_wait<0>();
+}
+#endif
+
+template <int J, bool Q6>
 __global__ void __launch_bounds__(MB_WARPS * 32, 2)
     k_mmqw(const gv_set S, size_t rb, int n, const __half *__restrict__ x16, int T, float *__restrict__ part,
            int *__restrict__ cnt)
 {
 #if defined(CK_HAVE_WGMMA)
     extern __shared__ __align__(128) unsigned char mw_raw[];
-    mw_smem<J> &sm = *(mw_smem<J> *)(mw_raw + ((MW_AT - ((unsigned)__cvta_generic_to_shared(mw_raw) & (MW_AT - 1))) & (MW_AT - 1)));
+    mw_smem<J, Q6> &sm = *(mw_smem<J, Q6> *)(mw_raw + ((MW_AT - ((unsigned)__cvta_generic_to_shared(mw_raw) & (MW_AT - 1))) & (MW_AT - 1)));
     __shared__ int last;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, q = lane & 3;
     const mh_place P = mh_where(S, n);
     const gv_mat &M = S.m[P.mi];
     const int c0 = P.c0, c1 = P.c1, ra = warp * 16 + g;
     constexpr int XP = (J * 8 * 32 + MH_NT - 1) / MH_NT;
-    const mh_wcp<MW_WB> wc(S, M, P.tile, rb, tid);
-    auto load_w = [&](int c, int st) { wc.copy(&sm.w[st][0][0], c, tid); };
+    const typename std::conditional<Q6, mw6_wcp, mh_wcp<MW_WB>>::type wc(S, M, P.tile, rb, tid);
+    auto load_w = [&](int c, int st) { wc.copy(mw_wst<J>(sm, st), c, tid); };
     auto load_x = [&](int c, int st) {
 #pragma unroll
         for (int k = 0; k < XP; k++) {
@@ -1736,55 +1830,59 @@ __global__ void __launch_bounds__(MB_WARPS * 32, 2)
         __syncthreads();   /* ... for every thread; chunk c - 1's buffers are free (its MMAs waited for) */
         if (c + MH_ST - 1 < c1) load(c + MH_ST - 1, (i + MH_ST - 1) % MH_ST);
         cp_commit();
-        /* this lane's scales: sub-blocks 2q, 2q + 1 of rows ra and ra + 8 (d * sc,
-         * -dmin * m as half2s); a sub-block's come from its lane by shuffle, so the
-         * warps need no second barrier */
-        uint32_t scd[2][2], scm[2][2];   /* [row ra, ra + 8][sub-block 2q, 2q + 1] */
+        if constexpr (Q6) {
+            mw_q6_chunk<J>(acc, sm.w[st], wg_desc(&sm.x[st][0]), ra, q);
+        } else {
+            /* this lane's scales: sub-blocks 2q, 2q + 1 of rows ra and ra + 8 (d * sc,
+             * -dmin * m as half2s); a sub-block's come from its lane by shuffle, so the
+             * warps need no second barrier */
+            uint32_t scd[2][2], scm[2][2];   /* [row ra, ra + 8][sub-block 2q, 2q + 1] */
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            float d0, d1, m0, m1;
-            q4k_scales(*(const uint4 *)sm.w[st][ra + 8 * r], q, d0, d1, m0, m1);
-            scd[r][0] = h2u(__floats2half2_rn(d0, d0)); scm[r][0] = h2u(__floats2half2_rn(-m0, -m0));
-            scd[r][1] = h2u(__floats2half2_rn(d1, d1)); scm[r][1] = h2u(__floats2half2_rn(-m1, -m1));
-        }
-        const uint64_t xd = wg_desc(&sm.x[st][0]);
-#pragma unroll
-        for (int gi = 0; gi < MH_SB / 2; gi++) {
-            /* bytes 2q, 2q + 1 of each 8 of rows ra and ra + 8: k-step 0 (values 0..15), k-step 1 */
-            const uint8_t *pa = &sm.w[st][ra][16 + 32 * gi + 2 * q], *pb = pa + 8 * MW_WB;
-            uint32_t ua0 = __byte_perm(*(const uint16_t *)pa, *(const uint16_t *)(pa + 8), 0x5410);
-            uint32_t ua1 = __byte_perm(*(const uint16_t *)(pa + 16), *(const uint16_t *)(pa + 24), 0x5410);
-            uint32_t ub0 = __byte_perm(*(const uint16_t *)pb, *(const uint16_t *)(pb + 8), 0x5410);
-            uint32_t ub1 = __byte_perm(*(const uint16_t *)(pb + 16), *(const uint16_t *)(pb + 24), 0x5410);
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int s = 2 * gi + h;
-                const int src = (lane & ~3) | (s >> 1);
-                uint2 sca = make_uint2(__shfl_sync(0xffffffffu, scd[0][s & 1], src), __shfl_sync(0xffffffffu, scm[0][s & 1], src));
-                uint2 scb = make_uint2(__shfl_sync(0xffffffffu, scd[1][s & 1], src), __shfl_sync(0xffffffffu, scm[1][s & 1], src));
-                uint32_t a0[4], a1[4];
-                if (h) {
-                    q4_pair<1>(ua0, u2h(sca.x), u2h(sca.y), a0[0], a0[2]);
-                    q4_pair<1>(ub0, u2h(scb.x), u2h(scb.y), a0[1], a0[3]);
-                    q4_pair<1>(ua1, u2h(sca.x), u2h(sca.y), a1[0], a1[2]);
-                    q4_pair<1>(ub1, u2h(scb.x), u2h(scb.y), a1[1], a1[3]);
-                } else {
-                    q4_pair<0>(ua0, u2h(sca.x), u2h(sca.y), a0[0], a0[2]);
-                    q4_pair<0>(ub0, u2h(scb.x), u2h(scb.y), a0[1], a0[3]);
-                    q4_pair<0>(ua1, u2h(sca.x), u2h(sca.y), a1[0], a1[2]);
-                    q4_pair<0>(ub1, u2h(scb.x), u2h(scb.y), a1[1], a1[3]);
-                }
-                wg_fence();
-                /* k-steps 2s, 2s + 1: atom s / 2, 32-byte steps within its rows */
-                wg_mma<J>(acc, a0, xd + (((s >> 1) * J * MW_AT + (s & 1) * 64) >> 4));
-                wg_mma<J>(acc, a1, xd + (((s >> 1) * J * MW_AT + (s & 1) * 64 + 32) >> 4));
-                wg_commit();
+            for (int r = 0; r < 2; r++) {
+                float d0, d1, m0, m1;
+                q4k_scales(*(const uint4 *)sm.w[st][ra + 8 * r], q, d0, d1, m0, m1);
+                scd[r][0] = h2u(__floats2half2_rn(d0, d0)); scm[r][0] = h2u(__floats2half2_rn(-m0, -m0));
+                scd[r][1] = h2u(__floats2half2_rn(d1, d1)); scm[r][1] = h2u(__floats2half2_rn(-m1, -m1));
             }
+            const uint64_t xd = wg_desc(&sm.x[st][0]);
+#pragma unroll
+            for (int gi = 0; gi < MH_SB / 2; gi++) {
+                /* bytes 2q, 2q + 1 of each 8 of rows ra and ra + 8: k-step 0 (values 0..15), k-step 1 */
+                const uint8_t *pa = &sm.w[st][ra][16 + 32 * gi + 2 * q], *pb = pa + 8 * MW_WB;
+                uint32_t ua0 = __byte_perm(*(const uint16_t *)pa, *(const uint16_t *)(pa + 8), 0x5410);
+                uint32_t ua1 = __byte_perm(*(const uint16_t *)(pa + 16), *(const uint16_t *)(pa + 24), 0x5410);
+                uint32_t ub0 = __byte_perm(*(const uint16_t *)pb, *(const uint16_t *)(pb + 8), 0x5410);
+                uint32_t ub1 = __byte_perm(*(const uint16_t *)(pb + 16), *(const uint16_t *)(pb + 24), 0x5410);
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int s = 2 * gi + h;
+                    const int src = (lane & ~3) | (s >> 1);
+                    uint2 sca = make_uint2(__shfl_sync(0xffffffffu, scd[0][s & 1], src), __shfl_sync(0xffffffffu, scm[0][s & 1], src));
+                    uint2 scb = make_uint2(__shfl_sync(0xffffffffu, scd[1][s & 1], src), __shfl_sync(0xffffffffu, scm[1][s & 1], src));
+                    uint32_t a0[4], a1[4];
+                    if (h) {
+                        q4_pair<1>(ua0, u2h(sca.x), u2h(sca.y), a0[0], a0[2]);
+                        q4_pair<1>(ub0, u2h(scb.x), u2h(scb.y), a0[1], a0[3]);
+                        q4_pair<1>(ua1, u2h(sca.x), u2h(sca.y), a1[0], a1[2]);
+                        q4_pair<1>(ub1, u2h(scb.x), u2h(scb.y), a1[1], a1[3]);
+                    } else {
+                        q4_pair<0>(ua0, u2h(sca.x), u2h(sca.y), a0[0], a0[2]);
+                        q4_pair<0>(ub0, u2h(scb.x), u2h(scb.y), a0[1], a0[3]);
+                        q4_pair<0>(ua1, u2h(sca.x), u2h(sca.y), a1[0], a1[2]);
+                        q4_pair<0>(ub1, u2h(scb.x), u2h(scb.y), a1[1], a1[3]);
+                    }
+                    wg_fence();
+                    /* k-steps 2s, 2s + 1: atom s / 2, 32-byte steps within its rows */
+                    wg_mma<J>(acc, a0, xd + (((s >> 1) * J * MW_AT + (s & 1) * 64) >> 4));
+                    wg_mma<J>(acc, a1, xd + (((s >> 1) * J * MW_AT + (s & 1) * 64 + 32) >> 4));
+                    wg_commit();
+                }
+            }
+            wg_wait<0>();
         }
-        wg_wait<0>();
     }
     cp_wait<0>();
-    mh_finish<J>(acc, S, P, ra, q, T, part, cnt, tid, last, (float *)&sm.w[0][0][0]);
+    mh_finish<J>(acc, S, P, ra, q, T, part, cnt, tid, last, (float *)mw_wst<J>(sm, 0));
 #endif
 }
 
@@ -1836,6 +1934,59 @@ __global__ void k_repack_q6_K(const uint8_t *src, uint8_t *dst, size_t rb, int n
 }
 
 /* ---------------- dequantize to f16 (the GEMM path) ---------------- */
+
+/* value v of a q6_K row in the repacked layout (q6_word): its 6 bits */
+__device__ __forceinline__ int q6w_get(const uint8_t *row, int n, int v)
+{
+    int nu = n >> 6, u = v >> 6, hh = (v >> 5) & 1, l = v & 31, w = l >> 2, j = l & 3;
+    uint32_t ql = ld32a2(row + q6_word(nu, u, w, 8)), qh = ld32a2(row + n / 2 + q6_word(nu, u, w >> 1, 4));
+    return (int)(((ql >> (8 * j + 4 * hh)) & 0xF) | (((qh >> (8 * j + 4 * (w & 1) + 2 * hh)) & 3) << 4));
+}
+
+/* q6_K in the repacked layout -> the batched kernel's (k_mmqw<J, true>):
+ * per row and super-block a Q6B_CH-byte chunk: its 16 sub-block scales
+ * d * sc as f16s (32 bytes), then per lane q (0..3) three 16-byte pieces at
+ * 32 + 64 k + 16 q holding the values an MMA A fragment takes from rows of
+ * that lane (o = 2q, 2q+1, 2q+8, 2q+9 of each sub-block of 16): pieces 0,
+ * 1: ql words (gi, p) of groups gi = 2k, 2k + 1 (4 sub-blocks each), whose
+ * byte i holds value o_i's low 4 bits of sub-block 4 gi + 2 p (low nibble)
+ * and 4 gi + 2 p + 1 (high); piece 2: qh word gi, byte i bits 2t, 2t + 1
+ * the top 2 bits of value o_i of sub-block 4 gi + t. A thread per (row,
+ * super-block, lane). */
+__global__ void k_repack_q6_Kb(const uint8_t *src, uint8_t *dst, size_t rb, int n, int n_out)
+{
+    pdl_begin();
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    int nc = n / 256;
+    if (i >= (size_t)nc * n_out * 4) return;
+    int q = (int)(i & 3), r = (int)((i >> 2) / nc), c = (int)((i >> 2) % nc);
+    const uint8_t *row = src + (size_t)r * rb;
+    uint8_t *o = dst + ((size_t)r * nc + c) * Q6B_CH;
+    const int of[4] = { 2 * q, 2 * q + 1, 2 * q + 8, 2 * q + 9 }, v0 = 256 * c;
+    if (q == 0) {
+        float d = h2f(row + 13 * (n / 16) + 2 * c);
+        const int8_t *sc = (const int8_t *)row + 3 * (n / 4) + 16 * c;
+        /* as 32-bit words: a byte store of an f16 register converts its value (ptxas 13) */
+        for (int k = 0; k < 8; k++)
+            *(uint32_t *)(o + 4 * k) = h2u(__floats2half2_rn(d * (float)sc[2 * k], d * (float)sc[2 * k + 1]));
+    }
+    for (int gi = 0; gi < 4; gi++) {
+        for (int p = 0; p < 2; p++) {
+            uint32_t w = 0;
+            for (int k = 0; k < 4; k++) {
+                int lo = q6w_get(row, n, v0 + 16 * (4 * gi + 2 * p) + of[k]) & 15;
+                int hi = q6w_get(row, n, v0 + 16 * (4 * gi + 2 * p + 1) + of[k]) & 15;
+                w |= (uint32_t)(lo | hi << 4) << (8 * k);
+            }
+            memcpy(o + 32 + 64 * (gi >> 1) + 16 * q + 4 * (2 * (gi & 1) + p), &w, 4);
+        }
+        uint32_t h = 0;
+        for (int t = 0; t < 4; t++)
+            for (int k = 0; k < 4; k++)
+                h |= (uint32_t)(q6w_get(row, n, v0 + 16 * (4 * gi + t) + of[k]) >> 4) << (8 * k + 2 * t);
+        memcpy(o + 32 + 128 + 16 * q + 4 * gi, &h, 4);
+    }
+}
 
 template <int TY>
 __global__ void k_dequant_f32(const uint8_t *W, size_t rb, int n, int n_out, float *dst)
@@ -3116,12 +3267,12 @@ static bool mmqw_on(void)
  * the partials (or the counters), no split. Gate and up (S.glu_u, one set
  * entry of n_out features): tiles of 64 features' two rows, split as the
  * set {gate, up} would be, so each row's sums are those of ck_mmq_dec. */
-template <int J, bool WG>
+template <int J, bool WG, bool Q6 = false>
 static void mmqh_k(cudaStream_t st, gv_set S, size_t rb, int n, const __half *x16, int T, float *part,
                    size_t part_bytes, int *cnt, int n_cnt, int n_sm)
 {
-    auto kern = WG ? k_mmqw<J> : k_mmqh<J>;
-    const size_t smem = WG ? sizeof(mw_smem<J>) + MW_AT : sizeof(mh_smem<J>);   /* (+ the atoms' alignment) */
+    auto kern = WG ? k_mmqw<J, Q6> : k_mmqh<J>;
+    const size_t smem = WG ? sizeof(mw_smem<J, Q6>) + MW_AT : sizeof(mh_smem<J>);   /* (+ the atoms' alignment) */
     static bool attr = false;   /* (the dynamic shared memory past 48 KiB, once) */
     if (!attr) {
         cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
@@ -3248,7 +3399,15 @@ void ck_repack_q6_K(cudaStream_t st, const void *src, void *dst, size_t rb, int 
 
 int ck_mmqb_ok(uint32_t type, int n_in)
 {
-    return type == T_Q4_K && n_in % 256 == 0;
+    return n_in % 256 == 0 && (type == T_Q4_K || (type == T_Q6_K && mmqw_on()));
+}
+
+size_t ck_q6b_row_bytes(int n_in) { return (size_t)(n_in / 256) * Q6B_CH; }
+
+void ck_repack_q6_Kb(cudaStream_t st, const void *src, void *dst, size_t rb, int n, int n_out)
+{
+    size_t tot = (size_t)(n / 256) * n_out * 4;
+    lk(k_repack_q6_Kb, nblk(tot, 256), 256, 0, st, (const uint8_t *)src, (uint8_t *)dst, rb, n, n_out);
 }
 
 void ck_mmq_dec(cudaStream_t st, uint32_t type, int nm, const void *const *W, size_t rb, int n, const int *n_out,
@@ -3258,8 +3417,12 @@ void ck_mmq_dec(cudaStream_t st, uint32_t type, int nm, const void *const *W, si
     if (!ck_mmqb_ok(type, n) || T < 1 || T > CK_MMQB_MAX_T || nm < 1 || nm > CK_MULTI_MAX) return;
     gv_set S = gv_fill(nm, W, n_out, bias, out, 0);
     /* token tiles: only live ones (the partial slots keep CK_MMQB_MAX_T tokens); four tiles by
-     * warpgroup MMAs where built for them (measured: 24 tokens and fewer gain nothing) */
-    if (T <= 24) mmqh_k<3, false>(st, S, rb, n, (const __half *)x16, T, (float *)part, part_bytes, cnt, n_cnt, n_sm);
+     * warpgroup MMAs where built for them (measured: 24 tokens and fewer gain nothing); q6_K
+     * only by those (ck_mmqb_ok) */
+    if (type == T_Q6_K) {
+        if (T <= 24) mmqh_k<3, true, true>(st, S, rb, n, (const __half *)x16, T, (float *)part, part_bytes, cnt, n_cnt, n_sm);
+        else mmqh_k<4, true, true>(st, S, rb, n, (const __half *)x16, T, (float *)part, part_bytes, cnt, n_cnt, n_sm);
+    } else if (T <= 24) mmqh_k<3, false>(st, S, rb, n, (const __half *)x16, T, (float *)part, part_bytes, cnt, n_cnt, n_sm);
     else if (mmqw_on()) mmqh_k<4, true>(st, S, rb, n, (const __half *)x16, T, (float *)part, part_bytes, cnt, n_cnt, n_sm);
     else mmqh_k<4, false>(st, S, rb, n, (const __half *)x16, T, (float *)part, part_bytes, cnt, n_cnt, n_sm);
 }
@@ -3267,7 +3430,7 @@ void ck_mmq_dec(cudaStream_t st, uint32_t type, int nm, const void *const *W, si
 int ck_mmq_glu(cudaStream_t st, uint32_t type, const void *Wg, const void *Wu, size_t rb, int n, int F, int T,
                float *out, void *h_out, const void *x16, void *part, size_t part_bytes, int *cnt, int n_cnt, int n_sm)
 {
-    if (!ck_mmqb_ok(type, n) || T < 1 || T > CK_MMQB_MAX_T || F % (MB_ROWS / 2) || !h_out) return 0;
+    if (type != T_Q4_K || !ck_mmqb_ok(type, n) || T < 1 || T > CK_MMQB_MAX_T || F % (MB_ROWS / 2) || !h_out) return 0;
     const float *nb = NULL;
     gv_set S = gv_fill(1, &Wg, &F, &nb, &out, 0);
     S.glu_u = (const uint8_t *)Wu;

@@ -48,7 +48,10 @@ int ck_gemv_int8(uint32_t type, int n_in);
  * the same arithmetic per (row, token) (opt-in: ANE_CUDA_MMQ=1). */
 int ck_mmq(uint32_t type, int n_in);
 /* Decode batches past the GEMV's (CK_GEMV_MAX_T < T <= CK_MMQB_MAX_T) of
- * q4_K matrices (ck_mmqb_ok): out[i][t][r] = dot(row r of W[i], x[t])
+ * q4_K matrices, and of q6_K ones in sm_90a builds (ck_mmqb_ok) in a
+ * layout of their own (ck_repack_q6_Kb from ck_repack_q6_K's, rows
+ * ck_q6b_row_bytes apart, which is the row_bytes to pass then):
+ * out[i][t][r] = dot(row r of W[i], x[t])
  * (+ bias[i][r]), the quantized weights read once for all T tokens and
  * dequantized to f16 for f16 tensor cores; x16 is x [T][n] in f16 (as for
  * cuBLAS). Other arithmetic than the GEMV's (outside the batch-invariance
@@ -59,13 +62,15 @@ int ck_mmq(uint32_t type, int n_in);
 #define CK_MMQB_PART (32u << 20)   /* part_bytes ample for any model */
 #define CK_MMQB_CNT 16384
 int ck_mmqb_ok(uint32_t type, int n_in);
+size_t ck_q6b_row_bytes(int n_in);
+void ck_repack_q6_Kb(cudaStream_t st, const void *src, void *dst, size_t row_bytes, int n_in, int n_out);
 void ck_mmq_dec(cudaStream_t st, uint32_t type, int nm, const void *const *W, size_t row_bytes, int n_in,
                 const int *n_out, const float *const *bias, int T, float *const *out, const void *x16, void *part,
                 size_t part_bytes, int *cnt, int n_cnt, int n_sm);
 /* Gate, up and silu_mul of a decode batch as above: out [T][F] =
  * silu(Wg x) * (Wu x) and its f16 form to h_out (not x16), the same bits as
  * ck_mmq_dec of {Wg, Wu} then ck_silu_mul. 0 (nothing done) where it does
- * not apply: F not a multiple of 64, or no h_out. */
+ * not apply: not q4_K, F not a multiple of 64, or no h_out. */
 int ck_mmq_glu(cudaStream_t st, uint32_t type, const void *Wg, const void *Wu, size_t row_bytes, int n_in, int F,
                int T, float *out, void *h_out, const void *x16, void *part, size_t part_bytes, int *cnt, int n_cnt,
                int n_sm);
