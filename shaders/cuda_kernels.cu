@@ -1652,7 +1652,9 @@ __global__ void __launch_bounds__(MB_WARPS * 32, 2)
  * partial sums as k_mmqh. Measured on a 7b layer, 32 tokens: gate+up 61.7
  * against 64.2 us, down 36.0 against 37.7; at 24 tokens no gain. The
  * kernel is bound by neither its copies nor its math (issue 44%, tensor
- * 14%, DRAM 39%) but by each warp's chain of waits, as is k_mmqh. */
+ * 14%, DRAM 39%) but by each warp's chain of waits, as is k_mmqh.
+ * Q6: q6_K in the batched layout (k_repack_q6_Kb), the same tiles, chunks
+ * and split, a chunk's MMAs by mw_q6_chunk. */
 #define MW_WB 176   /* bytes per row and chunk: 2-byte gathers by 8 rows hit 16 banks */
 #define MW_AT 1024  /* bytes per swizzle atom (8 tokens x 64 values) */
 #define Q6B_CH 224  /* bytes per row and super-block of q6_K in the batched layout (k_repack_q6_Kb) */
