@@ -3161,10 +3161,13 @@ static void gemv_mr_k(cudaStream_t st, gv_set S, size_t rb, int n, const int8_t 
     else lk(k_gemv_mr<NT, R, 1, KD, 0>, g, 128, 0, st, S, rb, n, xq, xd, xs, T, none);
 }
 
+/* Rows per warp group of a one-token GEMV: ANE_CUDA_GEMV_R (1, 2, 4, 8)
+ * for comparison, else the kind's default (gemv_mr_q); the same bits at
+ * any R */
 static int gemv_r(void)
 {
     static int R = -1;
-    if (R < 0) R = env_int("ANE_CUDA_GEMV_R", 4);
+    if (R < 0) R = env_int("ANE_CUDA_GEMV_R", 0);
     return R;
 }
 
@@ -3172,13 +3175,18 @@ template <int KD>
 static void gemv_mr_q(cudaStream_t st, const gv_set &S, size_t rb, int n, const int8_t *xq, const float *xd,
                       const int *xs, int T)
 {
-    int R = gemv_r();
+    /* one token: rows of 2048 values and more (a 7b's) at 1 row per group
+     * for q8_0, 2 for the K-quants; shorter ones (a 0.5b's, launch-bound) 4.
+     * Measured, decode at prompt 128: 7b q8_0 266 (R 4) / 302 (2) / 306 (1),
+     * 7b q4_k 424 / 437 / 408, 0.5b q8_0 1,226 / 1,180 / 1,211 */
+    int R = gemv_r() ? gemv_r() : n < 2048 ? 4 : KD == GV_Q8 ? 1 : 2;
     if (T > 8) gemv_mr_k<16, 4, KD>(st, S, rb, n, xq, xd, xs, T);
     else if (T > 4) gemv_mr_k<8, 4, KD>(st, S, rb, n, xq, xd, xs, T);
     else if (T > 2) gemv_mr_k<4, 4, KD>(st, S, rb, n, xq, xd, xs, T);
     else if (T == 2) gemv_mr_k<2, 2, KD>(st, S, rb, n, xq, xd, xs, T);
     else if (R == 8) gemv_mr_k<1, 8, KD>(st, S, rb, n, xq, xd, xs, T);
     else if (R == 2) gemv_mr_k<1, 2, KD>(st, S, rb, n, xq, xd, xs, T);
+    else if (R == 1) gemv_mr_k<1, 1, KD>(st, S, rb, n, xq, xd, xs, T);
     else gemv_mr_k<1, 4, KD>(st, S, rb, n, xq, xd, xs, T);
 }
 
@@ -3518,7 +3526,7 @@ static int glu_per_sm(uint32_t type)
  * 7b q4_k gate+up, 592 blocks, decode -6%; 0.5b, 152 blocks, +2%). */
 int ck_glu_ok(uint32_t type, int n_in, int n_out, int T, int n_sm)
 {
-    if (T != 1 || !ck_gemv_int8(type, n_in) || ck_mmq(type, n_in) || n_out % 32 || gemv_r() != 4) return 0;
+    if (T != 1 || !ck_gemv_int8(type, n_in) || ck_mmq(type, n_in) || n_out % 32) return 0;
     if (type != T_Q6_K && gemv_mr_off()) return 0;
     if (gv_warps(type == T_Q8_0 ? n_in / 32 : n_in / 64) != 1) return 0;
     return n_out / 32 <= glu_per_sm(type) * n_sm;
