@@ -752,7 +752,8 @@ __device__ __forceinline__ float q8_unit(float acc, float dw, float dx, int dot)
  * one-token GEMV's time is its loads' latency, a round per unit a lane
  * takes, so K grows early: measured, 7b q4_k decode +4% with 2 warps at 56
  * units, 0.5b +4.5% with 4 at 152; but 7b q8_0 -2% with 4 at 112 (four
- * times the blocks of 2), and 7b -3.5% with 8 (256-thread blocks) from 256. */
+ * times the blocks of 2), and 7b -3.5% with 8 (256-thread blocks) from 256
+ * (all at 4 rows per group, gemv_mr_q). */
 static inline int gv_warps(int nu) { return nu >= 128 ? 4 : nu > 32 ? 2 : 1; }
 
 __device__ __forceinline__ int byte_of3(uint4 h, int k)   /* byte k (0..11) of h.y, h.z, h.w */
