@@ -622,11 +622,21 @@ static const void *wb_of(cu_be *c, const wt *w)
     return d;
 }
 
-/* gemv_take for w (q6_K rows to the batched kernel only where its layout is at hand) */
+/* The bytes the batched kernel reads for w (q6_K: wb_of's layout; NULL:
+ * none at hand) and their row pitch */
+static const void *mb_weight(cu_be *c, const wt *w, size_t *rb)
+{
+    if (w->type != QT_Q6_K) { *rb = w->row_bytes; return w->dev; }
+    *rb = ck_q6b_row_bytes((int)w->n_in);
+    return wb_of(c, w);
+}
+
+/* gemv_take for w (rows to the batched kernel only where its bytes are at hand) */
 static int gemv_count(cu_be *c, const wt *w, int T, int *batched)
 {
     int mmq = ck_mmq(w->type, (int)w->n_in), nd = gemv_take(c, mmq, ck_mmqb_ok(w->type, (int)w->n_in), T, batched);
-    if (*batched && w->type == QT_Q6_K && !wb_of(c, w)) nd = gemv_take(c, mmq, 0, T, batched);
+    size_t rb;
+    if (*batched && !mb_weight(c, w, &rb)) nd = gemv_take(c, mmq, 0, T, batched);
     return nd;
 }
 
@@ -689,16 +699,17 @@ static int mmqb_run(cu_be *c, int nm, const wt *const *w, const float *const *bv
                     float *const *out)
 {
     const void *W[CK_MULTI_MAX];
-    int no[CK_MULTI_MAX], n = (int)w[0]->n_in, q6 = w[0]->type == QT_Q6_K;
+    int no[CK_MULTI_MAX], n = (int)w[0]->n_in;
+    size_t rb = 0;
     for (int i = 0; i < nm; i++) {
-        W[i] = q6 ? wb_of(c, w[i]) : w[i]->dev;
+        W[i] = mb_weight(c, w[i], &rb);
         no[i] = (int)w[i]->n_out;
         if (!W[i]) return 0;
     }
     const void *xh = x_f16(c, x, T, n);
     if (!xh) return 0;
-    ck_mmq_dec(c->st, w[0]->type, nm, W, q6 ? ck_q6b_row_bytes(n) : w[0]->row_bytes, n, no, bv, T, out, xh,
-               c->mb_part, CK_MMQB_PART, c->mb_cnt, CK_MMQB_CNT, c->n_sm);
+    ck_mmq_dec(c->st, w[0]->type, nm, W, rb, n, no, bv, T, out, xh, c->mb_part, CK_MMQB_PART, c->mb_cnt,
+               CK_MMQB_CNT, c->n_sm);
     return 1;
 }
 

@@ -116,11 +116,16 @@ __device__ __forceinline__ int q6_word(int nu, int u, int w, int wpu)   /* byte 
     return (g0 * wpu + w * gs + (u - g0)) * 4;
 }
 
-/* value l (0..31) of half hh of a unit: 6-bit q from its QL and QH words */
-__device__ __forceinline__ int q6_val(const uint32_t (&ql)[8], const uint32_t (&qh)[4], int hh, int l)
+/* value l (0..31) of half hh of a unit: 6-bit q from its QL word l / 4 and QH word l / 8 */
+__device__ __forceinline__ int q6_bits(uint32_t qlw, uint32_t qhw, int hh, int l)
 {
     int w = l >> 2, j = l & 3;
-    return (int)(((ql[w] >> (8 * j + 4 * hh)) & 0xF) | (((qh[w >> 1] >> (8 * j + 4 * (w & 1) + 2 * hh)) & 3) << 4));
+    return (int)(((qlw >> (8 * j + 4 * hh)) & 0xF) | (((qhw >> (8 * j + 4 * (w & 1) + 2 * hh)) & 3) << 4));
+}
+/* ... from all of the unit's words */
+__device__ __forceinline__ int q6_val(const uint32_t (&ql)[8], const uint32_t (&qh)[4], int hh, int l)
+{
+    return q6_bits(ql[l >> 2], qh[l >> 3], hh, l);
 }
 
 // 32 values c*32 .. c*32+31 of a row (n values; float types mask past n).
@@ -1936,14 +1941,12 @@ __global__ void k_repack_q6_K(const uint8_t *src, uint8_t *dst, size_t rb, int n
     }
 }
 
-/* ---------------- dequantize to f16 (the GEMM path) ---------------- */
-
 /* value v of a q6_K row in the repacked layout (q6_word): its 6 bits */
 __device__ __forceinline__ int q6w_get(const uint8_t *row, int n, int v)
 {
-    int nu = n >> 6, u = v >> 6, hh = (v >> 5) & 1, l = v & 31, w = l >> 2, j = l & 3;
-    uint32_t ql = ld32a2(row + q6_word(nu, u, w, 8)), qh = ld32a2(row + n / 2 + q6_word(nu, u, w >> 1, 4));
-    return (int)(((ql >> (8 * j + 4 * hh)) & 0xF) | (((qh >> (8 * j + 4 * (w & 1) + 2 * hh)) & 3) << 4));
+    int nu = n >> 6, u = v >> 6, l = v & 31;
+    return q6_bits(ld32a2(row + q6_word(nu, u, l >> 2, 8)), ld32a2(row + n / 2 + q6_word(nu, u, l >> 3, 4)),
+                   (v >> 5) & 1, l);
 }
 
 /* q6_K in the repacked layout -> the batched kernel's (k_mmqw<J, true>):
@@ -1990,6 +1993,8 @@ __global__ void k_repack_q6_Kb(const uint8_t *src, uint8_t *dst, size_t rb, int 
         memcpy(o + 32 + 128 + 16 * q + 4 * gi, &h, 4);
     }
 }
+
+/* ---------------- dequantize to f16 (the GEMM path) ---------------- */
 
 template <int TY>
 __global__ void k_dequant_f32(const uint8_t *W, size_t rb, int n, int n_out, float *dst)
@@ -3421,21 +3426,24 @@ void ck_repack_q6_Kb(cudaStream_t st, const void *src, void *dst, size_t rb, int
     lk(k_repack_q6_Kb, nblk(tot, 256), 256, 0, st, (const uint8_t *)src, (uint8_t *)dst, rb, n, n_out);
 }
 
+/* The batched kernel's launcher for type and T: token tiles only live ones
+ * (the partial slots keep CK_MMQB_MAX_T tokens); four tiles by warpgroup
+ * MMAs where built for them (measured: 24 tokens and fewer gain nothing);
+ * q6_K only by those (ck_mmqb_ok) */
+typedef void (*mmqb_fn)(cudaStream_t, gv_set, size_t, int, const __half *, int, float *, size_t, int *, int, int);
+static mmqb_fn mmqb_pick(uint32_t type, int T)
+{
+    if (type == T_Q6_K) return T <= 24 ? mmqh_k<3, true, true> : mmqh_k<4, true, true>;
+    return T <= 24 ? mmqh_k<3, false> : mmqw_on() ? mmqh_k<4, true> : mmqh_k<4, false>;
+}
+
 void ck_mmq_dec(cudaStream_t st, uint32_t type, int nm, const void *const *W, size_t rb, int n, const int *n_out,
                 const float *const *bias, int T, float *const *out, const void *x16, void *part, size_t part_bytes,
                 int *cnt, int n_cnt, int n_sm)
 {
     if (!ck_mmqb_ok(type, n) || T < 1 || T > CK_MMQB_MAX_T || nm < 1 || nm > CK_MULTI_MAX) return;
     gv_set S = gv_fill(nm, W, n_out, bias, out, 0);
-    /* token tiles: only live ones (the partial slots keep CK_MMQB_MAX_T tokens); four tiles by
-     * warpgroup MMAs where built for them (measured: 24 tokens and fewer gain nothing); q6_K
-     * only by those (ck_mmqb_ok) */
-    if (type == T_Q6_K) {
-        if (T <= 24) mmqh_k<3, true, true>(st, S, rb, n, (const __half *)x16, T, (float *)part, part_bytes, cnt, n_cnt, n_sm);
-        else mmqh_k<4, true, true>(st, S, rb, n, (const __half *)x16, T, (float *)part, part_bytes, cnt, n_cnt, n_sm);
-    } else if (T <= 24) mmqh_k<3, false>(st, S, rb, n, (const __half *)x16, T, (float *)part, part_bytes, cnt, n_cnt, n_sm);
-    else if (mmqw_on()) mmqh_k<4, true>(st, S, rb, n, (const __half *)x16, T, (float *)part, part_bytes, cnt, n_cnt, n_sm);
-    else mmqh_k<4, false>(st, S, rb, n, (const __half *)x16, T, (float *)part, part_bytes, cnt, n_cnt, n_sm);
+    mmqb_pick(type, T)(st, S, rb, n, (const __half *)x16, T, (float *)part, part_bytes, cnt, n_cnt, n_sm);
 }
 
 int ck_mmq_glu(cudaStream_t st, uint32_t type, const void *Wg, const void *Wu, size_t rb, int n, int F, int T,
@@ -3446,9 +3454,7 @@ int ck_mmq_glu(cudaStream_t st, uint32_t type, const void *Wg, const void *Wu, s
     gv_set S = gv_fill(1, &Wg, &F, &nb, &out, 0);
     S.glu_u = (const uint8_t *)Wu;
     S.glu_h = (__half *)h_out;
-    if (T <= 24) mmqh_k<3, false>(st, S, rb, n, (const __half *)x16, T, (float *)part, part_bytes, cnt, n_cnt, n_sm);
-    else if (mmqw_on()) mmqh_k<4, true>(st, S, rb, n, (const __half *)x16, T, (float *)part, part_bytes, cnt, n_cnt, n_sm);
-    else mmqh_k<4, false>(st, S, rb, n, (const __half *)x16, T, (float *)part, part_bytes, cnt, n_cnt, n_sm);
+    mmqb_pick(type, T)(st, S, rb, n, (const __half *)x16, T, (float *)part, part_bytes, cnt, n_cnt, n_sm);
     return 1;
 }
 
