@@ -912,7 +912,7 @@ enum { GV_Q8 = 0, GV_Q4K = 1, GV_Q6K = 2 };   /* k_gemv_mr's weight kinds */
  * same as in any other launch), and the block writes silu(gate) * up of
  * its 32 outputs to the gate's out, with their int8 block (and f16 form)
  * by qo: the arithmetic of k_silu_mul, without its launch. */
-template <int NT, int R, int K, int KD, int GLU>
+template <int NT, int R, int K, int KD, int GLU, int PRE = 1>
 __global__ void __launch_bounds__(GLU ? 512 : 128) k_gemv_mr(const gv_set S, size_t rb, int n,
                                                              const int8_t *__restrict__ xq,
                                                              const float *__restrict__ xd,
@@ -975,19 +975,50 @@ __global__ void __launch_bounds__(GLU ? 512 : 128) k_gemv_mr(const gv_set S, siz
             dw[r] = __half2float(__ushort_as_half(wld2(rows[r] + n + 2 * u, pol)));
         }
     };
-    /* (q8_0 only: for q4_K the registers held across the wait cost more
-     * than they gain, measured: 7b q4_k decode -6%, 7b q8_0 +5%) */
-    const int u0 = lane + 32 * part;
-    int pq[R][8];
-    float pdw[R];
-    if (KD == GV_Q8 && u0 < nu) ld_q8(u0, pq, pdw);
-    pdl_begin();
+    /* q8_0: a unit's dot products for the R rows and every token */
     float acc[R][NT];
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[r][t] = 0.f;
-    for (int u = u0; u < nu; u += 32 * K) {
+    auto dot_q8 = [&](int u, const int (&q)[R][8], const float (&dw)[R]) {
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            if (t >= T) break;
+            const int4 *xv = (const int4 *)(xq + (size_t)t * n + 32 * u);
+            int4 xa = __ldg(xv), xb = __ldg(xv + 1);
+            float dx = __ldg(xd + (size_t)t * nbx + u);
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                int dot = __dp4a(q[r][0], xa.x, 0);
+                dot = __dp4a(q[r][1], xa.y, dot); dot = __dp4a(q[r][2], xa.z, dot); dot = __dp4a(q[r][3], xa.w, dot);
+                dot = __dp4a(q[r][4], xb.x, dot); dot = __dp4a(q[r][5], xb.y, dot); dot = __dp4a(q[r][6], xb.z, dot);
+                dot = __dp4a(q[r][7], xb.w, dot);
+                acc[r][t] = q8_unit(acc[r][t], dw[r], dx, dot);
+            }
+        }
+    };
+    /* q8_0: a lane's first PRE units are loaded before the wait (off the
+     * path that waits for x), then used in order (the same sums); for q4_K
+     * the registers held across the wait cost more than they gain
+     * (measured: 7b q4_k decode -6%, 7b q8_0 +5%, one unit) */
+    const int u0 = lane + 32 * part;
+    constexpr int PQ = KD == GV_Q8 ? PRE : 1;
+    int pq[PQ][R][8];
+    float pdw[PQ][R];
+    if constexpr (KD == GV_Q8) {
+#pragma unroll
+        for (int i = 0; i < PQ; i++)
+            if (u0 + 32 * K * i < nu) ld_q8(u0 + 32 * K * i, pq[i], pdw[i]);
+    }
+    pdl_begin();
+    int u = u0;
+    if constexpr (KD == GV_Q8 && PQ > 1) {
+#pragma unroll
+        for (int i = 0; i < PQ; i++, u += 32 * K)
+            if (u < nu) dot_q8(u, pq[i], pdw[i]);
+    }
+    for (; u < nu; u += 32 * K) {
         if (KD == GV_Q6K) {
             /* 14 aligned words per row (8 QL, 4 QH, the scales, d's half); the
              * -32 offset as 32 times x's sum per 16 values (once per token) */
@@ -1107,31 +1138,17 @@ __global__ void __launch_bounds__(GLU ? 512 : 128) k_gemv_mr(const gv_set S, siz
         } else {
             int q[R][8];
             float dw[R];
-            if (u == u0) {
+            if (PQ == 1 && u == u0) {
 #pragma unroll
                 for (int r = 0; r < R; r++) {
-                    dw[r] = pdw[r];
+                    dw[r] = pdw[0][r];
 #pragma unroll
-                    for (int k = 0; k < 8; k++) q[r][k] = pq[r][k];
+                    for (int k = 0; k < 8; k++) q[r][k] = pq[0][r][k];
                 }
             } else {
                 ld_q8(u, q, dw);
             }
-#pragma unroll
-            for (int t = 0; t < NT; t++) {
-                if (t >= T) break;
-                const int4 *xv = (const int4 *)(xq + (size_t)t * n + 32 * u);
-                int4 xa = __ldg(xv), xb = __ldg(xv + 1);
-                float dx = __ldg(xd + (size_t)t * nbx + u);
-#pragma unroll
-                for (int r = 0; r < R; r++) {
-                    int dot = __dp4a(q[r][0], xa.x, 0);
-                    dot = __dp4a(q[r][1], xa.y, dot); dot = __dp4a(q[r][2], xa.z, dot); dot = __dp4a(q[r][3], xa.w, dot);
-                    dot = __dp4a(q[r][4], xb.x, dot); dot = __dp4a(q[r][5], xb.y, dot); dot = __dp4a(q[r][6], xb.z, dot);
-                    dot = __dp4a(q[r][7], xb.w, dot);
-                    acc[r][t] = q8_unit(acc[r][t], dw[r], dx, dot);
-                }
-            }
+            dot_q8(u, q, dw);
         }
     }
 #pragma unroll
@@ -3147,7 +3164,7 @@ static int gemv_bt(int n)
 }
 
 /* decode: rows per group R, K warps per group by the units per row */
-template <int NT, int R, int KD>
+template <int NT, int R, int KD, int PRE = 1>
 static void gemv_mr_k(cudaStream_t st, gv_set S, size_t rb, int n, const int8_t *xq, const float *xd, const int *xs,
                       int T)
 {
@@ -3162,9 +3179,9 @@ static void gemv_mr_k(cudaStream_t st, gv_set S, size_t rb, int n, const int8_t 
     S.pf = gv_pf(bytes);
     xq_lay none;
     memset(&none, 0, sizeof none);
-    if (K == 4) lk(k_gemv_mr<NT, R, 4, KD, 0>, g, 128, 0, st, S, rb, n, xq, xd, xs, T, none);
-    else if (K == 2) lk(k_gemv_mr<NT, R, 2, KD, 0>, g, 128, 0, st, S, rb, n, xq, xd, xs, T, none);
-    else lk(k_gemv_mr<NT, R, 1, KD, 0>, g, 128, 0, st, S, rb, n, xq, xd, xs, T, none);
+    if (K == 4) lk(k_gemv_mr<NT, R, 4, KD, 0, PRE>, g, 128, 0, st, S, rb, n, xq, xd, xs, T, none);
+    else if (K == 2) lk(k_gemv_mr<NT, R, 2, KD, 0, PRE>, g, 128, 0, st, S, rb, n, xq, xd, xs, T, none);
+    else lk(k_gemv_mr<NT, R, 1, KD, 0, PRE>, g, 128, 0, st, S, rb, n, xq, xd, xs, T, none);
 }
 
 /* Rows per warp group of a one-token GEMV: ANE_CUDA_GEMV_R (1, 2, 4, 8)
@@ -3175,6 +3192,18 @@ static int gemv_r(void)
     static int R = -1;
     if (R < 0) R = env_int("ANE_CUDA_GEMV_R", 0);
     return R;
+}
+
+/* q8_0 units a lane of a one-row-per-group GEMV loads before the launch
+ * wait: 2 (ANE_CUDA_GEMV_PRE=1 for one, as before, for comparison). A 7b's
+ * rows of 3,584 values are two units per lane at 2 warps per row, so the
+ * first wave of each q/k/v, o and gate-and-up launch holds all of its
+ * weights before x is written. Measured, 7b q8_0 decode: +2-3% (BENCHMARKS.md) */
+static int gemv_pre(void)
+{
+    static int P = -1;
+    if (P < 0) P = env_int("ANE_CUDA_GEMV_PRE", 2);
+    return P;
 }
 
 template <int KD>
@@ -3192,7 +3221,15 @@ static void gemv_mr_q(cudaStream_t st, const gv_set &S, size_t rb, int n, const 
     else if (T == 2) gemv_mr_k<2, 2, KD>(st, S, rb, n, xq, xd, xs, T);
     else if (R == 8) gemv_mr_k<1, 8, KD>(st, S, rb, n, xq, xd, xs, T);
     else if (R == 2) gemv_mr_k<1, 2, KD>(st, S, rb, n, xq, xd, xs, T);
-    else if (R == 1) gemv_mr_k<1, 1, KD>(st, S, rb, n, xq, xd, xs, T);
+    else if (R == 1) {
+        int P = gemv_pre();
+        if constexpr (KD == GV_Q8) {
+            if (P == 1) gemv_mr_k<1, 1, KD>(st, S, rb, n, xq, xd, xs, T);
+            else gemv_mr_k<1, 1, KD, 2>(st, S, rb, n, xq, xd, xs, T);
+        } else {
+            gemv_mr_k<1, 1, KD>(st, S, rb, n, xq, xd, xs, T);
+        }
+    }
     else gemv_mr_k<1, 4, KD>(st, S, rb, n, xq, xd, xs, T);
 }
 
