@@ -95,8 +95,8 @@ typedef struct cu_be {
     int mmqb;                  /* q4_K decode batches past the GEMV's by the batched kernel (ANE_CUDA_MMQB=0: cuBLAS) */
     void *mb_part; int *mb_cnt;   /* their split-K scratch (CK_MMQB_PART bytes, CK_MMQB_CNT counters) */
     int fuse;                  /* ANE_CUDA_FUSE (default on) */
-    int rope_att;              /* decode rope inside the attention: 0 never, 1 after small sets and for
-                                * ungrouped batches, 2 always (ANE_CUDA_ROPE_ATT, default 1) */
+    int rope_att;              /* decode rope inside the attention: 0 never, 1 after small sets, 2 always
+                                * (ANE_CUDA_ROPE_ATT, default 1) */
     int glu;                   /* gate, up and silu_mul in one launch (ANE_CUDA_GLU, default on) */
     const float *xq_src;       /* xq holds the int8 form of xq_src [xq_rows][xq_n], or nothing */
     const float *x16_src;      /* x16 holds the f16 form of x16_src [x16_rows][x16_n], or nothing */
@@ -1010,20 +1010,16 @@ static void cu_attention(be *b, const float *q, const void *kc, const void *vc, 
  * its first rope_kv (whose angle table the later layers read) does the rope
  * and the KV store inside the attention kernel: one launch less per layer,
  * the same values (the attention reads its token's K/V row only after
- * writing it). After a small q/k/v set (ck_small_set: launch-bound layers;
- * measured, 0.5b decode +6%), and for batches too small for the grouped
- * attention (under 2 (token, head) rows per SM), which the fused form would
- * otherwise take wide batches off (measured, 7b q8_0 decode +0.6% at prompt
- * 1, +1.2% at prompt 512). ANE_CUDA_ROPE_ATT=0 / 2: never / always (for
- * comparison). */
+ * writing it). Only after a small q/k/v set (ck_small_set: launch-bound
+ * layers): measured, 0.5b decode +6%, 7b -2%. ANE_CUDA_ROPE_ATT=0 / 2:
+ * never / always (for comparison). */
 static void cu_rope_attention(be *b, float *q, float *k, float *v, void *kc, void *vc, const be_batch *bt,
                               int n_head, int n_head_kv, int head_dim, int n_rot, float base, int neox,
                               const wt *freq_div, const wt *const *bias, float *out)
 {
     cu_be *c = (cu_be *)b;
     const float *fdd = freq_div && freq_div->data ? freq_div->dev : NULL;
-    int small = c->rope_att == 2 ||
-                (c->rope_att == 1 && ((c->mm_bytes && ck_small_set(c->mm_bytes)) || bt->T * n_head < 2 * c->n_sm));
+    int small = c->rope_att == 2 || (c->rope_att == 1 && c->mm_bytes && ck_small_set(c->mm_bytes));
     if (!c->fuse || !small || !rope_table(c, base, n_rot, fdd) || bt->n_dec != bt->T || n_rot > head_dim || n_rot % 2) {
         cu_rope_kv(b, q, k, v, kc, vc, bt, n_head, n_head_kv, head_dim, n_rot, base, neox, freq_div, bias);
         cu_attention(b, q, kc, vc, bt, n_head, n_head_kv, head_dim, out);
