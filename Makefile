@@ -3,7 +3,8 @@
 #   make run        build, start aned on the bundled model, print a story
 #   make test       unit + integration tests; ends with "N passed, M failed"
 #   make bench      benchmarks on real-size synthetic models
-#   make cuda       build with the CUDA backend (CUDA_ARCH=90); test-cuda runs its tests
+#   make cuda       build with the CUDA backend (CUDA_ARCH=90); test-cuda runs its tests;
+#                   ktrace builds bin/ktrace.so, a kernel-timeline tracer
 #   make fuzz       every libFuzzer target FUZZ_SECONDS (default 30) s each
 #   make help       this text
 # Knobs: CC, OPT, CFLAGS, SANITIZER=address|undefined|address,undefined|thread, WERROR=1.
@@ -95,11 +96,11 @@ LIBCLIENT := $(LIBDIR)/libaneclient.a
 PROGS := $(if $(DAEMON_SRC),bin/aned) $(if $(wildcard client/aneclient.c),bin/aneclient) \
          $(if $(HTTP_SRC),bin/aned-http) $(BENCH_BIN)
 
-.PHONY: all deps run test bench cuda test-cuda help clean fixtures fuzz
+.PHONY: all deps run test bench cuda test-cuda ktrace help clean fixtures fuzz
 all: $(PROGS) $(LIBCLIENT) $(UNIT_BIN)
 
 help:
-	@sed -n '2,10p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,11p' Makefile | sed 's/^# \{0,1\}//'
 
 # Install what is missing when root; otherwise print the exact command.
 # SKIP_DEPS=1: the libraries come from elsewhere (PC_CFLAGS/PC_LIBS given).
@@ -135,6 +136,12 @@ $(O)/shaders/%.o: shaders/%.cu shaders/%.h shaders/cuda_launch.cuh
 
 cuda:
 	$(MAKE) CUDA=1 all
+
+# the kernel timeline of a CUDA program (CUPTI): tests/bench/ktrace/ktrace.c says how
+ktrace: bin/ktrace.so
+bin/ktrace.so: tests/bench/ktrace/ktrace.c
+	@mkdir -p bin
+	$(CC) -shared -fPIC -O2 -Wall -Wextra -isystem $(CUDA_HOME)/include $< -o $@ -L$(CUDA_HOME)/lib64 -lcupti
 
 # kernels against the CPU reference, then the model references through CUDA
 test-cuda: fixtures
