@@ -3198,7 +3198,7 @@ static int gemv_r(void)
  * wait: 2 (ANE_CUDA_GEMV_PRE=1 for one, as before, for comparison). A 7b's
  * rows of 3,584 values are two units per lane at 2 warps per row, so the
  * first wave of each q/k/v, o and gate-and-up launch holds all of its
- * weights before x is written. Measured, 7b q8_0 decode: +2-3% (BENCHMARKS.md) */
+ * weights before x is written. Measured, 7b q8_0 decode: +1.3-2.8% (BENCHMARKS.md) */
 static int gemv_pre(void)
 {
     static int P = -1;
