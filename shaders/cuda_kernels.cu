@@ -999,9 +999,11 @@ __global__ void __launch_bounds__(GLU ? 512 : 128) k_gemv_mr(const gv_set S, siz
         }
     };
     /* q8_0: a lane's first PRE units are loaded before the wait (off the
-     * path that waits for x), then used in order (the same sums); for q4_K
-     * the registers held across the wait cost more than they gain
-     * (measured: 7b q4_k decode -6%, 7b q8_0 +5%, one unit) */
+     * path that waits for x), then used in order (the same sums): two or
+     * more in a loop of their own ahead of the main loop, one by the main
+     * loop's first trip (either form for the other measured 2-3% slower,
+     * BENCHMARKS.md); for q4_K the registers held across the wait cost more
+     * than they gain (measured: 7b q4_k decode -6%, 7b q8_0 +5%, one unit) */
     const int u0 = lane + 32 * part;
     constexpr int PQ = KD == GV_Q8 ? PRE : 1;
     int pq[PQ][R][8];
@@ -3222,13 +3224,13 @@ static void gemv_mr_q(cudaStream_t st, const gv_set &S, size_t rb, int n, const 
     else if (R == 8) gemv_mr_k<1, 8, KD>(st, S, rb, n, xq, xd, xs, T);
     else if (R == 2) gemv_mr_k<1, 2, KD>(st, S, rb, n, xq, xd, xs, T);
     else if (R == 1) {
-        int P = gemv_pre();
         if constexpr (KD == GV_Q8) {
-            if (P == 1) gemv_mr_k<1, 1, KD>(st, S, rb, n, xq, xd, xs, T);
-            else gemv_mr_k<1, 1, KD, 2>(st, S, rb, n, xq, xd, xs, T);
-        } else {
-            gemv_mr_k<1, 1, KD>(st, S, rb, n, xq, xd, xs, T);
+            if (gemv_pre() != 1) {
+                gemv_mr_k<1, 1, KD, 2>(st, S, rb, n, xq, xd, xs, T);
+                return;
+            }
         }
+        gemv_mr_k<1, 1, KD>(st, S, rb, n, xq, xd, xs, T);
     }
     else gemv_mr_k<1, 4, KD>(st, S, rb, n, xq, xd, xs, T);
 }

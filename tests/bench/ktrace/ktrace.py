@@ -27,8 +27,8 @@ def main():
         if cur and k[0] - end > 20000:
             steps.append(cur)
             cur = []
+        end = max(end, k[1]) if cur else k[1]
         cur.append(k)
-        end = max(end, k[1]) if len(cur) > 1 else k[1]
     steps.append(cur)
     s = steps[pick]
     t0 = s[0][0]
