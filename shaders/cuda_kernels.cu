@@ -2537,6 +2537,113 @@ __device__ __forceinline__ void att_put_part(float *part, int th, int maxs, int 
         if (ND * lane + k < hd) pp[2 + ND * lane + k] = a[k];
 }
 
+/* k_attention with the block's ATT_WARPS warps on each span together, for
+ * head_dim 32 * ATT_WARPS: warp w takes the scores of rows 8w .. 8w+7
+ * (lane l's share, dims ND*l.., as att_span_at; summed over the lanes by
+ * an xor butterfly, which pairs the shares as att_span_at's reduce-scatter
+ * does, so the same sums), every warp the span's softmax from the 32
+ * scores (as att_span_at), and thread i the weighted V sum of dim i (in
+ * row order, as att_span_at's lane of that dim). So a span's (m, l, a) are
+ * att_span_at's, with a chain a quarter as long; a one-token decode's
+ * attention is that chain (one block per head, or per head and span). */
+template <int ND, int F16>
+__device__ __forceinline__ float att_ld1(const void *c, size_t i)
+{
+    return F16 ? __half2float(((const __half *)c)[i]) : ((const float *)c)[i];
+}
+
+/* Span [p0, p0 + np) of token t by every thread of the block, scores through
+ * ssc (a [CK_ATT_SPAN] of shared memory the caller alternates between spans:
+ * a warp writes the next one's only after every warp passed this one's
+ * barrier); m, l the span's, a this thread's dim's */
+template <int ND, int F16>
+__device__ __forceinline__ void att_coop_span(const float (&qv)[ND], const void *kc, const void *vc,
+                                              const int32_t *off, const int32_t *pages, int t, int p0, int np,
+                                              size_t kvo, int kvd, float scale, float *ssc, float &m, float &l,
+                                              float &a)
+{
+    constexpr int RW = CK_ATT_SPAN / ATT_WARPS;   /* score rows per warp */
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, dim = threadIdx.x;
+    const size_t rowA = (size_t)pages[off[t] + p0 / 16] * 16;
+    const size_t rowB = np > 16 ? (size_t)pages[off[t] + p0 / 16 + 1] * 16 : rowA;
+    float kk[RW][ND], vv[CK_ATT_SPAN];
+#pragma unroll
+    for (int i = 0; i < RW; i++) {
+        int j = RW * warp + i;
+        size_t row = j < np ? (j < 16 ? rowA + j : rowB + (j - 16)) : rowA;
+        att_load<ND, F16>(kc, row * (size_t)kvd + kvo + ND * lane, ND, true, kk[i]);
+    }
+#pragma unroll
+    for (int j = 0; j < CK_ATT_SPAN; j++) {
+        size_t row = j < np ? (j < 16 ? rowA + j : rowB + (j - 16)) : rowA;
+        vv[j] = att_ld1<ND, F16>(vc, row * (size_t)kvd + kvo + dim);
+    }
+    float sc8[RW];
+#pragma unroll
+    for (int i = 0; i < RW; i++) {
+        float d = 0.f;
+#pragma unroll
+        for (int k = 0; k < ND; k++) d = __fmaf_rn(qv[k], kk[i][k], d);
+        sc8[i] = d;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+        for (int i = 0; i < RW; i++) sc8[i] = __fadd_rn(sc8[i], __shfl_xor_sync(0xffffffffu, sc8[i], o));
+#pragma unroll
+    for (int i = 0; i < RW; i++)
+        if (lane == i) ssc[RW * warp + i] = sc8[i];
+    __syncthreads();
+    const bool live = lane < np;
+    float sc = live ? __fmul_rn(ssc[lane], scale) : -INFINITY;
+    float mx = sc;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float e = live && mx > -INFINITY ? expf(sc - mx) : 0.f, sum = e;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, o));
+    float acc = 0.f;
+#pragma unroll
+    for (int j = 0; j < CK_ATT_SPAN; j++) {
+        float ej = __shfl_sync(0xffffffffu, e, j);
+        if (j < np) acc = __fmaf_rn(ej, vv[j], acc);
+    }
+    m = mx;
+    l = sum;
+    a = acc;
+}
+
+/* Token t's spans: G == 1 (every span here, merged in order as the direct
+ * path's rounds do, per dim, and written to out) or spans y, y + G, ... to
+ * part (k_att_merge merges them) */
+template <int ND, int F16>
+__device__ __forceinline__ void att_coop(const float *qs, const void *kc, const void *vc, const int32_t *off,
+                                         const int32_t *pages, int t, int th, int len, int ns, int G, int y,
+                                         int maxs, size_t kvo, int kvd, float scale, float *out, float *part,
+                                         const xq_lay &qx)
+{
+    __shared__ float ssc[2][CK_ATT_SPAN];
+    const int lane = threadIdx.x & 31, dim = threadIdx.x, hd = 32 * ND;
+    float qv[ND];
+#pragma unroll
+    for (int k = 0; k < ND; k++) qv[k] = qs[ND * lane + k];
+    float M = -INFINITY, L = 0.f, A[1] = { 0.f };
+    const bool direct = G == 1 || ns == 1;
+    for (int s = direct ? 0 : y, i = 0; s < ns; s += direct ? 1 : G, i++) {
+        const int p0 = s * CK_ATT_SPAN, np = min(len, p0 + CK_ATT_SPAN) - p0;
+        float m, l, a[1];
+        att_coop_span<ND, F16>(qv, kc, vc, off, pages, t, p0, np, kvo, kvd, scale, ssc[i & 1], m, l, a[0]);
+        if (direct) {
+            att_merge_n<1>(M, L, A, m, l, a);
+        } else {
+            float *pp = part + ((size_t)th * maxs + s) * (hd + 2);
+            if (threadIdx.x == 0) { pp[0] = m; pp[1] = l; }
+            pp[2 + dim] = a[0];
+        }
+    }
+    if (direct) att_put_out(A[0] / L, (size_t)th * hd + dim, lane, out, qx);
+}
+
 /* The rope of a decode batch done by k_attention (tab NULL: none): k, v
  * the projections' output, biases or NULL, tab the pass's angles (as
  * k_rope_kv's mode 2), kc / vc the caches written. */
@@ -2554,7 +2661,7 @@ template <int ND, int F16, int ROLL>
 __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const float *q, const void *kc, const void *vc,
                                                    const int32_t *pos, const int32_t *off, const int32_t *pages,
                                                    int n_head, int n_head_kv, int hd, float *out, float *part,
-                                                   int G, int maxs, xq_lay qx, const att_rope R)
+                                                   int G, int maxs, xq_lay qx, const att_rope R, int coop)
 {
     int th = blockIdx.x, t = th / n_head, h = th % n_head, y = blockIdx.y;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -2631,6 +2738,12 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const float *q, co
     float scale = 1.0f / sqrtf((float)hd);
     size_t kvo = (size_t)kvh * hd;
     float m, l, a[ND];
+    if constexpr (ND == ATT_WARPS) {
+        if (coop && hd == 32 * ND && (!(G == 1 || ns == 1) || ns <= coop)) {
+            att_coop<ND, F16>(qs, kc, vc, off, pages, t, th, len, ns, G, y, maxs, kvo, kvd, scale, out, part, qx);
+            return;
+        }
+    }
     if (G == 1 || ns == 1) {
         float M = -INFINITY, L = 0.f, A[ATT_DPT];
 #pragma unroll
@@ -3689,6 +3802,19 @@ int ck_att_mma_ok(int f16, int n_head, int n_head_kv, int hd)
     return f16 && (hd == 64 || hd == 128) && ck_att_grp_ok(f16, n_head, n_head_kv, hd);
 }
 
+/* The block's warps on each span together (att_coop): for head_dim 32 *
+ * ATT_WARPS, in the direct path for tokens of up to ANE_CUDA_ATT_COOP spans
+ * (default 4: one round of the warps' spans; 0: never) and in every split */
+int ck_att_coop(int hd)
+{
+    static int cv = -1;
+    if (cv < 0) {
+        const char *e = getenv("ANE_CUDA_ATT_COOP");
+        cv = e && *e && atoi(e) >= 0 ? atoi(e) : 4;
+    }
+    return hd == 32 * ATT_WARPS ? cv : 0;
+}
+
 void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *vc, int f16, const int32_t *pos,
                   const int32_t *off, const int32_t *pages, int T, int n_head, int n_head_kv, int hd, float *out,
                   float *part, int G, int maxs, void *xq, void *x16, int n_sm, const ck_rope_in *rp, int grp,
@@ -3742,12 +3868,13 @@ void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *v
         rv = e && *e ? atoi(e) : -1;
     }
     bool roll = rv < 0 ? (int)(g.x * g.y) < n_sm : rv != 0;
+    int coop = ck_att_coop(hd);
 #define L_ATT2(ND, F16)                                                                                        \
     do {                                                                                                       \
         if (roll) lk(k_attention<ND, F16, 1>, g, ATT_WARPS * 32, ATT_WARPS * 32 * 33 * 4, st, q, kc, vc, pos,   \
-                     off, pages, n_head, n_head_kv, hd, out, part, G, maxs, L, R);                             \
+                     off, pages, n_head, n_head_kv, hd, out, part, G, maxs, L, R, coop);                       \
         else lk(k_attention<ND, F16, 0>, g, ATT_WARPS * 32, 0, st, q, kc, vc, pos, off, pages, n_head,         \
-                n_head_kv, hd, out, part, G, maxs, L, R);                                                      \
+                n_head_kv, hd, out, part, G, maxs, L, R, coop);                                                \
     } while (0)
 #define L_ATT(ND)                                                                                              \
     do {                                                                                                       \

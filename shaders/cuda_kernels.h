@@ -155,6 +155,11 @@ typedef struct ck_rope_in {
 int ck_att_grp_ok(int f16, int n_head, int n_head_kv, int hd);
 /* whether it can take them to tensor cores (mma: f16 caches, head_dim 64 or 128) */
 int ck_att_mma_ok(int f16, int n_head, int n_head_kv, int hd);
+/* > 0 where ck_attention's blocks (G >= 1, no grp) take each span with all
+ * their warps (head_dim 32 * CK_ATT_WARPS; the same bits, a shorter chain):
+ * with G == 1 for tokens of up to that many spans, and with G > 1 always,
+ * best at G as many as the spans (a span per block) */
+int ck_att_coop(int hd);
 void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *vc, int f16,
                   const int32_t *pos, const int32_t *off, const int32_t *pages, int T, int n_head,
                   int n_head_kv, int head_dim, float *out, float *part, int G, int maxs, void *xq, void *x16,

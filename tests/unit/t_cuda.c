@@ -386,6 +386,44 @@ static void test_elementwise(void)
     free(x); free(y); kept(w); free(a); free(g);
 }
 
+/* rmsnorm and add_rmsnorm (out = y, in place) at row sizes one block takes
+ * and sizes split over a cluster of blocks (1 and 2 values a thread), and
+ * one that splits into no whole 32-value blocks: against the CPU, the
+ * residual x + y bit for bit */
+static void test_norms(void)
+{
+    const int ns[] = { 896, 1000, 3584, 4096, 8192 };
+    for (size_t c = 0; c < sizeof ns / sizeof ns[0]; c++) {
+        int rows = 5, n = ns[c];
+        size_t N = (size_t)rows * n;
+        float *x = malloc(N * 4), *y = malloc(N * 4), *w = malloc((size_t)n * 4), *a = malloc(N * 4), *g = malloc(N * 4);
+        float *ax = malloc(N * 4), *gx = malloc(N * 4);
+        for (size_t i = 0; i < N; i++) { x[i] = frand() * 3; y[i] = frand(); }
+        for (int i = 0; i < n; i++) w[i] = frand();
+        wt wv = { .type = QT_F32, .n_in = n, .n_out = 1, .row_bytes = (size_t)n * 4, .data = kept(w) };
+        CHECK(gpu->ops->weight_prepare(gpu, &wv) == 0);
+        float *dx = dev_from(gpu, x, N), *dy = dev_from(gpu, y, N), *dout = gpu->ops->alloc(gpu, N * 4);
+        cpu->ops->rmsnorm(cpu, x, &wv, rows, n, 1e-6f, a);
+        gpu->ops->rmsnorm(gpu, dx, &wv, rows, n, 1e-6f, dout);
+        gpu->ops->to_host(gpu, g, dout, N * 4);
+        gpu->ops->sync(gpu);
+        double e = rel_err_f(g, a, N);
+        CHECKF(e < 1e-5, "rmsnorm n=%d rel err %.3g", n, e);
+        memcpy(ax, x, N * 4);
+        cpu->ops->add(cpu, ax, y, N);
+        cpu->ops->rmsnorm(cpu, ax, &wv, rows, n, 1e-6f, a);
+        gpu->ops->add_rmsnorm(gpu, dx, dy, &wv, rows, n, 1e-6f, dy);
+        gpu->ops->to_host(gpu, g, dy, N * 4);
+        gpu->ops->to_host(gpu, gx, dx, N * 4);
+        gpu->ops->sync(gpu);
+        e = rel_err_f(g, a, N);
+        CHECKF(e < 1e-5, "add_rmsnorm n=%d rel err %.3g", n, e);
+        CHECKF(!memcmp(gx, ax, N * 4), "add_rmsnorm n=%d: x + y differs", n);
+        gpu->ops->free(gpu, dx); gpu->ops->free(gpu, dy); gpu->ops->free(gpu, dout);
+        free(x); free(y); free(a); free(g); free(ax); free(gx);
+    }
+}
+
 static void test_rope(void)
 {
     int T = 6, nh = 4, hd = 64;
@@ -1502,6 +1540,7 @@ int main(int argc, char **argv)
     RUN_SOME(test_fused);
     RUN_SOME(test_embed);
     RUN_SOME(test_elementwise);
+    RUN_SOME(test_norms);
     RUN_SOME(test_rope);
     RUN_SOME(test_rope_kv);
     RUN_SOME(test_rope_attention);
