@@ -2396,6 +2396,21 @@ __device__ __forceinline__ void att_v16(const void *vc, size_t rowA, size_t rowB
     }
 }
 
+/* A span's softmax, lane j holding the dot product ps of position j (live:
+ * j is in the span): the span's max mx of the scaled scores, this lane's
+ * weight e, and their sum in an xor butterfly's order (in every lane) */
+__device__ __forceinline__ void att_soft(float ps, bool live, float scale, float &mx, float &e, float &sum)
+{
+    float sc = live ? __fmul_rn(ps, scale) : -INFINITY;
+    mx = sc;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    e = live && mx > -INFINITY ? expf(sc - mx) : 0.f;
+    sum = e;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, o));
+}
+
 /* One step of a warp's reduce-scatter of 32 values per lane: after the
  * step of width O a lane keeps the O sums of the half of the indices its
  * bit O selects (constant indices: the values stay in registers). */
@@ -2474,13 +2489,8 @@ __device__ __forceinline__ void att_span_at(const float *qs, const void *kc, con
         att_rs<1>(pr, lane);
         ps = pr[0];
     }
-    float sc = live ? __fmul_rn(ps, scale) : -INFINITY;
-    float mx = sc;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    float e = live && mx > -INFINITY ? expf(sc - mx) : 0.f, sum = e;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, o));
+    float mx, e, sum;
+    att_soft(ps, live, scale, mx, e, sum);
 #pragma unroll
     for (int k = 0; k < ND; k++) a[k] = 0.f;
     if (ROLL) {
@@ -2594,14 +2604,8 @@ __device__ __forceinline__ void att_coop_span(const float (&qv)[ND], const void 
     for (int i = 0; i < RW; i++)
         if (lane == i) ssc[RW * warp + i] = sc8[i];
     __syncthreads();
-    const bool live = lane < np;
-    float sc = live ? __fmul_rn(ssc[lane], scale) : -INFINITY;
-    float mx = sc;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    float e = live && mx > -INFINITY ? expf(sc - mx) : 0.f, sum = e;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, o));
+    float mx, e, sum;
+    att_soft(ssc[lane], lane < np, scale, mx, e, sum);
     float acc = 0.f;
 #pragma unroll
     for (int j = 0; j < CK_ATT_SPAN; j++) {
