@@ -466,12 +466,14 @@ static int att_blocks(cu_be *c, int T, int ns, int n_head, int head_dim)
     int work = T * n_head, want = 2 * c->n_sm;
     if (work >= want || c->att_maxs < 2) return 1;
     if ((size_t)work * c->att_maxs * (size_t)(head_dim + 2) > c->part_cap) return 1;
-    int g = (want + work - 1) / work, gs = (ns + CK_ATT_WARPS - 1) / CK_ATT_WARPS;
-    int coop = ck_att_coop(head_dim);
-    if (coop) {   /* (one block up to coop spans; else a span per block, while up to 8 blocks per SM) */
-        if (ns <= coop) return 1;
+    int coop = ck_att_coop(head_dim), g, gs;
+    if (coop && ns <= coop) return 1;
+    if (coop) {   /* (a span per block, while up to 8 blocks per SM) */
         g = (8 * c->n_sm + work - 1) / work;
         gs = ns;
+    } else {
+        g = (want + work - 1) / work;
+        gs = (ns + CK_ATT_WARPS - 1) / CK_ATT_WARPS;
     }
     if (g > gs) g = gs;
     return g > c->att_maxs ? c->att_maxs : g < 1 ? 1 : g;

@@ -2230,6 +2230,22 @@ __device__ __forceinline__ size_t kv_slot(const int32_t *off, const int32_t *pag
     return (size_t)pages[off[t] + p / 16] * 16 + (size_t)(p % 16);
 }
 
+/* A span's two cache pages (np positions of token t from p0, p0 % 32 == 0):
+ * the first rows of the pages of positions p0.. and p0+16.. (rowA again
+ * when np <= 16) */
+__device__ __forceinline__ void att_pages(const int32_t *off, const int32_t *pages, int t, int p0, int np,
+                                          size_t &rowA, size_t &rowB)
+{
+    rowA = (size_t)pages[off[t] + p0 / 16] * 16;
+    rowB = np > 16 ? (size_t)pages[off[t] + p0 / 16 + 1] * 16 : rowA;
+}
+
+/* the row of span position j (past np: rowA's, a valid address) */
+__device__ __forceinline__ size_t att_row(size_t rowA, size_t rowB, int j, int np)
+{
+    return j < np ? (j < 16 ? rowA + j : rowB + (j - 16)) : rowA;
+}
+
 __device__ __forceinline__ void kv_put(void *c, int f16, size_t s, float v)
 {
     if (f16) ((__half *)c)[s] = __float2half_rn(v);
@@ -2354,8 +2370,7 @@ __device__ __forceinline__ void att_rows16(const void *c, size_t rowA, size_t ro
 {
 #pragma unroll
     for (int j = 0; j < 16; j++) {
-        int jj = j0 + j;
-        size_t row = jj < np ? (jj < 16 ? rowA + jj : rowB + (jj - 16)) : rowA;
+        size_t row = att_row(rowA, rowB, j0 + j, np);
 #pragma unroll
         for (int k = 0; k < ND; k++) r[j][k] = 0.f;
         if (dl) att_load<ND, F16>(c, row * (size_t)kvd + base, nv, vec, r[j]);
@@ -2513,8 +2528,8 @@ __device__ __forceinline__ void att_span(const float *qs, const void *kc, const 
                                          int p0, int p1, float (*sp)[33], float &m, float &l, float (&a)[ND])
 {
     int np = p1 - p0;
-    size_t rowA = (size_t)pages[off[t] + p0 / 16] * 16;
-    size_t rowB = np > 16 ? (size_t)pages[off[t] + p0 / 16 + 1] * 16 : rowA;
+    size_t rowA, rowB;
+    att_pages(off, pages, t, p0, np, rowA, rowB);
     /* (head_dim 32 ND and a whole span, the common case: the same code
      * with the lane's dims and the rows' bounds constant; not in the
      * rolled form, whose launches are few blocks and fetch its code once
@@ -2547,6 +2562,13 @@ __device__ __forceinline__ void att_put_part(float *part, int th, int maxs, int 
         if (ND * lane + k < hd) pp[2 + ND * lane + k] = a[k];
 }
 
+/* one cache value as a float */
+template <int F16>
+__device__ __forceinline__ float att_ld1(const void *c, size_t i)
+{
+    return F16 ? __half2float(((const __half *)c)[i]) : ((const float *)c)[i];
+}
+
 /* k_attention with the block's ATT_WARPS warps on each span together, for
  * head_dim 32 * ATT_WARPS: warp w takes the scores of rows 8w .. 8w+7
  * (lane l's share, dims ND*l.., as att_span_at; summed over the lanes by
@@ -2556,12 +2578,6 @@ __device__ __forceinline__ void att_put_part(float *part, int th, int maxs, int 
  * row order, as att_span_at's lane of that dim). So a span's (m, l, a) are
  * att_span_at's, with a chain a quarter as long; a one-token decode's
  * attention is that chain (one block per head, or per head and span). */
-template <int ND, int F16>
-__device__ __forceinline__ float att_ld1(const void *c, size_t i)
-{
-    return F16 ? __half2float(((const __half *)c)[i]) : ((const float *)c)[i];
-}
-
 /* Span [p0, p0 + np) of token t by every thread of the block, scores through
  * ssc (a [CK_ATT_SPAN] of shared memory the caller alternates between spans:
  * a warp writes the next one's only after every warp passed this one's
@@ -2574,20 +2590,15 @@ __device__ __forceinline__ void att_coop_span(const float (&qv)[ND], const void 
 {
     constexpr int RW = CK_ATT_SPAN / ATT_WARPS;   /* score rows per warp */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, dim = threadIdx.x;
-    const size_t rowA = (size_t)pages[off[t] + p0 / 16] * 16;
-    const size_t rowB = np > 16 ? (size_t)pages[off[t] + p0 / 16 + 1] * 16 : rowA;
+    size_t rowA, rowB;
+    att_pages(off, pages, t, p0, np, rowA, rowB);
     float kk[RW][ND], vv[CK_ATT_SPAN];
 #pragma unroll
-    for (int i = 0; i < RW; i++) {
-        int j = RW * warp + i;
-        size_t row = j < np ? (j < 16 ? rowA + j : rowB + (j - 16)) : rowA;
-        att_load<ND, F16>(kc, row * (size_t)kvd + kvo + ND * lane, ND, true, kk[i]);
-    }
+    for (int i = 0; i < RW; i++)
+        att_load<ND, F16>(kc, att_row(rowA, rowB, RW * warp + i, np) * (size_t)kvd + kvo + ND * lane, ND, true,
+                          kk[i]);
 #pragma unroll
-    for (int j = 0; j < CK_ATT_SPAN; j++) {
-        size_t row = j < np ? (j < 16 ? rowA + j : rowB + (j - 16)) : rowA;
-        vv[j] = att_ld1<ND, F16>(vc, row * (size_t)kvd + kvo + dim);
-    }
+    for (int j = 0; j < CK_ATT_SPAN; j++) vv[j] = att_ld1<F16>(vc, att_row(rowA, rowB, j, np) * (size_t)kvd + kvo + dim);
     float sc8[RW];
 #pragma unroll
     for (int i = 0; i < RW; i++) {
