@@ -145,6 +145,12 @@ typedef struct be_ops {
     void (*rope_attention)(be *b, float *q, float *k, float *v, void *kcache, void *vcache, const be_batch *bt,
                            int n_head, int n_head_kv, int head_dim, int n_rot, float base, int neox,
                            const wt *freq_div, const wt *const *bias, float *out);
+    /* qkv_rope: matmul_n of w[3] (wq, wk, wv) on x without biases, then
+     * rope_kv with bias[3], where the backend can do them in one go (the
+     * same values); returns 0, having done nothing, where it cannot. */
+    int (*qkv_rope)(be *b, const wt *const *w, const wt *const *bias, const float *x, float *q, float *k, float *v,
+                    void *kcache, void *vcache, const be_batch *bt, int n_head, int n_head_kv, int head_dim,
+                    int n_rot, float base, int neox, const wt *freq_div);
 } be_ops;
 
 struct be {

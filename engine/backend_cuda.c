@@ -98,6 +98,7 @@ typedef struct cu_be {
     int rope_att;              /* decode rope inside the attention: 0 never, 1 after small sets, 2 always
                                 * (ANE_CUDA_ROPE_ATT, default 1) */
     int glu;                   /* gate, up and silu_mul in one launch (ANE_CUDA_GLU, default on) */
+    int qkv_rope;              /* q/k/v matmuls with the rope in one launch (ANE_CUDA_QKV_ROPE, default on) */
     const float *xq_src;       /* xq holds the int8 form of xq_src [xq_rows][xq_n], or nothing */
     const float *x16_src;      /* x16 holds the f16 form of x16_src [x16_rows][x16_n], or nothing */
     int x16_rows, x16_n;
@@ -466,8 +467,9 @@ static int att_blocks(cu_be *c, int T, int ns, int n_head, int head_dim)
     int work = T * n_head, want = 2 * c->n_sm;
     if (work >= want || c->att_maxs < 2) return 1;
     if ((size_t)work * c->att_maxs * (size_t)(head_dim + 2) > c->part_cap) return 1;
-    int coop = ck_att_coop(head_dim), g, gs;
+    int coop = ck_att_coop(head_dim), par = ck_att_par(head_dim), g, gs;
     if (coop && ns <= coop) return 1;
+    if (par && ns <= par && work <= c->n_sm) return 1;
     if (coop) {   /* (a span per block, while up to 8 blocks per SM) */
         g = (8 * c->n_sm + work - 1) / work;
         gs = ns;
@@ -1039,6 +1041,37 @@ static void cu_rope_attention(be *b, float *q, float *k, float *v, void *kc, voi
     att_run(c, q, kc, vc, bt, n_head, n_head_kv, head_dim, out, &rp);
 }
 
+/* One decode token's q, k, v (q8_0 rows the one-token GEMV takes two
+ * warps a row of) with the rope and KV store in the matmul's epilogue,
+ * from the pass's angle table (so not the pass's first layer, whose
+ * rope_kv writes it). ANE_CUDA_QKV_ROPE=0: apart, for comparison. */
+static int cu_qkv_rope(be *b, const wt *const *w, const wt *const *bias, const float *x, float *q, float *k, float *v,
+                       void *kc, void *vc, const be_batch *bt, int n_head, int n_head_kv, int head_dim, int n_rot,
+                       float base, int neox, const wt *freq_div)
+{
+    cu_be *c = (cu_be *)b;
+    int T = bt->T, bt_;
+    const float *fdd = freq_div && freq_div->data ? freq_div->dev : NULL;
+    if (!c->fuse || !c->qkv_rope || T != 1 || bt->n_dec != T || !rope_table(c, base, n_rot, fdd)) return 0;
+    int nin = (int)w[0]->n_in;
+    for (int i = 1; i < 3; i++)
+        if (w[i]->type != w[0]->type || (int)w[i]->n_in != nin || w[i]->row_bytes != w[0]->row_bytes) return 0;
+    if (gemv_count(c, w[0], T, &bt_) != T || bt_ || !tag_is(c, x, T, nin)) return 0;
+    if ((int)w[0]->n_out != n_head * head_dim) return 0;
+    const void *W[3] = { w[0]->dev, w[1]->dev, w[2]->dev };
+    int no[3] = { (int)w[0]->n_out, (int)w[1]->n_out, (int)w[2]->n_out };
+    float *outs[3] = { q, k, v };
+    use_batch(c, bt);
+    ck_qkv_rope r = { bias_dev(bias, 0), bias_dev(bias, 1), bias_dev(bias, 2), c->rope_tab, d_pos(c), d_off(c),
+                      d_pages(c), kc, vc, b->kv_elt == 2, head_dim, n_rot, neox, n_head_kv, base, fdd };
+    if (!ck_gemv_qkv_rope(c->st, w[0]->type, W, w[0]->row_bytes, nin, no, c->xq, outs, &r)) return 0;
+    c->mm_bytes = 0;
+    for (int i = 0; i < 3; i++) c->mm_bytes += (size_t)no[i] * w[i]->row_bytes;
+    tag_clear(c);   /* (as rope_kv) */
+    c->mm_out = NULL;
+    return 1;
+}
+
 static void cu_argmax(be *b, const float *x, int rows, int n, int32_t *ids)
 {
     cu_be *c = (cu_be *)b;
@@ -1168,6 +1201,7 @@ static const be_ops cuda_ops = {
     .add_rmsnorm = cu_add_rmsnorm,
     .rope_kv = cu_rope_kv,
     .rope_attention = cu_rope_attention,
+    .qkv_rope = cu_qkv_rope,
     .copy_rows = cu_copy_rows,
     .sigmoid_mul = cu_sigmoid_mul,
     .rmsnorm_gated = cu_rmsnorm_gated,
@@ -1221,6 +1255,8 @@ int be_cuda_open(be **out, struct pool *p, int kv_f16, char *err, size_t errlen)
     c->rope_att = ra && *ra ? atoi(ra) : 1;
     const char *gl = getenv("ANE_CUDA_GLU");
     c->glu = !(gl && *gl && atoi(gl) == 0);
+    const char *qr = getenv("ANE_CUDA_QKV_ROPE");
+    c->qkv_rope = !(qr && *qr && atoi(qr) == 0);
     const char *ag = getenv("ANE_CUDA_ATT_GRP");
     c->att_grp = ag && *ag ? atoi(ag) : 4;
     if (c->att_grp < 0) c->att_grp = 0;

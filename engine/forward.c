@@ -140,33 +140,40 @@ static void fw_pass(fw *f, const int32_t *tokens, const be_batch *bt, const int3
          * (one pass over q, k, v instead of one per matmul) */
         const wt *qkv_b[3] = { &L->bq, &L->bk, &L->bv }, *none[3] = { NULL, NULL, NULL };
         const wt *const *mb = o->rope_kv && !L->q_norm.data ? none : qkv_b;
-        if (o->matmul_n) {
-            const wt *ws[3] = { &L->wq, &L->wk, &L->wv };
-            float *outs[3] = { f->q, f->k, f->v };
-            o->matmul_n(b, 3, ws, mb, f->xb, T, outs);
-        } else {
-            o->matmul(b, &L->wq, mb[0], f->xb, T, f->q);
-            o->matmul(b, &L->wk, mb[1], f->xb, T, f->k);
-            o->matmul(b, &L->wv, mb[2], f->xb, T, f->v);
-        }
-        if (L->q_norm.data) {
-            o->rmsnorm(b, f->q, &L->q_norm, T * hp->n_head, HD, hp->norm_eps, f->q);
-            o->rmsnorm(b, f->k, &L->k_norm, T * hp->n_head_kv, HD, hp->norm_eps, f->k);
-        }
-        const wt *const *rb = mb == none ? qkv_b : NULL;
-        if (o->rope_attention) {
-            o->rope_attention(b, f->q, f->k, f->v, f->kc[l], f->vc[l], bt, hp->n_head, hp->n_head_kv, HD, hp->n_rot,
-                              hp->rope_base, hp->rope_neox, freq_div, rb, f->att);
-        } else {
-            if (o->rope_kv) {
-                o->rope_kv(b, f->q, f->k, f->v, f->kc[l], f->vc[l], bt, hp->n_head, hp->n_head_kv, HD, hp->n_rot,
-                           hp->rope_base, hp->rope_neox, freq_div, rb);
-            } else {
-                o->rope(b, f->q, bt, hp->n_head, HD, hp->n_rot, hp->rope_base, hp->rope_neox, freq_div);
-                o->rope(b, f->k, bt, hp->n_head_kv, HD, hp->n_rot, hp->rope_base, hp->rope_neox, freq_div);
-                o->kv_store(b, f->kc[l], f->vc[l], bt, K, f->k, f->v);
-            }
+        const wt *wqkv[3] = { &L->wq, &L->wk, &L->wv };
+        /* (a backend may take the q/k/v matmuls and the rope in one go) */
+        if (mb == none && o->qkv_rope &&
+            o->qkv_rope(b, wqkv, qkv_b, f->xb, f->q, f->k, f->v, f->kc[l], f->vc[l], bt, hp->n_head, hp->n_head_kv,
+                        HD, hp->n_rot, hp->rope_base, hp->rope_neox, freq_div)) {
             o->attention(b, f->q, f->kc[l], f->vc[l], bt, hp->n_head, hp->n_head_kv, HD, f->att);
+        } else {
+            if (o->matmul_n) {
+                float *outs[3] = { f->q, f->k, f->v };
+                o->matmul_n(b, 3, wqkv, mb, f->xb, T, outs);
+            } else {
+                o->matmul(b, &L->wq, mb[0], f->xb, T, f->q);
+                o->matmul(b, &L->wk, mb[1], f->xb, T, f->k);
+                o->matmul(b, &L->wv, mb[2], f->xb, T, f->v);
+            }
+            if (L->q_norm.data) {
+                o->rmsnorm(b, f->q, &L->q_norm, T * hp->n_head, HD, hp->norm_eps, f->q);
+                o->rmsnorm(b, f->k, &L->k_norm, T * hp->n_head_kv, HD, hp->norm_eps, f->k);
+            }
+            const wt *const *rb = mb == none ? qkv_b : NULL;
+            if (o->rope_attention) {
+                o->rope_attention(b, f->q, f->k, f->v, f->kc[l], f->vc[l], bt, hp->n_head, hp->n_head_kv, HD,
+                                  hp->n_rot, hp->rope_base, hp->rope_neox, freq_div, rb, f->att);
+            } else {
+                if (o->rope_kv) {
+                    o->rope_kv(b, f->q, f->k, f->v, f->kc[l], f->vc[l], bt, hp->n_head, hp->n_head_kv, HD,
+                               hp->n_rot, hp->rope_base, hp->rope_neox, freq_div, rb);
+                } else {
+                    o->rope(b, f->q, bt, hp->n_head, HD, hp->n_rot, hp->rope_base, hp->rope_neox, freq_div);
+                    o->rope(b, f->k, bt, hp->n_head_kv, HD, hp->n_rot, hp->rope_base, hp->rope_neox, freq_div);
+                    o->kv_store(b, f->kc[l], f->vc[l], bt, K, f->k, f->v);
+                }
+                o->attention(b, f->q, f->kc[l], f->vc[l], bt, hp->n_head, hp->n_head_kv, HD, f->att);
+            }
         }
         o->matmul(b, &L->wo, NULL, f->att, T, f->xb);
         if (fuse) {

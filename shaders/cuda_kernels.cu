@@ -899,6 +899,11 @@ __device__ __forceinline__ float silu_mul1(float a, float u) { return a / (1.0f 
 
 enum { GV_Q8 = 0, GV_Q4K = 1, GV_Q6K = 2 };   /* k_gemv_mr's weight kinds */
 
+/* (the KV cache and rope helpers, for k_gemv_mr's rope epilogue) */
+__device__ __forceinline__ size_t kv_slot(const int32_t *off, const int32_t *pages, int t, int p);
+__device__ __forceinline__ void kv_put(void *c, int f16, size_t s, float v);
+__device__ __forceinline__ void rope_cs(int p, int i, int n_rot, float base, const float *fd, float &cs, float &sn);
+
 /* ---------------- int8 GEMV for decode batches (up to 16 tokens): several rows per group ----------------
  * A block of 4 warps holds 4/K groups of K warps; a group takes R rows. Each
  * thread loads its x units once per token and reuses them for the R rows, so
@@ -912,12 +917,22 @@ enum { GV_Q8 = 0, GV_Q4K = 1, GV_Q6K = 2 };   /* k_gemv_mr's weight kinds */
  * same as in any other launch), and the block writes silu(gate) * up of
  * its 32 outputs to the gate's out, with their int8 block (and f16 form)
  * by qo: the arithmetic of k_silu_mul, without its launch. */
-template <int NT, int R, int K, int KD, int GLU, int PRE = 1>
+/* ROPE (one token, R 1, K 2; the set q, k, v of a layer; rp): the rope
+ * and KV store of k_rope_kv in the epilogue. A q or k block's two groups
+ * take the two rows of one rope pair (neox: dims j and j + hd/2 of a
+ * head, else 2j and 2j + 1, the plain mapping), so one thread holds both
+ * sums; it adds the biases, ropes the pair (the table's angles, or
+ * rope_cs's, read or computed before the launch wait), writes q or k, and
+ * k's cache row; a v block writes v and its cache row plus bias. Every
+ * value is k_gemv_mr's then k_rope_kv's (the same bits). */
+template <int NT, int R, int K, int KD, int GLU, int PRE = 1, int ROPE = 0>
 __global__ void __launch_bounds__(GLU ? 512 : 128) k_gemv_mr(const gv_set S, size_t rb, int n,
                                                              const int8_t *__restrict__ xq,
                                                              const float *__restrict__ xd,
-                                                             const int *__restrict__ xs, int T, const xq_lay qo)
+                                                             const int *__restrict__ xs, int T, const xq_lay qo,
+                                                             const ck_qkv_rope rp)
 {
+    static_assert(!ROPE || (NT == 1 && R == 1 && K == 2 && !GLU), "the rope epilogue: one pair a block");
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int mi = GLU ? 0 : gv_pick(S);
     const uint8_t *W = S.m[mi].W;
@@ -933,6 +948,31 @@ __global__ void __launch_bounds__(GLU ? 512 : 128) k_gemv_mr(const gv_set S, siz
     }
     const uint64_t pol = wpol();
     int r0 = row0 + warp / K * R, part = warp % K;
+    /* the rope's inputs: angle, biases, cache slot (none written by the
+     * kernels of this pass before it: the batch block and angle table come
+     * first, biases are weights) */
+    float rcs = 0.f, rsn = 0.f, rbA = 0.f, rbB = 0.f;
+    size_t rslot = 0;
+    if constexpr (ROPE != 0) {
+        const int half = rp.head_dim / 2, pr = (int)blockIdx.x - S.m[mi].blk0;
+        if (mi < 2 && rp.neox) r0 = pr / half * rp.head_dim + pr % half + (warp / K) * half;
+        if (lane == 0 && part == 0) {
+            const int p = rp.pos[0];
+            rslot = kv_slot(rp.off, rp.pages, 0, p) * (size_t)(rp.n_head_kv * rp.head_dim);
+            const float *bm = mi == 0 ? rp.bq : mi == 1 ? rp.bk : rp.bv;
+            if (mi < 2 && warp == 0) {
+                if (rp.tab) {
+                    float2 a = ((const float2 *)rp.tab)[pr % half];
+                    rcs = a.x; rsn = a.y;
+                } else {
+                    rope_cs(p, pr % half, rp.n_rot, rp.base, rp.fd, rcs, rsn);
+                }
+                if (bm) { rbA = bm[r0]; rbB = bm[rp.neox ? r0 + half : r0 + 1]; }
+            } else if (mi == 2 && bm) {
+                rbA = bm[min(r0, S.m[mi].n_out - 1)];
+            }
+        }
+    }
     const uint8_t *rows[R];
     if (GLU) {
         r0 = row0 + 2 * warp;
@@ -1192,12 +1232,43 @@ __global__ void __launch_bounds__(GLU ? 512 : 128) k_gemv_mr(const gv_set S, siz
             for (int t = 0; t < NT; t++) if ((r * NT + t) % 32 == lane) red[warp][r * NT + t] = acc[r][t];
         __syncthreads();
         if (part != 0) return;
-        for (int i = lane; i < R * NT; i += 32) {
-            float v = 0.f;
+        if constexpr (ROPE != 0) {
+            if (lane != 0) return;
+            /* each row's sum as below (no bias there: + 0), then k_rope_kv's steps */
+            float a = 0.f, c = 0.f;
 #pragma unroll
-            for (int k = 0; k < K; k++) v += red[warp + k][i];
-            int r = r0 + i / NT, t = i % NT;
-            if (r < n_out && t < T) out[(size_t)t * n_out + r] = v + (bias ? bias[r] : 0.f);
+            for (int k = 0; k < K; k++) a += red[warp + k][0];
+            a = __fadd_rn(a, 0.f);
+            if (mi == 2) {
+                if (r0 < n_out) {
+                    out[r0] = a;
+                    kv_put(rp.vc, rp.f16, rslot + r0, rp.bv ? __fadd_rn(a, rbA) : a);
+                }
+                return;
+            }
+            if (warp != 0) return;
+#pragma unroll
+            for (int k = 0; k < K; k++) c += red[K + k][0];
+            c = __fadd_rn(c, 0.f);
+            const float *bm = mi == 0 ? rp.bq : rp.bk;
+            if (bm) { a = __fadd_rn(a, rbA); c = __fadd_rn(c, rbB); }
+            const int rB = rp.neox ? r0 + rp.head_dim / 2 : r0 + 1;
+            float o0 = __fsub_rn(__fmul_rn(a, rcs), __fmul_rn(c, rsn));
+            float o1 = __fadd_rn(__fmul_rn(a, rsn), __fmul_rn(c, rcs));
+            out[r0] = o0;
+            out[rB] = o1;
+            if (mi == 1) {
+                kv_put(rp.kc, rp.f16, rslot + r0, o0);
+                kv_put(rp.kc, rp.f16, rslot + rB, o1);
+            }
+        } else {
+            for (int i = lane; i < R * NT; i += 32) {
+                float v = 0.f;
+#pragma unroll
+                for (int k = 0; k < K; k++) v += red[warp + k][i];
+                int r = r0 + i / NT, t = i % NT;
+                if (r < n_out && t < T) out[(size_t)t * n_out + r] = v + (bias ? bias[r] : 0.f);
+            }
         }
     } else {
 #pragma unroll
@@ -2090,20 +2161,19 @@ __global__ void k_silu_mul(const float *g, const float *u, size_t n, float *out,
     if (qx.h) qx.h[i] = f2h_sat(v);
 }
 
-/* sum of squares of the block, in every thread */
+/* sum of squares of the block, in every thread: each warp's sum to
+ * shared memory, then every warp adds the warps' sums by the same
+ * butterfly (the same bits in every thread, one barrier). Once per kernel. */
 __device__ __forceinline__ float block_sum(float ss)
 {
     __shared__ float red[32];
     for (int k = 16; k > 0; k >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, k);
     if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
     __syncthreads();
-    if (threadIdx.x < 32) {
-        float v = threadIdx.x < (blockDim.x + 31) / 32 ? red[threadIdx.x] : 0.f;
-        for (int k = 16; k > 0; k >>= 1) v += __shfl_xor_sync(0xffffffffu, v, k);
-        if (threadIdx.x == 0) red[0] = v;
-    }
-    __syncthreads();
-    return red[0];
+    int lane = threadIdx.x & 31;
+    float v = lane < (int)(blockDim.x + 31) / 32 ? red[lane] : 0.f;
+    for (int k = 16; k > 0; k >>= 1) v += __shfl_xor_sync(0xffffffffu, v, k);
+    return v;
 }
 
 /* Row blockIdx.x of out = x (+ y, written back to x) / rms * w, and with
@@ -2126,12 +2196,19 @@ __device__ __forceinline__ void norm_row(float *x, const float *y, const float *
     pdl_begin();
     float ss = 0.f;
     if constexpr (NPT > 0) {
+        /* every load before the first store: x and y may alias for the
+         * compiler, so a store between them would hold each next load
+         * until the value stored is computed (one L2 round trip a value) */
 #pragma unroll
         for (int k = 0; k < NPT; k++) {
             int i = tid + k * bs;
             v[k] = 0.f;
+            if (i < n) v[k] = yr ? xr[i] + yr[i] : xr[i];
+        }
+#pragma unroll
+        for (int k = 0; k < NPT; k++) {
+            int i = tid + k * bs;
             if (i < n) {
-                v[k] = yr ? xr[i] + yr[i] : xr[i];
                 if (yr) xr[i] = v[k];
                 ss += v[k] * v[k];
             }
@@ -2144,7 +2221,9 @@ __device__ __forceinline__ void norm_row(float *x, const float *y, const float *
         }
     }
     ss = block_sum(ss);
-    float scale = (float)(1.0 / sqrt((double)ss / n + eps));
+    /* (single precision: the double division and square root were ~0.5 us
+     * of a one-token norm's chain) */
+    float scale = rsqrtf(ss / (float)n + eps);
     if constexpr (NPT > 0) {
         const int N = NPT;
         float r[N];
@@ -2279,6 +2358,11 @@ __global__ void k_rope_kv(float *q, float *k, const float *v, void *kc, void *vc
     const float *bvh = bv ? bv + (size_t)hh * hd : NULL;
     int kvd = n_head_kv * hd;
     size_t s = isk ? kv_slot(off, pages, t, p) * (size_t)kvd + (size_t)hh * hd : 0;
+    /* this thread's first v value (and bias), loaded before the stores below
+     * (which the compiler cannot move loads across) */
+    const float *vr = v + ((size_t)t * n_head_kv + hh) * hd;
+    float v0 = 0.f;
+    if (isk && threadIdx.x < hd) v0 = bvh ? __fadd_rn(vr[threadIdx.x], bvh[threadIdx.x]) : vr[threadIdx.x];
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         float cs, sn, o0, o1;
         int i0, i1;
@@ -2297,10 +2381,9 @@ __global__ void k_rope_kv(float *q, float *k, const float *v, void *kc, void *vc
         for (int d = n_rot + threadIdx.x; d < hd; d += blockDim.x) x[d] = __fadd_rn(x[d], bx[d]);
     if (!isk) return;
     if (bx) __syncthreads();   /* (the tail written above is read below by other threads) */
-    const float *vr = v + ((size_t)t * n_head_kv + hh) * hd;
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         if (d >= n_rot) kv_put(kc, f16, s + d, x[d]);
-        kv_put(vc, f16, s + d, bvh ? __fadd_rn(vr[d], bvh[d]) : vr[d]);
+        kv_put(vc, f16, s + d, d == (int)threadIdx.x ? v0 : bvh ? __fadd_rn(vr[d], bvh[d]) : vr[d]);
     }
 }
 
@@ -2578,20 +2661,20 @@ __device__ __forceinline__ float att_ld1(const void *c, size_t i)
  * row order, as att_span_at's lane of that dim). So a span's (m, l, a) are
  * att_span_at's, with a chain a quarter as long; a one-token decode's
  * attention is that chain (one block per head, or per head and span). */
-/* Span [p0, p0 + np) of token t by every thread of the block, scores through
+/* Span [p0, p0 + np) of token t (its pages' first rows rowA, rowB, as
+ * att_pages gives them) by every thread of the block, scores through
  * ssc (a [CK_ATT_SPAN] of shared memory the caller alternates between spans:
  * a warp writes the next one's only after every warp passed this one's
  * barrier); m, l the span's, a this thread's dim's */
-template <int ND, int F16>
-__device__ __forceinline__ void att_coop_span(const float (&qv)[ND], const void *kc, const void *vc,
-                                              const int32_t *off, const int32_t *pages, int t, int p0, int np,
-                                              size_t kvo, int kvd, float scale, float *ssc, float &m, float &l,
-                                              float &a)
+/* NG > 1: the block is NG groups of ATT_WARPS warps, group threadIdx.x /
+ * (32 * ATT_WARPS) on this span (its own named barrier, 1 + group). */
+template <int ND, int F16, int NG = 1>
+__device__ __forceinline__ void att_coop_span(const float (&qv)[ND], const void *kc, const void *vc, size_t rowA,
+                                              size_t rowB, int np, size_t kvo, int kvd, float scale, float *ssc,
+                                              float &m, float &l, float &a)
 {
     constexpr int RW = CK_ATT_SPAN / ATT_WARPS;   /* score rows per warp */
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, dim = threadIdx.x;
-    size_t rowA, rowB;
-    att_pages(off, pages, t, p0, np, rowA, rowB);
+    const int warp = (threadIdx.x >> 5) % ATT_WARPS, lane = threadIdx.x & 31, dim = threadIdx.x % (32 * ATT_WARPS);
     float kk[RW][ND], vv[CK_ATT_SPAN];
 #pragma unroll
     for (int i = 0; i < RW; i++)
@@ -2614,7 +2697,8 @@ __device__ __forceinline__ void att_coop_span(const float (&qv)[ND], const void 
 #pragma unroll
     for (int i = 0; i < RW; i++)
         if (lane == i) ssc[RW * warp + i] = sc8[i];
-    __syncthreads();
+    if (NG == 1) __syncthreads();
+    else asm volatile("bar.sync %0, %1;" ::"r"(1 + (int)threadIdx.x / (32 * ATT_WARPS)), "r"(32 * ATT_WARPS) : "memory");
     float mx, e, sum;
     att_soft(ssc[lane], lane < np, scale, mx, e, sum);
     float acc = 0.f;
@@ -2647,7 +2731,9 @@ __device__ __forceinline__ void att_coop(const float *qs, const void *kc, const 
     for (int s = direct ? 0 : y, i = 0; s < ns; s += direct ? 1 : G, i++) {
         const int p0 = s * CK_ATT_SPAN, np = min(len, p0 + CK_ATT_SPAN) - p0;
         float m, l, a[1];
-        att_coop_span<ND, F16>(qv, kc, vc, off, pages, t, p0, np, kvo, kvd, scale, ssc[i & 1], m, l, a[0]);
+        size_t rowA, rowB;
+        att_pages(off, pages, t, p0, np, rowA, rowB);
+        att_coop_span<ND, F16>(qv, kc, vc, rowA, rowB, np, kvo, kvd, scale, ssc[i & 1], m, l, a[0]);
         if (direct) {
             att_merge_n<1>(M, L, A, m, l, a);
         } else {
@@ -2657,6 +2743,70 @@ __device__ __forceinline__ void att_coop(const float *qs, const void *kc, const 
         }
     }
     if (direct) att_put_out(A[0] / L, (size_t)th * hd + dim, lane, out, qx);
+}
+
+/* k_attention's direct path (G == 1: a token's spans merged in order and
+ * written to out) for head_dim 32 * ATT_WARPS by NG groups of ATT_WARPS
+ * warps, each group on one span together (att_coop_span), NG spans at a
+ * time; group 0 merges each round's spans in order, as the direct path's
+ * rounds do. So every span's (m, l, a) and every merge are k_attention's
+ * (the same bits), and a token of up to NG spans is one span's chain
+ * instead of one per span. A block per (token, head); the first round's
+ * K and V rows prefetched into L2 before the launch wait (the cache rows
+ * are written by earlier launches; a prefetch cannot read stale data). */
+template <int ND, int F16, int NG>
+__global__ void __launch_bounds__(NG * ATT_WARPS * 32) k_att_par(const float *q, const void *kc, const void *vc,
+                                                                const int32_t *pos, const int32_t *off,
+                                                                const int32_t *pages, int n_head, int n_head_kv,
+                                                                float *out, xq_lay qx)
+{
+    constexpr int hd = 32 * ND;
+    static_assert(ND == ATT_WARPS, "a group's threads are the head's dims");
+    const int th = blockIdx.x, t = th / n_head, h = th % n_head;
+    const int grp = threadIdx.x / hd, dim = threadIdx.x % hd, lane = threadIdx.x & 31;
+    const int kvh = h / (n_head / n_head_kv), kvd = n_head_kv * hd;
+    const int len = pos[t] + 1, ns = (len + CK_ATT_SPAN - 1) / CK_ATT_SPAN;
+    const size_t kvo = (size_t)kvh * hd, eb = F16 ? 2 : 4;
+    for (int p = threadIdx.x; p < min(len, NG * CK_ATT_SPAN); p += blockDim.x) {
+        size_t row = kv_slot(off, pages, t, p) * (size_t)kvd + kvo;
+        for (size_t o = 0; o < hd * eb; o += 128) {
+            asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)kc + row * eb + o) : "memory");
+            asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)vc + row * eb + o) : "memory");
+        }
+    }
+    /* the first round's pages (the batch block is written before the pass) */
+    size_t rA = 0, rB = 0;
+    if (grp < ns) att_pages(off, pages, t, grp * CK_ATT_SPAN, min(len - grp * CK_ATT_SPAN, CK_ATT_SPAN), rA, rB);
+    pdl_begin();
+    float qv[ND];
+#pragma unroll
+    for (int k = 0; k < ND; k++) {   /* (as k_attention's qs: f16 caches take q rounded to f16) */
+        float v = q[(size_t)th * hd + ND * lane + k];
+        qv[k] = F16 ? __half2float(__float2half_rn(v)) : v;
+    }
+    __shared__ float ssc[NG][2][CK_ATT_SPAN];
+    __shared__ float pm[NG], pl[NG], pa[NG][hd];
+    const float scale = 1.0f / sqrtf((float)hd);
+    float M = -INFINITY, L = 0.f, A[1] = { 0.f };
+    for (int s0 = 0, i = 0; s0 < ns; s0 += NG, i++) {
+        const int s = s0 + grp;
+        if (s < ns) {
+            const int p0 = s * CK_ATT_SPAN, np = min(len, p0 + CK_ATT_SPAN) - p0;
+            float m, l, a;
+            if (i > 0) att_pages(off, pages, t, p0, np, rA, rB);
+            att_coop_span<ND, F16, NG>(qv, kc, vc, rA, rB, np, kvo, kvd, scale, ssc[grp][i & 1], m, l, a);
+            if (dim == 0) { pm[grp] = m; pl[grp] = l; }
+            pa[grp][dim] = a;
+        }
+        __syncthreads();
+        if (grp == 0)
+            for (int w = 0; w < NG && s0 + w < ns; w++) {
+                float aw[1] = { pa[w][dim] };
+                att_merge_n<1>(M, L, A, pm[w], pl[w], aw);
+            }
+        __syncthreads();   /* (the merges are done with pm, pl, pa) */
+    }
+    if (grp == 0) att_put_out(A[0] / L, (size_t)th * hd + dim, lane, out, qx);
 }
 
 /* The rope of a decode batch done by k_attention (tab NULL: none): k, v
@@ -3309,9 +3459,11 @@ static void gemv_mr_k(cudaStream_t st, gv_set S, size_t rb, int n, const int8_t 
     S.pf = gv_pf(bytes);
     xq_lay none;
     memset(&none, 0, sizeof none);
-    if (K == 4) lk(k_gemv_mr<NT, R, 4, KD, 0, PRE>, g, 128, 0, st, S, rb, n, xq, xd, xs, T, none);
-    else if (K == 2) lk(k_gemv_mr<NT, R, 2, KD, 0, PRE>, g, 128, 0, st, S, rb, n, xq, xd, xs, T, none);
-    else lk(k_gemv_mr<NT, R, 1, KD, 0, PRE>, g, 128, 0, st, S, rb, n, xq, xd, xs, T, none);
+    ck_qkv_rope nr;
+    memset(&nr, 0, sizeof nr);
+    if (K == 4) lk(k_gemv_mr<NT, R, 4, KD, 0, PRE>, g, 128, 0, st, S, rb, n, xq, xd, xs, T, none, nr);
+    else if (K == 2) lk(k_gemv_mr<NT, R, 2, KD, 0, PRE>, g, 128, 0, st, S, rb, n, xq, xd, xs, T, none, nr);
+    else lk(k_gemv_mr<NT, R, 1, KD, 0, PRE>, g, 128, 0, st, S, rb, n, xq, xd, xs, T, none, nr);
 }
 
 /* Rows per warp group of a one-token GEMV: ANE_CUDA_GEMV_R (1, 2, 4, 8)
@@ -3673,6 +3825,28 @@ void ck_gemv_multi(cudaStream_t st, uint32_t type, int nm, const void *const *W,
     gemv_multi(st, type, nm, W, rb, n, n_out, bias, x, T, out, xq_scratch, false);
 }
 
+int ck_gemv_qkv_rope(cudaStream_t st, uint32_t type, const void *const *W, size_t rb, int n, const int *n_out,
+                     const void *xq, float *const *out, const ck_qkv_rope *r)
+{
+    /* the one-token launch gemv_mr_q makes for these rows (R 1, K 2, two
+     * preloaded units), so the sums are its; a pair a block */
+    if (type != T_Q8_0 || n < 2048 || n % 32 || gv_warps(n / 32) != 2 || gemv_mr_off() || gemv_pre() == 1 ||
+        (gemv_r() && gemv_r() != 1))
+        return 0;
+    if (r->n_rot != r->head_dim || r->head_dim % 2 || n_out[1] != n_out[2] || n_out[1] != r->n_head_kv * r->head_dim ||
+        n_out[0] % r->head_dim)
+        return 0;
+    const float *nob[3] = { NULL, NULL, NULL };
+    gv_set S = gv_fill(3, W, n_out, nob, out, 0);
+    unsigned g = 0;
+    for (int i = 0; i < 3; i++) { S.m[i].blk0 = (int)g; g += nblk(S.m[i].n_out, 2); }
+    S.pf = 0;
+    xq_lay L = xq_layout((void *)xq, 1, n), none;
+    memset(&none, 0, sizeof none);
+    lk(k_gemv_mr<1, 1, 2, GV_Q8, 0, 2, 1>, g, 128, 0, st, S, rb, n, L.q, L.d, L.s, 1, none, *r);
+    return 1;
+}
+
 void ck_gemv_multi_q(cudaStream_t st, uint32_t type, int nm, const void *const *W, size_t rb, int n,
                      const int *n_out, const float *const *bias, int T, float *const *out, void *xq)
 {
@@ -3719,9 +3893,11 @@ void ck_gemv_glu(cudaStream_t st, uint32_t type, const void *Wg, const void *Wu,
     S.pf = gv_pf((size_t)2 * n_out * rb);
     xq_lay L = xq_layout((void *)xq, 1, n), O = xq_out(xq_next, x16_next, 1, n_out);
     unsigned g = (unsigned)(n_out / 32);
-    if (type == T_Q4_K) lk(k_gemv_mr<1, 4, 1, GV_Q4K, 1>, g, 512, 0, st, S, rb, n, L.q, L.d, L.s, 1, O);
-    else if (type == T_Q6_K) lk(k_gemv_mr<1, 4, 1, GV_Q6K, 1>, g, 512, 0, st, S, rb, n, L.q, L.d, L.s, 1, O);
-    else lk(k_gemv_mr<1, 4, 1, GV_Q8, 1>, g, 512, 0, st, S, rb, n, L.q, L.d, L.s, 1, O);
+    ck_qkv_rope nr;
+    memset(&nr, 0, sizeof nr);
+    if (type == T_Q4_K) lk(k_gemv_mr<1, 4, 1, GV_Q4K, 1>, g, 512, 0, st, S, rb, n, L.q, L.d, L.s, 1, O, nr);
+    else if (type == T_Q6_K) lk(k_gemv_mr<1, 4, 1, GV_Q6K, 1>, g, 512, 0, st, S, rb, n, L.q, L.d, L.s, 1, O, nr);
+    else lk(k_gemv_mr<1, 4, 1, GV_Q8, 1>, g, 512, 0, st, S, rb, n, L.q, L.d, L.s, 1, O, nr);
 }
 
 void ck_gemv(cudaStream_t st, uint32_t type, const void *W, size_t rb, int n, int n_out, const float *bias,
@@ -3830,6 +4006,22 @@ int ck_att_coop(int hd)
     return hd == 32 * ATT_WARPS ? cv : 0;
 }
 
+/* Groups of a k_att_par block (spans at a time) */
+#define ATT_PAR_G 4
+
+/* Tokens of up to this many spans, in launches of at most one block per
+ * SM, go through k_att_par without a split over blocks (ANE_CUDA_ATT_PAR;
+ * 0: never, the direct path and splits as before) */
+int ck_att_par(int hd)
+{
+    static int pv = -1;
+    if (pv < 0) {
+        const char *e = getenv("ANE_CUDA_ATT_PAR");
+        pv = e && *e && atoi(e) >= 0 ? atoi(e) : 8;
+    }
+    return hd == 32 * ATT_WARPS ? pv : 0;
+}
+
 void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *vc, int f16, const int32_t *pos,
                   const int32_t *off, const int32_t *pages, int T, int n_head, int n_head_kv, int hd, float *out,
                   float *part, int G, int maxs, void *xq, void *x16, int n_sm, const ck_rope_in *rp, int grp,
@@ -3884,6 +4076,13 @@ void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *v
     }
     bool roll = rv < 0 ? (int)(g.x * g.y) < n_sm : rv != 0;
     int coop = ck_att_coop(hd);
+    if (G == 1 && !rp && ck_att_par(hd) && T * n_head <= n_sm) {
+        if (f16) lk(k_att_par<ATT_WARPS, 1, ATT_PAR_G>, g, ATT_PAR_G * ATT_WARPS * 32, 0, st, q, kc, vc, pos, off,
+                    pages, n_head, n_head_kv, out, L);
+        else lk(k_att_par<ATT_WARPS, 0, ATT_PAR_G>, g, ATT_PAR_G * ATT_WARPS * 32, 0, st, q, kc, vc, pos, off,
+                pages, n_head, n_head_kv, out, L);
+        return;
+    }
 #define L_ATT2(ND, F16)                                                                                        \
     do {                                                                                                       \
         if (roll) lk(k_attention<ND, F16, 1>, g, ATT_WARPS * 32, ATT_WARPS * 32 * 33 * 4, st, q, kc, vc, pos,   \

@@ -125,6 +125,24 @@ void ck_rope_kv(cudaStream_t st, float *q, float *k, const float *v, void *kc, v
                 const int32_t *pos, const int32_t *off, const int32_t *pages, int T, int n_head, int n_head_kv,
                 int hd, int n_rot, float base, int neox, const float *fd, const float *bq, const float *bk,
                 const float *bv, void *tab, int tab_mode);
+/* One token's q, k, v projections (q8_0, the same n_in, no biases in the
+ * matmul) with ck_rope_kv's rope and KV store in their epilogue: q, k as
+ * ck_rope_kv leaves them, v as the matmul leaves it, both cache rows
+ * written; the same bits as ck_gemv_multi_q then ck_rope_kv. n_rot ==
+ * head_dim. tab: the pass's angle table (ck_rope_kv's), or NULL to
+ * compute them. Returns 0 (and launches nothing) for shapes it does not
+ * take: rows under 2048 values or not two warps a row, or other types. */
+typedef struct ck_qkv_rope {
+    const float *bq, *bk, *bv;   /* biases, or NULL */
+    const void *tab;
+    const int32_t *pos, *off, *pages;   /* the batch block (one token) */
+    void *kc, *vc;
+    int f16, head_dim, n_rot, neox, n_head_kv;
+    float base;
+    const float *fd;   /* rope frequency divisors, or NULL */
+} ck_qkv_rope;
+int ck_gemv_qkv_rope(cudaStream_t st, uint32_t type, const void *const *W, size_t rb, int n, const int *n_out,
+                     const void *xq, float *const *out, const ck_qkv_rope *r);
 /* Causal attention over the paged cache (xq: also out's int8 form, as
  * ck_rmsnorm; head_dim % 32 == 0). A token's positions go in spans of
  * CK_ATT_SPAN, merged in order, so its result does not depend on the batch.
@@ -160,6 +178,11 @@ int ck_att_mma_ok(int f16, int n_head, int n_head_kv, int hd);
  * with G == 1 for tokens of up to that many spans, and with G > 1 always,
  * best at G as many as the spans (a span per block) */
 int ck_att_coop(int hd);
+/* > 0 where a launch of G == 1 with at most a block per SM (no rp, no grp)
+ * takes several spans at once, a group of CK_ATT_WARPS warps on each (the
+ * same bits): the spans up to which a token's (token, head) stays in one
+ * block rather than split (head_dim 32 * CK_ATT_WARPS) */
+int ck_att_par(int hd);
 void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *vc, int f16,
                   const int32_t *pos, const int32_t *off, const int32_t *pages, int T, int n_head,
                   int n_head_kv, int head_dim, float *out, float *part, int G, int maxs, void *xq, void *x16,

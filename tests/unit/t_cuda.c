@@ -638,6 +638,90 @@ static void rope_att_case(be *g, int T, int n_head, int n_head_kv, int hd, int n
     free(perm); free(pos); free(slot); free(ids); free(pages);
 }
 
+/* qkv_rope (the q/k/v matmuls with the rope and KV store in their
+ * epilogue) inside a pass, after the pass's first rope_kv wrote the
+ * angles, against matmul_n then rope_kv: q, k, v and both caches bit for
+ * bit. One token at position p; q8_0 rows of 2048 values (two warps a row,
+ * the shape the fused launch takes). */
+static void qkv_rope_case(int kv_f16, int n_head, int n_head_kv, int neox, int with_bias, int p)
+{
+    enum { NIN = 2048, MAXP = 64 };
+    char err[256];
+    be *g = NULL;
+    CHECKF(!gpu_open_env(&g, kv_f16, NULL, NULL, err, sizeof err), "%s", err);
+    if (!g) return;
+    int hd = 128, kvd = n_head_kv * hd, nq = n_head * hd;
+    size_t cache = (size_t)MAXP * KV_PAGE * kvd * g->kv_elt;
+    int32_t perm[MAXP], pos = p, slot = 0, id = 0;
+    page_perm(perm, MAXP);
+    const int32_t *pages = perm;
+    be_batch bt = { .T = 1, .pos = &pos, .pages = &pages, .slot = &slot, .n_dec = 1 };
+    wt w[3];
+    int no[3] = { nq, kvd, kvd };
+    for (int i = 0; i < 3; i++) {
+        size_t rb;
+        w[i] = (wt){ .type = QT_Q8_0, .n_in = NIN, .n_out = (uint32_t)no[i] };
+        w[i].data = kept(make_weight(QT_Q8_0, NIN, no[i], &rb));
+        w[i].row_bytes = rb;
+        CHECK(g->ops->weight_prepare(g, &w[i]) == 0);
+    }
+    float *q, *k, *v, *x = malloc(NIN * 4);
+    wt bw[3];
+    qkv_rand(g, 1, n_head, kvd, hd, &q, &k, &v, bw);
+    for (int i = 0; i < NIN; i++) x[i] = frand();
+    const wt *ws[3] = { &w[0], &w[1], &w[2] }, *bias[3] = { &bw[0], &bw[1], &bw[2] };
+    const wt *none[3] = { NULL, NULL, NULL }, *const *bs = with_bias ? bias : none;
+    char *zero = calloc(1, cache);
+    void *kc[3], *vc[3];
+    float *o[2][3];
+    for (int r = 0; r < 3; r++) {
+        kc[r] = g->ops->alloc(g, cache); vc[r] = g->ops->alloc(g, cache);
+        g->ops->to_dev(g, kc[r], zero, cache); g->ops->to_dev(g, vc[r], zero, cache);
+    }
+    for (int r = 0; r < 2; r++)
+        for (int i = 0; i < 3; i++) o[r][i] = g->ops->alloc(g, (size_t)no[i] * 4);
+    float *dx = dev_from(g, x, NIN), *dq = dev_from(g, q, nq), *dk = dev_from(g, k, kvd), *dv = dev_from(g, v, kvd);
+    CHECK(g->ops->step_begin(g, &id, &bt, NULL, 0) == 0);
+    /* the pass's first rope_kv writes the angles */
+    g->ops->rope_kv(g, dq, dk, dv, kc[2], vc[2], &bt, n_head, n_head_kv, hd, hd, 1e6f, neox, NULL, bs);
+    g->ops->matmul_n(g, 3, ws, none, dx, 1, o[1]);   /* (x's int8 form, as a norm would leave it) */
+    int fused = g->ops->qkv_rope(g, ws, bs, dx, o[1][0], o[1][1], o[1][2], kc[1], vc[1], &bt, n_head, n_head_kv,
+                                 hd, hd, 1e6f, neox, NULL);
+    CHECKF(fused, "qkv_rope heads %d/%d neox %d: not fused", n_head, n_head_kv, neox);
+    g->ops->matmul_n(g, 3, ws, none, dx, 1, o[0]);
+    g->ops->rope_kv(g, o[0][0], o[0][1], o[0][2], kc[0], vc[0], &bt, n_head, n_head_kv, hd, hd, 1e6f, neox, NULL,
+                    bs);
+    g->ops->step_end(g);
+    char *a = malloc(cache > (size_t)nq * 4 ? cache : (size_t)nq * 4), *b2 = malloc(cache > (size_t)nq * 4 ? cache : (size_t)nq * 4);
+    const char *what[5] = { "q", "k", "v", "k cache", "v cache" };
+    for (int i = 0; i < 5; i++) {
+        const void *s0 = i < 3 ? (const void *)o[0][i] : i == 3 ? kc[0] : vc[0];
+        const void *s1 = i < 3 ? (const void *)o[1][i] : i == 3 ? kc[1] : vc[1];
+        size_t len = i < 3 ? (size_t)no[i] * 4 : cache;
+        g->ops->to_host(g, a, s0, len);
+        g->ops->to_host(g, b2, s1, len);
+        CHECKF(memcmp(a, b2, len) == 0, "qkv_rope kv%s heads %d/%d neox %d bias %d pos %d: %s differs",
+               kv_f16 ? "16" : "32", n_head, n_head_kv, neox, with_bias, p, what[i]);
+    }
+    g->ops->sync(g);
+    for (int r = 0; r < 3; r++) { g->ops->free(g, kc[r]); g->ops->free(g, vc[r]); }
+    for (int r = 0; r < 2; r++)
+        for (int i = 0; i < 3; i++) g->ops->free(g, o[r][i]);
+    g->ops->free(g, dx); g->ops->free(g, dq); g->ops->free(g, dk); g->ops->free(g, dv);
+    g->ops->close(g);
+    free(q); free(k); free(v); free(x); free(zero); free(a); free(b2);
+}
+
+static void test_qkv_rope(void)
+{
+    CHECK(gpu->ops->qkv_rope != NULL);
+    if (!gpu->ops->qkv_rope) return;
+    qkv_rope_case(1, 4, 2, 1, 1, 37);    /* qwen2-style: neox pairs, biases, f16 cache */
+    qkv_rope_case(1, 4, 2, 1, 0, 0);     /* no biases, the first position */
+    qkv_rope_case(1, 6, 2, 0, 1, 700);   /* interleaved pairs (llama-style), a later page */
+    qkv_rope_case(0, 4, 4, 1, 1, 130);   /* f32 cache */
+}
+
 static void test_rope_attention(void)
 {
     CHECK(gpu->ops->rope_attention != NULL && gpu->ops->step_begin != NULL);
@@ -1544,6 +1628,7 @@ int main(int argc, char **argv)
     RUN_SOME(test_rope);
     RUN_SOME(test_rope_kv);
     RUN_SOME(test_rope_attention);
+    RUN_SOME(test_qkv_rope);
     RUN_SOME(test_fused_quant);
     RUN_SOME(test_glu);
     RUN_SOME(test_glu_batched);
