@@ -132,7 +132,8 @@ static void fw_pass(fw *f, const int32_t *tokens, const be_batch *bt, const int3
     if (o->step_begin && o->step_begin(b, tokens, bt, out_idx, n_out)) goto ops_done;
     o->embed(b, &m->tok_embd, tokens, T, f->x);
     /* backends with fused ops: each residual add runs with the next norm */
-    int fuse = o->add_rmsnorm != NULL;
+    int fuse = o->add_rmsnorm != NULL, every_row = n_out == T;
+    for (int i = 0; every_row && i < n_out; i++) every_row = out_idx[i] == i;
     for (int l = 0; l < hp->n_layer; l++) {
         const layer_w *L = &m->layers[l];
         if (!fuse || l == 0) o->rmsnorm(b, f->x, &L->attn_norm, T, E, hp->norm_eps, f->xb);
@@ -198,10 +199,14 @@ static void fw_pass(fw *f, const int32_t *tokens, const be_batch *bt, const int3
         o->matmul(b, &L->w_down, NULL, f->hg, T, f->xb);
         if (fuse && l + 1 < hp->n_layer)
             o->add_rmsnorm(b, f->x, f->xb, &m->layers[l + 1].attn_norm, T, E, hp->norm_eps, f->xb);
-        else
+        else if (!(fuse && every_row))
             o->add(b, f->x, f->xb, (size_t)T * E);
     }
-    fw_out_norm(b, f->x, &m->output_norm, out_idx, n_out, E, hp->norm_eps, f->xo);
+    /* every row out (decode): the last residual add with the output norm */
+    if (fuse && every_row)
+        o->add_rmsnorm(b, f->x, f->xb, &m->output_norm, T, E, hp->norm_eps, f->xo);
+    else
+        fw_out_norm(b, f->x, &m->output_norm, out_idx, n_out, E, hp->norm_eps, f->xo);
     if (n_out > 0) o->matmul(b, &m->output, NULL, f->xo, n_out, f->lg);
 ops_done:
     if (o->step_end) o->step_end(b);

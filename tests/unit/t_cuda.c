@@ -140,8 +140,9 @@ static void test_matmul(void)
     for (size_t ti = 0; ti < N_TYPES; ti++) {
         uint32_t type = TYPES[ti];
         int fl = type == QT_F32 || type == QT_F16 || type == QT_BF16;
-        int shapes[5][2] = { { 512, 77 }, { fl ? 72 : 256, 40 }, { 1536, 21 }, { 4352, 13 }, { 3584, 9 } };
-        for (int si = 0; si < 5; si++) {
+        /* (18944: a 7b down projection's rows, several load rounds a lane) */
+        int shapes[6][2] = { { 512, 77 }, { fl ? 72 : 256, 40 }, { 1536, 21 }, { 4352, 13 }, { 3584, 9 }, { 18944, 5 } };
+        for (int si = 0; si < 6; si++) {
             int n_in = shapes[si][0], n_out = shapes[si][1];
             size_t rb;
             void *wd = kept(make_weight(type, n_in, n_out, &rb));
@@ -1270,6 +1271,9 @@ static void test_invariance(void)
     /* q6_K's int8 GEMV over whole groups of 32 units and cut ones, by 1, 2 and 4 warps per row */
     const int n6[] = { 3584, 8192, 16384 };
     for (int k = 0; k < 3; k++) inv_case(gpuv, QT_Q6_K, n6[k], 21, tv, 10, "gemv");
+    /* rows of a 7b down projection: 592 q8_0 units, 296 q4_K (several load rounds a lane) */
+    inv_case(gpuv, QT_Q8_0, 18944, 21, tv, 10, "gemv");
+    inv_case(gpuv, QT_Q4_K, 18944, 13, tv, 10, "gemv");
 }
 
 /* rows split over blocks (under 64 rows) and not; ties inside a block's
