@@ -2152,9 +2152,7 @@ __global__ void k_add(float *x, const float *y, size_t n)
 /* qx.q: also the int8 form of out (rows of whole blocks: n % 32 == 0) */
 __global__ void k_silu_mul(const float *g, const float *u, size_t n, float *out, xq_lay qx, int early)
 {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (early) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
+    pdl_early(early);
     pdl_begin();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;   /* whole warps when quantizing */
@@ -2185,7 +2183,7 @@ __device__ __forceinline__ float block_sum(float ss)
  * threadIdx.x + k * blockDim.x (k < NPT) in registers; the norm's weights
  * (never written) are read before pdl_begin(). NPT 0: any n, values
  * re-read from x. */
-/* early: the next launch scheduled before the wait (ck_norm_early) */
+/* early: the next launch scheduled before the wait (norm_early) */
 template <int NPT>
 __device__ __forceinline__ void norm_row(float *x, const float *y, const float *w, int n, float eps, float *out,
                                          xq_lay qx, int early)
@@ -2197,9 +2195,7 @@ __device__ __forceinline__ void norm_row(float *x, const float *y, const float *
     float wv[NPT > 0 ? NPT : 1], v[NPT > 0 ? NPT : 1];
 #pragma unroll
     for (int k = 0; k < NPT; k++) wv[k] = tid + k * bs < n ? __ldg(w + tid + k * bs) : 0.f;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (early) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
+    pdl_early(early);
     pdl_begin();
     float ss = 0.f;
     if constexpr (NPT > 0) {
@@ -2653,6 +2649,17 @@ __device__ __forceinline__ void att_put_part(float *part, int th, int maxs, int 
         if (ND * lane + k < hd) pp[2 + ND * lane + k] = a[k];
 }
 
+/* Cache row `row` (hd values of eb bytes) of K and of V into L2: a
+ * prefetch before the launch wait, of rows earlier launches wrote (one
+ * this pass writes is only fetched early, never read stale) */
+__device__ __forceinline__ void att_prefetch_row(const void *kc, const void *vc, size_t row, int hd, size_t eb)
+{
+    for (size_t o = 0; o < hd * eb; o += 128) {
+        asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)kc + row * eb + o) : "memory");
+        asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)vc + row * eb + o) : "memory");
+    }
+}
+
 /* one cache value as a float */
 template <int F16>
 __device__ __forceinline__ float att_ld1(const void *c, size_t i)
@@ -2775,19 +2782,12 @@ __global__ void __launch_bounds__(NG * ATT_WARPS * 32) k_att_par(const float *q,
     const int kvh = h / (n_head / n_head_kv), kvd = n_head_kv * hd;
     const int len = pos[t] + 1, ns = (len + CK_ATT_SPAN - 1) / CK_ATT_SPAN;
     const size_t kvo = (size_t)kvh * hd, eb = F16 ? 2 : 4;
-    for (int p = threadIdx.x; p < min(len, NG * CK_ATT_SPAN); p += blockDim.x) {
-        size_t row = kv_slot(off, pages, t, p) * (size_t)kvd + kvo;
-        for (size_t o = 0; o < hd * eb; o += 128) {
-            asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)kc + row * eb + o) : "memory");
-            asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)vc + row * eb + o) : "memory");
-        }
-    }
+    for (int p = threadIdx.x; p < min(len, NG * CK_ATT_SPAN); p += blockDim.x)
+        att_prefetch_row(kc, vc, kv_slot(off, pages, t, p) * (size_t)kvd + kvo, hd, eb);
     /* the first round's pages (the batch block is written before the pass) */
     size_t rA = 0, rB = 0;
     if (grp < ns) att_pages(off, pages, t, grp * CK_ATT_SPAN, min(len - grp * CK_ATT_SPAN, CK_ATT_SPAN), rA, rB);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (early) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
+    pdl_early(early);
     pdl_begin();
     float qv[ND];
 #pragma unroll
@@ -2848,13 +2848,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const float *q, co
     if ((G == 1 || ns == 1) && y != 0) return;
     if (ROLL) {   /* (few blocks: their latency is the launch's) */
         int s = G == 1 || ns == 1 ? warp : y + G * warp, p = s * CK_ATT_SPAN + lane;
-        if (s < ns && p < len) {
-            size_t row = kv_slot(off, pages, t, p) * (size_t)kvd + (size_t)kvh * hd, eb = F16 ? 2 : 4;
-            for (size_t o = 0; o < hd * eb; o += 128) {
-                asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)kc + row * eb + o) : "memory");
-                asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)vc + row * eb + o) : "memory");
-            }
-        }
+        if (s < ns && p < len)
+            att_prefetch_row(kc, vc, kv_slot(off, pages, t, p) * (size_t)kvd + (size_t)kvh * hd, hd, F16 ? 2 : 4);
     }
     /* the fused rope's angles and biases: not written by the kernel before
      * (the angles by the pass's first rope_kv, two launches back at least) */

@@ -21,6 +21,17 @@ __device__ __forceinline__ void pdl_begin()
 #endif
 }
 
+/* The next launch scheduled now, before this kernel's wait (early != 0):
+ * for small kernels whose successor should load its weights while this
+ * kernel's own predecessor still runs. Whatever any kernel reads before
+ * its wait is never written by a kernel of the pass, so this is safe. */
+__device__ __forceinline__ void pdl_early(int early)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (early) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 static inline int pdl_on()
 {
     static int v = -1;
