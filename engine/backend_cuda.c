@@ -814,15 +814,24 @@ static void cu_matmul(be *b, const wt *w, const wt *bias, const float *x, int T,
     c->mm_out = out; c->mm_rows = T; c->mm_n = (int)w->n_out;
 }
 
+/* Whether n matrices take one launch (the same type, n_in and row layout);
+ * notes their bytes as the pass's last matmul set (rope_attention's rule) */
+static int mm_set(cu_be *c, int n, const wt *const *w)
+{
+    c->mm_bytes = 0;
+    for (int i = 0; i < n; i++) c->mm_bytes += (size_t)w[i]->n_out * w[i]->row_bytes;
+    int same = n <= CK_MULTI_MAX;
+    for (int i = 1; same && i < n; i++)
+        same = w[i]->type == w[0]->type && w[i]->n_in == w[0]->n_in && w[i]->row_bytes == w[0]->row_bytes;
+    return same;
+}
+
 static void cu_matmul_n(be *b, int n, const wt *const *w, const wt *const *bias, const float *x, int T,
                         float *const *out)
 {
     cu_be *c = (cu_be *)b;
-    c->mm_bytes = 0;
-    for (int i = 0; i < n; i++) c->mm_bytes += (size_t)w[i]->n_out * w[i]->row_bytes;
     int bt = 0, same = n <= CK_MULTI_MAX && gemv_count(c, w[0], T, &bt) == T;
-    for (int i = 1; same && i < n; i++)
-        same = w[i]->type == w[0]->type && w[i]->n_in == w[0]->n_in && w[i]->row_bytes == w[0]->row_bytes;
+    same = mm_set(c, n, w) && same;
     if (!same) {
         for (int i = 0; i < n; i++) cu_matmul(b, w[i], bias[i], x, T, out[i]);
         return;
@@ -1054,9 +1063,7 @@ static int cu_qkv_rope(be *b, const wt *const *w, const wt *const *bias, const f
     const float *fdd = freq_div && freq_div->data ? freq_div->dev : NULL;
     if (!c->fuse || !c->qkv_rope || T != 1 || bt->n_dec != T || !rope_table(c, base, n_rot, fdd)) return 0;
     int nin = (int)w[0]->n_in;
-    for (int i = 1; i < 3; i++)
-        if (w[i]->type != w[0]->type || (int)w[i]->n_in != nin || w[i]->row_bytes != w[0]->row_bytes) return 0;
-    if (gemv_count(c, w[0], T, &bt_) != T || bt_ || !tag_is(c, x, T, nin)) return 0;
+    if (!mm_set(c, 3, w) || gemv_count(c, w[0], T, &bt_) != T || bt_ || !tag_is(c, x, T, nin)) return 0;
     if ((int)w[0]->n_out != n_head * head_dim) return 0;
     const void *W[3] = { w[0]->dev, w[1]->dev, w[2]->dev };
     int no[3] = { (int)w[0]->n_out, (int)w[1]->n_out, (int)w[2]->n_out };
@@ -1065,8 +1072,6 @@ static int cu_qkv_rope(be *b, const wt *const *w, const wt *const *bias, const f
     ck_qkv_rope r = { bias_dev(bias, 0), bias_dev(bias, 1), bias_dev(bias, 2), c->rope_tab, d_pos(c), d_off(c),
                       d_pages(c), kc, vc, b->kv_elt == 2, head_dim, n_rot, neox, n_head_kv, base, fdd };
     if (!ck_gemv_qkv_rope(c->st, w[0]->type, W, w[0]->row_bytes, nin, no, c->xq, outs, &r)) return 0;
-    c->mm_bytes = 0;
-    for (int i = 0; i < 3; i++) c->mm_bytes += (size_t)no[i] * w[i]->row_bytes;
     tag_clear(c);   /* (as rope_kv) */
     c->mm_out = NULL;
     return 1;

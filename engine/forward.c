@@ -118,6 +118,55 @@ void fw_out_norm(be *b, const float *x, const wt *w, const int32_t *out_idx, int
     }
 }
 
+/* Layer l's q, k, v from f->xb, their norms and rope, and the KV store;
+ * 1 when the backend did the attention into f->att too (rope_attention). */
+static int fw_qkv_rope(fw *f, int l, const be_batch *bt)
+{
+    const hparams *hp = &f->m->hp;
+    const layer_w *L = &f->m->layers[l];
+    be *b = f->b;
+    const be_ops *o = b->ops;
+    int T = bt->T, HD = hp->head_dim;
+    const wt *freq_div = &f->m->rope_freqs;
+    /* with a fused rope_kv and no q/k norm between, the biases go there
+     * (one pass over q, k, v instead of one per matmul) */
+    const wt *qkv_b[3] = { &L->bq, &L->bk, &L->bv }, *none[3] = { NULL, NULL, NULL };
+    const wt *const *mb = o->rope_kv && !L->q_norm.data ? none : qkv_b;
+    const wt *wqkv[3] = { &L->wq, &L->wk, &L->wv };
+    /* (a backend may take the q/k/v matmuls and the rope in one go) */
+    if (mb == none && o->qkv_rope &&
+        o->qkv_rope(b, wqkv, qkv_b, f->xb, f->q, f->k, f->v, f->kc[l], f->vc[l], bt, hp->n_head, hp->n_head_kv, HD,
+                    hp->n_rot, hp->rope_base, hp->rope_neox, freq_div))
+        return 0;
+    if (o->matmul_n) {
+        float *outs[3] = { f->q, f->k, f->v };
+        o->matmul_n(b, 3, wqkv, mb, f->xb, T, outs);
+    } else {
+        o->matmul(b, &L->wq, mb[0], f->xb, T, f->q);
+        o->matmul(b, &L->wk, mb[1], f->xb, T, f->k);
+        o->matmul(b, &L->wv, mb[2], f->xb, T, f->v);
+    }
+    if (L->q_norm.data) {
+        o->rmsnorm(b, f->q, &L->q_norm, T * hp->n_head, HD, hp->norm_eps, f->q);
+        o->rmsnorm(b, f->k, &L->k_norm, T * hp->n_head_kv, HD, hp->norm_eps, f->k);
+    }
+    const wt *const *rb = mb == none ? qkv_b : NULL;
+    if (o->rope_attention) {
+        o->rope_attention(b, f->q, f->k, f->v, f->kc[l], f->vc[l], bt, hp->n_head, hp->n_head_kv, HD, hp->n_rot,
+                          hp->rope_base, hp->rope_neox, freq_div, rb, f->att);
+        return 1;
+    }
+    if (o->rope_kv) {
+        o->rope_kv(b, f->q, f->k, f->v, f->kc[l], f->vc[l], bt, hp->n_head, hp->n_head_kv, HD, hp->n_rot,
+                   hp->rope_base, hp->rope_neox, freq_div, rb);
+    } else {
+        o->rope(b, f->q, bt, hp->n_head, HD, hp->n_rot, hp->rope_base, hp->rope_neox, freq_div);
+        o->rope(b, f->k, bt, hp->n_head_kv, HD, hp->n_rot, hp->rope_base, hp->rope_neox, freq_div);
+        o->kv_store(b, f->kc[l], f->vc[l], bt, hp->n_head_kv * HD, f->k, f->v);
+    }
+    return 0;
+}
+
 /* Every op of a forward pass, up to the logits in f->lg (queued, not synced). */
 static void fw_pass(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out)
 {
@@ -125,9 +174,7 @@ static void fw_pass(fw *f, const int32_t *tokens, const be_batch *bt, const int3
     const hparams *hp = &m->hp;
     be *b = f->b;
     const be_ops *o = b->ops;
-    int T = bt->T, E = hp->n_embd, HD = hp->head_dim;
-    int K = hp->n_head_kv * HD, F = hp->n_ff;
-    const wt *freq_div = &m->rope_freqs;
+    int T = bt->T, E = hp->n_embd, HD = hp->head_dim, F = hp->n_ff;
     /* a backend that records passes (CUDA graphs) may replay one instead */
     if (o->step_begin && o->step_begin(b, tokens, bt, out_idx, n_out)) goto ops_done;
     o->embed(b, &m->tok_embd, tokens, T, f->x);
@@ -137,45 +184,8 @@ static void fw_pass(fw *f, const int32_t *tokens, const be_batch *bt, const int3
     for (int l = 0; l < hp->n_layer; l++) {
         const layer_w *L = &m->layers[l];
         if (!fuse || l == 0) o->rmsnorm(b, f->x, &L->attn_norm, T, E, hp->norm_eps, f->xb);
-        /* with a fused rope_kv and no q/k norm between, the biases go there
-         * (one pass over q, k, v instead of one per matmul) */
-        const wt *qkv_b[3] = { &L->bq, &L->bk, &L->bv }, *none[3] = { NULL, NULL, NULL };
-        const wt *const *mb = o->rope_kv && !L->q_norm.data ? none : qkv_b;
-        const wt *wqkv[3] = { &L->wq, &L->wk, &L->wv };
-        /* (a backend may take the q/k/v matmuls and the rope in one go) */
-        if (mb == none && o->qkv_rope &&
-            o->qkv_rope(b, wqkv, qkv_b, f->xb, f->q, f->k, f->v, f->kc[l], f->vc[l], bt, hp->n_head, hp->n_head_kv,
-                        HD, hp->n_rot, hp->rope_base, hp->rope_neox, freq_div)) {
+        if (!fw_qkv_rope(f, l, bt))
             o->attention(b, f->q, f->kc[l], f->vc[l], bt, hp->n_head, hp->n_head_kv, HD, f->att);
-        } else {
-            if (o->matmul_n) {
-                float *outs[3] = { f->q, f->k, f->v };
-                o->matmul_n(b, 3, wqkv, mb, f->xb, T, outs);
-            } else {
-                o->matmul(b, &L->wq, mb[0], f->xb, T, f->q);
-                o->matmul(b, &L->wk, mb[1], f->xb, T, f->k);
-                o->matmul(b, &L->wv, mb[2], f->xb, T, f->v);
-            }
-            if (L->q_norm.data) {
-                o->rmsnorm(b, f->q, &L->q_norm, T * hp->n_head, HD, hp->norm_eps, f->q);
-                o->rmsnorm(b, f->k, &L->k_norm, T * hp->n_head_kv, HD, hp->norm_eps, f->k);
-            }
-            const wt *const *rb = mb == none ? qkv_b : NULL;
-            if (o->rope_attention) {
-                o->rope_attention(b, f->q, f->k, f->v, f->kc[l], f->vc[l], bt, hp->n_head, hp->n_head_kv, HD,
-                                  hp->n_rot, hp->rope_base, hp->rope_neox, freq_div, rb, f->att);
-            } else {
-                if (o->rope_kv) {
-                    o->rope_kv(b, f->q, f->k, f->v, f->kc[l], f->vc[l], bt, hp->n_head, hp->n_head_kv, HD,
-                               hp->n_rot, hp->rope_base, hp->rope_neox, freq_div, rb);
-                } else {
-                    o->rope(b, f->q, bt, hp->n_head, HD, hp->n_rot, hp->rope_base, hp->rope_neox, freq_div);
-                    o->rope(b, f->k, bt, hp->n_head_kv, HD, hp->n_rot, hp->rope_base, hp->rope_neox, freq_div);
-                    o->kv_store(b, f->kc[l], f->vc[l], bt, K, f->k, f->v);
-                }
-                o->attention(b, f->q, f->kc[l], f->vc[l], bt, hp->n_head, hp->n_head_kv, HD, f->att);
-            }
-        }
         o->matmul(b, &L->wo, NULL, f->att, T, f->xb);
         if (fuse) {
             o->add_rmsnorm(b, f->x, f->xb, &L->ffn_norm, T, E, hp->norm_eps, f->xb);

@@ -2199,19 +2199,12 @@ __device__ __forceinline__ void norm_row(float *x, const float *y, const float *
     pdl_begin();
     float ss = 0.f;
     if constexpr (NPT > 0) {
-        /* every load before the first store: x and y may alias for the
-         * compiler, so a store between them would hold each next load
-         * until the value stored is computed (one L2 round trip a value) */
 #pragma unroll
         for (int k = 0; k < NPT; k++) {
             int i = tid + k * bs;
             v[k] = 0.f;
-            if (i < n) v[k] = yr ? xr[i] + yr[i] : xr[i];
-        }
-#pragma unroll
-        for (int k = 0; k < NPT; k++) {
-            int i = tid + k * bs;
             if (i < n) {
+                v[k] = yr ? xr[i] + yr[i] : xr[i];
                 if (yr) xr[i] = v[k];
                 ss += v[k] * v[k];
             }
@@ -2362,11 +2355,6 @@ __global__ void k_rope_kv(float *q, float *k, const float *v, void *kc, void *vc
     const float *bvh = bv ? bv + (size_t)hh * hd : NULL;
     int kvd = n_head_kv * hd;
     size_t s = isk ? kv_slot(off, pages, t, p) * (size_t)kvd + (size_t)hh * hd : 0;
-    /* this thread's first v value (and bias), loaded before the stores below
-     * (which the compiler cannot move loads across) */
-    const float *vr = v + ((size_t)t * n_head_kv + hh) * hd;
-    float v0 = 0.f;
-    if (isk && threadIdx.x < hd) v0 = bvh ? __fadd_rn(vr[threadIdx.x], bvh[threadIdx.x]) : vr[threadIdx.x];
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         float cs, sn, o0, o1;
         int i0, i1;
@@ -2385,9 +2373,10 @@ __global__ void k_rope_kv(float *q, float *k, const float *v, void *kc, void *vc
         for (int d = n_rot + threadIdx.x; d < hd; d += blockDim.x) x[d] = __fadd_rn(x[d], bx[d]);
     if (!isk) return;
     if (bx) __syncthreads();   /* (the tail written above is read below by other threads) */
+    const float *vr = v + ((size_t)t * n_head_kv + hh) * hd;
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         if (d >= n_rot) kv_put(kc, f16, s + d, x[d]);
-        kv_put(vc, f16, s + d, d == (int)threadIdx.x ? v0 : bvh ? __fadd_rn(vr[d], bvh[d]) : vr[d]);
+        kv_put(vc, f16, s + d, bvh ? __fadd_rn(vr[d], bvh[d]) : vr[d]);
     }
 }
 
@@ -3430,6 +3419,13 @@ static int env_int(const char *name, int dflt)
     return e && *e ? atoi(e) : dflt;
 }
 
+/* a knob of 0 or more (0: off), dflt when unset or negative */
+static int env_count(const char *name, int dflt)
+{
+    int v = env_int(name, dflt);
+    return v >= 0 ? v : dflt;
+}
+
 static int gemv_mr_off(void)
 {
     static int v = -1;
@@ -4025,10 +4021,7 @@ int ck_att_mma_ok(int f16, int n_head, int n_head_kv, int hd)
 int ck_att_coop(int hd)
 {
     static int cv = -1;
-    if (cv < 0) {
-        const char *e = getenv("ANE_CUDA_ATT_COOP");
-        cv = e && *e && atoi(e) >= 0 ? atoi(e) : 4;
-    }
+    if (cv < 0) cv = env_count("ANE_CUDA_ATT_COOP", 4);
     return hd == 32 * ATT_WARPS ? cv : 0;
 }
 
@@ -4041,10 +4034,7 @@ int ck_att_coop(int hd)
 int ck_att_par(int hd)
 {
     static int pv = -1;
-    if (pv < 0) {
-        const char *e = getenv("ANE_CUDA_ATT_PAR");
-        pv = e && *e && atoi(e) >= 0 ? atoi(e) : 8;
-    }
+    if (pv < 0) pv = env_count("ANE_CUDA_ATT_PAR", 8);
     return hd == 32 * ATT_WARPS ? pv : 0;
 }
 

@@ -693,7 +693,8 @@ static void qkv_rope_case(int kv_f16, int n_head, int n_head_kv, int neox, int w
     g->ops->rope_kv(g, o[0][0], o[0][1], o[0][2], kc[0], vc[0], &bt, n_head, n_head_kv, hd, hd, 1e6f, neox, NULL,
                     bs);
     g->ops->step_end(g);
-    char *a = malloc(cache > (size_t)nq * 4 ? cache : (size_t)nq * 4), *b2 = malloc(cache > (size_t)nq * 4 ? cache : (size_t)nq * 4);
+    size_t big = cache > (size_t)nq * 4 ? cache : (size_t)nq * 4;
+    char *a = malloc(big), *b2 = malloc(big);
     const char *what[5] = { "q", "k", "v", "k cache", "v cache" };
     for (int i = 0; i < 5; i++) {
         const void *s0 = i < 3 ? (const void *)o[0][i] : i == 3 ? kc[0] : vc[0];
