@@ -1280,6 +1280,97 @@ __global__ void __launch_bounds__(GLU ? 512 : 128) k_gemv_mr(const gv_set S, siz
     }
 }
 
+/* ---------------- one-token q8_0 GEMV of long rows by bulk copies ----------------
+ * k_gemv_mr's one-token launch for rows of four warps (K 4, R 1: a block a
+ * row; the 7b down projection's 592 units), with the row's bytes (quants,
+ * then scales) brought into shared memory by one bulk copy that the block
+ * issues before the launch wait, and x of all of a lane's units (at most
+ * GB_UNITS) loaded at once after it. A lane's units, their order, the dot
+ * products and the reduction are k_gemv_mr's, so every sum is the same;
+ * only the loads differ: a block has its whole row in flight at once
+ * instead of two units a lane ahead, so the launch's last, partial wave
+ * still fills the memory pipe. Needs rb % 16 == 0 (n % 256 == 0). */
+#define GB_UNITS 5
+__device__ __forceinline__ void mb_init(uint64_t *mb, unsigned count)
+{
+    unsigned a = (unsigned)__cvta_generic_to_shared(mb);
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(a), "r"(count) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+__device__ __forceinline__ void bulk_g2s(void *dst, const void *src, unsigned bytes, uint64_t *mb, uint64_t pol)
+{
+    unsigned d = (unsigned)__cvta_generic_to_shared(dst), m = (unsigned)__cvta_generic_to_shared(mb);
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
+                 ::"r"(d), "l"(src), "r"(bytes), "r"(m), "l"(pol) : "memory");
+}
+__device__ __forceinline__ void mb_expect(uint64_t *mb, unsigned bytes)
+{
+    unsigned m = (unsigned)__cvta_generic_to_shared(mb);
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(m), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mb_wait0(uint64_t *mb)   /* phase 0 */
+{
+    unsigned m = (unsigned)__cvta_generic_to_shared(mb), done = 0;
+    while (!done)
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(done) : "r"(m) : "memory");
+}
+
+__global__ void __launch_bounds__(128) k_gemv_q8bulk(const gv_set S, size_t rb, int n, const int8_t *__restrict__ xq,
+                                                    const float *__restrict__ xd)
+{
+    extern __shared__ __align__(16) uint8_t wrow[];
+    __shared__ uint64_t mb;
+    __shared__ float red[4];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int mi = gv_pick(S);
+    const int r = (int)blockIdx.x - S.m[mi].blk0;
+    if (threadIdx.x == 0) {
+        mb_init(&mb, 1);
+        mb_expect(&mb, (unsigned)rb);
+        bulk_g2s(wrow, S.m[mi].W + (size_t)r * rb, (unsigned)rb, &mb, wpol());
+    }
+    __syncthreads();   /* (the barrier's init, for the other threads' waits) */
+    pdl_begin();
+    const int nu = n / 32, u0 = lane + 32 * warp;
+    int4 xa[GB_UNITS], xb[GB_UNITS];
+    float dx[GB_UNITS];
+#pragma unroll
+    for (int i = 0; i < GB_UNITS; i++) {   /* x while the row arrives */
+        const int u = u0 + 128 * i;
+        if (u < nu) {
+            const int4 *xv = (const int4 *)(xq + 32 * u);
+            xa[i] = __ldg(xv); xb[i] = __ldg(xv + 1);
+            dx[i] = __ldg(xd + u);
+        }
+    }
+    mb_wait0(&mb);
+    float acc = 0.f;
+#pragma unroll
+    for (int i = 0; i < GB_UNITS; i++) {
+        const int u = u0 + 128 * i;
+        if (u >= nu) break;
+        const int4 qa = *(const int4 *)(wrow + 32 * u), qb = *(const int4 *)(wrow + 32 * u + 16);
+        const float dw = __half2float(*(const __half *)(wrow + n + 2 * u));
+        int dot = __dp4a(qa.x, xa[i].x, 0);
+        dot = __dp4a(qa.y, xa[i].y, dot); dot = __dp4a(qa.z, xa[i].z, dot); dot = __dp4a(qa.w, xa[i].w, dot);
+        dot = __dp4a(qb.x, xb[i].x, dot); dot = __dp4a(qb.y, xb[i].y, dot); dot = __dp4a(qb.z, xb[i].z, dot);
+        dot = __dp4a(qb.w, xb[i].w, dot);
+        acc = q8_unit(acc, dw, dx[i], dot);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (lane == 0) red[warp] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float v = 0.f;   /* (k_gemv_mr's K > 1 sum) */
+#pragma unroll
+        for (int k = 0; k < 4; k++) v += red[k];
+        const float *bias = S.m[mi].bias;
+        S.m[mi].out[r] = v + (bias ? bias[r] : 0.f);
+    }
+}
+
 /* ---------------- int8 tensor-core matmul (q8_0, q4_K) ----------------
  * mma.m16n8k32 (s8): a warp multiplies 16 weight rows by 8 tokens over one
  * 32-value block, exact in int32, then adds the block's scaled sum in float,
@@ -3490,6 +3581,30 @@ static int gemv_pre(void)
     return P;
 }
 
+/* One-token q8_0 rows of four warps by k_gemv_q8bulk (the same sums):
+ * rows of up to GB_UNITS units a lane, in whole 16-byte pieces.
+ * Measured, 7b q8_0 decode +2.1-2.4%, 0.5b +2-4% (BENCHMARKS.md).
+ * ANE_CUDA_GEMV_BULK=0: by k_gemv_mr (for comparison). */
+static int gemv_bulk(int n, size_t rb)
+{
+    static int v = -1;
+    if (v < 0) v = env_count("ANE_CUDA_GEMV_BULK", 1);
+    return v && n % 32 == 0 && gv_warps(n / 32) == 4 && n / 32 <= 128 * GB_UNITS && rb % 16 == 0;
+}
+
+static void gemv_q8bulk(cudaStream_t st, gv_set S, size_t rb, int n, const int8_t *xq, const float *xd)
+{
+    static int carve = 0;
+    if (!carve) {   /* as many rows in flight per SM as shared memory holds */
+        carve = 1;
+        cudaFuncSetAttribute(k_gemv_q8bulk, cudaFuncAttributePreferredSharedMemoryCarveout,
+                             cudaSharedmemCarveoutMaxShared);
+    }
+    unsigned g = 0;
+    for (int i = 0; i < S.nm; i++) { S.m[i].blk0 = (int)g; g += (unsigned)S.m[i].n_out; }
+    lk(k_gemv_q8bulk, g, 128, rb, st, S, rb, n, xq, xd);
+}
+
 template <int KD>
 static void gemv_mr_q(cudaStream_t st, const gv_set &S, size_t rb, int n, const int8_t *xq, const float *xd,
                       const int *xs, int T)
@@ -3507,6 +3622,10 @@ static void gemv_mr_q(cudaStream_t st, const gv_set &S, size_t rb, int n, const 
     else if (R == 2) gemv_mr_k<1, 2, KD>(st, S, rb, n, xq, xd, xs, T);
     else if (R == 1) {
         if constexpr (KD == GV_Q8) {
+            if (gemv_bulk(n, rb)) {
+                gemv_q8bulk(st, S, rb, n, xq, xd);
+                return;
+            }
             if (gemv_pre() != 1) {
                 gemv_mr_k<1, 1, KD, 2>(st, S, rb, n, xq, xd, xs, T);
                 return;
