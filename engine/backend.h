@@ -16,6 +16,8 @@
 #define KV_PAGE 16   /* tokens per KV page */
 
 /* Where each token of a batch sits: its sequence's page table and position. */
+#define BE_QUEUE_ROWS 1024   /* rows of one argmax_queue */
+
 typedef struct be_batch {
     int T;
     const int32_t *pos;            /* [T] position in its sequence */
@@ -27,6 +29,9 @@ typedef struct be_batch {
      * differ by batch size routes rows by this, so that what a sequence
      * computes does not depend on the other sequences in the batch. */
     int n_dec;
+    /* 1: the token ids are on the device already, the previous argmax_queue's
+     * rows 0..T-1 in order (a pass queued before the host has read them) */
+    int ids_dev;
 } be_batch;
 
 typedef struct be be;
@@ -123,6 +128,12 @@ typedef struct be_ops {
     void (*step_end)(be *b);
     /* Optional: host ids[r] = first argmax of row r of x [rows][n]; waits. */
     void (*argmax)(be *b, const float *x, int rows, int n, int32_t *ids);
+    /* Optional pair: argmax_queue queues argmax without waiting and leaves
+     * the ids where a next pass with ids_dev reads them; argmax_take waits
+     * for the oldest queued and writes it to host ids[rows]. At most two are
+     * queued at once, of at most BE_QUEUE_ROWS rows. */
+    void (*argmax_queue)(be *b, const float *x, int rows, int n);
+    void (*argmax_take)(be *b, int32_t *ids, int rows);
     /* Optional fused ops (fw_run uses the plain ops where NULL).
      * matmul_n: n (<= 3) matmuls of the same x: out[i] = W[i] x (+ bias[i]). */
     void (*matmul_n)(be *b, int n, const wt *const *w, const wt *const *bias, const float *x, int T,

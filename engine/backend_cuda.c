@@ -73,7 +73,12 @@ typedef struct cu_be {
     void *xq; size_t xq_cap;   /* int8 activations of the GEMV */
     void *xq2;                 /* a second of xq_cap, for a kernel that reads one form and writes another */
     /* per-step block: ids[cap_T] pos[cap_T] off[cap_T] slot[cap_T] pages[...] */
+    /* the per-step block: two host halves of step_cap ints each, taken in
+     * turn (a pass may be staged while the one before it is queued); ev_step
+     * marks each half's copy done */
     int32_t *h_step, *d_step;
+    cudaEvent_t ev_step[2];
+    int step_half, step_used[2];
     size_t step_cap;           /* int32s */
     int cap_T;
     const be_batch *cur_bt;
@@ -119,6 +124,11 @@ typedef struct cu_be {
     /* host staging for logits; argmax ids */
     void *h_out; size_t h_out_cap;
     int32_t *d_ids_out, *h_ids_out;
+    /* argmax_queue: up to two passes' ids on their way to the host (h_ids_q
+     * halves of BE_QUEUE_ROWS), oldest at ids_head */
+    int32_t *h_ids_q;
+    cudaEvent_t ev_ids[2];
+    int ids_head, ids_n;
     void *d_amax;              /* argmax partials: CK_ARGMAX_PART bytes */
 } cu_be;
 
@@ -196,6 +206,11 @@ static void cu_close(be *b)
     if (c->h_step) cudaFreeHost(c->h_step);
     if (c->h_out) cudaFreeHost(c->h_out);
     if (c->h_ids_out) cudaFreeHost(c->h_ids_out);
+    if (c->h_ids_q) cudaFreeHost(c->h_ids_q);
+    for (int i = 0; i < 2; i++) {
+        if (c->ev_ids[i]) cudaEventDestroy(c->ev_ids[i]);
+        if (c->ev_step[i]) cudaEventDestroy(c->ev_step[i]);
+    }
     cudaFree(c->d_ids_out);
     cudaFree(c->d_amax);
     cudaFree(c->mb_part); cudaFree(c->mb_cnt);
@@ -315,18 +330,29 @@ static int stage(cu_be *c, const int32_t *ids, int T, const be_batch *bt)
         ok(c, cudaStreamSynchronize(c->st), "sync");
         graphs_drop(c);
         if (c->h_step) cudaFreeHost(c->h_step);
-        cudaFree(c->d_step);
+        int32_t *old = c->d_step;
         c->h_step = NULL; c->d_step = NULL; c->step_cap = 0; c->cap_T = 0;
-        if (!ok(c, cudaMallocHost((void **)&c->h_step, cap * 4), "step block") ||
-            !ok(c, cudaMalloc((void **)&c->d_step, cap * 4), "step block"))
+        if (!ok(c, cudaMallocHost((void **)&c->h_step, 2 * cap * 4), "step block") ||
+            !ok(c, cudaMalloc((void **)&c->d_step, cap * 4), "step block")) {
+            cudaFree(old);
             return -1;
+        }
+        /* ids the argmax before left for this pass move with the block */
+        if (old && bt && bt->ids_dev) {
+            ok(c, cudaMemcpyAsync(c->d_step, old, (size_t)T * 4, cudaMemcpyDeviceToDevice, c->st), "step block");
+            ok(c, cudaStreamSynchronize(c->st), "sync");
+        }
+        cudaFree(old);
         c->step_cap = cap;
         c->cap_T = capT;
-    } else {
-        /* the previous step's copy must be done before the host block is rewritten */
-        ok(c, cudaStreamSynchronize(c->st), "sync");
+        c->step_used[0] = c->step_used[1] = 0;
     }
-    int32_t *h = c->h_step, *ids_h = h, *pos_h = h + c->cap_T, *off_h = h + 2 * c->cap_T, *pg = h + 4 * c->cap_T;
+    /* this half's last copy must be done before it is rewritten */
+    int half = c->step_half;
+    c->step_half ^= 1;
+    if (c->step_used[half]) ok(c, cudaEventSynchronize(c->ev_step[half]), "sync");
+    int32_t *h = c->h_step + (size_t)half * c->step_cap;
+    int32_t *ids_h = h, *pos_h = h + c->cap_T, *off_h = h + 2 * c->cap_T, *pg = h + 4 * c->cap_T;
     int32_t *slot_h = h + 3 * c->cap_T;
     if (ids) memcpy(ids_h, ids, (size_t)T * 4);
     size_t used = 0;
@@ -347,9 +373,14 @@ static int stage(cu_be *c, const int32_t *ids, int T, const be_batch *bt)
             slot_h[t] = bt->slot ? bt->slot[t] : 0;
         }
     }
-    /* one copy: ids/pos/off/slot rows (T each) and the page tables */
-    ok(c, cudaMemcpyAsync(c->d_step, h, (size_t)(4 * c->cap_T + used) * 4, cudaMemcpyHostToDevice, c->st),
+    /* one copy: ids/pos/off/slot rows (T each) and the page tables; ids
+     * already on the device (the argmax before wrote them) stay */
+    size_t skip = bt && bt->ids_dev ? (size_t)c->cap_T : 0;
+    ok(c, cudaMemcpyAsync(c->d_step + skip, h + skip, (4 * (size_t)c->cap_T + used - skip) * 4,
+                          cudaMemcpyHostToDevice, c->st),
        "step upload");
+    ok(c, cudaEventRecord(c->ev_step[half], c->st), "event");
+    c->step_used[half] = 1;
     return 0;
 }
 
@@ -1089,6 +1120,35 @@ static void cu_argmax(be *b, const float *x, int rows, int n, int32_t *ids)
     }
 }
 
+/* The ids go to the step block's id rows (read by a next pass with
+ * ids_dev; a pass with host ids overwrites them) and from there to a host
+ * half; the pass queued next does not restage them. */
+static void cu_argmax_queue(be *b, const float *x, int rows, int n)
+{
+    cu_be *c = (cu_be *)b;
+    if (c->ids_n == 2 || rows > BE_QUEUE_ROWS || rows > c->cap_T) {   /* (outside the contract: kept correct) */
+        c->failed = 1;
+        return;
+    }
+    int s2 = (c->ids_head + c->ids_n) & 1;
+    ck_argmax(c->st, x, rows, n, c->d_step, c->d_amax);
+    ok(c, cudaMemcpyAsync(c->h_ids_q + (size_t)s2 * BE_QUEUE_ROWS, c->d_step, (size_t)rows * 4,
+                          cudaMemcpyDeviceToHost, c->st), "ids");
+    ok(c, cudaEventRecord(c->ev_ids[s2], c->st), "event");
+    c->ids_n++;
+}
+
+static void cu_argmax_take(be *b, int32_t *ids, int rows)
+{
+    cu_be *c = (cu_be *)b;
+    if (c->ids_n == 0) { memset(ids, 0, (size_t)rows * 4); c->failed = 1; return; }
+    int s2 = c->ids_head;
+    ok(c, cudaEventSynchronize(c->ev_ids[s2]), "sync");
+    memcpy(ids, c->h_ids_q + (size_t)s2 * BE_QUEUE_ROWS, (size_t)rows * 4);
+    c->ids_head ^= 1;
+    c->ids_n--;
+}
+
 /* ---- linear-attention ops (shaders/cuda_ssm.cu) ---- */
 
 static void cu_copy_rows(be *b, float *dst, size_t ds, const float *src, size_t ss, int rows, int n)
@@ -1201,6 +1261,8 @@ static const be_ops cuda_ops = {
     .step_begin = cu_step_begin,
     .step_end = cu_step_end,
     .argmax = cu_argmax,
+    .argmax_queue = cu_argmax_queue,
+    .argmax_take = cu_argmax_take,
     .matmul_n = cu_matmul_n,
     .matmul_glu = cu_matmul_glu,
     .add_rmsnorm = cu_add_rmsnorm,
@@ -1244,6 +1306,11 @@ int be_cuda_open(be **out, struct pool *p, int kv_f16, char *err, size_t errlen)
     c->part_cap = (size_t)c->att_rows * (size_t)c->att_maxs * (256 + 2);
     if (cudaMalloc((void **)&c->part, c->part_cap * 4) != cudaSuccess) goto fail;
     if (cudaMalloc((void **)&c->d_ids_out, ARGMAX_ROWS * 4) != cudaSuccess) goto fail;
+    if (cudaMallocHost((void **)&c->h_ids_q, 2 * BE_QUEUE_ROWS * 4) != cudaSuccess) goto fail;
+    for (int i = 0; i < 2; i++)
+        if (cudaEventCreateWithFlags(&c->ev_ids[i], cudaEventDisableTiming) != cudaSuccess ||
+            cudaEventCreateWithFlags(&c->ev_step[i], cudaEventDisableTiming) != cudaSuccess)
+            goto fail;
     if (cudaMalloc(&c->d_amax, CK_ARGMAX_PART) != cudaSuccess) goto fail;
     if (cudaMallocHost((void **)&c->h_ids_out, ARGMAX_ROWS * 4) != cudaSuccess) goto fail;
     const char *gt = getenv("ANE_CUDA_GEMM_T");

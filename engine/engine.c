@@ -144,6 +144,12 @@ struct eng {
     int *b_out_pos;
     float *logits;
     int32_t *b_ids;              /* [max_T] greedy ids computed by the backend */
+    /* The next decode step, queued before this step's ids are read (its
+     * tokens are those ids, on the device): its batch, kept to check that
+     * the next step is that batch (else its ids are dropped). */
+    int ahead, a_on, a_T;        /* ahead: allowed (ANE_AHEAD=0: off) */
+    int32_t *a_pos, *a_out, *a_ids;
+    job **a_job;
 };
 
 static double now_ms(void)
@@ -905,6 +911,67 @@ static void emit_token(eng *e, job *j, int32_t id, int *finished, eng_finish *wh
     else if (final) { *finished = 1; *why = ENG_FINISH_LENGTH; }
 }
 
+/* Whether the queued step is the batch just built (T decode rows, every
+ * row out, the same sequences at the same positions: its tokens are then
+ * the ids the step before computed, as the device took them). */
+static int ahead_is(const eng *e, int T, int n_out)
+{
+    if (!e->a_on || e->a_T != T || n_out != T) return 0;
+    for (int t = 0; t < T; t++)
+        if (e->b_job[t] != e->a_job[t] || e->b_pos[t] != e->a_pos[t] || e->b_out[t] != t) return 0;
+    return 1;
+}
+
+/* Whether to queue the next step now: a greedy batch of decode rows only,
+ * none of which ends by length with this step's token, and nobody waiting
+ * to join (a sequence that ends by EOS or a stop string, or one that
+ * joins, makes the queued step a waste: its ids are dropped; its KV rows
+ * at the next position are rewritten by whatever runs there next). */
+static int ahead_ok(eng *e, int T, int n_decode, int n_out)
+{
+    if (!e->ahead || n_decode != T || n_out != T || T > BE_QUEUE_ROWS) return 0;
+    for (int t = 0; t < T; t++) {
+        const job *j = e->b_job[t];
+        if (e->b_out[t] != t || j->n_gen + 1 >= j->max_gen || j->n_tok + 1 >= e->n_ctx) return 0;
+    }
+    pthread_mutex_lock(&e->mu);
+    int idle = !e->queue_head && !e->parked;
+    pthread_mutex_unlock(&e->mu);
+    return idle;
+}
+
+/* The greedy pass of the batch in e->b_*: queued unless the step before
+ * queued it already, the next step queued behind it when ahead_ok, then
+ * its ids taken into e->b_ids. */
+static void run_greedy(eng *e, const be_batch *bt, int n_decode, int n_out)
+{
+    int T = bt->T;
+    int have = ahead_is(e, T, n_out);
+    if (!have && fw_greedy_queue(e->fw, e->b_tok, bt, e->b_out, n_out) != 0) {
+        if (e->a_on) fw_greedy_take(e->fw, e->a_ids, e->a_T);
+        e->a_on = 0;
+        fw_run_greedy(e->fw, e->b_tok, bt, e->b_out, n_out, e->b_ids);
+        return;
+    }
+    if (e->a_on && !have) fw_greedy_take(e->fw, e->a_ids, e->a_T);   /* (queued first: dropped) */
+    e->a_on = 0;
+    if (ahead_ok(e, T, n_decode, n_out)) {
+        for (int t = 0; t < T; t++) {
+            e->a_pos[t] = e->b_pos[t] + 1;
+            e->a_job[t] = e->b_job[t];
+            e->a_out[t] = t;
+        }
+        be_batch ab = *bt;
+        ab.pos = e->a_pos;
+        ab.ids_dev = 1;
+        if (fw_greedy_queue(e->fw, NULL, &ab, e->a_out, n_out) == 0) {
+            e->a_on = 1;
+            e->a_T = T;
+        }
+    }
+    fw_greedy_take(e->fw, e->b_ids, n_out);
+}
+
 /* One scheduler step: one forward pass over the batch. */
 static void step(eng *e)
 {
@@ -967,8 +1034,13 @@ static void step(eng *e)
         if (j->kind == ENG_JOB_EVAL || j->s.temperature > 0.0f || j->s.repeat_penalty != 1.0f) greedy = 0;
     }
     double t_pass = now_ms();
-    if (greedy) fw_run_greedy(e->fw, e->b_tok, &bt, e->b_out, n_out, e->b_ids);
-    else fw_run(e->fw, e->b_tok, &bt, e->b_out, n_out, e->logits);
+    if (greedy) {
+        run_greedy(e, &bt, n_decode, n_out);
+    } else {
+        if (e->a_on) fw_greedy_take(e->fw, e->a_ids, e->a_T);   /* (dropped) */
+        e->a_on = 0;
+        fw_run(e->fw, e->b_tok, &bt, e->b_out, n_out, e->logits);
+    }
     t_pass = now_ms() - t_pass;
 
     for (int t = 0; t < T; t++) e->b_job[t]->n_past++;
@@ -1051,6 +1123,8 @@ static void *worker_main(void *arg)
         notify(e);
         done = now_ms() - t0;
     }
+    if (e->a_on) fw_greedy_take(e->fw, e->a_ids, e->a_T);
+    e->a_on = 0;
     return NULL;
 }
 
@@ -1215,6 +1289,12 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
     e->b_pos = malloc((size_t)max_T * sizeof *e->b_pos);
     e->b_out = malloc((size_t)max_T * sizeof *e->b_out);
     e->b_ids = malloc((size_t)max_T * sizeof *e->b_ids);
+    e->a_pos = malloc((size_t)max_T * sizeof *e->a_pos);
+    e->a_out = malloc((size_t)max_T * sizeof *e->a_out);
+    e->a_ids = malloc((size_t)max_T * sizeof *e->a_ids);
+    e->a_job = malloc((size_t)max_T * sizeof *e->a_job);
+    const char *ah = getenv("ANE_AHEAD");
+    e->ahead = !(ah && *ah && atoi(ah) == 0);
     e->b_pages = malloc((size_t)max_T * sizeof *e->b_pages);
     e->b_job = malloc((size_t)max_T * sizeof *e->b_job);
     e->b_slot = malloc((size_t)max_T * sizeof *e->b_slot);
@@ -1227,7 +1307,8 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
         snprintf(err, errlen, "out of memory");
         goto fail;
     }
-    if (!e->active || !e->b_tok || !e->b_pos || !e->b_out || !e->b_ids || !e->b_pages || !e->b_job || !e->b_slot || !e->slot_used ||
+    if (!e->active || !e->b_tok || !e->b_pos || !e->b_out || !e->b_ids || !e->a_pos || !e->a_out || !e->a_ids ||
+        !e->a_job || !e->b_pages || !e->b_job || !e->b_slot || !e->slot_used ||
         !e->b_job_of_out || !e->b_out_pos || !e->logits) {
         snprintf(err, errlen, "out of memory");
         goto fail;
@@ -1281,6 +1362,7 @@ void eng_close(eng *e)
     snapc_close(e->snaps);
     free(e->active); free(e->b_tok); free(e->b_pos); free(e->b_out);
     free(e->b_pages); free(e->b_job); free(e->b_slot); free(e->slot_used); free(e->b_job_of_out); free(e->b_out_pos); free(e->logits); free(e->b_ids);
+    free(e->a_pos); free(e->a_out); free(e->a_ids); free(e->a_job);
     pthread_mutex_destroy(&e->mu);
     pthread_mutex_destroy(&e->ev_mu);
     pthread_cond_destroy(&e->cv);

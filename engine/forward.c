@@ -233,6 +233,17 @@ void fw_run(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out
 
 int fw_greedy_ok(const fw *f) { return !f->q35 && f->b->ops->argmax != NULL; }
 
+int fw_greedy_queue(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out)
+{
+    be *b = f->b;
+    if (f->q35 || !b->ops->argmax_queue || n_out <= 0 || n_out > BE_QUEUE_ROWS) return -1;
+    fw_pass(f, tokens, bt, out_idx, n_out);
+    b->ops->argmax_queue(b, f->lg, n_out, f->m->hp.n_vocab);
+    return 0;
+}
+
+void fw_greedy_take(fw *f, int32_t *ids, int n_out) { f->b->ops->argmax_take(f->b, ids, n_out); }
+
 void fw_run_greedy(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out,
                    int32_t *ids)
 {
