@@ -1126,7 +1126,8 @@ static void cu_argmax(be *b, const float *x, int rows, int n, int32_t *ids)
 static void cu_argmax_queue(be *b, const float *x, int rows, int n)
 {
     cu_be *c = (cu_be *)b;
-    if (c->ids_n == 2 || rows > BE_QUEUE_ROWS || rows > c->cap_T) {   /* (outside the contract: kept correct) */
+    if (rows > c->cap_T) stage(c, NULL, rows, NULL);   /* (no pass yet: the step block) */
+    if (c->ids_n == 2 || rows > BE_QUEUE_ROWS || rows > c->cap_T) {   /* (outside the contract) */
         c->failed = 1;
         return;
     }

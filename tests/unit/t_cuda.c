@@ -1300,6 +1300,21 @@ static void test_argmax(void)
             for (int i = 1; i < n; i++) if (x[(size_t)r * n + i] > x[(size_t)r * n + best]) best = i;
             CHECKF(ids[r] == best, "argmax %d rows, row %d: %d, want %d", rows, r, ids[r], best);
         }
+        /* again (the split's counters were left at zero), and queued: two
+         * at once, taken in order */
+        int32_t again[100], q1[100], q2[100];
+        if (gpu->ops->argmax) gpu->ops->argmax(gpu, dx, rows, n, again);
+        CHECKF(memcmp(again, ids, (size_t)rows * 4) == 0, "argmax %d rows: a second call differs", rows);
+        CHECK(gpu->ops->argmax_queue && gpu->ops->argmax_take);
+        if (gpu->ops->argmax_queue && gpu->ops->argmax_take) {
+            gpu->ops->argmax_queue(gpu, dx, rows, n);
+            gpu->ops->argmax_queue(gpu, dx + n, rows - 1, n);
+            gpu->ops->argmax_take(gpu, q1, rows);
+            gpu->ops->argmax_take(gpu, q2, rows - 1);
+            CHECKF(memcmp(q1, ids, (size_t)rows * 4) == 0, "argmax_queue %d rows: ids differ", rows);
+            CHECKF(memcmp(q2, ids + 1, (size_t)(rows - 1) * 4) == 0, "argmax_queue %d rows (second): ids differ",
+                   rows);
+        }
         gpu->ops->free(gpu, dx);
         free(x);
     }
