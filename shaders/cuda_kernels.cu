@@ -3605,6 +3605,28 @@ static void gemv_q8bulk(cudaStream_t st, gv_set S, size_t rb, int n, const int8_
     lk(k_gemv_q8bulk, g, 128, rb, st, S, rb, n, xq, xd);
 }
 
+/* One-token q8_0 sets of rows of two warps whose launch at a row per
+ * group would leave a second wave of at most a quarter of the first (a
+ * 7b's o projection: 1,792 blocks on 1,584 places) take two rows a group
+ * (the same sums; one wave). ANE_CUDA_GEMV_R2=0: off; 2: a second wave
+ * of up to half the first (for comparison). */
+static int gemv_r2(const gv_set &S, int n)
+{
+    static int on = -1, slots = 0;
+    if (on < 0) {
+        on = env_count("ANE_CUDA_GEMV_R2", 1);
+        int dev = 0, sm = 0, per = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sm, cudaDevAttrMultiProcessorCount, dev) ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k_gemv_mr<1, 1, 2, GV_Q8, 0, 2>, 128, 0) != cudaSuccess)
+            on = 0;
+        slots = sm * per;
+    }
+    if (!on || gv_warps(n / 32) != 2 || slots <= 0) return 0;
+    long blocks = 0;
+    for (int i = 0; i < S.nm; i++) blocks += (S.m[i].n_out + 1) / 2;
+    return blocks > slots && blocks - slots <= (on == 2 ? slots / 2 : slots / 4);
+}
+
 template <int KD>
 static void gemv_mr_q(cudaStream_t st, const gv_set &S, size_t rb, int n, const int8_t *xq, const float *xd,
                       const int *xs, int T)
@@ -3627,7 +3649,8 @@ static void gemv_mr_q(cudaStream_t st, const gv_set &S, size_t rb, int n, const 
                 return;
             }
             if (gemv_pre() != 1) {
-                gemv_mr_k<1, 1, KD, 2>(st, S, rb, n, xq, xd, xs, T);
+                if (gemv_r2(S, n)) gemv_mr_k<1, 2, KD, 2>(st, S, rb, n, xq, xd, xs, T);
+                else gemv_mr_k<1, 1, KD, 2>(st, S, rb, n, xq, xd, xs, T);
                 return;
             }
         }
