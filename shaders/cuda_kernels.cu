@@ -3608,8 +3608,7 @@ static void gemv_q8bulk(cudaStream_t st, gv_set S, size_t rb, int n, const int8_
 /* One-token q8_0 sets of rows of two warps whose launch at a row per
  * group would leave a second wave of at most a quarter of the first (a
  * 7b's o projection: 1,792 blocks on 1,584 places) take two rows a group
- * (the same sums; one wave). ANE_CUDA_GEMV_R2=0: off; 2: a second wave
- * of up to half the first (for comparison). */
+ * (the same sums; one wave). ANE_CUDA_GEMV_R2=0: off. */
 static int gemv_r2(const gv_set &S, int n)
 {
     static int on = -1, slots = 0;
@@ -3624,7 +3623,7 @@ static int gemv_r2(const gv_set &S, int n)
     if (!on || gv_warps(n / 32) != 2 || slots <= 0) return 0;
     long blocks = 0;
     for (int i = 0; i < S.nm; i++) blocks += (S.m[i].n_out + 1) / 2;
-    return blocks > slots && blocks - slots <= (on == 2 ? slots / 2 : slots / 4);
+    return blocks > slots && blocks - slots <= slots / 4;
 }
 
 template <int KD>
