@@ -722,6 +722,9 @@ static void test_qkv_rope(void)
     qkv_rope_case(1, 4, 2, 1, 0, 0);     /* no biases, the first position */
     qkv_rope_case(1, 6, 2, 0, 1, 700);   /* interleaved pairs (llama-style), a later page */
     qkv_rope_case(0, 4, 4, 1, 1, 130);   /* f32 cache */
+    /* a 7b's heads: more blocks than a wave at a pair a block, two pairs a block */
+    qkv_rope_case(1, 28, 4, 1, 1, 37);
+    qkv_rope_case(0, 28, 4, 0, 1, 700);
 }
 
 static void test_rope_attention(void)
