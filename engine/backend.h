@@ -15,9 +15,9 @@
 
 #define KV_PAGE 16   /* tokens per KV page */
 
-/* Where each token of a batch sits: its sequence's page table and position. */
 #define BE_QUEUE_ROWS 1024   /* rows of one argmax_queue */
 
+/* Where each token of a batch sits: its sequence's page table and position. */
 typedef struct be_batch {
     int T;
     const int32_t *pos;            /* [T] position in its sequence */

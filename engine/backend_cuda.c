@@ -72,10 +72,10 @@ typedef struct cu_be {
     void *x16b;                /* a second of x16_cap (the batched gate-and-up kernel reads one, writes the other) */
     void *xq; size_t xq_cap;   /* int8 activations of the GEMV */
     void *xq2;                 /* a second of xq_cap, for a kernel that reads one form and writes another */
-    /* per-step block: ids[cap_T] pos[cap_T] off[cap_T] slot[cap_T] pages[...] */
-    /* the per-step block: two host halves of step_cap ints each, taken in
-     * turn (a pass may be staged while the one before it is queued); ev_step
-     * marks each half's copy done */
+    /* per-step block: ids[cap_T] pos[cap_T] off[cap_T] slot[cap_T] pages[...];
+     * on the host two halves of step_cap ints, taken in turn (a pass may be
+     * staged while the one before it is queued), ev_step marking each
+     * half's copy done */
     int32_t *h_step, *d_step;
     cudaEvent_t ev_step[2];
     int step_half, step_used[2];

@@ -45,10 +45,9 @@ void fw_run_greedy(fw *f, const int32_t *tokens, const be_batch *bt, const int32
 /* The same in two halves, so that a next pass can be queued before the
  * ids of this one are read: fw_greedy_queue queues the pass and its argmax
  * (0; -1 where the backend cannot, or n_out > BE_QUEUE_ROWS: nothing
- * queued), fw_greedy_take
- * waits for the oldest queued pass's ids. A pass whose bt->ids_dev is set
- * takes as its tokens the ids of the pass queued before it (rows 0..T-1;
- * tokens is then NULL). At most two passes are queued at once. */
+ * queued), fw_greedy_take waits for the oldest queued pass's ids. A pass
+ * whose bt->ids_dev is set takes as its tokens the ids of the pass queued
+ * before it (rows 0..T-1; tokens is then NULL). At most two are queued. */
 int fw_greedy_queue(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out);
 void fw_greedy_take(fw *f, int32_t *ids, int n_out);
 
