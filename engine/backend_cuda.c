@@ -1277,6 +1277,13 @@ static const be_ops cuda_ops = {
     .deltanet = cu_deltanet,
 };
 
+/* a switch that is on unless set to 0 */
+static int env_on(const char *name)
+{
+    const char *e = getenv(name);
+    return !(e && *e && atoi(e) == 0);
+}
+
 int be_cuda_open(be **out, struct pool *p, int kv_f16, char *err, size_t errlen)
 {
     (void)p;
@@ -1321,23 +1328,19 @@ int be_cuda_open(be **out, struct pool *p, int kv_f16, char *err, size_t errlen)
     c->cache16 = !(fc && *fc == '0');
     const char *iv = getenv("ANE_CUDA_INVARIANT");
     c->invariant = iv && atoi(iv) > 0;
-    const char *fu = getenv("ANE_CUDA_FUSE");
-    c->fuse = !(fu && *fu && atoi(fu) == 0);
+    c->fuse = env_on("ANE_CUDA_FUSE");
     c->mmq = ck_mmq(QT_Q8_0, 32);   /* (the same for q4_K; q6_K never takes that kernel) */
     const char *ra = getenv("ANE_CUDA_ROPE_ATT");
     c->rope_att = ra && *ra ? atoi(ra) : 1;
-    const char *gl = getenv("ANE_CUDA_GLU");
-    c->glu = !(gl && *gl && atoi(gl) == 0);
-    const char *qr = getenv("ANE_CUDA_QKV_ROPE");
-    c->qkv_rope = !(qr && *qr && atoi(qr) == 0);
+    c->glu = env_on("ANE_CUDA_GLU");
+    c->qkv_rope = env_on("ANE_CUDA_QKV_ROPE");
     const char *ag = getenv("ANE_CUDA_ATT_GRP");
     c->att_grp = ag && *ag ? atoi(ag) : 4;
     if (c->att_grp < 0) c->att_grp = 0;
     c->att_mma_bps = ag && *ag ? c->att_grp : 1;
     const char *am = getenv("ANE_CUDA_ATT_MMA");
     c->att_mma = am && *am ? atoi(am) : 1;
-    const char *mb = getenv("ANE_CUDA_MMQB");
-    c->mmqb = !(mb && *mb && atoi(mb) == 0);
+    c->mmqb = env_on("ANE_CUDA_MMQB");
     what = "device memory";
     if (cudaMalloc(&c->mb_part, CK_MMQB_PART) != cudaSuccess ||
         cudaMalloc((void **)&c->mb_cnt, CK_MMQB_CNT * sizeof(int)) != cudaSuccess ||

@@ -3845,7 +3845,8 @@ static int early_mask(void)
     }
     return v;
 }
-static int norm_early(int n) { return early_mask() < 0 ? n < 2048 : early_mask() & 1; }
+static int early_on(int bit) { return early_mask() > 0 && (early_mask() & bit); }
+static int norm_early(int n) { return early_mask() < 0 ? n < 2048 : early_on(1); }
 
 /* a block per row: up to 1024 threads, each with up to 8 values in registers */
 #define L_NORM(KER, ...)                                                                                  \
@@ -4102,7 +4103,7 @@ void ck_add(cudaStream_t st, float *x, const float *y, size_t n)
 void ck_silu_mul(cudaStream_t st, const float *g, const float *u, size_t n, float *out, void *xq, void *x16, int rows)
 {
     xq_lay L = xq_out(xq && rows > 0 && n % (size_t)rows == 0 ? xq : NULL, x16, rows, rows > 0 ? (int)(n / rows) : 0);
-    lk(k_silu_mul, nblk(n, 256), 256, 0, st, g, u, n, out, L, early_mask() > 0 && (early_mask() & 2));
+    lk(k_silu_mul, nblk(n, 256), 256, 0, st, g, u, n, out, L, early_on(2));
 }
 
 void ck_rope(cudaStream_t st, float *x, const int32_t *pos, int T, int n_heads, int hd, int n_rot, float base,
@@ -4234,7 +4235,7 @@ void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *v
     bool roll = rv < 0 ? (int)(g.x * g.y) < n_sm : rv != 0;
     int coop = ck_att_coop(hd);
     if (G == 1 && !rp && ck_att_par(hd) && T * n_head <= n_sm) {
-        int ea = early_mask() > 0 && (early_mask() & 4);
+        int ea = early_on(4);
         if (f16) lk(k_att_par<ATT_WARPS, 1, ATT_PAR_G>, g, ATT_PAR_G * ATT_WARPS * 32, 0, st, q, kc, vc, pos, off,
                     pages, n_head, n_head_kv, out, L, ea);
         else lk(k_att_par<ATT_WARPS, 0, ATT_PAR_G>, g, ATT_PAR_G * ATT_WARPS * 32, 0, st, q, kc, vc, pos, off,
