@@ -17,6 +17,7 @@
 #include "client/aneclient.h"
 
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -28,6 +29,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -127,7 +129,11 @@ static void sb_json_str(sbuf *b, const char *s, size_t n)
 typedef struct gw_conn {
     ane_client *ane;              /* lazily connected; NULL after a failure */
     int fd;                       /* the HTTP socket, watched for the peer leaving */
+    int over;                     /* past --max-connections: answered 503, closed */
 } gw_conn;
+
+/* Connections within --max-connections (the others are "over"). */
+static atomic_uint n_served;
 
 typedef enum route {
     R_NONE = 0, R_HEALTH, R_MODELS, R_MODEL, R_COMPLETIONS, R_CHAT, R_TOKENIZE, R_DETOKENIZE,
@@ -199,6 +205,7 @@ static enum MHD_Result send_buf(gw_req *rq, struct MHD_Connection *mc, unsigned 
     if (status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
     if (status == 429 || status == 503) MHD_add_response_header(r, "Retry-After", "1");
     if (status == 405 && rq) MHD_add_response_header(r, "Allow", route_is_get(rq->rt) ? "GET, HEAD" : "POST");
+    if (rq && rq->conn && rq->conn->over) MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
     enum MHD_Result ret = MHD_queue_response(mc, status, r);
     MHD_destroy_response(r);
     return ret;
@@ -260,13 +267,60 @@ static unsigned status_for(proto_err e, const char **code)
     }
 }
 
+/* The request field a daemon error is about, in OpenAI's names, found as the
+ * first protocol field name the message mentions ("top_p must be in (0, 1]").
+ * NULL when it names none. */
+static const char *param_for(route rt, const char *msg)
+{
+    /* protocol name; its OpenAI name for completions, chat, tokenize, detokenize */
+    static const char *const names[][5] = {
+        { "max_tokens", "max_tokens", "max_tokens" }, { "temperature", "temperature", "temperature" },
+        { "top_k", "top_k", "top_k" }, { "top_p", "top_p", "top_p" }, { "min_p", "min_p", "min_p" },
+        { "repeat_penalty", "repeat_penalty", "repeat_penalty" },
+        { "repeat_last_n", "repeat_last_n", "repeat_last_n" }, { "seed", "seed", "seed" },
+        { "stop", "stop", "stop" }, { "messages", "prompt", "messages" }, { "prompt", "prompt", "messages" },
+        { "tokens", "prompt", "messages", NULL, "tokens" }, { "token", "prompt", "messages", NULL, "tokens" },
+        { "text", NULL, NULL, "content" },
+    };
+    int col = rt == R_COMPLETIONS ? 1 : rt == R_CHAT ? 2 : rt == R_TOKENIZE ? 3 : rt == R_DETOKENIZE ? 4 : 0;
+    if (!col) return NULL;
+    const char *best = NULL, *best_at = NULL;
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        if (!names[i][col]) continue;
+        size_t n = strlen(names[i][0]);
+        for (const char *p = strstr(msg, names[i][0]); p; p = strstr(p + 1, names[i][0])) {
+            if ((p > msg && (isalnum((unsigned char)p[-1]) || p[-1] == '_')) || isalnum((unsigned char)p[n]) || p[n] == '_')
+                continue;   /* inside a longer word */
+            if (!best_at || p < best_at) { best_at = p; best = names[i][col]; }
+            break;
+        }
+    }
+    return best;
+}
+
+/* How a job (or a one-shot request) failed, copied out of its event: the
+ * event's strings live in the daemon connection's buffers, which conn_drop
+ * frees. */
+typedef struct job_err { unsigned status; const char *code; const char *param; char msg[600]; } job_err;
+
+static void err_from_event(route rt, const proto_ev *ev, job_err *je)
+{
+    je->status = status_for(ev->code, &je->code);
+    size_t n = ev->message_len < sizeof je->msg - 1 ? ev->message_len : sizeof je->msg - 1;
+    memcpy(je->msg, ev->message ? ev->message : "", ev->message ? n : 0);
+    if (!ev->message) n = 0;
+    while (n && !proto_utf8_valid(je->msg, n)) n--;   /* cut inside a character */
+    je->msg[n] = 0;
+    je->param = je->status == 400 ? param_for(rt, je->msg) : NULL;
+}
+
 /* ------------------------------------------------------------------ daemon side */
 
 /* The connection's daemon client, connecting when needed. -1: 503 sent-worthy, err says why. */
 static int conn_ane(gw_conn *c, char *err, size_t errlen)
 {
     if (c->ane) return 0;
-    ane_connect_opts o = { G.socket_path, GW_NAME, 5000 };
+    ane_connect_opts o = { G.socket_path, GW_NAME, 5000, G.daemon_uid };
     proto_err refused = PROTO_OK;
     if (ane_connect_with(&c->ane, &o, &refused, err, errlen) < 0) { c->ane = NULL; return -1; }
     return 0;
@@ -346,7 +400,14 @@ static int json_too_deep(const char *s, size_t n, int limit)
     return 0;
 }
 
-typedef struct perr { unsigned status; const char *code; const char *param; char msg[512]; } perr;
+typedef struct perr { unsigned status; const char *code; const char *param; char msg[512]; char pbuf[64]; } perr;
+
+/* The param of an error about one message's field: "messages[3].role". */
+static const char *msg_param(perr *e, size_t i, const char *field)
+{
+    snprintf(e->pbuf, sizeof e->pbuf, "messages[%zu]%s%s", i, field ? "." : "", field ? field : "");
+    return e->pbuf;
+}
 
 static int pfail(perr *e, const char *param, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int pfail(perr *e, const char *param, const char *fmt, ...)
@@ -427,7 +488,10 @@ static int parse_sampling(json_t *o, proto_req *q, int chat, int *n_out, perr *e
     if (get_number(o, "temperature", 0, PROTO_MAX_TEMPERATURE, &has, &d, e) < 0) return -1;
     if (has) q->temperature = (float)d;
     if (get_number(o, "top_p", 0, 1, &has, &d, e) < 0) return -1;
-    if (has) q->top_p = (float)d;
+    if (has) {
+        if (d <= 0) return pfail(e, "top_p", "\"top_p\" must be greater than 0 (1 = off)");
+        q->top_p = (float)d;
+    }
     if (get_int(o, "top_k", 0, INT32_MAX, &has, &x, e) < 0) return -1;
     if (has) q->top_k = (int32_t)x;
     if (get_number(o, "min_p", 0, 1, &has, &d, e) < 0) return -1;
@@ -493,10 +557,15 @@ static job *job_by_id(gw_req *rq, uint64_t id)
     return NULL;
 }
 
+/* OpenAI's finish_reason for aned's finish, or NULL when the text is not
+ * whole: "cancelled" means aned stopped the job (shutting down, say), since
+ * this gateway never cancels a job it still answers for. */
 static const char *finish_reason(const char *f)
 {
+    if (!f) return NULL;
     if (!strcmp(f, "length")) return "length";
-    return "stop";   /* "stop" (a stop string), "eos" (end of turn) */
+    if (!strcmp(f, "stop") || !strcmp(f, "eos")) return "stop";   /* a stop string, end of turn */
+    return NULL;
 }
 
 /* Submits every job (q is per job: seeds differ per choice). */
@@ -555,9 +624,9 @@ static void usage_json(gw_req *rq, sbuf *b)
               ",\"prompt_tokens_details\":{\"cached_tokens\":%" PRIu64 "}}", pt, ct, pt + ct, cached);
 }
 
-static void sse_error(gw_req *rq, unsigned status, const char *code, const char *msg)
+static void sse_error(gw_req *rq, const job_err *je)
 {
-    json_t *j = error_obj(status, code, NULL, msg);
+    json_t *j = error_obj(je->status, je->code, je->param, je->msg);
     char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
     sb_puts(&rq->out, "data: ");
@@ -567,8 +636,9 @@ static void sse_error(gw_req *rq, unsigned status, const char *code, const char 
 }
 
 /* Applies one event to its job; for streams also renders it. Returns 1 when
- * it was an error event (*ev holds it). */
-static int apply_event(gw_req *rq, const proto_ev *ev)
+ * the job ended without its whole answer — an error event, or a done that
+ * aned cut short — with *je saying how. */
+static int apply_event(gw_req *rq, const proto_ev *ev, job_err *je)
 {
     job *j = job_by_id(rq, ev->id);
     if (!j || j->done) return 0;
@@ -585,16 +655,40 @@ static int apply_event(gw_req *rq, const proto_ev *ev)
         j->prompt_tokens = ev->prompt_tokens;
         j->cached_tokens = ev->cached_tokens;
         j->completion_tokens = ev->completion_tokens;
+        if (!j->finish) {
+            je->status = 503;
+            je->code = "generation_cut_short";
+            je->param = NULL;
+            snprintf(je->msg, sizeof je->msg, "aned stopped choice %d after %u tokens, before its end (finish "
+                     "\"%.40s\"; aned may be shutting down): the answer was cut short", j->index,
+                     ev->completion_tokens, ev->finish ? ev->finish : "");
+            return 1;
+        }
         if (rq->stream) sse_text(rq, j->index, NULL, 0, j->finish);
         break;
     case PROTO_T_ERROR:
         j->done = 1;
         rq->n_done++;
+        err_from_event(rq->rt, ev, je);
         return 1;
     default:
         break;
     }
     return 0;
+}
+
+/* 1 when ev ends its job without the whole answer (see apply_event). */
+static int ev_fails(const proto_ev *ev)
+{
+    return ev->type == PROTO_T_ERROR || (ev->type == PROTO_T_DONE && !finish_reason(ev->finish));
+}
+
+static void lost_err(job_err *je, const char *err)
+{
+    je->status = 503;
+    je->code = "daemon_unavailable";
+    je->param = NULL;
+    snprintf(je->msg, sizeof je->msg, "lost the connection to aned: %s", err);
 }
 
 static void sse_finish(gw_req *rq)
@@ -609,34 +703,35 @@ static void sse_finish(gw_req *rq)
     rq->finished = 1;
 }
 
+/* Ends a stream that cannot be completed: an error chunk, then [DONE]. The
+ * jobs still running are cancelled by dropping the daemon connection (je is
+ * a copy: nothing here points into that connection's buffers). */
+static void sse_fail(gw_req *rq, const job_err *je)
+{
+    sse_error(rq, je);
+    sb_puts(&rq->out, "data: [DONE]\n\n");
+    if (rq->n_done < rq->n_jobs) conn_drop(rq->conn);
+    rq->finished = 1;
+}
+
 /* Produces more SSE bytes into rq->out: at least one event's worth, then
  * whatever else has already arrived. */
 static void stream_more(gw_req *rq)
 {
     char err[256];
     proto_ev ev;
+    job_err je;
     int rc = wait_event(rq, &ev, err, sizeof err);
     for (;;) {
         if (rc == -2) { conn_drop(rq->conn); rq->failed = 1; rq->finished = 1; return; }
         if (rc < 0) {
             conn_drop(rq->conn);
-            char msg[400];
-            snprintf(msg, sizeof msg, "lost the connection to aned: %s", err);
-            sse_error(rq, 503, "daemon_unavailable", msg);
-            rq->finished = 1;
+            lost_err(&je, err);
+            sse_fail(rq, &je);
             return;
         }
         if (rc == 0) return;
-        if (apply_event(rq, &ev)) {
-            const char *code;
-            unsigned st = status_for(ev.code, &code);
-            char msg[600];
-            snprintf(msg, sizeof msg, "%.*s", (int)(ev.message_len > 500 ? 500 : ev.message_len), ev.message);
-            sse_error(rq, st, code, msg);
-            if (rq->n_done < rq->n_jobs) conn_drop(rq->conn);   /* cancels the others */
-            rq->finished = 1;
-            return;
-        }
+        if (apply_event(rq, &ev, &je)) { sse_fail(rq, &je); return; }
         if (rq->n_done == rq->n_jobs) { sse_finish(rq); return; }
         if (rq->out.len - rq->out_off > 16384) return;
         rc = ane_next_event(rq->conn->ane, &ev, 0, err, sizeof err);
@@ -660,10 +755,19 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
     return (ssize_t)n;
 }
 
+/* Answers a request whose job failed before anything was sent: its status.
+ * The others are cancelled first (je is a copy, so dropping is safe). */
+static enum MHD_Result fail_http(gw_req *rq, struct MHD_Connection *mc, const job_err *je)
+{
+    if (rq->n_done < rq->n_jobs) conn_drop(rq->conn);
+    return send_error(rq, mc, je->status, je->code, je->param, "%s", je->msg);
+}
+
 static enum MHD_Result respond_generation(gw_req *rq, struct MHD_Connection *mc)
 {
     char err[256];
     proto_ev ev;
+    job_err je;
     if (rq->stream) {
         /* Wait for the first event so that a refused request gets its HTTP status. */
         int rc = wait_event(rq, &ev, err, sizeof err);
@@ -672,12 +776,7 @@ static enum MHD_Result respond_generation(gw_req *rq, struct MHD_Connection *mc)
             conn_drop(rq->conn);
             return send_error(rq, mc, 503, "daemon_unavailable", NULL, "lost the connection to aned: %s", err);
         }
-        if (ev.type == PROTO_T_ERROR) {
-            const char *code;
-            unsigned st = status_for(ev.code, &code);
-            if (rq->n_jobs > 1) conn_drop(rq->conn);
-            return send_error(rq, mc, st, code, NULL, "%.*s", (int)(ev.message_len > 600 ? 600 : ev.message_len), ev.message);
-        }
+        if (ev_fails(&ev) && apply_event(rq, &ev, &je)) return fail_http(rq, mc, &je);
         if (rq->chat)
             for (int i = 0; i < rq->n_jobs; i++) {
                 sse_chunk_head(rq, &rq->out);
@@ -687,7 +786,7 @@ static enum MHD_Result respond_generation(gw_req *rq, struct MHD_Connection *mc)
         if (!rq->chat && rq->echo)
             for (int i = 0; i < rq->n_jobs; i++)
                 if (rq->jobs[i].text.len) sse_text(rq, rq->jobs[i].index, rq->jobs[i].text.p, rq->jobs[i].text.len, NULL);
-        (void)apply_event(rq, &ev);   /* not an error: that was answered above */
+        (void)apply_event(rq, &ev, &je);   /* not a failure: that was answered above */
         if (rq->n_done == rq->n_jobs) sse_finish(rq);
         struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, rq, NULL);
         if (!r) return MHD_NO;
@@ -707,12 +806,7 @@ static enum MHD_Result respond_generation(gw_req *rq, struct MHD_Connection *mc)
             conn_drop(rq->conn);
             return send_error(rq, mc, 503, "daemon_unavailable", NULL, "lost the connection to aned: %s", err);
         }
-        if (apply_event(rq, &ev)) {
-            const char *code;
-            unsigned st = status_for(ev.code, &code);
-            if (rq->n_done < rq->n_jobs) conn_drop(rq->conn);
-            return send_error(rq, mc, st, code, NULL, "%.*s", (int)(ev.message_len > 600 ? 600 : ev.message_len), ev.message);
-        }
+        if (apply_event(rq, &ev, &je)) return fail_http(rq, mc, &je);
     }
     sbuf b = {0};
     sb_printf(&b, "{\"id\":\"%s\",\"object\":\"%s\",\"created\":%lld,\"model\":%s,\"choices\":[",
@@ -746,21 +840,21 @@ static int msg_content(json_t *c, size_t i, sbuf *tmp, const char **s, size_t *n
 {
     if (!present(c)) { *s = ""; *n = 0; return 0; }
     if (json_is_string(c)) { *s = json_string_value(c); *n = json_string_length(c); return 0; }
-    if (!json_is_array(c)) return pfail(e, "messages", "messages[%zu].content must be a string or an array of parts", i);
+    if (!json_is_array(c)) return pfail(e, msg_param(e, i, "content"), "messages[%zu].content must be a string or an array of parts", i);
     size_t start = tmp->len, k;
     json_t *part;
     int first = 1;
     json_array_foreach(c, k, part) {
         json_t *t = json_object_get(part, "type");
-        if (!json_is_string(t)) return pfail(e, "messages", "messages[%zu].content[%zu] needs a \"type\"", i, k);
+        if (!json_is_string(t)) return pfail(e, msg_param(e, i, "content"), "messages[%zu].content[%zu] needs a \"type\"", i, k);
         if (strcmp(json_string_value(t), "text") != 0) {
-            pfail(e, "messages", "messages[%zu].content[%zu]: only \"text\" parts are supported, not \"%s\"",
+            pfail(e, msg_param(e, i, "content"), "messages[%zu].content[%zu]: only \"text\" parts are supported, not \"%s\"",
                   i, k, json_string_value(t));
             e->code = "unsupported_content";
             return -1;
         }
         json_t *tx = json_object_get(part, "text");
-        if (!json_is_string(tx)) return pfail(e, "messages", "messages[%zu].content[%zu].text must be a string", i, k);
+        if (!json_is_string(tx)) return pfail(e, msg_param(e, i, "content"), "messages[%zu].content[%zu].text must be a string", i, k);
         if (!first) sb_add(tmp, "\n", 1);
         sb_add(tmp, json_string_value(tx), json_string_length(tx));
         first = 0;
@@ -773,7 +867,7 @@ static int msg_content(json_t *c, size_t i, sbuf *tmp, const char **s, size_t *n
 
 static enum MHD_Result handle_generation(gw_req *rq, struct MHD_Connection *mc, json_t *o)
 {
-    perr e = { 400, NULL, NULL, "" };
+    perr e = { 400, NULL, NULL, "", "" };
     proto_req base;
     proto_req_init(&base, PROTO_T_GENERATE, 0);
     int n = 1;
@@ -821,14 +915,17 @@ static enum MHD_Result handle_generation(gw_req *rq, struct MHD_Connection *mc, 
         if (!msgs || !part_of) { ret = send_error(rq, mc, 500, NULL, NULL, "out of memory"); goto out; }
         for (size_t i = 0; i < nm; i++) {
             json_t *m = json_array_get(ms, i);
-            if (!json_is_object(m)) { pfail(&e, "messages", "messages[%zu] must be an object", i); goto bad; }
+            if (!json_is_object(m)) { pfail(&e, msg_param(&e, i, NULL), "messages[%zu] must be an object", i); goto bad; }
             json_t *role = json_object_get(m, "role");
-            if (!json_is_string(role)) { pfail(&e, "messages", "messages[%zu].role must be a string", i); goto bad; }
+            if (!json_is_string(role)) {
+                pfail(&e, msg_param(&e, i, "role"), "messages[%zu].role must be a string (system, developer, user, assistant)", i);
+                goto bad;
+            }
             const char *r = json_string_value(role);
-            if (strlen(r) != json_string_length(role)) { pfail(&e, "messages", "messages[%zu].role holds a NUL", i); goto bad; }
+            if (strlen(r) != json_string_length(role)) { pfail(&e, msg_param(&e, i, "role"), "messages[%zu].role holds a NUL", i); goto bad; }
             if (!strcmp(r, "developer")) r = "system";
             if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant")) {
-                pfail(&e, "messages", "messages[%zu].role \"%.40s\" is not supported (system, developer, user, assistant)", i, r);
+                pfail(&e, msg_param(&e, i, "role"), "messages[%zu].role \"%.40s\" is not supported (system, developer, user, assistant)", i, r);
                 goto bad;
             }
             msgs[i].role = r;
@@ -838,6 +935,12 @@ static enum MHD_Result handle_generation(gw_req *rq, struct MHD_Connection *mc, 
             part_of[i] = rc;
         }
         if (parts.oom) { ret = send_error(rq, mc, 500, NULL, NULL, "out of memory"); goto out; }
+        size_t total = 0;
+        for (size_t i = 0; i < nm; i++) total += msgs[i].content_len;
+        if (total > PROTO_MAX_PROMPT) {
+            pfail(&e, "messages", "the messages' contents add up to %zu bytes; aned takes at most %d", total, PROTO_MAX_PROMPT);
+            goto bad;
+        }
         for (size_t i = 0; i < nm; i++)
             if (part_of[i]) msgs[i].content = parts.p + (uintptr_t)msgs[i].content;
         base.msgs = msgs;
@@ -873,6 +976,10 @@ static enum MHD_Result handle_generation(gw_req *rq, struct MHD_Connection *mc, 
             if (json_is_string(pr)) {
                 q.text = json_string_value(pr);
                 q.text_len = json_string_length(pr);
+                if (q.text_len > PROTO_MAX_PROMPT) {
+                    pfail(&e, "prompt", "prompt %d is %zu bytes; aned takes at most %d", p, q.text_len, PROTO_MAX_PROMPT);
+                    goto bad_toks;
+                }
             } else if (json_is_array(pr) && json_array_size(pr) > 0) {
                 size_t nt = json_array_size(pr);
                 if (nt > PROTO_MAX_TOKENS) { pfail(&e, "prompt", "prompt %d has %zu tokens; at most %d", p, nt, PROTO_MAX_TOKENS); goto bad_toks; }
@@ -903,6 +1010,18 @@ static enum MHD_Result handle_generation(gw_req *rq, struct MHD_Connection *mc, 
             rq->jobs[idx].index = idx;
             rq->jobs[idx].prompt_no = p;
             if (rq->echo && q.text) sb_add(&rq->jobs[idx].text, q.text, q.text_len);
+        }
+    }
+    /* What cannot be sent is the request's fault, said here, not a daemon failure. */
+    for (int p = 0; p < n_prompts; p++) {
+        proto_buf probe = {0};
+        int enc = proto_req_encode(&probe, &qs[p * n]);
+        proto_buf_free(&probe);
+        if (enc < 0) {
+            pfail(&e, rq->chat ? "messages" : "prompt", "the request for %s %d does not fit aned's %u-byte message "
+                  "limit once encoded; shorten it", rq->chat ? "the messages" : "prompt", p, PROTO_MAX_FRAME);
+            e.code = "request_too_large";
+            goto bad_toks;
         }
     }
     make_id(rq->id, sizeof rq->id, rq->chat ? "chatcmpl-" : "cmpl-");
@@ -944,9 +1063,9 @@ static enum MHD_Result daemon_failed(gw_req *rq, struct MHD_Connection *mc, int 
 
 static enum MHD_Result ev_error(gw_req *rq, struct MHD_Connection *mc, const proto_ev *ev)
 {
-    const char *code;
-    unsigned st = status_for(ev->code, &code);
-    return send_error(rq, mc, st, code, NULL, "%.*s", (int)(ev->message_len > 600 ? 600 : ev->message_len), ev->message);
+    job_err je;
+    err_from_event(rq->rt, ev, &je);
+    return send_error(rq, mc, je.status, je.code, je.param, "%s", je.msg);
 }
 
 static enum MHD_Result handle_health(gw_req *rq, struct MHD_Connection *mc)
@@ -992,7 +1111,7 @@ static enum MHD_Result handle_models(gw_req *rq, struct MHD_Connection *mc)
 
 static enum MHD_Result handle_tokenize(gw_req *rq, struct MHD_Connection *mc, json_t *o)
 {
-    perr e = { 400, NULL, NULL, "" };
+    perr e = { 400, NULL, NULL, "", "" };
     proto_req q;
     proto_ev ev;
     char err[256];
@@ -1125,6 +1244,10 @@ enum MHD_Result gw_on_request(void *cls, struct MHD_Connection *mc, const char *
         rq->conn = ci ? ci->socket_context : NULL;
         rq->mc = mc;
         if (!rq->conn) return MHD_NO;
+        if (rq->conn->over)
+            return send_error(rq, mc, 503, "too_many_connections", NULL,
+                              "aned-http serves %u connections at once (--max-connections); try again shortly",
+                              G.max_conns);
         if (G.verbose) logf_("%s %s", method, url);
 
         const char *origin = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, "Origin");
@@ -1229,10 +1352,20 @@ void gw_on_connection(void *cls, struct MHD_Connection *mc, void **socket_contex
         /* Every SSE event is sent when it is made: no Nagle delay. */
         int one = 1;
         if (c->fd >= 0) setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        unsigned n = atomic_load(&n_served);
+        do {
+            if (n >= G.max_conns) { c->over = 1; break; }
+        } while (!atomic_compare_exchange_weak(&n_served, &n, n + 1));
+        /* an over connection only gets its 503: it may not linger */
+        if (c->over) MHD_set_connection_option(mc, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)GW_OVER_TIMEOUT_S);
         *socket_context = c;
     } else if (toe == MHD_CONNECTION_NOTIFY_CLOSED) {
         gw_conn *c = *socket_context;
-        if (c) { ane_close(c->ane); free(c); }
+        if (c) {
+            if (!c->over) atomic_fetch_sub(&n_served, 1);
+            ane_close(c->ane);
+            free(c);
+        }
         *socket_context = NULL;
     }
 }

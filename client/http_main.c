@@ -146,10 +146,15 @@ static void usage(FILE *f)
         "usage: aned-http [options]\n"
         "An OpenAI-compatible HTTP gateway to aned.\n"
         "  --socket PATH          aned's socket (default: the usual rule, $ANE_SOCKET first)\n"
-        "  --listen HOST:PORT     where to listen (default 127.0.0.1:8080; port 0 = any free one)\n"
+        "  --daemon-user USER     also trust an aned run by USER (name or uid); by default\n"
+        "                         only one run by root or by aned-http's own user is used\n"
+        "  --listen HOST:PORT     where to listen (default 127.0.0.1:8080; port 0 = any free one);\n"
+        "                         TCP needs --api-key-file (or --insecure-no-key)\n"
         "  --listen unix:PATH     or on a Unix socket (mode 0600 unless --unix-mode)\n"
         "  --unix-mode OCTAL      file mode of the Unix socket\n"
         "  --api-key-file FILE    require \"Authorization: Bearer KEY\" with the key in FILE\n"
+        "  --insecure-no-key      serve TCP without a key: every local user gets the daemon\n"
+        "                         as aned-http's user, bypassing aned's allow-list\n"
         "  --allow-origin ORIGIN  let web pages at ORIGIN call the API (CORS; repeatable; no wildcard)\n"
         "  --allow-host NAME      accept Host: NAME besides loopback names (repeatable)\n"
         "  --max-body BYTES       request body limit (default %u)\n"
@@ -179,6 +184,7 @@ int main(int argc, char **argv)
     G.max_conns = GW_DEF_MAX_CONNS;
     G.idle_s = GW_DEF_IDLE_S;
     G.unix_mode = 0600;
+    int no_key = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -187,6 +193,12 @@ int main(int argc, char **argv)
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
         else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) G.verbose = 1;
         else if (!strcmp(a, "--socket")) { NEEDV(); G.socket_path = v; }
+        else if (!strcmp(a, "--daemon-user")) {
+            NEEDV();
+            char e[160];
+            if (ane_parse_uid(v, &G.daemon_uid, e, sizeof e) < 0) { fprintf(stderr, GW_NAME ": --daemon-user: %s\n", e); return 2; }
+        }
+        else if (!strcmp(a, "--insecure-no-key")) no_key = 1;
         else if (!strcmp(a, "--listen")) {
             NEEDV();
             if (strlen(v) >= sizeof G.listen) { fprintf(stderr, GW_NAME ": --listen too long\n"); return 2; }
@@ -235,6 +247,19 @@ int main(int argc, char **argv)
 #undef NEEDV
     }
 
+    int tcp = strncmp(G.listen, "unix:", 5) != 0;
+    if (tcp && !G.api_key_file && !no_key) {
+        /* A TCP port is open to every local user, and aned sees them all as
+         * aned-http's user: its per-user rules would not apply. */
+        fprintf(stderr, GW_NAME ": refusing to listen on TCP %s without --api-key-file: every local user "
+                "could reach it and use aned as this gateway's user, past aned's allow-list. Give "
+                "--api-key-file FILE, listen on a Unix socket (--listen unix:PATH), or pass "
+                "--insecure-no-key to serve without a key anyway\n", G.listen);
+        return 2;
+    }
+    if (!tcp && no_key) { fprintf(stderr, GW_NAME ": --insecure-no-key is for TCP; a Unix socket is guarded by its mode\n"); return 2; }
+    if (G.api_key_file && no_key) { fprintf(stderr, GW_NAME ": --insecure-no-key and --api-key-file exclude each other\n"); return 2; }
+
     char err[512];
     if (G.api_key_file && read_key(G.api_key_file, err, sizeof err) < 0) { logf_("%s", err); return 1; }
 
@@ -261,7 +286,7 @@ int main(int argc, char **argv)
         MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ERROR_LOG,
         0, NULL, NULL, gw_on_request, NULL,
         MHD_OPTION_LISTEN_SOCKET, fd,
-        MHD_OPTION_CONNECTION_LIMIT, G.max_conns,
+        MHD_OPTION_CONNECTION_LIMIT, G.max_conns + GW_OVER_CONNS,
         MHD_OPTION_CONNECTION_TIMEOUT, G.idle_s,
         MHD_OPTION_CONNECTION_MEMORY_LIMIT, G.max_header,
         MHD_OPTION_THREAD_STACK_SIZE, (size_t)(1u << 20),
