@@ -5,7 +5,7 @@
  * daemon, so HTTP parsing never runs inside the process that owns the model.
  *
  * Threads: libmicrohttpd runs one thread per HTTP connection (bounded by
- * --max-connections). Each HTTP connection owns one daemon connection, made
+ * --max-connections; a few more are taken only to be answered 503). Each HTTP connection owns one daemon connection, made
  * on its first request and kept for the following keep-alive requests; it is
  * only ever used from that connection's thread. While a request waits for
  * the daemon, its thread also watches the HTTP socket: a client that goes
@@ -13,22 +13,18 @@
  *
  * Endpoints: POST /v1/completions, POST /v1/chat/completions (both with
  * "stream": true as server-sent events), GET /v1/models[/ID], GET /health,
- * POST /tokenize, POST /detokenize. */
+ * POST /tokenize, POST /detokenize. This file serves requests; options,
+ * listening and main are in http_main.c. */
 #include "client/aneclient.h"
 
-#include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <math.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
-#include <pthread.h>
-#include <signal.h>
 #include <stdatomic.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -37,8 +33,6 @@
 #include <strings.h>
 #include <sys/random.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
