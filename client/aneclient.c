@@ -66,6 +66,8 @@ static void usage(FILE *f)
 "      --json              one JSON object per line (see below)\n"
 "  -v, --verbose           token counts and speeds on standard error\n"
 "      --socket PATH       daemon socket (now: %s)\n"
+"      --daemon-user USER  also trust a daemon run by USER (name or uid); by\n"
+"                          default only one run by root or by you is used\n"
 "  -h, --help              this text\n"
 "  -V, --version           print the version\n"
 "\n"
@@ -471,9 +473,10 @@ static int on_run_event(const proto_ev *ev, void *arg)
 int main(int argc, char **argv)
 {
     enum { O_SOCKET = 256, O_TOPK, O_TOPP, O_MINP, O_RPEN, O_RLAST, O_SEED, O_STOP, O_SYSTEM, O_RAW,
-           O_SPECIAL, O_NOBOS, O_TOKENS, O_TOKENIZE, O_DETOKENIZE, O_EVAL, O_TOP, O_INFO, O_PING, O_JSON };
+           O_SPECIAL, O_NOBOS, O_TOKENS, O_TOKENIZE, O_DETOKENIZE, O_EVAL, O_TOP, O_INFO, O_PING, O_JSON, O_DUSER };
     static const struct option opts[] = {
         { "socket", required_argument, 0, O_SOCKET },
+        { "daemon-user", required_argument, 0, O_DUSER },
         { "max-tokens", required_argument, 0, 'n' },
         { "temperature", required_argument, 0, 't' },
         { "top-k", required_argument, 0, O_TOPK },
@@ -507,6 +510,7 @@ int main(int argc, char **argv)
     proto_req q;
     proto_req_init(&q, PROTO_T_GENERATE, 0);
     const char *socket_path = NULL;
+    uid_t daemon_uid = 0;
     const char *tokens_arg = NULL;
     int modes = 0, have_top = 0;
 
@@ -514,6 +518,11 @@ int main(int argc, char **argv)
     while ((c = getopt_long(argc, argv, "n:t:vhV", opts, NULL)) != -1) {
         switch (c) {
         case O_SOCKET: socket_path = optarg; break;
+        case O_DUSER: {
+            char e[160];
+            if (ane_parse_uid(optarg, &daemon_uid, e, sizeof e) < 0) die_usage("--daemon-user: %s", e);
+            break;
+        }
         case 'n': q.max_tokens = (int32_t)parse_int("--max-tokens", optarg, 0, PROTO_MAX_GEN); break;
         case 't': q.temperature = parse_float("--temperature", optarg, 0, PROTO_MAX_TEMPERATURE); break;
         case O_TOPK: q.top_k = (int32_t)parse_int("--top-k", optarg, 0, INT32_MAX); break;
@@ -627,7 +636,7 @@ int main(int argc, char **argv)
     /* Connect and send. */
     char err[512];
     ane_client *cl = NULL;
-    ane_connect_opts co = { socket_path, "aneclient", 0 };
+    ane_connect_opts co = { socket_path, "aneclient", 0, daemon_uid };
     proto_err refused = PROTO_OK;
     int rc = EX_OK;
     R.t0_ns = now_ns();

@@ -5,7 +5,7 @@
  * daemon, so HTTP parsing never runs inside the process that owns the model.
  *
  * Threads: libmicrohttpd runs one thread per HTTP connection (bounded by
- * --max-connections). Each HTTP connection owns one daemon connection, made
+ * --max-connections; a few more are taken only to be answered 503). Each HTTP connection owns one daemon connection, made
  * on its first request and kept for the following keep-alive requests; it is
  * only ever used from that connection's thread. While a request waits for
  * the daemon, its thread also watches the HTTP socket: a client that goes
@@ -13,21 +13,19 @@
  *
  * Endpoints: POST /v1/completions, POST /v1/chat/completions (both with
  * "stream": true as server-sent events), GET /v1/models[/ID], GET /health,
- * POST /tokenize, POST /detokenize. */
+ * POST /tokenize, POST /detokenize. This file serves requests; options,
+ * listening and main are in http_main.c. */
 #include "client/aneclient.h"
 
-#include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <math.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
-#include <pthread.h>
-#include <signal.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,54 +33,13 @@
 #include <strings.h>
 #include <sys/random.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <jansson.h>
 #include <microhttpd.h>
 
-#define GW_NAME            "aned-http"
-#define GW_MAX_CHOICES     16        /* prompts × n per request (≤ PROTO_MAX_INFLIGHT) */
-#define GW_MAX_JSON_DEPTH  64
-#define GW_DEF_MAX_BODY    (4u << 20)
-#define GW_DEF_MAX_HEADER  (32u << 10)
-#define GW_DEF_MAX_CONNS   64
-#define GW_DEF_IDLE_S      120
-#define GW_MAX_ORIGINS     16
-#define GW_MAX_HOSTS       16
-#define GW_COMPLETIONS_DEF_MAX 16    /* OpenAI's default max_tokens for /v1/completions */
-
-/* ------------------------------------------------------------------ options */
-
-typedef struct gw_opts {
-    const char *socket_path;      /* aned's socket; NULL = ane_default_socket() */
-    char listen[512];             /* HOST:PORT or unix:PATH */
-    const char *api_key_file;
-    char *api_key;                /* NULL: no check */
-    size_t api_key_len;
-    size_t max_body, max_header;
-    unsigned max_conns, idle_s;
-    mode_t unix_mode;
-    const char *origins[GW_MAX_ORIGINS]; size_t n_origins;
-    const char *hosts[GW_MAX_HOSTS]; size_t n_hosts;
-    int check_host;               /* listening on TCP loopback: Host must name it */
-    int verbose;
-} gw_opts;
-
-static gw_opts G;
-
-static void logf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void logf_(const char *fmt, ...)
-{
-    char line[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    fprintf(stderr, GW_NAME ": %s\n", line);
-}
+#include "client/http_gw.h"
 
 /* ------------------------------------------------------------------ buffers */
 
@@ -166,7 +123,11 @@ static void sb_json_str(sbuf *b, const char *s, size_t n)
 typedef struct gw_conn {
     ane_client *ane;              /* lazily connected; NULL after a failure */
     int fd;                       /* the HTTP socket, watched for the peer leaving */
+    int over;                     /* past --max-connections: answered 503, closed */
 } gw_conn;
+
+/* Connections within --max-connections (the others are "over"). */
+static atomic_uint n_served;
 
 typedef enum route {
     R_NONE = 0, R_HEALTH, R_MODELS, R_MODEL, R_COMPLETIONS, R_CHAT, R_TOKENIZE, R_DETOKENIZE,
@@ -238,6 +199,7 @@ static enum MHD_Result send_buf(gw_req *rq, struct MHD_Connection *mc, unsigned 
     if (status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
     if (status == 429 || status == 503) MHD_add_response_header(r, "Retry-After", "1");
     if (status == 405 && rq) MHD_add_response_header(r, "Allow", route_is_get(rq->rt) ? "GET, HEAD" : "POST");
+    if (rq && rq->conn && rq->conn->over) MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
     enum MHD_Result ret = MHD_queue_response(mc, status, r);
     MHD_destroy_response(r);
     return ret;
@@ -299,13 +261,60 @@ static unsigned status_for(proto_err e, const char **code)
     }
 }
 
+/* The request field a daemon error is about, in OpenAI's names, found as the
+ * first protocol field name the message mentions ("top_p must be in (0, 1]").
+ * NULL when it names none. */
+static const char *param_for(route rt, const char *msg)
+{
+    /* protocol name; its OpenAI name for completions, chat, tokenize, detokenize */
+    static const char *const names[][5] = {
+        { "max_tokens", "max_tokens", "max_tokens" }, { "temperature", "temperature", "temperature" },
+        { "top_k", "top_k", "top_k" }, { "top_p", "top_p", "top_p" }, { "min_p", "min_p", "min_p" },
+        { "repeat_penalty", "repeat_penalty", "repeat_penalty" },
+        { "repeat_last_n", "repeat_last_n", "repeat_last_n" }, { "seed", "seed", "seed" },
+        { "stop", "stop", "stop" }, { "messages", "prompt", "messages" }, { "prompt", "prompt", "messages" },
+        { "tokens", "prompt", "messages", NULL, "tokens" }, { "token", "prompt", "messages", NULL, "tokens" },
+        { "text", NULL, NULL, "content" },
+    };
+    int col = rt == R_COMPLETIONS ? 1 : rt == R_CHAT ? 2 : rt == R_TOKENIZE ? 3 : rt == R_DETOKENIZE ? 4 : 0;
+    if (!col) return NULL;
+    const char *best = NULL, *best_at = NULL;
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        if (!names[i][col]) continue;
+        size_t n = strlen(names[i][0]);
+        for (const char *p = strstr(msg, names[i][0]); p; p = strstr(p + 1, names[i][0])) {
+            if ((p > msg && (isalnum((unsigned char)p[-1]) || p[-1] == '_')) || isalnum((unsigned char)p[n]) || p[n] == '_')
+                continue;   /* inside a longer word */
+            if (!best_at || p < best_at) { best_at = p; best = names[i][col]; }
+            break;
+        }
+    }
+    return best;
+}
+
+/* How a job (or a one-shot request) failed, copied out of its event: the
+ * event's strings live in the daemon connection's buffers, which conn_drop
+ * frees. */
+typedef struct job_err { unsigned status; const char *code; const char *param; char msg[600]; } job_err;
+
+static void err_from_event(route rt, const proto_ev *ev, job_err *je)
+{
+    je->status = status_for(ev->code, &je->code);
+    size_t n = ev->message_len < sizeof je->msg - 1 ? ev->message_len : sizeof je->msg - 1;
+    memcpy(je->msg, ev->message ? ev->message : "", ev->message ? n : 0);
+    if (!ev->message) n = 0;
+    while (n && !proto_utf8_valid(je->msg, n)) n--;   /* cut inside a character */
+    je->msg[n] = 0;
+    je->param = je->status == 400 ? param_for(rt, je->msg) : NULL;
+}
+
 /* ------------------------------------------------------------------ daemon side */
 
 /* The connection's daemon client, connecting when needed. -1: 503 sent-worthy, err says why. */
 static int conn_ane(gw_conn *c, char *err, size_t errlen)
 {
     if (c->ane) return 0;
-    ane_connect_opts o = { G.socket_path, GW_NAME, 5000 };
+    ane_connect_opts o = { G.socket_path, GW_NAME, 5000, G.daemon_uid };
     proto_err refused = PROTO_OK;
     if (ane_connect_with(&c->ane, &o, &refused, err, errlen) < 0) { c->ane = NULL; return -1; }
     return 0;
@@ -385,7 +394,14 @@ static int json_too_deep(const char *s, size_t n, int limit)
     return 0;
 }
 
-typedef struct perr { unsigned status; const char *code; const char *param; char msg[512]; } perr;
+typedef struct perr { unsigned status; const char *code; const char *param; char msg[512]; char pbuf[64]; } perr;
+
+/* The param of an error about one message's field: "messages[3].role". */
+static const char *msg_param(perr *e, size_t i, const char *field)
+{
+    snprintf(e->pbuf, sizeof e->pbuf, "messages[%zu]%s%s", i, field ? "." : "", field ? field : "");
+    return e->pbuf;
+}
 
 static int pfail(perr *e, const char *param, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int pfail(perr *e, const char *param, const char *fmt, ...)
@@ -466,7 +482,10 @@ static int parse_sampling(json_t *o, proto_req *q, int chat, int *n_out, perr *e
     if (get_number(o, "temperature", 0, PROTO_MAX_TEMPERATURE, &has, &d, e) < 0) return -1;
     if (has) q->temperature = (float)d;
     if (get_number(o, "top_p", 0, 1, &has, &d, e) < 0) return -1;
-    if (has) q->top_p = (float)d;
+    if (has) {
+        if (d <= 0) return pfail(e, "top_p", "\"top_p\" must be greater than 0 (1 = off)");
+        q->top_p = (float)d;
+    }
     if (get_int(o, "top_k", 0, INT32_MAX, &has, &x, e) < 0) return -1;
     if (has) q->top_k = (int32_t)x;
     if (get_number(o, "min_p", 0, 1, &has, &d, e) < 0) return -1;
@@ -532,10 +551,15 @@ static job *job_by_id(gw_req *rq, uint64_t id)
     return NULL;
 }
 
+/* OpenAI's finish_reason for aned's finish, or NULL when the text is not
+ * whole: "cancelled" means aned stopped the job (shutting down, say), since
+ * this gateway never cancels a job it still answers for. */
 static const char *finish_reason(const char *f)
 {
+    if (!f) return NULL;
     if (!strcmp(f, "length")) return "length";
-    return "stop";   /* "stop" (a stop string), "eos" (end of turn) */
+    if (!strcmp(f, "stop") || !strcmp(f, "eos")) return "stop";   /* a stop string, end of turn */
+    return NULL;
 }
 
 /* Submits every job (q is per job: seeds differ per choice). */
@@ -594,9 +618,9 @@ static void usage_json(gw_req *rq, sbuf *b)
               ",\"prompt_tokens_details\":{\"cached_tokens\":%" PRIu64 "}}", pt, ct, pt + ct, cached);
 }
 
-static void sse_error(gw_req *rq, unsigned status, const char *code, const char *msg)
+static void sse_error(gw_req *rq, const job_err *je)
 {
-    json_t *j = error_obj(status, code, NULL, msg);
+    json_t *j = error_obj(je->status, je->code, je->param, je->msg);
     char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
     sb_puts(&rq->out, "data: ");
@@ -606,8 +630,9 @@ static void sse_error(gw_req *rq, unsigned status, const char *code, const char 
 }
 
 /* Applies one event to its job; for streams also renders it. Returns 1 when
- * it was an error event (*ev holds it). */
-static int apply_event(gw_req *rq, const proto_ev *ev)
+ * the job ended without its whole answer — an error event, or a done that
+ * aned cut short — with *je saying how. */
+static int apply_event(gw_req *rq, const proto_ev *ev, job_err *je)
 {
     job *j = job_by_id(rq, ev->id);
     if (!j || j->done) return 0;
@@ -624,16 +649,40 @@ static int apply_event(gw_req *rq, const proto_ev *ev)
         j->prompt_tokens = ev->prompt_tokens;
         j->cached_tokens = ev->cached_tokens;
         j->completion_tokens = ev->completion_tokens;
+        if (!j->finish) {
+            je->status = 503;
+            je->code = "generation_cut_short";
+            je->param = NULL;
+            snprintf(je->msg, sizeof je->msg, "aned stopped choice %d after %u tokens, before its end (finish "
+                     "\"%.40s\"; aned may be shutting down): the answer was cut short", j->index,
+                     ev->completion_tokens, ev->finish ? ev->finish : "");
+            return 1;
+        }
         if (rq->stream) sse_text(rq, j->index, NULL, 0, j->finish);
         break;
     case PROTO_T_ERROR:
         j->done = 1;
         rq->n_done++;
+        err_from_event(rq->rt, ev, je);
         return 1;
     default:
         break;
     }
     return 0;
+}
+
+/* 1 when ev ends its job without the whole answer (see apply_event). */
+static int ev_fails(const proto_ev *ev)
+{
+    return ev->type == PROTO_T_ERROR || (ev->type == PROTO_T_DONE && !finish_reason(ev->finish));
+}
+
+static void lost_err(job_err *je, const char *err)
+{
+    je->status = 503;
+    je->code = "daemon_unavailable";
+    je->param = NULL;
+    snprintf(je->msg, sizeof je->msg, "lost the connection to aned: %s", err);
 }
 
 static void sse_finish(gw_req *rq)
@@ -648,34 +697,35 @@ static void sse_finish(gw_req *rq)
     rq->finished = 1;
 }
 
+/* Ends a stream that cannot be completed: an error chunk, then [DONE]. The
+ * jobs still running are cancelled by dropping the daemon connection (je is
+ * a copy: nothing here points into that connection's buffers). */
+static void sse_fail(gw_req *rq, const job_err *je)
+{
+    sse_error(rq, je);
+    sb_puts(&rq->out, "data: [DONE]\n\n");
+    if (rq->n_done < rq->n_jobs) conn_drop(rq->conn);
+    rq->finished = 1;
+}
+
 /* Produces more SSE bytes into rq->out: at least one event's worth, then
  * whatever else has already arrived. */
 static void stream_more(gw_req *rq)
 {
     char err[256];
     proto_ev ev;
+    job_err je;
     int rc = wait_event(rq, &ev, err, sizeof err);
     for (;;) {
         if (rc == -2) { conn_drop(rq->conn); rq->failed = 1; rq->finished = 1; return; }
         if (rc < 0) {
             conn_drop(rq->conn);
-            char msg[400];
-            snprintf(msg, sizeof msg, "lost the connection to aned: %s", err);
-            sse_error(rq, 503, "daemon_unavailable", msg);
-            rq->finished = 1;
+            lost_err(&je, err);
+            sse_fail(rq, &je);
             return;
         }
         if (rc == 0) return;
-        if (apply_event(rq, &ev)) {
-            const char *code;
-            unsigned st = status_for(ev.code, &code);
-            char msg[600];
-            snprintf(msg, sizeof msg, "%.*s", (int)(ev.message_len > 500 ? 500 : ev.message_len), ev.message);
-            sse_error(rq, st, code, msg);
-            if (rq->n_done < rq->n_jobs) conn_drop(rq->conn);   /* cancels the others */
-            rq->finished = 1;
-            return;
-        }
+        if (apply_event(rq, &ev, &je)) { sse_fail(rq, &je); return; }
         if (rq->n_done == rq->n_jobs) { sse_finish(rq); return; }
         if (rq->out.len - rq->out_off > 16384) return;
         rc = ane_next_event(rq->conn->ane, &ev, 0, err, sizeof err);
@@ -699,10 +749,19 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
     return (ssize_t)n;
 }
 
+/* Answers a request whose job failed before anything was sent: its status.
+ * The others are cancelled first (je is a copy, so dropping is safe). */
+static enum MHD_Result fail_http(gw_req *rq, struct MHD_Connection *mc, const job_err *je)
+{
+    if (rq->n_done < rq->n_jobs) conn_drop(rq->conn);
+    return send_error(rq, mc, je->status, je->code, je->param, "%s", je->msg);
+}
+
 static enum MHD_Result respond_generation(gw_req *rq, struct MHD_Connection *mc)
 {
     char err[256];
     proto_ev ev;
+    job_err je;
     if (rq->stream) {
         /* Wait for the first event so that a refused request gets its HTTP status. */
         int rc = wait_event(rq, &ev, err, sizeof err);
@@ -711,12 +770,7 @@ static enum MHD_Result respond_generation(gw_req *rq, struct MHD_Connection *mc)
             conn_drop(rq->conn);
             return send_error(rq, mc, 503, "daemon_unavailable", NULL, "lost the connection to aned: %s", err);
         }
-        if (ev.type == PROTO_T_ERROR) {
-            const char *code;
-            unsigned st = status_for(ev.code, &code);
-            if (rq->n_jobs > 1) conn_drop(rq->conn);
-            return send_error(rq, mc, st, code, NULL, "%.*s", (int)(ev.message_len > 600 ? 600 : ev.message_len), ev.message);
-        }
+        if (ev_fails(&ev) && apply_event(rq, &ev, &je)) return fail_http(rq, mc, &je);
         if (rq->chat)
             for (int i = 0; i < rq->n_jobs; i++) {
                 sse_chunk_head(rq, &rq->out);
@@ -726,7 +780,7 @@ static enum MHD_Result respond_generation(gw_req *rq, struct MHD_Connection *mc)
         if (!rq->chat && rq->echo)
             for (int i = 0; i < rq->n_jobs; i++)
                 if (rq->jobs[i].text.len) sse_text(rq, rq->jobs[i].index, rq->jobs[i].text.p, rq->jobs[i].text.len, NULL);
-        (void)apply_event(rq, &ev);   /* not an error: that was answered above */
+        (void)apply_event(rq, &ev, &je);   /* not a failure: that was answered above */
         if (rq->n_done == rq->n_jobs) sse_finish(rq);
         struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, rq, NULL);
         if (!r) return MHD_NO;
@@ -746,12 +800,7 @@ static enum MHD_Result respond_generation(gw_req *rq, struct MHD_Connection *mc)
             conn_drop(rq->conn);
             return send_error(rq, mc, 503, "daemon_unavailable", NULL, "lost the connection to aned: %s", err);
         }
-        if (apply_event(rq, &ev)) {
-            const char *code;
-            unsigned st = status_for(ev.code, &code);
-            if (rq->n_done < rq->n_jobs) conn_drop(rq->conn);
-            return send_error(rq, mc, st, code, NULL, "%.*s", (int)(ev.message_len > 600 ? 600 : ev.message_len), ev.message);
-        }
+        if (apply_event(rq, &ev, &je)) return fail_http(rq, mc, &je);
     }
     sbuf b = {0};
     sb_printf(&b, "{\"id\":\"%s\",\"object\":\"%s\",\"created\":%lld,\"model\":%s,\"choices\":[",
@@ -785,21 +834,21 @@ static int msg_content(json_t *c, size_t i, sbuf *tmp, const char **s, size_t *n
 {
     if (!present(c)) { *s = ""; *n = 0; return 0; }
     if (json_is_string(c)) { *s = json_string_value(c); *n = json_string_length(c); return 0; }
-    if (!json_is_array(c)) return pfail(e, "messages", "messages[%zu].content must be a string or an array of parts", i);
+    if (!json_is_array(c)) return pfail(e, msg_param(e, i, "content"), "messages[%zu].content must be a string or an array of parts", i);
     size_t start = tmp->len, k;
     json_t *part;
     int first = 1;
     json_array_foreach(c, k, part) {
         json_t *t = json_object_get(part, "type");
-        if (!json_is_string(t)) return pfail(e, "messages", "messages[%zu].content[%zu] needs a \"type\"", i, k);
+        if (!json_is_string(t)) return pfail(e, msg_param(e, i, "content"), "messages[%zu].content[%zu] needs a \"type\"", i, k);
         if (strcmp(json_string_value(t), "text") != 0) {
-            pfail(e, "messages", "messages[%zu].content[%zu]: only \"text\" parts are supported, not \"%s\"",
+            pfail(e, msg_param(e, i, "content"), "messages[%zu].content[%zu]: only \"text\" parts are supported, not \"%s\"",
                   i, k, json_string_value(t));
             e->code = "unsupported_content";
             return -1;
         }
         json_t *tx = json_object_get(part, "text");
-        if (!json_is_string(tx)) return pfail(e, "messages", "messages[%zu].content[%zu].text must be a string", i, k);
+        if (!json_is_string(tx)) return pfail(e, msg_param(e, i, "content"), "messages[%zu].content[%zu].text must be a string", i, k);
         if (!first) sb_add(tmp, "\n", 1);
         sb_add(tmp, json_string_value(tx), json_string_length(tx));
         first = 0;
@@ -812,7 +861,7 @@ static int msg_content(json_t *c, size_t i, sbuf *tmp, const char **s, size_t *n
 
 static enum MHD_Result handle_generation(gw_req *rq, struct MHD_Connection *mc, json_t *o)
 {
-    perr e = { 400, NULL, NULL, "" };
+    perr e = { 400, NULL, NULL, "", "" };
     proto_req base;
     proto_req_init(&base, PROTO_T_GENERATE, 0);
     int n = 1;
@@ -860,14 +909,17 @@ static enum MHD_Result handle_generation(gw_req *rq, struct MHD_Connection *mc, 
         if (!msgs || !part_of) { ret = send_error(rq, mc, 500, NULL, NULL, "out of memory"); goto out; }
         for (size_t i = 0; i < nm; i++) {
             json_t *m = json_array_get(ms, i);
-            if (!json_is_object(m)) { pfail(&e, "messages", "messages[%zu] must be an object", i); goto bad; }
+            if (!json_is_object(m)) { pfail(&e, msg_param(&e, i, NULL), "messages[%zu] must be an object", i); goto bad; }
             json_t *role = json_object_get(m, "role");
-            if (!json_is_string(role)) { pfail(&e, "messages", "messages[%zu].role must be a string", i); goto bad; }
+            if (!json_is_string(role)) {
+                pfail(&e, msg_param(&e, i, "role"), "messages[%zu].role must be a string (system, developer, user, assistant)", i);
+                goto bad;
+            }
             const char *r = json_string_value(role);
-            if (strlen(r) != json_string_length(role)) { pfail(&e, "messages", "messages[%zu].role holds a NUL", i); goto bad; }
+            if (strlen(r) != json_string_length(role)) { pfail(&e, msg_param(&e, i, "role"), "messages[%zu].role holds a NUL", i); goto bad; }
             if (!strcmp(r, "developer")) r = "system";
             if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant")) {
-                pfail(&e, "messages", "messages[%zu].role \"%.40s\" is not supported (system, developer, user, assistant)", i, r);
+                pfail(&e, msg_param(&e, i, "role"), "messages[%zu].role \"%.40s\" is not supported (system, developer, user, assistant)", i, r);
                 goto bad;
             }
             msgs[i].role = r;
@@ -877,6 +929,12 @@ static enum MHD_Result handle_generation(gw_req *rq, struct MHD_Connection *mc, 
             part_of[i] = rc;
         }
         if (parts.oom) { ret = send_error(rq, mc, 500, NULL, NULL, "out of memory"); goto out; }
+        size_t total = 0;
+        for (size_t i = 0; i < nm; i++) total += msgs[i].content_len;
+        if (total > PROTO_MAX_PROMPT) {
+            pfail(&e, "messages", "the messages' contents add up to %zu bytes; aned takes at most %d", total, PROTO_MAX_PROMPT);
+            goto bad;
+        }
         for (size_t i = 0; i < nm; i++)
             if (part_of[i]) msgs[i].content = parts.p + (uintptr_t)msgs[i].content;
         base.msgs = msgs;
@@ -912,6 +970,10 @@ static enum MHD_Result handle_generation(gw_req *rq, struct MHD_Connection *mc, 
             if (json_is_string(pr)) {
                 q.text = json_string_value(pr);
                 q.text_len = json_string_length(pr);
+                if (q.text_len > PROTO_MAX_PROMPT) {
+                    pfail(&e, "prompt", "prompt %d is %zu bytes; aned takes at most %d", p, q.text_len, PROTO_MAX_PROMPT);
+                    goto bad_toks;
+                }
             } else if (json_is_array(pr) && json_array_size(pr) > 0) {
                 size_t nt = json_array_size(pr);
                 if (nt > PROTO_MAX_TOKENS) { pfail(&e, "prompt", "prompt %d has %zu tokens; at most %d", p, nt, PROTO_MAX_TOKENS); goto bad_toks; }
@@ -942,6 +1004,18 @@ static enum MHD_Result handle_generation(gw_req *rq, struct MHD_Connection *mc, 
             rq->jobs[idx].index = idx;
             rq->jobs[idx].prompt_no = p;
             if (rq->echo && q.text) sb_add(&rq->jobs[idx].text, q.text, q.text_len);
+        }
+    }
+    /* What cannot be sent is the request's fault, said here, not a daemon failure. */
+    for (int p = 0; p < n_prompts; p++) {
+        proto_buf probe = {0};
+        int enc = proto_req_encode(&probe, &qs[p * n]);
+        proto_buf_free(&probe);
+        if (enc < 0) {
+            pfail(&e, rq->chat ? "messages" : "prompt", "the request for %s %d does not fit aned's %u-byte message "
+                  "limit once encoded; shorten it", rq->chat ? "the messages" : "prompt", p, PROTO_MAX_FRAME);
+            e.code = "request_too_large";
+            goto bad_toks;
         }
     }
     make_id(rq->id, sizeof rq->id, rq->chat ? "chatcmpl-" : "cmpl-");
@@ -983,9 +1057,9 @@ static enum MHD_Result daemon_failed(gw_req *rq, struct MHD_Connection *mc, int 
 
 static enum MHD_Result ev_error(gw_req *rq, struct MHD_Connection *mc, const proto_ev *ev)
 {
-    const char *code;
-    unsigned st = status_for(ev->code, &code);
-    return send_error(rq, mc, st, code, NULL, "%.*s", (int)(ev->message_len > 600 ? 600 : ev->message_len), ev->message);
+    job_err je;
+    err_from_event(rq->rt, ev, &je);
+    return send_error(rq, mc, je.status, je.code, je.param, "%s", je.msg);
 }
 
 static enum MHD_Result handle_health(gw_req *rq, struct MHD_Connection *mc)
@@ -1031,7 +1105,7 @@ static enum MHD_Result handle_models(gw_req *rq, struct MHD_Connection *mc)
 
 static enum MHD_Result handle_tokenize(gw_req *rq, struct MHD_Connection *mc, json_t *o)
 {
-    perr e = { 400, NULL, NULL, "" };
+    perr e = { 400, NULL, NULL, "", "" };
     proto_req q;
     proto_ev ev;
     char err[256];
@@ -1151,7 +1225,7 @@ static int key_ok(const char *auth)
     return diff == 0;
 }
 
-static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const char *url, const char *method,
+enum MHD_Result gw_on_request(void *cls, struct MHD_Connection *mc, const char *url, const char *method,
                                   const char *version, const char *upload, size_t *upload_size, void **con_cls)
 {
     (void)cls; (void)version;
@@ -1164,6 +1238,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         rq->conn = ci ? ci->socket_context : NULL;
         rq->mc = mc;
         if (!rq->conn) return MHD_NO;
+        if (rq->conn->over)
+            return send_error(rq, mc, 503, "too_many_connections", NULL,
+                              "aned-http serves %u connections at once (--max-connections); try again shortly",
+                              G.max_conns);
         if (G.verbose) logf_("%s %s", method, url);
 
         const char *origin = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, "Origin");
@@ -1240,7 +1318,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
     return ret;
 }
 
-static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls, enum MHD_RequestTerminationCode toe)
+void gw_on_completed(void *cls, struct MHD_Connection *mc, void **con_cls, enum MHD_RequestTerminationCode toe)
 {
     (void)cls; (void)mc;
     gw_req *rq = *con_cls;
@@ -1256,7 +1334,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls, e
     *con_cls = NULL;
 }
 
-static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_context,
+void gw_on_connection(void *cls, struct MHD_Connection *mc, void **socket_context,
                           enum MHD_ConnectionNotificationCode toe)
 {
     (void)cls;
@@ -1268,16 +1346,25 @@ static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_co
         /* Every SSE event is sent when it is made: no Nagle delay. */
         int one = 1;
         if (c->fd >= 0) setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        unsigned n = atomic_load(&n_served);
+        do {
+            if (n >= G.max_conns) { c->over = 1; break; }
+        } while (!atomic_compare_exchange_weak(&n_served, &n, n + 1));
+        /* an over connection only gets its 503: it may not linger */
+        if (c->over) MHD_set_connection_option(mc, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)GW_OVER_TIMEOUT_S);
         *socket_context = c;
     } else if (toe == MHD_CONNECTION_NOTIFY_CLOSED) {
         gw_conn *c = *socket_context;
-        if (c) { ane_close(c->ane); free(c); }
+        if (c) {
+            if (!c->over) atomic_fetch_sub(&n_served, 1);
+            ane_close(c->ane);
+            free(c);
+        }
         *socket_context = NULL;
     }
 }
 
-static void mhd_log(void *cls, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
-static void mhd_log(void *cls, const char *fmt, va_list ap)
+void gw_mhd_log(void *cls, const char *fmt, va_list ap)
 {
     (void)cls;
     char line[512];
@@ -1285,264 +1372,4 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
     size_t n = strlen(line);
     while (n && line[n - 1] == '\n') line[--n] = 0;
     if (G.verbose) logf_("http: %s", line);
-}
-
-/* ------------------------------------------------------------------ listening */
-
-static char unix_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
-
-static int listen_unix(const char *path, char *err, size_t errlen)
-{
-    struct sockaddr_un sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sun_family = AF_UNIX;
-    if (!*path || strlen(path) >= sizeof sa.sun_path) { snprintf(err, errlen, "unix socket path too long"); return -1; }
-    memcpy(sa.sun_path, path, strlen(path));
-    struct stat st;
-    if (lstat(path, &st) == 0) {
-        if (!S_ISSOCK(st.st_mode)) { snprintf(err, errlen, "%s exists and is not a socket", path); return -1; }
-        int t = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        int live = t >= 0 && connect(t, (struct sockaddr *)&sa, sizeof sa) == 0;
-        if (t >= 0) close(t);
-        if (live) { snprintf(err, errlen, "%s is in use by a running server", path); return -1; }
-        unlink(path);
-    }
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) { snprintf(err, errlen, "socket: %s", strerror(errno)); return -1; }
-    mode_t old = umask(0177);
-    int rc = bind(fd, (struct sockaddr *)&sa, sizeof sa);
-    umask(old);
-    if (rc < 0) { snprintf(err, errlen, "bind %s: %s", path, strerror(errno)); close(fd); return -1; }
-    snprintf(unix_path, sizeof unix_path, "%s", path);
-    if (chmod(path, G.unix_mode) < 0) { snprintf(err, errlen, "chmod %s: %s", path, strerror(errno)); close(fd); return -1; }
-    if (listen(fd, 128) < 0) { snprintf(err, errlen, "listen: %s", strerror(errno)); close(fd); return -1; }
-    return fd;
-}
-
-static int is_loopback(const struct sockaddr *sa)
-{
-    if (sa->sa_family == AF_INET)
-        return (ntohl(((const struct sockaddr_in *)sa)->sin_addr.s_addr) >> 24) == 127;
-    if (sa->sa_family == AF_INET6) {
-        const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
-        return IN6_IS_ADDR_LOOPBACK(a) || (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
-    }
-    return 0;
-}
-
-/* HOST:PORT or [V6]:PORT; port 0 picks a free one. Prints the bound address. */
-static int listen_tcp(const char *spec, char *shown, size_t shownlen, char *err, size_t errlen)
-{
-    char host[256], port[16];
-    const char *colon = strrchr(spec, ':');
-    if (!colon || !colon[1]) { snprintf(err, errlen, "--listen %.200s: expected HOST:PORT or unix:PATH", spec); return -1; }
-    size_t hl = (size_t)(colon - spec);
-    if (hl >= sizeof host || strlen(colon + 1) >= sizeof port) { snprintf(err, errlen, "--listen %.200s: too long", spec); return -1; }
-    memcpy(host, spec, hl);
-    host[hl] = 0;
-    snprintf(port, sizeof port, "%s", colon + 1);
-    if (host[0] == '[' && hl >= 2 && host[hl - 1] == ']') { memmove(host, host + 1, hl - 2); host[hl - 2] = 0; }
-    struct addrinfo hints, *ai = NULL;
-    memset(&hints, 0, sizeof hints);
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-    int gr = getaddrinfo(host[0] ? host : NULL, port, &hints, &ai);
-    if (gr) { snprintf(err, errlen, "--listen %.200s: %s", spec, gai_strerror(gr)); return -1; }
-    int fd = -1;
-    for (struct addrinfo *a = ai; a; a = a->ai_next) {
-        fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-        if (fd < 0) continue;
-        int one = 1;
-        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-        if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, 128) == 0) {
-            G.check_host = is_loopback(a->ai_addr);
-            break;
-        }
-        snprintf(err, errlen, "bind %.200s: %s", spec, strerror(errno));
-        close(fd);
-        fd = -1;
-    }
-    freeaddrinfo(ai);
-    if (fd < 0) return -1;
-    struct sockaddr_storage ss;
-    socklen_t sl = sizeof ss;
-    char h[INET6_ADDRSTRLEN + 2] = "?", p[16] = "?";
-    if (getsockname(fd, (struct sockaddr *)&ss, &sl) == 0)
-        getnameinfo((struct sockaddr *)&ss, sl, h, sizeof h, p, sizeof p, NI_NUMERICHOST | NI_NUMERICSERV);
-    snprintf(shown, shownlen, ss.ss_family == AF_INET6 ? "[%s]:%s" : "%s:%s", h, p);
-    if (!G.check_host && !G.api_key)
-        logf_("warning: listening on %s, beyond loopback, without --api-key-file", shown);
-    return fd;
-}
-
-/* ------------------------------------------------------------------ main */
-
-static int read_key(const char *path, char *err, size_t errlen)
-{
-    FILE *f = fopen(path, "r");
-    if (!f) { snprintf(err, errlen, "--api-key-file %s: %s", path, strerror(errno)); return -1; }
-    struct stat st;
-    if (fstat(fileno(f), &st) == 0 && (st.st_mode & 077))
-        logf_("warning: %s is readable by other users", path);
-    char buf[1024];
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    while (n && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' ' || buf[n - 1] == '\t')) buf[--n] = 0;
-    char *k = buf;
-    while (*k == ' ' || *k == '\t') k++;
-    if (!*k || strchr(k, '\n')) { snprintf(err, errlen, "--api-key-file %s: expected one non-empty line", path); return -1; }
-    G.api_key = strdup(k);
-    G.api_key_len = strlen(k);
-    return G.api_key ? 0 : -1;
-}
-
-static void usage(FILE *f)
-{
-    fprintf(f,
-        "usage: aned-http [options]\n"
-        "An OpenAI-compatible HTTP gateway to aned.\n"
-        "  --socket PATH          aned's socket (default: the usual rule, $ANE_SOCKET first)\n"
-        "  --listen HOST:PORT     where to listen (default 127.0.0.1:8080; port 0 = any free one)\n"
-        "  --listen unix:PATH     or on a Unix socket (mode 0600 unless --unix-mode)\n"
-        "  --unix-mode OCTAL      file mode of the Unix socket\n"
-        "  --api-key-file FILE    require \"Authorization: Bearer KEY\" with the key in FILE\n"
-        "  --allow-origin ORIGIN  let web pages at ORIGIN call the API (CORS; repeatable; no wildcard)\n"
-        "  --allow-host NAME      accept Host: NAME besides loopback names (repeatable)\n"
-        "  --max-body BYTES       request body limit (default %u)\n"
-        "  --max-header BYTES     request header limit (default %u)\n"
-        "  --max-connections N    open HTTP connections (default %d)\n"
-        "  --idle-timeout S       close idle keep-alive connections after S seconds (default %d)\n"
-        "  -v, --verbose          log every request\n"
-        "  -h, --help             this text\n",
-        GW_DEF_MAX_BODY, GW_DEF_MAX_HEADER, GW_DEF_MAX_CONNS, GW_DEF_IDLE_S);
-}
-
-static int parse_size(const char *s, unsigned long long lo, unsigned long long hi, unsigned long long *out)
-{
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 0);
-    if (errno || end == s || *end || v < lo || v > hi || s[0] == '-') return -1;
-    *out = v;
-    return 0;
-}
-
-int main(int argc, char **argv)
-{
-    snprintf(G.listen, sizeof G.listen, "127.0.0.1:8080");
-    G.max_body = GW_DEF_MAX_BODY;
-    G.max_header = GW_DEF_MAX_HEADER;
-    G.max_conns = GW_DEF_MAX_CONNS;
-    G.idle_s = GW_DEF_IDLE_S;
-    G.unix_mode = 0600;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        unsigned long long x;
-#define NEEDV() do { if (!v) { fprintf(stderr, GW_NAME ": %s needs a value\n", a); return 2; } i++; } while (0)
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
-        else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) G.verbose = 1;
-        else if (!strcmp(a, "--socket")) { NEEDV(); G.socket_path = v; }
-        else if (!strcmp(a, "--listen")) {
-            NEEDV();
-            if (strlen(v) >= sizeof G.listen) { fprintf(stderr, GW_NAME ": --listen too long\n"); return 2; }
-            snprintf(G.listen, sizeof G.listen, "%s", v);
-        }
-        else if (!strcmp(a, "--api-key-file")) { NEEDV(); G.api_key_file = v; }
-        else if (!strcmp(a, "--allow-origin")) {
-            NEEDV();
-            if (!strcmp(v, "*") || !strcmp(v, "null")) { fprintf(stderr, GW_NAME ": --allow-origin takes one origin, not \"%s\"\n", v); return 2; }
-            if (G.n_origins == GW_MAX_ORIGINS) { fprintf(stderr, GW_NAME ": too many --allow-origin\n"); return 2; }
-            G.origins[G.n_origins++] = v;
-        }
-        else if (!strcmp(a, "--allow-host")) {
-            NEEDV();
-            if (G.n_hosts == GW_MAX_HOSTS) { fprintf(stderr, GW_NAME ": too many --allow-host\n"); return 2; }
-            G.hosts[G.n_hosts++] = v;
-        }
-        else if (!strcmp(a, "--unix-mode")) {
-            NEEDV();
-            char *end;
-            long m = strtol(v, &end, 8);
-            if (*end || m < 0 || m > 0777) { fprintf(stderr, GW_NAME ": bad --unix-mode %s\n", v); return 2; }
-            G.unix_mode = (mode_t)m;
-        }
-        else if (!strcmp(a, "--max-body")) {
-            NEEDV();
-            if (parse_size(v, 1024, 1ull << 30, &x) < 0) { fprintf(stderr, GW_NAME ": bad --max-body %s\n", v); return 2; }
-            G.max_body = (size_t)x;
-        }
-        else if (!strcmp(a, "--max-header")) {
-            NEEDV();
-            if (parse_size(v, 4096, 1u << 24, &x) < 0) { fprintf(stderr, GW_NAME ": bad --max-header %s\n", v); return 2; }
-            G.max_header = (size_t)x;
-        }
-        else if (!strcmp(a, "--max-connections")) {
-            NEEDV();
-            if (parse_size(v, 1, 4096, &x) < 0) { fprintf(stderr, GW_NAME ": bad --max-connections %s\n", v); return 2; }
-            G.max_conns = (unsigned)x;
-        }
-        else if (!strcmp(a, "--idle-timeout")) {
-            NEEDV();
-            if (parse_size(v, 0, 86400, &x) < 0) { fprintf(stderr, GW_NAME ": bad --idle-timeout %s\n", v); return 2; }
-            G.idle_s = (unsigned)x;
-        }
-        else { fprintf(stderr, GW_NAME ": unknown option %s\n", a); usage(stderr); return 2; }
-#undef NEEDV
-    }
-
-    char err[512];
-    if (G.api_key_file && read_key(G.api_key_file, err, sizeof err) < 0) { logf_("%s", err); return 1; }
-
-    /* Signals are taken synchronously by main; every thread inherits the mask. */
-    signal(SIGPIPE, SIG_IGN);
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGHUP);
-    pthread_sigmask(SIG_BLOCK, &set, NULL);
-
-    char shown[600];
-    int fd;
-    if (!strncmp(G.listen, "unix:", 5)) {
-        fd = listen_unix(G.listen + 5, err, sizeof err);
-        snprintf(shown, sizeof shown, "%s", G.listen);
-    } else {
-        fd = listen_tcp(G.listen, shown, sizeof shown, err, sizeof err);
-    }
-    if (fd < 0) { logf_("%s", err); return 1; }
-
-    struct MHD_Daemon *d = MHD_start_daemon(
-        MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ERROR_LOG,
-        0, NULL, NULL, on_request, NULL,
-        MHD_OPTION_LISTEN_SOCKET, fd,
-        MHD_OPTION_CONNECTION_LIMIT, G.max_conns,
-        MHD_OPTION_CONNECTION_TIMEOUT, G.idle_s,
-        MHD_OPTION_CONNECTION_MEMORY_LIMIT, G.max_header,
-        MHD_OPTION_THREAD_STACK_SIZE, (size_t)(1u << 20),
-        MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL,
-        MHD_OPTION_NOTIFY_CONNECTION, on_connection, NULL,
-        MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
-        MHD_OPTION_END);
-    if (!d) {
-        logf_("cannot start the HTTP server on %s", shown);
-        close(fd);
-        if (unix_path[0]) unlink(unix_path);
-        return 1;
-    }
-    char sockbuf[sizeof(((struct sockaddr_un *)0)->sun_path) + 1];
-    const char *sp = G.socket_path ? G.socket_path : ane_default_socket(sockbuf, sizeof sockbuf);
-    printf("aned-http listening on %s (aned at %s)\n", shown, sp);
-    fflush(stdout);
-
-    int sig = 0;
-    sigwait(&set, &sig);
-    if (G.verbose) logf_("signal %d: stopping", sig);
-    MHD_stop_daemon(d);
-    close(fd);
-    if (unix_path[0]) unlink(unix_path);
-    free(G.api_key);
-    return 0;
 }

@@ -170,6 +170,94 @@ def t_interrupt(d):
     c.close()
 
 
+FAKE = os.path.join(HERE, "fake_aned.py")
+
+
+class Fake:
+    """fake_aned.py run as uid in a world-writable directory (as /tmp is)."""
+
+    def __init__(self, tmp, uid, tag):
+        self.sock = os.path.join(tmp, tag + ".sock")
+        self.log = os.path.join(tmp, tag + ".log")
+        self.p = subprocess.Popen([sys.executable, FAKE, self.sock, self.log], stdout=subprocess.PIPE,
+                                  preexec_fn=lambda: as_user(uid))
+        line = self.p.stdout.readline()
+        check(line == b"ready\n", "fake daemon as uid %d started: %r" % (uid, line))
+
+    def conns(self, want):
+        """Bytes each connection sent, once want connections have ended."""
+        end = time.time() + 5
+        while True:
+            try:
+                with open(self.log) as f:
+                    got = [int(l.split()[1]) for l in f if l.startswith("bytes ")]
+            except OSError:
+                got = []
+            if len(got) >= want or time.time() > end:
+                return got
+            time.sleep(0.02)
+
+    def stop(self):
+        self.p.kill()
+        self.p.wait()
+
+
+def as_user(uid):
+    os.setgroups([])
+    os.setgid(uid)
+    os.setuid(uid)
+
+
+def t_daemon_user(d):
+    """A socket anyone could have made is refused unless its owner is root,
+    the caller, or named with --daemon-user; nothing is sent to it."""
+    if os.geteuid() != 0:
+        print("t_daemon_user: not root, skipped (needs other uids)")
+        return
+    import tempfile
+    tmp = tempfile.mkdtemp(prefix="aneclient-trust.")
+    os.chmod(tmp, 0o1777)
+    fakes = []
+    try:
+        other = Fake(tmp, 65534, "nobody")
+        fakes.append(other)
+        # another user (65533) runs aneclient: the prompt must not reach 65534's socket
+        p = subprocess.run([CLIENT, "--socket", other.sock, "--raw", "-n", "3", "a secret prompt"],
+                           capture_output=True, timeout=30, preexec_fn=lambda: as_user(65533))
+        err = p.stderr.decode("utf-8", "replace")
+        check(p.returncode == 2 and "uid 65534" in err and "refusing" in err and "--daemon-user" in err,
+              "a daemon of another user is refused: %d %r" % (p.returncode, err))
+        check(b"FORGED" not in p.stdout, "no forged answer printed: %r" % p.stdout)
+        check(other.conns(1) == [0], "nothing was sent to it: %r" % other.conns(1))
+        # root calling it: refused as well
+        rc, out, err = run(["--ping"], other.sock)
+        check(rc == 2 and "uid 65534" in err, "root refuses it too: %d %r" % (rc, err))
+        check(other.conns(2) == [0, 0], "nothing sent by root: %r" % other.conns(2))
+        # named, by name or number: used
+        for who in ("nobody", "65534"):
+            p = subprocess.run([CLIENT, "--socket", other.sock, "--daemon-user", who, "--ping"],
+                               capture_output=True, timeout=30, preexec_fn=lambda: as_user(65533))
+            check(p.returncode == 0 and b"pong" in p.stdout,
+                  "--daemon-user %s accepts it: %d %r" % (who, p.returncode, p.stderr))
+        check(len(other.conns(4)) == 4 and all(n > 0 for n in other.conns(4)[2:]), "the named daemon was talked to")
+        # the caller's own daemon needs no naming
+        own = Fake(tmp, 65533, "own")
+        fakes.append(own)
+        p = subprocess.run([CLIENT, "--socket", own.sock, "--ping"], capture_output=True, timeout=30,
+                           preexec_fn=lambda: as_user(65533))
+        check(p.returncode == 0 and b"pong" in p.stdout, "own daemon: %d %r" % (p.returncode, p.stderr))
+        # root's daemon (the real aned, run as root here) serves anyone the socket lets in
+        rc, out, err = run(["--ping"], d.sock)
+        check(rc == 0 and "pong" in out, "root's daemon: %d %r" % (rc, err))
+        rc, out, err = run(["--daemon-user", "no-such-user-x", "--ping"], d.sock)
+        check(rc == 1 and "no-such-user-x" in err, "unknown --daemon-user is a usage error: %d %r" % (rc, err))
+    finally:
+        for f in fakes:
+            f.stop()
+        import shutil
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main():
     if not (os.access(ANED, os.X_OK) and os.access(CLIENT, os.X_OK)):
         print("bin/aned or bin/aneclient is missing: build first (make)")
@@ -177,7 +265,7 @@ def main():
         return 1
     d = Daemon(MODEL, "cli")
     try:
-        for t in (t_generate, t_modes, t_exit_codes, t_interrupt):
+        for t in (t_generate, t_modes, t_exit_codes, t_interrupt, t_daemon_user):
             f0 = tp.failed
             try:
                 t(d)
