@@ -71,7 +71,7 @@ $(shell mkdir -p bin; [ "$$(cat bin/.kind 2>/dev/null)" = "$(BUILD_KIND)" ] || e
 PROTO_SRC  := $(wildcard proto/*.c)
 ENGINE_SRC := $(wildcard engine/*.c)
 CLIENT_LIB_SRC := $(wildcard client/libaneclient.c)
-HTTP_SRC   := $(wildcard client/aned-http.c client/http_*.c)
+HTTP_SRC   := $(wildcard http/*.c)
 DAEMON_SRC := $(wildcard daemon/*.c)
 # t_cuda checks the CUDA kernels: built only in CUDA builds (make cuda / test-cuda)
 UNIT_SRC   := $(filter-out $(if $(filter 1,$(CUDA)),,tests/unit/t_cuda.c),$(wildcard tests/unit/t_*.c))

@@ -1,4 +1,4 @@
-/* http_gw.h — what aned-http's two halves share: the options (http_main.c
+/* gw.h — what aned-http's two halves share: the options (main.c
  * parses them and listens) and the libmicrohttpd callbacks (aned-http.c
  * serves the requests). */
 #ifndef ANE_HTTP_GW_H

@@ -14,7 +14,7 @@
  * Endpoints: POST /v1/completions, POST /v1/chat/completions (both with
  * "stream": true as server-sent events), GET /v1/models[/ID], GET /health,
  * POST /tokenize, POST /detokenize. This file serves requests; options,
- * listening and main are in http_main.c. */
+ * listening and main are in main.c. */
 #include "client/aneclient.h"
 
 #include <ctype.h>
@@ -39,7 +39,7 @@
 #include <jansson.h>
 #include <microhttpd.h>
 
-#include "client/http_gw.h"
+#include "http/gw.h"
 
 /* ------------------------------------------------------------------ buffers */
 

@@ -1,7 +1,7 @@
-/* http_main.c — aned-http's options, listening socket and main loop; the
+/* main.c — aned-http's options, listening socket and main loop; the
  * requests themselves are served in aned-http.c. */
 #include "client/aneclient.h"
-#include "client/http_gw.h"
+#include "http/gw.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
