@@ -33,6 +33,8 @@
 #include "proto/proto.h"
 
 #define ANE_SYSTEM_SOCKET "/run/aned/aned.sock"
+/* The release: aneclient, aned-http and aned (its hello's "aned/0.1.0") share it. */
+#define ANE_VERSION "0.1.0"
 
 typedef struct ane_client ane_client;
 

@@ -16,7 +16,7 @@
 
 #include "engine/engine.h"
 
-#define ANED_SERVER_NAME "aned/0.1"
+#define ANED_SERVER_NAME "aned/0.1.0"
 
 /* ---- log.c ---- */
 typedef enum log_level { LOG_ERROR = 0, LOG_WARN, LOG_INFO, LOG_DEBUG } log_level;

@@ -161,8 +161,11 @@ static void usage(FILE *f)
         "  --max-header BYTES     request header limit (default %u)\n"
         "  --max-connections N    open HTTP connections (default %d)\n"
         "  --idle-timeout S       close idle keep-alive connections after S seconds (default %d)\n"
-        "  -v, --verbose          log every request\n"
-        "  -h, --help             this text\n",
+        "  -v, --verbose          log every request: method, path, status, time, tokens\n"
+        "  -h, --help             this text\n"
+        "  -V, --version          print the version\n"
+        "Exit status: 0 stopped by a signal, 1 cannot start (listening, key file),\n"
+        "2 usage error.\n",
         GW_DEF_MAX_BODY, GW_DEF_MAX_HEADER, GW_DEF_MAX_CONNS, GW_DEF_IDLE_S);
 }
 
@@ -191,6 +194,7 @@ int main(int argc, char **argv)
         unsigned long long x;
 #define NEEDV() do { if (!v) { fprintf(stderr, GW_NAME ": %s needs a value\n", a); return 2; } i++; } while (0)
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
+        else if (!strcmp(a, "-V") || !strcmp(a, "--version")) { printf(GW_NAME " %s (protocol %d)\n", ANE_VERSION, PROTO_VERSION); return 0; }
         else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) G.verbose = 1;
         else if (!strcmp(a, "--socket")) { NEEDV(); G.socket_path = v; }
         else if (!strcmp(a, "--daemon-user")) {

@@ -12,7 +12,7 @@ run_one() {
     name=$1; shift
     out="$log/$(basename "$name").out"
     if [ -n "$ANE_TEST_TIMEOUT" ]; then to=$ANE_TEST_TIMEOUT; else to=600; fi
-    timeout "$to" "$@" >"$out" 2>&1; rc=$?
+    timeout "$to" "$@" </dev/null >"$out" 2>&1; rc=$?
     line=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$out" | tail -n 1)
     if [ -n "$line" ]; then
         p=${line%% passed*}; f=${line#*passed, }; f=${f%% failed*}

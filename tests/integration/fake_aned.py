@@ -4,7 +4,11 @@ hello, ping and generate (with a forged answer), and appends one line per
 connection to LOG: "bytes N" (what the client sent). The trust tests run it
 as another user to check that clients refuse it before sending anything.
 
-usage: fake_aned.py SOCKET LOG      (prints "ready" once listening)"""
+usage: fake_aned.py SOCKET LOG [MODE]      (prints "ready" once listening)
+
+MODE "stall": generate gets one token ("partial", no newline) and then
+nothing, cancel included, as from a daemon that hangs mid-answer. MODE
+"error": generate gets an error event (invalid_value) as its only answer."""
 import os
 import socket
 import sys
@@ -12,7 +16,7 @@ import sys
 import msgpack
 
 
-def serve(conn, log):
+def serve(conn, log, mode):
     u = msgpack.Unpacker(raw=False, strict_map_key=False)
     got = 0
     conn.settimeout(10)
@@ -31,6 +35,13 @@ def serve(conn, log):
                     out = [{"type": "hello", "id": 0, "version": 1, "server": "fake", "model": "forged"}]
                 elif t == "ping":
                     out = [{"type": "pong", "id": i}]
+                elif t == "generate" and mode == "stall":
+                    out = [{"type": "token", "id": i, "token": 5, "text": "partial"}]
+                elif t == "generate" and mode == "error":
+                    out = [{"type": "error", "id": i, "code": "invalid_value",
+                            "message": "generate: \"system\" needs a chat template; this model has none"}]
+                elif t == "cancel":
+                    out = []
                 elif t == "generate":
                     out = [{"type": "token", "id": i, "token": 5, "text": "FORGED"},
                            {"type": "done", "id": i, "finish": "length",
@@ -50,6 +61,7 @@ def serve(conn, log):
 
 def main():
     path, log = sys.argv[1], sys.argv[2]
+    mode = sys.argv[3] if len(sys.argv) > 3 else ""
     try:
         os.unlink(path)
     except OSError:
@@ -61,7 +73,7 @@ def main():
     print("ready", flush=True)
     while True:
         c, _ = s.accept()
-        serve(c, log)
+        serve(c, log, mode)
 
 
 if __name__ == "__main__":
