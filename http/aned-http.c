@@ -145,6 +145,11 @@ typedef struct job {
 
 typedef struct gw_req {
     route rt;
+    /* for the -v access log: one line per request when it ends */
+    char method[16], path[160];
+    long long t0_ns;
+    unsigned status;              /* what was answered; 0 = nothing yet */
+    int stream_failed;            /* a stream ended with an error chunk */
     const char *model_id;         /* R_MODEL: the path's id */
     gw_conn *conn;
     struct MHD_Connection *mc;
@@ -167,6 +172,13 @@ typedef struct gw_req {
 } gw_req;
 
 static int route_is_get(route r);
+
+static long long mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
 
 /* ------------------------------------------------------------------ responses */
 
@@ -200,6 +212,7 @@ static enum MHD_Result send_buf(gw_req *rq, struct MHD_Connection *mc, unsigned 
     if (status == 429 || status == 503) MHD_add_response_header(r, "Retry-After", "1");
     if (status == 405 && rq) MHD_add_response_header(r, "Allow", route_is_get(rq->rt) ? "GET, HEAD" : "POST");
     if (rq && rq->conn && rq->conn->over) MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
+    if (rq) rq->status = status;
     enum MHD_Result ret = MHD_queue_response(mc, status, r);
     MHD_destroy_response(r);
     return ret;
@@ -533,6 +546,35 @@ static int parse_sampling(json_t *o, proto_req *q, int chat, int *n_out, perr *e
     if (present(lp) && !json_is_false(lp)) return unsupported(e, "logprobs", "token log-probabilities are not reported");
     json_t *tlp = json_object_get(o, "top_logprobs");
     if (present(tlp) && !(json_is_integer(tlp) && json_integer_value(tlp) == 0)) return unsupported(e, "top_logprobs", NULL);
+    /* Tools, structured output and audio are declined on both endpoints
+     * until implemented: a client must not take plain text for them. */
+    json_t *tools = json_object_get(o, "tools"), *fns = json_object_get(o, "functions");
+    if (present(tools) && !(json_is_array(tools) && json_array_size(tools) == 0))
+        return unsupported(e, "tools", "tool calls are not implemented");
+    if (present(fns) && !(json_is_array(fns) && json_array_size(fns) == 0))
+        return unsupported(e, "functions", "tool calls are not implemented");
+    json_t *tc = json_object_get(o, "tool_choice");
+    if (present(tc) && !(json_is_string(tc) && (!strcmp(json_string_value(tc), "none") || !strcmp(json_string_value(tc), "auto"))))
+        return unsupported(e, "tool_choice", "tool calls are not implemented");
+    json_t *fc = json_object_get(o, "function_call");
+    if (present(fc) && !(json_is_string(fc) && (!strcmp(json_string_value(fc), "none") || !strcmp(json_string_value(fc), "auto"))))
+        return unsupported(e, "function_call", "tool calls are not implemented");
+    json_t *rf = json_object_get(o, "response_format");
+    if (present(rf)) {
+        json_t *t = json_object_get(rf, "type");
+        if (!json_is_string(t) || strcmp(json_string_value(t), "text") != 0)
+            return unsupported(e, "response_format", "only {\"type\": \"text\"}");
+    }
+    json_t *mo = json_object_get(o, "modalities");
+    if (present(mo)) {
+        size_t i;
+        json_t *md;
+        if (!json_is_array(mo)) return pfail(e, "modalities", "\"modalities\" must be an array of strings");
+        json_array_foreach(mo, i, md)
+            if (!json_is_string(md) || strcmp(json_string_value(md), "text") != 0)
+                return unsupported(e, "modalities", "only [\"text\"]");
+    }
+    if (present(json_object_get(o, "audio"))) return unsupported(e, "audio", "audio output is not implemented");
     json_t *m = json_object_get(o, "model");
     if (present(m) && !json_is_string(m)) return pfail(e, "model", "\"model\" must be a string");
     return 0;
@@ -702,6 +744,7 @@ static void sse_finish(gw_req *rq)
  * a copy: nothing here points into that connection's buffers). */
 static void sse_fail(gw_req *rq, const job_err *je)
 {
+    rq->stream_failed = 1;
     sse_error(rq, je);
     sb_puts(&rq->out, "data: [DONE]\n\n");
     if (rq->n_done < rq->n_jobs) conn_drop(rq->conn);
@@ -788,6 +831,7 @@ static enum MHD_Result respond_generation(gw_req *rq, struct MHD_Connection *mc)
         MHD_add_response_header(r, "Cache-Control", "no-cache");
         MHD_add_response_header(r, "X-Accel-Buffering", "no");
         add_common_headers(rq, r);
+        rq->status = 200;
         enum MHD_Result ret = MHD_queue_response(mc, 200, r);
         MHD_destroy_response(r);
         return ret;
@@ -884,19 +928,6 @@ static enum MHD_Result handle_generation(gw_req *rq, struct MHD_Connection *mc, 
     int n_prompts = 1;
     json_t *prompts[GW_MAX_CHOICES];
     if (rq->chat) {
-        json_t *tools = json_object_get(o, "tools"), *fns = json_object_get(o, "functions");
-        if ((present(tools) && json_array_size(tools) > 0) || (present(fns) && json_array_size(fns) > 0)) {
-            unsupported(&e, present(tools) ? "tools" : "functions", "tool calls are not implemented");
-            goto bad;
-        }
-        json_t *rf = json_object_get(o, "response_format");
-        if (present(rf)) {
-            json_t *t = json_object_get(rf, "type");
-            if (!json_is_string(t) || strcmp(json_string_value(t), "text") != 0) {
-                unsupported(&e, "response_format", "only {\"type\": \"text\"}");
-                goto bad;
-            }
-        }
         json_t *ms = json_object_get(o, "messages");
         if (!json_is_array(ms) || json_array_size(ms) == 0) {
             pfail(&e, "messages", "\"messages\" must be a non-empty array");
@@ -1237,12 +1268,14 @@ enum MHD_Result gw_on_request(void *cls, struct MHD_Connection *mc, const char *
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
         rq->conn = ci ? ci->socket_context : NULL;
         rq->mc = mc;
+        rq->t0_ns = mono_ns();
+        snprintf(rq->method, sizeof rq->method, "%s", method);
+        snprintf(rq->path, sizeof rq->path, "%s", url);
         if (!rq->conn) return MHD_NO;
         if (rq->conn->over)
             return send_error(rq, mc, 503, "too_many_connections", NULL,
                               "aned-http serves %u connections at once (--max-connections); try again shortly",
                               G.max_conns);
-        if (G.verbose) logf_("%s %s", method, url);
 
         const char *origin = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, "Origin");
         if (origin && !origin_allowed(origin))
@@ -1261,6 +1294,7 @@ enum MHD_Result gw_on_request(void *cls, struct MHD_Connection *mc, const char *
             MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
             MHD_add_response_header(r, "Access-Control-Allow-Headers", "Authorization, Content-Type");
             MHD_add_response_header(r, "Access-Control-Max-Age", "600");
+            rq->status = 204;
             enum MHD_Result ret = MHD_queue_response(mc, 204, r);
             MHD_destroy_response(r);
             return ret;
@@ -1318,6 +1352,28 @@ enum MHD_Result gw_on_request(void *cls, struct MHD_Connection *mc, const char *
     return ret;
 }
 
+/* -v: METHOD PATH STATUS MS [tokens] [how it ended], when the request ends
+ * (the path cut at 120 bytes; logf_ masks control bytes). */
+static void access_log(const gw_req *rq, enum MHD_RequestTerminationCode toe)
+{
+    char toks[96] = "";
+    if (rq->n_jobs) {
+        uint64_t pt = 0, ct = 0;
+        int seen[GW_MAX_CHOICES] = {0};
+        for (int i = 0; i < rq->n_jobs; i++) {
+            ct += rq->jobs[i].completion_tokens;
+            if (!seen[rq->jobs[i].prompt_no]) { seen[rq->jobs[i].prompt_no] = 1; pt += rq->jobs[i].prompt_tokens; }
+        }
+        snprintf(toks, sizeof toks, " prompt %" PRIu64 " completion %" PRIu64 " tokens", pt, ct);
+    }
+    const char *how = toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? (rq->stream_failed ? " (stream ended with an error)" : "")
+                    : toe == MHD_REQUEST_TERMINATED_CLIENT_ABORT ? " (client left)"
+                    : toe == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED ? " (timed out)" : " (ended early)";
+    char st[12] = "-";
+    if (rq->status) snprintf(st, sizeof st, "%u", rq->status);
+    logf_("%s %.120s %s %.1f ms%s%s", rq->method, rq->path, st, (double)(mono_ns() - rq->t0_ns) / 1e6, toks, how);
+}
+
 void gw_on_completed(void *cls, struct MHD_Connection *mc, void **con_cls, enum MHD_RequestTerminationCode toe)
 {
     (void)cls; (void)mc;
@@ -1325,7 +1381,7 @@ void gw_on_completed(void *cls, struct MHD_Connection *mc, void **con_cls, enum 
     if (!rq) return;
     /* A request that ended early (client gone, error) may leave jobs running. */
     if (rq->n_done < rq->n_jobs && rq->conn) conn_drop(rq->conn);
-    if (G.verbose && toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) logf_("request ended early (%d)", (int)toe);
+    if (G.verbose) access_log(rq, toe);
     rq_free_jobs(rq);
     sb_free(&rq->body);
     sb_free(&rq->out);

@@ -27,6 +27,8 @@ void logf_(const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
+    /* one line per call: control bytes a client sent (in a path) cannot forge lines */
+    for (char *p = line; *p; p++) if ((unsigned char)*p < 0x20 || *p == 0x7f) *p = '?';
     fprintf(stderr, GW_NAME ": %s\n", line);
 }
 
@@ -289,6 +291,8 @@ int main(int argc, char **argv)
     struct MHD_Daemon *d = MHD_start_daemon(
         MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ERROR_LOG,
         0, NULL, NULL, gw_on_request, NULL,
+        /* first, or libmicrohttpd warns through its own logger that it is not */
+        MHD_OPTION_EXTERNAL_LOGGER, gw_mhd_log, NULL,
         MHD_OPTION_LISTEN_SOCKET, fd,
         MHD_OPTION_CONNECTION_LIMIT, G.max_conns + GW_OVER_CONNS,
         MHD_OPTION_CONNECTION_TIMEOUT, G.idle_s,
@@ -296,7 +300,6 @@ int main(int argc, char **argv)
         MHD_OPTION_THREAD_STACK_SIZE, (size_t)(1u << 20),
         MHD_OPTION_NOTIFY_COMPLETED, gw_on_completed, NULL,
         MHD_OPTION_NOTIFY_CONNECTION, gw_on_connection, NULL,
-        MHD_OPTION_EXTERNAL_LOGGER, gw_mhd_log, NULL,
         MHD_OPTION_END);
     if (!d) {
         logf_("cannot start the HTTP server on %s", shown);

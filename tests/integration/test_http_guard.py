@@ -9,11 +9,16 @@
 - connections past --max-connections get a 503 with a JSON body;
 - TCP without --api-key-file is refused unless --insecure-no-key is given;
 - a socket served by another user is refused unless --daemon-user names it;
-- the gateway's own checks name the field (top_p, messages[i].role, sizes).
+- the gateway's own checks name the field (top_p, messages[i].role, sizes);
+- what aned cannot do (tools, structured output, audio) is refused with a
+  400 naming the parameter on both generation endpoints, never ignored;
+- -v logs one line per request (method, path, status, time, tokens) and
+  start-up prints no libmicrohttpd option-order warning.
 
 Ends with "N passed, M failed"; exits non-zero on any failure."""
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -117,6 +122,62 @@ def t_params(env):
     # the daemon's own refusals get the field they name
     st, _, b = post(gw, "/detokenize", {"tokens": [999999]})
     check(st == 400 and is_error(b, "invalid_token") and b["error"]["param"] == "tokens", "detokenize %s %r" % (st, b))
+
+
+def t_unsupported(env):
+    """Refused the same way on /v1/completions and /v1/chat/completions."""
+    gw = env.gw
+    bases = (("/v1/completions", {"prompt": "Hi", "max_tokens": 2}),
+             ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}))
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    refused = (("tools", [tool]), ("functions", [{"name": "f"}]), ("tool_choice", "required"),
+               ("tool_choice", {"type": "function", "function": {"name": "f"}}), ("function_call", {"name": "f"}),
+               ("response_format", {"type": "json_object"}), ("response_format", {"type": "json_schema"}),
+               ("modalities", ["text", "audio"]), ("audio", {"voice": "alloy", "format": "wav"}))
+    for path, base in bases:
+        for key, val in refused:
+            for streaming in (False, True):
+                body = dict(base, **{key: val})
+                st, _, b = (stream if streaming else post)(gw, path, body)
+                check(st == 400 and is_error(b, "unsupported_parameter") and b["error"]["param"] == key
+                      and key in b["error"]["message"],
+                      "%s %s=%r%s: %s %r" % (path, key, val, " (stream)" if streaming else "", st, b))
+        # their harmless forms still pass
+        for key, val in (("tools", []), ("tool_choice", "none"), ("response_format", {"type": "text"}),
+                         ("modalities", ["text"]), ("audio", None)):
+            st, _, b = post(gw, path, dict(base, **{key: val}))
+            check(st == 200, "%s %s=%r is harmless: %s %r" % (path, key, val, st, b))
+    st, _, b = post(gw, "/v1/chat/completions", dict(bases[1][1], modalities="text"))
+    check(st == 400 and is_error(b) and b["error"]["param"] == "modalities", "modalities not an array: %r" % b)
+
+
+def t_verbose_log(env):
+    """-v: one line per request when it ends, with status, milliseconds and
+    tokens; nothing about libmicrohttpd's option order at start."""
+    gw = Gateway(env.daemon.sock, "-v").start()
+    try:
+        st, _, _ = post(gw, "/v1/completions", {"prompt": "Hi", "max_tokens": 3})
+        check(st == 200, "completion %s" % st)
+        st, _, ev = stream(gw, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}],
+                                                        "max_tokens": 2})
+        check(st == 200, "stream %s" % st)
+        st, _, _ = post(gw, "/v1/completions", {"prompt": "Hi", "tools": []})
+        st, _, _ = post(gw, "/v1/completions", {"prompt": "Hi", "top_p": 0})
+        check(st == 400, "bad top_p %s" % st)
+        st, _, _ = get(gw, "/v1/nothing%0aforged%20line")
+        check(st == 404, "404 %s" % st)
+        time.sleep(0.3)   # the log line is written once the request has ended
+    finally:
+        gw.stop()
+    err = gw.stderr()
+    check("EXTERNAL_LOGGER" not in err and "not the first option" not in err, "start-up warning: %r" % err)
+    ms = r"\d+\.\d ms"
+    for pat in (r"^aned-http: POST /v1/completions 200 %s prompt \d+ completion 3 tokens$" % ms,
+                r"^aned-http: POST /v1/chat/completions 200 %s prompt \d+ completion [12] tokens$" % ms,
+                r"^aned-http: POST /v1/completions 400 %s$" % ms,
+                r"^aned-http: GET /v1/nothing\?forged line 404 %s$" % ms):
+        check(re.search(pat, err, re.M), "no log line like %r in %r" % (pat, err))
+    check(not re.search(r"^forged", err, re.M), "a path cannot start a log line: %r" % err)
 
 
 def read_events(resp, until):
@@ -287,8 +348,8 @@ def t_daemon_user(env):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-TESTS = [t_job_errors, t_params, t_cut_short_stream, t_cut_short_plain, t_valgrind_clean, t_conn_limit,
-         t_tcp_needs_key, t_daemon_user]
+TESTS = [t_job_errors, t_params, t_unsupported, t_verbose_log, t_cut_short_stream, t_cut_short_plain,
+         t_valgrind_clean, t_conn_limit, t_tcp_needs_key, t_daemon_user]
 
 
 class Env:
