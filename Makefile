@@ -176,12 +176,12 @@ fixtures: $(patsubst tests/fixtures/tokenizers/%,bin/fixtures/%,$(XZ_FIX))
 
 MODEL ?= tests/fixtures/models/stories260K.gguf
 PROMPT ?= Once upon a time
+# tests/run_demo.sh: aned's log to bin/aned-run.log, chat when the model has a
+# template, the daemon stopped on every exit (make run | head too)
+run: export MODEL := $(MODEL)
+run: export PROMPT := $(PROMPT)
 run: all
-	@sock=$$(mktemp -u /tmp/aned-run.XXXXXX.sock); \
-	bin/aned --model $(MODEL) --socket $$sock & pid=$$!; \
-	for i in $$(seq 100); do [ -S $$sock ] && break; sleep 0.05; done; \
-	printf '%s' "$(PROMPT)"; bin/aneclient --socket $$sock --raw -n 200 "$(PROMPT)"; rc=$$?; echo; \
-	kill $$pid; wait $$pid; exit $$rc
+	@sh tests/run_demo.sh "$$MODEL" "$$PROMPT"
 
 test: all fixtures
 	@PYTHON=$(PYTHON) SANITIZER=$(SANITIZER) sh tests/run.sh
