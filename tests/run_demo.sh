@@ -27,13 +27,15 @@ done
 dir=$(mktemp -d "${TMPDIR:-/tmp}/aned-run.XXXXXX") || exit 1
 sock=$dir/aned.sock
 pid=
+probe=
 
 stop_daemon() {
     trap - EXIT INT TERM HUP PIPE
+    [ -n "$probe" ] && kill "$probe" 2>/dev/null
     if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
         kill -TERM "$pid" 2>/dev/null
         i=0
-        while kill -0 "$pid" 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+        while kill -0 "$pid" 2>/dev/null && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
         kill -KILL "$pid" 2>/dev/null
         wait "$pid" 2>/dev/null
     fi
@@ -50,7 +52,8 @@ pid=$!
 echo "$me: aned (pid $pid) is loading $model; its log: $log" >&2
 
 # Ready once it answers info (requests wait while the model loads); gone
-# means it could not start: its log says why.
+# means it could not start: its log says why. The probe runs in the
+# background so that a signal is acted on at once, not after its time-out.
 while :; do
     if ! kill -0 "$pid" 2>/dev/null; then
         wait "$pid"
@@ -60,11 +63,16 @@ while :; do
         tail -n 5 "$log" | sed 's/^/    /' >&2
         exit 1
     fi
-    if [ -S "$sock" ] && info=$(bin/aneclient --socket "$sock" --no-stdin --info --json 2>/dev/null); then
-        break
+    if [ -S "$sock" ]; then
+        bin/aneclient --socket "$sock" --no-stdin --info --json >"$dir/info" 2>/dev/null &
+        probe=$!
+        wait "$probe" && break
+        probe=
     fi
     sleep 0.1
 done
+probe=
+info=$(cat "$dir/info")
 
 template=$(printf '%s\n' "$info" | sed -n 's/.*"chat_template":"\([^"]*\)".*/\1/p')
 if [ -n "$template" ] && [ "$template" != none ]; then

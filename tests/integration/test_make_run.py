@@ -3,7 +3,8 @@
 standard output with no daemon log in it (the log goes to a file whose path
 is printed), the daemon stopped afterwards, also when the output is cut short
 (make run | head -c 20) and when the model cannot be loaded; a missing MODEL
-is a clear error; a model with a chat template is chatted with. Ends with
+is a clear error; Ctrl-C while the model loads stops the daemon too; a model
+with a chat template is chatted with. Ends with
 "N passed, M failed"; exits non-zero on failure."""
 import os
 import re
@@ -109,6 +110,41 @@ def t_bad_model():
     check(pid is not None and gone(pid), "no daemon left (pid %r)" % pid)
 
 
+def t_interrupt():
+    """Ctrl-C (SIGINT to make's process group) while aned is still loading:
+    the daemon is stopped too. A FIFO as the model keeps aned loading."""
+    import signal
+    import tempfile
+    tmp = tempfile.mkdtemp(prefix="make-run.")
+    fifo = os.path.join(tmp, "model.gguf")
+    os.mkfifo(fifo)
+    try:
+        p = subprocess.Popen(["make", "-s", "run", "MODEL=" + fifo], cwd=ROOT, env=make_env(),
+                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             start_new_session=True)
+        err = b""
+        end = time.time() + 60
+        while b"its log" not in err and time.time() < end:   # aned started
+            chunk = os.read(p.stderr.fileno(), 4096)
+            if not chunk:
+                break
+            err += chunk
+        time.sleep(0.5)
+        os.killpg(p.pid, signal.SIGINT)
+        try:
+            out, rest = p.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, rest = p.communicate()
+        err = (err + rest).decode("utf-8", "replace")
+        check(p.returncode != 0, "interrupted make run fails: %r" % p.returncode)
+        pid = daemon_pid(err)
+        check(pid is not None and gone(pid), "Ctrl-C while loading leaves no daemon (pid %r): %r" % (pid, err))
+    finally:
+        import shutil
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def t_chat_model():
     rc, out, err = make_run("MODEL=" + CHAT_MODEL, "PROMPT=Zebra quartz umbrella")
     check(rc == 0, "make run on an instruct model: %d %r" % (rc, err[-500:]))
@@ -124,7 +160,7 @@ def main():
         print("bin/aned is missing: build first (make)")
         print("0 passed, 1 failed")
         return 1
-    for t in (t_story, t_head, t_no_model, t_bad_model, t_chat_model):
+    for t in (t_story, t_head, t_no_model, t_bad_model, t_interrupt, t_chat_model):
         f0 = failed
         try:
             t()
