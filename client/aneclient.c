@@ -23,6 +23,8 @@ enum {
 enum mode { M_GENERATE, M_EVAL, M_TOKENIZE, M_DETOKENIZE, M_INFO, M_PING };
 
 static volatile sig_atomic_t interrupted;
+/* Connecting: nothing sent yet, so Ctrl-C has nothing to cancel. */
+static volatile sig_atomic_t connecting;
 /* Generated text went to a terminal and its last line is open: a newline is
  * owed before the shell's prompt, whichever way aneclient ends. */
 static volatile sig_atomic_t line_open;
@@ -30,7 +32,7 @@ static volatile sig_atomic_t line_open;
 static void on_sigint(int sig)
 {
     (void)sig;
-    if (interrupted) {   /* second Ctrl-C: leave now */
+    if (interrupted || connecting) {   /* second Ctrl-C, or nothing to cancel yet: leave now */
         if (line_open) (void)!write(STDOUT_FILENO, "\n", 1);
         _exit(EX_INTERRUPTED);
     }
@@ -815,7 +817,10 @@ int main(int argc, char **argv)
     proto_err refused = PROTO_OK;
     int rc = EX_OK;
     R.t0_ns = now_ns();
-    if (ane_connect_with(&cl, &co, &refused, err, sizeof err) < 0) {
+    connecting = 1;
+    int crc = ane_connect_with(&cl, &co, &refused, err, sizeof err);
+    connecting = 0;
+    if (crc < 0) {
         if (interrupted) { rc = EX_INTERRUPTED; goto out; }
         report_error(&R, refused ? proto_err_name(refused) : "connect", err, strlen(err));
         rc = refused ? EX_REFUSED : EX_CONNECT;

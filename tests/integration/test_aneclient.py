@@ -393,6 +393,31 @@ def t_interrupt(d):
     info = c.info()
     check(info.get("active") == 0 or info.get("active") is None, "nothing left running: %r" % info.get("active"))
     c.close()
+    # a daemon that never answers hello (a model still loading): Ctrl-C leaves at once
+    import tempfile
+    import socket as so
+    tmp = tempfile.mkdtemp(prefix="aneclient-int.")
+    path = os.path.join(tmp, "mute.sock")
+    mute = so.socket(so.AF_UNIX, so.SOCK_STREAM)
+    try:
+        mute.bind(path)
+        mute.listen(4)
+        p = subprocess.Popen([CLIENT, "--socket", path, "--ping"], stdin=subprocess.DEVNULL,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+        time.sleep(0.5)
+        t0 = time.time()
+        p.send_signal(signal.SIGINT)
+        try:
+            p.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.communicate()
+        took = time.time() - t0
+        check(p.returncode == 130 and took < 2, "Ctrl-C while connecting: exit %r after %.1f s" % (p.returncode, took))
+    finally:
+        mute.close()
+        import shutil
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 FAKE = os.path.join(HERE, "fake_aned.py")
