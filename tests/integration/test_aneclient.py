@@ -141,7 +141,7 @@ def t_modes(d):
     check(len(j) == 1 and set(j[0]) == {"type", "finish", "positions", "usage", "timings"}
           and j[0]["type"] == "done", "--eval --json is one done line: %r" % out[:200])
     rc, hlp, _ = run(["--help"])
-    check('--eval: one {"type":"done","finish":...,"positions":[{"pos":P,"top":[[ID,LOGIT]' in hlp,
+    check('--eval: {"type":"done","finish":...,"positions":[{"pos":P,"top":[[ID,LOGIT]' in hlp,
           "--help describes --eval --json as it is")
     check(pos and all(len(p["top"]) == 3 and all(len(x) == 2 for x in p["top"]) for p in pos), "--eval top 3 pairs")
     ref, _ = c.eval(tokens=[1, 403, 407], top=3)
