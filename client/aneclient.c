@@ -275,7 +275,8 @@ static proto_msg *load_messages(const char *path, const char *extra, size_t extr
     for (size_t i = 0; i < n; i++) {
         json_t *e = json_array_get(a, i), *r = json_object_get(e, "role"), *c = json_object_get(e, "content");
         if (!json_is_object(e)) die_usage("--messages %s: entry %zu is not an object", name, i);
-        if (!json_is_string(r) || !json_string_length(r))
+        const char *rs = json_is_string(r) ? json_string_value(r) : "";
+        if (strcmp(rs, "system") && strcmp(rs, "user") && strcmp(rs, "assistant"))
             die_usage("--messages %s: entry %zu: \"role\" must be \"system\", \"user\" or \"assistant\"", name, i);
         if (c && !json_is_null(c) && !json_is_string(c))
             die_usage("--messages %s: entry %zu: \"content\" must be a string", name, i);
@@ -608,7 +609,7 @@ static char *join_args(int argc, char **argv, int from, size_t *len)
 
 static int blank(const char *s, size_t n)
 {
-    for (size_t i = 0; i < n; i++) if (!strchr(" \t\r\n", s[i])) return 0;
+    for (size_t i = 0; i < n; i++) if (s[i] != ' ' && s[i] != '\t' && s[i] != '\r' && s[i] != '\n') return 0;
     return 1;
 }
 

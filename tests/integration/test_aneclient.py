@@ -362,6 +362,10 @@ def t_messages(d):
             fh.write('[{"role": "user", "content": "x"}, {"content": "y"}]')
         rc, out, err = run(["--messages", f], dc.sock)
         check(rc == 2 and f in err and "entry 1" in err and "role" in err, "a bad entry: %d %r" % (rc, err))
+        with open(f, "w") as fh:
+            fh.write('[{"role": "narrator", "content": "x"}]')
+        rc, out, err = run(["--messages", f], dc.sock)
+        check(rc == 2 and "entry 0" in err and "role" in err, "an unknown role: %d %r" % (rc, err))
         rc, out, err = run(["--messages", os.path.join(tmp, "absent.json")], dc.sock)
         check(rc == 2 and "absent.json" in err, "a missing file: %d %r" % (rc, err))
         for extra in (["--raw"], ["--special"], ["--tokens", "1"], ["--tokenize"]):
