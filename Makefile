@@ -6,6 +6,8 @@
 #   make cuda       build with the CUDA backend (CUDA_ARCH=90); test-cuda runs its tests;
 #                   ktrace builds bin/ktrace.so, a kernel-timeline tracer
 #   make fuzz       every libFuzzer target FUZZ_SECONDS (default 30) s each
+#   make install    programs, libaneclient (+ headers, pkg-config), units, docs
+#                   under PREFIX (/usr/local), staged into DESTDIR
 #   make help       this text
 # Knobs: CC, OPT, CFLAGS, SANITIZER=address|undefined|address,undefined|thread, WERROR=1.
 
@@ -96,11 +98,11 @@ LIBCLIENT := $(LIBDIR)/libaneclient.a
 PROGS := $(if $(DAEMON_SRC),bin/aned) $(if $(wildcard client/aneclient.c),bin/aneclient) \
          $(if $(HTTP_SRC),bin/aned-http) $(BENCH_BIN)
 
-.PHONY: all deps run test bench cuda test-cuda ktrace help clean fixtures fuzz
+.PHONY: all deps run test bench cuda test-cuda ktrace help clean fixtures fuzz install
 all: $(PROGS) $(LIBCLIENT) $(UNIT_BIN)
 
 help:
-	@sed -n '2,11p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,13p' Makefile | sed 's/^# \{0,1\}//'
 
 # Install what is missing when root; otherwise print the exact command.
 # SKIP_DEPS=1: the libraries come from elsewhere (PC_CFLAGS/PC_LIBS given).
@@ -216,6 +218,26 @@ fuzz: $(FUZZ_BIN) fixtures
 	  grep -E '^Done [0-9]+ runs' bin/fuzz/$$t.log || true; \
 	  if [ $$rc -ne 0 ]; then fail=1; echo "$$t FAILED (exit $$rc):"; tail -n 40 bin/fuzz/$$t.log; fi; \
 	done; exit $$fail
+
+# Installation. The units name /usr/local/bin; another PREFIX rewrites them.
+PREFIX  ?= /usr/local
+DESTDIR ?=
+INST    := $(DESTDIR)$(PREFIX)
+install: all
+	install -d $(INST)/bin $(INST)/lib/pkgconfig $(INST)/include/aned/proto \
+	    $(INST)/lib/systemd/system $(INST)/share/doc/aned
+	install -m 0755 bin/aned bin/aneclient bin/aned-http $(INST)/bin/
+	install -m 0644 $(LIBCLIENT) $(INST)/lib/
+	install -m 0644 client/aneclient.h $(INST)/include/aned/
+	install -m 0644 proto/proto.h $(INST)/include/aned/proto/
+	printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$${prefix}/lib' 'includedir=$${prefix}/include/aned' '' \
+	    'Name: aneclient' 'Description: client library for the aned LLM daemon' 'Version: 0.1.0' \
+	    'Cflags: -I$${includedir}' 'Libs: -L$${libdir} -laneclient -lmsgpackc' \
+	    > $(INST)/lib/pkgconfig/aneclient.pc
+	for u in daemon/aned.service daemon/aned.socket daemon/aned-http.service; do \
+	    sed 's,/usr/local/,$(PREFIX)/,g' $$u > $(INST)/lib/systemd/system/$${u##*/}; \
+	    chmod 0644 $(INST)/lib/systemd/system/$${u##*/}; done
+	install -m 0644 README.md docs/*.md proto/PROTOCOL.md $(INST)/share/doc/aned/
 
 clean:
 	rm -rf bin
