@@ -69,7 +69,8 @@ BUILD_KIND := $(if $(filter 1,$(CUDA)),cuda,cpu)
 $(shell mkdir -p bin; [ "$$(cat bin/.kind 2>/dev/null)" = "$(BUILD_KIND)" ] || echo $(BUILD_KIND) > bin/.kind)
 
 PROTO_SRC  := $(wildcard proto/*.c)
-ENGINE_SRC := $(wildcard engine/*.c)
+# engine sources sit in subfolders (engine/README.md): object paths mirror them
+ENGINE_SRC := $(sort $(shell find engine -name '*.c'))
 CLIENT_LIB_SRC := $(wildcard client/libaneclient.c)
 HTTP_SRC   := $(wildcard client/aned-http.c client/http_*.c)
 DAEMON_SRC := $(wildcard daemon/*.c)

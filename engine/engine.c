@@ -19,16 +19,16 @@
  * Every event is queued by the worker. A job's KV pages are returned the
  * moment it ends or is cancelled. */
 #include "engine/engine.h"
-#include "engine/backend.h"
-#include "engine/chat.h"
-#include "engine/forward.h"
+#include "engine/backend/backend.h"
+#include "engine/text/chat.h"
+#include "engine/arch/forward.h"
 #include "engine/kvcache.h"
-#include "engine/model.h"
+#include "engine/load/model.h"
 #include "engine/pool.h"
-#include "engine/qtypes.h"
+#include "engine/quant/qtypes.h"
 #include "engine/sampler.h"
 #include "engine/snap.h"
-#include "engine/tokenizer.h"
+#include "engine/text/tokenizer.h"
 
 #include <math.h>
 #include <pthread.h>

@@ -10,7 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/gguf.h"
+#include "engine/load/gguf.h"
 
 typedef struct hf_config {
     char arch[32];            /* "llama", "qwen2", "qwen3" (from model_type) */

@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/tokenizer.h"
+#include "engine/text/tokenizer.h"
 
 /* token types, numbered as GGUF tokenizer.ggml.token_type */
 enum { TT_NORMAL = 1, TT_UNKNOWN = 2, TT_CONTROL = 3, TT_USER = 4, TT_UNUSED = 5, TT_BYTE = 6 };

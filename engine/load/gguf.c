@@ -1,7 +1,7 @@
 /* gguf.c — GGUF v2/v3 reader. Everything read from the file is checked
  * against the bytes that remain before it is used; after gguf_open returns,
  * the tables in struct gguf are trustworthy. */
-#include "engine/gguf.h"
+#include "engine/load/gguf.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -4,7 +4,7 @@
 #ifndef ANE_BACKEND_CPU_SSM_H
 #define ANE_BACKEND_CPU_SSM_H
 
-#include "engine/backend.h"
+#include "engine/backend/backend.h"
 
 struct pool;
 /* From backend_cpu.c: the backend's thread pool, and a scratch buffer of at

@@ -5,7 +5,7 @@
  * penalties elsewhere. The exception is the q4_K / q6_K decode path
  * (QT_VNNI): there the instruction count, not the execution units, bounds
  * the speed, and zmm halves it. Never uses AMX. */
-#include "engine/qtypes.h"
+#include "engine/quant/qtypes.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #if defined(__clang__)
@@ -33,7 +33,7 @@ static inline __attribute__((always_inline)) __m256i qt_dot_bcast(__m256i acc, _
     return acc;
 }
 #define QT_DOT_BCAST(acc, u, p) qt_dot_bcast((acc), (u), (p))
-#include "engine/qt_x86.h"
+#include "engine/quant/x86/kernels.h"
 
 #if defined(__clang__)
 #pragma clang attribute pop

@@ -1,6 +1,6 @@
 /* hf.c — safetensors shards and config.json. */
-#include "engine/hf.h"
-#include "engine/qtypes.h"
+#include "engine/load/hf.h"
+#include "engine/quant/qtypes.h"
 
 #include <dirent.h>
 #include <errno.h>

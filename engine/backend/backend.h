@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/model.h"
+#include "engine/load/model.h"
 
 #define KV_PAGE 16   /* tokens per KV page */
 

@@ -2,8 +2,8 @@
  * to token ids. The rendered turn is encoded as one text (so words join
  * across template/content boundaries exactly as in the template's output),
  * with special tokens recognised only in the template's own parts. */
-#include "engine/chat.h"
-#include "engine/tokenizer.h"
+#include "engine/text/chat.h"
+#include "engine/text/tokenizer.h"
 
 #include <stdarg.h>
 #include <stdio.h>

@@ -3,12 +3,12 @@
  * kernels we have and its shape against the metadata, so a wrong file fails
  * here with its name and the field, never later in a kernel. Weight matrices
  * stay in the mapping; small vectors (norms, biases) are widened to f32. */
-#include "engine/model.h"
-#include "engine/backend.h"
-#include "engine/gguf.h"
-#include "engine/hf.h"
-#include "engine/qtypes.h"
-#include "engine/tokenizer.h"
+#include "engine/load/model.h"
+#include "engine/backend/backend.h"
+#include "engine/load/gguf.h"
+#include "engine/load/hf.h"
+#include "engine/quant/qtypes.h"
+#include "engine/text/tokenizer.h"
 
 #include <stdarg.h>
 #include <stdint.h>

@@ -2,10 +2,10 @@
  * tested against, and a fast path of its own through qtypes' SIMD kernels and
  * the thread pool. Scratch buffers grow to the largest batch seen and are
  * then reused, so steady-state decoding never allocates. */
-#include "engine/backend.h"
-#include "engine/backend_cpu_ssm.h"
+#include "engine/backend/backend.h"
+#include "engine/backend/cpu_ssm.h"
 #include "engine/pool.h"
-#include "engine/qtypes.h"
+#include "engine/quant/qtypes.h"
 
 #include <math.h>
 #include <stdio.h>

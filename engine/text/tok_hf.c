@@ -2,8 +2,8 @@
  * tokenizer.json files are 10+ MB; a general-purpose JSON library takes
  * 200-300 ms on them, so this file carries a small arena-based JSON reader
  * (strict RFC 8259, depth-limited) that parses them in a few tens of ms. */
-#include "engine/tokenizer.h"
-#include "engine/tok_internal.h"
+#include "engine/text/tokenizer.h"
+#include "engine/text/tok_internal.h"
 
 #include <errno.h>
 #include <stdarg.h>

@@ -5,8 +5,8 @@
 #ifndef ANE_FORWARD_H
 #define ANE_FORWARD_H
 
-#include "engine/backend.h"
-#include "engine/model.h"
+#include "engine/backend/backend.h"
+#include "engine/load/model.h"
 
 typedef struct fw fw;
 

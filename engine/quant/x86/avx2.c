@@ -1,7 +1,7 @@
 /* qt_avx2.c — gemm kernels for AVX2 + FMA + F16C (see qt_x86.h). Built with
  * a per-file target so the library still runs on CPUs without AVX2; qt_gemm
  * only calls in here after cpuid/xgetbv said yes. */
-#include "engine/qtypes.h"
+#include "engine/quant/qtypes.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #if defined(__clang__)
@@ -17,7 +17,7 @@
     _mm256_add_epi32((acc), _mm256_madd_epi16(_mm256_maddubs_epi16((u), (s)), _mm256_set1_epi16(1)))
 #define QT_MADD_ACC(acc, p, s) _mm256_add_epi32((acc), _mm256_madd_epi16((p), (s)))
 #define QT_KERNEL_NAME qt_gemm_avx2
-#include "engine/qt_x86.h"
+#include "engine/quant/x86/kernels.h"
 
 /* ---- activation quantizers: the same bytes as the scalar references ---- */
 

@@ -36,8 +36,8 @@
  * course while a pass is recorded as a graph. */
 #ifdef ANE_CUDA
 
-#include "engine/backend.h"
-#include "engine/qtypes.h"
+#include "engine/backend/backend.h"
+#include "engine/quant/qtypes.h"
 #include "shaders/cuda_kernels.h"
 #include "shaders/cuda_ssm.h"
 

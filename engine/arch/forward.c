@@ -7,8 +7,8 @@
  * K = n_head_kv*head_dim, F = n_ff, V = n_vocab):
  *   x, xb [T][E]   q, att [T][Q]   k, v [T][K]   hg, hu [T][F]
  *   xo [max_out][E]   lg [max_out][V] */
-#include "engine/forward.h"
-#include "engine/forward_qwen35.h"
+#include "engine/arch/forward.h"
+#include "engine/arch/qwen35.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -7,7 +7,7 @@
  * heads (deltanet) and channel blocks (conv); each job walks the batch in
  * order, so several tokens of one sequence in a batch are always applied
  * in position order. */
-#include "engine/backend_cpu_ssm.h"
+#include "engine/backend/cpu_ssm.h"
 #include "engine/pool.h"
 
 #include <math.h>

@@ -3,9 +3,9 @@
  * byte-level BPE rank merges), pieces and decoding, and the GGUF loader.
  * The algorithms follow llama.cpp's llm_tokenizer_spm / llm_tokenizer_bpe so
  * that ids agree with llama.cpp and with Hugging Face tokenizers. */
-#include "engine/tokenizer.h"
-#include "engine/tok_internal.h"
-#include "engine/gguf.h"
+#include "engine/text/tokenizer.h"
+#include "engine/text/tok_internal.h"
+#include "engine/load/gguf.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>

@@ -9,7 +9,7 @@
  * vec_dot does, then scale in float. The SIMD kernels for K-quants and small
  * blocks evaluate the very same integer sums and the same float expression
  * per (super-)block, so they agree with qt_vec_dot_ref bit for bit. */
-#include "engine/qtypes.h"
+#include "engine/quant/qtypes.h"
 
 #include <math.h>
 #include <pthread.h>

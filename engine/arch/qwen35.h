@@ -7,8 +7,8 @@
 #ifndef ANE_FORWARD_QWEN35_H
 #define ANE_FORWARD_QWEN35_H
 
-#include "engine/backend.h"
-#include "engine/model.h"
+#include "engine/backend/backend.h"
+#include "engine/load/model.h"
 
 typedef struct fwq fwq;
 

@@ -14,8 +14,8 @@
  *   k, v [T][K]   ga, gb [T][nv]   hg, hu [T][F]   xo [max_out][E]   lg [max_out][V]
  * State: per linear layer conv [max_seqs][conv_k-1][CD] and delta-rule
  * [max_seqs][nv][dk][dv] (f32); KV cache pages for full-attention layers only. */
-#include "engine/forward_qwen35.h"
-#include "engine/forward.h"   /* (fw_out_norm) */
+#include "engine/arch/qwen35.h"
+#include "engine/arch/forward.h"   /* (fw_out_norm) */
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -5,7 +5,7 @@
  * K-quants reduce to exact int32 totals per super-block and evaluate the
  * same float expression as qt_vec_dot_ref (bit-identical); float weights
  * accumulate in 16 float lanes. */
-#include "engine/qtypes.h"
+#include "engine/quant/qtypes.h"
 
 #if defined(__aarch64__)
 #if defined(__clang__)
