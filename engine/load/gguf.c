@@ -2,6 +2,7 @@
  * against the bytes that remain before it is used; after gguf_open returns,
  * the tables in struct gguf are trustworthy. */
 #include "engine/load/gguf.h"
+#include "common/err.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -32,8 +33,7 @@ static int rd_fail(rd *r, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    snprintf(r->err, r->errlen, "%s: %s (at byte %zu)", r->path, msg, (size_t)(r->p - r->base));
-    return -1;
+    return err_set(r->err, r->errlen, "%s: %s (at byte %zu)", r->path, msg, (size_t)(r->p - r->base));
 }
 
 static int rd_need(rd *r, uint64_t n, const char *what)

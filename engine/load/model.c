@@ -4,6 +4,7 @@
  * here with its name and the field, never later in a kernel. Weight matrices
  * stay in the mapping; small vectors (norms, biases) are widened to f32. */
 #include "engine/load/model.h"
+#include "common/err.h"
 #include "engine/backend/backend.h"
 #include "engine/load/gguf.h"
 #include "engine/load/hf.h"
@@ -29,12 +30,10 @@ typedef struct ld {
 static int ld_fail(ld *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static int ld_fail(ld *l, const char *fmt, ...)
 {
-    char msg[300];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    err_vset(l->err, l->errlen, l->m->path, fmt, ap);
     va_end(ap);
-    snprintf(l->err, l->errlen, "%s: %s", l->m->path, msg);
     return -1;
 }
 

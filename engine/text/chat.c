@@ -3,9 +3,9 @@
  * across template/content boundaries exactly as in the template's output),
  * with special tokens recognised only in the template's own parts. */
 #include "engine/text/chat.h"
+#include "common/err.h"
 #include "engine/text/tokenizer.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,18 +57,6 @@ int chat_default_system(const char *src, char *buf, size_t cap)
     return -1;
 }
 
-static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
-
 static const char *memmem_(const char *h, size_t hl, const char *needle)
 {
     size_t nl = strlen(needle);
@@ -94,17 +82,17 @@ int chat_encode(const struct tok *t, chat_kind k, const chat_msg *msgs, size_t n
 {
     *ids = NULL;
     *n_ids = 0;
-    if (!t) return fail(err, errlen, "chat: no tokenizer");
+    if (!t) return err_set(err, errlen, "chat: no tokenizer");
     for (size_t i = 0; i < n; i++) {
-        if (!msgs[i].role || !msgs[i].role[0]) return fail(err, errlen, "chat: message %zu has no role", i);
-        if (!msgs[i].content && msgs[i].content_len) return fail(err, errlen, "chat: message %zu has no content", i);
+        if (!msgs[i].role || !msgs[i].role[0]) return err_set(err, errlen, "chat: message %zu has no role", i);
+        if (!msgs[i].content && msgs[i].content_len) return err_set(err, errlen, "chat: message %zu has no content", i);
         for (const char *r = msgs[i].role; *r; r++)
             if (is_ws(*r) || *r == '<' || *r == '>' || *r == '|')
-                return fail(err, errlen, "chat: bad role in message %zu", i);
+                return err_set(err, errlen, "chat: bad role in message %zu", i);
     }
     segs v = { .cap = 6 * n + 8 };
     v.s = malloc(sizeof(tok_seg) * v.cap);
-    if (!v.s) return fail(err, errlen, "chat: out of memory");
+    if (!v.s) return err_set(err, errlen, "chat: out of memory");
     char defsys[512];
     int32_t bos = -1;
 
@@ -202,7 +190,7 @@ int chat_encode(const struct tok *t, chat_kind k, const chat_msg *msgs, size_t n
         return 0;
     }
     int32_t *o = malloc(sizeof(int32_t) * (nb + 1));
-    if (!o) { free(body); return fail(err, errlen, "chat: out of memory"); }
+    if (!o) { free(body); return err_set(err, errlen, "chat: out of memory"); }
     o[0] = bos;
     if (nb) memcpy(o + 1, body, nb * sizeof(int32_t));
     free(body);

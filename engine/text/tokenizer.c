@@ -4,6 +4,8 @@
  * The algorithms follow llama.cpp's llm_tokenizer_spm / llm_tokenizer_bpe so
  * that ids agree with llama.cpp and with Hugging Face tokenizers. */
 #include "engine/text/tokenizer.h"
+#include "common/err.h"
+#include "common/utf8.h"
 #include "engine/text/tok_internal.h"
 #include "engine/load/gguf.h"
 
@@ -11,7 +13,6 @@
 #include <pcre2.h>
 #include <utf8proc.h>
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,18 +58,6 @@ struct tok {
     char pre_name[32];
     char note[160];
 };
-
-static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
 
 /* ---- hashing ---------------------------------------------------------- */
 
@@ -169,42 +158,6 @@ static uint32_t pow2_at_least(size_t n)
 }
 
 /* ---- UTF-8 ------------------------------------------------------------ */
-
-/* Length of the valid UTF-8 sequence at p (RFC 3629: no overlongs, no
- * surrogates, <= U+10FFFF), or 0 when invalid. */
-static size_t utf8_valid_len(const unsigned char *p, size_t n)
-{
-    unsigned c = p[0];
-    if (c < 0x80) return 1;
-    if (c < 0xC2) return 0;
-    if (c < 0xE0) return n >= 2 && (p[1] & 0xC0) == 0x80 ? 2 : 0;
-    if (c < 0xF0) {
-        if (n < 3 || (p[1] & 0xC0) != 0x80 || (p[2] & 0xC0) != 0x80) return 0;
-        if (c == 0xE0 && p[1] < 0xA0) return 0;
-        if (c == 0xED && p[1] >= 0xA0) return 0;
-        return 3;
-    }
-    if (c < 0xF5) {
-        if (n < 4 || (p[1] & 0xC0) != 0x80 || (p[2] & 0xC0) != 0x80 || (p[3] & 0xC0) != 0x80) return 0;
-        if (c == 0xF0 && p[1] < 0x90) return 0;
-        if (c == 0xF4 && p[1] >= 0x90) return 0;
-        return 4;
-    }
-    return 0;
-}
-
-static int utf8_check(const char *s, size_t n, size_t *bad)
-{
-    const unsigned char *p = (const unsigned char *)s;
-    size_t i = 0;
-    while (i < n) {
-        if (p[i] < 0x80) { i++; continue; }
-        size_t l = utf8_valid_len(p + i, n - i);
-        if (!l) { *bad = i; return -1; }
-        i += l;
-    }
-    return 0;
-}
 
 /* Length of the UTF-8 character starting with byte c (1 for stray bytes). */
 static size_t utf8_len_lead(unsigned char c)
@@ -308,9 +261,9 @@ static void piece_of(const tok *t, int32_t id, char *o, uint32_t *len, const int
 int tok_build(tok **out, const tok_spec *s, char *err, size_t errlen)
 {
     *out = NULL;
-    if (s->n_vocab <= 0) return fail(err, errlen, "tokenizer: empty vocabulary");
+    if (s->n_vocab <= 0) return err_set(err, errlen, "tokenizer: empty vocabulary");
     tok *t = calloc(1, sizeof *t);
-    if (!t) return fail(err, errlen, "tokenizer: out of memory");
+    if (!t) return err_set(err, errlen, "tokenizer: out of memory");
     int32_t n = s->n_vocab;
     t->type = s->type;
     t->n = n;
@@ -326,7 +279,7 @@ int tok_build(tok **out, const tok_spec *s, char *err, size_t errlen)
 
     size_t total = 0;
     for (int32_t i = 0; i < n; i++) total += s->text[i].n + 1;
-    if (total > UINT32_MAX / 2) { tok_free(t); return fail(err, errlen, "tokenizer: vocabulary text too large"); }
+    if (total > UINT32_MAX / 2) { tok_free(t); return err_set(err, errlen, "tokenizer: vocabulary text too large"); }
     t->text = malloc(total ? total : 1);
     t->piece = malloc(total ? total : 1);
     t->text_off = malloc(sizeof(uint32_t) * (size_t)n);
@@ -341,7 +294,7 @@ int tok_build(tok **out, const tok_spec *s, char *err, size_t errlen)
     if (!t->text || !t->piece || !t->text_off || !t->text_len || !t->piece_off || !t->piece_len ||
         !t->scores || !t->ttype || !t->eog || !t->hmap) {
         tok_free(t);
-        return fail(err, errlen, "tokenizer: out of memory");
+        return err_set(err, errlen, "tokenizer: out of memory");
     }
     for (size_t i = 0; i <= t->hmask; i++) t->hmap[i].id = -1;
     size_t off = 0;
@@ -357,7 +310,7 @@ int tok_build(tok **out, const tok_spec *s, char *err, size_t errlen)
     }
     /* text → id; a later duplicate wins, as in llama.cpp's token_to_id */
     uint64_t *hv = malloc(sizeof(uint64_t) * (size_t)n);
-    if (!hv) { tok_free(t); return fail(err, errlen, "tokenizer: out of memory"); }
+    if (!hv) { tok_free(t); return err_set(err, errlen, "tokenizer: out of memory"); }
     for (int32_t i = 0; i < n; i++) hv[i] = hash_bytes(t->text + t->text_off[i], t->text_len[i]);
     for (int32_t i = 0; i < n; i++) {
         if (i + 16 < n) __builtin_prefetch(&t->hmap[(uint32_t)hv[i + 16] & t->hmask], 1);
@@ -391,7 +344,7 @@ int tok_build(tok **out, const tok_spec *s, char *err, size_t errlen)
         t->mmask = pow2_at_least(s->n_merges + s->n_merges / 2) - 1;
         t->mmap = malloc(sizeof(merge_ent) * ((size_t)t->mmask + 1));
         char *cat = malloc((size_t)FIND_BATCH * 512);
-        if (!t->mmap || !cat) { free(cat); tok_free(t); return fail(err, errlen, "tokenizer: out of memory"); }
+        if (!t->mmap || !cat) { free(cat); tok_free(t); return err_set(err, errlen, "tokenizer: out of memory"); }
         for (size_t i = 0; i <= t->mmask; i++) t->mmap[i].key = UINT64_MAX;
         for (size_t r0 = 0; r0 < s->n_merges; r0 += FIND_BATCH / 2) {
             size_t nb = s->n_merges - r0 < FIND_BATCH / 2 ? s->n_merges - r0 : FIND_BATCH / 2;
@@ -459,7 +412,7 @@ int tok_build(tok **out, const tok_spec *s, char *err, size_t errlen)
         for (int32_t i = 0; i < n; i++) np += t->text_len[i];
         t->pmask = pow2_at_least(np + 16) - 1;
         t->pairs = malloc(sizeof(uint64_t) * ((size_t)t->pmask + 1));
-        if (!t->pairs) { tok_free(t); return fail(err, errlen, "tokenizer: out of memory"); }
+        if (!t->pairs) { tok_free(t); return err_set(err, errlen, "tokenizer: out of memory"); }
         memset(t->pairs, 0xff, sizeof(uint64_t) * ((size_t)t->pmask + 1));
         for (int32_t i = 0; i < n; i++) {
             const unsigned char *p = (const unsigned char *)t->text + t->text_off[i];
@@ -495,7 +448,7 @@ int tok_build(tok **out, const tok_spec *s, char *err, size_t errlen)
     size_t ns = 0;
     for (int32_t i = 0; i < n; i++) if (is_special_type(t->ttype[i]) && t->text_len[i]) ns++;
     t->special = malloc(sizeof(int32_t) * (ns ? ns : 1));
-    if (!t->special) { tok_free(t); return fail(err, errlen, "tokenizer: out of memory"); }
+    if (!t->special) { tok_free(t); return err_set(err, errlen, "tokenizer: out of memory"); }
     ns = 0;
     for (int32_t i = 0; i < n; i++) if (is_special_type(t->ttype[i]) && t->text_len[i]) t->special[ns++] = i;
     qsort_r(t->special, ns, sizeof(int32_t), cmp_special, t);
@@ -528,7 +481,7 @@ int tok_build(tok **out, const tok_spec *s, char *err, size_t errlen)
     t->add_bos = s->add_bos && t->bos >= 0;
     /* chat template */
     t->chat_template = malloc(s->chat_template.n + 1);
-    if (!t->chat_template) { tok_free(t); return fail(err, errlen, "tokenizer: out of memory"); }
+    if (!t->chat_template) { tok_free(t); return err_set(err, errlen, "tokenizer: out of memory"); }
     if (s->chat_template.n) memcpy(t->chat_template, s->chat_template.s, s->chat_template.n);
     t->chat_template[s->chat_template.n] = 0;
     /* pre-tokenizer */
@@ -540,7 +493,7 @@ int tok_build(tok **out, const tok_spec *s, char *err, size_t errlen)
             PCRE2_UCHAR msg[160];
             pcre2_get_error_message(ec, msg, sizeof msg);
             tok_free(t);
-            return fail(err, errlen, "tokenizer: split regex: %s at %zu", (const char *)msg, (size_t)eo);
+            return err_set(err, errlen, "tokenizer: split regex: %s at %zu", (const char *)msg, (size_t)eo);
         }
         t->re_jit = pcre2_jit_compile(t->re, PCRE2_JIT_COMPLETE) == 0;
     }
@@ -858,12 +811,12 @@ static int nfc_text(const char *s, size_t n, char **out, size_t *outn, char *err
         }
         utf8proc_uint8_t *m = NULL;
         utf8proc_ssize_t r = utf8proc_map(p + r0, (utf8proc_ssize_t)(r1 - r0), &m, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
-        if (r < 0) { free(m); free(o); return fail(err, errlen, "tokenizer: NFC: %s", utf8proc_errmsg(r)); }
+        if (r < 0) { free(m); free(o); return err_set(err, errlen, "tokenizer: NFC: %s", utf8proc_errmsg(r)); }
         size_t need = on + (r0 - copied) + (size_t)r + (n - r1) + 1;
         if (need > cap) {
             size_t nc = need + need / 2 + 64;
             char *no = realloc(o, nc);
-            if (!no) { free(m); free(o); return fail(err, errlen, "tokenizer: out of memory"); }
+            if (!no) { free(m); free(o); return err_set(err, errlen, "tokenizer: out of memory"); }
             o = no;
             cap = nc;
         }
@@ -897,7 +850,7 @@ static int re_split(enc *e, const char *s, size_t n, char *err, size_t errlen)
             if (rc < 0) {
                 PCRE2_UCHAR msg[120];
                 pcre2_get_error_message(rc, msg, sizeof msg);
-                return fail(err, errlen, "tokenizer: split regex: %s", (const char *)msg);
+                return err_set(err, errlen, "tokenizer: split regex: %s", (const char *)msg);
             }
             PCRE2_SIZE *ov = pcre2_get_ovector_pointer(e->md);
             size_t ms = ov[0], me = ov[1];
@@ -1031,9 +984,9 @@ int tok_encode_segs(const tok *t, const tok_seg *segs, size_t nseg,
     size_t total = 0;
     for (size_t i = 0; i < nseg; i++) {
         size_t bad;
-        if (!segs[i].text && segs[i].len) return fail(err, errlen, "tokenizer: NULL text");
-        if (segs[i].len && utf8_check(segs[i].text, segs[i].len, &bad))
-            return fail(err, errlen, "invalid UTF-8 in text at byte %zu", total + bad);
+        if (!segs[i].text && segs[i].len) return err_set(err, errlen, "tokenizer: NULL text");
+        if (segs[i].len && !utf8_valid(segs[i].text, segs[i].len, &bad))
+            return err_set(err, errlen, "invalid UTF-8 in text at byte %zu", total + bad);
         total += segs[i].len;
     }
     enc e = { .t = t };
@@ -1046,7 +999,7 @@ int tok_encode_segs(const tok *t, const tok_seg *segs, size_t nseg,
         s = segs[0].text ? segs[0].text : "";
     } else {
         all = malloc(total + 1);
-        if (!all) return fail(err, errlen, "tokenizer: out of memory");
+        if (!all) return err_set(err, errlen, "tokenizer: out of memory");
         size_t k = 0;
         for (size_t i = 0; i < nseg; i++) {
             if (segs[i].len) memcpy(all + k, segs[i].text, segs[i].len);
@@ -1085,7 +1038,7 @@ int tok_encode_segs(const tok *t, const tok_seg *segs, size_t nseg,
     e.out = NULL;
     rc = 0;
 done:
-    if (rc && e.oom) fail(err, errlen, "tokenizer: out of memory");
+    if (rc && e.oom) err_set(err, errlen, "tokenizer: out of memory");
     free(e.out); free(e.syms); free(e.heap); free(e.buf); free(all);
     if (e.md) pcre2_match_data_free(e.md);
     return rc;
@@ -1127,28 +1080,28 @@ int tok_load_gguf(tok **out, const gguf *g, char *err, size_t errlen)
     *out = NULL;
     gguf_str model;
     if (gguf_get_str(g, "tokenizer.ggml.model", &model))
-        return fail(err, errlen, "GGUF has no tokenizer.ggml.model");
+        return err_set(err, errlen, "GGUF has no tokenizer.ggml.model");
     tok_spec sp;
     memset(&sp, 0, sizeof sp);
     if (gstr_eq(model, "llama")) sp.type = TOK_SPM;
     else if (gstr_eq(model, "gpt2")) sp.type = TOK_BPE;
-    else return fail(err, errlen, "unsupported tokenizer model '%.*s'", (int)(model.n > 40 ? 40 : model.n), model.s);
+    else return err_set(err, errlen, "unsupported tokenizer model '%.*s'", (int)(model.n > 40 ? 40 : model.n), model.s);
 
     const gguf_kv *tk = gguf_get(g, "tokenizer.ggml.tokens");
     if (!tk || tk->type != GGUF_T_ARRAY || tk->arr_type != GGUF_T_STRING || tk->arr_n == 0 || tk->arr_n > (1u << 24))
-        return fail(err, errlen, "GGUF tokenizer.ggml.tokens missing or not a string array");
+        return err_set(err, errlen, "GGUF tokenizer.ggml.tokens missing or not a string array");
     int32_t n = (int32_t)tk->arr_n;
     const gguf_kv *sc = gguf_get(g, "tokenizer.ggml.scores");
     const gguf_kv *ty = gguf_get(g, "tokenizer.ggml.token_type");
     const gguf_kv *mg = gguf_get(g, "tokenizer.ggml.merges");
     if (sc && (sc->type != GGUF_T_ARRAY || sc->arr_n != (uint64_t)n || sc->arr_type == GGUF_T_STRING || sc->arr_type == GGUF_T_ARRAY))
-        return fail(err, errlen, "GGUF tokenizer.ggml.scores: not %d numbers", n);
+        return err_set(err, errlen, "GGUF tokenizer.ggml.scores: not %d numbers", n);
     if (ty && (ty->type != GGUF_T_ARRAY || ty->arr_n != (uint64_t)n || ty->arr_type == GGUF_T_STRING || ty->arr_type == GGUF_T_ARRAY))
-        return fail(err, errlen, "GGUF tokenizer.ggml.token_type: not %d numbers", n);
+        return err_set(err, errlen, "GGUF tokenizer.ggml.token_type: not %d numbers", n);
     if (mg && (mg->type != GGUF_T_ARRAY || mg->arr_type != GGUF_T_STRING))
-        return fail(err, errlen, "GGUF tokenizer.ggml.merges: not a string array");
+        return err_set(err, errlen, "GGUF tokenizer.ggml.merges: not a string array");
     if (sp.type == TOK_BPE && !mg)
-        return fail(err, errlen, "GGUF BPE tokenizer without tokenizer.ggml.merges");
+        return err_set(err, errlen, "GGUF BPE tokenizer without tokenizer.ggml.merges");
 
     tok_sv *text = malloc(sizeof(tok_sv) * (size_t)n);
     float *scores = sc ? malloc(sizeof(float) * (size_t)n) : NULL;
@@ -1156,7 +1109,7 @@ int tok_load_gguf(tok **out, const gguf *g, char *err, size_t errlen)
     size_t nm = mg ? (size_t)mg->arr_n : 0;
     tok_merge *merges = nm ? malloc(sizeof(tok_merge) * nm) : NULL;
     int rc = -1;
-    if (!text || !types || (sc && !scores) || (nm && !merges)) { fail(err, errlen, "tokenizer: out of memory"); goto done; }
+    if (!text || !types || (sc && !scores) || (nm && !merges)) { err_set(err, errlen, "tokenizer: out of memory"); goto done; }
     for (int32_t i = 0; i < n; i++) {
         gguf_str s = gguf_arr_str(tk, (uint64_t)i);
         text[i].s = s.s; text[i].n = (size_t)s.n;
