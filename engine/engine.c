@@ -1223,12 +1223,13 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
     in->n_threads = nth;
     if (pool_open(&e->pool, nth)) { snprintf(err, errlen, "cannot start %d threads", nth); goto fail; }
     if (be_open(&e->be, opt->backend, e->pool, !opt->kv_f32, err, errlen)) goto fail;
-    if (m->hp.arch == ARCH_QWEN35 && !e->be->ops->deltanet) {
-        /* linear-attention layers need ops this backend lacks: when the
+    const char *lacks = fw_lacks(m, e->be->ops);
+    if (lacks) {
+        /* the architecture needs ops this backend lacks: when the
          * backend was not asked for by name, run the model on the CPU */
         if (opt->backend) {
-            snprintf(err, errlen, "%s: the %s backend cannot run %s models (linear-attention ops); use --backend cpu",
-                     m->path, e->be->ops->name, m->arch_name);
+            snprintf(err, errlen, "%s: the %s backend cannot run %s models (%s); use --backend cpu",
+                     m->path, e->be->ops->name, m->arch_name, lacks);
             goto fail;
         }
         e->be->ops->close(e->be);

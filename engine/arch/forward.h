@@ -1,7 +1,8 @@
-/* forward.h — the transformer forward pass over a batch of tokens from any
- * number of sequences, written once against backend ops (engine-internal).
- * fw owns the activation buffers (sized for max_T tokens) and the KV cache
- * pool (n_pages pages of KV_PAGE tokens for every layer). */
+/* forward.h — the forward pass over a batch of tokens from any number of
+ * sequences (engine-internal): the model's architecture family (arch.h)
+ * runs it against backend ops. fw owns the activation buffers (sized for
+ * max_T tokens), the KV cache pool (n_pages pages of KV_PAGE tokens for
+ * every layer that attends) and any per-sequence state. */
 #ifndef ANE_FORWARD_H
 #define ANE_FORWARD_H
 
@@ -13,6 +14,8 @@ typedef struct fw fw;
 /* max_seqs: sequence slots for per-sequence state (recurrent layers). */
 int fw_open(fw **out, model *m, be *b, int max_T, int max_out, int n_pages, int max_seqs,
             char *err, size_t errlen);
+/* NULL when backend ops o can run m; else what they lack (for messages). */
+const char *fw_lacks(const model *m, const be_ops *o);
 /* A new sequence takes `slot`: clears its per-sequence state. */
 void fw_seq_reset(fw *f, int slot);
 void fw_close(fw *f);
@@ -25,11 +28,7 @@ void fw_snap_load(fw *f, int snap, int slot);
 /* The next fw_run saves slot's state right after its token at position
  * pos-1 (which must be in that batch) into snapshot `snap`. */
 void fw_snap_at(fw *f, int slot, int pos, int snap);
-/* The final norm of the output rows x[out_idx[i]] into xo[i] [n_out][E]:
- * one rmsnorm per run of consecutive rows (a decode batch's are all one). */
-void fw_out_norm(be *b, const float *x, const wt *w, const int32_t *out_idx, int n_out, int E, float eps,
-                 float *xo);
-size_t fw_kv_bytes(const fw *f);          /* bytes of the whole KV pool */
+size_t fw_kv_bytes(const fw *f);          /* bytes of the KV pool and per-sequence state */
 size_t fw_kv_page_bytes(const model *m, size_t kv_elt);
 
 /* Runs tokens[0..bt->T) (T <= max_T) and writes the logits of the tokens

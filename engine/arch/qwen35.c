@@ -1,4 +1,4 @@
-/* forward_qwen35.c — Qwen3.5 hybrid transformer:
+/* qwen35.c — the Qwen3.5 hybrid family (row qwen35 of arch.c):
  *   x = embed(tokens)
  *   per layer: x += mixer(n(x));  x += Wd · (silu(Wg·n(x)) ∘ Wu·n(x))
  * where the mixer is, in linear layers (Gated DeltaNet),
@@ -13,21 +13,23 @@
  *   x, xb [T][E]   big [T][max(2Q, CD)]   q [T][Q]   gz, att [T][max(Q, SV)]
  *   k, v [T][K]   ga, gb [T][nv]   hg, hu [T][F]   xo [max_out][E]   lg [max_out][V]
  * State: per linear layer conv [max_seqs][conv_k-1][CD] and delta-rule
- * [max_seqs][nv][dk][dv] (f32); KV cache pages for full-attention layers only. */
-#include "engine/arch/qwen35.h"
-#include "engine/arch/forward.h"   /* (fw_out_norm) */
+ * [max_seqs][nv][dk][dv] (f32): fixed memory per sequence, whatever its
+ * length; KV cache pages for full-attention layers only; and up to
+ * 2*max_seqs snapshots of the state for prefix reuse (within SNAP_BUDGET). */
+#include "engine/arch/arch.h"
+#include "engine/arch/layers.h"
+#include "engine/quant/qtypes.h"
+#include "common/err.h"
 
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define SNAP_BUDGET ((size_t)512 << 20)   /* bytes of recurrent-state snapshots at most */
 
-struct fwq {
-    model *m;
-    be *b;
-    int max_T, max_out, n_pages, max_seqs;
-    float *x, *xb, *big, *q, *gz, *att, *k, *v, *ga, *gb, *hg, *hu, *xo, *lg;
+typedef struct fwq {
+    fw base;
+    int max_seqs;
+    float *x, *xb, *big, *q, *gz, *att, *k, *v, *ga, *gb, *hg, *hu, *xo;
     void **kc, **vc;            /* [n_layer]: full-attention layers only */
     float **conv, **ssm;        /* [n_layer]: linear layers only */
     float **conv_snap, **ssm_snap;  /* [n_layer]: n_snap copies of one slot's state */
@@ -37,25 +39,93 @@ struct fwq {
     int n_req;
     size_t conv_slot, ssm_slot; /* floats per slot */
     float *zero;                /* host zeros for resets: max(conv_slot, ssm_slot) */
-    size_t kv_bytes, state_bytes;
-};
+} fwq;
 
 static int q35_conv_dim(const hparams *hp) { return 2 * hp->ssm_nk * hp->ssm_dk + hp->ssm_nv * hp->ssm_dv; }
 
-size_t fwq_kv_page_bytes(const model *m, size_t kv_elt)
+/* Qwen3.5 hybrid: Gated DeltaNet (linear attention) layers with a full
+ * gated-attention layer every full_attention_interval layers. The GGUF
+ * converter already stores norm weights as 1 + w and ssm_a as -exp(A_log). */
+static int q35_load(ld *l)
 {
-    const hparams *hp = &m->hp;
-    return (size_t)2 * hp->n_attn_layers * KV_PAGE * hp->n_head_kv * hp->head_dim * kv_elt;
+    model *m = l->m;
+    hparams *hp = &m->hp;
+    int64_t nk, nv, dk, inner, interval, ck;
+    if (key_i(l, "ssm.conv_kernel", &ck, 1, 0) || key_i(l, "ssm.state_size", &dk, 1, 0) ||
+        key_i(l, "ssm.group_count", &nk, 1, 0) || key_i(l, "ssm.time_step_rank", &nv, 1, 0) ||
+        key_i(l, "ssm.inner_size", &inner, 1, 0) || key_i(l, "full_attention_interval", &interval, 0, 4))
+        return -1;
+    if (ck < 1 || ck > 16 || dk < 1 || dk > 1024 || nk < 1 || nk > 1024 || nv < 1 || nv > 1024 || nv % nk ||
+        inner < 1 || inner % nv || inner / nv > 1024 || interval < 1 || interval > hp->n_layer)
+        return ld_fail(l, "implausible linear-attention hyper-parameters (conv %lld, state %lld, groups %lld, "
+                       "heads %lld, inner %lld, interval %lld)", (long long)ck, (long long)dk, (long long)nk,
+                       (long long)nv, (long long)inner, (long long)interval);
+    hp->ssm_conv_k = (int32_t)ck;
+    hp->ssm_dk = (int32_t)dk;
+    hp->ssm_nk = (int32_t)nk;
+    hp->ssm_nv = (int32_t)nv;
+    hp->ssm_dv = (int32_t)(inner / nv);
+    m->recurrent = 1;
+
+    int E = hp->n_embd, HD = hp->head_dim, QD = hp->n_head * HD;
+    int CD = q35_conv_dim(hp), SV = hp->ssm_nv * hp->ssm_dv;
+    size_t per_layer = (size_t)2 * E + 2 * HD + 2 * (size_t)nv + (size_t)hp->ssm_dv + (size_t)CD * (size_t)ck;
+    if (ld_common(l, (size_t)2 * E + (size_t)hp->n_layer * per_layer + 64)) return -1;
+
+    hp->n_attn_layers = 0;
+    for (int i = 0; i < hp->n_layer; i++) {
+        layer_w *L = &m->layers[i];
+        L->linear = (i + 1) % interval != 0;
+        if (get_layer_w(l, &L->attn_norm, i, "attn_norm.weight", E, 0, 1) ||
+            get_layer_w(l, &L->ffn_norm, i, "post_attention_norm.weight", E, 0, 1) || ly_load_ffn_glu(l, L, i))
+            return -1;
+        if (!L->linear) {
+            hp->n_attn_layers++;
+            if (ly_load_attn(l, L, i, 2 * QD) ||   /* per head: HD query, HD gate */
+                get_layer_w(l, &L->q_norm, i, "attn_q_norm.weight", HD, 0, 1) ||
+                get_layer_w(l, &L->k_norm, i, "attn_k_norm.weight", HD, 0, 1))
+                return -1;
+            continue;
+        }
+        if (get_layer_w(l, &L->ssm_qkv, i, "attn_qkv.weight", E, CD, 1) ||
+            get_layer_w(l, &L->ssm_z, i, "attn_gate.weight", E, SV, 1) ||
+            get_layer_w(l, &L->ssm_alpha, i, "ssm_alpha.weight", E, nv, 1) ||
+            get_layer_w(l, &L->ssm_beta, i, "ssm_beta.weight", E, nv, 1) ||
+            get_layer_w(l, &L->ssm_a, i, "ssm_a", nv, 0, 1) ||
+            get_layer_w(l, &L->ssm_dt_bias, i, "ssm_dt.bias", nv, 0, 1) ||
+            get_layer_w(l, &L->ssm_norm, i, "ssm_norm.weight", hp->ssm_dv, 0, 1) ||
+            get_layer_w(l, &L->ssm_out, i, "ssm_out.weight", SV, E, 1) ||
+            get_layer_w(l, &L->ssm_conv, i, "ssm_conv1d.weight", ck, CD, 1))
+            return -1;
+        /* the conv taps are read as f32 by the ops: widen them */
+        wt *c = &L->ssm_conv;
+        if (c->type != QT_F32) {
+            float *dst = l->vec_buf + l->vec_used;
+            if (l->vec_used + (size_t)CD * (size_t)ck > l->vec_cap) return ld_fail(l, "internal: vector buffer too small");
+            for (int r = 0; r < CD; r++) wt_row_f32(c, r, dst + (size_t)r * ck);
+            l->vec_used += (size_t)CD * (size_t)ck;
+            c->type = QT_F32;
+            c->row_bytes = (size_t)ck * 4;
+            c->data = dst;
+        }
+    }
+    if (hp->n_attn_layers == 0) return ld_fail(l, "no full-attention layer (full_attention_interval %lld)", (long long)interval);
+    return 0;
 }
 
-void fwq_close(fwq *f)
+static const char *q35_lacks(const be_ops *o)
 {
-    if (!f) return;
-    be *b = f->b;
-    float *bufs[] = { f->x, f->xb, f->big, f->q, f->gz, f->att, f->k, f->v, f->ga, f->gb, f->hg, f->hu, f->xo, f->lg };
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
-        if (bufs[i]) b->ops->free(b, bufs[i]);
-    for (int l = 0; l < f->m->hp.n_layer; l++) {
+    return !o->copy_rows || !o->sigmoid_mul || !o->rmsnorm_gated || !o->conv1d_silu || !o->deltanet
+               ? "linear-attention ops" : NULL;
+}
+
+static void q35_close(fw *base)
+{
+    fwq *f = (fwq *)base;
+    be *b = base->b;
+    void *bufs[] = { f->x, f->xb, f->big, f->q, f->gz, f->att, f->k, f->v, f->ga, f->gb, f->hg, f->hu, f->xo, base->lg };
+    ly_free(b, bufs, sizeof bufs / sizeof bufs[0]);
+    for (int l = 0; l < base->m->hp.n_layer; l++) {
         if (f->kc && f->kc[l]) b->ops->free(b, f->kc[l]);
         if (f->vc && f->vc[l]) b->ops->free(b, f->vc[l]);
         if (f->conv && f->conv[l]) b->ops->free(b, f->conv[l]);
@@ -75,32 +145,32 @@ void fwq_close(fwq *f)
     free(f);
 }
 
-void fwq_seq_reset(fwq *f, int slot)
+static void q35_seq_reset(fw *base, int slot)
 {
-    be *b = f->b;
+    fwq *f = (fwq *)base;
+    be *b = base->b;
     if (slot < 0 || slot >= f->max_seqs) return;
-    for (int l = 0; l < f->m->hp.n_layer; l++) {
-        if (!f->m->layers[l].linear) continue;
+    for (int l = 0; l < base->m->hp.n_layer; l++) {
+        if (!base->m->layers[l].linear) continue;
         b->ops->to_dev(b, f->conv[l] + (size_t)slot * f->conv_slot, f->zero, f->conv_slot * 4);
         b->ops->to_dev(b, f->ssm[l] + (size_t)slot * f->ssm_slot, f->zero, f->ssm_slot * 4);
     }
 }
 
-int fwq_open(fwq **out, model *m, be *b, int max_T, int max_out, int n_pages, int max_seqs,
-             char *err, size_t errlen)
+static int q35_open(fw **out, model *m, be *b, int max_T, int max_out, int n_pages, int max_seqs,
+                    char *err, size_t errlen)
 {
     const hparams *hp = &m->hp;
     const be_ops *o = b->ops;
     *out = NULL;
-    if (!o->copy_rows || !o->sigmoid_mul || !o->rmsnorm_gated || !o->conv1d_silu || !o->deltanet) {
-        snprintf(err, errlen, "the %s backend cannot run %s models yet (no linear-attention ops)", o->name,
-                 m->arch_name);
-        return -1;
-    }
+    if (q35_lacks(o))
+        return err_set(err, errlen, "the %s backend cannot run %s models yet (no linear-attention ops)", o->name,
+                       m->arch_name);
     if (max_seqs < 1) max_seqs = 1;
     fwq *f = calloc(1, sizeof *f);
-    if (!f) goto oom;
-    f->m = m; f->b = b; f->max_T = max_T; f->max_out = max_out; f->n_pages = n_pages; f->max_seqs = max_seqs;
+    if (!f) return err_set(err, errlen, "out of memory for activation buffers");
+    f->base = (fw){ .fam = &arch_qwen35, .m = m, .b = b };
+    f->max_seqs = max_seqs;
     size_t T = (size_t)max_T, E = hp->n_embd, Q = (size_t)hp->n_head * hp->head_dim,
            K = (size_t)hp->n_head_kv * hp->head_dim, F = hp->n_ff, NV = hp->ssm_nv,
            CD = (size_t)q35_conv_dim(hp), SV = (size_t)hp->ssm_nv * hp->ssm_dv;
@@ -118,7 +188,7 @@ int fwq_open(fwq **out, model *m, be *b, int max_T, int max_out, int n_pages, in
     f->hg = o->alloc(b, T * F * 4);
     f->hu = o->alloc(b, T * F * 4);
     f->xo = o->alloc(b, (size_t)max_out * E * 4);
-    f->lg = o->alloc(b, (size_t)max_out * hp->n_vocab * 4);
+    f->base.lg = o->alloc(b, (size_t)max_out * hp->n_vocab * 4);
     f->kc = calloc((size_t)hp->n_layer, sizeof *f->kc);
     f->vc = calloc((size_t)hp->n_layer, sizeof *f->vc);
     f->conv = calloc((size_t)hp->n_layer, sizeof *f->conv);
@@ -135,81 +205,73 @@ int fwq_open(fwq **out, model *m, be *b, int max_T, int max_out, int n_pages, in
     while (f->n_snap > 0 && (size_t)f->n_snap * snap_bytes > SNAP_BUDGET) f->n_snap--;
     f->zero = calloc(f->conv_slot > f->ssm_slot ? f->conv_slot + 1 : f->ssm_slot + 1, sizeof(float));
     if (!f->x || !f->xb || !f->big || !f->q || !f->gz || !f->att || !f->k || !f->v || !f->ga || !f->gb ||
-        !f->hg || !f->hu || !f->xo || !f->lg || !f->kc || !f->vc || !f->conv || !f->ssm || !f->zero ||
-        !f->conv_snap || !f->ssm_snap || !f->req || !f->sv)
-        goto oom;
-    size_t layer_bytes = (size_t)n_pages * KV_PAGE * K * b->kv_elt;
+        !f->hg || !f->hu || !f->xo || !f->base.lg || !f->kc || !f->vc || !f->conv || !f->ssm || !f->zero ||
+        !f->conv_snap || !f->ssm_snap || !f->req || !f->sv) {
+        err_set(err, errlen, "out of memory for activation buffers");
+        goto fail;
+    }
     for (int l = 0; l < hp->n_layer; l++) {
-        if (m->layers[l].linear) {
-            f->conv[l] = o->alloc(b, (size_t)max_seqs * f->conv_slot * 4 + 4);
-            f->ssm[l] = o->alloc(b, (size_t)max_seqs * f->ssm_slot * 4);
-            if (f->n_snap) {
-                f->conv_snap[l] = o->alloc(b, (size_t)f->n_snap * f->conv_slot * 4 + 4);
-                f->ssm_snap[l] = o->alloc(b, (size_t)f->n_snap * f->ssm_slot * 4);
-            }
-            if (!f->conv[l] || !f->ssm[l] || (f->n_snap && (!f->conv_snap[l] || !f->ssm_snap[l]))) {
-                snprintf(err, errlen, "cannot allocate the recurrent state (%zu MiB)",
-                         (size_t)hp->n_layer * (max_seqs + f->n_snap) * (f->conv_slot + f->ssm_slot) * 4 >> 20);
-                fwq_close(f);
-                return -1;
-            }
-            f->state_bytes += (size_t)(max_seqs + f->n_snap) * (f->conv_slot + f->ssm_slot) * 4;
+        if (!m->layers[l].linear) {
+            if (ly_kv_alloc(b, hp, n_pages, l, f->kc, f->vc, &f->base.kv_bytes, err, errlen)) goto fail;
             continue;
         }
-        f->kc[l] = o->alloc(b, layer_bytes);
-        f->vc[l] = o->alloc(b, layer_bytes);
-        if (!f->kc[l] || !f->vc[l]) {
-            snprintf(err, errlen, "cannot allocate the KV cache (%zu MiB)",
-                     (size_t)2 * hp->n_attn_layers * layer_bytes >> 20);
-            fwq_close(f);
-            return -1;
+        f->conv[l] = o->alloc(b, (size_t)max_seqs * f->conv_slot * 4 + 4);
+        f->ssm[l] = o->alloc(b, (size_t)max_seqs * f->ssm_slot * 4);
+        if (f->n_snap) {
+            f->conv_snap[l] = o->alloc(b, (size_t)f->n_snap * f->conv_slot * 4 + 4);
+            f->ssm_snap[l] = o->alloc(b, (size_t)f->n_snap * f->ssm_slot * 4);
         }
-        f->kv_bytes += 2 * layer_bytes;
+        if (!f->conv[l] || !f->ssm[l] || (f->n_snap && (!f->conv_snap[l] || !f->ssm_snap[l]))) {
+            err_set(err, errlen, "cannot allocate the recurrent state (%zu MiB)",
+                    (size_t)hp->n_layer * (max_seqs + f->n_snap) * (f->conv_slot + f->ssm_slot) * 4 >> 20);
+            goto fail;
+        }
+        f->base.kv_bytes += (size_t)(max_seqs + f->n_snap) * (f->conv_slot + f->ssm_slot) * 4;
     }
-    *out = f;
+    *out = &f->base;
     return 0;
-oom:
-    snprintf(err, errlen, "out of memory for activation buffers");
-    fwq_close(f);
+fail:
+    q35_close(&f->base);
     return -1;
 }
 
-int fwq_snap_count(const fwq *f) { return f->n_snap; }
+static int q35_snap_count(const fw *base) { return ((const fwq *)base)->n_snap; }
 
 /* Copies one slot-sized state between buffers (device memory: copy_rows). */
 static void state_copy(fwq *f, float *dst, const float *src, size_t n)
 {
-    be *b = f->b;
-    size_t row = f->m->hp.ssm_dv > 0 ? (size_t)f->m->hp.ssm_dv : 1;
+    be *b = f->base.b;
+    size_t row = f->base.m->hp.ssm_dv > 0 ? (size_t)f->base.m->hp.ssm_dv : 1;
     if (n % row) row = 1;
     if (n) b->ops->copy_rows(b, dst, row, src, row, (int)(n / row), (int)row);
 }
 
-void fwq_snap_save(fwq *f, int slot, int snap)
+/* Copies every linear layer's state of slot into snapshot snap (save) or back (load). */
+static void snap_copy(fwq *f, int slot, int snap, int save)
 {
     if (slot < 0 || slot >= f->max_seqs || snap < 0 || snap >= f->n_snap) return;
-    for (int l = 0; l < f->m->hp.n_layer; l++) {
-        if (!f->m->layers[l].linear) continue;
-        state_copy(f, f->conv_snap[l] + (size_t)snap * f->conv_slot, f->conv[l] + (size_t)slot * f->conv_slot, f->conv_slot);
-        state_copy(f, f->ssm_snap[l] + (size_t)snap * f->ssm_slot, f->ssm[l] + (size_t)slot * f->ssm_slot, f->ssm_slot);
+    const model *m = f->base.m;
+    for (int l = 0; l < m->hp.n_layer; l++) {
+        if (!m->layers[l].linear) continue;
+        float *cs = f->conv[l] + (size_t)slot * f->conv_slot, *cn = f->conv_snap[l] + (size_t)snap * f->conv_slot;
+        float *ss = f->ssm[l] + (size_t)slot * f->ssm_slot, *sn = f->ssm_snap[l] + (size_t)snap * f->ssm_slot;
+        state_copy(f, save ? cn : cs, save ? cs : cn, f->conv_slot);
+        state_copy(f, save ? sn : ss, save ? ss : sn, f->ssm_slot);
     }
 }
 
-void fwq_snap_load(fwq *f, int snap, int slot)
-{
-    if (slot < 0 || slot >= f->max_seqs || snap < 0 || snap >= f->n_snap) return;
-    for (int l = 0; l < f->m->hp.n_layer; l++) {
-        if (!f->m->layers[l].linear) continue;
-        state_copy(f, f->conv[l] + (size_t)slot * f->conv_slot, f->conv_snap[l] + (size_t)snap * f->conv_slot, f->conv_slot);
-        state_copy(f, f->ssm[l] + (size_t)slot * f->ssm_slot, f->ssm_snap[l] + (size_t)snap * f->ssm_slot, f->ssm_slot);
-    }
-}
+static void q35_snap_save(fw *base, int slot, int snap) { snap_copy((fwq *)base, slot, snap, 1); }
+static void q35_snap_load(fw *base, int snap, int slot) { snap_copy((fwq *)base, slot, snap, 0); }
 
-void fwq_snap_at(fwq *f, int slot, int pos, int snap)
+static void q35_snap_at(fw *base, int slot, int pos, int snap)
 {
+    fwq *f = (fwq *)base;
     if (slot < 0 || slot >= f->max_seqs || snap < 0 || snap >= f->n_snap || f->n_req >= f->max_seqs) return;
     f->req[f->n_req++] = (struct fwq_req){ slot, pos, snap };
 }
+
+/* A pass with save points runs its ops: they copy state out. */
+static int q35_replayable(const fw *base) { return ((const fwq *)base)->n_req == 0; }
 
 /* The save points of this run for layer l: into its conv (ssm = 0) or
  * delta-rule (ssm = 1) snapshots. */
@@ -224,12 +286,10 @@ static const be_save *saves(fwq *f, int l, int ssm)
     return f->sv;
 }
 
-size_t fwq_kv_bytes(const fwq *f) { return f->kv_bytes + f->state_bytes; }
-
 static void linear_layer(fwq *f, const layer_w *L, int l, const be_batch *bt)
 {
-    const hparams *hp = &f->m->hp;
-    be *b = f->b;
+    const hparams *hp = &f->base.m->hp;
+    be *b = f->base.b;
     const be_ops *o = b->ops;
     int T = bt->T, CD = q35_conv_dim(hp);
     o->matmul(b, &L->ssm_qkv, NULL, f->xb, T, f->big);
@@ -245,36 +305,31 @@ static void linear_layer(fwq *f, const layer_w *L, int l, const be_batch *bt)
 
 static void attn_layer(fwq *f, const layer_w *L, int l, const be_batch *bt)
 {
-    const hparams *hp = &f->m->hp;
-    be *b = f->b;
+    const hparams *hp = &f->base.m->hp;
+    be *b = f->base.b;
     const be_ops *o = b->ops;
-    int T = bt->T, HD = hp->head_dim, K = hp->n_head_kv * HD, rows = T * hp->n_head;
+    int T = bt->T, HD = hp->head_dim, rows = T * hp->n_head;
     o->matmul(b, &L->wq, NULL, f->xb, T, f->big);            /* per head: HD query, HD gate */
     o->copy_rows(b, f->q, (size_t)HD, f->big, (size_t)2 * HD, rows, HD);
     o->copy_rows(b, f->gz, (size_t)HD, f->big + HD, (size_t)2 * HD, rows, HD);
     o->matmul(b, &L->wk, NULL, f->xb, T, f->k);
     o->matmul(b, &L->wv, NULL, f->xb, T, f->v);
-    o->rmsnorm(b, f->q, &L->q_norm, rows, HD, hp->norm_eps, f->q);
-    o->rmsnorm(b, f->k, &L->k_norm, T * hp->n_head_kv, HD, hp->norm_eps, f->k);
-    o->rope(b, f->q, bt, hp->n_head, HD, hp->n_rot, hp->rope_base, 1, NULL);
-    o->rope(b, f->k, bt, hp->n_head_kv, HD, hp->n_rot, hp->rope_base, 1, NULL);
-    o->kv_store(b, f->kc[l], f->vc[l], bt, K, f->k, f->v);
-    o->attention(b, f->q, f->kc[l], f->vc[l], bt, hp->n_head, hp->n_head_kv, HD, f->att);
+    /* rope on the first n_rot dims, rotating halves; the plain ops */
+    ly_attn a = { hp->n_head, hp->n_head_kv, HD, hp->n_rot, hp->rope_base, 1, NULL, &L->q_norm, &L->k_norm,
+                  hp->norm_eps, 0 };
+    ly_attend(b, &a, f->q, f->k, f->v, f->kc[l], f->vc[l], bt, NULL, f->att);
     o->sigmoid_mul(b, f->att, f->gz, (size_t)rows * HD);
     o->matmul(b, &L->wo, NULL, f->att, T, f->xb);
 }
 
-void fwq_run(fwq *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out, float *logits)
+static void q35_pass(fw *base, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out)
 {
-    const model *m = f->m;
+    fwq *f = (fwq *)base;
+    const model *m = base->m;
     const hparams *hp = &m->hp;
-    be *b = f->b;
+    be *b = base->b;
     const be_ops *o = b->ops;
-    int T = bt->T, E = hp->n_embd, F = hp->n_ff;
-    /* a backend that records passes (CUDA graphs) may replay one instead;
-     * a pass with save points always runs its ops (they copy state out) */
-    int begun = f->n_req == 0 && o->step_begin;
-    if (begun && o->step_begin(b, tokens, bt, out_idx, n_out)) goto ops_done;
+    int T = bt->T, E = hp->n_embd;
     o->embed(b, &m->tok_embd, tokens, T, f->x);
     for (int l = 0; l < hp->n_layer; l++) {
         const layer_w *L = &m->layers[l];
@@ -283,18 +338,29 @@ void fwq_run(fwq *f, const int32_t *tokens, const be_batch *bt, const int32_t *o
         else attn_layer(f, L, l, bt);
         o->add(b, f->x, f->xb, (size_t)T * E);
         o->rmsnorm(b, f->x, &L->ffn_norm, T, E, hp->norm_eps, f->xb);
-        o->matmul(b, &L->w_gate, NULL, f->xb, T, f->hg);
-        o->matmul(b, &L->w_up, NULL, f->xb, T, f->hu);
-        o->silu_mul(b, f->hg, f->hu, (size_t)T * F, f->hg);
-        o->matmul(b, &L->w_down, NULL, f->hg, T, f->xb);
+        ly_ffn_glu(b, L, f->xb, T, hp->n_ff, 0, f->hg, f->hu, f->xb);
         o->add(b, f->x, f->xb, (size_t)T * E);
     }
-    fw_out_norm(b, f->x, &m->output_norm, out_idx, n_out, E, hp->norm_eps, f->xo);
-    if (n_out > 0) o->matmul(b, &m->output, NULL, f->xo, n_out, f->lg);
-ops_done:
-    if (begun && o->step_end) o->step_end(b);
+    ly_out_norm(b, f->x, &m->output_norm, out_idx, n_out, E, hp->norm_eps, f->xo);
+    if (n_out > 0) o->matmul(b, &m->output, NULL, f->xo, n_out, base->lg);
     f->n_req = 0;
-    if (n_out <= 0) { o->sync(b); return; }
-    o->to_host(b, logits, f->lg, (size_t)n_out * hp->n_vocab * 4);
-    o->sync(b);
 }
+
+static const arch_seq q35_seq = {
+    .reset = q35_seq_reset,
+    .snap_count = q35_snap_count,
+    .snap_save = q35_snap_save,
+    .snap_load = q35_snap_load,
+    .snap_at = q35_snap_at,
+};
+
+/* no greedy passes: the logits come to the host (fw_run) */
+const arch_family arch_qwen35 = {
+    .load = q35_load,
+    .lacks = q35_lacks,
+    .open = q35_open,
+    .close = q35_close,
+    .pass = q35_pass,
+    .replayable = q35_replayable,
+    .seq = &q35_seq,
+};

@@ -1,13 +1,16 @@
-/* model.c — hyper-parameters and weights of a GGUF model. Every tensor the
- * architecture needs is looked up by name, its type checked against the
- * kernels we have and its shape against the metadata, so a wrong file fails
- * here with its name and the field, never later in a kernel. Weight matrices
- * stay in the mapping; small vectors (norms, biases) are widened to f32. */
+/* model.c — hyper-parameters and weights of a GGUF model or a Hugging Face
+ * directory. The shared hyper-parameters are read here, the rest by the
+ * architecture family's load hook (engine/arch/) through loader.h. Every
+ * tensor the architecture needs is looked up by name, its type checked
+ * against the kernels we have and its shape against the metadata, so a wrong
+ * file fails here with its name and the field, never later in a kernel.
+ * Weight matrices stay in the mapping; small vectors (norms, biases) are
+ * widened to f32. */
 #include "engine/load/model.h"
 #include "common/err.h"
+#include "engine/arch/arch.h"
 #include "engine/backend/backend.h"
-#include "engine/load/gguf.h"
-#include "engine/load/hf.h"
+#include "engine/load/loader.h"
 #include "engine/quant/qtypes.h"
 #include "engine/text/tokenizer.h"
 
@@ -19,16 +22,7 @@
 #include <sys/stat.h>
 #include <math.h>
 
-typedef struct ld {
-    model *m;
-    gguf *g;
-    hf_model *hf;
-    char *err; size_t errlen;
-    float *vec_buf; size_t vec_used, vec_cap;  /* f32 copies of 1-D tensors */
-} ld;
-
-static int ld_fail(ld *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int ld_fail(ld *l, const char *fmt, ...)
+int ld_fail(ld *l, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -45,7 +39,7 @@ static int key_has(ld *l, const char *suffix, char *key, size_t n, int required)
     return required ? ld_fail(l, "missing metadata key '%s'", key) : 0;
 }
 
-static int key_i(ld *l, const char *suffix, int64_t *v, int required, int64_t dflt)
+int key_i(ld *l, const char *suffix, int64_t *v, int required, int64_t dflt)
 {
     char key[128];
     int has = key_has(l, suffix, key, sizeof key, required);
@@ -55,7 +49,7 @@ static int key_i(ld *l, const char *suffix, int64_t *v, int required, int64_t df
     return 0;
 }
 
-static int key_f(ld *l, const char *suffix, double *v, int required, double dflt)
+int key_f(ld *l, const char *suffix, double *v, int required, double dflt)
 {
     char key[128];
     int has = key_has(l, suffix, key, sizeof key, required);
@@ -64,8 +58,7 @@ static int key_f(ld *l, const char *suffix, double *v, int required, double dflt
     return 0;
 }
 
-/* Finds tensor `name` with shape {n_in, n_out} (n_out = 0 for 1-D). */
-static int get_w(ld *l, wt *w, const char *name, int64_t n_in, int64_t n_out, int required)
+int get_w(ld *l, wt *w, const char *name, int64_t n_in, int64_t n_out, int required)
 {
     memset(w, 0, sizeof *w);
     const gguf_tensor *t = l->hf ? hf_tensor_find(l->hf, name) : gguf_tensor_find(l->g, name);
@@ -100,7 +93,7 @@ static int get_w(ld *l, wt *w, const char *name, int64_t n_in, int64_t n_out, in
     return 0;
 }
 
-static int get_layer_w(ld *l, wt *w, int i, const char *what, int64_t n_in, int64_t n_out, int required)
+int get_layer_w(ld *l, wt *w, int i, const char *what, int64_t n_in, int64_t n_out, int required)
 {
     char name[96];
     snprintf(name, sizeof name, "blk.%d.%s", i, what);
@@ -144,146 +137,27 @@ void model_free(model *m)
     free(m);
 }
 
-/* Looks up, checks and attaches every tensor of the architecture. */
-static int load_weights(ld *l)
+int ld_common(ld *l, size_t vec_cap)
 {
     model *m = l->m;
     hparams *hp = &m->hp;
     const gguf_tensor *te = l->hf ? hf_tensor_find(l->hf, "token_embd.weight") : gguf_tensor_find(l->g, "token_embd.weight");
-    if (!te) { ld_fail(l, "missing tensor 'token_embd.weight'"); return -1; }
-    hp->n_vocab = (int32_t)te->ne[1];
-    if (hp->n_vocab != tok_n_vocab(m->tok)) {
-        ld_fail(l, "token_embd.weight has %d rows but the tokenizer has %d tokens", hp->n_vocab, tok_n_vocab(m->tok));
-        return -1;
-    }
-
-    int E = hp->n_embd, HD = hp->head_dim, QD = hp->n_head * HD, KD = hp->n_head_kv * HD, F = hp->n_ff;
-    l->vec_cap = (size_t)2 * E + hp->n_rot + (size_t)hp->n_layer * (2 * E + QD + 2 * KD + 2 * HD) + 64;
-    l->vec_buf = malloc(l->vec_cap * sizeof(float));
-    m->owned = l->vec_buf;
-    m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
-    if (!l->vec_buf || !m->layers) { ld_fail(l, "out of memory"); return -1; }
-
-    if (get_w(l, &m->tok_embd, "token_embd.weight", E, hp->n_vocab, 1)) return -1;
-    if (get_w(l, &m->output_norm, "output_norm.weight", E, 0, 1)) return -1;
-    if (get_w(l, &m->output, "output.weight", E, hp->n_vocab, 0)) return -1;
-    if (!m->output.data) m->output = m->tok_embd;   /* tied embeddings */
-    if (get_w(l, &m->rope_freqs, "rope_freqs.weight", hp->n_rot / 2, 0, 0)) return -1;
-
-    for (int i = 0; i < hp->n_layer; i++) {
-        layer_w *L = &m->layers[i];
-        if (get_layer_w(l, &L->attn_norm, i, "attn_norm.weight", E, 0, 1) ||
-            get_layer_w(l, &L->wq, i, "attn_q.weight", E, QD, 1) ||
-            get_layer_w(l, &L->wk, i, "attn_k.weight", E, KD, 1) ||
-            get_layer_w(l, &L->wv, i, "attn_v.weight", E, KD, 1) ||
-            get_layer_w(l, &L->wo, i, "attn_output.weight", QD, E, 1) ||
-            get_layer_w(l, &L->ffn_norm, i, "ffn_norm.weight", E, 0, 1) ||
-            get_layer_w(l, &L->w_gate, i, "ffn_gate.weight", E, F, 1) ||
-            get_layer_w(l, &L->w_up, i, "ffn_up.weight", E, F, 1) ||
-            get_layer_w(l, &L->w_down, i, "ffn_down.weight", F, E, 1))
-            return -1;
-        int bias = hp->arch == ARCH_QWEN2;
-        if (get_layer_w(l, &L->bq, i, "attn_q.bias", QD, 0, bias) ||
-            get_layer_w(l, &L->bk, i, "attn_k.bias", KD, 0, bias) ||
-            get_layer_w(l, &L->bv, i, "attn_v.bias", KD, 0, bias))
-            return -1;
-        int qkn = hp->arch == ARCH_QWEN3;
-        if (get_layer_w(l, &L->q_norm, i, "attn_q_norm.weight", HD, 0, qkn) ||
-            get_layer_w(l, &L->k_norm, i, "attn_k_norm.weight", HD, 0, qkn))
-            return -1;
-    }
-    return 0;
-}
-
-/* Qwen3.5 hybrid: Gated DeltaNet (linear attention) layers with a full
- * gated-attention layer every full_attention_interval layers. The GGUF
- * converter already stores norm weights as 1 + w and ssm_a as -exp(A_log). */
-static int load_qwen35(ld *l)
-{
-    model *m = l->m;
-    hparams *hp = &m->hp;
-    int64_t nk, nv, dk, inner, interval, ck;
-    if (key_i(l, "ssm.conv_kernel", &ck, 1, 0) || key_i(l, "ssm.state_size", &dk, 1, 0) ||
-        key_i(l, "ssm.group_count", &nk, 1, 0) || key_i(l, "ssm.time_step_rank", &nv, 1, 0) ||
-        key_i(l, "ssm.inner_size", &inner, 1, 0) || key_i(l, "full_attention_interval", &interval, 0, 4))
-        return -1;
-    if (ck < 1 || ck > 16 || dk < 1 || dk > 1024 || nk < 1 || nk > 1024 || nv < 1 || nv > 1024 || nv % nk ||
-        inner < 1 || inner % nv || inner / nv > 1024 || interval < 1 || interval > hp->n_layer)
-        return ld_fail(l, "implausible linear-attention hyper-parameters (conv %lld, state %lld, groups %lld, "
-                       "heads %lld, inner %lld, interval %lld)", (long long)ck, (long long)dk, (long long)nk,
-                       (long long)nv, (long long)inner, (long long)interval);
-    hp->ssm_conv_k = (int32_t)ck;
-    hp->ssm_dk = (int32_t)dk;
-    hp->ssm_nk = (int32_t)nk;
-    hp->ssm_nv = (int32_t)nv;
-    hp->ssm_dv = (int32_t)(inner / nv);
-    m->recurrent = 1;
-
-    const gguf_tensor *te = gguf_tensor_find(l->g, "token_embd.weight");
     if (!te) return ld_fail(l, "missing tensor 'token_embd.weight'");
     hp->n_vocab = (int32_t)te->ne[1];
     if (hp->n_vocab != tok_n_vocab(m->tok))
         return ld_fail(l, "token_embd.weight has %d rows but the tokenizer has %d tokens", hp->n_vocab,
                        tok_n_vocab(m->tok));
-
-    int E = hp->n_embd, HD = hp->head_dim, QD = hp->n_head * HD, KD = hp->n_head_kv * HD, F = hp->n_ff;
-    int SK = hp->ssm_nk * hp->ssm_dk, SV = hp->ssm_nv * hp->ssm_dv, CD = 2 * SK + SV;
-    size_t per_layer = (size_t)2 * E + 2 * HD + 2 * (size_t)nv + (size_t)hp->ssm_dv + (size_t)CD * (size_t)ck;
-    l->vec_cap = (size_t)2 * E + (size_t)hp->n_layer * per_layer + 64;
+    l->vec_cap = vec_cap;
     l->vec_buf = malloc(l->vec_cap * sizeof(float));
     m->owned = l->vec_buf;
     m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
     if (!l->vec_buf || !m->layers) return ld_fail(l, "out of memory");
 
+    int E = hp->n_embd;
     if (get_w(l, &m->tok_embd, "token_embd.weight", E, hp->n_vocab, 1)) return -1;
     if (get_w(l, &m->output_norm, "output_norm.weight", E, 0, 1)) return -1;
     if (get_w(l, &m->output, "output.weight", E, hp->n_vocab, 0)) return -1;
     if (!m->output.data) m->output = m->tok_embd;   /* tied embeddings */
-
-    hp->n_attn_layers = 0;
-    for (int i = 0; i < hp->n_layer; i++) {
-        layer_w *L = &m->layers[i];
-        L->linear = (i + 1) % interval != 0;
-        if (get_layer_w(l, &L->attn_norm, i, "attn_norm.weight", E, 0, 1) ||
-            get_layer_w(l, &L->ffn_norm, i, "post_attention_norm.weight", E, 0, 1) ||
-            get_layer_w(l, &L->w_gate, i, "ffn_gate.weight", E, F, 1) ||
-            get_layer_w(l, &L->w_up, i, "ffn_up.weight", E, F, 1) ||
-            get_layer_w(l, &L->w_down, i, "ffn_down.weight", F, E, 1))
-            return -1;
-        if (!L->linear) {
-            hp->n_attn_layers++;
-            if (get_layer_w(l, &L->wq, i, "attn_q.weight", E, 2 * QD, 1) ||
-                get_layer_w(l, &L->wk, i, "attn_k.weight", E, KD, 1) ||
-                get_layer_w(l, &L->wv, i, "attn_v.weight", E, KD, 1) ||
-                get_layer_w(l, &L->wo, i, "attn_output.weight", QD, E, 1) ||
-                get_layer_w(l, &L->q_norm, i, "attn_q_norm.weight", HD, 0, 1) ||
-                get_layer_w(l, &L->k_norm, i, "attn_k_norm.weight", HD, 0, 1))
-                return -1;
-            continue;
-        }
-        if (get_layer_w(l, &L->ssm_qkv, i, "attn_qkv.weight", E, CD, 1) ||
-            get_layer_w(l, &L->ssm_z, i, "attn_gate.weight", E, SV, 1) ||
-            get_layer_w(l, &L->ssm_alpha, i, "ssm_alpha.weight", E, nv, 1) ||
-            get_layer_w(l, &L->ssm_beta, i, "ssm_beta.weight", E, nv, 1) ||
-            get_layer_w(l, &L->ssm_a, i, "ssm_a", nv, 0, 1) ||
-            get_layer_w(l, &L->ssm_dt_bias, i, "ssm_dt.bias", nv, 0, 1) ||
-            get_layer_w(l, &L->ssm_norm, i, "ssm_norm.weight", hp->ssm_dv, 0, 1) ||
-            get_layer_w(l, &L->ssm_out, i, "ssm_out.weight", SV, E, 1) ||
-            get_layer_w(l, &L->ssm_conv, i, "ssm_conv1d.weight", ck, CD, 1))
-            return -1;
-        /* the conv taps are read as f32 by the ops: widen them */
-        wt *c = &L->ssm_conv;
-        if (c->type != QT_F32) {
-            float *dst = l->vec_buf + l->vec_used;
-            if (l->vec_used + (size_t)CD * (size_t)ck > l->vec_cap) return ld_fail(l, "internal: vector buffer too small");
-            for (int r = 0; r < CD; r++) wt_row_f32(c, r, dst + (size_t)r * ck);
-            l->vec_used += (size_t)CD * (size_t)ck;
-            c->type = QT_F32;
-            c->row_bytes = (size_t)ck * 4;
-            c->data = dst;
-        }
-    }
-    if (hp->n_attn_layers == 0) return ld_fail(l, "no full-attention layer (full_attention_interval %lld)", (long long)interval);
     return 0;
 }
 
@@ -322,7 +196,8 @@ static int model_load_hf(model *m, ld *l)
     snprintf(tc, sizeof tc, "%s/tokenizer_config.json", m->path);
     if (tok_load_hf(&m->tok, tj, stat(tc, &st) == 0 ? tc : NULL, l->err, l->errlen)) return -1;
     hparams *hp = &m->hp;
-    hp->arch = !strcmp(c->arch, "qwen2") ? ARCH_QWEN2 : !strcmp(c->arch, "qwen3") ? ARCH_QWEN3 : ARCH_LLAMA;
+    m->arch = arch_find(c->arch);   /* (hf_open took only the model types it knows) */
+    if (!m->arch) return ld_fail(l, "config.json: model_type '%s' has no architecture here", c->arch);
     if (c->hidden > 65536 || c->heads > 1024 || c->kv_heads > 1024 || c->heads % c->kv_heads ||
         c->ff > (1 << 20) || c->head_dim > 1024 || c->head_dim % 2 || c->ctx <= 0 || c->ctx > (1 << 24))
         return ld_fail(l, "config.json: implausible hyper-parameters");
@@ -337,7 +212,7 @@ static int model_load_hf(model *m, ld *l)
     hp->norm_eps = (float)c->eps;
     hp->rope_base = (float)c->rope_theta;
     hp->rope_neox = 1;   /* HF checkpoints rotate halves; only GGUF llama rows are permuted */
-    if (load_weights(l)) return -1;
+    if (m->arch->fam->load(l)) return -1;
     if (c->rope_llama3) {
         float *dst = l->vec_buf + l->vec_used;
         llama3_rope_divisors(c, hp->n_rot, dst);
@@ -383,13 +258,11 @@ int model_load(model **out, const char *path, char *err, size_t errlen)
         return 0;
     }
     hparams *hp = &m->hp;
-    if (!strcmp(m->arch_name, "llama")) hp->arch = ARCH_LLAMA;
-    else if (!strcmp(m->arch_name, "qwen2")) hp->arch = ARCH_QWEN2;
-    else if (!strcmp(m->arch_name, "qwen3")) hp->arch = ARCH_QWEN3;
-    else if (!strcmp(m->arch_name, "qwen35")) hp->arch = ARCH_QWEN35;
-    else {
-        ld_fail(&l, "unsupported architecture '%s' in general.architecture (supported: llama, qwen2, qwen3, qwen35)",
-                m->arch_name[0] ? m->arch_name : "(missing)");
+    m->arch = arch_find(m->arch_name);
+    if (!m->arch) {
+        char names[200];
+        ld_fail(&l, "unsupported architecture '%s' in general.architecture (supported: %s)",
+                m->arch_name[0] ? m->arch_name : "(missing)", arch_names(names, sizeof names));
         goto fail;
     }
     int64_t v;
@@ -432,9 +305,9 @@ int model_load(model **out, const char *path, char *err, size_t errlen)
     hp->norm_eps = (float)f;
     if (key_f(&l, "rope.freq_base", &f, 0, 10000.0)) goto fail;
     hp->rope_base = (float)f;
-    hp->rope_neox = hp->arch != ARCH_LLAMA;
+    hp->rope_neox = (m->arch->opt & ARCH_ROPE_NEOX) != 0;
 
-    if (hp->arch == ARCH_QWEN35 ? load_qwen35(&l) : load_weights(&l)) goto fail;
+    if (m->arch->fam->load(&l)) goto fail;
     *out = m;
     return 0;
 fail:

@@ -10,8 +10,7 @@
 #include <stdint.h>
 
 struct tok;
-
-typedef enum model_arch { ARCH_LLAMA = 0, ARCH_QWEN2, ARCH_QWEN3, ARCH_QWEN35 } model_arch;
+struct arch;
 
 typedef struct wt {
     uint32_t type;          /* qtypes id */
@@ -40,7 +39,6 @@ typedef struct layer_w {
 } layer_w;
 
 typedef struct hparams {
-    model_arch arch;
     int32_t n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff;
     int32_t n_rot;              /* rotary dims per head */
     int32_t n_ctx_train;
@@ -51,11 +49,12 @@ typedef struct hparams {
     int32_t ssm_conv_k;         /* causal conv taps */
     int32_t ssm_dk, ssm_dv;     /* key / value head size */
     int32_t ssm_nk, ssm_nv;     /* key / value heads (nv a multiple of nk) */
-    int32_t n_attn_layers;      /* qwen35: layers that keep a KV cache */
+    int32_t n_attn_layers;      /* layers that keep a KV cache (not linear-attention ones) */
 } hparams;
 
 typedef struct model {
     hparams hp;
+    const struct arch *arch;    /* its row of the architecture table (NULL: vocabulary only) */
     char arch_name[32];
     char name[128];
     char path[512];
