@@ -1,4 +1,4 @@
-/* backend_cpu.c — the CPU backend: the reference every other backend is
+/* cpu.c — the CPU backend: the reference every other backend is
  * tested against, and a fast path of its own through qtypes' SIMD kernels and
  * the thread pool. Scratch buffers grow to the largest batch seen and are
  * then reused, so steady-state decoding never allocates. */
@@ -476,31 +476,6 @@ static const be_ops cpu_ops = {
 void be_cpu_scalar(be *b, int on)
 {
     ((cpu_be *)b)->simd_att = !on && (qt_isa_get() == QT_ISA_AVX2 || qt_isa_get() == QT_ISA_AVX512);
-}
-
-const char *be_available(void)
-{
-#ifdef ANE_CUDA
-    return "cpu, cuda";
-#else
-    return "cpu";
-#endif
-}
-
-int be_open(be **out, const char *name, pool *p, int kv_f16, char *err, size_t errlen)
-{
-#ifdef ANE_CUDA
-    if (!name || !strcmp(name, "cuda")) {
-        char cerr[256];
-        if (be_cuda_open(out, p, kv_f16, cerr, sizeof cerr) == 0) return 0;
-        if (name) { snprintf(err, errlen, "cuda backend: %s", cerr); return -1; }
-    }
-#endif
-    if (name && strcmp(name, "cpu") != 0) {
-        snprintf(err, errlen, "backend '%s' is not available in this build (available: %s)", name, be_available());
-        return -1;
-    }
-    return be_cpu_open(out, p, kv_f16, err, errlen);
 }
 
 int be_cpu_open(be **out, pool *p, int kv_f16, char *err, size_t errlen)
