@@ -1,6 +1,6 @@
 /* backend.h — the ops every accelerator backend implements (engine-internal).
  *
- * The forward pass (forward.c) is written once against these ops; the CPU
+ * The forward pass (engine/arch/) is written once against these ops; the CPU
  * backend is the reference, and each other backend (CUDA) is tested against
  * it op by op. Activation buffers are backend memory (plain host memory on
  * the CPU) allocated once at engine start; ops never allocate. Shapes are in

@@ -1,4 +1,4 @@
-/* backend_cpu_ssm.c — the CPU backend's linear-attention (Gated DeltaNet)
+/* cpu_ssm.c — the CPU backend's linear-attention (Gated DeltaNet)
  * and gated-attention ops (see backend.h for their contracts). Runs of
  * tokens of one sequence go through the delta rule in chunks of DN_CHUNK
  * (the chunked parallel form: the state meets a chunk through three matrix

@@ -1,4 +1,4 @@
-/* backend_cpu_ssm.h — the CPU backend's optional ops for linear-attention
+/* cpu_ssm.h — the CPU backend's optional ops for linear-attention
  * (Gated DeltaNet) and gated-attention layers (engine-internal; contracts in
  * backend.h). */
 #ifndef ANE_BACKEND_CPU_SSM_H
@@ -7,7 +7,7 @@
 #include "engine/backend/backend.h"
 
 struct pool;
-/* From backend_cpu.c: the backend's thread pool, and a scratch buffer of at
+/* From cpu.c: the backend's thread pool, and a scratch buffer of at
  * least `bytes` that lives until the next call (grown on the calling thread,
  * never during pool work; aborts when memory runs out, like matmul). */
 struct pool *be_cpu_pool(be *b);

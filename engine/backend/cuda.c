@@ -1,4 +1,4 @@
-/* backend_cuda.c — the CUDA backend (host side; kernels in shaders/).
+/* cuda.c — the CUDA backend (host side; kernels in shaders/).
  * Built only with -DANE_CUDA (make cuda).
  *
  * Weights are uploaded once, in their GGUF block layouts (one copy per

@@ -1,4 +1,4 @@
-/* qt_neon.c — aarch64 gemm kernels (NEON + dot product, ARMv8.2 SDOT).
+/* neon.c — aarch64 gemm kernels (NEON + dot product, ARMv8.2 SDOT).
  * Compiled only on aarch64 (elsewhere this file is empty); qt_gemm calls in
  * only when the CPU reports asimddp. Same arithmetic contract as the x86
  * kernels: small blocks sum int32 lanes per block and scale in float lanes;

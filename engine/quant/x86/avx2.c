@@ -1,4 +1,4 @@
-/* qt_avx2.c — gemm kernels for AVX2 + FMA + F16C (see qt_x86.h). Built with
+/* avx2.c — gemm kernels for AVX2 + FMA + F16C (see kernels.h). Built with
  * a per-file target so the library still runs on CPUs without AVX2; qt_gemm
  * only calls in here after cpuid/xgetbv said yes. */
 #include "engine/quant/qtypes.h"

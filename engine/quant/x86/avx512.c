@@ -1,5 +1,5 @@
-/* qt_avx512.c — gemm kernels for AVX-512 (F, BW, VL, DQ, VNNI): the kernels
- * of qt_x86.h with the u8*s8 dot done by vpdpbusd. The vectors stay 256 bits
+/* avx512.c — gemm kernels for AVX-512 (F, BW, VL, DQ, VNNI): the kernels
+ * of kernels.h with the u8*s8 dot done by vpdpbusd. The vectors stay 256 bits
  * wide (the VL encodings): on cores that split 512-bit operations in two
  * halves (Zen 4) that is the same throughput, without zmm frequency
  * penalties elsewhere. The exception is the q4_K / q6_K decode path

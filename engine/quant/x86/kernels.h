@@ -1,5 +1,5 @@
-/* qt_x86.h — x86 SIMD gemm kernels, written once and compiled twice:
- * qt_avx2.c (AVX2+FMA+F16C; u8*s8 dot = maddubs+madd) and qt_avx512.c
+/* kernels.h — x86 SIMD gemm kernels, written once and compiled twice:
+ * avx2.c (AVX2+FMA+F16C; u8*s8 dot = maddubs+madd) and avx512.c
  * (adds AVX-512 VNNI: u8*s8 dot = vpdpbusd). Include only from those files,
  * after the target pragma, with QT_DOT_US(acc, u, s) and QT_KERNEL_NAME
  * defined.
