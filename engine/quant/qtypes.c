@@ -384,31 +384,29 @@ static inline int nearest_int(float fval)
     return (i & 0x007fffff) - 0x00400000;
 }
 
+/* 32 values as int8 qs of scale d = amax/127; returns d. */
+static float quant_block32(const float *x, int8_t *qs)
+{
+    float amax = 0.0f;
+    for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
+    const float d = amax / 127.0f;
+    const float id = d ? 1.0f / d : 0.0f;
+    for (int j = 0; j < 32; j++) qs[j] = (int8_t)roundf(x[j] * id);
+    return d;
+}
+
 static void quant_q8_0(const float *x, qt_block_q8_0 *y, int64_t nb)
 {
-    for (int64_t i = 0; i < nb; i++, x += 32) {
-        float amax = 0.0f;
-        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
-        const float d = amax / 127.0f;
-        const float id = d ? 1.0f / d : 0.0f;
-        y[i].d = qt_fp32_to_fp16(d);
-        for (int j = 0; j < 32; j++) y[i].qs[j] = (int8_t)roundf(x[j] * id);
-    }
+    for (int64_t i = 0; i < nb; i++, x += 32) y[i].d = qt_fp32_to_fp16(quant_block32(x, y[i].qs));
 }
 
 static void quant_q8_1(const float *x, qt_block_q8_1 *y, int64_t nb)
 {
     for (int64_t i = 0; i < nb; i++, x += 32) {
-        float amax = 0.0f;
-        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
-        const float d = amax / 127.0f;
-        const float id = d ? 1.0f / d : 0.0f;
-        y[i].d = qt_fp32_to_fp16(d);
+        const float d = quant_block32(x, y[i].qs);
         int sum = 0;
-        for (int j = 0; j < 32; j++) {
-            y[i].qs[j] = (int8_t)roundf(x[j] * id);
-            sum += y[i].qs[j];
-        }
+        for (int j = 0; j < 32; j++) sum += y[i].qs[j];
+        y[i].d = qt_fp32_to_fp16(d);
         y[i].s = qt_fp32_to_fp16((float)sum * d);
     }
 }

@@ -298,52 +298,9 @@ N_AI void n_float(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64_t
     }
 }
 
-#define N_INST(fn, inner, T) \
-    static void fn(int64_t n, const uint8_t *W, size_t ws, int64_t r0, int64_t r1, \
-                   const uint8_t *A, size_t as, int nb, float *Y, int64_t ldy) \
-    { inner(T, n, W, ws, r0, r1, A, as, nb, Y, ldy); }
-
-N_INST(nk_q4_0, n_small, QT_Q4_0)
-N_INST(nk_q4_1, n_small, QT_Q4_1)
-N_INST(nk_q5_0, n_small, QT_Q5_0)
-N_INST(nk_q5_1, n_small, QT_Q5_1)
-N_INST(nk_q8_0, n_small, QT_Q8_0)
-N_INST(nk_q2_K, n_kquant, QT_Q2_K)
-N_INST(nk_q3_K, n_kquant, QT_Q3_K)
-N_INST(nk_q4_K, n_kquant, QT_Q4_K)
-N_INST(nk_q5_K, n_kquant, QT_Q5_K)
-N_INST(nk_q6_K, n_kquant, QT_Q6_K)
-N_INST(nk_f32, n_float, QT_F32)
-N_INST(nk_f16, n_float, QT_F16)
-N_INST(nk_bf16, n_float, QT_BF16)
-
-int qt_gemm_neon(uint32_t wtype, int64_t n, const void *W, size_t w_stride,
-                 int64_t r0, int64_t r1, const void *A, size_t a_stride, int nb,
-                 float *Y, int64_t ldy)
-{
-    void (*fn)(int64_t, const uint8_t *, size_t, int64_t, int64_t, const uint8_t *, size_t, int,
-               float *, int64_t);
-    switch (wtype) {
-    case QT_Q4_0: fn = nk_q4_0; break;
-    case QT_Q4_1: fn = nk_q4_1; break;
-    case QT_Q5_0: fn = nk_q5_0; break;
-    case QT_Q5_1: fn = nk_q5_1; break;
-    case QT_Q8_0: fn = nk_q8_0; break;
-    case QT_Q2_K: fn = nk_q2_K; break;
-    case QT_Q3_K: fn = nk_q3_K; break;
-    case QT_Q4_K: fn = nk_q4_K; break;
-    case QT_Q5_K: fn = nk_q5_K; break;
-    case QT_Q6_K: fn = nk_q6_K; break;
-    case QT_F32: fn = nk_f32; break;
-    case QT_F16: fn = nk_f16; break;
-    case QT_BF16: fn = nk_bf16; break;
-    default: return -1;
-    }
-    const qt_traits *t = qt_get(wtype);
-    if (n <= 0 || n % t->blck) return -1;
-    fn(n, W, w_stride, r0, r1, A, a_stride, nb, Y, ldy);
-    return 0;
-}
+#define QT_GE_FAM(fam) n_##fam
+#define QT_GE_NAME qt_gemm_neon
+#include "engine/quant/gemm_entry.h"
 
 #if defined(__clang__)
 #pragma clang attribute pop

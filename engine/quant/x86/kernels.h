@@ -1078,52 +1078,8 @@ QT_AI void x_float(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64_
     }
 }
 
-/* One non-inlined instance per type, so each is specialised. */
-#define QT_X_INST(fn, inner, T) \
-    static void fn(int64_t n, const uint8_t *W, size_t ws, int64_t r0, int64_t r1, \
-                   const uint8_t *A, size_t as, int nb, float *Y, int64_t ldy) \
-    { inner(T, n, W, ws, r0, r1, A, as, nb, Y, ldy); }
-
-QT_X_INST(k_q4_0, x_small, QT_Q4_0)
-QT_X_INST(k_q4_1, x_small, QT_Q4_1)
-QT_X_INST(k_q5_0, x_small, QT_Q5_0)
-QT_X_INST(k_q5_1, x_small, QT_Q5_1)
-QT_X_INST(k_q8_0, x_small, QT_Q8_0)
-QT_X_INST(k_q2_K, x_kquant, QT_Q2_K)
-QT_X_INST(k_q3_K, x_kquant, QT_Q3_K)
-QT_X_INST(k_q4_K, x_kquant, QT_Q4_K)
-QT_X_INST(k_q5_K, x_kquant, QT_Q5_K)
-QT_X_INST(k_q6_K, x_kquant, QT_Q6_K)
-QT_X_INST(k_f32, x_float, QT_F32)
-QT_X_INST(k_f16, x_float, QT_F16)
-QT_X_INST(k_bf16, x_float, QT_BF16)
-
-int QT_KERNEL_NAME(uint32_t wtype, int64_t n, const void *W, size_t w_stride,
-                   int64_t r0, int64_t r1, const void *A, size_t a_stride, int nb,
-                   float *Y, int64_t ldy)
-{
-    void (*fn)(int64_t, const uint8_t *, size_t, int64_t, int64_t, const uint8_t *, size_t, int,
-               float *, int64_t);
-    switch (wtype) {
-    case QT_Q4_0: fn = k_q4_0; break;
-    case QT_Q4_1: fn = k_q4_1; break;
-    case QT_Q5_0: fn = k_q5_0; break;
-    case QT_Q5_1: fn = k_q5_1; break;
-    case QT_Q8_0: fn = k_q8_0; break;
-    case QT_Q2_K: fn = k_q2_K; break;
-    case QT_Q3_K: fn = k_q3_K; break;
-    case QT_Q4_K: fn = k_q4_K; break;
-    case QT_Q5_K: fn = k_q5_K; break;
-    case QT_Q6_K: fn = k_q6_K; break;
-    case QT_F32: fn = k_f32; break;
-    case QT_F16: fn = k_f16; break;
-    case QT_BF16: fn = k_bf16; break;
-    default: return -1;
-    }
-    const qt_traits *t = qt_get(wtype);
-    if (n <= 0 || n % t->blck) return -1;
-    fn(n, W, w_stride, r0, r1, A, a_stride, nb, Y, ldy);
-    return 0;
-}
+#define QT_GE_FAM(fam) x_##fam
+#define QT_GE_NAME QT_KERNEL_NAME
+#include "engine/quant/gemm_entry.h"
 
 #endif
