@@ -606,6 +606,17 @@ static void unpack_k(uint32_t type, const uint8_t *b, uint8_t q[256], int16_t s[
     }
 }
 
+/* One small-block weight block against 32 int8 activations: the int32
+ * dot, with the block's scale d and min m. */
+static int small_dot(uint32_t type, const uint8_t *b, const int8_t *qa, float *d, float *m)
+{
+    int8_t q[32];
+    unpack_small(type, b, q, d, m);
+    int isum = 0;
+    for (int j = 0; j < 32; j++) isum += q[j] * qa[j];
+    return isum;
+}
+
 float qt_vec_dot_ref(uint32_t wtype, int64_t n, const void *w, const void *a)
 {
     const qt_traits *t = qt_get(wtype);
@@ -629,26 +640,18 @@ float qt_vec_dot_ref(uint32_t wtype, int64_t n, const void *w, const void *a)
     }
     case QT_Q4_0: case QT_Q5_0: case QT_Q8_0: {
         const qt_block_q8_0 *y = a;
-        float sum = 0;
+        float sum = 0, d, m;
         for (int64_t i = 0; i < n / 32; i++) {
-            int8_t q[32];
-            float d, m;
-            unpack_small(wtype, wb + i * t->type_size, q, &d, &m);
-            int isum = 0;
-            for (int j = 0; j < 32; j++) isum += q[j] * y[i].qs[j];
+            const int isum = small_dot(wtype, wb + i * t->type_size, y[i].qs, &d, &m);
             sum += (float)isum * (d * h2f(y[i].d));
         }
         return sum;
     }
     case QT_Q4_1: case QT_Q5_1: {
         const qt_block_q8_1 *y = a;
-        float sum = 0;
+        float sum = 0, d, m;
         for (int64_t i = 0; i < n / 32; i++) {
-            int8_t q[32];
-            float d, m;
-            unpack_small(wtype, wb + i * t->type_size, q, &d, &m);
-            int isum = 0;
-            for (int j = 0; j < 32; j++) isum += q[j] * y[i].qs[j];
+            const int isum = small_dot(wtype, wb + i * t->type_size, y[i].qs, &d, &m);
             sum += (d * h2f(y[i].d)) * (float)isum + m * h2f(y[i].s);
         }
         return sum;
