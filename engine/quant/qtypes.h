@@ -99,15 +99,11 @@ void qt_quantize_row_ref(uint32_t act_type, const float *x, void *dst, int64_t n
 int qt_quantize_avx2(uint32_t act_type, const float *x, void *dst, int64_t n);
 
 /* SIMD kernels (same arguments as qt_gemm): 0 done, -1 type not handled
- * there (the caller falls back to a lower ISA). Defined only where built. */
-int qt_gemm_avx2(uint32_t wtype, int64_t n, const void *W, size_t w_stride,
-                 int64_t r0, int64_t r1, const void *A, size_t a_stride, int nb,
-                 float *Y, int64_t ldy);
-int qt_gemm_avx512(uint32_t wtype, int64_t n, const void *W, size_t w_stride,
-                   int64_t r0, int64_t r1, const void *A, size_t a_stride, int nb,
-                   float *Y, int64_t ldy);
-int qt_gemm_neon(uint32_t wtype, int64_t n, const void *W, size_t w_stride,
-                 int64_t r0, int64_t r1, const void *A, size_t a_stride, int nb,
-                 float *Y, int64_t ldy);
+ * there (the caller falls back to a lower ISA). Defined only where built
+ * (quant/gemm_entry.h). */
+typedef int qt_gemm_kernel(uint32_t wtype, int64_t n, const void *W, size_t w_stride,
+                           int64_t r0, int64_t r1, const void *A, size_t a_stride, int nb,
+                           float *Y, int64_t ldy);
+qt_gemm_kernel qt_gemm_avx2, qt_gemm_avx512, qt_gemm_neon;
 
 #endif
