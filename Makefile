@@ -70,8 +70,10 @@ BUILD_KIND := $(if $(filter 1,$(CUDA)),cuda,cpu)
 # programs relink when the build kind changes (bin/.kind holds the last one)
 $(shell mkdir -p bin; [ "$$(cat bin/.kind 2>/dev/null)" = "$(BUILD_KIND)" ] || echo $(BUILD_KIND) > bin/.kind)
 
+COMMON_SRC := $(wildcard common/*.c)
 PROTO_SRC  := $(wildcard proto/*.c)
-ENGINE_SRC := $(wildcard engine/*.c)
+# engine sources sit in subfolders (engine/README.md): object paths mirror them
+ENGINE_SRC := $(sort $(shell find engine -name '*.c'))
 CLIENT_LIB_SRC := $(wildcard client/libaneclient.c)
 HTTP_SRC   := $(wildcard http/*.c)
 DAEMON_SRC := $(wildcard daemon/*.c)
@@ -81,6 +83,7 @@ BENCH_SRC  := $(wildcard tests/bench/*.c)
 BENCH_BIN  := $(BENCH_SRC:tests/bench/%.c=bin/%)
 TEST_HELP_SRC := $(filter-out tests/unit/t_%.c,$(wildcard tests/unit/*.c))
 
+COMMON_OBJ := $(COMMON_SRC:%.c=$(O)/%.o)
 PROTO_OBJ  := $(PROTO_SRC:%.c=$(O)/%.o)
 ENGINE_OBJ := $(ENGINE_SRC:%.c=$(O)/%.o)
 CLIENT_LIB_OBJ := $(CLIENT_LIB_SRC:%.c=$(O)/%.o)
@@ -127,9 +130,10 @@ $(O)/%.o: %.c | bin/.deps-ok
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -MMD -MP -c $< -o $@
 
-$(LIBPROTO): $(PROTO_OBJ)
+# common/ (UTF-8, error messages) goes into every library that needs it
+$(LIBPROTO): $(PROTO_OBJ) $(COMMON_OBJ)
 	@mkdir -p $(dir $@); rm -f $@; ar rcs $@ $^
-$(LIBENGINE): $(ENGINE_OBJ) $(CUDA_OBJ)
+$(LIBENGINE): $(ENGINE_OBJ) $(COMMON_OBJ) $(CUDA_OBJ)
 	@mkdir -p $(dir $@); rm -f $@; ar rcs $@ $^
 
 $(O)/shaders/%.o: shaders/%.cu shaders/%.h shaders/cuda_launch.cuh
@@ -149,7 +153,7 @@ bin/ktrace.so: tests/bench/ktrace/ktrace.c
 test-cuda: fixtures
 	$(MAKE) CUDA=1 all
 	@bin/tests/t_cuda && ANE_BACKEND=cuda bin/tests/t_models
-$(LIBCLIENT): $(CLIENT_LIB_OBJ) $(PROTO_OBJ)
+$(LIBCLIENT): $(CLIENT_LIB_OBJ) $(PROTO_OBJ) $(COMMON_OBJ)
 	@mkdir -p $(dir $@); rm -f $@; ar rcs $@ $^
 
 bin/aned: $(DAEMON_OBJ) $(LIBENGINE) $(LIBPROTO) bin/.kind
@@ -200,7 +204,7 @@ FUZZ_SECONDS ?= 30
 FUZZ_FLAGS   ?= -timeout=10 -rss_limit_mb=2048 -max_len=65536 -print_final_stats=0
 FUZZ_SRC  := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_BIN  := $(FUZZ_SRC:tests/fuzz/%.c=bin/fuzz/%)
-FUZZ_LIB_OBJ := $(patsubst %.c,bin/fuzz/obj/%.o,$(ENGINE_SRC) $(PROTO_SRC))
+FUZZ_LIB_OBJ := $(patsubst %.c,bin/fuzz/obj/%.o,$(ENGINE_SRC) $(PROTO_SRC) $(COMMON_SRC))
 FUZZ_CFLAGS = -std=c11 -O1 -g -pthread -fno-omit-frame-pointer -fsanitize=address,undefined \
               -fno-sanitize-recover=undefined -fsanitize=fuzzer-no-link $(CPPFLAGS) $(PC_CFLAGS)
 

@@ -19,16 +19,17 @@
  * Every event is queued by the worker. A job's KV pages are returned the
  * moment it ends or is cancelled. */
 #include "engine/engine.h"
-#include "engine/backend.h"
-#include "engine/chat.h"
-#include "engine/forward.h"
+#include "common/utf8.h"
+#include "engine/backend/backend.h"
+#include "engine/text/chat.h"
+#include "engine/arch/forward.h"
 #include "engine/kvcache.h"
-#include "engine/model.h"
+#include "engine/load/model.h"
 #include "engine/pool.h"
-#include "engine/qtypes.h"
+#include "engine/quant/qtypes.h"
 #include "engine/sampler.h"
 #include "engine/snap.h"
-#include "engine/tokenizer.h"
+#include "engine/text/tokenizer.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -200,35 +201,6 @@ void eng_sampling_default(eng_sampling *s)
 
 /* ---- UTF-8 --------------------------------------------------------------- */
 
-/* Length of a valid UTF-8 sequence starting at s (n bytes available):
- * >0 whole character, 0 incomplete but could still become valid, -1 invalid. */
-static int utf8_seq(const unsigned char *s, size_t n)
-{
-    unsigned c = s[0];
-    int len;
-    unsigned min;
-    if (c < 0x80) return 1;
-    if (c >= 0xC2 && c <= 0xDF) { len = 2; min = 0x80; }
-    else if (c >= 0xE0 && c <= 0xEF) { len = 3; min = 0x800; }
-    else if (c >= 0xF0 && c <= 0xF4) { len = 4; min = 0x10000; }
-    else return -1;
-    unsigned cp = c & (0x3F >> (len - 1));
-    for (int i = 1; i < len; i++) {
-        if ((size_t)i >= n) return 0;
-        if ((s[i] & 0xC0) != 0x80) return -1;
-        cp = (cp << 6) | (s[i] & 0x3F);
-        /* reject overlongs/surrogates/out of range as early as they show */
-        if (i == 1) {
-            if (len == 3 && c == 0xE0 && s[1] < 0xA0) return -1;
-            if (len == 3 && c == 0xED && s[1] >= 0xA0) return -1;
-            if (len == 4 && c == 0xF0 && s[1] < 0x90) return -1;
-            if (len == 4 && c == 0xF4 && s[1] >= 0x90) return -1;
-        }
-    }
-    if (cp < min) return -1;
-    return len;
-}
-
 /* Copies whole characters of src[0..n) to dst (invalid bytes → U+FFFD);
  * returns the bytes consumed, leaving an incomplete tail unless flush. dst
  * needs 3*n bytes. */
@@ -237,7 +209,7 @@ static size_t utf8_clean(const char *src, size_t n, int flush, char *dst, size_t
     const unsigned char *s = (const unsigned char *)src;
     size_t i = 0, o = 0;
     while (i < n) {
-        int l = utf8_seq(s + i, n - i);
+        int l = utf8_char(src + i, n - i);
         if (l == 0 && !flush) break;
         if (l <= 0) { memcpy(dst + o, "\xEF\xBF\xBD", 3); o += 3; i += 1; continue; }
         memcpy(dst + o, s + i, (size_t)l);
@@ -1251,12 +1223,13 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
     in->n_threads = nth;
     if (pool_open(&e->pool, nth)) { snprintf(err, errlen, "cannot start %d threads", nth); goto fail; }
     if (be_open(&e->be, opt->backend, e->pool, !opt->kv_f32, err, errlen)) goto fail;
-    if (m->hp.arch == ARCH_QWEN35 && !e->be->ops->deltanet) {
-        /* linear-attention layers need ops this backend lacks: when the
+    const char *lacks = fw_lacks(m, e->be->ops);
+    if (lacks) {
+        /* the architecture needs ops this backend lacks: when the
          * backend was not asked for by name, run the model on the CPU */
         if (opt->backend) {
-            snprintf(err, errlen, "%s: the %s backend cannot run %s models (linear-attention ops); use --backend cpu",
-                     m->path, e->be->ops->name, m->arch_name);
+            snprintf(err, errlen, "%s: the %s backend cannot run %s models (%s); use --backend cpu",
+                     m->path, e->be->ops->name, m->arch_name, lacks);
             goto fail;
         }
         e->be->ops->close(e->be);

@@ -1,5 +1,5 @@
 /* engine.h — the engine's whole public surface; the daemon includes nothing
- * else from engine/.
+ * else from engine/ (engine/README.md maps the rest).
  *
  * One eng owns one resident model (weights mmapped read-only), its tokenizer,
  * the KV cache pool and one worker thread that runs every forward pass.
