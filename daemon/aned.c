@@ -82,7 +82,7 @@ static void usage(FILE *f)
 "                          closed (default 0: no limit)\n"
 "      --seccomp MODE      enforce, log, off or auto (default: enforce on the cpu\n"
 "                          backend, off on cuda, whose driver needs ioctl/open);\n"
-"                          not off: Landlock confines the loop thread as well\n"
+"                          not off: Landlock confines every thread as well\n"
 "\n"
 "  -d, --daemonize         detach; the parent exits once the model is loaded\n"
 "  -l, --log FILE          log to FILE (reopened on SIGHUP) instead of stderr\n"
