@@ -592,7 +592,7 @@ def test_confinement_every_thread():
     os.mkdir(other)
     os.chmod(other, 0o777)
     victim = os.path.join(other, "victim")
-    dm = Daemon(tmp, ["--user", str(NOBODY), "--pidfile", os.path.join(rundir, "aned.pid")],
+    dm = Daemon(tmp, ["--user", str(NOBODY), "--pidfile", os.path.join(rundir, "aned.pid"), "-t", "2"],
                 sock=os.path.join(rundir, "aned.sock"), log=os.path.join(logdir, "aned.log")).start()
     pid = dm.proc.pid
     stopped = []
