@@ -325,10 +325,30 @@ def test_start_files_fifo():
 
 def test_socket_symlink_race():
     """The user owning the socket's directory swaps the socket for a symlink
-    to a root-owned file as soon as it appears, while aned (root, with
-    --socket-group and --socket-mode) starts again and again: the target's
-    owner, group and mode never change. (The start-ups stop at the missing
-    model, right after the socket is set up.)"""
+    to a root-owned file, while aned (root, with --socket-group and
+    --socket-mode) starts: the target's owner, group and mode never change.
+    First with the race won by construction: aned's main thread is traced and
+    the swap is made the moment its bind() returns (x86_64); then a swapper
+    running free (replacing the socket as soon as it sees one) against up to
+    200 start-ups in 20 s. The start-ups stop at the missing model, right
+    after the socket is set up."""
+    if platform.machine() == "x86_64":
+        tmp = mktmp()
+        d = nobody_dir(tmp, "run")
+        target = scratch(tmp, 0o600)
+        before = fingerprint(target)
+        sock = os.path.join(d, "aned.sock")
+
+        def swap():
+            link = os.path.join(d, "link")
+            os.symlink(target, link)
+            os.rename(link, sock)
+        rc, binds = run_traced([ANED, "--model", os.path.join(tmp, "no-such-model.gguf"), "--socket", sock,
+                                "--socket-group", "users", "--socket-mode", "0666", "-t", "1"],
+                               {SYS_BIND: lambda: check(as_nobody(swap) == 0, "swap as nobody failed")})
+        check(binds >= 1, "aned never called bind() (exit %s)" % rc)
+        check(fingerprint(target) == before, "swapped right after bind(): the symlink's target became %r (was %r)"
+              % (fingerprint(target), before))
     tmp = mktmp()
     d = nobody_dir(tmp, "run")
     target = scratch(tmp, 0o600)
@@ -429,6 +449,50 @@ def seize_stop(tid):
 def need_ptrace():
     if platform.machine() != "x86_64":
         raise Skip("needs x86_64 (registers are set by hand)")
+
+
+PTRACE_SYSCALL, PTRACE_SETOPTIONS = 24, 0x4200
+PTRACE_O_TRACESYSGOOD, PTRACE_O_EXITKILL = 1, 0x100000
+SYS_BIND = 49
+
+
+def run_traced(argv, on_exit):
+    """Runs argv with its main thread traced at every system call; when call
+    nr returns 0, on_exit[nr]() runs while the thread waits. Returns (exit
+    status, calls hooked)."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            fd = os.open(os.devnull, os.O_RDWR)
+            for i in (0, 1, 2):
+                os.dup2(fd, i)
+            libc.ptrace(0, 0, None, None)  # PTRACE_TRACEME: stops at exec
+            os.execv(argv[0], argv)
+        finally:
+            os._exit(127)
+    _, st = os.waitpid(pid, 0)
+    check(os.WIFSTOPPED(st), "traced child did not stop at exec (status %x)" % st)
+    ptrace(PTRACE_SETOPTIONS, pid, 0, PTRACE_O_TRACESYSGOOD | PTRACE_O_EXITKILL)
+    hooked = 0
+    in_call = False
+    sig = 0
+    while True:
+        ptrace(PTRACE_SYSCALL, pid, 0, sig)
+        sig = 0
+        _, st = os.waitpid(pid, 0)
+        if os.WIFEXITED(st):
+            return os.WEXITSTATUS(st), hooked
+        if os.WIFSIGNALED(st):
+            return -os.WTERMSIG(st), hooked
+        if os.WSTOPSIG(st) == (signal.SIGTRAP | 0x80):
+            r = Regs()
+            ptrace(PTRACE_GETREGS, pid, 0, ctypes.addressof(r))
+            if in_call and r.orig_rax in on_exit and r.rax == 0:
+                on_exit[r.orig_rax]()
+                hooked += 1
+            in_call = not in_call
+        elif os.WSTOPSIG(st) != signal.SIGTRAP:
+            sig = os.WSTOPSIG(st)  # the child's own signal: delivered
 
 
 def test_sigterm_while_loading():
