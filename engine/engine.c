@@ -50,6 +50,7 @@
 typedef enum { JOB_PENDING, JOB_TOKENIZING, JOB_QUEUED, JOB_ACTIVE, JOB_PARKED } job_state;
 
 #define TOK_NICE 10  /* the tokenizer thread yields the cores to forward passes */
+#define JOB_TOKENIZE ((eng_job_kind)2)  /* eng_tokenize_submit: ids back as one event */
 
 typedef struct job {
     struct job *next;            /* queue link */
@@ -86,7 +87,7 @@ typedef struct job {
     char *text; size_t text_len;
     char *system; size_t system_len;
     chat_msg *msgs; size_t n_msgs; char *msg_buf;
-    int raw, parse_special;
+    int raw, parse_special, add_bos;
     int32_t max_tokens;
     eng_err err_code;            /* set by the tokenizer: fails with this once taken */
     char err_msg[160];
@@ -118,7 +119,8 @@ struct eng {
     pthread_cond_t tok_cv;       /* pending jobs or stop, for the tokenizer */
     job *pend_head, *pend_tail;  /* waiting to be tokenized, in submit order */
     job *tokenizing;             /* the one being tokenized now, or NULL */
-    int n_pending;               /* pending + tokenizing (not reported) */
+    int n_pending;               /* pending + tokenizing (not reported), generate/eval */
+    int n_tokreq;                /* the same, eng_tokenize_submit's */
     uint64_t tok_vt;             /* virtual start of the last job taken to tokenize */
     job **active; int n_active;
     job *parked; int n_parked;   /* paused jobs out of the batch, KV kept (list by next) */
@@ -281,6 +283,7 @@ void eng_event_free(eng_event *ev)
 {
     if (!ev) return;
     free(ev->text);
+    free(ev->ids);
     free(ev->top_ids);
     free(ev->top_logits);
     free(ev);
@@ -591,6 +594,13 @@ static uint64_t pend_vt(const eng *e, uint32_t uid)
     return vt;
 }
 
+/* A pending job leaves the tokenizer's count. Under mu. */
+static void pend_done(eng *e, const job *j)
+{
+    if (j->kind == JOB_TOKENIZE) e->n_tokreq--;
+    else e->n_pending--;
+}
+
 /* Inserts a ready job into the queue by id, so that admission's "oldest
  * first" stays submit order whenever tokenization finishes. Under mu. */
 static void queue_insert(eng *e, job *j)
@@ -686,6 +696,46 @@ int eng_submit(eng *e, const eng_job_desc *d, uint64_t *job_id, eng_err *code, c
     return 0;
 }
 
+int eng_tokenize_submit(eng *e, const char *text, size_t len, int add_bos, int parse_special,
+                        uint32_t uid, void *user, uint64_t *job_id, eng_err *code, char *err, size_t errlen)
+{
+    if (code) *code = ENG_OK;
+    job *j = calloc(1, sizeof *j);
+    if (!j) return fail(code, ENG_ENOMEM, err, errlen, NULL);
+    j->kind = JOB_TOKENIZE;
+    j->text = malloc(len + 1);
+    if (!j->text) { job_free(j); return fail(code, ENG_ENOMEM, err, errlen, NULL); }
+    if (len) memcpy(j->text, text, len);
+    j->text[len] = 0;
+    j->text_len = len;
+    j->add_bos = add_bos;
+    j->parse_special = parse_special;
+    j->uid = uid;
+    j->user = user;
+    j->t_submit = now_ms();
+    pthread_mutex_lock(&e->mu);
+    if (e->stop || !e->tokw_started) {
+        pthread_mutex_unlock(&e->mu);
+        job_free(j);
+        return fail(code, ENG_ESHUTDOWN, err, errlen, NULL);
+    }
+    if (e->n_tokreq >= e->max_queued) {
+        pthread_mutex_unlock(&e->mu);
+        job_free(j);
+        return fail(code, ENG_EBUSY, err, errlen, "too many tokenize requests waiting");
+    }
+    j->id = ++e->next_id;
+    *job_id = j->id;
+    j->state = JOB_PENDING;
+    j->vt = pend_vt(e, j->uid);
+    if (e->pend_tail) e->pend_tail->next = j; else e->pend_head = j;
+    e->pend_tail = j;
+    e->n_tokreq++;
+    pthread_cond_signal(&e->tok_cv);
+    pthread_mutex_unlock(&e->mu);
+    return 0;
+}
+
 void eng_cancel(eng *e, uint64_t id)
 {
     pthread_mutex_lock(&e->mu);
@@ -768,7 +818,7 @@ static void schedule(eng *e)
         if (atomic_load(&j->cancel)) {
             if (prev) prev->next = nx; else e->pend_head = nx;
             if (e->pend_tail == j) e->pend_tail = prev;
-            e->n_pending--;
+            pend_done(e, j);
             job_finish(e, j, ENG_FINISH_CANCELLED);
             job_free(j);
         } else prev = j;
@@ -779,7 +829,7 @@ static void schedule(eng *e)
     job *tj = e->tokenizing;
     if (tj && !tj->reported && atomic_load(&tj->cancel)) {
         tj->reported = 1;
-        e->n_pending--;
+        pend_done(e, tj);
         job_finish(e, tj, ENG_FINISH_CANCELLED);
     }
     prev = NULL;
@@ -1171,7 +1221,12 @@ static void *tokw_main(void *arg)
         size_t n = 0;
         eng_err code = ENG_OK;
         char msg[sizeof j->err_msg];
-        int rc = atomic_load(&j->cancel) ? 0 : job_encode(e, j, &ids, &n, &code, msg, sizeof msg);
+        int rc = 0;
+        if (atomic_load(&j->cancel)) {}
+        else if (j->kind == JOB_TOKENIZE)
+            rc = eng_tokenize(e, j->text, j->text_len, j->add_bos, j->parse_special, &ids, &n, &code, msg, sizeof msg);
+        else
+            rc = job_encode(e, j, &ids, &n, &code, msg, sizeof msg);
 
         pthread_mutex_lock(&e->mu);
         e->tokenizing = NULL;
@@ -1180,7 +1235,27 @@ static void *tokw_main(void *arg)
             job_free(j);
             continue;
         }
-        e->n_pending--;
+        pend_done(e, j);
+        if (j->kind == JOB_TOKENIZE) {
+            /* answered from here: no worker step is involved (there may be no worker) */
+            eng_event *ev = NULL;
+            if (atomic_load(&j->cancel)) {
+                job_finish(e, j, ENG_FINISH_CANCELLED);
+            } else if (rc == 0 && (ev = ev_new(ENG_EV_TOKENS, j))) {
+                ev->ids = ids;
+                ev->n_ids = n;
+                ids = NULL;
+                ev_push(e, ev);
+            } else {
+                j->err_code = rc ? (code != ENG_OK ? code : ENG_EINTERNAL) : ENG_ENOMEM;
+                snprintf(j->err_msg, sizeof j->err_msg, "%s", rc ? msg : eng_strerror(ENG_ENOMEM));
+                job_error(e, j);
+            }
+            free(ids);
+            job_free(j);
+            notify(e);
+            continue;
+        }
         /* the rest only allocates; still under mu, as out of every list
          * an eng_cancel could not find the job */
         if (rc == 0 && !atomic_load(&j->cancel)) rc = job_set_prompt(e, j, ids, n, &code, msg, sizeof msg);
@@ -1195,6 +1270,21 @@ static void *tokw_main(void *arg)
 }
 
 /* ---- open / close / info ------------------------------------------------- */
+
+/* Starts the tokenizer thread and waits until it runs: no syscall of its
+ * start-up comes after eng_open returns (the seccomp filter follows). */
+static int tokw_start(eng *e, char *err, size_t errlen)
+{
+    if (pthread_create(&e->tokw, NULL, tokw_main, e) != 0) {
+        snprintf(err, errlen, "cannot start the tokenizer thread");
+        return -1;
+    }
+    e->tokw_started = 1;
+    pthread_mutex_lock(&e->mu);
+    while (!e->tokw_ready) pthread_cond_wait(&e->cv, &e->mu);
+    pthread_mutex_unlock(&e->mu);
+    return 0;
+}
 
 int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
 {
@@ -1225,7 +1315,9 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
         snprintf(e->warning, sizeof e->warning, "unknown chat template: prompts are used raw");
         in->warning = e->warning;
     }
+    e->max_queued = opt->max_queued > 0 ? opt->max_queued : 256;
     if (m->tokenizer_only) {
+        if (tokw_start(e, err, errlen)) goto fail;
         *out = e;
         return 0;
     }
@@ -1241,7 +1333,6 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
     if (e->n_ctx < 8) e->n_ctx = 8;
     e->max_seqs = opt->max_seqs > 0 ? opt->max_seqs : 16;
     if (e->max_seqs > 256) e->max_seqs = 256;
-    e->max_queued = opt->max_queued > 0 ? opt->max_queued : 256;
     in->n_ctx = e->n_ctx;
     in->max_seqs = e->max_seqs;
 
@@ -1320,14 +1411,7 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
         goto fail;
     }
     e->worker_started = 1;
-    if (pthread_create(&e->tokw, NULL, tokw_main, e) != 0) {
-        snprintf(err, errlen, "cannot start the tokenizer thread");
-        goto fail;
-    }
-    e->tokw_started = 1;
-    pthread_mutex_lock(&e->mu);
-    while (!e->tokw_ready) pthread_cond_wait(&e->cv, &e->mu);
-    pthread_mutex_unlock(&e->mu);
+    if (tokw_start(e, err, errlen)) goto fail;
     *out = e;
     return 0;
 fail:
@@ -1338,13 +1422,13 @@ fail:
 void eng_close(eng *e)
 {
     if (!e) return;
-    if (e->worker_started) {
+    if (e->worker_started || e->tokw_started) {
         pthread_mutex_lock(&e->mu);
         e->stop = 1;
         pthread_cond_signal(&e->cv);
         pthread_cond_signal(&e->tok_cv);
         pthread_mutex_unlock(&e->mu);
-        pthread_join(e->worker, NULL);
+        if (e->worker_started) pthread_join(e->worker, NULL);
         if (e->tokw_started) pthread_join(e->tokw, NULL);   /* ends its current prompt first */
     }
     for (job *j = e->pend_head; j;) { job *n = j->next; job_free(j); j = n; }

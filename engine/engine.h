@@ -98,6 +98,15 @@ int eng_tokenize(eng *e, const char *text, size_t len, int add_bos, int parse_sp
 int eng_detokenize(eng *e, const int32_t *ids, size_t n, char **text, size_t *len,
                    eng_err *code, char *err, size_t errlen);
 
+/* eng_tokenize off the caller's thread: the text is copied and encoded on
+ * the engine's tokenizer thread, in the same fair order across uids as text
+ * prompts, so a megabyte of text costs the caller a copy. The result is one
+ * ENG_EV_TOKENS event (ids, n_ids) or ENG_EV_ERROR, carrying `user`;
+ * eng_cancel drops it (ENG_EV_DONE, cancelled). At most max_queued of them
+ * wait at once (ENG_EBUSY past that). Also on tokenizer-only models. */
+int eng_tokenize_submit(eng *e, const char *text, size_t len, int add_bos, int parse_special,
+                        uint32_t uid, void *user, uint64_t *job_id, eng_err *code, char *err, size_t errlen);
+
 typedef struct eng_sampling {
     float temperature;     /* 0 = greedy */
     int32_t top_k;         /* 0 = off */
@@ -167,6 +176,7 @@ typedef enum eng_event_type {
     ENG_EV_LOGITS,     /* eval: top-N logits at one prompt position */
     ENG_EV_DONE,       /* last event of a job that ran */
     ENG_EV_ERROR,      /* last event of a job that failed after submit */
+    ENG_EV_TOKENS,     /* eng_tokenize_submit: the ids (its only event) */
 } eng_event_type;
 
 typedef enum eng_finish {
@@ -185,6 +195,9 @@ typedef struct eng_event {
     int32_t token;
     char *text;
     size_t text_len;
+    /* TOKENS: the text's ids (malloc'd; NULL when there are none). */
+    int32_t *ids;
+    size_t n_ids;
     /* LOGITS: position in the prompt and its top-N, best first. */
     int32_t pos;
     int32_t n_top;
