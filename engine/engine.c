@@ -78,6 +78,10 @@ typedef struct job {
     int snap, snap2;             /* recurrent models: snapshot entries it saves to (the
                                     prompt's last page boundary; later ones), or -1 */
     int n_cached;                /* prompt tokens whose KV was reused */
+    int n_fill;                  /* after an eviction: tokens to compute again before it
+                                    goes on (their outputs were given already); else 0 */
+    int evicted;                 /* its pages were taken back: admitted again from the queue */
+    uint64_t admit_no;           /* order of its latest admission (youngest preempted first) */
     int n_published;             /* pages offered for prefix reuse */
     int finished; eng_finish why;  /* set by the worker; retired after the step */
     double t_submit, t_admit, t_first, t_end;
@@ -123,7 +127,9 @@ struct eng {
     int n_tokreq;                /* the same, eng_tokenize_submit's */
     uint64_t tok_vt;             /* virtual start of the last job taken to tokenize */
     job **active; int n_active;
-    job *parked; int n_parked;   /* paused jobs out of the batch, KV kept (list by next) */
+    job *parked; int n_parked;   /* paused jobs out of the batch, KV kept until another
+                                    job needs it (list by next) */
+    uint64_t admit_seq;
     int stop;
     uint64_t next_id;
 
@@ -150,6 +156,7 @@ struct eng {
      * tokens are those ids, on the device): its batch, kept to check that
      * the next step is that batch (else its ids are dropped). */
     int ahead, a_on, a_T;        /* ahead: allowed (ANE_AHEAD=0: off) */
+    int a_stale;                 /* a job of the queued step was evicted: not the next batch */
     int32_t *a_pos, *a_out, *a_ids;
     job **a_job;
 };
@@ -771,7 +778,7 @@ void eng_pause(eng *e, uint64_t id, int paused)
 /* ---- the worker ---------------------------------------------------------- */
 
 /* Picks the queued job to admit next: the one whose uid, then owner, has the
- * fewest active jobs; oldest first among equals. Under mu. */
+ * fewest active or paused jobs; oldest first among equals. Under mu. */
 static job *pick_fair(eng *e, job **prev_out)
 {
     job *best = NULL, *best_prev = NULL, *prev = NULL;
@@ -782,6 +789,10 @@ static job *pick_fair(eng *e, job **prev_out)
         for (int i = 0; i < e->n_active; i++) {
             nu += e->active[i]->uid == j->uid;
             no += e->active[i]->owner == j->owner;
+        }
+        for (const job *q = e->parked; q; q = q->next) {   /* paused jobs count in the share */
+            nu += q->uid == j->uid;
+            no += q->owner == j->owner;
         }
         if (!best || nu < best_u || (nu == best_u && no < best_o)) {
             best = j; best_prev = prev; best_u = nu; best_o = no;
@@ -807,6 +818,140 @@ static void job_error(eng *e, job *j)
         snprintf(ev->message, sizeof ev->message, "%s", j->err_msg[0] ? j->err_msg : eng_strerror(j->err_code));
     }
     ev_push(e, ev);
+}
+
+/* Admits queued job j (prev: its predecessor in the queue) if a slot and
+ * its pages are free: whole cached pages of its tokens are reused (a new
+ * generate job's prompt but its last token, which is computed again for its
+ * logits; an evicted job's tokens up to where it was), the rest allocated.
+ * 1 admitted, 0 no room. Under mu. */
+static int admit(eng *e, job *j, job *prev)
+{
+    if (e->n_active >= e->max_seqs) return 0;
+    int need = (j->n_prompt + j->max_gen + KV_PAGE - 1) / KV_PAGE;
+    int n_known = j->evicted ? j->n_fill : j->n_prompt;
+    int max_reuse = j->evicted ? j->n_fill / KV_PAGE : (j->n_prompt - 1) / KV_PAGE;
+    int reuse = 0, snap = -1, snap_len = 0;
+    /* eval needs every position's logits, unless they were given before an eviction */
+    if ((j->kind == ENG_JOB_GENERATE || j->evicted) && (!e->m->recurrent || e->snaps))
+        reuse = kvc_match(e->kv, j->toks, n_known, max_reuse, j->pages);
+    if (e->m->recurrent && reuse > 0) {
+        /* recurrent layers resume only from a saved state: cut the reuse
+         * back to the longest snapshot of these tokens */
+        snap = snapc_find(e->snaps, j->toks, reuse * KV_PAGE, KV_PAGE, &snap_len);
+        int keep = snap >= 0 ? snap_len / KV_PAGE : 0;
+        kvc_release(e->kv, j->pages + keep, reuse - keep);
+        reuse = keep;
+    }
+    if (kvc_alloc(e->kv, need - reuse, j->pages + reuse)) {
+        kvc_release(e->kv, j->pages, reuse);
+        return 0;
+    }
+    queue_unlink(e, j, prev);
+    j->slot = 0;
+    while (e->slot_used[j->slot]) j->slot++;   /* n_active < max_seqs: one is free */
+    e->slot_used[j->slot] = 1;
+    fw_seq_reset(e->fw, j->slot);
+    if (reuse > 0 && snap >= 0) fw_snap_load(e->fw, snap, j->slot);
+    j->snap = e->snaps && j->kind == ENG_JOB_GENERATE ? snapc_take(e->snaps, j) : -1;
+    j->snap2 = j->snap >= 0 ? snapc_take(e->snaps, j) : -1;
+    j->n_pages = need;
+    if (!j->evicted) {
+        j->n_cached = reuse * KV_PAGE;
+        e->st.cached_tokens += (uint64_t)j->n_cached;
+        j->t_admit = now_ms();
+    }
+    j->n_past = reuse * KV_PAGE;
+    j->n_published = reuse;
+    j->evicted = 0;
+    j->state = JOB_ACTIVE;
+    j->admit_no = ++e->admit_seq;
+    e->active[e->n_active++] = j;
+    return 1;
+}
+
+/* Takes j's slot and pages back (its full pages stay in the prefix cache
+ * for its return, as long as nobody needs their room); it keeps its tokens
+ * and will compute those it loses again before going on. The caller takes
+ * it out of its list. Under mu. */
+static void evict(eng *e, job *j)
+{
+    if (j->state == JOB_ACTIVE && e->a_on) e->a_stale = 1;   /* the queued step had it */
+    if (j->n_past > j->n_fill) j->n_fill = j->n_past;
+    pages_release(e, j);
+    j->n_past = 0;
+    j->n_published = 0;
+    j->snap = j->snap2 = -1;
+    j->evicted = 1;
+    e->st.evictions++;
+}
+
+/* What a job costs its uid's share: its pages, and its slot while it holds
+ * one, each as a fraction of the whole (scaled to integers). */
+static uint64_t job_cost(const eng *e, int pages, int slot)
+{
+    return (uint64_t)pages * (uint64_t)e->max_seqs + (slot ? (uint64_t)e->n_pages_total : 0);
+}
+
+static uint64_t uid_cost(const eng *e, uint32_t uid)
+{
+    uint64_t c = 0;
+    for (int i = 0; i < e->n_active; i++)
+        if (e->active[i]->uid == uid) c += job_cost(e, e->active[i]->n_pages, 1);
+    for (const job *q = e->parked; q; q = q->next)
+        if (q->uid == uid) c += job_cost(e, q->n_pages, 0);
+    return c;
+}
+
+/* w waits for a slot or pages: takes them back from one job, 1 if it did.
+ * First a paused job (any uid) holding what is short; else the youngest
+ * running job of the uid that holds the most, provided that uid keeps at
+ * least what w's uid will then hold (so the two never take turns
+ * preempting each other). Under mu. */
+static int make_room(eng *e, job *w)
+{
+    int no_slot = e->n_active >= e->max_seqs;
+    int best = -1;
+    job *v = NULL;
+    for (int i = 0; i < e->n_active; i++)     /* recurrent models: paused jobs keep their slot */
+        if (atomic_load(&e->active[i]->paused) && (best < 0 || e->active[i]->n_pages > v->n_pages)) {
+            best = i;
+            v = e->active[i];
+        }
+    if (v) {
+        evict(e, v);
+        e->active[best] = e->active[--e->n_active];
+        v->state = JOB_PARKED;
+        v->next = e->parked;
+        e->parked = v;
+        e->n_parked++;
+        return 1;
+    }
+    if (!no_slot)
+        for (job *q = e->parked; q; q = q->next)
+            if (q->n_pages > 0 && (!v || q->n_pages > v->n_pages)) v = q;
+    if (v) {
+        evict(e, v);                          /* stays parked until resumed */
+        return 1;
+    }
+    uint64_t w_after = uid_cost(e, w->uid) + job_cost(e, (w->n_prompt + w->max_gen + KV_PAGE - 1) / KV_PAGE, 1);
+    uint64_t v_cost = 0;
+    for (int i = 0; i < e->n_active; i++) {
+        job *j = e->active[i];
+        if (j->uid == w->uid) continue;
+        uint64_t u = uid_cost(e, j->uid), c = job_cost(e, j->n_pages, 1);
+        if (u < c || u - c < w_after) continue;
+        if (!v || u > v_cost || (u == v_cost && j->admit_no > v->admit_no)) {
+            v = j;
+            best = i;
+            v_cost = u;
+        }
+    }
+    if (!v) return 0;
+    evict(e, v);
+    e->active[best] = e->active[--e->n_active];
+    queue_insert(e, v);
+    return 1;
 }
 
 /* Retires cancelled and failed jobs and admits new ones. Under mu. */
@@ -853,8 +998,9 @@ static void schedule(eng *e)
             e->active[i] = e->active[--e->n_active];
         } else i++;
     }
-    /* paused jobs leave the batch (keeping their KV) so that others can run;
-     * recurrent models keep them, their state lives in the slot */
+    /* paused jobs leave the batch (keeping their KV while nobody needs it)
+     * so that others can run; recurrent models keep them in their slot,
+     * where their state lives, until the room is needed (make_room) */
     for (int i = 0; i < e->n_active && !e->m->recurrent;) {
         job *j = e->active[i];
         if (atomic_load(&j->paused)) {
@@ -875,6 +1021,10 @@ static void schedule(eng *e)
             job_finish(e, j, ENG_FINISH_CANCELLED);
             e->st.jobs_done++;
             job_free(j);
+        } else if (!atomic_load(&j->paused) && j->evicted) {
+            *pp = j->next;           /* its pages are gone: admitted again in turn */
+            e->n_parked--;
+            queue_insert(e, j);
         } else if (!atomic_load(&j->paused) && e->n_active < e->max_seqs) {
             *pp = j->next;
             e->n_parked--;
@@ -886,44 +1036,12 @@ static void schedule(eng *e)
             e->active[e->n_active++] = j;
         } else pp = &j->next;
     }
-    while (e->n_active < e->max_seqs && e->queue_head) {
+    while (e->queue_head) {
         job *p;
         job *j = pick_fair(e, &p);
         if (!j) break;
-        int need = (j->n_prompt + j->max_gen + KV_PAGE - 1) / KV_PAGE;
-        /* reuse whole cached pages of the prompt; at least its last token is
-         * computed again, for its logits. Eval needs every position's logits. */
-        int reuse = 0, snap = -1, snap_len = 0;
-        if (j->kind == ENG_JOB_GENERATE && (!e->m->recurrent || e->snaps))
-            reuse = kvc_match(e->kv, j->toks, j->n_prompt, (j->n_prompt - 1) / KV_PAGE, j->pages);
-        if (e->m->recurrent && reuse > 0) {
-            /* recurrent layers resume only from a saved state: cut the reuse
-             * back to the longest snapshot of this prompt */
-            snap = snapc_find(e->snaps, j->toks, reuse * KV_PAGE, KV_PAGE, &snap_len);
-            int keep = snap >= 0 ? snap_len / KV_PAGE : 0;
-            kvc_release(e->kv, j->pages + keep, reuse - keep);
-            reuse = keep;
-        }
-        if (kvc_alloc(e->kv, need - reuse, j->pages + reuse)) {
-            kvc_release(e->kv, j->pages, reuse);
-            break;                            /* wait for pages; keeps order fair */
-        }
-        queue_unlink(e, j, p);
-        j->slot = 0;
-        while (e->slot_used[j->slot]) j->slot++;   /* n_active < max_seqs: one is free */
-        e->slot_used[j->slot] = 1;
-        fw_seq_reset(e->fw, j->slot);
-        if (reuse > 0 && snap >= 0) fw_snap_load(e->fw, snap, j->slot);
-        j->snap = e->snaps && j->kind == ENG_JOB_GENERATE ? snapc_take(e->snaps, j) : -1;
-        j->snap2 = j->snap >= 0 ? snapc_take(e->snaps, j) : -1;
-        j->n_pages = need;
-        j->n_cached = reuse * KV_PAGE;
-        j->n_past = j->n_cached;
-        j->n_published = reuse;
-        e->st.cached_tokens += (uint64_t)j->n_cached;
-        j->state = JOB_ACTIVE;
-        j->t_admit = now_ms();
-        e->active[e->n_active++] = j;
+        if (admit(e, j, p)) continue;
+        if (!make_room(e, j)) break;         /* wait for pages or a slot; keeps order fair */
     }
     e->st.active = (uint32_t)(e->n_active + e->n_parked);
     e->st.queued = (uint32_t)(e->n_queued + e->n_pending);
@@ -966,7 +1084,7 @@ static void emit_token(eng *e, job *j, int32_t id, int *finished, eng_finish *wh
  * the ids the step before computed, as the device took them). */
 static int ahead_is(const eng *e, int T, int n_out)
 {
-    if (!e->a_on || e->a_T != T || n_out != T) return 0;
+    if (!e->a_on || e->a_stale || e->a_T != T || n_out != T) return 0;
     for (int t = 0; t < T; t++)
         if (e->b_job[t] != e->a_job[t] || e->b_pos[t] != e->a_pos[t] || e->b_out[t] != t) return 0;
     return 1;
@@ -1016,6 +1134,7 @@ static void run_greedy(eng *e, const be_batch *bt, int n_decode, int n_out)
         ab.ids_dev = 1;
         if (fw_greedy_queue(e->fw, NULL, &ab, e->a_out, n_out) == 0) {
             e->a_on = 1;
+            e->a_stale = 0;
             e->a_T = T;
         }
     }
@@ -1030,7 +1149,7 @@ static void step(eng *e)
     for (int i = 0; i < e->n_active; i++) {
         job *j = e->active[i];
         if (atomic_load_explicit(&j->paused, memory_order_relaxed)) continue;
-        if (j->n_past < j->n_tok && j->n_past >= j->n_prompt) {
+        if (j->n_past < j->n_tok && j->n_past >= j->n_prompt && j->n_past >= j->n_fill) {
             e->b_tok[T] = j->toks[j->n_past];
             e->b_pos[T] = j->n_past;
             e->b_pages[T] = j->pages;
@@ -1046,8 +1165,10 @@ static void step(eng *e)
     int budget = n_decode ? n_decode + e->prefill_shared : BATCH_TOKENS;
     for (int i = 0; i < e->n_active && T < budget; i++) {
         job *j = e->active[i];
-        if (j->n_past >= j->n_prompt || atomic_load_explicit(&j->paused, memory_order_relaxed)) continue;
-        int take = j->n_prompt - j->n_past;
+        /* the prompt, or what an evicted job computes again (no outputs) */
+        int end = j->n_prompt > j->n_fill ? j->n_prompt : j->n_fill;
+        if (j->n_past >= end || atomic_load_explicit(&j->paused, memory_order_relaxed)) continue;
+        int take = end - j->n_past;
         if (take > budget - T) take = budget - T;
         if (j->kind == ENG_JOB_EVAL && take > EVAL_ROWS - n_out) take = EVAL_ROWS - n_out;
         if (take <= 0) continue;
@@ -1065,7 +1186,7 @@ static void step(eng *e)
             e->b_slot[T] = j->slot;
             e->b_job[T] = j;
             int last = p == j->n_prompt - 1;
-            if (j->kind == ENG_JOB_EVAL || last) {
+            if ((j->kind == ENG_JOB_EVAL || last) && p >= j->n_fill) {
                 e->b_out[n_out] = T;
                 e->b_job_of_out[n_out] = j;
                 e->b_out_pos[n_out] = p;

@@ -79,6 +79,9 @@ typedef struct eng_stats {
     uint64_t cached_tokens;   /* prompt tokens reused from the cache */
     uint64_t gen_tokens;      /* generated */
     size_t kv_used, kv_total; /* bytes */
+    uint64_t evictions;       /* jobs whose KV pages were taken back for another job
+                                 (paused, or over their uid's share); they compute
+                                 those tokens again when they go on */
     size_t weight_bytes;
     /* the worker's steps: their count and time, and the part of it inside
      * forward passes (waiting for the device included); the rest is host
@@ -167,8 +170,17 @@ int eng_submit(eng *e, const eng_job_desc *d, uint64_t *job_id,
  * are ignored. Its KV is freed before the next forward pass. */
 void eng_cancel(eng *e, uint64_t job_id);
 
-/* Backpressure: a paused job keeps its KV but is left out of forward passes
- * until resumed (its client is not reading). Unknown ids are ignored. */
+/* Backpressure: a paused job is left out of forward passes until resumed
+ * (its client is not reading). It keeps its KV only while no other job
+ * waits for the pages or the sequence slot; otherwise they are taken back
+ * and it computes those tokens again when resumed (same output). Paused
+ * jobs count in their uid's share at admission. Unknown ids are ignored.
+ *
+ * Sharing: jobs are admitted fairly across uids, then owners. When a job
+ * waits for a slot or KV pages that jobs of another uid hold, and that uid
+ * would still hold at least as much as the waiting job's uid after giving
+ * one up, its most recently admitted job is preempted the same way: back to
+ * the queue, its tokens kept. */
 void eng_pause(eng *e, uint64_t job_id, int paused);
 
 typedef enum eng_event_type {
