@@ -893,13 +893,16 @@ static uint64_t job_cost(const eng *e, int pages, int slot)
     return (uint64_t)pages * (uint64_t)e->max_seqs + (slot ? (uint64_t)e->n_pages_total : 0);
 }
 
-static uint64_t uid_cost(const eng *e, uint32_t uid)
+/* What the jobs of j's uid (by_owner: of j's owner) cost together. */
+static uint64_t share_cost(const eng *e, const job *j, int by_owner)
 {
     uint64_t c = 0;
-    for (int i = 0; i < e->n_active; i++)
-        if (e->active[i]->uid == uid) c += job_cost(e, e->active[i]->n_pages, 1);
+    for (int i = 0; i < e->n_active; i++) {
+        const job *q = e->active[i];
+        if (by_owner ? q->owner == j->owner : q->uid == j->uid) c += job_cost(e, q->n_pages, 1);
+    }
     for (const job *q = e->parked; q; q = q->next)
-        if (q->uid == uid) c += job_cost(e, q->n_pages, 0);
+        if (by_owner ? q->owner == j->owner : q->uid == j->uid) c += job_cost(e, q->n_pages, 0);
     return c;
 }
 
@@ -907,7 +910,8 @@ static uint64_t uid_cost(const eng *e, uint32_t uid)
  * First a paused job (any uid) holding what is short; else the youngest
  * running job of the uid that holds the most, provided that uid keeps at
  * least what w's uid will then hold (so the two never take turns
- * preempting each other). Under mu. */
+ * preempting each other); else the same between connections (owners) of
+ * w's uid. Under mu. */
 static int make_room(eng *e, job *w)
 {
     int no_slot = e->n_active >= e->max_seqs;
@@ -934,17 +938,28 @@ static int make_room(eng *e, job *w)
         evict(e, v);                          /* stays parked until resumed */
         return 1;
     }
-    uint64_t w_after = uid_cost(e, w->uid) + job_cost(e, (w->n_prompt + w->max_gen + KV_PAGE - 1) / KV_PAGE, 1);
-    uint64_t v_cost = 0;
-    for (int i = 0; i < e->n_active; i++) {
-        job *j = e->active[i];
-        if (j->uid == w->uid) continue;
-        uint64_t u = uid_cost(e, j->uid), c = job_cost(e, j->n_pages, 1);
-        if (u < c || u - c < w_after) continue;
-        if (!v || u > v_cost || (u == v_cost && j->admit_no > v->admit_no)) {
-            v = j;
-            best = i;
-            v_cost = u;
+    uint64_t w_cost = job_cost(e, (w->n_prompt + w->max_gen + KV_PAGE - 1) / KV_PAGE, 1);
+    for (int by_owner = 0; by_owner < 2 && !v; by_owner++) {
+        uint64_t w_after = share_cost(e, w, by_owner) + w_cost, v_share = 0;
+        struct { uint64_t key, cost; } memo[16];   /* few uids/owners: each summed once */
+        int n_memo = 0;
+        for (int i = 0; i < e->n_active; i++) {
+            job *j = e->active[i];
+            if (by_owner ? j->uid != w->uid || j->owner == w->owner : j->uid == w->uid) continue;
+            uint64_t key = by_owner ? j->owner : j->uid, u = 0, c = job_cost(e, j->n_pages, 1);
+            int m = 0;
+            while (m < n_memo && memo[m].key != key) m++;
+            if (m < n_memo) u = memo[m].cost;
+            else {
+                u = share_cost(e, j, by_owner);
+                if (n_memo < 16) { memo[n_memo].key = key; memo[n_memo].cost = u; n_memo++; }
+            }
+            if (u < c || u - c < w_after) continue;
+            if (!v || u > v_share || (u == v_share && j->admit_no > v->admit_no)) {
+                v = j;
+                best = i;
+                v_share = u;
+            }
         }
     }
     if (!v) return 0;

@@ -180,7 +180,7 @@ void eng_cancel(eng *e, uint64_t job_id);
  * waits for a slot or KV pages that jobs of another uid hold, and that uid
  * would still hold at least as much as the waiting job's uid after giving
  * one up, its most recently admitted job is preempted the same way: back to
- * the queue, its tokens kept. */
+ * the queue, its tokens kept. Between owners of one uid likewise. */
 void eng_pause(eng *e, uint64_t job_id, int paused);
 
 typedef enum eng_event_type {

@@ -794,10 +794,11 @@ static void test_evict_paused(void)
     evict_paused(FIXTURE("models/qwen35-tiny.bf16.gguf"));
 }
 
-/* Two slots, both taken by one uid's long jobs: another uid's short job is
- * admitted at once (the younger long job is preempted, and later computes
- * its tokens again, ids unchanged); within one uid nobody is preempted. */
-static void test_preempt_across_uids(void)
+/* Two slots, both taken by one uid's long jobs of one connection: another
+ * uid's short job, or another connection's of the same uid, is admitted at
+ * once (the younger long job is preempted, and later computes its tokens
+ * again, ids unchanged); the same connection's waits its turn. */
+static void test_preempt(void)
 {
     eng *e = open_eng(STORIES, 2);
     if (!e) { CHECK(0); return; }
@@ -808,27 +809,48 @@ static void test_preempt_across_uids(void)
     memset(ref, 0, sizeof ref);
     CHECK(submit_as(e, ENG_JOB_GENERATE, &bos, 1, N, 1, 0, &id) == 0);
     tpump(e, ref, 1, 1, 60000);
-    for (int same = 0; same < 2; same++) {
+    static const char *const what[3] = { "another uid", "another connection", "the same connection" };
+    for (int c = 0; c < 3; c++) {
         eng_stats st0, st;
         eng_stats_get(e, &st0);
         memset(r, 0, sizeof r);
-        CHECK(submit_as(e, ENG_JOB_GENERATE, &bos, 1, N, 1, 0, &id) == 0);
-        CHECK(submit_as(e, ENG_JOB_GENERATE, &bos, 1, N, 1, 1, &id) == 0);
-        wait_tokens(e, r, 3, 0, 10);
-        wait_tokens(e, r, 3, 1, 10);
-        CHECK(submit_as(e, ENG_JOB_GENERATE, &bos, 1, 16, same ? 1 : 2, 2, &id) == 0);
+        /* user doubles as owner: A1 and A2 share owner 10 */
+        eng_job_desc d = { 0 };
+        char err[256];
+        eng_err code;
+        d.kind = ENG_JOB_GENERATE;
+        d.tokens = &bos;
+        d.n_tokens = 1;
+        d.max_tokens = N;
+        eng_sampling_default(&d.sampling);
+        d.sampling.temperature = 0;
+        d.uid = 1;
+        d.owner = 10;
+        for (intptr_t u = 0; u < 3; u++) {
+            if (u == 2) {
+                d.max_tokens = 16;
+                d.uid = c == 0 ? 2 : 1;
+                d.owner = c == 2 ? 10 : 11;
+            }
+            d.user = (void *)u;
+            CHECKF(eng_submit(e, &d, &id, &code, err, sizeof err) == 0, "%s", err);
+            if (u == 1) {
+                wait_tokens(e, r, 3, 0, 10);
+                wait_tokens(e, r, 3, 1, 10);
+            }
+        }
         tpump(e, r, 3, 3, 60000);
         eng_stats_get(e, &st);
         for (int i = 0; i < 2; i++) {
             CHECK(r[i].done && r[i].n_tok == N);
-            CHECKF(!memcmp(r[i].ids, ref[0].ids, sizeof(int32_t) * N), "job %d ids differ (same uid %d)", i, same);
+            CHECKF(!memcmp(r[i].ids, ref[0].ids, sizeof(int32_t) * N), "job %d ids differ (%s)", i, what[c]);
         }
         CHECK(r[2].done && r[2].n_tok == 16);
-        if (!same) {
-            CHECKF(r[2].order == 1, "the other uid's short job ended %d of 3", r[2].order);
+        if (c < 2) {
+            CHECKF(r[2].order == 1, "%s: the short job ended %d of 3", what[c], r[2].order);
             CHECK(st.evictions > st0.evictions);
         } else {
-            CHECKF(r[2].order == 3, "the same uid's short job ended %d of 3", r[2].order);
+            CHECKF(r[2].order == 3, "%s: the short job ended %d of 3", what[c], r[2].order);
             CHECK(st.evictions == st0.evictions);
         }
     }
@@ -969,7 +991,7 @@ int main(void)
     RUN(test_cancel_tokenizing);
     RUN(test_tokenizer_order);
     RUN(test_evict_paused);
-    RUN(test_preempt_across_uids);
+    RUN(test_preempt);
     RUN(test_evict_eval);
     RUN(test_tokenizer_only);
     RUN(test_open_errors);
