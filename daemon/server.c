@@ -241,8 +241,8 @@ void server_opts_default(server_opts *o)
     o->idle_timeout = 300.0;
 }
 
-/* root and the daemon's own user: not limited per uid, and the only ones
- * who may take the last reserve_slots() connections */
+/* root and the daemon's own user: the only ones who may take the last
+ * reserve_slots() connections */
 static int privileged(const server *s, uid_t uid) { return uid == 0 || uid == s->opt.daemon_uid; }
 static uint32_t reserve_slots(const server *s) { return (uint32_t)s->opt.max_clients / 16; }
 
@@ -978,7 +978,7 @@ static void on_accept(struct ev_loop *loop, ev_io *w, int revents)
         }
         int priv = privileged(s, peer.uid);
         uid_use *uu = uid_find(s, peer.uid, 0);
-        if (!priv && s->opt.max_clients_per_uid > 0 && uu && uu->clients >= (uint32_t)s->opt.max_clients_per_uid) {
+        if (s->opt.max_clients_per_uid > 0 && uu && uu->clients >= (uint32_t)s->opt.max_clients_per_uid) {
             LOG_RL(s, peer.uid, RL_REFUSED, LOG_WARN, "refused connection from uid %lu pid %ld: %u connections of that uid already",
                    (unsigned long)peer.uid, (long)peer.pid, uu->clients);
             refuse_fd(fd, PROTO_E_BUSY, "too many connections from this user");
