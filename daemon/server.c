@@ -26,10 +26,10 @@
  * Nothing a client sends is worked on here beyond decoding: tokenize
  * requests, like text prompts, are encoded on the engine's tokenizer thread
  * and answered when its event comes, so a megabyte of text delays nobody's
- * ping. Connections: root and the daemon's own user keep a reserve of slots
- * no other uid may take; other uids are capped per uid; a connection with
- * nothing in flight is closed after opt.idle_timeout. Log lines a peer can
- * cause at will are rate-limited per uid (rl_allow). */
+ * ping. Connections: each uid is capped (opt.max_clients_per_uid); root and
+ * the daemon's own user keep a reserve of slots no other uid may take; a
+ * connection with nothing in flight is closed after opt.idle_timeout. Log
+ * lines a peer can cause at will are rate-limited per uid (rl_allow). */
 #include "daemon/aned.h"
 #include "proto/proto.h"
 
@@ -1004,6 +1004,11 @@ static void job_end(server *s, job *j)
     if (!j->tokenize) uid_release(s, j->uid, 0, 1);
     if (cl) {
         cl->last_active = ev_now(s->loop);
+        if (cl->n_jobs == 1 && ev_is_active(&cl->idle)) {   /* idle from now: a whole timeout */
+            ev_timer_stop(s->loop, &cl->idle);
+            ev_timer_set(&cl->idle, s->opt.idle_timeout, 0.);
+            ev_timer_start(s->loop, &cl->idle);
+        }
         if (j->cl_prev) j->cl_prev->cl_next = j->cl_next; else cl->jobs = j->cl_next;
         if (j->cl_next) j->cl_next->cl_prev = j->cl_prev;
         cl->n_jobs--;

@@ -16,8 +16,13 @@
  *   3. runs the forward pass once for the whole batch;
  *   4. samples / reports logits, turns tokens into whole-UTF-8 text with stop
  *      strings held back, and queues events; notify() wakes the caller.
- * Every event is queued by the worker. A job's KV pages are returned the
- * moment it ends or is cancelled. */
+ * Every event is queued by the worker, but for eng_tokenize_submit's, which
+ * the tokenizer thread answers itself. A job's KV pages are returned the
+ * moment it ends or is cancelled, and taken back earlier (evict) when a
+ * waiting job needs them: from a paused job, or from a running one of a
+ * uid or owner holding more than its share (make_room). Such a job keeps
+ * its tokens and, once admitted again, computes those whose KV the prefix
+ * cache no longer holds without giving their outputs a second time. */
 #include "engine/engine.h"
 #include "engine/backend.h"
 #include "engine/chat.h"
