@@ -498,23 +498,37 @@ def test_log_flood():
         f = AsUser(UID_A, d.sock, {"op": "flood", "s": 2.0})
         f.end()
         n = f.result["connects"]
-        wait_for(lambda: "suppressed" in d.log_text(), 12, "the suppressed-lines summary")
-        time.sleep(0.2)
-        text = d.log_text()
-        denied = [l for l in text.splitlines() if "denied connection from uid %d" % UID_A in l]
-        summ = [l for l in text.splitlines() if "suppressed" in l and "uid %d" % UID_A in l]
+        wait_for(lambda: "suppressed" in d.log_text(), 15, "the suppressed-lines summary")
+        # a loaded daemon may still be taking the flood's last connections: until
+        # the log has been quiet for a whole window
+        size, quiet_since, end = -1, time.time(), time.time() + 40
+        while time.time() < end and time.time() - quiet_since < 6:
+            now = os.path.getsize(d.log)
+            if now != size:
+                size, quiet_since = now, time.time()
+            time.sleep(0.25)
+        lines = d.log_text().splitlines()
+        denied = [l for l in lines if "denied connection from uid %d" % UID_A in l]
+        summ = [l for l in lines if "suppressed" in l and "uid %d" % UID_A in l]
         grew = os.path.getsize(d.log) - size0
         suppressed = 0
         for l in summ:
             m = re.search(r'uid %d: (\d+) more "denied connection"' % UID_A, l)
             suppressed += int(m.group(1)) if m else 0
-        print("    %d connections refused; %d denied lines, %d summary line(s) (%d suppressed), log grew %d bytes"
-              % (n, len(denied), len(summ), suppressed, grew), flush=True)
+
+        def stamp(l):
+            m = re.match(r"\S+T(\d+):(\d+):(\d+\.\d+)", l)
+            return int(m.group(1)) * 3600 + int(m.group(2)) * 60 + float(m.group(3)) if m else 0.0
+        ts = [stamp(l) for l in denied + summ]
+        span = max(ts) - min(ts) if ts else 0.0   # (a run across midnight counts as long)
+        windows = int(span / 5.0) + 2
+        print("    %d connections refused; %d denied lines over %.1f s, %d summary line(s) (%d suppressed), "
+              "log grew %d bytes" % (n, len(denied), span, len(summ), suppressed, grew), flush=True)
         check(n > 100, "only %d connections in 2 s" % n)
-        check(len(denied) <= 20, "%d denied lines for one uid" % len(denied))
+        check(len(denied) <= 10 * windows, "%d denied lines for one uid in %.1f s" % (len(denied), span))
         check(summ and suppressed > 0, "no summary of the suppressed lines: %r" % summ)
         check(len(denied) + suppressed >= n * 0.9, "%d + %d lines for %d connections" % (len(denied), suppressed, n))
-        check(grew < 20000, "the log grew %d bytes" % grew)
+        check(grew < 2000 * windows, "the log grew %d bytes" % grew)
         c = Conn(d.sock)
         c.hello()   # still serving
         c.close()
