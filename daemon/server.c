@@ -26,8 +26,10 @@
  * Nothing a client sends is worked on here beyond decoding: tokenize
  * requests, like text prompts, are encoded on the engine's tokenizer thread
  * and answered when its event comes, so a megabyte of text delays nobody's
- * ping. Connections: each uid is capped (opt.max_clients_per_uid); root and
- * the daemon's own user keep a reserve of slots no other uid may take; a
+ * ping. Connections: each uid but the daemon's own is capped
+ * (opt.max_clients_per_uid: a user running aned for themselves is not);
+ * root and the daemon's own user keep a reserve of slots no other uid may
+ * take; a
  * connection with nothing in flight is closed after opt.idle_timeout. Log
  * lines a peer can cause at will are rate-limited per uid (rl_allow). */
 #include "daemon/aned.h"
@@ -978,7 +980,8 @@ static void on_accept(struct ev_loop *loop, ev_io *w, int revents)
         }
         int priv = privileged(s, peer.uid);
         uid_use *uu = uid_find(s, peer.uid, 0);
-        if (s->opt.max_clients_per_uid > 0 && uu && uu->clients >= (uint32_t)s->opt.max_clients_per_uid) {
+        if (peer.uid != s->opt.daemon_uid && s->opt.max_clients_per_uid > 0 && uu &&
+            uu->clients >= (uint32_t)s->opt.max_clients_per_uid) {
             LOG_RL(s, peer.uid, RL_REFUSED, LOG_WARN, "refused connection from uid %lu pid %ld: %u connections of that uid already",
                    (unsigned long)peer.uid, (long)peer.pid, uu->clients);
             refuse_fd(fd, PROTO_E_BUSY, "too many connections from this user");

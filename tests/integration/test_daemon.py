@@ -1361,7 +1361,7 @@ def main():
     passed = failed = 0
     shared = [t for t in SHARED if not only or t.__name__ in only]
     if shared:
-        d = Daemon(args=["--max-seqs", "8", "--max-clients-per-uid", "0"])   # test_many_connections: 100 of root's
+        d = Daemon(args=["--max-seqs", "8"])
         try:
             d.start()
             for t in shared:
