@@ -66,6 +66,8 @@ static void usage(FILE *f)
 "                          are cancelled with \"busy\" (default 60)\n"
 "      --shutdown-grace S  seconds running jobs may finish after SIGTERM (default 5)\n"
 "      --hello-timeout S   seconds a new connection has to say hello (default 10)\n"
+"      --idle-timeout S    seconds a connection with nothing in flight may stay\n"
+"                          silent before it is closed (default 300; 0: never)\n"
 "\n"
 "Access (README.md, \"Access control and privilege separation\"):\n"
 "  -u, --user USER         started as root: drop to USER (name or uid) once the\n"
@@ -79,7 +81,9 @@ static void usage(FILE *f)
 "      --max-jobs-per-uid N     jobs in flight + queued per peer user, across its\n"
 "                          connections, before \"busy\" (default 0: no limit)\n"
 "      --max-clients-per-uid N  connections per peer user; past it \"busy\",\n"
-"                          closed (default 0: no limit)\n"
+"                          closed (default 64; 0: no limit); not the daemon's\n"
+"                          own user. A sixteenth of --max-clients is kept for\n"
+"                          root and the daemon's own user\n"
 "      --seccomp MODE      enforce, log, off or auto (default: enforce on the cpu\n"
 "                          backend, off on cuda, whose driver needs ioctl/open);\n"
 "                          not off: Landlock confines every thread as well\n"
@@ -336,7 +340,7 @@ static void raise_fd_limit(int max_clients)
 enum {
     OPT_SOCKET_MODE = 256, OPT_SOCKET_GROUP, OPT_BACKEND, OPT_MAX_SEQS, OPT_MAX_QUEUED, OPT_KV_BUDGET,
     OPT_MAX_CLIENTS, OPT_MAX_BACKLOG, OPT_STALL, OPT_GRACE, OPT_HELLO, OPT_LOG_LEVEL,
-    OPT_ALLOW_USER, OPT_ALLOW_GROUP, OPT_JOBS_UID, OPT_CLIENTS_UID, OPT_SECCOMP,
+    OPT_ALLOW_USER, OPT_ALLOW_GROUP, OPT_JOBS_UID, OPT_CLIENTS_UID, OPT_SECCOMP, OPT_IDLE,
 };
 
 int main(int argc, char **argv)
@@ -357,6 +361,7 @@ int main(int argc, char **argv)
         { "stall-timeout", required_argument, 0, OPT_STALL },
         { "shutdown-grace", required_argument, 0, OPT_GRACE },
         { "hello-timeout", required_argument, 0, OPT_HELLO },
+        { "idle-timeout", required_argument, 0, OPT_IDLE },
         { "user", required_argument, 0, 'u' },
         { "group", required_argument, 0, 'g' },
         { "allow-user", required_argument, 0, OPT_ALLOW_USER },
@@ -435,6 +440,7 @@ int main(int argc, char **argv)
         case OPT_STALL: if (parse_double("--stall-timeout", optarg, 0.1, 86400, &d)) return 2; so.stall_timeout = d; break;
         case OPT_GRACE: if (parse_double("--shutdown-grace", optarg, 0, 3600, &d)) return 2; so.shutdown_grace = d; break;
         case OPT_HELLO: if (parse_double("--hello-timeout", optarg, 0.1, 3600, &d)) return 2; so.handshake_timeout = d; break;
+        case OPT_IDLE: if (parse_double("--idle-timeout", optarg, 0, 86400 * 7, &d)) return 2; so.idle_timeout = d; break;
         case 'u': user = optarg; break;
         case 'g': group = optarg; break;
         case OPT_ALLOW_USER:
@@ -570,6 +576,7 @@ int main(int argc, char **argv)
         goto out;
     }
     so.allow = &allow;
+    so.daemon_uid = user ? pu.uid : geteuid();
 
     log_info("loading model %s", so.eng.model_path);
     int orc = server_open(&srv, &so, err, sizeof err);

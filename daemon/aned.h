@@ -182,7 +182,9 @@ typedef struct server_opts {
     double drain_timeout;    /* seconds to flush replies after the last job ended */
     const acl *allow;        /* who may connect; NULL: anyone the socket mode lets in */
     int max_jobs_per_uid;    /* jobs in flight + queued per peer uid, all its connections; 0: no limit */
-    int max_clients_per_uid; /* connections per peer uid; 0: no limit */
+    int max_clients_per_uid; /* connections per peer uid but daemon_uid; 0: no limit */
+    double idle_timeout;     /* seconds a connection with nothing in flight may stay silent; 0: forever */
+    uid_t daemon_uid;        /* the daemon's own user: with root, may use the slots kept in reserve */
 } server_opts;
 
 void server_opts_default(server_opts *o);

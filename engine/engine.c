@@ -16,8 +16,13 @@
  *   3. runs the forward pass once for the whole batch;
  *   4. samples / reports logits, turns tokens into whole-UTF-8 text with stop
  *      strings held back, and queues events; notify() wakes the caller.
- * Every event is queued by the worker. A job's KV pages are returned the
- * moment it ends or is cancelled. */
+ * Every event is queued by the worker, but for eng_tokenize_submit's, which
+ * the tokenizer thread answers itself. A job's KV pages are returned the
+ * moment it ends or is cancelled, and taken back earlier (evict) when a
+ * waiting job needs them: from a paused job, or from a running one of a
+ * uid or owner holding more than its share (make_room). Such a job keeps
+ * its tokens and, once admitted again, computes those whose KV the prefix
+ * cache no longer holds without giving their outputs a second time. */
 #include "engine/engine.h"
 #include "common/utf8.h"
 #include "engine/backend/backend.h"
@@ -51,6 +56,7 @@
 typedef enum { JOB_PENDING, JOB_TOKENIZING, JOB_QUEUED, JOB_ACTIVE, JOB_PARKED } job_state;
 
 #define TOK_NICE 10  /* the tokenizer thread yields the cores to forward passes */
+#define JOB_TOKENIZE ((eng_job_kind)2)  /* eng_tokenize_submit: ids back as one event */
 
 typedef struct job {
     struct job *next;            /* queue link */
@@ -78,6 +84,10 @@ typedef struct job {
     int snap, snap2;             /* recurrent models: snapshot entries it saves to (the
                                     prompt's last page boundary; later ones), or -1 */
     int n_cached;                /* prompt tokens whose KV was reused */
+    int n_fill;                  /* after an eviction: tokens to compute again before it
+                                    goes on (their outputs were given already); else 0 */
+    int evicted;                 /* its pages were taken back: admitted again from the queue */
+    uint64_t admit_no;           /* order of its latest admission (youngest preempted first) */
     int n_published;             /* pages offered for prefix reuse */
     int finished; eng_finish why;  /* set by the worker; retired after the step */
     double t_submit, t_admit, t_first, t_end;
@@ -87,7 +97,7 @@ typedef struct job {
     char *text; size_t text_len;
     char *system; size_t system_len;
     chat_msg *msgs; size_t n_msgs; char *msg_buf;
-    int raw, parse_special;
+    int raw, parse_special, add_bos;
     int32_t max_tokens;
     eng_err err_code;            /* set by the tokenizer: fails with this once taken */
     char err_msg[160];
@@ -119,10 +129,13 @@ struct eng {
     pthread_cond_t tok_cv;       /* pending jobs or stop, for the tokenizer */
     job *pend_head, *pend_tail;  /* waiting to be tokenized, in submit order */
     job *tokenizing;             /* the one being tokenized now, or NULL */
-    int n_pending;               /* pending + tokenizing (not reported) */
+    int n_pending;               /* pending + tokenizing (not reported), generate/eval */
+    int n_tokreq;                /* the same, eng_tokenize_submit's */
     uint64_t tok_vt;             /* virtual start of the last job taken to tokenize */
     job **active; int n_active;
-    job *parked; int n_parked;   /* paused jobs out of the batch, KV kept (list by next) */
+    job *parked; int n_parked;   /* paused jobs out of the batch, KV kept until another
+                                    job needs it (list by next) */
+    uint64_t admit_seq;
     int stop;
     uint64_t next_id;
 
@@ -149,6 +162,7 @@ struct eng {
      * tokens are those ids, on the device): its batch, kept to check that
      * the next step is that batch (else its ids are dropped). */
     int ahead, a_on, a_T;        /* ahead: allowed (ANE_AHEAD=0: off) */
+    int a_stale;                 /* a job of the queued step was evicted: not the next batch */
     int32_t *a_pos, *a_out, *a_ids;
     job **a_job;
 };
@@ -253,6 +267,7 @@ void eng_event_free(eng_event *ev)
 {
     if (!ev) return;
     free(ev->text);
+    free(ev->ids);
     free(ev->top_ids);
     free(ev->top_logits);
     free(ev);
@@ -563,6 +578,13 @@ static uint64_t pend_vt(const eng *e, uint32_t uid)
     return vt;
 }
 
+/* A pending job leaves the tokenizer's count. Under mu. */
+static void pend_done(eng *e, const job *j)
+{
+    if (j->kind == JOB_TOKENIZE) e->n_tokreq--;
+    else e->n_pending--;
+}
+
 /* Inserts a ready job into the queue by id, so that admission's "oldest
  * first" stays submit order whenever tokenization finishes. Under mu. */
 static void queue_insert(eng *e, job *j)
@@ -658,6 +680,46 @@ int eng_submit(eng *e, const eng_job_desc *d, uint64_t *job_id, eng_err *code, c
     return 0;
 }
 
+int eng_tokenize_submit(eng *e, const char *text, size_t len, int add_bos, int parse_special,
+                        uint32_t uid, void *user, uint64_t *job_id, eng_err *code, char *err, size_t errlen)
+{
+    if (code) *code = ENG_OK;
+    job *j = calloc(1, sizeof *j);
+    if (!j) return fail(code, ENG_ENOMEM, err, errlen, NULL);
+    j->kind = JOB_TOKENIZE;
+    j->text = malloc(len + 1);
+    if (!j->text) { job_free(j); return fail(code, ENG_ENOMEM, err, errlen, NULL); }
+    if (len) memcpy(j->text, text, len);
+    j->text[len] = 0;
+    j->text_len = len;
+    j->add_bos = add_bos;
+    j->parse_special = parse_special;
+    j->uid = uid;
+    j->user = user;
+    j->t_submit = now_ms();
+    pthread_mutex_lock(&e->mu);
+    if (e->stop || !e->tokw_started) {
+        pthread_mutex_unlock(&e->mu);
+        job_free(j);
+        return fail(code, ENG_ESHUTDOWN, err, errlen, NULL);
+    }
+    if (e->n_tokreq >= e->max_queued) {
+        pthread_mutex_unlock(&e->mu);
+        job_free(j);
+        return fail(code, ENG_EBUSY, err, errlen, "too many tokenize requests waiting");
+    }
+    j->id = ++e->next_id;
+    *job_id = j->id;
+    j->state = JOB_PENDING;
+    j->vt = pend_vt(e, j->uid);
+    if (e->pend_tail) e->pend_tail->next = j; else e->pend_head = j;
+    e->pend_tail = j;
+    e->n_tokreq++;
+    pthread_cond_signal(&e->tok_cv);
+    pthread_mutex_unlock(&e->mu);
+    return 0;
+}
+
 void eng_cancel(eng *e, uint64_t id)
 {
     pthread_mutex_lock(&e->mu);
@@ -693,7 +755,7 @@ void eng_pause(eng *e, uint64_t id, int paused)
 /* ---- the worker ---------------------------------------------------------- */
 
 /* Picks the queued job to admit next: the one whose uid, then owner, has the
- * fewest active jobs; oldest first among equals. Under mu. */
+ * fewest active or paused jobs; oldest first among equals. Under mu. */
 static job *pick_fair(eng *e, job **prev_out)
 {
     job *best = NULL, *best_prev = NULL, *prev = NULL;
@@ -704,6 +766,10 @@ static job *pick_fair(eng *e, job **prev_out)
         for (int i = 0; i < e->n_active; i++) {
             nu += e->active[i]->uid == j->uid;
             no += e->active[i]->owner == j->owner;
+        }
+        for (const job *q = e->parked; q; q = q->next) {   /* paused jobs count in the share */
+            nu += q->uid == j->uid;
+            no += q->owner == j->owner;
         }
         if (!best || nu < best_u || (nu == best_u && no < best_o)) {
             best = j; best_prev = prev; best_u = nu; best_o = no;
@@ -731,6 +797,155 @@ static void job_error(eng *e, job *j)
     ev_push(e, ev);
 }
 
+/* Admits queued job j (prev: its predecessor in the queue) if a slot and
+ * its pages are free: whole cached pages of its tokens are reused (a new
+ * generate job's prompt but its last token, which is computed again for its
+ * logits; an evicted job's tokens up to where it was), the rest allocated.
+ * 1 admitted, 0 no room. Under mu. */
+static int admit(eng *e, job *j, job *prev)
+{
+    if (e->n_active >= e->max_seqs) return 0;
+    int need = (j->n_prompt + j->max_gen + KV_PAGE - 1) / KV_PAGE;
+    int n_known = j->evicted ? j->n_fill : j->n_prompt;
+    int max_reuse = j->evicted ? j->n_fill / KV_PAGE : (j->n_prompt - 1) / KV_PAGE;
+    int reuse = 0, snap = -1, snap_len = 0;
+    /* eval needs every position's logits, unless they were given before an eviction */
+    if ((j->kind == ENG_JOB_GENERATE || j->evicted) && (!e->m->recurrent || e->snaps))
+        reuse = kvc_match(e->kv, j->toks, n_known, max_reuse, j->pages);
+    if (e->m->recurrent && reuse > 0) {
+        /* recurrent layers resume only from a saved state: cut the reuse
+         * back to the longest snapshot of these tokens */
+        snap = snapc_find(e->snaps, j->toks, reuse * KV_PAGE, KV_PAGE, &snap_len);
+        int keep = snap >= 0 ? snap_len / KV_PAGE : 0;
+        kvc_release(e->kv, j->pages + keep, reuse - keep);
+        reuse = keep;
+    }
+    if (kvc_alloc(e->kv, need - reuse, j->pages + reuse)) {
+        kvc_release(e->kv, j->pages, reuse);
+        return 0;
+    }
+    queue_unlink(e, j, prev);
+    j->slot = 0;
+    while (e->slot_used[j->slot]) j->slot++;   /* n_active < max_seqs: one is free */
+    e->slot_used[j->slot] = 1;
+    fw_seq_reset(e->fw, j->slot);
+    if (reuse > 0 && snap >= 0) fw_snap_load(e->fw, snap, j->slot);
+    j->snap = e->snaps && j->kind == ENG_JOB_GENERATE ? snapc_take(e->snaps, j) : -1;
+    j->snap2 = j->snap >= 0 ? snapc_take(e->snaps, j) : -1;
+    j->n_pages = need;
+    if (!j->evicted) {
+        j->n_cached = reuse * KV_PAGE;
+        e->st.cached_tokens += (uint64_t)j->n_cached;
+        j->t_admit = now_ms();
+    }
+    j->n_past = reuse * KV_PAGE;
+    j->n_published = reuse;
+    j->evicted = 0;
+    j->state = JOB_ACTIVE;
+    j->admit_no = ++e->admit_seq;
+    e->active[e->n_active++] = j;
+    return 1;
+}
+
+/* Takes j's slot and pages back (its full pages stay in the prefix cache
+ * for its return, as long as nobody needs their room); it keeps its tokens
+ * and will compute those it loses again before going on. The caller takes
+ * it out of its list. Under mu. */
+static void evict(eng *e, job *j)
+{
+    if (j->state == JOB_ACTIVE && e->a_on) e->a_stale = 1;   /* the queued step had it */
+    if (j->n_past > j->n_fill) j->n_fill = j->n_past;
+    pages_release(e, j);
+    j->n_past = 0;
+    j->n_published = 0;
+    j->snap = j->snap2 = -1;
+    j->evicted = 1;
+    e->st.evictions++;
+}
+
+/* What a job costs its uid's share: its pages, and its slot while it holds
+ * one, each as a fraction of the whole (scaled to integers). */
+static uint64_t job_cost(const eng *e, int pages, int slot)
+{
+    return (uint64_t)pages * (uint64_t)e->max_seqs + (slot ? (uint64_t)e->n_pages_total : 0);
+}
+
+/* What the jobs of j's uid (by_owner: of j's owner) cost together. */
+static uint64_t share_cost(const eng *e, const job *j, int by_owner)
+{
+    uint64_t c = 0;
+    for (int i = 0; i < e->n_active; i++) {
+        const job *q = e->active[i];
+        if (by_owner ? q->owner == j->owner : q->uid == j->uid) c += job_cost(e, q->n_pages, 1);
+    }
+    for (const job *q = e->parked; q; q = q->next)
+        if (by_owner ? q->owner == j->owner : q->uid == j->uid) c += job_cost(e, q->n_pages, 0);
+    return c;
+}
+
+/* w waits for a slot or pages: takes them back from one job, 1 if it did.
+ * First a paused job (any uid) holding what is short; else the youngest
+ * running job of the uid that holds the most, provided that uid keeps at
+ * least what w's uid will then hold (so the two never take turns
+ * preempting each other); else the same between connections (owners) of
+ * w's uid. Under mu. */
+static int make_room(eng *e, job *w)
+{
+    int no_slot = e->n_active >= e->max_seqs;
+    int best = -1;
+    job *v = NULL;
+    for (int i = 0; i < e->n_active; i++)     /* recurrent models: paused jobs keep their slot */
+        if (atomic_load(&e->active[i]->paused) && (best < 0 || e->active[i]->n_pages > v->n_pages)) {
+            best = i;
+            v = e->active[i];
+        }
+    if (v) {
+        evict(e, v);
+        e->active[best] = e->active[--e->n_active];
+        v->state = JOB_PARKED;
+        v->next = e->parked;
+        e->parked = v;
+        e->n_parked++;
+        return 1;
+    }
+    if (!no_slot)
+        for (job *q = e->parked; q; q = q->next)
+            if (q->n_pages > 0 && (!v || q->n_pages > v->n_pages)) v = q;
+    if (v) {
+        evict(e, v);                          /* stays parked until resumed */
+        return 1;
+    }
+    uint64_t w_cost = job_cost(e, (w->n_prompt + w->max_gen + KV_PAGE - 1) / KV_PAGE, 1);
+    for (int by_owner = 0; by_owner < 2 && !v; by_owner++) {
+        uint64_t w_after = share_cost(e, w, by_owner) + w_cost, v_share = 0;
+        struct { uint64_t key, cost; } memo[16];   /* few uids/owners: each summed once */
+        int n_memo = 0;
+        for (int i = 0; i < e->n_active; i++) {
+            job *j = e->active[i];
+            if (by_owner ? j->uid != w->uid || j->owner == w->owner : j->uid == w->uid) continue;
+            uint64_t key = by_owner ? j->owner : j->uid, u = 0, c = job_cost(e, j->n_pages, 1);
+            int m = 0;
+            while (m < n_memo && memo[m].key != key) m++;
+            if (m < n_memo) u = memo[m].cost;
+            else {
+                u = share_cost(e, j, by_owner);
+                if (n_memo < 16) { memo[n_memo].key = key; memo[n_memo].cost = u; n_memo++; }
+            }
+            if (u < c || u - c < w_after) continue;
+            if (!v || u > v_share || (u == v_share && j->admit_no > v->admit_no)) {
+                v = j;
+                best = i;
+                v_share = u;
+            }
+        }
+    }
+    if (!v) return 0;
+    evict(e, v);
+    e->active[best] = e->active[--e->n_active];
+    queue_insert(e, v);
+    return 1;
+}
+
 /* Retires cancelled and failed jobs and admits new ones. Under mu. */
 static void schedule(eng *e)
 {
@@ -740,7 +955,7 @@ static void schedule(eng *e)
         if (atomic_load(&j->cancel)) {
             if (prev) prev->next = nx; else e->pend_head = nx;
             if (e->pend_tail == j) e->pend_tail = prev;
-            e->n_pending--;
+            pend_done(e, j);
             job_finish(e, j, ENG_FINISH_CANCELLED);
             job_free(j);
         } else prev = j;
@@ -751,7 +966,7 @@ static void schedule(eng *e)
     job *tj = e->tokenizing;
     if (tj && !tj->reported && atomic_load(&tj->cancel)) {
         tj->reported = 1;
-        e->n_pending--;
+        pend_done(e, tj);
         job_finish(e, tj, ENG_FINISH_CANCELLED);
     }
     prev = NULL;
@@ -775,8 +990,9 @@ static void schedule(eng *e)
             e->active[i] = e->active[--e->n_active];
         } else i++;
     }
-    /* paused jobs leave the batch (keeping their KV) so that others can run;
-     * recurrent models keep them, their state lives in the slot */
+    /* paused jobs leave the batch (keeping their KV while nobody needs it)
+     * so that others can run; recurrent models keep them in their slot,
+     * where their state lives, until the room is needed (make_room) */
     for (int i = 0; i < e->n_active && !e->m->recurrent;) {
         job *j = e->active[i];
         if (atomic_load(&j->paused)) {
@@ -797,6 +1013,10 @@ static void schedule(eng *e)
             job_finish(e, j, ENG_FINISH_CANCELLED);
             e->st.jobs_done++;
             job_free(j);
+        } else if (!atomic_load(&j->paused) && j->evicted) {
+            *pp = j->next;           /* its pages are gone: admitted again in turn */
+            e->n_parked--;
+            queue_insert(e, j);
         } else if (!atomic_load(&j->paused) && e->n_active < e->max_seqs) {
             *pp = j->next;
             e->n_parked--;
@@ -808,44 +1028,12 @@ static void schedule(eng *e)
             e->active[e->n_active++] = j;
         } else pp = &j->next;
     }
-    while (e->n_active < e->max_seqs && e->queue_head) {
+    while (e->queue_head) {
         job *p;
         job *j = pick_fair(e, &p);
         if (!j) break;
-        int need = (j->n_prompt + j->max_gen + KV_PAGE - 1) / KV_PAGE;
-        /* reuse whole cached pages of the prompt; at least its last token is
-         * computed again, for its logits. Eval needs every position's logits. */
-        int reuse = 0, snap = -1, snap_len = 0;
-        if (j->kind == ENG_JOB_GENERATE && (!e->m->recurrent || e->snaps))
-            reuse = kvc_match(e->kv, j->toks, j->n_prompt, (j->n_prompt - 1) / KV_PAGE, j->pages);
-        if (e->m->recurrent && reuse > 0) {
-            /* recurrent layers resume only from a saved state: cut the reuse
-             * back to the longest snapshot of this prompt */
-            snap = snapc_find(e->snaps, j->toks, reuse * KV_PAGE, KV_PAGE, &snap_len);
-            int keep = snap >= 0 ? snap_len / KV_PAGE : 0;
-            kvc_release(e->kv, j->pages + keep, reuse - keep);
-            reuse = keep;
-        }
-        if (kvc_alloc(e->kv, need - reuse, j->pages + reuse)) {
-            kvc_release(e->kv, j->pages, reuse);
-            break;                            /* wait for pages; keeps order fair */
-        }
-        queue_unlink(e, j, p);
-        j->slot = 0;
-        while (e->slot_used[j->slot]) j->slot++;   /* n_active < max_seqs: one is free */
-        e->slot_used[j->slot] = 1;
-        fw_seq_reset(e->fw, j->slot);
-        if (reuse > 0 && snap >= 0) fw_snap_load(e->fw, snap, j->slot);
-        j->snap = e->snaps && j->kind == ENG_JOB_GENERATE ? snapc_take(e->snaps, j) : -1;
-        j->snap2 = j->snap >= 0 ? snapc_take(e->snaps, j) : -1;
-        j->n_pages = need;
-        j->n_cached = reuse * KV_PAGE;
-        j->n_past = j->n_cached;
-        j->n_published = reuse;
-        e->st.cached_tokens += (uint64_t)j->n_cached;
-        j->state = JOB_ACTIVE;
-        j->t_admit = now_ms();
-        e->active[e->n_active++] = j;
+        if (admit(e, j, p)) continue;
+        if (!make_room(e, j)) break;         /* wait for pages or a slot; keeps order fair */
     }
     e->st.active = (uint32_t)(e->n_active + e->n_parked);
     e->st.queued = (uint32_t)(e->n_queued + e->n_pending);
@@ -888,7 +1076,7 @@ static void emit_token(eng *e, job *j, int32_t id, int *finished, eng_finish *wh
  * the ids the step before computed, as the device took them). */
 static int ahead_is(const eng *e, int T, int n_out)
 {
-    if (!e->a_on || e->a_T != T || n_out != T) return 0;
+    if (!e->a_on || e->a_stale || e->a_T != T || n_out != T) return 0;
     for (int t = 0; t < T; t++)
         if (e->b_job[t] != e->a_job[t] || e->b_pos[t] != e->a_pos[t] || e->b_out[t] != t) return 0;
     return 1;
@@ -938,6 +1126,7 @@ static void run_greedy(eng *e, const be_batch *bt, int n_decode, int n_out)
         ab.ids_dev = 1;
         if (fw_greedy_queue(e->fw, NULL, &ab, e->a_out, n_out) == 0) {
             e->a_on = 1;
+            e->a_stale = 0;
             e->a_T = T;
         }
     }
@@ -952,7 +1141,7 @@ static void step(eng *e)
     for (int i = 0; i < e->n_active; i++) {
         job *j = e->active[i];
         if (atomic_load_explicit(&j->paused, memory_order_relaxed)) continue;
-        if (j->n_past < j->n_tok && j->n_past >= j->n_prompt) {
+        if (j->n_past < j->n_tok && j->n_past >= j->n_prompt && j->n_past >= j->n_fill) {
             e->b_tok[T] = j->toks[j->n_past];
             e->b_pos[T] = j->n_past;
             e->b_pages[T] = j->pages;
@@ -968,8 +1157,10 @@ static void step(eng *e)
     int budget = n_decode ? n_decode + e->prefill_shared : BATCH_TOKENS;
     for (int i = 0; i < e->n_active && T < budget; i++) {
         job *j = e->active[i];
-        if (j->n_past >= j->n_prompt || atomic_load_explicit(&j->paused, memory_order_relaxed)) continue;
-        int take = j->n_prompt - j->n_past;
+        /* the prompt, or what an evicted job computes again (no outputs) */
+        int end = j->n_prompt > j->n_fill ? j->n_prompt : j->n_fill;
+        if (j->n_past >= end || atomic_load_explicit(&j->paused, memory_order_relaxed)) continue;
+        int take = end - j->n_past;
         if (take > budget - T) take = budget - T;
         if (j->kind == ENG_JOB_EVAL && take > EVAL_ROWS - n_out) take = EVAL_ROWS - n_out;
         if (take <= 0) continue;
@@ -987,7 +1178,7 @@ static void step(eng *e)
             e->b_slot[T] = j->slot;
             e->b_job[T] = j;
             int last = p == j->n_prompt - 1;
-            if (j->kind == ENG_JOB_EVAL || last) {
+            if ((j->kind == ENG_JOB_EVAL || last) && p >= j->n_fill) {
                 e->b_out[n_out] = T;
                 e->b_job_of_out[n_out] = j;
                 e->b_out_pos[n_out] = p;
@@ -1143,7 +1334,12 @@ static void *tokw_main(void *arg)
         size_t n = 0;
         eng_err code = ENG_OK;
         char msg[sizeof j->err_msg];
-        int rc = atomic_load(&j->cancel) ? 0 : job_encode(e, j, &ids, &n, &code, msg, sizeof msg);
+        int rc = 0;
+        if (atomic_load(&j->cancel)) {}
+        else if (j->kind == JOB_TOKENIZE)
+            rc = eng_tokenize(e, j->text, j->text_len, j->add_bos, j->parse_special, &ids, &n, &code, msg, sizeof msg);
+        else
+            rc = job_encode(e, j, &ids, &n, &code, msg, sizeof msg);
 
         pthread_mutex_lock(&e->mu);
         e->tokenizing = NULL;
@@ -1152,7 +1348,27 @@ static void *tokw_main(void *arg)
             job_free(j);
             continue;
         }
-        e->n_pending--;
+        pend_done(e, j);
+        if (j->kind == JOB_TOKENIZE) {
+            /* answered from here: no worker step is involved (there may be no worker) */
+            eng_event *ev = NULL;
+            if (atomic_load(&j->cancel)) {
+                job_finish(e, j, ENG_FINISH_CANCELLED);
+            } else if (rc == 0 && (ev = ev_new(ENG_EV_TOKENS, j))) {
+                ev->ids = ids;
+                ev->n_ids = n;
+                ids = NULL;
+                ev_push(e, ev);
+            } else {
+                j->err_code = rc ? (code != ENG_OK ? code : ENG_EINTERNAL) : ENG_ENOMEM;
+                snprintf(j->err_msg, sizeof j->err_msg, "%s", rc ? msg : eng_strerror(ENG_ENOMEM));
+                job_error(e, j);
+            }
+            free(ids);
+            job_free(j);
+            notify(e);
+            continue;
+        }
         /* the rest only allocates; still under mu, as out of every list
          * an eng_cancel could not find the job */
         if (rc == 0 && !atomic_load(&j->cancel)) rc = job_set_prompt(e, j, ids, n, &code, msg, sizeof msg);
@@ -1167,6 +1383,21 @@ static void *tokw_main(void *arg)
 }
 
 /* ---- open / close / info ------------------------------------------------- */
+
+/* Starts the tokenizer thread and waits until it runs: no syscall of its
+ * start-up comes after eng_open returns (the seccomp filter follows). */
+static int tokw_start(eng *e, char *err, size_t errlen)
+{
+    if (pthread_create(&e->tokw, NULL, tokw_main, e) != 0) {
+        snprintf(err, errlen, "cannot start the tokenizer thread");
+        return -1;
+    }
+    e->tokw_started = 1;
+    pthread_mutex_lock(&e->mu);
+    while (!e->tokw_ready) pthread_cond_wait(&e->cv, &e->mu);
+    pthread_mutex_unlock(&e->mu);
+    return 0;
+}
 
 int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
 {
@@ -1197,7 +1428,9 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
         snprintf(e->warning, sizeof e->warning, "unknown chat template: prompts are used raw");
         in->warning = e->warning;
     }
+    e->max_queued = opt->max_queued > 0 ? opt->max_queued : 256;
     if (m->tokenizer_only) {
+        if (tokw_start(e, err, errlen)) goto fail;
         *out = e;
         return 0;
     }
@@ -1213,7 +1446,6 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
     if (e->n_ctx < 8) e->n_ctx = 8;
     e->max_seqs = opt->max_seqs > 0 ? opt->max_seqs : 16;
     if (e->max_seqs > 256) e->max_seqs = 256;
-    e->max_queued = opt->max_queued > 0 ? opt->max_queued : 256;
     in->n_ctx = e->n_ctx;
     in->max_seqs = e->max_seqs;
 
@@ -1293,14 +1525,7 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
         goto fail;
     }
     e->worker_started = 1;
-    if (pthread_create(&e->tokw, NULL, tokw_main, e) != 0) {
-        snprintf(err, errlen, "cannot start the tokenizer thread");
-        goto fail;
-    }
-    e->tokw_started = 1;
-    pthread_mutex_lock(&e->mu);
-    while (!e->tokw_ready) pthread_cond_wait(&e->cv, &e->mu);
-    pthread_mutex_unlock(&e->mu);
+    if (tokw_start(e, err, errlen)) goto fail;
     *out = e;
     return 0;
 fail:
@@ -1311,13 +1536,13 @@ fail:
 void eng_close(eng *e)
 {
     if (!e) return;
-    if (e->worker_started) {
+    if (e->worker_started || e->tokw_started) {
         pthread_mutex_lock(&e->mu);
         e->stop = 1;
         pthread_cond_signal(&e->cv);
         pthread_cond_signal(&e->tok_cv);
         pthread_mutex_unlock(&e->mu);
-        pthread_join(e->worker, NULL);
+        if (e->worker_started) pthread_join(e->worker, NULL);
         if (e->tokw_started) pthread_join(e->tokw, NULL);   /* ends its current prompt first */
     }
     for (job *j = e->pend_head; j;) { job *n = j->next; job_free(j); j = n; }

@@ -408,7 +408,7 @@ int proto_ev_encode(proto_buf *b, const proto_ev *e)
         pk_kstr(&k, "text", e->text, e->text_len);
         break;
     case PROTO_T_INFO_OK:
-        pk_map(&k, 27);
+        pk_map(&k, 29);
         pk_kstr(&k, "type", tn, strlen(tn));
         pk_ku64(&k, "id", e->id);
         pk_ku64(&k, "version", e->version);
@@ -445,6 +445,8 @@ int proto_ev_encode(proto_buf *b, const proto_ev *e)
         }
         pk_kstr(&k, "model_path", e->model_path, e->model_path_len);
         pk_ku64(&k, "max_inflight", PROTO_MAX_INFLIGHT);
+        pk_kf64(&k, "idle_timeout_s", e->idle_timeout_s);
+        pk_ku64(&k, "max_clients_per_uid", e->max_clients_per_uid);
         break;
     case PROTO_T_PONG:
         pk_map(&k, 2);
@@ -1135,6 +1137,8 @@ static int decode_ev(dctx *d, const msgpack_object *m, proto_ev *e)
             else if (key_is(k, "kv_total")) rc = get_u64(d, v, "kv_total", &e->kv_total);
             else if (key_is(k, "weight_bytes")) rc = get_u64(d, v, "weight_bytes", &e->weight_bytes);
             else if (key_is(k, "uptime_s")) rc = get_double(d, v, "uptime_s", &e->uptime_s);
+            else if (key_is(k, "idle_timeout_s")) rc = get_double(d, v, "idle_timeout_s", &e->idle_timeout_s);
+            else if (key_is(k, "max_clients_per_uid")) rc = get_u32(d, v, "max_clients_per_uid", &e->max_clients_per_uid);
             else if (key_is(k, "per_client")) rc = get_per_client(d, v, e);
             break;
         case PROTO_T_TOKEN:

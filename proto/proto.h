@@ -157,6 +157,8 @@ typedef struct proto_ev {
     uint64_t jobs_done, tokens_served, prompt_tokens_total;
     uint64_t kv_used, kv_total, weight_bytes;
     double uptime_s;
+    double idle_timeout_s;   /* info: idle connections close after this; 0 = never */
+    uint32_t max_clients_per_uid; /* info: 0 = no limit */
     const proto_client_count *per_client; size_t n_per_client;
     const char *model_path; size_t model_path_len; /* info */
 } proto_ev;

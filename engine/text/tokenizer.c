@@ -564,13 +564,21 @@ int tok_decode(const tok *t, const int32_t *ids, size_t n, char **text, size_t *
 /* ---- encoding --------------------------------------------------------- */
 
 typedef struct sym { int32_t id; int32_t prev, next; uint32_t off, n; } sym;
-typedef struct bigram { float score; uint32_t rank; int32_t left, right; int32_t lid, rid, res; uint32_t size; } bigram;
+/* A candidate merge of the symbol at `left` with the one after it. key orders
+ * the heap: priority (BPE rank; SPM score, higher first) above, then `left`,
+ * so ties go leftmost. Whether it is still valid is read from the symbols:
+ * the left one is alive and it and its right neighbour together are still
+ * `size` bytes long (a symbol changes only by taking in its right neighbour,
+ * which makes it longer or its left neighbour's absorbed one). 16 bytes, so
+ * that a node's four children fill one cache line. */
+typedef struct bigram { uint64_t key; uint32_t size; int32_t res; } bigram;
 
 typedef struct enc {
     const tok *t;
     int32_t *out; size_t n, cap;
     sym *syms; size_t syms_cap;
-    bigram *heap; size_t hn, hcap;
+    bigram *heap; size_t hn, hcap;   /* heap = heap_mem + 3: children 4i+1.. share a line */
+    void *heap_mem;
     char *buf; size_t buf_cap;
     pcre2_match_data *md;
     int oom;
@@ -595,45 +603,77 @@ static void emit(enc *e, int32_t id)
     e->out[e->n++] = id;
 }
 
-/* heap order: SPM highest score first, BPE lowest rank first; ties leftmost */
-static int bg_before(const enc *e, const bigram *a, const bigram *b)
+/* SPM scores, higher first, as a key part that sorts ascending; -0 is 0
+ * (the scores compare equal) and NaN goes last. */
+static uint64_t score_key(float f)
 {
-    if (e->t->type == TOK_SPM && !e->t->mmap) {
-        if (a->score != b->score) return a->score > b->score;
-    } else if (a->rank != b->rank) {
-        return a->rank < b->rank;
-    }
-    return a->left < b->left;
+    if (f != f) return UINT32_MAX;
+    f += 0.0f;
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    uint32_t asc = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    return (uint64_t)~asc;
 }
 
-static void heap_push(enc *e, const bigram *b)
+/* The heap is 4-ary: half the depth of a binary one, and the children a
+ * node compares are one cache line, which is what a long pre-token (a run
+ * of a million spaces is one) spends its time on. */
+static int heap_reserve(enc *e, size_t need)
 {
-    if (grow((void **)&e->heap, &e->hcap, e->hn + 1, sizeof(bigram))) { e->oom = 1; return; }
+    if (need <= e->hcap) return 0;
+    size_t nc = e->hcap ? e->hcap : 256;
+    while (nc < need) nc *= 2;
+    void *m = NULL;
+    if (posix_memalign(&m, 64, (nc + 4) * sizeof(bigram))) return -1;
+    bigram *h = (bigram *)m + 3;
+    if (e->hn) memcpy(h, e->heap, e->hn * sizeof *h);
+    free(e->heap_mem);
+    e->heap_mem = m;
+    e->heap = h;
+    e->hcap = nc;
+    return 0;
+}
+
+static void heap_push(enc *e, uint64_t key, uint32_t size, int32_t res)
+{
+    if (e->hn == e->hcap && heap_reserve(e, e->hn + 1)) { e->oom = 1; return; }
     size_t i = e->hn++;
     while (i > 0) {
-        size_t p = (i - 1) / 2;
-        if (!bg_before(e, b, &e->heap[p])) break;
+        size_t p = (i - 1) / 4;
+        if (e->heap[p].key <= key) break;
         e->heap[i] = e->heap[p];
         i = p;
     }
-    e->heap[i] = *b;
+    e->heap[i] = (bigram){ key, size, res };
 }
 
 static bigram heap_pop(enc *e)
 {
     bigram top = e->heap[0], last = e->heap[--e->hn];
-    size_t i = 0;
+    size_t i = 0, n = e->hn;
     for (;;) {
-        size_t l = 2 * i + 1, r = l + 1, m = i;
-        const bigram *best = &last;
-        if (l < e->hn && bg_before(e, &e->heap[l], best)) { m = l; best = &e->heap[l]; }
-        if (r < e->hn && bg_before(e, &e->heap[r], best)) { m = r; }
-        if (m == i) break;
+        size_t c = 4 * i + 1;
+        if (c >= n) break;
+        size_t m = c;
+        uint64_t mk = e->heap[c].key;
+        size_t end = c + 4 < n ? c + 4 : n;
+        for (size_t k = c + 1; k < end; k++)
+            if (e->heap[k].key < mk) { m = k; mk = e->heap[k].key; }
+        if (mk >= last.key) break;
         e->heap[i] = e->heap[m];
         i = m;
     }
-    if (e->hn) e->heap[i] = last;
+    if (n) e->heap[i] = last;
     return top;
+}
+
+/* The left symbol of a popped candidate when it can still be merged, else -1. */
+static int32_t bigram_left(const enc *e, const bigram *g)
+{
+    int32_t l = (int32_t)(uint32_t)g->key;
+    const sym *a = &e->syms[l];
+    if (a->n == 0 || a->next < 0 || a->n + e->syms[a->next].n != g->size) return -1;
+    return l;
 }
 
 static void spm_try(enc *e, const char *s, int32_t l, int32_t r)
@@ -642,8 +682,7 @@ static void spm_try(enc *e, const char *s, int32_t l, int32_t r)
     const sym *a = &e->syms[l], *b = &e->syms[r];
     int32_t id = tok_find(e->t, s + a->off, a->n + b->n);
     if (id < 0) return;
-    bigram g = { .score = e->t->scores[id], .left = l, .right = r, .size = a->n + b->n };
-    heap_push(e, &g);
+    heap_push(e, score_key(e->t->scores[id]) << 32 | (uint32_t)l, a->n + b->n, id);
 }
 
 /* SentencePiece: merge the adjacent pair whose union is the highest-scoring
@@ -701,14 +740,15 @@ static void spm_chunk(enc *e, const char *s, size_t n)
     for (size_t i = 1; i < ns; i++) spm_try(e, s, (int32_t)i - 1, (int32_t)i);
     while (e->hn && !e->oom) {
         bigram g = heap_pop(e);
-        sym *a = &e->syms[g.left], *b = &e->syms[g.right];
-        if (a->n == 0 || b->n == 0 || a->n + b->n != g.size) continue;
+        int32_t l = bigram_left(e, &g);
+        if (l < 0) continue;
+        sym *a = &e->syms[l], *b = &e->syms[a->next];
         a->n += b->n;
         b->n = 0;
         a->next = b->next;
-        if (b->next >= 0) e->syms[b->next].prev = g.left;
-        spm_try(e, s, a->prev, g.left);
-        spm_try(e, s, g.left, a->next);
+        if (b->next >= 0) e->syms[b->next].prev = l;
+        spm_try(e, s, a->prev, l);
+        spm_try(e, s, l, a->next);
     }
     for (int32_t i = 0; i != -1; i = e->syms[i].next) {
         const sym *y = &e->syms[i];
@@ -727,8 +767,7 @@ static void bpe_try(enc *e, int32_t l, int32_t r)
     const sym *a = &e->syms[l], *b = &e->syms[r];
     const merge_ent *m = merge_find(e->t, a->id, b->id);
     if (!m) return;
-    bigram g = { .rank = m->rank, .left = l, .right = r, .lid = a->id, .rid = b->id, .res = m->res };
-    heap_push(e, &g);
+    heap_push(e, (uint64_t)m->rank << 32 | (uint32_t)l, a->n + b->n, m->res);
 }
 
 /* Byte-level BPE on one pre-token (raw bytes): start from one symbol per
@@ -765,15 +804,16 @@ static void bpe_merge(enc *e, size_t ns)
     for (size_t i = 1; i < ns; i++) bpe_try(e, (int32_t)i - 1, (int32_t)i);
     while (e->hn && !e->oom) {
         bigram g = heap_pop(e);
-        sym *a = &e->syms[g.left], *b = &e->syms[g.right];
-        if (a->n == 0 || b->n == 0 || a->id != g.lid || b->id != g.rid || a->next != g.right) continue;
+        int32_t l = bigram_left(e, &g);
+        if (l < 0) continue;
+        sym *a = &e->syms[l], *b = &e->syms[a->next];
         a->id = g.res;
         a->n += b->n;
         b->n = 0;
         a->next = b->next;
-        if (b->next >= 0) e->syms[b->next].prev = g.left;
-        bpe_try(e, a->prev, g.left);
-        bpe_try(e, g.left, a->next);
+        if (b->next >= 0) e->syms[b->next].prev = l;
+        bpe_try(e, a->prev, l);
+        bpe_try(e, l, a->next);
     }
 }
 
@@ -1039,7 +1079,7 @@ int tok_encode_segs(const tok *t, const tok_seg *segs, size_t nseg,
     rc = 0;
 done:
     if (rc && e.oom) err_set(err, errlen, "tokenizer: out of memory");
-    free(e.out); free(e.syms); free(e.heap); free(e.buf); free(all);
+    free(e.out); free(e.syms); free(e.heap_mem); free(e.buf); free(all);
     if (e.md) pcre2_match_data_free(e.md);
     return rc;
 }
