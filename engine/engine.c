@@ -425,7 +425,7 @@ static int valid_sampling(const eng_sampling *s, char *err, size_t errlen)
     const char *bad = NULL;
     if (!isfinite(s->temperature) || s->temperature < 0 || s->temperature > 100) bad = "temperature must be in [0, 100]";
     else if (s->top_k < 0) bad = "top_k must be >= 0";
-    else if (!isfinite(s->top_p) || s->top_p <= 0 || s->top_p > 1) bad = "top_p must be in (0, 1]";
+    else if (!isfinite(s->top_p) || s->top_p < 0 || s->top_p > 1) bad = "top_p must be in [0, 1]";
     else if (!isfinite(s->min_p) || s->min_p < 0 || s->min_p > 1) bad = "min_p must be in [0, 1]";
     else if (!isfinite(s->repeat_penalty) || s->repeat_penalty <= 0 || s->repeat_penalty > 100)
         bad = "repeat_penalty must be in (0, 100]";

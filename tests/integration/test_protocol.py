@@ -632,6 +632,45 @@ def t_fuzz(d):
     witness.close()
 
 
+def t_field_shapes(d):
+    """Hostile shapes of valid-size requests get the error of the field at
+    fault, and top_p's whole documented range is honoured by the engine."""
+    c = d.connect()
+
+    def error_of(msg):
+        id = c.request(**msg)
+        ev = c.next_event(id, 30)
+        return ev if ev.get("type") == "error" else None
+
+    for what, msgs in (("1024 empty maps", [{}] * 1024),
+                       ("1024 nil roles", [{"role": None}] * 1024),
+                       ("1024 integers", [1] * 1024)):
+        for t in ("generate", "eval"):
+            ev = error_of({"type": t, "messages": msgs})
+            check(ev is not None and ev.get("code") == "bad_request" and '"messages"[0]' in ev.get("message", ""),
+                  "%s %s: bad_request naming messages[0]: %r" % (t, what, ev))
+    ev = error_of({"type": "generate", "messages": [{"role": "user", "content": "x"}] * 1023 + [{}]})
+    check(ev is not None and ev.get("code") == "bad_request" and '"messages"[1023]' in ev.get("message", ""),
+          "entry 1023 without a role: %r" % ev)
+    # top_p 0 keeps the most likely token alone: the greedy text, whatever
+    # the temperature and seed
+    greedy = c.generate_text(tokens=[1], raw=True, temperature=0, max_tokens=24)[1]
+    for seed in (1, 2, 3):
+        try:
+            got = c.generate_text(tokens=[1], raw=True, temperature=1.5, top_p=0, seed=seed, max_tokens=24)[1]
+        except anepy.AneError as e:
+            got = "error %s" % e
+        check(got == greedy, "top_p 0, seed %d: the greedy tokens, got %r" % (seed, got))
+    got = c.generate_text(tokens=[1], raw=True, temperature=1.5, top_p=0.0, top_k=0, seed=9, max_tokens=24)[1]
+    check(got == greedy, "top_p 0 with top_k 0 (whole vocabulary): greedy too, got %r" % got)
+    for bad in (-0.01, 1.01):
+        ev = error_of({"type": "generate", "prompt": "x", "top_p": bad})
+        check(ev is not None and ev.get("code") == "invalid_value" and '"top_p"' in ev.get("message", ""),
+              "top_p %g: invalid_value naming top_p: %r" % (bad, ev))
+    still_serves(c, "after hostile field shapes")
+    c.close()
+
+
 def t_no_model(d2):
     c = d2.connect()
     info = c.info()
@@ -685,7 +724,8 @@ def main():
     d2 = None
     try:
         for t in (t_handshake, t_version, t_before_hello, t_ping_info, t_tokenize, t_generate_greedy,
-                  t_interleave, t_duplicate, t_cancel, t_eval, t_errors, t_busy, t_stream_errors, t_fuzz):
+                  t_interleave, t_duplicate, t_cancel, t_eval, t_errors, t_field_shapes, t_busy, t_stream_errors,
+                  t_fuzz):
             f0 = failed
             try:
                 t(d)

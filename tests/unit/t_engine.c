@@ -365,7 +365,7 @@ static void test_submit_errors(void)
     d.sampling.temperature = NAN;
     CHECK(eng_submit(e, &d, &id, &code, err, sizeof err) == -1 && code == ENG_EINVAL);
     eng_sampling_default(&d.sampling);
-    d.sampling.top_p = 0;
+    d.sampling.top_p = -0.1f;
     CHECK(eng_submit(e, &d, &id, &code, err, sizeof err) == -1 && code == ENG_EINVAL);
     eng_sampling_default(&d.sampling);
     d.max_tokens = -5;
