@@ -671,6 +671,51 @@ def t_field_shapes(d):
     c.close()
 
 
+def t_regex_limit():
+    """A model whose tokenizer.json splits with a pattern that backtracks
+    catastrophically: text that drives it into PCRE2's match limit is
+    refused with invalid_value naming the split regex (not invalid_utf8),
+    and the daemon goes on serving."""
+    import shutil
+    src = os.path.join(ROOT, "tests/fixtures/hf/qwen2-tiny")
+    tmp = tempfile.mkdtemp(prefix="aned-regex-")
+    d3 = None
+    try:
+        mdir = os.path.join(tmp, "model")
+        shutil.copytree(src, mdir)
+        tj_path = os.path.join(mdir, "tokenizer.json")
+        with open(tj_path) as f:
+            tj = json.load(f)
+        tj["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(?:\\p{L}+)+$|\\s+|."
+        with open(tj_path, "w") as f:
+            json.dump(tj, f)
+        d3 = Daemon(mdir, "regex")
+        c = d3.connect()
+        hostile = "a" * 40 + "!"
+        id = c.request("tokenize", text=hostile)
+        ev = c.next_event(id, 30)
+        check(ev.get("type") == "error" and ev.get("code") == "invalid_value" and "split regex" in ev.get("message", ""),
+              "tokenize past the regex's match limit: invalid_value naming the split regex: %r" % ev)
+        for what, fields in (("raw prompt", dict(prompt=hostile, raw=True)), ("chat prompt", dict(prompt=hostile)),
+                             ("messages", dict(messages=[{"role": "user", "content": hostile}]))):
+            id = c.request("generate", max_tokens=2, **fields)
+            ev = c.next_event(id, 30)
+            check(ev.get("type") == "error" and ev.get("code") == "invalid_value" and "split regex" in ev.get("message", ""),
+                  "generate (%s) past the regex's match limit: %r" % (what, ev))
+        ids = c.tokenize("hello there, you", add_bos=False)
+        check(isinstance(ids, list) and len(ids) > 0, "ordinary text still tokenizes: %r" % ids)
+        id = c.request("tokenize", text=b"a\xff")
+        ev = c.next_event(id, 30)
+        check(ev.get("code") == "invalid_utf8", "invalid UTF-8 is still invalid_utf8: %r" % ev)
+        still_serves(c, "after regex limits")
+        c.close()
+    finally:
+        if d3:
+            d3.stop()
+            d3.cleanup()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def t_no_model(d2):
     c = d2.connect()
     info = c.info()
@@ -743,6 +788,12 @@ def main():
             except Exception:
                 check(False, "t_no_model raised:\n%s" % traceback.format_exc())
             print("%-24s %s" % ("t_no_model", "ok" if failed == f0 else "FAIL"), flush=True)
+        f0 = failed
+        try:
+            t_regex_limit()
+        except Exception:
+            check(False, "t_regex_limit raised:\n%s" % traceback.format_exc())
+        print("%-24s %s" % ("t_regex_limit", "ok" if failed == f0 else "FAIL"), flush=True)
         if d.proc.poll() is None:
             f0 = failed
             try:
