@@ -734,8 +734,9 @@ static void test_open_errors(void)
     CHECK(strstr(err, "GGUF") != NULL);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    CHECK_ARGS(argc, argv);
     RUN(test_greedy_reference);
     RUN(test_batch_invariance);
     RUN(test_prefix_reuse);
