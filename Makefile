@@ -8,6 +8,8 @@
 #   make fuzz       every libFuzzer target FUZZ_SECONDS (default 30) s each
 #   make install    programs, libaneclient (+ headers, pkg-config), units, docs
 #                   under PREFIX (/usr/local), staged into DESTDIR
+#   make aarch64    t_qgemm, t_dequant cross-built for aarch64 into bin/aarch64
+#                   (the NEON kernels); make test runs them under qemu-user
 #   make help       this text
 # Knobs: CC, OPT, CFLAGS, SANITIZER=address|undefined|address,undefined|thread, WERROR=1.
 
@@ -101,17 +103,19 @@ LIBCLIENT := $(LIBDIR)/libaneclient.a
 PROGS := $(if $(DAEMON_SRC),bin/aned) $(if $(wildcard client/aneclient.c),bin/aneclient) \
          $(if $(HTTP_SRC),bin/aned-http) $(BENCH_BIN)
 
-.PHONY: all deps run test bench cuda test-cuda ktrace help clean fixtures fuzz install
+.PHONY: all deps run test bench cuda test-cuda ktrace help clean fixtures fuzz install aarch64
 all: $(PROGS) $(LIBCLIENT) $(UNIT_BIN)
 
 help:
-	@sed -n '2,13p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,15p' Makefile | sed 's/^# \{0,1\}//'
 
 # Install what is missing when root; otherwise print the exact command.
 # SKIP_DEPS=1: the libraries come from elsewhere (PC_CFLAGS/PC_LIBS given).
+# The aarch64 test tools are optional: without them make test says so and
+# skips the NEON tests.
 deps:
 	@[ -n "$(SKIP_DEPS)" ] && exit 0; missing=""; \
-	for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	for p in $(DEB_PKGS); do dpkg-query -W -f='$${db:Status-Abbrev}\n' $$p 2>/dev/null | grep -q '^ii' || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    echo "installing:$$missing"; \
@@ -121,6 +125,66 @@ deps:
 	  else \
 	    echo "missing packages; run: sudo apt-get install$$missing" >&2; exit 1; \
 	  fi; \
+	fi
+	@[ -n "$(SKIP_DEPS)$(filter 1,$(CUDA))" ] && exit 0; missing=""; \
+	for p in $(AA_DEB_PKGS); do dpkg-query -W -f='$${db:Status-Abbrev}\n' $$p 2>/dev/null | grep -q '^ii' || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ]; then \
+	  echo "installing (aarch64 tests):$$missing"; \
+	  (apt-get install -y -qq $$missing >/dev/null 2>&1 || \
+	   (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq $$missing >/dev/null 2>&1)) || \
+	   echo "apt-get install failed:$$missing: the aarch64 tests will be skipped" >&2; \
+	elif [ -n "$$missing" ]; then \
+	  echo "aarch64 tests need:$$missing (sudo apt-get install$$missing)" >&2; \
+	fi
+	@[ -n "$(SKIP_DEPS)$(filter 1,$(CUDA))" ] && exit 0; $(AA_FETCH_JANSSON)
+
+# --- aarch64: the NEON kernels (engine/qt_neon.c) are compiled and checked
+# only on aarch64. t_qgemm and t_dequant are cross-built with the objects they
+# need alone (quant types, NEON kernels, GGUF reader), linked statically and
+# run under qemu-user. t_dequant reads its reference with jansson: the arm64
+# libjansson.a comes from Debian's libjansson-dev:arm64, unpacked into
+# bin/aarch64/sysroot (apt-get download, not installed, so the system keeps
+# one libjansson-dev).
+AA_CC       ?= aarch64-linux-gnu-gcc
+AA_QEMU     ?= qemu-aarch64-static
+AA_DEB_PKGS := gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static
+AA_DIR      := bin/aarch64
+AA_SYSROOT  := $(AA_DIR)/sysroot
+AA_JANSSON  := $(AA_SYSROOT)/usr/lib/aarch64-linux-gnu/libjansson.a
+AA_ENG_SRC  := $(filter %/qtypes.c %/qt_neon.c %/arm/neon.c %/gguf.c,$(ENGINE_SRC))
+AA_OBJ      := $(AA_ENG_SRC:%.c=$(AA_DIR)/obj/%.o)
+AA_TESTS    := $(AA_DIR)/t_qgemm $(AA_DIR)/t_dequant
+AA_CFLAGS    = -std=c11 $(OPT) -g -pthread $(WARN) -I. -D_GNU_SOURCE -idirafter $(AA_SYSROOT)/usr/include
+# gcc 12's aarch64 loop vectorizer crashes on t_dequant.c (vect_transform_reduction)
+AA_TEST_CFLAGS := -fno-tree-loop-vectorize
+AA_FETCH_JANSSON = [ -f $(AA_JANSSON) ] && exit 0; command -v $(AA_CC) >/dev/null || exit 0; \
+	if ! dpkg --print-foreign-architectures | grep -qx arm64; then \
+	  [ "$$(id -u)" = 0 ] || { echo "aarch64 tests: arm64 is not a dpkg architecture (sudo dpkg --add-architecture arm64)" >&2; exit 0; }; \
+	  dpkg --add-architecture arm64 && apt-get update -qq >/dev/null 2>&1; \
+	fi; \
+	mkdir -p $(AA_DIR)/deb && rm -f $(AA_DIR)/deb/*.deb && \
+	( (cd $(AA_DIR)/deb && apt-get download -qq libjansson-dev:arm64 >/dev/null 2>&1) || \
+	  ([ "$$(id -u)" = 0 ] && apt-get update -qq >/dev/null 2>&1 && \
+	   cd $(AA_DIR)/deb && apt-get download -qq libjansson-dev:arm64 >/dev/null 2>&1) ) && \
+	dpkg-deb -x $(AA_DIR)/deb/libjansson-dev_*_arm64.deb $(AA_SYSROOT) && [ -f $(AA_JANSSON) ] || \
+	echo "aarch64 tests: could not fetch libjansson-dev:arm64; they will be skipped" >&2
+
+$(AA_DIR)/obj/%.o: %.c | bin/.deps-ok
+	@mkdir -p $(dir $@)
+	$(AA_CC) $(AA_CFLAGS) $(if $(filter tests/%,$<),$(AA_TEST_CFLAGS)) -MMD -MP -c $< -o $@
+# kept, so that a second make finds them up to date
+.SECONDARY: $(AA_OBJ) $(AA_TESTS:$(AA_DIR)/%=$(AA_DIR)/obj/tests/unit/%.o)
+$(AA_DIR)/t_%: $(AA_DIR)/obj/tests/unit/t_%.o $(AA_OBJ)
+	$(AA_CC) -static -pthread -o $@ $^ -L$(dir $(AA_JANSSON)) -ljansson -lm
+
+# Builds them where the cross compiler, qemu and the arm64 jansson are
+# there; otherwise says what is missing (make test then skips them).
+aarch64: | bin/.deps-ok
+	@if command -v $(AA_CC) >/dev/null 2>&1 && command -v $(AA_QEMU) >/dev/null 2>&1 && \
+	    [ -f $(AA_JANSSON) ]; then \
+	  $(MAKE) --no-print-directory $(AA_TESTS); \
+	else \
+	  echo "aarch64 tests not built: need $(AA_CC), $(AA_QEMU) (packages $(AA_DEB_PKGS)) and $(AA_JANSSON)"; \
 	fi
 
 bin/.deps-ok: | deps
@@ -189,8 +253,8 @@ run: export PROMPT := $(PROMPT)
 run: all
 	@sh tests/run_demo.sh "$$MODEL" "$$PROMPT"
 
-test: all fixtures
-	@PYTHON=$(PYTHON) SANITIZER=$(SANITIZER) sh tests/run.sh
+test: all fixtures $(if $(filter 1,$(CUDA)),,aarch64)
+	@PYTHON=$(PYTHON) SANITIZER=$(SANITIZER) AA_QEMU=$(AA_QEMU) sh tests/run.sh
 
 bench: all
 	@PYTHON=$(PYTHON) sh tests/bench/bench.sh
@@ -246,4 +310,4 @@ install: all
 clean:
 	rm -rf bin
 
--include $(shell find $(O) -name '*.d' 2>/dev/null)
+-include $(shell find $(O) $(AA_DIR)/obj -name '*.d' 2>/dev/null)

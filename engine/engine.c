@@ -407,12 +407,20 @@ static int fail(eng_err *code, eng_err c, char *err, size_t errlen, const char *
     return -1;
 }
 
+/* A tokenizer failure as an engine error: a regex limit is the text's fault
+ * (invalid_value), not a UTF-8 error. */
+static eng_err tok_err(int rc)
+{
+    return rc == TOK_EUTF8 ? ENG_EUTF8 : rc == TOK_ELIMIT ? ENG_EINVAL
+         : rc == TOK_ENOMEM ? ENG_ENOMEM : ENG_EINTERNAL;
+}
+
 static int valid_sampling(const eng_sampling *s, char *err, size_t errlen)
 {
     const char *bad = NULL;
     if (!isfinite(s->temperature) || s->temperature < 0 || s->temperature > 100) bad = "temperature must be in [0, 100]";
     else if (s->top_k < 0) bad = "top_k must be >= 0";
-    else if (!isfinite(s->top_p) || s->top_p <= 0 || s->top_p > 1) bad = "top_p must be in (0, 1]";
+    else if (!isfinite(s->top_p) || s->top_p < 0 || s->top_p > 1) bad = "top_p must be in [0, 1]";
     else if (!isfinite(s->min_p) || s->min_p < 0 || s->min_p > 1) bad = "min_p must be in [0, 1]";
     else if (!isfinite(s->repeat_penalty) || s->repeat_penalty <= 0 || s->repeat_penalty > 100)
         bad = "repeat_penalty must be in (0, 100]";
@@ -469,7 +477,7 @@ static int job_encode(const eng *e, const job *j, int32_t **ids, size_t *n,
             }
         }
     }
-    if (rc) { free(*ids); *ids = NULL; *n = 0; return fail(code, ENG_EUTF8, err, errlen, terr); }
+    if (rc) { free(*ids); *ids = NULL; *n = 0; return fail(code, tok_err(rc), err, errlen, terr); }
     return 0;
 }
 
@@ -1583,8 +1591,9 @@ int eng_tokenize(eng *e, const char *text, size_t len, int add_bos, int parse_sp
                  int32_t **ids, size_t *n, eng_err *code, char *err, size_t errlen)
 {
     const tok *t = e->m->tok;
-    if (tok_encode(t, text, len, parse_special, ids, n, err, errlen)) {
-        if (code) *code = ENG_EUTF8;
+    int rc = tok_encode(t, text, len, parse_special, ids, n, err, errlen);
+    if (rc) {
+        if (code) *code = tok_err(rc);
         return -1;
     }
     if (add_bos && tok_add_bos(t) && tok_bos(t) >= 0) {

@@ -107,7 +107,7 @@ typedef struct proto_req {
     int32_t max_tokens;     /* default 256 */
     float temperature;      /* default 0.8 */
     int32_t top_k;          /* default 40 */
-    float top_p;            /* default 0.95 */
+    float top_p;            /* default 0.95; 0..1, 1 = off, 0 = the most likely token alone */
     float min_p;            /* default 0.05 */
     float repeat_penalty;   /* default 1.0 */
     int32_t repeat_last_n;  /* default 64 */

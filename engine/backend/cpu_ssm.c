@@ -158,7 +158,9 @@ static void dn_load_norm(const float *src, int d, float eps, float scale, float 
 /* Vector helpers: GCC vector extensions (8 floats; AVX where the CPU has it
  * through target clones, two SSE halves otherwise), scalar tails. */
 typedef float vf8 __attribute__((vector_size(32), aligned(4), may_alias));
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+/* (not under ThreadSanitizer: the clones' ifunc resolvers run before its
+ * runtime is up, and crash) */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 #define DN_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define DN_CLONES

@@ -183,7 +183,7 @@ int chat_encode(const struct tok *t, chat_kind k, const chat_msg *msgs, size_t n
     size_t nb = 0;
     int rc = tok_encode_segs(t, v.s, v.n, &body, &nb, err, errlen);
     free(v.s);
-    if (rc) return -1;
+    if (rc) return rc;   /* the tokenizer's TOK_E* code */
     if (bos < 0) {
         *ids = body;
         *n_ids = nb;

@@ -581,7 +581,10 @@ typedef struct enc {
     void *heap_mem;
     char *buf; size_t buf_cap;
     pcre2_match_data *md;
+    pcre2_match_context *mctx;    /* with jst: made when the default JIT stack overflows */
+    pcre2_jit_stack *jst;
     int oom;
+    int fail_code;                /* TOK_E* of a failure other than OOM */
 } enc;
 
 static int grow(void **p, size_t *cap, size_t need, size_t elem)
@@ -875,6 +878,28 @@ static int nfc_text(const char *s, size_t n, char **out, size_t *outn, char *err
     return 0;
 }
 
+/* The JIT's default 32 KiB stack holds a few thousand iterations of a
+ * repeated group (a custom split regex such as "(?:\\p{L}|\\p{M})+"); the
+ * stack it falls back to takes a whole prompt's run (some 64 bytes an
+ * iteration: 1 MiB of text), reserved as address space and touched only as
+ * deep as a match goes. Same pattern, same matches: the ids do not change. */
+#define RE_JIT_STACK_MAX (128u << 20)
+
+static int re_match(enc *e, const char *s, size_t n, size_t start)
+{
+    const tok *t = e->t;
+    for (;;) {
+        int rc = t->re_jit
+            ? pcre2_jit_match(t->re, (PCRE2_SPTR)s, n, start, 0, e->md, e->mctx)
+            : pcre2_match(t->re, (PCRE2_SPTR)s, n, start, PCRE2_NO_UTF_CHECK, e->md, e->mctx);
+        if (rc != PCRE2_ERROR_JIT_STACKLIMIT || e->jst) return rc;
+        e->mctx = pcre2_match_context_create(NULL);
+        e->jst = pcre2_jit_stack_create(32u << 10, RE_JIT_STACK_MAX, NULL);
+        if (!e->mctx || !e->jst) return PCRE2_ERROR_NOMEMORY;
+        pcre2_jit_stack_assign(e->mctx, NULL, e->jst);
+    }
+}
+
 static int re_split(enc *e, const char *s, size_t n, char *err, size_t errlen)
 {
     const tok *t = e->t;
@@ -883,14 +908,18 @@ static int re_split(enc *e, const char *s, size_t n, char *err, size_t errlen)
     } else {
         size_t gap = 0, start = 0;
         while (start < n && !e->oom) {
-            int rc = t->re_jit
-                ? pcre2_jit_match(t->re, (PCRE2_SPTR)s, n, start, 0, e->md, NULL)
-                : pcre2_match(t->re, (PCRE2_SPTR)s, n, start, PCRE2_NO_UTF_CHECK, e->md, NULL);
+            int rc = re_match(e, s, n, start);
             if (rc == PCRE2_ERROR_NOMATCH) break;
+            if (rc == PCRE2_ERROR_NOMEMORY) { e->oom = 1; return -1; }
             if (rc < 0) {
+                /* match/depth/heap limit or JIT stack: the text is too much
+                 * for this (custom) pattern, not malformed */
                 PCRE2_UCHAR msg[120];
                 pcre2_get_error_message(rc, msg, sizeof msg);
-                return err_set(err, errlen, "tokenizer: split regex: %s", (const char *)msg);
+                e->fail_code = rc == PCRE2_ERROR_MATCHLIMIT || rc == PCRE2_ERROR_DEPTHLIMIT ||
+                               rc == PCRE2_ERROR_HEAPLIMIT || rc == PCRE2_ERROR_JIT_STACKLIMIT
+                               ? TOK_ELIMIT : TOK_EINTERNAL;
+                return err_set(err, errlen, "tokenizer: the split regex gave up on this text: %s", (const char *)msg);
             }
             PCRE2_SIZE *ov = pcre2_get_ovector_pointer(e->md);
             size_t ms = ov[0], me = ov[1];
@@ -1025,8 +1054,10 @@ int tok_encode_segs(const tok *t, const tok_seg *segs, size_t nseg,
     for (size_t i = 0; i < nseg; i++) {
         size_t bad;
         if (!segs[i].text && segs[i].len) return err_set(err, errlen, "tokenizer: NULL text");
-        if (segs[i].len && !utf8_valid(segs[i].text, segs[i].len, &bad))
-            return err_set(err, errlen, "invalid UTF-8 in text at byte %zu", total + bad);
+        if (segs[i].len && !utf8_valid(segs[i].text, segs[i].len, &bad)) {
+            err_set(err, errlen, "invalid UTF-8 in text at byte %zu", total + bad);
+            return TOK_EUTF8;
+        }
         total += segs[i].len;
     }
     enc e = { .t = t };
@@ -1039,7 +1070,7 @@ int tok_encode_segs(const tok *t, const tok_seg *segs, size_t nseg,
         s = segs[0].text ? segs[0].text : "";
     } else {
         all = malloc(total + 1);
-        if (!all) return err_set(err, errlen, "tokenizer: out of memory");
+        if (!all) { err_set(err, errlen, "tokenizer: out of memory"); return TOK_ENOMEM; }
         size_t k = 0;
         for (size_t i = 0; i < nseg; i++) {
             if (segs[i].len) memcpy(all + k, segs[i].text, segs[i].len);
@@ -1078,9 +1109,16 @@ int tok_encode_segs(const tok *t, const tok_seg *segs, size_t nseg,
     e.out = NULL;
     rc = 0;
 done:
-    if (rc && e.oom) err_set(err, errlen, "tokenizer: out of memory");
+    if (rc && e.oom) {
+        err_set(err, errlen, "tokenizer: out of memory");
+        rc = TOK_ENOMEM;
+    } else if (rc && e.fail_code) {
+        rc = e.fail_code;
+    }
     free(e.out); free(e.syms); free(e.heap_mem); free(e.buf); free(all);
     if (e.md) pcre2_match_data_free(e.md);
+    if (e.mctx) pcre2_match_context_free(e.mctx);
+    if (e.jst) pcre2_jit_stack_free(e.jst);
     return rc;
 }
 

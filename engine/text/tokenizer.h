@@ -45,7 +45,14 @@ const char *tok_chat_template(const tok *t);
  * Non-special added tokens (user-defined, e.g. Qwen's "<think>") are always
  * matched, as Hugging Face tokenizers and llama.cpp do. Qwen (pre "qwen2")
  * text is NFC-normalized first, as its tokenizer.json asks. *ids is
- * malloc'd, caller frees. -1 on invalid UTF-8 (message in err) or OOM. */
+ * malloc'd, caller frees. On failure a TOK_E* code (negative, message in
+ * err). */
+enum {
+    TOK_EUTF8 = -1,      /* the text is not valid UTF-8 (or NULL) */
+    TOK_ENOMEM = -2,
+    TOK_ELIMIT = -3,     /* the split regex hit a PCRE2 limit on this text (custom patterns only) */
+    TOK_EINTERNAL = -4,  /* another PCRE2 failure */
+};
 int tok_encode(const tok *t, const char *text, size_t len, int parse_special,
                int32_t **ids, size_t *n, char *err, size_t errlen);
 

@@ -365,7 +365,7 @@ static void test_submit_errors(void)
     d.sampling.temperature = NAN;
     CHECK(eng_submit(e, &d, &id, &code, err, sizeof err) == -1 && code == ENG_EINVAL);
     eng_sampling_default(&d.sampling);
-    d.sampling.top_p = 0;
+    d.sampling.top_p = -0.1f;
     CHECK(eng_submit(e, &d, &id, &code, err, sizeof err) == -1 && code == ENG_EINVAL);
     eng_sampling_default(&d.sampling);
     d.max_tokens = -5;
@@ -975,8 +975,9 @@ static void test_open_errors(void)
     CHECK(strstr(err, "GGUF") != NULL);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    CHECK_ARGS(argc, argv);
     RUN(test_greedy_reference);
     RUN(test_batch_invariance);
     RUN(test_prefix_reuse);

@@ -1,8 +1,8 @@
 /* neon.c — aarch64 gemm kernels (NEON + dot product, ARMv8.2 SDOT).
  * Compiled only on aarch64 (elsewhere this file is empty); qt_gemm calls in
  * only when the CPU reports asimddp. Same arithmetic contract as the x86
- * kernels: small blocks sum int32 lanes per block and scale in float lanes;
- * K-quants reduce to exact int32 totals per super-block and evaluate the
+ * kernels: small blocks get exact int32 totals per block and then the
+ * reference's float expression in block order (bit-identical); K-quants reduce to exact int32 totals per super-block and evaluate the
  * same float expression as qt_vec_dot_ref (bit-identical); float weights
  * accumulate in 16 float lanes. */
 #include "engine/quant/qtypes.h"
@@ -79,6 +79,12 @@ N_AI void n_unpack_small(uint32_t type, const uint8_t *b, int8x16_t *lo, int8x16
     }
 }
 
+/* Lanes are activation rows (4 at a time). Per block each lane gets the
+ * exact int32 dot (SDOT partial sums added pairwise, exact in int32), then
+ * the reference's float expression, in block order and unfused:
+ *   sum = sum + (float)isum * (d * da)                (q4_0, q5_0, q8_0)
+ *   sum = sum + ((d * da) * (float)isum + m * s)      (q4_1, q5_1)
+ * so results equal qt_vec_dot_ref bit for bit whatever nb or the row range. */
 N_AI void n_small(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64_t r0, int64_t r1,
                   const uint8_t *A, size_t as, int nb, float *Y, int64_t ldy)
 {
@@ -86,28 +92,44 @@ N_AI void n_small(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64_t
     const int64_t nblk = n / 32;
     const int q81 = type == QT_Q4_1 || type == QT_Q5_1;
     const size_t abs_ = q81 ? 36 : 34, aoff = q81 ? 4 : 2;
+    static const int8_t zero16[16];
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *wr = W + r * ws;
         for (int b0 = 0; b0 < nb; b0 += 4) {
             const int g = nb - b0 < 4 ? nb - b0 : 4;
-            float32x4_t acc[4];
-            float ms[4] = { 0, 0, 0, 0 };
-            for (int k = 0; k < g; k++) acc[k] = vdupq_n_f32(0);
+            /* missing activation rows of the last group read a zero block */
+            const uint8_t *arow[4];
+            for (int k = 0; k < 4; k++) arow[k] = k < g ? A + (size_t)(b0 + k) * as : NULL;
+            float32x4_t acc = vdupq_n_f32(0);
             for (int64_t i = 0; i < nblk; i++) {
                 const uint8_t *wb = wr + i * bs;
                 __builtin_prefetch(wb + 1024);
                 int8x16_t w0, w1;
                 n_unpack_small(type, wb, &w0, &w1);
-                const float d = n_h2f(wb), m = q81 ? n_h2f(wb + 2) : 0.f;
-                for (int k = 0; k < g; k++) {
-                    const uint8_t *ab = A + (size_t)(b0 + k) * as + i * abs_;
-                    int32x4_t p = n_sdot(vdupq_n_s32(0), w0, vld1q_s8((const int8_t *)(ab + aoff)));
-                    p = n_sdot(p, w1, vld1q_s8((const int8_t *)(ab + aoff + 16)));
-                    acc[k] = vfmaq_n_f32(acc[k], vcvtq_f32_s32(p), d * n_h2f(ab));
-                    if (q81) ms[k] += m * n_h2f(ab + 2);
+                const float d = n_h2f(wb);
+                int32x4_t p[4];
+                float da[4] = { 0, 0, 0, 0 }, sa[4] = { 0, 0, 0, 0 };
+                for (int k = 0; k < 4; k++) {
+                    const int8_t *q = arow[k] ? (const int8_t *)(arow[k] + i * abs_ + aoff) : zero16;
+                    p[k] = n_sdot(vdupq_n_s32(0), w0, vld1q_s8(q));
+                    p[k] = n_sdot(p[k], w1, vld1q_s8(arow[k] ? q + 16 : zero16));
+                    if (arow[k]) {
+                        da[k] = n_h2f(arow[k] + i * abs_);
+                        if (q81) sa[k] = n_h2f(arow[k] + i * abs_ + 2);
+                    }
                 }
+                const int32x4_t isum = vpaddq_s32(vpaddq_s32(p[0], p[1]), vpaddq_s32(p[2], p[3]));
+                const float32x4_t fi = vcvtq_f32_s32(isum);
+                const float32x4_t sc = vmulq_f32(vdupq_n_f32(d), vld1q_f32(da));
+                if (q81)
+                    acc = vaddq_f32(acc, vaddq_f32(vmulq_f32(sc, fi),
+                                                   vmulq_f32(vdupq_n_f32(n_h2f(wb + 2)), vld1q_f32(sa))));
+                else
+                    acc = vaddq_f32(acc, vmulq_f32(fi, sc));
             }
-            for (int k = 0; k < g; k++) Y[(b0 + k) * ldy + r] = vaddvq_f32(acc[k]) + ms[k];
+            float out[4];
+            vst1q_f32(out, acc);
+            for (int k = 0; k < g; k++) Y[(b0 + k) * ldy + r] = out[k];
         }
     }
 }
