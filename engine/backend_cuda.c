@@ -38,8 +38,8 @@
 
 #include "engine/backend.h"
 #include "engine/qtypes.h"
-#include "shaders/cuda_kernels.h"
-#include "shaders/cuda_ssm.h"
+#include "shaders/kernels.h"
+#include "shaders/ssm.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -1150,7 +1150,7 @@ static void cu_argmax_take(be *b, int32_t *ids, int rows)
     c->ids_n--;
 }
 
-/* ---- linear-attention ops (shaders/cuda_ssm.cu) ---- */
+/* ---- linear-attention ops (shaders/ssm.cu) ---- */
 
 static void cu_copy_rows(be *b, float *dst, size_t ds, const float *src, size_t ss, int rows, int n)
 {

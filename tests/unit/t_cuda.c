@@ -18,7 +18,7 @@
 #include <string.h>
 #ifdef ANE_CUDA
 #include <cuda_runtime_api.h>
-#include "shaders/cuda_kernels.h"
+#include "shaders/kernels.h"
 #endif
 
 static uint64_t rng_s = 0x9e3779b97f4a7c15ull;
@@ -1559,7 +1559,7 @@ static void test_deltanet(void)
 
 
 /* q6_K's layout for the batched kernel (ck_repack_q6_Kb, from the GEMV's
- * ck_repack_q6_K) against its definition (cuda_kernels.cu): per row and
+ * ck_repack_q6_K) against its definition (shaders/mmq.cu): per row and
  * super-block, the scales d * sc in f16, then per lane q three pieces of
  * its values o = 2q, 2q+1, 2q+8, 2q+9 of each sub-block */
 #ifdef ANE_CUDA

@@ -1,4 +1,4 @@
-/* cuda_kernels.h — launchers of the CUDA kernels (shaders/cuda_kernels.cu)
+/* kernels.h — launchers of the CUDA kernels (the .cu files of shaders/)
  * for the CUDA backend (engine/backend_cuda.c). Every launcher queues work on
  * `st` and returns at once; pointers are device memory unless said otherwise.
  * Weights stay in their GGUF block layout (q8_0 and q6_K repacked within
@@ -39,7 +39,7 @@ void ck_gemv(cudaStream_t st, uint32_t type, const void *W, size_t row_bytes, in
  * 32-byte quant blocks, then its f16 scales. Every kernel reads that layout. */
 void ck_repack_q8_0(cudaStream_t st, const void *src, void *dst, size_t row_bytes, int n_in, int n_out);
 /* q6_K likewise (same bytes per row): aligned words for the int8 GEMV
- * (the layout: q6_word in cuda_kernels.cu). */
+ * (the layout: q6_word in shaders/common.cuh). */
 void ck_repack_q6_K(cudaStream_t st, const void *src, void *dst, size_t row_bytes, int n_in, int n_out);
 /* Types with an int8 path (x quantized per 32 values, __dp4a dots), used when
  * xq_scratch (CK_XQ_BYTES(T, n_in) bytes) is given; else f32 arithmetic. */

@@ -1,4 +1,4 @@
-// cuda_launch.cuh — how the backend's kernels are launched (shared by the
+// launch.cuh — how the backend's kernels are launched (shared by the
 // .cu files of shaders/; not part of any interface).
 //
 // Every kernel starts with pdl_begin() and is launched by lk() with
