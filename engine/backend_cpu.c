@@ -487,12 +487,12 @@ const char *be_available(void)
 #endif
 }
 
-int be_open(be **out, const char *name, pool *p, int kv_f16, char *err, size_t errlen)
+int be_open_opts(be **out, const char *name, pool *p, const be_opts *o, char *err, size_t errlen)
 {
 #ifdef ANE_CUDA
     if (!name || !strcmp(name, "cuda")) {
         char cerr[256];
-        if (be_cuda_open(out, p, kv_f16, cerr, sizeof cerr) == 0) return 0;
+        if (be_cuda_open(out, p, o, cerr, sizeof cerr) == 0) return 0;
         if (name) { snprintf(err, errlen, "cuda backend: %s", cerr); return -1; }
     }
 #endif
@@ -500,7 +500,13 @@ int be_open(be **out, const char *name, pool *p, int kv_f16, char *err, size_t e
         snprintf(err, errlen, "backend '%s' is not available in this build (available: %s)", name, be_available());
         return -1;
     }
-    return be_cpu_open(out, p, kv_f16, err, errlen);
+    return be_cpu_open(out, p, o->kv_f16, err, errlen);
+}
+
+int be_open(be **out, const char *name, pool *p, int kv_f16, char *err, size_t errlen)
+{
+    be_opts o = { .kv_f16 = kv_f16 };
+    return be_open_opts(out, name, p, &o, err, errlen);
 }
 
 int be_cpu_open(be **out, pool *p, int kv_f16, char *err, size_t errlen)

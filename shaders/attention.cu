@@ -400,7 +400,7 @@ template <int ND, int F16, int NG>
 __global__ void __launch_bounds__(NG * ATT_WARPS * 32) k_att_par(const float *q, const void *kc, const void *vc,
                                                                 const int32_t *pos, const int32_t *off,
                                                                 const int32_t *pages, int n_head, int n_head_kv,
-                                                                float *out, xq_lay qx, int early)
+                                                                float *out, xq_lay qx)
 {
     constexpr int hd = 32 * ND;
     static_assert(ND == ATT_WARPS, "a group's threads are the head's dims");
@@ -414,7 +414,6 @@ __global__ void __launch_bounds__(NG * ATT_WARPS * 32) k_att_par(const float *q,
     /* the first round's pages (the batch block is written before the pass) */
     size_t rA = 0, rB = 0;
     if (grp < ns) att_pages(off, pages, t, grp * CK_ATT_SPAN, min(len - grp * CK_ATT_SPAN, CK_ATT_SPAN), rA, rB);
-    pdl_early(early);
     pdl_begin();
     float qv[ND];
 #pragma unroll
@@ -945,26 +944,21 @@ int ck_att_mma_ok(int f16, int n_head, int n_head_kv, int hd)
 }
 
 /* The block's warps on each span together (att_coop): for head_dim 32 *
- * ATT_WARPS, in the direct path for tokens of up to ANE_CUDA_ATT_COOP spans
- * (default 4: one round of the warps' spans; 0: never) and in every split */
+ * ATT_WARPS, in the direct path for tokens of up to 4 spans (one round of
+ * the warps' spans) and in every split */
 int ck_att_coop(int hd)
 {
-    static int cv = -1;
-    if (cv < 0) cv = env_count("ANE_CUDA_ATT_COOP", 4);
-    return hd == 32 * ATT_WARPS ? cv : 0;
+    return hd == 32 * ATT_WARPS ? 4 : 0;
 }
 
 /* Groups of a k_att_par block (spans at a time) */
 #define ATT_PAR_G 4
 
 /* Tokens of up to this many spans, in launches of at most one block per
- * SM, go through k_att_par without a split over blocks (ANE_CUDA_ATT_PAR;
- * 0: never, the direct path and splits as before) */
+ * SM, go through k_att_par without a split over blocks */
 int ck_att_par(int hd)
 {
-    static int pv = -1;
-    if (pv < 0) pv = env_count("ANE_CUDA_ATT_PAR", 8);
-    return hd == 32 * ATT_WARPS ? pv : 0;
+    return hd == 32 * ATT_WARPS ? 8 : 0;
 }
 
 void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *vc, int f16, const int32_t *pos,
@@ -1013,20 +1007,14 @@ void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *v
     }
     xq_lay L = xq_out(hd % 32 == 0 ? xq : NULL, x16, T, n_head * hd);
     dim3 g(T * n_head, G);
-    /* rolled span loops for launches of fewer blocks than SMs (ANE_CUDA_ATT_ROLL=0/1 forces) */
-    static int rv = -2;
-    if (rv == -2) {
-        const char *e = getenv("ANE_CUDA_ATT_ROLL");
-        rv = e && *e ? atoi(e) : -1;
-    }
-    bool roll = rv < 0 ? (int)(g.x * g.y) < n_sm : rv != 0;
+    /* rolled span loops for launches of fewer blocks than SMs */
+    bool roll = (int)(g.x * g.y) < n_sm;
     int coop = ck_att_coop(hd);
     if (G == 1 && !rp && ck_att_par(hd) && T * n_head <= n_sm) {
-        int ea = early_on(4);
         if (f16) lk(k_att_par<ATT_WARPS, 1, ATT_PAR_G>, g, ATT_PAR_G * ATT_WARPS * 32, 0, st, q, kc, vc, pos, off,
-                    pages, n_head, n_head_kv, out, L, ea);
+                    pages, n_head, n_head_kv, out, L);
         else lk(k_att_par<ATT_WARPS, 0, ATT_PAR_G>, g, ATT_PAR_G * ATT_WARPS * 32, 0, st, q, kc, vc, pos, off,
-                pages, n_head, n_head_kv, out, L, ea);
+                pages, n_head, n_head_kv, out, L);
         return;
     }
 #define L_ATT2(ND, F16)                                                                                        \

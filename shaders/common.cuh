@@ -54,15 +54,11 @@ __device__ __forceinline__ int2 ld8(const uint8_t *p)   /* 2-byte aligned at lea
  * marked first to leave L2 (and not kept in L1). A token streams gigabytes
  * of weights through the 50 MB L2; without the hint they push out what the
  * small kernels between the GEMVs reuse: their code, the activations, the
- * KV rows. (-DANE_CUDA_NO_EVICT: the normal policy, for comparison.) */
+ * KV rows. */
 __device__ __forceinline__ uint64_t wpol()   /* the L2 policy of weight loads */
 {
     uint64_t p;
-#ifdef ANE_CUDA_NO_EVICT
-    asm("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(p));
-#else
     asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
-#endif
     return p;
 }
 #define WLD "ld.global.nc.L1::no_allocate.L2::cache_hint"
@@ -166,12 +162,8 @@ __device__ __forceinline__ int gv_pick(const gv_set &S)
 }
 
 /* Where the int8 form of x [T][n] lives in a scratch of CK_XQ_BYTES(T, n):
- * xq [T][n], then xd and xs [T][n/32], then the block-major copies xdt, xst
- * [n/32][tp] (tp = T rounded up to 8), written only for the tensor-core
- * kernel (ANE_CUDA_MMQ=1; dt, st NULL otherwise). */
-struct xq_lay { int8_t *q; float *d; int *s; float *dt; int *st; int nbr, tp; __half *h; };
-
-static inline int mmq_off(void);
+ * xq [T][n], then xd and xs [T][n/32]. */
+struct xq_lay { int8_t *q; float *d; int *s; __half *h; };
 
 static inline xq_lay xq_layout(void *scratch, int T, int n)
 {
@@ -180,11 +172,6 @@ static inline xq_lay xq_layout(void *scratch, int T, int n)
     L.q = (int8_t *)scratch;
     L.d = (float *)(L.q + (size_t)T * n);
     L.s = (int *)(L.d + nbt);
-    L.tp = (T + 7) & ~7;
-    L.dt = (float *)(L.s + nbt);
-    L.st = (int *)(L.dt + (size_t)L.tp * (n / 32));
-    if (mmq_off()) { L.dt = NULL; L.st = NULL; }
-    L.nbr = n / 32;
     L.h = NULL;
     return L;
 }
@@ -227,11 +214,6 @@ __device__ __forceinline__ void quant_blocks(const float (&v)[N], int lane, cons
         if (lane == 0) {
             L.d[b[k]] = d[k];
             L.s[b[k]] = sum[k];
-            if (L.dt) {
-                size_t t = b[k] / L.nbr, k2 = b[k] - t * L.nbr;
-                L.dt[k2 * L.tp + t] = d[k];
-                L.st[k2 * L.tp + t] = sum[k];
-            }
         }
     }
 }
@@ -345,30 +327,6 @@ __device__ __forceinline__ void kv_put(void *c, int f16, size_t s, float v)
 
 static inline unsigned nblk(size_t n, unsigned bs) { return (unsigned)((n + bs - 1) / bs); }
 
-/* ANE_CUDA_GEMV_MR=0: decode through the one-row kernels (for comparison);
- * ANE_CUDA_GEMV_R (2, 4, 8) rows per group for one token (for tuning). */
-static inline int env_int(const char *name, int dflt)
-{
-    const char *e = getenv(name);
-    return e && *e ? atoi(e) : dflt;
-}
-
-/* a knob of 0 or more (0: off), dflt when unset or negative */
-static inline int env_count(const char *name, int dflt)
-{
-    int v = env_int(name, dflt);
-    return v >= 0 ? v : dflt;
-}
-
-/* ANE_CUDA_MMQ=1: q8_0 / q4_K through the int8 tensor-core kernel at every
- * batch size (invariant for prompt rows too) instead of GEMV + cuBLAS */
-static inline int mmq_off(void)
-{
-    static int v = -1;
-    if (v < 0) v = env_int("ANE_CUDA_MMQ", 0) == 0;
-    return v;
-}
-
 /* the layout of xq for out [T][n], or none (q NULL) */
 /* The forms a producer writes beside its output [T][n]: int8 (xq, n % 32
  * == 0) and/or f16 (x16) */
@@ -380,24 +338,3 @@ static inline xq_lay xq_out(void *xq, void *x16, int T, int n)
     L.h = (__half *)x16;
     return L;
 }
-
-/* Which small kernels schedule the next launch before their wait: the
- * matmul after one then launches while the small kernel's own predecessor
- * drains, and its blocks load their weights then (every kernel reads only
- * weights and the pass's constants before its wait, so nothing it reads
- * early is being written). By default the norms of rows under 2048 values
- * (launch-bound models; measured, decode at prompt 1: 0.5b q8_0 +3.7%, 7b
- * q8_0 within noise, and -0.7% at prompt 512, where the early matmul slows
- * the down projection's end). ANE_CUDA_EARLY, a mask, for comparison: 1
- * norms (any row), 2 silu_mul, 4 the one-token attention. */
-static inline int early_mask(void)
-{
-    static int v = -2;
-    if (v == -2) {
-        const char *e = getenv("ANE_CUDA_EARLY");
-        v = e && *e ? atoi(e) : -1;
-    }
-    return v;
-}
-static inline int early_on(int bit) { return early_mask() > 0 && (early_mask() & bit); }
-static inline int norm_early(int n) { return early_mask() < 0 ? n < 2048 : early_on(1); }

@@ -174,18 +174,11 @@ __device__ __forceinline__ void l2_prefetch(const void *p, size_t n)
 }
 
 /* Whether a GEMV launch over `bytes` of weights prefetches its rows: sets
- * of up to 5 MiB. Measured (BENCHMARKS.md): a launch-bound small model
- * gains, a 7b loses 1-3% when its 7-17 MB matrices prefetch (the prefetch
- * runs beside attention and the norms, which are latency-bound).
- * ANE_CUDA_PREFETCH_MB sets the limit (0: never), for comparison. */
+ * of up to 5 MiB. A launch-bound small model gains; a 7b's larger sets
+ * lose, their prefetch running beside latency-bound kernels (BENCHMARKS.md). */
 static int gv_pf(size_t bytes)
 {
-    static long mb = -1;
-    if (mb < 0) {
-        const char *e = getenv("ANE_CUDA_PREFETCH_MB");
-        mb = e && *e ? atol(e) : 5;
-    }
-    return bytes <= ((size_t)mb << 20);
+    return bytes <= ((size_t)5 << 20);
 }
 
 /* The row of a one-row GEMV's warp: matrix mi of the set, row r (row 0's
@@ -900,125 +893,6 @@ __global__ void __launch_bounds__(128) k_gemv_q8bulk(const gv_set S, size_t rb, 
     }
 }
 
-/* ---------------- int8 tensor-core matmul (q8_0, q4_K) ----------------
- * mma.m16n8k32 (s8): a warp multiplies 16 weight rows by 8 tokens over one
- * 32-value block, exact in int32, then adds the block's scaled sum in float,
- * block by block in order (q8_unit / q4k_unit). The MQ_WARPS warps of a CTA
- * take blocks w, w+MQ_WARPS, ... of the same 16 rows and are summed in warp
- * order; J tiles of 8 tokens share each weight load. Nothing in a (row,
- * token) result depends on T or on the token's place in the batch, so every
- * row of every batch, decode or prompt, gets the same arithmetic.
- * Fragments: lane = 4*g + q; A rows g and g+8, B token g; the 8 bytes a lane
- * gives for one block are bytes 8q..8q+7 of it in A and in B alike (the k
- * order within a block does not change an exact integer dot). */
-#define MQ_WARPS 8
-#define MQ_ROWS 16
-
-__device__ __forceinline__ void mma_s8(int (&c)[4], int a0, int a1, int a2, int a3, int b0, int b1)
-{
-    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};"
-                 : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-
-template <int J, bool Q4K>
-__global__ void __launch_bounds__(MQ_WARPS * 32) k_mmq(const gv_set S, size_t rb, int n, const int8_t *__restrict__ xq,
-                                                      const float *__restrict__ xd, const int *__restrict__ xs, int T,
-                                                      int tp)
-{
-    pdl_begin();
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-    int mi = gv_pick(S);
-    const uint8_t *W = S.m[mi].W;
-    int n_out = S.m[mi].n_out;
-    int r0 = ((int)blockIdx.x - S.m[mi].blk0) * MQ_ROWS;
-    int t0 = (int)blockIdx.y * 8 * J;
-    const uint8_t *wa = W + (size_t)min(r0 + g, n_out - 1) * rb, *wb = W + (size_t)min(r0 + g + 8, n_out - 1) * rb;
-    /* this lane's B token per tile; its two C tokens are tc, tc+1 (xd, xs:
-     * the block-major copies, tp tokens per block) */
-    const int8_t *xb[J];
-#pragma unroll
-    for (int j = 0; j < J; j++) xb[j] = xq + (size_t)min(t0 + 8 * j + g, T - 1) * n + 8 * q;
-    const int tc = t0 + 2 * q;
-    int jn = (T - t0 + 7) / 8;   /* live tiles (uniform over the CTA) */
-    float acc[J][4];
-#pragma unroll
-    for (int j = 0; j < J; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-    if (!Q4K) {
-        int nbx = n / 32;
-#pragma unroll 2
-        for (int b = warp; b < nbx; b += MQ_WARPS) {
-            int2 qa = ld8(wa + 32 * b + 8 * q), qb = ld8(wb + 32 * b + 8 * q);
-            float dwa = h2f(wa + n + 2 * b), dwb = h2f(wb + n + 2 * b);
-#pragma unroll
-            for (int j = 0; j < J; j++) {
-                if (j >= jn) break;
-                int2 xv = *(const int2 *)(xb[j] + 32 * b);
-                int c[4] = { 0, 0, 0, 0 };
-                mma_s8(c, qa.x, qb.x, qa.y, qb.y, xv.x, xv.y);
-                float2 dx = __ldg((const float2 *)(xd + (size_t)b * tp + tc + 8 * j));
-                float dx0 = dx.x, dx1 = dx.y;
-                acc[j][0] = q8_unit(acc[j][0], dwa, dx0, c[0]);
-                acc[j][1] = q8_unit(acc[j][1], dwa, dx1, c[1]);
-                acc[j][2] = q8_unit(acc[j][2], dwb, dx0, c[2]);
-                acc[j][3] = q8_unit(acc[j][3], dwb, dx1, c[3]);
-            }
-        }
-    } else {
-        int nu = n / 64;
-#pragma unroll 2
-        for (int u = warp; u < nu; u += MQ_WARPS) {
-            int sb = u >> 2, j4 = u & 3;
-            const uint8_t *ba = wa + (size_t)sb * 144, *bb = wb + (size_t)sb * 144;
-            uint4 ha = __ldg((const uint4 *)ba), hb = __ldg((const uint4 *)bb);
-            int2 qa = *(const int2 *)(ba + 16 + 32 * j4 + 8 * q), qb = *(const int2 *)(bb + 16 + 32 * j4 + 8 * q);
-            float da0, da1, ma0, ma1, db0, db1, mb0, mb1;
-            q4k_scales(ha, j4, da0, da1, ma0, ma1);
-            q4k_scales(hb, j4, db0, db1, mb0, mb1);
-            const int lo = 0x0F0F0F0F;
-            int al0 = qa.x & lo, al1 = qb.x & lo, al2 = qa.y & lo, al3 = qb.y & lo;
-            int ah0 = (qa.x >> 4) & lo, ah1 = (qb.x >> 4) & lo, ah2 = (qa.y >> 4) & lo, ah3 = (qb.y >> 4) & lo;
-            int xo = 64 * u;
-#pragma unroll
-            for (int j = 0; j < J; j++) {
-                if (j >= jn) break;
-                int2 x0 = *(const int2 *)(xb[j] + xo), x1 = *(const int2 *)(xb[j] + xo + 32);
-                int c0[4] = { 0, 0, 0, 0 }, c1[4] = { 0, 0, 0, 0 };
-                mma_s8(c0, al0, al1, al2, al3, x0.x, x0.y);
-                mma_s8(c1, ah0, ah1, ah2, ah3, x1.x, x1.y);
-                size_t k0 = (size_t)(2 * u) * tp + tc + 8 * j, k1 = k0 + tp;
-                float2 dA = __ldg((const float2 *)(xd + k0)), dB = __ldg((const float2 *)(xd + k1));
-                int2 sA = __ldg((const int2 *)(xs + k0)), sB = __ldg((const int2 *)(xs + k1));
-                float e0 = dA.x, f0 = dA.y, e1 = dB.x, f1 = dB.y;
-                int s0 = sA.x, z0 = sA.y, s1 = sB.x, z1 = sB.y;
-                acc[j][0] = q4k_unit(acc[j][0], e0, da0, c0[0], ma0, s0, e1, da1, c1[0], ma1, s1);
-                acc[j][1] = q4k_unit(acc[j][1], f0, da0, c0[1], ma0, z0, f1, da1, c1[1], ma1, z1);
-                acc[j][2] = q4k_unit(acc[j][2], e0, db0, c0[2], mb0, s0, e1, db1, c1[2], mb1, s1);
-                acc[j][3] = q4k_unit(acc[j][3], f0, db0, c0[3], mb0, z0, f1, db1, c1[3], mb1, z1);
-            }
-        }
-    }
-    __shared__ float red[MQ_WARPS][J * 4][32];
-#pragma unroll
-    for (int j = 0; j < J; j++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) red[warp][j * 4 + i][lane] = acc[j][i];
-    __syncthreads();
-    /* warp w sums value slots w, w+MQ_WARPS, ... over the warps, in warp order */
-    const float *bias = S.m[mi].bias;
-    float *out = S.m[mi].out;
-    for (int k = warp; k < J * 4; k += MQ_WARPS) {
-        int j = k >> 2, i = k & 3;
-        float v = red[0][k][lane];
-#pragma unroll
-        for (int w = 1; w < MQ_WARPS; w++) v = __fadd_rn(v, red[w][k][lane]);
-        int r = r0 + g + (i >= 2 ? 8 : 0), t = t0 + 8 * j + 2 * q + (i & 1);
-        if (r < n_out && t < T) out[(size_t)t * n_out + r] = v + (bias ? bias[r] : 0.f);
-    }
-}
-
 template <int TY, int K>
 static void gemv_k(cudaStream_t st, gv_set S, size_t rb, int n, const float *x, int T)
 {
@@ -1079,23 +953,13 @@ static void gemv_qt(cudaStream_t st, const gv_set &S, size_t rb, int n, const in
     else gemv_qk<1>(st, S, rb, n, xq, xd, xs, T);
 }
 
-static int gemv_mr_off(void)
-{
-    static int v = -1;
-    if (v < 0) v = env_int("ANE_CUDA_GEMV_MR", 1) == 0;
-    return v;
-}
-
 /* Batches of 3..16 tokens: R rows per group for rows of 2048 values and
- * more, where re-reading x per row costs most (measured: 7b 1.3-1.5x), one
- * row per warp (k_gemv_q4k, k_gemv_q8) for shorter rows (0.5b: 8% faster
- * there). Both give the same bits. ANE_CUDA_GEMV_BT=0 / 1: always the one
- * or the other (for comparison). */
+ * more, where re-reading x per row costs most (7b 1.3-1.5x), one row per
+ * warp (k_gemv_q4k, k_gemv_q8) for shorter rows (0.5b 8% faster). Both give
+ * the same bits. */
 static int gemv_bt(int n)
 {
-    static int v = -2;
-    if (v == -2) v = env_int("ANE_CUDA_GEMV_BT", -1);
-    return v < 0 ? n >= 2048 : v != 0;
+    return n >= 2048;
 }
 
 /* decode: rows per group R, K warps per group by the units per row */
@@ -1121,37 +985,11 @@ static void gemv_mr_k(cudaStream_t st, gv_set S, size_t rb, int n, const int8_t 
     else lk(k_gemv_mr<NT, R, 1, KD, 0, PRE>, g, 128, 0, st, S, rb, n, xq, xd, xs, T, none, nr);
 }
 
-/* Rows per warp group of a one-token GEMV: ANE_CUDA_GEMV_R (1, 2, 4, 8)
- * for comparison, else the kind's default (gemv_mr_q); the same bits at
- * any R */
-static int gemv_r(void)
-{
-    static int R = -1;
-    if (R < 0) R = env_int("ANE_CUDA_GEMV_R", 0);
-    return R;
-}
-
-/* q8_0 units a lane of a one-row-per-group GEMV loads before the launch
- * wait: 2 (ANE_CUDA_GEMV_PRE=1 for one, as before, for comparison). A 7b's
- * rows of 3,584 values are two units per lane at 2 warps per row, so the
- * first wave of each q/k/v, o and gate-and-up launch holds all of its
- * weights before x is written. Measured, 7b q8_0 decode: +1.3-2.8% (BENCHMARKS.md) */
-static int gemv_pre(void)
-{
-    static int P = -1;
-    if (P < 0) P = env_int("ANE_CUDA_GEMV_PRE", 2);
-    return P;
-}
-
 /* One-token q8_0 rows of four warps by k_gemv_q8bulk (the same sums):
- * rows of up to GB_UNITS units a lane, in whole 16-byte pieces.
- * Measured, 7b q8_0 decode +2.1-2.4%, 0.5b +2-4% (BENCHMARKS.md).
- * ANE_CUDA_GEMV_BULK=0: by k_gemv_mr (for comparison). */
+ * rows of up to GB_UNITS units a lane, in whole 16-byte pieces. */
 static int gemv_bulk(int n, size_t rb)
 {
-    static int v = -1;
-    if (v < 0) v = env_count("ANE_CUDA_GEMV_BULK", 1);
-    return v && n % 32 == 0 && gv_warps(n / 32) == 4 && n / 32 <= 128 * GB_UNITS && rb % 16 == 0;
+    return n % 32 == 0 && gv_warps(n / 32) == 4 && n / 32 <= 128 * GB_UNITS && rb % 16 == 0;
 }
 
 static void gemv_q8bulk(cudaStream_t st, gv_set S, size_t rb, int n, const int8_t *xq, const float *xd)
@@ -1170,12 +1008,12 @@ static void gemv_q8bulk(cudaStream_t st, gv_set S, size_t rb, int n, const int8_
 /* One-token q8_0 sets of rows of two warps whose launch at a row per
  * group would leave a second wave of at most a quarter of the first (a
  * 7b's o projection: 1,792 blocks on 1,584 places) take two rows a group
- * (the same sums; one wave). ANE_CUDA_GEMV_R2=0: off. */
+ * (the same sums; one wave). */
 static int gemv_r2(const gv_set &S, int n)
 {
     static int on = -1, slots = 0;
     if (on < 0) {
-        on = env_count("ANE_CUDA_GEMV_R2", 1);
+        on = 1;
         int dev = 0, sm = 0, per = 0;
         if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sm, cudaDevAttrMultiProcessorCount, dev) ||
             cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k_gemv_mr<1, 1, 2, GV_Q8, 0, 2>, 128, 0) != cudaSuccess)
@@ -1193,31 +1031,18 @@ static void gemv_mr_q(cudaStream_t st, const gv_set &S, size_t rb, int n, const 
                       const int *xs, int T)
 {
     /* one token: rows of 2048 values and more (a 7b's) at 1 row per group
-     * for q8_0, 2 for the K-quants; shorter ones (a 0.5b's, launch-bound) 4.
-     * Measured, decode at prompt 128: 7b q8_0 266 (R 4) / 302 (2) / 306 (1),
-     * 7b q4_k 424 / 437 / 408, 0.5b q8_0 1,226 / 1,180 / 1,211 */
-    int R = gemv_r() ? gemv_r() : n < 2048 ? 4 : KD == GV_Q8 ? 1 : 2;
+     * for q8_0 (two units a lane loaded before the launch wait; a down
+     * projection's rows of four warps by bulk copies), 2 for the K-quants;
+     * shorter ones (a 0.5b's, launch-bound) 4 (BENCHMARKS.md) */
     if (T > 8) gemv_mr_k<16, 4, KD>(st, S, rb, n, xq, xd, xs, T);
     else if (T > 4) gemv_mr_k<8, 4, KD>(st, S, rb, n, xq, xd, xs, T);
     else if (T > 2) gemv_mr_k<4, 4, KD>(st, S, rb, n, xq, xd, xs, T);
     else if (T == 2) gemv_mr_k<2, 2, KD>(st, S, rb, n, xq, xd, xs, T);
-    else if (R == 8) gemv_mr_k<1, 8, KD>(st, S, rb, n, xq, xd, xs, T);
-    else if (R == 2) gemv_mr_k<1, 2, KD>(st, S, rb, n, xq, xd, xs, T);
-    else if (R == 1) {
-        if constexpr (KD == GV_Q8) {
-            if (gemv_bulk(n, rb)) {
-                gemv_q8bulk(st, S, rb, n, xq, xd);
-                return;
-            }
-            if (gemv_pre() != 1) {
-                if (gemv_r2(S, n)) gemv_mr_k<1, 2, KD, 2>(st, S, rb, n, xq, xd, xs, T);
-                else gemv_mr_k<1, 1, KD, 2>(st, S, rb, n, xq, xd, xs, T);
-                return;
-            }
-        }
-        gemv_mr_k<1, 1, KD>(st, S, rb, n, xq, xd, xs, T);
-    }
-    else gemv_mr_k<1, 4, KD>(st, S, rb, n, xq, xd, xs, T);
+    else if (n < 2048) gemv_mr_k<1, 4, KD>(st, S, rb, n, xq, xd, xs, T);
+    else if constexpr (KD != GV_Q8) gemv_mr_k<1, 2, KD>(st, S, rb, n, xq, xd, xs, T);
+    else if (gemv_bulk(n, rb)) gemv_q8bulk(st, S, rb, n, xq, xd);
+    else if (gemv_r2(S, n)) gemv_mr_k<1, 2, KD, 2>(st, S, rb, n, xq, xd, xs, T);
+    else gemv_mr_k<1, 1, KD, 2>(st, S, rb, n, xq, xd, xs, T);
 }
 
 static void gemv_mr(cudaStream_t st, const gv_set &S, uint32_t type, size_t rb, int n, const int8_t *xq,
@@ -1226,26 +1051,6 @@ static void gemv_mr(cudaStream_t st, const gv_set &S, uint32_t type, size_t rb, 
     if (type == T_Q4_K) gemv_mr_q<GV_Q4K>(st, S, rb, n, xq, xd, xs, T);
     else if (type == T_Q6_K) gemv_mr_q<GV_Q6K>(st, S, rb, n, xq, xd, xs, T);
     else gemv_mr_q<GV_Q8>(st, S, rb, n, xq, xd, xs, T);
-}
-
-template <int J, bool Q4K>
-static void mmq_k(cudaStream_t st, gv_set S, size_t rb, int n, const int8_t *xq, const float *xd, const int *xs,
-                  int T, int tp)
-{
-    unsigned g = 0;
-    for (int i = 0; i < S.nm; i++) { S.m[i].blk0 = (int)g; g += nblk(S.m[i].n_out, MQ_ROWS); }
-    dim3 grid(g, nblk(T, 8 * J));
-    lk(k_mmq<J, Q4K>, grid, MQ_WARPS * 32, 0, st, S, rb, n, xq, xd, xs, T, tp);
-}
-
-template <bool Q4K>
-static void mmq(cudaStream_t st, const gv_set &S, size_t rb, int n, const int8_t *xq, const float *xd, const int *xs,
-                int T, int tp)
-{
-    if (T <= 8) mmq_k<1, Q4K>(st, S, rb, n, xq, xd, xs, T, tp);
-    else if (T <= 16) mmq_k<2, Q4K>(st, S, rb, n, xq, xd, xs, T, tp);
-    else if (T <= 32) mmq_k<4, Q4K>(st, S, rb, n, xq, xd, xs, T, tp);
-    else mmq_k<8, Q4K>(st, S, rb, n, xq, xd, xs, T, tp);
 }
 
 template <int TY>
@@ -1265,11 +1070,6 @@ int ck_gemv_int8(uint32_t type, int n_in)
            (type == T_Q6_K && n_in % 512 == 0);
 }
 
-int ck_mmq(uint32_t type, int n_in)
-{
-    return ck_gemv_int8(type, n_in) && type != T_Q6_K && !mmq_off();
-}
-
 /* x [T][n] already quantized into xq_scratch (pre) or not yet */
 static void gemv_multi(cudaStream_t st, uint32_t type, int nm, const void *const *W, size_t rb, int n,
                        const int *n_out, const float *const *bias, const float *x, int T, float *const *out,
@@ -1280,15 +1080,8 @@ static void gemv_multi(cudaStream_t st, uint32_t type, int nm, const void *const
         size_t nbt = (size_t)T * (n / 32);
         if (!pre) lk(k_quant_x, nblk(nbt * 32, 128), 128, 0, st, x, nbt, L);
         int8_t *xq = L.q;
-        float *xd = L.d, *xdt = L.dt;
-        int *xs = L.s, *xst = L.st;
-        int tp = L.tp;
-        if (ck_mmq(type, n)) {
-            gv_set S = gv_fill(nm, W, n_out, bias, out, 0);
-            if (type == T_Q4_K) mmq<true>(st, S, rb, n, xq, xdt, xst, T, tp);
-            else mmq<false>(st, S, rb, n, xq, xdt, xst, T, tp);
-            return;
-        }
+        float *xd = L.d;
+        int *xs = L.s;
         for (int t0 = 0; t0 < T; t0 += CK_GEMV_MAX_T) {
             int tn = T - t0 < CK_GEMV_MAX_T ? T - t0 : CK_GEMV_MAX_T;
             gv_set S = gv_fill(nm, W, n_out, bias, out, t0);
@@ -1296,7 +1089,7 @@ static void gemv_multi(cudaStream_t st, uint32_t type, int nm, const void *const
             const float *d = xd + (size_t)t0 * (n / 32);
             const int *sx = xs + (size_t)t0 * (n / 32);
             /* (q6_K: the R-row kernel only) */
-            if (type == T_Q6_K || (tn <= 2 ? !gemv_mr_off() : gemv_bt(n))) gemv_mr(st, S, type, rb, n, q, d, sx, tn);
+            if (type == T_Q6_K || tn <= 2 || gemv_bt(n)) gemv_mr(st, S, type, rb, n, q, d, sx, tn);
             else if (type == T_Q8_0) gemv_q8t(st, S, rb, n, q, d, tn);
             else gemv_qt(st, S, rb, n, q, d, sx, tn);
         }
@@ -1323,9 +1116,7 @@ int ck_gemv_qkv_rope(cudaStream_t st, uint32_t type, const void *const *W, size_
 {
     /* the one-token launch gemv_mr_q makes for these rows (R 1, K 2, two
      * preloaded units), so the sums are its; a pair a block */
-    if (type != T_Q8_0 || n < 2048 || n % 32 || gv_warps(n / 32) != 2 || gemv_mr_off() || gemv_pre() == 1 ||
-        (gemv_r() && gemv_r() != 1))
-        return 0;
+    if (type != T_Q8_0 || n < 2048 || n % 32 || gv_warps(n / 32) != 2) return 0;
     if (r->n_rot != r->head_dim || r->head_dim % 2 || n_out[1] != n_out[2] || n_out[1] != r->n_head_kv * r->head_dim ||
         n_out[0] % r->head_dim)
         return 0;
@@ -1367,8 +1158,7 @@ static int glu_per_sm(uint32_t type)
  * 7b q4_k gate+up, 592 blocks, decode -6%; 0.5b, 152 blocks, +2%). */
 int ck_glu_ok(uint32_t type, int n_in, int n_out, int T, int n_sm)
 {
-    if (T != 1 || !ck_gemv_int8(type, n_in) || ck_mmq(type, n_in) || n_out % 32) return 0;
-    if (type != T_Q6_K && gemv_mr_off()) return 0;
+    if (T != 1 || !ck_gemv_int8(type, n_in) || n_out % 32) return 0;
     if (gv_warps(type == T_Q8_0 ? n_in / 32 : n_in / 64) != 1) return 0;
     return n_out / 32 <= glu_per_sm(type) * n_sm;
 }

@@ -18,6 +18,9 @@ extern "C" {
 
 /* 1 when the kernels know weight type `type`. */
 int ck_type_ok(uint32_t type);
+/* 1 when debug switch `name` (an environment variable, docs/cuda.md) is
+ * set to 0: the feature it names is off. */
+int ck_debug_off(const char *name);
 
 /* out[t] = row ids[t] of W as f32.                              out [T][n_in] */
 void ck_embed(cudaStream_t st, uint32_t type, const void *W, size_t row_bytes, int n_in,
@@ -44,9 +47,6 @@ void ck_repack_q6_K(cudaStream_t st, const void *src, void *dst, size_t row_byte
 /* Types with an int8 path (x quantized per 32 values, __dp4a dots), used when
  * xq_scratch (CK_XQ_BYTES(T, n_in) bytes) is given; else f32 arithmetic. */
 int ck_gemv_int8(uint32_t type, int n_in);
-/* 1 when those go through the int8 tensor-core kernel: every batch size,
- * the same arithmetic per (row, token) (opt-in: ANE_CUDA_MMQ=1). */
-int ck_mmq(uint32_t type, int n_in);
 /* Decode batches past the GEMV's (CK_GEMV_MAX_T < T <= CK_MMQB_MAX_T) of
  * q4_K matrices, and of q6_K ones in sm_90a builds (ck_mmqb_ok) in a
  * layout of their own (ck_repack_q6_Kb from ck_repack_q6_K's, rows
@@ -74,8 +74,7 @@ void ck_mmq_dec(cudaStream_t st, uint32_t type, int nm, const void *const *W, si
 int ck_mmq_glu(cudaStream_t st, uint32_t type, const void *Wg, const void *Wu, size_t row_bytes, int n_in, int F,
                int T, float *out, void *h_out, const void *x16, void *part, size_t part_bytes, int *cnt, int n_cnt,
                int n_sm);
-#define CK_XQ_BYTES(T, n) \
-    ((size_t)(T) * (size_t)(n) + ((size_t)(T) + (((size_t)(T) + 7) & ~(size_t)7)) * ((size_t)(n) / 32) * 8)
+#define CK_XQ_BYTES(T, n) ((size_t)(T) * (size_t)(n) + (size_t)(T) * ((size_t)(n) / 32) * 8)
 /* Several matrices of one type and n_in on the same x, in one launch. */
 #define CK_MULTI_MAX 3
 void ck_gemv_multi(cudaStream_t st, uint32_t type, int nm, const void *const *W, size_t row_bytes, int n_in,
@@ -88,7 +87,7 @@ void ck_gemv_multi(cudaStream_t st, uint32_t type, int nm, const void *const *W,
  * ck_gemv_multi then ck_silu_mul. Only where ck_glu_ok. */
 int ck_glu_ok(uint32_t type, int n_in, int n_out, int T, int n_sm);
 /* 1 for GEMV sets of `bytes` small enough to be launch-bound (the GEMV's
- * prefetch rule: up to ANE_CUDA_PREFETCH_MB, default 5 MiB). */
+ * prefetch rule: up to 5 MiB). */
 int ck_small_set(size_t bytes);
 void ck_gemv_glu(cudaStream_t st, uint32_t type, const void *Wg, const void *Wu, size_t row_bytes, int n_in,
                  int n_out, const void *xq, float *out, void *xq_out, void *x16_out);

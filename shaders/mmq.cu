@@ -622,43 +622,15 @@ __global__ void k_repack_q6_Kb(const uint8_t *src, uint8_t *dst, size_t rb, int 
     }
 }
 
-/* CTAs per SM that k_mmqh's K split aims at: 2 (measured, 7b gate+up: 2
- * CTAs per SM 7% faster than 3); ANE_CUDA_MMQB_CTAS for comparison */
-static int mmqh_ctas(void)
-{
-    static int v = 0;
-    if (!v) {
-        const char *e = getenv("ANE_CUDA_MMQB_CTAS");
-        v = e && atoi(e) > 0 ? atoi(e) : 2;
-    }
-    return v;
-}
+/* CTAs per SM that k_mmqh's K split aims at (2: 7% faster than 3 on a
+ * 7b's gate and up) */
+#define MMQH_CTAS 2
 
-/* Whether a set whose row tiles fit in the CTA slots (ANE_CUDA_MMQB_CTAS
- * per SM) splits K no further than they hold (ANE_CUDA_MMQB_FIT=0: each
- * matrix as if alone, for comparison) */
-static int mmqb_fit(void)
-{
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("ANE_CUDA_MMQB_FIT");
-        v = !(e && *e && atoi(e) == 0);
-    }
-    return v;
-}
-
-
-/* k_mmqw for four token tiles: in sm_90a builds (CK_WGMMA), unless
- * ANE_CUDA_WGMMA=0 (for comparison) */
+/* k_mmqw for four token tiles: in sm_90a builds (CK_WGMMA) */
 static bool mmqw_on(void)
 {
 #if defined(CK_WGMMA)
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("ANE_CUDA_WGMMA");
-        v = !(e && *e && atoi(e) == 0);
-    }
-    return v;
+    return true;
 #else
     return false;
 #endif
@@ -683,9 +655,9 @@ static void mmqh_k(cudaStream_t st, gv_set S, size_t rb, int n, const __half *x1
         cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         attr = true;
     }
-    int nch = n / MH_CH, ctas = mmqh_ctas() * n_sm, ttot = 0, cap = 1 << 30;
+    int nch = n / MH_CH, ctas = MMQH_CTAS * n_sm, ttot = 0, cap = 1 << 30;
     for (int i = 0; i < S.nm; i++) ttot += (S.glu_u ? 2 : 1) * (int)nblk(S.m[i].n_out, MB_ROWS);
-    if (mmqb_fit() && ttot <= ctas) cap = ctas / ttot;
+    if (ttot <= ctas) cap = ctas / ttot;
     for (int pass = 0; pass < 2; pass++) {
         unsigned g = 0;
         size_t slots = 0;

@@ -20,9 +20,8 @@ __global__ void k_add(float *x, const float *y, size_t n)
 
 
 /* qx.q: also the int8 form of out (rows of whole blocks: n % 32 == 0) */
-__global__ void k_silu_mul(const float *g, const float *u, size_t n, float *out, xq_lay qx, int early)
+__global__ void k_silu_mul(const float *g, const float *u, size_t n, float *out, xq_lay qx)
 {
-    pdl_early(early);
     pdl_begin();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;   /* whole warps when quantizing */
@@ -132,6 +131,12 @@ __global__ void k_add_rmsnorm(float *x, const float *y, const float *w, int n, f
 
 extern "C" {
 
+/* Whether a norm schedules the next launch before its own wait, so that
+ * the matmul after it loads its weights while the norm's predecessor
+ * drains (every kernel reads only weights and the pass's constants before
+ * its wait): rows under 2048 values, launch-bound models (BENCHMARKS.md). */
+static inline int norm_early(int n) { return n < 2048; }
+
 /* a block per row: up to 1024 threads, each with up to 8 values in registers */
 #define L_NORM(KER, ...)                                                                                  \
     do {                                                                                                  \
@@ -170,7 +175,7 @@ void ck_add(cudaStream_t st, float *x, const float *y, size_t n)
 void ck_silu_mul(cudaStream_t st, const float *g, const float *u, size_t n, float *out, void *xq, void *x16, int rows)
 {
     xq_lay L = xq_out(xq && rows > 0 && n % (size_t)rows == 0 ? xq : NULL, x16, rows, rows > 0 ? (int)(n / rows) : 0);
-    lk(k_silu_mul, nblk(n, 256), 256, 0, st, g, u, n, out, L, early_on(2));
+    lk(k_silu_mul, nblk(n, 256), 256, 0, st, g, u, n, out, L);
 }
 
 }  /* extern "C" */

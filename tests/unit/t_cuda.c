@@ -102,21 +102,15 @@ static int n_keep;
 static void *kept(void *p) { if (n_keep < 1024) keep[n_keep++] = p; return p; }
 static pool *pl;
 
-/* A CUDA backend opened with up to two knobs ("NAME=value", or NULL) set,
- * unset again after (each backend reads its knobs when it opens) */
-static int gpu_open_env(be **b, int kv_f16, const char *k1, const char *k2, char *err, size_t errlen)
+/* A CUDA backend with the paths f forces (NULL: the defaults) */
+static int gpu_open(be **b, int kv_f16, const be_cuda_force *f, char *err, size_t errlen)
 {
-    const char *kv[2] = { k1, k2 };
-    char name[2][64];
-    for (int i = 0; i < 2; i++) {
-        if (!kv[i]) continue;
-        const char *eq = strchr(kv[i], '=');
-        snprintf(name[i], sizeof name[i], "%.*s", (int)(eq - kv[i]), kv[i]);
-        setenv(name[i], eq + 1, 1);
-    }
     int bad = be_open(b, "cuda", pl, kv_f16, err, errlen);
-    for (int i = 0; i < 2; i++)
-        if (kv[i]) unsetenv(name[i]);
+#ifdef ANE_CUDA
+    if (!bad && f) be_cuda_force_set(*b, f);
+#else
+    (void)f;
+#endif
     return bad;
 }
 
@@ -556,7 +550,7 @@ static void test_rope_kv(void)
     /* and with fusion off (the plain ops, biases added first) */
     be *plain = NULL;
     char err[256];
-    int bad = gpu_open_env(&plain, 1, "ANE_CUDA_FUSE=0", NULL, err, sizeof err);
+    int bad = gpu_open(&plain, 1, &(be_cuda_force){ .unfused = 1 }, err, sizeof err);
     CHECKF(!bad, "%s", err);
     if (!bad) {
         rope_kv_case(plain, 14, 2, 64, 64, 1, 0, 1);
@@ -649,7 +643,7 @@ static void qkv_rope_case(int kv_f16, int n_head, int n_head_kv, int neox, int w
     enum { NIN = 2048, MAXP = 64 };
     char err[256];
     be *g = NULL;
-    CHECKF(!gpu_open_env(&g, kv_f16, NULL, NULL, err, sizeof err), "%s", err);
+    CHECKF(!gpu_open(&g, kv_f16, NULL, err, sizeof err), "%s", err);
     if (!g) return;
     int hd = 128, kvd = n_head_kv * hd, nq = n_head * hd;
     size_t cache = (size_t)MAXP * KV_PAGE * kvd * g->kv_elt;
@@ -736,8 +730,8 @@ static void test_rope_attention(void)
      * batch would take: outside the promise) */
     char err[256];
     be *gs[2] = { NULL, NULL };
-    int bad = gpu_open_env(&gs[0], 1, "ANE_CUDA_ROPE_ATT=2", "ANE_CUDA_ATT_MMA=0", err, sizeof err) ||
-              gpu_open_env(&gs[1], 0, "ANE_CUDA_ROPE_ATT=2", "ANE_CUDA_ATT_MMA=0", err, sizeof err);
+    const be_cuda_force f = { .rope_att = 1, .att_mma = -1 };
+    int bad = gpu_open(&gs[0], 1, &f, err, sizeof err) || gpu_open(&gs[1], 0, &f, err, sizeof err);
     CHECKF(!bad, "%s", err);
     for (int i = 0; i < 2 && !bad; i++) {
         rope_att_case(gs[i], 4, 14, 2, 64, 64, 1, 1);     /* qwen2.5-0.5b: few blocks (rolled) */
@@ -751,7 +745,7 @@ static void test_rope_attention(void)
 }
 
 /* GEMV input quantized by the op that produced it (add_rmsnorm, rmsnorm,
- * silu_mul) against a backend that quantizes in the matmul (ANE_CUDA_FUSE=0):
+ * silu_mul) against a backend that quantizes in the matmul (unfused):
  * a small FFN and a projection, bit for bit. On the fused side the matmul
  * inputs are zeroed behind the backend's back once produced, so the check
  * also shows that the matmuls took the producers' int8 form. */
@@ -773,7 +767,7 @@ static void fq_zero(be *b, void *p, size_t n)
 }
 
 /* matmul_glu (gate, up and silu_mul in one launch for one token) against
- * matmul_n + silu_mul on a backend with it off (ANE_CUDA_GLU=0), bit for
+ * matmul_n + silu_mul on a backend with it off (glu_apart), bit for
  * bit: out, and the down projection that takes out's int8 form. x comes
  * from rmsnorm (its int8 form); on the fused side the float buffers are
  * zeroed once produced, so the checks show that each step took the int8
@@ -812,8 +806,8 @@ static void test_glu(void)
 {
     char err[256];
     be *bf = NULL, *bn = NULL;
-    int bad = gpu_open_env(&bf, 1, "ANE_CUDA_GEMM_T=1000000", NULL, err, sizeof err);
-    bad |= gpu_open_env(&bn, 1, "ANE_CUDA_GEMM_T=1000000", "ANE_CUDA_GLU=0", err, sizeof err);
+    int bad = gpu_open(&bf, 1, &(be_cuda_force){ .gemv_all = 1 }, err, sizeof err);
+    bad |= gpu_open(&bn, 1, &(be_cuda_force){ .gemv_all = 1, .glu_apart = 1 }, err, sizeof err);
     CHECKF(!bad, "%s", err);
     CHECK(!bad && bf->ops->matmul_glu != NULL);
     if (bad || !bf->ops->matmul_glu) goto done;
@@ -852,7 +846,7 @@ done:
 
 /* The batched q4_K kernels' gate-and-up form (decode batches of 17..32,
  * both kernels: T <= 24 and past it) against matmul_n + silu_mul
- * (ANE_CUDA_GLU=0), bit for bit: out, and the down projection on its f16
+ * (glu_apart), bit for bit: out, and the down projection on its f16
  * form (the fused side's float buffers zeroed once produced, as in
  * test_glu). Features F = 2816 (two blocks' halves of 128 rows) and 4160
  * (F % 128 = 64); n 1024 splits K, n 256 not. Also the CPU within 1e-2. */
@@ -860,8 +854,8 @@ static void test_glu_batched(void)
 {
     char err[256];
     be *bf = NULL, *bn = NULL;
-    int bad = gpu_open_env(&bf, 1, NULL, NULL, err, sizeof err);
-    bad |= gpu_open_env(&bn, 1, "ANE_CUDA_GLU=0", NULL, err, sizeof err);
+    int bad = gpu_open(&bf, 1, NULL, err, sizeof err);
+    bad |= gpu_open(&bn, 1, &(be_cuda_force){ .glu_apart = 1 }, err, sizeof err);
     CHECKF(!bad, "%s", err);
     if (bad) goto done;
     const struct { int n, F; } cs[] = { { 1024, 2816 }, { 1024, 4160 }, { 256, 2816 } };
@@ -959,8 +953,8 @@ static void test_fused_quant(void)
     char err[256];
     be *bf = NULL, *bn = NULL;
     /* every batch by GEMV, with and without the fusion */
-    int bad = gpu_open_env(&bf, 1, "ANE_CUDA_GEMM_T=1000000", "ANE_CUDA_FUSE=1", err, sizeof err);
-    bad |= gpu_open_env(&bn, 1, "ANE_CUDA_GEMM_T=1000000", "ANE_CUDA_FUSE=0", err, sizeof err);
+    int bad = gpu_open(&bf, 1, &(be_cuda_force){ .gemv_all = 1 }, err, sizeof err);
+    bad |= gpu_open(&bn, 1, &(be_cuda_force){ .gemv_all = 1, .unfused = 1 }, err, sizeof err);
     CHECKF(!bad, "%s", err);
     if (bad) goto done;
     const uint32_t types[] = { QT_Q8_0, QT_Q4_K };
@@ -1126,9 +1120,9 @@ static void attn_case(be *gb, be *cb, int n_head, int n_head_kv, int hd)
 /* A decode batch of many sequences (one token each, contexts of 1 to 700
  * positions): the grouped kernel (a block per token and KV head; gb's
  * spans split over blocks, gd's all in one block) against the CPU, bit for
- * bit against the ungrouped kernel (gn: ANE_CUDA_ATT_GRP=0) and against
+ * bit against the ungrouped kernel (gn: att_grp -1) and against
  * each token alone (split over blocks). gm[0..1]: the tensor-core form
- * (ANE_CUDA_ATT_MMA=2; spans split over blocks, and all in one block) against the CPU as
+ * (att_mma 1; spans split over blocks, and all in one block) against the CPU as
  * closely, or where it does not apply (f32 caches, head_dim 48) the
  * grouped kernel's bits. */
 static void attn_group_case(be *gb, be *gd, be *gn, be *const *gm, be *cb, int n_head, int n_head_kv, int hd)
@@ -1206,14 +1200,12 @@ static void test_att_group(void)
 {
     char err[256];
     be *gn = NULL, *gn32 = NULL, *gd = NULL, *gd32 = NULL, *gm[2] = { NULL, NULL }, *gm32[2] = { NULL, NULL };
-    int bad = gpu_open_env(&gn, 1, "ANE_CUDA_ATT_GRP=0", NULL, err, sizeof err) ||
-              gpu_open_env(&gn32, 0, "ANE_CUDA_ATT_GRP=0", NULL, err, sizeof err) ||
-              gpu_open_env(&gd, 1, "ANE_CUDA_ATT_GRP=1", NULL, err, sizeof err) ||
-              gpu_open_env(&gd32, 0, "ANE_CUDA_ATT_GRP=1", NULL, err, sizeof err) ||
-              gpu_open_env(&gm[0], 1, "ANE_CUDA_ATT_MMA=2", "ANE_CUDA_ATT_GRP=4", err, sizeof err) ||
-              gpu_open_env(&gm[1], 1, "ANE_CUDA_ATT_MMA=2", "ANE_CUDA_ATT_GRP=1", err, sizeof err) ||
-              gpu_open_env(&gm32[0], 0, "ANE_CUDA_ATT_MMA=2", "ANE_CUDA_ATT_GRP=4", err, sizeof err) ||
-              gpu_open_env(&gm32[1], 0, "ANE_CUDA_ATT_MMA=2", "ANE_CUDA_ATT_GRP=1", err, sizeof err);
+    const be_cuda_force ungrouped = { .att_grp = -1 }, one = { .att_grp = 1 };
+    const be_cuda_force mma_split = { .att_mma = 1, .att_grp = 4 }, mma_one = { .att_mma = 1, .att_grp = 1 };
+    int bad = gpu_open(&gn, 1, &ungrouped, err, sizeof err) || gpu_open(&gn32, 0, &ungrouped, err, sizeof err) ||
+              gpu_open(&gd, 1, &one, err, sizeof err) || gpu_open(&gd32, 0, &one, err, sizeof err) ||
+              gpu_open(&gm[0], 1, &mma_split, err, sizeof err) || gpu_open(&gm[1], 1, &mma_one, err, sizeof err) ||
+              gpu_open(&gm32[0], 0, &mma_split, err, sizeof err) || gpu_open(&gm32[1], 0, &mma_one, err, sizeof err);
     CHECKF(!bad, "%s", err);
     if (!bad) {
         attn_group_case(gpu, gd, gn, gm, cpu, 14, 2, 64);
@@ -1228,11 +1220,10 @@ static void test_att_group(void)
 
 /* Batch invariance of matmul: a row's result has the same bits whatever the
  * batch size and its place in the batch: the GEMV of every type at every
- * tile size (gpuv: a backend whose GEMV takes every batch), and the int8
- * tensor-core kernel of q8_0 / q4_K up to prompt-sized batches. (Prompt rows
- * of the other types go through cuBLAS, whose kernel choice follows the
- * batch size: not tested here.) */
-static be *gpuv, *gpum;
+ * tile size (gpuv: a backend whose GEMV takes every batch). (Prompt rows go
+ * through cuBLAS, whose kernel choice follows the batch size: not tested
+ * here.) */
+static be *gpuv;
 static void inv_case(be *b, uint32_t type, int n_in, int n_out, const int *Ts, int nT, const char *what)
 {
     size_t rb;
@@ -1262,15 +1253,13 @@ static void inv_case(be *b, uint32_t type, int n_in, int n_out, const int *Ts, i
 
 static void test_invariance(void)
 {
-    const int tv[] = { 1, 2, 3, 4, 5, 8, 9, 16, 17, 40 }, tg[] = { 1, 3, 9, 16, 24, 33, 100, 256, 512 };
+    const int tv[] = { 1, 2, 3, 4, 5, 8, 9, 16, 17, 40 };
     const uint32_t types[] = { QT_Q8_0, QT_Q4_K, QT_Q6_K, QT_Q4_0, QT_BF16, QT_F32 };
     const int shapes[][2] = { { 896, 64 }, { 4864, 40 }, { 8960, 24 }, { 1536, 33 } };
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
             if (!qt_row_size(types[ti], shapes[si][0])) continue;   /* (896: no whole K-quant super-blocks) */
             inv_case(gpuv, types[ti], shapes[si][0], shapes[si][1], tv, 10, "gemv");
-            if (gpum && si < 2 && (types[ti] == QT_Q8_0 || (types[ti] == QT_Q4_K && shapes[si][0] % 256 == 0)))
-                inv_case(gpum, types[ti], shapes[si][0], shapes[si][1] * 16, tg, 9, "int8 mma");
         }
     /* q6_K's int8 GEMV over whole groups of 32 units and cut ones, by 1, 2 and 4 warps per row */
     const int n6[] = { 3584, 8192, 16384 };
@@ -1661,9 +1650,7 @@ int main(int argc, char **argv)
     RUN_SOME(test_ssm_elementwise);
     RUN_SOME(test_conv1d);
     RUN_SOME(test_deltanet);
-    if (gpu_open_env(&gpuv, 1, "ANE_CUDA_GEMM_T=1000000", NULL, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
-    /* the int8 tensor-core path is chosen once per process (ANE_CUDA_MMQ=1) */
-    if (getenv("ANE_CUDA_MMQ") && atoi(getenv("ANE_CUDA_MMQ")) > 0) gpum = gpu;
+    if (gpu_open(&gpuv, 1, &(be_cuda_force){ .gemv_all = 1 }, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
     RUN_SOME(test_invariance);
     gpuv->ops->close(gpuv);
     gpu->ops->close(gpu); gpu32->ops->close(gpu32); cpu->ops->close(cpu); cpu32->ops->close(cpu32);
