@@ -92,7 +92,7 @@ typedef struct cu_be {
     int att_mma_bps;           /* its blocks per SM (1: a block's 4 warps hold 136 KiB of stages) */
     int invariant;             /* decode rows always by GEMV (be_opts.deterministic) */
     int cache16;               /* keep f16 copies of quantized weights (unless be_opts.f16_cache_off) */
-    void *mb_part; int *mb_cnt;   /* the batched kernel's split-K scratch (CK_MMQB_PART bytes, CK_MMQB_CNT counters) */
+    void *mmqb_part; int *mmqb_cnt;   /* the batched kernel's split-K scratch (CK_MMQB_PART bytes, CK_MMQB_CNT counters) */
     /* be_cuda_force_set's (tests; the defaults otherwise) */
     int fuse;                  /* fused kernels, matmul inputs written ahead (debug switch ANE_CUDA_FUSE=0: off) */
     int gemv_all;              /* every matmul row by the GEMV */
@@ -207,7 +207,7 @@ static void cu_close(be *b)
     }
     cudaFree(c->d_ids_out);
     cudaFree(c->d_amax);
-    cudaFree(c->mb_part); cudaFree(c->mb_cnt);
+    cudaFree(c->mmqb_part); cudaFree(c->mmqb_cnt);
     if (c->blas) cublasDestroy(c->blas);
     if (c->st) cudaStreamDestroy(c->st);
     free(c);
@@ -641,7 +641,7 @@ static void *dev_spare(size_t bytes)
 /* The q6_K matrix w in the batched kernel's layout, made at its first
  * batched use (the first passes of a shape run before its capture); NULL
  * while recording before that, or without room */
-static const void *wb_of(cu_be *c, const wt *w)
+static const void *mmqb_q6_of(cu_be *c, const wt *w)
 {
     upl *u = upl_of(c, w);
     if (!u || u->nob) return NULL;
@@ -656,13 +656,13 @@ static const void *wb_of(cu_be *c, const wt *w)
     return d;
 }
 
-/* The bytes the batched kernel reads for w (q6_K: wb_of's layout; NULL:
+/* The bytes the batched kernel reads for w (q6_K: mmqb_q6_of's layout; NULL:
  * none at hand) and their row pitch */
-static const void *mb_weight(cu_be *c, const wt *w, size_t *rb)
+static const void *mmqb_weight(cu_be *c, const wt *w, size_t *rb)
 {
     if (w->type != QT_Q6_K) { *rb = w->row_bytes; return w->dev; }
     *rb = ck_q6b_row_bytes((int)w->n_in);
-    return wb_of(c, w);
+    return mmqb_q6_of(c, w);
 }
 
 /* gemv_take for w (rows to the batched kernel only where its bytes are at hand) */
@@ -670,7 +670,7 @@ static int gemv_count(cu_be *c, const wt *w, int T, int *batched)
 {
     int nd = gemv_take(c, ck_mmqb_ok(w->type, (int)w->n_in), T, batched);
     size_t rb;
-    if (*batched && !mb_weight(c, w, &rb)) nd = gemv_take(c, 0, T, batched);
+    if (*batched && !mmqb_weight(c, w, &rb)) nd = gemv_take(c, 0, T, batched);
     return nd;
 }
 
@@ -729,20 +729,20 @@ static const void *x_f16(cu_be *c, const float *x, int T, int n)
 
 /* The batched kernel for matrices w (one type and n_in) on x's f16 form;
  * 0 when there is no scratch (or q6_K layout) for it */
-static int mmqb_run(cu_be *c, int nm, const wt *const *w, const float *const *bv, const float *x, int T,
+static int mmqb_try(cu_be *c, int nm, const wt *const *w, const float *const *bv, const float *x, int T,
                     float *const *out)
 {
     const void *W[CK_MULTI_MAX];
     int no[CK_MULTI_MAX], n = (int)w[0]->n_in;
     size_t rb = 0;
     for (int i = 0; i < nm; i++) {
-        W[i] = mb_weight(c, w[i], &rb);
+        W[i] = mmqb_weight(c, w[i], &rb);
         no[i] = (int)w[i]->n_out;
         if (!W[i]) return 0;
     }
     const void *xh = x_f16(c, x, T, n);
     if (!xh) return 0;
-    ck_mmq_dec(c->st, w[0]->type, nm, W, rb, n, no, bv, T, out, xh, c->mb_part, CK_MMQB_PART, c->mb_cnt,
+    ck_mmq_dec(c->st, w[0]->type, nm, W, rb, n, no, bv, T, out, xh, c->mmqb_part, CK_MMQB_PART, c->mmqb_cnt,
                CK_MMQB_CNT, c->n_sm);
     return 1;
 }
@@ -832,7 +832,7 @@ static void cu_matmul(be *b, const wt *w, const wt *bias, const float *x, int T,
         nd = T;   /* (no cuBLAS scratch: every row by the GEMV) */
         bt = 0;
     }
-    if (nd > 0 && !(bt && mmqb_run(c, 1, &w, &bv, x, nd, &out))) gemv_rows(c, w, bv, x, nd, out);
+    if (nd > 0 && !(bt && mmqb_try(c, 1, &w, &bv, x, nd, &out))) gemv_rows(c, w, bv, x, nd, out);
     tag_written(c, out, (size_t)T * w->n_out);
     c->mm_out = out; c->mm_rows = T; c->mm_n = (int)w->n_out;
 }
@@ -868,7 +868,7 @@ static void cu_matmul_n(be *b, int n, const wt *const *w, const wt *const *bias,
         no[i] = (int)w[i]->n_out;
     }
     int nin = (int)w[0]->n_in;
-    if (bt && mmqb_run(c, n, w, bv, x, T, out)) {
+    if (bt && mmqb_try(c, n, w, bv, x, T, out)) {
         /* (done) */
     } else if (!ck_gemv_int8(w[0]->type, nin)) {
         ck_gemv_multi(c->st, w[0]->type, n, W, w[0]->row_bytes, nin, no, bv, x, T, out, NULL);
@@ -907,8 +907,8 @@ static void cu_matmul_glu(be *b, const wt *wg, const wt *wu, const float *x, int
     if (c->fuse && c->glu && same && gemv_count(c, wg, T, &bt) == T && bt) {
         const void *xh = x_f16(c, x, T, n);
         if (xh && c->x16b && c->x16_cap >= (size_t)T * F * 2 &&
-            ck_mmq_glu(c->st, wg->type, wg->dev, wu->dev, wg->row_bytes, n, F, T, out, c->x16b, xh, c->mb_part,
-                       CK_MMQB_PART, c->mb_cnt, CK_MMQB_CNT, c->n_sm)) {
+            ck_mmq_glu_try(c->st, wg->type, wg->dev, wu->dev, wg->row_bytes, n, F, T, out, c->x16b, xh, c->mmqb_part,
+                       CK_MMQB_PART, c->mmqb_cnt, CK_MMQB_CNT, c->n_sm)) {
             void *t = c->x16; c->x16 = c->x16b; c->x16b = t;
             tag_clear(c);
             tag16_set(c, out, T, F);
@@ -1092,7 +1092,7 @@ static int cu_qkv_rope(be *b, const wt *const *w, const wt *const *bias, const f
     use_batch(c, bt);
     ck_qkv_rope r = { bias_dev(bias, 0), bias_dev(bias, 1), bias_dev(bias, 2), c->rope_tab, d_pos(c), d_off(c),
                       d_pages(c), kc, vc, b->kv_elt == 2, head_dim, n_rot, neox, n_head_kv, base, fdd };
-    if (!ck_gemv_qkv_rope(c->st, w[0]->type, W, w[0]->row_bytes, nin, no, c->xq, outs, &r)) return 0;
+    if (!ck_gemv_qkv_rope_try(c->st, w[0]->type, W, w[0]->row_bytes, nin, no, c->xq, outs, &r)) return 0;
     tag_clear(c);   /* (as rope_kv) */
     c->mm_out = NULL;
     return 1;
@@ -1320,9 +1320,9 @@ int be_cuda_open(be **out, struct pool *p, const be_opts *o, char *err, size_t e
     c->invariant = o->deterministic;
     be_cuda_force_set(&c->base, &(be_cuda_force){ 0 });
     what = "device memory";
-    if (cudaMalloc(&c->mb_part, CK_MMQB_PART) != cudaSuccess ||
-        cudaMalloc((void **)&c->mb_cnt, CK_MMQB_CNT * sizeof(int)) != cudaSuccess ||
-        cudaMemset(c->mb_cnt, 0, CK_MMQB_CNT * sizeof(int)) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess)
+    if (cudaMalloc(&c->mmqb_part, CK_MMQB_PART) != cudaSuccess ||
+        cudaMalloc((void **)&c->mmqb_cnt, CK_MMQB_CNT * sizeof(int)) != cudaSuccess ||
+        cudaMemset(c->mmqb_cnt, 0, CK_MMQB_CNT * sizeof(int)) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess)
         goto fail;
     *out = &c->base;
     return 0;

@@ -256,7 +256,7 @@ __device__ __forceinline__ void att_span(const float *qs, const void *kc, const 
 
 /* A (token, head) row's output value i (of out [T*n_head][hd]) and its
  * int8 / f16 forms; lane: the caller's lane, whose warp holds i's 32-value block */
-__device__ __forceinline__ void att_put_out(float o, size_t i, int lane, float *out, const xq_lay &qx)
+__device__ __forceinline__ void att_put_out(float o, size_t i, int lane, float *out, const act_forms &qx)
 {
     out[i] = o;
     if (qx.q) quant_block(o, lane, i >> 5, qx);
@@ -361,7 +361,7 @@ template <int ND, int F16>
 __device__ __forceinline__ void att_coop(const float *qs, const void *kc, const void *vc, const int32_t *off,
                                          const int32_t *pages, int t, int th, int len, int ns, int G, int y,
                                          int maxs, size_t kvo, int kvd, float scale, float *out, float *part,
-                                         const xq_lay &qx)
+                                         const act_forms &qx)
 {
     __shared__ float ssc[2][CK_ATT_SPAN];
     const int lane = threadIdx.x & 31, dim = threadIdx.x, hd = 32 * ND;
@@ -400,7 +400,7 @@ template <int ND, int F16, int NG>
 __global__ void __launch_bounds__(NG * ATT_WARPS * 32) k_att_par(const float *q, const void *kc, const void *vc,
                                                                 const int32_t *pos, const int32_t *off,
                                                                 const int32_t *pages, int n_head, int n_head_kv,
-                                                                float *out, xq_lay qx)
+                                                                float *out, act_forms qx)
 {
     constexpr int hd = 32 * ND;
     static_assert(ND == ATT_WARPS, "a group's threads are the head's dims");
@@ -463,7 +463,7 @@ template <int ND, int F16, int ROLL>
 __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const float *q, const void *kc, const void *vc,
                                                    const int32_t *pos, const int32_t *off, const int32_t *pages,
                                                    int n_head, int n_head_kv, int hd, float *out, float *part,
-                                                   int G, int maxs, xq_lay qx, const att_rope R, int coop)
+                                                   int G, int maxs, act_forms qx, const att_rope R, int coop)
 {
     int th = blockIdx.x, t = th / n_head, h = th % n_head, y = blockIdx.y;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -598,7 +598,7 @@ template <int ND, int F16>
 __global__ void __launch_bounds__(256) k_att_grp(const float *q, const void *kc, const void *vc, const int32_t *pos,
                                                  const int32_t *off, const int32_t *pages, int n_head,
                                                  int n_head_kv, int hd, float *out, float *part, int G, int maxs,
-                                                 xq_lay qx)
+                                                 act_forms qx)
 {
     const int t = blockIdx.x / n_head_kv, kvh = blockIdx.x % n_head_kv, y = blockIdx.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -677,11 +677,11 @@ __global__ void __launch_bounds__(256) k_att_grp(const float *q, const void *kc,
  * the next span's while it computes this one (two stages per warp). G == 1
  * or a one-span token: the warps' states merged in warp order and written
  * to out; else each span's partial to part, merged by k_att_merge. */
-#define AM_WARPS 4
-template <int HD> struct am_stage {
+#define ATT_MMA_WARPS 4
+template <int HD> struct att_mma_stage {
     __half k[32][HD + 8], v[32][HD + 8];   /* (+8: ldmatrix's 8 rows hit 8 bank groups) */
 };
-#define AM_SMEM(HD) (AM_WARPS * 2 * sizeof(am_stage<HD>))
+#define ATT_MMA_SMEM(HD) (ATT_MMA_WARPS * 2 * sizeof(att_mma_stage<HD>))
 
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void *p)
 {
@@ -705,10 +705,10 @@ __device__ __forceinline__ void h2_split(float x, float y, uint32_t &hi, uint32_
 }
 
 template <int HD>
-__global__ void __launch_bounds__(AM_WARPS * 32) k_att_mma(const float *q, const __half *kc, const __half *vc,
+__global__ void __launch_bounds__(ATT_MMA_WARPS * 32) k_att_mma(const float *q, const __half *kc, const __half *vc,
                                                         const int32_t *pos, const int32_t *off,
                                                         const int32_t *pages, int n_head, int n_head_kv,
-                                                        float *out, float *part, int G, int maxs, xq_lay qx)
+                                                        float *out, float *part, int G, int maxs, act_forms qx)
 {
     constexpr int KS = HD / 16, DT = HD / 8, PR = HD * 2 / 16;
     const float LOG2E = 1.4426950408889634f;
@@ -719,9 +719,9 @@ __global__ void __launch_bounds__(AM_WARPS * 32) k_att_mma(const float *q, const
     const bool direct = G == 1 || ns == 1;
     if (direct && y != 0) return;
     pdl_begin();
-    extern __shared__ __align__(16) unsigned char am_raw[];
-    am_stage<HD> *sbs = (am_stage<HD> *)am_raw + 2 * warp;
-    __shared__ float am_ml[AM_WARPS][2][16];
+    extern __shared__ __align__(16) unsigned char att_mma_raw[];
+    att_mma_stage<HD> *sbs = (att_mma_stage<HD> *)att_mma_raw + 2 * warp;
+    __shared__ float att_mma_ml[ATT_MMA_WARPS][2][16];
     /* the group's q rows g and g + 8 (zero past gh) as A fragments */
     uint32_t qa[KS][4];
 #pragma unroll
@@ -741,7 +741,7 @@ __global__ void __launch_bounds__(AM_WARPS * 32) k_att_mma(const float *q, const
         for (int dt = 0; dt < DT; dt++) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
     };
     reset();
-    const int s_first = direct ? warp : y + G * warp, s_step = direct ? AM_WARPS : G * AM_WARPS;
+    const int s_first = direct ? warp : y + G * warp, s_step = direct ? ATT_MMA_WARPS : G * ATT_MMA_WARPS;
     /* span s's K and V rows (zeros past the token's length) into stage b */
     auto load = [&](int s, int b) {
         const int p0 = s * CK_ATT_SPAN, np = min(len - p0, CK_ATT_SPAN);
@@ -761,7 +761,7 @@ __global__ void __launch_bounds__(AM_WARPS * 32) k_att_mma(const float *q, const
         cp_commit();
         cp_wait<1>();   /* span s is in ... */
         __syncwarp();   /* ... for every lane */
-        am_stage<HD> &sb = sbs[i & 1];
+        att_mma_stage<HD> &sb = sbs[i & 1];
         /* S: rows (heads) g, g + 8; columns (positions) 8 nt + 2 qd, + 1 */
         float c[4][4];
 #pragma unroll
@@ -859,20 +859,20 @@ __global__ void __launch_bounds__(AM_WARPS * 32) k_att_mma(const float *q, const
         fo[(g + 8) * HD + 8 * dt + 2 * qd + 1] = o[dt][3];
     }
     if (qd == 0) {
-        am_ml[warp][0][g] = m_r[0]; am_ml[warp][0][g + 8] = m_r[1];
-        am_ml[warp][1][g] = l_r[0]; am_ml[warp][1][g + 8] = l_r[1];
+        att_mma_ml[warp][0][g] = m_r[0]; att_mma_ml[warp][0][g + 8] = m_r[1];
+        att_mma_ml[warp][1][g] = l_r[0]; att_mma_ml[warp][1][g + 8] = l_r[1];
     }
     __syncthreads();
-    for (int r = warp; r < gh; r += AM_WARPS) {
+    for (int r = warp; r < gh; r += ATT_MMA_WARPS) {
         float M = -INFINITY, L = 0.f, A[HD / 32];
 #pragma unroll
         for (int k = 0; k < HD / 32; k++) A[k] = 0.f;
-        for (int w = 0; w < AM_WARPS; w++) {
-            const float *fw = (const float *)((am_stage<HD> *)am_raw + 2 * w);
+        for (int w = 0; w < ATT_MMA_WARPS; w++) {
+            const float *fw = (const float *)((att_mma_stage<HD> *)att_mma_raw + 2 * w);
             float a[HD / 32];
 #pragma unroll
             for (int k = 0; k < HD / 32; k++) a[k] = fw[r * HD + lane + 32 * k];
-            att_merge_n<HD / 32>(M, L, A, am_ml[w][0][r], am_ml[w][1][r], a);
+            att_merge_n<HD / 32>(M, L, A, att_mma_ml[w][0][r], att_mma_ml[w][1][r], a);
         }
 #pragma unroll
         for (int k = 0; k < HD / 32; k++) att_put_out(A[k] / L, (size_t)(h0 + r) * HD + lane + 32 * k, lane, out, qx);
@@ -881,7 +881,7 @@ __global__ void __launch_bounds__(AM_WARPS * 32) k_att_mma(const float *q, const
 
 /* Tokens of more than one span, after k_attention with G > 1. 128 threads. */
 __global__ void k_att_merge(const float *part, const int32_t *pos, int n_head, int hd, int maxs, float *out,
-                            xq_lay qx)
+                            act_forms qx)
 {
     pdl_begin();
     int th = blockIdx.x, t = th / n_head;
@@ -931,8 +931,8 @@ int ck_att_grp_ok(int f16, int n_head, int n_head_kv, int hd)
         cudaFuncSetAttribute(k_att_grp<2, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, b);
         cudaFuncSetAttribute(k_att_grp<4, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, b);
         cudaFuncSetAttribute(k_att_grp<8, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, b);
-        cudaFuncSetAttribute(k_att_mma<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)AM_SMEM(64));
-        cudaFuncSetAttribute(k_att_mma<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)AM_SMEM(128));
+        cudaFuncSetAttribute(k_att_mma<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ATT_MMA_SMEM(64));
+        cudaFuncSetAttribute(k_att_mma<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ATT_MMA_SMEM(128));
         attr = true;
     }
     return 1;
@@ -969,15 +969,15 @@ void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *v
     if (G < 1 || maxs < 1) G = 1;
     int nd = (hd + 31) / 32;
     if (grp > 0 && !rp && ck_att_grp_ok(f16, n_head, n_head_kv, hd)) {
-        xq_lay L = xq_out(hd % 32 == 0 ? xq : NULL, x16, T, n_head * hd);
+        act_forms L = act_forms_for(hd % 32 == 0 ? xq : NULL, x16, T, n_head * hd);
         dim3 g(T * n_head_kv, grp);
         if (mma && ck_att_mma_ok(f16, n_head, n_head_kv, hd)) {
             const __half *k16 = (const __half *)kc, *v16 = (const __half *)vc;
             if (hd == 64)
-                lk(k_att_mma<64>, g, AM_WARPS * 32, AM_SMEM(64), st, q, k16, v16, pos, off, pages, n_head, n_head_kv,
+                lk(k_att_mma<64>, g, ATT_MMA_WARPS * 32, ATT_MMA_SMEM(64), st, q, k16, v16, pos, off, pages, n_head, n_head_kv,
                    out, part, grp, maxs, L);
             else
-                lk(k_att_mma<128>, g, AM_WARPS * 32, AM_SMEM(128), st, q, k16, v16, pos, off, pages, n_head,
+                lk(k_att_mma<128>, g, ATT_MMA_WARPS * 32, ATT_MMA_SMEM(128), st, q, k16, v16, pos, off, pages, n_head,
                    n_head_kv, out, part, grp, maxs, L);
             if (grp > 1) lk(k_att_merge, T * n_head, 128, 0, st, part, pos, n_head, hd, maxs, out, L);
             return;
@@ -1005,7 +1005,7 @@ void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *v
         R.k = rp->k; R.v = rp->v; R.bq = rp->bq; R.bk = rp->bk; R.bv = rp->bv;
         R.tab = (const float2 *)rp->tab; R.kc = (void *)kc; R.vc = (void *)vc; R.n_rot = rp->n_rot; R.neox = rp->neox;
     }
-    xq_lay L = xq_out(hd % 32 == 0 ? xq : NULL, x16, T, n_head * hd);
+    act_forms L = act_forms_for(hd % 32 == 0 ? xq : NULL, x16, T, n_head * hd);
     dim3 g(T * n_head, G);
     /* rolled span loops for launches of fewer blocks than SMs */
     bool roll = (int)(g.x * g.y) < n_sm;

@@ -6,6 +6,10 @@
 
 #include "shaders/kernels.h"
 
+extern "C" {
+#include "engine/qtypes.h"   /* the weight type ids (QT_*) */
+}
+
 #include <cuda_fp16.h>
 #include "shaders/launch.cuh"
 
@@ -14,11 +18,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <type_traits>
-
-enum {
-    T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8,
-    T_Q2_K = 10, T_Q3_K = 11, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14, T_BF16 = 30
-};
 
 __device__ __forceinline__ float h2f(const uint8_t *p)
 {
@@ -126,21 +125,21 @@ __device__ __forceinline__ int q6_val(const uint32_t (&ql)[8], const uint32_t (&
     return q6_bits(ql[l >> 2], qh[l >> 3], hh, l);
 }
 
-/* (sp, per, pb, cb: k_mmqh's K split) */
-struct gv_mat { const uint8_t *W; const float *bias; float *out; int n_out, blk0, sp, per, pb, cb; };
-struct gv_set {   /* matrices of one type and n_in, one launch; pf: gv_pf() */
-    gv_mat m[CK_MULTI_MAX];
+/* (sp, per, pb, cb: k_mmqb_mma's K split) */
+struct set_matrix { const uint8_t *W; const float *bias; float *out; int n_out, blk0, sp, per, pb, cb; };
+struct mat_set {   /* matrices of one type and n_in, one launch; pf: gemv_prefetches() */
+    set_matrix m[CK_MULTI_MAX];
     int nm, pf;
-    const uint8_t *glu_u;   /* the batched q4_K kernels' gate-and-up form (ck_mmq_glu): the up matrix */
+    const uint8_t *glu_u;   /* the batched q4_K kernels' gate-and-up form (ck_mmq_glu_try): the up matrix */
     __half *glu_h;          /* ... and out's f16 form */
 };
 
 /* The set of nm matrices for one launch (blk0 and the split fields 0),
  * their outputs from token t0 on */
-static inline gv_set gv_fill(int nm, const void *const *W, const int *n_out, const float *const *bias, float *const *out,
+static inline mat_set mat_set_fill(int nm, const void *const *W, const int *n_out, const float *const *bias, float *const *out,
                       int t0)
 {
-    gv_set S;
+    mat_set S;
     memset(&S, 0, sizeof S);
     S.nm = nm;
     for (int i = 0; i < nm; i++) {
@@ -153,7 +152,7 @@ static inline gv_set gv_fill(int nm, const void *const *W, const int *n_out, con
 }
 
 /* the matrix of S this block works on (blocks blk0.. of matrix i) */
-__device__ __forceinline__ int gv_pick(const gv_set &S)
+__device__ __forceinline__ int block_matrix(const mat_set &S)
 {
     int mi = 0;
 #pragma unroll
@@ -163,11 +162,11 @@ __device__ __forceinline__ int gv_pick(const gv_set &S)
 
 /* Where the int8 form of x [T][n] lives in a scratch of CK_XQ_BYTES(T, n):
  * xq [T][n], then xd and xs [T][n/32]. */
-struct xq_lay { int8_t *q; float *d; int *s; __half *h; };
+struct act_forms { int8_t *q; float *d; int *s; __half *h; };
 
-static inline xq_lay xq_layout(void *scratch, int T, int n)
+static inline act_forms act_int8_at(void *scratch, int T, int n)
 {
-    xq_lay L;
+    act_forms L;
     size_t nbt = (size_t)T * (n / 32);
     L.q = (int8_t *)scratch;
     L.d = (float *)(L.q + (size_t)T * n);
@@ -184,7 +183,7 @@ static inline xq_lay xq_layout(void *scratch, int T, int n)
  * their shuffles interleaved), the first nlive of them stored. */
 template <int N>
 __device__ __forceinline__ void quant_blocks(const float (&v)[N], int lane, const size_t (&b)[N], int nlive,
-                                             const xq_lay &L)
+                                             const act_forms &L)
 {
     float a[N];
 #pragma unroll
@@ -218,7 +217,7 @@ __device__ __forceinline__ void quant_blocks(const float (&v)[N], int lane, cons
     }
 }
 
-__device__ __forceinline__ void quant_block(float v, int lane, size_t b, const xq_lay &L)
+__device__ __forceinline__ void quant_block(float v, int lane, size_t b, const act_forms &L)
 {
     const float vv[1] = { v };
     const size_t bb[1] = { b };
@@ -309,19 +308,19 @@ __device__ __forceinline__ void kv_put(void *c, int f16, size_t s, float v)
 
 #define TYPE_SWITCH(type, FN)                   \
     switch (type) {                             \
-    case T_F32: FN(T_F32); break;               \
-    case T_F16: FN(T_F16); break;               \
-    case T_BF16: FN(T_BF16); break;             \
-    case T_Q4_0: FN(T_Q4_0); break;             \
-    case T_Q4_1: FN(T_Q4_1); break;             \
-    case T_Q5_0: FN(T_Q5_0); break;             \
-    case T_Q5_1: FN(T_Q5_1); break;             \
-    case T_Q8_0: FN(T_Q8_0); break;             \
-    case T_Q2_K: FN(T_Q2_K); break;             \
-    case T_Q3_K: FN(T_Q3_K); break;             \
-    case T_Q4_K: FN(T_Q4_K); break;             \
-    case T_Q5_K: FN(T_Q5_K); break;             \
-    case T_Q6_K: FN(T_Q6_K); break;             \
+    case QT_F32: FN(QT_F32); break;               \
+    case QT_F16: FN(QT_F16); break;               \
+    case QT_BF16: FN(QT_BF16); break;             \
+    case QT_Q4_0: FN(QT_Q4_0); break;             \
+    case QT_Q4_1: FN(QT_Q4_1); break;             \
+    case QT_Q5_0: FN(QT_Q5_0); break;             \
+    case QT_Q5_1: FN(QT_Q5_1); break;             \
+    case QT_Q8_0: FN(QT_Q8_0); break;             \
+    case QT_Q2_K: FN(QT_Q2_K); break;             \
+    case QT_Q3_K: FN(QT_Q3_K); break;             \
+    case QT_Q4_K: FN(QT_Q4_K); break;             \
+    case QT_Q5_K: FN(QT_Q5_K); break;             \
+    case QT_Q6_K: FN(QT_Q6_K); break;             \
     default: break;                             \
     }
 
@@ -330,10 +329,10 @@ static inline unsigned nblk(size_t n, unsigned bs) { return (unsigned)((n + bs -
 /* the layout of xq for out [T][n], or none (q NULL) */
 /* The forms a producer writes beside its output [T][n]: int8 (xq, n % 32
  * == 0) and/or f16 (x16) */
-static inline xq_lay xq_out(void *xq, void *x16, int T, int n)
+static inline act_forms act_forms_for(void *xq, void *x16, int T, int n)
 {
-    xq_lay L;
-    if (xq && n % 32 == 0) L = xq_layout(xq, T, n);
+    act_forms L;
+    if (xq && n % 32 == 0) L = act_int8_at(xq, T, n);
     else memset(&L, 0, sizeof L);
     L.h = (__half *)x16;
     return L;

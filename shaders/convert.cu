@@ -8,7 +8,7 @@
 template <int TY>
 __device__ __forceinline__ void dq32(const uint8_t *row, int c, int n, float w[32])
 {
-    if (TY == T_F32) {
+    if (TY == QT_F32) {
         const float *r = (const float *)row + c * 32;
         if (c * 32 + 32 <= n && ((uintptr_t)r & 15) == 0) {
 #pragma unroll
@@ -20,7 +20,7 @@ __device__ __forceinline__ void dq32(const uint8_t *row, int c, int n, float w[3
 #pragma unroll
             for (int i = 0; i < 32; i++) w[i] = c * 32 + i < n ? r[i] : 0.f;
         }
-    } else if (TY == T_F16 || TY == T_BF16) {
+    } else if (TY == QT_F16 || TY == QT_BF16) {
         const unsigned short *r = (const unsigned short *)row + c * 32;
         if (c * 32 + 32 <= n && ((uintptr_t)r & 15) == 0) {
 #pragma unroll
@@ -30,7 +30,7 @@ __device__ __forceinline__ void dq32(const uint8_t *row, int c, int n, float w[3
 #pragma unroll
                 for (int k = 0; k < 4; k++) {
                     unsigned short lo = (unsigned short)(u[k] & 0xffff), hi = (unsigned short)(u[k] >> 16);
-                    if (TY == T_F16) {
+                    if (TY == QT_F16) {
                         w[8 * i + 2 * k] = __half2float(__ushort_as_half(lo));
                         w[8 * i + 2 * k + 1] = __half2float(__ushort_as_half(hi));
                     } else {
@@ -43,10 +43,10 @@ __device__ __forceinline__ void dq32(const uint8_t *row, int c, int n, float w[3
 #pragma unroll
             for (int i = 0; i < 32; i++) {
                 unsigned short u = c * 32 + i < n ? r[i] : 0;
-                w[i] = TY == T_F16 ? __half2float(__ushort_as_half(u)) : __uint_as_float((uint32_t)u << 16);
+                w[i] = TY == QT_F16 ? __half2float(__ushort_as_half(u)) : __uint_as_float((uint32_t)u << 16);
             }
         }
-    } else if (TY == T_Q4_0) {
+    } else if (TY == QT_Q4_0) {
         const uint8_t *b = row + c * 18;
         float d = h2f(b);
 #pragma unroll
@@ -55,7 +55,7 @@ __device__ __forceinline__ void dq32(const uint8_t *row, int c, int n, float w[3
             w[j] = (float)((q & 0xF) - 8) * d;
             w[j + 16] = (float)((q >> 4) - 8) * d;
         }
-    } else if (TY == T_Q4_1) {
+    } else if (TY == QT_Q4_1) {
         const uint8_t *b = row + c * 20;
         float d = h2f(b), m = h2f(b + 2);
 #pragma unroll
@@ -64,7 +64,7 @@ __device__ __forceinline__ void dq32(const uint8_t *row, int c, int n, float w[3
             w[j] = (float)(q & 0xF) * d + m;
             w[j + 16] = (float)(q >> 4) * d + m;
         }
-    } else if (TY == T_Q5_0) {
+    } else if (TY == QT_Q5_0) {
         const uint8_t *b = row + c * 22;
         float d = h2f(b);
         uint32_t qh = ld32(b + 2);
@@ -75,7 +75,7 @@ __device__ __forceinline__ void dq32(const uint8_t *row, int c, int n, float w[3
             w[j] = (float)(((q & 0xF) | xh0) - 16) * d;
             w[j + 16] = (float)(((q >> 4) | xh1) - 16) * d;
         }
-    } else if (TY == T_Q5_1) {
+    } else if (TY == QT_Q5_1) {
         const uint8_t *b = row + c * 24;
         float d = h2f(b), m = h2f(b + 2);
         uint32_t qh = ld32(b + 4);
@@ -86,7 +86,7 @@ __device__ __forceinline__ void dq32(const uint8_t *row, int c, int n, float w[3
             w[j] = (float)((q & 0xF) | xh0) * d + m;
             w[j + 16] = (float)((q >> 4) | xh1) * d + m;
         }
-    } else if (TY == T_Q8_0) {
+    } else if (TY == QT_Q8_0) {
         /* repacked on the device (ck_repack_q8_0): a row's quants, then its scales */
         const uint8_t *q = row + c * 32;
         float d = h2f(row + n + 2 * c);
@@ -99,7 +99,7 @@ __device__ __forceinline__ void dq32(const uint8_t *row, int c, int n, float w[3
                 w[8 * i + 4 + k] = (float)(int8_t)(v.y >> (8 * k)) * d;
             }
         }
-    } else if (TY == T_Q2_K) {
+    } else if (TY == QT_Q2_K) {
         const uint8_t *b = row + (c >> 3) * 84;
         int sub = c & 7, half = sub >> 2, j = sub & 3, shift = 2 * j;
         float d = h2f(b + 80), mn = h2f(b + 82);
@@ -113,7 +113,7 @@ __device__ __forceinline__ void dq32(const uint8_t *row, int c, int n, float w[3
         dl = d * (float)(sc & 0xF); ml = mn * (float)(sc >> 4);
 #pragma unroll
         for (int l = 0; l < 16; l++) w[16 + l] = dl * (float)((q[l + 16] >> shift) & 3) - ml;
-    } else if (TY == T_Q3_K) {
+    } else if (TY == QT_Q3_K) {
         const uint8_t *b = row + (c >> 3) * 110;
         int sub = c & 7, half = sub >> 2, j = sub & 3, shift = 2 * j;
         const uint8_t *hm = b, *q = b + 32 + 32 * half, *s12 = b + 96;
@@ -135,7 +135,7 @@ __device__ __forceinline__ void dq32(const uint8_t *row, int c, int n, float w[3
 #pragma unroll
         for (int l = 0; l < 16; l++)
             w[16 + l] = dl * (float)(((q[l + 16] >> shift) & 3) - ((hm[l + 16] & m) ? 0 : 4));
-    } else if (TY == T_Q4_K) {
+    } else if (TY == QT_Q4_K) {
         const uint8_t *b = row + (c >> 3) * 144;
         int sub = c & 7, g = sub >> 1, hi = sub & 1;
         float d = h2f(b), mn = h2f(b + 2);
@@ -159,7 +159,7 @@ __device__ __forceinline__ void dq32(const uint8_t *row, int c, int n, float w[3
 #pragma unroll
             for (int l = 0; l < 32; l++) w[l] = d1 * (float)(hi ? q[l] >> 4 : q[l] & 0xF) - m1;
         }
-    } else if (TY == T_Q5_K) {
+    } else if (TY == QT_Q5_K) {
         const uint8_t *b = row + (c >> 3) * 176;
         int sub = c & 7, g = sub >> 1, hi = sub & 1;
         float d = h2f(b), mn = h2f(b + 2);
@@ -173,7 +173,7 @@ __device__ __forceinline__ void dq32(const uint8_t *row, int c, int n, float w[3
             int v = (hi ? ql[l] >> 4 : ql[l] & 0xF) + (((qh[l] >> bit) & 1) << 4);
             w[l] = d1 * (float)v - m1;
         }
-    } else if (TY == T_Q6_K) {   /* repacked (q6_word) */
+    } else if (TY == QT_Q6_K) {   /* repacked (q6_word) */
         int nu = n >> 6, u = c >> 1, hh = c & 1;
         uint32_t ql[8], qh[4];
 #pragma unroll
@@ -307,8 +307,8 @@ extern "C" {
 int ck_type_ok(uint32_t type)
 {
     switch (type) {
-    case T_F32: case T_F16: case T_BF16: case T_Q4_0: case T_Q4_1: case T_Q5_0: case T_Q5_1: case T_Q8_0:
-    case T_Q2_K: case T_Q3_K: case T_Q4_K: case T_Q5_K: case T_Q6_K: return 1;
+    case QT_F32: case QT_F16: case QT_BF16: case QT_Q4_0: case QT_Q4_1: case QT_Q5_0: case QT_Q5_1: case QT_Q8_0:
+    case QT_Q2_K: case QT_Q3_K: case QT_Q4_K: case QT_Q5_K: case QT_Q6_K: return 1;
     default: return 0;
     }
 }

@@ -21,7 +21,7 @@ __device__ __forceinline__ void nib8(uint32_t lo4, uint32_t hi4, int high, float
 template <int TY>
 __device__ __forceinline__ void dq8(const uint8_t *__restrict__ row, int g, int n, float w[8])
 {
-    if (TY == T_F32) {
+    if (TY == QT_F32) {
         const float *r = (const float *)row + g * 8;
         if (g * 8 + 8 <= n && ((uintptr_t)r & 15) == 0) {
             float4 a = __ldg((const float4 *)r), b = __ldg((const float4 *)r + 1);
@@ -30,7 +30,7 @@ __device__ __forceinline__ void dq8(const uint8_t *__restrict__ row, int g, int 
 #pragma unroll
             for (int i = 0; i < 8; i++) w[i] = g * 8 + i < n ? r[i] : 0.f;
         }
-    } else if (TY == T_F16 || TY == T_BF16) {
+    } else if (TY == QT_F16 || TY == QT_BF16) {
         const unsigned short *r = (const unsigned short *)row + g * 8;
         if (g * 8 + 8 <= n && ((uintptr_t)r & 15) == 0) {
             uint4 v = __ldg((const uint4 *)r);
@@ -38,17 +38,17 @@ __device__ __forceinline__ void dq8(const uint8_t *__restrict__ row, int g, int 
 #pragma unroll
             for (int k = 0; k < 4; k++) {
                 unsigned short lo = (unsigned short)(u[k] & 0xffff), hi = (unsigned short)(u[k] >> 16);
-                if (TY == T_F16) { w[2 * k] = __half2float(__ushort_as_half(lo)); w[2 * k + 1] = __half2float(__ushort_as_half(hi)); }
+                if (TY == QT_F16) { w[2 * k] = __half2float(__ushort_as_half(lo)); w[2 * k + 1] = __half2float(__ushort_as_half(hi)); }
                 else { w[2 * k] = __uint_as_float((uint32_t)lo << 16); w[2 * k + 1] = __uint_as_float((uint32_t)hi << 16); }
             }
         } else {
 #pragma unroll
             for (int i = 0; i < 8; i++) {
                 unsigned short u = g * 8 + i < n ? r[i] : 0;
-                w[i] = TY == T_F16 ? __half2float(__ushort_as_half(u)) : __uint_as_float((uint32_t)u << 16);
+                w[i] = TY == QT_F16 ? __half2float(__ushort_as_half(u)) : __uint_as_float((uint32_t)u << 16);
             }
         }
-    } else if (TY == T_Q8_0) {
+    } else if (TY == QT_Q8_0) {
         int2 v = ld8(row + g * 8);
         float d = h2f(row + n + 2 * (g >> 2));
 #pragma unroll
@@ -56,27 +56,27 @@ __device__ __forceinline__ void dq8(const uint8_t *__restrict__ row, int g, int 
             w[k] = (float)(int8_t)(v.x >> (8 * k)) * d;
             w[4 + k] = (float)(int8_t)(v.y >> (8 * k)) * d;
         }
-    } else if (TY == T_Q4_0 || TY == T_Q4_1 || TY == T_Q5_0 || TY == T_Q5_1) {
-        const int bs = TY == T_Q4_0 ? 18 : TY == T_Q4_1 ? 20 : TY == T_Q5_0 ? 22 : 24;
+    } else if (TY == QT_Q4_0 || TY == QT_Q4_1 || TY == QT_Q5_0 || TY == QT_Q5_1) {
+        const int bs = TY == QT_Q4_0 ? 18 : TY == QT_Q4_1 ? 20 : TY == QT_Q5_0 ? 22 : 24;
         const uint8_t *b = row + (g >> 2) * bs;
         int j8 = g & 3;
         float d = h2f(b);
         {
-            const int qo = TY == T_Q4_0 ? 2 : TY == T_Q4_1 ? 4 : TY == T_Q5_0 ? 6 : 8;
+            const int qo = TY == QT_Q4_0 ? 2 : TY == QT_Q4_1 ? 4 : TY == QT_Q5_0 ? 6 : 8;
             const uint8_t *q = b + qo + 8 * (j8 & 1);
-            uint32_t a0 = TY == T_Q4_1 || TY == T_Q5_1 ? *(const uint32_t *)q : ld32a2(q);
-            uint32_t a1 = TY == T_Q4_1 || TY == T_Q5_1 ? *(const uint32_t *)(q + 4) : ld32a2(q + 4);
+            uint32_t a0 = TY == QT_Q4_1 || TY == QT_Q5_1 ? *(const uint32_t *)q : ld32a2(q);
+            uint32_t a1 = TY == QT_Q4_1 || TY == QT_Q5_1 ? *(const uint32_t *)(q + 4) : ld32a2(q + 4);
             float v[8];
             nib8(a0, a1, j8 >> 1, v);
-            if (TY == T_Q5_0 || TY == T_Q5_1) {
-                uint32_t qh = TY == T_Q5_0 ? ld32a2(b + 2) : *(const uint32_t *)(b + 4);
+            if (TY == QT_Q5_0 || TY == QT_Q5_1) {
+                uint32_t qh = TY == QT_Q5_0 ? ld32a2(b + 2) : *(const uint32_t *)(b + 4);
 #pragma unroll
                 for (int k = 0; k < 8; k++) v[k] += (float)(((qh >> (8 * j8 + k)) & 1) << 4);
             }
-            if (TY == T_Q4_0) {
+            if (TY == QT_Q4_0) {
 #pragma unroll
                 for (int k = 0; k < 8; k++) w[k] = (v[k] - 8.f) * d;
-            } else if (TY == T_Q5_0) {
+            } else if (TY == QT_Q5_0) {
 #pragma unroll
                 for (int k = 0; k < 8; k++) w[k] = (v[k] - 16.f) * d;
             } else {
@@ -88,11 +88,11 @@ __device__ __forceinline__ void dq8(const uint8_t *__restrict__ row, int g, int 
     } else {
         /* K-quants: super-block of 256 = 32 groups; chunk c of 32, offset o */
         int gi = g & 31, c = gi >> 2, o = (gi & 3) * 8;
-        if (TY == T_Q2_K || TY == T_Q3_K) {
-            const int bs = TY == T_Q2_K ? 84 : 110;
+        if (TY == QT_Q2_K || TY == QT_Q3_K) {
+            const int bs = TY == QT_Q2_K ? 84 : 110;
             const uint8_t *b = row + (g >> 5) * bs;
             int half = c >> 2, j = c & 3, shift = 2 * j, is = half * 8 + 2 * j + (o >= 16);
-            const uint8_t *q = b + (TY == T_Q2_K ? 16 : 32) + 32 * half + o;
+            const uint8_t *q = b + (TY == QT_Q2_K ? 16 : 32) + 32 * half + o;
             uint32_t a0 = ld32a2(q), a1 = ld32a2(q + 4);
             float v[8];
 #pragma unroll
@@ -100,7 +100,7 @@ __device__ __forceinline__ void dq8(const uint8_t *__restrict__ row, int g, int 
                 v[k] = (float)((a0 >> (8 * k + shift)) & 3);
                 v[4 + k] = (float)((a1 >> (8 * k + shift)) & 3);
             }
-            if (TY == T_Q2_K) {
+            if (TY == QT_Q2_K) {
                 float d = h2f(b + 80), mn = h2f(b + 82);
                 int sc = b[is];
                 float dl = d * (float)(sc & 0xF), ml = mn * (float)(sc >> 4);
@@ -119,19 +119,19 @@ __device__ __forceinline__ void dq8(const uint8_t *__restrict__ row, int g, int 
                     w[4 + k] = dl * (v[4 + k] - (((h1 >> (8 * k + mb)) & 1) ? 0.f : 4.f));
                 }
             }
-        } else if (TY == T_Q4_K || TY == T_Q5_K) {
-            const int bs = TY == T_Q4_K ? 144 : 176;
+        } else if (TY == QT_Q4_K || TY == QT_Q5_K) {
+            const int bs = TY == QT_Q4_K ? 144 : 176;
             const uint8_t *b = row + (g >> 5) * bs;
             int gg = c >> 1, hi = c & 1;
             float d = h2f(b), mn = h2f(b + 2);
             int sc, m;
             scale_min_k4(c, b + 4, sc, m);
             float d1 = d * (float)sc, m1 = mn * (float)m;
-            const uint8_t *q = b + (TY == T_Q4_K ? 16 : 48) + 32 * gg + o;
+            const uint8_t *q = b + (TY == QT_Q4_K ? 16 : 48) + 32 * gg + o;
             uint2 a = *(const uint2 *)q;   /* 8-byte aligned: super-blocks are */
             float v[8];
             nib8(a.x, a.y, hi, v);
-            if (TY == T_Q5_K) {
+            if (TY == QT_Q5_K) {
                 uint2 h = *(const uint2 *)(b + 16 + o);
                 int bit = 2 * gg + hi;
 #pragma unroll
@@ -142,7 +142,7 @@ __device__ __forceinline__ void dq8(const uint8_t *__restrict__ row, int g, int 
             }
 #pragma unroll
             for (int k = 0; k < 8; k++) w[k] = d1 * v[k] - m1;
-        } else if (TY == T_Q6_K) {   /* repacked (q6_word): values v0..v0+7 of unit u */
+        } else if (TY == QT_Q6_K) {   /* repacked (q6_word): values v0..v0+7 of unit u */
             int nu = n >> 6, u = g >> 3, v0 = (g & 7) * 8, hh = v0 >> 5, w0 = (v0 & 31) >> 2;
             uint32_t l0 = ld32a2(row + q6_word(nu, u, w0, 8)), l1 = ld32a2(row + q6_word(nu, u, w0 + 1, 8));
             uint32_t h = ld32a2(row + n / 2 + q6_word(nu, u, w0 >> 1, 4));
@@ -176,20 +176,20 @@ __device__ __forceinline__ void l2_prefetch(const void *p, size_t n)
 /* Whether a GEMV launch over `bytes` of weights prefetches its rows: sets
  * of up to 5 MiB. A launch-bound small model gains; a 7b's larger sets
  * lose, their prefetch running beside latency-bound kernels (BENCHMARKS.md). */
-static int gv_pf(size_t bytes)
+static int gemv_prefetches(size_t bytes)
 {
     return bytes <= ((size_t)5 << 20);
 }
 
 /* The row of a one-row GEMV's warp: matrix mi of the set, row r (row 0's
  * bytes when r is past the end: live false), part of its K warps. */
-struct gv_row { int mi, r, part; bool live; const uint8_t *row; };
+struct gemv_row { int mi, r, part; bool live; const uint8_t *row; };
 
 template <int K>
-__device__ __forceinline__ gv_row gv_row_of(const gv_set &S, size_t rb, int warp)
+__device__ __forceinline__ gemv_row gemv_row_of(const mat_set &S, size_t rb, int warp)
 {
-    gv_row g;
-    g.mi = gv_pick(S);
+    gemv_row g;
+    g.mi = block_matrix(S);
     g.r = ((int)blockIdx.x - S.m[g.mi].blk0) * (4 / K) + warp / K;
     g.part = warp % K;
     g.live = g.r < S.m[g.mi].n_out;
@@ -201,8 +201,8 @@ __device__ __forceinline__ gv_row gv_row_of(const gv_set &S, size_t rb, int warp
  * the K warps of a row are added in warp order, and lane t of the row's
  * first warp writes token t (plus bias). Every thread of the block calls it. */
 template <int NT, int K>
-__device__ __forceinline__ void gv_finish(float (&acc)[NT], int warp, int lane, int part, bool live, int r, int T,
-                                          const gv_mat &m)
+__device__ __forceinline__ void gemv_finish(float (&acc)[NT], int warp, int lane, int part, bool live, int r, int T,
+                                          const set_matrix &m)
 {
 #pragma unroll
     for (int t = 0; t < NT; t++) {
@@ -236,11 +236,11 @@ __device__ __forceinline__ void gv_finish(float (&acc)[NT], int warp, int lane, 
 }
 
 template <int TY, int NT, int K>
-__global__ void __launch_bounds__(128) k_gemv(const gv_set S, size_t rb, int n, const float *__restrict__ x, int T)
+__global__ void __launch_bounds__(128) k_gemv(const mat_set S, size_t rb, int n, const float *__restrict__ x, int T)
 {
     pdl_begin();
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    gv_row g = gv_row_of<K>(S, rb, warp);
+    gemv_row g = gemv_row_of<K>(S, rb, warp);
     int mi = g.mi, r = g.r, part = g.part;
     bool live = g.live;
     const uint8_t *row = g.row;
@@ -273,7 +273,7 @@ __global__ void __launch_bounds__(128) k_gemv(const gv_set S, size_t rb, int n, 
             acc[t] = __fadd_rn(acc[t], s);
         }
     }
-    gv_finish<NT, K>(acc, warp, lane, part, live, r, T, S.m[mi]);
+    gemv_finish<NT, K>(acc, warp, lane, part, live, r, T, S.m[mi]);
 }
 
 
@@ -281,7 +281,7 @@ __global__ void __launch_bounds__(128) k_gemv(const gv_set S, size_t rb, int n, 
  * xq [T][n] int8, xd [T][n/32] scale, xs [T][n/32] sum of the block's ints.
  * Dot products with __dp4a, as the CPU's q8 activations (same error class). */
 /* a warp per 32-value block; rows are whole blocks: n % 32 == 0 */
-__global__ void k_quant_x(const float *__restrict__ x, size_t nb_total, xq_lay L)
+__global__ void k_quant_x(const float *__restrict__ x, size_t nb_total, act_forms L)
 {
     pdl_begin();
     size_t b = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
@@ -312,17 +312,17 @@ __device__ __forceinline__ float q8_unit(float acc, float dw, float dx, int dot)
  * units, 0.5b +4.5% with 4 at 152; but 7b q8_0 -2% with 4 at 112 (four
  * times the blocks of 2), and 7b -3.5% with 8 (256-thread blocks) from 256
  * (all at 4 rows per group, gemv_mr_q). */
-static inline int gv_warps(int nu) { return nu >= 128 ? 4 : nu > 32 ? 2 : 1; }
+static inline int gemv_warps(int nu) { return nu >= 128 ? 4 : nu > 32 ? 2 : 1; }
 
 /* q4_K: lane takes one 64-value pair of a super-block (16-byte header and
  * 32 bytes of nibbles in three 16-byte loads); x as int8. */
 template <int NT, int K>
-__global__ void __launch_bounds__(128) k_gemv_q4k(const gv_set S, size_t rb, int n, const int8_t *__restrict__ xq,
+__global__ void __launch_bounds__(128) k_gemv_q4k(const mat_set S, size_t rb, int n, const int8_t *__restrict__ xq,
                                                   const float *__restrict__ xd, const int *__restrict__ xs, int T)
 {
     pdl_begin();
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    gv_row g = gv_row_of<K>(S, rb, warp);
+    gemv_row g = gemv_row_of<K>(S, rb, warp);
     int mi = g.mi, r = g.r, part = g.part;
     bool live = g.live;
     const uint8_t *row = g.row;
@@ -358,17 +358,17 @@ __global__ void __launch_bounds__(128) k_gemv_q4k(const gv_set S, size_t rb, int
             acc[t] = q4k_unit(acc[t], dx0, d0, dot0, mm0, s0, dx1, d1, dot1, mm1, s1);
         }
     }
-    gv_finish<NT, K>(acc, warp, lane, part, live, r, T, S.m[mi]);
+    gemv_finish<NT, K>(acc, warp, lane, part, live, r, T, S.m[mi]);
 }
 
 /* q8_0 (repacked): lane takes one 32-value block: 32 quant bytes, one scale */
 template <int NT, int K>
-__global__ void __launch_bounds__(128) k_gemv_q8(const gv_set S, size_t rb, int n, const int8_t *__restrict__ xq,
+__global__ void __launch_bounds__(128) k_gemv_q8(const mat_set S, size_t rb, int n, const int8_t *__restrict__ xq,
                                                  const float *__restrict__ xd, int T)
 {
     pdl_begin();
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    gv_row g = gv_row_of<K>(S, rb, warp);
+    gemv_row g = gemv_row_of<K>(S, rb, warp);
     int mi = g.mi, r = g.r, part = g.part;
     bool live = g.live;
     const uint8_t *row = g.row;
@@ -400,7 +400,7 @@ __global__ void __launch_bounds__(128) k_gemv_q8(const gv_set S, size_t rb, int 
             acc[t] = q8_unit(acc[t], dw, __ldg(xd + (size_t)t * (n / 32) + c), dot);
         }
     }
-    gv_finish<NT, K>(acc, warp, lane, part, live, r, T, S.m[mi]);
+    gemv_finish<NT, K>(acc, warp, lane, part, live, r, T, S.m[mi]);
 }
 
 /* per-unit sum of the q6_K GEMV: i0, i1 the exact integer dots of the
@@ -424,7 +424,7 @@ __device__ __forceinline__ void x_unit64(const int8_t *xq, const float *xd, int 
     dx1 = __ldg(xd + xb0 + 1);
 }
 
-enum { GV_Q8 = 0, GV_Q4K = 1, GV_Q6K = 2 };   /* k_gemv_mr's weight kinds */
+enum { GEMV_Q8_0 = 0, GEMV_Q4_K = 1, GEMV_Q6_K = 2 };   /* k_gemv_mr's weight kinds */
 
 /* ---------------- int8 GEMV for decode batches (up to 16 tokens): several rows per group ----------------
  * A block of 4 warps holds 4/K groups of K warps; a group takes R rows. Each
@@ -448,15 +448,15 @@ enum { GV_Q8 = 0, GV_Q4K = 1, GV_Q6K = 2 };   /* k_gemv_mr's weight kinds */
  * k's cache row; a v block writes v and its cache row plus bias. Every
  * value is k_gemv_mr's then k_rope_kv's (the same bits). */
 template <int NT, int R, int K, int KD, int GLU, int PRE = 1, int ROPE = 0>
-__global__ void __launch_bounds__(GLU ? 512 : 128) k_gemv_mr(const gv_set S, size_t rb, int n,
+__global__ void __launch_bounds__(GLU ? 512 : 128) k_gemv_mr(const mat_set S, size_t rb, int n,
                                                              const int8_t *__restrict__ xq,
                                                              const float *__restrict__ xd,
-                                                             const int *__restrict__ xs, int T, const xq_lay qo,
+                                                             const int *__restrict__ xs, int T, const act_forms qo,
                                                              const ck_qkv_rope rp)
 {
     static_assert(!ROPE || (NT == 1 && R == 1 && K == 2 && !GLU), "the rope epilogue: one pair a block");
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int mi = GLU ? 0 : gv_pick(S);
+    int mi = GLU ? 0 : block_matrix(S);
     const uint8_t *W = S.m[mi].W;
     int n_out = S.m[mi].n_out;
     int row0 = GLU ? 32 * (int)blockIdx.x : ((int)blockIdx.x - S.m[mi].blk0) * (4 / K) * R;   /* the block's first row */
@@ -504,8 +504,8 @@ __global__ void __launch_bounds__(GLU ? 512 : 128) k_gemv_mr(const gv_set S, siz
 #pragma unroll
         for (int r = 0; r < R; r++) rows[r] = W + (size_t)min(r0 + r, n_out - 1) * rb;
     }
-    const bool Q4K = KD == GV_Q4K;
-    int nu = KD == GV_Q8 ? n / 32 : n / 64, nbx = n / 32;
+    const bool Q4K = KD == GEMV_Q4_K;
+    int nu = KD == GEMV_Q8_0 ? n / 32 : n / 64, nbx = n / 32;
     /* the weights of a lane's unit u for the R rows (never written: q8_0's
      * first unit is loaded before the launch wait, off the path that waits
      * for x) */
@@ -567,23 +567,23 @@ __global__ void __launch_bounds__(GLU ? 512 : 128) k_gemv_mr(const gv_set S, siz
      * BENCHMARKS.md); for q4_K the registers held across the wait cost more
      * than they gain (measured: 7b q4_k decode -6%, 7b q8_0 +5%, one unit) */
     const int u0 = lane + 32 * part;
-    constexpr int PQ = KD == GV_Q8 ? PRE : 1;
+    constexpr int PQ = KD == GEMV_Q8_0 ? PRE : 1;
     int pq[PQ][R][8];
     float pdw[PQ][R];
-    if constexpr (KD == GV_Q8) {
+    if constexpr (KD == GEMV_Q8_0) {
 #pragma unroll
         for (int i = 0; i < PQ; i++)
             if (u0 + 32 * K * i < nu) ld_q8(u0 + 32 * K * i, pq[i], pdw[i]);
     }
     pdl_begin();
     int u = u0;
-    if constexpr (KD == GV_Q8 && PQ > 1) {
+    if constexpr (KD == GEMV_Q8_0 && PQ > 1) {
 #pragma unroll
         for (int i = 0; i < PQ; i++, u += 32 * K)
             if (u < nu) dot_q8(u, pq[i], pdw[i]);
     }
     for (; u < nu; u += 32 * K) {
-        if (KD == GV_Q6K) {
+        if (KD == GEMV_Q6_K) {
             /* 14 aligned words per row (8 QL, 4 QH, the scales, d's half); the
              * -32 offset as 32 times x's sum per 16 values (once per token) */
             uint32_t ql[R][8], qh[R][4], sw[R];
@@ -807,13 +807,13 @@ __global__ void __launch_bounds__(GLU ? 512 : 128) k_gemv_mr(const gv_set S, siz
  * row; the 7b down projection's 592 units), with the row's bytes (quants,
  * then scales) brought into shared memory by one bulk copy that the block
  * issues before the launch wait, and x of all of a lane's units (at most
- * GB_UNITS) loaded at once after it. A lane's units, their order, the dot
+ * BULK_UNITS) loaded at once after it. A lane's units, their order, the dot
  * products and the reduction are k_gemv_mr's, so every sum is the same;
  * only the loads differ: a block has its whole row in flight at once
  * instead of two units a lane ahead, so the launch's last, partial wave
  * still fills the memory pipe. Needs rb % 16 == 0 (n % 256 == 0). */
-#define GB_UNITS 5
-__device__ __forceinline__ void mb_init(uint64_t *mb, unsigned count)
+#define BULK_UNITS 5
+__device__ __forceinline__ void mbar_init(uint64_t *mb, unsigned count)
 {
     unsigned a = (unsigned)__cvta_generic_to_shared(mb);
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(a), "r"(count) : "memory");
@@ -825,12 +825,12 @@ __device__ __forceinline__ void bulk_g2s(void *dst, const void *src, unsigned by
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
                  ::"r"(d), "l"(src), "r"(bytes), "r"(m), "l"(pol) : "memory");
 }
-__device__ __forceinline__ void mb_expect(uint64_t *mb, unsigned bytes)
+__device__ __forceinline__ void mbar_expect_tx(uint64_t *mb, unsigned bytes)
 {
     unsigned m = (unsigned)__cvta_generic_to_shared(mb);
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(m), "r"(bytes) : "memory");
 }
-__device__ __forceinline__ void mb_wait0(uint64_t *mb)   /* phase 0 */
+__device__ __forceinline__ void mbar_wait0(uint64_t *mb)   /* phase 0 */
 {
     unsigned m = (unsigned)__cvta_generic_to_shared(mb), done = 0;
     while (!done)
@@ -838,27 +838,27 @@ __device__ __forceinline__ void mb_wait0(uint64_t *mb)   /* phase 0 */
                      : "=r"(done) : "r"(m) : "memory");
 }
 
-__global__ void __launch_bounds__(128) k_gemv_q8bulk(const gv_set S, size_t rb, int n, const int8_t *__restrict__ xq,
+__global__ void __launch_bounds__(128) k_gemv_q8bulk(const mat_set S, size_t rb, int n, const int8_t *__restrict__ xq,
                                                     const float *__restrict__ xd)
 {
     extern __shared__ __align__(16) uint8_t wrow[];
     __shared__ uint64_t mb;
     __shared__ float red[4];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int mi = gv_pick(S);
+    const int mi = block_matrix(S);
     const int r = (int)blockIdx.x - S.m[mi].blk0;
     if (threadIdx.x == 0) {
-        mb_init(&mb, 1);
-        mb_expect(&mb, (unsigned)rb);
+        mbar_init(&mb, 1);
+        mbar_expect_tx(&mb, (unsigned)rb);
         bulk_g2s(wrow, S.m[mi].W + (size_t)r * rb, (unsigned)rb, &mb, wpol());
     }
     __syncthreads();   /* (the barrier's init, for the other threads' waits) */
     pdl_begin();
     const int nu = n / 32, u0 = lane + 32 * warp;
-    int4 xa[GB_UNITS], xb[GB_UNITS];
-    float dx[GB_UNITS];
+    int4 xa[BULK_UNITS], xb[BULK_UNITS];
+    float dx[BULK_UNITS];
 #pragma unroll
-    for (int i = 0; i < GB_UNITS; i++) {   /* x while the row arrives */
+    for (int i = 0; i < BULK_UNITS; i++) {   /* x while the row arrives */
         const int u = u0 + 128 * i;
         if (u < nu) {
             const int4 *xv = (const int4 *)(xq + 32 * u);
@@ -866,10 +866,10 @@ __global__ void __launch_bounds__(128) k_gemv_q8bulk(const gv_set S, size_t rb, 
             dx[i] = __ldg(xd + u);
         }
     }
-    mb_wait0(&mb);
+    mbar_wait0(&mb);
     float acc = 0.f;
 #pragma unroll
-    for (int i = 0; i < GB_UNITS; i++) {
+    for (int i = 0; i < BULK_UNITS; i++) {
         const int u = u0 + 128 * i;
         if (u >= nu) break;
         const int4 qa = *(const int4 *)(wrow + 32 * u), qb = *(const int4 *)(wrow + 32 * u + 16);
@@ -894,7 +894,7 @@ __global__ void __launch_bounds__(128) k_gemv_q8bulk(const gv_set S, size_t rb, 
 }
 
 template <int TY, int K>
-static void gemv_k(cudaStream_t st, gv_set S, size_t rb, int n, const float *x, int T)
+static void gemv_k(cudaStream_t st, mat_set S, size_t rb, int n, const float *x, int T)
 {
     unsigned g = 0;
     for (int i = 0; i < S.nm; i++) { S.m[i].blk0 = (int)g; g += nblk(S.m[i].n_out, 4 / K); }
@@ -908,7 +908,7 @@ static void gemv_k(cudaStream_t st, gv_set S, size_t rb, int n, const float *x, 
 }
 
 template <int K>
-static void gemv_qk(cudaStream_t st, gv_set S, size_t rb, int n, const int8_t *xq, const float *xd, const int *xs,
+static void gemv_qk(cudaStream_t st, mat_set S, size_t rb, int n, const int8_t *xq, const float *xd, const int *xs,
                     int T)
 {
     unsigned g = 0;
@@ -923,7 +923,7 @@ static void gemv_qk(cudaStream_t st, gv_set S, size_t rb, int n, const int8_t *x
 }
 
 template <int K>
-static void gemv_q8k(cudaStream_t st, gv_set S, size_t rb, int n, const int8_t *xq, const float *xd, int T)
+static void gemv_q8k(cudaStream_t st, mat_set S, size_t rb, int n, const int8_t *xq, const float *xd, int T)
 {
     unsigned g = 0;
     for (int i = 0; i < S.nm; i++) { S.m[i].blk0 = (int)g; g += nblk(S.m[i].n_out, 4 / K); }
@@ -936,18 +936,18 @@ static void gemv_q8k(cudaStream_t st, gv_set S, size_t rb, int n, const int8_t *
     }
 }
 
-static void gemv_q8t(cudaStream_t st, const gv_set &S, size_t rb, int n, const int8_t *xq, const float *xd, int T)
+static void gemv_q8t(cudaStream_t st, const mat_set &S, size_t rb, int n, const int8_t *xq, const float *xd, int T)
 {
-    int K = gv_warps(n / 32);
+    int K = gemv_warps(n / 32);
     if (K == 4) gemv_q8k<4>(st, S, rb, n, xq, xd, T);
     else if (K == 2) gemv_q8k<2>(st, S, rb, n, xq, xd, T);
     else gemv_q8k<1>(st, S, rb, n, xq, xd, T);
 }
 
-static void gemv_qt(cudaStream_t st, const gv_set &S, size_t rb, int n, const int8_t *xq, const float *xd,
+static void gemv_qt(cudaStream_t st, const mat_set &S, size_t rb, int n, const int8_t *xq, const float *xd,
                     const int *xs, int T)
 {
-    int K = gv_warps(n / 64);
+    int K = gemv_warps(n / 64);
     if (K == 4) gemv_qk<4>(st, S, rb, n, xq, xd, xs, T);
     else if (K == 2) gemv_qk<2>(st, S, rb, n, xq, xd, xs, T);
     else gemv_qk<1>(st, S, rb, n, xq, xd, xs, T);
@@ -964,10 +964,10 @@ static int gemv_bt(int n)
 
 /* decode: rows per group R, K warps per group by the units per row */
 template <int NT, int R, int KD, int PRE = 1>
-static void gemv_mr_k(cudaStream_t st, gv_set S, size_t rb, int n, const int8_t *xq, const float *xd, const int *xs,
+static void gemv_mr_k(cudaStream_t st, mat_set S, size_t rb, int n, const int8_t *xq, const float *xd, const int *xs,
                       int T)
 {
-    int K = gv_warps(KD == GV_Q8 ? n / 32 : n / 64);
+    int K = gemv_warps(KD == GEMV_Q8_0 ? n / 32 : n / 64);
     unsigned g = 0;
     size_t bytes = 0;
     for (int i = 0; i < S.nm; i++) {
@@ -975,8 +975,8 @@ static void gemv_mr_k(cudaStream_t st, gv_set S, size_t rb, int n, const int8_t 
         g += nblk(S.m[i].n_out, (unsigned)(4 / K * R));
         bytes += (size_t)S.m[i].n_out * rb;
     }
-    S.pf = gv_pf(bytes);
-    xq_lay none;
+    S.pf = gemv_prefetches(bytes);
+    act_forms none;
     memset(&none, 0, sizeof none);
     ck_qkv_rope nr;
     memset(&nr, 0, sizeof nr);
@@ -986,13 +986,13 @@ static void gemv_mr_k(cudaStream_t st, gv_set S, size_t rb, int n, const int8_t 
 }
 
 /* One-token q8_0 rows of four warps by k_gemv_q8bulk (the same sums):
- * rows of up to GB_UNITS units a lane, in whole 16-byte pieces. */
+ * rows of up to BULK_UNITS units a lane, in whole 16-byte pieces. */
 static int gemv_bulk(int n, size_t rb)
 {
-    return n % 32 == 0 && gv_warps(n / 32) == 4 && n / 32 <= 128 * GB_UNITS && rb % 16 == 0;
+    return n % 32 == 0 && gemv_warps(n / 32) == 4 && n / 32 <= 128 * BULK_UNITS && rb % 16 == 0;
 }
 
-static void gemv_q8bulk(cudaStream_t st, gv_set S, size_t rb, int n, const int8_t *xq, const float *xd)
+static void gemv_q8bulk(cudaStream_t st, mat_set S, size_t rb, int n, const int8_t *xq, const float *xd)
 {
     static int carve = 0;
     if (!carve) {   /* as many rows in flight per SM as shared memory holds */
@@ -1009,25 +1009,25 @@ static void gemv_q8bulk(cudaStream_t st, gv_set S, size_t rb, int n, const int8_
  * group would leave a second wave of at most a quarter of the first (a
  * 7b's o projection: 1,792 blocks on 1,584 places) take two rows a group
  * (the same sums; one wave). */
-static int gemv_r2(const gv_set &S, int n)
+static int gemv_r2(const mat_set &S, int n)
 {
     static int on = -1, slots = 0;
     if (on < 0) {
         on = 1;
         int dev = 0, sm = 0, per = 0;
         if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sm, cudaDevAttrMultiProcessorCount, dev) ||
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k_gemv_mr<1, 1, 2, GV_Q8, 0, 2>, 128, 0) != cudaSuccess)
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k_gemv_mr<1, 1, 2, GEMV_Q8_0, 0, 2>, 128, 0) != cudaSuccess)
             on = 0;
         slots = sm * per;
     }
-    if (!on || gv_warps(n / 32) != 2 || slots <= 0) return 0;
+    if (!on || gemv_warps(n / 32) != 2 || slots <= 0) return 0;
     long blocks = 0;
     for (int i = 0; i < S.nm; i++) blocks += (S.m[i].n_out + 1) / 2;
     return blocks > slots && blocks - slots <= slots / 4;
 }
 
 template <int KD>
-static void gemv_mr_q(cudaStream_t st, const gv_set &S, size_t rb, int n, const int8_t *xq, const float *xd,
+static void gemv_mr_q(cudaStream_t st, const mat_set &S, size_t rb, int n, const int8_t *xq, const float *xd,
                       const int *xs, int T)
 {
     /* one token: rows of 2048 values and more (a 7b's) at 1 row per group
@@ -1039,22 +1039,22 @@ static void gemv_mr_q(cudaStream_t st, const gv_set &S, size_t rb, int n, const 
     else if (T > 2) gemv_mr_k<4, 4, KD>(st, S, rb, n, xq, xd, xs, T);
     else if (T == 2) gemv_mr_k<2, 2, KD>(st, S, rb, n, xq, xd, xs, T);
     else if (n < 2048) gemv_mr_k<1, 4, KD>(st, S, rb, n, xq, xd, xs, T);
-    else if constexpr (KD != GV_Q8) gemv_mr_k<1, 2, KD>(st, S, rb, n, xq, xd, xs, T);
+    else if constexpr (KD != GEMV_Q8_0) gemv_mr_k<1, 2, KD>(st, S, rb, n, xq, xd, xs, T);
     else if (gemv_bulk(n, rb)) gemv_q8bulk(st, S, rb, n, xq, xd);
     else if (gemv_r2(S, n)) gemv_mr_k<1, 2, KD, 2>(st, S, rb, n, xq, xd, xs, T);
     else gemv_mr_k<1, 1, KD, 2>(st, S, rb, n, xq, xd, xs, T);
 }
 
-static void gemv_mr(cudaStream_t st, const gv_set &S, uint32_t type, size_t rb, int n, const int8_t *xq,
+static void gemv_mr(cudaStream_t st, const mat_set &S, uint32_t type, size_t rb, int n, const int8_t *xq,
                     const float *xd, const int *xs, int T)
 {
-    if (type == T_Q4_K) gemv_mr_q<GV_Q4K>(st, S, rb, n, xq, xd, xs, T);
-    else if (type == T_Q6_K) gemv_mr_q<GV_Q6K>(st, S, rb, n, xq, xd, xs, T);
-    else gemv_mr_q<GV_Q8>(st, S, rb, n, xq, xd, xs, T);
+    if (type == QT_Q4_K) gemv_mr_q<GEMV_Q4_K>(st, S, rb, n, xq, xd, xs, T);
+    else if (type == QT_Q6_K) gemv_mr_q<GEMV_Q6_K>(st, S, rb, n, xq, xd, xs, T);
+    else gemv_mr_q<GEMV_Q8_0>(st, S, rb, n, xq, xd, xs, T);
 }
 
 template <int TY>
-static void gemv_t(cudaStream_t st, const gv_set &S, size_t rb, int n, const float *x, int T)
+static void gemv_t(cudaStream_t st, const mat_set &S, size_t rb, int n, const float *x, int T)
 {
     if (n >= 4096) gemv_k<TY, 4>(st, S, rb, n, x, T);
     else if (n >= 1024) gemv_k<TY, 2>(st, S, rb, n, x, T);
@@ -1066,8 +1066,8 @@ extern "C" {
 int ck_gemv_int8(uint32_t type, int n_in)
 {
     /* (q6_K: rows of an even number of super-blocks are 4-byte aligned) */
-    return (type == T_Q4_K && n_in % 256 == 0) || (type == T_Q8_0 && n_in % 32 == 0) ||
-           (type == T_Q6_K && n_in % 512 == 0);
+    return (type == QT_Q4_K && n_in % 256 == 0) || (type == QT_Q8_0 && n_in % 32 == 0) ||
+           (type == QT_Q6_K && n_in % 512 == 0);
 }
 
 /* x [T][n] already quantized into xq_scratch (pre) or not yet */
@@ -1076,7 +1076,7 @@ static void gemv_multi(cudaStream_t st, uint32_t type, int nm, const void *const
                        void *xq_scratch, bool pre)
 {
     if (xq_scratch && ck_gemv_int8(type, n)) {
-        xq_lay L = xq_layout(xq_scratch, T, n);
+        act_forms L = act_int8_at(xq_scratch, T, n);
         size_t nbt = (size_t)T * (n / 32);
         if (!pre) lk(k_quant_x, nblk(nbt * 32, 128), 128, 0, st, x, nbt, L);
         int8_t *xq = L.q;
@@ -1084,20 +1084,20 @@ static void gemv_multi(cudaStream_t st, uint32_t type, int nm, const void *const
         int *xs = L.s;
         for (int t0 = 0; t0 < T; t0 += CK_GEMV_MAX_T) {
             int tn = T - t0 < CK_GEMV_MAX_T ? T - t0 : CK_GEMV_MAX_T;
-            gv_set S = gv_fill(nm, W, n_out, bias, out, t0);
+            mat_set S = mat_set_fill(nm, W, n_out, bias, out, t0);
             const int8_t *q = xq + (size_t)t0 * n;
             const float *d = xd + (size_t)t0 * (n / 32);
             const int *sx = xs + (size_t)t0 * (n / 32);
             /* (q6_K: the R-row kernel only) */
-            if (type == T_Q6_K || tn <= 2 || gemv_bt(n)) gemv_mr(st, S, type, rb, n, q, d, sx, tn);
-            else if (type == T_Q8_0) gemv_q8t(st, S, rb, n, q, d, tn);
+            if (type == QT_Q6_K || tn <= 2 || gemv_bt(n)) gemv_mr(st, S, type, rb, n, q, d, sx, tn);
+            else if (type == QT_Q8_0) gemv_q8t(st, S, rb, n, q, d, tn);
             else gemv_qt(st, S, rb, n, q, d, sx, tn);
         }
         return;
     }
     for (int t0 = 0; t0 < T; t0 += CK_GEMV_MAX_T) {
         int tn = T - t0 < CK_GEMV_MAX_T ? T - t0 : CK_GEMV_MAX_T;
-        gv_set S = gv_fill(nm, W, n_out, bias, out, t0);
+        mat_set S = mat_set_fill(nm, W, n_out, bias, out, t0);
         const float *xt = x + (size_t)t0 * n;
 #define L_GEMV(TY) gemv_t<TY>(st, S, rb, n, xt, tn)
         TYPE_SWITCH(type, L_GEMV)
@@ -1111,23 +1111,23 @@ void ck_gemv_multi(cudaStream_t st, uint32_t type, int nm, const void *const *W,
     gemv_multi(st, type, nm, W, rb, n, n_out, bias, x, T, out, xq_scratch, false);
 }
 
-int ck_gemv_qkv_rope(cudaStream_t st, uint32_t type, const void *const *W, size_t rb, int n, const int *n_out,
+int ck_gemv_qkv_rope_try(cudaStream_t st, uint32_t type, const void *const *W, size_t rb, int n, const int *n_out,
                      const void *xq, float *const *out, const ck_qkv_rope *r)
 {
     /* the one-token launch gemv_mr_q makes for these rows (R 1, K 2, two
      * preloaded units), so the sums are its; a pair a block */
-    if (type != T_Q8_0 || n < 2048 || n % 32 || gv_warps(n / 32) != 2) return 0;
+    if (type != QT_Q8_0 || n < 2048 || n % 32 || gemv_warps(n / 32) != 2) return 0;
     if (r->n_rot != r->head_dim || r->head_dim % 2 || n_out[1] != n_out[2] || n_out[1] != r->n_head_kv * r->head_dim ||
         n_out[0] % r->head_dim)
         return 0;
     const float *nob[3] = { NULL, NULL, NULL };
-    gv_set S = gv_fill(3, W, n_out, nob, out, 0);
+    mat_set S = mat_set_fill(3, W, n_out, nob, out, 0);
     unsigned g = 0;
     for (int i = 0; i < 3; i++) { S.m[i].blk0 = (int)g; g += nblk(S.m[i].n_out, 2); }
     S.pf = 0;
-    xq_lay L = xq_layout((void *)xq, 1, n), none;
+    act_forms L = act_int8_at((void *)xq, 1, n), none;
     memset(&none, 0, sizeof none);
-    lk(k_gemv_mr<1, 1, 2, GV_Q8, 0, 2, 1>, g, 128, 0, st, S, rb, n, L.q, L.d, L.s, 1, none, *r);
+    lk(k_gemv_mr<1, 1, 2, GEMV_Q8_0, 0, 2, 1>, g, 128, 0, st, S, rb, n, L.q, L.d, L.s, 1, none, *r);
     return 1;
 }
 
@@ -1141,12 +1141,12 @@ void ck_gemv_multi_q(cudaStream_t st, uint32_t type, int nm, const void *const *
 static int glu_per_sm(uint32_t type)
 {
     static int per[3] = { -1, -1, -1 };
-    int i = type == T_Q4_K ? 1 : type == T_Q6_K ? 2 : 0;
+    int i = type == QT_Q4_K ? 1 : type == QT_Q6_K ? 2 : 0;
     if (per[i] < 0) {
         int nb = 0;
-        cudaError_t e = i == 1 ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, k_gemv_mr<1, 4, 1, GV_Q4K, 1>, 512, 0)
-                      : i == 2 ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, k_gemv_mr<1, 4, 1, GV_Q6K, 1>, 512, 0)
-                               : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, k_gemv_mr<1, 4, 1, GV_Q8, 1>, 512, 0);
+        cudaError_t e = i == 1 ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, k_gemv_mr<1, 4, 1, GEMV_Q4_K, 1>, 512, 0)
+                      : i == 2 ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, k_gemv_mr<1, 4, 1, GEMV_Q6_K, 1>, 512, 0)
+                               : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, k_gemv_mr<1, 4, 1, GEMV_Q8_0, 1>, 512, 0);
         per[i] = e == cudaSuccess ? nb : 0;
     }
     return per[i];
@@ -1159,11 +1159,11 @@ static int glu_per_sm(uint32_t type)
 int ck_glu_ok(uint32_t type, int n_in, int n_out, int T, int n_sm)
 {
     if (T != 1 || !ck_gemv_int8(type, n_in) || n_out % 32) return 0;
-    if (gv_warps(type == T_Q8_0 ? n_in / 32 : n_in / 64) != 1) return 0;
+    if (gemv_warps(type == QT_Q8_0 ? n_in / 32 : n_in / 64) != 1) return 0;
     return n_out / 32 <= glu_per_sm(type) * n_sm;
 }
 
-int ck_small_set(size_t bytes) { return gv_pf(bytes); }
+int ck_small_set(size_t bytes) { return gemv_prefetches(bytes); }
 
 void ck_gemv_glu(cudaStream_t st, uint32_t type, const void *Wg, const void *Wu, size_t rb, int n, int n_out,
                  const void *xq, float *out, void *xq_next, void *x16_next)
@@ -1172,15 +1172,15 @@ void ck_gemv_glu(cudaStream_t st, uint32_t type, const void *Wg, const void *Wu,
     const int no[2] = { n_out, n_out };
     const float *bias[2] = { NULL, NULL };
     float *outs[2] = { out, out };
-    gv_set S = gv_fill(2, W, no, bias, outs, 0);
-    S.pf = gv_pf((size_t)2 * n_out * rb);
-    xq_lay L = xq_layout((void *)xq, 1, n), O = xq_out(xq_next, x16_next, 1, n_out);
+    mat_set S = mat_set_fill(2, W, no, bias, outs, 0);
+    S.pf = gemv_prefetches((size_t)2 * n_out * rb);
+    act_forms L = act_int8_at((void *)xq, 1, n), O = act_forms_for(xq_next, x16_next, 1, n_out);
     unsigned g = (unsigned)(n_out / 32);
     ck_qkv_rope nr;
     memset(&nr, 0, sizeof nr);
-    if (type == T_Q4_K) lk(k_gemv_mr<1, 4, 1, GV_Q4K, 1>, g, 512, 0, st, S, rb, n, L.q, L.d, L.s, 1, O, nr);
-    else if (type == T_Q6_K) lk(k_gemv_mr<1, 4, 1, GV_Q6K, 1>, g, 512, 0, st, S, rb, n, L.q, L.d, L.s, 1, O, nr);
-    else lk(k_gemv_mr<1, 4, 1, GV_Q8, 1>, g, 512, 0, st, S, rb, n, L.q, L.d, L.s, 1, O, nr);
+    if (type == QT_Q4_K) lk(k_gemv_mr<1, 4, 1, GEMV_Q4_K, 1>, g, 512, 0, st, S, rb, n, L.q, L.d, L.s, 1, O, nr);
+    else if (type == QT_Q6_K) lk(k_gemv_mr<1, 4, 1, GEMV_Q6_K, 1>, g, 512, 0, st, S, rb, n, L.q, L.d, L.s, 1, O, nr);
+    else lk(k_gemv_mr<1, 4, 1, GEMV_Q8_0, 1>, g, 512, 0, st, S, rb, n, L.q, L.d, L.s, 1, O, nr);
 }
 
 void ck_gemv(cudaStream_t st, uint32_t type, const void *W, size_t rb, int n, int n_out, const float *bias,

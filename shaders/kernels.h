@@ -71,7 +71,7 @@ void ck_mmq_dec(cudaStream_t st, uint32_t type, int nm, const void *const *W, si
  * silu(Wg x) * (Wu x) and its f16 form to h_out (not x16), the same bits as
  * ck_mmq_dec of {Wg, Wu} then ck_silu_mul. 0 (nothing done) where it does
  * not apply: not q4_K, F not a multiple of 64, or no h_out. */
-int ck_mmq_glu(cudaStream_t st, uint32_t type, const void *Wg, const void *Wu, size_t row_bytes, int n_in, int F,
+int ck_mmq_glu_try(cudaStream_t st, uint32_t type, const void *Wg, const void *Wu, size_t row_bytes, int n_in, int F,
                int T, float *out, void *h_out, const void *x16, void *part, size_t part_bytes, int *cnt, int n_cnt,
                int n_sm);
 #define CK_XQ_BYTES(T, n) ((size_t)(T) * (size_t)(n) + (size_t)(T) * ((size_t)(n) / 32) * 8)
@@ -82,7 +82,7 @@ void ck_gemv_multi(cudaStream_t st, uint32_t type, int nm, const void *const *W,
                    void *xq_scratch);
 /* One token's out = silu(Wg x) * (Wu x) (both n_out x n_in, of one type
  * and row_bytes) in one launch, x already quantized in xq (as for
- * ck_gemv_multi_q), out's int8 form to xq_out (another scratch than xq;
+ * ck_gemv_multi_q), out's int8 form to act_forms_for (another scratch than xq;
  * or NULL) and f16 form to x16_out (or NULL): the same bits as
  * ck_gemv_multi then ck_silu_mul. Only where ck_glu_ok. */
 int ck_glu_ok(uint32_t type, int n_in, int n_out, int T, int n_sm);
@@ -90,7 +90,7 @@ int ck_glu_ok(uint32_t type, int n_in, int n_out, int T, int n_sm);
  * prefetch rule: up to 5 MiB). */
 int ck_small_set(size_t bytes);
 void ck_gemv_glu(cudaStream_t st, uint32_t type, const void *Wg, const void *Wu, size_t row_bytes, int n_in,
-                 int n_out, const void *xq, float *out, void *xq_out, void *x16_out);
+                 int n_out, const void *xq, float *out, void *act_forms_for, void *x16_out);
 /* x += y; out = x / rms(x) * w (out may be y)                    [rows][n] */
 void ck_add_rmsnorm(cudaStream_t st, float *x, const float *y, const float *w, int rows, int n, float eps,
                     float *out, void *xq, void *x16);
@@ -140,7 +140,7 @@ typedef struct ck_qkv_rope {
     float base;
     const float *fd;   /* rope frequency divisors, or NULL */
 } ck_qkv_rope;
-int ck_gemv_qkv_rope(cudaStream_t st, uint32_t type, const void *const *W, size_t rb, int n, const int *n_out,
+int ck_gemv_qkv_rope_try(cudaStream_t st, uint32_t type, const void *const *W, size_t rb, int n, const int *n_out,
                      const void *xq, float *const *out, const ck_qkv_rope *r);
 /* Causal attention over the paged cache (xq: also out's int8 form, as
  * ck_rmsnorm; head_dim % 32 == 0). A token's positions go in spans of

@@ -21,18 +21,18 @@
  * +0, +1 / +2, +3 of its four (a1, a3: row g+8), b0 / b1 the same values of
  * token g; so a lane reads 8 bytes of nibbles per row and group and 16
  * bytes of x per sub-block and token tile. */
-#define MB_WARPS 8
-#define MB_ROWS (MB_WARPS * 16)
-#define MH_CH 256                /* values per chunk: a super-block */
-#define MH_XS (MH_CH + 32)       /* halves per token row of x in shared memory (no bank conflicts) */
-#define MH_WB 160                /* bytes per row and chunk: the super-block, padded (no bank conflicts) */
-#define MH_SB (MH_CH / 32)       /* sub-blocks per chunk */
-#define MH_ST 2                  /* chunk buffers (the prologues load one chunk ahead) */
+#define MMQB_WARPS 8
+#define MMQB_ROWS (MMQB_WARPS * 16)
+#define MMQB_CHUNK 256                /* values per chunk: a super-block */
+#define MMQB_XPITCH (MMQB_CHUNK + 32)       /* halves per token row of x in shared memory (no bank conflicts) */
+#define MMQB_WPITCH 160                /* bytes per row and chunk: the super-block, padded (no bank conflicts) */
+#define MMQB_SUBS (MMQB_CHUNK / 32)       /* sub-blocks per chunk */
+#define MMQB_STAGES 2                  /* chunk buffers (the prologues load one chunk ahead) */
 
-template <int J> struct mh_smem {
-    __half x[MH_ST][J * 8][MH_XS];
-    uint8_t w[MH_ST][MB_ROWS][MH_WB];
-    uint2 sc[2][MB_ROWS][MH_SB + 1];   /* per row, the chunk's sub-blocks: (d * sc, -dmin * m) as half2s (padded) */
+template <int J> struct mma_smem {
+    __half x[MMQB_STAGES][J * 8][MMQB_XPITCH];
+    uint8_t w[MMQB_STAGES][MMQB_ROWS][MMQB_WPITCH];
+    uint2 sc[2][MMQB_ROWS][MMQB_SUBS + 1];   /* per row, the chunk's sub-blocks: (d * sc, -dmin * m) as half2s (padded) */
 };
 
 /* bytes b0..b3 of u, nibble plane P, as the halves (b0, b1) and (b2, b3) of q * ds + nmm */
@@ -55,16 +55,16 @@ __device__ __forceinline__ void q4_pair(uint32_t u, __half2 ds, __half2 nmm, uin
 }
 
 /* The last CTA of a row tile: the sp splits' partials (J * 8 tokens x
- * MB_ROWS rows each, from part0) summed in split order, plus bias, into
+ * MMQB_ROWS rows each, from part0) summed in split order, plus bias, into
  * out. A thread takes 4 rows of token tid / 32 + 8 j for each j; the loads
  * of U splits are issued together. Gate and up (glu_h): lane l < 16 holds
  * gate rows 4 l.. of the tile's features, lane l + 16 their up rows; the
  * gate lanes write silu(g) * u and its f16 form. */
 template <int J>
-__device__ __forceinline__ void mb_sum(const float *part0, int sp, int tile, int n_out, int T, const float *bias,
+__device__ __forceinline__ void mmqb_sum_splits(const float *part0, int sp, int tile, int n_out, int T, const float *bias,
                                        float *out, int tid, __half *glu_h)
 {
-    constexpr int SLOT4 = J * 8 * MB_ROWS / 4, U = 4;   /* (J <= 4) */
+    constexpr int SLOT4 = J * 8 * MMQB_ROWS / 4, U = 4;   /* (J <= 4) */
     const float4 *p0 = (const float4 *)part0;
     float4 v[J];
 #pragma unroll
@@ -76,7 +76,7 @@ __device__ __forceinline__ void mb_sum(const float *part0, int sp, int tile, int
         for (int u = 0; u < U; u++)
 #pragma unroll
             for (int j = 0; j < J; j++)
-                a[u][j] = s + u < sp ? __ldcg(p0 + (size_t)(s + u) * SLOT4 + tid + j * MB_WARPS * 32)
+                a[u][j] = s + u < sp ? __ldcg(p0 + (size_t)(s + u) * SLOT4 + tid + j * MMQB_WARPS * 32)
                                      : make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
         for (int u = 0; u < U; u++)
@@ -86,15 +86,15 @@ __device__ __forceinline__ void mb_sum(const float *part0, int sp, int tile, int
                 v[j].x += a[u][j].x; v[j].y += a[u][j].y; v[j].z += a[u][j].z; v[j].w += a[u][j].w;
             }
     }
-    static_assert(MB_ROWS / 4 == 32, "a warp's lanes take one token's rows of a tile");
+    static_assert(MMQB_ROWS / 4 == 32, "a warp's lanes take one token's rows of a tile");
     if (glu_h) {
-        const int lane = tid & 31, H = MB_ROWS / 2;
+        const int lane = tid & 31, H = MMQB_ROWS / 2;
 #pragma unroll
         for (int j = 0; j < J; j++) {
             float4 u;
             u.x = __shfl_down_sync(0xffffffffu, v[j].x, 16); u.y = __shfl_down_sync(0xffffffffu, v[j].y, 16);
             u.z = __shfl_down_sync(0xffffffffu, v[j].z, 16); u.w = __shfl_down_sync(0xffffffffu, v[j].w, 16);
-            int t = tid / 32 + j * (MB_WARPS * 32 * 4 / MB_ROWS), f = tile * H + lane * 4;
+            int t = tid / 32 + j * (MMQB_WARPS * 32 * 4 / MMQB_ROWS), f = tile * H + lane * 4;
             float e[4] = { silu_mul1(v[j].x, u.x), silu_mul1(v[j].y, u.y), silu_mul1(v[j].z, u.z), silu_mul1(v[j].w, u.w) };
             if (lane < 16 && t < T)
                 for (int k = 0; k < 4; k++) {
@@ -106,7 +106,7 @@ __device__ __forceinline__ void mb_sum(const float *part0, int sp, int tile, int
     }
 #pragma unroll
     for (int j = 0; j < J; j++) {
-        int t = tid / (MB_ROWS / 4) + j * (MB_WARPS * 32 * 4 / MB_ROWS), r = tile * MB_ROWS + (tid % (MB_ROWS / 4)) * 4;
+        int t = tid / (MMQB_ROWS / 4) + j * (MMQB_WARPS * 32 * 4 / MMQB_ROWS), r = tile * MMQB_ROWS + (tid % (MMQB_ROWS / 4)) * 4;
         float e[4] = { v[j].x, v[j].y, v[j].z, v[j].w };
         if (t < T)
             for (int k = 0; k < 4; k++)
@@ -114,39 +114,39 @@ __device__ __forceinline__ void mb_sum(const float *part0, int sp, int tile, int
     }
 }
 
-/* What k_mmqh and k_mmqw share. A block's weight copies of a chunk: piece
+/* What k_mmqb_mma and k_mmqb_wgmma share. A block's weight copies of a chunk: piece
  * p = tid + NT k is row p / 9's 16-byte piece p % 9, so a warp reads whole
  * rows' runs (measured: the gate+up of a 7b at 19% less time than with a
  * row's pieces split over two threads); rows PITCH bytes apart. */
-#define MH_NT (MB_WARPS * 32)
-#define MH_WP ((MB_ROWS * 9 + MH_NT - 1) / MH_NT)
+#define MMQB_THREADS (MMQB_WARPS * 32)
+#define MMQB_WPIECES ((MMQB_ROWS * 9 + MMQB_THREADS - 1) / MMQB_THREADS)
 /* A block's place: its matrix (S.m[mi]), its index among that matrix's
  * blocks, the K split, its row tile and its chunks [c0, c1) */
-struct mh_place { int mi, local, sp, tile, c0, c1; };
-__device__ __forceinline__ mh_place mh_where(const gv_set &S, int n)
+struct mmqb_place { int mi, local, sp, tile, c0, c1; };
+__device__ __forceinline__ mmqb_place mmqb_place_of(const mat_set &S, int n)
 {
-    mh_place P;
-    P.mi = gv_pick(S);
-    const gv_mat &M = S.m[P.mi];
+    mmqb_place P;
+    P.mi = block_matrix(S);
+    const set_matrix &M = S.m[P.mi];
     P.local = (int)blockIdx.x - M.blk0;
     P.sp = M.sp;
     P.tile = P.local / P.sp;
     P.c0 = (P.local - P.tile * P.sp) * M.per;
-    P.c1 = min(P.c0 + M.per, n / MH_CH);
+    P.c1 = min(P.c0 + M.per, n / MMQB_CHUNK);
     return P;
 }
-template <int PITCH> struct mh_wcp {
-    const uint8_t *src[MH_WP];
-    int off[MH_WP];
-    __device__ __forceinline__ mh_wcp(const gv_set &S, const gv_mat &M, int tile, size_t rb, int tid)
+template <int PITCH> struct mmqb_wcopy {
+    const uint8_t *src[MMQB_WPIECES];
+    int off[MMQB_WPIECES];
+    __device__ __forceinline__ mmqb_wcopy(const mat_set &S, const set_matrix &M, int tile, size_t rb, int tid)
     {
 #pragma unroll
-        for (int k = 0; k < MH_WP; k++) {
-            int p = min(tid + MH_NT * k, MB_ROWS * 9 - 1), r = p / 9, pc = p - r * 9;
+        for (int k = 0; k < MMQB_WPIECES; k++) {
+            int p = min(tid + MMQB_THREADS * k, MMQB_ROWS * 9 - 1), r = p / 9, pc = p - r * 9;
             if (S.glu_u)   /* rows 0..63: gate features tile * 64 + r; 64..127: the same features' up rows */
-                src[k] = (r < MB_ROWS / 2 ? M.W : S.glu_u) + (size_t)(tile * (MB_ROWS / 2) + (r & (MB_ROWS / 2 - 1))) * rb + 16 * pc;
+                src[k] = (r < MMQB_ROWS / 2 ? M.W : S.glu_u) + (size_t)(tile * (MMQB_ROWS / 2) + (r & (MMQB_ROWS / 2 - 1))) * rb + 16 * pc;
             else
-                src[k] = M.W + (size_t)min(tile * MB_ROWS + r, M.n_out - 1) * rb + 16 * pc;
+                src[k] = M.W + (size_t)min(tile * MMQB_ROWS + r, M.n_out - 1) * rb + 16 * pc;
             off[k] = r * PITCH + 16 * pc;
         }
     }
@@ -154,17 +154,17 @@ template <int PITCH> struct mh_wcp {
     __device__ __forceinline__ void copy(uint8_t *w, int c, int tid) const
     {
 #pragma unroll
-        for (int k = 0; k < MH_WP; k++)
-            if (tid + MH_NT * k < MB_ROWS * 9) cp_async16(w + off[k], src[k] + (size_t)c * 144, 16);
+        for (int k = 0; k < MMQB_WPIECES; k++)
+            if (tid + MMQB_THREADS * k < MMQB_ROWS * 9) cp_async16(w + off[k], src[k] + (size_t)c * 144, 16);
     }
 };
 /* the chunk's sub-block scales (d * sc, -dmin * m as half2s): row e / 4, sub-block pair e % 4 */
 template <int PITCH>
-__device__ __forceinline__ void mh_scales(const uint8_t (*w)[PITCH], uint2 (*sc)[MH_SB + 1], int tid)
+__device__ __forceinline__ void mmqb_scales(const uint8_t (*w)[PITCH], uint2 (*sc)[MMQB_SUBS + 1], int tid)
 {
 #pragma unroll
     for (int k = 0; k < 2; k++) {
-        int e = tid + k * MH_NT, jp = e & 3;
+        int e = tid + k * MMQB_THREADS, jp = e & 3;
         float d0, d1, m0, m1;
         q4k_scales(*(const uint4 *)w[e >> 2], jp, d0, d1, m0, m1);
         sc[e >> 2][2 * jp] = make_uint2(h2u(__floats2half2_rn(d0, d0)), h2u(__floats2half2_rn(-m0, -m0)));
@@ -173,20 +173,20 @@ __device__ __forceinline__ void mh_scales(const uint8_t (*w)[PITCH], uint2 (*sc)
 }
 /* A block's sums (rows ra, ra + 8 of its tile; tokens 8 j + 2 q, + 1) out,
  * or with a split K to its partial slot, the tile's last block summing the
- * slots (mb_sum). Gate and up (S.glu_u) unsplit: the up warps' sums go
+ * slots (mmqb_sum_splits). Gate and up (S.glu_u) unsplit: the up warps' sums go
  * through ex (shared memory of 64 x (8 J + 1) floats, free once every warp
  * is past its last chunk) to the gate warps, which write silu(g) * u as
- * k_silu_mul does, and its f16 form (split: mb_sum does the same). */
+ * k_silu_mul does, and its f16 form (split: mmqb_sum_splits does the same). */
 template <int J>
-__device__ __forceinline__ void mh_finish(const float (&acc)[J][4], const gv_set &S, const mh_place &P, int ra,
+__device__ __forceinline__ void mmqb_finish(const float (&acc)[J][4], const mat_set &S, const mmqb_place &P, int ra,
                                           int q, int T, float *part, int *cnt, int tid, int &last, float *ex)
 {
-    const gv_mat &M = S.m[P.mi];
+    const set_matrix &M = S.m[P.mi];
     const float *bias = M.bias;
     float *out = M.out;
     const int n_out = M.n_out, sp = P.sp, tile = P.tile;
     if (S.glu_u && sp == 1) {
-        constexpr int H = MB_ROWS / 2, XS = J * 8 + 1;
+        constexpr int H = MMQB_ROWS / 2, XS = J * 8 + 1;
         __syncthreads();
         if (ra >= H)
 #pragma unroll
@@ -213,49 +213,49 @@ __device__ __forceinline__ void mh_finish(const float (&acc)[J][4], const gv_set
         for (int j = 0; j < J; j++)
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                int r = tile * MB_ROWS + ra + (i >> 1) * 8, t = 8 * j + 2 * q + (i & 1);
+                int r = tile * MMQB_ROWS + ra + (i >> 1) * 8, t = 8 * j + 2 * q + (i & 1);
                 if (r < n_out && t < T) out[(size_t)t * n_out + r] = acc[j][i] + (bias ? bias[r] : 0.f);
             }
         return;
     }
-    float *mine = part + ((size_t)M.pb + P.local) * (J * 8 * MB_ROWS);
+    float *mine = part + ((size_t)M.pb + P.local) * (J * 8 * MMQB_ROWS);
 #pragma unroll
     for (int j = 0; j < J; j++)
 #pragma unroll
-        for (int i = 0; i < 4; i++) mine[(8 * j + 2 * q + (i & 1)) * MB_ROWS + ra + (i >> 1) * 8] = acc[j][i];
+        for (int i = 0; i < 4; i++) mine[(8 * j + 2 * q + (i & 1)) * MMQB_ROWS + ra + (i >> 1) * 8] = acc[j][i];
     __threadfence();
     __syncthreads();
     if (tid == 0) last = atomicAdd(cnt + M.cb + tile, 1) == sp - 1;
     __syncthreads();
     if (!last) return;
     __threadfence();
-    mb_sum<J>(part + ((size_t)M.pb + (size_t)tile * sp) * (J * 8 * MB_ROWS), sp, tile, n_out, T, bias, out, tid,
+    mmqb_sum_splits<J>(part + ((size_t)M.pb + (size_t)tile * sp) * (J * 8 * MMQB_ROWS), sp, tile, n_out, T, bias, out, tid,
               S.glu_u ? S.glu_h : NULL);
     if (tid == 0) cnt[M.cb + tile] = 0;   /* ready for the next launch */
 }
 
 template <int J>
-__global__ void __launch_bounds__(MB_WARPS * 32, 2)
-    k_mmqh(const gv_set S, size_t rb, int n, const __half *__restrict__ x16, int T, float *__restrict__ part,
+__global__ void __launch_bounds__(MMQB_WARPS * 32, 2)
+    k_mmqb_mma(const mat_set S, size_t rb, int n, const __half *__restrict__ x16, int T, float *__restrict__ part,
            int *__restrict__ cnt)
 {
-    extern __shared__ __align__(16) unsigned char mh_raw[];
-    mh_smem<J> &sm = *(mh_smem<J> *)mh_raw;
+    extern __shared__ __align__(16) unsigned char mma_raw[];
+    mma_smem<J> &sm = *(mma_smem<J> *)mma_raw;
     __shared__ int last;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, q = lane & 3;
-    const mh_place P = mh_where(S, n);
-    const gv_mat &M = S.m[P.mi];
+    const mmqb_place P = mmqb_place_of(S, n);
+    const set_matrix &M = S.m[P.mi];
     const int c0 = P.c0, c1 = P.c1, ra = warp * 16 + g;
-    constexpr int XP = (J * 8 * 32 + MH_NT - 1) / MH_NT;
-    const mh_wcp<MH_WB> wc(S, M, P.tile, rb, tid);
+    constexpr int XP = (J * 8 * 32 + MMQB_THREADS - 1) / MMQB_THREADS;
+    const mmqb_wcopy<MMQB_WPITCH> wc(S, M, P.tile, rb, tid);
     auto load_w = [&](int c, int st) { wc.copy(&sm.w[st][0][0], c, tid); };
     auto load_x = [&](int c, int st) {
 #pragma unroll
         for (int k = 0; k < XP; k++) {
-            int p = tid + MH_NT * k, xt = p >> 5, xk = (p & 31) * 8;
+            int p = tid + MMQB_THREADS * k, xt = p >> 5, xk = (p & 31) * 8;
             bool xv = xt < T;
             if (p < J * 8 * 32)
-                cp_async16(&sm.x[st][xt][xk], x16 + (size_t)(xv ? xt : 0) * n + (size_t)c * MH_CH + xk, xv ? 16 : 0);
+                cp_async16(&sm.x[st][xt][xk], x16 + (size_t)(xv ? xt : 0) * n + (size_t)c * MMQB_CHUNK + xk, xv ? 16 : 0);
         }
     };
     auto load = [&](int c, int st) { load_w(c, st); load_x(c, st); };
@@ -270,16 +270,16 @@ __global__ void __launch_bounds__(MB_WARPS * 32, 2)
     if (c0 < c1) load_x(c0, 0);
     cp_commit();
     for (int c = c0, i = 0; c < c1; c++, i++) {
-        const int st = i % MH_ST, sb = i & 1;
-        cp_wait<MH_ST - 2>();   /* chunk c is in */
+        const int st = i % MMQB_STAGES, sb = i & 1;
+        cp_wait<MMQB_STAGES - 2>();   /* chunk c is in */
         __syncthreads();        /* ... for every thread; and chunk c - 1's buffers are free */
-        if (c + MH_ST - 1 < c1) load(c + MH_ST - 1, (i + MH_ST - 1) % MH_ST);
+        if (c + MMQB_STAGES - 1 < c1) load(c + MMQB_STAGES - 1, (i + MMQB_STAGES - 1) % MMQB_STAGES);
         cp_commit();
-        mh_scales<MH_WB>(sm.w[st], sm.sc[sb], tid);
+        mmqb_scales<MMQB_WPITCH>(sm.w[st], sm.sc[sb], tid);
         __syncthreads();
         /* group gi (sub-blocks 2 gi, 2 gi + 1): this lane's 8 bytes of each row */
 #pragma unroll
-        for (int gi = 0; gi < MH_SB / 2; gi++) {
+        for (int gi = 0; gi < MMQB_SUBS / 2; gi++) {
             uint2 ua = *(const uint2 *)&sm.w[st][ra][16 + 32 * gi + 8 * q];
             uint2 ub = *(const uint2 *)&sm.w[st][ra + 8][16 + 32 * gi + 8 * q];
 #pragma unroll
@@ -308,16 +308,16 @@ __global__ void __launch_bounds__(MB_WARPS * 32, 2)
         }
     }
     cp_wait<0>();
-    mh_finish<J>(acc, S, P, ra, q, T, part, cnt, tid, last, (float *)&sm.w[0][0][0]);
+    mmqb_finish<J>(acc, S, P, ra, q, T, part, cnt, tid, last, (float *)&sm.w[0][0][0]);
 }
 
 /* ---------------- q4_K matmul for decode batches (Hopper warpgroup MMA) ----------------
- * k_mmqh's work on sm_90a with wgmma: each warpgroup (4 warps, 64 rows)
+ * k_mmqb_mma's work on sm_90a with wgmma: each warpgroup (4 warps, 64 rows)
  * issues m64n(8J)k16 MMAs whose x operand the tensor cores read from shared
- * memory themselves, once per warpgroup (k_mmqh's warps each read every x
+ * memory themselves, once per warpgroup (k_mmqb_mma's warps each read every x
  * fragment through registers: most of its shared-memory traffic), and which
  * run asynchronously while the warps dequantize the next sub-block. The
- * weights' A fragments come from registers as in k_mmqh, in the canonical
+ * weights' A fragments come from registers as in k_mmqb_mma, in the canonical
  * k order (lane q: values 2q, 2q+1, 2q+8, 2q+9 of each 16), so a lane
  * gathers 2-byte pieces of the nibbles. x is copied into the K-major
  * layout with the 128-byte swizzle: a token's 64 values of one atom are a
@@ -329,55 +329,55 @@ __global__ void __launch_bounds__(MB_WARPS * 32, 2)
  * [8 tokens][128 bytes], 1024-byte aligned. A lane decodes sub-blocks 2q,
  * 2q + 1's scales of its two rows and takes the others from its row
  * group's lanes by shuffle (no barrier or buffer for them: +2.2% on the 7b
- * step; k_mmqh lost by it). Same tiles, chunks, split and
- * partial sums as k_mmqh. Measured on a 7b layer, 32 tokens: gate+up 61.7
+ * step; k_mmqb_mma lost by it). Same tiles, chunks, split and
+ * partial sums as k_mmqb_mma. Measured on a 7b layer, 32 tokens: gate+up 61.7
  * against 64.2 us, down 36.0 against 37.7; at 24 tokens no gain. The
  * kernel is bound by neither its copies nor its math (issue 44%, tensor
- * 14%, DRAM 39%) but by each warp's chain of waits, as is k_mmqh.
+ * 14%, DRAM 39%) but by each warp's chain of waits, as is k_mmqb_mma.
  * Q6: q6_K in the batched layout (k_repack_q6_Kb), the same tiles, chunks
- * and split, a chunk's MMAs by mw_q6_chunk. */
-#define MW_WB 176   /* bytes per row and chunk: 2-byte gathers by 8 rows hit 16 banks */
-#define MW_AT 1024  /* bytes per swizzle atom (8 tokens x 64 values) */
+ * and split, a chunk's MMAs by wg_q6_chunk. */
+#define WG_WPITCH 176   /* bytes per row and chunk: 2-byte gathers by 8 rows hit 16 banks */
+#define WG_ATOM 1024  /* bytes per swizzle atom (8 tokens x 64 values) */
 #define Q6B_CH 224  /* bytes per row and super-block of q6_K in the batched layout (k_repack_q6_Kb) */
 
 /* q6_K (Q6): a chunk is the super-block in the batched layout (Q6B_CH
  * bytes, k_repack_q6_Kb): the values' 192 bytes to w (rows 192 bytes apart:
  * a quarter-warp's rows g, g + 1 on other banks), the 16 scales to sc */
-#define MW6_WB 192
+#define WG_Q6_WPITCH 192
 struct q6_stage {
-    uint8_t w[MB_ROWS][MW6_WB];
-    uint4 sc[MB_ROWS][2];
+    uint8_t w[MMQB_ROWS][WG_Q6_WPITCH];
+    uint4 sc[MMQB_ROWS][2];
 };
-template <int J, bool Q6> struct mw_smem;
-template <int J> struct mw_smem<J, false> {
-    uint4 x[MH_ST][MH_CH / 64 * J * MW_AT / 16];
-    uint8_t w[MH_ST][MB_ROWS][MW_WB];
+template <int J, bool Q6> struct wg_smem;
+template <int J> struct wg_smem<J, false> {
+    uint4 x[MMQB_STAGES][MMQB_CHUNK / 64 * J * WG_ATOM / 16];
+    uint8_t w[MMQB_STAGES][MMQB_ROWS][WG_WPITCH];
 };
-template <int J> struct mw_smem<J, true> {
-    uint4 x[MH_ST][MH_CH / 64 * J * MW_AT / 16];
-    q6_stage w[MH_ST];
+template <int J> struct wg_smem<J, true> {
+    uint4 x[MMQB_STAGES][MMQB_CHUNK / 64 * J * WG_ATOM / 16];
+    q6_stage w[MMQB_STAGES];
 };
-template <int J> __device__ __forceinline__ uint8_t *mw_wst(mw_smem<J, false> &sm, int st) { return &sm.w[st][0][0]; }
-template <int J> __device__ __forceinline__ uint8_t *mw_wst(mw_smem<J, true> &sm, int st) { return (uint8_t *)&sm.w[st]; }
+template <int J> __device__ __forceinline__ uint8_t *wg_wstage(wg_smem<J, false> &sm, int st) { return &sm.w[st][0][0]; }
+template <int J> __device__ __forceinline__ uint8_t *wg_wstage(wg_smem<J, true> &sm, int st) { return (uint8_t *)&sm.w[st]; }
 /* A block's weight copies of a q6_K chunk: piece p = tid + NT k is row
  * p / 14's piece p % 14 (0, 1: the scales) */
-#define MW6_WP (MB_ROWS * (Q6B_CH / 16) / MH_NT)
-struct mw6_wcp {
-    const uint8_t *src[MW6_WP];
-    int off[MW6_WP];
-    __device__ __forceinline__ mw6_wcp(const gv_set &, const gv_mat &M, int tile, size_t rb, int tid)
+#define WG_Q6_WPIECES (MMQB_ROWS * (Q6B_CH / 16) / MMQB_THREADS)
+struct wg_q6_wcopy {
+    const uint8_t *src[WG_Q6_WPIECES];
+    int off[WG_Q6_WPIECES];
+    __device__ __forceinline__ wg_q6_wcopy(const mat_set &, const set_matrix &M, int tile, size_t rb, int tid)
     {
 #pragma unroll
-        for (int k = 0; k < MW6_WP; k++) {
-            int p = tid + MH_NT * k, r = p / (Q6B_CH / 16), pc = p - r * (Q6B_CH / 16);
-            src[k] = M.W + (size_t)min(tile * MB_ROWS + r, M.n_out - 1) * rb + 16 * pc;
-            off[k] = pc < 2 ? MB_ROWS * MW6_WB + r * 32 + 16 * pc : r * MW6_WB + 16 * (pc - 2);
+        for (int k = 0; k < WG_Q6_WPIECES; k++) {
+            int p = tid + MMQB_THREADS * k, r = p / (Q6B_CH / 16), pc = p - r * (Q6B_CH / 16);
+            src[k] = M.W + (size_t)min(tile * MMQB_ROWS + r, M.n_out - 1) * rb + 16 * pc;
+            off[k] = pc < 2 ? MMQB_ROWS * WG_Q6_WPITCH + r * 32 + 16 * pc : r * WG_Q6_WPITCH + 16 * (pc - 2);
         }
     }
     __device__ __forceinline__ void copy(uint8_t *w, int c, int tid) const
     {
 #pragma unroll
-        for (int k = 0; k < MW6_WP; k++) cp_async16(w + off[k], src[k] + (size_t)c * Q6B_CH, 16);
+        for (int k = 0; k < WG_Q6_WPIECES; k++) cp_async16(w + off[k], src[k] + (size_t)c * Q6B_CH, 16);
     }
 };
 /* four values of q6_K sub-block t (0..3) of a batched-layout group from
@@ -399,7 +399,7 @@ __device__ __forceinline__ void q6_pair(uint32_t ql, uint32_t qh, int t, __half2
 __device__ __forceinline__ uint64_t wg_desc(const void *smem)
 {
     uint64_t a = (uint64_t)__cvta_generic_to_shared(smem);
-    return ((a & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(MW_AT >> 4) << 32) | ((uint64_t)1 << 62);
+    return ((a & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(WG_ATOM >> 4) << 32) | ((uint64_t)1 << 62);
 }
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -429,12 +429,12 @@ template <> __device__ __forceinline__ void wg_mma<3>(float (&d)[3][4], const ui
 #endif
 
 #if defined(CK_HAVE_WGMMA)
-/* A q6_K chunk's MMAs (k_mmqw): lane q's three pieces of rows ra and
+/* A q6_K chunk's MMAs (k_mmqb_wgmma): lane q's three pieces of rows ra and
  * ra + 8 hold its values of every sub-block (k-step), each ql piece two
  * groups'; a group's 4 scales of a row come as 8 bytes (the lanes of a row
  * read the same words) */
 template <int J>
-__device__ __forceinline__ void mw_q6_chunk(float (&acc)[J][4], const q6_stage &w, uint64_t xd, int ra, int q)
+__device__ __forceinline__ void wg_q6_chunk(float (&acc)[J][4], const q6_stage &w, uint64_t xd, int ra, int q)
 {
     const uint4 ha = *(const uint4 *)&w.w[ra][128 + 16 * q], hb = *(const uint4 *)&w.w[ra + 8][128 + 16 * q];
     uint4 la, lb;
@@ -462,8 +462,8 @@ __device__ __forceinline__ void mw_q6_chunk(float (&acc)[J][4], const q6_stage &
             q6_pair(qlb, qhb, 2 * tp + 1, scale(sb, 2 * tp + 1), a1[1], a1[3]);
             wg_fence();
             /* k-steps 4 gi + 2 tp, + 1: atom gi, 32-byte steps within its rows */
-            wg_mma<J>(acc, a0, xd + ((gi * J * MW_AT + 64 * tp) >> 4));
-            wg_mma<J>(acc, a1, xd + ((gi * J * MW_AT + 64 * tp + 32) >> 4));
+            wg_mma<J>(acc, a0, xd + ((gi * J * WG_ATOM + 64 * tp) >> 4));
+            wg_mma<J>(acc, a1, xd + ((gi * J * WG_ATOM + 64 * tp + 32) >> 4));
             wg_commit();
         }
     }
@@ -472,29 +472,29 @@ __device__ __forceinline__ void mw_q6_chunk(float (&acc)[J][4], const q6_stage &
 #endif
 
 template <int J, bool Q6>
-__global__ void __launch_bounds__(MB_WARPS * 32, 2)
-    k_mmqw(const gv_set S, size_t rb, int n, const __half *__restrict__ x16, int T, float *__restrict__ part,
+__global__ void __launch_bounds__(MMQB_WARPS * 32, 2)
+    k_mmqb_wgmma(const mat_set S, size_t rb, int n, const __half *__restrict__ x16, int T, float *__restrict__ part,
            int *__restrict__ cnt)
 {
 #if defined(CK_HAVE_WGMMA)
-    extern __shared__ __align__(128) unsigned char mw_raw[];
-    mw_smem<J, Q6> &sm = *(mw_smem<J, Q6> *)(mw_raw + ((MW_AT - ((unsigned)__cvta_generic_to_shared(mw_raw) & (MW_AT - 1))) & (MW_AT - 1)));
+    extern __shared__ __align__(128) unsigned char wg_raw[];
+    wg_smem<J, Q6> &sm = *(wg_smem<J, Q6> *)(wg_raw + ((WG_ATOM - ((unsigned)__cvta_generic_to_shared(wg_raw) & (WG_ATOM - 1))) & (WG_ATOM - 1)));
     __shared__ int last;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, q = lane & 3;
-    const mh_place P = mh_where(S, n);
-    const gv_mat &M = S.m[P.mi];
+    const mmqb_place P = mmqb_place_of(S, n);
+    const set_matrix &M = S.m[P.mi];
     const int c0 = P.c0, c1 = P.c1, ra = warp * 16 + g;
-    constexpr int XP = (J * 8 * 32 + MH_NT - 1) / MH_NT;
-    const typename std::conditional<Q6, mw6_wcp, mh_wcp<MW_WB>>::type wc(S, M, P.tile, rb, tid);
-    auto load_w = [&](int c, int st) { wc.copy(mw_wst<J>(sm, st), c, tid); };
+    constexpr int XP = (J * 8 * 32 + MMQB_THREADS - 1) / MMQB_THREADS;
+    const typename std::conditional<Q6, wg_q6_wcopy, mmqb_wcopy<WG_WPITCH>>::type wc(S, M, P.tile, rb, tid);
+    auto load_w = [&](int c, int st) { wc.copy(wg_wstage<J>(sm, st), c, tid); };
     auto load_x = [&](int c, int st) {
 #pragma unroll
         for (int k = 0; k < XP; k++) {
-            int p = tid + MH_NT * k, xt = p >> 5, pc = p & 31;
+            int p = tid + MMQB_THREADS * k, xt = p >> 5, pc = p & 31;
             bool xv = xt < T;
             if (p < J * 8 * 32)
-                cp_async16(&sm.x[st][((pc >> 3) * J + (xt >> 3)) * (MW_AT / 16) + (xt & 7) * 8 + ((pc ^ xt) & 7)],
-                           x16 + (size_t)(xv ? xt : 0) * n + (size_t)c * MH_CH + 8 * pc, xv ? 16 : 0);
+                cp_async16(&sm.x[st][((pc >> 3) * J + (xt >> 3)) * (WG_ATOM / 16) + (xt & 7) * 8 + ((pc ^ xt) & 7)],
+                           x16 + (size_t)(xv ? xt : 0) * n + (size_t)c * MMQB_CHUNK + 8 * pc, xv ? 16 : 0);
         }
     };
     auto load = [&](int c, int st) { load_w(c, st); load_x(c, st); };
@@ -502,19 +502,19 @@ __global__ void __launch_bounds__(MB_WARPS * 32, 2)
     float acc[J][4];
 #pragma unroll
     for (int j = 0; j < J; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-    if (c0 < c1) load_w(c0, 0);   /* (before the wait, as k_mmqh) */
+    if (c0 < c1) load_w(c0, 0);   /* (before the wait, as k_mmqb_mma) */
     pdl_begin();
     if (c0 < c1) load_x(c0, 0);
     cp_commit();
     for (int c = c0, i = 0; c < c1; c++, i++) {
-        const int st = i % MH_ST;
-        cp_wait<MH_ST - 2>();                                      /* chunk c is in */
+        const int st = i % MMQB_STAGES;
+        cp_wait<MMQB_STAGES - 2>();                                      /* chunk c is in */
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   /* ... for the tensor cores' reads too */
         __syncthreads();   /* ... for every thread; chunk c - 1's buffers are free (its MMAs waited for) */
-        if (c + MH_ST - 1 < c1) load(c + MH_ST - 1, (i + MH_ST - 1) % MH_ST);
+        if (c + MMQB_STAGES - 1 < c1) load(c + MMQB_STAGES - 1, (i + MMQB_STAGES - 1) % MMQB_STAGES);
         cp_commit();
         if constexpr (Q6) {
-            mw_q6_chunk<J>(acc, sm.w[st], wg_desc(&sm.x[st][0]), ra, q);
+            wg_q6_chunk<J>(acc, sm.w[st], wg_desc(&sm.x[st][0]), ra, q);
         } else {
             /* this lane's scales: sub-blocks 2q, 2q + 1 of rows ra and ra + 8 (d * sc,
              * -dmin * m as half2s); a sub-block's come from its lane by shuffle, so the
@@ -529,9 +529,9 @@ __global__ void __launch_bounds__(MB_WARPS * 32, 2)
             }
             const uint64_t xd = wg_desc(&sm.x[st][0]);
 #pragma unroll
-            for (int gi = 0; gi < MH_SB / 2; gi++) {
+            for (int gi = 0; gi < MMQB_SUBS / 2; gi++) {
                 /* bytes 2q, 2q + 1 of each 8 of rows ra and ra + 8: k-step 0 (values 0..15), k-step 1 */
-                const uint8_t *pa = &sm.w[st][ra][16 + 32 * gi + 2 * q], *pb = pa + 8 * MW_WB;
+                const uint8_t *pa = &sm.w[st][ra][16 + 32 * gi + 2 * q], *pb = pa + 8 * WG_WPITCH;
                 uint32_t ua0 = __byte_perm(*(const uint16_t *)pa, *(const uint16_t *)(pa + 8), 0x5410);
                 uint32_t ua1 = __byte_perm(*(const uint16_t *)(pa + 16), *(const uint16_t *)(pa + 24), 0x5410);
                 uint32_t ub0 = __byte_perm(*(const uint16_t *)pb, *(const uint16_t *)(pb + 8), 0x5410);
@@ -556,8 +556,8 @@ __global__ void __launch_bounds__(MB_WARPS * 32, 2)
                     }
                     wg_fence();
                     /* k-steps 2s, 2s + 1: atom s / 2, 32-byte steps within its rows */
-                    wg_mma<J>(acc, a0, xd + (((s >> 1) * J * MW_AT + (s & 1) * 64) >> 4));
-                    wg_mma<J>(acc, a1, xd + (((s >> 1) * J * MW_AT + (s & 1) * 64 + 32) >> 4));
+                    wg_mma<J>(acc, a0, xd + (((s >> 1) * J * WG_ATOM + (s & 1) * 64) >> 4));
+                    wg_mma<J>(acc, a1, xd + (((s >> 1) * J * WG_ATOM + (s & 1) * 64 + 32) >> 4));
                     wg_commit();
                 }
             }
@@ -565,7 +565,7 @@ __global__ void __launch_bounds__(MB_WARPS * 32, 2)
         }
     }
     cp_wait<0>();
-    mh_finish<J>(acc, S, P, ra, q, T, part, cnt, tid, last, (float *)mw_wst<J>(sm, 0));
+    mmqb_finish<J>(acc, S, P, ra, q, T, part, cnt, tid, last, (float *)wg_wstage<J>(sm, 0));
 #endif
 }
 
@@ -577,7 +577,7 @@ __device__ __forceinline__ int q6w_get(const uint8_t *row, int n, int v)
                    (v >> 5) & 1, l);
 }
 
-/* q6_K in the repacked layout -> the batched kernel's (k_mmqw<J, true>):
+/* q6_K in the repacked layout -> the batched kernel's (k_mmqb_wgmma<J, true>):
  * per row and super-block a Q6B_CH-byte chunk: its 16 sub-block scales
  * d * sc as f16s (32 bytes), then per lane q (0..3) three 16-byte pieces at
  * 32 + 64 k + 16 q holding the values an MMA A fragment takes from rows of
@@ -622,12 +622,12 @@ __global__ void k_repack_q6_Kb(const uint8_t *src, uint8_t *dst, size_t rb, int 
     }
 }
 
-/* CTAs per SM that k_mmqh's K split aims at (2: 7% faster than 3 on a
+/* CTAs per SM that k_mmqb_mma's K split aims at (2: 7% faster than 3 on a
  * 7b's gate and up) */
-#define MMQH_CTAS 2
+#define MMQB_CTAS 2
 
-/* k_mmqw for four token tiles: in sm_90a builds (CK_WGMMA) */
-static bool mmqw_on(void)
+/* k_mmqb_wgmma for four token tiles: in sm_90a builds (CK_WGMMA) */
+static bool mmqb_wgmma_on(void)
 {
 #if defined(CK_WGMMA)
     return true;
@@ -636,7 +636,7 @@ static bool mmqw_on(void)
 #endif
 }
 
-/* The K split of each matrix for k_mmqh: enough CTAs for ~2 per SM, whole
+/* The K split of each matrix for k_mmqb_mma: enough CTAs for ~2 per SM, whole
  * chunks per split, but where the set's row tiles fit in the CTA slots,
  * no more CTAs than slots (measured: a 7b down projection's 28 tiles split
  * 10 ways left 16 CTAs for a second wave; 9 ways, 7b 32 streams +3-4%). A
@@ -645,25 +645,25 @@ static bool mmqw_on(void)
  * entry of n_out features): tiles of 64 features' two rows, split as the
  * set {gate, up} would be, so each row's sums are those of ck_mmq_dec. */
 template <int J, bool WG, bool Q6 = false>
-static void mmqh_k(cudaStream_t st, gv_set S, size_t rb, int n, const __half *x16, int T, float *part,
+static void mmqb_launch(cudaStream_t st, mat_set S, size_t rb, int n, const __half *x16, int T, float *part,
                    size_t part_bytes, int *cnt, int n_cnt, int n_sm)
 {
-    auto kern = WG ? k_mmqw<J, Q6> : k_mmqh<J>;
-    const size_t smem = WG ? sizeof(mw_smem<J, Q6>) + MW_AT : sizeof(mh_smem<J>);   /* (+ the atoms' alignment) */
+    auto kern = WG ? k_mmqb_wgmma<J, Q6> : k_mmqb_mma<J>;
+    const size_t smem = WG ? sizeof(wg_smem<J, Q6>) + WG_ATOM : sizeof(mma_smem<J>);   /* (+ the atoms' alignment) */
     static bool attr = false;   /* (the dynamic shared memory past 48 KiB, once) */
     if (!attr) {
         cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         attr = true;
     }
-    int nch = n / MH_CH, ctas = MMQH_CTAS * n_sm, ttot = 0, cap = 1 << 30;
-    for (int i = 0; i < S.nm; i++) ttot += (S.glu_u ? 2 : 1) * (int)nblk(S.m[i].n_out, MB_ROWS);
+    int nch = n / MMQB_CHUNK, ctas = MMQB_CTAS * n_sm, ttot = 0, cap = 1 << 30;
+    for (int i = 0; i < S.nm; i++) ttot += (S.glu_u ? 2 : 1) * (int)nblk(S.m[i].n_out, MMQB_ROWS);
     if (ttot <= ctas) cap = ctas / ttot;
     for (int pass = 0; pass < 2; pass++) {
         unsigned g = 0;
         size_t slots = 0;
         int cb = 0;
         for (int i = 0; i < S.nm; i++) {
-            int mt = (int)nblk(S.m[i].n_out, MB_ROWS), tiles = S.glu_u ? S.m[i].n_out / (MB_ROWS / 2) : mt, sp = 1, per = nch;
+            int mt = (int)nblk(S.m[i].n_out, MMQB_ROWS), tiles = S.glu_u ? S.m[i].n_out / (MMQB_ROWS / 2) : mt, sp = 1, per = nch;
             if (pass == 0) {
                 int want = (ctas + mt - 1) / mt;
                 want = want > cap ? cap : want;
@@ -679,8 +679,8 @@ static void mmqh_k(cudaStream_t st, gv_set S, size_t rb, int n, const __half *x1
             g += (unsigned)(tiles * sp);
             if (sp > 1) { slots += (size_t)tiles * sp; cb += tiles; }
         }
-        if (pass == 1 || (slots * J * 8 * MB_ROWS * 4 <= part_bytes && cb <= n_cnt)) {
-            lk(kern, g, MB_WARPS * 32, smem, st, S, rb, n, x16, T, part, cnt);
+        if (pass == 1 || (slots * J * 8 * MMQB_ROWS * 4 <= part_bytes && cb <= n_cnt)) {
+            lk(kern, g, MMQB_WARPS * 32, smem, st, S, rb, n, x16, T, part, cnt);
             return;
         }
     }
@@ -690,7 +690,7 @@ extern "C" {
 
 int ck_mmqb_ok(uint32_t type, int n_in)
 {
-    return n_in % 256 == 0 && (type == T_Q4_K || (type == T_Q6_K && mmqw_on()));
+    return n_in % 256 == 0 && (type == QT_Q4_K || (type == QT_Q6_K && mmqb_wgmma_on()));
 }
 
 size_t ck_q6b_row_bytes(int n_in) { return (size_t)(n_in / 256) * Q6B_CH; }
@@ -705,11 +705,11 @@ void ck_repack_q6_Kb(cudaStream_t st, const void *src, void *dst, size_t rb, int
  * (the partial slots keep CK_MMQB_MAX_T tokens); four tiles by warpgroup
  * MMAs where built for them (measured: 24 tokens and fewer gain nothing);
  * q6_K only by those (ck_mmqb_ok) */
-typedef void (*mmqb_fn)(cudaStream_t, gv_set, size_t, int, const __half *, int, float *, size_t, int *, int, int);
+typedef void (*mmqb_fn)(cudaStream_t, mat_set, size_t, int, const __half *, int, float *, size_t, int *, int, int);
 static mmqb_fn mmqb_pick(uint32_t type, int T)
 {
-    if (type == T_Q6_K) return T <= 24 ? mmqh_k<3, true, true> : mmqh_k<4, true, true>;
-    return T <= 24 ? mmqh_k<3, false> : mmqw_on() ? mmqh_k<4, true> : mmqh_k<4, false>;
+    if (type == QT_Q6_K) return T <= 24 ? mmqb_launch<3, true, true> : mmqb_launch<4, true, true>;
+    return T <= 24 ? mmqb_launch<3, false> : mmqb_wgmma_on() ? mmqb_launch<4, true> : mmqb_launch<4, false>;
 }
 
 void ck_mmq_dec(cudaStream_t st, uint32_t type, int nm, const void *const *W, size_t rb, int n, const int *n_out,
@@ -717,16 +717,16 @@ void ck_mmq_dec(cudaStream_t st, uint32_t type, int nm, const void *const *W, si
                 int *cnt, int n_cnt, int n_sm)
 {
     if (!ck_mmqb_ok(type, n) || T < 1 || T > CK_MMQB_MAX_T || nm < 1 || nm > CK_MULTI_MAX) return;
-    gv_set S = gv_fill(nm, W, n_out, bias, out, 0);
+    mat_set S = mat_set_fill(nm, W, n_out, bias, out, 0);
     mmqb_pick(type, T)(st, S, rb, n, (const __half *)x16, T, (float *)part, part_bytes, cnt, n_cnt, n_sm);
 }
 
-int ck_mmq_glu(cudaStream_t st, uint32_t type, const void *Wg, const void *Wu, size_t rb, int n, int F, int T,
+int ck_mmq_glu_try(cudaStream_t st, uint32_t type, const void *Wg, const void *Wu, size_t rb, int n, int F, int T,
                float *out, void *h_out, const void *x16, void *part, size_t part_bytes, int *cnt, int n_cnt, int n_sm)
 {
-    if (type != T_Q4_K || !ck_mmqb_ok(type, n) || T < 1 || T > CK_MMQB_MAX_T || F % (MB_ROWS / 2) || !h_out) return 0;
+    if (type != QT_Q4_K || !ck_mmqb_ok(type, n) || T < 1 || T > CK_MMQB_MAX_T || F % (MMQB_ROWS / 2) || !h_out) return 0;
     const float *nb = NULL;
-    gv_set S = gv_fill(1, &Wg, &F, &nb, &out, 0);
+    mat_set S = mat_set_fill(1, &Wg, &F, &nb, &out, 0);
     S.glu_u = (const uint8_t *)Wu;
     S.glu_h = (__half *)h_out;
     mmqb_pick(type, T)(st, S, rb, n, (const __half *)x16, T, (float *)part, part_bytes, cnt, n_cnt, n_sm);

@@ -20,7 +20,7 @@ __global__ void k_add(float *x, const float *y, size_t n)
 
 
 /* qx.q: also the int8 form of out (rows of whole blocks: n % 32 == 0) */
-__global__ void k_silu_mul(const float *g, const float *u, size_t n, float *out, xq_lay qx)
+__global__ void k_silu_mul(const float *g, const float *u, size_t n, float *out, act_forms qx)
 {
     pdl_begin();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -55,7 +55,7 @@ __device__ __forceinline__ float block_sum(float ss)
 /* early: the next launch scheduled before the wait (norm_early) */
 template <int NPT>
 __device__ __forceinline__ void norm_row(float *x, const float *y, const float *w, int n, float eps, float *out,
-                                         xq_lay qx, int early)
+                                         act_forms qx, int early)
 {
     const int bs = blockDim.x, tid = threadIdx.x;
     float *xr = x + (size_t)blockIdx.x * n;
@@ -117,13 +117,13 @@ __device__ __forceinline__ void norm_row(float *x, const float *y, const float *
 }
 
 template <int NPT>
-__global__ void k_rmsnorm(const float *x, const float *w, int n, float eps, float *out, xq_lay qx, int early)
+__global__ void k_rmsnorm(const float *x, const float *w, int n, float eps, float *out, act_forms qx, int early)
 {
     norm_row<NPT>((float *)x, NULL, w, n, eps, out, qx, early);   /* (x only read: y is NULL) */
 }
 
 template <int NPT>
-__global__ void k_add_rmsnorm(float *x, const float *y, const float *w, int n, float eps, float *out, xq_lay qx,
+__global__ void k_add_rmsnorm(float *x, const float *y, const float *w, int n, float eps, float *out, act_forms qx,
                               int early)
 {
     norm_row<NPT>(x, y, w, n, eps, out, qx, early);
@@ -141,7 +141,7 @@ static inline int norm_early(int n) { return n < 2048; }
 #define L_NORM(KER, ...)                                                                                  \
     do {                                                                                                  \
         int bs = n >= 1024 ? 1024 : ((n + 31) / 32) * 32, npt = (n + bs - 1) / bs, ne = norm_early(n);    \
-        xq_lay L = xq_out(xq, x16, rows, n);                                                              \
+        act_forms L = act_forms_for(xq, x16, rows, n);                                                              \
         if (npt == 1) lk(KER<1>, rows, bs, 0, st, __VA_ARGS__, L, ne);                                    \
         else if (npt == 2) lk(KER<2>, rows, bs, 0, st, __VA_ARGS__, L, ne);                               \
         else if (npt <= 4) lk(KER<4>, rows, bs, 0, st, __VA_ARGS__, L, ne);                               \
@@ -174,7 +174,7 @@ void ck_add(cudaStream_t st, float *x, const float *y, size_t n)
 
 void ck_silu_mul(cudaStream_t st, const float *g, const float *u, size_t n, float *out, void *xq, void *x16, int rows)
 {
-    xq_lay L = xq_out(xq && rows > 0 && n % (size_t)rows == 0 ? xq : NULL, x16, rows, rows > 0 ? (int)(n / rows) : 0);
+    act_forms L = act_forms_for(xq && rows > 0 && n % (size_t)rows == 0 ? xq : NULL, x16, rows, rows > 0 ? (int)(n / rows) : 0);
     lk(k_silu_mul, nblk(n, 256), 256, 0, st, g, u, n, out, L);
 }
 
