@@ -13,10 +13,11 @@
  * per 32 values and __dp4a, as the CPU's q8 activations; the other types in
  * f32 arithmetic; q8_0 and q6_K are repacked at upload within each row into
  * aligned words); decode batches of CK_GEMV_MAX_T+1 .. CK_MMQB_MAX_T rows of
- * q4_K go through a batched kernel that reads the quantized weights once
- * per step for f16 tensor cores;
- * prompt rows, larger decode batches and the other types dequantize W to
- * f16 for cuBLAS (f32 accumulation and output). Every GEMV
+ * q4_K (and q6_K in sm_90a builds) go through a batched kernel that reads
+ * the quantized weights once per step for f16 tensor cores; prompt rows,
+ * larger decode batches and the other types dequantize W to f16 for
+ * cuBLAS (f32 accumulation and output). docs/cuda.md maps ops to kernels.
+ * Every GEMV
  * tile size, and every spread of attention over blocks, gives a row the same
  * arithmetic, so a decoding sequence computes the same whatever else is in a
  * batch of up to CK_GEMV_MAX_T (at any size when opened deterministic).
@@ -508,8 +509,8 @@ static int att_blocks(cu_be *c, int T, int ns, int n_head, int head_dim)
 
 /* Grouped attention (ck_attention's grp) for a batch that k_attention
  * takes a block per (token, head) with G == 1: blocks per (token, KV head)
- * for about att_grp blocks per SM (7b 32 streams: 2, 4 and 8 within 1%,
- * BENCHMARKS.md). 0 (the ungrouped kernel, the same bits) when
+ * for about att_grp blocks per SM (2, 4 and 8 alike on a 7b, 32 streams).
+ * 0 (the ungrouped kernel, the same bits) when
  * the heads do not group, or the partials would pass ATT_GRP_PART (a
  * prompt's batch, or long contexts), or part cannot grow now (in a
  * capture). */
@@ -1053,7 +1054,7 @@ static void cu_attention(be *b, const float *q, const void *kc, const void *vc, 
  * and the KV store inside the attention kernel: one launch less per layer,
  * the same values (the attention reads its token's K/V row only after
  * writing it). Only after a small q/k/v set (ck_small_set: launch-bound
- * layers): 0.5b decode +6%, 7b -2% (BENCHMARKS.md). */
+ * layers): a small model gains, a 7b loses (BENCHMARKS.md). */
 static void cu_rope_attention(be *b, float *q, float *k, float *v, void *kc, void *vc, const be_batch *bt,
                               int n_head, int n_head_kv, int head_dim, int n_rot, float base, int neox,
                               const wt *freq_div, const wt *const *bias, float *out)

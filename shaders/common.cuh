@@ -125,7 +125,8 @@ __device__ __forceinline__ int q6_val(const uint32_t (&ql)[8], const uint32_t (&
     return q6_bits(ql[l >> 2], qh[l >> 3], hh, l);
 }
 
-/* (sp, per, pb, cb: k_mmqb_mma's K split) */
+/* One matrix of a launch's set: its first block blk0; sp, per, pb, cb:
+ * the batched kernels' K split (mmqb_launch) */
 struct set_matrix { const uint8_t *W; const float *bias; float *out; int n_out, blk0, sp, per, pb, cb; };
 struct mat_set {   /* matrices of one type and n_in, one launch; pf: gemv_prefetches() */
     set_matrix m[CK_MULTI_MAX];
@@ -136,8 +137,8 @@ struct mat_set {   /* matrices of one type and n_in, one launch; pf: gemv_prefet
 
 /* The set of nm matrices for one launch (blk0 and the split fields 0),
  * their outputs from token t0 on */
-static inline mat_set mat_set_fill(int nm, const void *const *W, const int *n_out, const float *const *bias, float *const *out,
-                      int t0)
+static inline mat_set mat_set_fill(int nm, const void *const *W, const int *n_out, const float *const *bias,
+                                   float *const *out, int t0)
 {
     mat_set S;
     memset(&S, 0, sizeof S);
@@ -160,8 +161,10 @@ __device__ __forceinline__ int block_matrix(const mat_set &S)
     return mi;
 }
 
-/* Where the int8 form of x [T][n] lives in a scratch of CK_XQ_BYTES(T, n):
- * xq [T][n], then xd and xs [T][n/32]. */
+/* The forms of an activation x [T][n] beside its f32 values: int8 per 32
+ * values for the GEMVs (q [T][n], then the blocks' scales d and sums s
+ * [T][n/32], in a scratch of CK_XQ_BYTES(T, n)), f16 for cuBLAS and the
+ * batched kernels (h [T][n]); NULL: not written */
 struct act_forms { int8_t *q; float *d; int *s; __half *h; };
 
 static inline act_forms act_int8_at(void *scratch, int T, int n)
@@ -306,27 +309,26 @@ __device__ __forceinline__ void kv_put(void *c, int f16, size_t s, float v)
 
 /* ---------------- launchers ---------------- */
 
-#define TYPE_SWITCH(type, FN)                   \
-    switch (type) {                             \
-    case QT_F32: FN(QT_F32); break;               \
-    case QT_F16: FN(QT_F16); break;               \
-    case QT_BF16: FN(QT_BF16); break;             \
-    case QT_Q4_0: FN(QT_Q4_0); break;             \
-    case QT_Q4_1: FN(QT_Q4_1); break;             \
-    case QT_Q5_0: FN(QT_Q5_0); break;             \
-    case QT_Q5_1: FN(QT_Q5_1); break;             \
-    case QT_Q8_0: FN(QT_Q8_0); break;             \
-    case QT_Q2_K: FN(QT_Q2_K); break;             \
-    case QT_Q3_K: FN(QT_Q3_K); break;             \
-    case QT_Q4_K: FN(QT_Q4_K); break;             \
-    case QT_Q5_K: FN(QT_Q5_K); break;             \
-    case QT_Q6_K: FN(QT_Q6_K); break;             \
-    default: break;                             \
+#define TYPE_SWITCH(type, FN)         \
+    switch (type) {                   \
+    case QT_F32: FN(QT_F32); break;   \
+    case QT_F16: FN(QT_F16); break;   \
+    case QT_BF16: FN(QT_BF16); break; \
+    case QT_Q4_0: FN(QT_Q4_0); break; \
+    case QT_Q4_1: FN(QT_Q4_1); break; \
+    case QT_Q5_0: FN(QT_Q5_0); break; \
+    case QT_Q5_1: FN(QT_Q5_1); break; \
+    case QT_Q8_0: FN(QT_Q8_0); break; \
+    case QT_Q2_K: FN(QT_Q2_K); break; \
+    case QT_Q3_K: FN(QT_Q3_K); break; \
+    case QT_Q4_K: FN(QT_Q4_K); break; \
+    case QT_Q5_K: FN(QT_Q5_K); break; \
+    case QT_Q6_K: FN(QT_Q6_K); break; \
+    default: break;                   \
     }
 
 static inline unsigned nblk(size_t n, unsigned bs) { return (unsigned)((n + bs - 1) / bs); }
 
-/* the layout of xq for out [T][n], or none (q NULL) */
 /* The forms a producer writes beside its output [T][n]: int8 (xq, n % 32
  * == 0) and/or f16 (x16) */
 static inline act_forms act_forms_for(void *xq, void *x16, int T, int n)

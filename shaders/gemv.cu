@@ -175,7 +175,7 @@ __device__ __forceinline__ void l2_prefetch(const void *p, size_t n)
 
 /* Whether a GEMV launch over `bytes` of weights prefetches its rows: sets
  * of up to 5 MiB. A launch-bound small model gains; a 7b's larger sets
- * lose, their prefetch running beside latency-bound kernels (BENCHMARKS.md). */
+ * lose, their prefetch running beside latency-bound kernels. */
 static int gemv_prefetches(size_t bytes)
 {
     return bytes <= ((size_t)5 << 20);
@@ -308,10 +308,7 @@ __device__ __forceinline__ float q8_unit(float acc, float dw, float dx, int dot)
 /* Warps per row (K) of every int8 GEMV: a function of the units per row
  * only, since the lane -> unit split and the reduction depend on it. A
  * one-token GEMV's time is its loads' latency, a round per unit a lane
- * takes, so K grows early: measured, 7b q4_k decode +4% with 2 warps at 56
- * units, 0.5b +4.5% with 4 at 152; but 7b q8_0 -2% with 4 at 112 (four
- * times the blocks of 2), and 7b -3.5% with 8 (256-thread blocks) from 256
- * (all at 4 rows per group, gemv_mr_q). */
+ * takes, so K grows early (BENCHMARKS.md). */
 static inline int gemv_warps(int nu) { return nu >= 128 ? 4 : nu > 32 ? 2 : 1; }
 
 /* q4_K: lane takes one 64-value pair of a super-block (16-byte header and
@@ -563,9 +560,8 @@ __global__ void __launch_bounds__(GLU ? 512 : 128) k_gemv_mr(const mat_set S, si
     /* q8_0: a lane's first PRE units are loaded before the wait (off the
      * path that waits for x), then used in order (the same sums): two or
      * more in a loop of their own ahead of the main loop, one by the main
-     * loop's first trip (either form for the other measured 2-3% slower,
-     * BENCHMARKS.md); for q4_K the registers held across the wait cost more
-     * than they gain (measured: 7b q4_k decode -6%, 7b q8_0 +5%, one unit) */
+     * loop's first trip; for q4_K the registers held across the wait cost
+     * more than they gain (BENCHMARKS.md) */
     const int u0 = lane + 32 * part;
     constexpr int PQ = KD == GEMV_Q8_0 ? PRE : 1;
     int pq[PQ][R][8];
@@ -1154,8 +1150,7 @@ static int glu_per_sm(uint32_t type)
 
 /* One token, one warp per row (K 1), and a launch that fits in one wave:
  * its 512-thread blocks, 32 outputs each, are 4x coarser than the GEMV's,
- * and a second wave of them costs more than the launch saved (measured:
- * 7b q4_k gate+up, 592 blocks, decode -6%; 0.5b, 152 blocks, +2%). */
+ * and a second wave of them costs more than the launch saves. */
 int ck_glu_ok(uint32_t type, int n_in, int n_out, int T, int n_sm)
 {
     if (T != 1 || !ck_gemv_int8(type, n_in) || n_out % 32) return 0;

@@ -114,10 +114,10 @@ __device__ __forceinline__ void mmqb_sum_splits(const float *part0, int sp, int 
     }
 }
 
-/* What k_mmqb_mma and k_mmqb_wgmma share. A block's weight copies of a chunk: piece
- * p = tid + NT k is row p / 9's 16-byte piece p % 9, so a warp reads whole
- * rows' runs (measured: the gate+up of a 7b at 19% less time than with a
- * row's pieces split over two threads); rows PITCH bytes apart. */
+/* What k_mmqb_mma and k_mmqb_wgmma share. A block's weight copies of a
+ * chunk: piece p = tid + NT k is row p / 9's 16-byte piece p % 9, so a warp
+ * reads whole rows' runs (faster than a row's pieces split over two
+ * threads); rows PITCH bytes apart. */
 #define MMQB_THREADS (MMQB_WARPS * 32)
 #define MMQB_WPIECES ((MMQB_ROWS * 9 + MMQB_THREADS - 1) / MMQB_THREADS)
 /* A block's place: its matrix (S.m[mi]), its index among that matrix's
@@ -323,17 +323,13 @@ __global__ void __launch_bounds__(MMQB_WARPS * 32, 2)
  * layout with the 128-byte swizzle: a token's 64 values of one atom are a
  * 128-byte row whose 16-byte pieces are permuted by the row's index in its
  * group of 8 tokens, so a quarter-warp's 8 pieces of one token are one
- * 128-byte run in global memory and one shared-memory line (measured: the
- * unswizzled layouts split each quarter-warp's copy over 8 lines or 8 half
- * sectors, doubling the copies' L2 reads). Atoms: [K / 64][token group]
- * [8 tokens][128 bytes], 1024-byte aligned. A lane decodes sub-blocks 2q,
- * 2q + 1's scales of its two rows and takes the others from its row
- * group's lanes by shuffle (no barrier or buffer for them: +2.2% on the 7b
- * step; k_mmqb_mma lost by it). Same tiles, chunks, split and
- * partial sums as k_mmqb_mma. Measured on a 7b layer, 32 tokens: gate+up 61.7
- * against 64.2 us, down 36.0 against 37.7; at 24 tokens no gain. The
- * kernel is bound by neither its copies nor its math (issue 44%, tensor
- * 14%, DRAM 39%) but by each warp's chain of waits, as is k_mmqb_mma.
+ * 128-byte run in global memory and one shared-memory line (unswizzled,
+ * each quarter-warp's copy would take 8 lines). Atoms: [K / 64][token
+ * group][8 tokens][128 bytes], 1024-byte aligned. A lane decodes sub-blocks
+ * 2q, 2q + 1's scales of its two rows and takes the others from its row
+ * group's lanes by shuffle (no barrier or buffer for them). Same tiles,
+ * chunks, split and partial sums as k_mmqb_mma; faster at 25-32 tokens,
+ * bound by each warp's chain of waits as k_mmqb_mma is (BENCHMARKS.md).
  * Q6: q6_K in the batched layout (k_repack_q6_Kb), the same tiles, chunks
  * and split, a chunk's MMAs by wg_q6_chunk. */
 #define WG_WPITCH 176   /* bytes per row and chunk: 2-byte gathers by 8 rows hit 16 banks */
@@ -622,8 +618,7 @@ __global__ void k_repack_q6_Kb(const uint8_t *src, uint8_t *dst, size_t rb, int 
     }
 }
 
-/* CTAs per SM that k_mmqb_mma's K split aims at (2: 7% faster than 3 on a
- * 7b's gate and up) */
+/* CTAs per SM that the batched kernels' K split aims at (BENCHMARKS.md) */
 #define MMQB_CTAS 2
 
 /* k_mmqb_wgmma for four token tiles: in sm_90a builds (CK_WGMMA) */
@@ -636,11 +631,10 @@ static bool mmqb_wgmma_on(void)
 #endif
 }
 
-/* The K split of each matrix for k_mmqb_mma: enough CTAs for ~2 per SM, whole
- * chunks per split, but where the set's row tiles fit in the CTA slots,
- * no more CTAs than slots (measured: a 7b down projection's 28 tiles split
- * 10 ways left 16 CTAs for a second wave; 9 ways, 7b 32 streams +3-4%). A
- * function of the set's shapes only, never of the batch. Without room for
+/* The K split of each matrix for k_mmqb_mma: enough CTAs for ~2 per SM,
+ * whole chunks per split, but where the set's row tiles fit in the CTA
+ * slots, no more CTAs than slots (no small second wave). A function of the
+ * set's shapes only, never of the batch. Without room for
  * the partials (or the counters), no split. Gate and up (S.glu_u, one set
  * entry of n_out features): tiles of 64 features' two rows, split as the
  * set {gate, up} would be, so each row's sums are those of ck_mmq_dec. */
@@ -703,7 +697,7 @@ void ck_repack_q6_Kb(cudaStream_t st, const void *src, void *dst, size_t rb, int
 
 /* The batched kernel's launcher for type and T: token tiles only live ones
  * (the partial slots keep CK_MMQB_MAX_T tokens); four tiles by warpgroup
- * MMAs where built for them (measured: 24 tokens and fewer gain nothing);
+ * MMAs where built for them (24 tokens and fewer gain nothing from them);
  * q6_K only by those (ck_mmqb_ok) */
 typedef void (*mmqb_fn)(cudaStream_t, mat_set, size_t, int, const __half *, int, float *, size_t, int *, int, int);
 static mmqb_fn mmqb_pick(uint32_t type, int T)

@@ -141,7 +141,7 @@ static inline int norm_early(int n) { return n < 2048; }
 #define L_NORM(KER, ...)                                                                                  \
     do {                                                                                                  \
         int bs = n >= 1024 ? 1024 : ((n + 31) / 32) * 32, npt = (n + bs - 1) / bs, ne = norm_early(n);    \
-        act_forms L = act_forms_for(xq, x16, rows, n);                                                              \
+        act_forms L = act_forms_for(xq, x16, rows, n);                                                        \
         if (npt == 1) lk(KER<1>, rows, bs, 0, st, __VA_ARGS__, L, ne);                                    \
         else if (npt == 2) lk(KER<2>, rows, bs, 0, st, __VA_ARGS__, L, ne);                               \
         else if (npt <= 4) lk(KER<4>, rows, bs, 0, st, __VA_ARGS__, L, ne);                               \

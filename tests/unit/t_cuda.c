@@ -1177,7 +1177,7 @@ static void attn_group_case(be *gb, be *gd, be *gn, be *const *gm, be *cb, int n
         CHECKF(em < 1e-4, "tensor-core attention (%s) kv%s heads %d/%d hd %d: rel err %.3g",
                o ? "one block" : "split", kv, n_head, n_head_kv, hd, em);
         if (!mma)
-            CHECKF(!memcmp(g, h, nq * 4), "attention kv%s heads %d/%d hd %d: the tensor-core knob changed bits",
+            CHECKF(!memcmp(g, h, nq * 4), "attention kv%s heads %d/%d hd %d: the tensor-core form changed bits",
                    kv, n_head, n_head_kv, hd);
     }
     for (int t = 0; t < NS; t++) {
