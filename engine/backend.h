@@ -182,8 +182,9 @@ typedef struct be_opts {
 } be_opts;
 
 struct pool;
-/* Opens backend `name` ("cpu", "cuda"; NULL = the best present). The pool
- * serves the CPU backend (and host-side work of others). */
+/* Opens backend `name` ("cpu", "cuda"; NULL = the best present) with
+ * options o (NULL: the defaults). The pool serves the CPU backend (and
+ * host-side work of others). */
 int be_open_opts(be **out, const char *name, struct pool *p, const be_opts *o, char *err, size_t errlen);
 /* be_open_opts with only kv_f16 given */
 int be_open(be **out, const char *name, struct pool *p, int kv_f16, char *err, size_t errlen);

@@ -489,6 +489,8 @@ const char *be_available(void)
 
 int be_open_opts(be **out, const char *name, pool *p, const be_opts *o, char *err, size_t errlen)
 {
+    const be_opts dflt = { 0 };
+    if (!o) o = &dflt;
 #ifdef ANE_CUDA
     if (!name || !strcmp(name, "cuda")) {
         char cerr[256];

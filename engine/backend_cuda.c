@@ -1283,6 +1283,8 @@ void be_cuda_force_set(be *b, const be_cuda_force *f)
 int be_cuda_open(be **out, struct pool *p, const be_opts *o, char *err, size_t errlen)
 {
     (void)p;
+    const be_opts dflt = { 0 };
+    if (!o) o = &dflt;
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
         cudaGetLastError();

@@ -1269,6 +1269,51 @@ static void test_invariance(void)
     inv_case(gpuv, QT_Q4_K, 18944, 13, tv, 10, "gemv");
 }
 
+/* be_opts.deterministic: a decode batch of 24 streams in a pass, of a q4_K
+ * matrix the batched tensor-core kernel takes otherwise, gives each row the
+ * bits that row gets alone (the GEMV at every batch size). */
+static void test_deterministic(void)
+{
+    enum { T = 24, NIN = 1024, NOUT = 300 };
+    char err[256];
+    be *g = NULL;
+    const be_opts o = { .kv_f16 = 1, .deterministic = 1 };
+    int bad = be_open_opts(&g, "cuda", pl, &o, err, sizeof err);
+    CHECKF(!bad, "%s", err);
+    if (bad) return;
+    size_t rb;
+    wt w = { .type = QT_Q4_K, .n_in = NIN, .n_out = NOUT, .data = kept(make_weight(QT_Q4_K, NIN, NOUT, &rb)) };
+    w.row_bytes = rb;
+    CHECK(g->ops->weight_prepare(g, &w) == 0);
+    static int32_t pg[4];
+    int32_t pos[T], slot[T], ids[T] = { 0 };
+    const int32_t *pages[T];
+    for (int t = 0; t < T; t++) { pos[t] = 5 + t; slot[t] = t; pages[t] = pg; }
+    float *x = malloc((size_t)T * NIN * 4), *y = malloc((size_t)T * NOUT * 4), *y1 = malloc((size_t)NOUT * 4);
+    for (int i = 0; i < T * NIN; i++) x[i] = frand();
+    float *dx = dev_from(g, x, (size_t)T * NIN), *dy = g->ops->alloc(g, (size_t)T * NOUT * 4);
+    be_batch bt = { .T = T, .pos = pos, .pages = pages, .slot = slot, .n_dec = T };
+    CHECK(g->ops->step_begin(g, ids, &bt, NULL, 0) == 0);
+    g->ops->matmul(g, &w, NULL, dx, T, dy);
+    g->ops->step_end(g);
+    g->ops->to_host(g, y, dy, (size_t)T * NOUT * 4);
+    int differ = 0;
+    for (int t = 0; t < T; t++) {
+        be_batch one = { .T = 1, .pos = pos + t, .pages = pages + t, .slot = slot + t, .n_dec = 1 };
+        CHECK(g->ops->step_begin(g, ids, &one, NULL, 0) == 0);
+        g->ops->matmul(g, &w, NULL, dx + (size_t)t * NIN, 1, dy);
+        g->ops->step_end(g);
+        g->ops->to_host(g, y1, dy, (size_t)NOUT * 4);
+        differ += memcmp(y1, y + (size_t)t * NOUT, (size_t)NOUT * 4) != 0;
+    }
+    g->ops->sync(g);
+    CHECKF(differ == 0, "deterministic: %d of %d rows of a %d-stream decode batch differ from the row alone", differ, T,
+           T);
+    g->ops->free(g, dx); g->ops->free(g, dy);
+    g->ops->close(g);
+    free(x); free(y); free(y1);
+}
+
 /* rows split over blocks (under 64 rows) and not; ties inside a block's
  * share and across shares: the first wins; a row of -inf gives 0 */
 static void test_argmax(void)
@@ -1652,6 +1697,7 @@ int main(int argc, char **argv)
     RUN_SOME(test_deltanet);
     if (gpu_open(&gpuv, 1, &(be_cuda_force){ .gemv_all = 1 }, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
     RUN_SOME(test_invariance);
+    RUN_SOME(test_deterministic);
     gpuv->ops->close(gpuv);
     gpu->ops->close(gpu); gpu32->ops->close(gpu32); cpu->ops->close(cpu); cpu32->ops->close(cpu32);
     pool_close(pl);
