@@ -1456,13 +1456,17 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
     if (e->max_seqs > 256) e->max_seqs = 256;
     in->n_ctx = e->n_ctx;
     in->max_seqs = e->max_seqs;
+    in->deterministic = opt->deterministic;
+    in->cuda_f16_cache_off = opt->cuda_f16_cache_off;
 
     int nth = opt->n_threads > 0 ? opt->n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (nth < 1) nth = 1;
     if (nth > 256) nth = 256;
     in->n_threads = nth;
     if (pool_open(&e->pool, nth)) { snprintf(err, errlen, "cannot start %d threads", nth); goto fail; }
-    if (be_open(&e->be, opt->backend, e->pool, !opt->kv_f32, err, errlen)) goto fail;
+    be_opts bo = { .kv_f16 = !opt->kv_f32, .deterministic = opt->deterministic,
+                   .f16_cache_off = opt->cuda_f16_cache_off };
+    if (be_open_opts(&e->be, opt->backend, e->pool, &bo, err, errlen)) goto fail;
     const char *lacks = fw_lacks(m, e->be->ops);
     if (lacks) {
         /* the architecture needs ops this backend lacks: when the
