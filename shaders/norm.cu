@@ -134,7 +134,7 @@ extern "C" {
 /* Whether a norm schedules the next launch before its own wait, so that
  * the matmul after it loads its weights while the norm's predecessor
  * drains (every kernel reads only weights and the pass's constants before
- * its wait): rows under 2048 values, launch-bound models (BENCHMARKS.md). */
+ * its wait): rows under 2048 values, launch-bound models (docs/benchmarks.md). */
 static inline int norm_early(int n) { return n < 2048; }
 
 /* a block per row: up to 1024 threads, each with up to 8 values in registers */
