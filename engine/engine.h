@@ -30,6 +30,11 @@ typedef struct eng_opts {
      * into the engine; typically ev_async_send(). May be NULL (then poll). */
     void (*notify)(void *arg);
     void *notify_arg;
+    /* A line for the daemon's log (warn 0: an error, 1: a warning), from any
+     * engine thread, e.g. that the model file changed on disk. May be NULL
+     * (then stderr). */
+    void (*log)(void *arg, int warn, const char *line);
+    void *log_arg;
 } eng_opts;
 
 /* Loads the model and starts the worker. */
@@ -49,6 +54,7 @@ typedef enum eng_err {
     ENG_ENOMEM,
     ENG_ESHUTDOWN,   /* the engine is closing */
     ENG_EINTERNAL,
+    ENG_EMODEL_CHANGED, /* the model file changed on disk after load: restart to load it */
 } eng_err;
 
 const char *eng_strerror(eng_err code);
