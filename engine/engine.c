@@ -437,15 +437,15 @@ static void eng_log(eng *e, int warn, const char *line)
 }
 
 /* The model's files against what was loaded (model_check), at submit and
- * after every forward pass. Once the weights in use are not what was loaded
+ * (quick) after every forward pass. Once the weights in use are not what was loaded
  * every job ends with ENG_EMODEL_CHANGED and new ones are refused (ping,
  * info, tokenize go on); a change that leaves them intact is only logged.
  * Logged once either way. Any thread. */
-static int model_gone(eng *e)
+static int model_gone(eng *e, int quick)
 {
     if (atomic_load(&e->model_gone)) return 1;
     char why[400], line[480];
-    int rc = model_check(e->m, why, sizeof why);
+    int rc = model_check(e->m, quick, why, sizeof why);
     if (rc == MODEL_SAME) return 0;
     if (rc == MODEL_DETACHED) {
         if (!atomic_exchange(&e->model_noted, 1)) {
@@ -651,7 +651,7 @@ int eng_submit(eng *e, const eng_job_desc *d, uint64_t *job_id, eng_err *code, c
 {
     if (code) *code = ENG_OK;
     if (e->m->tokenizer_only) return fail(code, ENG_ENOMODEL, err, errlen, NULL);
-    if (model_gone(e)) { gone_msg(e, err, errlen); if (code) *code = ENG_EMODEL_CHANGED; return -1; }
+    if (model_gone(e, 0)) { gone_msg(e, err, errlen); if (code) *code = ENG_EMODEL_CHANGED; return -1; }
     if (d->kind != ENG_JOB_GENERATE && d->kind != ENG_JOB_EVAL)
         return fail(code, ENG_EINVAL, err, errlen, "unknown job kind");
     if (d->kind == ENG_JOB_GENERATE && valid_sampling(&d->sampling, err, errlen)) {
@@ -1104,7 +1104,7 @@ static void step(eng *e)
         fw_run(e->fw, e->b_tok, &bt, e->b_out, n_out, e->logits);
     }
     t_pass = now_ms() - t_pass;
-    if (model_gone(e)) {   /* this pass read other weights: its jobs end (schedule) */
+    if (model_gone(e, 1)) {   /* this pass read other weights: its jobs end (schedule) */
         if (e->a_on) fw_greedy_take(e->fw, e->a_ids, e->a_T);
         e->a_on = 0;
         return;

@@ -457,12 +457,12 @@ fail:
     return -1;
 }
 
-int hf_check(const hf_model *h, char *why, size_t n)
+int hf_check(hf_model *h, int quick, char *why, size_t n)
 {
     int rc = MF_SAME;
     for (int i = 0; i < h->n_shards && rc != MF_CHANGED; i++) {
         char w[300];
-        int r = mf_check(&h->shards[i], w, sizeof w);
+        int r = mf_check(&h->shards[i], quick, w, sizeof w);
         if (r == MF_CHANGED || (r == MF_REPLACED && rc == MF_SAME)) {
             rc = r;
             snprintf(why, n, "%s", w);

@@ -30,6 +30,6 @@ const hf_config *hf_cfg(const hf_model *h);
 const gguf_tensor *hf_tensor_find(const hf_model *h, const char *gguf_name);
 uint64_t hf_n_tensors(const hf_model *h);
 /* mf_check over the shards: the first MF_CHANGED, else the first MF_REPLACED. */
-int hf_check(const hf_model *h, char *why, size_t n);
+int hf_check(hf_model *h, int quick, char *why, size_t n);
 
 #endif

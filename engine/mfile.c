@@ -213,7 +213,14 @@ void mf_unmap(mf_map *m)
     m->path = NULL;
 }
 
-int mf_check(const mf_map *m, char *why, size_t n)
+static long long now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int mf_check(mf_map *m, int quick, char *why, size_t n)
 {
     if (!m->map) return MF_SAME;
     if (m->slot >= 0 && atomic_load(&slots[m->slot].hit)) {
@@ -232,7 +239,10 @@ int mf_check(const mf_map *m, char *why, size_t n)
             return MF_CHANGED;
         }
     }
-    /* a rename over it or a removal leaves the mapped file whole */
+    /* a rename over it or a removal leaves the mapped file whole: told, not urgent */
+    long long now = now_ms();
+    if (quick && now < atomic_load(&m->path_due)) return MF_SAME;
+    atomic_store(&m->path_due, now + 1000);
     if (stat(m->path, &st) == 0) {
         if (st.st_dev != m->dev || st.st_ino != m->ino) {
             snprintf(why, n, "model file %s was replaced on disk after load", m->path);

@@ -19,6 +19,7 @@
 #ifndef ANE_MFILE_H
 #define ANE_MFILE_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/stat.h>
@@ -42,6 +43,7 @@ typedef struct mf_map {
     ino_t ino;
     struct timespec mtime;
     char *path;
+    atomic_llong path_due;   /* the path is looked up again from then on (ms) */
 } mf_map;
 
 /* Maps fd (from mf_open, st its fstat, st->st_size > 0) read-only and
@@ -55,7 +57,9 @@ enum {
     MF_CHANGED,       /* its bytes changed (or a read faulted): the mapping no longer holds what was loaded */
     MF_REPLACED,      /* the path names another file now, or none; the mapped one is unchanged */
 };
-/* One of the above; for the last two a line saying what happened in why. */
-int mf_check(const mf_map *m, char *why, size_t n);
+/* One of the above; for the last two a line saying what happened in why.
+ * Costs an fstat and a stat; quick: the path's stat (for MF_REPLACED, which
+ * is only told) at most once a second. */
+int mf_check(mf_map *m, int quick, char *why, size_t n);
 
 #endif

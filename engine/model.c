@@ -169,7 +169,7 @@ int model_prepare(model *m, be *b, char *err, size_t errlen)
     }
     /* what the backend took must be what was loaded */
     char why[400];
-    if (model_check(m, why, sizeof why) == MODEL_CHANGED) {
+    if (model_check(m, 0, why, sizeof why) == MODEL_CHANGED) {
         snprintf(err, errlen, "%s while loading; load it again once it is complete", why);
         return -1;
     }
@@ -181,10 +181,18 @@ fail:
     return -1;
 }
 
-int model_check(const model *m, char *why, size_t n)
+int model_check(model *m, int quick, char *why, size_t n)
 {
+    if (quick && m->resident) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        long long now = (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+        if (now < atomic_load(&m->check_due)) return MODEL_SAME;
+        atomic_store(&m->check_due, now + 1000);
+    }
     char w[400] = "";
-    int rc = m->gguf ? mf_check(&m->gguf->mm, w, sizeof w) : m->hf ? hf_check(m->hf, w, sizeof w) : MF_SAME;
+    int rc = m->gguf ? mf_check(&m->gguf->mm, quick, w, sizeof w) : m->hf ? hf_check(m->hf, quick, w, sizeof w)
+                                                                     : MF_SAME;
     if (rc == MF_SAME) return MODEL_SAME;
     if (rc == MF_CHANGED && !m->resident) {
         snprintf(why, n, "%s", w);
@@ -519,7 +527,7 @@ int model_load(model **out, const char *path, char *err, size_t errlen)
 done:;
     /* a file rewritten meanwhile may have given any mix of old and new bytes */
     char why[400];
-    if (model_check(m, why, sizeof why) == MODEL_CHANGED) {
+    if (model_check(m, 0, why, sizeof why) == MODEL_CHANGED) {
         snprintf(err, errlen, "%s while loading; load it again once it is complete", why);
         goto fail;
     }

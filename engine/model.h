@@ -6,6 +6,7 @@
 #ifndef ANE_MODEL_H
 #define ANE_MODEL_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -69,6 +70,7 @@ typedef struct model {
     uint64_t n_params, weight_bytes;
     int resident;               /* the backend holds its own copy of every weight: the
                                    file mappings are not read after model_prepare */
+    atomic_llong check_due;     /* resident: model_check looks again from then on (ms) */
     /* owner of the bytes: */
     struct gguf *gguf;
     struct hf_model *hf;
@@ -92,7 +94,9 @@ int model_prepare(model *m, struct be *b, char *err, size_t errlen);
  * over, removed, or rewritten while the backend holds its own copy) but the
  * weights in use are intact. For the last two a line in why. Any thread. */
 enum { MODEL_SAME = 0, MODEL_CHANGED, MODEL_DETACHED };
-int model_check(const model *m, char *why, size_t n);
+/* quick (after each forward pass): what can only be told (a rename over the
+ * file; anything for a resident model) is looked at once a second. */
+int model_check(model *m, int quick, char *why, size_t n);
 
 /* Dequantizes row r of w to f32 (embedding lookup, tests). */
 void wt_row_f32(const wt *w, int64_t r, float *dst);

@@ -710,7 +710,7 @@ static void test_sigbus_model(void)
         char err[512], why[400];
         model *m = NULL;
         if (model_load(&m, path, err, sizeof err)) _exit(10);
-        if (model_check(m, why, sizeof why) != MODEL_SAME) _exit(11);
+        if (model_check(m, 0, why, sizeof why) != MODEL_SAME) _exit(11);
         truncate_in_place(path);
         float row[64];
         wt_row_f32(&m->tok_embd, m->tok_embd.n_out - 1, row);   /* past the end now: SIGBUS */
@@ -719,7 +719,7 @@ static void test_sigbus_model(void)
         const layer_w *L = &m->layers[m->hp.n_layer - 1];
         volatile uint8_t x = ((const uint8_t *)L->w_down.data)[0];
         if (x != 0) _exit(13);
-        if (model_check(m, why, sizeof why) != MODEL_CHANGED || !strstr(why, path) || !strstr(why, "changed on disk"))
+        if (model_check(m, 0, why, sizeof why) != MODEL_CHANGED || !strstr(why, path) || !strstr(why, "changed on disk"))
             _exit(14);
         model_free(m);
         _exit(0);
@@ -767,10 +767,10 @@ static void test_model_check_kinds(void)
     model *m = NULL;
     CHECKF(model_load(&m, path, err, sizeof err) == 0, "%s", err);
     if (!m) return;
-    CHECK(model_check(m, why, sizeof why) == MODEL_SAME);
+    CHECK(model_check(m, 0, why, sizeof why) == MODEL_SAME);
     snprintf(other, sizeof other, "%s.new", path);
     CHECK(copy_file(FIXTURE("models/qwen2-tiny.bf16.gguf"), other) == 0 && rename(other, path) == 0);
-    CHECK(model_check(m, why, sizeof why) == MODEL_DETACHED);
+    CHECK(model_check(m, 0, why, sizeof why) == MODEL_DETACHED);
     CHECKF(strstr(why, "replaced") != NULL, "%s", why);
     model_free(m);
 
@@ -779,9 +779,9 @@ static void test_model_check_kinds(void)
     if (!m) return;
     usleep(50000);   /* past the file system's timestamp granularity */
     rewrite_same_size(path);
-    CHECK(model_check(m, why, sizeof why) == MODEL_CHANGED);
+    CHECK(model_check(m, 0, why, sizeof why) == MODEL_CHANGED);
     m->resident = 1;
-    CHECK(model_check(m, why, sizeof why) == MODEL_DETACHED);
+    CHECK(model_check(m, 0, why, sizeof why) == MODEL_DETACHED);
     model_free(m);
 }
 
