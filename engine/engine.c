@@ -437,10 +437,10 @@ static void eng_log(eng *e, int warn, const char *line)
 }
 
 /* The model's files against what was loaded (model_check), at submit and
- * (quick) after every forward pass. Once the weights in use are not what was loaded
- * every job ends with ENG_EMODEL_CHANGED and new ones are refused (ping,
- * info, tokenize go on); a change that leaves them intact is only logged.
- * Logged once either way. Any thread. */
+ * (quick) after every forward pass. Once the weights in use are not what
+ * was loaded every job ends with ENG_EMODEL_CHANGED and new ones are
+ * refused (ping, info, tokenize go on); a change that leaves them intact is
+ * only logged. Logged once either way. Any thread. */
 static int model_gone(eng *e, int quick)
 {
     if (atomic_load(&e->model_gone)) return 1;

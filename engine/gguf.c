@@ -3,8 +3,6 @@
  * the tables in struct gguf are trustworthy. */
 #include "engine/gguf.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -5,7 +5,6 @@
 
 #include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <float.h>
 #include <jansson.h>
 #include <math.h>
