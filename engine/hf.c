@@ -377,7 +377,15 @@ static int config_load(hf_model *h, const char *dir, char *err, size_t errlen)
         snprintf(err, errlen, "%s: tie_word_embeddings is %s, expected true or false", path, jtype(tie));
         goto out;
     }
-    g->tie = json_is_true(tie);
+    g->tie = json_is_boolean(tie) ? json_is_true(tie) : -1;
+    /* the MLP is SwiGLU: another activation would compute something else */
+    json_t *act = json_object_get(c, "hidden_act");
+    if (act && !json_is_null(act) && !(json_is_string(act) && !strcmp(json_string_value(act), "silu"))) {
+        snprintf(err, errlen, "%s: hidden_act is %s%s%s, expected \"silu\"", path,
+                 json_is_string(act) ? "\"" : jtype(act), json_is_string(act) ? json_string_value(act) : "",
+                 json_is_string(act) ? "\"" : "");
+        goto out;
+    }
     /* rope base: (1, FLT_MAX] (1 or below turns no pair, inf or NaN spoils every one) */
     if (cnum(&r, c, "rope_theta", 10000.0, 1, FLT_MAX, &g->rope_theta)) goto out;
     json_t *rp = json_object_get(c, "rope_parameters");

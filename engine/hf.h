@@ -16,7 +16,7 @@ typedef struct hf_config {
     char arch[32];            /* "llama", "qwen2", "qwen3" (from model_type) */
     int64_t hidden, layers, heads, kv_heads, head_dim, ff, vocab, ctx;
     double eps, rope_theta;
-    int tie;
+    int tie;                  /* tie_word_embeddings: 1, 0, or -1 when absent */
     int rope_llama3;          /* rope_type llama3: the parameters below */
     double rope_factor, rope_low, rope_high, rope_orig_ctx;
     int64_t bos, eos;         /* -1 when null/absent */

@@ -86,6 +86,34 @@ static int key_f(ld *l, const char *suffix, double *v, double dflt, double lo, d
     return 0;
 }
 
+/* Metadata asking for what this engine does not compute (rope scaling other
+ * than Llama 3.1's, which comes as rope_freqs.weight; experts): refused
+ * rather than run as something else. */
+static int unsupported_keys(ld *l)
+{
+    char key[128];
+    gguf_str st;
+    if (key_has(l, "rope.scaling.type", key, sizeof key, 0) == 1) {
+        if (gguf_get_str(l->g, key, &st)) return ld_fail(l, "metadata key '%s' is not a string", key);
+        if (st.n == 4 && !memcmp(st.s, "none", 4)) return 0;
+        return ld_fail(l, "metadata key '%s' is '%.*s': rope scaling is not supported (expected none)", key,
+                       (int)(st.n > 40 ? 40 : st.n), st.s);
+    }
+    static const char *const factors[] = { "rope.scaling.factor", "rope.scale_linear" };
+    for (size_t i = 0; i < sizeof factors / sizeof factors[0]; i++) {
+        double f;
+        if (key_has(l, factors[i], key, sizeof key, 0) != 1) continue;
+        if (gguf_get_f64(l->g, key, &f)) return ld_fail(l, "metadata key '%s' is not a number", key);
+        if (f != 0 && f != 1)
+            return ld_fail(l, "metadata key '%s' is %g: rope scaling is not supported (expected 1)", key, f);
+    }
+    int64_t v;
+    if (key_has(l, "expert_count", key, sizeof key, 0) == 1 && (gguf_get_i64(l->g, key, &v) || v != 0))
+        return ld_fail(l, "metadata key '%s' is present: mixture-of-experts models are not supported (expected "
+                       "0 or absent)", key);
+    return 0;
+}
+
 /* Every blk.N tensor belongs to a block below block_count: a count that
  * leaves blocks out means the rest of the metadata is not this file's. */
 static int blocks_in_range(ld *l)
@@ -413,6 +441,8 @@ static int model_load_hf(model *m, ld *l)
     hp->rope_base = (float)c->rope_theta;
     hp->rope_neox = 1;   /* HF checkpoints rotate halves; only GGUF llama rows are permuted */
     if (load_weights(l)) return -1;
+    if (c->tie == 0 && !hf_tensor_find(m->hf, "output.weight"))
+        return ld_fail(l, "config.json: tie_word_embeddings is false but no shard has lm_head.weight");
     if (c->rope_llama3) {
         float *dst = l->vec_buf + l->vec_used;
         llama3_rope_divisors(c, hp->n_rot, dst);
@@ -511,6 +541,7 @@ int model_load(model **out, const char *path, char *err, size_t errlen)
     hp->norm_eps = (float)f;
     if (key_f(&l, "rope.freq_base", &f, 10000.0, 1, FLT_MAX)) goto fail;
     hp->rope_base = (float)f;
+    if (unsupported_keys(&l)) goto fail;
     char vk[128];
     if (key_has(&l, "vocab_size", vk, sizeof vk, 0) == 1) {
         if (gguf_get_i64(l.g, vk, &v)) { ld_fail(&l, "metadata key '%s' is not an integer", vk); goto fail; }

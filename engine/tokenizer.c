@@ -1192,6 +1192,10 @@ int tok_load_gguf(tok **out, const gguf *g, char *err, size_t errlen)
         gguf_str s = gguf_arr_str(tk, (uint64_t)i);
         text[i].s = s.s; text[i].n = (size_t)s.n;
         if (scores) scores[i] = (float)gguf_arr_f64(sc, (uint64_t)i);
+        if (scores && scores[i] != scores[i]) {   /* merge ranks: NaN orders nothing */
+            fail(err, errlen, "%s: tokenizer.ggml.scores[%d] is NaN, expected a number", g->path, (int)i);
+            goto done;
+        }
         int64_t v = ty ? gguf_arr_i64(ty, (uint64_t)i) : TT_NORMAL;
         types[i] = (uint8_t)(v >= TT_NORMAL && v <= TT_BYTE ? v : TT_NORMAL);
     }

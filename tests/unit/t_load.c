@@ -422,6 +422,35 @@ static void test_token_ids(void)
     expect_refused(&s, "bos as a string", "tokenizer.ggml.bos_token_id", "not an integer");
 }
 
+/* What the engine does not compute is refused, not run as something else. */
+static void test_unsupported(void)
+{
+    gspec s;
+    base_spec(&s);
+    set_str(&s, "llama.rope.scaling.type", "yarn");
+    expect_refused(&s, "rope scaling yarn", "llama.rope.scaling.type", "not supported");
+    base_spec(&s);
+    set_f32(&s, "llama.rope.scale_linear", 4);
+    expect_refused(&s, "rope.scale_linear 4", "llama.rope.scale_linear", "not supported");
+    base_spec(&s);
+    set_f32(&s, "llama.rope.scaling.factor", 8);
+    expect_refused(&s, "rope.scaling.factor 8", "llama.rope.scaling.factor", "not supported");
+    base_spec(&s);
+    set_u32(&s, "llama.expert_count", 8);
+    expect_refused(&s, "expert_count 8", "llama.expert_count", "mixture-of-experts");
+    base_spec(&s);
+    static float nan_scores[NV];
+    memcpy(nan_scores, vscore, sizeof nan_scores);
+    nan_scores[100] = NAN;
+    kv_find(&s, "tokenizer.ggml.scores")->af = nan_scores;
+    expect_refused(&s, "a NaN score", "tokenizer.ggml.scores[100]", "NaN");
+    base_spec(&s);
+    set_str(&s, "llama.rope.scaling.type", "none");
+    set_f32(&s, "llama.rope.scaling.factor", 8);
+    char path[256], err[512];
+    CHECKF(load_spec(&s, path, sizeof path, err, sizeof err) == 0, "scaling type none must load: %s", err);
+}
+
 static void test_vocab_size(void)
 {
     gspec s;
@@ -616,6 +645,8 @@ static void test_hf_config(void)
         { "eos_token_id", "[4072, 99999]", 0, "vocab_size" },
         { "eos_token_id", "-1", 0, "vocab_size" },
         { "tie_word_embeddings", "\"yes\"", 0, "true or false" },
+        { "tie_word_embeddings", "false", 0, "lm_head.weight" },   /* (the shard has none) */
+        { "hidden_act", "\"gelu\"", 0, "silu" },
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         json_error_t je;
@@ -625,7 +656,7 @@ static void test_hf_config(void)
         char what[128];
         snprintf(what, sizeof what, "config.json %s: %s", bad[i].field, bad[i].json);
         expect_child_refused(dir, what, bad[i].field, bad[i].needle);
-        if (strcmp(bad[i].field, "vocab_size") || strcmp(bad[i].json, "5000"))
+        if (strcmp(bad[i].json, "5000") && strcmp(bad[i].json, "false"))   /* (those two: the directory's) */
             expect_child_refused(dir, what, cfg, NULL);
     }
     /* null counts as absent; lists of eos ids are fine */
@@ -951,6 +982,7 @@ int main(void)
     RUN(test_overlapping_tensors);
     RUN(test_bad_numbers);
     RUN(test_token_ids);
+    RUN(test_unsupported);
     RUN(test_vocab_size);
     RUN(test_shapes_and_counts);
     RUN(test_fifos);
