@@ -6,6 +6,10 @@
 #   make cuda       build with the CUDA backend (CUDA_ARCH=90); test-cuda runs its tests;
 #                   ktrace builds bin/ktrace.so, a kernel-timeline tracer
 #   make fuzz       every libFuzzer target FUZZ_SECONDS (default 30) s each
+#   make install    programs, libaneclient (+ headers, pkg-config), units, docs
+#                   under PREFIX (/usr/local), staged into DESTDIR
+#   make aarch64    t_qgemm, t_dequant cross-built for aarch64 into bin/aarch64
+#                   (the NEON kernels); make test runs them under qemu-user
 #   make help       this text
 # Knobs: CC, OPT, CFLAGS, SANITIZER=address|undefined|address,undefined|thread, WERROR=1.
 
@@ -68,10 +72,12 @@ BUILD_KIND := $(if $(filter 1,$(CUDA)),cuda,cpu)
 # programs relink when the build kind changes (bin/.kind holds the last one)
 $(shell mkdir -p bin; [ "$$(cat bin/.kind 2>/dev/null)" = "$(BUILD_KIND)" ] || echo $(BUILD_KIND) > bin/.kind)
 
+COMMON_SRC := $(wildcard common/*.c)
 PROTO_SRC  := $(wildcard proto/*.c)
-ENGINE_SRC := $(wildcard engine/*.c)
+# engine sources sit in subfolders (engine/README.md): object paths mirror them
+ENGINE_SRC := $(sort $(shell find engine -name '*.c'))
 CLIENT_LIB_SRC := $(wildcard client/libaneclient.c)
-HTTP_SRC   := $(wildcard client/aned-http.c client/http_*.c)
+HTTP_SRC   := $(wildcard http/*.c)
 DAEMON_SRC := $(wildcard daemon/*.c)
 # t_cuda checks the CUDA kernels: built only in CUDA builds (make cuda / test-cuda)
 UNIT_SRC   := $(filter-out $(if $(filter 1,$(CUDA)),,tests/unit/t_cuda.c),$(wildcard tests/unit/t_*.c))
@@ -79,6 +85,7 @@ BENCH_SRC  := $(wildcard tests/bench/*.c)
 BENCH_BIN  := $(BENCH_SRC:tests/bench/%.c=bin/%)
 TEST_HELP_SRC := $(filter-out tests/unit/t_%.c,$(wildcard tests/unit/*.c))
 
+COMMON_OBJ := $(COMMON_SRC:%.c=$(O)/%.o)
 PROTO_OBJ  := $(PROTO_SRC:%.c=$(O)/%.o)
 ENGINE_OBJ := $(ENGINE_SRC:%.c=$(O)/%.o)
 CLIENT_LIB_OBJ := $(CLIENT_LIB_SRC:%.c=$(O)/%.o)
@@ -96,17 +103,19 @@ LIBCLIENT := $(LIBDIR)/libaneclient.a
 PROGS := $(if $(DAEMON_SRC),bin/aned) $(if $(wildcard client/aneclient.c),bin/aneclient) \
          $(if $(HTTP_SRC),bin/aned-http) $(BENCH_BIN)
 
-.PHONY: all deps run test bench cuda test-cuda ktrace help clean fixtures fuzz
+.PHONY: all deps run test bench cuda test-cuda ktrace help clean fixtures fuzz install aarch64
 all: $(PROGS) $(LIBCLIENT) $(UNIT_BIN)
 
 help:
-	@sed -n '2,11p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,15p' Makefile | sed 's/^# \{0,1\}//'
 
 # Install what is missing when root; otherwise print the exact command.
 # SKIP_DEPS=1: the libraries come from elsewhere (PC_CFLAGS/PC_LIBS given).
+# The aarch64 test tools are optional: without them make test says so and
+# skips the NEON tests.
 deps:
 	@[ -n "$(SKIP_DEPS)" ] && exit 0; missing=""; \
-	for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	for p in $(DEB_PKGS); do dpkg-query -W -f='$${db:Status-Abbrev}\n' $$p 2>/dev/null | grep -q '^ii' || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    echo "installing:$$missing"; \
@@ -117,6 +126,66 @@ deps:
 	    echo "missing packages; run: sudo apt-get install$$missing" >&2; exit 1; \
 	  fi; \
 	fi
+	@[ -n "$(SKIP_DEPS)$(filter 1,$(CUDA))" ] && exit 0; missing=""; \
+	for p in $(AA_DEB_PKGS); do dpkg-query -W -f='$${db:Status-Abbrev}\n' $$p 2>/dev/null | grep -q '^ii' || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ]; then \
+	  echo "installing (aarch64 tests):$$missing"; \
+	  (apt-get install -y -qq $$missing >/dev/null 2>&1 || \
+	   (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq $$missing >/dev/null 2>&1)) || \
+	   echo "apt-get install failed:$$missing: the aarch64 tests will be skipped" >&2; \
+	elif [ -n "$$missing" ]; then \
+	  echo "aarch64 tests need:$$missing (sudo apt-get install$$missing)" >&2; \
+	fi
+	@[ -n "$(SKIP_DEPS)$(filter 1,$(CUDA))" ] && exit 0; $(AA_FETCH_JANSSON)
+
+# --- aarch64: the NEON kernels (engine/quant/arm/neon.c) are compiled and checked
+# only on aarch64. t_qgemm and t_dequant are cross-built with the objects they
+# need alone (quant types, NEON kernels, GGUF reader and its file mapping),
+# linked statically and run under qemu-user. t_dequant reads its reference with jansson: the arm64
+# libjansson.a comes from Debian's libjansson-dev:arm64, unpacked into
+# bin/aarch64/sysroot (apt-get download, not installed, so the system keeps
+# one libjansson-dev).
+AA_CC       ?= aarch64-linux-gnu-gcc
+AA_QEMU     ?= qemu-aarch64-static
+AA_DEB_PKGS := gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static
+AA_DIR      := bin/aarch64
+AA_SYSROOT  := $(AA_DIR)/sysroot
+AA_JANSSON  := $(AA_SYSROOT)/usr/lib/aarch64-linux-gnu/libjansson.a
+AA_ENG_SRC  := $(filter %/qtypes.c %/arm/neon.c %/gguf.c %/mfile.c,$(ENGINE_SRC)) $(COMMON_SRC)
+AA_OBJ      := $(AA_ENG_SRC:%.c=$(AA_DIR)/obj/%.o)
+AA_TESTS    := $(AA_DIR)/t_qgemm $(AA_DIR)/t_dequant
+AA_CFLAGS    = -std=c11 $(OPT) -g -pthread $(WARN) -I. -D_GNU_SOURCE -idirafter $(AA_SYSROOT)/usr/include
+# gcc 12's aarch64 loop vectorizer crashes on t_dequant.c (vect_transform_reduction)
+AA_TEST_CFLAGS := -fno-tree-loop-vectorize
+AA_FETCH_JANSSON = [ -f $(AA_JANSSON) ] && exit 0; command -v $(AA_CC) >/dev/null || exit 0; \
+	if ! dpkg --print-foreign-architectures | grep -qx arm64; then \
+	  [ "$$(id -u)" = 0 ] || { echo "aarch64 tests: arm64 is not a dpkg architecture (sudo dpkg --add-architecture arm64)" >&2; exit 0; }; \
+	  dpkg --add-architecture arm64 && apt-get update -qq >/dev/null 2>&1; \
+	fi; \
+	mkdir -p $(AA_DIR)/deb && rm -f $(AA_DIR)/deb/*.deb && \
+	( (cd $(AA_DIR)/deb && apt-get download -qq libjansson-dev:arm64 >/dev/null 2>&1) || \
+	  ([ "$$(id -u)" = 0 ] && apt-get update -qq >/dev/null 2>&1 && \
+	   cd $(AA_DIR)/deb && apt-get download -qq libjansson-dev:arm64 >/dev/null 2>&1) ) && \
+	dpkg-deb -x $(AA_DIR)/deb/libjansson-dev_*_arm64.deb $(AA_SYSROOT) && [ -f $(AA_JANSSON) ] || \
+	echo "aarch64 tests: could not fetch libjansson-dev:arm64; they will be skipped" >&2
+
+$(AA_DIR)/obj/%.o: %.c | bin/.deps-ok
+	@mkdir -p $(dir $@)
+	$(AA_CC) $(AA_CFLAGS) $(if $(filter tests/%,$<),$(AA_TEST_CFLAGS)) -MMD -MP -c $< -o $@
+# kept, so that a second make finds them up to date
+.SECONDARY: $(AA_OBJ) $(AA_TESTS:$(AA_DIR)/%=$(AA_DIR)/obj/tests/unit/%.o)
+$(AA_DIR)/t_%: $(AA_DIR)/obj/tests/unit/t_%.o $(AA_OBJ)
+	$(AA_CC) -static -pthread -o $@ $^ -L$(dir $(AA_JANSSON)) -ljansson -lm
+
+# Builds them where the cross compiler, qemu and the arm64 jansson are
+# there; otherwise says what is missing (make test then skips them).
+aarch64: | bin/.deps-ok
+	@if command -v $(AA_CC) >/dev/null 2>&1 && command -v $(AA_QEMU) >/dev/null 2>&1 && \
+	    [ -f $(AA_JANSSON) ]; then \
+	  $(MAKE) --no-print-directory $(AA_TESTS); \
+	else \
+	  echo "aarch64 tests not built: need $(AA_CC), $(AA_QEMU) (packages $(AA_DEB_PKGS)) and $(AA_JANSSON)"; \
+	fi
 
 bin/.deps-ok: | deps
 	@mkdir -p bin && touch $@
@@ -125,9 +194,10 @@ $(O)/%.o: %.c | bin/.deps-ok
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -MMD -MP -c $< -o $@
 
-$(LIBPROTO): $(PROTO_OBJ)
+# common/ (UTF-8, error messages) goes into every library that needs it
+$(LIBPROTO): $(PROTO_OBJ) $(COMMON_OBJ)
 	@mkdir -p $(dir $@); rm -f $@; ar rcs $@ $^
-$(LIBENGINE): $(ENGINE_OBJ) $(CUDA_OBJ)
+$(LIBENGINE): $(ENGINE_OBJ) $(COMMON_OBJ) $(CUDA_OBJ)
 	@mkdir -p $(dir $@); rm -f $@; ar rcs $@ $^
 
 $(O)/shaders/%.o: shaders/%.cu shaders/%.h shaders/cuda_launch.cuh
@@ -147,7 +217,7 @@ bin/ktrace.so: tests/bench/ktrace/ktrace.c
 test-cuda: fixtures
 	$(MAKE) CUDA=1 all
 	@bin/tests/t_cuda && ANE_BACKEND=cuda bin/tests/t_models
-$(LIBCLIENT): $(CLIENT_LIB_OBJ) $(PROTO_OBJ)
+$(LIBCLIENT): $(CLIENT_LIB_OBJ) $(PROTO_OBJ) $(COMMON_OBJ)
 	@mkdir -p $(dir $@); rm -f $@; ar rcs $@ $^
 
 bin/aned: $(DAEMON_OBJ) $(LIBENGINE) $(LIBPROTO) bin/.kind
@@ -176,15 +246,15 @@ fixtures: $(patsubst tests/fixtures/tokenizers/%,bin/fixtures/%,$(XZ_FIX))
 
 MODEL ?= tests/fixtures/models/stories260K.gguf
 PROMPT ?= Once upon a time
+# tests/run_demo.sh: aned's log to bin/aned-run.log, chat when the model has a
+# template, the daemon stopped on every exit (make run | head too)
+run: export MODEL := $(MODEL)
+run: export PROMPT := $(PROMPT)
 run: all
-	@sock=$$(mktemp -u /tmp/aned-run.XXXXXX.sock); \
-	bin/aned --model $(MODEL) --socket $$sock & pid=$$!; \
-	for i in $$(seq 100); do [ -S $$sock ] && break; sleep 0.05; done; \
-	printf '%s' "$(PROMPT)"; bin/aneclient --socket $$sock --raw -n 200 "$(PROMPT)"; rc=$$?; echo; \
-	kill $$pid; wait $$pid; exit $$rc
+	@sh tests/run_demo.sh "$$MODEL" "$$PROMPT"
 
-test: all fixtures
-	@PYTHON=$(PYTHON) SANITIZER=$(SANITIZER) sh tests/run.sh
+test: all fixtures $(if $(filter 1,$(CUDA)),,aarch64)
+	@PYTHON=$(PYTHON) SANITIZER=$(SANITIZER) AA_QEMU=$(AA_QEMU) sh tests/run.sh
 
 bench: all
 	@PYTHON=$(PYTHON) sh tests/bench/bench.sh
@@ -198,7 +268,7 @@ FUZZ_SECONDS ?= 30
 FUZZ_FLAGS   ?= -timeout=10 -rss_limit_mb=2048 -max_len=65536 -print_final_stats=0
 FUZZ_SRC  := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_BIN  := $(FUZZ_SRC:tests/fuzz/%.c=bin/fuzz/%)
-FUZZ_LIB_OBJ := $(patsubst %.c,bin/fuzz/obj/%.o,$(ENGINE_SRC) $(PROTO_SRC))
+FUZZ_LIB_OBJ := $(patsubst %.c,bin/fuzz/obj/%.o,$(ENGINE_SRC) $(PROTO_SRC) $(COMMON_SRC))
 FUZZ_CFLAGS = -std=c11 -O1 -g -pthread -fno-omit-frame-pointer -fsanitize=address,undefined \
               -fno-sanitize-recover=undefined -fsanitize=fuzzer-no-link $(CPPFLAGS) $(PC_CFLAGS)
 
@@ -217,7 +287,27 @@ fuzz: $(FUZZ_BIN) fixtures
 	  if [ $$rc -ne 0 ]; then fail=1; echo "$$t FAILED (exit $$rc):"; tail -n 40 bin/fuzz/$$t.log; fi; \
 	done; exit $$fail
 
+# Installation. The units name /usr/local/bin; another PREFIX rewrites them.
+PREFIX  ?= /usr/local
+DESTDIR ?=
+INST    := $(DESTDIR)$(PREFIX)
+install: all
+	install -d $(INST)/bin $(INST)/lib/pkgconfig $(INST)/include/aned/proto \
+	    $(INST)/lib/systemd/system $(INST)/share/doc/aned
+	install -m 0755 bin/aned bin/aneclient bin/aned-http $(INST)/bin/
+	install -m 0644 $(LIBCLIENT) $(INST)/lib/
+	install -m 0644 client/aneclient.h $(INST)/include/aned/
+	install -m 0644 proto/proto.h $(INST)/include/aned/proto/
+	printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$${prefix}/lib' 'includedir=$${prefix}/include/aned' '' \
+	    'Name: aneclient' 'Description: client library for the aned LLM daemon' 'Version: 0.1.0' \
+	    'Cflags: -I$${includedir}' 'Libs: -L$${libdir} -laneclient -lmsgpackc' \
+	    > $(INST)/lib/pkgconfig/aneclient.pc
+	for u in daemon/aned.service daemon/aned.socket daemon/aned-http.service; do \
+	    sed 's,/usr/local/,$(PREFIX)/,g' $$u > $(INST)/lib/systemd/system/$${u##*/}; \
+	    chmod 0644 $(INST)/lib/systemd/system/$${u##*/}; done
+	install -m 0644 README.md docs/*.md proto/PROTOCOL.md $(INST)/share/doc/aned/
+
 clean:
 	rm -rf bin
 
--include $(shell find $(O) -name '*.d' 2>/dev/null)
+-include $(shell find $(O) $(AA_DIR)/obj -name '*.d' 2>/dev/null)

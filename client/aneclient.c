@@ -12,20 +12,30 @@
 #include <time.h>
 #include <unistd.h>
 
-#define ANECLIENT_VERSION "0.1.0"
+#include <jansson.h>
 
+/* Exit codes: 1 runtime and 2 usage as in aned and aned-http; 3 and 4 tell
+ * "no daemon" from "the daemon said no" for scripts. */
 enum {
-    EX_OK = 0, EX_USAGE = 1, EX_CONNECT = 2, EX_REFUSED = 3, EX_REQUEST = 4, EX_INTERRUPTED = 130,
+    EX_OK = 0, EX_FAIL = 1, EX_USAGE = 2, EX_CONNECT = 3, EX_REFUSED = 4, EX_INTERRUPTED = 130,
 };
 
 enum mode { M_GENERATE, M_EVAL, M_TOKENIZE, M_DETOKENIZE, M_INFO, M_PING };
 
 static volatile sig_atomic_t interrupted;
+/* Connecting: nothing sent yet, so Ctrl-C has nothing to cancel. */
+static volatile sig_atomic_t connecting;
+/* Generated text went to a terminal and its last line is open: a newline is
+ * owed before the shell's prompt, whichever way aneclient ends. */
+static volatile sig_atomic_t line_open;
 
 static void on_sigint(int sig)
 {
     (void)sig;
-    if (interrupted) _exit(EX_INTERRUPTED);   /* second Ctrl-C: leave now */
+    if (interrupted || connecting) {   /* second Ctrl-C, or nothing to cancel yet: leave now */
+        if (line_open) (void)!write(STDOUT_FILENO, "\n", 1);
+        _exit(EX_INTERRUPTED);
+    }
     interrupted = 1;
 }
 
@@ -35,21 +45,28 @@ static void usage(FILE *f)
     ane_default_socket(sock, sizeof sock);
     fprintf(f,
 "usage: aneclient [options] [PROMPT...]\n"
-"Sends PROMPT (the arguments joined by spaces; else standard input when it is\n"
-"not a terminal, one trailing newline removed) to aned and streams the reply.\n"
+"Sends a prompt to aned and streams the reply. The prompt is the arguments\n"
+"joined by spaces, then, when standard input is not a terminal, its text after\n"
+"a blank line (cat notes.txt | aneclient \"Summarise:\"); with no arguments,\n"
+"standard input alone. One trailing newline of it is dropped; empty input adds\n"
+"nothing. --no-stdin never reads it (use it where standard input stays open,\n"
+"as over ssh). On a terminal the reply ends with a newline; into a pipe or a\n"
+"file it is written byte for byte.\n"
 "\n"
 "Modes (default: generate text):\n"
-"      --tokens \"ID ID ...\"  use these token ids as the prompt instead of text\n"
+"      --tokens \"ID ...\"   these token ids as the prompt (stdin is not read)\n"
+"      --messages FILE     a conversation as the prompt (see Conversations)\n"
 "      --eval              print the top logits at every prompt position\n"
 "      --top N             entries per position for --eval (1..%d, default 10)\n"
-"      --tokenize          print the token ids of the text (see --special, --no-bos)\n"
-"      --detokenize        print the text of the token ids given as arguments or on stdin\n"
+"      --tokenize          print the token ids of the text (--special, --no-bos)\n"
+"      --detokenize        print the text of token ids (arguments or stdin)\n"
 "      --info              print the daemon's model and load figures\n"
 "      --ping              check that the daemon answers; print the round trip\n"
 "\n"
 "Generation:\n"
-"  -n, --max-tokens N      tokens to generate (0 = until the context is full; default 256)\n"
-"  -t, --temperature F     0 = greedy (default 0.8)\n"
+"  -n, --max-tokens N      tokens to generate (default 256; 0 = until the context\n"
+"                          is full)\n"
+"  -T, --temp, --temperature F  0 = greedy (default 0.8)\n"
 "      --top-k N           0 = off (default 40)\n"
 "      --top-p F           1 = off (default 0.95)\n"
 "      --min-p F           0 = off (default 0.05)\n"
@@ -57,15 +74,20 @@ static void usage(FILE *f)
 "      --repeat-last-n N   window of the penalty (default 64)\n"
 "      --seed N            same seed, same text (default: random)\n"
 "      --stop STR          stop when STR is generated; repeatable (up to %d)\n"
-"      --system STR        system message for the chat template\n"
+"      --system STR        system message, placed by the model's chat template.\n"
+"                          Refused with --raw, --tokens and --messages; a model\n"
+"                          without a template: aned decides (an error is shown)\n"
 "      --raw               no chat template: continue the prompt as is\n"
 "      --special           parse special tokens such as <|im_end|> in the text\n"
 "      --no-bos            --tokenize: do not prepend BOS\n"
+"      --no-stdin          never read standard input\n"
 "\n"
 "Output and connection:\n"
 "      --json              one JSON object per line (see below)\n"
 "  -v, --verbose           token counts and speeds on standard error\n"
 "      --socket PATH       daemon socket (now: %s)\n"
+"      --daemon-user USER  also trust a daemon run by USER (name or uid); by\n"
+"                          default only one run by root or by you is used\n"
 "  -h, --help              this text\n"
 "  -V, --version           print the version\n"
 "\n"
@@ -73,15 +95,29 @@ static void usage(FILE *f)
 "" ANE_SYSTEM_SOCKET " when run as root or when that socket exists; else\n"
 "$XDG_RUNTIME_DIR/aned.sock when XDG_RUNTIME_DIR is set; else /tmp/aned-UID.sock.\n"
 "\n"
-"--json lines: {\"event\":\"token\",\"id\":ID,\"text\":\"...\"} while generating, then\n"
-"{\"event\":\"done\",\"tokens\":[...],\"text\":\"...\",\"finish_reason\":\"...\",\"usage\":{...},\"timings\":{...}};\n"
-"--tokenize: {\"tokens\":[...]}; --detokenize: {\"text\":\"...\"}; --eval: {\"positions\":[{\"pos\":P,\"top\":[[id,logit],...]},...]};\n"
-"--info: the info fields; errors: {\"event\":\"error\",\"code\":\"...\",\"message\":\"...\"}.\n"
+"Conversations: aned keeps none between requests; each request carries the\n"
+"whole conversation. --messages FILE (- = standard input) is a JSON array of\n"
+"{\"role\": \"system\"|\"user\"|\"assistant\", \"content\": \"...\"}; a PROMPT, if given,\n"
+"is added as the last user message, and the reply is the assistant's next\n"
+"turn. To go on, append {\"role\": \"assistant\", \"content\": REPLY} and the next\n"
+"user message, and run again. Needs a model with a chat template (--info).\n"
+"\n"
+"--json uses the protocol's event names and keys (PROTOCOL.md):\n"
+"  {\"type\":\"token\",\"token\":ID,\"text\":\"...\"} per token, then {\"type\":\"done\",\n"
+"  \"finish\":\"...\",\"tokens\":[ID,...],\"text\":\"...\",\"usage\":{...},\"timings\":{...}};\n"
+"  --eval: {\"type\":\"done\",\"finish\":...,\"positions\":[{\"pos\":P,\"top\":[[ID,LOGIT]\n"
+"  ,...]},...],\"usage\":...,\"timings\":...}, one line at the end;\n"
+"  --tokenize {\"type\":\"tokens\",\"tokens\":[...]};\n"
+"  --detokenize {\"type\":\"text\",\"text\":\"...\"};\n"
+"  --info {\"type\":\"info\",...}; --ping {\"type\":\"pong\",\"ms\":F};\n"
+"  errors {\"type\":\"error\",\"code\":\"...\",\"message\":\"...\"}.\n"
+"Without --json, --eval prints a line per position: POS<tab>ID:LOGIT ID:LOGIT ...\n"
 "\n"
 "Ctrl-C cancels the request (a second one quits at once).\n"
-"Exit status: 0 ok, 1 usage error, 2 cannot connect to aned (or the connection\n"
-"was lost), 3 refused by aned (denied, busy, version, shutting down), 4 aned\n"
-"reported an error for the request, 130 interrupted.\n",
+"Exit status: 0 ok; 1 the request failed (aned answered an error, or standard\n"
+"input could not be read); 2 usage error (as for aned and aned-http); 3 aned\n"
+"cannot be reached or the connection was lost; 4 refused by aned (denied, busy,\n"
+"version, shutting down); 130 interrupted.\n",
     PROTO_MAX_TOP, PROTO_MAX_STOP, sock);
 }
 
@@ -95,6 +131,18 @@ static void die_usage(const char *fmt, ...)
     fputs("\nTry 'aneclient --help'.\n", stderr);
     va_end(ap);
     exit(EX_USAGE);
+}
+
+static void die_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+static void die_fail(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("aneclient: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    exit(EX_FAIL);
 }
 
 static long long parse_int(const char *opt, const char *s, long long lo, long long hi)
@@ -132,7 +180,7 @@ static int32_t *parse_ids(const char *what, const char *s, size_t *n)
 {
     size_t cap = 64, k = 0;
     int32_t *ids = malloc(cap * sizeof *ids);
-    if (!ids) die_usage("out of memory");
+    if (!ids) die_fail("out of memory");
     const char *p = s;
     for (;;) {
         while (*p == ' ' || *p == ',' || *p == '\n' || *p == '\t' || *p == '\r' || *p == '[' || *p == ']') p++;
@@ -146,7 +194,7 @@ static int32_t *parse_ids(const char *what, const char *s, size_t *n)
         if (k == cap) {
             cap *= 2;
             int32_t *q = realloc(ids, cap * sizeof *ids);
-            if (!q) die_usage("out of memory");
+            if (!q) die_fail("out of memory");
             ids = q;
         }
         ids[k++] = (int32_t)v;
@@ -156,29 +204,94 @@ static int32_t *parse_ids(const char *what, const char *s, size_t *n)
     return ids;
 }
 
-/* All of standard input, at most max bytes. */
+/* All of standard input, at most max bytes. A closed descriptor 0 reads as
+ * empty. */
 static char *read_stdin(size_t max, size_t *len)
 {
     size_t cap = 4096, n = 0;
     char *buf = malloc(cap + 1);
-    if (!buf) die_usage("out of memory");
+    if (!buf) die_fail("out of memory");
     for (;;) {
         if (n == cap) {
             if (cap > max) break;
             cap *= 2;
             char *p = realloc(buf, cap + 1);
-            if (!p) die_usage("out of memory");
+            if (!p) die_fail("out of memory");
             buf = p;
         }
-        size_t got = fread(buf + n, 1, cap - n, stdin);
-        n += got;
+        ssize_t got = read(STDIN_FILENO, buf + n, cap - n);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0 && errno == EBADF && n == 0) break;
+        if (got < 0) die_fail("reading standard input: %s", strerror(errno));
         if (got == 0) break;
+        n += (size_t)got;
     }
-    if (ferror(stdin)) die_usage("reading standard input: %s", strerror(errno));
     if (n > max) die_usage("standard input is longer than %zu bytes", max);
     buf[n] = 0;
     *len = n;
     return buf;
+}
+
+/* Drops one trailing newline (\n or \r\n). */
+static void chomp(char *s, size_t *len)
+{
+    if (*len && s[*len - 1] == '\n') (*len)--;
+    if (*len && s[*len - 1] == '\r') (*len)--;
+    s[*len] = 0;
+}
+
+/* a, a blank line, b: a new string. */
+static char *join2(const char *a, size_t al, const char *b, size_t bl, size_t *len)
+{
+    char *r = malloc(al + 2 + bl + 1);
+    if (!r) die_fail("out of memory");
+    memcpy(r, a, al);
+    memcpy(r + al, "\n\n", 2);
+    memcpy(r + al + 2, b, bl);
+    *len = al + 2 + bl;
+    r[*len] = 0;
+    return r;
+}
+
+/* --messages FILE: a JSON array of {"role", "content"}, checked here so that
+ * a mistake names the file and the entry. extra (may be NULL) is appended as
+ * the last user message. The strings stay owned by *root. */
+static proto_msg *load_messages(const char *path, const char *extra, size_t extra_len,
+                                json_t **root, size_t *n_out)
+{
+    json_error_t je;
+    const char *name = strcmp(path, "-") ? path : "standard input";
+    json_t *a = strcmp(path, "-") ? json_load_file(path, JSON_ALLOW_NUL, &je)
+                                   : json_loadf(stdin, JSON_ALLOW_NUL, &je);
+    if (!a && je.line > 0) die_usage("--messages %s: %s (line %d, column %d)", name, je.text, je.line, je.column);
+    if (!a) die_usage("--messages %s: %s", name, je.text);
+    if (!json_is_array(a)) die_usage("--messages %s: expected a JSON array of {\"role\", \"content\"}", name);
+    size_t n = json_array_size(a), total = extra ? extra_len : 0;
+    if (n + (extra != NULL) == 0) die_usage("--messages %s: no messages", name);
+    if (n + (extra != NULL) > PROTO_MAX_MSGS)
+        die_usage("--messages %s: %zu messages; aned takes at most %d", name, n + (extra != NULL), PROTO_MAX_MSGS);
+    proto_msg *m = calloc(n + 1, sizeof *m);
+    if (!m) die_fail("out of memory");
+    for (size_t i = 0; i < n; i++) {
+        json_t *e = json_array_get(a, i), *r = json_object_get(e, "role"), *c = json_object_get(e, "content");
+        if (!json_is_object(e)) die_usage("--messages %s: entry %zu is not an object", name, i);
+        const char *rs = json_is_string(r) ? json_string_value(r) : "";
+        if (strcmp(rs, "system") && strcmp(rs, "user") && strcmp(rs, "assistant"))
+            die_usage("--messages %s: entry %zu: \"role\" must be \"system\", \"user\" or \"assistant\"", name, i);
+        if (c && !json_is_null(c) && !json_is_string(c))
+            die_usage("--messages %s: entry %zu: \"content\" must be a string", name, i);
+        m[i].role = json_string_value(r);
+        m[i].role_len = json_string_length(r);
+        m[i].content = json_is_string(c) ? json_string_value(c) : "";
+        m[i].content_len = json_is_string(c) ? json_string_length(c) : 0;
+        total += m[i].content_len;
+    }
+    if (total > PROTO_MAX_PROMPT)
+        die_usage("--messages %s: the contents add up to %zu bytes; aned takes at most %d", name, total, PROTO_MAX_PROMPT);
+    if (extra) m[n++] = (proto_msg){ "user", 4, extra, extra_len };
+    *root = a;
+    *n_out = n;
+    return m;
 }
 
 /* ---- JSON output ---- */
@@ -239,7 +352,7 @@ static void json_usage_timings(FILE *f, const proto_ev *ev)
 
 static void json_info(FILE *f, const proto_ev *e)
 {
-    fputs("{\"event\":\"info\",\"version\":", f);
+    fputs("{\"type\":\"info\",\"version\":", f);
     fprintf(f, "%u", e->version);
     fputs(",\"server\":", f); json_str(f, e->server, e->server_len);
     fputs(",\"model\":", f); json_str(f, e->model, e->model_len);
@@ -298,7 +411,6 @@ typedef struct run {
     char *acc; size_t acc_len; FILE *accf;       /* text (generate) or positions (eval) */
     char *toks; size_t toks_len; FILE *toksf;    /* generated ids, JSON */
     size_t n_gen;
-    int last_nl;                                  /* last text byte written was '\n' */
     long long t0_ns;
     ane_client *cl;
     uint64_t id;
@@ -314,6 +426,15 @@ static long long now_ns(void)
     return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
+/* Closes a line of generated text left open on a terminal. */
+static void end_line(void)
+{
+    if (!line_open) return;
+    fputc('\n', stdout);
+    fflush(stdout);
+    line_open = 0;
+}
+
 static int is_refusal(proto_err c)
 {
     return c == PROTO_E_BUSY || c == PROTO_E_DENIED || c == PROTO_E_VERSION || c == PROTO_E_SHUTDOWN;
@@ -322,14 +443,14 @@ static int is_refusal(proto_err c)
 static void report_error(const run *R, const char *code, const char *msg, size_t msg_len)
 {
     if (R->json) {
-        fputs("{\"event\":\"error\",\"code\":", stdout);
+        fputs("{\"type\":\"error\",\"code\":", stdout);
         json_str(stdout, code, strlen(code));
         fputs(",\"message\":", stdout);
         json_str(stdout, msg, msg_len);
         fputs("}\n", stdout);
         fflush(stdout);
     } else {
-        if (R->mode == M_GENERATE && !R->last_nl && R->tty_out) { fputc('\n', stdout); fflush(stdout); }
+        end_line();
         fprintf(stderr, "aneclient: %s: %.*s\n", code, (int)msg_len, msg);
     }
 }
@@ -341,14 +462,14 @@ static int on_event(run *R, const proto_ev *ev)
     case PROTO_T_TOKEN:
         R->n_gen++;
         if (R->json) {
-            fprintf(stdout, "{\"event\":\"token\",\"id\":%d,\"text\":", ev->token);
+            fprintf(stdout, "{\"type\":\"token\",\"token\":%d,\"text\":", ev->token);
             json_str(stdout, ev->text, ev->text_len);
             fputs("}\n", stdout);
             fprintf(R->toksf, "%s%d", R->n_gen > 1 ? "," : "", ev->token);
             fwrite(ev->text, 1, ev->text_len, R->accf);
         } else if (ev->text_len) {
             fwrite(ev->text, 1, ev->text_len, stdout);
-            R->last_nl = ev->text[ev->text_len - 1] == '\n';
+            line_open = R->tty_out && ev->text[ev->text_len - 1] != '\n';
         }
         fflush(stdout);
         return -1;
@@ -374,24 +495,23 @@ static int on_event(run *R, const proto_ev *ev)
         if (R->json) {
             fflush(R->accf);
             fflush(R->toksf);
+            fputs("{\"type\":\"done\",\"finish\":", stdout);
+            json_str(stdout, ev->finish, ev->finish_len);
             if (R->mode == M_EVAL) {
-                fputs("{\"event\":\"done\",\"positions\":[", stdout);
+                fputs(",\"positions\":[", stdout);
                 fwrite(R->acc, 1, R->acc_len, stdout);
                 fputs("],", stdout);
             } else {
-                fputs("{\"event\":\"done\",\"tokens\":[", stdout);
+                fputs(",\"tokens\":[", stdout);
                 fwrite(R->toks, 1, R->toks_len, stdout);
                 fputs("],\"text\":", stdout);
                 json_str(stdout, R->acc, R->acc_len);
                 fputc(',', stdout);
             }
-            fputs("\"finish_reason\":", stdout);
-            json_str(stdout, ev->finish, ev->finish_len);
-            fputc(',', stdout);
             json_usage_timings(stdout, ev);
             fputs("}\n", stdout);
-        } else if (R->mode == M_GENERATE && R->tty_out && !R->last_nl) {
-            fputc('\n', stdout);
+        } else {
+            end_line();
         }
         fflush(stdout);
         if (R->verbose) {
@@ -409,17 +529,17 @@ static int on_event(run *R, const proto_ev *ev)
     case PROTO_T_ERROR: {
         const char *name = proto_err_name(ev->code);
         report_error(R, name, ev->message, ev->message_len);
-        return is_refusal(ev->code) ? EX_REFUSED : EX_REQUEST;
+        return is_refusal(ev->code) ? EX_REFUSED : EX_FAIL;
     }
     case PROTO_T_TOKENS:
-        if (R->json) fputs("{\"tokens\":[", stdout);
+        if (R->json) fputs("{\"type\":\"tokens\",\"tokens\":[", stdout);
         for (size_t i = 0; i < ev->n_tokens; i++) fprintf(stdout, i ? (R->json ? ",%d" : " %d") : "%d", ev->tokens[i]);
         fputs(R->json ? "]}\n" : "\n", stdout);
         fflush(stdout);
         return EX_OK;
     case PROTO_T_TEXT:
         if (R->json) {
-            fputs("{\"text\":", stdout);
+            fputs("{\"type\":\"text\",\"text\":", stdout);
             json_str(stdout, ev->text, ev->text_len);
             fputs("}\n", stdout);
         } else {
@@ -435,7 +555,7 @@ static int on_event(run *R, const proto_ev *ev)
         return EX_OK;
     case PROTO_T_PONG: {
         double ms = (double)(now_ns() - R->t0_ns) / 1e6;
-        if (R->json) printf("{\"event\":\"pong\",\"ms\":%.3f}\n", ms);
+        if (R->json) printf("{\"type\":\"pong\",\"ms\":%.3f}\n", ms);
         else printf("pong from aned: %.3f ms\n", ms);
         fflush(stdout);
         return EX_OK;
@@ -459,7 +579,7 @@ static int on_run_event(const proto_ev *ev, void *arg)
     if (!ev) return 0;
     if (ev->id == 0 && ev->type == PROTO_T_ERROR) {   /* about the connection */
         report_error(R, proto_err_name(ev->code), ev->message, ev->message_len);
-        R->rc = is_refusal(ev->code) ? EX_REFUSED : EX_REQUEST;
+        R->rc = is_refusal(ev->code) ? EX_REFUSED : EX_FAIL;
         return 1;
     }
     if (ev->id != R->id) return 0;
@@ -468,14 +588,42 @@ static int on_run_event(const proto_ev *ev, void *arg)
     return 0;   /* ane_run returns after the terminal event */
 }
 
+/* The arguments joined by spaces, or NULL when there are none. */
+static char *join_args(int argc, char **argv, int from, size_t *len)
+{
+    if (from >= argc) return NULL;
+    size_t total = 0, n = 0;
+    for (int i = from; i < argc; i++) total += strlen(argv[i]) + 1;
+    char *r = malloc(total + 1);
+    if (!r) die_fail("out of memory");
+    for (int i = from; i < argc; i++) {
+        size_t l = strlen(argv[i]);
+        if (i > from) r[n++] = ' ';
+        memcpy(r + n, argv[i], l);
+        n += l;
+    }
+    r[n] = 0;
+    *len = n;
+    return r;
+}
+
+static int blank(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++) if (s[i] != ' ' && s[i] != '\t' && s[i] != '\r' && s[i] != '\n') return 0;
+    return 1;
+}
+
 int main(int argc, char **argv)
 {
     enum { O_SOCKET = 256, O_TOPK, O_TOPP, O_MINP, O_RPEN, O_RLAST, O_SEED, O_STOP, O_SYSTEM, O_RAW,
-           O_SPECIAL, O_NOBOS, O_TOKENS, O_TOKENIZE, O_DETOKENIZE, O_EVAL, O_TOP, O_INFO, O_PING, O_JSON };
+           O_SPECIAL, O_NOBOS, O_TOKENS, O_TOKENIZE, O_DETOKENIZE, O_EVAL, O_TOP, O_INFO, O_PING, O_JSON, O_DUSER,
+           O_NOSTDIN, O_MESSAGES };
     static const struct option opts[] = {
         { "socket", required_argument, 0, O_SOCKET },
+        { "daemon-user", required_argument, 0, O_DUSER },
         { "max-tokens", required_argument, 0, 'n' },
-        { "temperature", required_argument, 0, 't' },
+        { "temperature", required_argument, 0, 'T' },
+        { "temp", required_argument, 0, 'T' },
         { "top-k", required_argument, 0, O_TOPK },
         { "top-p", required_argument, 0, O_TOPP },
         { "min-p", required_argument, 0, O_MINP },
@@ -487,7 +635,9 @@ int main(int argc, char **argv)
         { "raw", no_argument, 0, O_RAW },
         { "special", no_argument, 0, O_SPECIAL },
         { "no-bos", no_argument, 0, O_NOBOS },
+        { "no-stdin", no_argument, 0, O_NOSTDIN },
         { "tokens", required_argument, 0, O_TOKENS },
+        { "messages", required_argument, 0, O_MESSAGES },
         { "tokenize", no_argument, 0, O_TOKENIZE },
         { "detokenize", no_argument, 0, O_DETOKENIZE },
         { "eval", no_argument, 0, O_EVAL },
@@ -503,19 +653,27 @@ int main(int argc, char **argv)
     run R;
     memset(&R, 0, sizeof R);
     R.mode = M_GENERATE;
-    R.last_nl = 1;
     proto_req q;
     proto_req_init(&q, PROTO_T_GENERATE, 0);
     const char *socket_path = NULL;
-    const char *tokens_arg = NULL;
-    int modes = 0, have_top = 0;
+    uid_t daemon_uid = 0;
+    const char *tokens_arg = NULL, *messages_arg = NULL;
+    int modes = 0, have_top = 0, no_stdin = 0, no_bos = 0;
 
     int c;
-    while ((c = getopt_long(argc, argv, "n:t:vhV", opts, NULL)) != -1) {
+    opterr = 0;   /* our own messages, with the usage exit code */
+    while ((c = getopt_long(argc, argv, ":n:T:tvhV", opts, NULL)) != -1) {
         switch (c) {
         case O_SOCKET: socket_path = optarg; break;
+        case O_DUSER: {
+            char e[160];
+            if (ane_parse_uid(optarg, &daemon_uid, e, sizeof e) < 0) die_usage("--daemon-user: %s", e);
+            break;
+        }
         case 'n': q.max_tokens = (int32_t)parse_int("--max-tokens", optarg, 0, PROTO_MAX_GEN); break;
-        case 't': q.temperature = parse_float("--temperature", optarg, 0, PROTO_MAX_TEMPERATURE); break;
+        case 'T': q.temperature = parse_float("--temperature", optarg, 0, PROTO_MAX_TEMPERATURE); break;
+        case 't': die_usage("-t is not an option of aneclient: the temperature is -T (--temp, --temperature); "
+                            "-t is aned's --threads");
         case O_TOPK: q.top_k = (int32_t)parse_int("--top-k", optarg, 0, INT32_MAX); break;
         case O_TOPP: q.top_p = parse_float("--top-p", optarg, 0, 1); break;
         case O_MINP: q.min_p = parse_float("--min-p", optarg, 0, 1); break;
@@ -535,8 +693,10 @@ int main(int argc, char **argv)
         case O_SYSTEM: q.system = optarg; q.system_len = strlen(optarg); break;
         case O_RAW: q.raw = 1; break;
         case O_SPECIAL: q.special = 1; break;
-        case O_NOBOS: q.add_bos = 0; break;
+        case O_NOBOS: q.add_bos = 0; no_bos = 1; break;
+        case O_NOSTDIN: no_stdin = 1; break;
         case O_TOKENS: tokens_arg = optarg; break;
+        case O_MESSAGES: messages_arg = optarg; break;
         case O_TOKENIZE: R.mode = M_TOKENIZE; modes++; break;
         case O_DETOKENIZE: R.mode = M_DETOKENIZE; modes++; break;
         case O_EVAL: R.mode = M_EVAL; modes++; break;
@@ -546,61 +706,84 @@ int main(int argc, char **argv)
         case O_JSON: R.json = 1; break;
         case 'v': R.verbose = 1; break;
         case 'h': usage(stdout); return EX_OK;
-        case 'V': printf("aneclient %s (protocol %d)\n", ANECLIENT_VERSION, PROTO_VERSION); return EX_OK;
-        default: fputs("Try 'aneclient --help'.\n", stderr); return EX_USAGE;
+        case 'V': printf("aneclient %s (protocol %d)\n", ANE_VERSION, PROTO_VERSION); return EX_OK;
+        case ':': die_usage("%s needs a value", argv[optind - 1]);
+        default:
+            if (optopt) die_usage("unknown option -%c", optopt);
+            die_usage("unknown option %s", argv[optind - 1]);
         }
     }
     if (modes > 1) die_usage("--eval, --tokenize, --detokenize, --info and --ping exclude each other");
+    int prompt_mode = R.mode == M_GENERATE || R.mode == M_EVAL;
     if (have_top && R.mode != M_EVAL) die_usage("--top goes with --eval");
-    if (tokens_arg && R.mode != M_GENERATE && R.mode != M_EVAL) die_usage("--tokens goes with generation or --eval");
+    if (tokens_arg && !prompt_mode) die_usage("--tokens goes with generation or --eval");
+    if (messages_arg && !prompt_mode) die_usage("--messages goes with generation or --eval");
+    if (tokens_arg && messages_arg) die_usage("give either --tokens or --messages, not both");
+    if (no_bos && R.mode != M_TOKENIZE) die_usage("--no-bos goes with --tokenize");
+    /* Nothing given is dropped unsaid: --system needs the chat template. */
+    if (q.system) {
+        if (!prompt_mode) die_usage("--system goes with generation or --eval");
+        if (q.raw) die_usage("--system needs the chat template, which --raw turns off; "
+                             "put the instructions into the prompt instead");
+        if (tokens_arg) die_usage("--system needs the chat template, which --tokens skips; "
+                                  "put the instructions into the token ids instead");
+        if (messages_arg) die_usage("--system with --messages: put it in the file as the first message, "
+                                    "{\"role\": \"system\", \"content\": ...}");
+        if (!proto_utf8_valid(q.system, q.system_len)) die_usage("--system is not valid UTF-8");
+    }
+    if (messages_arg && q.raw) die_usage("--messages needs the chat template, which --raw turns off");
+    if (messages_arg && q.special) die_usage("--special does not apply to --messages: message text is never "
+                                             "parsed for special tokens");
+    for (size_t i = 0; i < q.n_stop; i++)
+        if (!proto_utf8_valid(q.stop[i], q.stop_len[i])) die_usage("--stop is not valid UTF-8");
 
-    /* The input. */
+    /* The input: arguments, then standard input after a blank line. */
     char *input = NULL;
     size_t input_len = 0;
     int32_t *ids = NULL;
     size_t n_ids = 0;
-    int need_text = R.mode == M_GENERATE || R.mode == M_EVAL || R.mode == M_TOKENIZE || R.mode == M_DETOKENIZE;
+    proto_msg *msgs = NULL;
+    size_t n_msgs = 0;
+    json_t *msgs_root = NULL;
+    int text_in = prompt_mode || R.mode == M_TOKENIZE || R.mode == M_DETOKENIZE;
     if (tokens_arg) {
         if (optind < argc) die_usage("give either --tokens or a text prompt, not both");
         ids = parse_ids("--tokens", tokens_arg, &n_ids);
         if (!n_ids) die_usage("--tokens: no token ids");
-        need_text = 0;
+        text_in = 0;
     }
-    if (!need_text && optind < argc && !tokens_arg) die_usage("unexpected argument \"%s\"", argv[optind]);
-    if (need_text) {
-        if (optind < argc) {
-            size_t total = 0;
-            for (int i = optind; i < argc; i++) total += strlen(argv[i]) + 1;
-            input = malloc(total + 1);
-            if (!input) die_usage("out of memory");
-            for (int i = optind; i < argc; i++) {
-                size_t l = strlen(argv[i]);
-                if (i > optind) input[input_len++] = ' ';
-                memcpy(input + input_len, argv[i], l);
-                input_len += l;
-            }
-            input[input_len] = 0;
-        } else if (!isatty(STDIN_FILENO)) {
-            input = read_stdin(PROTO_MAX_PROMPT, &input_len);
-            if (R.mode != M_DETOKENIZE) {
-                if (input_len && input[input_len - 1] == '\n') input_len--;
-                if (input_len && input[input_len - 1] == '\r') input_len--;
-                input[input_len] = 0;
-            }
-        } else {
-            die_usage(R.mode == M_DETOKENIZE ? "no token ids: give them as arguments or on standard input"
-                                              : "no prompt: give it as arguments or on standard input");
+    if (!text_in && optind < argc && !tokens_arg) die_usage("unexpected argument \"%s\"", argv[optind]);
+    if (text_in) {
+        size_t args_len = 0, in_len = 0;
+        char *args = join_args(argc, argv, optind, &args_len), *in = NULL;
+        int stdin_is_file = messages_arg && !strcmp(messages_arg, "-");
+        if (!no_stdin && !stdin_is_file && !isatty(STDIN_FILENO)) {
+            in = read_stdin(PROTO_MAX_PROMPT, &in_len);
+            if (R.mode != M_DETOKENIZE) chomp(in, &in_len);
         }
         if (R.mode == M_DETOKENIZE) {
-            ids = parse_ids("--detokenize", input, &n_ids);
+            if (args && in && !blank(in, in_len))
+                die_usage("--detokenize: token ids come from the arguments or from standard input, not both "
+                          "(--no-stdin ignores standard input)");
+            const char *src = args ? args : in;
+            if (!src) die_usage("no token ids: give them as arguments or on standard input");
+            ids = parse_ids("--detokenize", src, &n_ids);
+            free(args);
+            free(in);
         } else {
+            if (args && in && in_len) { input = join2(args, args_len, in, in_len, &input_len); free(args); free(in); }
+            else if (args) { input = args; input_len = args_len; free(in); }
+            else if (in) { input = in; input_len = in_len; }
+            else if (!messages_arg) die_usage("no prompt: give it as arguments or on standard input");
             if (input_len > PROTO_MAX_PROMPT) die_usage("the prompt is longer than %d bytes", PROTO_MAX_PROMPT);
-            if (!proto_utf8_valid(input, input_len)) die_usage("the prompt is not valid UTF-8");
+            if (input && !proto_utf8_valid(input, input_len)) die_usage("the prompt is not valid UTF-8");
+            if (messages_arg) {
+                /* the prompt, if any, is the conversation's last user message */
+                int add = input && (input_len || optind < argc);
+                msgs = load_messages(messages_arg, add ? input : NULL, input_len, &msgs_root, &n_msgs);
+            }
         }
     }
-    if (q.system && !proto_utf8_valid(q.system, q.system_len)) die_usage("--system is not valid UTF-8");
-    for (size_t i = 0; i < q.n_stop; i++)
-        if (!proto_utf8_valid(q.stop[i], q.stop_len[i])) die_usage("--stop is not valid UTF-8");
 
     switch (R.mode) {
     case M_GENERATE: q.type = PROTO_T_GENERATE; break;
@@ -610,13 +793,20 @@ int main(int argc, char **argv)
     case M_INFO: q.type = PROTO_T_INFO; break;
     case M_PING: q.type = PROTO_T_PING; break;
     }
-    if (ids) { q.tokens = ids; q.n_tokens = n_ids; }
+    if (msgs) { q.msgs = msgs; q.n_msgs = n_msgs; }
+    else if (ids) { q.tokens = ids; q.n_tokens = n_ids; }
     else { q.text = input ? input : ""; q.text_len = input_len; }
+    {   /* what cannot be sent is said before connecting */
+        proto_buf probe = {0};
+        int enc = proto_req_encode(&probe, &q);
+        proto_buf_free(&probe);
+        if (enc < 0) die_usage("the request does not fit aned's %d-byte message limit; shorten it", PROTO_MAX_FRAME);
+    }
 
     R.tty_out = isatty(STDOUT_FILENO);
     R.accf = open_memstream(&R.acc, &R.acc_len);
     R.toksf = open_memstream(&R.toks, &R.toks_len);
-    if (!R.accf || !R.toksf) die_usage("out of memory");
+    if (!R.accf || !R.toksf) die_fail("out of memory");
 
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -627,11 +817,14 @@ int main(int argc, char **argv)
     /* Connect and send. */
     char err[512];
     ane_client *cl = NULL;
-    ane_connect_opts co = { socket_path, "aneclient", 0 };
+    ane_connect_opts co = { socket_path, "aneclient", 0, daemon_uid };
     proto_err refused = PROTO_OK;
     int rc = EX_OK;
     R.t0_ns = now_ns();
-    if (ane_connect_with(&cl, &co, &refused, err, sizeof err) < 0) {
+    connecting = 1;
+    int crc = ane_connect_with(&cl, &co, &refused, err, sizeof err);
+    connecting = 0;
+    if (crc < 0) {
         if (interrupted) { rc = EX_INTERRUPTED; goto out; }
         report_error(&R, refused ? proto_err_name(refused) : "connect", err, strlen(err));
         rc = refused ? EX_REFUSED : EX_CONNECT;
@@ -657,6 +850,7 @@ int main(int argc, char **argv)
         rc = R.rc >= 0 ? R.rc : EX_INTERRUPTED;
     }
 out:
+    end_line();
     ane_close(cl);
     if (R.accf) fclose(R.accf);
     if (R.toksf) fclose(R.toksf);
@@ -664,6 +858,8 @@ out:
     free(R.toks);
     free(input);
     free(ids);
-    if (fflush(stdout) != 0 && rc == EX_OK) rc = EX_REQUEST;
+    free(msgs);
+    json_decref(msgs_root);
+    if (fflush(stdout) != 0 && rc == EX_OK) rc = EX_FAIL;
     return rc;
 }

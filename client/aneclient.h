@@ -28,10 +28,13 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "proto/proto.h"
 
 #define ANE_SYSTEM_SOCKET "/run/aned/aned.sock"
+/* The release: aneclient, aned-http and aned (its hello's "aned/0.1.0") share it. */
+#define ANE_VERSION "0.1.0"
 
 typedef struct ane_client ane_client;
 
@@ -47,7 +50,19 @@ typedef struct ane_connect_opts {
     const char *socket_path;  /* NULL: ane_default_socket() */
     const char *client_name;  /* sent in hello; NULL: the program's name */
     int timeout_ms;           /* for connect + handshake; 0 = 10000, -1 = none */
+    uid_t daemon_uid;         /* a further user the daemon may run as; 0: none */
 } ane_connect_opts;
+
+/* Whom the daemon may be. Anyone can make a socket in a shared directory
+ * (/tmp), so before sending a byte the connection's peer credentials
+ * (SO_PEERCRED: whoever created the listening socket) are checked: the
+ * daemon must run as root, as the caller (its real or effective uid) or as
+ * opts.daemon_uid. Otherwise the connection fails with a message that names
+ * the uid found. (A systemd socket, or aned started as root with --user,
+ * shows as root.) */
+
+/* Looks up a user name or a decimal uid for daemon_uid. 0 ok, -1 (err). */
+int ane_parse_uid(const char *name, uid_t *out, char *err, size_t errlen);
 
 /* Connects and performs the hello handshake. */
 int ane_connect(ane_client **out, const char *socket_path, char *err, size_t errlen);

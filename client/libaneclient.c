@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pwd.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -223,7 +224,7 @@ int ane_next_event(ane_client *c, proto_ev *ev, int timeout_ms, char *err, size_
 
 int ane_connect(ane_client **out, const char *socket_path, char *err, size_t errlen)
 {
-    ane_connect_opts o = { socket_path, NULL, 0 };
+    ane_connect_opts o = { socket_path, NULL, 0, 0 };
     return ane_connect_with(out, &o, NULL, err, errlen);
 }
 
@@ -232,6 +233,50 @@ static void copy_str(char *dst, size_t cap, const char *s, size_t n)
     if (n >= cap) n = cap - 1;
     memcpy(dst, s, n);
     dst[n] = 0;
+}
+
+static void user_name(uid_t uid, char *buf, size_t n)
+{
+    struct passwd pw, *res = NULL;
+    char tmp[1024];
+    if (getpwuid_r(uid, &pw, tmp, sizeof tmp, &res) == 0 && res) snprintf(buf, n, " (%s)", res->pw_name);
+    else buf[0] = 0;
+}
+
+/* The daemon must be root, the caller or the named uid: see aneclient.h. */
+static int check_peer(int fd, const char *path, uid_t extra, char *err, size_t errlen)
+{
+    struct ucred cr;
+    socklen_t len = sizeof cr;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) < 0 || len != sizeof cr) {
+        seterr(err, errlen, "cannot check who serves %s (SO_PEERCRED): %s", path, strerror(errno));
+        return -1;
+    }
+    if (cr.uid == 0 || cr.uid == getuid() || cr.uid == geteuid() || (extra && cr.uid == extra)) return 0;
+    char who[300], me[300];
+    user_name(cr.uid, who, sizeof who);
+    user_name(geteuid(), me, sizeof me);
+    seterr(err, errlen, "refusing %s: it is served by uid %u%s, which is neither root nor you (uid %u%s); "
+           "nothing was sent. To trust a daemon run by that user, name it (--daemon-user)",
+           path, (unsigned)cr.uid, who, (unsigned)geteuid(), me);
+    return -1;
+}
+
+int ane_parse_uid(const char *name, uid_t *out, char *err, size_t errlen)
+{
+    if (!name || !*name) { seterr(err, errlen, "no user named"); return -1; }
+    struct passwd pw, *res = NULL;
+    char tmp[4096];
+    if (getpwnam_r(name, &pw, tmp, sizeof tmp, &res) == 0 && res) { *out = res->pw_uid; return 0; }
+    char *end;
+    errno = 0;
+    unsigned long v = strtoul(name, &end, 10);
+    if (!errno && *end == 0 && name[0] >= '0' && name[0] <= '9' && v < (unsigned long)(uid_t)-1) {
+        *out = (uid_t)v;
+        return 0;
+    }
+    seterr(err, errlen, "no user \"%.100s\" (expected a user name or a uid)", name);
+    return -1;
 }
 
 int ane_connect_with(ane_client **out, const ane_connect_opts *o, proto_err *refused,
@@ -269,6 +314,7 @@ int ane_connect_with(ane_client **out, const ane_connect_opts *o, proto_err *ref
             seterr(err, errlen, "cannot connect to aned at %s: %s", path, strerror(errno));
         goto fail;
     }
+    if (check_peer(c->fd, path, o ? o->daemon_uid : 0, err, errlen) < 0) goto fail;
     int fl = fcntl(c->fd, F_GETFL);
     if (fl < 0 || fcntl(c->fd, F_SETFL, fl | O_NONBLOCK) < 0) {
         seterr(err, errlen, "fcntl: %s", strerror(errno));

@@ -1,10 +1,19 @@
-/* aned.c — main: options, start-up order, daemonizing, pidfile.
+/* aned.c — main: options, start-up order, daemonizing, pidfile, signals.
  *
- * Start-up order: options → (detach) → log file → listening socket (fails fast
- * when another server owns the path) → no_new_privs → model (the engine's
- * threads start here) → pidfile → drop root (--user) → seccomp filter →
- * ready (the detached parent exits 0 only now, so `aned --daemonize &&
- * aneclient ...` works; systemd gets READY=1) → serve. */
+ * Start-up order: options → no_new_privs → (detach) → signal thread → log
+ * file → listening socket (fails fast when another server owns the path) →
+ * model (the engine's threads start here) → pidfile → drop root (--user) →
+ * Landlock (every thread) → seccomp filter → ready (the detached parent
+ * exits 0 only now, so `aned --daemonize && aneclient ...` works; systemd
+ * gets READY=1) → serve.
+ *
+ * Signals: SIGTERM, SIGINT and SIGHUP stay blocked in every thread for the
+ * daemon's whole life; one thread reads them (signalfd). During start-up a
+ * SIGTERM/SIGINT stops the daemon at once, whatever stage the main thread is
+ * in (loading a model can take minutes): it removes what start-up created
+ * (socket, lock, pidfile) and exits 0. While serving it hands them to the
+ * event loop (ev_feed_signal). During teardown they are ignored, so a
+ * repeated signal can never kill a clean shutdown. */
 #include "daemon/aned.h"
 #include "proto/proto.h"
 
@@ -12,15 +21,20 @@
 #include <fcntl.h>
 #include <getopt.h>
 #include <grp.h>
+#include <ev.h>
 #include <limits.h>
+#include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 static void usage(FILE *f)
@@ -52,6 +66,8 @@ static void usage(FILE *f)
 "                          are cancelled with \"busy\" (default 60)\n"
 "      --shutdown-grace S  seconds running jobs may finish after SIGTERM (default 5)\n"
 "      --hello-timeout S   seconds a new connection has to say hello (default 10)\n"
+"      --idle-timeout S    seconds a connection with nothing in flight may stay\n"
+"                          silent before it is closed (default 300; 0: never)\n"
 "\n"
 "Access (README.md, \"Access control and privilege separation\"):\n"
 "  -u, --user USER         started as root: drop to USER (name or uid) once the\n"
@@ -65,10 +81,12 @@ static void usage(FILE *f)
 "      --max-jobs-per-uid N     jobs in flight + queued per peer user, across its\n"
 "                          connections, before \"busy\" (default 0: no limit)\n"
 "      --max-clients-per-uid N  connections per peer user; past it \"busy\",\n"
-"                          closed (default 0: no limit)\n"
+"                          closed (default 64; 0: no limit); not the daemon's\n"
+"                          own user. A sixteenth of --max-clients is kept for\n"
+"                          root and the daemon's own user\n"
 "      --seccomp MODE      enforce, log, off or auto (default: enforce on the cpu\n"
 "                          backend, off on cuda, whose driver needs ioctl/open);\n"
-"                          not off: Landlock confines the loop thread as well\n"
+"                          not off: Landlock confines every thread as well\n"
 "\n"
 "  -d, --daemonize         detach; the parent exits once the model is loaded\n"
 "  -l, --log FILE          log to FILE (reopened on SIGHUP) instead of stderr\n"
@@ -79,7 +97,8 @@ static void usage(FILE *f)
 "\n"
 "SIGTERM/SIGINT: stop accepting, let running jobs finish (--shutdown-grace),\n"
 "cancel the rest, flush replies, remove the socket, exit 0. A second signal\n"
-"cancels at once. SIGHUP reopens the log file.\n");
+"cancels at once. During start-up (even while the model loads): stop at once,\n"
+"exit 0. SIGHUP reopens the log file.\n");
 }
 
 static int parse_int(const char *opt, const char *s, long lo, long hi, long *out)
@@ -120,6 +139,42 @@ static void ready_signal(char status)
     ready_fd = -1;
 }
 
+static volatile sig_atomic_t parent_sig;
+static void parent_on_signal(int sig) { parent_sig = sig; }
+
+/* The original process of --daemonize waits for the daemon's start-up status;
+ * a SIGTERM/SIGINT it gets meanwhile (Ctrl-C) goes on to the daemon's process
+ * group, which then stops as any start-up does. */
+static void parent_wait(int rfd, pid_t child)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = parent_on_signal;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    sigprocmask(SIG_UNBLOCK, &set, NULL);
+    char st = 1;
+    ssize_t r = -1;
+    int sent = 0;
+    for (;;) {
+        /* before the child's setsid() its group does not exist yet: retried */
+        if (parent_sig && !sent && kill(-child, parent_sig) == 0) sent = 1;
+        struct pollfd pf = { .fd = rfd, .events = POLLIN };
+        if (poll(&pf, 1, parent_sig && !sent ? 50 : -1) <= 0) continue;
+        do r = read(rfd, &st, 1); while (r < 0 && errno == EINTR);
+        break;
+    }
+    int status;
+    waitpid(child, &status, 0);
+    _exit(r == 1 && st == 0 ? 0 : 1);
+}
+
+static int devnull_fd = -1;
+
 /* Returns in the daemon (grandchild); the original process exits with the
  * daemon's start-up status. */
 static int daemonize(void)
@@ -130,12 +185,7 @@ static int daemonize(void)
     if (pid < 0) { perror("aned: fork"); return -1; }
     if (pid > 0) {
         close(p[1]);
-        char st = 1;
-        ssize_t r;
-        do r = read(p[0], &st, 1); while (r < 0 && errno == EINTR);
-        int status;
-        waitpid(pid, &status, 0);
-        _exit(r == 1 && st == 0 ? 0 : 1);
+        parent_wait(p[0], pid);
     }
     close(p[0]);
     if (setsid() < 0) { perror("aned: setsid"); _exit(1); }
@@ -146,14 +196,101 @@ static int daemonize(void)
     signal(SIGHUP, SIG_DFL);
     ready_fd = p[1];
     if (chdir("/") < 0) { perror("aned: chdir /"); _exit(1); }
-    int nul = open("/dev/null", O_RDWR);
-    if (nul >= 0) {
-        dup2(nul, 0);
-        dup2(nul, 1);
-        if (nul > 2) close(nul);
+    /* kept: stderr goes there once ready (no --log), when open() is refused */
+    devnull_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (devnull_fd >= 0) {
+        dup2(devnull_fd, 0);
+        dup2(devnull_fd, 1);
     }
     /* stderr stays the terminal until ready: start-up errors are seen there */
     return 0;
+}
+
+/* ---------------------------------------------------------------- signals */
+
+enum { PH_START, PH_RUN, PH_TEARDOWN };
+static struct {
+    pthread_mutex_t mu;      /* held by main while it creates what a stop removes */
+    int phase;
+    sock_listener *lst;      /* created by start-up: closed (socket removed) on a stop */
+    const char *pidfile;     /* written by start-up: removed on a stop */
+    int sfd;                 /* signalfd: SIGTERM, SIGINT, SIGHUP */
+    int ctl[2];              /* main → thread: the phase changed */
+    pthread_t th;
+} sigs = { PTHREAD_MUTEX_INITIALIZER, PH_START, NULL, NULL, -1, { -1, -1 }, 0 };
+
+static const char *sig_name(int s)
+{
+    return s == SIGTERM ? "SIGTERM" : s == SIGINT ? "SIGINT" : s == SIGHUP ? "SIGHUP" : "signal";
+}
+
+static void *sig_main(void *arg)
+{
+    (void)arg;
+    int hup_pending = 0;
+    for (;;) {
+        struct pollfd pf[2] = { { .fd = sigs.sfd, .events = POLLIN }, { .fd = sigs.ctl[0], .events = POLLIN } };
+        if (poll(pf, 2, -1) < 0) continue; /* EINTR */
+        if (pf[1].revents & POLLIN) {
+            char b[16];
+            if (read(sigs.ctl[0], b, sizeof b) <= 0) return NULL; /* closed: main is exiting */
+        }
+        struct signalfd_siginfo si[8];
+        ssize_t r = pf[0].revents & POLLIN ? read(sigs.sfd, si, sizeof si) : 0;
+        /* main holds it only across short, non-blocking steps; should one
+         * hang anyway, a stop goes ahead without waiting for it */
+        struct timespec dl;
+        clock_gettime(CLOCK_REALTIME, &dl);
+        dl.tv_sec += 2;
+        int locked = pthread_mutex_timedlock(&sigs.mu, &dl) == 0;
+        int phase = locked ? sigs.phase : PH_START; /* held that long: only in start-up */
+        if (phase == PH_RUN && hup_pending) { ev_feed_signal(SIGHUP); hup_pending = 0; }
+        for (ssize_t i = 0; i < r / (ssize_t)sizeof si[0]; i++) {
+            int s = (int)si[i].ssi_signo;
+            if (phase == PH_RUN) {
+                ev_feed_signal(s); /* the loop's watchers take it from here */
+            } else if (phase == PH_TEARDOWN) {
+                log_debug("%s during shutdown: already stopping", sig_name(s));
+            } else if (s == SIGHUP) {
+                hup_pending = 1; /* the log is reopened once serving */
+            } else {
+                /* Start-up: main may be anywhere (loading the model); what it
+                 * created is published under sigs.mu, held here until exit. */
+                log_info("%s during start-up: stopping", sig_name(s));
+                if (!locked) log_warn("a start-up step did not finish within 2 s: leaving what it created");
+                if (locked && sigs.lst) sock_close(sigs.lst);
+                if (locked && sigs.pidfile && unlink(sigs.pidfile) < 0 && errno != ENOENT)
+                    log_debug("cannot remove pidfile %s: %s", sigs.pidfile, strerror(errno));
+                notify_send("STOPPING=1");
+                _exit(0);
+            }
+        }
+        if (locked) pthread_mutex_unlock(&sigs.mu);
+    }
+}
+
+/* Called with the stop signals blocked: every later thread inherits that. */
+static int sig_start(void)
+{
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGHUP);
+    sigs.sfd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
+    if (sigs.sfd < 0 || pipe2(sigs.ctl, O_CLOEXEC | O_NONBLOCK) < 0) return -1;
+    int e = pthread_create(&sigs.th, NULL, sig_main, NULL);
+    if (e) { errno = e; return -1; }
+    return 0;
+}
+
+static void sig_phase(int phase)
+{
+    pthread_mutex_lock(&sigs.mu);
+    sigs.phase = phase;
+    pthread_mutex_unlock(&sigs.mu);
+    char b = 1;
+    if (write(sigs.ctl[1], &b, 1) < 0) { /* full: the thread has wakeups pending anyway */ }
 }
 
 static int write_pidfile(const char *path, char *err, size_t errlen)
@@ -163,11 +300,19 @@ static int write_pidfile(const char *path, char *err, size_t errlen)
         snprintf(err, errlen, "pidfile path too long: %.512s", path);
         return -1;
     }
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
-    if (fd < 0) { snprintf(err, errlen, "cannot write pidfile %.512s: %s", tmp, strerror(errno)); return -1; }
+    char e2[PATH_MAX + 128];
+    int fd = file_open_regular(AT_FDCWD, tmp, tmp, O_WRONLY | O_CREAT, 0644, e2, sizeof e2);
+    if (fd < 0) { snprintf(err, errlen, "pidfile: %.900s", e2); return -1; }
+    struct stat st;
+    if (fstat(fd, &st) < 0 || st.st_uid != geteuid()) {
+        snprintf(err, errlen, "pidfile: %.512s belongs to uid %lu, not to aned's; refusing it", tmp,
+                 (unsigned long)st.st_uid);
+        close(fd);
+        return -1;
+    }
     char buf[32];
     int n = snprintf(buf, sizeof buf, "%ld\n", (long)getpid());
-    int ok = write(fd, buf, (size_t)n) == n;
+    int ok = ftruncate(fd, 0) == 0 && write(fd, buf, (size_t)n) == n;
     ok = close(fd) == 0 && ok;
     if (!ok || rename(tmp, path) < 0) {
         snprintf(err, errlen, "cannot write pidfile %.512s: %s", path, strerror(errno));
@@ -195,7 +340,7 @@ static void raise_fd_limit(int max_clients)
 enum {
     OPT_SOCKET_MODE = 256, OPT_SOCKET_GROUP, OPT_BACKEND, OPT_MAX_SEQS, OPT_MAX_QUEUED, OPT_KV_BUDGET,
     OPT_MAX_CLIENTS, OPT_MAX_BACKLOG, OPT_STALL, OPT_GRACE, OPT_HELLO, OPT_LOG_LEVEL,
-    OPT_ALLOW_USER, OPT_ALLOW_GROUP, OPT_JOBS_UID, OPT_CLIENTS_UID, OPT_SECCOMP,
+    OPT_ALLOW_USER, OPT_ALLOW_GROUP, OPT_JOBS_UID, OPT_CLIENTS_UID, OPT_SECCOMP, OPT_IDLE,
 };
 
 int main(int argc, char **argv)
@@ -216,6 +361,7 @@ int main(int argc, char **argv)
         { "stall-timeout", required_argument, 0, OPT_STALL },
         { "shutdown-grace", required_argument, 0, OPT_GRACE },
         { "hello-timeout", required_argument, 0, OPT_HELLO },
+        { "idle-timeout", required_argument, 0, OPT_IDLE },
         { "user", required_argument, 0, 'u' },
         { "group", required_argument, 0, 'g' },
         { "allow-user", required_argument, 0, OPT_ALLOW_USER },
@@ -294,6 +440,7 @@ int main(int argc, char **argv)
         case OPT_STALL: if (parse_double("--stall-timeout", optarg, 0.1, 86400, &d)) return 2; so.stall_timeout = d; break;
         case OPT_GRACE: if (parse_double("--shutdown-grace", optarg, 0, 3600, &d)) return 2; so.shutdown_grace = d; break;
         case OPT_HELLO: if (parse_double("--hello-timeout", optarg, 0.1, 3600, &d)) return 2; so.handshake_timeout = d; break;
+        case OPT_IDLE: if (parse_double("--idle-timeout", optarg, 0, 86400 * 7, &d)) return 2; so.idle_timeout = d; break;
         case 'u': user = optarg; break;
         case 'g': group = optarg; break;
         case OPT_ALLOW_USER:
@@ -381,15 +528,23 @@ int main(int argc, char **argv)
     }
 
     signal(SIGPIPE, SIG_IGN);
-    /* Held until the loop watches them (server_open): a SIGTERM during
-     * start-up then means a clean stop, never a socket left behind. */
+    /* Blocked in every thread for good: the signal thread reads them. */
     sigset_t stop_sigs;
     sigemptyset(&stop_sigs);
     sigaddset(&stop_sigs, SIGTERM);
     sigaddset(&stop_sigs, SIGINT);
     sigaddset(&stop_sigs, SIGHUP);
     sigprocmask(SIG_BLOCK, &stop_sigs, NULL);
+    /* Set before any other thread exists, so every thread inherits it (Landlock
+     * needs it on each): aned never executes anything, and nothing it runs may
+     * gain privileges. */
+    if (priv_no_new_privs() < 0) fprintf(stderr, "aned: warning: PR_SET_NO_NEW_PRIVS: %s\n", strerror(errno));
     if (detach && daemonize() < 0) return 1;
+    if (sig_start() < 0) {
+        fprintf(stderr, "aned: cannot start the signal thread: %s\n", strerror(errno));
+        ready_signal(1);
+        return 1;
+    }
     if (log_path && log_open_file(log_path, err, sizeof err) < 0) {
         fprintf(stderr, "aned: %s\n", err);
         ready_signal(1);
@@ -404,16 +559,16 @@ int main(int argc, char **argv)
     int have_lst = 0, have_pid = 0;
     int act = sock_listen_activated(&lst, err, sizeof err);
     if (act < 0) { log_error("%s", err); goto out; }
-    if (act == 0 && sock_listen(&lst, sock_path, sock_mode, sock_gid, SOMAXCONN, err, sizeof err) < 0) {
-        log_error("%s", err);
-        goto out;
+    if (act == 0) {
+        pthread_mutex_lock(&sigs.mu);
+        int lrc = sock_listen(&lst, sock_path, sock_mode, sock_gid, SOMAXCONN, err, sizeof err);
+        if (lrc == 0) sigs.lst = &lst;
+        pthread_mutex_unlock(&sigs.mu);
+        if (lrc < 0) { log_error("%s", err); goto out; }
     }
     have_lst = 1;
     notify_open(); /* before the drop and the filter: socket() is gone then */
 
-    /* Set before the engine's threads exist, so every thread inherits it:
-     * aned never executes anything, and nothing it runs may gain privileges. */
-    if (priv_no_new_privs() < 0) log_warn("PR_SET_NO_NEW_PRIVS: %s", strerror(errno));
     /* The allow-list: listed users and groups, plus root and the daemon's own
      * user (after the drop). */
     if (acl_add_uid(&allow, 0) < 0 || acl_add_uid(&allow, user ? pu.uid : geteuid()) < 0) {
@@ -421,8 +576,12 @@ int main(int argc, char **argv)
         goto out;
     }
     so.allow = &allow;
+    so.daemon_uid = user ? pu.uid : geteuid();
 
-    if (server_open(&srv, &so, err, sizeof err) < 0) { log_error("%s", err); goto out; }
+    log_info("loading model %s", so.eng.model_path);
+    int orc = server_open(&srv, &so, err, sizeof err);
+    pthread_sigmask(SIG_BLOCK, &stop_sigs, NULL); /* server_open unblocks them */
+    if (orc < 0) { log_error("%s", err); goto out; }
     const eng_model_info *mi = server_model(srv);
     log_info("model %s: \"%s\", arch %s, %d layers, vocab %d, ctx %d, %s backend, %d thread(s), %d seq(s)%s",
              mi->path ? mi->path : so.eng.model_path, mi->name ? mi->name : "?", mi->arch ? mi->arch : "?",
@@ -430,7 +589,11 @@ int main(int argc, char **argv)
              mi->max_seqs, mi->tokenizer_only ? ", tokenizer only" : "");
     if (mi->warning && mi->warning[0]) log_warn("model: %s", mi->warning);
     if (pidfile) {
-        if (write_pidfile(pidfile, err, sizeof err) < 0) { log_error("%s", err); goto out; }
+        pthread_mutex_lock(&sigs.mu);
+        int prc = write_pidfile(pidfile, err, sizeof err);
+        if (prc == 0) sigs.pidfile = pidfile;
+        pthread_mutex_unlock(&sigs.mu);
+        if (prc < 0) { log_error("%s", err); goto out; }
         have_pid = 1;
     }
     if (user) {
@@ -454,9 +617,12 @@ int main(int argc, char **argv)
         log_info("sanitizer build: landlock off (the leak check reads /proc at exit)");
     } else if (scm != PRIV_SECCOMP_OFF) {
         const char *rm[2] = { lst.activated ? NULL : lst.path, pidfile };
-        int abi = priv_landlock(log_path, rm, 2, err, sizeof err);
+        int nth = 0;
+        int abi = priv_landlock(log_path, rm, 2, &nth, err, sizeof err);
         if (abi < 0) { log_error("cannot confine the daemon: %s", err); goto out; }
-        if (abi > 0) log_info("landlock (ABI %d) on the loop thread: files may only be created in the log directory", abi);
+        if (abi > 0)
+            log_info("landlock (ABI %d) on all %d thread(s): no file may be read; files may only be created or "
+                     "appended to in the log directory, removed in the socket's and pidfile's", abi, nth);
         else log_info("landlock not available in this kernel");
     }
     if (priv_seccomp_install(scm, log_dir_fd(), err, sizeof err) < 0) {
@@ -471,12 +637,12 @@ int main(int argc, char **argv)
              lst.activated ? " (systemd socket)" : "", (long)getpid());
     if (detach) {
         if (!log_path) {
-            int nul = open("/dev/null", O_WRONLY);
-            if (nul >= 0) { dup2(nul, 2); if (nul > 2) close(nul); }
+            if (devnull_fd >= 0) dup2(devnull_fd, 2);
         } else {
             log_capture_stderr(); /* anything the engine prints lands in the log */
         }
     }
+    sig_phase(PH_RUN); /* from now on the loop takes the signals */
     ready_signal(0);
     notify_send("READY=1\nSTATUS=serving %s on %s\nMAINPID=%ld", mi->name ? mi->name : "model",
                 lst.path, (long)getpid());
@@ -484,6 +650,7 @@ int main(int argc, char **argv)
     have_lst = 0; /* server_run closed it */
     log_info("exiting");
 out:
+    sig_phase(PH_TEARDOWN); /* waits out a stop in progress; later signals are ignored */
     ready_signal(1);
     if (have_lst) sock_close(&lst);
     server_close(srv);

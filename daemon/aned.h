@@ -10,20 +10,34 @@
 #ifndef ANED_H
 #define ANED_H
 
+#include <fcntl.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
 
 #include "engine/engine.h"
 
-#define ANED_SERVER_NAME "aned/0.1"
+#define ANED_SERVER_NAME "aned/0.1.0"
 
 /* ---- log.c ---- */
 typedef enum log_level { LOG_ERROR = 0, LOG_WARN, LOG_INFO, LOG_DEBUG } log_level;
 
+/* Every file aned opens by name (log, pidfile, lock) is opened with these
+ * added: no link followed in the last component, no blocking on a FIFO. */
+#define FILE_OPEN_SAFE (O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY)
+/* openat(dirfd, name, flags | FILE_OPEN_SAFE, mode), then refuses anything
+ * but a regular file (and, for root, one with other hard links), with a
+ * message naming shown and what it is instead. Returns the fd, or -1. */
+int file_open_regular(int dirfd, const char *name, const char *shown, int flags, mode_t mode,
+                      char *err, size_t errlen);
+/* How the log file is opened, at start and on SIGHUP (the seccomp filter
+ * allows openat with exactly these flags on log_dir_fd() alone). */
+#define LOG_OPEN_FLAGS (O_WRONLY | O_CREAT | O_APPEND | FILE_OPEN_SAFE)
+
 /* Lines go to stderr until log_open_file() succeeds. */
 int log_open_file(const char *path, char *err, size_t errlen);
-/* Reopens the file given to log_open_file (log rotation, SIGHUP). */
+/* Reopens the file given to log_open_file (log rotation, SIGHUP), relative
+ * to its directory; on failure logs why (file, reason), keeps the old one. */
 int log_reopen(void);
 /* The log file's directory (O_PATH), which log_reopen opens relative to; -1 if none. */
 int log_dir_fd(void);
@@ -120,15 +134,19 @@ typedef enum priv_seccomp_mode {
 } priv_seccomp_mode;
 int priv_seccomp_parse(const char *s, priv_seccomp_mode *m);
 /* Installs the allow-list on every thread (TSYNC). openat is allowed only
- * with open_dirfd as its directory (-1: never). */
+ * with open_dirfd as its directory and LOG_OPEN_FLAGS as its flags (-1:
+ * never): the filter cannot see the path, so alone it still lets an absolute
+ * or "../" name through for writing; Landlock confines the path. */
 int priv_seccomp_install(priv_seccomp_mode mode, int open_dirfd, char *err, size_t errlen);
 
-/* Landlock on the calling thread (the loop thread; the engine's threads
- * exist already and never touch files): from now on it may only create or
- * append to files in log_file's directory and remove files in the
- * directories of the paths in remove (socket, lock, pidfile). Returns the
- * Landlock ABI used, 0 when the kernel has none, -1 error. */
-int priv_landlock(const char *log_file, const char *const *remove, int n_remove, char *err, size_t errlen);
+/* Landlock on every thread of the process (each restricts itself, woken by a
+ * signal; threads created later inherit it): from now on no file may be
+ * read, executed or listed through a new open; files may only be created or
+ * written in log_file's directory and removed in the directories of the
+ * paths in remove (socket, lock, pidfile). *n_threads: threads confined.
+ * Returns the Landlock ABI used, 0 when the kernel has none, -1 error. */
+int priv_landlock(const char *log_file, const char *const *remove, int n_remove, int *n_threads,
+                  char *err, size_t errlen);
 
 /* Who may connect: a peer is allowed if its uid is listed, or its gid or one
  * of its supplementary groups (SO_PEERGROUPS) is. */
@@ -164,7 +182,9 @@ typedef struct server_opts {
     double drain_timeout;    /* seconds to flush replies after the last job ended */
     const acl *allow;        /* who may connect; NULL: anyone the socket mode lets in */
     int max_jobs_per_uid;    /* jobs in flight + queued per peer uid, all its connections; 0: no limit */
-    int max_clients_per_uid; /* connections per peer uid; 0: no limit */
+    int max_clients_per_uid; /* connections per peer uid but daemon_uid; 0: no limit */
+    double idle_timeout;     /* seconds a connection with nothing in flight may stay silent; 0: forever */
+    uid_t daemon_uid;        /* the daemon's own user: with root, may use the slots kept in reserve */
 } server_opts;
 
 void server_opts_default(server_opts *o);

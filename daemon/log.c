@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -31,34 +32,81 @@ int log_level_parse(const char *s, log_level *lv)
 
 void log_set_level(log_level lv) { log_max = lv; }
 
-static int open_log(const char *path)
+/* What a file aned opens must be: reached without following a link in its
+ * last component, never blocking (a FIFO would hang start-up, or the loop on
+ * SIGHUP), a regular file, and for root never a file with other names (a
+ * hard link to somebody else's file would be written, or given away). */
+int file_open_regular(int dirfd, const char *name, const char *shown, int flags, mode_t mode,
+                      char *err, size_t errlen)
 {
-    return open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOCTTY, 0640);
+    int fd = openat(dirfd, name, flags | FILE_OPEN_SAFE, mode);
+    if (fd < 0) {
+        int e = errno;
+        if (e == ELOOP)
+            snprintf(err, errlen, "%s is a symbolic link; refusing to follow it", shown);
+        else if (e == ENXIO)
+            snprintf(err, errlen, "%s is a FIFO or socket, not a regular file", shown);
+        else
+            snprintf(err, errlen, "cannot open %s: %s", shown, strerror(e));
+        errno = e;
+        return -1;
+    }
+    struct stat st;
+    const char *what = NULL;
+    if (fstat(fd, &st) < 0) what = "unreadable (fstat failed)";
+    else if (S_ISFIFO(st.st_mode)) what = "a FIFO, not a regular file";
+    else if (S_ISSOCK(st.st_mode)) what = "a socket, not a regular file";
+    else if (S_ISDIR(st.st_mode)) what = "a directory, not a regular file";
+    else if (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)) what = "a device, not a regular file";
+    else if (!S_ISREG(st.st_mode)) what = "not a regular file";
+    else if (st.st_nlink > 1 && geteuid() == 0) what = "a file with more than one hard link; refusing it as root";
+    if (what) {
+        snprintf(err, errlen, "%s is %s", shown, what);
+        close(fd);
+        errno = EINVAL;
+        return -1;
+    }
+    return fd;
+}
+
+static int open_log(int dirfd, const char *base, const char *shown, char *err, size_t errlen)
+{
+    return file_open_regular(dirfd, base, shown, LOG_OPEN_FLAGS, 0640, err, errlen);
 }
 
 int log_open_file(const char *path, char *err, size_t errlen)
 {
-    int fd = open_log(path);
-    if (fd < 0) {
-        snprintf(err, errlen, "cannot open log file %s: %s", path, strerror(errno));
-        return -1;
-    }
     char *p = strdup(path);
-    if (!p) { close(fd); snprintf(err, errlen, "out of memory"); return -1; }
-    /* The directory stays open: reopening relative to it works after a
-     * chroot-less confinement that allows openat only on this descriptor. */
+    if (!p) { snprintf(err, errlen, "out of memory"); return -1; }
+    /* The directory stays open: the file is (re)opened relative to it, so a
+     * directory renamed or swapped later changes nothing, and the seccomp
+     * filter can allow openat on this descriptor alone. */
     char *slash = strrchr(p, '/');
     int dfd;
     if (slash == p) dfd = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
     else if (slash) { *slash = 0; dfd = open(p, O_PATH | O_DIRECTORY | O_CLOEXEC); *slash = '/'; }
     else dfd = open(".", O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) {
+        snprintf(err, errlen, "cannot open the directory of log file %s: %s", path, strerror(errno));
+        free(p);
+        return -1;
+    }
+    const char *base = slash ? slash + 1 : p;
+    char e2[512];
+    int fd = open_log(dfd, base, path, e2, sizeof e2);
+    if (fd < 0) {
+        snprintf(err, errlen, "log file: %s", e2);
+        close(dfd);
+        free(p);
+        return -1;
+    }
     if (log_fd > 2) close(log_fd);
     if (log_dirfd >= 0) close(log_dirfd);
     free(log_path);
     log_fd = fd;
     log_path = p;
     log_dirfd = dfd;
-    log_base = slash ? slash + 1 : p;
+    log_base = base;
     return 0;
 }
 
@@ -66,16 +114,21 @@ int log_dir_fd(void) { return log_dirfd; }
 
 int log_chown(uid_t uid, gid_t gid)
 {
+    /* By descriptor, never by path: the file checked at open is the one given. */
     return log_fd > 2 ? fchown(log_fd, uid, gid) : 0;
 }
 
 int log_reopen(void)
 {
     if (!log_path) return 0;
-    int fd = log_dirfd >= 0
-        ? openat(log_dirfd, log_base, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOCTTY, 0640)
-        : open_log(log_path);
-    if (fd < 0) return -1;
+    char err[600];
+    int fd = open_log(log_dirfd, log_base, log_path, err, sizeof err);
+    if (fd < 0) {
+        int e = errno;
+        log_error("cannot reopen the log file: %s (still writing to the file open before)", err);
+        errno = e;
+        return -1;
+    }
     int old = log_fd;
     log_fd = fd;
     if (old > 2) close(old);

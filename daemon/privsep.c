@@ -13,7 +13,11 @@
  * not listed fail with EPERM ("enforce") or are allowed and logged by the
  * kernel ("log", to find what a new code path needs). Absent on purpose:
  * execve, fork/clone, socket/connect/bind, ptrace, ioctl, and open except
- * relative to the log directory (for SIGHUP reopen).
+ * relative to the log directory with the log's flags (for SIGHUP reopen:
+ * write-only, create, append, no link followed — never for reading). The
+ * filter sees the directory descriptor but not the path, so an absolute or
+ * "../" name gets past it; Landlock, applied on every thread, confines the
+ * path (and unlink, which the filter allows for the socket and pidfile).
  *
  * Also here: the allow-list of peers (SO_PEERCRED, SO_PEERGROUPS) and the
  * systemd notification socket (sd_notify(3) protocol, written by hand). */
@@ -29,6 +33,8 @@
 #include <linux/seccomp.h>
 #include <pwd.h>
 #include <stdarg.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,6 +43,7 @@
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #ifndef SO_PEERGROUPS
@@ -249,11 +256,20 @@ int priv_seccomp_install(priv_seccomp_mode mode, int open_dirfd, char *err, size
         JUMP(BPF_JMP | BPF_JEQ | BPF_K, (unsigned)allowed[i], 0, 1);
         STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
     }
-    /* openat only relative to the log directory (SIGHUP reopen) */
+    /* openat only relative to the log directory, with exactly the log's
+     * flags (SIGHUP reopen): the low word of the directory argument (an
+     * int), both words of the flags. */
     if (open_dirfd >= 0) {
-        JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_openat, 0, 3);
-        STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[0]));
-        JUMP(BPF_JMP | BPF_JEQ | BPF_K, (unsigned)open_dirfd, 0, 1);
+        const unsigned lo = offsetof(struct seccomp_data, args[0]) + (__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__ ? 0 : 4);
+        const unsigned f_lo = offsetof(struct seccomp_data, args[2]) + (__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__ ? 0 : 4);
+        const unsigned f_hi = offsetof(struct seccomp_data, args[2]) + (__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__ ? 4 : 0);
+        JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_openat, 0, 7);
+        STMT(BPF_LD | BPF_W | BPF_ABS, lo);
+        JUMP(BPF_JMP | BPF_JEQ | BPF_K, (unsigned)open_dirfd, 0, 5);
+        STMT(BPF_LD | BPF_W | BPF_ABS, f_lo);
+        JUMP(BPF_JMP | BPF_JEQ | BPF_K, (unsigned)LOG_OPEN_FLAGS, 0, 3);
+        STMT(BPF_LD | BPF_W | BPF_ABS, f_hi);
+        JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0, 0, 1);
         STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
     }
     STMT(BPF_RET | BPF_K, deny);
@@ -296,8 +312,109 @@ static int ll_rule(int ruleset, const char *file, unsigned long long access, cha
 }
 #endif
 
-int priv_landlock(const char *log_file, const char *const *remove, int n_remove, char *err, size_t errlen)
+#ifdef SYS_landlock_create_ruleset
+/* Landlock binds the thread that calls landlock_restrict_self (and threads
+ * it creates later), so each thread that exists already is sent LL_SIGNAL
+ * and restricts itself in the handler; the caller goes last. */
+#define LL_MAX_THREADS 4096
+static int ll_ruleset = -1;
+static atomic_int ll_acked;
+static pid_t ll_tid[LL_MAX_THREADS];    /* who answered: tid, negated if it failed */
+static int ll_errno[LL_MAX_THREADS];
+
+static void ll_handler(int sig, siginfo_t *si, void *uc)
 {
+    (void)sig; (void)uc;
+    if (si->si_code != SI_TKILL || si->si_pid != getpid()) return; /* not ours */
+    int e = errno;
+    long rc = syscall(SYS_landlock_restrict_self, ll_ruleset, 0);
+    int i = atomic_fetch_add(&ll_acked, 1);
+    if (i < LL_MAX_THREADS) {
+        ll_errno[i] = rc < 0 ? errno : 0;
+        atomic_thread_fence(memory_order_release);
+        ll_tid[i] = rc < 0 ? -gettid() : gettid();
+    }
+    errno = e;
+}
+
+static int ll_answered(pid_t tid, int n)
+{
+    for (int i = 0; i < n && i < LL_MAX_THREADS; i++)
+        if (ll_tid[i] == tid || ll_tid[i] == -tid) return 1;
+    return 0;
+}
+
+/* Every thread but the caller restricts itself; returns threads confined or -1. */
+static int ll_all_threads(int rs, char *err, size_t errlen)
+{
+    static pid_t sent[LL_MAX_THREADS];
+    int n_sent = 0, rc = 0;
+    const int sig = SIGRTMIN + 5;
+    struct sigaction sa, old;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = ll_handler;
+    sa.sa_flags = SA_SIGINFO | SA_RESTART;
+    sigfillset(&sa.sa_mask);
+    ll_ruleset = rs;
+    atomic_store(&ll_acked, 0);
+    if (sigaction(sig, &sa, &old) < 0) { snprintf(err, errlen, "landlock: sigaction: %s", strerror(errno)); return -1; }
+    pid_t pid = getpid(), me = gettid();
+    /* Until a pass over /proc/self/task finds no thread not yet asked: a
+     * thread created meanwhile by one not yet confined shows up in the next. */
+    for (int pass = 0; rc == 0; pass++) {
+        DIR *d = opendir("/proc/self/task");
+        if (!d) { snprintf(err, errlen, "landlock: cannot list /proc/self/task: %s", strerror(errno)); rc = -1; break; }
+        int added = 0;
+        struct dirent *de;
+        while ((de = readdir(d)) && rc == 0) {
+            if (de->d_name[0] == '.') continue;
+            pid_t tid = (pid_t)strtol(de->d_name, NULL, 10);
+            int known = tid == me;
+            for (int i = 0; i < n_sent && !known; i++) known = sent[i] == tid;
+            if (known) continue;
+            if (n_sent == LL_MAX_THREADS) { snprintf(err, errlen, "landlock: too many threads"); rc = -1; break; }
+            if (syscall(SYS_tgkill, pid, tid, sig) == 0) { sent[n_sent++] = tid; added++; }
+            else if (errno != ESRCH) { snprintf(err, errlen, "landlock: tgkill %d: %s", (int)tid, strerror(errno)); rc = -1; }
+        }
+        closedir(d);
+        if (rc < 0 || (!added && pass > 0)) break;
+        /* every thread asked answers, or is gone */
+        struct timespec t0, now, nap = { 0, 1000000 };
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        for (;;) {
+            int n = atomic_load(&ll_acked), waiting = 0;
+            atomic_thread_fence(memory_order_acquire);
+            for (int i = 0; i < n_sent; i++)
+                if (!ll_answered(sent[i], n) && syscall(SYS_tgkill, pid, sent[i], 0) == 0) waiting = sent[i];
+            if (!waiting) break;
+            clock_gettime(CLOCK_MONOTONIC, &now);
+            if (now.tv_sec - t0.tv_sec > 30) { /* a busy thread answers late, one blocking the signal never */
+                snprintf(err, errlen, "landlock: thread %d did not confine itself within 30 s (signal %d blocked?)",
+                         (int)waiting, sig);
+                rc = -1;
+                break;
+            }
+            nanosleep(&nap, NULL);
+        }
+        if (!added) break;
+    }
+    int n = atomic_load(&ll_acked);
+    atomic_thread_fence(memory_order_acquire);
+    for (int i = 0; rc == 0 && i < n && i < LL_MAX_THREADS; i++)
+        if (ll_tid[i] < 0) {
+            snprintf(err, errlen, "landlock_restrict_self in thread %d: %s", (int)-ll_tid[i], strerror(ll_errno[i]));
+            rc = -1;
+        }
+    sigaction(sig, &old, NULL);
+    ll_ruleset = -1;
+    return rc < 0 ? -1 : n;
+}
+#endif
+
+int priv_landlock(const char *log_file, const char *const *remove, int n_remove, int *n_threads,
+                  char *err, size_t errlen)
+{
+    *n_threads = 0;
 #ifndef SYS_landlock_create_ruleset
     (void)log_file; (void)remove; (void)n_remove; (void)err; (void)errlen;
     return 0;
@@ -316,9 +433,13 @@ int priv_landlock(const char *log_file, const char *const *remove, int n_remove,
         rc = ll_rule(rs, log_file, LANDLOCK_ACCESS_FS_WRITE_FILE | LANDLOCK_ACCESS_FS_MAKE_REG, err, errlen);
     for (int i = 0; i < n_remove && rc == 0; i++)
         if (remove[i]) rc = ll_rule(rs, remove[i], LANDLOCK_ACCESS_FS_REMOVE_FILE, err, errlen);
-    if (rc == 0 && syscall(SYS_landlock_restrict_self, rs, 0) < 0) {
+    int others = rc == 0 ? ll_all_threads(rs, err, errlen) : -1;
+    if (others < 0) rc = -1;
+    else if (syscall(SYS_landlock_restrict_self, rs, 0) < 0) {
         snprintf(err, errlen, "landlock_restrict_self: %s", strerror(errno));
         rc = -1;
+    } else {
+        *n_threads = others + 1;
     }
     close(rs);
     return rc < 0 ? -1 : (int)abi;

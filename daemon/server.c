@@ -20,7 +20,18 @@
  * A client that stays paused for opt.stall_timeout seconds, or whose backlog
  * passes opt.out_max anyway, has its jobs cancelled: each ends with error
  * "busy" (its remaining tokens are dropped) instead of holding memory and
- * engine slots without bound. */
+ * engine slots without bound. (The engine also takes a paused job's KV
+ * pages back whenever another job waits for them.)
+ *
+ * Nothing a client sends is worked on here beyond decoding: tokenize
+ * requests, like text prompts, are encoded on the engine's tokenizer thread
+ * and answered when its event comes, so a megabyte of text delays nobody's
+ * ping. Connections: each uid but the daemon's own is capped
+ * (opt.max_clients_per_uid: a user running aned for themselves is not);
+ * root and the daemon's own user keep a reserve of slots no other uid may
+ * take; a
+ * connection with nothing in flight is closed after opt.idle_timeout. Log
+ * lines a peer can cause at will are rate-limited per uid (rl_allow). */
 #include "daemon/aned.h"
 #include "proto/proto.h"
 
@@ -52,6 +63,7 @@ struct job {
     int started;              /* an event arrived: it left the queue */
     int cancelled;            /* eng_cancel was sent */
     int overflow;             /* cancelled for the client's backlog */
+    int tokenize;             /* a tokenize request (not counted in uid_use.jobs) */
     uid_t uid;                /* the peer's, counted in its uid_use until the job ends */
 };
 
@@ -65,6 +77,8 @@ struct client {
     int paused;               /* its jobs are paused for its backlog */
     ev_io rio, wio;
     ev_timer timer;           /* hello deadline, stall deadline, closing deadline */
+    ev_timer idle;            /* idle deadline (ready, nothing in flight) */
+    ev_tstamp last_active;    /* last request taken or job ended */
     proto_reader *rd;
     proto_buf out;            /* replies; bytes before out_off are already sent */
     size_t out_off;
@@ -84,6 +98,23 @@ typedef struct uid_use {
     uid_t uid;
     uint32_t clients, jobs;
 } uid_use;
+
+/* Rate limit of the log lines a peer can cause at will, per (uid, kind):
+ * RL_BURST lines per RL_WINDOW seconds, then one line saying how many more
+ * were suppressed once the window is over. */
+typedef enum rl_kind { RL_DENIED = 0, RL_REFUSED, RL_CLOSED, RL_BROKEN, RL_FAILED, RL_OVERFLOW, RL__N } rl_kind;
+static const char *const rl_names[RL__N] = {
+    "denied connection", "refused connection", "client closed", "broken stream", "job failed", "backlog",
+};
+#define RL_BURST 10
+#define RL_WINDOW 5.0
+#define RL_SLOTS 64           /* (uid, kind) pairs tracked; the oldest is summarised and reused */
+typedef struct rl_ent {
+    uid_t uid;
+    int kind;                 /* -1: unused */
+    ev_tstamp start;
+    uint32_t n, suppressed;
+} rl_ent;
 
 typedef enum srv_phase {
     PH_RUN = 0,
@@ -113,7 +144,63 @@ struct server {
     uint64_t seed_state;
     uid_use *uids;
     size_t n_uids, cap_uids;
+    rl_ent rl[RL_SLOTS];
+    ev_timer rl_timer;        /* says what was suppressed when a window ends */
 };
+
+static void rl_flush(server *s, rl_ent *r)
+{
+    if (r->suppressed)
+        log_warn("uid %lu: %u more \"%s\" line(s) suppressed in %.0f s", (unsigned long)r->uid,
+                 r->suppressed, rl_names[r->kind], RL_WINDOW);
+    r->kind = -1;
+    r->n = r->suppressed = 0;
+}
+
+/* 1: log this line; 0: suppressed (counted for the summary). */
+static int rl_allow(server *s, uid_t uid, rl_kind kind)
+{
+    ev_tstamp now = ev_now(s->loop);
+    rl_ent *r = NULL, *victim = NULL;   /* victim: a free entry, else the oldest */
+    for (int i = 0; i < RL_SLOTS; i++) {
+        rl_ent *x = &s->rl[i];
+        if (x->kind == (int)kind && x->uid == uid) { r = x; break; }
+        if (!victim || (victim->kind >= 0 && (x->kind < 0 || x->start < victim->start))) victim = x;
+    }
+    if (r && now - r->start >= RL_WINDOW) { rl_flush(s, r); victim = r; r = NULL; }
+    if (!r) {
+        if (victim->kind >= 0) rl_flush(s, victim);
+        r = victim;
+        r->uid = uid;
+        r->kind = (int)kind;
+        r->start = now;
+    }
+    if (r->n < RL_BURST) { r->n++; return 1; }
+    r->suppressed++;
+    if (!ev_is_active(&s->rl_timer)) {
+        ev_timer_set(&s->rl_timer, r->start + RL_WINDOW - now + 0.01, 0.);
+        ev_timer_start(s->loop, &s->rl_timer);
+    }
+    return 0;
+}
+
+static void on_rl_timer(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    server *s = w->data;
+    ev_tstamp now = ev_now(loop), next = 0;
+    for (int i = 0; i < RL_SLOTS; i++) {
+        rl_ent *r = &s->rl[i];
+        if (r->kind < 0) continue;
+        if (now - r->start >= RL_WINDOW) rl_flush(s, r);
+        else if (r->suppressed && (!next || r->start + RL_WINDOW < next)) next = r->start + RL_WINDOW;
+    }
+    if (next) {
+        ev_timer_set(w, next - now + 0.01, 0.);
+        ev_timer_start(loop, w);
+    }
+}
+
+#define LOG_RL(s, uid, kind, lv, ...) do { if (rl_allow((s), (uid), (kind))) log_msg((lv), __VA_ARGS__); } while (0)
 
 static uid_use *uid_find(server *s, uid_t uid, int create)
 {
@@ -152,7 +239,14 @@ void server_opts_default(server_opts *o)
     o->handshake_timeout = 10.0;
     o->shutdown_grace = 5.0;
     o->drain_timeout = 2.0;
+    o->max_clients_per_uid = 64;
+    o->idle_timeout = 300.0;
 }
+
+/* root and the daemon's own user: the only ones who may take the last
+ * reserve_slots() connections */
+static int privileged(const server *s, uid_t uid) { return uid == 0 || uid == s->opt.daemon_uid; }
+static uint32_t reserve_slots(const server *s) { return (uint32_t)s->opt.max_clients / 16; }
 
 const eng_model_info *server_model(const server *s) { return eng_model(s->eng); }
 
@@ -210,8 +304,10 @@ static void client_overflow(client *cl, const char *why)
         n++;
     }
     if (n)
-        log_warn("client %llu (pid %ld): output backlog %zu bytes, %s: cancelled %d job(s)",
-                 (unsigned long long)cl->serial, (long)cl->peer.pid, backlog(cl), why, n);
+        LOG_RL(cl->srv, cl->peer.uid, RL_OVERFLOW, LOG_WARN,
+               "client %llu (uid %lu pid %ld): output backlog %zu bytes, %s: cancelled %d job(s)",
+               (unsigned long long)cl->serial, (unsigned long)cl->peer.uid, (long)cl->peer.pid,
+               backlog(cl), why, n);
 }
 
 /* Pauses or resumes the client's jobs in the engine as its backlog moves. */
@@ -225,7 +321,7 @@ static void client_update_pause(client *cl)
     if (want == cl->paused) return;
     cl->paused = want;
     for (job *j = cl->jobs; j; j = j->cl_next)
-        if (!j->cancelled) eng_pause(s->eng, j->eng_id, want);
+        if (!j->cancelled && !j->tokenize) eng_pause(s->eng, j->eng_id, want);
     if (cl->state != CL_READY) return;
     ev_timer_stop(s->loop, &cl->timer);
     if (want) {
@@ -288,6 +384,7 @@ static void refuse_fd(int fd, proto_err code, const char *msg)
 
 static void check_done(server *s);
 static void client_close_soon(client *cl, const char *why);
+static int client_maybe_finish(client *cl);
 
 static void client_free(client *cl, const char *why)
 {
@@ -302,16 +399,18 @@ static void client_free(client *cl, const char *why)
     ev_io_stop(s->loop, &cl->rio);
     ev_io_stop(s->loop, &cl->wio);
     ev_timer_stop(s->loop, &cl->timer);
+    ev_timer_stop(s->loop, &cl->idle);
     close(cl->fd);
     if (cl->prev) cl->prev->next = cl->next; else s->clients = cl->next;
     if (cl->next) cl->next->prev = cl->prev;
     s->n_clients--;
     uid_release(s, cl->peer.uid, 1, 0);
-    log_info("client %llu (uid %lu pid %ld%s%s) closed: %s; %llu requests, %llu tokens, %.1f s",
-             (unsigned long long)cl->serial, (unsigned long)cl->peer.uid, (long)cl->peer.pid,
-             cl->name[0] ? " " : "", cl->name, why,
-             (unsigned long long)cl->n_requests, (unsigned long long)cl->n_tokens,
-             ev_now(s->loop) - cl->since);
+    LOG_RL(s, cl->peer.uid, RL_CLOSED, LOG_INFO,
+           "client %llu (uid %lu pid %ld%s%s) closed: %s; %llu requests, %llu tokens, %.1f s",
+           (unsigned long long)cl->serial, (unsigned long)cl->peer.uid, (long)cl->peer.pid,
+           cl->name[0] ? " " : "", cl->name, why,
+           (unsigned long long)cl->n_requests, (unsigned long long)cl->n_tokens,
+           ev_now(s->loop) - cl->since);
     proto_reader_free(cl->rd);
     proto_buf_free(&cl->out);
     free(cl);
@@ -333,6 +432,27 @@ static void on_client_timer(struct ev_loop *loop, ev_timer *w, int revents)
         return;
     }
     client_free(cl, "peer did not read its last replies");
+}
+
+/* A ready connection with nothing in flight that sent no request for
+ * opt.idle_timeout seconds is told so and closed; one with work is looked at
+ * again a whole timeout later. */
+static void on_client_idle(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    client *cl = w->data;
+    server *s = cl->srv;
+    if (cl->state != CL_READY) return;
+    ev_tstamp left = cl->last_active + s->opt.idle_timeout - ev_now(loop);
+    if (cl->n_jobs || backlog(cl) || left > 0) {
+        ev_timer_set(w, cl->n_jobs || backlog(cl) || left <= 0 ? s->opt.idle_timeout : left, 0.);
+        ev_timer_start(loop, w);
+        return;
+    }
+    char msg[96];
+    snprintf(msg, sizeof msg, "closed: no request for %.0f s (idle timeout)", s->opt.idle_timeout);
+    send_error(cl, 0, PROTO_E_BUSY, msg);
+    client_close_soon(cl, "idle timeout");
+    client_maybe_finish(cl);
 }
 
 /* Stop reading, cancel what runs, flush what is queued, then close (bounded). */
@@ -435,6 +555,10 @@ static void req_hello(client *cl, const proto_req *r)
     }
     ev_timer_stop(s->loop, &cl->timer);
     cl->state = CL_READY;
+    if (s->opt.idle_timeout > 0) {
+        ev_timer_set(&cl->idle, s->opt.idle_timeout, 0.);
+        ev_timer_start(s->loop, &cl->idle);
+    }
     const eng_model_info *mi = eng_model(s->eng);
     proto_ev e;
     proto_ev_init(&e, PROTO_T_HELLO_OK, r->id);
@@ -444,6 +568,23 @@ static void req_hello(client *cl, const proto_req *r)
     e.model = mi->name ? mi->name : "";
     e.model_len = strlen(e.model);
     client_send(cl, &e);
+}
+
+/* Links a job the engine accepted into the client's and the server's lists. */
+static void job_link(server *s, client *cl, job *j, uint64_t req_id)
+{
+    j->req_id = req_id;
+    j->cl = cl;
+    j->uid = cl->peer.uid;
+    j->cl_next = cl->jobs;
+    if (cl->jobs) cl->jobs->cl_prev = j;
+    cl->jobs = j;
+    cl->n_jobs++;
+    j->all_next = s->jobs;
+    if (s->jobs) s->jobs->all_prev = j;
+    s->jobs = j;
+    s->n_jobs++;
+    if (!ev_is_active(&s->poll_timer)) ev_timer_again(s->loop, &s->poll_timer);
 }
 
 static void req_submit(client *cl, const proto_req *r)
@@ -521,19 +662,8 @@ static void req_submit(client *cl, const proto_req *r)
         send_error(cl, r->id, map_eng_err(code), err[0] ? err : eng_strerror(code));
         return;
     }
-    j->req_id = r->id;
-    j->cl = cl;
-    j->uid = cl->peer.uid;
+    job_link(s, cl, j, r->id);
     uid_find(s, j->uid, 1)->jobs++; /* the entry exists: nothing freed it since */
-    j->cl_next = cl->jobs;
-    if (cl->jobs) cl->jobs->cl_prev = j;
-    cl->jobs = j;
-    cl->n_jobs++;
-    j->all_next = s->jobs;
-    if (s->jobs) s->jobs->all_prev = j;
-    s->jobs = j;
-    s->n_jobs++;
-    if (!ev_is_active(&s->poll_timer)) ev_timer_again(s->loop, &s->poll_timer);
     if (cl->paused) {
         eng_pause(s->eng, j->eng_id, 1);
         if (!ev_is_active(&cl->timer)) { /* the stall deadline covers it too */
@@ -543,6 +673,7 @@ static void req_submit(client *cl, const proto_req *r)
     }
 }
 
+/* Encoded on the engine's tokenizer thread; answered from its event. */
 static void req_tokenize(client *cl, const proto_req *r)
 {
     server *s = cl->srv;
@@ -550,27 +681,25 @@ static void req_tokenize(client *cl, const proto_req *r)
         send_error(cl, r->id, PROTO_E_BAD_REQUEST, "tokenize takes text");
         return;
     }
-    int32_t *ids = NULL;
-    size_t n = 0;
+    if (cl->n_jobs >= PROTO_MAX_INFLIGHT) {
+        char msg[64];
+        snprintf(msg, sizeof msg, "%d requests already in flight on this connection", PROTO_MAX_INFLIGHT);
+        send_error(cl, r->id, PROTO_E_BUSY, msg);
+        return;
+    }
+    job *j = calloc(1, sizeof *j);
+    if (!j) { send_error(cl, r->id, PROTO_E_INTERNAL, "out of memory"); return; }
+    j->tokenize = 1;
     eng_err code = ENG_OK;
     char err[256] = "";
-    if (eng_tokenize(s->eng, r->text, r->text_len, r->add_bos, r->special, &ids, &n,
-                     &code, err, sizeof err) < 0) {
+    if (eng_tokenize_submit(s->eng, r->text, r->text_len, r->add_bos, r->special, (uint32_t)cl->peer.uid,
+                            j, &j->eng_id, &code, err, sizeof err) < 0) {
+        free(j);
         if (code == ENG_OK) code = ENG_EINTERNAL;
         send_error(cl, r->id, map_eng_err(code), err[0] ? err : eng_strerror(code));
         return;
     }
-    if (n > PROTO_MAX_TOKENS) {
-        free(ids);
-        send_error(cl, r->id, PROTO_E_TOO_LARGE, "text gives more tokens than one reply may carry");
-        return;
-    }
-    proto_ev e;
-    proto_ev_init(&e, PROTO_T_TOKENS, r->id);
-    e.tokens = ids;
-    e.n_tokens = n;
-    client_send(cl, &e);
-    free(ids);
+    job_link(s, cl, j, r->id);
 }
 
 static void req_detokenize(client *cl, const proto_req *r)
@@ -636,6 +765,8 @@ static void req_info(client *cl, const proto_req *r)
     e.kv_total = st.kv_total;
     e.weight_bytes = st.weight_bytes ? st.weight_bytes : mi->weight_bytes;
     e.uptime_s = ev_time() - s->started;
+    e.idle_timeout_s = s->opt.idle_timeout;
+    e.max_clients_per_uid = (uint32_t)s->opt.max_clients_per_uid;
     /* One entry per connection with jobs. A job counts as "active" once its
      * first event arrived, else "queued" (the engine reports no per-job state). */
     proto_client_count *pc = calloc(s->n_clients ? s->n_clients : 1, sizeof *pc);
@@ -646,6 +777,7 @@ static void req_info(client *cl, const proto_req *r)
             pc[i].uid = (uint32_t)c->peer.uid;
             pc[i].pid = (uint32_t)c->peer.pid;
             for (job *j = c->jobs; j; j = j->cl_next) {
+                if (j->tokenize) continue;
                 if (j->started) pc[i].active++;
                 else pc[i].queued++;
             }
@@ -662,6 +794,7 @@ static void dispatch(client *cl, const proto_req *r)
 {
     cl->n_requests++;
     cl->srv->requests_total++;
+    cl->last_active = ev_now(cl->srv->loop);
     if (r->type == PROTO_T_HELLO) { req_hello(cl, r); return; }
     if (cl->state == CL_HANDSHAKE) {
         /* dropped; the connection stays and hello may follow (the hello
@@ -671,7 +804,7 @@ static void dispatch(client *cl, const proto_req *r)
     }
     if (r->type == PROTO_T_CANCEL) {
         job *j = client_find_job(cl, r->id);
-        if (j) job_cancel(cl->srv, j);
+        if (j && !j->tokenize) job_cancel(cl->srv, j);   /* a tokenize is answered anyway */
         return;
     }
     if (client_find_job(cl, r->id)) {
@@ -714,8 +847,8 @@ static void client_drain(client *cl)
         int rc = proto_reader_next_req(cl->rd, &req, &code, err, sizeof err);
         if (rc == 0) break;
         if (rc < 0) {
-            log_info("client %llu: broken stream (%s: %s); closing", (unsigned long long)cl->serial,
-                     proto_err_name(code), err);
+            LOG_RL(cl->srv, cl->peer.uid, RL_BROKEN, LOG_INFO, "client %llu (uid %lu): broken stream (%s: %s); closing",
+                   (unsigned long long)cl->serial, (unsigned long)cl->peer.uid, proto_err_name(code), err);
             send_error(cl, 0, code == PROTO_OK ? PROTO_E_MALFORMED : code, err);
             client_close_soon(cl, "broken stream");
             break;
@@ -799,7 +932,9 @@ static void client_new(server *s, int fd, const sock_peer *peer)
     ev_io_init(&cl->rio, on_client_read, fd, EV_READ);
     ev_io_init(&cl->wio, on_client_write, fd, EV_WRITE);
     ev_timer_init(&cl->timer, on_client_timer, s->opt.handshake_timeout, 0.);
-    cl->rio.data = cl->wio.data = cl->timer.data = cl;
+    ev_timer_init(&cl->idle, on_client_idle, 1., 0.);
+    cl->rio.data = cl->wio.data = cl->timer.data = cl->idle.data = cl;
+    cl->last_active = cl->since;
     cl->next = s->clients;
     if (s->clients) s->clients->prev = cl;
     s->clients = cl;
@@ -839,21 +974,25 @@ static void on_accept(struct ev_loop *loop, ev_io *w, int revents)
             return;
         }
         if (!peer_allowed(s, fd, &peer)) {
-            log_warn("denied connection from uid %lu gid %lu pid %ld: not on the allow list",
-                     (unsigned long)peer.uid, (unsigned long)peer.gid, (long)peer.pid);
+            LOG_RL(s, peer.uid, RL_DENIED, LOG_WARN, "denied connection from uid %lu gid %lu pid %ld: not on the allow list",
+                   (unsigned long)peer.uid, (unsigned long)peer.gid, (long)peer.pid);
             refuse_fd(fd, PROTO_E_DENIED, "not allowed to use this server");
             continue;
         }
+        int priv = privileged(s, peer.uid);
         uid_use *uu = uid_find(s, peer.uid, 0);
-        if (s->opt.max_clients_per_uid > 0 && uu && uu->clients >= (uint32_t)s->opt.max_clients_per_uid) {
-            log_warn("refused connection from uid %lu pid %ld: %u connections of that uid already",
-                     (unsigned long)peer.uid, (long)peer.pid, uu->clients);
+        if (peer.uid != s->opt.daemon_uid && s->opt.max_clients_per_uid > 0 && uu &&
+            uu->clients >= (uint32_t)s->opt.max_clients_per_uid) {
+            LOG_RL(s, peer.uid, RL_REFUSED, LOG_WARN, "refused connection from uid %lu pid %ld: %u connections of that uid already",
+                   (unsigned long)peer.uid, (long)peer.pid, uu->clients);
             refuse_fd(fd, PROTO_E_BUSY, "too many connections from this user");
             continue;
         }
-        if (s->n_clients >= (uint32_t)s->opt.max_clients) {
-            log_warn("refused connection from uid %lu pid %ld: %u clients already",
-                     (unsigned long)peer.uid, (long)peer.pid, s->n_clients);
+        uint32_t cap = (uint32_t)s->opt.max_clients - (priv ? 0 : reserve_slots(s));
+        if (s->n_clients >= cap) {
+            LOG_RL(s, peer.uid, RL_REFUSED, LOG_WARN, "refused connection from uid %lu pid %ld: %u clients already%s",
+                   (unsigned long)peer.uid, (long)peer.pid, s->n_clients,
+                   priv ? "" : " (the rest is kept for root and the daemon's user)");
             refuse_fd(fd, PROTO_E_BUSY, "too many connections");
             continue;
         }
@@ -866,8 +1005,14 @@ static void on_accept(struct ev_loop *loop, ev_io *w, int revents)
 static void job_end(server *s, job *j)
 {
     client *cl = j->cl;
-    uid_release(s, j->uid, 0, 1);
+    if (!j->tokenize) uid_release(s, j->uid, 0, 1);
     if (cl) {
+        cl->last_active = ev_now(s->loop);
+        if (cl->n_jobs == 1 && ev_is_active(&cl->idle)) {   /* idle from now: a whole timeout */
+            ev_timer_stop(s->loop, &cl->idle);
+            ev_timer_set(&cl->idle, s->opt.idle_timeout, 0.);
+            ev_timer_start(s->loop, &cl->idle);
+        }
         if (j->cl_prev) j->cl_prev->cl_next = j->cl_next; else cl->jobs = j->cl_next;
         if (j->cl_next) j->cl_next->cl_prev = j->cl_prev;
         cl->n_jobs--;
@@ -886,6 +1031,17 @@ static void handle_event(server *s, const eng_event *ev)
     int live = cl && !j->overflow;
     proto_ev e;
     switch (ev->type) {
+    case ENG_EV_TOKENS:
+        if (!live) break;
+        if (ev->n_ids > PROTO_MAX_TOKENS) {
+            send_error(cl, j->req_id, PROTO_E_TOO_LARGE, "text gives more tokens than one reply may carry");
+            break;
+        }
+        proto_ev_init(&e, PROTO_T_TOKENS, j->req_id);
+        e.tokens = ev->ids;
+        e.n_tokens = ev->n_ids;
+        client_send(cl, &e);
+        break;
     case ENG_EV_TOKEN:
         j->started = 1;
         if (!live) return;
@@ -914,6 +1070,12 @@ static void handle_event(server *s, const eng_event *ev)
         return;
     }
     case ENG_EV_DONE:
+        if (j->tokenize) {   /* cancelled: overflow, shutdown or a closed connection */
+            if (cl) send_error(cl, j->req_id, j->overflow ? PROTO_E_BUSY : PROTO_E_SHUTDOWN,
+                               j->overflow ? "cancelled: the client did not read its output"
+                                           : "the server is shutting down");
+            break;
+        }
         if (!cl)
             log_debug("job %llu of a closed connection ended: %s", (unsigned long long)ev->job_id,
                       eng_finish_str(ev->finish));
@@ -939,7 +1101,8 @@ static void handle_event(server *s, const eng_event *ev)
         }
         break;
     case ENG_EV_ERROR:
-        log_info("job %llu failed: %s: %s", (unsigned long long)ev->job_id, eng_strerror(ev->code), ev->message);
+        LOG_RL(s, j->uid, RL_FAILED, LOG_INFO, "job %llu (uid %lu) failed: %s: %s", (unsigned long long)ev->job_id,
+               (unsigned long)j->uid, eng_strerror(ev->code), ev->message);
         if (cl) send_error(cl, j->req_id, map_eng_err(ev->code),
                            ev->message[0] ? ev->message : eng_strerror(ev->code));
         break;
@@ -1082,6 +1245,9 @@ int server_open(server **out, const server_opts *opt, char *err, size_t errlen)
     ev_async_start(s->loop, &s->wake);
     ev_timer_init(&s->poll_timer, on_poll, POLL_S, POLL_S);
     s->poll_timer.data = s;
+    ev_timer_init(&s->rl_timer, on_rl_timer, RL_WINDOW, 0.);
+    s->rl_timer.data = s;
+    for (int i = 0; i < RL_SLOTS; i++) s->rl[i].kind = -1;
     /* Watched from here on: a SIGTERM while the model loads stops the
      * daemon cleanly as soon as the loop runs. */
     ev_signal_init(&s->sig_term, on_signal, SIGTERM);
@@ -1149,6 +1315,9 @@ int server_run(server *s, sock_listener *l)
     ev_timer_stop(s->loop, &s->poll_timer);
     if (s->lst) { sock_close(s->lst); s->lst = NULL; }
     while (s->clients) client_free(s->clients, "shutdown");
+    ev_timer_stop(s->loop, &s->rl_timer);
+    for (int i = 0; i < RL_SLOTS; i++)
+        if (s->rl[i].kind >= 0) rl_flush(s, &s->rl[i]);
     log_info("served %llu connection(s), %llu request(s), %llu token(s)",
              (unsigned long long)s->conns_total, (unsigned long long)s->requests_total,
              (unsigned long long)s->tokens_served);
@@ -1168,6 +1337,7 @@ void server_close(server *s)
     ev_signal_stop(s->loop, &s->sig_int);
     ev_signal_stop(s->loop, &s->sig_hup);
     ev_timer_stop(s->loop, &s->poll_timer);
+    ev_timer_stop(s->loop, &s->rl_timer);
     ev_async_stop(s->loop, &s->wake);
     ev_loop_destroy(s->loop);
     free(s->uids);

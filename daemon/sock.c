@@ -4,8 +4,14 @@
  * two daemons racing for one path cannot both pass the stale check; an
  * existing socket file is probed with connect(): nobody answering means a
  * crashed daemon left it (removed), somebody answering means another server
- * owns it (refused). A path that is not a socket is never removed. The socket
- * is created under a umask that gives it exactly the requested mode. */
+ * owns it (refused). A path that is not a socket is never removed.
+ *
+ * Mode and group without a race: the socket is bound inside a fresh private
+ * directory (0700, the daemon's own) next to the path, given its group and
+ * mode there by name with nothing else able to reach that name, and only then
+ * renamed onto the path (never replacing anything). chown/chmod on the public
+ * path would follow a symlink swapped in after bind() — as root, onto any
+ * file — and fchmod/fchown on a socket descriptor do not reach the file. */
 #include "daemon/aned.h"
 
 #include <errno.h>
@@ -13,7 +19,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <limits.h>
 #include <sys/file.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -106,9 +114,10 @@ static int take_lock(sock_listener *l, char *err, size_t errlen)
 {
     char lp[sizeof l->path + 8];
     snprintf(lp, sizeof lp, "%s.lock", l->path);
-    int fd = open(lp, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    char e2[512];
+    int fd = file_open_regular(AT_FDCWD, lp, lp, O_RDWR | O_CREAT, 0600, e2, sizeof e2);
     if (fd < 0) {
-        snprintf(err, errlen, "cannot open lock file %s: %s", lp, strerror(errno));
+        snprintf(err, errlen, "lock file: %s", e2);
         return -1;
     }
     if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
@@ -137,6 +146,92 @@ static void drop_lock(sock_listener *l)
     l->lock_fd = -1;
 }
 
+/* Binds fd as "s" in a new private directory of pdir, gives it gid and mode
+ * there, listens, and renames it onto base. Fills l->dev/ino. */
+static int bind_private(sock_listener *l, int pdir, const char *base, unsigned mode, gid_t gid,
+                        int backlog, char *err, size_t errlen)
+{
+    char name[32];
+    int made = 0;
+    for (int tries = 0; tries < 64 && !made; tries++) {
+        unsigned r = 0;
+        if (getrandom(&r, sizeof r, 0) != (ssize_t)sizeof r) r = (unsigned)getpid() * 2654435761u + (unsigned)tries;
+        snprintf(name, sizeof name, ".aned-bind.%08x", r);
+        if (mkdirat(pdir, name, 0700) == 0) made = 1;
+        else if (errno != EEXIST) {
+            snprintf(err, errlen, "cannot create a private directory next to %s: %s", l->path, strerror(errno));
+            return -1;
+        }
+    }
+    if (!made) { snprintf(err, errlen, "cannot create a private directory next to %s", l->path); return -1; }
+    int rc = -1, cwd = -1, bound = 0;
+    int priv = openat(pdir, name, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    struct stat st;
+    if (priv < 0 || fstat(priv, &st) < 0 || st.st_uid != geteuid() || (st.st_mode & 077)) {
+        snprintf(err, errlen, "private directory %s next to %s was replaced while binding", name, l->path);
+        goto out;
+    }
+    cwd = open(".", O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (cwd < 0 || fchdir(priv) < 0) {
+        snprintf(err, errlen, "cannot enter the private directory next to %s: %s", l->path, strerror(errno));
+        goto out;
+    }
+    struct sockaddr_un sa;
+    fill_addr(&sa, "s");
+    mode_t old = umask((mode_t)(~mode & 0777)); /* never wider than asked, even here */
+    int b = bind(l->fd, (struct sockaddr *)&sa, sizeof sa);
+    int e = errno;
+    umask(old);
+    if (fchdir(cwd) < 0) {
+        snprintf(err, errlen, "cannot return to the working directory: %s", strerror(errno));
+        bound = b == 0;
+        goto out;
+    }
+    if (b < 0) { snprintf(err, errlen, "cannot bind %s: %s", l->path, strerror(e)); goto out; }
+    bound = 1;
+    /* Only the daemon's user can reach these names: no link can be swapped in. */
+    if (gid != (gid_t)-1 && fchownat(priv, "s", (uid_t)-1, gid, AT_SYMLINK_NOFOLLOW) < 0) {
+        snprintf(err, errlen, "cannot give %s to group %lu: %s", l->path, (unsigned long)gid, strerror(errno));
+        goto out;
+    }
+    if (fchmodat(priv, "s", mode, 0) < 0) {
+        snprintf(err, errlen, "cannot chmod %s to %03o: %s", l->path, mode, strerror(errno));
+        goto out;
+    }
+    if (fstatat(priv, "s", &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISSOCK(st.st_mode)) {
+        snprintf(err, errlen, "cannot stat the new socket for %s", l->path);
+        goto out;
+    }
+    if (listen(l->fd, backlog) < 0) {
+        snprintf(err, errlen, "cannot listen on %s: %s", l->path, strerror(errno));
+        goto out;
+    }
+    /* Published last, whole; never over something that appeared meanwhile. */
+    int r = renameat2(priv, "s", pdir, base, RENAME_NOREPLACE);
+    if (r < 0 && (errno == EINVAL || errno == ENOSYS)) { /* no RENAME_NOREPLACE here: link refuses to replace too */
+        r = linkat(priv, "s", pdir, base, 0);
+        if (r == 0) unlinkat(priv, "s", 0);
+    }
+    if (r < 0) {
+        if (errno == EEXIST)
+            snprintf(err, errlen, "%s appeared while the socket was being bound; refusing to replace it", l->path);
+        else
+            snprintf(err, errlen, "cannot move the socket to %s: %s", l->path, strerror(errno));
+        goto out;
+    }
+    bound = 0;
+    l->dev = st.st_dev;
+    l->ino = st.st_ino;
+    rc = 0;
+out:
+    if (bound && priv >= 0) unlinkat(priv, "s", 0);
+    if (unlinkat(pdir, name, AT_REMOVEDIR) < 0 && rc == 0)
+        log_warn("cannot remove the private directory %s next to %s: %s", name, l->path, strerror(errno));
+    if (priv >= 0) close(priv);
+    if (cwd >= 0) close(cwd);
+    return rc;
+}
+
 int sock_listen(sock_listener *l, const char *path, unsigned mode, gid_t gid, int backlog,
                 char *err, size_t errlen)
 {
@@ -148,39 +243,22 @@ int sock_listen(sock_listener *l, const char *path, unsigned mode, gid_t gid, in
     if (take_lock(l, err, errlen) < 0) return -1;
     if (clear_stale(path, err, errlen) != 0) goto fail;
 
+    char dir[sizeof l->path];
+    const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == path) snprintf(dir, sizeof dir, "/");
+    else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    if (!*base) { snprintf(err, errlen, "socket path %s names a directory", path); goto fail; }
+    int pdir = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (pdir < 0) {
+        snprintf(err, errlen, "cannot open directory %s of socket %s: %s", dir, path, strerror(errno));
+        goto fail;
+    }
     l->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (l->fd < 0) { snprintf(err, errlen, "socket: %s", strerror(errno)); goto fail; }
-    struct sockaddr_un sa;
-    fill_addr(&sa, path);
-    mode &= 0777;
-    mode_t old = umask((mode_t)(~mode & 0777));
-    int rc = bind(l->fd, (struct sockaddr *)&sa, sizeof sa);
-    int e = errno;
-    umask(old);
-    if (rc < 0) {
-        if (e == EADDRINUSE)
-            snprintf(err, errlen, "another server is already listening on %s", path);
-        else
-            snprintf(err, errlen, "cannot bind %s: %s", path, strerror(e));
-        goto fail_fd;
-    }
-    if (gid != (gid_t)-1 && chown(path, (uid_t)-1, gid) < 0) {
-        snprintf(err, errlen, "cannot give %s to group %lu: %s", l->path, (unsigned long)gid, strerror(errno));
-        unlink(path);
-        goto fail_fd;
-    }
-    if (chmod(path, mode) < 0) {
-        snprintf(err, errlen, "cannot chmod %s to %03o: %s", l->path, mode, strerror(errno));
-        unlink(path);
-        goto fail_fd;
-    }
-    struct stat st;
-    if (lstat(path, &st) == 0) { l->dev = st.st_dev; l->ino = st.st_ino; }
-    if (listen(l->fd, backlog) < 0) {
-        snprintf(err, errlen, "cannot listen on %s: %s", path, strerror(errno));
-        unlink(path);
-        goto fail_fd;
-    }
+    if (l->fd < 0) { snprintf(err, errlen, "socket: %s", strerror(errno)); close(pdir); goto fail; }
+    int rc = bind_private(l, pdir, base, mode & 0777, gid, backlog, err, errlen);
+    close(pdir);
+    if (rc < 0) goto fail_fd;
     return 0;
 fail_fd:
     close(l->fd);

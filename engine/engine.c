@@ -16,19 +16,25 @@
  *   3. runs the forward pass once for the whole batch;
  *   4. samples / reports logits, turns tokens into whole-UTF-8 text with stop
  *      strings held back, and queues events; notify() wakes the caller.
- * Every event is queued by the worker. A job's KV pages are returned the
- * moment it ends or is cancelled. */
+ * Every event is queued by the worker, but for eng_tokenize_submit's, which
+ * the tokenizer thread answers itself. A job's KV pages are returned the
+ * moment it ends or is cancelled, and taken back earlier (evict) when a
+ * waiting job needs them: from a paused job, or from a running one of a
+ * uid or owner holding more than its share (make_room). Such a job keeps
+ * its tokens and, once admitted again, computes those whose KV the prefix
+ * cache no longer holds without giving their outputs a second time. */
 #include "engine/engine.h"
-#include "engine/backend.h"
-#include "engine/chat.h"
-#include "engine/forward.h"
+#include "common/utf8.h"
+#include "engine/backend/backend.h"
+#include "engine/text/chat.h"
+#include "engine/arch/forward.h"
 #include "engine/kvcache.h"
-#include "engine/model.h"
+#include "engine/load/model.h"
 #include "engine/pool.h"
-#include "engine/qtypes.h"
+#include "engine/quant/qtypes.h"
 #include "engine/sampler.h"
 #include "engine/snap.h"
-#include "engine/tokenizer.h"
+#include "engine/text/tokenizer.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -50,6 +56,7 @@
 typedef enum { JOB_PENDING, JOB_TOKENIZING, JOB_QUEUED, JOB_ACTIVE, JOB_PARKED } job_state;
 
 #define TOK_NICE 10  /* the tokenizer thread yields the cores to forward passes */
+#define JOB_TOKENIZE ((eng_job_kind)2)  /* eng_tokenize_submit: ids back as one event */
 
 typedef struct job {
     struct job *next;            /* queue link */
@@ -77,6 +84,10 @@ typedef struct job {
     int snap, snap2;             /* recurrent models: snapshot entries it saves to (the
                                     prompt's last page boundary; later ones), or -1 */
     int n_cached;                /* prompt tokens whose KV was reused */
+    int n_fill;                  /* after an eviction: tokens to compute again before it
+                                    goes on (their outputs were given already); else 0 */
+    int evicted;                 /* its pages were taken back: admitted again from the queue */
+    uint64_t admit_no;           /* order of its latest admission (youngest preempted first) */
     int n_published;             /* pages offered for prefix reuse */
     int finished; eng_finish why;  /* set by the worker; retired after the step */
     double t_submit, t_admit, t_first, t_end;
@@ -86,7 +97,7 @@ typedef struct job {
     char *text; size_t text_len;
     char *system; size_t system_len;
     chat_msg *msgs; size_t n_msgs; char *msg_buf;
-    int raw, parse_special;
+    int raw, parse_special, add_bos;
     int32_t max_tokens;
     eng_err err_code;            /* set by the tokenizer: fails with this once taken */
     char err_msg[160];
@@ -118,10 +129,13 @@ struct eng {
     pthread_cond_t tok_cv;       /* pending jobs or stop, for the tokenizer */
     job *pend_head, *pend_tail;  /* waiting to be tokenized, in submit order */
     job *tokenizing;             /* the one being tokenized now, or NULL */
-    int n_pending;               /* pending + tokenizing (not reported) */
+    int n_pending;               /* pending + tokenizing (not reported), generate/eval */
+    int n_tokreq;                /* the same, eng_tokenize_submit's */
     uint64_t tok_vt;             /* virtual start of the last job taken to tokenize */
     job **active; int n_active;
-    job *parked; int n_parked;   /* paused jobs out of the batch, KV kept (list by next) */
+    job *parked; int n_parked;   /* paused jobs out of the batch, KV kept until another
+                                    job needs it (list by next) */
+    uint64_t admit_seq;
     int stop;
     uint64_t next_id;
 
@@ -151,6 +165,7 @@ struct eng {
      * tokens are those ids, on the device): its batch, kept to check that
      * the next step is that batch (else its ids are dropped). */
     int ahead, a_on, a_T;        /* ahead: allowed (ANE_AHEAD=0: off) */
+    int a_stale;                 /* a job of the queued step was evicted: not the next batch */
     int32_t *a_pos, *a_out, *a_ids;
     job **a_job;
 };
@@ -204,35 +219,6 @@ void eng_sampling_default(eng_sampling *s)
 
 /* ---- UTF-8 --------------------------------------------------------------- */
 
-/* Length of a valid UTF-8 sequence starting at s (n bytes available):
- * >0 whole character, 0 incomplete but could still become valid, -1 invalid. */
-static int utf8_seq(const unsigned char *s, size_t n)
-{
-    unsigned c = s[0];
-    int len;
-    unsigned min;
-    if (c < 0x80) return 1;
-    if (c >= 0xC2 && c <= 0xDF) { len = 2; min = 0x80; }
-    else if (c >= 0xE0 && c <= 0xEF) { len = 3; min = 0x800; }
-    else if (c >= 0xF0 && c <= 0xF4) { len = 4; min = 0x10000; }
-    else return -1;
-    unsigned cp = c & (0x3F >> (len - 1));
-    for (int i = 1; i < len; i++) {
-        if ((size_t)i >= n) return 0;
-        if ((s[i] & 0xC0) != 0x80) return -1;
-        cp = (cp << 6) | (s[i] & 0x3F);
-        /* reject overlongs/surrogates/out of range as early as they show */
-        if (i == 1) {
-            if (len == 3 && c == 0xE0 && s[1] < 0xA0) return -1;
-            if (len == 3 && c == 0xED && s[1] >= 0xA0) return -1;
-            if (len == 4 && c == 0xF0 && s[1] < 0x90) return -1;
-            if (len == 4 && c == 0xF4 && s[1] >= 0x90) return -1;
-        }
-    }
-    if (cp < min) return -1;
-    return len;
-}
-
 /* Copies whole characters of src[0..n) to dst (invalid bytes → U+FFFD);
  * returns the bytes consumed, leaving an incomplete tail unless flush. dst
  * needs 3*n bytes. */
@@ -241,7 +227,7 @@ static size_t utf8_clean(const char *src, size_t n, int flush, char *dst, size_t
     const unsigned char *s = (const unsigned char *)src;
     size_t i = 0, o = 0;
     while (i < n) {
-        int l = utf8_seq(s + i, n - i);
+        int l = utf8_char(src + i, n - i);
         if (l == 0 && !flush) break;
         if (l <= 0) { memcpy(dst + o, "\xEF\xBF\xBD", 3); o += 3; i += 1; continue; }
         memcpy(dst + o, s + i, (size_t)l);
@@ -285,6 +271,7 @@ void eng_event_free(eng_event *ev)
 {
     if (!ev) return;
     free(ev->text);
+    free(ev->ids);
     free(ev->top_ids);
     free(ev->top_logits);
     free(ev);
@@ -440,7 +427,7 @@ static void eng_log(eng *e, int warn, const char *line)
  * (quick) after every forward pass. Once the weights in use are not what
  * was loaded every job ends with ENG_EMODEL_CHANGED and new ones are
  * refused (ping, info, tokenize go on); a change that leaves them intact is
- * only logged. Logged once either way. Any thread. */
+ * only logged. Logged once either way. Any thread, not under mu. */
 static int model_gone(eng *e, int quick)
 {
     if (atomic_load(&e->model_gone)) return 1;
@@ -457,8 +444,20 @@ static int model_gone(eng *e, int quick)
     if (!atomic_exchange(&e->model_gone, 1)) {
         snprintf(line, sizeof line, "%s; restart aned to load it (until then requests fail with model_changed)", why);
         eng_log(e, 0, line);
+        /* the worker ends the other jobs now, paused or queued ones too */
+        pthread_mutex_lock(&e->mu);
+        pthread_cond_signal(&e->cv);
+        pthread_mutex_unlock(&e->mu);
     }
     return 1;
+}
+
+/* A tokenizer failure as an engine error: a regex limit is the text's fault
+ * (invalid_value), not a UTF-8 error. */
+static eng_err tok_err(int rc)
+{
+    return rc == TOK_EUTF8 ? ENG_EUTF8 : rc == TOK_ELIMIT ? ENG_EINVAL
+         : rc == TOK_ENOMEM ? ENG_ENOMEM : ENG_EINTERNAL;
 }
 
 static int valid_sampling(const eng_sampling *s, char *err, size_t errlen)
@@ -466,7 +465,7 @@ static int valid_sampling(const eng_sampling *s, char *err, size_t errlen)
     const char *bad = NULL;
     if (!isfinite(s->temperature) || s->temperature < 0 || s->temperature > 100) bad = "temperature must be in [0, 100]";
     else if (s->top_k < 0) bad = "top_k must be >= 0";
-    else if (!isfinite(s->top_p) || s->top_p <= 0 || s->top_p > 1) bad = "top_p must be in (0, 1]";
+    else if (!isfinite(s->top_p) || s->top_p < 0 || s->top_p > 1) bad = "top_p must be in [0, 1]";
     else if (!isfinite(s->min_p) || s->min_p < 0 || s->min_p > 1) bad = "min_p must be in [0, 1]";
     else if (!isfinite(s->repeat_penalty) || s->repeat_penalty <= 0 || s->repeat_penalty > 100)
         bad = "repeat_penalty must be in (0, 100]";
@@ -523,7 +522,7 @@ static int job_encode(const eng *e, const job *j, int32_t **ids, size_t *n,
             }
         }
     }
-    if (rc) { free(*ids); *ids = NULL; *n = 0; return fail(code, ENG_EUTF8, err, errlen, terr); }
+    if (rc) { free(*ids); *ids = NULL; *n = 0; return fail(code, tok_err(rc), err, errlen, terr); }
     return 0;
 }
 
@@ -632,6 +631,13 @@ static uint64_t pend_vt(const eng *e, uint32_t uid)
     return vt;
 }
 
+/* A pending job leaves the tokenizer's count. Under mu. */
+static void pend_done(eng *e, const job *j)
+{
+    if (j->kind == JOB_TOKENIZE) e->n_tokreq--;
+    else e->n_pending--;
+}
+
 /* Inserts a ready job into the queue by id, so that admission's "oldest
  * first" stays submit order whenever tokenization finishes. Under mu. */
 static void queue_insert(eng *e, job *j)
@@ -728,6 +734,46 @@ int eng_submit(eng *e, const eng_job_desc *d, uint64_t *job_id, eng_err *code, c
     return 0;
 }
 
+int eng_tokenize_submit(eng *e, const char *text, size_t len, int add_bos, int parse_special,
+                        uint32_t uid, void *user, uint64_t *job_id, eng_err *code, char *err, size_t errlen)
+{
+    if (code) *code = ENG_OK;
+    job *j = calloc(1, sizeof *j);
+    if (!j) return fail(code, ENG_ENOMEM, err, errlen, NULL);
+    j->kind = JOB_TOKENIZE;
+    j->text = malloc(len + 1);
+    if (!j->text) { job_free(j); return fail(code, ENG_ENOMEM, err, errlen, NULL); }
+    if (len) memcpy(j->text, text, len);
+    j->text[len] = 0;
+    j->text_len = len;
+    j->add_bos = add_bos;
+    j->parse_special = parse_special;
+    j->uid = uid;
+    j->user = user;
+    j->t_submit = now_ms();
+    pthread_mutex_lock(&e->mu);
+    if (e->stop || !e->tokw_started) {
+        pthread_mutex_unlock(&e->mu);
+        job_free(j);
+        return fail(code, ENG_ESHUTDOWN, err, errlen, NULL);
+    }
+    if (e->n_tokreq >= e->max_queued) {
+        pthread_mutex_unlock(&e->mu);
+        job_free(j);
+        return fail(code, ENG_EBUSY, err, errlen, "too many tokenize requests waiting");
+    }
+    j->id = ++e->next_id;
+    *job_id = j->id;
+    j->state = JOB_PENDING;
+    j->vt = pend_vt(e, j->uid);
+    if (e->pend_tail) e->pend_tail->next = j; else e->pend_head = j;
+    e->pend_tail = j;
+    e->n_tokreq++;
+    pthread_cond_signal(&e->tok_cv);
+    pthread_mutex_unlock(&e->mu);
+    return 0;
+}
+
 void eng_cancel(eng *e, uint64_t id)
 {
     pthread_mutex_lock(&e->mu);
@@ -763,7 +809,7 @@ void eng_pause(eng *e, uint64_t id, int paused)
 /* ---- the worker ---------------------------------------------------------- */
 
 /* Picks the queued job to admit next: the one whose uid, then owner, has the
- * fewest active jobs; oldest first among equals. Under mu. */
+ * fewest active or paused jobs; oldest first among equals. Under mu. */
 static job *pick_fair(eng *e, job **prev_out)
 {
     job *best = NULL, *best_prev = NULL, *prev = NULL;
@@ -774,6 +820,10 @@ static job *pick_fair(eng *e, job **prev_out)
         for (int i = 0; i < e->n_active; i++) {
             nu += e->active[i]->uid == j->uid;
             no += e->active[i]->owner == j->owner;
+        }
+        for (const job *q = e->parked; q; q = q->next) {   /* paused jobs count in the share */
+            nu += q->uid == j->uid;
+            no += q->owner == j->owner;
         }
         if (!best || nu < best_u || (nu == best_u && no < best_o)) {
             best = j; best_prev = prev; best_u = nu; best_o = no;
@@ -801,13 +851,187 @@ static void job_error(eng *e, job *j)
     ev_push(e, ev);
 }
 
-/* Ends every job with ENG_EMODEL_CHANGED once model_gone(). Under mu. */
+/* Admits queued job j (prev: its predecessor in the queue) if a slot and
+ * its pages are free: whole cached pages of its tokens are reused (a new
+ * generate job's prompt but its last token, which is computed again for its
+ * logits; an evicted job's tokens up to where it was), the rest allocated.
+ * 1 admitted, 0 no room. Under mu. */
+static int admit(eng *e, job *j, job *prev)
+{
+    if (e->n_active >= e->max_seqs) return 0;
+    int need = (j->n_prompt + j->max_gen + KV_PAGE - 1) / KV_PAGE;
+    int n_known = j->evicted ? j->n_fill : j->n_prompt;
+    int max_reuse = j->evicted ? j->n_fill / KV_PAGE : (j->n_prompt - 1) / KV_PAGE;
+    int reuse = 0, snap = -1, snap_len = 0;
+    /* eval needs every position's logits, unless they were given before an eviction */
+    if ((j->kind == ENG_JOB_GENERATE || j->evicted) && (!e->m->recurrent || e->snaps))
+        reuse = kvc_match(e->kv, j->toks, n_known, max_reuse, j->pages);
+    if (e->m->recurrent && reuse > 0) {
+        /* recurrent layers resume only from a saved state: cut the reuse
+         * back to the longest snapshot of these tokens */
+        snap = snapc_find(e->snaps, j->toks, reuse * KV_PAGE, KV_PAGE, &snap_len);
+        int keep = snap >= 0 ? snap_len / KV_PAGE : 0;
+        kvc_release(e->kv, j->pages + keep, reuse - keep);
+        reuse = keep;
+    }
+    if (kvc_alloc(e->kv, need - reuse, j->pages + reuse)) {
+        kvc_release(e->kv, j->pages, reuse);
+        return 0;
+    }
+    queue_unlink(e, j, prev);
+    j->slot = 0;
+    while (e->slot_used[j->slot]) j->slot++;   /* n_active < max_seqs: one is free */
+    e->slot_used[j->slot] = 1;
+    fw_seq_reset(e->fw, j->slot);
+    if (reuse > 0 && snap >= 0) fw_snap_load(e->fw, snap, j->slot);
+    j->snap = e->snaps && j->kind == ENG_JOB_GENERATE ? snapc_take(e->snaps, j) : -1;
+    j->snap2 = j->snap >= 0 ? snapc_take(e->snaps, j) : -1;
+    j->n_pages = need;
+    if (!j->evicted) {
+        j->n_cached = reuse * KV_PAGE;
+        e->st.cached_tokens += (uint64_t)j->n_cached;
+        j->t_admit = now_ms();
+    }
+    j->n_past = reuse * KV_PAGE;
+    j->n_published = reuse;
+    j->evicted = 0;
+    j->state = JOB_ACTIVE;
+    j->admit_no = ++e->admit_seq;
+    e->active[e->n_active++] = j;
+    return 1;
+}
+
+/* Takes j's slot and pages back (its full pages stay in the prefix cache
+ * for its return, as long as nobody needs their room); it keeps its tokens
+ * and will compute those it loses again before going on. The caller takes
+ * it out of its list. Under mu. */
+static void evict(eng *e, job *j)
+{
+    if (j->state == JOB_ACTIVE && e->a_on) e->a_stale = 1;   /* the queued step had it */
+    if (j->n_past > j->n_fill) j->n_fill = j->n_past;
+    pages_release(e, j);
+    j->n_past = 0;
+    j->n_published = 0;
+    j->snap = j->snap2 = -1;
+    j->evicted = 1;
+    e->st.evictions++;
+}
+
+/* What a job costs its uid's share: its pages, and its slot while it holds
+ * one, each as a fraction of the whole (scaled to integers). */
+static uint64_t job_cost(const eng *e, int pages, int slot)
+{
+    return (uint64_t)pages * (uint64_t)e->max_seqs + (slot ? (uint64_t)e->n_pages_total : 0);
+}
+
+/* What the jobs of j's uid (by_owner: of j's owner) cost together. */
+static uint64_t share_cost(const eng *e, const job *j, int by_owner)
+{
+    uint64_t c = 0;
+    for (int i = 0; i < e->n_active; i++) {
+        const job *q = e->active[i];
+        if (by_owner ? q->owner == j->owner : q->uid == j->uid) c += job_cost(e, q->n_pages, 1);
+    }
+    for (const job *q = e->parked; q; q = q->next)
+        if (by_owner ? q->owner == j->owner : q->uid == j->uid) c += job_cost(e, q->n_pages, 0);
+    return c;
+}
+
+/* w waits for a slot or pages: takes them back from one job, 1 if it did.
+ * First a paused job (any uid) holding what is short; else the youngest
+ * running job of the uid that holds the most, provided that uid keeps at
+ * least what w's uid will then hold (so the two never take turns
+ * preempting each other); else the same between connections (owners) of
+ * w's uid. Under mu. */
+static int make_room(eng *e, job *w)
+{
+    int no_slot = e->n_active >= e->max_seqs;
+    int best = -1;
+    job *v = NULL;
+    for (int i = 0; i < e->n_active; i++)     /* recurrent models: paused jobs keep their slot */
+        if (atomic_load(&e->active[i]->paused) && (best < 0 || e->active[i]->n_pages > v->n_pages)) {
+            best = i;
+            v = e->active[i];
+        }
+    if (v) {
+        evict(e, v);
+        e->active[best] = e->active[--e->n_active];
+        v->state = JOB_PARKED;
+        v->next = e->parked;
+        e->parked = v;
+        e->n_parked++;
+        return 1;
+    }
+    if (!no_slot)
+        for (job *q = e->parked; q; q = q->next)
+            if (q->n_pages > 0 && (!v || q->n_pages > v->n_pages)) v = q;
+    if (v) {
+        evict(e, v);                          /* stays parked until resumed */
+        return 1;
+    }
+    uint64_t w_cost = job_cost(e, (w->n_prompt + w->max_gen + KV_PAGE - 1) / KV_PAGE, 1);
+    for (int by_owner = 0; by_owner < 2 && !v; by_owner++) {
+        uint64_t w_after = share_cost(e, w, by_owner) + w_cost, v_share = 0;
+        struct { uint64_t key, cost; } memo[16];   /* few uids/owners: each summed once */
+        int n_memo = 0;
+        for (int i = 0; i < e->n_active; i++) {
+            job *j = e->active[i];
+            if (by_owner ? j->uid != w->uid || j->owner == w->owner : j->uid == w->uid) continue;
+            uint64_t key = by_owner ? j->owner : j->uid, u = 0, c = job_cost(e, j->n_pages, 1);
+            int m = 0;
+            while (m < n_memo && memo[m].key != key) m++;
+            if (m < n_memo) u = memo[m].cost;
+            else {
+                u = share_cost(e, j, by_owner);
+                if (n_memo < 16) { memo[n_memo].key = key; memo[n_memo].cost = u; n_memo++; }
+            }
+            if (u < c || u - c < w_after) continue;
+            if (!v || u > v_share || (u == v_share && j->admit_no > v->admit_no)) {
+                v = j;
+                best = i;
+                v_share = u;
+            }
+        }
+    }
+    if (!v) return 0;
+    evict(e, v);
+    e->active[best] = e->active[--e->n_active];
+    queue_insert(e, v);
+    return 1;
+}
+
+/* Ends every generate and eval job with ENG_EMODEL_CHANGED once
+ * model_gone(): those waiting for the tokenizer or in its hands, queued
+ * (evicted ones included), running, and paused (parked, evicted or not).
+ * Tokenize requests go on (the tokenizer keeps its own copies). Under mu;
+ * the worker's, as schedule(). */
 static void fail_model_gone(eng *e)
 {
     char msg[sizeof ((job *)0)->err_msg];
     gone_msg(e, msg, sizeof msg);
+    for (job *j = e->pend_head, *prev = NULL, *nx; j; j = nx) {
+        nx = j->next;
+        if (j->kind == JOB_TOKENIZE || atomic_load(&j->cancel)) { prev = j; continue; }   /* (cancelled: below) */
+        if (prev) prev->next = nx; else e->pend_head = nx;
+        if (e->pend_tail == j) e->pend_tail = prev;
+        pend_done(e, j);
+        j->err_code = ENG_EMODEL_CHANGED;
+        memcpy(j->err_msg, msg, sizeof msg);
+        job_error(e, j);
+        job_free(j);
+    }
+    /* the tokenizer thread drops it when it is through (as when cancelled) */
+    job *tj = e->tokenizing;
+    if (tj && !tj->reported && tj->kind != JOB_TOKENIZE && !atomic_load(&tj->cancel)) {
+        tj->reported = 1;
+        pend_done(e, tj);
+        tj->err_code = ENG_EMODEL_CHANGED;
+        memcpy(tj->err_msg, msg, sizeof msg);
+        job_error(e, tj);
+    }
     for (job *j = e->queue_head; j; j = j->next)
         if (j->err_code == ENG_OK) { j->err_code = ENG_EMODEL_CHANGED; memcpy(j->err_msg, msg, sizeof msg); }
+    if (e->n_active > 0 && e->a_on) e->a_stale = 1;   /* the queued step had them */
     while (e->n_active > 0 || e->parked) {
         job *j = e->n_active > 0 ? e->active[--e->n_active] : e->parked;
         if (j == e->parked) { e->parked = j->next; e->n_parked--; }
@@ -830,7 +1054,7 @@ static void schedule(eng *e)
         if (atomic_load(&j->cancel)) {
             if (prev) prev->next = nx; else e->pend_head = nx;
             if (e->pend_tail == j) e->pend_tail = prev;
-            e->n_pending--;
+            pend_done(e, j);
             job_finish(e, j, ENG_FINISH_CANCELLED);
             job_free(j);
         } else prev = j;
@@ -841,7 +1065,7 @@ static void schedule(eng *e)
     job *tj = e->tokenizing;
     if (tj && !tj->reported && atomic_load(&tj->cancel)) {
         tj->reported = 1;
-        e->n_pending--;
+        pend_done(e, tj);
         job_finish(e, tj, ENG_FINISH_CANCELLED);
     }
     prev = NULL;
@@ -865,8 +1089,9 @@ static void schedule(eng *e)
             e->active[i] = e->active[--e->n_active];
         } else i++;
     }
-    /* paused jobs leave the batch (keeping their KV) so that others can run;
-     * recurrent models keep them, their state lives in the slot */
+    /* paused jobs leave the batch (keeping their KV while nobody needs it)
+     * so that others can run; recurrent models keep them in their slot,
+     * where their state lives, until the room is needed (make_room) */
     for (int i = 0; i < e->n_active && !e->m->recurrent;) {
         job *j = e->active[i];
         if (atomic_load(&j->paused)) {
@@ -887,6 +1112,10 @@ static void schedule(eng *e)
             job_finish(e, j, ENG_FINISH_CANCELLED);
             e->st.jobs_done++;
             job_free(j);
+        } else if (!atomic_load(&j->paused) && j->evicted) {
+            *pp = j->next;           /* its pages are gone: admitted again in turn */
+            e->n_parked--;
+            queue_insert(e, j);
         } else if (!atomic_load(&j->paused) && e->n_active < e->max_seqs) {
             *pp = j->next;
             e->n_parked--;
@@ -898,44 +1127,12 @@ static void schedule(eng *e)
             e->active[e->n_active++] = j;
         } else pp = &j->next;
     }
-    while (e->n_active < e->max_seqs && e->queue_head) {
+    while (e->queue_head) {
         job *p;
         job *j = pick_fair(e, &p);
         if (!j) break;
-        int need = (j->n_prompt + j->max_gen + KV_PAGE - 1) / KV_PAGE;
-        /* reuse whole cached pages of the prompt; at least its last token is
-         * computed again, for its logits. Eval needs every position's logits. */
-        int reuse = 0, snap = -1, snap_len = 0;
-        if (j->kind == ENG_JOB_GENERATE && (!e->m->recurrent || e->snaps))
-            reuse = kvc_match(e->kv, j->toks, j->n_prompt, (j->n_prompt - 1) / KV_PAGE, j->pages);
-        if (e->m->recurrent && reuse > 0) {
-            /* recurrent layers resume only from a saved state: cut the reuse
-             * back to the longest snapshot of this prompt */
-            snap = snapc_find(e->snaps, j->toks, reuse * KV_PAGE, KV_PAGE, &snap_len);
-            int keep = snap >= 0 ? snap_len / KV_PAGE : 0;
-            kvc_release(e->kv, j->pages + keep, reuse - keep);
-            reuse = keep;
-        }
-        if (kvc_alloc(e->kv, need - reuse, j->pages + reuse)) {
-            kvc_release(e->kv, j->pages, reuse);
-            break;                            /* wait for pages; keeps order fair */
-        }
-        queue_unlink(e, j, p);
-        j->slot = 0;
-        while (e->slot_used[j->slot]) j->slot++;   /* n_active < max_seqs: one is free */
-        e->slot_used[j->slot] = 1;
-        fw_seq_reset(e->fw, j->slot);
-        if (reuse > 0 && snap >= 0) fw_snap_load(e->fw, snap, j->slot);
-        j->snap = e->snaps && j->kind == ENG_JOB_GENERATE ? snapc_take(e->snaps, j) : -1;
-        j->snap2 = j->snap >= 0 ? snapc_take(e->snaps, j) : -1;
-        j->n_pages = need;
-        j->n_cached = reuse * KV_PAGE;
-        j->n_past = j->n_cached;
-        j->n_published = reuse;
-        e->st.cached_tokens += (uint64_t)j->n_cached;
-        j->state = JOB_ACTIVE;
-        j->t_admit = now_ms();
-        e->active[e->n_active++] = j;
+        if (admit(e, j, p)) continue;
+        if (!make_room(e, j)) break;         /* wait for pages or a slot; keeps order fair */
     }
     e->st.active = (uint32_t)(e->n_active + e->n_parked);
     e->st.queued = (uint32_t)(e->n_queued + e->n_pending);
@@ -978,7 +1175,7 @@ static void emit_token(eng *e, job *j, int32_t id, int *finished, eng_finish *wh
  * the ids the step before computed, as the device took them). */
 static int ahead_is(const eng *e, int T, int n_out)
 {
-    if (!e->a_on || e->a_T != T || n_out != T) return 0;
+    if (!e->a_on || e->a_stale || e->a_T != T || n_out != T) return 0;
     for (int t = 0; t < T; t++)
         if (e->b_job[t] != e->a_job[t] || e->b_pos[t] != e->a_pos[t] || e->b_out[t] != t) return 0;
     return 1;
@@ -1028,6 +1225,7 @@ static void run_greedy(eng *e, const be_batch *bt, int n_decode, int n_out)
         ab.ids_dev = 1;
         if (fw_greedy_queue(e->fw, NULL, &ab, e->a_out, n_out) == 0) {
             e->a_on = 1;
+            e->a_stale = 0;
             e->a_T = T;
         }
     }
@@ -1042,7 +1240,7 @@ static void step(eng *e)
     for (int i = 0; i < e->n_active; i++) {
         job *j = e->active[i];
         if (atomic_load_explicit(&j->paused, memory_order_relaxed)) continue;
-        if (j->n_past < j->n_tok && j->n_past >= j->n_prompt) {
+        if (j->n_past < j->n_tok && j->n_past >= j->n_prompt && j->n_past >= j->n_fill) {
             e->b_tok[T] = j->toks[j->n_past];
             e->b_pos[T] = j->n_past;
             e->b_pages[T] = j->pages;
@@ -1058,8 +1256,10 @@ static void step(eng *e)
     int budget = n_decode ? n_decode + e->prefill_shared : BATCH_TOKENS;
     for (int i = 0; i < e->n_active && T < budget; i++) {
         job *j = e->active[i];
-        if (j->n_past >= j->n_prompt || atomic_load_explicit(&j->paused, memory_order_relaxed)) continue;
-        int take = j->n_prompt - j->n_past;
+        /* the prompt, or what an evicted job computes again (no outputs) */
+        int end = j->n_prompt > j->n_fill ? j->n_prompt : j->n_fill;
+        if (j->n_past >= end || atomic_load_explicit(&j->paused, memory_order_relaxed)) continue;
+        int take = end - j->n_past;
         if (take > budget - T) take = budget - T;
         if (j->kind == ENG_JOB_EVAL && take > EVAL_ROWS - n_out) take = EVAL_ROWS - n_out;
         if (take <= 0) continue;
@@ -1077,7 +1277,7 @@ static void step(eng *e)
             e->b_slot[T] = j->slot;
             e->b_job[T] = j;
             int last = p == j->n_prompt - 1;
-            if (j->kind == ENG_JOB_EVAL || last) {
+            if ((j->kind == ENG_JOB_EVAL || last) && p >= j->n_fill) {
                 e->b_out[n_out] = T;
                 e->b_job_of_out[n_out] = j;
                 e->b_out_pos[n_out] = p;
@@ -1238,7 +1438,12 @@ static void *tokw_main(void *arg)
         size_t n = 0;
         eng_err code = ENG_OK;
         char msg[sizeof j->err_msg];
-        int rc = atomic_load(&j->cancel) ? 0 : job_encode(e, j, &ids, &n, &code, msg, sizeof msg);
+        int rc = 0;
+        if (atomic_load(&j->cancel)) {}
+        else if (j->kind == JOB_TOKENIZE)
+            rc = eng_tokenize(e, j->text, j->text_len, j->add_bos, j->parse_special, &ids, &n, &code, msg, sizeof msg);
+        else
+            rc = job_encode(e, j, &ids, &n, &code, msg, sizeof msg);
 
         pthread_mutex_lock(&e->mu);
         e->tokenizing = NULL;
@@ -1247,7 +1452,27 @@ static void *tokw_main(void *arg)
             job_free(j);
             continue;
         }
-        e->n_pending--;
+        pend_done(e, j);
+        if (j->kind == JOB_TOKENIZE) {
+            /* answered from here: no worker step is involved (there may be no worker) */
+            eng_event *ev = NULL;
+            if (atomic_load(&j->cancel)) {
+                job_finish(e, j, ENG_FINISH_CANCELLED);
+            } else if (rc == 0 && (ev = ev_new(ENG_EV_TOKENS, j))) {
+                ev->ids = ids;
+                ev->n_ids = n;
+                ids = NULL;
+                ev_push(e, ev);
+            } else {
+                j->err_code = rc ? (code != ENG_OK ? code : ENG_EINTERNAL) : ENG_ENOMEM;
+                snprintf(j->err_msg, sizeof j->err_msg, "%s", rc ? msg : eng_strerror(ENG_ENOMEM));
+                job_error(e, j);
+            }
+            free(ids);
+            job_free(j);
+            notify(e);
+            continue;
+        }
         /* the rest only allocates; still under mu, as out of every list
          * an eng_cancel could not find the job */
         if (rc == 0 && !atomic_load(&j->cancel)) rc = job_set_prompt(e, j, ids, n, &code, msg, sizeof msg);
@@ -1262,6 +1487,21 @@ static void *tokw_main(void *arg)
 }
 
 /* ---- open / close / info ------------------------------------------------- */
+
+/* Starts the tokenizer thread and waits until it runs: no syscall of its
+ * start-up comes after eng_open returns (the seccomp filter follows). */
+static int tokw_start(eng *e, char *err, size_t errlen)
+{
+    if (pthread_create(&e->tokw, NULL, tokw_main, e) != 0) {
+        snprintf(err, errlen, "cannot start the tokenizer thread");
+        return -1;
+    }
+    e->tokw_started = 1;
+    pthread_mutex_lock(&e->mu);
+    while (!e->tokw_ready) pthread_cond_wait(&e->cv, &e->mu);
+    pthread_mutex_unlock(&e->mu);
+    return 0;
+}
 
 int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
 {
@@ -1292,7 +1532,9 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
         snprintf(e->warning, sizeof e->warning, "unknown chat template: prompts are used raw");
         in->warning = e->warning;
     }
+    e->max_queued = opt->max_queued > 0 ? opt->max_queued : 256;
     if (m->tokenizer_only) {
+        if (tokw_start(e, err, errlen)) goto fail;
         *out = e;
         return 0;
     }
@@ -1308,7 +1550,6 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
     if (e->n_ctx < 8) e->n_ctx = 8;
     e->max_seqs = opt->max_seqs > 0 ? opt->max_seqs : 16;
     if (e->max_seqs > 256) e->max_seqs = 256;
-    e->max_queued = opt->max_queued > 0 ? opt->max_queued : 256;
     in->n_ctx = e->n_ctx;
     in->max_seqs = e->max_seqs;
 
@@ -1318,12 +1559,13 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
     in->n_threads = nth;
     if (pool_open(&e->pool, nth)) { snprintf(err, errlen, "cannot start %d threads", nth); goto fail; }
     if (be_open(&e->be, opt->backend, e->pool, !opt->kv_f32, err, errlen)) goto fail;
-    if (m->hp.arch == ARCH_QWEN35 && !e->be->ops->deltanet) {
-        /* linear-attention layers need ops this backend lacks: when the
+    const char *lacks = fw_lacks(m, e->be->ops);
+    if (lacks) {
+        /* the architecture needs ops this backend lacks: when the
          * backend was not asked for by name, run the model on the CPU */
         if (opt->backend) {
-            snprintf(err, errlen, "%s: the %s backend cannot run %s models (linear-attention ops); use --backend cpu",
-                     m->path, e->be->ops->name, m->arch_name);
+            snprintf(err, errlen, "%s: the %s backend cannot run %s models (%s); use --backend cpu",
+                     m->path, e->be->ops->name, m->arch_name, lacks);
             goto fail;
         }
         e->be->ops->close(e->be);
@@ -1387,14 +1629,7 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
         goto fail;
     }
     e->worker_started = 1;
-    if (pthread_create(&e->tokw, NULL, tokw_main, e) != 0) {
-        snprintf(err, errlen, "cannot start the tokenizer thread");
-        goto fail;
-    }
-    e->tokw_started = 1;
-    pthread_mutex_lock(&e->mu);
-    while (!e->tokw_ready) pthread_cond_wait(&e->cv, &e->mu);
-    pthread_mutex_unlock(&e->mu);
+    if (tokw_start(e, err, errlen)) goto fail;
     *out = e;
     return 0;
 fail:
@@ -1405,13 +1640,13 @@ fail:
 void eng_close(eng *e)
 {
     if (!e) return;
-    if (e->worker_started) {
+    if (e->worker_started || e->tokw_started) {
         pthread_mutex_lock(&e->mu);
         e->stop = 1;
         pthread_cond_signal(&e->cv);
         pthread_cond_signal(&e->tok_cv);
         pthread_mutex_unlock(&e->mu);
-        pthread_join(e->worker, NULL);
+        if (e->worker_started) pthread_join(e->worker, NULL);
         if (e->tokw_started) pthread_join(e->tokw, NULL);   /* ends its current prompt first */
     }
     for (job *j = e->pend_head; j;) { job *n = j->next; job_free(j); j = n; }
@@ -1452,8 +1687,9 @@ int eng_tokenize(eng *e, const char *text, size_t len, int add_bos, int parse_sp
                  int32_t **ids, size_t *n, eng_err *code, char *err, size_t errlen)
 {
     const tok *t = e->m->tok;
-    if (tok_encode(t, text, len, parse_special, ids, n, err, errlen)) {
-        if (code) *code = ENG_EUTF8;
+    int rc = tok_encode(t, text, len, parse_special, ids, n, err, errlen);
+    if (rc) {
+        if (code) *code = tok_err(rc);
         return -1;
     }
     if (add_bos && tok_add_bos(t) && tok_bos(t) >= 0) {

@@ -1,5 +1,5 @@
 /* engine.h — the engine's whole public surface; the daemon includes nothing
- * else from engine/.
+ * else from engine/ (engine/README.md maps the rest).
  *
  * One eng owns one resident model (weights mmapped read-only), its tokenizer,
  * the KV cache pool and one worker thread that runs every forward pass.
@@ -85,6 +85,9 @@ typedef struct eng_stats {
     uint64_t cached_tokens;   /* prompt tokens reused from the cache */
     uint64_t gen_tokens;      /* generated */
     size_t kv_used, kv_total; /* bytes */
+    uint64_t evictions;       /* jobs whose KV pages were taken back for another job
+                                 (paused, or over their uid's share); they compute
+                                 those tokens again when they go on */
     size_t weight_bytes;
     /* the worker's steps: their count and time, and the part of it inside
      * forward passes (waiting for the device included); the rest is host
@@ -103,6 +106,15 @@ int eng_tokenize(eng *e, const char *text, size_t len, int add_bos, int parse_sp
                  int32_t **ids, size_t *n, eng_err *code, char *err, size_t errlen);
 int eng_detokenize(eng *e, const int32_t *ids, size_t n, char **text, size_t *len,
                    eng_err *code, char *err, size_t errlen);
+
+/* eng_tokenize off the caller's thread: the text is copied and encoded on
+ * the engine's tokenizer thread, in the same fair order across uids as text
+ * prompts, so a megabyte of text costs the caller a copy. The result is one
+ * ENG_EV_TOKENS event (ids, n_ids) or ENG_EV_ERROR, carrying `user`;
+ * eng_cancel drops it (ENG_EV_DONE, cancelled). At most max_queued of them
+ * wait at once (ENG_EBUSY past that). Also on tokenizer-only models. */
+int eng_tokenize_submit(eng *e, const char *text, size_t len, int add_bos, int parse_special,
+                        uint32_t uid, void *user, uint64_t *job_id, eng_err *code, char *err, size_t errlen);
 
 typedef struct eng_sampling {
     float temperature;     /* 0 = greedy */
@@ -164,8 +176,17 @@ int eng_submit(eng *e, const eng_job_desc *d, uint64_t *job_id,
  * are ignored. Its KV is freed before the next forward pass. */
 void eng_cancel(eng *e, uint64_t job_id);
 
-/* Backpressure: a paused job keeps its KV but is left out of forward passes
- * until resumed (its client is not reading). Unknown ids are ignored. */
+/* Backpressure: a paused job is left out of forward passes until resumed
+ * (its client is not reading). It keeps its KV only while no other job
+ * waits for the pages or the sequence slot; otherwise they are taken back
+ * and it computes those tokens again when resumed (same output). Paused
+ * jobs count in their uid's share at admission. Unknown ids are ignored.
+ *
+ * Sharing: jobs are admitted fairly across uids, then owners. When a job
+ * waits for a slot or KV pages that jobs of another uid hold, and that uid
+ * would still hold at least as much as the waiting job's uid after giving
+ * one up, its most recently admitted job is preempted the same way: back to
+ * the queue, its tokens kept. Between owners of one uid likewise. */
 void eng_pause(eng *e, uint64_t job_id, int paused);
 
 typedef enum eng_event_type {
@@ -173,6 +194,7 @@ typedef enum eng_event_type {
     ENG_EV_LOGITS,     /* eval: top-N logits at one prompt position */
     ENG_EV_DONE,       /* last event of a job that ran */
     ENG_EV_ERROR,      /* last event of a job that failed after submit */
+    ENG_EV_TOKENS,     /* eng_tokenize_submit: the ids (its only event) */
 } eng_event_type;
 
 typedef enum eng_finish {
@@ -191,6 +213,9 @@ typedef struct eng_event {
     int32_t token;
     char *text;
     size_t text_len;
+    /* TOKENS: the text's ids (malloc'd; NULL when there are none). */
+    int32_t *ids;
+    size_t n_ids;
     /* LOGITS: position in the prompt and its top-N, best first. */
     int32_t pos;
     int32_t n_top;

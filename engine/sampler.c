@@ -115,7 +115,9 @@ int32_t sampler_pick(sampler *s, float *logits, const eng_sampling *p,
     double mx = c[0].logit, sum = 0;
     for (size_t i = 0; i < m; i++) { c[i].p = (float)exp(c[i].logit - mx); sum += c[i].p; }
     for (size_t i = 0; i < m; i++) c[i].p = (float)(c[i].p / sum);
-    if (p->top_p < 1.0f) {
+    if (p->top_p <= 0.0f) {
+        m = 1;   /* top_p 0: only the most likely candidate (as llama.cpp, OpenAI) */
+    } else if (p->top_p < 1.0f) {
         double cum = 0;
         size_t keep = m;
         for (size_t i = 0; i < m; i++) {

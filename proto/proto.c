@@ -4,6 +4,8 @@
 
 #include <math.h>
 #include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -409,7 +411,7 @@ int proto_ev_encode(proto_buf *b, const proto_ev *e)
         pk_kstr(&k, "text", e->text, e->text_len);
         break;
     case PROTO_T_INFO_OK:
-        pk_map(&k, 27);
+        pk_map(&k, 29);
         pk_kstr(&k, "type", tn, strlen(tn));
         pk_ku64(&k, "id", e->id);
         pk_ku64(&k, "version", e->version);
@@ -446,6 +448,8 @@ int proto_ev_encode(proto_buf *b, const proto_ev *e)
         }
         pk_kstr(&k, "model_path", e->model_path, e->model_path_len);
         pk_ku64(&k, "max_inflight", PROTO_MAX_INFLIGHT);
+        pk_kf64(&k, "idle_timeout_s", e->idle_timeout_s);
+        pk_ku64(&k, "max_clients_per_uid", e->max_clients_per_uid);
         break;
     case PROTO_T_PONG:
         pk_map(&k, 2);
@@ -478,6 +482,7 @@ struct proto_reader {
     msgpack_zone *zone;
     char *arena;                  /* decoded strings/arrays of the last message */
     size_t arena_cap, arena_len;
+    struct arena_chunk *extra;    /* what did not fit in arena (same lifetime) */
     int broken;                   /* after -1 every call returns -1 */
     proto_err broken_code;
 };
@@ -502,11 +507,14 @@ proto_reader *proto_reader_new(size_t max_frame)
     return r;
 }
 
+static void arena_drop_extra(proto_reader *r);
+
 void proto_reader_free(proto_reader *r)
 {
     if (!r) return;
     free(r->buf);
     free(r->arena);
+    arena_drop_extra(r);
     if (r->zone) msgpack_zone_free(r->zone);
     free(r);
 }
@@ -669,21 +677,48 @@ too_large:
 
 /* --- arena: decoded strings and arrays of the current message --- */
 
+/* An allocation the arena had no room for: kept until the next message.
+ * Sizing the arena from the frame covers every valid request; this keeps
+ * an odd but valid message (e.g. an info event with many empty per_client
+ * maps, 16 bytes decoded per 1-byte map) from failing as out of memory. */
+typedef struct arena_chunk {
+    struct arena_chunk *next;
+    max_align_t data[];
+} arena_chunk;
+
+static void arena_drop_extra(proto_reader *r)
+{
+    while (r->extra) {
+        arena_chunk *c = r->extra;
+        r->extra = c->next;
+        free(c);
+    }
+}
+
 static void *arena_alloc(proto_reader *r, size_t n, size_t align)
 {
     size_t off = (r->arena_len + align - 1) & ~(align - 1);
-    if (off > r->arena_cap || n > r->arena_cap - off) return NULL;
-    r->arena_len = off + n;
-    return r->arena + off;
+    if (off <= r->arena_cap && n <= r->arena_cap - off) {
+        r->arena_len = off + n;
+        return r->arena + off;
+    }
+    if (n > SIZE_MAX - sizeof(arena_chunk)) return NULL;
+    arena_chunk *c = malloc(sizeof *c + (n ? n : 1));
+    if (!c) return NULL;
+    c->next = r->extra;
+    r->extra = c;
+    return c->data;
 }
 
-/* Worst case for one frame: int32 per one-byte array element, or a
- * 32-byte proto_msg (+ its role's copy) per message of at least 8 bytes,
- * plus alignment and NUL terminators. */
+/* Worst case for one valid frame: int32 per one-byte array element, or a
+ * 32-byte proto_msg (+ its role's copy) per message of at least 8 bytes
+ * (entries are checked before their array is allocated), plus alignment
+ * and NUL terminators. */
 static int arena_prepare(proto_reader *r, size_t frame_len)
 {
     size_t need = frame_len * 5 + 1024;
     r->arena_len = 0;
+    arena_drop_extra(r);
     if (r->arena_cap >= need) return 0;
     size_t cap = r->arena_cap ? r->arena_cap : 4096;
     while (cap < need) cap *= 2;
@@ -883,6 +918,16 @@ static int get_msgs(dctx *d, const msgpack_object *v, proto_req *q)
     if (n > PROTO_MAX_MSGS)
         return fail(d, PROTO_E_TOO_LARGE, "\"messages\" has %u entries, over the limit of %d", n, PROTO_MAX_MSGS);
     if (n == 0) return fail(d, PROTO_E_INVALID_VALUE, "\"messages\" must not be empty");
+    /* Shape first, so that garbage (e.g. 1024 empty maps) is refused for
+     * what it is before any storage is taken for it. */
+    for (uint32_t i = 0; i < n; i++) {
+        const msgpack_object *e = &v->via.array.ptr[i];
+        if (e->type != MSGPACK_OBJECT_MAP) return fail(d, PROTO_E_BAD_REQUEST, "\"messages\"[%u] must be a map", i);
+        const msgpack_object *role = NULL;
+        for (uint32_t j = 0; j < e->via.map.size; j++)
+            if (key_is(&e->via.map.ptr[j].key, "role") && !is_nil(&e->via.map.ptr[j].val)) role = &e->via.map.ptr[j].val;
+        if (!role) return fail(d, PROTO_E_BAD_REQUEST, "\"messages\"[%u] has no \"role\"", i);
+    }
     proto_msg *m = arena_alloc(d->r, n * sizeof *m, 8);
     if (!m) return fail(d, PROTO_E_INTERNAL, "out of memory");
     size_t total = 0;
@@ -1136,6 +1181,8 @@ static int decode_ev(dctx *d, const msgpack_object *m, proto_ev *e)
             else if (key_is(k, "kv_total")) rc = get_u64(d, v, "kv_total", &e->kv_total);
             else if (key_is(k, "weight_bytes")) rc = get_u64(d, v, "weight_bytes", &e->weight_bytes);
             else if (key_is(k, "uptime_s")) rc = get_double(d, v, "uptime_s", &e->uptime_s);
+            else if (key_is(k, "idle_timeout_s")) rc = get_double(d, v, "idle_timeout_s", &e->idle_timeout_s);
+            else if (key_is(k, "max_clients_per_uid")) rc = get_u32(d, v, "max_clients_per_uid", &e->max_clients_per_uid);
             else if (key_is(k, "per_client")) rc = get_per_client(d, v, e);
             break;
         case PROTO_T_TOKEN:
@@ -1190,6 +1237,7 @@ static int rd_next(proto_reader *r, void *out, int events, proto_err *code, char
     }
     /* The previous message's storage is released now. */
     if (r->arena_cap > RD_IDLE_CAP * 4) { free(r->arena); r->arena = NULL; r->arena_cap = 0; }
+    arena_drop_extra(r);
     size_t len = 0;
     int rc = rd_skim(r, &len, code, err, errlen);
     if (rc == 0) {

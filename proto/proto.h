@@ -108,7 +108,7 @@ typedef struct proto_req {
     int32_t max_tokens;     /* default 256 */
     float temperature;      /* default 0.8 */
     int32_t top_k;          /* default 40 */
-    float top_p;            /* default 0.95 */
+    float top_p;            /* default 0.95; 0..1, 1 = off, 0 = the most likely token alone */
     float min_p;            /* default 0.05 */
     float repeat_penalty;   /* default 1.0 */
     int32_t repeat_last_n;  /* default 64 */
@@ -158,6 +158,8 @@ typedef struct proto_ev {
     uint64_t jobs_done, tokens_served, prompt_tokens_total;
     uint64_t kv_used, kv_total, weight_bytes;
     double uptime_s;
+    double idle_timeout_s;   /* info: idle connections close after this; 0 = never */
+    uint32_t max_clients_per_uid; /* info: 0 = no limit */
     const proto_client_count *per_client; size_t n_per_client;
     const char *model_path; size_t model_path_len; /* info */
 } proto_ev;

@@ -23,7 +23,21 @@ static int check_pass_, check_fail_, check_cur_fail_;
 #define CHECK_EQ_INT(a, b) CHECKF((long long)(a) == (long long)(b), "%lld != %lld", (long long)(a), (long long)(b))
 #define CHECK_NEAR(a, b, tol) CHECKF(fabs((double)(a) - (double)(b)) <= (tol), "%g vs %g (tol %g)", (double)(a), (double)(b), (double)(tol))
 
-#define RUN(fn) do { check_cur_fail_ = 0; fn(); \
+/* A program whose main starts with CHECK_ARGS(argc, argv) runs only the
+ * tests named on its command line, when any are (e.g. a sanitizer build's
+ * subset). */
+static int check_argc_;
+static char **check_argv_;
+#define CHECK_ARGS(c, v) (check_argc_ = (c), check_argv_ = (v))
+static inline int check_selected_(const char *name)
+{
+    if (check_argc_ <= 1) return 1;
+    for (int i = 1; i < check_argc_; i++)
+        if (strcmp(check_argv_[i], name) == 0) return 1;
+    return 0;
+}
+
+#define RUN(fn) do { if (!check_selected_(#fn)) break; check_cur_fail_ = 0; fn(); \
     fprintf(stderr, "%-40s %s\n", #fn, check_cur_fail_ ? "FAIL" : "ok"); } while (0)
 
 #define CHECK_DONE() (printf("%d passed, %d failed\n", check_pass_, check_fail_), check_fail_ ? 1 : 0)

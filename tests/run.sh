@@ -12,7 +12,7 @@ run_one() {
     name=$1; shift
     out="$log/$(basename "$name").out"
     if [ -n "$ANE_TEST_TIMEOUT" ]; then to=$ANE_TEST_TIMEOUT; else to=600; fi
-    timeout "$to" "$@" >"$out" 2>&1; rc=$?
+    timeout "$to" "$@" </dev/null >"$out" 2>&1; rc=$?
     line=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$out" | tail -n 1)
     if [ -n "$line" ]; then
         p=${line%% passed*}; f=${line#*passed, }; f=${f%% failed*}
@@ -33,6 +33,17 @@ for t in bin/tests/t_*; do
     [ -x "$t" ] || continue
     run_one "$t" "$t"
 done
+# The aarch64 builds (make aarch64) of the quant tests: the NEON kernels,
+# under qemu-user. Where they could not be built, a notice and no count.
+aa_qemu=${AA_QEMU:-qemu-aarch64-static}
+aa_n=0
+for t in bin/aarch64/t_*; do
+    [ -x "$t" ] || continue
+    command -v "$aa_qemu" >/dev/null 2>&1 || break
+    run_one "$t (qemu)" "$aa_qemu" "$t"
+    aa_n=$((aa_n + 1))
+done
+[ "$aa_n" -gt 0 ] || echo "bin/aarch64 (NEON kernels under qemu)           skipped: not built (make aarch64 says why)"
 for t in tests/integration/*.sh; do
     [ -f "$t" ] || continue
     run_one "$t" sh "$t"

@@ -234,7 +234,7 @@ static int start_all(const char *model, int *port)
     if (gw_pid == 0) {
         dup2(pfd[1], 1);
         close(pfd[0]);
-        execl("bin/aned-http", "aned-http", "--socket", sock_path, "--listen", "127.0.0.1:0", (char *)NULL);
+        execl("bin/aned-http", "aned-http", "--socket", sock_path, "--listen", "127.0.0.1:0", "--insecure-no-key", (char *)NULL);
         _exit(127);
     }
     close(pfd[1]);

@@ -16,7 +16,7 @@
  * 896 -> 151936 matrices at each nb (default 1,2,4,8,16,128), GFLOP/s with
  * 1 thread and with 2 threads taking 16-row-multiple chunks as the CPU
  * backend does. */
-#include "engine/qtypes.h"
+#include "engine/quant/qtypes.h"
 
 #include <pthread.h>
 #include <stdint.h>

@@ -2,8 +2,8 @@
  * and encode throughput (MB/s, one thread) on ~1 MB of mixed text built from
  * llama.cpp's tokenizer test strings plus several scripts.
  * Run from the repository root after `make fixtures`. */
-#include "engine/gguf.h"
-#include "engine/tokenizer.h"
+#include "engine/load/gguf.h"
+#include "engine/text/tokenizer.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -5,9 +5,9 @@
  * successful open every accessor is walked. Then model_load runs on the same
  * file: it must reject cleanly or give a model whose tokenizer and weight
  * rows can be used. */
-#include "engine/gguf.h"
-#include "engine/model.h"
-#include "engine/tokenizer.h"
+#include "engine/load/gguf.h"
+#include "engine/load/model.h"
+#include "engine/text/tokenizer.h"
 
 #include <stdint.h>
 #include <stdio.h>

@@ -5,8 +5,8 @@
  * tokenizer.json, tokenizer_config.json (the last two optional; without a
  * tokenizer.json the fixture's is used). They are written into a private
  * temp directory, which model_load then reads. */
-#include "engine/model.h"
-#include "engine/tokenizer.h"
+#include "engine/load/model.h"
+#include "engine/text/tokenizer.h"
 
 #include <limits.h>
 #include <stdint.h>

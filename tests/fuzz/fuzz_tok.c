@@ -5,8 +5,8 @@
  * Byte 0 picks the vocabulary and the mode: encode with or without special
  * tokens, encode as segments, or decode the bytes read as token ids. Every id
  * produced must be in range; encoded text must decode. */
-#include "engine/gguf.h"
-#include "engine/tokenizer.h"
+#include "engine/load/gguf.h"
+#include "engine/text/tokenizer.h"
 
 #include <stdint.h>
 #include <stdio.h>

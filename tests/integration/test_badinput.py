@@ -696,8 +696,20 @@ def _on_copy():
     return Daemon(model=path, args=["--ctx", str(N_CTX)], tmp=tmp).start(), path
 
 
+def _confined(d):
+    """The daemon runs under its seccomp filter and Landlock, as by default
+    (the SIGBUS handler and the file checks must work there), unless this
+    is a sanitizer build, which leaves both off."""
+    log = d.log_text(1 << 20)
+    if "sanitizer build: seccomp filter off" in log:
+        return
+    check("seccomp filter installed (enforce)" in log, "seccomp filter not on: %s" % log[-2000:])
+    check("landlock (ABI" in log or "landlock not available" in log, "landlock not on: %s" % log[-2000:])
+
+
 def _after_change(d, c, path):
     """model_changed for a new request; ping, info, tokenize answered; logged once."""
+    _confined(d)
     rid = c.request("generate", **greedy_req(8))
     m = expect_error(c, rid, "model_changed", "generate after the model file changed")
     check(path in m.get("message", ""), "message does not name the file: %r" % m)

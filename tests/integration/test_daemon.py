@@ -315,7 +315,7 @@ def test_hello_ping_info(d):
     c = Conn(d.sock)
     try:
         h = c.hello()
-        check(h.get("server") == "aned/0.1", "server name %r" % h.get("server"))
+        check(h.get("server") == "aned/0.1.0", "server name %r" % h.get("server"))
         check(h.get("model"), "hello carries no model name")
         r = c.call("ping")
         check(r["type"] == "pong", "ping: %r" % r)
@@ -406,7 +406,7 @@ def test_aneclient_story(d):
 def test_aneclient_greedy(d):
     if not have_client():
         raise TestFailure("bin/aneclient is missing")
-    p = run_client(d, ["--tokens", "1", "-t", "0", "-n", "48", "--json"])
+    p = run_client(d, ["--tokens", "1", "--temperature", "0", "-n", "48", "--json"])
     check(p.returncode == 0, "aneclient exit %d: %s" % (p.returncode, p.stderr.decode(errors="replace")))
     out = p.stdout.decode("utf-8", "replace")
     ids, text = _ids_from_json_output(out)

@@ -99,7 +99,7 @@ def run_pair(model, ref, tol):
                 check(toks == c["tokens"], "%s case %d: text tokenizes to %s, reference %s" %
                       (model, ci, toks, c["tokens"]))
             n = len(c["greedy"])
-            rc, out, err = client(sock, ["--tokens", ids, "-t", "0", "-n", str(n), "--json"])
+            rc, out, err = client(sock, ["--tokens", ids, "--temperature", "0", "-n", str(n), "--json"])
             done = [json.loads(l) for l in out.splitlines() if l.strip()][-1] if rc == 0 else {}
             got = done.get("tokens", [])
             for i, want in enumerate(c["greedy"]):

@@ -632,6 +632,90 @@ def t_fuzz(d):
     witness.close()
 
 
+def t_field_shapes(d):
+    """Hostile shapes of valid-size requests get the error of the field at
+    fault, and top_p's whole documented range is honoured by the engine."""
+    c = d.connect()
+
+    def error_of(msg):
+        id = c.request(**msg)
+        ev = c.next_event(id, 30)
+        return ev if ev.get("type") == "error" else None
+
+    for what, msgs in (("1024 empty maps", [{}] * 1024),
+                       ("1024 nil roles", [{"role": None}] * 1024),
+                       ("1024 integers", [1] * 1024)):
+        for t in ("generate", "eval"):
+            ev = error_of({"type": t, "messages": msgs})
+            check(ev is not None and ev.get("code") == "bad_request" and '"messages"[0]' in ev.get("message", ""),
+                  "%s %s: bad_request naming messages[0]: %r" % (t, what, ev))
+    ev = error_of({"type": "generate", "messages": [{"role": "user", "content": "x"}] * 1023 + [{}]})
+    check(ev is not None and ev.get("code") == "bad_request" and '"messages"[1023]' in ev.get("message", ""),
+          "entry 1023 without a role: %r" % ev)
+    # top_p 0 keeps the most likely token alone: the greedy text, whatever
+    # the temperature and seed
+    greedy = c.generate_text(tokens=[1], raw=True, temperature=0, max_tokens=24)[1]
+    for seed in (1, 2, 3):
+        try:
+            got = c.generate_text(tokens=[1], raw=True, temperature=1.5, top_p=0, seed=seed, max_tokens=24)[1]
+        except anepy.AneError as e:
+            got = "error %s" % e
+        check(got == greedy, "top_p 0, seed %d: the greedy tokens, got %r" % (seed, got))
+    got = c.generate_text(tokens=[1], raw=True, temperature=1.5, top_p=0.0, top_k=0, seed=9, max_tokens=24)[1]
+    check(got == greedy, "top_p 0 with top_k 0 (whole vocabulary): greedy too, got %r" % got)
+    for bad in (-0.01, 1.01):
+        ev = error_of({"type": "generate", "prompt": "x", "top_p": bad})
+        check(ev is not None and ev.get("code") == "invalid_value" and '"top_p"' in ev.get("message", ""),
+              "top_p %g: invalid_value naming top_p: %r" % (bad, ev))
+    still_serves(c, "after hostile field shapes")
+    c.close()
+
+
+def t_regex_limit():
+    """A model whose tokenizer.json splits with a pattern that backtracks
+    catastrophically: text that drives it into PCRE2's match limit is
+    refused with invalid_value naming the split regex (not invalid_utf8),
+    and the daemon goes on serving."""
+    import shutil
+    src = os.path.join(ROOT, "tests/fixtures/hf/qwen2-tiny")
+    tmp = tempfile.mkdtemp(prefix="aned-regex-")
+    d3 = None
+    try:
+        mdir = os.path.join(tmp, "model")
+        shutil.copytree(src, mdir)
+        tj_path = os.path.join(mdir, "tokenizer.json")
+        with open(tj_path) as f:
+            tj = json.load(f)
+        tj["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(?:\\p{L}+)+$|\\s+|."
+        with open(tj_path, "w") as f:
+            json.dump(tj, f)
+        d3 = Daemon(mdir, "regex")
+        c = d3.connect()
+        hostile = "a" * 40 + "!"
+        id = c.request("tokenize", text=hostile)
+        ev = c.next_event(id, 30)
+        check(ev.get("type") == "error" and ev.get("code") == "invalid_value" and "split regex" in ev.get("message", ""),
+              "tokenize past the regex's match limit: invalid_value naming the split regex: %r" % ev)
+        for what, fields in (("raw prompt", dict(prompt=hostile, raw=True)), ("chat prompt", dict(prompt=hostile)),
+                             ("messages", dict(messages=[{"role": "user", "content": hostile}]))):
+            id = c.request("generate", max_tokens=2, **fields)
+            ev = c.next_event(id, 30)
+            check(ev.get("type") == "error" and ev.get("code") == "invalid_value" and "split regex" in ev.get("message", ""),
+                  "generate (%s) past the regex's match limit: %r" % (what, ev))
+        ids = c.tokenize("hello there, you", add_bos=False)
+        check(isinstance(ids, list) and len(ids) > 0, "ordinary text still tokenizes: %r" % ids)
+        id = c.request("tokenize", text=b"a\xff")
+        ev = c.next_event(id, 30)
+        check(ev.get("code") == "invalid_utf8", "invalid UTF-8 is still invalid_utf8: %r" % ev)
+        still_serves(c, "after regex limits")
+        c.close()
+    finally:
+        if d3:
+            d3.stop()
+            d3.cleanup()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def t_no_model(d2):
     c = d2.connect()
     info = c.info()
@@ -685,7 +769,8 @@ def main():
     d2 = None
     try:
         for t in (t_handshake, t_version, t_before_hello, t_ping_info, t_tokenize, t_generate_greedy,
-                  t_interleave, t_duplicate, t_cancel, t_eval, t_errors, t_busy, t_stream_errors, t_fuzz):
+                  t_interleave, t_duplicate, t_cancel, t_eval, t_errors, t_field_shapes, t_busy, t_stream_errors,
+                  t_fuzz):
             f0 = failed
             try:
                 t(d)
@@ -703,6 +788,12 @@ def main():
             except Exception:
                 check(False, "t_no_model raised:\n%s" % traceback.format_exc())
             print("%-24s %s" % ("t_no_model", "ok" if failed == f0 else "FAIL"), flush=True)
+        f0 = failed
+        try:
+            t_regex_limit()
+        except Exception:
+            check(False, "t_regex_limit raised:\n%s" % traceback.format_exc())
+        print("%-24s %s" % ("t_regex_limit", "ok" if failed == f0 else "FAIL"), flush=True)
         if d.proc.poll() is None:
             f0 = failed
             try:

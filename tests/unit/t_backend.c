@@ -1,9 +1,9 @@
 /* t_backend — CPU backend ops: every SIMD path against its scalar reference
  * on random data (attention over paged f16/f32 caches, GQA, odd lengths),
  * and the scalar ops against direct definitions. */
-#include "engine/backend.h"
+#include "engine/backend/backend.h"
 #include "engine/pool.h"
-#include "engine/qtypes.h"
+#include "engine/quant/qtypes.h"
 #include "tests/check.h"
 
 #include <stdlib.h>

@@ -2,9 +2,9 @@
  * equal to the template's text encoded with special tokens, default system
  * messages, and no forging of turn markers from message content. */
 #include "tests/check.h"
-#include "engine/chat.h"
-#include "engine/gguf.h"
-#include "engine/tokenizer.h"
+#include "engine/text/chat.h"
+#include "engine/load/gguf.h"
+#include "engine/text/tokenizer.h"
 
 #include <jansson.h>
 #include <stdlib.h>

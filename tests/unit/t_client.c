@@ -4,6 +4,7 @@
 #include "client/aneclient.h"
 #include "tests/check.h"
 
+#include <poll.h>
 #include <stdlib.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -58,7 +59,7 @@ static void t_connect_fail(void)
     memset(longp, 'x', sizeof longp - 1);
     longp[0] = '/';
     longp[sizeof longp - 1] = 0;
-    ane_connect_opts o = { longp, "t", 100 };
+    ane_connect_opts o = { longp, "t", 100, 0 };
     CHECK_EQ_INT(ane_connect_with(&c, &o, &refused, err, sizeof err), -1);
     CHECK_EQ_INT(refused, PROTO_OK);
     CHECKF(strstr(err, "too long") != NULL, "%s", err);
@@ -73,7 +74,7 @@ static void t_connect_fail(void)
     sa.sun_family = AF_UNIX;
     memcpy(sa.sun_path, path, strlen(path));
     CHECK(ls >= 0 && bind(ls, (struct sockaddr *)&sa, sizeof sa) == 0 && listen(ls, 4) == 0);
-    ane_connect_opts o2 = { path, NULL, 200 };
+    ane_connect_opts o2 = { path, NULL, 200, 0 };
     CHECK_EQ_INT(ane_connect_with(&c, &o2, &refused, err, sizeof err), -1);
     CHECKF(strstr(err, "did not answer") != NULL, "%s", err);
     CHECK_EQ_INT(refused, PROTO_OK);
@@ -84,7 +85,7 @@ static void t_connect_fail(void)
         close(a);
         _exit(0);
     }
-    ane_connect_opts o3 = { path, NULL, 5000 };
+    ane_connect_opts o3 = { path, NULL, 5000, 0 };
     CHECK_EQ_INT(ane_connect_with(&c, &o3, &refused, err, sizeof err), -1);
     CHECKF(strstr(err, "closed") != NULL || strstr(err, "handshake") != NULL, "%s", err);
     if (pid > 0) waitpid(pid, NULL, 0);
@@ -114,10 +115,80 @@ static void t_misc(void)
     CHECK(!ane_event_terminal(&ev));
 }
 
+
+/* A socket made by another user (anyone can, in /tmp) is refused before a
+ * byte is sent, unless its uid is named; parse of user names. */
+static void t_peer_uid(void)
+{
+    uid_t u = 1;
+    char err[512];
+    CHECK(ane_parse_uid("root", &u, err, sizeof err) == 0 && u == 0);
+    CHECK(ane_parse_uid("65534", &u, err, sizeof err) == 0 && u == 65534);
+    CHECK(ane_parse_uid("no-such-user-here", &u, err, sizeof err) < 0 && strstr(err, "no-such-user-here"));
+    CHECK(ane_parse_uid("12x", &u, err, sizeof err) < 0);
+    if (geteuid() != 0) { fprintf(stderr, "t_peer_uid: not root, the other-user part is skipped\n"); return; }
+
+    char dir[64], path[128];
+    snprintf(dir, sizeof dir, "/tmp/t_client-peer-%d", (int)getpid());
+    snprintf(path, sizeof path, "%s/aned.sock", dir);
+    CHECK(mkdir(dir, 0700) == 0 && chmod(dir, 01777) == 0);   /* like /tmp */
+    int ready[2], got[2];
+    CHECK(pipe(ready) == 0 && pipe(got) == 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        /* the impostor: uid 65534, listens, reports what each connection sent */
+        if (setgid(65534) != 0 || setuid(65534) != 0) _exit(3);
+        int ls = socket(AF_UNIX, SOCK_STREAM, 0);
+        struct sockaddr_un sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sun_family = AF_UNIX;
+        memcpy(sa.sun_path, path, strlen(path));
+        if (ls < 0 || bind(ls, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(ls, 4) != 0) _exit(4);
+        chmod(path, 0666);
+        if (write(ready[1], "r", 1) != 1) _exit(5);
+        for (int k = 0; k < 2; k++) {
+            int a = accept(ls, NULL, NULL);
+            struct pollfd pf = { a, POLLIN, 0 };
+            int n = 0;
+            char buf[512];
+            if (a >= 0 && poll(&pf, 1, 1500) == 1) {
+                ssize_t r = read(a, buf, sizeof buf);
+                n = r > 0 ? (int)r : 0;
+            }
+            if (a >= 0) close(a);
+            if (write(got[1], &n, sizeof n) != (ssize_t)sizeof n) _exit(6);
+        }
+        _exit(0);
+    }
+    char c;
+    CHECK(pid > 0 && read(ready[0], &c, 1) == 1);
+    ane_client *cl = NULL;
+    int n = -1;
+    /* root calling; the peer is 65534: refused, nothing sent */
+    ane_connect_opts o = { path, "t", 3000, 0 };
+    CHECK_EQ_INT(ane_connect_with(&cl, &o, NULL, err, sizeof err), -1);
+    CHECKF(strstr(err, "uid 65534") && strstr(err, "refusing") && strstr(err, "--daemon-user"), "%s", err);
+    CHECK(read(got[0], &n, sizeof n) == (ssize_t)sizeof n);
+    CHECK_EQ_INT(n, 0);
+    /* named: the hello goes out (the impostor then hangs up) */
+    o.daemon_uid = 65534;
+    CHECK_EQ_INT(ane_connect_with(&cl, &o, NULL, err, sizeof err), -1);
+    CHECKF(!strstr(err, "refusing"), "%s", err);
+    CHECK(read(got[0], &n, sizeof n) == (ssize_t)sizeof n);
+    CHECKF(n > 0, "the named daemon got %d bytes", n);
+    int st = 0;
+    if (pid > 0) waitpid(pid, &st, 0);
+    CHECKF(WIFEXITED(st) && WEXITSTATUS(st) == 0, "impostor exit %d", st);
+    close(ready[0]); close(ready[1]); close(got[0]); close(got[1]);
+    unlink(path);
+    rmdir(dir);
+}
+
 int main(void)
 {
     RUN(t_default_socket);
     RUN(t_connect_fail);
     RUN(t_misc);
+    RUN(t_peer_uid);
     return CHECK_DONE();
 }

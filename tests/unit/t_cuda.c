@@ -8,9 +8,9 @@
  * and the fused ops bit for bit against the plain ones (rope_kv; GEMV input
  * quantized by the op that produced it).
  * Builds without CUDA print "0 passed, 0 failed" (nothing to test). */
-#include "engine/backend.h"
+#include "engine/backend/backend.h"
 #include "engine/pool.h"
-#include "engine/qtypes.h"
+#include "engine/quant/qtypes.h"
 #include "tests/check.h"
 
 #include <math.h>

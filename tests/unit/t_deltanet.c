@@ -6,7 +6,7 @@
  * Qwen3.5 through the engine: concurrent greedy jobs (continuous batching)
  * give the same tokens as one job alone, and prefix reuse (from snapshots of
  * the recurrent state) gives the same tokens as recomputing. */
-#include "engine/backend.h"
+#include "engine/backend/backend.h"
 #include "engine/engine.h"
 #include "engine/pool.h"
 #include "engine/snap.h"

@@ -1,8 +1,8 @@
 /* t_dequant.c — reference dequantization against llama.cpp, bit for bit
  * (tests/fixtures/refs/llama-q.dequant.json), whole-tensor sums from the
  * GGUF files themselves, conversions and activation quantizers. */
-#include "engine/gguf.h"
-#include "engine/qtypes.h"
+#include "engine/load/gguf.h"
+#include "engine/quant/qtypes.h"
 #include "tests/check.h"
 
 #include <jansson.h>

@@ -365,7 +365,7 @@ static void test_submit_errors(void)
     d.sampling.temperature = NAN;
     CHECK(eng_submit(e, &d, &id, &code, err, sizeof err) == -1 && code == ENG_EINVAL);
     eng_sampling_default(&d.sampling);
-    d.sampling.top_p = 0;
+    d.sampling.top_p = -0.1f;
     CHECK(eng_submit(e, &d, &id, &code, err, sizeof err) == -1 && code == ENG_EINVAL);
     eng_sampling_default(&d.sampling);
     d.max_tokens = -5;
@@ -693,6 +693,247 @@ static void test_tokenizer_order(void)
     eng_close(e);
 }
 
+/* ---- sharing the KV pool and the slots ------------------------------------ */
+
+static int submit_as(eng *e, eng_job_kind kind, const int32_t *toks, size_t n, int max_tokens, uint32_t uid,
+                     intptr_t user, uint64_t *id)
+{
+    eng_job_desc d = { 0 };
+    char err[256];
+    eng_err code;
+    d.kind = kind;
+    d.tokens = toks;
+    d.n_tokens = n;
+    d.max_tokens = max_tokens;
+    d.top_n = 1;
+    eng_sampling_default(&d.sampling);
+    d.sampling.temperature = 0;
+    d.uid = uid;
+    d.owner = (uint64_t)user;
+    d.user = (void *)user;
+    int rc = eng_submit(e, &d, id, &code, err, sizeof err);
+    if (rc) fprintf(stderr, "submit: %s\n", err);
+    return rc;
+}
+
+/* Waits until job `i` has at least `n` tokens (or ended). */
+static void wait_tokens(eng *e, tres *r, int n_jobs, int i, int n)
+{
+    for (double end = ms_now() + 20000; r[i].n_tok < n && !r[i].ended && ms_now() < end;)
+        tpump(e, r, n_jobs, n_jobs, 1);
+}
+
+/* Takes events until none came for quiet_ms. */
+static void settle(eng *e, tres *r, int n_jobs, double quiet_ms)
+{
+    for (;;) {
+        int before = 0, after = 0;
+        for (int i = 0; i < n_jobs; i++) before += r[i].n_tok + r[i].ended;
+        tpump(e, r, n_jobs, n_jobs, quiet_ms);
+        for (int i = 0; i < n_jobs; i++) after += r[i].n_tok + r[i].ended;
+        if (after == before) return;
+    }
+}
+
+/* A paused job whose pages another job needs gives them up, and once
+ * resumed computes its tokens again and goes on exactly as it would have
+ * (greedy ids equal to an uninterrupted run). One sequence slot and the
+ * default pool (one full context); B needs more than A leaves. */
+static void evict_paused(const char *model)
+{
+    eng *e = open_eng(model, 1);
+    if (!e) { CHECK(0); return; }
+    int n_ctx = eng_model(e)->n_ctx;
+    int N = n_ctx - 2 < 400 ? n_ctx - 2 : 400;
+    int total = (n_ctx + 15) / 16, need_a = (1 + N + 15) / 16;
+    int max_b = (total - need_a + 1) * 16 - 1;
+    if (max_b > n_ctx - 2) max_b = n_ctx - 2;
+    int32_t bos = 1;
+    uint64_t id, a = 0, b;
+    tres ref[1], r[2];
+    memset(ref, 0, sizeof ref);
+    CHECK(submit_as(e, ENG_JOB_GENERATE, &bos, 1, N, 1, 0, &id) == 0);
+    tpump(e, ref, 1, 1, 60000);
+    CHECK(ref[0].done && ref[0].n_tok > 40);   /* N, or fewer when the model ends its text */
+    /* A pauses part-way (retried when a descheduled test thread let it finish first) */
+    for (int attempt = 0; attempt < 5; attempt++) {
+        memset(r, 0, sizeof r);
+        CHECK(submit_as(e, ENG_JOB_GENERATE, &bos, 1, N, 1, 0, &a) == 0);
+        wait_tokens(e, r, 2, 0, 20);
+        eng_pause(e, a, 1);
+        settle(e, r, 2, 100);
+        if (!r[0].ended) break;
+    }
+    CHECKF(!r[0].ended && r[0].n_tok < ref[0].n_tok, "A ended %d with %d tokens", r[0].ended, r[0].n_tok);
+    eng_stats st0, st;
+    eng_stats_get(e, &st0);
+    CHECK(submit_as(e, ENG_JOB_GENERATE, &bos, 1, max_b, 2, 1, &b) == 0);
+    tpump(e, r, 2, 1, 30000);
+    CHECKF(r[1].done && r[1].n_tok > 0, "B (needs pages paused A holds): done %d, %d tokens", r[1].done, r[1].n_tok);
+    CHECK(!r[0].ended);
+    eng_stats_get(e, &st);
+    CHECKF(st.evictions > st0.evictions, "evictions %llu", (unsigned long long)st.evictions);
+    eng_pause(e, a, 0);
+    tpump(e, r, 2, 2, 60000);
+    CHECK(r[0].done && r[0].finish == ref[0].finish);
+    CHECK_EQ_INT(r[0].n_tok, ref[0].n_tok);
+    CHECKF(!memcmp(r[0].ids, ref[0].ids, sizeof(int32_t) * (size_t)(N < 512 ? N : 512)),
+           "%s: the evicted job's ids differ from an uninterrupted run", model);
+    CHECK(r[0].after_end == 0 && r[1].after_end == 0);
+    eng_stats_get(e, &st);
+    CHECK_EQ_INT(st.active + st.queued, 0);
+    CHECK_EQ_INT(st.kv_used, 0);
+    eng_close(e);
+}
+
+static void test_evict_paused(void)
+{
+    evict_paused(STORIES);
+    evict_paused(FIXTURE("models/llama-q.Q4_K_M.gguf"));
+    evict_paused(FIXTURE("models/qwen2-tiny.Q8_0.gguf"));
+    evict_paused(FIXTURE("models/qwen35-tiny.bf16.gguf"));
+}
+
+/* Two slots, both taken by one uid's long jobs of one connection: another
+ * uid's short job, or another connection's of the same uid, is admitted at
+ * once (the younger long job is preempted, and later computes its tokens
+ * again, ids unchanged); the same connection's waits its turn. */
+static void test_preempt(void)
+{
+    eng *e = open_eng(STORIES, 2);
+    if (!e) { CHECK(0); return; }
+    enum { N = 400 };
+    int32_t bos = 1;
+    uint64_t id;
+    tres ref[1], r[3];
+    memset(ref, 0, sizeof ref);
+    CHECK(submit_as(e, ENG_JOB_GENERATE, &bos, 1, N, 1, 0, &id) == 0);
+    tpump(e, ref, 1, 1, 60000);
+    static const char *const what[3] = { "another uid", "another connection", "the same connection" };
+    for (int c = 0; c < 3; c++) {
+        eng_stats st0, st;
+        eng_stats_get(e, &st0);
+        memset(r, 0, sizeof r);
+        /* user doubles as owner: A1 and A2 share owner 10 */
+        eng_job_desc d = { 0 };
+        char err[256];
+        eng_err code;
+        d.kind = ENG_JOB_GENERATE;
+        d.tokens = &bos;
+        d.n_tokens = 1;
+        d.max_tokens = N;
+        eng_sampling_default(&d.sampling);
+        d.sampling.temperature = 0;
+        d.uid = 1;
+        d.owner = 10;
+        for (intptr_t u = 0; u < 3; u++) {
+            if (u == 2) {
+                d.max_tokens = 16;
+                d.uid = c == 0 ? 2 : 1;
+                d.owner = c == 2 ? 10 : 11;
+            }
+            d.user = (void *)u;
+            CHECKF(eng_submit(e, &d, &id, &code, err, sizeof err) == 0, "%s", err);
+            if (u == 1) {
+                wait_tokens(e, r, 3, 0, 10);
+                wait_tokens(e, r, 3, 1, 10);
+            }
+        }
+        tpump(e, r, 3, 3, 60000);
+        eng_stats_get(e, &st);
+        for (int i = 0; i < 2; i++) {
+            CHECK(r[i].done && r[i].n_tok == N);
+            CHECKF(!memcmp(r[i].ids, ref[0].ids, sizeof(int32_t) * N), "job %d ids differ (%s)", i, what[c]);
+        }
+        CHECK(r[2].done && r[2].n_tok == 16);
+        if (c < 2) {
+            CHECKF(r[2].order == 1, "%s: the short job ended %d of 3", what[c], r[2].order);
+            CHECK(st.evictions > st0.evictions);
+        } else {
+            CHECKF(r[2].order == 3, "%s: the short job ended %d of 3", what[c], r[2].order);
+            CHECK(st.evictions == st0.evictions);
+        }
+    }
+    eng_close(e);
+}
+
+/* Events of an eval job A (user 0) and a generate job B (user 1). */
+typedef struct est {
+    int32_t top[512];
+    int seen[512];
+    int n, dup, a_end, b_end, b_tok;
+} est;
+
+enum { E_QUIET, E_FIRST, E_B_END, E_A_END };
+
+static void ecollect(eng *e, est *x, int until, double timeout_ms)
+{
+    double end = ms_now() + timeout_ms, last = ms_now();
+    for (;;) {
+        if ((until == E_FIRST && x->n > 0) || (until == E_B_END && x->b_end) || (until == E_A_END && x->a_end)) return;
+        if (until == E_QUIET && ms_now() - last > 100) return;
+        if (ms_now() > end) return;
+        eng_event *ev = eng_events_take(e);
+        if (!ev) { if (until != E_FIRST) usleep(200); continue; }
+        last = ms_now();
+        for (eng_event *v = ev, *nx; v; v = nx) {
+            nx = v->next;
+            int user = (int)(intptr_t)v->user;
+            int term = v->type == ENG_EV_DONE || v->type == ENG_EV_ERROR;
+            if (user == 0 && v->type == ENG_EV_LOGITS && v->pos >= 0 && v->pos < 512) {
+                x->dup += x->seen[v->pos]++;
+                x->top[v->pos] = v->top_ids[0];
+                x->n++;
+            }
+            if (user == 0 && term) x->a_end = 1;
+            if (user == 1 && v->type == ENG_EV_TOKEN) x->b_tok++;
+            if (user == 1 && term) x->b_end = 1;
+            eng_event_free(v);
+        }
+    }
+}
+
+/* An eval job evicted part-way gives each position's logits once, equal to
+ * an uninterrupted run. */
+static void test_evict_eval(void)
+{
+    eng *e = open_eng(STORIES, 1);
+    if (!e) { CHECK(0); return; }
+    int n_ctx = eng_model(e)->n_ctx;
+    int P = n_ctx - 8 < 480 ? n_ctx - 8 : 480;
+    int32_t *p = malloc((size_t)P * sizeof *p);
+    p[0] = 1;
+    for (int i = 1; i < P; i++) p[i] = 260 + (i * 37) % 200;
+    int total = (n_ctx + 15) / 16, need_a = (P + 15) / 16, max_b = (total - need_a + 1) * 16 - 1;
+    int32_t bos = 1;
+    uint64_t id, a = 0;
+    static est ref, x;
+    memset(&ref, 0, sizeof ref);
+    CHECK(submit_as(e, ENG_JOB_EVAL, p, (size_t)P, 0, 1, 0, &id) == 0);
+    ecollect(e, &ref, E_A_END, 30000);
+    CHECK(ref.n == P && ref.dup == 0);
+    int mid = 0;
+    for (int attempt = 0; attempt < 8 && !mid; attempt++) {
+        memset(&x, 0, sizeof x);
+        CHECK(submit_as(e, ENG_JOB_EVAL, p, (size_t)P, 0, 1, 0, &a) == 0);
+        ecollect(e, &x, E_FIRST, 30000);
+        eng_pause(e, a, 1);
+        ecollect(e, &x, E_QUIET, 30000);
+        if (x.a_end) continue;                  /* finished before the pause landed */
+        mid = 1;
+        CHECK(submit_as(e, ENG_JOB_GENERATE, &bos, 1, max_b, 2, 1, &id) == 0);
+        ecollect(e, &x, E_B_END, 30000);
+        CHECKF(x.b_end && x.b_tok == max_b && !x.a_end, "B ended %d (%d tokens), A ended %d", x.b_end, x.b_tok, x.a_end);
+        eng_pause(e, a, 0);
+        ecollect(e, &x, E_A_END, 30000);
+    }
+    CHECKF(mid, "the eval was never paused part-way");
+    CHECKF(x.a_end && x.n == P && x.dup == 0, "%d positions of %d, %d twice", x.n, P, x.dup);
+    CHECK(!memcmp(x.top, ref.top, sizeof(int32_t) * (size_t)(P < 512 ? P : 512)));
+    free(p);
+    eng_close(e);
+}
+
 static void test_tokenizer_only(void)
 {
     eng *e = open_eng(FIXTURE("tokenizers/llama.cpp/ggml-vocab-llama-spm.gguf"), 4);
@@ -734,8 +975,9 @@ static void test_open_errors(void)
     CHECK(strstr(err, "GGUF") != NULL);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    CHECK_ARGS(argc, argv);
     RUN(test_greedy_reference);
     RUN(test_batch_invariance);
     RUN(test_prefix_reuse);
@@ -749,6 +991,9 @@ int main(void)
     RUN(test_prompt_errors_as_events);
     RUN(test_cancel_tokenizing);
     RUN(test_tokenizer_order);
+    RUN(test_evict_paused);
+    RUN(test_preempt);
+    RUN(test_evict_eval);
     RUN(test_tokenizer_only);
     RUN(test_open_errors);
     return CHECK_DONE();

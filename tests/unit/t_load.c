@@ -10,8 +10,8 @@
  * end the jobs that used them with ENG_EMODEL_CHANGED and never kill the
  * process: a read past a truncated end (SIGBUS) finds zero pages. */
 #include "engine/engine.h"
-#include "engine/gguf.h"
-#include "engine/model.h"
+#include "engine/load/gguf.h"
+#include "engine/load/model.h"
 #include "tests/check.h"
 
 #include <errno.h>
@@ -972,8 +972,160 @@ static void test_engine_replaced(void)
     eng_close(e);
 }
 
-int main(void)
+/* Takes the events there are into r[user] (ENG_EV_TOKENS ends a tokenize
+ * request); 0 when there were none. */
+static int take_into(eng *e, jr *r)
 {
+    eng_event *ev = eng_events_take(e);
+    if (!ev) return 0;
+    while (ev) {
+        eng_event *nx = ev->next;
+        jr *x = &r[(intptr_t)ev->user];
+        if (ev->type == ENG_EV_TOKEN) x->n_tok++;
+        else if (ev->type == ENG_EV_DONE) x->done = 1;
+        else if (ev->type == ENG_EV_TOKENS) { x->done = 1; x->n_tok = (int)ev->n_ids; }
+        else if (ev->type == ENG_EV_ERROR) {
+            x->error = 1;
+            x->code = ev->code;
+            snprintf(x->msg, sizeof x->msg, "%s", ev->message);
+        }
+        eng_event_free(ev);
+        ev = nx;
+    }
+    return 1;
+}
+
+/* take_into until jobs want[0..nw) ended (60 s at most). */
+static void drain_until(eng *e, jr *r, const int *want, int nw)
+{
+    for (int spins = 0; spins < 120000; spins++) {
+        int ended = 0;
+        for (int i = 0; i < nw; i++) ended += r[want[i]].done || r[want[i]].error;
+        if (ended == nw) return;
+        if (!take_into(e, r)) usleep(500);
+    }
+}
+
+static int submit_text(eng *e, const char *text, size_t len, intptr_t user, uint64_t *id)
+{
+    char err[512];
+    eng_err code;
+    eng_job_desc d = { 0 };
+    d.kind = ENG_JOB_GENERATE;
+    d.text = text;
+    d.text_len = len;
+    d.raw = 1;
+    d.max_tokens = 8;
+    eng_sampling_default(&d.sampling);
+    d.user = (void *)user;
+    int rc = eng_submit(e, &d, id, &code, err, sizeof err);
+    if (rc) fprintf(stderr, "submit: %s\n", err);
+    return rc;
+}
+
+/* Rewritten while no pass runs: the submit that finds it wakes the worker,
+ * which ends at once every job not running: a paused job whose pages were
+ * taken back (evicted), a paused one holding its pages, a prompt in the
+ * tokenizer's hands and one waiting for it (both megabytes: tokenized,
+ * they would fail with ENG_ECTX instead); a tokenize request behind them is
+ * answered. One sequence slot and one context's pages. */
+static void test_engine_parked_pending(void)
+{
+    char path[256], err[512];
+    CHECK(copy_stories(path, sizeof path) == 0);
+    logcap lc = { 0 };
+    char eo_err[512];
+    eng *e = NULL;
+    eng_opts o = { 0 };
+    o.model_path = path;
+    o.n_threads = 2;
+    o.max_seqs = 1;
+    o.log = cap_log;
+    o.log_arg = &lc;
+    CHECKF(eng_open(&e, &o, eo_err, sizeof eo_err) == 0, "%s", eo_err);
+    if (!e) return;
+    enum { A, B, P, C0, C1, T, N };
+    jr r[N];
+    memset(r, 0, sizeof r);
+    eng_err code;
+    static const int32_t bos = 1;
+    int n_ctx = eng_model(e)->n_ctx;
+    eng_job_desc d = { 0 };
+    d.kind = ENG_JOB_GENERATE;
+    d.tokens = &bos;
+    d.n_tokens = 1;
+    d.max_tokens = n_ctx - 2;        /* all of the pool's pages */
+    eng_sampling_default(&d.sampling);
+    d.sampling.temperature = 0;
+    uint64_t id_a = 0, id_p = 0, id;
+    /* A pauses part-way (again when a descheduled thread let it finish) */
+    for (int attempt = 0; attempt < 5; attempt++) {
+        memset(&r[A], 0, sizeof r[A]);
+        d.user = (void *)(intptr_t)A;
+        CHECK(eng_submit(e, &d, &id_a, &code, err, sizeof err) == 0);
+        for (int spins = 0; spins < 40000 && !r[A].n_tok && !r[A].done && !r[A].error; spins++)
+            if (!take_into(e, r)) usleep(500);
+        eng_pause(e, id_a, 1);
+        usleep(100000);
+        take_into(e, r);
+        if (!r[A].done && !r[A].error) break;
+    }
+    CHECKF(!r[A].done && !r[A].error, "A ended before it was paused");
+    eng_stats st0, st;
+    eng_stats_get(e, &st0);
+    /* B needs the pages paused A holds: A is evicted (and stays paused) */
+    d.max_tokens = 8;
+    d.user = (void *)(intptr_t)B;
+    CHECK(eng_submit(e, &d, &id, &code, err, sizeof err) == 0);
+    int wb[1] = { B };
+    drain_until(e, r, wb, 1);
+    CHECK(r[B].done && r[B].n_tok == 8);
+    eng_stats_get(e, &st);
+    CHECKF(st.evictions > st0.evictions, "A was not evicted (%llu)", (unsigned long long)st.evictions);
+    /* P pauses holding its pages */
+    d.max_tokens = n_ctx - 2;
+    d.user = (void *)(intptr_t)P;
+    CHECK(eng_submit(e, &d, &id_p, &code, err, sizeof err) == 0);
+    eng_pause(e, id_p, 1);
+    /* large prompts for the tokenizer (8 MB: 0.2 s or more), a tokenize
+     * request behind them; the file rewritten at once (loaded long enough
+     * ago for its mtime to change) */
+    size_t big = (size_t)8 << 20;
+    char *spaces = malloc(big);
+    CHECK(spaces != NULL);
+    if (!spaces) { eng_close(e); return; }
+    memset(spaces, ' ', big);
+    CHECK(submit_text(e, spaces, big, C0, &id) == 0);
+    usleep(2000);   /* (the tokenizer takes it) */
+    CHECK(submit_text(e, spaces, big / 2, C1, &id) == 0);
+    CHECK(eng_tokenize_submit(e, "Once upon a time", 16, 1, 0, 0, (void *)(intptr_t)T, &id, &code, err,
+                              sizeof err) == 0);
+    rewrite_same_size(path);
+    CHECK(submit_gen(e, 8, 0, 0, 0, &code, err, sizeof err) == -1 && code == ENG_EMODEL_CHANGED);
+    int want[] = { A, P, C0, C1, T };
+    drain_until(e, r, want, 5);
+    static const char *const names[N] = { "A (evicted, paused)", "B", "P (paused)", "C0 (tokenizing)",
+                                          "C1 (waiting for the tokenizer)", "T" };
+    for (int i = 0; i < N; i++) {
+        if (i == B || i == T) continue;
+        CHECKF(r[i].error && r[i].code == ENG_EMODEL_CHANGED && strstr(r[i].msg, path), "%s: done %d error %d "
+               "code %d '%s'", names[i], r[i].done, r[i].error, r[i].code, r[i].msg);
+    }
+    CHECKF(r[T].done && !r[T].error && r[T].n_tok > 2, "tokenize: done %d error %d (%s) ids %d", r[T].done,
+           r[T].error, r[T].msg, r[T].n_tok);
+    eng_pause(e, id_a, 0);   /* (ended: ignored) */
+    usleep(20000);
+    eng_stats_get(e, &st);
+    CHECK_EQ_INT(st.active + st.queued, 0);
+    CHECK_EQ_INT(st.kv_used, 0);
+    CHECK_EQ_INT(lc.n, 1);
+    free(spaces);
+    eng_close(e);
+}
+
+int main(int argc, char **argv)
+{
+    CHECK_ARGS(argc, argv);
     snprintf(tmp, sizeof tmp, "/tmp/t_load.XXXXXX");
     if (!mkdtemp(tmp)) { perror("mkdtemp"); return 1; }
     vocab_init();
@@ -994,6 +1146,7 @@ int main(void)
     RUN(test_engine_rewrite);
     RUN(test_engine_truncate_midway);
     RUN(test_engine_replaced);
+    RUN(test_engine_parked_pending);
     rm_rf(tmp);
     return CHECK_DONE();
 }

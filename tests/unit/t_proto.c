@@ -1097,6 +1097,37 @@ static void p_msgs_max_small(msgpack_packer *pk)
         msgpack_pack_str_with_body(pk, "role", 4); msgpack_pack_str_with_body(pk, "u", 1);
     }
 }
+/* The most messages, each an empty map (1 byte on the wire, 32 decoded):
+ * refused for the missing role, not for lack of storage. */
+static void p_msgs_empty_maps(msgpack_packer *pk)
+{
+    msgpack_pack_array(pk, PROTO_MAX_MSGS);
+    for (int i = 0; i < PROTO_MAX_MSGS; i++) msgpack_pack_map(pk, 0);
+}
+static void p_msgs_nil_roles(msgpack_packer *pk)
+{
+    msgpack_pack_array(pk, PROTO_MAX_MSGS);
+    for (int i = 0; i < PROTO_MAX_MSGS; i++) {
+        msgpack_pack_map(pk, 1);
+        msgpack_pack_str_with_body(pk, "role", 4); msgpack_pack_nil(pk);
+    }
+}
+/* Valid entries, the last one without a role. */
+static void p_msgs_last_norole(msgpack_packer *pk)
+{
+    msgpack_pack_array(pk, PROTO_MAX_MSGS);
+    for (int i = 0; i < PROTO_MAX_MSGS - 1; i++) {
+        msgpack_pack_map(pk, 1);
+        msgpack_pack_str_with_body(pk, "role", 4); msgpack_pack_str_with_body(pk, "u", 1);
+    }
+    msgpack_pack_map(pk, 0);
+}
+/* Entries that are not maps after a run of empty maps. */
+static void p_msgs_not_map(msgpack_packer *pk)
+{
+    msgpack_pack_array(pk, PROTO_MAX_MSGS);
+    for (int i = 0; i < PROTO_MAX_MSGS; i++) msgpack_pack_int(pk, 1);
+}
 static void p_msgs_bulky(msgpack_packer *pk)
 {
     /* two contents just over PROTO_MAX_PROMPT together, in one frame */
@@ -1161,6 +1192,22 @@ static void t_messages(void)
     } else CHECK(0);
     rc = field_case("generate", "messages", p_msgs_max_small, NULL, NULL, &q, &code, err, sizeof err);
     CHECKF(rc == 1 && code == PROTO_OK && q.n_msgs == PROTO_MAX_MSGS, "%s", err);
+    /* Hostile shapes are refused as bad requests naming the entry. */
+    rc = field_case("generate", "messages", p_msgs_empty_maps, NULL, NULL, &q, &code, err, sizeof err);
+    CHECKF(rc == 1 && code == PROTO_E_BAD_REQUEST && strstr(err, "\"messages\"[0]") && strstr(err, "role"),
+           "1024 empty maps: %s: %s", proto_err_name(code), err);
+    rc = field_case("eval", "messages", p_msgs_empty_maps, NULL, NULL, &q, &code, err, sizeof err);
+    CHECKF(rc == 1 && code == PROTO_E_BAD_REQUEST && strstr(err, "\"messages\"[0]"),
+           "eval, 1024 empty maps: %s: %s", proto_err_name(code), err);
+    rc = field_case("generate", "messages", p_msgs_nil_roles, NULL, NULL, &q, &code, err, sizeof err);
+    CHECKF(rc == 1 && code == PROTO_E_BAD_REQUEST && strstr(err, "\"messages\"[0]") && strstr(err, "role"),
+           "1024 nil roles: %s: %s", proto_err_name(code), err);
+    rc = field_case("generate", "messages", p_msgs_last_norole, NULL, NULL, &q, &code, err, sizeof err);
+    CHECKF(rc == 1 && code == PROTO_E_BAD_REQUEST && strstr(err, "\"messages\"[1023]"),
+           "last entry without role: %s: %s", proto_err_name(code), err);
+    rc = field_case("generate", "messages", p_msgs_not_map, NULL, NULL, &q, &code, err, sizeof err);
+    CHECKF(rc == 1 && code == PROTO_E_BAD_REQUEST && strstr(err, "\"messages\"[0] must be a map"),
+           "1024 integers: %s: %s", proto_err_name(code), err);
 
     struct { const char *type; packfn v; const char *extra_key; packfn extra; proto_err want; } cases[] = {
         { "generate", p_str, NULL, NULL, PROTO_E_BAD_REQUEST },
@@ -1189,6 +1236,38 @@ static void t_messages(void)
     CHECK(rc == 1 && code == PROTO_OK && q.n_msgs == 0);
 }
 
+/* An info event whose per_client holds many empty maps (1 byte each on the
+ * wire, 16 decoded): decodes, each entry all zeros. */
+static void t_sparse_per_client(void)
+{
+    enum { N = 20000 };
+    raw m;
+    raw_init(&m);
+    msgpack_pack_map(&m.pk, 3);
+    raw_str(&m, "type"); raw_str(&m, "info");
+    raw_str(&m, "id"); msgpack_pack_uint64(&m.pk, 5);
+    raw_str(&m, "per_client"); msgpack_pack_array(&m.pk, N);
+    for (int i = 0; i < N - 1; i++) msgpack_pack_map(&m.pk, 0);
+    msgpack_pack_map(&m.pk, 1); raw_str(&m, "uid"); msgpack_pack_uint32(&m.pk, 1234);
+    proto_reader *r = proto_reader_new(0);
+    proto_ev e;
+    proto_err code;
+    char err[256];
+    CHECK(proto_reader_feed(r, m.sb.data, m.sb.size) == 0);
+    int rc = proto_reader_next_ev(r, &e, &code, err, sizeof err);
+    CHECKF(rc == 1 && code == PROTO_OK, "rc %d %s: %s", rc, proto_err_name(code), err);
+    if (rc == 1 && code == PROTO_OK) {
+        CHECK_EQ_INT(e.n_per_client, N);
+        CHECK(e.per_client[0].uid == 0 && e.per_client[N / 2].pid == 0 && e.per_client[N - 1].uid == 1234);
+    }
+    /* the next message reuses the reader: the extra storage went with the last one */
+    CHECK(proto_reader_feed(r, m.sb.data, m.sb.size) == 0);
+    rc = proto_reader_next_ev(r, &e, &code, err, sizeof err);
+    CHECK(rc == 1 && code == PROTO_OK && e.n_per_client == N && e.per_client[N - 1].uid == 1234);
+    proto_reader_free(r);
+    raw_free(&m);
+}
+
 int main(void)
 {
     RUN(t_names);
@@ -1207,5 +1286,6 @@ int main(void)
     RUN(t_utf8);
     RUN(t_fuzz);
     RUN(t_messages);
+    RUN(t_sparse_per_client);
     return CHECK_DONE();
 }

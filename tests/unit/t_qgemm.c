@@ -16,7 +16,7 @@
  *    another order; ~n/8 roundings of 6e-8 each at worst).
  *  - reference vs double: <= 1e-5 * mag, plus for q4_1/q5_1 the fp16
  *    rounding of the activation block sums s (2^-11 relative) times |m|. */
-#include "engine/qtypes.h"
+#include "engine/quant/qtypes.h"
 #include "tests/check.h"
 
 #include <stdint.h>

@@ -3,8 +3,8 @@
  * llama2.c's SentencePiece vectors, the tiny models' reference prompts, and
  * tokenizer.json vs GGUF agreement. */
 #include "tests/check.h"
-#include "engine/gguf.h"
-#include "engine/tokenizer.h"
+#include "engine/load/gguf.h"
+#include "engine/text/tokenizer.h"
 
 #include <jansson.h>
 #include <pthread.h>

@@ -1,0 +1,32 @@
+/* arch.c — the architecture table: one row for each architecture name. */
+#include "engine/arch/arch.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const arch archs[] = {
+    /* name      family        options */
+    { "llama",   &arch_llama,  0 },
+    { "qwen2",   &arch_llama,  ARCH_ROPE_NEOX | ARCH_QKV_BIAS },
+    { "qwen3",   &arch_llama,  ARCH_ROPE_NEOX | ARCH_QK_NORM },
+    { "qwen35",  &arch_qwen35, ARCH_ROPE_NEOX },
+};
+
+const arch *arch_find(const char *name)
+{
+    for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
+        if (!strcmp(archs[i].name, name)) return &archs[i];
+    return NULL;
+}
+
+const char *arch_names(char *buf, size_t n)
+{
+    size_t k = 0;
+    if (n) buf[0] = 0;
+    for (size_t i = 0; i < sizeof archs / sizeof archs[0] && k < n; i++) {
+        int w = snprintf(buf + k, n - k, "%s%s", i ? ", " : "", archs[i].name);
+        if (w < 0) break;
+        k += (size_t)w;
+    }
+    return buf;
+}

@@ -1,0 +1,85 @@
+/* arch.h — the architecture table (engine-internal).
+ *
+ * A family is one file of this folder: how its own hyper-parameters and
+ * tensors load (over engine/load/loader.h) and its forward pass (over the
+ * layer helpers of layers.h). Each architecture name is one row of the table
+ * in arch.c: the family that runs it and the options, as data, that set it
+ * apart from its siblings (llama, qwen2 and qwen3 are three rows of the
+ * llama family). A new variant is a row; a new family is a file and a row.
+ *
+ * Families to come take the same hooks: a mixture-of-experts FFN (Qwen3-MoE,
+ * Mixtral, gpt-oss) is a layer helper beside ly_ffn_glu that a family's pass
+ * calls for its layers; per-layer attention differences (a sliding window on
+ * some layers, attention sinks, q/k norms) are set in layer_w by the
+ * family's load and handed to ly_attend in its ly_attn; layernorm, GELU or
+ * learned positions (GPT-2) are helpers beside the rmsnorm and GLU ones. */
+#ifndef ANE_ARCH_H
+#define ANE_ARCH_H
+
+#include "engine/arch/forward.h"
+#include "engine/load/loader.h"
+
+/* Options of a row, read by its family's hooks. */
+enum {
+    ARCH_ROPE_NEOX = 1u << 0,   /* GGUF q/k rows rotate halves (llama's were permuted to adjacent pairs) */
+    ARCH_QKV_BIAS = 1u << 1,    /* attn_{q,k,v}.bias in every layer */
+    ARCH_QK_NORM = 1u << 2,     /* per-head attn_{q,k}_norm in every layer */
+};
+
+/* Per-sequence state beside the KV pages (recurrent layers) and its
+ * snapshots: the contracts of fw_seq_reset and fw_snap_* (forward.h). */
+typedef struct arch_seq {
+    void (*reset)(fw *f, int slot);
+    int (*snap_count)(const fw *f);
+    void (*snap_save)(fw *f, int slot, int snap);
+    void (*snap_load)(fw *f, int snap, int slot);
+    void (*snap_at)(fw *f, int slot, int pos, int snap);
+} arch_seq;
+
+typedef struct arch_family {
+    /* The family's own hyper-parameters (model.c has read the shared ones)
+     * and every tensor, checked; hp->n_attn_layers set. 0, or -1 through
+     * ld_fail. */
+    int (*load)(ld *l);
+    /* NULL when backend ops o can run the pass; else what they lack, for
+     * messages (the engine then runs the model on the CPU). NULL hook: the
+     * base ops suffice. */
+    const char *(*lacks)(const be_ops *o);
+    /* fw_open's contract; (*out)'s fw part filled in. */
+    int (*open)(fw **out, model *m, be *b, int max_T, int max_out, int n_pages, int max_seqs, char *err,
+                size_t errlen);
+    void (*close)(fw *f);
+    /* Queues every op of a pass up to the logits in f->lg (not synced). */
+    void (*pass)(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out);
+    /* 0 when the next pass must run its ops rather than a backend's replay
+     * of a recorded one (it copies state out); NULL: always may replay. */
+    int (*replayable)(const fw *f);
+    const arch_seq *seq;        /* NULL: no state outside the KV pages */
+    int greedy;                 /* its logits may stay on the device for the backend's argmax (fw_greedy_*) */
+} arch_family;
+
+/* A row of the table. */
+typedef struct arch {
+    const char *name;           /* GGUF general.architecture, HF model_type */
+    const arch_family *fam;
+    unsigned opt;               /* ARCH_* */
+} arch;
+
+/* What forward.c reads of an open forward state; each family's state
+ * begins with it (struct llama_fw { fw base; ... }). */
+struct fw {
+    const arch_family *fam;
+    model *m;
+    be *b;
+    float *lg;                  /* [max_out][n_vocab] logits of the last pass */
+    size_t kv_bytes;            /* the KV pool and any per-sequence state */
+};
+
+extern const arch_family arch_llama, arch_qwen35;
+
+/* The row of `name`, or NULL. */
+const arch *arch_find(const char *name);
+/* "llama, qwen2, ..." into buf; returns buf. */
+const char *arch_names(char *buf, size_t n);
+
+#endif

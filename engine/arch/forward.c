@@ -1,0 +1,82 @@
+/* forward.c — forward.h over the model's architecture family (arch.h): the
+ * family queues the ops of a pass, this file what is the same for all of
+ * them (recorded passes, logits to the host, greedy ids, state hooks). */
+#include "engine/arch/forward.h"
+#include "engine/arch/arch.h"
+
+size_t fw_kv_page_bytes(const model *m, size_t kv_elt)
+{
+    const hparams *hp = &m->hp;
+    return (size_t)2 * hp->n_attn_layers * KV_PAGE * hp->n_head_kv * hp->head_dim * kv_elt;
+}
+
+const char *fw_lacks(const model *m, const be_ops *o)
+{
+    const arch_family *fam = m->arch ? m->arch->fam : NULL;
+    return fam && fam->lacks ? fam->lacks(o) : NULL;
+}
+
+int fw_open(fw **out, model *m, be *b, int max_T, int max_out, int n_pages, int max_seqs,
+            char *err, size_t errlen)
+{
+    return m->arch->fam->open(out, m, b, max_T, max_out, n_pages, max_seqs, err, errlen);
+}
+
+void fw_close(fw *f)
+{
+    if (f) f->fam->close(f);
+}
+
+void fw_seq_reset(fw *f, int slot)
+{
+    if (f->fam->seq) f->fam->seq->reset(f, slot);   /* others keep no state outside the KV pages */
+}
+
+int fw_snap_count(const fw *f) { return f->fam->seq ? f->fam->seq->snap_count(f) : 0; }
+void fw_snap_save(fw *f, int slot, int snap) { if (f->fam->seq) f->fam->seq->snap_save(f, slot, snap); }
+void fw_snap_load(fw *f, int snap, int slot) { if (f->fam->seq) f->fam->seq->snap_load(f, snap, slot); }
+void fw_snap_at(fw *f, int slot, int pos, int snap) { if (f->fam->seq) f->fam->seq->snap_at(f, slot, pos, snap); }
+
+size_t fw_kv_bytes(const fw *f) { return f->kv_bytes; }
+
+/* Every op of a forward pass, up to the logits in f->lg (queued, not synced). */
+static void fw_pass(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out)
+{
+    be *b = f->b;
+    const be_ops *o = b->ops;
+    /* a backend that records passes (CUDA graphs) may replay one instead,
+     * unless the family must run this one's ops */
+    int rec = o->step_begin && (!f->fam->replayable || f->fam->replayable(f));
+    if (!rec || !o->step_begin(b, tokens, bt, out_idx, n_out)) f->fam->pass(f, tokens, bt, out_idx, n_out);
+    if (rec && o->step_end) o->step_end(b);
+}
+
+void fw_run(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out, float *logits)
+{
+    be *b = f->b;
+    fw_pass(f, tokens, bt, out_idx, n_out);
+    if (n_out > 0) b->ops->to_host(b, logits, f->lg, (size_t)n_out * f->m->hp.n_vocab * 4);
+    b->ops->sync(b);
+}
+
+int fw_greedy_ok(const fw *f) { return f->fam->greedy && f->b->ops->argmax != NULL; }
+
+int fw_greedy_queue(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out)
+{
+    be *b = f->b;
+    if (!f->fam->greedy || !b->ops->argmax_queue || n_out <= 0 || n_out > BE_QUEUE_ROWS) return -1;
+    fw_pass(f, tokens, bt, out_idx, n_out);
+    b->ops->argmax_queue(b, f->lg, n_out, f->m->hp.n_vocab);
+    return 0;
+}
+
+void fw_greedy_take(fw *f, int32_t *ids, int n_out) { f->b->ops->argmax_take(f->b, ids, n_out); }
+
+void fw_run_greedy(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out,
+                   int32_t *ids)
+{
+    be *b = f->b;
+    fw_pass(f, tokens, bt, out_idx, n_out);
+    if (n_out > 0) b->ops->argmax(b, f->lg, n_out, f->m->hp.n_vocab, ids);
+    b->ops->sync(b);
+}

@@ -1,0 +1,53 @@
+/* forward.h — the forward pass over a batch of tokens from any number of
+ * sequences (engine-internal): the model's architecture family (arch.h)
+ * runs it against backend ops. fw owns the activation buffers (sized for
+ * max_T tokens), the KV cache pool (n_pages pages of KV_PAGE tokens for
+ * every layer that attends) and any per-sequence state. */
+#ifndef ANE_FORWARD_H
+#define ANE_FORWARD_H
+
+#include "engine/backend/backend.h"
+#include "engine/load/model.h"
+
+typedef struct fw fw;
+
+/* max_seqs: sequence slots for per-sequence state (recurrent layers). */
+int fw_open(fw **out, model *m, be *b, int max_T, int max_out, int n_pages, int max_seqs,
+            char *err, size_t errlen);
+/* NULL when backend ops o can run m; else what they lack (for messages). */
+const char *fw_lacks(const model *m, const be_ops *o);
+/* A new sequence takes `slot`: clears its per-sequence state. */
+void fw_seq_reset(fw *f, int slot);
+void fw_close(fw *f);
+/* Recurrent-state snapshots (models with per-sequence state; 0 of them
+ * elsewhere): save copies slot's state into snapshot `snap`, load the
+ * reverse. Both queue backend work like fw_run. */
+int fw_snap_count(const fw *f);
+void fw_snap_save(fw *f, int slot, int snap);
+void fw_snap_load(fw *f, int snap, int slot);
+/* The next fw_run saves slot's state right after its token at position
+ * pos-1 (which must be in that batch) into snapshot `snap`. */
+void fw_snap_at(fw *f, int slot, int pos, int snap);
+size_t fw_kv_bytes(const fw *f);          /* bytes of the KV pool and per-sequence state */
+size_t fw_kv_page_bytes(const model *m, size_t kv_elt);
+
+/* Runs tokens[0..bt->T) (T <= max_T) and writes the logits of the tokens
+ * out_idx[0..n_out) (n_out <= max_out) to host memory logits [n_out][n_vocab]. */
+void fw_run(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out,
+            float *logits);
+/* As fw_run, but writes only the greedy choice (first argmax of the logits)
+ * of each output row to host ids[n_out]: the logits stay on the device. Only
+ * where fw_greedy_ok (the backend has an argmax). */
+int fw_greedy_ok(const fw *f);
+void fw_run_greedy(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out,
+                   int32_t *ids);
+/* The same in two halves, so that a next pass can be queued before the
+ * ids of this one are read: fw_greedy_queue queues the pass and its argmax
+ * (0; -1 where the backend cannot, or n_out > BE_QUEUE_ROWS: nothing
+ * queued), fw_greedy_take waits for the oldest queued pass's ids. A pass
+ * whose bt->ids_dev is set takes as its tokens the ids of the pass queued
+ * before it (rows 0..T-1; tokens is then NULL). At most two are queued. */
+int fw_greedy_queue(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out);
+void fw_greedy_take(fw *f, int32_t *ids, int n_out);
+
+#endif

@@ -1,0 +1,94 @@
+/* layers.c — see layers.h. */
+#include "engine/arch/layers.h"
+#include "common/err.h"
+
+void ly_attend(be *b, const ly_attn *a, float *q, float *k, float *v, void *kc, void *vc, const be_batch *bt,
+               const wt *const *rope_bias, float *att)
+{
+    const be_ops *o = b->ops;
+    int T = bt->T, HD = a->head_dim;
+    if (a->q_norm) {
+        o->rmsnorm(b, q, a->q_norm, T * a->n_head, HD, a->norm_eps, q);
+        o->rmsnorm(b, k, a->k_norm, T * a->n_head_kv, HD, a->norm_eps, k);
+    }
+    if (a->fused && o->rope_attention) {
+        o->rope_attention(b, q, k, v, kc, vc, bt, a->n_head, a->n_head_kv, HD, a->n_rot, a->rope_base, a->rope_neox,
+                          a->freq_div, rope_bias, att);
+        return;
+    }
+    if (a->fused && o->rope_kv) {
+        o->rope_kv(b, q, k, v, kc, vc, bt, a->n_head, a->n_head_kv, HD, a->n_rot, a->rope_base, a->rope_neox,
+                   a->freq_div, rope_bias);
+    } else {
+        o->rope(b, q, bt, a->n_head, HD, a->n_rot, a->rope_base, a->rope_neox, a->freq_div);
+        o->rope(b, k, bt, a->n_head_kv, HD, a->n_rot, a->rope_base, a->rope_neox, a->freq_div);
+        o->kv_store(b, kc, vc, bt, a->n_head_kv * HD, k, v);
+    }
+    o->attention(b, q, kc, vc, bt, a->n_head, a->n_head_kv, HD, att);
+}
+
+void ly_ffn_glu(be *b, const layer_w *L, const float *x, int T, int n_ff, int fused, float *hg, float *hu,
+                float *out)
+{
+    const be_ops *o = b->ops;
+    if (fused && o->matmul_glu) {
+        o->matmul_glu(b, &L->w_gate, &L->w_up, x, T, hg, hu, hg);
+    } else {
+        if (fused && o->matmul_n) {
+            const wt *ws[2] = { &L->w_gate, &L->w_up }, *bs[2] = { NULL, NULL };
+            float *outs[2] = { hg, hu };
+            o->matmul_n(b, 2, ws, bs, x, T, outs);
+        } else {
+            o->matmul(b, &L->w_gate, NULL, x, T, hg);
+            o->matmul(b, &L->w_up, NULL, x, T, hu);
+        }
+        o->silu_mul(b, hg, hu, (size_t)T * n_ff, hg);
+    }
+    o->matmul(b, &L->w_down, NULL, hg, T, out);
+}
+
+void ly_out_norm(be *b, const float *x, const wt *w, const int32_t *out_idx, int n_out, int E, float eps,
+                 float *xo)
+{
+    for (int i = 0, j; i < n_out; i = j) {
+        for (j = i + 1; j < n_out && out_idx[j] == out_idx[j - 1] + 1; j++) {}
+        b->ops->rmsnorm(b, x + (size_t)out_idx[i] * E, w, j - i, E, eps, xo + (size_t)i * E);
+    }
+}
+
+int ly_kv_alloc(be *b, const hparams *hp, int n_pages, int l, void **kc, void **vc, size_t *bytes, char *err,
+                size_t errlen)
+{
+    size_t layer_bytes = (size_t)n_pages * KV_PAGE * hp->n_head_kv * hp->head_dim * b->kv_elt;
+    kc[l] = b->ops->alloc(b, layer_bytes);
+    vc[l] = b->ops->alloc(b, layer_bytes);
+    if (!kc[l] || !vc[l])
+        return err_set(err, errlen, "cannot allocate the KV cache (%zu MiB)",
+                       (size_t)2 * hp->n_attn_layers * layer_bytes >> 20);
+    *bytes += 2 * layer_bytes;
+    return 0;
+}
+
+void ly_free(be *b, void *const *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i]) b->ops->free(b, p[i]);
+}
+
+int ly_load_attn(ld *l, layer_w *L, int i, int64_t q_out)
+{
+    const hparams *hp = &l->m->hp;
+    int E = hp->n_embd, QD = hp->n_head * hp->head_dim, KD = hp->n_head_kv * hp->head_dim;
+    return get_layer_w(l, &L->wq, i, "attn_q.weight", E, q_out, 1) ||
+           get_layer_w(l, &L->wk, i, "attn_k.weight", E, KD, 1) ||
+           get_layer_w(l, &L->wv, i, "attn_v.weight", E, KD, 1) ||
+           get_layer_w(l, &L->wo, i, "attn_output.weight", QD, E, 1) ? -1 : 0;
+}
+
+int ly_load_ffn_glu(ld *l, layer_w *L, int i)
+{
+    int E = l->m->hp.n_embd, F = l->m->hp.n_ff;
+    return get_layer_w(l, &L->w_gate, i, "ffn_gate.weight", E, F, 1) ||
+           get_layer_w(l, &L->w_up, i, "ffn_up.weight", E, F, 1) ||
+           get_layer_w(l, &L->w_down, i, "ffn_down.weight", F, E, 1) ? -1 : 0;
+}

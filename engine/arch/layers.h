@@ -1,0 +1,50 @@
+/* layers.h — the pieces of a layer that architecture families share
+ * (engine-internal). Each queues backend ops; a family's pass strings them
+ * together with its own residuals and norm placement. */
+#ifndef ANE_LAYERS_H
+#define ANE_LAYERS_H
+
+#include "engine/backend/backend.h"
+#include "engine/load/loader.h"
+
+/* How a layer attends once q, k, v are projected. */
+typedef struct ly_attn {
+    int n_head, n_head_kv, head_dim, n_rot;
+    float rope_base;
+    int rope_neox;              /* 1: rotate (i, i+n_rot/2); 0: adjacent pairs */
+    const wt *freq_div;         /* per-pair rope divisors, or NULL */
+    const wt *q_norm, *k_norm;  /* per-head rmsnorms, or NULL */
+    float norm_eps;
+    int fused;                  /* may take the backend's fused rope ops (rope_kv, rope_attention) */
+} ly_attn;
+
+/* Attention over q [T][n_head*hd], k, v [T][n_head_kv*hd]: the q/k norms,
+ * rope, the KV store into kc/vc and the attention into att [T][n_head*hd].
+ * rope_bias (or NULL): q, k, v biases that the projections left to a fused
+ * rope. */
+void ly_attend(be *b, const ly_attn *a, float *q, float *k, float *v, void *kc, void *vc, const be_batch *bt,
+               const wt *const *rope_bias, float *att);
+
+/* out [T][E] = Wd · (silu(Wg·x) ∘ Wu·x); hg, hu [T][n_ff] scratch. fused:
+ * may take the backend's matmul_glu or matmul_n. */
+void ly_ffn_glu(be *b, const layer_w *L, const float *x, int T, int n_ff, int fused, float *hg, float *hu,
+                float *out);
+
+/* The final norm of the output rows x[out_idx[i]] into xo[i] [n_out][E]:
+ * one rmsnorm per run of consecutive rows (a decode batch's are all one). */
+void ly_out_norm(be *b, const float *x, const wt *w, const int32_t *out_idx, int n_out, int E, float eps,
+                 float *xo);
+
+/* Layer l's KV cache, kc[l] and vc[l] of n_pages pages, counted into *bytes;
+ * -1 with err (naming the size over every layer that keeps one). */
+int ly_kv_alloc(be *b, const hparams *hp, int n_pages, int l, void **kc, void **vc, size_t *bytes, char *err,
+                size_t errlen);
+/* Frees the set ones of p[0..n). */
+void ly_free(be *b, void *const *p, size_t n);
+
+/* Loading layer i: the attention projections attn_{q,k,v,output}.weight
+ * (q with q_out rows), and the GLU FFN ffn_{gate,up,down}.weight. */
+int ly_load_attn(ld *l, layer_w *L, int i, int64_t q_out);
+int ly_load_ffn_glu(ld *l, layer_w *L, int i);
+
+#endif

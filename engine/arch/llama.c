@@ -1,0 +1,179 @@
+/* llama.c — the llama family (rows llama, qwen2, qwen3 of arch.c):
+ *   x = embed(tokens)
+ *   per layer: x += Wo · attn(rope(norm_q(Wq·n(x)+bq)), rope(norm_k(Wk·n(x)+bk)), Wv·n(x)+bv)
+ *              x += Wd · (silu(Wg·n(x)) ∘ Wu·n(x))
+ *   logits = Wout · n(x)  (only for the rows asked for)
+ * The biases (qwen2, ARCH_QKV_BIAS) and the per-head q/k norms (qwen3,
+ * ARCH_QK_NORM) are there when the row says so. Buffers (T = tokens in the
+ * batch, E = n_embd, Q = n_head*head_dim, K = n_head_kv*head_dim, F = n_ff,
+ * V = n_vocab):
+ *   x, xb [T][E]   q, att [T][Q]   k, v [T][K]   hg, hu [T][F]
+ *   xo [max_out][E]   lg [max_out][V] */
+#include "engine/arch/arch.h"
+#include "engine/arch/layers.h"
+#include "common/err.h"
+
+#include <stdlib.h>
+
+typedef struct llama_fw {
+    fw base;
+    float *x, *xb, *q, *k, *v, *att, *hg, *hu, *xo;
+    void **kc, **vc;           /* [n_layer] cache of each layer */
+} llama_fw;
+
+static int llama_load(ld *l)
+{
+    model *m = l->m;
+    hparams *hp = &m->hp;
+    int E = hp->n_embd, HD = hp->head_dim, QD = hp->n_head * HD, KD = hp->n_head_kv * HD;
+    if (ld_common(l, (size_t)2 * E + hp->n_rot + (size_t)hp->n_layer * (2 * E + QD + 2 * KD + 2 * HD) + 64))
+        return -1;
+    if (get_w(l, &m->rope_freqs, "rope_freqs.weight", hp->n_rot / 2, 0, 0)) return -1;
+    int bias = (m->arch->opt & ARCH_QKV_BIAS) != 0, qkn = (m->arch->opt & ARCH_QK_NORM) != 0;
+    for (int i = 0; i < hp->n_layer; i++) {
+        layer_w *L = &m->layers[i];
+        if (get_layer_w(l, &L->attn_norm, i, "attn_norm.weight", E, 0, 1) || ly_load_attn(l, L, i, QD) ||
+            get_layer_w(l, &L->ffn_norm, i, "ffn_norm.weight", E, 0, 1) || ly_load_ffn_glu(l, L, i))
+            return -1;
+        if (get_layer_w(l, &L->bq, i, "attn_q.bias", QD, 0, bias) ||
+            get_layer_w(l, &L->bk, i, "attn_k.bias", KD, 0, bias) ||
+            get_layer_w(l, &L->bv, i, "attn_v.bias", KD, 0, bias))
+            return -1;
+        if (get_layer_w(l, &L->q_norm, i, "attn_q_norm.weight", HD, 0, qkn) ||
+            get_layer_w(l, &L->k_norm, i, "attn_k_norm.weight", HD, 0, qkn))
+            return -1;
+    }
+    hp->n_attn_layers = hp->n_layer;
+    return 0;
+}
+
+static void llama_close(fw *base)
+{
+    llama_fw *f = (llama_fw *)base;
+    be *b = base->b;
+    void *bufs[] = { f->x, f->xb, f->q, f->k, f->v, f->att, f->hg, f->hu, f->xo, base->lg };
+    ly_free(b, bufs, sizeof bufs / sizeof bufs[0]);
+    for (int l = 0; l < base->m->hp.n_layer; l++) {
+        if (f->kc && f->kc[l]) b->ops->free(b, f->kc[l]);
+        if (f->vc && f->vc[l]) b->ops->free(b, f->vc[l]);
+    }
+    free(f->kc);
+    free(f->vc);
+    free(f);
+}
+
+static int llama_open(fw **out, model *m, be *b, int max_T, int max_out, int n_pages, int max_seqs,
+                      char *err, size_t errlen)
+{
+    const hparams *hp = &m->hp;
+    llama_fw *f = calloc(1, sizeof *f);
+    if (!f) return err_set(err, errlen, "out of memory for activation buffers");
+    f->base = (fw){ .fam = &arch_llama, .m = m, .b = b };
+    size_t T = (size_t)max_T, E = hp->n_embd, Q = (size_t)hp->n_head * hp->head_dim,
+           K = (size_t)hp->n_head_kv * hp->head_dim, F = hp->n_ff;
+    f->x = b->ops->alloc(b, T * E * 4);
+    f->xb = b->ops->alloc(b, T * E * 4);
+    f->q = b->ops->alloc(b, T * Q * 4);
+    f->att = b->ops->alloc(b, T * Q * 4);
+    f->k = b->ops->alloc(b, T * K * 4);
+    f->v = b->ops->alloc(b, T * K * 4);
+    f->hg = b->ops->alloc(b, T * F * 4);
+    f->hu = b->ops->alloc(b, T * F * 4);
+    f->xo = b->ops->alloc(b, (size_t)max_out * E * 4);
+    f->base.lg = b->ops->alloc(b, (size_t)max_out * hp->n_vocab * 4);
+    f->kc = calloc((size_t)hp->n_layer, sizeof *f->kc);
+    f->vc = calloc((size_t)hp->n_layer, sizeof *f->vc);
+    if (!f->x || !f->xb || !f->q || !f->att || !f->k || !f->v || !f->hg || !f->hu || !f->xo || !f->base.lg ||
+        !f->kc || !f->vc) {
+        err_set(err, errlen, "out of memory for activation buffers");
+        llama_close(&f->base);
+        return -1;
+    }
+    for (int l = 0; l < hp->n_layer; l++)
+        if (ly_kv_alloc(b, hp, n_pages, l, f->kc, f->vc, &f->base.kv_bytes, err, errlen)) {
+            llama_close(&f->base);
+            return -1;
+        }
+    *out = &f->base;
+    return 0;
+}
+
+/* Layer l's q, k, v from f->xb and its attention into f->att. */
+static void llama_attention(llama_fw *f, int l, const be_batch *bt)
+{
+    const model *m = f->base.m;
+    const hparams *hp = &m->hp;
+    const layer_w *L = &m->layers[l];
+    be *b = f->base.b;
+    const be_ops *o = b->ops;
+    int T = bt->T, HD = hp->head_dim;
+    const wt *freq_div = &m->rope_freqs;
+    /* with a fused rope_kv and no q/k norm between, the biases go there
+     * (one pass over q, k, v instead of one per matmul) */
+    const wt *qkv_b[3] = { &L->bq, &L->bk, &L->bv }, *none[3] = { NULL, NULL, NULL };
+    const wt *const *mb = o->rope_kv && !L->q_norm.data ? none : qkv_b;
+    const wt *wqkv[3] = { &L->wq, &L->wk, &L->wv };
+    /* (a backend may take the q/k/v matmuls and the rope in one go) */
+    if (mb == none && o->qkv_rope &&
+        o->qkv_rope(b, wqkv, qkv_b, f->xb, f->q, f->k, f->v, f->kc[l], f->vc[l], bt, hp->n_head, hp->n_head_kv, HD,
+                    hp->n_rot, hp->rope_base, hp->rope_neox, freq_div)) {
+        o->attention(b, f->q, f->kc[l], f->vc[l], bt, hp->n_head, hp->n_head_kv, HD, f->att);
+        return;
+    }
+    if (o->matmul_n) {
+        float *outs[3] = { f->q, f->k, f->v };
+        o->matmul_n(b, 3, wqkv, mb, f->xb, T, outs);
+    } else {
+        o->matmul(b, &L->wq, mb[0], f->xb, T, f->q);
+        o->matmul(b, &L->wk, mb[1], f->xb, T, f->k);
+        o->matmul(b, &L->wv, mb[2], f->xb, T, f->v);
+    }
+    ly_attn a = { hp->n_head, hp->n_head_kv, HD, hp->n_rot, hp->rope_base, hp->rope_neox, freq_div,
+                  L->q_norm.data ? &L->q_norm : NULL, L->q_norm.data ? &L->k_norm : NULL, hp->norm_eps, 1 };
+    ly_attend(b, &a, f->q, f->k, f->v, f->kc[l], f->vc[l], bt, mb == none ? qkv_b : NULL, f->att);
+}
+
+static void llama_pass(fw *base, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out)
+{
+    llama_fw *f = (llama_fw *)base;
+    const model *m = base->m;
+    const hparams *hp = &m->hp;
+    be *b = base->b;
+    const be_ops *o = b->ops;
+    int T = bt->T, E = hp->n_embd;
+    o->embed(b, &m->tok_embd, tokens, T, f->x);
+    /* backends with fused ops: each residual add runs with the next norm */
+    int fuse = o->add_rmsnorm != NULL, every_row = n_out == T;
+    for (int i = 0; every_row && i < n_out; i++) every_row = out_idx[i] == i;
+    for (int l = 0; l < hp->n_layer; l++) {
+        const layer_w *L = &m->layers[l];
+        if (!fuse || l == 0) o->rmsnorm(b, f->x, &L->attn_norm, T, E, hp->norm_eps, f->xb);
+        llama_attention(f, l, bt);
+        o->matmul(b, &L->wo, NULL, f->att, T, f->xb);
+        if (fuse) {
+            o->add_rmsnorm(b, f->x, f->xb, &L->ffn_norm, T, E, hp->norm_eps, f->xb);
+        } else {
+            o->add(b, f->x, f->xb, (size_t)T * E);
+            o->rmsnorm(b, f->x, &L->ffn_norm, T, E, hp->norm_eps, f->xb);
+        }
+        ly_ffn_glu(b, L, f->xb, T, hp->n_ff, 1, f->hg, f->hu, f->xb);
+        if (fuse && l + 1 < hp->n_layer)
+            o->add_rmsnorm(b, f->x, f->xb, &m->layers[l + 1].attn_norm, T, E, hp->norm_eps, f->xb);
+        else if (!(fuse && every_row))
+            o->add(b, f->x, f->xb, (size_t)T * E);
+    }
+    /* every row out (decode): the last residual add with the output norm */
+    if (fuse && every_row)
+        o->add_rmsnorm(b, f->x, f->xb, &m->output_norm, T, E, hp->norm_eps, f->xo);
+    else
+        ly_out_norm(b, f->x, &m->output_norm, out_idx, n_out, E, hp->norm_eps, f->xo);
+    if (n_out > 0) o->matmul(b, &m->output, NULL, f->xo, n_out, base->lg);
+}
+
+const arch_family arch_llama = {
+    .load = llama_load,
+    .open = llama_open,
+    .close = llama_close,
+    .pass = llama_pass,
+    .greedy = 1,
+};

@@ -1,0 +1,185 @@
+/* backend.h — the ops every accelerator backend implements (engine-internal).
+ *
+ * The forward pass (engine/arch/) is written once against these ops; the CPU
+ * backend is the reference, and each other backend (CUDA) is tested against
+ * it op by op. Activation buffers are backend memory (plain host memory on
+ * the CPU) allocated once at engine start; ops never allocate. Shapes are in
+ * the comments: T = tokens in the batch. */
+#ifndef ANE_BACKEND_H
+#define ANE_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/load/model.h"
+
+#define KV_PAGE 16   /* tokens per KV page */
+
+#define BE_QUEUE_ROWS 1024   /* rows of one argmax_queue */
+
+/* Where each token of a batch sits: its sequence's page table and position. */
+typedef struct be_batch {
+    int T;
+    const int32_t *pos;            /* [T] position in its sequence */
+    const int32_t *const *pages;   /* [T] page table of the token's sequence */
+    const int32_t *slot;           /* [T] sequence slot (0..max_seqs-1) for per-sequence state */
+    /* Tokens [0, n_dec) are decode steps (a sampled token of a sequence past
+     * its prompt, one per sequence), and they are also the first n_dec
+     * output rows; the rest are prompt tokens. A backend whose kernels
+     * differ by batch size routes rows by this, so that what a sequence
+     * computes does not depend on the other sequences in the batch. */
+    int n_dec;
+    /* 1: the token ids are on the device already, the previous argmax_queue's
+     * rows 0..T-1 in order (a pass queued before the host has read them) */
+    int ids_dev;
+} be_batch;
+
+typedef struct be be;
+
+/* A save point for per-sequence state: the state of sequence `slot` right
+ * after its token at position pos-1 is copied to dst (a slot-sized buffer of
+ * the same layout), when that token is in the batch. */
+typedef struct be_save {
+    int slot, pos;
+    float *dst;
+} be_save;
+
+typedef struct be_ops {
+    const char *name;
+    void (*close)(be *b);
+    void *(*alloc)(be *b, size_t bytes);       /* zeroed; NULL on failure */
+    void (*free)(be *b, void *p);
+    /* Makes w usable by matmul/embed (upload, repack); called once at load. */
+    int (*weight_prepare)(be *b, wt *w);
+    void (*to_host)(be *b, void *dst, const void *src, size_t n);
+    void (*to_dev)(be *b, void *dst, const void *src, size_t n);
+
+    /* out[t] = row ids[t] of emb, as f32.                    out [T][n_in] */
+    void (*embed)(be *b, const wt *emb, const int32_t *ids, int T, float *out);
+    /* out[r] = x[r] / rms(x[r]) * w.  x, out [rows][n]; in place allowed;
+     * w is an f32 vector of n. */
+    void (*rmsnorm)(be *b, const float *x, const wt *w, int rows, int n, float eps, float *out);
+    /* out[t] = W x[t] (+ bias, an f32 vector, or NULL / no data).
+     * x [T][w->n_in], out [T][w->n_out] */
+    void (*matmul)(be *b, const wt *w, const wt *bias, const float *x, int T, float *out);
+    /* x += y                                                   [n] */
+    void (*add)(be *b, float *x, const float *y, size_t n);
+    /* out = silu(gate) * up                                    [n] */
+    void (*silu_mul)(be *b, const float *gate, const float *up, size_t n, float *out);
+    /* Rotary embedding in place on x [T][n_heads][head_dim] at bt->pos.
+     * freq_div: per-pair divisors (llama-3.1), or NULL / no data. */
+    void (*rope)(be *b, float *x, const be_batch *bt, int n_heads, int head_dim, int n_rot,
+                 float base, int neox, const wt *freq_div);
+    /* Writes k, v [T][kv_dim] into layer cache slots of each token. */
+    void (*kv_store)(be *b, void *kcache, void *vcache, const be_batch *bt, int kv_dim,
+                     const float *k, const float *v);
+    /* Causal attention of each token over positions 0..pos of its sequence.
+     * q, out [T][n_head][head_dim]. */
+    void (*attention)(be *b, const float *q, const void *kcache, const void *vcache,
+                      const be_batch *bt, int n_head, int n_head_kv, int head_dim, float *out);
+    /* Waits for queued work (no-op on the CPU). */
+    void (*sync)(be *b);
+
+    /* ---- Optional ops (NULL where a backend lacks them; a model that needs
+     * them fails to open with a clear message). Linear-attention (Gated
+     * DeltaNet) layers and gated attention (qwen35). Per-sequence state
+     * lives in buffers indexed by bt->slot; the tokens of one sequence come
+     * in position order within a batch, and a token at position 0 starts
+     * from zero state. ---- */
+    /* dst[r*dst_stride + i] = src[r*src_stride + i], i < n, r < rows. */
+    void (*copy_rows)(be *b, float *dst, size_t dst_stride, const float *src, size_t src_stride,
+                      int rows, int n);
+    /* x *= sigmoid(g)                                         [n] */
+    void (*sigmoid_mul)(be *b, float *x, const float *g, size_t n);
+    /* out[r] = x[r] / rms(x[r]) * w * silu(z[r]).  x, z, out [rows][n];
+     * in place (out == x) allowed; w an f32 vector of n. */
+    void (*rmsnorm_gated)(be *b, const float *x, const float *z, const wt *w, int rows, int n, float eps,
+                          float *out);
+    /* Causal depthwise convolution of each sequence's stream, then SiLU:
+     * out[t][c] = silu(sum_j w[c][j] * in[t-K+1+j][c]), where inputs before
+     * the batch come from state ([max_seqs][K-1][C]: the sequence's last K-1
+     * inputs), which is updated. w: f32 rows of K taps, one per channel.
+     * x, out [T][C]; in place allowed. */
+    void (*conv1d_silu)(be *b, const float *x, const wt *w, float *state, const be_batch *bt, int C, int K,
+                        const be_save *sv, int n_sv, float *out);
+    /* Gated delta rule (Gated DeltaNet), per value head h of nv, with key
+     * head h % nk (GGUF files store value heads in this tiled order; the
+     * Hugging Face layout groups them, h / (nv/nk)). Row t of qkv (stride floats apart) holds q [nk][dk],
+     * k [nk][dk], v [nv][dv]; q and k are L2-normalized (eps) and q scaled
+     * by 1/sqrt(dk). Gates: g = A[h] * softplus(a[t][h] + dt_bias[h]) (log
+     * decay), beta = sigmoid(bb[t][h]). With S [dk][dv] the head's state
+     * (state: [max_seqs][nv][dk][dv]):
+     *   S = exp(g) S;  S += k ((v - S^T k) beta)^T;  out[t][h] = S^T q.
+     * A run of tokens of one sequence is computed in chunks (the chunked
+     * parallel form), which equals the token-by-token recurrence.
+     * a, bb [T][nv]; out [T][nv][dv]. Both ops honour save points sv[n_sv]
+     * (the prefix state a later prompt can resume from). */
+    void (*deltanet)(be *b, const float *qkv, size_t stride, const float *a, const float *bb, const wt *A,
+                     const wt *dt_bias, float *state, const be_batch *bt, int nk, int nv, int dk, int dv,
+                     float eps, const be_save *sv, int n_sv, float *out);
+
+    /* Optional hooks (NULL when a backend has none).
+     * step_begin: called by fw_run before the ops of a forward pass with its
+     * whole input (host arrays); the backend may upload them once for every
+     * op, and returns 1 when it replays a recorded pass of the same shape
+     * (e.g. a CUDA graph): fw_run then skips the ops. step_end: after the
+     * ops (or the skip), before the logits are read. */
+    int (*step_begin)(be *b, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out);
+    void (*step_end)(be *b);
+    /* Optional: host ids[r] = first argmax of row r of x [rows][n]; waits. */
+    void (*argmax)(be *b, const float *x, int rows, int n, int32_t *ids);
+    /* Optional pair: argmax_queue queues argmax without waiting and leaves
+     * the ids where a next pass with ids_dev reads them; argmax_take waits
+     * for the oldest queued and writes it to host ids[rows]. At most two are
+     * queued at once, of at most BE_QUEUE_ROWS rows. */
+    void (*argmax_queue)(be *b, const float *x, int rows, int n);
+    void (*argmax_take)(be *b, int32_t *ids, int rows);
+    /* Optional fused ops (fw_run uses the plain ops where NULL).
+     * matmul_n: n (<= 3) matmuls of the same x: out[i] = W[i] x (+ bias[i]). */
+    void (*matmul_n)(be *b, int n, const wt *const *w, const wt *const *bias, const float *x, int T,
+                     float *const *out);
+    /* matmul_glu: out = silu(Wg x) * (Wu x), with g, u [T][n_out] as scratch
+     * (out may be g): the same values as matmul_n then silu_mul. */
+    void (*matmul_glu)(be *b, const wt *wg, const wt *wu, const float *x, int T, float *g, float *u, float *out);
+    /* add_rmsnorm: x += y, then out = rmsnorm(x) * w (out may be y).  [rows][n] */
+    void (*add_rmsnorm)(be *b, float *x, const float *y, const wt *w, int rows, int n, float eps, float *out);
+    /* rope_kv: rope of q [T][n_head][head_dim] and k [T][n_head_kv][head_dim]
+     * in place, then kv_store of k and v (kv_dim = n_head_kv*head_dim): the
+     * same values as rope, rope, kv_store. bias[3] (each NULL or without
+     * data: none): the q, k, v projections' biases, added first (q and k
+     * keep them, as if the matmuls had added them; v may too). */
+    void (*rope_kv)(be *b, float *q, float *k, float *v, void *kcache, void *vcache, const be_batch *bt,
+                    int n_head, int n_head_kv, int head_dim, int n_rot, float base, int neox, const wt *freq_div,
+                    const wt *const *bias);
+    /* rope_attention: rope_kv, then attention of q into out: the same
+     * values (a backend may do the rope inside the attention). */
+    void (*rope_attention)(be *b, float *q, float *k, float *v, void *kcache, void *vcache, const be_batch *bt,
+                           int n_head, int n_head_kv, int head_dim, int n_rot, float base, int neox,
+                           const wt *freq_div, const wt *const *bias, float *out);
+    /* qkv_rope: matmul_n of w[3] (wq, wk, wv) on x without biases, then
+     * rope_kv with bias[3], where the backend can do them in one go (the
+     * same values); returns 0, having done nothing, where it cannot. */
+    int (*qkv_rope)(be *b, const wt *const *w, const wt *const *bias, const float *x, float *q, float *k, float *v,
+                    void *kcache, void *vcache, const be_batch *bt, int n_head, int n_head_kv, int head_dim,
+                    int n_rot, float base, int neox, const wt *freq_div);
+} be_ops;
+
+struct be {
+    const be_ops *ops;
+    size_t kv_elt;         /* bytes per cached value: 4 (f32) or 2 (f16) */
+};
+
+struct pool;
+/* Opens backend `name` ("cpu", "cuda"; NULL = the best present). The pool
+ * serves the CPU backend (and host-side work of others). */
+int be_open(be **out, const char *name, struct pool *p, int kv_f16, char *err, size_t errlen);
+int be_cpu_open(be **out, struct pool *p, int kv_f16, char *err, size_t errlen);
+/* Tests: 1 = the CPU backend uses only its scalar reference code. */
+void be_cpu_scalar(be *b, int on);
+#ifdef ANE_CUDA
+int be_cuda_open(be **out, struct pool *p, int kv_f16, char *err, size_t errlen);
+#endif
+/* Backends compiled into this program, e.g. "cpu" or "cpu, cuda". */
+const char *be_available(void);
+
+#endif

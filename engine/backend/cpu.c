@@ -1,0 +1,492 @@
+/* cpu.c — the CPU backend: the reference every other backend is
+ * tested against, and a fast path of its own through qtypes' SIMD kernels and
+ * the thread pool. Scratch buffers grow to the largest batch seen and are
+ * then reused, so steady-state decoding never allocates. */
+#include "engine/backend/backend.h"
+#include "engine/backend/cpu_ssm.h"
+#include "engine/pool.h"
+#include "engine/quant/qtypes.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct cpu_be {
+    be base;
+    pool *pool;
+    void *act;            /* quantized activations */
+    size_t act_cap;
+    int simd_att;         /* attention through AVX2/F16C */
+    /* rope: cos/sin per (position, pair), computed once per position and
+     * reused by every head, layer and later batch; grows by doubling. */
+    float *rope_tab;      /* [rope_n][half][2] */
+    int rope_n, rope_half;
+    float rope_base;
+    const float *rope_fd;
+    void *scratch;        /* be_cpu_scratch */
+    size_t scratch_cap;
+} cpu_be;
+
+static void *cpu_alloc(be *b, size_t n)
+{
+    (void)b;
+    void *p = NULL;
+    if (posix_memalign(&p, 64, n ? n : 64)) return NULL;
+    memset(p, 0, n);
+    return p;
+}
+
+static void cpu_free(be *b, void *p) { (void)b; free(p); }
+static int cpu_weight_prepare(be *b, wt *w) { (void)b; (void)w; return 0; }
+static void cpu_copy(be *b, void *dst, const void *src, size_t n) { (void)b; memcpy(dst, src, n); }
+static void cpu_sync(be *b) { (void)b; }
+
+static void cpu_close(be *b)
+{
+    cpu_be *c = (cpu_be *)b;
+    if (!c) return;
+    free(c->act);
+    free(c->rope_tab);
+    free(c->scratch);
+    free(c);
+}
+
+static void cpu_embed(be *b, const wt *emb, const int32_t *ids, int T, float *out)
+{
+    (void)b;
+    for (int t = 0; t < T; t++) wt_row_f32(emb, ids[t], out + (size_t)t * emb->n_in);
+}
+
+static void cpu_rmsnorm(be *b, const float *x, const wt *wv, int rows, int n, float eps, float *out)
+{
+    (void)b;
+    const float *w = wv->data;
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * n;
+        float *o = out + (size_t)r * n;
+        double ss = 0;
+        for (int i = 0; i < n; i++) ss += (double)xr[i] * xr[i];
+        float scale = (float)(1.0 / sqrt(ss / n + eps));
+        for (int i = 0; i < n; i++) o[i] = xr[i] * scale * w[i];
+    }
+}
+
+/* matmul: activations are quantized once (per row, in parallel), then row
+ * chunks of W are dotted against every activation row. Several weights that
+ * read the same input (Q/K/V, gate/up) share the quantized activations and
+ * one pool_run: their chunks form one list of work items. */
+#define MM_MAXW 4
+
+typedef struct mm_job {
+    int nw;
+    const wt *w[MM_MAXW];
+    const float *bias[MM_MAXW];
+    float *out[MM_MAXW];
+    int64_t chunk[MM_MAXW];
+    int first[MM_MAXW + 1];   /* first work item of each weight */
+    const float *x;
+    int T;
+    int64_t n_in;
+    void *act;
+    size_t act_stride;
+    uint32_t act_type;
+} mm_job;
+
+static void mm_quant(void *arg, int t, int ith)
+{
+    (void)ith;
+    mm_job *j = arg;
+    qt_quantize_row(j->act_type, j->x + (size_t)t * j->n_in, (char *)j->act + (size_t)t * j->act_stride, j->n_in);
+}
+
+static void mm_rows(void *arg, int i, int ith)
+{
+    (void)ith;
+    mm_job *j = arg;
+    int k = 0;
+    while (i >= j->first[k + 1]) k++;
+    const wt *w = j->w[k];
+    int64_t r0 = (int64_t)(i - j->first[k]) * j->chunk[k], r1 = r0 + j->chunk[k];
+    if (r1 > w->n_out) r1 = w->n_out;
+    float *out = j->out[k];
+    qt_gemm(w->type, w->n_in, w->data, w->row_bytes, r0, r1, j->act, j->act_stride, j->T, out, w->n_out);
+    if (j->bias[k])
+        for (int t = 0; t < j->T; t++) {
+            float *o = out + (size_t)t * w->n_out;
+            for (int64_t r = r0; r < r1; r++) o[r] += j->bias[k][r];
+        }
+}
+
+static void cpu_matmul_n(be *b, int n, const wt *const *w, const wt *const *bias, const float *x, int T,
+                         float *const *out)
+{
+    cpu_be *c = (cpu_be *)b;
+    if (n > 1) {
+        /* one shared pass needs one activation format */
+        int same = n <= MM_MAXW;
+        for (int k = 1; k < n && same; k++)
+            same = w[k]->n_in == w[0]->n_in && qt_act_type(w[k]->type) == qt_act_type(w[0]->type);
+        if (!same) {
+            for (int k = 0; k < n; k++) cpu_matmul_n(b, 1, &w[k], &bias[k], x, T, &out[k]);
+            return;
+        }
+    }
+    mm_job j = { .nw = n, .x = x, .T = T, .n_in = w[0]->n_in };
+    j.act_type = qt_act_type(w[0]->type);
+    j.act_stride = qt_row_size(j.act_type, w[0]->n_in);
+    size_t need = j.act_stride * (size_t)T;
+    if (need > c->act_cap) {
+        free(c->act);
+        c->act = NULL;
+        if (posix_memalign(&c->act, 64, need)) { c->act = NULL; c->act_cap = 0; abort(); }
+        c->act_cap = need;
+    }
+    j.act = c->act;
+    pool_run(c->pool, mm_quant, &j, T);
+    /* chunks: enough for balance across threads, rows a multiple of 16;
+     * fewer, larger ones for batches (each chunk prepares the activation
+     * rows' scales once, a cost that grows with the batch) */
+    int nth = pool_size(c->pool), per = T >= 4 ? 1 : 8;
+    j.first[0] = 0;
+    for (int k = 0; k < n; k++) {
+        j.w[k] = w[k];
+        j.bias[k] = bias && bias[k] ? bias[k]->data : NULL;
+        j.out[k] = out[k];
+        int64_t chunk = w[k]->n_out / (nth * per);
+        if (chunk < 16) chunk = 16;
+        chunk = (chunk + 15) / 16 * 16;
+        j.chunk[k] = chunk;
+        j.first[k + 1] = j.first[k] + (int)((w[k]->n_out + chunk - 1) / chunk);
+    }
+    pool_run(c->pool, mm_rows, &j, j.first[n]);
+}
+
+static void cpu_matmul(be *b, const wt *w, const wt *bias, const float *x, int T, float *out)
+{
+    cpu_matmul_n(b, 1, &w, &bias, x, T, &out);
+}
+
+static void cpu_add(be *b, float *x, const float *y, size_t n)
+{
+    (void)b;
+    for (size_t i = 0; i < n; i++) x[i] += y[i];
+}
+
+typedef struct silu_job { const float *g, *u; float *out; size_t n; } silu_job;
+#define SILU_CHUNK 8192
+
+static void silu_part(void *arg, int k, int ith)
+{
+    (void)ith;
+    silu_job *j = arg;
+    size_t i0 = (size_t)k * SILU_CHUNK, i1 = i0 + SILU_CHUNK < j->n ? i0 + SILU_CHUNK : j->n;
+    const float *g = j->g, *u = j->u;
+    float *out = j->out;
+    for (size_t i = i0; i < i1; i++) out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+/* split over the pool in prefill (expf dominates); one chunk runs inline */
+static void cpu_silu_mul(be *b, const float *g, const float *u, size_t n, float *out)
+{
+    cpu_be *c = (cpu_be *)b;
+    silu_job j = { g, u, out, n };
+    pool_run(c->pool, silu_part, &j, (int)((n + SILU_CHUNK - 1) / SILU_CHUNK));
+}
+
+static void cpu_rope(be *b, float *x, const be_batch *bt, int n_heads, int head_dim, int n_rot,
+                     float base, int neox, const wt *fd)
+{
+    cpu_be *c = (cpu_be *)b;
+    const float *freq_div = fd ? fd->data : NULL;
+    int half = n_rot / 2;
+    int maxp = 0;
+    for (int t = 0; t < bt->T; t++)
+        if (bt->pos[t] > maxp) maxp = bt->pos[t];
+    if (c->rope_half != half || c->rope_base != base || c->rope_fd != freq_div) c->rope_n = 0;
+    if (maxp >= c->rope_n) {
+        int n = c->rope_n ? c->rope_n : 256;
+        while (n <= maxp) n *= 2;
+        float *tab = realloc(c->rope_tab, (size_t)n * half * 2 * sizeof *tab);
+        if (!tab) abort();
+        /* same expression as before the table: results are unchanged */
+        for (int p = c->rope_n; p < n; p++)
+            for (int i = 0; i < half; i++) {
+                double theta = (double)p * pow((double)base, -2.0 * i / n_rot);
+                if (freq_div) theta /= freq_div[i];
+                tab[((size_t)p * half + i) * 2] = (float)cos(theta);
+                tab[((size_t)p * half + i) * 2 + 1] = (float)sin(theta);
+            }
+        c->rope_tab = tab;
+        c->rope_n = n;
+        c->rope_half = half;
+        c->rope_base = base;
+        c->rope_fd = freq_div;
+    }
+    for (int t = 0; t < bt->T; t++) {
+        const float *cs = c->rope_tab + (size_t)bt->pos[t] * half * 2;
+        for (int h = 0; h < n_heads; h++) {
+            float *v = x + ((size_t)t * n_heads + h) * head_dim;
+            if (neox) {
+                for (int i = 0; i < half; i++) {
+                    float a = v[i], d = v[i + half];
+                    v[i] = a * cs[2 * i] - d * cs[2 * i + 1];
+                    v[i + half] = a * cs[2 * i + 1] + d * cs[2 * i];
+                }
+            } else {
+                for (int i = 0; i < half; i++) {
+                    float a = v[2 * i], d = v[2 * i + 1];
+                    v[2 * i] = a * cs[2 * i] - d * cs[2 * i + 1];
+                    v[2 * i + 1] = a * cs[2 * i + 1] + d * cs[2 * i];
+                }
+            }
+        }
+    }
+}
+
+static inline size_t kv_slot(const be_batch *bt, int t, int pos)
+{
+    (void)t;
+    return (size_t)bt->pages[t][pos / KV_PAGE] * KV_PAGE + (size_t)(pos % KV_PAGE);
+}
+
+static void cpu_kv_store(be *b, void *kc, void *vc, const be_batch *bt, int kv_dim, const float *k, const float *v)
+{
+    for (int t = 0; t < bt->T; t++) {
+        size_t s = kv_slot(bt, t, bt->pos[t]) * (size_t)kv_dim;
+        const float *kt = k + (size_t)t * kv_dim, *vt = v + (size_t)t * kv_dim;
+        if (b->kv_elt == 2) {
+            uint16_t *kd = (uint16_t *)kc + s, *vd = (uint16_t *)vc + s;
+            for (int i = 0; i < kv_dim; i++) { kd[i] = qt_fp32_to_fp16(kt[i]); vd[i] = qt_fp32_to_fp16(vt[i]); }
+        } else {
+            memcpy((float *)kc + s, kt, (size_t)kv_dim * 4);
+            memcpy((float *)vc + s, vt, (size_t)kv_dim * 4);
+        }
+    }
+}
+
+typedef struct att_job {
+    const be *b;
+    const float *q;
+    const void *kc, *vc;
+    const be_batch *bt;
+    int n_head, n_head_kv, head_dim;
+    float *out;
+    int simd;                 /* use the AVX2 version */
+} att_job;
+
+/* One (token, head): online softmax over the sequence's cached keys, in
+ * chunks of ATT_CHUNK keys (scores of a chunk first, then one rescale). This
+ * scalar version is the reference for the SIMD one below. */
+#define ATT_CHUNK 32
+
+static void att_one_ref(att_job *j, int t, int h)
+{
+    int hd = j->head_dim, kvd = j->n_head_kv * hd;
+    int kvh = h / (j->n_head / j->n_head_kv);
+    const float *q0 = j->q + ((size_t)t * j->n_head + h) * hd;
+    float *o = j->out + ((size_t)t * j->n_head + h) * hd;
+    float acc[1024], qr[1024], sc[ATT_CHUNK];
+    int f16 = j->b->kv_elt == 2;
+    /* with an f16 cache, q·k is an f16 dot product (q rounded like the keys),
+     * as in llama.cpp; it keeps quantized models within hundredths of it */
+    for (int d = 0; d < hd; d++) {
+        qr[d] = f16 ? qt_fp16_to_fp32(qt_fp32_to_fp16(q0[d])) : q0[d];
+        acc[d] = 0;
+    }
+    float mx = -INFINITY, sum = 0, scale = 1.0f / sqrtf((float)hd);
+    int n = j->bt->pos[t] + 1;
+    for (int p0 = 0; p0 < n; p0 += ATT_CHUNK) {
+        int m = n - p0 < ATT_CHUNK ? n - p0 : ATT_CHUNK;
+        float cmx = -INFINITY;
+        for (int i = 0; i < m; i++) {
+            size_t s = kv_slot(j->bt, t, p0 + i) * (size_t)kvd + (size_t)kvh * hd;
+            float dot = 0;
+            if (f16) {
+                const uint16_t *k = (const uint16_t *)j->kc + s;
+                for (int d = 0; d < hd; d++) dot += qr[d] * qt_fp16_to_fp32(k[d]);
+            } else {
+                const float *k = (const float *)j->kc + s;
+                for (int d = 0; d < hd; d++) dot += qr[d] * k[d];
+            }
+            sc[i] = dot * scale;
+            if (sc[i] > cmx) cmx = sc[i];
+        }
+        if (cmx > mx) {
+            float r = expf(mx - cmx);
+            for (int d = 0; d < hd; d++) acc[d] *= r;
+            sum *= r;
+            mx = cmx;
+        }
+        for (int i = 0; i < m; i++) {
+            size_t s = kv_slot(j->bt, t, p0 + i) * (size_t)kvd + (size_t)kvh * hd;
+            float e = expf(sc[i] - mx);
+            sum += e;
+            if (f16) {
+                const uint16_t *v = (const uint16_t *)j->vc + s;
+                for (int d = 0; d < hd; d++) acc[d] += e * qt_fp16_to_fp32(v[d]);
+            } else {
+                const float *v = (const float *)j->vc + s;
+                for (int d = 0; d < hd; d++) acc[d] += e * v[d];
+            }
+        }
+    }
+    for (int d = 0; d < hd; d++) o[d] = acc[d] / sum;
+}
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+__attribute__((target("avx2,fma,f16c")))
+static inline float hsum256(__m256 v)
+{
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_add_ss(x, _mm_movehdup_ps(x));
+    return _mm_cvtss_f32(x);
+}
+
+/* AVX2/F16C version of att_one_ref for head_dim % 8 == 0 (f16 or f32 cache). */
+__attribute__((target("avx2,fma,f16c")))
+static void att_one_avx2(att_job *j, int t, int h)
+{
+    int hd = j->head_dim, kvd = j->n_head_kv * hd;
+    int kvh = h / (j->n_head / j->n_head_kv);
+    const float *q0 = j->q + ((size_t)t * j->n_head + h) * hd;
+    float *o = j->out + ((size_t)t * j->n_head + h) * hd;
+    float acc[1024] __attribute__((aligned(32))), qr[1024] __attribute__((aligned(32))), sc[ATT_CHUNK];
+    int f16 = j->b->kv_elt == 2;
+    for (int d = 0; d < hd; d += 8) {
+        __m256 q = _mm256_loadu_ps(q0 + d);
+        if (f16) q = _mm256_cvtph_ps(_mm256_cvtps_ph(q, _MM_FROUND_TO_NEAREST_INT));
+        _mm256_store_ps(qr + d, q);
+        _mm256_store_ps(acc + d, _mm256_setzero_ps());
+    }
+    float mx = -INFINITY, sum = 0, scale = 1.0f / sqrtf((float)hd);
+    int n = j->bt->pos[t] + 1;
+    for (int p0 = 0; p0 < n; p0 += ATT_CHUNK) {
+        int m = n - p0 < ATT_CHUNK ? n - p0 : ATT_CHUNK;
+        float cmx = -INFINITY;
+        for (int i = 0; i < m; i++) {
+            size_t s = kv_slot(j->bt, t, p0 + i) * (size_t)kvd + (size_t)kvh * hd;
+            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+            int d = 0;
+            if (f16) {
+                const uint16_t *k = (const uint16_t *)j->kc + s;
+                for (; d + 16 <= hd; d += 16) {
+                    a0 = _mm256_fmadd_ps(_mm256_load_ps(qr + d), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + d))), a0);
+                    a1 = _mm256_fmadd_ps(_mm256_load_ps(qr + d + 8), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + d + 8))), a1);
+                }
+                for (; d < hd; d += 8)
+                    a0 = _mm256_fmadd_ps(_mm256_load_ps(qr + d), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + d))), a0);
+            } else {
+                const float *k = (const float *)j->kc + s;
+                for (; d < hd; d += 8) a0 = _mm256_fmadd_ps(_mm256_load_ps(qr + d), _mm256_loadu_ps(k + d), a0);
+            }
+            sc[i] = hsum256(_mm256_add_ps(a0, a1)) * scale;
+            if (sc[i] > cmx) cmx = sc[i];
+        }
+        if (cmx > mx) {
+            __m256 r = _mm256_set1_ps(expf(mx - cmx));
+            for (int d = 0; d < hd; d += 8) _mm256_store_ps(acc + d, _mm256_mul_ps(_mm256_load_ps(acc + d), r));
+            sum *= expf(mx - cmx);
+            mx = cmx;
+        }
+        for (int i = 0; i < m; i++) {
+            size_t s = kv_slot(j->bt, t, p0 + i) * (size_t)kvd + (size_t)kvh * hd;
+            float e = expf(sc[i] - mx);
+            sum += e;
+            __m256 ev = _mm256_set1_ps(e);
+            if (f16) {
+                const uint16_t *v = (const uint16_t *)j->vc + s;
+                for (int d = 0; d < hd; d += 8)
+                    _mm256_store_ps(acc + d, _mm256_fmadd_ps(ev, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + d))),
+                                                             _mm256_load_ps(acc + d)));
+            } else {
+                const float *v = (const float *)j->vc + s;
+                for (int d = 0; d < hd; d += 8)
+                    _mm256_store_ps(acc + d, _mm256_fmadd_ps(ev, _mm256_loadu_ps(v + d), _mm256_load_ps(acc + d)));
+            }
+        }
+    }
+    __m256 inv = _mm256_set1_ps(1.0f / sum);
+    for (int d = 0; d < hd; d += 8) _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_load_ps(acc + d), inv));
+}
+#endif
+
+static void att_one(void *arg, int i, int ith)
+{
+    (void)ith;
+    att_job *j = arg;
+    int t = i / j->n_head, h = i % j->n_head;
+#if defined(__x86_64__)
+    if (j->simd) { att_one_avx2(j, t, h); return; }
+#endif
+    att_one_ref(j, t, h);
+}
+
+static void cpu_attention(be *b, const float *q, const void *kc, const void *vc, const be_batch *bt,
+                          int n_head, int n_head_kv, int head_dim, float *out)
+{
+    cpu_be *c = (cpu_be *)b;
+    att_job j = { b, q, kc, vc, bt, n_head, n_head_kv, head_dim, out, 0 };
+    j.simd = c->simd_att && head_dim % 8 == 0;
+    pool_run(c->pool, att_one, &j, bt->T * n_head);
+}
+
+pool *be_cpu_pool(be *b) { return ((cpu_be *)b)->pool; }
+
+void *be_cpu_scratch(be *b, size_t bytes)
+{
+    cpu_be *c = (cpu_be *)b;
+    if (bytes > c->scratch_cap) {
+        free(c->scratch);
+        c->scratch = NULL;
+        if (posix_memalign(&c->scratch, 64, bytes)) { c->scratch = NULL; c->scratch_cap = 0; abort(); }
+        c->scratch_cap = bytes;
+    }
+    return c->scratch;
+}
+
+static const be_ops cpu_ops = {
+    .name = "cpu",
+    .close = cpu_close,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .weight_prepare = cpu_weight_prepare,
+    .to_host = cpu_copy,
+    .to_dev = cpu_copy,
+    .embed = cpu_embed,
+    .rmsnorm = cpu_rmsnorm,
+    .matmul = cpu_matmul,
+    .add = cpu_add,
+    .silu_mul = cpu_silu_mul,
+    .rope = cpu_rope,
+    .kv_store = cpu_kv_store,
+    .attention = cpu_attention,
+    .matmul_n = cpu_matmul_n,
+    .sync = cpu_sync,
+    .copy_rows = cpu_copy_rows,
+    .sigmoid_mul = cpu_sigmoid_mul,
+    .rmsnorm_gated = cpu_rmsnorm_gated,
+    .conv1d_silu = cpu_conv1d_silu,
+    .deltanet = cpu_deltanet,
+};
+
+void be_cpu_scalar(be *b, int on)
+{
+    ((cpu_be *)b)->simd_att = !on && (qt_isa_get() == QT_ISA_AVX2 || qt_isa_get() == QT_ISA_AVX512);
+}
+
+int be_cpu_open(be **out, pool *p, int kv_f16, char *err, size_t errlen)
+{
+    cpu_be *c = calloc(1, sizeof *c);
+    if (!c) { snprintf(err, errlen, "out of memory"); return -1; }
+    c->base.ops = &cpu_ops;
+    c->base.kv_elt = kv_f16 ? 2 : 4;
+    c->pool = p;
+    qt_init();
+    c->simd_att = qt_isa_get() == QT_ISA_AVX2 || qt_isa_get() == QT_ISA_AVX512;
+    *out = &c->base;
+    return 0;
+}

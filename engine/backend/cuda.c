@@ -1,0 +1,1359 @@
+/* cuda.c — the CUDA backend (host side; kernels in shaders/).
+ * Built only with -DANE_CUDA (make cuda).
+ *
+ * Weights are uploaded once, in their GGUF block layouts (one copy per
+ * distinct host pointer, so a tied output shares tok_embd's). Activations
+ * and the KV cache are device memory. Every op is queued on one stream;
+ * nothing syncs until the logits are read. Each forward pass's ids,
+ * positions, sequence slots and page tables go up in one copy (step_begin)
+ * into a fixed device block that every op reads. Pure decode passes (every token an
+ * output row) are recorded once per batch size as a CUDA graph and replayed.
+ * Matmuls: decode rows (be_batch.n_dec) go through GEMVs that read the
+ * quantized blocks directly (q4_K, q6_K and q8_0 with x quantized to int8
+ * per 32 values and __dp4a, as the CPU's q8 activations; the other types in
+ * f32 arithmetic; q8_0 and q6_K are repacked at upload within each row into
+ * aligned words); decode batches of CK_GEMV_MAX_T+1 .. CK_MMQB_MAX_T rows of
+ * q4_K go through a batched kernel that reads the quantized weights once
+ * per step for f16 tensor cores (ANE_CUDA_MMQB=0: cuBLAS instead);
+ * prompt rows, larger decode batches and the other types dequantize W to
+ * f16 for cuBLAS (f32 accumulation and output). Every GEMV
+ * tile size, and every spread of attention over blocks, gives a row the same
+ * arithmetic, so a decoding sequence computes the same whatever else is in a
+ * batch of up to CK_GEMV_MAX_T (at any size with ANE_CUDA_INVARIANT=1).
+ * ANE_CUDA_MMQ=1: q8_0 and q4_K rows of every batch through one int8
+ * tensor-core kernel (the same arithmetic for decode and prompt rows at any
+ * batch size). Outside a forward pass (tests) batches under gemm_min_t rows
+ * (9; ANE_CUDA_GEMM_T) take the GEMV. Greedy rows come back as ids.
+ * Fusion (ANE_CUDA_FUSE=0 turns it off, for comparison): rope_kv is one
+ * kernel (adding the q, k, v biases when the forward pass hands them over);
+ * and the ops that produce a matmul's input (rmsnorm, add_rmsnorm,
+ * silu_mul, attention) also write the form the matmul reads: int8 into xq,
+ * with the GEMV's own quantizer, when an int8 matrix of that width would
+ * take all those rows by GEMV; f16 into x16 when all of them go to cuBLAS.
+ * Tags (source, rows, n) say what xq and x16 hold; a matmul on exactly that
+ * skips the conversion, every op that may write device memory clears them,
+ * and they never outlive a pass: being host state, they take the same
+ * course while a pass is recorded as a graph. */
+#ifdef ANE_CUDA
+
+#include "engine/backend/backend.h"
+#include "engine/quant/qtypes.h"
+#include "shaders/cuda_kernels.h"
+#include "shaders/cuda_ssm.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define GRAPH_MAX_T 256        /* decode batches recorded as graphs */
+#define ARGMAX_ROWS 4096
+
+/* an uploaded weight; dev16: its f16 copy for cuBLAS, made at first use
+ * while device memory allows (no16: it did not); devb likewise, a q6_K
+ * matrix in the batched kernel's layout (nob) */
+typedef struct upl { const void *data; void *dev; void *dev16; int no16; void *devb; int nob; } upl;
+
+typedef struct cu_be {
+    be base;
+    cudaStream_t st;
+    cublasHandle_t blas;
+    void *blas_ws;
+    int n_sm;
+    int gemm_min_t;
+    int failed;                /* a CUDA call failed: reported once */
+    /* uploaded weights */
+    upl *up; int n_up, cap_up;
+    size_t max_w_elems;        /* largest matrix, for the f16 / f32 scratch */
+    int64_t max_n_in;
+    void *w16; size_t w16_cap; /* bytes */
+    void *x16; size_t x16_cap;
+    void *x16b;                /* a second of x16_cap (the batched gate-and-up kernel reads one, writes the other) */
+    void *xq; size_t xq_cap;   /* int8 activations of the GEMV */
+    void *xq2;                 /* a second of xq_cap, for a kernel that reads one form and writes another */
+    /* per-step block: ids[cap_T] pos[cap_T] off[cap_T] slot[cap_T] pages[...];
+     * on the host two halves of step_cap ints, taken in turn (a pass may be
+     * staged while the one before it is queued), ev_step marking each
+     * half's copy done */
+    int32_t *h_step, *d_step;
+    cudaEvent_t ev_step[2];
+    int step_half, step_used[2];
+    size_t step_cap;           /* int32s */
+    int cap_T;
+    const be_batch *cur_bt;
+    const int32_t *cur_ids;
+    int in_step, n_dec;        /* inside fw's pass: its decode rows */
+    float *part;               /* attention partials: att_rows rows of att_maxs spans */
+    size_t part_cap;           /* floats */
+    int att_maxs;              /* spans per (token, head) row of part */
+    int att_rows;              /* (token, head) rows of part: 2*n_sm, more for grouped decode batches */
+    int att_grp;               /* grouped attention's blocks per SM (ANE_CUDA_ATT_GRP, default 4; 0: off) */
+    int att_mma;               /* grouped attention on tensor cores: 1 for decode batches past CK_GEMV_MAX_T
+                                * (not invariant), 2 always, 0 never (ANE_CUDA_ATT_MMA, default 1) */
+    int att_mma_bps;           /* its blocks per SM (ANE_CUDA_ATT_GRP where set, else 1: a block's 4 warps
+                                * hold 136 KiB of stages) */
+    int invariant;             /* ANE_CUDA_INVARIANT=1: decode rows always by GEMV */
+    int gemm_t_set;            /* ANE_CUDA_GEMM_T given */
+    int cache16;               /* keep f16 copies of quantized weights (ANE_CUDA_F16_CACHE, default 1) */
+    int mmq;                   /* int8 matrices go through the tensor-core kernel */
+    int mmqb;                  /* q4_K decode batches past the GEMV's by the batched kernel (ANE_CUDA_MMQB=0: cuBLAS) */
+    void *mb_part; int *mb_cnt;   /* their split-K scratch (CK_MMQB_PART bytes, CK_MMQB_CNT counters) */
+    int fuse;                  /* ANE_CUDA_FUSE (default on) */
+    int rope_att;              /* decode rope inside the attention: 0 never, 1 after small sets, 2 always
+                                * (ANE_CUDA_ROPE_ATT, default 1) */
+    int glu;                   /* gate, up and silu_mul in one launch (ANE_CUDA_GLU, default on) */
+    int qkv_rope;              /* q/k/v matmuls with the rope in one launch (ANE_CUDA_QKV_ROPE, default on) */
+    const float *xq_src;       /* xq holds the int8 form of xq_src [xq_rows][xq_n], or nothing */
+    const float *x16_src;      /* x16 holds the f16 form of x16_src [x16_rows][x16_n], or nothing */
+    int x16_rows, x16_n;
+    int xq_rows, xq_n;
+    int q_n[8], n_q_n;         /* widths (n_in) of the int8 matrices */
+    int h_n[8], n_h_n;         /* widths of the quantized matrices (f16 GEMM inputs) */
+    /* rope angles of the pass's tokens, computed by its first rope_kv and
+     * read by the later layers' (same base, dims and divisors) */
+    void *rope_tab; size_t rope_cap;   /* bytes */
+    float rope_base; int rope_rot; const void *rope_fd; int rope_have;
+    const float *mm_out;       /* the last matmul's output [mm_rows][mm_n] (silu_mul's rows) */
+    size_t mm_bytes;           /* the weight bytes of the last matmul_n's set */
+    int mm_rows, mm_n;
+    /* graphs */
+    cudaGraphExec_t graph[GRAPH_MAX_T + 1];
+    unsigned char seen[GRAPH_MAX_T + 1];
+    int capturing, cap_graph_T;
+    /* host staging for logits; argmax ids */
+    void *h_out; size_t h_out_cap;
+    int32_t *d_ids_out, *h_ids_out;
+    /* argmax_queue: up to two passes' ids on their way to the host (h_ids_q
+     * halves of BE_QUEUE_ROWS), oldest at ids_head */
+    int32_t *h_ids_q;
+    cudaEvent_t ev_ids[2];
+    int ids_head, ids_n;
+    void *d_amax;              /* argmax partials: CK_ARGMAX_PART bytes */
+} cu_be;
+
+static int ok(cu_be *c, cudaError_t e, const char *what)
+{
+    if (e == cudaSuccess) return 1;
+    if (!c->failed) fprintf(stderr, "cuda backend: %s: %s\n", what, cudaGetErrorString(e));
+    c->failed = 1;
+    return 0;
+}
+
+static void *cu_alloc(be *b, size_t n)
+{
+    cu_be *c = (cu_be *)b;
+    void *p = NULL;
+    if (cudaMalloc(&p, n ? n : 256) != cudaSuccess) { cudaGetLastError(); return NULL; }
+    if (!ok(c, cudaMemsetAsync(p, 0, n ? n : 256, c->st), "memset") || !ok(c, cudaStreamSynchronize(c->st), "memset")) {
+        cudaFree(p);
+        return NULL;
+    }
+    return p;
+}
+
+/* Tags say which activations the int8 (xq) and f16 (x16) scratches hold,
+ * so that matmuls on the same input convert it once; every op that writes
+ * device memory clears them (or checks the overlap: tag_written). */
+static void tag_set(cu_be *c, const float *x, int rows, int n) { c->xq_src = x; c->xq_rows = rows; c->xq_n = n; }
+static void tag16_set(cu_be *c, const float *x, int rows, int n) { c->x16_src = x; c->x16_rows = rows; c->x16_n = n; }
+
+static void tag_clear(cu_be *c)
+{
+    tag_set(c, NULL, 0, 0);
+    tag16_set(c, NULL, 0, 0);
+}
+
+static int tag_is(const cu_be *c, const float *x, int rows, int n)
+{
+    return c->xq_src && c->xq_src == x && c->xq_rows == rows && c->xq_n == n;
+}
+
+static int overlaps(const float *a, size_t na, const float *b, size_t nb)
+{
+    return a && b < a + na && a < b + nb;
+}
+
+/* out [n] floats were written: a tag on memory overlapping them goes */
+static void tag_written(cu_be *c, const float *out, size_t n)
+{
+    if (overlaps(c->xq_src, (size_t)c->xq_rows * c->xq_n, out, n)) tag_set(c, NULL, 0, 0);
+    if (overlaps(c->x16_src, (size_t)c->x16_rows * c->x16_n, out, n)) tag16_set(c, NULL, 0, 0);
+}
+
+static void cu_free(be *b, void *p)
+{
+    tag_clear((cu_be *)b);
+    if (p) cudaFree(p);
+}
+
+static void graphs_drop(cu_be *c)
+{
+    for (int i = 0; i <= GRAPH_MAX_T; i++)
+        if (c->graph[i]) { cudaGraphExecDestroy(c->graph[i]); c->graph[i] = NULL; }
+}
+
+static void cu_close(be *b)
+{
+    cu_be *c = (cu_be *)b;
+    if (!c) return;
+    if (c->st) cudaStreamSynchronize(c->st);
+    graphs_drop(c);
+    for (int i = 0; i < c->n_up; i++) { cudaFree(c->up[i].dev); cudaFree(c->up[i].dev16); cudaFree(c->up[i].devb); }
+    free(c->up);
+    cudaFree(c->w16); cudaFree(c->x16); cudaFree(c->x16b); cudaFree(c->xq); cudaFree(c->xq2); cudaFree(c->d_step); cudaFree(c->part); cudaFree(c->blas_ws);
+    cudaFree(c->rope_tab);
+    if (c->h_step) cudaFreeHost(c->h_step);
+    if (c->h_out) cudaFreeHost(c->h_out);
+    if (c->h_ids_out) cudaFreeHost(c->h_ids_out);
+    if (c->h_ids_q) cudaFreeHost(c->h_ids_q);
+    for (int i = 0; i < 2; i++) {
+        if (c->ev_ids[i]) cudaEventDestroy(c->ev_ids[i]);
+        if (c->ev_step[i]) cudaEventDestroy(c->ev_step[i]);
+    }
+    cudaFree(c->d_ids_out);
+    cudaFree(c->d_amax);
+    cudaFree(c->mb_part); cudaFree(c->mb_cnt);
+    if (c->blas) cublasDestroy(c->blas);
+    if (c->st) cudaStreamDestroy(c->st);
+    free(c);
+}
+
+static int cu_weight_prepare(be *b, wt *w)
+{
+    cu_be *c = (cu_be *)b;
+    if (!w->data) return 0;
+    if (!ck_type_ok(w->type) || (w->n_in > 0 && w->row_bytes == 0)) return -1;   /* (no whole blocks) */
+    for (int i = 0; i < c->n_up; i++)
+        if (c->up[i].data == w->data) { w->dev = c->up[i].dev; goto dims; }
+    size_t n = (size_t)w->n_out * w->row_bytes;
+    void *d = NULL;
+    if (cudaMalloc(&d, n ? n : 256) != cudaSuccess) { cudaGetLastError(); return -1; }
+    /* on our stream, then waited for: a plain cudaMemcpy from pageable memory
+     * may return before its DMA lands, and runs on the legacy stream, which
+     * our non-blocking stream does not wait for */
+    if (!ok(c, cudaMemcpyAsync(d, w->data, n, cudaMemcpyHostToDevice, c->st), "weight upload") ||
+        !ok(c, cudaStreamSynchronize(c->st), "weight upload")) {
+        cudaFree(d);
+        return -1;
+    }
+    if (w->type == QT_Q8_0 || w->type == QT_Q6_K) {   /* the kernels read these repacked (aligned words) */
+        void *r = NULL;
+        if (cudaMalloc(&r, n ? n : 256) != cudaSuccess) { cudaGetLastError(); cudaFree(d); return -1; }
+        if (w->type == QT_Q8_0) ck_repack_q8_0(c->st, d, r, w->row_bytes, (int)w->n_in, (int)w->n_out);
+        else ck_repack_q6_K(c->st, d, r, w->row_bytes, (int)w->n_in, (int)w->n_out);
+        int good = ok(c, cudaStreamSynchronize(c->st), "repack");
+        cudaFree(d);
+        d = r;
+        if (!good) { cudaFree(d); return -1; }
+    }
+    if (c->n_up == c->cap_up) {
+        int cap = c->cap_up ? 2 * c->cap_up : 64;
+        upl *u = realloc(c->up, (size_t)cap * sizeof *u);
+        if (!u) { cudaFree(d); return -1; }
+        c->up = u; c->cap_up = cap;
+    }
+    c->up[c->n_up] = (upl){ .data = w->data, .dev = d };
+    c->n_up++;
+    w->dev = d;
+dims:
+    if (w->n_out > 1) {
+        size_t e = (size_t)w->n_in * (size_t)w->n_out;
+        if (e > c->max_w_elems) c->max_w_elems = e;
+        if (w->n_in > c->max_n_in) c->max_n_in = w->n_in;
+        int k = 0;
+        while (k < c->n_q_n && c->q_n[k] != (int)w->n_in) k++;
+        if (k == c->n_q_n && k < 8 && ck_gemv_int8(w->type, (int)w->n_in)) c->q_n[c->n_q_n++] = (int)w->n_in;
+        k = 0;
+        while (k < c->n_h_n && c->h_n[k] != (int)w->n_in) k++;
+        if (k == c->n_h_n && k < 8 && w->type != QT_F32 && w->type != QT_F16 && w->type != QT_BF16)
+            c->h_n[c->n_h_n++] = (int)w->n_in;
+    }
+    return 0;
+}
+
+static void cu_to_host(be *b, void *dst, const void *src, size_t n)
+{
+    cu_be *c = (cu_be *)b;
+    if (n > c->h_out_cap) {
+        if (c->h_out) cudaFreeHost(c->h_out);
+        c->h_out = NULL; c->h_out_cap = 0;
+        if (!ok(c, cudaMallocHost(&c->h_out, n), "pinned staging")) {
+            ok(c, cudaStreamSynchronize(c->st), "sync");
+            ok(c, cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost), "to_host");
+            return;
+        }
+        c->h_out_cap = n;
+    }
+    ok(c, cudaMemcpyAsync(c->h_out, src, n, cudaMemcpyDeviceToHost, c->st), "to_host");
+    ok(c, cudaStreamSynchronize(c->st), "sync");
+    memcpy(dst, c->h_out, n);
+}
+
+static void cu_to_dev(be *b, void *dst, const void *src, size_t n)
+{
+    cu_be *c = (cu_be *)b;
+    tag_clear(c);
+    /* (see cu_weight_prepare: a plain cudaMemcpy could still be in flight) */
+    ok(c, cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, c->st), "to_dev");
+    ok(c, cudaStreamSynchronize(c->st), "sync");
+}
+
+static void cu_sync(be *b)
+{
+    cu_be *c = (cu_be *)b;
+    ok(c, cudaStreamSynchronize(c->st), "sync");
+    ok(c, cudaGetLastError(), "kernel");
+}
+
+/* ---- the per-step block ---- */
+
+/* Uploads ids (may be NULL) and bt's positions and page tables (bt may be
+ * NULL). Not while capturing. */
+static int stage(cu_be *c, const int32_t *ids, int T, const be_batch *bt)
+{
+    size_t n_pages = 0;
+    if (bt) {
+        const int32_t *prev = NULL;
+        int have = 0;
+        for (int t = 0; t < T; t++) {
+            int need = bt->pos[t] / KV_PAGE + 1;
+            if (bt->pages[t] == prev) { if (need > have) { n_pages += (size_t)(need - have); have = need; } }
+            else { n_pages += (size_t)need; have = need; prev = bt->pages[t]; }
+        }
+    }
+    int capT = c->cap_T;
+    if (T > capT) capT = T < 1024 ? 1024 : T;
+    size_t need = (size_t)4 * capT + n_pages;
+    if (capT != c->cap_T || need > c->step_cap) {
+        size_t cap = need > c->step_cap ? need * 2 : c->step_cap;
+        ok(c, cudaStreamSynchronize(c->st), "sync");
+        graphs_drop(c);
+        if (c->h_step) cudaFreeHost(c->h_step);
+        int32_t *old = c->d_step;
+        c->h_step = NULL; c->d_step = NULL; c->step_cap = 0; c->cap_T = 0;
+        if (!ok(c, cudaMallocHost((void **)&c->h_step, 2 * cap * 4), "step block") ||
+            !ok(c, cudaMalloc((void **)&c->d_step, cap * 4), "step block")) {
+            cudaFree(old);
+            return -1;
+        }
+        /* ids the argmax before left for this pass move with the block */
+        if (old && bt && bt->ids_dev) {
+            ok(c, cudaMemcpyAsync(c->d_step, old, (size_t)T * 4, cudaMemcpyDeviceToDevice, c->st), "step block");
+            ok(c, cudaStreamSynchronize(c->st), "sync");
+        }
+        cudaFree(old);
+        c->step_cap = cap;
+        c->cap_T = capT;
+        c->step_used[0] = c->step_used[1] = 0;
+    }
+    /* this half's last copy must be done before it is rewritten */
+    int half = c->step_half;
+    c->step_half ^= 1;
+    if (c->step_used[half]) ok(c, cudaEventSynchronize(c->ev_step[half]), "sync");
+    int32_t *h = c->h_step + (size_t)half * c->step_cap;
+    int32_t *ids_h = h, *pos_h = h + c->cap_T, *off_h = h + 2 * c->cap_T, *pg = h + 4 * c->cap_T;
+    int32_t *slot_h = h + 3 * c->cap_T;
+    if (ids) memcpy(ids_h, ids, (size_t)T * 4);
+    size_t used = 0;
+    if (bt) {
+        const int32_t *prev = NULL;
+        int have = 0;
+        int32_t start = 0;
+        for (int t = 0; t < T; t++) {
+            int need_p = bt->pos[t] / KV_PAGE + 1;
+            if (bt->pages[t] != prev) { start = (int32_t)used; have = 0; prev = bt->pages[t]; }
+            if (need_p > have) {
+                memcpy(pg + start + have, bt->pages[t] + have, (size_t)(need_p - have) * 4);
+                used = (size_t)start + (size_t)need_p;
+                have = need_p;
+            }
+            pos_h[t] = bt->pos[t];
+            off_h[t] = start;
+            slot_h[t] = bt->slot ? bt->slot[t] : 0;
+        }
+    }
+    /* one copy: ids/pos/off/slot rows (T each) and the page tables; ids
+     * already on the device (the argmax before wrote them) stay */
+    size_t skip = bt && bt->ids_dev ? (size_t)c->cap_T : 0;
+    ok(c, cudaMemcpyAsync(c->d_step + skip, h + skip, (4 * (size_t)c->cap_T + used - skip) * 4,
+                          cudaMemcpyHostToDevice, c->st),
+       "step upload");
+    ok(c, cudaEventRecord(c->ev_step[half], c->st), "event");
+    c->step_used[half] = 1;
+    return 0;
+}
+
+static const int32_t *d_ids(cu_be *c) { return c->d_step; }
+static const int32_t *d_pos(cu_be *c) { return c->d_step + c->cap_T; }
+static const int32_t *d_off(cu_be *c) { return c->d_step + 2 * c->cap_T; }
+static const int32_t *d_slot(cu_be *c) { return c->d_step + 3 * c->cap_T; }
+static const int32_t *d_pages(cu_be *c) { return c->d_step + 4 * c->cap_T; }
+
+/* Makes bt current (outside a step: uploads it now). */
+static void use_batch(cu_be *c, const be_batch *bt)
+{
+    if (bt == c->cur_bt && c->cur_bt) return;
+    stage(c, NULL, bt->T, bt);
+}
+
+static int ensure_gemm(cu_be *c, int T)
+{
+    size_t w = c->max_w_elems * 4, x = (size_t)T * (size_t)c->max_n_in * 2;
+    if (w > c->w16_cap) {
+        cudaFree(c->w16); c->w16 = NULL; c->w16_cap = 0;
+        if (!ok(c, cudaMalloc(&c->w16, w), "f16 weight scratch")) return -1;
+        c->w16_cap = w;
+        graphs_drop(c);
+    }
+    if (x > c->x16_cap) {
+        cudaFree(c->x16); c->x16 = NULL; c->x16_cap = 0;
+        cudaFree(c->x16b); c->x16b = NULL;
+        tag16_set(c, NULL, 0, 0);
+        if (!ok(c, cudaMalloc(&c->x16, x), "f16 activation scratch") ||
+            !ok(c, cudaMalloc(&c->x16b, x), "f16 activation scratch")) {
+            cudaFree(c->x16); c->x16 = NULL;
+            return -1;
+        }
+        c->x16_cap = x;
+        graphs_drop(c);
+    }
+    return 0;
+}
+
+/* int8 activation scratch for T tokens of the widest matrix; NULL if none */
+static void *xq_for(cu_be *c, int T, int n)
+{
+    size_t need = CK_XQ_BYTES(T, n), want = CK_XQ_BYTES(T, c->max_n_in > n ? c->max_n_in : n);
+    if (need <= c->xq_cap) return c->xq;
+    if (c->capturing) return NULL;
+    ok(c, cudaStreamSynchronize(c->st), "sync");
+    tag_clear(c);
+    cudaFree(c->xq); c->xq = NULL; c->xq_cap = 0;
+    cudaFree(c->xq2); c->xq2 = NULL;
+    graphs_drop(c);
+    if (!ok(c, cudaMalloc(&c->xq, want), "int8 scratch") || !ok(c, cudaMalloc(&c->xq2, want), "int8 scratch")) {
+        cudaFree(c->xq); c->xq = NULL;
+        return NULL;
+    }
+    c->xq_cap = want;
+    return c->xq;
+}
+
+/* Room in part for every token of bt (spans of CK_ATT_SPAN); grows it
+ * (dropping recorded graphs, which bake its size) when a sequence outgrows
+ * it. 0 when there is room. */
+static int att_spans(const be_batch *bt)
+{
+    int need = 1;
+    for (int t = 0; t < bt->T; t++) {
+        int ns = (bt->pos[t] + CK_ATT_SPAN) / CK_ATT_SPAN;
+        if (ns > need) need = ns;
+    }
+    return need;
+}
+
+/* A device scratch that recorded graphs point at, replaced by one of
+ * `bytes` (not while recording): after the queued work, with the graphs
+ * dropped. -1 (and no scratch) when that fails. */
+static int scratch_regrow(cu_be *c, void **p, size_t bytes, const char *what)
+{
+    if (c->capturing) return -1;
+    ok(c, cudaStreamSynchronize(c->st), "sync");
+    graphs_drop(c);
+    cudaFree(*p);
+    *p = NULL;
+    return ok(c, cudaMalloc(p, bytes), what) ? 0 : -1;
+}
+
+#define ATT_GRP_PART ((size_t)64 << 20)   /* the most partials kept for grouped attention's rows */
+
+/* Room in part for `rows` (token, head) rows of `need` spans each. The
+ * rows a grouped batch added are kept while they fit ATT_GRP_PART. */
+static int att_room_rows(cu_be *c, int need, int rows)
+{
+    if (need <= c->att_maxs && rows <= c->att_rows) return 0;
+    int m = need <= c->att_maxs ? c->att_maxs : c->att_maxs * 2 > need ? c->att_maxs * 2 : need;
+    int r = rows > c->att_rows ? rows : c->att_rows;
+    if ((size_t)r * (size_t)m * (256 + 2) * 4 > ATT_GRP_PART) r = rows > 2 * c->n_sm ? rows : 2 * c->n_sm;
+    size_t cap = (size_t)r * (size_t)m * (256 + 2);
+    c->part_cap = 0; c->att_maxs = 0; c->att_rows = 0;
+    if (scratch_regrow(c, (void **)&c->part, cap * 4, "attention partials")) return -1;
+    c->part_cap = cap;
+    c->att_maxs = m;
+    c->att_rows = r;
+    return 0;
+}
+
+static int att_room(cu_be *c, int need)
+{
+    return att_room_rows(c, need, 2 * c->n_sm);
+}
+
+/* Blocks per (token, head): several for short batches (flash-decoding),
+ * no more than keep each block's warps on a span of the longest token
+ * (or each block on one, where its warps take a span together). */
+static int att_blocks(cu_be *c, int T, int ns, int n_head, int head_dim)
+{
+    int work = T * n_head, want = 2 * c->n_sm;
+    if (work >= want || c->att_maxs < 2) return 1;
+    if ((size_t)work * c->att_maxs * (size_t)(head_dim + 2) > c->part_cap) return 1;
+    int coop = ck_att_coop(head_dim), par = ck_att_par(head_dim), g, gs;
+    if (coop && ns <= coop) return 1;
+    if (par && ns <= par && work <= c->n_sm) return 1;
+    if (coop) {   /* (a span per block, while up to 8 blocks per SM) */
+        g = (8 * c->n_sm + work - 1) / work;
+        gs = ns;
+    } else {
+        g = (want + work - 1) / work;
+        gs = (ns + CK_ATT_WARPS - 1) / CK_ATT_WARPS;
+    }
+    if (g > gs) g = gs;
+    return g > c->att_maxs ? c->att_maxs : g < 1 ? 1 : g;
+}
+
+/* Grouped attention (ck_attention's grp) for a batch that k_attention
+ * takes a block per (token, head) with G == 1: blocks per (token, KV head)
+ * for about att_grp blocks per SM (ANE_CUDA_ATT_GRP; measured, 7b 32
+ * streams: 2, 4 and 8 within 1%; 1, all of a token's spans in one block,
+ * 13% slower than ungrouped). 0 (the ungrouped kernel, the same bits) when
+ * the heads do not group, or the partials would pass ATT_GRP_PART (a
+ * prompt's batch, or long contexts), or part cannot grow now (in a
+ * capture). */
+static int att_group(cu_be *c, int T, int ns, int n_head, int n_head_kv, int head_dim, int mma)
+{
+    if (!c->att_grp || T * n_head < 2 * c->n_sm || !ck_att_grp_ok(c->base.kv_elt == 2, n_head, n_head_kv, head_dim))
+        return 0;
+    int per = T * n_head_kv, g = (mma ? c->att_mma_bps : c->att_grp) * c->n_sm / per;
+    g = g > ns ? ns : g < 1 ? 1 : g;
+    int rows = T * n_head;
+    if (g > 1 && rows > c->att_rows) {
+        if ((size_t)rows * (size_t)c->att_maxs * (256 + 2) * 4 > ATT_GRP_PART) return 0;
+        if (c->capturing || att_room_rows(c, ns, rows)) return 0;
+    }
+    return g;
+}
+
+static int decode_shape(int T, const int32_t *out_idx, int n_out)
+{
+    if (n_out != T || T > GRAPH_MAX_T) return 0;
+    for (int i = 0; i < n_out; i++) if (out_idx[i] != i) return 0;
+    return 1;
+}
+
+static int cu_step_begin(be *b, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out)
+{
+    cu_be *c = (cu_be *)b;
+    int T = bt->T;
+    tag_clear(c);
+    /* the scratch is taken at the first pass: GEMM for batches up to 1024 */
+    if (ensure_gemm(c, T > 1024 ? T : 1024)) return 0;
+    xq_for(c, T > 16 ? T : 16, (int)c->max_n_in);   /* before any capture */
+    att_room(c, att_spans(bt));
+    stage(c, tokens, T, bt);
+    c->cur_bt = bt;
+    c->cur_ids = tokens;
+    c->in_step = 1;
+    c->rope_have = 0;
+    c->n_dec = bt->n_dec;
+    if (c->failed || bt->n_dec != T || !decode_shape(T, out_idx, n_out)) return 0;
+    if (c->graph[T]) {
+        if (!ok(c, cudaGraphLaunch(c->graph[T], c->st), "graph launch")) return 0;
+        return 1;
+    }
+    /* record a shape once it repeats (the first passes run eagerly, warming cuBLAS) */
+    if (c->seen[T] < 2) { c->seen[T]++; return 0; }
+    if (!ok(c, cudaStreamBeginCapture(c->st, cudaStreamCaptureModeThreadLocal), "begin capture")) return 0;
+    c->capturing = 1;
+    c->cap_graph_T = T;
+    return 0;
+}
+
+static void cu_step_end(be *b)
+{
+    cu_be *c = (cu_be *)b;
+    if (c->capturing) {
+        cudaGraph_t g = NULL;
+        c->capturing = 0;
+        int T = c->cap_graph_T;
+        if (ok(c, cudaStreamEndCapture(c->st, &g), "end capture")) {
+            cudaGraphExec_t ex = NULL;
+            if (ok(c, cudaGraphInstantiate(&ex, g, 0), "graph instantiate")) {
+                c->graph[T] = ex;
+                ok(c, cudaGraphLaunch(ex, c->st), "graph launch");
+            }
+            cudaGraphDestroy(g);
+        }
+    }
+    tag_clear(c);
+    c->cur_bt = NULL;
+    c->cur_ids = NULL;
+    c->in_step = 0;
+    c->n_dec = 0;
+}
+
+/* ---- ops ---- */
+
+static void cu_embed(be *b, const wt *emb, const int32_t *ids, int T, float *out)
+{
+    cu_be *c = (cu_be *)b;
+    tag_clear(c);
+    if (ids != c->cur_ids) stage(c, ids, T, NULL);
+    ck_embed(c->st, emb->type, emb->dev, emb->row_bytes, (int)emb->n_in, d_ids(c), T, out);
+}
+
+/* Rows [0, nd) by GEMV (or the int8 tensor-core kernel), the rest by cuBLAS;
+ * *batched: rows [0, nd) go to the batched q4_K kernel instead (decode rows
+ * past CK_GEMV_MAX_T of the matrices it takes: mb).
+ * In a pass: its decode rows while they are at most CK_GEMV_MAX_T (or
+ * invariant is set), so a decoding sequence computes the same alone or
+ * among up to that many; larger decode batches go to the tensor cores.
+ * Elsewhere (tests): all rows of a batch under gemm_min_t. */
+static int gemv_take(const cu_be *c, int mmq, int mb, int T, int *batched)
+{
+    *batched = 0;
+    if (mmq) return T;
+    int nd = T;
+    if (c->in_step) {
+        nd = c->n_dec < T ? c->n_dec : T;
+        if (c->gemm_t_set && T - nd < c->gemm_min_t) return T;   /* ANE_CUDA_GEMM_T: small prompts too */
+        if (nd <= CK_GEMV_MAX_T || c->invariant) return nd;
+    } else if (T < c->gemm_min_t) {
+        return T;
+    }
+    if (!mb || !c->mmqb || nd <= CK_GEMV_MAX_T || nd > CK_MMQB_MAX_T) return 0;
+    *batched = !c->gemm_t_set;   /* (ANE_CUDA_GEMM_T, a measuring knob: the GEMV) */
+    return nd;
+}
+
+static upl *upl_of(cu_be *c, const wt *w)
+{
+    for (int i = 0; i < c->n_up; i++)
+        if (c->up[i].dev == w->dev) return &c->up[i];
+    return NULL;
+}
+
+/* bytes more of device memory, while an eighth of it plus 1 GiB stays free */
+static void *dev_spare(size_t bytes)
+{
+    size_t fr = 0, tot = 0;
+    void *d = NULL;
+    if (cudaMemGetInfo(&fr, &tot) != cudaSuccess || fr < bytes + tot / 8 + ((size_t)1 << 30) ||
+        cudaMalloc(&d, bytes) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    return d;
+}
+
+/* The q6_K matrix w in the batched kernel's layout, made at its first
+ * batched use (the first passes of a shape run before its capture); NULL
+ * while recording before that, or without room */
+static const void *wb_of(cu_be *c, const wt *w)
+{
+    upl *u = upl_of(c, w);
+    if (!u || u->nob) return NULL;
+    if (u->devb || c->capturing) return u->devb;
+    void *d = dev_spare(ck_q6b_row_bytes((int)w->n_in) * (size_t)w->n_out);
+    if (!d) { u->nob = 1; return NULL; }
+    /* waited for: the batched kernel reads its first weights before its
+     * launch wait (no kernel writes weights, but for this one) */
+    ck_repack_q6_Kb(c->st, w->dev, d, w->row_bytes, (int)w->n_in, (int)w->n_out);
+    if (!ok(c, cudaStreamSynchronize(c->st), "q6_K repack")) { cudaFree(d); u->nob = 1; return NULL; }
+    u->devb = d;
+    return d;
+}
+
+/* The bytes the batched kernel reads for w (q6_K: wb_of's layout; NULL:
+ * none at hand) and their row pitch */
+static const void *mb_weight(cu_be *c, const wt *w, size_t *rb)
+{
+    if (w->type != QT_Q6_K) { *rb = w->row_bytes; return w->dev; }
+    *rb = ck_q6b_row_bytes((int)w->n_in);
+    return wb_of(c, w);
+}
+
+/* gemv_take for w (rows to the batched kernel only where its bytes are at hand) */
+static int gemv_count(cu_be *c, const wt *w, int T, int *batched)
+{
+    int mmq = ck_mmq(w->type, (int)w->n_in), nd = gemv_take(c, mmq, ck_mmqb_ok(w->type, (int)w->n_in), T, batched);
+    size_t rb;
+    if (*batched && !mb_weight(c, w, &rb)) nd = gemv_take(c, mmq, 0, T, batched);
+    return nd;
+}
+
+/* whether n is among the m widths w (the matrices' n_in of a kind) */
+static int width_in(const int *w, int m, int n)
+{
+    for (int k = 0; k < m; k++)
+        if (w[k] == n) return 1;
+    return 0;
+}
+
+/* For an op about to write out [rows][n]: xq, when out should go there in
+ * int8 too (an int8 matrix of width n would take all rows by GEMV), with
+ * the tag set to out; else NULL, the tag cleared. */
+static void *quant_ahead(cu_be *c, const float *out, int rows, int n)
+{
+    tag_clear(c);
+    if (!c->fuse || rows < 1 || n < 32 || n % 32) return NULL;
+    int bt;
+    if (!width_in(c->q_n, c->n_q_n, n) || gemv_take(c, c->mmq, 0, rows, &bt) != rows) return NULL;   /* (all rows by the GEMV) */
+    void *xq = xq_for(c, rows, n);   /* (NULL while recording, if too small) */
+    if (xq) tag_set(c, out, rows, n);
+    return xq;
+}
+
+/* For an op about to write out [rows][n], after quant_ahead: x16 when all
+ * rows go to the f16 GEMMs of quantized matrices of width n (cuBLAS, or
+ * the batched f16 kernel), with the f16 tag set to out (the matmuls then
+ * take it as converted); else NULL. */
+static void *f16_ahead(cu_be *c, const float *out, int rows, int n)
+{
+    if (!c->fuse || rows < 1 || c->xq_src || c->x16_cap < (size_t)rows * (size_t)n * 2) return NULL;
+    int bt;
+    if (!width_in(c->h_n, c->n_h_n, n) || (gemv_take(c, c->mmq, 1, rows, &bt) != 0 && !bt)) return NULL;
+    tag16_set(c, out, rows, n);
+    return c->x16;
+}
+
+static void cu_rmsnorm(be *b, const float *x, const wt *w, int rows, int n, float eps, float *out)
+{
+    cu_be *c = (cu_be *)b;
+    void *xq = quant_ahead(c, out, rows, n);
+    ck_rmsnorm(c->st, x, w->dev, rows, n, eps, out, xq, f16_ahead(c, out, rows, n));
+}
+
+/* x16 holding x [T][n] in f16: as tagged, or converted now (then tagged);
+ * NULL without the scratch */
+static const void *x_f16(cu_be *c, const float *x, int T, int n)
+{
+    if (c->x16_src == x && c->x16_rows == T && c->x16_n == n) return c->x16;
+    if ((!c->capturing && ensure_gemm(c, T)) || c->x16_cap < (size_t)T * n * 2) return NULL;
+    ck_f32_to_f16(c->st, x, (size_t)T * n, c->x16);
+    tag16_set(c, x, T, n);
+    return c->x16;
+}
+
+/* The batched kernel for matrices w (one type and n_in) on x's f16 form;
+ * 0 when there is no scratch (or q6_K layout) for it */
+static int mmqb_run(cu_be *c, int nm, const wt *const *w, const float *const *bv, const float *x, int T,
+                    float *const *out)
+{
+    const void *W[CK_MULTI_MAX];
+    int no[CK_MULTI_MAX], n = (int)w[0]->n_in;
+    size_t rb = 0;
+    for (int i = 0; i < nm; i++) {
+        W[i] = mb_weight(c, w[i], &rb);
+        no[i] = (int)w[i]->n_out;
+        if (!W[i]) return 0;
+    }
+    const void *xh = x_f16(c, x, T, n);
+    if (!xh) return 0;
+    ck_mmq_dec(c->st, w[0]->type, nm, W, rb, n, no, bv, T, out, xh, c->mb_part, CK_MMQB_PART, c->mb_cnt,
+               CK_MMQB_CNT, c->n_sm);
+    return 1;
+}
+
+/* int8 types on x [T][n]: from the tagged xq, or quantized here (then
+ * tagged); else f32 */
+static void gemv_rows(cu_be *c, const wt *w, const float *bv, const float *x, int T, float *out)
+{
+    int n = (int)w->n_in;
+    if (!ck_gemv_int8(w->type, n)) {
+        ck_gemv(c->st, w->type, w->dev, w->row_bytes, n, (int)w->n_out, bv, x, T, out, NULL);
+        return;
+    }
+    const void *W = w->dev;
+    int no = (int)w->n_out;
+    if (tag_is(c, x, T, n)) {
+        ck_gemv_multi_q(c->st, w->type, 1, &W, w->row_bytes, n, &no, &bv, T, &out, c->xq);
+        return;
+    }
+    void *xq = xq_for(c, T, n);
+    ck_gemv(c->st, w->type, W, w->row_bytes, n, no, bv, x, T, out, xq);
+    if (xq) tag_set(c, x, T, n);
+}
+
+/* cuBLAS: quantized W over f16 copies of W and x; float W (f32, f16, bf16:
+ * unquantized models, held to the transformers reference) in plain f32,
+ * since 10-bit inputs (f16, TF32) put the Qwen3.5 gates' logits 0.066 off
+ * where f32 gives 0.0016. -1 when it cannot run (no scratch). */
+/* The f16 copy of quantized weight w, kept from its first prompt matmul on
+ * while free device memory stays above an eighth of it plus 1 GiB (the KV
+ * pool is taken before any pass): prompt passes and wide decode batches
+ * then skip dequantizing every weight in every pass. NULL: dequantize into
+ * the scratch (ANE_CUDA_F16_CACHE=0, no room, or while recording a graph). */
+static const void *w16_of(cu_be *c, const wt *w)
+{
+    if (!c->cache16) return NULL;
+    upl *u = upl_of(c, w);
+    if (!u || u->no16) return NULL;
+    if (u->dev16 || c->capturing) return u->dev16;
+    void *d = dev_spare((size_t)w->n_in * (size_t)w->n_out * 2);
+    if (!d) { u->no16 = 1; return NULL; }
+    ck_dequant_f16(c->st, w->type, w->dev, w->row_bytes, (int)w->n_in, (int)w->n_out, d);
+    u->dev16 = d;
+    return d;
+}
+
+static int gemm_rows(cu_be *c, const wt *w, const float *bv, const float *x, int T, float *out)
+{
+    int n = (int)w->n_in, no = (int)w->n_out;
+    if ((!c->capturing && ensure_gemm(c, T)) || c->w16_cap < (size_t)n * no * 4 || c->x16_cap < (size_t)T * n * 2)
+        return -1;
+    const float one = 1.0f, zero = 0.0f;
+    cublasStatus_t s;
+    if (w->type == QT_F32 || w->type == QT_F16 || w->type == QT_BF16) {
+        const void *wf = w->dev;
+        if (w->type != QT_F32) {
+            ck_dequant_f32(c->st, w->type, w->dev, w->row_bytes, n, no, c->w16);
+            wf = c->w16;
+        }
+        s = cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, no, T, n, &one, wf, CUDA_R_32F, n, x, CUDA_R_32F, n,
+                         &zero, out, CUDA_R_32F, no, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    } else {
+        const void *w16 = w16_of(c, w);
+        if (!w16) {
+            ck_dequant_f16(c->st, w->type, w->dev, w->row_bytes, n, no, c->w16);
+            w16 = c->w16;
+        }
+        x_f16(c, x, T, n);   /* (room checked above) */
+        s = cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, no, T, n, &one, w16, CUDA_R_16F, n, c->x16,
+                         CUDA_R_16F, n, &zero, out, CUDA_R_32F, no, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    }
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        if (!c->failed) fprintf(stderr, "cuda backend: cublasGemmEx failed (%d)\n", (int)s);
+        c->failed = 1;
+        return 0;
+    }
+    if (bv) ck_add_bias(c->st, out, bv, T, no);
+    return 0;
+}
+
+static void cu_matmul(be *b, const wt *w, const wt *bias, const float *x, int T, float *out)
+{
+    cu_be *c = (cu_be *)b;
+    const float *bv = bias && bias->data ? bias->dev : NULL;
+    int bt, nd = gemv_count(c, w, T, &bt);
+    if (nd < T && gemm_rows(c, w, bv, x + (size_t)nd * w->n_in, T - nd, out + (size_t)nd * w->n_out)) {
+        nd = T;   /* (no cuBLAS scratch: every row by the GEMV) */
+        bt = 0;
+    }
+    if (nd > 0 && !(bt && mmqb_run(c, 1, &w, &bv, x, nd, &out))) gemv_rows(c, w, bv, x, nd, out);
+    tag_written(c, out, (size_t)T * w->n_out);
+    c->mm_out = out; c->mm_rows = T; c->mm_n = (int)w->n_out;
+}
+
+/* Whether n matrices take one launch (the same type, n_in and row layout);
+ * notes their bytes as the pass's last matmul set (rope_attention's rule) */
+static int mm_set(cu_be *c, int n, const wt *const *w)
+{
+    c->mm_bytes = 0;
+    for (int i = 0; i < n; i++) c->mm_bytes += (size_t)w[i]->n_out * w[i]->row_bytes;
+    int same = n <= CK_MULTI_MAX;
+    for (int i = 1; same && i < n; i++)
+        same = w[i]->type == w[0]->type && w[i]->n_in == w[0]->n_in && w[i]->row_bytes == w[0]->row_bytes;
+    return same;
+}
+
+static void cu_matmul_n(be *b, int n, const wt *const *w, const wt *const *bias, const float *x, int T,
+                        float *const *out)
+{
+    cu_be *c = (cu_be *)b;
+    int bt = 0, same = n <= CK_MULTI_MAX && gemv_count(c, w[0], T, &bt) == T;
+    same = mm_set(c, n, w) && same;
+    if (!same) {
+        for (int i = 0; i < n; i++) cu_matmul(b, w[i], bias[i], x, T, out[i]);
+        return;
+    }
+    const void *W[CK_MULTI_MAX];
+    const float *bv[CK_MULTI_MAX];
+    int no[CK_MULTI_MAX];
+    for (int i = 0; i < n; i++) {
+        W[i] = w[i]->dev;
+        bv[i] = bias[i] && bias[i]->data ? bias[i]->dev : NULL;
+        no[i] = (int)w[i]->n_out;
+    }
+    int nin = (int)w[0]->n_in;
+    if (bt && mmqb_run(c, n, w, bv, x, T, out)) {
+        /* (done) */
+    } else if (!ck_gemv_int8(w[0]->type, nin)) {
+        ck_gemv_multi(c->st, w[0]->type, n, W, w[0]->row_bytes, nin, no, bv, x, T, out, NULL);
+    } else if (tag_is(c, x, T, nin)) {
+        ck_gemv_multi_q(c->st, w[0]->type, n, W, w[0]->row_bytes, nin, no, bv, T, out, c->xq);
+    } else {
+        void *xq = xq_for(c, T, nin);
+        ck_gemv_multi(c->st, w[0]->type, n, W, w[0]->row_bytes, nin, no, bv, x, T, out, xq);
+        if (xq) tag_set(c, x, T, nin);
+    }
+    for (int i = 0; i < n; i++) tag_written(c, out[i], (size_t)T * no[i]);
+    c->mm_out = out[0]; c->mm_rows = T; c->mm_n = no[0];
+}
+
+static void cu_add_rmsnorm(be *b, float *x, const float *y, const wt *w, int rows, int n, float eps, float *out)
+{
+    cu_be *c = (cu_be *)b;
+    void *xq = quant_ahead(c, out, rows, n);
+    ck_add_rmsnorm(c->st, x, y, w->dev, rows, n, eps, out, xq, f16_ahead(c, out, rows, n));
+}
+
+static void cu_silu_mul(be *b, const float *g, const float *u, size_t n, float *out);
+
+/* out = silu(Wg x) * (Wu x). One token whose x is already in int8 (the
+ * norm before wrote it) and whose out goes on in int8 (the down
+ * projection): one launch that writes out's int8 form into the second
+ * scratch, which then becomes xq (the kernel reads x's from the first).
+ * A decode batch of the batched q4_K kernel: one launch whose gate and up
+ * rows of a feature share a block, writing out's f16 form into the second
+ * f16 scratch, which then becomes x16. Else matmul_n and silu_mul.
+ * ANE_CUDA_GLU=0: always apart. */
+static void cu_matmul_glu(be *b, const wt *wg, const wt *wu, const float *x, int T, float *g, float *u, float *out)
+{
+    cu_be *c = (cu_be *)b;
+    int n = (int)wg->n_in, F = (int)wg->n_out, bt;
+    int same = wu->type == wg->type && (int)wu->n_in == n && (int)wu->n_out == F && wu->row_bytes == wg->row_bytes;
+    if (c->fuse && c->glu && same && gemv_count(c, wg, T, &bt) == T && bt) {
+        const void *xh = x_f16(c, x, T, n);
+        if (xh && c->x16b && c->x16_cap >= (size_t)T * F * 2 &&
+            ck_mmq_glu(c->st, wg->type, wg->dev, wu->dev, wg->row_bytes, n, F, T, out, c->x16b, xh, c->mb_part,
+                       CK_MMQB_PART, c->mb_cnt, CK_MMQB_CNT, c->n_sm)) {
+            void *t = c->x16; c->x16 = c->x16b; c->x16b = t;
+            tag_clear(c);
+            tag16_set(c, out, T, F);
+            c->mm_out = NULL;
+            return;
+        }
+    }
+    if (!c->fuse || !c->glu || !same || !c->xq2 || !width_in(c->q_n, c->n_q_n, F) ||
+        !ck_glu_ok(wg->type, n, F, T, c->n_sm) || gemv_count(c, wg, T, &bt) != T || bt || !tag_is(c, x, T, n) ||
+        CK_XQ_BYTES(T, F) > c->xq_cap) {
+        const wt *ws[2] = { wg, wu }, *bs[2] = { NULL, NULL };
+        float *outs[2] = { g, u };
+        cu_matmul_n(b, 2, ws, bs, x, T, outs);
+        cu_silu_mul(b, g, u, (size_t)T * F, out);
+        return;
+    }
+    tag_clear(c);
+    void *x16 = f16_ahead(c, out, T, F);
+    ck_gemv_glu(c->st, wg->type, wg->dev, wu->dev, wg->row_bytes, n, F, c->xq, out, c->xq2, x16);
+    void *t = c->xq; c->xq = c->xq2; c->xq2 = t;
+    tag_set(c, out, T, F);
+    c->mm_out = NULL;
+}
+
+static void cu_add(be *b, float *x, const float *y, size_t n)
+{
+    cu_be *c = (cu_be *)b;
+    tag_clear(c);
+    ck_add(c->st, x, y, n);
+}
+
+/* out [rows][F] when g or u is the last matmul's output of that shape */
+static void cu_silu_mul(be *b, const float *g, const float *u, size_t n, float *out)
+{
+    cu_be *c = (cu_be *)b;
+    int rows = 0;
+    void *xq = NULL, *x16 = NULL;
+    if (c->mm_out && (g == c->mm_out || u == c->mm_out) && c->mm_n > 0 && n == (size_t)c->mm_rows * c->mm_n) {
+        rows = c->mm_rows;
+        xq = quant_ahead(c, out, rows, c->mm_n);
+        x16 = f16_ahead(c, out, rows, c->mm_n);
+    } else {
+        tag_clear(c);
+    }
+    ck_silu_mul(c->st, g, u, n, out, xq, x16, rows);
+}
+
+static void cu_rope(be *b, float *x, const be_batch *bt, int n_heads, int head_dim, int n_rot, float base,
+                    int neox, const wt *fd)
+{
+    cu_be *c = (cu_be *)b;
+    tag_clear(c);
+    use_batch(c, bt);
+    ck_rope(c->st, x, d_pos(c), bt->T, n_heads, head_dim, n_rot, base, neox, fd && fd->data ? fd->dev : NULL);
+}
+
+static void cu_kv_store(be *b, void *kc, void *vc, const be_batch *bt, int kv_dim, const float *k, const float *v)
+{
+    cu_be *c = (cu_be *)b;
+    tag_clear(c);
+    use_batch(c, bt);
+    ck_kv_store(c->st, kc, vc, b->kv_elt == 2, d_pos(c), d_off(c), d_pages(c), bt->T, kv_dim, k, v);
+}
+
+static const float *bias_dev(const wt *const *bias, int i)
+{
+    return bias && bias[i] && bias[i]->data ? (const float *)bias[i]->dev : NULL;
+}
+
+/* whether this pass's angle table (written by its first rope_kv) holds
+ * the angles of base, n_rot and divisors fd */
+static int rope_table(const cu_be *c, float base, int n_rot, const float *fd)
+{
+    return c->in_step && c->rope_have && c->rope_base == base && c->rope_rot == n_rot && c->rope_fd == fd;
+}
+
+static void cu_rope_kv(be *b, float *q, float *k, float *v, void *kc, void *vc, const be_batch *bt,
+                       int n_head, int n_head_kv, int head_dim, int n_rot, float base, int neox, const wt *fd,
+                       const wt *const *bias)
+{
+    cu_be *c = (cu_be *)b;
+    if (!c->fuse) {
+        const float *bq = bias_dev(bias, 0), *bk = bias_dev(bias, 1), *bv = bias_dev(bias, 2);
+        tag_clear(c);
+        if (bq) ck_add_bias(c->st, q, bq, bt->T, n_head * head_dim);
+        if (bk) ck_add_bias(c->st, k, bk, bt->T, n_head_kv * head_dim);
+        if (bv) ck_add_bias(c->st, v, bv, bt->T, n_head_kv * head_dim);
+        cu_rope(b, q, bt, n_head, head_dim, n_rot, base, neox, fd);
+        cu_rope(b, k, bt, n_head_kv, head_dim, n_rot, base, neox, fd);
+        cu_kv_store(b, kc, vc, bt, n_head_kv * head_dim, k, v);
+        return;
+    }
+    tag_clear(c);
+    use_batch(c, bt);
+    const float *fdd = fd && fd->data ? fd->dev : NULL;
+    /* the angles: from the table when this pass's first rope_kv (same
+     * base, dims, divisors) wrote it; else computed, and written when the
+     * table is free (or can grow: not while recording) */
+    size_t need = (size_t)bt->T * (size_t)(n_rot / 2) * 8;
+    int mode = 0;
+    if (rope_table(c, base, n_rot, fdd)) {
+        mode = 2;
+    } else if (c->in_step && !c->rope_have) {
+        if (need > c->rope_cap) {
+            size_t cap = c->rope_cap * 2 > need ? c->rope_cap * 2 : need;
+            if (!c->capturing) c->rope_cap = scratch_regrow(c, &c->rope_tab, cap, "rope table") ? 0 : cap;
+        }
+        if (need <= c->rope_cap) {
+            mode = 1;
+            c->rope_have = 1; c->rope_base = base; c->rope_rot = n_rot; c->rope_fd = fdd;
+        }
+    }
+    ck_rope_kv(c->st, q, k, v, kc, vc, b->kv_elt == 2, d_pos(c), d_off(c), d_pages(c), bt->T, n_head, n_head_kv,
+               head_dim, n_rot, base, neox, fdd, bias_dev(bias, 0), bias_dev(bias, 1), bias_dev(bias, 2),
+               c->rope_tab, mode);
+}
+
+static void att_run(cu_be *c, const float *q, const void *kc, const void *vc, const be_batch *bt, int n_head,
+                    int n_head_kv, int head_dim, float *out, const ck_rope_in *rp)
+{
+    use_batch(c, bt);
+    int ns = att_spans(bt);
+    int G = att_room(c, ns) ? 1 : att_blocks(c, bt->T, ns, n_head, head_dim);
+    /* tensor cores where the matmuls leave the batch-invariance promise too */
+    int mma = (c->att_mma == 2 || (c->att_mma == 1 && c->in_step && c->n_dec > CK_GEMV_MAX_T && !c->invariant)) &&
+              ck_att_mma_ok(c->base.kv_elt == 2, n_head, n_head_kv, head_dim);
+    int grp = G == 1 && !rp && c->att_maxs >= ns ? att_group(c, bt->T, ns, n_head, n_head_kv, head_dim, mma) : 0;
+    void *xq = head_dim % 32 == 0 ? quant_ahead(c, out, bt->T, n_head * head_dim) : (tag_clear(c), NULL);
+    void *x16 = f16_ahead(c, out, bt->T, n_head * head_dim);
+    ck_attention(c->st, q, kc, vc, c->base.kv_elt == 2, d_pos(c), d_off(c), d_pages(c), bt->T, n_head, n_head_kv,
+                 head_dim, out, c->part, G, c->att_maxs, xq, x16, c->n_sm, rp, grp, mma);
+}
+
+static void cu_attention(be *b, const float *q, const void *kc, const void *vc, const be_batch *bt, int n_head,
+                         int n_head_kv, int head_dim, float *out)
+{
+    att_run((cu_be *)b, q, kc, vc, bt, n_head, n_head_kv, head_dim, out, NULL);
+}
+
+/* rope_kv then attention. A pass's decode batch (a token per sequence) past
+ * its first rope_kv (whose angle table the later layers read) does the rope
+ * and the KV store inside the attention kernel: one launch less per layer,
+ * the same values (the attention reads its token's K/V row only after
+ * writing it). Only after a small q/k/v set (ck_small_set: launch-bound
+ * layers): measured, 0.5b decode +6%, 7b -2%. ANE_CUDA_ROPE_ATT=0 / 2:
+ * never / always (for comparison). */
+static void cu_rope_attention(be *b, float *q, float *k, float *v, void *kc, void *vc, const be_batch *bt,
+                              int n_head, int n_head_kv, int head_dim, int n_rot, float base, int neox,
+                              const wt *freq_div, const wt *const *bias, float *out)
+{
+    cu_be *c = (cu_be *)b;
+    const float *fdd = freq_div && freq_div->data ? freq_div->dev : NULL;
+    int small = c->rope_att == 2 || (c->rope_att == 1 && c->mm_bytes && ck_small_set(c->mm_bytes));
+    if (!c->fuse || !small || !rope_table(c, base, n_rot, fdd) || bt->n_dec != bt->T || n_rot > head_dim || n_rot % 2) {
+        cu_rope_kv(b, q, k, v, kc, vc, bt, n_head, n_head_kv, head_dim, n_rot, base, neox, freq_div, bias);
+        cu_attention(b, q, kc, vc, bt, n_head, n_head_kv, head_dim, out);
+        return;
+    }
+    tag_clear(c);
+    ck_rope_in rp = { k, v, bias_dev(bias, 0), bias_dev(bias, 1), bias_dev(bias, 2), c->rope_tab, n_rot, neox };
+    att_run(c, q, kc, vc, bt, n_head, n_head_kv, head_dim, out, &rp);
+}
+
+/* One decode token's q, k, v (q8_0 rows the one-token GEMV takes two
+ * warps a row of) with the rope and KV store in the matmul's epilogue,
+ * from the pass's angle table (so not the pass's first layer, whose
+ * rope_kv writes it). ANE_CUDA_QKV_ROPE=0: apart, for comparison. */
+static int cu_qkv_rope(be *b, const wt *const *w, const wt *const *bias, const float *x, float *q, float *k, float *v,
+                       void *kc, void *vc, const be_batch *bt, int n_head, int n_head_kv, int head_dim, int n_rot,
+                       float base, int neox, const wt *freq_div)
+{
+    cu_be *c = (cu_be *)b;
+    int T = bt->T, bt_;
+    const float *fdd = freq_div && freq_div->data ? freq_div->dev : NULL;
+    if (!c->fuse || !c->qkv_rope || T != 1 || bt->n_dec != T || !rope_table(c, base, n_rot, fdd)) return 0;
+    int nin = (int)w[0]->n_in;
+    if (!mm_set(c, 3, w) || gemv_count(c, w[0], T, &bt_) != T || bt_ || !tag_is(c, x, T, nin)) return 0;
+    if ((int)w[0]->n_out != n_head * head_dim) return 0;
+    const void *W[3] = { w[0]->dev, w[1]->dev, w[2]->dev };
+    int no[3] = { (int)w[0]->n_out, (int)w[1]->n_out, (int)w[2]->n_out };
+    float *outs[3] = { q, k, v };
+    use_batch(c, bt);
+    ck_qkv_rope r = { bias_dev(bias, 0), bias_dev(bias, 1), bias_dev(bias, 2), c->rope_tab, d_pos(c), d_off(c),
+                      d_pages(c), kc, vc, b->kv_elt == 2, head_dim, n_rot, neox, n_head_kv, base, fdd };
+    if (!ck_gemv_qkv_rope(c->st, w[0]->type, W, w[0]->row_bytes, nin, no, c->xq, outs, &r)) return 0;
+    tag_clear(c);   /* (as rope_kv) */
+    c->mm_out = NULL;
+    return 1;
+}
+
+static void cu_argmax(be *b, const float *x, int rows, int n, int32_t *ids)
+{
+    cu_be *c = (cu_be *)b;
+    for (int r0 = 0; r0 < rows; r0 += ARGMAX_ROWS) {
+        int nr = rows - r0 < ARGMAX_ROWS ? rows - r0 : ARGMAX_ROWS;
+        ck_argmax(c->st, x + (size_t)r0 * n, nr, n, c->d_ids_out, c->d_amax);
+        ok(c, cudaMemcpyAsync(c->h_ids_out, c->d_ids_out, (size_t)nr * 4, cudaMemcpyDeviceToHost, c->st), "ids");
+        ok(c, cudaStreamSynchronize(c->st), "sync");
+        memcpy(ids + r0, c->h_ids_out, (size_t)nr * 4);
+    }
+}
+
+/* The ids go to the step block's id rows (read by a next pass with
+ * ids_dev; a pass with host ids overwrites them) and from there to a host
+ * half; the pass queued next does not restage them. */
+static void cu_argmax_queue(be *b, const float *x, int rows, int n)
+{
+    cu_be *c = (cu_be *)b;
+    if (rows > c->cap_T) stage(c, NULL, rows, NULL);   /* (no pass yet: the step block) */
+    if (c->ids_n == 2 || rows > BE_QUEUE_ROWS || rows > c->cap_T) {   /* (outside the contract) */
+        c->failed = 1;
+        return;
+    }
+    int s2 = (c->ids_head + c->ids_n) & 1;
+    ck_argmax(c->st, x, rows, n, c->d_step, c->d_amax);
+    ok(c, cudaMemcpyAsync(c->h_ids_q + (size_t)s2 * BE_QUEUE_ROWS, c->d_step, (size_t)rows * 4,
+                          cudaMemcpyDeviceToHost, c->st), "ids");
+    ok(c, cudaEventRecord(c->ev_ids[s2], c->st), "event");
+    c->ids_n++;
+}
+
+static void cu_argmax_take(be *b, int32_t *ids, int rows)
+{
+    cu_be *c = (cu_be *)b;
+    if (c->ids_n == 0) { memset(ids, 0, (size_t)rows * 4); c->failed = 1; return; }
+    int s2 = c->ids_head;
+    ok(c, cudaEventSynchronize(c->ev_ids[s2]), "sync");
+    memcpy(ids, c->h_ids_q + (size_t)s2 * BE_QUEUE_ROWS, (size_t)rows * 4);
+    c->ids_head ^= 1;
+    c->ids_n--;
+}
+
+/* ---- linear-attention ops (shaders/cuda_ssm.cu) ---- */
+
+static void cu_copy_rows(be *b, float *dst, size_t ds, const float *src, size_t ss, int rows, int n)
+{
+    tag_clear((cu_be *)b);
+    cs_copy_rows(((cu_be *)b)->st, dst, ds, src, ss, rows, n);
+}
+
+static void cu_sigmoid_mul(be *b, float *x, const float *g, size_t n)
+{
+    tag_clear((cu_be *)b);
+    cs_sigmoid_mul(((cu_be *)b)->st, x, g, n);
+}
+
+static void cu_rmsnorm_gated(be *b, const float *x, const float *z, const wt *w, int rows, int n, float eps,
+                             float *out)
+{
+    tag_clear((cu_be *)b);
+    cs_rmsnorm_gated(((cu_be *)b)->st, x, z, w->dev, rows, n, eps, out);
+}
+
+static int ssm_fail(cu_be *c, const char *what)
+{
+    if (!c->failed) fprintf(stderr, "cuda backend: %s\n", what);
+    c->failed = 1;
+    return -1;
+}
+
+/* Save points need the host batch: never inside a recorded pass. */
+static int ssm_ready(cu_be *c, const be_batch *bt, int n_sv)
+{
+    tag_clear(c);
+    if (!bt->slot) return ssm_fail(c, "recurrent op without sequence slots");
+    if (n_sv > 0 && c->capturing) return ssm_fail(c, "save points in a recorded pass");
+    use_batch(c, bt);
+    return 0;
+}
+
+/* The batch is run in segments t0..t1-1 that end at tokens with save points. */
+static int ssm_seg_end(const be_batch *bt, int t0, const be_save *sv, int n_sv)
+{
+    for (int t = t0; t < bt->T; t++)
+        for (int i = 0; i < n_sv; i++)
+            if (sv[i].slot == bt->slot[t] && sv[i].pos == bt->pos[t] + 1) return t + 1;
+    return bt->T;
+}
+
+/* After a segment ending at token t1-1: the state of the save points there. */
+static void ssm_saves(cu_be *c, const be_batch *bt, int t1, const be_save *sv, int n_sv, const float *state,
+                      size_t slot_floats)
+{
+    int t = t1 - 1;
+    for (int i = 0; i < n_sv; i++)
+        if (sv[i].slot == bt->slot[t] && sv[i].pos == bt->pos[t] + 1 && slot_floats)
+            ok(c, cudaMemcpyAsync(sv[i].dst, state + (size_t)sv[i].slot * slot_floats, slot_floats * 4,
+                                  cudaMemcpyDeviceToDevice, c->st), "save point");
+}
+
+static void cu_conv1d_silu(be *b, const float *x, const wt *w, float *state, const be_batch *bt, int C, int K,
+                           const be_save *sv, int n_sv, float *out)
+{
+    cu_be *c = (cu_be *)b;
+    if (ssm_ready(c, bt, n_sv)) return;
+    for (int t0 = 0; t0 < bt->T;) {
+        int t1 = n_sv > 0 ? ssm_seg_end(bt, t0, sv, n_sv) : bt->T;
+        if (cs_conv1d_silu(c->st, x, w->dev, state, d_pos(c), d_slot(c), t0, t1, C, K, out)) {
+            ssm_fail(c, "conv1d: unsupported kernel size");
+            return;
+        }
+        if (n_sv > 0) ssm_saves(c, bt, t1, sv, n_sv, state, (size_t)(K - 1) * C);
+        t0 = t1;
+    }
+}
+
+static void cu_deltanet(be *b, const float *qkv, size_t stride, const float *a, const float *bb, const wt *A,
+                        const wt *dt_bias, float *state, const be_batch *bt, int nk, int nv, int dk, int dv,
+                        float eps, const be_save *sv, int n_sv, float *out)
+{
+    cu_be *c = (cu_be *)b;
+    if (ssm_ready(c, bt, n_sv)) return;
+    for (int t0 = 0; t0 < bt->T;) {
+        int t1 = n_sv > 0 ? ssm_seg_end(bt, t0, sv, n_sv) : bt->T;
+        if (cs_deltanet(c->st, qkv, stride, a, bb, A->dev, dt_bias->dev, state, d_pos(c), d_slot(c), t0, t1, nk,
+                        nv, dk, dv, eps, out)) {
+            ssm_fail(c, "deltanet: unsupported head size");
+            return;
+        }
+        if (n_sv > 0) ssm_saves(c, bt, t1, sv, n_sv, state, (size_t)nv * dk * dv);
+        t0 = t1;
+    }
+}
+
+static const be_ops cuda_ops = {
+    .name = "cuda",
+    .close = cu_close,
+    .alloc = cu_alloc,
+    .free = cu_free,
+    .weight_prepare = cu_weight_prepare,
+    .to_host = cu_to_host,
+    .to_dev = cu_to_dev,
+    .embed = cu_embed,
+    .rmsnorm = cu_rmsnorm,
+    .matmul = cu_matmul,
+    .add = cu_add,
+    .silu_mul = cu_silu_mul,
+    .rope = cu_rope,
+    .kv_store = cu_kv_store,
+    .attention = cu_attention,
+    .sync = cu_sync,
+    .step_begin = cu_step_begin,
+    .step_end = cu_step_end,
+    .argmax = cu_argmax,
+    .argmax_queue = cu_argmax_queue,
+    .argmax_take = cu_argmax_take,
+    .matmul_n = cu_matmul_n,
+    .matmul_glu = cu_matmul_glu,
+    .add_rmsnorm = cu_add_rmsnorm,
+    .rope_kv = cu_rope_kv,
+    .rope_attention = cu_rope_attention,
+    .qkv_rope = cu_qkv_rope,
+    .copy_rows = cu_copy_rows,
+    .sigmoid_mul = cu_sigmoid_mul,
+    .rmsnorm_gated = cu_rmsnorm_gated,
+    .conv1d_silu = cu_conv1d_silu,
+    .deltanet = cu_deltanet,
+};
+
+/* a switch that is on unless set to 0 */
+static int env_on(const char *name)
+{
+    const char *e = getenv(name);
+    return !(e && *e && atoi(e) == 0);
+}
+
+int be_cuda_open(be **out, struct pool *p, int kv_f16, char *err, size_t errlen)
+{
+    (void)p;
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
+        cudaGetLastError();
+        snprintf(err, errlen, "no CUDA device");
+        return -1;
+    }
+    cu_be *c = calloc(1, sizeof *c);
+    if (!c) { snprintf(err, errlen, "out of memory"); return -1; }
+    c->base.ops = &cuda_ops;
+    c->base.kv_elt = kv_f16 ? 2 : 4;
+    const char *what = "device";
+    if (cudaSetDevice(0) != cudaSuccess) goto fail;
+    if (cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess) goto fail;
+    what = "stream";
+    if (cudaStreamCreateWithFlags(&c->st, cudaStreamNonBlocking) != cudaSuccess) goto fail;
+    what = "cuBLAS";
+    if (cublasCreate(&c->blas) != CUBLAS_STATUS_SUCCESS) goto fail;
+    if (cublasSetStream(c->blas, c->st) != CUBLAS_STATUS_SUCCESS) goto fail;
+    size_t ws = (size_t)32 << 20;
+    what = "device memory";
+    if (cudaMalloc(&c->blas_ws, ws) != cudaSuccess) goto fail;
+    if (cublasSetWorkspace(c->blas, c->blas_ws, ws) != CUBLAS_STATUS_SUCCESS) goto fail;
+    c->att_maxs = 32;
+    c->att_rows = 2 * c->n_sm;
+    c->part_cap = (size_t)c->att_rows * (size_t)c->att_maxs * (256 + 2);
+    if (cudaMalloc((void **)&c->part, c->part_cap * 4) != cudaSuccess) goto fail;
+    if (cudaMalloc((void **)&c->d_ids_out, ARGMAX_ROWS * 4) != cudaSuccess) goto fail;
+    if (cudaMallocHost((void **)&c->h_ids_q, 2 * BE_QUEUE_ROWS * 4) != cudaSuccess) goto fail;
+    for (int i = 0; i < 2; i++)
+        if (cudaEventCreateWithFlags(&c->ev_ids[i], cudaEventDisableTiming) != cudaSuccess ||
+            cudaEventCreateWithFlags(&c->ev_step[i], cudaEventDisableTiming) != cudaSuccess)
+            goto fail;
+    if (cudaMalloc(&c->d_amax, CK_ARGMAX_PART) != cudaSuccess) goto fail;
+    if (cudaMallocHost((void **)&c->h_ids_out, ARGMAX_ROWS * 4) != cudaSuccess) goto fail;
+    const char *gt = getenv("ANE_CUDA_GEMM_T");
+    c->gemm_min_t = gt && atoi(gt) > 0 ? atoi(gt) : 9;
+    c->gemm_t_set = gt && atoi(gt) > 0;
+    const char *fc = getenv("ANE_CUDA_F16_CACHE");
+    c->cache16 = !(fc && *fc == '0');
+    const char *iv = getenv("ANE_CUDA_INVARIANT");
+    c->invariant = iv && atoi(iv) > 0;
+    c->fuse = env_on("ANE_CUDA_FUSE");
+    c->mmq = ck_mmq(QT_Q8_0, 32);   /* (the same for q4_K; q6_K never takes that kernel) */
+    const char *ra = getenv("ANE_CUDA_ROPE_ATT");
+    c->rope_att = ra && *ra ? atoi(ra) : 1;
+    c->glu = env_on("ANE_CUDA_GLU");
+    c->qkv_rope = env_on("ANE_CUDA_QKV_ROPE");
+    const char *ag = getenv("ANE_CUDA_ATT_GRP");
+    c->att_grp = ag && *ag ? atoi(ag) : 4;
+    if (c->att_grp < 0) c->att_grp = 0;
+    c->att_mma_bps = ag && *ag ? c->att_grp : 1;
+    const char *am = getenv("ANE_CUDA_ATT_MMA");
+    c->att_mma = am && *am ? atoi(am) : 1;
+    c->mmqb = env_on("ANE_CUDA_MMQB");
+    what = "device memory";
+    if (cudaMalloc(&c->mb_part, CK_MMQB_PART) != cudaSuccess ||
+        cudaMalloc((void **)&c->mb_cnt, CK_MMQB_CNT * sizeof(int)) != cudaSuccess ||
+        cudaMemset(c->mb_cnt, 0, CK_MMQB_CNT * sizeof(int)) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess)
+        goto fail;
+    *out = &c->base;
+    return 0;
+fail:
+    snprintf(err, errlen, "cannot set up the CUDA %s: %s", what, cudaGetErrorString(cudaGetLastError()));
+    cu_close(&c->base);
+    return -1;
+}
+
+#else
+typedef int backend_cuda_unused;   /* CPU-only builds: nothing here */
+#endif

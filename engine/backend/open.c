@@ -1,0 +1,30 @@
+/* open.c — the backend by name: the build's backends and the choice
+ * among them (CUDA first where built and no name is given). */
+#include "engine/backend/backend.h"
+#include "common/err.h"
+
+#include <string.h>
+
+const char *be_available(void)
+{
+#ifdef ANE_CUDA
+    return "cpu, cuda";
+#else
+    return "cpu";
+#endif
+}
+
+int be_open(be **out, const char *name, struct pool *p, int kv_f16, char *err, size_t errlen)
+{
+#ifdef ANE_CUDA
+    if (!name || !strcmp(name, "cuda")) {
+        char cerr[256];
+        if (be_cuda_open(out, p, kv_f16, cerr, sizeof cerr) == 0) return 0;
+        if (name) return err_set(err, errlen, "cuda backend: %s", cerr);
+    }
+#endif
+    if (name && strcmp(name, "cpu") != 0)
+        return err_set(err, errlen, "backend '%s' is not available in this build (available: %s)", name,
+                       be_available());
+    return be_cpu_open(out, p, kv_f16, err, errlen);
+}

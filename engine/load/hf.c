@@ -1,0 +1,486 @@
+/* hf.c — safetensors shards and config.json. */
+#include "engine/load/hf.h"
+#include "engine/load/mfile.h"
+#include "engine/quant/qtypes.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <float.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define HF_MAX_SHARDS  1024
+#define HF_MAX_HEADER  (256u << 20)
+
+typedef mf_map shard;
+
+struct hf_model {
+    hf_config cfg;
+    shard *shards; int n_shards;
+    gguf_tensor *t; uint64_t n_t, cap;
+    char **names;              /* storage of the GGUF names */
+};
+
+const hf_config *hf_cfg(const hf_model *h) { return &h->cfg; }
+uint64_t hf_n_tensors(const hf_model *h) { return h->n_t; }
+
+void hf_close(hf_model *h)
+{
+    if (!h) return;
+    for (int i = 0; i < h->n_shards; i++) mf_unmap(&h->shards[i]);
+    for (uint64_t i = 0; i < h->n_t; i++) free(h->names[i]);
+    free(h->names);
+    free(h->shards);
+    free(h->t);
+    free(h);
+}
+
+/* HF tensor name → GGUF name; 0 when the name is not one we use. */
+static int map_name(const char *hf, char *out, size_t n)
+{
+    static const struct { const char *hf, *gg; } fixed[] = {
+        { "model.embed_tokens.weight", "token_embd.weight" },
+        { "model.norm.weight", "output_norm.weight" },
+        { "lm_head.weight", "output.weight" },
+    };
+    static const struct { const char *hf, *gg; } per_layer[] = {
+        { "input_layernorm.weight", "attn_norm.weight" },
+        { "self_attn.q_proj.weight", "attn_q.weight" },
+        { "self_attn.k_proj.weight", "attn_k.weight" },
+        { "self_attn.v_proj.weight", "attn_v.weight" },
+        { "self_attn.o_proj.weight", "attn_output.weight" },
+        { "self_attn.q_proj.bias", "attn_q.bias" },
+        { "self_attn.k_proj.bias", "attn_k.bias" },
+        { "self_attn.v_proj.bias", "attn_v.bias" },
+        { "self_attn.q_norm.weight", "attn_q_norm.weight" },
+        { "self_attn.k_norm.weight", "attn_k_norm.weight" },
+        { "post_attention_layernorm.weight", "ffn_norm.weight" },
+        { "mlp.gate_proj.weight", "ffn_gate.weight" },
+        { "mlp.up_proj.weight", "ffn_up.weight" },
+        { "mlp.down_proj.weight", "ffn_down.weight" },
+    };
+    for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
+        if (!strcmp(hf, fixed[i].hf)) { snprintf(out, n, "%s", fixed[i].gg); return 1; }
+    int layer, off = 0;
+    if (sscanf(hf, "model.layers.%d.%n", &layer, &off) == 1 && off > 0 && layer >= 0 && layer < 100000) {
+        for (size_t i = 0; i < sizeof per_layer / sizeof per_layer[0]; i++)
+            if (!strcmp(hf + off, per_layer[i].hf)) {
+                snprintf(out, n, "blk.%d.%s", layer, per_layer[i].gg);
+                return 1;
+            }
+    }
+    return 0;
+}
+
+static int dtype_of(const char *s, uint32_t *t, size_t *esz)
+{
+    if (!strcmp(s, "BF16")) { *t = QT_BF16; *esz = 2; return 0; }
+    if (!strcmp(s, "F16")) { *t = QT_F16; *esz = 2; return 0; }
+    if (!strcmp(s, "F32")) { *t = QT_F32; *esz = 4; return 0; }
+    return -1;
+}
+
+static int tdata_cmp(const void *a, const void *b)
+{
+    const uint8_t *x = (*(const gguf_tensor *const *)a)->data, *y = (*(const gguf_tensor *const *)b)->data;
+    return x < y ? -1 : x > y;
+}
+
+/* The tensors h->t[first..] (one shard's) share no byte. */
+static int apart(hf_model *h, uint64_t first, const char *path, char *err, size_t errlen)
+{
+    uint64_t n = h->n_t - first;
+    if (n < 2) return 0;
+    const gguf_tensor **ix = malloc((size_t)n * sizeof *ix);
+    if (!ix) { snprintf(err, errlen, "%s: out of memory", path); return -1; }
+    for (uint64_t i = 0; i < n; i++) ix[i] = &h->t[first + i];
+    qsort(ix, (size_t)n, sizeof *ix, tdata_cmp);
+    int rc = 0;
+    for (uint64_t i = 1; i < n && !rc; i++)
+        if ((const uint8_t *)ix[i - 1]->data + ix[i - 1]->nbytes > (const uint8_t *)ix[i]->data) {
+            snprintf(err, errlen, "%s: the data_offsets of tensors '%s' and '%s' overlap (expected each tensor's "
+                     "bytes apart)", path, ix[i - 1]->name.s, ix[i]->name.s);
+            rc = -1;
+        }
+    free(ix);
+    return rc;
+}
+
+static int shard_load(hf_model *h, const char *path, char *err, size_t errlen)
+{
+    uint64_t first = h->n_t;
+    if (h->n_shards >= HF_MAX_SHARDS) { snprintf(err, errlen, "%s: too many shards", path); return -1; }
+    shard *sh = &h->shards[h->n_shards];
+    struct stat st;
+    int fd = mf_open(path, &st, err, errlen);
+    if (fd < 0) return -1;
+    if (st.st_size < 8) {
+        snprintf(err, errlen, "%s: not a safetensors file (%lld bytes, expected at least 8)", path,
+                 (long long)st.st_size);
+        close(fd);
+        return -1;
+    }
+    int rc0 = mf_map_fd(sh, fd, &st, path, err, errlen);
+    h->n_shards++;   /* (mf_unmap of a failed one is fine) */
+    if (rc0) return -1;
+    uint64_t hlen;
+    memcpy(&hlen, sh->map, 8);
+    if (hlen > HF_MAX_HEADER || hlen > sh->size - 8) {
+        snprintf(err, errlen, "%s: header length %llu does not fit the file (%zu bytes)", path,
+                 (unsigned long long)hlen, sh->size);
+        return -1;
+    }
+    json_error_t je;
+    json_t *root = json_loadb((const char *)sh->map + 8, (size_t)hlen, 0, &je);
+    if (!root || !json_is_object(root)) {
+        snprintf(err, errlen, "%s: header is not a JSON object: %s", path, root ? "" : je.text);
+        json_decref(root);
+        return -1;
+    }
+    size_t base = 8 + (size_t)hlen, data_len = sh->size - base;
+    const char *key;
+    json_t *val;
+    int rc = 0;
+    json_object_foreach(root, key, val) {
+        if (!strcmp(key, "__metadata__")) continue;
+        char gname[96];
+        if (!map_name(key, gname, sizeof gname)) continue;   /* e.g. rotary inv_freq buffers */
+        int layer;
+        if (sscanf(gname, "blk.%d.", &layer) == 1 && layer >= h->cfg.layers) {
+            snprintf(err, errlen, "%s: tensor '%s' belongs to layer %d but config.json has %lld layers",
+                     path, key, layer, (long long)h->cfg.layers);
+            rc = -1; break;
+        }
+        if (h->n_t >= h->cap) { snprintf(err, errlen, "%s: too many tensors", path); rc = -1; break; }
+        json_t *dt = json_object_get(val, "dtype"), *shp = json_object_get(val, "shape"),
+               *offs = json_object_get(val, "data_offsets");
+        uint32_t type;
+        size_t esz;
+        if (!json_is_string(dt) || !json_is_array(shp) || !json_is_array(offs) || json_array_size(offs) != 2) {
+            snprintf(err, errlen, "%s: tensor '%s': expected dtype, shape and data_offsets", path, key);
+            rc = -1; break;
+        }
+        if (dtype_of(json_string_value(dt), &type, &esz)) {
+            snprintf(err, errlen, "%s: tensor '%s' has dtype %s (supported: BF16, F16, F32)", path, key,
+                     json_string_value(dt));
+            rc = -1; break;
+        }
+        size_t nd = json_array_size(shp);
+        if (nd < 1 || nd > 2) {
+            snprintf(err, errlen, "%s: tensor '%s' has %zu dimensions (expected 1 or 2)", path, key, nd);
+            rc = -1; break;
+        }
+        int64_t dims[2] = { 1, 1 };
+        uint64_t elems = 1;
+        for (size_t d = 0; d < nd; d++) {
+            json_t *x = json_array_get(shp, d);
+            if (!json_is_integer(x) || json_integer_value(x) <= 0 || json_integer_value(x) > (1ll << 40)) {
+                snprintf(err, errlen, "%s: tensor '%s': bad shape", path, key);
+                rc = -1; break;
+            }
+            dims[d] = json_integer_value(x);
+            elems *= (uint64_t)dims[d];
+            if (elems > (1ull << 40)) { snprintf(err, errlen, "%s: tensor '%s': too large", path, key); rc = -1; break; }
+        }
+        if (rc) break;
+        json_t *o0 = json_array_get(offs, 0), *o1 = json_array_get(offs, 1);
+        if (!json_is_integer(o0) || !json_is_integer(o1)) {
+            snprintf(err, errlen, "%s: tensor '%s': bad data_offsets", path, key);
+            rc = -1; break;
+        }
+        json_int_t b = json_integer_value(o0), e = json_integer_value(o1);
+        if (b < 0 || e < b || (uint64_t)e > data_len || (uint64_t)(e - b) != elems * esz) {
+            snprintf(err, errlen, "%s: tensor '%s': data_offsets [%lld, %lld] do not match its shape "
+                     "or run past the end of the file", path, key, (long long)b, (long long)e);
+            rc = -1; break;
+        }
+        for (uint64_t i = 0; i < h->n_t; i++)
+            if (!strcmp(h->names[i], gname)) {
+                snprintf(err, errlen, "%s: tensor '%s' appears twice", path, key);
+                rc = -1; break;
+            }
+        if (rc) break;
+        gguf_tensor *t = &h->t[h->n_t];
+        h->names[h->n_t] = strdup(gname);
+        if (!h->names[h->n_t]) { snprintf(err, errlen, "out of memory"); rc = -1; break; }
+        t->name.s = h->names[h->n_t];
+        t->name.n = strlen(gname);
+        t->type = type;
+        t->n_dims = (uint32_t)nd;
+        /* safetensors [out, in] row-major is ggml's ne = {in, out} */
+        t->ne[0] = nd == 2 ? dims[1] : dims[0];
+        t->ne[1] = nd == 2 ? dims[0] : 1;
+        t->ne[2] = t->ne[3] = 1;
+        t->data = sh->map + base + b;
+        t->nbytes = (uint64_t)(e - b);
+        h->n_t++;
+    }
+    json_decref(root);
+    if (!rc) rc = apart(h, first, path, err, errlen);
+    return rc;
+}
+
+/* config.json fields: each of the type and in the range it must have, else
+ * an error naming the file, the field and what was expected. A null field
+ * counts as absent. */
+typedef struct cfgrd { const char *path; char *err; size_t errlen; } cfgrd;
+
+static const char *jtype(const json_t *v)
+{
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL: return "a number";
+    case JSON_TRUE: case JSON_FALSE: return "a boolean";
+    default: return "null";
+    }
+}
+
+/* An integral JSON number into *out; 0 when v is not one. */
+static int jint_of(const json_t *v, int64_t *out)
+{
+    if (json_is_integer(v)) { *out = json_integer_value(v); return 1; }
+    if (json_is_real(v)) {
+        double d = json_real_value(v);
+        if (d == floor(d) && fabs(d) < 9e15) { *out = (int64_t)d; return 1; }
+    }
+    return 0;
+}
+
+static int cint(cfgrd *r, json_t *o, const char *k, int required, int64_t dflt, int64_t lo, int64_t hi, int64_t *out)
+{
+    json_t *v = json_object_get(o, k);
+    if (!v || json_is_null(v)) {
+        if (required) {
+            snprintf(r->err, r->errlen, "%s: %s is missing (expected an integer in [%lld, %lld])", r->path, k,
+                     (long long)lo, (long long)hi);
+            return -1;
+        }
+        *out = dflt;
+        return 0;
+    }
+    if (!jint_of(v, out)) {
+        snprintf(r->err, r->errlen, "%s: %s is %s, expected an integer in [%lld, %lld]", r->path, k, jtype(v),
+                 (long long)lo, (long long)hi);
+        return -1;
+    }
+    if (*out < lo || *out > hi) {
+        snprintf(r->err, r->errlen, "%s: %s is %lld, expected an integer in [%lld, %lld]", r->path, k,
+                 (long long)*out, (long long)lo, (long long)hi);
+        return -1;
+    }
+    return 0;
+}
+
+/* A number in (lo, hi] (lo itself excluded). */
+static int cnum(cfgrd *r, json_t *o, const char *k, double dflt, double lo, double hi, double *out)
+{
+    json_t *v = json_object_get(o, k);
+    if (!v || json_is_null(v)) { *out = dflt; return 0; }
+    if (!json_is_number(v)) {
+        snprintf(r->err, r->errlen, "%s: %s is %s, expected a number in (%g, %g]", r->path, k, jtype(v), lo, hi);
+        return -1;
+    }
+    *out = json_number_value(v);
+    if (!(*out > lo && *out <= hi)) {
+        snprintf(r->err, r->errlen, "%s: %s is %g, expected a number in (%g, %g]", r->path, k, *out, lo, hi);
+        return -1;
+    }
+    return 0;
+}
+
+/* A token id below vocab, or null/absent (-1); lists (eos_token_id) give their first. */
+static int ctoken(cfgrd *r, json_t *o, const char *k, int64_t vocab, int64_t *out)
+{
+    json_t *v = json_object_get(o, k);
+    *out = -1;
+    if (!v || json_is_null(v)) return 0;
+    size_t n = json_is_array(v) ? json_array_size(v) : 1;
+    for (size_t i = 0; i < n; i++) {
+        json_t *x = json_is_array(v) ? json_array_get(v, i) : v;
+        int64_t id;
+        if (!jint_of(x, &id) || id < 0 || id >= vocab) {
+            if (jint_of(x, &id))
+                snprintf(r->err, r->errlen, "%s: %s is %lld, expected a token id below vocab_size %lld", r->path, k,
+                         (long long)id, (long long)vocab);
+            else
+                snprintf(r->err, r->errlen, "%s: %s is %s, expected a token id (or a list of them) below vocab_size %lld",
+                         r->path, k, jtype(x), (long long)vocab);
+            return -1;
+        }
+        if (i == 0) *out = id;
+    }
+    return 0;
+}
+
+static int config_load(hf_model *h, const char *dir, char *err, size_t errlen)
+{
+    char path[1100];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    char *buf;
+    size_t len;
+    if (mf_read(path, 16u << 20, 0, &buf, &len, err, errlen)) return -1;
+    json_error_t je;
+    json_t *c = json_loadb(buf, len, 0, &je);
+    free(buf);
+    if (!c || !json_is_object(c)) {
+        if (c) snprintf(err, errlen, "%s: is %s, expected a JSON object", path, jtype(c));
+        else snprintf(err, errlen, "%s: line %d: %s", path, je.line, je.text);
+        json_decref(c);
+        return -1;
+    }
+    hf_config *g = &h->cfg;
+    cfgrd r = { path, err, errlen };
+    int rc = -1;
+    json_t *mt = json_object_get(c, "model_type");
+    const char *t = json_is_string(mt) ? json_string_value(mt) : "";
+    if (strcmp(t, "llama") && strcmp(t, "qwen2") && strcmp(t, "qwen3")) {
+        snprintf(err, errlen, "%s: model_type '%s' is not supported (supported: llama, qwen2, qwen3)", path, t);
+        goto out;
+    }
+    snprintf(g->arch, sizeof g->arch, "%s", t);
+    if (cint(&r, c, "hidden_size", 1, 0, 1, 65536, &g->hidden) ||
+        cint(&r, c, "num_hidden_layers", 1, 0, 1, 4096, &g->layers) ||
+        cint(&r, c, "num_attention_heads", 1, 0, 1, 1024, &g->heads) ||
+        cint(&r, c, "num_key_value_heads", 0, g->heads, 1, g->heads, &g->kv_heads) ||
+        cint(&r, c, "intermediate_size", 1, 0, 1, 1 << 20, &g->ff) ||
+        cint(&r, c, "vocab_size", 1, 0, 1, 1 << 24, &g->vocab) ||
+        cint(&r, c, "max_position_embeddings", 0, 4096, 1, 1 << 24, &g->ctx))
+        goto out;
+    if (g->heads % g->kv_heads) {
+        snprintf(err, errlen, "%s: num_attention_heads %lld is not a multiple of num_key_value_heads %lld", path,
+                 (long long)g->heads, (long long)g->kv_heads);
+        goto out;
+    }
+    json_t *hd = json_object_get(c, "head_dim");
+    if ((!hd || json_is_null(hd)) && g->hidden % g->heads) {
+        snprintf(err, errlen, "%s: hidden_size %lld is not a multiple of num_attention_heads %lld "
+                 "(and there is no head_dim)", path, (long long)g->hidden, (long long)g->heads);
+        goto out;
+    }
+    if (cint(&r, c, "head_dim", 0, g->hidden / g->heads, 2, 1024, &g->head_dim)) goto out;
+    if (g->head_dim % 2) {
+        snprintf(err, errlen, "%s: head_dim %lld is odd, expected an even number", path, (long long)g->head_dim);
+        goto out;
+    }
+    if (cnum(&r, c, "rms_norm_eps", 1e-6, 0, 1, &g->eps) ||
+        ctoken(&r, c, "bos_token_id", g->vocab, &g->bos) || ctoken(&r, c, "eos_token_id", g->vocab, &g->eos))
+        goto out;
+    json_t *tie = json_object_get(c, "tie_word_embeddings");
+    if (tie && !json_is_boolean(tie) && !json_is_null(tie)) {
+        snprintf(err, errlen, "%s: tie_word_embeddings is %s, expected true or false", path, jtype(tie));
+        goto out;
+    }
+    g->tie = json_is_boolean(tie) ? json_is_true(tie) : -1;
+    /* the MLP is SwiGLU: another activation would compute something else */
+    json_t *act = json_object_get(c, "hidden_act");
+    if (act && !json_is_null(act) && !(json_is_string(act) && !strcmp(json_string_value(act), "silu"))) {
+        snprintf(err, errlen, "%s: hidden_act is %s%s%s, expected \"silu\"", path,
+                 json_is_string(act) ? "\"" : jtype(act), json_is_string(act) ? json_string_value(act) : "",
+                 json_is_string(act) ? "\"" : "");
+        goto out;
+    }
+    /* rope base: (1, FLT_MAX] (1 or below turns no pair, inf or NaN spoils every one) */
+    if (cnum(&r, c, "rope_theta", 10000.0, 1, FLT_MAX, &g->rope_theta)) goto out;
+    json_t *rp = json_object_get(c, "rope_parameters");
+    if (!json_is_object(rp)) rp = json_object_get(c, "rope_scaling");
+    if (rp && !json_is_object(rp) && !json_is_null(rp)) {
+        snprintf(err, errlen, "%s: rope_scaling is %s, expected an object or null", path, jtype(rp));
+        goto out;
+    }
+    if (json_is_object(rp)) {
+        if (cnum(&r, rp, "rope_theta", g->rope_theta, 1, FLT_MAX, &g->rope_theta)) goto out;
+        json_t *rt = json_object_get(rp, "rope_type");
+        if (!json_is_string(rt)) rt = json_object_get(rp, "type");
+        const char *rts = json_is_string(rt) ? json_string_value(rt) : "default";
+        if (!strcmp(rts, "llama3")) {
+            g->rope_llama3 = 1;
+            if (cnum(&r, rp, "factor", 8, 0, 1e6, &g->rope_factor) ||
+                cnum(&r, rp, "low_freq_factor", 1, 0, 1e6, &g->rope_low) ||
+                cnum(&r, rp, "high_freq_factor", 4, 0, 1e6, &g->rope_high) ||
+                cnum(&r, rp, "original_max_position_embeddings", 8192, 0, 1 << 24, &g->rope_orig_ctx))
+                goto out;
+            if (g->rope_high <= g->rope_low) {
+                snprintf(err, errlen, "%s: rope_scaling high_freq_factor %g is not above low_freq_factor %g", path,
+                         g->rope_high, g->rope_low);
+                goto out;
+            }
+        } else if (strcmp(rts, "default")) {
+            snprintf(err, errlen, "%s: rope type '%s' is not supported (supported: default, llama3)", path, rts);
+            goto out;
+        }
+    }
+    rc = 0;
+out:
+    json_decref(c);
+    return rc;
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+int hf_open(hf_model **out, const char *dir, char *err, size_t errlen)
+{
+    *out = NULL;
+    hf_model *h = calloc(1, sizeof *h);
+    if (!h) { snprintf(err, errlen, "out of memory"); return -1; }
+    char *files[HF_MAX_SHARDS];
+    int nf = 0;
+    if (config_load(h, dir, err, errlen)) goto fail;
+    DIR *d = opendir(dir);
+    if (!d) { snprintf(err, errlen, "%s: cannot open directory: %s", dir, strerror(errno)); goto fail; }
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        size_t l = strlen(de->d_name);
+        if (l > 12 && !strcmp(de->d_name + l - 12, ".safetensors") && nf < HF_MAX_SHARDS)
+            files[nf++] = strdup(de->d_name);
+    }
+    closedir(d);
+    if (nf == 0) { snprintf(err, errlen, "%s: no *.safetensors files", dir); goto fail; }
+    qsort(files, (size_t)nf, sizeof *files, cmp_str);
+    h->shards = calloc((size_t)nf, sizeof *h->shards);
+    /* at most (1 + 14 per layer + 3) tensors are kept */
+    size_t cap = (size_t)h->cfg.layers * 14 + 8;
+    h->cap = cap;
+    h->t = calloc(cap, sizeof *h->t);
+    h->names = calloc(cap, sizeof *h->names);
+    if (!h->shards || !h->t || !h->names) { snprintf(err, errlen, "out of memory"); goto fail; }
+    for (int i = 0; i < nf; i++) {
+        char p[1100];
+        snprintf(p, sizeof p, "%s/%s", dir, files[i]);
+        if (!files[i] || shard_load(h, p, err, errlen)) goto fail;
+    }
+    for (int i = 0; i < nf; i++) free(files[i]);
+    *out = h;
+    return 0;
+fail:
+    for (int i = 0; i < nf; i++) free(files[i]);
+    hf_close(h);
+    return -1;
+}
+
+int hf_check(hf_model *h, int quick, char *why, size_t n)
+{
+    int rc = MF_SAME;
+    for (int i = 0; i < h->n_shards && rc != MF_CHANGED; i++) {
+        char w[300];
+        int r = mf_check(&h->shards[i], quick, w, sizeof w);
+        if (r == MF_CHANGED || (r == MF_REPLACED && rc == MF_SAME)) {
+            rc = r;
+            snprintf(why, n, "%s", w);
+        }
+    }
+    return rc;
+}
+
+const gguf_tensor *hf_tensor_find(const hf_model *h, const char *name)
+{
+    for (uint64_t i = 0; i < h->n_t; i++)
+        if (!strcmp(h->names[i], name)) return &h->t[i];
+    return NULL;
+}

@@ -1,0 +1,35 @@
+/* hf.h — Hugging Face model directories (engine-internal): config.json,
+ * model.safetensors or sharded *.safetensors with model.safetensors.index.json.
+ * Tensors are exposed under their GGUF names (blk.N.attn_q.weight, ...) as
+ * gguf_tensor records pointing into read-only mappings of the shards, so the
+ * model loader treats both sources alike. Every header offset is checked
+ * against its file before use. */
+#ifndef ANE_HF_H
+#define ANE_HF_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/load/gguf.h"
+
+typedef struct hf_config {
+    char arch[32];            /* "llama", "qwen2", "qwen3" (from model_type) */
+    int64_t hidden, layers, heads, kv_heads, head_dim, ff, vocab, ctx;
+    double eps, rope_theta;
+    int tie;                  /* tie_word_embeddings: 1, 0, or -1 when absent */
+    int rope_llama3;          /* rope_type llama3: the parameters below */
+    double rope_factor, rope_low, rope_high, rope_orig_ctx;
+    int64_t bos, eos;         /* -1 when null/absent */
+} hf_config;
+
+typedef struct hf_model hf_model;
+
+int hf_open(hf_model **out, const char *dir, char *err, size_t errlen);
+void hf_close(hf_model *h);
+const hf_config *hf_cfg(const hf_model *h);
+const gguf_tensor *hf_tensor_find(const hf_model *h, const char *gguf_name);
+uint64_t hf_n_tensors(const hf_model *h);
+/* mf_check over the shards: the first MF_CHANGED, else the first MF_REPLACED. */
+int hf_check(hf_model *h, int quick, char *why, size_t n);
+
+#endif

@@ -1,0 +1,103 @@
+/* model.h — a loaded model: hyper-parameters from metadata and weight
+ * tensors used in place from the file mapping (engine-internal).
+ *
+ * Shapes follow ggml: a weight W with ne = {n_in, n_out} has n_out rows of
+ * n_in values, and y = W x means y[r] = dot(row r, x). */
+#ifndef ANE_MODEL_H
+#define ANE_MODEL_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct tok;
+struct arch;
+
+typedef struct wt {
+    uint32_t type;          /* qtypes id */
+    int64_t n_in, n_out;    /* ne[0], ne[1] */
+    size_t row_bytes;
+    const void *data;       /* host bytes (mmap or owned) */
+    void *dev;              /* the backend's copy, when it keeps one */
+} wt;
+
+typedef struct layer_w {
+    wt attn_norm, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down;
+    wt bq, bk, bv;              /* qwen2 biases (data NULL when absent) */
+    wt q_norm, k_norm;          /* qwen3 per-head norms */
+    /* qwen35: linear (Gated DeltaNet) layers use these instead of wq..wo;
+     * full-attention layers use wq (query and output gate interleaved per
+     * head), wk, wv, wo, q_norm, k_norm. ffn_norm is post_attention_norm. */
+    int linear;
+    wt ssm_qkv;                 /* [E] -> [2*n_k*dk + n_v*dv]: q, k, v channels */
+    wt ssm_z;                   /* [E] -> [n_v*dv]: output gate (attn_gate) */
+    wt ssm_alpha, ssm_beta;     /* [E] -> [n_v] */
+    wt ssm_a;                   /* f32 [n_v]: -exp(A_log) */
+    wt ssm_dt_bias;             /* f32 [n_v] */
+    wt ssm_conv;                /* f32 [conv_dim] rows of ssm_conv_k taps */
+    wt ssm_norm;                /* f32 [dv] */
+    wt ssm_out;                 /* [n_v*dv] -> [E] */
+} layer_w;
+
+typedef struct hparams {
+    int32_t n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff;
+    int32_t n_rot;              /* rotary dims per head */
+    int32_t n_ctx_train;
+    float norm_eps;
+    float rope_base;
+    int rope_neox;              /* 1: rotate (i, i+n_rot/2); 0: adjacent pairs */
+    /* qwen35 linear-attention layers (0 elsewhere) */
+    int32_t ssm_conv_k;         /* causal conv taps */
+    int32_t ssm_dk, ssm_dv;     /* key / value head size */
+    int32_t ssm_nk, ssm_nv;     /* key / value heads (nv a multiple of nk) */
+    int32_t n_attn_layers;      /* layers that keep a KV cache (not linear-attention ones) */
+} hparams;
+
+typedef struct model {
+    hparams hp;
+    const struct arch *arch;    /* its row of the architecture table (NULL: vocabulary only) */
+    char arch_name[32];
+    char name[128];
+    char path[512];
+    wt tok_embd, output_norm, output;
+    wt rope_freqs;              /* llama-3.1 per-dim divisors; data NULL when absent */
+    layer_w *layers;
+    int tokenizer_only;
+    int spm;                    /* SentencePiece vocabulary: drop the space prefix after BOS */
+    int recurrent;              /* has per-sequence recurrent state: no prefix reuse */
+    struct tok *tok;
+    uint64_t n_params, weight_bytes;
+    int resident;               /* the backend holds its own copy of every weight: the
+                                   file mappings are not read after model_prepare */
+    atomic_llong check_due;     /* resident: model_check looks again from then on (ms) */
+    /* owner of the bytes: */
+    struct gguf *gguf;
+    struct hf_model *hf;
+    void *owned;                /* converted/loaded buffers (HF dirs), freed with the model */
+} model;
+
+/* Loads a GGUF file or a Hugging Face directory (config.json, *.safetensors,
+ * tokenizer.json). */
+int model_load(model **out, const char *path, char *err, size_t errlen);
+void model_free(model *m);
+
+struct be;
+/* Hands every weight to the backend once (upload/repack); 0 ok. */
+int model_prepare(model *m, struct be *b, char *err, size_t errlen);
+
+/* The model's mapped files against what was loaded (engine/load/mfile.h), cheap
+ * enough for every forward pass: MODEL_SAME; MODEL_CHANGED: the weights in
+ * use are no longer what was loaded (a file was rewritten or truncated in
+ * place; a read past its new end found zero pages): jobs must end;
+ * MODEL_DETACHED: the files on disk differ from what was loaded (renamed
+ * over, removed, or rewritten while the backend holds its own copy) but the
+ * weights in use are intact. For the last two a line in why. Any thread. */
+enum { MODEL_SAME = 0, MODEL_CHANGED, MODEL_DETACHED };
+/* quick (after each forward pass): what can only be told (a rename over the
+ * file; anything for a resident model) is looked at once a second. */
+int model_check(model *m, int quick, char *why, size_t n);
+
+/* Dequantizes row r of w to f32 (embedding lookup, tests). */
+void wt_row_f32(const wt *w, int64_t r, float *dst);
+
+#endif

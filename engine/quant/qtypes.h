@@ -1,0 +1,109 @@
+/* qtypes.h — weight formats and the kernels that consume them (engine-internal).
+ *
+ * Type ids are ggml's, as stored in GGUF. Every supported type has:
+ *   - a reference dequantizer, bit-exact with llama.cpp (tests compare it with
+ *     tests/fixtures/refs/llama-q.dequant.json);
+ *   - a matching activation format (qt_act_type): weights of quantized types
+ *     are dotted with activations quantized per block (Q8_0, Q8_1 or Q8_K),
+ *     float weights with f32 activations;
+ *   - a scalar C gemm (the reference) and SIMD versions chosen at run time
+ *     (AVX-512 VNNI / AVX2 / NEON), each tested against the scalar one.
+ * Weights are never dequantized as a whole: kernels read blocks in place. */
+#ifndef ANE_QTYPES_H
+#define ANE_QTYPES_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum {
+    QT_F32 = 0, QT_F16 = 1, QT_Q4_0 = 2, QT_Q4_1 = 3, QT_Q5_0 = 6, QT_Q5_1 = 7,
+    QT_Q8_0 = 8, QT_Q8_1 = 9, QT_Q2_K = 10, QT_Q3_K = 11, QT_Q4_K = 12,
+    QT_Q5_K = 13, QT_Q6_K = 14, QT_Q8_K = 15, QT_BF16 = 30,
+    QT_COUNT = 40
+};
+
+typedef struct qt_traits {
+    const char *name;     /* "q4_K", as llama.cpp names it */
+    int32_t blck;         /* values per block */
+    size_t type_size;     /* bytes per block */
+    int weight_ok;        /* 1: supported as a weight type */
+} qt_traits;
+
+/* NULL for an id this engine does not know. */
+const qt_traits *qt_get(uint32_t type);
+const char *qt_name(uint32_t type);           /* "type 23" style for unknown ids */
+/* Bytes of a row of n values (n a multiple of blck); 0 if not. */
+size_t qt_row_size(uint32_t type, int64_t n);
+
+/* Reference dequantization of n values (n a multiple of blck). */
+void qt_dequant_row(uint32_t type, const void *src, float *dst, int64_t n);
+
+/* Activation format to pair with weight type w, and its quantizer. */
+uint32_t qt_act_type(uint32_t wtype);
+void qt_quantize_row(uint32_t act_type, const float *x, void *dst, int64_t n);
+
+/* Y[b*ldy + r] = dot(row r of W, activation row b)   for r0 <= r < r1, 0 <= b < nb.
+ * W rows are w_stride bytes apart; activations (already in qt_act_type(wtype)
+ * format) a_stride bytes apart; n = values per row. Dispatches to the best
+ * ISA found by qt_init(). Thread-safe; no allocation (kernels use up to
+ * ~64 KiB of stack). Batch-invariant: for a given ISA, Y[b*ldy + r] is
+ * bit-identical whatever nb, r0/r1 and the place of row b in the batch. */
+void qt_gemm(uint32_t wtype, int64_t n, const void *W, size_t w_stride,
+             int64_t r0, int64_t r1, const void *A, size_t a_stride, int nb,
+             float *Y, int64_t ldy);
+/* The scalar reference of the same. */
+void qt_gemm_ref(uint32_t wtype, int64_t n, const void *W, size_t w_stride,
+                 int64_t r0, int64_t r1, const void *A, size_t a_stride, int nb,
+                 float *Y, int64_t ldy);
+
+/* Run-time ISA choice. qt_init is idempotent and thread-safe. */
+typedef enum qt_isa { QT_ISA_SCALAR = 0, QT_ISA_AVX2, QT_ISA_AVX512, QT_ISA_NEON } qt_isa;
+void qt_init(void);
+qt_isa qt_isa_get(void);
+const char *qt_isa_name(qt_isa isa);
+/* Force a lower ISA (tests, benchmarks); clamps to what the CPU has. */
+void qt_isa_set(qt_isa isa);
+
+/* Scalar conversions. */
+float qt_fp16_to_fp32(uint16_t h);
+uint16_t qt_fp32_to_fp16(float f);
+float qt_bf16_to_fp32(uint16_t h);
+uint16_t qt_fp32_to_bf16(float f);  /* round to nearest even, as llama.cpp */
+
+/* ---- Block layouts (exactly as GGML/GGUF store them) and the per-ISA
+ * kernel entry points. For qtypes*.c, qt_*.c and tests. ---- */
+#define QT_QK 32          /* values per block of the small-block types */
+#define QT_QK_K 256       /* values per K-quant super-block */
+
+typedef struct { uint16_t d; uint8_t qs[16]; } qt_block_q4_0;                 /* 18 */
+typedef struct { uint16_t d, m; uint8_t qs[16]; } qt_block_q4_1;              /* 20 */
+typedef struct { uint16_t d; uint8_t qh[4]; uint8_t qs[16]; } qt_block_q5_0;  /* 22 */
+typedef struct { uint16_t d, m; uint8_t qh[4]; uint8_t qs[16]; } qt_block_q5_1; /* 24 */
+typedef struct { uint16_t d; int8_t qs[32]; } qt_block_q8_0;                  /* 34 */
+typedef struct { uint16_t d, s; int8_t qs[32]; } qt_block_q8_1;               /* 36: s = d * sum(qs) */
+typedef struct { uint8_t scales[16]; uint8_t qs[64]; uint16_t d, dmin; } qt_block_q2_K;      /* 84 */
+typedef struct { uint8_t hmask[32]; uint8_t qs[64]; uint8_t scales[12]; uint16_t d; } qt_block_q3_K; /* 110 */
+typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[128]; } qt_block_q4_K;    /* 144 */
+typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[32]; uint8_t qs[128]; } qt_block_q5_K; /* 176 */
+typedef struct { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d; } qt_block_q6_K;  /* 210 */
+typedef struct { float d; int8_t qs[256]; int16_t bsums[16]; } qt_block_q8_K; /* 292: bsums = sums of 16 */
+
+/* Dot of two rows in the reference arithmetic (w row of wtype, a row of
+ * qt_act_type(wtype)). */
+float qt_vec_dot_ref(uint32_t wtype, int64_t n, const void *w, const void *a);
+
+/* qt_quantize_row in plain C. qt_quantize_row itself uses SIMD versions
+ * (qt_quantize_avx2: 0 done, -1 not handled) whose output is identical
+ * byte for byte for finite input. */
+void qt_quantize_row_ref(uint32_t act_type, const float *x, void *dst, int64_t n);
+int qt_quantize_avx2(uint32_t act_type, const float *x, void *dst, int64_t n);
+
+/* SIMD kernels (same arguments as qt_gemm): 0 done, -1 type not handled
+ * there (the caller falls back to a lower ISA). Defined only where built
+ * (quant/gemm_entry.h). */
+typedef int qt_gemm_kernel(uint32_t wtype, int64_t n, const void *W, size_t w_stride,
+                           int64_t r0, int64_t r1, const void *A, size_t a_stride, int nb,
+                           float *Y, int64_t ldy);
+qt_gemm_kernel qt_gemm_avx2, qt_gemm_avx512, qt_gemm_neon;
+
+#endif

@@ -1,0 +1,1432 @@
+/* aned-http — an OpenAI-compatible HTTP gateway to aned.
+ *
+ * A separate, unprivileged program: it speaks HTTP (libmicrohttpd) and JSON
+ * (jansson) to its clients and the aned protocol (libaneclient) to the
+ * daemon, so HTTP parsing never runs inside the process that owns the model.
+ *
+ * Threads: libmicrohttpd runs one thread per HTTP connection (bounded by
+ * --max-connections; a few more are taken only to be answered 503). Each HTTP connection owns one daemon connection, made
+ * on its first request and kept for the following keep-alive requests; it is
+ * only ever used from that connection's thread. While a request waits for
+ * the daemon, its thread also watches the HTTP socket: a client that goes
+ * away cancels its jobs.
+ *
+ * Endpoints: POST /v1/completions, POST /v1/chat/completions (both with
+ * "stream": true as server-sent events), GET /v1/models[/ID], GET /health,
+ * POST /tokenize, POST /detokenize. This file serves requests; options,
+ * listening and main are in main.c. */
+#include "client/aneclient.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdatomic.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <jansson.h>
+#include <microhttpd.h>
+
+#include "http/gw.h"
+
+/* ------------------------------------------------------------------ buffers */
+
+typedef struct sbuf { char *p; size_t len, cap; int oom; } sbuf;
+
+static void sb_free(sbuf *b) { free(b->p); b->p = NULL; b->len = b->cap = 0; b->oom = 0; }
+
+static int sb_reserve(sbuf *b, size_t add)
+{
+    if (b->oom) return -1;
+    if (add <= b->cap - b->len) return 0;
+    size_t need = b->len + add, cap = b->cap ? b->cap : 256;
+    while (cap < need) cap *= 2;
+    char *p = realloc(b->p, cap + 1);
+    if (!p) { b->oom = 1; return -1; }
+    b->p = p;
+    b->cap = cap;
+    return 0;
+}
+
+static void sb_add(sbuf *b, const char *s, size_t n)
+{
+    if (sb_reserve(b, n) < 0) return;
+    if (n) memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = 0;
+}
+static void sb_puts(sbuf *b, const char *s) { sb_add(b, s, strlen(s)); }
+
+static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_printf(sbuf *b, const char *fmt, ...)
+{
+    char tmp[256];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    if ((size_t)n < sizeof tmp) { sb_add(b, tmp, (size_t)n); return; }
+    if (sb_reserve(b, (size_t)n + 1) < 0) return;
+    va_start(ap, fmt);
+    vsnprintf(b->p + b->len, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    b->len += (size_t)n;
+}
+
+/* A JSON string literal of UTF-8 text (the daemon guarantees UTF-8). */
+static void sb_json_str(sbuf *b, const char *s, size_t n)
+{
+    static const char hex[] = "0123456789abcdef";
+    if (sb_reserve(b, n + 2) < 0) return;
+    sb_add(b, "\"", 1);
+    size_t run = 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c >= 0x20 && c != '"' && c != '\\') continue;
+        sb_add(b, s + run, i - run);
+        run = i + 1;
+        char e[6] = { '\\', 0 };
+        size_t el = 2;
+        switch (c) {
+        case '"': e[1] = '"'; break;
+        case '\\': e[1] = '\\'; break;
+        case '\n': e[1] = 'n'; break;
+        case '\r': e[1] = 'r'; break;
+        case '\t': e[1] = 't'; break;
+        case '\b': e[1] = 'b'; break;
+        case '\f': e[1] = 'f'; break;
+        default:
+            e[1] = 'u'; e[2] = '0'; e[3] = '0'; e[4] = hex[c >> 4]; e[5] = hex[c & 15]; el = 6;
+        }
+        sb_add(b, e, el);
+    }
+    sb_add(b, s + run, n - run);
+    sb_add(b, "\"", 1);
+}
+
+/* ------------------------------------------------------------------ connection state */
+
+/* One per HTTP connection (its thread). */
+typedef struct gw_conn {
+    ane_client *ane;              /* lazily connected; NULL after a failure */
+    int fd;                       /* the HTTP socket, watched for the peer leaving */
+    int over;                     /* past --max-connections: answered 503, closed */
+} gw_conn;
+
+/* Connections within --max-connections (the others are "over"). */
+static atomic_uint n_served;
+
+typedef enum route {
+    R_NONE = 0, R_HEALTH, R_MODELS, R_MODEL, R_COMPLETIONS, R_CHAT, R_TOKENIZE, R_DETOKENIZE,
+} route;
+
+typedef struct job {
+    uint64_t id;                  /* daemon request id; 0 = not submitted */
+    int index;                    /* OpenAI choice index */
+    int prompt_no;                /* which prompt (usage counts each once) */
+    sbuf text;
+    const char *finish;           /* OpenAI finish_reason once done */
+    uint32_t prompt_tokens, cached_tokens, completion_tokens;
+    int done;
+} job;
+
+typedef struct gw_req {
+    route rt;
+    /* for the -v access log: one line per request when it ends */
+    char method[16], path[160];
+    long long t0_ns;
+    unsigned status;              /* what was answered; 0 = nothing yet */
+    int stream_failed;            /* a stream ended with an error chunk */
+    const char *model_id;         /* R_MODEL: the path's id */
+    gw_conn *conn;
+    struct MHD_Connection *mc;
+    sbuf body;
+    int too_large;
+    const char *origin;           /* allowed Origin to echo, or NULL */
+    /* a generation */
+    int chat, stream, include_usage, echo;
+    char id[40];
+    long long created;
+    char *model_json;             /* the model name as a JSON string literal */
+    job jobs[GW_MAX_CHOICES];
+    int n_jobs, n_done;
+    int role_sent;
+    /* streaming */
+    sbuf out;                     /* SSE bytes not yet handed to MHD */
+    size_t out_off;
+    int finished;                 /* nothing more to produce after out */
+    int failed;                   /* end the stream with an error */
+} gw_req;
+
+static int route_is_get(route r);
+
+static long long mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* ------------------------------------------------------------------ responses */
+
+static const char *err_type_for(unsigned status)
+{
+    switch (status) {
+    case 401: return "authentication_error";
+    case 403: return "permission_error";
+    case 404: return "not_found_error";
+    case 429: return "rate_limit_error";
+    default: return status >= 500 ? "server_error" : "invalid_request_error";
+    }
+}
+
+static void add_common_headers(gw_req *rq, struct MHD_Response *r)
+{
+    if (rq && rq->origin) {
+        MHD_add_response_header(r, "Access-Control-Allow-Origin", rq->origin);
+        MHD_add_response_header(r, "Vary", "Origin");
+    }
+}
+
+static enum MHD_Result send_buf(gw_req *rq, struct MHD_Connection *mc, unsigned status,
+                                const char *ctype, const char *data, size_t len)
+{
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, (void *)data, MHD_RESPMEM_MUST_COPY);
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", ctype);
+    add_common_headers(rq, r);
+    if (status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
+    if (status == 429 || status == 503) MHD_add_response_header(r, "Retry-After", "1");
+    if (status == 405 && rq) MHD_add_response_header(r, "Allow", route_is_get(rq->rt) ? "GET, HEAD" : "POST");
+    if (rq && rq->conn && rq->conn->over) MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
+    if (rq) rq->status = status;
+    enum MHD_Result ret = MHD_queue_response(mc, status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+static enum MHD_Result send_json(gw_req *rq, struct MHD_Connection *mc, unsigned status, json_t *j)
+{
+    char *s = j ? json_dumps(j, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
+    json_decref(j);
+    if (!s) return send_buf(rq, mc, 500, "application/json",
+                            "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,\"code\":null}}", 84);
+    enum MHD_Result ret = send_buf(rq, mc, status, "application/json", s, strlen(s));
+    free(s);
+    return ret;
+}
+
+static json_t *error_obj(unsigned status, const char *code, const char *param, const char *msg)
+{
+    json_t *e = json_pack("{s:s, s:s, s:s?, s:s?}", "message", msg, "type", err_type_for(status),
+                          "param", param, "code", code);
+    return json_pack("{s:o}", "error", e);
+}
+
+static enum MHD_Result send_error(gw_req *rq, struct MHD_Connection *mc, unsigned status,
+                                  const char *code, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+static enum MHD_Result send_error(gw_req *rq, struct MHD_Connection *mc, unsigned status,
+                                  const char *code, const char *param, const char *fmt, ...)
+{
+    char msg[768];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    /* The message may quote client text cut at any byte: keep it UTF-8. */
+    size_t n = strlen(msg);
+    while (n && !proto_utf8_valid(msg, n)) n--;
+    msg[n] = 0;
+    if (G.verbose) logf_("%u: %s", status, msg);
+    return send_json(rq, mc, status, error_obj(status, code, param, msg));
+}
+
+/* The HTTP status and OpenAI code for a daemon error. */
+static unsigned status_for(proto_err e, const char **code)
+{
+    *code = NULL;
+    switch (e) {
+    case PROTO_E_CONTEXT: *code = "context_length_exceeded"; return 400;
+    case PROTO_E_BUSY: *code = "busy"; return 429;
+    case PROTO_E_NO_MODEL: *code = "no_model"; return 501;
+    case PROTO_E_SHUTDOWN: *code = "shutting_down"; return 503;
+    case PROTO_E_MODEL_CHANGED: *code = "model_changed"; return 503;
+    case PROTO_E_DENIED: *code = "denied"; return 502;
+    case PROTO_E_INTERNAL: *code = "internal"; return 500;
+    case PROTO_E_MALFORMED: case PROTO_E_TOO_DEEP: case PROTO_E_VERSION: case PROTO_E_HANDSHAKE:
+    case PROTO_E_DUPLICATE_ID: case PROTO_E_UNKNOWN_TYPE:
+        *code = proto_err_name(e); return 502;
+    default:
+        *code = proto_err_name(e); return 400;
+    }
+}
+
+/* The request field a daemon error is about, in OpenAI's names, found as the
+ * first protocol field name the message mentions ("top_p must be in (0, 1]").
+ * NULL when it names none. */
+static const char *param_for(route rt, const char *msg)
+{
+    /* protocol name; its OpenAI name for completions, chat, tokenize, detokenize */
+    static const char *const names[][5] = {
+        { "max_tokens", "max_tokens", "max_tokens" }, { "temperature", "temperature", "temperature" },
+        { "top_k", "top_k", "top_k" }, { "top_p", "top_p", "top_p" }, { "min_p", "min_p", "min_p" },
+        { "repeat_penalty", "repeat_penalty", "repeat_penalty" },
+        { "repeat_last_n", "repeat_last_n", "repeat_last_n" }, { "seed", "seed", "seed" },
+        { "stop", "stop", "stop" }, { "messages", "prompt", "messages" }, { "prompt", "prompt", "messages" },
+        { "tokens", "prompt", "messages", NULL, "tokens" }, { "token", "prompt", "messages", NULL, "tokens" },
+        { "text", NULL, NULL, "content" },
+    };
+    int col = rt == R_COMPLETIONS ? 1 : rt == R_CHAT ? 2 : rt == R_TOKENIZE ? 3 : rt == R_DETOKENIZE ? 4 : 0;
+    if (!col) return NULL;
+    const char *best = NULL, *best_at = NULL;
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        if (!names[i][col]) continue;
+        size_t n = strlen(names[i][0]);
+        for (const char *p = strstr(msg, names[i][0]); p; p = strstr(p + 1, names[i][0])) {
+            if ((p > msg && (isalnum((unsigned char)p[-1]) || p[-1] == '_')) || isalnum((unsigned char)p[n]) || p[n] == '_')
+                continue;   /* inside a longer word */
+            if (!best_at || p < best_at) { best_at = p; best = names[i][col]; }
+            break;
+        }
+    }
+    return best;
+}
+
+/* How a job (or a one-shot request) failed, copied out of its event: the
+ * event's strings live in the daemon connection's buffers, which conn_drop
+ * frees. */
+typedef struct job_err { unsigned status; const char *code; const char *param; char msg[600]; } job_err;
+
+static void err_from_event(route rt, const proto_ev *ev, job_err *je)
+{
+    je->status = status_for(ev->code, &je->code);
+    size_t n = ev->message_len < sizeof je->msg - 1 ? ev->message_len : sizeof je->msg - 1;
+    memcpy(je->msg, ev->message ? ev->message : "", ev->message ? n : 0);
+    if (!ev->message) n = 0;
+    while (n && !proto_utf8_valid(je->msg, n)) n--;   /* cut inside a character */
+    je->msg[n] = 0;
+    je->param = je->status == 400 ? param_for(rt, je->msg) : NULL;
+}
+
+/* ------------------------------------------------------------------ daemon side */
+
+/* The connection's daemon client, connecting when needed. -1: 503 sent-worthy, err says why. */
+static int conn_ane(gw_conn *c, char *err, size_t errlen)
+{
+    if (c->ane) return 0;
+    ane_connect_opts o = { G.socket_path, GW_NAME, 5000, G.daemon_uid };
+    proto_err refused = PROTO_OK;
+    if (ane_connect_with(&c->ane, &o, &refused, err, errlen) < 0) { c->ane = NULL; return -1; }
+    return 0;
+}
+
+static void conn_drop(gw_conn *c)
+{
+    ane_close(c->ane);   /* cancels whatever is still in flight there */
+    c->ane = NULL;
+}
+
+/* Waits for the next daemon event while watching the HTTP peer.
+ * 1 event; -1 daemon connection failed (err); -2 the HTTP client left. */
+static int wait_event(gw_req *rq, proto_ev *ev, char *err, size_t errlen)
+{
+    gw_conn *c = rq->conn;
+    for (;;) {
+        int rc = ane_next_event(c->ane, ev, 0, err, errlen);
+        if (rc == 1) return 1;
+        if (rc < 0) return -1;
+        struct pollfd pf[2] = { { ane_fd(c->ane), POLLIN, 0 }, { c->fd, POLLRDHUP, 0 } };
+        int pr = poll(pf, c->fd >= 0 ? 2 : 1, -1);
+        if (pr < 0 && errno != EINTR) { snprintf(err, errlen, "poll: %s", strerror(errno)); return -1; }
+        if (pr > 0 && c->fd >= 0 && (pf[1].revents & (POLLRDHUP | POLLHUP | POLLERR))) return -2;
+    }
+}
+
+/* A one-shot request (info, ping, tokenize, detokenize): its terminal event. */
+static int call_daemon(gw_req *rq, proto_req *q, proto_ev *ev, char *err, size_t errlen)
+{
+    for (int attempt = 0; attempt < 2; attempt++) {
+        if (conn_ane(rq->conn, err, errlen) < 0) return -1;
+        uint64_t id = ane_submit(rq->conn->ane, q, err, errlen);
+        if (!id) { conn_drop(rq->conn); continue; }   /* a stale connection: once more */
+        for (;;) {
+            int rc = wait_event(rq, ev, err, errlen);
+            if (rc == -2) { conn_drop(rq->conn); return -2; }
+            if (rc < 0) { conn_drop(rq->conn); return -1; }
+            if (ev->id == id && ane_event_terminal(ev)) return 0;
+        }
+    }
+    return -1;
+}
+
+/* ------------------------------------------------------------------ request parsing helpers */
+
+static long long now_s(void) { return (long long)time(NULL); }
+
+static void make_id(char *out, size_t n, const char *prefix)
+{
+    unsigned char r[12];
+    if (getrandom(r, sizeof r, 0) != (ssize_t)sizeof r) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t v = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^ (uint64_t)getpid();
+        memcpy(r, &v, 8);
+        memset(r + 8, 0, 4);
+    }
+    int k = snprintf(out, n, "%s", prefix);
+    for (size_t i = 0; i < sizeof r && k >= 0 && (size_t)k + 2 < n; i++)
+        k += snprintf(out + k, n - (size_t)k, "%02x", r[i]);
+}
+
+/* Nesting depth of a JSON text, outside strings (jansson recurses). */
+static int json_too_deep(const char *s, size_t n, int limit)
+{
+    int depth = 0, in_str = 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (in_str) {
+            if (c == '\\') i++;
+            else if (c == '"') in_str = 0;
+        } else if (c == '"') in_str = 1;
+        else if (c == '[' || c == '{') { if (++depth > limit) return 1; }
+        else if (c == ']' || c == '}') depth--;
+    }
+    return 0;
+}
+
+typedef struct perr { unsigned status; const char *code; const char *param; char msg[512]; char pbuf[64]; } perr;
+
+/* The param of an error about one message's field: "messages[3].role". */
+static const char *msg_param(perr *e, size_t i, const char *field)
+{
+    snprintf(e->pbuf, sizeof e->pbuf, "messages[%zu]%s%s", i, field ? "." : "", field ? field : "");
+    return e->pbuf;
+}
+
+static int pfail(perr *e, const char *param, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int pfail(perr *e, const char *param, const char *fmt, ...)
+{
+    e->status = 400;
+    e->code = "invalid_value";
+    e->param = param;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static int unsupported(perr *e, const char *param, const char *why)
+{
+    pfail(e, param, "\"%s\" is not supported by aned%s%s", param, why ? ": " : "", why ? why : "");
+    e->code = "unsupported_parameter";
+    return -1;
+}
+
+static int present(json_t *v) { return v && !json_is_null(v); }
+
+static int get_number(json_t *o, const char *key, double lo, double hi, int *has, double *out, perr *e)
+{
+    json_t *v = json_object_get(o, key);
+    *has = 0;
+    if (!present(v)) return 0;
+    if (!json_is_number(v)) return pfail(e, key, "\"%s\" must be a number", key);
+    double d = json_number_value(v);
+    if (!(d >= lo && d <= hi)) return pfail(e, key, "\"%s\" = %g is out of range [%g, %g]", key, d, lo, hi);
+    *has = 1;
+    *out = d;
+    return 0;
+}
+
+static int get_int(json_t *o, const char *key, long long lo, long long hi, int *has, long long *out, perr *e)
+{
+    json_t *v = json_object_get(o, key);
+    *has = 0;
+    if (!present(v)) return 0;
+    long long x;
+    if (json_is_integer(v)) x = json_integer_value(v);
+    else if (json_is_real(v) && fabs(json_real_value(v)) < 9.2e18 && json_real_value(v) == floor(json_real_value(v)))
+        x = (long long)json_real_value(v);
+    else return pfail(e, key, "\"%s\" must be an integer", key);
+    if (x < lo || x > hi) return pfail(e, key, "\"%s\" = %lld is out of range [%lld, %lld]", key, x, lo, hi);
+    *has = 1;
+    *out = x;
+    return 0;
+}
+
+static int get_bool(json_t *o, const char *key, int def, int *out, perr *e)
+{
+    json_t *v = json_object_get(o, key);
+    *out = def;
+    if (!present(v)) return 0;
+    if (!json_is_boolean(v)) return pfail(e, key, "\"%s\" must be true or false", key);
+    *out = json_is_true(v);
+    return 0;
+}
+
+/* Fields shared by both generation endpoints → q (sampling, stop, limits). */
+static int parse_sampling(json_t *o, proto_req *q, int chat, int *n_out, perr *e)
+{
+    int has;
+    double d;
+    long long x;
+    /* max_tokens: OpenAI's defaults — 16 for completions, the rest of the
+     * context for chat; -1 (llama.cpp) also means "until the context ends". */
+    q->max_tokens = chat ? 0 : GW_COMPLETIONS_DEF_MAX;
+    const char *mt = chat && present(json_object_get(o, "max_completion_tokens")) ? "max_completion_tokens" : "max_tokens";
+    if (get_int(o, mt, -1, PROTO_MAX_GEN, &has, &x, e) < 0) return -1;
+    if (has) {
+        if (x == 0) return pfail(e, mt, "\"%s\" must be at least 1 (or -1 for the rest of the context)", mt);
+        q->max_tokens = x < 0 ? 0 : (int32_t)x;
+    }
+    if (get_number(o, "temperature", 0, PROTO_MAX_TEMPERATURE, &has, &d, e) < 0) return -1;
+    if (has) q->temperature = (float)d;
+    if (get_number(o, "top_p", 0, 1, &has, &d, e) < 0) return -1;
+    if (has) {
+        if (d <= 0) return pfail(e, "top_p", "\"top_p\" must be greater than 0 (1 = off)");
+        q->top_p = (float)d;
+    }
+    if (get_int(o, "top_k", 0, INT32_MAX, &has, &x, e) < 0) return -1;
+    if (has) q->top_k = (int32_t)x;
+    if (get_number(o, "min_p", 0, 1, &has, &d, e) < 0) return -1;
+    if (has) q->min_p = (float)d;
+    if (get_number(o, "repeat_penalty", 0, PROTO_MAX_PENALTY, &has, &d, e) < 0) return -1;
+    if (has) {
+        if (d <= 0) return pfail(e, "repeat_penalty", "\"repeat_penalty\" must be greater than 0");
+        q->repeat_penalty = (float)d;
+    }
+    if (get_int(o, "repeat_last_n", 0, PROTO_MAX_TOKENS, &has, &x, e) < 0) return -1;
+    if (has) q->repeat_last_n = (int32_t)x;
+    if (get_int(o, "seed", LLONG_MIN, LLONG_MAX, &has, &x, e) < 0) return -1;
+    if (has) { q->seed = (uint64_t)x; q->has_seed = 1; }
+    if (get_int(o, "n", 1, GW_MAX_CHOICES, &has, &x, e) < 0) return -1;
+    *n_out = has ? (int)x : 1;
+
+    /* stop: a string or up to PROTO_MAX_STOP strings. */
+    json_t *st = json_object_get(o, "stop");
+    q->n_stop = 0;
+    if (present(st)) {
+        json_t *one[1] = { st };
+        size_t n = json_is_array(st) ? json_array_size(st) : 1;
+        if (!json_is_array(st) && !json_is_string(st)) return pfail(e, "stop", "\"stop\" must be a string or an array of strings");
+        if (n > PROTO_MAX_STOP) return pfail(e, "stop", "\"stop\" has %zu strings; at most %d", n, PROTO_MAX_STOP);
+        for (size_t i = 0; i < n; i++) {
+            json_t *s = json_is_array(st) ? json_array_get(st, i) : one[0];
+            if (!json_is_string(s)) return pfail(e, "stop", "\"stop\"[%zu] must be a string", i);
+            size_t len = json_string_length(s);
+            if (len == 0) continue;
+            if (len > PROTO_MAX_STOP_LEN) return pfail(e, "stop", "\"stop\"[%zu] is %zu bytes; at most %d", i, len, PROTO_MAX_STOP_LEN);
+            q->stop[q->n_stop] = json_string_value(s);
+            q->stop_len[q->n_stop++] = len;
+        }
+    }
+
+    /* Declined clearly rather than ignored. */
+    static const char *const zero_only[] = { "presence_penalty", "frequency_penalty" };
+    for (size_t i = 0; i < 2; i++) {
+        if (get_number(o, zero_only[i], -2, 2, &has, &d, e) < 0) return -1;
+        if (has && d != 0) return unsupported(e, zero_only[i], "use \"repeat_penalty\" (1 = off)");
+    }
+    json_t *lb = json_object_get(o, "logit_bias");
+    if (present(lb) && !(json_is_object(lb) && json_object_size(lb) == 0)) return unsupported(e, "logit_bias", NULL);
+    json_t *lp = json_object_get(o, "logprobs");
+    if (present(lp) && !json_is_false(lp)) return unsupported(e, "logprobs", "token log-probabilities are not reported");
+    json_t *tlp = json_object_get(o, "top_logprobs");
+    if (present(tlp) && !(json_is_integer(tlp) && json_integer_value(tlp) == 0)) return unsupported(e, "top_logprobs", NULL);
+    /* Tools, structured output and audio are declined on both endpoints
+     * until implemented: a client must not take plain text for them. */
+    json_t *tools = json_object_get(o, "tools"), *fns = json_object_get(o, "functions");
+    if (present(tools) && !(json_is_array(tools) && json_array_size(tools) == 0))
+        return unsupported(e, "tools", "tool calls are not implemented");
+    if (present(fns) && !(json_is_array(fns) && json_array_size(fns) == 0))
+        return unsupported(e, "functions", "tool calls are not implemented");
+    json_t *tc = json_object_get(o, "tool_choice");
+    if (present(tc) && !(json_is_string(tc) && (!strcmp(json_string_value(tc), "none") || !strcmp(json_string_value(tc), "auto"))))
+        return unsupported(e, "tool_choice", "tool calls are not implemented");
+    json_t *fc = json_object_get(o, "function_call");
+    if (present(fc) && !(json_is_string(fc) && (!strcmp(json_string_value(fc), "none") || !strcmp(json_string_value(fc), "auto"))))
+        return unsupported(e, "function_call", "tool calls are not implemented");
+    json_t *rf = json_object_get(o, "response_format");
+    if (present(rf)) {
+        json_t *t = json_object_get(rf, "type");
+        if (!json_is_string(t) || strcmp(json_string_value(t), "text") != 0)
+            return unsupported(e, "response_format", "only {\"type\": \"text\"}");
+    }
+    json_t *mo = json_object_get(o, "modalities");
+    if (present(mo)) {
+        size_t i;
+        json_t *md;
+        if (!json_is_array(mo)) return pfail(e, "modalities", "\"modalities\" must be an array of strings");
+        json_array_foreach(mo, i, md)
+            if (!json_is_string(md) || strcmp(json_string_value(md), "text") != 0)
+                return unsupported(e, "modalities", "only [\"text\"]");
+    }
+    if (present(json_object_get(o, "audio"))) return unsupported(e, "audio", "audio output is not implemented");
+    json_t *m = json_object_get(o, "model");
+    if (present(m) && !json_is_string(m)) return pfail(e, "model", "\"model\" must be a string");
+    return 0;
+}
+
+/* ------------------------------------------------------------------ generation */
+
+static void rq_free_jobs(gw_req *rq)
+{
+    for (int i = 0; i < rq->n_jobs; i++) sb_free(&rq->jobs[i].text);
+}
+
+static job *job_by_id(gw_req *rq, uint64_t id)
+{
+    for (int i = 0; i < rq->n_jobs; i++) if (rq->jobs[i].id == id) return &rq->jobs[i];
+    return NULL;
+}
+
+/* OpenAI's finish_reason for aned's finish, or NULL when the text is not
+ * whole: "cancelled" means aned stopped the job (shutting down, say), since
+ * this gateway never cancels a job it still answers for. */
+static const char *finish_reason(const char *f)
+{
+    if (!f) return NULL;
+    if (!strcmp(f, "length")) return "length";
+    if (!strcmp(f, "stop") || !strcmp(f, "eos")) return "stop";   /* a stop string, end of turn */
+    return NULL;
+}
+
+/* Submits every job (q is per job: seeds differ per choice). */
+static int submit_jobs(gw_req *rq, proto_req *qs, char *err, size_t errlen)
+{
+    for (int attempt = 0; attempt < 2; attempt++) {
+        if (conn_ane(rq->conn, err, errlen) < 0) return -1;
+        int i;
+        for (i = 0; i < rq->n_jobs; i++) {
+            rq->jobs[i].id = ane_submit(rq->conn->ane, &qs[i], err, errlen);
+            if (!rq->jobs[i].id) break;
+        }
+        if (i == rq->n_jobs) return 0;
+        conn_drop(rq->conn);
+        if (i > 0) return -1;   /* some were sent: do not send them twice */
+    }
+    return -1;
+}
+
+/* SSE: one chunk for a job's new text, its end, or the role opening. */
+static void sse_chunk_head(gw_req *rq, sbuf *b)
+{
+    sb_printf(b, "data: {\"id\":\"%s\",\"object\":\"%s\",\"created\":%lld,\"model\":%s,\"choices\":[",
+              rq->id, rq->chat ? "chat.completion.chunk" : "text_completion", rq->created, rq->model_json);
+}
+
+static void sse_text(gw_req *rq, int index, const char *text, size_t len, const char *finish)
+{
+    sbuf *b = &rq->out;
+    sse_chunk_head(rq, b);
+    sb_printf(b, "{\"index\":%d,", index);
+    if (rq->chat) {
+        sb_puts(b, "\"delta\":{");
+        if (text) { sb_puts(b, "\"content\":"); sb_json_str(b, text, len); }
+        sb_puts(b, "}");
+    } else {
+        sb_puts(b, "\"text\":");
+        sb_json_str(b, text ? text : "", text ? len : 0);
+    }
+    sb_puts(b, ",\"logprobs\":null,\"finish_reason\":");
+    if (finish) sb_printf(b, "\"%s\"", finish);
+    else sb_puts(b, "null");
+    sb_puts(b, "}]}\n\n");
+}
+
+static void usage_json(gw_req *rq, sbuf *b)
+{
+    uint64_t pt = 0, ct = 0, cached = 0;
+    int seen[GW_MAX_CHOICES] = {0};
+    for (int i = 0; i < rq->n_jobs; i++) {
+        job *j = &rq->jobs[i];
+        ct += j->completion_tokens;
+        if (!seen[j->prompt_no]) { seen[j->prompt_no] = 1; pt += j->prompt_tokens; cached += j->cached_tokens; }
+    }
+    sb_printf(b, "{\"prompt_tokens\":%" PRIu64 ",\"completion_tokens\":%" PRIu64 ",\"total_tokens\":%" PRIu64
+              ",\"prompt_tokens_details\":{\"cached_tokens\":%" PRIu64 "}}", pt, ct, pt + ct, cached);
+}
+
+static void sse_error(gw_req *rq, const job_err *je)
+{
+    json_t *j = error_obj(je->status, je->code, je->param, je->msg);
+    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    sb_puts(&rq->out, "data: ");
+    sb_puts(&rq->out, s ? s : "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\"}}");
+    sb_puts(&rq->out, "\n\n");
+    free(s);
+}
+
+/* Applies one event to its job; for streams also renders it. Returns 1 when
+ * the job ended without its whole answer — an error event, or a done that
+ * aned cut short — with *je saying how. */
+static int apply_event(gw_req *rq, const proto_ev *ev, job_err *je)
+{
+    job *j = job_by_id(rq, ev->id);
+    if (!j || j->done) return 0;
+    switch (ev->type) {
+    case PROTO_T_TOKEN:
+        if (ev->text_len == 0) break;
+        if (rq->stream) sse_text(rq, j->index, ev->text, ev->text_len, NULL);
+        else sb_add(&j->text, ev->text, ev->text_len);
+        break;
+    case PROTO_T_DONE:
+        j->done = 1;
+        rq->n_done++;
+        j->finish = finish_reason(ev->finish);
+        j->prompt_tokens = ev->prompt_tokens;
+        j->cached_tokens = ev->cached_tokens;
+        j->completion_tokens = ev->completion_tokens;
+        if (!j->finish) {
+            je->status = 503;
+            je->code = "generation_cut_short";
+            je->param = NULL;
+            snprintf(je->msg, sizeof je->msg, "aned stopped choice %d after %u tokens, before its end (finish "
+                     "\"%.40s\"; aned may be shutting down): the answer was cut short", j->index,
+                     ev->completion_tokens, ev->finish ? ev->finish : "");
+            return 1;
+        }
+        if (rq->stream) sse_text(rq, j->index, NULL, 0, j->finish);
+        break;
+    case PROTO_T_ERROR:
+        j->done = 1;
+        rq->n_done++;
+        err_from_event(rq->rt, ev, je);
+        return 1;
+    default:
+        break;
+    }
+    return 0;
+}
+
+/* 1 when ev ends its job without the whole answer (see apply_event). */
+static int ev_fails(const proto_ev *ev)
+{
+    return ev->type == PROTO_T_ERROR || (ev->type == PROTO_T_DONE && !finish_reason(ev->finish));
+}
+
+static void lost_err(job_err *je, const char *err)
+{
+    je->status = 503;
+    je->code = "daemon_unavailable";
+    je->param = NULL;
+    snprintf(je->msg, sizeof je->msg, "lost the connection to aned: %s", err);
+}
+
+static void sse_finish(gw_req *rq)
+{
+    if (rq->include_usage) {
+        sse_chunk_head(rq, &rq->out);
+        sb_puts(&rq->out, "],\"usage\":");
+        usage_json(rq, &rq->out);
+        sb_puts(&rq->out, "}\n\n");
+    }
+    sb_puts(&rq->out, "data: [DONE]\n\n");
+    rq->finished = 1;
+}
+
+/* Ends a stream that cannot be completed: an error chunk, then [DONE]. The
+ * jobs still running are cancelled by dropping the daemon connection (je is
+ * a copy: nothing here points into that connection's buffers). */
+static void sse_fail(gw_req *rq, const job_err *je)
+{
+    rq->stream_failed = 1;
+    sse_error(rq, je);
+    sb_puts(&rq->out, "data: [DONE]\n\n");
+    if (rq->n_done < rq->n_jobs) conn_drop(rq->conn);
+    rq->finished = 1;
+}
+
+/* Produces more SSE bytes into rq->out: at least one event's worth, then
+ * whatever else has already arrived. */
+static void stream_more(gw_req *rq)
+{
+    char err[256];
+    proto_ev ev;
+    job_err je;
+    int rc = wait_event(rq, &ev, err, sizeof err);
+    for (;;) {
+        if (rc == -2) { conn_drop(rq->conn); rq->failed = 1; rq->finished = 1; return; }
+        if (rc < 0) {
+            conn_drop(rq->conn);
+            lost_err(&je, err);
+            sse_fail(rq, &je);
+            return;
+        }
+        if (rc == 0) return;
+        if (apply_event(rq, &ev, &je)) { sse_fail(rq, &je); return; }
+        if (rq->n_done == rq->n_jobs) { sse_finish(rq); return; }
+        if (rq->out.len - rq->out_off > 16384) return;
+        rc = ane_next_event(rq->conn->ane, &ev, 0, err, sizeof err);
+    }
+}
+
+static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    gw_req *rq = cls;
+    (void)pos;
+    while (rq->out_off == rq->out.len) {
+        rq->out.len = rq->out_off = 0;
+        if (rq->finished) return rq->failed ? MHD_CONTENT_READER_END_WITH_ERROR : MHD_CONTENT_READER_END_OF_STREAM;
+        stream_more(rq);
+        if (rq->out.oom) return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
+    size_t n = rq->out.len - rq->out_off;
+    if (n > max) n = max;
+    memcpy(buf, rq->out.p + rq->out_off, n);
+    rq->out_off += n;
+    return (ssize_t)n;
+}
+
+/* Answers a request whose job failed before anything was sent: its status.
+ * The others are cancelled first (je is a copy, so dropping is safe). */
+static enum MHD_Result fail_http(gw_req *rq, struct MHD_Connection *mc, const job_err *je)
+{
+    if (rq->n_done < rq->n_jobs) conn_drop(rq->conn);
+    return send_error(rq, mc, je->status, je->code, je->param, "%s", je->msg);
+}
+
+static enum MHD_Result respond_generation(gw_req *rq, struct MHD_Connection *mc)
+{
+    char err[256];
+    proto_ev ev;
+    job_err je;
+    if (rq->stream) {
+        /* Wait for the first event so that a refused request gets its HTTP status. */
+        int rc = wait_event(rq, &ev, err, sizeof err);
+        if (rc == -2) { conn_drop(rq->conn); return MHD_NO; }
+        if (rc < 0) {
+            conn_drop(rq->conn);
+            return send_error(rq, mc, 503, "daemon_unavailable", NULL, "lost the connection to aned: %s", err);
+        }
+        if (ev_fails(&ev) && apply_event(rq, &ev, &je)) return fail_http(rq, mc, &je);
+        if (rq->chat)
+            for (int i = 0; i < rq->n_jobs; i++) {
+                sse_chunk_head(rq, &rq->out);
+                sb_printf(&rq->out, "{\"index\":%d,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},"
+                          "\"logprobs\":null,\"finish_reason\":null}]}\n\n", rq->jobs[i].index);
+            }
+        if (!rq->chat && rq->echo)
+            for (int i = 0; i < rq->n_jobs; i++)
+                if (rq->jobs[i].text.len) sse_text(rq, rq->jobs[i].index, rq->jobs[i].text.p, rq->jobs[i].text.len, NULL);
+        (void)apply_event(rq, &ev, &je);   /* not a failure: that was answered above */
+        if (rq->n_done == rq->n_jobs) sse_finish(rq);
+        struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, rq, NULL);
+        if (!r) return MHD_NO;
+        MHD_add_response_header(r, "Content-Type", "text/event-stream");
+        MHD_add_response_header(r, "Cache-Control", "no-cache");
+        MHD_add_response_header(r, "X-Accel-Buffering", "no");
+        add_common_headers(rq, r);
+        rq->status = 200;
+        enum MHD_Result ret = MHD_queue_response(mc, 200, r);
+        MHD_destroy_response(r);
+        return ret;
+    }
+
+    while (rq->n_done < rq->n_jobs) {
+        int rc = wait_event(rq, &ev, err, sizeof err);
+        if (rc == -2) { conn_drop(rq->conn); return MHD_NO; }
+        if (rc < 0) {
+            conn_drop(rq->conn);
+            return send_error(rq, mc, 503, "daemon_unavailable", NULL, "lost the connection to aned: %s", err);
+        }
+        if (apply_event(rq, &ev, &je)) return fail_http(rq, mc, &je);
+    }
+    sbuf b = {0};
+    sb_printf(&b, "{\"id\":\"%s\",\"object\":\"%s\",\"created\":%lld,\"model\":%s,\"choices\":[",
+              rq->id, rq->chat ? "chat.completion" : "text_completion", rq->created, rq->model_json);
+    for (int k = 0; k < rq->n_jobs; k++) {
+        job *j = NULL;
+        for (int i = 0; i < rq->n_jobs; i++) if (rq->jobs[i].index == k) j = &rq->jobs[i];
+        if (!j) continue;
+        sb_printf(&b, "%s{\"index\":%d,", k ? "," : "", k);
+        if (rq->chat) {
+            sb_puts(&b, "\"message\":{\"role\":\"assistant\",\"content\":");
+            sb_json_str(&b, j->text.p ? j->text.p : "", j->text.len);
+            sb_puts(&b, "}");
+        } else {
+            sb_puts(&b, "\"text\":");
+            sb_json_str(&b, j->text.p ? j->text.p : "", j->text.len);
+        }
+        sb_printf(&b, ",\"logprobs\":null,\"finish_reason\":\"%s\"}", j->finish);
+    }
+    sb_puts(&b, "],\"usage\":");
+    usage_json(rq, &b);
+    sb_puts(&b, "}");
+    enum MHD_Result ret = b.oom ? send_error(rq, mc, 500, NULL, NULL, "out of memory")
+                                : send_buf(rq, mc, 200, "application/json", b.p, b.len);
+    sb_free(&b);
+    return ret;
+}
+
+/* Chat message content: a string, null, or text parts joined by newlines. */
+static int msg_content(json_t *c, size_t i, sbuf *tmp, const char **s, size_t *n, perr *e)
+{
+    if (!present(c)) { *s = ""; *n = 0; return 0; }
+    if (json_is_string(c)) { *s = json_string_value(c); *n = json_string_length(c); return 0; }
+    if (!json_is_array(c)) return pfail(e, msg_param(e, i, "content"), "messages[%zu].content must be a string or an array of parts", i);
+    size_t start = tmp->len, k;
+    json_t *part;
+    int first = 1;
+    json_array_foreach(c, k, part) {
+        json_t *t = json_object_get(part, "type");
+        if (!json_is_string(t)) return pfail(e, msg_param(e, i, "content"), "messages[%zu].content[%zu] needs a \"type\"", i, k);
+        if (strcmp(json_string_value(t), "text") != 0) {
+            pfail(e, msg_param(e, i, "content"), "messages[%zu].content[%zu]: only \"text\" parts are supported, not \"%s\"",
+                  i, k, json_string_value(t));
+            e->code = "unsupported_content";
+            return -1;
+        }
+        json_t *tx = json_object_get(part, "text");
+        if (!json_is_string(tx)) return pfail(e, msg_param(e, i, "content"), "messages[%zu].content[%zu].text must be a string", i, k);
+        if (!first) sb_add(tmp, "\n", 1);
+        sb_add(tmp, json_string_value(tx), json_string_length(tx));
+        first = 0;
+    }
+    /* Offsets, not pointers: tmp may still move. Resolved by the caller. */
+    *s = (const char *)(uintptr_t)start;
+    *n = tmp->len - start;
+    return 1;
+}
+
+static enum MHD_Result handle_generation(gw_req *rq, struct MHD_Connection *mc, json_t *o)
+{
+    perr e = { 400, NULL, NULL, "", "" };
+    proto_req base;
+    proto_req_init(&base, PROTO_T_GENERATE, 0);
+    int n = 1;
+    proto_req qs[GW_MAX_CHOICES];
+    proto_msg *msgs = NULL;
+    sbuf parts = {0};
+    int *part_of = NULL;   /* per message: 1 when its content lives in parts */
+    enum MHD_Result ret;
+    char err[256];
+
+    if (parse_sampling(o, &base, rq->chat, &n, &e) < 0) goto bad;
+    int has;
+    if (get_bool(o, "stream", 0, &rq->stream, &e) < 0) goto bad;
+    json_t *so = json_object_get(o, "stream_options");
+    if (present(so)) {
+        if (!json_is_object(so)) { pfail(&e, "stream_options", "\"stream_options\" must be an object"); goto bad; }
+        if (get_bool(so, "include_usage", 0, &rq->include_usage, &e) < 0) goto bad;
+    }
+
+    int n_prompts = 1;
+    json_t *prompts[GW_MAX_CHOICES];
+    if (rq->chat) {
+        json_t *ms = json_object_get(o, "messages");
+        if (!json_is_array(ms) || json_array_size(ms) == 0) {
+            pfail(&e, "messages", "\"messages\" must be a non-empty array");
+            goto bad;
+        }
+        size_t nm = json_array_size(ms);
+        if (nm > PROTO_MAX_MSGS) { pfail(&e, "messages", "%zu messages; at most %d", nm, PROTO_MAX_MSGS); goto bad; }
+        msgs = calloc(nm, sizeof *msgs);
+        part_of = calloc(nm, sizeof *part_of);
+        if (!msgs || !part_of) { ret = send_error(rq, mc, 500, NULL, NULL, "out of memory"); goto out; }
+        for (size_t i = 0; i < nm; i++) {
+            json_t *m = json_array_get(ms, i);
+            if (!json_is_object(m)) { pfail(&e, msg_param(&e, i, NULL), "messages[%zu] must be an object", i); goto bad; }
+            json_t *role = json_object_get(m, "role");
+            if (!json_is_string(role)) {
+                pfail(&e, msg_param(&e, i, "role"), "messages[%zu].role must be a string (system, developer, user, assistant)", i);
+                goto bad;
+            }
+            const char *r = json_string_value(role);
+            if (strlen(r) != json_string_length(role)) { pfail(&e, msg_param(&e, i, "role"), "messages[%zu].role holds a NUL", i); goto bad; }
+            if (!strcmp(r, "developer")) r = "system";
+            if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant")) {
+                pfail(&e, msg_param(&e, i, "role"), "messages[%zu].role \"%.40s\" is not supported (system, developer, user, assistant)", i, r);
+                goto bad;
+            }
+            msgs[i].role = r;
+            msgs[i].role_len = strlen(r);
+            int rc = msg_content(json_object_get(m, "content"), i, &parts, &msgs[i].content, &msgs[i].content_len, &e);
+            if (rc < 0) goto bad;
+            part_of[i] = rc;
+        }
+        if (parts.oom) { ret = send_error(rq, mc, 500, NULL, NULL, "out of memory"); goto out; }
+        size_t total = 0;
+        for (size_t i = 0; i < nm; i++) total += msgs[i].content_len;
+        if (total > PROTO_MAX_PROMPT) {
+            pfail(&e, "messages", "the messages' contents add up to %zu bytes; aned takes at most %d", total, PROTO_MAX_PROMPT);
+            goto bad;
+        }
+        for (size_t i = 0; i < nm; i++)
+            if (part_of[i]) msgs[i].content = parts.p + (uintptr_t)msgs[i].content;
+        base.msgs = msgs;
+        base.n_msgs = nm;
+    } else {
+        json_t *p = json_object_get(o, "prompt");
+        if (!present(p)) { pfail(&e, "prompt", "\"prompt\" is required"); goto bad; }
+        /* A string, an array of strings, an array of token ids, or an array of those. */
+        if (json_is_array(p) && json_array_size(p) > 0 && !json_is_integer(json_array_get(p, 0))) {
+            n_prompts = (int)json_array_size(p);
+            if (n_prompts > GW_MAX_CHOICES) { pfail(&e, "prompt", "at most %d prompts", GW_MAX_CHOICES); goto bad; }
+            for (int i = 0; i < n_prompts; i++) prompts[i] = json_array_get(p, (size_t)i);
+        } else prompts[0] = p;
+        if (get_bool(o, "echo", 0, &rq->echo, &e) < 0) goto bad;
+        if (present(json_object_get(o, "suffix"))) { unsupported(&e, "suffix", NULL); goto bad; }
+        long long bo;
+        if (get_int(o, "best_of", 1, GW_MAX_CHOICES, &has, &bo, &e) < 0) goto bad;
+        if (has && bo != 1 && bo != n) { unsupported(&e, "best_of", "only best_of = n"); goto bad; }
+    }
+    if (n_prompts * n > GW_MAX_CHOICES) {
+        pfail(&e, "n", "%d prompts × n = %d choices; at most %d", n_prompts, n_prompts * n, GW_MAX_CHOICES);
+        goto bad;
+    }
+
+    /* One job per (prompt, n). */
+    int32_t *tok_bufs[GW_MAX_CHOICES] = {0};
+    rq->n_jobs = n_prompts * n;
+    for (int p = 0; p < n_prompts; p++) {
+        proto_req q = base;
+        if (!rq->chat) {
+            json_t *pr = prompts[p];
+            q.raw = 1;
+            if (json_is_string(pr)) {
+                q.text = json_string_value(pr);
+                q.text_len = json_string_length(pr);
+                if (q.text_len > PROTO_MAX_PROMPT) {
+                    pfail(&e, "prompt", "prompt %d is %zu bytes; aned takes at most %d", p, q.text_len, PROTO_MAX_PROMPT);
+                    goto bad_toks;
+                }
+            } else if (json_is_array(pr) && json_array_size(pr) > 0) {
+                size_t nt = json_array_size(pr);
+                if (nt > PROTO_MAX_TOKENS) { pfail(&e, "prompt", "prompt %d has %zu tokens; at most %d", p, nt, PROTO_MAX_TOKENS); goto bad_toks; }
+                tok_bufs[p] = malloc(nt * sizeof *tok_bufs[p]);
+                if (!tok_bufs[p]) { pfail(&e, "prompt", "out of memory"); e.status = 500; goto bad_toks; }
+                for (size_t i = 0; i < nt; i++) {
+                    json_t *t = json_array_get(pr, i);
+                    if (!json_is_integer(t) || json_integer_value(t) < 0 || json_integer_value(t) > INT32_MAX) {
+                        pfail(&e, "prompt", "prompt %d: token %zu is not a token id", p, i);
+                        goto bad_toks;
+                    }
+                    tok_bufs[p][i] = (int32_t)json_integer_value(t);
+                }
+                q.tokens = tok_bufs[p];
+                q.n_tokens = nt;
+                if (rq->echo) { unsupported(&e, "echo", "with token prompts"); goto bad_toks; }
+            } else {
+                pfail(&e, "prompt", "\"prompt\" must be a string, an array of strings or of token ids");
+                goto bad_toks;
+            }
+            json_t *ps = json_object_get(o, "parse_special");
+            if (present(ps)) { int v; if (get_bool(o, "parse_special", 0, &v, &e) < 0) goto bad_toks; q.special = v; }
+        }
+        for (int k = 0; k < n; k++) {
+            int idx = p * n + k;
+            qs[idx] = q;
+            if (q.has_seed) qs[idx].seed = q.seed + (uint64_t)k;
+            rq->jobs[idx].index = idx;
+            rq->jobs[idx].prompt_no = p;
+            if (rq->echo && q.text) sb_add(&rq->jobs[idx].text, q.text, q.text_len);
+        }
+    }
+    /* What cannot be sent is the request's fault, said here, not a daemon failure. */
+    for (int p = 0; p < n_prompts; p++) {
+        proto_buf probe = {0};
+        int enc = proto_req_encode(&probe, &qs[p * n]);
+        proto_buf_free(&probe);
+        if (enc < 0) {
+            pfail(&e, rq->chat ? "messages" : "prompt", "the request for %s %d does not fit aned's %u-byte message "
+                  "limit once encoded; shorten it", rq->chat ? "the messages" : "prompt", p, PROTO_MAX_FRAME);
+            e.code = "request_too_large";
+            goto bad_toks;
+        }
+    }
+    make_id(rq->id, sizeof rq->id, rq->chat ? "chatcmpl-" : "cmpl-");
+    rq->created = now_s();
+    if (submit_jobs(rq, qs, err, sizeof err) < 0) {
+        ret = send_error(rq, mc, 503, "daemon_unavailable", NULL, "aned is not reachable: %s", err);
+        goto out_toks;
+    }
+    {
+        const char *name = ane_model_name(rq->conn->ane);
+        json_t *js = json_string(name);
+        rq->model_json = js ? json_dumps(js, JSON_ENCODE_ANY) : NULL;
+        json_decref(js);
+        if (!rq->model_json) rq->model_json = strdup("\"\"");
+    }
+    ret = respond_generation(rq, mc);
+    goto out_toks;
+bad_toks:
+    ret = send_error(rq, mc, e.status, e.code, e.param, "%s", e.msg);
+out_toks:
+    for (int i = 0; i < GW_MAX_CHOICES; i++) free(tok_bufs[i]);
+    goto out;
+bad:
+    ret = send_error(rq, mc, e.status, e.code, e.param, "%s", e.msg);
+out:
+    free(msgs);
+    free(part_of);
+    sb_free(&parts);
+    return ret;
+}
+
+/* ------------------------------------------------------------------ other endpoints */
+
+static enum MHD_Result daemon_failed(gw_req *rq, struct MHD_Connection *mc, int rc, const char *err)
+{
+    if (rc == -2) return MHD_NO;
+    return send_error(rq, mc, 503, "daemon_unavailable", NULL, "aned is not reachable: %s", err);
+}
+
+static enum MHD_Result ev_error(gw_req *rq, struct MHD_Connection *mc, const proto_ev *ev)
+{
+    job_err je;
+    err_from_event(rq->rt, ev, &je);
+    return send_error(rq, mc, je.status, je.code, je.param, "%s", je.msg);
+}
+
+static enum MHD_Result handle_health(gw_req *rq, struct MHD_Connection *mc)
+{
+    proto_req q;
+    proto_ev ev;
+    char err[256];
+    proto_req_init(&q, PROTO_T_PING, 0);
+    int rc = call_daemon(rq, &q, &ev, err, sizeof err);
+    if (rc < 0) {
+        if (rc == -2) return MHD_NO;
+        return send_json(rq, mc, 503, json_pack("{s:s, s:s}", "status", "unavailable", "error", err));
+    }
+    return send_json(rq, mc, 200, json_pack("{s:s}", "status", "ok"));
+}
+
+static enum MHD_Result handle_models(gw_req *rq, struct MHD_Connection *mc)
+{
+    proto_req q;
+    proto_ev ev;
+    char err[256];
+    proto_req_init(&q, PROTO_T_INFO, 0);
+    int rc = call_daemon(rq, &q, &ev, err, sizeof err);
+    if (rc < 0) return daemon_failed(rq, mc, rc, err);
+    if (ev.type != PROTO_T_INFO_OK) return ev_error(rq, mc, &ev);
+    json_t *m = json_pack("{s:s%, s:s, s:I, s:s, s:{s:s%, s:s%, s:s%, s:i, s:i, s:b}}",
+                          "id", ev.model, ev.model_len, "object", "model",
+                          "created", (json_int_t)(now_s() - (long long)ev.uptime_s), "owned_by", "aned",
+                          "meta", "arch", ev.arch, ev.arch_len, "backend", ev.backend, ev.backend_len,
+                          "chat_template", ev.chat_template, ev.chat_template_len,
+                          "n_ctx", (int)ev.n_ctx, "n_vocab", (int)ev.n_vocab, "tokenizer_only", ev.tokenizer_only);
+    if (!m) return send_error(rq, mc, 500, NULL, NULL, "cannot describe the model (its name is not UTF-8?)");
+    if (rq->rt == R_MODEL) {
+        if (strlen(rq->model_id) != ev.model_len || memcmp(rq->model_id, ev.model, ev.model_len) != 0) {
+            json_decref(m);
+            return send_error(rq, mc, 404, "model_not_found", "model", "the model \"%.200s\" does not exist; aned serves \"%.*s\"",
+                              rq->model_id, (int)(ev.model_len > 200 ? 200 : ev.model_len), ev.model);
+        }
+        return send_json(rq, mc, 200, m);
+    }
+    return send_json(rq, mc, 200, json_pack("{s:s, s:[o]}", "object", "list", "data", m));
+}
+
+static enum MHD_Result handle_tokenize(gw_req *rq, struct MHD_Connection *mc, json_t *o)
+{
+    perr e = { 400, NULL, NULL, "", "" };
+    proto_req q;
+    proto_ev ev;
+    char err[256];
+    proto_req_init(&q, PROTO_T_TOKENIZE, 0);
+    json_t *c = json_object_get(o, "content");
+    if (!present(c)) c = json_object_get(o, "text");
+    if (!json_is_string(c)) return send_error(rq, mc, 400, "invalid_value", "content", "\"content\" must be a string");
+    q.text = json_string_value(c);
+    q.text_len = json_string_length(c);
+    if (get_bool(o, "add_special", 0, &q.add_bos, &e) < 0 || get_bool(o, "parse_special", 0, &q.special, &e) < 0)
+        return send_error(rq, mc, e.status, e.code, e.param, "%s", e.msg);
+    int rc = call_daemon(rq, &q, &ev, err, sizeof err);
+    if (rc < 0) return daemon_failed(rq, mc, rc, err);
+    if (ev.type != PROTO_T_TOKENS) return ev_error(rq, mc, &ev);
+    sbuf b = {0};
+    sb_puts(&b, "{\"tokens\":[");
+    for (size_t i = 0; i < ev.n_tokens; i++) sb_printf(&b, "%s%d", i ? "," : "", (int)ev.tokens[i]);
+    sb_puts(&b, "]}");
+    enum MHD_Result ret = b.oom ? send_error(rq, mc, 500, NULL, NULL, "out of memory")
+                                : send_buf(rq, mc, 200, "application/json", b.p, b.len);
+    sb_free(&b);
+    return ret;
+}
+
+static enum MHD_Result handle_detokenize(gw_req *rq, struct MHD_Connection *mc, json_t *o)
+{
+    proto_req q;
+    proto_ev ev;
+    char err[256];
+    json_t *t = json_object_get(o, "tokens");
+    if (!json_is_array(t)) return send_error(rq, mc, 400, "invalid_value", "tokens", "\"tokens\" must be an array of token ids");
+    size_t n = json_array_size(t);
+    if (n > PROTO_MAX_TOKENS) return send_error(rq, mc, 400, "invalid_value", "tokens", "%zu tokens; at most %d", n, PROTO_MAX_TOKENS);
+    int32_t *ids = malloc((n ? n : 1) * sizeof *ids);
+    if (!ids) return send_error(rq, mc, 500, NULL, NULL, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        json_t *v = json_array_get(t, i);
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX) {
+            free(ids);
+            return send_error(rq, mc, 400, "invalid_token", "tokens", "tokens[%zu] is not a token id", i);
+        }
+        ids[i] = (int32_t)json_integer_value(v);
+    }
+    proto_req_init(&q, PROTO_T_DETOKENIZE, 0);
+    q.tokens = ids;
+    q.n_tokens = n;
+    int rc = call_daemon(rq, &q, &ev, err, sizeof err);
+    free(ids);
+    if (rc < 0) return daemon_failed(rq, mc, rc, err);
+    if (ev.type != PROTO_T_TEXT) return ev_error(rq, mc, &ev);
+    sbuf b = {0};
+    sb_puts(&b, "{\"content\":");
+    sb_json_str(&b, ev.text, ev.text_len);
+    sb_puts(&b, "}");
+    enum MHD_Result ret = b.oom ? send_error(rq, mc, 500, NULL, NULL, "out of memory")
+                                : send_buf(rq, mc, 200, "application/json", b.p, b.len);
+    sb_free(&b);
+    return ret;
+}
+
+/* ------------------------------------------------------------------ routing and checks */
+
+static route route_of(const char *url, const char **model_id)
+{
+    *model_id = NULL;
+    if (!strcmp(url, "/health") || !strcmp(url, "/v1/health")) return R_HEALTH;
+    if (!strcmp(url, "/v1/models") || !strcmp(url, "/models")) return R_MODELS;
+    if (!strncmp(url, "/v1/models/", 11) && url[11]) { *model_id = url + 11; return R_MODEL; }
+    if (!strcmp(url, "/v1/completions") || !strcmp(url, "/completions")) return R_COMPLETIONS;
+    if (!strcmp(url, "/v1/chat/completions") || !strcmp(url, "/chat/completions")) return R_CHAT;
+    if (!strcmp(url, "/tokenize") || !strcmp(url, "/v1/tokenize")) return R_TOKENIZE;
+    if (!strcmp(url, "/detokenize") || !strcmp(url, "/v1/detokenize")) return R_DETOKENIZE;
+    return R_NONE;
+}
+
+static int route_is_get(route r) { return r == R_HEALTH || r == R_MODELS || r == R_MODEL; }
+
+/* Host names a loopback address (or one allowed with --allow-host). */
+static int host_allowed(const char *host)
+{
+    if (!G.check_host || !host) return 1;
+    char h[256];
+    size_t n = strlen(host);
+    if (n >= sizeof h) return 0;
+    memcpy(h, host, n + 1);
+    /* strip :port (not inside [v6]) */
+    char *end = h[0] == '[' ? strchr(h, ']') : NULL;
+    char *colon = strrchr(end ? end : h, ':');
+    if (colon) *colon = 0;
+    if (!strcasecmp(h, "localhost") || !strcmp(h, "[::1]") || !strcmp(h, "::1")) return 1;
+    if (!strncmp(h, "127.", 4)) {
+        unsigned a, b, c, d;
+        char x;
+        if (sscanf(h, "%u.%u.%u.%u%c", &a, &b, &c, &d, &x) == 4 && b < 256 && c < 256 && d < 256) return 1;
+    }
+    for (size_t i = 0; i < G.n_hosts; i++) if (!strcasecmp(h, G.hosts[i])) return 1;
+    return 0;
+}
+
+static int origin_allowed(const char *origin)
+{
+    for (size_t i = 0; i < G.n_origins; i++) if (!strcmp(origin, G.origins[i])) return 1;
+    return 0;
+}
+
+static int key_ok(const char *auth)
+{
+    if (!G.api_key) return 1;
+    if (!auth || strncasecmp(auth, "Bearer ", 7) != 0) return 0;
+    const char *k = auth + 7;
+    while (*k == ' ') k++;
+    size_t n = strlen(k);
+    while (n && (k[n - 1] == ' ' || k[n - 1] == '\t')) n--;
+    /* constant time in the key's content */
+    unsigned char diff = (unsigned char)(n != G.api_key_len);
+    for (size_t i = 0; i < G.api_key_len; i++) diff |= (unsigned char)(G.api_key[i] ^ (i < n ? k[i] : 0));
+    return diff == 0;
+}
+
+enum MHD_Result gw_on_request(void *cls, struct MHD_Connection *mc, const char *url, const char *method,
+                                  const char *version, const char *upload, size_t *upload_size, void **con_cls)
+{
+    (void)cls; (void)version;
+    gw_req *rq = *con_cls;
+    if (!rq) {
+        rq = calloc(1, sizeof *rq);
+        if (!rq) return MHD_NO;
+        *con_cls = rq;
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+        rq->conn = ci ? ci->socket_context : NULL;
+        rq->mc = mc;
+        rq->t0_ns = mono_ns();
+        snprintf(rq->method, sizeof rq->method, "%s", method);
+        snprintf(rq->path, sizeof rq->path, "%s", url);
+        if (!rq->conn) return MHD_NO;
+        if (rq->conn->over)
+            return send_error(rq, mc, 503, "too_many_connections", NULL,
+                              "aned-http serves %u connections at once (--max-connections); try again shortly",
+                              G.max_conns);
+
+        const char *origin = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, "Origin");
+        if (origin && !origin_allowed(origin))
+            return send_error(rq, mc, 403, "origin_not_allowed", NULL,
+                              "requests from web pages at %.200s are not allowed (see --allow-origin)", origin);
+        rq->origin = origin;
+        if (!host_allowed(MHD_lookup_connection_value(mc, MHD_HEADER_KIND, "Host")))
+            return send_error(rq, mc, 403, "host_not_allowed", NULL,
+                              "the Host header names no loopback address (see --allow-host)");
+        rq->rt = route_of(url, &rq->model_id);
+        if (!strcmp(method, "OPTIONS") && origin) {
+            /* CORS preflight from an allowed origin. */
+            struct MHD_Response *r = MHD_create_response_from_buffer(0, NULL, MHD_RESPMEM_PERSISTENT);
+            if (!r) return MHD_NO;
+            add_common_headers(rq, r);
+            MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+            MHD_add_response_header(r, "Access-Control-Allow-Headers", "Authorization, Content-Type");
+            MHD_add_response_header(r, "Access-Control-Max-Age", "600");
+            rq->status = 204;
+            enum MHD_Result ret = MHD_queue_response(mc, 204, r);
+            MHD_destroy_response(r);
+            return ret;
+        }
+        if (rq->rt == R_NONE)
+            return send_error(rq, mc, 404, "not_found", NULL, "no such endpoint: %.200s %.200s", method, url);
+        int get = route_is_get(rq->rt);
+        if (strcmp(method, get ? "GET" : "POST") != 0 && !(get && !strcmp(method, "HEAD")))
+            return send_error(rq, mc, 405, "method_not_allowed", NULL, "%.200s takes %s, not %.40s",
+                              url, get ? "GET" : "POST", method);
+        if (rq->rt != R_HEALTH && !key_ok(MHD_lookup_connection_value(mc, MHD_HEADER_KIND, "Authorization")))
+            return send_error(rq, mc, 401, "invalid_api_key", NULL, "a valid API key is required (Authorization: Bearer KEY)");
+        const char *cl = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, "Content-Length");
+        if (cl) {
+            char *end;
+            errno = 0;
+            unsigned long long v = strtoull(cl, &end, 10);
+            if (errno || *end || v > G.max_body)
+                return send_error(rq, mc, 413, "body_too_large", NULL, "the request body is over %zu bytes", G.max_body);
+        }
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        if (rq->body.len + *upload_size > G.max_body) rq->too_large = 1;
+        else sb_add(&rq->body, upload, *upload_size);
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    if (rq->too_large)
+        return send_error(rq, mc, 413, "body_too_large", NULL, "the request body is over %zu bytes", G.max_body);
+    if (rq->body.oom) return send_error(rq, mc, 500, NULL, NULL, "out of memory");
+
+    switch (rq->rt) {
+    case R_HEALTH: return handle_health(rq, mc);
+    case R_MODELS: case R_MODEL: return handle_models(rq, mc);
+    default: break;
+    }
+    /* POST endpoints: a JSON object body. */
+    if (rq->body.len == 0) return send_error(rq, mc, 400, "invalid_json", NULL, "the request body must be a JSON object");
+    if (json_too_deep(rq->body.p, rq->body.len, GW_MAX_JSON_DEPTH))
+        return send_error(rq, mc, 400, "invalid_json", NULL, "the JSON nests deeper than %d levels", GW_MAX_JSON_DEPTH);
+    json_error_t je;
+    json_t *o = json_loadb(rq->body.p, rq->body.len, JSON_ALLOW_NUL, &je);
+    if (!o) return send_error(rq, mc, 400, "invalid_json", NULL, "the body is not valid JSON: %s (line %d, column %d)",
+                              je.text, je.line, je.column);
+    enum MHD_Result ret;
+    if (!json_is_object(o)) ret = send_error(rq, mc, 400, "invalid_json", NULL, "the request body must be a JSON object");
+    else if (rq->rt == R_TOKENIZE) ret = handle_tokenize(rq, mc, o);
+    else if (rq->rt == R_DETOKENIZE) ret = handle_detokenize(rq, mc, o);
+    else {
+        rq->chat = rq->rt == R_CHAT;
+        ret = handle_generation(rq, mc, o);
+    }
+    json_decref(o);   /* nothing kept for a stream points into it */
+    return ret;
+}
+
+/* -v: METHOD PATH STATUS MS [tokens] [how it ended], when the request ends
+ * (the path cut at 120 bytes; logf_ masks control bytes). */
+static void access_log(const gw_req *rq, enum MHD_RequestTerminationCode toe)
+{
+    char toks[96] = "";
+    if (rq->n_jobs) {
+        uint64_t pt = 0, ct = 0;
+        int seen[GW_MAX_CHOICES] = {0};
+        for (int i = 0; i < rq->n_jobs; i++) {
+            ct += rq->jobs[i].completion_tokens;
+            if (!seen[rq->jobs[i].prompt_no]) { seen[rq->jobs[i].prompt_no] = 1; pt += rq->jobs[i].prompt_tokens; }
+        }
+        snprintf(toks, sizeof toks, " prompt %" PRIu64 " completion %" PRIu64 " tokens", pt, ct);
+    }
+    const char *how = toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? (rq->stream_failed ? " (stream ended with an error)" : "")
+                    : toe == MHD_REQUEST_TERMINATED_CLIENT_ABORT ? " (client left)"
+                    : toe == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED ? " (timed out)" : " (ended early)";
+    char st[12] = "-";
+    if (rq->status) snprintf(st, sizeof st, "%u", rq->status);
+    logf_("%s %.120s %s %.1f ms%s%s", rq->method, rq->path, st, (double)(mono_ns() - rq->t0_ns) / 1e6, toks, how);
+}
+
+void gw_on_completed(void *cls, struct MHD_Connection *mc, void **con_cls, enum MHD_RequestTerminationCode toe)
+{
+    (void)cls; (void)mc;
+    gw_req *rq = *con_cls;
+    if (!rq) return;
+    /* A request that ended early (client gone, error) may leave jobs running. */
+    if (rq->n_done < rq->n_jobs && rq->conn) conn_drop(rq->conn);
+    if (G.verbose) access_log(rq, toe);
+    rq_free_jobs(rq);
+    sb_free(&rq->body);
+    sb_free(&rq->out);
+    free(rq->model_json);
+    free(rq);
+    *con_cls = NULL;
+}
+
+void gw_on_connection(void *cls, struct MHD_Connection *mc, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe)
+{
+    (void)cls;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        gw_conn *c = calloc(1, sizeof *c);
+        if (!c) return;
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+        c->fd = ci ? ci->connect_fd : -1;
+        /* Every SSE event is sent when it is made: no Nagle delay. */
+        int one = 1;
+        if (c->fd >= 0) setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        unsigned n = atomic_load(&n_served);
+        do {
+            if (n >= G.max_conns) { c->over = 1; break; }
+        } while (!atomic_compare_exchange_weak(&n_served, &n, n + 1));
+        /* an over connection only gets its 503: it may not linger */
+        if (c->over) MHD_set_connection_option(mc, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)GW_OVER_TIMEOUT_S);
+        *socket_context = c;
+    } else if (toe == MHD_CONNECTION_NOTIFY_CLOSED) {
+        gw_conn *c = *socket_context;
+        if (c) {
+            if (!c->over) atomic_fetch_sub(&n_served, 1);
+            ane_close(c->ane);
+            free(c);
+        }
+        *socket_context = NULL;
+    }
+}
+
+void gw_mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    (void)cls;
+    char line[512];
+    vsnprintf(line, sizeof line, fmt, ap);
+    size_t n = strlen(line);
+    while (n && line[n - 1] == '\n') line[--n] = 0;
+    if (G.verbose) logf_("http: %s", line);
+}

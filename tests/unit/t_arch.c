@@ -1,0 +1,141 @@
+/* t_arch.c — the architecture table (engine/arch/arch.c): lookups, the
+ * rows' options reaching their family's load (a llama file renamed to qwen2
+ * must bring q/k/v biases, to qwen3 q/k norms), the message for a name not in
+ * the table, and what each family asks of a backend. */
+#include "engine/arch/arch.h"
+#include "engine/backend/backend.h"
+#include "engine/load/model.h"
+#include "engine/pool.h"
+#include "tests/check.h"
+
+#include <stdlib.h>
+#include <unistd.h>
+
+static void test_table(void)
+{
+    char buf[200];
+    CHECK(strcmp(arch_names(buf, sizeof buf), "llama, qwen2, qwen3, qwen35") == 0);
+    CHECK(strcmp(arch_names(buf, 9), "llama, q") == 0);   /* cut, still a string */
+    const arch *q2 = arch_find("qwen2"), *q3 = arch_find("qwen3"), *ll = arch_find("llama");
+    CHECK(q2 && q3 && ll && q2->fam == ll->fam && q3->fam == ll->fam);
+    CHECK(q2 && (q2->opt & ARCH_QKV_BIAS) && !(q2->opt & ARCH_QK_NORM));
+    CHECK(q3 && (q3->opt & ARCH_QK_NORM) && !(q3->opt & ARCH_QKV_BIAS));
+    CHECK(ll && !(ll->opt & ARCH_ROPE_NEOX));
+    const arch *q35 = arch_find("qwen35");
+    CHECK(q35 && q35->fam != ll->fam && q35->fam->seq && !q35->fam->greedy);
+    CHECK(arch_find("qwen") == NULL && arch_find("") == NULL && arch_find("LLAMA") == NULL);
+}
+
+/* stories260K with its architecture renamed (metadata keys too when
+ * `keys`); the model_load error into err, "" when it loads. */
+static void load_renamed(const char *name, int keys, char *err, size_t errlen)
+{
+    FILE *f = fopen(FIXTURE("models/stories260K.gguf"), "rb");
+    CHECK(f != NULL);
+    if (!f) return;
+    static char d[4 << 20];
+    size_t n = fread(d, 1, sizeof d, f);
+    fclose(f);
+    char *a = memmem(d, n, "general.architecture", 20);
+    CHECK(a && n < sizeof d && !memcmp(a + 32, "llama", 5));
+    if (!a) return;
+    memcpy(a + 32, name, 5);
+    for (char *k = d; keys && (k = memmem(k, n - (size_t)(k - d), "llama.", 6)) != NULL; k += 6) memcpy(k, name, 5);
+    char path[] = "/tmp/t_arch.XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0 && write(fd, d, n) == (ssize_t)n);
+    close(fd);
+    model *m = NULL;
+    err[0] = 0;
+    if (model_load(&m, path, err, errlen) == 0) {
+        CHECK(m->arch == arch_find(name));
+        err[0] = 0;
+    }
+    model_free(m);
+    unlink(path);
+}
+
+static void test_rows(void)
+{
+    char err[512];
+    load_renamed("gptxx", 0, err, sizeof err);
+    CHECKF(strstr(err, ": unsupported architecture 'gptxx' in general.architecture (supported: llama, qwen2, "
+                       "qwen3, qwen35)") != NULL, "%s", err);
+    load_renamed("qwen2", 1, err, sizeof err);
+    CHECKF(strstr(err, ": missing tensor 'blk.0.attn_q.bias'") != NULL, "%s", err);
+    load_renamed("qwen3", 1, err, sizeof err);
+    CHECKF(strstr(err, ": missing tensor 'blk.0.attn_q_norm.weight'") != NULL, "%s", err);
+    load_renamed("qwen3", 0, err, sizeof err);   /* keys still under llama. */
+    CHECKF(strstr(err, ": missing metadata key 'qwen3.embedding_length'") != NULL, "%s", err);
+    load_renamed("llama", 1, err, sizeof err);
+    CHECKF(err[0] == 0, "%s", err);
+}
+
+/* Each fixture loads under its row, with the tensors its options ask for. */
+static void test_families(void)
+{
+    static const struct { const char *path, *arch; int bias, qk_norm, recurrent, neox; } v[] = {
+        { "models/stories260K.gguf", "llama", 0, 0, 0, 0 },
+        { "models/qwen2-tiny.Q8_0.gguf", "qwen2", 1, 0, 0, 1 },
+        { "models/qwen3-tiny.bf16.gguf", "qwen3", 0, 1, 0, 1 },
+        { "models/qwen35-tiny.bf16.gguf", "qwen35", 0, 1, 1, 1 },
+        { "hf/qwen2-tiny", "qwen2", 1, 0, 0, 1 },
+    };
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+        char path[256], err[512];
+        snprintf(path, sizeof path, "tests/fixtures/%s", v[i].path);
+        model *m = NULL;
+        CHECKF(model_load(&m, path, err, sizeof err) == 0, "%s: %s", path, err);
+        if (!m) continue;
+        const hparams *hp = &m->hp;
+        int attn = v[i].recurrent ? hp->n_layer / 4 : hp->n_layer;   /* qwen35: every 4th attends */
+        int l = v[i].recurrent ? 3 : 0;
+        CHECKF(m->arch == arch_find(v[i].arch) && hp->n_attn_layers == attn && m->recurrent == v[i].recurrent &&
+               hp->rope_neox == v[i].neox, "%s", path);
+        CHECKF((m->layers[l].bq.data != NULL) == v[i].bias && (m->layers[l].q_norm.data != NULL) == v[i].qk_norm,
+               "%s", path);
+        model_free(m);
+    }
+}
+
+/* fw_lacks: the hybrid needs the linear-attention ops, the llama family none
+ * beyond the base set (the engine falls back to the CPU on that answer). */
+static void test_lacks(void)
+{
+    char err[256];
+    pool *p;
+    be *b;
+    CHECK(pool_open(&p, 1) == 0);
+    CHECK(be_cpu_open(&b, p, 1, err, sizeof err) == 0);
+    be_ops no_delta = *b->ops;
+    no_delta.deltanet = NULL;
+    model *q35 = NULL, *ll = NULL;
+    CHECK(model_load(&q35, FIXTURE("models/qwen35-tiny.bf16.gguf"), err, sizeof err) == 0);
+    CHECK(model_load(&ll, FIXTURE("models/stories260K.gguf"), err, sizeof err) == 0);
+    if (q35 && ll) {
+        CHECK(fw_lacks(q35, b->ops) == NULL && fw_lacks(ll, b->ops) == NULL);
+        const char *l = fw_lacks(q35, &no_delta);
+        CHECK(l && strcmp(l, "linear-attention ops") == 0);
+        CHECK(fw_lacks(ll, &no_delta) == NULL);
+        /* and the family refuses to open on such a backend */
+        const be_ops *real = b->ops;
+        b->ops = &no_delta;
+        fw *f = NULL;
+        CHECK(fw_open(&f, q35, b, 8, 2, 4, 1, err, sizeof err) == -1 && f == NULL);
+        CHECKF(strstr(err, "cannot run qwen35 models yet (no linear-attention ops)") != NULL, "%s", err);
+        b->ops = real;
+    }
+    model_free(q35);
+    model_free(ll);
+    b->ops->close(b);
+    pool_close(p);
+}
+
+int main(void)
+{
+    RUN(test_table);
+    RUN(test_rows);
+    RUN(test_families);
+    RUN(test_lacks);
+    return CHECK_DONE();
+}
