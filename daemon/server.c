@@ -261,6 +261,7 @@ static proto_err map_eng_err(eng_err c)
     case ENG_ENOMODEL:  return PROTO_E_NO_MODEL;
     case ENG_EUTF8:     return PROTO_E_INVALID_UTF8;
     case ENG_ESHUTDOWN: return PROTO_E_SHUTDOWN;
+    case ENG_EMODEL_CHANGED: return PROTO_E_MODEL_CHANGED;
     case ENG_ENOMEM:
     case ENG_EINTERNAL:
     default:            return PROTO_E_INTERNAL;
@@ -1142,6 +1143,14 @@ static void on_poll(struct ev_loop *loop, ev_timer *w, int revents)
     take_events(w->data);
 }
 
+/* The engine's log lines (e.g. the model file changed on disk). */
+static void eng_log_line(void *arg, int warn, const char *line)
+{
+    (void)arg;
+    if (warn) log_warn("%s", line);
+    else log_error("%s", line);
+}
+
 static void notify_loop(void *arg)
 {
     server *s = arg;
@@ -1262,6 +1271,7 @@ int server_open(server **out, const server_opts *opt, char *err, size_t errlen)
     eng_opts eo = opt->eng;
     eo.notify = notify_loop;
     eo.notify_arg = s;
+    eo.log = eng_log_line;
     char eerr[512] = "";
     int rc = eng_open(&s->eng, &eo, eerr, sizeof eerr);
     pthread_sigmask(SIG_UNBLOCK, &set, NULL);

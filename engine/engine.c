@@ -146,6 +146,9 @@ struct eng {
     pthread_mutex_t ev_mu;
     eng_event *ev_head, *ev_tail;
 
+    atomic_int model_gone;       /* the weights in use are not what was loaded (model_gone()) */
+    atomic_int model_noted;      /* a change on disk that leaves them intact was logged */
+
     eng_stats st;                /* under mu */
 
     /* worker scratch (worker thread only) */
@@ -187,6 +190,7 @@ const char *eng_strerror(eng_err c)
     case ENG_ENOMEM: return "out of memory";
     case ENG_ESHUTDOWN: return "the engine is shutting down";
     case ENG_EINTERNAL: return "internal error";
+    case ENG_EMODEL_CHANGED: return "the model file changed on disk after load; restart aned to load it";
     }
     return "unknown error";
 }
@@ -407,6 +411,47 @@ static int fail(eng_err *code, eng_err c, char *err, size_t errlen, const char *
     return -1;
 }
 
+/* What a job that model_gone() ends is told. */
+static void gone_msg(const eng *e, char *msg, size_t n)
+{
+    snprintf(msg, n, "model file %.80s changed on disk after load; restart aned to load it", e->m->path);
+}
+
+static void eng_log(eng *e, int warn, const char *line)
+{
+    if (e->opt.log) e->opt.log(e->opt.log_arg, warn, line);
+    else fprintf(stderr, "aned: %s: %s\n", warn ? "warning" : "error", line);
+}
+
+/* The model's files against what was loaded (model_check), at submit and
+ * (quick) after every forward pass. Once the weights in use are not what
+ * was loaded every job ends with ENG_EMODEL_CHANGED and new ones are
+ * refused (ping, info, tokenize go on); a change that leaves them intact is
+ * only logged. Logged once either way. Any thread, not under mu. */
+static int model_gone(eng *e, int quick)
+{
+    if (atomic_load(&e->model_gone)) return 1;
+    char why[400], line[480];
+    int rc = model_check(e->m, quick, why, sizeof why);
+    if (rc == MODEL_SAME) return 0;
+    if (rc == MODEL_DETACHED) {
+        if (!atomic_exchange(&e->model_noted, 1)) {
+            snprintf(line, sizeof line, "%s; restart aned to load the file now there", why);
+            eng_log(e, 1, line);
+        }
+        return 0;
+    }
+    if (!atomic_exchange(&e->model_gone, 1)) {
+        snprintf(line, sizeof line, "%s; restart aned to load it (until then requests fail with model_changed)", why);
+        eng_log(e, 0, line);
+        /* the worker ends the other jobs now, paused or queued ones too */
+        pthread_mutex_lock(&e->mu);
+        pthread_cond_signal(&e->cv);
+        pthread_mutex_unlock(&e->mu);
+    }
+    return 1;
+}
+
 /* A tokenizer failure as an engine error: a regex limit is the text's fault
  * (invalid_value), not a UTF-8 error. */
 static eng_err tok_err(int rc)
@@ -612,6 +657,7 @@ int eng_submit(eng *e, const eng_job_desc *d, uint64_t *job_id, eng_err *code, c
 {
     if (code) *code = ENG_OK;
     if (e->m->tokenizer_only) return fail(code, ENG_ENOMODEL, err, errlen, NULL);
+    if (model_gone(e, 0)) { gone_msg(e, err, errlen); if (code) *code = ENG_EMODEL_CHANGED; return -1; }
     if (d->kind != ENG_JOB_GENERATE && d->kind != ENG_JOB_EVAL)
         return fail(code, ENG_EINVAL, err, errlen, "unknown job kind");
     if (d->kind == ENG_JOB_GENERATE && valid_sampling(&d->sampling, err, errlen)) {
@@ -954,9 +1000,54 @@ static int make_room(eng *e, job *w)
     return 1;
 }
 
+/* Ends every generate and eval job with ENG_EMODEL_CHANGED once
+ * model_gone(): those waiting for the tokenizer or in its hands, queued
+ * (evicted ones included), running, and paused (parked, evicted or not).
+ * Tokenize requests go on (the tokenizer keeps its own copies). Under mu;
+ * the worker's, as schedule(). */
+static void fail_model_gone(eng *e)
+{
+    char msg[sizeof ((job *)0)->err_msg];
+    gone_msg(e, msg, sizeof msg);
+    for (job *j = e->pend_head, *prev = NULL, *nx; j; j = nx) {
+        nx = j->next;
+        if (j->kind == JOB_TOKENIZE || atomic_load(&j->cancel)) { prev = j; continue; }   /* (cancelled: below) */
+        if (prev) prev->next = nx; else e->pend_head = nx;
+        if (e->pend_tail == j) e->pend_tail = prev;
+        pend_done(e, j);
+        j->err_code = ENG_EMODEL_CHANGED;
+        memcpy(j->err_msg, msg, sizeof msg);
+        job_error(e, j);
+        job_free(j);
+    }
+    /* the tokenizer thread drops it when it is through (as when cancelled) */
+    job *tj = e->tokenizing;
+    if (tj && !tj->reported && tj->kind != JOB_TOKENIZE && !atomic_load(&tj->cancel)) {
+        tj->reported = 1;
+        pend_done(e, tj);
+        tj->err_code = ENG_EMODEL_CHANGED;
+        memcpy(tj->err_msg, msg, sizeof msg);
+        job_error(e, tj);
+    }
+    for (job *j = e->queue_head; j; j = j->next)
+        if (j->err_code == ENG_OK) { j->err_code = ENG_EMODEL_CHANGED; memcpy(j->err_msg, msg, sizeof msg); }
+    if (e->n_active > 0 && e->a_on) e->a_stale = 1;   /* the queued step had them */
+    while (e->n_active > 0 || e->parked) {
+        job *j = e->n_active > 0 ? e->active[--e->n_active] : e->parked;
+        if (j == e->parked) { e->parked = j->next; e->n_parked--; }
+        pages_release(e, j);
+        j->err_code = ENG_EMODEL_CHANGED;
+        memcpy(j->err_msg, msg, sizeof msg);
+        job_error(e, j);
+        e->st.jobs_done++;
+        job_free(j);
+    }
+}
+
 /* Retires cancelled and failed jobs and admits new ones. Under mu. */
 static void schedule(eng *e)
 {
+    if (atomic_load(&e->model_gone)) fail_model_gone(e);
     job *prev = NULL;
     for (job *j = e->pend_head; j;) {
         job *nx = j->next;
@@ -1213,6 +1304,11 @@ static void step(eng *e)
         fw_run(e->fw, e->b_tok, &bt, e->b_out, n_out, e->logits);
     }
     t_pass = now_ms() - t_pass;
+    if (model_gone(e, 1)) {   /* this pass read other weights: its jobs end (schedule) */
+        if (e->a_on) fw_greedy_take(e->fw, e->a_ids, e->a_T);
+        e->a_on = 0;
+        return;
+    }
 
     for (int t = 0; t < T; t++) e->b_job[t]->n_past++;
     for (int i = 0; i < e->n_active; i++) pages_publish(e, e->active[i]);

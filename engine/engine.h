@@ -33,6 +33,11 @@ typedef struct eng_opts {
     /* Backend options that change results or memory (be_opts): */
     int deterministic;      /* 1: a sequence's results never depend on the others batched with it (aned --deterministic) */
     int cuda_f16_cache_off; /* 1: no f16 weight copies on the GPU for prompts (aned --cuda-f16-cache off) */
+    /* A line for the daemon's log (warn 0: an error, 1: a warning), from any
+     * engine thread, e.g. that the model file changed on disk. May be NULL
+     * (then stderr). */
+    void (*log)(void *arg, int warn, const char *line);
+    void *log_arg;
 } eng_opts;
 
 /* Loads the model and starts the worker. */
@@ -52,6 +57,7 @@ typedef enum eng_err {
     ENG_ENOMEM,
     ENG_ESHUTDOWN,   /* the engine is closing */
     ENG_EINTERNAL,
+    ENG_EMODEL_CHANGED, /* the model file changed on disk after load: restart to load it */
 } eng_err;
 
 const char *eng_strerror(eng_err code);

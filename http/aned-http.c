@@ -264,6 +264,7 @@ static unsigned status_for(proto_err e, const char **code)
     case PROTO_E_BUSY: *code = "busy"; return 429;
     case PROTO_E_NO_MODEL: *code = "no_model"; return 501;
     case PROTO_E_SHUTDOWN: *code = "shutting_down"; return 503;
+    case PROTO_E_MODEL_CHANGED: *code = "model_changed"; return 503;
     case PROTO_E_DENIED: *code = "denied"; return 502;
     case PROTO_E_INTERNAL: *code = "internal"; return 500;
     case PROTO_E_MALFORMED: case PROTO_E_TOO_DEEP: case PROTO_E_VERSION: case PROTO_E_HANDSHAKE:

@@ -33,6 +33,7 @@ static const char *const err_names[PROTO_E__COUNT] = {
     [PROTO_E_NO_MODEL] = "no_model",
     [PROTO_E_SHUTDOWN] = "shutting_down",
     [PROTO_E_INTERNAL] = "internal",
+    [PROTO_E_MODEL_CHANGED] = "model_changed",
 };
 
 const char *proto_err_name(proto_err e)

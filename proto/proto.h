@@ -73,6 +73,7 @@ typedef enum proto_err {
     PROTO_E_NO_MODEL,       /* "no_model": tokenizer-only model */
     PROTO_E_SHUTDOWN,       /* "shutting_down" */
     PROTO_E_INTERNAL,       /* "internal" */
+    PROTO_E_MODEL_CHANGED,  /* "model_changed": the model file changed on disk after load */
     PROTO_E__COUNT
 } proto_err;
 

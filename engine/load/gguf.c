@@ -4,14 +4,10 @@
 #include "engine/load/gguf.h"
 #include "common/err.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #define GGUF_MAX_KV       (1u << 20)
@@ -159,6 +155,75 @@ static int read_kv(rd *r, gguf_kv *kv)
     return 0;
 }
 
+static int str_cmp(gguf_str a, gguf_str b)
+{
+    int c = memcmp(a.s, b.s, a.n < b.n ? (size_t)a.n : (size_t)b.n);
+    return c ? c : a.n < b.n ? -1 : a.n > b.n;
+}
+
+static int kv_cmp(const void *a, const void *b)
+{
+    return str_cmp((*(const gguf_kv *const *)a)->key, (*(const gguf_kv *const *)b)->key);
+}
+
+static int tname_cmp(const void *a, const void *b)
+{
+    return str_cmp((*(const gguf_tensor *const *)a)->name, (*(const gguf_tensor *const *)b)->name);
+}
+
+static int tdata_cmp(const void *a, const void *b)
+{
+    const uint8_t *x = (*(const gguf_tensor *const *)a)->data, *y = (*(const gguf_tensor *const *)b)->data;
+    return x < y ? -1 : x > y;
+}
+
+/* No metadata key twice, no tensor name twice, no two tensors sharing a
+ * byte (sorting: the counts may be a million). */
+static int unique_and_apart(gguf *g, char *err, size_t errlen)
+{
+    uint64_t n = g->n_kv > g->n_tensors ? g->n_kv : g->n_tensors;
+    const void **ix = malloc((size_t)(n ? n : 1) * sizeof *ix);
+    if (!ix) { snprintf(err, errlen, "%s: out of memory", g->path); return -1; }
+    int rc = 0;
+    for (uint64_t i = 0; i < g->n_kv; i++) ix[i] = &g->kv[i];
+    qsort(ix, (size_t)g->n_kv, sizeof *ix, kv_cmp);
+    for (uint64_t i = 1; i < g->n_kv && !rc; i++) {
+        const gguf_kv *a = ix[i - 1], *b = ix[i];
+        if (!str_cmp(a->key, b->key)) {
+            snprintf(err, errlen, "%s: metadata key '%.*s' appears twice (expected each key once)", g->path,
+                     (int)(a->key.n > 200 ? 200 : a->key.n), a->key.s);
+            rc = -1;
+        }
+    }
+    for (uint64_t i = 0; i < g->n_tensors && !rc; i++) ix[i] = &g->tensors[i];
+    if (!rc) qsort(ix, (size_t)g->n_tensors, sizeof *ix, tname_cmp);
+    for (uint64_t i = 1; i < g->n_tensors && !rc; i++) {
+        const gguf_tensor *a = ix[i - 1], *b = ix[i];
+        if (!str_cmp(a->name, b->name)) {
+            snprintf(err, errlen, "%s: duplicate tensor name '%.*s'", g->path, (int)a->name.n, a->name.s);
+            rc = -1;
+        }
+    }
+    if (!rc) qsort(ix, (size_t)g->n_tensors, sizeof *ix, tdata_cmp);
+    /* tensors of a type this reader cannot size (nbytes 0) are refused by the loader if used */
+    const gguf_tensor *last = NULL;
+    for (uint64_t i = 0; i < g->n_tensors && !rc; i++) {
+        const gguf_tensor *t = ix[i];
+        if (!t->nbytes) continue;
+        if (last && (const uint8_t *)last->data + last->nbytes > (const uint8_t *)t->data) {
+            snprintf(err, errlen, "%s: tensors '%.*s' (bytes %llu..%llu) and '%.*s' (from byte %llu) overlap "
+                     "(expected each tensor's data apart)", g->path, (int)last->name.n, last->name.s,
+                     (unsigned long long)((const uint8_t *)last->data - g->map),
+                     (unsigned long long)((const uint8_t *)last->data - g->map + last->nbytes),
+                     (int)t->name.n, t->name.s, (unsigned long long)((const uint8_t *)t->data - g->map));
+            rc = -1;
+        }
+        last = t;
+    }
+    free(ix);
+    return rc;
+}
+
 void gguf_close(gguf *g)
 {
     if (!g) return;
@@ -166,7 +231,7 @@ void gguf_close(gguf *g)
         for (uint64_t i = 0; i < g->n_kv; i++) free(g->kv[i].arr_off);
     free(g->kv);
     free(g->tensors);
-    if (g->map) munmap((void *)g->map, g->size);
+    mf_unmap(&g->mm);
     free((void *)g->path);
     free(g);
 }
@@ -177,30 +242,17 @@ int gguf_open(gguf **out, const char *path, char *err, size_t errlen)
     gguf *g = calloc(1, sizeof *g);
     if (!g) { snprintf(err, errlen, "%s: out of memory", path); return -1; }
     g->path = strdup(path);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
-        goto fail;
-    }
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        snprintf(err, errlen, "%s: not a regular file", path);
-        close(fd);
-        goto fail;
-    }
+    int fd = mf_open(path, &st, err, errlen);
+    if (fd < 0) goto fail;
     if (st.st_size < 24) {
         snprintf(err, errlen, "%s: file too small for a GGUF header (%lld bytes)", path, (long long)st.st_size);
         close(fd);
         goto fail;
     }
-    g->size = (size_t)st.st_size;
-    void *m = mmap(NULL, g->size, PROT_READ, MAP_PRIVATE, fd, 0);
-    close(fd);
-    if (m == MAP_FAILED) {
-        snprintf(err, errlen, "%s: mmap failed: %s", path, strerror(errno));
-        goto fail;
-    }
-    g->map = m;
+    if (mf_map_fd(&g->mm, fd, &st, path, err, errlen)) goto fail;
+    g->size = g->mm.size;
+    g->map = g->mm.map;
 
     rd r = { .p = g->map, .end = g->map + g->size, .base = g->map, .err = err, .errlen = errlen, .path = path };
     if (memcmp(r.p, "GGUF", 4) != 0) {
@@ -304,12 +356,8 @@ int gguf_open(gguf **out, const char *path, char *err, size_t errlen)
             goto fail;
         }
         t->data = g->map + g->data_offset + off;
-        for (uint64_t j = 0; j < i; j++)
-            if (g->tensors[j].name.n == t->name.n && !memcmp(g->tensors[j].name.s, t->name.s, t->name.n)) {
-                snprintf(err, errlen, "%s: duplicate tensor name '%.*s'", path, (int)t->name.n, t->name.s);
-                goto fail;
-            }
     }
+    if (unique_and_apart(g, err, errlen)) goto fail;
     *out = g;
     return 0;
 fail:

@@ -2,8 +2,9 @@
  *
  * gguf_open mmaps the file read-only and validates the whole header before
  * returning: magic, version, every key/value (type, string lengths, array
- * counts against the bytes left), every tensor record (name, dims, type,
- * offset alignment, data inside the file, no overflow). After that every
+ * counts against the bytes left, no key twice), every tensor record (name
+ * unique, dims, type, offset alignment, data inside the file and apart from
+ * every other tensor's, no overflow). After that every
  * accessor is bounds-safe. Strings returned point into the mapping and are
  * NOT NUL-terminated: use the length. The gguf owns the mapping; tensors'
  * data pointers stay valid until gguf_close. */
@@ -12,6 +13,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "engine/load/mfile.h"
 
 typedef enum gguf_vtype {
     GGUF_T_UINT8 = 0, GGUF_T_INT8 = 1, GGUF_T_UINT16 = 2, GGUF_T_INT16 = 3,
@@ -48,6 +51,7 @@ typedef struct gguf {
     const char *path;
     const uint8_t *map;
     size_t size;
+    mf_map mm;            /* the mapping, watched (mfile.h) */
     uint32_t version;
     uint64_t n_kv, n_tensors;
     gguf_kv *kv;

@@ -1,22 +1,22 @@
 /* hf.c — safetensors shards and config.json. */
 #include "engine/load/hf.h"
+#include "engine/load/mfile.h"
 #include "engine/quant/qtypes.h"
 
 #include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
+#include <float.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #define HF_MAX_SHARDS  1024
 #define HF_MAX_HEADER  (256u << 20)
 
-typedef struct shard { const uint8_t *map; size_t size; } shard;
+typedef mf_map shard;
 
 struct hf_model {
     hf_config cfg;
@@ -31,8 +31,7 @@ uint64_t hf_n_tensors(const hf_model *h) { return h->n_t; }
 void hf_close(hf_model *h)
 {
     if (!h) return;
-    for (int i = 0; i < h->n_shards; i++)
-        if (h->shards[i].map) munmap((void *)h->shards[i].map, h->shards[i].size);
+    for (int i = 0; i < h->n_shards; i++) mf_unmap(&h->shards[i]);
     for (uint64_t i = 0; i < h->n_t; i++) free(h->names[i]);
     free(h->names);
     free(h->shards);
@@ -85,24 +84,49 @@ static int dtype_of(const char *s, uint32_t *t, size_t *esz)
     return -1;
 }
 
+static int tdata_cmp(const void *a, const void *b)
+{
+    const uint8_t *x = (*(const gguf_tensor *const *)a)->data, *y = (*(const gguf_tensor *const *)b)->data;
+    return x < y ? -1 : x > y;
+}
+
+/* The tensors h->t[first..] (one shard's) share no byte. */
+static int apart(hf_model *h, uint64_t first, const char *path, char *err, size_t errlen)
+{
+    uint64_t n = h->n_t - first;
+    if (n < 2) return 0;
+    const gguf_tensor **ix = malloc((size_t)n * sizeof *ix);
+    if (!ix) { snprintf(err, errlen, "%s: out of memory", path); return -1; }
+    for (uint64_t i = 0; i < n; i++) ix[i] = &h->t[first + i];
+    qsort(ix, (size_t)n, sizeof *ix, tdata_cmp);
+    int rc = 0;
+    for (uint64_t i = 1; i < n && !rc; i++)
+        if ((const uint8_t *)ix[i - 1]->data + ix[i - 1]->nbytes > (const uint8_t *)ix[i]->data) {
+            snprintf(err, errlen, "%s: the data_offsets of tensors '%s' and '%s' overlap (expected each tensor's "
+                     "bytes apart)", path, ix[i - 1]->name.s, ix[i]->name.s);
+            rc = -1;
+        }
+    free(ix);
+    return rc;
+}
+
 static int shard_load(hf_model *h, const char *path, char *err, size_t errlen)
 {
+    uint64_t first = h->n_t;
     if (h->n_shards >= HF_MAX_SHARDS) { snprintf(err, errlen, "%s: too many shards", path); return -1; }
     shard *sh = &h->shards[h->n_shards];
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) { snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno)); return -1; }
     struct stat st;
-    if (fstat(fd, &st) || !S_ISREG(st.st_mode) || st.st_size < 8) {
-        snprintf(err, errlen, "%s: not a safetensors file (too small)", path);
+    int fd = mf_open(path, &st, err, errlen);
+    if (fd < 0) return -1;
+    if (st.st_size < 8) {
+        snprintf(err, errlen, "%s: not a safetensors file (%lld bytes, expected at least 8)", path,
+                 (long long)st.st_size);
         close(fd);
         return -1;
     }
-    sh->size = (size_t)st.st_size;
-    void *m = mmap(NULL, sh->size, PROT_READ, MAP_PRIVATE, fd, 0);
-    close(fd);
-    if (m == MAP_FAILED) { snprintf(err, errlen, "%s: mmap: %s", path, strerror(errno)); return -1; }
-    sh->map = m;
-    h->n_shards++;
+    int rc0 = mf_map_fd(sh, fd, &st, path, err, errlen);
+    h->n_shards++;   /* (mf_unmap of a failed one is fine) */
+    if (rc0) return -1;
     uint64_t hlen;
     memcpy(&hlen, sh->map, 8);
     if (hlen > HF_MAX_HEADER || hlen > sh->size - 8) {
@@ -196,85 +220,206 @@ static int shard_load(hf_model *h, const char *path, char *err, size_t errlen)
         h->n_t++;
     }
     json_decref(root);
+    if (!rc) rc = apart(h, first, path, err, errlen);
     return rc;
 }
 
-static int64_t jint(json_t *o, const char *k, int64_t dflt)
+/* config.json fields: each of the type and in the range it must have, else
+ * an error naming the file, the field and what was expected. A null field
+ * counts as absent. */
+typedef struct cfgrd { const char *path; char *err; size_t errlen; } cfgrd;
+
+static const char *jtype(const json_t *v)
 {
-    json_t *v = json_object_get(o, k);
-    if (json_is_integer(v)) return json_integer_value(v);
-    if (json_is_array(v) && json_array_size(v) > 0 && json_is_integer(json_array_get(v, 0)))
-        return json_integer_value(json_array_get(v, 0));
-    return dflt;
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL: return "a number";
+    case JSON_TRUE: case JSON_FALSE: return "a boolean";
+    default: return "null";
+    }
 }
 
-static double jnum(json_t *o, const char *k, double dflt)
+/* An integral JSON number into *out; 0 when v is not one. */
+static int jint_of(const json_t *v, int64_t *out)
+{
+    if (json_is_integer(v)) { *out = json_integer_value(v); return 1; }
+    if (json_is_real(v)) {
+        double d = json_real_value(v);
+        if (d == floor(d) && fabs(d) < 9e15) { *out = (int64_t)d; return 1; }
+    }
+    return 0;
+}
+
+static int cint(cfgrd *r, json_t *o, const char *k, int required, int64_t dflt, int64_t lo, int64_t hi, int64_t *out)
 {
     json_t *v = json_object_get(o, k);
-    return json_is_number(v) ? json_number_value(v) : dflt;
+    if (!v || json_is_null(v)) {
+        if (required) {
+            snprintf(r->err, r->errlen, "%s: %s is missing (expected an integer in [%lld, %lld])", r->path, k,
+                     (long long)lo, (long long)hi);
+            return -1;
+        }
+        *out = dflt;
+        return 0;
+    }
+    if (!jint_of(v, out)) {
+        snprintf(r->err, r->errlen, "%s: %s is %s, expected an integer in [%lld, %lld]", r->path, k, jtype(v),
+                 (long long)lo, (long long)hi);
+        return -1;
+    }
+    if (*out < lo || *out > hi) {
+        snprintf(r->err, r->errlen, "%s: %s is %lld, expected an integer in [%lld, %lld]", r->path, k,
+                 (long long)*out, (long long)lo, (long long)hi);
+        return -1;
+    }
+    return 0;
+}
+
+/* A number in (lo, hi] (lo itself excluded). */
+static int cnum(cfgrd *r, json_t *o, const char *k, double dflt, double lo, double hi, double *out)
+{
+    json_t *v = json_object_get(o, k);
+    if (!v || json_is_null(v)) { *out = dflt; return 0; }
+    if (!json_is_number(v)) {
+        snprintf(r->err, r->errlen, "%s: %s is %s, expected a number in (%g, %g]", r->path, k, jtype(v), lo, hi);
+        return -1;
+    }
+    *out = json_number_value(v);
+    if (!(*out > lo && *out <= hi)) {
+        snprintf(r->err, r->errlen, "%s: %s is %g, expected a number in (%g, %g]", r->path, k, *out, lo, hi);
+        return -1;
+    }
+    return 0;
+}
+
+/* A token id below vocab, or null/absent (-1); lists (eos_token_id) give their first. */
+static int ctoken(cfgrd *r, json_t *o, const char *k, int64_t vocab, int64_t *out)
+{
+    json_t *v = json_object_get(o, k);
+    *out = -1;
+    if (!v || json_is_null(v)) return 0;
+    size_t n = json_is_array(v) ? json_array_size(v) : 1;
+    for (size_t i = 0; i < n; i++) {
+        json_t *x = json_is_array(v) ? json_array_get(v, i) : v;
+        int64_t id;
+        if (!jint_of(x, &id) || id < 0 || id >= vocab) {
+            if (jint_of(x, &id))
+                snprintf(r->err, r->errlen, "%s: %s is %lld, expected a token id below vocab_size %lld", r->path, k,
+                         (long long)id, (long long)vocab);
+            else
+                snprintf(r->err, r->errlen, "%s: %s is %s, expected a token id (or a list of them) below vocab_size %lld",
+                         r->path, k, jtype(x), (long long)vocab);
+            return -1;
+        }
+        if (i == 0) *out = id;
+    }
+    return 0;
 }
 
 static int config_load(hf_model *h, const char *dir, char *err, size_t errlen)
 {
     char path[1100];
     snprintf(path, sizeof path, "%s/config.json", dir);
+    char *buf;
+    size_t len;
+    if (mf_read(path, 16u << 20, 0, &buf, &len, err, errlen)) return -1;
     json_error_t je;
-    json_t *c = json_load_file(path, 0, &je);
+    json_t *c = json_loadb(buf, len, 0, &je);
+    free(buf);
     if (!c || !json_is_object(c)) {
-        snprintf(err, errlen, "%s: %s", path, c ? "not a JSON object" : je.text);
+        if (c) snprintf(err, errlen, "%s: is %s, expected a JSON object", path, jtype(c));
+        else snprintf(err, errlen, "%s: line %d: %s", path, je.line, je.text);
         json_decref(c);
         return -1;
     }
     hf_config *g = &h->cfg;
+    cfgrd r = { path, err, errlen };
+    int rc = -1;
     json_t *mt = json_object_get(c, "model_type");
     const char *t = json_is_string(mt) ? json_string_value(mt) : "";
     if (strcmp(t, "llama") && strcmp(t, "qwen2") && strcmp(t, "qwen3")) {
         snprintf(err, errlen, "%s: model_type '%s' is not supported (supported: llama, qwen2, qwen3)", path, t);
-        json_decref(c);
-        return -1;
+        goto out;
     }
     snprintf(g->arch, sizeof g->arch, "%s", t);
-    g->hidden = jint(c, "hidden_size", -1);
-    g->layers = jint(c, "num_hidden_layers", -1);
-    g->heads = jint(c, "num_attention_heads", -1);
-    g->kv_heads = jint(c, "num_key_value_heads", g->heads);
-    g->ff = jint(c, "intermediate_size", -1);
-    g->vocab = jint(c, "vocab_size", -1);
-    g->ctx = jint(c, "max_position_embeddings", 4096);
-    g->head_dim = jint(c, "head_dim", g->heads > 0 ? g->hidden / g->heads : -1);
-    g->eps = jnum(c, "rms_norm_eps", 1e-6);
-    g->bos = jint(c, "bos_token_id", -1);
-    g->eos = jint(c, "eos_token_id", -1);
+    if (cint(&r, c, "hidden_size", 1, 0, 1, 65536, &g->hidden) ||
+        cint(&r, c, "num_hidden_layers", 1, 0, 1, 4096, &g->layers) ||
+        cint(&r, c, "num_attention_heads", 1, 0, 1, 1024, &g->heads) ||
+        cint(&r, c, "num_key_value_heads", 0, g->heads, 1, g->heads, &g->kv_heads) ||
+        cint(&r, c, "intermediate_size", 1, 0, 1, 1 << 20, &g->ff) ||
+        cint(&r, c, "vocab_size", 1, 0, 1, 1 << 24, &g->vocab) ||
+        cint(&r, c, "max_position_embeddings", 0, 4096, 1, 1 << 24, &g->ctx))
+        goto out;
+    if (g->heads % g->kv_heads) {
+        snprintf(err, errlen, "%s: num_attention_heads %lld is not a multiple of num_key_value_heads %lld", path,
+                 (long long)g->heads, (long long)g->kv_heads);
+        goto out;
+    }
+    json_t *hd = json_object_get(c, "head_dim");
+    if ((!hd || json_is_null(hd)) && g->hidden % g->heads) {
+        snprintf(err, errlen, "%s: hidden_size %lld is not a multiple of num_attention_heads %lld "
+                 "(and there is no head_dim)", path, (long long)g->hidden, (long long)g->heads);
+        goto out;
+    }
+    if (cint(&r, c, "head_dim", 0, g->hidden / g->heads, 2, 1024, &g->head_dim)) goto out;
+    if (g->head_dim % 2) {
+        snprintf(err, errlen, "%s: head_dim %lld is odd, expected an even number", path, (long long)g->head_dim);
+        goto out;
+    }
+    if (cnum(&r, c, "rms_norm_eps", 1e-6, 0, 1, &g->eps) ||
+        ctoken(&r, c, "bos_token_id", g->vocab, &g->bos) || ctoken(&r, c, "eos_token_id", g->vocab, &g->eos))
+        goto out;
     json_t *tie = json_object_get(c, "tie_word_embeddings");
-    g->tie = json_is_true(tie);
-    g->rope_theta = jnum(c, "rope_theta", 10000.0);
+    if (tie && !json_is_boolean(tie) && !json_is_null(tie)) {
+        snprintf(err, errlen, "%s: tie_word_embeddings is %s, expected true or false", path, jtype(tie));
+        goto out;
+    }
+    g->tie = json_is_boolean(tie) ? json_is_true(tie) : -1;
+    /* the MLP is SwiGLU: another activation would compute something else */
+    json_t *act = json_object_get(c, "hidden_act");
+    if (act && !json_is_null(act) && !(json_is_string(act) && !strcmp(json_string_value(act), "silu"))) {
+        snprintf(err, errlen, "%s: hidden_act is %s%s%s, expected \"silu\"", path,
+                 json_is_string(act) ? "\"" : jtype(act), json_is_string(act) ? json_string_value(act) : "",
+                 json_is_string(act) ? "\"" : "");
+        goto out;
+    }
+    /* rope base: (1, FLT_MAX] (1 or below turns no pair, inf or NaN spoils every one) */
+    if (cnum(&r, c, "rope_theta", 10000.0, 1, FLT_MAX, &g->rope_theta)) goto out;
     json_t *rp = json_object_get(c, "rope_parameters");
     if (!json_is_object(rp)) rp = json_object_get(c, "rope_scaling");
+    if (rp && !json_is_object(rp) && !json_is_null(rp)) {
+        snprintf(err, errlen, "%s: rope_scaling is %s, expected an object or null", path, jtype(rp));
+        goto out;
+    }
     if (json_is_object(rp)) {
-        g->rope_theta = jnum(rp, "rope_theta", g->rope_theta);
+        if (cnum(&r, rp, "rope_theta", g->rope_theta, 1, FLT_MAX, &g->rope_theta)) goto out;
         json_t *rt = json_object_get(rp, "rope_type");
         if (!json_is_string(rt)) rt = json_object_get(rp, "type");
         const char *rts = json_is_string(rt) ? json_string_value(rt) : "default";
         if (!strcmp(rts, "llama3")) {
             g->rope_llama3 = 1;
-            g->rope_factor = jnum(rp, "factor", 8);
-            g->rope_low = jnum(rp, "low_freq_factor", 1);
-            g->rope_high = jnum(rp, "high_freq_factor", 4);
-            g->rope_orig_ctx = jnum(rp, "original_max_position_embeddings", 8192);
+            if (cnum(&r, rp, "factor", 8, 0, 1e6, &g->rope_factor) ||
+                cnum(&r, rp, "low_freq_factor", 1, 0, 1e6, &g->rope_low) ||
+                cnum(&r, rp, "high_freq_factor", 4, 0, 1e6, &g->rope_high) ||
+                cnum(&r, rp, "original_max_position_embeddings", 8192, 0, 1 << 24, &g->rope_orig_ctx))
+                goto out;
+            if (g->rope_high <= g->rope_low) {
+                snprintf(err, errlen, "%s: rope_scaling high_freq_factor %g is not above low_freq_factor %g", path,
+                         g->rope_high, g->rope_low);
+                goto out;
+            }
         } else if (strcmp(rts, "default")) {
             snprintf(err, errlen, "%s: rope type '%s' is not supported (supported: default, llama3)", path, rts);
-            json_decref(c);
-            return -1;
+            goto out;
         }
     }
+    rc = 0;
+out:
     json_decref(c);
-    if (g->hidden <= 0 || g->layers <= 0 || g->layers > 4096 || g->heads <= 0 || g->kv_heads <= 0 || g->ff <= 0 || g->vocab <= 0 ||
-        g->head_dim <= 0) {
-        snprintf(err, errlen, "%s: missing or invalid hidden_size, num_hidden_layers, num_attention_heads, "
-                 "intermediate_size or vocab_size", path);
-        return -1;
-    }
-    return 0;
+    return rc;
 }
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
@@ -317,6 +462,20 @@ fail:
     for (int i = 0; i < nf; i++) free(files[i]);
     hf_close(h);
     return -1;
+}
+
+int hf_check(hf_model *h, int quick, char *why, size_t n)
+{
+    int rc = MF_SAME;
+    for (int i = 0; i < h->n_shards && rc != MF_CHANGED; i++) {
+        char w[300];
+        int r = mf_check(&h->shards[i], quick, w, sizeof w);
+        if (r == MF_CHANGED || (r == MF_REPLACED && rc == MF_SAME)) {
+            rc = r;
+            snprintf(why, n, "%s", w);
+        }
+    }
+    return rc;
 }
 
 const gguf_tensor *hf_tensor_find(const hf_model *h, const char *name)

@@ -16,7 +16,7 @@ typedef struct hf_config {
     char arch[32];            /* "llama", "qwen2", "qwen3" (from model_type) */
     int64_t hidden, layers, heads, kv_heads, head_dim, ff, vocab, ctx;
     double eps, rope_theta;
-    int tie;
+    int tie;                  /* tie_word_embeddings: 1, 0, or -1 when absent */
     int rope_llama3;          /* rope_type llama3: the parameters below */
     double rope_factor, rope_low, rope_high, rope_orig_ctx;
     int64_t bos, eos;         /* -1 when null/absent */
@@ -29,5 +29,7 @@ void hf_close(hf_model *h);
 const hf_config *hf_cfg(const hf_model *h);
 const gguf_tensor *hf_tensor_find(const hf_model *h, const char *gguf_name);
 uint64_t hf_n_tensors(const hf_model *h);
+/* mf_check over the shards: the first MF_CHANGED, else the first MF_REPLACED. */
+int hf_check(hf_model *h, int quick, char *why, size_t n);
 
 #endif

@@ -27,7 +27,11 @@ int ld_fail(ld *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
  * = dflt), -1 missing when required, or not a number (key_i: an integer in
  * [0, INT32_MAX]). */
 int key_i(ld *l, const char *suffix, int64_t *v, int required, int64_t dflt);
-int key_f(ld *l, const char *suffix, double *v, int required, double dflt);
+/* key_i within [lo, hi], the default included. */
+int key_ir(ld *l, const char *suffix, int64_t *v, int required, int64_t dflt, int64_t lo, int64_t hi);
+/* An optional number in (lo, hi] (absent: dflt); NaN, infinities and values
+ * out of range refused. */
+int key_f(ld *l, const char *suffix, double *v, double dflt, double lo, double hi);
 /* Tensor `name` with shape {n_in, n_out} (n_out = 0: a 1-D vector, widened
  * to f32 into vec_buf); absent: zeroed *w, an error when required. */
 int get_w(ld *l, wt *w, const char *name, int64_t n_in, int64_t n_out, int required);

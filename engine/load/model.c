@@ -11,9 +11,11 @@
 #include "engine/arch/arch.h"
 #include "engine/backend/backend.h"
 #include "engine/load/loader.h"
+#include "engine/load/mfile.h"
 #include "engine/quant/qtypes.h"
 #include "engine/text/tokenizer.h"
 
+#include <float.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -49,12 +51,78 @@ int key_i(ld *l, const char *suffix, int64_t *v, int required, int64_t dflt)
     return 0;
 }
 
-int key_f(ld *l, const char *suffix, double *v, int required, double dflt)
+/* key_i within [lo, hi], the default included. */
+int key_ir(ld *l, const char *suffix, int64_t *v, int required, int64_t dflt, int64_t lo, int64_t hi)
 {
     char key[128];
     int has = key_has(l, suffix, key, sizeof key, required);
+    if (has < 0) return -1;
+    if (has && gguf_get_i64(l->g, key, v))
+        return ld_fail(l, "metadata key '%s' is not an integer (expected one in [%lld, %lld])", key, (long long)lo,
+                       (long long)hi);
+    if (!has) *v = dflt;
+    if (*v < lo || *v > hi)
+        return ld_fail(l, "metadata key '%s' is %lld%s, expected an integer in [%lld, %lld]", key, (long long)*v,
+                       has ? "" : " (its default)", (long long)lo, (long long)hi);
+    return 0;
+}
+
+/* A number in (lo, hi]: NaN, infinities and out-of-range values refused. */
+int key_f(ld *l, const char *suffix, double *v, double dflt, double lo, double hi)
+{
+    char key[128];
+    int has = key_has(l, suffix, key, sizeof key, 0);
     if (has <= 0) { *v = dflt; return has; }
     if (gguf_get_f64(l->g, key, v)) return ld_fail(l, "metadata key '%s' is not a number", key);
+    if (!(*v > lo && *v <= hi))
+        return ld_fail(l, "metadata key '%s' is %g, expected a number in (%g, %g]", key, *v, lo, hi);
+    return 0;
+}
+
+/* Metadata asking for what this engine does not compute (rope scaling other
+ * than Llama 3.1's, which comes as rope_freqs.weight; experts): refused
+ * rather than run as something else. */
+static int unsupported_keys(ld *l)
+{
+    char key[128];
+    gguf_str st;
+    if (key_has(l, "rope.scaling.type", key, sizeof key, 0) == 1) {
+        if (gguf_get_str(l->g, key, &st)) return ld_fail(l, "metadata key '%s' is not a string", key);
+        if (st.n == 4 && !memcmp(st.s, "none", 4)) return 0;
+        return ld_fail(l, "metadata key '%s' is '%.*s': rope scaling is not supported (expected none)", key,
+                       (int)(st.n > 40 ? 40 : st.n), st.s);
+    }
+    static const char *const factors[] = { "rope.scaling.factor", "rope.scale_linear" };
+    for (size_t i = 0; i < sizeof factors / sizeof factors[0]; i++) {
+        double f;
+        if (key_has(l, factors[i], key, sizeof key, 0) != 1) continue;
+        if (gguf_get_f64(l->g, key, &f)) return ld_fail(l, "metadata key '%s' is not a number", key);
+        if (f != 0 && f != 1)
+            return ld_fail(l, "metadata key '%s' is %g: rope scaling is not supported (expected 1)", key, f);
+    }
+    int64_t v;
+    if (key_has(l, "expert_count", key, sizeof key, 0) == 1 && (gguf_get_i64(l->g, key, &v) || v != 0))
+        return ld_fail(l, "metadata key '%s' is present: mixture-of-experts models are not supported (expected "
+                       "0 or absent)", key);
+    return 0;
+}
+
+/* Every blk.N tensor belongs to a block below block_count: a count that
+ * leaves blocks out means the rest of the metadata is not this file's. */
+static int blocks_in_range(ld *l)
+{
+    for (uint64_t i = 0; i < l->g->n_tensors; i++) {
+        gguf_str nm = l->g->tensors[i].name;
+        if (nm.n < 5 || memcmp(nm.s, "blk.", 4)) continue;
+        uint64_t b = 0;
+        size_t k = 4;
+        while (k < nm.n && k < 14 && nm.s[k] >= '0' && nm.s[k] <= '9') b = b * 10 + (uint64_t)(nm.s[k++] - '0');
+        if (k == 4 || k >= nm.n || nm.s[k] != '.') continue;
+        if (b >= (uint64_t)l->m->hp.n_layer)
+            return ld_fail(l, "tensor '%.*s' is for block %llu but %s.block_count is %d (expected blocks 0..%d)",
+                           (int)(nm.n > 100 ? 100 : nm.n), nm.s, (unsigned long long)b, l->m->arch_name,
+                           l->m->hp.n_layer, l->m->hp.n_layer - 1);
+    }
     return 0;
 }
 
@@ -105,20 +173,53 @@ int model_prepare(model *m, be *b, char *err, size_t errlen)
     wt *top[] = { &m->tok_embd, &m->output_norm, &m->output, &m->rope_freqs };
     for (size_t i = 0; i < sizeof top / sizeof top[0]; i++)
         if (top[i]->data && b->ops->weight_prepare(b, top[i])) goto fail;
+    int own = 1;   /* whether the backend keeps a copy of every weight */
+    for (size_t i = 0; i < sizeof top / sizeof top[0]; i++)
+        if (top[i]->data && (!top[i]->dev || top[i]->dev == top[i]->data)) own = 0;
     for (int l = 0; l < m->hp.n_layer; l++) {
         layer_w *L = &m->layers[l];
         wt *ws[] = { &L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_norm, &L->w_gate, &L->w_up,
                      &L->w_down, &L->bq, &L->bk, &L->bv, &L->q_norm, &L->k_norm,
                      &L->ssm_qkv, &L->ssm_z, &L->ssm_alpha, &L->ssm_beta, &L->ssm_a, &L->ssm_dt_bias,
                      &L->ssm_conv, &L->ssm_norm, &L->ssm_out };
-        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
+        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) {
             if (ws[i]->data && b->ops->weight_prepare(b, ws[i])) goto fail;
+            if (ws[i]->data && (!ws[i]->dev || ws[i]->dev == ws[i]->data)) own = 0;
+        }
     }
+    /* what the backend took must be what was loaded */
+    char why[400];
+    if (model_check(m, 0, why, sizeof why) == MODEL_CHANGED) {
+        snprintf(err, errlen, "%s while loading; load it again once it is complete", why);
+        return -1;
+    }
+    m->resident = own;
     return 0;
 fail:
     snprintf(err, errlen, "%s: the %s backend could not take the weights (out of device memory?)",
              m->path, b->ops->name);
     return -1;
+}
+
+int model_check(model *m, int quick, char *why, size_t n)
+{
+    if (quick && m->resident) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        long long now = (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+        if (now < atomic_load(&m->check_due)) return MODEL_SAME;
+        atomic_store(&m->check_due, now + 1000);
+    }
+    char w[400] = "";
+    int rc = m->gguf ? mf_check(&m->gguf->mm, quick, w, sizeof w) : m->hf ? hf_check(m->hf, quick, w, sizeof w)
+                                                                     : MF_SAME;
+    if (rc == MF_SAME) return MODEL_SAME;
+    if (rc == MF_CHANGED && !m->resident) {
+        snprintf(why, n, "%s", w);
+        return MODEL_CHANGED;
+    }
+    snprintf(why, n, "%s; the weights in use are those loaded at start", w);
+    return MODEL_DETACHED;
 }
 
 void wt_row_f32(const wt *w, int64_t r, float *dst)
@@ -198,9 +299,10 @@ static int model_load_hf(model *m, ld *l)
     hparams *hp = &m->hp;
     m->arch = arch_find(c->arch);   /* (hf_open took only the model types it knows) */
     if (!m->arch) return ld_fail(l, "config.json: model_type '%s' has no architecture here", c->arch);
-    if (c->hidden > 65536 || c->heads > 1024 || c->kv_heads > 1024 || c->heads % c->kv_heads ||
-        c->ff > (1 << 20) || c->head_dim > 1024 || c->head_dim % 2 || c->ctx <= 0 || c->ctx > (1 << 24))
-        return ld_fail(l, "config.json: implausible hyper-parameters");
+    /* (config.json's fields are checked by hf_open) */
+    if (c->vocab != tok_n_vocab(m->tok))
+        return ld_fail(l, "config.json: vocab_size is %lld but tokenizer.json has %d tokens (expected the same)",
+                       (long long)c->vocab, tok_n_vocab(m->tok));
     hp->n_embd = (int32_t)c->hidden;
     hp->n_layer = (int32_t)c->layers;
     hp->n_head = (int32_t)c->heads;
@@ -213,6 +315,8 @@ static int model_load_hf(model *m, ld *l)
     hp->rope_base = (float)c->rope_theta;
     hp->rope_neox = 1;   /* HF checkpoints rotate halves; only GGUF llama rows are permuted */
     if (m->arch->fam->load(l)) return -1;
+    if (c->tie == 0 && !hf_tensor_find(m->hf, "output.weight"))
+        return ld_fail(l, "config.json: tie_word_embeddings is false but no shard has lm_head.weight");
     if (c->rope_llama3) {
         float *dst = l->vec_buf + l->vec_used;
         llama3_rope_divisors(c, hp->n_rot, dst);
@@ -233,8 +337,7 @@ int model_load(model **out, const char *path, char *err, size_t errlen)
     struct stat st;
     if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
         if (model_load_hf(m, &l)) goto fail;
-        *out = m;
-        return 0;
+        goto done;
     }
     if (gguf_open(&m->gguf, path, err, errlen)) goto fail;
     l.g = m->gguf;
@@ -254,8 +357,7 @@ int model_load(model **out, const char *path, char *err, size_t errlen)
     if (l.g->n_tensors == 0) {   /* a vocabulary-only file */
         m->tokenizer_only = 1;
         m->hp.n_vocab = tok_n_vocab(m->tok);
-        *out = m;
-        return 0;
+        goto done;
     }
     hparams *hp = &m->hp;
     m->arch = arch_find(m->arch_name);
@@ -267,47 +369,72 @@ int model_load(model **out, const char *path, char *err, size_t errlen)
     }
     int64_t v;
     double f;
-    if (key_i(&l, "embedding_length", &v, 1, 0)) goto fail;
+    if (key_ir(&l, "embedding_length", &v, 1, 0, 1, 65536)) goto fail;
     hp->n_embd = (int32_t)v;
-    if (key_i(&l, "block_count", &v, 1, 0)) goto fail;
+    if (key_ir(&l, "block_count", &v, 1, 0, 1, 1024)) goto fail;
     hp->n_layer = (int32_t)v;
-    if (key_i(&l, "feed_forward_length", &v, 1, 0)) goto fail;
+    if (key_ir(&l, "feed_forward_length", &v, 1, 0, 1, 1 << 20)) goto fail;
     hp->n_ff = (int32_t)v;
-    if (key_i(&l, "attention.head_count", &v, 1, 0)) goto fail;
+    if (key_ir(&l, "attention.head_count", &v, 1, 0, 1, 1024)) goto fail;
     hp->n_head = (int32_t)v;
-    if (key_i(&l, "attention.head_count_kv", &v, 0, hp->n_head)) goto fail;
+    if (key_ir(&l, "attention.head_count_kv", &v, 0, hp->n_head, 1, hp->n_head)) goto fail;
     hp->n_head_kv = (int32_t)v;
-    if (key_i(&l, "context_length", &v, 0, 2048)) goto fail;
-    hp->n_ctx_train = (int32_t)v;
-    if (hp->n_embd <= 0 || hp->n_embd > 65536 || hp->n_layer <= 0 || hp->n_layer > 1024 ||
-        hp->n_head <= 0 || hp->n_head > 1024 || hp->n_head_kv <= 0 || hp->n_head % hp->n_head_kv ||
-        hp->n_ff <= 0 || hp->n_ff > 1 << 20 || hp->n_ctx_train <= 0) {
-        ld_fail(&l, "implausible hyper-parameters (embedding %d, blocks %d, heads %d/%d, ffn %d)",
-                hp->n_embd, hp->n_layer, hp->n_head, hp->n_head_kv, hp->n_ff);
+    if (hp->n_head % hp->n_head_kv) {
+        ld_fail(&l, "%s.attention.head_count %d is not a multiple of %s.attention.head_count_kv %d", m->arch_name,
+                hp->n_head, m->arch_name, hp->n_head_kv);
         goto fail;
     }
-    if (key_i(&l, "attention.key_length", &v, 0, hp->n_embd / hp->n_head)) goto fail;
+    if (key_ir(&l, "context_length", &v, 0, 2048, 1, 1 << 24)) goto fail;
+    hp->n_ctx_train = (int32_t)v;
+    char kl[128];
+    if (key_has(&l, "attention.key_length", kl, sizeof kl, 0) == 0 && hp->n_embd % hp->n_head) {
+        ld_fail(&l, "%s.embedding_length %d is not a multiple of %s.attention.head_count %d (and there is no %s)",
+                m->arch_name, hp->n_embd, m->arch_name, hp->n_head, kl);
+        goto fail;
+    }
+    if (key_ir(&l, "attention.key_length", &v, 0, hp->n_embd / hp->n_head, 2, 1024)) goto fail;
     hp->head_dim = (int32_t)v;
+    if (hp->head_dim % 2) {
+        ld_fail(&l, "%s is %d, expected an even number", kl, hp->head_dim);
+        goto fail;
+    }
     if (key_i(&l, "attention.value_length", &v, 0, hp->head_dim)) goto fail;
     if (v != hp->head_dim) { ld_fail(&l, "attention.value_length %lld differs from key_length %d",
                                      (long long)v, hp->head_dim); goto fail; }
-    if (hp->head_dim <= 0 || hp->head_dim > 1024 || hp->head_dim % 2) {
-        ld_fail(&l, "attention.key_length %d is not a positive even number", hp->head_dim);
-        goto fail;
-    }
     if (key_i(&l, "rope.dimension_count", &v, 0, hp->head_dim)) goto fail;
     hp->n_rot = (int32_t)v;
     if (hp->n_rot <= 0 || hp->n_rot > hp->head_dim || hp->n_rot % 2) {
         ld_fail(&l, "rope.dimension_count %d must be even and at most the head size %d", hp->n_rot, hp->head_dim);
         goto fail;
     }
-    if (key_f(&l, "attention.layer_norm_rms_epsilon", &f, 0, 1e-5)) goto fail;
+    /* eps in (0, 1]; rope base above 1 and finite as a float (1 or below
+     * turns no pair, inf or NaN spoils every one) */
+    if (key_f(&l, "attention.layer_norm_rms_epsilon", &f, 1e-5, 0, 1)) goto fail;
     hp->norm_eps = (float)f;
-    if (key_f(&l, "rope.freq_base", &f, 0, 10000.0)) goto fail;
+    if (key_f(&l, "rope.freq_base", &f, 10000.0, 1, FLT_MAX)) goto fail;
     hp->rope_base = (float)f;
+    if (unsupported_keys(&l)) goto fail;
+    char vk[128];
+    if (key_has(&l, "vocab_size", vk, sizeof vk, 0) == 1) {
+        if (gguf_get_i64(l.g, vk, &v)) { ld_fail(&l, "metadata key '%s' is not an integer", vk); goto fail; }
+        if (v != tok_n_vocab(m->tok)) {
+            ld_fail(&l, "metadata key '%s' is %lld but tokenizer.ggml.tokens has %d tokens (expected the same)", vk,
+                    (long long)v, tok_n_vocab(m->tok));
+            goto fail;
+        }
+    }
+    if (blocks_in_range(&l)) goto fail;
     hp->rope_neox = (m->arch->opt & ARCH_ROPE_NEOX) != 0;
 
     if (m->arch->fam->load(&l)) goto fail;
+done:;
+    /* a file rewritten meanwhile may have given any mix of old and new bytes */
+    char why[400];
+    if (model_check(m, 0, why, sizeof why) == MODEL_CHANGED) {
+        snprintf(err, errlen, "%s while loading; load it again once it is complete", why);
+        goto fail;
+    }
+    m->resident = m->tokenizer_only;   /* (the tokenizer keeps copies of what it read) */
     *out = m;
     return 0;
 fail:

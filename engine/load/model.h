@@ -6,6 +6,7 @@
 #ifndef ANE_MODEL_H
 #define ANE_MODEL_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -66,6 +67,9 @@ typedef struct model {
     int recurrent;              /* has per-sequence recurrent state: no prefix reuse */
     struct tok *tok;
     uint64_t n_params, weight_bytes;
+    int resident;               /* the backend holds its own copy of every weight: the
+                                   file mappings are not read after model_prepare */
+    atomic_llong check_due;     /* resident: model_check looks again from then on (ms) */
     /* owner of the bytes: */
     struct gguf *gguf;
     struct hf_model *hf;
@@ -80,6 +84,18 @@ void model_free(model *m);
 struct be;
 /* Hands every weight to the backend once (upload/repack); 0 ok. */
 int model_prepare(model *m, struct be *b, char *err, size_t errlen);
+
+/* The model's mapped files against what was loaded (engine/load/mfile.h), cheap
+ * enough for every forward pass: MODEL_SAME; MODEL_CHANGED: the weights in
+ * use are no longer what was loaded (a file was rewritten or truncated in
+ * place; a read past its new end found zero pages): jobs must end;
+ * MODEL_DETACHED: the files on disk differ from what was loaded (renamed
+ * over, removed, or rewritten while the backend holds its own copy) but the
+ * weights in use are intact. For the last two a line in why. Any thread. */
+enum { MODEL_SAME = 0, MODEL_CHANGED, MODEL_DETACHED };
+/* quick (after each forward pass): what can only be told (a rename over the
+ * file; anything for a resident model) is looked at once a second. */
+int model_check(model *m, int quick, char *why, size_t n);
 
 /* Dequantizes row r of w to f32 (embedding lookup, tests). */
 void wt_row_f32(const wt *w, int64_t r, float *dst);

@@ -2,6 +2,7 @@
  * tokenizer.json files are 10+ MB; a general-purpose JSON library takes
  * 200-300 ms on them, so this file carries a small arena-based JSON reader
  * (strict RFC 8259, depth-limited) that parses them in a few tens of ms. */
+#include "engine/load/mfile.h"
 #include "engine/text/tokenizer.h"
 #include "engine/text/tok_internal.h"
 
@@ -10,7 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 /* ---- JSON ------------------------------------------------------------- */
 
@@ -392,27 +392,10 @@ static int jbool(const jv *v, int def) { return !v ? def : v->t == J_TRUE ? 1 : 
 
 /* ---- files ------------------------------------------------------------ */
 
-static int read_file(const char *path, char **buf, size_t *n, char *err, size_t errlen)
+/* Regular files only, opened without blocking (mfile.h); at most 1 GiB. */
+static int read_file(const char *path, int optional, char **buf, size_t *n, char *err, size_t errlen)
 {
-    *buf = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) { snprintf(err, errlen, "%s: %s", path, strerror(errno)); return -1; }
-    struct stat st;
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > ((off_t)1 << 30)) {
-        fclose(f);
-        snprintf(err, errlen, "%s: not a regular file of at most 1 GiB", path);
-        return -1;
-    }
-    size_t len = (size_t)st.st_size;
-    char *b = malloc(len + 1);
-    if (!b) { fclose(f); snprintf(err, errlen, "%s: out of memory", path); return -1; }
-    size_t got = len ? fread(b, 1, len, f) : 0;
-    fclose(f);
-    if (got != len) { free(b); snprintf(err, errlen, "%s: read error", path); return -1; }
-    b[len] = 0;
-    *buf = b;
-    *n = len;
-    return 0;
+    return mf_read(path, (size_t)1 << 30, optional, buf, n, err, errlen);
 }
 
 /* ---- loader ----------------------------------------------------------- */
@@ -552,10 +535,10 @@ int tok_load_hf(tok **out, const char *tokenizer_json, const char *tokenizer_con
     int rc = -1;
     char note[160] = "";
 
-    if (read_file(tokenizer_json, &buf, &blen, err, errlen)) return -1;
+    if (read_file(tokenizer_json, 0, &buf, &blen, err, errlen)) return -1;
     if (j_parse(&j, buf, blen, &root, 1)) { snprintf(err, errlen, "%s: %s", tokenizer_json, j.msg); goto done; }
     if (tokenizer_config) {
-        if (read_file(tokenizer_config, &cbuf, &clen, err, errlen)) goto done;
+        if (read_file(tokenizer_config, 0, &cbuf, &clen, err, errlen)) goto done;
         if (j_parse(&jc, cbuf, clen, &croot, 0)) { snprintf(err, errlen, "%s: %s", tokenizer_config, jc.msg); goto done; }
     }
     const jv *model = jget(&root, "model");
@@ -672,11 +655,12 @@ int tok_load_hf(tok **out, const char *tokenizer_json, const char *tokenizer_con
         const char *slash = strrchr(ref, '/');
         size_t dl = slash ? (size_t)(slash - ref) + 1 : 0;
         char path[4096];
-        char tmp[256];
         if (dl + 20 < sizeof path) {
             memcpy(path, ref, dl);
             memcpy(path + dl, "chat_template.jinja", 20);
-            if (read_file(path, &tbuf, &tlen, tmp, sizeof tmp) == 0) {
+            int r = read_file(path, 1, &tbuf, &tlen, err, errlen);
+            if (r < 0) goto done;
+            if (r == 0) {
                 sp.chat_template.s = tbuf;
                 sp.chat_template.n = tlen;
             }

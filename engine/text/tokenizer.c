@@ -1133,11 +1133,41 @@ int tok_encode(const tok *t, const char *text, size_t len, int parse_special,
 
 static int gstr_eq(gguf_str s, const char *c) { return s.n == strlen(c) && memcmp(s.s, c, s.n) == 0; }
 
+/* The special token id under key, or -1 when absent or "none" (-1, or
+ * 0xffffffff as converters write it); checked by check_ids beforehand. */
 static int32_t gguf_id(const gguf *g, const char *key, int32_t n)
 {
     int64_t v;
     if (gguf_get_i64(g, key, &v) || v < 0 || v >= n) return -1;
     return (int32_t)v;
+}
+
+/* Every tokenizer.ggml.*_token_id present is an integer naming a token of
+ * the vocabulary (or "none"): a BOS or EOS past the vocabulary would be fed
+ * to the model or never recognised. */
+static int check_ids(const gguf *g, int32_t n, char *err, size_t errlen)
+{
+    static const char pre[] = "tokenizer.ggml.", suf[] = "_token_id";
+    const size_t lp = sizeof pre - 1, ls = sizeof suf - 1;
+    for (uint64_t i = 0; i < g->n_kv; i++) {
+        const gguf_kv *kv = &g->kv[i];
+        if (kv->key.n <= lp + ls || memcmp(kv->key.s, pre, lp) || memcmp(kv->key.s + kv->key.n - ls, suf, ls)) continue;
+        int k = (int)(kv->key.n > 100 ? 100 : kv->key.n);
+        char key[128];
+        snprintf(key, sizeof key, "%.*s", k, kv->key.s);
+        gguf_vtype t = kv->type;
+        int uns = t == GGUF_T_UINT8 || t == GGUF_T_UINT16 || t == GGUF_T_UINT32 || t == GGUF_T_UINT64;
+        int sig = t == GGUF_T_INT8 || t == GGUF_T_INT16 || t == GGUF_T_INT32 || t == GGUF_T_INT64;
+        if (!uns && !sig)
+            return err_set(err, errlen, "%s: metadata key '%s' is not an integer (expected a token id below %d)",
+                           g->path, key, n);
+        /* "none": -1, or its unsigned 32/64-bit pattern as converters write it */
+        if ((sig && kv->v.i == -1) || (t == GGUF_T_UINT32 && kv->v.u == UINT32_MAX) || kv->v.u == UINT64_MAX) continue;
+        if (sig ? kv->v.i < 0 || kv->v.i >= n : kv->v.u >= (uint64_t)n)
+            return err_set(err, errlen, "%s: metadata key '%s' is %lld, expected a token id below the vocabulary "
+                           "size %d", g->path, key, sig ? (long long)kv->v.i : (long long)kv->v.u, n);
+    }
+    return 0;
 }
 
 static const char *const pre_llama3[] = { "llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral",
@@ -1169,6 +1199,7 @@ int tok_load_gguf(tok **out, const gguf *g, char *err, size_t errlen)
     if (!tk || tk->type != GGUF_T_ARRAY || tk->arr_type != GGUF_T_STRING || tk->arr_n == 0 || tk->arr_n > (1u << 24))
         return err_set(err, errlen, "GGUF tokenizer.ggml.tokens missing or not a string array");
     int32_t n = (int32_t)tk->arr_n;
+    if (check_ids(g, n, err, errlen)) return -1;
     const gguf_kv *sc = gguf_get(g, "tokenizer.ggml.scores");
     const gguf_kv *ty = gguf_get(g, "tokenizer.ggml.token_type");
     const gguf_kv *mg = gguf_get(g, "tokenizer.ggml.merges");
@@ -1192,6 +1223,10 @@ int tok_load_gguf(tok **out, const gguf *g, char *err, size_t errlen)
         gguf_str s = gguf_arr_str(tk, (uint64_t)i);
         text[i].s = s.s; text[i].n = (size_t)s.n;
         if (scores) scores[i] = (float)gguf_arr_f64(sc, (uint64_t)i);
+        if (scores && scores[i] != scores[i]) {   /* merge ranks: NaN orders nothing */
+            err_set(err, errlen, "%s: tokenizer.ggml.scores[%d] is NaN, expected a number", g->path, (int)i);
+            goto done;
+        }
         int64_t v = ty ? gguf_arr_i64(ty, (uint64_t)i) : TT_NORMAL;
         types[i] = (uint8_t)(v >= TT_NORMAL && v <= TT_BYTE ? v : TT_NORMAL);
     }

@@ -168,13 +168,13 @@ def bpe_vocab():
             ("tokenizer.chat_template", S, "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}")], len(toks)
 
 
-def tiny_model(arch, vocab_kv, n_vocab, E=8, F=16, H=2, HKV=1, L=1, bias=False, qk_norm=False):
+def tiny_model(arch, vocab_kv, n_vocab, E=8, F=16, H=2, HKV=1, L=1, bias=False, qk_norm=False, eps=1e-5):
     hd = E // H
     kv = [("general.architecture", S, arch), ("general.name", S, "tiny-" + arch)] + [
         (arch + ".context_length", U32, 64), (arch + ".embedding_length", U32, E),
         (arch + ".feed_forward_length", U32, F), (arch + ".block_count", U32, L),
         (arch + ".attention.head_count", U32, H), (arch + ".attention.head_count_kv", U32, HKV),
-        (arch + ".attention.layer_norm_rms_epsilon", F32, 1e-5), (arch + ".rope.freq_base", F32, 10000.0),
+        (arch + ".attention.layer_norm_rms_epsilon", F32, eps), (arch + ".rope.freq_base", F32, 10000.0),
     ] + vocab_kv
     t = [("token_embd.weight", [E, n_vocab], 0, f32s(E * n_vocab)),
          ("output_norm.weight", [E], 0, f32s(E))]
@@ -209,6 +209,17 @@ def gguf_seeds():
     with open(os.path.join(FIX, "models", "stories260K.gguf"), "rb") as f:
         put("fuzz_gguf", "stories260K-head.gguf", f.read(12000))
     put("fuzz_gguf", "header-only.gguf", struct.pack("<4sIQQ", b"GGUF", 3, 0, 0))
+
+
+def defect_seeds():
+    """GGUFs with one defect each, refused at load (a key twice, eps NaN, BOS
+    past the vocabulary); written last, so the other seeds' bytes stay."""
+    spm, n_spm = spm_vocab()
+    put("fuzz_gguf", "dup-key.gguf", tiny_model("llama", spm + [("tokenizer.ggml.bos_token_id", U32, 1)], n_spm))
+    put("fuzz_gguf", "eps-nan.gguf", tiny_model("llama", spm, n_spm, eps=float("nan")))
+    put("fuzz_gguf", "bos-past-vocab.gguf",
+        tiny_model("llama", [kv for kv in spm if kv[0] != "tokenizer.ggml.bos_token_id"] +
+                   [("tokenizer.ggml.bos_token_id", U32, n_spm)], n_spm))
 
 
 # ---------------------------------------------------------------- HF dir
@@ -279,6 +290,9 @@ def hf_seeds():
     ts3 = [t for t in ts if not t[0].endswith(".bias")] + [("lm_head.weight", [n_vocab, E], bf16s(n_vocab * E))]
     put("fuzz_hf", "llama3-tiny-dir", json.dumps(cfg3).encode() + SEP + safetensors(ts3) + SEP + tjb +
         SEP + b'{"add_bos_token": false, "chat_template": "{{ messages }}"}')
+    # wrong JSON types and ranges in config.json, refused at load
+    put("fuzz_hf", "qwen2-hidden-array", json.dumps(dict(cfg, hidden_size=[E, 1])).encode() + SEP + st + SEP + tjb)
+    put("fuzz_hf", "qwen2-bos-past-vocab", json.dumps(dict(cfg, bos_token_id=n_vocab)).encode() + SEP + st + SEP + tjb)
     # the real fixture config with the fixture tokenizer (no tokenizer part): rejected on weights
     with open(os.path.join(FIX, "hf", "qwen2-tiny", "config.json"), "rb") as f:
         put("fuzz_hf", "qwen2-config-only", f.read() + SEP + st[:600])
@@ -307,6 +321,7 @@ def main():
     gguf_seeds()
     hf_seeds()
     tok_seeds()
+    defect_seeds()
     total = 0
     for d, _, fs in os.walk(OUT):
         total += sum(os.path.getsize(os.path.join(d, f)) for f in fs)

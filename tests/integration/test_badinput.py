@@ -9,7 +9,9 @@ generations) are not repeated; this extends them to every field and limit.
 Ends with "N passed, M failed"."""
 import math
 import os
+import shutil
 import socket
+import subprocess
 import struct
 import sys
 import threading
@@ -18,8 +20,8 @@ import time
 import msgpack
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_daemon import (ANED, GREEDY, Conn, Daemon, TestFailure, check, greedy_req,  # noqa: E402
-                         info, run, wait_for)
+from test_daemon import (ANED, FIX, GREEDY, MODEL, TMPDIRS, Conn, Daemon, TestFailure, check,  # noqa: E402
+                         greedy_req, info, mktmp, run, wait_for)
 
 N_VOCAB = 512      # stories260K
 N_CTX = 512        # --ctx below
@@ -657,6 +659,197 @@ def test_never_reads_requests(d):
     still_serving(d)
 
 
+# ------------------------------------------------------------------ model files
+# Each case starts its own daemon on a copy of the model, then changes the
+# copy as users do (cp other.gguf model.gguf truncates the file in place,
+# then writes). The daemon must not die (a read past a truncated end is a
+# SIGBUS): requests get model_changed, ping and info go on, one log line.
+
+OTHER_MODEL = os.path.join(FIX, "models", "qwen2-tiny.bf16.gguf")
+
+
+def _truncate(path):
+    os.close(os.open(path, os.O_WRONLY | os.O_TRUNC))
+
+
+def _cp_other(path):
+    with open(OTHER_MODEL, "rb") as f:
+        data = f.read()
+    with open(path, "wb") as f:      # O_TRUNC, then the other file's bytes
+        f.write(data)
+
+
+def _same_size(path):
+    with open(path, "rb") as f:
+        data = bytearray(f.read())
+    for i in range(len(data) // 2, len(data)):
+        data[i] ^= 0x5a
+    fd = os.open(path, os.O_WRONLY)  # in place, no truncation
+    os.pwrite(fd, bytes(data), 0)
+    os.close(fd)
+
+
+def _on_copy():
+    tmp = mktmp()
+    path = os.path.join(tmp, "model.gguf")
+    shutil.copyfile(MODEL, path)
+    return Daemon(model=path, args=["--ctx", str(N_CTX)], tmp=tmp).start(), path
+
+
+def _confined(d):
+    """The daemon runs under its seccomp filter and Landlock, as by default
+    (the SIGBUS handler and the file checks must work there), unless this
+    is a sanitizer build, which leaves both off."""
+    log = d.log_text(1 << 20)
+    if "sanitizer build: seccomp filter off" in log:
+        return
+    check("seccomp filter installed (enforce)" in log, "seccomp filter not on: %s" % log[-2000:])
+    check("landlock (ABI" in log or "landlock not available" in log, "landlock not on: %s" % log[-2000:])
+
+
+def _after_change(d, c, path):
+    """model_changed for a new request; ping, info, tokenize answered; logged once."""
+    _confined(d)
+    rid = c.request("generate", **greedy_req(8))
+    m = expect_error(c, rid, "model_changed", "generate after the model file changed")
+    check(path in m.get("message", ""), "message does not name the file: %r" % m)
+    rid = c.request("eval", tokens=[1, 2, 3], top=3)
+    expect_error(c, rid, "model_changed", "eval after the model file changed")
+    check(c.call("ping").get("type") == "pong", "ping after the change")
+    r = c.call("info")
+    check(r.get("type") == "info" and r.get("n_vocab") == N_VOCAB, "info after the change: %r" % r)
+    r = c.call("tokenize", text="Once upon a time")
+    check(r.get("type") == "tokens" and len(r.get("tokens", [])) > 2, "tokenize after the change: %r" % r)
+    check(d.alive(), "daemon died")
+    wait_for(lambda: "changed on disk after load" in d.log_text(1 << 20), 5, "the log line")
+    log = d.log_text(1 << 20)
+    check(log.count("until then requests fail with model_changed") == 1 and path in log,
+          "one error line expected; log: %s" % log[-2000:])
+
+
+def _model_change_case(mutate):
+    d, path = _on_copy()
+    try:
+        c = fresh(d)
+        ids, _, last = c.generate(**greedy_req(8))
+        check(last["type"] == "done" and ids == GREEDY[:8], "before the change: %r %r" % (ids, last))
+        time.sleep(0.05)   # past the file system's timestamp granularity
+        mutate(path)
+        _after_change(d, c, path)
+        c.close()
+        rc = d.stop()
+        check(rc == 0, "exit status %r after a model change\n%s" % (rc, d.log_text()))
+    finally:
+        d.kill()
+
+
+def test_model_truncated():
+    _model_change_case(_truncate)
+
+
+def test_model_cp_other():
+    _model_change_case(_cp_other)
+
+
+def test_model_same_size_rewrite():
+    _model_change_case(_same_size)
+
+
+def test_model_truncated_mid_generation():
+    """Truncated while 6 streams generate: the pass that reads past the end
+    finds zero pages; every stream ends with model_changed; the daemon lives."""
+    d, path = _on_copy()
+    try:
+        c = fresh(d)
+        rids = [c.request("generate", tokens=[1], raw=True, temperature=1.0, seed=i + 1, max_tokens=400)
+                for i in range(6)]
+        first = c.recv()
+        check(first is not None and first.get("type") == "token", "first event: %r" % (first,))
+        _truncate(path)
+        ended, changed = set(), 0
+        while len(ended) < len(rids):
+            m = c.recv()
+            check(m is not None, "connection closed mid-generation")
+            if m["type"] in ("done", "error"):
+                ended.add(m["id"])
+                if m["type"] == "error":
+                    check(m.get("code") == "model_changed", "stream ended with %r" % m)
+                    changed += 1
+        check(changed > 0, "no stream ended with model_changed")
+        _after_change(d, c, path)
+        c.close()
+        check(d.stop() == 0, "exit status after a model change\n%s" % d.log_text())
+    finally:
+        d.kill()
+
+
+def test_model_renamed_over():
+    """A rename over the path leaves the loaded file whole: served on, warned."""
+    d, path = _on_copy()
+    try:
+        shutil.copyfile(OTHER_MODEL, path + ".new")
+        os.rename(path + ".new", path)
+        c = fresh(d)
+        ids, _, last = c.generate(**greedy_req(8))
+        check(last["type"] == "done" and ids == GREEDY[:8], "after a rename over it: %r %r" % (ids, last))
+        c.close()
+        wait_for(lambda: "was replaced on disk" in d.log_text(1 << 20), 5, "the warning")
+        check(d.stop() == 0, "exit status\n%s" % d.log_text())
+    finally:
+        d.kill()
+
+
+def _start_refused(model, needles):
+    """aned on this model exits at once (no hang) with a message holding needles."""
+    tmp = mktmp()
+    sock = os.path.join(tmp, "s.sock")
+    try:
+        p = subprocess.run([ANED, "--model", model, "--socket", sock], stdin=subprocess.DEVNULL,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=20)
+    except subprocess.TimeoutExpired:
+        raise TestFailure("aned --model %s did not exit within 20 s (blocked, or serving it)" % model)
+    out = p.stdout.decode("utf-8", "replace")
+    check(p.returncode != 0, "aned started on %s" % model)
+    for n in needles:
+        check(n in out, "message lacks %r: %r" % (n, out))
+
+
+def test_model_fifo():
+    tmp = mktmp()
+    fifo = os.path.join(tmp, "model.gguf")
+    os.mkfifo(fifo)
+    _start_refused(fifo, [fifo, "FIFO"])
+    hf = os.path.join(tmp, "hf")
+    shutil.copytree(os.path.join(FIX, "hf", "qwen2-tiny"), hf)
+    for name in ("config.json", "tokenizer.json"):
+        p = os.path.join(hf, name)
+        keep = p + ".keep"
+        os.rename(p, keep)
+        os.mkfifo(p)
+        _start_refused(hf, [p, "FIFO"])
+        os.unlink(p)
+        os.rename(keep, p)
+
+
+def test_model_bad_metadata():
+    """A config.json field of the wrong JSON type: refused naming file and field."""
+    tmp = mktmp()
+    hf = os.path.join(tmp, "hf")
+    shutil.copytree(os.path.join(FIX, "hf", "qwen2-tiny"), hf)
+    import json
+    cfgp = os.path.join(hf, "config.json")
+    with open(cfgp) as f:
+        cfg = json.load(f)
+    cfg["hidden_size"] = [64, 1]
+    with open(cfgp, "w") as f:
+        json.dump(cfg, f)
+    _start_refused(hf, [cfgp, "hidden_size", "expected an integer"])
+
+
+OWN_TESTS = [test_model_truncated, test_model_cp_other, test_model_same_size_rewrite,
+             test_model_truncated_mid_generation, test_model_renamed_over, test_model_fifo, test_model_bad_metadata]
+
+
 # ------------------------------------------------------------------ runner
 
 TESTS = [test_truncated_frames, test_frame_limits, test_nesting_limit, test_not_a_map,
@@ -701,6 +894,15 @@ def main():
         failed += 1
     finally:
         d.kill()
+    for t in OWN_TESTS:
+        if only and t.__name__ not in only:
+            continue
+        if run(t):
+            passed += 1
+        else:
+            failed += 1
+    for t in TMPDIRS:
+        shutil.rmtree(t, ignore_errors=True)
     print("%d passed, %d failed" % (passed, failed))
     return 1 if failed else 0
 
