@@ -99,7 +99,7 @@ LIBENGINE := $(LIBDIR)/libaneengine.a
 LIBCLIENT := $(LIBDIR)/libaneclient.a
 
 PROGS := $(if $(DAEMON_SRC),bin/aned) $(if $(wildcard client/aneclient.c),bin/aneclient) \
-         $(if $(HTTP_SRC),bin/aned-http) $(BENCH_BIN)
+         $(if $(HTTP_SRC),bin/aned-http) bin/ane-template $(BENCH_BIN)
 
 .PHONY: all deps run test bench cuda test-cuda ktrace help clean fixtures fuzz install
 all: $(PROGS) $(LIBCLIENT) $(UNIT_BIN)
@@ -160,6 +160,9 @@ bin/aned: $(DAEMON_OBJ) $(LIBENGINE) $(LIBPROTO) bin/.kind
 	$(CC) $(LDFLAGS) -o $@ $(DAEMON_OBJ) $(LIBENGINE) $(LIBPROTO) $(LDLIBS)
 bin/aneclient: $(O)/client/aneclient.o $(LIBCLIENT)
 	$(CC) $(LDFLAGS) -o $@ $< $(LIBCLIENT) $(LDLIBS)
+# renders a chat template with JSON variables (engine/text/jinja.h)
+bin/ane-template: $(O)/client/ane-template.o $(LIBENGINE) bin/.kind
+	$(CC) $(LDFLAGS) -o $@ $< $(LIBENGINE) $(LDLIBS)
 bin/aned-http: $(HTTP_OBJ) $(LIBCLIENT)
 	$(CC) $(LDFLAGS) -o $@ $(HTTP_OBJ) $(LIBCLIENT) $(HTTP_LIBS) $(LDLIBS)
 # Every tests/bench/NAME.c is a program bin/NAME (anebench, ...).
