@@ -181,7 +181,11 @@ bin/fixtures/%: tests/fixtures/tokenizers/%.xz
 bin/fixtures/hf/%: tests/fixtures/tokenizers/hf/%.xz
 	@mkdir -p $(dir $@)
 	xz -dc $< > $@.tmp && mv $@.tmp $@
-fixtures: $(patsubst tests/fixtures/tokenizers/%,bin/fixtures/%,$(XZ_FIX))
+CHAT_FIX := $(patsubst tests/fixtures/chat/%.xz,bin/fixtures/chat/%,$(wildcard tests/fixtures/chat/*.xz))
+bin/fixtures/chat/%: tests/fixtures/chat/%.xz
+	@mkdir -p $(dir $@)
+	xz -dc $< > $@.tmp && mv $@.tmp $@
+fixtures: $(patsubst tests/fixtures/tokenizers/%,bin/fixtures/%,$(XZ_FIX)) $(CHAT_FIX)
 
 MODEL ?= tests/fixtures/models/stories260K.gguf
 PROMPT ?= Once upon a time

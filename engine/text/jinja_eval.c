@@ -948,7 +948,7 @@ void jinja_default_limits(jinja_limits *lim)
     lim->max_output = 64u << 20;
     lim->max_memory = 256u << 20;
     lim->max_steps = 10000000;
-    lim->max_work = 16ULL << 30;
+    lim->max_work = 4ULL << 30;
     lim->max_depth = 200;
     lim->max_stack = 2u << 20;
 }

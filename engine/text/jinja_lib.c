@@ -1251,7 +1251,12 @@ val jfunc_call(jctx *c, jfunc *f, jargs *a)
                 if (f->id == JF_L_INDEX) return vint((int64_t)i);
                 k++;
             }
-        if (f->id == JF_L_INDEX) jfail(c, JE_VALUE, "value is not in list");
+        if (f->id == JF_L_INDEX) {
+            jbuf b;
+            jbuf_init(c, &b);
+            jrepr(c, &b, v[0]);
+            jfail(c, JE_VALUE, "%s is not in %s", b.s ? b.s : "", l->h.sub == L_TUPLE ? "tuple" : "list");
+        }
         return vint(k);
     }
     case JF_L_COPY: {

@@ -881,7 +881,12 @@ void jrepr(jctx *c, jbuf *b, val v)
         jbuf_printf(c, b, "<LoopContext %zu/%zu>", l->i + 1, l->items->n);
         return;
     }
-    case JT_FUNC: jbuf_printf(c, b, "<built-in method %s at %p>", jfunc_name(((jfunc *)v.o)->id), (void *)v.o); return;
+    case JT_FUNC: {
+        jfunc *f = (jfunc *)v.o;
+        if (f->self.t == JT_UNDEF) jbuf_printf(c, b, "<function %s at %p>", jfunc_name(f->id), (void *)f);
+        else jbuf_printf(c, b, "<built-in method %s of %s object at %p>", jfunc_name(f->id), jtype_name(f->self), (void *)f);
+        return;
+    }
     }
 }
 
