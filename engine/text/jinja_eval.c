@@ -400,12 +400,15 @@ static int compare(jctx *c, int op, val a, val b)
 
 /* ---- calls ---- */
 
+#define INLINE_ARGS 8
 typedef struct callargs {
     int n, nk;
     val *v;
     const jstr **kn;
     val *kv;
-    jobj *blob;
+    jobj *blob;              /* storage when the inline arrays are too small */
+    val sv[INLINE_ARGS], skv[INLINE_ARGS];
+    const jstr *skn[INLINE_ARGS];
 } callargs;
 
 static void args_free(jctx *c, callargs *a)
@@ -430,13 +433,19 @@ static void eval_args(jctx *c, const jnode *n, callargs *a, int extra_kw)
         if (dstar.t != JT_DICT) jfail(c, JE_TYPE, "argument after ** must be a mapping, not %s", jtype_name(dstar));
     }
     size_t np = n->nlist + (sl ? sl->n : 0), nk = n->nnames + (n->d ? D(dstar)->n : 0) + (size_t)extra_kw;
-    size_t bytes = np * sizeof(val) + nk * (sizeof(val) + sizeof(jstr *)) + 16;
-    jobj *blob = jalloc(c, O_STR, sizeof(jstr) + bytes);   /* plain storage (an unused string) */
-    a->blob = blob;
-    char *p = ((jstr *)blob)->s;
-    a->v = (val *)p;
-    a->kv = (val *)(p + np * sizeof(val));
-    a->kn = (const jstr **)(p + (np + nk) * sizeof(val));
+    if (np <= INLINE_ARGS && nk <= INLINE_ARGS) {
+        a->v = a->sv;
+        a->kv = a->skv;
+        a->kn = a->skn;
+    } else {
+        size_t bytes = np * sizeof(val) + nk * (sizeof(val) + sizeof(jstr *)) + 16;
+        jobj *blob = jalloc(c, O_STR, sizeof(jstr) + bytes);   /* plain storage (an unused string) */
+        a->blob = blob;
+        char *p = ((jstr *)blob)->s;
+        a->v = (val *)p;
+        a->kv = (val *)(p + np * sizeof(val));
+        a->kn = (const jstr **)(p + (np + nk) * sizeof(val));
+    }
     for (uint32_t i = 0; i < n->nlist; i++) a->v[a->n++] = jeval(c, n->list[i]);
     if (sl) {
         for (size_t i = 0; i < sl->n; i++) a->v[a->n++] = jref(sl->v[i]);
@@ -543,9 +552,10 @@ static val run_loop(jctx *c, const jnode *n, jlist *items, int depth, jscope *ou
 
 val jcall(jctx *c, val fn, int nargs, val *args, int nkw, const jstr **kwn, val *kwv)
 {
-    jstep(c);
     switch (fn.t) {
-    case JT_MACRO: return call_macro(c, (jmacro *)fn.o, nargs, args, nkw, kwn, kwv);
+    case JT_MACRO:
+        jstep(c);
+        return call_macro(c, (jmacro *)fn.o, nargs, args, nkw, kwn, kwv);
     case JT_FUNC: {
         jargs a = { nargs, args, nkw, kwn, kwv };
         return jfunc_call(c, (jfunc *)fn.o, &a);
@@ -555,6 +565,7 @@ val jcall(jctx *c, val fn, int nargs, val *args, int nkw, const jstr **kwn, val 
         if (!(l->def->flags & MF_RECURSIVE))
             jfail(c, JE_TYPE, "The loop must have the 'recursive' marker to be called recursively.");
         if (nargs != 1 || nkw) jfail(c, JE_TYPE, "loop() takes exactly one argument");
+        jstep(c);
         if (++c->depth > c->lim.max_depth)
             jfail(c, JE_LIMIT, "recursive loop calls nested more than %d deep", c->lim.max_depth);
         jlist *items = jiterate(c, args[0]);
@@ -597,7 +608,6 @@ static val apply_filter(jctx *c, const jnode *f, val in, int pipe)
     c->cur_line = f->line;
     if (f->fid < 0) jfail(c, JE_RUNTIME, "No filter named '%s' found.", f->name->s);
     jargs ja = { a.n, a.v, a.nk, a.kn, a.kv };
-    jstep(c);
     val r = jfilter_call(c, f->fid, x, &ja);
     args_free(c, &a);
     junref(c, x);
@@ -806,22 +816,29 @@ static val run_loop(jctx *c, const jnode *n, jlist *items, int depth, jscope *ou
     lp->def = n;
     lp->scope = outer;
     outer->h.rc++;
+    jscope *it = NULL;
     for (size_t i = 0; i < run->n; i++) {
         jstep(c);
         lp->i = i;
-        jscope *s = jscope_new(c, outer);
-        jscope_set(c, s, jname(JN_LOOP), jref(vobj(JT_LOOP, lp)));
-        assign(c, n->a, jref(run->v[i]), s);
-        c->sc = s;
+        /* each iteration is a fresh scope; the last one is reused when
+         * nothing (a macro defined in the body) kept hold of it */
+        if (it && it->h.rc == 1) jscope_clear(c, it);
+        else {
+            if (it) jobj_unref(c, &it->h);
+            it = jscope_new(c, outer);
+        }
+        jscope_set(c, it, jname(JN_LOOP), jref(vobj(JT_LOOP, lp)));
+        assign(c, n->a, jref(run->v[i]), it);
+        c->sc = it;
         exec_list(c, n->list, n->nlist);
         c->sc = saved_sc;
-        jobj_unref(c, &s->h);
         if (c->brk) {
             int b = c->brk;
             c->brk = 0;
             if (b == 1) break;
         }
     }
+    if (it) jobj_unref(c, &it->h);
     if (run->n == 0 && n->nlist2) {
         jscope *s = jscope_new(c, outer);
         c->sc = s;

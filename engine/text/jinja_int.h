@@ -232,6 +232,7 @@ val *jdict_gets(jdict *d, const char *k, size_t n);
 jscope *jscope_new(jctx *c, jscope *parent);
 void jscope_set(jctx *c, jscope *s, const jstr *name, val v); /* takes v */
 val *jscope_find(jscope *s, const jstr *name);
+void jscope_clear(jctx *c, jscope *s);       /* drops every variable */
 
 val vundef_name(jctx *c, const jstr *name);
 val vundef_attr(jctx *c, val obj, val key, int is_elem);

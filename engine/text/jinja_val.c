@@ -207,8 +207,8 @@ void jdepth_enter(jctx *c)
 
 void jbuf_init(jctx *c, jbuf *b)
 {
-    jblob *bl = jalloc(c, O_BLOB, sizeof *bl);
-    b->blob = &bl->h;
+    (void)c;
+    b->blob = NULL;   /* made on the first write: an empty capture costs nothing */
     b->s = NULL;
     b->n = b->cap = 0;
 }
@@ -219,6 +219,7 @@ void jbuf_put(jctx *c, jbuf *b, const char *s, size_t n)
     if (b->n + n > c->lim.max_output)
         jfail(c, JE_LIMIT, "the template wrote more than %zu bytes", c->lim.max_output);
     if (b->n + n + 1 > b->cap) {
+        if (!b->blob) b->blob = jalloc(c, O_BLOB, sizeof(jblob));
         jblob *bl = (jblob *)b->blob;
         bl->p = grow(c, b->blob, bl->p, &b->cap, b->n + n + 1, 1);
         b->s = bl->p;
@@ -490,6 +491,16 @@ void jscope_set(jctx *c, jscope *s, const jstr *name, val v)
     /* names from the template are immortal; others are held by the scope */
     if (name->h.rc != RC_IMMORTAL) ((jobj *)&name->h)->rc++;
     s->v[s->n++] = (jvar){ name, v };
+}
+
+void jscope_clear(jctx *c, jscope *s)
+{
+    size_t n = s->n;
+    s->n = 0;
+    for (size_t i = 0; i < n; i++) {
+        junref(c, s->v[i].v);
+        if (s->v[i].name->h.rc != RC_IMMORTAL) jobj_unref(c, (jobj *)&s->v[i].name->h);
+    }
 }
 
 val *jscope_find(jscope *s, const jstr *name)
