@@ -390,11 +390,12 @@ int proto_ev_encode(proto_buf *b, const proto_ev *e)
         break;
     }
     case PROTO_T_ERROR:
-        pk_map(&k, 4);
+        pk_map(&k, 4 + (e->closing != 0));
         pk_kstr(&k, "type", tn, strlen(tn));
         pk_ku64(&k, "id", e->id);
         pk_kstr(&k, "code", proto_err_name(e->code), strlen(proto_err_name(e->code)));
         pk_kstr(&k, "message", e->message, e->message_len);
+        if (e->closing) pk_kbool(&k, "closing", 1);
         break;
     case PROTO_T_TOKENS:
         pk_map(&k, 3);
@@ -897,8 +898,14 @@ static int get_tokens(dctx *d, const msgpack_object *o, const char *name, size_t
         double v;
         if (obj_number(e, &v) < 0)
             return fail(d, PROTO_E_BAD_REQUEST, "\"%s\"[%zu] must be an integer", name, i);
-        if (v != floor(v) || v < 0 || v > INT32_MAX)
-            return fail(d, PROTO_E_INVALID_TOKEN, "\"%s\"[%zu] is not a token id", name, i);
+        /* negative, as every negative number: invalid_value; a fraction
+         * or an id no vocabulary can hold: invalid_token */
+        if (!isfinite(v) || v != floor(v))
+            return fail(d, PROTO_E_INVALID_TOKEN, "\"%s\"[%zu] is not a token id (not a whole number)", name, i);
+        if (v < 0)
+            return fail(d, PROTO_E_INVALID_VALUE, "\"%s\"[%zu] = %.15g must not be negative", name, i, v);
+        if (v > INT32_MAX)
+            return fail(d, PROTO_E_INVALID_TOKEN, "\"%s\"[%zu] = %.15g is outside any vocabulary", name, i, v);
         out[i] = (int32_t)v;
     }
     *t = out;
@@ -1206,6 +1213,7 @@ static int decode_ev(dctx *d, const msgpack_object *m, proto_ev *e)
                 rc = get_str(d, v, "code", 64, &s, &n);
                 if (rc == 0) { e->code = proto_err_from_name(s, n); has_code = 1; }
             } else if (key_is(k, "message")) rc = get_str(d, v, "message", big, &e->message, &e->message_len);
+            else if (key_is(k, "closing")) rc = get_bool(d, v, "closing", &e->closing);
             break;
         case PROTO_T_TOKENS:
             if (key_is(k, "tokens")) rc = get_tokens(d, v, "tokens", 0, &e->tokens, &e->n_tokens);

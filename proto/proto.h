@@ -23,13 +23,14 @@
 #define PROTO_MAX_FRAME     (1u << 20)  /* bytes of one message, both directions */
 #define PROTO_MAX_DEPTH     8           /* nesting of maps/arrays in one message */
 #define PROTO_MAX_PROMPT    (PROTO_MAX_FRAME - 4096) /* bytes of prompt/system text */
-#define PROTO_MAX_TOKENS    131072      /* token ids in one request */
+#define PROTO_MAX_TOKENS    131072      /* token ids in one request or one tokens reply */
 #define PROTO_MAX_INFLIGHT  32          /* requests in flight per connection */
 #define PROTO_MAX_STOP      16          /* stop strings per request */
 #define PROTO_MAX_STOP_LEN  256         /* bytes per stop string */
 #define PROTO_MAX_TOP       100         /* eval top-N */
 #define PROTO_MAX_GEN       1048576     /* max_tokens upper bound */
 #define PROTO_MAX_NAME      256         /* bytes of hello's "client" */
+#define PROTO_MAX_REPLY_TEXT (PROTO_MAX_FRAME - 256) /* bytes of a detokenize reply's text */
 #define PROTO_MAX_TEMPERATURE 100.0     /* temperature range [0, 100] */
 #define PROTO_MAX_PENALTY   100.0       /* repeat_penalty range (0, 100] */
 #define PROTO_DEF_MAX_TOKENS 256        /* generate's max_tokens when absent */
@@ -146,6 +147,7 @@ typedef struct proto_ev {
     /* error */
     proto_err code;
     const char *message; size_t message_len;
+    int closing;            /* the daemon closes the connection after this error */
     /* info */
     const char *arch; size_t arch_len;
     const char *backend; size_t backend_len;

@@ -261,9 +261,13 @@ def t_generate_greedy(d):
             print("seed %d: streamed %r\n   detokenized %r" % (seed, txt[:120], whole[:120]))
     check(nbytes > 0, "hot sampling produced byte tokens")
     check(same, "streamed text equals the detokenized ids")
-    # chat (non-raw) and system are accepted
-    txt, ids3, dn = c.generate_text("Tell me a story", system="You are kind", max_tokens=5, temperature=0)
+    # chat (non-raw) runs; this model has no chat template, so "system" is refused, not dropped
+    txt, ids3, dn = c.generate_text("Tell me a story", max_tokens=5, temperature=0)
     check(dn["type"] == "done" and len(ids3) <= 5, "chat-mode generate runs: %r" % dn)
+    id = c.submit_generate("Tell me a story", system="You are kind", max_tokens=5)
+    ev = c.next_event(id)
+    check(ev.get("type") == "error" and ev.get("code") == "invalid_value" and '"system"' in ev.get("message", ""),
+          "system on a model without a chat template: invalid_value naming system: %r" % ev)
     c.close()
 
 
@@ -434,7 +438,8 @@ def t_errors(d):
         ({"type": "detokenize", "tokens": [1] * 131073}, "too_large", "131073 token ids"),
         ({"type": "detokenize", "tokens": [99999]}, "invalid_token", "detokenize id outside the vocabulary"),
         ({"type": "detokenize", "tokens": [512]}, "invalid_token", "detokenize id = n_vocab"),
-        ({"type": "detokenize", "tokens": [-1]}, "invalid_token", "negative token id"),
+        ({"type": "detokenize", "tokens": [-1]}, "invalid_value", "negative token id"),
+        ({"type": "generate", "tokens": [1, -5]}, "invalid_value", "negative token id in generate"),
         ({"type": "generate", "tokens": [1, 600]}, "invalid_token", "generate id outside the vocabulary"),
         ({"type": "eval", "tokens": [1, 100000]}, "invalid_token", "eval id outside the vocabulary"),
         ({"type": "generate", "prompt": b"\xff\xfe"}, "invalid_utf8", "prompt bytes not UTF-8"),
