@@ -79,6 +79,7 @@ struct client {
     int paused;               /* its jobs are paused for its backlog */
     int discard;              /* closing after a broken stream: input is read and dropped */
     size_t discarded;         /* bytes dropped so far */
+    uint64_t discard_owed;    /* bytes still to come of the message over 1 MiB */
     ev_tstamp discard_end;    /* reading stops by then at the latest */
     ev_io rio, wio;
     ev_timer timer;           /* hello deadline, stall deadline, closing deadline */
@@ -278,11 +279,13 @@ static proto_err map_eng_err(eng_err c)
 
 #define OUT_KEEP (256u << 10) /* output buffer kept between bursts */
 
-/* After a broken stream the error is sent at once, and what the peer still
- * sends is read and dropped until it stops (end of file, or nothing for
- * DISCARD_QUIET_S) within DISCARD_MAX_S and DISCARD_MAX_BYTES: a client
- * still writing the message that broke the stream (e.g. one over 1 MiB)
- * then finishes its write and reads the error, instead of meeting EPIPE. */
+/* After a broken stream the error is sent at once. A peer that may still be
+ * writing (input waiting, or the message over 1 MiB not read to the size its
+ * headers claim) has what it sends read and dropped until that message is
+ * read with nothing more waiting, or it stops (end of file, or nothing for
+ * DISCARD_QUIET_S), within DISCARD_MAX_S and DISCARD_MAX_BYTES: it then
+ * finishes its write and reads the error instead of meeting EPIPE. A peer
+ * with nothing more on its way is closed at once, as before. */
 #define DISCARD_QUIET_S 0.5
 #define DISCARD_MAX_S 10.0
 #define DISCARD_MAX_BYTES (8u * PROTO_MAX_FRAME)
@@ -927,6 +930,15 @@ static int peer_gone(int fd)
     return (p.revents & (POLLHUP | POLLERR)) != 0;
 }
 
+/* 1: bytes are waiting to be read on fd (0 at end of file or when none). */
+static int input_waiting(int fd)
+{
+    char b;
+    ssize_t n;
+    do n = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT); while (n < 0 && errno == EINTR);
+    return n > 0;
+}
+
 /* Takes every whole message the reader holds. */
 static void client_drain(client *cl)
 {
@@ -941,7 +953,9 @@ static void client_drain(client *cl)
                    (unsigned long long)cl->serial, (unsigned long)cl->peer.uid, proto_err_name(code), err);
             send_fatal(cl, 0, code == PROTO_OK ? PROTO_E_MALFORMED : code, err);
             client_close_soon(cl, "broken stream");
-            if (!cl->eof) {
+            uint64_t claim = proto_reader_claimed(cl->rd), have = proto_reader_pending(cl->rd);
+            cl->discard_owed = claim > have ? claim - have : 0;
+            if (!cl->eof && (cl->discard_owed || input_waiting(cl->fd))) {
                 server *s = cl->srv;
                 cl->discard = 1;
                 cl->discard_end = ev_now(s->loop) + DISCARD_MAX_S;
@@ -971,8 +985,15 @@ static void client_discard(client *cl)
     do n = read(cl->fd, buf, sizeof buf); while (n < 0 && errno == EINTR);
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
     ev_tstamp now = ev_now(s->loop);
-    if (n > 0) cl->discarded += (size_t)n;
-    if (n <= 0 || cl->discarded >= DISCARD_MAX_BYTES || now >= cl->discard_end) {
+    int done = n <= 0;
+    if (n > 0) {
+        cl->discarded += (size_t)n;
+        if (cl->discard_owed) {   /* the message at fault read to its end, nothing after it: done */
+            cl->discard_owed -= (uint64_t)n < cl->discard_owed ? (uint64_t)n : cl->discard_owed;
+            done = !cl->discard_owed && !input_waiting(cl->fd);
+        }
+    }
+    if (done || cl->discarded >= DISCARD_MAX_BYTES || now >= cl->discard_end) {
         discard_stop(cl);
         return;
     }
@@ -1157,7 +1178,7 @@ static void handle_event(server *s, const eng_event *ev)
         if (!live) break;
         if (ev->n_ids > PROTO_MAX_TOKENS) {
             char msg[128];
-            snprintf(msg, sizeof msg, "\"text\" gives %zu tokens, over the limit of %d one reply may carry",
+            snprintf(msg, sizeof msg, "the text gives %zu tokens, over the limit of %d one reply may carry",
                      (size_t)ev->n_ids, PROTO_MAX_TOKENS);
             send_error(cl, j->req_id, j->type, PROTO_E_TOO_LARGE, msg);
             break;

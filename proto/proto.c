@@ -485,6 +485,7 @@ struct proto_reader {
     struct arena_chunk *extra;    /* what did not fit in arena (same lifetime) */
     int broken;                   /* after -1 every call returns -1 */
     proto_err broken_code;
+    uint64_t claimed;             /* too_large: the least size the frame's headers claimed */
 };
 
 static void sk_reset(proto_reader *r)
@@ -579,6 +580,11 @@ int proto_reader_feed(proto_reader *r, const void *data, size_t n)
 
 size_t proto_reader_pending(const proto_reader *r) { return r->end - r->start; }
 
+uint64_t proto_reader_claimed(const proto_reader *r)
+{
+    return r->broken && r->broken_code == PROTO_E_TOO_LARGE ? r->claimed : 0;
+}
+
 static void seterr(char *err, size_t errlen, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 static void seterr(char *err, size_t errlen, const char *fmt, ...)
@@ -643,14 +649,16 @@ static int rd_skim(proto_reader *r, size_t *len, proto_err *code, char *err, siz
         }
         hdr += lenbytes;
         /* Every element still owed (sk_pending, this one included) needs a byte. */
-        if ((uint64_t)pos + hdr + (r->sk_pending - 1) > lim) goto too_large;
+        r->claimed = (uint64_t)pos + hdr + (r->sk_pending - 1);
+        if (r->claimed > lim) goto too_large;
         if (pos + hdr > n) return 0;
         if (lenbytes) {
             uint64_t v = rd_be(p + pos + 1, lenbytes);
             if (container) count = v; else payload = v;
         }
         uint64_t elems = container == 2 ? count * 2 : count;
-        if ((uint64_t)pos + hdr + payload + elems + (r->sk_pending - 1) > lim) goto too_large;
+        r->claimed = (uint64_t)pos + hdr + payload + elems + (r->sk_pending - 1);
+        if (r->claimed > lim) goto too_large;
         if (!container && pos + hdr + payload > n) return 0;
         /* Accept this element. */
         r->sk_started = 1;

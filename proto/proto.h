@@ -187,6 +187,11 @@ void proto_reader_commit(proto_reader *r, size_t n);
 int proto_reader_feed(proto_reader *r, const void *buf, size_t n); /* copy in; -1 OOM */
 /* Bytes received but not yet returned as messages. */
 size_t proto_reader_pending(const proto_reader *r);
+/* After a too_large break: the least size in bytes that the refused message's
+ * headers claimed (from its first byte; proto_reader_pending() of it are in
+ * hand), so a server can read the rest and drop it before it closes; 0
+ * otherwise. */
+uint64_t proto_reader_claimed(const proto_reader *r);
 
 /* Next whole message from the stream:
  *   1  a message was decoded into *req (server side) — or, when the map is a

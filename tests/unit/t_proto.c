@@ -1327,6 +1327,51 @@ static void t_error_closing(void)
 /* Token ids: negative ones are invalid_value (as every negative number),
  * fractions and ids no vocabulary can hold invalid_token; the message names
  * the field, the index and the value. */
+/* After too_large the reader says how large the refused message claimed to
+ * be (at least), from its first byte: a server can read that much and drop
+ * it, so the peer finishes its write and reads the error. */
+static void t_claimed(void)
+{
+    proto_reader *r = proto_reader_new(0);
+    CHECK(proto_reader_claimed(r) == 0);
+    /* {"type": "tokenize", "id": 1, "text": <str32 of 3 MiB>}: only the head sent */
+    raw m;
+    raw_init(&m);
+    msgpack_pack_map(&m.pk, 3);
+    raw_str(&m, "type"); raw_str(&m, "tokenize");
+    raw_str(&m, "id"); msgpack_pack_uint64(&m.pk, 1);
+    raw_str(&m, "text");
+    size_t head = m.sb.size;
+    const unsigned char h32[] = { 0xdb, 0x00, 0x30, 0x00, 0x00 };   /* str32, 3 MiB */
+    msgpack_sbuffer_write(&m.sb, (const char *)h32, sizeof h32);
+    msgpack_sbuffer_write(&m.sb, "aaaa", 4);
+    proto_req q;
+    proto_err code;
+    char err[200];
+    CHECK(proto_reader_feed(r, m.sb.data, m.sb.size) == 0);
+    CHECK_EQ_INT(proto_reader_next_req(r, &q, &code, err, sizeof err), -1);
+    CHECK_EQ_INT(code, PROTO_E_TOO_LARGE);
+    CHECK(proto_reader_claimed(r) == head + 5 + (3u << 20));
+    CHECK_EQ_INT(proto_reader_pending(r), m.sb.size);
+    raw_free(&m);
+    proto_reader_free(r);
+    /* an array claiming 2^31 elements: at least one byte each */
+    r = proto_reader_new(0);
+    const unsigned char a32[] = { 0x81, 0xa1, 'x', 0xdd, 0x80, 0x00, 0x00, 0x00 };
+    CHECK(proto_reader_feed(r, a32, sizeof a32) == 0);
+    CHECK_EQ_INT(proto_reader_next_req(r, &q, &code, err, sizeof err), -1);
+    CHECK(proto_reader_claimed(r) == sizeof a32 + 0x80000000ull);
+    proto_reader_free(r);
+    /* other breaks claim nothing */
+    r = proto_reader_new(0);
+    const unsigned char bad[] = { 0x81, 0xc1 };
+    CHECK(proto_reader_feed(r, bad, sizeof bad) == 0);
+    CHECK_EQ_INT(proto_reader_next_req(r, &q, &code, err, sizeof err), -1);
+    CHECK_EQ_INT(code, PROTO_E_MALFORMED);
+    CHECK(proto_reader_claimed(r) == 0);
+    proto_reader_free(r);
+}
+
 static void t_token_ids(void)
 {
     static const struct { double v; int is_float; proto_err want; const char *text; } cases[] = {
@@ -1387,5 +1432,6 @@ int main(void)
     RUN(t_sparse_per_client);
     RUN(t_error_closing);
     RUN(t_token_ids);
+    RUN(t_claimed);
     return CHECK_DONE();
 }
