@@ -405,6 +405,25 @@ def scen_no_model(env):
     return [(c, c.next_event(id), "generate")]
 
 
+def scen_model_changed(env):
+    """A daemon of its own on a copy of the model, which is then rewritten in place."""
+    tmp = tempfile.mkdtemp(prefix="aned-conf-model-")
+    path = os.path.join(tmp, "model.gguf")
+    shutil.copyfile(MODEL, path)
+    d = Daemon(path, "changed")
+    env.daemons.append(d)   # stopped with the others, after the checks on c
+    try:
+        c = d.connect()
+        with open(path, "r+b") as f:   # in place, as cp over it does
+            f.truncate(4096)
+        id = c.request("generate", tokens=[1], raw=True, max_tokens=2)
+        ev = c.next_event(id)
+        check(serves(c), "ping is still answered after model_changed")
+        return [(c, ev, "generate")]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def scen_shutting_down(env):
     """Last: stops the main daemon."""
     c = env.main.connect()
@@ -429,7 +448,8 @@ SCENARIOS = {
     "bad_request": scen_bad_request, "unknown_type": scen_unknown_type, "version": scen_version,
     "handshake": scen_handshake, "duplicate_id": scen_duplicate_id, "invalid_value": scen_invalid_value,
     "invalid_token": scen_invalid_token, "invalid_utf8": scen_invalid_utf8, "context": scen_context,
-    "busy": scen_busy, "denied": scen_denied, "no_model": scen_no_model, "shutting_down": scen_shutting_down,
+    "busy": scen_busy, "denied": scen_denied, "no_model": scen_no_model, "model_changed": scen_model_changed,
+    "shutting_down": scen_shutting_down,
 }
 # no request provokes it (out of memory, a bug)
 UNPROVOKABLE = {"internal"}
@@ -1158,7 +1178,7 @@ def main():
         return 1
     doc = read_doc()
     env = Env()
-    daemons = []
+    daemons = env.daemons = []
     try:
         env.main = Daemon(MODEL, "main")
         daemons.append(env.main)
