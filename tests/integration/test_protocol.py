@@ -867,7 +867,7 @@ def t_top_p_zero(d):
     out = r.stdout.decode()
     check(r.returncode == 0 and greedy in out, "aneclient --top-p 0: exit %d, %r (%r)" % (r.returncode, out,
                                                                                        r.stderr.decode()))
-    sys.path.insert(0, HERE)
+    sys.dont_write_bytecode = True   # no __pycache__ left in the tree
     from test_http import Gateway, post  # noqa: E402
     gw = Gateway(d.sock).start()
     try:
