@@ -266,6 +266,7 @@ jlist *jiterate(jctx *c, val v);
 val jeval(jctx *c, const jnode *n);
 val jgetattr(jctx *c, val obj, const jstr *name);
 val jgetitem(jctx *c, val obj, val key);
+val jattr(jctx *c, val obj, const jstr *name);     /* getattr alone (the attr filter) */
 val jcall(jctx *c, val fn, int nargs, val *args, int nkw, const jstr **kwn, val *kwv);
 void jstep(jctx *c);
 

@@ -609,7 +609,7 @@ val jfilter_call(jctx *c, int id, val in, jargs *a)
         static const char *const n[] = { "name" };
         jbind(c, "attr", a, n, 1, v);
         if (v[0].t != JT_STR) return vundef_attr(c, in, v[0], 1);
-        return jgetattr(c, in, S(v[0]));
+        return jattr(c, in, S(v[0]));
     }
     case F_BATCH: {
         static const char *const n[] = { "linecount", "fill_with" };

@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <ctype.h>
 #include <string.h>
 #include <utf8proc.h>
 
@@ -93,41 +94,208 @@ static void put_cp(jctx *c, jbuf *b, uint32_t cp)
     jbuf_put(c, b, tmp, utf8_enc(cp, tmp));
 }
 
+/* Python's full case mappings (SpecialCasing) where they differ from the one-to-one ones: upper, lower, title */
+static const struct { uint32_t cp; const char *upper, *lower, *title; } special_case[] = {
+    { 0x00df, "\x53\x53", NULL, "\x53\x73" },
+    { 0x0130, NULL, "\x69\xcc\x87", NULL },
+    { 0x0149, "\xca\xbc\x4e", NULL, "\xca\xbc\x4e" },
+    { 0x01f0, "\x4a\xcc\x8c", NULL, "\x4a\xcc\x8c" },
+    { 0x0390, "\xce\x99\xcc\x88\xcc\x81", NULL, "\xce\x99\xcc\x88\xcc\x81" },
+    { 0x03b0, "\xce\xa5\xcc\x88\xcc\x81", NULL, "\xce\xa5\xcc\x88\xcc\x81" },
+    { 0x0587, "\xd4\xb5\xd5\x92", NULL, "\xd4\xb5\xd6\x82" },
+    { 0x1e96, "\x48\xcc\xb1", NULL, "\x48\xcc\xb1" },
+    { 0x1e97, "\x54\xcc\x88", NULL, "\x54\xcc\x88" },
+    { 0x1e98, "\x57\xcc\x8a", NULL, "\x57\xcc\x8a" },
+    { 0x1e99, "\x59\xcc\x8a", NULL, "\x59\xcc\x8a" },
+    { 0x1e9a, "\x41\xca\xbe", NULL, "\x41\xca\xbe" },
+    { 0x1f50, "\xce\xa5\xcc\x93", NULL, "\xce\xa5\xcc\x93" },
+    { 0x1f52, "\xce\xa5\xcc\x93\xcc\x80", NULL, "\xce\xa5\xcc\x93\xcc\x80" },
+    { 0x1f54, "\xce\xa5\xcc\x93\xcc\x81", NULL, "\xce\xa5\xcc\x93\xcc\x81" },
+    { 0x1f56, "\xce\xa5\xcc\x93\xcd\x82", NULL, "\xce\xa5\xcc\x93\xcd\x82" },
+    { 0x1f80, "\xe1\xbc\x88\xce\x99", NULL, NULL },
+    { 0x1f81, "\xe1\xbc\x89\xce\x99", NULL, NULL },
+    { 0x1f82, "\xe1\xbc\x8a\xce\x99", NULL, NULL },
+    { 0x1f83, "\xe1\xbc\x8b\xce\x99", NULL, NULL },
+    { 0x1f84, "\xe1\xbc\x8c\xce\x99", NULL, NULL },
+    { 0x1f85, "\xe1\xbc\x8d\xce\x99", NULL, NULL },
+    { 0x1f86, "\xe1\xbc\x8e\xce\x99", NULL, NULL },
+    { 0x1f87, "\xe1\xbc\x8f\xce\x99", NULL, NULL },
+    { 0x1f88, "\xe1\xbc\x88\xce\x99", NULL, NULL },
+    { 0x1f89, "\xe1\xbc\x89\xce\x99", NULL, NULL },
+    { 0x1f8a, "\xe1\xbc\x8a\xce\x99", NULL, NULL },
+    { 0x1f8b, "\xe1\xbc\x8b\xce\x99", NULL, NULL },
+    { 0x1f8c, "\xe1\xbc\x8c\xce\x99", NULL, NULL },
+    { 0x1f8d, "\xe1\xbc\x8d\xce\x99", NULL, NULL },
+    { 0x1f8e, "\xe1\xbc\x8e\xce\x99", NULL, NULL },
+    { 0x1f8f, "\xe1\xbc\x8f\xce\x99", NULL, NULL },
+    { 0x1f90, "\xe1\xbc\xa8\xce\x99", NULL, NULL },
+    { 0x1f91, "\xe1\xbc\xa9\xce\x99", NULL, NULL },
+    { 0x1f92, "\xe1\xbc\xaa\xce\x99", NULL, NULL },
+    { 0x1f93, "\xe1\xbc\xab\xce\x99", NULL, NULL },
+    { 0x1f94, "\xe1\xbc\xac\xce\x99", NULL, NULL },
+    { 0x1f95, "\xe1\xbc\xad\xce\x99", NULL, NULL },
+    { 0x1f96, "\xe1\xbc\xae\xce\x99", NULL, NULL },
+    { 0x1f97, "\xe1\xbc\xaf\xce\x99", NULL, NULL },
+    { 0x1f98, "\xe1\xbc\xa8\xce\x99", NULL, NULL },
+    { 0x1f99, "\xe1\xbc\xa9\xce\x99", NULL, NULL },
+    { 0x1f9a, "\xe1\xbc\xaa\xce\x99", NULL, NULL },
+    { 0x1f9b, "\xe1\xbc\xab\xce\x99", NULL, NULL },
+    { 0x1f9c, "\xe1\xbc\xac\xce\x99", NULL, NULL },
+    { 0x1f9d, "\xe1\xbc\xad\xce\x99", NULL, NULL },
+    { 0x1f9e, "\xe1\xbc\xae\xce\x99", NULL, NULL },
+    { 0x1f9f, "\xe1\xbc\xaf\xce\x99", NULL, NULL },
+    { 0x1fa0, "\xe1\xbd\xa8\xce\x99", NULL, NULL },
+    { 0x1fa1, "\xe1\xbd\xa9\xce\x99", NULL, NULL },
+    { 0x1fa2, "\xe1\xbd\xaa\xce\x99", NULL, NULL },
+    { 0x1fa3, "\xe1\xbd\xab\xce\x99", NULL, NULL },
+    { 0x1fa4, "\xe1\xbd\xac\xce\x99", NULL, NULL },
+    { 0x1fa5, "\xe1\xbd\xad\xce\x99", NULL, NULL },
+    { 0x1fa6, "\xe1\xbd\xae\xce\x99", NULL, NULL },
+    { 0x1fa7, "\xe1\xbd\xaf\xce\x99", NULL, NULL },
+    { 0x1fa8, "\xe1\xbd\xa8\xce\x99", NULL, NULL },
+    { 0x1fa9, "\xe1\xbd\xa9\xce\x99", NULL, NULL },
+    { 0x1faa, "\xe1\xbd\xaa\xce\x99", NULL, NULL },
+    { 0x1fab, "\xe1\xbd\xab\xce\x99", NULL, NULL },
+    { 0x1fac, "\xe1\xbd\xac\xce\x99", NULL, NULL },
+    { 0x1fad, "\xe1\xbd\xad\xce\x99", NULL, NULL },
+    { 0x1fae, "\xe1\xbd\xae\xce\x99", NULL, NULL },
+    { 0x1faf, "\xe1\xbd\xaf\xce\x99", NULL, NULL },
+    { 0x1fb2, "\xe1\xbe\xba\xce\x99", NULL, "\xe1\xbe\xba\xcd\x85" },
+    { 0x1fb3, "\xce\x91\xce\x99", NULL, NULL },
+    { 0x1fb4, "\xce\x86\xce\x99", NULL, "\xce\x86\xcd\x85" },
+    { 0x1fb6, "\xce\x91\xcd\x82", NULL, "\xce\x91\xcd\x82" },
+    { 0x1fb7, "\xce\x91\xcd\x82\xce\x99", NULL, "\xce\x91\xcd\x82\xcd\x85" },
+    { 0x1fbc, "\xce\x91\xce\x99", NULL, NULL },
+    { 0x1fc2, "\xe1\xbf\x8a\xce\x99", NULL, "\xe1\xbf\x8a\xcd\x85" },
+    { 0x1fc3, "\xce\x97\xce\x99", NULL, NULL },
+    { 0x1fc4, "\xce\x89\xce\x99", NULL, "\xce\x89\xcd\x85" },
+    { 0x1fc6, "\xce\x97\xcd\x82", NULL, "\xce\x97\xcd\x82" },
+    { 0x1fc7, "\xce\x97\xcd\x82\xce\x99", NULL, "\xce\x97\xcd\x82\xcd\x85" },
+    { 0x1fcc, "\xce\x97\xce\x99", NULL, NULL },
+    { 0x1fd2, "\xce\x99\xcc\x88\xcc\x80", NULL, "\xce\x99\xcc\x88\xcc\x80" },
+    { 0x1fd3, "\xce\x99\xcc\x88\xcc\x81", NULL, "\xce\x99\xcc\x88\xcc\x81" },
+    { 0x1fd6, "\xce\x99\xcd\x82", NULL, "\xce\x99\xcd\x82" },
+    { 0x1fd7, "\xce\x99\xcc\x88\xcd\x82", NULL, "\xce\x99\xcc\x88\xcd\x82" },
+    { 0x1fe2, "\xce\xa5\xcc\x88\xcc\x80", NULL, "\xce\xa5\xcc\x88\xcc\x80" },
+    { 0x1fe3, "\xce\xa5\xcc\x88\xcc\x81", NULL, "\xce\xa5\xcc\x88\xcc\x81" },
+    { 0x1fe4, "\xce\xa1\xcc\x93", NULL, "\xce\xa1\xcc\x93" },
+    { 0x1fe6, "\xce\xa5\xcd\x82", NULL, "\xce\xa5\xcd\x82" },
+    { 0x1fe7, "\xce\xa5\xcc\x88\xcd\x82", NULL, "\xce\xa5\xcc\x88\xcd\x82" },
+    { 0x1ff2, "\xe1\xbf\xba\xce\x99", NULL, "\xe1\xbf\xba\xcd\x85" },
+    { 0x1ff3, "\xce\xa9\xce\x99", NULL, NULL },
+    { 0x1ff4, "\xce\x8f\xce\x99", NULL, "\xce\x8f\xcd\x85" },
+    { 0x1ff6, "\xce\xa9\xcd\x82", NULL, "\xce\xa9\xcd\x82" },
+    { 0x1ff7, "\xce\xa9\xcd\x82\xce\x99", NULL, "\xce\xa9\xcd\x82\xcd\x85" },
+    { 0x1ffc, "\xce\xa9\xce\x99", NULL, NULL },
+    { 0xfb00, "\x46\x46", NULL, "\x46\x66" },
+    { 0xfb01, "\x46\x49", NULL, "\x46\x69" },
+    { 0xfb02, "\x46\x4c", NULL, "\x46\x6c" },
+    { 0xfb03, "\x46\x46\x49", NULL, "\x46\x66\x69" },
+    { 0xfb04, "\x46\x46\x4c", NULL, "\x46\x66\x6c" },
+    { 0xfb05, "\x53\x54", NULL, "\x53\x74" },
+    { 0xfb06, "\x53\x54", NULL, "\x53\x74" },
+    { 0xfb13, "\xd5\x84\xd5\x86", NULL, "\xd5\x84\xd5\xb6" },
+    { 0xfb14, "\xd5\x84\xd4\xb5", NULL, "\xd5\x84\xd5\xa5" },
+    { 0xfb15, "\xd5\x84\xd4\xbb", NULL, "\xd5\x84\xd5\xab" },
+    { 0xfb16, "\xd5\x8e\xd5\x86", NULL, "\xd5\x8e\xd5\xb6" },
+    { 0xfb17, "\xd5\x84\xd4\xbd", NULL, "\xd5\x84\xd5\xad" },
+};
+
+/* which: 0 upper, 1 lower, 2 title; the special mapping or NULL */
+static const char *special(uint32_t cp, int which)
+{
+    if (cp < 0xdf) return NULL;
+    size_t lo = 0, hi = sizeof special_case / sizeof *special_case;
+    while (lo < hi) {
+        size_t m = (lo + hi) / 2;
+        if (special_case[m].cp == cp)
+            return which == 0 ? special_case[m].upper : which == 1 ? special_case[m].lower : special_case[m].title;
+        if (special_case[m].cp < cp) lo = m + 1;
+        else hi = m;
+    }
+    return NULL;
+}
+
 static void put_upper(jctx *c, jbuf *b, uint32_t cp)
 {
-    if (cp == 0xDF) { jbuf_put(c, b, "SS", 2); return; }   /* full case mapping of ß */
-    put_cp(c, b, (uint32_t)utf8proc_toupper((utf8proc_int32_t)cp));
+    const char *x = special(cp, 0);
+    if (x) jbuf_put(c, b, x, strlen(x));
+    else put_cp(c, b, (uint32_t)utf8proc_toupper((utf8proc_int32_t)cp));
 }
 
 static void put_title(jctx *c, jbuf *b, uint32_t cp)
 {
-    if (cp == 0xDF) { jbuf_put(c, b, "Ss", 2); return; }
-    put_cp(c, b, (uint32_t)utf8proc_totitle((utf8proc_int32_t)cp));
+    const char *x = special(cp, 2);
+    if (x) jbuf_put(c, b, x, strlen(x));
+    else put_cp(c, b, (uint32_t)utf8proc_totitle((utf8proc_int32_t)cp));
 }
 
-static void put_lower(jctx *c, jbuf *b, uint32_t cp) { put_cp(c, b, (uint32_t)utf8proc_tolower((utf8proc_int32_t)cp)); }
+static int case_ignorable(uint32_t cp)
+{
+    if (cp == '\'' || cp == '.' || cp == ':' || cp == 0xAD || cp == 0x2019 || cp == 0xB7) return 1;
+    switch ((int)utf8proc_category((utf8proc_int32_t)cp)) {
+    case UTF8PROC_CATEGORY_MN: case UTF8PROC_CATEGORY_ME: case UTF8PROC_CATEGORY_CF: case UTF8PROC_CATEGORY_LM:
+    case UTF8PROC_CATEGORY_SK:
+        return 1;
+    }
+    return 0;
+}
+
+/* Python lowers a capital sigma to the final form at the end of a word:
+ * after a cased letter and before none (case-ignorable characters skipped) */
+static int final_sigma(const char *s, size_t n, size_t from, size_t at, size_t k)
+{
+    int before = 0, after = 0;
+    for (size_t p = at; p > from;) {
+        size_t q = p - 1;
+        while (q > from && ((unsigned char)s[q] & 0xC0) == 0x80) q--;
+        uint32_t cp;
+        utf8_dec(s + q, p - q, &cp);
+        p = q;
+        if (case_ignorable(cp)) continue;
+        before = is_cased(cp);
+        break;
+    }
+    for (size_t p = at + k; p < n;) {
+        uint32_t cp;
+        p += (size_t)utf8_dec(s + p, n - p, &cp);
+        if (case_ignorable(cp)) continue;
+        after = is_cased(cp);
+        break;
+    }
+    return before && !after;
+}
+
+static void put_lower_at(jctx *c, jbuf *b, uint32_t cp, const jstr *s, size_t from, size_t at, size_t k)
+{
+    if (cp == 0x3A3 && final_sigma(s->s, s->len, from, at, k)) { put_cp(c, b, 0x3C2); return; }
+    const char *x = special(cp, 1);
+    if (x) jbuf_put(c, b, x, strlen(x));
+    else put_cp(c, b, (uint32_t)utf8proc_tolower((utf8proc_int32_t)cp));
+}
 
 val jcase(jctx *c, jstr *s, int mode)
 {
     jbuf b;
     jbuf_init(c, &b);
     int prev_cased = 0, first = 1, word_start = 1;
+    size_t from = 0;   /* the title filter lowers each word's tail on its own */
     for (size_t i = 0; i < s->len;) {
         uint32_t cp;
         size_t k = (size_t)utf8_dec(s->s + i, s->len - i, &cp);
         switch (mode) {
-        case CASE_LOWER: if (cp < 0x80) jbuf_putc(c, &b, (char)(cp >= 'A' && cp <= 'Z' ? cp + 32 : cp)); else put_lower(c, &b, cp); break;
+        case CASE_LOWER: if (cp < 0x80) jbuf_putc(c, &b, (char)(cp >= 'A' && cp <= 'Z' ? cp + 32 : cp)); else put_lower_at(c, &b, cp, s, from, i, k); break;
         case CASE_UPPER: if (cp < 0x80) jbuf_putc(c, &b, (char)(cp >= 'a' && cp <= 'z' ? cp - 32 : cp)); else put_upper(c, &b, cp); break;
-        case CASE_CAPITALIZE: if (first) put_title(c, &b, cp); else put_lower(c, &b, cp); break;
+        case CASE_CAPITALIZE: if (first) put_title(c, &b, cp); else put_lower_at(c, &b, cp, s, from, i, k); break;
         case CASE_SWAP:
             if (cased_lower(cp)) put_upper(c, &b, cp);
-            else if (cased_upper(cp)) put_lower(c, &b, cp);
+            else if (utf8proc_category((utf8proc_int32_t)cp) == UTF8PROC_CATEGORY_LU) put_lower_at(c, &b, cp, s, from, i, k);
             else put_cp(c, &b, cp);
             break;
         case CASE_TITLE:
             /* str.title(): a cased character after an uncased one starts a word */
             if (is_cased(cp)) {
-                if (prev_cased) put_lower(c, &b, cp); else put_title(c, &b, cp);
+                if (prev_cased) put_lower_at(c, &b, cp, s, from, i, k); else put_title(c, &b, cp);
                 prev_cased = 1;
             } else {
                 put_cp(c, &b, cp);
@@ -140,7 +308,8 @@ val jcase(jctx *c, jstr *s, int mode)
                 put_cp(c, &b, cp);
                 word_start = 1;
             } else {
-                if (word_start) put_upper(c, &b, cp); else put_lower(c, &b, cp);
+                if (word_start) { put_upper(c, &b, cp); from = i + k; }
+                else put_lower_at(c, &b, cp, s, from, i, k);
                 word_start = 0;
             }
             break;
@@ -807,7 +976,6 @@ static val format_spec(jctx *c, val v, const char *spec, size_t sn)
     if (i < sn) type = spec[i++];
     if (i < sn) jfail(c, JE_VALUE, "Invalid format specifier");
     (void)alt;
-    (void)grouping;
     char body[1200];
     size_t bn;
     int numeric = 0;
@@ -862,6 +1030,23 @@ static val format_spec(jctx *c, val v, const char *spec, size_t sn)
             }
         }
         bn = strlen(body);
+        if (grouping) {
+            /* thousands separators in the integer digits (every 4 for x, o, b) */
+            size_t a = (bn && strchr("+- ", body[0])) ? 1 : 0, e = a;
+            while (e < bn && ((body[e] >= '0' && body[e] <= '9') || (type && strchr("xXob", type) && isxdigit((unsigned char)body[e])))) e++;
+            size_t every = type && strchr("xXob", type) ? 4 : 3, nd = e - a;
+            char g[1300];
+            size_t o = 0;
+            memcpy(g, body, a);
+            o = a;
+            for (size_t i2 = 0; i2 < nd; i2++) {
+                if (i2 && (nd - i2) % every == 0) g[o++] = (char)grouping;
+                g[o++] = body[a + i2];
+            }
+            memcpy(g + o, body + e, bn - e + 1);
+            o += bn - e;
+            if (o < sizeof body) { memcpy(body, g, o + 1); bn = o; }
+        }
     signed_:;
         jbuf b;
         jbuf_init(c, &b);
