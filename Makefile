@@ -1,5 +1,5 @@
 # aned — one hand-written Makefile.
-#   make            build bin/aned, bin/aneclient, bin/aned-http, bin/anebench, libaneclient
+#   make            build bin/aned, bin/aneclient, bin/aned-http, bin/ane-template, bin/anebench, libaneclient
 #   make run        build, start aned on the bundled model, print a story
 #   make test       unit + integration tests; ends with "N passed, M failed"
 #   make bench      benchmarks on real-size synthetic models
@@ -301,7 +301,7 @@ INST    := $(DESTDIR)$(PREFIX)
 install: all
 	install -d $(INST)/bin $(INST)/lib/pkgconfig $(INST)/include/aned/proto \
 	    $(INST)/lib/systemd/system $(INST)/share/doc/aned
-	install -m 0755 bin/aned bin/aneclient bin/aned-http $(INST)/bin/
+	install -m 0755 bin/aned bin/aneclient bin/aned-http bin/ane-template $(INST)/bin/
 	install -m 0644 $(LIBCLIENT) $(INST)/lib/
 	install -m 0644 client/aneclient.h $(INST)/include/aned/
 	install -m 0644 proto/proto.h $(INST)/include/aned/proto/

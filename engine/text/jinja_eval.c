@@ -70,6 +70,15 @@ static val py_getattr(jctx *c, val obj, const jstr *name)
     return jmethod(c, obj, name);
 }
 
+/* the attr filter: getattr(obj, name) alone, no item lookup */
+val jattr(jctx *c, val obj, const jstr *name)
+{
+    if (obj.t == JT_UNDEF) jundef_fail(c, obj);
+    val m = py_getattr(c, obj, name);
+    if (m.t != JT_UNDEF || m.o) return m;
+    return vundef_attr(c, obj, vobj(JT_STR, (void *)name), 0);
+}
+
 /* environment.getattr: getattr(obj, name), else obj[name], else undefined */
 val jgetattr(jctx *c, val obj, const jstr *name)
 {

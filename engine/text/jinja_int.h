@@ -176,7 +176,7 @@ typedef struct jctx {
     jscope *root;
 } jctx;
 
-/* lexer/parser (jinja_lex.c, jinja_parse.c) */
+/* template storage and lexer (jinja_lex.c), parser (jinja_parse.c) */
 void *jarena_alloc(jinja_tpl *t, size_t n);
 const jstr *jatom(jinja_tpl *t, const char *s, size_t n);   /* interned, immortal */
 jstr *jimmortal_str(jinja_tpl *t, const char *s, size_t n);
@@ -266,6 +266,7 @@ jlist *jiterate(jctx *c, val v);
 val jeval(jctx *c, const jnode *n);
 val jgetattr(jctx *c, val obj, const jstr *name);
 val jgetitem(jctx *c, val obj, val key);
+val jattr(jctx *c, val obj, const jstr *name);     /* getattr alone (the attr filter) */
 val jcall(jctx *c, val fn, int nargs, val *args, int nkw, const jstr **kwn, val *kwv);
 void jstep(jctx *c);
 
@@ -293,15 +294,18 @@ val jcase(jctx *c, jstr *s, int mode);
 val jstrip(jctx *c, jstr *s, const jstr *chars, int left, int right);
 val jreplace(jctx *c, jstr *s, jstr *old, jstr *rep, int64_t count);
 val jstr_call(jctx *c, int id, jstr *self, jargs *a);
-val jformat_brace(jctx *c, jstr *fmt, jargs *a);
+val jformat_brace(jctx *c, jstr *fmt, jargs *a);        /* jinja_fmt.c */
 int py_isalnum_cp(uint32_t cp);
+int64_t jcp_count(const char *s, size_t n);      /* code points in s[0..n) */
+size_t jcp_index(jstr *s, int64_t k);           /* byte offset of code point k (Python index rules) */
+int64_t jwant_int(jctx *c, val v, const char *what);
 static inline int is_markup(val v) { return v.t == JT_STR && S(v)->h.sub == STR_MARKUP; }
 val jmark(jctx *c, val v);             /* v (a new string, taken) as Markup; lists: their strings */
 val jescape(jctx *c, val v, int force); /* markupsafe.escape(v): a new reference */
 int64_t jbind(jctx *c, const char *fn, jargs *a, const char *const *names, int n, val *out);
 static inline int given(val v) { return !(v.t == JT_UNDEF && v.o == NULL); }
 
-/* builtins (jinja_lib.c) */
+/* filters and tests (jinja_lib.c), globals and methods (jinja_func.c) */
 int jfilter_id(const char *name, size_t n);
 int jtest_id(const char *name, size_t n);
 val jfilter_call(jctx *c, int id, val in, jargs *a);
@@ -311,6 +315,6 @@ val jfunc_call(jctx *c, jfunc *f, jargs *a);
 val jmethod(jctx *c, val obj, const jstr *name);   /* bound method, or an undefined */
 const char *jfunc_name(int id);
 val vglobal(jctx *c, int id);
-val jformat_percent(jctx *c, val fmt, val args);
+val jformat_percent(jctx *c, val fmt, val args);        /* jinja_fmt.c */
 
 #endif

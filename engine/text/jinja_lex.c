@@ -4,7 +4,8 @@
  * their side; a block or comment tag alone on its line takes the indentation
  * before it (unless written {%+) and the newline after it (unless +%});
  * {% raw %} passes text through; `}}` and `%}` end a tag only while its
- * brackets are balanced. String literals decode Python escapes. */
+ * brackets are balanced. String literals decode Python escapes. Also the
+ * template's storage: an arena for the tree and interned names. */
 #include "engine/text/jinja_int.h"
 #include "common/err.h"
 #include "common/utf8.h"
@@ -12,6 +13,90 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* ---- arena and atoms ---- */
+
+void *jarena_alloc(jinja_tpl *t, size_t n)
+{
+    n = (n + 15) & ~(size_t)15;
+    jarena *a = t->arena;
+    if (!a || a->used + n > a->cap) {
+        size_t cap = n > 65536 ? n : 65536;
+        a = malloc(sizeof *a + cap);
+        if (!a) return NULL;
+        a->cap = cap;
+        a->used = 0;
+        a->next = t->arena;
+        t->arena = a;
+    }
+    void *p = a->buf + a->used;
+    a->used += n;
+    memset(p, 0, n);
+    return p;
+}
+
+jstr *jimmortal_str(jinja_tpl *t, const char *s, size_t n)
+{
+    jstr *r = jarena_alloc(t, sizeof *r + n + 1);
+    if (!r) return NULL;
+    r->h.rc = RC_IMMORTAL;
+    r->h.kind = O_STR;
+    r->len = n;
+    r->nchars = -1;
+    memcpy(r->s, s, n);
+    r->s[n] = 0;
+    return r;
+}
+
+static uint64_t fnv(const char *s, size_t n)
+{
+    uint64_t h = 1469598103934665603ULL;
+    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ULL;
+    return h;
+}
+
+const jstr *jatom(jinja_tpl *t, const char *s, size_t n)
+{
+    if (t->natoms * 2 >= t->capatoms) {
+        size_t nc = t->capatoms ? t->capatoms * 2 : 256;
+        jstr **na = calloc(nc, sizeof *na);
+        if (!na) return NULL;
+        for (size_t i = 0; i < t->capatoms; i++) {
+            jstr *a = t->atoms[i];
+            if (!a) continue;
+            size_t k = fnv(a->s, a->len) & (nc - 1);
+            while (na[k]) k = (k + 1) & (nc - 1);
+            na[k] = a;
+        }
+        free(t->atoms);
+        t->atoms = na;
+        t->capatoms = nc;
+    }
+    size_t k = fnv(s, n) & (t->capatoms - 1);
+    while (t->atoms[k]) {
+        jstr *a = t->atoms[k];
+        if (a->len == n && memcmp(a->s, s, n) == 0) return a;
+        k = (k + 1) & (t->capatoms - 1);
+    }
+    jstr *a = jimmortal_str(t, s, n);
+    if (!a) return NULL;
+    t->atoms[k] = a;
+    t->natoms++;
+    return a;
+}
+
+void jinja_free(jinja_tpl *t)
+{
+    if (!t) return;
+    jarena *a = t->arena;
+    while (a) {
+        jarena *nx = a->next;
+        free(a);
+        a = nx;
+    }
+    free(t->atoms);
+    free(t);
+}
 
 typedef struct lexer {
     jinja_tpl *t;

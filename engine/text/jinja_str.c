@@ -1,17 +1,16 @@
 /* jinja_str.c — Python's str for templates: the methods the sandbox allows
  * (split, strip, startswith, replace, format, ...), case mapping over
- * Unicode (utf8proc), printf-style `%` formatting and str.format. Indexes
- * and lengths count code points, as Python's do. */
+ * Unicode (utf8proc), and Markup's escaping versions of them. Indexes and
+ * lengths count code points, as Python's do. */
 #include "engine/text/jinja_int.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <ctype.h>
 #include <string.h>
 #include <utf8proc.h>
 
-/* the numeric conversions hand Python's format specs to snprintf */
-#pragma GCC diagnostic ignored "-Wformat-nonliteral"
 
 /* ---- argument binding ---- */
 
@@ -37,7 +36,7 @@ static jstr *want_str(jctx *c, val v, const char *what)
     return S(v);
 }
 
-static int64_t want_int(jctx *c, val v, const char *what)
+int64_t jwant_int(jctx *c, val v, const char *what)
 {
     if (v.t != JT_INT && v.t != JT_BOOL)
         jfail(c, JE_TYPE, "'%s' object cannot be interpreted as an integer (%s)", jtype_name(v), what);
@@ -93,41 +92,208 @@ static void put_cp(jctx *c, jbuf *b, uint32_t cp)
     jbuf_put(c, b, tmp, utf8_enc(cp, tmp));
 }
 
+/* Python's full case mappings (SpecialCasing) where they differ from the one-to-one ones: upper, lower, title */
+static const struct { uint32_t cp; const char *upper, *lower, *title; } special_case[] = {
+    { 0x00df, "\x53\x53", NULL, "\x53\x73" },
+    { 0x0130, NULL, "\x69\xcc\x87", NULL },
+    { 0x0149, "\xca\xbc\x4e", NULL, "\xca\xbc\x4e" },
+    { 0x01f0, "\x4a\xcc\x8c", NULL, "\x4a\xcc\x8c" },
+    { 0x0390, "\xce\x99\xcc\x88\xcc\x81", NULL, "\xce\x99\xcc\x88\xcc\x81" },
+    { 0x03b0, "\xce\xa5\xcc\x88\xcc\x81", NULL, "\xce\xa5\xcc\x88\xcc\x81" },
+    { 0x0587, "\xd4\xb5\xd5\x92", NULL, "\xd4\xb5\xd6\x82" },
+    { 0x1e96, "\x48\xcc\xb1", NULL, "\x48\xcc\xb1" },
+    { 0x1e97, "\x54\xcc\x88", NULL, "\x54\xcc\x88" },
+    { 0x1e98, "\x57\xcc\x8a", NULL, "\x57\xcc\x8a" },
+    { 0x1e99, "\x59\xcc\x8a", NULL, "\x59\xcc\x8a" },
+    { 0x1e9a, "\x41\xca\xbe", NULL, "\x41\xca\xbe" },
+    { 0x1f50, "\xce\xa5\xcc\x93", NULL, "\xce\xa5\xcc\x93" },
+    { 0x1f52, "\xce\xa5\xcc\x93\xcc\x80", NULL, "\xce\xa5\xcc\x93\xcc\x80" },
+    { 0x1f54, "\xce\xa5\xcc\x93\xcc\x81", NULL, "\xce\xa5\xcc\x93\xcc\x81" },
+    { 0x1f56, "\xce\xa5\xcc\x93\xcd\x82", NULL, "\xce\xa5\xcc\x93\xcd\x82" },
+    { 0x1f80, "\xe1\xbc\x88\xce\x99", NULL, NULL },
+    { 0x1f81, "\xe1\xbc\x89\xce\x99", NULL, NULL },
+    { 0x1f82, "\xe1\xbc\x8a\xce\x99", NULL, NULL },
+    { 0x1f83, "\xe1\xbc\x8b\xce\x99", NULL, NULL },
+    { 0x1f84, "\xe1\xbc\x8c\xce\x99", NULL, NULL },
+    { 0x1f85, "\xe1\xbc\x8d\xce\x99", NULL, NULL },
+    { 0x1f86, "\xe1\xbc\x8e\xce\x99", NULL, NULL },
+    { 0x1f87, "\xe1\xbc\x8f\xce\x99", NULL, NULL },
+    { 0x1f88, "\xe1\xbc\x88\xce\x99", NULL, NULL },
+    { 0x1f89, "\xe1\xbc\x89\xce\x99", NULL, NULL },
+    { 0x1f8a, "\xe1\xbc\x8a\xce\x99", NULL, NULL },
+    { 0x1f8b, "\xe1\xbc\x8b\xce\x99", NULL, NULL },
+    { 0x1f8c, "\xe1\xbc\x8c\xce\x99", NULL, NULL },
+    { 0x1f8d, "\xe1\xbc\x8d\xce\x99", NULL, NULL },
+    { 0x1f8e, "\xe1\xbc\x8e\xce\x99", NULL, NULL },
+    { 0x1f8f, "\xe1\xbc\x8f\xce\x99", NULL, NULL },
+    { 0x1f90, "\xe1\xbc\xa8\xce\x99", NULL, NULL },
+    { 0x1f91, "\xe1\xbc\xa9\xce\x99", NULL, NULL },
+    { 0x1f92, "\xe1\xbc\xaa\xce\x99", NULL, NULL },
+    { 0x1f93, "\xe1\xbc\xab\xce\x99", NULL, NULL },
+    { 0x1f94, "\xe1\xbc\xac\xce\x99", NULL, NULL },
+    { 0x1f95, "\xe1\xbc\xad\xce\x99", NULL, NULL },
+    { 0x1f96, "\xe1\xbc\xae\xce\x99", NULL, NULL },
+    { 0x1f97, "\xe1\xbc\xaf\xce\x99", NULL, NULL },
+    { 0x1f98, "\xe1\xbc\xa8\xce\x99", NULL, NULL },
+    { 0x1f99, "\xe1\xbc\xa9\xce\x99", NULL, NULL },
+    { 0x1f9a, "\xe1\xbc\xaa\xce\x99", NULL, NULL },
+    { 0x1f9b, "\xe1\xbc\xab\xce\x99", NULL, NULL },
+    { 0x1f9c, "\xe1\xbc\xac\xce\x99", NULL, NULL },
+    { 0x1f9d, "\xe1\xbc\xad\xce\x99", NULL, NULL },
+    { 0x1f9e, "\xe1\xbc\xae\xce\x99", NULL, NULL },
+    { 0x1f9f, "\xe1\xbc\xaf\xce\x99", NULL, NULL },
+    { 0x1fa0, "\xe1\xbd\xa8\xce\x99", NULL, NULL },
+    { 0x1fa1, "\xe1\xbd\xa9\xce\x99", NULL, NULL },
+    { 0x1fa2, "\xe1\xbd\xaa\xce\x99", NULL, NULL },
+    { 0x1fa3, "\xe1\xbd\xab\xce\x99", NULL, NULL },
+    { 0x1fa4, "\xe1\xbd\xac\xce\x99", NULL, NULL },
+    { 0x1fa5, "\xe1\xbd\xad\xce\x99", NULL, NULL },
+    { 0x1fa6, "\xe1\xbd\xae\xce\x99", NULL, NULL },
+    { 0x1fa7, "\xe1\xbd\xaf\xce\x99", NULL, NULL },
+    { 0x1fa8, "\xe1\xbd\xa8\xce\x99", NULL, NULL },
+    { 0x1fa9, "\xe1\xbd\xa9\xce\x99", NULL, NULL },
+    { 0x1faa, "\xe1\xbd\xaa\xce\x99", NULL, NULL },
+    { 0x1fab, "\xe1\xbd\xab\xce\x99", NULL, NULL },
+    { 0x1fac, "\xe1\xbd\xac\xce\x99", NULL, NULL },
+    { 0x1fad, "\xe1\xbd\xad\xce\x99", NULL, NULL },
+    { 0x1fae, "\xe1\xbd\xae\xce\x99", NULL, NULL },
+    { 0x1faf, "\xe1\xbd\xaf\xce\x99", NULL, NULL },
+    { 0x1fb2, "\xe1\xbe\xba\xce\x99", NULL, "\xe1\xbe\xba\xcd\x85" },
+    { 0x1fb3, "\xce\x91\xce\x99", NULL, NULL },
+    { 0x1fb4, "\xce\x86\xce\x99", NULL, "\xce\x86\xcd\x85" },
+    { 0x1fb6, "\xce\x91\xcd\x82", NULL, "\xce\x91\xcd\x82" },
+    { 0x1fb7, "\xce\x91\xcd\x82\xce\x99", NULL, "\xce\x91\xcd\x82\xcd\x85" },
+    { 0x1fbc, "\xce\x91\xce\x99", NULL, NULL },
+    { 0x1fc2, "\xe1\xbf\x8a\xce\x99", NULL, "\xe1\xbf\x8a\xcd\x85" },
+    { 0x1fc3, "\xce\x97\xce\x99", NULL, NULL },
+    { 0x1fc4, "\xce\x89\xce\x99", NULL, "\xce\x89\xcd\x85" },
+    { 0x1fc6, "\xce\x97\xcd\x82", NULL, "\xce\x97\xcd\x82" },
+    { 0x1fc7, "\xce\x97\xcd\x82\xce\x99", NULL, "\xce\x97\xcd\x82\xcd\x85" },
+    { 0x1fcc, "\xce\x97\xce\x99", NULL, NULL },
+    { 0x1fd2, "\xce\x99\xcc\x88\xcc\x80", NULL, "\xce\x99\xcc\x88\xcc\x80" },
+    { 0x1fd3, "\xce\x99\xcc\x88\xcc\x81", NULL, "\xce\x99\xcc\x88\xcc\x81" },
+    { 0x1fd6, "\xce\x99\xcd\x82", NULL, "\xce\x99\xcd\x82" },
+    { 0x1fd7, "\xce\x99\xcc\x88\xcd\x82", NULL, "\xce\x99\xcc\x88\xcd\x82" },
+    { 0x1fe2, "\xce\xa5\xcc\x88\xcc\x80", NULL, "\xce\xa5\xcc\x88\xcc\x80" },
+    { 0x1fe3, "\xce\xa5\xcc\x88\xcc\x81", NULL, "\xce\xa5\xcc\x88\xcc\x81" },
+    { 0x1fe4, "\xce\xa1\xcc\x93", NULL, "\xce\xa1\xcc\x93" },
+    { 0x1fe6, "\xce\xa5\xcd\x82", NULL, "\xce\xa5\xcd\x82" },
+    { 0x1fe7, "\xce\xa5\xcc\x88\xcd\x82", NULL, "\xce\xa5\xcc\x88\xcd\x82" },
+    { 0x1ff2, "\xe1\xbf\xba\xce\x99", NULL, "\xe1\xbf\xba\xcd\x85" },
+    { 0x1ff3, "\xce\xa9\xce\x99", NULL, NULL },
+    { 0x1ff4, "\xce\x8f\xce\x99", NULL, "\xce\x8f\xcd\x85" },
+    { 0x1ff6, "\xce\xa9\xcd\x82", NULL, "\xce\xa9\xcd\x82" },
+    { 0x1ff7, "\xce\xa9\xcd\x82\xce\x99", NULL, "\xce\xa9\xcd\x82\xcd\x85" },
+    { 0x1ffc, "\xce\xa9\xce\x99", NULL, NULL },
+    { 0xfb00, "\x46\x46", NULL, "\x46\x66" },
+    { 0xfb01, "\x46\x49", NULL, "\x46\x69" },
+    { 0xfb02, "\x46\x4c", NULL, "\x46\x6c" },
+    { 0xfb03, "\x46\x46\x49", NULL, "\x46\x66\x69" },
+    { 0xfb04, "\x46\x46\x4c", NULL, "\x46\x66\x6c" },
+    { 0xfb05, "\x53\x54", NULL, "\x53\x74" },
+    { 0xfb06, "\x53\x54", NULL, "\x53\x74" },
+    { 0xfb13, "\xd5\x84\xd5\x86", NULL, "\xd5\x84\xd5\xb6" },
+    { 0xfb14, "\xd5\x84\xd4\xb5", NULL, "\xd5\x84\xd5\xa5" },
+    { 0xfb15, "\xd5\x84\xd4\xbb", NULL, "\xd5\x84\xd5\xab" },
+    { 0xfb16, "\xd5\x8e\xd5\x86", NULL, "\xd5\x8e\xd5\xb6" },
+    { 0xfb17, "\xd5\x84\xd4\xbd", NULL, "\xd5\x84\xd5\xad" },
+};
+
+/* which: 0 upper, 1 lower, 2 title; the special mapping or NULL */
+static const char *special(uint32_t cp, int which)
+{
+    if (cp < 0xdf) return NULL;
+    size_t lo = 0, hi = sizeof special_case / sizeof *special_case;
+    while (lo < hi) {
+        size_t m = (lo + hi) / 2;
+        if (special_case[m].cp == cp)
+            return which == 0 ? special_case[m].upper : which == 1 ? special_case[m].lower : special_case[m].title;
+        if (special_case[m].cp < cp) lo = m + 1;
+        else hi = m;
+    }
+    return NULL;
+}
+
 static void put_upper(jctx *c, jbuf *b, uint32_t cp)
 {
-    if (cp == 0xDF) { jbuf_put(c, b, "SS", 2); return; }   /* full case mapping of ß */
-    put_cp(c, b, (uint32_t)utf8proc_toupper((utf8proc_int32_t)cp));
+    const char *x = special(cp, 0);
+    if (x) jbuf_put(c, b, x, strlen(x));
+    else put_cp(c, b, (uint32_t)utf8proc_toupper((utf8proc_int32_t)cp));
 }
 
 static void put_title(jctx *c, jbuf *b, uint32_t cp)
 {
-    if (cp == 0xDF) { jbuf_put(c, b, "Ss", 2); return; }
-    put_cp(c, b, (uint32_t)utf8proc_totitle((utf8proc_int32_t)cp));
+    const char *x = special(cp, 2);
+    if (x) jbuf_put(c, b, x, strlen(x));
+    else put_cp(c, b, (uint32_t)utf8proc_totitle((utf8proc_int32_t)cp));
 }
 
-static void put_lower(jctx *c, jbuf *b, uint32_t cp) { put_cp(c, b, (uint32_t)utf8proc_tolower((utf8proc_int32_t)cp)); }
+static int case_ignorable(uint32_t cp)
+{
+    if (cp == '\'' || cp == '.' || cp == ':' || cp == 0xAD || cp == 0x2019 || cp == 0xB7) return 1;
+    switch ((int)utf8proc_category((utf8proc_int32_t)cp)) {
+    case UTF8PROC_CATEGORY_MN: case UTF8PROC_CATEGORY_ME: case UTF8PROC_CATEGORY_CF: case UTF8PROC_CATEGORY_LM:
+    case UTF8PROC_CATEGORY_SK:
+        return 1;
+    }
+    return 0;
+}
+
+/* Python lowers a capital sigma to the final form at the end of a word:
+ * after a cased letter and before none (case-ignorable characters skipped) */
+static int final_sigma(const char *s, size_t n, size_t from, size_t at, size_t k)
+{
+    int before = 0, after = 0;
+    for (size_t p = at; p > from;) {
+        size_t q = p - 1;
+        while (q > from && ((unsigned char)s[q] & 0xC0) == 0x80) q--;
+        uint32_t cp;
+        utf8_dec(s + q, p - q, &cp);
+        p = q;
+        if (case_ignorable(cp)) continue;
+        before = is_cased(cp);
+        break;
+    }
+    for (size_t p = at + k; p < n;) {
+        uint32_t cp;
+        p += (size_t)utf8_dec(s + p, n - p, &cp);
+        if (case_ignorable(cp)) continue;
+        after = is_cased(cp);
+        break;
+    }
+    return before && !after;
+}
+
+static void put_lower_at(jctx *c, jbuf *b, uint32_t cp, const jstr *s, size_t from, size_t at, size_t k)
+{
+    if (cp == 0x3A3 && final_sigma(s->s, s->len, from, at, k)) { put_cp(c, b, 0x3C2); return; }
+    const char *x = special(cp, 1);
+    if (x) jbuf_put(c, b, x, strlen(x));
+    else put_cp(c, b, (uint32_t)utf8proc_tolower((utf8proc_int32_t)cp));
+}
 
 val jcase(jctx *c, jstr *s, int mode)
 {
     jbuf b;
     jbuf_init(c, &b);
     int prev_cased = 0, first = 1, word_start = 1;
+    size_t from = 0;   /* the title filter lowers each word's tail on its own */
     for (size_t i = 0; i < s->len;) {
         uint32_t cp;
         size_t k = (size_t)utf8_dec(s->s + i, s->len - i, &cp);
         switch (mode) {
-        case CASE_LOWER: if (cp < 0x80) jbuf_putc(c, &b, (char)(cp >= 'A' && cp <= 'Z' ? cp + 32 : cp)); else put_lower(c, &b, cp); break;
+        case CASE_LOWER: if (cp < 0x80) jbuf_putc(c, &b, (char)(cp >= 'A' && cp <= 'Z' ? cp + 32 : cp)); else put_lower_at(c, &b, cp, s, from, i, k); break;
         case CASE_UPPER: if (cp < 0x80) jbuf_putc(c, &b, (char)(cp >= 'a' && cp <= 'z' ? cp - 32 : cp)); else put_upper(c, &b, cp); break;
-        case CASE_CAPITALIZE: if (first) put_title(c, &b, cp); else put_lower(c, &b, cp); break;
+        case CASE_CAPITALIZE: if (first) put_title(c, &b, cp); else put_lower_at(c, &b, cp, s, from, i, k); break;
         case CASE_SWAP:
             if (cased_lower(cp)) put_upper(c, &b, cp);
-            else if (cased_upper(cp)) put_lower(c, &b, cp);
+            else if (utf8proc_category((utf8proc_int32_t)cp) == UTF8PROC_CATEGORY_LU) put_lower_at(c, &b, cp, s, from, i, k);
             else put_cp(c, &b, cp);
             break;
         case CASE_TITLE:
             /* str.title(): a cased character after an uncased one starts a word */
             if (is_cased(cp)) {
-                if (prev_cased) put_lower(c, &b, cp); else put_title(c, &b, cp);
+                if (prev_cased) put_lower_at(c, &b, cp, s, from, i, k); else put_title(c, &b, cp);
                 prev_cased = 1;
             } else {
                 put_cp(c, &b, cp);
@@ -140,7 +306,8 @@ val jcase(jctx *c, jstr *s, int mode)
                 put_cp(c, &b, cp);
                 word_start = 1;
             } else {
-                if (word_start) put_upper(c, &b, cp); else put_lower(c, &b, cp);
+                if (word_start) { put_upper(c, &b, cp); from = i + k; }
+                else put_lower_at(c, &b, cp, s, from, i, k);
                 word_start = 0;
             }
             break;
@@ -327,7 +494,7 @@ static val splitlines(jctx *c, jstr *s, int keepends)
 /* ---- find / count ---- */
 
 /* byte offset of code point index k (clamped, Python slice rules) */
-static size_t cp_index(jstr *s, int64_t k)
+size_t jcp_index(jstr *s, int64_t k)
 {
     int64_t n = jstr_nchars(s);
     if (k < 0) k += n;
@@ -343,7 +510,7 @@ static size_t cp_index(jstr *s, int64_t k)
     return i;
 }
 
-static int64_t cp_count(const char *s, size_t n)
+int64_t jcp_count(const char *s, size_t n)
 {
     int64_t k = 0;
     for (size_t i = 0; i < n; i++) k += ((unsigned char)s[i] & 0xC0) != 0x80;
@@ -354,8 +521,8 @@ static void range_args(jctx *c, jstr *s, val a, val b, size_t *lo, size_t *hi)
 {
     *lo = 0;
     *hi = s->len;
-    if (given(a) && a.t != JT_NONE) *lo = cp_index(s, want_int(c, a, "start"));
-    if (given(b) && b.t != JT_NONE) *hi = cp_index(s, want_int(c, b, "end"));
+    if (given(a) && a.t != JT_NONE) *lo = jcp_index(s, jwant_int(c, a, "start"));
+    if (given(b) && b.t != JT_NONE) *hi = jcp_index(s, jwant_int(c, b, "end"));
 }
 
 static int64_t find(jctx *c, jstr *s, jstr *sub, size_t lo, size_t hi, int rev)
@@ -364,10 +531,10 @@ static int64_t find(jctx *c, jstr *s, jstr *sub, size_t lo, size_t hi, int rev)
     if (hi < lo || hi - lo < sub->len) return -1;
     if (!rev) {
         const char *h = sub->len ? memmem(s->s + lo, hi - lo, sub->s, sub->len) : s->s + lo;
-        return h ? cp_count(s->s, (size_t)(h - s->s)) : -1;
+        return h ? jcp_count(s->s, (size_t)(h - s->s)) : -1;
     }
     for (size_t q = hi - sub->len + 1; q-- > lo;)
-        if (memcmp(s->s + q, sub->s, sub->len) == 0) return cp_count(s->s, q);
+        if (memcmp(s->s + q, sub->s, sub->len) == 0) return jcp_count(s->s, q);
     return -1;
 }
 
@@ -387,7 +554,7 @@ static int affix(jctx *c, jstr *s, val what, size_t lo, size_t hi, int suffix, c
 
 static val pad(jctx *c, jstr *s, val width, val fill, int align, int zfill)
 {
-    int64_t w = want_int(c, width, "width"), n = jstr_nchars(s);
+    int64_t w = jwant_int(c, width, "width"), n = jstr_nchars(s);
     const char *f = " ";
     size_t fl = 1;
     if (given(fill)) {
@@ -471,7 +638,7 @@ static val partition(jctx *c, jstr *s, val sepv, int rev)
         else { jlist_push(c, r, whole); jlist_push(c, r, vstr(c, "", 0)); jlist_push(c, r, vstr(c, "", 0)); }
         return vlist(r);
     }
-    size_t b = cp_index(s, at);
+    size_t b = jcp_index(s, at);
     jlist_push(c, r, vstr(c, s->s, b));
     jlist_push(c, r, jref(sepv));
     jlist_push(c, r, vstr(c, s->s + b + sep->len, s->len - b - sep->len));
@@ -501,7 +668,7 @@ static val str_call(jctx *c, int id, jstr *s, jargs *a)
     case JF_S_RSPLIT: {
         static const char *const n[] = { "sep", "maxsplit" };
         jbind(c, "split", a, n, 2, v);
-        int64_t maxsplit = given(v[1]) ? want_int(c, v[1], "maxsplit") : -1;
+        int64_t maxsplit = given(v[1]) ? jwant_int(c, v[1], "maxsplit") : -1;
         if (!given(v[0]) || v[0].t == JT_NONE) return split_ws(c, s, maxsplit, id == JF_S_RSPLIT);
         return split_sep(c, s, want_str(c, v[0], "sep"), maxsplit, id == JF_S_RSPLIT);
     }
@@ -525,7 +692,7 @@ static val str_call(jctx *c, int id, jstr *s, jargs *a)
         jbind(c, "replace", a, n, 3, v);
         if (!given(v[1])) jfail(c, JE_TYPE, "replace expected at least 2 arguments, got %d", a->n);
         return jreplace(c, s, want_str(c, v[0], "replace() argument 1"), want_str(c, v[1], "replace() argument 2"),
-                        given(v[2]) ? want_int(c, v[2], "count") : -1);
+                        given(v[2]) ? jwant_int(c, v[2], "count") : -1);
     }
     case JF_S_FIND:
     case JF_S_RFIND:
@@ -540,7 +707,7 @@ static val str_call(jctx *c, int id, jstr *s, jargs *a)
         range_args(c, s, v[1], v[2], &lo, &hi);
         if (id == JF_S_COUNT) {
             if (hi < lo) return vint(0);
-            if (!sub->len) return vint(cp_count(s->s + lo, hi - lo) + 1);
+            if (!sub->len) return vint(jcp_count(s->s + lo, hi - lo) + 1);
             int64_t k = 0;
             for (size_t i = lo; i + sub->len <= hi;) {
                 const char *h = memmem(s->s + i, hi - i, sub->s, sub->len);
@@ -616,380 +783,6 @@ static val str_call(jctx *c, int id, jstr *s, jargs *a)
     case JF_S_FORMAT: return jformat_brace(c, s, a);
     }
     jfail(c, JE_RUNTIME, "unknown string method");
-}
-
-/* ---- printf-style formatting ---- */
-
-static void put_padded(jctx *c, jbuf *b, const char *s, size_t n, int64_t width, int left)
-{
-    int64_t k = cp_count(s, n);
-    if (!left) for (int64_t i = k; i < width; i++) jbuf_putc(c, b, ' ');
-    jbuf_put(c, b, s, n);
-    if (left) for (int64_t i = k; i < width; i++) jbuf_putc(c, b, ' ');
-}
-
-val jformat_percent(jctx *c, val fmtv, val args)
-{
-    jstr *f = S(fmtv);
-    jlist *tup = args.t == JT_LIST && L(args)->h.sub == L_TUPLE ? L(args) : NULL;
-    int is_map = args.t == JT_DICT;
-    size_t ai = 0;
-    int used_single = 0;
-    jbuf b;
-    jbuf_init(c, &b);
-    for (size_t i = 0; i < f->len;) {
-        const char *pct = memchr(f->s + i, '%', f->len - i);
-        if (!pct) { jbuf_put(c, &b, f->s + i, f->len - i); break; }
-        size_t p = (size_t)(pct - f->s);
-        jbuf_put(c, &b, f->s + i, p - i);
-        size_t q = p + 1;
-        val arg = vundef0();
-        int have_key = 0;
-        if (q < f->len && f->s[q] == '(') {
-            size_t e = q + 1;
-            int depth = 1;
-            while (e < f->len && depth) { if (f->s[e] == '(') depth++; else if (f->s[e] == ')') depth--; e++; }
-            if (depth) jfail(c, JE_VALUE, "incomplete format key");
-            if (!is_map) jfail(c, JE_TYPE, "format requires a mapping");
-            val *x = jdict_gets(D(args), f->s + q + 1, e - q - 2);
-            if (!x) {
-                val k = vstr(c, f->s + q + 1, e - q - 2);
-                jbuf kb;
-                jbuf_init(c, &kb);
-                jrepr(c, &kb, k);
-                jfail(c, JE_RUNTIME, "KeyError: %s", kb.s);
-            }
-            arg = *x;
-            have_key = 1;
-            q = e;
-        }
-        char flags[8];
-        int nf = 0;
-        while (q < f->len && strchr("-+ #0", f->s[q]) && nf < 7) flags[nf++] = f->s[q++];
-        flags[nf] = 0;
-        int64_t width = -1, prec = -1;
-#define NEXT_ARG(dst) do { \
-            if (tup) { if (ai >= tup->n) jfail(c, JE_TYPE, "not enough arguments for format string"); dst = tup->v[ai++]; } \
-            else { if (used_single) jfail(c, JE_TYPE, "not enough arguments for format string"); dst = args; used_single = 1; } \
-        } while (0)
-        if (q < f->len && f->s[q] == '*') {
-            val w;
-            NEXT_ARG(w);
-            width = want_int(c, w, "* wants int");
-            q++;
-        } else {
-            while (q < f->len && f->s[q] >= '0' && f->s[q] <= '9') { width = (width < 0 ? 0 : width) * 10 + (f->s[q++] - '0'); if (width > 1000000) jfail(c, JE_VALUE, "width too big"); }
-        }
-        if (q < f->len && f->s[q] == '.') {
-            q++;
-            prec = 0;
-            if (q < f->len && f->s[q] == '*') {
-                val w;
-                NEXT_ARG(w);
-                prec = want_int(c, w, "* wants int");
-                q++;
-            } else {
-                while (q < f->len && f->s[q] >= '0' && f->s[q] <= '9') { prec = prec * 10 + (f->s[q++] - '0'); if (prec > 1000) jfail(c, JE_VALUE, "precision too big"); }
-            }
-        }
-        while (q < f->len && strchr("hlL", f->s[q])) q++;
-        if (q >= f->len) jfail(c, JE_VALUE, "incomplete format");
-        char conv = f->s[q++];
-        i = q;
-        if (conv == '%') { jbuf_putc(c, &b, '%'); continue; }
-        if (!have_key) {
-            if (is_map) arg = args, used_single = 1;
-            else NEXT_ARG(arg);
-        }
-        int left = strchr(flags, '-') != NULL;
-        switch (conv) {
-        case 's': case 'r': case 'a': {
-            jbuf t;
-            jbuf_init(c, &t);
-            if (conv == 's') jstr_of(c, &t, arg); else jrepr(c, &t, arg);
-            size_t n = t.n;
-            if (prec >= 0) {
-                size_t o = 0;
-                for (int64_t k = 0; k < prec && o < n; k++) {
-                    o++;
-                    while (o < n && ((unsigned char)t.s[o] & 0xC0) == 0x80) o++;
-                }
-                n = o;
-            }
-            put_padded(c, &b, t.s ? t.s : "", n, width, left);
-            jbuf_free(c, &t);
-            break;
-        }
-        case 'c': {
-            char tmp[8];
-            size_t n;
-            if (arg.t == JT_STR && jstr_nchars(S(arg)) == 1) { n = S(arg)->len; memcpy(tmp, S(arg)->s, n); }
-            else if (arg.t == JT_INT && arg.i >= 0 && arg.i <= 0x10FFFF) n = utf8_enc((uint32_t)arg.i, tmp);
-            else jfail(c, JE_TYPE, "%%c requires int or char");
-            put_padded(c, &b, tmp, n, width, left);
-            break;
-        }
-        case 'd': case 'i': case 'u': case 'o': case 'x': case 'X': case 'e': case 'E': case 'f': case 'F':
-        case 'g': case 'G': {
-            int is_float = strchr("eEfFgG", conv) != NULL;
-            if (arg.t == JT_UNDEF) jundef_fail(c, arg);
-            if (arg.t != JT_INT && arg.t != JT_BOOL && arg.t != JT_FLOAT) {
-                if (is_float) jfail(c, JE_TYPE, "must be real number, not %s", jtype_name(arg));
-                jfail(c, JE_TYPE, "%%%c format: %s is required, not %s", conv,
-                      strchr("oxX", conv) ? "an integer" : "a real number", jtype_name(arg));
-            }
-            if (!is_float && arg.t == JT_FLOAT && strchr("oxX", conv))
-                jfail(c, JE_TYPE, "%%%c format: an integer is required, not float", conv);
-            char spec[32], out[1100];
-            if (is_float) {
-                double x = arg.t == JT_FLOAT ? arg.f : (double)arg.i;
-                if (!isfinite(x)) {
-                    const char *t = isnan(x) ? "nan" : x < 0 ? "-inf" : (strchr(flags, '+') ? "+inf" : "inf");
-                    put_padded(c, &b, t, strlen(t), width, left);
-                    break;
-                }
-                snprintf(spec, sizeof spec, "%%%s%s%s%c", flags, width >= 0 ? "*" : "", ".*", conv == 'F' ? 'f' : conv);
-                if (width >= 0) snprintf(out, sizeof out, spec, (int)width, (int)(prec < 0 ? 6 : prec), x);
-                else snprintf(out, sizeof out, spec, (int)(prec < 0 ? 6 : prec), x);
-            } else {
-                long long x = arg.t == JT_FLOAT ? (long long)arg.f : (long long)arg.i;
-                char cv = conv == 'i' || conv == 'u' ? 'd' : conv;
-                snprintf(spec, sizeof spec, "%%%s%s%sll%c", flags, width >= 0 ? "*" : "", prec >= 0 ? ".*" : "", cv);
-                if (width >= 0 && prec >= 0) snprintf(out, sizeof out, spec, (int)width, (int)prec, x);
-                else if (width >= 0) snprintf(out, sizeof out, spec, (int)width, x);
-                else if (prec >= 0) snprintf(out, sizeof out, spec, (int)prec, x);
-                else snprintf(out, sizeof out, spec, x);
-                if (conv == 'o' && strchr(flags, '#')) {
-                    /* Python writes 0o17 where C writes 017 */
-                    char *z = strchr(out, '0');
-                    if (z) { memmove(z + 2, z + 1, strlen(z + 1) + 1); z[1] = 'o'; }
-                }
-            }
-            jbuf_put(c, &b, out, strlen(out));
-            break;
-        }
-        default:
-            jfail(c, JE_VALUE, "unsupported format character '%c' (0x%x) at index %zu", conv, (unsigned char)conv, q - 1);
-        }
-#undef NEXT_ARG
-    }
-    if ((tup && ai < tup->n) || (!tup && !is_map && !used_single))
-        jfail(c, JE_TYPE, "not all arguments converted during string formatting");
-    return jbuf_take(c, &b);
-}
-
-/* ---- str.format ---- */
-
-static val format_spec(jctx *c, val v, const char *spec, size_t sn)
-{
-    if (!sn) return vstr_of(c, v);
-    /* [[fill]align][sign][#][0][width][,_][.precision][type] */
-    size_t i = 0;
-    const char *fill = " ";
-    size_t fill_n = 1;
-    char align = 0, sign = 0, type = 0;
-    int alt = 0, zero = 0, grouping = 0;
-    int64_t width = -1, prec = -1;
-    uint32_t cp;
-    size_t k = sn ? (size_t)utf8_dec(spec, sn, &cp) : 0;
-    if (k < sn && strchr("<>=^", spec[k])) { fill = spec; fill_n = k; align = spec[k]; i = k + 1; }
-    else if (sn && strchr("<>=^", spec[0])) { align = spec[0]; i = 1; }
-    if (i < sn && strchr("+- ", spec[i])) sign = spec[i++];
-    if (i < sn && spec[i] == '#') { alt = 1; i++; }
-    if (i < sn && spec[i] == '0') { zero = 1; i++; }
-    while (i < sn && spec[i] >= '0' && spec[i] <= '9') { width = (width < 0 ? 0 : width) * 10 + (spec[i++] - '0'); if (width > 1000000) jfail(c, JE_VALUE, "Too many decimal digits in format string"); }
-    if (i < sn && (spec[i] == ',' || spec[i] == '_')) { grouping = spec[i]; i++; }
-    if (i < sn && spec[i] == '.') {
-        i++;
-        prec = 0;
-        while (i < sn && spec[i] >= '0' && spec[i] <= '9') { prec = prec * 10 + (spec[i++] - '0'); if (prec > 1000) jfail(c, JE_VALUE, "Too many decimal digits in format string"); }
-    }
-    if (i < sn) type = spec[i++];
-    if (i < sn) jfail(c, JE_VALUE, "Invalid format specifier");
-    (void)alt;
-    (void)grouping;
-    char body[1200];
-    size_t bn;
-    int numeric = 0;
-    if (v.t == JT_STR || v.t == JT_NONE || v.t == JT_LIST || v.t == JT_DICT || v.t == JT_UNDEF) {
-        if (type && type != 's') jfail(c, JE_VALUE, "Unknown format code '%c' for object of type '%s'", type, jtype_name(v));
-        if (v.t != JT_STR && (sign || zero)) jfail(c, JE_VALUE, "Sign not allowed in string format specifier");
-        val sv = vstr_of(c, v);
-        jstr *s = S(sv);
-        size_t n = prec >= 0 ? cp_index(s, prec) : s->len;
-        jbuf b;
-        jbuf_init(c, &b);
-        int64_t nc = cp_count(s->s, n), pad_n = width > nc ? width - nc : 0;
-        char al = align ? align : '<';
-        int64_t left = al == '>' ? pad_n : al == '^' ? pad_n / 2 : 0;
-        for (int64_t j = 0; j < left; j++) jbuf_put(c, &b, fill, fill_n);
-        jbuf_put(c, &b, s->s, n);
-        for (int64_t j = left; j < pad_n; j++) jbuf_put(c, &b, fill, fill_n);
-        junref(c, sv);
-        return jbuf_take(c, &b);
-    }
-    if (v.t == JT_INT || v.t == JT_BOOL || v.t == JT_FLOAT) {
-        numeric = 1;
-        char cs[40];
-        int is_f = v.t == JT_FLOAT || (type && strchr("eEfFgG%", type));
-        if (is_f) {
-            double x = v.t == JT_FLOAT ? v.f : (double)v.i;
-            char t = type ? type : 'g';
-            if (t == '%') { x *= 100; t = 'f'; }
-            if (!type && prec < 0) { jfloat_repr(body, sizeof body, x); bn = strlen(body); goto signed_; }
-            snprintf(cs, sizeof cs, "%%%s.*%c", sign == '+' ? "+" : sign == ' ' ? " " : "", t == 'F' ? 'f' : t);
-            snprintf(body, sizeof body, cs, (int)(prec < 0 ? 6 : prec), x);
-            if (type == '%') strcat(body, "%");
-        } else {
-            if (type && !strchr("dxXobcn", type)) jfail(c, JE_VALUE, "Unknown format code '%c' for object of type 'int'", type);
-            long long x = v.i;
-            char t = type ? type : 'd';
-            if (t == 'n') t = 'd';
-            if (t == 'b') {
-                char tmp[80];
-                int n = 0;
-                unsigned long long u = x < 0 ? 0ULL - (unsigned long long)x : (unsigned long long)x;
-                do { tmp[n++] = (char)('0' + (u & 1)); u >>= 1; } while (u);
-                size_t o = 0;
-                if (x < 0) body[o++] = '-'; else if (sign == '+') body[o++] = '+'; else if (sign == ' ') body[o++] = ' ';
-                while (n) body[o++] = tmp[--n];
-                body[o] = 0;
-            } else if (t == 'c') {
-                body[utf8_enc((uint32_t)x, body)] = 0;
-            } else {
-                snprintf(cs, sizeof cs, "%%%sll%c", sign == '+' ? "+" : sign == ' ' ? " " : "", t);
-                snprintf(body, sizeof body, cs, x);
-            }
-        }
-        bn = strlen(body);
-    signed_:;
-        jbuf b;
-        jbuf_init(c, &b);
-        int64_t pad_n = width > (int64_t)bn ? width - (int64_t)bn : 0;
-        char al = align ? align : (zero ? '=' : '>');
-        if (zero && !align) { fill = "0"; fill_n = 1; }
-        if (al == '=') {
-            size_t sgn = (bn && (body[0] == '-' || body[0] == '+' || body[0] == ' ')) ? 1 : 0;
-            jbuf_put(c, &b, body, sgn);
-            for (int64_t j = 0; j < pad_n; j++) jbuf_put(c, &b, fill, fill_n);
-            jbuf_put(c, &b, body + sgn, bn - sgn);
-        } else {
-            int64_t left = al == '>' ? pad_n : al == '^' ? pad_n / 2 : 0;
-            for (int64_t j = 0; j < left; j++) jbuf_put(c, &b, fill, fill_n);
-            jbuf_put(c, &b, body, bn);
-            for (int64_t j = left; j < pad_n; j++) jbuf_put(c, &b, fill, fill_n);
-        }
-        (void)numeric;
-        return jbuf_take(c, &b);
-    }
-    jfail(c, JE_TYPE, "unsupported format string passed to %s.__format__", jtype_name(v));
-}
-
-val jformat_brace(jctx *c, jstr *f, jargs *a)
-{
-    jbuf b;
-    jbuf_init(c, &b);
-    int auto_idx = 0, manual = 0;
-    for (size_t i = 0; i < f->len;) {
-        char ch = f->s[i];
-        if (ch == '}') {
-            if (i + 1 < f->len && f->s[i + 1] == '}') { jbuf_putc(c, &b, '}'); i += 2; continue; }
-            jfail(c, JE_VALUE, "Single '}' encountered in format string");
-        }
-        if (ch != '{') {
-            size_t e = i;
-            while (e < f->len && f->s[e] != '{' && f->s[e] != '}') e++;
-            jbuf_put(c, &b, f->s + i, e - i);
-            i = e;
-            continue;
-        }
-        if (i + 1 < f->len && f->s[i + 1] == '{') { jbuf_putc(c, &b, '{'); i += 2; continue; }
-        /* {field!conv:spec} */
-        size_t e = i + 1;
-        int depth = 1;
-        while (e < f->len && depth) {
-            if (f->s[e] == '{') depth++;
-            else if (f->s[e] == '}') depth--;
-            if (depth) e++;
-        }
-        if (e >= f->len) jfail(c, JE_VALUE, "expected '}' before end of string");
-        const char *fld = f->s + i + 1;
-        size_t fl = e - i - 1, name_end = 0;
-        while (name_end < fl && fld[name_end] != '!' && fld[name_end] != ':') name_end++;
-        size_t first_end = 0;
-        while (first_end < name_end && fld[first_end] != '.' && fld[first_end] != '[') first_end++;
-        val v;
-        if (first_end == 0) {
-            if (manual) jfail(c, JE_VALUE, "cannot switch from manual field specification to automatic field numbering");
-            if (auto_idx >= a->n) jfail(c, JE_RUNTIME, "IndexError: Replacement index %d out of range for positional args tuple", auto_idx);
-            v = jref(a->v[auto_idx++]);
-        } else if (fld[0] >= '0' && fld[0] <= '9') {
-            if (auto_idx) jfail(c, JE_VALUE, "cannot switch from automatic field numbering to manual field specification");
-            manual = 1;
-            long idx = strtol(fld, NULL, 10);
-            if (idx >= a->n) jfail(c, JE_RUNTIME, "IndexError: Replacement index %ld out of range for positional args tuple", idx);
-            v = jref(a->v[idx]);
-        } else {
-            int k;
-            for (k = 0; k < a->nk; k++)
-                if (a->kn[k]->len == first_end && !memcmp(a->kn[k]->s, fld, first_end)) break;
-            if (k == a->nk) jfail(c, JE_RUNTIME, "KeyError: '%.*s'", (int)first_end, fld);
-            v = jref(a->kv[k]);
-        }
-        for (size_t p = first_end; p < name_end;) {
-            if (fld[p] == '.') {
-                size_t q = ++p;
-                while (q < name_end && fld[q] != '.' && fld[q] != '[') q++;
-                val key = vstr(c, fld + p, q - p);
-                val nv = jgetattr(c, v, S(key));
-                junref(c, key);
-                junref(c, v);
-                v = nv;
-                p = q;
-            } else {
-                size_t q = ++p;
-                while (q < name_end && fld[q] != ']') q++;
-                val key;
-                char *endp;
-                char tmp[32];
-                size_t kl = q - p < sizeof tmp - 1 ? q - p : sizeof tmp - 1;
-                memcpy(tmp, fld + p, kl);
-                tmp[kl] = 0;
-                long idx = strtol(tmp, &endp, 10);
-                key = kl && *endp == 0 ? vint(idx) : vstr(c, fld + p, q - p);
-                val nv = jgetitem(c, v, key);
-                junref(c, key);
-                junref(c, v);
-                v = nv;
-                p = q + 1;
-            }
-        }
-        size_t p = name_end;
-        char conv = 0;
-        if (p < fl && fld[p] == '!') { conv = p + 1 < fl ? fld[p + 1] : 0; p += 2; }
-        const char *spec = "";
-        size_t sn = 0;
-        if (p < fl && fld[p] == ':') { spec = fld + p + 1; sn = fl - p - 1; }
-        if (conv == 'r' || conv == 'a') {
-            jbuf t;
-            jbuf_init(c, &t);
-            jrepr(c, &t, v);
-            junref(c, v);
-            v = jbuf_take(c, &t);
-        } else if (conv == 's') {
-            val sv = vstr_of(c, v);
-            junref(c, v);
-            v = sv;
-        } else if (conv) {
-            jfail(c, JE_VALUE, "Unknown conversion specifier %c", conv);
-        }
-        val r = format_spec(c, v, spec, sn);
-        jbuf_put(c, &b, S(r)->s, S(r)->len);
-        junref(c, r);
-        junref(c, v);
-        i = e + 1;
-    }
-    return jbuf_take(c, &b);
 }
 
 /* ---- Markup ---- */

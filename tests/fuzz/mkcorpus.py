@@ -316,12 +316,56 @@ def tok_seeds():
                 put("fuzz_tok", "v%d-m%d-%d" % (v, mode, i), bytes([b]) + t)
 
 
+# ---------------------------------------------------------------- jinja
+def jinja_seeds():
+    """Every fixture chat template with one of three conversations, and
+    small templates for the constructs the real ones rarely use."""
+    jsep = b"\n#--8<--#\n"
+    weather = {"type": "function", "function": {"name": "get_weather", "description": "Weather <now> & later.",
+               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+    convs = [
+        {"messages": [{"role": "user", "content": "Hello!"}], "add_generation_prompt": True,
+         "bos_token": "<s>", "eos_token": "</s>"},
+        {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Zürich?"},
+                      {"role": "assistant", "content": "", "tool_calls": [{"id": "call_1", "type": "function",
+                       "function": {"name": "get_weather", "arguments": {"city": "Zürich"}}}]},
+                      {"role": "tool", "tool_call_id": "call_1", "content": "{\"temp\": 12}"}],
+         "tools": [weather], "add_generation_prompt": True, "bos_token": "<s>", "eos_token": "</s>"},
+        {"messages": [{"role": "assistant", "content": "odd start 🙂"}, {"role": "user", "content": "ok"},
+                      {"role": "user", "content": [{"type": "text", "text": "parts"}]}],
+         "add_generation_prompt": False, "bos_token": "", "eos_token": "", "enable_thinking": False},
+    ]
+    tdir = os.path.join(FIX, "chat", "templates")
+    for i, name in enumerate(sorted(os.listdir(tdir))):
+        with open(os.path.join(tdir, name), "rb") as f:
+            src = f.read()
+        put("fuzz_jinja", name[:-len(".jinja")], src + jsep + json.dumps(convs[i % 3]).encode())
+    small = [
+        "{%- for m in messages -%}{{ loop.index }}:{{ m.role|upper }}{% if not loop.last %}, {% endif %}{%- endfor %}",
+        "{% set ns = namespace(n=0) %}{% for m in messages if m.role != 'tool' %}{% set ns.n = ns.n + 1 %}{% endfor %}{{ ns.n }}",
+        "{% macro r(x, d=0) %}{% if x is mapping %}{% for k, v in x|dictsort %}{{ k }}={{ r(v, d + 1) }}{% endfor %}"
+        "{% elif x is iterable and x is not string %}[{% for v in x %}{{ r(v, d + 1) }}{% endfor %}]{% else %}{{ x }}{% endif %}"
+        "{% endmacro %}{{ r(tools) }}",
+        "{{ messages|tojson(indent=2) }}{{ tools|map(attribute='function.name')|list }}{{ (messages|last).content[1:3] }}",
+        "{% raw %}{{ raw }}{% endraw %}{# c #}{{ '%s-%05.1f' % ('a', 2.25) }}{{ '{}:{:>4}'.format(1, 'b') }}",
+        "{% call(x) loop_it([1, 2]) %}<{{ x }}>{% endcall %}{% macro loop_it(xs) %}{% for x in xs %}{{ caller(x) }}{% endfor %}{% endmacro %}",
+        "{{ raise_exception('no: ' ~ messages[0].role) if messages[0].role != 'user' }}{{ strftime_now('%Y-%m-%d') }}",
+        "{{ messages.append(1) }}",
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+        "{% macro f(n) %}{{ f(n) ~ f(n) }}{% endmacro %}{{ f(1) }}",
+        "{{ ('x' * 1000) * 1000 }}{{ [[[[[[[[1]]]]]]]] }}{{ 'ab'|reverse }}{{ 'é'|length }}",
+    ]
+    for i, src in enumerate(small):
+        put("fuzz_jinja", "small-%02d" % i, src.encode() + (jsep + json.dumps(convs[1]).encode() if i % 2 else b""))
+
+
 def main():
     proto_seeds()
     gguf_seeds()
     hf_seeds()
     tok_seeds()
     defect_seeds()
+    jinja_seeds()
     total = 0
     for d, _, fs in os.walk(OUT):
         total += sum(os.path.getsize(os.path.join(d, f)) for f in fs)

@@ -70,7 +70,10 @@ def main():
                         'int main(void) { char b[128]; puts(ane_default_socket(b, sizeof b));'
                         ' puts(ANE_VERSION); return 0; }\n')
             exe = os.path.join(tmp, "c")
-            cc = subprocess.run(["cc", src, "-o", exe] + flags.stdout.split(), capture_output=True,
+            # A sanitized build's library needs the sanitizer's runtime at link time
+            san = os.environ.get("SANITIZER", "")
+            extra = ["-fsanitize=" + san] if san else []
+            cc = subprocess.run(["cc", src, "-o", exe] + extra + flags.stdout.split(), capture_output=True,
                                 text=True)
             check(cc.returncode == 0, "a program does not build against the installed library: "
                   + cc.stderr[-400:])
