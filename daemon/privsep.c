@@ -319,7 +319,7 @@ static int ll_rule(int ruleset, const char *file, unsigned long long access, cha
 #define LL_MAX_THREADS 4096
 static int ll_ruleset = -1;
 static atomic_int ll_acked;
-static pid_t ll_tid[LL_MAX_THREADS];    /* who answered: tid, negated if it failed */
+static atomic_int ll_tid[LL_MAX_THREADS]; /* who answered: tid, negated if it failed */
 static int ll_errno[LL_MAX_THREADS];
 
 static void ll_handler(int sig, siginfo_t *si, void *uc)
@@ -331,16 +331,18 @@ static void ll_handler(int sig, siginfo_t *si, void *uc)
     int i = atomic_fetch_add(&ll_acked, 1);
     if (i < LL_MAX_THREADS) {
         ll_errno[i] = rc < 0 ? errno : 0;
-        atomic_thread_fence(memory_order_release);
-        ll_tid[i] = rc < 0 ? -gettid() : gettid();
+        /* release: ll_errno[i] is seen by whoever reads this tid */
+        atomic_store_explicit(&ll_tid[i], rc < 0 ? -gettid() : gettid(), memory_order_release);
     }
     errno = e;
 }
 
 static int ll_answered(pid_t tid, int n)
 {
-    for (int i = 0; i < n && i < LL_MAX_THREADS; i++)
-        if (ll_tid[i] == tid || ll_tid[i] == -tid) return 1;
+    for (int i = 0; i < n && i < LL_MAX_THREADS; i++) {
+        int t = atomic_load_explicit(&ll_tid[i], memory_order_acquire);
+        if (t == tid || t == -tid) return 1;
+    }
     return 0;
 }
 
@@ -383,7 +385,6 @@ static int ll_all_threads(int rs, char *err, size_t errlen)
         clock_gettime(CLOCK_MONOTONIC, &t0);
         for (;;) {
             int n = atomic_load(&ll_acked), waiting = 0;
-            atomic_thread_fence(memory_order_acquire);
             for (int i = 0; i < n_sent; i++)
                 if (!ll_answered(sent[i], n) && syscall(SYS_tgkill, pid, sent[i], 0) == 0) waiting = sent[i];
             if (!waiting) break;
@@ -399,12 +400,13 @@ static int ll_all_threads(int rs, char *err, size_t errlen)
         if (!added) break;
     }
     int n = atomic_load(&ll_acked);
-    atomic_thread_fence(memory_order_acquire);
-    for (int i = 0; rc == 0 && i < n && i < LL_MAX_THREADS; i++)
-        if (ll_tid[i] < 0) {
-            snprintf(err, errlen, "landlock_restrict_self in thread %d: %s", (int)-ll_tid[i], strerror(ll_errno[i]));
+    for (int i = 0; rc == 0 && i < n && i < LL_MAX_THREADS; i++) {
+        int t = atomic_load_explicit(&ll_tid[i], memory_order_acquire);
+        if (t < 0) {
+            snprintf(err, errlen, "landlock_restrict_self in thread %d: %s", -t, strerror(ll_errno[i]));
             rc = -1;
         }
+    }
     sigaction(sig, &old, NULL);
     ll_ruleset = -1;
     return rc < 0 ? -1 : n;
