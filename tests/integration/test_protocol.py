@@ -867,6 +867,10 @@ def t_top_p_zero(d):
     out = r.stdout.decode()
     check(r.returncode == 0 and greedy in out, "aneclient --top-p 0: exit %d, %r (%r)" % (r.returncode, out,
                                                                                        r.stderr.decode()))
+    if not os.access(os.path.join(ROOT, "bin", "aned-http"), os.X_OK):
+        # (CI's ThreadSanitizer stage builds the daemon and clients only)
+        print("  bin/aned-http not built: its top_p 0 check skipped")
+        return
     sys.dont_write_bytecode = True   # no __pycache__ left in the tree
     from test_http import Gateway, post  # noqa: E402
     gw = Gateway(d.sock).start()
