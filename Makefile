@@ -200,7 +200,7 @@ $(LIBPROTO): $(PROTO_OBJ) $(COMMON_OBJ)
 $(LIBENGINE): $(ENGINE_OBJ) $(COMMON_OBJ) $(CUDA_OBJ)
 	@mkdir -p $(dir $@); rm -f $@; ar rcs $@ $^
 
-$(O)/shaders/%.o: shaders/%.cu shaders/%.h shaders/cuda_launch.cuh
+$(O)/shaders/%.o: shaders/%.cu $(wildcard shaders/*.h shaders/*.cuh) engine/quant/qtypes.h
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -I. -gencode arch=compute_$(CUDA_SM),code=sm_$(CUDA_SM) $(if $(filter 90a,$(CUDA_SM)),-DCK_WGMMA=1) -Xcompiler -fPIC -c $< -o $@
 

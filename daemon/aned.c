@@ -58,6 +58,12 @@ static void usage(FILE *f)
 "      --max-seqs N        sequences batched together (default 16)\n"
 "      --max-queued N      jobs waiting beyond --max-seqs before \"busy\" (default 256)\n"
 "      --kv-budget MIB     KV cache pool size (default: --max-seqs full contexts)\n"
+"      --deterministic     a sequence's results never depend on what is batched\n"
+"                          with it, at every batch size (CUDA: slower past 16\n"
+"                          decoding streams; the CPU always is)\n"
+"      --cuda-f16-cache auto|off  f16 copies of quantized weights on the GPU for\n"
+"                          prompt matmuls while memory allows (auto), or none:\n"
+"                          less GPU memory, slower prompts (off)\n"
 "      --max-clients N     connections at once (default 256)\n"
 "      --max-backlog KIB   output waiting for one client before its jobs are\n"
 "                          cancelled with \"busy\" (default 16384); past a\n"
@@ -338,7 +344,7 @@ static void raise_fd_limit(int max_clients)
 }
 
 enum {
-    OPT_SOCKET_MODE = 256, OPT_SOCKET_GROUP, OPT_BACKEND, OPT_MAX_SEQS, OPT_MAX_QUEUED, OPT_KV_BUDGET,
+    OPT_SOCKET_MODE = 256, OPT_SOCKET_GROUP, OPT_BACKEND, OPT_MAX_SEQS, OPT_MAX_QUEUED, OPT_KV_BUDGET, OPT_DETERMINISTIC, OPT_F16_CACHE,
     OPT_MAX_CLIENTS, OPT_MAX_BACKLOG, OPT_STALL, OPT_GRACE, OPT_HELLO, OPT_LOG_LEVEL,
     OPT_ALLOW_USER, OPT_ALLOW_GROUP, OPT_JOBS_UID, OPT_CLIENTS_UID, OPT_SECCOMP, OPT_IDLE,
 };
@@ -356,6 +362,8 @@ int main(int argc, char **argv)
         { "max-seqs", required_argument, 0, OPT_MAX_SEQS },
         { "max-queued", required_argument, 0, OPT_MAX_QUEUED },
         { "kv-budget", required_argument, 0, OPT_KV_BUDGET },
+        { "deterministic", no_argument, 0, OPT_DETERMINISTIC },
+        { "cuda-f16-cache", required_argument, 0, OPT_F16_CACHE },
         { "max-clients", required_argument, 0, OPT_MAX_CLIENTS },
         { "max-backlog", required_argument, 0, OPT_MAX_BACKLOG },
         { "stall-timeout", required_argument, 0, OPT_STALL },
@@ -429,6 +437,12 @@ int main(int argc, char **argv)
         case 'c': if (parse_int("--ctx", optarg, 0, 1 << 24, &v)) return 2; so.eng.n_ctx = (int)v; break;
         case OPT_MAX_SEQS: if (parse_int("--max-seqs", optarg, 0, 4096, &v)) return 2; so.eng.max_seqs = (int)v; break;
         case OPT_MAX_QUEUED: if (parse_int("--max-queued", optarg, 0, 1 << 20, &v)) return 2; so.eng.max_queued = (int)v; break;
+        case OPT_DETERMINISTIC: so.eng.deterministic = 1; break;
+        case OPT_F16_CACHE:
+            if (!strcmp(optarg, "auto")) so.eng.cuda_f16_cache_off = 0;
+            else if (!strcmp(optarg, "off")) so.eng.cuda_f16_cache_off = 1;
+            else { fprintf(stderr, "aned: --cuda-f16-cache: expected auto or off, got '%s'\n", optarg); return 2; }
+            break;
         case OPT_KV_BUDGET: if (parse_int("--kv-budget", optarg, 0, 1L << 30, &v)) return 2; so.eng.kv_budget = (size_t)v << 20; break;
         case OPT_MAX_CLIENTS: if (parse_int("--max-clients", optarg, 1, 1 << 20, &v)) return 2; so.max_clients = (int)v; break;
         case OPT_MAX_BACKLOG:

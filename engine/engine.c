@@ -164,7 +164,7 @@ struct eng {
     /* The next decode step, queued before this step's ids are read (its
      * tokens are those ids, on the device): its batch, kept to check that
      * the next step is that batch (else its ids are dropped). */
-    int ahead, a_on, a_T;        /* ahead: allowed (ANE_AHEAD=0: off) */
+    int a_on, a_T;
     int a_stale;                 /* a job of the queued step was evicted: not the next batch */
     int32_t *a_pos, *a_out, *a_ids;
     job **a_job;
@@ -1188,7 +1188,7 @@ static int ahead_is(const eng *e, int T, int n_out)
  * at the next position are rewritten by whatever runs there next). */
 static int ahead_ok(eng *e, int T, int n_decode, int n_out)
 {
-    if (!e->ahead || n_decode != T || n_out != T || T > BE_QUEUE_ROWS) return 0;
+    if (n_decode != T || n_out != T || T > BE_QUEUE_ROWS) return 0;
     for (int t = 0; t < T; t++) {
         const job *j = e->b_job[t];
         if (e->b_out[t] != t || j->n_gen + 1 >= j->max_gen || j->n_tok + 1 >= e->n_ctx) return 0;
@@ -1552,13 +1552,17 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
     if (e->max_seqs > 256) e->max_seqs = 256;
     in->n_ctx = e->n_ctx;
     in->max_seqs = e->max_seqs;
+    in->deterministic = opt->deterministic;
+    in->cuda_f16_cache_off = opt->cuda_f16_cache_off;
 
     int nth = opt->n_threads > 0 ? opt->n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (nth < 1) nth = 1;
     if (nth > 256) nth = 256;
     in->n_threads = nth;
     if (pool_open(&e->pool, nth)) { snprintf(err, errlen, "cannot start %d threads", nth); goto fail; }
-    if (be_open(&e->be, opt->backend, e->pool, !opt->kv_f32, err, errlen)) goto fail;
+    be_opts bo = { .kv_f16 = !opt->kv_f32, .deterministic = opt->deterministic,
+                   .f16_cache_off = opt->cuda_f16_cache_off };
+    if (be_open_opts(&e->be, opt->backend, e->pool, &bo, err, errlen)) goto fail;
     const char *lacks = fw_lacks(m, e->be->ops);
     if (lacks) {
         /* the architecture needs ops this backend lacks: when the
@@ -1602,8 +1606,6 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
     e->a_out = malloc((size_t)max_T * sizeof *e->a_out);
     e->a_ids = malloc((size_t)max_T * sizeof *e->a_ids);
     e->a_job = malloc((size_t)max_T * sizeof *e->a_job);
-    const char *ah = getenv("ANE_AHEAD");
-    e->ahead = !(ah && *ah && atoi(ah) == 0);
     e->b_pages = malloc((size_t)max_T * sizeof *e->b_pages);
     e->b_job = malloc((size_t)max_T * sizeof *e->b_job);
     e->b_slot = malloc((size_t)max_T * sizeof *e->b_slot);

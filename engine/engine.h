@@ -30,6 +30,9 @@ typedef struct eng_opts {
      * into the engine; typically ev_async_send(). May be NULL (then poll). */
     void (*notify)(void *arg);
     void *notify_arg;
+    /* Backend options that change results or memory (be_opts): */
+    int deterministic;      /* 1: a sequence's results never depend on the others batched with it (aned --deterministic) */
+    int cuda_f16_cache_off; /* 1: no f16 weight copies on the GPU for prompts (aned --cuda-f16-cache off) */
     /* A line for the daemon's log (warn 0: an error, 1: a warning), from any
      * engine thread, e.g. that the model file changed on disk. May be NULL
      * (then stderr). */
@@ -73,6 +76,7 @@ typedef struct eng_model_info {
     uint64_t n_params;         /* weights */
     uint64_t weight_bytes;
     int n_threads, max_seqs;
+    int deterministic, cuda_f16_cache_off; /* as opened (eng_opts) */
 } eng_model_info;
 
 const eng_model_info *eng_model(const eng *e);

@@ -411,7 +411,7 @@ int proto_ev_encode(proto_buf *b, const proto_ev *e)
         pk_kstr(&k, "text", e->text, e->text_len);
         break;
     case PROTO_T_INFO_OK:
-        pk_map(&k, 29);
+        pk_map(&k, 30 + (e->cuda_f16_cache != NULL));
         pk_kstr(&k, "type", tn, strlen(tn));
         pk_ku64(&k, "id", e->id);
         pk_ku64(&k, "version", e->version);
@@ -450,6 +450,8 @@ int proto_ev_encode(proto_buf *b, const proto_ev *e)
         pk_ku64(&k, "max_inflight", PROTO_MAX_INFLIGHT);
         pk_kf64(&k, "idle_timeout_s", e->idle_timeout_s);
         pk_ku64(&k, "max_clients_per_uid", e->max_clients_per_uid);
+        pk_kbool(&k, "deterministic", e->deterministic);
+        if (e->cuda_f16_cache) pk_kstr(&k, "cuda_f16_cache", e->cuda_f16_cache, strlen(e->cuda_f16_cache));
         break;
     case PROTO_T_PONG:
         pk_map(&k, 2);
@@ -1183,6 +1185,7 @@ static int decode_ev(dctx *d, const msgpack_object *m, proto_ev *e)
             else if (key_is(k, "uptime_s")) rc = get_double(d, v, "uptime_s", &e->uptime_s);
             else if (key_is(k, "idle_timeout_s")) rc = get_double(d, v, "idle_timeout_s", &e->idle_timeout_s);
             else if (key_is(k, "max_clients_per_uid")) rc = get_u32(d, v, "max_clients_per_uid", &e->max_clients_per_uid);
+            else if (key_is(k, "deterministic")) rc = get_bool(d, v, "deterministic", &e->deterministic);
             else if (key_is(k, "per_client")) rc = get_per_client(d, v, e);
             break;
         case PROTO_T_TOKEN:

@@ -160,6 +160,8 @@ typedef struct proto_ev {
     double uptime_s;
     double idle_timeout_s;   /* info: idle connections close after this; 0 = never */
     uint32_t max_clients_per_uid; /* info: 0 = no limit */
+    int deterministic;       /* info: batch-invariant results at every batch size */
+    const char *cuda_f16_cache; /* info: "auto" or "off" (NULL: not sent) */
     const proto_client_count *per_client; size_t n_per_client;
     const char *model_path; size_t model_path_len; /* info */
 } proto_ev;

@@ -169,15 +169,42 @@ struct be {
     size_t kv_elt;         /* bytes per cached value: 4 (f32) or 2 (f16) */
 };
 
+/* What a backend is opened with (zero: the defaults). */
+typedef struct be_opts {
+    int kv_f16;          /* 1: KV cache in f16 (else f32) */
+    /* 1: a row's results never depend on the rows batched with it. The CPU
+     * always holds to that; CUDA does for decode batches of up to
+     * CK_GEMV_MAX_T rows, and with this at every size (slower past it). */
+    int deterministic;
+    /* 1 (CUDA): no f16 copies of the quantized weights for prompt matmuls:
+     * less device memory, each prompt pass dequantizes instead. */
+    int f16_cache_off;
+} be_opts;
+
 struct pool;
-/* Opens backend `name` ("cpu", "cuda"; NULL = the best present). The pool
- * serves the CPU backend (and host-side work of others). */
+/* Opens backend `name` ("cpu", "cuda"; NULL = the best present) with
+ * options o (NULL: the defaults). The pool serves the CPU backend (and
+ * host-side work of others). */
+int be_open_opts(be **out, const char *name, struct pool *p, const be_opts *o, char *err, size_t errlen);
+/* be_open_opts with only kv_f16 given */
 int be_open(be **out, const char *name, struct pool *p, int kv_f16, char *err, size_t errlen);
 int be_cpu_open(be **out, struct pool *p, int kv_f16, char *err, size_t errlen);
 /* Tests: 1 = the CPU backend uses only its scalar reference code. */
 void be_cpu_scalar(be *b, int on);
+/* Tests: a CUDA backend's ways of computing an op that it takes by
+ * default for some shapes only, forced to compare them (zero: the
+ * defaults). */
+typedef struct be_cuda_force {
+    int unfused;     /* 1: no fused kernel, no matmul input written ahead */
+    int gemv_all;    /* 1: every matmul row by the GEMV */
+    int glu_apart;   /* 1: matmul_glu as matmul_n then silu_mul */
+    int rope_att;    /* 1: rope_attention's fused form after any q/k/v set */
+    int att_mma;     /* grouped attention on tensor cores: 1 always, -1 never */
+    int att_grp;     /* grouped attention's blocks per SM (-1: not grouped) */
+} be_cuda_force;
 #ifdef ANE_CUDA
-int be_cuda_open(be **out, struct pool *p, int kv_f16, char *err, size_t errlen);
+int be_cuda_open(be **out, struct pool *p, const be_opts *o, char *err, size_t errlen);
+void be_cuda_force_set(be *b, const be_cuda_force *f);
 #endif
 /* Backends compiled into this program, e.g. "cpu" or "cpu, cuda". */
 const char *be_available(void);

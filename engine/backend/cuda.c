@@ -13,18 +13,17 @@
  * per 32 values and __dp4a, as the CPU's q8 activations; the other types in
  * f32 arithmetic; q8_0 and q6_K are repacked at upload within each row into
  * aligned words); decode batches of CK_GEMV_MAX_T+1 .. CK_MMQB_MAX_T rows of
- * q4_K go through a batched kernel that reads the quantized weights once
- * per step for f16 tensor cores (ANE_CUDA_MMQB=0: cuBLAS instead);
- * prompt rows, larger decode batches and the other types dequantize W to
- * f16 for cuBLAS (f32 accumulation and output). Every GEMV
+ * q4_K (and q6_K in sm_90a builds) go through a batched kernel that reads
+ * the quantized weights once per step for f16 tensor cores; prompt rows,
+ * larger decode batches and the other types dequantize W to f16 for
+ * cuBLAS (f32 accumulation and output). docs/cuda.md maps ops to kernels.
+ * Every GEMV
  * tile size, and every spread of attention over blocks, gives a row the same
  * arithmetic, so a decoding sequence computes the same whatever else is in a
- * batch of up to CK_GEMV_MAX_T (at any size with ANE_CUDA_INVARIANT=1).
- * ANE_CUDA_MMQ=1: q8_0 and q4_K rows of every batch through one int8
- * tensor-core kernel (the same arithmetic for decode and prompt rows at any
- * batch size). Outside a forward pass (tests) batches under gemm_min_t rows
- * (9; ANE_CUDA_GEMM_T) take the GEMV. Greedy rows come back as ids.
- * Fusion (ANE_CUDA_FUSE=0 turns it off, for comparison): rope_kv is one
+ * batch of up to CK_GEMV_MAX_T (at any size when opened deterministic).
+ * Outside a forward pass (tests) batches under GEMM_MIN_T rows take the
+ * GEMV. Greedy rows come back as ids.
+ * Fusion (the debug switch ANE_CUDA_FUSE=0 turns it off): rope_kv is one
  * kernel (adding the q, k, v biases when the forward pass hands them over);
  * and the ops that produce a matmul's input (rmsnorm, add_rmsnorm,
  * silu_mul, attention) also write the form the matmul reads: int8 into xq,
@@ -38,8 +37,8 @@
 
 #include "engine/backend/backend.h"
 #include "engine/quant/qtypes.h"
-#include "shaders/cuda_kernels.h"
-#include "shaders/cuda_ssm.h"
+#include "shaders/kernels.h"
+#include "shaders/ssm.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -48,6 +47,7 @@
 #include <string.h>
 
 #define GRAPH_MAX_T 256        /* decode batches recorded as graphs */
+#define GEMM_MIN_T 9           /* outside a pass, batches of this many rows go to cuBLAS */
 #define ARGMAX_ROWS 4096
 
 /* an uploaded weight; dev16: its f16 copy for cuBLAS, made at first use
@@ -61,7 +61,6 @@ typedef struct cu_be {
     cublasHandle_t blas;
     void *blas_ws;
     int n_sm;
-    int gemm_min_t;
     int failed;                /* a CUDA call failed: reported once */
     /* uploaded weights */
     upl *up; int n_up, cap_up;
@@ -88,22 +87,18 @@ typedef struct cu_be {
     size_t part_cap;           /* floats */
     int att_maxs;              /* spans per (token, head) row of part */
     int att_rows;              /* (token, head) rows of part: 2*n_sm, more for grouped decode batches */
-    int att_grp;               /* grouped attention's blocks per SM (ANE_CUDA_ATT_GRP, default 4; 0: off) */
+    int att_grp;               /* grouped attention's blocks per SM (4; 0: never grouped) */
     int att_mma;               /* grouped attention on tensor cores: 1 for decode batches past CK_GEMV_MAX_T
-                                * (not invariant), 2 always, 0 never (ANE_CUDA_ATT_MMA, default 1) */
-    int att_mma_bps;           /* its blocks per SM (ANE_CUDA_ATT_GRP where set, else 1: a block's 4 warps
-                                * hold 136 KiB of stages) */
-    int invariant;             /* ANE_CUDA_INVARIANT=1: decode rows always by GEMV */
-    int gemm_t_set;            /* ANE_CUDA_GEMM_T given */
-    int cache16;               /* keep f16 copies of quantized weights (ANE_CUDA_F16_CACHE, default 1) */
-    int mmq;                   /* int8 matrices go through the tensor-core kernel */
-    int mmqb;                  /* q4_K decode batches past the GEMV's by the batched kernel (ANE_CUDA_MMQB=0: cuBLAS) */
-    void *mb_part; int *mb_cnt;   /* their split-K scratch (CK_MMQB_PART bytes, CK_MMQB_CNT counters) */
-    int fuse;                  /* ANE_CUDA_FUSE (default on) */
-    int rope_att;              /* decode rope inside the attention: 0 never, 1 after small sets, 2 always
-                                * (ANE_CUDA_ROPE_ATT, default 1) */
-    int glu;                   /* gate, up and silu_mul in one launch (ANE_CUDA_GLU, default on) */
-    int qkv_rope;              /* q/k/v matmuls with the rope in one launch (ANE_CUDA_QKV_ROPE, default on) */
+                                * (not invariant), 2 always, 0 never */
+    int att_mma_bps;           /* its blocks per SM (1: a block's 4 warps hold 136 KiB of stages) */
+    int invariant;             /* decode rows always by GEMV (be_opts.deterministic) */
+    int cache16;               /* keep f16 copies of quantized weights (unless be_opts.f16_cache_off) */
+    void *mmqb_part; int *mmqb_cnt;   /* the batched kernel's split-K scratch (CK_MMQB_PART bytes, CK_MMQB_CNT counters) */
+    /* be_cuda_force_set's (tests; the defaults otherwise) */
+    int fuse;                  /* fused kernels, matmul inputs written ahead (debug switch ANE_CUDA_FUSE=0: off) */
+    int gemv_all;              /* every matmul row by the GEMV */
+    int glu;                   /* gate, up and silu_mul in one launch where it applies */
+    int rope_att_always;       /* decode rope inside the attention after any q/k/v set, not only small ones */
     const float *xq_src;       /* xq holds the int8 form of xq_src [xq_rows][xq_n], or nothing */
     const float *x16_src;      /* x16 holds the f16 form of x16_src [x16_rows][x16_n], or nothing */
     int x16_rows, x16_n;
@@ -213,7 +208,7 @@ static void cu_close(be *b)
     }
     cudaFree(c->d_ids_out);
     cudaFree(c->d_amax);
-    cudaFree(c->mb_part); cudaFree(c->mb_cnt);
+    cudaFree(c->mmqb_part); cudaFree(c->mmqb_cnt);
     if (c->blas) cublasDestroy(c->blas);
     if (c->st) cudaStreamDestroy(c->st);
     free(c);
@@ -514,9 +509,8 @@ static int att_blocks(cu_be *c, int T, int ns, int n_head, int head_dim)
 
 /* Grouped attention (ck_attention's grp) for a batch that k_attention
  * takes a block per (token, head) with G == 1: blocks per (token, KV head)
- * for about att_grp blocks per SM (ANE_CUDA_ATT_GRP; measured, 7b 32
- * streams: 2, 4 and 8 within 1%; 1, all of a token's spans in one block,
- * 13% slower than ungrouped). 0 (the ungrouped kernel, the same bits) when
+ * for about att_grp blocks per SM (2, 4 and 8 alike on a 7b, 32 streams).
+ * 0 (the ungrouped kernel, the same bits) when
  * the heads do not group, or the partials would pass ATT_GRP_PART (a
  * prompt's batch, or long contexts), or part cannot grow now (in a
  * capture). */
@@ -602,27 +596,26 @@ static void cu_embed(be *b, const wt *emb, const int32_t *ids, int T, float *out
     ck_embed(c->st, emb->type, emb->dev, emb->row_bytes, (int)emb->n_in, d_ids(c), T, out);
 }
 
-/* Rows [0, nd) by GEMV (or the int8 tensor-core kernel), the rest by cuBLAS;
- * *batched: rows [0, nd) go to the batched q4_K kernel instead (decode rows
- * past CK_GEMV_MAX_T of the matrices it takes: mb).
+/* Rows [0, nd) by GEMV, the rest by cuBLAS; *batched: rows [0, nd) go to
+ * the batched kernel instead (decode rows past CK_GEMV_MAX_T of the
+ * matrices it takes: mb).
  * In a pass: its decode rows while they are at most CK_GEMV_MAX_T (or
  * invariant is set), so a decoding sequence computes the same alone or
  * among up to that many; larger decode batches go to the tensor cores.
- * Elsewhere (tests): all rows of a batch under gemm_min_t. */
-static int gemv_take(const cu_be *c, int mmq, int mb, int T, int *batched)
+ * Elsewhere (tests): all rows of a batch under GEMM_MIN_T. */
+static int gemv_take(const cu_be *c, int mb, int T, int *batched)
 {
     *batched = 0;
-    if (mmq) return T;
+    if (c->gemv_all) return T;
     int nd = T;
     if (c->in_step) {
         nd = c->n_dec < T ? c->n_dec : T;
-        if (c->gemm_t_set && T - nd < c->gemm_min_t) return T;   /* ANE_CUDA_GEMM_T: small prompts too */
         if (nd <= CK_GEMV_MAX_T || c->invariant) return nd;
-    } else if (T < c->gemm_min_t) {
+    } else if (T < GEMM_MIN_T) {
         return T;
     }
-    if (!mb || !c->mmqb || nd <= CK_GEMV_MAX_T || nd > CK_MMQB_MAX_T) return 0;
-    *batched = !c->gemm_t_set;   /* (ANE_CUDA_GEMM_T, a measuring knob: the GEMV) */
+    if (!mb || nd <= CK_GEMV_MAX_T || nd > CK_MMQB_MAX_T) return 0;
+    *batched = 1;
     return nd;
 }
 
@@ -649,7 +642,7 @@ static void *dev_spare(size_t bytes)
 /* The q6_K matrix w in the batched kernel's layout, made at its first
  * batched use (the first passes of a shape run before its capture); NULL
  * while recording before that, or without room */
-static const void *wb_of(cu_be *c, const wt *w)
+static const void *mmqb_q6_of(cu_be *c, const wt *w)
 {
     upl *u = upl_of(c, w);
     if (!u || u->nob) return NULL;
@@ -664,21 +657,21 @@ static const void *wb_of(cu_be *c, const wt *w)
     return d;
 }
 
-/* The bytes the batched kernel reads for w (q6_K: wb_of's layout; NULL:
+/* The bytes the batched kernel reads for w (q6_K: mmqb_q6_of's layout; NULL:
  * none at hand) and their row pitch */
-static const void *mb_weight(cu_be *c, const wt *w, size_t *rb)
+static const void *mmqb_weight(cu_be *c, const wt *w, size_t *rb)
 {
     if (w->type != QT_Q6_K) { *rb = w->row_bytes; return w->dev; }
     *rb = ck_q6b_row_bytes((int)w->n_in);
-    return wb_of(c, w);
+    return mmqb_q6_of(c, w);
 }
 
 /* gemv_take for w (rows to the batched kernel only where its bytes are at hand) */
 static int gemv_count(cu_be *c, const wt *w, int T, int *batched)
 {
-    int mmq = ck_mmq(w->type, (int)w->n_in), nd = gemv_take(c, mmq, ck_mmqb_ok(w->type, (int)w->n_in), T, batched);
+    int nd = gemv_take(c, ck_mmqb_ok(w->type, (int)w->n_in), T, batched);
     size_t rb;
-    if (*batched && !mb_weight(c, w, &rb)) nd = gemv_take(c, mmq, 0, T, batched);
+    if (*batched && !mmqb_weight(c, w, &rb)) nd = gemv_take(c, 0, T, batched);
     return nd;
 }
 
@@ -698,7 +691,7 @@ static void *quant_ahead(cu_be *c, const float *out, int rows, int n)
     tag_clear(c);
     if (!c->fuse || rows < 1 || n < 32 || n % 32) return NULL;
     int bt;
-    if (!width_in(c->q_n, c->n_q_n, n) || gemv_take(c, c->mmq, 0, rows, &bt) != rows) return NULL;   /* (all rows by the GEMV) */
+    if (!width_in(c->q_n, c->n_q_n, n) || gemv_take(c, 0, rows, &bt) != rows) return NULL;   /* (all rows by the GEMV) */
     void *xq = xq_for(c, rows, n);   /* (NULL while recording, if too small) */
     if (xq) tag_set(c, out, rows, n);
     return xq;
@@ -712,7 +705,7 @@ static void *f16_ahead(cu_be *c, const float *out, int rows, int n)
 {
     if (!c->fuse || rows < 1 || c->xq_src || c->x16_cap < (size_t)rows * (size_t)n * 2) return NULL;
     int bt;
-    if (!width_in(c->h_n, c->n_h_n, n) || (gemv_take(c, c->mmq, 1, rows, &bt) != 0 && !bt)) return NULL;
+    if (!width_in(c->h_n, c->n_h_n, n) || (gemv_take(c, 1, rows, &bt) != 0 && !bt)) return NULL;
     tag16_set(c, out, rows, n);
     return c->x16;
 }
@@ -737,20 +730,20 @@ static const void *x_f16(cu_be *c, const float *x, int T, int n)
 
 /* The batched kernel for matrices w (one type and n_in) on x's f16 form;
  * 0 when there is no scratch (or q6_K layout) for it */
-static int mmqb_run(cu_be *c, int nm, const wt *const *w, const float *const *bv, const float *x, int T,
+static int mmqb_try(cu_be *c, int nm, const wt *const *w, const float *const *bv, const float *x, int T,
                     float *const *out)
 {
     const void *W[CK_MULTI_MAX];
     int no[CK_MULTI_MAX], n = (int)w[0]->n_in;
     size_t rb = 0;
     for (int i = 0; i < nm; i++) {
-        W[i] = mb_weight(c, w[i], &rb);
+        W[i] = mmqb_weight(c, w[i], &rb);
         no[i] = (int)w[i]->n_out;
         if (!W[i]) return 0;
     }
     const void *xh = x_f16(c, x, T, n);
     if (!xh) return 0;
-    ck_mmq_dec(c->st, w[0]->type, nm, W, rb, n, no, bv, T, out, xh, c->mb_part, CK_MMQB_PART, c->mb_cnt,
+    ck_mmq_dec(c->st, w[0]->type, nm, W, rb, n, no, bv, T, out, xh, c->mmqb_part, CK_MMQB_PART, c->mmqb_cnt,
                CK_MMQB_CNT, c->n_sm);
     return 1;
 }
@@ -783,7 +776,7 @@ static void gemv_rows(cu_be *c, const wt *w, const float *bv, const float *x, in
  * while free device memory stays above an eighth of it plus 1 GiB (the KV
  * pool is taken before any pass): prompt passes and wide decode batches
  * then skip dequantizing every weight in every pass. NULL: dequantize into
- * the scratch (ANE_CUDA_F16_CACHE=0, no room, or while recording a graph). */
+ * the scratch (be_opts.f16_cache_off, no room, or while recording a graph). */
 static const void *w16_of(cu_be *c, const wt *w)
 {
     if (!c->cache16) return NULL;
@@ -840,7 +833,7 @@ static void cu_matmul(be *b, const wt *w, const wt *bias, const float *x, int T,
         nd = T;   /* (no cuBLAS scratch: every row by the GEMV) */
         bt = 0;
     }
-    if (nd > 0 && !(bt && mmqb_run(c, 1, &w, &bv, x, nd, &out))) gemv_rows(c, w, bv, x, nd, out);
+    if (nd > 0 && !(bt && mmqb_try(c, 1, &w, &bv, x, nd, &out))) gemv_rows(c, w, bv, x, nd, out);
     tag_written(c, out, (size_t)T * w->n_out);
     c->mm_out = out; c->mm_rows = T; c->mm_n = (int)w->n_out;
 }
@@ -876,7 +869,7 @@ static void cu_matmul_n(be *b, int n, const wt *const *w, const wt *const *bias,
         no[i] = (int)w[i]->n_out;
     }
     int nin = (int)w[0]->n_in;
-    if (bt && mmqb_run(c, n, w, bv, x, T, out)) {
+    if (bt && mmqb_try(c, n, w, bv, x, T, out)) {
         /* (done) */
     } else if (!ck_gemv_int8(w[0]->type, nin)) {
         ck_gemv_multi(c->st, w[0]->type, n, W, w[0]->row_bytes, nin, no, bv, x, T, out, NULL);
@@ -906,8 +899,7 @@ static void cu_silu_mul(be *b, const float *g, const float *u, size_t n, float *
  * scratch, which then becomes xq (the kernel reads x's from the first).
  * A decode batch of the batched q4_K kernel: one launch whose gate and up
  * rows of a feature share a block, writing out's f16 form into the second
- * f16 scratch, which then becomes x16. Else matmul_n and silu_mul.
- * ANE_CUDA_GLU=0: always apart. */
+ * f16 scratch, which then becomes x16. Else matmul_n and silu_mul. */
 static void cu_matmul_glu(be *b, const wt *wg, const wt *wu, const float *x, int T, float *g, float *u, float *out)
 {
     cu_be *c = (cu_be *)b;
@@ -916,8 +908,8 @@ static void cu_matmul_glu(be *b, const wt *wg, const wt *wu, const float *x, int
     if (c->fuse && c->glu && same && gemv_count(c, wg, T, &bt) == T && bt) {
         const void *xh = x_f16(c, x, T, n);
         if (xh && c->x16b && c->x16_cap >= (size_t)T * F * 2 &&
-            ck_mmq_glu(c->st, wg->type, wg->dev, wu->dev, wg->row_bytes, n, F, T, out, c->x16b, xh, c->mb_part,
-                       CK_MMQB_PART, c->mb_cnt, CK_MMQB_CNT, c->n_sm)) {
+            ck_mmq_glu_try(c->st, wg->type, wg->dev, wu->dev, wg->row_bytes, n, F, T, out, c->x16b, xh, c->mmqb_part,
+                       CK_MMQB_PART, c->mmqb_cnt, CK_MMQB_CNT, c->n_sm)) {
             void *t = c->x16; c->x16 = c->x16b; c->x16b = t;
             tag_clear(c);
             tag16_set(c, out, T, F);
@@ -1062,15 +1054,14 @@ static void cu_attention(be *b, const float *q, const void *kc, const void *vc, 
  * and the KV store inside the attention kernel: one launch less per layer,
  * the same values (the attention reads its token's K/V row only after
  * writing it). Only after a small q/k/v set (ck_small_set: launch-bound
- * layers): measured, 0.5b decode +6%, 7b -2%. ANE_CUDA_ROPE_ATT=0 / 2:
- * never / always (for comparison). */
+ * layers): a small model gains, a 7b loses (docs/benchmarks.md). */
 static void cu_rope_attention(be *b, float *q, float *k, float *v, void *kc, void *vc, const be_batch *bt,
                               int n_head, int n_head_kv, int head_dim, int n_rot, float base, int neox,
                               const wt *freq_div, const wt *const *bias, float *out)
 {
     cu_be *c = (cu_be *)b;
     const float *fdd = freq_div && freq_div->data ? freq_div->dev : NULL;
-    int small = c->rope_att == 2 || (c->rope_att == 1 && c->mm_bytes && ck_small_set(c->mm_bytes));
+    int small = c->rope_att_always || (c->mm_bytes && ck_small_set(c->mm_bytes));
     if (!c->fuse || !small || !rope_table(c, base, n_rot, fdd) || bt->n_dec != bt->T || n_rot > head_dim || n_rot % 2) {
         cu_rope_kv(b, q, k, v, kc, vc, bt, n_head, n_head_kv, head_dim, n_rot, base, neox, freq_div, bias);
         cu_attention(b, q, kc, vc, bt, n_head, n_head_kv, head_dim, out);
@@ -1084,7 +1075,7 @@ static void cu_rope_attention(be *b, float *q, float *k, float *v, void *kc, voi
 /* One decode token's q, k, v (q8_0 rows the one-token GEMV takes two
  * warps a row of) with the rope and KV store in the matmul's epilogue,
  * from the pass's angle table (so not the pass's first layer, whose
- * rope_kv writes it). ANE_CUDA_QKV_ROPE=0: apart, for comparison. */
+ * rope_kv writes it). */
 static int cu_qkv_rope(be *b, const wt *const *w, const wt *const *bias, const float *x, float *q, float *k, float *v,
                        void *kc, void *vc, const be_batch *bt, int n_head, int n_head_kv, int head_dim, int n_rot,
                        float base, int neox, const wt *freq_div)
@@ -1092,7 +1083,7 @@ static int cu_qkv_rope(be *b, const wt *const *w, const wt *const *bias, const f
     cu_be *c = (cu_be *)b;
     int T = bt->T, bt_;
     const float *fdd = freq_div && freq_div->data ? freq_div->dev : NULL;
-    if (!c->fuse || !c->qkv_rope || T != 1 || bt->n_dec != T || !rope_table(c, base, n_rot, fdd)) return 0;
+    if (!c->fuse || T != 1 || bt->n_dec != T || !rope_table(c, base, n_rot, fdd)) return 0;
     int nin = (int)w[0]->n_in;
     if (!mm_set(c, 3, w) || gemv_count(c, w[0], T, &bt_) != T || bt_ || !tag_is(c, x, T, nin)) return 0;
     if ((int)w[0]->n_out != n_head * head_dim) return 0;
@@ -1102,7 +1093,7 @@ static int cu_qkv_rope(be *b, const wt *const *w, const wt *const *bias, const f
     use_batch(c, bt);
     ck_qkv_rope r = { bias_dev(bias, 0), bias_dev(bias, 1), bias_dev(bias, 2), c->rope_tab, d_pos(c), d_off(c),
                       d_pages(c), kc, vc, b->kv_elt == 2, head_dim, n_rot, neox, n_head_kv, base, fdd };
-    if (!ck_gemv_qkv_rope(c->st, w[0]->type, W, w[0]->row_bytes, nin, no, c->xq, outs, &r)) return 0;
+    if (!ck_gemv_qkv_rope_try(c->st, w[0]->type, W, w[0]->row_bytes, nin, no, c->xq, outs, &r)) return 0;
     tag_clear(c);   /* (as rope_kv) */
     c->mm_out = NULL;
     return 1;
@@ -1150,7 +1141,7 @@ static void cu_argmax_take(be *b, int32_t *ids, int rows)
     c->ids_n--;
 }
 
-/* ---- linear-attention ops (shaders/cuda_ssm.cu) ---- */
+/* ---- linear-attention ops (shaders/ssm.cu) ---- */
 
 static void cu_copy_rows(be *b, float *dst, size_t ds, const float *src, size_t ss, int rows, int n)
 {
@@ -1277,16 +1268,23 @@ static const be_ops cuda_ops = {
     .deltanet = cu_deltanet,
 };
 
-/* a switch that is on unless set to 0 */
-static int env_on(const char *name)
+void be_cuda_force_set(be *b, const be_cuda_force *f)
 {
-    const char *e = getenv(name);
-    return !(e && *e && atoi(e) == 0);
+    cu_be *c = (cu_be *)b;
+    c->fuse = !f->unfused && !ck_debug_off("ANE_CUDA_FUSE");
+    c->gemv_all = f->gemv_all;
+    c->glu = !f->glu_apart;
+    c->rope_att_always = f->rope_att;
+    c->att_mma = f->att_mma > 0 ? 2 : f->att_mma < 0 ? 0 : 1;
+    c->att_grp = f->att_grp < 0 ? 0 : f->att_grp > 0 ? f->att_grp : 4;
+    c->att_mma_bps = f->att_grp > 0 ? f->att_grp : 1;
 }
 
-int be_cuda_open(be **out, struct pool *p, int kv_f16, char *err, size_t errlen)
+int be_cuda_open(be **out, struct pool *p, const be_opts *o, char *err, size_t errlen)
 {
     (void)p;
+    const be_opts dflt = { 0 };
+    if (!o) o = &dflt;
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
         cudaGetLastError();
@@ -1296,7 +1294,7 @@ int be_cuda_open(be **out, struct pool *p, int kv_f16, char *err, size_t errlen)
     cu_be *c = calloc(1, sizeof *c);
     if (!c) { snprintf(err, errlen, "out of memory"); return -1; }
     c->base.ops = &cuda_ops;
-    c->base.kv_elt = kv_f16 ? 2 : 4;
+    c->base.kv_elt = o->kv_f16 ? 2 : 4;
     const char *what = "device";
     if (cudaSetDevice(0) != cudaSuccess) goto fail;
     if (cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess) goto fail;
@@ -1321,30 +1319,13 @@ int be_cuda_open(be **out, struct pool *p, int kv_f16, char *err, size_t errlen)
             goto fail;
     if (cudaMalloc(&c->d_amax, CK_ARGMAX_PART) != cudaSuccess) goto fail;
     if (cudaMallocHost((void **)&c->h_ids_out, ARGMAX_ROWS * 4) != cudaSuccess) goto fail;
-    const char *gt = getenv("ANE_CUDA_GEMM_T");
-    c->gemm_min_t = gt && atoi(gt) > 0 ? atoi(gt) : 9;
-    c->gemm_t_set = gt && atoi(gt) > 0;
-    const char *fc = getenv("ANE_CUDA_F16_CACHE");
-    c->cache16 = !(fc && *fc == '0');
-    const char *iv = getenv("ANE_CUDA_INVARIANT");
-    c->invariant = iv && atoi(iv) > 0;
-    c->fuse = env_on("ANE_CUDA_FUSE");
-    c->mmq = ck_mmq(QT_Q8_0, 32);   /* (the same for q4_K; q6_K never takes that kernel) */
-    const char *ra = getenv("ANE_CUDA_ROPE_ATT");
-    c->rope_att = ra && *ra ? atoi(ra) : 1;
-    c->glu = env_on("ANE_CUDA_GLU");
-    c->qkv_rope = env_on("ANE_CUDA_QKV_ROPE");
-    const char *ag = getenv("ANE_CUDA_ATT_GRP");
-    c->att_grp = ag && *ag ? atoi(ag) : 4;
-    if (c->att_grp < 0) c->att_grp = 0;
-    c->att_mma_bps = ag && *ag ? c->att_grp : 1;
-    const char *am = getenv("ANE_CUDA_ATT_MMA");
-    c->att_mma = am && *am ? atoi(am) : 1;
-    c->mmqb = env_on("ANE_CUDA_MMQB");
+    c->cache16 = !o->f16_cache_off;
+    c->invariant = o->deterministic;
+    be_cuda_force_set(&c->base, &(be_cuda_force){ 0 });
     what = "device memory";
-    if (cudaMalloc(&c->mb_part, CK_MMQB_PART) != cudaSuccess ||
-        cudaMalloc((void **)&c->mb_cnt, CK_MMQB_CNT * sizeof(int)) != cudaSuccess ||
-        cudaMemset(c->mb_cnt, 0, CK_MMQB_CNT * sizeof(int)) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess)
+    if (cudaMalloc(&c->mmqb_part, CK_MMQB_PART) != cudaSuccess ||
+        cudaMalloc((void **)&c->mmqb_cnt, CK_MMQB_CNT * sizeof(int)) != cudaSuccess ||
+        cudaMemset(c->mmqb_cnt, 0, CK_MMQB_CNT * sizeof(int)) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess)
         goto fail;
     *out = &c->base;
     return 0;

@@ -14,17 +14,25 @@ const char *be_available(void)
 #endif
 }
 
-int be_open(be **out, const char *name, struct pool *p, int kv_f16, char *err, size_t errlen)
+int be_open_opts(be **out, const char *name, struct pool *p, const be_opts *o, char *err, size_t errlen)
 {
+    const be_opts dflt = { 0 };
+    if (!o) o = &dflt;
 #ifdef ANE_CUDA
     if (!name || !strcmp(name, "cuda")) {
         char cerr[256];
-        if (be_cuda_open(out, p, kv_f16, cerr, sizeof cerr) == 0) return 0;
+        if (be_cuda_open(out, p, o, cerr, sizeof cerr) == 0) return 0;
         if (name) return err_set(err, errlen, "cuda backend: %s", cerr);
     }
 #endif
     if (name && strcmp(name, "cpu") != 0)
         return err_set(err, errlen, "backend '%s' is not available in this build (available: %s)", name,
                        be_available());
-    return be_cpu_open(out, p, kv_f16, err, errlen);
+    return be_cpu_open(out, p, o->kv_f16, err, errlen);
+}
+
+int be_open(be **out, const char *name, struct pool *p, int kv_f16, char *err, size_t errlen)
+{
+    be_opts o = { .kv_f16 = kv_f16 };
+    return be_open_opts(out, name, p, &o, err, errlen);
 }

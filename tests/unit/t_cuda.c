@@ -18,7 +18,7 @@
 #include <string.h>
 #ifdef ANE_CUDA
 #include <cuda_runtime_api.h>
-#include "shaders/cuda_kernels.h"
+#include "shaders/kernels.h"
 #endif
 
 static uint64_t rng_s = 0x9e3779b97f4a7c15ull;
@@ -102,21 +102,15 @@ static int n_keep;
 static void *kept(void *p) { if (n_keep < 1024) keep[n_keep++] = p; return p; }
 static pool *pl;
 
-/* A CUDA backend opened with up to two knobs ("NAME=value", or NULL) set,
- * unset again after (each backend reads its knobs when it opens) */
-static int gpu_open_env(be **b, int kv_f16, const char *k1, const char *k2, char *err, size_t errlen)
+/* A CUDA backend with the paths f forces (NULL: the defaults) */
+static int gpu_open(be **b, int kv_f16, const be_cuda_force *f, char *err, size_t errlen)
 {
-    const char *kv[2] = { k1, k2 };
-    char name[2][64];
-    for (int i = 0; i < 2; i++) {
-        if (!kv[i]) continue;
-        const char *eq = strchr(kv[i], '=');
-        snprintf(name[i], sizeof name[i], "%.*s", (int)(eq - kv[i]), kv[i]);
-        setenv(name[i], eq + 1, 1);
-    }
     int bad = be_open(b, "cuda", pl, kv_f16, err, errlen);
-    for (int i = 0; i < 2; i++)
-        if (kv[i]) unsetenv(name[i]);
+#ifdef ANE_CUDA
+    if (!bad && f) be_cuda_force_set(*b, f);
+#else
+    (void)f;
+#endif
     return bad;
 }
 
@@ -556,7 +550,7 @@ static void test_rope_kv(void)
     /* and with fusion off (the plain ops, biases added first) */
     be *plain = NULL;
     char err[256];
-    int bad = gpu_open_env(&plain, 1, "ANE_CUDA_FUSE=0", NULL, err, sizeof err);
+    int bad = gpu_open(&plain, 1, &(be_cuda_force){ .unfused = 1 }, err, sizeof err);
     CHECKF(!bad, "%s", err);
     if (!bad) {
         rope_kv_case(plain, 14, 2, 64, 64, 1, 0, 1);
@@ -649,7 +643,7 @@ static void qkv_rope_case(int kv_f16, int n_head, int n_head_kv, int neox, int w
     enum { NIN = 2048, MAXP = 64 };
     char err[256];
     be *g = NULL;
-    CHECKF(!gpu_open_env(&g, kv_f16, NULL, NULL, err, sizeof err), "%s", err);
+    CHECKF(!gpu_open(&g, kv_f16, NULL, err, sizeof err), "%s", err);
     if (!g) return;
     int hd = 128, kvd = n_head_kv * hd, nq = n_head * hd;
     size_t cache = (size_t)MAXP * KV_PAGE * kvd * g->kv_elt;
@@ -736,8 +730,8 @@ static void test_rope_attention(void)
      * batch would take: outside the promise) */
     char err[256];
     be *gs[2] = { NULL, NULL };
-    int bad = gpu_open_env(&gs[0], 1, "ANE_CUDA_ROPE_ATT=2", "ANE_CUDA_ATT_MMA=0", err, sizeof err) ||
-              gpu_open_env(&gs[1], 0, "ANE_CUDA_ROPE_ATT=2", "ANE_CUDA_ATT_MMA=0", err, sizeof err);
+    const be_cuda_force f = { .rope_att = 1, .att_mma = -1 };
+    int bad = gpu_open(&gs[0], 1, &f, err, sizeof err) || gpu_open(&gs[1], 0, &f, err, sizeof err);
     CHECKF(!bad, "%s", err);
     for (int i = 0; i < 2 && !bad; i++) {
         rope_att_case(gs[i], 4, 14, 2, 64, 64, 1, 1);     /* qwen2.5-0.5b: few blocks (rolled) */
@@ -751,7 +745,7 @@ static void test_rope_attention(void)
 }
 
 /* GEMV input quantized by the op that produced it (add_rmsnorm, rmsnorm,
- * silu_mul) against a backend that quantizes in the matmul (ANE_CUDA_FUSE=0):
+ * silu_mul) against a backend that quantizes in the matmul (unfused):
  * a small FFN and a projection, bit for bit. On the fused side the matmul
  * inputs are zeroed behind the backend's back once produced, so the check
  * also shows that the matmuls took the producers' int8 form. */
@@ -773,7 +767,7 @@ static void fq_zero(be *b, void *p, size_t n)
 }
 
 /* matmul_glu (gate, up and silu_mul in one launch for one token) against
- * matmul_n + silu_mul on a backend with it off (ANE_CUDA_GLU=0), bit for
+ * matmul_n + silu_mul on a backend with it off (glu_apart), bit for
  * bit: out, and the down projection that takes out's int8 form. x comes
  * from rmsnorm (its int8 form); on the fused side the float buffers are
  * zeroed once produced, so the checks show that each step took the int8
@@ -812,8 +806,8 @@ static void test_glu(void)
 {
     char err[256];
     be *bf = NULL, *bn = NULL;
-    int bad = gpu_open_env(&bf, 1, "ANE_CUDA_GEMM_T=1000000", NULL, err, sizeof err);
-    bad |= gpu_open_env(&bn, 1, "ANE_CUDA_GEMM_T=1000000", "ANE_CUDA_GLU=0", err, sizeof err);
+    int bad = gpu_open(&bf, 1, &(be_cuda_force){ .gemv_all = 1 }, err, sizeof err);
+    bad |= gpu_open(&bn, 1, &(be_cuda_force){ .gemv_all = 1, .glu_apart = 1 }, err, sizeof err);
     CHECKF(!bad, "%s", err);
     CHECK(!bad && bf->ops->matmul_glu != NULL);
     if (bad || !bf->ops->matmul_glu) goto done;
@@ -852,7 +846,7 @@ done:
 
 /* The batched q4_K kernels' gate-and-up form (decode batches of 17..32,
  * both kernels: T <= 24 and past it) against matmul_n + silu_mul
- * (ANE_CUDA_GLU=0), bit for bit: out, and the down projection on its f16
+ * (glu_apart), bit for bit: out, and the down projection on its f16
  * form (the fused side's float buffers zeroed once produced, as in
  * test_glu). Features F = 2816 (two blocks' halves of 128 rows) and 4160
  * (F % 128 = 64); n 1024 splits K, n 256 not. Also the CPU within 1e-2. */
@@ -860,8 +854,8 @@ static void test_glu_batched(void)
 {
     char err[256];
     be *bf = NULL, *bn = NULL;
-    int bad = gpu_open_env(&bf, 1, NULL, NULL, err, sizeof err);
-    bad |= gpu_open_env(&bn, 1, "ANE_CUDA_GLU=0", NULL, err, sizeof err);
+    int bad = gpu_open(&bf, 1, NULL, err, sizeof err);
+    bad |= gpu_open(&bn, 1, &(be_cuda_force){ .glu_apart = 1 }, err, sizeof err);
     CHECKF(!bad, "%s", err);
     if (bad) goto done;
     const struct { int n, F; } cs[] = { { 1024, 2816 }, { 1024, 4160 }, { 256, 2816 } };
@@ -959,8 +953,8 @@ static void test_fused_quant(void)
     char err[256];
     be *bf = NULL, *bn = NULL;
     /* every batch by GEMV, with and without the fusion */
-    int bad = gpu_open_env(&bf, 1, "ANE_CUDA_GEMM_T=1000000", "ANE_CUDA_FUSE=1", err, sizeof err);
-    bad |= gpu_open_env(&bn, 1, "ANE_CUDA_GEMM_T=1000000", "ANE_CUDA_FUSE=0", err, sizeof err);
+    int bad = gpu_open(&bf, 1, &(be_cuda_force){ .gemv_all = 1 }, err, sizeof err);
+    bad |= gpu_open(&bn, 1, &(be_cuda_force){ .gemv_all = 1, .unfused = 1 }, err, sizeof err);
     CHECKF(!bad, "%s", err);
     if (bad) goto done;
     const uint32_t types[] = { QT_Q8_0, QT_Q4_K };
@@ -1126,9 +1120,9 @@ static void attn_case(be *gb, be *cb, int n_head, int n_head_kv, int hd)
 /* A decode batch of many sequences (one token each, contexts of 1 to 700
  * positions): the grouped kernel (a block per token and KV head; gb's
  * spans split over blocks, gd's all in one block) against the CPU, bit for
- * bit against the ungrouped kernel (gn: ANE_CUDA_ATT_GRP=0) and against
+ * bit against the ungrouped kernel (gn: att_grp -1) and against
  * each token alone (split over blocks). gm[0..1]: the tensor-core form
- * (ANE_CUDA_ATT_MMA=2; spans split over blocks, and all in one block) against the CPU as
+ * (att_mma 1; spans split over blocks, and all in one block) against the CPU as
  * closely, or where it does not apply (f32 caches, head_dim 48) the
  * grouped kernel's bits. */
 static void attn_group_case(be *gb, be *gd, be *gn, be *const *gm, be *cb, int n_head, int n_head_kv, int hd)
@@ -1183,7 +1177,7 @@ static void attn_group_case(be *gb, be *gd, be *gn, be *const *gm, be *cb, int n
         CHECKF(em < 1e-4, "tensor-core attention (%s) kv%s heads %d/%d hd %d: rel err %.3g",
                o ? "one block" : "split", kv, n_head, n_head_kv, hd, em);
         if (!mma)
-            CHECKF(!memcmp(g, h, nq * 4), "attention kv%s heads %d/%d hd %d: the tensor-core knob changed bits",
+            CHECKF(!memcmp(g, h, nq * 4), "attention kv%s heads %d/%d hd %d: the tensor-core form changed bits",
                    kv, n_head, n_head_kv, hd);
     }
     for (int t = 0; t < NS; t++) {
@@ -1206,14 +1200,12 @@ static void test_att_group(void)
 {
     char err[256];
     be *gn = NULL, *gn32 = NULL, *gd = NULL, *gd32 = NULL, *gm[2] = { NULL, NULL }, *gm32[2] = { NULL, NULL };
-    int bad = gpu_open_env(&gn, 1, "ANE_CUDA_ATT_GRP=0", NULL, err, sizeof err) ||
-              gpu_open_env(&gn32, 0, "ANE_CUDA_ATT_GRP=0", NULL, err, sizeof err) ||
-              gpu_open_env(&gd, 1, "ANE_CUDA_ATT_GRP=1", NULL, err, sizeof err) ||
-              gpu_open_env(&gd32, 0, "ANE_CUDA_ATT_GRP=1", NULL, err, sizeof err) ||
-              gpu_open_env(&gm[0], 1, "ANE_CUDA_ATT_MMA=2", "ANE_CUDA_ATT_GRP=4", err, sizeof err) ||
-              gpu_open_env(&gm[1], 1, "ANE_CUDA_ATT_MMA=2", "ANE_CUDA_ATT_GRP=1", err, sizeof err) ||
-              gpu_open_env(&gm32[0], 0, "ANE_CUDA_ATT_MMA=2", "ANE_CUDA_ATT_GRP=4", err, sizeof err) ||
-              gpu_open_env(&gm32[1], 0, "ANE_CUDA_ATT_MMA=2", "ANE_CUDA_ATT_GRP=1", err, sizeof err);
+    const be_cuda_force ungrouped = { .att_grp = -1 }, one = { .att_grp = 1 };
+    const be_cuda_force mma_split = { .att_mma = 1, .att_grp = 4 }, mma_one = { .att_mma = 1, .att_grp = 1 };
+    int bad = gpu_open(&gn, 1, &ungrouped, err, sizeof err) || gpu_open(&gn32, 0, &ungrouped, err, sizeof err) ||
+              gpu_open(&gd, 1, &one, err, sizeof err) || gpu_open(&gd32, 0, &one, err, sizeof err) ||
+              gpu_open(&gm[0], 1, &mma_split, err, sizeof err) || gpu_open(&gm[1], 1, &mma_one, err, sizeof err) ||
+              gpu_open(&gm32[0], 0, &mma_split, err, sizeof err) || gpu_open(&gm32[1], 0, &mma_one, err, sizeof err);
     CHECKF(!bad, "%s", err);
     if (!bad) {
         attn_group_case(gpu, gd, gn, gm, cpu, 14, 2, 64);
@@ -1228,11 +1220,10 @@ static void test_att_group(void)
 
 /* Batch invariance of matmul: a row's result has the same bits whatever the
  * batch size and its place in the batch: the GEMV of every type at every
- * tile size (gpuv: a backend whose GEMV takes every batch), and the int8
- * tensor-core kernel of q8_0 / q4_K up to prompt-sized batches. (Prompt rows
- * of the other types go through cuBLAS, whose kernel choice follows the
- * batch size: not tested here.) */
-static be *gpuv, *gpum;
+ * tile size (gpuv: a backend whose GEMV takes every batch). (Prompt rows go
+ * through cuBLAS, whose kernel choice follows the batch size: not tested
+ * here.) */
+static be *gpuv;
 static void inv_case(be *b, uint32_t type, int n_in, int n_out, const int *Ts, int nT, const char *what)
 {
     size_t rb;
@@ -1262,15 +1253,13 @@ static void inv_case(be *b, uint32_t type, int n_in, int n_out, const int *Ts, i
 
 static void test_invariance(void)
 {
-    const int tv[] = { 1, 2, 3, 4, 5, 8, 9, 16, 17, 40 }, tg[] = { 1, 3, 9, 16, 24, 33, 100, 256, 512 };
+    const int tv[] = { 1, 2, 3, 4, 5, 8, 9, 16, 17, 40 };
     const uint32_t types[] = { QT_Q8_0, QT_Q4_K, QT_Q6_K, QT_Q4_0, QT_BF16, QT_F32 };
     const int shapes[][2] = { { 896, 64 }, { 4864, 40 }, { 8960, 24 }, { 1536, 33 } };
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
             if (!qt_row_size(types[ti], shapes[si][0])) continue;   /* (896: no whole K-quant super-blocks) */
             inv_case(gpuv, types[ti], shapes[si][0], shapes[si][1], tv, 10, "gemv");
-            if (gpum && si < 2 && (types[ti] == QT_Q8_0 || (types[ti] == QT_Q4_K && shapes[si][0] % 256 == 0)))
-                inv_case(gpum, types[ti], shapes[si][0], shapes[si][1] * 16, tg, 9, "int8 mma");
         }
     /* q6_K's int8 GEMV over whole groups of 32 units and cut ones, by 1, 2 and 4 warps per row */
     const int n6[] = { 3584, 8192, 16384 };
@@ -1278,6 +1267,51 @@ static void test_invariance(void)
     /* rows of a 7b down projection: 592 q8_0 units, 296 q4_K (several load rounds a lane) */
     inv_case(gpuv, QT_Q8_0, 18944, 21, tv, 10, "gemv");
     inv_case(gpuv, QT_Q4_K, 18944, 13, tv, 10, "gemv");
+}
+
+/* be_opts.deterministic: a decode batch of 24 streams in a pass, of a q4_K
+ * matrix the batched tensor-core kernel takes otherwise, gives each row the
+ * bits that row gets alone (the GEMV at every batch size). */
+static void test_deterministic(void)
+{
+    enum { T = 24, NIN = 1024, NOUT = 300 };
+    char err[256];
+    be *g = NULL;
+    const be_opts o = { .kv_f16 = 1, .deterministic = 1 };
+    int bad = be_open_opts(&g, "cuda", pl, &o, err, sizeof err);
+    CHECKF(!bad, "%s", err);
+    if (bad) return;
+    size_t rb;
+    wt w = { .type = QT_Q4_K, .n_in = NIN, .n_out = NOUT, .data = kept(make_weight(QT_Q4_K, NIN, NOUT, &rb)) };
+    w.row_bytes = rb;
+    CHECK(g->ops->weight_prepare(g, &w) == 0);
+    static int32_t pg[4];
+    int32_t pos[T], slot[T], ids[T] = { 0 };
+    const int32_t *pages[T];
+    for (int t = 0; t < T; t++) { pos[t] = 5 + t; slot[t] = t; pages[t] = pg; }
+    float *x = malloc((size_t)T * NIN * 4), *y = malloc((size_t)T * NOUT * 4), *y1 = malloc((size_t)NOUT * 4);
+    for (int i = 0; i < T * NIN; i++) x[i] = frand();
+    float *dx = dev_from(g, x, (size_t)T * NIN), *dy = g->ops->alloc(g, (size_t)T * NOUT * 4);
+    be_batch bt = { .T = T, .pos = pos, .pages = pages, .slot = slot, .n_dec = T };
+    CHECK(g->ops->step_begin(g, ids, &bt, NULL, 0) == 0);
+    g->ops->matmul(g, &w, NULL, dx, T, dy);
+    g->ops->step_end(g);
+    g->ops->to_host(g, y, dy, (size_t)T * NOUT * 4);
+    int differ = 0;
+    for (int t = 0; t < T; t++) {
+        be_batch one = { .T = 1, .pos = pos + t, .pages = pages + t, .slot = slot + t, .n_dec = 1 };
+        CHECK(g->ops->step_begin(g, ids, &one, NULL, 0) == 0);
+        g->ops->matmul(g, &w, NULL, dx + (size_t)t * NIN, 1, dy);
+        g->ops->step_end(g);
+        g->ops->to_host(g, y1, dy, (size_t)NOUT * 4);
+        differ += memcmp(y1, y + (size_t)t * NOUT, (size_t)NOUT * 4) != 0;
+    }
+    g->ops->sync(g);
+    CHECKF(differ == 0, "deterministic: %d of %d rows of a %d-stream decode batch differ from the row alone", differ, T,
+           T);
+    g->ops->free(g, dx); g->ops->free(g, dy);
+    g->ops->close(g);
+    free(x); free(y); free(y1);
 }
 
 /* rows split over blocks (under 64 rows) and not; ties inside a block's
@@ -1559,7 +1593,7 @@ static void test_deltanet(void)
 
 
 /* q6_K's layout for the batched kernel (ck_repack_q6_Kb, from the GEMV's
- * ck_repack_q6_K) against its definition (cuda_kernels.cu): per row and
+ * ck_repack_q6_K) against its definition (shaders/mmq.cu): per row and
  * super-block, the scales d * sc in f16, then per lane q three pieces of
  * its values o = 2q, 2q+1, 2q+8, 2q+9 of each sub-block */
 #ifdef ANE_CUDA
@@ -1661,10 +1695,9 @@ int main(int argc, char **argv)
     RUN_SOME(test_ssm_elementwise);
     RUN_SOME(test_conv1d);
     RUN_SOME(test_deltanet);
-    if (gpu_open_env(&gpuv, 1, "ANE_CUDA_GEMM_T=1000000", NULL, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
-    /* the int8 tensor-core path is chosen once per process (ANE_CUDA_MMQ=1) */
-    if (getenv("ANE_CUDA_MMQ") && atoi(getenv("ANE_CUDA_MMQ")) > 0) gpum = gpu;
+    if (gpu_open(&gpuv, 1, &(be_cuda_force){ .gemv_all = 1 }, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
     RUN_SOME(test_invariance);
+    RUN_SOME(test_deterministic);
     gpuv->ops->close(gpuv);
     gpu->ops->close(gpu); gpu32->ops->close(gpu32); cpu->ops->close(cpu); cpu32->ops->close(cpu32);
     pool_close(pl);

@@ -1,5 +1,5 @@
-/* cuda_ssm.h — launchers of the CUDA kernels for linear-attention (Gated
- * DeltaNet) and gated-attention layers (shaders/cuda_ssm.cu), used by the
+/* ssm.h — launchers of the CUDA kernels for linear-attention (Gated
+ * DeltaNet) and gated-attention layers (shaders/ssm.cu), used by the
  * CUDA backend (engine/backend_cuda.c); contracts as the ops in
  * engine/backend.h. Every launcher queues work on `st` and returns at once;
  * pointers are device memory. pos and slot are the per-step device rows

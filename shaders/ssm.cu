@@ -1,5 +1,5 @@
-// cuda_ssm.cu — the CUDA backend's kernels for linear-attention (Gated
-// DeltaNet) and gated-attention layers; contracts in shaders/cuda_ssm.h and
+// ssm.cu — the CUDA backend's kernels for linear-attention (Gated
+// DeltaNet) and gated-attention layers; contracts in shaders/ssm.h and
 // engine/backend.h, reference in engine/backend_cpu_ssm.c.
 //
 // The recurrent ops walk each sequence's tokens in batch order on the device:
@@ -8,9 +8,9 @@
 // the column of the state in shared memory where it fits. The block
 // of a batch token that is not its sequence's first in t0..t1 exits at once,
 // so the launch shape depends on the batch size only.
-#include "shaders/cuda_ssm.h"
+#include "shaders/ssm.h"
 
-#include "shaders/cuda_launch.cuh"
+#include "shaders/launch.cuh"
 
 #include <math.h>
 #include <stdint.h>

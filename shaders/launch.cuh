@@ -1,4 +1,4 @@
-// cuda_launch.cuh — how the backend's kernels are launched (shared by the
+// launch.cuh — how the backend's kernels are launched (shared by the
 // .cu files of shaders/; not part of any interface).
 //
 // Every kernel starts with pdl_begin() and is launched by lk() with
@@ -7,11 +7,13 @@
 // finishes, and wait in pdl_begin() until it has completed and its writes
 // are visible. A decode step is hundreds of small dependent kernels, so
 // this hides most of each launch's latency. The order of work is unchanged:
-// nothing is read or written before the wait. ANE_CUDA_PDL=0 turns it off.
+// nothing is read or written before the wait. The debug switch
+// ANE_CUDA_PDL=0 turns it off.
 #pragma once
 
 #include <cuda_runtime.h>
-#include <stdlib.h>
+
+extern "C" int ck_debug_off(const char *name);   /* (shaders/kernels.h) */
 
 __device__ __forceinline__ void pdl_begin()
 {
@@ -36,9 +38,8 @@ static inline int pdl_on()
 {
     static int v = -1;
     if (v < 0) {
-        const char *e = getenv("ANE_CUDA_PDL");
         int dev = 0, major = 0;
-        v = !(e && *e == '0') && cudaGetDevice(&dev) == cudaSuccess &&
+        v = !ck_debug_off("ANE_CUDA_PDL") && cudaGetDevice(&dev) == cudaSuccess &&
             cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9;
     }
     return v;

@@ -1,4 +1,4 @@
-/* cuda_kernels.h — launchers of the CUDA kernels (shaders/cuda_kernels.cu)
+/* kernels.h — launchers of the CUDA kernels (the .cu files of shaders/)
  * for the CUDA backend (engine/backend_cuda.c). Every launcher queues work on
  * `st` and returns at once; pointers are device memory unless said otherwise.
  * Weights stay in their GGUF block layout (q8_0 and q6_K repacked within
@@ -18,6 +18,9 @@ extern "C" {
 
 /* 1 when the kernels know weight type `type`. */
 int ck_type_ok(uint32_t type);
+/* 1 when debug switch `name` (an environment variable, docs/cuda.md) is
+ * set to 0: the feature it names is off. */
+int ck_debug_off(const char *name);
 
 /* out[t] = row ids[t] of W as f32.                              out [T][n_in] */
 void ck_embed(cudaStream_t st, uint32_t type, const void *W, size_t row_bytes, int n_in,
@@ -39,14 +42,11 @@ void ck_gemv(cudaStream_t st, uint32_t type, const void *W, size_t row_bytes, in
  * 32-byte quant blocks, then its f16 scales. Every kernel reads that layout. */
 void ck_repack_q8_0(cudaStream_t st, const void *src, void *dst, size_t row_bytes, int n_in, int n_out);
 /* q6_K likewise (same bytes per row): aligned words for the int8 GEMV
- * (the layout: q6_word in cuda_kernels.cu). */
+ * (the layout: q6_word in shaders/common.cuh). */
 void ck_repack_q6_K(cudaStream_t st, const void *src, void *dst, size_t row_bytes, int n_in, int n_out);
 /* Types with an int8 path (x quantized per 32 values, __dp4a dots), used when
  * xq_scratch (CK_XQ_BYTES(T, n_in) bytes) is given; else f32 arithmetic. */
 int ck_gemv_int8(uint32_t type, int n_in);
-/* 1 when those go through the int8 tensor-core kernel: every batch size,
- * the same arithmetic per (row, token) (opt-in: ANE_CUDA_MMQ=1). */
-int ck_mmq(uint32_t type, int n_in);
 /* Decode batches past the GEMV's (CK_GEMV_MAX_T < T <= CK_MMQB_MAX_T) of
  * q4_K matrices, and of q6_K ones in sm_90a builds (ck_mmqb_ok) in a
  * layout of their own (ck_repack_q6_Kb from ck_repack_q6_K's, rows
@@ -58,7 +58,7 @@ int ck_mmq(uint32_t type, int n_in);
  * promise). part (part_bytes) and cnt (n_cnt ints, zero, left zero) are
  * scratch for matrices whose rows are split over several blocks (how many:
  * from n_sm, the device's SM count); with too little, no split (slower). */
-#define CK_MMQB_MAX_T 32   /* (wider decode batches: cuBLAS, faster there: BENCHMARKS.md) */
+#define CK_MMQB_MAX_T 32   /* (wider decode batches: cuBLAS, faster there: docs/benchmarks.md) */
 #define CK_MMQB_PART (32u << 20)   /* part_bytes ample for any model */
 #define CK_MMQB_CNT 16384
 int ck_mmqb_ok(uint32_t type, int n_in);
@@ -71,11 +71,10 @@ void ck_mmq_dec(cudaStream_t st, uint32_t type, int nm, const void *const *W, si
  * silu(Wg x) * (Wu x) and its f16 form to h_out (not x16), the same bits as
  * ck_mmq_dec of {Wg, Wu} then ck_silu_mul. 0 (nothing done) where it does
  * not apply: not q4_K, F not a multiple of 64, or no h_out. */
-int ck_mmq_glu(cudaStream_t st, uint32_t type, const void *Wg, const void *Wu, size_t row_bytes, int n_in, int F,
+int ck_mmq_glu_try(cudaStream_t st, uint32_t type, const void *Wg, const void *Wu, size_t row_bytes, int n_in, int F,
                int T, float *out, void *h_out, const void *x16, void *part, size_t part_bytes, int *cnt, int n_cnt,
                int n_sm);
-#define CK_XQ_BYTES(T, n) \
-    ((size_t)(T) * (size_t)(n) + ((size_t)(T) + (((size_t)(T) + 7) & ~(size_t)7)) * ((size_t)(n) / 32) * 8)
+#define CK_XQ_BYTES(T, n) ((size_t)(T) * (size_t)(n) + (size_t)(T) * ((size_t)(n) / 32) * 8)
 /* Several matrices of one type and n_in on the same x, in one launch. */
 #define CK_MULTI_MAX 3
 void ck_gemv_multi(cudaStream_t st, uint32_t type, int nm, const void *const *W, size_t row_bytes, int n_in,
@@ -83,15 +82,15 @@ void ck_gemv_multi(cudaStream_t st, uint32_t type, int nm, const void *const *W,
                    void *xq_scratch);
 /* One token's out = silu(Wg x) * (Wu x) (both n_out x n_in, of one type
  * and row_bytes) in one launch, x already quantized in xq (as for
- * ck_gemv_multi_q), out's int8 form to xq_out (another scratch than xq;
+ * ck_gemv_multi_q), out's int8 form to act_forms_for (another scratch than xq;
  * or NULL) and f16 form to x16_out (or NULL): the same bits as
  * ck_gemv_multi then ck_silu_mul. Only where ck_glu_ok. */
 int ck_glu_ok(uint32_t type, int n_in, int n_out, int T, int n_sm);
 /* 1 for GEMV sets of `bytes` small enough to be launch-bound (the GEMV's
- * prefetch rule: up to ANE_CUDA_PREFETCH_MB, default 5 MiB). */
+ * prefetch rule: up to 5 MiB). */
 int ck_small_set(size_t bytes);
 void ck_gemv_glu(cudaStream_t st, uint32_t type, const void *Wg, const void *Wu, size_t row_bytes, int n_in,
-                 int n_out, const void *xq, float *out, void *xq_out, void *x16_out);
+                 int n_out, const void *xq, float *out, void *act_forms_for, void *x16_out);
 /* x += y; out = x / rms(x) * w (out may be y)                    [rows][n] */
 void ck_add_rmsnorm(cudaStream_t st, float *x, const float *y, const float *w, int rows, int n, float eps,
                     float *out, void *xq, void *x16);
@@ -141,7 +140,7 @@ typedef struct ck_qkv_rope {
     float base;
     const float *fd;   /* rope frequency divisors, or NULL */
 } ck_qkv_rope;
-int ck_gemv_qkv_rope(cudaStream_t st, uint32_t type, const void *const *W, size_t rb, int n, const int *n_out,
+int ck_gemv_qkv_rope_try(cudaStream_t st, uint32_t type, const void *const *W, size_t rb, int n, const int *n_out,
                      const void *xq, float *const *out, const ck_qkv_rope *r);
 /* Causal attention over the paged cache (xq: also out's int8 form, as
  * ck_rmsnorm; head_dim % 32 == 0). A token's positions go in spans of
