@@ -101,7 +101,7 @@ LIBENGINE := $(LIBDIR)/libaneengine.a
 LIBCLIENT := $(LIBDIR)/libaneclient.a
 
 PROGS := $(if $(DAEMON_SRC),bin/aned) $(if $(wildcard client/aneclient.c),bin/aneclient) \
-         $(if $(HTTP_SRC),bin/aned-http) $(BENCH_BIN)
+         $(if $(HTTP_SRC),bin/aned-http) bin/ane-template $(BENCH_BIN)
 
 .PHONY: all deps run test bench cuda test-cuda ktrace help clean fixtures fuzz install aarch64
 all: $(PROGS) $(LIBCLIENT) $(UNIT_BIN)
@@ -224,6 +224,9 @@ bin/aned: $(DAEMON_OBJ) $(LIBENGINE) $(LIBPROTO) bin/.kind
 	$(CC) $(LDFLAGS) -o $@ $(DAEMON_OBJ) $(LIBENGINE) $(LIBPROTO) $(LDLIBS)
 bin/aneclient: $(O)/client/aneclient.o $(LIBCLIENT)
 	$(CC) $(LDFLAGS) -o $@ $< $(LIBCLIENT) $(LDLIBS)
+# renders a chat template with JSON variables (engine/text/jinja.h)
+bin/ane-template: $(O)/client/ane-template.o $(LIBENGINE) bin/.kind
+	$(CC) $(LDFLAGS) -o $@ $< $(LIBENGINE) $(LDLIBS)
 bin/aned-http: $(HTTP_OBJ) $(LIBCLIENT)
 	$(CC) $(LDFLAGS) -o $@ $(HTTP_OBJ) $(LIBCLIENT) $(HTTP_LIBS) $(LDLIBS)
 # Every tests/bench/NAME.c is a program bin/NAME (anebench, ...).
@@ -242,7 +245,11 @@ bin/fixtures/%: tests/fixtures/tokenizers/%.xz
 bin/fixtures/hf/%: tests/fixtures/tokenizers/hf/%.xz
 	@mkdir -p $(dir $@)
 	xz -dc $< > $@.tmp && mv $@.tmp $@
-fixtures: $(patsubst tests/fixtures/tokenizers/%,bin/fixtures/%,$(XZ_FIX))
+CHAT_FIX := $(patsubst tests/fixtures/chat/%.xz,bin/fixtures/chat/%,$(wildcard tests/fixtures/chat/*.xz))
+bin/fixtures/chat/%: tests/fixtures/chat/%.xz
+	@mkdir -p $(dir $@)
+	xz -dc $< > $@.tmp && mv $@.tmp $@
+fixtures: $(patsubst tests/fixtures/tokenizers/%,bin/fixtures/%,$(XZ_FIX)) $(CHAT_FIX)
 
 MODEL ?= tests/fixtures/models/stories260K.gguf
 PROMPT ?= Once upon a time

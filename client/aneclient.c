@@ -68,7 +68,7 @@ static void usage(FILE *f)
 "                          is full)\n"
 "  -T, --temp, --temperature F  0 = greedy (default 0.8)\n"
 "      --top-k N           0 = off (default 40)\n"
-"      --top-p F           1 = off (default 0.95)\n"
+"      --top-p F           1 = off, 0 = the most likely token alone (default 0.95)\n"
 "      --min-p F           0 = off (default 0.05)\n"
 "      --repeat-penalty F  1 = off (default 1.0)\n"
 "      --repeat-last-n N   window of the penalty (default 64)\n"

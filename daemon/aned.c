@@ -54,7 +54,9 @@ static void usage(FILE *f)
 "                          the daemon's); with 0660 its members may connect\n"
 "      --backend NAME      cpu or cuda (default: the best present)\n"
 "  -t, --threads N         matmul threads (default: online cores)\n"
-"  -c, --ctx N             tokens per sequence (default: the model's, at most 4096)\n"
+"  -c, --ctx N             tokens per sequence, 8..16777216 (default: the model's\n"
+"                          trained context, at most 4096); past the trained\n"
+"                          context is allowed, with a warning at start\n"
 "      --max-seqs N        sequences batched together (default 16)\n"
 "      --max-queued N      jobs waiting beyond --max-seqs before \"busy\" (default 256)\n"
 "      --kv-budget MIB     KV cache pool size (default: --max-seqs full contexts)\n"
@@ -434,7 +436,7 @@ int main(int argc, char **argv)
             so.eng.backend = optarg;
             break;
         case 't': if (parse_int("--threads", optarg, 0, 1024, &v)) return 2; so.eng.n_threads = (int)v; break;
-        case 'c': if (parse_int("--ctx", optarg, 0, 1 << 24, &v)) return 2; so.eng.n_ctx = (int)v; break;
+        case 'c': if (parse_int("--ctx", optarg, 8, 1 << 24, &v)) return 2; so.eng.n_ctx = (int)v; break;
         case OPT_MAX_SEQS: if (parse_int("--max-seqs", optarg, 0, 4096, &v)) return 2; so.eng.max_seqs = (int)v; break;
         case OPT_MAX_QUEUED: if (parse_int("--max-queued", optarg, 0, 1 << 20, &v)) return 2; so.eng.max_queued = (int)v; break;
         case OPT_DETERMINISTIC: so.eng.deterministic = 1; break;
@@ -602,6 +604,9 @@ int main(int argc, char **argv)
              mi->n_layer, mi->n_vocab, mi->n_ctx, mi->backend ? mi->backend : "?", mi->n_threads,
              mi->max_seqs, mi->tokenizer_only ? ", tokenizer only" : "");
     if (mi->warning && mi->warning[0]) log_warn("model: %s", mi->warning);
+    if (so.eng.n_ctx > 0 && mi->n_ctx_train > 0 && mi->n_ctx > mi->n_ctx_train)
+        log_warn("--ctx %d is larger than the model's trained context of %d tokens: "
+                 "text past %d tokens may come out degraded", mi->n_ctx, mi->n_ctx_train, mi->n_ctx_train);
     if (pidfile) {
         pthread_mutex_lock(&sigs.mu);
         int prc = write_pidfile(pidfile, err, sizeof err);

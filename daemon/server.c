@@ -64,6 +64,8 @@ struct job {
     int cancelled;            /* eng_cancel was sent */
     int overflow;             /* cancelled for the client's backlog */
     int tokenize;             /* a tokenize request (not counted in uid_use.jobs) */
+    int client_cancel;        /* the client sent cancel for it */
+    proto_type type;          /* the request, for its error texts */
     uid_t uid;                /* the peer's, counted in its uid_use until the job ends */
 };
 
@@ -75,6 +77,10 @@ struct client {
     cl_state state;
     int eof;                  /* peer shut its writing side: close when idle */
     int paused;               /* its jobs are paused for its backlog */
+    int discard;              /* closing after a broken stream: input is read and dropped */
+    size_t discarded;         /* bytes dropped so far */
+    uint64_t discard_owed;    /* bytes still to come of the message over 1 MiB */
+    ev_tstamp discard_end;    /* reading stops by then at the latest */
     ev_io rio, wio;
     ev_timer timer;           /* hello deadline, stall deadline, closing deadline */
     ev_timer idle;            /* idle deadline (ready, nothing in flight) */
@@ -102,9 +108,11 @@ typedef struct uid_use {
 /* Rate limit of the log lines a peer can cause at will, per (uid, kind):
  * RL_BURST lines per RL_WINDOW seconds, then one line saying how many more
  * were suppressed once the window is over. */
-typedef enum rl_kind { RL_DENIED = 0, RL_REFUSED, RL_CLOSED, RL_BROKEN, RL_FAILED, RL_OVERFLOW, RL__N } rl_kind;
+typedef enum rl_kind { RL_DENIED = 0, RL_REFUSED, RL_CLOSED, RL_BROKEN, RL_FAILED, RL_OVERFLOW, RL_CANCELLED,
+                       RL__N } rl_kind;
 static const char *const rl_names[RL__N] = {
     "denied connection", "refused connection", "client closed", "broken stream", "job failed", "backlog",
+    "request cancelled",
 };
 #define RL_BURST 10
 #define RL_WINDOW 5.0
@@ -272,13 +280,26 @@ static proto_err map_eng_err(eng_err c)
 
 #define OUT_KEEP (256u << 10) /* output buffer kept between bursts */
 
+/* After a broken stream the error is sent at once. A peer that may still be
+ * writing (input waiting, or the message over 1 MiB not read to the size its
+ * headers claim) has what it sends read and dropped until that message is
+ * read with nothing more waiting, or it stops (end of file, or nothing for
+ * DISCARD_QUIET_S), within DISCARD_MAX_S and DISCARD_MAX_BYTES: it then
+ * finishes its write and reads the error instead of meeting EPIPE. A peer
+ * with nothing more on its way is closed at once, as before. */
+#define DISCARD_QUIET_S 0.5
+#define DISCARD_MAX_S 10.0
+#define DISCARD_MAX_BYTES (8u * PROTO_MAX_FRAME)
+
 static size_t backlog(const client *cl) { return cl->out.len - cl->out_off; }
 
 static void client_update_read(client *cl)
 {
     server *s = cl->srv;
     int want = cl->state != CL_CLOSING && !cl->eof;
-    if (want) {
+    if (cl->discard) {
+        want = !cl->eof;   /* dropped as read: no backlog check */
+    } else if (want) {
         /* hysteresis: pause past out_pause, resume at half of it */
         size_t lim = ev_is_active(&cl->rio) ? s->opt.out_pause : s->opt.out_pause / 2;
         want = backlog(cl) <= lim;
@@ -353,14 +374,38 @@ static void client_send(client *cl, const proto_ev *ev)
     client_update_read(cl);
 }
 
-static void send_error(client *cl, uint64_t id, proto_err code, const char *msg)
+static void error_ev(client *cl, uint64_t id, proto_err code, const char *msg, int closing)
 {
     proto_ev e;
     proto_ev_init(&e, PROTO_T_ERROR, id);
     e.code = code;
     e.message = msg ? msg : "";
     e.message_len = strlen(e.message);
+    e.closing = closing;
     client_send(cl, &e);
+}
+
+/* An error that answers a request: its text starts with the request's type
+ * ("generate: ...") as the decoder's own texts do. */
+static void send_error(client *cl, uint64_t id, proto_type type, proto_err code, const char *msg)
+{
+    const char *tn = proto_type_name(type);
+    size_t tl = strlen(tn);
+    if (!msg) msg = "";
+    if (!tl || (strncmp(msg, tn, tl) == 0 && msg[tl] == ':')) {
+        error_ev(cl, id, code, msg, 0);
+        return;
+    }
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s: %s", tn, msg);
+    error_ev(cl, id, code, buf, 0);
+}
+
+/* The connection's last message: the client is told that it closes
+ * ("closing": true); the caller closes it. */
+static void send_fatal(client *cl, uint64_t id, proto_err code, const char *msg)
+{
+    error_ev(cl, id, code, msg, 1);
 }
 
 /* For connections refused at accept: one message, best effort, then close. */
@@ -372,6 +417,7 @@ static void refuse_fd(int fd, proto_err code, const char *msg)
     e.code = code;
     e.message = msg;
     e.message_len = strlen(msg);
+    e.closing = 1;
     if (proto_ev_encode(&b, &e) == 0) {
         ssize_t w = send(fd, b.data, b.len, MSG_NOSIGNAL | MSG_DONTWAIT);
         (void)w;
@@ -417,9 +463,27 @@ static void client_free(client *cl, const char *why)
     check_done(s);
 }
 
+/* Ends the reading after a broken stream: the connection closes once its
+ * error is sent (within the usual drain time). Top-level only. */
+static void discard_stop(client *cl)
+{
+    server *s = cl->srv;
+    cl->discard = 0;
+    cl->eof = 1;
+    client_update_read(cl);
+    ev_timer_stop(s->loop, &cl->timer);
+    ev_timer_set(&cl->timer, s->opt.drain_timeout, 0.);
+    ev_timer_start(s->loop, &cl->timer);
+    client_maybe_finish(cl);
+}
+
 static void on_client_timer(struct ev_loop *loop, ev_timer *w, int revents)
 {
     client *cl = w->data;
+    if (cl->discard) {   /* the peer sent nothing more for a while */
+        discard_stop(cl);
+        return;
+    }
     if (cl->state == CL_READY) { /* stalled: paused too long */
         client_overflow(cl, "not read for the stall timeout");
         return;
@@ -427,7 +491,7 @@ static void on_client_timer(struct ev_loop *loop, ev_timer *w, int revents)
     if (cl->state == CL_HANDSHAKE) {
         char msg[64];
         snprintf(msg, sizeof msg, "no hello within %.0f s", cl->srv->opt.handshake_timeout);
-        send_error(cl, 0, PROTO_E_HANDSHAKE, msg);
+        send_fatal(cl, 0, PROTO_E_HANDSHAKE, msg);
         client_close_soon(cl, "no hello in time");
         return;
     }
@@ -450,7 +514,7 @@ static void on_client_idle(struct ev_loop *loop, ev_timer *w, int revents)
     }
     char msg[96];
     snprintf(msg, sizeof msg, "closed: no request for %.0f s (idle timeout)", s->opt.idle_timeout);
-    send_error(cl, 0, PROTO_E_BUSY, msg);
+    send_fatal(cl, 0, PROTO_E_BUSY, msg);
     client_close_soon(cl, "idle timeout");
     client_maybe_finish(cl);
 }
@@ -474,9 +538,14 @@ static int client_maybe_finish(client *cl)
 {
     server *s = cl->srv;
     if (cl->n_jobs) return 0;
+    if (cl->discard && !cl->eof) {
+        if (s->phase == PH_RUN) return 0;   /* client_discard or the timer closes it */
+        cl->discard = 0;                    /* shutting down: no more waiting for it */
+        client_update_read(cl);
+    }
     if (cl->state != CL_CLOSING) {
         if (s->phase != PH_RUN) {
-            send_error(cl, 0, PROTO_E_SHUTDOWN, "the server is shutting down");
+            send_fatal(cl, 0, PROTO_E_SHUTDOWN, "the server is shutting down");
             client_close_soon(cl, "shutdown");
         } else if (cl->eof) {
             client_close_soon(cl, "peer finished");
@@ -539,7 +608,7 @@ static void req_hello(client *cl, const proto_req *r)
 {
     server *s = cl->srv;
     if (cl->state != CL_HANDSHAKE) {
-        send_error(cl, r->id, PROTO_E_BAD_REQUEST, "hello was already received");
+        send_error(cl, r->id, r->type, PROTO_E_BAD_REQUEST, "a second hello on this connection");
         return;
     }
     size_t n = r->client_len < sizeof cl->name - 1 ? r->client_len : sizeof cl->name - 1;
@@ -547,9 +616,9 @@ static void req_hello(client *cl, const proto_req *r)
     cl->name[n] = 0;
     if (r->version != PROTO_VERSION) {
         char msg[96];
-        snprintf(msg, sizeof msg, "server speaks protocol version %d, client asked for %u",
+        snprintf(msg, sizeof msg, "hello: server speaks protocol version %d, client asked for %u",
                  PROTO_VERSION, (unsigned)r->version);
-        send_error(cl, r->id, PROTO_E_VERSION, msg);
+        send_fatal(cl, r->id, PROTO_E_VERSION, msg);
         client_close_soon(cl, "protocol version mismatch");
         return;
     }
@@ -571,9 +640,10 @@ static void req_hello(client *cl, const proto_req *r)
 }
 
 /* Links a job the engine accepted into the client's and the server's lists. */
-static void job_link(server *s, client *cl, job *j, uint64_t req_id)
+static void job_link(server *s, client *cl, job *j, const proto_req *r)
 {
-    j->req_id = req_id;
+    j->req_id = r->id;
+    j->type = r->type;
     j->cl = cl;
     j->uid = cl->peer.uid;
     j->cl_next = cl->jobs;
@@ -587,37 +657,54 @@ static void job_link(server *s, client *cl, job *j, uint64_t req_id)
     if (!ev_is_active(&s->poll_timer)) ev_timer_again(s->loop, &s->poll_timer);
 }
 
+/* Token ids against the vocabulary, named as the decoder names a field
+ * (the engine checks them again). 0: all in range. */
+static int check_vocab(client *cl, const proto_req *r)
+{
+    int32_t nv = eng_model(cl->srv->eng)->n_vocab;
+    for (size_t i = 0; r->tokens && i < r->n_tokens; i++)
+        if (r->tokens[i] >= nv) {
+            char msg[128];
+            snprintf(msg, sizeof msg, "\"tokens\"[%zu] = %ld is outside the vocabulary (0..%ld)",
+                     i, (long)r->tokens[i], (long)nv - 1);
+            send_error(cl, r->id, r->type, PROTO_E_INVALID_TOKEN, msg);
+            return -1;
+        }
+    return 0;
+}
+
 static void req_submit(client *cl, const proto_req *r)
 {
     server *s = cl->srv;
     if (s->phase != PH_RUN) {
-        send_error(cl, r->id, PROTO_E_SHUTDOWN, "the server is shutting down");
+        send_error(cl, r->id, r->type, PROTO_E_SHUTDOWN, "the server is shutting down");
         return;
     }
     if (cl->n_jobs >= PROTO_MAX_INFLIGHT) {
         char msg[64];
         snprintf(msg, sizeof msg, "%d requests already in flight on this connection",
                  PROTO_MAX_INFLIGHT);
-        send_error(cl, r->id, PROTO_E_BUSY, msg);
+        send_error(cl, r->id, r->type, PROTO_E_BUSY, msg);
         return;
     }
     uid_use *uu = uid_find(s, cl->peer.uid, 1);
-    if (!uu) { send_error(cl, r->id, PROTO_E_INTERNAL, "out of memory"); return; }
+    if (!uu) { send_error(cl, r->id, r->type, PROTO_E_INTERNAL, "out of memory"); return; }
     if (s->opt.max_jobs_per_uid > 0 && uu->jobs >= (uint32_t)s->opt.max_jobs_per_uid) {
         char msg[96];
         snprintf(msg, sizeof msg, "%u requests already in flight or queued for uid %lu",
                  uu->jobs, (unsigned long)cl->peer.uid);
-        send_error(cl, r->id, PROTO_E_BUSY, msg);
+        send_error(cl, r->id, r->type, PROTO_E_BUSY, msg);
         return;
     }
+    if (!eng_model(s->eng)->tokenizer_only && check_vocab(cl, r) < 0) return;
     job *j = calloc(1, sizeof *j);
-    if (!j) { send_error(cl, r->id, PROTO_E_INTERNAL, "out of memory"); return; }
+    if (!j) { send_error(cl, r->id, r->type, PROTO_E_INTERNAL, "out of memory"); return; }
 
     /* proto_msg and eng_msg are separate types by design (wire vs engine). */
     eng_msg *msgs = NULL;
     if (r->n_msgs) {
         msgs = calloc(r->n_msgs, sizeof *msgs);
-        if (!msgs) { free(j); send_error(cl, r->id, PROTO_E_INTERNAL, "out of memory"); return; }
+        if (!msgs) { free(j); send_error(cl, r->id, r->type, PROTO_E_INTERNAL, "out of memory"); return; }
         for (size_t i = 0; i < r->n_msgs; i++)
             msgs[i] = (eng_msg){ r->msgs[i].role, r->msgs[i].role_len,
                                  r->msgs[i].content, r->msgs[i].content_len };
@@ -659,10 +746,10 @@ static void req_submit(client *cl, const proto_req *r)
     if (rc < 0) {
         free(j);
         if (code == ENG_OK) code = ENG_EINTERNAL;
-        send_error(cl, r->id, map_eng_err(code), err[0] ? err : eng_strerror(code));
+        send_error(cl, r->id, r->type, map_eng_err(code), err[0] ? err : eng_strerror(code));
         return;
     }
-    job_link(s, cl, j, r->id);
+    job_link(s, cl, j, r);
     uid_find(s, j->uid, 1)->jobs++; /* the entry exists: nothing freed it since */
     if (cl->paused) {
         eng_pause(s->eng, j->eng_id, 1);
@@ -678,17 +765,17 @@ static void req_tokenize(client *cl, const proto_req *r)
 {
     server *s = cl->srv;
     if (r->n_tokens || !r->text) {
-        send_error(cl, r->id, PROTO_E_BAD_REQUEST, "tokenize takes text");
+        send_error(cl, r->id, r->type, PROTO_E_BAD_REQUEST, "tokenize takes text");
         return;
     }
     if (cl->n_jobs >= PROTO_MAX_INFLIGHT) {
         char msg[64];
         snprintf(msg, sizeof msg, "%d requests already in flight on this connection", PROTO_MAX_INFLIGHT);
-        send_error(cl, r->id, PROTO_E_BUSY, msg);
+        send_error(cl, r->id, r->type, PROTO_E_BUSY, msg);
         return;
     }
     job *j = calloc(1, sizeof *j);
-    if (!j) { send_error(cl, r->id, PROTO_E_INTERNAL, "out of memory"); return; }
+    if (!j) { send_error(cl, r->id, r->type, PROTO_E_INTERNAL, "out of memory"); return; }
     j->tokenize = 1;
     eng_err code = ENG_OK;
     char err[256] = "";
@@ -696,31 +783,35 @@ static void req_tokenize(client *cl, const proto_req *r)
                             j, &j->eng_id, &code, err, sizeof err) < 0) {
         free(j);
         if (code == ENG_OK) code = ENG_EINTERNAL;
-        send_error(cl, r->id, map_eng_err(code), err[0] ? err : eng_strerror(code));
+        send_error(cl, r->id, r->type, map_eng_err(code), err[0] ? err : eng_strerror(code));
         return;
     }
-    job_link(s, cl, j, r->id);
+    job_link(s, cl, j, r);
 }
 
 static void req_detokenize(client *cl, const proto_req *r)
 {
     server *s = cl->srv;
     if (r->text_len) {
-        send_error(cl, r->id, PROTO_E_BAD_REQUEST, "detokenize takes tokens");
+        send_error(cl, r->id, r->type, PROTO_E_BAD_REQUEST, "detokenize takes tokens");
         return;
     }
+    if (check_vocab(cl, r) < 0) return;
     char *text = NULL;
     size_t len = 0;
     eng_err code = ENG_OK;
     char err[256] = "";
     if (eng_detokenize(s->eng, r->tokens, r->n_tokens, &text, &len, &code, err, sizeof err) < 0) {
         if (code == ENG_OK) code = ENG_EINTERNAL;
-        send_error(cl, r->id, map_eng_err(code), err[0] ? err : eng_strerror(code));
+        send_error(cl, r->id, r->type, map_eng_err(code), err[0] ? err : eng_strerror(code));
         return;
     }
-    if (len > PROTO_MAX_FRAME - 256) {
+    if (len > PROTO_MAX_REPLY_TEXT) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "the text is %zu bytes, over the limit of %u one reply may carry",
+                 len, (unsigned)PROTO_MAX_REPLY_TEXT);
         free(text);
-        send_error(cl, r->id, PROTO_E_TOO_LARGE, "text longer than one reply may carry");
+        send_error(cl, r->id, r->type, PROTO_E_TOO_LARGE, msg);
         return;
     }
     proto_ev e;
@@ -801,16 +892,19 @@ static void dispatch(client *cl, const proto_req *r)
     if (cl->state == CL_HANDSHAKE) {
         /* dropped; the connection stays and hello may follow (the hello
          * deadline still runs) */
-        send_error(cl, r->id, PROTO_E_HANDSHAKE, "the first request must be hello");
+        send_error(cl, r->id, r->type, PROTO_E_HANDSHAKE, "the first request must be hello");
         return;
     }
     if (r->type == PROTO_T_CANCEL) {
         job *j = client_find_job(cl, r->id);
-        if (j && !j->tokenize) job_cancel(cl->srv, j);   /* a tokenize is answered anyway */
+        if (j && !j->tokenize) {   /* a tokenize is answered anyway */
+            j->client_cancel = 1;
+            job_cancel(cl->srv, j);
+        }
         return;
     }
     if (client_find_job(cl, r->id)) {
-        send_error(cl, r->id, PROTO_E_DUPLICATE_ID, "a request with this id is in flight");
+        send_error(cl, r->id, r->type, PROTO_E_DUPLICATE_ID, "a request with this id is in flight");
         return;
     }
     switch (r->type) {
@@ -826,7 +920,7 @@ static void dispatch(client *cl, const proto_req *r)
         break;
     }
     default:
-        send_error(cl, r->id, PROTO_E_UNKNOWN_TYPE, "not a request type");
+        send_error(cl, r->id, r->type, PROTO_E_UNKNOWN_TYPE, "not a request type");
         break;
     }
 }
@@ -837,6 +931,15 @@ static int peer_gone(int fd)
     struct pollfd p = { .fd = fd, .events = POLLOUT };
     if (poll(&p, 1, 0) < 0) return 1;
     return (p.revents & (POLLHUP | POLLERR)) != 0;
+}
+
+/* 1: bytes are waiting to be read on fd (0 at end of file or when none). */
+static int input_waiting(int fd)
+{
+    char b;
+    ssize_t n;
+    do n = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT); while (n < 0 && errno == EINTR);
+    return n > 0;
 }
 
 /* Takes every whole message the reader holds. */
@@ -851,22 +954,63 @@ static void client_drain(client *cl)
         if (rc < 0) {
             LOG_RL(cl->srv, cl->peer.uid, RL_BROKEN, LOG_INFO, "client %llu (uid %lu): broken stream (%s: %s); closing",
                    (unsigned long long)cl->serial, (unsigned long)cl->peer.uid, proto_err_name(code), err);
-            send_error(cl, 0, code == PROTO_OK ? PROTO_E_MALFORMED : code, err);
+            send_fatal(cl, 0, code == PROTO_OK ? PROTO_E_MALFORMED : code, err);
             client_close_soon(cl, "broken stream");
+            uint64_t claim = proto_reader_claimed(cl->rd), have = proto_reader_pending(cl->rd);
+            cl->discard_owed = claim > have ? claim - have : 0;
+            if (!cl->eof && (cl->discard_owed || input_waiting(cl->fd))) {
+                server *s = cl->srv;
+                cl->discard = 1;
+                cl->discard_end = ev_now(s->loop) + DISCARD_MAX_S;
+                ev_timer_stop(s->loop, &cl->timer);
+                ev_timer_set(&cl->timer, DISCARD_QUIET_S < s->opt.drain_timeout ? DISCARD_QUIET_S
+                                                                                : s->opt.drain_timeout, 0.);
+                ev_timer_start(s->loop, &cl->timer);
+                client_update_read(cl);
+            }
             break;
         }
         if (code != PROTO_OK) {
             cl->n_requests++;
-            send_error(cl, req.id, code, err);
+            send_error(cl, req.id, PROTO_T_NONE, code, err);   /* the decoder's text names the type */
             continue;
         }
         dispatch(cl, &req);
     }
 }
 
+/* Reads and drops input after a broken stream (see DISCARD_MAX_S). */
+static void client_discard(client *cl)
+{
+    server *s = cl->srv;
+    char buf[65536];
+    ssize_t n;
+    do n = read(cl->fd, buf, sizeof buf); while (n < 0 && errno == EINTR);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    ev_tstamp now = ev_now(s->loop);
+    int done = n <= 0;
+    if (n > 0) {
+        cl->discarded += (size_t)n;
+        if (cl->discard_owed) {   /* the message at fault read to its end, nothing after it: done */
+            cl->discard_owed -= (uint64_t)n < cl->discard_owed ? (uint64_t)n : cl->discard_owed;
+            done = !cl->discard_owed && !input_waiting(cl->fd);
+        }
+    }
+    if (done || cl->discarded >= DISCARD_MAX_BYTES || now >= cl->discard_end) {
+        discard_stop(cl);
+        return;
+    }
+    ev_tstamp quiet = DISCARD_QUIET_S < s->opt.drain_timeout ? DISCARD_QUIET_S : s->opt.drain_timeout;
+    if (now + quiet > cl->discard_end) quiet = cl->discard_end - now;
+    ev_timer_stop(s->loop, &cl->timer);
+    ev_timer_set(&cl->timer, quiet, 0.);
+    ev_timer_start(s->loop, &cl->timer);
+}
+
 static void on_client_read(struct ev_loop *loop, ev_io *w, int revents)
 {
     client *cl = w->data;
+    if (cl->discard) { client_discard(cl); return; }
     size_t avail = 0;
     char *sp = proto_reader_space(cl->rd, &avail);
     if (!sp && avail) {
@@ -1036,7 +1180,10 @@ static void handle_event(server *s, const eng_event *ev)
     case ENG_EV_TOKENS:
         if (!live) break;
         if (ev->n_ids > PROTO_MAX_TOKENS) {
-            send_error(cl, j->req_id, PROTO_E_TOO_LARGE, "text gives more tokens than one reply may carry");
+            char msg[128];
+            snprintf(msg, sizeof msg, "the text gives %zu tokens, over the limit of %d one reply may carry",
+                     (size_t)ev->n_ids, PROTO_MAX_TOKENS);
+            send_error(cl, j->req_id, j->type, PROTO_E_TOO_LARGE, msg);
             break;
         }
         proto_ev_init(&e, PROTO_T_TOKENS, j->req_id);
@@ -1073,7 +1220,7 @@ static void handle_event(server *s, const eng_event *ev)
     }
     case ENG_EV_DONE:
         if (j->tokenize) {   /* cancelled: overflow, shutdown or a closed connection */
-            if (cl) send_error(cl, j->req_id, j->overflow ? PROTO_E_BUSY : PROTO_E_SHUTDOWN,
+            if (cl) send_error(cl, j->req_id, j->type, j->overflow ? PROTO_E_BUSY : PROTO_E_SHUTDOWN,
                                j->overflow ? "cancelled: the client did not read its output"
                                            : "the server is shutting down");
             break;
@@ -1082,10 +1229,17 @@ static void handle_event(server *s, const eng_event *ev)
             log_debug("job %llu of a closed connection ended: %s", (unsigned long long)ev->job_id,
                       eng_finish_str(ev->finish));
         if (cl && j->overflow) {
-            send_error(cl, j->req_id, PROTO_E_BUSY,
+            send_error(cl, j->req_id, j->type, PROTO_E_BUSY,
                        "cancelled: the client did not read its output (backlog limit or stall timeout)");
         } else if (cl) {
             const char *f = eng_finish_str(ev->finish);
+            if (ev->finish == ENG_FINISH_CANCELLED && j->client_cancel)
+                LOG_RL(s, j->uid, RL_CANCELLED, LOG_INFO,
+                       "client %llu (uid %lu pid %ld%s%s) request %llu cancelled by the client: "
+                       "%d prompt + %d generated tokens, %.1f ms", (unsigned long long)cl->serial,
+                       (unsigned long)cl->peer.uid, (long)cl->peer.pid, cl->name[0] ? " " : "", cl->name,
+                       (unsigned long long)j->req_id, ev->prompt_tokens, ev->completion_tokens,
+                       ev->queue_ms + ev->prefill_ms + ev->decode_ms);
             log_debug("client %llu request %llu: %s; %d prompt (%d cached) + %d generated tokens; "
                       "queue %.1f ms, prefill %.1f ms, decode %.1f ms", (unsigned long long)cl->serial,
                       (unsigned long long)j->req_id, f ? f : "?", ev->prompt_tokens, ev->cached_tokens,
@@ -1105,7 +1259,7 @@ static void handle_event(server *s, const eng_event *ev)
     case ENG_EV_ERROR:
         LOG_RL(s, j->uid, RL_FAILED, LOG_INFO, "job %llu (uid %lu) failed: %s: %s", (unsigned long long)ev->job_id,
                (unsigned long)j->uid, eng_strerror(ev->code), ev->message);
-        if (cl) send_error(cl, j->req_id, map_eng_err(ev->code),
+        if (cl) send_error(cl, j->req_id, j->type, map_eng_err(ev->code),
                            ev->message[0] ? ev->message : eng_strerror(ev->code));
         break;
     default:

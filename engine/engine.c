@@ -539,9 +539,15 @@ static int job_set_prompt(eng *e, job *j, int32_t *ids, size_t n, eng_err *code,
         ids[0] = tok_bos(t);
         n = 1;
     }
-    if (n >= (size_t)e->n_ctx || (j->kind == ENG_JOB_EVAL && n > (size_t)e->n_ctx)) {
-        char msg[128];
-        snprintf(msg, sizeof msg, "prompt of %zu tokens does not fit the context of %d", n, e->n_ctx);
+    /* eval scores every position and generates nothing: n_ctx tokens fit;
+     * generate needs room for at least one more */
+    if (n > (size_t)e->n_ctx || (j->kind != ENG_JOB_EVAL && n == (size_t)e->n_ctx)) {
+        char msg[160];
+        if (j->kind == ENG_JOB_EVAL)
+            snprintf(msg, sizeof msg, "prompt of %zu tokens does not fit the context of %d", n, e->n_ctx);
+        else
+            snprintf(msg, sizeof msg, "prompt of %zu tokens does not fit the context of %d"
+                     " (a generate's prompt leaves room for one token: at most %d)", n, e->n_ctx, e->n_ctx - 1);
         free(ids);
         return fail(code, ENG_ECTX, err, errlen, msg);
     }
@@ -669,6 +675,19 @@ int eng_submit(eng *e, const eng_job_desc *d, uint64_t *job_id, eng_err *code, c
     if (d->max_tokens < 0) return fail(code, ENG_EINVAL, err, errlen, "max_tokens must be >= 0");
     if (d->n_stop > ENG_MAX_STOP) return fail(code, ENG_EINVAL, err, errlen, "too many stop strings");
 
+    if (d->system) {
+        /* a system message goes where the chat template puts it; never dropped unsaid */
+        const char *why = d->n_msgs ? "put it first in \"messages\" as a \"system\" message"
+                        : d->n_tokens ? "it does not apply to \"tokens\" (used as given)"
+                        : d->raw ? "it needs the chat template, which \"raw\" turns off"
+                        : e->chat == CHAT_NONE ? "it needs a chat template; this model has none" : NULL;
+        if (why) {
+            char msg[160];
+            snprintf(msg, sizeof msg, "%s: \"system\": %s",
+                     d->kind == ENG_JOB_EVAL ? "eval" : "generate", why);
+            return fail(code, ENG_EINVAL, err, errlen, msg);
+        }
+    }
     job *j = calloc(1, sizeof *j);
     if (!j) return fail(code, ENG_ENOMEM, err, errlen, NULL);
     j->kind = d->kind;
@@ -676,7 +695,12 @@ int eng_submit(eng *e, const eng_job_desc *d, uint64_t *job_id, eng_err *code, c
     int text = d->n_tokens == 0;
     if (!text) {
         /* ids as given: checked and taken now, linear and cheap */
-        if (d->n_tokens > (size_t)e->n_ctx) { job_free(j); return fail(code, ENG_ECTX, err, errlen, NULL); }
+        if (d->n_tokens > (size_t)e->n_ctx) {
+            char msg[128];
+            snprintf(msg, sizeof msg, "prompt of %zu tokens does not fit the context of %d", d->n_tokens, e->n_ctx);
+            job_free(j);
+            return fail(code, ENG_ECTX, err, errlen, msg);
+        }
         if (check_ids(e->m->tok, d->tokens, d->n_tokens, code, err, errlen)) { job_free(j); return -1; }
         int32_t *ids = malloc(d->n_tokens * sizeof *ids);
         if (!ids) { job_free(j); return fail(code, ENG_ENOMEM, err, errlen, NULL); }

@@ -495,11 +495,8 @@ static int parse_sampling(json_t *o, proto_req *q, int chat, int *n_out, perr *e
     }
     if (get_number(o, "temperature", 0, PROTO_MAX_TEMPERATURE, &has, &d, e) < 0) return -1;
     if (has) q->temperature = (float)d;
-    if (get_number(o, "top_p", 0, 1, &has, &d, e) < 0) return -1;
-    if (has) {
-        if (d <= 0) return pfail(e, "top_p", "\"top_p\" must be greater than 0 (1 = off)");
-        q->top_p = (float)d;
-    }
+    if (get_number(o, "top_p", 0, 1, &has, &d, e) < 0) return -1;   /* 0: the most likely token alone */
+    if (has) q->top_p = (float)d;
     if (get_int(o, "top_k", 0, INT32_MAX, &has, &x, e) < 0) return -1;
     if (has) q->top_k = (int32_t)x;
     if (get_number(o, "min_p", 0, 1, &has, &d, e) < 0) return -1;

@@ -391,11 +391,12 @@ int proto_ev_encode(proto_buf *b, const proto_ev *e)
         break;
     }
     case PROTO_T_ERROR:
-        pk_map(&k, 4);
+        pk_map(&k, 4 + (e->closing != 0));
         pk_kstr(&k, "type", tn, strlen(tn));
         pk_ku64(&k, "id", e->id);
         pk_kstr(&k, "code", proto_err_name(e->code), strlen(proto_err_name(e->code)));
         pk_kstr(&k, "message", e->message, e->message_len);
+        if (e->closing) pk_kbool(&k, "closing", 1);
         break;
     case PROTO_T_TOKENS:
         pk_map(&k, 3);
@@ -487,6 +488,7 @@ struct proto_reader {
     struct arena_chunk *extra;    /* what did not fit in arena (same lifetime) */
     int broken;                   /* after -1 every call returns -1 */
     proto_err broken_code;
+    uint64_t claimed;             /* too_large: the least size the frame's headers claimed */
 };
 
 static void sk_reset(proto_reader *r)
@@ -581,6 +583,11 @@ int proto_reader_feed(proto_reader *r, const void *data, size_t n)
 
 size_t proto_reader_pending(const proto_reader *r) { return r->end - r->start; }
 
+uint64_t proto_reader_claimed(const proto_reader *r)
+{
+    return r->broken && r->broken_code == PROTO_E_TOO_LARGE ? r->claimed : 0;
+}
+
 static void seterr(char *err, size_t errlen, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 static void seterr(char *err, size_t errlen, const char *fmt, ...)
@@ -645,14 +652,16 @@ static int rd_skim(proto_reader *r, size_t *len, proto_err *code, char *err, siz
         }
         hdr += lenbytes;
         /* Every element still owed (sk_pending, this one included) needs a byte. */
-        if ((uint64_t)pos + hdr + (r->sk_pending - 1) > lim) goto too_large;
+        r->claimed = (uint64_t)pos + hdr + (r->sk_pending - 1);
+        if (r->claimed > lim) goto too_large;
         if (pos + hdr > n) return 0;
         if (lenbytes) {
             uint64_t v = rd_be(p + pos + 1, lenbytes);
             if (container) count = v; else payload = v;
         }
         uint64_t elems = container == 2 ? count * 2 : count;
-        if ((uint64_t)pos + hdr + payload + elems + (r->sk_pending - 1) > lim) goto too_large;
+        r->claimed = (uint64_t)pos + hdr + payload + elems + (r->sk_pending - 1);
+        if (r->claimed > lim) goto too_large;
         if (!container && pos + hdr + payload > n) return 0;
         /* Accept this element. */
         r->sk_started = 1;
@@ -900,8 +909,14 @@ static int get_tokens(dctx *d, const msgpack_object *o, const char *name, size_t
         double v;
         if (obj_number(e, &v) < 0)
             return fail(d, PROTO_E_BAD_REQUEST, "\"%s\"[%zu] must be an integer", name, i);
-        if (v != floor(v) || v < 0 || v > INT32_MAX)
-            return fail(d, PROTO_E_INVALID_TOKEN, "\"%s\"[%zu] is not a token id", name, i);
+        /* negative, as every negative number: invalid_value; a fraction
+         * or an id no vocabulary can hold: invalid_token */
+        if (!isfinite(v) || v != floor(v))
+            return fail(d, PROTO_E_INVALID_TOKEN, "\"%s\"[%zu] is not a token id (not a whole number)", name, i);
+        if (v < 0)
+            return fail(d, PROTO_E_INVALID_VALUE, "\"%s\"[%zu] = %.15g must not be negative", name, i, v);
+        if (v > INT32_MAX)
+            return fail(d, PROTO_E_INVALID_TOKEN, "\"%s\"[%zu] = %.15g is outside any vocabulary", name, i, v);
         out[i] = (int32_t)v;
     }
     *t = out;
@@ -1210,6 +1225,7 @@ static int decode_ev(dctx *d, const msgpack_object *m, proto_ev *e)
                 rc = get_str(d, v, "code", 64, &s, &n);
                 if (rc == 0) { e->code = proto_err_from_name(s, n); has_code = 1; }
             } else if (key_is(k, "message")) rc = get_str(d, v, "message", big, &e->message, &e->message_len);
+            else if (key_is(k, "closing")) rc = get_bool(d, v, "closing", &e->closing);
             break;
         case PROTO_T_TOKENS:
             if (key_is(k, "tokens")) rc = get_tokens(d, v, "tokens", 0, &e->tokens, &e->n_tokens);

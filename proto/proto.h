@@ -23,13 +23,14 @@
 #define PROTO_MAX_FRAME     (1u << 20)  /* bytes of one message, both directions */
 #define PROTO_MAX_DEPTH     8           /* nesting of maps/arrays in one message */
 #define PROTO_MAX_PROMPT    (PROTO_MAX_FRAME - 4096) /* bytes of prompt/system text */
-#define PROTO_MAX_TOKENS    131072      /* token ids in one request */
+#define PROTO_MAX_TOKENS    131072      /* token ids in one request or one tokens reply */
 #define PROTO_MAX_INFLIGHT  32          /* requests in flight per connection */
 #define PROTO_MAX_STOP      16          /* stop strings per request */
 #define PROTO_MAX_STOP_LEN  256         /* bytes per stop string */
 #define PROTO_MAX_TOP       100         /* eval top-N */
 #define PROTO_MAX_GEN       1048576     /* max_tokens upper bound */
 #define PROTO_MAX_NAME      256         /* bytes of hello's "client" */
+#define PROTO_MAX_REPLY_TEXT (PROTO_MAX_FRAME - 256) /* bytes of a detokenize reply's text */
 #define PROTO_MAX_TEMPERATURE 100.0     /* temperature range [0, 100] */
 #define PROTO_MAX_PENALTY   100.0       /* repeat_penalty range (0, 100] */
 #define PROTO_DEF_MAX_TOKENS 256        /* generate's max_tokens when absent */
@@ -147,6 +148,7 @@ typedef struct proto_ev {
     /* error */
     proto_err code;
     const char *message; size_t message_len;
+    int closing;            /* the daemon closes the connection after this error */
     /* info */
     const char *arch; size_t arch_len;
     const char *backend; size_t backend_len;
@@ -188,6 +190,11 @@ void proto_reader_commit(proto_reader *r, size_t n);
 int proto_reader_feed(proto_reader *r, const void *buf, size_t n); /* copy in; -1 OOM */
 /* Bytes received but not yet returned as messages. */
 size_t proto_reader_pending(const proto_reader *r);
+/* After a too_large break: the least size in bytes that the refused message's
+ * headers claimed (from its first byte; proto_reader_pending() of it are in
+ * hand), so a server can read the rest and drop it before it closes; 0
+ * otherwise. */
+uint64_t proto_reader_claimed(const proto_reader *r);
 
 /* Next whole message from the stream:
  *   1  a message was decoded into *req (server side) — or, when the map is a

@@ -21,6 +21,9 @@ import msgpack  # noqa: E402
 
 MODEL = os.path.join(ROOT, "tests/fixtures/models/stories260K.gguf")
 VOCAB_ONLY = os.path.join(ROOT, "tests/fixtures/tokenizers/llama.cpp/ggml-vocab-llama-spm.gguf")
+CHAT_MODEL = os.path.join(ROOT, "tests/fixtures/models/qwen2-tiny.bf16.gguf")
+CLIENT = os.path.join(ROOT, "bin/aneclient")
+GW = os.path.join(ROOT, "bin/aned-http")
 GREEDY = os.path.join(ROOT, "tests/fixtures/refs/stories260K.greedy.json")
 ANED = os.path.join(ROOT, "bin/aned")
 
@@ -68,10 +71,10 @@ class Daemon:
             time.sleep(0.05)
         raise RuntimeError("aned did not come up on %s:\n%s" % (self.sock, self.logtext()))
 
-    def logtext(self):
+    def logtext(self, tail=4000):
         self.log.flush()
         self.log.seek(0)
-        return self.log.read()[-4000:]
+        return self.log.read()[-tail:]
 
     def connect(self, hello=True, timeout=30.0):
         return anepy.connect(self.sock, hello=hello, timeout=timeout)
@@ -261,9 +264,13 @@ def t_generate_greedy(d):
             print("seed %d: streamed %r\n   detokenized %r" % (seed, txt[:120], whole[:120]))
     check(nbytes > 0, "hot sampling produced byte tokens")
     check(same, "streamed text equals the detokenized ids")
-    # chat (non-raw) and system are accepted
-    txt, ids3, dn = c.generate_text("Tell me a story", system="You are kind", max_tokens=5, temperature=0)
+    # chat (non-raw) runs; this model has no chat template, so "system" is refused, not dropped
+    txt, ids3, dn = c.generate_text("Tell me a story", max_tokens=5, temperature=0)
     check(dn["type"] == "done" and len(ids3) <= 5, "chat-mode generate runs: %r" % dn)
+    id = c.submit_generate("Tell me a story", system="You are kind", max_tokens=5)
+    ev = c.next_event(id)
+    check(ev.get("type") == "error" and ev.get("code") == "invalid_value" and '"system"' in ev.get("message", ""),
+          "system on a model without a chat template: invalid_value naming system: %r" % ev)
     c.close()
 
 
@@ -434,7 +441,8 @@ def t_errors(d):
         ({"type": "detokenize", "tokens": [1] * 131073}, "too_large", "131073 token ids"),
         ({"type": "detokenize", "tokens": [99999]}, "invalid_token", "detokenize id outside the vocabulary"),
         ({"type": "detokenize", "tokens": [512]}, "invalid_token", "detokenize id = n_vocab"),
-        ({"type": "detokenize", "tokens": [-1]}, "invalid_token", "negative token id"),
+        ({"type": "detokenize", "tokens": [-1]}, "invalid_value", "negative token id"),
+        ({"type": "generate", "tokens": [1, -5]}, "invalid_value", "negative token id in generate"),
         ({"type": "generate", "tokens": [1, 600]}, "invalid_token", "generate id outside the vocabulary"),
         ({"type": "eval", "tokens": [1, 100000]}, "invalid_token", "eval id outside the vocabulary"),
         ({"type": "generate", "prompt": b"\xff\xfe"}, "invalid_utf8", "prompt bytes not UTF-8"),
@@ -610,6 +618,8 @@ def t_fuzz(d):
                     bad_events += 1
                 if ev.get("type") == "error" and not isinstance(ev.get("code"), str):
                     bad_events += 1
+                if ev.get("type") == "error" and ev.get("closing") is True:
+                    break   # the connection's last message (PROTOCOL.md §10)
         except (BrokenPipeError, ConnectionResetError):
             pass
         except Exception as e:   # the stream we got back did not decode
@@ -716,6 +726,164 @@ def t_regex_limit():
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def t_ctx_edges(d):
+    """An eval may fill the context (it generates nothing); a generate's
+    prompt leaves room for one token."""
+    c = d.connect()
+    n = c.info()["n_ctx"]
+    id = c.request("eval", tokens=[1] * n, top=1)
+    evs = list(c.events(id, timeout=120))
+    last = evs[-1]
+    check(last.get("type") == "done" and len(evs) == n + 1 and last["usage"]["prompt_tokens"] == n,
+          "eval of exactly n_ctx = %d tokens: %d logits, %r" % (n, len(evs) - 1, last))
+    id = c.request("eval", tokens=[1] * (n + 1), top=1)
+    ev = c.next_event(id, 60)
+    check(ev.get("code") == "context" and ev["message"].startswith("eval: "), "eval of n_ctx + 1: %r" % ev)
+    id = c.request("generate", tokens=[1] * n, raw=True)
+    ev = c.next_event(id, 60)
+    check(ev.get("code") == "context" and ev["message"].startswith("generate: ") and str(n - 1) in ev["message"],
+          "generate of n_ctx tokens: context, naming %d: %r" % (n - 1, ev))
+    txt, ids, done = c.generate_text(tokens=[1] * (n - 1), raw=True, max_tokens=5, temperature=0)
+    check(len(ids) == 1 and done.get("finish") == "length", "generate of n_ctx - 1: one token: %r" % done)
+    c.close()
+
+
+def t_system(d):
+    """"system" is placed by the chat template or refused (invalid_value
+    naming it), never dropped."""
+    c = d.connect()
+    for what, fields in (("no chat template", dict(prompt="Hi")), ("raw", dict(prompt="Hi", raw=True)),
+                         ("tokens", dict(tokens=[1, 403]))):
+        for t in ("generate", "eval"):
+            id = c.request(t, system="Be brief.", **fields)
+            ev = c.next_event(id, 30)
+            check(ev.get("type") == "error" and ev.get("code") == "invalid_value" and '"system"' in ev.get("message", "")
+                  and ev["message"].startswith(t + ": "), "%s system with %s: invalid_value naming system: %r"
+                  % (t, what, ev))
+    # an empty system is still a system where none applies
+    id = c.request("generate", system="", prompt="Hi", raw=True)
+    check(c.next_event(id, 30).get("code") == "invalid_value", "empty system with raw: refused")
+    still_serves(c, "after system refusals")
+    c.close()
+    chat = Daemon(CHAT_MODEL, "chat")
+    try:
+        c = chat.connect()
+        check(c.info().get("chat_template") not in ("none", None), "the chat fixture has a chat template")
+        _, _, plain = c.generate_text("Hi", max_tokens=1, temperature=0)
+        _, _, withsys = c.generate_text("Hi", system="Be brief.", max_tokens=1, temperature=0)
+        check(withsys["usage"]["prompt_tokens"] > plain["usage"]["prompt_tokens"],
+              "system is applied on a chat model: %d > %d prompt tokens"
+              % (withsys["usage"]["prompt_tokens"], plain["usage"]["prompt_tokens"]))
+        pos, done = c.eval(prompt="Hi", system="Be brief.", top=1)
+        check(done["usage"]["prompt_tokens"] == withsys["usage"]["prompt_tokens"], "eval applies system the same way")
+        for what, fields in (("raw", dict(prompt="Hi", raw=True)), ("tokens", dict(tokens=[1, 2]))):
+            id = c.request("generate", system="Be brief.", **fields)
+            ev = c.next_event(id, 30)
+            check(ev.get("code") == "invalid_value" and '"system"' in ev.get("message", ""),
+                  "chat model, system with %s: invalid_value: %r" % (what, ev))
+        id = c.request("generate", system="Be brief.", messages=[{"role": "user", "content": "Hi"}])
+        check(c.next_event(id, 30).get("code") == "bad_request", "system with messages: bad_request")
+        c.close()
+    finally:
+        chat.stop()
+        chat.cleanup()
+
+
+def t_cancel_logged():
+    """A request the client cancels gets an info line in the default log,
+    rate-limited per uid like the other lines a peer can cause."""
+    d = Daemon(MODEL, "cancel")
+    try:
+        cancel_logged(d)
+    finally:
+        d.stop()
+        d.cleanup()
+
+
+def cancel_logged(d):
+    c = d.connect()
+    ids = []
+    for i in range(14):
+        id = c.submit_generate(tokens=[1], raw=True, max_tokens=0, temperature=1.0)
+        c.next_event(id, 30)
+        c.cancel(id)
+        ids.append(id)
+        last = None
+        for ev in c.events(id, timeout=30):
+            last = ev
+        check(last.get("finish") == "cancelled", "cancelled: %r" % last)
+    time.sleep(0.3)
+    log = d.logtext(1 << 20)
+    lines = [ln for ln in log.split("\n") if "cancelled by the client" in ln]
+    check(len(lines) == 10, "10 cancel lines, the rest suppressed: %d" % len(lines))
+    check(lines and " info: " in lines[0] and ("request %d cancelled by the client" % ids[0]) in lines[0]
+          and "uid %d" % os.getuid() in lines[0], "the cancel line names client, uid and request: %r" % lines[:1])
+    deadline = time.monotonic() + 8
+    while time.monotonic() < deadline and 'more "request cancelled" line(s) suppressed' not in d.logtext(1 << 20):
+        time.sleep(0.2)
+    check('4 more "request cancelled" line(s) suppressed' in d.logtext(1 << 20), "the suppressed lines are counted")
+    c.close()
+
+
+def t_ctx_option():
+    """--ctx: below 8 (0 included) is a usage error; past the model's trained
+    context starts with a warning naming both numbers."""
+    for bad in ("0", "7", "-1"):
+        r = subprocess.run([ANED, "--model", MODEL, "--ctx", bad, "--socket", "/nonexistent/x.sock"],
+                           capture_output=True, timeout=30)
+        err = r.stderr.decode()
+        check(r.returncode == 2 and "--ctx" in err and "[8," in err, "--ctx %s: usage error: %d %r" % (bad, r.returncode, err))
+    r = subprocess.run([ANED, "--help"], capture_output=True, timeout=30)
+    check("trained" in r.stdout.decode() and "8..16777216" in r.stdout.decode(), "--help says --ctx's range")
+    big = Daemon(MODEL, "ctxbig", ["--ctx", "4096"])
+    try:
+        c = big.connect()
+        check(c.info()["n_ctx"] == 4096, "--ctx 4096 is used")
+        c.close()
+        log = big.logtext()
+        check("--ctx 4096 is larger than the model's trained context of 2048 tokens" in log and " warn: " in log,
+              "a warning naming both numbers: %r" % log[-600:])
+    finally:
+        big.stop()
+        big.cleanup()
+    small = Daemon(MODEL, "ctxsmall", ["--ctx", "1024"])
+    try:
+        check("trained context" not in small.logtext(), "no warning within the trained context")
+    finally:
+        small.stop()
+        small.cleanup()
+
+
+def t_top_p_zero(d):
+    """top_p 0 (the most likely token alone) is taken by the daemon, aneclient
+    and aned-http alike, and gives the greedy text."""
+    c = d.connect()
+    greedy = c.generate_text("Once upon a time", raw=True, temperature=0, max_tokens=12)[0]
+    got = c.generate_text("Once upon a time", raw=True, temperature=1.5, top_p=0, seed=3, max_tokens=12)[0]
+    check(got == greedy, "daemon: top_p 0 gives the greedy text: %r vs %r" % (got, greedy))
+    c.close()
+    r = subprocess.run([CLIENT, "--socket", d.sock, "--raw", "-n", "12", "-T", "1.5", "--top-p", "0", "--seed", "3",
+                        "Once upon a time"], capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+    out = r.stdout.decode()
+    check(r.returncode == 0 and greedy in out, "aneclient --top-p 0: exit %d, %r (%r)" % (r.returncode, out,
+                                                                                       r.stderr.decode()))
+    sys.dont_write_bytecode = True   # no __pycache__ left in the tree
+    from test_http import Gateway, post  # noqa: E402
+    gw = Gateway(d.sock).start()
+    try:
+        res = {}
+        for name, body in (("greedy", {"temperature": 0}), ("top_p 0", {"temperature": 1.5, "top_p": 0, "seed": 3})):
+            body.update({"prompt": "Once upon a time", "max_tokens": 12})
+            st, _, b = post(gw, "/v1/completions", body)
+            res[name] = (st, b["choices"][0]["text"] if st == 200 else b)
+        check(res["top_p 0"][0] == 200 and res["top_p 0"] == res["greedy"],
+              "aned-http: top_p 0 gives the greedy text: %r" % res)
+        st, _, b = post(gw, "/v1/completions", {"prompt": "x", "top_p": 1.5})
+        check(st == 400 and b["error"]["param"] == "top_p", "aned-http: top_p 1.5 refused naming top_p: %r" % b)
+    finally:
+        gw.stop()
+
+
 def t_no_model(d2):
     c = d2.connect()
     info = c.info()
@@ -770,7 +938,7 @@ def main():
     try:
         for t in (t_handshake, t_version, t_before_hello, t_ping_info, t_tokenize, t_generate_greedy,
                   t_interleave, t_duplicate, t_cancel, t_eval, t_errors, t_field_shapes, t_busy, t_stream_errors,
-                  t_fuzz):
+                  t_fuzz, t_ctx_edges, t_system, t_top_p_zero):
             f0 = failed
             try:
                 t(d)
@@ -788,6 +956,13 @@ def main():
             except Exception:
                 check(False, "t_no_model raised:\n%s" % traceback.format_exc())
             print("%-24s %s" % ("t_no_model", "ok" if failed == f0 else "FAIL"), flush=True)
+        for t in (t_ctx_option, t_cancel_logged):
+            f0 = failed
+            try:
+                t()
+            except Exception:
+                check(False, "%s raised:\n%s" % (t.__name__, traceback.format_exc()))
+            print("%-24s %s" % (t.__name__, "ok" if failed == f0 else "FAIL"), flush=True)
         f0 = failed
         try:
             t_regex_limit()

@@ -624,7 +624,10 @@ static void t_fields(void)
         { "tokenize", "add_bos", p_int, PROTO_E_BAD_REQUEST },
         { "detokenize", "tokens", p_str, PROTO_E_BAD_REQUEST },
         { "detokenize", "tokens", p_arr_str, PROTO_E_BAD_REQUEST },
-        { "detokenize", "tokens", p_arr_neg, PROTO_E_INVALID_TOKEN },
+        { "detokenize", "tokens", p_arr_neg, PROTO_E_INVALID_VALUE },   /* negative, as every number */
+        { "generate", "tokens", p_arr_neg, PROTO_E_INVALID_VALUE },
+        { "eval", "tokens", p_arr_neg, PROTO_E_INVALID_VALUE },
+        { "generate", "tokens", p_arr_big, PROTO_E_INVALID_TOKEN },
         { "detokenize", "tokens", p_arr_frac, PROTO_E_INVALID_TOKEN },
         { "detokenize", "tokens", p_arr_big, PROTO_E_INVALID_TOKEN },
         { "detokenize", "tokens", p_map, PROTO_E_BAD_REQUEST },
@@ -1268,6 +1271,146 @@ static void t_sparse_per_client(void)
     raw_free(&m);
 }
 
+/* "closing": true marks an error after which the daemon closes the
+ * connection; other errors carry no such key (and decode as 0). */
+static void t_error_closing(void)
+{
+    proto_reader *r = proto_reader_new(0);
+    proto_ev e, o;
+    for (int closing = 0; closing <= 1; closing++) {
+        proto_ev_init(&e, PROTO_T_ERROR, 0);
+        e.code = PROTO_E_TOO_LARGE;
+        e.message = "message larger than 1048576 bytes";
+        e.message_len = strlen(e.message);
+        e.closing = closing;
+        proto_buf b = {0};
+        CHECK_EQ_INT(proto_ev_encode(&b, &e), 0);
+        msgpack_unpacked u;
+        msgpack_unpacked_init(&u);
+        CHECK(msgpack_unpack_next(&u, b.data, b.len, NULL) == MSGPACK_UNPACK_SUCCESS);
+        CHECK(u.data.type == MSGPACK_OBJECT_MAP);
+        int seen = 0;
+        for (uint32_t i = 0; u.data.type == MSGPACK_OBJECT_MAP && i < u.data.via.map.size; i++) {
+            const msgpack_object_kv *kv = &u.data.via.map.ptr[i];
+            if (kv->key.type == MSGPACK_OBJECT_STR && kv->key.via.str.size == 7 &&
+                !memcmp(kv->key.via.str.ptr, "closing", 7)) {
+                seen = 1;
+                CHECK(kv->val.type == MSGPACK_OBJECT_BOOLEAN && kv->val.via.boolean);
+            }
+        }
+        CHECK_EQ_INT(seen, closing);
+        CHECK_EQ_INT(u.data.via.map.size, 4 + closing);
+        msgpack_unpacked_destroy(&u);
+        proto_buf_free(&b);
+        if (rt_ev(r, &e, &o) == 0) {
+            CHECK_EQ_INT(o.closing, closing);
+            CHECK_EQ_INT(o.code, PROTO_E_TOO_LARGE);
+        }
+    }
+    /* a "closing" that is not a bool is a bad event */
+    raw m;
+    raw_init(&m);
+    msgpack_pack_map(&m.pk, 4);
+    raw_str(&m, "type"); raw_str(&m, "error");
+    raw_str(&m, "id"); msgpack_pack_uint64(&m.pk, 0);
+    raw_str(&m, "code"); raw_str(&m, "busy");
+    raw_str(&m, "closing"); msgpack_pack_int(&m.pk, 1);
+    proto_err code;
+    char err[256];
+    CHECK(proto_reader_feed(r, m.sb.data, m.sb.size) == 0);
+    CHECK_EQ_INT(proto_reader_next_ev(r, &o, &code, err, sizeof err), 1);
+    CHECKF(code == PROTO_E_BAD_REQUEST && strstr(err, "closing"), "%s: %s", proto_err_name(code), err);
+    raw_free(&m);
+    proto_reader_free(r);
+}
+
+/* Token ids: negative ones are invalid_value (as every negative number),
+ * fractions and ids no vocabulary can hold invalid_token; the message names
+ * the field, the index and the value. */
+/* After too_large the reader says how large the refused message claimed to
+ * be (at least), from its first byte: a server can read that much and drop
+ * it, so the peer finishes its write and reads the error. */
+static void t_claimed(void)
+{
+    proto_reader *r = proto_reader_new(0);
+    CHECK(proto_reader_claimed(r) == 0);
+    /* {"type": "tokenize", "id": 1, "text": <str32 of 3 MiB>}: only the head sent */
+    raw m;
+    raw_init(&m);
+    msgpack_pack_map(&m.pk, 3);
+    raw_str(&m, "type"); raw_str(&m, "tokenize");
+    raw_str(&m, "id"); msgpack_pack_uint64(&m.pk, 1);
+    raw_str(&m, "text");
+    size_t head = m.sb.size;
+    const unsigned char h32[] = { 0xdb, 0x00, 0x30, 0x00, 0x00 };   /* str32, 3 MiB */
+    msgpack_sbuffer_write(&m.sb, (const char *)h32, sizeof h32);
+    msgpack_sbuffer_write(&m.sb, "aaaa", 4);
+    proto_req q;
+    proto_err code;
+    char err[200];
+    CHECK(proto_reader_feed(r, m.sb.data, m.sb.size) == 0);
+    CHECK_EQ_INT(proto_reader_next_req(r, &q, &code, err, sizeof err), -1);
+    CHECK_EQ_INT(code, PROTO_E_TOO_LARGE);
+    CHECK(proto_reader_claimed(r) == head + 5 + (3u << 20));
+    CHECK_EQ_INT(proto_reader_pending(r), m.sb.size);
+    raw_free(&m);
+    proto_reader_free(r);
+    /* an array claiming 2^31 elements: at least one byte each */
+    r = proto_reader_new(0);
+    const unsigned char a32[] = { 0x81, 0xa1, 'x', 0xdd, 0x80, 0x00, 0x00, 0x00 };
+    CHECK(proto_reader_feed(r, a32, sizeof a32) == 0);
+    CHECK_EQ_INT(proto_reader_next_req(r, &q, &code, err, sizeof err), -1);
+    CHECK(proto_reader_claimed(r) == sizeof a32 + 0x80000000ull);
+    proto_reader_free(r);
+    /* other breaks claim nothing */
+    r = proto_reader_new(0);
+    const unsigned char bad[] = { 0x81, 0xc1 };
+    CHECK(proto_reader_feed(r, bad, sizeof bad) == 0);
+    CHECK_EQ_INT(proto_reader_next_req(r, &q, &code, err, sizeof err), -1);
+    CHECK_EQ_INT(code, PROTO_E_MALFORMED);
+    CHECK(proto_reader_claimed(r) == 0);
+    proto_reader_free(r);
+}
+
+static void t_token_ids(void)
+{
+    static const struct { double v; int is_float; proto_err want; const char *text; } cases[] = {
+        { -1, 0, PROTO_E_INVALID_VALUE, "\"tokens\"[1] = -1 must not be negative" },
+        { -2147483648.0, 0, PROTO_E_INVALID_VALUE, "\"tokens\"[1] = -2147483648 must not be negative" },
+        { -0.5, 1, PROTO_E_INVALID_TOKEN, "\"tokens\"[1] is not a token id" },
+        { 2.5, 1, PROTO_E_INVALID_TOKEN, "\"tokens\"[1] is not a token id" },
+        { 2147483648.0, 0, PROTO_E_INVALID_TOKEN, "\"tokens\"[1] = 2147483648 is outside any vocabulary" },
+        { 7.0, 1, PROTO_OK, NULL },
+    };
+    const char *types[] = { "generate", "eval", "detokenize" };
+    for (size_t t = 0; t < 3; t++)
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+            raw m;
+            raw_init(&m);
+            msgpack_pack_map(&m.pk, 3);
+            raw_str(&m, "type"); raw_str(&m, types[t]);
+            raw_str(&m, "id"); msgpack_pack_uint64(&m.pk, 9);
+            raw_str(&m, "tokens"); msgpack_pack_array(&m.pk, 2);
+            msgpack_pack_int(&m.pk, 1);
+            if (cases[i].is_float) msgpack_pack_double(&m.pk, cases[i].v);
+            else msgpack_pack_int64(&m.pk, (int64_t)cases[i].v);
+            proto_req q;
+            proto_err code;
+            char err[256] = "";
+            int rc = one_req(m.sb.data, m.sb.size, &q, &code, err, sizeof err);
+            CHECKF(rc == 1 && code == cases[i].want, "%s %g: rc %d %s (want %s): %s", types[t], cases[i].v, rc,
+                   proto_err_name(code), proto_err_name(cases[i].want), err);
+            if (cases[i].text) {
+                char want[160];
+                snprintf(want, sizeof want, "%s: %s", types[t], cases[i].text);
+                CHECKF(strncmp(err, want, strlen(want)) == 0, "'%s' does not start '%s'", err, want);
+            } else {
+                CHECK(q.n_tokens == 2 && q.tokens[1] == 7);
+            }
+            raw_free(&m);
+        }
+}
+
 int main(void)
 {
     RUN(t_names);
@@ -1287,5 +1430,8 @@ int main(void)
     RUN(t_fuzz);
     RUN(t_messages);
     RUN(t_sparse_per_client);
+    RUN(t_error_closing);
+    RUN(t_token_ids);
+    RUN(t_claimed);
     return CHECK_DONE();
 }
