@@ -865,7 +865,10 @@ static void test_preempt(void)
             CHECKF(r[2].order == 1, "%s: the short job ended %d of 3", what[c], r[2].order);
             CHECK(st.evictions > st0.evictions);
         } else {
-            CHECKF(r[2].order == 3, "%s: the short job ended %d of 3", what[c], r[2].order);
+            /* no preemption within one connection: the short job waits for a
+             * slot (it ends last unless the long ones drifted more than its
+             * 16 tokens apart, as a loaded machine can make them) */
+            CHECKF(r[2].order > 1, "%s: the short job ended %d of 3", what[c], r[2].order);
             CHECK(st.evictions == st0.evictions);
         }
     }
