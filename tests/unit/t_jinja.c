@@ -399,7 +399,16 @@ static void test_bounds(void)
     o = 0;
     for (size_t i = 0; i < 1000; i++) o += (size_t)sprintf(deep + o, "{%% if x %%}");
     CHECK(jinja_parse(deep, o, err, sizeof err) == NULL && strstr(err, "nested too deeply"));
+    /* inline ifs chained without parentheses nest too */
+    o = (size_t)sprintf(deep, "{{ 1 ");
+    for (size_t i = 0; i < 3000 && o + 16 < depth * 2; i++) o += (size_t)sprintf(deep + o, "if 1 ");
+    o += (size_t)sprintf(deep + o, "}}");
+    CHECK(jinja_parse(deep, o, err, sizeof err) == NULL && strstr(err, "nested too deeply"));
     free(deep);
+    /* integers are 64-bit: what does not fit is an error, not a wrong number */
+    bounded("{{ '%d' % 1e300 }}", NULL, JINJA_ERUNTIME, "OverflowError: integer too large", 1);
+    bounded("{{ 2 ** 64 }}", NULL, JINJA_ERUNTIME, "OverflowError: integer too large", 1);
+    bounded("{{ '%5.1000f|%*d|' % (1e300, -4, 5) }}", NULL, JINJA_OK, "", 1);
 }
 
 /* ---- the real templates ---- */
