@@ -183,8 +183,11 @@ static val do_slice(jctx *c, val obj, val a, val b, val st)
         } else {
             /* general steps: the code points as offsets */
             jlist *chars = jiterate(c, obj);
-            for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step)
+            uint64_t cnt = jrange_len(start, stop, step);
+            for (uint64_t j = 0; j < cnt; j++) {
+                int64_t i = (int64_t)((uint64_t)start + j * (uint64_t)step);
                 jbuf_put(c, &out, S(chars->v[i])->s, S(chars->v[i])->len);
+            }
             jobj_unref(c, &chars->h);
         }
         val r = jbuf_take(c, &out);
@@ -192,7 +195,8 @@ static val do_slice(jctx *c, val obj, val a, val b, val st)
     }
     jlist *src = L(obj);
     jlist *r = jlist_new(c, src->h.sub == L_TUPLE ? L_TUPLE : L_LIST, 0);
-    for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) jlist_push(c, r, jref(src->v[i]));
+    uint64_t cnt = jrange_len(start, stop, step);
+    for (uint64_t j = 0; j < cnt; j++) jlist_push(c, r, jref(src->v[(int64_t)((uint64_t)start + j * (uint64_t)step)]));
     return vlist(r);
 }
 

@@ -126,7 +126,8 @@ val jformat_percent(jctx *c, val fmtv, val args)
             char tmp[8];
             size_t n;
             if (arg.t == JT_STR && jstr_nchars(S(arg)) == 1) { n = S(arg)->len; memcpy(tmp, S(arg)->s, n); }
-            else if (arg.t == JT_INT && arg.i >= 0 && arg.i <= 0x10FFFF) n = utf8_enc((uint32_t)arg.i, tmp);
+            else if (arg.t == JT_INT && arg.i >= 0 && arg.i <= 0x10FFFF && !(arg.i >= 0xD800 && arg.i <= 0xDFFF))
+                n = utf8_enc((uint32_t)arg.i, tmp);
             else jfail(c, JE_TYPE, "%%c requires int or char");
             put_padded(c, &b, tmp, n, width, left);
             break;
@@ -269,6 +270,8 @@ static val format_spec(jctx *c, val v, const char *spec, size_t sn)
                 while (n) body[o++] = tmp[--n];
                 body[o] = 0;
             } else if (t == 'c') {
+                if (x < 0 || x > 0x10FFFF || (x >= 0xD800 && x <= 0xDFFF))
+                    jfail(c, JE_OVERFLOW, "%%c arg not in range(0x110000)");
                 body[utf8_enc((uint32_t)x, body)] = 0;
             } else {
                 snprintf(cs, sizeof cs, "%%%sll%c", sign == '+' ? "+" : sign == ' ' ? " " : "", t);
