@@ -30,7 +30,7 @@ typedef struct jinja_limits {
 } jinja_limits;
 
 /* The defaults: 64 MiB of output, 256 MiB of values, 10 million steps,
- * 4 GiB of work, 200 nested calls, 2 MiB of stack. */
+ * 2 GiB of work, 200 nested calls, 2 MiB of stack. */
 void jinja_default_limits(jinja_limits *lim);
 
 /* Return codes of jinja_render (jinja_parse returns NULL on error). */

@@ -183,8 +183,11 @@ static val do_slice(jctx *c, val obj, val a, val b, val st)
         } else {
             /* general steps: the code points as offsets */
             jlist *chars = jiterate(c, obj);
-            for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step)
+            uint64_t cnt = jrange_len(start, stop, step);
+            for (uint64_t j = 0; j < cnt; j++) {
+                int64_t i = (int64_t)((uint64_t)start + j * (uint64_t)step);
                 jbuf_put(c, &out, S(chars->v[i])->s, S(chars->v[i])->len);
+            }
             jobj_unref(c, &chars->h);
         }
         val r = jbuf_take(c, &out);
@@ -192,7 +195,8 @@ static val do_slice(jctx *c, val obj, val a, val b, val st)
     }
     jlist *src = L(obj);
     jlist *r = jlist_new(c, src->h.sub == L_TUPLE ? L_TUPLE : L_LIST, 0);
-    for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) jlist_push(c, r, jref(src->v[i]));
+    uint64_t cnt = jrange_len(start, stop, step);
+    for (uint64_t j = 0; j < cnt; j++) jlist_push(c, r, jref(src->v[(int64_t)((uint64_t)start + j * (uint64_t)step)]));
     return vlist(r);
 }
 
@@ -232,12 +236,17 @@ static val repeat(jctx *c, val s, int64_t k)
     if (s.t == JT_STR) {
         size_t n = S(s)->len;
         if (n && (uint64_t)k > c->lim.max_memory / n) jfail(c, JE_LIMIT, "the template used more than %zu bytes of memory", c->lim.max_memory);
-        jstr *r = jstr_new(c, NULL, 0);
-        junref(c, vobj(JT_STR, r));
-        jbuf b;
-        jbuf_init(c, &b);
-        for (int64_t i = 0; i < k; i++) jbuf_put(c, &b, S(s)->s, n);
-        return jbuf_take(c, &b);
+        size_t total = n * (size_t)k;
+        jstr *r = jstr_new(c, NULL, total);
+        /* copy doubling: k copies in log2(k) memcpy calls */
+        if (n) memcpy(r->s, S(s)->s, n);
+        for (size_t have = n; have < total;) {
+            size_t m = have < total - have ? have : total - have;
+            memcpy(r->s + have, r->s, m);
+            have += m;
+        }
+        jcharge(c, total);
+        return vobj(JT_STR, r);
     }
     jlist *l = L(s);
     if (l->n && (uint64_t)k > c->lim.max_memory / (l->n * sizeof(val))) jfail(c, JE_LIMIT, "the template used more than %zu bytes of memory", c->lim.max_memory);
@@ -974,7 +983,7 @@ void jinja_default_limits(jinja_limits *lim)
     lim->max_output = 64u << 20;
     lim->max_memory = 256u << 20;
     lim->max_steps = 10000000;
-    lim->max_work = 4ULL << 30;
+    lim->max_work = 2ULL << 30;
     lim->max_depth = 200;
     lim->max_stack = 2u << 20;
 }

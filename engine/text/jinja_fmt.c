@@ -71,6 +71,11 @@ val jformat_percent(jctx *c, val fmtv, val args)
             val w;
             NEXT_ARG(w);
             width = jwant_int(c, w, "* wants int");
+            if (width < 0) {
+                /* a negative * width left-justifies */
+                width = width < -1000000 ? 1000001 : -width;
+                if (nf < 7 && !strchr(flags, '-')) { flags[nf++] = '-'; flags[nf] = 0; }
+            }
             q++;
         } else {
             while (q < f->len && f->s[q] >= '0' && f->s[q] <= '9') { width = (width < 0 ? 0 : width) * 10 + (f->s[q++] - '0'); if (width > 1000000) jfail(c, JE_VALUE, "width too big"); }
@@ -82,6 +87,8 @@ val jformat_percent(jctx *c, val fmtv, val args)
                 val w;
                 NEXT_ARG(w);
                 prec = jwant_int(c, w, "* wants int");
+                if (prec < 0) prec = 0;
+                if (prec > 1000) jfail(c, JE_VALUE, "precision too big");
                 q++;
             } else {
                 while (q < f->len && f->s[q] >= '0' && f->s[q] <= '9') { prec = prec * 10 + (f->s[q++] - '0'); if (prec > 1000) jfail(c, JE_VALUE, "precision too big"); }
@@ -119,7 +126,8 @@ val jformat_percent(jctx *c, val fmtv, val args)
             char tmp[8];
             size_t n;
             if (arg.t == JT_STR && jstr_nchars(S(arg)) == 1) { n = S(arg)->len; memcpy(tmp, S(arg)->s, n); }
-            else if (arg.t == JT_INT && arg.i >= 0 && arg.i <= 0x10FFFF) n = utf8_enc((uint32_t)arg.i, tmp);
+            else if (arg.t == JT_INT && arg.i >= 0 && arg.i <= 0x10FFFF && !(arg.i >= 0xD800 && arg.i <= 0xDFFF))
+                n = utf8_enc((uint32_t)arg.i, tmp);
             else jfail(c, JE_TYPE, "%%c requires int or char");
             put_padded(c, &b, tmp, n, width, left);
             break;
@@ -135,7 +143,10 @@ val jformat_percent(jctx *c, val fmtv, val args)
             }
             if (!is_float && arg.t == JT_FLOAT && strchr("oxX", conv))
                 jfail(c, JE_TYPE, "%%%c format: an integer is required, not float", conv);
-            char spec[32], out[1100];
+            char spec[32];
+            if (width > 1000000 || width < -1000000) jfail(c, JE_VALUE, "width too big");
+            int w = (int)width, pr = (int)prec;
+            jstr *out;
             if (is_float) {
                 double x = arg.t == JT_FLOAT ? arg.f : (double)arg.i;
                 if (!isfinite(x)) {
@@ -143,24 +154,34 @@ val jformat_percent(jctx *c, val fmtv, val args)
                     put_padded(c, &b, t, strlen(t), width, left);
                     break;
                 }
-                snprintf(spec, sizeof spec, "%%%s%s%s%c", flags, width >= 0 ? "*" : "", ".*", conv == 'F' ? 'f' : conv);
-                if (width >= 0) snprintf(out, sizeof out, spec, (int)width, (int)(prec < 0 ? 6 : prec), x);
-                else snprintf(out, sizeof out, spec, (int)(prec < 0 ? 6 : prec), x);
+                if (pr < 0) pr = 6;
+                snprintf(spec, sizeof spec, "%%%s%s.*%c", flags, width >= 0 ? "*" : "", conv == 'F' ? 'f' : conv);
+                int need = width >= 0 ? snprintf(NULL, 0, spec, w, pr, x) : snprintf(NULL, 0, spec, pr, x);
+                out = jstr_new(c, NULL, (size_t)need);
+                if (width >= 0) snprintf(out->s, (size_t)need + 1, spec, w, pr, x);
+                else snprintf(out->s, (size_t)need + 1, spec, pr, x);
             } else {
+                if (arg.t == JT_FLOAT && !(fabs(arg.f) < 9.2e18)) jfail(c, JE_OVERFLOW, "integer too large");
                 long long x = arg.t == JT_FLOAT ? (long long)arg.f : (long long)arg.i;
                 char cv = conv == 'i' || conv == 'u' ? 'd' : conv;
                 snprintf(spec, sizeof spec, "%%%s%s%sll%c", flags, width >= 0 ? "*" : "", prec >= 0 ? ".*" : "", cv);
-                if (width >= 0 && prec >= 0) snprintf(out, sizeof out, spec, (int)width, (int)prec, x);
-                else if (width >= 0) snprintf(out, sizeof out, spec, (int)width, x);
-                else if (prec >= 0) snprintf(out, sizeof out, spec, (int)prec, x);
-                else snprintf(out, sizeof out, spec, x);
+                int need = width >= 0 && prec >= 0 ? snprintf(NULL, 0, spec, w, pr, x)
+                         : width >= 0 ? snprintf(NULL, 0, spec, w, x)
+                         : prec >= 0 ? snprintf(NULL, 0, spec, pr, x) : snprintf(NULL, 0, spec, x);
+                out = jstr_new(c, NULL, (size_t)need + 1);
+                size_t cap = (size_t)need + 1;
+                if (width >= 0 && prec >= 0) snprintf(out->s, cap, spec, w, pr, x);
+                else if (width >= 0) snprintf(out->s, cap, spec, w, x);
+                else if (prec >= 0) snprintf(out->s, cap, spec, pr, x);
+                else snprintf(out->s, cap, spec, x);
                 if (conv == 'o' && strchr(flags, '#')) {
-                    /* Python writes 0o17 where C writes 017 */
-                    char *z = strchr(out, '0');
+                    /* Python writes 0o17 where C writes 017 (the string has room for the o) */
+                    char *z = strchr(out->s, '0');
                     if (z) { memmove(z + 2, z + 1, strlen(z + 1) + 1); z[1] = 'o'; }
                 }
             }
-            jbuf_put(c, &b, out, strlen(out));
+            jbuf_put(c, &b, out->s, strlen(out->s));
+            jobj_unref(c, &out->h);
             break;
         }
         default:
@@ -202,7 +223,7 @@ static val format_spec(jctx *c, val v, const char *spec, size_t sn)
     if (i < sn) type = spec[i++];
     if (i < sn) jfail(c, JE_VALUE, "Invalid format specifier");
     (void)alt;
-    char body[1200];
+    char body[2400];
     size_t bn;
     int numeric = 0;
     if (v.t == JT_STR || v.t == JT_NONE || v.t == JT_LIST || v.t == JT_DICT || v.t == JT_UNDEF) {
@@ -249,6 +270,8 @@ static val format_spec(jctx *c, val v, const char *spec, size_t sn)
                 while (n) body[o++] = tmp[--n];
                 body[o] = 0;
             } else if (t == 'c') {
+                if (x < 0 || x > 0x10FFFF || (x >= 0xD800 && x <= 0xDFFF))
+                    jfail(c, JE_OVERFLOW, "%%c arg not in range(0x110000)");
                 body[utf8_enc((uint32_t)x, body)] = 0;
             } else {
                 snprintf(cs, sizeof cs, "%%%sll%c", sign == '+' ? "+" : sign == ' ' ? " " : "", t);

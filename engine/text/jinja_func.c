@@ -191,13 +191,12 @@ val jfunc_call(jctx *c, jfunc *f, jargs *a)
         if (a->n == 1) stop = want_int(c, v[0]);
         else { start = want_int(c, v[0]); stop = want_int(c, v[1]); if (a->n == 3) step = want_int(c, v[2]); }
         if (!step) jfail(c, JE_VALUE, "range() arg 3 must not be zero");
-        double len = step > 0 ? (stop > start ? ((double)stop - (double)start + (double)step - 1) / (double)step : 0)
-                              : (start > stop ? ((double)start - (double)stop - (double)step - 1) / (double)-step : 0);
+        uint64_t len = jrange_len(start, stop, step);
         if (len > MAX_RANGE)
             jfail(c, JE_OVERFLOW, "Range too big. The sandbox blocks ranges larger than MAX_RANGE (%d).", MAX_RANGE);
         jlist *r = jlist_new(c, L_RANGE, (size_t)len);
         r->r0 = start; r->r1 = stop; r->r2 = step;
-        for (int64_t x = start; step > 0 ? x < stop : x > stop; x += step) jlist_push(c, r, vint(x));
+        for (uint64_t j = 0; j < len; j++) jlist_push(c, r, vint((int64_t)((uint64_t)start + j * (uint64_t)step)));
         return vlist(r);
     }
     case JF_NAMESPACE: return dict_from(c, a, 1, "namespace");

@@ -299,6 +299,8 @@ int py_isalnum_cp(uint32_t cp);
 int64_t jcp_count(const char *s, size_t n);      /* code points in s[0..n) */
 size_t jcp_index(jstr *s, int64_t k);           /* byte offset of code point k (Python index rules) */
 int64_t jwant_int(jctx *c, val v, const char *what);
+/* how many of start, start+step, ... lie before stop (Python's range length), exactly */
+uint64_t jrange_len(int64_t start, int64_t stop, int64_t step);
 static inline int is_markup(val v) { return v.t == JT_STR && S(v)->h.sub == STR_MARKUP; }
 val jmark(jctx *c, val v);             /* v (a new string, taken) as Markup; lists: their strings */
 val jescape(jctx *c, val v, int force); /* markupsafe.escape(v): a new reference */

@@ -166,10 +166,11 @@ static jnode *parse_expression(parser *P, int with_condexpr)
 
 static jnode *parse_condexpr(parser *P)
 {
-    int line = cur(P)->line;
+    int line = cur(P)->line, d0 = P->depth;
     jnode *e1 = parse_or(P);
     while (is_name(cur(P), "if")) {
         next(P);
+        enter(P, line);   /* each `if` nests the expression one deeper */
         jnode *n = node(P, E_COND, line);
         n->b = e1;
         n->a = parse_or(P);
@@ -182,6 +183,7 @@ static jnode *parse_condexpr(parser *P)
         e1 = n;
         line = cur(P)->line;
     }
+    P->depth = d0;
     return e1;
 }
 

@@ -203,6 +203,13 @@ void jdepth_enter(jctx *c)
     if (++c->vdepth > MAX_VALUE_DEPTH) jfail(c, JE_LIMIT, "value nested more than %d deep", MAX_VALUE_DEPTH);
 }
 
+uint64_t jrange_len(int64_t start, int64_t stop, int64_t step)
+{
+    if (step > 0) return start < stop ? ((uint64_t)stop - (uint64_t)start - 1) / (uint64_t)step + 1 : 0;
+    if (step < 0) return start > stop ? ((uint64_t)start - (uint64_t)stop - 1) / (0 - (uint64_t)step) + 1 : 0;
+    return 0;
+}
+
 /* ---- output buffers ---- */
 
 void jbuf_init(jctx *c, jbuf *b)

@@ -91,6 +91,10 @@ static const char *const render_cases[][2] = {
       "[12[23]][32]" },
     { "{% generation %}generated {{ 1 }}{% endgeneration %}",
       "generated 1" },
+    { "{% set x = 1 %}{% for i in [1, 2] %}{% if i == 2 %}{% set x = 5 %}{% endif %}{{ x }}{% endfor %}{{ x }} {% set x = 1 %}{% macro mx() %}{{ x }}{% endmacro %}{% for x in [5] %}{{ mx() }}{% endfor %}",
+      "151 1" },
+    { "{% for a in [1, 2] %}{% for b in [3, 4] %}{{ loop.index }}{{ loop.depth }}{% endfor %}{{ loop.index }}{% endfor %} {% for x in [1, 2, 2, 3] %}{% if loop.changed(x) %}{{ x }}{% endif %}{% endfor %}",
+      "1121111212 123" },
     /* Filters */
     { "{{ \"  pad  \"|trim }}|{{ \"xxaxx\"|trim(\"x\") }}|{{ \"hello world-foo\"|title }}|{{ \"hELLO\"|capitalize }}|{{ s|upper }}|{{ \"\303\200B\"|lower }}",
       "pad|a|Hello World-Foo|Hello|H\303\211LLO W\303\226RLD|\303\240b" },
@@ -138,6 +142,15 @@ static const char *const render_cases[][2] = {
       "a,b **ab** 007 ab  | ('a', '=', 'b=c') ('x.y', '.', 'z')" },
     { "{{ \"abc\".isalpha() }} {{ \"123\".isdigit() }} {{ \"   \".isspace() }} {{ \"Ab\".isupper() }} {{ \"prefix-x\".removeprefix(\"prefix-\") }}",
       "True True True False x" },
+    /* Unicode and Markup */
+    { "{% for s in [\"stra\303\237e\", \"\316\243\316\221\316\243 \316\237\316\224\316\237\316\243\", \"\304\260stanbul\", \"\357\254\201nal\", \"\307\205emal\", \"\316\206\316\243.\", \"a\316\243'\"] %}{{ s.upper() }}|{{ s.lower() }}|{{ s.title() }}|{{ s.capitalize() }}|{{ s.swapcase() }}|{{ s|upper }}|{{ s|lower }}|{{ s|title }};{% endfor %}",
+      "STRASSE|stra\303\237e|Stra\303\237e|Stra\303\237e|STRASSE|STRASSE|stra\303\237e|Stra\303\237e;\316\243\316\221\316\243 \316\237\316\224\316\237\316\243|\317\203\316\261\317\202 \316\277\316\264\316\277\317\202|\316\243\316\261\317\202 \316\237\316\264\316\277\317\202|\316\243\316\261\317\202 \316\277\316\264\316\277\317\202|\317\203\316\261\317\202 \316\277\316\264\316\277\317\202|\316\243\316\221\316\243 \316\237\316\224\316\237\316\243|\317\203\316\261\317\202 \316\277\316\264\316\277\317\202|\316\243\316\261\317\202 \316\237\316\264\316\277\317\202;\304\260STANBUL|i\314\207stanbul|\304\260stanbul|\304\260stanbul|i\314\207STANBUL|\304\260STANBUL|i\314\207stanbul|\304\260stanbul;FINAL|\357\254\201nal|Final|Final|FINAL|FINAL|\357\254\201nal|FInal;\307\204EMAL|\307\206emal|\307\205emal|\307\205emal|\307\205EMAL|\307\204EMAL|\307\206emal|\307\204emal;\316\206\316\243.|\316\254\317\202.|\316\206\317\202.|\316\206\317\202.|\316\254\317\202.|\316\206\316\243.|\316\254\317\202.|\316\206\317\203.;A\316\243'|a\317\202'|A\317\202'|A\317\202'|A\317\202'|A\316\243'|a\317\202'|A\317\203';" },
+    { "{{ \"  a\\u3000b\\u00a0c \".split() }} {{ \"\\u3000x\\u3000\".strip() }} {{ \"a\\u2028b\\x1cc\".splitlines() }} {{ \"h\303\251llo_w\303\266rld 42 \346\227\245\346\234\254 a-b\"|wordcount }} {{ [\"\303\251\", \"\\u200b\", \"\\U0001F600\", \"\\x7f\"] }}",
+      "['a', 'b', 'c'] x ['a', 'b', 'c'] 5 ['\303\251', '\\u200b', '\360\237\230\200', '\\x7f']" },
+    { "{{ \"{:,}|{:_}|{:,.2f}|{:_x}\".format(1234567, 1234567, 1234567.891, 1048575) }} {{ \"%-6s|%6s|%.2s|%c\" % (\"\303\251\", \"\303\274\", \"\346\227\245\346\234\254\350\252\236\", 233) }}",
+      "1,234,567|1_234_567|1,234,567.89|f_ffff \303\251     |     \303\274|\346\227\245\346\234\254|\303\251" },
+    { "{{ {\"a\": 1}|attr(\"a\") }}|{{ {\"a\": 1}|attr(\"get\") is defined }} {{ \"<b>\"|safe ~ \"<i>\" }} {{ (\"<b>\"|safe).upper() + \"&\" }} {{ (\"%s\"|safe) % \"<x>\" }} {{ \"<>\"|escape|escape }}",
+      "|True <b><i> <B>&amp; &lt;x&gt; &lt;&gt;" },
     /* Globals */
     { "{{ range(3)|list }} {{ range(1, 10, 3)|list }} {{ range(5, 0, -2)|list }} {{ dict(a=1, b=2) }} {{ namespace(a=1).a }}",
       "[0, 1, 2] [1, 4, 7] [5, 3, 1] {'a': 1, 'b': 2} 1" },
@@ -386,7 +399,16 @@ static void test_bounds(void)
     o = 0;
     for (size_t i = 0; i < 1000; i++) o += (size_t)sprintf(deep + o, "{%% if x %%}");
     CHECK(jinja_parse(deep, o, err, sizeof err) == NULL && strstr(err, "nested too deeply"));
+    /* inline ifs chained without parentheses nest too */
+    o = (size_t)sprintf(deep, "{{ 1 ");
+    for (size_t i = 0; i < 3000 && o + 16 < depth * 2; i++) o += (size_t)sprintf(deep + o, "if 1 ");
+    o += (size_t)sprintf(deep + o, "}}");
+    CHECK(jinja_parse(deep, o, err, sizeof err) == NULL && strstr(err, "nested too deeply"));
     free(deep);
+    /* integers are 64-bit: what does not fit is an error, not a wrong number */
+    bounded("{{ '%d' % 1e300 }}", NULL, JINJA_ERUNTIME, "OverflowError: integer too large", 1);
+    bounded("{{ 2 ** 64 }}", NULL, JINJA_ERUNTIME, "OverflowError: integer too large", 1);
+    bounded("{{ '%5.1000f|%*d|' % (1e300, -4, 5) }}", NULL, JINJA_OK, "", 1);
 }
 
 /* ---- the real templates ---- */
