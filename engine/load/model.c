@@ -188,6 +188,7 @@ int get_w3(ld *l, wt *w, const char *name, int64_t n_in, int64_t n_out, int64_t 
     w->type = t->type;
     w->n_in = t->ne[0];
     w->n_out = e1 * n_mat;
+    w->n_mat = (int32_t)n_mat;
     w->row_bytes = qt_row_size(t->type, t->ne[0]);
     w->data = t->data;
     l->m->n_params += (uint64_t)(t->ne[0] * e1 * n_mat);

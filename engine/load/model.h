@@ -15,7 +15,8 @@ struct arch;
 
 typedef struct wt {
     uint32_t type;          /* qtypes id */
-    int64_t n_in, n_out;    /* ne[0], ne[1] */
+    int64_t n_in, n_out;    /* ne[0], ne[1] (times ne[2] for stacked experts) */
+    int32_t n_mat;          /* > 1: n_mat matrices (experts) stacked, n_out / n_mat rows each */
     size_t row_bytes;
     const void *data;       /* host bytes (mmap or owned) */
     void *dev;              /* the backend's copy, when it keeps one */
