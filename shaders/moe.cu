@@ -7,8 +7,8 @@
 // one expert (the grouping kernel lists them, on the device, so a pass
 // launches the same grid whatever the routing and may be recorded as a
 // graph); a block takes a tile and CK_MOE_RT rows, dequantizes the rows'
-// 32-value chunks (dq32, every weight type), and each thread sums its
-// (slot, row) outputs over the chunks in order. A decode step's pairs are
+// 32-value chunks (dq32, every weight type), four at a time, and each
+// thread sums its (slot, row) outputs over the values in order. A decode step's pairs are
 // a tile each: only the chosen experts' weights are read. A prompt's
 // tokens of one expert share a tile: its weights are read once per tile.
 // A (slot, row) output's arithmetic does not depend on the other slots of
@@ -103,7 +103,10 @@ __global__ void k_moe_group(const int32_t *ids, int N, int X, int32_t *first, in
 
 /* y[s][r] = dot(row r of expert e, x of slot s) (+ bias[e][r]) for the
  * slots of tile blockIdx.x and rows blockIdx.y * CK_MOE_RT ...; x rows by
- * token (pair / K) when by_token, else by slot */
+ * token (pair / K) when by_token, else by slot. Each step takes MOE_KC
+ * chunks of 32 values: every thread dequantizes one (row, chunk), then
+ * sums its (slot, row) products over the step's values in order. */
+#define MOE_KC 4
 template <int TY>
 __global__ void __launch_bounds__(256) k_moe_mm(const uint8_t *W, size_t rb, int n, int rows, const float *x,
                                                int by_token, int K, const int32_t *pair, const int32_t *tiles,
@@ -114,35 +117,37 @@ __global__ void __launch_bounds__(256) k_moe_mm(const uint8_t *W, size_t rb, int
     if (ti >= *n_tiles) return;
     int e = tiles[3 * ti], s0 = tiles[3 * ti + 1], ns = tiles[3 * ti + 2];
     int r0 = blockIdx.y * CK_MOE_RT, tid = threadIdx.x;
-    __shared__ float ws[CK_MOE_RT][33], xs[CK_MOE_TT][33];
+    __shared__ float ws[CK_MOE_RT][32 * MOE_KC + 1], xs[CK_MOE_TT][32 * MOE_KC + 1];
     __shared__ int src[CK_MOE_TT];
     if (tid < CK_MOE_TT) src[tid] = tid < ns ? (by_token ? pair[s0 + tid] / K : s0 + tid) : -1;
-    int r = tid % CK_MOE_RT, sg = tid / CK_MOE_RT;   /* this thread: row r, slots sg + 4j */
+    int r = tid % CK_MOE_RT, sg = tid / CK_MOE_RT;   /* this thread: row r, slots sg + 4j; chunk sg of a step */
     float acc[CK_MOE_TT / 4] = { 0 };
     const uint8_t *We = W + (size_t)e * rows * rb;
-    for (int c = 0; c < (n + 31) / 32; c++) {
+    int nc = (n + 31) / 32;
+    for (int c0 = 0; c0 < nc; c0 += MOE_KC) {
         __syncthreads();
-        if (tid < CK_MOE_RT) {
+        {
             float w[32];
-            if (r0 + tid < rows) {
-                dq32<TY>(We + (size_t)(r0 + tid) * rb, c, n, w);
+            int c = c0 + sg;
+            if (r0 + r < rows && c < nc) {
+                dq32<TY>(We + (size_t)(r0 + r) * rb, c, n, w);
             } else {
 #pragma unroll
                 for (int k = 0; k < 32; k++) w[k] = 0.f;
             }
 #pragma unroll
-            for (int k = 0; k < 32; k++) ws[tid][k] = w[k];
+            for (int k = 0; k < 32; k++) ws[r][32 * sg + k] = w[k];
         }
-        for (int i = tid; i < CK_MOE_TT * 32; i += blockDim.x) {
-            int s = i >> 5, k = i & 31, sr = src[s];
-            xs[s][k] = sr >= 0 && c * 32 + k < n ? x[(size_t)sr * n + c * 32 + k] : 0.f;
+        for (int i = tid; i < CK_MOE_TT * 32 * MOE_KC; i += blockDim.x) {
+            int s = i / (32 * MOE_KC), k = i % (32 * MOE_KC), sr = src[s], v = c0 * 32 + k;
+            xs[s][k] = sr >= 0 && v < n ? x[(size_t)sr * n + v] : 0.f;
         }
         __syncthreads();
 #pragma unroll
         for (int j = 0; j < CK_MOE_TT / 4; j++) {
             float a = acc[j];
-#pragma unroll
-            for (int k = 0; k < 32; k++) a = fmaf(ws[r][k], xs[sg + 4 * j][k], a);
+#pragma unroll 8
+            for (int k = 0; k < 32 * MOE_KC; k++) a = fmaf(ws[r][k], xs[sg + 4 * j][k], a);
             acc[j] = a;
         }
     }

@@ -31,6 +31,12 @@ int ly_load_moe(ld *l, layer_w *L, int i)
     if (get_layer_w(l, &L->ffn_gate_inp, i, "ffn_gate_inp.weight", E, X, 1) ||
         get_layer_w(l, &L->ffn_gate_inp_b, i, "ffn_gate_inp.bias", X, 0, 0))
         return -1;
+    char old[96];
+    snprintf(nm, sizeof nm, "blk.%d.ffn_gate_exps.weight", i);
+    snprintf(old, sizeof old, "blk.%d.ffn_gate.0.weight", i);
+    if (!ld_tensor(l, nm) && ld_tensor(l, old))
+        return ld_fail(l, "tensor '%s': each expert stored apart (an older Mixtral conversion); expected the "
+                       "stacked %s (convert the model again)", old, nm);
     snprintf(nm, sizeof nm, "blk.%d.ffn_gate_exps.weight", i);
     if (get_w3(l, &L->ffn_gate_exps, nm, E, F, X, 1)) return -1;
     snprintf(nm, sizeof nm, "blk.%d.ffn_up_exps.weight", i);
