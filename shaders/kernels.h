@@ -192,6 +192,32 @@ void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *v
 #define CK_ARGMAX_PART (64 * 32 * 8)
 void ck_argmax(cudaStream_t st, const float *x, int rows, int n, int32_t *ids, void *part);
 
+/* Mixture of experts (moe.cu; the op of backend.h's be_moe, gating and
+ * act as its BE_MOE_* numbers). Routing: ids, wts [T][K] from the logits
+ * lg [T][X] (X <= 1024). Grouping of the N = T*K pairs by expert:
+ * first [X+1], slot [N] (pair -> slot), pair [N] (slot -> pair), and the
+ * tiles (expert, first slot, slots) of up to CK_MOE_TT slots, as int32
+ * triples, their count in *n_tiles (at most ck_moe_max_tiles(N, X)). */
+#define CK_MOE_TT 16
+#define CK_MOE_RT 64
+#define ck_moe_max_tiles(N, X) (((N) + CK_MOE_TT - 1) / CK_MOE_TT + (X))
+void ck_moe_route(cudaStream_t st, const float *lg, int T, int X, int K, int gating, int norm, float scale,
+                  int32_t *ids, float *wts);
+void ck_moe_group(cudaStream_t st, const int32_t *ids, int N, int X, int32_t *first, int32_t *slot, int32_t *pair,
+                  int32_t *tiles, int32_t *n_tiles);
+/* y [N][rows] by slot = each tile's expert's rows (W: stacked experts of
+ * `rows` rows each, n values a row) on x (rows of n: by token, pair / K,
+ * when by_token, else by slot) (+ bias [X][rows], or NULL); f32
+ * arithmetic, the same per (slot, row) in any tile */
+void ck_moe_mm(cudaStream_t st, uint32_t type, const void *W, size_t rb, int n, int rows, const float *x,
+               int by_token, int K, const int32_t *pair, const int32_t *tiles, const int32_t *n_tiles, int max_tiles,
+               const float *bias, float *y);
+/* g = act(g, u)                                                     [n] */
+void ck_moe_act(cudaStream_t st, float *g, const float *u, size_t n, int act, float alpha, float limit);
+/* out[t] = sum over k of w[t][k] * y[slot[t*K+k]], k in order    [T][E] */
+void ck_moe_combine(cudaStream_t st, const float *y, const int32_t *slot, const float *w, int T, int K, int E,
+                    float *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -13,7 +13,7 @@ size_t fw_kv_page_bytes(const model *m, size_t kv_elt)
 const char *fw_lacks(const model *m, const be_ops *o)
 {
     const arch_family *fam = m->arch ? m->arch->fam : NULL;
-    return fam && fam->lacks ? fam->lacks(o) : NULL;
+    return fam && fam->lacks ? fam->lacks(m, o) : NULL;
 }
 
 int fw_open(fw **out, model *m, be *b, int max_T, int max_out, int n_pages, int max_seqs,

@@ -113,8 +113,9 @@ static int q35_load(ld *l)
     return 0;
 }
 
-static const char *q35_lacks(const be_ops *o)
+static const char *q35_lacks(const model *m, const be_ops *o)
 {
+    (void)m;
     return !o->copy_rows || !o->sigmoid_mul || !o->rmsnorm_gated || !o->conv1d_silu || !o->deltanet
                ? "linear-attention ops" : NULL;
 }
@@ -163,7 +164,7 @@ static int q35_open(fw **out, model *m, be *b, int max_T, int max_out, int n_pag
     const hparams *hp = &m->hp;
     const be_ops *o = b->ops;
     *out = NULL;
-    if (q35_lacks(o))
+    if (q35_lacks(m, o))
         return err_set(err, errlen, "the %s backend cannot run %s models yet (no linear-attention ops)", o->name,
                        m->arch_name);
     if (max_seqs < 1) max_seqs = 1;

@@ -44,6 +44,48 @@ typedef struct be_save {
     float *dst;
 } be_save;
 
+/* Mixture of experts: how tokens are routed and what each expert computes.
+ * Expert tensors are stored as in GGUF (ffn_gate_exps.weight has ne =
+ * {E, n_ff, n_expert}): one wt whose rows are the experts' rows stacked, so
+ * expert e's rows of gate and up are [e*n_ff, (e+1)*n_ff) (n_out =
+ * n_expert*n_ff) and of down [e*E, (e+1)*E) (n_in = n_ff). Any weight type
+ * the matmul takes. */
+enum {
+    /* router probabilities p = softmax(logits) over all experts; the n_used
+     * highest are chosen, weight = p (Mixtral, Qwen-MoE) */
+    BE_MOE_SOFTMAX = 0,
+    /* the n_used highest logits are chosen; weight = softmax over those
+     * n_used logits (gpt-oss) */
+    BE_MOE_TOPK_SOFTMAX,
+    /* p = sigmoid(logits); the n_used highest chosen, weight = p */
+    BE_MOE_SIGMOID,
+};
+/* (All three choose by the logits, which order the experts as p does.) */
+enum {
+    BE_MOE_SILU = 0,     /* h = silu(g) * u */
+    BE_MOE_GELU,         /* h = gelu(g) * u (tanh approximation) */
+    /* gpt-oss: g = min(g, limit), u = clamp(u, -limit, limit),
+     * h = g * sigmoid(alpha * g) * (u + 1) */
+    BE_MOE_SWIGLU_OAI,
+};
+typedef struct be_moe {
+    int n_expert, n_used;       /* 1 <= n_used <= n_expert <= BE_MOE_MAX */
+    int n_ff;                   /* rows of each expert's gate and up */
+    int gating;                 /* BE_MOE_SOFTMAX... */
+    int norm;                   /* 1: the chosen weights divided by their sum (not for TOPK_SOFTMAX, already 1) */
+    float scale;                /* every weight times this (0 taken as 1) */
+    int act;                    /* BE_MOE_SILU... */
+    float alpha, limit;         /* BE_MOE_SWIGLU_OAI's */
+    const wt *router;           /* [E] -> [n_expert] logits */
+    const wt *router_b;         /* f32 [n_expert] added to the logits, or NULL / no data */
+    const wt *gate, *up, *down; /* stacked experts, as above */
+    /* f32 per-expert biases, [n_expert][n_ff] for gate and up and
+     * [n_expert][E] for down (n_in = row, n_out = n_expert), or NULL */
+    const wt *gate_b, *up_b, *down_b;
+} be_moe;
+
+#define BE_MOE_MAX 512   /* experts of one layer at most */
+
 typedef struct be_ops {
     const char *name;
     void (*close)(be *b);
@@ -118,6 +160,17 @@ typedef struct be_ops {
                      const wt *dt_bias, float *state, const be_batch *bt, int nk, int nv, int dk, int dv,
                      float eps, const be_save *sv, int n_sv, float *out);
 
+    /* ---- Optional: a mixture-of-experts FFN (be_moe below). ----
+     * moe_scratch: bytes of device memory that moe needs for batches of up
+     * to max_T tokens (the family allocates it once with alloc, at open).
+     * moe: out[t] = sum over the k = 0..n_used-1 experts chosen for x[t] of
+     * weight[t][k] * expert(x[t]), each expert's FFN run only on the tokens
+     * routed to it, and the sum taken in the order of k (rank), so that a
+     * token's result does not depend on the other tokens of the batch.
+     * x, out [T][E] (out may be x); scratch of moe_scratch(max_T >= T). */
+    size_t (*moe_scratch)(be *b, const struct be_moe *m, int max_T);
+    void (*moe)(be *b, const struct be_moe *m, const float *x, int T, void *scratch, float *out);
+
     /* Optional hooks (NULL when a backend has none).
      * step_begin: called by fw_run before the ops of a forward pass with its
      * whole input (host arrays); the backend may upload them once for every
@@ -191,6 +244,10 @@ int be_open(be **out, const char *name, struct pool *p, int kv_f16, char *err, s
 int be_cpu_open(be **out, struct pool *p, int kv_f16, char *err, size_t errlen);
 /* Tests: 1 = the CPU backend uses only its scalar reference code. */
 void be_cpu_scalar(be *b, int on);
+/* Tests: router choices the CPU's moe made since the last call whose
+ * last chosen and first unchosen logits were within 1e-5 (near-ties that a
+ * float64 reference may break the other way); resets the count. */
+long be_cpu_moe_ties(be *b);
 /* Tests: a CUDA backend's ways of computing an op that it takes by
  * default for some shapes only, forced to compare them (zero: the
  * defaults). */

@@ -3,6 +3,7 @@
  * the thread pool. Scratch buffers grow to the largest batch seen and are
  * then reused, so steady-state decoding never allocates. */
 #include "engine/backend/backend.h"
+#include "engine/backend/cpu_moe.h"
 #include "engine/backend/cpu_ssm.h"
 #include "engine/pool.h"
 #include "engine/quant/qtypes.h"
@@ -26,6 +27,7 @@ typedef struct cpu_be {
     const float *rope_fd;
     void *scratch;        /* be_cpu_scratch */
     size_t scratch_cap;
+    long moe_ties;        /* be_cpu_moe_ties */
 } cpu_be;
 
 static void *cpu_alloc(be *b, size_t n)
@@ -471,7 +473,18 @@ static const be_ops cpu_ops = {
     .rmsnorm_gated = cpu_rmsnorm_gated,
     .conv1d_silu = cpu_conv1d_silu,
     .deltanet = cpu_deltanet,
+    .moe_scratch = cpu_moe_scratch,
+    .moe = cpu_moe,
 };
+
+long *be_cpu_moe_tie_count(be *b) { return &((cpu_be *)b)->moe_ties; }
+
+long be_cpu_moe_ties(be *b)
+{
+    long n = ((cpu_be *)b)->moe_ties;
+    ((cpu_be *)b)->moe_ties = 0;
+    return n;
+}
 
 void be_cpu_scalar(be *b, int on)
 {

@@ -15,7 +15,8 @@ struct arch;
 
 typedef struct wt {
     uint32_t type;          /* qtypes id */
-    int64_t n_in, n_out;    /* ne[0], ne[1] */
+    int64_t n_in, n_out;    /* ne[0], ne[1] (times ne[2] for stacked experts) */
+    int32_t n_mat;          /* > 1: n_mat matrices (experts) stacked, n_out / n_mat rows each */
     size_t row_bytes;
     const void *data;       /* host bytes (mmap or owned) */
     void *dev;              /* the backend's copy, when it keeps one */
@@ -37,6 +38,14 @@ typedef struct layer_w {
     wt ssm_conv;                /* f32 [conv_dim] rows of ssm_conv_k taps */
     wt ssm_norm;                /* f32 [dv] */
     wt ssm_out;                 /* [n_v*dv] -> [E] */
+    /* mixture of experts (data NULL in dense layers): the router and the
+     * experts' FFNs, each one wt of n_expert experts' rows stacked (GGUF's
+     * 3-D ffn_*_exps: gate and up [E] -> [n_expert * n_ff_exp], down
+     * [n_ff_exp] -> [n_expert * E]); f32 per-expert biases where a family
+     * has them (n_in = the row, n_out = n_expert) */
+    wt ffn_gate_inp, ffn_gate_inp_b;
+    wt ffn_gate_exps, ffn_up_exps, ffn_down_exps;
+    wt ffn_gate_exps_b, ffn_up_exps_b, ffn_down_exps_b;
 } layer_w;
 
 typedef struct hparams {
@@ -51,6 +60,11 @@ typedef struct hparams {
     int32_t ssm_dk, ssm_dv;     /* key / value head size */
     int32_t ssm_nk, ssm_nv;     /* key / value heads (nv a multiple of nk) */
     int32_t n_attn_layers;      /* layers that keep a KV cache (not linear-attention ones) */
+    /* mixture of experts (n_expert 0: dense FFNs) */
+    int32_t n_expert, n_expert_used, n_ff_exp;
+    int expert_gating;          /* backend.h BE_MOE_SOFTMAX...; -1: not given, the family's */
+    int expert_norm;            /* 1: the chosen weights renormalised; -1: not given, the family's */
+    float expert_scale;         /* the weights times this (expert_weights_scale; 1) */
 } hparams;
 
 typedef struct model {

@@ -14,13 +14,15 @@
 static void test_table(void)
 {
     char buf[200];
-    CHECK(strcmp(arch_names(buf, sizeof buf), "llama, qwen2, qwen3, qwen35") == 0);
+    CHECK(strcmp(arch_names(buf, sizeof buf), "llama, qwen2, qwen3, qwen3moe, qwen35") == 0);
     CHECK(strcmp(arch_names(buf, 9), "llama, q") == 0);   /* cut, still a string */
     const arch *q2 = arch_find("qwen2"), *q3 = arch_find("qwen3"), *ll = arch_find("llama");
     CHECK(q2 && q3 && ll && q2->fam == ll->fam && q3->fam == ll->fam);
     CHECK(q2 && (q2->opt & ARCH_QKV_BIAS) && !(q2->opt & ARCH_QK_NORM));
     CHECK(q3 && (q3->opt & ARCH_QK_NORM) && !(q3->opt & ARCH_QKV_BIAS));
     CHECK(ll && !(ll->opt & ARCH_ROPE_NEOX));
+    const arch *qm = arch_find("qwen3moe");
+    CHECK(qm && qm->fam == ll->fam && (qm->opt & ARCH_QK_NORM) && (qm->opt & ARCH_ROPE_NEOX));
     const arch *q35 = arch_find("qwen35");
     CHECK(q35 && q35->fam != ll->fam && q35->fam->seq && !q35->fam->greedy);
     CHECK(arch_find("qwen") == NULL && arch_find("") == NULL && arch_find("LLAMA") == NULL);
@@ -60,7 +62,7 @@ static void test_rows(void)
     char err[512];
     load_renamed("gptxx", 0, err, sizeof err);
     CHECKF(strstr(err, ": unsupported architecture 'gptxx' in general.architecture (supported: llama, qwen2, "
-                       "qwen3, qwen35)") != NULL, "%s", err);
+                       "qwen3, qwen3moe, qwen35)") != NULL, "%s", err);
     load_renamed("qwen2", 1, err, sizeof err);
     CHECKF(strstr(err, ": missing tensor 'blk.0.attn_q.bias'") != NULL, "%s", err);
     load_renamed("qwen3", 1, err, sizeof err);
@@ -74,12 +76,15 @@ static void test_rows(void)
 /* Each fixture loads under its row, with the tensors its options ask for. */
 static void test_families(void)
 {
-    static const struct { const char *path, *arch; int bias, qk_norm, recurrent, neox; } v[] = {
-        { "models/stories260K.gguf", "llama", 0, 0, 0, 0 },
-        { "models/qwen2-tiny.Q8_0.gguf", "qwen2", 1, 0, 0, 1 },
-        { "models/qwen3-tiny.bf16.gguf", "qwen3", 0, 1, 0, 1 },
-        { "models/qwen35-tiny.bf16.gguf", "qwen35", 0, 1, 1, 1 },
-        { "hf/qwen2-tiny", "qwen2", 1, 0, 0, 1 },
+    static const struct { const char *path, *arch; int bias, qk_norm, recurrent, neox, experts, used, ff_exp; } v[] = {
+        { "models/stories260K.gguf", "llama", 0, 0, 0, 0, 0, 0, 0 },
+        { "models/qwen2-tiny.Q8_0.gguf", "qwen2", 1, 0, 0, 1, 0, 0, 0 },
+        { "models/qwen3-tiny.bf16.gguf", "qwen3", 0, 1, 0, 1, 0, 0, 0 },
+        { "models/qwen35-tiny.bf16.gguf", "qwen35", 0, 1, 1, 1, 0, 0, 0 },
+        { "hf/qwen2-tiny", "qwen2", 1, 0, 0, 1, 0, 0, 0 },
+        { "models/qwen3moe-tiny.bf16.gguf", "qwen3moe", 0, 1, 0, 1, 8, 2, 48 },
+        { "hf/qwen3moe-tiny", "qwen3moe", 0, 1, 0, 1, 8, 2, 48 },
+        { "models/mixtral-tiny.bf16.gguf", "llama", 0, 0, 0, 0, 4, 2, 128 },
     };
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
         char path[256], err[512];
@@ -94,12 +99,19 @@ static void test_families(void)
                hp->rope_neox == v[i].neox, "%s", path);
         CHECKF((m->layers[l].bq.data != NULL) == v[i].bias && (m->layers[l].q_norm.data != NULL) == v[i].qk_norm,
                "%s", path);
+        /* experts: the stacked tensors, the router, softmax gating renormalised */
+        const layer_w *L = &m->layers[l];
+        CHECKF(hp->n_expert == v[i].experts && hp->n_expert_used == v[i].used && (!v[i].experts ||
+               (hp->n_ff_exp == v[i].ff_exp && L->ffn_gate_exps.n_out == (int64_t)v[i].experts * v[i].ff_exp &&
+                L->ffn_down_exps.n_in == v[i].ff_exp && L->ffn_down_exps.n_out == (int64_t)v[i].experts * hp->n_embd &&
+                L->ffn_gate_inp.n_out == v[i].experts && !L->w_gate.data && hp->expert_gating == BE_MOE_SOFTMAX &&
+                hp->expert_norm == 1)), "%s: experts", path);
         model_free(m);
     }
 }
 
 /* fw_lacks: the hybrid needs the linear-attention ops, the llama family none
- * beyond the base set (the engine falls back to the CPU on that answer). */
+ * beyond the base set (the moe op where the file has experts) (the engine falls back to the CPU on that answer). */
 static void test_lacks(void)
 {
     char err[256];
@@ -117,6 +129,17 @@ static void test_lacks(void)
         const char *l = fw_lacks(q35, &no_delta);
         CHECK(l && strcmp(l, "linear-attention ops") == 0);
         CHECK(fw_lacks(ll, &no_delta) == NULL);
+        /* experts need the moe op; a dense llama does not */
+        be_ops no_moe = *b->ops;
+        no_moe.moe = NULL;
+        model *mx = NULL;
+        CHECK(model_load(&mx, FIXTURE("models/mixtral-tiny.bf16.gguf"), err, sizeof err) == 0);
+        if (mx) {
+            const char *lm = fw_lacks(mx, &no_moe);
+            CHECK(fw_lacks(mx, b->ops) == NULL && lm && strstr(lm, "mixture-of-experts"));
+            CHECK(fw_lacks(ll, &no_moe) == NULL);
+        }
+        model_free(mx);
         /* and the family refuses to open on such a backend */
         const be_ops *real = b->ops;
         b->ops = &no_delta;

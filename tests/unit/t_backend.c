@@ -6,6 +6,7 @@
 #include "engine/quant/qtypes.h"
 #include "tests/check.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -225,6 +226,188 @@ static void test_rope_table(void)
     pool_close(p);
 }
 
+/* ---- mixture of experts: the op against a direct float64 definition ---- */
+
+/* A weight of type ty from the values v [rows][n]: f32, bf16, q8_0 exactly
+ * from v; q4_K from random blocks (the reference reads it back). */
+static wt moe_w(uint32_t ty, const float *v, int n, int rows, void **keep)
+{
+    size_t rb = qt_row_size(ty, n);
+    uint8_t *d = malloc(rb * (size_t)rows);
+    *keep = d;
+    for (int r = 0; r < rows; r++) {
+        uint8_t *q = d + (size_t)r * rb;
+        const float *vr = v + (size_t)r * n;
+        if (ty == QT_F32) memcpy(q, vr, (size_t)n * 4);
+        else if (ty == QT_BF16)
+            for (int i = 0; i < n; i++) ((uint16_t *)q)[i] = qt_fp32_to_bf16(vr[i]);
+        else if (ty == QT_Q8_0) qt_quantize_row(QT_Q8_0, vr, q, n);
+        else {
+            for (size_t i = 0; i < rb; i++) q[i] = (uint8_t)(rand() & 0xff);
+            for (size_t bk = 0; bk < rb / 144; bk++) {
+                uint16_t h = qt_fp32_to_fp16(0.004f), mn = qt_fp32_to_fp16(0.002f);
+                memcpy(q + bk * 144, &h, 2);
+                memcpy(q + bk * 144 + 2, &mn, 2);
+            }
+        }
+    }
+    return (wt){ .type = ty, .n_in = n, .n_out = rows, .row_bytes = rb, .data = d };
+}
+
+static double moe_ref_act(const be_moe *m, double g, double u)
+{
+    if (m->act == BE_MOE_GELU) return 0.5 * g * (1 + tanh(sqrt(2 / M_PI) * (g + 0.044715 * g * g * g))) * u;
+    if (m->act == BE_MOE_SWIGLU_OAI) {
+        g = fmin(g, m->limit);
+        u = fmax(-m->limit, fmin(u, m->limit));
+        return g / (1 + exp(-m->alpha * g)) * (u + 1);
+    }
+    return g / (1 + exp(-g)) * u;
+}
+
+/* out [E] for one token x [E], all in double over the dequantized weights. */
+static void moe_ref(const be_moe *m, const float *x, int E, double *out)
+{
+    int X = m->n_expert, K = m->n_used, F = m->n_ff;
+    double lg[64], p[64];
+    float row[1024];
+    for (int e = 0; e < X; e++) {
+        wt_row_f32(m->router, e, row);
+        double s = m->router_b && m->router_b->data ? ((const float *)m->router_b->data)[e] : 0;
+        for (int i = 0; i < E; i++) s += (double)row[i] * x[i];
+        lg[e] = s;
+    }
+    double mx = lg[0], sum = 0;
+    for (int e = 1; e < X; e++) mx = fmax(mx, lg[e]);
+    for (int e = 0; e < X; e++)
+        p[e] = m->gating == BE_MOE_SIGMOID ? 1 / (1 + exp(-lg[e])) : m->gating == BE_MOE_SOFTMAX ? exp(lg[e] - mx) : lg[e];
+    if (m->gating == BE_MOE_SOFTMAX) {
+        for (int e = 0; e < X; e++) sum += p[e];
+        for (int e = 0; e < X; e++) p[e] /= sum;
+    }
+    int ids[64], used[64] = { 0 };
+    double w[64], ws = 0;
+    for (int k = 0; k < K; k++) {
+        int best = -1;
+        for (int e = 0; e < X; e++)
+            if (!used[e] && (best < 0 || p[e] > p[best])) best = e;
+        used[best] = 1;
+        ids[k] = best;
+    }
+    for (int k = 0; k < K; k++) ws += w[k] = m->gating == BE_MOE_TOPK_SOFTMAX ? exp(lg[ids[k]] - lg[ids[0]]) : p[ids[k]];
+    for (int k = 0; k < K; k++) {
+        if (m->gating == BE_MOE_TOPK_SOFTMAX || m->norm) w[k] /= ws;
+        if (m->scale != 0) w[k] *= m->scale;
+    }
+    for (int i = 0; i < E; i++) out[i] = 0;
+    double h[1024];
+    for (int k = 0; k < K; k++) {
+        int e = ids[k];
+        for (int r = 0; r < F; r++) {
+            double g = 0, u = 0;
+            wt_row_f32(m->gate, (int64_t)e * F + r, row);
+            for (int i = 0; i < E; i++) g += (double)row[i] * x[i];
+            wt_row_f32(m->up, (int64_t)e * F + r, row);
+            for (int i = 0; i < E; i++) u += (double)row[i] * x[i];
+            if (m->gate_b) g += ((const float *)m->gate_b->data)[e * F + r];
+            if (m->up_b) u += ((const float *)m->up_b->data)[e * F + r];
+            h[r] = moe_ref_act(m, g, u);
+        }
+        for (int r = 0; r < E; r++) {
+            double y = m->down_b ? ((const float *)m->down_b->data)[e * E + r] : 0;
+            wt_row_f32(m->down, (int64_t)e * E + r, row);
+            for (int i = 0; i < F; i++) y += (double)row[i] * h[i];
+            out[r] += w[k] * y;
+        }
+    }
+}
+
+static void moe_case(be *b, uint32_t tg, uint32_t tu, uint32_t td, int gating, int norm, int act, int biases,
+                     int X, int K)
+{
+    enum { E = 256, F = 64, T = 9 };
+    float *v = malloc(sizeof(float) * (size_t)X * F * E), *rv = malloc(sizeof(float) * (size_t)X * E);
+    float rb[64], gb[64 * F], ub[64 * F], db[64 * E];
+    void *keep[4];
+    for (int i = 0; i < X * E; i++) rv[i] = frand() * 0.2f;
+    for (int i = 0; i < X; i++) rb[i] = frand() * 0.5f;
+    for (int i = 0; i < X * F; i++) { gb[i] = frand() * 0.3f; ub[i] = frand() * 0.3f; }
+    for (int i = 0; i < X * E; i++) db[i] = frand() * 0.1f;
+    wt router = moe_w(QT_F32, rv, E, X, &keep[0]);
+    for (int i = 0; i < X * F * E; i++) v[i] = frand() * 0.15f;
+    wt gate = moe_w(tg, v, E, X * F, &keep[1]);
+    for (int i = 0; i < X * F * E; i++) v[i] = frand() * 0.15f;
+    wt up = moe_w(tu, v, E, X * F, &keep[2]);
+    for (int i = 0; i < X * F * E; i++) v[i] = frand() * 0.15f;
+    wt down = moe_w(td, v, F, X * E, &keep[3]);
+    wt rbw = { .type = QT_F32, .n_in = X, .n_out = 1, .row_bytes = (size_t)X * 4, .data = rb };
+    wt gbw = { .type = QT_F32, .n_in = F, .n_out = X, .row_bytes = F * 4, .data = gb };
+    wt ubw = { .type = QT_F32, .n_in = F, .n_out = X, .row_bytes = F * 4, .data = ub };
+    wt dbw = { .type = QT_F32, .n_in = E, .n_out = X, .row_bytes = E * 4, .data = db };
+    be_moe m = { .n_expert = X, .n_used = K, .n_ff = F, .gating = gating, .norm = norm, .act = act,
+                 .alpha = 1.702f, .limit = 7.0f, .router = &router, .router_b = biases ? &rbw : NULL,
+                 .gate = &gate, .up = &up, .down = &down, .gate_b = biases ? &gbw : NULL,
+                 .up_b = biases ? &ubw : NULL, .down_b = biases ? &dbw : NULL };
+    if (act == BE_MOE_SWIGLU_OAI) m.limit = 0.3f;   /* so that the clamps act on these values */
+    static float x[T][E], out[T][E], one[E], inpl[T][E];
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < E; i++) inpl[t][i] = x[t][i] = frand() * (act == BE_MOE_SWIGLU_OAI ? 8.0f : 1.0f);
+    size_t sz = b->ops->moe_scratch(b, &m, T);
+    void *scr = b->ops->alloc(b, sz);
+    be_cpu_moe_ties(b);
+    b->ops->moe(b, &m, &x[0][0], T, scr, &out[0][0]);
+    long ties = be_cpu_moe_ties(b);
+    /* float weights: the op's only rounding is f32 arithmetic; quantized
+     * ones see activations quantized to 8 bits */
+    int exact = tg == QT_F32 && tu == QT_F32 && td == QT_F32;
+    double worst = 0, scale = 0;
+    for (int t = 0; t < T; t++) {
+        double r[E];
+        moe_ref(&m, x[t], E, r);
+        for (int i = 0; i < E; i++) {
+            worst = fmax(worst, fabs(r[i] - out[t][i]));
+            scale = fmax(scale, fabs(r[i]));
+        }
+    }
+    CHECKF(ties == 0 && worst <= (exact ? 1e-5 : 0.03) * scale,
+           "types %s/%s/%s gating %d norm %d act %d biases %d: off by %g of %g (%ld near-ties)", qt_name(tg),
+           qt_name(tu), qt_name(td), gating, norm, act, biases, worst, scale, ties);
+    /* each token alone gives the same bits; in place (out == x) too */
+    int same = 1;
+    for (int t = 0; t < T; t++) {
+        b->ops->moe(b, &m, x[t], 1, scr, one);
+        same &= memcmp(one, out[t], sizeof one) == 0;
+    }
+    CHECKF(same, "a token's output depends on its batch (types %s, gating %d)", qt_name(tg), gating);
+    b->ops->moe(b, &m, &inpl[0][0], T, scr, &inpl[0][0]);
+    CHECK(memcmp(inpl, out, sizeof out) == 0);
+    b->ops->free(b, scr);
+    for (int i = 0; i < 4; i++) free(keep[i]);
+    free(v);
+    free(rv);
+}
+
+static void test_moe(void)
+{
+    pool *p;
+    char err[128];
+    be *b;
+    CHECK(pool_open(&p, 2) == 0);
+    CHECK(be_cpu_open(&b, p, 1, err, sizeof err) == 0);
+    CHECK(b->ops->moe && b->ops->moe_scratch);
+    for (int g = BE_MOE_SOFTMAX; g <= BE_MOE_SIGMOID; g++)
+        for (int a = BE_MOE_SILU; a <= BE_MOE_SWIGLU_OAI; a++)
+            for (int bias = 0; bias < 2; bias++) moe_case(b, QT_F32, QT_F32, QT_F32, g, bias, a, bias, 8, 3);
+    moe_case(b, QT_F32, QT_F32, QT_F32, BE_MOE_SOFTMAX, 1, BE_MOE_SILU, 0, 8, 8);     /* every expert */
+    moe_case(b, QT_F32, QT_F32, QT_F32, BE_MOE_SOFTMAX, 0, BE_MOE_SILU, 0, 5, 1);     /* one */
+    moe_case(b, QT_BF16, QT_BF16, QT_BF16, BE_MOE_SOFTMAX, 1, BE_MOE_SILU, 0, 16, 4);
+    moe_case(b, QT_Q8_0, QT_Q8_0, QT_Q8_0, BE_MOE_TOPK_SOFTMAX, 0, BE_MOE_SWIGLU_OAI, 1, 8, 2);
+    /* gate and up with different activation formats (q8_K, q8_0) */
+    moe_case(b, QT_Q4_K, QT_Q8_0, QT_Q8_0, BE_MOE_SOFTMAX, 1, BE_MOE_SILU, 0, 8, 2);
+    b->ops->close(b);
+    pool_close(p);
+}
+
 int main(void)
 {
     qt_init();
@@ -232,5 +415,6 @@ int main(void)
     RUN(test_rmsnorm_rope);
     RUN(test_matmul_n);
     RUN(test_rope_table);
+    RUN(test_moe);
     return CHECK_DONE();
 }

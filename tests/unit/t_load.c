@@ -436,9 +436,6 @@ static void test_unsupported(void)
     set_f32(&s, "llama.rope.scaling.factor", 8);
     expect_refused(&s, "rope.scaling.factor 8", "llama.rope.scaling.factor", "not supported");
     base_spec(&s);
-    set_u32(&s, "llama.expert_count", 8);
-    expect_refused(&s, "expert_count 8", "llama.expert_count", "mixture-of-experts");
-    base_spec(&s);
     static float nan_scores[NV];
     memcpy(nan_scores, vscore, sizeof nan_scores);
     nan_scores[100] = NAN;
@@ -700,6 +697,131 @@ static void test_hf_overlap(void)
 }
 
 /* ---- files changed under a loaded model --------------------------------- */
+
+/* ---- mixture of experts ------------------------------------------------- */
+
+/* Expert keys on a dense file: each refused naming the key and what was expected. */
+static void test_moe_keys(void)
+{
+    gspec s;
+    base_spec(&s);
+    set_u32(&s, "llama.expert_count", 8);
+    expect_refused(&s, "expert_count without expert_used_count", "llama.expert_used_count", "missing");
+    static const uint32_t used[] = { 0, 9 };
+    for (size_t i = 0; i < 2; i++) {
+        base_spec(&s);
+        set_u32(&s, "llama.expert_count", 8);
+        set_u32(&s, "llama.expert_used_count", used[i]);
+        expect_refused(&s, "expert_used_count 0 or above expert_count", "llama.expert_used_count",
+                       "expected an integer in [1, 8]");
+    }
+    base_spec(&s);
+    set_u32(&s, "llama.expert_count", 8);
+    set_u32(&s, "llama.expert_used_count", 2);
+    expect_refused(&s, "experts without a router", "missing tensor 'blk.0.ffn_gate_inp.weight'", "llama.expert_count");
+    base_spec(&s);
+    set_u32(&s, "llama.expert_count", 100000);
+    expect_refused(&s, "expert_count 100000", "llama.expert_count", "expected an integer in [0, 512]");
+    base_spec(&s);
+    set_u32(&s, "llama.expert_used_count", 2);
+    expect_refused(&s, "expert_used_count without expert_count", "llama.expert_used_count", "expert_count");
+    base_spec(&s);
+    set_u32(&s, "llama.expert_count", 8);
+    set_u32(&s, "llama.expert_used_count", 2);
+    set_u32(&s, "llama.expert_shared_count", 1);
+    expect_refused(&s, "shared experts", "llama.expert_shared_count", "expected an integer in [0, 0]");
+}
+
+/* A copy of fixture `from` (under models/) with the bytes `find` replaced
+ * by `repl` (same length) at their first place, plus `skip` bytes; path into p. */
+static int patched(const char *from, const char *find, size_t skip, const void *repl, size_t n, char *p, size_t pn)
+{
+    static int seq;
+    char src[256];
+    snprintf(src, sizeof src, "tests/fixtures/models/%s", from);
+    snprintf(p, pn, "%s/moe%d.gguf", tmp, seq++);
+    size_t len;
+    uint8_t *d = read_all(src, &len);
+    uint8_t *at = d ? memmem(d, len, find, strlen(find)) : NULL;
+    if (!at || (size_t)(at - d) + skip + n > len) { free(d); return -1; }
+    memcpy(at + skip, repl, n);
+    /* (a second "key"->"kye" rename: for the used count's key too) */
+    uint8_t *k2 = !strcmp(find, "llama.expert_count") ? memmem(d, len, "llama.expert_used_count", 23) : NULL;
+    if (k2) memcpy(k2 + 13, "uesd", 4);
+    int rc = write_file(p, d, len);
+    free(d);
+    return rc;
+}
+
+static void test_moe_files(void)
+{
+    char p[256];
+    /* expert_count contradicting the expert tensors (8 experts each) */
+    uint32_t x16 = 16;
+    CHECK(patched("qwen3moe-tiny.bf16.gguf", "qwen3moe.expert_count", 21 + 4, &x16, 4, p, sizeof p) == 0);
+    expect_child_refused(p, "expert_count 16 for tensors of 8", "qwen3moe.expert_count is 16", "holds 8 experts");
+    uint32_t u9 = 9, u0 = 0;
+    CHECK(patched("qwen3moe-tiny.bf16.gguf", "qwen3moe.expert_used_count", 26 + 4, &u9, 4, p, sizeof p) == 0);
+    expect_child_refused(p, "expert_used_count 9 of 8", "qwen3moe.expert_used_count", "[1, 8]");
+    CHECK(patched("mixtral-tiny.bf16.gguf", "llama.expert_used_count", 23 + 4, &u0, 4, p, sizeof p) == 0);
+    expect_child_refused(p, "expert_used_count 0", "llama.expert_used_count", "[1, 4]");
+    /* a router renamed away */
+    CHECK(patched("mixtral-tiny.bf16.gguf", "blk.1.ffn_gate_inp.weight", 0, "blk.1.ffn_gate_inq.weight", 25, p,
+                  sizeof p) == 0);
+    expect_child_refused(p, "no router in block 1", "missing tensor 'blk.1.ffn_gate_inp.weight'", "llama.expert_count");
+    /* Mixtral's experts without its expert_count (and expert_used_count) keys */
+    CHECK(patched("mixtral-tiny.bf16.gguf", "llama.expert_count", 0, "llama.expert_cuont", 18, p, sizeof p) == 0);
+    expect_child_refused(p, "experts without expert_count", "ffn_gate_exps.weight", "llama.expert_count is absent");
+    /* the untouched files load */
+    char err[512];
+    CHECKF(load_in_child("tests/fixtures/models/mixtral-tiny.bf16.gguf", 30, err, sizeof err) == 0, "%s", err);
+    CHECKF(load_in_child("tests/fixtures/models/qwen3moe-tiny.bf16.gguf", 30, err, sizeof err) == 0, "%s", err);
+}
+
+/* The qwen3moe-tiny directory with config.json's field set to the JSON v. */
+static void hf_moe_with(char *dir, size_t n, const char *field, const char *v)
+{
+    static int seq;
+    static const char *files[] = { "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json" };
+    snprintf(dir, n, "%s/hfmoe%d", tmp, seq++);
+    mkdir(dir, 0755);
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        char a[512], b[512];
+        snprintf(a, sizeof a, "%s/%s", FIXTURE("hf/qwen3moe-tiny"), files[i]);
+        snprintf(b, sizeof b, "%s/%s", dir, files[i]);
+        if (copy_file(a, b)) fprintf(stderr, "cannot copy %s\n", a);
+    }
+    char p[512];
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    json_error_t je;
+    json_t *c = json_load_file(p, 0, &je);
+    if (v) json_object_set_new(c, field, json_loads(v, JSON_DECODE_ANY, &je));
+    json_dump_file(c, p, 0);
+    json_decref(c);
+}
+
+static void test_hf_moe(void)
+{
+    char dir[256], err[512];
+    hf_moe_with(dir, sizeof dir, "num_local_experts", NULL);
+    CHECKF(load_in_child(dir, 30, err, sizeof err) == 0, "the copied directory must load: %s", err);
+    static const struct { const char *field, *json, *n1, *n2; } bad[] = {
+        { "num_experts_per_tok", "9", "num_experts_per_tok", "[1, 8]" },
+        { "num_experts_per_tok", "0", "num_experts_per_tok", "[1, 8]" },
+        { "num_local_experts", "16", "8 of its 16 experts", "num_experts" },
+        { "num_local_experts", "4", "expert 4", "4 experts" },
+        { "moe_intermediate_size", "64", "ffn_gate_exps.weight", "expected [64, 64, 8]" },
+        { "mlp_only_layers", "[0]", "mlp_only_layers", "expected []" },
+        { "norm_topk_prob", "1", "norm_topk_prob", "true or false" },
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        hf_moe_with(dir, sizeof dir, bad[i].field, bad[i].json);
+        char what[128];
+        snprintf(what, sizeof what, "config.json %s: %s", bad[i].field, bad[i].json);
+        expect_child_refused(dir, what, bad[i].n1, bad[i].n2);
+        expect_child_refused(dir, what, dir, NULL);
+    }
+}
 
 static int copy_stories(char *path, size_t n)
 {
@@ -1140,6 +1262,9 @@ int main(int argc, char **argv)
     RUN(test_fifos);
     RUN(test_hf_config);
     RUN(test_hf_overlap);
+    RUN(test_moe_keys);
+    RUN(test_moe_files);
+    RUN(test_hf_moe);
     RUN(test_sigbus_model);
     RUN(test_sigbus_foreign);
     RUN(test_model_check_kinds);
