@@ -31,7 +31,9 @@ static uint32_t rnd(void)
 static float frand(void) { return (float)(rnd() & 0xFFFFFF) / 16777216.0f * 2.0f - 1.0f; }
 
 static const uint32_t wtypes[] = { QT_F32, QT_F16, QT_BF16, QT_Q4_0, QT_Q4_1, QT_Q5_0, QT_Q5_1,
-                                   QT_Q8_0, QT_Q2_K, QT_Q3_K, QT_Q4_K, QT_Q5_K, QT_Q6_K };
+                                   QT_Q8_0, QT_Q2_K, QT_Q3_K, QT_Q4_K, QT_Q5_K, QT_Q6_K,
+                                   QT_IQ4_NL, QT_MXFP4, QT_IQ4_XS, QT_IQ2_XXS, QT_IQ2_XS, QT_IQ2_S,
+                                   QT_IQ3_XXS, QT_IQ3_S, QT_IQ1_S };
 
 static void fp16_fields(uint32_t type, int off[2], int *cnt)
 {
@@ -61,6 +63,11 @@ static void make_weights(uint32_t type, uint8_t *w, int64_t rows, int64_t n)
         return;
     }
     for (size_t i = 0; i < rs * (size_t)rows; i++) w[i] = (uint8_t)rnd();
+    if (type == QT_MXFP4) {   /* E8M0 scales 2^-12 .. 2^3, and the subnormal 0 and 1 */
+        for (size_t b = 0; b < rs * (size_t)rows / t->type_size; b++)
+            w[b * t->type_size] = (uint8_t)((rnd() & 31) == 0 ? rnd() & 1 : 116 + rnd() % 16);
+        return;
+    }
     int off[2], cnt;
     fp16_fields(type, off, &cnt);
     for (size_t b = 0; b < rs * (size_t)rows / t->type_size; b++)
@@ -294,9 +301,9 @@ static void test_unsupported(void)
     /* unknown and activation-only weight types: no crash (the loader rejects them first) */
     float y = 7.f;
     uint8_t buf[512] = { 0 };
-    qt_gemm(23, 256, buf, 0, 0, 1, buf, 0, 1, &y, 1);
+    qt_gemm(29, 256, buf, 0, 0, 1, buf, 0, 1, &y, 1);
     qt_gemm(QT_Q8_K, 256, buf, 0, 0, 1, buf, 0, 1, &y, 1);
-    CHECK(qt_vec_dot_ref(23, 256, buf, buf) == 0.0f);
+    CHECK(qt_vec_dot_ref(29, 256, buf, buf) == 0.0f);
 }
 
 /* Decode (nb = 1) of K-quants runs in tiles of 4 weight rows: row ranges
