@@ -234,7 +234,7 @@ static void test_batch_invariance(void)
  * bit for bit, so also to every other nb. */
 static void test_small_every_nb(void)
 {
-    static const uint32_t st[] = { QT_Q4_0, QT_Q4_1, QT_Q5_0, QT_Q5_1, QT_Q8_0 };
+    static const uint32_t st[] = { QT_Q4_0, QT_Q4_1, QT_Q5_0, QT_Q5_1, QT_Q8_0, QT_IQ4_NL, QT_MXFP4 };
     enum { ROWS = 29, NBMAX = 20 };
     const int64_t n = 32 * 37;
     for (size_t t = 0; t < sizeof st / sizeof st[0]; t++) {
@@ -280,6 +280,9 @@ static void test_long_rows(void)
     one_case(QT_Q4_1, 2 * 32768 + 32 * 9, 2, 9);
     one_case(QT_Q4_0, 20480 + 32, 17, 11);   /* chunks, several activation groups */
     one_case(QT_Q4_K, 32768 + 512, 2, 3);
+    one_case(QT_IQ4_NL, 32768 + 96, 9, 5);
+    one_case(QT_MXFP4, 2 * 32768 + 32 * 3, 3, 17);
+    one_case(QT_IQ4_XS, 32768 + 256, 2, 3);
 }
 
 static void test_isa(void)
@@ -312,7 +315,8 @@ static void test_unsupported(void)
  * bits in every row and leave the rows outside the range alone. */
 static void test_decode_tiles(void)
 {
-    static const uint32_t kt[] = { QT_Q2_K, QT_Q3_K, QT_Q4_K, QT_Q5_K, QT_Q6_K };
+    static const uint32_t kt[] = { QT_Q2_K, QT_Q3_K, QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_IQ4_XS, QT_IQ2_XXS,
+                                   QT_IQ2_XS, QT_IQ2_S, QT_IQ3_XXS, QT_IQ3_S, QT_IQ1_S };
     enum { ROWS = 19 };
     for (size_t t = 0; t < sizeof kt / sizeof kt[0]; t++)
         for (int64_t nsb = 1; nsb <= 9; nsb += 4) {
@@ -352,6 +356,8 @@ static void test_kquant_long_batches(void)
     one_case(QT_Q4_K, 256 * 40, 5, 33);
     one_case(QT_Q6_K, 256 * 40, 3, 33);
     one_case(QT_Q3_K, 256 * 40, 3, 33);
+    one_case(QT_IQ4_XS, 256 * 40, 3, 70);   /* more than one group of 64 activation rows */
+    one_case(QT_IQ1_S, 256 * 8, 3, 70);
 }
 
 int main(void)
