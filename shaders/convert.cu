@@ -3,11 +3,19 @@
 // with the reference dequantizer's expressions (engine/qtypes.c); the
 // embedding and the dequantization for cuBLAS are built on it.
 #include "shaders/common.cuh"
+#include "shaders/iq.cuh"
 
 // 32 values c*32 .. c*32+31 of a row (n values; float types mask past n).
 template <int TY>
 __device__ __forceinline__ void dq32(const uint8_t *row, int c, int n, float w[32])
 {
+    if (iq_type(TY)) {   /* i-quants, iq4_nl, iq4_xs, mxfp4 */
+        const int per = iq_blck(TY) / 32;   /* 32-value chunks per block */
+        const uint8_t *b = row + (size_t)(c / per) * iq_bsize(TY);
+#pragma unroll
+        for (int l = 0; l < 4; l++) iq_dq8<TY>(b, 4 * (c % per) + l, w + 8 * l);
+        return;
+    }
     if (TY == QT_F32) {
         const float *r = (const float *)row + c * 32;
         if (c * 32 + 32 <= n && ((uintptr_t)r & 15) == 0) {
@@ -309,6 +317,8 @@ int ck_type_ok(uint32_t type)
     switch (type) {
     case QT_F32: case QT_F16: case QT_BF16: case QT_Q4_0: case QT_Q4_1: case QT_Q5_0: case QT_Q5_1: case QT_Q8_0:
     case QT_Q2_K: case QT_Q3_K: case QT_Q4_K: case QT_Q5_K: case QT_Q6_K: return 1;
+    case QT_IQ2_XXS: case QT_IQ2_XS: case QT_IQ2_S: case QT_IQ3_XXS: case QT_IQ3_S: case QT_IQ1_S:
+    case QT_IQ4_NL: case QT_IQ4_XS: case QT_MXFP4: return 1;
     default: return 0;
     }
 }

@@ -222,11 +222,59 @@ void qt_iq_unpack(uint32_t type, const void *bv, int8_t q[256], int16_t s[16], i
         *fd = d;
         return;
     default:
+        /* 8 values at a time as one word: magnitudes (all >= 1) with the
+         * bytes of set sign bits negated, (g ^ m) + (m & 1s), no carries */
         for (int l = 0; l < 32; l++) {
-            uint8_t mag[8], sgn;
+            uint64_t g8v;
+            unsigned sgn;
             int ls;
-            iq_group(type, b, l, mag, &sgn, &ls);
-            for (int j = 0; j < 8; j++) q[8 * l + j] = (int8_t)((sgn >> j) & 1 ? -mag[j] : mag[j]);
+            const int ib = l / 4, k = l % 4;
+            switch (type) {
+            case QT_IQ2_XXS: {
+                uint32_t aux[2];
+                memcpy(aux, b + 2 + 8 * ib, 8);
+                g8v = qt_iq2xxs_grid[(aux[0] >> (8 * k)) & 255];
+                sgn = qt_ksigns[(aux[1] >> (7 * k)) & 127];
+                ls = (int)(aux[1] >> 28);
+                break;
+            }
+            case QT_IQ2_XS: {
+                uint16_t q16;
+                memcpy(&q16, b + 2 + 2 * l, 2);
+                g8v = qt_iq2xs_grid[q16 & 511];
+                sgn = qt_ksigns[q16 >> 9];
+                ls = (b[66 + ib] >> (4 * (k / 2))) & 15;
+                break;
+            }
+            case QT_IQ2_S:
+                g8v = qt_iq2s_grid[b[2 + l] | ((b[66 + ib] << (8 - 2 * k)) & 0x300)];
+                sgn = b[34 + l];
+                ls = (b[74 + ib] >> (4 * (k / 2))) & 15;
+                break;
+            case QT_IQ3_XXS: {
+                uint32_t aux;
+                memcpy(&aux, b + 66 + 4 * ib, 4);
+                g8v = qt_iq3xxs_grid[b[2 + 8 * ib + 2 * k]] | (uint64_t)qt_iq3xxs_grid[b[3 + 8 * ib + 2 * k]] << 32;
+                sgn = qt_ksigns[(aux >> (7 * k)) & 127];
+                ls = (int)(aux >> 28);
+                break;
+            }
+            default: { /* QT_IQ3_S */
+                const uint8_t *qs = b + 2 + 8 * ib;
+                const int qh = b[66 + ib];
+                g8v = qt_iq3s_grid[qs[2 * k] | ((qh << (8 - 2 * k)) & 256)] |
+                      (uint64_t)qt_iq3s_grid[qs[2 * k + 1] | ((qh << (7 - 2 * k)) & 256)] << 32;
+                sgn = b[74 + 4 * ib + k];
+                ls = (b[106 + ib / 2] >> (4 * (ib % 2))) & 15;
+                break;
+            }
+            }
+            const uint64_t ones = 0x0101010101010101ull, hi = 0x8080808080808080ull;
+            const uint64_t bits = ((uint64_t)sgn * ones) & 0x8040201008040201ull;   /* byte j: bit j of sgn */
+            const uint64_t nz = (((bits & ~hi) + ~hi) | bits) & hi;               /* 0x80 where nonzero */
+            const uint64_t m = (nz >> 7) * 0xFF;
+            const uint64_t v = (g8v ^ m) + (m & ones);
+            memcpy(q + 8 * l, &v, 8);
             s[l / 2] = (int16_t)(type == QT_IQ3_S ? 1 + 2 * ls : 2 * ls + 1);
         }
         /* iq2: d (0.5 + ls) / 4 = d/8 (2 ls + 1); iq3_xxs: d/4 (2 ls + 1); iq3_s: d (1 + 2 ls) */

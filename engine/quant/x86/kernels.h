@@ -1098,6 +1098,34 @@ QT_AI float x_iq_finish(const x_iqb *u, const qt_block_q8_K *a, float sum)
     return sum + (u->fd * a->d) * ((float)isum + 0.125f * (float)msum);
 }
 
+/* iq4_xs against one activation row, decoded in registers (decode): the
+ * same int32 total and float expression as x_iq_finish. One scale per 32
+ * values: maddubs pairs times the broadcast scale. */
+QT_AI float x_iq4xs_1(const uint8_t *wb, const qt_block_q8_K *a, float sum)
+{
+    const qt_block_iq4_xs *x = (const void *)wb;
+    const __m256i tab = _mm256_set_m128i(
+        _mm_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113),
+        _mm_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113));
+    uint32_t sl;
+    memcpy(&sl, x->scales_l, 4);
+    const uint32_t sh = x->scales_h;
+    __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
+    QT_UNROLL8
+    for (int c = 0; c < 8; c += 2) {
+        const int l0 = (int)(((sl >> (4 * c)) & 15) | (((sh >> (2 * c)) & 3) << 4)) - 32;
+        const int l1 = (int)(((sl >> (4 * c + 4)) & 15) | (((sh >> (2 * c + 2)) & 3) << 4)) - 32;
+        const __m256i w0 = _mm256_shuffle_epi8(tab, x_nibbles(x->qs + 16 * c));
+        const __m256i w1 = _mm256_shuffle_epi8(tab, x_nibbles(x->qs + 16 * c + 16));
+        const __m256i p0 = _mm256_maddubs_epi16(_mm256_sign_epi8(w0, w0), _mm256_sign_epi8(x_ld((const uint8_t *)a->qs + 32 * c), w0));
+        const __m256i p1 = _mm256_maddubs_epi16(_mm256_sign_epi8(w1, w1), _mm256_sign_epi8(x_ld((const uint8_t *)a->qs + 32 * c + 32), w1));
+        acc0 = QT_MADD_ACC(acc0, p0, _mm256_set1_epi16((short)l0));
+        acc1 = QT_MADD_ACC(acc1, p1, _mm256_set1_epi16((short)l1));
+    }
+    const int32_t isum = x_hsum_i32(_mm256_add_epi32(acc0, acc1));
+    return sum + (x_h2f(wb) * a->d) * ((float)isum + 0.125f * (float)0);
+}
+
 QT_AI void x_iqk(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64_t r0, int64_t r1,
                  const uint8_t *A, size_t as, int nb, float *Y, int64_t ldy)
 {
@@ -1105,6 +1133,20 @@ QT_AI void x_iqk(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64_t 
     const int64_t nsb = n / 256;
     x_iqb u;
     float sums[64];
+    if (type == QT_IQ4_XS && nb == 1) {
+        for (int64_t r = r0; r < r1; r++) {
+            const uint8_t *wr = W + r * ws;
+            float sum = 0;
+            for (int64_t i = 0; i < nsb; i++) {
+                _mm_prefetch((const char *)wr + i * bs + QT_PF, _MM_HINT_T0);
+                _mm_prefetch((const char *)wr + i * bs + QT_PF + 64, _MM_HINT_T0);
+                _mm_prefetch((const char *)wr + i * bs + QT_PF + 128, _MM_HINT_T0);
+                sum = x_iq4xs_1(wr + i * bs, (const void *)(A + i * sizeof(qt_block_q8_K)), sum);
+            }
+            Y[r] = sum;
+        }
+        return;
+    }
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *wr = W + r * ws;
         for (int b0 = 0; b0 < nb; b0 += 64) {
