@@ -36,6 +36,18 @@ typedef struct be_batch {
 
 typedef struct be be;
 
+/* What attention_ex adds to plain causal attention. */
+typedef struct be_attn_ex {
+    /* 0: every earlier position; else a token at position p sees positions
+     * p-window+1 .. p (a sliding window of `window` tokens, itself included) */
+    int window;
+    /* NULL (or no data), or an f32 vector [n_head]: one more logit per head
+     * in the softmax's denominator that adds no value (gpt-oss's attention
+     * sinks) */
+    const wt *sinks;
+    float scale;    /* of q·k; 0: 1/sqrt(head_dim) */
+} be_attn_ex;
+
 /* A save point for per-sequence state: the state of sequence `slot` right
  * after its token at position pos-1 is copied to dst (a slot-sized buffer of
  * the same layout), when that token is in the batch. */
@@ -77,6 +89,10 @@ typedef struct be_ops {
      * q, out [T][n_head][head_dim]. */
     void (*attention)(be *b, const float *q, const void *kcache, const void *vcache,
                       const be_batch *bt, int n_head, int n_head_kv, int head_dim, float *out);
+    /* Optional: attention with the extras of ex (NULL, or all zero: the
+     * same values as attention). */
+    void (*attention_ex)(be *b, const float *q, const void *kcache, const void *vcache, const be_batch *bt,
+                         int n_head, int n_head_kv, int head_dim, const be_attn_ex *ex, float *out);
     /* Waits for queued work (no-op on the CPU). */
     void (*sync)(be *b);
 

@@ -273,7 +273,18 @@ typedef struct att_job {
     int n_head, n_head_kv, head_dim;
     float *out;
     int simd;                 /* use the AVX2 version */
+    int window;               /* be_attn_ex's */
+    const float *sinks;       /* [n_head], or NULL */
+    float scale;
 } att_job;
+
+/* The first position token t sees, and the softmax's starting max and sum:
+ * a sink is a logit with no value, so the sum starts at exp(sink - sink). */
+static inline int att_first(const att_job *j, int t)
+{
+    int p = j->bt->pos[t];
+    return j->window > 0 && p - j->window + 1 > 0 ? p - j->window + 1 : 0;
+}
 
 /* One (token, head): online softmax over the sequence's cached keys, in
  * chunks of ATT_CHUNK keys (scores of a chunk first, then one rescale). This
@@ -294,9 +305,9 @@ static void att_one_ref(att_job *j, int t, int h)
         qr[d] = f16 ? qt_fp16_to_fp32(qt_fp32_to_fp16(q0[d])) : q0[d];
         acc[d] = 0;
     }
-    float mx = -INFINITY, sum = 0, scale = 1.0f / sqrtf((float)hd);
+    float mx = j->sinks ? j->sinks[h] : -INFINITY, sum = j->sinks ? 1 : 0, scale = j->scale;
     int n = j->bt->pos[t] + 1;
-    for (int p0 = 0; p0 < n; p0 += ATT_CHUNK) {
+    for (int p0 = att_first(j, t); p0 < n; p0 += ATT_CHUNK) {
         int m = n - p0 < ATT_CHUNK ? n - p0 : ATT_CHUNK;
         float cmx = -INFINITY;
         for (int i = 0; i < m; i++) {
@@ -362,9 +373,9 @@ static void att_one_avx2(att_job *j, int t, int h)
         _mm256_store_ps(qr + d, q);
         _mm256_store_ps(acc + d, _mm256_setzero_ps());
     }
-    float mx = -INFINITY, sum = 0, scale = 1.0f / sqrtf((float)hd);
+    float mx = j->sinks ? j->sinks[h] : -INFINITY, sum = j->sinks ? 1 : 0, scale = j->scale;
     int n = j->bt->pos[t] + 1;
-    for (int p0 = 0; p0 < n; p0 += ATT_CHUNK) {
+    for (int p0 = att_first(j, t); p0 < n; p0 += ATT_CHUNK) {
         int m = n - p0 < ATT_CHUNK ? n - p0 : ATT_CHUNK;
         float cmx = -INFINITY;
         for (int i = 0; i < m; i++) {
@@ -429,7 +440,21 @@ static void cpu_attention(be *b, const float *q, const void *kc, const void *vc,
                           int n_head, int n_head_kv, int head_dim, float *out)
 {
     cpu_be *c = (cpu_be *)b;
-    att_job j = { b, q, kc, vc, bt, n_head, n_head_kv, head_dim, out, 0 };
+    att_job j = { b, q, kc, vc, bt, n_head, n_head_kv, head_dim, out, 0, 0, NULL, 1.0f / sqrtf((float)head_dim) };
+    j.simd = c->simd_att && head_dim % 8 == 0;
+    pool_run(c->pool, att_one, &j, bt->T * n_head);
+}
+
+static void cpu_attention_ex(be *b, const float *q, const void *kc, const void *vc, const be_batch *bt,
+                             int n_head, int n_head_kv, int head_dim, const be_attn_ex *ex, float *out)
+{
+    cpu_be *c = (cpu_be *)b;
+    att_job j = { b, q, kc, vc, bt, n_head, n_head_kv, head_dim, out, 0, 0, NULL, 1.0f / sqrtf((float)head_dim) };
+    if (ex) {
+        j.window = ex->window > 0 ? ex->window : 0;
+        j.sinks = ex->sinks && ex->sinks->data ? ex->sinks->data : NULL;
+        if (ex->scale != 0) j.scale = ex->scale;
+    }
     j.simd = c->simd_att && head_dim % 8 == 0;
     pool_run(c->pool, att_one, &j, bt->T * n_head);
 }
@@ -464,6 +489,7 @@ static const be_ops cpu_ops = {
     .rope = cpu_rope,
     .kv_store = cpu_kv_store,
     .attention = cpu_attention,
+    .attention_ex = cpu_attention_ex,
     .matmul_n = cpu_matmul_n,
     .sync = cpu_sync,
     .copy_rows = cpu_copy_rows,
