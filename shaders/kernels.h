@@ -186,6 +186,12 @@ void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *v
                   const int32_t *pos, const int32_t *off, const int32_t *pages, int T, int n_head,
                   int n_head_kv, int head_dim, float *out, float *part, int G, int maxs, void *xq, void *x16,
                   int n_sm, const ck_rope_in *rp, int grp, int mma);
+/* Attention with be_attn_ex's extras: positions pos-window+1..pos
+ * (window 0: all), sinks (device f32 [n_head], or NULL) in the softmax's
+ * denominator, q·k times scale. A warp per (token, head); head_dim <= 256. */
+void ck_attention_ex(cudaStream_t st, const float *q, const void *kc, const void *vc, int f16, const int32_t *pos,
+                     const int32_t *off, const int32_t *pages, int T, int n_head, int n_head_kv, int hd, int window,
+                     const float *sinks, float scale, float *out);
 /* ids[r] = argmax of row r of x [rows][n] (first of equals). part (or
  * NULL): a scratch of CK_ARGMAX_PART bytes, with which fewer than 64 rows
  * are each split over several blocks. */

@@ -10,6 +10,7 @@ static const arch archs[] = {
     { "qwen2",   &arch_llama,  ARCH_ROPE_NEOX | ARCH_QKV_BIAS },
     { "qwen3",   &arch_llama,  ARCH_ROPE_NEOX | ARCH_QK_NORM },
     { "qwen35",  &arch_qwen35, ARCH_ROPE_NEOX },
+    { "gemma3",  &arch_gemma3, ARCH_ROPE_NEOX | ARCH_QK_NORM },
 };
 
 const arch *arch_find(const char *name)

@@ -134,6 +134,20 @@ typedef struct be_ops {
                      const wt *dt_bias, float *state, const be_batch *bt, int nk, int nv, int dk, int dv,
                      float eps, const be_save *sv, int n_sv, float *out);
 
+    /* ---- Optional ops of the Gemma and GPT-2 families. ---- */
+    /* out = gelu(x) (tanh approximation), times up where up is not NULL.
+     * [n]; in place allowed. */
+    void (*gelu_mul)(be *b, const float *x, const float *up, size_t n, float *out);
+    /* out[r] = (x[r] - mean(x[r])) / sqrt(var(x[r]) + eps) * w + bias (bias
+     * NULL or no data: none); w, bias f32 vectors of n. [rows][n]; in place
+     * allowed. */
+    void (*layernorm)(be *b, const float *x, const wt *w, const wt *bias, int rows, int n, float eps, float *out);
+    /* x *= s                                                   [n] */
+    void (*scale)(be *b, float *x, size_t n, float s);
+    /* x[t] += row bt->pos[t] of table (learned absolute positions); x [T][n],
+     * table an f32, f16 or bf16 matrix of rows of n. */
+    void (*add_pos)(be *b, float *x, const wt *table, const be_batch *bt, int n);
+
     /* Optional hooks (NULL when a backend has none).
      * step_begin: called by fw_run before the ops of a forward pass with its
      * whole input (host arrays); the backend may upload them once for every

@@ -194,6 +194,60 @@ static void cpu_silu_mul(be *b, const float *g, const float *u, size_t n, float 
     pool_run(c->pool, silu_part, &j, (int)((n + SILU_CHUNK - 1) / SILU_CHUNK));
 }
 
+/* gelu with the tanh approximation, as GPT-2 and Gemma define it */
+static inline float gelu_tanh(float x)
+{
+    const float c = 0.7978845608028654f;   /* sqrt(2/pi) */
+    return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
+}
+
+static void gelu_part(void *arg, int k, int ith)
+{
+    (void)ith;
+    silu_job *j = arg;
+    size_t i0 = (size_t)k * SILU_CHUNK, i1 = i0 + SILU_CHUNK < j->n ? i0 + SILU_CHUNK : j->n;
+    for (size_t i = i0; i < i1; i++) j->out[i] = j->u ? gelu_tanh(j->g[i]) * j->u[i] : gelu_tanh(j->g[i]);
+}
+
+static void cpu_gelu_mul(be *b, const float *x, const float *up, size_t n, float *out)
+{
+    cpu_be *c = (cpu_be *)b;
+    silu_job j = { x, up, out, n };
+    pool_run(c->pool, gelu_part, &j, (int)((n + SILU_CHUNK - 1) / SILU_CHUNK));
+}
+
+static void cpu_layernorm(be *b, const float *x, const wt *wv, const wt *bv, int rows, int n, float eps, float *out)
+{
+    (void)b;
+    const float *w = wv->data, *bias = bv && bv->data ? bv->data : NULL;
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * n;
+        float *o = out + (size_t)r * n;
+        double s = 0, ss = 0;
+        for (int i = 0; i < n; i++) s += xr[i];
+        double mean = s / n;
+        for (int i = 0; i < n; i++) ss += (xr[i] - mean) * (xr[i] - mean);
+        float inv = (float)(1.0 / sqrt(ss / n + eps)), mf = (float)mean;
+        for (int i = 0; i < n; i++) o[i] = (xr[i] - mf) * inv * w[i] + (bias ? bias[i] : 0.0f);
+    }
+}
+
+static void cpu_scale(be *b, float *x, size_t n, float s)
+{
+    (void)b;
+    for (size_t i = 0; i < n; i++) x[i] *= s;
+}
+
+static void cpu_add_pos(be *b, float *x, const wt *table, const be_batch *bt, int n)
+{
+    float *row = be_cpu_scratch(b, (size_t)n * 4);
+    for (int t = 0; t < bt->T; t++) {
+        wt_row_f32(table, bt->pos[t], row);
+        float *xt = x + (size_t)t * n;
+        for (int i = 0; i < n; i++) xt[i] += row[i];
+    }
+}
+
 static void cpu_rope(be *b, float *x, const be_batch *bt, int n_heads, int head_dim, int n_rot,
                      float base, int neox, const wt *fd)
 {
@@ -492,6 +546,10 @@ static const be_ops cpu_ops = {
     .attention_ex = cpu_attention_ex,
     .matmul_n = cpu_matmul_n,
     .sync = cpu_sync,
+    .gelu_mul = cpu_gelu_mul,
+    .layernorm = cpu_layernorm,
+    .scale = cpu_scale,
+    .add_pos = cpu_add_pos,
     .copy_rows = cpu_copy_rows,
     .sigmoid_mul = cpu_sigmoid_mul,
     .rmsnorm_gated = cpu_rmsnorm_gated,

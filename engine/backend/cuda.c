@@ -42,6 +42,7 @@
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1049,6 +1050,22 @@ static void cu_attention(be *b, const float *q, const void *kc, const void *vc, 
     att_run((cu_be *)b, q, kc, vc, bt, n_head, n_head_kv, head_dim, out, NULL);
 }
 
+static void cu_attention_ex(be *b, const float *q, const void *kc, const void *vc, const be_batch *bt, int n_head,
+                            int n_head_kv, int head_dim, const be_attn_ex *ex, float *out)
+{
+    cu_be *c = (cu_be *)b;
+    if (!ex || (ex->window <= 0 && !(ex->sinks && ex->sinks->data) && ex->scale == 0)) {
+        att_run(c, q, kc, vc, bt, n_head, n_head_kv, head_dim, out, NULL);
+        return;
+    }
+    use_batch(c, bt);
+    tag_clear(c);
+    float scale = ex->scale != 0 ? ex->scale : 1.0f / sqrtf((float)head_dim);
+    ck_attention_ex(c->st, q, kc, vc, b->kv_elt == 2, d_pos(c), d_off(c), d_pages(c), bt->T, n_head, n_head_kv,
+                    head_dim, ex->window > 0 ? ex->window : 0, ex->sinks && ex->sinks->data ? ex->sinks->dev : NULL,
+                    scale, out);
+}
+
 /* rope_kv then attention. A pass's decode batch (a token per sequence) past
  * its first rope_kv (whose angle table the later layers read) does the rope
  * and the KV store inside the attention kernel: one launch less per layer,
@@ -1249,6 +1266,7 @@ static const be_ops cuda_ops = {
     .rope = cu_rope,
     .kv_store = cu_kv_store,
     .attention = cu_attention,
+    .attention_ex = cu_attention_ex,
     .sync = cu_sync,
     .step_begin = cu_step_begin,
     .step_end = cu_step_end,

@@ -25,6 +25,13 @@ typedef struct layer_w {
     wt attn_norm, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down;
     wt bq, bk, bv;              /* qwen2 biases (data NULL when absent) */
     wt q_norm, k_norm;          /* qwen3 per-head norms */
+    /* gemma3: norms of the attention's and the FFN's outputs; swa: a
+     * sliding-window layer (hp.n_swa, hp.rope_base_swa) */
+    wt post_attn_norm, post_ffn_norm;
+    int swa;
+    /* gpt2: fused q/k/v projection [E] -> [3E] and its bias; the norms'
+     * biases (attn_norm, ffn_norm), the output projection's and the FFN's */
+    wt wqkv, bqkv, attn_norm_b, ffn_norm_b, bo, b_up, b_down;
     /* qwen35: linear (Gated DeltaNet) layers use these instead of wq..wo;
      * full-attention layers use wq (query and output gate interleaved per
      * head), wk, wv, wo, q_norm, k_norm. ffn_norm is post_attention_norm. */
@@ -51,6 +58,11 @@ typedef struct hparams {
     int32_t ssm_dk, ssm_dv;     /* key / value head size */
     int32_t ssm_nk, ssm_nv;     /* key / value heads (nv a multiple of nk) */
     int32_t n_attn_layers;      /* layers that keep a KV cache (not linear-attention ones) */
+    /* gemma3: the sliding window of its swa layers (tokens), their rope
+     * base, and the q·k scale (0: 1/sqrt(head_dim)) */
+    int32_t n_swa;
+    float rope_base_swa;
+    float attn_scale;
 } hparams;
 
 typedef struct model {
@@ -60,6 +72,7 @@ typedef struct model {
     char name[128];
     char path[512];
     wt tok_embd, output_norm, output;
+    wt output_norm_b, pos_embd;  /* gpt2: the final layernorm's bias; learned positions [n_ctx_train][E] */
     wt rope_freqs;              /* llama-3.1 per-dim divisors; data NULL when absent */
     layer_w *layers;
     int tokenizer_only;

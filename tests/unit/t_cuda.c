@@ -1367,6 +1367,64 @@ static void test_attention(void)
     attn_case(gpu32, cpu32, 4, 1, 128);
 }
 
+/* attention_ex against the CPU's: a prefill of two sequences (scrambled
+ * pages) then a decode step each, with a window, sinks and a scale. */
+static void attn_ex_case(be *gb, be *cb, int n_head, int n_head_kv, int hd, int window, int with_sinks, float scale)
+{
+    enum { NS = 2, MAXP = 24 };
+    int n_pages = NS * MAXP, kvd = n_head_kv * hd;
+    size_t cache = (size_t)n_pages * KV_PAGE * kvd * gb->kv_elt;
+    int32_t perm[NS * MAXP];
+    page_perm(perm, n_pages);
+    void *ckc = calloc(1, cache), *cvc = calloc(1, cache);
+    void *gkc = gb->ops->alloc(gb, cache), *gvc = gb->ops->alloc(gb, cache);
+    float *sk = kept(malloc((size_t)n_head * 4));
+    for (int h = 0; h < n_head; h++) sk[h] = frand() * 3 + (h % 3 == 0 ? 4 : 0);
+    wt sinks = { .type = QT_F32, .n_in = n_head, .n_out = 1, .row_bytes = (size_t)n_head * 4, .data = sk };
+    CHECK(gb->ops->weight_prepare(gb, &sinks) == 0);
+    be_attn_ex ex = { window, with_sinks ? &sinks : NULL, scale };
+    int lens[NS] = { 300, 41 };
+    for (int step = 0; step < 2; step++) {
+        int T = 0;
+        int32_t pos[400], slot[400];
+        const int32_t *pages[400];
+        for (int s = 0; s < NS; s++) {
+            int from = step == 0 ? 0 : lens[s], to = step == 0 ? lens[s] : lens[s] + 1;
+            for (int p = from; p < to; p++) { pos[T] = p; pages[T] = perm + s * MAXP; slot[T] = s; T++; }
+        }
+        be_batch bt = { .T = T, .pos = pos, .pages = pages, .slot = slot };
+        size_t nq = (size_t)T * n_head * hd, nk = (size_t)T * kvd;
+        float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4), *a = malloc(nq * 4), *g = malloc(nq * 4);
+        for (size_t i = 0; i < nq; i++) q[i] = frand() * 2;
+        for (size_t i = 0; i < nk; i++) { k[i] = frand(); v[i] = frand(); }
+        float *dq = dev_from(gb, q, nq), *dk = dev_from(gb, k, nk), *dv = dev_from(gb, v, nk);
+        float *dout = gb->ops->alloc(gb, nq * 4);
+        cb->ops->kv_store(cb, ckc, cvc, &bt, kvd, k, v);
+        cb->ops->attention_ex(cb, q, ckc, cvc, &bt, n_head, n_head_kv, hd, &ex, a);
+        gb->ops->kv_store(gb, gkc, gvc, &bt, kvd, dk, dv);
+        gb->ops->attention_ex(gb, dq, gkc, gvc, &bt, n_head, n_head_kv, hd, &ex, dout);
+        gb->ops->to_host(gb, g, dout, nq * 4);
+        gb->ops->sync(gb);
+        double e = rel_err_f(g, a, nq);
+        CHECKF(e < 1e-4, "attention_ex kv%d heads %d/%d hd %d window %d sinks %d scale %g step %d: rel err %.3g",
+               (int)gb->kv_elt * 8, n_head, n_head_kv, hd, window, with_sinks, scale, step, e);
+        gb->ops->free(gb, dq); gb->ops->free(gb, dk); gb->ops->free(gb, dv); gb->ops->free(gb, dout);
+        free(q); free(k); free(v); free(a); free(g);
+    }
+    gb->ops->free(gb, gkc); gb->ops->free(gb, gvc);
+    free(ckc); free(cvc);
+}
+
+static void test_attention_ex(void)
+{
+    attn_ex_case(gpu, cpu, 8, 2, 64, 0, 1, 0);
+    attn_ex_case(gpu, cpu, 8, 2, 64, 37, 0, 0);
+    attn_ex_case(gpu, cpu, 4, 1, 256, 512, 0, 0.0625f);
+    attn_ex_case(gpu, cpu, 6, 3, 48, 16, 1, 0.2f);
+    attn_ex_case(gpu32, cpu32, 8, 8, 128, 1, 1, 0);
+    attn_ex_case(gpu32, cpu32, 4, 2, 32, 100, 1, 0);
+}
+
 /* ---- linear-attention ops against the CPU backend ---- */
 
 static void test_ssm_elementwise(void)
@@ -1691,6 +1749,7 @@ int main(int argc, char **argv)
     RUN_SOME(test_glu_batched);
     RUN_SOME(test_attention);
     RUN_SOME(test_att_group);
+    RUN_SOME(test_attention_ex);
     RUN_SOME(test_argmax);
     RUN_SOME(test_ssm_elementwise);
     RUN_SOME(test_conv1d);

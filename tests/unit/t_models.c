@@ -209,6 +209,14 @@ static void test_bf16_vs_transformers(void)
     check_model(M("qwen35-tiny.bf16.gguf"), R("qwen35-tiny.dev.json"), 0.05, 0);
 }
 
+/* the second set: Gemma 3 (sliding-window and global layers, GeGLU, post
+ * norms) and GPT-2 (learned positions, layernorm, fused QKV, GELU) */
+static void test_gemma3_gpt2(void)
+{
+    check_model(M("gemma3-tiny.bf16.gguf"), R("gemma3-tiny.dev.json"), 0.05, 0);
+    check_model(M("gemma3-tiny.bf16.gguf"), R("gemma3-tiny.dev.json"), 0.05, 1);
+}
+
 static void test_kv_f32(void)
 {
     check_model(M("qwen3-tiny.bf16.gguf"), R("qwen3-tiny.dev.json"), 0.05, 1);
@@ -231,11 +239,16 @@ static void test_quantized_vs_llamacpp(void)
     check_model(M("llama-q.bf16.gguf"), R("llama-q.bf16.llamacpp.dev.json"), 0.15, 0);
 }
 
-int main(void)
+static const char *only;
+#define RUN_SOME(fn) do { if (!only || strstr(#fn, only)) RUN(fn); } while (0)
+
+int main(int argc, char **argv)
 {
-    RUN(test_bf16_vs_transformers);
-    RUN(test_kv_f32);
-    RUN(test_hf_directory);
-    RUN(test_quantized_vs_llamacpp);
+    only = argc > 1 ? argv[1] : NULL;
+    RUN_SOME(test_bf16_vs_transformers);
+    RUN_SOME(test_gemma3_gpt2);
+    RUN_SOME(test_kv_f32);
+    RUN_SOME(test_hf_directory);
+    RUN_SOME(test_quantized_vs_llamacpp);
     return CHECK_DONE();
 }
