@@ -29,9 +29,10 @@ typedef struct layer_w {
      * sliding-window layer (hp.n_swa, hp.rope_base_swa) */
     wt post_attn_norm, post_ffn_norm;
     int swa;
-    /* gpt2: fused q/k/v projection [E] -> [3E] and its bias; the norms'
-     * biases (attn_norm, ffn_norm), the output projection's and the FFN's */
-    wt wqkv, bqkv, attn_norm_b, ffn_norm_b, bo, b_up, b_down;
+    /* gpt2: the norms' biases (attn_norm, ffn_norm), the output
+     * projection's and the FFN's (wq, wk, wv, bq, bk, bv: thirds of the
+     * file's fused attn_qkv) */
+    wt attn_norm_b, ffn_norm_b, bo, b_up, b_down;
     /* qwen35: linear (Gated DeltaNet) layers use these instead of wq..wo;
      * full-attention layers use wq (query and output gate interleaved per
      * head), wk, wv, wo, q_norm, k_norm. ffn_norm is post_attention_norm. */

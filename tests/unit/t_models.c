@@ -215,6 +215,8 @@ static void test_gemma3_gpt2(void)
 {
     check_model(M("gemma3-tiny.bf16.gguf"), R("gemma3-tiny.dev.json"), 0.05, 0);
     check_model(M("gemma3-tiny.bf16.gguf"), R("gemma3-tiny.dev.json"), 0.05, 1);
+    check_model(M("gpt2-tiny.bf16.gguf"), R("gpt2-tiny.dev.json"), 0.05, 0);
+    check_model(M("gpt2-tiny.bf16.gguf"), R("gpt2-tiny.bf16.llamacpp.dev.json"), 0.05, 0);
 }
 
 static void test_kv_f32(void)
