@@ -51,8 +51,10 @@ static int gpt2_load(ld *l)
         return ld_fail(l, "%s.attention.head_count_kv %d and head size %d: expected %d heads of %d (GPT-2 has "
                        "neither grouped heads nor a key_length of its own)", m->arch_name, hp->n_head_kv,
                        hp->head_dim, hp->n_head, E / hp->n_head);
-    if (key_f(l, "attention.layer_norm_epsilon", &f, 1e-5, 0, 1)) return -1;
-    hp->norm_eps = (float)f;
+    if (l->g) {   /* (a Hugging Face directory's is config.json's, read already) */
+        if (key_f(l, "attention.layer_norm_epsilon", &f, 1e-5, 0, 1)) return -1;
+        hp->norm_eps = (float)f;
+    }
     if (ld_common(l, (size_t)2 * E + (size_t)hp->n_layer * (4 * E + 3 * E + E + F + E) + 64)) return -1;
     if (get_w(l, &m->output_norm_b, "output_norm.bias", E, 0, 1) ||
         get_w(l, &m->pos_embd, "position_embd.weight", E, hp->n_ctx_train, 1))

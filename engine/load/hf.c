@@ -23,6 +23,7 @@ struct hf_model {
     shard *shards; int n_shards;
     gguf_tensor *t; uint64_t n_t, cap;
     char **names;              /* storage of the GGUF names */
+    void **owned;              /* [cap] transposed copies (GPT-2's Conv1D weights), or NULL */
 };
 
 const hf_config *hf_cfg(const hf_model *h) { return &h->cfg; }
@@ -33,10 +34,43 @@ void hf_close(hf_model *h)
     if (!h) return;
     for (int i = 0; i < h->n_shards; i++) mf_unmap(&h->shards[i]);
     for (uint64_t i = 0; i < h->n_t; i++) free(h->names[i]);
+    for (uint64_t i = 0; h->owned && i < h->cap; i++) free(h->owned[i]);
+    free(h->owned);
     free(h->names);
     free(h->shards);
     free(h->t);
     free(h);
+}
+
+/* GPT-2's names ("transformer." optional, as older checkpoints lack it);
+ * *tr: a Conv1D weight, stored [in][out], the transpose of a Linear's. */
+static int map_gpt2(const char *hf, char *out, size_t n, int *tr)
+{
+    static const struct { const char *hf, *gg; } fixed[] = {
+        { "wte.weight", "token_embd.weight" },   { "wpe.weight", "position_embd.weight" },
+        { "ln_f.weight", "output_norm.weight" }, { "ln_f.bias", "output_norm.bias" },
+    };
+    static const struct { const char *hf, *gg; int tr; } per_layer[] = {
+        { "ln_1.weight", "attn_norm.weight", 0 },        { "ln_1.bias", "attn_norm.bias", 0 },
+        { "attn.c_attn.weight", "attn_qkv.weight", 1 },  { "attn.c_attn.bias", "attn_qkv.bias", 0 },
+        { "attn.c_proj.weight", "attn_output.weight", 1 }, { "attn.c_proj.bias", "attn_output.bias", 0 },
+        { "ln_2.weight", "ffn_norm.weight", 0 },         { "ln_2.bias", "ffn_norm.bias", 0 },
+        { "mlp.c_fc.weight", "ffn_up.weight", 1 },       { "mlp.c_fc.bias", "ffn_up.bias", 0 },
+        { "mlp.c_proj.weight", "ffn_down.weight", 1 },   { "mlp.c_proj.bias", "ffn_down.bias", 0 },
+    };
+    *tr = 0;
+    if (!strncmp(hf, "transformer.", 12)) hf += 12;
+    for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
+        if (!strcmp(hf, fixed[i].hf)) { snprintf(out, n, "%s", fixed[i].gg); return 1; }
+    int layer, off = 0;
+    if (sscanf(hf, "h.%d.%n", &layer, &off) == 1 && off > 0 && layer >= 0 && layer < 100000)
+        for (size_t i = 0; i < sizeof per_layer / sizeof per_layer[0]; i++)
+            if (!strcmp(hf + off, per_layer[i].hf)) {
+                snprintf(out, n, "blk.%d.%s", layer, per_layer[i].gg);
+                *tr = per_layer[i].tr;
+                return 1;
+            }
+    return 0;
 }
 
 /* HF tensor name → GGUF name; 0 when the name is not one we use. */
@@ -148,7 +182,9 @@ static int shard_load(hf_model *h, const char *path, char *err, size_t errlen)
     json_object_foreach(root, key, val) {
         if (!strcmp(key, "__metadata__")) continue;
         char gname[96];
-        if (!map_name(key, gname, sizeof gname)) continue;   /* e.g. rotary inv_freq buffers */
+        int tr = 0;
+        if (!(strcmp(h->cfg.arch, "gpt2") ? map_name(key, gname, sizeof gname) : map_gpt2(key, gname, sizeof gname, &tr)))
+            continue;   /* e.g. rotary inv_freq buffers, GPT-2's attn.bias masks */
         int layer;
         if (sscanf(gname, "blk.%d.", &layer) == 1 && layer >= h->cfg.layers) {
             snprintf(err, errlen, "%s: tensor '%s' belongs to layer %d but config.json has %lld layers",
@@ -217,6 +253,18 @@ static int shard_load(hf_model *h, const char *path, char *err, size_t errlen)
         t->ne[2] = t->ne[3] = 1;
         t->data = sh->map + base + b;
         t->nbytes = (uint64_t)(e - b);
+        if (tr && nd == 2) {   /* [in][out] → rows of in values: a copy */
+            uint8_t *c = malloc((size_t)t->nbytes);
+            if (!c) { snprintf(err, errlen, "out of memory"); rc = -1; break; }
+            size_t in = (size_t)dims[0], outn = (size_t)dims[1];
+            for (size_t r = 0; r < outn; r++)
+                for (size_t k = 0; k < in; k++)
+                    memcpy(c + (r * in + k) * esz, (const uint8_t *)t->data + (k * outn + r) * esz, esz);
+            h->owned[h->n_t] = c;
+            t->data = c;
+            t->ne[0] = dims[0];
+            t->ne[1] = dims[1];
+        }
         h->n_t++;
     }
     json_decref(root);
@@ -319,6 +367,41 @@ static int ctoken(cfgrd *r, json_t *o, const char *k, int64_t vocab, int64_t *ou
     return 0;
 }
 
+/* GPT-2's config.json: its own field names, no rope, GELU (tanh form) */
+static int config_gpt2(cfgrd *r, json_t *c, hf_config *g)
+{
+    if (cint(r, c, "n_embd", 1, 0, 1, 65536, &g->hidden) || cint(r, c, "n_layer", 1, 0, 1, 4096, &g->layers) ||
+        cint(r, c, "n_head", 1, 0, 1, 1024, &g->heads) || cint(r, c, "vocab_size", 1, 0, 1, 1 << 24, &g->vocab) ||
+        cint(r, c, "n_positions", 0, 1024, 1, 1 << 24, &g->ctx))
+        return -1;
+    if (g->hidden % g->heads) {
+        snprintf(r->err, r->errlen, "%s: n_embd %lld is not a multiple of n_head %lld", r->path,
+                 (long long)g->hidden, (long long)g->heads);
+        return -1;
+    }
+    g->kv_heads = g->heads;
+    g->head_dim = g->hidden / g->heads;
+    if (cint(r, c, "n_inner", 0, 4 * g->hidden, 1, 1 << 20, &g->ff) ||
+        cnum(r, c, "layer_norm_epsilon", 1e-5, 0, 1, &g->eps) || ctoken(r, c, "bos_token_id", g->vocab, &g->bos) ||
+        ctoken(r, c, "eos_token_id", g->vocab, &g->eos))
+        return -1;
+    json_t *act = json_object_get(c, "activation_function");
+    const char *as = json_is_string(act) ? json_string_value(act) : NULL;
+    if (act && !json_is_null(act) && !(as && (!strcmp(as, "gelu_new") || !strcmp(as, "gelu_pytorch_tanh")))) {
+        snprintf(r->err, r->errlen, "%s: activation_function is %s%s%s, expected \"gelu_new\"", r->path,
+                 as ? "\"" : jtype(act), as ? as : "", as ? "\"" : "");
+        return -1;
+    }
+    json_t *tie = json_object_get(c, "tie_word_embeddings");
+    if (tie && !json_is_boolean(tie) && !json_is_null(tie)) {
+        snprintf(r->err, r->errlen, "%s: tie_word_embeddings is %s, expected true or false", r->path, jtype(tie));
+        return -1;
+    }
+    g->tie = json_is_boolean(tie) ? json_is_true(tie) : -1;
+    g->rope_theta = 10000.0;
+    return 0;
+}
+
 static int config_load(hf_model *h, const char *dir, char *err, size_t errlen)
 {
     char path[1100];
@@ -340,11 +423,12 @@ static int config_load(hf_model *h, const char *dir, char *err, size_t errlen)
     int rc = -1;
     json_t *mt = json_object_get(c, "model_type");
     const char *t = json_is_string(mt) ? json_string_value(mt) : "";
-    if (strcmp(t, "llama") && strcmp(t, "qwen2") && strcmp(t, "qwen3")) {
-        snprintf(err, errlen, "%s: model_type '%s' is not supported (supported: llama, qwen2, qwen3)", path, t);
+    if (strcmp(t, "llama") && strcmp(t, "qwen2") && strcmp(t, "qwen3") && strcmp(t, "gpt2")) {
+        snprintf(err, errlen, "%s: model_type '%s' is not supported (supported: llama, qwen2, qwen3, gpt2)", path, t);
         goto out;
     }
     snprintf(g->arch, sizeof g->arch, "%s", t);
+    if (!strcmp(t, "gpt2")) { rc = config_gpt2(&r, c, g); goto out; }
     if (cint(&r, c, "hidden_size", 1, 0, 1, 65536, &g->hidden) ||
         cint(&r, c, "num_hidden_layers", 1, 0, 1, 4096, &g->layers) ||
         cint(&r, c, "num_attention_heads", 1, 0, 1, 1024, &g->heads) ||
@@ -449,7 +533,8 @@ int hf_open(hf_model **out, const char *dir, char *err, size_t errlen)
     h->cap = cap;
     h->t = calloc(cap, sizeof *h->t);
     h->names = calloc(cap, sizeof *h->names);
-    if (!h->shards || !h->t || !h->names) { snprintf(err, errlen, "out of memory"); goto fail; }
+    h->owned = calloc(cap, sizeof *h->owned);
+    if (!h->shards || !h->t || !h->names || !h->owned) { snprintf(err, errlen, "out of memory"); goto fail; }
     for (int i = 0; i < nf; i++) {
         char p[1100];
         snprintf(p, sizeof p, "%s/%s", dir, files[i]);

@@ -229,6 +229,7 @@ static void test_hf_directory(void)
     /* the directory the qwen2-tiny GGUF was converted from gives the same results */
     check_model(FIXTURE("hf/qwen2-tiny"), R("qwen2-tiny.dev.json"), 0.05, 0);
     check_model(FIXTURE("hf/qwen2-tiny"), R("qwen2-tiny.bf16.llamacpp.dev.json"), 0.05, 0);
+    check_model(FIXTURE("hf/gpt2-tiny"), R("gpt2-tiny.dev.json"), 0.05, 0);
 }
 
 static void test_quantized_vs_llamacpp(void)
