@@ -95,7 +95,7 @@ static void rm_rf(const char *p) { nftw(p, rm_one, 16, FTW_DEPTH | FTW_PHYS); }
 
 /* ---- a GGUF builder ---------------------------------------------------- */
 
-enum { G_U32 = 4, G_I32 = 5, G_F32 = 6, G_STR = 8, G_ARR = 9, G_U64 = 10 };
+enum { G_U32 = 4, G_I32 = 5, G_F32 = 6, G_BOOL = 7, G_STR = 8, G_ARR = 9, G_U64 = 10 };
 
 typedef struct gkv {
     char key[96];
@@ -274,6 +274,7 @@ static void put_val(buf *b, const gkv *k)
         for (size_t i = 0; i < k->an; i++) {
             if (k->at == G_STR) putstr(b, k->as[i]);
             else if (k->at == G_I32) put32(b, (uint32_t)k->ai[i]);
+            else if (k->at == G_BOOL) { uint8_t v = k->ai[i] != 0; put(b, &v, 1); }
             else put(b, &k->af[i], 4);
         }
         break;
@@ -449,6 +450,68 @@ static void test_unsupported(void)
     set_f32(&s, "llama.rope.scaling.factor", 8);
     char path[256], err[512];
     CHECKF(load_spec(&s, path, sizeof path, err, sizeof err) == 0, "scaling type none must load: %s", err);
+}
+
+/* base_spec as a Gemma 3 file of n_layer layers (its keys renamed, its
+ * extra norms added) with a sliding window of 8. */
+static void gemma3_spec(gspec *s, int n_layer)
+{
+    base_spec(s);
+    for (int i = 0; i < s->nkv; i++)
+        if (!strncmp(s->kv[i].key, "llama.", 6)) {
+            char k[96];
+            snprintf(k, sizeof k, "gemma3.%s", s->kv[i].key + 6);
+            snprintf(s->kv[i].key, sizeof s->kv[i].key, "%s", k);
+        }
+    set_str(s, "general.architecture", "gemma3");
+    set_u32(s, "gemma3.block_count", (uint32_t)n_layer);
+    set_u32(s, "gemma3.attention.sliding_window", 8);
+    int hd = E / H;
+    s->nt = 2;   /* token_embd, output_norm */
+    for (int l = 0; l < n_layer; l++) {
+        static const char *const vec[] = { "attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm" };
+        char n[64];
+        for (int v = 0; v < 4; v++) { snprintf(n, sizeof n, "blk.%d.%s.weight", l, vec[v]); add_t(s, n, E, 0); }
+        snprintf(n, sizeof n, "blk.%d.attn_q_norm.weight", l); add_t(s, n, hd, 0);
+        snprintf(n, sizeof n, "blk.%d.attn_k_norm.weight", l); add_t(s, n, hd, 0);
+        snprintf(n, sizeof n, "blk.%d.attn_q.weight", l); add_t(s, n, E, H * hd);
+        snprintf(n, sizeof n, "blk.%d.attn_k.weight", l); add_t(s, n, E, HKV * hd);
+        snprintf(n, sizeof n, "blk.%d.attn_v.weight", l); add_t(s, n, E, HKV * hd);
+        snprintf(n, sizeof n, "blk.%d.attn_output.weight", l); add_t(s, n, H * hd, E);
+        snprintf(n, sizeof n, "blk.%d.ffn_gate.weight", l); add_t(s, n, E, F);
+        snprintf(n, sizeof n, "blk.%d.ffn_up.weight", l); add_t(s, n, E, F);
+        snprintf(n, sizeof n, "blk.%d.ffn_down.weight", l); add_t(s, n, F, E);
+    }
+}
+
+/* Gemma 3's sliding window and layer pattern: missing, past the context,
+ * a pattern that does not fit block_count, not bools; a missing norm. */
+static void test_gemma3_keys(void)
+{
+    gspec s;
+    char path[256], err[512];
+    gemma3_spec(&s, 2);
+    CHECKF(load_spec(&s, path, sizeof path, err, sizeof err) == 0, "gemma3 spec must load: %s", err);
+    s.nkv--;   /* (the sliding window was the last key added) */
+    expect_refused(&s, "no sliding window", "gemma3.attention.sliding_window", NULL);
+    gemma3_spec(&s, 2);
+    set_u32(&s, "gemma3.attention.sliding_window", 65);
+    expect_refused(&s, "window past the context", "gemma3.attention.sliding_window", "64");
+    gemma3_spec(&s, 2);
+    static const int32_t three[3] = { 1, 1, 0 }, two[2] = { 1, 0 };
+    gkv *k = kv_add(&s, "gemma3.attention.sliding_window_pattern", G_ARR);
+    k->at = G_BOOL; k->an = 3; k->ai = three;
+    expect_refused(&s, "pattern of 3 for 2 layers", "gemma3.attention.sliding_window_pattern", "block_count is 2");
+    k->an = 2; k->ai = two;
+    CHECKF(load_spec(&s, path, sizeof path, err, sizeof err) == 0, "a pattern of 2 bools must load: %s", err);
+    k->at = G_I32;
+    expect_refused(&s, "pattern of ints", "gemma3.attention.sliding_window_pattern", "expected bools");
+    gemma3_spec(&s, 2);
+    set_u32(&s, "gemma3.attention.sliding_window_pattern", 3);
+    expect_refused(&s, "period past the layers", "gemma3.attention.sliding_window_pattern", "0..2");
+    gemma3_spec(&s, 2);
+    t_find(&s, "blk.1.post_ffw_norm.weight")->name[0] = 'x';
+    expect_refused(&s, "no post_ffw_norm", "blk.1.post_ffw_norm.weight", NULL);
 }
 
 static void test_vocab_size(void)
@@ -1135,6 +1198,7 @@ int main(int argc, char **argv)
     RUN(test_bad_numbers);
     RUN(test_token_ids);
     RUN(test_unsupported);
+    RUN(test_gemma3_keys);
     RUN(test_vocab_size);
     RUN(test_shapes_and_counts);
     RUN(test_fifos);
