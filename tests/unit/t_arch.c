@@ -14,7 +14,7 @@
 static void test_table(void)
 {
     char buf[200];
-    CHECK(strcmp(arch_names(buf, sizeof buf), "llama, qwen2, qwen3, qwen35") == 0);
+    CHECK(strcmp(arch_names(buf, sizeof buf), "llama, qwen2, qwen3, qwen35, gemma3, gpt2") == 0);
     CHECK(strcmp(arch_names(buf, 9), "llama, q") == 0);   /* cut, still a string */
     const arch *q2 = arch_find("qwen2"), *q3 = arch_find("qwen3"), *ll = arch_find("llama");
     CHECK(q2 && q3 && ll && q2->fam == ll->fam && q3->fam == ll->fam);
@@ -60,7 +60,7 @@ static void test_rows(void)
     char err[512];
     load_renamed("gptxx", 0, err, sizeof err);
     CHECKF(strstr(err, ": unsupported architecture 'gptxx' in general.architecture (supported: llama, qwen2, "
-                       "qwen3, qwen35)") != NULL, "%s", err);
+                       "qwen3, qwen35, gemma3, gpt2)") != NULL, "%s", err);
     load_renamed("qwen2", 1, err, sizeof err);
     CHECKF(strstr(err, ": missing tensor 'blk.0.attn_q.bias'") != NULL, "%s", err);
     load_renamed("qwen3", 1, err, sizeof err);

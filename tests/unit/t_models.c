@@ -219,6 +219,22 @@ static void test_gemma3_gpt2(void)
     check_model(M("gpt2-tiny.bf16.gguf"), R("gpt2-tiny.bf16.llamacpp.dev.json"), 0.05, 0);
 }
 
+/* learned positions end at context_length: a longer context is refused */
+static void test_gpt2_context(void)
+{
+    char err[512];
+    eng *e = NULL;
+    eng_opts o = { 0 };
+    o.model_path = M("gpt2-tiny.bf16.gguf");
+    o.n_threads = 1;
+    o.n_ctx = 1025;
+    CHECK(eng_open(&e, &o, err, sizeof err) != 0);
+    CHECKF(strstr(err, "gpt2-tiny.bf16.gguf") && strstr(err, "gpt2.context_length 1024"), "%s", err);
+    o.n_ctx = 1024;
+    CHECKF(eng_open(&e, &o, err, sizeof err) == 0, "%s", err);
+    if (e) eng_close(e);
+}
+
 static void test_kv_f32(void)
 {
     check_model(M("qwen3-tiny.bf16.gguf"), R("qwen3-tiny.dev.json"), 0.05, 1);
@@ -250,6 +266,7 @@ int main(int argc, char **argv)
     only = argc > 1 ? argv[1] : NULL;
     RUN_SOME(test_bf16_vs_transformers);
     RUN_SOME(test_gemma3_gpt2);
+    RUN_SOME(test_gpt2_context);
     RUN_SOME(test_kv_f32);
     RUN_SOME(test_hf_directory);
     RUN_SOME(test_quantized_vs_llamacpp);
