@@ -111,6 +111,11 @@ static int gemma3_open(fw **out, model *m, be *b, int max_T, int max_out, int n_
 {
     (void)max_seqs;
     const hparams *hp = &m->hp;
+    *out = NULL;
+    const char *lacks = gemma3_lacks(b->ops);
+    if (lacks)
+        return err_set(err, errlen, "the %s backend cannot run %s models yet (no %s)", b->ops->name, m->arch_name,
+                       lacks);
     gemma3_fw *f = calloc(1, sizeof *f);
     if (!f) return err_set(err, errlen, "out of memory for activation buffers");
     f->base = (fw){ .fam = &arch_gemma3, .m = m, .b = b };

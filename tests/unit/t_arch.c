@@ -125,6 +125,27 @@ static void test_lacks(void)
         CHECKF(strstr(err, "cannot run qwen35 models yet (no linear-attention ops)") != NULL, "%s", err);
         b->ops = real;
     }
+    /* gemma3 and gpt2 without their ops */
+    be_ops no_ex = *b->ops;
+    no_ex.attention_ex = NULL;
+    no_ex.layernorm = NULL;
+    model *g3 = NULL, *g2 = NULL;
+    CHECK(model_load(&g3, FIXTURE("models/gemma3-tiny.bf16.gguf"), err, sizeof err) == 0);
+    CHECK(model_load(&g2, FIXTURE("models/gpt2-tiny.bf16.gguf"), err, sizeof err) == 0);
+    if (g3 && g2) {
+        CHECK(fw_lacks(g3, b->ops) == NULL && fw_lacks(g2, b->ops) == NULL);
+        CHECK(fw_lacks(g3, &no_ex) != NULL && fw_lacks(g2, &no_ex) != NULL);
+        const be_ops *real = b->ops;
+        b->ops = &no_ex;
+        fw *f = NULL;
+        CHECK(fw_open(&f, g3, b, 8, 2, 4, 1, err, sizeof err) == -1 && f == NULL);
+        CHECKF(strstr(err, "cannot run gemma3 models yet (no sliding-window attention") != NULL, "%s", err);
+        CHECK(fw_open(&f, g2, b, 8, 2, 4, 1, err, sizeof err) == -1 && f == NULL);
+        CHECKF(strstr(err, "cannot run gpt2 models yet (no layernorm") != NULL, "%s", err);
+        b->ops = real;
+    }
+    model_free(g3);
+    model_free(g2);
     model_free(q35);
     model_free(ll);
     b->ops->close(b);
