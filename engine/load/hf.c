@@ -24,6 +24,7 @@ struct hf_model {
     gguf_tensor *t; uint64_t n_t, cap;
     char **names;              /* storage of the GGUF names */
     void **owned;              /* [cap] transposed copies (GPT-2's Conv1D weights), or NULL */
+    unsigned char *trans;      /* [cap] 1: tensor i is stored transposed (a Conv1D weight) */
 };
 
 const hf_config *hf_cfg(const hf_model *h) { return &h->cfg; }
@@ -36,6 +37,7 @@ void hf_close(hf_model *h)
     for (uint64_t i = 0; i < h->n_t; i++) free(h->names[i]);
     for (uint64_t i = 0; h->owned && i < h->cap; i++) free(h->owned[i]);
     free(h->owned);
+    free(h->trans);
     free(h->names);
     free(h->shards);
     free(h->t);
@@ -253,22 +255,28 @@ static int shard_load(hf_model *h, const char *path, char *err, size_t errlen)
         t->ne[2] = t->ne[3] = 1;
         t->data = sh->map + base + b;
         t->nbytes = (uint64_t)(e - b);
-        if (tr && nd == 2) {   /* [in][out] → rows of in values: a copy */
-            uint8_t *c = malloc((size_t)t->nbytes);
-            if (!c) { snprintf(err, errlen, "out of memory"); rc = -1; break; }
-            size_t in = (size_t)dims[0], outn = (size_t)dims[1];
-            for (size_t r = 0; r < outn; r++)
-                for (size_t k = 0; k < in; k++)
-                    memcpy(c + (r * in + k) * esz, (const uint8_t *)t->data + (k * outn + r) * esz, esz);
-            h->owned[h->n_t] = c;
-            t->data = c;
-            t->ne[0] = dims[0];
-            t->ne[1] = dims[1];
-        }
+        h->trans[h->n_t] = tr && nd == 2;
         h->n_t++;
     }
     json_decref(root);
     if (!rc) rc = apart(h, first, path, err, errlen);
+    /* GPT-2's Conv1D weights, [in][out]: copied into rows of in values
+     * (after apart, which looks at the file's own ranges) */
+    for (uint64_t i = first; !rc && i < h->n_t; i++) {
+        if (!h->trans[i]) continue;
+        gguf_tensor *t = &h->t[i];
+        size_t esz = t->nbytes / ((size_t)t->ne[0] * (size_t)t->ne[1]);
+        size_t in = (size_t)t->ne[1], outn = (size_t)t->ne[0];
+        uint8_t *c = malloc((size_t)t->nbytes);
+        if (!c) { snprintf(err, errlen, "out of memory"); rc = -1; break; }
+        for (size_t r = 0; r < outn; r++)
+            for (size_t k = 0; k < in; k++)
+                memcpy(c + (r * in + k) * esz, (const uint8_t *)t->data + (k * outn + r) * esz, esz);
+        h->owned[i] = c;
+        t->data = c;
+        t->ne[0] = (int64_t)in;
+        t->ne[1] = (int64_t)outn;
+    }
     return rc;
 }
 
@@ -534,7 +542,8 @@ int hf_open(hf_model **out, const char *dir, char *err, size_t errlen)
     h->t = calloc(cap, sizeof *h->t);
     h->names = calloc(cap, sizeof *h->names);
     h->owned = calloc(cap, sizeof *h->owned);
-    if (!h->shards || !h->t || !h->names || !h->owned) { snprintf(err, errlen, "out of memory"); goto fail; }
+    h->trans = calloc(cap, 1);
+    if (!h->shards || !h->t || !h->names || !h->owned || !h->trans) { snprintf(err, errlen, "out of memory"); goto fail; }
     for (int i = 0; i < nf; i++) {
         char p[1100];
         snprintf(p, sizeof p, "%s/%s", dir, files[i]);
