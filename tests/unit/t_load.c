@@ -607,8 +607,11 @@ static void expect_child_refused(const char *path, const char *what, const char 
     CHECKF(!n2 || strstr(err, n2), "%s: message lacks '%s': %s", what, n2, err);
 }
 
+static void hf_copy_of(const char *src, char *dir, size_t n);
 /* A fresh copy of the qwen2-tiny directory under tmp. */
-static void hf_copy(char *dir, size_t n)
+static void hf_copy(char *dir, size_t n) { hf_copy_of(HF_DIR, dir, n); }
+
+static void hf_copy_of(const char *src, char *dir, size_t n)
 {
     static int seq;
     static const char *files[] = { "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json" };
@@ -616,7 +619,7 @@ static void hf_copy(char *dir, size_t n)
     mkdir(dir, 0755);
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         char a[512], b[512];
-        snprintf(a, sizeof a, "%s/%s", HF_DIR, files[i]);
+        snprintf(a, sizeof a, "%s/%s", src, files[i]);
         snprintf(b, sizeof b, "%s/%s", dir, files[i]);
         if (copy_file(a, b)) fprintf(stderr, "cannot copy %s\n", a);
     }
@@ -730,6 +733,40 @@ static void test_hf_config(void)
 }
 
 /* The safetensors shard of a copy with v_proj.bias's data_offsets set to k_proj.bias's. */
+/* GPT-2's config.json: another activation, a bad n_inner, heads that do
+ * not divide n_embd: each refused naming the file and the field. */
+static void test_hf_gpt2_config(void)
+{
+    static const struct { const char *field; const char *json; const char *n1, *n2; } bad[] = {
+        { "activation_function", "\"relu\"", "activation_function", "gelu_new" },
+        { "n_inner", "-3", "n_inner", NULL },
+        { "n_head", "3", "n_embd 64 is not a multiple of n_head 3", NULL },
+        { "layer_norm_epsilon", "\"x\"", "layer_norm_epsilon", NULL },
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char dir[256], p[512], err[512];
+        hf_copy_of(FIXTURE("hf/gpt2-tiny"), dir, sizeof dir);
+        snprintf(p, sizeof p, "%s/config.json", dir);
+        json_t *c = json_load_file(p, 0, NULL);
+        CHECK(c != NULL);
+        if (!c) continue;
+        json_object_set_new(c, bad[i].field, json_loads(bad[i].json, JSON_DECODE_ANY, NULL));
+        json_dump_file(c, p, 0);
+        json_decref(c);
+        model *m = NULL;
+        int rc = model_load(&m, dir, err, sizeof err);
+        model_free(m);
+        CHECKF(rc == -1, "gpt2 config %s: loaded", bad[i].field);
+        CHECKF(strstr(err, "config.json") && strstr(err, bad[i].n1) && (!bad[i].n2 || strstr(err, bad[i].n2)),
+               "gpt2 config %s: %s", bad[i].field, err);
+    }
+    char dir[256], err[512];
+    hf_copy_of(FIXTURE("hf/gpt2-tiny"), dir, sizeof dir);
+    model *m = NULL;
+    CHECKF(model_load(&m, dir, err, sizeof err) == 0, "%s", err);
+    model_free(m);
+}
+
 static void test_hf_overlap(void)
 {
     char dir[256], p[512];
@@ -1203,6 +1240,7 @@ int main(int argc, char **argv)
     RUN(test_shapes_and_counts);
     RUN(test_fifos);
     RUN(test_hf_config);
+    RUN(test_hf_gpt2_config);
     RUN(test_hf_overlap);
     RUN(test_sigbus_model);
     RUN(test_sigbus_foreign);
