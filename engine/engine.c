@@ -838,6 +838,11 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
 
     e->n_ctx = opt->n_ctx > 0 ? opt->n_ctx : (m->hp.n_ctx_train < 4096 ? m->hp.n_ctx_train : 4096);
     if (e->n_ctx < 8) e->n_ctx = 8;
+    if (m->pos_embd.data && e->n_ctx > m->hp.n_ctx_train) {   /* learned positions end there */
+        snprintf(err, errlen, "%s: a context of %d tokens is past the model's learned positions (%s.context_length "
+                 "%d): expected at most that", m->path, e->n_ctx, m->arch_name, m->hp.n_ctx_train);
+        goto fail;
+    }
     e->max_seqs = opt->max_seqs > 0 ? opt->max_seqs : 16;
     if (e->max_seqs > 256) e->max_seqs = 256;
     in->n_ctx = e->n_ctx;

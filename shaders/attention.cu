@@ -914,6 +914,81 @@ __global__ void k_att_merge(const float *part, const int32_t *pos, int n_head, i
     }
 }
 
+/* ---------------- attention_ex ----------------
+ * Attention with a sliding window, sinks and a given scale (be_attn_ex): a
+ * warp per (token, head). Each span of 32 positions gives lane l the score
+ * of position p0+l (a whole q·k dot), then one online softmax step; lanes
+ * hold dims lane, lane+32, .. of the accumulator. A sink starts the
+ * running (max, sum) at (sink, 1). q is rounded to f16 with an f16 cache,
+ * as the CPU does. head_dim <= 32*ND. */
+template <int ND, int F16>
+__global__ void __launch_bounds__(128) k_att_ex(const float *q, const void *kc, const void *vc, const int32_t *pos,
+                                               const int32_t *off, const int32_t *pages, int T, int n_head,
+                                               int n_head_kv, int hd, int window, const float *sinks, float scale,
+                                               float *out)
+{
+    pdl_begin();
+    int w = blockIdx.x * 4 + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (w >= T * n_head) return;
+    int t = w / n_head, h = w % n_head, kvh = h / (n_head / n_head_kv);
+    size_t kvd = (size_t)n_head_kv * hd;
+    const float *qt = q + (size_t)w * hd;
+    float acc[ND];
+#pragma unroll
+    for (int i = 0; i < ND; i++) acc[i] = 0;
+    float M = sinks ? sinks[h] : -INFINITY, L = sinks ? 1.f : 0.f;
+    int p = pos[t], first = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
+    for (int p0 = first; p0 <= p; p0 += 32) {
+        int pj = p0 + lane;
+        float sc = -INFINITY;
+        if (pj <= p) {
+            size_t row = (size_t)pages[off[t] + pj / 16] * 16 + pj % 16;
+            size_t base = row * kvd + (size_t)kvh * hd;
+            float dot = 0;
+            for (int d = 0; d < hd; d++) {
+                float qd = qt[d], kd;
+                if (F16) {
+                    qd = __half2float(__float2half_rn(qd));
+                    kd = __half2float(((const __half *)kc)[base + d]);
+                } else {
+                    kd = ((const float *)kc)[base + d];
+                }
+                dot = __fmaf_rn(qd, kd, dot);
+            }
+            sc = dot * scale;
+        }
+        float m = sc;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        float mn = fmaxf(M, m), fo = expf(M - mn);
+        float e = pj <= p ? expf(sc - mn) : 0.f, l = e;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
+        L = L * fo + l;
+#pragma unroll
+        for (int i = 0; i < ND; i++) acc[i] *= fo;
+        int n = p - p0 + 1 < 32 ? p - p0 + 1 : 32;
+        for (int j = 0; j < n; j++) {
+            float ej = __shfl_sync(0xffffffffu, e, j);
+            int pp = p0 + j;
+            size_t base = ((size_t)pages[off[t] + pp / 16] * 16 + pp % 16) * kvd + (size_t)kvh * hd;
+#pragma unroll
+            for (int i = 0; i < ND; i++) {
+                int d = lane + 32 * i;
+                if (d < hd) {
+                    float vd = F16 ? __half2float(((const __half *)vc)[base + d]) : ((const float *)vc)[base + d];
+                    acc[i] = __fmaf_rn(ej, vd, acc[i]);
+                }
+            }
+        }
+        M = mn;
+    }
+    float *o = out + (size_t)w * hd;
+#pragma unroll
+    for (int i = 0; i < ND; i++)
+        if (lane + 32 * i < hd) o[lane + 32 * i] = acc[i] / L;
+}
+
 extern "C" {
 
 int ck_att_grp_ok(int f16, int n_head, int n_head_kv, int hd)
@@ -1034,6 +1109,26 @@ void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *v
     else if (nd <= 4) L_ATT(4);
     else L_ATT(8);
     if (G > 1) lk(k_att_merge, T * n_head, 128, 0, st, part, pos, n_head, hd, maxs, out, L);
+}
+
+void ck_attention_ex(cudaStream_t st, const float *q, const void *kc, const void *vc, int f16, const int32_t *pos,
+                     const int32_t *off, const int32_t *pages, int T, int n_head, int n_head_kv, int hd, int window,
+                     const float *sinks, float scale, float *out)
+{
+    unsigned g = nblk((size_t)T * n_head, 4);
+#define L_EX(ND)                                                                                               \
+    do {                                                                                                       \
+        if (f16) lk(k_att_ex<ND, 1>, g, 128, 0, st, q, kc, vc, pos, off, pages, T, n_head, n_head_kv, hd,      \
+                    window, sinks, scale, out);                                                                \
+        else lk(k_att_ex<ND, 0>, g, 128, 0, st, q, kc, vc, pos, off, pages, T, n_head, n_head_kv, hd, window,  \
+                sinks, scale, out);                                                                            \
+    } while (0)
+    int nd = (hd + 31) / 32;
+    if (nd <= 1) L_EX(1);
+    else if (nd <= 2) L_EX(2);
+    else if (nd <= 4) L_EX(4);
+    else L_EX(8);
+#undef L_EX
 }
 
 }  /* extern "C" */

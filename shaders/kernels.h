@@ -109,6 +109,16 @@ void ck_f32_to_f16(cudaStream_t st, const float *x, size_t n, void *dst);
 /* out[t][r] += bias[r]                                           [T][n_out] */
 void ck_add_bias(cudaStream_t st, float *out, const float *bias, int T, int n_out);
 void ck_add(cudaStream_t st, float *x, const float *y, size_t n);
+/* out = gelu(x) (tanh form) * u (u NULL: gelu(x))                 [n] */
+void ck_gelu_mul(cudaStream_t st, const float *x, const float *u, size_t n, float *out);
+/* x *= s                                                          [n] */
+void ck_scale(cudaStream_t st, float *x, size_t n, float s);
+/* out[r] = (x[r] - mean) / sqrt(var + eps) * w + b (b NULL: none)  [rows][n] */
+void ck_layernorm(cudaStream_t st, const float *x, const float *w, const float *b, int rows, int n, float eps,
+                  float *out);
+/* x[t] += row pos[t] of tab (kind 0 f32, 1 f16, 2 bf16)          [T][n] */
+void ck_add_pos(cudaStream_t st, float *x, const void *tab, int kind, size_t row_bytes, const int32_t *pos, int T,
+                int n);
 /* out = silu(g) * u                               [n]; xq: out as [rows][n/rows] */
 void ck_silu_mul(cudaStream_t st, const float *g, const float *u, size_t n, float *out, void *xq, void *x16, int rows);
 void ck_rope(cudaStream_t st, float *x, const int32_t *pos, int T, int n_heads, int head_dim, int n_rot,
@@ -186,6 +196,12 @@ void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *v
                   const int32_t *pos, const int32_t *off, const int32_t *pages, int T, int n_head,
                   int n_head_kv, int head_dim, float *out, float *part, int G, int maxs, void *xq, void *x16,
                   int n_sm, const ck_rope_in *rp, int grp, int mma);
+/* Attention with be_attn_ex's extras: positions pos-window+1..pos
+ * (window 0: all), sinks (device f32 [n_head], or NULL) in the softmax's
+ * denominator, q·k times scale. A warp per (token, head); head_dim <= 256. */
+void ck_attention_ex(cudaStream_t st, const float *q, const void *kc, const void *vc, int f16, const int32_t *pos,
+                     const int32_t *off, const int32_t *pages, int T, int n_head, int n_head_kv, int hd, int window,
+                     const float *sinks, float scale, float *out);
 /* ids[r] = argmax of row r of x [rows][n] (first of equals). part (or
  * NULL): a scratch of CK_ARGMAX_PART bytes, with which fewer than 64 rows
  * are each split over several blocks. */

@@ -16,6 +16,11 @@ typedef struct ly_attn {
     const wt *q_norm, *k_norm;  /* per-head rmsnorms, or NULL */
     float norm_eps;
     int fused;                  /* may take the backend's fused rope ops (rope_kv, rope_attention) */
+    /* be_attn_ex's: a sliding window (0: none), sinks (NULL: none), the
+     * q·k scale (0: 1/sqrt(head_dim)); any set: the backend's attention_ex */
+    int window;
+    const wt *sinks;
+    float scale;
 } ly_attn;
 
 /* Attention over q [T][n_head*hd], k, v [T][n_head_kv*hd]: the q/k norms,

@@ -153,7 +153,7 @@ static void llama_attention(llama_fw *f, int l, const be_batch *bt)
         o->matmul(b, &L->wv, mb[2], f->xb, T, f->v);
     }
     ly_attn a = { hp->n_head, hp->n_head_kv, HD, hp->n_rot, hp->rope_base, hp->rope_neox, freq_div,
-                  L->q_norm.data ? &L->q_norm : NULL, L->q_norm.data ? &L->k_norm : NULL, hp->norm_eps, 1 };
+                  L->q_norm.data ? &L->q_norm : NULL, L->q_norm.data ? &L->k_norm : NULL, hp->norm_eps, 1, 0, NULL, 0 };
     ly_attend(b, &a, f->q, f->k, f->v, f->kc[l], f->vc[l], bt, mb == none ? qkv_b : NULL, f->att);
 }
 

@@ -317,7 +317,7 @@ static void attn_layer(fwq *f, const layer_w *L, int l, const be_batch *bt)
     o->matmul(b, &L->wv, NULL, f->xb, T, f->v);
     /* rope on the first n_rot dims, rotating halves; the plain ops */
     ly_attn a = { hp->n_head, hp->n_head_kv, HD, hp->n_rot, hp->rope_base, 1, NULL, &L->q_norm, &L->k_norm,
-                  hp->norm_eps, 0 };
+                  hp->norm_eps, 0, 0, NULL, 0 };
     ly_attend(b, &a, f->q, f->k, f->v, f->kc[l], f->vc[l], bt, NULL, f->att);
     o->sigmoid_mul(b, f->att, f->gz, (size_t)rows * HD);
     o->matmul(b, &L->wo, NULL, f->att, T, f->xb);

@@ -36,6 +36,18 @@ typedef struct be_batch {
 
 typedef struct be be;
 
+/* What attention_ex adds to plain causal attention. */
+typedef struct be_attn_ex {
+    /* 0: every earlier position; else a token at position p sees positions
+     * p-window+1 .. p (a sliding window of `window` tokens, itself included) */
+    int window;
+    /* NULL (or no data), or an f32 vector [n_head]: one more logit per head
+     * in the softmax's denominator that adds no value (gpt-oss's attention
+     * sinks) */
+    const wt *sinks;
+    float scale;    /* of q·k; 0: 1/sqrt(head_dim) */
+} be_attn_ex;
+
 /* A save point for per-sequence state: the state of sequence `slot` right
  * after its token at position pos-1 is copied to dst (a slot-sized buffer of
  * the same layout), when that token is in the batch. */
@@ -119,6 +131,10 @@ typedef struct be_ops {
      * q, out [T][n_head][head_dim]. */
     void (*attention)(be *b, const float *q, const void *kcache, const void *vcache,
                       const be_batch *bt, int n_head, int n_head_kv, int head_dim, float *out);
+    /* Optional: attention with the extras of ex (NULL, or all zero: the
+     * same values as attention). */
+    void (*attention_ex)(be *b, const float *q, const void *kcache, const void *vcache, const be_batch *bt,
+                         int n_head, int n_head_kv, int head_dim, const be_attn_ex *ex, float *out);
     /* Waits for queued work (no-op on the CPU). */
     void (*sync)(be *b);
 
@@ -170,6 +186,19 @@ typedef struct be_ops {
      * x, out [T][E] (out may be x); scratch of moe_scratch(max_T >= T). */
     size_t (*moe_scratch)(be *b, const struct be_moe *m, int max_T);
     void (*moe)(be *b, const struct be_moe *m, const float *x, int T, void *scratch, float *out);
+    /* ---- Optional ops of the Gemma and GPT-2 families. ---- */
+    /* out = gelu(x) (tanh approximation), times up where up is not NULL.
+     * [n]; in place allowed. */
+    void (*gelu_mul)(be *b, const float *x, const float *up, size_t n, float *out);
+    /* out[r] = (x[r] - mean(x[r])) / sqrt(var(x[r]) + eps) * w + bias (bias
+     * NULL or no data: none); w, bias f32 vectors of n. [rows][n]; in place
+     * allowed. */
+    void (*layernorm)(be *b, const float *x, const wt *w, const wt *bias, int rows, int n, float eps, float *out);
+    /* x *= s                                                   [n] */
+    void (*scale)(be *b, float *x, size_t n, float s);
+    /* x[t] += row bt->pos[t] of table (learned absolute positions); x [T][n],
+     * table an f32, f16 or bf16 matrix of rows of n. */
+    void (*add_pos)(be *b, float *x, const wt *table, const be_batch *bt, int n);
 
     /* Optional hooks (NULL when a backend has none).
      * step_begin: called by fw_run before the ops of a forward pass with its

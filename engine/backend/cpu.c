@@ -196,6 +196,60 @@ static void cpu_silu_mul(be *b, const float *g, const float *u, size_t n, float 
     pool_run(c->pool, silu_part, &j, (int)((n + SILU_CHUNK - 1) / SILU_CHUNK));
 }
 
+/* gelu with the tanh approximation, as GPT-2 and Gemma define it */
+static inline float gelu_tanh(float x)
+{
+    const float c = 0.7978845608028654f;   /* sqrt(2/pi) */
+    return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
+}
+
+static void gelu_part(void *arg, int k, int ith)
+{
+    (void)ith;
+    silu_job *j = arg;
+    size_t i0 = (size_t)k * SILU_CHUNK, i1 = i0 + SILU_CHUNK < j->n ? i0 + SILU_CHUNK : j->n;
+    for (size_t i = i0; i < i1; i++) j->out[i] = j->u ? gelu_tanh(j->g[i]) * j->u[i] : gelu_tanh(j->g[i]);
+}
+
+static void cpu_gelu_mul(be *b, const float *x, const float *up, size_t n, float *out)
+{
+    cpu_be *c = (cpu_be *)b;
+    silu_job j = { x, up, out, n };
+    pool_run(c->pool, gelu_part, &j, (int)((n + SILU_CHUNK - 1) / SILU_CHUNK));
+}
+
+static void cpu_layernorm(be *b, const float *x, const wt *wv, const wt *bv, int rows, int n, float eps, float *out)
+{
+    (void)b;
+    const float *w = wv->data, *bias = bv && bv->data ? bv->data : NULL;
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * n;
+        float *o = out + (size_t)r * n;
+        double s = 0, ss = 0;
+        for (int i = 0; i < n; i++) s += xr[i];
+        double mean = s / n;
+        for (int i = 0; i < n; i++) ss += (xr[i] - mean) * (xr[i] - mean);
+        float inv = (float)(1.0 / sqrt(ss / n + eps)), mf = (float)mean;
+        for (int i = 0; i < n; i++) o[i] = (xr[i] - mf) * inv * w[i] + (bias ? bias[i] : 0.0f);
+    }
+}
+
+static void cpu_scale(be *b, float *x, size_t n, float s)
+{
+    (void)b;
+    for (size_t i = 0; i < n; i++) x[i] *= s;
+}
+
+static void cpu_add_pos(be *b, float *x, const wt *table, const be_batch *bt, int n)
+{
+    float *row = be_cpu_scratch(b, (size_t)n * 4);
+    for (int t = 0; t < bt->T; t++) {
+        wt_row_f32(table, bt->pos[t], row);
+        float *xt = x + (size_t)t * n;
+        for (int i = 0; i < n; i++) xt[i] += row[i];
+    }
+}
+
 static void cpu_rope(be *b, float *x, const be_batch *bt, int n_heads, int head_dim, int n_rot,
                      float base, int neox, const wt *fd)
 {
@@ -275,7 +329,18 @@ typedef struct att_job {
     int n_head, n_head_kv, head_dim;
     float *out;
     int simd;                 /* use the AVX2 version */
+    int window;               /* be_attn_ex's */
+    const float *sinks;       /* [n_head], or NULL */
+    float scale;
 } att_job;
+
+/* The first position token t sees, and the softmax's starting max and sum:
+ * a sink is a logit with no value, so the sum starts at exp(sink - sink). */
+static inline int att_first(const att_job *j, int t)
+{
+    int p = j->bt->pos[t];
+    return j->window > 0 && p - j->window + 1 > 0 ? p - j->window + 1 : 0;
+}
 
 /* One (token, head): online softmax over the sequence's cached keys, in
  * chunks of ATT_CHUNK keys (scores of a chunk first, then one rescale). This
@@ -296,9 +361,9 @@ static void att_one_ref(att_job *j, int t, int h)
         qr[d] = f16 ? qt_fp16_to_fp32(qt_fp32_to_fp16(q0[d])) : q0[d];
         acc[d] = 0;
     }
-    float mx = -INFINITY, sum = 0, scale = 1.0f / sqrtf((float)hd);
+    float mx = j->sinks ? j->sinks[h] : -INFINITY, sum = j->sinks ? 1 : 0, scale = j->scale;
     int n = j->bt->pos[t] + 1;
-    for (int p0 = 0; p0 < n; p0 += ATT_CHUNK) {
+    for (int p0 = att_first(j, t); p0 < n; p0 += ATT_CHUNK) {
         int m = n - p0 < ATT_CHUNK ? n - p0 : ATT_CHUNK;
         float cmx = -INFINITY;
         for (int i = 0; i < m; i++) {
@@ -364,9 +429,9 @@ static void att_one_avx2(att_job *j, int t, int h)
         _mm256_store_ps(qr + d, q);
         _mm256_store_ps(acc + d, _mm256_setzero_ps());
     }
-    float mx = -INFINITY, sum = 0, scale = 1.0f / sqrtf((float)hd);
+    float mx = j->sinks ? j->sinks[h] : -INFINITY, sum = j->sinks ? 1 : 0, scale = j->scale;
     int n = j->bt->pos[t] + 1;
-    for (int p0 = 0; p0 < n; p0 += ATT_CHUNK) {
+    for (int p0 = att_first(j, t); p0 < n; p0 += ATT_CHUNK) {
         int m = n - p0 < ATT_CHUNK ? n - p0 : ATT_CHUNK;
         float cmx = -INFINITY;
         for (int i = 0; i < m; i++) {
@@ -431,7 +496,21 @@ static void cpu_attention(be *b, const float *q, const void *kc, const void *vc,
                           int n_head, int n_head_kv, int head_dim, float *out)
 {
     cpu_be *c = (cpu_be *)b;
-    att_job j = { b, q, kc, vc, bt, n_head, n_head_kv, head_dim, out, 0 };
+    att_job j = { b, q, kc, vc, bt, n_head, n_head_kv, head_dim, out, 0, 0, NULL, 1.0f / sqrtf((float)head_dim) };
+    j.simd = c->simd_att && head_dim % 8 == 0;
+    pool_run(c->pool, att_one, &j, bt->T * n_head);
+}
+
+static void cpu_attention_ex(be *b, const float *q, const void *kc, const void *vc, const be_batch *bt,
+                             int n_head, int n_head_kv, int head_dim, const be_attn_ex *ex, float *out)
+{
+    cpu_be *c = (cpu_be *)b;
+    att_job j = { b, q, kc, vc, bt, n_head, n_head_kv, head_dim, out, 0, 0, NULL, 1.0f / sqrtf((float)head_dim) };
+    if (ex) {
+        j.window = ex->window > 0 ? ex->window : 0;
+        j.sinks = ex->sinks && ex->sinks->data ? ex->sinks->data : NULL;
+        if (ex->scale != 0) j.scale = ex->scale;
+    }
     j.simd = c->simd_att && head_dim % 8 == 0;
     pool_run(c->pool, att_one, &j, bt->T * n_head);
 }
@@ -466,8 +545,13 @@ static const be_ops cpu_ops = {
     .rope = cpu_rope,
     .kv_store = cpu_kv_store,
     .attention = cpu_attention,
+    .attention_ex = cpu_attention_ex,
     .matmul_n = cpu_matmul_n,
     .sync = cpu_sync,
+    .gelu_mul = cpu_gelu_mul,
+    .layernorm = cpu_layernorm,
+    .scale = cpu_scale,
+    .add_pos = cpu_add_pos,
     .copy_rows = cpu_copy_rows,
     .sigmoid_mul = cpu_sigmoid_mul,
     .rmsnorm_gated = cpu_rmsnorm_gated,

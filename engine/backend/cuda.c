@@ -42,6 +42,7 @@
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -943,6 +944,36 @@ static void cu_add(be *b, float *x, const float *y, size_t n)
     ck_add(c->st, x, y, n);
 }
 
+static void cu_gelu_mul(be *b, const float *x, const float *up, size_t n, float *out)
+{
+    cu_be *c = (cu_be *)b;
+    tag_clear(c);
+    ck_gelu_mul(c->st, x, up, n, out);
+}
+
+static void cu_scale(be *b, float *x, size_t n, float s)
+{
+    cu_be *c = (cu_be *)b;
+    tag_clear(c);
+    ck_scale(c->st, x, n, s);
+}
+
+static void cu_layernorm(be *b, const float *x, const wt *w, const wt *bias, int rows, int n, float eps, float *out)
+{
+    cu_be *c = (cu_be *)b;
+    tag_clear(c);
+    ck_layernorm(c->st, x, w->dev, bias && bias->data ? bias->dev : NULL, rows, n, eps, out);
+}
+
+static void cu_add_pos(be *b, float *x, const wt *table, const be_batch *bt, int n)
+{
+    cu_be *c = (cu_be *)b;
+    use_batch(c, bt);
+    tag_clear(c);
+    int kind = table->type == QT_F16 ? 1 : table->type == QT_BF16 ? 2 : 0;
+    ck_add_pos(c->st, x, table->dev, kind, table->row_bytes, d_pos(c), bt->T, n);
+}
+
 /* out [rows][F] when g or u is the last matmul's output of that shape */
 static void cu_silu_mul(be *b, const float *g, const float *u, size_t n, float *out)
 {
@@ -1049,6 +1080,22 @@ static void cu_attention(be *b, const float *q, const void *kc, const void *vc, 
                          int n_head_kv, int head_dim, float *out)
 {
     att_run((cu_be *)b, q, kc, vc, bt, n_head, n_head_kv, head_dim, out, NULL);
+}
+
+static void cu_attention_ex(be *b, const float *q, const void *kc, const void *vc, const be_batch *bt, int n_head,
+                            int n_head_kv, int head_dim, const be_attn_ex *ex, float *out)
+{
+    cu_be *c = (cu_be *)b;
+    if (!ex || (ex->window <= 0 && !(ex->sinks && ex->sinks->data) && ex->scale == 0)) {
+        att_run(c, q, kc, vc, bt, n_head, n_head_kv, head_dim, out, NULL);
+        return;
+    }
+    use_batch(c, bt);
+    tag_clear(c);
+    float scale = ex->scale != 0 ? ex->scale : 1.0f / sqrtf((float)head_dim);
+    ck_attention_ex(c->st, q, kc, vc, b->kv_elt == 2, d_pos(c), d_off(c), d_pages(c), bt->T, n_head, n_head_kv,
+                    head_dim, ex->window > 0 ? ex->window : 0, ex->sinks && ex->sinks->data ? ex->sinks->dev : NULL,
+                    scale, out);
 }
 
 /* rope_kv then attention. A pass's decode batch (a token per sequence) past
@@ -1316,6 +1363,11 @@ static const be_ops cuda_ops = {
     .rope = cu_rope,
     .kv_store = cu_kv_store,
     .attention = cu_attention,
+    .attention_ex = cu_attention_ex,
+    .gelu_mul = cu_gelu_mul,
+    .layernorm = cu_layernorm,
+    .scale = cu_scale,
+    .add_pos = cu_add_pos,
     .sync = cu_sync,
     .step_begin = cu_step_begin,
     .step_end = cu_step_end,

@@ -14,7 +14,7 @@
 #include "engine/load/gguf.h"
 
 typedef struct hf_config {
-    char arch[32];            /* "llama", "qwen2", "qwen3", "qwen3moe" (from model_type; mixtral is llama) */
+    char arch[32];            /* "llama", "qwen2", "qwen3", "qwen3moe", "gpt2" (from model_type; mixtral is llama) */
     int64_t hidden, layers, heads, kv_heads, head_dim, ff, vocab, ctx;
     double eps, rope_theta;
     int tie;                  /* tie_word_embeddings: 1, 0, or -1 when absent */

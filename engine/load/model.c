@@ -226,7 +226,7 @@ int get_layer_w(ld *l, wt *w, int i, const char *what, int64_t n_in, int64_t n_o
 
 int model_prepare(model *m, be *b, char *err, size_t errlen)
 {
-    wt *top[] = { &m->tok_embd, &m->output_norm, &m->output, &m->rope_freqs };
+    wt *top[] = { &m->tok_embd, &m->output_norm, &m->output, &m->rope_freqs, &m->output_norm_b, &m->pos_embd };
     for (size_t i = 0; i < sizeof top / sizeof top[0]; i++)
         if (top[i]->data && b->ops->weight_prepare(b, top[i])) goto fail;
     int own = 1;   /* whether the backend keeps a copy of every weight */
@@ -239,7 +239,8 @@ int model_prepare(model *m, be *b, char *err, size_t errlen)
                      &L->ssm_qkv, &L->ssm_z, &L->ssm_alpha, &L->ssm_beta, &L->ssm_a, &L->ssm_dt_bias,
                      &L->ssm_conv, &L->ssm_norm, &L->ssm_out, &L->ffn_gate_inp, &L->ffn_gate_inp_b,
                      &L->ffn_gate_exps, &L->ffn_up_exps, &L->ffn_down_exps, &L->ffn_gate_exps_b,
-                     &L->ffn_up_exps_b, &L->ffn_down_exps_b };
+                     &L->ffn_up_exps_b, &L->ffn_down_exps_b,
+                     &L->post_attn_norm, &L->post_ffn_norm, &L->attn_norm_b, &L->ffn_norm_b, &L->bo, &L->b_up, &L->b_down };
         for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) {
             if (ws[i]->data && b->ops->weight_prepare(b, ws[i])) goto fail;
             if (ws[i]->data && (!ws[i]->dev || ws[i]->dev == ws[i]->data)) own = 0;

@@ -26,6 +26,14 @@ typedef struct layer_w {
     wt attn_norm, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down;
     wt bq, bk, bv;              /* qwen2 biases (data NULL when absent) */
     wt q_norm, k_norm;          /* qwen3 per-head norms */
+    /* gemma3: norms of the attention's and the FFN's outputs; swa: a
+     * sliding-window layer (hp.n_swa, hp.rope_base_swa) */
+    wt post_attn_norm, post_ffn_norm;
+    int swa;
+    /* gpt2: the norms' biases (attn_norm, ffn_norm), the output
+     * projection's and the FFN's (wq, wk, wv, bq, bk, bv: thirds of the
+     * file's fused attn_qkv) */
+    wt attn_norm_b, ffn_norm_b, bo, b_up, b_down;
     /* qwen35: linear (Gated DeltaNet) layers use these instead of wq..wo;
      * full-attention layers use wq (query and output gate interleaved per
      * head), wk, wv, wo, q_norm, k_norm. ffn_norm is post_attention_norm. */
@@ -65,6 +73,11 @@ typedef struct hparams {
     int expert_gating;          /* backend.h BE_MOE_SOFTMAX...; -1: not given, the family's */
     int expert_norm;            /* 1: the chosen weights renormalised; -1: not given, the family's */
     float expert_scale;         /* the weights times this (expert_weights_scale; 1) */
+    /* gemma3: the sliding window of its swa layers (tokens), their rope
+     * base, and the q·k scale (0: 1/sqrt(head_dim)) */
+    int32_t n_swa;
+    float rope_base_swa;
+    float attn_scale;
 } hparams;
 
 typedef struct model {
@@ -74,6 +87,7 @@ typedef struct model {
     char name[128];
     char path[512];
     wt tok_embd, output_norm, output;
+    wt output_norm_b, pos_embd;  /* gpt2: the final layernorm's bias; learned positions [n_ctx_train][E] */
     wt rope_freqs;              /* llama-3.1 per-dim divisors; data NULL when absent */
     layer_w *layers;
     int tokenizer_only;

@@ -14,7 +14,7 @@
 static void test_table(void)
 {
     char buf[200];
-    CHECK(strcmp(arch_names(buf, sizeof buf), "llama, qwen2, qwen3, qwen3moe, qwen35") == 0);
+    CHECK(strcmp(arch_names(buf, sizeof buf), "llama, qwen2, qwen3, qwen3moe, qwen35, gemma3, gpt2") == 0);
     CHECK(strcmp(arch_names(buf, 9), "llama, q") == 0);   /* cut, still a string */
     const arch *q2 = arch_find("qwen2"), *q3 = arch_find("qwen3"), *ll = arch_find("llama");
     CHECK(q2 && q3 && ll && q2->fam == ll->fam && q3->fam == ll->fam);
@@ -62,7 +62,7 @@ static void test_rows(void)
     char err[512];
     load_renamed("gptxx", 0, err, sizeof err);
     CHECKF(strstr(err, ": unsupported architecture 'gptxx' in general.architecture (supported: llama, qwen2, "
-                       "qwen3, qwen3moe, qwen35)") != NULL, "%s", err);
+                       "qwen3, qwen3moe, qwen35, gemma3, gpt2)") != NULL, "%s", err);
     load_renamed("qwen2", 1, err, sizeof err);
     CHECKF(strstr(err, ": missing tensor 'blk.0.attn_q.bias'") != NULL, "%s", err);
     load_renamed("qwen3", 1, err, sizeof err);
@@ -148,6 +148,27 @@ static void test_lacks(void)
         CHECKF(strstr(err, "cannot run qwen35 models yet (no linear-attention ops)") != NULL, "%s", err);
         b->ops = real;
     }
+    /* gemma3 and gpt2 without their ops */
+    be_ops no_ex = *b->ops;
+    no_ex.attention_ex = NULL;
+    no_ex.layernorm = NULL;
+    model *g3 = NULL, *g2 = NULL;
+    CHECK(model_load(&g3, FIXTURE("models/gemma3-tiny.bf16.gguf"), err, sizeof err) == 0);
+    CHECK(model_load(&g2, FIXTURE("models/gpt2-tiny.bf16.gguf"), err, sizeof err) == 0);
+    if (g3 && g2) {
+        CHECK(fw_lacks(g3, b->ops) == NULL && fw_lacks(g2, b->ops) == NULL);
+        CHECK(fw_lacks(g3, &no_ex) != NULL && fw_lacks(g2, &no_ex) != NULL);
+        const be_ops *real = b->ops;
+        b->ops = &no_ex;
+        fw *f = NULL;
+        CHECK(fw_open(&f, g3, b, 8, 2, 4, 1, err, sizeof err) == -1 && f == NULL);
+        CHECKF(strstr(err, "cannot run gemma3 models yet (no sliding-window attention") != NULL, "%s", err);
+        CHECK(fw_open(&f, g2, b, 8, 2, 4, 1, err, sizeof err) == -1 && f == NULL);
+        CHECKF(strstr(err, "cannot run gpt2 models yet (no layernorm") != NULL, "%s", err);
+        b->ops = real;
+    }
+    model_free(g3);
+    model_free(g2);
     model_free(q35);
     model_free(ll);
     b->ops->close(b);

@@ -17,7 +17,10 @@ static float frand(void)
     return (float)((rs >> 11) * (1.0 / 9007199254740992.0)) * 2 - 1;
 }
 
-static void attention_case(pool *p, int kv_f16, int n_head, int n_head_kv, int hd, int T, int ctx)
+/* ex: NULL for plain attention, else attention_ex with its window, sinks
+ * (sinks[n_head] f32 values) and scale. */
+static void attention_case_ex(pool *p, int kv_f16, int n_head, int n_head_kv, int hd, int T, int ctx,
+                              const be_attn_ex *ex)
 {
     char err[128];
     be *b;
@@ -46,9 +49,11 @@ static void attention_case(pool *p, int kv_f16, int n_head, int n_head_kv, int h
     for (int i = 0; i < T * n_head * hd; i++) q[i] = frand() * 3;
     be_batch bt = { .T = T, .pos = pos + (ctx - T), .pages = pg };
     be_cpu_scalar(b, 1);
-    b->ops->attention(b, q, kc, vc, &bt, n_head, n_head_kv, hd, o1);
+    if (ex) b->ops->attention_ex(b, q, kc, vc, &bt, n_head, n_head_kv, hd, ex, o1);
+    else b->ops->attention(b, q, kc, vc, &bt, n_head, n_head_kv, hd, o1);
     be_cpu_scalar(b, 0);
-    b->ops->attention(b, q, kc, vc, &bt, n_head, n_head_kv, hd, o2);
+    if (ex) b->ops->attention_ex(b, q, kc, vc, &bt, n_head, n_head_kv, hd, ex, o2);
+    else b->ops->attention(b, q, kc, vc, &bt, n_head, n_head_kv, hd, o2);
     double worst = 0;
     for (int i = 0; i < T * n_head * hd; i++) {
         double d = fabs(o1[i] - o2[i]);
@@ -60,9 +65,13 @@ static void attention_case(pool *p, int kv_f16, int n_head, int n_head_kv, int h
     for (int t = 0; t < T; t++)
         for (int h = 0; h < n_head; h++) {
             int kvh = h / (n_head / n_head_kv), n = pos[ctx - T + t] + 1;
+            int first = ex && ex->window > 0 && n - ex->window > 0 ? n - ex->window : 0;
             double *sc = malloc((size_t)n * sizeof *sc), mx = -1e300, sum = 0;
+            double sink = ex && ex->sinks ? ((const float *)ex->sinks->data)[h] : -1e300;
+            double scale = ex && ex->scale != 0 ? ex->scale : 1 / sqrt((double)hd);
+            if (sink > mx) mx = sink;
             const float *qq = q + ((size_t)t * n_head + h) * hd;
-            for (int p2 = 0; p2 < n; p2++) {
+            for (int p2 = first; p2 < n; p2++) {
                 double d = 0;
                 for (int i = 0; i < hd; i++) {
                     float qi = kv_f16 ? qt_fp16_to_fp32(qt_fp32_to_fp16(qq[i])) : qq[i];
@@ -70,13 +79,14 @@ static void attention_case(pool *p, int kv_f16, int n_head, int n_head_kv, int h
                     if (kv_f16) ki = qt_fp16_to_fp32(qt_fp32_to_fp16(ki));
                     d += (double)qi * ki;
                 }
-                sc[p2] = d / sqrt((double)hd);
+                sc[p2] = d * scale;
                 if (sc[p2] > mx) mx = sc[p2];
             }
-            for (int p2 = 0; p2 < n; p2++) { sc[p2] = exp(sc[p2] - mx); sum += sc[p2]; }
+            if (ex && ex->sinks) sum = exp(sink - mx);
+            for (int p2 = first; p2 < n; p2++) { sc[p2] = exp(sc[p2] - mx); sum += sc[p2]; }
             for (int i = 0; i < hd; i++) {
                 double acc = 0;
-                for (int p2 = 0; p2 < n; p2++) {
+                for (int p2 = first; p2 < n; p2++) {
                     float vi = v[(size_t)p2 * kvd + kvh * hd + i];
                     if (kv_f16) vi = qt_fp16_to_fp32(qt_fp32_to_fp16(vi));
                     acc += sc[p2] * vi;
@@ -91,6 +101,56 @@ static void attention_case(pool *p, int kv_f16, int n_head, int n_head_kv, int h
     b->ops->free(b, kc);
     b->ops->free(b, vc);
     b->ops->close(b);
+}
+
+static void attention_case(pool *p, int kv_f16, int n_head, int n_head_kv, int hd, int T, int ctx)
+{
+    attention_case_ex(p, kv_f16, n_head, n_head_kv, hd, T, ctx, NULL);
+}
+
+/* attention_ex: sliding windows (shorter and longer than the context, one
+ * token), sinks (large ones that take most of the weight), an explicit
+ * scale; and with nothing set, the same bytes as attention. */
+static void test_attention_ex(void)
+{
+    pool *p;
+    CHECK(pool_open(&p, 2) == 0);
+    float sk[16];
+    for (int i = 0; i < 16; i++) sk[i] = frand() * 4 + (i == 1 ? 6 : 0);
+    wt sinks = { .type = QT_F32, .n_in = 16, .n_out = 1, .row_bytes = 64, .data = sk };
+    for (int f16 = 0; f16 <= 1; f16++) {
+        be_attn_ex w5 = { 5, NULL, 0 }, w1 = { 1, NULL, 0 }, wbig = { 1000, NULL, 0 };
+        be_attn_ex snk = { 0, &sinks, 0 }, all = { 7, &sinks, 0.0625f }, sc = { 0, NULL, 0.3f };
+        attention_case_ex(p, f16, 8, 4, 8, 3, 5, &w5);
+        attention_case_ex(p, f16, 14, 2, 64, 7, 77, &w5);
+        attention_case_ex(p, f16, 4, 1, 24, 16, 33, &w1);
+        attention_case_ex(p, f16, 4, 4, 128, 9, 300, &wbig);
+        attention_case_ex(p, f16, 8, 4, 8, 3, 5, &snk);
+        attention_case_ex(p, f16, 16, 2, 64, 20, 70, &snk);
+        attention_case_ex(p, f16, 16, 4, 32, 33, 100, &all);
+        attention_case_ex(p, f16, 2, 2, 256, 2, 40, &sc);
+    }
+    /* nothing set: attention's values exactly */
+    char err[128];
+    be *b;
+    CHECK(be_cpu_open(&b, p, 0, err, sizeof err) == 0);
+    int H = 4, HD = 16;
+    float *kc = b->ops->alloc(b, (size_t)3 * KV_PAGE * H * HD * 4), *vc = b->ops->alloc(b, (size_t)3 * KV_PAGE * H * HD * 4);
+    for (int i = 0; i < 3 * KV_PAGE * H * HD; i++) { kc[i] = frand(); vc[i] = frand(); }
+    static const int32_t pages[3] = { 2, 0, 1 };
+    int32_t pos[4] = { 3, 17, 30, 39 };
+    const int32_t *pg[4] = { pages, pages, pages, pages };
+    be_batch bt = { .T = 4, .pos = pos, .pages = pg };
+    float q[4 * 4 * 16], o1[4 * 4 * 16], o2[4 * 4 * 16];
+    for (int i = 0; i < 4 * H * HD; i++) q[i] = frand();
+    be_attn_ex zero = { 0, NULL, 0 };
+    b->ops->attention(b, q, kc, vc, &bt, H, H, HD, o1);
+    b->ops->attention_ex(b, q, kc, vc, &bt, H, H, HD, &zero, o2);
+    CHECK(memcmp(o1, o2, sizeof o1) == 0);
+    b->ops->free(b, kc);
+    b->ops->free(b, vc);
+    b->ops->close(b);
+    pool_close(p);
 }
 
 static void test_attention(void)
@@ -412,6 +472,7 @@ int main(void)
 {
     qt_init();
     RUN(test_attention);
+    RUN(test_attention_ex);
     RUN(test_rmsnorm_rope);
     RUN(test_matmul_n);
     RUN(test_rope_table);

@@ -1372,6 +1372,131 @@ static void test_attention(void)
     attn_case(gpu32, cpu32, 4, 1, 128);
 }
 
+/* attention_ex against the CPU's: a prefill of two sequences (scrambled
+ * pages) then a decode step each, with a window, sinks and a scale. */
+static void attn_ex_case(be *gb, be *cb, int n_head, int n_head_kv, int hd, int window, int with_sinks, float scale)
+{
+    enum { NS = 2, MAXP = 24 };
+    int n_pages = NS * MAXP, kvd = n_head_kv * hd;
+    size_t cache = (size_t)n_pages * KV_PAGE * kvd * gb->kv_elt;
+    int32_t perm[NS * MAXP];
+    page_perm(perm, n_pages);
+    void *ckc = calloc(1, cache), *cvc = calloc(1, cache);
+    void *gkc = gb->ops->alloc(gb, cache), *gvc = gb->ops->alloc(gb, cache);
+    float *sk = kept(malloc((size_t)n_head * 4));
+    for (int h = 0; h < n_head; h++) sk[h] = frand() * 3 + (h % 3 == 0 ? 4 : 0);
+    wt sinks = { .type = QT_F32, .n_in = n_head, .n_out = 1, .row_bytes = (size_t)n_head * 4, .data = sk };
+    CHECK(gb->ops->weight_prepare(gb, &sinks) == 0);
+    be_attn_ex ex = { window, with_sinks ? &sinks : NULL, scale };
+    int lens[NS] = { 300, 41 };
+    for (int step = 0; step < 2; step++) {
+        int T = 0;
+        int32_t pos[400], slot[400];
+        const int32_t *pages[400];
+        for (int s = 0; s < NS; s++) {
+            int from = step == 0 ? 0 : lens[s], to = step == 0 ? lens[s] : lens[s] + 1;
+            for (int p = from; p < to; p++) { pos[T] = p; pages[T] = perm + s * MAXP; slot[T] = s; T++; }
+        }
+        be_batch bt = { .T = T, .pos = pos, .pages = pages, .slot = slot };
+        size_t nq = (size_t)T * n_head * hd, nk = (size_t)T * kvd;
+        float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4), *a = malloc(nq * 4), *g = malloc(nq * 4);
+        for (size_t i = 0; i < nq; i++) q[i] = frand() * 2;
+        for (size_t i = 0; i < nk; i++) { k[i] = frand(); v[i] = frand(); }
+        float *dq = dev_from(gb, q, nq), *dk = dev_from(gb, k, nk), *dv = dev_from(gb, v, nk);
+        float *dout = gb->ops->alloc(gb, nq * 4);
+        cb->ops->kv_store(cb, ckc, cvc, &bt, kvd, k, v);
+        cb->ops->attention_ex(cb, q, ckc, cvc, &bt, n_head, n_head_kv, hd, &ex, a);
+        gb->ops->kv_store(gb, gkc, gvc, &bt, kvd, dk, dv);
+        gb->ops->attention_ex(gb, dq, gkc, gvc, &bt, n_head, n_head_kv, hd, &ex, dout);
+        gb->ops->to_host(gb, g, dout, nq * 4);
+        gb->ops->sync(gb);
+        double e = rel_err_f(g, a, nq);
+        CHECKF(e < 1e-4, "attention_ex kv%d heads %d/%d hd %d window %d sinks %d scale %g step %d: rel err %.3g",
+               (int)gb->kv_elt * 8, n_head, n_head_kv, hd, window, with_sinks, scale, step, e);
+        gb->ops->free(gb, dq); gb->ops->free(gb, dk); gb->ops->free(gb, dv); gb->ops->free(gb, dout);
+        free(q); free(k); free(v); free(a); free(g);
+    }
+    gb->ops->free(gb, gkc); gb->ops->free(gb, gvc);
+    free(ckc); free(cvc);
+}
+
+static void test_attention_ex(void)
+{
+    attn_ex_case(gpu, cpu, 8, 2, 64, 0, 1, 0);
+    attn_ex_case(gpu, cpu, 8, 2, 64, 37, 0, 0);
+    attn_ex_case(gpu, cpu, 4, 1, 256, 512, 0, 0.0625f);
+    attn_ex_case(gpu, cpu, 6, 3, 48, 16, 1, 0.2f);
+    attn_ex_case(gpu32, cpu32, 8, 8, 128, 1, 1, 0);
+    attn_ex_case(gpu32, cpu32, 4, 2, 32, 100, 1, 0);
+}
+
+/* gelu_mul (with and without up), scale, layernorm (with and without bias,
+ * in place, rows of odd widths and past a block), add_pos (f32, f16, bf16
+ * tables) against the CPU's. */
+static void test_gelu_layernorm(void)
+{
+    static const int widths[] = { 1, 37, 64, 1000, 1536, 5000 };
+    for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++) {
+        int n = widths[wi], rows = 7;
+        size_t N = (size_t)rows * n;
+        float *x = malloc(N * 4), *u = malloc(N * 4), *a = malloc(N * 4), *g = malloc(N * 4);
+        float *w = kept(malloc((size_t)n * 4)), *bb = kept(malloc((size_t)n * 4));
+        for (size_t i = 0; i < N; i++) { x[i] = frand() * 4 + 0.5f; u[i] = frand(); }
+        for (int i = 0; i < n; i++) { w[i] = frand() + 1; bb[i] = frand(); }
+        wt ww = { .type = QT_F32, .n_in = n, .n_out = 1, .row_bytes = (size_t)n * 4, .data = w };
+        wt wb = ww;
+        wb.data = bb;
+        CHECK(gpu->ops->weight_prepare(gpu, &ww) == 0 && gpu->ops->weight_prepare(gpu, &wb) == 0);
+        float *dx = dev_from(gpu, x, N), *du = dev_from(gpu, u, N), *dout = gpu->ops->alloc(gpu, N * 4);
+        for (int form = 0; form < 5; form++) {
+            const char *what[] = { "gelu_mul", "gelu", "layernorm+bias", "layernorm in place", "scale" };
+            float *dx2 = dev_from(gpu, x, N);
+            memcpy(a, x, N * 4);
+            switch (form) {
+            case 0: cpu->ops->gelu_mul(cpu, x, u, N, a); gpu->ops->gelu_mul(gpu, dx, du, N, dout); break;
+            case 1: cpu->ops->gelu_mul(cpu, x, NULL, N, a); gpu->ops->gelu_mul(gpu, dx, NULL, N, dout); break;
+            case 2: cpu->ops->layernorm(cpu, x, &ww, &wb, rows, n, 1e-5f, a);
+                    gpu->ops->layernorm(gpu, dx, &ww, &wb, rows, n, 1e-5f, dout); break;
+            case 3: cpu->ops->layernorm(cpu, a, &ww, NULL, rows, n, 1e-5f, a);
+                    gpu->ops->layernorm(gpu, dx2, &ww, NULL, rows, n, 1e-5f, dx2); break;
+            case 4: cpu->ops->scale(cpu, a, N, 0.37f); gpu->ops->scale(gpu, dx2, N, 0.37f); break;
+            }
+            gpu->ops->to_host(gpu, g, form >= 3 ? dx2 : dout, N * 4);
+            gpu->ops->sync(gpu);
+            double e = rel_err_f(g, a, N);
+            CHECKF(e < 1e-5, "%s n %d: rel err %.3g", what[form], n, e);
+            gpu->ops->free(gpu, dx2);
+        }
+        gpu->ops->free(gpu, dx); gpu->ops->free(gpu, du); gpu->ops->free(gpu, dout);
+        free(x); free(u); free(a); free(g);
+    }
+    /* learned positions */
+    static const uint32_t types[] = { QT_F32, QT_F16, QT_BF16 };
+    for (size_t ti = 0; ti < 3; ti++) {
+        int n = 96, n_pos = 50, T = 9;
+        size_t rb;
+        wt tab = { .type = types[ti], .n_in = n, .n_out = n_pos };
+        tab.data = kept(make_weight(types[ti], n, n_pos, &rb));
+        tab.row_bytes = rb;
+        CHECK(gpu->ops->weight_prepare(gpu, &tab) == 0);
+        int32_t pos[9] = { 0, 1, 2, 49, 17, 18, 19, 3, 48 }, slot[9] = { 0 };
+        static const int32_t pg[4] = { 0, 1, 2, 3 };
+        const int32_t *pages[9];
+        for (int t = 0; t < T; t++) pages[t] = pg;
+        be_batch bt = { .T = T, .pos = pos, .pages = pages, .slot = slot };
+        float *x = malloc((size_t)T * n * 4), *g = malloc((size_t)T * n * 4);
+        for (int i = 0; i < T * n; i++) x[i] = frand();
+        float *dx = dev_from(gpu, x, (size_t)T * n);
+        cpu->ops->add_pos(cpu, x, &tab, &bt, n);
+        gpu->ops->add_pos(gpu, dx, &tab, &bt, n);
+        gpu->ops->to_host(gpu, g, dx, (size_t)T * n * 4);
+        gpu->ops->sync(gpu);
+        CHECKF(memcmp(g, x, (size_t)T * n * 4) == 0, "add_pos type %u differs", types[ti]);
+        gpu->ops->free(gpu, dx);
+        free(x); free(g);
+    }
+}
+
 /* ---- linear-attention ops against the CPU backend ---- */
 
 static void test_ssm_elementwise(void)
@@ -1778,6 +1903,8 @@ int main(int argc, char **argv)
     RUN_SOME(test_glu_batched);
     RUN_SOME(test_attention);
     RUN_SOME(test_att_group);
+    RUN_SOME(test_attention_ex);
+    RUN_SOME(test_gelu_layernorm);
     RUN_SOME(test_argmax);
     RUN_SOME(test_ssm_elementwise);
     RUN_SOME(test_conv1d);

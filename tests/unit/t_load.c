@@ -95,7 +95,7 @@ static void rm_rf(const char *p) { nftw(p, rm_one, 16, FTW_DEPTH | FTW_PHYS); }
 
 /* ---- a GGUF builder ---------------------------------------------------- */
 
-enum { G_U32 = 4, G_I32 = 5, G_F32 = 6, G_STR = 8, G_ARR = 9, G_U64 = 10 };
+enum { G_U32 = 4, G_I32 = 5, G_F32 = 6, G_BOOL = 7, G_STR = 8, G_ARR = 9, G_U64 = 10 };
 
 typedef struct gkv {
     char key[96];
@@ -274,6 +274,7 @@ static void put_val(buf *b, const gkv *k)
         for (size_t i = 0; i < k->an; i++) {
             if (k->at == G_STR) putstr(b, k->as[i]);
             else if (k->at == G_I32) put32(b, (uint32_t)k->ai[i]);
+            else if (k->at == G_BOOL) { uint8_t v = k->ai[i] != 0; put(b, &v, 1); }
             else put(b, &k->af[i], 4);
         }
         break;
@@ -458,6 +459,68 @@ static void test_unsupported(void)
     CHECKF(load_spec(&s, path, sizeof path, err, sizeof err) == 0, "scaling type none must load: %s", err);
 }
 
+/* base_spec as a Gemma 3 file of n_layer layers (its keys renamed, its
+ * extra norms added) with a sliding window of 8. */
+static void gemma3_spec(gspec *s, int n_layer)
+{
+    base_spec(s);
+    for (int i = 0; i < s->nkv; i++)
+        if (!strncmp(s->kv[i].key, "llama.", 6)) {
+            char k[96];
+            snprintf(k, sizeof k, "gemma3.%s", s->kv[i].key + 6);
+            snprintf(s->kv[i].key, sizeof s->kv[i].key, "%s", k);
+        }
+    set_str(s, "general.architecture", "gemma3");
+    set_u32(s, "gemma3.block_count", (uint32_t)n_layer);
+    set_u32(s, "gemma3.attention.sliding_window", 8);
+    int hd = E / H;
+    s->nt = 2;   /* token_embd, output_norm */
+    for (int l = 0; l < n_layer; l++) {
+        static const char *const vec[] = { "attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm" };
+        char n[64];
+        for (int v = 0; v < 4; v++) { snprintf(n, sizeof n, "blk.%d.%s.weight", l, vec[v]); add_t(s, n, E, 0); }
+        snprintf(n, sizeof n, "blk.%d.attn_q_norm.weight", l); add_t(s, n, hd, 0);
+        snprintf(n, sizeof n, "blk.%d.attn_k_norm.weight", l); add_t(s, n, hd, 0);
+        snprintf(n, sizeof n, "blk.%d.attn_q.weight", l); add_t(s, n, E, H * hd);
+        snprintf(n, sizeof n, "blk.%d.attn_k.weight", l); add_t(s, n, E, HKV * hd);
+        snprintf(n, sizeof n, "blk.%d.attn_v.weight", l); add_t(s, n, E, HKV * hd);
+        snprintf(n, sizeof n, "blk.%d.attn_output.weight", l); add_t(s, n, H * hd, E);
+        snprintf(n, sizeof n, "blk.%d.ffn_gate.weight", l); add_t(s, n, E, F);
+        snprintf(n, sizeof n, "blk.%d.ffn_up.weight", l); add_t(s, n, E, F);
+        snprintf(n, sizeof n, "blk.%d.ffn_down.weight", l); add_t(s, n, F, E);
+    }
+}
+
+/* Gemma 3's sliding window and layer pattern: missing, past the context,
+ * a pattern that does not fit block_count, not bools; a missing norm. */
+static void test_gemma3_keys(void)
+{
+    gspec s;
+    char path[256], err[512];
+    gemma3_spec(&s, 2);
+    CHECKF(load_spec(&s, path, sizeof path, err, sizeof err) == 0, "gemma3 spec must load: %s", err);
+    s.nkv--;   /* (the sliding window was the last key added) */
+    expect_refused(&s, "no sliding window", "gemma3.attention.sliding_window", NULL);
+    gemma3_spec(&s, 2);
+    set_u32(&s, "gemma3.attention.sliding_window", 65);
+    expect_refused(&s, "window past the context", "gemma3.attention.sliding_window", "64");
+    gemma3_spec(&s, 2);
+    static const int32_t three[3] = { 1, 1, 0 }, two[2] = { 1, 0 };
+    gkv *k = kv_add(&s, "gemma3.attention.sliding_window_pattern", G_ARR);
+    k->at = G_BOOL; k->an = 3; k->ai = three;
+    expect_refused(&s, "pattern of 3 for 2 layers", "gemma3.attention.sliding_window_pattern", "block_count is 2");
+    k->an = 2; k->ai = two;
+    CHECKF(load_spec(&s, path, sizeof path, err, sizeof err) == 0, "a pattern of 2 bools must load: %s", err);
+    k->at = G_I32;
+    expect_refused(&s, "pattern of ints", "gemma3.attention.sliding_window_pattern", "expected bools");
+    gemma3_spec(&s, 2);
+    set_u32(&s, "gemma3.attention.sliding_window_pattern", 3);
+    expect_refused(&s, "period past the layers", "gemma3.attention.sliding_window_pattern", "0..2");
+    gemma3_spec(&s, 2);
+    t_find(&s, "blk.1.post_ffw_norm.weight")->name[0] = 'x';
+    expect_refused(&s, "no post_ffw_norm", "blk.1.post_ffw_norm.weight", NULL);
+}
+
 static void test_vocab_size(void)
 {
     gspec s;
@@ -551,8 +614,11 @@ static void expect_child_refused(const char *path, const char *what, const char 
     CHECKF(!n2 || strstr(err, n2), "%s: message lacks '%s': %s", what, n2, err);
 }
 
+static void hf_copy_of(const char *src, char *dir, size_t n);
 /* A fresh copy of the qwen2-tiny directory under tmp. */
-static void hf_copy(char *dir, size_t n)
+static void hf_copy(char *dir, size_t n) { hf_copy_of(HF_DIR, dir, n); }
+
+static void hf_copy_of(const char *src, char *dir, size_t n)
 {
     static int seq;
     static const char *files[] = { "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json" };
@@ -560,7 +626,7 @@ static void hf_copy(char *dir, size_t n)
     mkdir(dir, 0755);
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         char a[512], b[512];
-        snprintf(a, sizeof a, "%s/%s", HF_DIR, files[i]);
+        snprintf(a, sizeof a, "%s/%s", src, files[i]);
         snprintf(b, sizeof b, "%s/%s", dir, files[i]);
         if (copy_file(a, b)) fprintf(stderr, "cannot copy %s\n", a);
     }
@@ -674,6 +740,40 @@ static void test_hf_config(void)
 }
 
 /* The safetensors shard of a copy with v_proj.bias's data_offsets set to k_proj.bias's. */
+/* GPT-2's config.json: another activation, a bad n_inner, heads that do
+ * not divide n_embd: each refused naming the file and the field. */
+static void test_hf_gpt2_config(void)
+{
+    static const struct { const char *field; const char *json; const char *n1, *n2; } bad[] = {
+        { "activation_function", "\"relu\"", "activation_function", "gelu_new" },
+        { "n_inner", "-3", "n_inner", NULL },
+        { "n_head", "3", "n_embd 64 is not a multiple of n_head 3", NULL },
+        { "layer_norm_epsilon", "\"x\"", "layer_norm_epsilon", NULL },
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char dir[256], p[512], err[512];
+        hf_copy_of(FIXTURE("hf/gpt2-tiny"), dir, sizeof dir);
+        snprintf(p, sizeof p, "%s/config.json", dir);
+        json_t *c = json_load_file(p, 0, NULL);
+        CHECK(c != NULL);
+        if (!c) continue;
+        json_object_set_new(c, bad[i].field, json_loads(bad[i].json, JSON_DECODE_ANY, NULL));
+        json_dump_file(c, p, 0);
+        json_decref(c);
+        model *m = NULL;
+        int rc = model_load(&m, dir, err, sizeof err);
+        model_free(m);
+        CHECKF(rc == -1, "gpt2 config %s: loaded", bad[i].field);
+        CHECKF(strstr(err, "config.json") && strstr(err, bad[i].n1) && (!bad[i].n2 || strstr(err, bad[i].n2)),
+               "gpt2 config %s: %s", bad[i].field, err);
+    }
+    char dir[256], err[512];
+    hf_copy_of(FIXTURE("hf/gpt2-tiny"), dir, sizeof dir);
+    model *m = NULL;
+    CHECKF(model_load(&m, dir, err, sizeof err) == 0, "%s", err);
+    model_free(m);
+}
+
 static void test_hf_overlap(void)
 {
     char dir[256], p[512];
@@ -1267,10 +1367,12 @@ int main(int argc, char **argv)
     RUN(test_bad_numbers);
     RUN(test_token_ids);
     RUN(test_unsupported);
+    RUN(test_gemma3_keys);
     RUN(test_vocab_size);
     RUN(test_shapes_and_counts);
     RUN(test_fifos);
     RUN(test_hf_config);
+    RUN(test_hf_gpt2_config);
     RUN(test_hf_overlap);
     RUN(test_moe_keys);
     RUN(test_moe_files);

@@ -212,6 +212,32 @@ static void test_bf16_vs_transformers(void)
     check_model(M("qwen35-tiny.bf16.gguf"), R("qwen35-tiny.dev.json"), 0.05, 0);
 }
 
+/* the second set: Gemma 3 (sliding-window and global layers, GeGLU, post
+ * norms) and GPT-2 (learned positions, layernorm, fused QKV, GELU) */
+static void test_gemma3_gpt2(void)
+{
+    check_model(M("gemma3-tiny.bf16.gguf"), R("gemma3-tiny.dev.json"), 0.05, 0);
+    check_model(M("gemma3-tiny.bf16.gguf"), R("gemma3-tiny.dev.json"), 0.05, 1);
+    check_model(M("gpt2-tiny.bf16.gguf"), R("gpt2-tiny.dev.json"), 0.05, 0);
+    check_model(M("gpt2-tiny.bf16.gguf"), R("gpt2-tiny.bf16.llamacpp.dev.json"), 0.05, 0);
+}
+
+/* learned positions end at context_length: a longer context is refused */
+static void test_gpt2_context(void)
+{
+    char err[512];
+    eng *e = NULL;
+    eng_opts o = { 0 };
+    o.model_path = M("gpt2-tiny.bf16.gguf");
+    o.n_threads = 1;
+    o.n_ctx = 1025;
+    CHECK(eng_open(&e, &o, err, sizeof err) != 0);
+    CHECKF(strstr(err, "gpt2-tiny.bf16.gguf") && strstr(err, "gpt2.context_length 1024"), "%s", err);
+    o.n_ctx = 1024;
+    CHECKF(eng_open(&e, &o, err, sizeof err) == 0, "%s", err);
+    if (e) eng_close(e);
+}
+
 static void test_kv_f32(void)
 {
     check_model(M("qwen3-tiny.bf16.gguf"), R("qwen3-tiny.dev.json"), 0.05, 1);
@@ -222,6 +248,7 @@ static void test_hf_directory(void)
     /* the directory the qwen2-tiny GGUF was converted from gives the same results */
     check_model(FIXTURE("hf/qwen2-tiny"), R("qwen2-tiny.dev.json"), 0.05, 0);
     check_model(FIXTURE("hf/qwen2-tiny"), R("qwen2-tiny.bf16.llamacpp.dev.json"), 0.05, 0);
+    check_model(FIXTURE("hf/gpt2-tiny"), R("gpt2-tiny.dev.json"), 0.05, 0);
 }
 
 static void test_quantized_vs_llamacpp(void)
@@ -304,6 +331,8 @@ int main(int argc, char **argv)
 {
     CHECK_ARGS(argc, argv);
     RUN(test_bf16_vs_transformers);
+    RUN(test_gemma3_gpt2);
+    RUN(test_gpt2_context);
     RUN(test_kv_f32);
     RUN(test_hf_directory);
     RUN(test_quantized_vs_llamacpp);
