@@ -446,7 +446,8 @@ static int text_until(tc_parser *p, int c, const char *const *m, int nm, int fin
     const char *best = NULL;
     int which = -1;
     for (int k = 0; k < nm; k++) {
-        const char *h = find(s, best ? (size_t)(best - s) + strlen(m[k]) : n, m[k]);
+        size_t lim = best ? (size_t)(best - s) + strlen(m[k]) : n;   /* only an earlier one matters */
+        const char *h = find(s, lim < n ? lim : n, m[k]);
         if (h && (!best || h < best)) { best = h; which = k; }
     }
     size_t upto = best ? (size_t)(best - s) : final ? n : utf8_whole(s, n - holdback(s, n, m, nm));
@@ -1107,6 +1108,10 @@ tc_parser *tc_new(tc_format fmt)
 {
     tc_parser *p = calloc(1, sizeof *p);
     if (!p) return NULL;
+    p->buf.cap = 256;   /* never NULL: offsets into it are taken before any text */
+    p->buf.p = malloc(p->buf.cap);
+    if (!p->buf.p) { free(p); return NULL; }
+    p->buf.p[0] = 0;
     p->fmt = fmt;
     p->syn = (int)(fmt & TC_SYNTAX_MASK);
     if (p->syn > TC_FUNCTIONARY) p->syn = TC_PLAIN;
