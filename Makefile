@@ -298,6 +298,8 @@ FUZZ_CFLAGS = -std=c11 -O1 -g -pthread -fno-omit-frame-pointer -fsanitize=addres
 bin/fuzz/obj/%.o: %.c | bin/.deps-ok
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -MMD -MP -c $< -o $@
+# kept: as prerequisites of a pattern rule they would be deleted after each link
+.SECONDARY: $(FUZZ_LIB_OBJ) $(FUZZ_SRC:tests/fuzz/%.c=bin/fuzz/obj/tests/fuzz/%.o)
 bin/fuzz/%: bin/fuzz/obj/tests/fuzz/%.o $(FUZZ_LIB_OBJ)
 	$(FUZZ_CC) -fsanitize=fuzzer,address,undefined -pthread -o $@ $^ $(LDLIBS)
 
