@@ -428,6 +428,44 @@ static void test_plain_exact(void)
     }
 }
 
+/* A reply cut anywhere before its call is complete comes back as the text
+ * it is, byte for byte, fed whole and a byte at a time. */
+static void test_prefixes(void)
+{
+    static const struct { int fmt; const char *text; } full[] = {
+        { TC_HERMES, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Z\xC3\xBCrich\"}}\n</tool_call>" },
+        { TC_HERMES, "<tool_call>\n<function=f>\n<parameter=x>\n\xE2\x82\xAC\n</parameter>\n</function>\n</tool_call>" },
+        { TC_LLAMA3, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}" },
+        { TC_MISTRAL, "[TOOL_CALLS][{\"name\": \"a\", \"arguments\": {\"q\": [1]}, \"id\": \"abc123def\"}]" },
+        { TC_MISTRAL, "[TOOL_CALLS]get_weather[CALL_ID]abc123def[ARGS]{\"city\": \"Paris\"}" },
+        { TC_HARMONY, "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{\"a\": [1, \"\xC3\xA9\"]}" },
+        { TC_DEEPSEEK, DS_CALLS DS_CALL "get_weather" DS_SEP "{\"city\": \"Paris\"}" DS_CALL_END },
+        { TC_FUNCTIONARY, "get_weather\n{\"city\": \"Paris\"}" },
+    };
+    for (size_t k = 0; k < sizeof full / sizeof *full; k++) {
+        size_t n = strlen(full[k].text);
+        for (size_t cut = 0; cut < n; cut++) {
+            if (((unsigned char)full[k].text[cut] & 0xC0) == 0x80) continue;   /* whole characters only */
+            char *pre = strndup(full[k].text, cut);
+            for (int split = 0; split < 2; split++) {
+                col c;
+                parse((tc_format)full[k].fmt, pre, split, &c);
+                CHECKF(!strcmp(S(&c.content), pre) && !c.calls.n && !c.reasoning.n,
+                       "[%s] cut at %zu: content \"%s\" calls \"%s\"", tc_format_name((tc_format)full[k].fmt), cut,
+                       S(&c.content), S(&c.calls));
+                CHECK_EQ_INT(c.bad_piece, 0);
+                col_free(&c);
+            }
+            free(pre);
+        }
+        col c;
+        parse((tc_format)full[k].fmt, full[k].text, 1, &c);
+        CHECKF(c.calls.n && !c.content.n, "[%s] whole: calls \"%s\" content \"%s\"",
+               tc_format_name((tc_format)full[k].fmt), S(&c.calls), S(&c.content));
+        col_free(&c);
+    }
+}
+
 /* Content is streamed: text before a marker is out before the call ends. */
 static void test_streaming(void)
 {
@@ -611,6 +649,7 @@ int main(int argc, char **argv)
     RUN(test_deepseek);
     RUN(test_functionary);
     RUN(test_plain_exact);
+    RUN(test_prefixes);
     RUN(test_streaming);
     RUN(test_detect);
     RUN(test_renders);
