@@ -461,6 +461,38 @@ def t_chat(d):
                       ["--messages", "-"], ["--messages", cf, "--system", "x"]):
             rc, out, err = run(["--chat"] + extra, f.sock, stdin=b"x\n")
             check(rc == 2 and ("--chat" in err or "--system" in err), "--chat with %s: %d %r" % (extra, rc, err))
+        # on a terminal: a prompt, and (with libedit) the up arrow recalls a line
+        f5 = Fake(tmp, 0, "chat5", "chat")
+        fakes.append(f5)
+        m, sl = pty.openpty()
+        p = subprocess.Popen([CLIENT, "--socket", f5.sock, "--chat"], stdin=sl, stdout=sl, stderr=sl, cwd=ROOT)
+        os.close(sl)
+        tout = b""
+
+        def pump(until):
+            nonlocal tout
+            end = time.time() + 10
+            while time.time() < end and until not in tout:
+                r, _, _ = select.select([m], [], [], 0.1)
+                if r:
+                    try:
+                        tout += os.read(m, 4096)
+                    except OSError:
+                        return
+        pump(b"> ")
+        os.write(m, b"Hello\r")
+        pump(b"Reply 1.")
+        pump(b"> ")
+        edit = b"libedit" in subprocess.run(["ldd", CLIENT], capture_output=True).stdout
+        os.write(m, b"\x1b[A\r" if edit else b"Hello\r")
+        pump(b"Reply 2.")
+        os.write(m, b"/quit\r")
+        rc = p.wait(10)
+        os.close(m)
+        got = [r["messages"] for r in reqs(f5, 2)]
+        check(rc == 0 and tout.startswith(b"> ") and b"Reply 2.\r\n" in tout and
+              got == [[U("Hello")], [U("Hello"), A("Reply 1."), U("Hello")]],
+              "--chat on a terminal (libedit %s): %d %r %r" % (edit, rc, tout, got))
         rc, out, err = run(["--help"])
         check("--chat" in out and "/reset" in out and "/system TEXT" in out, "--help tells --chat's commands")
     finally:
