@@ -290,6 +290,63 @@ static int json_call_text(tc_parser *p, const char *s, size_t n)
     return rc;
 }
 
+/* One "key":value of XML-ish arguments: JSON values as they are, anything
+ * else (a JSON string included: it is text that happens to be quoted) as a
+ * string. */
+static void put_param(tc_parser *p, int *first, const char *k, size_t kl, const char *v, size_t vl)
+{
+    if (!*first) tcb_putc(&p->args, ',');
+    *first = 0;
+    tcj_str_encode(&p->args, k, kl);
+    tcb_putc(&p->args, ':');
+    const char *tv = v;
+    size_t tl = vl;
+    trim(&tv, &tl);
+    if (!tl || (tv[0] == '"' && tl > 1) || tcj_compact(tv, tl, &p->args) < 0)
+        tcj_str_encode(&p->args, v, vl);
+}
+
+/* GLM 4.5-4.7: N<arg_key>K</arg_key><arg_value>V</arg_value>... (newlines
+ * between the parts or not). */
+static int glm_call(tc_parser *p, const char *s, size_t n)
+{
+    trim(&s, &n);
+    const char *k = find(s, n, "<arg_key>");
+    const char *nm = s;
+    size_t nl = k ? (size_t)(k - s) : n;
+    trim(&nm, &nl);
+    if (!valid_name(nm, nl)) return -1;
+    p->name.n = p->args.n = p->id.n = 0;
+    tcb_put(&p->name, nm, nl);
+    tcb_putc(&p->args, '{');
+    int first = 1;
+    n -= (size_t)(k ? k - s : (ptrdiff_t)n);
+    s = k ? k : s + n;
+    while (n) {
+        if (!starts(s, n, "<arg_key>")) return -1;
+        s += 9; n -= 9;
+        const char *ke = find(s, n, "</arg_key>");
+        if (!ke) return -1;
+        const char *key = s;
+        size_t keyl = (size_t)(ke - s);
+        n -= keyl + 10;
+        s = ke + 10;
+        while (n && is_ws(*s)) { s++; n--; }
+        if (!starts(s, n, "<arg_value>")) return -1;
+        s += 11; n -= 11;
+        const char *ve = find(s, n, "</arg_value>");
+        if (!ve) return -1;
+        trim(&key, &keyl);
+        if (!keyl) return -1;
+        put_param(p, &first, key, keyl, s, (size_t)(ve - s));
+        n -= (size_t)(ve - s) + 12;
+        s = ve + 12;
+        while (n && is_ws(*s)) { s++; n--; }
+    }
+    tcb_putc(&p->args, '}');
+    return 0;
+}
+
 /* Qwen3-Coder: <function=N><parameter=P>V</parameter>...</function>. */
 static int xml_call(tc_parser *p, const char *s, size_t n)
 {
@@ -338,16 +395,7 @@ static int xml_call(tc_parser *p, const char *s, size_t n)
         size_t vl = (size_t)(e - s);
         if (vl && v[0] == '\n') { v++; vl--; }
         if (vl && v[vl - 1] == '\n') vl--;
-        if (!first) tcb_putc(&p->args, ',');
-        first = 0;
-        tcj_str_encode(&p->args, k, kl);
-        tcb_putc(&p->args, ':');
-        /* JSON values as they are; anything else is a string */
-        const char *tv = v;
-        size_t tl = vl;
-        trim(&tv, &tl);
-        if (!tl || (tv[0] == '"' && tl > 1) || tcj_compact(tv, tl, &p->args) < 0)
-            tcj_str_encode(&p->args, v, vl);
+        put_param(p, &first, k, kl, v, vl);
         n -= (size_t)(e - s) + skip;
         s = e + skip;
     }
@@ -549,7 +597,8 @@ static int st_hermes(tc_parser *p, int final)
     const char *b = p->buf.p + p->body;
     size_t bl = (size_t)e - p->body;
     trim(&b, &bl);
-    int ok = bl && b[0] == '{' ? json_call_text(p, b, bl) : xml_call(p, b, bl);
+    int ok = bl && b[0] == '{' ? json_call_text(p, b, bl) : starts(b, bl, "<function=") ? xml_call(p, b, bl)
+                                                                                         : glm_call(p, b, bl);
     if (ok < 0) return fail(p, end);
     out_call(p);
     p->pos = end;

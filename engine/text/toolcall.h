@@ -22,7 +22,9 @@
  *                  (Hermes, Qwen 2.5/3); inside the same tags, Qwen3-Coder's
  *                  <function=N><parameter=P>V</parameter>...</function>
  *                  (V is taken as JSON when it parses as a number, true,
- *                  false, null, an object or an array; as a string otherwise)
+ *                  false, null, an object or an array; as a string otherwise),
+ *                  and GLM 4.5-4.7's N<arg_key>K</arg_key><arg_value>V</arg_value>
+ *                  (values read the same way)
  *   TC_LLAMA3      {"name": N, "parameters": {...}} as the whole reply
  *                  (several separated by ';' or newlines), or after
  *                  <|python_tag|>: the same JSON, a builtin NAME.call(k="v"),

@@ -199,6 +199,14 @@ static void test_qwen3_coder(void)
            "write_file({\"path\":\"/tmp/a \\\"b\\\".txt\",\"content\":\"line 1\\n  line 2 \xC3\xA9\",\"mode\":420,"
            "\"opts\":{\"append\":false,\"tags\":[\"x\"]}})|list_dir({})");
     expect_text(TC_HERMES, "<tool_call>\n<function=f>\n<parameter=x>\n1\n</parameter>\n</tool_call>");
+    /* GLM 4.x inside the same tags */
+    expect(TC_HERMES | TC_THINK,
+           "<think>Two things.</think>\n<tool_call>write\n<arg_key>path</arg_key>\n<arg_value>/tmp/\xC3\xA9</arg_value>\n"
+           "<arg_key>n</arg_key>\n<arg_value>3</arg_value>\n<arg_key>o</arg_key><arg_value>{\"a\": [true]}</arg_value>\n"
+           "</tool_call><tool_call>now</tool_call>",
+           "", "Two things.", "write({\"path\":\"/tmp/\xC3\xA9\",\"n\":3,\"o\":{\"a\":[true]}})|now({})");
+    expect_text(TC_HERMES, "<tool_call>write\n<arg_key>path</arg_key>\n</tool_call>");
+    expect_text(TC_HERMES, "<tool_call>not a call at all</tool_call>");
     expect_text(TC_HERMES, "<tool_call>\n<function=f>\n<parameter=x>\n1");
 }
 
@@ -524,6 +532,7 @@ static char *slurp(const char *path)
 static void test_detect(void)
 {
     static const struct { const char *file; int fmt; } want[] = {
+        { "GLM-4.6", TC_HERMES | TC_THINK },
         { "Qwen-Qwen2.5-7B-Instruct", TC_HERMES },
         { "Qwen-Qwen3-0.6B", TC_HERMES | TC_THINK },
         { "Qwen-QwQ-32B", TC_HERMES | TC_THINK },
@@ -587,6 +596,8 @@ static void test_renders(void)
         { "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", "Paris?<\xEF\xBD\x9C" "Assistant\xEF\xBD\x9C>",
           "<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>" },
         { "openai-gpt-oss-120b.jinja", "Paris?<|end|><|start|>assistant", "<|start|>functions" },
+        { "GLM-4.6.jinja", "Paris?<|assistant|>\n<think></think>\n", "<|observation|>" },
+        { "GLM-4.7-Flash.jinja", "Paris?<|assistant|></think>", "<|observation|>" },
     };
     json_error_t je;
     json_t *root = json_load_file("bin/fixtures/chat/renders.dev.json", 0, &je);
