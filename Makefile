@@ -40,6 +40,11 @@ PC_PKGS  := msgpack jansson libpcre2-8 libutf8proc
 # Recursive (=) so they are read after `deps` has run.
 PC_CFLAGS = $(shell pkg-config --cflags $(PC_PKGS) 2>/dev/null)
 PC_LIBS   = $(shell pkg-config --libs $(PC_PKGS) 2>/dev/null)
+# Line editing for aneclient --chat: BSD libedit when present (optional: without
+# it, plain lines are read); deps installs it when root.
+OPT_DEB_PKGS := libedit-dev
+EDIT_CFLAGS = $(shell pkg-config --exists libedit 2>/dev/null && echo -DANE_LIBEDIT $$(pkg-config --cflags libedit))
+EDIT_LIBS   = $(shell pkg-config --libs libedit 2>/dev/null)
 # The HTTP gateway's library is linked into bin/aned-http alone, never aned.
 HTTP_PC_PKGS := libmicrohttpd
 HTTP_LIBS = $(shell pkg-config --libs $(HTTP_PC_PKGS) 2>/dev/null)
@@ -125,6 +130,16 @@ deps:
 	  else \
 	    echo "missing packages; run: sudo apt-get install$$missing" >&2; exit 1; \
 	  fi; \
+	fi
+	@[ -n "$(SKIP_DEPS)" ] && exit 0; missing=""; \
+	for p in $(OPT_DEB_PKGS); do dpkg-query -W -f='$${db:Status-Abbrev}\n' $$p 2>/dev/null | grep -q '^ii' || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ]; then \
+	  echo "installing (line editing in aneclient --chat):$$missing"; \
+	  (apt-get install -y -qq $$missing >/dev/null 2>&1 || \
+	   (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq $$missing >/dev/null 2>&1)) || \
+	   echo "apt-get install failed:$$missing: aneclient --chat reads plain lines" >&2; \
+	elif [ -n "$$missing" ]; then \
+	  echo "aneclient --chat edits lines with:$$missing (sudo apt-get install$$missing); reads plain lines without" >&2; \
 	fi
 	@[ -n "$(SKIP_DEPS)$(filter 1,$(CUDA))" ] && exit 0; missing=""; \
 	for p in $(AA_DEB_PKGS); do dpkg-query -W -f='$${db:Status-Abbrev}\n' $$p 2>/dev/null | grep -q '^ii' || missing="$$missing $$p"; done; \
@@ -222,8 +237,9 @@ $(LIBCLIENT): $(CLIENT_LIB_OBJ) $(PROTO_OBJ) $(COMMON_OBJ)
 
 bin/aned: $(DAEMON_OBJ) $(LIBENGINE) $(LIBPROTO) bin/.kind
 	$(CC) $(LDFLAGS) -o $@ $(DAEMON_OBJ) $(LIBENGINE) $(LIBPROTO) $(LDLIBS)
+$(O)/client/aneclient.o: CPPFLAGS += $(EDIT_CFLAGS)
 bin/aneclient: $(O)/client/aneclient.o $(LIBCLIENT)
-	$(CC) $(LDFLAGS) -o $@ $< $(LIBCLIENT) $(LDLIBS)
+	$(CC) $(LDFLAGS) -o $@ $< $(LIBCLIENT) $(LDLIBS) $(EDIT_LIBS)
 # renders a chat template with JSON variables (engine/text/jinja.h)
 bin/ane-template: $(O)/client/ane-template.o $(LIBENGINE) bin/.kind
 	$(CC) $(LDFLAGS) -o $@ $< $(LIBENGINE) $(LDLIBS)
@@ -282,6 +298,8 @@ FUZZ_CFLAGS = -std=c11 -O1 -g -pthread -fno-omit-frame-pointer -fsanitize=addres
 bin/fuzz/obj/%.o: %.c | bin/.deps-ok
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -MMD -MP -c $< -o $@
+# kept: as prerequisites of a pattern rule they would be deleted after each link
+.SECONDARY: $(FUZZ_LIB_OBJ) $(FUZZ_SRC:tests/fuzz/%.c=bin/fuzz/obj/tests/fuzz/%.o)
 bin/fuzz/%: bin/fuzz/obj/tests/fuzz/%.o $(FUZZ_LIB_OBJ)
 	$(FUZZ_CC) -fsanitize=fuzzer,address,undefined -pthread -o $@ $^ $(LDLIBS)
 
