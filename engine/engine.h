@@ -38,6 +38,12 @@ typedef struct eng_opts {
      * (then stderr). */
     void (*log)(void *arg, int warn, const char *line);
     void *log_arg;
+    /* A chat template (Jinja source, len bytes) instead of the model's own
+     * (aned --chat-template FILE); NULL = the model's. chat_template_name
+     * names it in info (the file's path). */
+    const char *chat_template;
+    size_t chat_template_len;
+    const char *chat_template_name;
 } eng_opts;
 
 /* Loads the model and starts the worker. */
@@ -68,8 +74,10 @@ typedef struct eng_model_info {
     const char *arch;          /* "llama", "qwen2", "qwen3", ... */
     const char *name;          /* general.name or the file's base name */
     const char *backend;       /* "cpu" or "cuda" */
-    const char *chat_template; /* "chatml", "llama3" or "none" */
-    const char *warning;       /* e.g. unknown chat template; "" when none */
+    const char *chat_template; /* where the template came from: "tokenizer.chat_template" (GGUF),
+                                  "tokenizer_config.json", "chat_template.jinja", the
+                                  --chat-template file's path, or "none" */
+    const char *warning;       /* e.g. a model template that does not parse; "" when none */
     int tokenizer_only;        /* 1: no tensors; generate/eval answer ENG_ENOMODEL */
     int32_t n_vocab, n_ctx, n_ctx_train, n_layer, n_embd, n_head, n_head_kv;
     int32_t bos, eos, eot;     /* -1 when absent */
@@ -134,10 +142,13 @@ void eng_sampling_default(eng_sampling *s);
 
 typedef enum eng_job_kind { ENG_JOB_GENERATE = 0, ENG_JOB_EVAL = 1 } eng_job_kind;
 
-/* One chat message (role "system", "user" or "assistant"). */
+/* One chat message (role "system", "user", "assistant" or "tool"). */
 typedef struct eng_msg {
     const char *role; size_t role_len;
     const char *content; size_t content_len;
+    /* optional: its other fields (tool_calls, tool_call_id, name, ...) as the
+     * text of a JSON object, given to the template with role and content */
+    const char *extra; size_t extra_len;
 } eng_msg;
 
 /* Everything is copied by eng_submit; the caller's buffers may go away after. */
@@ -152,6 +163,8 @@ typedef struct eng_job_desc {
     size_t system_len;
     const eng_msg *msgs;   /* a whole conversation (instead of text/system), rendered */
     size_t n_msgs;         /* with the model's chat template; ends with the assistant's turn */
+    const char *tools;     /* messages only: the template's "tools", the text of a JSON array; */
+    size_t tools_len;      /* NULL = none */
     int raw;               /* 1: no chat template; BOS per the tokenizer */
     int parse_special;     /* special tokens in text are parsed (raw prompts) */
     int32_t max_tokens;    /* generate: 0 = until context end */

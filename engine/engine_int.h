@@ -80,6 +80,7 @@ typedef struct job {
     char *text; size_t text_len;
     char *system; size_t system_len;
     chat_msg *msgs; size_t n_msgs; char *msg_buf;
+    char *tools; size_t tools_len;   /* messages: the template's tools (JSON text), or NULL */
     int raw, parse_special, add_bos;
     int32_t max_tokens;
     eng_err err_code;            /* set by the tokenizer: fails with this once taken */
@@ -95,9 +96,10 @@ struct eng {
     be *be;
     fw *fw;
     sampler *smp;
-    chat_kind chat;
+    chat_tpl *chat;              /* the chat template, or NULL when none */
+    uint8_t *eog;                /* [n_vocab] 1: ends generation (tokenizer's EOG + the template's turn ends) */
     eng_model_info info;
-    char warning[160];
+    char warning[256];
     int n_ctx, max_seqs, max_queued;
     int prefill_shared;          /* prompt tokens per pass beside decoding streams */
 

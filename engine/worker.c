@@ -342,7 +342,7 @@ static void emit_token(eng *e, job *j, int32_t id, int *finished, eng_finish *wh
     j->toks[j->n_tok++] = id;
     j->n_gen++;
     *finished = 0;
-    int eog = tok_is_eog(t, id);
+    int eog = e->eog[id];
     size_t plen = 0;
     const char *piece = "";
     if (!eog && !tok_is_control(t, id)) {
