@@ -288,7 +288,7 @@ static proto_msg *load_messages(const char *path, const char *extra, size_t extr
     }
     if (total > PROTO_MAX_PROMPT)
         die_usage("--messages %s: the contents add up to %zu bytes; aned takes at most %d", name, total, PROTO_MAX_PROMPT);
-    if (extra) m[n++] = (proto_msg){ "user", 4, extra, extra_len };
+    if (extra) m[n++] = (proto_msg){ "user", 4, extra, extra_len, NULL, 0 };
     *root = a;
     *n_out = n;
     return m;

@@ -57,6 +57,7 @@ const char *eng_finish_str(eng_finish f)
     case ENG_FINISH_STOP: return "stop";
     case ENG_FINISH_EOS: return "eos";
     case ENG_FINISH_CANCELLED: return "cancelled";
+    case ENG_FINISH_TOOL_CALLS: return "tool_calls";
     }
     return "length";
 }
@@ -129,6 +130,8 @@ void eng_event_free(eng_event *ev)
     free(ev->ids);
     free(ev->top_ids);
     free(ev->top_logits);
+    free(ev->reasoning);
+    free(ev->call_name); free(ev->call_args); free(ev->call_id);
     free(ev);
 }
 
@@ -159,6 +162,9 @@ void job_free(job *j)
     free(j->stop);
     free(j->stop_len);
     free(j->hold);
+    tc_free(j->tc);
+    free(j->tc_text); free(j->tc_reason);
+    for (eng_event *ev = j->tc_calls; ev;) { eng_event *n = ev->next; eng_event_free(ev); ev = n; }
     free(j->pages);
     free(j);
 }
@@ -256,6 +262,72 @@ char *job_text(job *j, const char *piece, size_t plen, int final, int *stopped, 
     if (*stopped) j->hold_len = 0;
     out[*out_len] = 0;
     return out;
+}
+
+/* ---- tool calls ---------------------------------------------------------- */
+
+static int buf_add(char **b, size_t *len, size_t *cap, const char *s, size_t n)
+{
+    if (*len + n + 1 > *cap) {
+        size_t nc = (*len + n + 1) * 2;
+        char *nb = realloc(*b, nc);
+        if (!nb) return -1;
+        *b = nb;
+        *cap = nc;
+    }
+    if (n) memcpy(*b + *len, s, n);
+    *len += n;
+    (*b)[*len] = 0;
+    return 0;
+}
+
+static void tc_on_content(void *ctx, const char *s, size_t n)
+{
+    job *j = ctx;
+    if (buf_add(&j->tc_text, &j->tc_text_len, &j->tc_text_cap, s, n)) j->tc_failed = 1;
+}
+
+static void tc_on_reasoning(void *ctx, const char *s, size_t n)
+{
+    job *j = ctx;
+    if (buf_add(&j->tc_reason, &j->tc_reason_len, &j->tc_reason_cap, s, n)) j->tc_failed = 1;
+}
+
+static char *dupn(const char *s, size_t n)
+{
+    char *d = malloc(n + 1);
+    if (d) { if (n) memcpy(d, s, n); d[n] = 0; }
+    return d;
+}
+
+static void tc_on_call(void *ctx, const tc_call *c)
+{
+    job *j = ctx;
+    eng_event *ev = ev_new(ENG_EV_TOOL_CALL, j);
+    if (!ev) { j->tc_failed = 1; return; }
+    ev->call_name = dupn(c->name, c->name_len);
+    ev->call_args = dupn(c->arguments, c->arguments_len);
+    ev->call_id = dupn(c->id, c->id_len);
+    if (!ev->call_name || !ev->call_args || !ev->call_id) { eng_event_free(ev); j->tc_failed = 1; return; }
+    ev->call_name_len = c->name_len;
+    ev->call_args_len = c->arguments_len;
+    ev->call_id_len = c->id_len;
+    ev->call_index = (int32_t)tc_n_calls(j->tc) - 1;
+    if (!j->tc_calls_tail) j->tc_calls_tail = &j->tc_calls;
+    *j->tc_calls_tail = ev;
+    j->tc_calls_tail = &ev->next;
+}
+
+int job_tools(job *j, const char *text, size_t len, int final, char **content, size_t *content_len)
+{
+    tc_callbacks cb = { tc_on_content, tc_on_reasoning, tc_on_call, j };
+    j->tc_text_len = 0;
+    if (j->tc_text) j->tc_text[0] = 0;
+    if (len && tc_feed(j->tc, text, len, &cb)) j->tc_failed = 1;
+    if (final && tc_finish(j->tc, &cb)) j->tc_failed = 1;
+    *content = dupn(j->tc_text ? j->tc_text : "", j->tc_text_len);
+    *content_len = j->tc_text_len;
+    return *content && !j->tc_failed ? 0 : -1;
 }
 
 /* ---- submit / cancel ----------------------------------------------------- */
@@ -420,6 +492,20 @@ static int job_set_prompt(eng *e, job *j, int32_t *ids, size_t n, eng_err *code,
     j->n_prompt = j->n_tok = (int)n;
     j->pages = malloc((size_t)need * sizeof *j->pages);
     if (!j->pages) return fail(code, ENG_ENOMEM, err, errlen, NULL);
+    if (j->parse_tools) {
+        tc_format f = e->tc_fmt;
+        if (f & TC_THINK) {
+            /* whether the prompt leaves a reasoning block open: its tail suffices */
+            size_t from = n > 64 ? n - 64 : 0;
+            char *tail = NULL;
+            size_t tl = 0;
+            if (tok_decode(t, j->toks + from, n - from, &tail, &tl) == 0) f = tc_after_prompt(f, tail, tl);
+            free(tail);
+        }
+        j->tc = tc_new(f);
+        if (!j->tc) return fail(code, ENG_ENOMEM, err, errlen, NULL);
+        tc_seed(j->tc, j->s.seed);
+    }
     return 0;
 }
 
@@ -582,6 +668,10 @@ int eng_submit(eng *e, const eng_job_desc *d, uint64_t *job_id, eng_err *code, c
         return -1;
     }
     j->s = d->sampling;
+    if (d->parse_tools && d->kind == ENG_JOB_GENERATE && d->n_msgs > 0) {
+        j->parse_tools = 1;
+        j->max_calls = d->max_tool_calls > 0 ? d->max_tool_calls : 0;
+    }
     j->rng = sampler_rng_seed(d->sampling.seed);
     j->top_n = d->top_n;
     j->user = d->user;
@@ -825,6 +915,8 @@ static int chat_setup(eng *e, char *err, size_t errlen)
                                                      : tok_chat_template_from(t)[0] ? tok_chat_template_from(t) : "model";
         }
     }
+    e->tc_fmt = e->chat ? tc_detect(chat_source(e->chat)) : TC_PLAIN;
+    in->tool_format = tc_format_name(e->tc_fmt);
     int32_t nv = tok_n_vocab(t);
     e->eog = calloc((size_t)nv, 1);
     if (!e->eog) { snprintf(err, errlen, "out of memory"); return -1; }

@@ -81,6 +81,8 @@ typedef struct eng_model_info {
     int tokenizer_only;        /* 1: no tensors; generate/eval answer ENG_ENOMODEL */
     int32_t n_vocab, n_ctx, n_ctx_train, n_layer, n_embd, n_head, n_head_kv;
     int32_t bos, eos, eot;     /* -1 when absent */
+    const char *tool_format;   /* the syntax of tool calls the template shows ("hermes", "llama3",
+                                  "mistral", "harmony", "deepseek", "functionary"), or "plain" */
     uint64_t n_params;         /* weights */
     uint64_t weight_bytes;
     int n_threads, max_seqs;
@@ -165,6 +167,11 @@ typedef struct eng_job_desc {
     size_t n_msgs;         /* with the model's chat template; ends with the assistant's turn */
     const char *tools;     /* messages only: the template's "tools", the text of a JSON array; */
     size_t tools_len;      /* NULL = none */
+    int parse_tools;       /* generate with messages: the reply is parsed for tool calls (and
+                              reasoning) in the template's syntax: TOKEN text is the content
+                              alone, each call an ENG_EV_TOOL_CALL event */
+    int max_tool_calls;    /* with parse_tools: the reply ends (ENG_FINISH_TOOL_CALLS) after
+                              this many calls; 0 = no limit */
     int raw;               /* 1: no chat template; BOS per the tokenizer */
     int parse_special;     /* special tokens in text are parsed (raw prompts) */
     int32_t max_tokens;    /* generate: 0 = until context end */
@@ -212,10 +219,14 @@ typedef enum eng_event_type {
     ENG_EV_DONE,       /* last event of a job that ran */
     ENG_EV_ERROR,      /* last event of a job that failed after submit */
     ENG_EV_TOKENS,     /* eng_tokenize_submit: the ids (its only event) */
+    ENG_EV_TOOL_CALL,  /* generate with parse_tools: one complete tool call, after the
+                          TOKEN event of the token that completed it */
 } eng_event_type;
 
 typedef enum eng_finish {
     ENG_FINISH_LENGTH = 0, ENG_FINISH_STOP, ENG_FINISH_EOS, ENG_FINISH_CANCELLED,
+    ENG_FINISH_TOOL_CALLS,  /* parse_tools: the reply ended (end of turn, stop string or
+                               max_tool_calls) after at least one tool call */
 } eng_finish;
 
 const char *eng_finish_str(eng_finish f);
@@ -230,6 +241,14 @@ typedef struct eng_event {
     int32_t token;
     char *text;
     size_t text_len;
+    /* TOKEN with parse_tools: reasoning text this token completes (NULL when none) */
+    char *reasoning;
+    size_t reasoning_len;
+    /* TOOL_CALL: its index in the reply (0, 1, ...), name, arguments (compact
+     * JSON text) and id (all malloc'd, NUL-terminated) */
+    int32_t call_index;
+    char *call_name, *call_args, *call_id;
+    size_t call_name_len, call_args_len, call_id_len;
     /* TOKENS: the text's ids (malloc'd; NULL when there are none). */
     int32_t *ids;
     size_t n_ids;
