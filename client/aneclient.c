@@ -302,7 +302,7 @@ static proto_msg *load_messages(const char *path, const char *extra, size_t extr
     }
     if (total > PROTO_MAX_PROMPT)
         die_usage("--messages %s: the contents add up to %zu bytes; aned takes at most %d", name, total, PROTO_MAX_PROMPT);
-    if (extra) m[n++] = (proto_msg){ "user", 4, extra, extra_len };
+    if (extra) m[n++] = (proto_msg){ "user", 4, extra, extra_len, NULL, 0 };
     *root = a;
     *n_out = n;
     return m;
@@ -715,7 +715,7 @@ static int chat_turn(ane_client *cl, run *R, proto_req *q, hist *h, int *failed)
     proto_msg *m = calloc(h->n, sizeof *m);
     if (!m) die_fail("out of memory");
     for (size_t i = 0; i < h->n; i++)
-        m[i] = (proto_msg){ h->m[i].role, strlen(h->m[i].role), h->m[i].content, h->m[i].len };
+        m[i] = (proto_msg){ .role = h->m[i].role, .role_len = strlen(h->m[i].role), .content = h->m[i].content, .content_len = h->m[i].len };
     q->type = PROTO_T_GENERATE;
     q->msgs = m;
     q->n_msgs = h->n;
