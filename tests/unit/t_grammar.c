@@ -1,0 +1,318 @@
+/* t_grammar.c — GBNF compile errors, llama.cpp's sample grammars on accepted
+ * and refused texts, the token mask against a token-by-token check on real
+ * vocabularies, bounds, and JSON Schema → grammar on the draft7 test suite. */
+#include "tests/check.h"
+#include "engine/grammar/grammar.h"
+/*JS*/
+#include "engine/load/gguf.h"
+#include "engine/text/tokenizer.h"
+
+#include <dirent.h>
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static char *slurp(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long l = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = malloc((size_t)l + 1);
+    if (s && fread(s, 1, (size_t)l, f) != (size_t)l) { free(s); s = NULL; }
+    if (s) s[l] = 0;
+    fclose(f);
+    if (n) *n = (size_t)l;
+    return s;
+}
+
+static gram *compile_str(const char *s, char *err, size_t errlen)
+{
+    gram *g = NULL;
+    if (gram_compile(&g, s, strlen(s), err, errlen)) return NULL;
+    return g;
+}
+
+/* 1: the whole text is a sentence of g; 0: not; -1: bound. */
+static int matches(const gram *g, const char *text, size_t n)
+{
+    char err[256];
+    gram_match *m = NULL;
+    if (gram_match_new(&m, g, err, sizeof err)) return -1;
+    int r = gram_match_accept(m, text, n, err, sizeof err);
+    if (r == 1) r = gram_match_can_end(m);
+    gram_match_free(m);
+    return r;
+}
+
+static gram *load_fixture(const char *name)
+{
+    char path[256], err[256];
+    snprintf(path, sizeof path, "tests/fixtures/grammars/%s", name);
+    size_t n;
+    char *s = slurp(path, &n);
+    if (!s) { fprintf(stderr, "cannot read %s\n", path); return NULL; }
+    gram *g = NULL;
+    if (gram_compile(&g, s, n, err, sizeof err)) fprintf(stderr, "%s: %s\n", path, err);
+    free(s);
+    return g;
+}
+
+typedef struct { const char *text; int ok; } sample;
+
+static void run_samples(const char *file, const sample *s, size_t n)
+{
+    gram *g = load_fixture(file);
+    CHECKF(g != NULL, "%s", file);
+    if (!g) return;
+    for (size_t i = 0; i < n; i++) {
+        int r = matches(g, s[i].text, strlen(s[i].text));
+        CHECKF(r == s[i].ok, "%s: \"%s\" gave %d, expected %d", file, s[i].text, r, s[i].ok);
+    }
+    gram_free(g);
+}
+
+static void test_samples(void)
+{
+    static const sample json[] = {
+        { "{}", 1 }, { "{\"a\": 1}", 1 }, { "{\"a\": [1, 2.5, -3e+4, true, null, \"x\\n\\u00e9\"]}", 1 },
+        { "{\n  \"k\": {\"n\": {}}\n}", 1 }, { "{\"é\": \"日本\"}", 1 },
+        { "", 0 }, { "[]", 0 }, { "{\"a\" 1}", 0 }, { "{\"a\": 01x}", 0 }, { "{\"a\": tru}", 0 },
+        { "{\"a\": \"\x01\"}", 0 }, { "{\"a\": \"\\q\"}", 0 }, { "{", 0 }, { "{}}", 0 },
+    };
+    static const sample arith[] = {
+        { "1+2=3\n", 1 }, { "(a +b) *c = x\n", 1 }, { "(a + b) = x\n", 0 }, { "x=1\ny=2\n", 1 }, { "a_1/b2 = 0\n", 1 },
+        { "1+2=3", 0 }, { "=3\n", 0 }, { "1++2=3\n", 0 }, { "A=1\n", 0 }, { "(1=2\n", 0 },
+    };
+    static const sample list[] = {
+        { "- a\n", 1 }, { "- apples\n- pears and plums\n", 1 }, { "- ünïcödé ✓\n", 1 },
+        { "- \n", 0 }, { "-a\n", 0 }, { "- a", 0 }, { "- a\rb\n", 0 }, { "- a\xe2\x80\xa8" "b\n", 0 }, { "", 0 },
+    };
+    static const sample c[] = {
+        { "int main(){return 0;}", 1 }, { "int main(){return 0;}int g(char c){}", 1 },
+        { "int f(int x){while(x<10){x = x+1;}return x;}", 1 },
+        { "float g(){/* note */y = h(1, 2);for(i = 0; i<3; i = i+1){}if(a==b){}else{}}", 1 },
+        { "", 1 },
+        { "int main(){return 0}", 0 }, { "int f(){/* x */", 0 }, { "main(){}", 0 }, { "int 1x(){}", 0 }, { "int f(){x = ;}", 0 },
+    };
+    static const sample chess[] = {
+        { "1. e4 e5\n2. Nf3 Nc6\n", 1 }, { "1. d4 d5\n2. c4 dxc4\n3. O-O-O Qxd8+\n", 1 }, { "1. e4 e5\n10. e8=Q# Kh1\n", 1 },
+        { "1. e4 e5\n", 0 }, { "1. e9 e5\n2. a1 a2\n", 0 }, { "1. e4\n2. e5 e6\n", 0 }, { "2. e4 e5\n3. a3 a4\n", 0 },
+    };
+    run_samples("json.gbnf", json, sizeof json / sizeof *json);
+    run_samples("arithmetic.gbnf", arith, sizeof arith / sizeof *arith);
+    run_samples("list.gbnf", list, sizeof list / sizeof *list);
+    run_samples("c.gbnf", c, sizeof c / sizeof *c);
+    run_samples("chess.gbnf", chess, sizeof chess / sizeof *chess);
+}
+
+static void test_syntax(void)
+{
+    char err[256];
+    gram *g;
+    /* repetitions */
+    g = compile_str("root ::= \"a\"{2,3} [0-9]{2} \"b\"{1,} x?\nx ::= \"!\"", err, sizeof err);
+    CHECKF(g != NULL, "%s", err);
+    if (g) {
+        CHECK_EQ_INT(matches(g, "aa12b", 5), 1);
+        CHECK_EQ_INT(matches(g, "aaa12bbb!", 9), 1);
+        CHECK_EQ_INT(matches(g, "a12b", 4), 0);
+        CHECK_EQ_INT(matches(g, "aaaa12b", 7), 0);
+        CHECK_EQ_INT(matches(g, "aa1b", 4), 0);
+        CHECK_EQ_INT(matches(g, "aa12", 4), 0);
+        gram_free(g);
+    }
+    /* escapes, negation, any char, multi-line alternatives, comments */
+    g = compile_str("# c\nroot ::= \"\\x41\\u00e9\\U0001F600\" [^a-c\\n] . # tail\n  | \"z\" (\n \"1\" |\n \"2\" )\n", err, sizeof err);
+    CHECKF(g != NULL, "%s", err);
+    if (g) {
+        CHECK_EQ_INT(matches(g, "A\xc3\xa9\xf0\x9f\x98\x80" "dx", 9), 1);
+        CHECK_EQ_INT(matches(g, "A\xc3\xa9\xf0\x9f\x98\x80" "bx", 9), 0);
+        CHECK_EQ_INT(matches(g, "A\xc3\xa9\xf0\x9f\x98\x80" "\nx", 9), 0);
+        CHECK_EQ_INT(matches(g, "z2", 2), 1);
+        CHECK_EQ_INT(matches(g, "z3", 2), 0);
+        gram_free(g);
+    }
+    /* errors name the rule and the position */
+    struct { const char *src, *want; } bad[] = {
+        { "root ::= foo", "rule 'foo' at 1:10: used but not defined" },
+        { "root ::= \"a\"\nx ::= [a-", "rule 'x' at 2:7" },
+        { "root ::= \"a\" \\q", "rule 'root' at 1:14" },
+        { "root ::= \"\\q\"", "rule 'root' at 1:11: unknown escape" },
+        { "root ::= expr\nexpr ::= expr \"+\" term | term\nterm ::= [0-9]", "rule 'expr' at 2:1: left recursion" },
+        { "root ::= a\na ::= b? a \"x\"\nb ::= \"y\"", "rule 'a' at 2:1: left recursion" },
+        { "root ::= (\"x\"? )* \"y\"", "left recursion" },
+        { "x ::= \"a\"", "no rule named 'root'" },
+        { "root ::= \"a\"\nroot ::= \"b\"", "rule 'root' at 2:1: defined twice" },
+        { "root ::= \"a\"{3,1}", "rule 'root' at 1:13" },
+        { "root ::= (\"a\"", "expected ')'" },
+        { "root ::= \"abc", "unterminated literal" },
+        { "root := \"a\"", "at 1:6: expected '::='" },
+        { "root ::= \"a\"{99999}", "repetition count" },
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        err[0] = 0;
+        g = compile_str(bad[i].src, err, sizeof err);
+        CHECKF(g == NULL && strstr(err, bad[i].want), "%s: got \"%s\", want \"%s\"", bad[i].src, err, bad[i].want);
+        gram_free(g);
+    }
+}
+
+/* Exploding alternatives end in an error, quickly. */
+static void test_bounds(void)
+{
+    char err[256];
+    /* each "a" may close any of many nested optional groups: the stacks multiply */
+    const char *src = "root ::= x x x x x x x x x x x x x x x x x x x x\nx ::= (\"a\" | \"a\" \"a\" | \"a\" \"a\" \"a\")?";
+    gram *g = compile_str(src, err, sizeof err);
+    CHECKF(g != NULL, "%s", err);
+    if (!g) return;
+    gram_match *m = NULL;
+    int r = gram_match_new(&m, g, err, sizeof err);
+    if (r == 0) {
+        char as[64];
+        memset(as, 'a', sizeof as);
+        clock_t t0 = clock();
+        r = 1;
+        for (int i = 0; i < 60 && r == 1; i++) r = gram_match_accept(m, as, 1, err, sizeof err);
+        double s = (double)(clock() - t0) / CLOCKS_PER_SEC;
+        CHECKF(s < 5, "%.2f s", s);
+        gram_match_free(m);
+    }
+    /* either refused as too ambiguous or finished; never a hang */
+    CHECK(r == -1 || r == 0 || r == 1);
+    gram_free(g);
+}
+
+/* ---- vocabularies ---- */
+static tok *load_tok(const char *path)
+{
+    char err[256];
+    gguf *gg = NULL;
+    tok *t = NULL;
+    if (gguf_open(&gg, path, err, sizeof err)) { fprintf(stderr, "%s\n", err); return NULL; }
+    if (tok_load_gguf(&t, gg, err, sizeof err)) fprintf(stderr, "%s: %s\n", path, err);
+    gguf_close(gg);
+    return t;
+}
+
+static gram_vocab *vocab_of(const tok *t)
+{
+    int32_t n = tok_n_vocab(t);
+    const char **p = calloc((size_t)n, sizeof *p);
+    size_t *l = calloc((size_t)n, sizeof *l);
+    for (int32_t i = 0; i < n; i++) {
+        if (tok_is_control(t, i) || tok_is_eog(t, i)) continue;
+        p[i] = tok_piece(t, i, &l[i]);
+    }
+    gram_vocab *v = gram_vocab_new(p, l, n);
+    free(p); free(l);
+    return v;
+}
+
+static const char *model_paths[] = { "tests/fixtures/models/qwen2-tiny.bf16.gguf", "tests/fixtures/models/llama3-tiny.bf16.gguf" };
+
+/* The trie walk's mask equals checking every token one at a time. */
+static void mask_vs_each(const tok *t, const gram_vocab *v, const gram *g, const char *prefix)
+{
+    char err[256];
+    gram_match *m = NULL;
+    if (gram_match_new(&m, g, err, sizeof err)) { CHECKF(0, "%s", err); return; }
+    CHECKF(gram_match_accept(m, prefix, strlen(prefix), err, sizeof err) == 1, "prefix \"%s\"", prefix);
+    int32_t n = tok_n_vocab(t);
+    uint32_t *mask = calloc(((size_t)n + 31) / 32, 4);
+    int64_t cnt = gram_match_mask(m, v, mask, err, sizeof err);
+    int64_t want = 0, bad = 0;
+    for (int32_t i = 0; i < n; i++) {
+        int exp = 0;
+        if (!tok_is_control(t, i) && !tok_is_eog(t, i)) {
+            size_t l;
+            const char *s = tok_piece(t, i, &l);
+            if (l) exp = gram_match_check(m, s, l, err, sizeof err) == 1;
+        }
+        want += exp;
+        int got = (mask[i >> 5] >> (i & 31)) & 1;
+        if (got != exp && bad++ < 3) fprintf(stderr, "prefix \"%s\": token %d \"%s\": mask %d, check %d\n", prefix, i, tok_piece(t, i, &(size_t){0}), got, exp);
+    }
+    CHECKF(bad == 0 && cnt == want, "prefix \"%s\": %lld mismatches; %lld vs %lld", prefix, (long long)bad, (long long)cnt, (long long)want);
+    /* a second mask of the same state (cached) is the same */
+    uint32_t *mask2 = calloc(((size_t)n + 31) / 32, 4);
+    CHECK_EQ_INT(gram_match_mask(m, v, mask2, err, sizeof err), cnt);
+    CHECK(memcmp(mask, mask2, ((size_t)n + 31) / 32 * 4) == 0);
+    free(mask); free(mask2);
+    gram_match_free(m);
+}
+
+static void test_mask(void)
+{
+    for (size_t k = 0; k < sizeof model_paths / sizeof *model_paths; k++) {
+        tok *t = load_tok(model_paths[k]);
+        CHECKF(t != NULL, "%s", model_paths[k]);
+        if (!t) continue;
+        gram_vocab *v = vocab_of(t);
+        CHECK(v != NULL);
+        gram *g = load_fixture("json.gbnf");
+        const char *pre[] = { "", "{", "{\"a\": ", "{\"a\": \"x", "{\"a\": \"\xc3", "{\"a\": 1", "{\"a\": [1, {}" };
+        for (size_t i = 0; g && v && i < sizeof pre / sizeof *pre; i++) mask_vs_each(t, v, g, pre[i]);
+        gram_free(g);
+        g = load_fixture("list.gbnf");
+        const char *pre2[] = { "", "- ", "- ab\xe2\x80" };
+        for (size_t i = 0; g && v && i < sizeof pre2 / sizeof *pre2; i++) mask_vs_each(t, v, g, pre2[i]);
+        gram_free(g);
+        gram_vocab_free(v);
+        tok_free(t);
+    }
+}
+
+/* Cost of one mask: free text (every token may follow) and structure. */
+static void test_mask_speed(void)
+{
+    tok *t = load_tok(model_paths[0]);
+    if (!t) return;
+    gram_vocab *v = vocab_of(t);
+    gram *g = load_fixture("json.gbnf");
+    char err[256];
+    if (!g || !v) { gram_free(g); gram_vocab_free(v); tok_free(t); return; }
+    const char *pre[] = { "{\"a\": \"x", "{\"a\": 1" };
+    int32_t n = tok_n_vocab(t);
+    uint32_t *mask = calloc(((size_t)n + 31) / 32, 4);
+    for (int k = 0; k < 2; k++) {
+        gram_match *m = NULL;
+        if (gram_match_new(&m, g, err, sizeof err)) break;
+        gram_match_accept(m, pre[k], strlen(pre[k]), err, sizeof err);
+        struct timespec a, b;
+        clock_gettime(CLOCK_MONOTONIC, &a);
+        int64_t c = 0;
+        int reps = 5;
+        for (int r = 0; r < reps; r++) {
+            /* a fresh state each time (no cache): accept and take back a space-free byte */
+            gram_match *m2 = NULL;
+            gram_match_new(&m2, g, err, sizeof err);
+            gram_match_accept(m2, pre[k], strlen(pre[k]), err, sizeof err);
+            c = gram_match_mask(m2, v, mask, err, sizeof err);
+            gram_match_free(m2);
+        }
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        double ms = ((double)(b.tv_sec - a.tv_sec) * 1e3 + (double)(b.tv_nsec - a.tv_nsec) / 1e6) / reps;
+        printf("mask over %d tokens after '%s': %lld allowed, %.2f ms\n", n, pre[k], (long long)c, ms);
+        CHECKF(ms < 200, "%.1f ms", ms);
+        gram_match_free(m);
+    }
+    free(mask);
+    gram_free(g); gram_vocab_free(v); tok_free(t);
+}
+
+
+
+int main(int argc, char **argv)
+{
+    CHECK_ARGS(argc, argv);
+    RUN(test_samples);
+    RUN(test_syntax);
+    RUN(test_bounds);
+    RUN(test_mask);
+    RUN(test_mask_speed);
+    return CHECK_DONE();
+}
