@@ -3,7 +3,7 @@
  * vocabularies, bounds, and JSON Schema → grammar on the draft7 test suite. */
 #include "tests/check.h"
 #include "engine/grammar/grammar.h"
-/*JS*/
+#include "engine/grammar/jsonschema.h"
 #include "engine/load/gguf.h"
 #include "engine/text/tokenizer.h"
 
@@ -306,6 +306,143 @@ static void test_mask_speed(void)
 
 
 
+
+/* ---- JSON Schema ---- */
+#define SUITE "/usr/share/json-schema-test-suite/tests/draft7/"
+
+/* Feeds text through the matcher token by token (as the tokenizer splits
+ * it), each token also checked against the mask when check_mask. 1: the
+ * whole text is accepted and may end; 0: refused. */
+static int feed_tokens(const tok *t, const gram_vocab *v, const gram *g, const char *text, int check_mask, uint32_t *mask)
+{
+    char err[256];
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (tok_encode(t, text, strlen(text), 0, &ids, &n, err, sizeof err)) return -1;
+    gram_match *m = NULL;
+    if (gram_match_new(&m, g, err, sizeof err)) { free(ids); return -1; }
+    int ok = 1;
+    for (size_t i = 0; i < n && ok == 1; i++) {
+        size_t l;
+        const char *pc = tok_piece(t, ids[i], &l);
+        if (check_mask) {
+            int64_t c = gram_match_mask(m, v, mask, err, sizeof err);
+            int bit = c >= 0 && ((mask[ids[i] >> 5] >> (ids[i] & 31)) & 1);
+            int acc = gram_match_check(m, pc, l, err, sizeof err) == 1;
+            if (bit != acc) { fprintf(stderr, "mask and check disagree on token %d of \"%s\"\n", ids[i], text); ok = -1; break; }
+        }
+        ok = gram_match_accept(m, pc, l, err, sizeof err);
+    }
+    if (ok == 1) ok = gram_match_can_end(m);
+    gram_match_free(m);
+    free(ids);
+    return ok;
+}
+
+static const struct { const char *file; int structural; } suite_files[] = {
+    { "type.json", 1 }, { "required.json", 1 }, { "additionalProperties.json", 1 }, { "enum.json", 1 },
+    { "const.json", 1 }, { "items.json", 1 }, { "additionalItems.json", 1 }, { "minItems.json", 1 },
+    { "maxItems.json", 1 }, { "minLength.json", 1 }, { "maxLength.json", 1 },
+    { "properties.json", 0 }, { "anyOf.json", 0 }, { "oneOf.json", 0 }, { "pattern.json", 0 },
+    { "ref.json", 0 }, { "definitions.json", 0 }, { "boolean_schema.json", 0 },
+};
+
+static void test_schema_suite(void)
+{
+    DIR *d = opendir(SUITE);
+    if (!d) { printf("notice: %s absent (Debian's json-schema-test-suite): schema suite skipped\n", SUITE); return; }
+    closedir(d);
+    for (size_t k = 0; k < sizeof model_paths / sizeof *model_paths; k++) {
+        tok *t = load_tok(model_paths[k]);
+        if (!t) { CHECK(0); continue; }
+        gram_vocab *v = vocab_of(t);
+        uint32_t *mask = calloc(((size_t)tok_n_vocab(t) + 31) / 32, 4);
+        int valid_ok = 0, invalid_rej = 0, invalid_acc_nonstruct = 0, skipped = 0, groups = 0;
+        for (size_t f = 0; f < sizeof suite_files / sizeof *suite_files; f++) {
+            char path[512];
+            snprintf(path, sizeof path, SUITE "%s", suite_files[f].file);
+            json_error_t je;
+            json_t *arr = json_load_file(path, 0, &je);
+            CHECKF(json_is_array(arr), "%s: %s", path, je.text);
+            size_t gi; json_t *grp;
+            json_array_foreach(arr, gi, grp) {
+                json_t *schema = json_object_get(grp, "schema"), *tests = json_object_get(grp, "tests");
+                char *st = json_dumps(schema, JSON_COMPACT | JSON_ENCODE_ANY);
+                char err[512];
+                char *gb = jsonschema_gbnf(st, strlen(st), err, sizeof err);
+                groups++;
+                if (!gb) {
+                    if (k == 0) printf("skipped %s \"%s\" (%zu tests): %s\n", suite_files[f].file,
+                                       json_string_value(json_object_get(grp, "description")), json_array_size(tests), err);
+                    skipped += (int)json_array_size(tests);
+                    free(st);
+                    continue;
+                }
+                gram *g = NULL;
+                int rc = gram_compile(&g, gb, strlen(gb), err, sizeof err);
+                CHECKF(rc == 0, "%s: %s: generated grammar does not compile: %s\n%s", suite_files[f].file, st, err, gb);
+                size_t ti; json_t *tc;
+                json_array_foreach(tests, ti, tc) {
+                    if (!g) break;
+                    char *data = json_dumps(json_object_get(tc, "data"), JSON_COMPACT | JSON_ENCODE_ANY);
+                    int valid = json_is_true(json_object_get(tc, "valid"));
+                    int r = feed_tokens(t, v, g, data, k == 0 || ti % 4 == 0, mask);
+                    const char *desc = json_string_value(json_object_get(tc, "description"));
+                    if (valid) {
+                        CHECKF(r == 1, "%s: schema %s: valid %s (%s) gave %d", suite_files[f].file, st, data, desc, r);
+                        valid_ok += r == 1;
+                    } else if (suite_files[f].structural && !strstr(st, "patternProperties")) {
+                        CHECKF(r == 0, "%s: schema %s: invalid %s (%s) gave %d", suite_files[f].file, st, data, desc, r);
+                        invalid_rej += r == 0;
+                    } else {
+                        CHECK(r >= 0);
+                        if (r == 0) invalid_rej++;
+                        else {
+                            invalid_acc_nonstruct++;
+                            if (k == 0) printf("accepted (keyword not enforced) %s: schema %s: %s (%s)\n", suite_files[f].file, st, data, desc);
+                        }
+                    }
+                    free(data);
+                }
+                gram_free(g);
+                free(gb); free(st);
+            }
+            json_decref(arr);
+        }
+        printf("%s: %d schemas; valid accepted %d; invalid refused %d; invalid accepted where the keyword is not enforced %d; skipped %d\n",
+               model_paths[k], groups, valid_ok, invalid_rej, invalid_acc_nonstruct, skipped);
+        free(mask);
+        gram_vocab_free(v);
+        tok_free(t);
+    }
+}
+
+static void test_json_object(void)
+{
+    char err[256];
+    gram *g = compile_str(jsonschema_object_gbnf(), err, sizeof err);
+    CHECKF(g != NULL, "%s", err);
+    if (!g) return;
+    CHECK_EQ_INT(matches(g, "{}", 2), 1);
+    CHECK_EQ_INT(matches(g, " {\"a\": [1, {\"b\": null}], \"c\": \"\\u00e9\"}\n", 40), 1);
+    CHECK_EQ_INT(matches(g, "[]", 2), 0);
+    CHECK_EQ_INT(matches(g, "{\"a\":}", 6), 0);
+    gram_free(g);
+    /* errors name the place in the schema */
+    const char *bad[][2] = {
+        { "{\"properties\": {\"a\": {\"type\": \"strin\"}}}", "at /properties/a: unknown type" },
+        { "{\"$ref\": \"#/definitions/x\"}", "$ref '#/definitions/x' not found" },
+        { "{\"type\": \"string\", \"pattern\": \"(?=a)\"}", "not supported" },
+        { "{\"type\":", "not JSON" },
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        err[0] = 0;
+        char *gb = jsonschema_gbnf(bad[i][0], strlen(bad[i][0]), err, sizeof err);
+        CHECKF(!gb && strstr(err, bad[i][1]), "%s: \"%s\"", bad[i][0], err);
+        free(gb);
+    }
+}
+
 int main(int argc, char **argv)
 {
     CHECK_ARGS(argc, argv);
@@ -314,5 +451,7 @@ int main(int argc, char **argv)
     RUN(test_bounds);
     RUN(test_mask);
     RUN(test_mask_speed);
+    RUN(test_json_object);
+    RUN(test_schema_suite);
     return CHECK_DONE();
 }
