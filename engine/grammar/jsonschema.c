@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/grammar/jsonschema.h"
+#include "engine/grammar/grammar.h"
 
 #define PRIMS \
     "ws ::= [ \\t\\n]{0,20}\n" \

@@ -3,7 +3,6 @@
  * vocabularies, bounds, and JSON Schema → grammar on the draft7 test suite. */
 #include "tests/check.h"
 #include "engine/grammar/grammar.h"
-#include "engine/grammar/jsonschema.h"
 #include "engine/load/gguf.h"
 #include "engine/text/tokenizer.h"
 
