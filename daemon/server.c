@@ -735,6 +735,11 @@ static void req_submit(client *cl, const proto_req *r)
     d.stop_len = r->stop_len;
     d.n_stop = r->n_stop;
     d.top_n = r->top;
+    d.grammar = r->grammar;
+    d.grammar_len = r->grammar_len;
+    d.json_schema = r->json_schema;
+    d.json_schema_len = r->json_schema_len;
+    d.json_object = r->json_object;
     d.owner = cl->serial;
     d.uid = (uint32_t)cl->peer.uid;
     d.user = j;
