@@ -238,16 +238,26 @@ static int set_may(gram_match *m, uint32_t in, uint32_t n, uint32_t lo, uint32_t
 static int step_byte(gram_match *m, uint32_t in, uint32_t n, uint32_t *cp, uint32_t *left,
                      uint8_t b, uint32_t *out_in, uint32_t *out_n)
 {
+    /* *left: bytes still to come (low 4 bits) and the sequence's length
+     * (above), so overlong forms, surrogates and code points past U+10FFFF
+     * are refused as UTF-8 is */
+    static const uint32_t min_cp[5] = { 0, 0, 0x80, 0x800, 0x10000 };
     uint32_t c;
     if (*left) {
+        uint32_t rem = *left & 15, len = *left >> 4;
         if ((b & 0xC0) != 0x80) return 0;
         c = (*cp << 6) | (b & 0x3F);
-        if (--*left) {
-            uint32_t sh = 6 * *left;
-            if (!set_may(m, in, n, c << sh, (c << sh) | ((1u << sh) - 1))) return 0;
-            *cp = c; *out_in = in; *out_n = n;
+        rem--;
+        uint32_t sh = 6 * rem, lo = c << sh, hi = (c << sh) | ((1u << sh) - 1);
+        if (lo < min_cp[len]) lo = min_cp[len];
+        if (hi > 0x10FFFF) hi = 0x10FFFF;
+        if (lo > hi || (lo >= 0xD800 && hi <= 0xDFFF)) return 0;
+        if (rem) {
+            if (!set_may(m, in, n, lo, hi)) return 0;
+            *cp = c; *left = len << 4 | rem; *out_in = in; *out_n = n;
             return 1;
         }
+        *left = 0;
     } else if (b < 0x80) {
         c = b;
     } else {
@@ -256,9 +266,11 @@ static int step_byte(gram_match *m, uint32_t in, uint32_t n, uint32_t *cp, uint3
         else if (b >= 0xE0 && b <= 0xEF) { l = 2; c = b & 0x0F; }
         else if (b >= 0xF0 && b <= 0xF4) { l = 3; c = b & 0x07; }
         else return 0;
-        uint32_t sh = 6 * l;
-        if (!set_may(m, in, n, c << sh, (c << sh) | ((1u << sh) - 1))) return 0;
-        *cp = c; *left = l; *out_in = in; *out_n = n;
+        uint32_t sh = 6 * l, lo = c << sh, hi = (c << sh) | ((1u << sh) - 1);
+        if (lo < min_cp[l + 1]) lo = min_cp[l + 1];
+        if (hi > 0x10FFFF) hi = 0x10FFFF;
+        if (lo > hi || !set_may(m, in, n, lo, hi)) return 0;
+        *cp = c; *left = (l + 1) << 4 | l; *out_in = in; *out_n = n;
         return 1;
     }
     *cp = 0;

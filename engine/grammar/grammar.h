@@ -59,17 +59,19 @@ int64_t gram_match_mask(gram_match *m, const gram_vocab *v, uint32_t *mask, char
 /* ---- JSON Schema (jsonschema.c) → GBNF, compiled with gram_compile.
  *The result is compiled with gram_compile.
  *
- * Enforced: type (one or a list), properties, required (any property order
- * while at most 6 are required; past that, the required ones come first in
- * the schema's order), additionalProperties (false, a schema, or any),
+ * Enforced: type (one or a list), properties, required (any member order; the
+ * named members at most once each while there are at most 8, else the
+ * required ones while at most 6, else required ones first in the schema's
+ * order), additionalProperties (false, a schema, or any),
  * enum, const, anyOf, oneOf (as anyOf: exclusivity is not enforced), allOf
  * of one schema, items (a schema or a tuple), prefixItems, additionalItems,
  * minItems/maxItems, minLength/maxLength (code points; an escape counts
  * one), pattern (classes, escapes \d \w \s, `.`, groups, `|`, `*` `+` `?`
  * `{m,n}`, anchors ^ $ at the ends; the pattern's characters may not need
  * JSON escapes), $ref to "#", "#/definitions/..", "#/$defs/..", boolean
- * schemas. Integers: "-"? digits with an optional ".0" tail (1.0 is an
- * integer); minimum/maximum, multipleOf, format, uniqueItems, contains,
+ * schemas. Numbers have at most 16 integer digits, 16 fraction
+ * digits and 3 exponent digits (so that output is bounded); integers may
+ * end in ".0" (1.0 is an integer); minimum/maximum, multipleOf, format, uniqueItems, contains,
  * dependencies, patternProperties, not, if/then/else are not enforced
  * (any value of the type passes). Text is compact JSON with optional
  * whitespace (at most 20 characters) between tokens. (Schemas false, boolean-false

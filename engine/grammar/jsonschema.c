@@ -15,8 +15,8 @@
     "array ::= \"[\" ws ( value ws ( \",\" ws value ws )* )? \"]\"\n" \
     "string ::= \"\\\"\" char* \"\\\"\"\n" \
     "char ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4})\n" \
-    "number ::= \"-\"? (\"0\" | [1-9] [0-9]*) (\".\" [0-9]+)? ([eE] [-+]? [0-9]+)?\n" \
-    "integer ::= \"-\"? (\"0\" | [1-9] [0-9]*) (\".\" \"0\"+)?\n" \
+    "number ::= \"-\"? (\"0\" | [1-9] [0-9]{0,15}) (\".\" [0-9]{1,16})? ([eE] [-+]? [0-9]{1,3})?\n" \
+    "integer ::= \"-\"? (\"0\" | [1-9] [0-9]{0,15}) (\".\" \"0\"{1,16})?\n" \
     "boolean ::= \"true\" | \"false\"\n" \
     "null ::= \"null\"\n"
 
@@ -429,38 +429,40 @@ static void gen_object(js *j, unsigned id, json_t *s, const char *path)
         if (ov) sb_printf(j, &j->out, "r%u ::= \"\\\"\" r%u \"\\\"\" ws \":\" ws r%u ws\n", okv, ok, ov);
         else sb_printf(j, &j->out, "r%u ::= \"\\\"\" r%u \"\\\"\" ws \":\" ws value ws\n", okv, ok);
     }
-    /* optional members: any of them, or another key */
+    /* tracked members come at most once each, in any order: all the known
+     * ones when at most 8, else the required ones when at most 6 (else the
+     * required ones in the schema's order). Untracked optional members and
+     * other keys may repeat. */
+    size_t nknown = 0, nreq = 0;
+    for (size_t i = 0; i < np; i++) if (kv[i] != UINT32_MAX) { nknown++; nreq += p[i].required; }
+    int track_all = nknown <= 8, track = track_all || nreq <= 6;
     unsigned opt = new_rule(j);
     sb_printf(j, &j->out, "r%u ::= ", opt);
     int first = 1;
-    for (size_t i = 0; i < np; i++) if (!p[i].required && kv[i] != UINT32_MAX) { sb_printf(j, &j->out, "%sr%u", first ? "" : " | ", kv[i]); first = 0; }
+    if (!track_all)
+        for (size_t i = 0; i < np; i++) if (!p[i].required && kv[i] != UINT32_MAX) { sb_printf(j, &j->out, "%sr%u", first ? "" : " | ", kv[i]); first = 0; }
     if (other) { sb_printf(j, &j->out, "%sr%u", first ? "" : " | ", okv); first = 0; }
     sb_str(j, &j->out, "\n");
     int have_opt = !first;
-    size_t nreq = 0;
-    for (size_t i = 0; i < np; i++) nreq += p[i].required;
-    if (nreq <= 6) {
-        /* states: the set of required members still missing (bits), any order */
-        unsigned base = j->next;
-        unsigned nst = 1u << nreq;
+    if (track) {
+        size_t ridx[8]; unsigned m = 0, reqmask = 0;
+        for (size_t i = 0; i < np; i++)
+            if (kv[i] != UINT32_MAX && (track_all || p[i].required)) { if (p[i].required) reqmask |= 1u << m; ridx[m++] = i; }
+        unsigned base = j->next, nst = 1u << m;
         j->next += 2 * nst;
-        size_t ridx[8]; size_t m = 0;
-        for (size_t i = 0; i < np; i++) if (p[i].required) ridx[m++] = i;
         for (unsigned st = 0; st < nst; st++) {
-            /* rs(st): after a member (",": next one) ; rf(st): the first member */
+            /* rs(st) after a member (a comma first), rf(st) the first one; st: members still free */
             for (int firstm = 0; firstm < 2; firstm++) {
-                unsigned rid = base + 2 * st + (unsigned)firstm;
                 const char *sep = firstm ? "" : "\",\" ws ";
-                sb_printf(j, &j->out, "r%u ::= ", rid);
+                sb_printf(j, &j->out, "r%u ::= ", base + 2 * st + (unsigned)firstm);
                 int any = 0;
-                for (size_t b2 = 0; b2 < m; b2++) if (st & (1u << b2)) {
+                for (unsigned b2 = 0; b2 < m; b2++) if (st & (1u << b2)) {
                     sb_printf(j, &j->out, "%s%sr%u r%u", any ? " | " : "", sep, kv[ridx[b2]], base + 2 * (st & ~(1u << b2)));
                     any = 1;
                 }
                 if (have_opt) { sb_printf(j, &j->out, "%s%sr%u r%u", any ? " | " : "", sep, opt, base + 2 * st); any = 1; }
-                if (st == 0) sb_printf(j, &j->out, "%s", any ? " | " : "");
+                if (!(st & reqmask) && any) sb_str(j, &j->out, " | ");
                 sb_str(j, &j->out, "\n");
-                if (!any && st) { /* unreachable */ }
             }
         }
         sb_printf(j, &j->out, "r%u ::= \"{\" ws r%u \"}\"\n", id, base + 2 * (nst - 1) + 1);

@@ -87,7 +87,8 @@ static void test_samples(void)
     };
     static const sample list[] = {
         { "- a\n", 1 }, { "- apples\n- pears and plums\n", 1 }, { "- ünïcödé ✓\n", 1 },
-        { "- \n", 0 }, { "-a\n", 0 }, { "- a", 0 }, { "- a\rb\n", 0 }, { "- a\xe2\x80\xa8" "b\n", 0 }, { "", 0 },
+        { "- \n", 0 }, { "-a\n", 0 }, { "- \xc1\xab\n", 0 }, { "- \xe0\x81\xab\n", 0 }, { "- \xed\xa0\x80\n", 0 },
+        { "- \xf4\x90\x80\x80\n", 0 }, { "- \xf0\x8f\xbf\xbf\n", 0 }, { "- \xf0\x90\x80\x80\xef\xbf\xbf\n", 1 }, { "- a", 0 }, { "- a\rb\n", 0 }, { "- a\xe2\x80\xa8" "b\n", 0 }, { "", 0 },
     };
     static const sample c[] = {
         { "int main(){return 0;}", 1 }, { "int main(){return 0;}int g(char c){}", 1 },
