@@ -37,7 +37,16 @@ struct gram_match {
     int over;                                      /* a bound was passed */
     mcache cache[CACHE_N];
     uint64_t tick;
+    /* transitions seen before: (state, code point) → state; most trie
+     * nodes repeat one (inside a string every character leads to the same
+     * state), so a walk mostly looks them up */
+    struct memo { uint64_t h; uint32_t cp, in_off, in_n, out_off, out_n; } *memo;
+    uint32_t memo_cap, n_memo;
+    uint32_t *marena; uint32_t n_marena, cap_marena;
 };
+
+#define MEMO_CAP (1u << 16)
+#define MEMO_ARENA (1u << 22)
 
 struct gram_vocab {
     int32_t n_vocab;
@@ -223,6 +232,59 @@ static int64_t step(gram_match *m, uint32_t in, uint32_t n, uint32_t c)
     return m->n_buf - off;
 }
 
+static void memo_clear(gram_match *m)
+{
+    if (m->memo) memset(m->memo, 0, (size_t)m->memo_cap * sizeof *m->memo);
+    m->n_memo = 0;
+    m->n_marena = 0;
+}
+
+static uint64_t set_hash(const uint32_t *s, uint32_t n, uint32_t c)
+{
+    uint64_t h = 0x9E3779B97F4A7C15ull ^ c;
+    for (uint32_t i = 0; i < n; i++) h = (h ^ s[i]) * 0x100000001B3ull;
+    return h | 1;    /* 0 marks a free slot */
+}
+
+/* step() through the memo. */
+static int64_t step_memo(gram_match *m, uint32_t in, uint32_t n, uint32_t c)
+{
+    if (!m->memo) {
+        m->memo = calloc(MEMO_CAP, sizeof *m->memo);
+        m->marena = malloc(MEMO_ARENA * sizeof *m->marena);
+        if (!m->memo || !m->marena) { free(m->memo); free(m->marena); m->memo = NULL; m->marena = NULL; return step(m, in, n, c); }
+        m->memo_cap = MEMO_CAP; m->cap_marena = MEMO_ARENA;
+    }
+    uint64_t h = set_hash(m->buf + in, n, c);
+    uint32_t slot = (uint32_t)(h >> 20) & (m->memo_cap - 1);
+    while (m->memo[slot].h) {
+        struct memo *e = &m->memo[slot];
+        if (e->h == h && e->cp == c && e->in_n == n && memcmp(m->marena + e->in_off, m->buf + in, n * sizeof *m->buf) == 0) {
+            if (buf_reserve(m, e->out_n)) { m->over = 1; return -1; }
+            memcpy(m->buf + m->n_buf, m->marena + e->out_off, e->out_n * sizeof *m->buf);
+            m->n_buf += e->out_n;
+            return e->out_n;
+        }
+        slot = (slot + 1) & (m->memo_cap - 1);
+    }
+    int64_t k = step(m, in, n, c);
+    if (k < 0) return k;
+    if (m->n_memo * 2 >= m->memo_cap || m->n_marena + n + (uint32_t)k > m->cap_marena) {
+        memo_clear(m);
+        slot = (uint32_t)(h >> 20) & (m->memo_cap - 1);
+    }
+    struct memo *e = &m->memo[slot];
+    e->h = h; e->cp = c;
+    e->in_off = m->n_marena; e->in_n = n;
+    memcpy(m->marena + m->n_marena, m->buf + in, n * sizeof *m->buf);
+    m->n_marena += n;
+    e->out_off = m->n_marena; e->out_n = (uint32_t)k;
+    memcpy(m->marena + m->n_marena, m->buf + m->n_buf - k, (size_t)k * sizeof *m->buf);
+    m->n_marena += (uint32_t)k;
+    m->n_memo++;
+    return k;
+}
+
 static int set_may(gram_match *m, uint32_t in, uint32_t n, uint32_t lo, uint32_t hi)
 {
     for (uint32_t i = 0; i < n; i++) {
@@ -274,7 +336,7 @@ static int step_byte(gram_match *m, uint32_t in, uint32_t n, uint32_t *cp, uint3
         return 1;
     }
     *cp = 0;
-    int64_t k = step(m, in, n, c);
+    int64_t k = step_memo(m, in, n, c);
     if (k < 0) return -1;
     if (k == 0) return 0;
     *out_in = m->n_buf - (uint32_t)k; *out_n = (uint32_t)k;
@@ -312,6 +374,7 @@ static int compact(gram_match *m)
     free(map); free(old); free(chain);
     qsort(m->cur, m->n_cur, sizeof *m->cur, cmp_u32);
     cache_clear(m);
+    memo_clear(m);
     return m->over ? -1 : 0;
 }
 
@@ -350,6 +413,7 @@ void gram_match_free(gram_match *m)
 {
     if (!m) return;
     cache_clear(m);
+    free(m->memo); free(m->marena);
     free(m->nodes); free(m->ht); free(m->cur); free(m->buf); free(m->work);
     free(m);
 }
