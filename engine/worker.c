@@ -359,10 +359,11 @@ static int grammar_mask(eng *e, job *j, float *lg)
     else n = gram_match_mask(j->gm, e->gvocab, e->gmask, gerr, sizeof gerr);
     if (n < 0) { grammar_fail(j, gerr); return -1; }
     if (n == 0 && !can_end) { grammar_fail(j, "grammar: no token of the vocabulary can continue the text"); return -1; }
-    for (int32_t i = 0; i < nv; i++) {
-        int ok = (e->gmask[i >> 5] >> (i & 31)) & 1;
-        if (!ok && can_end && tok_is_eog(t, i)) ok = 1;
-        if (!ok) lg[i] = -INFINITY;
+    for (int32_t w = 0; w < (nv + 31) / 32; w++) {
+        uint32_t bits = e->gmask[w];
+        if (bits == 0xFFFFFFFFu) continue;
+        for (int32_t i = w * 32; i < nv && i < w * 32 + 32; i++)
+            if (!((bits >> (i & 31)) & 1) && !(can_end && tok_is_eog(t, i))) lg[i] = -INFINITY;
     }
     return 0;
 }

@@ -119,7 +119,7 @@ static int rule_add_alt(gp *p, int32_t r, const gram_el *e, uint32_t n)
     g->alts[g->n_alts].rule = (uint32_t)r;
     g->alts[g->n_alts].start = g->n_el;
     g->n_alts++;
-    memcpy(g->el + g->n_el, e, n * sizeof *e);
+    if (n) memcpy(g->el + g->n_el, e, n * sizeof *e);
     g->n_el += n;
     g->el[g->n_el++] = (gram_el){ .type = GEL_END };
     return 0;

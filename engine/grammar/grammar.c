@@ -14,7 +14,7 @@
 
 typedef struct { uint32_t pos, parent; } gnode;
 
-#define CACHE_N 8
+#define CACHE_N 32
 
 typedef struct {
     const gram_vocab *v;
