@@ -116,6 +116,52 @@ def t_gbnf(d):
         check(isinstance(json.loads(text), dict), "json_object output %r" % text)
 
 
+def t_http(d):
+    """aned-http: response_format json_schema and json_object on both
+    endpoints, grammar as an extension, errors as 400 naming the field."""
+    if not os.path.exists(os.path.join(ROOT, "bin/aned-http")):
+        print("notice: bin/aned-http not built; t_http skipped")
+        return
+    from test_http import Gateway, post
+    gw = Gateway(d.sock).start()
+    try:
+        for path, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "JSON please"}]}),
+                           ("/v1/completions", {"prompt": "JSON:"})):
+            for seed in range(5):
+                b = dict(body, max_tokens=400, temperature=1.0, seed=seed,
+                         response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA_A, "strict": True}})
+                st, _, r = post(gw, path, b)
+                ch = r["choices"][0] if st == 200 else {}
+                out = ch.get("message", {}).get("content") if "message" in ch else ch.get("text")
+                ok = st == 200 and ch.get("finish_reason") == "stop"
+                if ok:
+                    try:
+                        jsonschema.validate(json.loads(out), SCHEMA_A)
+                    except Exception as e:  # noqa: BLE001
+                        ok = False
+                        print("invalid: %r: %s" % (out, e))
+                check(ok, "%s json_schema seed %d: %s %r" % (path, seed, st, r if st != 200 else out))
+            b = dict(body, max_tokens=400, temperature=1.0, seed=7, response_format={"type": "json_object"})
+            st, _, r = post(gw, path, b)
+            ch = r["choices"][0] if st == 200 else {}
+            out = ch.get("message", {}).get("content") if "message" in ch else ch.get("text")
+            if st == 200 and ch.get("finish_reason") == "stop":
+                check(isinstance(json.loads(out), dict), "%s json_object: %r" % (path, out))
+            else:
+                check(st == 200 and ch.get("finish_reason") == "length", "%s json_object: %s %r" % (path, st, r))
+            b = dict(body, max_tokens=40, temperature=1.0, seed=1, grammar='root ::= "yes" | "no"')
+            st, _, r = post(gw, path, b)
+            ch = r["choices"][0] if st == 200 else {}
+            out = ch.get("message", {}).get("content") if "message" in ch else ch.get("text")
+            check(st == 200 and out in ("yes", "no"), "%s grammar: %s %r" % (path, st, r))
+            st, _, r = post(gw, path, dict(body, grammar="root ::= nope"))
+            check(st == 400 and "rule 'nope'" in r["error"]["message"], "%s bad grammar: %s %r" % (path, st, r))
+            st, _, r = post(gw, path, dict(body, response_format={"type": "json_schema"}))
+            check(st == 400 and r["error"]["param"] == "response_format", "%s json_schema without schema: %s %r" % (path, st, r))
+    finally:
+        gw.stop()
+
+
 def main():
     if jsonschema is None:
         print("notice: python3-jsonschema missing; test_grammar skipped")
@@ -124,7 +170,7 @@ def main():
     for model in MODELS:
         d = Daemon(os.path.join(ROOT, model), "grammar", ["--max-seqs", "16"])
         try:
-            for t in (t_schema, t_gbnf):
+            for t in (t_schema, t_gbnf, t_http):
                 f0 = test_protocol.failed
                 try:
                     t(d, model) if t is t_schema else t(d)
