@@ -243,6 +243,9 @@ static uint64_t set_hash(const uint32_t *s, uint32_t n, uint32_t c)
 {
     uint64_t h = 0x9E3779B97F4A7C15ull ^ c;
     for (uint32_t i = 0; i < n; i++) h = (h ^ s[i]) * 0x100000001B3ull;
+    /* a full mix: the slot is taken from the bits (the loop alone leaves
+     * most of them alike for small ids) */
+    h ^= h >> 33; h *= 0xFF51AFD7ED558CCDull; h ^= h >> 33; h *= 0xC4CEB9FE1A85EC53ull; h ^= h >> 33;
     return h | 1;    /* 0 marks a free slot */
 }
 
@@ -256,7 +259,7 @@ static int64_t step_memo(gram_match *m, uint32_t in, uint32_t n, uint32_t c)
         m->memo_cap = MEMO_CAP; m->cap_marena = MEMO_ARENA;
     }
     uint64_t h = set_hash(m->buf + in, n, c);
-    uint32_t slot = (uint32_t)(h >> 20) & (m->memo_cap - 1);
+    uint32_t slot = (uint32_t)(h >> 1) & (m->memo_cap - 1);
     while (m->memo[slot].h) {
         struct memo *e = &m->memo[slot];
         if (e->h == h && e->cp == c && e->in_n == n && memcmp(m->marena + e->in_off, m->buf + in, n * sizeof *m->buf) == 0) {
@@ -271,7 +274,7 @@ static int64_t step_memo(gram_match *m, uint32_t in, uint32_t n, uint32_t c)
     if (k < 0) return k;
     if (m->n_memo * 2 >= m->memo_cap || m->n_marena + n + (uint32_t)k > m->cap_marena) {
         memo_clear(m);
-        slot = (uint32_t)(h >> 20) & (m->memo_cap - 1);
+        slot = (uint32_t)(h >> 1) & (m->memo_cap - 1);
     }
     struct memo *e = &m->memo[slot];
     e->h = h; e->cp = c;
