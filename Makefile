@@ -35,7 +35,8 @@ endif
 
 # Dependencies come from Debian packages (see README "Dependencies").
 DEB_PKGS := pkg-config libmsgpack-dev libev-dev libjansson-dev libpcre2-dev \
-            libutf8proc-dev python3-msgpack xz-utils curl libmicrohttpd-dev
+            libutf8proc-dev python3-msgpack xz-utils curl libmicrohttpd-dev \
+            json-schema-test-suite python3-jsonschema
 PC_PKGS  := msgpack jansson libpcre2-8 libutf8proc
 # Recursive (=) so they are read after `deps` has run.
 PC_CFLAGS = $(shell pkg-config --cflags $(PC_PKGS) 2>/dev/null)

@@ -79,6 +79,8 @@ static void usage(FILE *f)
 "      --repeat-last-n N   window of the penalty (default 64)\n"
 "      --seed N            same seed, same text (default: random)\n"
 "      --stop STR          stop when STR is generated; repeatable (up to %d)\n"
+"      --grammar FILE      output follows this GBNF grammar (llama.cpp's syntax)\n"
+"      --json-schema FILE  output is JSON valid under this JSON Schema\n"
 "      --system STR        system message, placed by the model's chat template.\n"
 "                          Refused with --raw, --tokens and --messages; a model\n"
 "                          without a template: aned decides (an error is shown)\n"
@@ -898,7 +900,7 @@ static int chat_main(run *R, proto_req *q, const char *socket_path, uid_t daemon
 
 int main(int argc, char **argv)
 {
-    enum { O_SOCKET = 256, O_TOPK, O_TOPP, O_MINP, O_RPEN, O_RLAST, O_SEED, O_STOP, O_SYSTEM, O_RAW,
+    enum { O_SOCKET = 256, O_TOPK, O_TOPP, O_MINP, O_RPEN, O_RLAST, O_SEED, O_STOP, O_GRAMMAR, O_JSCHEMA, O_SYSTEM, O_RAW,
            O_SPECIAL, O_NOBOS, O_TOKENS, O_TOKENIZE, O_DETOKENIZE, O_EVAL, O_TOP, O_INFO, O_PING, O_JSON, O_DUSER,
            O_NOSTDIN, O_MESSAGES, O_CHAT };
     static const struct option opts[] = {
@@ -914,6 +916,8 @@ int main(int argc, char **argv)
         { "repeat-last-n", required_argument, 0, O_RLAST },
         { "seed", required_argument, 0, O_SEED },
         { "stop", required_argument, 0, O_STOP },
+        { "grammar", required_argument, 0, O_GRAMMAR },
+        { "json-schema", required_argument, 0, O_JSCHEMA },
         { "system", required_argument, 0, O_SYSTEM },
         { "raw", no_argument, 0, O_RAW },
         { "special", no_argument, 0, O_SPECIAL },
@@ -974,6 +978,23 @@ int main(int argc, char **argv)
             q.stop[q.n_stop] = optarg;
             q.stop_len[q.n_stop++] = strlen(optarg);
             break;
+        case O_GRAMMAR:
+        case O_JSCHEMA: {
+            const char *opt = c == O_GRAMMAR ? "--grammar" : "--json-schema";
+            FILE *f = fopen(optarg, "rb");
+            if (!f) die_usage("%s: cannot open %s: %s", opt, optarg, strerror(errno));
+            char *buf = NULL; size_t len = 0, cap = 0, got;
+            do {
+                if (len + 65536 > cap) { cap = cap ? cap * 2 : 65536; buf = realloc(buf, cap); if (!buf) die_usage("out of memory"); }
+                got = fread(buf + len, 1, cap - len, f);
+                len += got;
+            } while (got > 0 && len < PROTO_MAX_PROMPT);
+            fclose(f);
+            if (len >= PROTO_MAX_PROMPT) die_usage("%s: %s is too large", opt, optarg);
+            if (c == O_GRAMMAR) { q.grammar = buf; q.grammar_len = len; }
+            else { q.json_schema = buf; q.json_schema_len = len; }
+            break;
+        }
         case O_SYSTEM: q.system = optarg; q.system_len = strlen(optarg); break;
         case O_RAW: q.raw = 1; break;
         case O_SPECIAL: q.special = 1; break;

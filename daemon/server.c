@@ -749,6 +749,11 @@ static void req_submit(client *cl, const proto_req *r)
         d.parse_tools = 1;
         d.max_tool_calls = r->parallel_tool_calls ? 0 : 1;
     }
+    d.grammar = r->grammar;
+    d.grammar_len = r->grammar_len;
+    d.json_schema = r->json_schema;
+    d.json_schema_len = r->json_schema_len;
+    d.json_object = r->json_object;
     d.owner = cl->serial;
     d.uid = (uint32_t)cl->peer.uid;
     d.user = j;

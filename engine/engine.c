@@ -24,6 +24,7 @@
  * its tokens and, once admitted again, computes those whose KV the prefix
  * cache no longer holds without giving their outputs a second time. */
 #include "engine/engine_int.h"
+#include "engine/grammar/grammar.h"
 
 double now_ms(void)
 {
@@ -166,6 +167,8 @@ void job_free(job *j)
     free(j->tc_text); free(j->tc_reason);
     for (eng_event *ev = j->tc_calls; ev;) { eng_event *n = ev->next; eng_event_free(ev); ev = n; }
     free(j->pages);
+    gram_match_free(j->gm);
+    gram_free(j->gram);
     free(j);
 }
 
@@ -616,6 +619,52 @@ void queue_insert(eng *e, job *j)
     e->n_queued++;
 }
 
+/* The vocabulary trie for grammars: built once, at the first request with
+ * one. Control and end-of-generation tokens are left out (EOS is allowed by
+ * the worker where the grammar may end). */
+static gram_vocab *grammar_vocab(eng *e)
+{
+    pthread_mutex_lock(&e->gv_mu);
+    if (!e->gvocab) {
+        const tok *t = e->m->tok;
+        int32_t n = tok_n_vocab(t);
+        const char **p = calloc((size_t)n, sizeof *p);
+        size_t *l = calloc((size_t)n, sizeof *l);
+        if (p && l) {
+            for (int32_t i = 0; i < n; i++)
+                if (!tok_is_control(t, i) && !tok_is_eog(t, i)) p[i] = tok_piece(t, i, &l[i]);
+            e->gvocab = gram_vocab_new(p, l, n);
+        }
+        free(p); free(l);
+    }
+    gram_vocab *v = e->gvocab;
+    pthread_mutex_unlock(&e->gv_mu);
+    return v;
+}
+
+static int job_set_grammar(eng *e, job *j, const eng_job_desc *d, eng_err *code, char *err, size_t errlen)
+{
+    int n = (d->grammar != NULL) + (d->json_schema != NULL) + (d->json_object != 0);
+    if (!n) return 0;
+    if (n > 1) return fail(code, ENG_EINVAL, err, errlen, "grammar, json_schema and json_object exclude each other");
+    char *text = NULL;
+    const char *src;
+    size_t len;
+    if (d->grammar) { src = d->grammar; len = d->grammar_len; }
+    else if (d->json_object) { src = jsonschema_object_gbnf(); len = strlen(src); }
+    else {
+        text = jsonschema_gbnf(d->json_schema, d->json_schema_len, err, errlen);
+        if (!text) { if (code) *code = ENG_EINVAL; return -1; }
+        src = text; len = strlen(text);
+    }
+    int rc = gram_compile(&j->gram, src, len, err, errlen);
+    free(text);
+    if (rc) { if (code) *code = ENG_EINVAL; return -1; }
+    if (gram_match_new(&j->gm, j->gram, err, errlen)) { if (code) *code = ENG_EINVAL; return -1; }
+    if (!grammar_vocab(e)) return fail(code, ENG_ENOMEM, err, errlen, NULL);
+    return 0;
+}
+
 int eng_submit(eng *e, const eng_job_desc *d, uint64_t *job_id, eng_err *code, char *err, size_t errlen)
 {
     if (code) *code = ENG_OK;
@@ -689,6 +738,7 @@ int eng_submit(eng *e, const eng_job_desc *d, uint64_t *job_id, eng_err *code, c
             j->n_stop++;
         }
     }
+    if (d->kind == ENG_JOB_GENERATE && job_set_grammar(e, j, d, code, err, errlen)) { job_free(j); return -1; }
     j->t_submit = now_ms();
 
     pthread_mutex_lock(&e->mu);
@@ -1041,6 +1091,9 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
     int max_T = BATCH_TOKENS + e->max_seqs;
     if (fw_open(&e->fw, m, e->be, max_T, max_out, e->n_pages_total, e->max_seqs, err, errlen)) goto fail;
     if (sampler_open(&e->smp, m->hp.n_vocab)) { snprintf(err, errlen, "out of memory"); goto fail; }
+    pthread_mutex_init(&e->gv_mu, NULL);
+    e->gmask = malloc(((size_t)m->hp.n_vocab + 31) / 32 * sizeof *e->gmask);
+    if (!e->gmask) { snprintf(err, errlen, "out of memory"); goto fail; }
     e->active = calloc((size_t)e->max_seqs, sizeof *e->active);
     e->b_tok = malloc((size_t)max_T * sizeof *e->b_tok);
     e->b_pos = malloc((size_t)max_T * sizeof *e->b_pos);
@@ -1102,6 +1155,8 @@ void eng_close(eng *e)
     eng_event *ev = e->ev_head;
     while (ev) { eng_event *n = ev->next; eng_event_free(ev); ev = n; }
     sampler_close(e->smp);
+    gram_vocab_free(e->gvocab);
+    free(e->gmask);
     fw_close(e->fw);
     if (e->be) e->be->ops->close(e->be);
     pool_close(e->pool);

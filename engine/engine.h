@@ -180,6 +180,13 @@ typedef struct eng_job_desc {
     const size_t *stop_len;
     size_t n_stop;
     int32_t top_n;         /* eval: top entries per position (1..ENG_MAX_TOP) */
+    /* generate: output constrained to a GBNF grammar (llama.cpp's syntax) or
+     * to a JSON Schema (JSON text); at most one. json_object: any JSON
+     * object. A grammar that does not compile is ENG_EINVAL naming the rule
+     * and line:column. */
+    const char *grammar; size_t grammar_len;
+    const char *json_schema; size_t json_schema_len;
+    int json_object;
     uint64_t owner;        /* fairness key: one value per connection */
     uint32_t uid;          /* fairness key: peer uid */
     void *user;            /* returned in every event of this job */

@@ -2,6 +2,7 @@
  * describes a step): fair admission, eviction, the batch, the forward pass,
  * sampling and the events of each step. */
 #include "engine/engine_int.h"
+#include "engine/grammar/grammar.h"
 
 /* ---- the worker ---------------------------------------------------------- */
 
@@ -336,6 +337,37 @@ static void schedule(eng *e)
     e->st.kv_used = (size_t)kvc_in_use(e->kv) * fw_kv_page_bytes(e->m, e->be->kv_elt);
 }
 
+/* The grammar's mask on a job's logits: tokens it refuses get -inf; the
+ * end-of-generation tokens pass only where the grammar may end (and alone
+ * where nothing may follow). 0, or -1 when the grammar failed (the job got
+ * its error event). */
+static void grammar_fail(job *j, const char *msg)
+{
+    j->err_code = ENG_EINVAL;
+    snprintf(j->err_msg, sizeof j->err_msg, "%s", msg);
+    j->finished = 1;
+}
+
+static int grammar_mask(eng *e, job *j, float *lg)
+{
+    const tok *t = e->m->tok;
+    int32_t nv = e->m->hp.n_vocab;
+    char gerr[160];
+    int can_end = gram_match_can_end(j->gm);
+    int64_t n = 0;
+    if (gram_match_must_end(j->gm)) memset(e->gmask, 0, ((size_t)nv + 31) / 32 * sizeof *e->gmask);
+    else n = gram_match_mask(j->gm, e->gvocab, e->gmask, gerr, sizeof gerr);
+    if (n < 0) { grammar_fail(j, gerr); return -1; }
+    if (n == 0 && !can_end) { grammar_fail(j, "grammar: no token of the vocabulary can continue the text"); return -1; }
+    for (int32_t w = 0; w < (nv + 31) / 32; w++) {
+        uint32_t bits = e->gmask[w];
+        if (bits == 0xFFFFFFFFu) continue;
+        for (int32_t i = w * 32; i < nv && i < w * 32 + 32; i++)
+            if (!((bits >> (i & 31)) & 1) && !(can_end && tok_is_eog(t, i))) lg[i] = -INFINITY;
+    }
+    return 0;
+}
+
 static void emit_token(eng *e, job *j, int32_t id, int *finished, eng_finish *why)
 {
     const tok *t = e->m->tok;
@@ -533,7 +565,7 @@ static void step(eng *e)
     int greedy = n_out > 0 && fw_greedy_ok(e->fw);
     for (int o = 0; greedy && o < n_out; o++) {
         const job *j = e->b_job_of_out[o];
-        if (j->kind == ENG_JOB_EVAL || j->s.temperature > 0.0f || j->s.repeat_penalty != 1.0f) greedy = 0;
+        if (j->kind == ENG_JOB_EVAL || j->s.temperature > 0.0f || j->s.repeat_penalty != 1.0f || j->gm) greedy = 0;
     }
     double t_pass = now_ms();
     if (greedy) {
@@ -571,7 +603,14 @@ static void step(eng *e)
             continue;
         }
         if (!j->t_first) j->t_first = now_ms();
+        if (j->gm && grammar_mask(e, j, lg)) continue;
         int32_t id = greedy ? e->b_ids[o] : sampler_pick(e->smp, lg, &j->s, j->toks, (size_t)j->n_tok, &j->rng);
+        if (j->gm && !tok_is_eog(e->m->tok, id)) {
+            size_t l;
+            const char *pc = tok_piece(e->m->tok, id, &l);
+            char gerr[160];
+            if (gram_match_accept(j->gm, pc, l, gerr, sizeof gerr) != 1) { grammar_fail(j, gerr); continue; }
+        }
         emit_token(e, j, id, &j->finished, &j->why);
         gen++;
     }
@@ -582,7 +621,8 @@ static void step(eng *e)
         if (j->kind == ENG_JOB_EVAL && j->n_past >= j->n_prompt) { j->finished = 1; j->why = ENG_FINISH_LENGTH; }
         if (j->finished) {
             pages_release(e, j);
-            job_finish(e, j, j->why);
+            if (j->err_code != ENG_OK) job_error(e, j);   /* the grammar failed */
+            else job_finish(e, j, j->why);
             e->st.jobs_done++;
             job_free(j);
             e->active[i] = e->active[--e->n_active];

@@ -557,11 +557,37 @@ static int parse_sampling(json_t *o, proto_req *q, int chat, int *n_out, perr *e
     json_t *fc = json_object_get(o, "function_call");
     if (present(fc) && !(json_is_string(fc) && (!strcmp(json_string_value(fc), "none") || !strcmp(json_string_value(fc), "auto"))))
         return unsupported(e, "function_call", "tool calls are not implemented");
+    /* response_format: text, json_object, json_schema {schema, strict};
+     * `grammar` (GBNF) as an extension. The schema's JSON text is kept in
+     * the request object, which outlives the daemon request. */
     json_t *rf = json_object_get(o, "response_format");
+    json_t *gr = json_object_get(o, "grammar");
+    if (present(gr)) {
+        if (!json_is_string(gr)) return pfail(e, "grammar", "\"grammar\" must be a string (GBNF)");
+        q->grammar = json_string_value(gr);
+        q->grammar_len = json_string_length(gr);
+    }
     if (present(rf)) {
         json_t *t = json_object_get(rf, "type");
-        if (!json_is_string(t) || strcmp(json_string_value(t), "text") != 0)
-            return unsupported(e, "response_format", "only {\"type\": \"text\"}");
+        const char *ts = json_is_string(t) ? json_string_value(t) : "";
+        if (strcmp(ts, "json_object") == 0) q->json_object = 1;
+        else if (strcmp(ts, "json_schema") == 0) {
+            json_t *js = json_object_get(rf, "json_schema");
+            json_t *sc = json_is_object(js) ? json_object_get(js, "schema") : NULL;
+            if (!json_is_object(sc) && !json_is_boolean(sc))
+                return pfail(e, "response_format", "\"response_format\": {\"type\": \"json_schema\"} needs \"json_schema\": {\"schema\": {...}}");
+            char *text = json_dumps(sc, JSON_COMPACT | JSON_ENCODE_ANY);
+            if (!text) return pfail(e, "response_format", "the schema cannot be serialized");
+            json_object_set_new(rf, "\x01text", json_string(text));
+            free(text);
+            json_t *kept = json_object_get(rf, "\x01text");
+            if (!kept) return pfail(e, "response_format", "the schema is not valid UTF-8");
+            q->json_schema = json_string_value(kept);
+            q->json_schema_len = json_string_length(kept);
+        } else if (strcmp(ts, "text") != 0)
+            return unsupported(e, "response_format", "{\"type\": \"text\"}, \"json_object\" or \"json_schema\"");
+        if (q->grammar && (q->json_object || q->json_schema))
+            return pfail(e, "grammar", "\"grammar\" and a JSON \"response_format\" exclude each other");
     }
     json_t *mo = json_object_get(o, "modalities");
     if (present(mo)) {

@@ -281,7 +281,8 @@ int proto_req_encode(proto_buf *b, const proto_req *r)
         break;
     case PROTO_T_GENERATE:
         if (r->n_stop > PROTO_MAX_STOP) return -1;
-        pk_map(&k, 13 + (r->has_seed != 0) + (r->system != NULL) + n_tool_keys(r));
+        pk_map(&k, 13 + (r->has_seed != 0) + (r->system != NULL) + n_tool_keys(r) + (r->grammar != NULL) +
+                   (r->json_schema != NULL) + (r->json_object != 0));
         pk_kstr(&k, "type", tn, strlen(tn));
         pk_ku64(&k, "id", r->id);
         if (prompt_msgs) pk_msgs(&k, r->msgs, r->n_msgs);
@@ -302,6 +303,9 @@ int proto_req_encode(proto_buf *b, const proto_req *r)
         for (size_t i = 0; i < r->n_stop; i++) pk_str(&k, r->stop[i], r->stop_len[i]);
         pk_kbool(&k, "special", r->special);
         pk_tools(&k, r);
+        if (r->grammar) pk_kstr(&k, "grammar", r->grammar, r->grammar_len);
+        if (r->json_schema) pk_kstr(&k, "json_schema", r->json_schema, r->json_schema_len);
+        if (r->json_object) pk_kbool(&k, "json_object", 1);
         break;
     case PROTO_T_EVAL:
         pk_map(&k, 5 + (r->system != NULL));
@@ -1139,6 +1143,9 @@ static int decode_req(dctx *d, const msgpack_object *m, proto_req *q)
             else if (key_is(k, "repeat_penalty")) rc = get_float(d, v, "repeat_penalty", 0, PROTO_MAX_PENALTY, 1, &q->repeat_penalty);
             else if (key_is(k, "repeat_last_n")) rc = get_i32(d, v, "repeat_last_n", 0, PROTO_MAX_TOKENS, &q->repeat_last_n);
             else if (key_is(k, "seed")) { rc = get_u64(d, v, "seed", &q->seed); q->has_seed = rc == 0; }
+            else if (key_is(k, "grammar")) rc = get_str(d, v, "grammar", PROTO_MAX_PROMPT, &q->grammar, &q->grammar_len);
+            else if (key_is(k, "json_schema")) rc = get_str(d, v, "json_schema", PROTO_MAX_PROMPT, &q->json_schema, &q->json_schema_len);
+            else if (key_is(k, "json_object")) rc = get_bool(d, v, "json_object", &q->json_object);
             else if (key_is(k, "stop")) {
                 if (v->type != MSGPACK_OBJECT_ARRAY) { rc = fail(d, PROTO_E_BAD_REQUEST, "\"stop\" must be an array of strings"); break; }
                 if (v->via.array.size > PROTO_MAX_STOP) {

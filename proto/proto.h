@@ -130,6 +130,11 @@ typedef struct proto_req {
     uint64_t seed; int has_seed;
     const char *stop[PROTO_MAX_STOP]; size_t stop_len[PROTO_MAX_STOP]; size_t n_stop;
     int32_t top;            /* eval: top-N per position, default 10 */
+    /* generate: constrained output (at most one): a GBNF grammar, a JSON
+     * Schema as JSON text, or any JSON object */
+    const char *grammar; size_t grammar_len;
+    const char *json_schema; size_t json_schema_len;
+    int json_object;
     /* cancel: `id` names the request to cancel */
 } proto_req;
 

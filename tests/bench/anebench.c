@@ -1,7 +1,7 @@
 /* anebench — in-process speed of the engine on one model.
  *
  *   anebench --model FILE [--prompt N] [--gen M] [--threads T] [--streams S]
- *            [--repeat R] [--backend cpu|cuda] [--json]
+ *            [--repeat R] [--backend cpu|cuda] [--json-schema FILE] [--json]
  *
  * Prefill: a prompt of N tokens, generate 1 token; prefill tokens/s from the
  * engine's own timing. Decode: M greedy tokens; decode tokens/s over the
@@ -203,6 +203,7 @@ typedef struct run_res { double prefill_tps, decode_tps, wall_s; int ok; } run_r
 
 /* Runs S jobs at once; returns per-job medians and aggregate decode rate. */
 static unsigned run_seq;   /* makes every submitted prompt distinct */
+static char *schema_text;  /* --json-schema: every job's output constrained by it */
 /* the engine's counters at the start and end of the all-decoding window */
 static eng_stats win0, win1;
 
@@ -248,6 +249,7 @@ static int run_jobs(eng *e, int n_prompt, int n_gen, int streams, double *prefil
         eng_sampling_default(&d.sampling);
         d.sampling.temperature = 0;
         d.owner = (uint64_t)s;
+        if (schema_text) { d.json_schema = schema_text; d.json_schema_len = strlen(schema_text); }
         if (eng_submit(e, &d, &ids[s], &code, err, sizeof err)) {
             fprintf(stderr, "anebench: submit: %s\n", err);
             free(toks);
@@ -306,7 +308,7 @@ static int run_jobs(eng *e, int n_prompt, int n_gen, int streams, double *prefil
 static void usage(void)
 {
     fprintf(stderr, "usage: anebench --model FILE [--prompt N] [--gen M] [--threads T] [--streams S]\n"
-                    "                [--repeat R] [--backend cpu|cuda] [--ctx N] [--json]\n");
+                    "                [--repeat R] [--backend cpu|cuda] [--ctx N] [--json-schema FILE] [--json]\n");
 }
 
 int main(int argc, char **argv)
@@ -327,6 +329,15 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--repeat")) repeat = atoi(v);
         else if (!strcmp(a, "--backend")) backend = v;
         else if (!strcmp(a, "--ctx")) ctx = atoi(v);
+        else if (!strcmp(a, "--json-schema")) {
+            FILE *f = fopen(v, "rb");
+            if (!f) { fprintf(stderr, "anebench: cannot open %s\n", v); return 1; }
+            static char buf[1 << 16];
+            size_t n = fread(buf, 1, sizeof buf - 1, f);
+            fclose(f);
+            buf[n] = 0;
+            schema_text = buf;
+        }
         else { usage(); return 1; }
         i++;
     }
