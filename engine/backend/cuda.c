@@ -9,8 +9,8 @@
  * into a fixed device block that every op reads. Pure decode passes (every token an
  * output row) are recorded once per batch size as a CUDA graph and replayed.
  * Matmuls: decode rows (be_batch.n_dec) go through GEMVs that read the
- * quantized blocks directly (q4_K, q6_K and q8_0 with x quantized to int8
- * per 32 values and __dp4a, as the CPU's q8 activations; the other types in
+ * quantized blocks directly (q4_K, q6_K, q8_0, iq4_nl, iq4_xs and mxfp4 with
+ * x quantized to int8 per 32 values and __dp4a, as the CPU's q8 activations; the other types in
  * f32 arithmetic; q8_0 and q6_K are repacked at upload within each row into
  * aligned words); decode batches of CK_GEMV_MAX_T+1 .. CK_MMQB_MAX_T rows of
  * q4_K (and q6_K in sm_90a builds) go through a batched kernel that reads

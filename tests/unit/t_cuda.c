@@ -175,7 +175,8 @@ static void test_matmul(void)
                 /* int8 activations (q4_K, q8_0, q6_K of whole super-block pairs GEMV; q4_K
                  * 17..32 rows: f16 tensor cores on the quantized weights); else f32 GEMV,
                  * f16 tensor cores from 9 */
-                int i8 = type == QT_Q4_K || type == QT_Q8_0 || (type == QT_Q6_K && n_in % 512 == 0);
+                int i8 = type == QT_Q4_K || type == QT_Q8_0 || (type == QT_Q6_K && n_in % 512 == 0) ||
+                         type == QT_IQ4_NL || type == QT_IQ4_XS || type == QT_MXFP4;
                 double tol = i8 ? 1e-2 : T > 8 ? 2e-3 : 2e-5;
                 CHECKF(e <= tol, "matmul %s %dx%d T=%d: rel err %.3g (tol %g)", qt_name(type), n_out, n_in, T, e, tol);
                 gpu->ops->free(gpu, dx);
@@ -1259,7 +1260,7 @@ static void inv_case(be *b, uint32_t type, int n_in, int n_out, const int *Ts, i
 static void test_invariance(void)
 {
     const int tv[] = { 1, 2, 3, 4, 5, 8, 9, 16, 17, 40 };
-    const uint32_t types[] = { QT_Q8_0, QT_Q4_K, QT_Q6_K, QT_Q4_0, QT_BF16, QT_F32 };
+    const uint32_t types[] = { QT_Q8_0, QT_Q4_K, QT_Q6_K, QT_Q4_0, QT_BF16, QT_F32, QT_IQ4_XS, QT_MXFP4, QT_IQ2_XS };
     const int shapes[][2] = { { 896, 64 }, { 4864, 40 }, { 8960, 24 }, { 1536, 33 } };
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
