@@ -931,8 +931,10 @@ int ck_att_grp_ok(int f16, int n_head, int n_head_kv, int hd)
         cudaFuncSetAttribute(k_att_grp<2, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, b);
         cudaFuncSetAttribute(k_att_grp<4, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, b);
         cudaFuncSetAttribute(k_att_grp<8, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, b);
-        cudaFuncSetAttribute(k_att_mma<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ATT_MMA_SMEM(64));
-        cudaFuncSetAttribute(k_att_mma<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ATT_MMA_SMEM(128));
+        if ((int)ATT_MMA_SMEM(64) <= ck_feat_now()->smem_optin)
+            cudaFuncSetAttribute(k_att_mma<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ATT_MMA_SMEM(64));
+        if ((int)ATT_MMA_SMEM(128) <= ck_feat_now()->smem_optin)
+            cudaFuncSetAttribute(k_att_mma<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ATT_MMA_SMEM(128));
         attr = true;
     }
     return 1;
@@ -940,7 +942,10 @@ int ck_att_grp_ok(int f16, int n_head, int n_head_kv, int hd)
 
 int ck_att_mma_ok(int f16, int n_head, int n_head_kv, int hd)
 {
-    return f16 && (hd == 64 || hd == 128) && ck_att_grp_ok(f16, n_head, n_head_kv, hd);
+    /* (head_dim 128's stages need 136 KiB of shared memory: 8.0 and 9.0
+     * devices have it, 8.6, 8.9 and 12.x not) */
+    return f16 && (hd == 64 || hd == 128) && (int)ATT_MMA_SMEM(hd == 64 ? 64 : 128) <= ck_feat_now()->smem_optin &&
+           ck_att_grp_ok(f16, n_head, n_head_kv, hd);
 }
 
 /* The block's warps on each span together (att_coop): for head_dim 32 *

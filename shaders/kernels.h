@@ -16,6 +16,25 @@
 extern "C" {
 #endif
 
+/* What the device and this build's code offer the kernels (docs/cuda.md,
+ * "Which GPUs"). ck_feat_probe fills it at open from the device's compute
+ * capability and a probe kernel (which code the device runs), and makes it
+ * the one the launchers follow; ck_feat_use sets the one they follow
+ * (tests: every Hopper feature off, the portable path). */
+typedef struct ck_feat {
+    int cc;          /* compute capability, 10 * major + minor (90: Hopper) */
+    int code;        /* the architecture of the code the device runs: 80, 86, 89, 90, 120... */
+    int wgmma;       /* warpgroup MMAs: sm_90a code on a 9.x device */
+    int bulk;        /* cp.async.bulk with an mbarrier: code for 9.0 and later */
+    int pdl;         /* programmatic dependent launch: 9.0 and later */
+    int smem_optin;  /* dynamic shared memory a block may opt into, bytes */
+} ck_feat;
+/* 0, or -1 with a message in err: no code in this build for the device
+ * (built without its CUDA_ARCH), or the probe failed. */
+int ck_feat_probe(ck_feat *f, char *err, size_t errlen);
+void ck_feat_use(const ck_feat *f);
+const ck_feat *ck_feat_now(void);
+
 /* 1 when the kernels know weight type `type`. */
 int ck_type_ok(uint32_t type);
 /* 1 when debug switch `name` (an environment variable, docs/cuda.md) is

@@ -167,6 +167,7 @@ typedef struct be_ops {
 struct be {
     const be_ops *ops;
     size_t kv_elt;         /* bytes per cached value: 4 (f32) or 2 (f16) */
+    char device[192];      /* the accelerator and the kernels' path (info), or "" */
 };
 
 /* What a backend is opened with (zero: the defaults). */
@@ -201,6 +202,8 @@ typedef struct be_cuda_force {
     int rope_att;    /* 1: rope_attention's fused form after any q/k/v set */
     int att_mma;     /* grouped attention on tensor cores: 1 always, -1 never */
     int att_grp;     /* grouped attention's blocks per SM (-1: not grouped) */
+    int portable;    /* 1: no Hopper feature (wgmma, bulk copies, programmatic
+                      * dependent launch): the path of 8.x devices */
 } be_cuda_force;
 #ifdef ANE_CUDA
 int be_cuda_open(be **out, struct pool *p, const be_opts *o, char *err, size_t errlen);

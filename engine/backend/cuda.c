@@ -94,6 +94,7 @@ typedef struct cu_be {
     int invariant;             /* decode rows always by GEMV (be_opts.deterministic) */
     int cache16;               /* keep f16 copies of quantized weights (unless be_opts.f16_cache_off) */
     void *mmqb_part; int *mmqb_cnt;   /* the batched kernel's split-K scratch (CK_MMQB_PART bytes, CK_MMQB_CNT counters) */
+    ck_feat feat;              /* what the device and this build offer (ck_feat_probe) */
     /* be_cuda_force_set's (tests; the defaults otherwise) */
     int fuse;                  /* fused kernels, matmul inputs written ahead (debug switch ANE_CUDA_FUSE=0: off) */
     int gemv_all;              /* every matmul row by the GEMV */
@@ -1268,6 +1269,22 @@ static const be_ops cuda_ops = {
     .deltanet = cu_deltanet,
 };
 
+/* info's device: the card, its compute capability, the code it runs and
+ * the kernels' path (docs/cuda.md, "Which GPUs") */
+static void cu_device_name(cu_be *c)
+{
+    struct cudaDeviceProp pr;
+    const ck_feat *f = ck_feat_now();
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&pr, dev) != cudaSuccess) {
+        cudaGetLastError();
+        snprintf(pr.name, sizeof pr.name, "CUDA device");
+    }
+    snprintf(c->base.device, sizeof c->base.device, "%.100s, compute capability %d.%d, sm_%d%s code, %s path", pr.name,
+             f->cc / 10, f->cc % 10, f->code, f->code == 90 && c->feat.wgmma ? "a" : "",
+             f->wgmma ? "Hopper" : "portable");
+}
+
 void be_cuda_force_set(be *b, const be_cuda_force *f)
 {
     cu_be *c = (cu_be *)b;
@@ -1278,6 +1295,15 @@ void be_cuda_force_set(be *b, const be_cuda_force *f)
     c->att_mma = f->att_mma > 0 ? 2 : f->att_mma < 0 ? 0 : 1;
     c->att_grp = f->att_grp < 0 ? 0 : f->att_grp > 0 ? f->att_grp : 4;
     c->att_mma_bps = f->att_grp > 0 ? f->att_grp : 1;
+    /* the portable path: the device's features less every Hopper one
+     * (graphs recorded with the other launches are dropped) */
+    ck_feat use = c->feat;
+    if (f->portable) use.wgmma = use.bulk = use.pdl = 0;
+    if (memcmp(&use, ck_feat_now(), sizeof use)) {
+        graphs_drop(c);
+        ck_feat_use(&use);
+    }
+    cu_device_name(c);
 }
 
 int be_cuda_open(be **out, struct pool *p, const be_opts *o, char *err, size_t errlen)
@@ -1298,6 +1324,10 @@ int be_cuda_open(be **out, struct pool *p, const be_opts *o, char *err, size_t e
     const char *what = "device";
     if (cudaSetDevice(0) != cudaSuccess) goto fail;
     if (cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess) goto fail;
+    if (ck_feat_probe(&c->feat, err, errlen)) {
+        cu_close(&c->base);
+        return -1;
+    }
     what = "stream";
     if (cudaStreamCreateWithFlags(&c->st, cudaStreamNonBlocking) != cudaSuccess) goto fail;
     what = "cuBLAS";
