@@ -67,7 +67,7 @@ void ck_repack_q6_K(cudaStream_t st, const void *src, void *dst, size_t row_byte
  * xq_scratch (CK_XQ_BYTES(T, n_in) bytes) is given; else f32 arithmetic. */
 int ck_gemv_int8(uint32_t type, int n_in);
 /* Decode batches past the GEMV's (CK_GEMV_MAX_T < T <= CK_MMQB_MAX_T) of
- * q4_K matrices, and of q6_K ones in sm_90a builds (ck_mmqb_ok) in a
+ *  q4_K matrices, and of q6_K ones on Hopper (ck_mmqb_ok, ck_feat.wgmma) in a
  * layout of their own (ck_repack_q6_Kb from ck_repack_q6_K's, rows
  * ck_q6b_row_bytes apart, which is the row_bytes to pass then):
  * out[i][t][r] = dot(row r of W[i], x[t])

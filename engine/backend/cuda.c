@@ -13,7 +13,7 @@
  * per 32 values and __dp4a, as the CPU's q8 activations; the other types in
  * f32 arithmetic; q8_0 and q6_K are repacked at upload within each row into
  * aligned words); decode batches of CK_GEMV_MAX_T+1 .. CK_MMQB_MAX_T rows of
- * q4_K (and q6_K in sm_90a builds) go through a batched kernel that reads
+ * q4_K (and q6_K on Hopper, ck_feat.wgmma) go through a batched kernel that reads
  * the quantized weights once per step for f16 tensor cores; prompt rows,
  * larger decode batches and the other types dequantize W to f16 for
  * cuBLAS (f32 accumulation and output). docs/cuda.md maps ops to kernels.

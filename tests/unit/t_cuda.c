@@ -102,12 +102,20 @@ static int n_keep;
 static void *kept(void *p) { if (n_keep < 1024) keep[n_keep++] = p; return p; }
 static pool *pl;
 
-/* A CUDA backend with the paths f forces (NULL: the defaults) */
+/* 1 in the second round of the tests: every backend on the portable path
+ * (no Hopper feature), as on an 8.x device */
+static int portable;
+
+/* A CUDA backend with the paths f forces (NULL: the defaults), in this
+ * round's path */
 static int gpu_open(be **b, int kv_f16, const be_cuda_force *f, char *err, size_t errlen)
 {
     int bad = be_open(b, "cuda", pl, kv_f16, err, errlen);
 #ifdef ANE_CUDA
-    if (!bad && f) be_cuda_force_set(*b, f);
+    be_cuda_force ff = { 0 };
+    if (f) ff = *f;
+    ff.portable = portable;
+    if (!bad) be_cuda_force_set(*b, &ff);
 #else
     (void)f;
 #endif
@@ -183,7 +191,7 @@ static void test_matmul(void)
     }
 }
 
-/* Decode-sized batches (17..32 rows) of q4_K and q6_K (sm_90a builds; in
+/* Decode-sized batches (17..32 rows) of q4_K and q6_K (q6_K on Hopper only; in
  * its own layout, made at the first such batch): the batched f16
  * tensor-core kernel against the dequantized weights in double (q6_K's f16
  * values as close as cuBLAS's f16 copy), on shapes that reach
@@ -1656,6 +1664,40 @@ static void test_q6b_layout(void)
 #endif
 }
 
+/* The path switch: the device's features as probed, the kernels' choices
+ * they make (q6_K's batched kernel only with warpgroup MMAs, the one-token
+ * q8_0 bulk-copy GEMV only with bulk copies) and info's device line follow
+ * the forced portable path and come back without it. */
+static void test_paths(void)
+{
+#ifdef ANE_CUDA
+    int dev = 0, ma = 0, mi = 0;
+    CHECK(cudaGetDevice(&dev) == cudaSuccess);
+    CHECK(cudaDeviceGetAttribute(&ma, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess);
+    CHECK(cudaDeviceGetAttribute(&mi, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess);
+    be_cuda_force_set(gpu, &(be_cuda_force){ 0 });
+    const ck_feat *f = ck_feat_now();
+    CHECKF(f->cc == 10 * ma + mi, "cc %d, device %d.%d", f->cc, ma, mi);
+    CHECKF(f->code >= 80 && f->code <= f->cc, "code sm_%d on cc %d", f->code, f->cc);
+    CHECK(f->pdl == (ma >= 9));
+    CHECK(f->bulk == (f->code >= 90));
+    if (ma != 9) CHECK(!f->wgmma);
+    CHECK(ck_mmqb_ok(QT_Q6_K, 4096) == f->wgmma);
+    CHECK(ck_mmqb_ok(QT_Q4_K, 4096));
+    CHECKF(strstr(gpu->device, f->wgmma ? "Hopper path" : "portable path") != NULL, "%s", gpu->device);
+    printf("  %s\n", gpu->device);
+    int hopper = f->wgmma;
+    be_cuda_force_set(gpu, &(be_cuda_force){ .portable = 1 });
+    f = ck_feat_now();
+    CHECK(!f->wgmma && !f->bulk && !f->pdl);
+    CHECK(!ck_mmqb_ok(QT_Q6_K, 4096));
+    CHECKF(strstr(gpu->device, "portable path") != NULL, "%s", gpu->device);
+    be_cuda_force_set(gpu, &(be_cuda_force){ 0 });
+    CHECK(ck_feat_now()->wgmma == hopper);
+    be_cuda_force_set(gpu, &(be_cuda_force){ .portable = portable });
+#endif
+}
+
 /* t_cuda [NAME]: only the tests whose name holds NAME */
 static const char *only;
 #define RUN_SOME(fn) do { if (!only || strstr(#fn, only)) RUN(fn); } while (0)
@@ -1665,40 +1707,52 @@ int main(int argc, char **argv)
     char err[256];
     only = argc > 1 ? argv[1] : NULL;
     if (pool_open(&pl, 2)) return 1;
-    if (be_open(&gpu, "cuda", pl, 1, err, sizeof err)) {
+    if (gpu_open(&gpu, 1, NULL, err, sizeof err)) {
         fprintf(stderr, "t_cuda: %s: nothing to test\n", err);
         pool_close(pl);
         return CHECK_DONE();
     }
-    if (be_open(&gpu32, "cuda", pl, 0, err, sizeof err) || be_open(&cpu, "cpu", pl, 1, err, sizeof err) ||
+    if (gpu_open(&gpu32, 0, NULL, err, sizeof err) || be_open(&cpu, "cpu", pl, 1, err, sizeof err) ||
         be_open(&cpu32, "cpu", pl, 0, err, sizeof err)) {
         fprintf(stderr, "%s\n", err);
         return 1;
     }
-    RUN_SOME(test_q6b_layout);
-    RUN_SOME(test_matmul);
-    RUN_SOME(test_mmqb);
-    RUN_SOME(test_fused);
-    RUN_SOME(test_embed);
-    RUN_SOME(test_elementwise);
-    RUN_SOME(test_norms);
-    RUN_SOME(test_rope);
-    RUN_SOME(test_rope_kv);
-    RUN_SOME(test_rope_attention);
-    RUN_SOME(test_qkv_rope);
-    RUN_SOME(test_fused_quant);
-    RUN_SOME(test_glu);
-    RUN_SOME(test_glu_batched);
-    RUN_SOME(test_attention);
-    RUN_SOME(test_att_group);
-    RUN_SOME(test_argmax);
-    RUN_SOME(test_ssm_elementwise);
-    RUN_SOME(test_conv1d);
-    RUN_SOME(test_deltanet);
-    if (gpu_open(&gpuv, 1, &(be_cuda_force){ .gemv_all = 1 }, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
-    RUN_SOME(test_invariance);
-    RUN_SOME(test_deterministic);
-    gpuv->ops->close(gpuv);
+    /* every test twice on a Hopper card: its own path, then the portable
+     * one of 8.x devices (on others, the portable path once) */
+    for (portable = 0; portable < 2; portable++) {
+#ifdef ANE_CUDA
+        const ck_feat *own = ck_feat_now();
+        if (portable && !own->wgmma && !own->bulk && !own->pdl) break;
+        be_cuda_force_set(gpu, &(be_cuda_force){ .portable = portable });
+        be_cuda_force_set(gpu32, &(be_cuda_force){ .portable = portable });
+        printf("%s path\n", portable ? "portable" : "the device's own");
+#endif
+        RUN_SOME(test_paths);
+        RUN_SOME(test_q6b_layout);
+        RUN_SOME(test_matmul);
+        RUN_SOME(test_mmqb);
+        RUN_SOME(test_fused);
+        RUN_SOME(test_embed);
+        RUN_SOME(test_elementwise);
+        RUN_SOME(test_norms);
+        RUN_SOME(test_rope);
+        RUN_SOME(test_rope_kv);
+        RUN_SOME(test_rope_attention);
+        RUN_SOME(test_qkv_rope);
+        RUN_SOME(test_fused_quant);
+        RUN_SOME(test_glu);
+        RUN_SOME(test_glu_batched);
+        RUN_SOME(test_attention);
+        RUN_SOME(test_att_group);
+        RUN_SOME(test_argmax);
+        RUN_SOME(test_ssm_elementwise);
+        RUN_SOME(test_conv1d);
+        RUN_SOME(test_deltanet);
+        if (gpu_open(&gpuv, 1, &(be_cuda_force){ .gemv_all = 1 }, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
+        RUN_SOME(test_invariance);
+        RUN_SOME(test_deterministic);
+        gpuv->ops->close(gpuv);
+    }
     gpu->ops->close(gpu); gpu32->ops->close(gpu32); cpu->ops->close(cpu); cpu32->ops->close(cpu32);
     pool_close(pl);
     for (int i = 0; i < n_keep; i++) free(keep[i]);
