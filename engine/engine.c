@@ -1160,7 +1160,7 @@ static void schedule(eng *e)
     }
     e->st.active = (uint32_t)(e->n_active + e->n_parked);
     e->st.queued = (uint32_t)(e->n_queued + e->n_pending);
-    e->st.kv_used = (size_t)kvc_in_use(e->kv) * fw_kv_page_bytes(e->m, e->be->kv_elt);
+    e->st.kv_used = (size_t)kvc_in_use(e->kv) * fw_kv_page_bytes(e->m, e->be->kv_type);
 }
 
 static void emit_token(eng *e, job *j, int32_t id, int *finished, eng_finish *why)
@@ -1544,6 +1544,8 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
     in->arch = m->tokenizer_only ? "none" : m->arch_name;
     in->name = m->name;
     in->backend = "cpu";
+    in->kv_type = "f16";
+    in->device = "";
     in->tokenizer_only = m->tokenizer_only;
     in->n_vocab = tok_n_vocab(m->tok);
     in->bos = tok_bos(m->tok);
@@ -1584,7 +1586,13 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
     if (nth > 256) nth = 256;
     in->n_threads = nth;
     if (pool_open(&e->pool, nth)) { snprintf(err, errlen, "cannot start %d threads", nth); goto fail; }
-    be_opts bo = { .kv_f16 = !opt->kv_f32, .deterministic = opt->deterministic,
+    int kvt = opt->kv_type == ENG_KV_F32 ? BE_KV_F32 : opt->kv_type == ENG_KV_Q8_0 ? BE_KV_Q8_0 : BE_KV_F16;
+    if (kvt == BE_KV_Q8_0 && m->hp.n_attn_layers > 0 && m->hp.head_dim % 32) {
+        snprintf(err, errlen, "%s: --kv-type q8_0 needs a head_dim that is a multiple of 32 (the model's is %d); use f16",
+                 m->path, m->hp.head_dim);
+        goto fail;
+    }
+    be_opts bo = { .kv_type = kvt, .deterministic = opt->deterministic,
                    .f16_cache_off = opt->cuda_f16_cache_off };
     if (be_open_opts(&e->be, opt->backend, e->pool, &bo, err, errlen)) goto fail;
     const char *lacks = fw_lacks(m, e->be->ops);
@@ -1598,16 +1606,18 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
         }
         e->be->ops->close(e->be);
         e->be = NULL;
-        if (be_cpu_open(&e->be, e->pool, !opt->kv_f32, err, errlen)) goto fail;
+        if (be_cpu_open(&e->be, e->pool, kvt, err, errlen)) goto fail;
     }
     in->backend = e->be->ops->name;
+    in->kv_type = be_kv_name(e->be->kv_type);
+    in->device = e->be->device;
     /* a GPU pass costs about the same for 128 or 512 prompt tokens (each
      * pass reads, and for prompts converts, every weight once): there
      * prompts share passes with decoding streams at full width */
     e->prefill_shared = strcmp(e->be->ops->name, "cpu") ? BATCH_TOKENS : PREFILL_SHARED;
     if (model_prepare(m, e->be, err, errlen)) goto fail;
 
-    size_t page_bytes = fw_kv_page_bytes(m, e->be->kv_elt);
+    size_t page_bytes = fw_kv_page_bytes(m, e->be->kv_type);
     size_t pages_per_ctx = ((size_t)e->n_ctx + KV_PAGE - 1) / KV_PAGE;
     size_t n_pages = opt->kv_budget ? opt->kv_budget / page_bytes : pages_per_ctx * (size_t)e->max_seqs;
     if (n_pages < pages_per_ctx) {

@@ -4,10 +4,10 @@
 #include "engine/arch/forward.h"
 #include "engine/arch/arch.h"
 
-size_t fw_kv_page_bytes(const model *m, size_t kv_elt)
+size_t fw_kv_page_bytes(const model *m, int kv_type)
 {
     const hparams *hp = &m->hp;
-    return (size_t)2 * hp->n_attn_layers * KV_PAGE * hp->n_head_kv * hp->head_dim * kv_elt;
+    return (size_t)2 * hp->n_attn_layers * KV_PAGE * be_kv_bytes(kv_type, (size_t)hp->n_head_kv * hp->head_dim);
 }
 
 const char *fw_lacks(const model *m, const be_ops *o)

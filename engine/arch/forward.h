@@ -29,7 +29,7 @@ void fw_snap_load(fw *f, int snap, int slot);
  * pos-1 (which must be in that batch) into snapshot `snap`. */
 void fw_snap_at(fw *f, int slot, int pos, int snap);
 size_t fw_kv_bytes(const fw *f);          /* bytes of the KV pool and per-sequence state */
-size_t fw_kv_page_bytes(const model *m, size_t kv_elt);
+size_t fw_kv_page_bytes(const model *m, int kv_type);
 
 /* Runs tokens[0..bt->T) (T <= max_T) and writes the logits of the tokens
  * out_idx[0..n_out) (n_out <= max_out) to host memory logits [n_out][n_vocab]. */

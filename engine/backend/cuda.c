@@ -517,7 +517,7 @@ static int att_blocks(cu_be *c, int T, int ns, int n_head, int head_dim)
  * capture). */
 static int att_group(cu_be *c, int T, int ns, int n_head, int n_head_kv, int head_dim, int mma)
 {
-    if (!c->att_grp || T * n_head < 2 * c->n_sm || !ck_att_grp_ok(c->base.kv_elt == 2, n_head, n_head_kv, head_dim))
+    if (!c->att_grp || T * n_head < 2 * c->n_sm || !ck_att_grp_ok(c->base.kv_type == BE_KV_F16, n_head, n_head_kv, head_dim))
         return 0;
     int per = T * n_head_kv, g = (mma ? c->att_mma_bps : c->att_grp) * c->n_sm / per;
     g = g > ns ? ns : g < 1 ? 1 : g;
@@ -972,7 +972,7 @@ static void cu_kv_store(be *b, void *kc, void *vc, const be_batch *bt, int kv_di
     cu_be *c = (cu_be *)b;
     tag_clear(c);
     use_batch(c, bt);
-    ck_kv_store(c->st, kc, vc, b->kv_elt == 2, d_pos(c), d_off(c), d_pages(c), bt->T, kv_dim, k, v);
+    ck_kv_store(c->st, kc, vc, b->kv_type == BE_KV_F16, d_pos(c), d_off(c), d_pages(c), bt->T, kv_dim, k, v);
 }
 
 static const float *bias_dev(const wt *const *bias, int i)
@@ -1023,7 +1023,7 @@ static void cu_rope_kv(be *b, float *q, float *k, float *v, void *kc, void *vc, 
             c->rope_have = 1; c->rope_base = base; c->rope_rot = n_rot; c->rope_fd = fdd;
         }
     }
-    ck_rope_kv(c->st, q, k, v, kc, vc, b->kv_elt == 2, d_pos(c), d_off(c), d_pages(c), bt->T, n_head, n_head_kv,
+    ck_rope_kv(c->st, q, k, v, kc, vc, b->kv_type == BE_KV_F16, d_pos(c), d_off(c), d_pages(c), bt->T, n_head, n_head_kv,
                head_dim, n_rot, base, neox, fdd, bias_dev(bias, 0), bias_dev(bias, 1), bias_dev(bias, 2),
                c->rope_tab, mode);
 }
@@ -1036,11 +1036,11 @@ static void att_run(cu_be *c, const float *q, const void *kc, const void *vc, co
     int G = att_room(c, ns) ? 1 : att_blocks(c, bt->T, ns, n_head, head_dim);
     /* tensor cores where the matmuls leave the batch-invariance promise too */
     int mma = (c->att_mma == 2 || (c->att_mma == 1 && c->in_step && c->n_dec > CK_GEMV_MAX_T && !c->invariant)) &&
-              ck_att_mma_ok(c->base.kv_elt == 2, n_head, n_head_kv, head_dim);
+              ck_att_mma_ok(c->base.kv_type == BE_KV_F16, n_head, n_head_kv, head_dim);
     int grp = G == 1 && !rp && c->att_maxs >= ns ? att_group(c, bt->T, ns, n_head, n_head_kv, head_dim, mma) : 0;
     void *xq = head_dim % 32 == 0 ? quant_ahead(c, out, bt->T, n_head * head_dim) : (tag_clear(c), NULL);
     void *x16 = f16_ahead(c, out, bt->T, n_head * head_dim);
-    ck_attention(c->st, q, kc, vc, c->base.kv_elt == 2, d_pos(c), d_off(c), d_pages(c), bt->T, n_head, n_head_kv,
+    ck_attention(c->st, q, kc, vc, c->base.kv_type == BE_KV_F16, d_pos(c), d_off(c), d_pages(c), bt->T, n_head, n_head_kv,
                  head_dim, out, c->part, G, c->att_maxs, xq, x16, c->n_sm, rp, grp, mma);
 }
 
@@ -1093,7 +1093,7 @@ static int cu_qkv_rope(be *b, const wt *const *w, const wt *const *bias, const f
     float *outs[3] = { q, k, v };
     use_batch(c, bt);
     ck_qkv_rope r = { bias_dev(bias, 0), bias_dev(bias, 1), bias_dev(bias, 2), c->rope_tab, d_pos(c), d_off(c),
-                      d_pages(c), kc, vc, b->kv_elt == 2, head_dim, n_rot, neox, n_head_kv, base, fdd };
+                      d_pages(c), kc, vc, b->kv_type == BE_KV_F16, head_dim, n_rot, neox, n_head_kv, base, fdd };
     if (!ck_gemv_qkv_rope_try(c->st, w[0]->type, W, w[0]->row_bytes, nin, no, c->xq, outs, &r)) return 0;
     tag_clear(c);   /* (as rope_kv) */
     c->mm_out = NULL;
@@ -1320,7 +1320,7 @@ int be_cuda_open(be **out, struct pool *p, const be_opts *o, char *err, size_t e
     cu_be *c = calloc(1, sizeof *c);
     if (!c) { snprintf(err, errlen, "out of memory"); return -1; }
     c->base.ops = &cuda_ops;
-    c->base.kv_elt = o->kv_f16 ? 2 : 4;
+    c->base.kv_type = o->kv_type;
     const char *what = "device";
     if (cudaSetDevice(0) != cudaSuccess) goto fail;
     if (cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess) goto fail;

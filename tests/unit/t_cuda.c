@@ -481,7 +481,7 @@ static void rope_kv_case(be *g, int n_head, int n_head_kv, int hd, int n_rot, in
 {
     enum { NS = 3, MAXP = 32 };
     int n_pages = NS * MAXP, kvd = n_head_kv * hd;
-    size_t cache = (size_t)n_pages * KV_PAGE * kvd * g->kv_elt;
+    size_t cache = be_kv_bytes(g->kv_type, (size_t)n_pages * KV_PAGE * kvd);
     int32_t perm[NS * MAXP];
     page_perm(perm, n_pages);
     int32_t pos[64], slot[64];
@@ -530,7 +530,7 @@ static void rope_kv_case(be *g, int n_head, int n_head_kv, int hd, int n_rot, in
         g->ops->to_host(g, a, src[i][0], len[i]);
         g->ops->to_host(g, b, src[i][1], len[i]);
         CHECKF(memcmp(a, b, len[i]) == 0, "rope_kv kv%s heads %d/%d hd %d n_rot %d neox %d fd %d bias %d: %s differs",
-               g->kv_elt == 2 ? "16" : "32", n_head, n_head_kv, hd, n_rot, neox, with_fd, with_bias, what[i]);
+               g->kv_type == BE_KV_F16 ? "16" : "32", n_head, n_head_kv, hd, n_rot, neox, with_fd, with_bias, what[i]);
     }
     g->ops->sync(g);
     for (int r = 0; r < 2; r++) {
@@ -577,7 +577,7 @@ static void rope_att_case(be *g, int T, int n_head, int n_head_kv, int hd, int n
 {
     enum { MAXP = 64 };
     int kvd = n_head_kv * hd, n_pages = T * MAXP;
-    size_t cache = (size_t)n_pages * KV_PAGE * kvd * g->kv_elt;
+    size_t cache = be_kv_bytes(g->kv_type, (size_t)n_pages * KV_PAGE * kvd);
     int32_t *perm = malloc((size_t)n_pages * 4), *pos = malloc((size_t)T * 4), *slot = malloc((size_t)T * 4);
     int32_t *ids = calloc((size_t)T, 4);
     const int32_t **pages = malloc((size_t)T * sizeof *pages);
@@ -628,7 +628,7 @@ static void rope_att_case(be *g, int T, int n_head, int n_head_kv, int hd, int n
         g->ops->to_host(g, a, src[i][0], len[i]);
         g->ops->to_host(g, b, src[i][1], len[i]);
         CHECKF(memcmp(a, b, len[i]) == 0, "rope_attention kv%s T %d heads %d/%d hd %d n_rot %d neox %d bias %d: %s "
-               "differs", g->kv_elt == 2 ? "16" : "32", T, n_head, n_head_kv, hd, n_rot, neox, with_bias, what[i]);
+               "differs", g->kv_type == BE_KV_F16 ? "16" : "32", T, n_head, n_head_kv, hd, n_rot, neox, with_bias, what[i]);
     }
     g->ops->to_host(g, a, dq[2], nq * 4);
     CHECKF(memcmp(a, q, nq * 4) == 0, "rope_attention T %d: q was roped in place (not the fused kernel)", T);
@@ -654,7 +654,7 @@ static void qkv_rope_case(int kv_f16, int n_head, int n_head_kv, int neox, int w
     CHECKF(!gpu_open(&g, kv_f16, NULL, err, sizeof err), "%s", err);
     if (!g) return;
     int hd = 128, kvd = n_head_kv * hd, nq = n_head * hd;
-    size_t cache = (size_t)MAXP * KV_PAGE * kvd * g->kv_elt;
+    size_t cache = be_kv_bytes(g->kv_type, (size_t)MAXP * KV_PAGE * kvd);
     int32_t perm[MAXP], pos = p, slot = 0, id = 0;
     page_perm(perm, MAXP);
     const int32_t *pages = perm;
@@ -1036,7 +1036,7 @@ static void attn_case(be *gb, be *cb, int n_head, int n_head_kv, int hd)
 {
     enum { NS = 3, MAXP = 64 };
     int n_pages = NS * MAXP, kvd = n_head_kv * hd;
-    size_t elt = gb->kv_elt, cache = (size_t)n_pages * KV_PAGE * kvd * elt;
+    size_t elt = gb->kv_type == BE_KV_F16 ? 2 : 4, cache = be_kv_bytes(gb->kv_type, (size_t)n_pages * KV_PAGE * kvd);
     int32_t perm[NS * MAXP];
     page_perm(perm, n_pages);
     int32_t *tbl[NS];
@@ -1137,7 +1137,7 @@ static void attn_group_case(be *gb, be *gd, be *gn, be *const *gm, be *cb, int n
 {
     enum { NS = 40, MAXP = 48 };
     int n_pages = NS * MAXP, kvd = n_head_kv * hd;
-    size_t elt = gb->kv_elt, cache = (size_t)n_pages * KV_PAGE * kvd * elt;
+    size_t elt = gb->kv_type == BE_KV_F16 ? 2 : 4, cache = be_kv_bytes(gb->kv_type, (size_t)n_pages * KV_PAGE * kvd);
     int32_t perm[NS * MAXP];
     page_perm(perm, n_pages);
     void *ckc = calloc(1, cache), *cvc = calloc(1, cache);
@@ -1285,7 +1285,7 @@ static void test_deterministic(void)
     enum { T = 24, NIN = 1024, NOUT = 300 };
     char err[256];
     be *g = NULL;
-    const be_opts o = { .kv_f16 = 1, .deterministic = 1 };
+    const be_opts o = { .kv_type = BE_KV_F16, .deterministic = 1 };
     int bad = be_open_opts(&g, "cuda", pl, &o, err, sizeof err);
     CHECKF(!bad, "%s", err);
     if (bad) return;

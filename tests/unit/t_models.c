@@ -111,7 +111,7 @@ static void check_crowd(eng *e, const char *model, json_t *cases, double tol)
     fprintf(stderr, "  %-44s %d jobs at once: greedy misses %d\n", "", CROWD, bad);
 }
 
-static void check_model(const char *model, const char *ref, double tol, int kv_f32)
+static void check_model(const char *model, const char *ref, double tol, int kv_type)
 {
     char err[512];
     json_error_t je;
@@ -122,7 +122,7 @@ static void check_model(const char *model, const char *ref, double tol, int kv_f
     eng_opts o = { 0 };
     o.model_path = model;
     o.n_threads = 2;
-    o.kv_f32 = kv_f32;
+    o.kv_type = kv_type;
     o.max_seqs = CROWD;
     o.backend = getenv("ANE_BACKEND");   /* e.g. cuda; NULL: the best present */
     if (eng_open(&e, &o, err, sizeof err)) {
@@ -211,7 +211,33 @@ static void test_bf16_vs_transformers(void)
 
 static void test_kv_f32(void)
 {
-    check_model(M("qwen3-tiny.bf16.gguf"), R("qwen3-tiny.dev.json"), 0.05, 1);
+    check_model(M("qwen3-tiny.bf16.gguf"), R("qwen3-tiny.dev.json"), 0.05, ENG_KV_F32);
+}
+
+/* A q8_0 KV cache (aned --kv-type q8_0) against the same references: the
+ * keys' and values' rounding to 8 bits costs accuracy, within tolerances
+ * docs/cuda.md gives with the measured differences (transformers' float64
+ * logits; llama.cpp's ran with an f16 cache, so those rows hold both
+ * models' rounding). Models whose head_dim is not a multiple of 32 are
+ * refused with a message that says so. */
+static void test_kv_q8_0(void)
+{
+    check_model(M("qwen3-tiny.bf16.gguf"), R("qwen3-tiny.dev.json"), 0.1, ENG_KV_Q8_0);
+    check_model(M("llama-q.bf16.gguf"), R("llama-q.dev.json"), 0.1, ENG_KV_Q8_0);
+    check_model(M("qwen35-tiny.bf16.gguf"), R("qwen35-tiny.dev.json"), 0.1, ENG_KV_Q8_0);
+    check_model(M("llama-q.Q8_0.gguf"), R("llama-q.Q8_0.llamacpp.dev.json"), 0.2, ENG_KV_Q8_0);
+    check_model(M("llama-q.Q4_K_M.gguf"), R("llama-q.Q4_K_M.llamacpp.dev.json"), 0.2, ENG_KV_Q8_0);
+    check_model(M("llama-q.Q6_K.gguf"), R("llama-q.Q6_K.llamacpp.dev.json"), 0.2, ENG_KV_Q8_0);
+    char err[512] = "";
+    eng *e = NULL;
+    eng_opts o = { 0 };
+    o.model_path = M("qwen2-tiny.bf16.gguf");   /* head_dim 16 */
+    o.n_threads = 1;
+    o.kv_type = ENG_KV_Q8_0;
+    o.backend = getenv("ANE_BACKEND");
+    CHECK(eng_open(&e, &o, err, sizeof err) != 0);
+    CHECKF(strstr(err, "q8_0") && strstr(err, "head_dim") && strstr(err, "16"), "%s", err);
+    if (e) eng_close(e);
 }
 
 static void test_hf_directory(void)
@@ -235,6 +261,7 @@ int main(void)
 {
     RUN(test_bf16_vs_transformers);
     RUN(test_kv_f32);
+    RUN(test_kv_q8_0);
     RUN(test_hf_directory);
     RUN(test_quantized_vs_llamacpp);
     return CHECK_DONE();
