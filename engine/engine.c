@@ -1615,7 +1615,6 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
      * pass reads, and for prompts converts, every weight once): there
      * prompts share passes with decoding streams at full width */
     e->prefill_shared = strcmp(e->be->ops->name, "cpu") ? BATCH_TOKENS : PREFILL_SHARED;
-    if (model_prepare(m, e->be, err, errlen)) goto fail;
 
     size_t page_bytes = fw_kv_page_bytes(m, e->be->kv_type);
     size_t pages_per_ctx = ((size_t)e->n_ctx + KV_PAGE - 1) / KV_PAGE;
@@ -1625,10 +1624,27 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
                  opt->kv_budget, pages_per_ctx * page_bytes, e->n_ctx);
         goto fail;
     }
-    if (n_pages > (size_t)1 << 24) n_pages = (size_t)1 << 24;
-    e->n_pages_total = (int)n_pages;
     int max_out = EVAL_ROWS > e->max_seqs ? EVAL_ROWS : e->max_seqs;
     int max_T = BATCH_TOKENS + e->max_seqs;
+    size_t dev_free = 0, dev_total = 0;
+    if (e->be->ops->mem_free && !e->be->ops->mem_free(e->be, &dev_free, &dev_total)) {
+        /* the whole need against the device's free memory, before any of it is taken */
+        fw_mem need;
+        fw_mem_estimate(m, e->be->kv_type, n_pages, max_T, max_out, e->max_seqs, &need);
+        if (need.total > dev_free) {
+            snprintf(err, errlen,
+                     "%s: the model needs about %zu MiB of %s device memory (weights %zu, KV pool %zu for %zu "
+                     "tokens in %s, state %zu, activations %zu, scratch %zu MiB) but %zu MiB of %zu are free; "
+                     "lower --ctx, --max-seqs or --kv-budget, use --kv-type q8_0, or a smaller model",
+                     m->path, need.total >> 20, e->be->ops->name, need.weights >> 20, need.kv >> 20,
+                     n_pages * KV_PAGE, be_kv_name(e->be->kv_type), need.state >> 20, need.act >> 20,
+                     need.scratch >> 20, dev_free >> 20, dev_total >> 20);
+            goto fail;
+        }
+    }
+    if (n_pages > (size_t)1 << 24) n_pages = (size_t)1 << 24;
+    if (model_prepare(m, e->be, err, errlen)) goto fail;
+    e->n_pages_total = (int)n_pages;
     if (fw_open(&e->fw, m, e->be, max_T, max_out, e->n_pages_total, e->max_seqs, err, errlen)) goto fail;
     if (sampler_open(&e->smp, m->hp.n_vocab)) { snprintf(err, errlen, "out of memory"); goto fail; }
     e->active = calloc((size_t)e->max_seqs, sizeof *e->active);

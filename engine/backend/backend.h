@@ -79,6 +79,9 @@ typedef struct be_ops {
                       const be_batch *bt, int n_head, int n_head_kv, int head_dim, float *out);
     /* Waits for queued work (no-op on the CPU). */
     void (*sync)(be *b);
+    /* Optional (accelerators): the device memory free and in all, for the
+     * start-up check that the model fits (fw_mem_estimate). 0 or -1. */
+    int (*mem_free)(be *b, size_t *free_bytes, size_t *total_bytes);
 
     /* ---- Optional ops (NULL where a backend lacks them; a model that needs
      * them fails to open with a clear message). Linear-attention (Gated

@@ -295,6 +295,13 @@ static void cu_to_dev(be *b, void *dst, const void *src, size_t n)
     ok(c, cudaStreamSynchronize(c->st), "sync");
 }
 
+static int cu_mem_free(be *b, size_t *free_bytes, size_t *total_bytes)
+{
+    (void)b;
+    if (cudaMemGetInfo(free_bytes, total_bytes) != cudaSuccess) { cudaGetLastError(); return -1; }
+    return 0;
+}
+
 static void cu_sync(be *b)
 {
     cu_be *c = (cu_be *)b;
@@ -1251,6 +1258,7 @@ static const be_ops cuda_ops = {
     .kv_store = cu_kv_store,
     .attention = cu_attention,
     .sync = cu_sync,
+    .mem_free = cu_mem_free,
     .step_begin = cu_step_begin,
     .step_end = cu_step_end,
     .argmax = cu_argmax,

@@ -240,6 +240,42 @@ static void test_kv_q8_0(void)
     if (e) eng_close(e);
 }
 
+/* On an accelerator (ANE_BACKEND=cuda): a KV pool or context the device
+ * cannot hold is a start-up error naming the bytes needed and free, before
+ * anything is allocated (fw_mem_estimate); the CPU backend has no such
+ * check (its memory is the host's, taken as used). */
+static void test_too_big(void)
+{
+    const char *bk = getenv("ANE_BACKEND");
+    if (!bk || !strcmp(bk, "cpu")) {
+        fprintf(stderr, "  (no accelerator backend asked for: nothing to check)\n");
+        return;
+    }
+    for (int k = 0; k < 2; k++) {
+        char err[512] = "";
+        eng *e = NULL;
+        eng_opts o = { 0 };
+        o.model_path = M("qwen3-tiny.bf16.gguf");
+        o.n_threads = 2;
+        o.backend = bk;
+        if (k == 0) o.kv_budget = (size_t)1 << 42;   /* 4 TiB */
+        else { o.n_ctx = 16777216; o.max_seqs = 256; }
+        CHECKF(eng_open(&e, &o, err, sizeof err) != 0, "a %s the device cannot hold was accepted",
+               k ? "context" : "KV budget");
+        CHECKF(strstr(err, "device memory") && strstr(err, "are free") && strstr(err, "KV pool") &&
+               strstr(err, "qwen3-tiny"), "%s", err);
+        fprintf(stderr, "  %s\n", err);
+        if (e) eng_close(e);
+        /* and the device is left as it was: a model that fits opens */
+        eng_opts ok = { 0 };
+        ok.model_path = o.model_path;
+        ok.n_threads = 2;
+        ok.backend = bk;
+        CHECKF(eng_open(&e, &ok, err, sizeof err) == 0, "%s", err);
+        if (e) eng_close(e);
+    }
+}
+
 static void test_hf_directory(void)
 {
     /* the directory the qwen2-tiny GGUF was converted from gives the same results */
@@ -262,6 +298,7 @@ int main(void)
     RUN(test_bf16_vs_transformers);
     RUN(test_kv_f32);
     RUN(test_kv_q8_0);
+    RUN(test_too_big);
     RUN(test_hf_directory);
     RUN(test_quantized_vs_llamacpp);
     return CHECK_DONE();
