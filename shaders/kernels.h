@@ -67,7 +67,7 @@ void ck_repack_q6_K(cudaStream_t st, const void *src, void *dst, size_t row_byte
  * xq_scratch (CK_XQ_BYTES(T, n_in) bytes) is given; else f32 arithmetic. */
 int ck_gemv_int8(uint32_t type, int n_in);
 /* Decode batches past the GEMV's (CK_GEMV_MAX_T < T <= CK_MMQB_MAX_T) of
- *  q4_K matrices, and of q6_K ones on Hopper (ck_mmqb_ok, ck_feat.wgmma) in a
+ * q4_K matrices, and of q6_K ones on Hopper (ck_mmqb_ok, ck_feat.wgmma) in a
  * layout of their own (ck_repack_q6_Kb from ck_repack_q6_K's, rows
  * ck_q6b_row_bytes apart, which is the row_bytes to pass then):
  * out[i][t][r] = dot(row r of W[i], x[t])
@@ -132,6 +132,13 @@ void ck_add(cudaStream_t st, float *x, const float *y, size_t n);
 void ck_silu_mul(cudaStream_t st, const float *g, const float *u, size_t n, float *out, void *xq, void *x16, int rows);
 void ck_rope(cudaStream_t st, float *x, const int32_t *pos, int T, int n_heads, int head_dim, int n_rot,
              float base, int neox, const float *freq_div);
+/* The KV cache's forms (the `f16` argument of the cache's launchers): 0
+ * f32, 1 f16, CK_KV_Q8_0 ggml's q8_0 blocks of CK_KV_Q8_BLOCK bytes (an f16
+ * scale, 32 int8), a row's kv_dim / 32 of them (kv_dim % 32 == 0); only
+ * ck_kv_store and ck_attention (no grouped, parallel, tensor-core or rope
+ * form) take q8_0 */
+#define CK_KV_Q8_0 2
+#define CK_KV_Q8_BLOCK 34
 void ck_kv_store(cudaStream_t st, void *kc, void *vc, int f16, const int32_t *pos, const int32_t *off,
                  const int32_t *pages, int T, int kv_dim, const float *k, const float *v);
 /* ck_rope of q [T][n_head][hd] and k [T][n_head_kv][hd], then ck_kv_store

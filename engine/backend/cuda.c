@@ -524,7 +524,7 @@ static int att_blocks(cu_be *c, int T, int ns, int n_head, int head_dim)
  * capture). */
 static int att_group(cu_be *c, int T, int ns, int n_head, int n_head_kv, int head_dim, int mma)
 {
-    if (!c->att_grp || T * n_head < 2 * c->n_sm || !ck_att_grp_ok(c->base.kv_type == BE_KV_F16, n_head, n_head_kv, head_dim))
+    if (!c->att_grp || T * n_head < 2 * c->n_sm || !ck_att_grp_ok(c->base.kv_type, n_head, n_head_kv, head_dim))
         return 0;
     int per = T * n_head_kv, g = (mma ? c->att_mma_bps : c->att_grp) * c->n_sm / per;
     g = g > ns ? ns : g < 1 ? 1 : g;
@@ -979,7 +979,7 @@ static void cu_kv_store(be *b, void *kc, void *vc, const be_batch *bt, int kv_di
     cu_be *c = (cu_be *)b;
     tag_clear(c);
     use_batch(c, bt);
-    ck_kv_store(c->st, kc, vc, b->kv_type == BE_KV_F16, d_pos(c), d_off(c), d_pages(c), bt->T, kv_dim, k, v);
+    ck_kv_store(c->st, kc, vc, b->kv_type, d_pos(c), d_off(c), d_pages(c), bt->T, kv_dim, k, v);
 }
 
 static const float *bias_dev(const wt *const *bias, int i)
@@ -999,7 +999,7 @@ static void cu_rope_kv(be *b, float *q, float *k, float *v, void *kc, void *vc, 
                        const wt *const *bias)
 {
     cu_be *c = (cu_be *)b;
-    if (!c->fuse) {
+    if (!c->fuse || b->kv_type == BE_KV_Q8_0) {   /* (q8_0 caches: the plain kernels) */
         const float *bq = bias_dev(bias, 0), *bk = bias_dev(bias, 1), *bv = bias_dev(bias, 2);
         tag_clear(c);
         if (bq) ck_add_bias(c->st, q, bq, bt->T, n_head * head_dim);
@@ -1043,11 +1043,11 @@ static void att_run(cu_be *c, const float *q, const void *kc, const void *vc, co
     int G = att_room(c, ns) ? 1 : att_blocks(c, bt->T, ns, n_head, head_dim);
     /* tensor cores where the matmuls leave the batch-invariance promise too */
     int mma = (c->att_mma == 2 || (c->att_mma == 1 && c->in_step && c->n_dec > CK_GEMV_MAX_T && !c->invariant)) &&
-              ck_att_mma_ok(c->base.kv_type == BE_KV_F16, n_head, n_head_kv, head_dim);
+              ck_att_mma_ok(c->base.kv_type, n_head, n_head_kv, head_dim);
     int grp = G == 1 && !rp && c->att_maxs >= ns ? att_group(c, bt->T, ns, n_head, n_head_kv, head_dim, mma) : 0;
     void *xq = head_dim % 32 == 0 ? quant_ahead(c, out, bt->T, n_head * head_dim) : (tag_clear(c), NULL);
     void *x16 = f16_ahead(c, out, bt->T, n_head * head_dim);
-    ck_attention(c->st, q, kc, vc, c->base.kv_type == BE_KV_F16, d_pos(c), d_off(c), d_pages(c), bt->T, n_head, n_head_kv,
+    ck_attention(c->st, q, kc, vc, c->base.kv_type, d_pos(c), d_off(c), d_pages(c), bt->T, n_head, n_head_kv,
                  head_dim, out, c->part, G, c->att_maxs, xq, x16, c->n_sm, rp, grp, mma);
 }
 
@@ -1070,7 +1070,8 @@ static void cu_rope_attention(be *b, float *q, float *k, float *v, void *kc, voi
     cu_be *c = (cu_be *)b;
     const float *fdd = freq_div && freq_div->data ? freq_div->dev : NULL;
     int small = c->rope_att_always || (c->mm_bytes && ck_small_set(c->mm_bytes));
-    if (!c->fuse || !small || !rope_table(c, base, n_rot, fdd) || bt->n_dec != bt->T || n_rot > head_dim || n_rot % 2) {
+    if (!c->fuse || !small || !rope_table(c, base, n_rot, fdd) || bt->n_dec != bt->T || n_rot > head_dim || n_rot % 2 ||
+        b->kv_type == BE_KV_Q8_0) {
         cu_rope_kv(b, q, k, v, kc, vc, bt, n_head, n_head_kv, head_dim, n_rot, base, neox, freq_div, bias);
         cu_attention(b, q, kc, vc, bt, n_head, n_head_kv, head_dim, out);
         return;
@@ -1091,7 +1092,7 @@ static int cu_qkv_rope(be *b, const wt *const *w, const wt *const *bias, const f
     cu_be *c = (cu_be *)b;
     int T = bt->T, bt_;
     const float *fdd = freq_div && freq_div->data ? freq_div->dev : NULL;
-    if (!c->fuse || T != 1 || bt->n_dec != T || !rope_table(c, base, n_rot, fdd)) return 0;
+    if (!c->fuse || T != 1 || bt->n_dec != T || !rope_table(c, base, n_rot, fdd) || b->kv_type == BE_KV_Q8_0) return 0;
     int nin = (int)w[0]->n_in;
     if (!mm_set(c, 3, w) || gemv_count(c, w[0], T, &bt_) != T || bt_ || !tag_is(c, x, T, nin)) return 0;
     if ((int)w[0]->n_out != n_head * head_dim) return 0;

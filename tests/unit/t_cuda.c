@@ -1036,7 +1036,7 @@ static void attn_case(be *gb, be *cb, int n_head, int n_head_kv, int hd)
 {
     enum { NS = 3, MAXP = 64 };
     int n_pages = NS * MAXP, kvd = n_head_kv * hd;
-    size_t elt = gb->kv_type == BE_KV_F16 ? 2 : 4, cache = be_kv_bytes(gb->kv_type, (size_t)n_pages * KV_PAGE * kvd);
+    size_t cache = be_kv_bytes(gb->kv_type, (size_t)n_pages * KV_PAGE * kvd);
     int32_t perm[NS * MAXP];
     page_perm(perm, n_pages);
     int32_t *tbl[NS];
@@ -1091,7 +1091,7 @@ static void attn_case(be *gb, be *cb, int n_head, int n_head_kv, int hd)
             gb->ops->to_host(gb, h1, p1, no * 4);
             gb->ops->to_host(gb, h2, p2, no * 4);
             CHECKF(memcmp(h1, h2, no * 4) == 0, "attention kv%s heads %d/%d hd %d step %d: projection of the "
-                   "attention's int8 output differs", elt == 2 ? "16" : "32", n_head, n_head_kv, hd, step);
+                   "attention's int8 output differs", be_kv_name(gb->kv_type), n_head, n_head_kv, hd, step);
             gb->ops->free(gb, p1); gb->ops->free(gb, p2);
             free(h1); free(h2);
         }
@@ -1099,7 +1099,7 @@ static void attn_case(be *gb, be *cb, int n_head, int n_head_kv, int hd)
         gb->ops->sync(gb);
         double e = rel_err_f(g, a, nq);
         CHECKF(e < 1e-4, "attention kv%s heads %d/%d hd %d step %d (T=%d): rel err %.3g",
-               elt == 2 ? "16" : "32", n_head, n_head_kv, hd, step, T, e);
+               be_kv_name(gb->kv_type), n_head, n_head_kv, hd, step, T, e);
         /* batch invariance: each token alone gives the very same bits */
         for (int t = 0; t < T; t += step == 0 ? 61 : 1) {
             be_batch one = { .T = 1, .pos = pos + t, .pages = pages + t, .slot = slot + t };
@@ -1109,7 +1109,7 @@ static void attn_case(be *gb, be *cb, int n_head, int n_head_kv, int hd)
             gb->ops->to_host(gb, g1, do1, row * 4);
             gb->ops->sync(gb);
             CHECKF(!memcmp(g1, g + t * row, row * 4), "attention kv%s heads %d/%d step %d: token %d (pos %d) "
-                   "alone differs from the batch of %d", elt == 2 ? "16" : "32", n_head, n_head_kv, step, t,
+                   "alone differs from the batch of %d", be_kv_name(gb->kv_type), n_head, n_head_kv, step, t,
                    pos[t], T);
             gb->ops->free(gb, dq1); gb->ops->free(gb, do1); free(g1);
         }
@@ -1373,6 +1373,20 @@ static void test_attention(void)
     attn_case(gpu, cpu, 6, 3, 48);
     attn_case(gpu32, cpu32, 8, 2, 64);
     attn_case(gpu32, cpu32, 4, 1, 128);
+    /* q8_0 caches: the same blocks as the CPU's, attention within 1e-4 */
+    be *gq8 = NULL, *cq8 = NULL;
+    char err[256];
+    CHECKF(!gpu_open(&gq8, BE_KV_Q8_0, NULL, err, sizeof err), "%s", err);
+    CHECKF(!be_open(&cq8, "cpu", pl, BE_KV_Q8_0, err, sizeof err), "%s", err);
+    if (gq8 && cq8) {
+        attn_case(gq8, cq8, 8, 2, 64);
+        attn_case(gq8, cq8, 4, 4, 128);
+        attn_case(gq8, cq8, 14, 2, 64);
+        attn_case(gq8, cq8, 6, 3, 32);
+        attn_case(gq8, cq8, 4, 2, 256);
+    }
+    if (gq8) gq8->ops->close(gq8);
+    if (cq8) cq8->ops->close(cq8);
 }
 
 /* ---- linear-attention ops against the CPU backend ---- */
