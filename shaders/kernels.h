@@ -26,7 +26,7 @@ typedef struct ck_feat {
     int code;        /* the architecture of the code the device runs: 80, 86, 89, 90, 120... */
     int wgmma;       /* warpgroup MMAs: sm_90a code on a 9.x device */
     int bulk;        /* cp.async.bulk with an mbarrier: code for 9.0 and later */
-    int pdl;         /* programmatic dependent launch: 9.0 and later */
+    int pdl;         /* programmatic dependent launch: 9.0 and later devices running code for them */
     int smem_optin;  /* dynamic shared memory a block may opt into, bytes */
 } ck_feat;
 /* 0, or -1 with a message in err: no code in this build for the device

@@ -71,7 +71,9 @@ int ck_feat_probe(ck_feat *f, char *err, size_t errlen)
     f->code = h[0];
     f->wgmma = h[1] && ma == 9;
     f->bulk = h[0] >= 90;
-    f->pdl = ma >= 9;
+    /* (code for 8.x JIT-compiled on a 9.0 device has no griddepcontrol.wait:
+     * launching it with programmatic serialization would race) */
+    f->pdl = ma >= 9 && h[0] >= 90;
     g_feat = *f;
     return 0;
 }

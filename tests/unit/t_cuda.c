@@ -1693,7 +1693,7 @@ static void test_paths(void)
     const ck_feat *f = ck_feat_now();
     CHECKF(f->cc == 10 * ma + mi, "cc %d, device %d.%d", f->cc, ma, mi);
     CHECKF(f->code >= 80 && f->code <= f->cc, "code sm_%d on cc %d", f->code, f->cc);
-    CHECK(f->pdl == (ma >= 9));
+    CHECK(f->pdl == (ma >= 9 && f->code >= 90));
     CHECK(f->bulk == (f->code >= 90));
     if (ma != 9) CHECK(!f->wgmma);
     CHECK(ck_mmqb_ok(QT_Q6_K, 4096) == f->wgmma);
