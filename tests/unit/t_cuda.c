@@ -108,9 +108,9 @@ static int portable;
 
 /* A CUDA backend with the paths f forces (NULL: the defaults), in this
  * round's path */
-static int gpu_open(be **b, int kv_f16, const be_cuda_force *f, char *err, size_t errlen)
+static int gpu_open(be **b, int kv_type, const be_cuda_force *f, char *err, size_t errlen)
 {
-    int bad = be_open(b, "cuda", pl, kv_f16, err, errlen);
+    int bad = be_open(b, "cuda", pl, kv_type, err, errlen);
 #ifdef ANE_CUDA
     be_cuda_force ff = { 0 };
     if (f) ff = *f;
