@@ -956,7 +956,7 @@ int ck_att_mma_ok(int f16, int n_head, int n_head_kv, int hd)
 {
     /* (head_dim 128's stages need 136 KiB of shared memory: 8.0 and 9.0
      * devices have it, 8.6, 8.9 and 12.x not) */
-    return f16 == 1 && (hd == 64 || hd == 128) && (int)ATT_MMA_SMEM(hd == 64 ? 64 : 128) <= ck_feat_now()->smem_optin &&
+    return f16 == 1 && (hd == 64 || hd == 128) && (int)(hd == 64 ? ATT_MMA_SMEM(64) : ATT_MMA_SMEM(128)) <= ck_feat_now()->smem_optin &&
            ck_att_grp_ok(f16, n_head, n_head_kv, hd);
 }
 

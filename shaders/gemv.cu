@@ -845,13 +845,14 @@ __device__ __forceinline__ void mbar_expect_tx(uint64_t *mb, unsigned bytes)
 }
 __device__ __forceinline__ void mbar_wait0(uint64_t *mb)   /* phase 0 */
 {
-    unsigned m = (unsigned)__cvta_generic_to_shared(mb), done = 0;
+    unsigned m = (unsigned)__cvta_generic_to_shared(mb);
 #ifndef CK_NO_BULK
+    unsigned done = 0;
     while (!done)
         asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0; selp.u32 %0, 1, 0, p; }"
                      : "=r"(done) : "r"(m) : "memory");
 #else
-    (void)m; (void)done;
+    (void)m;
 #endif
 }
 
