@@ -412,7 +412,7 @@ int proto_ev_encode(proto_buf *b, const proto_ev *e)
         pk_kstr(&k, "text", e->text, e->text_len);
         break;
     case PROTO_T_INFO_OK:
-        pk_map(&k, 30 + (e->cuda_f16_cache != NULL) + (e->kv_type != NULL) + (e->device && *e->device));
+        pk_map(&k, 30 + (e->cuda_f16_cache != NULL) + (e->kv_type != NULL) + (e->device != NULL));
         pk_kstr(&k, "type", tn, strlen(tn));
         pk_ku64(&k, "id", e->id);
         pk_ku64(&k, "version", e->version);
@@ -454,7 +454,7 @@ int proto_ev_encode(proto_buf *b, const proto_ev *e)
         pk_kbool(&k, "deterministic", e->deterministic);
         if (e->cuda_f16_cache) pk_kstr(&k, "cuda_f16_cache", e->cuda_f16_cache, strlen(e->cuda_f16_cache));
         if (e->kv_type) pk_kstr(&k, "kv_type", e->kv_type, strlen(e->kv_type));
-        if (e->device && *e->device) pk_kstr(&k, "device", e->device, strlen(e->device));
+        if (e->device) pk_kstr(&k, "device", e->device, strlen(e->device));
         break;
     case PROTO_T_PONG:
         pk_map(&k, 2);
