@@ -3,7 +3,8 @@
 #   make run        build, start aned on the bundled model, print a story
 #   make test       unit + integration tests; ends with "N passed, M failed"
 #   make bench      benchmarks on real-size synthetic models
-#   make cuda       build with the CUDA backend (CUDA_ARCH=90); test-cuda runs its tests;
+#   make cuda       build with the CUDA backend (CUDA_ARCH="80 86 89 90a 120", docs/cuda.md);
+#                   test-cuda runs its tests;
 #                   ktrace builds bin/ktrace.so, a kernel-timeline tracer
 #   make fuzz       every libFuzzer target FUZZ_SECONDS (default 30) s each
 #   make install    programs, libaneclient (+ headers, pkg-config), units, docs
@@ -61,7 +62,6 @@ O := bin/obj
 # CUDA=1 (set by `make cuda`): the same programs with the CUDA backend, objects
 # under bin/obj-cuda. Plain builds never need nvcc.
 CUDA      ?=
-CUDA_ARCH ?= 90
 CUDA_HOME ?= /usr/local/cuda
 NVCC      ?= $(CUDA_HOME)/bin/nvcc
 CUDA_OBJ  :=
@@ -71,8 +71,20 @@ CPPFLAGS += -DANE_CUDA -isystem $(CUDA_HOME)/include
 CUDA_OBJ := $(patsubst %.cu,$(O)/%.o,$(wildcard shaders/*.cu))
 CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcublas -lcublasLt -lcudart_static -ldl -lrt -lstdc++
 NVCCFLAGS ?= -O3 -std=c++17 -lineinfo
-# Hopper (90) builds for sm_90a, whose warpgroup MMAs the batched q4_K kernel uses
-CUDA_SM   := $(if $(filter 90,$(CUDA_ARCH)),90a,$(CUDA_ARCH))
+# The GPU architectures compiled into one fat binary (docs/cuda.md): Ampere
+# (80 A100, 86 RTX 30xx), Ada (89 RTX 40xx, L4, L40), Hopper as sm_90a (the
+# warpgroup MMAs; "90" means 90a too), and Blackwell's 120 (RTX 50xx) where
+# the toolkit has it; PTX of the newest for later GPUs. The device's
+# compute capability picks the code and the kernels' path at run time.
+CUDA_HAS_120 := $(shell $(NVCC) --list-gpu-arch 2>/dev/null | grep -qx compute_120 && echo 120)
+CUDA_ARCH ?= 80 86 89 90a $(CUDA_HAS_120)
+CUDA_SMS  := $(patsubst 90,90a,$(strip $(CUDA_ARCH)))
+CUDA_PTX  := $(lastword $(filter-out 90a,$(CUDA_SMS)))
+comma     := ,
+CUDA_GENCODE := $(foreach a,$(CUDA_SMS),-gencode arch=compute_$(a)$(comma)code=sm_$(a)) \
+                $(if $(CUDA_PTX),-gencode arch=compute_$(CUDA_PTX)$(comma)code=compute_$(CUDA_PTX))
+# objects rebuild when the list changes ($(O)/.cuda_arch holds the last one)
+$(shell mkdir -p $(O); [ "$$(cat $(O)/.cuda_arch 2>/dev/null)" = "$(CUDA_SMS)" ] || echo "$(CUDA_SMS)" > $(O)/.cuda_arch)
 endif
 BUILD_KIND := $(if $(filter 1,$(CUDA)),cuda,cpu)
 # programs relink when the build kind changes (bin/.kind holds the last one)
@@ -216,9 +228,9 @@ $(LIBPROTO): $(PROTO_OBJ) $(COMMON_OBJ)
 $(LIBENGINE): $(ENGINE_OBJ) $(COMMON_OBJ) $(CUDA_OBJ)
 	@mkdir -p $(dir $@); rm -f $@; ar rcs $@ $^
 
-$(O)/shaders/%.o: shaders/%.cu $(wildcard shaders/*.h shaders/*.cuh) engine/quant/qtypes.h
+$(O)/shaders/%.o: shaders/%.cu $(wildcard shaders/*.h shaders/*.cuh) engine/quant/qtypes.h $(O)/.cuda_arch
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -I. -gencode arch=compute_$(CUDA_SM),code=sm_$(CUDA_SM) $(if $(filter 90a,$(CUDA_SM)),-DCK_WGMMA=1) -Xcompiler -fPIC -c $< -o $@
+	$(NVCC) $(NVCCFLAGS) -I. $(CUDA_GENCODE) -Xcompiler -fPIC -c $< -o $@
 
 cuda:
 	$(MAKE) CUDA=1 all

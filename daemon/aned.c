@@ -60,6 +60,10 @@ static void usage(FILE *f)
 "      --max-seqs N        sequences batched together (default 16)\n"
 "      --max-queued N      jobs waiting beyond --max-seqs before \"busy\" (default 256)\n"
 "      --kv-budget MIB     KV cache pool size (default: --max-seqs full contexts)\n"
+"      --kv-type f16|q8_0|f32  how the KV cache holds keys and values (default\n"
+"                          f16); q8_0: blocks of 32 with an f16 scale, about half\n"
+"                          f16's bytes, slightly less accurate (docs/cuda.md);\n"
+"                          needs a head_dim that is a multiple of 32\n"
 "      --deterministic     a sequence's results never depend on what is batched\n"
 "                          with it, at every batch size (CUDA: slower past 16\n"
 "                          decoding streams; the CPU always is)\n"
@@ -348,7 +352,7 @@ static void raise_fd_limit(int max_clients)
 }
 
 enum {
-    OPT_SOCKET_MODE = 256, OPT_SOCKET_GROUP, OPT_BACKEND, OPT_MAX_SEQS, OPT_MAX_QUEUED, OPT_KV_BUDGET, OPT_DETERMINISTIC, OPT_F16_CACHE, OPT_CHAT_TEMPLATE,
+    OPT_SOCKET_MODE = 256, OPT_SOCKET_GROUP, OPT_BACKEND, OPT_MAX_SEQS, OPT_MAX_QUEUED, OPT_KV_BUDGET, OPT_DETERMINISTIC, OPT_F16_CACHE, OPT_CHAT_TEMPLATE, OPT_KV_TYPE,
     OPT_MAX_CLIENTS, OPT_MAX_BACKLOG, OPT_STALL, OPT_GRACE, OPT_HELLO, OPT_LOG_LEVEL,
     OPT_ALLOW_USER, OPT_ALLOW_GROUP, OPT_JOBS_UID, OPT_CLIENTS_UID, OPT_SECCOMP, OPT_IDLE,
 };
@@ -420,6 +424,7 @@ int main(int argc, char **argv)
         { "deterministic", no_argument, 0, OPT_DETERMINISTIC },
         { "cuda-f16-cache", required_argument, 0, OPT_F16_CACHE },
         { "chat-template", required_argument, 0, OPT_CHAT_TEMPLATE },
+        { "kv-type", required_argument, 0, OPT_KV_TYPE },
         { "max-clients", required_argument, 0, OPT_MAX_CLIENTS },
         { "max-backlog", required_argument, 0, OPT_MAX_BACKLOG },
         { "stall-timeout", required_argument, 0, OPT_STALL },
@@ -500,6 +505,12 @@ int main(int argc, char **argv)
             if (!strcmp(optarg, "auto")) so.eng.cuda_f16_cache_off = 0;
             else if (!strcmp(optarg, "off")) so.eng.cuda_f16_cache_off = 1;
             else { fprintf(stderr, "aned: --cuda-f16-cache: expected auto or off, got '%s'\n", optarg); return 2; }
+            break;
+        case OPT_KV_TYPE:
+            if (!strcmp(optarg, "f16")) so.eng.kv_type = ENG_KV_F16;
+            else if (!strcmp(optarg, "q8_0")) so.eng.kv_type = ENG_KV_Q8_0;
+            else if (!strcmp(optarg, "f32")) so.eng.kv_type = ENG_KV_F32;
+            else { fprintf(stderr, "aned: --kv-type: expected f16, q8_0 or f32, got '%s'\n", optarg); return 2; }
             break;
         case OPT_KV_BUDGET: if (parse_int("--kv-budget", optarg, 0, 1L << 30, &v)) return 2; so.eng.kv_budget = (size_t)v << 20; break;
         case OPT_MAX_CLIENTS: if (parse_int("--max-clients", optarg, 1, 1 << 20, &v)) return 2; so.max_clients = (int)v; break;
@@ -667,10 +678,12 @@ int main(int argc, char **argv)
     pthread_sigmask(SIG_BLOCK, &stop_sigs, NULL); /* server_open unblocks them */
     if (orc < 0) { log_error("%s", err); goto out; }
     const eng_model_info *mi = server_model(srv);
-    log_info("model %s: \"%s\", arch %s, %d layers, vocab %d, ctx %d, %s backend, %d thread(s), %d seq(s)%s",
+    log_info("model %s: \"%s\", arch %s, %d layers, vocab %d, ctx %d, %s backend, %d thread(s), %d seq(s), "
+             "kv %s%s",
              mi->path ? mi->path : so.eng.model_path, mi->name ? mi->name : "?", mi->arch ? mi->arch : "?",
              mi->n_layer, mi->n_vocab, mi->n_ctx, mi->backend ? mi->backend : "?", mi->n_threads,
-             mi->max_seqs, mi->tokenizer_only ? ", tokenizer only" : "");
+             mi->max_seqs, mi->kv_type ? mi->kv_type : "?", mi->tokenizer_only ? ", tokenizer only" : "");
+    if (mi->device && mi->device[0]) log_info("device: %s", mi->device);
     if (mi->warning && mi->warning[0]) log_warn("model: %s", mi->warning);
     if (so.eng.n_ctx > 0 && mi->n_ctx_train > 0 && mi->n_ctx > mi->n_ctx_train)
         log_warn("--ctx %d is larger than the model's trained context of %d tokens: "

@@ -880,6 +880,8 @@ static void req_info(client *cl, const proto_req *r)
     e.max_clients_per_uid = (uint32_t)s->opt.max_clients_per_uid;
     e.deterministic = mi->deterministic;
     e.cuda_f16_cache = mi->cuda_f16_cache_off ? "off" : "auto";
+    e.kv_type = mi->kv_type;
+    e.device = mi->device;
     /* One entry per connection with jobs. A job counts as "active" once its
      * first event arrived, else "queued" (the engine reports no per-job state). */
     proto_client_count *pc = calloc(s->n_clients ? s->n_clients : 1, sizeof *pc);

@@ -1015,6 +1015,8 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
     in->arch = m->tokenizer_only ? "none" : m->arch_name;
     in->name = m->name;
     in->backend = "cpu";
+    in->kv_type = "f16";
+    in->device = "";
     in->tokenizer_only = m->tokenizer_only;
     in->n_vocab = tok_n_vocab(m->tok);
     in->bos = tok_bos(m->tok);
@@ -1054,9 +1056,21 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
     if (nth > 256) nth = 256;
     in->n_threads = nth;
     if (pool_open(&e->pool, nth)) { snprintf(err, errlen, "cannot start %d threads", nth); goto fail; }
-    be_opts bo = { .kv_f16 = !opt->kv_f32, .deterministic = opt->deterministic,
+    int kvt = opt->kv_type == ENG_KV_F32 ? BE_KV_F32 : opt->kv_type == ENG_KV_Q8_0 ? BE_KV_Q8_0 : BE_KV_F16;
+    if (kvt == BE_KV_Q8_0 && m->hp.n_attn_layers > 0 && m->hp.head_dim % 32) {
+        snprintf(err, errlen, "%s: --kv-type q8_0 needs a head_dim that is a multiple of 32 (the model's is %d); use f16",
+                 m->path, m->hp.head_dim);
+        goto fail;
+    }
+    be_opts bo = { .kv_type = kvt, .deterministic = opt->deterministic,
                    .f16_cache_off = opt->cuda_f16_cache_off };
     if (be_open_opts(&e->be, opt->backend, e->pool, &bo, err, errlen)) goto fail;
+    /* CUDA's windowed attention (sliding-window layers, sinks) reads f16 and f32 caches only */
+    if (kvt == BE_KV_Q8_0 && strcmp(e->be->ops->name, "cpu") && m->hp.n_swa > 0) {
+        snprintf(err, errlen, "%s: --kv-type q8_0 is not supported on %s for a model with sliding-window layers; "
+                 "use f16 (or --backend cpu)", m->path, e->be->ops->name);
+        goto fail;
+    }
     const char *lacks = fw_lacks(m, e->be->ops);
     if (lacks) {
         /* the architecture needs ops this backend lacks: when the
@@ -1068,16 +1082,17 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
         }
         e->be->ops->close(e->be);
         e->be = NULL;
-        if (be_cpu_open(&e->be, e->pool, !opt->kv_f32, err, errlen)) goto fail;
+        if (be_cpu_open(&e->be, e->pool, kvt, err, errlen)) goto fail;
     }
     in->backend = e->be->ops->name;
+    in->kv_type = be_kv_name(e->be->kv_type);
+    in->device = e->be->device;
     /* a GPU pass costs about the same for 128 or 512 prompt tokens (each
      * pass reads, and for prompts converts, every weight once): there
      * prompts share passes with decoding streams at full width */
     e->prefill_shared = strcmp(e->be->ops->name, "cpu") ? BATCH_TOKENS : PREFILL_SHARED;
-    if (model_prepare(m, e->be, err, errlen)) goto fail;
 
-    size_t page_bytes = fw_kv_page_bytes(m, e->be->kv_elt);
+    size_t page_bytes = fw_kv_page_bytes(m, e->be->kv_type);
     size_t pages_per_ctx = ((size_t)e->n_ctx + KV_PAGE - 1) / KV_PAGE;
     size_t n_pages = opt->kv_budget ? opt->kv_budget / page_bytes : pages_per_ctx * (size_t)e->max_seqs;
     if (n_pages < pages_per_ctx) {
@@ -1085,10 +1100,27 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
                  opt->kv_budget, pages_per_ctx * page_bytes, e->n_ctx);
         goto fail;
     }
-    if (n_pages > (size_t)1 << 24) n_pages = (size_t)1 << 24;
-    e->n_pages_total = (int)n_pages;
     int max_out = EVAL_ROWS > e->max_seqs ? EVAL_ROWS : e->max_seqs;
     int max_T = BATCH_TOKENS + e->max_seqs;
+    size_t dev_free = 0, dev_total = 0;
+    if (e->be->ops->mem_free && !e->be->ops->mem_free(e->be, &dev_free, &dev_total)) {
+        /* the whole need against the device's free memory, before any of it is taken */
+        fw_mem need;
+        fw_mem_estimate(m, e->be->kv_type, n_pages, max_T, max_out, e->max_seqs, &need);
+        if (need.total > dev_free) {
+            snprintf(err, errlen,
+                     "%s: the model needs about %zu MiB of %s device memory (weights %zu, KV pool %zu for %zu "
+                     "tokens in %s, state %zu, activations %zu, scratch %zu MiB) but %zu MiB of %zu are free; "
+                     "lower --ctx, --max-seqs or --kv-budget, use --kv-type q8_0, or a smaller model",
+                     m->path, need.total >> 20, e->be->ops->name, need.weights >> 20, need.kv >> 20,
+                     n_pages * KV_PAGE, be_kv_name(e->be->kv_type), need.state >> 20, need.act >> 20,
+                     need.scratch >> 20, dev_free >> 20, dev_total >> 20);
+            goto fail;
+        }
+    }
+    if (n_pages > (size_t)1 << 24) n_pages = (size_t)1 << 24;
+    if (model_prepare(m, e->be, err, errlen)) goto fail;
+    e->n_pages_total = (int)n_pages;
     if (fw_open(&e->fw, m, e->be, max_T, max_out, e->n_pages_total, e->max_seqs, err, errlen)) goto fail;
     if (sampler_open(&e->smp, m->hp.n_vocab)) { snprintf(err, errlen, "out of memory"); goto fail; }
     pthread_mutex_init(&e->gv_mu, NULL);

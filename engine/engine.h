@@ -17,6 +17,10 @@
 
 typedef struct eng eng;
 
+/* KV cache types (eng_opts.kv_type): f16 the default; q8_0 about half
+ * its bytes (docs/cuda.md gives the accuracy); f32 twice them */
+enum { ENG_KV_F16 = 0, ENG_KV_Q8_0 = 1, ENG_KV_F32 = 2 };
+
 typedef struct eng_opts {
     const char *model_path; /* GGUF file or Hugging Face directory */
     const char *backend;    /* "cpu", "cuda", or NULL for the best present */
@@ -25,7 +29,7 @@ typedef struct eng_opts {
     size_t kv_budget;       /* bytes for the shared KV pool; 0 = room for max_seqs full contexts */
     int max_seqs;           /* sequences in one batched forward pass; 0 = 16 */
     int max_queued;         /* jobs waiting beyond max_seqs before ENG_EBUSY; 0 = 256 */
-    int kv_f32;             /* 1: KV cache in f32 instead of f16 */
+    int kv_type;            /* ENG_KV_*: how the KV cache holds keys and values (aned --kv-type) */
     /* Called on the worker thread whenever events were queued. Must not call
      * into the engine; typically ev_async_send(). May be NULL (then poll). */
     void (*notify)(void *arg);
@@ -87,6 +91,8 @@ typedef struct eng_model_info {
     uint64_t weight_bytes;
     int n_threads, max_seqs;
     int deterministic, cuda_f16_cache_off; /* as opened (eng_opts) */
+    const char *kv_type;       /* "f16", "q8_0" or "f32" */
+    const char *device;        /* the accelerator and the kernels' path, or "" (CPU) */
 } eng_model_info;
 
 const eng_model_info *eng_model(const eng *e);

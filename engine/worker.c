@@ -334,7 +334,7 @@ static void schedule(eng *e)
     }
     e->st.active = (uint32_t)(e->n_active + e->n_parked);
     e->st.queued = (uint32_t)(e->n_queued + e->n_pending);
-    e->st.kv_used = (size_t)kvc_in_use(e->kv) * fw_kv_page_bytes(e->m, e->be->kv_elt);
+    e->st.kv_used = (size_t)kvc_in_use(e->kv) * fw_kv_page_bytes(e->m, e->be->kv_type);
 }
 
 /* The grammar's mask on a job's logits: tokens it refuses get -inf; the

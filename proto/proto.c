@@ -436,7 +436,7 @@ int proto_ev_encode(proto_buf *b, const proto_ev *e)
         pk_kstr(&k, "text", e->text, e->text_len);
         break;
     case PROTO_T_INFO_OK:
-        pk_map(&k, 31 + (e->cuda_f16_cache != NULL));
+        pk_map(&k, 31 + (e->cuda_f16_cache != NULL) + (e->kv_type != NULL) + (e->device != NULL));
         pk_kstr(&k, "type", tn, strlen(tn));
         pk_ku64(&k, "id", e->id);
         pk_ku64(&k, "version", e->version);
@@ -478,6 +478,8 @@ int proto_ev_encode(proto_buf *b, const proto_ev *e)
         pk_ku64(&k, "max_clients_per_uid", e->max_clients_per_uid);
         pk_kbool(&k, "deterministic", e->deterministic);
         if (e->cuda_f16_cache) pk_kstr(&k, "cuda_f16_cache", e->cuda_f16_cache, strlen(e->cuda_f16_cache));
+        if (e->kv_type) pk_kstr(&k, "kv_type", e->kv_type, strlen(e->kv_type));
+        if (e->device) pk_kstr(&k, "device", e->device, strlen(e->device));
         break;
     case PROTO_T_PONG:
         pk_map(&k, 2);

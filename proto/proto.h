@@ -190,6 +190,8 @@ typedef struct proto_ev {
     uint32_t max_clients_per_uid; /* info: 0 = no limit */
     int deterministic;       /* info: batch-invariant results at every batch size */
     const char *cuda_f16_cache; /* info: "auto" or "off" (NULL: not sent) */
+    const char *kv_type;     /* info: "f16", "q8_0" or "f32" (NULL: not sent) */
+    const char *device;      /* info: the accelerator and the kernels' path, "" on the CPU (NULL: not sent) */
     const proto_client_count *per_client; size_t n_per_client;
     const char *model_path; size_t model_path_len; /* info */
 } proto_ev;

@@ -52,13 +52,24 @@ __device__ __forceinline__ void att_merge_step(float &M, float &L, float (&A)[AT
     att_merge_n<ATT_DPT>(M, L, A, m, l, a);
 }
 
+/* value i of a q8_0 cache (F16 == CK_KV_Q8_0): its block's f16 scale
+ * times its int8, as the CPU's dequantization */
+__device__ __forceinline__ float kq8_ld(const void *c, size_t i)
+{
+    const uint8_t *b = (const uint8_t *)c + (i >> 5) * CK_KV_Q8_BLOCK;
+    return __half2float(*(const __half *)b) * (float)(int8_t)b[2 + (i & 31)];
+}
+
 /* ND consecutive cache values from element i, of which the first nv are
  * real (the rest 0); vec: i and ND even, read in pairs (else one by one,
  * since i may be odd when hd % ND != 0) */
 template <int ND, int F16>
 __device__ __forceinline__ void att_load(const void *c, size_t i, int nv, bool vec, float (&v)[ND])
 {
-    if (F16 && ND % 2 == 0 && vec) {
+    if (F16 == CK_KV_Q8_0) {
+#pragma unroll
+        for (int k = 0; k < ND; k++) v[k] = k < nv ? kq8_ld(c, i + k) : 0.f;
+    } else if (F16 && ND % 2 == 0 && vec) {
         const __half2 *p = (const __half2 *)((const __half *)c + i);
 #pragma unroll
         for (int k = 0; k < ND; k += 2) {
@@ -291,7 +302,7 @@ __device__ __forceinline__ void att_prefetch_row(const void *kc, const void *vc,
 template <int F16>
 __device__ __forceinline__ float att_ld1(const void *c, size_t i)
 {
-    return F16 ? __half2float(((const __half *)c)[i]) : ((const float *)c)[i];
+    return F16 == CK_KV_Q8_0 ? kq8_ld(c, i) : F16 ? __half2float(((const __half *)c)[i]) : ((const float *)c)[i];
 }
 
 /* k_attention with the block's ATT_WARPS warps on each span together, for
@@ -472,7 +483,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const float *q, co
      * cache rows by earlier kernels: read before the wait, into L2) */
     int len = pos[t] + 1, ns = (len + CK_ATT_SPAN - 1) / CK_ATT_SPAN;
     if ((G == 1 || ns == 1) && y != 0) return;
-    if (ROLL) {   /* (few blocks: their latency is the launch's) */
+    if (ROLL && F16 != CK_KV_Q8_0) {   /* (few blocks: their latency is the launch's) */
         int s = G == 1 || ns == 1 ? warp : y + G * warp, p = s * CK_ATT_SPAN + lane;
         if (s < ns && p < len)
             att_prefetch_row(kc, vc, kv_slot(off, pages, t, p) * (size_t)kvd + (size_t)kvh * hd, hd, F16 ? 2 : 4);
@@ -500,7 +511,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const float *q, co
                                          * the unrolled form takes none, and keeps its L1) */
     float (*sp)[33] = (float (*)[33])(att_sp + (ROLL ? warp * 32 * 33 : 0));
     const float *qt = q + (size_t)th * hd;
-    if (R.tab) {
+    if (F16 != CK_KV_Q8_0 && R.tab) {   /* (never with a q8_0 cache) */
         __shared__ float ks[ND * 32];
         const int half = R.n_rot / 2;
         const float *kt = R.k + ((size_t)t * n_head_kv + kvh) * hd, *vt = R.v + ((size_t)t * n_head_kv + kvh) * hd;
@@ -523,12 +534,12 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const float *q, co
         for (int d = threadIdx.x; d < hd; d += blockDim.x) {
             kv_put(R.kc, F16, s + d, ks[d]);
             kv_put(R.vc, F16, s + d, bvh ? __fadd_rn(vt[d], rb[2][d]) : vt[d]);
-            if (F16) qs[d] = __half2float(__float2half_rn(qs[d]));
+            if (F16 == 1) qs[d] = __half2float(__float2half_rn(qs[d]));
         }
-    } else {
+    } else {   /* (q rounded to f16 for an f16 cache only: q8_0 keys meet q in f32, as on the CPU) */
         for (int d = threadIdx.x; d < hd; d += blockDim.x) {
             float v = qt[d];
-            qs[d] = F16 ? __half2float(__float2half_rn(v)) : v;
+            qs[d] = F16 == 1 ? __half2float(__float2half_rn(v)) : v;
         }
     }
     __syncthreads();
@@ -993,6 +1004,7 @@ extern "C" {
 
 int ck_att_grp_ok(int f16, int n_head, int n_head_kv, int hd)
 {
+    if (f16 == CK_KV_Q8_0) return 0;   /* (k_attention only) */
     if (n_head_kv < 1 || n_head % n_head_kv || n_head / n_head_kv < 2 || n_head / n_head_kv > 8) return 0;
     if (hd > 256 || hd * (f16 ? 2 : 4) > 512 || (hd * (f16 ? 2 : 4)) % 16) return 0;
     static bool attr = false;   /* (64 KiB of dynamic shared memory at most, once) */
@@ -1006,8 +1018,10 @@ int ck_att_grp_ok(int f16, int n_head, int n_head_kv, int hd)
         cudaFuncSetAttribute(k_att_grp<2, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, b);
         cudaFuncSetAttribute(k_att_grp<4, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, b);
         cudaFuncSetAttribute(k_att_grp<8, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, b);
-        cudaFuncSetAttribute(k_att_mma<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ATT_MMA_SMEM(64));
-        cudaFuncSetAttribute(k_att_mma<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ATT_MMA_SMEM(128));
+        if ((int)ATT_MMA_SMEM(64) <= ck_feat_now()->smem_optin)
+            cudaFuncSetAttribute(k_att_mma<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ATT_MMA_SMEM(64));
+        if ((int)ATT_MMA_SMEM(128) <= ck_feat_now()->smem_optin)
+            cudaFuncSetAttribute(k_att_mma<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ATT_MMA_SMEM(128));
         attr = true;
     }
     return 1;
@@ -1015,7 +1029,10 @@ int ck_att_grp_ok(int f16, int n_head, int n_head_kv, int hd)
 
 int ck_att_mma_ok(int f16, int n_head, int n_head_kv, int hd)
 {
-    return f16 && (hd == 64 || hd == 128) && ck_att_grp_ok(f16, n_head, n_head_kv, hd);
+    /* (head_dim 128's stages need 136 KiB of shared memory: 8.0 and 9.0
+     * devices have it, 8.6, 8.9 and 12.x not) */
+    return f16 == 1 && (hd == 64 || hd == 128) && (int)(hd == 64 ? ATT_MMA_SMEM(64) : ATT_MMA_SMEM(128)) <= ck_feat_now()->smem_optin &&
+           ck_att_grp_ok(f16, n_head, n_head_kv, hd);
 }
 
 /* The block's warps on each span together (att_coop): for head_dim 32 *
@@ -1085,7 +1102,7 @@ void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *v
     /* rolled span loops for launches of fewer blocks than SMs */
     bool roll = (int)(g.x * g.y) < n_sm;
     int coop = ck_att_coop(hd);
-    if (G == 1 && !rp && ck_att_par(hd) && T * n_head <= n_sm) {
+    if (G == 1 && !rp && f16 != CK_KV_Q8_0 && ck_att_par(hd) && T * n_head <= n_sm) {
         if (f16) lk(k_att_par<ATT_WARPS, 1, ATT_PAR_G>, g, ATT_PAR_G * ATT_WARPS * 32, 0, st, q, kc, vc, pos, off,
                     pages, n_head, n_head_kv, out, L);
         else lk(k_att_par<ATT_WARPS, 0, ATT_PAR_G>, g, ATT_PAR_G * ATT_WARPS * 32, 0, st, q, kc, vc, pos, off,
@@ -1101,7 +1118,8 @@ void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *v
     } while (0)
 #define L_ATT(ND)                                                                                              \
     do {                                                                                                       \
-        if (f16) L_ATT2(ND, 1);                                                                                \
+        if (f16 == CK_KV_Q8_0) L_ATT2(ND, CK_KV_Q8_0);                                                         \
+        else if (f16) L_ATT2(ND, 1);                                                                           \
         else L_ATT2(ND, 0);                                                                                    \
     } while (0)
     if (nd <= 1) L_ATT(1);

@@ -877,29 +877,51 @@ __global__ void __launch_bounds__(GLU ? 512 : 128) k_gemv_mr(const mat_set S, si
  * instead of two units a lane ahead, so the launch's last, partial wave
  * still fills the memory pipe. Needs rb % 16 == 0 (n % 256 == 0). */
 #define BULK_UNITS 5
+/* (sm_90 PTX: code for older devices has them empty and never runs
+ * k_gemv_q8bulk, gemv_bulk says so) */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define CK_NO_BULK 1
+#endif
 __device__ __forceinline__ void mbar_init(uint64_t *mb, unsigned count)
 {
     unsigned a = (unsigned)__cvta_generic_to_shared(mb);
+#ifndef CK_NO_BULK
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(a), "r"(count) : "memory");
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#else
+    (void)a; (void)count;
+#endif
 }
 __device__ __forceinline__ void bulk_g2s(void *dst, const void *src, unsigned bytes, uint64_t *mb, uint64_t pol)
 {
     unsigned d = (unsigned)__cvta_generic_to_shared(dst), m = (unsigned)__cvta_generic_to_shared(mb);
+#ifndef CK_NO_BULK
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
                  ::"r"(d), "l"(src), "r"(bytes), "r"(m), "l"(pol) : "memory");
+#else
+    (void)d; (void)src; (void)bytes; (void)m; (void)pol;
+#endif
 }
 __device__ __forceinline__ void mbar_expect_tx(uint64_t *mb, unsigned bytes)
 {
     unsigned m = (unsigned)__cvta_generic_to_shared(mb);
+#ifndef CK_NO_BULK
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(m), "r"(bytes) : "memory");
+#else
+    (void)m; (void)bytes;
+#endif
 }
 __device__ __forceinline__ void mbar_wait0(uint64_t *mb)   /* phase 0 */
 {
-    unsigned m = (unsigned)__cvta_generic_to_shared(mb), done = 0;
+    unsigned m = (unsigned)__cvta_generic_to_shared(mb);
+#ifndef CK_NO_BULK
+    unsigned done = 0;
     while (!done)
         asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0; selp.u32 %0, 1, 0, p; }"
                      : "=r"(done) : "r"(m) : "memory");
+#else
+    (void)m;
+#endif
 }
 
 __global__ void __launch_bounds__(128) k_gemv_q8bulk(const mat_set S, size_t rb, int n, const int8_t *__restrict__ xq,
@@ -1079,10 +1101,12 @@ static void gemv_mr_k(cudaStream_t st, mat_set S, size_t rb, int n, const int8_t
 }
 
 /* One-token q8_0 rows of four warps by k_gemv_q8bulk (the same sums):
- * rows of up to BULK_UNITS units a lane, in whole 16-byte pieces. */
+ * rows of up to BULK_UNITS units a lane, in whole 16-byte pieces, on
+ * devices running code for 9.0 and later (ck_feat.bulk). */
 static int gemv_bulk(int n, size_t rb)
 {
-    return n % 32 == 0 && gemv_warps(n / 32) == 4 && n / 32 <= 128 * BULK_UNITS && rb % 16 == 0;
+    return ck_feat_now()->bulk && n % 32 == 0 && gemv_warps(n / 32) == 4 && n / 32 <= 128 * BULK_UNITS &&
+           rb % 16 == 0;
 }
 
 static void gemv_q8bulk(cudaStream_t st, mat_set S, size_t rb, int n, const int8_t *xq, const float *xd)

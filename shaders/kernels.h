@@ -16,6 +16,25 @@
 extern "C" {
 #endif
 
+/* What the device and this build's code offer the kernels (docs/cuda.md,
+ * "Which GPUs"). ck_feat_probe fills it at open from the device's compute
+ * capability and a probe kernel (which code the device runs), and makes it
+ * the one the launchers follow; ck_feat_use sets the one they follow
+ * (tests: every Hopper feature off, the portable path). */
+typedef struct ck_feat {
+    int cc;          /* compute capability, 10 * major + minor (90: Hopper) */
+    int code;        /* the architecture of the code the device runs: 80, 86, 89, 90, 120... */
+    int wgmma;       /* warpgroup MMAs: sm_90a code on a 9.x device */
+    int bulk;        /* cp.async.bulk with an mbarrier: code for 9.0 and later */
+    int pdl;         /* programmatic dependent launch: 9.0 and later devices running code for them */
+    int smem_optin;  /* dynamic shared memory a block may opt into, bytes */
+} ck_feat;
+/* 0, or -1 with a message in err: no code in this build for the device
+ * (built without its CUDA_ARCH), or the probe failed. */
+int ck_feat_probe(ck_feat *f, char *err, size_t errlen);
+void ck_feat_use(const ck_feat *f);
+const ck_feat *ck_feat_now(void);
+
 /* 1 when the kernels know weight type `type`. */
 int ck_type_ok(uint32_t type);
 /* 1 when debug switch `name` (an environment variable, docs/cuda.md) is
@@ -48,7 +67,7 @@ void ck_repack_q6_K(cudaStream_t st, const void *src, void *dst, size_t row_byte
  * xq_scratch (CK_XQ_BYTES(T, n_in) bytes) is given; else f32 arithmetic. */
 int ck_gemv_int8(uint32_t type, int n_in);
 /* Decode batches past the GEMV's (CK_GEMV_MAX_T < T <= CK_MMQB_MAX_T) of
- * q4_K matrices, and of q6_K ones in sm_90a builds (ck_mmqb_ok) in a
+ * q4_K matrices, and of q6_K ones on Hopper (ck_mmqb_ok, ck_feat.wgmma) in a
  * layout of their own (ck_repack_q6_Kb from ck_repack_q6_K's, rows
  * ck_q6b_row_bytes apart, which is the row_bytes to pass then):
  * out[i][t][r] = dot(row r of W[i], x[t])
@@ -123,6 +142,13 @@ void ck_add_pos(cudaStream_t st, float *x, const void *tab, int kind, size_t row
 void ck_silu_mul(cudaStream_t st, const float *g, const float *u, size_t n, float *out, void *xq, void *x16, int rows);
 void ck_rope(cudaStream_t st, float *x, const int32_t *pos, int T, int n_heads, int head_dim, int n_rot,
              float base, int neox, const float *freq_div);
+/* The KV cache's forms (the `f16` argument of the cache's launchers): 0
+ * f32, 1 f16, CK_KV_Q8_0 ggml's q8_0 blocks of CK_KV_Q8_BLOCK bytes (an f16
+ * scale, 32 int8), a row's kv_dim / 32 of them (kv_dim % 32 == 0); only
+ * ck_kv_store and ck_attention (no grouped, parallel, tensor-core or rope
+ * form) take q8_0 */
+#define CK_KV_Q8_0 2
+#define CK_KV_Q8_BLOCK 34
 void ck_kv_store(cudaStream_t st, void *kc, void *vc, int f16, const int32_t *pos, const int32_t *off,
                  const int32_t *pages, int T, int kv_dim, const float *k, const float *v);
 /* ck_rope of q [T][n_head][hd] and k [T][n_head_kv][hd], then ck_kv_store

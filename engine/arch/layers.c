@@ -65,7 +65,7 @@ void ly_out_norm(be *b, const float *x, const wt *w, const int32_t *out_idx, int
 int ly_kv_alloc(be *b, const hparams *hp, int n_pages, int l, void **kc, void **vc, size_t *bytes, char *err,
                 size_t errlen)
 {
-    size_t layer_bytes = (size_t)n_pages * KV_PAGE * hp->n_head_kv * hp->head_dim * b->kv_elt;
+    size_t layer_bytes = (size_t)n_pages * KV_PAGE * be_kv_bytes(b->kv_type, (size_t)hp->n_head_kv * hp->head_dim);
     kc[l] = b->ops->alloc(b, layer_bytes);
     vc[l] = b->ops->alloc(b, layer_bytes);
     if (!kc[l] || !vc[l])

@@ -137,6 +137,9 @@ typedef struct be_ops {
                          int n_head, int n_head_kv, int head_dim, const be_attn_ex *ex, float *out);
     /* Waits for queued work (no-op on the CPU). */
     void (*sync)(be *b);
+    /* Optional (accelerators): the device memory free and in all, for the
+     * start-up check that the model fits (fw_mem_estimate). 0 or -1. */
+    int (*mem_free)(be *b, size_t *free_bytes, size_t *total_bytes);
 
     /* ---- Optional ops (NULL where a backend lacks them; a model that needs
      * them fails to open with a clear message). Linear-attention (Gated
@@ -246,14 +249,22 @@ typedef struct be_ops {
                     int n_rot, float base, int neox, const wt *freq_div);
 } be_ops;
 
+/* How the KV cache holds keys and values (aned --kv-type). A cache row is
+ * a token's n_head_kv * head_dim values of one layer: f32, f16, or q8_0
+ * blocks as ggml's (32 values, an f16 scale then 32 int8; head_dim % 32
+ * == 0), so a head's values are whole blocks. */
+enum { BE_KV_F32 = 0, BE_KV_F16 = 1, BE_KV_Q8_0 = 2 };
+#define BE_KV_Q8_BLOCK 34   /* bytes per 32 values */
+
 struct be {
     const be_ops *ops;
-    size_t kv_elt;         /* bytes per cached value: 4 (f32) or 2 (f16) */
+    int kv_type;           /* BE_KV_* */
+    char device[192];      /* the accelerator and the kernels' path (info), or "" */
 };
 
 /* What a backend is opened with (zero: the defaults). */
 typedef struct be_opts {
-    int kv_f16;          /* 1: KV cache in f16 (else f32) */
+    int kv_type;         /* BE_KV_* (zero: f32) */
     /* 1: a row's results never depend on the rows batched with it. The CPU
      * always holds to that; CUDA does for decode batches of up to
      * CK_GEMV_MAX_T rows, and with this at every size (slower past it). */
@@ -268,9 +279,16 @@ struct pool;
  * options o (NULL: the defaults). The pool serves the CPU backend (and
  * host-side work of others). */
 int be_open_opts(be **out, const char *name, struct pool *p, const be_opts *o, char *err, size_t errlen);
-/* be_open_opts with only kv_f16 given */
-int be_open(be **out, const char *name, struct pool *p, int kv_f16, char *err, size_t errlen);
-int be_cpu_open(be **out, struct pool *p, int kv_f16, char *err, size_t errlen);
+/* be_open_opts with only kv_type given */
+int be_open(be **out, const char *name, struct pool *p, int kv_type, char *err, size_t errlen);
+int be_cpu_open(be **out, struct pool *p, int kv_type, char *err, size_t errlen);
+/* Bytes of n cached values (n % 32 == 0 for q8_0) */
+static inline size_t be_kv_bytes(int kv_type, size_t n)
+{
+    return kv_type == BE_KV_Q8_0 ? n / 32 * BE_KV_Q8_BLOCK : n * (kv_type == BE_KV_F16 ? 2 : 4);
+}
+/* "f32", "f16", "q8_0" */
+const char *be_kv_name(int kv_type);
 /* Tests: 1 = the CPU backend uses only its scalar reference code. */
 void be_cpu_scalar(be *b, int on);
 /* Tests: router choices the CPU's moe made since the last call whose
@@ -287,6 +305,8 @@ typedef struct be_cuda_force {
     int rope_att;    /* 1: rope_attention's fused form after any q/k/v set */
     int att_mma;     /* grouped attention on tensor cores: 1 always, -1 never */
     int att_grp;     /* grouped attention's blocks per SM (-1: not grouped) */
+    int portable;    /* 1: no Hopper feature (wgmma, bulk copies, programmatic
+                      * dependent launch): the path of 8.x devices */
 } be_cuda_force;
 #ifdef ANE_CUDA
 int be_cuda_open(be **out, struct pool *p, const be_opts *o, char *err, size_t errlen);

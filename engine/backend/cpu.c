@@ -306,12 +306,23 @@ static inline size_t kv_slot(const be_batch *bt, int t, int pos)
     return (size_t)bt->pages[t][pos / KV_PAGE] * KV_PAGE + (size_t)(pos % KV_PAGE);
 }
 
+/* A q8_0 cache's head kvh of (token t, position pos): hd / 32 blocks */
+static inline const void *kv_q8_at(const void *c, const be_batch *bt, int t, int pos, int kvd, int kvh, int hd)
+{
+    return (const uint8_t *)c + kv_slot(bt, t, pos) * be_kv_bytes(BE_KV_Q8_0, (size_t)kvd) +
+           be_kv_bytes(BE_KV_Q8_0, (size_t)kvh * hd);
+}
+
 static void cpu_kv_store(be *b, void *kc, void *vc, const be_batch *bt, int kv_dim, const float *k, const float *v)
 {
     for (int t = 0; t < bt->T; t++) {
         size_t s = kv_slot(bt, t, bt->pos[t]) * (size_t)kv_dim;
         const float *kt = k + (size_t)t * kv_dim, *vt = v + (size_t)t * kv_dim;
-        if (b->kv_elt == 2) {
+        if (b->kv_type == BE_KV_Q8_0) {   /* ggml's q8_0 blocks (the reference quantizer) */
+            size_t o = be_kv_bytes(BE_KV_Q8_0, s);
+            qt_quantize_row_ref(QT_Q8_0, kt, (uint8_t *)kc + o, kv_dim);
+            qt_quantize_row_ref(QT_Q8_0, vt, (uint8_t *)vc + o, kv_dim);
+        } else if (b->kv_type == BE_KV_F16) {
             uint16_t *kd = (uint16_t *)kc + s, *vd = (uint16_t *)vc + s;
             for (int i = 0; i < kv_dim; i++) { kd[i] = qt_fp32_to_fp16(kt[i]); vd[i] = qt_fp32_to_fp16(vt[i]); }
         } else {
@@ -353,8 +364,8 @@ static void att_one_ref(att_job *j, int t, int h)
     int kvh = h / (j->n_head / j->n_head_kv);
     const float *q0 = j->q + ((size_t)t * j->n_head + h) * hd;
     float *o = j->out + ((size_t)t * j->n_head + h) * hd;
-    float acc[1024], qr[1024], sc[ATT_CHUNK];
-    int f16 = j->b->kv_elt == 2;
+    float acc[1024], qr[1024], sc[ATT_CHUNK], kq[1024];
+    int f16 = j->b->kv_type == BE_KV_F16, q8 = j->b->kv_type == BE_KV_Q8_0;
     /* with an f16 cache, q·k is an f16 dot product (q rounded like the keys),
      * as in llama.cpp; it keeps quantized models within hundredths of it */
     for (int d = 0; d < hd; d++) {
@@ -369,7 +380,10 @@ static void att_one_ref(att_job *j, int t, int h)
         for (int i = 0; i < m; i++) {
             size_t s = kv_slot(j->bt, t, p0 + i) * (size_t)kvd + (size_t)kvh * hd;
             float dot = 0;
-            if (f16) {
+            if (q8) {   /* (q stays f32: the keys' blocks dequantized) */
+                qt_dequant_row(QT_Q8_0, kv_q8_at(j->kc, j->bt, t, p0 + i, kvd, kvh, hd), kq, hd);
+                for (int d = 0; d < hd; d++) dot += qr[d] * kq[d];
+            } else if (f16) {
                 const uint16_t *k = (const uint16_t *)j->kc + s;
                 for (int d = 0; d < hd; d++) dot += qr[d] * qt_fp16_to_fp32(k[d]);
             } else {
@@ -389,7 +403,10 @@ static void att_one_ref(att_job *j, int t, int h)
             size_t s = kv_slot(j->bt, t, p0 + i) * (size_t)kvd + (size_t)kvh * hd;
             float e = expf(sc[i] - mx);
             sum += e;
-            if (f16) {
+            if (q8) {
+                qt_dequant_row(QT_Q8_0, kv_q8_at(j->vc, j->bt, t, p0 + i, kvd, kvh, hd), kq, hd);
+                for (int d = 0; d < hd; d++) acc[d] += e * kq[d];
+            } else if (f16) {
                 const uint16_t *v = (const uint16_t *)j->vc + s;
                 for (int d = 0; d < hd; d++) acc[d] += e * qt_fp16_to_fp32(v[d]);
             } else {
@@ -422,7 +439,8 @@ static void att_one_avx2(att_job *j, int t, int h)
     const float *q0 = j->q + ((size_t)t * j->n_head + h) * hd;
     float *o = j->out + ((size_t)t * j->n_head + h) * hd;
     float acc[1024] __attribute__((aligned(32))), qr[1024] __attribute__((aligned(32))), sc[ATT_CHUNK];
-    int f16 = j->b->kv_elt == 2;
+    float kq[1024] __attribute__((aligned(32)));
+    int f16 = j->b->kv_type == BE_KV_F16, q8 = j->b->kv_type == BE_KV_Q8_0;
     for (int d = 0; d < hd; d += 8) {
         __m256 q = _mm256_loadu_ps(q0 + d);
         if (f16) q = _mm256_cvtph_ps(_mm256_cvtps_ph(q, _MM_FROUND_TO_NEAREST_INT));
@@ -438,7 +456,10 @@ static void att_one_avx2(att_job *j, int t, int h)
             size_t s = kv_slot(j->bt, t, p0 + i) * (size_t)kvd + (size_t)kvh * hd;
             __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
             int d = 0;
-            if (f16) {
+            if (q8) {   /* (q8_0 keys: dequantized as the reference does, f32 dot) */
+                qt_dequant_row(QT_Q8_0, kv_q8_at(j->kc, j->bt, t, p0 + i, kvd, kvh, hd), kq, hd);
+                for (; d < hd; d += 8) a0 = _mm256_fmadd_ps(_mm256_load_ps(qr + d), _mm256_load_ps(kq + d), a0);
+            } else if (f16) {
                 const uint16_t *k = (const uint16_t *)j->kc + s;
                 for (; d + 16 <= hd; d += 16) {
                     a0 = _mm256_fmadd_ps(_mm256_load_ps(qr + d), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + d))), a0);
@@ -464,7 +485,11 @@ static void att_one_avx2(att_job *j, int t, int h)
             float e = expf(sc[i] - mx);
             sum += e;
             __m256 ev = _mm256_set1_ps(e);
-            if (f16) {
+            if (q8) {
+                qt_dequant_row(QT_Q8_0, kv_q8_at(j->vc, j->bt, t, p0 + i, kvd, kvh, hd), kq, hd);
+                for (int d = 0; d < hd; d += 8)
+                    _mm256_store_ps(acc + d, _mm256_fmadd_ps(ev, _mm256_load_ps(kq + d), _mm256_load_ps(acc + d)));
+            } else if (f16) {
                 const uint16_t *v = (const uint16_t *)j->vc + s;
                 for (int d = 0; d < hd; d += 8)
                     _mm256_store_ps(acc + d, _mm256_fmadd_ps(ev, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + d))),
@@ -575,12 +600,12 @@ void be_cpu_scalar(be *b, int on)
     ((cpu_be *)b)->simd_att = !on && (qt_isa_get() == QT_ISA_AVX2 || qt_isa_get() == QT_ISA_AVX512);
 }
 
-int be_cpu_open(be **out, pool *p, int kv_f16, char *err, size_t errlen)
+int be_cpu_open(be **out, pool *p, int kv_type, char *err, size_t errlen)
 {
     cpu_be *c = calloc(1, sizeof *c);
     if (!c) { snprintf(err, errlen, "out of memory"); return -1; }
     c->base.ops = &cpu_ops;
-    c->base.kv_elt = kv_f16 ? 2 : 4;
+    c->base.kv_type = kv_type;
     c->pool = p;
     qt_init();
     c->simd_att = qt_isa_get() == QT_ISA_AVX2 || qt_isa_get() == QT_ISA_AVX512;

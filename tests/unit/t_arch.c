@@ -175,11 +175,71 @@ static void test_lacks(void)
     pool_close(p);
 }
 
+/* fw_mem_estimate: never less than what fw_open allocates on the backend
+ * (counted through its alloc), for a plain and a hybrid model, f16 and q8_0
+ * caches, and not wildly more; the KV pool exactly its pages' bytes. */
+static size_t alloc_sum;
+static const be_ops *alloc_real;
+static void *count_alloc(be *b, size_t bytes)
+{
+    alloc_sum += bytes;
+    return alloc_real->alloc(b, bytes);
+}
+
+static void test_mem_estimate(void)
+{
+    char err[256];
+    pool *p;
+    CHECK(pool_open(&p, 1) == 0);
+    const char *models[] = { FIXTURE("models/qwen3-tiny.bf16.gguf"), FIXTURE("models/qwen35-tiny.bf16.gguf"),
+                             FIXTURE("models/llama-q.Q4_K_M.gguf") };
+    const int kvts[] = { BE_KV_F16, BE_KV_Q8_0, BE_KV_F32 };
+    for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++) {
+        model *m = NULL;
+        CHECKF(model_load(&m, models[mi], err, sizeof err) == 0, "%s", err);
+        if (!m) continue;
+        const hparams *hp = &m->hp;
+        for (size_t ki = 0; ki < 3; ki++) {
+            be *b;
+            CHECK(be_cpu_open(&b, p, kvts[ki], err, sizeof err) == 0);
+            be_ops counting = *b->ops;
+            counting.alloc = count_alloc;
+            alloc_real = b->ops;
+            b->ops = &counting;
+            const int max_T = 40, max_out = 8, max_seqs = 4;
+            const size_t n_pages = 24;
+            fw_mem est;
+            fw_mem_estimate(m, kvts[ki], n_pages, max_T, max_out, max_seqs, &est);
+            size_t kvd = (size_t)hp->n_head_kv * hp->head_dim;
+            size_t kv_want = n_pages * KV_PAGE * 2 * (size_t)hp->n_attn_layers *
+                             (kvts[ki] == BE_KV_Q8_0 ? kvd / 32 * 34 : kvd * (kvts[ki] == BE_KV_F16 ? 2 : 4));
+            CHECKF(est.kv == kv_want, "%s kv %s: %zu, want %zu", models[mi], be_kv_name(kvts[ki]), est.kv, kv_want);
+            CHECK(est.weights == m->weight_bytes);
+            CHECK(est.total == est.weights + est.kv + est.state + est.act + est.scratch);
+            CHECK(est.scratch >= FW_MEM_BACKEND + 2 * (size_t)hp->n_vocab * hp->n_embd);
+            alloc_sum = 0;
+            fw *f = NULL;
+            CHECKF(fw_open(&f, m, b, max_T, max_out, (int)n_pages, max_seqs, err, sizeof err) == 0, "%s", err);
+            size_t need = est.kv + est.state + est.act;
+            CHECKF(alloc_sum <= need, "%s kv %s: fw_open took %zu bytes, estimate %zu", models[mi],
+                   be_kv_name(kvts[ki]), alloc_sum, need);
+            CHECKF(need <= 2 * alloc_sum, "%s kv %s: estimate %zu for %zu taken", models[mi], be_kv_name(kvts[ki]),
+                   need, alloc_sum);
+            if (f) fw_close(f);
+            b->ops = alloc_real;
+            b->ops->close(b);
+        }
+        model_free(m);
+    }
+    pool_close(p);
+}
+
 int main(void)
 {
     RUN(test_table);
     RUN(test_rows);
     RUN(test_families);
     RUN(test_lacks);
+    RUN(test_mem_estimate);
     return CHECK_DONE();
 }

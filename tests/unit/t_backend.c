@@ -17,16 +17,28 @@ static float frand(void)
     return (float)((rs >> 11) * (1.0 / 9007199254740992.0)) * 2 - 1;
 }
 
+/* x [n] as a q8_0 cache holds it (ggml's q8_0: per 32 values d = max|x| /
+ * 127 rounded to f16, x / d rounded to an integer), back in f32 */
+static void q8_round(const float *x, float *y, int n)
+{
+    for (int b = 0; b < n; b += 32) {
+        float amax = 0;
+        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[b + i]));
+        float d = amax / 127.0f, dh = qt_fp16_to_fp32(qt_fp32_to_fp16(d));
+        for (int i = 0; i < 32; i++) y[b + i] = d ? dh * roundf(x[b + i] / d) : 0.0f;
+    }
+}
+
 /* ex: NULL for plain attention, else attention_ex with its window, sinks
  * (sinks[n_head] f32 values) and scale. */
-static void attention_case_ex(pool *p, int kv_f16, int n_head, int n_head_kv, int hd, int T, int ctx,
+static void attention_case_ex(pool *p, int kvt, int n_head, int n_head_kv, int hd, int T, int ctx,
                               const be_attn_ex *ex)
 {
     char err[128];
     be *b;
-    CHECK(be_cpu_open(&b, p, kv_f16, err, sizeof err) == 0);
+    int kv_f16 = kvt == BE_KV_F16;
+    CHECK(be_cpu_open(&b, p, kvt, err, sizeof err) == 0);
     int kvd = n_head_kv * hd, n_pages = (ctx + KV_PAGE - 1) / KV_PAGE;
-    size_t elt = kv_f16 ? 2 : 4;
     /* pages deliberately out of order */
     int32_t *pages = malloc((size_t)n_pages * sizeof *pages);
     for (int i = 0; i < n_pages; i++) pages[i] = (i * 7 + 3) % n_pages;
@@ -34,10 +46,16 @@ static void attention_case_ex(pool *p, int kv_f16, int n_head, int n_head_kv, in
     for (int i = 0; i < n_pages && coprime; i++)
         for (int k = 0; k < i; k++) if (pages[k] == pages[i]) { coprime = 0; break; }
     if (!coprime) for (int i = 0; i < n_pages; i++) pages[i] = n_pages - 1 - i;
-    void *kc = b->ops->alloc(b, (size_t)n_pages * KV_PAGE * kvd * elt);
-    void *vc = b->ops->alloc(b, (size_t)n_pages * KV_PAGE * kvd * elt);
+    void *kc = b->ops->alloc(b, be_kv_bytes(kvt, (size_t)n_pages * KV_PAGE * kvd));
+    void *vc = b->ops->alloc(b, be_kv_bytes(kvt, (size_t)n_pages * KV_PAGE * kvd));
     float *k = malloc((size_t)ctx * kvd * 4), *v = malloc((size_t)ctx * kvd * 4);
+    float *kr = malloc((size_t)ctx * kvd * 4), *vr = malloc((size_t)ctx * kvd * 4);   /* as cached */
     for (int i = 0; i < ctx * kvd; i++) { k[i] = frand() * 2; v[i] = frand(); }
+    for (int i = 0; i < ctx * kvd; i++) {
+        kr[i] = kv_f16 ? qt_fp16_to_fp32(qt_fp32_to_fp16(k[i])) : k[i];
+        vr[i] = kv_f16 ? qt_fp16_to_fp32(qt_fp32_to_fp16(v[i])) : v[i];
+    }
+    if (kvt == BE_KV_Q8_0) { q8_round(k, kr, ctx * kvd); q8_round(v, vr, ctx * kvd); }
     int32_t *pos = malloc((size_t)ctx * sizeof *pos);
     const int32_t **pg = malloc((size_t)ctx * sizeof *pg);
     for (int i = 0; i < ctx; i++) { pos[i] = i; pg[i] = pages; }
@@ -59,7 +77,8 @@ static void attention_case_ex(pool *p, int kv_f16, int n_head, int n_head_kv, in
         double d = fabs(o1[i] - o2[i]);
         if (d > worst) worst = d;
     }
-    CHECKF(worst < 2e-5, "f16=%d heads %d/%d hd %d T %d ctx %d: max diff %g", kv_f16, n_head, n_head_kv, hd, T, ctx, worst);
+    CHECKF(worst < 2e-5, "kv %s heads %d/%d hd %d T %d ctx %d: max diff %g", be_kv_name(kvt), n_head, n_head_kv, hd, T,
+           ctx, worst);
     /* and the scalar result against a direct softmax(q·k)·v in double */
     double wref = 0;
     for (int t = 0; t < T; t++)
@@ -75,9 +94,7 @@ static void attention_case_ex(pool *p, int kv_f16, int n_head, int n_head_kv, in
                 double d = 0;
                 for (int i = 0; i < hd; i++) {
                     float qi = kv_f16 ? qt_fp16_to_fp32(qt_fp32_to_fp16(qq[i])) : qq[i];
-                    float ki = k[(size_t)p2 * kvd + kvh * hd + i];
-                    if (kv_f16) ki = qt_fp16_to_fp32(qt_fp32_to_fp16(ki));
-                    d += (double)qi * ki;
+                    d += (double)qi * kr[(size_t)p2 * kvd + kvh * hd + i];
                 }
                 sc[p2] = d * scale;
                 if (sc[p2] > mx) mx = sc[p2];
@@ -87,25 +104,24 @@ static void attention_case_ex(pool *p, int kv_f16, int n_head, int n_head_kv, in
             for (int i = 0; i < hd; i++) {
                 double acc = 0;
                 for (int p2 = first; p2 < n; p2++) {
-                    float vi = v[(size_t)p2 * kvd + kvh * hd + i];
-                    if (kv_f16) vi = qt_fp16_to_fp32(qt_fp32_to_fp16(vi));
-                    acc += sc[p2] * vi;
+                    acc += sc[p2] * vr[(size_t)p2 * kvd + kvh * hd + i];
                 }
                 double d = fabs(acc / sum - o1[((size_t)t * n_head + h) * hd + i]);
                 if (d > wref) wref = d;
             }
             free(sc);
         }
-    CHECKF(wref < 1e-4, "scalar attention vs definition: %g", wref);
-    free(q); free(o1); free(o2); free(k); free(v); free(pos); free(pg); free(pages);
+    CHECKF(wref < 1e-4, "kv %s heads %d/%d hd %d: scalar attention vs definition: %g", be_kv_name(kvt), n_head,
+           n_head_kv, hd, wref);
+    free(q); free(o1); free(o2); free(k); free(v); free(kr); free(vr); free(pos); free(pg); free(pages);
     b->ops->free(b, kc);
     b->ops->free(b, vc);
     b->ops->close(b);
 }
 
-static void attention_case(pool *p, int kv_f16, int n_head, int n_head_kv, int hd, int T, int ctx)
+static void attention_case(pool *p, int kvt, int n_head, int n_head_kv, int hd, int T, int ctx)
 {
-    attention_case_ex(p, kv_f16, n_head, n_head_kv, hd, T, ctx, NULL);
+    attention_case_ex(p, kvt, n_head, n_head_kv, hd, T, ctx, NULL);
 }
 
 /* attention_ex: sliding windows (shorter and longer than the context, one
@@ -164,6 +180,11 @@ static void test_attention(void)
         attention_case(p, f16, 4, 1, 24, 16, 33);
         attention_case(p, f16, 2, 2, 256, 2, 40);
     }
+    /* q8_0 (head_dim a multiple of 32) */
+    attention_case(p, BE_KV_Q8_0, 14, 2, 64, 7, 77);
+    attention_case(p, BE_KV_Q8_0, 4, 4, 128, 1, 300);
+    attention_case(p, BE_KV_Q8_0, 2, 2, 256, 2, 40);
+    attention_case(p, BE_KV_Q8_0, 6, 3, 32, 5, 70);
     pool_close(p);
 }
 

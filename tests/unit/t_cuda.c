@@ -107,12 +107,20 @@ static int n_keep;
 static void *kept(void *p) { if (n_keep < 1024) keep[n_keep++] = p; return p; }
 static pool *pl;
 
-/* A CUDA backend with the paths f forces (NULL: the defaults) */
-static int gpu_open(be **b, int kv_f16, const be_cuda_force *f, char *err, size_t errlen)
+/* 1 in the second round of the tests: every backend on the portable path
+ * (no Hopper feature), as on an 8.x device */
+static int portable;
+
+/* A CUDA backend with the paths f forces (NULL: the defaults), in this
+ * round's path */
+static int gpu_open(be **b, int kv_type, const be_cuda_force *f, char *err, size_t errlen)
 {
-    int bad = be_open(b, "cuda", pl, kv_f16, err, errlen);
+    int bad = be_open(b, "cuda", pl, kv_type, err, errlen);
 #ifdef ANE_CUDA
-    if (!bad && f) be_cuda_force_set(*b, f);
+    be_cuda_force ff = { 0 };
+    if (f) ff = *f;
+    ff.portable = portable;
+    if (!bad) be_cuda_force_set(*b, &ff);
 #else
     (void)f;
 #endif
@@ -189,7 +197,7 @@ static void test_matmul(void)
     }
 }
 
-/* Decode-sized batches (17..32 rows) of q4_K and q6_K (sm_90a builds; in
+/* Decode-sized batches (17..32 rows) of q4_K and q6_K (q6_K on Hopper only; in
  * its own layout, made at the first such batch): the batched f16
  * tensor-core kernel against the dequantized weights in double (q6_K's f16
  * values as close as cuBLAS's f16 copy), on shapes that reach
@@ -479,7 +487,7 @@ static void rope_kv_case(be *g, int n_head, int n_head_kv, int hd, int n_rot, in
 {
     enum { NS = 3, MAXP = 32 };
     int n_pages = NS * MAXP, kvd = n_head_kv * hd;
-    size_t cache = (size_t)n_pages * KV_PAGE * kvd * g->kv_elt;
+    size_t cache = be_kv_bytes(g->kv_type, (size_t)n_pages * KV_PAGE * kvd);
     int32_t perm[NS * MAXP];
     page_perm(perm, n_pages);
     int32_t pos[64], slot[64];
@@ -528,7 +536,7 @@ static void rope_kv_case(be *g, int n_head, int n_head_kv, int hd, int n_rot, in
         g->ops->to_host(g, a, src[i][0], len[i]);
         g->ops->to_host(g, b, src[i][1], len[i]);
         CHECKF(memcmp(a, b, len[i]) == 0, "rope_kv kv%s heads %d/%d hd %d n_rot %d neox %d fd %d bias %d: %s differs",
-               g->kv_elt == 2 ? "16" : "32", n_head, n_head_kv, hd, n_rot, neox, with_fd, with_bias, what[i]);
+               g->kv_type == BE_KV_F16 ? "16" : "32", n_head, n_head_kv, hd, n_rot, neox, with_fd, with_bias, what[i]);
     }
     g->ops->sync(g);
     for (int r = 0; r < 2; r++) {
@@ -575,7 +583,7 @@ static void rope_att_case(be *g, int T, int n_head, int n_head_kv, int hd, int n
 {
     enum { MAXP = 64 };
     int kvd = n_head_kv * hd, n_pages = T * MAXP;
-    size_t cache = (size_t)n_pages * KV_PAGE * kvd * g->kv_elt;
+    size_t cache = be_kv_bytes(g->kv_type, (size_t)n_pages * KV_PAGE * kvd);
     int32_t *perm = malloc((size_t)n_pages * 4), *pos = malloc((size_t)T * 4), *slot = malloc((size_t)T * 4);
     int32_t *ids = calloc((size_t)T, 4);
     const int32_t **pages = malloc((size_t)T * sizeof *pages);
@@ -626,7 +634,7 @@ static void rope_att_case(be *g, int T, int n_head, int n_head_kv, int hd, int n
         g->ops->to_host(g, a, src[i][0], len[i]);
         g->ops->to_host(g, b, src[i][1], len[i]);
         CHECKF(memcmp(a, b, len[i]) == 0, "rope_attention kv%s T %d heads %d/%d hd %d n_rot %d neox %d bias %d: %s "
-               "differs", g->kv_elt == 2 ? "16" : "32", T, n_head, n_head_kv, hd, n_rot, neox, with_bias, what[i]);
+               "differs", g->kv_type == BE_KV_F16 ? "16" : "32", T, n_head, n_head_kv, hd, n_rot, neox, with_bias, what[i]);
     }
     g->ops->to_host(g, a, dq[2], nq * 4);
     CHECKF(memcmp(a, q, nq * 4) == 0, "rope_attention T %d: q was roped in place (not the fused kernel)", T);
@@ -652,7 +660,7 @@ static void qkv_rope_case(int kv_f16, int n_head, int n_head_kv, int neox, int w
     CHECKF(!gpu_open(&g, kv_f16, NULL, err, sizeof err), "%s", err);
     if (!g) return;
     int hd = 128, kvd = n_head_kv * hd, nq = n_head * hd;
-    size_t cache = (size_t)MAXP * KV_PAGE * kvd * g->kv_elt;
+    size_t cache = be_kv_bytes(g->kv_type, (size_t)MAXP * KV_PAGE * kvd);
     int32_t perm[MAXP], pos = p, slot = 0, id = 0;
     page_perm(perm, MAXP);
     const int32_t *pages = perm;
@@ -1034,7 +1042,7 @@ static void attn_case(be *gb, be *cb, int n_head, int n_head_kv, int hd)
 {
     enum { NS = 3, MAXP = 64 };
     int n_pages = NS * MAXP, kvd = n_head_kv * hd;
-    size_t elt = gb->kv_elt, cache = (size_t)n_pages * KV_PAGE * kvd * elt;
+    size_t cache = be_kv_bytes(gb->kv_type, (size_t)n_pages * KV_PAGE * kvd);
     int32_t perm[NS * MAXP];
     page_perm(perm, n_pages);
     int32_t *tbl[NS];
@@ -1089,7 +1097,7 @@ static void attn_case(be *gb, be *cb, int n_head, int n_head_kv, int hd)
             gb->ops->to_host(gb, h1, p1, no * 4);
             gb->ops->to_host(gb, h2, p2, no * 4);
             CHECKF(memcmp(h1, h2, no * 4) == 0, "attention kv%s heads %d/%d hd %d step %d: projection of the "
-                   "attention's int8 output differs", elt == 2 ? "16" : "32", n_head, n_head_kv, hd, step);
+                   "attention's int8 output differs", be_kv_name(gb->kv_type), n_head, n_head_kv, hd, step);
             gb->ops->free(gb, p1); gb->ops->free(gb, p2);
             free(h1); free(h2);
         }
@@ -1097,7 +1105,7 @@ static void attn_case(be *gb, be *cb, int n_head, int n_head_kv, int hd)
         gb->ops->sync(gb);
         double e = rel_err_f(g, a, nq);
         CHECKF(e < 1e-4, "attention kv%s heads %d/%d hd %d step %d (T=%d): rel err %.3g",
-               elt == 2 ? "16" : "32", n_head, n_head_kv, hd, step, T, e);
+               be_kv_name(gb->kv_type), n_head, n_head_kv, hd, step, T, e);
         /* batch invariance: each token alone gives the very same bits */
         for (int t = 0; t < T; t += step == 0 ? 61 : 1) {
             be_batch one = { .T = 1, .pos = pos + t, .pages = pages + t, .slot = slot + t };
@@ -1107,7 +1115,7 @@ static void attn_case(be *gb, be *cb, int n_head, int n_head_kv, int hd)
             gb->ops->to_host(gb, g1, do1, row * 4);
             gb->ops->sync(gb);
             CHECKF(!memcmp(g1, g + t * row, row * 4), "attention kv%s heads %d/%d step %d: token %d (pos %d) "
-                   "alone differs from the batch of %d", elt == 2 ? "16" : "32", n_head, n_head_kv, step, t,
+                   "alone differs from the batch of %d", be_kv_name(gb->kv_type), n_head, n_head_kv, step, t,
                    pos[t], T);
             gb->ops->free(gb, dq1); gb->ops->free(gb, do1); free(g1);
         }
@@ -1135,7 +1143,7 @@ static void attn_group_case(be *gb, be *gd, be *gn, be *const *gm, be *cb, int n
 {
     enum { NS = 40, MAXP = 48 };
     int n_pages = NS * MAXP, kvd = n_head_kv * hd;
-    size_t elt = gb->kv_elt, cache = (size_t)n_pages * KV_PAGE * kvd * elt;
+    size_t elt = gb->kv_type == BE_KV_F16 ? 2 : 4, cache = be_kv_bytes(gb->kv_type, (size_t)n_pages * KV_PAGE * kvd);
     int32_t perm[NS * MAXP];
     page_perm(perm, n_pages);
     void *ckc = calloc(1, cache), *cvc = calloc(1, cache);
@@ -1283,7 +1291,7 @@ static void test_deterministic(void)
     enum { T = 24, NIN = 1024, NOUT = 300 };
     char err[256];
     be *g = NULL;
-    const be_opts o = { .kv_f16 = 1, .deterministic = 1 };
+    const be_opts o = { .kv_type = BE_KV_F16, .deterministic = 1 };
     int bad = be_open_opts(&g, "cuda", pl, &o, err, sizeof err);
     CHECKF(!bad, "%s", err);
     if (bad) return;
@@ -1371,6 +1379,20 @@ static void test_attention(void)
     attn_case(gpu, cpu, 6, 3, 48);
     attn_case(gpu32, cpu32, 8, 2, 64);
     attn_case(gpu32, cpu32, 4, 1, 128);
+    /* q8_0 caches: the same blocks as the CPU's, attention within 1e-4 */
+    be *gq8 = NULL, *cq8 = NULL;
+    char err[256];
+    CHECKF(!gpu_open(&gq8, BE_KV_Q8_0, NULL, err, sizeof err), "%s", err);
+    CHECKF(!be_open(&cq8, "cpu", pl, BE_KV_Q8_0, err, sizeof err), "%s", err);
+    if (gq8 && cq8) {
+        attn_case(gq8, cq8, 8, 2, 64);
+        attn_case(gq8, cq8, 4, 4, 128);
+        attn_case(gq8, cq8, 14, 2, 64);
+        attn_case(gq8, cq8, 6, 3, 32);
+        attn_case(gq8, cq8, 4, 2, 256);
+    }
+    if (gq8) gq8->ops->close(gq8);
+    if (cq8) cq8->ops->close(cq8);
 }
 
 /* attention_ex against the CPU's: a prefill of two sequences (scrambled
@@ -1379,7 +1401,7 @@ static void attn_ex_case(be *gb, be *cb, int n_head, int n_head_kv, int hd, int 
 {
     enum { NS = 2, MAXP = 24 };
     int n_pages = NS * MAXP, kvd = n_head_kv * hd;
-    size_t cache = (size_t)n_pages * KV_PAGE * kvd * gb->kv_elt;
+    size_t cache = be_kv_bytes(gb->kv_type, (size_t)n_pages * KV_PAGE * kvd);
     int32_t perm[NS * MAXP];
     page_perm(perm, n_pages);
     void *ckc = calloc(1, cache), *cvc = calloc(1, cache);
@@ -1413,7 +1435,7 @@ static void attn_ex_case(be *gb, be *cb, int n_head, int n_head_kv, int hd, int 
         gb->ops->sync(gb);
         double e = rel_err_f(g, a, nq);
         CHECKF(e < 1e-4, "attention_ex kv%d heads %d/%d hd %d window %d sinks %d scale %g step %d: rel err %.3g",
-               (int)gb->kv_elt * 8, n_head, n_head_kv, hd, window, with_sinks, scale, step, e);
+               gb->kv_type == BE_KV_F16 ? 16 : 32, n_head, n_head_kv, hd, window, with_sinks, scale, step, e);
         gb->ops->free(gb, dq); gb->ops->free(gb, dk); gb->ops->free(gb, dv); gb->ops->free(gb, dout);
         free(q); free(k); free(v); free(a); free(g);
     }
@@ -1787,6 +1809,40 @@ static void test_q6b_layout(void)
 #endif
 }
 
+/* The path switch: the device's features as probed, the kernels' choices
+ * they make (q6_K's batched kernel only with warpgroup MMAs, the one-token
+ * q8_0 bulk-copy GEMV only with bulk copies) and info's device line follow
+ * the forced portable path and come back without it. */
+static void test_paths(void)
+{
+#ifdef ANE_CUDA
+    int dev = 0, ma = 0, mi = 0;
+    CHECK(cudaGetDevice(&dev) == cudaSuccess);
+    CHECK(cudaDeviceGetAttribute(&ma, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess);
+    CHECK(cudaDeviceGetAttribute(&mi, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess);
+    be_cuda_force_set(gpu, &(be_cuda_force){ 0 });
+    const ck_feat *f = ck_feat_now();
+    CHECKF(f->cc == 10 * ma + mi, "cc %d, device %d.%d", f->cc, ma, mi);
+    CHECKF(f->code >= 80 && f->code <= f->cc, "code sm_%d on cc %d", f->code, f->cc);
+    CHECK(f->pdl == (ma >= 9 && f->code >= 90));
+    CHECK(f->bulk == (f->code >= 90));
+    if (ma != 9) CHECK(!f->wgmma);
+    CHECK(ck_mmqb_ok(QT_Q6_K, 4096) == f->wgmma);
+    CHECK(ck_mmqb_ok(QT_Q4_K, 4096));
+    CHECKF(strstr(gpu->device, f->wgmma ? "Hopper path" : "portable path") != NULL, "%s", gpu->device);
+    printf("  %s\n", gpu->device);
+    int hopper = f->wgmma;
+    be_cuda_force_set(gpu, &(be_cuda_force){ .portable = 1 });
+    f = ck_feat_now();
+    CHECK(!f->wgmma && !f->bulk && !f->pdl);
+    CHECK(!ck_mmqb_ok(QT_Q6_K, 4096));
+    CHECKF(strstr(gpu->device, "portable path") != NULL, "%s", gpu->device);
+    be_cuda_force_set(gpu, &(be_cuda_force){ 0 });
+    CHECK(ck_feat_now()->wgmma == hopper);
+    be_cuda_force_set(gpu, &(be_cuda_force){ .portable = portable });
+#endif
+}
+
 /* t_cuda [NAME]: only the tests whose name holds NAME */
 /* moe: the CUDA op against the CPU's on random weights of every type
  * (stacked experts), every gating and activation, with and without
@@ -1878,43 +1934,55 @@ int main(int argc, char **argv)
     char err[256];
     only = argc > 1 ? argv[1] : NULL;
     if (pool_open(&pl, 2)) return 1;
-    if (be_open(&gpu, "cuda", pl, 1, err, sizeof err)) {
+    if (gpu_open(&gpu, 1, NULL, err, sizeof err)) {
         fprintf(stderr, "t_cuda: %s: nothing to test\n", err);
         pool_close(pl);
         return CHECK_DONE();
     }
-    if (be_open(&gpu32, "cuda", pl, 0, err, sizeof err) || be_open(&cpu, "cpu", pl, 1, err, sizeof err) ||
+    if (gpu_open(&gpu32, 0, NULL, err, sizeof err) || be_open(&cpu, "cpu", pl, 1, err, sizeof err) ||
         be_open(&cpu32, "cpu", pl, 0, err, sizeof err)) {
         fprintf(stderr, "%s\n", err);
         return 1;
     }
-    RUN_SOME(test_q6b_layout);
-    RUN_SOME(test_matmul);
-    RUN_SOME(test_mmqb);
-    RUN_SOME(test_fused);
-    RUN_SOME(test_embed);
-    RUN_SOME(test_elementwise);
-    RUN_SOME(test_norms);
-    RUN_SOME(test_rope);
-    RUN_SOME(test_rope_kv);
-    RUN_SOME(test_rope_attention);
-    RUN_SOME(test_qkv_rope);
-    RUN_SOME(test_fused_quant);
-    RUN_SOME(test_glu);
-    RUN_SOME(test_glu_batched);
-    RUN_SOME(test_attention);
-    RUN_SOME(test_att_group);
-    RUN_SOME(test_attention_ex);
-    RUN_SOME(test_gelu_layernorm);
-    RUN_SOME(test_argmax);
-    RUN_SOME(test_ssm_elementwise);
-    RUN_SOME(test_conv1d);
-    RUN_SOME(test_deltanet);
-    RUN_SOME(test_moe);
-    if (gpu_open(&gpuv, 1, &(be_cuda_force){ .gemv_all = 1 }, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
-    RUN_SOME(test_invariance);
-    RUN_SOME(test_deterministic);
-    gpuv->ops->close(gpuv);
+    /* every test twice on a Hopper card: its own path, then the portable
+     * one of 8.x devices (on others, the portable path once) */
+    for (portable = 0; portable < 2; portable++) {
+#ifdef ANE_CUDA
+        const ck_feat *own = ck_feat_now();
+        if (portable && !own->wgmma && !own->bulk && !own->pdl) break;
+        be_cuda_force_set(gpu, &(be_cuda_force){ .portable = portable });
+        be_cuda_force_set(gpu32, &(be_cuda_force){ .portable = portable });
+        printf("%s path\n", portable ? "portable" : "the device's own");
+#endif
+        RUN_SOME(test_paths);
+        RUN_SOME(test_q6b_layout);
+        RUN_SOME(test_matmul);
+        RUN_SOME(test_mmqb);
+        RUN_SOME(test_fused);
+        RUN_SOME(test_embed);
+        RUN_SOME(test_elementwise);
+        RUN_SOME(test_norms);
+        RUN_SOME(test_rope);
+        RUN_SOME(test_rope_kv);
+        RUN_SOME(test_rope_attention);
+        RUN_SOME(test_qkv_rope);
+        RUN_SOME(test_fused_quant);
+        RUN_SOME(test_glu);
+        RUN_SOME(test_glu_batched);
+        RUN_SOME(test_attention);
+        RUN_SOME(test_att_group);
+        RUN_SOME(test_attention_ex);
+        RUN_SOME(test_gelu_layernorm);
+        RUN_SOME(test_argmax);
+        RUN_SOME(test_ssm_elementwise);
+        RUN_SOME(test_conv1d);
+        RUN_SOME(test_deltanet);
+        RUN_SOME(test_moe);
+        if (gpu_open(&gpuv, 1, &(be_cuda_force){ .gemv_all = 1 }, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
+        RUN_SOME(test_invariance);
+        RUN_SOME(test_deterministic);
+        gpuv->ops->close(gpuv);
+    }
     gpu->ops->close(gpu); gpu32->ops->close(gpu32); cpu->ops->close(cpu); cpu32->ops->close(cpu32);
     pool_close(pl);
     for (int i = 0; i < n_keep; i++) free(keep[i]);

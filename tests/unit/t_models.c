@@ -114,7 +114,7 @@ static void check_crowd(eng *e, const char *mname, json_t *cases, double tol)
     fprintf(stderr, "  %-44s %d jobs at once: greedy misses %d\n", "", CROWD, bad);
 }
 
-static void check_model(const char *mname, const char *ref, double tol, int kv_f32)
+static void check_model(const char *mname, const char *ref, double tol, int kv_type)
 {
     char err[512];
     json_error_t je;
@@ -125,7 +125,7 @@ static void check_model(const char *mname, const char *ref, double tol, int kv_f
     eng_opts o = { 0 };
     o.model_path = mname;
     o.n_threads = 2;
-    o.kv_f32 = kv_f32;
+    o.kv_type = kv_type;
     o.max_seqs = CROWD;
     o.backend = getenv("ANE_BACKEND");   /* e.g. cuda; NULL: the best present */
     if (eng_open(&e, &o, err, sizeof err)) {
@@ -217,7 +217,7 @@ static void test_bf16_vs_transformers(void)
 static void test_gemma3_gpt2(void)
 {
     check_model(M("gemma3-tiny.bf16.gguf"), R("gemma3-tiny.dev.json"), 0.05, 0);
-    check_model(M("gemma3-tiny.bf16.gguf"), R("gemma3-tiny.dev.json"), 0.05, 1);
+    check_model(M("gemma3-tiny.bf16.gguf"), R("gemma3-tiny.dev.json"), 0.05, ENG_KV_F32);
     check_model(M("gpt2-tiny.bf16.gguf"), R("gpt2-tiny.dev.json"), 0.05, 0);
     check_model(M("gpt2-tiny.bf16.gguf"), R("gpt2-tiny.bf16.llamacpp.dev.json"), 0.05, 0);
 }
@@ -240,7 +240,69 @@ static void test_gpt2_context(void)
 
 static void test_kv_f32(void)
 {
-    check_model(M("qwen3-tiny.bf16.gguf"), R("qwen3-tiny.dev.json"), 0.05, 1);
+    check_model(M("qwen3-tiny.bf16.gguf"), R("qwen3-tiny.dev.json"), 0.05, ENG_KV_F32);
+}
+
+/* A q8_0 KV cache (aned --kv-type q8_0) against the same references: the
+ * keys' and values' rounding to 8 bits costs accuracy, within tolerances
+ * docs/cuda.md gives with the measured differences (transformers' float64
+ * logits; llama.cpp's ran with an f16 cache, so those rows hold both
+ * models' rounding). Models whose head_dim is not a multiple of 32 are
+ * refused with a message that says so. */
+static void test_kv_q8_0(void)
+{
+    check_model(M("qwen3-tiny.bf16.gguf"), R("qwen3-tiny.dev.json"), 0.1, ENG_KV_Q8_0);
+    check_model(M("llama-q.bf16.gguf"), R("llama-q.dev.json"), 0.1, ENG_KV_Q8_0);
+    check_model(M("qwen35-tiny.bf16.gguf"), R("qwen35-tiny.dev.json"), 0.1, ENG_KV_Q8_0);
+    check_model(M("llama-q.Q8_0.gguf"), R("llama-q.Q8_0.llamacpp.dev.json"), 0.2, ENG_KV_Q8_0);
+    check_model(M("llama-q.Q4_K_M.gguf"), R("llama-q.Q4_K_M.llamacpp.dev.json"), 0.2, ENG_KV_Q8_0);
+    check_model(M("llama-q.Q6_K.gguf"), R("llama-q.Q6_K.llamacpp.dev.json"), 0.2, ENG_KV_Q8_0);
+    char err[512] = "";
+    eng *e = NULL;
+    eng_opts o = { 0 };
+    o.model_path = M("qwen2-tiny.bf16.gguf");   /* head_dim 16 */
+    o.n_threads = 1;
+    o.kv_type = ENG_KV_Q8_0;
+    o.backend = getenv("ANE_BACKEND");
+    CHECK(eng_open(&e, &o, err, sizeof err) != 0);
+    CHECKF(strstr(err, "q8_0") && strstr(err, "head_dim") && strstr(err, "16"), "%s", err);
+    if (e) eng_close(e);
+}
+
+/* On an accelerator (ANE_BACKEND=cuda): a KV pool or context the device
+ * cannot hold is a start-up error naming the bytes needed and free, before
+ * anything is allocated (fw_mem_estimate); the CPU backend has no such
+ * check (its memory is the host's, taken as used). */
+static void test_too_big(void)
+{
+    const char *bk = getenv("ANE_BACKEND");
+    if (!bk || !strcmp(bk, "cpu")) {
+        fprintf(stderr, "  (no accelerator backend asked for: nothing to check)\n");
+        return;
+    }
+    for (int k = 0; k < 2; k++) {
+        char err[512] = "";
+        eng *e = NULL;
+        eng_opts o = { 0 };
+        o.model_path = M("qwen3-tiny.bf16.gguf");
+        o.n_threads = 2;
+        o.backend = bk;
+        if (k == 0) o.kv_budget = (size_t)1 << 42;   /* 4 TiB */
+        else { o.n_ctx = 16777216; o.max_seqs = 256; }
+        CHECKF(eng_open(&e, &o, err, sizeof err) != 0, "a %s the device cannot hold was accepted",
+               k ? "context" : "KV budget");
+        CHECKF(strstr(err, "device memory") && strstr(err, "are free") && strstr(err, "KV pool") &&
+               strstr(err, "qwen3-tiny"), "%s", err);
+        fprintf(stderr, "  %s\n", err);
+        if (e) eng_close(e);
+        /* and the device is left as it was: a model that fits opens */
+        eng_opts ok = { 0 };
+        ok.model_path = o.model_path;
+        ok.n_threads = 2;
+        ok.backend = bk;
+        CHECKF(eng_open(&e, &ok, err, sizeof err) == 0, "%s", err);
+        if (e) eng_close(e);
+    }
 }
 
 static void test_hf_directory(void)
@@ -334,6 +396,8 @@ int main(int argc, char **argv)
     RUN(test_gemma3_gpt2);
     RUN(test_gpt2_context);
     RUN(test_kv_f32);
+    RUN(test_kv_q8_0);
+    RUN(test_too_big);
     RUN(test_hf_directory);
     RUN(test_quantized_vs_llamacpp);
     RUN(test_moe_vs_transformers);
