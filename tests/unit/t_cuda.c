@@ -1890,7 +1890,12 @@ static void moe_gpu_case(uint32_t type, int gating, int act, int biases, int X, 
     gpu->ops->moe(gpu, &m, dx, T, sg, dy);
     gpu->ops->to_host(gpu, yg, dy, (size_t)T * E * 4);
     gpu->ops->sync(gpu);
-    double e = rel_err_f(yg, yc, (size_t)T * E), tol = type == QT_F32 ? 1e-5 : 2e-2;
+    /* the CPU quantizes the activations of both matmuls to 8 bits (its
+     * dot products' format), the GPU's expert matmuls keep them in f32: on
+     * an H200 the two differ by 0.020-0.029 relative for the 2- and 3-bit
+     * types and the clamped SwiGLU with biases; a wrong expert, weight or
+     * bias is off by far more */
+    double e = rel_err_f(yg, yc, (size_t)T * E), tol = type == QT_F32 ? 1e-5 : 4e-2;
     if (ties)
         fprintf(stderr, "  moe %s gating %d: %ld router near-ties on the CPU, not compared\n", qt_name(type), gating,
                 ties);
