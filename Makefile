@@ -3,7 +3,8 @@
 #   make run        build, start aned on the bundled model, print a story
 #   make test       unit + integration tests; ends with "N passed, M failed"
 #   make bench      benchmarks on real-size synthetic models
-#   make cuda       build with the CUDA backend (CUDA_ARCH=90); test-cuda runs its tests;
+#   make cuda       build with the CUDA backend (CUDA_ARCH="80 86 89 90a 120", docs/cuda.md);
+#                   test-cuda runs its tests;
 #                   ktrace builds bin/ktrace.so, a kernel-timeline tracer
 #   make fuzz       every libFuzzer target FUZZ_SECONDS (default 30) s each
 #   make install    programs, libaneclient (+ headers, pkg-config), units, docs
@@ -41,6 +42,11 @@ PC_PKGS  := msgpack jansson libpcre2-8 libutf8proc
 # Recursive (=) so they are read after `deps` has run.
 PC_CFLAGS = $(shell pkg-config --cflags $(PC_PKGS) 2>/dev/null)
 PC_LIBS   = $(shell pkg-config --libs $(PC_PKGS) 2>/dev/null)
+# Line editing for aneclient --chat: BSD libedit when present (optional: without
+# it, plain lines are read); deps installs it when root.
+OPT_DEB_PKGS := libedit-dev
+EDIT_CFLAGS = $(shell pkg-config --exists libedit 2>/dev/null && echo -DANE_LIBEDIT $$(pkg-config --cflags libedit))
+EDIT_LIBS   = $(shell pkg-config --libs libedit 2>/dev/null)
 # The HTTP gateway's library is linked into bin/aned-http alone, never aned.
 HTTP_PC_PKGS := libmicrohttpd
 HTTP_LIBS = $(shell pkg-config --libs $(HTTP_PC_PKGS) 2>/dev/null)
@@ -56,7 +62,6 @@ O := bin/obj
 # CUDA=1 (set by `make cuda`): the same programs with the CUDA backend, objects
 # under bin/obj-cuda. Plain builds never need nvcc.
 CUDA      ?=
-CUDA_ARCH ?= 90
 CUDA_HOME ?= /usr/local/cuda
 NVCC      ?= $(CUDA_HOME)/bin/nvcc
 CUDA_OBJ  :=
@@ -66,8 +71,20 @@ CPPFLAGS += -DANE_CUDA -isystem $(CUDA_HOME)/include
 CUDA_OBJ := $(patsubst %.cu,$(O)/%.o,$(wildcard shaders/*.cu))
 CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcublas -lcublasLt -lcudart_static -ldl -lrt -lstdc++
 NVCCFLAGS ?= -O3 -std=c++17 -lineinfo
-# Hopper (90) builds for sm_90a, whose warpgroup MMAs the batched q4_K kernel uses
-CUDA_SM   := $(if $(filter 90,$(CUDA_ARCH)),90a,$(CUDA_ARCH))
+# The GPU architectures compiled into one fat binary (docs/cuda.md): Ampere
+# (80 A100, 86 RTX 30xx), Ada (89 RTX 40xx, L4, L40), Hopper as sm_90a (the
+# warpgroup MMAs; "90" means 90a too), and Blackwell's 120 (RTX 50xx) where
+# the toolkit has it; PTX of the newest for later GPUs. The device's
+# compute capability picks the code and the kernels' path at run time.
+CUDA_HAS_120 := $(shell $(NVCC) --list-gpu-arch 2>/dev/null | grep -qx compute_120 && echo 120)
+CUDA_ARCH ?= 80 86 89 90a $(CUDA_HAS_120)
+CUDA_SMS  := $(patsubst 90,90a,$(strip $(CUDA_ARCH)))
+CUDA_PTX  := $(lastword $(filter-out 90a,$(CUDA_SMS)))
+comma     := ,
+CUDA_GENCODE := $(foreach a,$(CUDA_SMS),-gencode arch=compute_$(a)$(comma)code=sm_$(a)) \
+                $(if $(CUDA_PTX),-gencode arch=compute_$(CUDA_PTX)$(comma)code=compute_$(CUDA_PTX))
+# objects rebuild when the list changes ($(O)/.cuda_arch holds the last one)
+$(shell mkdir -p $(O); [ "$$(cat $(O)/.cuda_arch 2>/dev/null)" = "$(CUDA_SMS)" ] || echo "$(CUDA_SMS)" > $(O)/.cuda_arch)
 endif
 BUILD_KIND := $(if $(filter 1,$(CUDA)),cuda,cpu)
 # programs relink when the build kind changes (bin/.kind holds the last one)
@@ -127,6 +144,16 @@ deps:
 	    echo "missing packages; run: sudo apt-get install$$missing" >&2; exit 1; \
 	  fi; \
 	fi
+	@[ -n "$(SKIP_DEPS)" ] && exit 0; missing=""; \
+	for p in $(OPT_DEB_PKGS); do dpkg-query -W -f='$${db:Status-Abbrev}\n' $$p 2>/dev/null | grep -q '^ii' || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ]; then \
+	  echo "installing (line editing in aneclient --chat):$$missing"; \
+	  (apt-get install -y -qq $$missing >/dev/null 2>&1 || \
+	   (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq $$missing >/dev/null 2>&1)) || \
+	   echo "apt-get install failed:$$missing: aneclient --chat reads plain lines" >&2; \
+	elif [ -n "$$missing" ]; then \
+	  echo "aneclient --chat edits lines with:$$missing (sudo apt-get install$$missing); reads plain lines without" >&2; \
+	fi
 	@[ -n "$(SKIP_DEPS)$(filter 1,$(CUDA))" ] && exit 0; missing=""; \
 	for p in $(AA_DEB_PKGS); do dpkg-query -W -f='$${db:Status-Abbrev}\n' $$p 2>/dev/null | grep -q '^ii' || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ]; then \
@@ -152,7 +179,7 @@ AA_DEB_PKGS := gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static
 AA_DIR      := bin/aarch64
 AA_SYSROOT  := $(AA_DIR)/sysroot
 AA_JANSSON  := $(AA_SYSROOT)/usr/lib/aarch64-linux-gnu/libjansson.a
-AA_ENG_SRC  := $(filter %/qtypes.c %/arm/neon.c %/gguf.c %/mfile.c,$(ENGINE_SRC)) $(COMMON_SRC)
+AA_ENG_SRC  := $(filter %/qtypes.c %/iq.c %/arm/neon.c %/gguf.c %/mfile.c,$(ENGINE_SRC)) $(COMMON_SRC)
 AA_OBJ      := $(AA_ENG_SRC:%.c=$(AA_DIR)/obj/%.o)
 AA_TESTS    := $(AA_DIR)/t_qgemm $(AA_DIR)/t_dequant
 AA_CFLAGS    = -std=c11 $(OPT) -g -pthread $(WARN) -I. -D_GNU_SOURCE -idirafter $(AA_SYSROOT)/usr/include
@@ -201,9 +228,9 @@ $(LIBPROTO): $(PROTO_OBJ) $(COMMON_OBJ)
 $(LIBENGINE): $(ENGINE_OBJ) $(COMMON_OBJ) $(CUDA_OBJ)
 	@mkdir -p $(dir $@); rm -f $@; ar rcs $@ $^
 
-$(O)/shaders/%.o: shaders/%.cu $(wildcard shaders/*.h shaders/*.cuh) engine/quant/qtypes.h
+$(O)/shaders/%.o: shaders/%.cu $(wildcard shaders/*.h shaders/*.cuh) engine/quant/qtypes.h $(O)/.cuda_arch
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -I. -gencode arch=compute_$(CUDA_SM),code=sm_$(CUDA_SM) $(if $(filter 90a,$(CUDA_SM)),-DCK_WGMMA=1) -Xcompiler -fPIC -c $< -o $@
+	$(NVCC) $(NVCCFLAGS) -I. $(CUDA_GENCODE) -Xcompiler -fPIC -c $< -o $@
 
 cuda:
 	$(MAKE) CUDA=1 all
@@ -223,8 +250,9 @@ $(LIBCLIENT): $(CLIENT_LIB_OBJ) $(PROTO_OBJ) $(COMMON_OBJ)
 
 bin/aned: $(DAEMON_OBJ) $(LIBENGINE) $(LIBPROTO) bin/.kind
 	$(CC) $(LDFLAGS) -o $@ $(DAEMON_OBJ) $(LIBENGINE) $(LIBPROTO) $(LDLIBS)
+$(O)/client/aneclient.o: CPPFLAGS += $(EDIT_CFLAGS)
 bin/aneclient: $(O)/client/aneclient.o $(LIBCLIENT)
-	$(CC) $(LDFLAGS) -o $@ $< $(LIBCLIENT) $(LDLIBS)
+	$(CC) $(LDFLAGS) -o $@ $< $(LIBCLIENT) $(LDLIBS) $(EDIT_LIBS)
 # renders a chat template with JSON variables (engine/text/jinja.h)
 bin/ane-template: $(O)/client/ane-template.o $(LIBENGINE) bin/.kind
 	$(CC) $(LDFLAGS) -o $@ $< $(LIBENGINE) $(LDLIBS)
@@ -283,6 +311,8 @@ FUZZ_CFLAGS = -std=c11 -O1 -g -pthread -fno-omit-frame-pointer -fsanitize=addres
 bin/fuzz/obj/%.o: %.c | bin/.deps-ok
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -MMD -MP -c $< -o $@
+# kept: as prerequisites of a pattern rule they would be deleted after each link
+.SECONDARY: $(FUZZ_LIB_OBJ) $(FUZZ_SRC:tests/fuzz/%.c=bin/fuzz/obj/tests/fuzz/%.o)
 bin/fuzz/%: bin/fuzz/obj/tests/fuzz/%.o $(FUZZ_LIB_OBJ)
 	$(FUZZ_CC) -fsanitize=fuzzer,address,undefined -pthread -o $@ $^ $(LDLIBS)
 

@@ -14,6 +14,10 @@
 
 #include <jansson.h>
 
+#ifdef ANE_LIBEDIT
+#include <editline/readline.h>
+#endif
+
 /* Exit codes: 1 runtime and 2 usage as in aned and aned-http; 3 and 4 tell
  * "no daemon" from "the daemon said no" for scripts. */
 enum {
@@ -56,6 +60,7 @@ static void usage(FILE *f)
 "Modes (default: generate text):\n"
 "      --tokens \"ID ...\"   these token ids as the prompt (stdin is not read)\n"
 "      --messages FILE     a conversation as the prompt (see Conversations)\n"
+"      --chat              a conversation typed line by line (see Conversations)\n"
 "      --eval              print the top logits at every prompt position\n"
 "      --top N             entries per position for --eval (1..%d, default 10)\n"
 "      --tokenize          print the token ids of the text (--special, --no-bos)\n"
@@ -103,6 +108,15 @@ static void usage(FILE *f)
 "is added as the last user message, and the reply is the assistant's next\n"
 "turn. To go on, append {\"role\": \"assistant\", \"content\": REPLY} and the next\n"
 "user message, and run again. Needs a model with a chat template (--info).\n"
+"--chat holds the conversation for you: each line read is a user message, sent\n"
+"with the whole history; the reply is printed and kept. With --messages FILE\n"
+"the history starts from the file (answered at once when it ends with a user\n"
+"message), with --system STR from that system message; a PROMPT is the first\n"
+"line. Lines starting with / are commands: /reset (forget the conversation but\n"
+"the system message), /system TEXT (set it; /system alone removes it), /quit\n"
+"(or end of input), /help; //text sends /text. Ctrl-C stops a reply (what\n"
+"was shown is kept) and, at the prompt, quits. On a terminal, lines are edited\n"
+"and recalled as in a shell when aneclient was built with libedit.\n"
 "\n"
 "--json uses the protocol's event names and keys (PROTOCOL.md):\n"
 "  {\"type\":\"token\",\"token\":ID,\"text\":\"...\"} per token, then {\"type\":\"done\",\n"
@@ -290,7 +304,7 @@ static proto_msg *load_messages(const char *path, const char *extra, size_t extr
     }
     if (total > PROTO_MAX_PROMPT)
         die_usage("--messages %s: the contents add up to %zu bytes; aned takes at most %d", name, total, PROTO_MAX_PROMPT);
-    if (extra) m[n++] = (proto_msg){ "user", 4, extra, extra_len };
+    if (extra) m[n++] = (proto_msg){ "user", 4, extra, extra_len, NULL, 0 };
     *root = a;
     *n_out = n;
     return m;
@@ -409,6 +423,7 @@ typedef struct run {
     enum mode mode;
     int json, verbose;
     int tty_out;
+    int chat;                                     /* --chat: the reply's text kept in acc */
     /* accumulated for --json done / --eval --json */
     char *acc; size_t acc_len; FILE *accf;       /* text (generate) or positions (eval) */
     char *toks; size_t toks_len; FILE *toksf;    /* generated ids, JSON */
@@ -470,6 +485,7 @@ static int on_event(run *R, const proto_ev *ev)
             fprintf(R->toksf, "%s%d", R->n_gen > 1 ? "," : "", ev->token);
             fwrite(ev->text, 1, ev->text_len, R->accf);
         } else if (ev->text_len) {
+            if (R->chat) fwrite(ev->text, 1, ev->text_len, R->accf);
             fwrite(ev->text, 1, ev->text_len, stdout);
             line_open = R->tty_out && ev->text[ev->text_len - 1] != '\n';
         }
@@ -590,6 +606,226 @@ static int on_run_event(const proto_ev *ev, void *arg)
     return 0;   /* ane_run returns after the terminal event */
 }
 
+static int blank(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++) if (s[i] != ' ' && s[i] != '\t' && s[i] != '\r' && s[i] != '\n') return 0;
+    return 1;
+}
+
+/* ---- --chat: a conversation kept here, sent whole with each turn ---- */
+
+typedef struct hmsg {
+    char *role, *content;
+    size_t len;
+} hmsg;
+
+typedef struct hist {
+    hmsg *m;
+    size_t n, cap;
+} hist;
+
+static void hist_add(hist *h, const char *role, const char *content, size_t len)
+{
+    if (h->n == h->cap) {
+        h->cap = h->cap ? h->cap * 2 : 16;
+        hmsg *q = realloc(h->m, h->cap * sizeof *q);
+        if (!q) die_fail("out of memory");
+        h->m = q;
+    }
+    hmsg *e = &h->m[h->n];
+    e->role = strdup(role);
+    e->content = malloc(len + 1);
+    if (!e->role || !e->content) die_fail("out of memory");
+    memcpy(e->content, content, len);
+    e->content[len] = 0;
+    e->len = len;
+    h->n++;
+}
+
+/* Drops the messages from i on. */
+static void hist_cut(hist *h, size_t i)
+{
+    while (h->n > i) {
+        h->n--;
+        free(h->m[h->n].role);
+        free(h->m[h->n].content);
+    }
+}
+
+static int has_system(const hist *h) { return h->n && !strcmp(h->m[0].role, "system"); }
+
+/* Sets (text != NULL) or removes the system message, which is the first. */
+static void hist_system(hist *h, const char *text, size_t len)
+{
+    if (has_system(h)) {
+        free(h->m[0].role);
+        free(h->m[0].content);
+        memmove(h->m, h->m + 1, (h->n - 1) * sizeof *h->m);
+        h->n--;
+    }
+    if (!text) return;
+    hist_add(h, "system", text, len);
+    hmsg last = h->m[h->n - 1];
+    memmove(h->m + 1, h->m, (h->n - 1) * sizeof *h->m);
+    h->m[0] = last;
+}
+
+/* One line of standard input without its newline; NULL at its end. */
+static char *chat_line(int tty, size_t *len)
+{
+#ifdef ANE_LIBEDIT
+    if (tty) {
+        char *l = readline("> ");
+        if (!l) return NULL;
+        if (*l) add_history(l);
+        *len = strlen(l);
+        return l;
+    }
+#endif
+    if (tty) { fputs("> ", stdout); fflush(stdout); }
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n = getline(&line, &cap, stdin);
+    if (n < 0) { free(line); return NULL; }
+    size_t l = (size_t)n;
+    chomp(line, &l);
+    *len = l;
+    return line;
+}
+
+static void chat_help(void)
+{
+    fputs("/reset         forget the conversation (the system message stays)\n"
+          "/system TEXT   set the system message; /system alone removes it\n"
+          "/quit          leave (so does the end of input)\n"
+          "//text         send a line that starts with /\n", stderr);
+}
+
+/* One turn: the history (ending with the user's message) to aned, the reply
+ * printed and added. An exit code when the conversation cannot go on, -1
+ * when it can (*failed set when this turn failed). */
+static int chat_turn(ane_client *cl, run *R, proto_req *q, hist *h, int *failed)
+{
+    size_t total = 0;
+    for (size_t i = 0; i < h->n; i++) total += h->m[i].len;
+    if (h->n > PROTO_MAX_MSGS || total > PROTO_MAX_PROMPT) {
+        fprintf(stderr, "aneclient: the conversation is over aned's limit (%d messages, %d bytes); "
+                "/reset starts over\n", PROTO_MAX_MSGS, PROTO_MAX_PROMPT);
+        *failed = 1;
+        return -1;
+    }
+    proto_msg *m = calloc(h->n, sizeof *m);
+    if (!m) die_fail("out of memory");
+    for (size_t i = 0; i < h->n; i++)
+        m[i] = (proto_msg){ .role = h->m[i].role, .role_len = strlen(h->m[i].role), .content = h->m[i].content, .content_len = h->m[i].len };
+    q->type = PROTO_T_GENERATE;
+    q->msgs = m;
+    q->n_msgs = h->n;
+    char err[512];
+    proto_buf probe = {0};
+    int enc = proto_req_encode(&probe, q);
+    proto_buf_free(&probe);
+    if (enc < 0) {
+        free(m);
+        fprintf(stderr, "aneclient: the conversation does not fit aned's %d-byte message limit; /reset starts over\n",
+                PROTO_MAX_FRAME);
+        *failed = 1;
+        return -1;
+    }
+    free(R->acc);
+    R->acc = NULL;
+    R->acc_len = 0;
+    R->accf = open_memstream(&R->acc, &R->acc_len);
+    if (!R->accf) die_fail("out of memory");
+    R->n_gen = 0;
+    R->rc = -1;
+    R->cancel_sent = 0;
+    R->t0_ns = now_ns();
+    uint64_t id = ane_submit(cl, q, err, sizeof err);
+    free(m);
+    q->msgs = NULL;
+    q->n_msgs = 0;
+    if (!id) { report_error(R, "connect", err, strlen(err)); return EX_CONNECT; }
+    R->id = id;
+    int st = ane_run(cl, id, on_run_event, R, 100, err, sizeof err);
+    fclose(R->accf);
+    R->accf = NULL;
+    end_line();
+    if (!R->tty_out && R->acc_len && R->acc[R->acc_len - 1] != '\n') fputc('\n', stdout);
+    fflush(stdout);
+    if (st < 0 && !interrupted) { report_error(R, "connection", err, strlen(err)); return EX_CONNECT; }
+    if (R->rc == EX_REFUSED || R->rc == EX_CONNECT) return R->rc;
+    if (R->rc == EX_OK || R->rc == EX_INTERRUPTED || (R->rc < 0 && interrupted)) {
+        /* kept as shown, a reply stopped with Ctrl-C too */
+        hist_add(h, "assistant", R->acc ? R->acc : "", R->acc_len);
+        interrupted = 0;
+        return -1;
+    }
+    interrupted = 0;
+    *failed = 1;
+    hist_cut(h, h->n - 1);   /* the user's message goes with its failed turn */
+    return -1;
+}
+
+/* Reads lines and holds the conversation; the exit code. */
+static int chat(ane_client *cl, run *R, proto_req *q, hist *h, const char *first, size_t first_len)
+{
+    int tty = isatty(STDIN_FILENO), failed = 0, rc;
+    R->cl = cl;
+    R->mode = M_GENERATE;
+    R->chat = 1;
+    if (h->n && !strcmp(h->m[h->n - 1].role, "user") && (rc = chat_turn(cl, R, q, h, &failed)) >= 0) return rc;
+    for (;;) {
+        size_t len;
+        char *line;
+        if (first) {
+            line = malloc(first_len + 1);
+            if (!line) die_fail("out of memory");
+            memcpy(line, first, first_len);
+            line[first_len] = 0;
+            len = first_len;
+            first = NULL;
+        } else {
+            connecting = 1;   /* nothing to cancel: Ctrl-C leaves */
+            line = chat_line(tty, &len);
+            connecting = 0;
+            if (!line) break;
+        }
+        const char *text = line;
+        if (!proto_utf8_valid(line, len)) {
+            fputs("aneclient: the line is not valid UTF-8; not sent\n", stderr);
+        } else if (line[0] == '/' && line[1] != '/') {
+            char *arg = line + 1;
+            size_t cl_len = strcspn(arg, " \t");
+            char *rest = arg + cl_len;
+            while (*rest == ' ' || *rest == '\t') rest++;
+            if ((cl_len == 4 && !strncmp(arg, "quit", 4)) || (cl_len == 4 && !strncmp(arg, "exit", 4))) {
+                free(line);
+                break;
+            } else if (cl_len == 5 && !strncmp(arg, "reset", 5)) {
+                hist_cut(h, has_system(h) ? 1 : 0);
+                fputs("(conversation cleared)\n", stderr);
+            } else if (cl_len == 6 && !strncmp(arg, "system", 6)) {
+                if (*rest) { hist_system(h, rest, strlen(rest)); fputs("(system message set)\n", stderr); }
+                else { hist_system(h, NULL, 0); fputs("(system message removed)\n", stderr); }
+            } else if (cl_len == 4 && !strncmp(arg, "help", 4)) {
+                chat_help();
+            } else {
+                fprintf(stderr, "aneclient: unknown command /%.*s; /help lists them\n", (int)cl_len, arg);
+            }
+        } else {
+            if (line[0] == '/') { text++; len--; }   /* "//text" sends "/text" */
+            if (!blank(text, len)) {
+                hist_add(h, "user", text, len);
+                if ((rc = chat_turn(cl, R, q, h, &failed)) >= 0) { free(line); return rc; }
+            }
+        }
+        free(line);
+    }
+    if (tty) end_line();
+    return failed ? EX_FAIL : EX_OK;
+}
+
 /* The arguments joined by spaces, or NULL when there are none. */
 static char *join_args(int argc, char **argv, int from, size_t *len)
 {
@@ -609,17 +845,64 @@ static char *join_args(int argc, char **argv, int from, size_t *len)
     return r;
 }
 
-static int blank(const char *s, size_t n)
+/* --chat: options checked; the history set up, then the conversation. */
+static int chat_main(run *R, proto_req *q, const char *socket_path, uid_t daemon_uid, const char *messages_arg,
+                     int argc, char **argv, int from)
 {
-    for (size_t i = 0; i < n; i++) if (s[i] != ' ' && s[i] != '\t' && s[i] != '\r' && s[i] != '\n') return 0;
-    return 1;
+    hist h = {0};
+    json_t *root = NULL;
+    if (messages_arg) {
+        size_t n = 0;
+        proto_msg *m = load_messages(messages_arg, NULL, 0, &root, &n);
+        for (size_t i = 0; i < n; i++) {
+            char role[16];
+            snprintf(role, sizeof role, "%.*s", (int)m[i].role_len, m[i].role);
+            hist_add(&h, role, m[i].content, m[i].content_len);
+        }
+        free(m);
+        json_decref(root);
+    }
+    if (q->system) hist_add(&h, "system", q->system, q->system_len);
+    q->system = NULL;
+    q->system_len = 0;
+    size_t first_len = 0;
+    char *first = join_args(argc, argv, from, &first_len);
+    if (first && !proto_utf8_valid(first, first_len)) die_usage("the prompt is not valid UTF-8");
+
+    R->tty_out = isatty(STDOUT_FILENO);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigint;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+
+    char err[512];
+    ane_client *cl = NULL;
+    ane_connect_opts co = { socket_path, "aneclient", 0, daemon_uid };
+    proto_err refused = PROTO_OK;
+    connecting = 1;
+    int rc = ane_connect_with(&cl, &co, &refused, err, sizeof err);
+    connecting = 0;
+    if (rc < 0) {
+        report_error(R, refused ? proto_err_name(refused) : "connect", err, strlen(err));
+        rc = refused ? EX_REFUSED : EX_CONNECT;
+    } else {
+        rc = chat(cl, R, q, &h, first, first_len);
+    }
+    ane_close(cl);
+    hist_cut(&h, 0);
+    free(h.m);
+    free(first);
+    free(R->acc);
+    if (fflush(stdout) != 0 && rc == EX_OK) rc = EX_FAIL;
+    return rc;
 }
 
 int main(int argc, char **argv)
 {
     enum { O_SOCKET = 256, O_TOPK, O_TOPP, O_MINP, O_RPEN, O_RLAST, O_SEED, O_STOP, O_GRAMMAR, O_JSCHEMA, O_SYSTEM, O_RAW,
            O_SPECIAL, O_NOBOS, O_TOKENS, O_TOKENIZE, O_DETOKENIZE, O_EVAL, O_TOP, O_INFO, O_PING, O_JSON, O_DUSER,
-           O_NOSTDIN, O_MESSAGES };
+           O_NOSTDIN, O_MESSAGES, O_CHAT };
     static const struct option opts[] = {
         { "socket", required_argument, 0, O_SOCKET },
         { "daemon-user", required_argument, 0, O_DUSER },
@@ -642,6 +925,7 @@ int main(int argc, char **argv)
         { "no-stdin", no_argument, 0, O_NOSTDIN },
         { "tokens", required_argument, 0, O_TOKENS },
         { "messages", required_argument, 0, O_MESSAGES },
+        { "chat", no_argument, 0, O_CHAT },
         { "tokenize", no_argument, 0, O_TOKENIZE },
         { "detokenize", no_argument, 0, O_DETOKENIZE },
         { "eval", no_argument, 0, O_EVAL },
@@ -662,7 +946,7 @@ int main(int argc, char **argv)
     const char *socket_path = NULL;
     uid_t daemon_uid = 0;
     const char *tokens_arg = NULL, *messages_arg = NULL;
-    int modes = 0, have_top = 0, no_stdin = 0, no_bos = 0;
+    int modes = 0, have_top = 0, no_stdin = 0, no_bos = 0, chat_mode = 0;
 
     int c;
     opterr = 0;   /* our own messages, with the usage exit code */
@@ -718,6 +1002,7 @@ int main(int argc, char **argv)
         case O_NOSTDIN: no_stdin = 1; break;
         case O_TOKENS: tokens_arg = optarg; break;
         case O_MESSAGES: messages_arg = optarg; break;
+        case O_CHAT: chat_mode = 1; break;
         case O_TOKENIZE: R.mode = M_TOKENIZE; modes++; break;
         case O_DETOKENIZE: R.mode = M_DETOKENIZE; modes++; break;
         case O_EVAL: R.mode = M_EVAL; modes++; break;
@@ -735,6 +1020,24 @@ int main(int argc, char **argv)
         }
     }
     if (modes > 1) die_usage("--eval, --tokenize, --detokenize, --info and --ping exclude each other");
+    if (chat_mode) {
+        if (R.mode != M_GENERATE) die_usage("--chat generates text: it does not go with --eval, --tokenize, "
+                                            "--detokenize, --info or --ping");
+        if (tokens_arg) die_usage("--chat sends messages, not --tokens");
+        if (q.raw) die_usage("--chat needs the chat template, which --raw turns off");
+        if (q.special) die_usage("--special does not apply to --chat: message text is never parsed for special tokens");
+        if (R.json) die_usage("--chat prints text; for JSON, run --messages FILE --json turn by turn");
+        if (no_stdin) die_usage("--chat reads its lines from standard input; --no-stdin leaves none");
+        if (messages_arg && !strcmp(messages_arg, "-"))
+            die_usage("--chat reads its lines from standard input: give --messages a file, not -");
+        if (messages_arg && q.system)
+            die_usage("--system with --messages: put it in the file as the first message, "
+                      "{\"role\": \"system\", \"content\": ...}, or use /system");
+        if (q.system && !proto_utf8_valid(q.system, q.system_len)) die_usage("--system is not valid UTF-8");
+        for (size_t i = 0; i < q.n_stop; i++)
+            if (!proto_utf8_valid(q.stop[i], q.stop_len[i])) die_usage("--stop is not valid UTF-8");
+        return chat_main(&R, &q, socket_path, daemon_uid, messages_arg, argc, argv, optind);
+    }
     int prompt_mode = R.mode == M_GENERATE || R.mode == M_EVAL;
     if (have_top && R.mode != M_EVAL) die_usage("--top goes with --eval");
     if (tokens_arg && !prompt_mode) die_usage("--tokens goes with generation or --eval");

@@ -60,9 +60,15 @@ static void usage(FILE *f)
 "      --max-seqs N        sequences batched together (default 16)\n"
 "      --max-queued N      jobs waiting beyond --max-seqs before \"busy\" (default 256)\n"
 "      --kv-budget MIB     KV cache pool size (default: --max-seqs full contexts)\n"
+"      --kv-type f16|q8_0|f32  how the KV cache holds keys and values (default\n"
+"                          f16); q8_0: blocks of 32 with an f16 scale, about half\n"
+"                          f16's bytes, slightly less accurate (docs/cuda.md);\n"
+"                          needs a head_dim that is a multiple of 32\n"
 "      --deterministic     a sequence's results never depend on what is batched\n"
 "                          with it, at every batch size (CUDA: slower past 16\n"
 "                          decoding streams; the CPU always is)\n"
+"      --chat-template FILE  a Jinja chat template instead of the model's own\n"
+"                          (a regular file; as root a symbolic link is refused)\n"
 "      --cuda-f16-cache auto|off  f16 copies of quantized weights on the GPU for\n"
 "                          prompt matmuls while memory allows (auto), or none:\n"
 "                          less GPU memory, slower prompts (off)\n"
@@ -346,10 +352,61 @@ static void raise_fd_limit(int max_clients)
 }
 
 enum {
-    OPT_SOCKET_MODE = 256, OPT_SOCKET_GROUP, OPT_BACKEND, OPT_MAX_SEQS, OPT_MAX_QUEUED, OPT_KV_BUDGET, OPT_DETERMINISTIC, OPT_F16_CACHE,
+    OPT_SOCKET_MODE = 256, OPT_SOCKET_GROUP, OPT_BACKEND, OPT_MAX_SEQS, OPT_MAX_QUEUED, OPT_KV_BUDGET, OPT_DETERMINISTIC, OPT_F16_CACHE, OPT_CHAT_TEMPLATE, OPT_KV_TYPE,
     OPT_MAX_CLIENTS, OPT_MAX_BACKLOG, OPT_STALL, OPT_GRACE, OPT_HELLO, OPT_LOG_LEVEL,
     OPT_ALLOW_USER, OPT_ALLOW_GROUP, OPT_JOBS_UID, OPT_CLIENTS_UID, OPT_SECCOMP, OPT_IDLE,
 };
+
+/* --chat-template FILE: a regular file, opened without blocking (a FIFO
+ * would hang start-up); as root without following a symbolic link in its
+ * last component (file_open_regular), as a user after resolving links. */
+#define MAX_TEMPLATE (4u << 20)
+static int read_template(const char *path, char **out, size_t *len, char *err, size_t errlen)
+{
+    char resolved[PATH_MAX];
+    const char *p = path;
+    if (geteuid() != 0) {
+        if (!realpath(path, resolved)) {
+            snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno));
+            return -1;
+        }
+        p = resolved;
+    }
+    int fd = file_open_regular(AT_FDCWD, p, path, O_RDONLY, 0, err, errlen);
+    if (fd < 0) return -1;
+    size_t cap = 65536, n = 0;
+    char *b = malloc(cap + 1);
+    for (;;) {
+        if (!b) { snprintf(err, errlen, "%s: out of memory", path); close(fd); return -1; }
+        ssize_t r = read(fd, b + n, cap - n);
+        if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+        if (r < 0) {
+            snprintf(err, errlen, "%s: read error: %s", path, strerror(errno));
+            free(b);
+            close(fd);
+            return -1;
+        }
+        if (r == 0) break;
+        n += (size_t)r;
+        if (n > MAX_TEMPLATE) {
+            snprintf(err, errlen, "%s: over %u bytes; a chat template is far smaller", path, MAX_TEMPLATE);
+            free(b);
+            close(fd);
+            return -1;
+        }
+        if (n == cap) { cap *= 2; char *nb = realloc(b, cap + 1); if (!nb) free(b); b = nb; }
+    }
+    close(fd);
+    b[n] = 0;
+    if (n == 0 || strlen(b) != n) {
+        snprintf(err, errlen, "%s: %s", path, n ? "holds a NUL byte; expected Jinja text" : "is empty; expected a Jinja template");
+        free(b);
+        return -1;
+    }
+    *out = b;
+    *len = n;
+    return 0;
+}
 
 int main(int argc, char **argv)
 {
@@ -366,6 +423,8 @@ int main(int argc, char **argv)
         { "kv-budget", required_argument, 0, OPT_KV_BUDGET },
         { "deterministic", no_argument, 0, OPT_DETERMINISTIC },
         { "cuda-f16-cache", required_argument, 0, OPT_F16_CACHE },
+        { "chat-template", required_argument, 0, OPT_CHAT_TEMPLATE },
+        { "kv-type", required_argument, 0, OPT_KV_TYPE },
         { "max-clients", required_argument, 0, OPT_MAX_CLIENTS },
         { "max-backlog", required_argument, 0, OPT_MAX_BACKLOG },
         { "stall-timeout", required_argument, 0, OPT_STALL },
@@ -394,6 +453,7 @@ int main(int argc, char **argv)
     gid_t sock_gid = (gid_t)-1;
     int detach = 0;
     const char *user = NULL, *group = NULL;
+    const char *chat_template = NULL;
     priv_seccomp_mode scm = PRIV_SECCOMP_AUTO;
     static acl allow; /* static: its lists live as long as the server */
     char aerr[256];
@@ -440,10 +500,17 @@ int main(int argc, char **argv)
         case OPT_MAX_SEQS: if (parse_int("--max-seqs", optarg, 0, 4096, &v)) return 2; so.eng.max_seqs = (int)v; break;
         case OPT_MAX_QUEUED: if (parse_int("--max-queued", optarg, 0, 1 << 20, &v)) return 2; so.eng.max_queued = (int)v; break;
         case OPT_DETERMINISTIC: so.eng.deterministic = 1; break;
+        case OPT_CHAT_TEMPLATE: chat_template = optarg; break;
         case OPT_F16_CACHE:
             if (!strcmp(optarg, "auto")) so.eng.cuda_f16_cache_off = 0;
             else if (!strcmp(optarg, "off")) so.eng.cuda_f16_cache_off = 1;
             else { fprintf(stderr, "aned: --cuda-f16-cache: expected auto or off, got '%s'\n", optarg); return 2; }
+            break;
+        case OPT_KV_TYPE:
+            if (!strcmp(optarg, "f16")) so.eng.kv_type = ENG_KV_F16;
+            else if (!strcmp(optarg, "q8_0")) so.eng.kv_type = ENG_KV_Q8_0;
+            else if (!strcmp(optarg, "f32")) so.eng.kv_type = ENG_KV_F32;
+            else { fprintf(stderr, "aned: --kv-type: expected f16, q8_0 or f32, got '%s'\n", optarg); return 2; }
             break;
         case OPT_KV_BUDGET: if (parse_int("--kv-budget", optarg, 0, 1L << 30, &v)) return 2; so.eng.kv_budget = (size_t)v << 20; break;
         case OPT_MAX_CLIENTS: if (parse_int("--max-clients", optarg, 1, 1 << 20, &v)) return 2; so.max_clients = (int)v; break;
@@ -501,6 +568,18 @@ int main(int argc, char **argv)
     if (group && !user) {
         fprintf(stderr, "aned: --group needs --user\n");
         return 2;
+    }
+    char *tpl_text = NULL;   /* read now: its path means the same as on the command line */
+    if (chat_template) {
+        char terr[512];
+        size_t tl;
+        if (read_template(chat_template, &tpl_text, &tl, terr, sizeof terr) < 0) {
+            fprintf(stderr, "aned: --chat-template: %s\n", terr);
+            return 2;
+        }
+        so.eng.chat_template = tpl_text;
+        so.eng.chat_template_len = tl;
+        so.eng.chat_template_name = chat_template;
     }
     priv_user pu;
     if (user) {
@@ -599,10 +678,12 @@ int main(int argc, char **argv)
     pthread_sigmask(SIG_BLOCK, &stop_sigs, NULL); /* server_open unblocks them */
     if (orc < 0) { log_error("%s", err); goto out; }
     const eng_model_info *mi = server_model(srv);
-    log_info("model %s: \"%s\", arch %s, %d layers, vocab %d, ctx %d, %s backend, %d thread(s), %d seq(s)%s",
+    log_info("model %s: \"%s\", arch %s, %d layers, vocab %d, ctx %d, %s backend, %d thread(s), %d seq(s), "
+             "kv %s%s",
              mi->path ? mi->path : so.eng.model_path, mi->name ? mi->name : "?", mi->arch ? mi->arch : "?",
              mi->n_layer, mi->n_vocab, mi->n_ctx, mi->backend ? mi->backend : "?", mi->n_threads,
-             mi->max_seqs, mi->tokenizer_only ? ", tokenizer only" : "");
+             mi->max_seqs, mi->kv_type ? mi->kv_type : "?", mi->tokenizer_only ? ", tokenizer only" : "");
+    if (mi->device && mi->device[0]) log_info("device: %s", mi->device);
     if (mi->warning && mi->warning[0]) log_warn("model: %s", mi->warning);
     if (so.eng.n_ctx > 0 && mi->n_ctx_train > 0 && mi->n_ctx > mi->n_ctx_train)
         log_warn("--ctx %d is larger than the model's trained context of %d tokens: "
@@ -677,6 +758,7 @@ out:
         log_debug("cannot remove pidfile %s: %s", pidfile, strerror(errno));
     notify_close();
     acl_free(&allow);
+    free(tpl_text);
     log_close();
     return rc;
 }

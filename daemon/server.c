@@ -697,6 +697,12 @@ static void req_submit(client *cl, const proto_req *r)
         return;
     }
     if (!eng_model(s->eng)->tokenizer_only && check_vocab(cl, r) < 0) return;
+    if (r->tools && (r->tool_choice == PROTO_TOOLS_REQUIRED || r->tool_choice == PROTO_TOOLS_NAMED)) {
+        /* a forced call needs constrained decoding, which is not there yet */
+        send_error(cl, r->id, r->type, PROTO_E_INVALID_VALUE,
+                   "\"tool_choice\": \"required\" and a named function are not supported yet; use \"auto\"");
+        return;
+    }
     job *j = calloc(1, sizeof *j);
     if (!j) { send_error(cl, r->id, r->type, PROTO_E_INTERNAL, "out of memory"); return; }
 
@@ -707,7 +713,8 @@ static void req_submit(client *cl, const proto_req *r)
         if (!msgs) { free(j); send_error(cl, r->id, r->type, PROTO_E_INTERNAL, "out of memory"); return; }
         for (size_t i = 0; i < r->n_msgs; i++)
             msgs[i] = (eng_msg){ r->msgs[i].role, r->msgs[i].role_len,
-                                 r->msgs[i].content, r->msgs[i].content_len };
+                                 r->msgs[i].content, r->msgs[i].content_len,
+                                 r->msgs[i].extra, r->msgs[i].extra_len };
     }
     eng_job_desc d;
     memset(&d, 0, sizeof d);
@@ -735,6 +742,13 @@ static void req_submit(client *cl, const proto_req *r)
     d.stop_len = r->stop_len;
     d.n_stop = r->n_stop;
     d.top_n = r->top;
+    /* tools: "none" withholds them from the template and parses nothing */
+    if (r->tools && r->tool_choice != PROTO_TOOLS_NONE) {
+        d.tools = r->tools;
+        d.tools_len = r->tools_len;
+        d.parse_tools = 1;
+        d.max_tool_calls = r->parallel_tool_calls ? 0 : 1;
+    }
     d.grammar = r->grammar;
     d.grammar_len = r->grammar_len;
     d.json_schema = r->json_schema;
@@ -844,6 +858,7 @@ static void req_info(client *cl, const proto_req *r)
     STR(arch, mi->arch);
     STR(backend, mi->backend);
     STR(chat_template, mi->chat_template);
+    STR(tool_format, mi->tool_format);
     STR(warning, mi->warning);
 #undef STR
     e.n_vocab = mi->n_vocab;
@@ -865,6 +880,8 @@ static void req_info(client *cl, const proto_req *r)
     e.max_clients_per_uid = (uint32_t)s->opt.max_clients_per_uid;
     e.deterministic = mi->deterministic;
     e.cuda_f16_cache = mi->cuda_f16_cache_off ? "off" : "auto";
+    e.kv_type = mi->kv_type;
+    e.device = mi->device;
     /* One entry per connection with jobs. A job counts as "active" once its
      * first event arrived, else "queued" (the engine reports no per-job state). */
     proto_client_count *pc = calloc(s->n_clients ? s->n_clients : 1, sizeof *pc);
@@ -1203,8 +1220,22 @@ static void handle_event(server *s, const eng_event *ev)
         e.token = ev->token;
         e.text = ev->text ? ev->text : "";
         e.text_len = ev->text ? ev->text_len : 0;
+        e.reasoning = ev->reasoning;
+        e.reasoning_len = ev->reasoning_len;
         cl->n_tokens++;
         s->tokens_served++;
+        client_send(cl, &e);
+        return;
+    case ENG_EV_TOOL_CALL:
+        if (!live) return;
+        proto_ev_init(&e, PROTO_T_TOOL_CALL, j->req_id);
+        e.call_index = (uint32_t)ev->call_index;
+        e.call_name = ev->call_name;
+        e.call_name_len = ev->call_name_len;
+        e.call_args = ev->call_args;
+        e.call_args_len = ev->call_args_len;
+        e.call_id = ev->call_id;
+        e.call_id_len = ev->call_id_len;
         client_send(cl, &e);
         return;
     case ENG_EV_LOGITS: {

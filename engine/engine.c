@@ -58,6 +58,7 @@ const char *eng_finish_str(eng_finish f)
     case ENG_FINISH_STOP: return "stop";
     case ENG_FINISH_EOS: return "eos";
     case ENG_FINISH_CANCELLED: return "cancelled";
+    case ENG_FINISH_TOOL_CALLS: return "tool_calls";
     }
     return "length";
 }
@@ -130,6 +131,8 @@ void eng_event_free(eng_event *ev)
     free(ev->ids);
     free(ev->top_ids);
     free(ev->top_logits);
+    free(ev->reasoning);
+    free(ev->call_name); free(ev->call_args); free(ev->call_id);
     free(ev);
 }
 
@@ -147,6 +150,7 @@ static void job_prompt_free(job *j)
     free(j->system); j->system = NULL;
     free(j->msgs); j->msgs = NULL;
     free(j->msg_buf); j->msg_buf = NULL;
+    free(j->tools); j->tools = NULL;
     j->n_msgs = 0;
 }
 
@@ -159,6 +163,9 @@ void job_free(job *j)
     free(j->stop);
     free(j->stop_len);
     free(j->hold);
+    tc_free(j->tc);
+    free(j->tc_text); free(j->tc_reason);
+    for (eng_event *ev = j->tc_calls; ev;) { eng_event *n = ev->next; eng_event_free(ev); ev = n; }
     free(j->pages);
     gram_match_free(j->gm);
     gram_free(j->gram);
@@ -260,6 +267,72 @@ char *job_text(job *j, const char *piece, size_t plen, int final, int *stopped, 
     return out;
 }
 
+/* ---- tool calls ---------------------------------------------------------- */
+
+static int buf_add(char **b, size_t *len, size_t *cap, const char *s, size_t n)
+{
+    if (*len + n + 1 > *cap) {
+        size_t nc = (*len + n + 1) * 2;
+        char *nb = realloc(*b, nc);
+        if (!nb) return -1;
+        *b = nb;
+        *cap = nc;
+    }
+    if (n) memcpy(*b + *len, s, n);
+    *len += n;
+    (*b)[*len] = 0;
+    return 0;
+}
+
+static void tc_on_content(void *ctx, const char *s, size_t n)
+{
+    job *j = ctx;
+    if (buf_add(&j->tc_text, &j->tc_text_len, &j->tc_text_cap, s, n)) j->tc_failed = 1;
+}
+
+static void tc_on_reasoning(void *ctx, const char *s, size_t n)
+{
+    job *j = ctx;
+    if (buf_add(&j->tc_reason, &j->tc_reason_len, &j->tc_reason_cap, s, n)) j->tc_failed = 1;
+}
+
+static char *dupn(const char *s, size_t n)
+{
+    char *d = malloc(n + 1);
+    if (d) { if (n) memcpy(d, s, n); d[n] = 0; }
+    return d;
+}
+
+static void tc_on_call(void *ctx, const tc_call *c)
+{
+    job *j = ctx;
+    eng_event *ev = ev_new(ENG_EV_TOOL_CALL, j);
+    if (!ev) { j->tc_failed = 1; return; }
+    ev->call_name = dupn(c->name, c->name_len);
+    ev->call_args = dupn(c->arguments, c->arguments_len);
+    ev->call_id = dupn(c->id, c->id_len);
+    if (!ev->call_name || !ev->call_args || !ev->call_id) { eng_event_free(ev); j->tc_failed = 1; return; }
+    ev->call_name_len = c->name_len;
+    ev->call_args_len = c->arguments_len;
+    ev->call_id_len = c->id_len;
+    ev->call_index = (int32_t)tc_n_calls(j->tc) - 1;
+    if (!j->tc_calls_tail) j->tc_calls_tail = &j->tc_calls;
+    *j->tc_calls_tail = ev;
+    j->tc_calls_tail = &ev->next;
+}
+
+int job_tools(job *j, const char *text, size_t len, int final, char **content, size_t *content_len)
+{
+    tc_callbacks cb = { tc_on_content, tc_on_reasoning, tc_on_call, j };
+    j->tc_text_len = 0;
+    if (j->tc_text) j->tc_text[0] = 0;
+    if (len && tc_feed(j->tc, text, len, &cb)) j->tc_failed = 1;
+    if (final && tc_finish(j->tc, &cb)) j->tc_failed = 1;
+    *content = dupn(j->tc_text ? j->tc_text : "", j->tc_text_len);
+    *content_len = j->tc_text_len;
+    return *content && !j->tc_failed ? 0 : -1;
+}
+
 /* ---- submit / cancel ----------------------------------------------------- */
 
 static int fail(eng_err *code, eng_err c, char *err, size_t errlen, const char *msg)
@@ -314,7 +387,7 @@ int model_gone(eng *e, int quick)
  * (invalid_value), not a UTF-8 error. */
 static eng_err tok_err(int rc)
 {
-    return rc == TOK_EUTF8 ? ENG_EUTF8 : rc == TOK_ELIMIT ? ENG_EINVAL
+    return rc == TOK_EUTF8 ? ENG_EUTF8 : rc == TOK_ELIMIT || rc == CHAT_ERENDER || rc == CHAT_EINPUT ? ENG_EINVAL
          : rc == TOK_ENOMEM ? ENG_ENOMEM : ENG_EINTERNAL;
 }
 
@@ -358,13 +431,13 @@ static int job_encode(const eng *e, const job *j, int32_t **ids, size_t *n,
     *ids = NULL;
     *n = 0;
     if (j->n_msgs > 0) {
-        rc = chat_encode(t, e->chat, j->msgs, j->n_msgs, 1, ids, n, terr, sizeof terr);
-    } else if (!j->raw && e->chat != CHAT_NONE) {
+        rc = chat_encode(t, e->chat, j->msgs, j->n_msgs, j->tools, j->tools_len, 1, ids, n, terr, sizeof terr);
+    } else if (!j->raw && e->chat) {
         chat_msg msgs[2];
         size_t nm = 0;
-        if (j->system_len) msgs[nm++] = (chat_msg){ "system", j->system, j->system_len };
-        msgs[nm++] = (chat_msg){ "user", j->text ? j->text : "", j->text_len };
-        rc = chat_encode(t, e->chat, msgs, nm, 1, ids, n, terr, sizeof terr);
+        if (j->system_len) msgs[nm++] = (chat_msg){ "system", j->system, j->system_len, NULL, 0 };
+        msgs[nm++] = (chat_msg){ "user", j->text ? j->text : "", j->text_len, NULL, 0 };
+        rc = chat_encode(t, e->chat, msgs, nm, NULL, 0, 1, ids, n, terr, sizeof terr);
     } else {
         rc = tok_encode(t, j->text ? j->text : "", j->text_len, j->parse_special, ids, n, terr, sizeof terr);
         if (rc == 0 && tok_add_bos(t) && tok_bos(t) >= 0) {
@@ -422,6 +495,20 @@ static int job_set_prompt(eng *e, job *j, int32_t *ids, size_t n, eng_err *code,
     j->n_prompt = j->n_tok = (int)n;
     j->pages = malloc((size_t)need * sizeof *j->pages);
     if (!j->pages) return fail(code, ENG_ENOMEM, err, errlen, NULL);
+    if (j->parse_tools) {
+        tc_format f = e->tc_fmt;
+        if (f & TC_THINK) {
+            /* whether the prompt leaves a reasoning block open: its tail suffices */
+            size_t from = n > 64 ? n - 64 : 0;
+            char *tail = NULL;
+            size_t tl = 0;
+            if (tok_decode(t, j->toks + from, n - from, &tail, &tl) == 0) f = tc_after_prompt(f, tail, tl);
+            free(tail);
+        }
+        j->tc = tc_new(f);
+        if (!j->tc) return fail(code, ENG_ENOMEM, err, errlen, NULL);
+        tc_seed(j->tc, j->s.seed);
+    }
     return 0;
 }
 
@@ -432,14 +519,15 @@ static int job_copy_prompt(eng *e, job *j, const eng_job_desc *d, eng_err *code,
     j->raw = d->raw;
     j->parse_special = d->parse_special;
     if (d->n_msgs > 0) {
-        if (e->chat == CHAT_NONE) return fail(code, ENG_EINVAL, err, errlen, "the model has no chat template for messages");
+        if (!e->chat) return fail(code, ENG_EINVAL, err, errlen, "the model has no chat template for messages");
         if (d->n_msgs > 4096) return fail(code, ENG_EINVAL, err, errlen, "too many messages");
         size_t total = 0;
         for (size_t i = 0; i < d->n_msgs; i++) {
             const eng_msg *mm = &d->msgs[i];
-            if (mm->content && mm->content_len > SIZE_MAX - 1 - total)
+            size_t cl = mm->content ? mm->content_len : 0, xl = mm->extra ? mm->extra_len : 0;
+            if (cl > SIZE_MAX / 4 || xl > SIZE_MAX / 4 || cl + xl > SIZE_MAX - 2 - total)
                 return fail(code, ENG_EINVAL, err, errlen, "messages too long");
-            total += (mm->content ? mm->content_len : 0) + 1;
+            total += cl + xl + 2;
         }
         j->msgs = calloc(d->n_msgs, sizeof *j->msgs);
         j->msg_buf = malloc(total);
@@ -447,20 +535,34 @@ static int job_copy_prompt(eng *e, job *j, const eng_job_desc *d, eng_err *code,
         size_t off = 0;
         for (size_t i = 0; i < d->n_msgs; i++) {
             const eng_msg *mm = &d->msgs[i];
-            static const char *const roles[] = { "system", "user", "assistant" };
+            static const char *const roles[] = { "system", "user", "assistant", "tool" };
             const char *role = NULL;
-            for (int r = 0; r < 3 && mm->role; r++)
+            for (int r = 0; r < 4 && mm->role; r++)
                 if (mm->role_len == strlen(roles[r]) && !memcmp(mm->role, roles[r], mm->role_len)) role = roles[r];
             if (!role) {
                 char msg[96];
-                snprintf(msg, sizeof msg, "message %zu: role must be system, user or assistant", i);
+                snprintf(msg, sizeof msg, "message %zu: role must be system, user, assistant or tool", i);
                 return fail(code, ENG_EINVAL, err, errlen, msg);
             }
-            size_t cl = mm->content ? mm->content_len : 0;
+            size_t cl = mm->content ? mm->content_len : 0, xl = mm->extra ? mm->extra_len : 0;
             if (cl) memcpy(j->msg_buf + off, mm->content, cl);
             j->msg_buf[off + cl] = 0;
-            j->msgs[i] = (chat_msg){ role, j->msg_buf + off, cl };
+            j->msgs[i] = (chat_msg){ role, j->msg_buf + off, cl, NULL, 0 };
             off += cl + 1;
+            if (xl) {
+                memcpy(j->msg_buf + off, mm->extra, xl);
+                j->msg_buf[off + xl] = 0;
+                j->msgs[i].extra = j->msg_buf + off;
+                j->msgs[i].extra_len = xl;
+                off += xl + 1;
+            }
+        }
+        if (d->tools) {
+            j->tools = malloc(d->tools_len + 1);
+            if (!j->tools) return fail(code, ENG_ENOMEM, err, errlen, NULL);
+            memcpy(j->tools, d->tools, d->tools_len);
+            j->tools[d->tools_len] = 0;
+            j->tools_len = d->tools_len;
         }
         j->n_msgs = d->n_msgs;
         return 0;
@@ -584,7 +686,7 @@ int eng_submit(eng *e, const eng_job_desc *d, uint64_t *job_id, eng_err *code, c
         const char *why = d->n_msgs ? "put it first in \"messages\" as a \"system\" message"
                         : d->n_tokens ? "it does not apply to \"tokens\" (used as given)"
                         : d->raw ? "it needs the chat template, which \"raw\" turns off"
-                        : e->chat == CHAT_NONE ? "it needs a chat template; this model has none" : NULL;
+                        : !e->chat ? "it needs a chat template; this model has none" : NULL;
         if (why) {
             char msg[160];
             snprintf(msg, sizeof msg, "%s: \"system\": %s",
@@ -615,6 +717,10 @@ int eng_submit(eng *e, const eng_job_desc *d, uint64_t *job_id, eng_err *code, c
         return -1;
     }
     j->s = d->sampling;
+    if (d->parse_tools && d->kind == ENG_JOB_GENERATE && d->n_msgs > 0) {
+        j->parse_tools = 1;
+        j->max_calls = d->max_tool_calls > 0 ? d->max_tool_calls : 0;
+    }
     j->rng = sampler_rng_seed(d->sampling.seed);
     j->top_n = d->top_n;
     j->user = d->user;
@@ -828,6 +934,55 @@ static void *tokw_main(void *arg)
 
 /* ---- open / close / info ------------------------------------------------- */
 
+/* The chat template (--chat-template's, else the model's) and the tokens
+ * that end generation: the tokenizer's (EOS, EOT, EOM and the known
+ * end-of-turn names) and those the template ends an assistant turn with.
+ * A model template that does not parse is a warning (prompts then go in
+ * as is, messages are refused); a --chat-template that does not parse is
+ * an error. */
+static int chat_setup(eng *e, char *err, size_t errlen)
+{
+    const model *m = e->m;
+    const tok *t = m->tok;
+    eng_model_info *in = &e->info;
+    const char *src = e->opt.chat_template ? e->opt.chat_template : tok_chat_template(t);
+    size_t len = e->opt.chat_template ? e->opt.chat_template_len : strlen(src);
+    in->chat_template = "none";
+    in->warning = "";
+    if (len) {
+        char perr[160];
+        e->chat = chat_open(t, src, len, perr, sizeof perr);
+        if (!e->chat && e->opt.chat_template) {
+            snprintf(err, errlen, "%s: the chat template does not parse: %s",
+                     e->opt.chat_template_name ? e->opt.chat_template_name : "--chat-template", perr);
+            return -1;
+        }
+        if (!e->chat) {
+            snprintf(e->warning, sizeof e->warning, "the model's chat template does not parse (%.100s): prompts are used raw", perr);
+            in->warning = e->warning;
+        } else {
+            in->chat_template = e->opt.chat_template ? (e->opt.chat_template_name ? e->opt.chat_template_name : "file")
+                                                     : tok_chat_template_from(t)[0] ? tok_chat_template_from(t) : "model";
+        }
+    }
+    e->tc_fmt = e->chat ? tc_detect(chat_source(e->chat)) : TC_PLAIN;
+    in->tool_format = tc_format_name(e->tc_fmt);
+    int32_t nv = tok_n_vocab(t);
+    e->eog = calloc((size_t)nv, 1);
+    if (!e->eog) { snprintf(err, errlen, "out of memory"); return -1; }
+    for (int32_t i = 0; i < nv; i++) e->eog[i] = (uint8_t)tok_is_eog(t, i);
+    /* gpt-oss (harmony) closes a message with <|end|> and the reply with
+     * <|return|> or <|call|>: <|end|> goes on to the next message */
+    int32_t end = tok_find(t, "<|end|>", 7);
+    if (end >= 0 && tok_find(t, "<|return|>", 10) >= 0 && tok_find(t, "<|call|>", 8) >= 0) e->eog[end] = 0;
+    if (e->chat) {
+        int32_t ends[4];
+        int k = chat_end_tokens(t, e->chat, ends, 4);
+        for (int i = 0; i < k; i++) if (ends[i] >= 0 && ends[i] < nv && ends[i] != tok_bos(t) && (ends[i] != end || e->eog[end])) e->eog[ends[i]] = 1;
+    }
+    return 0;
+}
+
 /* Starts the tokenizer thread and waits until it runs: no syscall of its
  * start-up comes after eng_open returns (the seccomp filter follows). */
 static int tokw_start(eng *e, char *err, size_t errlen)
@@ -860,18 +1015,14 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
     in->arch = m->tokenizer_only ? "none" : m->arch_name;
     in->name = m->name;
     in->backend = "cpu";
+    in->kv_type = "f16";
+    in->device = "";
     in->tokenizer_only = m->tokenizer_only;
     in->n_vocab = tok_n_vocab(m->tok);
     in->bos = tok_bos(m->tok);
     in->eos = tok_eos(m->tok);
     in->eot = tok_eot(m->tok);
-    e->chat = chat_detect(tok_chat_template(m->tok));
-    in->chat_template = chat_kind_name(e->chat);
-    in->warning = "";
-    if (e->chat == CHAT_NONE && tok_chat_template(m->tok)[0]) {
-        snprintf(e->warning, sizeof e->warning, "unknown chat template: prompts are used raw");
-        in->warning = e->warning;
-    }
+    if (chat_setup(e, err, errlen)) goto fail;
     e->max_queued = opt->max_queued > 0 ? opt->max_queued : 256;
     if (m->tokenizer_only) {
         if (tokw_start(e, err, errlen)) goto fail;
@@ -888,6 +1039,11 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
 
     e->n_ctx = opt->n_ctx > 0 ? opt->n_ctx : (m->hp.n_ctx_train < 4096 ? m->hp.n_ctx_train : 4096);
     if (e->n_ctx < 8) e->n_ctx = 8;
+    if (m->pos_embd.data && e->n_ctx > m->hp.n_ctx_train) {   /* learned positions end there */
+        snprintf(err, errlen, "%s: a context of %d tokens is past the model's learned positions (%s.context_length "
+                 "%d): expected at most that", m->path, e->n_ctx, m->arch_name, m->hp.n_ctx_train);
+        goto fail;
+    }
     e->max_seqs = opt->max_seqs > 0 ? opt->max_seqs : 16;
     if (e->max_seqs > 256) e->max_seqs = 256;
     in->n_ctx = e->n_ctx;
@@ -900,9 +1056,21 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
     if (nth > 256) nth = 256;
     in->n_threads = nth;
     if (pool_open(&e->pool, nth)) { snprintf(err, errlen, "cannot start %d threads", nth); goto fail; }
-    be_opts bo = { .kv_f16 = !opt->kv_f32, .deterministic = opt->deterministic,
+    int kvt = opt->kv_type == ENG_KV_F32 ? BE_KV_F32 : opt->kv_type == ENG_KV_Q8_0 ? BE_KV_Q8_0 : BE_KV_F16;
+    if (kvt == BE_KV_Q8_0 && m->hp.n_attn_layers > 0 && m->hp.head_dim % 32) {
+        snprintf(err, errlen, "%s: --kv-type q8_0 needs a head_dim that is a multiple of 32 (the model's is %d); use f16",
+                 m->path, m->hp.head_dim);
+        goto fail;
+    }
+    be_opts bo = { .kv_type = kvt, .deterministic = opt->deterministic,
                    .f16_cache_off = opt->cuda_f16_cache_off };
     if (be_open_opts(&e->be, opt->backend, e->pool, &bo, err, errlen)) goto fail;
+    /* CUDA's windowed attention (sliding-window layers, sinks) reads f16 and f32 caches only */
+    if (kvt == BE_KV_Q8_0 && strcmp(e->be->ops->name, "cpu") && m->hp.n_swa > 0) {
+        snprintf(err, errlen, "%s: --kv-type q8_0 is not supported on %s for a model with sliding-window layers; "
+                 "use f16 (or --backend cpu)", m->path, e->be->ops->name);
+        goto fail;
+    }
     const char *lacks = fw_lacks(m, e->be->ops);
     if (lacks) {
         /* the architecture needs ops this backend lacks: when the
@@ -914,16 +1082,17 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
         }
         e->be->ops->close(e->be);
         e->be = NULL;
-        if (be_cpu_open(&e->be, e->pool, !opt->kv_f32, err, errlen)) goto fail;
+        if (be_cpu_open(&e->be, e->pool, kvt, err, errlen)) goto fail;
     }
     in->backend = e->be->ops->name;
+    in->kv_type = be_kv_name(e->be->kv_type);
+    in->device = e->be->device;
     /* a GPU pass costs about the same for 128 or 512 prompt tokens (each
      * pass reads, and for prompts converts, every weight once): there
      * prompts share passes with decoding streams at full width */
     e->prefill_shared = strcmp(e->be->ops->name, "cpu") ? BATCH_TOKENS : PREFILL_SHARED;
-    if (model_prepare(m, e->be, err, errlen)) goto fail;
 
-    size_t page_bytes = fw_kv_page_bytes(m, e->be->kv_elt);
+    size_t page_bytes = fw_kv_page_bytes(m, e->be->kv_type);
     size_t pages_per_ctx = ((size_t)e->n_ctx + KV_PAGE - 1) / KV_PAGE;
     size_t n_pages = opt->kv_budget ? opt->kv_budget / page_bytes : pages_per_ctx * (size_t)e->max_seqs;
     if (n_pages < pages_per_ctx) {
@@ -931,10 +1100,27 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
                  opt->kv_budget, pages_per_ctx * page_bytes, e->n_ctx);
         goto fail;
     }
-    if (n_pages > (size_t)1 << 24) n_pages = (size_t)1 << 24;
-    e->n_pages_total = (int)n_pages;
     int max_out = EVAL_ROWS > e->max_seqs ? EVAL_ROWS : e->max_seqs;
     int max_T = BATCH_TOKENS + e->max_seqs;
+    size_t dev_free = 0, dev_total = 0;
+    if (e->be->ops->mem_free && !e->be->ops->mem_free(e->be, &dev_free, &dev_total)) {
+        /* the whole need against the device's free memory, before any of it is taken */
+        fw_mem need;
+        fw_mem_estimate(m, e->be->kv_type, n_pages, max_T, max_out, e->max_seqs, &need);
+        if (need.total > dev_free) {
+            snprintf(err, errlen,
+                     "%s: the model needs about %zu MiB of %s device memory (weights %zu, KV pool %zu for %zu "
+                     "tokens in %s, state %zu, activations %zu, scratch %zu MiB) but %zu MiB of %zu are free; "
+                     "lower --ctx, --max-seqs or --kv-budget, use --kv-type q8_0, or a smaller model",
+                     m->path, need.total >> 20, e->be->ops->name, need.weights >> 20, need.kv >> 20,
+                     n_pages * KV_PAGE, be_kv_name(e->be->kv_type), need.state >> 20, need.act >> 20,
+                     need.scratch >> 20, dev_free >> 20, dev_total >> 20);
+            goto fail;
+        }
+    }
+    if (n_pages > (size_t)1 << 24) n_pages = (size_t)1 << 24;
+    if (model_prepare(m, e->be, err, errlen)) goto fail;
+    e->n_pages_total = (int)n_pages;
     if (fw_open(&e->fw, m, e->be, max_T, max_out, e->n_pages_total, e->max_seqs, err, errlen)) goto fail;
     if (sampler_open(&e->smp, m->hp.n_vocab)) { snprintf(err, errlen, "out of memory"); goto fail; }
     pthread_mutex_init(&e->gv_mu, NULL);
@@ -1012,6 +1198,8 @@ void eng_close(eng *e)
     free(e->active); free(e->b_tok); free(e->b_pos); free(e->b_out);
     free(e->b_pages); free(e->b_job); free(e->b_slot); free(e->slot_used); free(e->b_job_of_out); free(e->b_out_pos); free(e->logits); free(e->b_ids);
     free(e->a_pos); free(e->a_out); free(e->a_ids); free(e->a_job);
+    chat_free(e->chat);
+    free(e->eog);
     pthread_mutex_destroy(&e->mu);
     pthread_mutex_destroy(&e->ev_mu);
     pthread_cond_destroy(&e->cv);

@@ -17,6 +17,10 @@
 
 typedef struct eng eng;
 
+/* KV cache types (eng_opts.kv_type): f16 the default; q8_0 about half
+ * its bytes (docs/cuda.md gives the accuracy); f32 twice them */
+enum { ENG_KV_F16 = 0, ENG_KV_Q8_0 = 1, ENG_KV_F32 = 2 };
+
 typedef struct eng_opts {
     const char *model_path; /* GGUF file or Hugging Face directory */
     const char *backend;    /* "cpu", "cuda", or NULL for the best present */
@@ -25,7 +29,7 @@ typedef struct eng_opts {
     size_t kv_budget;       /* bytes for the shared KV pool; 0 = room for max_seqs full contexts */
     int max_seqs;           /* sequences in one batched forward pass; 0 = 16 */
     int max_queued;         /* jobs waiting beyond max_seqs before ENG_EBUSY; 0 = 256 */
-    int kv_f32;             /* 1: KV cache in f32 instead of f16 */
+    int kv_type;            /* ENG_KV_*: how the KV cache holds keys and values (aned --kv-type) */
     /* Called on the worker thread whenever events were queued. Must not call
      * into the engine; typically ev_async_send(). May be NULL (then poll). */
     void (*notify)(void *arg);
@@ -38,6 +42,12 @@ typedef struct eng_opts {
      * (then stderr). */
     void (*log)(void *arg, int warn, const char *line);
     void *log_arg;
+    /* A chat template (Jinja source, len bytes) instead of the model's own
+     * (aned --chat-template FILE); NULL = the model's. chat_template_name
+     * names it in info (the file's path). */
+    const char *chat_template;
+    size_t chat_template_len;
+    const char *chat_template_name;
 } eng_opts;
 
 /* Loads the model and starts the worker. */
@@ -68,15 +78,21 @@ typedef struct eng_model_info {
     const char *arch;          /* "llama", "qwen2", "qwen3", ... */
     const char *name;          /* general.name or the file's base name */
     const char *backend;       /* "cpu" or "cuda" */
-    const char *chat_template; /* "chatml", "llama3" or "none" */
-    const char *warning;       /* e.g. unknown chat template; "" when none */
+    const char *chat_template; /* where the template came from: "tokenizer.chat_template" (GGUF),
+                                  "tokenizer_config.json", "chat_template.jinja", the
+                                  --chat-template file's path, or "none" */
+    const char *warning;       /* e.g. a model template that does not parse; "" when none */
     int tokenizer_only;        /* 1: no tensors; generate/eval answer ENG_ENOMODEL */
     int32_t n_vocab, n_ctx, n_ctx_train, n_layer, n_embd, n_head, n_head_kv;
     int32_t bos, eos, eot;     /* -1 when absent */
+    const char *tool_format;   /* the syntax of tool calls the template shows ("hermes", "llama3",
+                                  "mistral", "harmony", "deepseek", "functionary"), or "plain" */
     uint64_t n_params;         /* weights */
     uint64_t weight_bytes;
     int n_threads, max_seqs;
     int deterministic, cuda_f16_cache_off; /* as opened (eng_opts) */
+    const char *kv_type;       /* "f16", "q8_0" or "f32" */
+    const char *device;        /* the accelerator and the kernels' path, or "" (CPU) */
 } eng_model_info;
 
 const eng_model_info *eng_model(const eng *e);
@@ -134,10 +150,13 @@ void eng_sampling_default(eng_sampling *s);
 
 typedef enum eng_job_kind { ENG_JOB_GENERATE = 0, ENG_JOB_EVAL = 1 } eng_job_kind;
 
-/* One chat message (role "system", "user" or "assistant"). */
+/* One chat message (role "system", "user", "assistant" or "tool"). */
 typedef struct eng_msg {
     const char *role; size_t role_len;
     const char *content; size_t content_len;
+    /* optional: its other fields (tool_calls, tool_call_id, name, ...) as the
+     * text of a JSON object, given to the template with role and content */
+    const char *extra; size_t extra_len;
 } eng_msg;
 
 /* Everything is copied by eng_submit; the caller's buffers may go away after. */
@@ -152,6 +171,13 @@ typedef struct eng_job_desc {
     size_t system_len;
     const eng_msg *msgs;   /* a whole conversation (instead of text/system), rendered */
     size_t n_msgs;         /* with the model's chat template; ends with the assistant's turn */
+    const char *tools;     /* messages only: the template's "tools", the text of a JSON array; */
+    size_t tools_len;      /* NULL = none */
+    int parse_tools;       /* generate with messages: the reply is parsed for tool calls (and
+                              reasoning) in the template's syntax: TOKEN text is the content
+                              alone, each call an ENG_EV_TOOL_CALL event */
+    int max_tool_calls;    /* with parse_tools: the reply ends (ENG_FINISH_TOOL_CALLS) after
+                              this many calls; 0 = no limit */
     int raw;               /* 1: no chat template; BOS per the tokenizer */
     int parse_special;     /* special tokens in text are parsed (raw prompts) */
     int32_t max_tokens;    /* generate: 0 = until context end */
@@ -206,10 +232,14 @@ typedef enum eng_event_type {
     ENG_EV_DONE,       /* last event of a job that ran */
     ENG_EV_ERROR,      /* last event of a job that failed after submit */
     ENG_EV_TOKENS,     /* eng_tokenize_submit: the ids (its only event) */
+    ENG_EV_TOOL_CALL,  /* generate with parse_tools: one complete tool call, after the
+                          TOKEN event of the token that completed it */
 } eng_event_type;
 
 typedef enum eng_finish {
     ENG_FINISH_LENGTH = 0, ENG_FINISH_STOP, ENG_FINISH_EOS, ENG_FINISH_CANCELLED,
+    ENG_FINISH_TOOL_CALLS,  /* parse_tools: the reply ended (end of turn, stop string or
+                               max_tool_calls) after at least one tool call */
 } eng_finish;
 
 const char *eng_finish_str(eng_finish f);
@@ -224,6 +254,14 @@ typedef struct eng_event {
     int32_t token;
     char *text;
     size_t text_len;
+    /* TOKEN with parse_tools: reasoning text this token completes (NULL when none) */
+    char *reasoning;
+    size_t reasoning_len;
+    /* TOOL_CALL: its index in the reply (0, 1, ...), name, arguments (compact
+     * JSON text) and id (all malloc'd, NUL-terminated) */
+    int32_t call_index;
+    char *call_name, *call_args, *call_id;
+    size_t call_name_len, call_args_len, call_id_len;
     /* TOKENS: the text's ids (malloc'd; NULL when there are none). */
     int32_t *ids;
     size_t n_ids;

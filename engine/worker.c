@@ -334,7 +334,7 @@ static void schedule(eng *e)
     }
     e->st.active = (uint32_t)(e->n_active + e->n_parked);
     e->st.queued = (uint32_t)(e->n_queued + e->n_pending);
-    e->st.kv_used = (size_t)kvc_in_use(e->kv) * fw_kv_page_bytes(e->m, e->be->kv_elt);
+    e->st.kv_used = (size_t)kvc_in_use(e->kv) * fw_kv_page_bytes(e->m, e->be->kv_type);
 }
 
 /* The grammar's mask on a job's logits: tokens it refuses get -inf; the
@@ -374,10 +374,12 @@ static void emit_token(eng *e, job *j, int32_t id, int *finished, eng_finish *wh
     j->toks[j->n_tok++] = id;
     j->n_gen++;
     *finished = 0;
-    int eog = tok_is_eog(t, id);
+    int eog = e->eog[id];
     size_t plen = 0;
     const char *piece = "";
-    if (!eog && !tok_is_control(t, id)) {
+    /* control tokens have no text, but for the tool-call parser, whose
+     * markers may be control tokens (gpt-oss's <|channel|>, ...) */
+    if (!eog && (!tok_is_control(t, id) || j->tc)) {
         piece = tok_piece(t, id, &plen);
         /* SentencePiece drops the space prefix of the first piece after BOS */
         int32_t prev = j->toks[j->n_tok - 2];
@@ -387,16 +389,57 @@ static void emit_token(eng *e, job *j, int32_t id, int *finished, eng_finish *wh
     int stopped = 0;
     size_t out_len = 0;
     char *text = job_text(j, piece, plen, final, &stopped, &out_len);
+    int calls = 0, tc_err = 0;
+    if (j->tc && text) {
+        char *content = NULL;
+        size_t cl = 0;
+        tc_err = job_tools(j, text, out_len, final || stopped, &content, &cl);
+        free(text);
+        text = content;
+        out_len = cl;
+        calls = (int)tc_n_calls(j->tc);
+        /* enough calls: the reply ends here, what the parser holds resolved */
+        if (!tc_err && !final && !stopped && j->max_calls && calls >= j->max_calls) {
+            free(text);
+            text = NULL;
+            tc_err = job_tools(j, "", 0, 1, &content, &cl);
+            text = content;
+            out_len = cl;
+            final = 1;
+        }
+    }
     eng_event *ev = ev_new(ENG_EV_TOKEN, j);
     if (ev) {
         ev->token = id;
         ev->text = text ? text : calloc(1, 1);
         ev->text_len = text ? out_len : 0;
+        if (j->tc && j->tc_reason_len) {
+            ev->reasoning = malloc(j->tc_reason_len + 1);
+            if (ev->reasoning) {
+                memcpy(ev->reasoning, j->tc_reason, j->tc_reason_len + 1);
+                ev->reasoning_len = j->tc_reason_len;
+            }
+        }
         ev_push(e, ev);
     } else free(text);
+    if (j->tc) {
+        j->tc_reason_len = 0;
+        for (eng_event *c = j->tc_calls; c;) { eng_event *n = c->next; c->next = NULL; ev_push(e, c); c = n; }
+        j->tc_calls = NULL;
+        j->tc_calls_tail = NULL;
+    }
+    if (tc_err) {
+        /* out of memory in the parser: the reply cannot be told apart */
+        j->err_code = ENG_ENOMEM;
+        *finished = 1;
+        *why = ENG_FINISH_LENGTH;
+        return;
+    }
     if (stopped) { *finished = 1; *why = ENG_FINISH_STOP; }
     else if (eog) { *finished = 1; *why = ENG_FINISH_EOS; }
     else if (final) { *finished = 1; *why = ENG_FINISH_LENGTH; }
+    if (*finished && calls > 0 && *why != ENG_FINISH_LENGTH) *why = ENG_FINISH_TOOL_CALLS;
+    if (*finished && calls > 0 && j->max_calls && calls >= j->max_calls) *why = ENG_FINISH_TOOL_CALLS;
 }
 
 /* Whether the queued step is the batch just built (T decode rows, every

@@ -3,6 +3,7 @@
 #include "common/err.h"
 #include "common/utf8.h"
 #include "proto/proto.h"
+#include "proto/proto_json.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -61,6 +62,7 @@ static const char *const type_names[] = {
     [PROTO_T_HELLO_OK] = "hello", [PROTO_T_TOKEN] = "token", [PROTO_T_LOGITS] = "logits",
     [PROTO_T_DONE] = "done", [PROTO_T_ERROR] = "error", [PROTO_T_TOKENS] = "tokens",
     [PROTO_T_TEXT] = "text", [PROTO_T_INFO_OK] = "info", [PROTO_T_PONG] = "pong",
+    [PROTO_T_TOOL_CALL] = "tool_call",
 };
 #define N_TYPES ((int)(sizeof type_names / sizeof type_names[0]))
 
@@ -74,7 +76,7 @@ const char *proto_type_name(proto_type t)
 static proto_type type_lookup(const char *s, size_t n, int events)
 {
     int lo = events ? PROTO_T_HELLO_OK : PROTO_T_HELLO;
-    int hi = events ? PROTO_T_PONG : PROTO_T_PING;
+    int hi = events ? PROTO_T_TOOL_CALL : PROTO_T_PING;
     for (int i = lo; i <= hi; i++)
         if (strlen(type_names[i]) == n && memcmp(type_names[i], s, n) == 0) return (proto_type)i;
     return PROTO_T_NONE;
@@ -97,6 +99,7 @@ void proto_req_init(proto_req *r, proto_type t, uint64_t id)
     r->repeat_penalty = 1.0f;
     r->repeat_last_n = 64;
     r->top = 10;
+    r->parallel_tool_calls = 1;
 }
 
 void proto_ev_init(proto_ev *e, proto_type t, uint64_t id)
@@ -207,10 +210,40 @@ static void pk_msgs(pk *k, const proto_msg *m, size_t n)
     pk_key(k, "messages");
     pk_arr(k, n);
     for (size_t i = 0; i < n && !k->fail; i++) {
-        pk_map(k, 2);
+        long nx = m[i].extra ? pj_members(m[i].extra, m[i].extra_len) : 0;
+        if (nx < 0) { k->fail = 1; return; }
+        pk_map(k, 2 + (size_t)nx);
         pk_kstr(k, "role", m[i].role, m[i].role_len);
         pk_kstr(k, "content", m[i].content, m[i].content_len);
+        if (nx > 0 && pj_pack(&k->p, m[i].extra, m[i].extra_len, 1, NULL)) k->fail = 1;
     }
+}
+
+/* tools, tool_choice, parallel_tool_calls: how many keys */
+static size_t n_tool_keys(const proto_req *r)
+{
+    return r->tools ? 3 : 0;
+}
+
+static void pk_tools(pk *k, const proto_req *r)
+{
+    if (!r->tools) return;
+    pk_key(k, "tools");
+    if (pj_pack(&k->p, r->tools, r->tools_len, 0, NULL)) k->fail = 1;
+    pk_key(k, "tool_choice");
+    switch (r->tool_choice) {
+    case PROTO_TOOLS_NONE: pk_cstr(k, "none"); break;
+    case PROTO_TOOLS_REQUIRED: pk_cstr(k, "required"); break;
+    case PROTO_TOOLS_NAMED:
+        pk_map(k, 2);
+        pk_kstr(k, "type", "function", 8);
+        pk_key(k, "function");
+        pk_map(k, 1);
+        pk_kstr(k, "name", r->tool_name, r->tool_name_len);
+        break;
+    default: pk_cstr(k, "auto"); break;
+    }
+    pk_kbool(k, "parallel_tool_calls", r->parallel_tool_calls);
 }
 
 /* Starts a message; finish with pk_end, which rolls back on failure. */
@@ -248,7 +281,8 @@ int proto_req_encode(proto_buf *b, const proto_req *r)
         break;
     case PROTO_T_GENERATE:
         if (r->n_stop > PROTO_MAX_STOP) return -1;
-        pk_map(&k, 13 + (r->has_seed != 0) + (r->system != NULL) + (r->grammar != NULL) + (r->json_schema != NULL) + (r->json_object != 0));
+        pk_map(&k, 13 + (r->has_seed != 0) + (r->system != NULL) + n_tool_keys(r) + (r->grammar != NULL) +
+                   (r->json_schema != NULL) + (r->json_object != 0));
         pk_kstr(&k, "type", tn, strlen(tn));
         pk_ku64(&k, "id", r->id);
         if (prompt_msgs) pk_msgs(&k, r->msgs, r->n_msgs);
@@ -268,6 +302,7 @@ int proto_req_encode(proto_buf *b, const proto_req *r)
         pk_arr(&k, r->n_stop);
         for (size_t i = 0; i < r->n_stop; i++) pk_str(&k, r->stop[i], r->stop_len[i]);
         pk_kbool(&k, "special", r->special);
+        pk_tools(&k, r);
         if (r->grammar) pk_kstr(&k, "grammar", r->grammar, r->grammar_len);
         if (r->json_schema) pk_kstr(&k, "json_schema", r->json_schema, r->json_schema_len);
         if (r->json_object) pk_kbool(&k, "json_object", 1);
@@ -329,11 +364,21 @@ int proto_ev_encode(proto_buf *b, const proto_ev *e)
         pk_kstr(&k, "model", e->model, e->model_len);
         break;
     case PROTO_T_TOKEN:
-        pk_map(&k, 4);
+        pk_map(&k, 4 + (e->reasoning != NULL));
         pk_kstr(&k, "type", tn, strlen(tn));
         pk_ku64(&k, "id", e->id);
         pk_ki64(&k, "token", e->token);
         pk_kstr(&k, "text", e->text, e->text_len);
+        if (e->reasoning) pk_kstr(&k, "reasoning", e->reasoning, e->reasoning_len);
+        break;
+    case PROTO_T_TOOL_CALL:
+        pk_map(&k, 6);
+        pk_kstr(&k, "type", tn, strlen(tn));
+        pk_ku64(&k, "id", e->id);
+        pk_ku64(&k, "index", e->call_index);
+        pk_kstr(&k, "name", e->call_name, e->call_name_len);
+        pk_kstr(&k, "arguments", e->call_args, e->call_args_len);
+        pk_kstr(&k, "call_id", e->call_id, e->call_id_len);
         break;
     case PROTO_T_LOGITS:
         pk_map(&k, 4);
@@ -391,7 +436,7 @@ int proto_ev_encode(proto_buf *b, const proto_ev *e)
         pk_kstr(&k, "text", e->text, e->text_len);
         break;
     case PROTO_T_INFO_OK:
-        pk_map(&k, 30 + (e->cuda_f16_cache != NULL));
+        pk_map(&k, 31 + (e->cuda_f16_cache != NULL) + (e->kv_type != NULL) + (e->device != NULL));
         pk_kstr(&k, "type", tn, strlen(tn));
         pk_ku64(&k, "id", e->id);
         pk_ku64(&k, "version", e->version);
@@ -400,6 +445,7 @@ int proto_ev_encode(proto_buf *b, const proto_ev *e)
         pk_kstr(&k, "arch", e->arch, e->arch_len);
         pk_kstr(&k, "backend", e->backend, e->backend_len);
         pk_kstr(&k, "chat_template", e->chat_template, e->chat_template_len);
+        pk_kstr(&k, "tool_format", e->tool_format, e->tool_format_len);
         pk_kstr(&k, "warning", e->warning, e->warning_len);
         pk_ki64(&k, "n_vocab", e->n_vocab);
         pk_ki64(&k, "n_ctx", e->n_ctx);
@@ -432,6 +478,8 @@ int proto_ev_encode(proto_buf *b, const proto_ev *e)
         pk_ku64(&k, "max_clients_per_uid", e->max_clients_per_uid);
         pk_kbool(&k, "deterministic", e->deterministic);
         if (e->cuda_f16_cache) pk_kstr(&k, "cuda_f16_cache", e->cuda_f16_cache, strlen(e->cuda_f16_cache));
+        if (e->kv_type) pk_kstr(&k, "kv_type", e->kv_type, strlen(e->kv_type));
+        if (e->device) pk_kstr(&k, "device", e->device, strlen(e->device));
         break;
     case PROTO_T_PONG:
         pk_map(&k, 2);
@@ -894,6 +942,88 @@ static int get_tokens(dctx *d, const msgpack_object *o, const char *name, size_t
 
 static int is_nil(const msgpack_object *o) { return o->type == MSGPACK_OBJECT_NIL; }
 
+/* A value passed on as JSON text, copied into the arena (nil values of a
+ * map's keys are left out, as absent). */
+static int get_json(dctx *d, const msgpack_object *v, const char *const *skip, const char *name,
+                    const char **out, size_t *len)
+{
+    char *js;
+    size_t n;
+    const char *why;
+    int oom;
+    if (pj_to_json(v, skip, &js, &n, &why, &oom))
+        return fail(d, oom ? PROTO_E_INTERNAL : PROTO_E_BAD_REQUEST, "%s: %s", name, why);
+    char *c = arena_alloc(d->r, n + 1, 1);
+    if (!c) { free(js); return fail(d, PROTO_E_INTERNAL, "out of memory"); }
+    memcpy(c, js, n + 1);
+    free(js);
+    *out = c;
+    *len = n;
+    return 0;
+}
+
+static const msgpack_object *map_get(const msgpack_object *m, const char *key)
+{
+    if (m->type != MSGPACK_OBJECT_MAP) return NULL;
+    for (uint32_t i = 0; i < m->via.map.size; i++)
+        if (key_is(&m->via.map.ptr[i].key, key) && !is_nil(&m->via.map.ptr[i].val)) return &m->via.map.ptr[i].val;
+    return NULL;
+}
+
+/* An assistant message's "tool_calls": [{"function": {"name": str,
+ * "arguments": str or map}, "id": str, ...}, ...] */
+static int check_calls(dctx *d, const msgpack_object *v, uint32_t i)
+{
+    if (v->type != MSGPACK_OBJECT_ARRAY) return fail(d, PROTO_E_BAD_REQUEST, "\"messages\"[%u].tool_calls must be an array of maps", i);
+    for (uint32_t c = 0; c < v->via.array.size; c++) {
+        const msgpack_object *tc = &v->via.array.ptr[c], *f = map_get(tc, "function");
+        if (tc->type != MSGPACK_OBJECT_MAP || !f || f->type != MSGPACK_OBJECT_MAP)
+            return fail(d, PROTO_E_BAD_REQUEST, "\"messages\"[%u].tool_calls[%u] must be a map with a \"function\" map", i, c);
+        const msgpack_object *nm = map_get(f, "name"), *a = map_get(f, "arguments");
+        if (!nm || nm->type != MSGPACK_OBJECT_STR)
+            return fail(d, PROTO_E_BAD_REQUEST, "\"messages\"[%u].tool_calls[%u].function.name must be a string", i, c);
+        if (a && a->type != MSGPACK_OBJECT_STR && a->type != MSGPACK_OBJECT_MAP)
+            return fail(d, PROTO_E_BAD_REQUEST, "\"messages\"[%u].tool_calls[%u].function.arguments must be a string or a map", i, c);
+    }
+    return 0;
+}
+
+/* "tools": [{"type": "function", "function": {"name": str, "description":
+ * str, "parameters": map}}, ...]: each schema a map, kept as JSON text. */
+static int get_tools(dctx *d, const msgpack_object *v, proto_req *q)
+{
+    if (v->type != MSGPACK_OBJECT_ARRAY) return fail(d, PROTO_E_BAD_REQUEST, "\"tools\" must be an array of maps");
+    for (uint32_t i = 0; i < v->via.array.size; i++) {
+        const msgpack_object *t = &v->via.array.ptr[i];
+        if (t->type != MSGPACK_OBJECT_MAP) return fail(d, PROTO_E_BAD_REQUEST, "\"tools\"[%u] must be a map (a function schema)", i);
+        const msgpack_object *f = map_get(t, "function");
+        if (f && f->type != MSGPACK_OBJECT_MAP) return fail(d, PROTO_E_BAD_REQUEST, "\"tools\"[%u].function must be a map", i);
+        const msgpack_object *nm = f ? map_get(f, "name") : NULL, *pa = f ? map_get(f, "parameters") : NULL;
+        if (f && (!nm || nm->type != MSGPACK_OBJECT_STR))
+            return fail(d, PROTO_E_BAD_REQUEST, "\"tools\"[%u].function.name must be a string", i);
+        if (pa && pa->type != MSGPACK_OBJECT_MAP)
+            return fail(d, PROTO_E_BAD_REQUEST, "\"tools\"[%u].function.parameters must be a map (a JSON schema object)", i);
+    }
+    return get_json(d, v, NULL, "\"tools\"", &q->tools, &q->tools_len);
+}
+
+/* "tool_choice": "auto", "none", "required", or {"type": "function",
+ * "function": {"name": str}} */
+static int get_tool_choice(dctx *d, const msgpack_object *v, proto_req *q)
+{
+    if (v->type == MSGPACK_OBJECT_STR) {
+        static const char *const names[] = { "auto", "none", "required" };
+        for (int i = 0; i < 3; i++)
+            if (key_is(v, names[i])) { q->tool_choice = i; return 0; }
+        return fail(d, PROTO_E_INVALID_VALUE, "\"tool_choice\" must be \"auto\", \"none\", \"required\" or a function");
+    }
+    const msgpack_object *f = map_get(v, "function"), *nm = f ? map_get(f, "name") : NULL;
+    if (!nm) return fail(d, PROTO_E_BAD_REQUEST, "\"tool_choice\" must be a string or {\"type\": \"function\", \"function\": {\"name\": ...}}");
+    if (get_str(d, nm, "tool_choice.function.name", 256, &q->tool_name, &q->tool_name_len) < 0) return -1;
+    q->tool_choice = PROTO_TOOLS_NAMED;
+    return 0;
+}
+
 /* "messages": [{"role": str, "content": str}, ...], 1..PROTO_MAX_MSGS of
  * them, contents adding up to at most PROTO_MAX_PROMPT bytes. */
 static int get_msgs(dctx *d, const msgpack_object *v, proto_req *q)
@@ -919,7 +1049,8 @@ static int get_msgs(dctx *d, const msgpack_object *v, proto_req *q)
     for (uint32_t i = 0; i < n; i++) {
         const msgpack_object *e = &v->via.array.ptr[i];
         if (e->type != MSGPACK_OBJECT_MAP) return fail(d, PROTO_E_BAD_REQUEST, "\"messages\"[%u] must be a map", i);
-        m[i] = (proto_msg){ NULL, 0, "", 0 };
+        m[i] = (proto_msg){ NULL, 0, "", 0, NULL, 0 };
+        int extra = 0;
         for (uint32_t j = 0; j < e->via.map.size; j++) {
             const msgpack_object *k = &e->via.map.ptr[j].key, *x = &e->via.map.ptr[j].val;
             if (is_nil(x)) continue;
@@ -927,7 +1058,16 @@ static int get_msgs(dctx *d, const msgpack_object *v, proto_req *q)
                 if (get_str(d, x, "role", PROTO_MAX_ROLE, &m[i].role, &m[i].role_len) < 0) return -1;
             } else if (key_is(k, "content")) {
                 if (get_str(d, x, "content", PROTO_MAX_PROMPT, &m[i].content, &m[i].content_len) < 0) return -1;
+            } else if (k->type == MSGPACK_OBJECT_STR) {
+                if (key_is(k, "tool_calls") && check_calls(d, x, i) < 0) return -1;
+                extra = 1;
             }
+        }
+        if (extra) {
+            static const char *const own[] = { "role", "content", NULL };
+            char buf[48];
+            snprintf(buf, sizeof buf, "\"messages\"[%u]", i);
+            if (get_json(d, e, own, buf, &m[i].extra, &m[i].extra_len) < 0) return -1;
         }
         if (!m[i].role || m[i].role_len == 0)
             return fail(d, PROTO_E_BAD_REQUEST, "\"messages\"[%u] has no \"role\"", i);
@@ -989,6 +1129,10 @@ static int decode_req(dctx *d, const msgpack_object *m, proto_req *q)
             else if (key_is(k, "messages")) { rc = get_msgs(d, v, q); has_msgs = 1; }
             else if (key_is(k, "system")) rc = get_str(d, v, "system", PROTO_MAX_PROMPT, &q->system, &q->system_len);
             else if (key_is(k, "raw")) rc = get_bool(d, v, "raw", &q->raw);
+            else if (key_is(k, "tools") && q->type == PROTO_T_GENERATE) rc = get_tools(d, v, q);
+            else if (key_is(k, "tool_choice") && q->type == PROTO_T_GENERATE) rc = get_tool_choice(d, v, q);
+            else if (key_is(k, "parallel_tool_calls") && q->type == PROTO_T_GENERATE)
+                rc = get_bool(d, v, "parallel_tool_calls", &q->parallel_tool_calls);
             else if (q->type == PROTO_T_EVAL) {
                 if (key_is(k, "top")) rc = get_i32(d, v, "top", 1, PROTO_MAX_TOP, &q->top);
             }
@@ -1043,6 +1187,9 @@ static int decode_req(dctx *d, const msgpack_object *m, proto_req *q)
             return fail(d, PROTO_E_BAD_REQUEST, "missing \"prompt\", \"tokens\" or \"messages\"");
         if (has_msgs && q->system) return fail(d, PROTO_E_BAD_REQUEST, "\"system\" goes into \"messages\" as a message");
         if (has_msgs && q->raw) return fail(d, PROTO_E_BAD_REQUEST, "\"messages\" are rendered with the chat template: \"raw\" does not apply");
+        if (q->tools && !has_msgs) return fail(d, PROTO_E_BAD_REQUEST, "\"tools\" go with \"messages\" (the chat template places them)");
+        if (q->tool_choice != PROTO_TOOLS_AUTO && !q->tools)
+            return fail(d, PROTO_E_BAD_REQUEST, "\"tool_choice\" needs \"tools\"");
         break;
     case PROTO_T_TOKENIZE:
         if (!has_text) return fail(d, PROTO_E_BAD_REQUEST, "missing \"text\"");
@@ -1153,6 +1300,7 @@ static int decode_ev(dctx *d, const msgpack_object *m, proto_ev *e)
             else if (key_is(k, "arch")) rc = get_str(d, v, "arch", big, &e->arch, &e->arch_len);
             else if (key_is(k, "backend")) rc = get_str(d, v, "backend", big, &e->backend, &e->backend_len);
             else if (key_is(k, "chat_template")) rc = get_str(d, v, "chat_template", big, &e->chat_template, &e->chat_template_len);
+            else if (key_is(k, "tool_format")) rc = get_str(d, v, "tool_format", big, &e->tool_format, &e->tool_format_len);
             else if (key_is(k, "warning")) rc = get_str(d, v, "warning", big, &e->warning, &e->warning_len);
             else if (key_is(k, "n_vocab")) rc = get_i32(d, v, "n_vocab", 0, INT32_MAX, &e->n_vocab);
             else if (key_is(k, "n_ctx")) rc = get_i32(d, v, "n_ctx", 0, INT32_MAX, &e->n_ctx);
@@ -1177,6 +1325,13 @@ static int decode_ev(dctx *d, const msgpack_object *m, proto_ev *e)
         case PROTO_T_TOKEN:
             if (key_is(k, "token")) rc = get_i32(d, v, "token", 0, INT32_MAX, &e->token);
             else if (key_is(k, "text")) rc = get_str(d, v, "text", big, &e->text, &e->text_len);
+            else if (key_is(k, "reasoning")) rc = get_str(d, v, "reasoning", big, &e->reasoning, &e->reasoning_len);
+            break;
+        case PROTO_T_TOOL_CALL:
+            if (key_is(k, "index")) rc = get_u32(d, v, "index", &e->call_index);
+            else if (key_is(k, "name")) rc = get_str(d, v, "name", big, &e->call_name, &e->call_name_len);
+            else if (key_is(k, "arguments")) rc = get_str(d, v, "arguments", big, &e->call_args, &e->call_args_len);
+            else if (key_is(k, "call_id")) rc = get_str(d, v, "call_id", big, &e->call_id, &e->call_id_len);
             break;
         case PROTO_T_TEXT:
             if (key_is(k, "text")) rc = get_str(d, v, "text", big, &e->text, &e->text_len);
@@ -1208,7 +1363,8 @@ static int decode_ev(dctx *d, const msgpack_object *m, proto_ev *e)
     }
     /* Absent strings read as "" so callers never see NULL. */
     const char **sp[] = { &e->server, &e->model, &e->text, &e->finish, &e->message, &e->arch,
-                          &e->backend, &e->chat_template, &e->warning, &e->model_path };
+                          &e->backend, &e->chat_template, &e->warning, &e->model_path,
+                          &e->call_name, &e->call_args, &e->call_id, &e->tool_format };
     for (size_t i = 0; i < sizeof sp / sizeof sp[0]; i++) if (!*sp[i]) *sp[i] = "";
     if (e->type == PROTO_T_ERROR && !has_code) e->code = PROTO_E_INTERNAL;
     if (e->type == PROTO_T_DONE && e->finish_len == 0) return fail(d, PROTO_E_BAD_REQUEST, "missing \"finish\"");

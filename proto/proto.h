@@ -52,7 +52,11 @@ typedef enum proto_type {
     PROTO_T_TEXT,       /* "text"   (detokenize reply) */
     PROTO_T_INFO_OK,    /* wire name "info" */
     PROTO_T_PONG,       /* "pong"   */
+    PROTO_T_TOOL_CALL,  /* "tool_call" (generate with tools) */
 } proto_type;
+
+/* generate's "tool_choice" */
+enum { PROTO_TOOLS_AUTO = 0, PROTO_TOOLS_NONE, PROTO_TOOLS_REQUIRED, PROTO_TOOLS_NAMED };
 
 /* Error codes travel as their names (proto_err_name). */
 typedef enum proto_err {
@@ -86,6 +90,9 @@ const char *proto_type_name(proto_type t);               /* wire name */
 typedef struct proto_msg {
     const char *role; size_t role_len;
     const char *content; size_t content_len;
+    /* its other keys (tool_calls, tool_call_id, name, ...) as the text of a
+     * JSON object; NULL when it has none */
+    const char *extra; size_t extra_len;
 } proto_msg;
 
 /* A request (client → server). Strings are bytes with explicit length and
@@ -103,6 +110,13 @@ typedef struct proto_req {
     /* generate / eval: a whole conversation instead of prompt/tokens (when
      * n_msgs > 0); contents add up to at most PROTO_MAX_PROMPT bytes */
     const proto_msg *msgs; size_t n_msgs;
+    /* generate with messages: "tools" as the text of a JSON array (NULL =
+     * none), "tool_choice" (PROTO_TOOLS_*; the function's name when NAMED)
+     * and "parallel_tool_calls" (default 1) */
+    const char *tools; size_t tools_len;
+    int tool_choice;
+    const char *tool_name; size_t tool_name_len;
+    int parallel_tool_calls;
     int raw;                /* generate/eval: 1 = no chat template */
     int special;            /* tokenize, generate: parse special tokens in text */
     int add_bos;            /* tokenize: prepend BOS when the model uses one (default 1) */
@@ -141,6 +155,12 @@ typedef struct proto_ev {
     /* token */
     int32_t token;
     const char *text; size_t text_len;        /* token text, detokenize text */
+    const char *reasoning; size_t reasoning_len; /* token (tools): reasoning text, NULL = none */
+    /* tool_call */
+    uint32_t call_index;
+    const char *call_name; size_t call_name_len;
+    const char *call_args; size_t call_args_len; /* JSON text */
+    const char *call_id; size_t call_id_len;
     /* tokens (tokenize reply) */
     const int32_t *tokens; size_t n_tokens;
     /* logits */
@@ -158,6 +178,7 @@ typedef struct proto_ev {
     const char *arch; size_t arch_len;
     const char *backend; size_t backend_len;
     const char *chat_template; size_t chat_template_len;
+    const char *tool_format; size_t tool_format_len; /* info */
     const char *warning; size_t warning_len;
     int32_t n_vocab, n_ctx, n_layer, n_embd;
     int tokenizer_only;
@@ -169,6 +190,8 @@ typedef struct proto_ev {
     uint32_t max_clients_per_uid; /* info: 0 = no limit */
     int deterministic;       /* info: batch-invariant results at every batch size */
     const char *cuda_f16_cache; /* info: "auto" or "off" (NULL: not sent) */
+    const char *kv_type;     /* info: "f16", "q8_0" or "f32" (NULL: not sent) */
+    const char *device;      /* info: the accelerator and the kernels' path, "" on the CPU (NULL: not sent) */
     const proto_client_count *per_client; size_t n_per_client;
     const char *model_path; size_t model_path_len; /* info */
 } proto_ev;

@@ -52,13 +52,24 @@ __device__ __forceinline__ void att_merge_step(float &M, float &L, float (&A)[AT
     att_merge_n<ATT_DPT>(M, L, A, m, l, a);
 }
 
+/* value i of a q8_0 cache (F16 == CK_KV_Q8_0): its block's f16 scale
+ * times its int8, as the CPU's dequantization */
+__device__ __forceinline__ float kq8_ld(const void *c, size_t i)
+{
+    const uint8_t *b = (const uint8_t *)c + (i >> 5) * CK_KV_Q8_BLOCK;
+    return __half2float(*(const __half *)b) * (float)(int8_t)b[2 + (i & 31)];
+}
+
 /* ND consecutive cache values from element i, of which the first nv are
  * real (the rest 0); vec: i and ND even, read in pairs (else one by one,
  * since i may be odd when hd % ND != 0) */
 template <int ND, int F16>
 __device__ __forceinline__ void att_load(const void *c, size_t i, int nv, bool vec, float (&v)[ND])
 {
-    if (F16 && ND % 2 == 0 && vec) {
+    if (F16 == CK_KV_Q8_0) {
+#pragma unroll
+        for (int k = 0; k < ND; k++) v[k] = k < nv ? kq8_ld(c, i + k) : 0.f;
+    } else if (F16 && ND % 2 == 0 && vec) {
         const __half2 *p = (const __half2 *)((const __half *)c + i);
 #pragma unroll
         for (int k = 0; k < ND; k += 2) {
@@ -291,7 +302,7 @@ __device__ __forceinline__ void att_prefetch_row(const void *kc, const void *vc,
 template <int F16>
 __device__ __forceinline__ float att_ld1(const void *c, size_t i)
 {
-    return F16 ? __half2float(((const __half *)c)[i]) : ((const float *)c)[i];
+    return F16 == CK_KV_Q8_0 ? kq8_ld(c, i) : F16 ? __half2float(((const __half *)c)[i]) : ((const float *)c)[i];
 }
 
 /* k_attention with the block's ATT_WARPS warps on each span together, for
@@ -472,7 +483,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const float *q, co
      * cache rows by earlier kernels: read before the wait, into L2) */
     int len = pos[t] + 1, ns = (len + CK_ATT_SPAN - 1) / CK_ATT_SPAN;
     if ((G == 1 || ns == 1) && y != 0) return;
-    if (ROLL) {   /* (few blocks: their latency is the launch's) */
+    if (ROLL && F16 != CK_KV_Q8_0) {   /* (few blocks: their latency is the launch's) */
         int s = G == 1 || ns == 1 ? warp : y + G * warp, p = s * CK_ATT_SPAN + lane;
         if (s < ns && p < len)
             att_prefetch_row(kc, vc, kv_slot(off, pages, t, p) * (size_t)kvd + (size_t)kvh * hd, hd, F16 ? 2 : 4);
@@ -500,7 +511,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const float *q, co
                                          * the unrolled form takes none, and keeps its L1) */
     float (*sp)[33] = (float (*)[33])(att_sp + (ROLL ? warp * 32 * 33 : 0));
     const float *qt = q + (size_t)th * hd;
-    if (R.tab) {
+    if (F16 != CK_KV_Q8_0 && R.tab) {   /* (never with a q8_0 cache) */
         __shared__ float ks[ND * 32];
         const int half = R.n_rot / 2;
         const float *kt = R.k + ((size_t)t * n_head_kv + kvh) * hd, *vt = R.v + ((size_t)t * n_head_kv + kvh) * hd;
@@ -523,12 +534,12 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const float *q, co
         for (int d = threadIdx.x; d < hd; d += blockDim.x) {
             kv_put(R.kc, F16, s + d, ks[d]);
             kv_put(R.vc, F16, s + d, bvh ? __fadd_rn(vt[d], rb[2][d]) : vt[d]);
-            if (F16) qs[d] = __half2float(__float2half_rn(qs[d]));
+            if (F16 == 1) qs[d] = __half2float(__float2half_rn(qs[d]));
         }
-    } else {
+    } else {   /* (q rounded to f16 for an f16 cache only: q8_0 keys meet q in f32, as on the CPU) */
         for (int d = threadIdx.x; d < hd; d += blockDim.x) {
             float v = qt[d];
-            qs[d] = F16 ? __half2float(__float2half_rn(v)) : v;
+            qs[d] = F16 == 1 ? __half2float(__float2half_rn(v)) : v;
         }
     }
     __syncthreads();
@@ -914,10 +925,86 @@ __global__ void k_att_merge(const float *part, const int32_t *pos, int n_head, i
     }
 }
 
+/* ---------------- attention_ex ----------------
+ * Attention with a sliding window, sinks and a given scale (be_attn_ex): a
+ * warp per (token, head). Each span of 32 positions gives lane l the score
+ * of position p0+l (a whole q·k dot), then one online softmax step; lanes
+ * hold dims lane, lane+32, .. of the accumulator. A sink starts the
+ * running (max, sum) at (sink, 1). q is rounded to f16 with an f16 cache,
+ * as the CPU does. head_dim <= 32*ND. */
+template <int ND, int F16>
+__global__ void __launch_bounds__(128) k_att_ex(const float *q, const void *kc, const void *vc, const int32_t *pos,
+                                               const int32_t *off, const int32_t *pages, int T, int n_head,
+                                               int n_head_kv, int hd, int window, const float *sinks, float scale,
+                                               float *out)
+{
+    pdl_begin();
+    int w = blockIdx.x * 4 + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (w >= T * n_head) return;
+    int t = w / n_head, h = w % n_head, kvh = h / (n_head / n_head_kv);
+    size_t kvd = (size_t)n_head_kv * hd;
+    const float *qt = q + (size_t)w * hd;
+    float acc[ND];
+#pragma unroll
+    for (int i = 0; i < ND; i++) acc[i] = 0;
+    float M = sinks ? sinks[h] : -INFINITY, L = sinks ? 1.f : 0.f;
+    int p = pos[t], first = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
+    for (int p0 = first; p0 <= p; p0 += 32) {
+        int pj = p0 + lane;
+        float sc = -INFINITY;
+        if (pj <= p) {
+            size_t row = (size_t)pages[off[t] + pj / 16] * 16 + pj % 16;
+            size_t base = row * kvd + (size_t)kvh * hd;
+            float dot = 0;
+            for (int d = 0; d < hd; d++) {
+                float qd = qt[d], kd;
+                if (F16) {
+                    qd = __half2float(__float2half_rn(qd));
+                    kd = __half2float(((const __half *)kc)[base + d]);
+                } else {
+                    kd = ((const float *)kc)[base + d];
+                }
+                dot = __fmaf_rn(qd, kd, dot);
+            }
+            sc = dot * scale;
+        }
+        float m = sc;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        float mn = fmaxf(M, m), fo = expf(M - mn);
+        float e = pj <= p ? expf(sc - mn) : 0.f, l = e;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
+        L = L * fo + l;
+#pragma unroll
+        for (int i = 0; i < ND; i++) acc[i] *= fo;
+        int n = p - p0 + 1 < 32 ? p - p0 + 1 : 32;
+        for (int j = 0; j < n; j++) {
+            float ej = __shfl_sync(0xffffffffu, e, j);
+            int pp = p0 + j;
+            size_t base = ((size_t)pages[off[t] + pp / 16] * 16 + pp % 16) * kvd + (size_t)kvh * hd;
+#pragma unroll
+            for (int i = 0; i < ND; i++) {
+                int d = lane + 32 * i;
+                if (d < hd) {
+                    float vd = F16 ? __half2float(((const __half *)vc)[base + d]) : ((const float *)vc)[base + d];
+                    acc[i] = __fmaf_rn(ej, vd, acc[i]);
+                }
+            }
+        }
+        M = mn;
+    }
+    float *o = out + (size_t)w * hd;
+#pragma unroll
+    for (int i = 0; i < ND; i++)
+        if (lane + 32 * i < hd) o[lane + 32 * i] = acc[i] / L;
+}
+
 extern "C" {
 
 int ck_att_grp_ok(int f16, int n_head, int n_head_kv, int hd)
 {
+    if (f16 == CK_KV_Q8_0) return 0;   /* (k_attention only) */
     if (n_head_kv < 1 || n_head % n_head_kv || n_head / n_head_kv < 2 || n_head / n_head_kv > 8) return 0;
     if (hd > 256 || hd * (f16 ? 2 : 4) > 512 || (hd * (f16 ? 2 : 4)) % 16) return 0;
     static bool attr = false;   /* (64 KiB of dynamic shared memory at most, once) */
@@ -931,8 +1018,10 @@ int ck_att_grp_ok(int f16, int n_head, int n_head_kv, int hd)
         cudaFuncSetAttribute(k_att_grp<2, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, b);
         cudaFuncSetAttribute(k_att_grp<4, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, b);
         cudaFuncSetAttribute(k_att_grp<8, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, b);
-        cudaFuncSetAttribute(k_att_mma<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ATT_MMA_SMEM(64));
-        cudaFuncSetAttribute(k_att_mma<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ATT_MMA_SMEM(128));
+        if ((int)ATT_MMA_SMEM(64) <= ck_feat_now()->smem_optin)
+            cudaFuncSetAttribute(k_att_mma<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ATT_MMA_SMEM(64));
+        if ((int)ATT_MMA_SMEM(128) <= ck_feat_now()->smem_optin)
+            cudaFuncSetAttribute(k_att_mma<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ATT_MMA_SMEM(128));
         attr = true;
     }
     return 1;
@@ -940,7 +1029,10 @@ int ck_att_grp_ok(int f16, int n_head, int n_head_kv, int hd)
 
 int ck_att_mma_ok(int f16, int n_head, int n_head_kv, int hd)
 {
-    return f16 && (hd == 64 || hd == 128) && ck_att_grp_ok(f16, n_head, n_head_kv, hd);
+    /* (head_dim 128's stages need 136 KiB of shared memory: 8.0 and 9.0
+     * devices have it, 8.6, 8.9 and 12.x not) */
+    return f16 == 1 && (hd == 64 || hd == 128) && (int)(hd == 64 ? ATT_MMA_SMEM(64) : ATT_MMA_SMEM(128)) <= ck_feat_now()->smem_optin &&
+           ck_att_grp_ok(f16, n_head, n_head_kv, hd);
 }
 
 /* The block's warps on each span together (att_coop): for head_dim 32 *
@@ -1010,7 +1102,7 @@ void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *v
     /* rolled span loops for launches of fewer blocks than SMs */
     bool roll = (int)(g.x * g.y) < n_sm;
     int coop = ck_att_coop(hd);
-    if (G == 1 && !rp && ck_att_par(hd) && T * n_head <= n_sm) {
+    if (G == 1 && !rp && f16 != CK_KV_Q8_0 && ck_att_par(hd) && T * n_head <= n_sm) {
         if (f16) lk(k_att_par<ATT_WARPS, 1, ATT_PAR_G>, g, ATT_PAR_G * ATT_WARPS * 32, 0, st, q, kc, vc, pos, off,
                     pages, n_head, n_head_kv, out, L);
         else lk(k_att_par<ATT_WARPS, 0, ATT_PAR_G>, g, ATT_PAR_G * ATT_WARPS * 32, 0, st, q, kc, vc, pos, off,
@@ -1026,7 +1118,8 @@ void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *v
     } while (0)
 #define L_ATT(ND)                                                                                              \
     do {                                                                                                       \
-        if (f16) L_ATT2(ND, 1);                                                                                \
+        if (f16 == CK_KV_Q8_0) L_ATT2(ND, CK_KV_Q8_0);                                                         \
+        else if (f16) L_ATT2(ND, 1);                                                                           \
         else L_ATT2(ND, 0);                                                                                    \
     } while (0)
     if (nd <= 1) L_ATT(1);
@@ -1034,6 +1127,26 @@ void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *v
     else if (nd <= 4) L_ATT(4);
     else L_ATT(8);
     if (G > 1) lk(k_att_merge, T * n_head, 128, 0, st, part, pos, n_head, hd, maxs, out, L);
+}
+
+void ck_attention_ex(cudaStream_t st, const float *q, const void *kc, const void *vc, int f16, const int32_t *pos,
+                     const int32_t *off, const int32_t *pages, int T, int n_head, int n_head_kv, int hd, int window,
+                     const float *sinks, float scale, float *out)
+{
+    unsigned g = nblk((size_t)T * n_head, 4);
+#define L_EX(ND)                                                                                               \
+    do {                                                                                                       \
+        if (f16) lk(k_att_ex<ND, 1>, g, 128, 0, st, q, kc, vc, pos, off, pages, T, n_head, n_head_kv, hd,      \
+                    window, sinks, scale, out);                                                                \
+        else lk(k_att_ex<ND, 0>, g, 128, 0, st, q, kc, vc, pos, off, pages, T, n_head, n_head_kv, hd, window,  \
+                sinks, scale, out);                                                                            \
+    } while (0)
+    int nd = (hd + 31) / 32;
+    if (nd <= 1) L_EX(1);
+    else if (nd <= 2) L_EX(2);
+    else if (nd <= 4) L_EX(4);
+    else L_EX(8);
+#undef L_EX
 }
 
 }  /* extern "C" */

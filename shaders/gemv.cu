@@ -1,8 +1,9 @@
 // gemv.cu — matmuls of up to CK_GEMV_MAX_T tokens that read the quantized
 // rows directly: f32 arithmetic for every type, int8 activations (__dp4a)
-// for q4_K, q6_K and q8_0, with the same arithmetic per (row, token) at
-// every batch size and tile shape.
+// for q4_K, q6_K, q8_0, iq4_nl, iq4_xs and mxfp4, with the same arithmetic
+// per (row, token) at every batch size and tile shape.
 #include "shaders/common.cuh"
+#include "shaders/iq.cuh"
 
 __device__ __forceinline__ void nib8(uint32_t lo4, uint32_t hi4, int high, float *q)
 {
@@ -21,7 +22,10 @@ __device__ __forceinline__ void nib8(uint32_t lo4, uint32_t hi4, int high, float
 template <int TY>
 __device__ __forceinline__ void dq8(const uint8_t *__restrict__ row, int g, int n, float w[8])
 {
-    if (TY == QT_F32) {
+    if (iq_type(TY)) {   /* i-quants, iq4_nl, iq4_xs, mxfp4 */
+        const int per = iq_blck(TY) / 8;
+        iq_dq8<TY>(row + (size_t)(g / per) * iq_bsize(TY), g % per, w);
+    } else if (TY == QT_F32) {
         const float *r = (const float *)row + g * 8;
         if (g * 8 + 8 <= n && ((uintptr_t)r & 15) == 0) {
             float4 a = __ldg((const float4 *)r), b = __ldg((const float4 *)r + 1);
@@ -385,6 +389,70 @@ __global__ void __launch_bounds__(128) k_gemv_q8(const mat_set S, size_t rb, int
             for (int i = 0; i < 4; i++) { int2 u = ld8(row + 32 * c + 8 * i); q[2 * i] = u.x; q[2 * i + 1] = u.y; }
         }
         float dw = h2f(row + n + 2 * c);
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            if (t >= T) break;
+            const int4 *xv = (const int4 *)(xq + (size_t)t * n + 32 * c);
+            int4 xa = xv[0], xb = xv[1];
+            int dot = __dp4a(q[0], xa.x, 0);
+            dot = __dp4a(q[1], xa.y, dot); dot = __dp4a(q[2], xa.z, dot); dot = __dp4a(q[3], xa.w, dot);
+            dot = __dp4a(q[4], xb.x, dot); dot = __dp4a(q[5], xb.y, dot); dot = __dp4a(q[6], xb.z, dot);
+            dot = __dp4a(q[7], xb.w, dot);
+            acc[t] = q8_unit(acc[t], dw, __ldg(xd + (size_t)t * (n / 32) + c), dot);
+        }
+    }
+    gemv_finish<NT, K>(acc, warp, lane, part, live, r, T, S.m[mi]);
+}
+
+/* iq4_nl, iq4_xs, mxfp4: lane takes one 32-value block (iq4_xs: one
+ * 32-value chunk of a super-block, its 6-bit scale folded into the block
+ * scale as the reference dequantizer does); the nibbles become int8 levels
+ * by byte permutes (iq_lookup4); x as int8; the per-block sum of k_gemv_q8. */
+template <int TY, int NT, int K>
+__global__ void __launch_bounds__(128) k_gemv_nl(const mat_set S, size_t rb, int n, const int8_t *__restrict__ xq,
+                                                 const float *__restrict__ xd, int T)
+{
+    pdl_begin();
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    gemv_row g = gemv_row_of<K>(S, rb, warp);
+    int mi = g.mi, r = g.r, part = g.part;
+    bool live = g.live;
+    const uint8_t *row = g.row;
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.f;
+    int nb = live ? n / 32 : 0;
+#pragma unroll 2
+    for (int c = lane + 32 * part; c < nb; c += 32 * K) {
+        const uint8_t *qs;
+        float dw;
+        if (TY == QT_IQ4_XS) {
+            const uint8_t *b = row + (size_t)(c >> 3) * 136;
+            const int ib = c & 7;
+            const int ls = ((b[4 + ib / 2] >> (4 * (ib & 1))) & 0xf) | ((((b[2] | (b[3] << 8)) >> (2 * ib)) & 3) << 4);
+            dw = __fmul_rn(h2f(b), (float)(ls - 32));
+            qs = b + 8 + 16 * ib;
+        } else if (TY == QT_IQ4_NL) {
+            const uint8_t *b = row + (size_t)c * 18;
+            dw = h2f(b);
+            qs = b + 2;
+        } else {
+            const uint8_t *b = row + (size_t)c * 17;
+            dw = iq_e8m0_half(b[0]);
+            qs = b + 1;
+        }
+        int q[8];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint32_t a = iq_u32(qs + 4 * i);
+            if (TY == QT_MXFP4) {
+                q[i] = (int)iq_lookup4(a & 0x0F0F0F0Fu, IQ_FP4_TAB);
+                q[4 + i] = (int)iq_lookup4((a >> 4) & 0x0F0F0F0Fu, IQ_FP4_TAB);
+            } else {
+                q[i] = (int)iq_lookup4(a & 0x0F0F0F0Fu, IQ_NL_TAB);
+                q[4 + i] = (int)iq_lookup4((a >> 4) & 0x0F0F0F0Fu, IQ_NL_TAB);
+            }
+        }
 #pragma unroll
         for (int t = 0; t < NT; t++) {
             if (t >= T) break;
@@ -809,29 +877,51 @@ __global__ void __launch_bounds__(GLU ? 512 : 128) k_gemv_mr(const mat_set S, si
  * instead of two units a lane ahead, so the launch's last, partial wave
  * still fills the memory pipe. Needs rb % 16 == 0 (n % 256 == 0). */
 #define BULK_UNITS 5
+/* (sm_90 PTX: code for older devices has them empty and never runs
+ * k_gemv_q8bulk, gemv_bulk says so) */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define CK_NO_BULK 1
+#endif
 __device__ __forceinline__ void mbar_init(uint64_t *mb, unsigned count)
 {
     unsigned a = (unsigned)__cvta_generic_to_shared(mb);
+#ifndef CK_NO_BULK
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(a), "r"(count) : "memory");
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#else
+    (void)a; (void)count;
+#endif
 }
 __device__ __forceinline__ void bulk_g2s(void *dst, const void *src, unsigned bytes, uint64_t *mb, uint64_t pol)
 {
     unsigned d = (unsigned)__cvta_generic_to_shared(dst), m = (unsigned)__cvta_generic_to_shared(mb);
+#ifndef CK_NO_BULK
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
                  ::"r"(d), "l"(src), "r"(bytes), "r"(m), "l"(pol) : "memory");
+#else
+    (void)d; (void)src; (void)bytes; (void)m; (void)pol;
+#endif
 }
 __device__ __forceinline__ void mbar_expect_tx(uint64_t *mb, unsigned bytes)
 {
     unsigned m = (unsigned)__cvta_generic_to_shared(mb);
+#ifndef CK_NO_BULK
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(m), "r"(bytes) : "memory");
+#else
+    (void)m; (void)bytes;
+#endif
 }
 __device__ __forceinline__ void mbar_wait0(uint64_t *mb)   /* phase 0 */
 {
-    unsigned m = (unsigned)__cvta_generic_to_shared(mb), done = 0;
+    unsigned m = (unsigned)__cvta_generic_to_shared(mb);
+#ifndef CK_NO_BULK
+    unsigned done = 0;
     while (!done)
         asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0; selp.u32 %0, 1, 0, p; }"
                      : "=r"(done) : "r"(m) : "memory");
+#else
+    (void)m;
+#endif
 }
 
 __global__ void __launch_bounds__(128) k_gemv_q8bulk(const mat_set S, size_t rb, int n, const int8_t *__restrict__ xq,
@@ -932,6 +1022,35 @@ static void gemv_q8k(cudaStream_t st, mat_set S, size_t rb, int n, const int8_t 
     }
 }
 
+template <int TY, int K>
+static void gemv_nlk(cudaStream_t st, mat_set S, size_t rb, int n, const int8_t *xq, const float *xd, int T)
+{
+    unsigned g = 0;
+    for (int i = 0; i < S.nm; i++) { S.m[i].blk0 = (int)g; g += nblk(S.m[i].n_out, 4 / K); }
+    switch (T) {
+    case 1: lk(k_gemv_nl<TY, 1, K>, g, 128, 0, st, S, rb, n, xq, xd, T); break;
+    case 2: lk(k_gemv_nl<TY, 2, K>, g, 128, 0, st, S, rb, n, xq, xd, T); break;
+    case 3: case 4: lk(k_gemv_nl<TY, 4, K>, g, 128, 0, st, S, rb, n, xq, xd, T); break;
+    case 5: case 6: case 7: case 8: lk(k_gemv_nl<TY, 8, K>, g, 128, 0, st, S, rb, n, xq, xd, T); break;
+    default: lk(k_gemv_nl<TY, 16, K>, g, 128, 0, st, S, rb, n, xq, xd, T); break;
+    }
+}
+
+template <int TY>
+static void gemv_nlt(cudaStream_t st, const mat_set &S, size_t rb, int n, const int8_t *xq, const float *xd, int T)
+{
+    int K = gemv_warps(n / 32);
+    if (K == 4) gemv_nlk<TY, 4>(st, S, rb, n, xq, xd, T);
+    else if (K == 2) gemv_nlk<TY, 2>(st, S, rb, n, xq, xd, T);
+    else gemv_nlk<TY, 1>(st, S, rb, n, xq, xd, T);
+}
+
+/* the 4-bit level types with an int8 GEMV (k_gemv_nl) */
+static inline bool gemv_nl_type(uint32_t type, int n)
+{
+    return ((type == QT_IQ4_NL || type == QT_MXFP4) && n % 32 == 0) || (type == QT_IQ4_XS && n % 256 == 0);
+}
+
 static void gemv_q8t(cudaStream_t st, const mat_set &S, size_t rb, int n, const int8_t *xq, const float *xd, int T)
 {
     int K = gemv_warps(n / 32);
@@ -982,10 +1101,12 @@ static void gemv_mr_k(cudaStream_t st, mat_set S, size_t rb, int n, const int8_t
 }
 
 /* One-token q8_0 rows of four warps by k_gemv_q8bulk (the same sums):
- * rows of up to BULK_UNITS units a lane, in whole 16-byte pieces. */
+ * rows of up to BULK_UNITS units a lane, in whole 16-byte pieces, on
+ * devices running code for 9.0 and later (ck_feat.bulk). */
 static int gemv_bulk(int n, size_t rb)
 {
-    return n % 32 == 0 && gemv_warps(n / 32) == 4 && n / 32 <= 128 * BULK_UNITS && rb % 16 == 0;
+    return ck_feat_now()->bulk && n % 32 == 0 && gemv_warps(n / 32) == 4 && n / 32 <= 128 * BULK_UNITS &&
+           rb % 16 == 0;
 }
 
 static void gemv_q8bulk(cudaStream_t st, mat_set S, size_t rb, int n, const int8_t *xq, const float *xd)
@@ -1063,7 +1184,7 @@ int ck_gemv_int8(uint32_t type, int n_in)
 {
     /* (q6_K: rows of an even number of super-blocks are 4-byte aligned) */
     return (type == QT_Q4_K && n_in % 256 == 0) || (type == QT_Q8_0 && n_in % 32 == 0) ||
-           (type == QT_Q6_K && n_in % 512 == 0);
+           (type == QT_Q6_K && n_in % 512 == 0) || gemv_nl_type(type, n_in);
 }
 
 /* x [T][n] already quantized into xq_scratch (pre) or not yet */
@@ -1084,8 +1205,11 @@ static void gemv_multi(cudaStream_t st, uint32_t type, int nm, const void *const
             const int8_t *q = xq + (size_t)t0 * n;
             const float *d = xd + (size_t)t0 * (n / 32);
             const int *sx = xs + (size_t)t0 * (n / 32);
-            /* (q6_K: the R-row kernel only) */
-            if (type == QT_Q6_K || tn <= 2 || gemv_bt(n)) gemv_mr(st, S, type, rb, n, q, d, sx, tn);
+            /* (q6_K: the R-row kernel only; the 4-bit level types: k_gemv_nl) */
+            if (type == QT_IQ4_NL) gemv_nlt<QT_IQ4_NL>(st, S, rb, n, q, d, tn);
+            else if (type == QT_IQ4_XS) gemv_nlt<QT_IQ4_XS>(st, S, rb, n, q, d, tn);
+            else if (type == QT_MXFP4) gemv_nlt<QT_MXFP4>(st, S, rb, n, q, d, tn);
+            else if (type == QT_Q6_K || tn <= 2 || gemv_bt(n)) gemv_mr(st, S, type, rb, n, q, d, sx, tn);
             else if (type == QT_Q8_0) gemv_q8t(st, S, rb, n, q, d, tn);
             else gemv_qt(st, S, rb, n, q, d, sx, tn);
         }
@@ -1153,7 +1277,7 @@ static int glu_per_sm(uint32_t type)
  * and a second wave of them costs more than the launch saves. */
 int ck_glu_ok(uint32_t type, int n_in, int n_out, int T, int n_sm)
 {
-    if (T != 1 || !ck_gemv_int8(type, n_in) || n_out % 32) return 0;
+    if (T != 1 || !ck_gemv_int8(type, n_in) || gemv_nl_type(type, n_in) || n_out % 32) return 0;
     if (gemv_warps(type == QT_Q8_0 ? n_in / 32 : n_in / 64) != 1) return 0;
     return n_out / 32 <= glu_per_sm(type) * n_sm;
 }

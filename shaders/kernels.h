@@ -16,6 +16,25 @@
 extern "C" {
 #endif
 
+/* What the device and this build's code offer the kernels (docs/cuda.md,
+ * "Which GPUs"). ck_feat_probe fills it at open from the device's compute
+ * capability and a probe kernel (which code the device runs), and makes it
+ * the one the launchers follow; ck_feat_use sets the one they follow
+ * (tests: every Hopper feature off, the portable path). */
+typedef struct ck_feat {
+    int cc;          /* compute capability, 10 * major + minor (90: Hopper) */
+    int code;        /* the architecture of the code the device runs: 80, 86, 89, 90, 120... */
+    int wgmma;       /* warpgroup MMAs: sm_90a code on a 9.x device */
+    int bulk;        /* cp.async.bulk with an mbarrier: code for 9.0 and later */
+    int pdl;         /* programmatic dependent launch: 9.0 and later devices running code for them */
+    int smem_optin;  /* dynamic shared memory a block may opt into, bytes */
+} ck_feat;
+/* 0, or -1 with a message in err: no code in this build for the device
+ * (built without its CUDA_ARCH), or the probe failed. */
+int ck_feat_probe(ck_feat *f, char *err, size_t errlen);
+void ck_feat_use(const ck_feat *f);
+const ck_feat *ck_feat_now(void);
+
 /* 1 when the kernels know weight type `type`. */
 int ck_type_ok(uint32_t type);
 /* 1 when debug switch `name` (an environment variable, docs/cuda.md) is
@@ -48,7 +67,7 @@ void ck_repack_q6_K(cudaStream_t st, const void *src, void *dst, size_t row_byte
  * xq_scratch (CK_XQ_BYTES(T, n_in) bytes) is given; else f32 arithmetic. */
 int ck_gemv_int8(uint32_t type, int n_in);
 /* Decode batches past the GEMV's (CK_GEMV_MAX_T < T <= CK_MMQB_MAX_T) of
- * q4_K matrices, and of q6_K ones in sm_90a builds (ck_mmqb_ok) in a
+ * q4_K matrices, and of q6_K ones on Hopper (ck_mmqb_ok, ck_feat.wgmma) in a
  * layout of their own (ck_repack_q6_Kb from ck_repack_q6_K's, rows
  * ck_q6b_row_bytes apart, which is the row_bytes to pass then):
  * out[i][t][r] = dot(row r of W[i], x[t])
@@ -109,10 +128,27 @@ void ck_f32_to_f16(cudaStream_t st, const float *x, size_t n, void *dst);
 /* out[t][r] += bias[r]                                           [T][n_out] */
 void ck_add_bias(cudaStream_t st, float *out, const float *bias, int T, int n_out);
 void ck_add(cudaStream_t st, float *x, const float *y, size_t n);
+/* out = gelu(x) (tanh form) * u (u NULL: gelu(x))                 [n] */
+void ck_gelu_mul(cudaStream_t st, const float *x, const float *u, size_t n, float *out);
+/* x *= s                                                          [n] */
+void ck_scale(cudaStream_t st, float *x, size_t n, float s);
+/* out[r] = (x[r] - mean) / sqrt(var + eps) * w + b (b NULL: none)  [rows][n] */
+void ck_layernorm(cudaStream_t st, const float *x, const float *w, const float *b, int rows, int n, float eps,
+                  float *out);
+/* x[t] += row pos[t] of tab (kind 0 f32, 1 f16, 2 bf16)          [T][n] */
+void ck_add_pos(cudaStream_t st, float *x, const void *tab, int kind, size_t row_bytes, const int32_t *pos, int T,
+                int n);
 /* out = silu(g) * u                               [n]; xq: out as [rows][n/rows] */
 void ck_silu_mul(cudaStream_t st, const float *g, const float *u, size_t n, float *out, void *xq, void *x16, int rows);
 void ck_rope(cudaStream_t st, float *x, const int32_t *pos, int T, int n_heads, int head_dim, int n_rot,
              float base, int neox, const float *freq_div);
+/* The KV cache's forms (the `f16` argument of the cache's launchers): 0
+ * f32, 1 f16, CK_KV_Q8_0 ggml's q8_0 blocks of CK_KV_Q8_BLOCK bytes (an f16
+ * scale, 32 int8), a row's kv_dim / 32 of them (kv_dim % 32 == 0); only
+ * ck_kv_store and ck_attention (no grouped, parallel, tensor-core or rope
+ * form) take q8_0 */
+#define CK_KV_Q8_0 2
+#define CK_KV_Q8_BLOCK 34
 void ck_kv_store(cudaStream_t st, void *kc, void *vc, int f16, const int32_t *pos, const int32_t *off,
                  const int32_t *pages, int T, int kv_dim, const float *k, const float *v);
 /* ck_rope of q [T][n_head][hd] and k [T][n_head_kv][hd], then ck_kv_store
@@ -186,11 +222,43 @@ void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *v
                   const int32_t *pos, const int32_t *off, const int32_t *pages, int T, int n_head,
                   int n_head_kv, int head_dim, float *out, float *part, int G, int maxs, void *xq, void *x16,
                   int n_sm, const ck_rope_in *rp, int grp, int mma);
+/* Attention with be_attn_ex's extras: positions pos-window+1..pos
+ * (window 0: all), sinks (device f32 [n_head], or NULL) in the softmax's
+ * denominator, q·k times scale. A warp per (token, head); head_dim <= 256. */
+void ck_attention_ex(cudaStream_t st, const float *q, const void *kc, const void *vc, int f16, const int32_t *pos,
+                     const int32_t *off, const int32_t *pages, int T, int n_head, int n_head_kv, int hd, int window,
+                     const float *sinks, float scale, float *out);
 /* ids[r] = argmax of row r of x [rows][n] (first of equals). part (or
  * NULL): a scratch of CK_ARGMAX_PART bytes, with which fewer than 64 rows
  * are each split over several blocks. */
 #define CK_ARGMAX_PART (64 * 32 * 8)
 void ck_argmax(cudaStream_t st, const float *x, int rows, int n, int32_t *ids, void *part);
+
+/* Mixture of experts (moe.cu; the op of backend.h's be_moe, gating and
+ * act as its BE_MOE_* numbers). Routing: ids, wts [T][K] from the logits
+ * lg [T][X] (X <= 1024). Grouping of the N = T*K pairs by expert:
+ * first [X+1], slot [N] (pair -> slot), pair [N] (slot -> pair), and the
+ * tiles (expert, first slot, slots) of up to CK_MOE_TT slots, as int32
+ * triples, their count in *n_tiles (at most ck_moe_max_tiles(N, X)). */
+#define CK_MOE_TT 16
+#define CK_MOE_RT 64
+#define ck_moe_max_tiles(N, X) (((N) + CK_MOE_TT - 1) / CK_MOE_TT + (X))
+void ck_moe_route(cudaStream_t st, const float *lg, int T, int X, int K, int gating, int norm, float scale,
+                  int32_t *ids, float *wts);
+void ck_moe_group(cudaStream_t st, const int32_t *ids, int N, int X, int32_t *first, int32_t *slot, int32_t *pair,
+                  int32_t *tiles, int32_t *n_tiles);
+/* y [N][rows] by slot = each tile's expert's rows (W: stacked experts of
+ * `rows` rows each, n values a row) on x (rows of n: by token, pair / K,
+ * when by_token, else by slot) (+ bias [X][rows], or NULL); f32
+ * arithmetic, the same per (slot, row) in any tile */
+void ck_moe_mm(cudaStream_t st, uint32_t type, const void *W, size_t rb, int n, int rows, const float *x,
+               int by_token, int K, const int32_t *pair, const int32_t *tiles, const int32_t *n_tiles, int max_tiles,
+               const float *bias, float *y);
+/* g = act(g, u)                                                     [n] */
+void ck_moe_act(cudaStream_t st, float *g, const float *u, size_t n, int act, float alpha, float limit);
+/* out[t] = sum over k of w[t][k] * y[slot[t*K+k]], k in order    [T][E] */
+void ck_moe_combine(cudaStream_t st, const float *y, const int32_t *slot, const float *w, int T, int K, int E,
+                    float *out);
 
 #ifdef __cplusplus
 }

@@ -1,9 +1,9 @@
 // launch.cuh — how the backend's kernels are launched (shared by the
 // .cu files of shaders/; not part of any interface).
 //
-// Every kernel starts with pdl_begin() and is launched by lk() with
-// programmatic stream serialization (Hopper's programmatic dependent
-// launch): the next kernel's blocks may be scheduled while this one
+// Every kernel starts with pdl_begin() and is launched by lk(), on devices
+// of compute capability 9.0 and later with programmatic stream
+// serialization (Hopper's programmatic dependent launch): the next kernel's blocks may be scheduled while this one
 // finishes, and wait in pdl_begin() until it has completed and its writes
 // are visible. A decode step is hundreds of small dependent kernels, so
 // this hides most of each launch's latency. The order of work is unchanged:
@@ -13,7 +13,7 @@
 
 #include <cuda_runtime.h>
 
-extern "C" int ck_debug_off(const char *name);   /* (shaders/kernels.h) */
+#include "shaders/kernels.h"
 
 __device__ __forceinline__ void pdl_begin()
 {
@@ -34,15 +34,13 @@ __device__ __forceinline__ void pdl_early(int early)
 #endif
 }
 
+/* On devices of compute capability 9.0 and later (ck_feat.pdl, which the
+ * portable path turns off), unless ANE_CUDA_PDL=0 */
 static inline int pdl_on()
 {
-    static int v = -1;
-    if (v < 0) {
-        int dev = 0, major = 0;
-        v = !ck_debug_off("ANE_CUDA_PDL") && cudaGetDevice(&dev) == cudaSuccess &&
-            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9;
-    }
-    return v;
+    static int dbg = -1;
+    if (dbg < 0) dbg = ck_debug_off("ANE_CUDA_PDL");
+    return !dbg && ck_feat_now()->pdl;
 }
 
 template <typename... KA, typename... AA>

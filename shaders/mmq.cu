@@ -621,14 +621,11 @@ __global__ void k_repack_q6_Kb(const uint8_t *src, uint8_t *dst, size_t rb, int 
 /* CTAs per SM that the batched kernels' K split aims at (docs/benchmarks.md) */
 #define MMQB_CTAS 2
 
-/* k_mmqb_wgmma for four token tiles: in sm_90a builds (CK_WGMMA) */
+/* k_mmqb_wgmma for four token tiles: where the device runs sm_90a code
+ * (ck_feat.wgmma) */
 static bool mmqb_wgmma_on(void)
 {
-#if defined(CK_WGMMA)
-    return true;
-#else
-    return false;
-#endif
+    return ck_feat_now()->wgmma != 0;
 }
 
 /* The K split of each matrix for k_mmqb_mma: enough CTAs for ~2 per SM,
@@ -684,6 +681,7 @@ extern "C" {
 
 int ck_mmqb_ok(uint32_t type, int n_in)
 {
+    if ((int)sizeof(mma_smem<4>) > ck_feat_now()->smem_optin) return 0;
     return n_in % 256 == 0 && (type == QT_Q4_K || (type == QT_Q6_K && mmqb_wgmma_on()));
 }
 

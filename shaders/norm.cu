@@ -129,7 +129,83 @@ __global__ void k_add_rmsnorm(float *x, const float *y, const float *w, int n, f
     norm_row<NPT>(x, y, w, n, eps, out, qx, early);
 }
 
+/* ---------------- Gemma and GPT-2: gelu, layernorm, scale, positions ---------------- */
+
+/* gelu, the tanh approximation */
+__device__ __forceinline__ float gelu_tanh1(float x)
+{
+    return 0.5f * x * (1.f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+}
+
+__global__ void k_gelu_mul(const float *x, const float *u, size_t n, float *out)
+{
+    pdl_begin();
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = u ? gelu_tanh1(x[i]) * u[i] : gelu_tanh1(x[i]);
+}
+
+__global__ void k_scale(float *x, size_t n, float s)
+{
+    pdl_begin();
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] *= s;
+}
+
+/* row blockIdx.x: (x - mean) / sqrt(var + eps) * w (+ b); in place allowed */
+__global__ void k_layernorm(const float *x, const float *w, const float *b, int n, float eps, float *out)
+{
+    pdl_begin();
+    const float *xr = x + (size_t)blockIdx.x * n;
+    float *o = out + (size_t)blockIdx.x * n;
+    float s = 0.f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) s += xr[i];
+    float mean = block_sum(s) / (float)n;
+    __syncthreads();   /* (block_sum's shared words are used again) */
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += (xr[i] - mean) * (xr[i] - mean);
+    float inv = rsqrtf(block_sum(ss) / (float)n + eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = (xr[i] - mean) * inv * w[i] + (b ? b[i] : 0.f);
+}
+
+/* x[t][c] += tab[pos[t]][c]; kind 0 f32, 1 f16, 2 bf16 */
+__global__ void k_add_pos(float *x, const void *tab, int kind, size_t row_bytes, const int32_t *pos, int T, int n)
+{
+    pdl_begin();
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)T * n) return;
+    int t = (int)(i / n), c = (int)(i % n);
+    const char *row = (const char *)tab + (size_t)pos[t] * row_bytes;
+    float v;
+    if (kind == 0) v = ((const float *)row)[c];
+    else if (kind == 1) v = __half2float(((const __half *)row)[c]);
+    else v = __uint_as_float((unsigned)((const unsigned short *)row)[c] << 16);
+    x[i] += v;
+}
+
 extern "C" {
+
+void ck_gelu_mul(cudaStream_t st, const float *x, const float *u, size_t n, float *out)
+{
+    lk(k_gelu_mul, nblk(n, 256), 256, 0, st, x, u, n, out);
+}
+
+void ck_scale(cudaStream_t st, float *x, size_t n, float s)
+{
+    lk(k_scale, nblk(n, 256), 256, 0, st, x, n, s);
+}
+
+void ck_layernorm(cudaStream_t st, const float *x, const float *w, const float *b, int rows, int n, float eps,
+                  float *out)
+{
+    int bs = n >= 1024 ? 1024 : ((n + 31) / 32) * 32;
+    lk(k_layernorm, rows, bs, 0, st, x, w, b, n, eps, out);
+}
+
+void ck_add_pos(cudaStream_t st, float *x, const void *tab, int kind, size_t row_bytes, const int32_t *pos, int T,
+                int n)
+{
+    lk(k_add_pos, nblk((size_t)T * n, 256), 256, 0, st, x, tab, kind, row_bytes, pos, T, n);
+}
 
 /* Whether a norm schedules the next launch before its own wait, so that
  * the matmul after it loads its weights while the norm's predecessor

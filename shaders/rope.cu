@@ -29,6 +29,29 @@ __global__ void k_kv_store(void *kc, void *vc, int f16, const int32_t *pos, cons
     kv_put(vc, f16, s, v[(size_t)t * kv_dim + i]);
 }
 
+/* The KV store into a q8_0 cache: a warp per block of 32 values of a
+ * token's k and v rows (ggml's q8_0 with the CPU's arithmetic: d =
+ * max|x| / 127, x * (1 / d) rounded half away from zero, d kept in f16) */
+__global__ void k_kv_store_q8(void *kc, void *vc, const int32_t *pos, const int32_t *off, const int32_t *pages,
+                              int kv_dim, const float *k, const float *v)
+{
+    pdl_begin();
+    const int t = blockIdx.y, lane = threadIdx.x & 31;
+    const int blk = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5), nb = kv_dim / 32;
+    if (blk >= nb) return;
+    const size_t row = kv_slot(off, pages, t, pos[t]) * (size_t)nb + blk;
+    for (int w = 0; w < 2; w++) {
+        const float x = (w ? v : k)[(size_t)t * kv_dim + (size_t)blk * 32 + lane];
+        float amax = fabsf(x);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        const float d = amax / 127.0f, id = d != 0.f ? 1.0f / d : 0.0f;
+        uint8_t *b = (uint8_t *)(w ? vc : kc) + row * CK_KV_Q8_BLOCK;
+        b[2 + lane] = (uint8_t)(int8_t)roundf(x * id);
+        if (lane == 0) *(__half *)b = __float2half_rn(d);
+    }
+}
+
 /* rope of q and k, then kv_store of k and v, in one launch: block (t, h),
  * h < n_head a head of q, else head h - n_head of k (and v): the same
  * values as k_rope, k_rope, k_kv_store. */
@@ -81,6 +104,11 @@ void ck_rope(cudaStream_t st, float *x, const int32_t *pos, int T, int n_heads, 
 void ck_kv_store(cudaStream_t st, void *kc, void *vc, int f16, const int32_t *pos, const int32_t *off,
                  const int32_t *pages, int T, int kv_dim, const float *k, const float *v)
 {
+    if (f16 == CK_KV_Q8_0) {
+        dim3 g(nblk((size_t)kv_dim, 128), T);   /* (4 blocks of 32 per 128 threads) */
+        lk(k_kv_store_q8, g, 128, 0, st, kc, vc, pos, off, pages, kv_dim, k, v);
+        return;
+    }
     dim3 g(nblk(kv_dim, 128), T);
     lk(k_kv_store, g, 128, 0, st, kc, vc, f16, pos, off, pages, kv_dim, k, v);
 }

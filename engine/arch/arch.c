@@ -9,7 +9,10 @@ static const arch archs[] = {
     { "llama",   &arch_llama,  0 },
     { "qwen2",   &arch_llama,  ARCH_ROPE_NEOX | ARCH_QKV_BIAS },
     { "qwen3",   &arch_llama,  ARCH_ROPE_NEOX | ARCH_QK_NORM },
+    { "qwen3moe", &arch_llama, ARCH_ROPE_NEOX | ARCH_QK_NORM },   /* (experts from expert_count) */
     { "qwen35",  &arch_qwen35, ARCH_ROPE_NEOX },
+    { "gemma3",  &arch_gemma3, ARCH_ROPE_NEOX | ARCH_QK_NORM },
+    { "gpt2",    &arch_gpt2,   0 },
 };
 
 const arch *arch_find(const char *name)

@@ -8,8 +8,8 @@
  * llama family). A new variant is a row; a new family is a file and a row.
  *
  * Families to come take the same hooks: a mixture-of-experts FFN (Qwen3-MoE,
- * Mixtral, gpt-oss) is a layer helper beside ly_ffn_glu that a family's pass
- * calls for its layers; per-layer attention differences (a sliding window on
+ * Mixtral, gpt-oss) is the layer helper ly_moe_ffn beside ly_ffn_glu that a
+ * family's pass calls for its layers (layers.h); per-layer attention differences (a sliding window on
  * some layers, attention sinks, q/k norms) are set in layer_w by the
  * family's load and handed to ly_attend in its ly_attn; layernorm, GELU or
  * learned positions (GPT-2) are helpers beside the rmsnorm and GLU ones. */
@@ -41,10 +41,10 @@ typedef struct arch_family {
      * and every tensor, checked; hp->n_attn_layers set. 0, or -1 through
      * ld_fail. */
     int (*load)(ld *l);
-    /* NULL when backend ops o can run the pass; else what they lack, for
-     * messages (the engine then runs the model on the CPU). NULL hook: the
-     * base ops suffice. */
-    const char *(*lacks)(const be_ops *o);
+    /* NULL when backend ops o can run model m's pass; else what they lack,
+     * for messages (the engine then runs the model on the CPU). NULL hook:
+     * the base ops suffice. */
+    const char *(*lacks)(const model *m, const be_ops *o);
     /* fw_open's contract; (*out)'s fw part filled in. */
     int (*open)(fw **out, model *m, be *b, int max_T, int max_out, int n_pages, int max_seqs, char *err,
                 size_t errlen);
@@ -75,7 +75,7 @@ struct fw {
     size_t kv_bytes;            /* the KV pool and any per-sequence state */
 };
 
-extern const arch_family arch_llama, arch_qwen35;
+extern const arch_family arch_llama, arch_qwen35, arch_gemma3, arch_gpt2;
 
 /* The row of `name`, or NULL. */
 const arch *arch_find(const char *name);

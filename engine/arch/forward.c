@@ -4,16 +4,46 @@
 #include "engine/arch/forward.h"
 #include "engine/arch/arch.h"
 
-size_t fw_kv_page_bytes(const model *m, size_t kv_elt)
+#include <string.h>
+
+size_t fw_kv_page_bytes(const model *m, int kv_type)
 {
     const hparams *hp = &m->hp;
-    return (size_t)2 * hp->n_attn_layers * KV_PAGE * hp->n_head_kv * hp->head_dim * kv_elt;
+    return (size_t)2 * hp->n_attn_layers * KV_PAGE * be_kv_bytes(kv_type, (size_t)hp->n_head_kv * hp->head_dim);
+}
+
+/* What the families' fw_open allocate (llama.c, qwen35.c), with the
+ * widest of their buffers for every kind, so never less than they take */
+void fw_mem_estimate(const model *m, int kv_type, size_t n_pages, int max_T, int max_out, int max_seqs, fw_mem *out)
+{
+    const hparams *hp = &m->hp;
+    size_t T = (size_t)(max_T > 0 ? max_T : 1), E = (size_t)hp->n_embd, Q = (size_t)hp->n_head * hp->head_dim,
+           K = (size_t)hp->n_head_kv * hp->head_dim, F = (size_t)hp->n_ff, V = (size_t)hp->n_vocab;
+    size_t CD = (size_t)2 * hp->ssm_nk * hp->ssm_dk + (size_t)hp->ssm_nv * hp->ssm_dv;
+    size_t SV = (size_t)hp->ssm_nv * hp->ssm_dv, big = 2 * Q > CD ? 2 * Q : CD, wide = Q > SV ? Q : SV;
+    size_t ssm_layers = hp->n_layer > hp->n_attn_layers ? (size_t)(hp->n_layer - hp->n_attn_layers) : 0;
+    memset(out, 0, sizeof *out);
+    out->weights = m->weight_bytes;
+    out->kv = n_pages * fw_kv_page_bytes(m, kv_type);
+    if (ssm_layers) {   /* a slot's state per layer, for max_seqs slots and 2 * max_seqs snapshots */
+        size_t slot = ((size_t)hp->ssm_nv * hp->ssm_dk * hp->ssm_dv +
+                       (size_t)(hp->ssm_conv_k > 1 ? hp->ssm_conv_k - 1 : 0) * CD) * 4;
+        out->state = ssm_layers * slot * (size_t)3 * (size_t)(max_seqs > 0 ? max_seqs : 1);
+    }
+    out->act = T * 4 * (2 * E + big + Q + 2 * wide + 2 * K + 2 * (size_t)hp->ssm_nv + 2 * F) +
+               (size_t)(max_out > 0 ? max_out : 1) * 4 * (E + V) +
+               (size_t)hp->n_layer * 4096;   /* (small per-layer buffers) */
+    size_t mx = V * E;   /* the largest matrix: embeddings / output, or an FFN / attention one */
+    if (F * E > mx) mx = F * E;
+    if (big * E > mx) mx = big * E;
+    out->scratch = 2 * mx + FW_MEM_BACKEND;
+    out->total = out->weights + out->kv + out->state + out->act + out->scratch;
 }
 
 const char *fw_lacks(const model *m, const be_ops *o)
 {
     const arch_family *fam = m->arch ? m->arch->fam : NULL;
-    return fam && fam->lacks ? fam->lacks(o) : NULL;
+    return fam && fam->lacks ? fam->lacks(m, o) : NULL;
 }
 
 int fw_open(fw **out, model *m, be *b, int max_T, int max_out, int n_pages, int max_seqs,

@@ -29,7 +29,21 @@ void fw_snap_load(fw *f, int snap, int slot);
  * pos-1 (which must be in that batch) into snapshot `snap`. */
 void fw_snap_at(fw *f, int slot, int pos, int snap);
 size_t fw_kv_bytes(const fw *f);          /* bytes of the KV pool and per-sequence state */
-size_t fw_kv_page_bytes(const model *m, size_t kv_elt);
+size_t fw_kv_page_bytes(const model *m, int kv_type);
+
+/* The memory a model needs where the backend keeps everything (an
+ * accelerator), estimated before anything is allocated, so that a device
+ * too small is a start-up error rather than a failure mid-request. */
+typedef struct fw_mem {
+    size_t weights;   /* the model's weights as uploaded */
+    size_t kv;        /* the KV pool: n_pages pages */
+    size_t state;     /* per-sequence recurrent state and its snapshots */
+    size_t act;       /* activation buffers for max_T tokens, max_out logit rows */
+    size_t scratch;   /* the largest matrix in f16 (prompt matmuls dequantize into it) + the backend's own buffers */
+    size_t total;
+} fw_mem;
+#define FW_MEM_BACKEND ((size_t)160 << 20)   /* cuBLAS workspace, split-K partials, graphs, quantized inputs */
+void fw_mem_estimate(const model *m, int kv_type, size_t n_pages, int max_T, int max_out, int max_seqs, fw_mem *out);
 
 /* Runs tokens[0..bt->T) (T <= max_T) and writes the logits of the tokens
  * out_idx[0..n_out) (n_out <= max_out) to host memory logits [n_out][n_vocab]. */

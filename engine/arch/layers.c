@@ -11,7 +11,8 @@ void ly_attend(be *b, const ly_attn *a, float *q, float *k, float *v, void *kc, 
         o->rmsnorm(b, q, a->q_norm, T * a->n_head, HD, a->norm_eps, q);
         o->rmsnorm(b, k, a->k_norm, T * a->n_head_kv, HD, a->norm_eps, k);
     }
-    if (a->fused && o->rope_attention) {
+    int ex = a->window > 0 || a->sinks || a->scale != 0;
+    if (a->fused && o->rope_attention && !ex) {
         o->rope_attention(b, q, k, v, kc, vc, bt, a->n_head, a->n_head_kv, HD, a->n_rot, a->rope_base, a->rope_neox,
                           a->freq_div, rope_bias, att);
         return;
@@ -24,7 +25,12 @@ void ly_attend(be *b, const ly_attn *a, float *q, float *k, float *v, void *kc, 
         o->rope(b, k, bt, a->n_head_kv, HD, a->n_rot, a->rope_base, a->rope_neox, a->freq_div);
         o->kv_store(b, kc, vc, bt, a->n_head_kv * HD, k, v);
     }
-    o->attention(b, q, kc, vc, bt, a->n_head, a->n_head_kv, HD, att);
+    if (ex) {
+        be_attn_ex e = { a->window, a->sinks, a->scale };
+        o->attention_ex(b, q, kc, vc, bt, a->n_head, a->n_head_kv, HD, &e, att);
+    } else {
+        o->attention(b, q, kc, vc, bt, a->n_head, a->n_head_kv, HD, att);
+    }
 }
 
 void ly_ffn_glu(be *b, const layer_w *L, const float *x, int T, int n_ff, int fused, float *hg, float *hu,
@@ -59,7 +65,7 @@ void ly_out_norm(be *b, const float *x, const wt *w, const int32_t *out_idx, int
 int ly_kv_alloc(be *b, const hparams *hp, int n_pages, int l, void **kc, void **vc, size_t *bytes, char *err,
                 size_t errlen)
 {
-    size_t layer_bytes = (size_t)n_pages * KV_PAGE * hp->n_head_kv * hp->head_dim * b->kv_elt;
+    size_t layer_bytes = (size_t)n_pages * KV_PAGE * be_kv_bytes(b->kv_type, (size_t)hp->n_head_kv * hp->head_dim);
     kc[l] = b->ops->alloc(b, layer_bytes);
     vc[l] = b->ops->alloc(b, layer_bytes);
     if (!kc[l] || !vc[l])

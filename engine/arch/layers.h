@@ -16,6 +16,11 @@ typedef struct ly_attn {
     const wt *q_norm, *k_norm;  /* per-head rmsnorms, or NULL */
     float norm_eps;
     int fused;                  /* may take the backend's fused rope ops (rope_kv, rope_attention) */
+    /* be_attn_ex's: a sliding window (0: none), sinks (NULL: none), the
+     * q·k scale (0: 1/sqrt(head_dim)); any set: the backend's attention_ex */
+    int window;
+    const wt *sinks;
+    float scale;
 } ly_attn;
 
 /* Attention over q [T][n_head*hd], k, v [T][n_head_kv*hd]: the q/k norms,
@@ -29,6 +34,32 @@ void ly_attend(be *b, const ly_attn *a, float *q, float *k, float *v, void *kc, 
  * may take the backend's matmul_glu or matmul_n. */
 void ly_ffn_glu(be *b, const layer_w *L, const float *x, int T, int n_ff, int fused, float *hg, float *hu,
                 float *out);
+
+/* A model's mixture-of-experts layers as the backend's moe op takes them
+ * (moe.c), and the scratch the op asks for, allocated once at open. */
+typedef struct ly_moe {
+    be_moe *d;                  /* [n_layer]; n_expert 0 in dense layers */
+    void *scratch;
+} ly_moe;
+/* Loads layer i's router ffn_gate_inp.{weight,bias} and stacked experts
+ * ffn_{gate,up,down}_exps.{weight,bias} (biases optional, f32), checked
+ * against expert_count and expert_feed_forward_length; a missing router
+ * or an expert count that the tensors contradict is an error naming both. */
+int ly_load_moe(ld *l, layer_w *L, int i);
+/* Floats of vec_cap (loader.h) that ly_load_moe takes per layer. */
+size_t ly_moe_vec(const hparams *hp);
+/* Layer l's be_moe: from the hyper-parameters and its tensors, with the
+ * activation (act, alpha, limit) of `how`. */
+void ly_moe_desc(const model *m, int l, const be_moe *how, be_moe *d);
+/* NULL, or what ops o lack to run m's experts. */
+const char *ly_moe_lacks(const model *m, const be_ops *o);
+/* For a model with experts (nothing to do without): the layers' be_moe and
+ * the scratch for batches of max_T, counted into *bytes (or NULL). */
+int ly_moe_open(ly_moe *mo, be *b, const model *m, const be_moe *how, int max_T, size_t *bytes, char *err,
+                size_t errlen);
+void ly_moe_close(ly_moe *mo, be *b);
+/* out [T][E] = layer l's mixture of experts on x [T][E] (out may be x). */
+void ly_moe_ffn(be *b, const ly_moe *mo, int l, const float *x, int T, float *out);
 
 /* The final norm of the output rows x[out_idx[i]] into xo[i] [n_out][E]:
  * one rmsnorm per run of consecutive rows (a decode batch's are all one). */

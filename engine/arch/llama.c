@@ -1,10 +1,13 @@
-/* llama.c — the llama family (rows llama, qwen2, qwen3 of arch.c):
+/* llama.c — the llama family (rows llama, qwen2, qwen3, qwen3moe of arch.c):
  *   x = embed(tokens)
  *   per layer: x += Wo · attn(rope(norm_q(Wq·n(x)+bq)), rope(norm_k(Wk·n(x)+bk)), Wv·n(x)+bv)
  *              x += Wd · (silu(Wg·n(x)) ∘ Wu·n(x))
  *   logits = Wout · n(x)  (only for the rows asked for)
  * The biases (qwen2, ARCH_QKV_BIAS) and the per-head q/k norms (qwen3,
- * ARCH_QK_NORM) are there when the row says so. Buffers (T = tokens in the
+ * ARCH_QK_NORM) are there when the row says so. A file with expert_count
+ * (Mixtral as llama, qwen3moe) has a mixture of SiLU-GLU experts in place
+ * of every FFN (moe.c): softmax router, top-k, the chosen weights
+ * renormalised unless the file says otherwise. Buffers (T = tokens in the
  * batch, E = n_embd, Q = n_head*head_dim, K = n_head_kv*head_dim, F = n_ff,
  * V = n_vocab):
  *   x, xb [T][E]   q, att [T][Q]   k, v [T][K]   hg, hu [T][F]
@@ -13,12 +16,14 @@
 #include "engine/arch/layers.h"
 #include "common/err.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 
 typedef struct llama_fw {
     fw base;
     float *x, *xb, *q, *k, *v, *att, *hg, *hu, *xo;
     void **kc, **vc;           /* [n_layer] cache of each layer */
+    ly_moe moe;                /* the experts, when the model has them */
 } llama_fw;
 
 static int llama_load(ld *l)
@@ -26,14 +31,27 @@ static int llama_load(ld *l)
     model *m = l->m;
     hparams *hp = &m->hp;
     int E = hp->n_embd, HD = hp->head_dim, QD = hp->n_head * HD, KD = hp->n_head_kv * HD;
-    if (ld_common(l, (size_t)2 * E + hp->n_rot + (size_t)hp->n_layer * (2 * E + QD + 2 * KD + 2 * HD) + 64))
+    if (ld_common(l, (size_t)2 * E + hp->n_rot + (size_t)hp->n_layer * (2 * E + QD + 2 * KD + 2 * HD + ly_moe_vec(hp)) +
+                         64))
         return -1;
+    int moe = hp->n_expert > 0;
+    if (moe) {
+        if (hp->expert_gating < 0) hp->expert_gating = BE_MOE_SOFTMAX;
+        if (hp->expert_norm < 0) hp->expert_norm = 1;   /* (llama.cpp: Mixtral and Qwen-MoE renormalise) */
+    } else {
+        char nm[64];
+        snprintf(nm, sizeof nm, "blk.0.ffn_gate_exps.weight");
+        if (ld_tensor(l, nm))
+            return ld_fail(l, "tensor '%s' holds experts but %s.expert_count is absent (expected the number of "
+                           "experts)", nm, m->arch_name);
+    }
     if (get_w(l, &m->rope_freqs, "rope_freqs.weight", hp->n_rot / 2, 0, 0)) return -1;
     int bias = (m->arch->opt & ARCH_QKV_BIAS) != 0, qkn = (m->arch->opt & ARCH_QK_NORM) != 0;
     for (int i = 0; i < hp->n_layer; i++) {
         layer_w *L = &m->layers[i];
         if (get_layer_w(l, &L->attn_norm, i, "attn_norm.weight", E, 0, 1) || ly_load_attn(l, L, i, QD) ||
-            get_layer_w(l, &L->ffn_norm, i, "ffn_norm.weight", E, 0, 1) || ly_load_ffn_glu(l, L, i))
+            get_layer_w(l, &L->ffn_norm, i, "ffn_norm.weight", E, 0, 1) ||
+            (moe ? ly_load_moe(l, L, i) : ly_load_ffn_glu(l, L, i)))
             return -1;
         if (get_layer_w(l, &L->bq, i, "attn_q.bias", QD, 0, bias) ||
             get_layer_w(l, &L->bk, i, "attn_k.bias", KD, 0, bias) ||
@@ -53,6 +71,7 @@ static void llama_close(fw *base)
     be *b = base->b;
     void *bufs[] = { f->x, f->xb, f->q, f->k, f->v, f->att, f->hg, f->hu, f->xo, base->lg };
     ly_free(b, bufs, sizeof bufs / sizeof bufs[0]);
+    ly_moe_close(&f->moe, b);
     for (int l = 0; l < base->m->hp.n_layer; l++) {
         if (f->kc && f->kc[l]) b->ops->free(b, f->kc[l]);
         if (f->vc && f->vc[l]) b->ops->free(b, f->vc[l]);
@@ -70,7 +89,7 @@ static int llama_open(fw **out, model *m, be *b, int max_T, int max_out, int n_p
     if (!f) return err_set(err, errlen, "out of memory for activation buffers");
     f->base = (fw){ .fam = &arch_llama, .m = m, .b = b };
     size_t T = (size_t)max_T, E = hp->n_embd, Q = (size_t)hp->n_head * hp->head_dim,
-           K = (size_t)hp->n_head_kv * hp->head_dim, F = hp->n_ff;
+           K = (size_t)hp->n_head_kv * hp->head_dim, F = hp->n_expert ? 1 : hp->n_ff;   /* (no dense FFN) */
     f->x = b->ops->alloc(b, T * E * 4);
     f->xb = b->ops->alloc(b, T * E * 4);
     f->q = b->ops->alloc(b, T * Q * 4);
@@ -94,6 +113,11 @@ static int llama_open(fw **out, model *m, be *b, int max_T, int max_out, int n_p
             llama_close(&f->base);
             return -1;
         }
+    const be_moe silu_glu = { .act = BE_MOE_SILU };
+    if (ly_moe_open(&f->moe, b, m, &silu_glu, max_T, NULL, err, errlen)) {
+        llama_close(&f->base);
+        return -1;
+    }
     *out = &f->base;
     return 0;
 }
@@ -129,7 +153,7 @@ static void llama_attention(llama_fw *f, int l, const be_batch *bt)
         o->matmul(b, &L->wv, mb[2], f->xb, T, f->v);
     }
     ly_attn a = { hp->n_head, hp->n_head_kv, HD, hp->n_rot, hp->rope_base, hp->rope_neox, freq_div,
-                  L->q_norm.data ? &L->q_norm : NULL, L->q_norm.data ? &L->k_norm : NULL, hp->norm_eps, 1 };
+                  L->q_norm.data ? &L->q_norm : NULL, L->q_norm.data ? &L->k_norm : NULL, hp->norm_eps, 1, 0, NULL, 0 };
     ly_attend(b, &a, f->q, f->k, f->v, f->kc[l], f->vc[l], bt, mb == none ? qkv_b : NULL, f->att);
 }
 
@@ -156,7 +180,8 @@ static void llama_pass(fw *base, const int32_t *tokens, const be_batch *bt, cons
             o->add(b, f->x, f->xb, (size_t)T * E);
             o->rmsnorm(b, f->x, &L->ffn_norm, T, E, hp->norm_eps, f->xb);
         }
-        ly_ffn_glu(b, L, f->xb, T, hp->n_ff, 1, f->hg, f->hu, f->xb);
+        if (L->ffn_gate_exps.data) ly_moe_ffn(b, &f->moe, l, f->xb, T, f->xb);
+        else ly_ffn_glu(b, L, f->xb, T, hp->n_ff, 1, f->hg, f->hu, f->xb);
         if (fuse && l + 1 < hp->n_layer)
             o->add_rmsnorm(b, f->x, f->xb, &m->layers[l + 1].attn_norm, T, E, hp->norm_eps, f->xb);
         else if (!(fuse && every_row))
@@ -172,6 +197,7 @@ static void llama_pass(fw *base, const int32_t *tokens, const be_batch *bt, cons
 
 const arch_family arch_llama = {
     .load = llama_load,
+    .lacks = ly_moe_lacks,
     .open = llama_open,
     .close = llama_close,
     .pass = llama_pass,

@@ -113,8 +113,9 @@ static int q35_load(ld *l)
     return 0;
 }
 
-static const char *q35_lacks(const be_ops *o)
+static const char *q35_lacks(const model *m, const be_ops *o)
 {
+    (void)m;
     return !o->copy_rows || !o->sigmoid_mul || !o->rmsnorm_gated || !o->conv1d_silu || !o->deltanet
                ? "linear-attention ops" : NULL;
 }
@@ -163,7 +164,7 @@ static int q35_open(fw **out, model *m, be *b, int max_T, int max_out, int n_pag
     const hparams *hp = &m->hp;
     const be_ops *o = b->ops;
     *out = NULL;
-    if (q35_lacks(o))
+    if (q35_lacks(m, o))
         return err_set(err, errlen, "the %s backend cannot run %s models yet (no linear-attention ops)", o->name,
                        m->arch_name);
     if (max_seqs < 1) max_seqs = 1;
@@ -316,7 +317,7 @@ static void attn_layer(fwq *f, const layer_w *L, int l, const be_batch *bt)
     o->matmul(b, &L->wv, NULL, f->xb, T, f->v);
     /* rope on the first n_rot dims, rotating halves; the plain ops */
     ly_attn a = { hp->n_head, hp->n_head_kv, HD, hp->n_rot, hp->rope_base, 1, NULL, &L->q_norm, &L->k_norm,
-                  hp->norm_eps, 0 };
+                  hp->norm_eps, 0, 0, NULL, 0 };
     ly_attend(b, &a, f->q, f->k, f->v, f->kc[l], f->vc[l], bt, NULL, f->att);
     o->sigmoid_mul(b, f->att, f->gz, (size_t)rows * HD);
     o->matmul(b, &L->wo, NULL, f->att, T, f->xb);

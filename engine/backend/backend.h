@@ -36,6 +36,18 @@ typedef struct be_batch {
 
 typedef struct be be;
 
+/* What attention_ex adds to plain causal attention. */
+typedef struct be_attn_ex {
+    /* 0: every earlier position; else a token at position p sees positions
+     * p-window+1 .. p (a sliding window of `window` tokens, itself included) */
+    int window;
+    /* NULL (or no data), or an f32 vector [n_head]: one more logit per head
+     * in the softmax's denominator that adds no value (gpt-oss's attention
+     * sinks) */
+    const wt *sinks;
+    float scale;    /* of q·k; 0: 1/sqrt(head_dim) */
+} be_attn_ex;
+
 /* A save point for per-sequence state: the state of sequence `slot` right
  * after its token at position pos-1 is copied to dst (a slot-sized buffer of
  * the same layout), when that token is in the batch. */
@@ -43,6 +55,48 @@ typedef struct be_save {
     int slot, pos;
     float *dst;
 } be_save;
+
+/* Mixture of experts: how tokens are routed and what each expert computes.
+ * Expert tensors are stored as in GGUF (ffn_gate_exps.weight has ne =
+ * {E, n_ff, n_expert}): one wt whose rows are the experts' rows stacked, so
+ * expert e's rows of gate and up are [e*n_ff, (e+1)*n_ff) (n_out =
+ * n_expert*n_ff) and of down [e*E, (e+1)*E) (n_in = n_ff). Any weight type
+ * the matmul takes. */
+enum {
+    /* router probabilities p = softmax(logits) over all experts; the n_used
+     * highest are chosen, weight = p (Mixtral, Qwen-MoE) */
+    BE_MOE_SOFTMAX = 0,
+    /* the n_used highest logits are chosen; weight = softmax over those
+     * n_used logits (gpt-oss) */
+    BE_MOE_TOPK_SOFTMAX,
+    /* p = sigmoid(logits); the n_used highest chosen, weight = p */
+    BE_MOE_SIGMOID,
+};
+/* (All three choose by the logits, which order the experts as p does.) */
+enum {
+    BE_MOE_SILU = 0,     /* h = silu(g) * u */
+    BE_MOE_GELU,         /* h = gelu(g) * u (tanh approximation) */
+    /* gpt-oss: g = min(g, limit), u = clamp(u, -limit, limit),
+     * h = g * sigmoid(alpha * g) * (u + 1) */
+    BE_MOE_SWIGLU_OAI,
+};
+typedef struct be_moe {
+    int n_expert, n_used;       /* 1 <= n_used <= n_expert <= BE_MOE_MAX */
+    int n_ff;                   /* rows of each expert's gate and up */
+    int gating;                 /* BE_MOE_SOFTMAX... */
+    int norm;                   /* 1: the chosen weights divided by their sum (not for TOPK_SOFTMAX, already 1) */
+    float scale;                /* every weight times this (0 taken as 1) */
+    int act;                    /* BE_MOE_SILU... */
+    float alpha, limit;         /* BE_MOE_SWIGLU_OAI's */
+    const wt *router;           /* [E] -> [n_expert] logits */
+    const wt *router_b;         /* f32 [n_expert] added to the logits, or NULL / no data */
+    const wt *gate, *up, *down; /* stacked experts, as above */
+    /* f32 per-expert biases, [n_expert][n_ff] for gate and up and
+     * [n_expert][E] for down (n_in = row, n_out = n_expert), or NULL */
+    const wt *gate_b, *up_b, *down_b;
+} be_moe;
+
+#define BE_MOE_MAX 512   /* experts of one layer at most */
 
 typedef struct be_ops {
     const char *name;
@@ -77,8 +131,15 @@ typedef struct be_ops {
      * q, out [T][n_head][head_dim]. */
     void (*attention)(be *b, const float *q, const void *kcache, const void *vcache,
                       const be_batch *bt, int n_head, int n_head_kv, int head_dim, float *out);
+    /* Optional: attention with the extras of ex (NULL, or all zero: the
+     * same values as attention). */
+    void (*attention_ex)(be *b, const float *q, const void *kcache, const void *vcache, const be_batch *bt,
+                         int n_head, int n_head_kv, int head_dim, const be_attn_ex *ex, float *out);
     /* Waits for queued work (no-op on the CPU). */
     void (*sync)(be *b);
+    /* Optional (accelerators): the device memory free and in all, for the
+     * start-up check that the model fits (fw_mem_estimate). 0 or -1. */
+    int (*mem_free)(be *b, size_t *free_bytes, size_t *total_bytes);
 
     /* ---- Optional ops (NULL where a backend lacks them; a model that needs
      * them fails to open with a clear message). Linear-attention (Gated
@@ -117,6 +178,30 @@ typedef struct be_ops {
     void (*deltanet)(be *b, const float *qkv, size_t stride, const float *a, const float *bb, const wt *A,
                      const wt *dt_bias, float *state, const be_batch *bt, int nk, int nv, int dk, int dv,
                      float eps, const be_save *sv, int n_sv, float *out);
+
+    /* ---- Optional: a mixture-of-experts FFN (be_moe below). ----
+     * moe_scratch: bytes of device memory that moe needs for batches of up
+     * to max_T tokens (the family allocates it once with alloc, at open).
+     * moe: out[t] = sum over the k = 0..n_used-1 experts chosen for x[t] of
+     * weight[t][k] * expert(x[t]), each expert's FFN run only on the tokens
+     * routed to it, and the sum taken in the order of k (rank), so that a
+     * token's result does not depend on the other tokens of the batch.
+     * x, out [T][E] (out may be x); scratch of moe_scratch(max_T >= T). */
+    size_t (*moe_scratch)(be *b, const struct be_moe *m, int max_T);
+    void (*moe)(be *b, const struct be_moe *m, const float *x, int T, void *scratch, float *out);
+    /* ---- Optional ops of the Gemma and GPT-2 families. ---- */
+    /* out = gelu(x) (tanh approximation), times up where up is not NULL.
+     * [n]; in place allowed. */
+    void (*gelu_mul)(be *b, const float *x, const float *up, size_t n, float *out);
+    /* out[r] = (x[r] - mean(x[r])) / sqrt(var(x[r]) + eps) * w + bias (bias
+     * NULL or no data: none); w, bias f32 vectors of n. [rows][n]; in place
+     * allowed. */
+    void (*layernorm)(be *b, const float *x, const wt *w, const wt *bias, int rows, int n, float eps, float *out);
+    /* x *= s                                                   [n] */
+    void (*scale)(be *b, float *x, size_t n, float s);
+    /* x[t] += row bt->pos[t] of table (learned absolute positions); x [T][n],
+     * table an f32, f16 or bf16 matrix of rows of n. */
+    void (*add_pos)(be *b, float *x, const wt *table, const be_batch *bt, int n);
 
     /* Optional hooks (NULL when a backend has none).
      * step_begin: called by fw_run before the ops of a forward pass with its
@@ -164,14 +249,22 @@ typedef struct be_ops {
                     int n_rot, float base, int neox, const wt *freq_div);
 } be_ops;
 
+/* How the KV cache holds keys and values (aned --kv-type). A cache row is
+ * a token's n_head_kv * head_dim values of one layer: f32, f16, or q8_0
+ * blocks as ggml's (32 values, an f16 scale then 32 int8; head_dim % 32
+ * == 0), so a head's values are whole blocks. */
+enum { BE_KV_F32 = 0, BE_KV_F16 = 1, BE_KV_Q8_0 = 2 };
+#define BE_KV_Q8_BLOCK 34   /* bytes per 32 values */
+
 struct be {
     const be_ops *ops;
-    size_t kv_elt;         /* bytes per cached value: 4 (f32) or 2 (f16) */
+    int kv_type;           /* BE_KV_* */
+    char device[192];      /* the accelerator and the kernels' path (info), or "" */
 };
 
 /* What a backend is opened with (zero: the defaults). */
 typedef struct be_opts {
-    int kv_f16;          /* 1: KV cache in f16 (else f32) */
+    int kv_type;         /* BE_KV_* (zero: f32) */
     /* 1: a row's results never depend on the rows batched with it. The CPU
      * always holds to that; CUDA does for decode batches of up to
      * CK_GEMV_MAX_T rows, and with this at every size (slower past it). */
@@ -186,11 +279,22 @@ struct pool;
  * options o (NULL: the defaults). The pool serves the CPU backend (and
  * host-side work of others). */
 int be_open_opts(be **out, const char *name, struct pool *p, const be_opts *o, char *err, size_t errlen);
-/* be_open_opts with only kv_f16 given */
-int be_open(be **out, const char *name, struct pool *p, int kv_f16, char *err, size_t errlen);
-int be_cpu_open(be **out, struct pool *p, int kv_f16, char *err, size_t errlen);
+/* be_open_opts with only kv_type given */
+int be_open(be **out, const char *name, struct pool *p, int kv_type, char *err, size_t errlen);
+int be_cpu_open(be **out, struct pool *p, int kv_type, char *err, size_t errlen);
+/* Bytes of n cached values (n % 32 == 0 for q8_0) */
+static inline size_t be_kv_bytes(int kv_type, size_t n)
+{
+    return kv_type == BE_KV_Q8_0 ? n / 32 * BE_KV_Q8_BLOCK : n * (kv_type == BE_KV_F16 ? 2 : 4);
+}
+/* "f32", "f16", "q8_0" */
+const char *be_kv_name(int kv_type);
 /* Tests: 1 = the CPU backend uses only its scalar reference code. */
 void be_cpu_scalar(be *b, int on);
+/* Tests: router choices the CPU's moe made since the last call whose
+ * last chosen and first unchosen logits were within 1e-5 (near-ties that a
+ * float64 reference may break the other way); resets the count. */
+long be_cpu_moe_ties(be *b);
 /* Tests: a CUDA backend's ways of computing an op that it takes by
  * default for some shapes only, forced to compare them (zero: the
  * defaults). */
@@ -201,6 +305,8 @@ typedef struct be_cuda_force {
     int rope_att;    /* 1: rope_attention's fused form after any q/k/v set */
     int att_mma;     /* grouped attention on tensor cores: 1 always, -1 never */
     int att_grp;     /* grouped attention's blocks per SM (-1: not grouped) */
+    int portable;    /* 1: no Hopper feature (wgmma, bulk copies, programmatic
+                      * dependent launch): the path of 8.x devices */
 } be_cuda_force;
 #ifdef ANE_CUDA
 int be_cuda_open(be **out, struct pool *p, const be_opts *o, char *err, size_t errlen);

@@ -3,6 +3,7 @@
  * the thread pool. Scratch buffers grow to the largest batch seen and are
  * then reused, so steady-state decoding never allocates. */
 #include "engine/backend/backend.h"
+#include "engine/backend/cpu_moe.h"
 #include "engine/backend/cpu_ssm.h"
 #include "engine/pool.h"
 #include "engine/quant/qtypes.h"
@@ -26,6 +27,7 @@ typedef struct cpu_be {
     const float *rope_fd;
     void *scratch;        /* be_cpu_scratch */
     size_t scratch_cap;
+    long moe_ties;        /* be_cpu_moe_ties */
 } cpu_be;
 
 static void *cpu_alloc(be *b, size_t n)
@@ -194,6 +196,60 @@ static void cpu_silu_mul(be *b, const float *g, const float *u, size_t n, float 
     pool_run(c->pool, silu_part, &j, (int)((n + SILU_CHUNK - 1) / SILU_CHUNK));
 }
 
+/* gelu with the tanh approximation, as GPT-2 and Gemma define it */
+static inline float gelu_tanh(float x)
+{
+    const float c = 0.7978845608028654f;   /* sqrt(2/pi) */
+    return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
+}
+
+static void gelu_part(void *arg, int k, int ith)
+{
+    (void)ith;
+    silu_job *j = arg;
+    size_t i0 = (size_t)k * SILU_CHUNK, i1 = i0 + SILU_CHUNK < j->n ? i0 + SILU_CHUNK : j->n;
+    for (size_t i = i0; i < i1; i++) j->out[i] = j->u ? gelu_tanh(j->g[i]) * j->u[i] : gelu_tanh(j->g[i]);
+}
+
+static void cpu_gelu_mul(be *b, const float *x, const float *up, size_t n, float *out)
+{
+    cpu_be *c = (cpu_be *)b;
+    silu_job j = { x, up, out, n };
+    pool_run(c->pool, gelu_part, &j, (int)((n + SILU_CHUNK - 1) / SILU_CHUNK));
+}
+
+static void cpu_layernorm(be *b, const float *x, const wt *wv, const wt *bv, int rows, int n, float eps, float *out)
+{
+    (void)b;
+    const float *w = wv->data, *bias = bv && bv->data ? bv->data : NULL;
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * n;
+        float *o = out + (size_t)r * n;
+        double s = 0, ss = 0;
+        for (int i = 0; i < n; i++) s += xr[i];
+        double mean = s / n;
+        for (int i = 0; i < n; i++) ss += (xr[i] - mean) * (xr[i] - mean);
+        float inv = (float)(1.0 / sqrt(ss / n + eps)), mf = (float)mean;
+        for (int i = 0; i < n; i++) o[i] = (xr[i] - mf) * inv * w[i] + (bias ? bias[i] : 0.0f);
+    }
+}
+
+static void cpu_scale(be *b, float *x, size_t n, float s)
+{
+    (void)b;
+    for (size_t i = 0; i < n; i++) x[i] *= s;
+}
+
+static void cpu_add_pos(be *b, float *x, const wt *table, const be_batch *bt, int n)
+{
+    float *row = be_cpu_scratch(b, (size_t)n * 4);
+    for (int t = 0; t < bt->T; t++) {
+        wt_row_f32(table, bt->pos[t], row);
+        float *xt = x + (size_t)t * n;
+        for (int i = 0; i < n; i++) xt[i] += row[i];
+    }
+}
+
 static void cpu_rope(be *b, float *x, const be_batch *bt, int n_heads, int head_dim, int n_rot,
                      float base, int neox, const wt *fd)
 {
@@ -250,12 +306,23 @@ static inline size_t kv_slot(const be_batch *bt, int t, int pos)
     return (size_t)bt->pages[t][pos / KV_PAGE] * KV_PAGE + (size_t)(pos % KV_PAGE);
 }
 
+/* A q8_0 cache's head kvh of (token t, position pos): hd / 32 blocks */
+static inline const void *kv_q8_at(const void *c, const be_batch *bt, int t, int pos, int kvd, int kvh, int hd)
+{
+    return (const uint8_t *)c + kv_slot(bt, t, pos) * be_kv_bytes(BE_KV_Q8_0, (size_t)kvd) +
+           be_kv_bytes(BE_KV_Q8_0, (size_t)kvh * hd);
+}
+
 static void cpu_kv_store(be *b, void *kc, void *vc, const be_batch *bt, int kv_dim, const float *k, const float *v)
 {
     for (int t = 0; t < bt->T; t++) {
         size_t s = kv_slot(bt, t, bt->pos[t]) * (size_t)kv_dim;
         const float *kt = k + (size_t)t * kv_dim, *vt = v + (size_t)t * kv_dim;
-        if (b->kv_elt == 2) {
+        if (b->kv_type == BE_KV_Q8_0) {   /* ggml's q8_0 blocks (the reference quantizer) */
+            size_t o = be_kv_bytes(BE_KV_Q8_0, s);
+            qt_quantize_row_ref(QT_Q8_0, kt, (uint8_t *)kc + o, kv_dim);
+            qt_quantize_row_ref(QT_Q8_0, vt, (uint8_t *)vc + o, kv_dim);
+        } else if (b->kv_type == BE_KV_F16) {
             uint16_t *kd = (uint16_t *)kc + s, *vd = (uint16_t *)vc + s;
             for (int i = 0; i < kv_dim; i++) { kd[i] = qt_fp32_to_fp16(kt[i]); vd[i] = qt_fp32_to_fp16(vt[i]); }
         } else {
@@ -273,7 +340,18 @@ typedef struct att_job {
     int n_head, n_head_kv, head_dim;
     float *out;
     int simd;                 /* use the AVX2 version */
+    int window;               /* be_attn_ex's */
+    const float *sinks;       /* [n_head], or NULL */
+    float scale;
 } att_job;
+
+/* The first position token t sees, and the softmax's starting max and sum:
+ * a sink is a logit with no value, so the sum starts at exp(sink - sink). */
+static inline int att_first(const att_job *j, int t)
+{
+    int p = j->bt->pos[t];
+    return j->window > 0 && p - j->window + 1 > 0 ? p - j->window + 1 : 0;
+}
 
 /* One (token, head): online softmax over the sequence's cached keys, in
  * chunks of ATT_CHUNK keys (scores of a chunk first, then one rescale). This
@@ -286,23 +364,26 @@ static void att_one_ref(att_job *j, int t, int h)
     int kvh = h / (j->n_head / j->n_head_kv);
     const float *q0 = j->q + ((size_t)t * j->n_head + h) * hd;
     float *o = j->out + ((size_t)t * j->n_head + h) * hd;
-    float acc[1024], qr[1024], sc[ATT_CHUNK];
-    int f16 = j->b->kv_elt == 2;
+    float acc[1024], qr[1024], sc[ATT_CHUNK], kq[1024];
+    int f16 = j->b->kv_type == BE_KV_F16, q8 = j->b->kv_type == BE_KV_Q8_0;
     /* with an f16 cache, q·k is an f16 dot product (q rounded like the keys),
      * as in llama.cpp; it keeps quantized models within hundredths of it */
     for (int d = 0; d < hd; d++) {
         qr[d] = f16 ? qt_fp16_to_fp32(qt_fp32_to_fp16(q0[d])) : q0[d];
         acc[d] = 0;
     }
-    float mx = -INFINITY, sum = 0, scale = 1.0f / sqrtf((float)hd);
+    float mx = j->sinks ? j->sinks[h] : -INFINITY, sum = j->sinks ? 1 : 0, scale = j->scale;
     int n = j->bt->pos[t] + 1;
-    for (int p0 = 0; p0 < n; p0 += ATT_CHUNK) {
+    for (int p0 = att_first(j, t); p0 < n; p0 += ATT_CHUNK) {
         int m = n - p0 < ATT_CHUNK ? n - p0 : ATT_CHUNK;
         float cmx = -INFINITY;
         for (int i = 0; i < m; i++) {
             size_t s = kv_slot(j->bt, t, p0 + i) * (size_t)kvd + (size_t)kvh * hd;
             float dot = 0;
-            if (f16) {
+            if (q8) {   /* (q stays f32: the keys' blocks dequantized) */
+                qt_dequant_row(QT_Q8_0, kv_q8_at(j->kc, j->bt, t, p0 + i, kvd, kvh, hd), kq, hd);
+                for (int d = 0; d < hd; d++) dot += qr[d] * kq[d];
+            } else if (f16) {
                 const uint16_t *k = (const uint16_t *)j->kc + s;
                 for (int d = 0; d < hd; d++) dot += qr[d] * qt_fp16_to_fp32(k[d]);
             } else {
@@ -322,7 +403,10 @@ static void att_one_ref(att_job *j, int t, int h)
             size_t s = kv_slot(j->bt, t, p0 + i) * (size_t)kvd + (size_t)kvh * hd;
             float e = expf(sc[i] - mx);
             sum += e;
-            if (f16) {
+            if (q8) {
+                qt_dequant_row(QT_Q8_0, kv_q8_at(j->vc, j->bt, t, p0 + i, kvd, kvh, hd), kq, hd);
+                for (int d = 0; d < hd; d++) acc[d] += e * kq[d];
+            } else if (f16) {
                 const uint16_t *v = (const uint16_t *)j->vc + s;
                 for (int d = 0; d < hd; d++) acc[d] += e * qt_fp16_to_fp32(v[d]);
             } else {
@@ -355,23 +439,27 @@ static void att_one_avx2(att_job *j, int t, int h)
     const float *q0 = j->q + ((size_t)t * j->n_head + h) * hd;
     float *o = j->out + ((size_t)t * j->n_head + h) * hd;
     float acc[1024] __attribute__((aligned(32))), qr[1024] __attribute__((aligned(32))), sc[ATT_CHUNK];
-    int f16 = j->b->kv_elt == 2;
+    float kq[1024] __attribute__((aligned(32)));
+    int f16 = j->b->kv_type == BE_KV_F16, q8 = j->b->kv_type == BE_KV_Q8_0;
     for (int d = 0; d < hd; d += 8) {
         __m256 q = _mm256_loadu_ps(q0 + d);
         if (f16) q = _mm256_cvtph_ps(_mm256_cvtps_ph(q, _MM_FROUND_TO_NEAREST_INT));
         _mm256_store_ps(qr + d, q);
         _mm256_store_ps(acc + d, _mm256_setzero_ps());
     }
-    float mx = -INFINITY, sum = 0, scale = 1.0f / sqrtf((float)hd);
+    float mx = j->sinks ? j->sinks[h] : -INFINITY, sum = j->sinks ? 1 : 0, scale = j->scale;
     int n = j->bt->pos[t] + 1;
-    for (int p0 = 0; p0 < n; p0 += ATT_CHUNK) {
+    for (int p0 = att_first(j, t); p0 < n; p0 += ATT_CHUNK) {
         int m = n - p0 < ATT_CHUNK ? n - p0 : ATT_CHUNK;
         float cmx = -INFINITY;
         for (int i = 0; i < m; i++) {
             size_t s = kv_slot(j->bt, t, p0 + i) * (size_t)kvd + (size_t)kvh * hd;
             __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
             int d = 0;
-            if (f16) {
+            if (q8) {   /* (q8_0 keys: dequantized as the reference does, f32 dot) */
+                qt_dequant_row(QT_Q8_0, kv_q8_at(j->kc, j->bt, t, p0 + i, kvd, kvh, hd), kq, hd);
+                for (; d < hd; d += 8) a0 = _mm256_fmadd_ps(_mm256_load_ps(qr + d), _mm256_load_ps(kq + d), a0);
+            } else if (f16) {
                 const uint16_t *k = (const uint16_t *)j->kc + s;
                 for (; d + 16 <= hd; d += 16) {
                     a0 = _mm256_fmadd_ps(_mm256_load_ps(qr + d), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + d))), a0);
@@ -397,7 +485,11 @@ static void att_one_avx2(att_job *j, int t, int h)
             float e = expf(sc[i] - mx);
             sum += e;
             __m256 ev = _mm256_set1_ps(e);
-            if (f16) {
+            if (q8) {
+                qt_dequant_row(QT_Q8_0, kv_q8_at(j->vc, j->bt, t, p0 + i, kvd, kvh, hd), kq, hd);
+                for (int d = 0; d < hd; d += 8)
+                    _mm256_store_ps(acc + d, _mm256_fmadd_ps(ev, _mm256_load_ps(kq + d), _mm256_load_ps(acc + d)));
+            } else if (f16) {
                 const uint16_t *v = (const uint16_t *)j->vc + s;
                 for (int d = 0; d < hd; d += 8)
                     _mm256_store_ps(acc + d, _mm256_fmadd_ps(ev, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + d))),
@@ -429,7 +521,21 @@ static void cpu_attention(be *b, const float *q, const void *kc, const void *vc,
                           int n_head, int n_head_kv, int head_dim, float *out)
 {
     cpu_be *c = (cpu_be *)b;
-    att_job j = { b, q, kc, vc, bt, n_head, n_head_kv, head_dim, out, 0 };
+    att_job j = { b, q, kc, vc, bt, n_head, n_head_kv, head_dim, out, 0, 0, NULL, 1.0f / sqrtf((float)head_dim) };
+    j.simd = c->simd_att && head_dim % 8 == 0;
+    pool_run(c->pool, att_one, &j, bt->T * n_head);
+}
+
+static void cpu_attention_ex(be *b, const float *q, const void *kc, const void *vc, const be_batch *bt,
+                             int n_head, int n_head_kv, int head_dim, const be_attn_ex *ex, float *out)
+{
+    cpu_be *c = (cpu_be *)b;
+    att_job j = { b, q, kc, vc, bt, n_head, n_head_kv, head_dim, out, 0, 0, NULL, 1.0f / sqrtf((float)head_dim) };
+    if (ex) {
+        j.window = ex->window > 0 ? ex->window : 0;
+        j.sinks = ex->sinks && ex->sinks->data ? ex->sinks->data : NULL;
+        if (ex->scale != 0) j.scale = ex->scale;
+    }
     j.simd = c->simd_att && head_dim % 8 == 0;
     pool_run(c->pool, att_one, &j, bt->T * n_head);
 }
@@ -464,26 +570,42 @@ static const be_ops cpu_ops = {
     .rope = cpu_rope,
     .kv_store = cpu_kv_store,
     .attention = cpu_attention,
+    .attention_ex = cpu_attention_ex,
     .matmul_n = cpu_matmul_n,
     .sync = cpu_sync,
+    .gelu_mul = cpu_gelu_mul,
+    .layernorm = cpu_layernorm,
+    .scale = cpu_scale,
+    .add_pos = cpu_add_pos,
     .copy_rows = cpu_copy_rows,
     .sigmoid_mul = cpu_sigmoid_mul,
     .rmsnorm_gated = cpu_rmsnorm_gated,
     .conv1d_silu = cpu_conv1d_silu,
     .deltanet = cpu_deltanet,
+    .moe_scratch = cpu_moe_scratch,
+    .moe = cpu_moe,
 };
+
+long *be_cpu_moe_tie_count(be *b) { return &((cpu_be *)b)->moe_ties; }
+
+long be_cpu_moe_ties(be *b)
+{
+    long n = ((cpu_be *)b)->moe_ties;
+    ((cpu_be *)b)->moe_ties = 0;
+    return n;
+}
 
 void be_cpu_scalar(be *b, int on)
 {
     ((cpu_be *)b)->simd_att = !on && (qt_isa_get() == QT_ISA_AVX2 || qt_isa_get() == QT_ISA_AVX512);
 }
 
-int be_cpu_open(be **out, pool *p, int kv_f16, char *err, size_t errlen)
+int be_cpu_open(be **out, pool *p, int kv_type, char *err, size_t errlen)
 {
     cpu_be *c = calloc(1, sizeof *c);
     if (!c) { snprintf(err, errlen, "out of memory"); return -1; }
     c->base.ops = &cpu_ops;
-    c->base.kv_elt = kv_f16 ? 2 : 4;
+    c->base.kv_type = kv_type;
     c->pool = p;
     qt_init();
     c->simd_att = qt_isa_get() == QT_ISA_AVX2 || qt_isa_get() == QT_ISA_AVX512;

@@ -9,11 +9,11 @@
  * into a fixed device block that every op reads. Pure decode passes (every token an
  * output row) are recorded once per batch size as a CUDA graph and replayed.
  * Matmuls: decode rows (be_batch.n_dec) go through GEMVs that read the
- * quantized blocks directly (q4_K, q6_K and q8_0 with x quantized to int8
- * per 32 values and __dp4a, as the CPU's q8 activations; the other types in
+ * quantized blocks directly (q4_K, q6_K, q8_0, iq4_nl, iq4_xs and mxfp4 with
+ * x quantized to int8 per 32 values and __dp4a, as the CPU's q8 activations; the other types in
  * f32 arithmetic; q8_0 and q6_K are repacked at upload within each row into
  * aligned words); decode batches of CK_GEMV_MAX_T+1 .. CK_MMQB_MAX_T rows of
- * q4_K (and q6_K in sm_90a builds) go through a batched kernel that reads
+ * q4_K (and q6_K on Hopper, ck_feat.wgmma) go through a batched kernel that reads
  * the quantized weights once per step for f16 tensor cores; prompt rows,
  * larger decode batches and the other types dequantize W to f16 for
  * cuBLAS (f32 accumulation and output). docs/cuda.md maps ops to kernels.
@@ -42,6 +42,7 @@
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -94,6 +95,7 @@ typedef struct cu_be {
     int invariant;             /* decode rows always by GEMV (be_opts.deterministic) */
     int cache16;               /* keep f16 copies of quantized weights (unless be_opts.f16_cache_off) */
     void *mmqb_part; int *mmqb_cnt;   /* the batched kernel's split-K scratch (CK_MMQB_PART bytes, CK_MMQB_CNT counters) */
+    ck_feat feat;              /* what the device and this build offer (ck_feat_probe) */
     /* be_cuda_force_set's (tests; the defaults otherwise) */
     int fuse;                  /* fused kernels, matmul inputs written ahead (debug switch ANE_CUDA_FUSE=0: off) */
     int gemv_all;              /* every matmul row by the GEMV */
@@ -252,7 +254,9 @@ static int cu_weight_prepare(be *b, wt *w)
     c->n_up++;
     w->dev = d;
 dims:
-    if (w->n_out > 1) {
+    /* (stacked experts go only to the moe kernels: no cuBLAS scratch or
+     * GEMV input forms for them) */
+    if (w->n_out > 1 && w->n_mat <= 1) {
         size_t e = (size_t)w->n_in * (size_t)w->n_out;
         if (e > c->max_w_elems) c->max_w_elems = e;
         if (w->n_in > c->max_n_in) c->max_n_in = w->n_in;
@@ -292,6 +296,13 @@ static void cu_to_dev(be *b, void *dst, const void *src, size_t n)
     /* (see cu_weight_prepare: a plain cudaMemcpy could still be in flight) */
     ok(c, cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, c->st), "to_dev");
     ok(c, cudaStreamSynchronize(c->st), "sync");
+}
+
+static int cu_mem_free(be *b, size_t *free_bytes, size_t *total_bytes)
+{
+    (void)b;
+    if (cudaMemGetInfo(free_bytes, total_bytes) != cudaSuccess) { cudaGetLastError(); return -1; }
+    return 0;
 }
 
 static void cu_sync(be *b)
@@ -516,7 +527,7 @@ static int att_blocks(cu_be *c, int T, int ns, int n_head, int head_dim)
  * capture). */
 static int att_group(cu_be *c, int T, int ns, int n_head, int n_head_kv, int head_dim, int mma)
 {
-    if (!c->att_grp || T * n_head < 2 * c->n_sm || !ck_att_grp_ok(c->base.kv_elt == 2, n_head, n_head_kv, head_dim))
+    if (!c->att_grp || T * n_head < 2 * c->n_sm || !ck_att_grp_ok(c->base.kv_type, n_head, n_head_kv, head_dim))
         return 0;
     int per = T * n_head_kv, g = (mma ? c->att_mma_bps : c->att_grp) * c->n_sm / per;
     g = g > ns ? ns : g < 1 ? 1 : g;
@@ -941,6 +952,36 @@ static void cu_add(be *b, float *x, const float *y, size_t n)
     ck_add(c->st, x, y, n);
 }
 
+static void cu_gelu_mul(be *b, const float *x, const float *up, size_t n, float *out)
+{
+    cu_be *c = (cu_be *)b;
+    tag_clear(c);
+    ck_gelu_mul(c->st, x, up, n, out);
+}
+
+static void cu_scale(be *b, float *x, size_t n, float s)
+{
+    cu_be *c = (cu_be *)b;
+    tag_clear(c);
+    ck_scale(c->st, x, n, s);
+}
+
+static void cu_layernorm(be *b, const float *x, const wt *w, const wt *bias, int rows, int n, float eps, float *out)
+{
+    cu_be *c = (cu_be *)b;
+    tag_clear(c);
+    ck_layernorm(c->st, x, w->dev, bias && bias->data ? bias->dev : NULL, rows, n, eps, out);
+}
+
+static void cu_add_pos(be *b, float *x, const wt *table, const be_batch *bt, int n)
+{
+    cu_be *c = (cu_be *)b;
+    use_batch(c, bt);
+    tag_clear(c);
+    int kind = table->type == QT_F16 ? 1 : table->type == QT_BF16 ? 2 : 0;
+    ck_add_pos(c->st, x, table->dev, kind, table->row_bytes, d_pos(c), bt->T, n);
+}
+
 /* out [rows][F] when g or u is the last matmul's output of that shape */
 static void cu_silu_mul(be *b, const float *g, const float *u, size_t n, float *out)
 {
@@ -971,7 +1012,7 @@ static void cu_kv_store(be *b, void *kc, void *vc, const be_batch *bt, int kv_di
     cu_be *c = (cu_be *)b;
     tag_clear(c);
     use_batch(c, bt);
-    ck_kv_store(c->st, kc, vc, b->kv_elt == 2, d_pos(c), d_off(c), d_pages(c), bt->T, kv_dim, k, v);
+    ck_kv_store(c->st, kc, vc, b->kv_type, d_pos(c), d_off(c), d_pages(c), bt->T, kv_dim, k, v);
 }
 
 static const float *bias_dev(const wt *const *bias, int i)
@@ -991,7 +1032,7 @@ static void cu_rope_kv(be *b, float *q, float *k, float *v, void *kc, void *vc, 
                        const wt *const *bias)
 {
     cu_be *c = (cu_be *)b;
-    if (!c->fuse) {
+    if (!c->fuse || b->kv_type == BE_KV_Q8_0) {   /* (q8_0 caches: the plain kernels) */
         const float *bq = bias_dev(bias, 0), *bk = bias_dev(bias, 1), *bv = bias_dev(bias, 2);
         tag_clear(c);
         if (bq) ck_add_bias(c->st, q, bq, bt->T, n_head * head_dim);
@@ -1022,7 +1063,7 @@ static void cu_rope_kv(be *b, float *q, float *k, float *v, void *kc, void *vc, 
             c->rope_have = 1; c->rope_base = base; c->rope_rot = n_rot; c->rope_fd = fdd;
         }
     }
-    ck_rope_kv(c->st, q, k, v, kc, vc, b->kv_elt == 2, d_pos(c), d_off(c), d_pages(c), bt->T, n_head, n_head_kv,
+    ck_rope_kv(c->st, q, k, v, kc, vc, b->kv_type == BE_KV_F16, d_pos(c), d_off(c), d_pages(c), bt->T, n_head, n_head_kv,
                head_dim, n_rot, base, neox, fdd, bias_dev(bias, 0), bias_dev(bias, 1), bias_dev(bias, 2),
                c->rope_tab, mode);
 }
@@ -1035,11 +1076,11 @@ static void att_run(cu_be *c, const float *q, const void *kc, const void *vc, co
     int G = att_room(c, ns) ? 1 : att_blocks(c, bt->T, ns, n_head, head_dim);
     /* tensor cores where the matmuls leave the batch-invariance promise too */
     int mma = (c->att_mma == 2 || (c->att_mma == 1 && c->in_step && c->n_dec > CK_GEMV_MAX_T && !c->invariant)) &&
-              ck_att_mma_ok(c->base.kv_elt == 2, n_head, n_head_kv, head_dim);
+              ck_att_mma_ok(c->base.kv_type, n_head, n_head_kv, head_dim);
     int grp = G == 1 && !rp && c->att_maxs >= ns ? att_group(c, bt->T, ns, n_head, n_head_kv, head_dim, mma) : 0;
     void *xq = head_dim % 32 == 0 ? quant_ahead(c, out, bt->T, n_head * head_dim) : (tag_clear(c), NULL);
     void *x16 = f16_ahead(c, out, bt->T, n_head * head_dim);
-    ck_attention(c->st, q, kc, vc, c->base.kv_elt == 2, d_pos(c), d_off(c), d_pages(c), bt->T, n_head, n_head_kv,
+    ck_attention(c->st, q, kc, vc, c->base.kv_type, d_pos(c), d_off(c), d_pages(c), bt->T, n_head, n_head_kv,
                  head_dim, out, c->part, G, c->att_maxs, xq, x16, c->n_sm, rp, grp, mma);
 }
 
@@ -1047,6 +1088,22 @@ static void cu_attention(be *b, const float *q, const void *kc, const void *vc, 
                          int n_head_kv, int head_dim, float *out)
 {
     att_run((cu_be *)b, q, kc, vc, bt, n_head, n_head_kv, head_dim, out, NULL);
+}
+
+static void cu_attention_ex(be *b, const float *q, const void *kc, const void *vc, const be_batch *bt, int n_head,
+                            int n_head_kv, int head_dim, const be_attn_ex *ex, float *out)
+{
+    cu_be *c = (cu_be *)b;
+    if (!ex || (ex->window <= 0 && !(ex->sinks && ex->sinks->data) && ex->scale == 0)) {
+        att_run(c, q, kc, vc, bt, n_head, n_head_kv, head_dim, out, NULL);
+        return;
+    }
+    use_batch(c, bt);
+    tag_clear(c);
+    float scale = ex->scale != 0 ? ex->scale : 1.0f / sqrtf((float)head_dim);
+    ck_attention_ex(c->st, q, kc, vc, b->kv_type == BE_KV_F16, d_pos(c), d_off(c), d_pages(c), bt->T, n_head, n_head_kv,
+                    head_dim, ex->window > 0 ? ex->window : 0, ex->sinks && ex->sinks->data ? ex->sinks->dev : NULL,
+                    scale, out);
 }
 
 /* rope_kv then attention. A pass's decode batch (a token per sequence) past
@@ -1062,7 +1119,8 @@ static void cu_rope_attention(be *b, float *q, float *k, float *v, void *kc, voi
     cu_be *c = (cu_be *)b;
     const float *fdd = freq_div && freq_div->data ? freq_div->dev : NULL;
     int small = c->rope_att_always || (c->mm_bytes && ck_small_set(c->mm_bytes));
-    if (!c->fuse || !small || !rope_table(c, base, n_rot, fdd) || bt->n_dec != bt->T || n_rot > head_dim || n_rot % 2) {
+    if (!c->fuse || !small || !rope_table(c, base, n_rot, fdd) || bt->n_dec != bt->T || n_rot > head_dim || n_rot % 2 ||
+        b->kv_type == BE_KV_Q8_0) {
         cu_rope_kv(b, q, k, v, kc, vc, bt, n_head, n_head_kv, head_dim, n_rot, base, neox, freq_div, bias);
         cu_attention(b, q, kc, vc, bt, n_head, n_head_kv, head_dim, out);
         return;
@@ -1083,7 +1141,7 @@ static int cu_qkv_rope(be *b, const wt *const *w, const wt *const *bias, const f
     cu_be *c = (cu_be *)b;
     int T = bt->T, bt_;
     const float *fdd = freq_div && freq_div->data ? freq_div->dev : NULL;
-    if (!c->fuse || T != 1 || bt->n_dec != T || !rope_table(c, base, n_rot, fdd)) return 0;
+    if (!c->fuse || T != 1 || bt->n_dec != T || !rope_table(c, base, n_rot, fdd) || b->kv_type == BE_KV_Q8_0) return 0;
     int nin = (int)w[0]->n_in;
     if (!mm_set(c, 3, w) || gemv_count(c, w[0], T, &bt_) != T || bt_ || !tag_is(c, x, T, nin)) return 0;
     if ((int)w[0]->n_out != n_head * head_dim) return 0;
@@ -1092,7 +1150,7 @@ static int cu_qkv_rope(be *b, const wt *const *w, const wt *const *bias, const f
     float *outs[3] = { q, k, v };
     use_batch(c, bt);
     ck_qkv_rope r = { bias_dev(bias, 0), bias_dev(bias, 1), bias_dev(bias, 2), c->rope_tab, d_pos(c), d_off(c),
-                      d_pages(c), kc, vc, b->kv_elt == 2, head_dim, n_rot, neox, n_head_kv, base, fdd };
+                      d_pages(c), kc, vc, b->kv_type == BE_KV_F16, head_dim, n_rot, neox, n_head_kv, base, fdd };
     if (!ck_gemv_qkv_rope_try(c->st, w[0]->type, W, w[0]->row_bytes, nin, no, c->xq, outs, &r)) return 0;
     tag_clear(c);   /* (as rope_kv) */
     c->mm_out = NULL;
@@ -1233,8 +1291,73 @@ static void cu_deltanet(be *b, const float *qkv, size_t stride, const float *a, 
     }
 }
 
+/* ---- mixture of experts (shaders/moe.cu) ---- */
+
+/* The scratch of cu_moe for max_T tokens, in 256-byte aligned parts. */
+typedef struct cmoe_lay { size_t lg, ids, wts, first, slot, pair, tiles, nt, hg, hu, y, total; } cmoe_lay;
+
+static size_t al256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+static void cmoe_layout(const be_moe *m, int max_T, cmoe_lay *L)
+{
+    size_t T = (size_t)(max_T > 0 ? max_T : 1), N = T * (size_t)m->n_used, X = (size_t)m->n_expert,
+           F = (size_t)m->n_ff, E = (size_t)(m->down->n_out / m->n_expert), o = 0;
+    L->lg = o;    o += al256(T * X * 4);
+    L->ids = o;   o += al256(N * 4);
+    L->wts = o;   o += al256(N * 4);
+    L->first = o; o += al256((X + 1) * 4);
+    L->slot = o;  o += al256(N * 4);
+    L->pair = o;  o += al256(N * 4);
+    L->tiles = o; o += al256((size_t)ck_moe_max_tiles(N, X) * 3 * 4);
+    L->nt = o;    o += 256;
+    L->hg = o;    o += al256(N * F * 4);
+    L->hu = o;    o += al256(N * F * 4);
+    L->y = o;     o += al256(N * E * 4);
+    L->total = o;
+}
+
+static size_t cu_moe_scratch(be *b, const be_moe *m, int max_T)
+{
+    (void)b;
+    cmoe_lay L;
+    cmoe_layout(m, max_T, &L);
+    return L.total;
+}
+
+static const float *dev_or_null(const wt *w) { return w && w->data ? w->dev : NULL; }
+
+static void cu_moe(be *b, const be_moe *m, const float *x, int T, void *scratch, float *out)
+{
+    cu_be *c = (cu_be *)b;
+    if (T <= 0) return;
+    cmoe_lay L;
+    cmoe_layout(m, T, &L);
+    char *s = scratch;
+    float *lg = (float *)(s + L.lg), *wts = (float *)(s + L.wts), *hg = (float *)(s + L.hg),
+          *hu = (float *)(s + L.hu), *y = (float *)(s + L.y);
+    int32_t *ids = (int32_t *)(s + L.ids), *first = (int32_t *)(s + L.first), *slot = (int32_t *)(s + L.slot),
+            *pair = (int32_t *)(s + L.pair), *tiles = (int32_t *)(s + L.tiles), *nt = (int32_t *)(s + L.nt);
+    int X = m->n_expert, K = m->n_used, N = T * K, F = m->n_ff, E = (int)(m->down->n_out / X);
+    int E_in = (int)m->gate->n_in, mt = ck_moe_max_tiles(N, X);
+    cu_matmul(b, m->router, m->router_b, x, T, lg);
+    tag_clear(c);
+    ck_moe_route(c->st, lg, T, X, K, m->gating, m->norm, m->scale, ids, wts);
+    ck_moe_group(c->st, ids, N, X, first, slot, pair, tiles, nt);
+    ck_moe_mm(c->st, m->gate->type, m->gate->dev, m->gate->row_bytes, E_in, F, x, 1, K, pair, tiles, nt, mt,
+              dev_or_null(m->gate_b), hg);
+    ck_moe_mm(c->st, m->up->type, m->up->dev, m->up->row_bytes, E_in, F, x, 1, K, pair, tiles, nt, mt,
+              dev_or_null(m->up_b), hu);
+    ck_moe_act(c->st, hg, hu, (size_t)N * F, m->act, m->alpha, m->limit);
+    ck_moe_mm(c->st, m->down->type, m->down->dev, m->down->row_bytes, F, E, hg, 0, K, pair, tiles, nt, mt,
+              dev_or_null(m->down_b), y);
+    ck_moe_combine(c->st, y, slot, wts, T, K, E, out);
+    tag_clear(c);
+}
+
 static const be_ops cuda_ops = {
     .name = "cuda",
+    .moe_scratch = cu_moe_scratch,
+    .moe = cu_moe,
     .close = cu_close,
     .alloc = cu_alloc,
     .free = cu_free,
@@ -1249,7 +1372,13 @@ static const be_ops cuda_ops = {
     .rope = cu_rope,
     .kv_store = cu_kv_store,
     .attention = cu_attention,
+    .attention_ex = cu_attention_ex,
+    .gelu_mul = cu_gelu_mul,
+    .layernorm = cu_layernorm,
+    .scale = cu_scale,
+    .add_pos = cu_add_pos,
     .sync = cu_sync,
+    .mem_free = cu_mem_free,
     .step_begin = cu_step_begin,
     .step_end = cu_step_end,
     .argmax = cu_argmax,
@@ -1268,6 +1397,22 @@ static const be_ops cuda_ops = {
     .deltanet = cu_deltanet,
 };
 
+/* info's device: the card, its compute capability, the code it runs and
+ * the kernels' path (docs/cuda.md, "Which GPUs") */
+static void cu_device_name(cu_be *c)
+{
+    struct cudaDeviceProp pr;
+    const ck_feat *f = ck_feat_now();
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&pr, dev) != cudaSuccess) {
+        cudaGetLastError();
+        snprintf(pr.name, sizeof pr.name, "CUDA device");
+    }
+    snprintf(c->base.device, sizeof c->base.device, "%.100s, compute capability %d.%d, sm_%d%s code, %s path", pr.name,
+             f->cc / 10, f->cc % 10, f->code, f->code == 90 && c->feat.wgmma ? "a" : "",
+             f->wgmma ? "Hopper" : "portable");
+}
+
 void be_cuda_force_set(be *b, const be_cuda_force *f)
 {
     cu_be *c = (cu_be *)b;
@@ -1278,6 +1423,15 @@ void be_cuda_force_set(be *b, const be_cuda_force *f)
     c->att_mma = f->att_mma > 0 ? 2 : f->att_mma < 0 ? 0 : 1;
     c->att_grp = f->att_grp < 0 ? 0 : f->att_grp > 0 ? f->att_grp : 4;
     c->att_mma_bps = f->att_grp > 0 ? f->att_grp : 1;
+    /* the portable path: the device's features less every Hopper one
+     * (graphs recorded with the other launches are dropped) */
+    ck_feat use = c->feat;
+    if (f->portable) use.wgmma = use.bulk = use.pdl = 0;
+    if (memcmp(&use, ck_feat_now(), sizeof use)) {
+        graphs_drop(c);
+        ck_feat_use(&use);
+    }
+    cu_device_name(c);
 }
 
 int be_cuda_open(be **out, struct pool *p, const be_opts *o, char *err, size_t errlen)
@@ -1294,10 +1448,14 @@ int be_cuda_open(be **out, struct pool *p, const be_opts *o, char *err, size_t e
     cu_be *c = calloc(1, sizeof *c);
     if (!c) { snprintf(err, errlen, "out of memory"); return -1; }
     c->base.ops = &cuda_ops;
-    c->base.kv_elt = o->kv_f16 ? 2 : 4;
+    c->base.kv_type = o->kv_type;
     const char *what = "device";
     if (cudaSetDevice(0) != cudaSuccess) goto fail;
     if (cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess) goto fail;
+    if (ck_feat_probe(&c->feat, err, errlen)) {
+        cu_close(&c->base);
+        return -1;
+    }
     what = "stream";
     if (cudaStreamCreateWithFlags(&c->st, cudaStreamNonBlocking) != cudaSuccess) goto fail;
     what = "cuBLAS";

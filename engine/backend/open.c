@@ -28,11 +28,16 @@ int be_open_opts(be **out, const char *name, struct pool *p, const be_opts *o, c
     if (name && strcmp(name, "cpu") != 0)
         return err_set(err, errlen, "backend '%s' is not available in this build (available: %s)", name,
                        be_available());
-    return be_cpu_open(out, p, o->kv_f16, err, errlen);
+    return be_cpu_open(out, p, o->kv_type, err, errlen);
 }
 
-int be_open(be **out, const char *name, struct pool *p, int kv_f16, char *err, size_t errlen)
+const char *be_kv_name(int kv_type)
 {
-    be_opts o = { .kv_f16 = kv_f16 };
+    return kv_type == BE_KV_Q8_0 ? "q8_0" : kv_type == BE_KV_F16 ? "f16" : "f32";
+}
+
+int be_open(be **out, const char *name, struct pool *p, int kv_type, char *err, size_t errlen)
+{
+    be_opts o = { .kv_type = kv_type };
     return be_open_opts(out, name, p, &o, err, errlen);
 }

@@ -23,6 +23,9 @@ struct hf_model {
     shard *shards; int n_shards;
     gguf_tensor *t; uint64_t n_t, cap;
     char **names;              /* storage of the GGUF names */
+    void **stacked; int n_stacked;   /* the experts' stacked copies */
+    void **owned;              /* [cap] transposed copies (GPT-2's Conv1D weights), or NULL */
+    unsigned char *trans;      /* [cap] 1: tensor i is stored transposed (a Conv1D weight) */
 };
 
 const hf_config *hf_cfg(const hf_model *h) { return &h->cfg; }
@@ -33,10 +36,46 @@ void hf_close(hf_model *h)
     if (!h) return;
     for (int i = 0; i < h->n_shards; i++) mf_unmap(&h->shards[i]);
     for (uint64_t i = 0; i < h->n_t; i++) free(h->names[i]);
+    for (uint64_t i = 0; h->owned && i < h->cap; i++) free(h->owned[i]);
+    free(h->owned);
+    free(h->trans);
     free(h->names);
+    for (int i = 0; i < h->n_stacked; i++) free(h->stacked[i]);
+    free(h->stacked);
     free(h->shards);
     free(h->t);
     free(h);
+}
+
+/* GPT-2's names ("transformer." optional, as older checkpoints lack it);
+ * *tr: a Conv1D weight, stored [in][out], the transpose of a Linear's. */
+static int map_gpt2(const char *hf, char *out, size_t n, int *tr)
+{
+    static const struct { const char *hf, *gg; } fixed[] = {
+        { "wte.weight", "token_embd.weight" },   { "wpe.weight", "position_embd.weight" },
+        { "ln_f.weight", "output_norm.weight" }, { "ln_f.bias", "output_norm.bias" },
+    };
+    static const struct { const char *hf, *gg; int tr; } per_layer[] = {
+        { "ln_1.weight", "attn_norm.weight", 0 },        { "ln_1.bias", "attn_norm.bias", 0 },
+        { "attn.c_attn.weight", "attn_qkv.weight", 1 },  { "attn.c_attn.bias", "attn_qkv.bias", 0 },
+        { "attn.c_proj.weight", "attn_output.weight", 1 }, { "attn.c_proj.bias", "attn_output.bias", 0 },
+        { "ln_2.weight", "ffn_norm.weight", 0 },         { "ln_2.bias", "ffn_norm.bias", 0 },
+        { "mlp.c_fc.weight", "ffn_up.weight", 1 },       { "mlp.c_fc.bias", "ffn_up.bias", 0 },
+        { "mlp.c_proj.weight", "ffn_down.weight", 1 },   { "mlp.c_proj.bias", "ffn_down.bias", 0 },
+    };
+    *tr = 0;
+    if (!strncmp(hf, "transformer.", 12)) hf += 12;
+    for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
+        if (!strcmp(hf, fixed[i].hf)) { snprintf(out, n, "%s", fixed[i].gg); return 1; }
+    int layer, off = 0;
+    if (sscanf(hf, "h.%d.%n", &layer, &off) == 1 && off > 0 && layer >= 0 && layer < 100000)
+        for (size_t i = 0; i < sizeof per_layer / sizeof per_layer[0]; i++)
+            if (!strcmp(hf + off, per_layer[i].hf)) {
+                snprintf(out, n, "blk.%d.%s", layer, per_layer[i].gg);
+                *tr = per_layer[i].tr;
+                return 1;
+            }
+    return 0;
 }
 
 /* HF tensor name → GGUF name; 0 when the name is not one we use. */
@@ -62,6 +101,13 @@ static int map_name(const char *hf, char *out, size_t n)
         { "mlp.gate_proj.weight", "ffn_gate.weight" },
         { "mlp.up_proj.weight", "ffn_up.weight" },
         { "mlp.down_proj.weight", "ffn_down.weight" },
+        { "mlp.gate.weight", "ffn_gate_inp.weight" },                /* Qwen-MoE router */
+        { "block_sparse_moe.gate.weight", "ffn_gate_inp.weight" },   /* Mixtral's */
+    };
+    /* one expert's matrices, stacked later (stack_experts) */
+    static const struct { const char *hf, *gg; } expert_mat[] = {
+        { "gate_proj.weight", "gate" }, { "up_proj.weight", "up" }, { "down_proj.weight", "down" },
+        { "w1.weight", "gate" }, { "w3.weight", "up" }, { "w2.weight", "down" },
     };
     for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
         if (!strcmp(hf, fixed[i].hf)) { snprintf(out, n, "%s", fixed[i].gg); return 1; }
@@ -72,6 +118,17 @@ static int map_name(const char *hf, char *out, size_t n)
                 snprintf(out, n, "blk.%d.%s", layer, per_layer[i].gg);
                 return 1;
             }
+        for (int i = 0; i < 2; i++) {
+            int ex, eo = 0;
+            int got = i ? sscanf(hf + off, "block_sparse_moe.experts.%d.%n", &ex, &eo)
+                        : sscanf(hf + off, "mlp.experts.%d.%n", &ex, &eo);
+            if (got != 1 || eo <= 0 || ex < 0 || ex >= 100000) continue;
+            for (size_t j = 0; j < sizeof expert_mat / sizeof expert_mat[0]; j++)
+                if (!strcmp(hf + off + eo, expert_mat[j].hf)) {
+                    snprintf(out, n, "blk.%d.ffn_%s_exp.%d", layer, expert_mat[j].gg, ex);
+                    return 1;
+                }
+        }
     }
     return 0;
 }
@@ -148,11 +205,19 @@ static int shard_load(hf_model *h, const char *path, char *err, size_t errlen)
     json_object_foreach(root, key, val) {
         if (!strcmp(key, "__metadata__")) continue;
         char gname[96];
-        if (!map_name(key, gname, sizeof gname)) continue;   /* e.g. rotary inv_freq buffers */
-        int layer;
+        int tr = 0;
+        if (!(strcmp(h->cfg.arch, "gpt2") ? map_name(key, gname, sizeof gname) : map_gpt2(key, gname, sizeof gname, &tr)))
+            continue;   /* e.g. rotary inv_freq buffers, GPT-2's attn.bias masks */
+        int layer, ex, eo = 0;
         if (sscanf(gname, "blk.%d.", &layer) == 1 && layer >= h->cfg.layers) {
             snprintf(err, errlen, "%s: tensor '%s' belongs to layer %d but config.json has %lld layers",
                      path, key, layer, (long long)h->cfg.layers);
+            rc = -1; break;
+        }
+        const char *dot = strrchr(gname, '.');
+        if (strstr(gname, "_exp.") && sscanf(dot + 1, "%d%n", &ex, &eo) == 1 && ex >= h->cfg.n_expert) {
+            snprintf(err, errlen, "%s: tensor '%s' is for expert %d but config.json has %lld experts (expected "
+                     "experts 0..%lld)", path, key, ex, (long long)h->cfg.n_expert, (long long)h->cfg.n_expert - 1);
             rc = -1; break;
         }
         if (h->n_t >= h->cap) { snprintf(err, errlen, "%s: too many tensors", path); rc = -1; break; }
@@ -217,10 +282,28 @@ static int shard_load(hf_model *h, const char *path, char *err, size_t errlen)
         t->ne[2] = t->ne[3] = 1;
         t->data = sh->map + base + b;
         t->nbytes = (uint64_t)(e - b);
+        h->trans[h->n_t] = tr && nd == 2;
         h->n_t++;
     }
     json_decref(root);
     if (!rc) rc = apart(h, first, path, err, errlen);
+    /* GPT-2's Conv1D weights, [in][out]: copied into rows of in values
+     * (after apart, which looks at the file's own ranges) */
+    for (uint64_t i = first; !rc && i < h->n_t; i++) {
+        if (!h->trans[i]) continue;
+        gguf_tensor *t = &h->t[i];
+        size_t esz = t->nbytes / ((size_t)t->ne[0] * (size_t)t->ne[1]);
+        size_t in = (size_t)t->ne[1], outn = (size_t)t->ne[0];
+        uint8_t *c = malloc((size_t)t->nbytes);
+        if (!c) { snprintf(err, errlen, "out of memory"); rc = -1; break; }
+        for (size_t r = 0; r < outn; r++)
+            for (size_t k = 0; k < in; k++)
+                memcpy(c + (r * in + k) * esz, (const uint8_t *)t->data + (k * outn + r) * esz, esz);
+        h->owned[i] = c;
+        t->data = c;
+        t->ne[0] = (int64_t)in;
+        t->ne[1] = (int64_t)outn;
+    }
     return rc;
 }
 
@@ -319,6 +402,71 @@ static int ctoken(cfgrd *r, json_t *o, const char *k, int64_t vocab, int64_t *ou
     return 0;
 }
 
+/* The experts of a qwen3_moe or mixtral config. */
+static int config_experts(hf_model *h, cfgrd *r, json_t *c, int mixtral)
+{
+    hf_config *g = &h->cfg;
+    const char *nk = json_object_get(c, "num_experts") ? "num_experts" : "num_local_experts";
+    if (cint(r, c, nk, 1, 0, 1, 512, &g->n_expert) ||
+        cint(r, c, "num_experts_per_tok", 1, 0, 1, g->n_expert, &g->n_expert_used) ||
+        cint(r, c, mixtral ? "intermediate_size" : "moe_intermediate_size", 1, 0, 1, 1 << 20, &g->ff_exp))
+        return -1;
+    g->norm_topk = 1;
+    if (!mixtral) {
+        json_t *nt = json_object_get(c, "norm_topk_prob");
+        if (nt && !json_is_boolean(nt) && !json_is_null(nt)) {
+            snprintf(r->err, r->errlen, "%s: norm_topk_prob is %s, expected true or false", r->path, jtype(nt));
+            return -1;
+        }
+        g->norm_topk = json_is_true(nt);   /* (transformers' default: false) */
+        /* every layer sparse: dense layers among them are not run here */
+        int64_t step;
+        json_t *mo = json_object_get(c, "mlp_only_layers");
+        if (cint(r, c, "decoder_sparse_step", 0, 1, 1, 1, &step)) return -1;
+        if (mo && !json_is_null(mo) && !(json_is_array(mo) && json_array_size(mo) == 0)) {
+            snprintf(r->err, r->errlen, "%s: mlp_only_layers is not empty: dense layers in a mixture-of-experts "
+                     "model are not supported (expected [])", r->path);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* GPT-2's config.json: its own field names, no rope, GELU (tanh form) */
+static int config_gpt2(cfgrd *r, json_t *c, hf_config *g)
+{
+    if (cint(r, c, "n_embd", 1, 0, 1, 65536, &g->hidden) || cint(r, c, "n_layer", 1, 0, 1, 4096, &g->layers) ||
+        cint(r, c, "n_head", 1, 0, 1, 1024, &g->heads) || cint(r, c, "vocab_size", 1, 0, 1, 1 << 24, &g->vocab) ||
+        cint(r, c, "n_positions", 0, 1024, 1, 1 << 24, &g->ctx))
+        return -1;
+    if (g->hidden % g->heads) {
+        snprintf(r->err, r->errlen, "%s: n_embd %lld is not a multiple of n_head %lld", r->path,
+                 (long long)g->hidden, (long long)g->heads);
+        return -1;
+    }
+    g->kv_heads = g->heads;
+    g->head_dim = g->hidden / g->heads;
+    if (cint(r, c, "n_inner", 0, 4 * g->hidden, 1, 1 << 20, &g->ff) ||
+        cnum(r, c, "layer_norm_epsilon", 1e-5, 0, 1, &g->eps) || ctoken(r, c, "bos_token_id", g->vocab, &g->bos) ||
+        ctoken(r, c, "eos_token_id", g->vocab, &g->eos))
+        return -1;
+    json_t *act = json_object_get(c, "activation_function");
+    const char *as = json_is_string(act) ? json_string_value(act) : NULL;
+    if (act && !json_is_null(act) && !(as && (!strcmp(as, "gelu_new") || !strcmp(as, "gelu_pytorch_tanh")))) {
+        snprintf(r->err, r->errlen, "%s: activation_function is %s%s%s, expected \"gelu_new\"", r->path,
+                 as ? "\"" : jtype(act), as ? as : "", as ? "\"" : "");
+        return -1;
+    }
+    json_t *tie = json_object_get(c, "tie_word_embeddings");
+    if (tie && !json_is_boolean(tie) && !json_is_null(tie)) {
+        snprintf(r->err, r->errlen, "%s: tie_word_embeddings is %s, expected true or false", r->path, jtype(tie));
+        return -1;
+    }
+    g->tie = json_is_boolean(tie) ? json_is_true(tie) : -1;
+    g->rope_theta = 10000.0;
+    return 0;
+}
+
 static int config_load(hf_model *h, const char *dir, char *err, size_t errlen)
 {
     char path[1100];
@@ -340,11 +488,17 @@ static int config_load(hf_model *h, const char *dir, char *err, size_t errlen)
     int rc = -1;
     json_t *mt = json_object_get(c, "model_type");
     const char *t = json_is_string(mt) ? json_string_value(mt) : "";
-    if (strcmp(t, "llama") && strcmp(t, "qwen2") && strcmp(t, "qwen3")) {
-        snprintf(err, errlen, "%s: model_type '%s' is not supported (supported: llama, qwen2, qwen3)", path, t);
+    if (strcmp(t, "llama") && strcmp(t, "qwen2") && strcmp(t, "qwen3") && strcmp(t, "qwen3_moe") &&
+        strcmp(t, "mixtral") && strcmp(t, "gpt2")) {
+        snprintf(err, errlen, "%s: model_type '%s' is not supported (supported: llama, qwen2, qwen3, qwen3_moe, "
+                 "mixtral, gpt2)", path, t);
         goto out;
     }
-    snprintf(g->arch, sizeof g->arch, "%s", t);
+    /* (as GGUF names them: Mixtral is the llama architecture with experts) */
+    snprintf(g->arch, sizeof g->arch, "%s", !strcmp(t, "qwen3_moe") ? "qwen3moe" : !strcmp(t, "mixtral") ? "llama" : t);
+    if ((!strcmp(t, "qwen3_moe") || !strcmp(t, "mixtral")) && config_experts(h, &r, c, !strcmp(t, "mixtral")))
+        goto out;
+    if (!strcmp(t, "gpt2")) { rc = config_gpt2(&r, c, g); goto out; }
     if (cint(&r, c, "hidden_size", 1, 0, 1, 65536, &g->hidden) ||
         cint(&r, c, "num_hidden_layers", 1, 0, 1, 4096, &g->layers) ||
         cint(&r, c, "num_attention_heads", 1, 0, 1, 1024, &g->heads) ||
@@ -422,6 +576,62 @@ out:
     return rc;
 }
 
+/* Each layer's per-expert matrices (blk.N.ffn_<m>_exp.<e>) copied into one
+ * stacked tensor blk.N.ffn_<m>_exps.weight of ne {in, out, n_expert}, as GGUF
+ * stores them; every expert must be there, each of one shape and type. */
+static int stack_experts(hf_model *h, const char *dir, char *err, size_t errlen)
+{
+    static const char *const mats[3] = { "gate", "up", "down" };
+    int64_t X = h->cfg.n_expert;
+    for (int64_t l = 0; l < h->cfg.layers; l++)
+        for (int k = 0; k < 3; k++) {
+            char nm[96];
+            const gguf_tensor *t0 = NULL;
+            int seen = 0;
+            for (int64_t e = 0; e < X; e++) {
+                snprintf(nm, sizeof nm, "blk.%lld.ffn_%s_exp.%lld", (long long)l, mats[k], (long long)e);
+                const gguf_tensor *t = hf_tensor_find(h, nm);
+                seen += t != NULL;
+                if (!t0) t0 = t;
+            }
+            if (!seen) continue;
+            if (seen != X) {
+                snprintf(err, errlen, "%s: layer %lld has %s_proj weights for %d of its %lld experts (config.json "
+                         "num_experts; expected all)", dir, (long long)l, mats[k], seen, (long long)X);
+                return -1;
+            }
+            if (h->n_t >= h->cap) { snprintf(err, errlen, "%s: too many tensors", dir); return -1; }
+            uint8_t *buf = malloc((size_t)(t0->nbytes * (uint64_t)X));
+            void **st = realloc(h->stacked, (size_t)(h->n_stacked + 1) * sizeof *st);
+            if (!buf || !st) { free(buf); if (st) h->stacked = st; snprintf(err, errlen, "out of memory"); return -1; }
+            h->stacked = st;
+            h->stacked[h->n_stacked++] = buf;
+            for (int64_t e = 0; e < X; e++) {
+                snprintf(nm, sizeof nm, "blk.%lld.ffn_%s_exp.%lld", (long long)l, mats[k], (long long)e);
+                const gguf_tensor *t = hf_tensor_find(h, nm);
+                if (t->type != t0->type || t->ne[0] != t0->ne[0] || t->ne[1] != t0->ne[1]) {
+                    snprintf(err, errlen, "%s: layer %lld expert %lld's %s_proj differs in shape or dtype from "
+                             "expert 0's (expected all alike)", dir, (long long)l, (long long)e, mats[k]);
+                    return -1;
+                }
+                memcpy(buf + (size_t)(t0->nbytes * (uint64_t)e), t->data, (size_t)t0->nbytes);
+            }
+            snprintf(nm, sizeof nm, "blk.%lld.ffn_%s_exps.weight", (long long)l, mats[k]);
+            gguf_tensor *t = &h->t[h->n_t];
+            h->names[h->n_t] = strdup(nm);
+            if (!h->names[h->n_t]) { snprintf(err, errlen, "out of memory"); return -1; }
+            *t = *t0;
+            t->name.s = h->names[h->n_t];
+            t->name.n = strlen(nm);
+            t->n_dims = 3;
+            t->ne[2] = X;
+            t->data = buf;
+            t->nbytes = t0->nbytes * (uint64_t)X;
+            h->n_t++;
+        }
+    return 0;
+}
+
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
 int hf_open(hf_model **out, const char *dir, char *err, size_t errlen)
@@ -444,17 +654,21 @@ int hf_open(hf_model **out, const char *dir, char *err, size_t errlen)
     if (nf == 0) { snprintf(err, errlen, "%s: no *.safetensors files", dir); goto fail; }
     qsort(files, (size_t)nf, sizeof *files, cmp_str);
     h->shards = calloc((size_t)nf, sizeof *h->shards);
-    /* at most (1 + 14 per layer + 3) tensors are kept */
-    size_t cap = (size_t)h->cfg.layers * 14 + 8;
+    /* at most (1 + 15 per layer + 3) tensors are kept, and each expert's 3
+     * with their 3 stacked copies */
+    size_t cap = (size_t)h->cfg.layers * (15 + 3 * ((size_t)h->cfg.n_expert + 1)) + 8;
     h->cap = cap;
     h->t = calloc(cap, sizeof *h->t);
     h->names = calloc(cap, sizeof *h->names);
-    if (!h->shards || !h->t || !h->names) { snprintf(err, errlen, "out of memory"); goto fail; }
+    h->owned = calloc(cap, sizeof *h->owned);
+    h->trans = calloc(cap, 1);
+    if (!h->shards || !h->t || !h->names || !h->owned || !h->trans) { snprintf(err, errlen, "out of memory"); goto fail; }
     for (int i = 0; i < nf; i++) {
         char p[1100];
         snprintf(p, sizeof p, "%s/%s", dir, files[i]);
         if (!files[i] || shard_load(h, p, err, errlen)) goto fail;
     }
+    if (stack_experts(h, dir, err, errlen)) goto fail;
     for (int i = 0; i < nf; i++) free(files[i]);
     *out = h;
     return 0;

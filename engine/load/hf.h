@@ -2,8 +2,9 @@
  * model.safetensors or sharded *.safetensors with model.safetensors.index.json.
  * Tensors are exposed under their GGUF names (blk.N.attn_q.weight, ...) as
  * gguf_tensor records pointing into read-only mappings of the shards, so the
- * model loader treats both sources alike. Every header offset is checked
- * against its file before use. */
+ * model loader treats both sources alike. Per-expert tensors (mlp.experts.N.*)
+ * are copied into one stacked tensor per layer, as GGUF's ffn_*_exps. Every
+ * header offset is checked against its file before use. */
 #ifndef ANE_HF_H
 #define ANE_HF_H
 
@@ -13,13 +14,16 @@
 #include "engine/load/gguf.h"
 
 typedef struct hf_config {
-    char arch[32];            /* "llama", "qwen2", "qwen3" (from model_type) */
+    char arch[32];            /* "llama", "qwen2", "qwen3", "qwen3moe", "gpt2" (from model_type; mixtral is llama) */
     int64_t hidden, layers, heads, kv_heads, head_dim, ff, vocab, ctx;
     double eps, rope_theta;
     int tie;                  /* tie_word_embeddings: 1, 0, or -1 when absent */
     int rope_llama3;          /* rope_type llama3: the parameters below */
     double rope_factor, rope_low, rope_high, rope_orig_ctx;
     int64_t bos, eos;         /* -1 when null/absent */
+    /* mixture of experts (n_expert 0: dense) */
+    int64_t n_expert, n_expert_used, ff_exp;
+    int norm_topk;            /* norm_topk_prob (Mixtral: always 1) */
 } hf_config;
 
 typedef struct hf_model hf_model;

@@ -35,6 +35,11 @@ int key_f(ld *l, const char *suffix, double *v, double dflt, double lo, double h
 /* Tensor `name` with shape {n_in, n_out} (n_out = 0: a 1-D vector, widened
  * to f32 into vec_buf); absent: zeroed *w, an error when required. */
 int get_w(ld *l, wt *w, const char *name, int64_t n_in, int64_t n_out, int required);
+/* A 3-D tensor {n_in, n_out, n_mat} (stacked experts) as one wt of
+ * n_out * n_mat rows. */
+int get_w3(ld *l, wt *w, const char *name, int64_t n_in, int64_t n_out, int64_t n_mat, int required);
+/* The tensor `name` of the file (GGUF or Hugging Face), or NULL. */
+const gguf_tensor *ld_tensor(ld *l, const char *name);
 /* The same for "blk.<i>.<what>". */
 int get_layer_w(ld *l, wt *w, int i, const char *what, int64_t n_in, int64_t n_out, int required);
 /* What every family loads first: n_vocab from token_embd.weight (checked

@@ -80,8 +80,8 @@ int key_f(ld *l, const char *suffix, double *v, double dflt, double lo, double h
 }
 
 /* Metadata asking for what this engine does not compute (rope scaling other
- * than Llama 3.1's, which comes as rope_freqs.weight; experts): refused
- * rather than run as something else. */
+ * than Llama 3.1's, which comes as rope_freqs.weight): refused rather than
+ * run as something else. */
 static int unsupported_keys(ld *l)
 {
     char key[128];
@@ -100,10 +100,43 @@ static int unsupported_keys(ld *l)
         if (f != 0 && f != 1)
             return ld_fail(l, "metadata key '%s' is %g: rope scaling is not supported (expected 1)", key, f);
     }
+    return 0;
+}
+
+/* The mixture-of-experts keys (none: a dense model). */
+static int expert_keys(ld *l)
+{
+    hparams *hp = &l->m->hp;
+    char key[128];
     int64_t v;
-    if (key_has(l, "expert_count", key, sizeof key, 0) == 1 && (gguf_get_i64(l->g, key, &v) || v != 0))
-        return ld_fail(l, "metadata key '%s' is present: mixture-of-experts models are not supported (expected "
-                       "0 or absent)", key);
+    double f;
+    hp->expert_gating = hp->expert_norm = -1;
+    hp->expert_scale = 1;
+    if (key_ir(l, "expert_count", &v, 0, 0, 0, BE_MOE_MAX)) return -1;
+    hp->n_expert = (int32_t)v;
+    if (key_ir(l, "expert_shared_count", &v, 0, 0, 0, 0)) return -1;   /* (shared experts: none of ours) */
+    if (!hp->n_expert) {
+        if (key_has(l, "expert_used_count", key, sizeof key, 0) == 1 && (gguf_get_i64(l->g, key, &v) || v != 0))
+            return ld_fail(l, "metadata key '%s' is present but %s.expert_count is 0 or absent (expected both or "
+                           "neither)", key, l->m->arch_name);
+        return 0;
+    }
+    if (key_ir(l, "expert_used_count", &v, 1, 0, 1, hp->n_expert)) return -1;
+    hp->n_expert_used = (int32_t)v;
+    if (key_ir(l, "expert_feed_forward_length", &v, 0, hp->n_ff, 1, 1 << 20)) return -1;
+    hp->n_ff_exp = (int32_t)v;
+    /* llama.cpp's gating function ids: 1 softmax, 2 sigmoid, 3 softmax over the chosen */
+    if (key_has(l, "expert_gating_func", key, sizeof key, 0) == 1) {
+        if (key_ir(l, "expert_gating_func", &v, 1, 0, 1, 3)) return -1;
+        hp->expert_gating = v == 1 ? BE_MOE_SOFTMAX : v == 2 ? BE_MOE_SIGMOID : BE_MOE_TOPK_SOFTMAX;
+    }
+    if (key_has(l, "expert_weights_norm", key, sizeof key, 0) == 1) {
+        int b;
+        if (gguf_get_bool(l->g, key, &b)) return ld_fail(l, "metadata key '%s' is not a boolean", key);
+        hp->expert_norm = b;
+    }
+    if (key_f(l, "expert_weights_scale", &f, 1, 0, 1e6)) return -1;
+    hp->expert_scale = (float)f;
     return 0;
 }
 
@@ -126,28 +159,46 @@ static int blocks_in_range(ld *l)
     return 0;
 }
 
-int get_w(ld *l, wt *w, const char *name, int64_t n_in, int64_t n_out, int required)
+const gguf_tensor *ld_tensor(ld *l, const char *name)
+{
+    return l->hf ? hf_tensor_find(l->hf, name) : gguf_tensor_find(l->g, name);
+}
+
+int get_w3(ld *l, wt *w, const char *name, int64_t n_in, int64_t n_out, int64_t n_mat, int required)
 {
     memset(w, 0, sizeof *w);
-    const gguf_tensor *t = l->hf ? hf_tensor_find(l->hf, name) : gguf_tensor_find(l->g, name);
+    const gguf_tensor *t = ld_tensor(l, name);
     if (!t) {
         if (required) return ld_fail(l, "missing tensor '%s'", name);
         return 0;
     }
     const qt_traits *tr = qt_get(t->type);
-    if (!tr || !tr->weight_ok || t->nbytes == 0)
-        return ld_fail(l, "tensor '%s' has unsupported type %s", name, qt_name(t->type));
+    if (!tr || !tr->weight_ok || t->nbytes == 0) {
+        char sup[256];
+        size_t o = 0;
+        sup[0] = 0;
+        for (uint32_t i = 0; i < QT_COUNT; i++)
+            if (qt_get(i) && qt_get(i)->weight_ok && o < sizeof sup)
+                o += (size_t)snprintf(sup + o, sizeof sup - o, "%s%s", o ? ", " : "", qt_name(i));
+        return ld_fail(l, "tensor '%s' has unsupported weight type %s (supported: %s)", name, qt_name(t->type), sup);
+    }
     int64_t e1 = n_out ? n_out : 1;
-    if (t->ne[0] != n_in || t->ne[1] != e1 || t->ne[2] != 1 || t->ne[3] != 1)
-        return ld_fail(l, "tensor '%s' has shape [%lld, %lld, %lld], expected [%lld, %lld]", name,
-                       (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
-                       (long long)n_in, (long long)e1);
+    if (t->ne[0] != n_in || t->ne[1] != e1 || t->ne[2] != n_mat || t->ne[3] != 1) {
+        if (n_mat == 1)
+            return ld_fail(l, "tensor '%s' has shape [%lld, %lld, %lld], expected [%lld, %lld]", name,
+                           (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2], (long long)n_in,
+                           (long long)e1);
+        return ld_fail(l, "tensor '%s' has shape [%lld, %lld, %lld], expected [%lld, %lld, %lld]", name,
+                       (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2], (long long)n_in,
+                       (long long)e1, (long long)n_mat);
+    }
     w->type = t->type;
     w->n_in = t->ne[0];
-    w->n_out = e1;
+    w->n_out = e1 * n_mat;
+    w->n_mat = (int32_t)n_mat;
     w->row_bytes = qt_row_size(t->type, t->ne[0]);
     w->data = t->data;
-    l->m->n_params += (uint64_t)(t->ne[0] * e1);
+    l->m->n_params += (uint64_t)(t->ne[0] * e1 * n_mat);
     l->m->weight_bytes += t->nbytes;
     if (!n_out) { /* vector: widen to f32 into the model's buffer */
         if (l->vec_used + (size_t)n_in > l->vec_cap) return ld_fail(l, "internal: vector buffer too small");
@@ -161,6 +212,11 @@ int get_w(ld *l, wt *w, const char *name, int64_t n_in, int64_t n_out, int requi
     return 0;
 }
 
+int get_w(ld *l, wt *w, const char *name, int64_t n_in, int64_t n_out, int required)
+{
+    return get_w3(l, w, name, n_in, n_out, 1, required);
+}
+
 int get_layer_w(ld *l, wt *w, int i, const char *what, int64_t n_in, int64_t n_out, int required)
 {
     char name[96];
@@ -170,7 +226,7 @@ int get_layer_w(ld *l, wt *w, int i, const char *what, int64_t n_in, int64_t n_o
 
 int model_prepare(model *m, be *b, char *err, size_t errlen)
 {
-    wt *top[] = { &m->tok_embd, &m->output_norm, &m->output, &m->rope_freqs };
+    wt *top[] = { &m->tok_embd, &m->output_norm, &m->output, &m->rope_freqs, &m->output_norm_b, &m->pos_embd };
     for (size_t i = 0; i < sizeof top / sizeof top[0]; i++)
         if (top[i]->data && b->ops->weight_prepare(b, top[i])) goto fail;
     int own = 1;   /* whether the backend keeps a copy of every weight */
@@ -181,7 +237,10 @@ int model_prepare(model *m, be *b, char *err, size_t errlen)
         wt *ws[] = { &L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_norm, &L->w_gate, &L->w_up,
                      &L->w_down, &L->bq, &L->bk, &L->bv, &L->q_norm, &L->k_norm,
                      &L->ssm_qkv, &L->ssm_z, &L->ssm_alpha, &L->ssm_beta, &L->ssm_a, &L->ssm_dt_bias,
-                     &L->ssm_conv, &L->ssm_norm, &L->ssm_out };
+                     &L->ssm_conv, &L->ssm_norm, &L->ssm_out, &L->ffn_gate_inp, &L->ffn_gate_inp_b,
+                     &L->ffn_gate_exps, &L->ffn_up_exps, &L->ffn_down_exps, &L->ffn_gate_exps_b,
+                     &L->ffn_up_exps_b, &L->ffn_down_exps_b,
+                     &L->post_attn_norm, &L->post_ffn_norm, &L->attn_norm_b, &L->ffn_norm_b, &L->bo, &L->b_up, &L->b_down };
         for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) {
             if (ws[i]->data && b->ops->weight_prepare(b, ws[i])) goto fail;
             if (ws[i]->data && (!ws[i]->dev || ws[i]->dev == ws[i]->data)) own = 0;
@@ -262,6 +321,18 @@ int ld_common(ld *l, size_t vec_cap)
     return 0;
 }
 
+/* A model whose metadata gives experts must have had them loaded by its
+ * family; one that cannot run them is refused rather than run dense. */
+static int experts_loaded(ld *l)
+{
+    const model *m = l->m;
+    if (!m->hp.n_expert) return 0;
+    for (int i = 0; i < m->hp.n_layer; i++)
+        if (m->layers[i].ffn_gate_exps.data) return 0;
+    return ld_fail(l, "%s.expert_count is %d but the %s architecture here has no mixture-of-experts layers "
+                   "(expected 0 or absent)", m->arch_name, m->hp.n_expert, m->arch_name);
+}
+
 /* Llama-3.1 rope scaling: per-pair divisors of the rotary frequencies, as
  * the GGUF converter writes them into rope_freqs.weight. */
 static void llama3_rope_divisors(const hf_config *c, int n_rot, float *out)
@@ -314,7 +385,13 @@ static int model_load_hf(model *m, ld *l)
     hp->norm_eps = (float)c->eps;
     hp->rope_base = (float)c->rope_theta;
     hp->rope_neox = 1;   /* HF checkpoints rotate halves; only GGUF llama rows are permuted */
-    if (m->arch->fam->load(l)) return -1;
+    hp->n_expert = (int32_t)c->n_expert;
+    hp->n_expert_used = (int32_t)c->n_expert_used;
+    hp->n_ff_exp = (int32_t)c->ff_exp;
+    hp->expert_gating = -1;
+    hp->expert_norm = c->norm_topk;
+    hp->expert_scale = 1;
+    if (m->arch->fam->load(l) || experts_loaded(l)) return -1;
     if (c->tie == 0 && !hf_tensor_find(m->hf, "output.weight"))
         return ld_fail(l, "config.json: tie_word_embeddings is false but no shard has lm_head.weight");
     if (c->rope_llama3) {
@@ -414,6 +491,7 @@ int model_load(model **out, const char *path, char *err, size_t errlen)
     if (key_f(&l, "rope.freq_base", &f, 10000.0, 1, FLT_MAX)) goto fail;
     hp->rope_base = (float)f;
     if (unsupported_keys(&l)) goto fail;
+    if (expert_keys(&l)) goto fail;
     char vk[128];
     if (key_has(&l, "vocab_size", vk, sizeof vk, 0) == 1) {
         if (gguf_get_i64(l.g, vk, &v)) { ld_fail(&l, "metadata key '%s' is not an integer", vk); goto fail; }
@@ -426,7 +504,7 @@ int model_load(model **out, const char *path, char *err, size_t errlen)
     if (blocks_in_range(&l)) goto fail;
     hp->rope_neox = (m->arch->opt & ARCH_ROPE_NEOX) != 0;
 
-    if (m->arch->fam->load(&l)) goto fail;
+    if (m->arch->fam->load(&l) || experts_loaded(&l)) goto fail;
 done:;
     /* a file rewritten meanwhile may have given any mix of old and new bytes */
     char why[400];

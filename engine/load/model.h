@@ -15,7 +15,8 @@ struct arch;
 
 typedef struct wt {
     uint32_t type;          /* qtypes id */
-    int64_t n_in, n_out;    /* ne[0], ne[1] */
+    int64_t n_in, n_out;    /* ne[0], ne[1] (times ne[2] for stacked experts) */
+    int32_t n_mat;          /* > 1: n_mat matrices (experts) stacked, n_out / n_mat rows each */
     size_t row_bytes;
     const void *data;       /* host bytes (mmap or owned) */
     void *dev;              /* the backend's copy, when it keeps one */
@@ -25,6 +26,14 @@ typedef struct layer_w {
     wt attn_norm, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down;
     wt bq, bk, bv;              /* qwen2 biases (data NULL when absent) */
     wt q_norm, k_norm;          /* qwen3 per-head norms */
+    /* gemma3: norms of the attention's and the FFN's outputs; swa: a
+     * sliding-window layer (hp.n_swa, hp.rope_base_swa) */
+    wt post_attn_norm, post_ffn_norm;
+    int swa;
+    /* gpt2: the norms' biases (attn_norm, ffn_norm), the output
+     * projection's and the FFN's (wq, wk, wv, bq, bk, bv: thirds of the
+     * file's fused attn_qkv) */
+    wt attn_norm_b, ffn_norm_b, bo, b_up, b_down;
     /* qwen35: linear (Gated DeltaNet) layers use these instead of wq..wo;
      * full-attention layers use wq (query and output gate interleaved per
      * head), wk, wv, wo, q_norm, k_norm. ffn_norm is post_attention_norm. */
@@ -37,6 +46,14 @@ typedef struct layer_w {
     wt ssm_conv;                /* f32 [conv_dim] rows of ssm_conv_k taps */
     wt ssm_norm;                /* f32 [dv] */
     wt ssm_out;                 /* [n_v*dv] -> [E] */
+    /* mixture of experts (data NULL in dense layers): the router and the
+     * experts' FFNs, each one wt of n_expert experts' rows stacked (GGUF's
+     * 3-D ffn_*_exps: gate and up [E] -> [n_expert * n_ff_exp], down
+     * [n_ff_exp] -> [n_expert * E]); f32 per-expert biases where a family
+     * has them (n_in = the row, n_out = n_expert) */
+    wt ffn_gate_inp, ffn_gate_inp_b;
+    wt ffn_gate_exps, ffn_up_exps, ffn_down_exps;
+    wt ffn_gate_exps_b, ffn_up_exps_b, ffn_down_exps_b;
 } layer_w;
 
 typedef struct hparams {
@@ -51,6 +68,16 @@ typedef struct hparams {
     int32_t ssm_dk, ssm_dv;     /* key / value head size */
     int32_t ssm_nk, ssm_nv;     /* key / value heads (nv a multiple of nk) */
     int32_t n_attn_layers;      /* layers that keep a KV cache (not linear-attention ones) */
+    /* mixture of experts (n_expert 0: dense FFNs) */
+    int32_t n_expert, n_expert_used, n_ff_exp;
+    int expert_gating;          /* backend.h BE_MOE_SOFTMAX...; -1: not given, the family's */
+    int expert_norm;            /* 1: the chosen weights renormalised; -1: not given, the family's */
+    float expert_scale;         /* the weights times this (expert_weights_scale; 1) */
+    /* gemma3: the sliding window of its swa layers (tokens), their rope
+     * base, and the q·k scale (0: 1/sqrt(head_dim)) */
+    int32_t n_swa;
+    float rope_base_swa;
+    float attn_scale;
 } hparams;
 
 typedef struct model {
@@ -60,6 +87,7 @@ typedef struct model {
     char name[128];
     char path[512];
     wt tok_embd, output_norm, output;
+    wt output_norm_b, pos_embd;  /* gpt2: the final layernorm's bias; learned positions [n_ctx_train][E] */
     wt rope_freqs;              /* llama-3.1 per-dim divisors; data NULL when absent */
     layer_w *layers;
     int tokenizer_only;

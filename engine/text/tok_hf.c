@@ -641,11 +641,13 @@ int tok_load_hf(tok **out, const char *tokenizer_json, const char *tokenizer_con
     const jv *ct = jget(&croot, "chat_template");
     if (ct && ct->t == J_STR) {
         sp.chat_template.s = ct->u.s; sp.chat_template.n = ct->n;
+        sp.chat_template_from = "tokenizer_config.json";
     } else if (ct && ct->t == J_ARR) {     /* [{name, template}]: the "default" one */
         for (uint32_t i = 0; i < ct->n; i++) {
             const jv *tp = jget(&ct->u.a[i], "template");
             if (tp && tp->t == J_STR && (!sp.chat_template.n || jis(jget(&ct->u.a[i], "name"), "default"))) {
                 sp.chat_template.s = tp->u.s; sp.chat_template.n = tp->n;
+                sp.chat_template_from = "tokenizer_config.json";
             }
         }
     }
@@ -663,6 +665,7 @@ int tok_load_hf(tok **out, const char *tokenizer_json, const char *tokenizer_con
             if (r == 0) {
                 sp.chat_template.s = tbuf;
                 sp.chat_template.n = tlen;
+                sp.chat_template_from = "chat_template.jinja";
             }
         }
     }

@@ -34,6 +34,7 @@ typedef struct tok_spec {
     int32_t bos, eos, eot, eom, unk;
     int add_bos;
     tok_sv chat_template;
+    const char *chat_template_from; /* where it was found (a static string), or NULL */
 } tok_spec;
 
 int tok_build(tok **out, const tok_spec *s, char *err, size_t errlen);

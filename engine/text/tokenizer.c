@@ -55,6 +55,7 @@ struct tok {
     pcre2_code *re;
     int re_jit;
     char *chat_template;
+    const char *chat_template_from;
     char pre_name[32];
     char note[160];
 };
@@ -484,6 +485,7 @@ int tok_build(tok **out, const tok_spec *s, char *err, size_t errlen)
     if (!t->chat_template) { tok_free(t); return err_set(err, errlen, "tokenizer: out of memory"); }
     if (s->chat_template.n) memcpy(t->chat_template, s->chat_template.s, s->chat_template.n);
     t->chat_template[s->chat_template.n] = 0;
+    t->chat_template_from = s->chat_template.n && s->chat_template_from ? s->chat_template_from : "";
     /* pre-tokenizer */
     if (t->type == TOK_BPE && s->regex) {
         int ec;
@@ -522,6 +524,7 @@ int tok_add_bos(const tok *t) { return t->add_bos; }
 int tok_is_eog(const tok *t, int32_t id) { return id >= 0 && id < t->n && t->eog[id]; }
 int tok_is_control(const tok *t, int32_t id) { return id >= 0 && id < t->n && t->ttype[id] == TT_CONTROL; }
 const char *tok_chat_template(const tok *t) { return t->chat_template ? t->chat_template : ""; }
+const char *tok_chat_template_from(const tok *t) { return t->chat_template_from ? t->chat_template_from : ""; }
 const char *tok_kind_name(const tok *t) { return t->type == TOK_SPM ? "spm" : "bpe"; }
 const char *tok_pre_name(const tok *t) { return t->pre_name; }
 const char *tok_note(const tok *t) { return t->note; }
@@ -1251,7 +1254,7 @@ int tok_load_gguf(tok **out, const gguf *g, char *err, size_t errlen)
     sp.eom = gguf_id(g, "tokenizer.ggml.eom_token_id", n);
     sp.unk = gguf_id(g, "tokenizer.ggml.unknown_token_id", n);
     gguf_str ct;
-    if (gguf_get_str(g, "tokenizer.chat_template", &ct) == 0) { sp.chat_template.s = ct.s; sp.chat_template.n = (size_t)ct.n; }
+    if (gguf_get_str(g, "tokenizer.chat_template", &ct) == 0) { sp.chat_template.s = ct.s; sp.chat_template.n = (size_t)ct.n; sp.chat_template_from = "tokenizer.chat_template"; }
     char note[160] = "";
     char pre_name[32] = "spm";
     int b;

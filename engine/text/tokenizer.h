@@ -39,6 +39,9 @@ int tok_is_eog(const tok *t, int32_t id);   /* EOS, EOT or another end-of-genera
 int tok_is_control(const tok *t, int32_t id);
 /* Chat template source text from metadata ("" when none). */
 const char *tok_chat_template(const tok *t);
+/* Where it came from: "tokenizer.chat_template" (GGUF), "tokenizer_config.json"
+ * or "chat_template.jinja"; "" when none. */
+const char *tok_chat_template_from(const tok *t);
 
 /* Text → ids (no BOS added here). parse_special: special (control) tokens
  * written in the text become their ids; otherwise they are plain text.

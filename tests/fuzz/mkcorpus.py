@@ -359,6 +359,31 @@ def jinja_seeds():
         put("fuzz_jinja", "small-%02d" % i, src.encode() + (jsep + json.dumps(convs[1]).encode() if i % 2 else b""))
 
 
+# ---------------------------------------------------------------- tool calls
+def toolcall_seeds():
+    """Replies in each format (fuzz_toolcall: format byte, piece seed, text)."""
+    ds = lambda m: "<\uff5ctool\u2581" + m + "\uff5c>"
+    replies = [
+        (1, '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'),
+        (1 | 8, '<think>\nhm\n</think>\n\n<tool_call>\n<function=f>\n<parameter=x>\n1\n</parameter>\n</function>\n</tool_call>'),
+        (2, '{"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "b", "parameters": {}}'),
+        (2, '<|python_tag|>brave_search.call(query="x")<|eom_id|>'),
+        (3, '[TOOL_CALLS][{"name": "a", "arguments": {"q": [1]}, "id": "abc123def"}]'),
+        (3 | 8, '[THINK]t[/THINK][TOOL_CALLS]a[CALL_ID]abc123def[ARGS]{"x": "\u00e9"}[TOOL_CALLS]b[ARGS]{}'),
+        (4, '<|channel|>analysis<|message|>r<|end|><|start|>assistant<|channel|>commentary to=functions.f '
+            '<|constrain|>json<|message|>{"a": 1}<|call|>'),
+        (4, '<|channel|>final<|message|>Hello<|return|>'),
+        (5 | 16, 'r</think>c' + ds("calls\u2581begin") + ds("call\u2581begin") + "f" + ds("sep") + '{"a": [2]}'
+            + ds("call\u2581end") + ds("calls\u2581end")),
+        (5, ds("calls\u2581begin") + ds("call\u2581begin") + "function" + ds("sep") + 'f\n```json\n{}\n```'
+            + ds("call\u2581end")),
+        (6, 'all\nText>>>get_weather\n{"city": "Paris"}>>>python\nprint(1)'),
+        (0, 'plain text \u00fc <tool_call>'),
+    ]
+    for i, (fmt, text) in enumerate(replies):
+        put("fuzz_toolcall", "reply-%02d" % i, bytes([fmt, i * 37 % 256]) + text.encode())
+
+
 def main():
     proto_seeds()
     gguf_seeds()
@@ -366,6 +391,7 @@ def main():
     tok_seeds()
     defect_seeds()
     jinja_seeds()
+    toolcall_seeds()
     total = 0
     for d, _, fs in os.walk(OUT):
         total += sum(os.path.getsize(os.path.join(d, f)) for f in fs)

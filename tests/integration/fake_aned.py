@@ -6,9 +6,12 @@ as another user to check that clients refuse it before sending anything.
 
 usage: fake_aned.py SOCKET LOG [MODE]      (prints "ready" once listening)
 
-MODE "stall": generate gets one token ("partial", no newline) and then
+Every generate request is also logged, as "req JSON" (its messages, prompt
+and system). MODE "chat": generate is answered "Reply N." (N counting the
+connection's requests from 1) in two tokens. MODE "stall": generate gets one token ("partial", no newline) and then
 nothing, cancel included, as from a daemon that hangs mid-answer. MODE
 "error": generate gets an error event (invalid_value) as its only answer."""
+import json
 import os
 import socket
 import sys
@@ -19,6 +22,7 @@ import msgpack
 def serve(conn, log, mode):
     u = msgpack.Unpacker(raw=False, strict_map_key=False)
     got = 0
+    n_gen = 0
     conn.settimeout(10)
     try:
         while True:
@@ -31,10 +35,21 @@ def serve(conn, log, mode):
                 if not isinstance(m, dict):
                     continue
                 t, i = m.get("type"), m.get("id", 0)
+                if t == "generate":
+                    n_gen += 1
+                    with open(log, "a") as f:
+                        f.write("req %s\n" % json.dumps({k: m.get(k) for k in ("messages", "prompt", "system")}))
                 if t == "hello":
                     out = [{"type": "hello", "id": 0, "version": 1, "server": "fake", "model": "forged"}]
                 elif t == "ping":
                     out = [{"type": "pong", "id": i}]
+                elif t == "generate" and mode == "chat":
+                    out = [{"type": "token", "id": i, "token": 5, "text": "Reply"},
+                           {"type": "token", "id": i, "token": 6, "text": " %d." % n_gen},
+                           {"type": "done", "id": i, "finish": "stop",
+                            "usage": {"prompt_tokens": 1, "cached_tokens": 0, "completion_tokens": 2},
+                            "timings": {"queue_ms": 0.0, "prefill_ms": 0.0, "decode_ms": 0.0,
+                                        "prefill_tps": 0.0, "decode_tps": 0.0}}]
                 elif t == "generate" and mode == "stall":
                     out = [{"type": "token", "id": i, "token": 5, "text": "partial"}]
                 elif t == "generate" and mode == "error":

@@ -2,7 +2,7 @@
 """bin/aneclient against the real bin/aned: output formats (text and --json,
 with the protocol's keys), every mode, the prompt from arguments and standard
 input together, --system where no template applies, conversations
-(--messages), the final newline on a terminal, exit codes, versions and
+(--messages, --chat), the final newline on a terminal, exit codes, versions and
 Ctrl-C. Ends with "N passed, M failed"; exits non-zero on failure."""
 import json
 import os
@@ -383,6 +383,148 @@ def t_messages(d):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def t_chat(d):
+    """--chat: lines from a pipe are user turns sent with the whole history
+    (what the daemon got, read from a fake daemon's log), the commands, a
+    scripted start from --messages, failed turns, and a conversation with the
+    real daemon equal to the same conversation sent message by message."""
+    import tempfile
+    tmp = tempfile.mkdtemp(prefix="aneclient-chat.")
+    fakes = []
+
+    def reqs(fake, want):
+        end = time.time() + 5
+        while True:
+            try:
+                with open(fake.log) as f:
+                    got = [json.loads(l[4:]) for l in f if l.startswith("req ")]
+            except OSError:
+                got = []
+            if len(got) >= want or time.time() > end:
+                return got
+            time.sleep(0.02)
+
+    def U(c):
+        return {"role": "user", "content": c}
+
+    def A(c):
+        return {"role": "assistant", "content": c}
+
+    def S(c):
+        return {"role": "system", "content": c}
+
+    try:
+        f = Fake(tmp, 0, "chat", "chat")
+        fakes.append(f)
+        lines = "Hello\nHow are you?\n/system Be brief.\nThird \u00e9\n/reset\nFourth\n  \n//slash\n/bogus\n/quit\nnot sent\n"
+        rc, out, err = run(["--chat"], f.sock, stdin=lines.encode())
+        check(rc == 0 and out == "Reply 1.\nReply 2.\nReply 3.\nReply 4.\nReply 5.\n",
+              "--chat replies: %d %r %r" % (rc, out, err))
+        check("unknown command /bogus" in err and "(conversation cleared)" in err and "(system message set)" in err,
+              "--chat commands answered on stderr: %r" % err)
+        got = [r["messages"] for r in reqs(f, 5)]
+        want = [[U("Hello")],
+                [U("Hello"), A("Reply 1."), U("How are you?")],
+                [S("Be brief."), U("Hello"), A("Reply 1."), U("How are you?"), A("Reply 2."), U("Third \u00e9")],
+                [S("Be brief."), U("Fourth")],
+                [S("Be brief."), U("Fourth"), A("Reply 4."), U("/slash")]]
+        check(got == want, "--chat sends the history with each turn:\n%r\nwant\n%r" % (got, want))
+        check(all(r["prompt"] is None and r["system"] is None for r in reqs(f, 5)), "--chat sends messages alone")
+        # /system alone removes it; end of input ends the conversation
+        f2 = Fake(tmp, 0, "chat2", "chat")
+        fakes.append(f2)
+        rc, out, err = run(["--chat", "--system", "Sys", "-n", "5"], f2.sock, stdin=b"a\n/system\nb")
+        got = [r["messages"] for r in reqs(f2, 2)]
+        check(rc == 0 and got == [[S("Sys"), U("a")], [U("a"), A("Reply 1."), U("b")]],
+              "--chat --system, /system alone: %d %r %r" % (rc, got, err))
+        # a scripted start: answered at once when it ends with a user turn; the PROMPT is the next line
+        conv = [S("Script."), U("q1"), A("a1"), U("q2")]
+        cf = os.path.join(tmp, "conv.json")
+        with open(cf, "w") as fh:
+            json.dump(conv, fh)
+        f3 = Fake(tmp, 0, "chat3", "chat")
+        fakes.append(f3)
+        rc, out, err = run(["--chat", "--messages", cf, "next", "one"], f3.sock, stdin=b"last\n")
+        got = [r["messages"] for r in reqs(f3, 3)]
+        check(rc == 0 and out == "Reply 1.\nReply 2.\nReply 3.\n" and got == [
+            conv, conv + [A("Reply 1."), U("next one")], conv + [A("Reply 1."), U("next one"), A("Reply 2."), U("last")]],
+            "--chat --messages FILE PROMPT: %d %r %r %r" % (rc, out, got, err))
+        # a failed turn is said, and its message is not kept
+        f4 = Fake(tmp, 0, "chat4", "error")
+        fakes.append(f4)
+        rc, out, err = run(["--chat"], f4.sock, stdin=b"a\nb\n")
+        got = [r["messages"] for r in reqs(f4, 2)]
+        check(rc == 1 and "invalid_value" in err and got == [[U("a")], [U("b")]],
+              "--chat failed turns: %d %r %r" % (rc, got, err))
+        # what does not go with --chat
+        for extra in (["--json"], ["--raw"], ["--special"], ["--tokens", "1"], ["--eval"], ["--no-stdin"],
+                      ["--messages", "-"], ["--messages", cf, "--system", "x"]):
+            rc, out, err = run(["--chat"] + extra, f.sock, stdin=b"x\n")
+            check(rc == 2 and ("--chat" in err or "--system" in err), "--chat with %s: %d %r" % (extra, rc, err))
+        # on a terminal: a prompt, and (with libedit) the up arrow recalls a line
+        f5 = Fake(tmp, 0, "chat5", "chat")
+        fakes.append(f5)
+        m, sl = pty.openpty()
+        p = subprocess.Popen([CLIENT, "--socket", f5.sock, "--chat"], stdin=sl, stdout=sl, stderr=sl, cwd=ROOT)
+        os.close(sl)
+        tout = b""
+
+        def pump(until):
+            nonlocal tout
+            end = time.time() + 10
+            while time.time() < end and until not in tout:
+                r, _, _ = select.select([m], [], [], 0.1)
+                if r:
+                    try:
+                        tout += os.read(m, 4096)
+                    except OSError:
+                        return
+        pump(b"> ")
+        os.write(m, b"Hello\r")
+        pump(b"Reply 1.")
+        pump(b"> ")
+        edit = b"libedit" in subprocess.run(["ldd", CLIENT], capture_output=True).stdout
+        os.write(m, b"\x1b[A\r" if edit else b"Hello\r")
+        pump(b"Reply 2.")
+        os.write(m, b"/quit\r")
+        rc = p.wait(10)
+        os.close(m)
+        got = [r["messages"] for r in reqs(f5, 2)]
+        check(rc == 0 and tout.startswith(b"> ") and b"Reply 2.\r\n" in tout and
+              got == [[U("Hello")], [U("Hello"), A("Reply 1."), U("Hello")]],
+              "--chat on a terminal (libedit %s): %d %r %r" % (edit, rc, tout, got))
+        rc, out, err = run(["--help"])
+        check("--chat" in out and "/reset" in out and "/system TEXT" in out, "--help tells --chat's commands")
+    finally:
+        for x in fakes:
+            x.stop()
+
+    # the real daemon: the same replies as the conversation sent message by message
+    dc = Daemon(CHAT_MODEL, "chat")
+    try:
+        c = anepy.connect(dc.sock)
+
+        def reply(msgs):
+            text = ""
+            for ev in c.events(c.request("generate", messages=msgs, temperature=0, max_tokens=10)):
+                if ev["type"] == "token":
+                    text += ev["text"]
+                check(ev["type"] != "error", "anepy messages: %r" % ev)
+            return text
+
+        r1 = reply([S("Be brief."), U("Hi")])
+        r2 = reply([S("Be brief."), U("Hi"), A(r1), U("Why?")])
+        c.close()
+        want = "".join(r + ("\n" if r and not r.endswith("\n") else "") for r in (r1, r2))
+        rc, out, err = run(["--chat", "-T", "0", "-n", "10", "--system", "Be brief."], dc.sock, stdin=b"Hi\nWhy?\n")
+        check(rc == 0 and out == want, "--chat on %s: %d %r vs %r %r" % (os.path.basename(CHAT_MODEL), rc, out, want, err))
+    finally:
+        dc.stop()
+        dc.cleanup()
+        import shutil
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def t_interrupt(d):
     p = subprocess.Popen([CLIENT, "--socket", d.sock, "--raw", "-n", "0", "--json", "Once"],
                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
@@ -520,7 +662,7 @@ def main():
     d = Daemon(MODEL, "cli")
     try:
         for t in (t_generate, t_modes, t_exit_codes, t_versions, t_stdin_join, t_system, t_tty_newline, t_messages,
-                  t_interrupt, t_daemon_user):
+                  t_chat, t_interrupt, t_daemon_user):
             f0 = tp.failed
             try:
                 t(d)

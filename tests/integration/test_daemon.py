@@ -311,6 +311,30 @@ def test_corrupt_model():
     _start_fails(bad, bad)
 
 
+def test_kv_type():
+    """--kv-type: f32 reported by info; q8_0 refused on the bundled model
+    (head_dim 8) with a message that says why; a bad value exits 2."""
+    p = subprocess.run([ANED, "--model", MODEL, "--socket", "/tmp/x.sock", "--kv-type", "q4"],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=10)
+    check(p.returncode == 2 and b"--kv-type" in p.stderr, "bad --kv-type: %d %r" % (p.returncode, p.stderr))
+    tmp = mktmp()
+    sock = os.path.join(tmp, "s.sock")
+    p = subprocess.run([ANED, "--model", MODEL, "--socket", sock, "--kv-type", "q8_0"], stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, timeout=30)
+    err = p.stderr.decode("utf-8", "replace")
+    check(p.returncode != 0, "q8_0 KV accepted for head_dim 8")
+    check("q8_0" in err and "head_dim" in err and MODEL in err, "q8_0 refusal: %r" % err)
+    d = Daemon(args=["--kv-type", "f32"]).start()
+    try:
+        c = Conn(d.sock)
+        c.hello()
+        r = c.call("info")
+        check(r.get("kv_type") == "f32", "info kv_type %r" % r.get("kv_type"))
+        c.close()
+    finally:
+        d.stop()
+
+
 def test_hello_ping_info(d):
     c = Conn(d.sock)
     try:
@@ -326,6 +350,8 @@ def test_hello_ping_info(d):
                   "arch", "backend", "jobs_done", "kv_total", "weight_bytes"):
             check(k in r, "info lacks %s: %r" % (k, sorted(r)))
         check(r["n_vocab"] == 512 and r["arch"] == "llama", "model facts %r" % r)
+        check(r.get("kv_type") == "f16", "info kv_type %r" % r.get("kv_type"))
+        check("device" in r and (r["device"] != "") == (r["backend"] != "cpu"), "info device %r" % r.get("device"))
         check(r.get("model_path", "").endswith("stories260K.gguf"), "model_path %r" % r.get("model_path"))
         served = r["tokens_served"]
         # a job in flight shows up under this process
@@ -1318,7 +1344,7 @@ SHARED = [
     test_half_close, test_slow_reader, test_many_connections, test_big_prompt_while_streaming,
 ]
 OWN = [
-    test_help, test_missing_model, test_corrupt_model, test_tokenizer_only, test_sigterm_mid_generation,
+    test_help, test_missing_model, test_corrupt_model, test_kv_type, test_tokenizer_only, test_sigterm_mid_generation,
     test_sigint_idle, test_sigterm_during_startup, test_hello_timeout, test_shutdown_grace,
     test_sighup_reopens_log, test_backlog_cap, test_max_clients, test_fd_exhaustion, test_socket_activation, test_stale_socket, test_second_daemon_refuses, test_socket_mode, test_daemonize,
 ]

@@ -14,13 +14,15 @@
 static void test_table(void)
 {
     char buf[200];
-    CHECK(strcmp(arch_names(buf, sizeof buf), "llama, qwen2, qwen3, qwen35") == 0);
+    CHECK(strcmp(arch_names(buf, sizeof buf), "llama, qwen2, qwen3, qwen3moe, qwen35, gemma3, gpt2") == 0);
     CHECK(strcmp(arch_names(buf, 9), "llama, q") == 0);   /* cut, still a string */
     const arch *q2 = arch_find("qwen2"), *q3 = arch_find("qwen3"), *ll = arch_find("llama");
     CHECK(q2 && q3 && ll && q2->fam == ll->fam && q3->fam == ll->fam);
     CHECK(q2 && (q2->opt & ARCH_QKV_BIAS) && !(q2->opt & ARCH_QK_NORM));
     CHECK(q3 && (q3->opt & ARCH_QK_NORM) && !(q3->opt & ARCH_QKV_BIAS));
     CHECK(ll && !(ll->opt & ARCH_ROPE_NEOX));
+    const arch *qm = arch_find("qwen3moe");
+    CHECK(qm && qm->fam == ll->fam && (qm->opt & ARCH_QK_NORM) && (qm->opt & ARCH_ROPE_NEOX));
     const arch *q35 = arch_find("qwen35");
     CHECK(q35 && q35->fam != ll->fam && q35->fam->seq && !q35->fam->greedy);
     CHECK(arch_find("qwen") == NULL && arch_find("") == NULL && arch_find("LLAMA") == NULL);
@@ -60,7 +62,7 @@ static void test_rows(void)
     char err[512];
     load_renamed("gptxx", 0, err, sizeof err);
     CHECKF(strstr(err, ": unsupported architecture 'gptxx' in general.architecture (supported: llama, qwen2, "
-                       "qwen3, qwen35)") != NULL, "%s", err);
+                       "qwen3, qwen3moe, qwen35, gemma3, gpt2)") != NULL, "%s", err);
     load_renamed("qwen2", 1, err, sizeof err);
     CHECKF(strstr(err, ": missing tensor 'blk.0.attn_q.bias'") != NULL, "%s", err);
     load_renamed("qwen3", 1, err, sizeof err);
@@ -74,12 +76,15 @@ static void test_rows(void)
 /* Each fixture loads under its row, with the tensors its options ask for. */
 static void test_families(void)
 {
-    static const struct { const char *path, *arch; int bias, qk_norm, recurrent, neox; } v[] = {
-        { "models/stories260K.gguf", "llama", 0, 0, 0, 0 },
-        { "models/qwen2-tiny.Q8_0.gguf", "qwen2", 1, 0, 0, 1 },
-        { "models/qwen3-tiny.bf16.gguf", "qwen3", 0, 1, 0, 1 },
-        { "models/qwen35-tiny.bf16.gguf", "qwen35", 0, 1, 1, 1 },
-        { "hf/qwen2-tiny", "qwen2", 1, 0, 0, 1 },
+    static const struct { const char *path, *arch; int bias, qk_norm, recurrent, neox, experts, used, ff_exp; } v[] = {
+        { "models/stories260K.gguf", "llama", 0, 0, 0, 0, 0, 0, 0 },
+        { "models/qwen2-tiny.Q8_0.gguf", "qwen2", 1, 0, 0, 1, 0, 0, 0 },
+        { "models/qwen3-tiny.bf16.gguf", "qwen3", 0, 1, 0, 1, 0, 0, 0 },
+        { "models/qwen35-tiny.bf16.gguf", "qwen35", 0, 1, 1, 1, 0, 0, 0 },
+        { "hf/qwen2-tiny", "qwen2", 1, 0, 0, 1, 0, 0, 0 },
+        { "models/qwen3moe-tiny.bf16.gguf", "qwen3moe", 0, 1, 0, 1, 8, 2, 48 },
+        { "hf/qwen3moe-tiny", "qwen3moe", 0, 1, 0, 1, 8, 2, 48 },
+        { "models/mixtral-tiny.bf16.gguf", "llama", 0, 0, 0, 0, 4, 2, 128 },
     };
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
         char path[256], err[512];
@@ -94,12 +99,19 @@ static void test_families(void)
                hp->rope_neox == v[i].neox, "%s", path);
         CHECKF((m->layers[l].bq.data != NULL) == v[i].bias && (m->layers[l].q_norm.data != NULL) == v[i].qk_norm,
                "%s", path);
+        /* experts: the stacked tensors, the router, softmax gating renormalised */
+        const layer_w *L = &m->layers[l];
+        CHECKF(hp->n_expert == v[i].experts && hp->n_expert_used == v[i].used && (!v[i].experts ||
+               (hp->n_ff_exp == v[i].ff_exp && L->ffn_gate_exps.n_out == (int64_t)v[i].experts * v[i].ff_exp &&
+                L->ffn_down_exps.n_in == v[i].ff_exp && L->ffn_down_exps.n_out == (int64_t)v[i].experts * hp->n_embd &&
+                L->ffn_gate_inp.n_out == v[i].experts && !L->w_gate.data && hp->expert_gating == BE_MOE_SOFTMAX &&
+                hp->expert_norm == 1)), "%s: experts", path);
         model_free(m);
     }
 }
 
 /* fw_lacks: the hybrid needs the linear-attention ops, the llama family none
- * beyond the base set (the engine falls back to the CPU on that answer). */
+ * beyond the base set (the moe op where the file has experts) (the engine falls back to the CPU on that answer). */
 static void test_lacks(void)
 {
     char err[256];
@@ -117,6 +129,17 @@ static void test_lacks(void)
         const char *l = fw_lacks(q35, &no_delta);
         CHECK(l && strcmp(l, "linear-attention ops") == 0);
         CHECK(fw_lacks(ll, &no_delta) == NULL);
+        /* experts need the moe op; a dense llama does not */
+        be_ops no_moe = *b->ops;
+        no_moe.moe = NULL;
+        model *mx = NULL;
+        CHECK(model_load(&mx, FIXTURE("models/mixtral-tiny.bf16.gguf"), err, sizeof err) == 0);
+        if (mx) {
+            const char *lm = fw_lacks(mx, &no_moe);
+            CHECK(fw_lacks(mx, b->ops) == NULL && lm && strstr(lm, "mixture-of-experts"));
+            CHECK(fw_lacks(ll, &no_moe) == NULL);
+        }
+        model_free(mx);
         /* and the family refuses to open on such a backend */
         const be_ops *real = b->ops;
         b->ops = &no_delta;
@@ -125,9 +148,89 @@ static void test_lacks(void)
         CHECKF(strstr(err, "cannot run qwen35 models yet (no linear-attention ops)") != NULL, "%s", err);
         b->ops = real;
     }
+    /* gemma3 and gpt2 without their ops */
+    be_ops no_ex = *b->ops;
+    no_ex.attention_ex = NULL;
+    no_ex.layernorm = NULL;
+    model *g3 = NULL, *g2 = NULL;
+    CHECK(model_load(&g3, FIXTURE("models/gemma3-tiny.bf16.gguf"), err, sizeof err) == 0);
+    CHECK(model_load(&g2, FIXTURE("models/gpt2-tiny.bf16.gguf"), err, sizeof err) == 0);
+    if (g3 && g2) {
+        CHECK(fw_lacks(g3, b->ops) == NULL && fw_lacks(g2, b->ops) == NULL);
+        CHECK(fw_lacks(g3, &no_ex) != NULL && fw_lacks(g2, &no_ex) != NULL);
+        const be_ops *real = b->ops;
+        b->ops = &no_ex;
+        fw *f = NULL;
+        CHECK(fw_open(&f, g3, b, 8, 2, 4, 1, err, sizeof err) == -1 && f == NULL);
+        CHECKF(strstr(err, "cannot run gemma3 models yet (no sliding-window attention") != NULL, "%s", err);
+        CHECK(fw_open(&f, g2, b, 8, 2, 4, 1, err, sizeof err) == -1 && f == NULL);
+        CHECKF(strstr(err, "cannot run gpt2 models yet (no layernorm") != NULL, "%s", err);
+        b->ops = real;
+    }
+    model_free(g3);
+    model_free(g2);
     model_free(q35);
     model_free(ll);
     b->ops->close(b);
+    pool_close(p);
+}
+
+/* fw_mem_estimate: never less than what fw_open allocates on the backend
+ * (counted through its alloc), for a plain and a hybrid model, f16 and q8_0
+ * caches, and not wildly more; the KV pool exactly its pages' bytes. */
+static size_t alloc_sum;
+static const be_ops *alloc_real;
+static void *count_alloc(be *b, size_t bytes)
+{
+    alloc_sum += bytes;
+    return alloc_real->alloc(b, bytes);
+}
+
+static void test_mem_estimate(void)
+{
+    char err[256];
+    pool *p;
+    CHECK(pool_open(&p, 1) == 0);
+    const char *models[] = { FIXTURE("models/qwen3-tiny.bf16.gguf"), FIXTURE("models/qwen35-tiny.bf16.gguf"),
+                             FIXTURE("models/llama-q.Q4_K_M.gguf") };
+    const int kvts[] = { BE_KV_F16, BE_KV_Q8_0, BE_KV_F32 };
+    for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++) {
+        model *m = NULL;
+        CHECKF(model_load(&m, models[mi], err, sizeof err) == 0, "%s", err);
+        if (!m) continue;
+        const hparams *hp = &m->hp;
+        for (size_t ki = 0; ki < 3; ki++) {
+            be *b;
+            CHECK(be_cpu_open(&b, p, kvts[ki], err, sizeof err) == 0);
+            be_ops counting = *b->ops;
+            counting.alloc = count_alloc;
+            alloc_real = b->ops;
+            b->ops = &counting;
+            const int max_T = 40, max_out = 8, max_seqs = 4;
+            const size_t n_pages = 24;
+            fw_mem est;
+            fw_mem_estimate(m, kvts[ki], n_pages, max_T, max_out, max_seqs, &est);
+            size_t kvd = (size_t)hp->n_head_kv * hp->head_dim;
+            size_t kv_want = n_pages * KV_PAGE * 2 * (size_t)hp->n_attn_layers *
+                             (kvts[ki] == BE_KV_Q8_0 ? kvd / 32 * 34 : kvd * (kvts[ki] == BE_KV_F16 ? 2 : 4));
+            CHECKF(est.kv == kv_want, "%s kv %s: %zu, want %zu", models[mi], be_kv_name(kvts[ki]), est.kv, kv_want);
+            CHECK(est.weights == m->weight_bytes);
+            CHECK(est.total == est.weights + est.kv + est.state + est.act + est.scratch);
+            CHECK(est.scratch >= FW_MEM_BACKEND + 2 * (size_t)hp->n_vocab * hp->n_embd);
+            alloc_sum = 0;
+            fw *f = NULL;
+            CHECKF(fw_open(&f, m, b, max_T, max_out, (int)n_pages, max_seqs, err, sizeof err) == 0, "%s", err);
+            size_t need = est.kv + est.state + est.act;
+            CHECKF(alloc_sum <= need, "%s kv %s: fw_open took %zu bytes, estimate %zu", models[mi],
+                   be_kv_name(kvts[ki]), alloc_sum, need);
+            CHECKF(need <= 2 * alloc_sum, "%s kv %s: estimate %zu for %zu taken", models[mi], be_kv_name(kvts[ki]),
+                   need, alloc_sum);
+            if (f) fw_close(f);
+            b->ops = alloc_real;
+            b->ops->close(b);
+        }
+        model_free(m);
+    }
     pool_close(p);
 }
 
@@ -137,5 +240,6 @@ int main(void)
     RUN(test_rows);
     RUN(test_families);
     RUN(test_lacks);
+    RUN(test_mem_estimate);
     return CHECK_DONE();
 }

@@ -6,6 +6,7 @@
 #include "engine/quant/qtypes.h"
 #include "tests/check.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,13 +17,28 @@ static float frand(void)
     return (float)((rs >> 11) * (1.0 / 9007199254740992.0)) * 2 - 1;
 }
 
-static void attention_case(pool *p, int kv_f16, int n_head, int n_head_kv, int hd, int T, int ctx)
+/* x [n] as a q8_0 cache holds it (ggml's q8_0: per 32 values d = max|x| /
+ * 127 rounded to f16, x / d rounded to an integer), back in f32 */
+static void q8_round(const float *x, float *y, int n)
+{
+    for (int b = 0; b < n; b += 32) {
+        float amax = 0;
+        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[b + i]));
+        float d = amax / 127.0f, dh = qt_fp16_to_fp32(qt_fp32_to_fp16(d));
+        for (int i = 0; i < 32; i++) y[b + i] = d ? dh * roundf(x[b + i] / d) : 0.0f;
+    }
+}
+
+/* ex: NULL for plain attention, else attention_ex with its window, sinks
+ * (sinks[n_head] f32 values) and scale. */
+static void attention_case_ex(pool *p, int kvt, int n_head, int n_head_kv, int hd, int T, int ctx,
+                              const be_attn_ex *ex)
 {
     char err[128];
     be *b;
-    CHECK(be_cpu_open(&b, p, kv_f16, err, sizeof err) == 0);
+    int kv_f16 = kvt == BE_KV_F16;
+    CHECK(be_cpu_open(&b, p, kvt, err, sizeof err) == 0);
     int kvd = n_head_kv * hd, n_pages = (ctx + KV_PAGE - 1) / KV_PAGE;
-    size_t elt = kv_f16 ? 2 : 4;
     /* pages deliberately out of order */
     int32_t *pages = malloc((size_t)n_pages * sizeof *pages);
     for (int i = 0; i < n_pages; i++) pages[i] = (i * 7 + 3) % n_pages;
@@ -30,10 +46,16 @@ static void attention_case(pool *p, int kv_f16, int n_head, int n_head_kv, int h
     for (int i = 0; i < n_pages && coprime; i++)
         for (int k = 0; k < i; k++) if (pages[k] == pages[i]) { coprime = 0; break; }
     if (!coprime) for (int i = 0; i < n_pages; i++) pages[i] = n_pages - 1 - i;
-    void *kc = b->ops->alloc(b, (size_t)n_pages * KV_PAGE * kvd * elt);
-    void *vc = b->ops->alloc(b, (size_t)n_pages * KV_PAGE * kvd * elt);
+    void *kc = b->ops->alloc(b, be_kv_bytes(kvt, (size_t)n_pages * KV_PAGE * kvd));
+    void *vc = b->ops->alloc(b, be_kv_bytes(kvt, (size_t)n_pages * KV_PAGE * kvd));
     float *k = malloc((size_t)ctx * kvd * 4), *v = malloc((size_t)ctx * kvd * 4);
+    float *kr = malloc((size_t)ctx * kvd * 4), *vr = malloc((size_t)ctx * kvd * 4);   /* as cached */
     for (int i = 0; i < ctx * kvd; i++) { k[i] = frand() * 2; v[i] = frand(); }
+    for (int i = 0; i < ctx * kvd; i++) {
+        kr[i] = kv_f16 ? qt_fp16_to_fp32(qt_fp32_to_fp16(k[i])) : k[i];
+        vr[i] = kv_f16 ? qt_fp16_to_fp32(qt_fp32_to_fp16(v[i])) : v[i];
+    }
+    if (kvt == BE_KV_Q8_0) { q8_round(k, kr, ctx * kvd); q8_round(v, vr, ctx * kvd); }
     int32_t *pos = malloc((size_t)ctx * sizeof *pos);
     const int32_t **pg = malloc((size_t)ctx * sizeof *pg);
     for (int i = 0; i < ctx; i++) { pos[i] = i; pg[i] = pages; }
@@ -45,51 +67,106 @@ static void attention_case(pool *p, int kv_f16, int n_head, int n_head_kv, int h
     for (int i = 0; i < T * n_head * hd; i++) q[i] = frand() * 3;
     be_batch bt = { .T = T, .pos = pos + (ctx - T), .pages = pg };
     be_cpu_scalar(b, 1);
-    b->ops->attention(b, q, kc, vc, &bt, n_head, n_head_kv, hd, o1);
+    if (ex) b->ops->attention_ex(b, q, kc, vc, &bt, n_head, n_head_kv, hd, ex, o1);
+    else b->ops->attention(b, q, kc, vc, &bt, n_head, n_head_kv, hd, o1);
     be_cpu_scalar(b, 0);
-    b->ops->attention(b, q, kc, vc, &bt, n_head, n_head_kv, hd, o2);
+    if (ex) b->ops->attention_ex(b, q, kc, vc, &bt, n_head, n_head_kv, hd, ex, o2);
+    else b->ops->attention(b, q, kc, vc, &bt, n_head, n_head_kv, hd, o2);
     double worst = 0;
     for (int i = 0; i < T * n_head * hd; i++) {
         double d = fabs(o1[i] - o2[i]);
         if (d > worst) worst = d;
     }
-    CHECKF(worst < 2e-5, "f16=%d heads %d/%d hd %d T %d ctx %d: max diff %g", kv_f16, n_head, n_head_kv, hd, T, ctx, worst);
+    CHECKF(worst < 2e-5, "kv %s heads %d/%d hd %d T %d ctx %d: max diff %g", be_kv_name(kvt), n_head, n_head_kv, hd, T,
+           ctx, worst);
     /* and the scalar result against a direct softmax(q·k)·v in double */
     double wref = 0;
     for (int t = 0; t < T; t++)
         for (int h = 0; h < n_head; h++) {
             int kvh = h / (n_head / n_head_kv), n = pos[ctx - T + t] + 1;
+            int first = ex && ex->window > 0 && n - ex->window > 0 ? n - ex->window : 0;
             double *sc = malloc((size_t)n * sizeof *sc), mx = -1e300, sum = 0;
+            double sink = ex && ex->sinks ? ((const float *)ex->sinks->data)[h] : -1e300;
+            double scale = ex && ex->scale != 0 ? ex->scale : 1 / sqrt((double)hd);
+            if (sink > mx) mx = sink;
             const float *qq = q + ((size_t)t * n_head + h) * hd;
-            for (int p2 = 0; p2 < n; p2++) {
+            for (int p2 = first; p2 < n; p2++) {
                 double d = 0;
                 for (int i = 0; i < hd; i++) {
                     float qi = kv_f16 ? qt_fp16_to_fp32(qt_fp32_to_fp16(qq[i])) : qq[i];
-                    float ki = k[(size_t)p2 * kvd + kvh * hd + i];
-                    if (kv_f16) ki = qt_fp16_to_fp32(qt_fp32_to_fp16(ki));
-                    d += (double)qi * ki;
+                    d += (double)qi * kr[(size_t)p2 * kvd + kvh * hd + i];
                 }
-                sc[p2] = d / sqrt((double)hd);
+                sc[p2] = d * scale;
                 if (sc[p2] > mx) mx = sc[p2];
             }
-            for (int p2 = 0; p2 < n; p2++) { sc[p2] = exp(sc[p2] - mx); sum += sc[p2]; }
+            if (ex && ex->sinks) sum = exp(sink - mx);
+            for (int p2 = first; p2 < n; p2++) { sc[p2] = exp(sc[p2] - mx); sum += sc[p2]; }
             for (int i = 0; i < hd; i++) {
                 double acc = 0;
-                for (int p2 = 0; p2 < n; p2++) {
-                    float vi = v[(size_t)p2 * kvd + kvh * hd + i];
-                    if (kv_f16) vi = qt_fp16_to_fp32(qt_fp32_to_fp16(vi));
-                    acc += sc[p2] * vi;
+                for (int p2 = first; p2 < n; p2++) {
+                    acc += sc[p2] * vr[(size_t)p2 * kvd + kvh * hd + i];
                 }
                 double d = fabs(acc / sum - o1[((size_t)t * n_head + h) * hd + i]);
                 if (d > wref) wref = d;
             }
             free(sc);
         }
-    CHECKF(wref < 1e-4, "scalar attention vs definition: %g", wref);
-    free(q); free(o1); free(o2); free(k); free(v); free(pos); free(pg); free(pages);
+    CHECKF(wref < 1e-4, "kv %s heads %d/%d hd %d: scalar attention vs definition: %g", be_kv_name(kvt), n_head,
+           n_head_kv, hd, wref);
+    free(q); free(o1); free(o2); free(k); free(v); free(kr); free(vr); free(pos); free(pg); free(pages);
     b->ops->free(b, kc);
     b->ops->free(b, vc);
     b->ops->close(b);
+}
+
+static void attention_case(pool *p, int kvt, int n_head, int n_head_kv, int hd, int T, int ctx)
+{
+    attention_case_ex(p, kvt, n_head, n_head_kv, hd, T, ctx, NULL);
+}
+
+/* attention_ex: sliding windows (shorter and longer than the context, one
+ * token), sinks (large ones that take most of the weight), an explicit
+ * scale; and with nothing set, the same bytes as attention. */
+static void test_attention_ex(void)
+{
+    pool *p;
+    CHECK(pool_open(&p, 2) == 0);
+    float sk[16];
+    for (int i = 0; i < 16; i++) sk[i] = frand() * 4 + (i == 1 ? 6 : 0);
+    wt sinks = { .type = QT_F32, .n_in = 16, .n_out = 1, .row_bytes = 64, .data = sk };
+    for (int f16 = 0; f16 <= 1; f16++) {
+        be_attn_ex w5 = { 5, NULL, 0 }, w1 = { 1, NULL, 0 }, wbig = { 1000, NULL, 0 };
+        be_attn_ex snk = { 0, &sinks, 0 }, all = { 7, &sinks, 0.0625f }, sc = { 0, NULL, 0.3f };
+        attention_case_ex(p, f16, 8, 4, 8, 3, 5, &w5);
+        attention_case_ex(p, f16, 14, 2, 64, 7, 77, &w5);
+        attention_case_ex(p, f16, 4, 1, 24, 16, 33, &w1);
+        attention_case_ex(p, f16, 4, 4, 128, 9, 300, &wbig);
+        attention_case_ex(p, f16, 8, 4, 8, 3, 5, &snk);
+        attention_case_ex(p, f16, 16, 2, 64, 20, 70, &snk);
+        attention_case_ex(p, f16, 16, 4, 32, 33, 100, &all);
+        attention_case_ex(p, f16, 2, 2, 256, 2, 40, &sc);
+    }
+    /* nothing set: attention's values exactly */
+    char err[128];
+    be *b;
+    CHECK(be_cpu_open(&b, p, 0, err, sizeof err) == 0);
+    int H = 4, HD = 16;
+    float *kc = b->ops->alloc(b, (size_t)3 * KV_PAGE * H * HD * 4), *vc = b->ops->alloc(b, (size_t)3 * KV_PAGE * H * HD * 4);
+    for (int i = 0; i < 3 * KV_PAGE * H * HD; i++) { kc[i] = frand(); vc[i] = frand(); }
+    static const int32_t pages[3] = { 2, 0, 1 };
+    int32_t pos[4] = { 3, 17, 30, 39 };
+    const int32_t *pg[4] = { pages, pages, pages, pages };
+    be_batch bt = { .T = 4, .pos = pos, .pages = pg };
+    float q[4 * 4 * 16], o1[4 * 4 * 16], o2[4 * 4 * 16];
+    for (int i = 0; i < 4 * H * HD; i++) q[i] = frand();
+    be_attn_ex zero = { 0, NULL, 0 };
+    b->ops->attention(b, q, kc, vc, &bt, H, H, HD, o1);
+    b->ops->attention_ex(b, q, kc, vc, &bt, H, H, HD, &zero, o2);
+    CHECK(memcmp(o1, o2, sizeof o1) == 0);
+    b->ops->free(b, kc);
+    b->ops->free(b, vc);
+    b->ops->close(b);
+    pool_close(p);
 }
 
 static void test_attention(void)
@@ -103,6 +180,11 @@ static void test_attention(void)
         attention_case(p, f16, 4, 1, 24, 16, 33);
         attention_case(p, f16, 2, 2, 256, 2, 40);
     }
+    /* q8_0 (head_dim a multiple of 32) */
+    attention_case(p, BE_KV_Q8_0, 14, 2, 64, 7, 77);
+    attention_case(p, BE_KV_Q8_0, 4, 4, 128, 1, 300);
+    attention_case(p, BE_KV_Q8_0, 2, 2, 256, 2, 40);
+    attention_case(p, BE_KV_Q8_0, 6, 3, 32, 5, 70);
     pool_close(p);
 }
 
@@ -225,12 +307,196 @@ static void test_rope_table(void)
     pool_close(p);
 }
 
+/* ---- mixture of experts: the op against a direct float64 definition ---- */
+
+/* A weight of type ty from the values v [rows][n]: f32, bf16, q8_0 exactly
+ * from v; q4_K from random blocks (the reference reads it back). */
+static wt moe_w(uint32_t ty, const float *v, int n, int rows, void **keep)
+{
+    size_t rb = qt_row_size(ty, n);
+    uint8_t *d = malloc(rb * (size_t)rows);
+    *keep = d;
+    for (int r = 0; r < rows; r++) {
+        uint8_t *q = d + (size_t)r * rb;
+        const float *vr = v + (size_t)r * n;
+        if (ty == QT_F32) memcpy(q, vr, (size_t)n * 4);
+        else if (ty == QT_BF16)
+            for (int i = 0; i < n; i++) ((uint16_t *)q)[i] = qt_fp32_to_bf16(vr[i]);
+        else if (ty == QT_Q8_0) qt_quantize_row(QT_Q8_0, vr, q, n);
+        else {
+            for (size_t i = 0; i < rb; i++) q[i] = (uint8_t)(rand() & 0xff);
+            for (size_t bk = 0; bk < rb / 144; bk++) {
+                uint16_t h = qt_fp32_to_fp16(0.004f), mn = qt_fp32_to_fp16(0.002f);
+                memcpy(q + bk * 144, &h, 2);
+                memcpy(q + bk * 144 + 2, &mn, 2);
+            }
+        }
+    }
+    return (wt){ .type = ty, .n_in = n, .n_out = rows, .row_bytes = rb, .data = d };
+}
+
+static double moe_ref_act(const be_moe *m, double g, double u)
+{
+    if (m->act == BE_MOE_GELU) return 0.5 * g * (1 + tanh(sqrt(2 / M_PI) * (g + 0.044715 * g * g * g))) * u;
+    if (m->act == BE_MOE_SWIGLU_OAI) {
+        g = fmin(g, m->limit);
+        u = fmax(-m->limit, fmin(u, m->limit));
+        return g / (1 + exp(-m->alpha * g)) * (u + 1);
+    }
+    return g / (1 + exp(-g)) * u;
+}
+
+/* out [E] for one token x [E], all in double over the dequantized weights. */
+static void moe_ref(const be_moe *m, const float *x, int E, double *out)
+{
+    int X = m->n_expert, K = m->n_used, F = m->n_ff;
+    double lg[64], p[64];
+    float row[1024];
+    for (int e = 0; e < X; e++) {
+        wt_row_f32(m->router, e, row);
+        double s = m->router_b && m->router_b->data ? ((const float *)m->router_b->data)[e] : 0;
+        for (int i = 0; i < E; i++) s += (double)row[i] * x[i];
+        lg[e] = s;
+    }
+    double mx = lg[0], sum = 0;
+    for (int e = 1; e < X; e++) mx = fmax(mx, lg[e]);
+    for (int e = 0; e < X; e++)
+        p[e] = m->gating == BE_MOE_SIGMOID ? 1 / (1 + exp(-lg[e])) : m->gating == BE_MOE_SOFTMAX ? exp(lg[e] - mx) : lg[e];
+    if (m->gating == BE_MOE_SOFTMAX) {
+        for (int e = 0; e < X; e++) sum += p[e];
+        for (int e = 0; e < X; e++) p[e] /= sum;
+    }
+    int ids[64], used[64] = { 0 };
+    double w[64], ws = 0;
+    for (int k = 0; k < K; k++) {
+        int best = -1;
+        for (int e = 0; e < X; e++)
+            if (!used[e] && (best < 0 || p[e] > p[best])) best = e;
+        used[best] = 1;
+        ids[k] = best;
+    }
+    for (int k = 0; k < K; k++) ws += w[k] = m->gating == BE_MOE_TOPK_SOFTMAX ? exp(lg[ids[k]] - lg[ids[0]]) : p[ids[k]];
+    for (int k = 0; k < K; k++) {
+        if (m->gating == BE_MOE_TOPK_SOFTMAX || m->norm) w[k] /= ws;
+        if (m->scale != 0) w[k] *= m->scale;
+    }
+    for (int i = 0; i < E; i++) out[i] = 0;
+    double h[1024];
+    for (int k = 0; k < K; k++) {
+        int e = ids[k];
+        for (int r = 0; r < F; r++) {
+            double g = 0, u = 0;
+            wt_row_f32(m->gate, (int64_t)e * F + r, row);
+            for (int i = 0; i < E; i++) g += (double)row[i] * x[i];
+            wt_row_f32(m->up, (int64_t)e * F + r, row);
+            for (int i = 0; i < E; i++) u += (double)row[i] * x[i];
+            if (m->gate_b) g += ((const float *)m->gate_b->data)[e * F + r];
+            if (m->up_b) u += ((const float *)m->up_b->data)[e * F + r];
+            h[r] = moe_ref_act(m, g, u);
+        }
+        for (int r = 0; r < E; r++) {
+            double y = m->down_b ? ((const float *)m->down_b->data)[e * E + r] : 0;
+            wt_row_f32(m->down, (int64_t)e * E + r, row);
+            for (int i = 0; i < F; i++) y += (double)row[i] * h[i];
+            out[r] += w[k] * y;
+        }
+    }
+}
+
+static void moe_case(be *b, uint32_t tg, uint32_t tu, uint32_t td, int gating, int norm, int act, int biases,
+                     int X, int K)
+{
+    enum { E = 256, F = 64, T = 9 };
+    float *v = malloc(sizeof(float) * (size_t)X * F * E), *rv = malloc(sizeof(float) * (size_t)X * E);
+    float rb[64], gb[64 * F], ub[64 * F], db[64 * E];
+    void *keep[4];
+    for (int i = 0; i < X * E; i++) rv[i] = frand() * 0.2f;
+    for (int i = 0; i < X; i++) rb[i] = frand() * 0.5f;
+    for (int i = 0; i < X * F; i++) { gb[i] = frand() * 0.3f; ub[i] = frand() * 0.3f; }
+    for (int i = 0; i < X * E; i++) db[i] = frand() * 0.1f;
+    wt router = moe_w(QT_F32, rv, E, X, &keep[0]);
+    for (int i = 0; i < X * F * E; i++) v[i] = frand() * 0.15f;
+    wt gate = moe_w(tg, v, E, X * F, &keep[1]);
+    for (int i = 0; i < X * F * E; i++) v[i] = frand() * 0.15f;
+    wt up = moe_w(tu, v, E, X * F, &keep[2]);
+    for (int i = 0; i < X * F * E; i++) v[i] = frand() * 0.15f;
+    wt down = moe_w(td, v, F, X * E, &keep[3]);
+    wt rbw = { .type = QT_F32, .n_in = X, .n_out = 1, .row_bytes = (size_t)X * 4, .data = rb };
+    wt gbw = { .type = QT_F32, .n_in = F, .n_out = X, .row_bytes = F * 4, .data = gb };
+    wt ubw = { .type = QT_F32, .n_in = F, .n_out = X, .row_bytes = F * 4, .data = ub };
+    wt dbw = { .type = QT_F32, .n_in = E, .n_out = X, .row_bytes = E * 4, .data = db };
+    be_moe m = { .n_expert = X, .n_used = K, .n_ff = F, .gating = gating, .norm = norm, .act = act,
+                 .alpha = 1.702f, .limit = 7.0f, .router = &router, .router_b = biases ? &rbw : NULL,
+                 .gate = &gate, .up = &up, .down = &down, .gate_b = biases ? &gbw : NULL,
+                 .up_b = biases ? &ubw : NULL, .down_b = biases ? &dbw : NULL };
+    if (act == BE_MOE_SWIGLU_OAI) m.limit = 0.3f;   /* so that the clamps act on these values */
+    static float x[T][E], out[T][E], one[E], inpl[T][E];
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < E; i++) inpl[t][i] = x[t][i] = frand() * (act == BE_MOE_SWIGLU_OAI ? 8.0f : 1.0f);
+    size_t sz = b->ops->moe_scratch(b, &m, T);
+    void *scr = b->ops->alloc(b, sz);
+    be_cpu_moe_ties(b);
+    b->ops->moe(b, &m, &x[0][0], T, scr, &out[0][0]);
+    long ties = be_cpu_moe_ties(b);
+    /* float weights: the op's only rounding is f32 arithmetic; quantized
+     * ones see activations quantized to 8 bits */
+    int exact = tg == QT_F32 && tu == QT_F32 && td == QT_F32;
+    double worst = 0, scale = 0;
+    for (int t = 0; t < T; t++) {
+        double r[E];
+        moe_ref(&m, x[t], E, r);
+        for (int i = 0; i < E; i++) {
+            worst = fmax(worst, fabs(r[i] - out[t][i]));
+            scale = fmax(scale, fabs(r[i]));
+        }
+    }
+    CHECKF(ties == 0 && worst <= (exact ? 1e-5 : 0.03) * scale,
+           "types %s/%s/%s gating %d norm %d act %d biases %d: off by %g of %g (%ld near-ties)", qt_name(tg),
+           qt_name(tu), qt_name(td), gating, norm, act, biases, worst, scale, ties);
+    /* each token alone gives the same bits; in place (out == x) too */
+    int same = 1;
+    for (int t = 0; t < T; t++) {
+        b->ops->moe(b, &m, x[t], 1, scr, one);
+        same &= memcmp(one, out[t], sizeof one) == 0;
+    }
+    CHECKF(same, "a token's output depends on its batch (types %s, gating %d)", qt_name(tg), gating);
+    b->ops->moe(b, &m, &inpl[0][0], T, scr, &inpl[0][0]);
+    CHECK(memcmp(inpl, out, sizeof out) == 0);
+    b->ops->free(b, scr);
+    for (int i = 0; i < 4; i++) free(keep[i]);
+    free(v);
+    free(rv);
+}
+
+static void test_moe(void)
+{
+    pool *p;
+    char err[128];
+    be *b;
+    CHECK(pool_open(&p, 2) == 0);
+    CHECK(be_cpu_open(&b, p, 1, err, sizeof err) == 0);
+    CHECK(b->ops->moe && b->ops->moe_scratch);
+    for (int g = BE_MOE_SOFTMAX; g <= BE_MOE_SIGMOID; g++)
+        for (int a = BE_MOE_SILU; a <= BE_MOE_SWIGLU_OAI; a++)
+            for (int bias = 0; bias < 2; bias++) moe_case(b, QT_F32, QT_F32, QT_F32, g, bias, a, bias, 8, 3);
+    moe_case(b, QT_F32, QT_F32, QT_F32, BE_MOE_SOFTMAX, 1, BE_MOE_SILU, 0, 8, 8);     /* every expert */
+    moe_case(b, QT_F32, QT_F32, QT_F32, BE_MOE_SOFTMAX, 0, BE_MOE_SILU, 0, 5, 1);     /* one */
+    moe_case(b, QT_BF16, QT_BF16, QT_BF16, BE_MOE_SOFTMAX, 1, BE_MOE_SILU, 0, 16, 4);
+    moe_case(b, QT_Q8_0, QT_Q8_0, QT_Q8_0, BE_MOE_TOPK_SOFTMAX, 0, BE_MOE_SWIGLU_OAI, 1, 8, 2);
+    /* gate and up with different activation formats (q8_K, q8_0) */
+    moe_case(b, QT_Q4_K, QT_Q8_0, QT_Q8_0, BE_MOE_SOFTMAX, 1, BE_MOE_SILU, 0, 8, 2);
+    b->ops->close(b);
+    pool_close(p);
+}
+
 int main(void)
 {
     qt_init();
     RUN(test_attention);
+    RUN(test_attention_ex);
     RUN(test_rmsnorm_rope);
     RUN(test_matmul_n);
     RUN(test_rope_table);
+    RUN(test_moe);
     return CHECK_DONE();
 }

@@ -6,7 +6,7 @@
  * and the linear-attention ops (copy_rows, sigmoid_mul, rmsnorm_gated, the
  * causal conv and the delta rule with per-sequence state and save points),
  * and the fused ops bit for bit against the plain ones (rope_kv; GEMV input
- * quantized by the op that produced it).
+ * quantized by the op that produced it), and the mixture-of-experts op.
  * Builds without CUDA print "0 passed, 0 failed" (nothing to test). */
 #include "engine/backend/backend.h"
 #include "engine/pool.h"
@@ -85,6 +85,10 @@ static void *make_weight(uint32_t type, int n_in, int n_out, size_t *row_bytes)
         case QT_Q3_K: put_f16(p + 108, d * 0.1f); break;
         case QT_Q4_K: case QT_Q5_K: put_f16(p, d * 0.1f); put_f16(p + 2, m * 0.1f); break;
         case QT_Q6_K: put_f16(p + 208, d * 0.05f); break;
+        case QT_IQ4_NL: put_f16(p, d * 0.1f); break;
+        case QT_MXFP4: p[0] = (uint8_t)(118 + rnd() % 6); break;   /* E8M0: 2^-10 .. 2^-5 */
+        case QT_IQ2_XXS: case QT_IQ2_XS: case QT_IQ2_S: case QT_IQ3_XXS: case QT_IQ3_S: case QT_IQ1_S:
+        case QT_IQ4_XS: put_f16(p, d * 0.1f); break;
         default: break;
         }
     }
@@ -92,7 +96,8 @@ static void *make_weight(uint32_t type, int n_in, int n_out, size_t *row_bytes)
 }
 
 static const uint32_t TYPES[] = { QT_F32, QT_F16, QT_BF16, QT_Q4_0, QT_Q4_1, QT_Q5_0, QT_Q5_1, QT_Q8_0,
-                                  QT_Q2_K, QT_Q3_K, QT_Q4_K, QT_Q5_K, QT_Q6_K };
+                                  QT_Q2_K, QT_Q3_K, QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_IQ4_NL, QT_IQ4_XS, QT_MXFP4,
+                                  QT_IQ2_XXS, QT_IQ2_XS, QT_IQ2_S, QT_IQ3_XXS, QT_IQ3_S, QT_IQ1_S };
 #define N_TYPES (sizeof TYPES / sizeof TYPES[0])
 
 static be *gpu, *gpu32, *cpu, *cpu32;
@@ -102,12 +107,20 @@ static int n_keep;
 static void *kept(void *p) { if (n_keep < 1024) keep[n_keep++] = p; return p; }
 static pool *pl;
 
-/* A CUDA backend with the paths f forces (NULL: the defaults) */
-static int gpu_open(be **b, int kv_f16, const be_cuda_force *f, char *err, size_t errlen)
+/* 1 in the second round of the tests: every backend on the portable path
+ * (no Hopper feature), as on an 8.x device */
+static int portable;
+
+/* A CUDA backend with the paths f forces (NULL: the defaults), in this
+ * round's path */
+static int gpu_open(be **b, int kv_type, const be_cuda_force *f, char *err, size_t errlen)
 {
-    int bad = be_open(b, "cuda", pl, kv_f16, err, errlen);
+    int bad = be_open(b, "cuda", pl, kv_type, err, errlen);
 #ifdef ANE_CUDA
-    if (!bad && f) be_cuda_force_set(*b, f);
+    be_cuda_force ff = { 0 };
+    if (f) ff = *f;
+    ff.portable = portable;
+    if (!bad) be_cuda_force_set(*b, &ff);
 #else
     (void)f;
 #endif
@@ -170,7 +183,8 @@ static void test_matmul(void)
                 /* int8 activations (q4_K, q8_0, q6_K of whole super-block pairs GEMV; q4_K
                  * 17..32 rows: f16 tensor cores on the quantized weights); else f32 GEMV,
                  * f16 tensor cores from 9 */
-                int i8 = type == QT_Q4_K || type == QT_Q8_0 || (type == QT_Q6_K && n_in % 512 == 0);
+                int i8 = type == QT_Q4_K || type == QT_Q8_0 || (type == QT_Q6_K && n_in % 512 == 0) ||
+                         type == QT_IQ4_NL || type == QT_IQ4_XS || type == QT_MXFP4;
                 double tol = i8 ? 1e-2 : T > 8 ? 2e-3 : 2e-5;
                 CHECKF(e <= tol, "matmul %s %dx%d T=%d: rel err %.3g (tol %g)", qt_name(type), n_out, n_in, T, e, tol);
                 gpu->ops->free(gpu, dx);
@@ -183,7 +197,7 @@ static void test_matmul(void)
     }
 }
 
-/* Decode-sized batches (17..32 rows) of q4_K and q6_K (sm_90a builds; in
+/* Decode-sized batches (17..32 rows) of q4_K and q6_K (q6_K on Hopper only; in
  * its own layout, made at the first such batch): the batched f16
  * tensor-core kernel against the dequantized weights in double (q6_K's f16
  * values as close as cuBLAS's f16 copy), on shapes that reach
@@ -473,7 +487,7 @@ static void rope_kv_case(be *g, int n_head, int n_head_kv, int hd, int n_rot, in
 {
     enum { NS = 3, MAXP = 32 };
     int n_pages = NS * MAXP, kvd = n_head_kv * hd;
-    size_t cache = (size_t)n_pages * KV_PAGE * kvd * g->kv_elt;
+    size_t cache = be_kv_bytes(g->kv_type, (size_t)n_pages * KV_PAGE * kvd);
     int32_t perm[NS * MAXP];
     page_perm(perm, n_pages);
     int32_t pos[64], slot[64];
@@ -522,7 +536,7 @@ static void rope_kv_case(be *g, int n_head, int n_head_kv, int hd, int n_rot, in
         g->ops->to_host(g, a, src[i][0], len[i]);
         g->ops->to_host(g, b, src[i][1], len[i]);
         CHECKF(memcmp(a, b, len[i]) == 0, "rope_kv kv%s heads %d/%d hd %d n_rot %d neox %d fd %d bias %d: %s differs",
-               g->kv_elt == 2 ? "16" : "32", n_head, n_head_kv, hd, n_rot, neox, with_fd, with_bias, what[i]);
+               g->kv_type == BE_KV_F16 ? "16" : "32", n_head, n_head_kv, hd, n_rot, neox, with_fd, with_bias, what[i]);
     }
     g->ops->sync(g);
     for (int r = 0; r < 2; r++) {
@@ -569,7 +583,7 @@ static void rope_att_case(be *g, int T, int n_head, int n_head_kv, int hd, int n
 {
     enum { MAXP = 64 };
     int kvd = n_head_kv * hd, n_pages = T * MAXP;
-    size_t cache = (size_t)n_pages * KV_PAGE * kvd * g->kv_elt;
+    size_t cache = be_kv_bytes(g->kv_type, (size_t)n_pages * KV_PAGE * kvd);
     int32_t *perm = malloc((size_t)n_pages * 4), *pos = malloc((size_t)T * 4), *slot = malloc((size_t)T * 4);
     int32_t *ids = calloc((size_t)T, 4);
     const int32_t **pages = malloc((size_t)T * sizeof *pages);
@@ -620,7 +634,7 @@ static void rope_att_case(be *g, int T, int n_head, int n_head_kv, int hd, int n
         g->ops->to_host(g, a, src[i][0], len[i]);
         g->ops->to_host(g, b, src[i][1], len[i]);
         CHECKF(memcmp(a, b, len[i]) == 0, "rope_attention kv%s T %d heads %d/%d hd %d n_rot %d neox %d bias %d: %s "
-               "differs", g->kv_elt == 2 ? "16" : "32", T, n_head, n_head_kv, hd, n_rot, neox, with_bias, what[i]);
+               "differs", g->kv_type == BE_KV_F16 ? "16" : "32", T, n_head, n_head_kv, hd, n_rot, neox, with_bias, what[i]);
     }
     g->ops->to_host(g, a, dq[2], nq * 4);
     CHECKF(memcmp(a, q, nq * 4) == 0, "rope_attention T %d: q was roped in place (not the fused kernel)", T);
@@ -646,7 +660,7 @@ static void qkv_rope_case(int kv_f16, int n_head, int n_head_kv, int neox, int w
     CHECKF(!gpu_open(&g, kv_f16, NULL, err, sizeof err), "%s", err);
     if (!g) return;
     int hd = 128, kvd = n_head_kv * hd, nq = n_head * hd;
-    size_t cache = (size_t)MAXP * KV_PAGE * kvd * g->kv_elt;
+    size_t cache = be_kv_bytes(g->kv_type, (size_t)MAXP * KV_PAGE * kvd);
     int32_t perm[MAXP], pos = p, slot = 0, id = 0;
     page_perm(perm, MAXP);
     const int32_t *pages = perm;
@@ -1028,7 +1042,7 @@ static void attn_case(be *gb, be *cb, int n_head, int n_head_kv, int hd)
 {
     enum { NS = 3, MAXP = 64 };
     int n_pages = NS * MAXP, kvd = n_head_kv * hd;
-    size_t elt = gb->kv_elt, cache = (size_t)n_pages * KV_PAGE * kvd * elt;
+    size_t cache = be_kv_bytes(gb->kv_type, (size_t)n_pages * KV_PAGE * kvd);
     int32_t perm[NS * MAXP];
     page_perm(perm, n_pages);
     int32_t *tbl[NS];
@@ -1083,7 +1097,7 @@ static void attn_case(be *gb, be *cb, int n_head, int n_head_kv, int hd)
             gb->ops->to_host(gb, h1, p1, no * 4);
             gb->ops->to_host(gb, h2, p2, no * 4);
             CHECKF(memcmp(h1, h2, no * 4) == 0, "attention kv%s heads %d/%d hd %d step %d: projection of the "
-                   "attention's int8 output differs", elt == 2 ? "16" : "32", n_head, n_head_kv, hd, step);
+                   "attention's int8 output differs", be_kv_name(gb->kv_type), n_head, n_head_kv, hd, step);
             gb->ops->free(gb, p1); gb->ops->free(gb, p2);
             free(h1); free(h2);
         }
@@ -1091,7 +1105,7 @@ static void attn_case(be *gb, be *cb, int n_head, int n_head_kv, int hd)
         gb->ops->sync(gb);
         double e = rel_err_f(g, a, nq);
         CHECKF(e < 1e-4, "attention kv%s heads %d/%d hd %d step %d (T=%d): rel err %.3g",
-               elt == 2 ? "16" : "32", n_head, n_head_kv, hd, step, T, e);
+               be_kv_name(gb->kv_type), n_head, n_head_kv, hd, step, T, e);
         /* batch invariance: each token alone gives the very same bits */
         for (int t = 0; t < T; t += step == 0 ? 61 : 1) {
             be_batch one = { .T = 1, .pos = pos + t, .pages = pages + t, .slot = slot + t };
@@ -1101,7 +1115,7 @@ static void attn_case(be *gb, be *cb, int n_head, int n_head_kv, int hd)
             gb->ops->to_host(gb, g1, do1, row * 4);
             gb->ops->sync(gb);
             CHECKF(!memcmp(g1, g + t * row, row * 4), "attention kv%s heads %d/%d step %d: token %d (pos %d) "
-                   "alone differs from the batch of %d", elt == 2 ? "16" : "32", n_head, n_head_kv, step, t,
+                   "alone differs from the batch of %d", be_kv_name(gb->kv_type), n_head, n_head_kv, step, t,
                    pos[t], T);
             gb->ops->free(gb, dq1); gb->ops->free(gb, do1); free(g1);
         }
@@ -1129,7 +1143,7 @@ static void attn_group_case(be *gb, be *gd, be *gn, be *const *gm, be *cb, int n
 {
     enum { NS = 40, MAXP = 48 };
     int n_pages = NS * MAXP, kvd = n_head_kv * hd;
-    size_t elt = gb->kv_elt, cache = (size_t)n_pages * KV_PAGE * kvd * elt;
+    size_t elt = gb->kv_type == BE_KV_F16 ? 2 : 4, cache = be_kv_bytes(gb->kv_type, (size_t)n_pages * KV_PAGE * kvd);
     int32_t perm[NS * MAXP];
     page_perm(perm, n_pages);
     void *ckc = calloc(1, cache), *cvc = calloc(1, cache);
@@ -1254,7 +1268,7 @@ static void inv_case(be *b, uint32_t type, int n_in, int n_out, const int *Ts, i
 static void test_invariance(void)
 {
     const int tv[] = { 1, 2, 3, 4, 5, 8, 9, 16, 17, 40 };
-    const uint32_t types[] = { QT_Q8_0, QT_Q4_K, QT_Q6_K, QT_Q4_0, QT_BF16, QT_F32 };
+    const uint32_t types[] = { QT_Q8_0, QT_Q4_K, QT_Q6_K, QT_Q4_0, QT_BF16, QT_F32, QT_IQ4_XS, QT_MXFP4, QT_IQ2_XS };
     const int shapes[][2] = { { 896, 64 }, { 4864, 40 }, { 8960, 24 }, { 1536, 33 } };
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
@@ -1277,7 +1291,7 @@ static void test_deterministic(void)
     enum { T = 24, NIN = 1024, NOUT = 300 };
     char err[256];
     be *g = NULL;
-    const be_opts o = { .kv_f16 = 1, .deterministic = 1 };
+    const be_opts o = { .kv_type = BE_KV_F16, .deterministic = 1 };
     int bad = be_open_opts(&g, "cuda", pl, &o, err, sizeof err);
     CHECKF(!bad, "%s", err);
     if (bad) return;
@@ -1365,6 +1379,145 @@ static void test_attention(void)
     attn_case(gpu, cpu, 6, 3, 48);
     attn_case(gpu32, cpu32, 8, 2, 64);
     attn_case(gpu32, cpu32, 4, 1, 128);
+    /* q8_0 caches: the same blocks as the CPU's, attention within 1e-4 */
+    be *gq8 = NULL, *cq8 = NULL;
+    char err[256];
+    CHECKF(!gpu_open(&gq8, BE_KV_Q8_0, NULL, err, sizeof err), "%s", err);
+    CHECKF(!be_open(&cq8, "cpu", pl, BE_KV_Q8_0, err, sizeof err), "%s", err);
+    if (gq8 && cq8) {
+        attn_case(gq8, cq8, 8, 2, 64);
+        attn_case(gq8, cq8, 4, 4, 128);
+        attn_case(gq8, cq8, 14, 2, 64);
+        attn_case(gq8, cq8, 6, 3, 32);
+        attn_case(gq8, cq8, 4, 2, 256);
+    }
+    if (gq8) gq8->ops->close(gq8);
+    if (cq8) cq8->ops->close(cq8);
+}
+
+/* attention_ex against the CPU's: a prefill of two sequences (scrambled
+ * pages) then a decode step each, with a window, sinks and a scale. */
+static void attn_ex_case(be *gb, be *cb, int n_head, int n_head_kv, int hd, int window, int with_sinks, float scale)
+{
+    enum { NS = 2, MAXP = 24 };
+    int n_pages = NS * MAXP, kvd = n_head_kv * hd;
+    size_t cache = be_kv_bytes(gb->kv_type, (size_t)n_pages * KV_PAGE * kvd);
+    int32_t perm[NS * MAXP];
+    page_perm(perm, n_pages);
+    void *ckc = calloc(1, cache), *cvc = calloc(1, cache);
+    void *gkc = gb->ops->alloc(gb, cache), *gvc = gb->ops->alloc(gb, cache);
+    float *sk = kept(malloc((size_t)n_head * 4));
+    for (int h = 0; h < n_head; h++) sk[h] = frand() * 3 + (h % 3 == 0 ? 4 : 0);
+    wt sinks = { .type = QT_F32, .n_in = n_head, .n_out = 1, .row_bytes = (size_t)n_head * 4, .data = sk };
+    CHECK(gb->ops->weight_prepare(gb, &sinks) == 0);
+    be_attn_ex ex = { window, with_sinks ? &sinks : NULL, scale };
+    int lens[NS] = { 300, 41 };
+    for (int step = 0; step < 2; step++) {
+        int T = 0;
+        int32_t pos[400], slot[400];
+        const int32_t *pages[400];
+        for (int s = 0; s < NS; s++) {
+            int from = step == 0 ? 0 : lens[s], to = step == 0 ? lens[s] : lens[s] + 1;
+            for (int p = from; p < to; p++) { pos[T] = p; pages[T] = perm + s * MAXP; slot[T] = s; T++; }
+        }
+        be_batch bt = { .T = T, .pos = pos, .pages = pages, .slot = slot };
+        size_t nq = (size_t)T * n_head * hd, nk = (size_t)T * kvd;
+        float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4), *a = malloc(nq * 4), *g = malloc(nq * 4);
+        for (size_t i = 0; i < nq; i++) q[i] = frand() * 2;
+        for (size_t i = 0; i < nk; i++) { k[i] = frand(); v[i] = frand(); }
+        float *dq = dev_from(gb, q, nq), *dk = dev_from(gb, k, nk), *dv = dev_from(gb, v, nk);
+        float *dout = gb->ops->alloc(gb, nq * 4);
+        cb->ops->kv_store(cb, ckc, cvc, &bt, kvd, k, v);
+        cb->ops->attention_ex(cb, q, ckc, cvc, &bt, n_head, n_head_kv, hd, &ex, a);
+        gb->ops->kv_store(gb, gkc, gvc, &bt, kvd, dk, dv);
+        gb->ops->attention_ex(gb, dq, gkc, gvc, &bt, n_head, n_head_kv, hd, &ex, dout);
+        gb->ops->to_host(gb, g, dout, nq * 4);
+        gb->ops->sync(gb);
+        double e = rel_err_f(g, a, nq);
+        CHECKF(e < 1e-4, "attention_ex kv%d heads %d/%d hd %d window %d sinks %d scale %g step %d: rel err %.3g",
+               gb->kv_type == BE_KV_F16 ? 16 : 32, n_head, n_head_kv, hd, window, with_sinks, scale, step, e);
+        gb->ops->free(gb, dq); gb->ops->free(gb, dk); gb->ops->free(gb, dv); gb->ops->free(gb, dout);
+        free(q); free(k); free(v); free(a); free(g);
+    }
+    gb->ops->free(gb, gkc); gb->ops->free(gb, gvc);
+    free(ckc); free(cvc);
+}
+
+static void test_attention_ex(void)
+{
+    attn_ex_case(gpu, cpu, 8, 2, 64, 0, 1, 0);
+    attn_ex_case(gpu, cpu, 8, 2, 64, 37, 0, 0);
+    attn_ex_case(gpu, cpu, 4, 1, 256, 512, 0, 0.0625f);
+    attn_ex_case(gpu, cpu, 6, 3, 48, 16, 1, 0.2f);
+    attn_ex_case(gpu32, cpu32, 8, 8, 128, 1, 1, 0);
+    attn_ex_case(gpu32, cpu32, 4, 2, 32, 100, 1, 0);
+}
+
+/* gelu_mul (with and without up), scale, layernorm (with and without bias,
+ * in place, rows of odd widths and past a block), add_pos (f32, f16, bf16
+ * tables) against the CPU's. */
+static void test_gelu_layernorm(void)
+{
+    static const int widths[] = { 1, 37, 64, 1000, 1536, 5000 };
+    for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++) {
+        int n = widths[wi], rows = 7;
+        size_t N = (size_t)rows * n;
+        float *x = malloc(N * 4), *u = malloc(N * 4), *a = malloc(N * 4), *g = malloc(N * 4);
+        float *w = kept(malloc((size_t)n * 4)), *bb = kept(malloc((size_t)n * 4));
+        for (size_t i = 0; i < N; i++) { x[i] = frand() * 4 + 0.5f; u[i] = frand(); }
+        for (int i = 0; i < n; i++) { w[i] = frand() + 1; bb[i] = frand(); }
+        wt ww = { .type = QT_F32, .n_in = n, .n_out = 1, .row_bytes = (size_t)n * 4, .data = w };
+        wt wb = ww;
+        wb.data = bb;
+        CHECK(gpu->ops->weight_prepare(gpu, &ww) == 0 && gpu->ops->weight_prepare(gpu, &wb) == 0);
+        float *dx = dev_from(gpu, x, N), *du = dev_from(gpu, u, N), *dout = gpu->ops->alloc(gpu, N * 4);
+        for (int form = 0; form < 5; form++) {
+            const char *what[] = { "gelu_mul", "gelu", "layernorm+bias", "layernorm in place", "scale" };
+            float *dx2 = dev_from(gpu, x, N);
+            memcpy(a, x, N * 4);
+            switch (form) {
+            case 0: cpu->ops->gelu_mul(cpu, x, u, N, a); gpu->ops->gelu_mul(gpu, dx, du, N, dout); break;
+            case 1: cpu->ops->gelu_mul(cpu, x, NULL, N, a); gpu->ops->gelu_mul(gpu, dx, NULL, N, dout); break;
+            case 2: cpu->ops->layernorm(cpu, x, &ww, &wb, rows, n, 1e-5f, a);
+                    gpu->ops->layernorm(gpu, dx, &ww, &wb, rows, n, 1e-5f, dout); break;
+            case 3: cpu->ops->layernorm(cpu, a, &ww, NULL, rows, n, 1e-5f, a);
+                    gpu->ops->layernorm(gpu, dx2, &ww, NULL, rows, n, 1e-5f, dx2); break;
+            case 4: cpu->ops->scale(cpu, a, N, 0.37f); gpu->ops->scale(gpu, dx2, N, 0.37f); break;
+            }
+            gpu->ops->to_host(gpu, g, form >= 3 ? dx2 : dout, N * 4);
+            gpu->ops->sync(gpu);
+            double e = rel_err_f(g, a, N);
+            CHECKF(e < 1e-5, "%s n %d: rel err %.3g", what[form], n, e);
+            gpu->ops->free(gpu, dx2);
+        }
+        gpu->ops->free(gpu, dx); gpu->ops->free(gpu, du); gpu->ops->free(gpu, dout);
+        free(x); free(u); free(a); free(g);
+    }
+    /* learned positions */
+    static const uint32_t types[] = { QT_F32, QT_F16, QT_BF16 };
+    for (size_t ti = 0; ti < 3; ti++) {
+        int n = 96, n_pos = 50, T = 9;
+        size_t rb;
+        wt tab = { .type = types[ti], .n_in = n, .n_out = n_pos };
+        tab.data = kept(make_weight(types[ti], n, n_pos, &rb));
+        tab.row_bytes = rb;
+        CHECK(gpu->ops->weight_prepare(gpu, &tab) == 0);
+        int32_t pos[9] = { 0, 1, 2, 49, 17, 18, 19, 3, 48 }, slot[9] = { 0 };
+        static const int32_t pg[4] = { 0, 1, 2, 3 };
+        const int32_t *pages[9];
+        for (int t = 0; t < T; t++) pages[t] = pg;
+        be_batch bt = { .T = T, .pos = pos, .pages = pages, .slot = slot };
+        float *x = malloc((size_t)T * n * 4), *g = malloc((size_t)T * n * 4);
+        for (int i = 0; i < T * n; i++) x[i] = frand();
+        float *dx = dev_from(gpu, x, (size_t)T * n);
+        cpu->ops->add_pos(cpu, x, &tab, &bt, n);
+        gpu->ops->add_pos(gpu, dx, &tab, &bt, n);
+        gpu->ops->to_host(gpu, g, dx, (size_t)T * n * 4);
+        gpu->ops->sync(gpu);
+        CHECKF(memcmp(g, x, (size_t)T * n * 4) == 0, "add_pos type %u differs", types[ti]);
+        gpu->ops->free(gpu, dx);
+        free(x); free(g);
+    }
 }
 
 /* ---- linear-attention ops against the CPU backend ---- */
@@ -1656,7 +1809,123 @@ static void test_q6b_layout(void)
 #endif
 }
 
+/* The path switch: the device's features as probed, the kernels' choices
+ * they make (q6_K's batched kernel only with warpgroup MMAs, the one-token
+ * q8_0 bulk-copy GEMV only with bulk copies) and info's device line follow
+ * the forced portable path and come back without it. */
+static void test_paths(void)
+{
+#ifdef ANE_CUDA
+    int dev = 0, ma = 0, mi = 0;
+    CHECK(cudaGetDevice(&dev) == cudaSuccess);
+    CHECK(cudaDeviceGetAttribute(&ma, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess);
+    CHECK(cudaDeviceGetAttribute(&mi, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess);
+    be_cuda_force_set(gpu, &(be_cuda_force){ 0 });
+    const ck_feat *f = ck_feat_now();
+    CHECKF(f->cc == 10 * ma + mi, "cc %d, device %d.%d", f->cc, ma, mi);
+    CHECKF(f->code >= 80 && f->code <= f->cc, "code sm_%d on cc %d", f->code, f->cc);
+    CHECK(f->pdl == (ma >= 9 && f->code >= 90));
+    CHECK(f->bulk == (f->code >= 90));
+    if (ma != 9) CHECK(!f->wgmma);
+    CHECK(ck_mmqb_ok(QT_Q6_K, 4096) == f->wgmma);
+    CHECK(ck_mmqb_ok(QT_Q4_K, 4096));
+    CHECKF(strstr(gpu->device, f->wgmma ? "Hopper path" : "portable path") != NULL, "%s", gpu->device);
+    printf("  %s\n", gpu->device);
+    int hopper = f->wgmma;
+    be_cuda_force_set(gpu, &(be_cuda_force){ .portable = 1 });
+    f = ck_feat_now();
+    CHECK(!f->wgmma && !f->bulk && !f->pdl);
+    CHECK(!ck_mmqb_ok(QT_Q6_K, 4096));
+    CHECKF(strstr(gpu->device, "portable path") != NULL, "%s", gpu->device);
+    be_cuda_force_set(gpu, &(be_cuda_force){ 0 });
+    CHECK(ck_feat_now()->wgmma == hopper);
+    be_cuda_force_set(gpu, &(be_cuda_force){ .portable = portable });
+#endif
+}
+
 /* t_cuda [NAME]: only the tests whose name holds NAME */
+/* moe: the CUDA op against the CPU's on random weights of every type
+ * (stacked experts), every gating and activation, with and without
+ * biases: within 2e-2 (the CPU quantizes the activations of quantized
+ * types to 8 bits; 1e-5 for f32), unless the CPU saw a router near-tie
+ * (reported); batches with several tiles of an expert (T = 100); a token
+ * alone the same bits as in a batch of 5 (the router by GEMV there). */
+static void moe_gpu_case(uint32_t type, int gating, int act, int biases, int X, int K, int T)
+{
+    enum { E = 256, F = 256 };
+    size_t rbg, rbu, rbd, rbr;
+    wt gate = { .type = type, .n_in = E, .n_out = (int64_t)X * F, .n_mat = X },
+       up = { .type = type, .n_in = E, .n_out = (int64_t)X * F, .n_mat = X },
+       down = { .type = type, .n_in = F, .n_out = (int64_t)X * E, .n_mat = X },
+       router = { .type = QT_F32, .n_in = E, .n_out = X };
+    gate.data = kept(make_weight(type, E, X * F, &rbg));
+    up.data = kept(make_weight(type, E, X * F, &rbu));
+    down.data = kept(make_weight(type, F, X * E, &rbd));
+    router.data = kept(make_weight(QT_F32, E, X, &rbr));
+    gate.row_bytes = rbg; up.row_bytes = rbu; down.row_bytes = rbd; router.row_bytes = rbr;
+    float *rb = kept(malloc((size_t)X * 4)), *gb = kept(malloc((size_t)X * F * 4)), *ub = kept(malloc((size_t)X * F * 4)),
+          *db = kept(malloc((size_t)X * E * 4));
+    for (int i = 0; i < X; i++) rb[i] = frand();
+    for (int i = 0; i < X * F; i++) { gb[i] = frand() * 0.3f; ub[i] = frand() * 0.3f; }
+    for (int i = 0; i < X * E; i++) db[i] = frand() * 0.1f;
+    wt rbw = { .type = QT_F32, .n_in = X, .n_out = 1, .row_bytes = (size_t)X * 4, .data = rb },
+       gbw = { .type = QT_F32, .n_in = F, .n_out = X, .row_bytes = (size_t)F * 4, .data = gb },
+       ubw = { .type = QT_F32, .n_in = F, .n_out = X, .row_bytes = (size_t)F * 4, .data = ub },
+       dbw = { .type = QT_F32, .n_in = E, .n_out = X, .row_bytes = (size_t)E * 4, .data = db };
+    wt *all[] = { &gate, &up, &down, &router, &rbw, &gbw, &ubw, &dbw };
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) CHECK(gpu->ops->weight_prepare(gpu, all[i]) == 0);
+    be_moe m = { .n_expert = X, .n_used = K, .n_ff = F, .gating = gating, .norm = gating != BE_MOE_TOPK_SOFTMAX,
+                 .act = act, .alpha = 1.702f, .limit = 0.5f, .router = &router, .router_b = biases ? &rbw : NULL,
+                 .gate = &gate, .up = &up, .down = &down, .gate_b = biases ? &gbw : NULL,
+                 .up_b = biases ? &ubw : NULL, .down_b = biases ? &dbw : NULL };
+    float *x = malloc((size_t)T * E * 4), *yc = malloc((size_t)T * E * 4), *yg = malloc((size_t)T * E * 4),
+          *y1 = malloc((size_t)E * 4);
+    for (int i = 0; i < T * E; i++) x[i] = frand();
+    void *sc = cpu->ops->alloc(cpu, cpu->ops->moe_scratch(cpu, &m, T));
+    void *sg = gpu->ops->alloc(gpu, gpu->ops->moe_scratch(gpu, &m, T));
+    be_cpu_moe_ties(cpu);
+    cpu->ops->moe(cpu, &m, x, T, sc, yc);
+    long ties = be_cpu_moe_ties(cpu);
+    float *dx = dev_from(gpu, x, (size_t)T * E), *dy = gpu->ops->alloc(gpu, (size_t)T * E * 4);
+    gpu->ops->moe(gpu, &m, dx, T, sg, dy);
+    gpu->ops->to_host(gpu, yg, dy, (size_t)T * E * 4);
+    gpu->ops->sync(gpu);
+    double e = rel_err_f(yg, yc, (size_t)T * E), tol = type == QT_F32 ? 1e-5 : 2e-2;
+    if (ties)
+        fprintf(stderr, "  moe %s gating %d: %ld router near-ties on the CPU, not compared\n", qt_name(type), gating,
+                ties);
+    else
+        CHECKF(e <= tol, "moe %s gating %d act %d biases %d X %d K %d T %d: rel err %.3g (tol %g)", qt_name(type),
+               gating, act, biases, X, K, T, e, tol);
+    if (T <= 8) {
+        int same = 1;
+        for (int t = 0; t < T; t++) {
+            gpu->ops->moe(gpu, &m, dx + (size_t)t * E, 1, sg, dy);
+            gpu->ops->to_host(gpu, y1, dy, (size_t)E * 4);
+            gpu->ops->sync(gpu);
+            same &= memcmp(y1, yg + (size_t)t * E, (size_t)E * 4) == 0;
+        }
+        CHECKF(same, "moe %s: a token alone differs from its batch of %d", qt_name(type), T);
+    }
+    gpu->ops->free(gpu, dx);
+    gpu->ops->free(gpu, dy);
+    gpu->ops->free(gpu, sg);
+    cpu->ops->free(cpu, sc);
+    free(x); free(yc); free(yg); free(y1);
+}
+
+static void test_moe(void)
+{
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        moe_gpu_case(TYPES[ti], BE_MOE_SOFTMAX, BE_MOE_SILU, 0, 8, 2, 5);
+        moe_gpu_case(TYPES[ti], BE_MOE_SOFTMAX, BE_MOE_SILU, 0, 8, 2, 100);
+    }
+    for (int g = BE_MOE_SOFTMAX; g <= BE_MOE_SIGMOID; g++)
+        for (int a = BE_MOE_SILU; a <= BE_MOE_SWIGLU_OAI; a++) moe_gpu_case(QT_Q8_0, g, a, 1, 8, 3, 7);
+    moe_gpu_case(QT_Q4_K, BE_MOE_SOFTMAX, BE_MOE_SILU, 0, 128, 8, 3);    /* Qwen3-30B-A3B's routing */
+    moe_gpu_case(QT_BF16, BE_MOE_SOFTMAX, BE_MOE_SILU, 0, 4, 4, 40);     /* every expert */
+}
+
 static const char *only;
 #define RUN_SOME(fn) do { if (!only || strstr(#fn, only)) RUN(fn); } while (0)
 
@@ -1665,40 +1934,55 @@ int main(int argc, char **argv)
     char err[256];
     only = argc > 1 ? argv[1] : NULL;
     if (pool_open(&pl, 2)) return 1;
-    if (be_open(&gpu, "cuda", pl, 1, err, sizeof err)) {
+    if (gpu_open(&gpu, 1, NULL, err, sizeof err)) {
         fprintf(stderr, "t_cuda: %s: nothing to test\n", err);
         pool_close(pl);
         return CHECK_DONE();
     }
-    if (be_open(&gpu32, "cuda", pl, 0, err, sizeof err) || be_open(&cpu, "cpu", pl, 1, err, sizeof err) ||
+    if (gpu_open(&gpu32, 0, NULL, err, sizeof err) || be_open(&cpu, "cpu", pl, 1, err, sizeof err) ||
         be_open(&cpu32, "cpu", pl, 0, err, sizeof err)) {
         fprintf(stderr, "%s\n", err);
         return 1;
     }
-    RUN_SOME(test_q6b_layout);
-    RUN_SOME(test_matmul);
-    RUN_SOME(test_mmqb);
-    RUN_SOME(test_fused);
-    RUN_SOME(test_embed);
-    RUN_SOME(test_elementwise);
-    RUN_SOME(test_norms);
-    RUN_SOME(test_rope);
-    RUN_SOME(test_rope_kv);
-    RUN_SOME(test_rope_attention);
-    RUN_SOME(test_qkv_rope);
-    RUN_SOME(test_fused_quant);
-    RUN_SOME(test_glu);
-    RUN_SOME(test_glu_batched);
-    RUN_SOME(test_attention);
-    RUN_SOME(test_att_group);
-    RUN_SOME(test_argmax);
-    RUN_SOME(test_ssm_elementwise);
-    RUN_SOME(test_conv1d);
-    RUN_SOME(test_deltanet);
-    if (gpu_open(&gpuv, 1, &(be_cuda_force){ .gemv_all = 1 }, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
-    RUN_SOME(test_invariance);
-    RUN_SOME(test_deterministic);
-    gpuv->ops->close(gpuv);
+    /* every test twice on a Hopper card: its own path, then the portable
+     * one of 8.x devices (on others, the portable path once) */
+    for (portable = 0; portable < 2; portable++) {
+#ifdef ANE_CUDA
+        const ck_feat *own = ck_feat_now();
+        if (portable && !own->wgmma && !own->bulk && !own->pdl) break;
+        be_cuda_force_set(gpu, &(be_cuda_force){ .portable = portable });
+        be_cuda_force_set(gpu32, &(be_cuda_force){ .portable = portable });
+        printf("%s path\n", portable ? "portable" : "the device's own");
+#endif
+        RUN_SOME(test_paths);
+        RUN_SOME(test_q6b_layout);
+        RUN_SOME(test_matmul);
+        RUN_SOME(test_mmqb);
+        RUN_SOME(test_fused);
+        RUN_SOME(test_embed);
+        RUN_SOME(test_elementwise);
+        RUN_SOME(test_norms);
+        RUN_SOME(test_rope);
+        RUN_SOME(test_rope_kv);
+        RUN_SOME(test_rope_attention);
+        RUN_SOME(test_qkv_rope);
+        RUN_SOME(test_fused_quant);
+        RUN_SOME(test_glu);
+        RUN_SOME(test_glu_batched);
+        RUN_SOME(test_attention);
+        RUN_SOME(test_att_group);
+        RUN_SOME(test_attention_ex);
+        RUN_SOME(test_gelu_layernorm);
+        RUN_SOME(test_argmax);
+        RUN_SOME(test_ssm_elementwise);
+        RUN_SOME(test_conv1d);
+        RUN_SOME(test_deltanet);
+        RUN_SOME(test_moe);
+        if (gpu_open(&gpuv, 1, &(be_cuda_force){ .gemv_all = 1 }, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
+        RUN_SOME(test_invariance);
+        RUN_SOME(test_deterministic);
+        gpuv->ops->close(gpuv);
+    }
     gpu->ops->close(gpu); gpu32->ops->close(gpu32); cpu->ops->close(cpu); cpu32->ops->close(cpu32);
     pool_close(pl);
     for (int i = 0; i < n_keep; i++) free(keep[i]);

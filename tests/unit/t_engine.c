@@ -561,7 +561,7 @@ static void test_prompt_errors_as_events(void)
     CHECK(r[5].done && r[5].prompt_tokens == 1);       /* empty text: BOS alone */
     for (int i = 0; i < 6; i++) CHECK(r[i].after_end == 0);
     /* messages without a chat template: refused at once */
-    eng_msg m = { "user", 4, "hi", 2 };
+    eng_msg m = { "user", 4, "hi", 2, NULL, 0 };
     eng_job_desc d = { 0 };
     d.kind = ENG_JOB_GENERATE;
     d.msgs = &m;
@@ -577,19 +577,19 @@ static void test_prompt_errors_as_events(void)
     e = open_eng(FIXTURE("models/qwen2-tiny.bf16.gguf"), 4);
     if (!e) { CHECK(0); return; }
     memset(r, 0, sizeof r);
-    eng_msg ok[2] = { { "system", 6, "Be brief.", 9 }, { "user", 4, "Hello there", 11 } };
+    eng_msg ok[2] = { { "system", 6, "Be brief.", 9, NULL, 0 }, { "user", 4, "Hello there", 11, NULL, 0 } };
     d.msgs = ok;
     d.n_msgs = 2;
     d.max_tokens = 4;
     d.sampling.temperature = 0;
     d.user = (void *)0;
     CHECK(eng_submit(e, &d, &id, &code, err, sizeof err) == 0);
-    eng_msg bad_utf8[1] = { { "user", 4, "\xc3", 1 } };
+    eng_msg bad_utf8[1] = { { "user", 4, "\xc3", 1, NULL, 0 } };
     d.msgs = bad_utf8;
     d.n_msgs = 1;
     d.user = (void *)1;
     CHECK(eng_submit(e, &d, &id, &code, err, sizeof err) == 0);
-    eng_msg bad_role[2] = { { "user", 4, "hi", 2 }, { "robot", 5, "beep", 4 } };
+    eng_msg bad_role[2] = { { "user", 4, "hi", 2, NULL, 0 }, { "robot", 5, "beep", 4, NULL, 0 } };
     d.msgs = bad_role;
     d.n_msgs = 2;
     CHECK(eng_submit(e, &d, &id, &code, err, sizeof err) == -1 && code == ENG_EINVAL);

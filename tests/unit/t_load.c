@@ -95,7 +95,7 @@ static void rm_rf(const char *p) { nftw(p, rm_one, 16, FTW_DEPTH | FTW_PHYS); }
 
 /* ---- a GGUF builder ---------------------------------------------------- */
 
-enum { G_U32 = 4, G_I32 = 5, G_F32 = 6, G_STR = 8, G_ARR = 9, G_U64 = 10 };
+enum { G_U32 = 4, G_I32 = 5, G_F32 = 6, G_BOOL = 7, G_STR = 8, G_ARR = 9, G_U64 = 10 };
 
 typedef struct gkv {
     char key[96];
@@ -111,7 +111,7 @@ typedef struct gkv {
 } gkv;
 
 /* off: -1 the next free offset; -2 - j: tensor j's offset */
-typedef struct gten { char name[64]; uint64_t ne[2]; int nd; int64_t off; } gten;
+typedef struct gten { char name[64]; uint64_t ne[2]; int nd; int64_t off; uint32_t type; } gten;   /* type: ggml id, 0 = F32 */
 
 typedef struct gspec { gkv kv[64]; int nkv; gten t[48]; int nt; } gspec;
 
@@ -274,6 +274,7 @@ static void put_val(buf *b, const gkv *k)
         for (size_t i = 0; i < k->an; i++) {
             if (k->at == G_STR) putstr(b, k->as[i]);
             else if (k->at == G_I32) put32(b, (uint32_t)k->ai[i]);
+            else if (k->at == G_BOOL) { uint8_t v = k->ai[i] != 0; put(b, &v, 1); }
             else put(b, &k->af[i], 4);
         }
         break;
@@ -302,7 +303,7 @@ static int write_gguf(const gspec *s, const char *path)
         putstr(&b, t->name);
         put32(&b, (uint32_t)t->nd);
         for (int d = 0; d < t->nd; d++) put64(&b, t->ne[d]);
-        put32(&b, 0);   /* F32 */
+        put32(&b, t->type);   /* data is written as F32 whatever the type */
         put64(&b, off);
         uint64_t e = off + t_bytes(t);
         next = (e + 31) / 32 * 32;
@@ -436,19 +437,88 @@ static void test_unsupported(void)
     set_f32(&s, "llama.rope.scaling.factor", 8);
     expect_refused(&s, "rope.scaling.factor 8", "llama.rope.scaling.factor", "not supported");
     base_spec(&s);
-    set_u32(&s, "llama.expert_count", 8);
-    expect_refused(&s, "expert_count 8", "llama.expert_count", "mixture-of-experts");
-    base_spec(&s);
     static float nan_scores[NV];
     memcpy(nan_scores, vscore, sizeof nan_scores);
     nan_scores[100] = NAN;
     kv_find(&s, "tokenizer.ggml.scores")->af = nan_scores;
     expect_refused(&s, "a NaN score", "tokenizer.ggml.scores[100]", "NaN");
+    /* weight types it cannot run: named with the tensor and the file */
+    base_spec(&s);
+    t_find(&s, "blk.0.attn_q.weight")->type = 29;
+    expect_refused(&s, "an IQ1_M tensor", "blk.0.attn_q.weight", "unsupported weight type iq1_m (type 29)");
+    base_spec(&s);
+    t_find(&s, "blk.0.ffn_down.weight")->type = 34;
+    expect_refused(&s, "a TQ1_0 tensor", "blk.0.ffn_down.weight", "unsupported weight type tq1_0 (type 34)");
+    base_spec(&s);
+    t_find(&s, "blk.0.attn_k.weight")->type = 77;
+    expect_refused(&s, "a tensor of an unknown type", "blk.0.attn_k.weight", "type 77 (supported: f32, f16, q4_0");
     base_spec(&s);
     set_str(&s, "llama.rope.scaling.type", "none");
     set_f32(&s, "llama.rope.scaling.factor", 8);
     char path[256], err[512];
     CHECKF(load_spec(&s, path, sizeof path, err, sizeof err) == 0, "scaling type none must load: %s", err);
+}
+
+/* base_spec as a Gemma 3 file of n_layer layers (its keys renamed, its
+ * extra norms added) with a sliding window of 8. */
+static void gemma3_spec(gspec *s, int n_layer)
+{
+    base_spec(s);
+    for (int i = 0; i < s->nkv; i++)
+        if (!strncmp(s->kv[i].key, "llama.", 6)) {
+            char k[96];
+            snprintf(k, sizeof k, "gemma3.%s", s->kv[i].key + 6);
+            snprintf(s->kv[i].key, sizeof s->kv[i].key, "%s", k);
+        }
+    set_str(s, "general.architecture", "gemma3");
+    set_u32(s, "gemma3.block_count", (uint32_t)n_layer);
+    set_u32(s, "gemma3.attention.sliding_window", 8);
+    int hd = E / H;
+    s->nt = 2;   /* token_embd, output_norm */
+    for (int l = 0; l < n_layer; l++) {
+        static const char *const vec[] = { "attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm" };
+        char n[64];
+        for (int v = 0; v < 4; v++) { snprintf(n, sizeof n, "blk.%d.%s.weight", l, vec[v]); add_t(s, n, E, 0); }
+        snprintf(n, sizeof n, "blk.%d.attn_q_norm.weight", l); add_t(s, n, hd, 0);
+        snprintf(n, sizeof n, "blk.%d.attn_k_norm.weight", l); add_t(s, n, hd, 0);
+        snprintf(n, sizeof n, "blk.%d.attn_q.weight", l); add_t(s, n, E, H * hd);
+        snprintf(n, sizeof n, "blk.%d.attn_k.weight", l); add_t(s, n, E, HKV * hd);
+        snprintf(n, sizeof n, "blk.%d.attn_v.weight", l); add_t(s, n, E, HKV * hd);
+        snprintf(n, sizeof n, "blk.%d.attn_output.weight", l); add_t(s, n, H * hd, E);
+        snprintf(n, sizeof n, "blk.%d.ffn_gate.weight", l); add_t(s, n, E, F);
+        snprintf(n, sizeof n, "blk.%d.ffn_up.weight", l); add_t(s, n, E, F);
+        snprintf(n, sizeof n, "blk.%d.ffn_down.weight", l); add_t(s, n, F, E);
+    }
+}
+
+/* Gemma 3's sliding window and layer pattern: missing, past the context,
+ * a pattern that does not fit block_count, not bools; a missing norm. */
+static void test_gemma3_keys(void)
+{
+    gspec s;
+    char path[256], err[512];
+    gemma3_spec(&s, 2);
+    CHECKF(load_spec(&s, path, sizeof path, err, sizeof err) == 0, "gemma3 spec must load: %s", err);
+    s.nkv--;   /* (the sliding window was the last key added) */
+    expect_refused(&s, "no sliding window", "gemma3.attention.sliding_window", NULL);
+    gemma3_spec(&s, 2);
+    set_u32(&s, "gemma3.attention.sliding_window", 65);
+    expect_refused(&s, "window past the context", "gemma3.attention.sliding_window", "64");
+    gemma3_spec(&s, 2);
+    static const int32_t three[3] = { 1, 1, 0 }, two[2] = { 1, 0 };
+    gkv *k = kv_add(&s, "gemma3.attention.sliding_window_pattern", G_ARR);
+    k->at = G_BOOL; k->an = 3; k->ai = three;
+    expect_refused(&s, "pattern of 3 for 2 layers", "gemma3.attention.sliding_window_pattern", "block_count is 2");
+    k->an = 2; k->ai = two;
+    CHECKF(load_spec(&s, path, sizeof path, err, sizeof err) == 0, "a pattern of 2 bools must load: %s", err);
+    k->at = G_I32;
+    expect_refused(&s, "pattern of ints", "gemma3.attention.sliding_window_pattern", "expected bools");
+    gemma3_spec(&s, 2);
+    set_u32(&s, "gemma3.attention.sliding_window_pattern", 3);
+    expect_refused(&s, "period past the layers", "gemma3.attention.sliding_window_pattern", "0..2");
+    gemma3_spec(&s, 2);
+    t_find(&s, "blk.1.post_ffw_norm.weight")->name[0] = 'x';
+    expect_refused(&s, "no post_ffw_norm", "blk.1.post_ffw_norm.weight", NULL);
 }
 
 static void test_vocab_size(void)
@@ -544,8 +614,11 @@ static void expect_child_refused(const char *path, const char *what, const char 
     CHECKF(!n2 || strstr(err, n2), "%s: message lacks '%s': %s", what, n2, err);
 }
 
+static void hf_copy_of(const char *src, char *dir, size_t n);
 /* A fresh copy of the qwen2-tiny directory under tmp. */
-static void hf_copy(char *dir, size_t n)
+static void hf_copy(char *dir, size_t n) { hf_copy_of(HF_DIR, dir, n); }
+
+static void hf_copy_of(const char *src, char *dir, size_t n)
 {
     static int seq;
     static const char *files[] = { "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json" };
@@ -553,7 +626,7 @@ static void hf_copy(char *dir, size_t n)
     mkdir(dir, 0755);
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         char a[512], b[512];
-        snprintf(a, sizeof a, "%s/%s", HF_DIR, files[i]);
+        snprintf(a, sizeof a, "%s/%s", src, files[i]);
         snprintf(b, sizeof b, "%s/%s", dir, files[i]);
         if (copy_file(a, b)) fprintf(stderr, "cannot copy %s\n", a);
     }
@@ -667,6 +740,40 @@ static void test_hf_config(void)
 }
 
 /* The safetensors shard of a copy with v_proj.bias's data_offsets set to k_proj.bias's. */
+/* GPT-2's config.json: another activation, a bad n_inner, heads that do
+ * not divide n_embd: each refused naming the file and the field. */
+static void test_hf_gpt2_config(void)
+{
+    static const struct { const char *field; const char *json; const char *n1, *n2; } bad[] = {
+        { "activation_function", "\"relu\"", "activation_function", "gelu_new" },
+        { "n_inner", "-3", "n_inner", NULL },
+        { "n_head", "3", "n_embd 64 is not a multiple of n_head 3", NULL },
+        { "layer_norm_epsilon", "\"x\"", "layer_norm_epsilon", NULL },
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char dir[256], p[512], err[512];
+        hf_copy_of(FIXTURE("hf/gpt2-tiny"), dir, sizeof dir);
+        snprintf(p, sizeof p, "%s/config.json", dir);
+        json_t *c = json_load_file(p, 0, NULL);
+        CHECK(c != NULL);
+        if (!c) continue;
+        json_object_set_new(c, bad[i].field, json_loads(bad[i].json, JSON_DECODE_ANY, NULL));
+        json_dump_file(c, p, 0);
+        json_decref(c);
+        model *m = NULL;
+        int rc = model_load(&m, dir, err, sizeof err);
+        model_free(m);
+        CHECKF(rc == -1, "gpt2 config %s: loaded", bad[i].field);
+        CHECKF(strstr(err, "config.json") && strstr(err, bad[i].n1) && (!bad[i].n2 || strstr(err, bad[i].n2)),
+               "gpt2 config %s: %s", bad[i].field, err);
+    }
+    char dir[256], err[512];
+    hf_copy_of(FIXTURE("hf/gpt2-tiny"), dir, sizeof dir);
+    model *m = NULL;
+    CHECKF(model_load(&m, dir, err, sizeof err) == 0, "%s", err);
+    model_free(m);
+}
+
 static void test_hf_overlap(void)
 {
     char dir[256], p[512];
@@ -700,6 +807,131 @@ static void test_hf_overlap(void)
 }
 
 /* ---- files changed under a loaded model --------------------------------- */
+
+/* ---- mixture of experts ------------------------------------------------- */
+
+/* Expert keys on a dense file: each refused naming the key and what was expected. */
+static void test_moe_keys(void)
+{
+    gspec s;
+    base_spec(&s);
+    set_u32(&s, "llama.expert_count", 8);
+    expect_refused(&s, "expert_count without expert_used_count", "llama.expert_used_count", "missing");
+    static const uint32_t used[] = { 0, 9 };
+    for (size_t i = 0; i < 2; i++) {
+        base_spec(&s);
+        set_u32(&s, "llama.expert_count", 8);
+        set_u32(&s, "llama.expert_used_count", used[i]);
+        expect_refused(&s, "expert_used_count 0 or above expert_count", "llama.expert_used_count",
+                       "expected an integer in [1, 8]");
+    }
+    base_spec(&s);
+    set_u32(&s, "llama.expert_count", 8);
+    set_u32(&s, "llama.expert_used_count", 2);
+    expect_refused(&s, "experts without a router", "missing tensor 'blk.0.ffn_gate_inp.weight'", "llama.expert_count");
+    base_spec(&s);
+    set_u32(&s, "llama.expert_count", 100000);
+    expect_refused(&s, "expert_count 100000", "llama.expert_count", "expected an integer in [0, 512]");
+    base_spec(&s);
+    set_u32(&s, "llama.expert_used_count", 2);
+    expect_refused(&s, "expert_used_count without expert_count", "llama.expert_used_count", "expert_count");
+    base_spec(&s);
+    set_u32(&s, "llama.expert_count", 8);
+    set_u32(&s, "llama.expert_used_count", 2);
+    set_u32(&s, "llama.expert_shared_count", 1);
+    expect_refused(&s, "shared experts", "llama.expert_shared_count", "expected an integer in [0, 0]");
+}
+
+/* A copy of fixture `from` (under models/) with the bytes `find` replaced
+ * by `repl` (same length) at their first place, plus `skip` bytes; path into p. */
+static int patched(const char *from, const char *find, size_t skip, const void *repl, size_t n, char *p, size_t pn)
+{
+    static int seq;
+    char src[256];
+    snprintf(src, sizeof src, "tests/fixtures/models/%s", from);
+    snprintf(p, pn, "%s/moe%d.gguf", tmp, seq++);
+    size_t len;
+    uint8_t *d = read_all(src, &len);
+    uint8_t *at = d ? memmem(d, len, find, strlen(find)) : NULL;
+    if (!at || (size_t)(at - d) + skip + n > len) { free(d); return -1; }
+    memcpy(at + skip, repl, n);
+    /* (a second "key"->"kye" rename: for the used count's key too) */
+    uint8_t *k2 = !strcmp(find, "llama.expert_count") ? memmem(d, len, "llama.expert_used_count", 23) : NULL;
+    if (k2) memcpy(k2 + 13, "uesd", 4);
+    int rc = write_file(p, d, len);
+    free(d);
+    return rc;
+}
+
+static void test_moe_files(void)
+{
+    char p[256];
+    /* expert_count contradicting the expert tensors (8 experts each) */
+    uint32_t x16 = 16;
+    CHECK(patched("qwen3moe-tiny.bf16.gguf", "qwen3moe.expert_count", 21 + 4, &x16, 4, p, sizeof p) == 0);
+    expect_child_refused(p, "expert_count 16 for tensors of 8", "qwen3moe.expert_count is 16", "holds 8 experts");
+    uint32_t u9 = 9, u0 = 0;
+    CHECK(patched("qwen3moe-tiny.bf16.gguf", "qwen3moe.expert_used_count", 26 + 4, &u9, 4, p, sizeof p) == 0);
+    expect_child_refused(p, "expert_used_count 9 of 8", "qwen3moe.expert_used_count", "[1, 8]");
+    CHECK(patched("mixtral-tiny.bf16.gguf", "llama.expert_used_count", 23 + 4, &u0, 4, p, sizeof p) == 0);
+    expect_child_refused(p, "expert_used_count 0", "llama.expert_used_count", "[1, 4]");
+    /* a router renamed away */
+    CHECK(patched("mixtral-tiny.bf16.gguf", "blk.1.ffn_gate_inp.weight", 0, "blk.1.ffn_gate_inq.weight", 25, p,
+                  sizeof p) == 0);
+    expect_child_refused(p, "no router in block 1", "missing tensor 'blk.1.ffn_gate_inp.weight'", "llama.expert_count");
+    /* Mixtral's experts without its expert_count (and expert_used_count) keys */
+    CHECK(patched("mixtral-tiny.bf16.gguf", "llama.expert_count", 0, "llama.expert_cuont", 18, p, sizeof p) == 0);
+    expect_child_refused(p, "experts without expert_count", "ffn_gate_exps.weight", "llama.expert_count is absent");
+    /* the untouched files load */
+    char err[512];
+    CHECKF(load_in_child("tests/fixtures/models/mixtral-tiny.bf16.gguf", 30, err, sizeof err) == 0, "%s", err);
+    CHECKF(load_in_child("tests/fixtures/models/qwen3moe-tiny.bf16.gguf", 30, err, sizeof err) == 0, "%s", err);
+}
+
+/* The qwen3moe-tiny directory with config.json's field set to the JSON v. */
+static void hf_moe_with(char *dir, size_t n, const char *field, const char *v)
+{
+    static int seq;
+    static const char *files[] = { "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json" };
+    snprintf(dir, n, "%s/hfmoe%d", tmp, seq++);
+    mkdir(dir, 0755);
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        char a[512], b[512];
+        snprintf(a, sizeof a, "%s/%s", FIXTURE("hf/qwen3moe-tiny"), files[i]);
+        snprintf(b, sizeof b, "%s/%s", dir, files[i]);
+        if (copy_file(a, b)) fprintf(stderr, "cannot copy %s\n", a);
+    }
+    char p[512];
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    json_error_t je;
+    json_t *c = json_load_file(p, 0, &je);
+    if (v) json_object_set_new(c, field, json_loads(v, JSON_DECODE_ANY, &je));
+    json_dump_file(c, p, 0);
+    json_decref(c);
+}
+
+static void test_hf_moe(void)
+{
+    char dir[256], err[512];
+    hf_moe_with(dir, sizeof dir, "num_local_experts", NULL);
+    CHECKF(load_in_child(dir, 30, err, sizeof err) == 0, "the copied directory must load: %s", err);
+    static const struct { const char *field, *json, *n1, *n2; } bad[] = {
+        { "num_experts_per_tok", "9", "num_experts_per_tok", "[1, 8]" },
+        { "num_experts_per_tok", "0", "num_experts_per_tok", "[1, 8]" },
+        { "num_local_experts", "16", "8 of its 16 experts", "num_experts" },
+        { "num_local_experts", "4", "expert 4", "4 experts" },
+        { "moe_intermediate_size", "64", "ffn_gate_exps.weight", "expected [64, 64, 8]" },
+        { "mlp_only_layers", "[0]", "mlp_only_layers", "expected []" },
+        { "norm_topk_prob", "1", "norm_topk_prob", "true or false" },
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        hf_moe_with(dir, sizeof dir, bad[i].field, bad[i].json);
+        char what[128];
+        snprintf(what, sizeof what, "config.json %s: %s", bad[i].field, bad[i].json);
+        expect_child_refused(dir, what, bad[i].n1, bad[i].n2);
+        expect_child_refused(dir, what, dir, NULL);
+    }
+}
 
 static int copy_stories(char *path, size_t n)
 {
@@ -1135,11 +1367,16 @@ int main(int argc, char **argv)
     RUN(test_bad_numbers);
     RUN(test_token_ids);
     RUN(test_unsupported);
+    RUN(test_gemma3_keys);
     RUN(test_vocab_size);
     RUN(test_shapes_and_counts);
     RUN(test_fifos);
     RUN(test_hf_config);
+    RUN(test_hf_gpt2_config);
     RUN(test_hf_overlap);
+    RUN(test_moe_keys);
+    RUN(test_moe_files);
+    RUN(test_hf_moe);
     RUN(test_sigbus_model);
     RUN(test_sigbus_foreign);
     RUN(test_model_check_kinds);

@@ -1151,10 +1151,10 @@ static void t_messages(void)
     proto_err code;
     char err[256];
     static const proto_msg msgs[] = {
-        { "system", 6, "You are terse.", 14 },
-        { "user", 4, "Hi \xc3\xa9", 6 },
-        { "assistant", 9, "", 0 },
-        { "user", 4, "Again", 5 },
+        { "system", 6, "You are terse.", 14, NULL, 0 },
+        { "user", 4, "Hi \xc3\xa9", 6, NULL, 0 },
+        { "assistant", 9, "", 0, NULL, 0 },
+        { "user", 4, "Again", 5, NULL, 0 },
     };
     proto_req_init(&q, PROTO_T_GENERATE, 9);
     q.msgs = msgs; q.n_msgs = 4; q.max_tokens = 3;

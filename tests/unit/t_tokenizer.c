@@ -925,6 +925,42 @@ static void test_sentencepiece_vectors(void)
     json_decref(root);
 }
 
+/* The second set's references tokenized their texts with the model's own
+ * tokenizer (no special tokens): GPT-2's byte-level BPE and Gemma 3's
+ * fixture vocabulary give the same ids from the GGUF. */
+static void test_model_texts(void)
+{
+    static const char *const pairs[][2] = {
+        { "tests/fixtures/models/gpt2-tiny.bf16.gguf", "tests/fixtures/refs/gpt2-tiny.dev.json" },
+        { "tests/fixtures/models/gemma3-tiny.bf16.gguf", "tests/fixtures/refs/gemma3-tiny.dev.json" },
+    };
+    for (size_t k = 0; k < sizeof pairs / sizeof pairs[0]; k++) {
+        tok *t = load_gguf_tok(pairs[k][0]);
+        json_t *root = json_load_file(pairs[k][1], 0, NULL);
+        CHECK(t != NULL && root != NULL);
+        if (!t || !root) { if (t) tok_free(t); json_decref(root); continue; }
+        size_t ci, texts = 0;
+        json_t *c;
+        json_array_foreach(json_object_get(root, "cases"), ci, c) {
+            const char *text = json_string_value(json_object_get(c, "text"));
+            if (!text) continue;
+            json_t *jt = json_object_get(c, "tokens");
+            int32_t *ids = NULL;
+            size_t n = 0;
+            char err[128];
+            CHECK(tok_encode(t, text, strlen(text), 0, &ids, &n, err, sizeof err) == 0);
+            int same = n == json_array_size(jt);
+            for (size_t i = 0; same && i < n; i++) same = ids[i] == (int32_t)json_integer_value(json_array_get(jt, i));
+            CHECKF(same, "%s: '%s' tokenizes otherwise than the reference", pairs[k][0], text);
+            free(ids);
+            texts++;
+        }
+        CHECK(texts > 0);
+        json_decref(root);
+        tok_free(t);
+    }
+}
+
 int main(void)
 {
     RUN(test_spm_vectors);
@@ -945,5 +981,6 @@ int main(void)
     RUN(test_threads);
     RUN(test_nfc);
     RUN(test_hf_digits);
+    RUN(test_model_texts);
     return CHECK_DONE();
 }

@@ -1,0 +1,207 @@
+/* gemma3.c — the Gemma 3 family (row gemma3 of arch.c), text part:
+ *   x = embed(tokens) * sqrt(E)
+ *   per layer: x += n_pa(Wo · attn(rope(norm_q(Wq·n(x))), rope(norm_k(Wk·n(x))), Wv·n(x)))
+ *              x += n_pf(Wd · (gelu(Wg·n(x)) ∘ Wu·n(x)))
+ *   logits = Wout · n(x)  (the embedding: tied)
+ * Gemma's RMSNorm is x/rms(x) * (1 + w); llama.cpp's converter stores 1 + w,
+ * so the file's weights go to the plain rmsnorm. Layers alternate: sliding-
+ * window ones (a token sees the last n_swa positions, rope base
+ * rope.freq_base_swa) and global ones (every position, rope.freq_base); by
+ * default every sixth layer is global (Gemma 3's pattern), or as
+ * attention.sliding_window_pattern says. q·k is scaled by
+ * 1/sqrt(query_pre_attn_scalar): head_dim for every released size but 27B
+ * (n_embd/n_head there), which the GGUF does not record (llama.cpp tells
+ * 27B by its 62 layers; so do we). Buffers as llama.c's. */
+#include "engine/arch/arch.h"
+#include "engine/arch/layers.h"
+#include "common/err.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+typedef struct gemma3_fw {
+    fw base;
+    float *x, *xb, *q, *k, *v, *att, *hg, *hu, *xo;
+    void **kc, **vc;           /* [n_layer] cache of each layer */
+} gemma3_fw;
+
+/* Which layers slide: attention.sliding_window_pattern as a period P
+ * (layer i global when (i+1) % P == 0; 0 or absent: 6) or as one bool per
+ * layer (true: sliding). */
+static int gemma3_pattern(ld *l)
+{
+    model *m = l->m;
+    const hparams *hp = &m->hp;
+    char key[128];
+    snprintf(key, sizeof key, "%s.attention.sliding_window_pattern", m->arch_name);
+    const gguf_kv *kv = l->g ? gguf_get(l->g, key) : NULL;
+    int period = 6;
+    if (kv && kv->type == GGUF_T_ARRAY) {
+        if (kv->arr_type != GGUF_T_BOOL && kv->arr_type != GGUF_T_UINT8 && kv->arr_type != GGUF_T_INT8)
+            return ld_fail(l, "metadata key '%s' is an array of type %d, expected bools", key, (int)kv->arr_type);
+        if (kv->arr_n != (uint64_t)hp->n_layer)
+            return ld_fail(l, "metadata key '%s' has %llu entries but %s.block_count is %d (expected one per layer)",
+                           key, (unsigned long long)kv->arr_n, m->arch_name, hp->n_layer);
+        for (int i = 0; i < hp->n_layer; i++) m->layers[i].swa = kv->arr_data[i] != 0;
+        return 0;
+    }
+    if (kv) {
+        int64_t v;
+        if (gguf_get_i64(l->g, key, &v) || v < 0 || v > hp->n_layer)
+            return ld_fail(l, "metadata key '%s' is not a layer period in 0..%d (%s.block_count)", key, hp->n_layer,
+                           m->arch_name);
+        if (v > 0) period = (int)v;
+    }
+    for (int i = 0; i < hp->n_layer; i++) m->layers[i].swa = (i + 1) % period != 0;
+    return 0;
+}
+
+static int gemma3_load(ld *l)
+{
+    model *m = l->m;
+    hparams *hp = &m->hp;
+    int E = hp->n_embd, HD = hp->head_dim, QD = hp->n_head * HD;
+    int64_t v;
+    double f;
+    if (key_ir(l, "attention.sliding_window", &v, 1, 0, 1, hp->n_ctx_train)) return -1;
+    hp->n_swa = (int32_t)v;
+    if (key_f(l, "rope.freq_base_swa", &f, 10000.0, 1, 3.4e38)) return -1;
+    hp->rope_base_swa = (float)f;
+    int qpas = hp->n_layer == 62 ? hp->n_embd / hp->n_head : HD;
+    hp->attn_scale = qpas == HD ? 0 : (float)(1.0 / sqrt((double)qpas));
+    if (ld_common(l, (size_t)2 * E + (size_t)hp->n_layer * (4 * E + 2 * HD) + 64)) return -1;
+    if (gemma3_pattern(l)) return -1;
+    for (int i = 0; i < hp->n_layer; i++) {
+        layer_w *L = &m->layers[i];
+        if (get_layer_w(l, &L->attn_norm, i, "attn_norm.weight", E, 0, 1) || ly_load_attn(l, L, i, QD) ||
+            get_layer_w(l, &L->q_norm, i, "attn_q_norm.weight", HD, 0, 1) ||
+            get_layer_w(l, &L->k_norm, i, "attn_k_norm.weight", HD, 0, 1) ||
+            get_layer_w(l, &L->post_attn_norm, i, "post_attention_norm.weight", E, 0, 1) ||
+            get_layer_w(l, &L->ffn_norm, i, "ffn_norm.weight", E, 0, 1) || ly_load_ffn_glu(l, L, i) ||
+            get_layer_w(l, &L->post_ffn_norm, i, "post_ffw_norm.weight", E, 0, 1))
+            return -1;
+    }
+    hp->n_attn_layers = hp->n_layer;
+    return 0;
+}
+
+static const char *gemma3_lacks(const model *m, const be_ops *o)
+{
+    return !o->attention_ex || !o->gelu_mul || !o->scale ? "sliding-window attention, gelu, scale" : NULL;
+}
+
+static void gemma3_close(fw *base)
+{
+    gemma3_fw *f = (gemma3_fw *)base;
+    be *b = base->b;
+    void *bufs[] = { f->x, f->xb, f->q, f->k, f->v, f->att, f->hg, f->hu, f->xo, base->lg };
+    ly_free(b, bufs, sizeof bufs / sizeof bufs[0]);
+    for (int l = 0; l < base->m->hp.n_layer; l++) {
+        if (f->kc && f->kc[l]) b->ops->free(b, f->kc[l]);
+        if (f->vc && f->vc[l]) b->ops->free(b, f->vc[l]);
+    }
+    free(f->kc);
+    free(f->vc);
+    free(f);
+}
+
+static int gemma3_open(fw **out, model *m, be *b, int max_T, int max_out, int n_pages, int max_seqs,
+                       char *err, size_t errlen)
+{
+    (void)max_seqs;
+    const hparams *hp = &m->hp;
+    *out = NULL;
+    const char *lacks = gemma3_lacks(m, b->ops);
+    if (lacks)
+        return err_set(err, errlen, "the %s backend cannot run %s models yet (no %s)", b->ops->name, m->arch_name,
+                       lacks);
+    gemma3_fw *f = calloc(1, sizeof *f);
+    if (!f) return err_set(err, errlen, "out of memory for activation buffers");
+    f->base = (fw){ .fam = &arch_gemma3, .m = m, .b = b };
+    size_t T = (size_t)max_T, E = hp->n_embd, Q = (size_t)hp->n_head * hp->head_dim,
+           K = (size_t)hp->n_head_kv * hp->head_dim, F = hp->n_ff;
+    f->x = b->ops->alloc(b, T * E * 4);
+    f->xb = b->ops->alloc(b, T * E * 4);
+    f->q = b->ops->alloc(b, T * Q * 4);
+    f->att = b->ops->alloc(b, T * Q * 4);
+    f->k = b->ops->alloc(b, T * K * 4);
+    f->v = b->ops->alloc(b, T * K * 4);
+    f->hg = b->ops->alloc(b, T * F * 4);
+    f->hu = b->ops->alloc(b, T * F * 4);
+    f->xo = b->ops->alloc(b, (size_t)max_out * E * 4);
+    f->base.lg = b->ops->alloc(b, (size_t)max_out * hp->n_vocab * 4);
+    f->kc = calloc((size_t)hp->n_layer, sizeof *f->kc);
+    f->vc = calloc((size_t)hp->n_layer, sizeof *f->vc);
+    if (!f->x || !f->xb || !f->q || !f->att || !f->k || !f->v || !f->hg || !f->hu || !f->xo || !f->base.lg ||
+        !f->kc || !f->vc) {
+        err_set(err, errlen, "out of memory for activation buffers");
+        gemma3_close(&f->base);
+        return -1;
+    }
+    /* (a sliding layer's pages past its window are not read again; they
+     * stay allocated with the sequence's, as the page tables are shared) */
+    for (int l = 0; l < hp->n_layer; l++)
+        if (ly_kv_alloc(b, hp, n_pages, l, f->kc, f->vc, &f->base.kv_bytes, err, errlen)) {
+            gemma3_close(&f->base);
+            return -1;
+        }
+    *out = &f->base;
+    return 0;
+}
+
+static void gemma3_pass(fw *base, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out)
+{
+    gemma3_fw *f = (gemma3_fw *)base;
+    const model *m = base->m;
+    const hparams *hp = &m->hp;
+    be *b = base->b;
+    const be_ops *o = b->ops;
+    int T = bt->T, E = hp->n_embd, HD = hp->head_dim;
+    float eps = hp->norm_eps;
+    o->embed(b, &m->tok_embd, tokens, T, f->x);
+    o->scale(b, f->x, (size_t)T * E, sqrtf((float)E));
+    for (int l = 0; l < hp->n_layer; l++) {
+        const layer_w *L = &m->layers[l];
+        o->rmsnorm(b, f->x, &L->attn_norm, T, E, eps, f->xb);
+        if (o->matmul_n) {
+            const wt *w[3] = { &L->wq, &L->wk, &L->wv }, *nb[3] = { NULL, NULL, NULL };
+            float *outs[3] = { f->q, f->k, f->v };
+            o->matmul_n(b, 3, w, nb, f->xb, T, outs);
+        } else {
+            o->matmul(b, &L->wq, NULL, f->xb, T, f->q);
+            o->matmul(b, &L->wk, NULL, f->xb, T, f->k);
+            o->matmul(b, &L->wv, NULL, f->xb, T, f->v);
+        }
+        ly_attn a = { hp->n_head, hp->n_head_kv, HD, hp->n_rot, L->swa ? hp->rope_base_swa : hp->rope_base, 1,
+                      NULL, &L->q_norm, &L->k_norm, eps, 1, L->swa ? hp->n_swa : 0, NULL, hp->attn_scale };
+        ly_attend(b, &a, f->q, f->k, f->v, f->kc[l], f->vc[l], bt, NULL, f->att);
+        o->matmul(b, &L->wo, NULL, f->att, T, f->xb);
+        o->rmsnorm(b, f->xb, &L->post_attn_norm, T, E, eps, f->xb);
+        o->add(b, f->x, f->xb, (size_t)T * E);
+        o->rmsnorm(b, f->x, &L->ffn_norm, T, E, eps, f->xb);
+        if (o->matmul_n) {
+            const wt *w[2] = { &L->w_gate, &L->w_up }, *nb[2] = { NULL, NULL };
+            float *outs[2] = { f->hg, f->hu };
+            o->matmul_n(b, 2, w, nb, f->xb, T, outs);
+        } else {
+            o->matmul(b, &L->w_gate, NULL, f->xb, T, f->hg);
+            o->matmul(b, &L->w_up, NULL, f->xb, T, f->hu);
+        }
+        o->gelu_mul(b, f->hg, f->hu, (size_t)T * hp->n_ff, f->hg);
+        o->matmul(b, &L->w_down, NULL, f->hg, T, f->xb);
+        o->rmsnorm(b, f->xb, &L->post_ffn_norm, T, E, eps, f->xb);
+        o->add(b, f->x, f->xb, (size_t)T * E);
+    }
+    ly_out_norm(b, f->x, &m->output_norm, out_idx, n_out, E, eps, f->xo);
+    if (n_out > 0) o->matmul(b, &m->output, NULL, f->xo, n_out, base->lg);
+}
+
+const arch_family arch_gemma3 = {
+    .load = gemma3_load,
+    .lacks = gemma3_lacks,
+    .open = gemma3_open,
+    .close = gemma3_close,
+    .pass = gemma3_pass,
+    .greedy = 1,
+};

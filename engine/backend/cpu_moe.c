@@ -1,0 +1,282 @@
+/* cpu_moe.c — the CPU backend's mixture-of-experts FFN (contract in
+ * backend.h, be_moe). Per batch:
+ *   1. router logits (the matmul), gating and top-k per token;
+ *   2. the (token, rank) pairs grouped by expert: pair slots ordered by
+ *      expert, then token;
+ *   3. each token's row quantized once per pair slot, then every expert's
+ *      gate and up rows run over its own slots only (qt_gemm), biases and
+ *      the activation applied in the same work item;
+ *   4. the hidden rows quantized, every expert's down rows over its slots;
+ *   5. out[t] = sum over rank k of weight * y[slot of (t, k)], in rank order.
+ * qt_gemm's results do not depend on the rows batched with a row, and every
+ * other step is per row, so a token's output is the same in any batch. */
+#include "engine/backend/cpu_moe.h"
+#include "engine/backend/cpu_ssm.h"
+#include "engine/pool.h"
+#include "engine/quant/qtypes.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The scratch, carved into 64-byte aligned parts. */
+typedef struct moe_lay {
+    size_t logits, ids, wts, cnt, first, slot, pair, act_g, act_u, act_d, hg, hu, y, total;
+    size_t sg, su, sd;          /* quantized row strides */
+    uint32_t tg, tu, td;        /* activation types */
+} moe_lay;
+
+static size_t al64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+static void moe_layout(const be_moe *m, int max_T, moe_lay *L)
+{
+    size_t T = (size_t)(max_T > 0 ? max_T : 1), N = T * (size_t)m->n_used, E = (size_t)m->down->n_out / m->n_expert,
+           F = (size_t)m->n_ff, X = (size_t)m->n_expert;
+    L->tg = qt_act_type(m->gate->type);
+    L->tu = qt_act_type(m->up->type);
+    L->td = qt_act_type(m->down->type);
+    L->sg = qt_row_size(L->tg, (int64_t)E);
+    L->su = qt_row_size(L->tu, (int64_t)E);
+    L->sd = qt_row_size(L->td, (int64_t)F);
+    size_t o = 0;
+    L->logits = o; o += al64(T * X * 4);
+    L->ids = o;    o += al64(N * 4);
+    L->wts = o;    o += al64(N * 4);
+    L->cnt = o;    o += al64((X + 1) * 4);
+    L->first = o;  o += al64((X + 1) * 4);
+    L->slot = o;   o += al64(N * 4);      /* slot of pair t*K+k */
+    L->pair = o;   o += al64(N * 4);      /* pair of each slot */
+    L->act_g = o;  o += al64(N * L->sg);
+    L->act_u = o;  o += L->tu == L->tg ? 0 : al64(N * L->su);
+    L->act_d = o;  o += al64(N * L->sd);
+    L->hg = o;     o += al64(N * F * 4);
+    L->hu = o;     o += al64(N * F * 4);
+    L->y = o;      o += al64(N * E * 4);
+    L->total = o;
+}
+
+size_t cpu_moe_scratch(be *b, const be_moe *m, int max_T)
+{
+    (void)b;
+    moe_lay L;
+    moe_layout(m, max_T, &L);
+    return L.total;
+}
+
+/* The n_used best of s[n] (ties: the lower index) into ids, in descending
+ * order; returns 1 when the last chosen and the best unchosen are within
+ * 1e-5 (a near-tie). */
+static int top_k(const float *s, int n, int k, int32_t *ids)
+{
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int e = 0; e < n; e++) {
+            int taken = 0;
+            for (int i = 0; i < j && !taken; i++) taken = ids[i] == e;
+            if (!taken && (best < 0 || s[e] > s[best])) best = e;
+        }
+        ids[j] = best;
+    }
+    if (k == n) return 0;
+    float next = -INFINITY;
+    for (int e = 0; e < n; e++) {
+        int taken = 0;
+        for (int i = 0; i < k && !taken; i++) taken = ids[i] == e;
+        if (!taken && s[e] > next) next = s[e];
+    }
+    return fabsf(s[ids[k - 1]] - next) < 1e-5f;
+}
+
+/* Routing of one token: logits lg[n_expert] (bias added) -> ids, wts.
+ * Softmax and sigmoid keep the order of the logits, so the choice is made
+ * on the logits in every mode (probabilities can round equal where the
+ * logits differ). */
+static int route(const be_moe *m, const float *lg, int32_t *ids, float *wts)
+{
+    int n = m->n_expert, k = m->n_used, tie = top_k(lg, n, k, ids);
+    if (m->gating == BE_MOE_SIGMOID) {
+        for (int j = 0; j < k; j++) wts[j] = 1.0f / (1.0f + expf(-lg[ids[j]]));
+    } else {
+        /* softmax over all experts, or over the chosen (TOPK_SOFTMAX) */
+        float mx = lg[ids[0]];
+        double all = 0;
+        if (m->gating == BE_MOE_SOFTMAX)
+            for (int e = 0; e < n; e++) all += expf(lg[e] - mx);
+        for (int j = 0; j < k; j++) wts[j] = expf(lg[ids[j]] - mx);
+        if (m->gating == BE_MOE_SOFTMAX)
+            for (int j = 0; j < k; j++) wts[j] = (float)(wts[j] / all);
+    }
+    if (m->norm || m->gating == BE_MOE_TOPK_SOFTMAX) {
+        double sum = 0;
+        for (int j = 0; j < k; j++) sum += wts[j];
+        for (int j = 0; j < k; j++) wts[j] = (float)(wts[j] / sum);
+    }
+    if (m->scale != 0 && m->scale != 1)
+        for (int j = 0; j < k; j++) wts[j] *= m->scale;
+    return tie;
+}
+
+static inline float moe_act(const be_moe *m, float g, float u)
+{
+    switch (m->act) {
+    case BE_MOE_GELU:
+        return 0.5f * g * (1.0f + tanhf(0.7978845608f * (g + 0.044715f * g * g * g))) * u;
+    case BE_MOE_SWIGLU_OAI:
+        g = g < m->limit ? g : m->limit;
+        u = u < -m->limit ? -m->limit : u > m->limit ? m->limit : u;
+        return g / (1.0f + expf(-m->alpha * g)) * (u + 1.0f);
+    default:
+        return g / (1.0f + expf(-g)) * u;
+    }
+}
+
+typedef struct moe_job {
+    const be_moe *m;
+    const moe_lay *L;
+    char *s;                    /* the scratch */
+    const float *x;
+    float *out;
+    int T, K, E, F;
+    int n_act;                  /* experts with tokens */
+    int32_t act_e[BE_MOE_MAX];  /* those experts */
+    int chunk_f, ipe_f;         /* gate/up rows per item, items per expert */
+    int chunk_e, ipe_e;         /* down rows per item, items per expert */
+} moe_job;
+
+#define P(j, off, ty) ((ty *)((j)->s + (j)->L->off))
+
+/* Pair slot i: the token's row quantized for gate (and up, when its
+ * activation type differs). */
+static void moe_quant_x(void *arg, int i, int ith)
+{
+    (void)ith;
+    moe_job *j = arg;
+    const moe_lay *L = j->L;
+    int t = P(j, pair, int32_t)[i] / j->K;
+    const float *xr = j->x + (size_t)t * j->E;
+    qt_quantize_row(L->tg, xr, j->s + L->act_g + (size_t)i * L->sg, j->E);
+    if (L->tu != L->tg) qt_quantize_row(L->tu, xr, j->s + L->act_u + (size_t)i * L->su, j->E);
+}
+
+static void moe_gate_up(void *arg, int it, int ith)
+{
+    (void)ith;
+    moe_job *j = arg;
+    const be_moe *m = j->m;
+    const moe_lay *L = j->L;
+    int e = j->act_e[it / j->ipe_f], F = j->F;
+    int64_t r0 = (int64_t)(it % j->ipe_f) * j->chunk_f, r1 = r0 + j->chunk_f < F ? r0 + j->chunk_f : F;
+    int first = P(j, first, int32_t)[e], nb = P(j, cnt, int32_t)[e];
+    float *hg = P(j, hg, float) + (size_t)first * F, *hu = P(j, hu, float) + (size_t)first * F;
+    const char *ag = j->s + L->act_g + (size_t)first * L->sg;
+    const char *au = L->tu == L->tg ? ag : j->s + L->act_u + (size_t)first * L->su;
+    qt_gemm(m->gate->type, j->E, (const char *)m->gate->data + (size_t)e * F * m->gate->row_bytes,
+            m->gate->row_bytes, r0, r1, ag, L->sg, nb, hg, F);
+    qt_gemm(m->up->type, j->E, (const char *)m->up->data + (size_t)e * F * m->up->row_bytes, m->up->row_bytes, r0,
+            r1, au, L->tu == L->tg ? L->sg : L->su, nb, hu, F);
+    const float *gb = m->gate_b && m->gate_b->data ? (const float *)m->gate_b->data + (size_t)e * F : NULL;
+    const float *ub = m->up_b && m->up_b->data ? (const float *)m->up_b->data + (size_t)e * F : NULL;
+    for (int b = 0; b < nb; b++)
+        for (int64_t r = r0; r < r1; r++) {
+            float g = hg[(size_t)b * F + r], u = hu[(size_t)b * F + r];
+            if (gb) g += gb[r];
+            if (ub) u += ub[r];
+            hg[(size_t)b * F + r] = moe_act(m, g, u);
+        }
+}
+
+static void moe_quant_h(void *arg, int i, int ith)
+{
+    (void)ith;
+    moe_job *j = arg;
+    const moe_lay *L = j->L;
+    qt_quantize_row(L->td, P(j, hg, float) + (size_t)i * j->F, j->s + L->act_d + (size_t)i * L->sd, j->F);
+}
+
+static void moe_down(void *arg, int it, int ith)
+{
+    (void)ith;
+    moe_job *j = arg;
+    const be_moe *m = j->m;
+    const moe_lay *L = j->L;
+    int e = j->act_e[it / j->ipe_e], E = j->E;
+    int64_t r0 = (int64_t)(it % j->ipe_e) * j->chunk_e, r1 = r0 + j->chunk_e < E ? r0 + j->chunk_e : E;
+    int first = P(j, first, int32_t)[e], nb = P(j, cnt, int32_t)[e];
+    float *y = P(j, y, float) + (size_t)first * E;
+    qt_gemm(m->down->type, j->F, (const char *)m->down->data + (size_t)e * E * m->down->row_bytes,
+            m->down->row_bytes, r0, r1, j->s + L->act_d + (size_t)first * L->sd, L->sd, nb, y, E);
+    if (m->down_b && m->down_b->data) {
+        const float *db = (const float *)m->down_b->data + (size_t)e * E;
+        for (int b = 0; b < nb; b++)
+            for (int64_t r = r0; r < r1; r++) y[(size_t)b * E + r] += db[r];
+    }
+}
+
+/* out[t] = sum_k w[t][k] * y[slot(t, k)], k ascending. */
+static void moe_combine(void *arg, int t, int ith)
+{
+    (void)ith;
+    moe_job *j = arg;
+    int K = j->K, E = j->E;
+    const int32_t *slot = P(j, slot, int32_t) + (size_t)t * K;
+    const float *w = P(j, wts, float) + (size_t)t * K, *y = P(j, y, float);
+    float *o = j->out + (size_t)t * E;
+    for (int i = 0; i < E; i++) o[i] = w[0] * y[(size_t)slot[0] * E + i];
+    for (int k = 1; k < K; k++) {
+        const float *yk = y + (size_t)slot[k] * E;
+        for (int i = 0; i < E; i++) o[i] += w[k] * yk[i];
+    }
+}
+
+/* rows per work item: a multiple of 16, enough items for the threads */
+static int moe_chunk(int rows, int n_act, int nth)
+{
+    int per = n_act >= 2 * nth ? 1 : (2 * nth + n_act - 1) / n_act;
+    int c = (rows + per - 1) / per;
+    c = (c + 15) / 16 * 16;
+    return c < 16 ? 16 : c;
+}
+
+void cpu_moe(be *b, const be_moe *m, const float *x, int T, void *scratch, float *out)
+{
+    if (T <= 0) return;
+    moe_lay L;
+    moe_layout(m, T, &L);
+    moe_job j = { .m = m, .L = &L, .s = scratch, .x = x, .out = out, .T = T, .K = m->n_used,
+                  .E = (int)(m->down->n_out / m->n_expert), .F = m->n_ff };
+    int K = j.K, X = m->n_expert, N = T * K;
+    float *lg = P(&j, logits, float), *wts = P(&j, wts, float);
+    int32_t *ids = P(&j, ids, int32_t), *cnt = P(&j, cnt, int32_t), *first = P(&j, first, int32_t);
+    int32_t *slot = P(&j, slot, int32_t), *pair = P(&j, pair, int32_t);
+
+    b->ops->matmul(b, m->router, m->router_b, x, T, lg);
+    long ties = 0;
+    for (int t = 0; t < T; t++) ties += route(m, lg + (size_t)t * X, ids + (size_t)t * K, wts + (size_t)t * K);
+    *be_cpu_moe_tie_count(b) += ties;
+
+    memset(cnt, 0, (size_t)(X + 1) * 4);
+    for (int i = 0; i < N; i++) cnt[ids[i]]++;
+    first[0] = 0;
+    for (int e = 0; e < X; e++) first[e + 1] = first[e] + cnt[e];
+    memset(cnt, 0, (size_t)X * 4);
+    for (int i = 0; i < N; i++) {   /* token order within an expert */
+        int e = ids[i], s = first[e] + cnt[e]++;
+        slot[i] = s;
+        pair[s] = i;
+    }
+    j.n_act = 0;
+    for (int e = 0; e < X; e++)
+        if (cnt[e]) j.act_e[j.n_act++] = e;
+
+    pool *p = be_cpu_pool(b);
+    int nth = pool_size(p);
+    pool_run(p, moe_quant_x, &j, N);
+    j.chunk_f = moe_chunk(j.F, j.n_act, nth);
+    j.ipe_f = (j.F + j.chunk_f - 1) / j.chunk_f;
+    pool_run(p, moe_gate_up, &j, j.n_act * j.ipe_f);
+    pool_run(p, moe_quant_h, &j, N);
+    j.chunk_e = moe_chunk(j.E, j.n_act, nth);
+    j.ipe_e = (j.E + j.chunk_e - 1) / j.chunk_e;
+    pool_run(p, moe_down, &j, j.n_act * j.ipe_e);
+    pool_run(p, moe_combine, &j, T);
+}

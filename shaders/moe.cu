@@ -1,0 +1,233 @@
+// moe.cu — the mixture-of-experts op (engine/backend/cuda.c, cu_moe; the
+// contract in backend.h, be_moe): routing, the (token, rank) pairs grouped
+// by expert, each expert's rows run over its own tokens only, the
+// activation, and the weighted sum in rank order.
+//
+// The experts' matmuls go by tiles: a tile is up to CK_MOE_TT pair slots of
+// one expert (the grouping kernel lists them, on the device, so a pass
+// launches the same grid whatever the routing and may be recorded as a
+// graph); a block takes a tile and CK_MOE_RT rows, dequantizes the rows'
+// 32-value chunks (dq32, every weight type), four at a time, and each
+// thread sums its (slot, row) outputs over the values in order. A decode step's pairs are
+// a tile each: only the chosen experts' weights are read. A prompt's
+// tokens of one expert share a tile: its weights are read once per tile.
+// A (slot, row) output's arithmetic does not depend on the other slots of
+// its tile, so a token's result does not depend on its batch.
+#include "shaders/dequant.cuh"
+
+#include <limits.h>
+
+/* one warp per token: the K best logits (ties: the lower index), then the
+ * weights as cpu_moe.c's route computes them */
+__global__ void k_moe_route(const float *lg, int T, int X, int K, int gating, int norm, float scale, int32_t *ids,
+                            float *wts)
+{
+    pdl_begin();
+    int t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
+    if (t >= T) return;
+    const float *l = lg + (size_t)t * X;
+    int32_t *id = ids + (size_t)t * K;
+    float *w = wts + (size_t)t * K;
+    uint32_t taken = 0;   /* bit q: expert lane + 32 q chosen (X <= 1024) */
+    for (int j = 0; j < K; j++) {
+        float bv = -INFINITY;
+        int bi = INT_MAX;
+        for (int e = lane, q = 0; e < X; e += 32, q++)
+            if (!((taken >> q) & 1) && (bi == INT_MAX || l[e] > bv)) { bv = l[e]; bi = e; }
+#pragma unroll
+        for (int o = 16; o; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (oi != INT_MAX && (bi == INT_MAX || ov > bv || (ov == bv && oi < bi))) { bv = ov; bi = oi; }
+        }
+        if (bi % 32 == lane) taken |= 1u << (bi / 32);
+        if (lane == 0) id[j] = bi;
+    }
+    __syncwarp();
+    float all = 0, mx = l[id[0]];
+    if (gating == 0) {   /* BE_MOE_SOFTMAX: the sum over every expert */
+        for (int e = lane; e < X; e += 32) all += expf(l[e] - mx);
+#pragma unroll
+        for (int o = 16; o; o >>= 1) all += __shfl_xor_sync(0xffffffffu, all, o);
+    }
+    if (lane) return;
+    float sum = 0;
+    for (int j = 0; j < K; j++) {
+        float v = l[id[j]];
+        v = gating == 2 ? 1.0f / (1.0f + expf(-v)) : expf(v - mx);
+        if (gating == 0) v /= all;
+        w[j] = v;
+        sum += v;
+    }
+    for (int j = 0; j < K; j++) {
+        if (norm || gating == 1) w[j] /= sum;
+        if (scale != 0 && scale != 1) w[j] *= scale;
+    }
+}
+
+/* one block: the pairs' slots, expert by expert, tokens in order within
+ * one; the tiles (expert, first slot, slots) of up to CK_MOE_TT */
+__global__ void k_moe_group(const int32_t *ids, int N, int X, int32_t *first, int32_t *slot, int32_t *pair,
+                            int32_t *tiles, int32_t *n_tiles)
+{
+    pdl_begin();
+    for (int e = threadIdx.x; e < X; e += blockDim.x) {
+        int c = 0;
+        for (int i = 0; i < N; i++) c += ids[i] == e;
+        first[e + 1] = c;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int f = 0, nt = 0;
+        for (int e = 0; e < X; e++) {
+            int c = first[e + 1];
+            first[e] = f;
+            for (int s = 0; s < c; s += CK_MOE_TT) {
+                tiles[3 * nt] = e;
+                tiles[3 * nt + 1] = f + s;
+                tiles[3 * nt + 2] = c - s < CK_MOE_TT ? c - s : CK_MOE_TT;
+                nt++;
+            }
+            f += c;
+        }
+        first[X] = f;
+        *n_tiles = nt;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < X; e += blockDim.x) {
+        int s = first[e];
+        for (int i = 0; i < N; i++)
+            if (ids[i] == e) { slot[i] = s; pair[s] = i; s++; }
+    }
+}
+
+/* y[s][r] = dot(row r of expert e, x of slot s) (+ bias[e][r]) for the
+ * slots of tile blockIdx.x and rows blockIdx.y * CK_MOE_RT ...; x rows by
+ * token (pair / K) when by_token, else by slot. Each step takes MOE_KC
+ * chunks of 32 values: every thread dequantizes one (row, chunk), then
+ * sums its (slot, row) products over the step's values in order. */
+#define MOE_KC 4
+template <int TY>
+__global__ void __launch_bounds__(256) k_moe_mm(const uint8_t *W, size_t rb, int n, int rows, const float *x,
+                                               int by_token, int K, const int32_t *pair, const int32_t *tiles,
+                                               const int32_t *n_tiles, const float *bias, float *y)
+{
+    pdl_begin();
+    int ti = blockIdx.x;
+    if (ti >= *n_tiles) return;
+    int e = tiles[3 * ti], s0 = tiles[3 * ti + 1], ns = tiles[3 * ti + 2];
+    int r0 = blockIdx.y * CK_MOE_RT, tid = threadIdx.x;
+    __shared__ float ws[CK_MOE_RT][32 * MOE_KC + 1], xs[CK_MOE_TT][32 * MOE_KC + 1];
+    __shared__ int src[CK_MOE_TT];
+    if (tid < CK_MOE_TT) src[tid] = tid < ns ? (by_token ? pair[s0 + tid] / K : s0 + tid) : -1;
+    int r = tid % CK_MOE_RT, sg = tid / CK_MOE_RT;   /* this thread: row r, slots sg + 4j; chunk sg of a step */
+    float acc[CK_MOE_TT / 4] = { 0 };
+    const uint8_t *We = W + (size_t)e * rows * rb;
+    int nc = (n + 31) / 32;
+    for (int c0 = 0; c0 < nc; c0 += MOE_KC) {
+        __syncthreads();
+        {
+            float w[32];
+            int c = c0 + sg;
+            if (r0 + r < rows && c < nc) {
+                dq32<TY>(We + (size_t)(r0 + r) * rb, c, n, w);
+            } else {
+#pragma unroll
+                for (int k = 0; k < 32; k++) w[k] = 0.f;
+            }
+#pragma unroll
+            for (int k = 0; k < 32; k++) ws[r][32 * sg + k] = w[k];
+        }
+        for (int i = tid; i < CK_MOE_TT * 32 * MOE_KC; i += blockDim.x) {
+            int s = i / (32 * MOE_KC), k = i % (32 * MOE_KC), sr = src[s], v = c0 * 32 + k;
+            xs[s][k] = sr >= 0 && v < n ? x[(size_t)sr * n + v] : 0.f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int j = 0; j < CK_MOE_TT / 4; j++) {
+            float a = acc[j];
+#pragma unroll 8
+            for (int k = 0; k < 32 * MOE_KC; k++) a = fmaf(ws[r][k], xs[sg + 4 * j][k], a);
+            acc[j] = a;
+        }
+    }
+    if (r0 + r >= rows) return;
+#pragma unroll
+    for (int j = 0; j < CK_MOE_TT / 4; j++) {
+        int s = sg + 4 * j;
+        if (s >= ns) continue;
+        float v = acc[j];
+        if (bias) v += bias[(size_t)e * rows + r0 + r];
+        y[(size_t)(s0 + s) * rows + r0 + r] = v;
+    }
+}
+
+/* g = act(g, u) over n values (cpu_moe.c's moe_act) */
+__global__ void k_moe_act(float *g, const float *u, size_t n, int act, float alpha, float limit)
+{
+    pdl_begin();
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float a = g[i], b = u[i];
+    if (act == 1) {
+        a = 0.5f * a * (1.0f + tanhf(0.7978845608f * (a + 0.044715f * a * a * a))) * b;
+    } else if (act == 2) {
+        a = a < limit ? a : limit;
+        b = b < -limit ? -limit : b > limit ? limit : b;
+        a = a / (1.0f + expf(-alpha * a)) * (b + 1.0f);
+    } else {
+        a = a / (1.0f + expf(-a)) * b;
+    }
+    g[i] = a;
+}
+
+/* out[t] = sum over k of w[t][k] * y[slot[t][k]], k in order */
+__global__ void k_moe_combine(const float *y, const int32_t *slot, const float *w, int K, int E, float *out)
+{
+    pdl_begin();
+    int t = blockIdx.y, i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= E) return;
+    const int32_t *sl = slot + (size_t)t * K;
+    const float *wt = w + (size_t)t * K;
+    float o = wt[0] * y[(size_t)sl[0] * E + i];
+    for (int k = 1; k < K; k++) o += wt[k] * y[(size_t)sl[k] * E + i];
+    out[(size_t)t * E + i] = o;
+}
+
+extern "C" {
+
+void ck_moe_route(cudaStream_t st, const float *lg, int T, int X, int K, int gating, int norm, float scale,
+                  int32_t *ids, float *wts)
+{
+    lk(k_moe_route, nblk((size_t)T, 4), 128, 0, st, lg, T, X, K, gating, norm, scale, ids, wts);
+}
+
+void ck_moe_group(cudaStream_t st, const int32_t *ids, int N, int X, int32_t *first, int32_t *slot, int32_t *pair,
+                  int32_t *tiles, int32_t *n_tiles)
+{
+    lk(k_moe_group, 1, 512, 0, st, ids, N, X, first, slot, pair, tiles, n_tiles);
+}
+
+void ck_moe_mm(cudaStream_t st, uint32_t type, const void *W, size_t rb, int n, int rows, const float *x,
+               int by_token, int K, const int32_t *pair, const int32_t *tiles, const int32_t *n_tiles, int max_tiles,
+               const float *bias, float *y)
+{
+    dim3 g((unsigned)max_tiles, nblk((size_t)rows, CK_MOE_RT));
+#define L_MOE(TY) lk(k_moe_mm<TY>, g, 256, 0, st, (const uint8_t *)W, rb, n, rows, x, by_token, K, pair, tiles, \
+                      n_tiles, bias, y)
+    TYPE_SWITCH(type, L_MOE)
+}
+
+void ck_moe_act(cudaStream_t st, float *g, const float *u, size_t n, int act, float alpha, float limit)
+{
+    lk(k_moe_act, nblk(n, 256), 256, 0, st, g, u, n, act, alpha, limit);
+}
+
+void ck_moe_combine(cudaStream_t st, const float *y, const int32_t *slot, const float *w, int T, int K, int E,
+                    float *out)
+{
+    dim3 g(nblk((size_t)E, 256), (unsigned)T);
+    lk(k_moe_combine, g, 256, 0, st, y, slot, w, K, E, out);
+}
+
+}  /* extern "C" */
