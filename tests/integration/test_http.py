@@ -397,7 +397,7 @@ def t_chat(env):
                       ({"messages": same, "tools": [{"type": "function", "function": {"name": "f"}}]},
                        "unsupported_parameter"),
                       ({"messages": same, "logprobs": True}, "unsupported_parameter"),
-                      ({"messages": same, "response_format": {"type": "json_object"}}, "unsupported_parameter")]:
+                      ({"messages": same, "response_format": {"type": "xml"}}, "unsupported_parameter")]:
         st, _, b = post(gw, "/v1/chat/completions", bad)
         check(st == 400 and is_error(b, code), "refused %r: %s %r" % (bad, st, b))
     # The protocol's "messages" straight to aned: the same prompt as over HTTP.

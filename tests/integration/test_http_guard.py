@@ -132,7 +132,7 @@ def t_unsupported(env):
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
     refused = (("tools", [tool]), ("functions", [{"name": "f"}]), ("tool_choice", "required"),
                ("tool_choice", {"type": "function", "function": {"name": "f"}}), ("function_call", {"name": "f"}),
-               ("response_format", {"type": "json_object"}), ("response_format", {"type": "json_schema"}),
+               ("response_format", {"type": "xml"}), ("response_format", {"type": "regex"}),
                ("modalities", ["text", "audio"]), ("audio", {"voice": "alloy", "format": "wav"}))
     for path, base in bases:
         for key, val in refused:

@@ -189,6 +189,53 @@ static void test_bounds(void)
     gram_free(g);
 }
 
+/* Mutated grammars (bytes changed, cut, duplicated) and random texts:
+ * every outcome is a compile error or a matcher that answers. */
+static void test_mutations(void)
+{
+    const char *files[] = { "json.gbnf", "arithmetic.gbnf", "list.gbnf", "c.gbnf", "chess.gbnf" };
+    static const char alphabet[] = "()[]|*+?{}\"\\^-.#:=\n ab0x";
+    uint64_t rng = 12345;
+    int compiled = 0, refused = 0;
+    for (size_t f = 0; f < sizeof files / sizeof *files; f++) {
+        char path[256];
+        snprintf(path, sizeof path, "tests/fixtures/grammars/%s", files[f]);
+        size_t n;
+        char *src = slurp(path, &n);
+        if (!src) { CHECK(0); continue; }
+        char *buf = malloc(2 * n + 16);
+        for (int it = 0; it < 400; it++) {
+            memcpy(buf, src, n);
+            size_t len = n;
+            for (int k = 0; k < 3; k++) {
+                rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+                size_t at = (size_t)(rng >> 33) % len;
+                int op = (int)(rng >> 20) % 3;
+                if (op == 0) buf[at] = alphabet[(rng >> 40) % (sizeof alphabet - 1)];
+                else if (op == 1) len = at + 1;
+                else if (len + 8 < 2 * n) { memmove(buf + at + 4, buf + at, len - at); len += 4; }
+            }
+            char err[256];
+            gram *g = NULL;
+            if (gram_compile(&g, buf, len, err, sizeof err)) { refused++; CHECK(strstr(err, "grammar") != NULL); continue; }
+            compiled++;
+            gram_match *m = NULL;
+            if (gram_match_new(&m, g, err, sizeof err) == 0) {
+                for (int b = 0; b < 64; b++) {
+                    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+                    char c = alphabet[(rng >> 40) % (sizeof alphabet - 1)];
+                    if (gram_match_accept(m, &c, 1, err, sizeof err) < 0) break;
+                }
+                gram_match_free(m);
+            }
+            gram_free(g);
+        }
+        free(buf); free(src);
+    }
+    printf("mutated grammars: %d compiled, %d refused with a message\n", compiled, refused);
+    CHECK(compiled > 0 && refused > 0);
+}
+
 /* ---- vocabularies ---- */
 static tok *load_tok(const char *path)
 {
@@ -461,6 +508,7 @@ int main(int argc, char **argv)
     RUN(test_samples);
     RUN(test_syntax);
     RUN(test_bounds);
+    RUN(test_mutations);
     RUN(test_mask);
     RUN(test_mask_speed);
     RUN(test_json_object);
