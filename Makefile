@@ -338,7 +338,7 @@ install: all
 	install -m 0644 proto/proto.h $(INST)/include/aned/proto/
 	printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$${prefix}/lib' 'includedir=$${prefix}/include/aned' '' \
 	    'Name: aneclient' 'Description: client library for the aned LLM daemon' 'Version: 0.1.0' \
-	    'Cflags: -I$${includedir}' 'Libs: -L$${libdir} -laneclient -lmsgpackc' \
+	    'Cflags: -I$${includedir}' 'Libs: -L$${libdir} -laneclient -lmsgpackc -ljansson' \
 	    > $(INST)/lib/pkgconfig/aneclient.pc
 	for u in daemon/aned.service daemon/aned.socket daemon/aned-http.service; do \
 	    sed 's,/usr/local/,$(PREFIX)/,g' $$u > $(INST)/lib/systemd/system/$${u##*/}; \

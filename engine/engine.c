@@ -315,7 +315,7 @@ static void tc_on_call(void *ctx, const tc_call *c)
     ev->call_name_len = c->name_len;
     ev->call_args_len = c->arguments_len;
     ev->call_id_len = c->id_len;
-    ev->call_index = (int32_t)tc_n_calls(j->tc) - 1;
+    ev->call_index = j->n_calls++;
     if (!j->tc_calls_tail) j->tc_calls_tail = &j->tc_calls;
     *j->tc_calls_tail = ev;
     j->tc_calls_tail = &ev->next;

@@ -67,7 +67,7 @@ typedef struct job {
     /* parse_tools: the reply's parser; what its callbacks gave for the
      * token at hand (content, reasoning, calls as events not yet queued) */
     tc_parser *tc;
-    int parse_tools, max_calls;
+    int parse_tools, max_calls, n_calls;
     char *tc_text; size_t tc_text_len, tc_text_cap;
     char *tc_reason; size_t tc_reason_len, tc_reason_cap;
     eng_event *tc_calls, **tc_calls_tail;

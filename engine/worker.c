@@ -397,7 +397,7 @@ static void emit_token(eng *e, job *j, int32_t id, int *finished, eng_finish *wh
         free(text);
         text = content;
         out_len = cl;
-        calls = (int)tc_n_calls(j->tc);
+        calls = j->n_calls;
         /* enough calls: the reply ends here, what the parser holds resolved */
         if (!tc_err && !final && !stopped && j->max_calls && calls >= j->max_calls) {
             free(text);
@@ -429,8 +429,7 @@ static void emit_token(eng *e, job *j, int32_t id, int *finished, eng_finish *wh
         j->tc_calls_tail = NULL;
     }
     if (tc_err) {
-        /* out of memory in the parser: the reply cannot be told apart */
-        j->err_code = ENG_ENOMEM;
+        /* out of memory in the parser: the reply cannot be told apart; it ends here */
         *finished = 1;
         *why = ENG_FINISH_LENGTH;
         return;

@@ -40,6 +40,7 @@
 #include <microhttpd.h>
 
 #include "http/gw.h"
+#include "http/tools.h"
 
 /* ------------------------------------------------------------------ buffers */
 
@@ -138,6 +139,8 @@ typedef struct job {
     int index;                    /* OpenAI choice index */
     int prompt_no;                /* which prompt (usage counts each once) */
     sbuf text;
+    sbuf calls;                   /* non-streamed: the message's tool_calls entries, JSON */
+    int n_calls;
     const char *finish;           /* OpenAI finish_reason once done */
     uint32_t prompt_tokens, cached_tokens, completion_tokens;
     int done;
@@ -547,13 +550,13 @@ static int parse_sampling(json_t *o, proto_req *q, int chat, int *n_out, perr *e
     /* Tools, structured output and audio are declined on both endpoints
      * until implemented: a client must not take plain text for them. */
     json_t *tools = json_object_get(o, "tools"), *fns = json_object_get(o, "functions");
-    if (present(tools) && !(json_is_array(tools) && json_array_size(tools) == 0))
-        return unsupported(e, "tools", "tool calls are not implemented");
+    if (!chat && present(tools) && !(json_is_array(tools) && json_array_size(tools) == 0))
+        return unsupported(e, "tools", "tools go with /v1/chat/completions");
     if (present(fns) && !(json_is_array(fns) && json_array_size(fns) == 0))
-        return unsupported(e, "functions", "tool calls are not implemented");
+        return unsupported(e, "functions", "give \"tools\" instead (the deprecated functions are not taken)");
     json_t *tc = json_object_get(o, "tool_choice");
-    if (present(tc) && !(json_is_string(tc) && (!strcmp(json_string_value(tc), "none") || !strcmp(json_string_value(tc), "auto"))))
-        return unsupported(e, "tool_choice", "tool calls are not implemented");
+    if (!chat && present(tc) && !(json_is_string(tc) && (!strcmp(json_string_value(tc), "none") || !strcmp(json_string_value(tc), "auto"))))
+        return unsupported(e, "tool_choice", "tools go with /v1/chat/completions");
     json_t *fc = json_object_get(o, "function_call");
     if (present(fc) && !(json_is_string(fc) && (!strcmp(json_string_value(fc), "none") || !strcmp(json_string_value(fc), "auto"))))
         return unsupported(e, "function_call", "tool calls are not implemented");
@@ -608,7 +611,7 @@ static int parse_sampling(json_t *o, proto_req *q, int chat, int *n_out, perr *e
 
 static void rq_free_jobs(gw_req *rq)
 {
-    for (int i = 0; i < rq->n_jobs; i++) sb_free(&rq->jobs[i].text);
+    for (int i = 0; i < rq->n_jobs; i++) { sb_free(&rq->jobs[i].text); sb_free(&rq->jobs[i].calls); }
 }
 
 static job *job_by_id(gw_req *rq, uint64_t id)
@@ -625,6 +628,7 @@ static const char *finish_reason(const char *f)
     if (!f) return NULL;
     if (!strcmp(f, "length")) return "length";
     if (!strcmp(f, "stop") || !strcmp(f, "eos")) return "stop";   /* a stop string, end of turn */
+    if (!strcmp(f, "tool_calls")) return "tool_calls";
     return NULL;
 }
 
@@ -671,6 +675,30 @@ static void sse_text(gw_req *rq, int index, const char *text, size_t len, const 
     sb_puts(b, "}]}\n\n");
 }
 
+/* One tool call in OpenAI's shape: streamed as a whole delta (index, id,
+ * type, name and arguments in one chunk), or an entry of message.tool_calls. */
+static void call_json(sbuf *b, const proto_ev *ev, int with_index)
+{
+    sb_puts(b, "{");
+    if (with_index) sb_printf(b, "\"index\":%u,", ev->call_index);
+    sb_puts(b, "\"id\":");
+    sb_json_str(b, ev->call_id, ev->call_id_len);
+    sb_puts(b, ",\"type\":\"function\",\"function\":{\"name\":");
+    sb_json_str(b, ev->call_name, ev->call_name_len);
+    sb_puts(b, ",\"arguments\":");
+    sb_json_str(b, ev->call_args, ev->call_args_len);
+    sb_puts(b, "}}");
+}
+
+static void sse_call(gw_req *rq, int index, const proto_ev *ev)
+{
+    sbuf *b = &rq->out;
+    sse_chunk_head(rq, b);
+    sb_printf(b, "{\"index\":%d,\"delta\":{\"tool_calls\":[", index);
+    call_json(b, ev, 1);
+    sb_puts(b, "]},\"logprobs\":null,\"finish_reason\":null}]}\n\n");
+}
+
 static void usage_json(gw_req *rq, sbuf *b)
 {
     uint64_t pt = 0, ct = 0, cached = 0;
@@ -707,6 +735,14 @@ static int apply_event(gw_req *rq, const proto_ev *ev, job_err *je)
         if (ev->text_len == 0) break;
         if (rq->stream) sse_text(rq, j->index, ev->text, ev->text_len, NULL);
         else sb_add(&j->text, ev->text, ev->text_len);
+        break;
+    case PROTO_T_TOOL_CALL:
+        if (rq->stream) sse_call(rq, j->index, ev);
+        else {
+            if (j->n_calls) sb_puts(&j->calls, ",");
+            call_json(&j->calls, ev, 0);
+        }
+        j->n_calls++;
         break;
     case PROTO_T_DONE:
         j->done = 1;
@@ -880,7 +916,13 @@ static enum MHD_Result respond_generation(gw_req *rq, struct MHD_Connection *mc)
         sb_printf(&b, "%s{\"index\":%d,", k ? "," : "", k);
         if (rq->chat) {
             sb_puts(&b, "\"message\":{\"role\":\"assistant\",\"content\":");
-            sb_json_str(&b, j->text.p ? j->text.p : "", j->text.len);
+            if (j->n_calls && !j->text.len) sb_puts(&b, "null");   /* as OpenAI: a reply that only calls */
+            else sb_json_str(&b, j->text.p ? j->text.p : "", j->text.len);
+            if (j->n_calls) {
+                sb_puts(&b, ",\"tool_calls\":[");
+                sb_add(&b, j->calls.p, j->calls.len);
+                sb_puts(&b, "]");
+            }
             sb_puts(&b, "}");
         } else {
             sb_puts(&b, "\"text\":");
@@ -937,6 +979,8 @@ static enum MHD_Result handle_generation(gw_req *rq, struct MHD_Connection *mc, 
     proto_msg *msgs = NULL;
     sbuf parts = {0};
     int *part_of = NULL;   /* per message: 1 when its content lives in parts */
+    char **extras = NULL, *tools_json = NULL;   /* JSON texts the requests point into */
+    size_t n_extras = 0;
     enum MHD_Result ret;
     char err[256];
 
@@ -973,9 +1017,21 @@ static enum MHD_Result handle_generation(gw_req *rq, struct MHD_Connection *mc, 
             const char *r = json_string_value(role);
             if (strlen(r) != json_string_length(role)) { pfail(&e, msg_param(&e, i, "role"), "messages[%zu].role holds a NUL", i); goto bad; }
             if (!strcmp(r, "developer")) r = "system";
-            if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant")) {
-                pfail(&e, msg_param(&e, i, "role"), "messages[%zu].role \"%.40s\" is not supported (system, developer, user, assistant)", i, r);
+            if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant") && strcmp(r, "tool")) {
+                pfail(&e, msg_param(&e, i, "role"), "messages[%zu].role \"%.40s\" is not supported (system, developer, user, assistant, tool)", i, r);
                 goto bad;
+            }
+            int xbad;
+            char xmsg[256];
+            char *x = gwt_msg_extra(m, i, &xbad, xmsg, sizeof xmsg);
+            if (xbad) { pfail(&e, msg_param(&e, i, "tool_calls"), "%s", xmsg); goto bad; }
+            if (x) {
+                char **nk = realloc(extras, (n_extras + 1) * sizeof *nk);
+                if (!nk) { free(x); ret = send_error(rq, mc, 500, NULL, NULL, "out of memory"); goto out; }
+                extras = nk;
+                extras[n_extras++] = x;
+                msgs[i].extra = x;
+                msgs[i].extra_len = strlen(x);
             }
             msgs[i].role = r;
             msgs[i].role_len = strlen(r);
@@ -994,6 +1050,12 @@ static enum MHD_Result handle_generation(gw_req *rq, struct MHD_Connection *mc, 
             if (part_of[i]) msgs[i].content = parts.p + (uintptr_t)msgs[i].content;
         base.msgs = msgs;
         base.n_msgs = nm;
+        const char *tparam = NULL;
+        char tmsg[256];
+        if (gwt_request(o, &base, &tools_json, &tparam, tmsg, sizeof tmsg) < 0) {
+            pfail(&e, tparam, "%s", tmsg);
+            goto bad;
+        }
     } else {
         json_t *p = json_object_get(o, "prompt");
         if (!present(p)) { pfail(&e, "prompt", "\"prompt\" is required"); goto bad; }
@@ -1098,6 +1160,9 @@ bad:
 out:
     free(msgs);
     free(part_of);
+    for (size_t i = 0; i < n_extras; i++) free(extras[i]);
+    free(extras);
+    free(tools_json);
     sb_free(&parts);
     return ret;
 }

@@ -1111,7 +1111,7 @@ static int decode_req(dctx *d, const msgpack_object *m, proto_req *q)
     if (*d->code) return -1;   /* a bad id */
     if (!oid && q->type != PROTO_T_HELLO) return fail(d, PROTO_E_BAD_REQUEST, "missing \"id\"");
 
-    int has_prompt = 0, has_tokens = 0, has_version = 0, has_text = 0, has_msgs = 0;
+    int has_prompt = 0, has_tokens = 0, has_version = 0, has_text = 0, has_msgs = 0, has_choice = 0;
     for (uint32_t i = 0; i < m->via.map.size; i++) {
         const msgpack_object *k = &m->via.map.ptr[i].key, *v = &m->via.map.ptr[i].val;
         if (k->type != MSGPACK_OBJECT_STR || key_is(k, "type") || key_is(k, "id")) continue;
@@ -1130,7 +1130,7 @@ static int decode_req(dctx *d, const msgpack_object *m, proto_req *q)
             else if (key_is(k, "system")) rc = get_str(d, v, "system", PROTO_MAX_PROMPT, &q->system, &q->system_len);
             else if (key_is(k, "raw")) rc = get_bool(d, v, "raw", &q->raw);
             else if (key_is(k, "tools") && q->type == PROTO_T_GENERATE) rc = get_tools(d, v, q);
-            else if (key_is(k, "tool_choice") && q->type == PROTO_T_GENERATE) rc = get_tool_choice(d, v, q);
+            else if (key_is(k, "tool_choice") && q->type == PROTO_T_GENERATE) { rc = get_tool_choice(d, v, q); has_choice = 1; }
             else if (key_is(k, "parallel_tool_calls") && q->type == PROTO_T_GENERATE)
                 rc = get_bool(d, v, "parallel_tool_calls", &q->parallel_tool_calls);
             else if (q->type == PROTO_T_EVAL) {
@@ -1188,7 +1188,7 @@ static int decode_req(dctx *d, const msgpack_object *m, proto_req *q)
         if (has_msgs && q->system) return fail(d, PROTO_E_BAD_REQUEST, "\"system\" goes into \"messages\" as a message");
         if (has_msgs && q->raw) return fail(d, PROTO_E_BAD_REQUEST, "\"messages\" are rendered with the chat template: \"raw\" does not apply");
         if (q->tools && !has_msgs) return fail(d, PROTO_E_BAD_REQUEST, "\"tools\" go with \"messages\" (the chat template places them)");
-        if (q->tool_choice != PROTO_TOOLS_AUTO && !q->tools)
+        if (has_choice && !q->tools)
             return fail(d, PROTO_E_BAD_REQUEST, "\"tool_choice\" needs \"tools\"");
         break;
     case PROTO_T_TOKENIZE:

@@ -45,19 +45,32 @@ def token_bytes(tokens, types):
 
 
 def spell(text, pieces, types, taken):
-    """Token ids for text with no id repeated, special tokens matched whole."""
-    ids = []
-    rest = text.encode()
-    while rest:
-        best = None
-        for i, p in enumerate(pieces):
-            if p and i not in taken and rest.startswith(p) and (best is None or len(p) > len(pieces[best])):
-                best = i
-        if best is None:
-            sys.exit('mk_chain_model: cannot spell %r without repeating a token' % rest[:20])
-        ids.append(best)
-        taken.add(best)
-        rest = rest[len(pieces[best]):]
+    """Token ids for text with no id repeated (a search, longest pieces first)."""
+    first = {}
+    for i, p in enumerate(pieces):
+        if p:
+            first.setdefault(p[:1], []).append(i)
+    budget = [200000]
+
+    def dfs(rest, out):
+        if not rest:
+            return out
+        budget[0] -= 1
+        if budget[0] < 0:
+            return None
+        cands = sorted((i for i in first.get(rest[:1], []) if i not in taken and rest.startswith(pieces[i])),
+                       key=lambda i: -len(pieces[i]))
+        for i in cands:
+            taken.add(i)
+            r = dfs(rest[len(pieces[i]):], out + [i])
+            if r:
+                return r
+            taken.discard(i)
+        return None
+
+    ids = dfs(text.encode(), [])
+    if not ids:
+        sys.exit('mk_chain_model: cannot spell %r without repeating a token' % text)
     return ids
 
 

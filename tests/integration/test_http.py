@@ -269,7 +269,7 @@ def t_health_models(env):
     m = b["data"][0]
     check(m["object"] == "model" and isinstance(m["id"], str) and m["id"] and isinstance(m["created"], int)
           and m["owned_by"] == "aned", "model %r" % m)
-    check(m["meta"]["chat_template"] == "chatml" and m["meta"]["n_ctx"] > 0, "meta %r" % m)
+    check(m["meta"]["chat_template"] == "tokenizer.chat_template" and m["meta"]["n_ctx"] > 0, "meta %r" % m)
     st, _, one = get(env.gw_chat, "/v1/models/" + urllib.parse.quote(m["id"]))
     check(st == 200 and one["id"] == m["id"], "model by id %s %r" % (st, one))
     st, _, b = get(env.gw_chat, "/v1/models/gpt-nothing")
@@ -391,15 +391,27 @@ def t_chat(env):
     # Refused clearly.
     for bad, code in [({"messages": []}, "invalid_value"),
                       ({"messages": "hi"}, "invalid_value"),
-                      ({"messages": [{"role": "tool", "content": "x"}]}, "invalid_value"),
+                      ({"messages": [{"role": "robot", "content": "x"}]}, "invalid_value"),
+                      ({"messages": same, "tools": [{"type": "function", "function": {"name": "f", "parameters": [1]}}]},
+                       "invalid_value"),
+                      ({"messages": same, "tools": [1]}, "invalid_value"),
+                      ({"messages": same, "tool_choice": "auto"}, "invalid_value"),
+                      ({"messages": same + [{"role": "assistant", "tool_calls": [{"function": {"name": 1}}]}]}, "invalid_value"),
+                      ({"messages": same, "functions": [{"name": "f"}]}, "unsupported_parameter"),
                       ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
                        "unsupported_content"),
-                      ({"messages": same, "tools": [{"type": "function", "function": {"name": "f"}}]},
-                       "unsupported_parameter"),
                       ({"messages": same, "logprobs": True}, "unsupported_parameter"),
                       ({"messages": same, "response_format": {"type": "xml"}}, "unsupported_parameter")]:
         st, _, b = post(gw, "/v1/chat/completions", bad)
         check(st == 400 and is_error(b, code), "refused %r: %s %r" % (bad, st, b))
+    # Tools reach the template (a longer prompt); a tool conversation is taken.
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
+    st, _, bt = post(gw, "/v1/chat/completions", {"messages": same, "tools": tools, "max_tokens": 2, "temperature": 0})
+    check(st == 200 and bt["usage"]["prompt_tokens"] > b2["usage"]["prompt_tokens"], "tools %s %r" % (st, bt))
+    conv = same + [{"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
+                    "function": {"name": "f", "arguments": "{}"}}]}, {"role": "tool", "tool_call_id": "call_1", "content": "42"}]
+    st, _, bt = post(gw, "/v1/chat/completions", {"messages": conv, "tools": tools, "max_tokens": 2, "temperature": 0})
+    check(st == 200 and bt["choices"][0]["finish_reason"] in ("length", "stop", "tool_calls"), "tool conversation %s %r" % (st, bt))
     # The protocol's "messages" straight to aned: the same prompt as over HTTP.
     c = Raw(env.chat.sock)
     try:

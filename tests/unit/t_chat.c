@@ -331,6 +331,46 @@ static void test_jinja_renders(void)
     json_decref(root);
 }
 
+/* The tokens a template ends an assistant turn with (a plain reply, then a
+ * turn that calls a tool): the tiny fixtures carry ChatML and Llama-3
+ * templates over Qwen's vocabulary; Llama 3.1's own template on its
+ * vocabulary. */
+static void test_end_tokens(void)
+{
+    static const struct { const char *path, *want; } cases[] = {
+        { "tests/fixtures/models/gemma3-tiny.bf16.gguf", "<|im_end|>" },
+        { "tests/fixtures/models/qwen3moe-tiny.bf16.gguf", "<|im_end|>" },
+        { "tests/fixtures/models/mixtral-tiny.bf16.gguf", "<|eot_id|>" },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        tok *t = load(cases[i].path);
+        CHECKF(t != NULL, "%s", cases[i].path);
+        if (!t) continue;
+        if (!tok_chat_template(t)[0]) { CHECKF(0, "%s has no template", cases[i].path); tok_free(t); continue; }
+        chat_tpl *c = tpl_of(t);
+        char ends[96];
+        if (c) end_texts(t, c, ends, sizeof ends);
+        CHECKF(c && strcmp(ends, cases[i].want) == 0, "%s: %s", cases[i].path, c ? ends : "");
+        chat_free(c);
+        tok_free(t);
+    }
+    tok *t = load("bin/fixtures/vocab-llama3.gguf");
+    FILE *f = fopen("tests/fixtures/chat/templates/meta-llama-Llama-3.1-8B-Instruct.jinja", "rb");
+    CHECK(t && f);
+    if (t && f) {
+        static char src[65536];
+        size_t n = fread(src, 1, sizeof src - 1, f);
+        char err[200], ends[96] = "";
+        chat_tpl *c = chat_open(t, src, n, err, sizeof err);
+        CHECKF(c != NULL, "%s", err);
+        if (c) end_texts(t, c, ends, sizeof ends);
+        CHECKF(strcmp(ends, "<|eot_id|>") == 0, "llama 3.1: %s", ends);
+        chat_free(c);
+    }
+    if (f) fclose(f);
+    tok_free(t);
+}
+
 int main(void)
 {
     RUN(test_sources);
@@ -339,5 +379,6 @@ int main(void)
     RUN(test_llama3);
     RUN(test_qwen3_think);
     RUN(test_jinja_renders);
+    RUN(test_end_tokens);
     return CHECK_DONE();
 }

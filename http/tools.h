@@ -1,0 +1,23 @@
+/* tools.h — the OpenAI tool fields of a chat completion request, turned
+ * into aned's (tools, tool_choice, parallel_tool_calls; a message's
+ * tool_calls, tool_call_id and name). */
+#ifndef ANE_HTTP_TOOLS_H
+#define ANE_HTTP_TOOLS_H
+
+#include <jansson.h>
+#include <stddef.h>
+
+struct proto_req;
+
+/* Reads tools, tool_choice and parallel_tool_calls of body o into q;
+ * *tools_json (malloc'd, the caller frees after sending) holds the tools'
+ * JSON text. -1 with *param and msg for a 400 (param points into static
+ * text or into o). */
+int gwt_request(json_t *o, struct proto_req *q, char **tools_json, const char **param, char *msg, size_t msglen);
+
+/* A message's keys other than role and content, as JSON object text
+ * (malloc'd), or NULL with *bad = 0 when it has none; *bad = 1 and msg when
+ * its tool_calls are malformed. */
+char *gwt_msg_extra(json_t *m, size_t i, int *bad, char *msg, size_t msglen);
+
+#endif
