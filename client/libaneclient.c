@@ -1,5 +1,6 @@
 /* libaneclient.c — one connection to aned: handshake, requests, events.
  * See aneclient.h. */
+#include "common/err.h"
 #include "client/aneclient.h"
 
 #include <errno.h>
@@ -29,17 +30,6 @@ struct ane_client {
     char server[128];
     char model[256];
 };
-
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 const char *ane_default_socket(char *buf, size_t n)
 {
@@ -89,14 +79,14 @@ static int read_some(ane_client *c, char *err, size_t errlen)
         ssize_t n = recv(c->fd, p, avail, 0);
         if (n > 0) { proto_reader_commit(c->rd, (size_t)n); return 1; }
         if (n == 0) {
-            seterr(err, errlen, "aned closed the connection");
+            err_set(err, errlen, "aned closed the connection");
             c->eof = 1;
             fail_conn(c);
             return -1;
         }
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
-        seterr(err, errlen, "read from aned: %s", strerror(errno));
+        err_set(err, errlen, "read from aned: %s", strerror(errno));
         c->eof = 1;
         fail_conn(c);
         return -1;
@@ -122,18 +112,18 @@ static int flush_out(ane_client *c, long long deadline, char *err, size_t errlen
             int t = left_ms(deadline);
             int pr = poll(&pf, 1, t);
             if (pr < 0 && errno == EINTR) continue;
-            if (pr < 0) { seterr(err, errlen, "poll: %s", strerror(errno)); goto fail; }
-            if (pr == 0) { seterr(err, errlen, "timed out sending to aned"); goto fail; }
+            if (pr < 0) { err_set(err, errlen, "poll: %s", strerror(errno)); goto fail; }
+            if (pr == 0) { err_set(err, errlen, "timed out sending to aned"); goto fail; }
             if (pf.revents & POLLOUT) continue;
             if (pf.revents & POLLIN) {
                 if (read_some(c, err, errlen) < 0) goto fail;
             } else if (pf.revents & (POLLERR | POLLHUP)) {
-                seterr(err, errlen, "aned closed the connection");
+                err_set(err, errlen, "aned closed the connection");
                 goto fail;
             }
             continue;
         }
-        seterr(err, errlen, "write to aned: %s", n < 0 ? strerror(errno) : "no progress");
+        err_set(err, errlen, "write to aned: %s", n < 0 ? strerror(errno) : "no progress");
         goto fail;
     }
     c->out.len = 0;
@@ -184,7 +174,7 @@ static int next_event(ane_client *c, proto_ev *ev, long long deadline, char *err
         int rc = proto_reader_next_ev(c->rd, ev, &code, perr, sizeof perr);
         if (rc == 1 && code == PROTO_E_UNKNOWN_TYPE) continue;   /* newer daemon: skip */
         if (rc == 1 && code != PROTO_OK) {
-            seterr(err, errlen, "aned sent an invalid event (%s): %s", proto_err_name(code), perr);
+            err_set(err, errlen, "aned sent an invalid event (%s): %s", proto_err_name(code), perr);
             c->eof = 1;
             fail_conn(c);
             return -1;
@@ -195,12 +185,12 @@ static int next_event(ane_client *c, proto_ev *ev, long long deadline, char *err
             return 1;
         }
         if (rc < 0) {
-            seterr(err, errlen, "aned sent a broken stream: %s", perr);
+            err_set(err, errlen, "aned sent a broken stream: %s", perr);
             c->eof = 1;
             fail_conn(c);
             return -1;
         }
-        if (c->eof) { seterr(err, errlen, "the connection to aned is closed"); return -1; }
+        if (c->eof) { err_set(err, errlen, "the connection to aned is closed"); return -1; }
         int got = read_some(c, err, errlen);
         if (got < 0) return -1;
         if (got > 0) continue;
@@ -209,7 +199,7 @@ static int next_event(ane_client *c, proto_ev *ev, long long deadline, char *err
         struct pollfd pf = { c->fd, POLLIN, 0 };
         int pr = poll(&pf, 1, t);
         if (pr < 0 && errno == EINTR) return 0;
-        if (pr < 0) { seterr(err, errlen, "poll: %s", strerror(errno)); c->eof = 1; fail_conn(c); return -1; }
+        if (pr < 0) { err_set(err, errlen, "poll: %s", strerror(errno)); c->eof = 1; fail_conn(c); return -1; }
         if (pr == 0) return 0;
         if (read_some(c, err, errlen) < 0) return -1;
     }
@@ -217,7 +207,7 @@ static int next_event(ane_client *c, proto_ev *ev, long long deadline, char *err
 
 int ane_next_event(ane_client *c, proto_ev *ev, int timeout_ms, char *err, size_t errlen)
 {
-    if (!c) { seterr(err, errlen, "no connection"); return -1; }
+    if (!c) { err_set(err, errlen, "no connection"); return -1; }
     long long deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
     return next_event(c, ev, deadline, err, errlen);
 }
@@ -249,14 +239,14 @@ static int check_peer(int fd, const char *path, uid_t extra, char *err, size_t e
     struct ucred cr;
     socklen_t len = sizeof cr;
     if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) < 0 || len != sizeof cr) {
-        seterr(err, errlen, "cannot check who serves %s (SO_PEERCRED): %s", path, strerror(errno));
+        err_set(err, errlen, "cannot check who serves %s (SO_PEERCRED): %s", path, strerror(errno));
         return -1;
     }
     if (cr.uid == 0 || cr.uid == getuid() || cr.uid == geteuid() || (extra && cr.uid == extra)) return 0;
     char who[300], me[300];
     user_name(cr.uid, who, sizeof who);
     user_name(geteuid(), me, sizeof me);
-    seterr(err, errlen, "refusing %s: it is served by uid %u%s, which is neither root nor you (uid %u%s); "
+    err_set(err, errlen, "refusing %s: it is served by uid %u%s, which is neither root nor you (uid %u%s); "
            "nothing was sent. To trust a daemon run by that user, name it (--daemon-user)",
            path, (unsigned)cr.uid, who, (unsigned)geteuid(), me);
     return -1;
@@ -264,7 +254,7 @@ static int check_peer(int fd, const char *path, uid_t extra, char *err, size_t e
 
 int ane_parse_uid(const char *name, uid_t *out, char *err, size_t errlen)
 {
-    if (!name || !*name) { seterr(err, errlen, "no user named"); return -1; }
+    if (!name || !*name) { err_set(err, errlen, "no user named"); return -1; }
     struct passwd pw, *res = NULL;
     char tmp[4096];
     if (getpwnam_r(name, &pw, tmp, sizeof tmp, &res) == 0 && res) { *out = res->pw_uid; return 0; }
@@ -275,7 +265,7 @@ int ane_parse_uid(const char *name, uid_t *out, char *err, size_t errlen)
         *out = (uid_t)v;
         return 0;
     }
-    seterr(err, errlen, "no user \"%.100s\" (expected a user name or a uid)", name);
+    err_set(err, errlen, "no user \"%.100s\" (expected a user name or a uid)", name);
     return -1;
 }
 
@@ -293,31 +283,31 @@ int ane_connect_with(ane_client **out, const ane_connect_opts *o, proto_err *ref
     memset(&sa, 0, sizeof sa);
     sa.sun_family = AF_UNIX;
     if (!*path || strlen(path) >= sizeof sa.sun_path) {
-        seterr(err, errlen, "socket path \"%s\" is empty or too long", path);
+        err_set(err, errlen, "socket path \"%s\" is empty or too long", path);
         return -1;
     }
     memcpy(sa.sun_path, path, strlen(path));
 
     c = calloc(1, sizeof *c);
-    if (!c) { seterr(err, errlen, "out of memory"); return -1; }
+    if (!c) { err_set(err, errlen, "out of memory"); return -1; }
     c->fd = -1;
     c->next_id = 1;
     c->rd = proto_reader_new(0);
-    if (!c->rd) { seterr(err, errlen, "out of memory"); goto fail; }
+    if (!c->rd) { err_set(err, errlen, "out of memory"); goto fail; }
     c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (c->fd < 0) { seterr(err, errlen, "socket: %s", strerror(errno)); goto fail; }
+    if (c->fd < 0) { err_set(err, errlen, "socket: %s", strerror(errno)); goto fail; }
     while (connect(c->fd, (struct sockaddr *)&sa, sizeof sa) < 0) {
         if (errno == EINTR) continue;
         if (errno == ENOENT || errno == ECONNREFUSED)
-            seterr(err, errlen, "cannot connect to aned at %s: %s (is aned running?)", path, strerror(errno));
+            err_set(err, errlen, "cannot connect to aned at %s: %s (is aned running?)", path, strerror(errno));
         else
-            seterr(err, errlen, "cannot connect to aned at %s: %s", path, strerror(errno));
+            err_set(err, errlen, "cannot connect to aned at %s: %s", path, strerror(errno));
         goto fail;
     }
     if (check_peer(c->fd, path, o ? o->daemon_uid : 0, err, errlen) < 0) goto fail;
     int fl = fcntl(c->fd, F_GETFL);
     if (fl < 0 || fcntl(c->fd, F_SETFL, fl | O_NONBLOCK) < 0) {
-        seterr(err, errlen, "fcntl: %s", strerror(errno));
+        err_set(err, errlen, "fcntl: %s", strerror(errno));
         goto fail;
     }
 
@@ -328,7 +318,7 @@ int ane_connect_with(ane_client **out, const ane_connect_opts *o, proto_err *ref
     q.client = name;
     q.client_len = strlen(name) > PROTO_MAX_NAME ? PROTO_MAX_NAME : strlen(name);
     if (!proto_utf8_valid(q.client, q.client_len)) { q.client = "libaneclient"; q.client_len = 12; }
-    if (proto_req_encode(&c->out, &q) < 0) { seterr(err, errlen, "out of memory"); goto fail; }
+    if (proto_req_encode(&c->out, &q) < 0) { err_set(err, errlen, "out of memory"); goto fail; }
     char e2[256];
     /* A daemon that refuses at once (busy, denied) may close before reading
      * our hello: its error is still there to read, so read before failing. */
@@ -338,19 +328,19 @@ int ane_connect_with(ane_client **out, const ane_connect_opts *o, proto_err *ref
     int rc;
     do rc = next_event(c, &ev, deadline, e3, sizeof e3);
     while (rc == 0 && sent == 0 && left_ms(deadline) != 0);
-    if (rc == 0 && sent == 0) { seterr(err, errlen, "aned at %s did not answer the handshake", path); goto fail; }
+    if (rc == 0 && sent == 0) { err_set(err, errlen, "aned at %s did not answer the handshake", path); goto fail; }
     if (rc <= 0) {
-        seterr(err, errlen, "handshake with aned at %s: %s", path, sent < 0 ? e2 : e3);
+        err_set(err, errlen, "handshake with aned at %s: %s", path, sent < 0 ? e2 : e3);
         goto fail;
     }
     if (ev.type == PROTO_T_ERROR) {
         if (refused) *refused = ev.code;
-        seterr(err, errlen, "aned refused the connection (%s): %.*s", proto_err_name(ev.code),
+        err_set(err, errlen, "aned refused the connection (%s): %.*s", proto_err_name(ev.code),
                (int)(ev.message_len > 400 ? 400 : ev.message_len), ev.message);
         goto fail;
     }
     if (ev.type != PROTO_T_HELLO_OK) {
-        seterr(err, errlen, "aned answered the handshake with \"%s\"", proto_type_name(ev.type));
+        err_set(err, errlen, "aned answered the handshake with \"%s\"", proto_type_name(ev.type));
         goto fail;
     }
     c->version = ev.version;
@@ -381,20 +371,20 @@ size_t ane_in_flight(const ane_client *c) { return c ? c->n_flight : 0; }
 
 uint64_t ane_submit(ane_client *c, proto_req *req, char *err, size_t errlen)
 {
-    if (!c || c->dead) { seterr(err, errlen, "the connection to aned is closed"); return 0; }
+    if (!c || c->dead) { err_set(err, errlen, "the connection to aned is closed"); return 0; }
     if (req->type == PROTO_T_CANCEL || req->type == PROTO_T_HELLO || req->type < PROTO_T_HELLO
         || req->type > PROTO_T_PING) {
-        seterr(err, errlen, "ane_submit: \"%s\" is not a request to submit", proto_type_name(req->type));
+        err_set(err, errlen, "ane_submit: \"%s\" is not a request to submit", proto_type_name(req->type));
         return 0;
     }
     req->id = c->next_id++;
     if (proto_req_encode(&c->out, req) < 0) {
-        seterr(err, errlen, "request too large (over %u bytes) or out of memory", PROTO_MAX_FRAME);
+        err_set(err, errlen, "request too large (over %u bytes) or out of memory", PROTO_MAX_FRAME);
         return 0;
     }
     if (flight_add(c, req->id) < 0) {
         c->out.len = 0;
-        seterr(err, errlen, "out of memory");
+        err_set(err, errlen, "out of memory");
         return 0;
     }
     if (flush_out(c, -1, err, errlen) < 0) return 0;
@@ -424,8 +414,8 @@ uint64_t ane_submit_eval(ane_client *c, const char *prompt, int32_t top, char *e
 uint64_t ane_submit_chat(ane_client *c, const proto_msg *msgs, size_t n, int32_t max_tokens,
                          char *err, size_t errlen)
 {
-    if (!msgs || n == 0) { seterr(err, errlen, "ane_submit_chat: no messages"); return 0; }
-    if (n > PROTO_MAX_MSGS) { seterr(err, errlen, "ane_submit_chat: over %d messages", PROTO_MAX_MSGS); return 0; }
+    if (!msgs || n == 0) { err_set(err, errlen, "ane_submit_chat: no messages"); return 0; }
+    if (n > PROTO_MAX_MSGS) { err_set(err, errlen, "ane_submit_chat: over %d messages", PROTO_MAX_MSGS); return 0; }
     proto_req q;
     proto_req_init(&q, PROTO_T_GENERATE, 0);
     q.msgs = msgs;
@@ -472,17 +462,17 @@ uint64_t ane_submit_ping(ane_client *c, char *err, size_t errlen)
 
 int ane_cancel(ane_client *c, uint64_t id, char *err, size_t errlen)
 {
-    if (!c || c->dead) { seterr(err, errlen, "the connection to aned is closed"); return -1; }
+    if (!c || c->dead) { err_set(err, errlen, "the connection to aned is closed"); return -1; }
     proto_req q;
     proto_req_init(&q, PROTO_T_CANCEL, id);
-    if (proto_req_encode(&c->out, &q) < 0) { seterr(err, errlen, "out of memory"); return -1; }
+    if (proto_req_encode(&c->out, &q) < 0) { err_set(err, errlen, "out of memory"); return -1; }
     return flush_out(c, -1, err, errlen);
 }
 
 int ane_run(ane_client *c, uint64_t id, ane_event_cb cb, void *arg, int timeout_ms,
             char *err, size_t errlen)
 {
-    if (!c) { seterr(err, errlen, "no connection"); return -1; }
+    if (!c) { err_set(err, errlen, "no connection"); return -1; }
     for (;;) {
         proto_ev ev;
         long long deadline = timeout_ms > 0 ? now_ms() + timeout_ms : -1;
@@ -497,7 +487,7 @@ int ane_run(ane_client *c, uint64_t id, ane_event_cb cb, void *arg, int timeout_
         if (s) return s;
         if (ev.id == id && ane_event_terminal(&ev)) return 0;
         if (ev.type == PROTO_T_ERROR && ev.id == 0) {
-            seterr(err, errlen, "aned closed the connection (%s): %.*s", proto_err_name(ev.code),
+            err_set(err, errlen, "aned closed the connection (%s): %.*s", proto_err_name(ev.code),
                    (int)(ev.message_len > 400 ? 400 : ev.message_len), ev.message);
             return -1;
         }

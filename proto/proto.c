@@ -1,5 +1,7 @@
 /* proto.c — the aned wire protocol: names, defaults, encoders, the framing
  * reader and the message decoders. See proto.h and PROTOCOL.md. */
+#include "common/err.h"
+#include "common/utf8.h"
 #include "proto/proto.h"
 
 #include <math.h>
@@ -106,33 +108,7 @@ void proto_ev_init(proto_ev *e, proto_type t, uint64_t id)
 
 /* ------------------------------------------------------------------ UTF-8 */
 
-int proto_utf8_valid(const char *str, size_t n)
-{
-    const unsigned char *s = (const unsigned char *)str;
-    size_t i = 0;
-    while (i < n) {
-        unsigned c = s[i];
-        if (c < 0x80) { i++; continue; }
-        size_t len;
-        unsigned lo = 0x80, hi = 0xBF;
-        if (c >= 0xC2 && c <= 0xDF) len = 2;
-        else if (c >= 0xE0 && c <= 0xEF) {
-            len = 3;
-            if (c == 0xE0) lo = 0xA0;        /* overlong */
-            else if (c == 0xED) hi = 0x9F;   /* surrogates */
-        } else if (c >= 0xF0 && c <= 0xF4) {
-            len = 4;
-            if (c == 0xF0) lo = 0x90;        /* overlong */
-            else if (c == 0xF4) hi = 0x8F;   /* > U+10FFFF */
-        } else return 0;
-        if (n - i < len) return 0;
-        if (s[i + 1] < lo || s[i + 1] > hi) return 0;
-        for (size_t k = 2; k < len; k++)
-            if ((s[i + k] & 0xC0) != 0x80) return 0;
-        i += len;
-    }
-    return 1;
-}
+int proto_utf8_valid(const char *str, size_t n) { return utf8_valid(str, n, NULL); }
 
 size_t proto_utf8_whole(const char *str, size_t n)
 {
@@ -588,17 +564,6 @@ uint64_t proto_reader_claimed(const proto_reader *r)
     return r->broken && r->broken_code == PROTO_E_TOO_LARGE ? r->claimed : 0;
 }
 
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
 static uint64_t rd_be(const unsigned char *p, int n)
 {
     uint64_t v = 0;
@@ -642,12 +607,12 @@ static int rd_skim(proto_reader *r, size_t *len, proto_err *code, char *err, siz
             case 0xdf: container = 2; lenbytes = 4; break;
             default:   /* 0xc1, ext types */
                 *code = PROTO_E_MALFORMED;
-                seterr(err, errlen, "malformed message: byte 0x%02x at offset %zu is not allowed", b, pos);
+                err_set(err, errlen, "malformed message: byte 0x%02x at offset %zu is not allowed", b, pos);
                 return -1;
         }
         if (!r->sk_started && container != 2) {
             *code = PROTO_E_MALFORMED;
-            seterr(err, errlen, "malformed message: top level is not a map");
+            err_set(err, errlen, "malformed message: top level is not a map");
             return -1;
         }
         hdr += lenbytes;
@@ -671,7 +636,7 @@ static int rd_skim(proto_reader *r, size_t *len, proto_err *code, char *err, siz
         if (container) {
             if (r->sk_depth + 1 > PROTO_MAX_DEPTH) {
                 *code = PROTO_E_TOO_DEEP;
-                seterr(err, errlen, "message nests deeper than %d levels", PROTO_MAX_DEPTH);
+                err_set(err, errlen, "message nests deeper than %d levels", PROTO_MAX_DEPTH);
                 return -1;
             }
             r->sk_depth++;
@@ -682,7 +647,7 @@ static int rd_skim(proto_reader *r, size_t *len, proto_err *code, char *err, siz
     }
 too_large:
     *code = PROTO_E_TOO_LARGE;
-    seterr(err, errlen, "message larger than %zu bytes", r->max_frame);
+    err_set(err, errlen, "message larger than %zu bytes", r->max_frame);
     return -1;
 }
 
@@ -1251,7 +1216,7 @@ static int rd_next(proto_reader *r, void *out, int events, proto_err *code, char
     if (err && errlen) err[0] = 0;
     if (r->broken) {
         *code = r->broken_code;
-        seterr(err, errlen, "connection stream is broken (%s)", proto_err_name(r->broken_code));
+        err_set(err, errlen, "connection stream is broken (%s)", proto_err_name(r->broken_code));
         return -1;
     }
     /* The previous message's storage is released now. */
@@ -1280,13 +1245,13 @@ static int rd_next(proto_reader *r, void *out, int events, proto_err *code, char
         || obj.type != MSGPACK_OBJECT_MAP) {
         r->broken = 1;
         r->broken_code = *code = ur == MSGPACK_UNPACK_NOMEM_ERROR ? PROTO_E_INTERNAL : PROTO_E_MALFORMED;
-        seterr(err, errlen, ur == MSGPACK_UNPACK_NOMEM_ERROR ? "out of memory" : "malformed message");
+        err_set(err, errlen, ur == MSGPACK_UNPACK_NOMEM_ERROR ? "out of memory" : "malformed message");
         return -1;
     }
     if (arena_prepare(r, len) < 0) {
         r->broken = 1;
         r->broken_code = *code = PROTO_E_INTERNAL;
-        seterr(err, errlen, "out of memory");
+        err_set(err, errlen, "out of memory");
         return -1;
     }
     dctx d = { r, code, err, errlen, "message", events };
@@ -1301,7 +1266,7 @@ static int rd_next(proto_reader *r, void *out, int events, proto_err *code, char
         if (!r->zone) {
             r->broken = 1;
             r->broken_code = *code = PROTO_E_INTERNAL;
-            seterr(err, errlen, "out of memory");
+            err_set(err, errlen, "out of memory");
             return -1;
         }
     }

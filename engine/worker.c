@@ -1,0 +1,594 @@
+/* worker.c — the scheduler and the worker thread (engine.c's top comment
+ * describes a step): fair admission, eviction, the batch, the forward pass,
+ * sampling and the events of each step. */
+#include "engine/engine_int.h"
+
+/* ---- the worker ---------------------------------------------------------- */
+
+/* Picks the queued job to admit next: the one whose uid, then owner, has the
+ * fewest active or paused jobs; oldest first among equals. Under mu. */
+static job *pick_fair(eng *e, job **prev_out)
+{
+    job *best = NULL, *best_prev = NULL, *prev = NULL;
+    int best_u = 0, best_o = 0;
+    for (job *j = e->queue_head; j; prev = j, j = j->next) {
+        if (atomic_load(&j->paused)) continue;   /* waits in the queue until resumed */
+        int nu = 0, no = 0;
+        for (int i = 0; i < e->n_active; i++) {
+            nu += e->active[i]->uid == j->uid;
+            no += e->active[i]->owner == j->owner;
+        }
+        for (const job *q = e->parked; q; q = q->next) {   /* paused jobs count in the share */
+            nu += q->uid == j->uid;
+            no += q->owner == j->owner;
+        }
+        if (!best || nu < best_u || (nu == best_u && no < best_o)) {
+            best = j; best_prev = prev; best_u = nu; best_o = no;
+        }
+    }
+    *prev_out = best_prev;
+    return best;
+}
+
+static void queue_unlink(eng *e, job *j, job *prev)
+{
+    if (prev) prev->next = j->next; else e->queue_head = j->next;
+    if (e->queue_tail == j) e->queue_tail = prev;
+    j->next = NULL;
+    e->n_queued--;
+}
+
+void job_error(eng *e, job *j)
+{
+    eng_event *ev = ev_new(ENG_EV_ERROR, j);
+    if (ev) {
+        ev->code = j->err_code;
+        snprintf(ev->message, sizeof ev->message, "%s", j->err_msg[0] ? j->err_msg : eng_strerror(j->err_code));
+    }
+    ev_push(e, ev);
+}
+
+/* Admits queued job j (prev: its predecessor in the queue) if a slot and
+ * its pages are free: whole cached pages of its tokens are reused (a new
+ * generate job's prompt but its last token, which is computed again for its
+ * logits; an evicted job's tokens up to where it was), the rest allocated.
+ * 1 admitted, 0 no room. Under mu. */
+static int admit(eng *e, job *j, job *prev)
+{
+    if (e->n_active >= e->max_seqs) return 0;
+    int need = (j->n_prompt + j->max_gen + KV_PAGE - 1) / KV_PAGE;
+    int n_known = j->evicted ? j->n_fill : j->n_prompt;
+    int max_reuse = j->evicted ? j->n_fill / KV_PAGE : (j->n_prompt - 1) / KV_PAGE;
+    int reuse = 0, snap = -1, snap_len = 0;
+    /* eval needs every position's logits, unless they were given before an eviction */
+    if ((j->kind == ENG_JOB_GENERATE || j->evicted) && (!e->m->recurrent || e->snaps))
+        reuse = kvc_match(e->kv, j->toks, n_known, max_reuse, j->pages);
+    if (e->m->recurrent && reuse > 0) {
+        /* recurrent layers resume only from a saved state: cut the reuse
+         * back to the longest snapshot of these tokens */
+        snap = snapc_find(e->snaps, j->toks, reuse * KV_PAGE, KV_PAGE, &snap_len);
+        int keep = snap >= 0 ? snap_len / KV_PAGE : 0;
+        kvc_release(e->kv, j->pages + keep, reuse - keep);
+        reuse = keep;
+    }
+    if (kvc_alloc(e->kv, need - reuse, j->pages + reuse)) {
+        kvc_release(e->kv, j->pages, reuse);
+        return 0;
+    }
+    queue_unlink(e, j, prev);
+    j->slot = 0;
+    while (e->slot_used[j->slot]) j->slot++;   /* n_active < max_seqs: one is free */
+    e->slot_used[j->slot] = 1;
+    fw_seq_reset(e->fw, j->slot);
+    if (reuse > 0 && snap >= 0) fw_snap_load(e->fw, snap, j->slot);
+    j->snap = e->snaps && j->kind == ENG_JOB_GENERATE ? snapc_take(e->snaps, j) : -1;
+    j->snap2 = j->snap >= 0 ? snapc_take(e->snaps, j) : -1;
+    j->n_pages = need;
+    if (!j->evicted) {
+        j->n_cached = reuse * KV_PAGE;
+        e->st.cached_tokens += (uint64_t)j->n_cached;
+        j->t_admit = now_ms();
+    }
+    j->n_past = reuse * KV_PAGE;
+    j->n_published = reuse;
+    j->evicted = 0;
+    j->state = JOB_ACTIVE;
+    j->admit_no = ++e->admit_seq;
+    e->active[e->n_active++] = j;
+    return 1;
+}
+
+/* Takes j's slot and pages back (its full pages stay in the prefix cache
+ * for its return, as long as nobody needs their room); it keeps its tokens
+ * and will compute those it loses again before going on. The caller takes
+ * it out of its list. Under mu. */
+static void evict(eng *e, job *j)
+{
+    if (j->state == JOB_ACTIVE && e->a_on) e->a_stale = 1;   /* the queued step had it */
+    if (j->n_past > j->n_fill) j->n_fill = j->n_past;
+    pages_release(e, j);
+    j->n_past = 0;
+    j->n_published = 0;
+    j->snap = j->snap2 = -1;
+    j->evicted = 1;
+    e->st.evictions++;
+}
+
+/* What a job costs its uid's share: its pages, and its slot while it holds
+ * one, each as a fraction of the whole (scaled to integers). */
+static uint64_t job_cost(const eng *e, int pages, int slot)
+{
+    return (uint64_t)pages * (uint64_t)e->max_seqs + (slot ? (uint64_t)e->n_pages_total : 0);
+}
+
+/* What the jobs of j's uid (by_owner: of j's owner) cost together. */
+static uint64_t share_cost(const eng *e, const job *j, int by_owner)
+{
+    uint64_t c = 0;
+    for (int i = 0; i < e->n_active; i++) {
+        const job *q = e->active[i];
+        if (by_owner ? q->owner == j->owner : q->uid == j->uid) c += job_cost(e, q->n_pages, 1);
+    }
+    for (const job *q = e->parked; q; q = q->next)
+        if (by_owner ? q->owner == j->owner : q->uid == j->uid) c += job_cost(e, q->n_pages, 0);
+    return c;
+}
+
+/* w waits for a slot or pages: takes them back from one job, 1 if it did.
+ * First a paused job (any uid) holding what is short; else the youngest
+ * running job of the uid that holds the most, provided that uid keeps at
+ * least what w's uid will then hold (so the two never take turns
+ * preempting each other); else the same between connections (owners) of
+ * w's uid. Under mu. */
+static int make_room(eng *e, job *w)
+{
+    int no_slot = e->n_active >= e->max_seqs;
+    int best = -1;
+    job *v = NULL;
+    for (int i = 0; i < e->n_active; i++)     /* recurrent models: paused jobs keep their slot */
+        if (atomic_load(&e->active[i]->paused) && (best < 0 || e->active[i]->n_pages > v->n_pages)) {
+            best = i;
+            v = e->active[i];
+        }
+    if (v) {
+        evict(e, v);
+        e->active[best] = e->active[--e->n_active];
+        v->state = JOB_PARKED;
+        v->next = e->parked;
+        e->parked = v;
+        e->n_parked++;
+        return 1;
+    }
+    if (!no_slot)
+        for (job *q = e->parked; q; q = q->next)
+            if (q->n_pages > 0 && (!v || q->n_pages > v->n_pages)) v = q;
+    if (v) {
+        evict(e, v);                          /* stays parked until resumed */
+        return 1;
+    }
+    uint64_t w_cost = job_cost(e, (w->n_prompt + w->max_gen + KV_PAGE - 1) / KV_PAGE, 1);
+    for (int by_owner = 0; by_owner < 2 && !v; by_owner++) {
+        uint64_t w_after = share_cost(e, w, by_owner) + w_cost, v_share = 0;
+        struct { uint64_t key, cost; } memo[16];   /* few uids/owners: each summed once */
+        int n_memo = 0;
+        for (int i = 0; i < e->n_active; i++) {
+            job *j = e->active[i];
+            if (by_owner ? j->uid != w->uid || j->owner == w->owner : j->uid == w->uid) continue;
+            uint64_t key = by_owner ? j->owner : j->uid, u = 0, c = job_cost(e, j->n_pages, 1);
+            int m = 0;
+            while (m < n_memo && memo[m].key != key) m++;
+            if (m < n_memo) u = memo[m].cost;
+            else {
+                u = share_cost(e, j, by_owner);
+                if (n_memo < 16) { memo[n_memo].key = key; memo[n_memo].cost = u; n_memo++; }
+            }
+            if (u < c || u - c < w_after) continue;
+            if (!v || u > v_share || (u == v_share && j->admit_no > v->admit_no)) {
+                v = j;
+                best = i;
+                v_share = u;
+            }
+        }
+    }
+    if (!v) return 0;
+    evict(e, v);
+    e->active[best] = e->active[--e->n_active];
+    queue_insert(e, v);
+    return 1;
+}
+
+/* Ends every generate and eval job with ENG_EMODEL_CHANGED once
+ * model_gone(): those waiting for the tokenizer or in its hands, queued
+ * (evicted ones included), running, and paused (parked, evicted or not).
+ * Tokenize requests go on (the tokenizer keeps its own copies). Under mu;
+ * the worker's, as schedule(). */
+static void fail_model_gone(eng *e)
+{
+    char msg[sizeof ((job *)0)->err_msg];
+    gone_msg(e, msg, sizeof msg);
+    for (job *j = e->pend_head, *prev = NULL, *nx; j; j = nx) {
+        nx = j->next;
+        if (j->kind == JOB_TOKENIZE || atomic_load(&j->cancel)) { prev = j; continue; }   /* (cancelled: below) */
+        if (prev) prev->next = nx; else e->pend_head = nx;
+        if (e->pend_tail == j) e->pend_tail = prev;
+        pend_done(e, j);
+        j->err_code = ENG_EMODEL_CHANGED;
+        memcpy(j->err_msg, msg, sizeof msg);
+        job_error(e, j);
+        job_free(j);
+    }
+    /* the tokenizer thread drops it when it is through (as when cancelled) */
+    job *tj = e->tokenizing;
+    if (tj && !tj->reported && tj->kind != JOB_TOKENIZE && !atomic_load(&tj->cancel)) {
+        tj->reported = 1;
+        pend_done(e, tj);
+        tj->err_code = ENG_EMODEL_CHANGED;
+        memcpy(tj->err_msg, msg, sizeof msg);
+        job_error(e, tj);
+    }
+    for (job *j = e->queue_head; j; j = j->next)
+        if (j->err_code == ENG_OK) { j->err_code = ENG_EMODEL_CHANGED; memcpy(j->err_msg, msg, sizeof msg); }
+    if (e->n_active > 0 && e->a_on) e->a_stale = 1;   /* the queued step had them */
+    while (e->n_active > 0 || e->parked) {
+        job *j = e->n_active > 0 ? e->active[--e->n_active] : e->parked;
+        if (j == e->parked) { e->parked = j->next; e->n_parked--; }
+        pages_release(e, j);
+        j->err_code = ENG_EMODEL_CHANGED;
+        memcpy(j->err_msg, msg, sizeof msg);
+        job_error(e, j);
+        e->st.jobs_done++;
+        job_free(j);
+    }
+}
+
+/* Retires cancelled and failed jobs and admits new ones. Under mu. */
+static void schedule(eng *e)
+{
+    if (atomic_load(&e->model_gone)) fail_model_gone(e);
+    job *prev = NULL;
+    for (job *j = e->pend_head; j;) {
+        job *nx = j->next;
+        if (atomic_load(&j->cancel)) {
+            if (prev) prev->next = nx; else e->pend_head = nx;
+            if (e->pend_tail == j) e->pend_tail = prev;
+            pend_done(e, j);
+            job_finish(e, j, ENG_FINISH_CANCELLED);
+            job_free(j);
+        } else prev = j;
+        j = nx;
+    }
+    /* the tokenizer cannot be stopped mid-prompt: the job ends now and the
+     * tokenizer thread drops it when it is through */
+    job *tj = e->tokenizing;
+    if (tj && !tj->reported && atomic_load(&tj->cancel)) {
+        tj->reported = 1;
+        pend_done(e, tj);
+        job_finish(e, tj, ENG_FINISH_CANCELLED);
+    }
+    prev = NULL;
+    for (job *j = e->queue_head; j;) {
+        job *nx = j->next;
+        if (atomic_load(&j->cancel) || j->err_code != ENG_OK) {
+            queue_unlink(e, j, prev);
+            if (atomic_load(&j->cancel)) job_finish(e, j, ENG_FINISH_CANCELLED);
+            else job_error(e, j);
+            job_free(j);
+        } else prev = j;
+        j = nx;
+    }
+    for (int i = 0; i < e->n_active;) {
+        job *j = e->active[i];
+        if (atomic_load(&j->cancel)) {
+            pages_release(e, j);
+            job_finish(e, j, ENG_FINISH_CANCELLED);
+            e->st.jobs_done++;
+            job_free(j);
+            e->active[i] = e->active[--e->n_active];
+        } else i++;
+    }
+    /* paused jobs leave the batch (keeping their KV while nobody needs it)
+     * so that others can run; recurrent models keep them in their slot,
+     * where their state lives, until the room is needed (make_room) */
+    for (int i = 0; i < e->n_active && !e->m->recurrent;) {
+        job *j = e->active[i];
+        if (atomic_load(&j->paused)) {
+            e->slot_used[j->slot] = 0;
+            j->state = JOB_PARKED;
+            j->next = e->parked;
+            e->parked = j;
+            e->n_parked++;
+            e->active[i] = e->active[--e->n_active];
+        } else i++;
+    }
+    for (job **pp = &e->parked; *pp;) {
+        job *j = *pp;
+        if (atomic_load(&j->cancel)) {
+            *pp = j->next;
+            e->n_parked--;
+            pages_release(e, j);
+            job_finish(e, j, ENG_FINISH_CANCELLED);
+            e->st.jobs_done++;
+            job_free(j);
+        } else if (!atomic_load(&j->paused) && j->evicted) {
+            *pp = j->next;           /* its pages are gone: admitted again in turn */
+            e->n_parked--;
+            queue_insert(e, j);
+        } else if (!atomic_load(&j->paused) && e->n_active < e->max_seqs) {
+            *pp = j->next;
+            e->n_parked--;
+            j->next = NULL;
+            j->slot = 0;
+            while (e->slot_used[j->slot]) j->slot++;
+            e->slot_used[j->slot] = 1;
+            j->state = JOB_ACTIVE;
+            e->active[e->n_active++] = j;
+        } else pp = &j->next;
+    }
+    while (e->queue_head) {
+        job *p;
+        job *j = pick_fair(e, &p);
+        if (!j) break;
+        if (admit(e, j, p)) continue;
+        if (!make_room(e, j)) break;         /* wait for pages or a slot; keeps order fair */
+    }
+    e->st.active = (uint32_t)(e->n_active + e->n_parked);
+    e->st.queued = (uint32_t)(e->n_queued + e->n_pending);
+    e->st.kv_used = (size_t)kvc_in_use(e->kv) * fw_kv_page_bytes(e->m, e->be->kv_elt);
+}
+
+static void emit_token(eng *e, job *j, int32_t id, int *finished, eng_finish *why)
+{
+    const tok *t = e->m->tok;
+    j->toks[j->n_tok++] = id;
+    j->n_gen++;
+    *finished = 0;
+    int eog = tok_is_eog(t, id);
+    size_t plen = 0;
+    const char *piece = "";
+    if (!eog && !tok_is_control(t, id)) {
+        piece = tok_piece(t, id, &plen);
+        /* SentencePiece drops the space prefix of the first piece after BOS */
+        int32_t prev = j->toks[j->n_tok - 2];
+        if (e->m->spm && prev == tok_bos(t) && plen && piece[0] == ' ') { piece++; plen--; }
+    }
+    int final = eog || j->n_gen >= j->max_gen || j->n_tok >= e->n_ctx;
+    int stopped = 0;
+    size_t out_len = 0;
+    char *text = job_text(j, piece, plen, final, &stopped, &out_len);
+    eng_event *ev = ev_new(ENG_EV_TOKEN, j);
+    if (ev) {
+        ev->token = id;
+        ev->text = text ? text : calloc(1, 1);
+        ev->text_len = text ? out_len : 0;
+        ev_push(e, ev);
+    } else free(text);
+    if (stopped) { *finished = 1; *why = ENG_FINISH_STOP; }
+    else if (eog) { *finished = 1; *why = ENG_FINISH_EOS; }
+    else if (final) { *finished = 1; *why = ENG_FINISH_LENGTH; }
+}
+
+/* Whether the queued step is the batch just built (T decode rows, every
+ * row out, the same sequences at the same positions: its tokens are then
+ * the ids the step before computed, as the device took them). */
+static int ahead_is(const eng *e, int T, int n_out)
+{
+    if (!e->a_on || e->a_stale || e->a_T != T || n_out != T) return 0;
+    for (int t = 0; t < T; t++)
+        if (e->b_job[t] != e->a_job[t] || e->b_pos[t] != e->a_pos[t] || e->b_out[t] != t) return 0;
+    return 1;
+}
+
+/* Whether to queue the next step now: a greedy batch of decode rows only,
+ * none of which ends by length with this step's token, and nobody waiting
+ * to join (a sequence that ends by EOS or a stop string, or one that
+ * joins, makes the queued step a waste: its ids are dropped; its KV rows
+ * at the next position are rewritten by whatever runs there next). */
+static int ahead_ok(eng *e, int T, int n_decode, int n_out)
+{
+    if (n_decode != T || n_out != T || T > BE_QUEUE_ROWS) return 0;
+    for (int t = 0; t < T; t++) {
+        const job *j = e->b_job[t];
+        if (e->b_out[t] != t || j->n_gen + 1 >= j->max_gen || j->n_tok + 1 >= e->n_ctx) return 0;
+    }
+    pthread_mutex_lock(&e->mu);
+    int idle = !e->queue_head && !e->parked;
+    pthread_mutex_unlock(&e->mu);
+    return idle;
+}
+
+/* The greedy pass of the batch in e->b_*: queued unless the step before
+ * queued it already, the next step queued behind it when ahead_ok, then
+ * its ids taken into e->b_ids. */
+static void run_greedy(eng *e, const be_batch *bt, int n_decode, int n_out)
+{
+    int T = bt->T;
+    int have = ahead_is(e, T, n_out);
+    if (!have && fw_greedy_queue(e->fw, e->b_tok, bt, e->b_out, n_out) != 0) {
+        if (e->a_on) fw_greedy_take(e->fw, e->a_ids, e->a_T);
+        e->a_on = 0;
+        fw_run_greedy(e->fw, e->b_tok, bt, e->b_out, n_out, e->b_ids);
+        return;
+    }
+    if (e->a_on && !have) fw_greedy_take(e->fw, e->a_ids, e->a_T);   /* (queued first: dropped) */
+    e->a_on = 0;
+    if (ahead_ok(e, T, n_decode, n_out)) {
+        for (int t = 0; t < T; t++) {
+            e->a_pos[t] = e->b_pos[t] + 1;
+            e->a_job[t] = e->b_job[t];
+            e->a_out[t] = t;
+        }
+        be_batch ab = *bt;
+        ab.pos = e->a_pos;
+        ab.ids_dev = 1;
+        if (fw_greedy_queue(e->fw, NULL, &ab, e->a_out, n_out) == 0) {
+            e->a_on = 1;
+            e->a_stale = 0;
+            e->a_T = T;
+        }
+    }
+    fw_greedy_take(e->fw, e->b_ids, n_out);
+}
+
+/* One scheduler step: one forward pass over the batch. */
+static void step(eng *e)
+{
+    int T = 0, n_out = 0;
+    /* decode tokens first (one per generating sequence), then prefill chunks */
+    for (int i = 0; i < e->n_active; i++) {
+        job *j = e->active[i];
+        if (atomic_load_explicit(&j->paused, memory_order_relaxed)) continue;
+        if (j->n_past < j->n_tok && j->n_past >= j->n_prompt && j->n_past >= j->n_fill) {
+            e->b_tok[T] = j->toks[j->n_past];
+            e->b_pos[T] = j->n_past;
+            e->b_pages[T] = j->pages;
+            e->b_slot[T] = j->slot;
+            e->b_job[T] = j;
+            e->b_out[n_out] = T;
+            e->b_job_of_out[n_out] = j;
+            e->b_out_pos[n_out] = j->n_past;
+            n_out++; T++;
+        }
+    }
+    int n_decode = T;
+    int budget = n_decode ? n_decode + e->prefill_shared : BATCH_TOKENS;
+    for (int i = 0; i < e->n_active && T < budget; i++) {
+        job *j = e->active[i];
+        /* the prompt, or what an evicted job computes again (no outputs) */
+        int end = j->n_prompt > j->n_fill ? j->n_prompt : j->n_fill;
+        if (j->n_past >= end || atomic_load_explicit(&j->paused, memory_order_relaxed)) continue;
+        int take = end - j->n_past;
+        if (take > budget - T) take = budget - T;
+        if (j->kind == ENG_JOB_EVAL && take > EVAL_ROWS - n_out) take = EVAL_ROWS - n_out;
+        if (take <= 0) continue;
+        int mark = (j->n_prompt - 1) / KV_PAGE * KV_PAGE;
+        if (j->snap >= 0 && j->n_past < mark && j->n_past + take >= mark) {
+            /* the state at the prompt's last page boundary, saved in this pass */
+            fw_snap_at(e->fw, j->slot, mark, j->snap);
+            snapc_set(e->snaps, j->snap, j->toks, mark);
+        }
+        for (int k = 0; k < take; k++) {
+            int p = j->n_past + k;
+            e->b_tok[T] = j->toks[p];
+            e->b_pos[T] = p;
+            e->b_pages[T] = j->pages;
+            e->b_slot[T] = j->slot;
+            e->b_job[T] = j;
+            int last = p == j->n_prompt - 1;
+            if ((j->kind == ENG_JOB_EVAL || last) && p >= j->n_fill) {
+                e->b_out[n_out] = T;
+                e->b_job_of_out[n_out] = j;
+                e->b_out_pos[n_out] = p;
+                n_out++;
+            }
+            T++;
+        }
+    }
+    if (T == 0) return;
+    be_batch bt = { .T = T, .pos = e->b_pos, .pages = e->b_pages, .slot = e->b_slot, .n_dec = n_decode };
+    /* when every output row is greedy without penalties, only the argmax ids
+     * are needed: backends that can (CUDA) compute them and skip the logits */
+    int greedy = n_out > 0 && fw_greedy_ok(e->fw);
+    for (int o = 0; greedy && o < n_out; o++) {
+        const job *j = e->b_job_of_out[o];
+        if (j->kind == ENG_JOB_EVAL || j->s.temperature > 0.0f || j->s.repeat_penalty != 1.0f) greedy = 0;
+    }
+    double t_pass = now_ms();
+    if (greedy) {
+        run_greedy(e, &bt, n_decode, n_out);
+    } else {
+        if (e->a_on) fw_greedy_take(e->fw, e->a_ids, e->a_T);   /* (dropped) */
+        e->a_on = 0;
+        fw_run(e->fw, e->b_tok, &bt, e->b_out, n_out, e->logits);
+    }
+    t_pass = now_ms() - t_pass;
+    if (model_gone(e, 1)) {   /* this pass read other weights: its jobs end (schedule) */
+        if (e->a_on) fw_greedy_take(e->fw, e->a_ids, e->a_T);
+        e->a_on = 0;
+        return;
+    }
+
+    for (int t = 0; t < T; t++) e->b_job[t]->n_past++;
+    for (int i = 0; i < e->n_active; i++) pages_publish(e, e->active[i]);
+    uint64_t gen = 0;
+    int32_t nv = e->m->hp.n_vocab;
+    for (int o = 0; o < n_out; o++) {
+        job *j = e->b_job_of_out[o];
+        float *lg = e->logits + (size_t)o * nv;
+        if (j->kind == ENG_JOB_EVAL) {
+            eng_event *ev = ev_new(ENG_EV_LOGITS, j);
+            if (ev) {
+                ev->pos = e->b_out_pos[o];
+                ev->n_top = j->top_n;
+                ev->top_ids = malloc((size_t)j->top_n * sizeof *ev->top_ids);
+                ev->top_logits = malloc((size_t)j->top_n * sizeof *ev->top_logits);
+                if (ev->top_ids && ev->top_logits) sampler_top(lg, nv, j->top_n, ev->top_ids, ev->top_logits);
+                else ev->n_top = 0;
+                ev_push(e, ev);
+            }
+            continue;
+        }
+        if (!j->t_first) j->t_first = now_ms();
+        int32_t id = greedy ? e->b_ids[o] : sampler_pick(e->smp, lg, &j->s, j->toks, (size_t)j->n_tok, &j->rng);
+        emit_token(e, j, id, &j->finished, &j->why);
+        gen++;
+    }
+    /* retire finished jobs */
+    pthread_mutex_lock(&e->mu);
+    for (int i = 0; i < e->n_active;) {
+        job *j = e->active[i];
+        if (j->kind == ENG_JOB_EVAL && j->n_past >= j->n_prompt) { j->finished = 1; j->why = ENG_FINISH_LENGTH; }
+        if (j->finished) {
+            pages_release(e, j);
+            job_finish(e, j, j->why);
+            e->st.jobs_done++;
+            job_free(j);
+            e->active[i] = e->active[--e->n_active];
+        } else i++;
+    }
+    e->st.gen_tokens += gen;
+    e->st.prompt_tokens += (uint64_t)(T - n_decode);
+    e->st.steps++;
+    e->st.pass_ms += t_pass;
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* Whether a forward pass has anything to do. Under mu. */
+static int runnable(eng *e)
+{
+    for (int i = 0; i < e->n_active; i++)
+        if (!atomic_load(&e->active[i]->paused)) return 1;
+    if (e->n_active < e->max_seqs)
+        for (job *j = e->parked; j; j = j->next)
+            if (!atomic_load(&j->paused) || atomic_load(&j->cancel)) return 1;
+    return 0;
+}
+
+void *worker_main(void *arg)
+{
+    eng *e = arg;
+    double done = 0;   /* the last step's time, added under the next lock */
+    for (;;) {
+        double t0 = now_ms();
+        pthread_mutex_lock(&e->mu);
+        e->st.step_ms += done;
+        done = 0;
+        schedule(e);
+        while (!e->stop && !runnable(e)) {
+            notify(e);  /* schedule() may have retired jobs (their DONE events) */
+            pthread_cond_wait(&e->cv, &e->mu);
+            schedule(e);
+            t0 = now_ms();   /* (idle time is no step's) */
+        }
+        int stop = e->stop;
+        pthread_mutex_unlock(&e->mu);
+        if (stop) break;
+        notify(e);  /* cancellations/admissions may have produced events */
+        step(e);
+        notify(e);
+        done = now_ms() - t0;
+    }
+    if (e->a_on) fw_greedy_take(e->fw, e->a_ids, e->a_T);
+    e->a_on = 0;
+    return NULL;
+}
+
