@@ -473,8 +473,35 @@ static int config_load(hf_model *h, const char *dir, char *err, size_t errlen)
                          g->rope_high, g->rope_low);
                 goto out;
             }
+        } else if (!strcmp(rts, "yarn") && !strcmp(g->arch, "gpt-oss")) {
+            /* transformers' _compute_yarn_parameters */
+            g->rope_yarn = 1;
+            double ms = 0, msa = 0;
+            if (cnum(&r, rp, "factor", 1, 0, 1e6, &g->rope_factor) ||
+                cnum(&r, rp, "original_max_position_embeddings", (double)g->ctx, 0, 1 << 24, &g->rope_orig_ctx) ||
+                cnum(&r, rp, "beta_fast", 32, 0, 1e6, &g->yarn_beta_fast) ||
+                cnum(&r, rp, "beta_slow", 1, 0, 1e6, &g->yarn_beta_slow) ||
+                cnum(&r, rp, "attention_factor", -1, 0, 1e6, &g->yarn_attn) ||
+                cnum(&r, rp, "mscale", 0, -1, 1e6, &ms) || cnum(&r, rp, "mscale_all_dim", 0, -1, 1e6, &msa))
+                goto out;
+            if (g->yarn_beta_fast <= g->yarn_beta_slow) {
+                snprintf(err, errlen, "%s: rope_parameters beta_fast %g is not above beta_slow %g", path,
+                         g->yarn_beta_fast, g->yarn_beta_slow);
+                goto out;
+            }
+            json_t *tr = json_object_get(rp, "truncate");
+            if (tr && !json_is_boolean(tr) && !json_is_null(tr)) {
+                snprintf(err, errlen, "%s: rope_parameters truncate is %s, expected true or false", path, jtype(tr));
+                goto out;
+            }
+            g->yarn_truncate = !json_is_false(tr);   /* (transformers' default: true) */
+            double f = g->rope_factor;
+#define YARN_MSCALE(m) (f <= 1 ? 1.0 : 0.1 * (m) * log(f) + 1.0)
+            if (g->yarn_attn < 0) g->yarn_attn = ms > 0 && msa > 0 ? YARN_MSCALE(ms) / YARN_MSCALE(msa) : YARN_MSCALE(1);
+#undef YARN_MSCALE
         } else if (strcmp(rts, "default")) {
-            snprintf(err, errlen, "%s: rope type '%s' is not supported (supported: default, llama3)", path, rts);
+            snprintf(err, errlen, "%s: rope type '%s' is not supported (supported: default, llama3%s)", path, rts,
+                     !strcmp(g->arch, "gpt-oss") ? ", yarn" : "");
             goto out;
         }
     }

@@ -55,6 +55,9 @@ typedef struct hparams {
     float norm_eps;
     float rope_base;
     int rope_neox;              /* 1: rotate (i, i+n_rot/2); 0: adjacent pairs */
+    /* YaRN rope scaling (rope_yarn 0: none), as rope_yarn_table takes it */
+    int rope_yarn, yarn_truncate;
+    double yarn_factor, yarn_orig_ctx, yarn_beta_fast, yarn_beta_slow, yarn_attn;
     /* qwen35 linear-attention layers (0 elsewhere) */
     int32_t ssm_conv_k;         /* causal conv taps */
     int32_t ssm_dk, ssm_dv;     /* key / value head size */
@@ -74,7 +77,8 @@ typedef struct model {
     char name[128];
     char path[512];
     wt tok_embd, output_norm, output;
-    wt rope_freqs;              /* llama-3.1 per-dim divisors; data NULL when absent */
+    wt rope_freqs;              /* llama-3.1 or YaRN per-pair divisors (backend.h rope); data NULL when absent */
+    float yarn_tab[513];        /* YaRN's: n_rot/2 divisors and the attention factor */
     layer_w *layers;
     int tokenizer_only;
     int spm;                    /* SentencePiece vocabulary: drop the space prefix after BOS */
@@ -110,6 +114,15 @@ enum { MODEL_SAME = 0, MODEL_CHANGED, MODEL_DETACHED };
 /* quick (after each forward pass): what can only be told (a rename over the
  * file; anything for a resident model) is looked at once a second. */
 int model_check(model *m, int quick, char *why, size_t n);
+
+/* YaRN as transformers computes it (_compute_yarn_parameters): for each of
+ * the n_rot/2 pairs, the divisor of its frequency base^(-2i/n_rot) that
+ * blends interpolation (factor) and extrapolation (1) over the ramp between
+ * the pairs that turn beta_fast and beta_slow times in orig_ctx positions
+ * (floored and ceiled where truncate); then attn, the factor on cos and
+ * sin. out[n_rot/2 + 1], as the backend's rope takes it. */
+void rope_yarn_table(double base, int n_rot, double factor, double orig_ctx, double beta_fast, double beta_slow,
+                     int truncate, double attn, float *out);
 
 /* Dequantizes row r of w to f32 (embedding lookup, tests). */
 void wt_row_f32(const wt *w, int64_t r, float *dst);
