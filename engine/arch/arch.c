@@ -11,6 +11,7 @@ static const arch archs[] = {
     { "qwen3",   &arch_llama,  ARCH_ROPE_NEOX | ARCH_QK_NORM },
     { "qwen3moe", &arch_llama, ARCH_ROPE_NEOX | ARCH_QK_NORM },   /* (experts from expert_count) */
     { "qwen35",  &arch_qwen35, ARCH_ROPE_NEOX },
+    { "gpt-oss", &arch_gptoss, ARCH_ROPE_NEOX | ARCH_YARN },
 };
 
 const arch *arch_find(const char *name)

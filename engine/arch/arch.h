@@ -76,7 +76,7 @@ struct fw {
     size_t kv_bytes;            /* the KV pool and any per-sequence state */
 };
 
-extern const arch_family arch_llama, arch_qwen35;
+extern const arch_family arch_llama, arch_qwen35, arch_gptoss;
 
 /* The row of `name`, or NULL. */
 const arch *arch_find(const char *name);

@@ -86,6 +86,13 @@ typedef struct be_moe {
 
 #define BE_MOE_MAX 512   /* experts of one layer at most */
 
+/* What attention_ex adds to attention (gpt-oss). */
+typedef struct be_attn_ex {
+    int window;         /* > 0: keys at positions pos-window+1..pos only; 0: all */
+    float scale;        /* the scores' factor (0: 1/sqrt(head_dim)) */
+    const wt *sinks;    /* f32 [n_head] logits in each head's softmax denominator, or NULL / no data */
+} be_attn_ex;
+
 typedef struct be_ops {
     const char *name;
     void (*close)(be *b);
@@ -162,6 +169,12 @@ typedef struct be_ops {
     void (*deltanet)(be *b, const float *qkv, size_t stride, const float *a, const float *bb, const wt *A,
                      const wt *dt_bias, float *state, const be_batch *bt, int nk, int nv, int dk, int dv,
                      float eps, const be_save *sv, int n_sv, float *out);
+
+    /* Optional: attention as above, with x's window, scale and sinks: for
+     * scores s_j = scale * q.k_j over the window, out = sum_j w_j v_j with
+     * w_j = exp(s_j) / (sum_i exp(s_i) + exp(sink[h])). */
+    void (*attention_ex)(be *b, const float *q, const void *kcache, const void *vcache, const be_batch *bt,
+                         int n_head, int n_head_kv, int head_dim, const be_attn_ex *x, float *out);
 
     /* ---- Optional: a mixture-of-experts FFN (be_moe below). ----
      * moe_scratch: bytes of device memory that moe needs for batches of up

@@ -444,6 +444,68 @@ static void cpu_attention(be *b, const float *q, const void *kc, const void *vc,
     pool_run(c->pool, att_one, &j, bt->T * n_head);
 }
 
+typedef struct attx_job {
+    att_job a;
+    const be_attn_ex *x;
+} attx_job;
+
+/* One (token, head) of attention_ex: the scores of the window, their
+ * maximum with the sink's logit, then the weighted sum (the sink takes its
+ * share of the denominator and adds no value). q·k as att_one_ref takes it. */
+static void attx_one(void *arg, int i, int ith)
+{
+    (void)ith;
+    attx_job *jx = arg;
+    const att_job *j = &jx->a;
+    int t = i / j->n_head, h = i % j->n_head;
+    int hd = j->head_dim, kvd = j->n_head_kv * hd, kvh = h / (j->n_head / j->n_head_kv);
+    const float *q0 = j->q + ((size_t)t * j->n_head + h) * hd;
+    float *o = j->out + ((size_t)t * j->n_head + h) * hd;
+    int f16 = j->b->kv_elt == 2, pos = j->bt->pos[t];
+    int p0 = jx->x->window > 0 && pos - jx->x->window + 1 > 0 ? pos - jx->x->window + 1 : 0;
+    float scale = jx->x->scale > 0 ? jx->x->scale : 1.0f / sqrtf((float)hd);
+    float qr[1024], acc[1024];
+    for (int d = 0; d < hd; d++) {
+        qr[d] = f16 ? qt_fp16_to_fp32(qt_fp32_to_fp16(q0[d])) : q0[d];
+        acc[d] = 0;
+    }
+    const float *sk = jx->x->sinks && jx->x->sinks->data ? jx->x->sinks->data : NULL;
+    float mx = sk ? sk[h] : -INFINITY, sum = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (int p = p0; p <= pos; p++) {
+            size_t s = kv_slot(j->bt, t, p) * (size_t)kvd + (size_t)kvh * hd;
+            float dot = 0;
+            if (f16) {
+                const uint16_t *k = (const uint16_t *)j->kc + s;
+                for (int d = 0; d < hd; d++) dot += qr[d] * qt_fp16_to_fp32(k[d]);
+            } else {
+                const float *k = (const float *)j->kc + s;
+                for (int d = 0; d < hd; d++) dot += qr[d] * k[d];
+            }
+            dot *= scale;
+            if (!pass) { if (dot > mx) mx = dot; continue; }
+            float w = expf(dot - mx);
+            sum += w;
+            if (f16) {
+                const uint16_t *v = (const uint16_t *)j->vc + s;
+                for (int d = 0; d < hd; d++) acc[d] += w * qt_fp16_to_fp32(v[d]);
+            } else {
+                const float *v = (const float *)j->vc + s;
+                for (int d = 0; d < hd; d++) acc[d] += w * v[d];
+            }
+        }
+    if (sk) sum += expf(sk[h] - mx);
+    for (int d = 0; d < hd; d++) o[d] = acc[d] / sum;
+}
+
+static void cpu_attention_ex(be *b, const float *q, const void *kc, const void *vc, const be_batch *bt,
+                             int n_head, int n_head_kv, int head_dim, const be_attn_ex *x, float *out)
+{
+    cpu_be *c = (cpu_be *)b;
+    attx_job j = { { b, q, kc, vc, bt, n_head, n_head_kv, head_dim, out, 0 }, x };
+    pool_run(c->pool, attx_one, &j, bt->T * n_head);
+}
+
 pool *be_cpu_pool(be *b) { return ((cpu_be *)b)->pool; }
 
 void *be_cpu_scratch(be *b, size_t bytes)
@@ -474,6 +536,7 @@ static const be_ops cpu_ops = {
     .rope = cpu_rope,
     .kv_store = cpu_kv_store,
     .attention = cpu_attention,
+    .attention_ex = cpu_attention_ex,
     .matmul_n = cpu_matmul_n,
     .sync = cpu_sync,
     .copy_rows = cpu_copy_rows,

@@ -288,7 +288,7 @@ int model_prepare(model *m, be *b, char *err, size_t errlen)
                      &L->ssm_qkv, &L->ssm_z, &L->ssm_alpha, &L->ssm_beta, &L->ssm_a, &L->ssm_dt_bias,
                      &L->ssm_conv, &L->ssm_norm, &L->ssm_out, &L->ffn_gate_inp, &L->ffn_gate_inp_b,
                      &L->ffn_gate_exps, &L->ffn_up_exps, &L->ffn_down_exps, &L->ffn_gate_exps_b,
-                     &L->ffn_up_exps_b, &L->ffn_down_exps_b };
+                     &L->ffn_up_exps_b, &L->ffn_down_exps_b, &L->bo, &L->attn_sinks };
         for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) {
             if (ws[i]->data && b->ops->weight_prepare(b, ws[i])) goto fail;
             if (ws[i]->data && (!ws[i]->dev || ws[i]->dev == ws[i]->data)) own = 0;

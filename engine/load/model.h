@@ -25,6 +25,8 @@ typedef struct wt {
 typedef struct layer_w {
     wt attn_norm, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down;
     wt bq, bk, bv;              /* qwen2 biases (data NULL when absent) */
+    wt bo;                      /* gpt-oss: attn_output.bias */
+    wt attn_sinks;              /* gpt-oss: f32 [n_head] sink logits */
     wt q_norm, k_norm;          /* qwen3 per-head norms */
     /* qwen35: linear (Gated DeltaNet) layers use these instead of wq..wo;
      * full-attention layers use wq (query and output gate interleaved per
@@ -55,6 +57,9 @@ typedef struct hparams {
     float norm_eps;
     float rope_base;
     int rope_neox;              /* 1: rotate (i, i+n_rot/2); 0: adjacent pairs */
+    /* gpt-oss: the sliding window of its windowed layers, the SwiGLU clamp */
+    int32_t swa_window;
+    float swiglu_limit;
     /* YaRN rope scaling (rope_yarn 0: none), as rope_yarn_table takes it */
     int rope_yarn, yarn_truncate;
     double yarn_factor, yarn_orig_ctx, yarn_beta_fast, yarn_beta_slow, yarn_attn;

@@ -298,6 +298,14 @@ static void test_moe_vs_transformers(void)
      * which define the architectures) */
 }
 
+/* gpt-oss: YaRN rope, sliding-window and sink attention, biased router and
+ * clamped-SwiGLU experts with biases */
+static void test_gptoss(void)
+{
+    check_model(M("gptoss-tiny.bf16.gguf"), R("gptoss-tiny.dev.json"), 0.05, 0);
+    report_router_ties(M("gptoss-tiny.bf16.gguf"), R("gptoss-tiny.dev.json"));
+}
+
 int main(int argc, char **argv)
 {
     CHECK_ARGS(argc, argv);
@@ -306,5 +314,6 @@ int main(int argc, char **argv)
     RUN(test_hf_directory);
     RUN(test_quantized_vs_llamacpp);
     RUN(test_moe_vs_transformers);
+    RUN(test_gptoss);
     return CHECK_DONE();
 }
