@@ -304,6 +304,10 @@ static void test_gptoss(void)
 {
     check_model(M("gptoss-tiny.bf16.gguf"), R("gptoss-tiny.dev.json"), 0.05, 0);
     report_router_ties(M("gptoss-tiny.bf16.gguf"), R("gptoss-tiny.dev.json"));
+    /* the directory it was converted from: experts de-interleaved and
+     * transposed on load, YaRN from rope_parameters (truncate false) */
+    check_model(FIXTURE("hf/gptoss-tiny"), R("gptoss-tiny.dev.json"), 0.05, 0);
+    report_router_ties(FIXTURE("hf/gptoss-tiny"), R("gptoss-tiny.dev.json"));
 }
 
 int main(int argc, char **argv)
