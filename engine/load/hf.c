@@ -660,10 +660,23 @@ static int gptoss_experts(hf_model *h, const char *dir, char *err, size_t errlen
                 return -1;
             }
             if (t[k]->ne[0] != want[k][0] || t[k]->ne[1] != want[k][1] || t[k]->ne[2] != want[k][2]) {
-                snprintf(err, errlen, "%s: layer %lld mlp.experts.%s has ne [%lld, %lld, %lld], expected [%lld, %lld, "
-                         "%lld] (num_local_experts, hidden_size, intermediate_size)", dir, (long long)l, hfn[k],
-                         (long long)t[k]->ne[0], (long long)t[k]->ne[1], (long long)t[k]->ne[2],
-                         (long long)want[k][0], (long long)want[k][1], (long long)want[k][2]);
+                /* (in safetensors' order: the reverse of ne) */
+                static const char *const legend[4] = {
+                    "num_local_experts, hidden_size, 2 x intermediate_size", "num_local_experts, 2 x intermediate_size",
+                    "num_local_experts, intermediate_size, hidden_size", "num_local_experts, hidden_size" };
+                int three = k % 2 == 0;
+                char got[80], exp[80];
+                if (three) {
+                    snprintf(got, sizeof got, "[%lld, %lld, %lld]", (long long)t[k]->ne[2], (long long)t[k]->ne[1],
+                             (long long)t[k]->ne[0]);
+                    snprintf(exp, sizeof exp, "[%lld, %lld, %lld]", (long long)want[k][2], (long long)want[k][1],
+                             (long long)want[k][0]);
+                } else {
+                    snprintf(got, sizeof got, "[%lld, %lld]", (long long)t[k]->ne[1], (long long)t[k]->ne[0]);
+                    snprintf(exp, sizeof exp, "[%lld, %lld]", (long long)want[k][1], (long long)want[k][0]);
+                }
+                snprintf(err, errlen, "%s: layer %lld mlp.experts.%s has shape %s, expected %s (%s)", dir,
+                         (long long)l, hfn[k], got, exp, legend[k]);
                 return -1;
             }
         }
