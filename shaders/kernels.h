@@ -111,6 +111,8 @@ void ck_add_bias(cudaStream_t st, float *out, const float *bias, int T, int n_ou
 void ck_add(cudaStream_t st, float *x, const float *y, size_t n);
 /* out = silu(g) * u                               [n]; xq: out as [rows][n/rows] */
 void ck_silu_mul(cudaStream_t st, const float *g, const float *u, size_t n, float *out, void *xq, void *x16, int rows);
+/* neox, in every rope kernel: the mode, bit 0 rotate halves (else adjacent
+ * pairs), bit 1 freq_div[n_rot/2] scales cos and sin (YaRN; backend.h) */
 void ck_rope(cudaStream_t st, float *x, const int32_t *pos, int T, int n_heads, int head_dim, int n_rot,
              float base, int neox, const float *freq_div);
 void ck_kv_store(cudaStream_t st, void *kc, void *vc, int f16, const int32_t *pos, const int32_t *off,
