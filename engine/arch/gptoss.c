@@ -103,7 +103,7 @@ static int gptoss_open(fw **out, model *m, be *b, int max_T, int max_out, int n_
     (void)max_seqs;
     const hparams *hp = &m->hp;
     const char *lacks = gptoss_lacks(m, b->ops);
-    if (lacks) return err_set(err, errlen, "the %s backend lacks %s", b->ops->name, lacks);
+    if (lacks) return err_set(err, errlen, "the %s backend cannot run gpt-oss models yet (no %s)", b->ops->name, lacks);
     gptoss_fw *f = calloc(1, sizeof *f);
     if (!f) return err_set(err, errlen, "out of memory for activation buffers");
     f->base = (fw){ .fam = &arch_gptoss, .m = m, .b = b };
