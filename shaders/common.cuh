@@ -328,6 +328,15 @@ __device__ __forceinline__ void kv_put(void *c, int f16, size_t s, float v)
     case QT_Q4_K: FN(QT_Q4_K); break; \
     case QT_Q5_K: FN(QT_Q5_K); break; \
     case QT_Q6_K: FN(QT_Q6_K); break; \
+    case QT_IQ2_XXS: FN(QT_IQ2_XXS); break; \
+    case QT_IQ2_XS: FN(QT_IQ2_XS); break; \
+    case QT_IQ2_S: FN(QT_IQ2_S); break; \
+    case QT_IQ3_XXS: FN(QT_IQ3_XXS); break; \
+    case QT_IQ3_S: FN(QT_IQ3_S); break; \
+    case QT_IQ1_S: FN(QT_IQ1_S); break; \
+    case QT_IQ4_NL: FN(QT_IQ4_NL); break; \
+    case QT_IQ4_XS: FN(QT_IQ4_XS); break; \
+    case QT_MXFP4: FN(QT_MXFP4); break; \
     default: break;                   \
     }
 

@@ -6,11 +6,19 @@
 #pragma once
 
 #include "shaders/common.cuh"
+#include "shaders/iq.cuh"
 
 // 32 values c*32 .. c*32+31 of a row (n values; float types mask past n).
 template <int TY>
 __device__ __forceinline__ void dq32(const uint8_t *row, int c, int n, float w[32])
 {
+    if (iq_type(TY)) {   /* i-quants, iq4_nl, iq4_xs, mxfp4 */
+        const int per = iq_blck(TY) / 32;   /* 32-value chunks per block */
+        const uint8_t *b = row + (size_t)(c / per) * iq_bsize(TY);
+#pragma unroll
+        for (int l = 0; l < 4; l++) iq_dq8<TY>(b, 4 * (c % per) + l, w + 8 * l);
+        return;
+    }
     if (TY == QT_F32) {
         const float *r = (const float *)row + c * 32;
         if (c * 32 + 32 <= n && ((uintptr_t)r & 15) == 0) {

@@ -3,6 +3,7 @@
 // for q4_K, q6_K and q8_0, with the same arithmetic per (row, token) at
 // every batch size and tile shape.
 #include "shaders/common.cuh"
+#include "shaders/iq.cuh"
 
 __device__ __forceinline__ void nib8(uint32_t lo4, uint32_t hi4, int high, float *q)
 {
@@ -21,7 +22,10 @@ __device__ __forceinline__ void nib8(uint32_t lo4, uint32_t hi4, int high, float
 template <int TY>
 __device__ __forceinline__ void dq8(const uint8_t *__restrict__ row, int g, int n, float w[8])
 {
-    if (TY == QT_F32) {
+    if (iq_type(TY)) {   /* i-quants, iq4_nl, iq4_xs, mxfp4 */
+        const int per = iq_blck(TY) / 8;
+        iq_dq8<TY>(row + (size_t)(g / per) * iq_bsize(TY), g % per, w);
+    } else if (TY == QT_F32) {
         const float *r = (const float *)row + g * 8;
         if (g * 8 + 8 <= n && ((uintptr_t)r & 15) == 0) {
             float4 a = __ldg((const float4 *)r), b = __ldg((const float4 *)r + 1);

@@ -229,8 +229,15 @@ int get_w3(ld *l, wt *w, const char *name, int64_t n_in, int64_t n_out, int64_t 
         return 0;
     }
     const qt_traits *tr = qt_get(t->type);
-    if (!tr || !tr->weight_ok || t->nbytes == 0)
-        return ld_fail(l, "tensor '%s' has unsupported type %s", name, qt_name(t->type));
+    if (!tr || !tr->weight_ok || t->nbytes == 0) {
+        char sup[256];
+        size_t o = 0;
+        sup[0] = 0;
+        for (uint32_t i = 0; i < QT_COUNT; i++)
+            if (qt_get(i) && qt_get(i)->weight_ok && o < sizeof sup)
+                o += (size_t)snprintf(sup + o, sizeof sup - o, "%s%s", o ? ", " : "", qt_name(i));
+        return ld_fail(l, "tensor '%s' has unsupported weight type %s (supported: %s)", name, qt_name(t->type), sup);
+    }
     int64_t e1 = n_out ? n_out : 1;
     if (t->ne[0] != n_in || t->ne[1] != e1 || t->ne[2] != n_mat || t->ne[3] != 1) {
         if (n_mat == 1)

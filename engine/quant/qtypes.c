@@ -11,6 +11,8 @@
  * per (super-)block, so they agree with qt_vec_dot_ref bit for bit. */
 #include "engine/quant/qtypes.h"
 
+#include "engine/quant/iq.h"
+
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -52,6 +54,15 @@ static const qt_traits g_traits[QT_COUNT] = {
     [QT_Q5_K] = { "q5_K", 256, sizeof(qt_block_q5_K), 1 },
     [QT_Q6_K] = { "q6_K", 256, sizeof(qt_block_q6_K), 1 },
     [QT_Q8_K] = { "q8_K", 256, sizeof(qt_block_q8_K), 0 },
+    [QT_IQ2_XXS] = { "iq2_xxs", 256, sizeof(qt_block_iq2_xxs), 1 },
+    [QT_IQ2_XS]  = { "iq2_xs", 256, sizeof(qt_block_iq2_xs), 1 },
+    [QT_IQ2_S]   = { "iq2_s", 256, sizeof(qt_block_iq2_s), 1 },
+    [QT_IQ3_XXS] = { "iq3_xxs", 256, sizeof(qt_block_iq3_xxs), 1 },
+    [QT_IQ3_S]   = { "iq3_s", 256, sizeof(qt_block_iq3_s), 1 },
+    [QT_IQ1_S]   = { "iq1_s", 256, sizeof(qt_block_iq1_s), 1 },
+    [QT_IQ4_NL]  = { "iq4_nl", 32, sizeof(qt_block_iq4_nl), 1 },
+    [QT_IQ4_XS]  = { "iq4_xs", 256, sizeof(qt_block_iq4_xs), 1 },
+    [QT_MXFP4]   = { "mxfp4", 32, sizeof(qt_block_mxfp4), 1 },
 };
 
 const qt_traits *qt_get(uint32_t type)
@@ -62,10 +73,19 @@ const qt_traits *qt_get(uint32_t type)
 
 const char *qt_name(uint32_t type)
 {
-    static _Thread_local char buf[24];
+    /* ggml's names of the ids this engine does not run, for error messages */
+    static const char *const other[] = {
+        [4] = "q4_2", [5] = "q4_3", [24] = "i8", [25] = "i16", [26] = "i32", [27] = "i64",
+        [28] = "f64", [29] = "iq1_m", [31] = "q4_0_4_4", [32] = "q4_0_4_8", [33] = "q4_0_8_8",
+        [34] = "tq1_0", [35] = "tq2_0", [36] = "iq4_nl_4_4", [37] = "iq4_nl_4_8", [38] = "iq4_nl_8_8",
+    };
+    static _Thread_local char buf[40];
     const qt_traits *t = qt_get(type);
     if (t) return t->name;
-    snprintf(buf, sizeof buf, "type %u", type);
+    if (type < sizeof other / sizeof other[0] && other[type])
+        snprintf(buf, sizeof buf, "%s (type %u)", other[type], type);
+    else
+        snprintf(buf, sizeof buf, "type %u", type);
     return buf;
 }
 
@@ -359,6 +379,10 @@ void qt_dequant_row(uint32_t type, const void *src, float *dst, int64_t n)
     case QT_Q5_K: deq_q5_K(src, dst, nb); break;
     case QT_Q6_K: deq_q6_K(src, dst, nb); break;
     case QT_Q8_K: deq_q8_K(src, dst, nb); break;
+    case QT_IQ2_XXS: case QT_IQ2_XS: case QT_IQ2_S: case QT_IQ3_XXS: case QT_IQ3_S:
+    case QT_IQ1_S: case QT_IQ4_NL: case QT_IQ4_XS: case QT_MXFP4:
+        qt_iq_dequant(type, src, dst, nb);
+        break;
     default: break;
     }
 }
@@ -369,9 +393,11 @@ void qt_dequant_row(uint32_t type, const void *src, float *dst, int64_t n)
 uint32_t qt_act_type(uint32_t wtype)
 {
     switch (wtype) {
-    case QT_Q4_0: case QT_Q5_0: case QT_Q8_0: return QT_Q8_0;
+    case QT_Q4_0: case QT_Q5_0: case QT_Q8_0: case QT_IQ4_NL: case QT_MXFP4: return QT_Q8_0;
     case QT_Q4_1: case QT_Q5_1: return QT_Q8_1;
-    case QT_Q2_K: case QT_Q3_K: case QT_Q4_K: case QT_Q5_K: case QT_Q6_K: return QT_Q8_K;
+    case QT_Q2_K: case QT_Q3_K: case QT_Q4_K: case QT_Q5_K: case QT_Q6_K:
+    case QT_IQ2_XXS: case QT_IQ2_XS: case QT_IQ2_S: case QT_IQ3_XXS: case QT_IQ3_S:
+    case QT_IQ1_S: case QT_IQ4_XS: return QT_Q8_K;
     default: return QT_F32;
     }
 }
@@ -471,15 +497,24 @@ void qt_quantize_row_ref(uint32_t act_type, const float *x, void *dst, int64_t n
 
 /* ---- reference dot products ---- */
 
-/* One 32-value block as integers: signed values (q4_0, q5_0, q8_0) or
- * unsigned ones plus a min (q4_1, q5_1). */
+/* One 32-value block as integers: signed values (q4_0, q5_0, q8_0, iq4_nl,
+ * mxfp4) or unsigned ones plus a min (q4_1, q5_1). */
 static void unpack_small(uint32_t type, const uint8_t *b, int8_t q[32], float *d, float *m)
 {
     uint16_t hd, hm;
     memcpy(&hd, b, 2);
-    *d = h2f(hd);
+    *d = type == QT_MXFP4 ? qt_e8m0_half(b[0]) : h2f(hd);
     *m = 0;
     switch (type) {
+    case QT_IQ4_NL: case QT_MXFP4: {
+        const int8_t *kv = type == QT_MXFP4 ? qt_mxfp4_values() : qt_iq4nl_values();
+        const uint8_t *qs = b + (type == QT_MXFP4 ? 1 : 2);
+        for (int j = 0; j < 16; j++) {
+            q[j] = kv[qs[j] & 15];
+            q[j + 16] = kv[qs[j] >> 4];
+        }
+        break;
+    }
     case QT_Q4_0: {
         const qt_block_q4_0 *x = (const void *)b;
         for (int j = 0; j < 16; j++) {
@@ -638,7 +673,10 @@ float qt_vec_dot_ref(uint32_t wtype, int64_t n, const void *w, const void *a)
         }
         return (float)sum;
     }
-    case QT_Q4_0: case QT_Q5_0: case QT_Q8_0: {
+    case QT_IQ2_XXS: case QT_IQ2_XS: case QT_IQ2_S: case QT_IQ3_XXS: case QT_IQ3_S:
+    case QT_IQ1_S: case QT_IQ4_XS:
+        return qt_iq_dot_ref(wtype, n, w, a);
+    case QT_Q4_0: case QT_Q5_0: case QT_Q8_0: case QT_IQ4_NL: case QT_MXFP4: {
         const qt_block_q8_0 *y = a;
         float sum = 0, d, m;
         for (int64_t i = 0; i < n / 32; i++) {

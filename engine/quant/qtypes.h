@@ -18,7 +18,9 @@
 enum {
     QT_F32 = 0, QT_F16 = 1, QT_Q4_0 = 2, QT_Q4_1 = 3, QT_Q5_0 = 6, QT_Q5_1 = 7,
     QT_Q8_0 = 8, QT_Q8_1 = 9, QT_Q2_K = 10, QT_Q3_K = 11, QT_Q4_K = 12,
-    QT_Q5_K = 13, QT_Q6_K = 14, QT_Q8_K = 15, QT_BF16 = 30,
+    QT_Q5_K = 13, QT_Q6_K = 14, QT_Q8_K = 15, QT_IQ2_XXS = 16, QT_IQ2_XS = 17,
+    QT_IQ3_XXS = 18, QT_IQ1_S = 19, QT_IQ4_NL = 20, QT_IQ3_S = 21, QT_IQ2_S = 22,
+    QT_IQ4_XS = 23, QT_BF16 = 30, QT_MXFP4 = 39,
     QT_COUNT = 40
 };
 
@@ -31,7 +33,7 @@ typedef struct qt_traits {
 
 /* NULL for an id this engine does not know. */
 const qt_traits *qt_get(uint32_t type);
-const char *qt_name(uint32_t type);           /* "type 23" style for unknown ids */
+const char *qt_name(uint32_t type);  /* unknown ids: "iq1_m (type 29)", "type 99" */
 /* Bytes of a row of n values (n a multiple of blck); 0 if not. */
 size_t qt_row_size(uint32_t type, int64_t n);
 
@@ -87,6 +89,17 @@ typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[128]; } qt_blo
 typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[32]; uint8_t qs[128]; } qt_block_q5_K; /* 176 */
 typedef struct { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d; } qt_block_q6_K;  /* 210 */
 typedef struct { float d; int8_t qs[256]; int16_t bsums[16]; } qt_block_q8_K; /* 292: bsums = sums of 16 */
+/* i-quants and the non-linear 4-bit types (codebooks in iq_tables.h) */
+typedef struct { uint16_t d; uint16_t qs[32]; } qt_block_iq2_xxs;                   /* 66 */
+typedef struct { uint16_t d; uint16_t qs[32]; uint8_t scales[8]; } qt_block_iq2_xs; /* 74 */
+typedef struct { uint16_t d; uint8_t qs[64]; uint8_t qh[8]; uint8_t scales[8]; } qt_block_iq2_s; /* 82: qs = 32 grid bytes, 32 sign bytes */
+typedef struct { uint16_t d; uint8_t qs[96]; } qt_block_iq3_xxs;                     /* 98: 64 grid bytes, 8 scale+sign words */
+typedef struct { uint16_t d; uint8_t qs[64]; uint8_t qh[8]; uint8_t signs[32]; uint8_t scales[4]; } qt_block_iq3_s; /* 110 */
+typedef struct { uint16_t d; uint8_t qs[32]; uint16_t qh[8]; } qt_block_iq1_s;      /* 50 */
+typedef struct { uint16_t d; uint8_t qs[16]; } qt_block_iq4_nl;                      /* 18 */
+typedef struct { uint16_t d; uint16_t scales_h; uint8_t scales_l[4]; uint8_t qs[128]; } qt_block_iq4_xs; /* 136 */
+typedef struct { uint8_t e; uint8_t qs[16]; } qt_block_mxfp4;                        /* 17: e = E8M0 exponent */
+
 
 /* Dot of two rows in the reference arithmetic (w row of wtype, a row of
  * qt_act_type(wtype)). */

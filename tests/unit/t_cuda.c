@@ -85,6 +85,10 @@ static void *make_weight(uint32_t type, int n_in, int n_out, size_t *row_bytes)
         case QT_Q3_K: put_f16(p + 108, d * 0.1f); break;
         case QT_Q4_K: case QT_Q5_K: put_f16(p, d * 0.1f); put_f16(p + 2, m * 0.1f); break;
         case QT_Q6_K: put_f16(p + 208, d * 0.05f); break;
+        case QT_IQ4_NL: put_f16(p, d * 0.1f); break;
+        case QT_MXFP4: p[0] = (uint8_t)(118 + rnd() % 6); break;   /* E8M0: 2^-10 .. 2^-5 */
+        case QT_IQ2_XXS: case QT_IQ2_XS: case QT_IQ2_S: case QT_IQ3_XXS: case QT_IQ3_S: case QT_IQ1_S:
+        case QT_IQ4_XS: put_f16(p, d * 0.1f); break;
         default: break;
         }
     }
@@ -92,7 +96,8 @@ static void *make_weight(uint32_t type, int n_in, int n_out, size_t *row_bytes)
 }
 
 static const uint32_t TYPES[] = { QT_F32, QT_F16, QT_BF16, QT_Q4_0, QT_Q4_1, QT_Q5_0, QT_Q5_1, QT_Q8_0,
-                                  QT_Q2_K, QT_Q3_K, QT_Q4_K, QT_Q5_K, QT_Q6_K };
+                                  QT_Q2_K, QT_Q3_K, QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_IQ4_NL, QT_IQ4_XS, QT_MXFP4,
+                                  QT_IQ2_XXS, QT_IQ2_XS, QT_IQ2_S, QT_IQ3_XXS, QT_IQ3_S, QT_IQ1_S };
 #define N_TYPES (sizeof TYPES / sizeof TYPES[0])
 
 static be *gpu, *gpu32, *cpu, *cpu32;

@@ -1,6 +1,8 @@
 /* t_dequant.c — reference dequantization against llama.cpp, bit for bit
- * (tests/fixtures/refs/llama-q.dequant.json), whole-tensor sums from the
- * GGUF files themselves, conversions and activation quantizers. */
+ * (tests/fixtures/refs/llama-q.dequant.json), against gguf-py for the
+ * i-quants, IQ4_NL, IQ4_XS and MXFP4 (refs/dequant2.json: real files;
+ * refs/dequant_iq.json: random blocks), whole-tensor sums from the GGUF
+ * files themselves, conversions and activation quantizers. */
 #include "engine/load/gguf.h"
 #include "engine/quant/qtypes.h"
 #include "tests/check.h"
@@ -56,6 +58,7 @@ static void check_tensor(const char *ftype, const char *tname, json_t *t, gguf *
     if (!tr) return;
     types_seen[type] = 1;
     const char *hex = json_string_value(json_object_get(t, "raw_first512_hex"));
+    if (!hex) hex = json_string_value(json_object_get(t, "raw_first_hex"));   /* dequant2.json */
     json_t *vals = json_object_get(t, "first512");
     CHECK(hex && json_array_size(vals) == 512);
     if (!hex || json_array_size(vals) != 512) return;
@@ -126,14 +129,88 @@ static void test_fixture(void)
     CHECKF(sums_checked >= 20, "only %d whole-tensor sums", sums_checked);
 }
 
+/* refs/dequant2.json: gguf-py on every tensor of the IQ4_XS, IQ4_NL and
+ * MXFP4 files (first 512 values bit for bit, whole-tensor sums). */
+static void test_fixture2(void)
+{
+    json_error_t jerr;
+    json_t *root = json_load_file(FIXTURE("refs/dequant2.json"), 0, &jerr);
+    CHECKF(root != NULL, "json: %s", jerr.text);
+    if (!root) return;
+    const int before = sums_checked;
+    memset(types_seen, 0, sizeof types_seen);
+    const char *fname;
+    json_t *ts;
+    json_object_foreach(json_object_get(root, "files"), fname, ts) {
+        char path[256], err[256];
+        snprintf(path, sizeof path, "tests/fixtures/models/%s", fname);
+        gguf *g = NULL;
+        int rc = gguf_open(&g, path, err, sizeof err);
+        CHECKF(rc == 0, "%s: %s", path, err);
+        const char *tname;
+        json_t *t;
+        json_object_foreach(ts, tname, t) check_tensor(fname, tname, t, g);
+        gguf_close(g);
+    }
+    json_decref(root);
+    CHECKF(types_seen[QT_IQ4_XS] && types_seen[QT_IQ4_NL] && types_seen[QT_MXFP4],
+           "dequant2.json: a type not covered");
+    CHECKF(sums_checked - before >= 40, "only %d whole-tensor sums", sums_checked - before);
+}
+
+/* refs/dequant_iq.json: gguf-py on seeded random blocks of every i-quant
+ * (every grid index, sign pattern and scale field occurs), bit for bit. */
+static void test_fixture_iq(void)
+{
+    json_error_t jerr;
+    json_t *root = json_load_file(FIXTURE("refs/dequant_iq.json"), 0, &jerr);
+    CHECKF(root != NULL, "json: %s", jerr.text);
+    if (!root) return;
+    const uint32_t want[] = { QT_IQ2_XXS, QT_IQ2_XS, QT_IQ2_S, QT_IQ3_XXS, QT_IQ3_S, QT_IQ1_S,
+                              QT_IQ4_NL, QT_IQ4_XS };
+    int seen = 0;
+    const char *name;
+    json_t *t;
+    json_object_foreach(json_object_get(root, "types"), name, t) {
+        const uint32_t type = (uint32_t)json_integer_value(json_object_get(t, "ggml_type"));
+        const int64_t n = json_integer_value(json_object_get(t, "n"));
+        const char *rh = json_string_value(json_object_get(t, "raw_hex"));
+        const char *vh = json_string_value(json_object_get(t, "f32_hex"));
+        CHECKF(qt_get(type) && rh && vh && n > 0 && n <= 8192, "%s: bad entry", name);
+        if (!qt_get(type) || !rh || !vh || n <= 0 || n > 8192) continue;
+        static uint8_t raw[8192 * 4], vb[8192 * 4];
+        static float got[8192];
+        const size_t nraw = unhex(rh, raw, sizeof raw), nv = unhex(vh, vb, sizeof vb);
+        CHECK_EQ_INT(nraw, qt_row_size(type, n));
+        CHECK_EQ_INT(nv, (size_t)n * 4);
+        memset(got, 0xff, sizeof got);
+        qt_dequant_row(type, raw, got, n);
+        int bad = -1;
+        float want_v = 0;
+        for (int64_t i = 0; i < n && bad < 0; i++)
+            if (memcmp(&got[i], vb + 4 * i, 4)) { bad = (int)i; memcpy(&want_v, vb + 4 * i, 4); }
+        CHECKF(bad < 0, "%s: value %d: got %.9g want %.9g", name, bad, bad >= 0 ? got[bad] : 0.0, want_v);
+        for (size_t k = 0; k < sizeof want / sizeof want[0]; k++) seen += want[k] == type;
+    }
+    json_decref(root);
+    CHECK_EQ_INT(seen, (int)(sizeof want / sizeof want[0]));
+}
+
 static void test_traits(void)
 {
     CHECK(qt_get(QT_Q4_K) && qt_get(QT_Q4_K)->type_size == 144 && qt_get(QT_Q4_K)->blck == 256);
     CHECK(qt_get(QT_Q8_K) && !qt_get(QT_Q8_K)->weight_ok);
-    CHECK(qt_get(16) == NULL);   /* iq2_xxs */
-    CHECK(qt_get(23) == NULL);
+    CHECK(qt_get(29) == NULL);   /* iq1_m */
+    CHECK(qt_get(34) == NULL);   /* tq1_0 */
     CHECK(qt_get(1000) == NULL);
-    CHECK(!strcmp(qt_name(23), "type 23"));
+    CHECK(!strcmp(qt_name(29), "iq1_m (type 29)"));
+    CHECK(!strcmp(qt_name(99), "type 99"));
+    CHECK(qt_get(QT_IQ4_XS) && qt_get(QT_IQ4_XS)->type_size == 136 && qt_get(QT_IQ4_XS)->blck == 256);
+    CHECK(qt_get(QT_MXFP4) && qt_get(QT_MXFP4)->type_size == 17 && qt_get(QT_MXFP4)->blck == 32);
+    CHECK_EQ_INT(qt_act_type(QT_IQ4_NL), QT_Q8_0);
+    CHECK_EQ_INT(qt_act_type(QT_MXFP4), QT_Q8_0);
+    CHECK_EQ_INT(qt_act_type(QT_IQ2_XXS), QT_Q8_K);
+    CHECK_EQ_INT(qt_act_type(QT_IQ4_XS), QT_Q8_K);
     CHECK(!strcmp(qt_name(QT_Q6_K), "q6_K"));
     CHECK_EQ_INT(qt_row_size(QT_Q8_0, 64), 68);
     CHECK_EQ_INT(qt_row_size(QT_Q8_0, 65), 0);
@@ -256,5 +333,7 @@ int main(void)
     RUN(test_quantizers);
     RUN(test_quantizers_simd);
     RUN(test_fixture);
+    RUN(test_fixture2);
+    RUN(test_fixture_iq);
     return CHECK_DONE();
 }

@@ -111,7 +111,7 @@ typedef struct gkv {
 } gkv;
 
 /* off: -1 the next free offset; -2 - j: tensor j's offset */
-typedef struct gten { char name[64]; uint64_t ne[2]; int nd; int64_t off; } gten;
+typedef struct gten { char name[64]; uint64_t ne[2]; int nd; int64_t off; uint32_t type; } gten;   /* type: ggml id, 0 = F32 */
 
 typedef struct gspec { gkv kv[64]; int nkv; gten t[48]; int nt; } gspec;
 
@@ -302,7 +302,7 @@ static int write_gguf(const gspec *s, const char *path)
         putstr(&b, t->name);
         put32(&b, (uint32_t)t->nd);
         for (int d = 0; d < t->nd; d++) put64(&b, t->ne[d]);
-        put32(&b, 0);   /* F32 */
+        put32(&b, t->type);   /* data is written as F32 whatever the type */
         put64(&b, off);
         uint64_t e = off + t_bytes(t);
         next = (e + 31) / 32 * 32;
@@ -441,6 +441,16 @@ static void test_unsupported(void)
     nan_scores[100] = NAN;
     kv_find(&s, "tokenizer.ggml.scores")->af = nan_scores;
     expect_refused(&s, "a NaN score", "tokenizer.ggml.scores[100]", "NaN");
+    /* weight types it cannot run: named with the tensor and the file */
+    base_spec(&s);
+    t_find(&s, "blk.0.attn_q.weight")->type = 29;
+    expect_refused(&s, "an IQ1_M tensor", "blk.0.attn_q.weight", "unsupported weight type iq1_m (type 29)");
+    base_spec(&s);
+    t_find(&s, "blk.0.ffn_down.weight")->type = 34;
+    expect_refused(&s, "a TQ1_0 tensor", "blk.0.ffn_down.weight", "unsupported weight type tq1_0 (type 34)");
+    base_spec(&s);
+    t_find(&s, "blk.0.attn_k.weight")->type = 77;
+    expect_refused(&s, "a tensor of an unknown type", "blk.0.attn_k.weight", "type 77 (supported: f32, f16, q4_0");
     base_spec(&s);
     set_str(&s, "llama.rope.scaling.type", "none");
     set_f32(&s, "llama.rope.scaling.factor", 8);

@@ -231,6 +231,8 @@ static void test_quantized_vs_llamacpp(void)
     check_model(M("llama-q.Q4_0.gguf"), R("llama-q.Q4_0.llamacpp.dev.json"), 0.15, 0);
     check_model(M("llama-q.Q4_K_M.gguf"), R("llama-q.Q4_K_M.llamacpp.dev.json"), 0.15, 0);
     check_model(M("llama-q.Q6_K.gguf"), R("llama-q.Q6_K.llamacpp.dev.json"), 0.15, 0);
+    check_model(M("llama-q.IQ4_XS.gguf"), R("llama-q.IQ4_XS.llamacpp.dev.json"), 0.15, 0);
+    check_model(M("llama-q.IQ4_NL.gguf"), R("llama-q.IQ4_NL.llamacpp.dev.json"), 0.15, 0);
     check_model(M("llama-q.bf16.gguf"), R("llama-q.bf16.llamacpp.dev.json"), 0.15, 0);
 }
 

@@ -31,7 +31,9 @@ static uint32_t rnd(void)
 static float frand(void) { return (float)(rnd() & 0xFFFFFF) / 16777216.0f * 2.0f - 1.0f; }
 
 static const uint32_t wtypes[] = { QT_F32, QT_F16, QT_BF16, QT_Q4_0, QT_Q4_1, QT_Q5_0, QT_Q5_1,
-                                   QT_Q8_0, QT_Q2_K, QT_Q3_K, QT_Q4_K, QT_Q5_K, QT_Q6_K };
+                                   QT_Q8_0, QT_Q2_K, QT_Q3_K, QT_Q4_K, QT_Q5_K, QT_Q6_K,
+                                   QT_IQ4_NL, QT_MXFP4, QT_IQ4_XS, QT_IQ2_XXS, QT_IQ2_XS, QT_IQ2_S,
+                                   QT_IQ3_XXS, QT_IQ3_S, QT_IQ1_S };
 
 static void fp16_fields(uint32_t type, int off[2], int *cnt)
 {
@@ -61,6 +63,11 @@ static void make_weights(uint32_t type, uint8_t *w, int64_t rows, int64_t n)
         return;
     }
     for (size_t i = 0; i < rs * (size_t)rows; i++) w[i] = (uint8_t)rnd();
+    if (type == QT_MXFP4) {   /* E8M0 scales 2^-12 .. 2^3, and the subnormal 0 and 1 */
+        for (size_t b = 0; b < rs * (size_t)rows / t->type_size; b++)
+            w[b * t->type_size] = (uint8_t)((rnd() & 31) == 0 ? rnd() & 1 : 116 + rnd() % 16);
+        return;
+    }
     int off[2], cnt;
     fp16_fields(type, off, &cnt);
     for (size_t b = 0; b < rs * (size_t)rows / t->type_size; b++)
@@ -227,7 +234,7 @@ static void test_batch_invariance(void)
  * bit for bit, so also to every other nb. */
 static void test_small_every_nb(void)
 {
-    static const uint32_t st[] = { QT_Q4_0, QT_Q4_1, QT_Q5_0, QT_Q5_1, QT_Q8_0 };
+    static const uint32_t st[] = { QT_Q4_0, QT_Q4_1, QT_Q5_0, QT_Q5_1, QT_Q8_0, QT_IQ4_NL, QT_MXFP4 };
     enum { ROWS = 29, NBMAX = 20 };
     const int64_t n = 32 * 37;
     for (size_t t = 0; t < sizeof st / sizeof st[0]; t++) {
@@ -273,6 +280,9 @@ static void test_long_rows(void)
     one_case(QT_Q4_1, 2 * 32768 + 32 * 9, 2, 9);
     one_case(QT_Q4_0, 20480 + 32, 17, 11);   /* chunks, several activation groups */
     one_case(QT_Q4_K, 32768 + 512, 2, 3);
+    one_case(QT_IQ4_NL, 32768 + 96, 9, 5);
+    one_case(QT_MXFP4, 2 * 32768 + 32 * 3, 3, 17);
+    one_case(QT_IQ4_XS, 32768 + 256, 2, 3);
 }
 
 static void test_isa(void)
@@ -294,9 +304,9 @@ static void test_unsupported(void)
     /* unknown and activation-only weight types: no crash (the loader rejects them first) */
     float y = 7.f;
     uint8_t buf[512] = { 0 };
-    qt_gemm(23, 256, buf, 0, 0, 1, buf, 0, 1, &y, 1);
+    qt_gemm(29, 256, buf, 0, 0, 1, buf, 0, 1, &y, 1);
     qt_gemm(QT_Q8_K, 256, buf, 0, 0, 1, buf, 0, 1, &y, 1);
-    CHECK(qt_vec_dot_ref(23, 256, buf, buf) == 0.0f);
+    CHECK(qt_vec_dot_ref(29, 256, buf, buf) == 0.0f);
 }
 
 /* Decode (nb = 1) of K-quants runs in tiles of 4 weight rows: row ranges
@@ -305,7 +315,8 @@ static void test_unsupported(void)
  * bits in every row and leave the rows outside the range alone. */
 static void test_decode_tiles(void)
 {
-    static const uint32_t kt[] = { QT_Q2_K, QT_Q3_K, QT_Q4_K, QT_Q5_K, QT_Q6_K };
+    static const uint32_t kt[] = { QT_Q2_K, QT_Q3_K, QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_IQ4_XS, QT_IQ2_XXS,
+                                   QT_IQ2_XS, QT_IQ2_S, QT_IQ3_XXS, QT_IQ3_S, QT_IQ1_S };
     enum { ROWS = 19 };
     for (size_t t = 0; t < sizeof kt / sizeof kt[0]; t++)
         for (int64_t nsb = 1; nsb <= 9; nsb += 4) {
@@ -345,6 +356,8 @@ static void test_kquant_long_batches(void)
     one_case(QT_Q4_K, 256 * 40, 5, 33);
     one_case(QT_Q6_K, 256 * 40, 3, 33);
     one_case(QT_Q3_K, 256 * 40, 3, 33);
+    one_case(QT_IQ4_XS, 256 * 40, 3, 70);   /* more than one group of 64 activation rows */
+    one_case(QT_IQ1_S, 256 * 8, 3, 70);
 }
 
 int main(void)

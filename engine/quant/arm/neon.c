@@ -7,6 +7,8 @@
  * accumulate in 16 float lanes. */
 #include "engine/quant/qtypes.h"
 
+#include "engine/quant/iq.h"
+
 #if defined(__aarch64__)
 #if defined(__clang__)
 #pragma STDC FP_CONTRACT OFF
@@ -47,6 +49,13 @@ N_AI void n_unpack_small(uint32_t type, const uint8_t *b, int8x16_t *lo, int8x16
 {
     const uint8x16_t m4 = vdupq_n_u8(0x0F);
     switch (type) {
+    case QT_IQ4_NL: case QT_MXFP4: {   /* nibbles through the 16-level table */
+        const int8x16_t tab = vld1q_s8(type == QT_MXFP4 ? qt_mxfp4_values() : qt_iq4nl_values());
+        const uint8x16_t v = vld1q_u8(b + (type == QT_MXFP4 ? 1 : 2));
+        *lo = vqtbl1q_s8(tab, vandq_u8(v, m4));
+        *hi = vqtbl1q_s8(tab, vshrq_n_u8(v, 4));
+        return;
+    }
     case QT_Q8_0:
         *lo = vld1q_s8((const int8_t *)(b + 2));
         *hi = vld1q_s8((const int8_t *)(b + 18));
@@ -106,7 +115,7 @@ N_AI void n_small(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64_t
                 __builtin_prefetch(wb + 1024);
                 int8x16_t w0, w1;
                 n_unpack_small(type, wb, &w0, &w1);
-                const float d = n_h2f(wb);
+                const float d = type == QT_MXFP4 ? qt_e8m0_half(wb[0]) : n_h2f(wb);
                 int32x4_t p[4];
                 float da[4] = { 0, 0, 0, 0 }, sa[4] = { 0, 0, 0, 0 };
                 for (int k = 0; k < 4; k++) {
@@ -272,6 +281,59 @@ N_AI void n_kquant(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64_
                     ma = vmlal_s16(ma, vget_high_s16(m1), vget_high_s16(bs1));
                     const int32_t isum = vaddvq_s32(acc), msum = vaddvq_s32(ma);
                     sums[k] += a->d * (fd * (float)isum - fm * (float)msum);
+                }
+            }
+            for (int k = 0; k < g; k++) Y[(b0 + k) * ldy + r] = sums[k];
+        }
+    }
+}
+
+/* ---- i-quants and iq4_xs (q8_K activations) ----
+ * A super-block unpacked once per (weight row, group of up to 16 activation
+ * rows) to signed bytes and per-16 scales (iq4_xs by table lookups, the grid
+ * types by qt_iq_unpack), SDOT per 16 values times the scale into exact
+ * int32 totals, then qt_iq_dot_ref's float expression (bit-identical). */
+N_AI void n_iqk(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64_t r0, int64_t r1,
+                const uint8_t *A, size_t as, int nb, float *Y, int64_t ldy)
+{
+    const size_t bs = qt_get(type)->type_size;
+    const int64_t nsb = n / 256;
+    int8_t q[256] __attribute__((aligned(16))), gs[8];
+    int16_t s[16];
+    float fd, sums[16];
+    const int8x16_t tab = vld1q_s8(qt_iq4nl_values());
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *wr = W + r * ws;
+        for (int b0 = 0; b0 < nb; b0 += 16) {
+            const int g = nb - b0 < 16 ? nb - b0 : 16;
+            for (int k = 0; k < g; k++) sums[k] = 0;
+            for (int64_t i = 0; i < nsb; i++) {
+                const uint8_t *wb = wr + i * bs;
+                for (size_t o = 0; o < bs; o += 64) __builtin_prefetch(wb + 1024 + o);
+                if (type == QT_IQ4_XS) {
+                    const qt_block_iq4_xs *x = (const void *)wb;
+                    for (int c = 0; c < 8; c++) {
+                        const uint8x16_t v = vld1q_u8(x->qs + 16 * c);
+                        vst1q_s8(q + 32 * c, vqtbl1q_s8(tab, vandq_u8(v, vdupq_n_u8(15))));
+                        vst1q_s8(q + 32 * c + 16, vqtbl1q_s8(tab, vshrq_n_u8(v, 4)));
+                        const int ls = ((x->scales_l[c / 2] >> (4 * (c % 2))) & 0xf) | (((x->scales_h >> (2 * c)) & 3) << 4);
+                        s[2 * c] = s[2 * c + 1] = (int16_t)(ls - 32);
+                    }
+                    memset(gs, 0, sizeof gs);
+                    fd = n_h2f(wb);
+                } else {
+                    qt_iq_unpack(type, wb, q, s, gs, &fd);
+                }
+                for (int k = 0; k < g; k++) {
+                    const qt_block_q8_K *a = (const void *)(A + (size_t)(b0 + k) * as + i * sizeof(qt_block_q8_K));
+                    int32x4_t acc = vdupq_n_s32(0);
+                    for (int c = 0; c < 16; c++)
+                        acc = vmlaq_n_s32(acc, n_sdot(vdupq_n_s32(0), vld1q_s8(q + 16 * c), vld1q_s8(a->qs + 16 * c)), s[c]);
+                    int32_t msum = 0;
+                    if (type == QT_IQ1_S)
+                        for (int j = 0; j < 8; j++) msum += gs[j] * s[2 * j] * (a->bsums[2 * j] + a->bsums[2 * j + 1]);
+                    const int32_t isum = vaddvq_s32(acc);
+                    sums[k] = sums[k] + (fd * a->d) * ((float)isum + 0.125f * (float)msum);
                 }
             }
             for (int k = 0; k < g; k++) Y[(b0 + k) * ldy + r] = sums[k];

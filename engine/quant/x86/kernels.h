@@ -28,6 +28,8 @@
 #ifndef QT_X86_TEMPLATE
 #define QT_X86_TEMPLATE
 
+#include "engine/quant/iq.h"
+
 #include <immintrin.h>
 #include <string.h>
 
@@ -54,6 +56,15 @@ QT_AI size_t x_tsize(uint32_t type)
     case QT_Q4_K: return sizeof(qt_block_q4_K);
     case QT_Q5_K: return sizeof(qt_block_q5_K);
     case QT_Q6_K: return sizeof(qt_block_q6_K);
+    case QT_IQ4_NL: return sizeof(qt_block_iq4_nl);
+    case QT_MXFP4: return sizeof(qt_block_mxfp4);
+    case QT_IQ4_XS: return sizeof(qt_block_iq4_xs);
+    case QT_IQ2_XXS: return sizeof(qt_block_iq2_xxs);
+    case QT_IQ2_XS: return sizeof(qt_block_iq2_xs);
+    case QT_IQ2_S: return sizeof(qt_block_iq2_s);
+    case QT_IQ3_XXS: return sizeof(qt_block_iq3_xxs);
+    case QT_IQ3_S: return sizeof(qt_block_iq3_s);
+    case QT_IQ1_S: return sizeof(qt_block_iq1_s);
     default: return 0;
     }
 }
@@ -200,13 +211,24 @@ QT_AI __m256 x_h2f8p(const uint8_t *const *p, size_t off)
     return _mm256_cvtph_ps(h);
 }
 
+/* E8M0 byte at p[l] + off, l = 0..7 -> 8 floats 2^(e-128) (qt_e8m0_half) */
+QT_AI __m256 x_e8m08p(const uint8_t *const *p, size_t off)
+{
+    const __m256i e = _mm256_setr_epi32(p[0][off], p[1][off], p[2][off], p[3][off],
+                                        p[4][off], p[5][off], p[6][off], p[7][off]);
+    const __m256i nrm = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+    const __m256i sub = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
+    const __m256i lt2 = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(nrm, sub, lt2));
+}
+
 /* Offset c of the unsigned weight bytes: w = u - c. */
 QT_AI int x_soff(uint32_t type)
 {
     switch (type) {
     case QT_Q4_0: return 8;
     case QT_Q5_0: return 16;
-    case QT_Q8_0: return QT_SVNNI ? 128 : 0;
+    case QT_Q8_0: case QT_IQ4_NL: case QT_MXFP4: return QT_SVNNI ? 128 : 0;
     default: return 0;
     }
 }
@@ -230,12 +252,23 @@ QT_AI __m256i x_pair128(const uint8_t *lo, const uint8_t *hi)
                             _mm_loadu_si128((const __m128i *)(const void *)lo));
 }
 
+/* The 16 levels of a 4-bit non-linear type as a pshufb table (both lanes):
+ * signed, or plus 128 (unsigned) with VNNI. */
+QT_AI __m256i x_nl_table(uint32_t type)
+{
+    const __m128i t = type == QT_MXFP4
+        ? _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
+        : _mm_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113);
+    const __m256i v = _mm256_set_m128i(t, t);
+    return QT_SVNNI ? _mm256_xor_si256(v, _mm256_set1_epi8((char)0x80)) : v;
+}
+
 /* One block of 8 weight rows (p[r] + off: block start of row r) -> wt[8]
- * transposed unsigned bytes (signed ones for q8_0 without VNNI). */
+ * transposed unsigned bytes (signed ones for q8_0, iq4_nl, mxfp4 without VNNI). */
 QT_AI void x_wtile(uint32_t type, const uint8_t *const *p, size_t off, __m256i *wt)
 {
-    if (type == QT_Q4_0 || type == QT_Q4_1) {
-        const size_t q = off + (type == QT_Q4_0 ? 2 : 4);
+    if (type == QT_Q4_0 || type == QT_Q4_1 || type == QT_IQ4_NL || type == QT_MXFP4) {
+        const size_t q = off + (type == QT_Q4_0 || type == QT_IQ4_NL ? 2 : type == QT_MXFP4 ? 1 : 4);
         __m256i t[4];
         x_tr4(x_pair128(p[0] + q, p[1] + q), x_pair128(p[2] + q, p[3] + q),
               x_pair128(p[4] + q, p[5] + q), x_pair128(p[6] + q, p[7] + q), t);
@@ -244,6 +277,11 @@ QT_AI void x_wtile(uint32_t type, const uint8_t *const *p, size_t off, __m256i *
         for (int g = 0; g < 4; g++) {
             wt[g] = _mm256_and_si256(t[g], m);
             wt[g + 4] = _mm256_and_si256(_mm256_srli_epi16(t[g], 4), m);
+        }
+        if (type == QT_IQ4_NL || type == QT_MXFP4) {
+            const __m256i tab = x_nl_table(type);
+            QT_UNROLL8
+            for (int g = 0; g < 8; g++) wt[g] = _mm256_shuffle_epi8(tab, wt[g]);
         }
         return;
     }
@@ -326,13 +364,13 @@ QT_AI void x_small_tile(uint32_t type, int G, int64_t cn, const uint8_t *const *
         }
         __m256i wt[8], wa[8];
         x_wtile(type, p, off, wt);
-        const int sgntrick = type == QT_Q8_0 && !QT_SVNNI;
+        const int sgntrick = (type == QT_Q8_0 || type == QT_IQ4_NL || type == QT_MXFP4) && !QT_SVNNI;
         if (sgntrick) {
             QT_UNROLL8
             for (int g = 0; g < 8; g++) wa[g] = _mm256_sign_epi8(wt[g], wt[g]);
         }
         const uint8_t *const pl[8] = { p[0], p[2], p[4], p[6], p[1], p[3], p[5], p[7] };
-        const __m256 dw = x_h2f8p(pl, off);
+        const __m256 dw = type == QT_MXFP4 ? x_e8m08p(pl, off) : x_h2f8p(pl, off);
         const __m256 mw = sgn ? _mm256_setzero_ps() : x_h2f8p(pl, off + 2);
         QT_UNROLL16
         for (int k = 0; k < G; k++) {
@@ -994,6 +1032,132 @@ QT_AI void x_kquant(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64
                     const qt_block_q8_K *a = (const void *)(A + (b0 + k) * as + i * sizeof(qt_block_q8_K));
                     sums[k] = x_kfinish(x_kdot(type, wb, q, &ks, a), &ks, a, sums[k]);
                 }
+            }
+            for (int k = 0; k < g; k++) Y[(b0 + k) * ldy + r] = sums[k];
+        }
+    }
+}
+
+/* ---- i-quants and iq4_xs (q8_K activations) ----
+ * A super-block is unpacked once per (weight row, group of up to 64
+ * activation rows) into signed bytes q[256] and per-16 int16 scales (iq4_xs
+ * in registers: nibbles through a pshufb table; the grid types through
+ * qt_iq_unpack), then dotted with each activation row: |q| against
+ * sign(a, q) by maddubs (|q|, |a| <= 127: no int16 saturation), times the
+ * scales by madd, into exact int32 totals; the float finish is
+ * qt_iq_dot_ref's expression: bit-identical, batch-invariant. */
+
+typedef struct {
+    int8_t q[256] __attribute__((aligned(32)));
+    __m256i sv[8];   /* per 32-value chunk: lanes 0-7 scale of its 1st 16 values, 8-15 of the 2nd */
+    float fd;
+    int16_t s[16];
+    int8_t g[8];
+    int has_g;       /* iq1_s: the delta term */
+} x_iqb;
+
+QT_AI void x_iq_prep(uint32_t type, const uint8_t *b, x_iqb *u)
+{
+    if (type == QT_IQ4_XS) {
+        const qt_block_iq4_xs *x = (const void *)b;
+        const __m256i tab = x_nl_table(QT_IQ4_NL);
+        const __m256i tab_s = QT_SVNNI ? _mm256_xor_si256(tab, _mm256_set1_epi8((char)0x80)) : tab;
+        QT_UNROLL8
+        for (int c = 0; c < 8; c++) {
+            _mm256_store_si256((__m256i *)(void *)(u->q + 32 * c), _mm256_shuffle_epi8(tab_s, x_nibbles(x->qs + 16 * c)));
+            const int ls = (((x->scales_l[c / 2] >> (4 * (c % 2))) & 0xf) | (((x->scales_h >> (2 * c)) & 3) << 4)) - 32;
+            u->s[2 * c] = u->s[2 * c + 1] = (int16_t)ls;
+        }
+        u->fd = x_h2f(b);
+        u->has_g = 0;
+    } else {
+        qt_iq_unpack(type, b, u->q, u->s, u->g, &u->fd);
+        u->has_g = type == QT_IQ1_S;
+    }
+    QT_UNROLL8
+    for (int c = 0; c < 8; c++)
+        u->sv[c] = _mm256_set_m128i(_mm_set1_epi16(u->s[2 * c + 1]), _mm_set1_epi16(u->s[2 * c]));
+}
+
+QT_AI float x_iq_finish(const x_iqb *u, const qt_block_q8_K *a, float sum)
+{
+    int32_t msum = 0;
+    if (u->has_g)
+        for (int j = 0; j < 8; j++) msum += u->g[j] * u->s[2 * j] * (a->bsums[2 * j] + a->bsums[2 * j + 1]);
+    __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
+    QT_UNROLL8
+    for (int c = 0; c < 8; c += 2) {
+        const __m256i w0 = _mm256_load_si256((const __m256i *)(const void *)(u->q + 32 * c));
+        const __m256i w1 = _mm256_load_si256((const __m256i *)(const void *)(u->q + 32 * c + 32));
+        const __m256i p0 = _mm256_maddubs_epi16(_mm256_sign_epi8(w0, w0), _mm256_sign_epi8(x_ld((const uint8_t *)a->qs + 32 * c), w0));
+        const __m256i p1 = _mm256_maddubs_epi16(_mm256_sign_epi8(w1, w1), _mm256_sign_epi8(x_ld((const uint8_t *)a->qs + 32 * c + 32), w1));
+        acc0 = QT_MADD_ACC(acc0, p0, u->sv[c]);
+        acc1 = QT_MADD_ACC(acc1, p1, u->sv[c + 1]);
+    }
+    const int32_t isum = x_hsum_i32(_mm256_add_epi32(acc0, acc1));
+    return sum + (u->fd * a->d) * ((float)isum + 0.125f * (float)msum);
+}
+
+/* iq4_xs against one activation row, decoded in registers (decode): the
+ * same int32 total and float expression as x_iq_finish. One scale per 32
+ * values: maddubs pairs times the broadcast scale. */
+QT_AI float x_iq4xs_1(const uint8_t *wb, const qt_block_q8_K *a, float sum)
+{
+    const qt_block_iq4_xs *x = (const void *)wb;
+    const __m256i tab = _mm256_set_m128i(
+        _mm_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113),
+        _mm_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113));
+    uint32_t sl;
+    memcpy(&sl, x->scales_l, 4);
+    const uint32_t sh = x->scales_h;
+    __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
+    QT_UNROLL8
+    for (int c = 0; c < 8; c += 2) {
+        const int l0 = (int)(((sl >> (4 * c)) & 15) | (((sh >> (2 * c)) & 3) << 4)) - 32;
+        const int l1 = (int)(((sl >> (4 * c + 4)) & 15) | (((sh >> (2 * c + 2)) & 3) << 4)) - 32;
+        const __m256i w0 = _mm256_shuffle_epi8(tab, x_nibbles(x->qs + 16 * c));
+        const __m256i w1 = _mm256_shuffle_epi8(tab, x_nibbles(x->qs + 16 * c + 16));
+        const __m256i p0 = _mm256_maddubs_epi16(_mm256_sign_epi8(w0, w0), _mm256_sign_epi8(x_ld((const uint8_t *)a->qs + 32 * c), w0));
+        const __m256i p1 = _mm256_maddubs_epi16(_mm256_sign_epi8(w1, w1), _mm256_sign_epi8(x_ld((const uint8_t *)a->qs + 32 * c + 32), w1));
+        acc0 = QT_MADD_ACC(acc0, p0, _mm256_set1_epi16((short)l0));
+        acc1 = QT_MADD_ACC(acc1, p1, _mm256_set1_epi16((short)l1));
+    }
+    const int32_t isum = x_hsum_i32(_mm256_add_epi32(acc0, acc1));
+    return sum + (x_h2f(wb) * a->d) * ((float)isum + 0.125f * (float)0);
+}
+
+QT_AI void x_iqk(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64_t r0, int64_t r1,
+                 const uint8_t *A, size_t as, int nb, float *Y, int64_t ldy)
+{
+    const size_t bs = x_tsize(type);
+    const int64_t nsb = n / 256;
+    x_iqb u;
+    float sums[64];
+    if (type == QT_IQ4_XS && nb == 1) {
+        for (int64_t r = r0; r < r1; r++) {
+            const uint8_t *wr = W + r * ws;
+            float sum = 0;
+            for (int64_t i = 0; i < nsb; i++) {
+                _mm_prefetch((const char *)wr + i * bs + QT_PF, _MM_HINT_T0);
+                _mm_prefetch((const char *)wr + i * bs + QT_PF + 64, _MM_HINT_T0);
+                _mm_prefetch((const char *)wr + i * bs + QT_PF + 128, _MM_HINT_T0);
+                sum = x_iq4xs_1(wr + i * bs, (const void *)(A + i * sizeof(qt_block_q8_K)), sum);
+            }
+            Y[r] = sum;
+        }
+        return;
+    }
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *wr = W + r * ws;
+        for (int b0 = 0; b0 < nb; b0 += 64) {
+            const int g = nb - b0 < 64 ? nb - b0 : 64;
+            for (int k = 0; k < g; k++) sums[k] = 0;
+            for (int64_t i = 0; i < nsb; i++) {
+                const uint8_t *wb = wr + i * bs;
+                for (size_t o = 0; o < bs; o += 64) _mm_prefetch((const char *)wb + QT_PF + o, _MM_HINT_T0);
+                x_iq_prep(type, wb, &u);
+                for (int k = 0; k < g; k++)
+                    sums[k] = x_iq_finish(&u, (const void *)(A + (size_t)(b0 + k) * as + i * sizeof(qt_block_q8_K)), sums[k]);
             }
             for (int k = 0; k < g; k++) Y[(b0 + k) * ldy + r] = sums[k];
         }
