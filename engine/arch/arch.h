@@ -7,12 +7,13 @@
  * apart from its siblings (llama, qwen2 and qwen3 are three rows of the
  * llama family). A new variant is a row; a new family is a file and a row.
  *
- * Families to come take the same hooks: a mixture-of-experts FFN (Qwen3-MoE,
+ * Families take the same hooks: a mixture-of-experts FFN (Qwen3-MoE,
  * Mixtral, gpt-oss) is the layer helper ly_moe_ffn beside ly_ffn_glu that a
- * family's pass calls for its layers (layers.h); per-layer attention differences (a sliding window on
- * some layers, attention sinks, q/k norms) are set in layer_w by the
- * family's load and handed to ly_attend in its ly_attn; layernorm, GELU or
- * learned positions (GPT-2) are helpers beside the rmsnorm and GLU ones. */
+ * family's pass calls for its layers (layers.h); per-layer attention
+ * differences (gpt-oss's sliding window on some layers and sinks, q/k
+ * norms) are set in layer_w and hparams by the family's load and handed to
+ * the backend's attention ops by its pass; layernorm, GELU or learned
+ * positions (GPT-2) are helpers beside the rmsnorm and GLU ones. */
 #ifndef ANE_ARCH_H
 #define ANE_ARCH_H
 
