@@ -1066,7 +1066,7 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
                    .f16_cache_off = opt->cuda_f16_cache_off };
     if (be_open_opts(&e->be, opt->backend, e->pool, &bo, err, errlen)) goto fail;
     /* CUDA's windowed attention (sliding-window layers, sinks) reads f16 and f32 caches only */
-    if (kvt == BE_KV_Q8_0 && strcmp(e->be->ops->name, "cpu") && m->hp.n_swa > 0) {
+    if (kvt == BE_KV_Q8_0 && strcmp(e->be->ops->name, "cpu") && (m->hp.n_swa > 0 || m->hp.swa_window > 0)) {
         snprintf(err, errlen, "%s: --kv-type q8_0 is not supported on %s for a model with sliding-window layers; "
                  "use f16 (or --backend cpu)", m->path, e->be->ops->name);
         goto fail;

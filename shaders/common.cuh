@@ -275,19 +275,23 @@ __device__ __forceinline__ __half2 u2h(uint32_t u) { return *(__half2 *)&u; }
 /* Rope: the angle of pair i at position p (double, as the CPU reference),
  * and the rotation of one pair, rounded step by step: every rope kernel
  * gives the same bits. */
-__device__ __forceinline__ void rope_cs(int p, int i, int n_rot, float base, const float *fd, float &cs, float &sn)
+/* mode: bit 0 neox (halves) or adjacent pairs; bit 1: fd[n_rot/2] scales
+ * cos and sin (YaRN's attention factor), as the CPU's table does. */
+__device__ __forceinline__ void rope_cs(int p, int i, int n_rot, float base, const float *fd, int mode, float &cs,
+                                        float &sn)
 {
     double theta = (double)p * pow((double)base, -2.0 * i / n_rot);
+    double ms = fd && (mode & 2) ? (double)fd[n_rot / 2] : 1.0;
     if (fd) theta /= fd[i];
-    cs = (float)cos(theta);
-    sn = (float)sin(theta);
+    cs = (float)(cos(theta) * ms);
+    sn = (float)(sin(theta) * ms);
 }
 
 /* bias (or NULL): added to v's pair first (v + bias, as the matmul would) */
 __device__ __forceinline__ void rope_pair(float *v, int i, int half, int neox, float cs, float sn, float &o0,
                                           float &o1, int &i0, int &i1, const float *bias = NULL)
 {
-    i0 = neox ? i : 2 * i; i1 = neox ? i + half : 2 * i + 1;
+    i0 = (neox & 1) ? i : 2 * i; i1 = (neox & 1) ? i + half : 2 * i + 1;
     float a = v[i0], c = v[i1];
     if (bias) { a = __fadd_rn(a, bias[i0]); c = __fadd_rn(c, bias[i1]); }
     o0 = __fsub_rn(__fmul_rn(a, cs), __fmul_rn(c, sn));

@@ -542,7 +542,7 @@ __global__ void __launch_bounds__(GLU ? 512 : 128) k_gemv_mr(const mat_set S, si
     size_t rslot = 0;
     if constexpr (ROPE != 0) {
         const int half = rp.head_dim / 2, pr = (int)blockIdx.x - S.m[mi].blk0;
-        if (mi < 2 && rp.neox) r0 = pr / half * rp.head_dim + pr % half + (warp / K) * half;
+        if (mi < 2 && (rp.neox & 1)) r0 = pr / half * rp.head_dim + pr % half + (warp / K) * half;
         if (lane == 0 && part == 0) {
             const int p = rp.pos[0];
             rslot = kv_slot(rp.off, rp.pages, 0, p) * (size_t)(rp.n_head_kv * rp.head_dim);
@@ -552,9 +552,9 @@ __global__ void __launch_bounds__(GLU ? 512 : 128) k_gemv_mr(const mat_set S, si
                     float2 a = ((const float2 *)rp.tab)[pr % half];
                     rcs = a.x; rsn = a.y;
                 } else {
-                    rope_cs(p, pr % half, rp.n_rot, rp.base, rp.fd, rcs, rsn);
+                    rope_cs(p, pr % half, rp.n_rot, rp.base, rp.fd, rp.neox, rcs, rsn);
                 }
-                if (bm) { rbA = bm[r0]; rbB = bm[rp.neox ? r0 + half : r0 + 1]; }
+                if (bm) { rbA = bm[r0]; rbB = bm[(rp.neox & 1) ? r0 + half : r0 + 1]; }
             } else if (mi == 2 && bm) {
                 rbA = bm[min(r0, S.m[mi].n_out - 1)];
             }
@@ -838,7 +838,7 @@ __global__ void __launch_bounds__(GLU ? 512 : 128) k_gemv_mr(const mat_set S, si
             c = __fadd_rn(c, 0.f);
             const float *bm = mi == 0 ? rp.bq : rp.bk;
             if (bm) { a = __fadd_rn(a, rbA); c = __fadd_rn(c, rbB); }
-            const int rB = rp.neox ? r0 + rp.head_dim / 2 : r0 + 1;
+            const int rB = (rp.neox & 1) ? r0 + rp.head_dim / 2 : r0 + 1;
             float o0 = __fsub_rn(__fmul_rn(a, rcs), __fmul_rn(c, rsn));
             float o1 = __fadd_rn(__fmul_rn(a, rsn), __fmul_rn(c, rcs));
             out[r0] = o0;

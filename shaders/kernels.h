@@ -140,6 +140,8 @@ void ck_add_pos(cudaStream_t st, float *x, const void *tab, int kind, size_t row
                 int n);
 /* out = silu(g) * u                               [n]; xq: out as [rows][n/rows] */
 void ck_silu_mul(cudaStream_t st, const float *g, const float *u, size_t n, float *out, void *xq, void *x16, int rows);
+/* neox, in every rope kernel: the mode, bit 0 rotate halves (else adjacent
+ * pairs), bit 1 freq_div[n_rot/2] scales cos and sin (YaRN; backend.h) */
 void ck_rope(cudaStream_t st, float *x, const int32_t *pos, int T, int n_heads, int head_dim, int n_rot,
              float base, int neox, const float *freq_div);
 /* The KV cache's forms (the `f16` argument of the cache's launchers): 0

@@ -9,7 +9,7 @@ __global__ void k_rope(float *x, const int32_t *pos, int n_heads, int hd, int n_
     pdl_begin();
     __shared__ float cs[512], sn[512];
     int t = blockIdx.x, half = n_rot / 2;
-    for (int i = threadIdx.x; i < half; i += blockDim.x) rope_cs(pos[t], i, n_rot, base, fd, cs[i], sn[i]);
+    for (int i = threadIdx.x; i < half; i += blockDim.x) rope_cs(pos[t], i, n_rot, base, fd, neox, cs[i], sn[i]);
     __syncthreads();
     for (int k = threadIdx.x; k < half * n_heads; k += blockDim.x) {
         int h = k / half, i = k % half, i0, i1;
@@ -75,7 +75,7 @@ __global__ void k_rope_kv(float *q, float *k, const float *v, void *kc, void *vc
             float2 a = tab[(size_t)t * half + i];
             cs = a.x; sn = a.y;
         } else {
-            rope_cs(p, i, n_rot, base, fd, cs, sn);
+            rope_cs(p, i, n_rot, base, fd, neox, cs, sn);
             if (tmode == 1 && h == 0) tab[(size_t)t * half + i] = make_float2(cs, sn);
         }
         rope_pair(x, i, half, neox, cs, sn, o0, o1, i0, i1, bx);

@@ -13,6 +13,7 @@ static const arch archs[] = {
     { "qwen35",  &arch_qwen35, ARCH_ROPE_NEOX },
     { "gemma3",  &arch_gemma3, ARCH_ROPE_NEOX | ARCH_QK_NORM },
     { "gpt2",    &arch_gpt2,   0 },
+    { "gpt-oss", &arch_gptoss, ARCH_ROPE_NEOX | ARCH_YARN },
 };
 
 const arch *arch_find(const char *name)

@@ -7,12 +7,13 @@
  * apart from its siblings (llama, qwen2 and qwen3 are three rows of the
  * llama family). A new variant is a row; a new family is a file and a row.
  *
- * Families to come take the same hooks: a mixture-of-experts FFN (Qwen3-MoE,
+ * Families take the same hooks: a mixture-of-experts FFN (Qwen3-MoE,
  * Mixtral, gpt-oss) is the layer helper ly_moe_ffn beside ly_ffn_glu that a
- * family's pass calls for its layers (layers.h); per-layer attention differences (a sliding window on
- * some layers, attention sinks, q/k norms) are set in layer_w by the
- * family's load and handed to ly_attend in its ly_attn; layernorm, GELU or
- * learned positions (GPT-2) are helpers beside the rmsnorm and GLU ones. */
+ * family's pass calls for its layers (layers.h); per-layer attention
+ * differences (gpt-oss's sliding window on some layers and sinks, q/k
+ * norms) are set in layer_w and hparams by the family's load and handed to
+ * the backend's attention ops by its pass; layernorm, GELU or learned
+ * positions (GPT-2) are helpers beside the rmsnorm and GLU ones. */
 #ifndef ANE_ARCH_H
 #define ANE_ARCH_H
 
@@ -24,6 +25,7 @@ enum {
     ARCH_ROPE_NEOX = 1u << 0,   /* GGUF q/k rows rotate halves (llama's were permuted to adjacent pairs) */
     ARCH_QKV_BIAS = 1u << 1,    /* attn_{q,k,v}.bias in every layer */
     ARCH_QK_NORM = 1u << 2,     /* per-head attn_{q,k}_norm in every layer */
+    ARCH_YARN = 1u << 3,        /* rope.scaling.type yarn taken (its ramp unrounded, as gpt-oss defines it) */
 };
 
 /* Per-sequence state beside the KV pages (recurrent layers) and its
@@ -75,7 +77,7 @@ struct fw {
     size_t kv_bytes;            /* the KV pool and any per-sequence state */
 };
 
-extern const arch_family arch_llama, arch_qwen35, arch_gemma3, arch_gpt2;
+extern const arch_family arch_llama, arch_qwen35, arch_gemma3, arch_gpt2, arch_gptoss;
 
 /* The row of `name`, or NULL. */
 const arch *arch_find(const char *name);

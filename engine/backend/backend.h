@@ -120,8 +120,11 @@ typedef struct be_ops {
     void (*add)(be *b, float *x, const float *y, size_t n);
     /* out = silu(gate) * up                                    [n] */
     void (*silu_mul)(be *b, const float *gate, const float *up, size_t n, float *out);
-    /* Rotary embedding in place on x [T][n_heads][head_dim] at bt->pos.
-     * freq_div: per-pair divisors (llama-3.1), or NULL / no data. */
+    /* Rotary embedding in place on x [T][n_heads][head_dim] at bt->pos:
+     * pair i at position p turns by p * base^(-2i/n_rot) / freq_div[i].
+     * freq_div: per-pair divisors (llama-3.1, YaRN), or NULL / no data; one
+     * of n_rot/2 + 1 values (n_in) ends with a factor on cos and sin
+     * (YaRN's attention factor), as every rope op below takes it. */
     void (*rope)(be *b, float *x, const be_batch *bt, int n_heads, int head_dim, int n_rot,
                  float base, int neox, const wt *freq_div);
     /* Writes k, v [T][kv_dim] into layer cache slots of each token. */

@@ -25,6 +25,7 @@ typedef struct cpu_be {
     int rope_n, rope_half;
     float rope_base;
     const float *rope_fd;
+    float rope_fdv[513];  /* the divisors (and YaRN factor) the table was made with */
     void *scratch;        /* be_cpu_scratch */
     size_t scratch_cap;
     long moe_ties;        /* be_cpu_moe_ties */
@@ -256,10 +257,16 @@ static void cpu_rope(be *b, float *x, const be_batch *bt, int n_heads, int head_
     cpu_be *c = (cpu_be *)b;
     const float *freq_div = fd ? fd->data : NULL;
     int half = n_rot / 2;
+    /* YaRN: a divisor table one longer, its last value the cos/sin scale */
+    double ms = freq_div && fd->n_in > half ? freq_div[half] : 1.0;
     int maxp = 0;
     for (int t = 0; t < bt->T; t++)
         if (bt->pos[t] > maxp) maxp = bt->pos[t];
-    if (c->rope_half != half || c->rope_base != base || c->rope_fd != freq_div) c->rope_n = 0;
+    int n_fd = freq_div ? (fd->n_in > half ? half + 1 : half) : 0;
+    if (n_fd > 513) abort();   /* (head sizes are at most 1024) */
+    if (c->rope_half != half || c->rope_base != base || c->rope_fd != freq_div ||
+        (n_fd && memcmp(c->rope_fdv, freq_div, (size_t)n_fd * 4)))
+        c->rope_n = 0;
     if (maxp >= c->rope_n) {
         int n = c->rope_n ? c->rope_n : 256;
         while (n <= maxp) n *= 2;
@@ -270,14 +277,15 @@ static void cpu_rope(be *b, float *x, const be_batch *bt, int n_heads, int head_
             for (int i = 0; i < half; i++) {
                 double theta = (double)p * pow((double)base, -2.0 * i / n_rot);
                 if (freq_div) theta /= freq_div[i];
-                tab[((size_t)p * half + i) * 2] = (float)cos(theta);
-                tab[((size_t)p * half + i) * 2 + 1] = (float)sin(theta);
+                tab[((size_t)p * half + i) * 2] = (float)(cos(theta) * ms);
+                tab[((size_t)p * half + i) * 2 + 1] = (float)(sin(theta) * ms);
             }
         c->rope_tab = tab;
         c->rope_n = n;
         c->rope_half = half;
         c->rope_base = base;
         c->rope_fd = freq_div;
+        if (n_fd) memcpy(c->rope_fdv, freq_div, (size_t)n_fd * 4);
     }
     for (int t = 0; t < bt->T; t++) {
         const float *cs = c->rope_tab + (size_t)bt->pos[t] * half * 2;

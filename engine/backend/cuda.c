@@ -998,13 +998,21 @@ static void cu_silu_mul(be *b, const float *g, const float *u, size_t n, float *
     ck_silu_mul(c->st, g, u, n, out, xq, x16, rows);
 }
 
+/* The kernels' rope mode: bit 0 neox, bit 1 the divisor table ends with
+ * a factor on cos and sin (YaRN, backend.h). */
+static int rope_mode(int neox, int n_rot, const wt *fd)
+{
+    return (neox ? 1 : 0) | (fd && fd->data && fd->n_in > n_rot / 2 ? 2 : 0);
+}
+
 static void cu_rope(be *b, float *x, const be_batch *bt, int n_heads, int head_dim, int n_rot, float base,
                     int neox, const wt *fd)
 {
     cu_be *c = (cu_be *)b;
     tag_clear(c);
     use_batch(c, bt);
-    ck_rope(c->st, x, d_pos(c), bt->T, n_heads, head_dim, n_rot, base, neox, fd && fd->data ? fd->dev : NULL);
+    ck_rope(c->st, x, d_pos(c), bt->T, n_heads, head_dim, n_rot, base, rope_mode(neox, n_rot, fd),
+            fd && fd->data ? fd->dev : NULL);
 }
 
 static void cu_kv_store(be *b, void *kc, void *vc, const be_batch *bt, int kv_dim, const float *k, const float *v)
@@ -1064,8 +1072,8 @@ static void cu_rope_kv(be *b, float *q, float *k, float *v, void *kc, void *vc, 
         }
     }
     ck_rope_kv(c->st, q, k, v, kc, vc, b->kv_type == BE_KV_F16, d_pos(c), d_off(c), d_pages(c), bt->T, n_head, n_head_kv,
-               head_dim, n_rot, base, neox, fdd, bias_dev(bias, 0), bias_dev(bias, 1), bias_dev(bias, 2),
-               c->rope_tab, mode);
+               head_dim, n_rot, base, rope_mode(neox, n_rot, fd), fdd, bias_dev(bias, 0), bias_dev(bias, 1),
+               bias_dev(bias, 2), c->rope_tab, mode);
 }
 
 static void att_run(cu_be *c, const float *q, const void *kc, const void *vc, const be_batch *bt, int n_head,
@@ -1126,7 +1134,8 @@ static void cu_rope_attention(be *b, float *q, float *k, float *v, void *kc, voi
         return;
     }
     tag_clear(c);
-    ck_rope_in rp = { k, v, bias_dev(bias, 0), bias_dev(bias, 1), bias_dev(bias, 2), c->rope_tab, n_rot, neox };
+    ck_rope_in rp = { k, v, bias_dev(bias, 0), bias_dev(bias, 1), bias_dev(bias, 2), c->rope_tab, n_rot,
+                      rope_mode(neox, n_rot, freq_div) };
     att_run(c, q, kc, vc, bt, n_head, n_head_kv, head_dim, out, &rp);
 }
 
@@ -1150,7 +1159,8 @@ static int cu_qkv_rope(be *b, const wt *const *w, const wt *const *bias, const f
     float *outs[3] = { q, k, v };
     use_batch(c, bt);
     ck_qkv_rope r = { bias_dev(bias, 0), bias_dev(bias, 1), bias_dev(bias, 2), c->rope_tab, d_pos(c), d_off(c),
-                      d_pages(c), kc, vc, b->kv_type == BE_KV_F16, head_dim, n_rot, neox, n_head_kv, base, fdd };
+                      d_pages(c), kc, vc, b->kv_type == BE_KV_F16, head_dim, n_rot, rope_mode(neox, n_rot, freq_div),
+                      n_head_kv, base, fdd };
     if (!ck_gemv_qkv_rope_try(c->st, w[0]->type, W, w[0]->row_bytes, nin, no, c->xq, outs, &r)) return 0;
     tag_clear(c);   /* (as rope_kv) */
     c->mm_out = NULL;

@@ -103,6 +103,17 @@ static int map_name(const char *hf, char *out, size_t n)
         { "mlp.down_proj.weight", "ffn_down.weight" },
         { "mlp.gate.weight", "ffn_gate_inp.weight" },                /* Qwen-MoE router */
         { "block_sparse_moe.gate.weight", "ffn_gate_inp.weight" },   /* Mixtral's */
+        /* gpt-oss: output bias, sinks, router with bias; its experts come
+         * stacked, gate and up interleaved, [in][out]: gptoss_experts
+         * turns them into GGUF's layout */
+        { "self_attn.o_proj.bias", "attn_output.bias" },
+        { "self_attn.sinks", "attn_sinks.weight" },
+        { "mlp.router.weight", "ffn_gate_inp.weight" },
+        { "mlp.router.bias", "ffn_gate_inp.bias" },
+        { "mlp.experts.gate_up_proj", "gptoss_gate_up" },
+        { "mlp.experts.gate_up_proj_bias", "gptoss_gate_up_b" },
+        { "mlp.experts.down_proj", "gptoss_down" },
+        { "mlp.experts.down_proj_bias", "gptoss_down_b" },
     };
     /* one expert's matrices, stacked later (stack_experts) */
     static const struct { const char *hf, *gg; } expert_mat[] = {
@@ -235,11 +246,12 @@ static int shard_load(hf_model *h, const char *path, char *err, size_t errlen)
             rc = -1; break;
         }
         size_t nd = json_array_size(shp);
-        if (nd < 1 || nd > 2) {
-            snprintf(err, errlen, "%s: tensor '%s' has %zu dimensions (expected 1 or 2)", path, key, nd);
+        /* (3: stacked experts, gpt_oss's) */
+        if (nd < 1 || nd > 3) {
+            snprintf(err, errlen, "%s: tensor '%s' has %zu dimensions (expected 1 to 3)", path, key, nd);
             rc = -1; break;
         }
-        int64_t dims[2] = { 1, 1 };
+        int64_t dims[3] = { 1, 1, 1 };
         uint64_t elems = 1;
         for (size_t d = 0; d < nd; d++) {
             json_t *x = json_array_get(shp, d);
@@ -276,10 +288,11 @@ static int shard_load(hf_model *h, const char *path, char *err, size_t errlen)
         t->name.n = strlen(gname);
         t->type = type;
         t->n_dims = (uint32_t)nd;
-        /* safetensors [out, in] row-major is ggml's ne = {in, out} */
-        t->ne[0] = nd == 2 ? dims[1] : dims[0];
-        t->ne[1] = nd == 2 ? dims[0] : 1;
-        t->ne[2] = t->ne[3] = 1;
+        /* safetensors [out, in] row-major is ggml's ne = {in, out}; [n, out, in] ne = {in, out, n} */
+        t->ne[0] = dims[nd - 1];
+        t->ne[1] = nd >= 2 ? dims[nd - 2] : 1;
+        t->ne[2] = nd == 3 ? dims[0] : 1;
+        t->ne[3] = 1;
         t->data = sh->map + base + b;
         t->nbytes = (uint64_t)(e - b);
         h->trans[h->n_t] = tr && nd == 2;
@@ -467,6 +480,36 @@ static int config_gpt2(cfgrd *r, json_t *c, hf_config *g)
     return 0;
 }
 
+/* gpt_oss: the sliding window and its layer pattern (every even layer
+ * windowed, the odd ones full, as GGUF files imply), the SwiGLU clamp. */
+static int config_gptoss(cfgrd *r, json_t *c, hf_config *g)
+{
+    int64_t layers = 0;
+    if (cint(r, c, "sliding_window", 1, 0, 1, 1 << 24, &g->sliding_window) ||
+        cint(r, c, "num_hidden_layers", 1, 0, 1, 4096, &layers) ||
+        cnum(r, c, "swiglu_limit", 7, 0, 1e6, &g->swiglu_limit))
+        return -1;
+    json_t *lt = json_object_get(c, "layer_types");
+    if (!lt || json_is_null(lt)) return 0;
+    if (!json_is_array(lt) || (int64_t)json_array_size(lt) != layers) {
+        snprintf(r->err, r->errlen, "%s: layer_types is %s of %zu, expected a list of num_hidden_layers %lld",
+                 r->path, jtype(lt), json_is_array(lt) ? json_array_size(lt) : (size_t)0, (long long)layers);
+        return -1;
+    }
+    for (int64_t i = 0; i < layers; i++) {
+        json_t *v = json_array_get(lt, (size_t)i);
+        const char *want = i % 2 ? "full_attention" : "sliding_attention";
+        if (!json_is_string(v) || strcmp(json_string_value(v), want)) {
+            snprintf(r->err, r->errlen, "%s: layer_types[%lld] is %s%s%s, expected \"%s\" (gpt-oss alternates "
+                     "sliding and full attention, sliding first)", r->path, (long long)i,
+                     json_is_string(v) ? "\"" : jtype(v), json_is_string(v) ? json_string_value(v) : "",
+                     json_is_string(v) ? "\"" : "", want);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 static int config_load(hf_model *h, const char *dir, char *err, size_t errlen)
 {
     char path[1100];
@@ -489,15 +532,20 @@ static int config_load(hf_model *h, const char *dir, char *err, size_t errlen)
     json_t *mt = json_object_get(c, "model_type");
     const char *t = json_is_string(mt) ? json_string_value(mt) : "";
     if (strcmp(t, "llama") && strcmp(t, "qwen2") && strcmp(t, "qwen3") && strcmp(t, "qwen3_moe") &&
-        strcmp(t, "mixtral") && strcmp(t, "gpt2")) {
+        strcmp(t, "mixtral") && strcmp(t, "gpt2") &&
+        strcmp(t, "gpt_oss")) {
         snprintf(err, errlen, "%s: model_type '%s' is not supported (supported: llama, qwen2, qwen3, qwen3_moe, "
-                 "mixtral, gpt2)", path, t);
+                 "mixtral, gpt2, gpt_oss)", path, t);
         goto out;
     }
     /* (as GGUF names them: Mixtral is the llama architecture with experts) */
-    snprintf(g->arch, sizeof g->arch, "%s", !strcmp(t, "qwen3_moe") ? "qwen3moe" : !strcmp(t, "mixtral") ? "llama" : t);
-    if ((!strcmp(t, "qwen3_moe") || !strcmp(t, "mixtral")) && config_experts(h, &r, c, !strcmp(t, "mixtral")))
+    snprintf(g->arch, sizeof g->arch, "%s", !strcmp(t, "qwen3_moe") ? "qwen3moe" : !strcmp(t, "mixtral") ? "llama"
+                                            : !strcmp(t, "gpt_oss") ? "gpt-oss" : t);
+    int gptoss = !strcmp(t, "gpt_oss");
+    if ((!strcmp(t, "qwen3_moe") || !strcmp(t, "mixtral") || gptoss) &&
+        config_experts(h, &r, c, !strcmp(t, "mixtral") || gptoss))
         goto out;
+    if (gptoss && config_gptoss(&r, c, g)) goto out;
     if (!strcmp(t, "gpt2")) { rc = config_gpt2(&r, c, g); goto out; }
     if (cint(&r, c, "hidden_size", 1, 0, 1, 65536, &g->hidden) ||
         cint(&r, c, "num_hidden_layers", 1, 0, 1, 4096, &g->layers) ||
@@ -565,8 +613,35 @@ static int config_load(hf_model *h, const char *dir, char *err, size_t errlen)
                          g->rope_high, g->rope_low);
                 goto out;
             }
+        } else if (!strcmp(rts, "yarn") && !strcmp(g->arch, "gpt-oss")) {
+            /* transformers' _compute_yarn_parameters */
+            g->rope_yarn = 1;
+            double ms = 0, msa = 0;
+            if (cnum(&r, rp, "factor", 1, 0, 1e6, &g->rope_factor) ||
+                cnum(&r, rp, "original_max_position_embeddings", (double)g->ctx, 0, 1 << 24, &g->rope_orig_ctx) ||
+                cnum(&r, rp, "beta_fast", 32, 0, 1e6, &g->yarn_beta_fast) ||
+                cnum(&r, rp, "beta_slow", 1, 0, 1e6, &g->yarn_beta_slow) ||
+                cnum(&r, rp, "attention_factor", -1, 0, 1e6, &g->yarn_attn) ||
+                cnum(&r, rp, "mscale", 0, -1, 1e6, &ms) || cnum(&r, rp, "mscale_all_dim", 0, -1, 1e6, &msa))
+                goto out;
+            if (g->yarn_beta_fast <= g->yarn_beta_slow) {
+                snprintf(err, errlen, "%s: rope_parameters beta_fast %g is not above beta_slow %g", path,
+                         g->yarn_beta_fast, g->yarn_beta_slow);
+                goto out;
+            }
+            json_t *tr = json_object_get(rp, "truncate");
+            if (tr && !json_is_boolean(tr) && !json_is_null(tr)) {
+                snprintf(err, errlen, "%s: rope_parameters truncate is %s, expected true or false", path, jtype(tr));
+                goto out;
+            }
+            g->yarn_truncate = !json_is_false(tr);   /* (transformers' default: true) */
+            double f = g->rope_factor;
+#define YARN_MSCALE(m) (f <= 1 ? 1.0 : 0.1 * (m) * log(f) + 1.0)
+            if (g->yarn_attn < 0) g->yarn_attn = ms > 0 && msa > 0 ? YARN_MSCALE(ms) / YARN_MSCALE(msa) : YARN_MSCALE(1);
+#undef YARN_MSCALE
         } else if (strcmp(rts, "default")) {
-            snprintf(err, errlen, "%s: rope type '%s' is not supported (supported: default, llama3)", path, rts);
+            snprintf(err, errlen, "%s: rope type '%s' is not supported (supported: default, llama3%s)", path, rts,
+                     !strcmp(g->arch, "gpt-oss") ? ", yarn" : "");
             goto out;
         }
     }
@@ -632,6 +707,110 @@ static int stack_experts(hf_model *h, const char *dir, char *err, size_t errlen)
     return 0;
 }
 
+/* A tensor of this model's own buffer (freed with it) under GGUF name nm. */
+static gguf_tensor *add_owned(hf_model *h, const char *nm, uint32_t type, int64_t ne0, int64_t ne1, int64_t ne2,
+                              size_t esz, char *err, size_t errlen)
+{
+    if (h->n_t >= h->cap) { snprintf(err, errlen, "too many tensors"); return NULL; }
+    size_t nbytes = (size_t)(ne0 * ne1 * ne2) * esz;
+    uint8_t *buf = malloc(nbytes ? nbytes : 1);
+    void **st = realloc(h->stacked, (size_t)(h->n_stacked + 1) * sizeof *st);
+    if (st) h->stacked = st;
+    char *name = strdup(nm);
+    if (!buf || !st || !name) { free(buf); free(name); snprintf(err, errlen, "out of memory"); return NULL; }
+    h->stacked[h->n_stacked++] = buf;
+    h->names[h->n_t] = name;
+    gguf_tensor *t = &h->t[h->n_t++];
+    *t = (gguf_tensor){ .name = { name, strlen(name) }, .type = type, .n_dims = ne2 > 1 ? 3 : 2,
+                        .ne = { ne0, ne1, ne2, 1 }, .data = buf, .nbytes = nbytes };
+    return t;
+}
+
+/* gpt_oss experts: gate_up_proj [X][E][2F] (gate and up interleaved, the
+ * even and odd columns) and down_proj [X][F][E] are [in][out]; GGUF's
+ * ffn_{gate,up}_exps.weight are ne {E, F, X} and ffn_down_exps.weight ne
+ * {F, E, X} (rows of in). The biases split likewise, widened to f32. */
+static int gptoss_experts(hf_model *h, const char *dir, char *err, size_t errlen)
+{
+    int64_t X = h->cfg.n_expert, E = h->cfg.hidden, F = h->cfg.ff_exp;
+    for (int64_t l = 0; l < h->cfg.layers; l++) {
+        static const char *const part[4] = { "gptoss_gate_up", "gptoss_gate_up_b", "gptoss_down", "gptoss_down_b" };
+        const int64_t want[4][3] = { { 2 * F, E, X }, { 2 * F, X, 1 }, { E, F, X }, { E, X, 1 } };
+        static const char *const hfn[4] = { "gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias" };
+        const gguf_tensor *t[4];
+        int seen = 0;
+        char nm[96];
+        for (int k = 0; k < 4; k++) {
+            snprintf(nm, sizeof nm, "blk.%lld.%s", (long long)l, part[k]);
+            t[k] = hf_tensor_find(h, nm);
+            seen += t[k] != NULL;
+        }
+        if (!seen) continue;
+        for (int k = 0; k < 4; k++) {
+            if (!t[k]) {
+                snprintf(err, errlen, "%s: layer %lld lacks mlp.experts.%s (expected all four of gate_up_proj, "
+                         "down_proj and their biases)", dir, (long long)l, hfn[k]);
+                return -1;
+            }
+            if (t[k]->ne[0] != want[k][0] || t[k]->ne[1] != want[k][1] || t[k]->ne[2] != want[k][2]) {
+                /* (in safetensors' order: the reverse of ne) */
+                static const char *const legend[4] = {
+                    "num_local_experts, hidden_size, 2 x intermediate_size", "num_local_experts, 2 x intermediate_size",
+                    "num_local_experts, intermediate_size, hidden_size", "num_local_experts, hidden_size" };
+                int three = k % 2 == 0;
+                char got[80], exp[80];
+                if (three) {
+                    snprintf(got, sizeof got, "[%lld, %lld, %lld]", (long long)t[k]->ne[2], (long long)t[k]->ne[1],
+                             (long long)t[k]->ne[0]);
+                    snprintf(exp, sizeof exp, "[%lld, %lld, %lld]", (long long)want[k][2], (long long)want[k][1],
+                             (long long)want[k][0]);
+                } else {
+                    snprintf(got, sizeof got, "[%lld, %lld]", (long long)t[k]->ne[1], (long long)t[k]->ne[0]);
+                    snprintf(exp, sizeof exp, "[%lld, %lld]", (long long)want[k][1], (long long)want[k][0]);
+                }
+                snprintf(err, errlen, "%s: layer %lld mlp.experts.%s has shape %s, expected %s (%s)", dir,
+                         (long long)l, hfn[k], got, exp, legend[k]);
+                return -1;
+            }
+        }
+        size_t esz = t[0]->nbytes / (size_t)(2 * F * E * X), dsz = t[2]->nbytes / (size_t)(F * E * X);
+        gguf_tensor *o[6];
+        static const char *const out[6] = { "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight",
+                                            "ffn_gate_exps.bias", "ffn_up_exps.bias", "ffn_down_exps.bias" };
+        const int64_t dims[6][3] = { { E, F, X }, { E, F, X }, { F, E, X }, { F, X, 1 }, { F, X, 1 }, { E, X, 1 } };
+        for (int k = 0; k < 6; k++) {
+            snprintf(nm, sizeof nm, "blk.%lld.%s", (long long)l, out[k]);
+            o[k] = add_owned(h, nm, k < 2 ? t[0]->type : k == 2 ? t[2]->type : QT_F32, dims[k][0], dims[k][1],
+                             dims[k][2], k < 2 ? esz : k == 2 ? dsz : 4, err, errlen);
+            if (!o[k]) return -1;
+        }
+        const uint8_t *gu = t[0]->data, *dn = t[2]->data;
+        for (int64_t x = 0; x < X; x++)
+            for (int64_t f = 0; f < F; f++)
+                for (int64_t e = 0; e < E; e++) {
+                    size_t dst = (size_t)((x * F + f) * E + e);
+                    memcpy((uint8_t *)o[0]->data + dst * esz, gu + (size_t)((x * E + e) * 2 * F + 2 * f) * esz, esz);
+                    memcpy((uint8_t *)o[1]->data + dst * esz, gu + (size_t)((x * E + e) * 2 * F + 2 * f + 1) * esz, esz);
+                    memcpy((uint8_t *)o[2]->data + (size_t)((x * E + e) * F + f) * dsz,
+                           dn + (size_t)((x * F + f) * E + e) * dsz, dsz);
+                }
+        float *gub = malloc((size_t)(2 * F) * 4);
+        if (!gub) { snprintf(err, errlen, "out of memory"); return -1; }
+        for (int64_t x = 0; x < X; x++) {
+            qt_dequant_row(t[1]->type, (const uint8_t *)t[1]->data + (size_t)x * qt_row_size(t[1]->type, 2 * F), gub,
+                           2 * F);
+            for (int64_t f = 0; f < F; f++) {
+                ((float *)o[3]->data)[x * F + f] = gub[2 * f];
+                ((float *)o[4]->data)[x * F + f] = gub[2 * f + 1];
+            }
+            qt_dequant_row(t[3]->type, (const uint8_t *)t[3]->data + (size_t)x * qt_row_size(t[3]->type, E),
+                           (float *)o[5]->data + x * E, E);
+        }
+        free(gub);
+    }
+    return 0;
+}
+
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
 int hf_open(hf_model **out, const char *dir, char *err, size_t errlen)
@@ -656,7 +835,7 @@ int hf_open(hf_model **out, const char *dir, char *err, size_t errlen)
     h->shards = calloc((size_t)nf, sizeof *h->shards);
     /* at most (1 + 15 per layer + 3) tensors are kept, and each expert's 3
      * with their 3 stacked copies */
-    size_t cap = (size_t)h->cfg.layers * (15 + 3 * ((size_t)h->cfg.n_expert + 1)) + 8;
+    size_t cap = (size_t)h->cfg.layers * (25 + 3 * ((size_t)h->cfg.n_expert + 1)) + 8;
     h->cap = cap;
     h->t = calloc(cap, sizeof *h->t);
     h->names = calloc(cap, sizeof *h->names);
@@ -668,7 +847,7 @@ int hf_open(hf_model **out, const char *dir, char *err, size_t errlen)
         snprintf(p, sizeof p, "%s/%s", dir, files[i]);
         if (!files[i] || shard_load(h, p, err, errlen)) goto fail;
     }
-    if (stack_experts(h, dir, err, errlen)) goto fail;
+    if (stack_experts(h, dir, err, errlen) || gptoss_experts(h, dir, err, errlen)) goto fail;
     for (int i = 0; i < nf; i++) free(files[i]);
     *out = h;
     return 0;

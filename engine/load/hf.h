@@ -20,6 +20,13 @@ typedef struct hf_config {
     int tie;                  /* tie_word_embeddings: 1, 0, or -1 when absent */
     int rope_llama3;          /* rope_type llama3: the parameters below */
     double rope_factor, rope_low, rope_high, rope_orig_ctx;
+    int rope_yarn;            /* rope_type yarn (gpt_oss): factor, orig_ctx and these */
+    double yarn_beta_fast, yarn_beta_slow, yarn_attn;
+    int yarn_truncate;
+    /* gpt_oss: the sliding window of the even layers (layer_types checked
+     * to alternate sliding and full attention) and the SwiGLU clamp */
+    int64_t sliding_window;
+    double swiglu_limit;
     int64_t bos, eos;         /* -1 when null/absent */
     /* mixture of experts (n_expert 0: dense) */
     int64_t n_expert, n_expert_used, ff_exp;

@@ -79,18 +79,38 @@ int key_f(ld *l, const char *suffix, double *v, double dflt, double lo, double h
     return 0;
 }
 
-/* Metadata asking for what this engine does not compute (rope scaling other
- * than Llama 3.1's, which comes as rope_freqs.weight): refused rather than
- * run as something else. */
+/* Rope scaling: YaRN where the row takes it (its keys into hp), else
+ * none; other scaling (Llama 3.1's comes as rope_freqs.weight) is refused
+ * rather than run as something else. */
 static int unsupported_keys(ld *l)
 {
+    hparams *hp = &l->m->hp;
     char key[128];
     gguf_str st;
+    int yarn_ok = (l->m->arch->opt & ARCH_YARN) != 0;
     if (key_has(l, "rope.scaling.type", key, sizeof key, 0) == 1) {
         if (gguf_get_str(l->g, key, &st)) return ld_fail(l, "metadata key '%s' is not a string", key);
         if (st.n == 4 && !memcmp(st.s, "none", 4)) return 0;
-        return ld_fail(l, "metadata key '%s' is '%.*s': rope scaling is not supported (expected none)", key,
-                       (int)(st.n > 40 ? 40 : st.n), st.s);
+        if (!(yarn_ok && st.n == 4 && !memcmp(st.s, "yarn", 4)))
+            return ld_fail(l, "metadata key '%s' is '%.*s': rope scaling is not supported for %s (expected none%s)",
+                           key, (int)(st.n > 40 ? 40 : st.n), st.s, l->m->arch_name, yarn_ok ? " or yarn" : "");
+        int64_t v;
+        double f;
+        if (key_f(l, "rope.scaling.factor", &hp->yarn_factor, 1, 0, 1e6)) return -1;
+        if (key_ir(l, "rope.scaling.original_context_length", &v, 1, 0, 1, 1 << 24)) return -1;
+        hp->yarn_orig_ctx = (double)v;
+        if (key_f(l, "rope.scaling.yarn_beta_fast", &hp->yarn_beta_fast, 32, 0, 1e6) ||
+            key_f(l, "rope.scaling.yarn_beta_slow", &hp->yarn_beta_slow, 1, 0, 1e6) ||
+            key_f(l, "rope.scaling.attn_factor", &f, 1, 0, 1e6))
+            return -1;
+        if (hp->yarn_beta_fast <= hp->yarn_beta_slow)
+            return ld_fail(l, "metadata key '%s.rope.scaling.yarn_beta_fast' is %g, expected a number above "
+                           "yarn_beta_slow %g", l->m->arch_name, hp->yarn_beta_fast, hp->yarn_beta_slow);
+        /* llama.cpp's rope: attn_factor times YaRN's 1 + 0.1 ln(factor) */
+        hp->yarn_attn = f * (hp->yarn_factor > 1 ? 1 + 0.1 * log(hp->yarn_factor) : 1);
+        hp->yarn_truncate = 0;   /* (the rows that take YaRN define it unrounded) */
+        hp->rope_yarn = 1;
+        return 0;
     }
     static const char *const factors[] = { "rope.scaling.factor", "rope.scale_linear" };
     for (size_t i = 0; i < sizeof factors / sizeof factors[0]; i++) {
@@ -100,6 +120,42 @@ static int unsupported_keys(ld *l)
         if (f != 0 && f != 1)
             return ld_fail(l, "metadata key '%s' is %g: rope scaling is not supported (expected 1)", key, f);
     }
+    return 0;
+}
+
+void rope_yarn_table(double base, int n_rot, double factor, double orig_ctx, double beta_fast, double beta_slow,
+                     int truncate, double attn, float *out)
+{
+    int half = n_rot / 2;
+    /* the pair that turns r times over orig_ctx positions */
+    double lo = n_rot * log(orig_ctx / (beta_fast * 2 * M_PI)) / (2 * log(base));
+    double hi = n_rot * log(orig_ctx / (beta_slow * 2 * M_PI)) / (2 * log(base));
+    if (truncate) { lo = floor(lo); hi = ceil(hi); }
+    if (lo < 0) lo = 0;
+    if (hi > n_rot - 1) hi = n_rot - 1;
+    if (lo == hi) hi += 0.001;
+    for (int i = 0; i < half; i++) {
+        double ramp = (i - lo) / (hi - lo);
+        ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+        double ext = 1 - ramp;   /* 1: the pair keeps its frequency; 0: divided by factor */
+        out[i] = (float)(1 / ((1 - ext) / factor + ext));
+    }
+    out[half] = (float)attn;
+}
+
+/* hp's YaRN, once the family has loaded, as m->rope_freqs. */
+static int yarn_set(ld *l)
+{
+    model *m = l->m;
+    const hparams *hp = &m->hp;
+    if (!hp->rope_yarn) return 0;
+    if (m->rope_freqs.data) return ld_fail(l, "rope_freqs.weight and YaRN rope scaling both given (expected one)");
+    if (hp->n_rot / 2 + 1 > (int)(sizeof m->yarn_tab / sizeof m->yarn_tab[0]))
+        return ld_fail(l, "YaRN over %d rotary dimensions (expected at most 1024)", hp->n_rot);
+    rope_yarn_table(hp->rope_base, hp->n_rot, hp->yarn_factor, hp->yarn_orig_ctx, hp->yarn_beta_fast,
+                    hp->yarn_beta_slow, hp->yarn_truncate, hp->yarn_attn, m->yarn_tab);
+    m->rope_freqs = (wt){ .type = QT_F32, .n_in = hp->n_rot / 2 + 1, .n_out = 1,
+                          .row_bytes = (size_t)(hp->n_rot / 2 + 1) * 4, .data = m->yarn_tab };
     return 0;
 }
 
@@ -240,7 +296,7 @@ int model_prepare(model *m, be *b, char *err, size_t errlen)
                      &L->ssm_conv, &L->ssm_norm, &L->ssm_out, &L->ffn_gate_inp, &L->ffn_gate_inp_b,
                      &L->ffn_gate_exps, &L->ffn_up_exps, &L->ffn_down_exps, &L->ffn_gate_exps_b,
                      &L->ffn_up_exps_b, &L->ffn_down_exps_b,
-                     &L->post_attn_norm, &L->post_ffn_norm, &L->attn_norm_b, &L->ffn_norm_b, &L->bo, &L->b_up, &L->b_down };
+                     &L->post_attn_norm, &L->post_ffn_norm, &L->attn_norm_b, &L->ffn_norm_b, &L->bo, &L->b_up, &L->b_down, &L->attn_sinks };
         for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) {
             if (ws[i]->data && b->ops->weight_prepare(b, ws[i])) goto fail;
             if (ws[i]->data && (!ws[i]->dev || ws[i]->dev == ws[i]->data)) own = 0;
@@ -391,7 +447,14 @@ static int model_load_hf(model *m, ld *l)
     hp->expert_gating = -1;
     hp->expert_norm = c->norm_topk;
     hp->expert_scale = 1;
-    if (m->arch->fam->load(l) || experts_loaded(l)) return -1;
+    hp->rope_yarn = c->rope_yarn;
+    hp->yarn_factor = c->rope_factor;
+    hp->yarn_orig_ctx = c->rope_orig_ctx;
+    hp->yarn_beta_fast = c->yarn_beta_fast;
+    hp->yarn_beta_slow = c->yarn_beta_slow;
+    hp->yarn_truncate = c->yarn_truncate;
+    hp->yarn_attn = c->yarn_attn;
+    if (m->arch->fam->load(l) || experts_loaded(l) || yarn_set(l)) return -1;
     if (c->tie == 0 && !hf_tensor_find(m->hf, "output.weight"))
         return ld_fail(l, "config.json: tie_word_embeddings is false but no shard has lm_head.weight");
     if (c->rope_llama3) {
@@ -504,7 +567,7 @@ int model_load(model **out, const char *path, char *err, size_t errlen)
     if (blocks_in_range(&l)) goto fail;
     hp->rope_neox = (m->arch->opt & ARCH_ROPE_NEOX) != 0;
 
-    if (m->arch->fam->load(&l) || experts_loaded(&l)) goto fail;
+    if (m->arch->fam->load(&l) || experts_loaded(&l) || yarn_set(&l)) goto fail;
 done:;
     /* a file rewritten meanwhile may have given any mix of old and new bytes */
     char why[400];

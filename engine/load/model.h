@@ -25,14 +25,15 @@ typedef struct wt {
 typedef struct layer_w {
     wt attn_norm, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down;
     wt bq, bk, bv;              /* qwen2 biases (data NULL when absent) */
+    wt attn_sinks;              /* gpt-oss: f32 [n_head] sink logits */
     wt q_norm, k_norm;          /* qwen3 per-head norms */
     /* gemma3: norms of the attention's and the FFN's outputs; swa: a
      * sliding-window layer (hp.n_swa, hp.rope_base_swa) */
     wt post_attn_norm, post_ffn_norm;
     int swa;
     /* gpt2: the norms' biases (attn_norm, ffn_norm), the output
-     * projection's and the FFN's (wq, wk, wv, bq, bk, bv: thirds of the
-     * file's fused attn_qkv) */
+     * projection's (also gpt-oss's attn_output.bias) and the FFN's (wq, wk,
+     * wv, bq, bk, bv: thirds of the file's fused attn_qkv) */
     wt attn_norm_b, ffn_norm_b, bo, b_up, b_down;
     /* qwen35: linear (Gated DeltaNet) layers use these instead of wq..wo;
      * full-attention layers use wq (query and output gate interleaved per
@@ -63,6 +64,12 @@ typedef struct hparams {
     float norm_eps;
     float rope_base;
     int rope_neox;              /* 1: rotate (i, i+n_rot/2); 0: adjacent pairs */
+    /* gpt-oss: the sliding window of its windowed layers, the SwiGLU clamp */
+    int32_t swa_window;
+    float swiglu_limit;
+    /* YaRN rope scaling (rope_yarn 0: none), as rope_yarn_table takes it */
+    int rope_yarn, yarn_truncate;
+    double yarn_factor, yarn_orig_ctx, yarn_beta_fast, yarn_beta_slow, yarn_attn;
     /* qwen35 linear-attention layers (0 elsewhere) */
     int32_t ssm_conv_k;         /* causal conv taps */
     int32_t ssm_dk, ssm_dv;     /* key / value head size */
@@ -88,7 +95,8 @@ typedef struct model {
     char path[512];
     wt tok_embd, output_norm, output;
     wt output_norm_b, pos_embd;  /* gpt2: the final layernorm's bias; learned positions [n_ctx_train][E] */
-    wt rope_freqs;              /* llama-3.1 per-dim divisors; data NULL when absent */
+    wt rope_freqs;              /* llama-3.1 or YaRN per-pair divisors (backend.h rope); data NULL when absent */
+    float yarn_tab[513];        /* YaRN's: n_rot/2 divisors and the attention factor */
     layer_w *layers;
     int tokenizer_only;
     int spm;                    /* SentencePiece vocabulary: drop the space prefix after BOS */
@@ -124,6 +132,15 @@ enum { MODEL_SAME = 0, MODEL_CHANGED, MODEL_DETACHED };
 /* quick (after each forward pass): what can only be told (a rename over the
  * file; anything for a resident model) is looked at once a second. */
 int model_check(model *m, int quick, char *why, size_t n);
+
+/* YaRN as transformers computes it (_compute_yarn_parameters): for each of
+ * the n_rot/2 pairs, the divisor of its frequency base^(-2i/n_rot) that
+ * blends interpolation (factor) and extrapolation (1) over the ramp between
+ * the pairs that turn beta_fast and beta_slow times in orig_ctx positions
+ * (floored and ceiled where truncate); then attn, the factor on cos and
+ * sin. out[n_rot/2 + 1], as the backend's rope takes it. */
+void rope_yarn_table(double base, int n_rot, double factor, double orig_ctx, double beta_fast, double beta_slow,
+                     int truncate, double attn, float *out);
 
 /* Dequantizes row r of w to f32 (embedding lookup, tests). */
 void wt_row_f32(const wt *w, int64_t r, float *dst);

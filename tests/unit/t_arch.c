@@ -6,15 +6,17 @@
 #include "engine/backend/backend.h"
 #include "engine/load/model.h"
 #include "engine/pool.h"
+#include "engine/quant/qtypes.h"
 #include "tests/check.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <unistd.h>
 
 static void test_table(void)
 {
     char buf[200];
-    CHECK(strcmp(arch_names(buf, sizeof buf), "llama, qwen2, qwen3, qwen3moe, qwen35, gemma3, gpt2") == 0);
+    CHECK(strcmp(arch_names(buf, sizeof buf), "llama, qwen2, qwen3, qwen3moe, qwen35, gemma3, gpt2, gpt-oss") == 0);
     CHECK(strcmp(arch_names(buf, 9), "llama, q") == 0);   /* cut, still a string */
     const arch *q2 = arch_find("qwen2"), *q3 = arch_find("qwen3"), *ll = arch_find("llama");
     CHECK(q2 && q3 && ll && q2->fam == ll->fam && q3->fam == ll->fam);
@@ -25,6 +27,10 @@ static void test_table(void)
     CHECK(qm && qm->fam == ll->fam && (qm->opt & ARCH_QK_NORM) && (qm->opt & ARCH_ROPE_NEOX));
     const arch *q35 = arch_find("qwen35");
     CHECK(q35 && q35->fam != ll->fam && q35->fam->seq && !q35->fam->greedy);
+    const arch *oss = arch_find("gpt-oss");
+    CHECK(oss && oss->fam != ll->fam && oss->fam != q35->fam && (oss->opt & ARCH_YARN) && (oss->opt & ARCH_ROPE_NEOX) &&
+          !oss->fam->seq && oss->fam->greedy);
+    CHECK(!(ll->opt & ARCH_YARN) && !(q2->opt & ARCH_YARN) && !(q35->opt & ARCH_YARN));
     CHECK(arch_find("qwen") == NULL && arch_find("") == NULL && arch_find("LLAMA") == NULL);
 }
 
@@ -62,7 +68,7 @@ static void test_rows(void)
     char err[512];
     load_renamed("gptxx", 0, err, sizeof err);
     CHECKF(strstr(err, ": unsupported architecture 'gptxx' in general.architecture (supported: llama, qwen2, "
-                       "qwen3, qwen3moe, qwen35, gemma3, gpt2)") != NULL, "%s", err);
+                       "qwen3, qwen3moe, qwen35, gemma3, gpt2, gpt-oss)") != NULL, "%s", err);
     load_renamed("qwen2", 1, err, sizeof err);
     CHECKF(strstr(err, ": missing tensor 'blk.0.attn_q.bias'") != NULL, "%s", err);
     load_renamed("qwen3", 1, err, sizeof err);
@@ -110,6 +116,34 @@ static void test_families(void)
     }
 }
 
+/* gpt-oss, from its GGUF file and its directory alike: the biases, sinks,
+ * window, experts with biases, gating and the YaRN table (divisors from 1
+ * to the factor, then the attention factor 0.1 ln 32 + 1) */
+static void test_gptoss(void)
+{
+    static const char *const paths[2] = { "models/gptoss-tiny.bf16.gguf", "hf/gptoss-tiny" };
+    for (int i = 0; i < 2; i++) {
+        char path[256], err[512];
+        snprintf(path, sizeof path, "tests/fixtures/%s", paths[i]);
+        model *m = NULL;
+        CHECKF(model_load(&m, path, err, sizeof err) == 0, "%s: %s", path, err);
+        if (!m) continue;
+        const hparams *hp = &m->hp;
+        const layer_w *L = &m->layers[1];
+        CHECKF(m->arch == arch_find("gpt-oss") && hp->rope_neox && hp->swa_window == 8 && hp->n_expert == 4 &&
+               hp->n_expert_used == 2 && hp->n_ff_exp == 64 && hp->expert_gating == BE_MOE_TOPK_SOFTMAX &&
+               hp->expert_norm == 0 && fabsf(hp->swiglu_limit - 7) < 1e-6f, "%s", path);
+        CHECKF(L->bq.data && L->bk.data && L->bv.data && L->bo.data && L->attn_sinks.n_in == 4 &&
+               L->ffn_gate_inp_b.data && L->ffn_gate_exps_b.type == QT_F32 && L->ffn_up_exps_b.n_in == 64 &&
+               L->ffn_down_exps_b.n_in == 64 && L->ffn_down_exps_b.n_out == 4 && L->ffn_gate_exps.n_out == 256,
+               "%s: tensors", path);
+        const float *y = m->rope_freqs.data;
+        CHECKF(hp->rope_yarn && m->rope_freqs.n_in == 17 && y && fabsf(y[0] - 1) < 1e-6f && fabsf(y[15] - 32) < 1e-4f &&
+               fabsf(y[16] - (float)(0.1 * log(32.0) + 1)) < 1e-6f, "%s: YaRN table", path);
+        model_free(m);
+    }
+}
+
 /* fw_lacks: the hybrid needs the linear-attention ops, the llama family none
  * beyond the base set (the moe op where the file has experts) (the engine falls back to the CPU on that answer). */
 static void test_lacks(void)
@@ -140,6 +174,22 @@ static void test_lacks(void)
             CHECK(fw_lacks(ll, &no_moe) == NULL);
         }
         model_free(mx);
+        /* gpt-oss needs attention_ex and the moe op */
+        model *oss = NULL;
+        be_ops no_ax = *b->ops;
+        no_ax.attention_ex = NULL;
+        CHECK(model_load(&oss, FIXTURE("models/gptoss-tiny.bf16.gguf"), err, sizeof err) == 0);
+        if (oss) {
+            const char *la = fw_lacks(oss, &no_ax), *lm = fw_lacks(oss, &no_moe);
+            CHECK(fw_lacks(oss, b->ops) == NULL && la && strstr(la, "attention_ex") && lm && strstr(lm, "mixture"));
+            const be_ops *real = b->ops;
+            b->ops = &no_ax;
+            fw *f = NULL;
+            CHECK(fw_open(&f, oss, b, 8, 2, 4, 1, err, sizeof err) == -1 && f == NULL);
+            CHECKF(strstr(err, "cannot run gpt-oss models yet (no attention with a sliding window") != NULL, "%s", err);
+            b->ops = real;
+        }
+        model_free(oss);
         /* and the family refuses to open on such a backend */
         const be_ops *real = b->ops;
         b->ops = &no_delta;
@@ -239,6 +289,7 @@ int main(void)
     RUN(test_table);
     RUN(test_rows);
     RUN(test_families);
+    RUN(test_gptoss);
     RUN(test_lacks);
     RUN(test_mem_estimate);
     return CHECK_DONE();

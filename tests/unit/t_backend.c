@@ -7,6 +7,7 @@
 #include "tests/check.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -307,6 +308,76 @@ static void test_rope_table(void)
     pool_close(p);
 }
 
+/* YaRN: rope_yarn_table's divisors and attention factor, through the rope
+ * op, against transformers' formula written out here (interpolated and
+ * extrapolated inverse frequencies blended over the ramp; cos and sin
+ * times the attention factor 0.1 ln(factor) + 1), at the gpt-oss shape
+ * and an awkward one, unrounded and rounded (truncate) ramps, neox and
+ * adjacent pairs, partial rotary dims left as they are. */
+static void yarn_case(be *b, int hd, int n_rot, double base, double factor, double orig, int truncate, int neox)
+{
+    int half = n_rot / 2, H = 3;
+    double bf = 32, bs = 1, attn = 1 + 0.1 * log(factor);
+    float tab[520];
+    rope_yarn_table(base, n_rot, factor, orig, bf, bs, truncate, attn, tab);
+    wt fd = { .type = QT_F32, .n_in = half + 1, .n_out = 1, .row_bytes = (size_t)(half + 1) * 4, .data = tab };
+    double lo = n_rot * log(orig / (bf * 2 * M_PI)) / (2 * log(base));
+    double hi = n_rot * log(orig / (bs * 2 * M_PI)) / (2 * log(base));
+    if (truncate) { lo = floor(lo); hi = ceil(hi); }
+    lo = fmax(lo, 0);
+    hi = fmin(hi, n_rot - 1);
+    enum { NP = 4 };
+    const int32_t ps[NP] = { 0, 1, 37, 4095 };
+    float *v = malloc((size_t)NP * H * hd * 4), *v0 = malloc((size_t)NP * H * hd * 4);
+    for (int i = 0; i < NP * H * hd; i++) v[i] = v0[i] = frand();
+    be_batch bt = { .T = NP, .pos = ps };
+    b->ops->rope(b, v, &bt, H, hd, n_rot, (float)base, neox, &fd);
+    double worst = 0;
+    for (int t = 0; t < NP; t++)
+        for (int h = 0; h < H; h++) {
+            const float *x0 = v0 + ((size_t)t * H + h) * hd, *x = v + ((size_t)t * H + h) * hd;
+            for (int i = 0; i < half; i++) {
+                double extrap = pow(base, -2.0 * i / n_rot), interp = extrap / factor;
+                double ramp = fmin(fmax((i - lo) / (hi - lo), 0), 1), e = 1 - ramp;
+                double th = ps[t] * (interp * (1 - e) + extrap * e);
+                int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+                double c = cos(th) * attn, s = sin(th) * attn;
+                double r0 = x0[i0] * c - x0[i1] * s, r1 = x0[i0] * s + x0[i1] * c;
+                worst = fmax(worst, fmax(fabs(x[i0] - r0), fabs(x[i1] - r1)));
+            }
+            for (int d = n_rot; d < hd; d++) worst = fmax(worst, fabs(x[d] - x0[d]));
+        }
+    /* (position 4095 turns its fastest pair 4095 radians: float cos/sin) */
+    CHECK(worst < 2e-5);
+    if (worst >= 2e-5) fprintf(stderr, "  yarn hd %d rot %d trunc %d neox %d: max err %g\n", hd, n_rot, truncate, neox, worst);
+    free(v);
+    free(v0);
+}
+
+static void test_rope_yarn(void)
+{
+    pool *p;
+    char err[128];
+    be *b;
+    CHECK(pool_open(&p, 1) == 0);
+    CHECK(be_cpu_open(&b, p, 0, err, sizeof err) == 0);
+    yarn_case(b, 32, 32, 150000, 32, 4096, 0, 1);    /* gpt-oss-tiny */
+    yarn_case(b, 64, 64, 150000, 32, 4096, 0, 1);    /* gpt-oss-20b */
+    yarn_case(b, 64, 64, 150000, 32, 4096, 1, 1);
+    yarn_case(b, 40, 24, 10000, 4, 2048, 0, 0);
+    yarn_case(b, 40, 24, 1e6, 8, 32768, 1, 1);
+    /* the table's ends: the fast pairs, before the ramp, keep their
+     * frequency (divisor 1); the slow ones past it are divided by factor */
+    float tab[17];
+    rope_yarn_table(150000, 32, 32, 4096, 32, 1, 0, 1.5, tab);
+    CHECK_NEAR(tab[0], 1, 1e-7);
+    CHECK_NEAR(tab[15], 32, 1e-5);
+    CHECK_NEAR(tab[16], 1.5, 1e-7);
+    CHECK(tab[6] > 1 && tab[6] < 32);
+    b->ops->close(b);
+    pool_close(p);
+}
+
 /* ---- mixture of experts: the op against a direct float64 definition ---- */
 
 /* A weight of type ty from the values v [rows][n]: f32, bf16, q8_0 exactly
@@ -497,6 +568,7 @@ int main(void)
     RUN(test_rmsnorm_rope);
     RUN(test_matmul_n);
     RUN(test_rope_table);
+    RUN(test_rope_yarn);
     RUN(test_moe);
     return CHECK_DONE();
 }

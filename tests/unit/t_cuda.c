@@ -447,14 +447,24 @@ static void test_rope(void)
     wt fdw = { .type = QT_F32, .n_in = 32, .n_out = 1, .row_bytes = 128, .data = fd };
     CHECK(gpu->ops->weight_prepare(gpu, &fdw) == 0);
     float *x = malloc(N * 4), *a = malloc(N * 4), *g = malloc(N * 4);
+    /* with_fd 2: a YaRN table (divisors and the cos/sin factor) */
+    float yt[2][33];
+    wt yw[2];
+    for (int r = 0; r < 2; r++) {
+        rope_yarn_table(1e6, 32 * (r + 1), 32, 4096, 32, 1, 0, 1 + 0.1 * log(32), yt[r]);
+        yw[r] = (wt){ .type = QT_F32, .n_in = 16 * (r + 1) + 1, .n_out = 1, .row_bytes = (size_t)(16 * (r + 1) + 1) * 4,
+                      .data = yt[r] };
+        CHECK(gpu->ops->weight_prepare(gpu, &yw[r]) == 0);
+    }
     for (int neox = 0; neox < 2; neox++)
-        for (int with_fd = 0; with_fd < 2; with_fd++)
+        for (int with_fd = 0; with_fd < 3; with_fd++)
             for (int n_rot = 32; n_rot <= 64; n_rot += 32) {
                 for (size_t i = 0; i < N; i++) x[i] = frand();
                 memcpy(a, x, N * 4);
                 float *dx = dev_from(gpu, x, N);
-                cpu->ops->rope(cpu, a, &bt, nh, hd, n_rot, 1e6f, neox, with_fd ? &fdw : NULL);
-                gpu->ops->rope(gpu, dx, &bt, nh, hd, n_rot, 1e6f, neox, with_fd ? &fdw : NULL);
+                const wt *f = with_fd == 2 ? &yw[n_rot / 32 - 1] : with_fd ? &fdw : NULL;
+                cpu->ops->rope(cpu, a, &bt, nh, hd, n_rot, 1e6f, neox, f);
+                gpu->ops->rope(gpu, dx, &bt, nh, hd, n_rot, 1e6f, neox, f);
                 gpu->ops->to_host(gpu, g, dx, N * 4);
                 double e = rel_err_f(g, a, N);
                 CHECKF(e < 1e-6, "rope neox=%d fd=%d n_rot=%d rel err %.3g", neox, with_fd, n_rot, e);
@@ -497,9 +507,12 @@ static void rope_kv_case(be *g, int n_head, int n_head_kv, int hd, int n_rot, in
     for (int s = 0; s < NS; s++)
         for (int i = 0; i < cnt[s]; i++) { pos[T] = from[s] + i; pages[T] = perm + s * MAXP; slot[T] = s; T++; }
     be_batch bt = { .T = T, .pos = pos, .pages = pages, .slot = slot };
-    float *fd = kept(malloc((size_t)(n_rot / 2) * 4));
+    /* with_fd 2: a YaRN table, n_rot/2 divisors and the cos/sin factor */
+    int n_fd = n_rot / 2 + (with_fd == 2);
+    float *fd = kept(malloc((size_t)n_fd * 4));
     for (int i = 0; i < n_rot / 2; i++) fd[i] = 1.0f + (float)i * 0.37f;
-    wt fdw = { .type = QT_F32, .n_in = n_rot / 2, .n_out = 1, .row_bytes = (size_t)(n_rot / 2) * 4, .data = fd };
+    if (with_fd == 2) rope_yarn_table(1e6, n_rot, 32, 4096, 32, 1, 0, 1.35, fd);
+    wt fdw = { .type = QT_F32, .n_in = n_fd, .n_out = 1, .row_bytes = (size_t)n_fd * 4, .data = fd };
     CHECK(g->ops->weight_prepare(g, &fdw) == 0);
     size_t nq = (size_t)T * n_head * hd, nk = (size_t)T * kvd;
     float *q, *k, *v;
@@ -560,6 +573,8 @@ static void test_rope_kv(void)
         rope_kv_case(gs[i], 14, 2, 64, 64, 1, 0, 1);    /* qwen2.5: q, k, v biases */
         rope_kv_case(gs[i], 4, 2, 64, 32, 1, 1, 1);
         rope_kv_case(gs[i], 6, 3, 48, 32, 0, 0, 1);
+        rope_kv_case(gs[i], 64, 8, 64, 64, 1, 2, 1);   /* gpt-oss-20b: YaRN, q, k, v biases */
+        rope_kv_case(gs[i], 6, 3, 48, 32, 0, 2, 0);
     }
     /* and with fusion off (the plain ops, biases added first) */
     be *plain = NULL;

@@ -933,6 +933,90 @@ static void test_hf_moe(void)
     }
 }
 
+/* gpt-oss: its own keys and tensors, each spoiled in a copy of the file */
+static void test_gptoss_files(void)
+{
+    char p[256], err[512];
+    const char *f = "gptoss-tiny.bf16.gguf";
+    CHECK(patched(f, "gpt-oss.attention.sliding_window", 0, "gpt-oss.attention.sliding_wondow", 32, p, sizeof p) == 0);
+    expect_child_refused(p, "no sliding_window", "gpt-oss.attention.sliding_window", "missing");
+    uint32_t w0 = 0;
+    CHECK(patched(f, "gpt-oss.attention.sliding_window", 32 + 4, &w0, 4, p, sizeof p) == 0);
+    expect_child_refused(p, "sliding_window 0", "gpt-oss.attention.sliding_window", "[1, 16777216]");
+    float half = 0.5f;
+    CHECK(patched(f, "gpt-oss.rope.scaling.yarn_beta_fast", 35 + 4, &half, 4, p, sizeof p) == 0);
+    expect_child_refused(p, "beta_fast below beta_slow", "yarn_beta_fast' is 0.5", "above yarn_beta_slow 1");
+    CHECK(patched(f, "gpt-oss.rope.scaling.type", 25 + 4 + 8, "yarm", 4, p, sizeof p) == 0);
+    expect_child_refused(p, "rope scaling yarm", "gpt-oss.rope.scaling.type' is 'yarm'", "expected none or yarn");
+    CHECK(patched(f, "gpt-oss.rope.scaling.original_context_length", 0, "gpt-oss.rope.scaling.original_context_lenght",
+                  44, p, sizeof p) == 0);
+    expect_child_refused(p, "no original_context_length", "gpt-oss.rope.scaling.original_context_length", "missing");
+    CHECK(patched(f, "blk.1.attn_sinks.weight", 0, "blk.1.attn_sinkz.weight", 23, p, sizeof p) == 0);
+    expect_child_refused(p, "no sinks in block 1", "missing tensor 'blk.1.attn_sinks.weight'", NULL);
+    CHECK(patched(f, "blk.0.attn_output.bias", 0, "blk.0.attn_output.bian", 22, p, sizeof p) == 0);
+    expect_child_refused(p, "no output bias in block 0", "missing tensor 'blk.0.attn_output.bias'", NULL);
+    CHECK(patched(f, "blk.0.ffn_up_exps.bias", 0, "blk.0.ffn_up_exps.bian", 22, p, sizeof p) == 0);
+    CHECKF(load_in_child(p, 30, err, sizeof err) == 0, "expert biases are optional: %s", err);
+    CHECK(patched(f, "gpt-oss.expert_count", 0, "gpt-oss.expert_cuont", 20, p, sizeof p) == 0);
+    expect_child_refused(p, "no expert_count", "expert_count", NULL);
+    CHECKF(load_in_child("tests/fixtures/models/gptoss-tiny.bf16.gguf", 30, err, sizeof err) == 0, "%s", err);
+    /* yarn stays refused where the row does not take it */
+    gspec s;
+    base_spec(&s);
+    set_str(&s, "llama.rope.scaling.type", "yarn");
+    expect_refused(&s, "llama yarn", "llama.rope.scaling.type", "(expected none)");
+}
+
+/* The gptoss-tiny directory with config.json's field set to the JSON v. */
+static void hf_gptoss_with(char *dir, size_t n, const char *field, const char *v)
+{
+    static int seq;
+    static const char *files[] = { "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json" };
+    snprintf(dir, n, "%s/hfoss%d", tmp, seq++);
+    mkdir(dir, 0755);
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        char a[512], b[512];
+        snprintf(a, sizeof a, "%s/%s", FIXTURE("hf/gptoss-tiny"), files[i]);
+        snprintf(b, sizeof b, "%s/%s", dir, files[i]);
+        if (copy_file(a, b)) fprintf(stderr, "cannot copy %s\n", a);
+    }
+    char p[512];
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    json_error_t je;
+    json_t *c = json_load_file(p, 0, &je);
+    if (v && !strcmp(v, "(absent)")) json_object_del(c, field);
+    else if (v) json_object_set_new(c, field, json_loads(v, JSON_DECODE_ANY, &je));
+    json_dump_file(c, p, 0);
+    json_decref(c);
+}
+
+static void test_hf_gptoss(void)
+{
+    char dir[256], err[512];
+    hf_gptoss_with(dir, sizeof dir, "sliding_window", NULL);
+    CHECKF(load_in_child(dir, 30, err, sizeof err) == 0, "the copied directory must load: %s", err);
+    static const struct { const char *field, *json, *n1, *n2; } bad[] = {
+        { "sliding_window", "(absent)", "sliding_window", "missing" },
+        { "layer_types", "[\"full_attention\", \"sliding_attention\"]", "layer_types[0]", "sliding_attention" },
+        { "layer_types", "[\"sliding_attention\"]", "layer_types", "num_hidden_layers 2" },
+        { "swiglu_limit", "-1", "swiglu_limit", "(0, 1e+06]" },
+        { "rope_parameters", "{\"rope_type\": \"yarn\", \"factor\": 32, \"rope_theta\": 150000, \"truncate\": 1}",
+          "truncate", "true or false" },
+        { "rope_parameters", "{\"rope_type\": \"yarn\", \"factor\": 32, \"beta_fast\": 1, \"beta_slow\": 2}",
+          "beta_fast 1", "beta_slow 2" },
+        { "rope_parameters", "{\"rope_type\": \"dynamic\", \"factor\": 2}", "rope type 'dynamic'", "yarn" },
+        { "intermediate_size", "32", "gate_up_proj has shape [4, 64, 128]", "expected [4, 64, 64]" },
+        { "num_local_experts", "8", "gate_up_proj has shape [4, 64, 128]", "expected [8, 64, 128]" },
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        hf_gptoss_with(dir, sizeof dir, bad[i].field, bad[i].json);
+        char what[256];
+        snprintf(what, sizeof what, "config.json %s: %s", bad[i].field, bad[i].json);
+        expect_child_refused(dir, what, bad[i].n1, bad[i].n2);
+        expect_child_refused(dir, what, dir, NULL);
+    }
+}
+
 static int copy_stories(char *path, size_t n)
 {
     static int seq;
@@ -1377,6 +1461,8 @@ int main(int argc, char **argv)
     RUN(test_moe_keys);
     RUN(test_moe_files);
     RUN(test_hf_moe);
+    RUN(test_gptoss_files);
+    RUN(test_hf_gptoss);
     RUN(test_sigbus_model);
     RUN(test_sigbus_foreign);
     RUN(test_model_check_kinds);

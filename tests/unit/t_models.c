@@ -389,6 +389,27 @@ static void test_moe_vs_transformers(void)
      * which define the architectures) */
 }
 
+/* gpt-oss: YaRN rope, sliding-window and sink attention, biased router and
+ * clamped-SwiGLU experts with biases */
+static void test_gptoss(void)
+{
+    check_model(M("gptoss-tiny.bf16.gguf"), R("gptoss-tiny.dev.json"), 0.05, 0);
+    report_router_ties(M("gptoss-tiny.bf16.gguf"), R("gptoss-tiny.dev.json"));
+    /* the directory it was converted from: experts de-interleaved and
+     * transposed on load, YaRN from rope_parameters (truncate false) */
+    check_model(FIXTURE("hf/gptoss-tiny"), R("gptoss-tiny.dev.json"), 0.05, 0);
+    report_router_ties(FIXTURE("hf/gptoss-tiny"), R("gptoss-tiny.dev.json"));
+    /* MXFP4 experts against llama.cpp on the same file. llama.cpp's own run
+     * of the bf16 file is up to 0.18 from transformers (case 1 pos 66; its
+     * top-1 differs there and at case 4 pos 38), where ours is within
+     * 0.0033: the tolerance is 0.15 plus that gap. Measured: 0.2549; past
+     * 0.15 only case 1 pos 66 token 2608 (3.2842 here, 3.0292 in llama.cpp:
+     * its bf16 gap) and case 4 pos 6 token 2235 (3.2065, 2.9627; there its
+     * bf16 run agrees with transformers); top-1 and greedy all equal. */
+    check_model(M("gptoss-tiny.MXFP4_MOE.gguf"), R("gptoss-tiny.MXFP4_MOE.llamacpp.dev.json"), 0.15 + 0.18, 0);
+    report_router_ties(M("gptoss-tiny.MXFP4_MOE.gguf"), R("gptoss-tiny.MXFP4_MOE.llamacpp.dev.json"));
+}
+
 int main(int argc, char **argv)
 {
     CHECK_ARGS(argc, argv);
@@ -401,5 +422,6 @@ int main(int argc, char **argv)
     RUN(test_hf_directory);
     RUN(test_quantized_vs_llamacpp);
     RUN(test_moe_vs_transformers);
+    RUN(test_gptoss);
     return CHECK_DONE();
 }

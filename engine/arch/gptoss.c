@@ -1,0 +1,201 @@
+/* gptoss.c — the gpt-oss family (row gpt-oss of arch.c):
+ *   x = embed(tokens)
+ *   per layer: h = n(x)
+ *              x += Wo · attn_ex(rope(Wq·h+bq), rope(Wk·h+bk), Wv·h+bv) + bo
+ *              x += moe(n(x))
+ *   logits = Wout · n(x)  (only for the rows asked for)
+ * The rope is YaRN (model.c builds its table); the attention of the even
+ * layers sees a sliding window of hp->swa_window tokens, the odd ones every
+ * token, and each head has a learned sink logit in its softmax denominator
+ * (backend.h attention_ex). Every FFN is a mixture of experts: a router with
+ * a bias, the top n_used logits chosen and weighted by their softmax, each
+ * expert a clamped SwiGLU with biases (BE_MOE_SWIGLU_OAI). Buffers (T =
+ * tokens in the batch, E = n_embd, Q = n_head*head_dim, K = n_head_kv*head_dim,
+ * V = n_vocab):
+ *   x, xb [T][E]   q, att [T][Q]   k, v [T][K]   xo [max_out][E]   lg [max_out][V] */
+#include "engine/arch/arch.h"
+#include "engine/arch/layers.h"
+#include "common/err.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+typedef struct gptoss_fw {
+    fw base;
+    float *x, *xb, *q, *k, *v, *att, *xo;
+    void **kc, **vc;           /* [n_layer] cache of each layer */
+    ly_moe moe;
+} gptoss_fw;
+
+/* llama.cpp's fixed values for gpt-oss, which its GGUF files do not carry */
+#define GPTOSS_SWIGLU_ALPHA 1.702f
+#define GPTOSS_SWIGLU_LIMIT 7.0f
+
+/* The sliding-window layers: the even ones (layer_types alternate
+ * sliding_attention, full_attention; llama.cpp's swa pattern 2). */
+static int gptoss_swa(int l) { return l % 2 == 0; }
+
+static int gptoss_load(ld *l)
+{
+    model *m = l->m;
+    hparams *hp = &m->hp;
+    int E = hp->n_embd, HD = hp->head_dim, QD = hp->n_head * HD, KD = hp->n_head_kv * HD;
+    if (l->hf) {
+        const hf_config *c = hf_cfg(l->hf);
+        hp->swa_window = (int32_t)c->sliding_window;
+        hp->swiglu_limit = (float)c->swiglu_limit;
+    } else {
+        int64_t v;
+        if (key_ir(l, "attention.sliding_window", &v, 1, 0, 1, 1 << 24)) return -1;
+        hp->swa_window = (int32_t)v;
+        hp->swiglu_limit = GPTOSS_SWIGLU_LIMIT;
+    }
+    if (!hp->n_expert)
+        return ld_fail(l, "%s: expert_count is 0 or absent, expected the number of experts (every gpt-oss layer "
+                       "is a mixture of experts)", m->arch_name);
+    if (hp->expert_gating >= 0 && hp->expert_gating != BE_MOE_TOPK_SOFTMAX)
+        return ld_fail(l, "metadata key '%s.expert_gating_func' is not 3 (softmax over the chosen experts, "
+                       "gpt-oss's)", m->arch_name);
+    hp->expert_gating = BE_MOE_TOPK_SOFTMAX;
+    hp->expert_norm = 0;   /* (the softmax over the chosen already sums to 1) */
+    if (ld_common(l, (size_t)2 * E + (size_t)hp->n_layer * (3 * E + QD + 2 * KD + hp->n_head + ly_moe_vec(hp)) + 64))
+        return -1;
+    const char *post = l->hf ? "ffn_norm.weight" : "post_attention_norm.weight";
+    for (int i = 0; i < hp->n_layer; i++) {
+        layer_w *L = &m->layers[i];
+        if (get_layer_w(l, &L->attn_norm, i, "attn_norm.weight", E, 0, 1) || ly_load_attn(l, L, i, QD) ||
+            get_layer_w(l, &L->bq, i, "attn_q.bias", QD, 0, 1) || get_layer_w(l, &L->bk, i, "attn_k.bias", KD, 0, 1) ||
+            get_layer_w(l, &L->bv, i, "attn_v.bias", KD, 0, 1) ||
+            get_layer_w(l, &L->bo, i, "attn_output.bias", E, 0, 1) ||
+            get_layer_w(l, &L->attn_sinks, i, "attn_sinks.weight", hp->n_head, 0, 1) ||
+            get_layer_w(l, &L->ffn_norm, i, post, E, 0, 1) || ly_load_moe(l, L, i))
+            return -1;
+    }
+    hp->n_attn_layers = hp->n_layer;
+    return 0;
+}
+
+static const char *gptoss_lacks(const model *m, const be_ops *o)
+{
+    if (!o->attention_ex) return "attention with a sliding window and sinks (attention_ex)";
+    return ly_moe_lacks(m, o);
+}
+
+static void gptoss_close(fw *base)
+{
+    gptoss_fw *f = (gptoss_fw *)base;
+    be *b = base->b;
+    void *bufs[] = { f->x, f->xb, f->q, f->k, f->v, f->att, f->xo, base->lg };
+    ly_free(b, bufs, sizeof bufs / sizeof bufs[0]);
+    ly_moe_close(&f->moe, b);
+    for (int l = 0; l < base->m->hp.n_layer; l++) {
+        if (f->kc && f->kc[l]) b->ops->free(b, f->kc[l]);
+        if (f->vc && f->vc[l]) b->ops->free(b, f->vc[l]);
+    }
+    free(f->kc);
+    free(f->vc);
+    free(f);
+}
+
+static int gptoss_open(fw **out, model *m, be *b, int max_T, int max_out, int n_pages, int max_seqs,
+                       char *err, size_t errlen)
+{
+    (void)max_seqs;
+    const hparams *hp = &m->hp;
+    const char *lacks = gptoss_lacks(m, b->ops);
+    if (lacks) return err_set(err, errlen, "the %s backend cannot run gpt-oss models yet (no %s)", b->ops->name, lacks);
+    gptoss_fw *f = calloc(1, sizeof *f);
+    if (!f) return err_set(err, errlen, "out of memory for activation buffers");
+    f->base = (fw){ .fam = &arch_gptoss, .m = m, .b = b };
+    size_t T = (size_t)max_T, E = hp->n_embd, Q = (size_t)hp->n_head * hp->head_dim,
+           K = (size_t)hp->n_head_kv * hp->head_dim;
+    f->x = b->ops->alloc(b, T * E * 4);
+    f->xb = b->ops->alloc(b, T * E * 4);
+    f->q = b->ops->alloc(b, T * Q * 4);
+    f->att = b->ops->alloc(b, T * Q * 4);
+    f->k = b->ops->alloc(b, T * K * 4);
+    f->v = b->ops->alloc(b, T * K * 4);
+    f->xo = b->ops->alloc(b, (size_t)max_out * E * 4);
+    f->base.lg = b->ops->alloc(b, (size_t)max_out * hp->n_vocab * 4);
+    f->kc = calloc((size_t)hp->n_layer, sizeof *f->kc);
+    f->vc = calloc((size_t)hp->n_layer, sizeof *f->vc);
+    if (!f->x || !f->xb || !f->q || !f->att || !f->k || !f->v || !f->xo || !f->base.lg || !f->kc || !f->vc) {
+        err_set(err, errlen, "out of memory for activation buffers");
+        gptoss_close(&f->base);
+        return -1;
+    }
+    for (int l = 0; l < hp->n_layer; l++)
+        if (ly_kv_alloc(b, hp, n_pages, l, f->kc, f->vc, &f->base.kv_bytes, err, errlen)) {
+            gptoss_close(&f->base);
+            return -1;
+        }
+    const be_moe swiglu = { .act = BE_MOE_SWIGLU_OAI, .alpha = GPTOSS_SWIGLU_ALPHA, .limit = hp->swiglu_limit };
+    if (ly_moe_open(&f->moe, b, m, &swiglu, max_T, NULL, err, errlen)) {
+        gptoss_close(&f->base);
+        return -1;
+    }
+    *out = &f->base;
+    return 0;
+}
+
+/* Layer l's attention of f->xb into f->xb (through f->att). */
+static void gptoss_attention(gptoss_fw *f, int l, const be_batch *bt)
+{
+    const model *m = f->base.m;
+    const hparams *hp = &m->hp;
+    const layer_w *L = &m->layers[l];
+    be *b = f->base.b;
+    const be_ops *o = b->ops;
+    int T = bt->T, HD = hp->head_dim;
+    const wt *wqkv[3] = { &L->wq, &L->wk, &L->wv }, *bqkv[3] = { &L->bq, &L->bk, &L->bv };
+    if (o->matmul_n) {
+        float *outs[3] = { f->q, f->k, f->v };
+        o->matmul_n(b, 3, wqkv, bqkv, f->xb, T, outs);
+    } else {
+        o->matmul(b, &L->wq, &L->bq, f->xb, T, f->q);
+        o->matmul(b, &L->wk, &L->bk, f->xb, T, f->k);
+        o->matmul(b, &L->wv, &L->bv, f->xb, T, f->v);
+    }
+    o->rope(b, f->q, bt, hp->n_head, HD, hp->n_rot, hp->rope_base, hp->rope_neox, &m->rope_freqs);
+    o->rope(b, f->k, bt, hp->n_head_kv, HD, hp->n_rot, hp->rope_base, hp->rope_neox, &m->rope_freqs);
+    o->kv_store(b, f->kc[l], f->vc[l], bt, hp->n_head_kv * HD, f->k, f->v);
+    be_attn_ex ax = { .window = gptoss_swa(l) ? hp->swa_window : 0, .sinks = &L->attn_sinks,
+                      .scale = 1.0f / sqrtf((float)HD) };
+    o->attention_ex(b, f->q, f->kc[l], f->vc[l], bt, hp->n_head, hp->n_head_kv, HD, &ax, f->att);
+    o->matmul(b, &L->wo, &L->bo, f->att, T, f->xb);
+}
+
+static void gptoss_pass(fw *base, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out)
+{
+    gptoss_fw *f = (gptoss_fw *)base;
+    const model *m = base->m;
+    const hparams *hp = &m->hp;
+    be *b = base->b;
+    const be_ops *o = b->ops;
+    int T = bt->T, E = hp->n_embd;
+    o->embed(b, &m->tok_embd, tokens, T, f->x);
+    for (int l = 0; l < hp->n_layer; l++) {
+        const layer_w *L = &m->layers[l];
+        o->rmsnorm(b, f->x, &L->attn_norm, T, E, hp->norm_eps, f->xb);
+        gptoss_attention(f, l, bt);
+        if (o->add_rmsnorm) {
+            o->add_rmsnorm(b, f->x, f->xb, &L->ffn_norm, T, E, hp->norm_eps, f->xb);
+        } else {
+            o->add(b, f->x, f->xb, (size_t)T * E);
+            o->rmsnorm(b, f->x, &L->ffn_norm, T, E, hp->norm_eps, f->xb);
+        }
+        ly_moe_ffn(b, &f->moe, l, f->xb, T, f->xb);
+        o->add(b, f->x, f->xb, (size_t)T * E);
+    }
+    ly_out_norm(b, f->x, &m->output_norm, out_idx, n_out, E, hp->norm_eps, f->xo);
+    if (n_out > 0) o->matmul(b, &m->output, NULL, f->xo, n_out, base->lg);
+}
+
+const arch_family arch_gptoss = {
+    .load = gptoss_load,
+    .lacks = gptoss_lacks,
+    .open = gptoss_open,
+    .close = gptoss_close,
+    .pass = gptoss_pass,
+    .greedy = 1,
+};
