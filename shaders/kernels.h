@@ -252,10 +252,12 @@ void ck_moe_group(cudaStream_t st, const int32_t *ids, int N, int X, int32_t *fi
 /* y [N][rows] by slot = each tile's expert's rows (W: stacked experts of
  * `rows` rows each, n values a row) on x (rows of n: by token, pair / K,
  * when by_token, else by slot) (+ bias [X][rows], or NULL); f32
- * arithmetic, the same per (slot, row) in any tile */
+ * arithmetic, the same per (slot, row) in any tile. mv: by the warp-per-row
+ * kernel (decode-sized batches; max_tiles then bounds the grid), whose sums
+ * are in another order than the tiled kernel's */
 void ck_moe_mm(cudaStream_t st, uint32_t type, const void *W, size_t rb, int n, int rows, const float *x,
                int by_token, int K, const int32_t *pair, const int32_t *tiles, const int32_t *n_tiles, int max_tiles,
-               const float *bias, float *y);
+               const float *bias, float *y, int mv);
 /* g = act(g, u)                                                     [n] */
 void ck_moe_act(cudaStream_t st, float *g, const float *u, size_t n, int act, float alpha, float limit);
 /* out[t] = sum over k of w[t][k] * y[slot[t*K+k]], k in order    [T][E] */

@@ -162,6 +162,54 @@ __global__ void __launch_bounds__(256) k_moe_mm(const uint8_t *W, size_t rb, int
     }
 }
 
+/* The same products for decode-sized batches, bandwidth-bound: a warp per
+ * (tile, row); each lane dequantizes chunks lane, lane+32, ... of the row
+ * once and dots them with every slot of the tile, then the lanes' sums
+ * meet by a fixed butterfly. What a (slot, row) gets depends only on its
+ * own x and row, not on the tile's other slots. */
+template <int TY>
+__global__ void __launch_bounds__(256) k_moe_mv(const uint8_t *W, size_t rb, int n, int rows, const float *x,
+                                               int by_token, int K, const int32_t *pair, const int32_t *tiles,
+                                               const int32_t *n_tiles, const float *bias, float *y)
+{
+    pdl_begin();
+    int ti = blockIdx.x;
+    if (ti >= *n_tiles) return;
+    int e = tiles[3 * ti], s0 = tiles[3 * ti + 1], ns = tiles[3 * ti + 2];
+    int lane = threadIdx.x & 31, r = blockIdx.y * 8 + (threadIdx.x >> 5);
+    if (r >= rows) return;
+    const uint8_t *row = W + ((size_t)e * rows + r) * rb;
+    const float *xs[CK_MOE_TT];
+#pragma unroll
+    for (int s = 0; s < CK_MOE_TT; s++)
+        xs[s] = s < ns ? x + (size_t)(by_token ? pair[s0 + s] / K : s0 + s) * n : NULL;
+    float acc[CK_MOE_TT];
+#pragma unroll
+    for (int s = 0; s < CK_MOE_TT; s++) acc[s] = 0.f;
+    int nc = (n + 31) / 32;
+    for (int c = lane; c < nc; c += 32) {
+        float w[32];
+        dq32<TY>(row, c, n, w);
+        int lim = n - c * 32 < 32 ? n - c * 32 : 32;
+#pragma unroll
+        for (int s = 0; s < CK_MOE_TT; s++) {
+            if (s >= ns) break;
+            const float *xv = xs[s] + c * 32;
+            float a = acc[s];
+            for (int k = 0; k < lim; k++) a = fmaf(w[k], xv[k], a);
+            acc[s] = a;
+        }
+    }
+#pragma unroll
+    for (int s = 0; s < CK_MOE_TT; s++) {
+        if (s >= ns) break;
+        float v = acc[s];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (lane == 0) y[(size_t)(s0 + s) * rows + r] = bias ? v + bias[(size_t)e * rows + r] : v;
+    }
+}
+
 /* g = act(g, u) over n values (cpu_moe.c's moe_act) */
 __global__ void k_moe_act(float *g, const float *u, size_t n, int act, float alpha, float limit)
 {
@@ -210,8 +258,15 @@ void ck_moe_group(cudaStream_t st, const int32_t *ids, int N, int X, int32_t *fi
 
 void ck_moe_mm(cudaStream_t st, uint32_t type, const void *W, size_t rb, int n, int rows, const float *x,
                int by_token, int K, const int32_t *pair, const int32_t *tiles, const int32_t *n_tiles, int max_tiles,
-               const float *bias, float *y)
+               const float *bias, float *y, int mv)
 {
+    if (mv) {
+        dim3 gv((unsigned)max_tiles, nblk((size_t)rows, 8));
+#define L_MV(TY) lk(k_moe_mv<TY>, gv, 256, 0, st, (const uint8_t *)W, rb, n, rows, x, by_token, K, pair, tiles, \
+                    n_tiles, bias, y)
+        TYPE_SWITCH(type, L_MV)
+        return;
+    }
     dim3 g((unsigned)max_tiles, nblk((size_t)rows, CK_MOE_RT));
 #define L_MOE(TY) lk(k_moe_mm<TY>, g, 256, 0, st, (const uint8_t *)W, rb, n, rows, x, by_token, K, pair, tiles, \
                       n_tiles, bias, y)

@@ -1349,17 +1349,22 @@ static void cu_moe(be *b, const be_moe *m, const float *x, int T, void *scratch,
             *pair = (int32_t *)(s + L.pair), *tiles = (int32_t *)(s + L.tiles), *nt = (int32_t *)(s + L.nt);
     int X = m->n_expert, K = m->n_used, N = T * K, F = m->n_ff, E = (int)(m->down->n_out / X);
     int E_in = (int)m->gate->n_in, mt = ck_moe_max_tiles(N, X);
+    /* decode-sized batches (and every batch when deterministic) by the
+     * warp-per-row kernel, as the dense matmuls take the GEMV up to
+     * CK_GEMV_MAX_T tokens: a token's bits are the same alone or in any
+     * such batch; its grid needs no more tiles than slots */
+    int mv = T <= CK_GEMV_MAX_T || c->invariant, mvt = mv && N < mt ? N : mt;
     cu_matmul(b, m->router, m->router_b, x, T, lg);
     tag_clear(c);
     ck_moe_route(c->st, lg, T, X, K, m->gating, m->norm, m->scale, ids, wts);
     ck_moe_group(c->st, ids, N, X, first, slot, pair, tiles, nt);
-    ck_moe_mm(c->st, m->gate->type, m->gate->dev, m->gate->row_bytes, E_in, F, x, 1, K, pair, tiles, nt, mt,
-              dev_or_null(m->gate_b), hg);
-    ck_moe_mm(c->st, m->up->type, m->up->dev, m->up->row_bytes, E_in, F, x, 1, K, pair, tiles, nt, mt,
-              dev_or_null(m->up_b), hu);
+    ck_moe_mm(c->st, m->gate->type, m->gate->dev, m->gate->row_bytes, E_in, F, x, 1, K, pair, tiles, nt, mvt,
+              dev_or_null(m->gate_b), hg, mv);
+    ck_moe_mm(c->st, m->up->type, m->up->dev, m->up->row_bytes, E_in, F, x, 1, K, pair, tiles, nt, mvt,
+              dev_or_null(m->up_b), hu, mv);
     ck_moe_act(c->st, hg, hu, (size_t)N * F, m->act, m->alpha, m->limit);
-    ck_moe_mm(c->st, m->down->type, m->down->dev, m->down->row_bytes, F, E, hg, 0, K, pair, tiles, nt, mt,
-              dev_or_null(m->down_b), y);
+    ck_moe_mm(c->st, m->down->type, m->down->dev, m->down->row_bytes, F, E, hg, 0, K, pair, tiles, nt, mvt,
+              dev_or_null(m->down_b), y, mv);
     ck_moe_combine(c->st, y, slot, wts, T, K, E, out);
     tag_clear(c);
 }
