@@ -481,11 +481,10 @@ def t_chat(d):
                         return
         pump(b"> ")
         os.write(m, b"Hello\r")
-        pump(b"Reply 1.")
-        pump(b"> ")
+        pump(b"Reply 1.\r\n> ")   # the second prompt, not the first one again
         edit = b"libedit" in subprocess.run(["ldd", CLIENT], capture_output=True).stdout
         os.write(m, b"\x1b[A\r" if edit else b"Hello\r")
-        pump(b"Reply 2.")
+        pump(b"Reply 2.\r\n")
         os.write(m, b"/quit\r")
         rc = p.wait(10)
         os.close(m)
