@@ -534,11 +534,13 @@ def t_auth_cors(env):
 
 
 def t_cancel_on_disconnect(env):
+    # Seed 2 samples a long answer (over 3,000 tokens) from this model, so
+    # the answer cannot end on its own before the hang-up.
     d = env.chat
     wait_idle(d)
     # Streaming: read the first chunk, then hang up.
     body = json.dumps({"messages": [{"role": "user", "content": "Talk."}], "max_tokens": 100000,
-                       "temperature": 1.0, "stream": True}).encode()
+                       "temperature": 1.0, "seed": 2, "stream": True}).encode()
     s = socket.create_connection(("127.0.0.1", env.gw_chat.port), timeout=10)
     s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
               b"Content-Length: %d\r\n\r\n" % len(body) + body)
@@ -557,7 +559,7 @@ def t_cancel_on_disconnect(env):
     env.note("stream cancel took %.0f ms" % ((time.time() - t0) * 1000))
     # Non-streaming: hang up while it generates.
     body = json.dumps({"messages": [{"role": "user", "content": "Talk."}], "max_tokens": 100000,
-                       "temperature": 1.0}).encode()
+                       "temperature": 1.0, "seed": 2}).encode()
     s = socket.create_connection(("127.0.0.1", env.gw_chat.port), timeout=10)
     s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
     c = Raw(d.sock)
