@@ -32,8 +32,7 @@
  * take; a
  * connection with nothing in flight is closed after opt.idle_timeout. Log
  * lines a peer can cause at will are rate-limited per uid (rl_allow). */
-#include "daemon/aned.h"
-#include "proto/proto.h"
+#include "daemon/server_int.h"
 
 #include <errno.h>
 #include <ev.h>
@@ -46,114 +45,9 @@
 #include <time.h>
 #include <unistd.h>
 
-typedef struct client client;
-typedef struct job job;
-
-typedef enum cl_state {
-    CL_HANDSHAKE = 0, /* waiting for hello */
-    CL_READY,         /* serving requests */
-    CL_CLOSING,       /* no more reading, no jobs: flush what is queued, then close */
-} cl_state;
-
-struct job {
-    client *cl;               /* NULL once the client is gone */
-    job *cl_prev, *cl_next;   /* the client's jobs */
-    job *all_prev, *all_next; /* every job the engine still owns */
-    uint64_t eng_id, req_id;
-    int started;              /* an event arrived: it left the queue */
-    int cancelled;            /* eng_cancel was sent */
-    int overflow;             /* cancelled for the client's backlog */
-    int tokenize;             /* a tokenize request (not counted in uid_use.jobs) */
-    int client_cancel;        /* the client sent cancel for it */
-    proto_type type;          /* the request, for its error texts */
-    uid_t uid;                /* the peer's, counted in its uid_use until the job ends */
-};
-
-struct client {
-    server *srv;
-    client *prev, *next;
-    uint64_t serial;          /* connection number; the engine's fairness owner */
-    int fd;
-    cl_state state;
-    int eof;                  /* peer shut its writing side: close when idle */
-    int paused;               /* its jobs are paused for its backlog */
-    int discard;              /* closing after a broken stream: input is read and dropped */
-    size_t discarded;         /* bytes dropped so far */
-    uint64_t discard_owed;    /* bytes still to come of the message over 1 MiB */
-    ev_tstamp discard_end;    /* reading stops by then at the latest */
-    ev_io rio, wio;
-    ev_timer timer;           /* hello deadline, stall deadline, closing deadline */
-    ev_timer idle;            /* idle deadline (ready, nothing in flight) */
-    ev_tstamp last_active;    /* last request taken or job ended */
-    proto_reader *rd;
-    proto_buf out;            /* replies; bytes before out_off are already sent */
-    size_t out_off;
-    sock_peer peer;
-    job *jobs;
-    uint32_t n_jobs;
-    uint64_t n_requests, n_tokens;
-    ev_tstamp since;
-    const char *why;          /* why it is closing, for the log */
-    char name[48];            /* from hello, for the log */
-};
-
-/* Per peer uid: connections and jobs (in flight + queued) across all its
- * connections, for --max-clients-per-uid and --max-jobs-per-uid. An entry
- * goes when both reach 0; few uids share a machine, so a list will do. */
-typedef struct uid_use {
-    uid_t uid;
-    uint32_t clients, jobs;
-} uid_use;
-
-/* Rate limit of the log lines a peer can cause at will, per (uid, kind):
- * RL_BURST lines per RL_WINDOW seconds, then one line saying how many more
- * were suppressed once the window is over. */
-typedef enum rl_kind { RL_DENIED = 0, RL_REFUSED, RL_CLOSED, RL_BROKEN, RL_FAILED, RL_OVERFLOW, RL_CANCELLED,
-                       RL__N } rl_kind;
 static const char *const rl_names[RL__N] = {
     "denied connection", "refused connection", "client closed", "broken stream", "job failed", "backlog",
     "request cancelled",
-};
-#define RL_BURST 10
-#define RL_WINDOW 5.0
-#define RL_SLOTS 64           /* (uid, kind) pairs tracked; the oldest is summarised and reused */
-typedef struct rl_ent {
-    uid_t uid;
-    int kind;                 /* -1: unused */
-    ev_tstamp start;
-    uint32_t n, suppressed;
-} rl_ent;
-
-typedef enum srv_phase {
-    PH_RUN = 0,
-    PH_GRACE,     /* no new connections or jobs; running jobs may finish */
-    PH_CANCEL,    /* jobs cancelled; waiting for their last events and flushes */
-} srv_phase;
-
-struct server {
-    struct ev_loop *loop;
-    eng *eng;
-    server_opts opt;
-    ev_async wake;
-    ev_signal sig_term, sig_int, sig_hup;
-    ev_io accept_io;
-    ev_timer accept_retry;
-    ev_timer phase_timer;
-    ev_timer poll_timer;      /* safety net for lost wakeups while jobs run */
-    sock_listener *lst;
-    client *clients;
-    uint32_t n_clients;
-    job *jobs;
-    uint32_t n_jobs;
-    uint64_t next_serial;
-    srv_phase phase;
-    ev_tstamp started;
-    uint64_t tokens_served, conns_total, requests_total;
-    uint64_t seed_state;
-    uid_use *uids;
-    size_t n_uids, cap_uids;
-    rl_ent rl[RL_SLOTS];
-    ev_timer rl_timer;        /* says what was suppressed when a window ends */
 };
 
 static void rl_flush(server *s, rl_ent *r)
@@ -166,7 +60,7 @@ static void rl_flush(server *s, rl_ent *r)
 }
 
 /* 1: log this line; 0: suppressed (counted for the summary). */
-static int rl_allow(server *s, uid_t uid, rl_kind kind)
+int rl_allow(server *s, uid_t uid, rl_kind kind)
 {
     ev_tstamp now = ev_now(s->loop);
     rl_ent *r = NULL, *victim = NULL;   /* victim: a free entry, else the oldest */
@@ -208,9 +102,7 @@ static void on_rl_timer(struct ev_loop *loop, ev_timer *w, int revents)
     }
 }
 
-#define LOG_RL(s, uid, kind, lv, ...) do { if (rl_allow((s), (uid), (kind))) log_msg((lv), __VA_ARGS__); } while (0)
-
-static uid_use *uid_find(server *s, uid_t uid, int create)
+uid_use *uid_find(server *s, uid_t uid, int create)
 {
     for (size_t i = 0; i < s->n_uids; i++)
         if (s->uids[i].uid == uid) return &s->uids[i];
@@ -228,7 +120,7 @@ static uid_use *uid_find(server *s, uid_t uid, int create)
     return u;
 }
 
-static void uid_release(server *s, uid_t uid, int clients, int jobs)
+void uid_release(server *s, uid_t uid, int clients, int jobs)
 {
     uid_use *u = uid_find(s, uid, 0);
     if (!u) return;
@@ -253,12 +145,12 @@ void server_opts_default(server_opts *o)
 
 /* root and the daemon's own user: the only ones who may take the last
  * reserve_slots() connections */
-static int privileged(const server *s, uid_t uid) { return uid == 0 || uid == s->opt.daemon_uid; }
-static uint32_t reserve_slots(const server *s) { return (uint32_t)s->opt.max_clients / 16; }
+int privileged(const server *s, uid_t uid) { return uid == 0 || uid == s->opt.daemon_uid; }
+uint32_t reserve_slots(const server *s) { return (uint32_t)s->opt.max_clients / 16; }
 
 const eng_model_info *server_model(const server *s) { return eng_model(s->eng); }
 
-static proto_err map_eng_err(eng_err c)
+proto_err map_eng_err(eng_err c)
 {
     switch (c) {
     case ENG_OK:        return PROTO_OK;
@@ -308,7 +200,7 @@ static void client_update_read(client *cl)
     else if (!want && ev_is_active(&cl->rio)) ev_io_stop(s->loop, &cl->rio);
 }
 
-static void job_cancel(server *s, job *j)
+void job_cancel(server *s, job *j)
 {
     if (j->cancelled) return;
     j->cancelled = 1;
@@ -353,7 +245,7 @@ static void client_update_pause(client *cl)
 }
 
 /* Appends one message; never frees the client. */
-static void client_send(client *cl, const proto_ev *ev)
+void client_send(client *cl, const proto_ev *ev)
 {
     size_t before = cl->out.len;
     if (proto_ev_encode(&cl->out, ev) < 0) {
@@ -374,7 +266,7 @@ static void client_send(client *cl, const proto_ev *ev)
     client_update_read(cl);
 }
 
-static void error_ev(client *cl, uint64_t id, proto_err code, const char *msg, int closing)
+void error_ev(client *cl, uint64_t id, proto_err code, const char *msg, int closing)
 {
     proto_ev e;
     proto_ev_init(&e, PROTO_T_ERROR, id);
@@ -387,7 +279,7 @@ static void error_ev(client *cl, uint64_t id, proto_err code, const char *msg, i
 
 /* An error that answers a request: its text starts with the request's type
  * ("generate: ...") as the decoder's own texts do. */
-static void send_error(client *cl, uint64_t id, proto_type type, proto_err code, const char *msg)
+void send_error(client *cl, uint64_t id, proto_type type, proto_err code, const char *msg)
 {
     const char *tn = proto_type_name(type);
     size_t tl = strlen(tn);
@@ -403,7 +295,7 @@ static void send_error(client *cl, uint64_t id, proto_type type, proto_err code,
 
 /* The connection's last message: the client is told that it closes
  * ("closing": true); the caller closes it. */
-static void send_fatal(client *cl, uint64_t id, proto_err code, const char *msg)
+void send_fatal(client *cl, uint64_t id, proto_err code, const char *msg)
 {
     error_ev(cl, id, code, msg, 1);
 }
@@ -429,8 +321,7 @@ static void refuse_fd(int fd, proto_err code, const char *msg)
 /* ---------------------------------------------------------------- clients */
 
 static void check_done(server *s);
-static void client_close_soon(client *cl, const char *why);
-static int client_maybe_finish(client *cl);
+int client_maybe_finish(client *cl);
 
 static void client_free(client *cl, const char *why)
 {
@@ -520,7 +411,7 @@ static void on_client_idle(struct ev_loop *loop, ev_timer *w, int revents)
 }
 
 /* Stop reading, cancel what runs, flush what is queued, then close (bounded). */
-static void client_close_soon(client *cl, const char *why)
+void client_close_soon(client *cl, const char *why)
 {
     server *s = cl->srv;
     if (cl->state == CL_CLOSING) return;
@@ -534,7 +425,7 @@ static void client_close_soon(client *cl, const char *why)
 }
 
 /* Closes the client once nothing more is owed to it. Top-level only. */
-static int client_maybe_finish(client *cl)
+int client_maybe_finish(client *cl)
 {
     server *s = cl->srv;
     if (cl->n_jobs) return 0;
@@ -586,365 +477,11 @@ static void on_client_write(struct ev_loop *loop, ev_io *w, int revents)
     if (!backlog(cl)) client_maybe_finish(cl);
 }
 
-static job *client_find_job(client *cl, uint64_t req_id)
+job *client_find_job(client *cl, uint64_t req_id)
 {
     for (job *j = cl->jobs; j; j = j->cl_next)
         if (j->req_id == req_id) return j;
     return NULL;
-}
-
-/* ---------------------------------------------------------------- requests */
-
-static uint64_t next_seed(server *s)
-{
-    /* splitmix64 over a clock-seeded state: distinct seeds per job */
-    uint64_t z = (s->seed_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static void req_hello(client *cl, const proto_req *r)
-{
-    server *s = cl->srv;
-    if (cl->state != CL_HANDSHAKE) {
-        send_error(cl, r->id, r->type, PROTO_E_BAD_REQUEST, "a second hello on this connection");
-        return;
-    }
-    size_t n = r->client_len < sizeof cl->name - 1 ? r->client_len : sizeof cl->name - 1;
-    memcpy(cl->name, r->client ? r->client : "", n);
-    cl->name[n] = 0;
-    if (r->version != PROTO_VERSION) {
-        char msg[96];
-        snprintf(msg, sizeof msg, "hello: server speaks protocol version %d, client asked for %u",
-                 PROTO_VERSION, (unsigned)r->version);
-        send_fatal(cl, r->id, PROTO_E_VERSION, msg);
-        client_close_soon(cl, "protocol version mismatch");
-        return;
-    }
-    ev_timer_stop(s->loop, &cl->timer);
-    cl->state = CL_READY;
-    if (s->opt.idle_timeout > 0) {
-        ev_timer_set(&cl->idle, s->opt.idle_timeout, 0.);
-        ev_timer_start(s->loop, &cl->idle);
-    }
-    const eng_model_info *mi = eng_model(s->eng);
-    proto_ev e;
-    proto_ev_init(&e, PROTO_T_HELLO_OK, r->id);
-    e.version = PROTO_VERSION;
-    e.server = ANED_SERVER_NAME;
-    e.server_len = strlen(e.server);
-    e.model = mi->name ? mi->name : "";
-    e.model_len = strlen(e.model);
-    client_send(cl, &e);
-}
-
-/* Links a job the engine accepted into the client's and the server's lists. */
-static void job_link(server *s, client *cl, job *j, const proto_req *r)
-{
-    j->req_id = r->id;
-    j->type = r->type;
-    j->cl = cl;
-    j->uid = cl->peer.uid;
-    j->cl_next = cl->jobs;
-    if (cl->jobs) cl->jobs->cl_prev = j;
-    cl->jobs = j;
-    cl->n_jobs++;
-    j->all_next = s->jobs;
-    if (s->jobs) s->jobs->all_prev = j;
-    s->jobs = j;
-    s->n_jobs++;
-    if (!ev_is_active(&s->poll_timer)) ev_timer_again(s->loop, &s->poll_timer);
-}
-
-/* Token ids against the vocabulary, named as the decoder names a field
- * (the engine checks them again). 0: all in range. */
-static int check_vocab(client *cl, const proto_req *r)
-{
-    int32_t nv = eng_model(cl->srv->eng)->n_vocab;
-    for (size_t i = 0; r->tokens && i < r->n_tokens; i++)
-        if (r->tokens[i] >= nv) {
-            char msg[128];
-            snprintf(msg, sizeof msg, "\"tokens\"[%zu] = %ld is outside the vocabulary (0..%ld)",
-                     i, (long)r->tokens[i], (long)nv - 1);
-            send_error(cl, r->id, r->type, PROTO_E_INVALID_TOKEN, msg);
-            return -1;
-        }
-    return 0;
-}
-
-static void req_submit(client *cl, const proto_req *r)
-{
-    server *s = cl->srv;
-    if (s->phase != PH_RUN) {
-        send_error(cl, r->id, r->type, PROTO_E_SHUTDOWN, "the server is shutting down");
-        return;
-    }
-    if (cl->n_jobs >= PROTO_MAX_INFLIGHT) {
-        char msg[64];
-        snprintf(msg, sizeof msg, "%d requests already in flight on this connection",
-                 PROTO_MAX_INFLIGHT);
-        send_error(cl, r->id, r->type, PROTO_E_BUSY, msg);
-        return;
-    }
-    uid_use *uu = uid_find(s, cl->peer.uid, 1);
-    if (!uu) { send_error(cl, r->id, r->type, PROTO_E_INTERNAL, "out of memory"); return; }
-    if (s->opt.max_jobs_per_uid > 0 && uu->jobs >= (uint32_t)s->opt.max_jobs_per_uid) {
-        char msg[96];
-        snprintf(msg, sizeof msg, "%u requests already in flight or queued for uid %lu",
-                 uu->jobs, (unsigned long)cl->peer.uid);
-        send_error(cl, r->id, r->type, PROTO_E_BUSY, msg);
-        return;
-    }
-    if (!eng_model(s->eng)->tokenizer_only && check_vocab(cl, r) < 0) return;
-    if (r->tools && (r->tool_choice == PROTO_TOOLS_REQUIRED || r->tool_choice == PROTO_TOOLS_NAMED)) {
-        /* a forced call needs constrained decoding, which is not there yet */
-        send_error(cl, r->id, r->type, PROTO_E_INVALID_VALUE,
-                   "\"tool_choice\": \"required\" and a named function are not supported yet; use \"auto\"");
-        return;
-    }
-    job *j = calloc(1, sizeof *j);
-    if (!j) { send_error(cl, r->id, r->type, PROTO_E_INTERNAL, "out of memory"); return; }
-
-    /* proto_msg and eng_msg are separate types by design (wire vs engine). */
-    eng_msg *msgs = NULL;
-    if (r->n_msgs) {
-        msgs = calloc(r->n_msgs, sizeof *msgs);
-        if (!msgs) { free(j); send_error(cl, r->id, r->type, PROTO_E_INTERNAL, "out of memory"); return; }
-        for (size_t i = 0; i < r->n_msgs; i++)
-            msgs[i] = (eng_msg){ r->msgs[i].role, r->msgs[i].role_len,
-                                 r->msgs[i].content, r->msgs[i].content_len,
-                                 r->msgs[i].extra, r->msgs[i].extra_len };
-    }
-    eng_job_desc d;
-    memset(&d, 0, sizeof d);
-    d.kind = r->type == PROTO_T_EVAL ? ENG_JOB_EVAL : ENG_JOB_GENERATE;
-    d.tokens = r->tokens;
-    d.n_tokens = r->n_tokens;
-    d.text = r->text;
-    d.text_len = r->text_len;
-    d.system = r->system;
-    d.system_len = r->system_len;
-    d.msgs = msgs;
-    d.n_msgs = r->n_msgs;
-    d.raw = r->raw;
-    d.parse_special = r->special;
-    d.max_tokens = r->max_tokens;
-    eng_sampling_default(&d.sampling);
-    d.sampling.temperature = r->temperature;
-    d.sampling.top_k = r->top_k;
-    d.sampling.top_p = r->top_p;
-    d.sampling.min_p = r->min_p;
-    d.sampling.repeat_penalty = r->repeat_penalty;
-    d.sampling.repeat_last_n = r->repeat_last_n;
-    d.sampling.seed = r->has_seed ? r->seed : next_seed(s);
-    d.stop = r->stop;
-    d.stop_len = r->stop_len;
-    d.n_stop = r->n_stop;
-    d.top_n = r->top;
-    /* tools: "none" withholds them from the template and parses nothing */
-    if (r->tools && r->tool_choice != PROTO_TOOLS_NONE) {
-        d.tools = r->tools;
-        d.tools_len = r->tools_len;
-        d.parse_tools = 1;
-        d.max_tool_calls = r->parallel_tool_calls ? 0 : 1;
-    }
-    d.grammar = r->grammar;
-    d.grammar_len = r->grammar_len;
-    d.json_schema = r->json_schema;
-    d.json_schema_len = r->json_schema_len;
-    d.json_object = r->json_object;
-    d.owner = cl->serial;
-    d.uid = (uint32_t)cl->peer.uid;
-    d.user = j;
-
-    eng_err code = ENG_OK;
-    char err[256] = "";
-    int rc = eng_submit(s->eng, &d, &j->eng_id, &code, err, sizeof err);
-    free(msgs);   /* eng_submit copied them */
-    if (rc < 0) {
-        free(j);
-        if (code == ENG_OK) code = ENG_EINTERNAL;
-        send_error(cl, r->id, r->type, map_eng_err(code), err[0] ? err : eng_strerror(code));
-        return;
-    }
-    job_link(s, cl, j, r);
-    uid_find(s, j->uid, 1)->jobs++; /* the entry exists: nothing freed it since */
-    if (cl->paused) {
-        eng_pause(s->eng, j->eng_id, 1);
-        if (!ev_is_active(&cl->timer)) { /* the stall deadline covers it too */
-            ev_timer_set(&cl->timer, s->opt.stall_timeout, 0.);
-            ev_timer_start(s->loop, &cl->timer);
-        }
-    }
-}
-
-/* Encoded on the engine's tokenizer thread; answered from its event. */
-static void req_tokenize(client *cl, const proto_req *r)
-{
-    server *s = cl->srv;
-    if (r->n_tokens || !r->text) {
-        send_error(cl, r->id, r->type, PROTO_E_BAD_REQUEST, "tokenize takes text");
-        return;
-    }
-    if (cl->n_jobs >= PROTO_MAX_INFLIGHT) {
-        char msg[64];
-        snprintf(msg, sizeof msg, "%d requests already in flight on this connection", PROTO_MAX_INFLIGHT);
-        send_error(cl, r->id, r->type, PROTO_E_BUSY, msg);
-        return;
-    }
-    job *j = calloc(1, sizeof *j);
-    if (!j) { send_error(cl, r->id, r->type, PROTO_E_INTERNAL, "out of memory"); return; }
-    j->tokenize = 1;
-    eng_err code = ENG_OK;
-    char err[256] = "";
-    if (eng_tokenize_submit(s->eng, r->text, r->text_len, r->add_bos, r->special, (uint32_t)cl->peer.uid,
-                            j, &j->eng_id, &code, err, sizeof err) < 0) {
-        free(j);
-        if (code == ENG_OK) code = ENG_EINTERNAL;
-        send_error(cl, r->id, r->type, map_eng_err(code), err[0] ? err : eng_strerror(code));
-        return;
-    }
-    job_link(s, cl, j, r);
-}
-
-static void req_detokenize(client *cl, const proto_req *r)
-{
-    server *s = cl->srv;
-    if (r->text_len) {
-        send_error(cl, r->id, r->type, PROTO_E_BAD_REQUEST, "detokenize takes tokens");
-        return;
-    }
-    if (check_vocab(cl, r) < 0) return;
-    char *text = NULL;
-    size_t len = 0;
-    eng_err code = ENG_OK;
-    char err[256] = "";
-    if (eng_detokenize(s->eng, r->tokens, r->n_tokens, &text, &len, &code, err, sizeof err) < 0) {
-        if (code == ENG_OK) code = ENG_EINTERNAL;
-        send_error(cl, r->id, r->type, map_eng_err(code), err[0] ? err : eng_strerror(code));
-        return;
-    }
-    if (len > PROTO_MAX_REPLY_TEXT) {
-        char msg[128];
-        snprintf(msg, sizeof msg, "the text is %zu bytes, over the limit of %u one reply may carry",
-                 len, (unsigned)PROTO_MAX_REPLY_TEXT);
-        free(text);
-        send_error(cl, r->id, r->type, PROTO_E_TOO_LARGE, msg);
-        return;
-    }
-    proto_ev e;
-    proto_ev_init(&e, PROTO_T_TEXT, r->id);
-    e.text = text ? text : "";
-    e.text_len = len;
-    client_send(cl, &e);
-    free(text);
-}
-
-static void req_info(client *cl, const proto_req *r)
-{
-    server *s = cl->srv;
-    const eng_model_info *mi = eng_model(s->eng);
-    eng_stats st;
-    eng_stats_get(s->eng, &st);
-    proto_ev e;
-    proto_ev_init(&e, PROTO_T_INFO_OK, r->id);
-    e.version = PROTO_VERSION;
-    e.server = ANED_SERVER_NAME;
-    e.server_len = strlen(e.server);
-#define STR(f, v) do { e.f = (v) ? (v) : ""; e.f##_len = strlen(e.f); } while (0)
-    STR(model, mi->name);
-    STR(model_path, mi->path);
-    STR(arch, mi->arch);
-    STR(backend, mi->backend);
-    STR(chat_template, mi->chat_template);
-    STR(tool_format, mi->tool_format);
-    STR(warning, mi->warning);
-#undef STR
-    e.n_vocab = mi->n_vocab;
-    e.n_ctx = mi->n_ctx;
-    e.n_layer = mi->n_layer;
-    e.n_embd = mi->n_embd;
-    e.tokenizer_only = mi->tokenizer_only;
-    e.active = st.active;
-    e.queued = st.queued;
-    e.clients = s->n_clients;
-    e.jobs_done = st.jobs_done;
-    e.tokens_served = s->tokens_served;
-    e.prompt_tokens_total = st.prompt_tokens;
-    e.kv_used = st.kv_used;
-    e.kv_total = st.kv_total;
-    e.weight_bytes = st.weight_bytes ? st.weight_bytes : mi->weight_bytes;
-    e.uptime_s = ev_time() - s->started;
-    e.idle_timeout_s = s->opt.idle_timeout;
-    e.max_clients_per_uid = (uint32_t)s->opt.max_clients_per_uid;
-    e.deterministic = mi->deterministic;
-    e.cuda_f16_cache = mi->cuda_f16_cache_off ? "off" : "auto";
-    e.kv_type = mi->kv_type;
-    e.device = mi->device;
-    /* One entry per connection with jobs. A job counts as "active" once its
-     * first event arrived, else "queued" (the engine reports no per-job state). */
-    proto_client_count *pc = calloc(s->n_clients ? s->n_clients : 1, sizeof *pc);
-    if (pc) {
-        size_t i = 0;
-        for (client *c = s->clients; c && i < s->n_clients; c = c->next) {
-            if (!c->n_jobs) continue;
-            pc[i].uid = (uint32_t)c->peer.uid;
-            pc[i].pid = (uint32_t)c->peer.pid;
-            for (job *j = c->jobs; j; j = j->cl_next) {
-                if (j->tokenize) continue;
-                if (j->started) pc[i].active++;
-                else pc[i].queued++;
-            }
-            i++;
-        }
-        e.per_client = pc;
-        e.n_per_client = i;
-    }
-    client_send(cl, &e);
-    free(pc);
-}
-
-static void dispatch(client *cl, const proto_req *r)
-{
-    cl->n_requests++;
-    cl->srv->requests_total++;
-    cl->last_active = ev_now(cl->srv->loop);
-    if (r->type == PROTO_T_HELLO) { req_hello(cl, r); return; }
-    if (cl->state == CL_HANDSHAKE) {
-        /* dropped; the connection stays and hello may follow (the hello
-         * deadline still runs) */
-        send_error(cl, r->id, r->type, PROTO_E_HANDSHAKE, "the first request must be hello");
-        return;
-    }
-    if (r->type == PROTO_T_CANCEL) {
-        job *j = client_find_job(cl, r->id);
-        if (j && !j->tokenize) {   /* a tokenize is answered anyway */
-            j->client_cancel = 1;
-            job_cancel(cl->srv, j);
-        }
-        return;
-    }
-    if (client_find_job(cl, r->id)) {
-        send_error(cl, r->id, r->type, PROTO_E_DUPLICATE_ID, "a request with this id is in flight");
-        return;
-    }
-    switch (r->type) {
-    case PROTO_T_GENERATE:
-    case PROTO_T_EVAL:       req_submit(cl, r); break;
-    case PROTO_T_TOKENIZE:   req_tokenize(cl, r); break;
-    case PROTO_T_DETOKENIZE: req_detokenize(cl, r); break;
-    case PROTO_T_INFO:       req_info(cl, r); break;
-    case PROTO_T_PING: {
-        proto_ev e;
-        proto_ev_init(&e, PROTO_T_PONG, r->id);
-        client_send(cl, &e);
-        break;
-    }
-    default:
-        send_error(cl, r->id, r->type, PROTO_E_UNKNOWN_TYPE, "not a request type");
-        break;
-    }
 }
 
 /* 1: the peer closed both directions (gone); 0: it only shut its writing side. */
@@ -1166,144 +703,6 @@ static void on_accept(struct ev_loop *loop, ev_io *w, int revents)
         }
         client_new(s, fd, &peer);
     }
-}
-
-/* ---------------------------------------------------------------- engine events */
-
-static void job_end(server *s, job *j)
-{
-    client *cl = j->cl;
-    if (!j->tokenize) uid_release(s, j->uid, 0, 1);
-    if (cl) {
-        cl->last_active = ev_now(s->loop);
-        if (cl->n_jobs == 1 && ev_is_active(&cl->idle)) {   /* idle from now: a whole timeout */
-            ev_timer_stop(s->loop, &cl->idle);
-            ev_timer_set(&cl->idle, s->opt.idle_timeout, 0.);
-            ev_timer_start(s->loop, &cl->idle);
-        }
-        if (j->cl_prev) j->cl_prev->cl_next = j->cl_next; else cl->jobs = j->cl_next;
-        if (j->cl_next) j->cl_next->cl_prev = j->cl_prev;
-        cl->n_jobs--;
-    }
-    if (j->all_prev) j->all_prev->all_next = j->all_next; else s->jobs = j->all_next;
-    if (j->all_next) j->all_next->all_prev = j->all_prev;
-    s->n_jobs--;
-    free(j);
-}
-
-static void handle_event(server *s, const eng_event *ev)
-{
-    job *j = ev->user;
-    if (!j) { log_error("engine event without a job (job %llu)", (unsigned long long)ev->job_id); return; }
-    client *cl = j->cl;
-    int live = cl && !j->overflow;
-    proto_ev e;
-    switch (ev->type) {
-    case ENG_EV_TOKENS:
-        if (!live) break;
-        if (ev->n_ids > PROTO_MAX_TOKENS) {
-            char msg[128];
-            snprintf(msg, sizeof msg, "the text gives %zu tokens, over the limit of %d one reply may carry",
-                     (size_t)ev->n_ids, PROTO_MAX_TOKENS);
-            send_error(cl, j->req_id, j->type, PROTO_E_TOO_LARGE, msg);
-            break;
-        }
-        proto_ev_init(&e, PROTO_T_TOKENS, j->req_id);
-        e.tokens = ev->ids;
-        e.n_tokens = ev->n_ids;
-        client_send(cl, &e);
-        break;
-    case ENG_EV_TOKEN:
-        j->started = 1;
-        if (!live) return;
-        proto_ev_init(&e, PROTO_T_TOKEN, j->req_id);
-        e.token = ev->token;
-        e.text = ev->text ? ev->text : "";
-        e.text_len = ev->text ? ev->text_len : 0;
-        e.reasoning = ev->reasoning;
-        e.reasoning_len = ev->reasoning_len;
-        cl->n_tokens++;
-        s->tokens_served++;
-        client_send(cl, &e);
-        return;
-    case ENG_EV_TOOL_CALL:
-        if (!live) return;
-        proto_ev_init(&e, PROTO_T_TOOL_CALL, j->req_id);
-        e.call_index = (uint32_t)ev->call_index;
-        e.call_name = ev->call_name;
-        e.call_name_len = ev->call_name_len;
-        e.call_args = ev->call_args;
-        e.call_args_len = ev->call_args_len;
-        e.call_id = ev->call_id;
-        e.call_id_len = ev->call_id_len;
-        client_send(cl, &e);
-        return;
-    case ENG_EV_LOGITS: {
-        j->started = 1;
-        if (!live) return;
-        proto_top top[ENG_MAX_TOP];
-        int32_t n = ev->n_top < 0 ? 0 : ev->n_top > ENG_MAX_TOP ? ENG_MAX_TOP : ev->n_top;
-        for (int32_t i = 0; i < n; i++) {
-            top[i].id = ev->top_ids[i];
-            top[i].logit = ev->top_logits[i];
-        }
-        proto_ev_init(&e, PROTO_T_LOGITS, j->req_id);
-        e.pos = ev->pos;
-        e.top = top;
-        e.n_top = (size_t)n;
-        client_send(cl, &e);
-        return;
-    }
-    case ENG_EV_DONE:
-        if (j->tokenize) {   /* cancelled: overflow, shutdown or a closed connection */
-            if (cl) send_error(cl, j->req_id, j->type, j->overflow ? PROTO_E_BUSY : PROTO_E_SHUTDOWN,
-                               j->overflow ? "cancelled: the client did not read its output"
-                                           : "the server is shutting down");
-            break;
-        }
-        if (!cl)
-            log_debug("job %llu of a closed connection ended: %s", (unsigned long long)ev->job_id,
-                      eng_finish_str(ev->finish));
-        if (cl && j->overflow) {
-            send_error(cl, j->req_id, j->type, PROTO_E_BUSY,
-                       "cancelled: the client did not read its output (backlog limit or stall timeout)");
-        } else if (cl) {
-            const char *f = eng_finish_str(ev->finish);
-            if (ev->finish == ENG_FINISH_CANCELLED && j->client_cancel)
-                LOG_RL(s, j->uid, RL_CANCELLED, LOG_INFO,
-                       "client %llu (uid %lu pid %ld%s%s) request %llu cancelled by the client: "
-                       "%d prompt + %d generated tokens, %.1f ms", (unsigned long long)cl->serial,
-                       (unsigned long)cl->peer.uid, (long)cl->peer.pid, cl->name[0] ? " " : "", cl->name,
-                       (unsigned long long)j->req_id, ev->prompt_tokens, ev->completion_tokens,
-                       ev->queue_ms + ev->prefill_ms + ev->decode_ms);
-            log_debug("client %llu request %llu: %s; %d prompt (%d cached) + %d generated tokens; "
-                      "queue %.1f ms, prefill %.1f ms, decode %.1f ms", (unsigned long long)cl->serial,
-                      (unsigned long long)j->req_id, f ? f : "?", ev->prompt_tokens, ev->cached_tokens,
-                      ev->completion_tokens, ev->queue_ms, ev->prefill_ms, ev->decode_ms);
-            proto_ev_init(&e, PROTO_T_DONE, j->req_id);
-            e.finish = f ? f : "";
-            e.finish_len = strlen(e.finish);
-            e.prompt_tokens = (uint32_t)ev->prompt_tokens;
-            e.cached_tokens = (uint32_t)ev->cached_tokens;
-            e.completion_tokens = (uint32_t)ev->completion_tokens;
-            e.queue_ms = ev->queue_ms;
-            e.prefill_ms = ev->prefill_ms;
-            e.decode_ms = ev->decode_ms;
-            client_send(cl, &e);
-        }
-        break;
-    case ENG_EV_ERROR:
-        LOG_RL(s, j->uid, RL_FAILED, LOG_INFO, "job %llu (uid %lu) failed: %s: %s", (unsigned long long)ev->job_id,
-               (unsigned long)j->uid, eng_strerror(ev->code), ev->message);
-        if (cl) send_error(cl, j->req_id, j->type, map_eng_err(ev->code),
-                           ev->message[0] ? ev->message : eng_strerror(ev->code));
-        break;
-    default:
-        log_error("unknown engine event type %d", (int)ev->type);
-        return;
-    }
-    job_end(s, j);
-    if (cl) client_maybe_finish(cl);
 }
 
 static void take_events(server *s)
