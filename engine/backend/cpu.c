@@ -603,9 +603,15 @@ long be_cpu_moe_ties(be *b)
     return n;
 }
 
+static int x86_simd(void)
+{
+    const qt_isa i = qt_isa_get();
+    return i == QT_ISA_AVX2 || i == QT_ISA_AVX512 || i == QT_ISA_AMX;
+}
+
 void be_cpu_scalar(be *b, int on)
 {
-    ((cpu_be *)b)->simd_att = !on && (qt_isa_get() == QT_ISA_AVX2 || qt_isa_get() == QT_ISA_AVX512);
+    ((cpu_be *)b)->simd_att = !on && x86_simd();
 }
 
 int be_cpu_open(be **out, pool *p, int kv_type, char *err, size_t errlen)
@@ -616,7 +622,7 @@ int be_cpu_open(be **out, pool *p, int kv_type, char *err, size_t errlen)
     c->base.kv_type = kv_type;
     c->pool = p;
     qt_init();
-    c->simd_att = qt_isa_get() == QT_ISA_AVX2 || qt_isa_get() == QT_ISA_AVX512;
+    c->simd_att = x86_simd();
     *out = &c->base;
     return 0;
 }

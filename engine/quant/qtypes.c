@@ -734,6 +734,8 @@ static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 static uint64_t xgetbv0(void)
 {
     uint32_t lo, hi;
@@ -754,8 +756,13 @@ static qt_isa detect(void)
     if (!(avx2 && fma && f16c)) return QT_ISA_SCALAR;
     const int f512 = (b >> 16) & 1, dq = (b >> 17) & 1, bw = (b >> 30) & 1, vl = (b >> 31) & 1;
     const int vnni = (c >> 11) & 1;
-    if (f512 && dq && bw && vl && vnni && (xcr0 & 0xE0) == 0xE0) return QT_ISA_AVX512;
-    return QT_ISA_AVX2;
+    if (!(f512 && dq && bw && vl && vnni && (xcr0 & 0xE0) == 0xE0)) return QT_ISA_AVX2;
+    /* AMX: tile and int8 support, the OS saving tile state, and Linux's
+     * per-process permission for the tile data (granted for every thread) */
+    const int amx = ((d >> 24) & 1) && ((d >> 25) & 1) && (xcr0 & 0x60000) == 0x60000;
+    if (amx && syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0)
+        return QT_ISA_AMX;
+    return QT_ISA_AVX512;
 }
 #elif defined(__aarch64__)
 #include <sys/auxv.h>
@@ -778,6 +785,7 @@ static void init_once(void)
     if (env) {
         if (!strcmp(env, "scalar")) want = QT_ISA_SCALAR;
         else if (!strcmp(env, "avx2")) want = QT_ISA_AVX2;
+        else if (!strcmp(env, "avx512")) want = QT_ISA_AVX512;
     }
     g_cur = want < g_best ? want : g_best;
 }
@@ -797,6 +805,7 @@ const char *qt_isa_name(qt_isa isa)
     case QT_ISA_AVX2: return "avx2";
     case QT_ISA_AVX512: return "avx512";
     case QT_ISA_NEON: return "neon";
+    case QT_ISA_AMX: return "amx";
     }
     return "?";
 }
@@ -821,6 +830,10 @@ void qt_gemm(uint32_t wtype, int64_t n, const void *W, size_t w_stride,
     const qt_isa isa = qt_isa_get();
     if (r1 <= r0 || nb <= 0) return;
 #if defined(__x86_64__) || defined(__i386__)
+#if defined(__x86_64__)
+    if (isa == QT_ISA_AMX &&
+        qt_gemm_amx(wtype, n, W, w_stride, r0, r1, A, a_stride, nb, Y, ldy) == 0) return;
+#endif
     if (isa >= QT_ISA_AVX512 &&
         qt_gemm_avx512(wtype, n, W, w_stride, r0, r1, A, a_stride, nb, Y, ldy) == 0) return;
     if (isa >= QT_ISA_AVX2 &&

@@ -59,7 +59,8 @@ void qt_gemm_ref(uint32_t wtype, int64_t n, const void *W, size_t w_stride,
                  float *Y, int64_t ldy);
 
 /* Run-time ISA choice. qt_init is idempotent and thread-safe. */
-typedef enum qt_isa { QT_ISA_SCALAR = 0, QT_ISA_AVX2, QT_ISA_AVX512, QT_ISA_NEON } qt_isa;
+/* QT_ISA_AMX: AVX-512 plus AMX int8 tiles for batches of 16 or more rows. */
+typedef enum qt_isa { QT_ISA_SCALAR = 0, QT_ISA_AVX2, QT_ISA_AVX512, QT_ISA_NEON, QT_ISA_AMX } qt_isa;
 void qt_init(void);
 qt_isa qt_isa_get(void);
 const char *qt_isa_name(qt_isa isa);
@@ -117,6 +118,6 @@ int qt_quantize_avx2(uint32_t act_type, const float *x, void *dst, int64_t n);
 typedef int qt_gemm_kernel(uint32_t wtype, int64_t n, const void *W, size_t w_stride,
                            int64_t r0, int64_t r1, const void *A, size_t a_stride, int nb,
                            float *Y, int64_t ldy);
-qt_gemm_kernel qt_gemm_avx2, qt_gemm_avx512, qt_gemm_neon;
+qt_gemm_kernel qt_gemm_avx2, qt_gemm_avx512, qt_gemm_amx, qt_gemm_neon;
 
 #endif

@@ -238,7 +238,7 @@ static const uint32_t all_types[] = { QT_Q8_0, QT_Q4_K, QT_Q6_K, QT_Q4_0, QT_Q4_
 int main(int argc, char **argv)
 {
     double tmin = 0.3;
-    int want_isa[4] = { 1, 1, 1, 1 };
+    int want_isa[5] = { 1, 1, 1, 1, 1 };
     uint32_t types[32];
     int ntypes = 0, cached = 0, shapes = 0, nnb = 6;
     int nbs_s[16] = { 1, 2, 4, 8, 16, 128 };
@@ -260,9 +260,9 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "-n") && i + 1 < argc) ncols = atoll(argv[++i]);
         else if (!strcmp(argv[i], "-i") && i + 1 < argc) {
             const char *l = argv[++i];
-            for (int k = 0; k < 4; k++) want_isa[k] = strstr(l, qt_isa_name((qt_isa)k)) != NULL;
+            for (int k = 0; k < 5; k++) want_isa[k] = strstr(l, qt_isa_name((qt_isa)k)) != NULL;
         } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: qtbench [-c] [-n COLS] [-t SECONDS] [-i scalar,avx2,avx512] [TYPE...]\n"
+            printf("usage: qtbench [-c] [-n COLS] [-t SECONDS] [-i scalar,avx2,avx512,amx] [TYPE...]\n"
                    "       qtbench -S [-b NB,...] [-t SECONDS] [-i avx2,avx512] [TYPE...]\n"
                    "  -c  cache-resident matrices (1 MiB): kernel speed without memory\n"
                    "  -S  qwen2.5-0.5b matrix shapes at each nb of -b (default 1,2,4,8,16,128)\n");

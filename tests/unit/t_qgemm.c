@@ -138,7 +138,7 @@ static void one_case(uint32_t wt, int64_t n, int64_t rows, int nb)
            qt_name(wt), (long long)n, (long long)rows, nb, bad, worst);
 
     const int exact = qt_get(wt)->blck >= 32;   /* small blocks and K-quants */
-    for (int isa = QT_ISA_AVX2; isa <= QT_ISA_NEON; isa++) {
+    for (int isa = QT_ISA_AVX2; isa <= QT_ISA_AMX; isa++) {
         qt_isa_set((qt_isa)isa);
         if ((int)qt_isa_get() != isa) continue;
         for (size_t i = 0; i < (size_t)(ldy * nb); i++) Ys[i] = -12345.f;
@@ -209,7 +209,7 @@ static void test_batch_invariance(void)
             for (int64_t i = 0; i < n; i++) x[i] = frand();
             qt_quantize_row(at, x, A + (size_t)b * as, n);
         }
-        for (int isa = QT_ISA_SCALAR; isa <= QT_ISA_NEON; isa++) {
+        for (int isa = QT_ISA_SCALAR; isa <= QT_ISA_AMX; isa++) {
             qt_isa_set((qt_isa)isa);
             if ((int)qt_isa_get() != isa) continue;
             qt_gemm(wt, n, W, ws, 0, ROWS, A, as, NB, Yall, ROWS);
@@ -249,7 +249,7 @@ static void test_small_every_nb(void)
             qt_quantize_row(at, x, A + (size_t)b * as, n);
         }
         qt_gemm_ref(wt, n, W, ws, 0, ROWS, A, as, NBMAX, Yr, ROWS);
-        for (int isa = QT_ISA_AVX2; isa <= QT_ISA_NEON; isa++) {
+        for (int isa = QT_ISA_AVX2; isa <= QT_ISA_AMX; isa++) {
             qt_isa_set((qt_isa)isa);
             if ((int)qt_isa_get() != isa) continue;
             int bad = 0;
@@ -283,6 +283,24 @@ static void test_long_rows(void)
     one_case(QT_IQ4_NL, 32768 + 96, 9, 5);
     one_case(QT_MXFP4, 2 * 32768 + 32 * 3, 3, 17);
     one_case(QT_IQ4_XS, 32768 + 256, 2, 3);
+}
+
+/* Shapes for the AMX tiles (16 x 16 outputs, 32-block K chunks): whole and
+ * partial tiles of activation rows and of weight rows, K past one chunk,
+ * row ranges that start off a panel (one_case splits the rows in two). */
+static void test_tiles(void)
+{
+    static const uint32_t types[] = { QT_Q8_0, QT_Q4_0 };
+    static const int nbs[] = { 16, 17, 32, 47 };
+    static const int64_t rowss[] = { 32, 34, 80 };
+    static const int64_t ns[] = { 96, 32 * 33, 32 * 70 };
+    for (size_t t = 0; t < 2; t++)
+        for (size_t ni = 0; ni < 3; ni++)
+            for (size_t ri = 0; ri < 3; ri++)
+                for (size_t bi = 0; bi < 4; bi++) {
+                    if (ni == 2 && (ri != 2 || bi > 1)) continue;
+                    one_case(types[t], ns[ni], rowss[ri], nbs[bi]);
+                }
 }
 
 static void test_isa(void)
@@ -329,7 +347,7 @@ static void test_decode_tiles(void)
             for (int64_t i = 0; i < n; i++) x[i] = frand();
             qt_quantize_row(at, x, A, n);
             qt_gemm_ref(wt, n, W, ws, 0, ROWS, A, as, 1, Yr, ROWS);
-            for (int isa = QT_ISA_AVX2; isa <= QT_ISA_NEON; isa++) {
+            for (int isa = QT_ISA_AVX2; isa <= QT_ISA_AMX; isa++) {
                 qt_isa_set((qt_isa)isa);
                 if ((int)qt_isa_get() != isa) continue;
                 static const int64_t rg[][2] = { { 0, ROWS }, { 1, ROWS - 2 }, { 3, 8 }, { 5, 6 } };
@@ -368,6 +386,7 @@ int main(void)
     RUN(test_small_every_nb);
     RUN(test_long_rows);
     RUN(test_batch_invariance);
+    RUN(test_tiles);
     RUN(test_decode_tiles);
     RUN(test_kquant_long_batches);
     return CHECK_DONE();
