@@ -301,6 +301,16 @@ static void test_tiles(void)
                     if (ni == 2 && (ri != 2 || bi > 1)) continue;
                     one_case(types[t], ns[ni], rowss[ri], nbs[bi]);
                 }
+    /* K-quants: K chunks of 4 super-blocks */
+    static const uint32_t ktypes[] = { QT_Q4_K, QT_Q6_K };
+    static const int64_t kns[] = { 256, 256 * 5, 256 * 9 };
+    for (size_t t = 0; t < 2; t++)
+        for (size_t ni = 0; ni < 3; ni++)
+            for (size_t ri = 0; ri < 3; ri++)
+                for (size_t bi = 0; bi < 4; bi++) {
+                    if (ni == 2 && (ri != 2 || bi > 1)) continue;
+                    one_case(ktypes[t], kns[ni], rowss[ri], nbs[bi]);
+                }
 }
 
 static void test_isa(void)

@@ -174,15 +174,182 @@ static void amx_small(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int
     }
 }
 
+
+/* ---- K-quants (q4_K, q6_K) against q8_K activations ----
+ * The reference per super-block: isum = sum_k s[k] * dot_k over groups of
+ * 16 values (q4_K's scale covers 32: its groups pair up), msum = sum_k
+ * m[k] * bsums[k], then sum = sum + a.d * (fd * (float)isum - fm *
+ * (float)msum). Tiles give dot_k for a group (K = 32 for q4_K, 16 for
+ * q6_K); isum and msum are exact int32 (vpmulld, vpdpwssd), the float
+ * expression is the reference's, lane n = weight row n. */
+#define KCK 4            /* super-blocks per K chunk */
+
+typedef struct kpanel {
+    int8_t b[KCK][256 * 16] __attribute__((aligned(64)));   /* B tiles, group after group */
+    int32_t sc[KCK][16][16] __attribute__((aligned(64)));   /* [sb][group][n] */
+    int32_t mp[KCK][8][16] __attribute__((aligned(64)));    /* [sb][pair][n]: m[2p] | m[2p+1] << 16 */
+    float fd[KCK][16] __attribute__((aligned(64)));
+    float fm[KCK][16] __attribute__((aligned(64)));
+} kpanel;
+
+/* One weight row's super-block -> 256 values (as int8), 16 scales and
+ * mins per 16 values, fd and fm: as the reference's unpack_k. */
+static void k_unpack(uint32_t type, const uint8_t *b, int8_t *q, int32_t *s, int32_t *mn, float *fd, float *fm)
+{
+    if (type == QT_Q4_K) {
+        const qt_block_q4_K *x = (const void *)b;
+        *fd = h2f(b);
+        *fm = h2f(b + 2);
+        for (int j = 0; j < 8; j++) {
+            int sc, m;
+            if (j < 4) { sc = x->scales[j] & 63; m = x->scales[j + 4] & 63; }
+            else {
+                sc = (x->scales[j + 4] & 0xF) | ((x->scales[j - 4] >> 6) << 4);
+                m = (x->scales[j + 4] >> 4) | ((x->scales[j] >> 6) << 4);
+            }
+            s[2 * j] = s[2 * j + 1] = sc;
+            mn[2 * j] = mn[2 * j + 1] = m;
+        }
+        const __m256i lo = _mm256_set1_epi8(0x0F);
+        for (int j = 0; j < 4; j++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(x->qs + 32 * j));
+            _mm256_storeu_si256((__m256i *)(void *)(q + 64 * j), _mm256_and_si256(v, lo));
+            _mm256_storeu_si256((__m256i *)(void *)(q + 64 * j + 32), _mm256_and_si256(_mm256_srli_epi16(v, 4), lo));
+        }
+        return;
+    }
+    const qt_block_q6_K *x = (const void *)b;
+    *fd = *fm = h2f((const uint8_t *)&x->d);
+    for (int k = 0; k < 16; k++) { s[k] = x->scales[k]; mn[k] = 32 * s[k]; }
+    const __m256i lo = _mm256_set1_epi8(0x0F), three = _mm256_set1_epi8(3);
+    for (int h = 0; h < 2; h++) {
+        const uint8_t *ql = x->ql + 64 * h, *qh = x->qh + 32 * h;
+        int8_t *o = q + 128 * h;
+        const __m256i l0 = _mm256_loadu_si256((const __m256i *)(const void *)ql);
+        const __m256i l1 = _mm256_loadu_si256((const __m256i *)(const void *)(ql + 32));
+        const __m256i hh = _mm256_loadu_si256((const __m256i *)(const void *)qh);
+        const __m256i h0 = _mm256_slli_epi16(_mm256_and_si256(hh, three), 4);
+        const __m256i h1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hh, 2), three), 4);
+        const __m256i h2 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hh, 4), three), 4);
+        const __m256i h3 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hh, 6), three), 4);
+        _mm256_storeu_si256((__m256i *)(void *)o, _mm256_or_si256(_mm256_and_si256(l0, lo), h0));
+        _mm256_storeu_si256((__m256i *)(void *)(o + 32), _mm256_or_si256(_mm256_and_si256(l1, lo), h1));
+        _mm256_storeu_si256((__m256i *)(void *)(o + 64),
+                            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), lo), h2));
+        _mm256_storeu_si256((__m256i *)(void *)(o + 96),
+                            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), lo), h3));
+    }
+}
+
+/* 16 rows x 256 int8 (row-major) -> B tiles of G-value groups:
+ * out[g * 16 G + k4 * 64 + 4 n + t] = in[n * 256 + G g + 4 k4 + t]. */
+static void k_to_b(const int8_t *in, int8_t *out, int G)
+{
+    const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                           _mm512_set1_epi32(256));
+    for (int c = 0; c < 64; c++)   /* 64 dword columns: group c / (G / 4), k4 c % (G / 4) */
+        _mm512_storeu_si512((void *)(out + 64 * c), _mm512_i32gather_epi32(idx, in + 4 * c, 1));
+    (void)G;   /* the dword columns of consecutive groups are consecutive: one layout serves G = 16, 32 */
+}
+
+static void k_prepare(uint32_t type, const uint8_t *W, size_t ws, int64_t r, int64_t i0, int kc, kpanel *P)
+{
+    const size_t bs = type == QT_Q4_K ? sizeof(qt_block_q4_K) : sizeof(qt_block_q6_K);
+    int8_t tmp[16 * 256] __attribute__((aligned(64)));
+    for (int i = 0; i < kc; i++) {
+        for (int n = 0; n < 16; n++) {
+            int32_t s[16], mn[16];
+            k_unpack(type, W + (size_t)(r + n) * ws + (size_t)(i0 + i) * bs, tmp + 256 * n, s, mn,
+                     &P->fd[i][n], &P->fm[i][n]);
+            for (int k = 0; k < 16; k++) P->sc[i][k][n] = s[k];
+            for (int p = 0; p < 8; p++)
+                P->mp[i][p][n] = (int32_t)(((uint32_t)mn[2 * p] & 0xFFFF) | ((uint32_t)mn[2 * p + 1] << 16));
+        }
+        k_to_b(tmp, P->b[i], 0);
+    }
+}
+
+/* G = 32: q4_K (scale per 32 values, group k's scale at sc[2k]);
+ * G = 16: q6_K. */
+static void amx_kquant(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64_t r0, int np,
+                       const uint8_t *A, size_t as, int nt, float *Y, int64_t ldy)
+{
+    const int G = type == QT_Q4_K ? 32 : 16, ng = 256 / G;
+    const size_t abs = sizeof(qt_block_q8_K);
+    const int64_t nsb = n / 256;
+    kpanel P[NPAN];   /* 92 KiB */
+    int32_t cb[2][256] __attribute__((aligned(64)));
+    for (int p0 = 0; p0 < np; p0 += NPAN) {
+        const int pn = np - p0 < NPAN ? np - p0 : NPAN;
+        for (int64_t i0 = 0; i0 < nsb; i0 += KCK) {
+            const int kc = nsb - i0 < KCK ? (int)(nsb - i0) : KCK;
+            for (int p = 0; p < pn; p++) k_prepare(type, W, ws, r0 + 16 * (p0 + p), i0, kc, &P[p]);
+            for (int t = 0; t < nt; t++) {
+                const uint8_t *at = A + (size_t)(16 * t) * as;
+                for (int p = 0; p < pn; p++) {
+                    const kpanel *K = &P[p];
+                    float *y = Y + (size_t)(16 * t) * (size_t)ldy + r0 + 16 * (p0 + p);
+                    for (int i = 0; i < kc; i++) {
+                        const uint8_t *a0 = at + (size_t)(i0 + i) * abs + 4;
+                        __m512i is[16];
+                        for (int m = 0; m < 16; m++) is[m] = _mm512_setzero_si512();
+                        for (int g = 0; g < ng; g += 2) {
+                            TLOAD(2, a0 + G * g, as);
+                            TLOAD(4, K->b[i] + 16 * G * g, 64);
+                            TZERO(0);
+                            TDP(0, 2, 4);
+                            TLOAD(3, a0 + G * (g + 1), as);
+                            TLOAD(5, K->b[i] + 16 * G * (g + 1), 64);
+                            TZERO(1);
+                            TDP(1, 3, 5);
+                            const int k0 = G == 32 ? 2 * g : g, k1 = G == 32 ? 2 * g + 2 : g + 1;
+                            TSTORE(0, cb[0], 64);
+                            const __m512i s0 = _mm512_load_si512((const void *)K->sc[i][k0]);
+                            for (int m = 0; m < 16; m++)
+                                is[m] = _mm512_add_epi32(is[m], _mm512_mullo_epi32(
+                                    _mm512_load_si512((const void *)(cb[0] + 16 * m)), s0));
+                            TSTORE(1, cb[1], 64);
+                            const __m512i s1 = _mm512_load_si512((const void *)K->sc[i][k1]);
+                            for (int m = 0; m < 16; m++)
+                                is[m] = _mm512_add_epi32(is[m], _mm512_mullo_epi32(
+                                    _mm512_load_si512((const void *)(cb[1] + 16 * m)), s1));
+                        }
+                        const __m512 fd = _mm512_load_ps(K->fd[i]), fm = _mm512_load_ps(K->fm[i]);
+                        for (int m = 0; m < 16; m++) {
+                            const uint8_t *ab = at + (size_t)m * as + (size_t)(i0 + i) * abs;
+                            __m512i ms = _mm512_setzero_si512();
+                            for (int q = 0; q < 8; q++) {
+                                int32_t bp;
+                                memcpy(&bp, ab + 260 + 4 * q, 4);
+                                ms = _mm512_dpwssd_epi32(ms, _mm512_load_si512((const void *)K->mp[i][q]),
+                                                         _mm512_set1_epi32(bp));
+                            }
+                            float ad;
+                            memcpy(&ad, ab, 4);
+                            const __m512 f = _mm512_mul_ps(_mm512_set1_ps(ad),
+                                _mm512_sub_ps(_mm512_mul_ps(fd, _mm512_cvtepi32_ps(is[m])),
+                                              _mm512_mul_ps(fm, _mm512_cvtepi32_ps(ms))));
+                            float *yr = y + (size_t)m * (size_t)ldy;
+                            const __m512 prev = (i0 + i) ? _mm512_loadu_ps(yr) : _mm512_setzero_ps();
+                            _mm512_storeu_ps(yr, _mm512_add_ps(prev, f));
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 int qt_gemm_amx(uint32_t wtype, int64_t n, const void *W, size_t w_stride,
                 int64_t r0, int64_t r1, const void *A, size_t a_stride, int nb,
                 float *Y, int64_t ldy)
 {
-    if (wtype != QT_Q8_0 && wtype != QT_Q4_0) return -1;
+    const int small = wtype == QT_Q8_0 || wtype == QT_Q4_0, kq = wtype == QT_Q4_K || wtype == QT_Q6_K;
     const int nt = nb / 16, np = (int)((r1 - r0) / PANEL);
-    if (nt == 0 || np == 0 || n <= 0 || n % 32) return -1;
-    tiles_config(32);
-    amx_small(wtype, n, W, w_stride, r0, np, A, a_stride, nt, Y, ldy);
+    if (!(small || kq) || nt == 0 || np == 0 || n <= 0 || n % (small ? 32 : 256)) return -1;
+    tiles_config(wtype == QT_Q6_K ? 16 : 32);
+    if (small) amx_small(wtype, n, W, w_stride, r0, np, A, a_stride, nt, Y, ldy);
+    else amx_kquant(wtype, n, W, w_stride, r0, np, A, a_stride, nt, Y, ldy);
     tiles_release();
     /* the rest: rows past the last whole panel, activation rows past the
      * last whole tile (bit-identical kernels) */
