@@ -189,12 +189,75 @@ static void silu_part(void *arg, int k, int ith)
     for (size_t i = i0; i < i1; i++) out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+/* expf on 8 lanes: x = n ln2 + r, |r| <= ln2 / 2, e^r by Cephes' expf
+ * polynomial, 2^n into the exponent; within 2 ulp of libm's expf for
+ * |x| < 87 (past that the input is clamped: e^x stays finite and tiny or
+ * huge, which silu turns into x or -0 as before). */
+__attribute__((target("avx2,fma")))
+static inline __m256 exp8(__m256 x)
+{
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.7f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    /* 2^n in two factors: n reaches 128 at the top of the range */
+    const __m256i ni = _mm256_cvtps_epi32(n);
+    const __m256i h = _mm256_srai_epi32(ni, 1);
+    const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(h, _mm256_set1_epi32(127)), 23));
+    const __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_sub_epi32(ni, h), _mm256_set1_epi32(127)), 23));
+    return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+}
+
+__attribute__((target("avx2,fma")))
+static inline __m256 silu_mul8(__m256 g, __m256 u)
+{
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+    return _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), u);
+}
+
+/* The same on 8 lanes; the tail goes through the same lanes (padded), so a
+ * value's result does not depend on its place (batch invariance). */
+__attribute__((target("avx2,fma")))
+static void silu_part_avx2(void *arg, int k, int ith)
+{
+    (void)ith;
+    silu_job *j = arg;
+    size_t i0 = (size_t)k * SILU_CHUNK, i1 = i0 + SILU_CHUNK < j->n ? i0 + SILU_CHUNK : j->n;
+    size_t i = i0;
+    for (; i + 8 <= i1; i += 8)
+        _mm256_storeu_ps(j->out + i, silu_mul8(_mm256_loadu_ps(j->g + i), _mm256_loadu_ps(j->u + i)));
+    if (i < i1) {
+        float g[8] = { 0 }, u[8] = { 0 }, o[8];
+        memcpy(g, j->g + i, (i1 - i) * 4);
+        memcpy(u, j->u + i, (i1 - i) * 4);
+        _mm256_storeu_ps(o, silu_mul8(_mm256_loadu_ps(g), _mm256_loadu_ps(u)));
+        memcpy(j->out + i, o, (i1 - i) * 4);
+    }
+}
+#endif
+
 /* split over the pool in prefill (expf dominates); one chunk runs inline */
 static void cpu_silu_mul(be *b, const float *g, const float *u, size_t n, float *out)
 {
     cpu_be *c = (cpu_be *)b;
     silu_job j = { g, u, out, n };
-    pool_run(c->pool, silu_part, &j, (int)((n + SILU_CHUNK - 1) / SILU_CHUNK));
+    pool_fn fn = silu_part;
+#if defined(__x86_64__)
+    if (c->simd_att) fn = silu_part_avx2;
+#endif
+    pool_run(c->pool, fn, &j, (int)((n + SILU_CHUNK - 1) / SILU_CHUNK));
 }
 
 /* gelu with the tanh approximation, as GPT-2 and Gemma define it */

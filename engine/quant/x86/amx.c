@@ -144,28 +144,31 @@ static void amx_small(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int
                     for (int m = 0; m < 16; m++)
                         acc[m] = k0 ? _mm512_loadu_ps(y + (size_t)m * (size_t)ldy) : _mm512_setzero_ps();
                     const uint8_t *a0 = at + (size_t)k0 * abs + 2;
-                    int j = 0;
-                    for (; j + 1 < kc; j += 2) {
-                        TLOAD(2, a0 + (size_t)j * abs, as);
-                        TLOAD(4, bbuf[p][j], 64);
-                        TZERO(0);
-                        TDP(0, 2, 4);
-                        TLOAD(3, a0 + (size_t)(j + 1) * abs, as);
-                        TLOAD(5, bbuf[p][j + 1], 64);
-                        TZERO(1);
-                        TDP(1, 3, 5);
-                        TSTORE(0, cb[0], 64);
+                    /* software-pipelined: block j + 1's product is stored
+                     * before block j's is read back (a tile store's bytes
+                     * are not forwarded to vector loads at once) */
+                    TLOAD(2, a0, as);
+                    TLOAD(4, bbuf[p][0], 64);
+                    TZERO(0);
+                    TDP(0, 2, 4);
+                    TSTORE(0, cb[0], 64);
+                    for (int j = 0; j < kc; j += 2) {
+                        if (j + 1 < kc) {
+                            TLOAD(3, a0 + (size_t)(j + 1) * abs, as);
+                            TLOAD(5, bbuf[p][j + 1], 64);
+                            TZERO(1);
+                            TDP(1, 3, 5);
+                            TSTORE(1, cb[1], 64);
+                        }
                         finish16(acc, cb[0], _mm512_load_ps(dwb[p][j]), da[j]);
-                        TSTORE(1, cb[1], 64);
-                        finish16(acc, cb[1], _mm512_load_ps(dwb[p][j + 1]), da[j + 1]);
-                    }
-                    if (j < kc) {
-                        TLOAD(2, a0 + (size_t)j * abs, as);
-                        TLOAD(4, bbuf[p][j], 64);
-                        TZERO(0);
-                        TDP(0, 2, 4);
-                        TSTORE(0, cb[0], 64);
-                        finish16(acc, cb[0], _mm512_load_ps(dwb[p][j]), da[j]);
+                        if (j + 2 < kc) {
+                            TLOAD(2, a0 + (size_t)(j + 2) * abs, as);
+                            TLOAD(4, bbuf[p][j + 2], 64);
+                            TZERO(0);
+                            TDP(0, 2, 4);
+                            TSTORE(0, cb[0], 64);
+                        }
+                        if (j + 1 < kc) finish16(acc, cb[1], _mm512_load_ps(dwb[p][j + 1]), da[j + 1]);
                     }
                     for (int m = 0; m < 16; m++) _mm512_storeu_ps(y + (size_t)m * (size_t)ldy, acc[m]);
                 }
@@ -293,22 +296,30 @@ static void amx_kquant(uint32_t type, int64_t n, const uint8_t *W, size_t ws, in
                         const uint8_t *a0 = at + (size_t)(i0 + i) * abs + 4;
                         __m512i is[16];
                         for (int m = 0; m < 16; m++) is[m] = _mm512_setzero_si512();
+                        /* pipelined as amx_small: group g + 1 stored before group g is read */
+                        TLOAD(2, a0, as);
+                        TLOAD(4, K->b[i], 64);
+                        TZERO(0);
+                        TDP(0, 2, 4);
+                        TSTORE(0, cb[0], 64);
                         for (int g = 0; g < ng; g += 2) {
-                            TLOAD(2, a0 + G * g, as);
-                            TLOAD(4, K->b[i] + 16 * G * g, 64);
-                            TZERO(0);
-                            TDP(0, 2, 4);
                             TLOAD(3, a0 + G * (g + 1), as);
                             TLOAD(5, K->b[i] + 16 * G * (g + 1), 64);
                             TZERO(1);
                             TDP(1, 3, 5);
+                            TSTORE(1, cb[1], 64);
                             const int k0 = G == 32 ? 2 * g : g, k1 = G == 32 ? 2 * g + 2 : g + 1;
-                            TSTORE(0, cb[0], 64);
                             const __m512i s0 = _mm512_load_si512((const void *)K->sc[i][k0]);
                             for (int m = 0; m < 16; m++)
                                 is[m] = _mm512_add_epi32(is[m], _mm512_mullo_epi32(
                                     _mm512_load_si512((const void *)(cb[0] + 16 * m)), s0));
-                            TSTORE(1, cb[1], 64);
+                            if (g + 2 < ng) {
+                                TLOAD(2, a0 + G * (g + 2), as);
+                                TLOAD(4, K->b[i] + 16 * G * (g + 2), 64);
+                                TZERO(0);
+                                TDP(0, 2, 4);
+                                TSTORE(0, cb[0], 64);
+                            }
                             const __m512i s1 = _mm512_load_si512((const void *)K->sc[i][k1]);
                             for (int m = 0; m < 16; m++)
                                 is[m] = _mm512_add_epi32(is[m], _mm512_mullo_epi32(
