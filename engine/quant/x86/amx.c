@@ -72,6 +72,7 @@ static float h2f(const uint8_t *p)
 }
 
 #define KC 32            /* blocks per K chunk (1,024 values of a small type) */
+#define AMX_LAG 3        /* blocks between a tile's store and its read-back (<= 3: cb ring of 4) */
 #define PANEL 16         /* weight rows per panel: one tile's N */
 #define NPAN 4           /* panels prepared at once (64 weight rows) */
 
@@ -122,7 +123,9 @@ static void amx_small(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int
     float dwb[NPAN][KC][16] __attribute__((aligned(64)));
     float da[KC][16];
     int8_t tmp[16 * 32] __attribute__((aligned(64)));
-    int32_t cb[2][256] __attribute__((aligned(64)));
+    int32_t cb[4][256] __attribute__((aligned(64)));
+#define SMALL_STEP(c, ta, tb, jj) do { TLOAD(ta, a0 + (size_t)(jj) * abs, as); TLOAD(tb, bbuf[p][jj], 64); \
+        TZERO(c); TDP(c, ta, tb); TSTORE(c, cb[(jj) & 3], 64); } while (0)
     for (int p0 = 0; p0 < np; p0 += NPAN) {
         const int pn = np - p0 < NPAN ? np - p0 : NPAN;
         for (int64_t k0 = 0; k0 < nbk; k0 += KC) {
@@ -144,32 +147,17 @@ static void amx_small(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int
                     for (int m = 0; m < 16; m++)
                         acc[m] = k0 ? _mm512_loadu_ps(y + (size_t)m * (size_t)ldy) : _mm512_setzero_ps();
                     const uint8_t *a0 = at + (size_t)k0 * abs + 2;
-                    /* software-pipelined: block j + 1's product is stored
-                     * before block j's is read back (a tile store's bytes
-                     * are not forwarded to vector loads at once) */
-                    TLOAD(2, a0, as);
-                    TLOAD(4, bbuf[p][0], 64);
-                    TZERO(0);
-                    TDP(0, 2, 4);
-                    TSTORE(0, cb[0], 64);
-                    for (int j = 0; j < kc; j += 2) {
-                        if (j + 1 < kc) {
-                            TLOAD(3, a0 + (size_t)(j + 1) * abs, as);
-                            TLOAD(5, bbuf[p][j + 1], 64);
-                            TZERO(1);
-                            TDP(1, 3, 5);
-                            TSTORE(1, cb[1], 64);
-                        }
-                        finish16(acc, cb[0], _mm512_load_ps(dwb[p][j]), da[j]);
-                        if (j + 2 < kc) {
-                            TLOAD(2, a0 + (size_t)(j + 2) * abs, as);
-                            TLOAD(4, bbuf[p][j + 2], 64);
-                            TZERO(0);
-                            TDP(0, 2, 4);
-                            TSTORE(0, cb[0], 64);
-                        }
-                        if (j + 1 < kc) finish16(acc, cb[1], _mm512_load_ps(dwb[p][j + 1]), da[j + 1]);
+                    /* software-pipelined: block j's product is read back
+                     * AMX_LAG blocks after its tile store (a tile store's
+                     * bytes are not forwarded to vector loads at once) */
+                    for (int j = 0; j < kc; j++) {
+                        if (j & 1) SMALL_STEP(1, 3, 5, j);
+                        else SMALL_STEP(0, 2, 4, j);
+                        const int f = j - AMX_LAG;
+                        if (f >= 0) finish16(acc, cb[f & 3], _mm512_load_ps(dwb[p][f]), da[f]);
                     }
+                    for (int f = kc - AMX_LAG > 0 ? kc - AMX_LAG : 0; f < kc; f++)
+                        finish16(acc, cb[f & 3], _mm512_load_ps(dwb[p][f]), da[f]);
                     for (int m = 0; m < 16; m++) _mm512_storeu_ps(y + (size_t)m * (size_t)ldy, acc[m]);
                 }
             }
@@ -281,7 +269,9 @@ static void amx_kquant(uint32_t type, int64_t n, const uint8_t *W, size_t ws, in
     const size_t abs = sizeof(qt_block_q8_K);
     const int64_t nsb = n / 256;
     kpanel P[NPAN];   /* 92 KiB */
-    int32_t cb[2][256] __attribute__((aligned(64)));
+    int32_t cb[4][256] __attribute__((aligned(64)));
+#define KQ_STEP(c, ta, tb, gg) do { TLOAD(ta, a0 + G * (gg), as); TLOAD(tb, K->b[i] + 16 * G * (gg), 64); \
+        TZERO(c); TDP(c, ta, tb); TSTORE(c, cb[(gg) & 3], 64); } while (0)
     for (int p0 = 0; p0 < np; p0 += NPAN) {
         const int pn = np - p0 < NPAN ? np - p0 : NPAN;
         for (int64_t i0 = 0; i0 < nsb; i0 += KCK) {
@@ -296,34 +286,18 @@ static void amx_kquant(uint32_t type, int64_t n, const uint8_t *W, size_t ws, in
                         const uint8_t *a0 = at + (size_t)(i0 + i) * abs + 4;
                         __m512i is[16];
                         for (int m = 0; m < 16; m++) is[m] = _mm512_setzero_si512();
-                        /* pipelined as amx_small: group g + 1 stored before group g is read */
-                        TLOAD(2, a0, as);
-                        TLOAD(4, K->b[i], 64);
-                        TZERO(0);
-                        TDP(0, 2, 4);
-                        TSTORE(0, cb[0], 64);
-                        for (int g = 0; g < ng; g += 2) {
-                            TLOAD(3, a0 + G * (g + 1), as);
-                            TLOAD(5, K->b[i] + 16 * G * (g + 1), 64);
-                            TZERO(1);
-                            TDP(1, 3, 5);
-                            TSTORE(1, cb[1], 64);
-                            const int k0 = G == 32 ? 2 * g : g, k1 = G == 32 ? 2 * g + 2 : g + 1;
-                            const __m512i s0 = _mm512_load_si512((const void *)K->sc[i][k0]);
-                            for (int m = 0; m < 16; m++)
-                                is[m] = _mm512_add_epi32(is[m], _mm512_mullo_epi32(
-                                    _mm512_load_si512((const void *)(cb[0] + 16 * m)), s0));
-                            if (g + 2 < ng) {
-                                TLOAD(2, a0 + G * (g + 2), as);
-                                TLOAD(4, K->b[i] + 16 * G * (g + 2), 64);
-                                TZERO(0);
-                                TDP(0, 2, 4);
-                                TSTORE(0, cb[0], 64);
+                        /* pipelined as amx_small */
+                        for (int g = 0; g < ng + AMX_LAG; g++) {
+                            if (g < ng) {
+                                if (g & 1) KQ_STEP(1, 3, 5, g);
+                                else KQ_STEP(0, 2, 4, g);
                             }
-                            const __m512i s1 = _mm512_load_si512((const void *)K->sc[i][k1]);
+                            const int f = g - AMX_LAG;
+                            if (f < 0) continue;
+                            const __m512i sv = _mm512_load_si512((const void *)K->sc[i][G == 32 ? 2 * f : f]);
                             for (int m = 0; m < 16; m++)
                                 is[m] = _mm512_add_epi32(is[m], _mm512_mullo_epi32(
-                                    _mm512_load_si512((const void *)(cb[1] + 16 * m)), s1));
+                                    _mm512_load_si512((const void *)(cb[f & 3] + 16 * m)), sv));
                         }
                         const __m512 fd = _mm512_load_ps(K->fd[i]), fm = _mm512_load_ps(K->fm[i]);
                         for (int m = 0; m < 16; m++) {
