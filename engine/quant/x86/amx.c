@@ -19,6 +19,7 @@
  * gcc 12's _tile_loadd/_tile_stored macros give the compiler no memory
  * operands, so stores into a tile's source buffer (and loads of a stored
  * tile) may be reordered across them. */
+#include "engine/quant/iq.h"
 #include "engine/quant/qtypes.h"
 
 #if defined(__x86_64__)
@@ -86,18 +87,69 @@ static void to_b_layout(const int8_t *in, int8_t *out)
         _mm512_storeu_si512((void *)(out + 64 * k4), _mm512_i32gather_epi32(idx, in + 4 * k4, 1));
 }
 
-/* One weight row's block -> 32 int8 values and its scale (q8_0, q4_0). */
-static void small_unpack(uint32_t type, const uint8_t *b, int8_t *q, float *d)
+/* Weight block bytes and the activation block (q8_1 for the types with a
+ * min, q8_0 for the others). */
+static size_t small_wbytes(uint32_t type)
 {
-    *d = h2f(b);
-    if (type == QT_Q8_0) {
+    switch (type) {
+    case QT_Q4_0: return sizeof(qt_block_q4_0);
+    case QT_Q4_1: return sizeof(qt_block_q4_1);
+    case QT_Q5_0: return sizeof(qt_block_q5_0);
+    case QT_Q5_1: return sizeof(qt_block_q5_1);
+    case QT_Q8_0: return sizeof(qt_block_q8_0);
+    case QT_IQ4_NL: return sizeof(qt_block_iq4_nl);
+    case QT_MXFP4: return sizeof(qt_block_mxfp4);
+    default: return 0;
+    }
+}
+
+static int small_has_min(uint32_t type) { return type == QT_Q4_1 || type == QT_Q5_1; }
+
+/* One weight row's block -> 32 int8 values, its scale d and min m (0 for
+ * the types without): the reference's unpack_small. */
+static void small_unpack(uint32_t type, const uint8_t *b, int8_t *q, float *d, float *m)
+{
+    *m = 0;
+    switch (type) {
+    case QT_Q8_0:
+        *d = h2f(b);
         memcpy(q, b + 2, 32);
         return;
+    case QT_Q4_0: case QT_Q4_1: {
+        const int mn = type == QT_Q4_1;
+        *d = h2f(b);
+        if (mn) *m = h2f(b + 2);
+        const __m128i v = _mm_loadu_si128((const __m128i *)(const void *)(b + (mn ? 4 : 2)));
+        const __m128i lo = _mm_set1_epi8(0x0F), off = _mm_set1_epi8(mn ? 0 : 8);
+        _mm_storeu_si128((__m128i *)(void *)q, _mm_sub_epi8(_mm_and_si128(v, lo), off));
+        _mm_storeu_si128((__m128i *)(void *)(q + 16), _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(v, 4), lo), off));
+        return;
     }
-    const __m128i v = _mm_loadu_si128((const __m128i *)(const void *)(b + 2));
-    const __m128i m = _mm_set1_epi8(0x0F), eight = _mm_set1_epi8(8);
-    _mm_storeu_si128((__m128i *)(void *)q, _mm_sub_epi8(_mm_and_si128(v, m), eight));
-    _mm_storeu_si128((__m128i *)(void *)(q + 16), _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(v, 4), m), eight));
+    case QT_Q5_0: case QT_Q5_1: {
+        const int mn = type == QT_Q5_1;
+        *d = h2f(b);
+        if (mn) *m = h2f(b + 2);
+        const uint8_t *qh8 = b + (mn ? 4 : 2), *qs = qh8 + 4;
+        const int off = mn ? 0 : 16;
+        uint32_t qh;
+        memcpy(&qh, qh8, 4);
+        for (int j = 0; j < 16; j++) {
+            q[j] = (int8_t)(((qs[j] & 15) | (((qh >> j) & 1) << 4)) - off);
+            q[j + 16] = (int8_t)(((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - off);
+        }
+        return;
+    }
+    default: {   /* iq4_nl, mxfp4: 4-bit indices into a table of int8 levels */
+        const int8_t *kv = type == QT_MXFP4 ? qt_mxfp4_values() : qt_iq4nl_values();
+        const uint8_t *qs = b + (type == QT_MXFP4 ? 1 : 2);
+        *d = type == QT_MXFP4 ? qt_e8m0_half(b[0]) : h2f(b);
+        for (int j = 0; j < 16; j++) {
+            q[j] = kv[qs[j] & 15];
+            q[j + 16] = kv[qs[j] >> 4];
+        }
+        return;
+    }
+    }
 }
 
 /* acc[m] += (float)C[m] * (dw * da[m]), m = 0..15, as the reference's
@@ -112,20 +164,37 @@ static inline __attribute__((always_inline)) void finish16(__m512 *acc, const in
     }
 }
 
+/* With a min (q4_1, q5_1): acc[m] += (dw * da[m]) * (float)C[m] + mw * sa[m],
+ * the reference's sum = sum + ((d * da) * (float)isum + m * s). */
+static inline __attribute__((always_inline)) void finish16m(__m512 *acc, const int32_t *cb, __m512 dw, __m512 mw,
+                                                            const float *da, const float *sa)
+{
+    for (int m = 0; m < 16; m++) {
+        const __m512 c = _mm512_cvtepi32_ps(_mm512_load_si512((const void *)(cb + 16 * m)));
+        const __m512 dd = _mm512_mul_ps(dw, _mm512_set1_ps(da[m]));
+        acc[m] = _mm512_add_ps(acc[m], _mm512_add_ps(_mm512_mul_ps(dd, c), _mm512_mul_ps(mw, _mm512_set1_ps(sa[m]))));
+    }
+}
+
 /* Small types: rows [r0, r0 + 16 np) x activation rows [0, nt * 16). */
 static void amx_small(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64_t r0, int np,
                       const uint8_t *A, size_t as, int nt, float *Y, int64_t ldy)
 {
-    const size_t wbs = type == QT_Q8_0 ? sizeof(qt_block_q8_0) : sizeof(qt_block_q4_0);
-    const size_t abs = sizeof(qt_block_q8_0);
+    const int hm = small_has_min(type);
+    const size_t wbs = small_wbytes(type);
+    const size_t abs = hm ? sizeof(qt_block_q8_1) : sizeof(qt_block_q8_0), aq = hm ? 4 : 2;
     const int64_t nbk = n / 32;
     int8_t bbuf[NPAN][KC][512] __attribute__((aligned(64)));
     float dwb[NPAN][KC][16] __attribute__((aligned(64)));
-    float da[KC][16];
+    float mwb[NPAN][KC][16] __attribute__((aligned(64)));
+    float da[KC][16], sa[KC][16];
     int8_t tmp[16 * 32] __attribute__((aligned(64)));
     int32_t cb[4][256] __attribute__((aligned(64)));
 #define SMALL_STEP(c, ta, tb, jj) do { TLOAD(ta, a0 + (size_t)(jj) * abs, as); TLOAD(tb, bbuf[p][jj], 64); \
         TZERO(c); TDP(c, ta, tb); TSTORE(c, cb[(jj) & 3], 64); } while (0)
+#define SMALL_FIN(f) do { \
+        if (hm) finish16m(acc, cb[(f) & 3], _mm512_load_ps(dwb[p][f]), _mm512_load_ps(mwb[p][f]), da[f], sa[f]); \
+        else finish16(acc, cb[(f) & 3], _mm512_load_ps(dwb[p][f]), da[f]); } while (0)
     for (int p0 = 0; p0 < np; p0 += NPAN) {
         const int pn = np - p0 < NPAN ? np - p0 : NPAN;
         for (int64_t k0 = 0; k0 < nbk; k0 += KC) {
@@ -134,19 +203,23 @@ static void amx_small(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int
                 for (int j = 0; j < kc; j++) {
                     for (int r = 0; r < 16; r++)
                         small_unpack(type, W + (size_t)(r0 + 16 * (p0 + p) + r) * ws + (size_t)(k0 + j) * wbs,
-                                     tmp + 32 * r, &dwb[p][j][r]);
+                                     tmp + 32 * r, &dwb[p][j][r], &mwb[p][j][r]);
                     to_b_layout(tmp, bbuf[p][j]);
                 }
             for (int t = 0; t < nt; t++) {
                 const uint8_t *at = A + (size_t)(16 * t) * as;
                 for (int j = 0; j < kc; j++)
-                    for (int m = 0; m < 16; m++) da[j][m] = h2f(at + (size_t)m * as + (size_t)(k0 + j) * abs);
+                    for (int m = 0; m < 16; m++) {
+                        const uint8_t *ab = at + (size_t)m * as + (size_t)(k0 + j) * abs;
+                        da[j][m] = h2f(ab);
+                        sa[j][m] = hm ? h2f(ab + 2) : 0;
+                    }
                 for (int p = 0; p < pn; p++) {
                     float *y = Y + (size_t)(16 * t) * (size_t)ldy + r0 + 16 * (p0 + p);
                     __m512 acc[16];
                     for (int m = 0; m < 16; m++)
                         acc[m] = k0 ? _mm512_loadu_ps(y + (size_t)m * (size_t)ldy) : _mm512_setzero_ps();
-                    const uint8_t *a0 = at + (size_t)k0 * abs + 2;
+                    const uint8_t *a0 = at + (size_t)k0 * abs + aq;
                     /* software-pipelined: block j's product is read back
                      * AMX_LAG blocks after its tile store (a tile store's
                      * bytes are not forwarded to vector loads at once) */
@@ -154,10 +227,9 @@ static void amx_small(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int
                         if (j & 1) SMALL_STEP(1, 3, 5, j);
                         else SMALL_STEP(0, 2, 4, j);
                         const int f = j - AMX_LAG;
-                        if (f >= 0) finish16(acc, cb[f & 3], _mm512_load_ps(dwb[p][f]), da[f]);
+                        if (f >= 0) SMALL_FIN(f);
                     }
-                    for (int f = kc - AMX_LAG > 0 ? kc - AMX_LAG : 0; f < kc; f++)
-                        finish16(acc, cb[f & 3], _mm512_load_ps(dwb[p][f]), da[f]);
+                    for (int f = kc - AMX_LAG > 0 ? kc - AMX_LAG : 0; f < kc; f++) SMALL_FIN(f);
                     for (int m = 0; m < 16; m++) _mm512_storeu_ps(y + (size_t)m * (size_t)ldy, acc[m]);
                 }
             }
@@ -187,8 +259,11 @@ typedef struct kpanel {
  * mins per 16 values, fd and fm: as the reference's unpack_k. */
 static void k_unpack(uint32_t type, const uint8_t *b, int8_t *q, int32_t *s, int32_t *mn, float *fd, float *fm)
 {
-    if (type == QT_Q4_K) {
+    if (type == QT_Q4_K || type == QT_Q5_K) {
+        /* q5_K: q4_K's header, then 32 bytes of fifth bits before the nibbles */
+        const int five = type == QT_Q5_K;
         const qt_block_q4_K *x = (const void *)b;
+        const uint8_t *qs = five ? ((const qt_block_q5_K *)(const void *)b)->qs : x->qs;
         *fd = h2f(b);
         *fm = h2f(b + 2);
         for (int j = 0; j < 8; j++) {
@@ -201,11 +276,18 @@ static void k_unpack(uint32_t type, const uint8_t *b, int8_t *q, int32_t *s, int
             s[2 * j] = s[2 * j + 1] = sc;
             mn[2 * j] = mn[2 * j + 1] = m;
         }
-        const __m256i lo = _mm256_set1_epi8(0x0F);
+        const __m256i lo = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+        const __m256i qh = five ? _mm256_loadu_si256((const __m256i *)(const void *)
+                                                     ((const qt_block_q5_K *)(const void *)b)->qh)
+                                : _mm256_setzero_si256();
         for (int j = 0; j < 4; j++) {
-            const __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(x->qs + 32 * j));
-            _mm256_storeu_si256((__m256i *)(void *)(q + 64 * j), _mm256_and_si256(v, lo));
-            _mm256_storeu_si256((__m256i *)(void *)(q + 64 * j + 32), _mm256_and_si256(_mm256_srli_epi16(v, 4), lo));
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(qs + 32 * j));
+            /* bit 2j of qh[l] -> bit 4 of value 64j + l, bit 2j + 1 -> of 64j + 32 + l */
+            const __m256i h0 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j), one), 4);
+            const __m256i h1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j + 1), one), 4);
+            _mm256_storeu_si256((__m256i *)(void *)(q + 64 * j), _mm256_or_si256(_mm256_and_si256(v, lo), h0));
+            _mm256_storeu_si256((__m256i *)(void *)(q + 64 * j + 32),
+                                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), lo), h1));
         }
         return;
     }
@@ -245,7 +327,8 @@ static void k_to_b(const int8_t *in, int8_t *out, int G)
 
 static void k_prepare(uint32_t type, const uint8_t *W, size_t ws, int64_t r, int64_t i0, int kc, kpanel *P)
 {
-    const size_t bs = type == QT_Q4_K ? sizeof(qt_block_q4_K) : sizeof(qt_block_q6_K);
+    const size_t bs = type == QT_Q4_K ? sizeof(qt_block_q4_K)
+                    : type == QT_Q5_K ? sizeof(qt_block_q5_K) : sizeof(qt_block_q6_K);
     int8_t tmp[16 * 256] __attribute__((aligned(64)));
     for (int i = 0; i < kc; i++) {
         for (int n = 0; n < 16; n++) {
@@ -265,7 +348,7 @@ static void k_prepare(uint32_t type, const uint8_t *W, size_t ws, int64_t r, int
 static void amx_kquant(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64_t r0, int np,
                        const uint8_t *A, size_t as, int nt, float *Y, int64_t ldy)
 {
-    const int G = type == QT_Q4_K ? 32 : 16, ng = 256 / G;
+    const int G = type == QT_Q6_K ? 16 : 32, ng = 256 / G;
     const size_t abs = sizeof(qt_block_q8_K);
     const int64_t nsb = n / 256;
     kpanel P[NPAN];   /* 92 KiB */
@@ -329,7 +412,7 @@ int qt_gemm_amx(uint32_t wtype, int64_t n, const void *W, size_t w_stride,
                 int64_t r0, int64_t r1, const void *A, size_t a_stride, int nb,
                 float *Y, int64_t ldy)
 {
-    const int small = wtype == QT_Q8_0 || wtype == QT_Q4_0, kq = wtype == QT_Q4_K || wtype == QT_Q6_K;
+    const int small = small_wbytes(wtype) != 0, kq = wtype == QT_Q4_K || wtype == QT_Q5_K || wtype == QT_Q6_K;
     const int nt = nb / 16, np = (int)((r1 - r0) / PANEL);
     if (!(small || kq) || nt == 0 || np == 0 || n <= 0 || n % (small ? 32 : 256)) return -1;
     tiles_config(wtype == QT_Q6_K ? 16 : 32);
