@@ -15,10 +15,14 @@
  * qt_vec_dot_ref, so mixing this path with the AVX-512 kernels (fewer than
  * 16 rows, row ranges not whole panels, decode) keeps batch invariance.
  *
- * The tile instructions are written as inline assembly with memory clobbers:
- * gcc 12's _tile_loadd/_tile_stored macros give the compiler no memory
- * operands, so stores into a tile's source buffer (and loads of a stored
- * tile) may be reordered across them. */
+ * The tile instructions are written here as inline assembly, not with
+ * gcc 12's <amxtileintrin.h>: its _tile_loadd has neither a memory operand
+ * nor a memory clobber, so stores into a tile's source buffer may be moved
+ * past the load or dropped, and its _tile_loadconfig declares only the
+ * first 8 of the 64 configuration bytes as read, so the stores of the rows
+ * and column widths may be dropped, and ldtilecfg then faults on the
+ * invalid configuration (the fault of llama.cpp's AMX build under gcc 12).
+ * Every statement below takes the whole object or clobbers memory. */
 #include "engine/quant/iq.h"
 #include "engine/quant/qtypes.h"
 
