@@ -285,19 +285,19 @@ static void test_long_rows(void)
     one_case(QT_IQ4_XS, 32768 + 256, 2, 3);
 }
 
-/* Shapes for the AMX tiles (16 x 16 outputs, 32-block K chunks): whole and
- * partial tiles of activation rows and of weight rows, K past one chunk,
+/* Shapes for the AMX tiles (16 x 16 outputs, 32-block K chunks): whole,
+ * padded and partial tiles of activation rows and of weight rows, K past one chunk,
  * row ranges that start off a panel (one_case splits the rows in two). */
 static void test_tiles(void)
 {
     static const uint32_t types[] = { QT_Q8_0, QT_Q4_0, QT_Q4_1, QT_Q5_0, QT_Q5_1, QT_IQ4_NL, QT_MXFP4 };
-    static const int nbs[] = { 16, 17, 32, 47 };
+    static const int nbs[] = { 16, 17, 32, 47, 12, 24 };   /* 12, 24, 47: a padded last tile */
     static const int64_t rowss[] = { 32, 34, 80 };
     static const int64_t ns[] = { 96, 32 * 33, 32 * 70 };
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++)
         for (size_t ni = 0; ni < 3; ni++)
             for (size_t ri = 0; ri < 3; ri++)
-                for (size_t bi = 0; bi < 4; bi++) {
+                for (size_t bi = 0; bi < 6; bi++) {
                     if (ni == 2 && (ri != 2 || bi > 1)) continue;
                     if (t >= 2 && (ni == 1 || bi == 2)) continue;   /* fewer shapes for the rarer types */
                     one_case(types[t], ns[ni], rowss[ri], nbs[bi]);
@@ -308,7 +308,7 @@ static void test_tiles(void)
     for (size_t t = 0; t < 3; t++)
         for (size_t ni = 0; ni < 3; ni++)
             for (size_t ri = 0; ri < 3; ri++)
-                for (size_t bi = 0; bi < 4; bi++) {
+                for (size_t bi = 0; bi < 6; bi++) {
                     if (ni == 2 && (ri != 2 || bi > 1)) continue;
                     one_case(ktypes[t], kns[ni], rowss[ri], nbs[bi]);
                 }

@@ -35,6 +35,8 @@
 #endif
 
 #include <immintrin.h>
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #if defined(__clang__)
@@ -180,7 +182,8 @@ static inline __attribute__((always_inline)) void finish16m(__m512 *acc, const i
     }
 }
 
-/* Small types: rows [r0, r0 + 16 np) x activation rows [0, nt * 16). */
+/* Small types: rows [r0, r0 + 16 np) x activation rows [0, nt * 16); Y
+ * points at row r0's column. */
 static void amx_small(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64_t r0, int np,
                       const uint8_t *A, size_t as, int nt, float *Y, int64_t ldy)
 {
@@ -219,7 +222,7 @@ static void amx_small(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int
                         sa[j][m] = hm ? h2f(ab + 2) : 0;
                     }
                 for (int p = 0; p < pn; p++) {
-                    float *y = Y + (size_t)(16 * t) * (size_t)ldy + r0 + 16 * (p0 + p);
+                    float *y = Y + (size_t)(16 * t) * (size_t)ldy + 16 * (p0 + p);
                     __m512 acc[16];
                     for (int m = 0; m < 16; m++)
                         acc[m] = k0 ? _mm512_loadu_ps(y + (size_t)m * (size_t)ldy) : _mm512_setzero_ps();
@@ -368,7 +371,7 @@ static void amx_kquant(uint32_t type, int64_t n, const uint8_t *W, size_t ws, in
                 const uint8_t *at = A + (size_t)(16 * t) * as;
                 for (int p = 0; p < pn; p++) {
                     const kpanel *K = &P[p];
-                    float *y = Y + (size_t)(16 * t) * (size_t)ldy + r0 + 16 * (p0 + p);
+                    float *y = Y + (size_t)(16 * t) * (size_t)ldy + 16 * (p0 + p);
                     for (int i = 0; i < kc; i++) {
                         const uint8_t *a0 = at + (size_t)(i0 + i) * abs + 4;
                         __m512i is[16];
@@ -412,24 +415,86 @@ static void amx_kquant(uint32_t type, int64_t n, const uint8_t *W, size_t ws, in
     }
 }
 
+static void amx_run(uint32_t wtype, int64_t n, const uint8_t *W, size_t ws, int64_t r0, int np,
+                    const uint8_t *A, size_t as, int nt, float *Y, int64_t ldy)
+{
+    if (small_wbytes(wtype)) amx_small(wtype, n, W, ws, r0, np, A, as, nt, Y, ldy);
+    else amx_kquant(wtype, n, W, ws, r0, np, A, as, nt, Y, ldy);
+}
+
+/* Per-thread scratch for padded tiles, kept between calls (MoE layers make
+ * many small calls) and freed when the thread ends. */
+static pthread_key_t pad_key;
+static pthread_once_t pad_once = PTHREAD_ONCE_INIT;
+typedef struct pad_buf { size_t cap; uint8_t *p; } pad_buf;
+
+static void pad_free(void *v)
+{
+    pad_buf *b = v;
+    if (b) free(b->p);
+    free(b);
+}
+
+static void pad_key_make(void) { (void)pthread_key_create(&pad_key, pad_free); }
+
+static uint8_t *pad_get(size_t bytes)
+{
+    pthread_once(&pad_once, pad_key_make);
+    pad_buf *b = pthread_getspecific(pad_key);
+    if (!b) {
+        if (!(b = calloc(1, sizeof *b))) return NULL;
+        if (pthread_setspecific(pad_key, b)) { free(b); return NULL; }
+    }
+    if (b->cap < bytes) {
+        uint8_t *p = NULL;
+        if (posix_memalign((void **)&p, 64, bytes)) return NULL;
+        free(b->p);
+        b->p = p;
+        b->cap = bytes;
+    }
+    return b->p;
+}
+
+/* A last tile of at least this many activation rows runs on the tiles
+ * padded with zero rows (a few wasted rows cost less than the AVX-512
+ * kernel); fewer go to that kernel. */
+#define PAD_MIN 8
+
 int qt_gemm_amx(uint32_t wtype, int64_t n, const void *W, size_t w_stride,
                 int64_t r0, int64_t r1, const void *A, size_t a_stride, int nb,
                 float *Y, int64_t ldy)
 {
     const int small = small_wbytes(wtype) != 0, kq = wtype == QT_Q4_K || wtype == QT_Q5_K || wtype == QT_Q6_K;
-    const int nt = nb / 16, np = (int)((r1 - r0) / PANEL);
-    if (!(small || kq) || nt == 0 || np == 0 || n <= 0 || n % (small ? 32 : 256)) return -1;
+    const int nt = nb / 16, np = (int)((r1 - r0) / PANEL), rem = nb - 16 * nt;
+    const int pad = rem >= PAD_MIN;
+    if (!(small || kq) || (nt == 0 && !pad) || np == 0 || n <= 0 || n % (small ? 32 : 256)) return -1;
+    const uint8_t *w = W, *a = A;
+    uint8_t *apad = NULL;
+    float *ypad = NULL;
+    if (pad) {   /* the last rows with zero rows after them, and their own output */
+        const size_t ab = (16 * a_stride + 63) / 64 * 64;
+        if (!(apad = pad_get(ab + sizeof(float) * 16 * PANEL * (size_t)np))) return -1;
+        ypad = (float *)(void *)(apad + ab);
+        memcpy(apad, a + (size_t)(16 * nt) * a_stride, (size_t)rem * a_stride);
+        memset(apad + (size_t)rem * a_stride, 0, (size_t)(16 - rem) * a_stride);
+    }
     tiles_config(wtype == QT_Q6_K ? 16 : 32);
-    if (small) amx_small(wtype, n, W, w_stride, r0, np, A, a_stride, nt, Y, ldy);
-    else amx_kquant(wtype, n, W, w_stride, r0, np, A, a_stride, nt, Y, ldy);
+    if (nt) amx_run(wtype, n, w, w_stride, r0, np, a, a_stride, nt, Y + r0, ldy);
+    if (pad) amx_run(wtype, n, w, w_stride, r0, np, apad, a_stride, 1, ypad, (int64_t)PANEL * np);
     tiles_release();
+    if (pad) {
+        for (int m = 0; m < rem; m++)
+            memcpy(Y + (size_t)(16 * nt + m) * (size_t)ldy + r0, ypad + (size_t)m * PANEL * (size_t)np,
+                   sizeof(float) * PANEL * (size_t)np);
+    }
     /* the rest: rows past the last whole panel, activation rows past the
-     * last whole tile (bit-identical kernels) */
+     * tiles (bit-identical kernels) */
+    const int ntiled = pad ? nb : 16 * nt;
     const int64_t rp = r0 + (int64_t)np * PANEL;
-    if (rp < r1 && qt_gemm_avx512(wtype, n, W, w_stride, rp, r1, A, a_stride, nt * 16, Y, ldy)) return -1;
-    if (nb > nt * 16 &&
-        qt_gemm_avx512(wtype, n, W, w_stride, r0, r1, (const uint8_t *)A + (size_t)(nt * 16) * a_stride, a_stride,
-                       nb - nt * 16, Y + (size_t)(nt * 16) * (size_t)ldy, ldy))
+    if (rp < r1 && qt_gemm_avx512(wtype, n, W, w_stride, rp, r1, A, a_stride, ntiled, Y, ldy)) return -1;
+    if (nb > ntiled &&
+        qt_gemm_avx512(wtype, n, W, w_stride, r0, r1, a + (size_t)ntiled * a_stride, a_stride, nb - ntiled,
+                       Y + (size_t)ntiled * (size_t)ldy, ldy))
         return -1;
     return 0;
 }
