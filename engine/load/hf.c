@@ -114,6 +114,11 @@ static int map_name(const char *hf, char *out, size_t n)
         { "mlp.experts.gate_up_proj_bias", "gptoss_gate_up_b" },
         { "mlp.experts.down_proj", "gptoss_down" },
         { "mlp.experts.down_proj_bias", "gptoss_down_b" },
+        /* gpt-oss as released: experts in MXFP4, 4-bit codes and E8M0 scales */
+        { "mlp.experts.gate_up_proj_blocks", "gptoss_gate_up_blocks" },
+        { "mlp.experts.gate_up_proj_scales", "gptoss_gate_up_scales" },
+        { "mlp.experts.down_proj_blocks", "gptoss_down_blocks" },
+        { "mlp.experts.down_proj_scales", "gptoss_down_scales" },
     };
     /* one expert's matrices, stacked later (stack_experts) */
     static const struct { const char *hf, *gg; } expert_mat[] = {
@@ -144,8 +149,13 @@ static int map_name(const char *hf, char *out, size_t n)
     return 0;
 }
 
+/* Raw bytes (safetensors U8): only MXFP4 expert codes and scales, which
+ * gptoss_experts turns into MXFP4 tensors; no other code sees this type. */
+#define HF_U8 0xFFFFu
+
 static int dtype_of(const char *s, uint32_t *t, size_t *esz)
 {
+    if (!strcmp(s, "U8")) { *t = HF_U8; *esz = 1; return 0; }
     if (!strcmp(s, "BF16")) { *t = QT_BF16; *esz = 2; return 0; }
     if (!strcmp(s, "F16")) { *t = QT_F16; *esz = 2; return 0; }
     if (!strcmp(s, "F32")) { *t = QT_F32; *esz = 4; return 0; }
@@ -240,18 +250,19 @@ static int shard_load(hf_model *h, const char *path, char *err, size_t errlen)
             snprintf(err, errlen, "%s: tensor '%s': expected dtype, shape and data_offsets", path, key);
             rc = -1; break;
         }
-        if (dtype_of(json_string_value(dt), &type, &esz)) {
-            snprintf(err, errlen, "%s: tensor '%s' has dtype %s (supported: BF16, F16, F32)", path, key,
-                     json_string_value(dt));
+        const int mx = strstr(gname, "_blocks") || strstr(gname, "_scales");   /* gpt-oss MXFP4 parts */
+        if (dtype_of(json_string_value(dt), &type, &esz) || (type == HF_U8) != mx) {
+            snprintf(err, errlen, "%s: tensor '%s' has dtype %s (supported: %s)", path, key, json_string_value(dt),
+                     mx ? "U8" : "BF16, F16, F32");
             rc = -1; break;
         }
         size_t nd = json_array_size(shp);
-        /* (3: stacked experts, gpt_oss's) */
-        if (nd < 1 || nd > 3) {
-            snprintf(err, errlen, "%s: tensor '%s' has %zu dimensions (expected 1 to 3)", path, key, nd);
+        /* (3: stacked experts, gpt_oss's; 4: their MXFP4 codes) */
+        if (nd < 1 || nd > (mx ? 4u : 3u)) {
+            snprintf(err, errlen, "%s: tensor '%s' has %zu dimensions (expected 1 to %d)", path, key, nd, mx ? 4 : 3);
             rc = -1; break;
         }
-        int64_t dims[3] = { 1, 1, 1 };
+        int64_t dims[4] = { 1, 1, 1, 1 };
         uint64_t elems = 1;
         for (size_t d = 0; d < nd; d++) {
             json_t *x = json_array_get(shp, d);
@@ -291,8 +302,8 @@ static int shard_load(hf_model *h, const char *path, char *err, size_t errlen)
         /* safetensors [out, in] row-major is ggml's ne = {in, out}; [n, out, in] ne = {in, out, n} */
         t->ne[0] = dims[nd - 1];
         t->ne[1] = nd >= 2 ? dims[nd - 2] : 1;
-        t->ne[2] = nd == 3 ? dims[0] : 1;
-        t->ne[3] = 1;
+        t->ne[2] = nd >= 3 ? dims[nd - 3] : 1;
+        t->ne[3] = nd == 4 ? dims[0] : 1;
         t->data = sh->map + base + b;
         t->nbytes = (uint64_t)(e - b);
         h->trans[h->n_t] = tr && nd == 2;
@@ -546,6 +557,16 @@ static int config_load(hf_model *h, const char *dir, char *err, size_t errlen)
         config_experts(h, &r, c, !strcmp(t, "mixtral") || gptoss))
         goto out;
     if (gptoss && config_gptoss(&r, c, g)) goto out;
+    json_t *qc = json_object_get(c, "quantization_config");
+    if (qc && !json_is_null(qc)) {
+        json_t *qm = json_is_object(qc) ? json_object_get(qc, "quant_method") : NULL;
+        const char *m = json_is_string(qm) ? json_string_value(qm) : "?";
+        if (!gptoss || strcmp(m, "mxfp4")) {
+            snprintf(err, errlen, "%s: quantization_config.quant_method \"%s\" is not supported (expected an "
+                     "unquantized checkpoint, or \"mxfp4\" for gpt_oss)", path, m);
+            goto out;
+        }
+    }
     if (!strcmp(t, "gpt2")) { rc = config_gpt2(&r, c, g); goto out; }
     if (cint(&r, c, "hidden_size", 1, 0, 1, 65536, &g->hidden) ||
         cint(&r, c, "num_hidden_layers", 1, 0, 1, 4096, &g->layers) ||
@@ -726,6 +747,110 @@ static gguf_tensor *add_owned(hf_model *h, const char *nm, uint32_t type, int64_
     return t;
 }
 
+/* gpt_oss experts as released, in MXFP4: gate_up_proj_blocks [X][2F][E/32][16]
+ * and _scales [X][2F][E/32] (rows: gate and up interleaved), down_proj_blocks
+ * [X][E][F/32][16] and _scales [X][E][F/32]; rows of out, 32-value blocks.
+ * A code byte holds values 2k (low nibble) and 2k + 1; GGUF's MXFP4 block
+ * is the scale byte, then 16 bytes holding values j (low) and j + 16. The
+ * 4-bit codes and E8M0 scales are the same on both sides (as llama.cpp's
+ * converter moves them): no value changes. */
+static void mxfp4_block(const uint8_t *codes, uint8_t scale, uint8_t *out)
+{
+    uint8_t v[32];
+    for (int k = 0; k < 16; k++) {
+        v[2 * k] = codes[k] & 15;
+        v[2 * k + 1] = codes[k] >> 4;
+    }
+    out[0] = scale;
+    for (int j = 0; j < 16; j++) out[1 + j] = (uint8_t)(v[j] | v[j + 16] << 4);
+}
+
+static int gptoss_mxfp4(hf_model *h, const char *dir, int64_t l, char *err, size_t errlen)
+{
+    int64_t X = h->cfg.n_expert, E = h->cfg.hidden, F = h->cfg.ff_exp;
+    static const char *const part[6] = { "gptoss_gate_up_blocks", "gptoss_gate_up_scales", "gptoss_down_blocks",
+                                         "gptoss_down_scales", "gptoss_gate_up_b", "gptoss_down_b" };
+    static const char *const hfn[6] = { "gate_up_proj_blocks", "gate_up_proj_scales", "down_proj_blocks",
+                                        "down_proj_scales", "gate_up_proj_bias", "down_proj_bias" };
+    const gguf_tensor *t[6];
+    char nm[96];
+    if (E % 32 || F % 32) {
+        snprintf(err, errlen, "%s: hidden_size %lld and intermediate_size %lld must be multiples of 32 for MXFP4 "
+                 "experts", dir, (long long)E, (long long)F);
+        return -1;
+    }
+    const int64_t want[6][4] = { { 16, E / 32, 2 * F, X }, { E / 32, 2 * F, X, 1 }, { 16, F / 32, E, X },
+                                 { F / 32, E, X, 1 }, { 2 * F, X, 1, 1 }, { E, X, 1, 1 } };
+    for (int k = 0; k < 6; k++) {
+        snprintf(nm, sizeof nm, "blk.%lld.%s", (long long)l, part[k]);
+        t[k] = hf_tensor_find(h, nm);
+        if (!t[k]) {
+            snprintf(err, errlen, "%s: layer %lld lacks mlp.experts.%s (MXFP4 experts need gate_up_proj and "
+                     "down_proj _blocks and _scales, and both biases)", dir, (long long)l, hfn[k]);
+            return -1;
+        }
+        if (t[k]->ne[0] != want[k][0] || t[k]->ne[1] != want[k][1] || t[k]->ne[2] != want[k][2] ||
+            t[k]->ne[3] != want[k][3]) {
+            char got[96], exp[96];
+            int nd = k == 0 || k == 2 ? 4 : k < 4 ? 3 : 2;
+            int g = 0, x = 0;
+            g += snprintf(got + g, sizeof got - (size_t)g, "[");
+            x += snprintf(exp + x, sizeof exp - (size_t)x, "[");
+            for (int d = nd - 1; d >= 0; d--) {
+                g += snprintf(got + g, sizeof got - (size_t)g, "%lld%s", (long long)t[k]->ne[d], d ? ", " : "]");
+                x += snprintf(exp + x, sizeof exp - (size_t)x, "%lld%s", (long long)want[k][d], d ? ", " : "]");
+            }
+            snprintf(err, errlen, "%s: layer %lld mlp.experts.%s has shape %s, expected %s", dir, (long long)l,
+                     hfn[k], got, exp);
+            return -1;
+        }
+    }
+    /* rows of E (gate, up) or F (down) values, 17 bytes a block */
+    const int64_t rg = E / 32 * 17, rd = F / 32 * 17;
+    static const char *const out[6] = { "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight",
+                                        "ffn_gate_exps.bias", "ffn_up_exps.bias", "ffn_down_exps.bias" };
+    const int64_t dims[6][3] = { { rg, F, X }, { rg, F, X }, { rd, E, X }, { F, X, 1 }, { F, X, 1 }, { E, X, 1 } };
+    gguf_tensor *o[6];
+    for (int k = 0; k < 6; k++) {
+        snprintf(nm, sizeof nm, "blk.%lld.%s", (long long)l, out[k]);
+        o[k] = add_owned(h, nm, k < 3 ? QT_MXFP4 : QT_F32, dims[k][0], dims[k][1], dims[k][2], k < 3 ? 1 : 4, err,
+                         errlen);
+        if (!o[k]) return -1;
+        if (k < 3) o[k]->ne[0] = k < 2 ? E : F;   /* (sized in bytes above) */
+    }
+    const uint8_t *gb = t[0]->data, *gs = t[1]->data, *db = t[2]->data, *ds = t[3]->data;
+    for (int64_t x = 0; x < X; x++) {
+        for (int64_t r = 0; r < 2 * F; r++) {   /* even rows gate, odd rows up */
+            uint8_t *dst = (uint8_t *)o[r & 1]->data + (size_t)((x * F + r / 2) * rg);
+            for (int64_t b = 0; b < E / 32; b++) {
+                const size_t i = (size_t)((x * 2 * F + r) * (E / 32) + b);
+                mxfp4_block(gb + i * 16, gs[i], dst + b * 17);
+            }
+        }
+        for (int64_t r = 0; r < E; r++) {
+            uint8_t *dst = (uint8_t *)o[2]->data + (size_t)((x * E + r) * rd);
+            for (int64_t b = 0; b < F / 32; b++) {
+                const size_t i = (size_t)((x * E + r) * (F / 32) + b);
+                mxfp4_block(db + i * 16, ds[i], dst + b * 17);
+            }
+        }
+    }
+    float *gub = malloc((size_t)(2 * F) * 4);
+    if (!gub) { snprintf(err, errlen, "out of memory"); return -1; }
+    for (int64_t x = 0; x < X; x++) {
+        qt_dequant_row(t[4]->type, (const uint8_t *)t[4]->data + (size_t)x * qt_row_size(t[4]->type, 2 * F), gub,
+                       2 * F);
+        for (int64_t f = 0; f < F; f++) {
+            ((float *)o[3]->data)[x * F + f] = gub[2 * f];
+            ((float *)o[4]->data)[x * F + f] = gub[2 * f + 1];
+        }
+        qt_dequant_row(t[5]->type, (const uint8_t *)t[5]->data + (size_t)x * qt_row_size(t[5]->type, E),
+                       (float *)o[5]->data + x * E, E);
+    }
+    free(gub);
+    return 0;
+}
+
 /* gpt_oss experts: gate_up_proj [X][E][2F] (gate and up interleaved, the
  * even and odd columns) and down_proj [X][F][E] are [in][out]; GGUF's
  * ffn_{gate,up}_exps.weight are ne {E, F, X} and ffn_down_exps.weight ne
@@ -744,6 +869,11 @@ static int gptoss_experts(hf_model *h, const char *dir, char *err, size_t errlen
             snprintf(nm, sizeof nm, "blk.%lld.%s", (long long)l, part[k]);
             t[k] = hf_tensor_find(h, nm);
             seen += t[k] != NULL;
+        }
+        snprintf(nm, sizeof nm, "blk.%lld.gptoss_gate_up_blocks", (long long)l);
+        if (!t[0] && !t[2] && hf_tensor_find(h, nm)) {
+            if (gptoss_mxfp4(h, dir, l, err, errlen)) return -1;
+            continue;
         }
         if (!seen) continue;
         for (int k = 0; k < 4; k++) {

@@ -3,8 +3,9 @@
  * Tensors are exposed under their GGUF names (blk.N.attn_q.weight, ...) as
  * gguf_tensor records pointing into read-only mappings of the shards, so the
  * model loader treats both sources alike. Per-expert tensors (mlp.experts.N.*)
- * are copied into one stacked tensor per layer, as GGUF's ffn_*_exps. Every
- * header offset is checked against its file before use. */
+ * are copied into one stacked tensor per layer, as GGUF's ffn_*_exps;
+ * gpt-oss's MXFP4 experts (U8 codes and scales) become GGUF MXFP4 tensors,
+ * bit for bit. Every header offset is checked against its file before use. */
 #ifndef ANE_HF_H
 #define ANE_HF_H
 
