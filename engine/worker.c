@@ -524,6 +524,7 @@ static void step(eng *e)
         }
     }
     int n_decode = T;
+    int max_out = EVAL_ROWS > e->max_seqs ? EVAL_ROWS : e->max_seqs;   /* (as eng_open sized them) */
     int budget = n_decode ? n_decode + e->prefill_shared : BATCH_TOKENS;
     for (int i = 0; i < e->n_active && T < budget; i++) {
         job *j = e->active[i];
@@ -532,9 +533,13 @@ static void step(eng *e)
         if (j->n_past >= end || atomic_load_explicit(&j->paused, memory_order_relaxed)) continue;
         int take = end - j->n_past;
         if (take > budget - T) take = budget - T;
-        if ((j->kind == ENG_JOB_EVAL || (j->kind == ENG_JOB_EMBED && e->pooling == ENG_POOL_MEAN)) &&
-            take > EVAL_ROWS - n_out)
-            take = EVAL_ROWS - n_out;
+        int every = j->kind == ENG_JOB_EVAL || (j->kind == ENG_JOB_EMBED && e->pooling == ENG_POOL_MEAN);
+        if (every && take > EVAL_ROWS - n_out) take = EVAL_ROWS - n_out;
+        if (!every && n_out >= max_out) {
+            /* its one output row would not fit the logits rows: it waits there */
+            int p1 = j->kind == ENG_JOB_EMBED && e->pooling == ENG_POOL_CLS ? 0 : j->n_prompt - 1;
+            if (p1 >= j->n_past && p1 < j->n_past + take) take = p1 - j->n_past;
+        }
         if (take <= 0) continue;
         int mark = (j->n_prompt - 1) / KV_PAGE * KV_PAGE;
         if (j->snap >= 0 && j->n_past < mark && j->n_past + take >= mark) {

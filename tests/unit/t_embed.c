@@ -342,6 +342,36 @@ static void test_batch_invariance(void)
     check_invariance(ENG_POOL_MEAN);
 }
 
+/* More output rows than a pass holds (mean pooling's every row up to
+ * EVAL_ROWS, then a generate's and a last-token embed's last rows): the
+ * rows past the room wait for the next pass; everything ends right. */
+static void test_rows_full(void)
+{
+    eng *e = open_eng(QWEN2, ENG_POOL_MEAN, 16);
+    if (!e) return;
+    int32_t toks[100];
+    for (int i = 0; i < 100; i++) toks[i] = 200 + i;
+    eng_job_desc d[3];
+    res r[3];
+    d[0] = embed_tokens(toks, 100);
+    memset(&d[1], 0, sizeof d[1]);
+    d[1].kind = ENG_JOB_GENERATE;
+    d[1].tokens = toks;
+    d[1].n_tokens = 3;
+    d[1].max_tokens = 4;
+    eng_sampling_default(&d[1].sampling);
+    d[2] = embed_tokens(toks + 50, 50);
+    res alone;
+    run_jobs(e, 1, &d[0], &alone);
+    run_jobs(e, 3, d, r);
+    CHECK(r[0].v && alone.v && memcmp(r[0].v, alone.v, (size_t)r[0].n * sizeof(float)) == 0);
+    CHECKF(r[1].done && !r[1].err && r[1].n_gen == 4, "%s", r[1].msg);
+    CHECK(r[2].v && !r[2].err);
+    for (int i = 0; i < 3; i++) free(r[i].v);
+    free(alone.v);
+    eng_close(e);
+}
+
 static void test_bad_input(void)
 {
     char err[512];
@@ -418,6 +448,7 @@ int main(int argc, char **argv)
     CHECK_ARGS(argc, argv);
     RUN(test_reference);
     RUN(test_batch_invariance);
+    RUN(test_rows_full);
     RUN(test_bad_input);
     return CHECK_DONE();
 }
