@@ -144,6 +144,78 @@ def t_pooling_option(alone):
           "--pooling max refused: %r" % r.stderr)
 
 
+def with_pooling_type(src, dst, value):
+    """A copy of GGUF src with <arch>.pooling_type = value (uint32) added."""
+    sys.path.insert(0, os.path.join(ROOT, "tests", "bench"))
+    import synth_gguf as sg
+    with open(src, "rb") as f:
+        magic, ver, nt, nkv = sg.rd(f, "4sIQQ")
+        kv = []
+        for _ in range(nkv):
+            k = sg.rd_str(f).decode()
+            (t,) = sg.rd(f, "I")
+            kv.append((k, t, sg.rd_val(f, t)))
+        infos = []
+        for _ in range(nt):
+            name = sg.rd_str(f)
+            (nd,) = sg.rd(f, "I")
+            dims = sg.rd(f, "Q" * nd)
+            typ, off = sg.rd(f, "IQ")
+            infos.append((name, dims, typ, off))
+        align = dict((k, v) for k, _, v in kv).get("general.alignment", 32)
+        data_at = (f.tell() + align - 1) // align * align
+        f.seek(data_at)
+        data = f.read()
+    arch = dict((k, v) for k, _, v in kv)["general.architecture"].decode()
+    kv.append((arch + ".pooling_type", 4, value))
+    h = bytearray(struct.pack("<4sIQQ", b"GGUF", ver, nt, len(kv)))
+    for k, t, v in kv:
+        h += sg.w_str(k) + struct.pack("<I", t) + sg.w_val(t, v)
+    for name, dims, typ, off in infos:
+        h += sg.w_str(name) + struct.pack("<I", len(dims)) + struct.pack("<%dQ" % len(dims), *dims) + struct.pack("<IQ", typ, off)
+    h += b"\0" * ((-len(h)) % align)
+    with open(dst, "wb") as f:
+        f.write(h)
+        f.write(data)
+
+
+def t_gguf_pooling(alone, tmp):
+    """The model's own pooling_type: mean (1) taken, as --pooling mean gives;
+    0 (none) the default; out of range refused at start naming the key."""
+    d0 = tp.Daemon(MODEL, "opt-mean", ["--pooling", "mean"])
+    try:
+        c = d0.connect()
+        want = c.embed(TEXTS[0])[0]
+        c.close()
+    finally:
+        d0.stop()
+        d0.cleanup()
+    for value, pooling, source in ((1, "mean", "model"), (2, "cls", "model"), (0, "last", "default")):
+        path = os.path.join(tmp, "pool%d.gguf" % value)
+        with_pooling_type(MODEL, path, value)
+        d = tp.Daemon(path, "pool%d" % value)
+        try:
+            c = d.connect()
+            info = c.info()
+            check(info.get("pooling") == pooling and info.get("pooling_source") == source,
+                  "pooling_type %d: info %r %r" % (value, info.get("pooling"), info.get("pooling_source")))
+            v = c.embed(TEXTS[0])[0]
+            if value == 1:
+                check(v == want, "the model's mean pooling = --pooling mean, bit for bit")
+            if value == 0:
+                check(v == alone[0], "pooling_type 0 (none): the last token, as with no key")
+            c.close()
+        finally:
+            d.stop()
+            d.cleanup()
+    path = os.path.join(tmp, "pool9.gguf")
+    with_pooling_type(MODEL, path, 9)
+    r = subprocess.run([tp.ANED, "--model", path, "--socket", os.path.join(tmp, "p9.sock")], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, timeout=60)
+    out = r.stdout.decode(errors="replace")
+    check(r.returncode != 0 and "qwen2.pooling_type" in out and "[0, 4]" in out, "pooling_type 9 refused: %r" % out[-300:])
+
+
 def http_post(port, body):
     h = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     h.request("POST", "/v1/embeddings", body=json.dumps(body) if not isinstance(body, bytes) else body,
@@ -260,7 +332,8 @@ def main():
     alone = None
     try:
         for name, fn in (("t_protocol", lambda: t_protocol(d)), ("t_protocol_errors", lambda: t_protocol_errors(d)),
-                         ("t_pooling_option", lambda: t_pooling_option(alone)), ("t_http", lambda: t_http(d, alone, tmp)),
+                         ("t_pooling_option", lambda: t_pooling_option(alone)),
+                         ("t_gguf_pooling", lambda: t_gguf_pooling(alone, tmp)), ("t_http", lambda: t_http(d, alone, tmp)),
                          ("t_aneclient", lambda: t_aneclient(d, alone))):
             f0 = failed
             try:
