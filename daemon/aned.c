@@ -694,6 +694,7 @@ int main(int argc, char **argv)
              mi->n_layer, mi->n_vocab, mi->n_ctx, mi->backend ? mi->backend : "?", mi->n_threads,
              mi->max_seqs, mi->kv_type ? mi->kv_type : "?", mi->tokenizer_only ? ", tokenizer only" : "");
     if (mi->device && mi->device[0]) log_info("device: %s", mi->device);
+    if (mi->pooling) log_info("embeddings: %s pooling (%s)", mi->pooling, mi->pooling_source);
     if (mi->warning && mi->warning[0]) log_warn("model: %s", mi->warning);
     if (so.eng.n_ctx > 0 && mi->n_ctx_train > 0 && mi->n_ctx > mi->n_ctx_train)
         log_warn("--ctx %d is larger than the model's trained context of %d tokens: "
