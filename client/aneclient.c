@@ -383,6 +383,8 @@ static void json_info(FILE *f, const proto_ev *e)
     fputs(",\"warning\":", f); json_str(f, e->warning, e->warning_len);
     fprintf(f, ",\"n_vocab\":%d,\"n_ctx\":%d,\"n_layer\":%d,\"n_embd\":%d,\"tokenizer_only\":%s",
             e->n_vocab, e->n_ctx, e->n_layer, e->n_embd, e->tokenizer_only ? "true" : "false");
+    if (e->pooling) { fputs(",\"pooling\":", f); json_str(f, e->pooling, strlen(e->pooling)); }
+    if (e->pooling_source) { fputs(",\"pooling_source\":", f); json_str(f, e->pooling_source, strlen(e->pooling_source)); }
     fprintf(f, ",\"active\":%u,\"queued\":%u,\"clients\":%u", e->active, e->queued, e->clients);
     fprintf(f, ",\"jobs_done\":%llu,\"tokens_served\":%llu,\"prompt_tokens_total\":%llu",
             (unsigned long long)e->jobs_done, (unsigned long long)e->tokens_served,
@@ -408,6 +410,7 @@ static void text_info(FILE *f, const proto_ev *e)
     if (e->warning_len) fprintf(f, "warning:         %.*s\n", (int)e->warning_len, e->warning);
     fprintf(f, "vocab/ctx:       %d / %d\n", e->n_vocab, e->n_ctx);
     fprintf(f, "layers/embd:     %d / %d\n", e->n_layer, e->n_embd);
+    if (e->pooling) fprintf(f, "embeddings:      %s pooling (%s)\n", e->pooling, e->pooling_source ? e->pooling_source : "?");
     fprintf(f, "weights:         %.1f MiB\n", (double)e->weight_bytes / 1048576.0);
     fprintf(f, "kv cache:        %.1f / %.1f MiB\n", (double)e->kv_used / 1048576.0, (double)e->kv_total / 1048576.0);
     fprintf(f, "jobs:            %u active, %u queued, %llu done\n", e->active, e->queued,

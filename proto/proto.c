@@ -1380,6 +1380,8 @@ static int decode_ev(dctx *d, const msgpack_object *m, proto_ev *e)
             else if (key_is(k, "idle_timeout_s")) rc = get_double(d, v, "idle_timeout_s", &e->idle_timeout_s);
             else if (key_is(k, "max_clients_per_uid")) rc = get_u32(d, v, "max_clients_per_uid", &e->max_clients_per_uid);
             else if (key_is(k, "deterministic")) rc = get_bool(d, v, "deterministic", &e->deterministic);
+            else if (key_is(k, "pooling")) { size_t n; rc = get_str(d, v, "pooling", 64, &e->pooling, &n); }
+            else if (key_is(k, "pooling_source")) { size_t n; rc = get_str(d, v, "pooling_source", 64, &e->pooling_source, &n); }
             else if (key_is(k, "per_client")) rc = get_per_client(d, v, e);
             break;
         case PROTO_T_TOKEN:

@@ -322,6 +322,11 @@ def t_aneclient(d, alone):
         check(r.returncode == 2, "aneclient --embed %s: usage error, got %r %r" % (what, r.returncode, r.stderr))
     r = subprocess.run(base + ["--tokens", "1 99999999"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30)
     check(r.returncode == 1 and b"invalid_token" in r.stderr, "aneclient --embed bad token: %r" % r.stderr)
+    r = subprocess.run([tp.CLIENT, "--socket", d.sock, "--info", "--json"], stdout=subprocess.PIPE, timeout=30)
+    o = json.loads(r.stdout)
+    check(o.get("pooling") == "last" and o.get("pooling_source") == "default", "aneclient --info --json: pooling")
+    r = subprocess.run([tp.CLIENT, "--socket", d.sock, "--info"], stdout=subprocess.PIPE, timeout=30)
+    check(b"last pooling (default)" in r.stdout, "aneclient --info: pooling")
     r = subprocess.run([tp.CLIENT, "--help"], stdout=subprocess.PIPE, timeout=30)
     check(b"--embed" in r.stdout, "--help names --embed")
 
