@@ -14,8 +14,9 @@
  *   2. builds one batch: a decode token for every generating sequence, then
  *      prefill chunks from the token budget that is left;
  *   3. runs the forward pass once for the whole batch;
- *   4. samples / reports logits, turns tokens into whole-UTF-8 text with stop
- *      strings held back, and queues events; notify() wakes the caller.
+ *   4. samples / reports logits / pools embed jobs' hidden states (embed.c),
+ *      turns tokens into whole-UTF-8 text with stop strings held back, and
+ *      queues events; notify() wakes the caller.
  * Every event is queued by the worker, but for eng_tokenize_submit's, which
  * the tokenizer thread answers itself. A job's KV pages are returned the
  * moment it ends or is cancelled, and taken back earlier (evict) when a
@@ -694,7 +695,7 @@ int eng_submit(eng *e, const eng_job_desc *d, uint64_t *job_id, eng_err *code, c
         if (why) {
             char msg[160];
             snprintf(msg, sizeof msg, "%s: \"system\": %s",
-                     d->kind == ENG_JOB_EVAL ? "eval" : "generate", why);
+                     d->kind == ENG_JOB_EVAL ? "eval" : d->kind == ENG_JOB_EMBED ? "embed" : "generate", why);
             return fail(code, ENG_EINVAL, err, errlen, msg);
         }
     }
