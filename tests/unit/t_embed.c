@@ -266,7 +266,12 @@ static const char *const texts[16] = {
     "1 2 3 4 5 6 7 8 9 10", "Rain falls on the hills in spring and the rivers rise.", "x",
     "Quantum computers use qubits.", "She sells sea shells by the sea shore.", "The end.",
     "Water boils at one hundred degrees Celsius at sea level.", "ok ok ok ok", "Good morning!",
-    "Tokens, tokens, tokens: the model reads them one after another.", "Why?",
+    /* long (521 tokens here): prefilled alone in passes of 512 + 9 tokens,
+     * beside decoding streams in others (345 + 101 + 75 in one run), mean
+     * pooling's in passes of 64 rows */
+#define L10 "Tokens, tokens, tokens: the model reads them one after another, and then some more. "
+    L10 L10 L10 L10 L10 L10 L10 L10 L10 L10 L10 L10 L10 L10 L10 L10 L10 L10 L10 L10, "Why?",
+#undef L10
 };
 
 /* One input alone, then in a batch of 16 beside generate jobs that decode
