@@ -244,7 +244,7 @@ bin/ktrace.so: tests/bench/ktrace/ktrace.c
 # kernels against the CPU reference, then the model references through CUDA
 test-cuda: fixtures
 	$(MAKE) CUDA=1 all
-	@bin/tests/t_cuda && ANE_BACKEND=cuda bin/tests/t_models
+	@bin/tests/t_cuda && ANE_BACKEND=cuda bin/tests/t_models && ANE_BACKEND=cuda bin/tests/t_embed
 $(LIBCLIENT): $(CLIENT_LIB_OBJ) $(PROTO_OBJ) $(COMMON_OBJ)
 	@mkdir -p $(dir $@); rm -f $@; ar rcs $@ $^
 

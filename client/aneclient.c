@@ -24,7 +24,7 @@ enum {
     EX_OK = 0, EX_FAIL = 1, EX_USAGE = 2, EX_CONNECT = 3, EX_REFUSED = 4, EX_INTERRUPTED = 130,
 };
 
-enum mode { M_GENERATE, M_EVAL, M_TOKENIZE, M_DETOKENIZE, M_INFO, M_PING };
+enum mode { M_GENERATE, M_EVAL, M_TOKENIZE, M_DETOKENIZE, M_INFO, M_PING, M_EMBED };
 
 static volatile sig_atomic_t interrupted;
 /* Connecting: nothing sent yet, so Ctrl-C has nothing to cancel. */
@@ -63,6 +63,8 @@ static void usage(FILE *f)
 "      --chat              a conversation typed line by line (see Conversations)\n"
 "      --eval              print the top logits at every prompt position\n"
 "      --top N             entries per position for --eval (1..%d, default 10)\n"
+"      --embed             print the text's embedding (or --tokens'): a JSON array\n"
+"                          of floats, unit length, pooled as aned --info says\n"
 "      --tokenize          print the token ids of the text (--special, --no-bos)\n"
 "      --detokenize        print the text of token ids (arguments or stdin)\n"
 "      --info              print the daemon's model and load figures\n"
@@ -123,6 +125,8 @@ static void usage(FILE *f)
 "  \"finish\":\"...\",\"tokens\":[ID,...],\"text\":\"...\",\"usage\":{...},\"timings\":{...}};\n"
 "  --eval: {\"type\":\"done\",\"finish\":...,\"positions\":[{\"pos\":P,\"top\":[[ID,LOGIT]\n"
 "  ,...]},...],\"usage\":...,\"timings\":...}, one line at the end;\n"
+"  --embed {\"type\":\"done\",\"finish\":...,\"embedding\":[F,...],\"usage\":...,\n"
+"  \"timings\":...};\n"
 "  --tokenize {\"type\":\"tokens\",\"tokens\":[...]};\n"
 "  --detokenize {\"type\":\"text\",\"text\":\"...\"};\n"
 "  --info {\"type\":\"info\",...}; --ping {\"type\":\"pong\",\"ms\":F};\n"
@@ -379,6 +383,8 @@ static void json_info(FILE *f, const proto_ev *e)
     fputs(",\"warning\":", f); json_str(f, e->warning, e->warning_len);
     fprintf(f, ",\"n_vocab\":%d,\"n_ctx\":%d,\"n_layer\":%d,\"n_embd\":%d,\"tokenizer_only\":%s",
             e->n_vocab, e->n_ctx, e->n_layer, e->n_embd, e->tokenizer_only ? "true" : "false");
+    if (e->pooling) { fputs(",\"pooling\":", f); json_str(f, e->pooling, strlen(e->pooling)); }
+    if (e->pooling_source) { fputs(",\"pooling_source\":", f); json_str(f, e->pooling_source, strlen(e->pooling_source)); }
     fprintf(f, ",\"active\":%u,\"queued\":%u,\"clients\":%u", e->active, e->queued, e->clients);
     fprintf(f, ",\"jobs_done\":%llu,\"tokens_served\":%llu,\"prompt_tokens_total\":%llu",
             (unsigned long long)e->jobs_done, (unsigned long long)e->tokens_served,
@@ -404,6 +410,7 @@ static void text_info(FILE *f, const proto_ev *e)
     if (e->warning_len) fprintf(f, "warning:         %.*s\n", (int)e->warning_len, e->warning);
     fprintf(f, "vocab/ctx:       %d / %d\n", e->n_vocab, e->n_ctx);
     fprintf(f, "layers/embd:     %d / %d\n", e->n_layer, e->n_embd);
+    if (e->pooling) fprintf(f, "embeddings:      %s pooling (%s)\n", e->pooling, e->pooling_source ? e->pooling_source : "?");
     fprintf(f, "weights:         %.1f MiB\n", (double)e->weight_bytes / 1048576.0);
     fprintf(f, "kv cache:        %.1f / %.1f MiB\n", (double)e->kv_used / 1048576.0, (double)e->kv_total / 1048576.0);
     fprintf(f, "jobs:            %u active, %u queued, %llu done\n", e->active, e->queued,
@@ -508,6 +515,15 @@ static int on_event(run *R, const proto_ev *ev)
         }
         R->n_gen++;
         return -1;
+    case PROTO_T_EMBEDDING:
+        fputc('[', R->accf);
+        for (size_t i = 0; i < ev->n_embedding; i++) {
+            if (i) fputc(',', R->accf);
+            json_num(R->accf, ev->embedding[i]);
+        }
+        fputc(']', R->accf);
+        R->n_gen++;
+        return -1;
     case PROTO_T_DONE: {
         int cancelled = ev->finish_len == 9 && memcmp(ev->finish, "cancelled", 9) == 0;
         if (R->json) {
@@ -519,6 +535,11 @@ static int on_event(run *R, const proto_ev *ev)
                 fputs(",\"positions\":[", stdout);
                 fwrite(R->acc, 1, R->acc_len, stdout);
                 fputs("],", stdout);
+            } else if (R->mode == M_EMBED) {
+                fputs(",\"embedding\":", stdout);
+                if (R->acc_len) fwrite(R->acc, 1, R->acc_len, stdout);
+                else fputs("null", stdout);
+                fputc(',', stdout);
             } else {
                 fputs(",\"tokens\":[", stdout);
                 fwrite(R->toks, 1, R->toks_len, stdout);
@@ -528,6 +549,9 @@ static int on_event(run *R, const proto_ev *ev)
             }
             json_usage_timings(stdout, ev);
             fputs("}\n", stdout);
+        } else if (R->mode == M_EMBED) {
+            fflush(R->accf);
+            if (R->acc_len) { fwrite(R->acc, 1, R->acc_len, stdout); fputc('\n', stdout); }
         } else {
             end_line();
         }
@@ -901,7 +925,7 @@ static int chat_main(run *R, proto_req *q, const char *socket_path, uid_t daemon
 int main(int argc, char **argv)
 {
     enum { O_SOCKET = 256, O_TOPK, O_TOPP, O_MINP, O_RPEN, O_RLAST, O_SEED, O_STOP, O_GRAMMAR, O_JSCHEMA, O_SYSTEM, O_RAW,
-           O_SPECIAL, O_NOBOS, O_TOKENS, O_TOKENIZE, O_DETOKENIZE, O_EVAL, O_TOP, O_INFO, O_PING, O_JSON, O_DUSER,
+           O_SPECIAL, O_NOBOS, O_TOKENS, O_TOKENIZE, O_DETOKENIZE, O_EVAL, O_EMBED, O_TOP, O_INFO, O_PING, O_JSON, O_DUSER,
            O_NOSTDIN, O_MESSAGES, O_CHAT };
     static const struct option opts[] = {
         { "socket", required_argument, 0, O_SOCKET },
@@ -929,6 +953,7 @@ int main(int argc, char **argv)
         { "tokenize", no_argument, 0, O_TOKENIZE },
         { "detokenize", no_argument, 0, O_DETOKENIZE },
         { "eval", no_argument, 0, O_EVAL },
+        { "embed", no_argument, 0, O_EMBED },
         { "top", required_argument, 0, O_TOP },
         { "info", no_argument, 0, O_INFO },
         { "ping", no_argument, 0, O_PING },
@@ -1006,6 +1031,7 @@ int main(int argc, char **argv)
         case O_TOKENIZE: R.mode = M_TOKENIZE; modes++; break;
         case O_DETOKENIZE: R.mode = M_DETOKENIZE; modes++; break;
         case O_EVAL: R.mode = M_EVAL; modes++; break;
+        case O_EMBED: R.mode = M_EMBED; modes++; break;
         case O_TOP: q.top = (int32_t)parse_int("--top", optarg, 1, PROTO_MAX_TOP); have_top = 1; break;
         case O_INFO: R.mode = M_INFO; modes++; break;
         case O_PING: R.mode = M_PING; modes++; break;
@@ -1019,7 +1045,7 @@ int main(int argc, char **argv)
             die_usage("unknown option %s", argv[optind - 1]);
         }
     }
-    if (modes > 1) die_usage("--eval, --tokenize, --detokenize, --info and --ping exclude each other");
+    if (modes > 1) die_usage("--eval, --embed, --tokenize, --detokenize, --info and --ping exclude each other");
     if (chat_mode) {
         if (R.mode != M_GENERATE) die_usage("--chat generates text: it does not go with --eval, --tokenize, "
                                             "--detokenize, --info or --ping");
@@ -1039,8 +1065,14 @@ int main(int argc, char **argv)
         return chat_main(&R, &q, socket_path, daemon_uid, messages_arg, argc, argv, optind);
     }
     int prompt_mode = R.mode == M_GENERATE || R.mode == M_EVAL;
+    if (R.mode == M_EMBED) {
+        /* text as is, or token ids: no template, no conversation */
+        if (messages_arg) die_usage("--embed takes a text or --tokens, not --messages");
+        if (q.system) die_usage("--embed takes a text or --tokens: --system does not apply");
+        if (q.raw) die_usage("--raw does not apply to --embed: its text is always used as is");
+    }
     if (have_top && R.mode != M_EVAL) die_usage("--top goes with --eval");
-    if (tokens_arg && !prompt_mode) die_usage("--tokens goes with generation or --eval");
+    if (tokens_arg && !prompt_mode && R.mode != M_EMBED) die_usage("--tokens goes with generation, --eval or --embed");
     if (messages_arg && !prompt_mode) die_usage("--messages goes with generation or --eval");
     if (tokens_arg && messages_arg) die_usage("give either --tokens or --messages, not both");
     if (no_bos && R.mode != M_TOKENIZE) die_usage("--no-bos goes with --tokenize");
@@ -1069,7 +1101,7 @@ int main(int argc, char **argv)
     proto_msg *msgs = NULL;
     size_t n_msgs = 0;
     json_t *msgs_root = NULL;
-    int text_in = prompt_mode || R.mode == M_TOKENIZE || R.mode == M_DETOKENIZE;
+    int text_in = prompt_mode || R.mode == M_TOKENIZE || R.mode == M_DETOKENIZE || R.mode == M_EMBED;
     if (tokens_arg) {
         if (optind < argc) die_usage("give either --tokens or a text prompt, not both");
         ids = parse_ids("--tokens", tokens_arg, &n_ids);
@@ -1116,6 +1148,7 @@ int main(int argc, char **argv)
     case M_DETOKENIZE: q.type = PROTO_T_DETOKENIZE; break;
     case M_INFO: q.type = PROTO_T_INFO; break;
     case M_PING: q.type = PROTO_T_PING; break;
+    case M_EMBED: q.type = PROTO_T_EMBED; break;
     }
     if (msgs) { q.msgs = msgs; q.n_msgs = n_msgs; }
     else if (ids) { q.tokens = ids; q.n_tokens = n_ids; }

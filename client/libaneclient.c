@@ -373,7 +373,7 @@ uint64_t ane_submit(ane_client *c, proto_req *req, char *err, size_t errlen)
 {
     if (!c || c->dead) { err_set(err, errlen, "the connection to aned is closed"); return 0; }
     if (req->type == PROTO_T_CANCEL || req->type == PROTO_T_HELLO || req->type < PROTO_T_HELLO
-        || req->type > PROTO_T_PING) {
+        || req->type > PROTO_T_EMBED) {
         err_set(err, errlen, "ane_submit: \"%s\" is not a request to submit", proto_type_name(req->type));
         return 0;
     }

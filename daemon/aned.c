@@ -64,6 +64,9 @@ static void usage(FILE *f)
 "                          f16); q8_0: blocks of 32 with an f16 scale, about half\n"
 "                          f16's bytes, slightly less accurate (docs/cuda.md);\n"
 "                          needs a head_dim that is a multiple of 32\n"
+"      --pooling mean|cls|last  how embed requests pool the hidden states (default:\n"
+"                          the GGUF's <arch>.pooling_type; last token when it\n"
+"                          names none, as decoder embedding models want)\n"
 "      --deterministic     a sequence's results never depend on what is batched\n"
 "                          with it, at every batch size (CUDA: slower past 16\n"
 "                          decoding streams; the CPU always is)\n"
@@ -352,7 +355,7 @@ static void raise_fd_limit(int max_clients)
 }
 
 enum {
-    OPT_SOCKET_MODE = 256, OPT_SOCKET_GROUP, OPT_BACKEND, OPT_MAX_SEQS, OPT_MAX_QUEUED, OPT_KV_BUDGET, OPT_DETERMINISTIC, OPT_F16_CACHE, OPT_CHAT_TEMPLATE, OPT_KV_TYPE,
+    OPT_SOCKET_MODE = 256, OPT_SOCKET_GROUP, OPT_BACKEND, OPT_MAX_SEQS, OPT_MAX_QUEUED, OPT_KV_BUDGET, OPT_DETERMINISTIC, OPT_F16_CACHE, OPT_CHAT_TEMPLATE, OPT_KV_TYPE, OPT_POOLING,
     OPT_MAX_CLIENTS, OPT_MAX_BACKLOG, OPT_STALL, OPT_GRACE, OPT_HELLO, OPT_LOG_LEVEL,
     OPT_ALLOW_USER, OPT_ALLOW_GROUP, OPT_JOBS_UID, OPT_CLIENTS_UID, OPT_SECCOMP, OPT_IDLE,
 };
@@ -425,6 +428,7 @@ int main(int argc, char **argv)
         { "cuda-f16-cache", required_argument, 0, OPT_F16_CACHE },
         { "chat-template", required_argument, 0, OPT_CHAT_TEMPLATE },
         { "kv-type", required_argument, 0, OPT_KV_TYPE },
+        { "pooling", required_argument, 0, OPT_POOLING },
         { "max-clients", required_argument, 0, OPT_MAX_CLIENTS },
         { "max-backlog", required_argument, 0, OPT_MAX_BACKLOG },
         { "stall-timeout", required_argument, 0, OPT_STALL },
@@ -511,6 +515,12 @@ int main(int argc, char **argv)
             else if (!strcmp(optarg, "q8_0")) so.eng.kv_type = ENG_KV_Q8_0;
             else if (!strcmp(optarg, "f32")) so.eng.kv_type = ENG_KV_F32;
             else { fprintf(stderr, "aned: --kv-type: expected f16, q8_0 or f32, got '%s'\n", optarg); return 2; }
+            break;
+        case OPT_POOLING:
+            if (!strcmp(optarg, "mean")) so.eng.pooling = ENG_POOL_MEAN;
+            else if (!strcmp(optarg, "cls")) so.eng.pooling = ENG_POOL_CLS;
+            else if (!strcmp(optarg, "last")) so.eng.pooling = ENG_POOL_LAST;
+            else { fprintf(stderr, "aned: --pooling: expected mean, cls or last, got '%s'\n", optarg); return 2; }
             break;
         case OPT_KV_BUDGET: if (parse_int("--kv-budget", optarg, 0, 1L << 30, &v)) return 2; so.eng.kv_budget = (size_t)v << 20; break;
         case OPT_MAX_CLIENTS: if (parse_int("--max-clients", optarg, 1, 1 << 20, &v)) return 2; so.max_clients = (int)v; break;
@@ -684,6 +694,7 @@ int main(int argc, char **argv)
              mi->n_layer, mi->n_vocab, mi->n_ctx, mi->backend ? mi->backend : "?", mi->n_threads,
              mi->max_seqs, mi->kv_type ? mi->kv_type : "?", mi->tokenizer_only ? ", tokenizer only" : "");
     if (mi->device && mi->device[0]) log_info("device: %s", mi->device);
+    if (mi->pooling) log_info("embeddings: %s pooling (%s)", mi->pooling, mi->pooling_source);
     if (mi->warning && mi->warning[0]) log_warn("model: %s", mi->warning);
     if (so.eng.n_ctx > 0 && mi->n_ctx_train > 0 && mi->n_ctx > mi->n_ctx_train)
         log_warn("--ctx %d is larger than the model's trained context of %d tokens: "

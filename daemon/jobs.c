@@ -134,7 +134,7 @@ static void req_submit(client *cl, const proto_req *r)
     }
     eng_job_desc d;
     memset(&d, 0, sizeof d);
-    d.kind = r->type == PROTO_T_EVAL ? ENG_JOB_EVAL : ENG_JOB_GENERATE;
+    d.kind = r->type == PROTO_T_EVAL ? ENG_JOB_EVAL : r->type == PROTO_T_EMBED ? ENG_JOB_EMBED : ENG_JOB_GENERATE;
     d.tokens = r->tokens;
     d.n_tokens = r->n_tokens;
     d.text = r->text;
@@ -298,6 +298,8 @@ static void req_info(client *cl, const proto_req *r)
     e.cuda_f16_cache = mi->cuda_f16_cache_off ? "off" : "auto";
     e.kv_type = mi->kv_type;
     e.device = mi->device;
+    e.pooling = mi->tokenizer_only ? NULL : mi->pooling;
+    e.pooling_source = mi->tokenizer_only ? NULL : mi->pooling_source;
     /* One entry per connection with jobs. A job counts as "active" once its
      * first event arrived, else "queued" (the engine reports no per-job state). */
     proto_client_count *pc = calloc(s->n_clients ? s->n_clients : 1, sizeof *pc);
@@ -347,7 +349,8 @@ void dispatch(client *cl, const proto_req *r)
     }
     switch (r->type) {
     case PROTO_T_GENERATE:
-    case PROTO_T_EVAL:       req_submit(cl, r); break;
+    case PROTO_T_EVAL:
+    case PROTO_T_EMBED:      req_submit(cl, r); break;
     case PROTO_T_TOKENIZE:   req_tokenize(cl, r); break;
     case PROTO_T_DETOKENIZE: req_detokenize(cl, r); break;
     case PROTO_T_INFO:       req_info(cl, r); break;
@@ -449,7 +452,19 @@ void handle_event(server *s, const eng_event *ev)
         client_send(cl, &e);
         return;
     }
+    case ENG_EV_EMBEDDING:
+        j->started = 1;
+        if (!live) return;
+        proto_ev_init(&e, PROTO_T_EMBEDDING, j->req_id);
+        e.embedding = ev->embd;
+        e.n_embedding = ev->embd ? (size_t)ev->n_embd : 0;
+        client_send(cl, &e);
+        return;
     case ENG_EV_DONE:
+        if (j->type == PROTO_T_EMBED && !j->started && ev->finish != ENG_FINISH_CANCELLED && cl && !j->overflow) {
+            send_error(cl, j->req_id, j->type, PROTO_E_INTERNAL, "out of memory for the vector");
+            break;
+        }
         if (j->tokenize) {   /* cancelled: overflow, shutdown or a closed connection */
             if (cl) send_error(cl, j->req_id, j->type, j->overflow ? PROTO_E_BUSY : PROTO_E_SHUTDOWN,
                                j->overflow ? "cancelled: the client did not read its output"

@@ -14,8 +14,9 @@
  *   2. builds one batch: a decode token for every generating sequence, then
  *      prefill chunks from the token budget that is left;
  *   3. runs the forward pass once for the whole batch;
- *   4. samples / reports logits, turns tokens into whole-UTF-8 text with stop
- *      strings held back, and queues events; notify() wakes the caller.
+ *   4. samples / reports logits / pools embed jobs' hidden states (embed.c),
+ *      turns tokens into whole-UTF-8 text with stop strings held back, and
+ *      queues events; notify() wakes the caller.
  * Every event is queued by the worker, but for eng_tokenize_submit's, which
  * the tokenizer thread answers itself. A job's KV pages are returned the
  * moment it ends or is cancelled, and taken back earlier (evict) when a
@@ -131,6 +132,7 @@ void eng_event_free(eng_event *ev)
     free(ev->ids);
     free(ev->top_ids);
     free(ev->top_logits);
+    free(ev->embd);
     free(ev->reasoning);
     free(ev->call_name); free(ev->call_args); free(ev->call_id);
     free(ev);
@@ -159,6 +161,7 @@ void job_free(job *j)
     if (!j) return;
     job_prompt_free(j);
     free(j->toks);
+    free(j->emb_acc);
     for (size_t i = 0; i < j->n_stop; i++) free(j->stop[i]);
     free(j->stop);
     free(j->stop_len);
@@ -472,9 +475,9 @@ static int job_set_prompt(eng *e, job *j, int32_t *ids, size_t n, eng_err *code,
     }
     /* eval scores every position and generates nothing: n_ctx tokens fit;
      * generate needs room for at least one more */
-    if (n > (size_t)e->n_ctx || (j->kind != ENG_JOB_EVAL && n == (size_t)e->n_ctx)) {
+    if (n > (size_t)e->n_ctx || (j->kind == ENG_JOB_GENERATE && n == (size_t)e->n_ctx)) {
         char msg[160];
-        if (j->kind == ENG_JOB_EVAL)
+        if (j->kind != ENG_JOB_GENERATE)
             snprintf(msg, sizeof msg, "prompt of %zu tokens does not fit the context of %d", n, e->n_ctx);
         else
             snprintf(msg, sizeof msg, "prompt of %zu tokens does not fit the context of %d"
@@ -483,7 +486,7 @@ static int job_set_prompt(eng *e, job *j, int32_t *ids, size_t n, eng_err *code,
         return fail(code, ENG_ECTX, err, errlen, msg);
     }
     int room = e->n_ctx - (int)n;
-    j->max_gen = j->kind == ENG_JOB_EVAL ? 0 : (j->max_tokens == 0 || j->max_tokens > room ? room : j->max_tokens);
+    j->max_gen = j->kind != ENG_JOB_GENERATE ? 0 : (j->max_tokens == 0 || j->max_tokens > room ? room : j->max_tokens);
     int need = ((int)n + j->max_gen + KV_PAGE - 1) / KV_PAGE;
     if (need > e->n_pages_total) {
         free(ids);
@@ -670,8 +673,10 @@ int eng_submit(eng *e, const eng_job_desc *d, uint64_t *job_id, eng_err *code, c
     if (code) *code = ENG_OK;
     if (e->m->tokenizer_only) return fail(code, ENG_ENOMODEL, err, errlen, NULL);
     if (model_gone(e, 0)) { gone_msg(e, err, errlen); if (code) *code = ENG_EMODEL_CHANGED; return -1; }
-    if (d->kind != ENG_JOB_GENERATE && d->kind != ENG_JOB_EVAL)
+    if (d->kind != ENG_JOB_GENERATE && d->kind != ENG_JOB_EVAL && d->kind != ENG_JOB_EMBED)
         return fail(code, ENG_EINVAL, err, errlen, "unknown job kind");
+    if (d->kind == ENG_JOB_EMBED && (d->n_msgs || d->system))
+        return fail(code, ENG_EINVAL, err, errlen, "embed: takes text or tokens, no messages or system");
     if (d->kind == ENG_JOB_GENERATE && valid_sampling(&d->sampling, err, errlen)) {
         if (code) *code = ENG_EINVAL;
         return -1;
@@ -690,7 +695,7 @@ int eng_submit(eng *e, const eng_job_desc *d, uint64_t *job_id, eng_err *code, c
         if (why) {
             char msg[160];
             snprintf(msg, sizeof msg, "%s: \"system\": %s",
-                     d->kind == ENG_JOB_EVAL ? "eval" : "generate", why);
+                     d->kind == ENG_JOB_EVAL ? "eval" : d->kind == ENG_JOB_EMBED ? "embed" : "generate", why);
             return fail(code, ENG_EINVAL, err, errlen, msg);
         }
     }
@@ -698,6 +703,10 @@ int eng_submit(eng *e, const eng_job_desc *d, uint64_t *job_id, eng_err *code, c
     if (!j) return fail(code, ENG_ENOMEM, err, errlen, NULL);
     j->kind = d->kind;
     j->max_tokens = d->max_tokens;
+    if (d->kind == ENG_JOB_EMBED) {
+        j->emb_acc = calloc((size_t)e->m->hp.n_embd, sizeof *j->emb_acc);
+        if (!j->emb_acc) { job_free(j); return fail(code, ENG_ENOMEM, err, errlen, NULL); }
+    }
     int text = d->n_tokens == 0;
     if (!text) {
         /* ids as given: checked and taken now, linear and cheap */
@@ -716,6 +725,7 @@ int eng_submit(eng *e, const eng_job_desc *d, uint64_t *job_id, eng_err *code, c
         job_free(j);
         return -1;
     }
+    if (d->kind == ENG_JOB_EMBED) j->raw = 1;   /* the text as is: no chat template */
     j->s = d->sampling;
     if (d->parse_tools && d->kind == ENG_JOB_GENERATE && d->n_msgs > 0) {
         j->parse_tools = 1;
@@ -1122,6 +1132,7 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
     if (model_prepare(m, e->be, err, errlen)) goto fail;
     e->n_pages_total = (int)n_pages;
     if (fw_open(&e->fw, m, e->be, max_T, max_out, e->n_pages_total, e->max_seqs, err, errlen)) goto fail;
+    emb_setup(e);
     if (sampler_open(&e->smp, m->hp.n_vocab)) { snprintf(err, errlen, "out of memory"); goto fail; }
     pthread_mutex_init(&e->gv_mu, NULL);
     e->gmask = malloc(((size_t)m->hp.n_vocab + 31) / 32 * sizeof *e->gmask);
@@ -1142,6 +1153,7 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
     e->b_job_of_out = malloc((size_t)max_T * sizeof *e->b_job_of_out);
     e->b_out_pos = malloc((size_t)max_T * sizeof *e->b_out_pos);
     e->logits = malloc((size_t)max_out * m->hp.n_vocab * sizeof(float));
+    e->hidden = malloc((size_t)max_out * m->hp.n_embd * sizeof(float));
     if (kvc_open(&e->kv, e->n_pages_total, KV_PAGE)) { snprintf(err, errlen, "out of memory"); goto fail; }
     if (m->recurrent && fw_snap_count(e->fw) > 0 && snapc_open(&e->snaps, fw_snap_count(e->fw), e->n_ctx)) {
         snprintf(err, errlen, "out of memory");
@@ -1149,7 +1161,7 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
     }
     if (!e->active || !e->b_tok || !e->b_pos || !e->b_out || !e->b_ids || !e->a_pos || !e->a_out || !e->a_ids ||
         !e->a_job || !e->b_pages || !e->b_job || !e->b_slot || !e->slot_used ||
-        !e->b_job_of_out || !e->b_out_pos || !e->logits) {
+        !e->b_job_of_out || !e->b_out_pos || !e->logits || !e->hidden) {
         snprintf(err, errlen, "out of memory");
         goto fail;
     }
@@ -1196,7 +1208,7 @@ void eng_close(eng *e)
     kvc_close(e->kv);
     snapc_close(e->snaps);
     free(e->active); free(e->b_tok); free(e->b_pos); free(e->b_out);
-    free(e->b_pages); free(e->b_job); free(e->b_slot); free(e->slot_used); free(e->b_job_of_out); free(e->b_out_pos); free(e->logits); free(e->b_ids);
+    free(e->b_pages); free(e->b_job); free(e->b_slot); free(e->slot_used); free(e->b_job_of_out); free(e->b_out_pos); free(e->logits); free(e->hidden); free(e->b_ids);
     free(e->a_pos); free(e->a_out); free(e->a_ids); free(e->a_job);
     chat_free(e->chat);
     free(e->eog);

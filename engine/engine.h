@@ -21,6 +21,12 @@ typedef struct eng eng;
  * its bytes (docs/cuda.md gives the accuracy); f32 twice them */
 enum { ENG_KV_F16 = 0, ENG_KV_Q8_0 = 1, ENG_KV_F32 = 2 };
 
+/* How embed jobs pool the hidden states after the final norm (eng_opts.pooling;
+ * 1..3 are llama.cpp's pooling_type values): ENG_POOL_MODEL takes the GGUF's
+ * <arch>.pooling_type, and last-token pooling where it names none (or none /
+ * rank), the right one for decoder models (Qwen3-Embedding and kin). */
+enum { ENG_POOL_MODEL = 0, ENG_POOL_MEAN = 1, ENG_POOL_CLS = 2, ENG_POOL_LAST = 3 };
+
 typedef struct eng_opts {
     const char *model_path; /* GGUF file or Hugging Face directory */
     const char *backend;    /* "cpu", "cuda", or NULL for the best present */
@@ -48,6 +54,7 @@ typedef struct eng_opts {
     const char *chat_template;
     size_t chat_template_len;
     const char *chat_template_name;
+    int pooling;            /* ENG_POOL_*: embed jobs' pooling (aned --pooling); 0 = the model's */
 } eng_opts;
 
 /* Loads the model and starts the worker. */
@@ -93,6 +100,9 @@ typedef struct eng_model_info {
     int deterministic, cuda_f16_cache_off; /* as opened (eng_opts) */
     const char *kv_type;       /* "f16", "q8_0" or "f32" */
     const char *device;        /* the accelerator and the kernels' path, or "" (CPU) */
+    const char *pooling;       /* embed jobs' pooling: "mean", "cls" or "last" */
+    const char *pooling_source; /* "model" (its pooling_type), "default" (it names none: last
+                                   token) or "option" (eng_opts.pooling) */
 } eng_model_info;
 
 const eng_model_info *eng_model(const eng *e);
@@ -148,7 +158,12 @@ typedef struct eng_sampling {
 
 void eng_sampling_default(eng_sampling *s);
 
-typedef enum eng_job_kind { ENG_JOB_GENERATE = 0, ENG_JOB_EVAL = 1 } eng_job_kind;
+/* EMBED: the prompt's prefill alone, no sampling; its hidden states after
+ * the final norm pooled (eng_model_info.pooling) and L2-normalised into one
+ * ENG_EV_EMBEDDING event, then DONE; its KV is released at once. It shares
+ * the batch with the other jobs and its vector does not depend on them. A
+ * text prompt is encoded as is (no chat template; BOS per the tokenizer). */
+typedef enum eng_job_kind { ENG_JOB_GENERATE = 0, ENG_JOB_EVAL = 1, ENG_JOB_EMBED = 2 } eng_job_kind;
 
 /* One chat message (role "system", "user", "assistant" or "tool"). */
 typedef struct eng_msg {
@@ -234,6 +249,7 @@ typedef enum eng_event_type {
     ENG_EV_TOKENS,     /* eng_tokenize_submit: the ids (its only event) */
     ENG_EV_TOOL_CALL,  /* generate with parse_tools: one complete tool call, after the
                           TOKEN event of the token that completed it */
+    ENG_EV_EMBEDDING,  /* embed: the vector (before DONE) */
 } eng_event_type;
 
 typedef enum eng_finish {
@@ -270,6 +286,9 @@ typedef struct eng_event {
     int32_t n_top;
     int32_t *top_ids;
     float *top_logits;
+    /* EMBEDDING: n_embd floats, unit L2 norm (malloc'd) */
+    float *embd;
+    int32_t n_embd;
     /* DONE */
     eng_finish finish;
     int32_t prompt_tokens, cached_tokens, completion_tokens;

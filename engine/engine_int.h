@@ -40,7 +40,7 @@
 typedef enum { JOB_PENDING, JOB_TOKENIZING, JOB_QUEUED, JOB_ACTIVE, JOB_PARKED } job_state;
 
 #define TOK_NICE 10  /* the tokenizer thread yields the cores to forward passes */
-#define JOB_TOKENIZE ((eng_job_kind)2)  /* eng_tokenize_submit: ids back as one event */
+#define JOB_TOKENIZE ((eng_job_kind)16)  /* eng_tokenize_submit: ids back as one event */
 
 typedef struct job {
     struct job *next;            /* queue link */
@@ -60,6 +60,8 @@ typedef struct job {
     eng_sampling s;
     uint64_t rng;
     int top_n;
+    double *emb_acc;             /* embed: the pooled sum of its output rows [n_embd] */
+    int emb_rows;
     struct gram *gram;           /* output grammar (NULL: none) and its parse state */
     struct gram_match *gm;
     char **stop; size_t *stop_len; size_t n_stop;
@@ -160,6 +162,8 @@ struct eng {
     job **b_job_of_out;
     int *b_out_pos;
     float *logits;
+    float *hidden;               /* [max_out][n_embd] final-norm hidden states of embed rows */
+    int pooling;                 /* ENG_POOL_MEAN, _CLS or _LAST for embed jobs */
     int32_t *b_ids;              /* [max_T] greedy ids computed by the backend */
     /* The next decode step, queued before this step's ids are read (its
      * tokens are those ids, on the device): its batch, kept to check that
@@ -187,6 +191,11 @@ void gone_msg(const eng *e, char *msg, size_t n);
 int model_gone(eng *e, int quick);
 void pend_done(eng *e, const job *j);
 void queue_insert(eng *e, job *j);
+/* embed.c: embed jobs' pooling */
+void emb_setup(eng *e);                     /* e->pooling and info from opt and the model */
+int emb_out_row(const eng *e, const job *j, int pos);   /* whether position pos is pooled */
+void emb_add(const eng *e, job *j, const float *h);     /* one pooled row's hidden state */
+void emb_emit(eng *e, job *j);              /* the vector's event, once every row is in */
 /* worker.c, for engine.c */
 void job_error(eng *e, job *j);
 void *worker_main(void *arg);

@@ -524,6 +524,7 @@ static void step(eng *e)
         }
     }
     int n_decode = T;
+    int max_out = EVAL_ROWS > e->max_seqs ? EVAL_ROWS : e->max_seqs;   /* (as eng_open sized them) */
     int budget = n_decode ? n_decode + e->prefill_shared : BATCH_TOKENS;
     for (int i = 0; i < e->n_active && T < budget; i++) {
         job *j = e->active[i];
@@ -532,7 +533,13 @@ static void step(eng *e)
         if (j->n_past >= end || atomic_load_explicit(&j->paused, memory_order_relaxed)) continue;
         int take = end - j->n_past;
         if (take > budget - T) take = budget - T;
-        if (j->kind == ENG_JOB_EVAL && take > EVAL_ROWS - n_out) take = EVAL_ROWS - n_out;
+        int every = j->kind == ENG_JOB_EVAL || (j->kind == ENG_JOB_EMBED && e->pooling == ENG_POOL_MEAN);
+        if (every && take > EVAL_ROWS - n_out) take = EVAL_ROWS - n_out;
+        if (!every && n_out >= max_out) {
+            /* its one output row would not fit the logits rows: it waits there */
+            int p1 = j->kind == ENG_JOB_EMBED && e->pooling == ENG_POOL_CLS ? 0 : j->n_prompt - 1;
+            if (p1 >= j->n_past && p1 < j->n_past + take) take = p1 - j->n_past;
+        }
         if (take <= 0) continue;
         int mark = (j->n_prompt - 1) / KV_PAGE * KV_PAGE;
         if (j->snap >= 0 && j->n_past < mark && j->n_past + take >= mark) {
@@ -547,8 +554,9 @@ static void step(eng *e)
             e->b_pages[T] = j->pages;
             e->b_slot[T] = j->slot;
             e->b_job[T] = j;
-            int last = p == j->n_prompt - 1;
-            if ((j->kind == ENG_JOB_EVAL || last) && p >= j->n_fill) {
+            int out = j->kind == ENG_JOB_EVAL ? 1 : j->kind == ENG_JOB_EMBED ? emb_out_row(e, j, p)
+                                                                            : p == j->n_prompt - 1;
+            if (out && p >= j->n_fill) {
                 e->b_out[n_out] = T;
                 e->b_job_of_out[n_out] = j;
                 e->b_out_pos[n_out] = p;
@@ -561,10 +569,11 @@ static void step(eng *e)
     be_batch bt = { .T = T, .pos = e->b_pos, .pages = e->b_pages, .slot = e->b_slot, .n_dec = n_decode };
     /* when every output row is greedy without penalties, only the argmax ids
      * are needed: backends that can (CUDA) compute them and skip the logits */
-    int greedy = n_out > 0 && fw_greedy_ok(e->fw);
-    for (int o = 0; greedy && o < n_out; o++) {
+    int greedy = n_out > 0 && fw_greedy_ok(e->fw), embed = 0;
+    for (int o = 0; o < n_out; o++) {
         const job *j = e->b_job_of_out[o];
-        if (j->kind == ENG_JOB_EVAL || j->s.temperature > 0.0f || j->s.repeat_penalty != 1.0f || j->gm) greedy = 0;
+        embed |= j->kind == ENG_JOB_EMBED;
+        if (j->kind != ENG_JOB_GENERATE || j->s.temperature > 0.0f || j->s.repeat_penalty != 1.0f || j->gm) greedy = 0;
     }
     double t_pass = now_ms();
     if (greedy) {
@@ -573,6 +582,7 @@ static void step(eng *e)
         if (e->a_on) fw_greedy_take(e->fw, e->a_ids, e->a_T);   /* (dropped) */
         e->a_on = 0;
         fw_run(e->fw, e->b_tok, &bt, e->b_out, n_out, e->logits);
+        if (embed) fw_hidden(e->fw, e->hidden, n_out);
     }
     t_pass = now_ms() - t_pass;
     if (model_gone(e, 1)) {   /* this pass read other weights: its jobs end (schedule) */
@@ -588,6 +598,10 @@ static void step(eng *e)
     for (int o = 0; o < n_out; o++) {
         job *j = e->b_job_of_out[o];
         float *lg = e->logits + (size_t)o * nv;
+        if (j->kind == ENG_JOB_EMBED) {
+            emb_add(e, j, e->hidden + (size_t)o * e->m->hp.n_embd);
+            continue;
+        }
         if (j->kind == ENG_JOB_EVAL) {
             eng_event *ev = ev_new(ENG_EV_LOGITS, j);
             if (ev) {
@@ -617,7 +631,11 @@ static void step(eng *e)
     pthread_mutex_lock(&e->mu);
     for (int i = 0; i < e->n_active;) {
         job *j = e->active[i];
-        if (j->kind == ENG_JOB_EVAL && j->n_past >= j->n_prompt) { j->finished = 1; j->why = ENG_FINISH_LENGTH; }
+        if (j->kind != ENG_JOB_GENERATE && j->n_past >= j->n_prompt && !j->finished) {
+            if (j->kind == ENG_JOB_EMBED) emb_emit(e, j);
+            j->finished = 1;
+            j->why = ENG_FINISH_LENGTH;
+        }
         if (j->finished) {
             pages_release(e, j);
             if (j->err_code != ENG_OK) job_error(e, j);   /* the grammar failed */

@@ -49,7 +49,7 @@ static atomic_uint n_served;
 /* ------------------------------------------------------------------ daemon side */
 
 /* The connection's daemon client, connecting when needed. -1: 503 sent-worthy, err says why. */
-static int conn_ane(gw_conn *c, char *err, size_t errlen)
+int conn_ane(gw_conn *c, char *err, size_t errlen)
 {
     if (c->ane) return 0;
     ane_connect_opts o = { G.socket_path, GW_NAME, 5000, G.daemon_uid };
@@ -58,7 +58,7 @@ static int conn_ane(gw_conn *c, char *err, size_t errlen)
     return 0;
 }
 
-static void conn_drop(gw_conn *c)
+void conn_drop(gw_conn *c)
 {
     ane_close(c->ane);   /* cancels whatever is still in flight there */
     c->ane = NULL;
@@ -66,7 +66,7 @@ static void conn_drop(gw_conn *c)
 
 /* Waits for the next daemon event while watching the HTTP peer.
  * 1 event; -1 daemon connection failed (err); -2 the HTTP client left. */
-static int wait_event(gw_req *rq, proto_ev *ev, char *err, size_t errlen)
+int wait_event(gw_req *rq, proto_ev *ev, char *err, size_t errlen)
 {
     gw_conn *c = rq->conn;
     for (;;) {
@@ -81,7 +81,7 @@ static int wait_event(gw_req *rq, proto_ev *ev, char *err, size_t errlen)
 }
 
 /* A one-shot request (info, ping, tokenize, detokenize): its terminal event. */
-static int call_daemon(gw_req *rq, proto_req *q, proto_ev *ev, char *err, size_t errlen)
+int call_daemon(gw_req *rq, proto_req *q, proto_ev *ev, char *err, size_t errlen)
 {
     for (int attempt = 0; attempt < 2; attempt++) {
         if (conn_ane(rq->conn, err, errlen) < 0) return -1;
@@ -659,13 +659,13 @@ out:
 
 /* ------------------------------------------------------------------ other endpoints */
 
-static enum MHD_Result daemon_failed(gw_req *rq, struct MHD_Connection *mc, int rc, const char *err)
+enum MHD_Result daemon_failed(gw_req *rq, struct MHD_Connection *mc, int rc, const char *err)
 {
     if (rc == -2) return MHD_NO;
     return send_error(rq, mc, 503, "daemon_unavailable", NULL, "aned is not reachable: %s", err);
 }
 
-static enum MHD_Result ev_error(gw_req *rq, struct MHD_Connection *mc, const proto_ev *ev)
+enum MHD_Result ev_error(gw_req *rq, struct MHD_Connection *mc, const proto_ev *ev)
 {
     job_err je;
     err_from_event(rq->rt, ev, &je);
@@ -788,6 +788,7 @@ static route route_of(const char *url, const char **model_id)
     if (!strcmp(url, "/v1/chat/completions") || !strcmp(url, "/chat/completions")) return R_CHAT;
     if (!strcmp(url, "/tokenize") || !strcmp(url, "/v1/tokenize")) return R_TOKENIZE;
     if (!strcmp(url, "/detokenize") || !strcmp(url, "/v1/detokenize")) return R_DETOKENIZE;
+    if (!strcmp(url, "/v1/embeddings") || !strcmp(url, "/embeddings")) return R_EMBEDDINGS;
     return R_NONE;
 }
 
@@ -921,6 +922,7 @@ enum MHD_Result gw_on_request(void *cls, struct MHD_Connection *mc, const char *
     if (!json_is_object(o)) ret = send_error(rq, mc, 400, "invalid_json", NULL, "the request body must be a JSON object");
     else if (rq->rt == R_TOKENIZE) ret = handle_tokenize(rq, mc, o);
     else if (rq->rt == R_DETOKENIZE) ret = handle_detokenize(rq, mc, o);
+    else if (rq->rt == R_EMBEDDINGS) ret = gw_embeddings(rq, mc, o);
     else {
         rq->chat = rq->rt == R_CHAT;
         ret = handle_generation(rq, mc, o);

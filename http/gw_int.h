@@ -28,7 +28,7 @@ typedef struct gw_conn {
 } gw_conn;
 
 typedef enum route {
-    R_NONE = 0, R_HEALTH, R_MODELS, R_MODEL, R_COMPLETIONS, R_CHAT, R_TOKENIZE, R_DETOKENIZE,
+    R_NONE = 0, R_HEALTH, R_MODELS, R_MODEL, R_COMPLETIONS, R_CHAT, R_TOKENIZE, R_DETOKENIZE, R_EMBEDDINGS,
 } route;
 
 typedef struct job {
@@ -80,6 +80,20 @@ long long now_s(void);
 static inline int present(json_t *v) { return v && !json_is_null(v); }
 void make_id(char *out, size_t n, const char *prefix);
 
+/* aned-http.c: the daemon side. conn_ane: connects when needed (-1, err
+ * says why); conn_drop: closes (cancels what is in flight there);
+ * wait_event: the next event while watching the HTTP peer (1; -1 the
+ * daemon failed; -2 the HTTP client left); call_daemon: a one-shot
+ * request's terminal event (0, or -1/-2); daemon_failed answers those
+ * (-2: nothing), ev_error an error event. */
+int conn_ane(gw_conn *c, char *err, size_t errlen);
+void conn_drop(gw_conn *c);
+int wait_event(gw_req *rq, proto_ev *ev, char *err, size_t errlen);
+int call_daemon(gw_req *rq, proto_req *q, proto_ev *ev, char *err, size_t errlen);
+enum MHD_Result daemon_failed(gw_req *rq, struct MHD_Connection *mc, int rc, const char *err);
+enum MHD_Result ev_error(gw_req *rq, struct MHD_Connection *mc, const proto_ev *ev);
+/* embeddings.c: POST /v1/embeddings */
+enum MHD_Result gw_embeddings(gw_req *rq, struct MHD_Connection *mc, json_t *o);
 /* util.c: answers */
 void add_common_headers(gw_req *rq, struct MHD_Response *r);
 enum MHD_Result send_buf(gw_req *rq, struct MHD_Connection *mc, unsigned status, const char *ctype, const char *data, size_t len);

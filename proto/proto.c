@@ -63,6 +63,7 @@ static const char *const type_names[] = {
     [PROTO_T_DONE] = "done", [PROTO_T_ERROR] = "error", [PROTO_T_TOKENS] = "tokens",
     [PROTO_T_TEXT] = "text", [PROTO_T_INFO_OK] = "info", [PROTO_T_PONG] = "pong",
     [PROTO_T_TOOL_CALL] = "tool_call",
+    [PROTO_T_EMBED] = "embed", [PROTO_T_EMBEDDING] = "embedding",
 };
 #define N_TYPES ((int)(sizeof type_names / sizeof type_names[0]))
 
@@ -76,7 +77,7 @@ const char *proto_type_name(proto_type t)
 static proto_type type_lookup(const char *s, size_t n, int events)
 {
     int lo = events ? PROTO_T_HELLO_OK : PROTO_T_HELLO;
-    int hi = events ? PROTO_T_TOOL_CALL : PROTO_T_PING;
+    int hi = events ? PROTO_T_EMBEDDING : PROTO_T_EMBED;
     for (int i = lo; i <= hi; i++)
         if (strlen(type_names[i]) == n && memcmp(type_names[i], s, n) == 0) return (proto_type)i;
     return PROTO_T_NONE;
@@ -199,6 +200,20 @@ static void pk_kf32(pk *k, const char *key, float v) { pk_key(k, key); pk_f32(k,
 static void pk_kf64(pk *k, const char *key, double v) { pk_key(k, key); pk_f64(k, v); }
 static void pk_kbool(pk *k, const char *key, int v) { pk_key(k, key); pk_bool(k, v); }
 
+/* floats as a bin of little-endian float32 (embedding) */
+static void pk_f32le(pk *k, const float *v, size_t n)
+{
+    if (n > PROTO_MAX_FRAME / 4) { k->fail = 1; return; }
+    k->fail |= msgpack_pack_bin(&k->p, n * 4);
+    for (size_t i = 0; i < n && !k->fail; i++) {
+        uint32_t u;
+        memcpy(&u, &v[i], 4);
+        unsigned char b[4] = { (unsigned char)u, (unsigned char)(u >> 8), (unsigned char)(u >> 16),
+                               (unsigned char)(u >> 24) };
+        k->fail |= msgpack_pack_bin_body(&k->p, b, 4);
+    }
+}
+
 static void pk_tokens(pk *k, const int32_t *t, size_t n)
 {
     pk_arr(k, n);
@@ -318,6 +333,14 @@ int proto_req_encode(proto_buf *b, const proto_req *r)
         pk_kbool(&k, "raw", r->raw);
         pk_ki64(&k, "top", r->top);
         break;
+    case PROTO_T_EMBED:
+        pk_map(&k, 4);
+        pk_kstr(&k, "type", tn, strlen(tn));
+        pk_ku64(&k, "id", r->id);
+        if (prompt_tokens) { pk_key(&k, "tokens"); pk_tokens(&k, r->tokens, r->n_tokens); }
+        else pk_kstr(&k, "prompt", r->text, r->text_len);
+        pk_kbool(&k, "special", r->special);
+        break;
     case PROTO_T_TOKENIZE:
         pk_map(&k, 5);
         pk_kstr(&k, "type", tn, strlen(tn));
@@ -393,6 +416,13 @@ int proto_ev_encode(proto_buf *b, const proto_ev *e)
             pk_f32(&k, e->top[i].logit);
         }
         break;
+    case PROTO_T_EMBEDDING:
+        pk_map(&k, 3);
+        pk_kstr(&k, "type", tn, strlen(tn));
+        pk_ku64(&k, "id", e->id);
+        pk_key(&k, "embedding");
+        pk_f32le(&k, e->embedding, e->embedding ? e->n_embedding : 0);
+        break;
     case PROTO_T_DONE: {
         pk_map(&k, 5);
         pk_kstr(&k, "type", tn, strlen(tn));
@@ -436,7 +466,8 @@ int proto_ev_encode(proto_buf *b, const proto_ev *e)
         pk_kstr(&k, "text", e->text, e->text_len);
         break;
     case PROTO_T_INFO_OK:
-        pk_map(&k, 31 + (e->cuda_f16_cache != NULL) + (e->kv_type != NULL) + (e->device != NULL));
+        pk_map(&k, 31 + (e->cuda_f16_cache != NULL) + (e->kv_type != NULL) + (e->device != NULL) +
+                   (e->pooling != NULL) + (e->pooling_source != NULL));
         pk_kstr(&k, "type", tn, strlen(tn));
         pk_ku64(&k, "id", e->id);
         pk_ku64(&k, "version", e->version);
@@ -480,6 +511,8 @@ int proto_ev_encode(proto_buf *b, const proto_ev *e)
         if (e->cuda_f16_cache) pk_kstr(&k, "cuda_f16_cache", e->cuda_f16_cache, strlen(e->cuda_f16_cache));
         if (e->kv_type) pk_kstr(&k, "kv_type", e->kv_type, strlen(e->kv_type));
         if (e->device) pk_kstr(&k, "device", e->device, strlen(e->device));
+        if (e->pooling) pk_kstr(&k, "pooling", e->pooling, strlen(e->pooling));
+        if (e->pooling_source) pk_kstr(&k, "pooling_source", e->pooling_source, strlen(e->pooling_source));
         break;
     case PROTO_T_PONG:
         pk_map(&k, 2);
@@ -1170,6 +1203,11 @@ static int decode_req(dctx *d, const msgpack_object *m, proto_req *q)
         case PROTO_T_DETOKENIZE:
             if (key_is(k, "tokens")) { rc = get_tokens(d, v, "tokens", 0, &q->tokens, &q->n_tokens); has_tokens = 1; }
             break;
+        case PROTO_T_EMBED:
+            if (key_is(k, "prompt")) { rc = get_str(d, v, "prompt", PROTO_MAX_PROMPT, &q->text, &q->text_len); has_prompt = 1; }
+            else if (key_is(k, "tokens")) { rc = get_tokens(d, v, "tokens", 1, &q->tokens, &q->n_tokens); has_tokens = 1; }
+            else if (key_is(k, "special")) rc = get_bool(d, v, "special", &q->special);
+            break;
         default:
             break;
         }
@@ -1197,6 +1235,9 @@ static int decode_req(dctx *d, const msgpack_object *m, proto_req *q)
     case PROTO_T_DETOKENIZE:
         if (!has_tokens) return fail(d, PROTO_E_BAD_REQUEST, "missing \"tokens\"");
         break;
+    case PROTO_T_EMBED:
+        if (has_prompt + has_tokens != 1) return fail(d, PROTO_E_BAD_REQUEST, "give one of \"prompt\" and \"tokens\"");
+        break;
     default:
         break;
     }
@@ -1204,6 +1245,25 @@ static int decode_req(dctx *d, const msgpack_object *m, proto_req *q)
 }
 
 /* --- events --- */
+
+/* embedding: a bin of little-endian float32, into the arena */
+static int get_f32le(dctx *d, const msgpack_object *v, proto_ev *e)
+{
+    if (v->type != MSGPACK_OBJECT_BIN || v->via.bin.size % 4)
+        return fail(d, PROTO_E_BAD_REQUEST, "\"embedding\" must be a bin of float32 values");
+    size_t n = v->via.bin.size / 4;
+    float *f = arena_alloc(d->r, (n ? n : 1) * sizeof *f, sizeof *f);
+    if (!f) return fail(d, PROTO_E_INTERNAL, "out of memory");
+    const unsigned char *b = (const unsigned char *)v->via.bin.ptr;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u = (uint32_t)b[4 * i] | (uint32_t)b[4 * i + 1] << 8 | (uint32_t)b[4 * i + 2] << 16 |
+                     (uint32_t)b[4 * i + 3] << 24;
+        memcpy(&f[i], &u, 4);
+    }
+    e->embedding = f;
+    e->n_embedding = n;
+    return 0;
+}
 
 static int get_top(dctx *d, const msgpack_object *v, proto_ev *e)
 {
@@ -1320,6 +1380,8 @@ static int decode_ev(dctx *d, const msgpack_object *m, proto_ev *e)
             else if (key_is(k, "idle_timeout_s")) rc = get_double(d, v, "idle_timeout_s", &e->idle_timeout_s);
             else if (key_is(k, "max_clients_per_uid")) rc = get_u32(d, v, "max_clients_per_uid", &e->max_clients_per_uid);
             else if (key_is(k, "deterministic")) rc = get_bool(d, v, "deterministic", &e->deterministic);
+            else if (key_is(k, "pooling")) { size_t n; rc = get_str(d, v, "pooling", 64, &e->pooling, &n); }
+            else if (key_is(k, "pooling_source")) { size_t n; rc = get_str(d, v, "pooling_source", 64, &e->pooling_source, &n); }
             else if (key_is(k, "per_client")) rc = get_per_client(d, v, e);
             break;
         case PROTO_T_TOKEN:
@@ -1355,6 +1417,9 @@ static int decode_ev(dctx *d, const msgpack_object *m, proto_ev *e)
             break;
         case PROTO_T_TOKENS:
             if (key_is(k, "tokens")) rc = get_tokens(d, v, "tokens", 0, &e->tokens, &e->n_tokens);
+            break;
+        case PROTO_T_EMBEDDING:
+            if (key_is(k, "embedding")) rc = get_f32le(d, v, e);
             break;
         default:
             break;

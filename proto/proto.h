@@ -42,6 +42,7 @@ typedef enum proto_type {
     /* client → server requests */
     PROTO_T_HELLO, PROTO_T_GENERATE, PROTO_T_TOKENIZE, PROTO_T_DETOKENIZE,
     PROTO_T_EVAL, PROTO_T_CANCEL, PROTO_T_INFO, PROTO_T_PING,
+    PROTO_T_EMBED,      /* "embed" */
     /* server → client events/replies */
     PROTO_T_HELLO_OK,   /* wire name "hello" */
     PROTO_T_TOKEN,      /* "token"  */
@@ -53,6 +54,7 @@ typedef enum proto_type {
     PROTO_T_INFO_OK,    /* wire name "info" */
     PROTO_T_PONG,       /* "pong"   */
     PROTO_T_TOOL_CALL,  /* "tool_call" (generate with tools) */
+    PROTO_T_EMBEDDING,  /* "embedding" (embed) */
 } proto_type;
 
 /* generate's "tool_choice" */
@@ -103,7 +105,7 @@ typedef struct proto_req {
     /* hello */
     uint32_t version;
     const char *client; size_t client_len;
-    /* generate / eval / tokenize: the prompt as text or as ids (exactly one) */
+    /* generate / eval / embed / tokenize: the prompt as text or as ids (exactly one) */
     const char *text; size_t text_len;       /* != NULL when sent, even "" */
     const int32_t *tokens; size_t n_tokens;  /* != NULL when sent; detokenize input too */
     const char *system; size_t system_len;
@@ -163,6 +165,9 @@ typedef struct proto_ev {
     const char *call_id; size_t call_id_len;
     /* tokens (tokenize reply) */
     const int32_t *tokens; size_t n_tokens;
+    /* embedding: the vector, n_embedding floats (on the wire a bin of
+     * little-endian float32) */
+    const float *embedding; size_t n_embedding;
     /* logits */
     int32_t pos;
     const proto_top *top; size_t n_top;
@@ -192,6 +197,7 @@ typedef struct proto_ev {
     const char *cuda_f16_cache; /* info: "auto" or "off" (NULL: not sent) */
     const char *kv_type;     /* info: "f16", "q8_0" or "f32" (NULL: not sent) */
     const char *device;      /* info: the accelerator and the kernels' path, "" on the CPU (NULL: not sent) */
+    const char *pooling, *pooling_source; /* info: embed's pooling and where it came from (NULL: not sent) */
     const proto_client_count *per_client; size_t n_per_client;
     const char *model_path; size_t model_path_len; /* info */
 } proto_ev;

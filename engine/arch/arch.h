@@ -74,6 +74,7 @@ struct fw {
     model *m;
     be *b;
     float *lg;                  /* [max_out][n_vocab] logits of the last pass */
+    float *xo;                  /* [max_out][n_embd] their input: the final norm's output rows */
     size_t kv_bytes;            /* the KV pool and any per-sequence state */
 };
 

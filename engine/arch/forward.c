@@ -89,6 +89,12 @@ void fw_run(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out
     b->ops->sync(b);
 }
 
+void fw_hidden(fw *f, float *hidden, int n_out)
+{
+    if (n_out > 0) f->b->ops->to_host(f->b, hidden, f->xo, (size_t)n_out * f->m->hp.n_embd * 4);
+    f->b->ops->sync(f->b);
+}
+
 int fw_greedy_ok(const fw *f) { return f->fam->greedy && f->b->ops->argmax != NULL; }
 
 int fw_greedy_queue(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out)

@@ -49,6 +49,10 @@ void fw_mem_estimate(const model *m, int kv_type, size_t n_pages, int max_T, int
  * out_idx[0..n_out) (n_out <= max_out) to host memory logits [n_out][n_vocab]. */
 void fw_run(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out,
             float *logits);
+/* After fw_run: the hidden states after the final norm (the output
+ * projection's input) of its n_out output rows to host memory
+ * hidden [n_out][n_embd]. */
+void fw_hidden(fw *f, float *hidden, int n_out);
 /* As fw_run, but writes only the greedy choice (first argmax of the logits)
  * of each output row to host ids[n_out]: the logits stay on the device. Only
  * where fw_greedy_ok (the backend has an argmax). */

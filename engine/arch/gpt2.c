@@ -130,6 +130,7 @@ static int gpt2_open(fw **out, model *m, be *b, int max_T, int max_out, int n_pa
     f->att = b->ops->alloc(b, T * E * 4);
     f->h = b->ops->alloc(b, T * F * 4);
     f->xo = b->ops->alloc(b, (size_t)max_out * E * 4);
+    f->base.xo = f->xo;
     f->base.lg = b->ops->alloc(b, (size_t)max_out * hp->n_vocab * 4);
     f->kc = calloc((size_t)hp->n_layer, sizeof *f->kc);
     f->vc = calloc((size_t)hp->n_layer, sizeof *f->vc);

@@ -99,6 +99,7 @@ static int llama_open(fw **out, model *m, be *b, int max_T, int max_out, int n_p
     f->hg = b->ops->alloc(b, T * F * 4);
     f->hu = b->ops->alloc(b, T * F * 4);
     f->xo = b->ops->alloc(b, (size_t)max_out * E * 4);
+    f->base.xo = f->xo;
     f->base.lg = b->ops->alloc(b, (size_t)max_out * hp->n_vocab * 4);
     f->kc = calloc((size_t)hp->n_layer, sizeof *f->kc);
     f->vc = calloc((size_t)hp->n_layer, sizeof *f->vc);

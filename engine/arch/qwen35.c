@@ -189,6 +189,7 @@ static int q35_open(fw **out, model *m, be *b, int max_T, int max_out, int n_pag
     f->hg = o->alloc(b, T * F * 4);
     f->hu = o->alloc(b, T * F * 4);
     f->xo = o->alloc(b, (size_t)max_out * E * 4);
+    f->base.xo = f->xo;
     f->base.lg = o->alloc(b, (size_t)max_out * hp->n_vocab * 4);
     f->kc = calloc((size_t)hp->n_layer, sizeof *f->kc);
     f->vc = calloc((size_t)hp->n_layer, sizeof *f->vc);

@@ -438,6 +438,7 @@ static int model_load_hf(model *m, ld *l)
     hp->n_ff = (int32_t)c->ff;
     hp->n_rot = hp->head_dim;
     hp->n_ctx_train = (int32_t)c->ctx;
+    hp->pooling_type = -1;   /* (config.json names none) */
     hp->norm_eps = (float)c->eps;
     hp->rope_base = (float)c->rope_theta;
     hp->rope_neox = 1;   /* HF checkpoints rotate halves; only GGUF llama rows are permuted */
@@ -526,7 +527,13 @@ int model_load(model **out, const char *path, char *err, size_t errlen)
     }
     if (key_ir(&l, "context_length", &v, 0, 2048, 1, 1 << 24)) goto fail;
     hp->n_ctx_train = (int32_t)v;
+    /* llama.cpp's values: 0 none, 1 mean, 2 cls, 3 last, 4 rank */
     char kl[128];
+    hp->pooling_type = -1;
+    if (key_has(&l, "pooling_type", kl, sizeof kl, 0) == 1) {
+        if (key_ir(&l, "pooling_type", &v, 1, 0, 0, 4)) goto fail;
+        hp->pooling_type = (int32_t)v;
+    }
     if (key_has(&l, "attention.key_length", kl, sizeof kl, 0) == 0 && hp->n_embd % hp->n_head) {
         ld_fail(&l, "%s.embedding_length %d is not a multiple of %s.attention.head_count %d (and there is no %s)",
                 m->arch_name, hp->n_embd, m->arch_name, hp->n_head, kl);

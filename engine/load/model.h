@@ -85,6 +85,7 @@ typedef struct hparams {
     int32_t n_swa;
     float rope_base_swa;
     float attn_scale;
+    int32_t pooling_type;       /* <arch>.pooling_type (embeddings), -1 when absent */
 } hparams;
 
 typedef struct model {

@@ -196,6 +196,23 @@ class Client:
             elif ev["type"] == "done":
                 return out, ev
 
+    def embed(self, prompt=None, tokens=None, **opts):
+        """(vector as a tuple of floats, done event) of one input; raises AneError."""
+        import struct
+        if tokens is not None:
+            id = self.request("embed", tokens=list(tokens), **opts)
+        else:
+            id = self.request("embed", prompt=prompt, **opts)
+        vec = None
+        for ev in self.events(id):
+            if ev["type"] == "embedding":
+                b = ev["embedding"]
+                vec = struct.unpack("<%df" % (len(b) // 4), b)
+            elif ev["type"] == "error":
+                raise AneError(ev["code"], ev["message"], ev["id"])
+            elif ev["type"] == "done":
+                return vec, ev
+
     def info(self):
         return self.result(self.request("info"))
 

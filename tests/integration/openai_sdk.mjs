@@ -3,14 +3,16 @@
 // answers with one call get_weather({"city": "Paris"}) in its template's Hermes syntax,
 // so every check below needs the call parsed out of the reply and carried through
 // OpenAI's shapes. Prints "N passed, M failed".
-//   node openai_sdk.mjs BASE_URL API_KEY NODE_MODULES_DIR
+// Then embeddings, on EMB_BASE_URL (a gateway to a model with real weights).
+//   node openai_sdk.mjs BASE_URL API_KEY NODE_MODULES_DIR EMB_BASE_URL
 import { createRequire } from 'node:module';
 import assert from 'node:assert/strict';
 
-const [baseURL, apiKey, modules] = process.argv.slice(2);
+const [baseURL, apiKey, modules, embURL] = process.argv.slice(2);
 const require = createRequire(modules + '/');
 const OpenAI = require('openai');
 const client = new OpenAI({ baseURL, apiKey, maxRetries: 0, timeout: 60000 });
+const emb = new OpenAI({ baseURL: embURL, apiKey, maxRetries: 0, timeout: 60000 });
 
 let passed = 0, failed = 0;
 async function check(name, fn) {
@@ -93,6 +95,26 @@ await check('runTools', async () => {
   const toolMsgs = msgs.filter((m) => m.role === 'tool');
   assert.ok(toolMsgs.length >= 1 && toolMsgs[0].content === 'sunny, 21 C');
   assert.ok(msgs.some((m) => m.role === 'assistant' && m.tool_calls && m.tool_calls[0].id === toolMsgs[0].tool_call_id));
+});
+
+// embeddings: the SDK asks for base64 by default and decodes it to floats itself
+const norm = (v) => Math.sqrt(v.reduce((s, x) => s + x * x, 0));
+await check('embeddings (base64, the SDK default)', async () => {
+  const r = await emb.embeddings.create({ model: 'any', input: ['The weather in Paris', 'Paris', 'rain'] });
+  assert.equal(r.object, 'list');
+  assert.equal(r.data.length, 3);
+  r.data.forEach((d, i) => { assert.equal(d.index, i); assert.ok(Math.abs(norm(d.embedding) - 1) < 1e-5); });
+  assert.ok(r.usage.prompt_tokens > 0 && r.usage.total_tokens === r.usage.prompt_tokens);
+  // the same float32 values as the decimal form (%.9g: each rounds back to its float32)
+  const f = await emb.embeddings.create({ model: 'any', input: 'Paris', encoding_format: 'float' });
+  assert.deepEqual(Array.from(r.data[1].embedding), f.data[0].embedding.map(Math.fround));
+});
+await check('embeddings with dimensions', async () => {
+  const r = await emb.embeddings.create({ model: 'any', input: [[1, 2, 3], [4, 5]], dimensions: 8 });
+  assert.equal(r.data.length, 2);
+  r.data.forEach((d) => { assert.equal(d.embedding.length, 8); assert.ok(Math.abs(norm(d.embedding) - 1) < 1e-5); });
+  await assert.rejects(emb.embeddings.create({ model: 'any', input: 'x', dimensions: 1 << 19 }),
+    (e) => e.status === 400 && e.param === 'dimensions');
 });
 
 console.log(`${passed} passed, ${failed} failed`);

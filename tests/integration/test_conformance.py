@@ -558,6 +558,10 @@ def ord_eval(env, c):
     return [run_seq(c, c.request("eval", tokens=[1, 403], top=2)), run_seq(c, c.request("eval", tokens=[1], top=0))]
 
 
+def ord_embed(env, c):
+    return [run_seq(c, c.request("embed", tokens=[1, 403])), run_seq(c, c.request("embed", tokens=[]))]
+
+
 def ord_tokenize(env, c):
     return [run_seq(c, c.request("tokenize", text="Lily")), run_seq(c, c.request("tokenize", text=b"\xff"))]
 
@@ -595,7 +599,7 @@ def ord_cancel(env, c):
     return ["" if ev.get("id") == pid and ev["type"] == "pong" else ev["type"] + " "]
 
 
-ORDER = {"generate": ord_generate, "eval": ord_eval, "tokenize": ord_tokenize, "detokenize": ord_detokenize,
+ORDER = {"generate": ord_generate, "eval": ord_eval, "embed": ord_embed, "tokenize": ord_tokenize, "detokenize": ord_detokenize,
          "info": ord_info, "ping": ord_ping, "cancel": ord_cancel}
 
 

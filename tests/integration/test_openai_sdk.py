@@ -33,7 +33,7 @@ def main():
             print("0 passed, 1 failed")
             return 1
     tmp = tempfile.mkdtemp(prefix="aned-sdk-")
-    d = gw = None
+    d = gw = d2 = gw2 = None
     try:
         d = tp.Daemon(tp.chain_model(tmp), "sdk")
         key = os.path.join(tmp, "key")
@@ -48,8 +48,19 @@ def main():
             print("0 passed, 1 failed")
             return 1
         addr = line.split()[3]
+        # embeddings on a model with real weights (the chain model's hidden states are zero)
+        d2 = tp.Daemon(tp.CHAT_MODEL, "sdk-emb")
+        gw2 = subprocess.Popen([tp.GW, "--socket", d2.sock, "--listen", "127.0.0.1:0", "--api-key-file", key],
+                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        line2 = gw2.stdout.readline().decode().strip()
+        if not line2.startswith("aned-http listening on "):
+            print("FAIL: aned-http said %r: %s" % (line2, gw2.stderr.read().decode(errors="replace")))
+            print("0 passed, 1 failed")
+            return 1
+        addr2 = line2.split()[3]
         r = subprocess.run([node, os.path.join(HERE, "openai_sdk.mjs"), "http://%s/v1" % addr, "sk-test-aned-0123456789",
-                            os.path.join(NODE_DIR, "node_modules")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+                            os.path.join(NODE_DIR, "node_modules"), "http://%s/v1" % addr2],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
         out = r.stdout.decode(errors="replace")
         print(out, end="")
         if "passed," not in out:
@@ -57,12 +68,14 @@ def main():
             return 1
         return r.returncode
     finally:
-        if gw:
-            gw.terminate()
-            gw.wait(10)
-        if d:
-            d.stop()
-            d.cleanup()
+        for g in (gw, gw2):
+            if g:
+                g.terminate()
+                g.wait(10)
+        for x in (d, d2):
+            if x:
+                x.stop()
+                x.cleanup()
         shutil.rmtree(tmp, ignore_errors=True)
 
 
