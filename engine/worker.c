@@ -397,8 +397,10 @@ static void emit_token(eng *e, job *j, int32_t id, int *finished, eng_finish *wh
         text = content;
         out_len = cl;
         calls = j->n_calls;
-        /* enough calls: the reply ends here, what the parser holds resolved */
-        if (!tc_err && !final && !stopped && j->max_calls && calls >= j->max_calls) {
+        /* enough calls: the reply ends here, what the parser holds resolved
+         * (a forced call's grammar ends the reply itself, closing markers
+         * included) */
+        if (!tc_err && !final && !stopped && j->max_calls && calls >= j->max_calls && !j->force_tools) {
             free(text);
             text = NULL;
             tc_err = job_tools(j, "", 0, 1, &content, &cl);

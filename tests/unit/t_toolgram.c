@@ -86,7 +86,7 @@ static int walk(const gram *g, const gram_vocab *v, uint64_t *rs, char *out, siz
     uint32_t mask[(N_VOCAB + 31) / 32];
     size_t n = 0;
     int rc = -1;
-    for (int steps = 0; steps < 3000; steps++) {
+    for (int steps = 0; steps < 6000; steps++) {
         int can_end = gram_match_can_end(m);
         if (can_end && (gram_match_must_end(m) || rng_next(rs) % 4 == 0)) { rc = 0; break; }
         int64_t k = gram_match_mask(m, v, mask, err, sizeof err);
@@ -96,9 +96,16 @@ static int walk(const gram *g, const gram_vocab *v, uint64_t *rs, char *out, siz
         int32_t id = -1;
         for (int32_t i = 0; i < N_VOCAB; i++)
             if (mask[i >> 5] >> (i & 31) & 1) { if (pick-- == 0) { id = i; break; } }
-        if (n > 3000) {
-            for (int32_t i = 0; i < N_VOCAB; i++)
-                if ((mask[i >> 5] >> (i & 31) & 1) && pieces[i] && strchr("\"}]`>\n", pieces[i][0])) { id = i; break; }
+        if (n > 2500) {
+            /* long enough: close what is open (quotes and brackets first, then
+             * anything but whitespace and the start of another call) */
+            int32_t alt = -1;
+            for (int32_t i = 0; i < N_VOCAB; i++) {
+                if (!(mask[i >> 5] >> (i & 31) & 1) || !pieces[i]) continue;
+                if (strchr("\"}]", pieces[i][0])) { id = i; alt = -2; break; }
+                if (alt == -1 && !strchr(" \t\n<[", pieces[i][0])) alt = i;
+            }
+            if (alt >= 0) id = alt;
         }
         const char *txt;
         size_t tl;
@@ -189,7 +196,13 @@ static void run_format(tc_format fmt, const char *tpl, const char *only, int max
         got res = { .only = only };
         tc_callbacks cb = { on_text, on_text, on_call, &res };
         tc_parser *p = tc_new(fmt);
-        tc_feed(p, buf, strlen(buf), &cb);
+        /* in random pieces, as tokens come */
+        for (size_t at = 0, len = strlen(buf); at < len;) {
+            size_t k = 1 + rng_next(&rs) % 7;
+            if (k > len - at) k = len - at;
+            tc_feed(p, buf + at, k, &cb);
+            at += k;
+        }
         tc_finish(p, &cb);
         tc_free(p);
         int ok = res.n_calls >= 1 && !res.bad && res.text_n == 0 && (max_calls != 1 || res.n_calls == 1);
