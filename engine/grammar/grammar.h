@@ -80,7 +80,9 @@ int64_t gram_match_mask(gram_match *m, const gram_vocab *v, uint32_t *mask, char
  * JSON escapes), $ref to "#", "#/definitions/..", "#/$defs/..", boolean
  * schemas. Numbers have at most 16 integer digits, 16 fraction
  * digits and 3 exponent digits (so that output is bounded); integers may
- * end in ".0" (1.0 is an integer); minimum/maximum, multipleOf, format, uniqueItems, contains,
+ * end in ".0" (1.0 is an integer); minimum, maximum, exclusiveMinimum,
+ * exclusiveMaximum (numrange.c: a bounded value has no exponent);
+ * multipleOf, format, uniqueItems, contains,
  * dependencies, patternProperties, not, if/then/else are not enforced
  * (any value of the type passes). Text is compact JSON with optional
  * whitespace (at most 20 characters) between tokens. (Schemas false, boolean-false
