@@ -263,7 +263,10 @@ static void nudge(double v, int dir, int *neg, int64_t *I, char *F)
     *neg = x < 0;
     if (x < 0) x = -x;
     *I = (int64_t)(x / 10000000000000000LL);
-    snprintf(F, MAXD + 1, "%016lld", (long long)(x % 10000000000000000LL));
+    char tmp[32];
+    snprintf(tmp, sizeof tmp, "%016llu", (unsigned long long)(x % 10000000000000000LL));
+    memcpy(F, tmp, MAXD);
+    F[MAXD] = 0;
     size_t n = strlen(F);
     while (n && F[n - 1] == '0') F[--n] = 0;
     if (*I == 0 && !*F) *neg = 0;
