@@ -13,6 +13,7 @@
  * left-aligned digit strings, digit by digit. */
 #include <inttypes.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,7 +41,6 @@ static void add(sb *b, const char *s)
 }
 
 static void addf(sb *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-#include <stdarg.h>
 static void addf(sb *b, const char *fmt, ...)
 {
     char t[128];
