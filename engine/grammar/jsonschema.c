@@ -750,7 +750,7 @@ char *jsonschema_gbnf_set(const char *const *schemas, const size_t *lens, size_t
     size_t pre = at ? (size_t)(at - PRIMS) + sizeof cls - 1 : strlen(PRIMS);
     sb_add(&j, &j.out, PRIMS, pre);
     for (const char *c = no_raw; c && *c; c++) sb_printf(&j, &j.out, "\\x%02X", (unsigned char)*c);
-    sb_str(&j, &j.out, PRIMS + pre);
+    sb_str(&j, &j.out, &PRIMS[pre]);
     for (size_t i = 0; i < n && !j.failed; i++) {
         json_error_t je;
         json_t *root = json_loadb(schemas[i], lens[i], JSON_DECODE_ANY, &je);

@@ -28,11 +28,11 @@ static const char TOOLS[] =
 static const char *markers[] = {
     "<tool_call>", "</tool_call>", "[TOOL_CALLS]", "[ARGS]", "<|channel|>", "<|constrain|>", "<|message|>",
     "commentary to=functions.", "\"name\": \"", "\"arguments\": ", "\"parameters\": ", "</think>", "[/THINK]",
-    "<\xEF\xBD\x9Ctool\xE2\x96\x81" "calls\xE2\x96\x81" "begin\xEF\xBD\x9C>",
-    "<\xEF\xBD\x9Ctool\xE2\x96\x81" "calls\xE2\x96\x81" "end\xEF\xBD\x9C>",
-    "<\xEF\xBD\x9Ctool\xE2\x96\x81" "call\xE2\x96\x81" "begin\xEF\xBD\x9C>",
-    "<\xEF\xBD\x9Ctool\xE2\x96\x81" "call\xE2\x96\x81" "end\xEF\xBD\x9C>",
-    "<\xEF\xBD\x9Ctool\xE2\x96\x81" "sep\xEF\xBD\x9C>", "```json", ">>>", "get_", "\xC3\xA9", "\xEF\xBD\x9C", "\xE2\x96\x81",
+    ("<\xEF\xBD\x9Ctool\xE2\x96\x81" "calls\xE2\x96\x81" "begin\xEF\xBD\x9C>"),
+    ("<\xEF\xBD\x9Ctool\xE2\x96\x81" "calls\xE2\x96\x81" "end\xEF\xBD\x9C>"),
+    ("<\xEF\xBD\x9Ctool\xE2\x96\x81" "call\xE2\x96\x81" "begin\xEF\xBD\x9C>"),
+    ("<\xEF\xBD\x9Ctool\xE2\x96\x81" "call\xE2\x96\x81" "end\xEF\xBD\x9C>"),
+    ("<\xEF\xBD\x9Ctool\xE2\x96\x81" "sep\xEF\xBD\x9C>"), "```json", ">>>", "get_", "\xC3\xA9", "\xEF\xBD\x9C", "\xE2\x96\x81",
 };
 #define N_MARK (sizeof markers / sizeof *markers)
 #define SPECIAL0 200   /* ids SPECIAL0 + i: special tokens spelled markers[i] */
