@@ -113,12 +113,6 @@ static void req_submit(client *cl, const proto_req *r)
         return;
     }
     if (!eng_model(s->eng)->tokenizer_only && check_vocab(cl, r) < 0) return;
-    if (r->tools && (r->tool_choice == PROTO_TOOLS_REQUIRED || r->tool_choice == PROTO_TOOLS_NAMED)) {
-        /* a forced call needs constrained decoding, which is not there yet */
-        send_error(cl, r->id, r->type, PROTO_E_INVALID_VALUE,
-                   "\"tool_choice\": \"required\" and a named function are not supported yet; use \"auto\"");
-        return;
-    }
     job *j = calloc(1, sizeof *j);
     if (!j) { send_error(cl, r->id, r->type, PROTO_E_INTERNAL, "out of memory"); return; }
 
@@ -164,6 +158,9 @@ static void req_submit(client *cl, const proto_req *r)
         d.tools_len = r->tools_len;
         d.parse_tools = 1;
         d.max_tool_calls = r->parallel_tool_calls ? 0 : 1;
+        /* "required" and a named function: the reply is calls, by a grammar */
+        d.force_tools = r->tool_choice == PROTO_TOOLS_REQUIRED || r->tool_choice == PROTO_TOOLS_NAMED;
+        if (r->tool_choice == PROTO_TOOLS_NAMED) { d.tool_name = r->tool_name; d.tool_name_len = r->tool_name_len; }
     }
     d.grammar = r->grammar;
     d.grammar_len = r->grammar_len;

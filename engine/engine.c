@@ -26,6 +26,7 @@
  * cache no longer holds without giving their outputs a second time. */
 #include "engine/engine_int.h"
 #include "engine/grammar/grammar.h"
+#include "engine/grammar/toolgram.h"
 
 double now_ms(void)
 {
@@ -172,6 +173,7 @@ void job_free(job *j)
     free(j->pages);
     gram_match_free(j->gm);
     gram_free(j->gram);
+    free(j->tool_name);
     free(j);
 }
 
@@ -462,6 +464,8 @@ static int job_encode(const eng *e, const job *j, int32_t **ids, size_t *n,
 
 /* Takes ids (n of them, ownership passes) as the job's prompt: context and
  * KV-budget checks, generation room, token and page buffers. */
+static int job_tool_grammar(eng *e, job *j, tc_format f, eng_err *code, char *err, size_t errlen);
+
 static int job_set_prompt(eng *e, job *j, int32_t *ids, size_t n, eng_err *code, char *err, size_t errlen)
 {
     const tok *t = e->m->tok;
@@ -508,6 +512,8 @@ static int job_set_prompt(eng *e, job *j, int32_t *ids, size_t n, eng_err *code,
             if (tok_decode(t, j->toks + from, n - from, &tail, &tl) == 0) f = tc_after_prompt(f, tail, tl);
             free(tail);
         }
+        /* a forced call after an open reasoning block closes it first */
+        if (j->force_tools && (f & TC_THINK_OPEN) && job_tool_grammar(e, j, f, code, err, errlen)) return -1;
         j->tc = tc_new(f);
         if (!j->tc) return fail(code, ENG_ENOMEM, err, errlen, NULL);
         tc_seed(j->tc, j->s.seed);
@@ -623,8 +629,9 @@ void queue_insert(eng *e, job *j)
 }
 
 /* The vocabulary trie for grammars: built once, at the first request with
- * one. Control and end-of-generation tokens are left out (EOS is allowed by
- * the worker where the grammar may end). */
+ * one. End-of-generation tokens are left out (the worker allows them where
+ * the grammar may end); control tokens are matched as symbols (<[N]>),
+ * never as text. */
 static gram_vocab *grammar_vocab(eng *e)
 {
     pthread_mutex_lock(&e->gv_mu);
@@ -633,21 +640,62 @@ static gram_vocab *grammar_vocab(eng *e)
         int32_t n = tok_n_vocab(t);
         const char **p = calloc((size_t)n, sizeof *p);
         size_t *l = calloc((size_t)n, sizeof *l);
-        if (p && l) {
-            for (int32_t i = 0; i < n; i++)
-                if (!tok_is_control(t, i) && !tok_is_eog(t, i)) p[i] = tok_piece(t, i, &l[i]);
+        int32_t *sp = calloc((size_t)n, sizeof *sp);
+        uint32_t ns = 0;
+        if (p && l && sp) {
+            for (int32_t i = 0; i < n; i++) {
+                if (e->eog[i]) continue;
+                if (!tok_is_control(t, i)) p[i] = tok_piece(t, i, &l[i]);
+                else sp[ns++] = i;
+            }
             e->gvocab = gram_vocab_new(p, l, n);
+            if (e->gvocab && gram_vocab_set_special(e->gvocab, sp, ns)) { gram_vocab_free(e->gvocab); e->gvocab = NULL; }
         }
-        free(p); free(l);
+        free(p); free(l); free(sp);
     }
     gram_vocab *v = e->gvocab;
     pthread_mutex_unlock(&e->gv_mu);
     return v;
 }
 
+/* A marker of a tool-call syntax as a special token of the vocabulary (a
+ * control token that does not end the reply), or -1: matched as text. */
+static int32_t special_of(void *ctx, const char *text, size_t len)
+{
+    eng *e = ctx;
+    int32_t id = tok_find(e->m->tok, text, len);
+    return id >= 0 && tok_is_control(e->m->tok, id) && !e->eog[id] ? id : -1;
+}
+
+/* The grammar of a forced tool call (toolgram.h) in format f, replacing any. */
+static int job_tool_grammar(eng *e, job *j, tc_format f, eng_err *code, char *err, size_t errlen)
+{
+    char *text = toolgram_gbnf(f, chat_source(e->chat), j->tools, j->tools_len, j->tool_name, j->tool_name_len,
+                               j->max_calls, special_of, e, err, errlen);
+    if (!text) { if (code) *code = ENG_EINVAL; return -1; }
+    gram_match_free(j->gm); j->gm = NULL;
+    gram_free(j->gram); j->gram = NULL;
+    char cerr[256];
+    int rc = gram_compile(&j->gram, text, strlen(text), cerr, sizeof cerr);
+    free(text);
+    if (!rc) rc = gram_match_new(&j->gm, j->gram, cerr, sizeof cerr);
+    if (rc) {
+        snprintf(err, errlen, "\"tool_choice\": the call grammar does not compile: %s", cerr);
+        if (code) *code = ENG_EINVAL;
+        return -1;
+    }
+    if (!grammar_vocab(e)) return fail(code, ENG_ENOMEM, err, errlen, NULL);
+    return 0;
+}
+
 static int job_set_grammar(eng *e, job *j, const eng_job_desc *d, eng_err *code, char *err, size_t errlen)
 {
     int n = (d->grammar != NULL) + (d->json_schema != NULL) + (d->json_object != 0);
+    if (j->force_tools) {
+        if (n) return fail(code, ENG_EINVAL, err, errlen, "\"tool_choice\" \"required\" or a named function "
+                           "constrains the reply to calls: it excludes grammar, json_schema and json_object (response_format)");
+        return job_tool_grammar(e, j, e->tc_fmt & ~TC_THINK_OPEN, code, err, errlen);
+    }
     if (!n) return 0;
     if (n > 1) return fail(code, ENG_EINVAL, err, errlen, "grammar, json_schema and json_object exclude each other");
     char *text = NULL;
@@ -730,6 +778,20 @@ int eng_submit(eng *e, const eng_job_desc *d, uint64_t *job_id, eng_err *code, c
     if (d->parse_tools && d->kind == ENG_JOB_GENERATE && d->n_msgs > 0) {
         j->parse_tools = 1;
         j->max_calls = d->max_tool_calls > 0 ? d->max_tool_calls : 0;
+        if (d->force_tools) {
+            if (!j->tools) { job_free(j); return fail(code, ENG_EINVAL, err, errlen, "\"tool_choice\" needs \"tools\""); }
+            j->force_tools = 1;
+            if (d->tool_name) {
+                j->tool_name = malloc(d->tool_name_len + 1);
+                if (!j->tool_name) { job_free(j); return fail(code, ENG_ENOMEM, err, errlen, NULL); }
+                memcpy(j->tool_name, d->tool_name, d->tool_name_len);
+                j->tool_name[d->tool_name_len] = 0;
+                j->tool_name_len = d->tool_name_len;
+            }
+        }
+    } else if (d->force_tools) {
+        job_free(j);
+        return fail(code, ENG_EINVAL, err, errlen, "\"tool_choice\" \"required\" or a named function needs messages and tools");
     }
     j->rng = sampler_rng_seed(d->sampling.seed);
     j->top_n = d->top_n;

@@ -193,6 +193,10 @@ typedef struct eng_job_desc {
                               alone, each call an ENG_EV_TOOL_CALL event */
     int max_tool_calls;    /* with parse_tools: the reply ends (ENG_FINISH_TOOL_CALLS) after
                               this many calls; 0 = no limit */
+    int force_tools;       /* with parse_tools: the reply is calls alone (tool_choice "required",
+                              or tool_name's function), by a grammar in the template's syntax;
+                              excludes grammar/json_schema/json_object */
+    const char *tool_name; size_t tool_name_len;  /* with force_tools: the one function, or NULL */
     int raw;               /* 1: no chat template; BOS per the tokenizer */
     int parse_special;     /* special tokens in text are parsed (raw prompts) */
     int32_t max_tokens;    /* generate: 0 = until context end */

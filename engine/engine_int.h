@@ -70,6 +70,8 @@ typedef struct job {
      * token at hand (content, reasoning, calls as events not yet queued) */
     tc_parser *tc;
     int parse_tools, max_calls, n_calls;
+    int force_tools;                 /* the grammar is a forced call (toolgram.h) */
+    char *tool_name; size_t tool_name_len;
     char *tc_text; size_t tc_text_len, tc_text_cap;
     char *tc_reason; size_t tc_reason_len, tc_reason_cap;
     eng_event *tc_calls, **tc_calls_tail;

@@ -350,7 +350,6 @@ static void grammar_fail(job *j, const char *msg)
 
 static int grammar_mask(eng *e, job *j, float *lg)
 {
-    const tok *t = e->m->tok;
     int32_t nv = e->m->hp.n_vocab;
     char gerr[160];
     int can_end = gram_match_can_end(j->gm);
@@ -363,7 +362,7 @@ static int grammar_mask(eng *e, job *j, float *lg)
         uint32_t bits = e->gmask[w];
         if (bits == 0xFFFFFFFFu) continue;
         for (int32_t i = w * 32; i < nv && i < w * 32 + 32; i++)
-            if (!((bits >> (i & 31)) & 1) && !(can_end && tok_is_eog(t, i))) lg[i] = -INFINITY;
+            if (!((bits >> (i & 31)) & 1) && !(can_end && e->eog[i])) lg[i] = -INFINITY;
     }
     return 0;
 }
@@ -398,8 +397,10 @@ static void emit_token(eng *e, job *j, int32_t id, int *finished, eng_finish *wh
         text = content;
         out_len = cl;
         calls = j->n_calls;
-        /* enough calls: the reply ends here, what the parser holds resolved */
-        if (!tc_err && !final && !stopped && j->max_calls && calls >= j->max_calls) {
+        /* enough calls: the reply ends here, what the parser holds resolved
+         * (a forced call's grammar ends the reply itself, closing markers
+         * included) */
+        if (!tc_err && !final && !stopped && j->max_calls && calls >= j->max_calls && !j->force_tools) {
             free(text);
             text = NULL;
             tc_err = job_tools(j, "", 0, 1, &content, &cl);
@@ -618,11 +619,13 @@ static void step(eng *e)
         if (!j->t_first) j->t_first = now_ms();
         if (j->gm && grammar_mask(e, j, lg)) continue;
         int32_t id = greedy ? e->b_ids[o] : sampler_pick(e->smp, lg, &j->s, j->toks, (size_t)j->n_tok, &j->rng);
-        if (j->gm && !tok_is_eog(e->m->tok, id)) {
+        if (j->gm && !e->eog[id]) {
             size_t l;
             const char *pc = tok_piece(e->m->tok, id, &l);
             char gerr[160];
-            if (gram_match_accept(j->gm, pc, l, gerr, sizeof gerr) != 1) { grammar_fail(j, gerr); continue; }
+            int ok = tok_is_control(e->m->tok, id) ? gram_match_accept_token(j->gm, id, gerr, sizeof gerr)
+                                                   : gram_match_accept(j->gm, pc, l, gerr, sizeof gerr);
+            if (ok != 1) { grammar_fail(j, gerr); continue; }
         }
         emit_token(e, j, id, &j->finished, &j->why);
         gen++;

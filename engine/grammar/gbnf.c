@@ -314,6 +314,22 @@ static int parse_sequence(gp *p, seq *q, int nested)
             last = q->n; have_last = 1;
             if (seq_push(p, q, (gram_el){ .type = GEL_CHAR, .neg = (uint8_t)neg, .a = ro, .b = p->g->n_ranges - ro })) return -1;
             skip_space(p, nested);
+        } else if (c == '<' && p->s + 1 < p->end && p->s[1] == '[') {
+            /* <[N]>: the special token N itself (not its text) */
+            p->s += 2;
+            uint64_t id = 0;
+            const char *d0 = p->s;
+            while (p->s < p->end && *p->s >= '0' && *p->s <= '9' && id <= GRAM_MAX_TOKEN) id = id * 10 + (uint64_t)(*p->s++ - '0');
+            if (p->s == d0) { fail(p, at, "expected a token id after '<['"); return -1; }
+            if (id > GRAM_MAX_TOKEN) { fail(p, at, "token id past %u", GRAM_MAX_TOKEN); return -1; }
+            if (p->end - p->s < 2 || p->s[0] != ']' || p->s[1] != '>') { fail(p, at, "expected ']>' after a token id"); return -1; }
+            p->s += 2;
+            uint32_t ro = p->g->n_ranges;
+            if (add_range(p, GRAM_TOKEN_CP + (uint32_t)id, GRAM_TOKEN_CP + (uint32_t)id)) return -1;
+            last = q->n; have_last = 1;
+            p->g->has_tokens = 1;
+            if (seq_push(p, q, (gram_el){ .type = GEL_CHAR, .a = ro, .b = 1 })) return -1;
+            skip_space(p, nested);
         } else if (c == '.') {
             p->s++;
             uint32_t ro = p->g->n_ranges;

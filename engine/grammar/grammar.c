@@ -56,6 +56,7 @@ struct gram_vocab {
     uint32_t *end;             /* past the node's subtree (preorder) */
     uint32_t *tok_off, *tok_n; /* tokens ending at the node */
     int32_t *toks;
+    int32_t *special; uint32_t n_special;   /* matched as symbols, not text */
 };
 
 /* ---- node pool ---- */
@@ -171,6 +172,8 @@ static int char_ok(const gram *g, const gram_el *e, uint32_t c)
     int in = 0;
     for (uint32_t i = 0; i < e->b; i++)
         if (c >= g->ranges[e->a + i].lo && c <= g->ranges[e->a + i].hi) { in = 1; break; }
+    /* token symbols (past U+10FFFF) match only a set that names them */
+    if (c > 0x10FFFF && e->neg) return 0;
     return in != e->neg;
 }
 
@@ -455,6 +458,27 @@ static int advance(gram_match *m, const char *bytes, size_t n, int commit, char 
     return 1;
 }
 
+int gram_match_accept_token(gram_match *m, int32_t id, char *err, size_t errlen)
+{
+    if (m->over) { bound_err(err, errlen); return -1; }
+    if (m->left || id < 0 || (uint32_t)id > GRAM_MAX_TOKEN) return 0;
+    m->n_buf = 0;
+    if (buf_reserve(m, m->n_cur)) { m->over = 1; bound_err(err, errlen); return -1; }
+    memcpy(m->buf, m->cur, m->n_cur * sizeof *m->buf);
+    m->n_buf = m->n_cur;
+    int64_t k = step_memo(m, 0, m->n_cur, GRAM_TOKEN_CP + (uint32_t)id);
+    if (k < 0) { bound_err(err, errlen); return -1; }
+    if (k == 0) return 0;
+    if ((uint32_t)k > m->cap_cur) {
+        uint32_t *q = realloc(m->cur, (size_t)(k + 16) * sizeof *q);
+        if (!q) { m->over = 1; bound_err(err, errlen); return -1; }
+        m->cur = q; m->cap_cur = (uint32_t)k + 16;
+    }
+    memcpy(m->cur, m->buf + m->n_buf - k, (size_t)k * sizeof *m->cur);
+    m->n_cur = (uint32_t)k;
+    return 1;
+}
+
 int gram_match_accept(gram_match *m, const char *bytes, size_t n, char *err, size_t errlen)
 {
     return advance(m, bytes, n, 1, err, errlen);
@@ -539,10 +563,23 @@ void gram_vocab_free(gram_vocab *v)
 {
     if (!v) return;
     free(v->byte); free(v->depth); free(v->end); free(v->tok_off); free(v->tok_n); free(v->toks);
+    free(v->special);
     free(v);
 }
 
 int32_t gram_vocab_size(const gram_vocab *v) { return v->n_vocab; }
+
+int gram_vocab_set_special(gram_vocab *v, const int32_t *ids, uint32_t n)
+{
+    int32_t *q = malloc(sizeof *q * (n ? n : 1));
+    if (!q) return -1;
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (ids[i] >= 0 && ids[i] < v->n_vocab && (uint32_t)ids[i] <= GRAM_MAX_TOKEN) q[k++] = ids[i];
+    free(v->special);
+    v->special = q; v->n_special = k;
+    return 0;
+}
 
 int64_t gram_match_mask(gram_match *m, const gram_vocab *v, uint32_t *mask, char *err, size_t errlen)
 {
@@ -589,6 +626,19 @@ int64_t gram_match_mask(gram_match *m, const gram_vocab *v, uint32_t *mask, char
         i++;
     }
     free(lin);
+    /* special tokens, as symbols: only grammars that name tokens can take them */
+    if (m->g->has_tokens && !m->left) {
+        for (uint32_t k = 0; k < v->n_special; k++) {
+            int32_t id = v->special[k];
+            m->n_buf = 0;
+            if (buf_reserve(m, m->n_cur)) { snprintf(err, errlen, "out of memory"); return -1; }
+            memcpy(m->buf, m->cur, m->n_cur * sizeof *m->buf);
+            m->n_buf = m->n_cur;
+            int64_t r = step_memo(m, 0, m->n_cur, GRAM_TOKEN_CP + (uint32_t)id);
+            if (r < 0) { bound_err(err, errlen); return -1; }
+            if (r > 0) { mask[id >> 5] |= 1u << (id & 31); count++; }
+        }
+    }
     /* remember it (least recently used slot) */
     int slot = 0;
     for (int k = 1; k < CACHE_N; k++) if (m->cache[k].used < m->cache[slot].used) slot = k;

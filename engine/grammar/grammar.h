@@ -3,7 +3,7 @@
  * GBNF (the grammar language llama.cpp reads: rules `name ::= ...`, `|`,
  * groups, `*` `+` `?` `{m}` `{m,}` `{m,n}`, "literals", [classes] with
  * ranges and `^`, `.`, escapes \x \u \U \t \r \n, `#` comments, start rule
- * `root`) is compiled once per request into a `gram`. A `gram_match` holds
+ * `root`; `<[N]>` names the special token N) is compiled once per request into a `gram`. A `gram_match` holds
  * the parse state (a set of pushdown stacks over Unicode code points) and
  * advances over the bytes of each sampled token. The per-step mask walks a
  * prefix tree of the vocabulary's token texts (`gram_vocab`, built once per
@@ -35,12 +35,21 @@ gram_vocab *gram_vocab_new(const char *const *pieces, const size_t *lens, int32_
 void gram_vocab_free(gram_vocab *v);
 int32_t gram_vocab_size(const gram_vocab *v);
 
+/* The special (control) tokens a grammar may name as <[N]>: matched as
+ * symbols by id, never by text (so no text rule such as [^"] takes them).
+ * Copied. 0, or -1 when out of memory. */
+int gram_vocab_set_special(gram_vocab *v, const int32_t *ids, uint32_t n);
+
 int gram_match_new(gram_match **out, const gram *g, char *err, size_t errlen);
 void gram_match_free(gram_match *m);
 
 /* Advances over bytes (a token's text). 1: accepted (state advanced);
  * 0: refused (state unchanged); -1: a work bound was passed (err set). */
 int gram_match_accept(gram_match *m, const char *bytes, size_t n, char *err, size_t errlen);
+
+/* Advances over a special token (one set by gram_vocab_set_special):
+ * 1 accepted, 0 refused, -1 bound (err set). */
+int gram_match_accept_token(gram_match *m, int32_t id, char *err, size_t errlen);
 
 /* As gram_match_accept, without changing the state. */
 int gram_match_check(gram_match *m, const char *bytes, size_t n, char *err, size_t errlen);
@@ -71,7 +80,9 @@ int64_t gram_match_mask(gram_match *m, const gram_vocab *v, uint32_t *mask, char
  * JSON escapes), $ref to "#", "#/definitions/..", "#/$defs/..", boolean
  * schemas. Numbers have at most 16 integer digits, 16 fraction
  * digits and 3 exponent digits (so that output is bounded); integers may
- * end in ".0" (1.0 is an integer); minimum/maximum, multipleOf, format, uniqueItems, contains,
+ * end in ".0" (1.0 is an integer); minimum, maximum, exclusiveMinimum,
+ * exclusiveMaximum (numrange.c: a bounded value has no exponent);
+ * multipleOf, format, uniqueItems, contains,
  * dependencies, patternProperties, not, if/then/else are not enforced
  * (any value of the type passes). Text is compact JSON with optional
  * whitespace (at most 20 characters) between tokens. (Schemas false, boolean-false
@@ -80,6 +91,15 @@ int64_t gram_match_mask(gram_match *m, const gram_vocab *v, uint32_t *mask, char
 /* GBNF for values valid under the schema (JSON text); malloc'd, or NULL
  * with err naming the schema path (e.g. "/properties/a/pattern"). */
 char *jsonschema_gbnf(const char *schema, size_t len, char *err, size_t errlen);
+
+/* The rules for several schemas in one grammar, without a root: value i
+ * is the rule PREFIX<i> (PREFIX of letters and '-'; no whitespace around).
+ * The primitives (ws, value, object, string, ...) come once; the ASCII
+ * characters of no_raw (or NULL) appear in strings only as \u escapes (so
+ * that no string can hold a marker of the text around). NULL with err
+ * set (err names no schema: the caller says which). */
+char *jsonschema_gbnf_set(const char *const *schemas, const size_t *lens, size_t n, const char *prefix,
+                          const char *no_raw, char *err, size_t errlen);
 
 /* GBNF for any JSON object (response_format json_object). Static. */
 const char *jsonschema_object_gbnf(void);

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/grammar/grammar.h"
+#include "engine/grammar/gram_int.h"
 
 #define PRIMS \
     "ws ::= [ \\t\\n]{0,20}\n" \
@@ -14,7 +14,10 @@
     "object ::= \"{\" ws ( string ws \":\" ws value ws ( \",\" ws string ws \":\" ws value ws )* )? \"}\"\n" \
     "array ::= \"[\" ws ( value ws ( \",\" ws value ws )* )? \"]\"\n" \
     "string ::= \"\\\"\" char* \"\\\"\"\n" \
-    "char ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4})\n" \
+    "char ::= [^\"\\\\\\x00-\\x1F] | esc\n" \
+    "esc ::= \"\\\\\" ([\"\\\\/bfnrt] | \"u\" (hex-bmp | [dD] [89abAB] hex hex \"\\\\u\" [dD] [c-fC-F] hex hex))\n" \
+    "hex ::= [0-9a-fA-F]\n" \
+    "hex-bmp ::= [0-9a-cA-CeEfF] hex hex hex | [dD] [0-7] hex hex\n" \
     "number ::= \"-\"? (\"0\" | [1-9] [0-9]{0,15}) (\".\" [0-9]{1,16})? ([eE] [-+]? [0-9]{1,3})?\n" \
     "integer ::= \"-\"? (\"0\" | [1-9] [0-9]{0,15}) (\".\" \"0\"{1,16})?\n" \
     "boolean ::= \"true\" | \"false\"\n" \
@@ -30,6 +33,7 @@ typedef struct {
     int failed;
     json_t *refs;           /* ref string → rule name */
     int depth;
+    const char *no_raw;     /* characters strings write only as escapes */
 } js;
 
 static void sb_add(js *j, sbuf *b, const char *s, size_t n)
@@ -290,7 +294,7 @@ static void gen_string(js *j, unsigned id, json_t *s, const char *path)
     json_int_t mn = json_is_integer(json_object_get(s, "minLength")) ? json_integer_value(json_object_get(s, "minLength")) : 0;
     json_int_t mx = json_is_integer(json_object_get(s, "maxLength")) ? json_integer_value(json_object_get(s, "maxLength")) : -1;
     if (mn < 0 || mn > 5000 || mx > 5000) { fail(j, path, "minLength/maxLength beyond 5000"); return; }
-    if (mx >= 0 && mx < mn) { sb_printf(j, &j->out, "r%u ::= \"\\\"\" [^\\x00-\\x10FFFF] \"\\\"\"\n", id); return; }
+    if (mx >= 0 && mx < mn) { sb_printf(j, &j->out, "r%u ::= \"\\\"\" [^\\x00-\\U0010FFFF] \"\\\"\"\n", id); return; }
     if (mx >= 0) sb_printf(j, &j->out, "r%u ::= \"\\\"\" char{%lld,%lld} \"\\\"\"\n", id, (long long)mn, (long long)mx);
     else sb_printf(j, &j->out, "r%u ::= \"\\\"\" char{%lld,} \"\\\"\"\n", id, (long long)mn);
 }
@@ -351,7 +355,8 @@ static unsigned gen_other_key(js *j, const prop *p, const size_t *idx, size_t ni
     if (!first) sb_str(j, &b, " | ");
     sb_str(j, &b, "[^\"\\\\\\x00-\\x1F");
     if (cls.s) sb_add(j, &b, cls.s, cls.n);
-    sb_str(j, &b, "] char* | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4}) char*");
+    for (const char *c = j->no_raw; c && *c; c++) sb_printf(j, &b, "\\x%02X", (unsigned char)*c);
+    sb_str(j, &b, "] char* | esc char*");
     if (!ends_here) sb_str(j, &b, " | ");
     sb_str(j, &b, "\n");
     sb_add(j, &j->out, b.s, b.n);
@@ -505,7 +510,7 @@ static void gen_array(js *j, unsigned id, json_t *s, const char *path)
     json_int_t mx = json_is_integer(json_object_get(s, "maxItems")) ? json_integer_value(json_object_get(s, "maxItems")) : -1;
     if (mn < 0 || mn > 1000 || mx > 100000) { free(pr); fail(j, path, "minItems/maxItems beyond 1000"); return; }
     if (!extra_ok && (mx < 0 || mx > (json_int_t)npr)) mx = (json_int_t)npr;
-    if (mx >= 0 && mx < mn) { free(pr); sb_printf(j, &j->out, "r%u ::= \"[\" [^\\x00-\\x10FFFF] \"]\"\n", id); return; }
+    if (mx >= 0 && mx < mn) { free(pr); sb_printf(j, &j->out, "r%u ::= \"[\" [^\\x00-\\U0010FFFF] \"]\"\n", id); return; }
     /* seq(i): the items from index i on (after a comma) */
     size_t lim = (size_t)(mn > (json_int_t)npr ? mn : (json_int_t)npr);
     unsigned base = j->next;
@@ -532,7 +537,7 @@ static void gen_array(js *j, unsigned id, json_t *s, const char *path)
         if (npr) sb_printf(j, &j->out, "(r%u ws r%u)", pr[0], base + 1);
         else sb_printf(j, &j->out, "(%s ws r%u)", ex, base + 1);
         if (mn == 0) sb_str(j, &j->out, "?");
-    } else if (mn > 0) sb_str(j, &j->out, "[^\\x00-\\x10FFFF]");
+    } else if (mn > 0) sb_str(j, &j->out, "[^\\x00-\\U0010FFFF]");
     sb_str(j, &j->out, " \"]\"\n");
     free(pr);
 }
@@ -560,6 +565,40 @@ static json_t *resolve_ref(js *j, const char *ref)
         p = e ? e + 1 : p + n;
     }
     return cur;
+}
+
+/* minimum, maximum, exclusiveMinimum, exclusiveMaximum (a number, or in
+ * draft 4 a boolean that makes minimum/maximum exclusive); the tighter of
+ * two on the same side. */
+static void num_bounds(json_t *s, gram_bound *lo, gram_bound *hi)
+{
+    json_t *mn = json_object_get(s, "minimum"), *mx = json_object_get(s, "maximum");
+    json_t *emn = json_object_get(s, "exclusiveMinimum"), *emx = json_object_get(s, "exclusiveMaximum");
+    memset(lo, 0, sizeof *lo); memset(hi, 0, sizeof *hi);
+    if (json_is_number(mn)) { lo->on = 1; lo->v = json_number_value(mn); lo->excl = json_is_true(emn); }
+    if (json_is_number(mx)) { hi->on = 1; hi->v = json_number_value(mx); hi->excl = json_is_true(emx); }
+    if (json_is_number(emn)) {
+        double v = json_number_value(emn);
+        if (!lo->on || v >= lo->v) { lo->on = 1; lo->v = v; lo->excl = 1; }
+    }
+    if (json_is_number(emx)) {
+        double v = json_number_value(emx);
+        if (!hi->on || v <= hi->v) { hi->on = 1; hi->v = v; hi->excl = 1; }
+    }
+}
+
+static void gen_number(js *j, unsigned id, json_t *s, int integer, const char *path)
+{
+    gram_bound lo, hi;
+    num_bounds(s, &lo, &hi);
+    if (!lo.on && !hi.on) { sb_printf(j, &j->out, "r%u ::= %s\n", id, integer ? "integer" : "number"); return; }
+    char e[160];
+    char *x = numrange_gbnf(&lo, &hi, integer, e, sizeof e);
+    if (!x) { fail(j, path, "%s", e); return; }
+    sb_printf(j, &j->out, "r%u ::= ", id);
+    sb_str(j, &j->out, x);
+    sb_str(j, &j->out, "\n");
+    free(x);
 }
 
 static const char *const type_names[] = { "object", "array", "string", "number", "integer", "boolean", "null" };
@@ -672,8 +711,8 @@ static unsigned gen(js *j, json_t *s, const char *path)
         case 0: gen_object(j, sub[k], s, path); break;
         case 1: gen_array(j, sub[k], s, path); break;
         case 2: gen_string(j, sub[k], s, path); break;
-        case 3: sb_printf(j, &j->out, "r%u ::= number\n", sub[k]); break;
-        case 4: sb_printf(j, &j->out, "r%u ::= integer\n", sub[k]); break;
+        case 3: gen_number(j, sub[k], s, 0, path); break;
+        case 4: gen_number(j, sub[k], s, 1, path); break;
         case 5: sb_printf(j, &j->out, "r%u ::= boolean\n", sub[k]); break;
         case 6: sb_printf(j, &j->out, "r%u ::= null\n", sub[k]); break;
         }
@@ -697,6 +736,33 @@ char *jsonschema_gbnf(const char *schema, size_t len, char *err, size_t errlen)
     if (!j.failed) sb_printf(&j, &j.out, "root ::= ws r%u ws\n", top);
     json_decref(j.refs);
     json_decref(root);
+    if (j.failed) { free(j.out.s); return NULL; }
+    return j.out.s;
+}
+
+char *jsonschema_gbnf_set(const char *const *schemas, const size_t *lens, size_t n, const char *prefix,
+                          const char *no_raw, char *err, size_t errlen)
+{
+    js j = { .err = err, .errlen = errlen, .no_raw = no_raw };
+    /* the primitives, with the characters of no_raw left to escapes */
+    static const char cls[] = "[^\"\\\\\\x00-\\x1F";
+    const char *at = strstr(PRIMS, cls);
+    size_t pre = at ? (size_t)(at - PRIMS) + sizeof cls - 1 : strlen(PRIMS);
+    sb_add(&j, &j.out, PRIMS, pre);
+    for (const char *c = no_raw; c && *c; c++) sb_printf(&j, &j.out, "\\x%02X", (unsigned char)*c);
+    sb_str(&j, &j.out, &PRIMS[pre]);
+    for (size_t i = 0; i < n && !j.failed; i++) {
+        json_error_t je;
+        json_t *root = json_loadb(schemas[i], lens[i], JSON_DECODE_ANY, &je);
+        if (!root) { snprintf(err, errlen, "json_schema: not JSON: %s at %d:%d", je.text, je.line, je.column); j.failed = 1; break; }
+        j.root = root;
+        j.refs = json_object();
+        j.depth = 0;
+        unsigned top = gen(&j, root, "");
+        if (!j.failed) sb_printf(&j, &j.out, "%s%zu ::= r%u\n", prefix, i, top);
+        json_decref(j.refs);
+        json_decref(root);
+    }
     if (j.failed) { free(j.out.s); return NULL; }
     return j.out.s;
 }

@@ -27,10 +27,10 @@ SCHEMA_A = {
     "type": "object",
     "properties": {
         "name": {"type": "string", "maxLength": 8},
-        "age": {"type": "integer"},
+        "age": {"type": "integer", "minimum": -5, "exclusiveMaximum": 130},
         "ok": {"type": "boolean"},
         "tags": {"type": "array", "items": {"enum": ["red", "green", "blue"]}, "maxItems": 3},
-        "score": {"type": "number"},
+        "score": {"type": "number", "exclusiveMinimum": -1.5, "maximum": 2.25},
     },
     "required": ["name", "age", "ok", "tags"],
     "additionalProperties": False,

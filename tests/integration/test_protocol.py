@@ -874,13 +874,19 @@ def t_tools():
         for fields, code in ((dict(prompt="x", tools=TOOLS), "bad_request"),
                              (dict(messages=msgs, tool_choice="auto"), "bad_request"),
                              (dict(messages=msgs, tools=TOOLS, tool_choice="sometimes"), "invalid_value"),
-                             (dict(messages=msgs, tools=TOOLS, tool_choice="required"), "invalid_value"),
-                             (dict(messages=msgs, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_weather"}}), "invalid_value"),
+                             (dict(messages=msgs, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}}), "invalid_value"),
                              (dict(messages=msgs + [{"role": "assistant", "tool_calls": [{"function": {"name": 1}}]}]), "bad_request"),
                              (dict(messages=[{"role": "robot", "content": "x"}]), "invalid_value")):
             id = c.request("generate", **fields)
             ev = c.next_event(id, 30)
             check(ev.get("code") == code, "%r: %s: %r" % (fields, code, ev))
+        # a forced call (test_toolchoice.py covers every syntax): one call, finish tool_calls
+        for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+            id = c.request("generate", messages=msgs, tools=TOOLS, tool_choice=choice, max_tokens=200, temperature=0)
+            evs = list(c.events(id, 30))
+            calls = [e for e in evs if e["type"] == "tool_call"]
+            check(len(calls) == 1 and calls[0]["name"] == "get_weather" and evs[-1].get("finish") == "tool_calls",
+                  "tool_choice %r: one call: %r" % (choice, evs[-3:]))
         still_serves(c, "after tool errors")
         c.close()
     finally:

@@ -7,6 +7,7 @@
 #include "engine/text/tokenizer.h"
 
 #include <dirent.h>
+#include <math.h>
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
@@ -401,8 +402,9 @@ static int feed_tokens(const tok *t, const gram_vocab *v, const gram *g, const c
 static const struct { const char *file; int structural; } suite_files[] = {
     { "type.json", 1 }, { "required.json", 1 }, { "additionalProperties.json", 1 }, { "enum.json", 1 },
     { "const.json", 1 }, { "items.json", 1 }, { "additionalItems.json", 1 }, { "minItems.json", 1 },
-    { "maxItems.json", 1 }, { "minLength.json", 1 }, { "maxLength.json", 1 },
-    { "properties.json", 0 }, { "anyOf.json", 0 }, { "oneOf.json", 0 }, { "pattern.json", 0 },
+    { "maxItems.json", 1 }, { "minLength.json", 1 }, { "maxLength.json", 1 }, { "pattern.json", 1 },
+    { "minimum.json", 1 }, { "maximum.json", 1 }, { "exclusiveMinimum.json", 1 }, { "exclusiveMaximum.json", 1 },
+    { "properties.json", 0 }, { "anyOf.json", 0 }, { "oneOf.json", 0 },
     { "ref.json", 0 }, { "definitions.json", 0 }, { "boolean_schema.json", 0 },
 };
 
@@ -476,6 +478,86 @@ static void test_schema_suite(void)
     }
 }
 
+/* minimum/maximum/exclusive*: random bounds (integers and decimals, either
+ * side open, inclusive or not) and random values; a value the grammar
+ * takes holds to the bounds (compared as doubles, as validators do), and a
+ * value in bounds, written without exponent, is taken. */
+static uint64_t nb_rng = 0x243F6A8885A308D3ull;
+static uint64_t nb_next(void) { nb_rng ^= nb_rng << 13; nb_rng ^= nb_rng >> 7; nb_rng ^= nb_rng << 17; return nb_rng; }
+
+static void rand_decimal(char *out, size_t cap, int maxfrac, int mag)
+{
+    long ip = (long)(nb_next() % (uint64_t)mag);
+    int nf = (int)(nb_next() % (uint64_t)(maxfrac + 1));
+    char fr[8] = "";
+    for (int i = 0; i < nf; i++) fr[i] = (char)('0' + nb_next() % 10);
+    fr[nf] = 0;
+    snprintf(out, cap, "%s%ld%s%s", nb_next() % 3 == 0 ? "-" : "", ip, nf ? "." : "", fr);
+}
+
+static void test_number_bounds(void)
+{
+    int taken = 0, refused_out = 0, trials = 0;
+    for (int t = 0; t < 400; t++) {
+        int integer = t % 2;
+        char lo[32], hi[32];
+        rand_decimal(lo, sizeof lo, t % 4 == 1 ? 0 : 3, t % 8 < 4 ? 20 : 3000);
+        rand_decimal(hi, sizeof hi, t % 4 == 3 ? 0 : 3, t % 8 < 4 ? 20 : 3000);
+        int has_lo = nb_next() % 5 != 0, has_hi = nb_next() % 5 != 0;
+        int xlo = (int)(nb_next() % 2), xhi = (int)(nb_next() % 2);
+        double vlo = strtod(lo, NULL), vhi = strtod(hi, NULL);
+        char schema[256];
+        snprintf(schema, sizeof schema, "{\"type\": \"%s\"%s%s%s%s%s}", integer ? "integer" : "number",
+                 has_lo ? (xlo ? ", \"exclusiveMinimum\": " : ", \"minimum\": ") : "", has_lo ? lo : "",
+                 has_hi ? (xhi ? ", \"exclusiveMaximum\": " : ", \"maximum\": ") : "", has_hi ? hi : "", "");
+        char err[256];
+        char *gb = jsonschema_gbnf(schema, strlen(schema), err, sizeof err);
+        CHECKF(gb != NULL, "%s: %s", schema, err);
+        if (!gb) continue;
+        gram *g = NULL;
+        CHECKF(gram_compile(&g, gb, strlen(gb), err, sizeof err) == 0, "%s: %s\n%s", schema, err, gb);
+        free(gb);
+        if (!g) continue;
+        for (int k = 0; k < 120; k++) {
+            char v[48];
+            if (k < 8 && (has_lo || has_hi)) {
+                /* at and next to the bounds */
+                const char *b = (k & 1) && has_hi ? hi : has_lo ? lo : hi;
+                double d = strtod(b, NULL) + (k < 2 ? 0 : k < 4 ? 0.001 : k < 6 ? -0.001 : (k < 7 ? 1 : -1));
+                snprintf(v, sizeof v, "%.3f", d);
+                if (k < 2) snprintf(v, sizeof v, "%s", b);
+                if (!strcmp(v, "-0.000")) strcpy(v, "0");
+            } else rand_decimal(v, sizeof v, integer && k % 3 ? 0 : 4, k % 2 ? 25 : 3500);
+            double x = strtod(v, NULL);
+            int integral = x == floor(x);
+            int ok = (!integer || integral) && (!has_lo || (xlo ? x > vlo : x >= vlo)) && (!has_hi || (xhi ? x < vhi : x <= vhi));
+            int negzero = v[0] == '-' && x == 0;
+            int r = matches(g, v, strlen(v));
+            trials++;
+            if (r == 1) { taken++; CHECKF(ok, "%s: %s taken", schema, v); }
+            else if (!negzero) { CHECKF(!ok, "%s: %s refused", schema, v); refused_out += !ok; }
+        }
+        gram_free(g);
+    }
+    /* bounds that leave nothing match nothing */
+    const char *none[] = { "{\"type\": \"string\", \"minLength\": 3, \"maxLength\": 2}",
+                           "{\"type\": \"array\", \"minItems\": 3, \"maxItems\": 2}",
+                           "{\"type\": \"integer\", \"minimum\": 3, \"maximum\": 2}" };
+    const char *vals[] = { "\"x\"", "\"xyz\"", "[]", "[1, 2]", "[\"x\"]", "2", "3", "x", "\"F\"" };
+    for (size_t i = 0; i < 3; i++) {
+        char err[256];
+        char *gb = jsonschema_gbnf(none[i], strlen(none[i]), err, sizeof err);
+        gram *g = NULL;
+        CHECKF(gb && gram_compile(&g, gb, strlen(gb), err, sizeof err) == 0, "%s: %s", none[i], err);
+        for (size_t k = 0; g && k < sizeof vals / sizeof *vals; k++)
+            CHECKF(matches(g, vals[k], strlen(vals[k])) == 0, "%s takes %s", none[i], vals[k]);
+        gram_free(g);
+        free(gb);
+    }
+    printf("number bounds: %d values, %d taken, %d refused out of bounds\n", trials, taken, refused_out);
+    CHECK(taken > 1000 && refused_out > 1000);
+}
+
 static void test_json_object(void)
 {
     char err[256];
@@ -511,6 +593,7 @@ int main(int argc, char **argv)
     RUN(test_mutations);
     RUN(test_mask);
     RUN(test_mask_speed);
+    RUN(test_number_bounds);
     RUN(test_json_object);
     RUN(test_schema_suite);
     return CHECK_DONE();
