@@ -101,6 +101,11 @@ typedef struct model {
     int tokenizer_only;
     int spm;                    /* SentencePiece vocabulary: drop the space prefix after BOS */
     int recurrent;              /* has per-sequence recurrent state: no prefix reuse */
+    /* Tokens of each sequence's ring that holds the KV of the sliding-window
+     * layers (layer_w.swa) in place of pages, so that it never grows past
+     * the window (the window plus a batch); 0: those layers are paged like
+     * the others. Set by the engine before fw_open (fw_swa_ring). */
+    int swa_ring;
     struct tok *tok;
     uint64_t n_params, weight_bytes;
     int resident;               /* the backend holds its own copy of every weight: the

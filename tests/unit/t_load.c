@@ -1344,7 +1344,7 @@ static int submit_text(eng *e, const char *text, size_t len, intptr_t user, uint
  * taken back (evicted), a paused one holding its pages, a prompt in the
  * tokenizer's hands and one waiting for it (both megabytes: tokenized,
  * they would fail with ENG_ECTX instead); a tokenize request behind them is
- * answered. One sequence slot and one context's pages. */
+ * answered. One sequence slot and one context's pages (two). */
 static void test_engine_parked_pending(void)
 {
     char path[256], err[512];
@@ -1356,6 +1356,7 @@ static void test_engine_parked_pending(void)
     o.model_path = path;
     o.n_threads = 2;
     o.max_seqs = 1;
+    o.n_ctx = 32;   /* two pages: B's prompt needs both */
     o.log = cap_log;
     o.log_arg = &lc;
     CHECKF(eng_open(&e, &o, eo_err, sizeof eo_err) == 0, "%s", eo_err);
@@ -1389,10 +1390,17 @@ static void test_engine_parked_pending(void)
     CHECKF(!r[A].done && !r[A].error, "A ended before it was paused");
     eng_stats st0, st;
     eng_stats_get(e, &st0);
-    /* B needs the pages paused A holds: A is evicted (and stays paused) */
+    /* B's prompt needs the page paused A holds: A is evicted (and stays paused) */
+    int32_t b_prompt[17];
+    b_prompt[0] = bos;
+    for (int i = 1; i < 17; i++) b_prompt[i] = 100 + i;
+    d.tokens = b_prompt;
+    d.n_tokens = 17;
     d.max_tokens = 8;
     d.user = (void *)(intptr_t)B;
     CHECK(eng_submit(e, &d, &id, &code, err, sizeof err) == 0);
+    d.tokens = &bos;
+    d.n_tokens = 1;
     int wb[1] = { B };
     drain_until(e, r, wb, 1);
     CHECK(r[B].done && r[B].n_tok == 8);
