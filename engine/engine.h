@@ -118,6 +118,7 @@ typedef struct eng_stats {
     uint64_t cached_tokens;   /* prompt tokens reused from the cache */
     uint64_t gen_tokens;      /* generated */
     size_t kv_used, kv_total; /* bytes */
+    size_t kv_peak;           /* the most kv_used has been (bytes) */
     uint64_t evictions;       /* jobs whose KV pages were taken back for another job
                                  (paused, or over their uid's share); they compute
                                  those tokens again when they go on */

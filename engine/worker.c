@@ -399,6 +399,7 @@ static void schedule(eng *e)
     /* the pages in use, and the rings of the slots in use */
     e->st.kv_used = (size_t)kvc_in_use(e->kv) * fw_kv_page_bytes(e->m, e->be->kv_type) +
                     (size_t)e->n_active * fw_kv_ring_bytes(e->m, e->be->kv_type);
+    if (e->st.kv_used > e->st.kv_peak) e->st.kv_peak = e->st.kv_used;
 }
 
 /* The grammar's mask on a job's logits: tokens it refuses get -inf; the

@@ -79,9 +79,10 @@ int key_f(ld *l, const char *suffix, double *v, double dflt, double lo, double h
     return 0;
 }
 
-/* Rope scaling: YaRN where the row takes it (its keys into hp), else
- * none; other scaling (Llama 3.1's comes as rope_freqs.weight) is refused
- * rather than run as something else. */
+/* Rope scaling: YaRN where the row takes it (its keys into hp: llama,
+ * qwen2, qwen3, qwen3moe, gpt-oss), else none; other scaling (Llama 3.1's
+ * comes as rope_freqs.weight) is refused rather than run as something
+ * else. */
 static int unsupported_keys(ld *l)
 {
     hparams *hp = &l->m->hp;
@@ -108,7 +109,7 @@ static int unsupported_keys(ld *l)
                            "yarn_beta_slow %g", l->m->arch_name, hp->yarn_beta_fast, hp->yarn_beta_slow);
         /* llama.cpp's rope: attn_factor times YaRN's 1 + 0.1 ln(factor) */
         hp->yarn_attn = f * (hp->yarn_factor > 1 ? 1 + 0.1 * log(hp->yarn_factor) : 1);
-        hp->yarn_truncate = 0;   /* (the rows that take YaRN define it unrounded) */
+        hp->yarn_truncate = !(l->m->arch->opt & ARCH_YARN_EXACT);
         hp->rope_yarn = 1;
         return 0;
     }

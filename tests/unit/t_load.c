@@ -428,8 +428,8 @@ static void test_unsupported(void)
 {
     gspec s;
     base_spec(&s);
-    set_str(&s, "llama.rope.scaling.type", "yarn");
-    expect_refused(&s, "rope scaling yarn", "llama.rope.scaling.type", "not supported");
+    set_str(&s, "llama.rope.scaling.type", "linear");
+    expect_refused(&s, "rope scaling linear", "llama.rope.scaling.type", "not supported for llama (expected none or yarn)");
     base_spec(&s);
     set_f32(&s, "llama.rope.scale_linear", 4);
     expect_refused(&s, "rope.scale_linear 4", "llama.rope.scale_linear", "not supported");
@@ -962,9 +962,9 @@ static void test_gptoss_files(void)
     CHECKF(load_in_child("tests/fixtures/models/gptoss-tiny.bf16.gguf", 30, err, sizeof err) == 0, "%s", err);
     /* yarn stays refused where the row does not take it */
     gspec s;
-    base_spec(&s);
-    set_str(&s, "llama.rope.scaling.type", "yarn");
-    expect_refused(&s, "llama yarn", "llama.rope.scaling.type", "(expected none)");
+    gemma3_spec(&s, 2);
+    set_str(&s, "gemma3.rope.scaling.type", "yarn");
+    expect_refused(&s, "gemma3 yarn", "gemma3.rope.scaling.type", "(expected none)");
 }
 
 /* The gptoss-tiny directory with config.json's field set to the JSON v. */
