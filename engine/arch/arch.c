@@ -11,7 +11,7 @@ static const arch archs[] = {
     { "qwen3",   &arch_llama,  ARCH_ROPE_NEOX | ARCH_QK_NORM | ARCH_YARN },
     { "qwen3moe", &arch_llama, ARCH_ROPE_NEOX | ARCH_QK_NORM | ARCH_YARN },   /* (experts from expert_count) */
     { "qwen35",  &arch_qwen35, ARCH_ROPE_NEOX },
-    { "gemma3",  &arch_gemma3, ARCH_ROPE_NEOX | ARCH_QK_NORM },
+    { "gemma3",  &arch_gemma3, ARCH_ROPE_NEOX | ARCH_QK_NORM | ARCH_ROPE_LINEAR },
     { "gpt2",    &arch_gpt2,   0 },
     { "gpt-oss", &arch_gptoss, ARCH_ROPE_NEOX | ARCH_YARN | ARCH_YARN_EXACT },
 };

@@ -28,6 +28,9 @@ enum {
     ARCH_YARN = 1u << 3,        /* rope.scaling.type yarn taken (its ramp's ends floored and ceiled, as llama.cpp
                                    and transformers compute it) */
     ARCH_YARN_EXACT = 1u << 4,  /* ... with the ramp unrounded (gpt-oss defines it so: truncate false) */
+    ARCH_ROPE_LINEAR = 1u << 5, /* rope.scaling.type linear taken: every pair's frequency divided by
+                                   rope.scaling.factor, in the global layers (Gemma 3: the sliding ones
+                                   keep theirs) */
 };
 
 /* Per-sequence state beside the KV pages (recurrent layers) and its

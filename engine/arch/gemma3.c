@@ -11,7 +11,10 @@
  * attention.sliding_window_pattern says. q·k is scaled by
  * 1/sqrt(query_pre_attn_scalar): head_dim for every released size but 27B
  * (n_embd/n_head there), which the GGUF does not record (llama.cpp tells
- * 27B by its 62 layers; so do we). Buffers as llama.c's. */
+ * 27B by its 62 layers; so do we). rope.scaling.type linear (4B and up:
+ * factor 8) divides the global layers' frequencies only, as transformers'
+ * rotary_emb (the sliding layers' rotary_emb_local has none). Buffers as
+ * llama.c's. */
 #include "engine/arch/arch.h"
 #include "engine/arch/layers.h"
 #include "common/err.h"
@@ -174,7 +177,8 @@ static void gemma3_pass(fw *base, const int32_t *tokens, const be_batch *bt, con
             o->matmul(b, &L->wv, NULL, f->xb, T, f->v);
         }
         ly_attn a = { hp->n_head, hp->n_head_kv, HD, hp->n_rot, L->swa ? hp->rope_base_swa : hp->rope_base, 1,
-                      NULL, &L->q_norm, &L->k_norm, eps, 1, L->swa ? hp->n_swa : 0, NULL, hp->attn_scale };
+                      L->swa ? NULL : &m->rope_freqs, &L->q_norm, &L->k_norm, eps, 1, L->swa ? hp->n_swa : 0, NULL,
+                      hp->attn_scale };
         be_batch rb;
         ly_attend(b, &a, f->q, f->k, f->v, f->kc[l], f->vc[l], ly_kv_batch(m, l, bt, &rb), NULL, f->att);
         o->matmul(b, &L->wo, NULL, f->att, T, f->xb);

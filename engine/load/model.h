@@ -69,6 +69,7 @@ typedef struct hparams {
     float swiglu_limit;
     /* YaRN rope scaling (rope_yarn 0: none), as rope_yarn_table takes it */
     int rope_yarn, yarn_truncate;
+    double rope_linear;         /* linear rope scaling's factor (0: none; ARCH_ROPE_LINEAR rows) */
     double yarn_factor, yarn_orig_ctx, yarn_beta_fast, yarn_beta_slow, yarn_attn;
     /* qwen35 linear-attention layers (0 elsewhere) */
     int32_t ssm_conv_k;         /* causal conv taps */

@@ -2,7 +2,8 @@
  * (rope.scaling.type yarn: llama, qwen2, qwen3, qwen3moe as llama.cpp and
  * transformers compute it, ramp ends floored and ceiled; gpt-oss unrounded,
  * t_arch), from GGUF keys and from config.json's rope_scaling; refused
- * with the key named where a family does not take it. The fixtures get the
+ * with the key named where a family does not take it; Gemma 3's linear
+ * scaling of its global layers. The fixtures get the
  * keys added to a copy (inserted after the header, padded to the
  * alignment so the tensor data stay where their offsets say). */
 #include "engine/arch/arch.h"
@@ -199,8 +200,86 @@ static void test_gguf_families(void)
     CHECK(with_keys("gemma3-tiny.bf16.gguf", &kv, 1, path, sizeof path) == 0);
     free(kv.p);
     CHECK(model_load(&m, path, err, sizeof err) != 0);
-    CHECKF(strstr(err, "gemma3.rope.scaling.type") && strstr(err, "not supported for gemma3 (expected none)"), "%s",
+    CHECKF(strstr(err, "gemma3.rope.scaling.type") && strstr(err, "not supported for gemma3 (expected none or linear)"), "%s",
            err);
+}
+
+/* Gemma 3's linear scaling (rope.scaling.type linear, factor 8 in the 4B
+ * and larger files): every pair's frequency divided by the factor, in the
+ * global layers; it changes the logits; a factor of 1 is no table. Refused
+ * for the families that do not declare it. */
+static void test_gemma3_linear(void)
+{
+    char path[2][256], err[512];
+    for (int k = 0; k < 2; k++) {
+        buf kv = { 0 };
+        kv_str(&kv, "gemma3.rope.scaling.type", "linear");
+        kv_f32(&kv, "gemma3.rope.scaling.factor", k ? 1.0f : 8.0f);
+        CHECK(with_keys("gemma3-tiny.bf16.gguf", &kv, 2, path[k], sizeof path[k]) == 0);
+        free(kv.p);
+        model *m = NULL;
+        CHECKF(model_load(&m, path[k], err, sizeof err) == 0, "%s", err);
+        if (!m) continue;
+        if (k == 0) {
+            int half = m->hp.n_rot / 2, all = 1;
+            CHECK(m->rope_freqs.data && m->rope_freqs.n_in == half && !m->hp.rope_yarn);
+            for (int i = 0; m->rope_freqs.data && i < half; i++) all &= ((const float *)m->rope_freqs.data)[i] == 8.0f;
+            CHECK(all);
+        } else {
+            CHECK(m->rope_freqs.data == NULL);
+        }
+        model_free(m);
+    }
+    /* the logits change with the factor (positions past a few turns of the slowest pair) */
+    float top[2][64];
+    const char *paths[2] = { "tests/fixtures/models/gemma3-tiny.bf16.gguf", path[0] };
+    for (int k = 0; k < 2; k++) {
+        eng *e = NULL;
+        eng_opts o = { 0 };
+        o.model_path = paths[k];
+        o.n_threads = 2;
+        o.max_seqs = 1;
+        o.n_ctx = 256;
+        CHECKF(eng_open(&e, &o, err, sizeof err) == 0, "%s", err);
+        if (!e) return;
+        int32_t toks[64];
+        for (int i = 0; i < 64; i++) toks[i] = 2 + (i * 37) % 200;
+        eng_job_desc d = { 0 };
+        d.kind = ENG_JOB_EVAL;
+        d.tokens = toks;
+        d.n_tokens = 64;
+        d.top_n = 1;
+        uint64_t id;
+        eng_err code;
+        CHECKF(eng_submit(e, &d, &id, &code, err, sizeof err) == 0, "%s", err);
+        int done = 0;
+        for (int spins = 0; !done && spins < 200000; spins++) {
+            eng_event *ev = eng_events_take(e);
+            if (!ev) { usleep(200); continue; }
+            while (ev) {
+                eng_event *nx = ev->next;
+                if (ev->type == ENG_EV_LOGITS && ev->pos >= 0 && ev->pos < 64 && ev->n_top > 0)
+                    top[k][ev->pos] = ev->top_logits[0];
+                if (ev->type == ENG_EV_DONE || ev->type == ENG_EV_ERROR) done = 1;
+                eng_event_free(ev);
+                ev = nx;
+            }
+        }
+        CHECK(done);
+        eng_close(e);
+    }
+    CHECKF(top[0][0] == top[1][0], "position 0 turns no pair: %g vs %g", top[0][0], top[1][0]);
+    int differ = 0;
+    for (int i = 1; i < 64; i++) differ += top[0][i] != top[1][i];
+    CHECKF(differ > 32, "linear factor 8 changed %d of 63 positions' logits", differ);
+    buf kv = { 0 };
+    kv_str(&kv, "qwen3.rope.scaling.type", "linear");
+    kv_f32(&kv, "qwen3.rope.scaling.factor", 8.0f);
+    CHECK(with_keys("qwen3-tiny.bf16.gguf", &kv, 2, path[0], sizeof path[0]) == 0);
+    free(kv.p);
+    model *m = NULL;
+    CHECK(model_load(&m, path[0], err, sizeof err) != 0);
+    CHECKF(strstr(err, "qwen3.rope.scaling.type' is 'linear'") && strstr(err, "(expected none or yarn)"), "%s", err);
 }
 
 /* A factor of 1 changes nothing: the same logits as the file without it,
@@ -298,6 +377,7 @@ static void test_hf(void)
 static void test_table_rows(void)
 {
     static const char *yes[] = { "llama", "qwen2", "qwen3", "qwen3moe", "gpt-oss" }, *no[] = { "gemma3", "gpt2", "qwen35" };
+    CHECK((arch_find("gemma3")->opt & ARCH_ROPE_LINEAR) && !(arch_find("qwen3")->opt & ARCH_ROPE_LINEAR));
     for (size_t i = 0; i < 5; i++) CHECKF(arch_find(yes[i])->opt & ARCH_YARN, "%s", yes[i]);
     for (size_t i = 0; i < 3; i++) CHECKF(!(arch_find(no[i])->opt & ARCH_YARN), "%s", no[i]);
     CHECK((arch_find("gpt-oss")->opt & ARCH_YARN_EXACT) && !(arch_find("qwen3")->opt & ARCH_YARN_EXACT));
@@ -311,6 +391,7 @@ int main(int argc, char **argv)
     RUN(test_table_rows);
     RUN(test_gguf_families);
     RUN(test_factor_one);
+    RUN(test_gemma3_linear);
     RUN(test_hf);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
