@@ -768,8 +768,9 @@ static void evict_paused(const char *model)
     eng_stats st0, st;
     eng_stats_get(e, &st0);
     /* B's prompt takes one page more than A leaves: A holds the pages of
-     * its tokens and the next position at least */
-    int held = (1 + paused_at + 1 + 15) / 16, n_b = (total - held) * 16 + 1;
+     * its tokens at least (and of the next position, unless it paused
+     * before the step after its last token) */
+    int held = (1 + paused_at + 15) / 16, n_b = (total - held) * 16 + 1;
     int32_t *pb = malloc((size_t)n_b * sizeof *pb);
     CHECK(pb != NULL && n_b + 4 < n_ctx);
     if (!pb) { eng_close(e); return; }
@@ -781,7 +782,8 @@ static void evict_paused(const char *model)
     CHECKF(r[1].done && r[1].n_tok > 0, "B (needs pages paused A holds): done %d, %d tokens", r[1].done, r[1].n_tok);
     CHECK(!r[0].ended);
     eng_stats_get(e, &st);
-    CHECKF(st.evictions > st0.evictions, "evictions %llu", (unsigned long long)st.evictions);
+    CHECKF(st.evictions > st0.evictions, "%s: evictions %llu (A paused at %d, B's prompt %d of %d pages)", model,
+           (unsigned long long)st.evictions, paused_at, n_b, total);
     eng_pause(e, a, 0);
     tpump(e, r, 2, 2, 60000);
     CHECK(r[0].done && r[0].finish == ref[0].finish);
