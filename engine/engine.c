@@ -1000,7 +1000,8 @@ static int tokw_start(eng *e, char *err, size_t errlen)
 
 /* The KV pool's pages: --kv-budget, else what fits (the CPU: a quarter of
  * physical memory; an accelerator: its free memory less everything else
- * fw_mem_estimate counts and a margin of 1/16 of the device), never more than
+ * fw_mem_estimate counts, a margin of 1/16 of the device and, where that
+ * leaves a context, room for the f16 weight copies), never more than
  * max_seqs full contexts. Pages are taken as sequences grow, so the pool is
  * shared by what sequences hold, not by what they could reach. Without --ctx
  * the context is lowered to what the pool holds; a pool below a --ctx
@@ -1023,6 +1024,10 @@ static int kv_size(eng *e, const eng_opts *opt, int max_T, int max_out, size_t *
             fw_mem_estimate(m, e->be->kv_type, 0, max_T, max_out, e->max_seqs, &need);   /* (rings included) */
             size_t keep = need.total + dev_total / 16;
             room = dev_free > keep ? dev_free - keep : 0;
+            /* leave the f16 weight copies for prompts their room too (at
+             * most 2 bytes a weight), unless that leaves less than a context */
+            size_t f16 = opt->cuda_f16_cache_off ? 0 : (size_t)2 * m->n_params;
+            if (room > f16 + pages_per_ctx * page_bytes) room -= f16;
         } else {
             long pg = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGE_SIZE);
             room = pg > 0 && psz > 0 ? (size_t)pg * (size_t)psz / 4 : (size_t)1 << 30;

@@ -28,7 +28,8 @@ typedef struct eng_opts {
     int n_ctx;              /* max tokens per sequence; 0 = the model's trained context (lowered to what the KV pool holds) */
     /* bytes for the shared KV pool, whose pages sequences take as they grow;
      * 0 = what fits (the CPU: a quarter of physical memory; a GPU: its free
-     * memory after the rest, less 1/16), at most max_seqs full contexts */
+     * memory after the rest and the f16 weight copies, less 1/16), at most
+     * max_seqs full contexts */
     size_t kv_budget;
     int max_seqs;           /* sequences in one batched forward pass; 0 = 16 */
     int max_queued;         /* jobs waiting beyond max_seqs before ENG_EBUSY; 0 = 256 */
