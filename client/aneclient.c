@@ -389,8 +389,9 @@ static void json_info(FILE *f, const proto_ev *e)
     fprintf(f, ",\"jobs_done\":%llu,\"tokens_served\":%llu,\"prompt_tokens_total\":%llu",
             (unsigned long long)e->jobs_done, (unsigned long long)e->tokens_served,
             (unsigned long long)e->prompt_tokens_total);
-    fprintf(f, ",\"kv_used\":%llu,\"kv_total\":%llu,\"weight_bytes\":%llu,\"uptime_s\":%.3f",
-            (unsigned long long)e->kv_used, (unsigned long long)e->kv_total,
+    fprintf(f, ",\"kv_used\":%llu,\"kv_total\":%llu,\"kv_tokens\":%llu,\"swa_ring\":%u", (unsigned long long)e->kv_used,
+            (unsigned long long)e->kv_total, (unsigned long long)e->kv_tokens, e->swa_ring);
+    fprintf(f, ",\"weight_bytes\":%llu,\"uptime_s\":%.3f",
             (unsigned long long)e->weight_bytes, e->uptime_s);
     fputs(",\"per_client\":[", f);
     for (size_t i = 0; i < e->n_per_client; i++)
@@ -412,7 +413,10 @@ static void text_info(FILE *f, const proto_ev *e)
     fprintf(f, "layers/embd:     %d / %d\n", e->n_layer, e->n_embd);
     if (e->pooling) fprintf(f, "embeddings:      %s pooling (%s)\n", e->pooling, e->pooling_source ? e->pooling_source : "?");
     fprintf(f, "weights:         %.1f MiB\n", (double)e->weight_bytes / 1048576.0);
-    fprintf(f, "kv cache:        %.1f / %.1f MiB\n", (double)e->kv_used / 1048576.0, (double)e->kv_total / 1048576.0);
+    fprintf(f, "kv cache:        %.1f / %.1f MiB (%llu tokens", (double)e->kv_used / 1048576.0,
+            (double)e->kv_total / 1048576.0, (unsigned long long)e->kv_tokens);
+    if (e->swa_ring) fprintf(f, "; sliding-window layers: %u per sequence", e->swa_ring);
+    fputs(")\n", f);
     fprintf(f, "jobs:            %u active, %u queued, %llu done\n", e->active, e->queued,
             (unsigned long long)e->jobs_done);
     fprintf(f, "tokens:          %llu prompt, %llu generated\n",

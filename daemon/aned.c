@@ -55,11 +55,15 @@ static void usage(FILE *f)
 "      --backend NAME      cpu or cuda (default: the best present)\n"
 "  -t, --threads N         matmul threads (default: online cores)\n"
 "  -c, --ctx N             tokens per sequence, 8..16777216 (default: the model's\n"
-"                          trained context, at most 4096); past the trained\n"
-"                          context is allowed, with a warning at start\n"
+"                          trained context, or what the KV pool holds if less);\n"
+"                          past the trained context is allowed, with a warning\n"
 "      --max-seqs N        sequences batched together (default 16)\n"
 "      --max-queued N      jobs waiting beyond --max-seqs before \"busy\" (default 256)\n"
-"      --kv-budget MIB     KV cache pool size (default: --max-seqs full contexts)\n"
+"      --kv-budget MIB     KV cache pool size, shared by the sequences, which take\n"
+"                          pages as they grow (default: what fits: a quarter of\n"
+"                          physical memory, or the GPU's free memory after the\n"
+"                          model, its f16 weight copies and 1/16 of the device;\n"
+"                          at most --max-seqs full contexts)\n"
 "      --kv-type f16|q8_0|f32  how the KV cache holds keys and values (default\n"
 "                          f16); q8_0: blocks of 32 with an f16 scale, about half\n"
 "                          f16's bytes, slightly less accurate (docs/cuda.md);\n"
@@ -67,6 +71,11 @@ static void usage(FILE *f)
 "      --pooling mean|cls|last  how embed requests pool the hidden states (default:\n"
 "                          the GGUF's <arch>.pooling_type; last token when it\n"
 "                          names none, as decoder embedding models want)\n"
+"      --swa-full          sliding-window layers (gemma3, gpt-oss) keep the KV of\n"
+"                          every position, paged with the rest, so prompts can\n"
+"                          reuse a cached prefix; by default (CPU) each sequence\n"
+"                          keeps only its window for them, in a ring, and their\n"
+"                          models reuse no prefix\n"
 "      --deterministic     a sequence's results never depend on what is batched\n"
 "                          with it, at every batch size (CUDA: slower past 16\n"
 "                          decoding streams; the CPU always is)\n"
@@ -355,7 +364,7 @@ static void raise_fd_limit(int max_clients)
 }
 
 enum {
-    OPT_SOCKET_MODE = 256, OPT_SOCKET_GROUP, OPT_BACKEND, OPT_MAX_SEQS, OPT_MAX_QUEUED, OPT_KV_BUDGET, OPT_DETERMINISTIC, OPT_F16_CACHE, OPT_CHAT_TEMPLATE, OPT_KV_TYPE, OPT_POOLING,
+    OPT_SOCKET_MODE = 256, OPT_SOCKET_GROUP, OPT_BACKEND, OPT_MAX_SEQS, OPT_MAX_QUEUED, OPT_KV_BUDGET, OPT_DETERMINISTIC, OPT_F16_CACHE, OPT_CHAT_TEMPLATE, OPT_KV_TYPE, OPT_POOLING, OPT_SWA_FULL,
     OPT_MAX_CLIENTS, OPT_MAX_BACKLOG, OPT_STALL, OPT_GRACE, OPT_HELLO, OPT_LOG_LEVEL,
     OPT_ALLOW_USER, OPT_ALLOW_GROUP, OPT_JOBS_UID, OPT_CLIENTS_UID, OPT_SECCOMP, OPT_IDLE,
 };
@@ -429,6 +438,7 @@ int main(int argc, char **argv)
         { "chat-template", required_argument, 0, OPT_CHAT_TEMPLATE },
         { "kv-type", required_argument, 0, OPT_KV_TYPE },
         { "pooling", required_argument, 0, OPT_POOLING },
+        { "swa-full", no_argument, 0, OPT_SWA_FULL },
         { "max-clients", required_argument, 0, OPT_MAX_CLIENTS },
         { "max-backlog", required_argument, 0, OPT_MAX_BACKLOG },
         { "stall-timeout", required_argument, 0, OPT_STALL },
@@ -522,6 +532,7 @@ int main(int argc, char **argv)
             else if (!strcmp(optarg, "last")) so.eng.pooling = ENG_POOL_LAST;
             else { fprintf(stderr, "aned: --pooling: expected mean, cls or last, got '%s'\n", optarg); return 2; }
             break;
+        case OPT_SWA_FULL: so.eng.swa_full = 1; break;
         case OPT_KV_BUDGET: if (parse_int("--kv-budget", optarg, 0, 1L << 30, &v)) return 2; so.eng.kv_budget = (size_t)v << 20; break;
         case OPT_MAX_CLIENTS: if (parse_int("--max-clients", optarg, 1, 1 << 20, &v)) return 2; so.max_clients = (int)v; break;
         case OPT_MAX_BACKLOG:
@@ -689,10 +700,12 @@ int main(int argc, char **argv)
     if (orc < 0) { log_error("%s", err); goto out; }
     const eng_model_info *mi = server_model(srv);
     log_info("model %s: \"%s\", arch %s, %d layers, vocab %d, ctx %d, %s backend, %d thread(s), %d seq(s), "
-             "kv %s%s",
+             "kv %s, pool %llu tokens in %llu MiB%s%s",
              mi->path ? mi->path : so.eng.model_path, mi->name ? mi->name : "?", mi->arch ? mi->arch : "?",
              mi->n_layer, mi->n_vocab, mi->n_ctx, mi->backend ? mi->backend : "?", mi->n_threads,
-             mi->max_seqs, mi->kv_type ? mi->kv_type : "?", mi->tokenizer_only ? ", tokenizer only" : "");
+             mi->max_seqs, mi->kv_type ? mi->kv_type : "?", (unsigned long long)mi->kv_pool_tokens,
+             (unsigned long long)(mi->kv_bytes >> 20), mi->swa_ring ? ", sliding-window layers in rings" : "",
+             mi->tokenizer_only ? ", tokenizer only" : "");
     if (mi->device && mi->device[0]) log_info("device: %s", mi->device);
     if (mi->pooling) log_info("embeddings: %s pooling (%s)", mi->pooling, mi->pooling_source);
     if (mi->warning && mi->warning[0]) log_warn("model: %s", mi->warning);

@@ -287,6 +287,8 @@ static void req_info(client *cl, const proto_req *r)
     e.prompt_tokens_total = st.prompt_tokens;
     e.kv_used = st.kv_used;
     e.kv_total = st.kv_total;
+    e.kv_tokens = mi->kv_pool_tokens;
+    e.swa_ring = (uint32_t)mi->swa_ring;
     e.weight_bytes = st.weight_bytes ? st.weight_bytes : mi->weight_bytes;
     e.uptime_s = ev_time() - s->started;
     e.idle_timeout_s = s->opt.idle_timeout;

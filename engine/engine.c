@@ -1070,6 +1070,74 @@ static int tokw_start(eng *e, char *err, size_t errlen)
     return 0;
 }
 
+/* The KV pool's pages: --kv-budget, else what fits (the CPU: a quarter of
+ * physical memory; an accelerator: its free memory less everything else
+ * fw_mem_estimate counts, a margin of 1/16 of the device and, where that
+ * leaves a context, room for the f16 weight copies), never more than
+ * max_seqs full contexts. Pages are taken as sequences grow, so the pool is
+ * shared by what sequences hold, not by what they could reach. Without --ctx
+ * the context is lowered to what the pool holds; a pool below a --ctx
+ * context is an error (with the default budget, the device check says what
+ * does not fit). */
+static int kv_size(eng *e, const eng_opts *opt, int max_T, int max_out, size_t *out, char *err, size_t errlen)
+{
+    model *m = e->m;
+    size_t page_bytes = fw_kv_page_bytes(m, e->be->kv_type);
+    size_t pages_per_ctx = ((size_t)e->n_ctx + KV_PAGE - 1) / KV_PAGE;
+    size_t n_pages, dev_free = 0, dev_total = 0;
+    int dev = e->be->ops->mem_free && !e->be->ops->mem_free(e->be, &dev_free, &dev_total);
+    if (opt->kv_budget) {
+        n_pages = opt->kv_budget / page_bytes;
+    } else {
+        n_pages = pages_per_ctx * (size_t)e->max_seqs;
+        size_t room;
+        if (dev) {
+            fw_mem need;
+            fw_mem_estimate(m, e->be->kv_type, 0, max_T, max_out, e->max_seqs, &need);   /* (rings included) */
+            size_t keep = need.total + dev_total / 16;
+            room = dev_free > keep ? dev_free - keep : 0;
+            /* leave the f16 weight copies for prompts their room too (at
+             * most 2 bytes a weight), unless that leaves less than a context */
+            size_t f16 = opt->cuda_f16_cache_off ? 0 : (size_t)2 * m->n_params;
+            if (room > f16 + pages_per_ctx * page_bytes) room -= f16;
+        } else {
+            long pg = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGE_SIZE);
+            room = pg > 0 && psz > 0 ? (size_t)pg * (size_t)psz / 4 : (size_t)1 << 30;
+            size_t rings = (size_t)e->max_seqs * fw_kv_ring_bytes(m, e->be->kv_type);
+            room = room > rings ? room - rings : 0;
+        }
+        if (room / page_bytes < n_pages) n_pages = room / page_bytes;
+        if (opt->n_ctx > 0 && n_pages < pages_per_ctx) n_pages = pages_per_ctx;
+    }
+    if (n_pages > (size_t)1 << 24) n_pages = (size_t)1 << 24;
+    if (n_pages < pages_per_ctx) {
+        if (opt->n_ctx > 0 || n_pages * KV_PAGE < 64) {
+            snprintf(err, errlen, "%s: a KV pool of %zu MiB (%zu tokens) is below one full context of %d tokens "
+                     "(%zu MiB in %s); raise --kv-budget or lower --ctx", m->path, n_pages * page_bytes >> 20,
+                     n_pages * KV_PAGE, e->n_ctx, pages_per_ctx * page_bytes >> 20, be_kv_name(e->be->kv_type));
+            return -1;
+        }
+        e->n_ctx = (int)(n_pages * KV_PAGE);
+    }
+    if (dev) {
+        /* the whole need against the device's free memory, before any of it is taken */
+        fw_mem need;
+        fw_mem_estimate(m, e->be->kv_type, n_pages, max_T, max_out, e->max_seqs, &need);
+        if (need.total > dev_free) {
+            snprintf(err, errlen,
+                     "%s: the model needs about %zu MiB of %s device memory (weights %zu, KV pool %zu for %zu "
+                     "tokens in %s, state %zu, activations %zu, scratch %zu MiB) but %zu MiB of %zu are free; "
+                     "lower --ctx, --max-seqs or --kv-budget, use --kv-type q8_0, or a smaller model",
+                     m->path, need.total >> 20, e->be->ops->name, need.weights >> 20, need.kv >> 20,
+                     n_pages * KV_PAGE, be_kv_name(e->be->kv_type), need.state >> 20, need.act >> 20,
+                     need.scratch >> 20, dev_free >> 20, dev_total >> 20);
+            return -1;
+        }
+    }
+    *out = n_pages;
+    return 0;
+}
+
 int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
 {
     *out = NULL;
@@ -1109,7 +1177,9 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
     in->n_params = m->n_params;
     in->weight_bytes = m->weight_bytes;
 
-    e->n_ctx = opt->n_ctx > 0 ? opt->n_ctx : (m->hp.n_ctx_train < 4096 ? m->hp.n_ctx_train : 4096);
+    /* the model's trained context unless --ctx; kv_size may lower it to what the KV pool holds */
+    e->n_ctx = opt->n_ctx > 0 ? opt->n_ctx : m->hp.n_ctx_train > 0 ? m->hp.n_ctx_train : 4096;
+    if (e->n_ctx > 1 << 24) e->n_ctx = 1 << 24;
     if (e->n_ctx < 8) e->n_ctx = 8;
     if (m->pos_embd.data && e->n_ctx > m->hp.n_ctx_train) {   /* learned positions end there */
         snprintf(err, errlen, "%s: a context of %d tokens is past the model's learned positions (%s.context_length "
@@ -1164,35 +1234,18 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
      * prompts share passes with decoding streams at full width */
     e->prefill_shared = strcmp(e->be->ops->name, "cpu") ? BATCH_TOKENS : PREFILL_SHARED;
 
-    size_t page_bytes = fw_kv_page_bytes(m, e->be->kv_type);
-    size_t pages_per_ctx = ((size_t)e->n_ctx + KV_PAGE - 1) / KV_PAGE;
-    size_t n_pages = opt->kv_budget ? opt->kv_budget / page_bytes : pages_per_ctx * (size_t)e->max_seqs;
-    if (n_pages < pages_per_ctx) {
-        snprintf(err, errlen, "KV budget of %zu bytes is below one full context (%zu bytes for %d tokens)",
-                 opt->kv_budget, pages_per_ctx * page_bytes, e->n_ctx);
-        goto fail;
-    }
     int max_out = EVAL_ROWS > e->max_seqs ? EVAL_ROWS : e->max_seqs;
     int max_T = BATCH_TOKENS + e->max_seqs;
-    size_t dev_free = 0, dev_total = 0;
-    if (e->be->ops->mem_free && !e->be->ops->mem_free(e->be, &dev_free, &dev_total)) {
-        /* the whole need against the device's free memory, before any of it is taken */
-        fw_mem need;
-        fw_mem_estimate(m, e->be->kv_type, n_pages, max_T, max_out, e->max_seqs, &need);
-        if (need.total > dev_free) {
-            snprintf(err, errlen,
-                     "%s: the model needs about %zu MiB of %s device memory (weights %zu, KV pool %zu for %zu "
-                     "tokens in %s, state %zu, activations %zu, scratch %zu MiB) but %zu MiB of %zu are free; "
-                     "lower --ctx, --max-seqs or --kv-budget, use --kv-type q8_0, or a smaller model",
-                     m->path, need.total >> 20, e->be->ops->name, need.weights >> 20, need.kv >> 20,
-                     n_pages * KV_PAGE, be_kv_name(e->be->kv_type), need.state >> 20, need.act >> 20,
-                     need.scratch >> 20, dev_free >> 20, dev_total >> 20);
-            goto fail;
-        }
-    }
+    /* sliding-window layers: a ring per sequence slot, unless --swa-full */
+    m->swa_ring = opt->swa_full ? 0 : fw_swa_ring(m, e->be->ops, max_T, e->n_ctx);
+    in->swa_ring = m->swa_ring;
+    size_t n_pages;
+    if (kv_size(e, opt, max_T, max_out, &n_pages, err, errlen)) goto fail;
+    in->n_ctx = e->n_ctx;
     if (n_pages > (size_t)1 << 24) n_pages = (size_t)1 << 24;
     if (model_prepare(m, e->be, err, errlen)) goto fail;
     e->n_pages_total = (int)n_pages;
+    in->kv_pool_tokens = (uint64_t)n_pages * KV_PAGE;
     if (fw_open(&e->fw, m, e->be, max_T, max_out, e->n_pages_total, e->max_seqs, err, errlen)) goto fail;
     emb_setup(e);
     if (sampler_open(&e->smp, m->hp.n_vocab)) { snprintf(err, errlen, "out of memory"); goto fail; }
@@ -1228,6 +1281,7 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
         goto fail;
     }
     e->st.kv_total = fw_kv_bytes(e->fw);
+    in->kv_bytes = e->st.kv_total;
     e->st.weight_bytes = m->weight_bytes;
     if (pthread_create(&e->worker, NULL, worker_main, e) != 0) {
         snprintf(err, errlen, "cannot start the worker thread");

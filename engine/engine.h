@@ -31,11 +31,19 @@ typedef struct eng_opts {
     const char *model_path; /* GGUF file or Hugging Face directory */
     const char *backend;    /* "cpu", "cuda", or NULL for the best present */
     int n_threads;          /* matmul threads; 0 = online cores */
-    int n_ctx;              /* max tokens per sequence; 0 = model's, capped at 4096 */
-    size_t kv_budget;       /* bytes for the shared KV pool; 0 = room for max_seqs full contexts */
+    int n_ctx;              /* max tokens per sequence; 0 = the model's trained context (lowered to what the KV pool holds) */
+    /* bytes for the shared KV pool, whose pages sequences take as they grow;
+     * 0 = what fits (the CPU: a quarter of physical memory; a GPU: its free
+     * memory after the rest and the f16 weight copies, less 1/16), at most
+     * max_seqs full contexts */
+    size_t kv_budget;
     int max_seqs;           /* sequences in one batched forward pass; 0 = 16 */
     int max_queued;         /* jobs waiting beyond max_seqs before ENG_EBUSY; 0 = 256 */
     int kv_type;            /* ENG_KV_*: how the KV cache holds keys and values (aned --kv-type) */
+    /* 1: sliding-window layers keep the KV of every position, paged with
+     * the rest (prefix reuse works for their models), instead of a ring of
+     * their window per sequence (aned --swa-full) */
+    int swa_full;
     /* Called on the worker thread whenever events were queued. Must not call
      * into the engine; typically ev_async_send(). May be NULL (then poll). */
     void (*notify)(void *arg);
@@ -103,6 +111,12 @@ typedef struct eng_model_info {
     const char *pooling;       /* embed jobs' pooling: "mean", "cls" or "last" */
     const char *pooling_source; /* "model" (its pooling_type), "default" (it names none: last
                                    token) or "option" (eng_opts.pooling) */
+    /* KV rows each sequence keeps for a sliding-window layer (its window
+     * plus a batch, in a ring); 0: those layers' KV is paged with the rest
+     * (a model without them, --swa-full, or a backend without rings) */
+    int32_t swa_ring;
+    uint64_t kv_pool_tokens;   /* tokens the KV pool's pages hold, over all sequences */
+    uint64_t kv_bytes;         /* the KV pool's and the rings' bytes, as allocated (eng_stats.kv_total) */
 } eng_model_info;
 
 const eng_model_info *eng_model(const eng *e);
@@ -115,6 +129,7 @@ typedef struct eng_stats {
     uint64_t cached_tokens;   /* prompt tokens reused from the cache */
     uint64_t gen_tokens;      /* generated */
     size_t kv_used, kv_total; /* bytes */
+    size_t kv_peak;           /* the most kv_used has been (bytes) */
     uint64_t evictions;       /* jobs whose KV pages were taken back for another job
                                  (paused, or over their uid's share); they compute
                                  those tokens again when they go on */

@@ -49,20 +49,33 @@ void job_error(eng *e, job *j)
     ev_push(e, ev);
 }
 
+/* Pages a job holds before its next step: its known tokens and the next
+ * position (a decode step queued ahead writes there), within its limit. */
+static int pages_now(const job *j)
+{
+    int full = (j->n_prompt + j->max_gen + KV_PAGE - 1) / KV_PAGE;
+    int now = (j->n_tok + 1 + KV_PAGE - 1) / KV_PAGE;
+    return now < full ? now : full;
+}
+
 /* Admits queued job j (prev: its predecessor in the queue) if a slot and
- * its pages are free: whole cached pages of its tokens are reused (a new
+ * the pages of its tokens are free (pages for what it generates are taken
+ * as it goes, grow()): whole cached pages of its tokens are reused (a new
  * generate job's prompt but its last token, which is computed again for its
- * logits; an evicted job's tokens up to where it was), the rest allocated.
- * 1 admitted, 0 no room. Under mu. */
+ * logits; an evicted job's tokens up to where it was), the rest allocated,
+ * leaving a page for each running job to grow into. 1 admitted, 0 no room.
+ * Under mu. */
 static int admit(eng *e, job *j, job *prev)
 {
     if (e->n_active >= e->max_seqs) return 0;
-    int need = (j->n_prompt + j->max_gen + KV_PAGE - 1) / KV_PAGE;
+    int need = pages_now(j);
     int n_known = j->evicted ? j->n_fill : j->n_prompt;
     int max_reuse = j->evicted ? j->n_fill / KV_PAGE : (j->n_prompt - 1) / KV_PAGE;
     int reuse = 0, snap = -1, snap_len = 0;
-    /* eval needs every position's logits, unless they were given before an eviction */
-    if ((j->kind == ENG_JOB_GENERATE || j->evicted) && (!e->m->recurrent || e->snaps))
+    /* eval needs every position's logits, unless they were given before an
+     * eviction; a ring of a sliding-window layer holds only its own
+     * sequence's latest rows, so those models reuse nothing */
+    if ((j->kind == ENG_JOB_GENERATE || j->evicted) && (!e->m->recurrent || e->snaps) && !e->m->swa_ring)
         reuse = kvc_match(e->kv, j->toks, n_known, max_reuse, j->pages);
     if (e->m->recurrent && reuse > 0) {
         /* recurrent layers resume only from a saved state: cut the reuse
@@ -72,7 +85,8 @@ static int admit(eng *e, job *j, job *prev)
         kvc_release(e->kv, j->pages + keep, reuse - keep);
         reuse = keep;
     }
-    if (kvc_alloc(e->kv, need - reuse, j->pages + reuse)) {
+    if (kvc_available(e->kv) < need - reuse + e->n_active ||
+        kvc_alloc(e->kv, need - reuse, j->pages + reuse)) {
         kvc_release(e->kv, j->pages, reuse);
         return 0;
     }
@@ -146,7 +160,7 @@ static int make_room(eng *e, job *w)
     int no_slot = e->n_active >= e->max_seqs;
     int best = -1;
     job *v = NULL;
-    for (int i = 0; i < e->n_active; i++)     /* recurrent models: paused jobs keep their slot */
+    for (int i = 0; i < e->n_active; i++)     /* recurrent models, rings: paused jobs keep their slot */
         if (atomic_load(&e->active[i]->paused) && (best < 0 || e->active[i]->n_pages > v->n_pages)) {
             best = i;
             v = e->active[i];
@@ -167,7 +181,7 @@ static int make_room(eng *e, job *w)
         evict(e, v);                          /* stays parked until resumed */
         return 1;
     }
-    uint64_t w_cost = job_cost(e, (w->n_prompt + w->max_gen + KV_PAGE - 1) / KV_PAGE, 1);
+    uint64_t w_cost = job_cost(e, pages_now(w), 1);
     for (int by_owner = 0; by_owner < 2 && !v; by_owner++) {
         uint64_t w_after = share_cost(e, w, by_owner) + w_cost, v_share = 0;
         struct { uint64_t key, cost; } memo[16];   /* few uids/owners: each summed once */
@@ -196,6 +210,53 @@ static int make_room(eng *e, job *w)
     e->active[best] = e->active[--e->n_active];
     queue_insert(e, v);
     return 1;
+}
+
+/* Gives each running job the pages of its next step. Where none are left,
+ * takes pages back: from a paused job first, else from the youngest
+ * running job (which may be the one growing); the job taken from keeps its
+ * tokens and computes them again when admitted anew. A job never needs more
+ * than the whole pool (eng_submit), so the oldest always goes on. Under mu. */
+static void grow(eng *e)
+{
+again:
+    for (int i = 0; i < e->n_active; i++) {
+        job *j = e->active[i];
+        int want = pages_now(j);
+        if (j->n_pages >= want || atomic_load(&j->paused)) continue;
+        if (!kvc_alloc(e->kv, want - j->n_pages, j->pages + j->n_pages)) {
+            j->n_pages = want;
+            continue;
+        }
+        job *v = NULL;
+        int vi = -1;
+        for (int k = 0; k < e->n_active; k++)   /* recurrent models, rings: paused jobs keep their slot */
+            if (atomic_load(&e->active[k]->paused) && e->active[k]->n_pages > 0) { v = e->active[k]; vi = k; break; }
+        if (v) {
+            evict(e, v);
+            e->active[vi] = e->active[--e->n_active];
+            v->state = JOB_PARKED;
+            v->next = e->parked;
+            e->parked = v;
+            e->n_parked++;
+            goto again;
+        }
+        for (job *q = e->parked; q && !v; q = q->next)
+            if (q->n_pages > 0) v = q;
+        if (v) {
+            evict(e, v);                          /* stays parked until resumed */
+            goto again;
+        }
+        for (int k = 0; k < e->n_active; k++)
+            if (!atomic_load(&e->active[k]->paused) && (!v || e->active[k]->admit_no > v->admit_no)) {
+                v = e->active[k];
+                vi = k;
+            }
+        evict(e, v);
+        e->active[vi] = e->active[--e->n_active];
+        queue_insert(e, v);
+        goto again;
+    }
 }
 
 /* Ends every generate and eval job with ENG_EMODEL_CHANGED once
@@ -288,9 +349,9 @@ static void schedule(eng *e)
         } else i++;
     }
     /* paused jobs leave the batch (keeping their KV while nobody needs it)
-     * so that others can run; recurrent models keep them in their slot,
+     * so that others can run; recurrent models and sliding-window rings keep them in their slot,
      * where their state lives, until the room is needed (make_room) */
-    for (int i = 0; i < e->n_active && !e->m->recurrent;) {
+    for (int i = 0; i < e->n_active && !e->m->recurrent && !e->m->swa_ring;) {
         job *j = e->active[i];
         if (atomic_load(&j->paused)) {
             e->slot_used[j->slot] = 0;
@@ -325,6 +386,7 @@ static void schedule(eng *e)
             e->active[e->n_active++] = j;
         } else pp = &j->next;
     }
+    grow(e);
     while (e->queue_head) {
         job *p;
         job *j = pick_fair(e, &p);
@@ -334,7 +396,10 @@ static void schedule(eng *e)
     }
     e->st.active = (uint32_t)(e->n_active + e->n_parked);
     e->st.queued = (uint32_t)(e->n_queued + e->n_pending);
-    e->st.kv_used = (size_t)kvc_in_use(e->kv) * fw_kv_page_bytes(e->m, e->be->kv_type);
+    /* the pages in use, and the rings of the slots in use */
+    e->st.kv_used = (size_t)kvc_in_use(e->kv) * fw_kv_page_bytes(e->m, e->be->kv_type) +
+                    (size_t)e->n_active * fw_kv_ring_bytes(e->m, e->be->kv_type);
+    if (e->st.kv_used > e->st.kv_peak) e->st.kv_peak = e->st.kv_used;
 }
 
 /* The grammar's mask on a job's logits: tokens it refuses get -inf; the

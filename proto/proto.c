@@ -466,7 +466,7 @@ int proto_ev_encode(proto_buf *b, const proto_ev *e)
         pk_kstr(&k, "text", e->text, e->text_len);
         break;
     case PROTO_T_INFO_OK:
-        pk_map(&k, 31 + (e->cuda_f16_cache != NULL) + (e->kv_type != NULL) + (e->device != NULL) +
+        pk_map(&k, 33 + (e->cuda_f16_cache != NULL) + (e->kv_type != NULL) + (e->device != NULL) +
                    (e->pooling != NULL) + (e->pooling_source != NULL));
         pk_kstr(&k, "type", tn, strlen(tn));
         pk_ku64(&k, "id", e->id);
@@ -491,6 +491,8 @@ int proto_ev_encode(proto_buf *b, const proto_ev *e)
         pk_ku64(&k, "prompt_tokens_total", e->prompt_tokens_total);
         pk_ku64(&k, "kv_used", e->kv_used);
         pk_ku64(&k, "kv_total", e->kv_total);
+        pk_ku64(&k, "kv_tokens", e->kv_tokens);
+        pk_ku64(&k, "swa_ring", e->swa_ring);
         pk_ku64(&k, "weight_bytes", e->weight_bytes);
         pk_kf64(&k, "uptime_s", e->uptime_s);
         pk_key(&k, "per_client");
@@ -1375,6 +1377,8 @@ static int decode_ev(dctx *d, const msgpack_object *m, proto_ev *e)
             else if (key_is(k, "prompt_tokens_total")) rc = get_u64(d, v, "prompt_tokens_total", &e->prompt_tokens_total);
             else if (key_is(k, "kv_used")) rc = get_u64(d, v, "kv_used", &e->kv_used);
             else if (key_is(k, "kv_total")) rc = get_u64(d, v, "kv_total", &e->kv_total);
+            else if (key_is(k, "kv_tokens")) rc = get_u64(d, v, "kv_tokens", &e->kv_tokens);
+            else if (key_is(k, "swa_ring")) rc = get_u32(d, v, "swa_ring", &e->swa_ring);
             else if (key_is(k, "weight_bytes")) rc = get_u64(d, v, "weight_bytes", &e->weight_bytes);
             else if (key_is(k, "uptime_s")) rc = get_double(d, v, "uptime_s", &e->uptime_s);
             else if (key_is(k, "idle_timeout_s")) rc = get_double(d, v, "idle_timeout_s", &e->idle_timeout_s);

@@ -190,6 +190,8 @@ typedef struct proto_ev {
     uint32_t active, queued, clients;
     uint64_t jobs_done, tokens_served, prompt_tokens_total;
     uint64_t kv_used, kv_total, weight_bytes;
+    uint64_t kv_tokens;      /* info: tokens the KV pool's pages hold (all sequences) */
+    uint32_t swa_ring;       /* info: KV rows a sequence keeps per sliding-window layer; 0 = paged */
     double uptime_s;
     double idle_timeout_s;   /* info: idle connections close after this; 0 = never */
     uint32_t max_clients_per_uid; /* info: 0 = no limit */

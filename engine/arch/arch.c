@@ -6,14 +6,14 @@
 
 static const arch archs[] = {
     /* name      family        options */
-    { "llama",   &arch_llama,  0 },
-    { "qwen2",   &arch_llama,  ARCH_ROPE_NEOX | ARCH_QKV_BIAS },
-    { "qwen3",   &arch_llama,  ARCH_ROPE_NEOX | ARCH_QK_NORM },
-    { "qwen3moe", &arch_llama, ARCH_ROPE_NEOX | ARCH_QK_NORM },   /* (experts from expert_count) */
+    { "llama",   &arch_llama,  ARCH_YARN },
+    { "qwen2",   &arch_llama,  ARCH_ROPE_NEOX | ARCH_QKV_BIAS | ARCH_YARN },
+    { "qwen3",   &arch_llama,  ARCH_ROPE_NEOX | ARCH_QK_NORM | ARCH_YARN },
+    { "qwen3moe", &arch_llama, ARCH_ROPE_NEOX | ARCH_QK_NORM | ARCH_YARN },   /* (experts from expert_count) */
     { "qwen35",  &arch_qwen35, ARCH_ROPE_NEOX },
-    { "gemma3",  &arch_gemma3, ARCH_ROPE_NEOX | ARCH_QK_NORM },
+    { "gemma3",  &arch_gemma3, ARCH_ROPE_NEOX | ARCH_QK_NORM | ARCH_ROPE_LINEAR },
     { "gpt2",    &arch_gpt2,   0 },
-    { "gpt-oss", &arch_gptoss, ARCH_ROPE_NEOX | ARCH_YARN },
+    { "gpt-oss", &arch_gptoss, ARCH_ROPE_NEOX | ARCH_YARN | ARCH_YARN_EXACT },
 };
 
 const arch *arch_find(const char *name)

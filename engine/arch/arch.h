@@ -25,7 +25,12 @@ enum {
     ARCH_ROPE_NEOX = 1u << 0,   /* GGUF q/k rows rotate halves (llama's were permuted to adjacent pairs) */
     ARCH_QKV_BIAS = 1u << 1,    /* attn_{q,k,v}.bias in every layer */
     ARCH_QK_NORM = 1u << 2,     /* per-head attn_{q,k}_norm in every layer */
-    ARCH_YARN = 1u << 3,        /* rope.scaling.type yarn taken (its ramp unrounded, as gpt-oss defines it) */
+    ARCH_YARN = 1u << 3,        /* rope.scaling.type yarn taken (its ramp's ends floored and ceiled, as llama.cpp
+                                   and transformers compute it) */
+    ARCH_YARN_EXACT = 1u << 4,  /* ... with the ramp unrounded (gpt-oss defines it so: truncate false) */
+    ARCH_ROPE_LINEAR = 1u << 5, /* rope.scaling.type linear taken: every pair's frequency divided by
+                                   rope.scaling.factor, in the global layers (Gemma 3: the sliding ones
+                                   keep theirs) */
 };
 
 /* Per-sequence state beside the KV pages (recurrent layers) and its

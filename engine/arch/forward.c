@@ -6,10 +6,33 @@
 
 #include <string.h>
 
+static int swa_layers(const model *m)
+{
+    int n = 0;
+    for (int l = 0; m->layers && l < m->hp.n_layer; l++) n += m->layers[l].swa && !m->layers[l].linear;
+    return n;
+}
+
 size_t fw_kv_page_bytes(const model *m, int kv_type)
 {
     const hparams *hp = &m->hp;
-    return (size_t)2 * hp->n_attn_layers * KV_PAGE * be_kv_bytes(kv_type, (size_t)hp->n_head_kv * hp->head_dim);
+    size_t layers = (size_t)hp->n_attn_layers - (m->swa_ring ? (size_t)swa_layers(m) : 0);
+    return (size_t)2 * layers * KV_PAGE * be_kv_bytes(kv_type, (size_t)hp->n_head_kv * hp->head_dim);
+}
+
+size_t fw_kv_ring_bytes(const model *m, int kv_type)
+{
+    const hparams *hp = &m->hp;
+    return (size_t)2 * (size_t)swa_layers(m) * (size_t)m->swa_ring *
+           be_kv_bytes(kv_type, (size_t)hp->n_head_kv * hp->head_dim);
+}
+
+int fw_swa_ring(const model *m, const be_ops *o, int max_T, int n_ctx)
+{
+    int w = m->hp.n_swa > 0 ? m->hp.n_swa : m->hp.swa_window;
+    if (w <= 0 || !swa_layers(m) || !o->kv_ring) return 0;
+    long ring = ((long)w + max_T - 1 + KV_PAGE - 1) / KV_PAGE * KV_PAGE;
+    return ring < n_ctx ? (int)ring : 0;
 }
 
 /* What the families' fw_open allocate (llama.c, qwen35.c), with the
@@ -24,7 +47,7 @@ void fw_mem_estimate(const model *m, int kv_type, size_t n_pages, int max_T, int
     size_t ssm_layers = hp->n_layer > hp->n_attn_layers ? (size_t)(hp->n_layer - hp->n_attn_layers) : 0;
     memset(out, 0, sizeof *out);
     out->weights = m->weight_bytes;
-    out->kv = n_pages * fw_kv_page_bytes(m, kv_type);
+    out->kv = n_pages * fw_kv_page_bytes(m, kv_type) + (size_t)(max_seqs > 0 ? max_seqs : 1) * fw_kv_ring_bytes(m, kv_type);
     if (ssm_layers) {   /* a slot's state per layer, for max_seqs slots and 2 * max_seqs snapshots */
         size_t slot = ((size_t)hp->ssm_nv * hp->ssm_dk * hp->ssm_dv +
                        (size_t)(hp->ssm_conv_k > 1 ? hp->ssm_conv_k - 1 : 0) * CD) * 4;

@@ -29,14 +29,25 @@ void fw_snap_load(fw *f, int snap, int slot);
  * pos-1 (which must be in that batch) into snapshot `snap`. */
 void fw_snap_at(fw *f, int slot, int pos, int snap);
 size_t fw_kv_bytes(const fw *f);          /* bytes of the KV pool and per-sequence state */
+/* Bytes of one KV page over the layers that are paged (with m->swa_ring
+ * set, the sliding-window layers are not). */
 size_t fw_kv_page_bytes(const model *m, int kv_type);
+/* The sliding-window layers' ring (m->swa_ring) for a model, backend ops o,
+ * batches of up to max_T tokens and contexts of n_ctx: the window plus
+ * max_T - 1 rows (a batch writes all of its keys before any is read, so
+ * none of one sequence's may land on a row its window still needs), in
+ * whole pages; 0 where the model has no such layers, o lacks kv_ring, or
+ * the ring would be no shorter than the context. */
+int fw_swa_ring(const model *m, const be_ops *o, int max_T, int n_ctx);
+/* Bytes of one sequence slot's rings over every sliding-window layer. */
+size_t fw_kv_ring_bytes(const model *m, int kv_type);
 
 /* The memory a model needs where the backend keeps everything (an
  * accelerator), estimated before anything is allocated, so that a device
  * too small is a start-up error rather than a failure mid-request. */
 typedef struct fw_mem {
     size_t weights;   /* the model's weights as uploaded */
-    size_t kv;        /* the KV pool: n_pages pages */
+    size_t kv;        /* the KV pool: n_pages pages, and max_seqs slots' rings */
     size_t state;     /* per-sequence recurrent state and its snapshots */
     size_t act;       /* activation buffers for max_T tokens, max_out logit rows */
     size_t scratch;   /* the largest matrix in f16 (prompt matmuls dequantize into it) + the backend's own buffers */

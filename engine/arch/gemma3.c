@@ -11,7 +11,10 @@
  * attention.sliding_window_pattern says. q·k is scaled by
  * 1/sqrt(query_pre_attn_scalar): head_dim for every released size but 27B
  * (n_embd/n_head there), which the GGUF does not record (llama.cpp tells
- * 27B by its 62 layers; so do we). Buffers as llama.c's. */
+ * 27B by its 62 layers; so do we). rope.scaling.type linear (4B and up:
+ * factor 8) divides the global layers' frequencies only, as transformers'
+ * rotary_emb (the sliding layers' rotary_emb_local has none). Buffers as
+ * llama.c's. */
 #include "engine/arch/arch.h"
 #include "engine/arch/layers.h"
 #include "common/err.h"
@@ -109,7 +112,6 @@ static void gemma3_close(fw *base)
 static int gemma3_open(fw **out, model *m, be *b, int max_T, int max_out, int n_pages, int max_seqs,
                        char *err, size_t errlen)
 {
-    (void)max_seqs;
     const hparams *hp = &m->hp;
     *out = NULL;
     const char *lacks = gemma3_lacks(m, b->ops);
@@ -140,10 +142,11 @@ static int gemma3_open(fw **out, model *m, be *b, int max_T, int max_out, int n_
         gemma3_close(&f->base);
         return -1;
     }
-    /* (a sliding layer's pages past its window are not read again; they
-     * stay allocated with the sequence's, as the page tables are shared) */
+    /* (without m->swa_ring, a sliding layer's pages past its window are not
+     * read again but stay allocated with the sequence's: the page tables
+     * are shared) */
     for (int l = 0; l < hp->n_layer; l++)
-        if (ly_kv_alloc(b, hp, n_pages, l, f->kc, f->vc, &f->base.kv_bytes, err, errlen)) {
+        if (ly_kv_alloc(b, m, n_pages, max_seqs, l, f->kc, f->vc, &f->base.kv_bytes, err, errlen)) {
             gemma3_close(&f->base);
             return -1;
         }
@@ -175,8 +178,10 @@ static void gemma3_pass(fw *base, const int32_t *tokens, const be_batch *bt, con
             o->matmul(b, &L->wv, NULL, f->xb, T, f->v);
         }
         ly_attn a = { hp->n_head, hp->n_head_kv, HD, hp->n_rot, L->swa ? hp->rope_base_swa : hp->rope_base, 1,
-                      NULL, &L->q_norm, &L->k_norm, eps, 1, L->swa ? hp->n_swa : 0, NULL, hp->attn_scale };
-        ly_attend(b, &a, f->q, f->k, f->v, f->kc[l], f->vc[l], bt, NULL, f->att);
+                      L->swa ? NULL : &m->rope_freqs, &L->q_norm, &L->k_norm, eps, 1, L->swa ? hp->n_swa : 0, NULL,
+                      hp->attn_scale };
+        be_batch rb;
+        ly_attend(b, &a, f->q, f->k, f->v, f->kc[l], f->vc[l], ly_kv_batch(m, l, bt, &rb), NULL, f->att);
         o->matmul(b, &L->wo, NULL, f->att, T, f->xb);
         o->rmsnorm(b, f->xb, &L->post_attn_norm, T, E, eps, f->xb);
         o->add(b, f->x, f->xb, (size_t)T * E);

@@ -141,7 +141,7 @@ static int gpt2_open(fw **out, model *m, be *b, int max_T, int max_out, int n_pa
         return -1;
     }
     for (int l = 0; l < hp->n_layer; l++)
-        if (ly_kv_alloc(b, hp, n_pages, l, f->kc, f->vc, &f->base.kv_bytes, err, errlen)) {
+        if (ly_kv_alloc(b, m, n_pages, max_seqs, l, f->kc, f->vc, &f->base.kv_bytes, err, errlen)) {
             gpt2_close(&f->base);
             return -1;
         }

@@ -70,6 +70,7 @@ static int gptoss_load(ld *l)
             get_layer_w(l, &L->attn_sinks, i, "attn_sinks.weight", hp->n_head, 0, 1) ||
             get_layer_w(l, &L->ffn_norm, i, post, E, 0, 1) || ly_load_moe(l, L, i))
             return -1;
+        L->swa = gptoss_swa(i);
     }
     hp->n_attn_layers = hp->n_layer;
     return 0;
@@ -100,7 +101,6 @@ static void gptoss_close(fw *base)
 static int gptoss_open(fw **out, model *m, be *b, int max_T, int max_out, int n_pages, int max_seqs,
                        char *err, size_t errlen)
 {
-    (void)max_seqs;
     const hparams *hp = &m->hp;
     const char *lacks = gptoss_lacks(m, b->ops);
     if (lacks) return err_set(err, errlen, "the %s backend cannot run gpt-oss models yet (no %s)", b->ops->name, lacks);
@@ -126,7 +126,7 @@ static int gptoss_open(fw **out, model *m, be *b, int max_T, int max_out, int n_
         return -1;
     }
     for (int l = 0; l < hp->n_layer; l++)
-        if (ly_kv_alloc(b, hp, n_pages, l, f->kc, f->vc, &f->base.kv_bytes, err, errlen)) {
+        if (ly_kv_alloc(b, m, n_pages, max_seqs, l, f->kc, f->vc, &f->base.kv_bytes, err, errlen)) {
             gptoss_close(&f->base);
             return -1;
         }
@@ -159,10 +159,12 @@ static void gptoss_attention(gptoss_fw *f, int l, const be_batch *bt)
     }
     o->rope(b, f->q, bt, hp->n_head, HD, hp->n_rot, hp->rope_base, hp->rope_neox, &m->rope_freqs);
     o->rope(b, f->k, bt, hp->n_head_kv, HD, hp->n_rot, hp->rope_base, hp->rope_neox, &m->rope_freqs);
-    o->kv_store(b, f->kc[l], f->vc[l], bt, hp->n_head_kv * HD, f->k, f->v);
-    be_attn_ex ax = { .window = gptoss_swa(l) ? hp->swa_window : 0, .sinks = &L->attn_sinks,
+    be_batch rb;
+    const be_batch *kb = ly_kv_batch(m, l, bt, &rb);
+    o->kv_store(b, f->kc[l], f->vc[l], kb, hp->n_head_kv * HD, f->k, f->v);
+    be_attn_ex ax = { .window = L->swa ? hp->swa_window : 0, .sinks = &L->attn_sinks,
                       .scale = 1.0f / sqrtf((float)HD) };
-    o->attention_ex(b, f->q, f->kc[l], f->vc[l], bt, hp->n_head, hp->n_head_kv, HD, &ax, f->att);
+    o->attention_ex(b, f->q, f->kc[l], f->vc[l], kb, hp->n_head, hp->n_head_kv, HD, &ax, f->att);
     o->matmul(b, &L->wo, &L->bo, f->att, T, f->xb);
 }
 

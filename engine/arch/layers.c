@@ -62,17 +62,28 @@ void ly_out_norm(be *b, const float *x, const wt *w, const int32_t *out_idx, int
     }
 }
 
-int ly_kv_alloc(be *b, const hparams *hp, int n_pages, int l, void **kc, void **vc, size_t *bytes, char *err,
-                size_t errlen)
+int ly_kv_alloc(be *b, const model *m, int n_pages, int max_seqs, int l, void **kc, void **vc, size_t *bytes,
+                char *err, size_t errlen)
 {
-    size_t layer_bytes = (size_t)n_pages * KV_PAGE * be_kv_bytes(b->kv_type, (size_t)hp->n_head_kv * hp->head_dim);
+    const hparams *hp = &m->hp;
+    int ring = m->swa_ring && m->layers[l].swa;
+    size_t rows = ring ? (size_t)m->swa_ring * (size_t)(max_seqs > 0 ? max_seqs : 1) : (size_t)n_pages * KV_PAGE;
+    size_t layer_bytes = rows * be_kv_bytes(b->kv_type, (size_t)hp->n_head_kv * hp->head_dim);
     kc[l] = b->ops->alloc(b, layer_bytes);
     vc[l] = b->ops->alloc(b, layer_bytes);
     if (!kc[l] || !vc[l])
-        return err_set(err, errlen, "cannot allocate the KV cache (%zu MiB)",
-                       (size_t)2 * hp->n_attn_layers * layer_bytes >> 20);
+        return err_set(err, errlen, "cannot allocate the KV cache of layer %d (%zu MiB)", l,
+                       (size_t)2 * layer_bytes >> 20);
     *bytes += 2 * layer_bytes;
     return 0;
+}
+
+const be_batch *ly_kv_batch(const model *m, int l, const be_batch *bt, be_batch *ring)
+{
+    if (!m->swa_ring || !m->layers[l].swa) return bt;
+    *ring = *bt;
+    ring->ring = m->swa_ring;
+    return ring;
 }
 
 void ly_free(be *b, void *const *p, size_t n)

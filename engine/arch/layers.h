@@ -66,10 +66,14 @@ void ly_moe_ffn(be *b, const ly_moe *mo, int l, const float *x, int T, float *ou
 void ly_out_norm(be *b, const float *x, const wt *w, const int32_t *out_idx, int n_out, int E, float eps,
                  float *xo);
 
-/* Layer l's KV cache, kc[l] and vc[l] of n_pages pages, counted into *bytes;
- * -1 with err (naming the size over every layer that keeps one). */
-int ly_kv_alloc(be *b, const hparams *hp, int n_pages, int l, void **kc, void **vc, size_t *bytes, char *err,
-                size_t errlen);
+/* Layer l's KV cache, kc[l] and vc[l] of n_pages pages (a sliding-window
+ * layer with m->swa_ring set: max_seqs rings of that many rows), counted
+ * into *bytes; -1 with err (naming the size). */
+int ly_kv_alloc(be *b, const model *m, int n_pages, int max_seqs, int l, void **kc, void **vc, size_t *bytes,
+                char *err, size_t errlen);
+/* The batch layer l's cache takes: bt, or for a ring layer *ring (bt with
+ * ring set, filled in here). */
+const be_batch *ly_kv_batch(const model *m, int l, const be_batch *bt, be_batch *ring);
 /* Frees the set ones of p[0..n). */
 void ly_free(be *b, void *const *p, size_t n);
 

@@ -110,7 +110,7 @@ static int llama_open(fw **out, model *m, be *b, int max_T, int max_out, int n_p
         return -1;
     }
     for (int l = 0; l < hp->n_layer; l++)
-        if (ly_kv_alloc(b, hp, n_pages, l, f->kc, f->vc, &f->base.kv_bytes, err, errlen)) {
+        if (ly_kv_alloc(b, m, n_pages, max_seqs, l, f->kc, f->vc, &f->base.kv_bytes, err, errlen)) {
             llama_close(&f->base);
             return -1;
         }

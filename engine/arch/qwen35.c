@@ -214,7 +214,7 @@ static int q35_open(fw **out, model *m, be *b, int max_T, int max_out, int n_pag
     }
     for (int l = 0; l < hp->n_layer; l++) {
         if (!m->layers[l].linear) {
-            if (ly_kv_alloc(b, hp, n_pages, l, f->kc, f->vc, &f->base.kv_bytes, err, errlen)) goto fail;
+            if (ly_kv_alloc(b, m, n_pages, max_seqs, l, f->kc, f->vc, &f->base.kv_bytes, err, errlen)) goto fail;
             continue;
         }
         f->conv[l] = o->alloc(b, (size_t)max_seqs * f->conv_slot * 4 + 4);

@@ -32,6 +32,10 @@ typedef struct be_batch {
     /* 1: the token ids are on the device already, the previous argmax_queue's
      * rows 0..T-1 in order (a pass queued before the host has read them) */
     int ids_dev;
+    /* 0: cache rows are paged (pages[]); else each sequence slot has a ring
+     * of `ring` rows and position p sits at row slot * ring + p % ring
+     * (sliding-window layers; only for backends with kv_ring) */
+    int ring;
 } be_batch;
 
 typedef struct be be;
@@ -100,6 +104,8 @@ typedef struct be_moe {
 
 typedef struct be_ops {
     const char *name;
+    /* 1: kv_store and attention(_ex) take be_batch.ring */
+    int kv_ring;
     void (*close)(be *b);
     void *(*alloc)(be *b, size_t bytes);       /* zeroed; NULL on failure */
     void (*free)(be *b, void *p);

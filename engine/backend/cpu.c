@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 typedef struct cpu_be {
     be base;
@@ -31,16 +32,41 @@ typedef struct cpu_be {
     long moe_ties;        /* be_cpu_moe_ties */
 } cpu_be;
 
+/* Large buffers (the KV pool's layers) are anonymous mappings: zero pages
+ * that take memory only once written, so a pool sized for many sequences
+ * costs what they hold. A 64-byte header before each block says how it was
+ * taken. */
+#define CPU_MAP_MIN ((size_t)1 << 20)
+#define CPU_HDR 64
+
 static void *cpu_alloc(be *b, size_t n)
 {
     (void)b;
-    void *p = NULL;
-    if (posix_memalign(&p, 64, n ? n : 64)) return NULL;
-    memset(p, 0, n);
-    return p;
+    uint8_t *p;
+    if (n >= CPU_MAP_MIN) {
+        void *m = mmap(NULL, n + CPU_HDR, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (m == MAP_FAILED) return NULL;
+        p = m;
+    } else {
+        void *a = NULL;
+        if (posix_memalign(&a, 64, n + CPU_HDR)) return NULL;
+        p = a;
+        memset(p, 0, n + CPU_HDR);
+    }
+    memcpy(p, &n, sizeof n);
+    return p + CPU_HDR;
 }
 
-static void cpu_free(be *b, void *p) { (void)b; free(p); }
+static void cpu_free(be *b, void *q)
+{
+    (void)b;
+    if (!q) return;
+    uint8_t *p = (uint8_t *)q - CPU_HDR;
+    size_t n;
+    memcpy(&n, p, sizeof n);
+    if (n >= CPU_MAP_MIN) munmap(p, n + CPU_HDR);
+    else free(p);
+}
 static int cpu_weight_prepare(be *b, wt *w) { (void)b; (void)w; return 0; }
 static void cpu_copy(be *b, void *dst, const void *src, size_t n) { (void)b; memcpy(dst, src, n); }
 static void cpu_sync(be *b) { (void)b; }
@@ -373,7 +399,7 @@ static void cpu_rope(be *b, float *x, const be_batch *bt, int n_heads, int head_
 
 static inline size_t kv_slot(const be_batch *bt, int t, int pos)
 {
-    (void)t;
+    if (bt->ring) return (size_t)bt->slot[t] * (size_t)bt->ring + (size_t)(pos % bt->ring);
     return (size_t)bt->pages[t][pos / KV_PAGE] * KV_PAGE + (size_t)(pos % KV_PAGE);
 }
 
@@ -628,6 +654,7 @@ void *be_cpu_scratch(be *b, size_t bytes)
 static const be_ops cpu_ops = {
     .name = "cpu",
     .close = cpu_close,
+    .kv_ring = 1,
     .alloc = cpu_alloc,
     .free = cpu_free,
     .weight_prepare = cpu_weight_prepare,

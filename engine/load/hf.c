@@ -427,6 +427,14 @@ static int ctoken(cfgrd *r, json_t *o, const char *k, int64_t vocab, int64_t *ou
 }
 
 /* The experts of a qwen3_moe or mixtral config. */
+/* Families whose rope_scaling may be yarn (as the architecture table's
+ * ARCH_YARN rows) */
+static int yarn_arch(const char *a)
+{
+    return !strcmp(a, "gpt-oss") || !strcmp(a, "llama") || !strcmp(a, "qwen2") || !strcmp(a, "qwen3") ||
+           !strcmp(a, "qwen3moe");
+}
+
 static int config_experts(hf_model *h, cfgrd *r, json_t *c, int mixtral)
 {
     hf_config *g = &h->cfg;
@@ -634,7 +642,7 @@ static int config_load(hf_model *h, const char *dir, char *err, size_t errlen)
                          g->rope_high, g->rope_low);
                 goto out;
             }
-        } else if (!strcmp(rts, "yarn") && !strcmp(g->arch, "gpt-oss")) {
+        } else if (!strcmp(rts, "yarn") && yarn_arch(g->arch)) {
             /* transformers' _compute_yarn_parameters */
             g->rope_yarn = 1;
             double ms = 0, msa = 0;
@@ -662,7 +670,7 @@ static int config_load(hf_model *h, const char *dir, char *err, size_t errlen)
 #undef YARN_MSCALE
         } else if (strcmp(rts, "default")) {
             snprintf(err, errlen, "%s: rope type '%s' is not supported (supported: default, llama3%s)", path, rts,
-                     !strcmp(g->arch, "gpt-oss") ? ", yarn" : "");
+                     yarn_arch(g->arch) ? ", yarn" : "");
             goto out;
         }
     }

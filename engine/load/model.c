@@ -79,21 +79,27 @@ int key_f(ld *l, const char *suffix, double *v, double dflt, double lo, double h
     return 0;
 }
 
-/* Rope scaling: YaRN where the row takes it (its keys into hp), else
- * none; other scaling (Llama 3.1's comes as rope_freqs.weight) is refused
- * rather than run as something else. */
+/* Rope scaling: YaRN where the row takes it (its keys into hp: llama,
+ * qwen2, qwen3, qwen3moe, gpt-oss), else none; other scaling (Llama 3.1's
+ * comes as rope_freqs.weight) is refused rather than run as something
+ * else. */
 static int unsupported_keys(ld *l)
 {
     hparams *hp = &l->m->hp;
     char key[128];
     gguf_str st;
-    int yarn_ok = (l->m->arch->opt & ARCH_YARN) != 0;
+    int yarn_ok = (l->m->arch->opt & ARCH_YARN) != 0, lin_ok = (l->m->arch->opt & ARCH_ROPE_LINEAR) != 0;
     if (key_has(l, "rope.scaling.type", key, sizeof key, 0) == 1) {
         if (gguf_get_str(l->g, key, &st)) return ld_fail(l, "metadata key '%s' is not a string", key);
         if (st.n == 4 && !memcmp(st.s, "none", 4)) return 0;
+        if (lin_ok && st.n == 6 && !memcmp(st.s, "linear", 6)) {
+            if (key_f(l, "rope.scaling.factor", &hp->rope_linear, 1, 1e-6, 1e6)) return -1;
+            return 0;
+        }
         if (!(yarn_ok && st.n == 4 && !memcmp(st.s, "yarn", 4)))
             return ld_fail(l, "metadata key '%s' is '%.*s': rope scaling is not supported for %s (expected none%s)",
-                           key, (int)(st.n > 40 ? 40 : st.n), st.s, l->m->arch_name, yarn_ok ? " or yarn" : "");
+                           key, (int)(st.n > 40 ? 40 : st.n), st.s, l->m->arch_name,
+                           yarn_ok ? " or yarn" : lin_ok ? " or linear" : "");
         int64_t v;
         double f;
         if (key_f(l, "rope.scaling.factor", &hp->yarn_factor, 1, 0, 1e6)) return -1;
@@ -108,7 +114,7 @@ static int unsupported_keys(ld *l)
                            "yarn_beta_slow %g", l->m->arch_name, hp->yarn_beta_fast, hp->yarn_beta_slow);
         /* llama.cpp's rope: attn_factor times YaRN's 1 + 0.1 ln(factor) */
         hp->yarn_attn = f * (hp->yarn_factor > 1 ? 1 + 0.1 * log(hp->yarn_factor) : 1);
-        hp->yarn_truncate = 0;   /* (the rows that take YaRN define it unrounded) */
+        hp->yarn_truncate = !(l->m->arch->opt & ARCH_YARN_EXACT);
         hp->rope_yarn = 1;
         return 0;
     }
@@ -143,11 +149,19 @@ void rope_yarn_table(double base, int n_rot, double factor, double orig_ctx, dou
     out[half] = (float)attn;
 }
 
-/* hp's YaRN, once the family has loaded, as m->rope_freqs. */
+/* hp's YaRN (or linear scaling), once the family has loaded, as m->rope_freqs. */
 static int yarn_set(ld *l)
 {
     model *m = l->m;
     const hparams *hp = &m->hp;
+    if (hp->rope_linear > 0 && hp->rope_linear != 1) {
+        if (hp->n_rot / 2 > (int)(sizeof m->yarn_tab / sizeof m->yarn_tab[0]))
+            return ld_fail(l, "linear rope scaling over %d rotary dimensions (expected at most 1024)", hp->n_rot);
+        for (int i = 0; i < hp->n_rot / 2; i++) m->yarn_tab[i] = (float)hp->rope_linear;
+        m->rope_freqs = (wt){ .type = QT_F32, .n_in = hp->n_rot / 2, .n_out = 1,
+                              .row_bytes = (size_t)(hp->n_rot / 2) * 4, .data = m->yarn_tab };
+        return 0;
+    }
     if (!hp->rope_yarn) return 0;
     if (m->rope_freqs.data) return ld_fail(l, "rope_freqs.weight and YaRN rope scaling both given (expected one)");
     if (hp->n_rot / 2 + 1 > (int)(sizeof m->yarn_tab / sizeof m->yarn_tab[0]))

@@ -69,6 +69,7 @@ typedef struct hparams {
     float swiglu_limit;
     /* YaRN rope scaling (rope_yarn 0: none), as rope_yarn_table takes it */
     int rope_yarn, yarn_truncate;
+    double rope_linear;         /* linear rope scaling's factor (0: none; ARCH_ROPE_LINEAR rows) */
     double yarn_factor, yarn_orig_ctx, yarn_beta_fast, yarn_beta_slow, yarn_attn;
     /* qwen35 linear-attention layers (0 elsewhere) */
     int32_t ssm_conv_k;         /* causal conv taps */
@@ -102,6 +103,11 @@ typedef struct model {
     int tokenizer_only;
     int spm;                    /* SentencePiece vocabulary: drop the space prefix after BOS */
     int recurrent;              /* has per-sequence recurrent state: no prefix reuse */
+    /* Tokens of each sequence's ring that holds the KV of the sliding-window
+     * layers (layer_w.swa) in place of pages, so that it never grows past
+     * the window (the window plus a batch); 0: those layers are paged like
+     * the others. Set by the engine before fw_open (fw_swa_ring). */
+    int swa_ring;
     struct tok *tok;
     uint64_t n_params, weight_bytes;
     int resident;               /* the backend holds its own copy of every weight: the

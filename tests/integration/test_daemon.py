@@ -335,6 +335,30 @@ def test_kv_type():
         d.stop()
 
 
+def test_kv_pool_info():
+    """info: n_ctx is the model's trained context by default, kv_tokens the
+    pool's tokens (at least one context), swa_ring the sliding-window
+    layers' ring on a gemma3 model (0 with --swa-full or without such
+    layers); --help names --swa-full."""
+    p = subprocess.run([ANED, "--help"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=10)
+    check(b"--swa-full" in p.stdout and b"--kv-budget" in p.stdout, "--help: %r" % p.stdout[-400:])
+    gemma = os.path.join(ROOT, "tests/fixtures/models/gemma3-tiny.bf16.gguf")
+    for model, args, ring in ((MODEL, [], False), (gemma, [], True), (gemma, ["--swa-full"], False)):
+        d = Daemon(model=model, args=args).start()
+        try:
+            c = Conn(d.sock)
+            c.hello()
+            r = c.call("info")
+            check(r.get("n_ctx") in (2048, 4096), "%s: n_ctx %r (the trained context)" % (model, r.get("n_ctx")))
+            check(r.get("kv_tokens", 0) >= r["n_ctx"] and r.get("kv_total", 0) > 0, "%s: kv_tokens %r kv_total %r"
+                  % (model, r.get("kv_tokens"), r.get("kv_total")))
+            check((r.get("swa_ring", -1) > 0) == ring and r.get("swa_ring", 1 << 30) < r["n_ctx"],
+                  "%s %s: swa_ring %r" % (model, args, r.get("swa_ring")))
+            c.close()
+        finally:
+            d.stop()
+
+
 def test_hello_ping_info(d):
     c = Conn(d.sock)
     try:
@@ -1344,7 +1368,7 @@ SHARED = [
     test_half_close, test_slow_reader, test_many_connections, test_big_prompt_while_streaming,
 ]
 OWN = [
-    test_help, test_missing_model, test_corrupt_model, test_kv_type, test_tokenizer_only, test_sigterm_mid_generation,
+    test_help, test_missing_model, test_corrupt_model, test_kv_type, test_kv_pool_info, test_tokenizer_only, test_sigterm_mid_generation,
     test_sigint_idle, test_sigterm_during_startup, test_hello_timeout, test_shutdown_grace,
     test_sighup_reopens_log, test_backlog_cap, test_max_clients, test_fd_exhaustion, test_socket_activation, test_stale_socket, test_second_daemon_refuses, test_socket_mode, test_daemonize,
 ]

@@ -30,7 +30,9 @@ static void test_table(void)
     const arch *oss = arch_find("gpt-oss");
     CHECK(oss && oss->fam != ll->fam && oss->fam != q35->fam && (oss->opt & ARCH_YARN) && (oss->opt & ARCH_ROPE_NEOX) &&
           !oss->fam->seq && oss->fam->greedy);
-    CHECK(!(ll->opt & ARCH_YARN) && !(q2->opt & ARCH_YARN) && !(q35->opt & ARCH_YARN));
+    /* YaRN: the llama family's rows ramp as llama.cpp (floored, ceiled), gpt-oss unrounded */
+    CHECK((ll->opt & ARCH_YARN) && (q2->opt & ARCH_YARN) && (qm->opt & ARCH_YARN) && !(q35->opt & ARCH_YARN));
+    CHECK((oss->opt & ARCH_YARN_EXACT) && !(ll->opt & ARCH_YARN_EXACT) && !(q2->opt & ARCH_YARN_EXACT));
     CHECK(arch_find("qwen") == NULL && arch_find("") == NULL && arch_find("LLAMA") == NULL);
 }
 

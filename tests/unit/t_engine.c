@@ -738,16 +738,15 @@ static void settle(eng *e, tres *r, int n_jobs, double quiet_ms)
 /* A paused job whose pages another job needs gives them up, and once
  * resumed computes its tokens again and goes on exactly as it would have
  * (greedy ids equal to an uninterrupted run). One sequence slot and the
- * default pool (one full context); B needs more than A leaves. */
+ * default pool (one full context); B's prompt needs more than A leaves
+ * (A holds the pages of its tokens: pages are taken as a sequence grows). */
 static void evict_paused(const char *model)
 {
     eng *e = open_eng(model, 1);
     if (!e) { CHECK(0); return; }
     int n_ctx = eng_model(e)->n_ctx;
     int N = n_ctx - 2 < 400 ? n_ctx - 2 : 400;
-    int total = (n_ctx + 15) / 16, need_a = (1 + N + 15) / 16;
-    int max_b = (total - need_a + 1) * 16 - 1;
-    if (max_b > n_ctx - 2) max_b = n_ctx - 2;
+    int total = (n_ctx + 15) / 16;
     int32_t bos = 1;
     uint64_t id, a = 0, b;
     tres ref[1], r[2];
@@ -768,12 +767,23 @@ static void evict_paused(const char *model)
     int paused_at = r[0].n_tok;
     eng_stats st0, st;
     eng_stats_get(e, &st0);
-    CHECK(submit_as(e, ENG_JOB_GENERATE, &bos, 1, max_b, 2, 1, &b) == 0);
+    /* B's prompt takes one page more than A leaves: A holds the pages of
+     * its tokens at least (and of the next position, unless it paused
+     * before the step after its last token) */
+    int held = (1 + paused_at + 15) / 16, n_b = (total - held) * 16 + 1;
+    int32_t *pb = malloc((size_t)n_b * sizeof *pb);
+    CHECK(pb != NULL && n_b + 4 < n_ctx);
+    if (!pb) { eng_close(e); return; }
+    pb[0] = bos;
+    for (int i = 1; i < n_b; i++) pb[i] = ref[0].ids[i % ref[0].n_tok];
+    CHECK(submit_as(e, ENG_JOB_GENERATE, pb, (size_t)n_b, 4, 2, 1, &b) == 0);
+    free(pb);
     tpump(e, r, 2, 1, 30000);
     CHECKF(r[1].done && r[1].n_tok > 0, "B (needs pages paused A holds): done %d, %d tokens", r[1].done, r[1].n_tok);
     CHECK(!r[0].ended);
     eng_stats_get(e, &st);
-    CHECKF(st.evictions > st0.evictions, "evictions %llu", (unsigned long long)st.evictions);
+    CHECKF(st.evictions > st0.evictions, "%s: evictions %llu (A paused at %d, B's prompt %d of %d pages)", model,
+           (unsigned long long)st.evictions, paused_at, n_b, total);
     eng_pause(e, a, 0);
     tpump(e, r, 2, 2, 60000);
     CHECK(r[0].done && r[0].finish == ref[0].finish);

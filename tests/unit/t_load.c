@@ -428,8 +428,8 @@ static void test_unsupported(void)
 {
     gspec s;
     base_spec(&s);
-    set_str(&s, "llama.rope.scaling.type", "yarn");
-    expect_refused(&s, "rope scaling yarn", "llama.rope.scaling.type", "not supported");
+    set_str(&s, "llama.rope.scaling.type", "linear");
+    expect_refused(&s, "rope scaling linear", "llama.rope.scaling.type", "not supported for llama (expected none or yarn)");
     base_spec(&s);
     set_f32(&s, "llama.rope.scale_linear", 4);
     expect_refused(&s, "rope.scale_linear 4", "llama.rope.scale_linear", "not supported");
@@ -962,9 +962,9 @@ static void test_gptoss_files(void)
     CHECKF(load_in_child("tests/fixtures/models/gptoss-tiny.bf16.gguf", 30, err, sizeof err) == 0, "%s", err);
     /* yarn stays refused where the row does not take it */
     gspec s;
-    base_spec(&s);
-    set_str(&s, "llama.rope.scaling.type", "yarn");
-    expect_refused(&s, "llama yarn", "llama.rope.scaling.type", "(expected none)");
+    gemma3_spec(&s, 2);
+    set_str(&s, "gemma3.rope.scaling.type", "yarn");
+    expect_refused(&s, "gemma3 yarn", "gemma3.rope.scaling.type", "(expected none or linear)");
 }
 
 /* The gptoss-tiny directory with config.json's field set to the JSON v. */
@@ -1389,10 +1389,22 @@ static void test_engine_parked_pending(void)
     CHECKF(!r[A].done && !r[A].error, "A ended before it was paused");
     eng_stats st0, st;
     eng_stats_get(e, &st0);
-    /* B needs the pages paused A holds: A is evicted (and stays paused) */
+    /* B's prompt needs every page, the one paused A holds too: A is evicted
+     * (and stays paused) */
+    int n_b = n_ctx - 12;
+    int32_t *b_prompt = malloc((size_t)n_b * sizeof *b_prompt);
+    CHECK(b_prompt != NULL);
+    if (!b_prompt) { eng_close(e); return; }
+    b_prompt[0] = bos;
+    for (int i = 1; i < n_b; i++) b_prompt[i] = 3 + (i * 37) % 500;
+    d.tokens = b_prompt;
+    d.n_tokens = (size_t)n_b;
     d.max_tokens = 8;
     d.user = (void *)(intptr_t)B;
     CHECK(eng_submit(e, &d, &id, &code, err, sizeof err) == 0);
+    free(b_prompt);
+    d.tokens = &bos;
+    d.n_tokens = 1;
     int wb[1] = { B };
     drain_until(e, r, wb, 1);
     CHECK(r[B].done && r[B].n_tok == 8);
