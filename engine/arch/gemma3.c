@@ -23,7 +23,6 @@
 typedef struct gemma3_fw {
     fw base;
     float *x, *xb, *q, *k, *v, *att, *hg, *hu, *xo;
-    void **kc, **vc;           /* [n_layer] cache of each layer */
 } gemma3_fw;
 
 /* Which layers slide: attention.sliding_window_pattern as a period P
@@ -97,55 +96,27 @@ static void gemma3_close(fw *base)
     be *b = base->b;
     void *bufs[] = { f->x, f->xb, f->q, f->k, f->v, f->att, f->hg, f->hu, f->xo, base->lg };
     ly_free(b, bufs, sizeof bufs / sizeof bufs[0]);
-    for (int l = 0; l < base->m->hp.n_layer; l++) {
-        if (f->kc && f->kc[l]) b->ops->free(b, f->kc[l]);
-        if (f->vc && f->vc[l]) b->ops->free(b, f->vc[l]);
-    }
-    free(f->kc);
-    free(f->vc);
     free(f);
 }
 
-static int gemma3_open(fw **out, model *m, be *b, int max_T, int max_out, int n_pages, int max_seqs,
-                       char *err, size_t errlen)
+/* (a sliding layer's KV pages past its window are not read again; they
+ * stay allocated with the sequence's, as the page tables are shared) */
+static int gemma3_open(fw **out, model *m, be *b, int max_T, int max_out, int max_seqs, char *err, size_t errlen)
 {
     (void)max_seqs;
     const hparams *hp = &m->hp;
-    *out = NULL;
-    const char *lacks = gemma3_lacks(m, b->ops);
-    if (lacks)
-        return err_set(err, errlen, "the %s backend cannot run %s models yet (no %s)", b->ops->name, m->arch_name,
-                       lacks);
     gemma3_fw *f = calloc(1, sizeof *f);
     if (!f) return err_set(err, errlen, "out of memory for activation buffers");
     f->base = (fw){ .fam = &arch_gemma3, .m = m, .b = b };
     size_t T = (size_t)max_T, E = hp->n_embd, Q = (size_t)hp->n_head * hp->head_dim,
-           K = (size_t)hp->n_head_kv * hp->head_dim, F = hp->n_ff;
-    f->x = b->ops->alloc(b, T * E * 4);
-    f->xb = b->ops->alloc(b, T * E * 4);
-    f->q = b->ops->alloc(b, T * Q * 4);
-    f->att = b->ops->alloc(b, T * Q * 4);
-    f->k = b->ops->alloc(b, T * K * 4);
-    f->v = b->ops->alloc(b, T * K * 4);
-    f->hg = b->ops->alloc(b, T * F * 4);
-    f->hu = b->ops->alloc(b, T * F * 4);
-    f->xo = b->ops->alloc(b, (size_t)max_out * E * 4);
-    f->base.lg = b->ops->alloc(b, (size_t)max_out * hp->n_vocab * 4);
-    f->kc = calloc((size_t)hp->n_layer, sizeof *f->kc);
-    f->vc = calloc((size_t)hp->n_layer, sizeof *f->vc);
-    if (!f->x || !f->xb || !f->q || !f->att || !f->k || !f->v || !f->hg || !f->hu || !f->xo || !f->base.lg ||
-        !f->kc || !f->vc) {
-        err_set(err, errlen, "out of memory for activation buffers");
+           K = (size_t)hp->n_head_kv * hp->head_dim, F = hp->n_ff, O = (size_t)max_out;
+    const ly_buf bufs[] = { { &f->x, T * E }, { &f->xb, T * E }, { &f->q, T * Q }, { &f->att, T * Q },
+                            { &f->k, T * K }, { &f->v, T * K }, { &f->hg, T * F }, { &f->hu, T * F },
+                            { &f->xo, O * E }, { &f->base.lg, O * hp->n_vocab } };
+    if (ly_bufs_alloc(b, bufs, sizeof bufs / sizeof bufs[0], err, errlen)) {
         gemma3_close(&f->base);
         return -1;
     }
-    /* (a sliding layer's pages past its window are not read again; they
-     * stay allocated with the sequence's, as the page tables are shared) */
-    for (int l = 0; l < hp->n_layer; l++)
-        if (ly_kv_alloc(b, hp, n_pages, l, f->kc, f->vc, &f->base.kv_bytes, err, errlen)) {
-            gemma3_close(&f->base);
-            return -1;
-        }
     *out = &f->base;
     return 0;
 }
@@ -175,7 +146,7 @@ static void gemma3_pass(fw *base, const int32_t *tokens, const be_batch *bt, con
         }
         ly_attn a = { hp->n_head, hp->n_head_kv, HD, hp->n_rot, L->swa ? hp->rope_base_swa : hp->rope_base, 1,
                       NULL, &L->q_norm, &L->k_norm, eps, 1, L->swa ? hp->n_swa : 0, NULL, hp->attn_scale };
-        ly_attend(b, &a, f->q, f->k, f->v, f->kc[l], f->vc[l], bt, NULL, f->att);
+        ly_attend(b, &a, f->q, f->k, f->v, f->base.kc[l], f->base.vc[l], bt, NULL, f->att);
         o->matmul(b, &L->wo, NULL, f->att, T, f->xb);
         o->rmsnorm(b, f->xb, &L->post_attn_norm, T, E, eps, f->xb);
         o->add(b, f->x, f->xb, (size_t)T * E);

@@ -2,6 +2,8 @@
 #include "engine/arch/layers.h"
 #include "common/err.h"
 
+#include <stdlib.h>
+
 void ly_attend(be *b, const ly_attn *a, float *q, float *k, float *v, void *kc, void *vc, const be_batch *bt,
                const wt *const *rope_bias, float *att)
 {
@@ -62,17 +64,44 @@ void ly_out_norm(be *b, const float *x, const wt *w, const int32_t *out_idx, int
     }
 }
 
-int ly_kv_alloc(be *b, const hparams *hp, int n_pages, int l, void **kc, void **vc, size_t *bytes, char *err,
-                size_t errlen)
+int ly_kv_open(be *b, const model *m, int n_pages, void ***kc, void ***vc, size_t *bytes, char *err,
+               size_t errlen)
 {
+    const hparams *hp = &m->hp;
     size_t layer_bytes = (size_t)n_pages * KV_PAGE * be_kv_bytes(b->kv_type, (size_t)hp->n_head_kv * hp->head_dim);
-    kc[l] = b->ops->alloc(b, layer_bytes);
-    vc[l] = b->ops->alloc(b, layer_bytes);
-    if (!kc[l] || !vc[l])
-        return err_set(err, errlen, "cannot allocate the KV cache (%zu MiB)",
-                       (size_t)2 * hp->n_attn_layers * layer_bytes >> 20);
-    *bytes += 2 * layer_bytes;
+    *kc = calloc((size_t)hp->n_layer, sizeof **kc);
+    *vc = calloc((size_t)hp->n_layer, sizeof **vc);
+    if (!*kc || !*vc) return err_set(err, errlen, "out of memory for activation buffers");
+    for (int l = 0; l < hp->n_layer; l++) {
+        if (m->layers[l].linear) continue;
+        (*kc)[l] = b->ops->alloc(b, layer_bytes);
+        (*vc)[l] = b->ops->alloc(b, layer_bytes);
+        if (!(*kc)[l] || !(*vc)[l])
+            return err_set(err, errlen, "cannot allocate the KV cache (%zu MiB)",
+                           (size_t)2 * hp->n_attn_layers * layer_bytes >> 20);
+        *bytes += 2 * layer_bytes;
+    }
     return 0;
+}
+
+void ly_kv_close(be *b, const model *m, void **kc, void **vc)
+{
+    for (int l = 0; l < m->hp.n_layer; l++) {
+        if (kc && kc[l]) b->ops->free(b, kc[l]);
+        if (vc && vc[l]) b->ops->free(b, vc[l]);
+    }
+    free(kc);
+    free(vc);
+}
+
+int ly_bufs_alloc(be *b, const ly_buf *bufs, size_t n, char *err, size_t errlen)
+{
+    int bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        *bufs[i].p = b->ops->alloc(b, bufs[i].n * 4);
+        bad |= !*bufs[i].p;
+    }
+    return bad ? err_set(err, errlen, "out of memory for activation buffers") : 0;
 }
 
 void ly_free(be *b, void *const *p, size_t n)

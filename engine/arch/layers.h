@@ -53,8 +53,9 @@ size_t ly_moe_vec(const hparams *hp);
 void ly_moe_desc(const model *m, int l, const be_moe *how, be_moe *d);
 /* NULL, or what ops o lack to run m's experts. */
 const char *ly_moe_lacks(const model *m, const be_ops *o);
-/* For a model with experts (nothing to do without): the layers' be_moe and
- * the scratch for batches of max_T, counted into *bytes (or NULL). */
+/* For a model with experts (nothing to do without; fw_open has checked the
+ * backend's ops): the layers' be_moe and the scratch for batches of max_T,
+ * counted into *bytes (or NULL). */
 int ly_moe_open(ly_moe *mo, be *b, const model *m, const be_moe *how, int max_T, size_t *bytes, char *err,
                 size_t errlen);
 void ly_moe_close(ly_moe *mo, be *b);
@@ -66,10 +67,19 @@ void ly_moe_ffn(be *b, const ly_moe *mo, int l, const float *x, int T, float *ou
 void ly_out_norm(be *b, const float *x, const wt *w, const int32_t *out_idx, int n_out, int E, float eps,
                  float *xo);
 
-/* Layer l's KV cache, kc[l] and vc[l] of n_pages pages, counted into *bytes;
- * -1 with err (naming the size over every layer that keeps one). */
-int ly_kv_alloc(be *b, const hparams *hp, int n_pages, int l, void **kc, void **vc, size_t *bytes, char *err,
-                size_t errlen);
+/* The KV caches of every layer that attends (not layers[l].linear):
+ * (*kc)[l] and (*vc)[l] of n_pages pages ([n_layer], NULL elsewhere),
+ * counted into *bytes; -1 with err (naming the size over every such layer),
+ * what was allocated left for ly_kv_close. */
+int ly_kv_open(be *b, const model *m, int n_pages, void ***kc, void ***vc, size_t *bytes, char *err,
+               size_t errlen);
+void ly_kv_close(be *b, const model *m, void **kc, void **vc);
+
+/* An activation buffer of n floats, allocated into *p by ly_bufs_alloc. */
+typedef struct ly_buf { float **p; size_t n; } ly_buf;
+/* Allocates bufs[0..n) on b: 0, or -1 with err when any failed (the others
+ * stay set, for the family's close to free). */
+int ly_bufs_alloc(be *b, const ly_buf *bufs, size_t n, char *err, size_t errlen);
 /* Frees the set ones of p[0..n). */
 void ly_free(be *b, void *const *p, size_t n);
 
