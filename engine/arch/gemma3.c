@@ -135,15 +135,9 @@ static void gemma3_pass(fw *base, const int32_t *tokens, const be_batch *bt, con
     for (int l = 0; l < hp->n_layer; l++) {
         const layer_w *L = &m->layers[l];
         o->rmsnorm(b, f->x, &L->attn_norm, T, E, eps, f->xb);
-        if (o->matmul_n) {
-            const wt *w[3] = { &L->wq, &L->wk, &L->wv }, *nb[3] = { NULL, NULL, NULL };
-            float *outs[3] = { f->q, f->k, f->v };
-            o->matmul_n(b, 3, w, nb, f->xb, T, outs);
-        } else {
-            o->matmul(b, &L->wq, NULL, f->xb, T, f->q);
-            o->matmul(b, &L->wk, NULL, f->xb, T, f->k);
-            o->matmul(b, &L->wv, NULL, f->xb, T, f->v);
-        }
+        const wt *wqkv[3] = { &L->wq, &L->wk, &L->wv }, *none[3] = { NULL, NULL, NULL };
+        float *const qkv[3] = { f->q, f->k, f->v };
+        ly_matmuls(b, 3, wqkv, none, f->xb, T, qkv);
         ly_attn a = { hp->n_head, hp->n_head_kv, HD, hp->n_rot, L->swa ? hp->rope_base_swa : hp->rope_base, 1,
                       NULL, &L->q_norm, &L->k_norm, eps, 1, L->swa ? hp->n_swa : 0, NULL, hp->attn_scale };
         ly_attend(b, &a, f->q, f->k, f->v, f->base.kc[l], f->base.vc[l], bt, NULL, f->att);
@@ -151,14 +145,9 @@ static void gemma3_pass(fw *base, const int32_t *tokens, const be_batch *bt, con
         o->rmsnorm(b, f->xb, &L->post_attn_norm, T, E, eps, f->xb);
         o->add(b, f->x, f->xb, (size_t)T * E);
         o->rmsnorm(b, f->x, &L->ffn_norm, T, E, eps, f->xb);
-        if (o->matmul_n) {
-            const wt *w[2] = { &L->w_gate, &L->w_up }, *nb[2] = { NULL, NULL };
-            float *outs[2] = { f->hg, f->hu };
-            o->matmul_n(b, 2, w, nb, f->xb, T, outs);
-        } else {
-            o->matmul(b, &L->w_gate, NULL, f->xb, T, f->hg);
-            o->matmul(b, &L->w_up, NULL, f->xb, T, f->hu);
-        }
+        const wt *wgu[2] = { &L->w_gate, &L->w_up };
+        float *const gu[2] = { f->hg, f->hu };
+        ly_matmuls(b, 2, wgu, none, f->xb, T, gu);
         o->gelu_mul(b, f->hg, f->hu, (size_t)T * hp->n_ff, f->hg);
         o->matmul(b, &L->w_down, NULL, f->hg, T, f->xb);
         o->rmsnorm(b, f->xb, &L->post_ffn_norm, T, E, eps, f->xb);

@@ -134,15 +134,9 @@ static void gpt2_pass(fw *base, const int32_t *tokens, const be_batch *bt, const
     for (int l = 0; l < hp->n_layer; l++) {
         const layer_w *L = &m->layers[l];
         o->layernorm(b, f->x, &L->attn_norm, &L->attn_norm_b, T, E, eps, f->xb);
-        if (o->matmul_n) {
-            const wt *w[3] = { &L->wq, &L->wk, &L->wv }, *bs[3] = { &L->bq, &L->bk, &L->bv };
-            float *outs[3] = { f->q, f->k, f->v };
-            o->matmul_n(b, 3, w, bs, f->xb, T, outs);
-        } else {
-            o->matmul(b, &L->wq, &L->bq, f->xb, T, f->q);
-            o->matmul(b, &L->wk, &L->bk, f->xb, T, f->k);
-            o->matmul(b, &L->wv, &L->bv, f->xb, T, f->v);
-        }
+        const wt *wqkv[3] = { &L->wq, &L->wk, &L->wv }, *bqkv[3] = { &L->bq, &L->bk, &L->bv };
+        float *const qkv[3] = { f->q, f->k, f->v };
+        ly_matmuls(b, 3, wqkv, bqkv, f->xb, T, qkv);
         o->kv_store(b, f->base.kc[l], f->base.vc[l], bt, E, f->k, f->v);
         o->attention(b, f->q, f->base.kc[l], f->base.vc[l], bt, hp->n_head, hp->n_head, hp->head_dim, f->att);
         o->matmul(b, &L->wo, &L->bo, f->att, T, f->xb);

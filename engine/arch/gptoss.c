@@ -121,14 +121,8 @@ static void gptoss_attention(gptoss_fw *f, int l, const be_batch *bt)
     const be_ops *o = b->ops;
     int T = bt->T, HD = hp->head_dim;
     const wt *wqkv[3] = { &L->wq, &L->wk, &L->wv }, *bqkv[3] = { &L->bq, &L->bk, &L->bv };
-    if (o->matmul_n) {
-        float *outs[3] = { f->q, f->k, f->v };
-        o->matmul_n(b, 3, wqkv, bqkv, f->xb, T, outs);
-    } else {
-        o->matmul(b, &L->wq, &L->bq, f->xb, T, f->q);
-        o->matmul(b, &L->wk, &L->bk, f->xb, T, f->k);
-        o->matmul(b, &L->wv, &L->bv, f->xb, T, f->v);
-    }
+    float *const qkv[3] = { f->q, f->k, f->v };
+    ly_matmuls(b, 3, wqkv, bqkv, f->xb, T, qkv);
     o->rope(b, f->q, bt, hp->n_head, HD, hp->n_rot, hp->rope_base, hp->rope_neox, &m->rope_freqs);
     o->rope(b, f->k, bt, hp->n_head_kv, HD, hp->n_rot, hp->rope_base, hp->rope_neox, &m->rope_freqs);
     o->kv_store(b, f->base.kc[l], f->base.vc[l], bt, hp->n_head_kv * HD, f->k, f->v);

@@ -35,6 +35,16 @@ void ly_attend(be *b, const ly_attn *a, float *q, float *k, float *v, void *kc, 
     }
 }
 
+void ly_matmuls(be *b, int n, const wt *const *w, const wt *const *bias, const float *x, int T, float *const *out)
+{
+    const be_ops *o = b->ops;
+    if (o->matmul_n) {
+        o->matmul_n(b, n, w, bias, x, T, out);
+        return;
+    }
+    for (int i = 0; i < n; i++) o->matmul(b, w[i], bias[i], x, T, out[i]);
+}
+
 void ly_ffn_glu(be *b, const layer_w *L, const float *x, int T, int n_ff, int fused, float *hg, float *hu,
                 float *out)
 {
@@ -42,10 +52,10 @@ void ly_ffn_glu(be *b, const layer_w *L, const float *x, int T, int n_ff, int fu
     if (fused && o->matmul_glu) {
         o->matmul_glu(b, &L->w_gate, &L->w_up, x, T, hg, hu, hg);
     } else {
-        if (fused && o->matmul_n) {
+        if (fused) {
             const wt *ws[2] = { &L->w_gate, &L->w_up }, *bs[2] = { NULL, NULL };
-            float *outs[2] = { hg, hu };
-            o->matmul_n(b, 2, ws, bs, x, T, outs);
+            float *const outs[2] = { hg, hu };
+            ly_matmuls(b, 2, ws, bs, x, T, outs);
         } else {
             o->matmul(b, &L->w_gate, NULL, x, T, hg);
             o->matmul(b, &L->w_up, NULL, x, T, hu);

@@ -30,6 +30,11 @@ typedef struct ly_attn {
 void ly_attend(be *b, const ly_attn *a, float *q, float *k, float *v, void *kc, void *vc, const be_batch *bt,
                const wt *const *rope_bias, float *att);
 
+/* out[i] [T][w[i]->n_out] = w[i]·x + bias[i] (bias[i] NULL: none) for
+ * i < n: by the backend's matmul_n where it has one (one pass over x),
+ * else one matmul each. */
+void ly_matmuls(be *b, int n, const wt *const *w, const wt *const *bias, const float *x, int T, float *const *out);
+
 /* out [T][E] = Wd · (silu(Wg·x) ∘ Wu·x); hg, hu [T][n_ff] scratch. fused:
  * may take the backend's matmul_glu or matmul_n. */
 void ly_ffn_glu(be *b, const layer_w *L, const float *x, int T, int n_ff, int fused, float *hg, float *hu,

@@ -119,14 +119,8 @@ static void llama_attention(llama_fw *f, int l, const be_batch *bt)
         o->attention(b, f->q, f->base.kc[l], f->base.vc[l], bt, hp->n_head, hp->n_head_kv, HD, f->att);
         return;
     }
-    if (o->matmul_n) {
-        float *outs[3] = { f->q, f->k, f->v };
-        o->matmul_n(b, 3, wqkv, mb, f->xb, T, outs);
-    } else {
-        o->matmul(b, &L->wq, mb[0], f->xb, T, f->q);
-        o->matmul(b, &L->wk, mb[1], f->xb, T, f->k);
-        o->matmul(b, &L->wv, mb[2], f->xb, T, f->v);
-    }
+    float *const qkv[3] = { f->q, f->k, f->v };
+    ly_matmuls(b, 3, wqkv, mb, f->xb, T, qkv);
     ly_attn a = { hp->n_head, hp->n_head_kv, HD, hp->n_rot, hp->rope_base, hp->rope_neox, freq_div,
                   L->q_norm.data ? &L->q_norm : NULL, L->q_norm.data ? &L->k_norm : NULL, hp->norm_eps, 1, 0, NULL, 0 };
     ly_attend(b, &a, f->q, f->k, f->v, f->base.kc[l], f->base.vc[l], bt, mb == none ? qkv_b : NULL, f->att);
