@@ -888,16 +888,17 @@ static void test_moe_files(void)
     CHECKF(load_in_child("tests/fixtures/models/qwen3moe-tiny.bf16.gguf", 30, err, sizeof err) == 0, "%s", err);
 }
 
-/* The qwen3moe-tiny directory with config.json's field set to the JSON v. */
-static void hf_moe_with(char *dir, size_t n, const char *field, const char *v)
+/* A copy of the directory tests/fixtures/hf/<name> with config.json's field
+ * set to the JSON v ("(absent)": removed; NULL: as it is). */
+static void hf_copy_with(char *dir, size_t n, const char *name, const char *field, const char *v)
 {
     static int seq;
     static const char *files[] = { "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json" };
-    snprintf(dir, n, "%s/hfmoe%d", tmp, seq++);
+    snprintf(dir, n, "%s/hf-%s%d", tmp, name, seq++);
     mkdir(dir, 0755);
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         char a[512], b[512];
-        snprintf(a, sizeof a, "%s/%s", FIXTURE("hf/qwen3moe-tiny"), files[i]);
+        snprintf(a, sizeof a, "%s/%s/%s", FIXTURE("hf"), name, files[i]);
         snprintf(b, sizeof b, "%s/%s", dir, files[i]);
         if (copy_file(a, b)) fprintf(stderr, "cannot copy %s\n", a);
     }
@@ -905,7 +906,8 @@ static void hf_moe_with(char *dir, size_t n, const char *field, const char *v)
     snprintf(p, sizeof p, "%s/config.json", dir);
     json_error_t je;
     json_t *c = json_load_file(p, 0, &je);
-    if (v) json_object_set_new(c, field, json_loads(v, JSON_DECODE_ANY, &je));
+    if (v && !strcmp(v, "(absent)")) json_object_del(c, field);
+    else if (v) json_object_set_new(c, field, json_loads(v, JSON_DECODE_ANY, &je));
     json_dump_file(c, p, 0);
     json_decref(c);
 }
@@ -913,7 +915,7 @@ static void hf_moe_with(char *dir, size_t n, const char *field, const char *v)
 static void test_hf_moe(void)
 {
     char dir[256], err[512];
-    hf_moe_with(dir, sizeof dir, "num_local_experts", NULL);
+    hf_copy_with(dir, sizeof dir, "qwen3moe-tiny", "num_local_experts", NULL);
     CHECKF(load_in_child(dir, 30, err, sizeof err) == 0, "the copied directory must load: %s", err);
     static const struct { const char *field, *json, *n1, *n2; } bad[] = {
         { "num_experts_per_tok", "9", "num_experts_per_tok", "[1, 8]" },
@@ -925,7 +927,7 @@ static void test_hf_moe(void)
         { "norm_topk_prob", "1", "norm_topk_prob", "true or false" },
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        hf_moe_with(dir, sizeof dir, bad[i].field, bad[i].json);
+        hf_copy_with(dir, sizeof dir, "qwen3moe-tiny", bad[i].field, bad[i].json);
         char what[128];
         snprintf(what, sizeof what, "config.json %s: %s", bad[i].field, bad[i].json);
         expect_child_refused(dir, what, bad[i].n1, bad[i].n2);
@@ -967,33 +969,10 @@ static void test_gptoss_files(void)
     expect_refused(&s, "llama yarn", "llama.rope.scaling.type", "(expected none)");
 }
 
-/* The gptoss-tiny directory with config.json's field set to the JSON v. */
-static void hf_gptoss_with(char *dir, size_t n, const char *field, const char *v)
-{
-    static int seq;
-    static const char *files[] = { "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json" };
-    snprintf(dir, n, "%s/hfoss%d", tmp, seq++);
-    mkdir(dir, 0755);
-    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
-        char a[512], b[512];
-        snprintf(a, sizeof a, "%s/%s", FIXTURE("hf/gptoss-tiny"), files[i]);
-        snprintf(b, sizeof b, "%s/%s", dir, files[i]);
-        if (copy_file(a, b)) fprintf(stderr, "cannot copy %s\n", a);
-    }
-    char p[512];
-    snprintf(p, sizeof p, "%s/config.json", dir);
-    json_error_t je;
-    json_t *c = json_load_file(p, 0, &je);
-    if (v && !strcmp(v, "(absent)")) json_object_del(c, field);
-    else if (v) json_object_set_new(c, field, json_loads(v, JSON_DECODE_ANY, &je));
-    json_dump_file(c, p, 0);
-    json_decref(c);
-}
-
 static void test_hf_gptoss(void)
 {
     char dir[256], err[512];
-    hf_gptoss_with(dir, sizeof dir, "sliding_window", NULL);
+    hf_copy_with(dir, sizeof dir, "gptoss-tiny", "sliding_window", NULL);
     CHECKF(load_in_child(dir, 30, err, sizeof err) == 0, "the copied directory must load: %s", err);
     static const struct { const char *field, *json, *n1, *n2; } bad[] = {
         { "sliding_window", "(absent)", "sliding_window", "missing" },
@@ -1009,7 +988,7 @@ static void test_hf_gptoss(void)
         { "num_local_experts", "8", "gate_up_proj has shape [4, 64, 128]", "expected [8, 64, 128]" },
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        hf_gptoss_with(dir, sizeof dir, bad[i].field, bad[i].json);
+        hf_copy_with(dir, sizeof dir, "gptoss-tiny", bad[i].field, bad[i].json);
         char what[256];
         snprintf(what, sizeof what, "config.json %s: %s", bad[i].field, bad[i].json);
         expect_child_refused(dir, what, bad[i].n1, bad[i].n2);
