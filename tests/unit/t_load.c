@@ -912,12 +912,28 @@ static void hf_copy_with(char *dir, size_t n, const char *name, const char *fiel
     json_decref(c);
 }
 
-static void test_hf_moe(void)
+/* A config.json field set to json, and what the refusal names (n1, n2). */
+typedef struct hf_bad { const char *field, *json, *n1, *n2; } hf_bad;
+
+/* The copy of tests/fixtures/hf/<name> loads; with each of bad[0..n) it is
+ * refused, naming the directory and n1, n2. */
+static void hf_refusals(const char *name, const hf_bad *bad, size_t n)
 {
     char dir[256], err[512];
-    hf_copy_with(dir, sizeof dir, "qwen3moe-tiny", "num_local_experts", NULL);
+    hf_copy_with(dir, sizeof dir, name, "", NULL);
     CHECKF(load_in_child(dir, 30, err, sizeof err) == 0, "the copied directory must load: %s", err);
-    static const struct { const char *field, *json, *n1, *n2; } bad[] = {
+    for (size_t i = 0; i < n; i++) {
+        hf_copy_with(dir, sizeof dir, name, bad[i].field, bad[i].json);
+        char what[256];
+        snprintf(what, sizeof what, "config.json %s: %s", bad[i].field, bad[i].json);
+        expect_child_refused(dir, what, bad[i].n1, bad[i].n2);
+        expect_child_refused(dir, what, dir, NULL);
+    }
+}
+
+static void test_hf_moe(void)
+{
+    static const hf_bad bad[] = {
         { "num_experts_per_tok", "9", "num_experts_per_tok", "[1, 8]" },
         { "num_experts_per_tok", "0", "num_experts_per_tok", "[1, 8]" },
         { "num_local_experts", "16", "8 of its 16 experts", "num_experts" },
@@ -926,13 +942,7 @@ static void test_hf_moe(void)
         { "mlp_only_layers", "[0]", "mlp_only_layers", "expected []" },
         { "norm_topk_prob", "1", "norm_topk_prob", "true or false" },
     };
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        hf_copy_with(dir, sizeof dir, "qwen3moe-tiny", bad[i].field, bad[i].json);
-        char what[128];
-        snprintf(what, sizeof what, "config.json %s: %s", bad[i].field, bad[i].json);
-        expect_child_refused(dir, what, bad[i].n1, bad[i].n2);
-        expect_child_refused(dir, what, dir, NULL);
-    }
+    hf_refusals("qwen3moe-tiny", bad, sizeof bad / sizeof bad[0]);
 }
 
 /* gpt-oss: its own keys and tensors, each spoiled in a copy of the file */
@@ -971,10 +981,7 @@ static void test_gptoss_files(void)
 
 static void test_hf_gptoss(void)
 {
-    char dir[256], err[512];
-    hf_copy_with(dir, sizeof dir, "gptoss-tiny", "sliding_window", NULL);
-    CHECKF(load_in_child(dir, 30, err, sizeof err) == 0, "the copied directory must load: %s", err);
-    static const struct { const char *field, *json, *n1, *n2; } bad[] = {
+    static const hf_bad bad[] = {
         { "sliding_window", "(absent)", "sliding_window", "missing" },
         { "layer_types", "[\"full_attention\", \"sliding_attention\"]", "layer_types[0]", "sliding_attention" },
         { "layer_types", "[\"sliding_attention\"]", "layer_types", "num_hidden_layers 2" },
@@ -987,13 +994,7 @@ static void test_hf_gptoss(void)
         { "intermediate_size", "32", "gate_up_proj has shape [4, 64, 128]", "expected [4, 64, 64]" },
         { "num_local_experts", "8", "gate_up_proj has shape [4, 64, 128]", "expected [8, 64, 128]" },
     };
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        hf_copy_with(dir, sizeof dir, "gptoss-tiny", bad[i].field, bad[i].json);
-        char what[256];
-        snprintf(what, sizeof what, "config.json %s: %s", bad[i].field, bad[i].json);
-        expect_child_refused(dir, what, bad[i].n1, bad[i].n2);
-        expect_child_refused(dir, what, dir, NULL);
-    }
+    hf_refusals("gptoss-tiny", bad, sizeof bad / sizeof bad[0]);
 }
 
 static int copy_stories(char *path, size_t n)
