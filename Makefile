@@ -97,8 +97,10 @@ ENGINE_SRC := $(sort $(shell find engine -name '*.c'))
 CLIENT_LIB_SRC := $(wildcard client/libaneclient.c)
 HTTP_SRC   := $(wildcard http/*.c)
 DAEMON_SRC := $(wildcard daemon/*.c)
-# t_cuda checks the CUDA kernels: built only in CUDA builds (make cuda / test-cuda)
-UNIT_SRC   := $(filter-out $(if $(filter 1,$(CUDA)),,tests/unit/t_cuda.c),$(wildcard tests/unit/t_*.c))
+# t_cuda checks the CUDA kernels: built only in CUDA builds (make cuda / test-cuda),
+# from t_cuda.c (main) and its topics t_cuda_*.c
+CUDA_TEST_SRC := $(wildcard tests/unit/t_cuda_*.c)
+UNIT_SRC   := $(filter-out $(if $(filter 1,$(CUDA)),,tests/unit/t_cuda.c) $(CUDA_TEST_SRC),$(wildcard tests/unit/t_*.c))
 BENCH_SRC  := $(wildcard tests/bench/*.c)
 BENCH_BIN  := $(BENCH_SRC:tests/bench/%.c=bin/%)
 TEST_HELP_SRC := $(filter-out tests/unit/t_%.c,$(wildcard tests/unit/*.c))
@@ -111,6 +113,7 @@ DAEMON_OBJ := $(DAEMON_SRC:%.c=$(O)/%.o)
 HTTP_OBJ   := $(HTTP_SRC:%.c=$(O)/%.o)
 TEST_HELP_OBJ := $(TEST_HELP_SRC:%.c=$(O)/%.o)
 UNIT_BIN   := $(UNIT_SRC:tests/unit/%.c=bin/tests/%)
+CUDA_TEST_OBJ := $(CUDA_TEST_SRC:%.c=$(O)/%.o)
 
 # (CUDA builds keep their libraries under bin/obj-cuda)
 LIBDIR    := $(if $(filter 1,$(CUDA)),$(O),bin)
@@ -265,6 +268,9 @@ $(BENCH_BIN): bin/%: $(O)/tests/bench/%.o $(LIBENGINE) $(LIBCLIENT) $(LIBPROTO) 
 bin/tests/%: $(O)/tests/unit/%.o $(TEST_HELP_OBJ) $(LIBENGINE) $(LIBCLIENT) $(LIBPROTO) bin/.kind
 	@mkdir -p bin/tests
 	$(CC) $(LDFLAGS) -o $@ $< $(TEST_HELP_OBJ) $(LIBENGINE) $(LIBCLIENT) $(LIBPROTO) $(LDLIBS)
+bin/tests/t_cuda: $(O)/tests/unit/t_cuda.o $(CUDA_TEST_OBJ) $(TEST_HELP_OBJ) $(LIBENGINE) $(LIBCLIENT) $(LIBPROTO) bin/.kind
+	@mkdir -p bin/tests
+	$(CC) $(LDFLAGS) -o $@ $< $(CUDA_TEST_OBJ) $(TEST_HELP_OBJ) $(LIBENGINE) $(LIBCLIENT) $(LIBPROTO) $(LDLIBS)
 
 # Fixtures that are stored compressed are unpacked at build time.
 XZ_FIX := $(patsubst %.xz,%,$(wildcard tests/fixtures/tokenizers/*.xz tests/fixtures/tokenizers/hf/*.xz))

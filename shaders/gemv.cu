@@ -979,70 +979,39 @@ __global__ void __launch_bounds__(128) k_gemv_q8bulk(const mat_set S, size_t rb,
     }
 }
 
-template <int TY, int K>
-static void gemv_k(cudaStream_t st, mat_set S, size_t rb, int n, const float *x, int T)
+/* The launch of the one-row-a-group GEMVs (k_gemv, k_gemv_q4k, k_gemv_q8,
+ * k_gemv_nl): K warps a row, 4/K rows a block, each matrix's first block
+ * set in S; f(k, nt, g) launches the kernel of K k and token tile nt (the
+ * least of 1, 2, 4, 8, 16 that holds T) on g blocks. */
+template <int K, class F>
+static void gemv_shape_k(mat_set &S, int T, F f)
 {
+    using k = std::integral_constant<int, K>;
     unsigned g = 0;
     for (int i = 0; i < S.nm; i++) { S.m[i].blk0 = (int)g; g += nblk(S.m[i].n_out, 4 / K); }
     switch (T) {
-    case 1: lk(k_gemv<TY, 1, K>, g, 128, 0, st, S, rb, n, x, T); break;
-    case 2: lk(k_gemv<TY, 2, K>, g, 128, 0, st, S, rb, n, x, T); break;
-    case 3: case 4: lk(k_gemv<TY, 4, K>, g, 128, 0, st, S, rb, n, x, T); break;
-    case 5: case 6: case 7: case 8: lk(k_gemv<TY, 8, K>, g, 128, 0, st, S, rb, n, x, T); break;
-    default: lk(k_gemv<TY, 16, K>, g, 128, 0, st, S, rb, n, x, T); break;
+    case 1: f(k(), std::integral_constant<int, 1>(), g); break;
+    case 2: f(k(), std::integral_constant<int, 2>(), g); break;
+    case 3: case 4: f(k(), std::integral_constant<int, 4>(), g); break;
+    case 5: case 6: case 7: case 8: f(k(), std::integral_constant<int, 8>(), g); break;
+    default: f(k(), std::integral_constant<int, 16>(), g); break;
     }
 }
 
-template <int K>
-static void gemv_qk(cudaStream_t st, mat_set S, size_t rb, int n, const int8_t *xq, const float *xd, const int *xs,
-                    int T)
+template <class F>
+static void gemv_shape(mat_set &S, int K, int T, F f)
 {
-    unsigned g = 0;
-    for (int i = 0; i < S.nm; i++) { S.m[i].blk0 = (int)g; g += nblk(S.m[i].n_out, 4 / K); }
-    switch (T) {
-    case 1: lk(k_gemv_q4k<1, K>, g, 128, 0, st, S, rb, n, xq, xd, xs, T); break;
-    case 2: lk(k_gemv_q4k<2, K>, g, 128, 0, st, S, rb, n, xq, xd, xs, T); break;
-    case 3: case 4: lk(k_gemv_q4k<4, K>, g, 128, 0, st, S, rb, n, xq, xd, xs, T); break;
-    case 5: case 6: case 7: case 8: lk(k_gemv_q4k<8, K>, g, 128, 0, st, S, rb, n, xq, xd, xs, T); break;
-    default: lk(k_gemv_q4k<16, K>, g, 128, 0, st, S, rb, n, xq, xd, xs, T); break;
-    }
-}
-
-template <int K>
-static void gemv_q8k(cudaStream_t st, mat_set S, size_t rb, int n, const int8_t *xq, const float *xd, int T)
-{
-    unsigned g = 0;
-    for (int i = 0; i < S.nm; i++) { S.m[i].blk0 = (int)g; g += nblk(S.m[i].n_out, 4 / K); }
-    switch (T) {
-    case 1: lk(k_gemv_q8<1, K>, g, 128, 0, st, S, rb, n, xq, xd, T); break;
-    case 2: lk(k_gemv_q8<2, K>, g, 128, 0, st, S, rb, n, xq, xd, T); break;
-    case 3: case 4: lk(k_gemv_q8<4, K>, g, 128, 0, st, S, rb, n, xq, xd, T); break;
-    case 5: case 6: case 7: case 8: lk(k_gemv_q8<8, K>, g, 128, 0, st, S, rb, n, xq, xd, T); break;
-    default: lk(k_gemv_q8<16, K>, g, 128, 0, st, S, rb, n, xq, xd, T); break;
-    }
-}
-
-template <int TY, int K>
-static void gemv_nlk(cudaStream_t st, mat_set S, size_t rb, int n, const int8_t *xq, const float *xd, int T)
-{
-    unsigned g = 0;
-    for (int i = 0; i < S.nm; i++) { S.m[i].blk0 = (int)g; g += nblk(S.m[i].n_out, 4 / K); }
-    switch (T) {
-    case 1: lk(k_gemv_nl<TY, 1, K>, g, 128, 0, st, S, rb, n, xq, xd, T); break;
-    case 2: lk(k_gemv_nl<TY, 2, K>, g, 128, 0, st, S, rb, n, xq, xd, T); break;
-    case 3: case 4: lk(k_gemv_nl<TY, 4, K>, g, 128, 0, st, S, rb, n, xq, xd, T); break;
-    case 5: case 6: case 7: case 8: lk(k_gemv_nl<TY, 8, K>, g, 128, 0, st, S, rb, n, xq, xd, T); break;
-    default: lk(k_gemv_nl<TY, 16, K>, g, 128, 0, st, S, rb, n, xq, xd, T); break;
-    }
+    if (K == 4) gemv_shape_k<4>(S, T, f);
+    else if (K == 2) gemv_shape_k<2>(S, T, f);
+    else gemv_shape_k<1>(S, T, f);
 }
 
 template <int TY>
-static void gemv_nlt(cudaStream_t st, const mat_set &S, size_t rb, int n, const int8_t *xq, const float *xd, int T)
+static void gemv_nlt(cudaStream_t st, mat_set S, size_t rb, int n, const int8_t *xq, const float *xd, int T)
 {
-    int K = gemv_warps(n / 32);
-    if (K == 4) gemv_nlk<TY, 4>(st, S, rb, n, xq, xd, T);
-    else if (K == 2) gemv_nlk<TY, 2>(st, S, rb, n, xq, xd, T);
-    else gemv_nlk<TY, 1>(st, S, rb, n, xq, xd, T);
+    gemv_shape(S, gemv_warps(n / 32), T, [&](auto k, auto nt, unsigned g) {
+        lk(k_gemv_nl<TY, decltype(nt)::value, decltype(k)::value>, g, 128, 0, st, S, rb, n, xq, xd, T);
+    });
 }
 
 /* the 4-bit level types with an int8 GEMV (k_gemv_nl) */
@@ -1051,21 +1020,19 @@ static inline bool gemv_nl_type(uint32_t type, int n)
     return ((type == QT_IQ4_NL || type == QT_MXFP4) && n % 32 == 0) || (type == QT_IQ4_XS && n % 256 == 0);
 }
 
-static void gemv_q8t(cudaStream_t st, const mat_set &S, size_t rb, int n, const int8_t *xq, const float *xd, int T)
+static void gemv_q8t(cudaStream_t st, mat_set S, size_t rb, int n, const int8_t *xq, const float *xd, int T)
 {
-    int K = gemv_warps(n / 32);
-    if (K == 4) gemv_q8k<4>(st, S, rb, n, xq, xd, T);
-    else if (K == 2) gemv_q8k<2>(st, S, rb, n, xq, xd, T);
-    else gemv_q8k<1>(st, S, rb, n, xq, xd, T);
+    gemv_shape(S, gemv_warps(n / 32), T, [&](auto k, auto nt, unsigned g) {
+        lk(k_gemv_q8<decltype(nt)::value, decltype(k)::value>, g, 128, 0, st, S, rb, n, xq, xd, T);
+    });
 }
 
-static void gemv_qt(cudaStream_t st, const mat_set &S, size_t rb, int n, const int8_t *xq, const float *xd,
-                    const int *xs, int T)
+static void gemv_qt(cudaStream_t st, mat_set S, size_t rb, int n, const int8_t *xq, const float *xd, const int *xs,
+                    int T)
 {
-    int K = gemv_warps(n / 64);
-    if (K == 4) gemv_qk<4>(st, S, rb, n, xq, xd, xs, T);
-    else if (K == 2) gemv_qk<2>(st, S, rb, n, xq, xd, xs, T);
-    else gemv_qk<1>(st, S, rb, n, xq, xd, xs, T);
+    gemv_shape(S, gemv_warps(n / 64), T, [&](auto k, auto nt, unsigned g) {
+        lk(k_gemv_q4k<decltype(nt)::value, decltype(k)::value>, g, 128, 0, st, S, rb, n, xq, xd, xs, T);
+    });
 }
 
 /* Batches of 3..16 tokens: R rows per group for rows of 2048 values and
@@ -1171,11 +1138,11 @@ static void gemv_mr(cudaStream_t st, const mat_set &S, uint32_t type, size_t rb,
 }
 
 template <int TY>
-static void gemv_t(cudaStream_t st, const mat_set &S, size_t rb, int n, const float *x, int T)
+static void gemv_t(cudaStream_t st, mat_set S, size_t rb, int n, const float *x, int T)
 {
-    if (n >= 4096) gemv_k<TY, 4>(st, S, rb, n, x, T);
-    else if (n >= 1024) gemv_k<TY, 2>(st, S, rb, n, x, T);
-    else gemv_k<TY, 1>(st, S, rb, n, x, T);
+    gemv_shape(S, n >= 4096 ? 4 : n >= 1024 ? 2 : 1, T, [&](auto k, auto nt, unsigned g) {
+        lk(k_gemv<TY, decltype(nt)::value, decltype(k)::value>, g, 128, 0, st, S, rb, n, x, T);
+    });
 }
 
 extern "C" {

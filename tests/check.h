@@ -9,7 +9,14 @@
 #include <string.h>
 #include <math.h>
 
+/* A program of several files defines CHECK_SHARED before including this,
+ * and its main's file defines the counters once (CHECK_COUNTERS). */
+#ifdef CHECK_SHARED
+extern int check_pass_, check_fail_, check_cur_fail_;
+#define CHECK_COUNTERS int check_pass_, check_fail_, check_cur_fail_
+#else
 static int check_pass_, check_fail_, check_cur_fail_;
+#endif
 
 #define CHECK(cond) do { \
     if (cond) { check_pass_++; } else { check_fail_++; check_cur_fail_++; \

@@ -52,9 +52,10 @@ typedef struct arch_family {
      * for messages (the engine then runs the model on the CPU). NULL hook:
      * the base ops suffice. */
     const char *(*lacks)(const model *m, const be_ops *o);
-    /* fw_open's contract; (*out)'s fw part filled in. */
-    int (*open)(fw **out, model *m, be *b, int max_T, int max_out, int n_pages, int max_seqs, char *err,
-                size_t errlen);
+    /* fw_open's contract but for what fw_open does for every family (the
+     * lacks check, the KV caches): (*out)'s fw part filled in. */
+    int (*open)(fw **out, model *m, be *b, int max_T, int max_out, int max_seqs, char *err, size_t errlen);
+    /* Frees what open allocated (fw_close frees the KV caches). */
     void (*close)(fw *f);
     /* Queues every op of a pass up to the logits in f->lg (not synced). */
     void (*pass)(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out);
@@ -80,6 +81,7 @@ struct fw {
     be *b;
     float *lg;                  /* [max_out][n_vocab] logits of the last pass */
     float *xo;                  /* [max_out][n_embd] their input: the final norm's output rows */
+    void **kc, **vc;            /* [n_layer] KV cache of each layer that attends (fw_open's) */
     size_t kv_bytes;            /* the KV pool and any per-sequence state */
 };
 

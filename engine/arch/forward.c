@@ -1,8 +1,11 @@
 /* forward.c — forward.h over the model's architecture family (arch.h): the
  * family queues the ops of a pass, this file what is the same for all of
- * them (recorded passes, logits to the host, greedy ids, state hooks). */
+ * them (the ops check, the KV caches, recorded passes, logits to the host,
+ * greedy ids, state hooks). */
 #include "engine/arch/forward.h"
 #include "engine/arch/arch.h"
+#include "engine/arch/layers.h"
+#include "common/err.h"
 
 #include <string.h>
 
@@ -72,12 +75,26 @@ const char *fw_lacks(const model *m, const be_ops *o)
 int fw_open(fw **out, model *m, be *b, int max_T, int max_out, int n_pages, int max_seqs,
             char *err, size_t errlen)
 {
-    return m->arch->fam->open(out, m, b, max_T, max_out, n_pages, max_seqs, err, errlen);
+    *out = NULL;
+    const char *lacks = fw_lacks(m, b->ops);
+    if (lacks)
+        return err_set(err, errlen, "the %s backend cannot run %s models yet (no %s)", b->ops->name, m->arch_name,
+                       lacks);
+    fw *f = NULL;
+    if (m->arch->fam->open(&f, m, b, max_T, max_out, max_seqs, err, errlen)) return -1;
+    if (ly_kv_open(b, m, n_pages, max_seqs, &f->kc, &f->vc, &f->kv_bytes, err, errlen)) {
+        fw_close(f);
+        return -1;
+    }
+    *out = f;
+    return 0;
 }
 
 void fw_close(fw *f)
 {
-    if (f) f->fam->close(f);
+    if (!f) return;
+    ly_kv_close(f->b, f->m, f->kc, f->vc);
+    f->fam->close(f);
 }
 
 void fw_seq_reset(fw *f, int slot)

@@ -26,7 +26,6 @@
 typedef struct gemma3_fw {
     fw base;
     float *x, *xb, *q, *k, *v, *att, *hg, *hu, *xo;
-    void **kc, **vc;           /* [n_layer] cache of each layer */
 } gemma3_fw;
 
 /* Which layers slide: attention.sliding_window_pattern as a period P
@@ -100,56 +99,29 @@ static void gemma3_close(fw *base)
     be *b = base->b;
     void *bufs[] = { f->x, f->xb, f->q, f->k, f->v, f->att, f->hg, f->hu, f->xo, base->lg };
     ly_free(b, bufs, sizeof bufs / sizeof bufs[0]);
-    for (int l = 0; l < base->m->hp.n_layer; l++) {
-        if (f->kc && f->kc[l]) b->ops->free(b, f->kc[l]);
-        if (f->vc && f->vc[l]) b->ops->free(b, f->vc[l]);
-    }
-    free(f->kc);
-    free(f->vc);
     free(f);
 }
 
-static int gemma3_open(fw **out, model *m, be *b, int max_T, int max_out, int n_pages, int max_seqs,
-                       char *err, size_t errlen)
+/* (without m->swa_ring, a sliding layer's KV pages past its window are not
+ * read again but stay allocated with the sequence's: the page tables are
+ * shared) */
+static int gemma3_open(fw **out, model *m, be *b, int max_T, int max_out, int max_seqs, char *err, size_t errlen)
 {
+    (void)max_seqs;
     const hparams *hp = &m->hp;
-    *out = NULL;
-    const char *lacks = gemma3_lacks(m, b->ops);
-    if (lacks)
-        return err_set(err, errlen, "the %s backend cannot run %s models yet (no %s)", b->ops->name, m->arch_name,
-                       lacks);
     gemma3_fw *f = calloc(1, sizeof *f);
     if (!f) return err_set(err, errlen, "out of memory for activation buffers");
     f->base = (fw){ .fam = &arch_gemma3, .m = m, .b = b };
     size_t T = (size_t)max_T, E = hp->n_embd, Q = (size_t)hp->n_head * hp->head_dim,
-           K = (size_t)hp->n_head_kv * hp->head_dim, F = hp->n_ff;
-    f->x = b->ops->alloc(b, T * E * 4);
-    f->xb = b->ops->alloc(b, T * E * 4);
-    f->q = b->ops->alloc(b, T * Q * 4);
-    f->att = b->ops->alloc(b, T * Q * 4);
-    f->k = b->ops->alloc(b, T * K * 4);
-    f->v = b->ops->alloc(b, T * K * 4);
-    f->hg = b->ops->alloc(b, T * F * 4);
-    f->hu = b->ops->alloc(b, T * F * 4);
-    f->xo = b->ops->alloc(b, (size_t)max_out * E * 4);
-    f->base.xo = f->xo;
-    f->base.lg = b->ops->alloc(b, (size_t)max_out * hp->n_vocab * 4);
-    f->kc = calloc((size_t)hp->n_layer, sizeof *f->kc);
-    f->vc = calloc((size_t)hp->n_layer, sizeof *f->vc);
-    if (!f->x || !f->xb || !f->q || !f->att || !f->k || !f->v || !f->hg || !f->hu || !f->xo || !f->base.lg ||
-        !f->kc || !f->vc) {
-        err_set(err, errlen, "out of memory for activation buffers");
+           K = (size_t)hp->n_head_kv * hp->head_dim, F = hp->n_ff, O = (size_t)max_out;
+    const ly_buf bufs[] = { { &f->x, T * E }, { &f->xb, T * E }, { &f->q, T * Q }, { &f->att, T * Q },
+                            { &f->k, T * K }, { &f->v, T * K }, { &f->hg, T * F }, { &f->hu, T * F },
+                            { &f->xo, O * E }, { &f->base.lg, O * hp->n_vocab } };
+    if (ly_bufs_alloc(b, bufs, sizeof bufs / sizeof bufs[0], err, errlen)) {
         gemma3_close(&f->base);
         return -1;
     }
-    /* (without m->swa_ring, a sliding layer's pages past its window are not
-     * read again but stay allocated with the sequence's: the page tables
-     * are shared) */
-    for (int l = 0; l < hp->n_layer; l++)
-        if (ly_kv_alloc(b, m, n_pages, max_seqs, l, f->kc, f->vc, &f->base.kv_bytes, err, errlen)) {
-            gemma3_close(&f->base);
-            return -1;
-        }
+    f->base.xo = f->xo;
     *out = &f->base;
     return 0;
 }
@@ -168,32 +140,21 @@ static void gemma3_pass(fw *base, const int32_t *tokens, const be_batch *bt, con
     for (int l = 0; l < hp->n_layer; l++) {
         const layer_w *L = &m->layers[l];
         o->rmsnorm(b, f->x, &L->attn_norm, T, E, eps, f->xb);
-        if (o->matmul_n) {
-            const wt *w[3] = { &L->wq, &L->wk, &L->wv }, *nb[3] = { NULL, NULL, NULL };
-            float *outs[3] = { f->q, f->k, f->v };
-            o->matmul_n(b, 3, w, nb, f->xb, T, outs);
-        } else {
-            o->matmul(b, &L->wq, NULL, f->xb, T, f->q);
-            o->matmul(b, &L->wk, NULL, f->xb, T, f->k);
-            o->matmul(b, &L->wv, NULL, f->xb, T, f->v);
-        }
+        const wt *wqkv[3] = { &L->wq, &L->wk, &L->wv }, *none[3] = { NULL, NULL, NULL };
+        float *const qkv[3] = { f->q, f->k, f->v };
+        ly_matmuls(b, 3, wqkv, none, f->xb, T, qkv);
         ly_attn a = { hp->n_head, hp->n_head_kv, HD, hp->n_rot, L->swa ? hp->rope_base_swa : hp->rope_base, 1,
                       L->swa ? NULL : &m->rope_freqs, &L->q_norm, &L->k_norm, eps, 1, L->swa ? hp->n_swa : 0, NULL,
                       hp->attn_scale };
         be_batch rb;
-        ly_attend(b, &a, f->q, f->k, f->v, f->kc[l], f->vc[l], ly_kv_batch(m, l, bt, &rb), NULL, f->att);
+        ly_attend(b, &a, f->q, f->k, f->v, f->base.kc[l], f->base.vc[l], ly_kv_batch(m, l, bt, &rb), NULL, f->att);
         o->matmul(b, &L->wo, NULL, f->att, T, f->xb);
         o->rmsnorm(b, f->xb, &L->post_attn_norm, T, E, eps, f->xb);
         o->add(b, f->x, f->xb, (size_t)T * E);
         o->rmsnorm(b, f->x, &L->ffn_norm, T, E, eps, f->xb);
-        if (o->matmul_n) {
-            const wt *w[2] = { &L->w_gate, &L->w_up }, *nb[2] = { NULL, NULL };
-            float *outs[2] = { f->hg, f->hu };
-            o->matmul_n(b, 2, w, nb, f->xb, T, outs);
-        } else {
-            o->matmul(b, &L->w_gate, NULL, f->xb, T, f->hg);
-            o->matmul(b, &L->w_up, NULL, f->xb, T, f->hu);
-        }
+        const wt *wgu[2] = { &L->w_gate, &L->w_up };
+        float *const gu[2] = { f->hg, f->hu };
+        ly_matmuls(b, 2, wgu, none, f->xb, T, gu);
         o->gelu_mul(b, f->hg, f->hu, (size_t)T * hp->n_ff, f->hg);
         o->matmul(b, &L->w_down, NULL, f->hg, T, f->xb);
         o->rmsnorm(b, f->xb, &L->post_ffn_norm, T, E, eps, f->xb);

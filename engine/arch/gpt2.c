@@ -17,7 +17,6 @@
 typedef struct gpt2_fw {
     fw base;
     float *x, *xb, *q, *k, *v, *att, *h, *xo;
-    void **kc, **vc;
 } gpt2_fw;
 
 /* rows [r0, r0+n) of w as a weight of its own */
@@ -99,52 +98,25 @@ static void gpt2_close(fw *base)
     be *b = base->b;
     void *bufs[] = { f->x, f->xb, f->q, f->k, f->v, f->att, f->h, f->xo, base->lg };
     ly_free(b, bufs, sizeof bufs / sizeof bufs[0]);
-    for (int l = 0; l < base->m->hp.n_layer; l++) {
-        if (f->kc && f->kc[l]) b->ops->free(b, f->kc[l]);
-        if (f->vc && f->vc[l]) b->ops->free(b, f->vc[l]);
-    }
-    free(f->kc);
-    free(f->vc);
     free(f);
 }
 
-static int gpt2_open(fw **out, model *m, be *b, int max_T, int max_out, int n_pages, int max_seqs, char *err,
-                     size_t errlen)
+static int gpt2_open(fw **out, model *m, be *b, int max_T, int max_out, int max_seqs, char *err, size_t errlen)
 {
     (void)max_seqs;
     const hparams *hp = &m->hp;
-    *out = NULL;
-    const char *lacks = gpt2_lacks(m, b->ops);
-    if (lacks)
-        return err_set(err, errlen, "the %s backend cannot run %s models yet (no %s)", b->ops->name, m->arch_name,
-                       lacks);
     gpt2_fw *f = calloc(1, sizeof *f);
     if (!f) return err_set(err, errlen, "out of memory for activation buffers");
     f->base = (fw){ .fam = &arch_gpt2, .m = m, .b = b };
-    size_t T = (size_t)max_T, E = hp->n_embd, F = hp->n_ff;
-    f->x = b->ops->alloc(b, T * E * 4);
-    f->xb = b->ops->alloc(b, T * E * 4);
-    f->q = b->ops->alloc(b, T * E * 4);
-    f->k = b->ops->alloc(b, T * E * 4);
-    f->v = b->ops->alloc(b, T * E * 4);
-    f->att = b->ops->alloc(b, T * E * 4);
-    f->h = b->ops->alloc(b, T * F * 4);
-    f->xo = b->ops->alloc(b, (size_t)max_out * E * 4);
-    f->base.xo = f->xo;
-    f->base.lg = b->ops->alloc(b, (size_t)max_out * hp->n_vocab * 4);
-    f->kc = calloc((size_t)hp->n_layer, sizeof *f->kc);
-    f->vc = calloc((size_t)hp->n_layer, sizeof *f->vc);
-    if (!f->x || !f->xb || !f->q || !f->k || !f->v || !f->att || !f->h || !f->xo || !f->base.lg || !f->kc ||
-        !f->vc) {
-        err_set(err, errlen, "out of memory for activation buffers");
+    size_t T = (size_t)max_T, E = hp->n_embd, F = hp->n_ff, O = (size_t)max_out;
+    const ly_buf bufs[] = { { &f->x, T * E }, { &f->xb, T * E }, { &f->q, T * E }, { &f->k, T * E },
+                            { &f->v, T * E }, { &f->att, T * E }, { &f->h, T * F }, { &f->xo, O * E },
+                            { &f->base.lg, O * hp->n_vocab } };
+    if (ly_bufs_alloc(b, bufs, sizeof bufs / sizeof bufs[0], err, errlen)) {
         gpt2_close(&f->base);
         return -1;
     }
-    for (int l = 0; l < hp->n_layer; l++)
-        if (ly_kv_alloc(b, m, n_pages, max_seqs, l, f->kc, f->vc, &f->base.kv_bytes, err, errlen)) {
-            gpt2_close(&f->base);
-            return -1;
-        }
+    f->base.xo = f->xo;
     *out = &f->base;
     return 0;
 }
@@ -163,17 +135,11 @@ static void gpt2_pass(fw *base, const int32_t *tokens, const be_batch *bt, const
     for (int l = 0; l < hp->n_layer; l++) {
         const layer_w *L = &m->layers[l];
         o->layernorm(b, f->x, &L->attn_norm, &L->attn_norm_b, T, E, eps, f->xb);
-        if (o->matmul_n) {
-            const wt *w[3] = { &L->wq, &L->wk, &L->wv }, *bs[3] = { &L->bq, &L->bk, &L->bv };
-            float *outs[3] = { f->q, f->k, f->v };
-            o->matmul_n(b, 3, w, bs, f->xb, T, outs);
-        } else {
-            o->matmul(b, &L->wq, &L->bq, f->xb, T, f->q);
-            o->matmul(b, &L->wk, &L->bk, f->xb, T, f->k);
-            o->matmul(b, &L->wv, &L->bv, f->xb, T, f->v);
-        }
-        o->kv_store(b, f->kc[l], f->vc[l], bt, E, f->k, f->v);
-        o->attention(b, f->q, f->kc[l], f->vc[l], bt, hp->n_head, hp->n_head, hp->head_dim, f->att);
+        const wt *wqkv[3] = { &L->wq, &L->wk, &L->wv }, *bqkv[3] = { &L->bq, &L->bk, &L->bv };
+        float *const qkv[3] = { f->q, f->k, f->v };
+        ly_matmuls(b, 3, wqkv, bqkv, f->xb, T, qkv);
+        o->kv_store(b, f->base.kc[l], f->base.vc[l], bt, E, f->k, f->v);
+        o->attention(b, f->q, f->base.kc[l], f->base.vc[l], bt, hp->n_head, hp->n_head, hp->head_dim, f->att);
         o->matmul(b, &L->wo, &L->bo, f->att, T, f->xb);
         o->add(b, f->x, f->xb, (size_t)T * E);
         o->layernorm(b, f->x, &L->ffn_norm, &L->ffn_norm_b, T, E, eps, f->xb);

@@ -23,7 +23,6 @@
 typedef struct gptoss_fw {
     fw base;
     float *x, *xb, *q, *k, *v, *att, *xo;
-    void **kc, **vc;           /* [n_layer] cache of each layer */
     ly_moe moe;
 } gptoss_fw;
 
@@ -89,52 +88,26 @@ static void gptoss_close(fw *base)
     void *bufs[] = { f->x, f->xb, f->q, f->k, f->v, f->att, f->xo, base->lg };
     ly_free(b, bufs, sizeof bufs / sizeof bufs[0]);
     ly_moe_close(&f->moe, b);
-    for (int l = 0; l < base->m->hp.n_layer; l++) {
-        if (f->kc && f->kc[l]) b->ops->free(b, f->kc[l]);
-        if (f->vc && f->vc[l]) b->ops->free(b, f->vc[l]);
-    }
-    free(f->kc);
-    free(f->vc);
     free(f);
 }
 
-static int gptoss_open(fw **out, model *m, be *b, int max_T, int max_out, int n_pages, int max_seqs,
-                       char *err, size_t errlen)
+static int gptoss_open(fw **out, model *m, be *b, int max_T, int max_out, int max_seqs, char *err, size_t errlen)
 {
     const hparams *hp = &m->hp;
-    const char *lacks = gptoss_lacks(m, b->ops);
-    if (lacks) return err_set(err, errlen, "the %s backend cannot run gpt-oss models yet (no %s)", b->ops->name, lacks);
     gptoss_fw *f = calloc(1, sizeof *f);
     if (!f) return err_set(err, errlen, "out of memory for activation buffers");
     f->base = (fw){ .fam = &arch_gptoss, .m = m, .b = b };
     size_t T = (size_t)max_T, E = hp->n_embd, Q = (size_t)hp->n_head * hp->head_dim,
-           K = (size_t)hp->n_head_kv * hp->head_dim;
-    f->x = b->ops->alloc(b, T * E * 4);
-    f->xb = b->ops->alloc(b, T * E * 4);
-    f->q = b->ops->alloc(b, T * Q * 4);
-    f->att = b->ops->alloc(b, T * Q * 4);
-    f->k = b->ops->alloc(b, T * K * 4);
-    f->v = b->ops->alloc(b, T * K * 4);
-    f->xo = b->ops->alloc(b, (size_t)max_out * E * 4);
-    f->base.xo = f->xo;
-    f->base.lg = b->ops->alloc(b, (size_t)max_out * hp->n_vocab * 4);
-    f->kc = calloc((size_t)hp->n_layer, sizeof *f->kc);
-    f->vc = calloc((size_t)hp->n_layer, sizeof *f->vc);
-    if (!f->x || !f->xb || !f->q || !f->att || !f->k || !f->v || !f->xo || !f->base.lg || !f->kc || !f->vc) {
-        err_set(err, errlen, "out of memory for activation buffers");
-        gptoss_close(&f->base);
-        return -1;
-    }
-    for (int l = 0; l < hp->n_layer; l++)
-        if (ly_kv_alloc(b, m, n_pages, max_seqs, l, f->kc, f->vc, &f->base.kv_bytes, err, errlen)) {
-            gptoss_close(&f->base);
-            return -1;
-        }
+           K = (size_t)hp->n_head_kv * hp->head_dim, O = (size_t)max_out;
+    const ly_buf bufs[] = { { &f->x, T * E }, { &f->xb, T * E }, { &f->q, T * Q }, { &f->att, T * Q },
+                            { &f->k, T * K }, { &f->v, T * K }, { &f->xo, O * E }, { &f->base.lg, O * hp->n_vocab } };
     const be_moe swiglu = { .act = BE_MOE_SWIGLU_OAI, .alpha = GPTOSS_SWIGLU_ALPHA, .limit = hp->swiglu_limit };
-    if (ly_moe_open(&f->moe, b, m, &swiglu, max_T, NULL, err, errlen)) {
+    if (ly_bufs_alloc(b, bufs, sizeof bufs / sizeof bufs[0], err, errlen) ||
+        ly_moe_open(&f->moe, b, m, &swiglu, max_T, NULL, err, errlen)) {
         gptoss_close(&f->base);
         return -1;
     }
+    f->base.xo = f->xo;
     *out = &f->base;
     return 0;
 }
@@ -149,22 +122,16 @@ static void gptoss_attention(gptoss_fw *f, int l, const be_batch *bt)
     const be_ops *o = b->ops;
     int T = bt->T, HD = hp->head_dim;
     const wt *wqkv[3] = { &L->wq, &L->wk, &L->wv }, *bqkv[3] = { &L->bq, &L->bk, &L->bv };
-    if (o->matmul_n) {
-        float *outs[3] = { f->q, f->k, f->v };
-        o->matmul_n(b, 3, wqkv, bqkv, f->xb, T, outs);
-    } else {
-        o->matmul(b, &L->wq, &L->bq, f->xb, T, f->q);
-        o->matmul(b, &L->wk, &L->bk, f->xb, T, f->k);
-        o->matmul(b, &L->wv, &L->bv, f->xb, T, f->v);
-    }
+    float *const qkv[3] = { f->q, f->k, f->v };
+    ly_matmuls(b, 3, wqkv, bqkv, f->xb, T, qkv);
     o->rope(b, f->q, bt, hp->n_head, HD, hp->n_rot, hp->rope_base, hp->rope_neox, &m->rope_freqs);
     o->rope(b, f->k, bt, hp->n_head_kv, HD, hp->n_rot, hp->rope_base, hp->rope_neox, &m->rope_freqs);
     be_batch rb;
     const be_batch *kb = ly_kv_batch(m, l, bt, &rb);
-    o->kv_store(b, f->kc[l], f->vc[l], kb, hp->n_head_kv * HD, f->k, f->v);
+    o->kv_store(b, f->base.kc[l], f->base.vc[l], kb, hp->n_head_kv * HD, f->k, f->v);
     be_attn_ex ax = { .window = L->swa ? hp->swa_window : 0, .sinks = &L->attn_sinks,
                       .scale = 1.0f / sqrtf((float)HD) };
-    o->attention_ex(b, f->q, f->kc[l], f->vc[l], kb, hp->n_head, hp->n_head_kv, HD, &ax, f->att);
+    o->attention_ex(b, f->q, f->base.kc[l], f->base.vc[l], kb, hp->n_head, hp->n_head_kv, HD, &ax, f->att);
     o->matmul(b, &L->wo, &L->bo, f->att, T, f->xb);
 }
 

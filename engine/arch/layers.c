@@ -2,6 +2,8 @@
 #include "engine/arch/layers.h"
 #include "common/err.h"
 
+#include <stdlib.h>
+
 void ly_attend(be *b, const ly_attn *a, float *q, float *k, float *v, void *kc, void *vc, const be_batch *bt,
                const wt *const *rope_bias, float *att)
 {
@@ -33,6 +35,16 @@ void ly_attend(be *b, const ly_attn *a, float *q, float *k, float *v, void *kc, 
     }
 }
 
+void ly_matmuls(be *b, int n, const wt *const *w, const wt *const *bias, const float *x, int T, float *const *out)
+{
+    const be_ops *o = b->ops;
+    if (o->matmul_n) {
+        o->matmul_n(b, n, w, bias, x, T, out);
+        return;
+    }
+    for (int i = 0; i < n; i++) o->matmul(b, w[i], bias[i], x, T, out[i]);
+}
+
 void ly_ffn_glu(be *b, const layer_w *L, const float *x, int T, int n_ff, int fused, float *hg, float *hu,
                 float *out)
 {
@@ -40,10 +52,10 @@ void ly_ffn_glu(be *b, const layer_w *L, const float *x, int T, int n_ff, int fu
     if (fused && o->matmul_glu) {
         o->matmul_glu(b, &L->w_gate, &L->w_up, x, T, hg, hu, hg);
     } else {
-        if (fused && o->matmul_n) {
+        if (fused) {
             const wt *ws[2] = { &L->w_gate, &L->w_up }, *bs[2] = { NULL, NULL };
-            float *outs[2] = { hg, hu };
-            o->matmul_n(b, 2, ws, bs, x, T, outs);
+            float *const outs[2] = { hg, hu };
+            ly_matmuls(b, 2, ws, bs, x, T, outs);
         } else {
             o->matmul(b, &L->w_gate, NULL, x, T, hg);
             o->matmul(b, &L->w_up, NULL, x, T, hu);
@@ -62,19 +74,26 @@ void ly_out_norm(be *b, const float *x, const wt *w, const int32_t *out_idx, int
     }
 }
 
-int ly_kv_alloc(be *b, const model *m, int n_pages, int max_seqs, int l, void **kc, void **vc, size_t *bytes,
-                char *err, size_t errlen)
+int ly_kv_open(be *b, const model *m, int n_pages, int max_seqs, void ***kc, void ***vc, size_t *bytes,
+               char *err, size_t errlen)
 {
     const hparams *hp = &m->hp;
-    int ring = m->swa_ring && m->layers[l].swa;
-    size_t rows = ring ? (size_t)m->swa_ring * (size_t)(max_seqs > 0 ? max_seqs : 1) : (size_t)n_pages * KV_PAGE;
-    size_t layer_bytes = rows * be_kv_bytes(b->kv_type, (size_t)hp->n_head_kv * hp->head_dim);
-    kc[l] = b->ops->alloc(b, layer_bytes);
-    vc[l] = b->ops->alloc(b, layer_bytes);
-    if (!kc[l] || !vc[l])
-        return err_set(err, errlen, "cannot allocate the KV cache of layer %d (%zu MiB)", l,
-                       (size_t)2 * layer_bytes >> 20);
-    *bytes += 2 * layer_bytes;
+    *kc = calloc((size_t)hp->n_layer, sizeof **kc);
+    *vc = calloc((size_t)hp->n_layer, sizeof **vc);
+    if (!*kc || !*vc) return err_set(err, errlen, "out of memory for activation buffers");
+    for (int l = 0; l < hp->n_layer; l++) {
+        if (m->layers[l].linear) continue;
+        const int ring = m->swa_ring && m->layers[l].swa;
+        const size_t rows = ring ? (size_t)m->swa_ring * (size_t)(max_seqs > 0 ? max_seqs : 1)
+                                 : (size_t)n_pages * KV_PAGE;
+        const size_t layer_bytes = rows * be_kv_bytes(b->kv_type, (size_t)hp->n_head_kv * hp->head_dim);
+        (*kc)[l] = b->ops->alloc(b, layer_bytes);
+        (*vc)[l] = b->ops->alloc(b, layer_bytes);
+        if (!(*kc)[l] || !(*vc)[l])
+            return err_set(err, errlen, "cannot allocate the KV cache of layer %d (%zu MiB)", l,
+                           (size_t)2 * layer_bytes >> 20);
+        *bytes += 2 * layer_bytes;
+    }
     return 0;
 }
 
@@ -84,6 +103,26 @@ const be_batch *ly_kv_batch(const model *m, int l, const be_batch *bt, be_batch 
     *ring = *bt;
     ring->ring = m->swa_ring;
     return ring;
+}
+
+void ly_kv_close(be *b, const model *m, void **kc, void **vc)
+{
+    for (int l = 0; l < m->hp.n_layer; l++) {
+        if (kc && kc[l]) b->ops->free(b, kc[l]);
+        if (vc && vc[l]) b->ops->free(b, vc[l]);
+    }
+    free(kc);
+    free(vc);
+}
+
+int ly_bufs_alloc(be *b, const ly_buf *bufs, size_t n, char *err, size_t errlen)
+{
+    int bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        *bufs[i].p = b->ops->alloc(b, bufs[i].n * 4);
+        bad |= !*bufs[i].p;
+    }
+    return bad ? err_set(err, errlen, "out of memory for activation buffers") : 0;
 }
 
 void ly_free(be *b, void *const *p, size_t n)

@@ -30,6 +30,11 @@ typedef struct ly_attn {
 void ly_attend(be *b, const ly_attn *a, float *q, float *k, float *v, void *kc, void *vc, const be_batch *bt,
                const wt *const *rope_bias, float *att);
 
+/* out[i] [T][w[i]->n_out] = w[i]·x + bias[i] (bias[i] NULL: none) for
+ * i < n: by the backend's matmul_n where it has one (one pass over x),
+ * else one matmul each. */
+void ly_matmuls(be *b, int n, const wt *const *w, const wt *const *bias, const float *x, int T, float *const *out);
+
 /* out [T][E] = Wd · (silu(Wg·x) ∘ Wu·x); hg, hu [T][n_ff] scratch. fused:
  * may take the backend's matmul_glu or matmul_n. */
 void ly_ffn_glu(be *b, const layer_w *L, const float *x, int T, int n_ff, int fused, float *hg, float *hu,
@@ -53,8 +58,9 @@ size_t ly_moe_vec(const hparams *hp);
 void ly_moe_desc(const model *m, int l, const be_moe *how, be_moe *d);
 /* NULL, or what ops o lack to run m's experts. */
 const char *ly_moe_lacks(const model *m, const be_ops *o);
-/* For a model with experts (nothing to do without): the layers' be_moe and
- * the scratch for batches of max_T, counted into *bytes (or NULL). */
+/* For a model with experts (nothing to do without; fw_open has checked the
+ * backend's ops): the layers' be_moe and the scratch for batches of max_T,
+ * counted into *bytes (or NULL). */
 int ly_moe_open(ly_moe *mo, be *b, const model *m, const be_moe *how, int max_T, size_t *bytes, char *err,
                 size_t errlen);
 void ly_moe_close(ly_moe *mo, be *b);
@@ -66,14 +72,23 @@ void ly_moe_ffn(be *b, const ly_moe *mo, int l, const float *x, int T, float *ou
 void ly_out_norm(be *b, const float *x, const wt *w, const int32_t *out_idx, int n_out, int E, float eps,
                  float *xo);
 
-/* Layer l's KV cache, kc[l] and vc[l] of n_pages pages (a sliding-window
- * layer with m->swa_ring set: max_seqs rings of that many rows), counted
- * into *bytes; -1 with err (naming the size). */
-int ly_kv_alloc(be *b, const model *m, int n_pages, int max_seqs, int l, void **kc, void **vc, size_t *bytes,
-                char *err, size_t errlen);
+/* The KV caches of every layer that attends (not layers[l].linear):
+ * (*kc)[l] and (*vc)[l] of n_pages pages (a sliding-window layer with
+ * m->swa_ring set: max_seqs rings of that many rows) ([n_layer], NULL
+ * elsewhere), counted into *bytes; -1 with err (naming the layer and size),
+ * what was allocated left for ly_kv_close. */
+int ly_kv_open(be *b, const model *m, int n_pages, int max_seqs, void ***kc, void ***vc, size_t *bytes,
+               char *err, size_t errlen);
 /* The batch layer l's cache takes: bt, or for a ring layer *ring (bt with
  * ring set, filled in here). */
 const be_batch *ly_kv_batch(const model *m, int l, const be_batch *bt, be_batch *ring);
+void ly_kv_close(be *b, const model *m, void **kc, void **vc);
+
+/* An activation buffer of n floats, allocated into *p by ly_bufs_alloc. */
+typedef struct ly_buf { float **p; size_t n; } ly_buf;
+/* Allocates bufs[0..n) on b: 0, or -1 with err when any failed (the others
+ * stay set, for the family's close to free). */
+int ly_bufs_alloc(be *b, const ly_buf *bufs, size_t n, char *err, size_t errlen);
 /* Frees the set ones of p[0..n). */
 void ly_free(be *b, void *const *p, size_t n);
 

@@ -22,7 +22,6 @@
 typedef struct llama_fw {
     fw base;
     float *x, *xb, *q, *k, *v, *att, *hg, *hu, *xo;
-    void **kc, **vc;           /* [n_layer] cache of each layer */
     ly_moe moe;                /* the experts, when the model has them */
 } llama_fw;
 
@@ -72,53 +71,29 @@ static void llama_close(fw *base)
     void *bufs[] = { f->x, f->xb, f->q, f->k, f->v, f->att, f->hg, f->hu, f->xo, base->lg };
     ly_free(b, bufs, sizeof bufs / sizeof bufs[0]);
     ly_moe_close(&f->moe, b);
-    for (int l = 0; l < base->m->hp.n_layer; l++) {
-        if (f->kc && f->kc[l]) b->ops->free(b, f->kc[l]);
-        if (f->vc && f->vc[l]) b->ops->free(b, f->vc[l]);
-    }
-    free(f->kc);
-    free(f->vc);
     free(f);
 }
 
-static int llama_open(fw **out, model *m, be *b, int max_T, int max_out, int n_pages, int max_seqs,
-                      char *err, size_t errlen)
+static int llama_open(fw **out, model *m, be *b, int max_T, int max_out, int max_seqs, char *err, size_t errlen)
 {
+    (void)max_seqs;
     const hparams *hp = &m->hp;
     llama_fw *f = calloc(1, sizeof *f);
     if (!f) return err_set(err, errlen, "out of memory for activation buffers");
     f->base = (fw){ .fam = &arch_llama, .m = m, .b = b };
     size_t T = (size_t)max_T, E = hp->n_embd, Q = (size_t)hp->n_head * hp->head_dim,
-           K = (size_t)hp->n_head_kv * hp->head_dim, F = hp->n_expert ? 1 : hp->n_ff;   /* (no dense FFN) */
-    f->x = b->ops->alloc(b, T * E * 4);
-    f->xb = b->ops->alloc(b, T * E * 4);
-    f->q = b->ops->alloc(b, T * Q * 4);
-    f->att = b->ops->alloc(b, T * Q * 4);
-    f->k = b->ops->alloc(b, T * K * 4);
-    f->v = b->ops->alloc(b, T * K * 4);
-    f->hg = b->ops->alloc(b, T * F * 4);
-    f->hu = b->ops->alloc(b, T * F * 4);
-    f->xo = b->ops->alloc(b, (size_t)max_out * E * 4);
-    f->base.xo = f->xo;
-    f->base.lg = b->ops->alloc(b, (size_t)max_out * hp->n_vocab * 4);
-    f->kc = calloc((size_t)hp->n_layer, sizeof *f->kc);
-    f->vc = calloc((size_t)hp->n_layer, sizeof *f->vc);
-    if (!f->x || !f->xb || !f->q || !f->att || !f->k || !f->v || !f->hg || !f->hu || !f->xo || !f->base.lg ||
-        !f->kc || !f->vc) {
-        err_set(err, errlen, "out of memory for activation buffers");
-        llama_close(&f->base);
-        return -1;
-    }
-    for (int l = 0; l < hp->n_layer; l++)
-        if (ly_kv_alloc(b, m, n_pages, max_seqs, l, f->kc, f->vc, &f->base.kv_bytes, err, errlen)) {
-            llama_close(&f->base);
-            return -1;
-        }
+           K = (size_t)hp->n_head_kv * hp->head_dim, F = hp->n_expert ? 1 : hp->n_ff,   /* (no dense FFN) */
+           O = (size_t)max_out;
+    const ly_buf bufs[] = { { &f->x, T * E }, { &f->xb, T * E }, { &f->q, T * Q }, { &f->att, T * Q },
+                            { &f->k, T * K }, { &f->v, T * K }, { &f->hg, T * F }, { &f->hu, T * F },
+                            { &f->xo, O * E }, { &f->base.lg, O * hp->n_vocab } };
     const be_moe silu_glu = { .act = BE_MOE_SILU };
-    if (ly_moe_open(&f->moe, b, m, &silu_glu, max_T, NULL, err, errlen)) {
+    if (ly_bufs_alloc(b, bufs, sizeof bufs / sizeof bufs[0], err, errlen) ||
+        ly_moe_open(&f->moe, b, m, &silu_glu, max_T, NULL, err, errlen)) {
         llama_close(&f->base);
         return -1;
     }
+    f->base.xo = f->xo;
     *out = &f->base;
     return 0;
 }
@@ -140,22 +115,16 @@ static void llama_attention(llama_fw *f, int l, const be_batch *bt)
     const wt *wqkv[3] = { &L->wq, &L->wk, &L->wv };
     /* (a backend may take the q/k/v matmuls and the rope in one go) */
     if (mb == none && o->qkv_rope &&
-        o->qkv_rope(b, wqkv, qkv_b, f->xb, f->q, f->k, f->v, f->kc[l], f->vc[l], bt, hp->n_head, hp->n_head_kv, HD,
-                    hp->n_rot, hp->rope_base, hp->rope_neox, freq_div)) {
-        o->attention(b, f->q, f->kc[l], f->vc[l], bt, hp->n_head, hp->n_head_kv, HD, f->att);
+        o->qkv_rope(b, wqkv, qkv_b, f->xb, f->q, f->k, f->v, f->base.kc[l], f->base.vc[l], bt, hp->n_head,
+                    hp->n_head_kv, HD, hp->n_rot, hp->rope_base, hp->rope_neox, freq_div)) {
+        o->attention(b, f->q, f->base.kc[l], f->base.vc[l], bt, hp->n_head, hp->n_head_kv, HD, f->att);
         return;
     }
-    if (o->matmul_n) {
-        float *outs[3] = { f->q, f->k, f->v };
-        o->matmul_n(b, 3, wqkv, mb, f->xb, T, outs);
-    } else {
-        o->matmul(b, &L->wq, mb[0], f->xb, T, f->q);
-        o->matmul(b, &L->wk, mb[1], f->xb, T, f->k);
-        o->matmul(b, &L->wv, mb[2], f->xb, T, f->v);
-    }
+    float *const qkv[3] = { f->q, f->k, f->v };
+    ly_matmuls(b, 3, wqkv, mb, f->xb, T, qkv);
     ly_attn a = { hp->n_head, hp->n_head_kv, HD, hp->n_rot, hp->rope_base, hp->rope_neox, freq_div,
                   L->q_norm.data ? &L->q_norm : NULL, L->q_norm.data ? &L->k_norm : NULL, hp->norm_eps, 1, 0, NULL, 0 };
-    ly_attend(b, &a, f->q, f->k, f->v, f->kc[l], f->vc[l], bt, mb == none ? qkv_b : NULL, f->att);
+    ly_attend(b, &a, f->q, f->k, f->v, f->base.kc[l], f->base.vc[l], bt, mb == none ? qkv_b : NULL, f->att);
 }
 
 static void llama_pass(fw *base, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out)

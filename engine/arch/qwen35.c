@@ -30,7 +30,6 @@ typedef struct fwq {
     fw base;
     int max_seqs;
     float *x, *xb, *big, *q, *gz, *att, *k, *v, *ga, *gb, *hg, *hu, *xo;
-    void **kc, **vc;            /* [n_layer]: full-attention layers only */
     float **conv, **ssm;        /* [n_layer]: linear layers only */
     float **conv_snap, **ssm_snap;  /* [n_layer]: n_snap copies of one slot's state */
     int n_snap;
@@ -127,8 +126,6 @@ static void q35_close(fw *base)
     void *bufs[] = { f->x, f->xb, f->big, f->q, f->gz, f->att, f->k, f->v, f->ga, f->gb, f->hg, f->hu, f->xo, base->lg };
     ly_free(b, bufs, sizeof bufs / sizeof bufs[0]);
     for (int l = 0; l < base->m->hp.n_layer; l++) {
-        if (f->kc && f->kc[l]) b->ops->free(b, f->kc[l]);
-        if (f->vc && f->vc[l]) b->ops->free(b, f->vc[l]);
         if (f->conv && f->conv[l]) b->ops->free(b, f->conv[l]);
         if (f->ssm && f->ssm[l]) b->ops->free(b, f->ssm[l]);
         if (f->conv_snap && f->conv_snap[l]) b->ops->free(b, f->conv_snap[l]);
@@ -138,8 +135,6 @@ static void q35_close(fw *base)
     free(f->ssm_snap);
     free(f->req);
     free(f->sv);
-    free(f->kc);
-    free(f->vc);
     free(f->conv);
     free(f->ssm);
     free(f->zero);
@@ -158,15 +153,10 @@ static void q35_seq_reset(fw *base, int slot)
     }
 }
 
-static int q35_open(fw **out, model *m, be *b, int max_T, int max_out, int n_pages, int max_seqs,
-                    char *err, size_t errlen)
+static int q35_open(fw **out, model *m, be *b, int max_T, int max_out, int max_seqs, char *err, size_t errlen)
 {
     const hparams *hp = &m->hp;
     const be_ops *o = b->ops;
-    *out = NULL;
-    if (q35_lacks(m, o))
-        return err_set(err, errlen, "the %s backend cannot run %s models yet (no linear-attention ops)", o->name,
-                       m->arch_name);
     if (max_seqs < 1) max_seqs = 1;
     fwq *f = calloc(1, sizeof *f);
     if (!f) return err_set(err, errlen, "out of memory for activation buffers");
@@ -176,23 +166,12 @@ static int q35_open(fw **out, model *m, be *b, int max_T, int max_out, int n_pag
            K = (size_t)hp->n_head_kv * hp->head_dim, F = hp->n_ff, NV = hp->ssm_nv,
            CD = (size_t)q35_conv_dim(hp), SV = (size_t)hp->ssm_nv * hp->ssm_dv;
     size_t big = 2 * Q > CD ? 2 * Q : CD, wide = Q > SV ? Q : SV;
-    f->x = o->alloc(b, T * E * 4);
-    f->xb = o->alloc(b, T * E * 4);
-    f->big = o->alloc(b, T * big * 4);
-    f->q = o->alloc(b, T * Q * 4);
-    f->gz = o->alloc(b, T * wide * 4);
-    f->att = o->alloc(b, T * wide * 4);
-    f->k = o->alloc(b, T * K * 4);
-    f->v = o->alloc(b, T * K * 4);
-    f->ga = o->alloc(b, T * NV * 4);
-    f->gb = o->alloc(b, T * NV * 4);
-    f->hg = o->alloc(b, T * F * 4);
-    f->hu = o->alloc(b, T * F * 4);
-    f->xo = o->alloc(b, (size_t)max_out * E * 4);
-    f->base.xo = f->xo;
-    f->base.lg = o->alloc(b, (size_t)max_out * hp->n_vocab * 4);
-    f->kc = calloc((size_t)hp->n_layer, sizeof *f->kc);
-    f->vc = calloc((size_t)hp->n_layer, sizeof *f->vc);
+    size_t O = (size_t)max_out;
+    const ly_buf bufs[] = { { &f->x, T * E }, { &f->xb, T * E }, { &f->big, T * big }, { &f->q, T * Q },
+                            { &f->gz, T * wide }, { &f->att, T * wide }, { &f->k, T * K }, { &f->v, T * K },
+                            { &f->ga, T * NV }, { &f->gb, T * NV }, { &f->hg, T * F }, { &f->hu, T * F },
+                            { &f->xo, O * E }, { &f->base.lg, O * hp->n_vocab } };
+    if (ly_bufs_alloc(b, bufs, sizeof bufs / sizeof bufs[0], err, errlen)) goto fail;
     f->conv = calloc((size_t)hp->n_layer, sizeof *f->conv);
     f->ssm = calloc((size_t)hp->n_layer, sizeof *f->ssm);
     f->conv_slot = (size_t)(hp->ssm_conv_k - 1) * CD;
@@ -206,17 +185,12 @@ static int q35_open(fw **out, model *m, be *b, int max_T, int max_out, int n_pag
     f->n_snap = 2 * max_seqs;
     while (f->n_snap > 0 && (size_t)f->n_snap * snap_bytes > SNAP_BUDGET) f->n_snap--;
     f->zero = calloc(f->conv_slot > f->ssm_slot ? f->conv_slot + 1 : f->ssm_slot + 1, sizeof(float));
-    if (!f->x || !f->xb || !f->big || !f->q || !f->gz || !f->att || !f->k || !f->v || !f->ga || !f->gb ||
-        !f->hg || !f->hu || !f->xo || !f->base.lg || !f->kc || !f->vc || !f->conv || !f->ssm || !f->zero ||
-        !f->conv_snap || !f->ssm_snap || !f->req || !f->sv) {
+    if (!f->conv || !f->ssm || !f->zero || !f->conv_snap || !f->ssm_snap || !f->req || !f->sv) {
         err_set(err, errlen, "out of memory for activation buffers");
         goto fail;
     }
     for (int l = 0; l < hp->n_layer; l++) {
-        if (!m->layers[l].linear) {
-            if (ly_kv_alloc(b, m, n_pages, max_seqs, l, f->kc, f->vc, &f->base.kv_bytes, err, errlen)) goto fail;
-            continue;
-        }
+        if (!m->layers[l].linear) continue;
         f->conv[l] = o->alloc(b, (size_t)max_seqs * f->conv_slot * 4 + 4);
         f->ssm[l] = o->alloc(b, (size_t)max_seqs * f->ssm_slot * 4);
         if (f->n_snap) {
@@ -230,6 +204,7 @@ static int q35_open(fw **out, model *m, be *b, int max_T, int max_out, int n_pag
         }
         f->base.kv_bytes += (size_t)(max_seqs + f->n_snap) * (f->conv_slot + f->ssm_slot) * 4;
     }
+    f->base.xo = f->xo;
     *out = &f->base;
     return 0;
 fail:
@@ -319,7 +294,7 @@ static void attn_layer(fwq *f, const layer_w *L, int l, const be_batch *bt)
     /* rope on the first n_rot dims, rotating halves; the plain ops */
     ly_attn a = { hp->n_head, hp->n_head_kv, HD, hp->n_rot, hp->rope_base, 1, NULL, &L->q_norm, &L->k_norm,
                   hp->norm_eps, 0, 0, NULL, 0 };
-    ly_attend(b, &a, f->q, f->k, f->v, f->kc[l], f->vc[l], bt, NULL, f->att);
+    ly_attend(b, &a, f->q, f->k, f->v, f->base.kc[l], f->base.vc[l], bt, NULL, f->att);
     o->sigmoid_mul(b, f->att, f->gz, (size_t)rows * HD);
     o->matmul(b, &L->wo, NULL, f->att, T, f->xb);
 }

@@ -1,5 +1,6 @@
-/* cuda.c — the CUDA backend (host side; kernels in shaders/).
- * Built only with -DANE_CUDA (make cuda).
+/* cuda.c — the CUDA backend (host side; kernels in shaders/; its state in
+ * cuda_be.h, its linear-attention ops in cuda_ssm.c, its mixture-of-experts
+ * op in cuda_moe.c). Built only with -DANE_CUDA (make cuda).
  *
  * Weights are uploaded once, in their GGUF block layouts (one copy per
  * distinct host pointer, so a tied output shares tok_embd's). Activations
@@ -35,107 +36,16 @@
  * course while a pass is recorded as a graph. */
 #ifdef ANE_CUDA
 
-#include "engine/backend/backend.h"
+#include "engine/backend/cuda_be.h"
 #include "engine/quant/qtypes.h"
-#include "shaders/kernels.h"
-#include "shaders/ssm.h"
 
-#include <cublas_v2.h>
-#include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define GRAPH_MAX_T 256        /* decode batches recorded as graphs */
 #define GEMM_MIN_T 9           /* outside a pass, batches of this many rows go to cuBLAS */
 #define ARGMAX_ROWS 4096
-
-/* an uploaded weight; dev16: its f16 copy for cuBLAS, made at first use
- * while device memory allows (no16: it did not); devb likewise, a q6_K
- * matrix in the batched kernel's layout (nob) */
-typedef struct upl { const void *data; void *dev; void *dev16; int no16; void *devb; int nob; } upl;
-
-typedef struct cu_be {
-    be base;
-    cudaStream_t st;
-    cublasHandle_t blas;
-    void *blas_ws;
-    int n_sm;
-    int failed;                /* a CUDA call failed: reported once */
-    /* uploaded weights */
-    upl *up; int n_up, cap_up;
-    size_t max_w_elems;        /* largest matrix, for the f16 / f32 scratch */
-    int64_t max_n_in;
-    void *w16; size_t w16_cap; /* bytes */
-    void *x16; size_t x16_cap;
-    void *x16b;                /* a second of x16_cap (the batched gate-and-up kernel reads one, writes the other) */
-    void *xq; size_t xq_cap;   /* int8 activations of the GEMV */
-    void *xq2;                 /* a second of xq_cap, for a kernel that reads one form and writes another */
-    /* per-step block: ids[cap_T] pos[cap_T] off[cap_T] slot[cap_T] pages[...];
-     * on the host two halves of step_cap ints, taken in turn (a pass may be
-     * staged while the one before it is queued), ev_step marking each
-     * half's copy done */
-    int32_t *h_step, *d_step;
-    cudaEvent_t ev_step[2];
-    int step_half, step_used[2];
-    size_t step_cap;           /* int32s */
-    int cap_T;
-    const be_batch *cur_bt;
-    const int32_t *cur_ids;
-    int in_step, n_dec;        /* inside fw's pass: its decode rows */
-    float *part;               /* attention partials: att_rows rows of att_maxs spans */
-    size_t part_cap;           /* floats */
-    int att_maxs;              /* spans per (token, head) row of part */
-    int att_rows;              /* (token, head) rows of part: 2*n_sm, more for grouped decode batches */
-    int att_grp;               /* grouped attention's blocks per SM (4; 0: never grouped) */
-    int att_mma;               /* grouped attention on tensor cores: 1 for decode batches past CK_GEMV_MAX_T
-                                * (not invariant), 2 always, 0 never */
-    int att_mma_bps;           /* its blocks per SM (1: a block's 4 warps hold 136 KiB of stages) */
-    int invariant;             /* decode rows always by GEMV (be_opts.deterministic) */
-    int cache16;               /* keep f16 copies of quantized weights (unless be_opts.f16_cache_off) */
-    void *mmqb_part; int *mmqb_cnt;   /* the batched kernel's split-K scratch (CK_MMQB_PART bytes, CK_MMQB_CNT counters) */
-    ck_feat feat;              /* what the device and this build offer (ck_feat_probe) */
-    /* be_cuda_force_set's (tests; the defaults otherwise) */
-    int fuse;                  /* fused kernels, matmul inputs written ahead (debug switch ANE_CUDA_FUSE=0: off) */
-    int gemv_all;              /* every matmul row by the GEMV */
-    int glu;                   /* gate, up and silu_mul in one launch where it applies */
-    int rope_att_always;       /* decode rope inside the attention after any q/k/v set, not only small ones */
-    const float *xq_src;       /* xq holds the int8 form of xq_src [xq_rows][xq_n], or nothing */
-    const float *x16_src;      /* x16 holds the f16 form of x16_src [x16_rows][x16_n], or nothing */
-    int x16_rows, x16_n;
-    int xq_rows, xq_n;
-    int q_n[8], n_q_n;         /* widths (n_in) of the int8 matrices */
-    int h_n[8], n_h_n;         /* widths of the quantized matrices (f16 GEMM inputs) */
-    /* rope angles of the pass's tokens, computed by its first rope_kv and
-     * read by the later layers' (same base, dims and divisors) */
-    void *rope_tab; size_t rope_cap;   /* bytes */
-    float rope_base; int rope_rot; const void *rope_fd; int rope_have;
-    const float *mm_out;       /* the last matmul's output [mm_rows][mm_n] (silu_mul's rows) */
-    size_t mm_bytes;           /* the weight bytes of the last matmul_n's set */
-    int mm_rows, mm_n;
-    /* graphs */
-    cudaGraphExec_t graph[GRAPH_MAX_T + 1];
-    unsigned char seen[GRAPH_MAX_T + 1];
-    int capturing, cap_graph_T;
-    /* host staging for logits; argmax ids */
-    void *h_out; size_t h_out_cap;
-    int32_t *d_ids_out, *h_ids_out;
-    /* argmax_queue: up to two passes' ids on their way to the host (h_ids_q
-     * halves of BE_QUEUE_ROWS), oldest at ids_head */
-    int32_t *h_ids_q;
-    cudaEvent_t ev_ids[2];
-    int ids_head, ids_n;
-    void *d_amax;              /* argmax partials: CK_ARGMAX_PART bytes */
-} cu_be;
-
-static int ok(cu_be *c, cudaError_t e, const char *what)
-{
-    if (e == cudaSuccess) return 1;
-    if (!c->failed) fprintf(stderr, "cuda backend: %s: %s\n", what, cudaGetErrorString(e));
-    c->failed = 1;
-    return 0;
-}
 
 static void *cu_alloc(be *b, size_t n)
 {
@@ -147,18 +57,6 @@ static void *cu_alloc(be *b, size_t n)
         return NULL;
     }
     return p;
-}
-
-/* Tags say which activations the int8 (xq) and f16 (x16) scratches hold,
- * so that matmuls on the same input convert it once; every op that writes
- * device memory clears them (or checks the overlap: tag_written). */
-static void tag_set(cu_be *c, const float *x, int rows, int n) { c->xq_src = x; c->xq_rows = rows; c->xq_n = n; }
-static void tag16_set(cu_be *c, const float *x, int rows, int n) { c->x16_src = x; c->x16_rows = rows; c->x16_n = n; }
-
-static void tag_clear(cu_be *c)
-{
-    tag_set(c, NULL, 0, 0);
-    tag16_set(c, NULL, 0, 0);
 }
 
 static int tag_is(const cu_be *c, const float *x, int rows, int n)
@@ -391,13 +289,11 @@ static int stage(cu_be *c, const int32_t *ids, int T, const be_batch *bt)
 }
 
 static const int32_t *d_ids(cu_be *c) { return c->d_step; }
-static const int32_t *d_pos(cu_be *c) { return c->d_step + c->cap_T; }
 static const int32_t *d_off(cu_be *c) { return c->d_step + 2 * c->cap_T; }
-static const int32_t *d_slot(cu_be *c) { return c->d_step + 3 * c->cap_T; }
 static const int32_t *d_pages(cu_be *c) { return c->d_step + 4 * c->cap_T; }
 
 /* Makes bt current (outside a step: uploads it now). */
-static void use_batch(cu_be *c, const be_batch *bt)
+void cu_use_batch(cu_be *c, const be_batch *bt)
 {
     if (bt == c->cur_bt && c->cur_bt) return;
     stage(c, NULL, bt->T, bt);
@@ -835,7 +731,7 @@ static int gemm_rows(cu_be *c, const wt *w, const float *bv, const float *x, int
     return 0;
 }
 
-static void cu_matmul(be *b, const wt *w, const wt *bias, const float *x, int T, float *out)
+void cu_matmul(be *b, const wt *w, const wt *bias, const float *x, int T, float *out)
 {
     cu_be *c = (cu_be *)b;
     const float *bv = bias && bias->data ? bias->dev : NULL;
@@ -976,7 +872,7 @@ static void cu_layernorm(be *b, const float *x, const wt *w, const wt *bias, int
 static void cu_add_pos(be *b, float *x, const wt *table, const be_batch *bt, int n)
 {
     cu_be *c = (cu_be *)b;
-    use_batch(c, bt);
+    cu_use_batch(c, bt);
     tag_clear(c);
     int kind = table->type == QT_F16 ? 1 : table->type == QT_BF16 ? 2 : 0;
     ck_add_pos(c->st, x, table->dev, kind, table->row_bytes, d_pos(c), bt->T, n);
@@ -1010,7 +906,7 @@ static void cu_rope(be *b, float *x, const be_batch *bt, int n_heads, int head_d
 {
     cu_be *c = (cu_be *)b;
     tag_clear(c);
-    use_batch(c, bt);
+    cu_use_batch(c, bt);
     ck_rope(c->st, x, d_pos(c), bt->T, n_heads, head_dim, n_rot, base, rope_mode(neox, n_rot, fd),
             fd && fd->data ? fd->dev : NULL);
 }
@@ -1019,7 +915,7 @@ static void cu_kv_store(be *b, void *kc, void *vc, const be_batch *bt, int kv_di
 {
     cu_be *c = (cu_be *)b;
     tag_clear(c);
-    use_batch(c, bt);
+    cu_use_batch(c, bt);
     ck_kv_store(c->st, kc, vc, b->kv_type, d_pos(c), d_off(c), d_pages(c), bt->T, kv_dim, k, v);
 }
 
@@ -1052,7 +948,7 @@ static void cu_rope_kv(be *b, float *q, float *k, float *v, void *kc, void *vc, 
         return;
     }
     tag_clear(c);
-    use_batch(c, bt);
+    cu_use_batch(c, bt);
     const float *fdd = fd && fd->data ? fd->dev : NULL;
     /* the angles: from the table when this pass's first rope_kv (same
      * base, dims, divisors) wrote it; else computed, and written when the
@@ -1079,7 +975,7 @@ static void cu_rope_kv(be *b, float *q, float *k, float *v, void *kc, void *vc, 
 static void att_run(cu_be *c, const float *q, const void *kc, const void *vc, const be_batch *bt, int n_head,
                     int n_head_kv, int head_dim, float *out, const ck_rope_in *rp)
 {
-    use_batch(c, bt);
+    cu_use_batch(c, bt);
     int ns = att_spans(bt);
     int G = att_room(c, ns) ? 1 : att_blocks(c, bt->T, ns, n_head, head_dim);
     /* tensor cores where the matmuls leave the batch-invariance promise too */
@@ -1106,7 +1002,7 @@ static void cu_attention_ex(be *b, const float *q, const void *kc, const void *v
         att_run(c, q, kc, vc, bt, n_head, n_head_kv, head_dim, out, NULL);
         return;
     }
-    use_batch(c, bt);
+    cu_use_batch(c, bt);
     tag_clear(c);
     float scale = ex->scale != 0 ? ex->scale : 1.0f / sqrtf((float)head_dim);
     ck_attention_ex(c->st, q, kc, vc, b->kv_type == BE_KV_F16, d_pos(c), d_off(c), d_pages(c), bt->T, n_head, n_head_kv,
@@ -1157,7 +1053,7 @@ static int cu_qkv_rope(be *b, const wt *const *w, const wt *const *bias, const f
     const void *W[3] = { w[0]->dev, w[1]->dev, w[2]->dev };
     int no[3] = { (int)w[0]->n_out, (int)w[1]->n_out, (int)w[2]->n_out };
     float *outs[3] = { q, k, v };
-    use_batch(c, bt);
+    cu_use_batch(c, bt);
     ck_qkv_rope r = { bias_dev(bias, 0), bias_dev(bias, 1), bias_dev(bias, 2), c->rope_tab, d_pos(c), d_off(c),
                       d_pages(c), kc, vc, b->kv_type == BE_KV_F16, head_dim, n_rot, rope_mode(neox, n_rot, freq_div),
                       n_head_kv, base, fdd };
@@ -1207,166 +1103,6 @@ static void cu_argmax_take(be *b, int32_t *ids, int rows)
     memcpy(ids, c->h_ids_q + (size_t)s2 * BE_QUEUE_ROWS, (size_t)rows * 4);
     c->ids_head ^= 1;
     c->ids_n--;
-}
-
-/* ---- linear-attention ops (shaders/ssm.cu) ---- */
-
-static void cu_copy_rows(be *b, float *dst, size_t ds, const float *src, size_t ss, int rows, int n)
-{
-    tag_clear((cu_be *)b);
-    cs_copy_rows(((cu_be *)b)->st, dst, ds, src, ss, rows, n);
-}
-
-static void cu_sigmoid_mul(be *b, float *x, const float *g, size_t n)
-{
-    tag_clear((cu_be *)b);
-    cs_sigmoid_mul(((cu_be *)b)->st, x, g, n);
-}
-
-static void cu_rmsnorm_gated(be *b, const float *x, const float *z, const wt *w, int rows, int n, float eps,
-                             float *out)
-{
-    tag_clear((cu_be *)b);
-    cs_rmsnorm_gated(((cu_be *)b)->st, x, z, w->dev, rows, n, eps, out);
-}
-
-static int ssm_fail(cu_be *c, const char *what)
-{
-    if (!c->failed) fprintf(stderr, "cuda backend: %s\n", what);
-    c->failed = 1;
-    return -1;
-}
-
-/* Save points need the host batch: never inside a recorded pass. */
-static int ssm_ready(cu_be *c, const be_batch *bt, int n_sv)
-{
-    tag_clear(c);
-    if (!bt->slot) return ssm_fail(c, "recurrent op without sequence slots");
-    if (n_sv > 0 && c->capturing) return ssm_fail(c, "save points in a recorded pass");
-    use_batch(c, bt);
-    return 0;
-}
-
-/* The batch is run in segments t0..t1-1 that end at tokens with save points. */
-static int ssm_seg_end(const be_batch *bt, int t0, const be_save *sv, int n_sv)
-{
-    for (int t = t0; t < bt->T; t++)
-        for (int i = 0; i < n_sv; i++)
-            if (sv[i].slot == bt->slot[t] && sv[i].pos == bt->pos[t] + 1) return t + 1;
-    return bt->T;
-}
-
-/* After a segment ending at token t1-1: the state of the save points there. */
-static void ssm_saves(cu_be *c, const be_batch *bt, int t1, const be_save *sv, int n_sv, const float *state,
-                      size_t slot_floats)
-{
-    int t = t1 - 1;
-    for (int i = 0; i < n_sv; i++)
-        if (sv[i].slot == bt->slot[t] && sv[i].pos == bt->pos[t] + 1 && slot_floats)
-            ok(c, cudaMemcpyAsync(sv[i].dst, state + (size_t)sv[i].slot * slot_floats, slot_floats * 4,
-                                  cudaMemcpyDeviceToDevice, c->st), "save point");
-}
-
-static void cu_conv1d_silu(be *b, const float *x, const wt *w, float *state, const be_batch *bt, int C, int K,
-                           const be_save *sv, int n_sv, float *out)
-{
-    cu_be *c = (cu_be *)b;
-    if (ssm_ready(c, bt, n_sv)) return;
-    for (int t0 = 0; t0 < bt->T;) {
-        int t1 = n_sv > 0 ? ssm_seg_end(bt, t0, sv, n_sv) : bt->T;
-        if (cs_conv1d_silu(c->st, x, w->dev, state, d_pos(c), d_slot(c), t0, t1, C, K, out)) {
-            ssm_fail(c, "conv1d: unsupported kernel size");
-            return;
-        }
-        if (n_sv > 0) ssm_saves(c, bt, t1, sv, n_sv, state, (size_t)(K - 1) * C);
-        t0 = t1;
-    }
-}
-
-static void cu_deltanet(be *b, const float *qkv, size_t stride, const float *a, const float *bb, const wt *A,
-                        const wt *dt_bias, float *state, const be_batch *bt, int nk, int nv, int dk, int dv,
-                        float eps, const be_save *sv, int n_sv, float *out)
-{
-    cu_be *c = (cu_be *)b;
-    if (ssm_ready(c, bt, n_sv)) return;
-    for (int t0 = 0; t0 < bt->T;) {
-        int t1 = n_sv > 0 ? ssm_seg_end(bt, t0, sv, n_sv) : bt->T;
-        if (cs_deltanet(c->st, qkv, stride, a, bb, A->dev, dt_bias->dev, state, d_pos(c), d_slot(c), t0, t1, nk,
-                        nv, dk, dv, eps, out)) {
-            ssm_fail(c, "deltanet: unsupported head size");
-            return;
-        }
-        if (n_sv > 0) ssm_saves(c, bt, t1, sv, n_sv, state, (size_t)nv * dk * dv);
-        t0 = t1;
-    }
-}
-
-/* ---- mixture of experts (shaders/moe.cu) ---- */
-
-/* The scratch of cu_moe for max_T tokens, in 256-byte aligned parts. */
-typedef struct cmoe_lay { size_t lg, ids, wts, first, slot, pair, tiles, nt, hg, hu, y, total; } cmoe_lay;
-
-static size_t al256(size_t n) { return (n + 255) & ~(size_t)255; }
-
-static void cmoe_layout(const be_moe *m, int max_T, cmoe_lay *L)
-{
-    size_t T = (size_t)(max_T > 0 ? max_T : 1), N = T * (size_t)m->n_used, X = (size_t)m->n_expert,
-           F = (size_t)m->n_ff, E = (size_t)(m->down->n_out / m->n_expert), o = 0;
-    L->lg = o;    o += al256(T * X * 4);
-    L->ids = o;   o += al256(N * 4);
-    L->wts = o;   o += al256(N * 4);
-    L->first = o; o += al256((X + 1) * 4);
-    L->slot = o;  o += al256(N * 4);
-    L->pair = o;  o += al256(N * 4);
-    L->tiles = o; o += al256((size_t)ck_moe_max_tiles(N, X) * 3 * 4);
-    L->nt = o;    o += 256;
-    L->hg = o;    o += al256(N * F * 4);
-    L->hu = o;    o += al256(N * F * 4);
-    L->y = o;     o += al256(N * E * 4);
-    L->total = o;
-}
-
-static size_t cu_moe_scratch(be *b, const be_moe *m, int max_T)
-{
-    (void)b;
-    cmoe_lay L;
-    cmoe_layout(m, max_T, &L);
-    return L.total;
-}
-
-static const float *dev_or_null(const wt *w) { return w && w->data ? w->dev : NULL; }
-
-static void cu_moe(be *b, const be_moe *m, const float *x, int T, void *scratch, float *out)
-{
-    cu_be *c = (cu_be *)b;
-    if (T <= 0) return;
-    cmoe_lay L;
-    cmoe_layout(m, T, &L);
-    char *s = scratch;
-    float *lg = (float *)(s + L.lg), *wts = (float *)(s + L.wts), *hg = (float *)(s + L.hg),
-          *hu = (float *)(s + L.hu), *y = (float *)(s + L.y);
-    int32_t *ids = (int32_t *)(s + L.ids), *first = (int32_t *)(s + L.first), *slot = (int32_t *)(s + L.slot),
-            *pair = (int32_t *)(s + L.pair), *tiles = (int32_t *)(s + L.tiles), *nt = (int32_t *)(s + L.nt);
-    int X = m->n_expert, K = m->n_used, N = T * K, F = m->n_ff, E = (int)(m->down->n_out / X);
-    int E_in = (int)m->gate->n_in, mt = ck_moe_max_tiles(N, X);
-    /* decode-sized batches (and every batch when deterministic) by the
-     * warp-per-row kernel, as the dense matmuls take the GEMV up to
-     * CK_GEMV_MAX_T tokens: a token's bits are the same alone or in any
-     * such batch; its grid needs no more tiles than slots */
-    int mv = T <= CK_GEMV_MAX_T || c->invariant, mvt = mv && N < mt ? N : mt;
-    cu_matmul(b, m->router, m->router_b, x, T, lg);
-    tag_clear(c);
-    ck_moe_route(c->st, lg, T, X, K, m->gating, m->norm, m->scale, ids, wts);
-    ck_moe_group(c->st, ids, N, X, first, slot, pair, tiles, nt);
-    ck_moe_mm(c->st, m->gate->type, m->gate->dev, m->gate->row_bytes, E_in, F, x, 1, K, pair, tiles, nt, mvt,
-              dev_or_null(m->gate_b), hg, mv);
-    ck_moe_mm(c->st, m->up->type, m->up->dev, m->up->row_bytes, E_in, F, x, 1, K, pair, tiles, nt, mvt,
-              dev_or_null(m->up_b), hu, mv);
-    ck_moe_act(c->st, hg, hu, (size_t)N * F, m->act, m->alpha, m->limit);
-    ck_moe_mm(c->st, m->down->type, m->down->dev, m->down->row_bytes, F, E, hg, 0, K, pair, tiles, nt, mvt,
-              dev_or_null(m->down_b), y, mv);
-    ck_moe_combine(c->st, y, slot, wts, T, K, E, out);
-    tag_clear(c);
 }
 
 static const be_ops cuda_ops = {

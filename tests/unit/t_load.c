@@ -888,16 +888,17 @@ static void test_moe_files(void)
     CHECKF(load_in_child("tests/fixtures/models/qwen3moe-tiny.bf16.gguf", 30, err, sizeof err) == 0, "%s", err);
 }
 
-/* The qwen3moe-tiny directory with config.json's field set to the JSON v. */
-static void hf_moe_with(char *dir, size_t n, const char *field, const char *v)
+/* A copy of the directory tests/fixtures/hf/<name> with config.json's field
+ * set to the JSON v ("(absent)": removed; NULL: as it is). */
+static void hf_copy_with(char *dir, size_t n, const char *name, const char *field, const char *v)
 {
     static int seq;
     static const char *files[] = { "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json" };
-    snprintf(dir, n, "%s/hfmoe%d", tmp, seq++);
+    snprintf(dir, n, "%s/hf-%s%d", tmp, name, seq++);
     mkdir(dir, 0755);
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         char a[512], b[512];
-        snprintf(a, sizeof a, "%s/%s", FIXTURE("hf/qwen3moe-tiny"), files[i]);
+        snprintf(a, sizeof a, "%s/%s/%s", FIXTURE("hf"), name, files[i]);
         snprintf(b, sizeof b, "%s/%s", dir, files[i]);
         if (copy_file(a, b)) fprintf(stderr, "cannot copy %s\n", a);
     }
@@ -905,17 +906,34 @@ static void hf_moe_with(char *dir, size_t n, const char *field, const char *v)
     snprintf(p, sizeof p, "%s/config.json", dir);
     json_error_t je;
     json_t *c = json_load_file(p, 0, &je);
-    if (v) json_object_set_new(c, field, json_loads(v, JSON_DECODE_ANY, &je));
+    if (v && !strcmp(v, "(absent)")) json_object_del(c, field);
+    else if (v) json_object_set_new(c, field, json_loads(v, JSON_DECODE_ANY, &je));
     json_dump_file(c, p, 0);
     json_decref(c);
 }
 
-static void test_hf_moe(void)
+/* A config.json field set to json, and what the refusal names (n1, n2). */
+typedef struct hf_bad { const char *field, *json, *n1, *n2; } hf_bad;
+
+/* The copy of tests/fixtures/hf/<name> loads; with each of bad[0..n) it is
+ * refused, naming the directory and n1, n2. */
+static void hf_refusals(const char *name, const hf_bad *bad, size_t n)
 {
     char dir[256], err[512];
-    hf_moe_with(dir, sizeof dir, "num_local_experts", NULL);
+    hf_copy_with(dir, sizeof dir, name, "", NULL);
     CHECKF(load_in_child(dir, 30, err, sizeof err) == 0, "the copied directory must load: %s", err);
-    static const struct { const char *field, *json, *n1, *n2; } bad[] = {
+    for (size_t i = 0; i < n; i++) {
+        hf_copy_with(dir, sizeof dir, name, bad[i].field, bad[i].json);
+        char what[256];
+        snprintf(what, sizeof what, "config.json %s: %s", bad[i].field, bad[i].json);
+        expect_child_refused(dir, what, bad[i].n1, bad[i].n2);
+        expect_child_refused(dir, what, dir, NULL);
+    }
+}
+
+static void test_hf_moe(void)
+{
+    static const hf_bad bad[] = {
         { "num_experts_per_tok", "9", "num_experts_per_tok", "[1, 8]" },
         { "num_experts_per_tok", "0", "num_experts_per_tok", "[1, 8]" },
         { "num_local_experts", "16", "8 of its 16 experts", "num_experts" },
@@ -924,13 +942,7 @@ static void test_hf_moe(void)
         { "mlp_only_layers", "[0]", "mlp_only_layers", "expected []" },
         { "norm_topk_prob", "1", "norm_topk_prob", "true or false" },
     };
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        hf_moe_with(dir, sizeof dir, bad[i].field, bad[i].json);
-        char what[128];
-        snprintf(what, sizeof what, "config.json %s: %s", bad[i].field, bad[i].json);
-        expect_child_refused(dir, what, bad[i].n1, bad[i].n2);
-        expect_child_refused(dir, what, dir, NULL);
-    }
+    hf_refusals("qwen3moe-tiny", bad, sizeof bad / sizeof bad[0]);
 }
 
 /* gpt-oss: its own keys and tensors, each spoiled in a copy of the file */
@@ -967,35 +979,9 @@ static void test_gptoss_files(void)
     expect_refused(&s, "gemma3 yarn", "gemma3.rope.scaling.type", "(expected none or linear)");
 }
 
-/* The gptoss-tiny directory with config.json's field set to the JSON v. */
-static void hf_gptoss_with(char *dir, size_t n, const char *field, const char *v)
-{
-    static int seq;
-    static const char *files[] = { "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json" };
-    snprintf(dir, n, "%s/hfoss%d", tmp, seq++);
-    mkdir(dir, 0755);
-    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
-        char a[512], b[512];
-        snprintf(a, sizeof a, "%s/%s", FIXTURE("hf/gptoss-tiny"), files[i]);
-        snprintf(b, sizeof b, "%s/%s", dir, files[i]);
-        if (copy_file(a, b)) fprintf(stderr, "cannot copy %s\n", a);
-    }
-    char p[512];
-    snprintf(p, sizeof p, "%s/config.json", dir);
-    json_error_t je;
-    json_t *c = json_load_file(p, 0, &je);
-    if (v && !strcmp(v, "(absent)")) json_object_del(c, field);
-    else if (v) json_object_set_new(c, field, json_loads(v, JSON_DECODE_ANY, &je));
-    json_dump_file(c, p, 0);
-    json_decref(c);
-}
-
 static void test_hf_gptoss(void)
 {
-    char dir[256], err[512];
-    hf_gptoss_with(dir, sizeof dir, "sliding_window", NULL);
-    CHECKF(load_in_child(dir, 30, err, sizeof err) == 0, "the copied directory must load: %s", err);
-    static const struct { const char *field, *json, *n1, *n2; } bad[] = {
+    static const hf_bad bad[] = {
         { "sliding_window", "(absent)", "sliding_window", "missing" },
         { "layer_types", "[\"full_attention\", \"sliding_attention\"]", "layer_types[0]", "sliding_attention" },
         { "layer_types", "[\"sliding_attention\"]", "layer_types", "num_hidden_layers 2" },
@@ -1008,13 +994,7 @@ static void test_hf_gptoss(void)
         { "intermediate_size", "32", "gate_up_proj has shape [4, 64, 128]", "expected [4, 64, 64]" },
         { "num_local_experts", "8", "gate_up_proj has shape [4, 64, 128]", "expected [8, 64, 128]" },
     };
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        hf_gptoss_with(dir, sizeof dir, bad[i].field, bad[i].json);
-        char what[256];
-        snprintf(what, sizeof what, "config.json %s: %s", bad[i].field, bad[i].json);
-        expect_child_refused(dir, what, bad[i].n1, bad[i].n2);
-        expect_child_refused(dir, what, dir, NULL);
-    }
+    hf_refusals("gptoss-tiny", bad, sizeof bad / sizeof bad[0]);
 }
 
 static int copy_stories(char *path, size_t n)

@@ -1,0 +1,77 @@
+/* cuda_moe.c — the CUDA backend's mixture-of-experts op (host side;
+ * kernels in shaders/moe.cu): the router by cu_matmul, then routing,
+ * grouping by expert, the experts' matmuls and the weighted sum on the
+ * device, in one scratch laid out by cmoe_layout. */
+#ifdef ANE_CUDA
+
+#include "engine/backend/cuda_be.h"
+
+/* The scratch of cu_moe for max_T tokens, in 256-byte aligned parts. */
+typedef struct cmoe_lay { size_t lg, ids, wts, first, slot, pair, tiles, nt, hg, hu, y, total; } cmoe_lay;
+
+static size_t al256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+static void cmoe_layout(const be_moe *m, int max_T, cmoe_lay *L)
+{
+    size_t T = (size_t)(max_T > 0 ? max_T : 1), N = T * (size_t)m->n_used, X = (size_t)m->n_expert,
+           F = (size_t)m->n_ff, E = (size_t)(m->down->n_out / m->n_expert), o = 0;
+    L->lg = o;    o += al256(T * X * 4);
+    L->ids = o;   o += al256(N * 4);
+    L->wts = o;   o += al256(N * 4);
+    L->first = o; o += al256((X + 1) * 4);
+    L->slot = o;  o += al256(N * 4);
+    L->pair = o;  o += al256(N * 4);
+    L->tiles = o; o += al256((size_t)ck_moe_max_tiles(N, X) * 3 * 4);
+    L->nt = o;    o += 256;
+    L->hg = o;    o += al256(N * F * 4);
+    L->hu = o;    o += al256(N * F * 4);
+    L->y = o;     o += al256(N * E * 4);
+    L->total = o;
+}
+
+size_t cu_moe_scratch(be *b, const be_moe *m, int max_T)
+{
+    (void)b;
+    cmoe_lay L;
+    cmoe_layout(m, max_T, &L);
+    return L.total;
+}
+
+static const float *dev_or_null(const wt *w) { return w && w->data ? w->dev : NULL; }
+
+void cu_moe(be *b, const be_moe *m, const float *x, int T, void *scratch, float *out)
+{
+    cu_be *c = (cu_be *)b;
+    if (T <= 0) return;
+    cmoe_lay L;
+    cmoe_layout(m, T, &L);
+    char *s = scratch;
+    float *lg = (float *)(s + L.lg), *wts = (float *)(s + L.wts), *hg = (float *)(s + L.hg),
+          *hu = (float *)(s + L.hu), *y = (float *)(s + L.y);
+    int32_t *ids = (int32_t *)(s + L.ids), *first = (int32_t *)(s + L.first), *slot = (int32_t *)(s + L.slot),
+            *pair = (int32_t *)(s + L.pair), *tiles = (int32_t *)(s + L.tiles), *nt = (int32_t *)(s + L.nt);
+    int X = m->n_expert, K = m->n_used, N = T * K, F = m->n_ff, E = (int)(m->down->n_out / X);
+    int E_in = (int)m->gate->n_in, mt = ck_moe_max_tiles(N, X);
+    /* decode-sized batches (and every batch when deterministic) by the
+     * warp-per-row kernel, as the dense matmuls take the GEMV up to
+     * CK_GEMV_MAX_T tokens: a token's bits are the same alone or in any
+     * such batch; its grid needs no more tiles than slots */
+    int mv = T <= CK_GEMV_MAX_T || c->invariant, mvt = mv && N < mt ? N : mt;
+    cu_matmul(b, m->router, m->router_b, x, T, lg);
+    tag_clear(c);
+    ck_moe_route(c->st, lg, T, X, K, m->gating, m->norm, m->scale, ids, wts);
+    ck_moe_group(c->st, ids, N, X, first, slot, pair, tiles, nt);
+    ck_moe_mm(c->st, m->gate->type, m->gate->dev, m->gate->row_bytes, E_in, F, x, 1, K, pair, tiles, nt, mvt,
+              dev_or_null(m->gate_b), hg, mv);
+    ck_moe_mm(c->st, m->up->type, m->up->dev, m->up->row_bytes, E_in, F, x, 1, K, pair, tiles, nt, mvt,
+              dev_or_null(m->up_b), hu, mv);
+    ck_moe_act(c->st, hg, hu, (size_t)N * F, m->act, m->alpha, m->limit);
+    ck_moe_mm(c->st, m->down->type, m->down->dev, m->down->row_bytes, F, E, hg, 0, K, pair, tiles, nt, mvt,
+              dev_or_null(m->down_b), y, mv);
+    ck_moe_combine(c->st, y, slot, wts, T, K, E, out);
+    tag_clear(c);
+}
+
+#else
+typedef int backend_cuda_moe_unused;   /* CPU-only builds: nothing here */
+#endif
