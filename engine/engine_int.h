@@ -60,6 +60,9 @@ typedef struct job {
     eng_sampling s;
     uint64_t rng;
     int top_n;
+    int lp, n_lp;                /* logprobs: report them, with n_lp alternatives */
+    int echo, prompt_only;       /* prompt tokens as events (logits at every prompt
+                                    position, no prefix reuse); nothing generated */
     struct gram *gram;           /* output grammar (NULL: none) and its parse state */
     struct gram_match *gm;
     char **stop; size_t *stop_len; size_t n_stop;

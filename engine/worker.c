@@ -61,8 +61,8 @@ static int admit(eng *e, job *j, job *prev)
     int n_known = j->evicted ? j->n_fill : j->n_prompt;
     int max_reuse = j->evicted ? j->n_fill / KV_PAGE : (j->n_prompt - 1) / KV_PAGE;
     int reuse = 0, snap = -1, snap_len = 0;
-    /* eval needs every position's logits, unless they were given before an eviction */
-    if ((j->kind == ENG_JOB_GENERATE || j->evicted) && (!e->m->recurrent || e->snaps))
+    /* eval and echo need every position's logits, unless they were given before an eviction */
+    if (((j->kind == ENG_JOB_GENERATE && !j->echo) || j->evicted) && (!e->m->recurrent || e->snaps))
         reuse = kvc_match(e->kv, j->toks, n_known, max_reuse, j->pages);
     if (e->m->recurrent && reuse > 0) {
         /* recurrent layers resume only from a saved state: cut the reuse
@@ -368,7 +368,34 @@ static int grammar_mask(eng *e, job *j, float *lg)
     return 0;
 }
 
-static void emit_token(eng *e, job *j, int32_t id, int *finished, eng_finish *why)
+/* The log-probabilities an event carries (logprobs): chosen's and the
+ * job's n_lp likeliest, from lg as given. */
+static void ev_logprobs(eng *e, job *j, eng_event *ev, const float *lg, int32_t chosen)
+{
+    int32_t nv = e->m->hp.n_vocab, n = j->n_lp < nv ? j->n_lp : nv;
+    if (n > 0) {
+        ev->lp_ids = malloc((size_t)n * sizeof *ev->lp_ids);
+        ev->lp_vals = malloc((size_t)n * sizeof *ev->lp_vals);
+        if (!ev->lp_ids || !ev->lp_vals) n = 0;
+    }
+    ev->logprob = sampler_logprobs(lg, nv, chosen, n, ev->lp_ids, ev->lp_vals);
+    ev->n_lp = n;
+    ev->has_logprob = 1;
+}
+
+/* echo: the prompt token at pos; lg (NULL for the first token) are the
+ * logits of the position before it. */
+static void emit_prompt_token(eng *e, job *j, int pos, const float *lg)
+{
+    eng_event *ev = ev_new(ENG_EV_PROMPT_TOKEN, j);
+    if (!ev) return;
+    ev->pos = pos;
+    ev->token = j->toks[pos];
+    if (lg && j->lp) ev_logprobs(e, j, ev, lg, ev->token);
+    ev_push(e, ev);
+}
+
+static void emit_token(eng *e, job *j, int32_t id, const float *lg, int *finished, eng_finish *why)
 {
     const tok *t = e->m->tok;
     j->toks[j->n_tok++] = id;
@@ -411,6 +438,7 @@ static void emit_token(eng *e, job *j, int32_t id, int *finished, eng_finish *wh
     eng_event *ev = ev_new(ENG_EV_TOKEN, j);
     if (ev) {
         ev->token = id;
+        if (j->lp) ev_logprobs(e, j, ev, lg, id);
         ev->text = text ? text : calloc(1, 1);
         ev->text_len = text ? out_len : 0;
         if (j->tc && j->tc_reason_len) {
@@ -532,7 +560,7 @@ static void step(eng *e)
         if (j->n_past >= end || atomic_load_explicit(&j->paused, memory_order_relaxed)) continue;
         int take = end - j->n_past;
         if (take > budget - T) take = budget - T;
-        if (j->kind == ENG_JOB_EVAL && take > EVAL_ROWS - n_out) take = EVAL_ROWS - n_out;
+        if ((j->kind == ENG_JOB_EVAL || j->echo) && take > EVAL_ROWS - n_out) take = EVAL_ROWS - n_out;
         if (take <= 0) continue;
         int mark = (j->n_prompt - 1) / KV_PAGE * KV_PAGE;
         if (j->snap >= 0 && j->n_past < mark && j->n_past + take >= mark) {
@@ -548,7 +576,7 @@ static void step(eng *e)
             e->b_slot[T] = j->slot;
             e->b_job[T] = j;
             int last = p == j->n_prompt - 1;
-            if ((j->kind == ENG_JOB_EVAL || last) && p >= j->n_fill) {
+            if ((j->kind == ENG_JOB_EVAL || j->echo || last) && p >= j->n_fill) {
                 e->b_out[n_out] = T;
                 e->b_job_of_out[n_out] = j;
                 e->b_out_pos[n_out] = p;
@@ -564,7 +592,8 @@ static void step(eng *e)
     int greedy = n_out > 0 && fw_greedy_ok(e->fw);
     for (int o = 0; greedy && o < n_out; o++) {
         const job *j = e->b_job_of_out[o];
-        if (j->kind == ENG_JOB_EVAL || j->s.temperature > 0.0f || j->s.repeat_penalty != 1.0f || j->gm) greedy = 0;
+        if (j->kind == ENG_JOB_EVAL || j->s.temperature > 0.0f || j->s.repeat_penalty != 1.0f || j->gm ||
+            j->lp || j->echo) greedy = 0;
     }
     double t_pass = now_ms();
     if (greedy) {
@@ -601,23 +630,35 @@ static void step(eng *e)
             }
             continue;
         }
+        int p = e->b_out_pos[o];
+        if (j->echo && p < j->n_prompt) {
+            if (p == 0) emit_prompt_token(e, j, 0, NULL);
+            if (p + 1 < j->n_prompt) { emit_prompt_token(e, j, p + 1, lg); continue; }
+            if (j->prompt_only) continue;   /* the last prompt position: nothing to generate */
+        }
         if (!j->t_first) j->t_first = now_ms();
         if (j->gm && grammar_mask(e, j, lg)) continue;
-        int32_t id = greedy ? e->b_ids[o] : sampler_pick(e->smp, lg, &j->s, j->toks, (size_t)j->n_tok, &j->rng);
+        int32_t id;
+        if (greedy) id = e->b_ids[o];
+        else if (j->lp) {
+            /* the logprobs come from the logits the choice is made from */
+            sampler_penalize(e->smp, lg, &j->s, j->toks, (size_t)j->n_tok);
+            id = sampler_choose(e->smp, lg, &j->s, &j->rng);
+        } else id = sampler_pick(e->smp, lg, &j->s, j->toks, (size_t)j->n_tok, &j->rng);
         if (j->gm && !tok_is_eog(e->m->tok, id)) {
             size_t l;
             const char *pc = tok_piece(e->m->tok, id, &l);
             char gerr[160];
             if (gram_match_accept(j->gm, pc, l, gerr, sizeof gerr) != 1) { grammar_fail(j, gerr); continue; }
         }
-        emit_token(e, j, id, &j->finished, &j->why);
+        emit_token(e, j, id, lg, &j->finished, &j->why);
         gen++;
     }
     /* retire finished jobs */
     pthread_mutex_lock(&e->mu);
     for (int i = 0; i < e->n_active;) {
         job *j = e->active[i];
-        if (j->kind == ENG_JOB_EVAL && j->n_past >= j->n_prompt) { j->finished = 1; j->why = ENG_FINISH_LENGTH; }
+        if ((j->kind == ENG_JOB_EVAL || j->prompt_only) && j->n_past >= j->n_prompt) { j->finished = 1; j->why = ENG_FINISH_LENGTH; }
         if (j->finished) {
             pages_release(e, j);
             if (j->err_code != ENG_OK) job_error(e, j);   /* the grammar failed */
