@@ -209,7 +209,30 @@ def t_http_chat(env):
         th.check(st == 400 and th.is_error(b, "invalid_value") and b["error"]["param"] == param, "%r: %s %r" % (bad, st, b))
 
 
-TESTS = [t_protocol_shapes, t_protocol_batched, t_protocol_bad, t_http_completions, t_http_chat]
+def t_aneclient(env):
+    import subprocess
+    cl = os.path.join(os.path.dirname(os.path.dirname(HERE)), "bin/aneclient")
+    r = subprocess.run([cl, "--socket", env.raw.sock, "--raw", "-T", "0", "-n", "4", "--logprobs", "3", "--no-stdin",
+                        "Once upon a"], capture_output=True, timeout=60)
+    th.check(r.returncode == 0, "aneclient %r" % (r,))
+    lines = r.stdout.decode().splitlines()
+    th.check(len(lines) == 4, "a line per token %r" % lines)
+    with anepy.connect(env.raw.sock) as c:
+        _, tk, _ = split(events(c, prompt="Once upon a", raw=True, max_tokens=4, temperature=0, logprobs=3))
+    for line, e in zip(lines, tk):
+        tok, lp, alts = line.split("\t")
+        th.check(tok == '"%s"' % e["bytes"].decode() and abs(float(lp) - e["logprob"]) < 1e-6, "%r vs %r" % (line, e))
+        th.check(alts.startswith("| ") and alts.count('"') == 6, "alternatives %r" % alts)
+    r = subprocess.run([cl, "--socket", env.raw.sock, "--logprobs", "21", "x"], capture_output=True, timeout=60)
+    th.check(r.returncode == 2 and b"--logprobs" in r.stderr, "bad --logprobs %r" % (r,))
+    r = subprocess.run([cl, "--socket", env.raw.sock, "--raw", "-T", "0", "-n", "2", "--logprobs", "1", "--json",
+                        "--no-stdin", "Once"], capture_output=True, timeout=60)
+    import json
+    evs = [json.loads(x) for x in r.stdout.decode().splitlines()]
+    th.check(len(evs) == 3 and all("logprob" in e and len(e["top_logprobs"]) == 1 for e in evs[:2]), "--json %r" % evs)
+
+
+TESTS = [t_protocol_shapes, t_protocol_batched, t_protocol_bad, t_http_completions, t_http_chat, t_aneclient]
 
 
 class Env:
