@@ -28,7 +28,7 @@ int lp_parse(json_t *o, proto_req *q, int chat, perr *e)
         long long n = 0;
         int has = 0;
         if (get_int(o, "top_logprobs", 0, PROTO_MAX_LOGPROBS, &has, &n, e) < 0) return -1;
-        if (has && !json_is_true(lp)) return pfail(e, "top_logprobs", "\"top_logprobs\" needs \"logprobs\": true");
+        if (has && n > 0 && !json_is_true(lp)) return pfail(e, "top_logprobs", "\"top_logprobs\" needs \"logprobs\": true");
         if (json_is_true(lp)) { q->logprobs = 1; q->top_logprobs = (int32_t)n; }
         return 0;
     }

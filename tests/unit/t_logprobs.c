@@ -37,6 +37,7 @@ static eng *open_eng(const char *path, int max_seqs)
     eng *e = NULL;
     eng_opts o = { 0 };
     o.model_path = path;
+    o.backend = "cpu";   /* the reference below is the CPU backend's */
     o.n_threads = 2;
     o.max_seqs = max_seqs;
     if (eng_open(&e, &o, err, sizeof err)) fprintf(stderr, "eng_open: %s\n", err);
