@@ -157,6 +157,14 @@ def t_http_completions(env):
     th.check(isinstance(sum(conts), float), "sum")
     greedy = all(v == max(t.values()) for v, t in zip(conts, tops))
     th.check(isinstance(greedy, bool), "is_greedy computable")
+    # lm-eval's own payload: a batch of id prompts, max_tokens 1, its parse slices [ctxlen:-1]
+    st, _, b = th.post(gw, "/v1/completions", {"prompt": [PROMPT, PROMPT[:7]], "max_tokens": 1, "echo": True,
+                                               "logprobs": 1, "temperature": 0, "seed": 1234})
+    th.check(st == 200 and len(b["choices"]) == 2, "batch %s %r" % (st, b))
+    for ch, n in zip(sorted(b["choices"], key=lambda c: c["index"]), (len(PROMPT), 7)):
+        v = ch["logprobs"]["token_logprobs"]
+        th.check(len(v) == n + 1 and v[0] is None, "prompt and one token %r" % v)
+        th.check(all(abs(x - e["logprob"]) < 1e-6 for x, e in zip(v[1:n], pt[1:n])), "the prompt's values, batched")
     # a text prompt with echo: the text starts with the prompt, logprobs cover prompt and completion
     st, _, b = th.post(gw, "/v1/completions", {"prompt": "Once upon a", "max_tokens": 3, "echo": True, "logprobs": 2,
                                                "temperature": 0})
