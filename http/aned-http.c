@@ -224,6 +224,10 @@ static int apply_event(gw_req *rq, const proto_ev *ev, job_err *je)
 {
     job *j = job_by_id(rq, ev->id);
     if (!j || j->done) return 0;
+    if (j->echo_ids == 1 && ev->type != PROTO_T_PROMPT_TOKEN) {
+        lp_fix_utf8(&j->text);   /* the prompt's tokens' bytes, all in */
+        j->echo_ids = 2;
+    }
     if (j->echo_wait && ev->type != PROTO_T_PROMPT_TOKEN) {
         /* the prompt's tokens are all in: the echo's chunk, with their logprobs */
         j->echo_wait = 0;
@@ -231,7 +235,7 @@ static int apply_event(gw_req *rq, const proto_ev *ev, job_err *je)
     }
     switch (ev->type) {
     case PROTO_T_PROMPT_TOKEN:
-        if (j->echo_ids && ev->bytes_len) sb_add(&j->text, ev->bytes, ev->bytes_len);
+        if (j->echo_ids == 1 && ev->bytes_len) sb_add(&j->text, ev->bytes, ev->bytes_len);
         lp_add(rq, j, ev);
         break;
     case PROTO_T_TOKEN:

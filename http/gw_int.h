@@ -43,7 +43,8 @@ typedef struct job {
     uint32_t prompt_tokens, cached_tokens, completion_tokens;
     int done;
     struct gw_lp *lp;             /* logprobs: entries not yet written (logprobs.c); NULL = none */
-    int echo_ids;                 /* echo of a token prompt: its text is its tokens' bytes */
+    int echo_ids;                 /* echo of a token prompt: its text is its tokens' bytes
+                                     (1 while they come, 2 once made whole UTF-8) */
     int echo_wait;                /* streamed echo: its chunk waits for the prompt's tokens */
 } job;
 

@@ -172,6 +172,20 @@ void lp_json(gw_req *rq, job *j, sbuf *b)
     l->n = 0;
 }
 
+void lp_fix_utf8(sbuf *b)
+{
+    if (!b->len || utf8_valid(b->p, b->len, NULL)) return;
+    sbuf o = {0};
+    for (size_t i = 0; i < b->len;) {
+        int n = utf8_char(b->p + i, b->len - i);
+        if (n > 0) { sb_add(&o, b->p + i, (size_t)n); i += (size_t)n; }
+        else { sb_add(&o, "\xef\xbf\xbd", 3); i++; }   /* U+FFFD */
+    }
+    if (o.oom) { sb_free(&o); return; }
+    sb_free(b);
+    *b = o;
+}
+
 void lp_free(job *j)
 {
     gw_lp *l = j->lp;

@@ -16,5 +16,7 @@ int lp_pending(const job *j);
 /* "logprobs": the entries so far (then dropped), or null without logprobs. */
 void lp_json(gw_req *rq, job *j, sbuf *b);
 void lp_free(job *j);
+/* Bytes that are not whole UTF-8 become U+FFFD (an echoed token prompt's text). */
+void lp_fix_utf8(sbuf *b);
 
 #endif

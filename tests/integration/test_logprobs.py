@@ -165,6 +165,10 @@ def t_http_completions(env):
         v = ch["logprobs"]["token_logprobs"]
         th.check(len(v) == n + 1 and v[0] is None, "prompt and one token %r" % v)
         th.check(all(abs(x - e["logprob"]) < 1e-6 for x, e in zip(v[1:n], pt[1:n])), "the prompt's values, batched")
+    # an id prompt cut inside a character: U+FFFD in the text, the token's bytes spelled out
+    st, _, b = th.post(gw, "/v1/completions", {"prompt": [1, 3 + 0xE2, 403], "max_tokens": 0, "echo": True, "logprobs": 0})
+    th.check(st == 200 and "\ufffd" in b["choices"][0]["text"] and b["choices"][0]["logprobs"]["tokens"][1] == "bytes:\\xe2",
+             "a cut character %s %r" % (st, b))
     # a text prompt with echo: the text starts with the prompt, logprobs cover prompt and completion
     st, _, b = th.post(gw, "/v1/completions", {"prompt": "Once upon a", "max_tokens": 3, "echo": True, "logprobs": 2,
                                                "temperature": 0})
