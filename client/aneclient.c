@@ -86,6 +86,12 @@ static void usage(FILE *f)
 "      --system STR        system message, placed by the model's chat template.\n"
 "                          Refused with --raw, --tokens and --messages; a model\n"
 "                          without a template: aned decides (an error is shown)\n"
+"      --logprobs N        print each generated token on a line of its own with its\n"
+"                          log-probability and the N likeliest alternatives'\n"
+"                          (0..%d), from the distribution the token was drawn from\n"
+"                          (after --repeat-penalty and a grammar, before the\n"
+"                          temperature): \"TOKEN\"<tab>LOGPROB<tab>| \"ALT\" LOGPROB ...\n"
+"                          (bytes that are not whole UTF-8 shown as \\xNN)\n"
 "      --raw               no chat template: continue the prompt as is\n"
 "      --special           parse special tokens such as <|im_end|> in the text\n"
 "      --no-bos            --tokenize: do not prepend BOS\n"
@@ -121,7 +127,8 @@ static void usage(FILE *f)
 "and recalled as in a shell when aneclient was built with libedit.\n"
 "\n"
 "--json uses the protocol's event names and keys (PROTOCOL.md):\n"
-"  {\"type\":\"token\",\"token\":ID,\"text\":\"...\"} per token, then {\"type\":\"done\",\n"
+"  {\"type\":\"token\",\"token\":ID,\"text\":\"...\"} per token (with --logprobs also\n"
+"  \"logprob\":F,\"top_logprobs\":[[ID,F,\"TOKEN\"],...]), then {\"type\":\"done\",\n"
 "  \"finish\":\"...\",\"tokens\":[ID,...],\"text\":\"...\",\"usage\":{...},\"timings\":{...}};\n"
 "  --eval: {\"type\":\"done\",\"finish\":...,\"positions\":[{\"pos\":P,\"top\":[[ID,LOGIT]\n"
 "  ,...]},...],\"usage\":...,\"timings\":...}, one line at the end;\n"
@@ -138,7 +145,7 @@ static void usage(FILE *f)
 "input could not be read); 2 usage error (as for aned and aned-http); 3 aned\n"
 "cannot be reached or the connection was lost; 4 refused by aned (denied, busy,\n"
 "version, shutting down); 130 interrupted.\n",
-    PROTO_MAX_TOP, PROTO_MAX_STOP, sock);
+    PROTO_MAX_TOP, PROTO_MAX_STOP, PROTO_MAX_LOGPROBS, sock);
 }
 
 static void die_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
@@ -358,6 +365,34 @@ static void json_num(FILE *f, double v)
     else fputs("null", f);
 }
 
+/* --logprobs: a token's bytes quoted, what is not whole UTF-8 or printable as \xNN */
+static void show_tok(FILE *f, const char *s, size_t n)
+{
+    fputc('"', f);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        size_t len = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+        if (c >= 0x80 && len > 1 && i + len <= n && proto_utf8_valid(s + i, len)) { fwrite(s + i, 1, len, f); i += len - 1; }
+        else if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+        else if (c == '\n') fputs("\\n", f);
+        else if (c < 0x20 || c >= 0x7f) fprintf(f, "\\x%02x", c);
+        else fputc(c, f);
+    }
+    fputc('"', f);
+}
+
+static void print_logprobs(FILE *f, const proto_ev *ev)
+{
+    show_tok(f, ev->bytes ? ev->bytes : "", ev->bytes_len);
+    fprintf(f, "\t%.6f", ev->has_logprob ? ev->logprob : 0.0);
+    for (size_t i = 0; i < ev->n_lps; i++) {
+        fputs(i ? "  " : "\t| ", f);
+        show_tok(f, ev->lps[i].bytes, ev->lps[i].bytes_len);
+        fprintf(f, " %.6f", ev->lps[i].logprob);
+    }
+    fputc('\n', f);
+}
+
 static void json_usage_timings(FILE *f, const proto_ev *ev)
 {
     fprintf(f, "\"usage\":{\"prompt_tokens\":%u,\"cached_tokens\":%u,\"completion_tokens\":%u}",
@@ -435,6 +470,7 @@ typedef struct run {
     int json, verbose;
     int tty_out;
     int chat;                                     /* --chat: the reply's text kept in acc */
+    int logprobs;                                 /* --logprobs: a line per token */
     /* accumulated for --json done / --eval --json */
     char *acc; size_t acc_len; FILE *accf;       /* text (generate) or positions (eval) */
     char *toks; size_t toks_len; FILE *toksf;    /* generated ids, JSON */
@@ -492,9 +528,24 @@ static int on_event(run *R, const proto_ev *ev)
         if (R->json) {
             fprintf(stdout, "{\"type\":\"token\",\"token\":%d,\"text\":", ev->token);
             json_str(stdout, ev->text, ev->text_len);
+            if (ev->has_logprob) {
+                fputs(",\"logprob\":", stdout);
+                json_num(stdout, ev->logprob);
+                fputs(",\"top_logprobs\":[", stdout);
+                for (size_t i = 0; i < ev->n_lps; i++) {
+                    fprintf(stdout, "%s[%d,", i ? "," : "", ev->lps[i].id);
+                    json_num(stdout, ev->lps[i].logprob);
+                    fputc(',', stdout);
+                    json_str(stdout, ev->lps[i].bytes, ev->lps[i].bytes_len);
+                    fputc(']', stdout);
+                }
+                fputc(']', stdout);
+            }
             fputs("}\n", stdout);
             fprintf(R->toksf, "%s%d", R->n_gen > 1 ? "," : "", ev->token);
             fwrite(ev->text, 1, ev->text_len, R->accf);
+        } else if (R->logprobs) {
+            print_logprobs(stdout, ev);
         } else if (ev->text_len) {
             if (R->chat) fwrite(ev->text, 1, ev->text_len, R->accf);
             fwrite(ev->text, 1, ev->text_len, stdout);
@@ -930,7 +981,7 @@ int main(int argc, char **argv)
 {
     enum { O_SOCKET = 256, O_TOPK, O_TOPP, O_MINP, O_RPEN, O_RLAST, O_SEED, O_STOP, O_GRAMMAR, O_JSCHEMA, O_SYSTEM, O_RAW,
            O_SPECIAL, O_NOBOS, O_TOKENS, O_TOKENIZE, O_DETOKENIZE, O_EVAL, O_EMBED, O_TOP, O_INFO, O_PING, O_JSON, O_DUSER,
-           O_NOSTDIN, O_MESSAGES, O_CHAT };
+           O_NOSTDIN, O_MESSAGES, O_CHAT, O_LOGPROBS };
     static const struct option opts[] = {
         { "socket", required_argument, 0, O_SOCKET },
         { "daemon-user", required_argument, 0, O_DUSER },
@@ -948,6 +999,7 @@ int main(int argc, char **argv)
         { "json-schema", required_argument, 0, O_JSCHEMA },
         { "system", required_argument, 0, O_SYSTEM },
         { "raw", no_argument, 0, O_RAW },
+        { "logprobs", required_argument, 0, O_LOGPROBS },
         { "special", no_argument, 0, O_SPECIAL },
         { "no-bos", no_argument, 0, O_NOBOS },
         { "no-stdin", no_argument, 0, O_NOSTDIN },
@@ -1026,6 +1078,10 @@ int main(int argc, char **argv)
         }
         case O_SYSTEM: q.system = optarg; q.system_len = strlen(optarg); break;
         case O_RAW: q.raw = 1; break;
+        case O_LOGPROBS:
+            q.top_logprobs = (int32_t)parse_int("--logprobs", optarg, 0, PROTO_MAX_LOGPROBS);
+            q.logprobs = R.logprobs = 1;
+            break;
         case O_SPECIAL: q.special = 1; break;
         case O_NOBOS: q.add_bos = 0; no_bos = 1; break;
         case O_NOSTDIN: no_stdin = 1; break;
@@ -1050,6 +1106,7 @@ int main(int argc, char **argv)
         }
     }
     if (modes > 1) die_usage("--eval, --embed, --tokenize, --detokenize, --info and --ping exclude each other");
+    if (R.logprobs && (chat_mode || R.mode != M_GENERATE)) die_usage("--logprobs goes with generating text, without --chat");
     if (chat_mode) {
         if (R.mode != M_GENERATE) die_usage("--chat generates text: it does not go with --eval, --tokenize, "
                                             "--detokenize, --info or --ping");

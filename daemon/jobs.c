@@ -167,6 +167,10 @@ static void req_submit(client *cl, const proto_req *r)
     d.json_schema = r->json_schema;
     d.json_schema_len = r->json_schema_len;
     d.json_object = r->json_object;
+    d.logprobs = r->logprobs;
+    d.top_logprobs = r->top_logprobs;
+    d.echo = r->echo;
+    d.prompt_only = r->prompt_only;
     d.owner = cl->serial;
     d.uid = (uint32_t)cl->peer.uid;
     d.user = j;
@@ -395,6 +399,7 @@ void handle_event(server *s, const eng_event *ev)
     client *cl = j->cl;
     int live = cl && !j->overflow;
     proto_ev e;
+    proto_lp lps[PROTO_MAX_LOGPROBS];
     switch (ev->type) {
     case ENG_EV_TOKENS:
         if (!live) break;
@@ -419,8 +424,18 @@ void handle_event(server *s, const eng_event *ev)
         e.text_len = ev->text ? ev->text_len : 0;
         e.reasoning = ev->reasoning;
         e.reasoning_len = ev->reasoning_len;
+        ev_put_logprobs(s->eng, ev, ev->has_logprob, &e, lps);
         cl->n_tokens++;
         s->tokens_served++;
+        client_send(cl, &e);
+        return;
+    case ENG_EV_PROMPT_TOKEN:
+        j->started = 1;
+        if (!live) return;
+        proto_ev_init(&e, PROTO_T_PROMPT_TOKEN, j->req_id);
+        e.pos = ev->pos;
+        e.token = ev->token;
+        ev_put_logprobs(s->eng, ev, 1, &e, lps);
         client_send(cl, &e);
         return;
     case ENG_EV_TOOL_CALL:

@@ -138,5 +138,8 @@ uint32_t reserve_slots(const server *s);
 /* jobs.c */
 void dispatch(client *cl, const proto_req *r);
 void handle_event(server *s, const eng_event *ev);
+/* logprobs.c: ev's bytes (with_bytes), logprob and alternatives into out
+ * (buf: PROTO_MAX_LOGPROBS entries) */
+void ev_put_logprobs(eng *e, const eng_event *ev, int with_bytes, proto_ev *out, proto_lp *buf);
 
 #endif

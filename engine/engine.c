@@ -134,6 +134,8 @@ void eng_event_free(eng_event *ev)
     free(ev->top_ids);
     free(ev->top_logits);
     free(ev->embd);
+    free(ev->lp_ids);
+    free(ev->lp_vals);
     free(ev->reasoning);
     free(ev->call_name); free(ev->call_args); free(ev->call_id);
     free(ev);
@@ -479,9 +481,10 @@ static int job_set_prompt(eng *e, job *j, int32_t *ids, size_t n, eng_err *code,
     }
     /* eval scores every position and generates nothing: n_ctx tokens fit;
      * generate needs room for at least one more */
-    if (n > (size_t)e->n_ctx || (j->kind == ENG_JOB_GENERATE && n == (size_t)e->n_ctx)) {
+    int scores = j->kind != ENG_JOB_GENERATE || j->prompt_only;
+    if (n > (size_t)e->n_ctx || (!scores && n == (size_t)e->n_ctx)) {
         char msg[160];
-        if (j->kind != ENG_JOB_GENERATE)
+        if (scores)
             snprintf(msg, sizeof msg, "prompt of %zu tokens does not fit the context of %d", n, e->n_ctx);
         else
             snprintf(msg, sizeof msg, "prompt of %zu tokens does not fit the context of %d"
@@ -490,7 +493,7 @@ static int job_set_prompt(eng *e, job *j, int32_t *ids, size_t n, eng_err *code,
         return fail(code, ENG_ECTX, err, errlen, msg);
     }
     int room = e->n_ctx - (int)n;
-    j->max_gen = j->kind != ENG_JOB_GENERATE ? 0 : (j->max_tokens == 0 || j->max_tokens > room ? room : j->max_tokens);
+    j->max_gen = scores ? 0 : (j->max_tokens == 0 || j->max_tokens > room ? room : j->max_tokens);
     int need = ((int)n + j->max_gen + KV_PAGE - 1) / KV_PAGE;
     if (need > e->n_pages_total) {
         free(ids);
@@ -733,6 +736,12 @@ int eng_submit(eng *e, const eng_job_desc *d, uint64_t *job_id, eng_err *code, c
         return fail(code, ENG_EINVAL, err, errlen, "top must be in [1, 100]");
     if (d->max_tokens < 0) return fail(code, ENG_EINVAL, err, errlen, "max_tokens must be >= 0");
     if (d->n_stop > ENG_MAX_STOP) return fail(code, ENG_EINVAL, err, errlen, "too many stop strings");
+    if (d->top_logprobs < 0 || d->top_logprobs > ENG_MAX_LOGPROBS)
+        return fail(code, ENG_EINVAL, err, errlen, "\"logprobs\" must be in [0, 20]");
+    if ((d->logprobs || d->echo || d->prompt_only) && d->kind != ENG_JOB_GENERATE)
+        return fail(code, ENG_EINVAL, err, errlen, "logprobs and echo go with generate");
+    if (d->prompt_only && !d->echo)
+        return fail(code, ENG_EINVAL, err, errlen, "\"prompt_only\" needs \"echo\"");
 
     if (d->system) {
         /* a system message goes where the chat template puts it; never dropped unsaid */
@@ -755,6 +764,10 @@ int eng_submit(eng *e, const eng_job_desc *d, uint64_t *job_id, eng_err *code, c
         j->emb_acc = calloc((size_t)e->m->hp.n_embd, sizeof *j->emb_acc);
         if (!j->emb_acc) { job_free(j); return fail(code, ENG_ENOMEM, err, errlen, NULL); }
     }
+    j->lp = d->logprobs != 0;
+    j->n_lp = j->lp ? d->top_logprobs : 0;
+    j->echo = d->echo != 0;
+    j->prompt_only = d->prompt_only != 0;
     int text = d->n_tokens == 0;
     if (!text) {
         /* ids as given: checked and taken now, linear and cheap */
@@ -1365,6 +1378,13 @@ int eng_tokenize(eng *e, const char *text, size_t len, int add_bos, int parse_sp
     }
     if (code) *code = ENG_OK;
     return 0;
+}
+
+const char *eng_token_piece(const eng *e, int32_t id, size_t *len)
+{
+    *len = 0;
+    if (!e->m->tok || id < 0 || id >= tok_n_vocab(e->m->tok)) return "";
+    return tok_piece(e->m->tok, id, len);
 }
 
 int eng_detokenize(eng *e, const int32_t *ids, size_t n, char **text, size_t *len,

@@ -151,6 +151,9 @@ int eng_tokenize(eng *e, const char *text, size_t len, int add_bos, int parse_sp
                  int32_t **ids, size_t *n, eng_err *code, char *err, size_t errlen);
 int eng_detokenize(eng *e, const int32_t *ids, size_t n, char **text, size_t *len,
                    eng_err *code, char *err, size_t errlen);
+/* The bytes one token stands for after other text (control tokens: their
+ * text; "" for an id out of range); valid until eng_close. Not NUL-terminated. */
+const char *eng_token_piece(const eng *e, int32_t id, size_t *len);
 
 /* eng_tokenize off the caller's thread: the text is copied and encoded on
  * the engine's tokenizer thread, in the same fair order across uids as text
@@ -227,6 +230,18 @@ typedef struct eng_job_desc {
     const char *grammar; size_t grammar_len;
     const char *json_schema; size_t json_schema_len;
     int json_object;
+    /* generate, logprobs (docs: proto/PROTOCOL.md "logprobs"): with logprobs
+     * 1 each TOKEN event carries the chosen token's log-probability and the
+     * top_logprobs (0..ENG_MAX_LOGPROBS) likeliest tokens', from the logits
+     * the sampler chose from: after the repetition penalty and the grammar
+     * mask, before temperature, top-k/p and min-p (the model's distribution
+     * as constrained, not the sampling one). echo: first one
+     * ENG_EV_PROMPT_TOKEN event per prompt token, with logprobs its
+     * log-probability given the tokens before it (the raw model's; none for
+     * the first). prompt_only (with echo): nothing is generated. */
+    int logprobs;
+    int32_t top_logprobs;
+    int echo, prompt_only;
     uint64_t owner;        /* fairness key: one value per connection */
     uint32_t uid;          /* fairness key: peer uid */
     void *user;            /* returned in every event of this job */
@@ -234,6 +249,7 @@ typedef struct eng_job_desc {
 
 #define ENG_MAX_TOP 100
 #define ENG_MAX_STOP 16
+#define ENG_MAX_LOGPROBS 20
 
 /* Queues a job. On success *job_id names it in events and eng_cancel. On
  * failure nothing was queued and *code/err say why. A text or messages
@@ -269,6 +285,7 @@ typedef enum eng_event_type {
     ENG_EV_TOOL_CALL,  /* generate with parse_tools: one complete tool call, after the
                           TOKEN event of the token that completed it */
     ENG_EV_EMBEDDING,  /* embed: the vector (before DONE) */
+    ENG_EV_PROMPT_TOKEN, /* generate with echo: one prompt token (pos, token, logprob) */
 } eng_event_type;
 
 typedef enum eng_finish {
@@ -308,6 +325,14 @@ typedef struct eng_event {
     /* EMBEDDING: n_embd floats, unit L2 norm (malloc'd) */
     float *embd;
     int32_t n_embd;
+    /* TOKEN with logprobs, PROMPT_TOKEN: has_logprob 0 for the first prompt
+     * token (no prefix); lp_ids/lp_vals the n_lp likeliest tokens and their
+     * log-probabilities, best first (ties: lower id first) */
+    int has_logprob;
+    float logprob;
+    int32_t n_lp;
+    int32_t *lp_ids;
+    float *lp_vals;
     /* DONE */
     eng_finish finish;
     int32_t prompt_tokens, cached_tokens, completion_tokens;

@@ -62,6 +62,9 @@ typedef struct job {
     int top_n;
     double *emb_acc;             /* embed: the pooled sum of its output rows [n_embd] */
     int emb_rows;
+    int lp, n_lp;                /* logprobs: report them, with n_lp alternatives */
+    int echo, prompt_only;       /* prompt tokens as events (logits at every prompt
+                                    position, no prefix reuse); nothing generated */
     struct gram *gram;           /* output grammar (NULL: none) and its parse state */
     struct gram_match *gm;
     char **stop; size_t *stop_len; size_t n_stop;

@@ -73,11 +73,22 @@ static void apply_penalty(float *logits, int32_t n_vocab, const eng_sampling *p,
     }
 }
 
+void sampler_penalize(sampler *s, float *logits, const eng_sampling *p,
+                      const int32_t *recent, size_t n_recent)
+{
+    apply_penalty(logits, s->n_vocab, p, recent, n_recent);
+}
+
 int32_t sampler_pick(sampler *s, float *logits, const eng_sampling *p,
                      const int32_t *recent, size_t n_recent, uint64_t *rng)
 {
+    apply_penalty(logits, s->n_vocab, p, recent, n_recent);
+    return sampler_choose(s, logits, p, rng);
+}
+
+int32_t sampler_choose(sampler *s, const float *logits, const eng_sampling *p, uint64_t *rng)
+{
     int32_t n = s->n_vocab;
-    apply_penalty(logits, n, p, recent, n_recent);
     if (p->temperature <= 0.0f) {
         /* the largest value with 8 independent running maxima (no branch on
          * the data, no chain through one register), then its first index */
@@ -154,4 +165,27 @@ void sampler_top(const float *logits, int32_t n_vocab, int n, int32_t *ids, floa
         while (j > 0 && v > vals[j - 1]) { vals[j] = vals[j - 1]; ids[j] = ids[j - 1]; j--; }
         vals[j] = v; ids[j] = i;
     }
+}
+
+/* log(sum(exp(l))) in double, from the largest finite value: -inf entries
+ * (masked) add nothing; NaN entries are skipped. */
+static double log_sum_exp(const float *l, int32_t n)
+{
+    double mx = -INFINITY, sum = 0;
+    for (int32_t i = 0; i < n; i++) if (l[i] > mx) mx = l[i];
+    if (mx == -INFINITY) return -INFINITY;
+    for (int32_t i = 0; i < n; i++) if (l[i] > -INFINITY) sum += exp((double)l[i] - mx);
+    return mx + log(sum);
+}
+
+float sampler_logprobs(const float *logits, int32_t n_vocab, int32_t chosen, int n,
+                       int32_t *ids, float *vals)
+{
+    double lse = log_sum_exp(logits, n_vocab);
+    if (n > n_vocab) n = n_vocab;
+    if (n > 0) {
+        sampler_top(logits, n_vocab, n, ids, vals);
+        for (int i = 0; i < n; i++) vals[i] = (float)((double)vals[i] - lse);
+    }
+    return chosen >= 0 && chosen < n_vocab ? (float)((double)logits[chosen] - lse) : -INFINITY;
 }

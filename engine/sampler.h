@@ -21,6 +21,19 @@ void sampler_close(sampler *s);
 int32_t sampler_pick(sampler *s, float *logits, const eng_sampling *p,
                      const int32_t *recent, size_t n_recent, uint64_t *rng);
 
+/* The two halves of sampler_pick: the repetition penalty on logits (in
+ * place), then the choice from the logits as they are. */
+void sampler_penalize(sampler *s, float *logits, const eng_sampling *p,
+                      const int32_t *recent, size_t n_recent);
+int32_t sampler_choose(sampler *s, const float *logits, const eng_sampling *p, uint64_t *rng);
+
+/* Log-softmax of logits (over the whole vocabulary, in double): returns
+ * chosen's log-probability (-inf out of range) and writes the top n ids and
+ * theirs, best first (ties by lower id; n <= n_vocab). A value and the same
+ * token's entry among the top are the same float. */
+float sampler_logprobs(const float *logits, int32_t n_vocab, int32_t chosen, int n,
+                       int32_t *ids, float *vals);
+
 /* Top-n (id, logit), best first; ties by lower id. */
 void sampler_top(const float *logits, int32_t n_vocab, int n, int32_t *ids, float *vals);
 

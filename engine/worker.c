@@ -72,10 +72,11 @@ static int admit(eng *e, job *j, job *prev)
     int n_known = j->evicted ? j->n_fill : j->n_prompt;
     int max_reuse = j->evicted ? j->n_fill / KV_PAGE : (j->n_prompt - 1) / KV_PAGE;
     int reuse = 0, snap = -1, snap_len = 0;
-    /* eval needs every position's logits, unless they were given before an
-     * eviction; a ring of a sliding-window layer holds only its own
-     * sequence's latest rows, so those models reuse nothing */
-    if ((j->kind == ENG_JOB_GENERATE || j->evicted) && (!e->m->recurrent || e->snaps) && !e->m->swa_ring)
+    /* eval and echo need every position's logits, unless they were given
+     * before an eviction; a ring of a sliding-window layer holds only its
+     * own sequence's latest rows, so those models reuse nothing */
+    if (((j->kind == ENG_JOB_GENERATE && !j->echo) || j->evicted) && (!e->m->recurrent || e->snaps) &&
+        !e->m->swa_ring)
         reuse = kvc_match(e->kv, j->toks, n_known, max_reuse, j->pages);
     if (e->m->recurrent && reuse > 0) {
         /* recurrent layers resume only from a saved state: cut the reuse
@@ -432,7 +433,34 @@ static int grammar_mask(eng *e, job *j, float *lg)
     return 0;
 }
 
-static void emit_token(eng *e, job *j, int32_t id, int *finished, eng_finish *why)
+/* The log-probabilities an event carries (logprobs): chosen's and the
+ * job's n_lp likeliest, from lg as given. */
+static void ev_logprobs(eng *e, job *j, eng_event *ev, const float *lg, int32_t chosen)
+{
+    int32_t nv = e->m->hp.n_vocab, n = j->n_lp < nv ? j->n_lp : nv;
+    if (n > 0) {
+        ev->lp_ids = malloc((size_t)n * sizeof *ev->lp_ids);
+        ev->lp_vals = malloc((size_t)n * sizeof *ev->lp_vals);
+        if (!ev->lp_ids || !ev->lp_vals) n = 0;
+    }
+    ev->logprob = sampler_logprobs(lg, nv, chosen, n, ev->lp_ids, ev->lp_vals);
+    ev->n_lp = n;
+    ev->has_logprob = 1;
+}
+
+/* echo: the prompt token at pos; lg (NULL for the first token) are the
+ * logits of the position before it. */
+static void emit_prompt_token(eng *e, job *j, int pos, const float *lg)
+{
+    eng_event *ev = ev_new(ENG_EV_PROMPT_TOKEN, j);
+    if (!ev) return;
+    ev->pos = pos;
+    ev->token = j->toks[pos];
+    if (lg && j->lp) ev_logprobs(e, j, ev, lg, ev->token);
+    ev_push(e, ev);
+}
+
+static void emit_token(eng *e, job *j, int32_t id, const float *lg, int *finished, eng_finish *why)
 {
     const tok *t = e->m->tok;
     j->toks[j->n_tok++] = id;
@@ -477,6 +505,7 @@ static void emit_token(eng *e, job *j, int32_t id, int *finished, eng_finish *wh
     eng_event *ev = ev_new(ENG_EV_TOKEN, j);
     if (ev) {
         ev->token = id;
+        if (j->lp) ev_logprobs(e, j, ev, lg, id);
         ev->text = text ? text : calloc(1, 1);
         ev->text_len = text ? out_len : 0;
         if (j->tc && j->tc_reason_len) {
@@ -599,7 +628,7 @@ static void step(eng *e)
         if (j->n_past >= end || atomic_load_explicit(&j->paused, memory_order_relaxed)) continue;
         int take = end - j->n_past;
         if (take > budget - T) take = budget - T;
-        int every = j->kind == ENG_JOB_EVAL || (j->kind == ENG_JOB_EMBED && e->pooling == ENG_POOL_MEAN);
+        int every = j->kind == ENG_JOB_EVAL || j->echo || (j->kind == ENG_JOB_EMBED && e->pooling == ENG_POOL_MEAN);
         if (every && take > EVAL_ROWS - n_out) take = EVAL_ROWS - n_out;
         if (!every && n_out >= max_out) {
             /* its one output row would not fit the logits rows: it waits there */
@@ -620,8 +649,8 @@ static void step(eng *e)
             e->b_pages[T] = j->pages;
             e->b_slot[T] = j->slot;
             e->b_job[T] = j;
-            int out = j->kind == ENG_JOB_EVAL ? 1 : j->kind == ENG_JOB_EMBED ? emb_out_row(e, j, p)
-                                                                            : p == j->n_prompt - 1;
+            int out = j->kind == ENG_JOB_EVAL || j->echo ? 1 : j->kind == ENG_JOB_EMBED ? emb_out_row(e, j, p)
+                                                                                      : p == j->n_prompt - 1;
             if (out && p >= j->n_fill) {
                 e->b_out[n_out] = T;
                 e->b_job_of_out[n_out] = j;
@@ -639,7 +668,9 @@ static void step(eng *e)
     for (int o = 0; o < n_out; o++) {
         const job *j = e->b_job_of_out[o];
         embed |= j->kind == ENG_JOB_EMBED;
-        if (j->kind != ENG_JOB_GENERATE || j->s.temperature > 0.0f || j->s.repeat_penalty != 1.0f || j->gm) greedy = 0;
+        if (j->kind != ENG_JOB_GENERATE || j->s.temperature > 0.0f || j->s.repeat_penalty != 1.0f || j->gm ||
+            j->lp || j->echo)
+            greedy = 0;
     }
     double t_pass = now_ms();
     if (greedy) {
@@ -681,9 +712,21 @@ static void step(eng *e)
             }
             continue;
         }
+        int p = e->b_out_pos[o];
+        if (j->echo && p < j->n_prompt) {
+            if (p == 0) emit_prompt_token(e, j, 0, NULL);
+            if (p + 1 < j->n_prompt) { emit_prompt_token(e, j, p + 1, lg); continue; }
+            if (j->prompt_only) continue;   /* the last prompt position: nothing to generate */
+        }
         if (!j->t_first) j->t_first = now_ms();
         if (j->gm && grammar_mask(e, j, lg)) continue;
-        int32_t id = greedy ? e->b_ids[o] : sampler_pick(e->smp, lg, &j->s, j->toks, (size_t)j->n_tok, &j->rng);
+        int32_t id;
+        if (greedy) id = e->b_ids[o];
+        else if (j->lp) {
+            /* the logprobs come from the logits the choice is made from */
+            sampler_penalize(e->smp, lg, &j->s, j->toks, (size_t)j->n_tok);
+            id = sampler_choose(e->smp, lg, &j->s, &j->rng);
+        } else id = sampler_pick(e->smp, lg, &j->s, j->toks, (size_t)j->n_tok, &j->rng);
         if (j->gm && !e->eog[id]) {
             size_t l;
             const char *pc = tok_piece(e->m->tok, id, &l);
@@ -692,14 +735,14 @@ static void step(eng *e)
                                                    : gram_match_accept(j->gm, pc, l, gerr, sizeof gerr);
             if (ok != 1) { grammar_fail(j, gerr); continue; }
         }
-        emit_token(e, j, id, &j->finished, &j->why);
+        emit_token(e, j, id, lg, &j->finished, &j->why);
         gen++;
     }
     /* retire finished jobs */
     pthread_mutex_lock(&e->mu);
     for (int i = 0; i < e->n_active;) {
         job *j = e->active[i];
-        if (j->kind != ENG_JOB_GENERATE && j->n_past >= j->n_prompt && !j->finished) {
+        if ((j->kind != ENG_JOB_GENERATE || j->prompt_only) && j->n_past >= j->n_prompt && !j->finished) {
             if (j->kind == ENG_JOB_EMBED) emb_emit(e, j);
             j->finished = 1;
             j->why = ENG_FINISH_LENGTH;

@@ -41,6 +41,7 @@
 #include <microhttpd.h>
 
 #include "http/gw_int.h"
+#include "http/logprobs.h"
 #include "http/tools.h"
 
 /* Connections within --max-connections (the others are "over"). */
@@ -101,7 +102,7 @@ int call_daemon(gw_req *rq, proto_req *q, proto_ev *ev, char *err, size_t errlen
 
 static void rq_free_jobs(gw_req *rq)
 {
-    for (int i = 0; i < rq->n_jobs; i++) { sb_free(&rq->jobs[i].text); sb_free(&rq->jobs[i].calls); }
+    for (int i = 0; i < rq->n_jobs; i++) { sb_free(&rq->jobs[i].text); sb_free(&rq->jobs[i].calls); lp_free(&rq->jobs[i]); }
 }
 
 static job *job_by_id(gw_req *rq, uint64_t id)
@@ -146,7 +147,7 @@ static void sse_chunk_head(gw_req *rq, sbuf *b)
               rq->id, rq->chat ? "chat.completion.chunk" : "text_completion", rq->created, rq->model_json);
 }
 
-static void sse_text(gw_req *rq, int index, const char *text, size_t len, const char *finish)
+static void sse_text(gw_req *rq, int index, const char *text, size_t len, const char *finish, job *lpj)
 {
     sbuf *b = &rq->out;
     sse_chunk_head(rq, b);
@@ -159,7 +160,10 @@ static void sse_text(gw_req *rq, int index, const char *text, size_t len, const 
         sb_puts(b, "\"text\":");
         sb_json_str(b, text ? text : "", text ? len : 0);
     }
-    sb_puts(b, ",\"logprobs\":null,\"finish_reason\":");
+    sb_puts(b, ",");
+    if (lpj) lp_json(rq, lpj, b);
+    else sb_puts(b, "\"logprobs\":null");
+    sb_puts(b, ",\"finish_reason\":");
     if (finish) sb_printf(b, "\"%s\"", finish);
     else sb_puts(b, "null");
     sb_puts(b, "}]}\n\n");
@@ -220,11 +224,25 @@ static int apply_event(gw_req *rq, const proto_ev *ev, job_err *je)
 {
     job *j = job_by_id(rq, ev->id);
     if (!j || j->done) return 0;
+    if (j->echo_ids == 1 && ev->type != PROTO_T_PROMPT_TOKEN) {
+        lp_fix_utf8(&j->text);   /* the prompt's tokens' bytes, all in */
+        j->echo_ids = 2;
+    }
+    if (j->echo_wait && ev->type != PROTO_T_PROMPT_TOKEN) {
+        /* the prompt's tokens are all in: the echo's chunk, with their logprobs */
+        j->echo_wait = 0;
+        if (ev->type != PROTO_T_ERROR) sse_text(rq, j->index, j->text.p, j->text.len, NULL, j->lp ? j : NULL);
+    }
     switch (ev->type) {
+    case PROTO_T_PROMPT_TOKEN:
+        if (j->echo_ids == 1 && ev->bytes_len) sb_add(&j->text, ev->bytes, ev->bytes_len);
+        lp_add(rq, j, ev);
+        break;
     case PROTO_T_TOKEN:
-        if (ev->text_len == 0) break;
-        if (rq->stream) sse_text(rq, j->index, ev->text, ev->text_len, NULL);
-        else sb_add(&j->text, ev->text, ev->text_len);
+        lp_add(rq, j, ev);
+        if (ev->text_len == 0 && !lp_pending(j)) break;
+        if (rq->stream) sse_text(rq, j->index, ev->text, ev->text_len, NULL, j->lp ? j : NULL);
+        else if (ev->text_len) sb_add(&j->text, ev->text, ev->text_len);
         break;
     case PROTO_T_TOOL_CALL:
         if (rq->stream) sse_call(rq, j->index, ev);
@@ -250,7 +268,7 @@ static int apply_event(gw_req *rq, const proto_ev *ev, job_err *je)
                      ev->completion_tokens, ev->finish ? ev->finish : "");
             return 1;
         }
-        if (rq->stream) sse_text(rq, j->index, NULL, 0, j->finish);
+        if (rq->stream) sse_text(rq, j->index, NULL, 0, j->finish, NULL);
         break;
     case PROTO_T_ERROR:
         j->done = 1;
@@ -372,7 +390,8 @@ static enum MHD_Result respond_generation(gw_req *rq, struct MHD_Connection *mc)
             }
         if (!rq->chat && rq->echo)
             for (int i = 0; i < rq->n_jobs; i++)
-                if (rq->jobs[i].text.len) sse_text(rq, rq->jobs[i].index, rq->jobs[i].text.p, rq->jobs[i].text.len, NULL);
+                if (rq->jobs[i].text.len && !rq->jobs[i].echo_wait)
+                    sse_text(rq, rq->jobs[i].index, rq->jobs[i].text.p, rq->jobs[i].text.len, NULL, NULL);
         (void)apply_event(rq, &ev, &je);   /* not a failure: that was answered above */
         if (rq->n_done == rq->n_jobs) sse_finish(rq);
         struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, rq, NULL);
@@ -418,7 +437,9 @@ static enum MHD_Result respond_generation(gw_req *rq, struct MHD_Connection *mc)
             sb_puts(&b, "\"text\":");
             sb_json_str(&b, j->text.p ? j->text.p : "", j->text.len);
         }
-        sb_printf(&b, ",\"logprobs\":null,\"finish_reason\":\"%s\"}", j->finish);
+        sb_puts(&b, ",");
+        lp_json(rq, j, &b);
+        sb_printf(&b, ",\"finish_reason\":\"%s\"}", j->finish);
     }
     sb_puts(&b, "],\"usage\":");
     usage_json(rq, &b);
@@ -596,11 +617,12 @@ static enum MHD_Result handle_generation(gw_req *rq, struct MHD_Connection *mc, 
                 }
                 q.tokens = tok_bufs[p];
                 q.n_tokens = nt;
-                if (rq->echo) { unsupported(&e, "echo", "with token prompts"); goto bad_toks; }
             } else {
                 pfail(&e, "prompt", "\"prompt\" must be a string, an array of strings or of token ids");
                 goto bad_toks;
             }
+            /* echo with logprobs, of ids, or of the prompt alone: the prompt's tokens come as events */
+            if (rq->echo && (q.logprobs || q.tokens || q.prompt_only)) q.echo = 1;
             json_t *ps = json_object_get(o, "parse_special");
             if (present(ps)) { int v; if (get_bool(o, "parse_special", 0, &v, &e) < 0) goto bad_toks; q.special = v; }
         }
@@ -611,6 +633,9 @@ static enum MHD_Result handle_generation(gw_req *rq, struct MHD_Connection *mc, 
             rq->jobs[idx].index = idx;
             rq->jobs[idx].prompt_no = p;
             if (rq->echo && q.text) sb_add(&rq->jobs[idx].text, q.text, q.text_len);
+            rq->jobs[idx].echo_ids = rq->echo && !q.text;
+            rq->jobs[idx].echo_wait = q.echo && rq->stream;
+            if (q.logprobs) lp_start(&rq->jobs[idx], rq->echo ? q.text : NULL, q.text_len);
         }
     }
     /* What cannot be sent is the request's fault, said here, not a daemon failure. */

@@ -31,6 +31,7 @@ typedef enum route {
     R_NONE = 0, R_HEALTH, R_MODELS, R_MODEL, R_COMPLETIONS, R_CHAT, R_TOKENIZE, R_DETOKENIZE, R_EMBEDDINGS,
 } route;
 
+typedef struct gw_lp gw_lp;
 typedef struct job {
     uint64_t id;                  /* daemon request id; 0 = not submitted */
     int index;                    /* OpenAI choice index */
@@ -41,6 +42,10 @@ typedef struct job {
     const char *finish;           /* OpenAI finish_reason once done */
     uint32_t prompt_tokens, cached_tokens, completion_tokens;
     int done;
+    struct gw_lp *lp;             /* logprobs: entries not yet written (logprobs.c); NULL = none */
+    int echo_ids;                 /* echo of a token prompt: its text is its tokens' bytes
+                                     (1 while they come, 2 once made whole UTF-8) */
+    int echo_wait;                /* streamed echo: its chunk waits for the prompt's tokens */
 } job;
 
 typedef struct gw_req {

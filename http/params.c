@@ -2,6 +2,7 @@
  * type and range and named in the error when wrong; what aned cannot do is
  * refused by name, never ignored. */
 #include "http/gw_int.h"
+#include "http/logprobs.h"
 
 #include <limits.h>
 #include <math.h>
@@ -125,7 +126,9 @@ int parse_sampling(json_t *o, proto_req *q, int chat, int *n_out, perr *e)
     const char *mt = chat && present(json_object_get(o, "max_completion_tokens")) ? "max_completion_tokens" : "max_tokens";
     if (get_int(o, mt, -1, PROTO_MAX_GEN, &has, &x, e) < 0) return -1;
     if (has) {
-        if (x == 0) return pfail(e, mt, "\"%s\" must be at least 1 (or -1 for the rest of the context)", mt);
+        /* 0 with echo: the prompt alone, scored (evaluation harnesses' loglikelihood) */
+        if (x == 0 && !chat && json_is_true(json_object_get(o, "echo"))) { q->echo = q->prompt_only = 1; x = 1; }
+        if (x == 0) return pfail(e, mt, "\"%s\" must be at least 1 (or -1 for the rest of the context; 0 only with \"echo\")", mt);
         q->max_tokens = x < 0 ? 0 : (int32_t)x;
     }
     if (get_number(o, "temperature", 0, PROTO_MAX_TEMPERATURE, &has, &d, e) < 0) return -1;
@@ -175,10 +178,7 @@ int parse_sampling(json_t *o, proto_req *q, int chat, int *n_out, perr *e)
     }
     json_t *lb = json_object_get(o, "logit_bias");
     if (present(lb) && !(json_is_object(lb) && json_object_size(lb) == 0)) return unsupported(e, "logit_bias", NULL);
-    json_t *lp = json_object_get(o, "logprobs");
-    if (present(lp) && !json_is_false(lp)) return unsupported(e, "logprobs", "token log-probabilities are not reported");
-    json_t *tlp = json_object_get(o, "top_logprobs");
-    if (present(tlp) && !(json_is_integer(tlp) && json_integer_value(tlp) == 0)) return unsupported(e, "top_logprobs", NULL);
+    if (lp_parse(o, q, chat, e) < 0) return -1;
     /* Tools, structured output and audio are declined on both endpoints
      * until implemented: a client must not take plain text for them. */
     json_t *tools = json_object_get(o, "tools"), *fns = json_object_get(o, "functions");

@@ -63,7 +63,7 @@ static const char *const type_names[] = {
     [PROTO_T_DONE] = "done", [PROTO_T_ERROR] = "error", [PROTO_T_TOKENS] = "tokens",
     [PROTO_T_TEXT] = "text", [PROTO_T_INFO_OK] = "info", [PROTO_T_PONG] = "pong",
     [PROTO_T_TOOL_CALL] = "tool_call",
-    [PROTO_T_EMBED] = "embed", [PROTO_T_EMBEDDING] = "embedding",
+    [PROTO_T_EMBED] = "embed", [PROTO_T_EMBEDDING] = "embedding", [PROTO_T_PROMPT_TOKEN] = "prompt_token",
 };
 #define N_TYPES ((int)(sizeof type_names / sizeof type_names[0]))
 
@@ -77,7 +77,7 @@ const char *proto_type_name(proto_type t)
 static proto_type type_lookup(const char *s, size_t n, int events)
 {
     int lo = events ? PROTO_T_HELLO_OK : PROTO_T_HELLO;
-    int hi = events ? PROTO_T_EMBEDDING : PROTO_T_EMBED;
+    int hi = events ? PROTO_T_PROMPT_TOKEN : PROTO_T_EMBED;
     for (int i = lo; i <= hi; i++)
         if (strlen(type_names[i]) == n && memcmp(type_names[i], s, n) == 0) return (proto_type)i;
     return PROTO_T_NONE;
@@ -199,6 +199,28 @@ static void pk_ki64(pk *k, const char *key, int64_t v) { pk_key(k, key); pk_i64(
 static void pk_kf32(pk *k, const char *key, float v) { pk_key(k, key); pk_f32(k, v); }
 static void pk_kf64(pk *k, const char *key, double v) { pk_key(k, key); pk_f64(k, v); }
 static void pk_kbool(pk *k, const char *key, int v) { pk_key(k, key); pk_bool(k, v); }
+static void pk_bin(pk *k, const char *s, size_t n)
+{
+    k->fail |= msgpack_pack_bin(&k->p, n);
+    if (n) k->fail |= msgpack_pack_bin_body(&k->p, s, n);
+}
+
+/* token / prompt_token: bytes, logprob and top_logprobs where present */
+static size_t lp_keys(const proto_ev *e) { return (e->bytes != NULL) + (e->has_logprob != 0) + (e->lps != NULL); }
+static void pk_lps(pk *k, const proto_ev *e)
+{
+    if (e->bytes) { pk_key(k, "bytes"); pk_bin(k, e->bytes, e->bytes_len); }
+    if (e->has_logprob) pk_kf32(k, "logprob", e->logprob);
+    if (!e->lps) return;
+    pk_key(k, "top_logprobs");
+    pk_arr(k, e->n_lps);
+    for (size_t i = 0; i < e->n_lps && !k->fail; i++) {
+        pk_arr(k, 3);
+        pk_i64(k, e->lps[i].id);
+        pk_f32(k, e->lps[i].logprob);
+        pk_bin(k, e->lps[i].bytes, e->lps[i].bytes_len);
+    }
+}
 
 /* floats as a bin of little-endian float32 (embedding) */
 static void pk_f32le(pk *k, const float *v, size_t n)
@@ -297,7 +319,8 @@ int proto_req_encode(proto_buf *b, const proto_req *r)
     case PROTO_T_GENERATE:
         if (r->n_stop > PROTO_MAX_STOP) return -1;
         pk_map(&k, 13 + (r->has_seed != 0) + (r->system != NULL) + n_tool_keys(r) + (r->grammar != NULL) +
-                   (r->json_schema != NULL) + (r->json_object != 0));
+                   (r->json_schema != NULL) + (r->json_object != 0) + (r->logprobs != 0) + (r->echo != 0) +
+                   (r->prompt_only != 0));
         pk_kstr(&k, "type", tn, strlen(tn));
         pk_ku64(&k, "id", r->id);
         if (prompt_msgs) pk_msgs(&k, r->msgs, r->n_msgs);
@@ -321,6 +344,9 @@ int proto_req_encode(proto_buf *b, const proto_req *r)
         if (r->grammar) pk_kstr(&k, "grammar", r->grammar, r->grammar_len);
         if (r->json_schema) pk_kstr(&k, "json_schema", r->json_schema, r->json_schema_len);
         if (r->json_object) pk_kbool(&k, "json_object", 1);
+        if (r->logprobs) pk_ki64(&k, "logprobs", r->top_logprobs);
+        if (r->echo) pk_kbool(&k, "echo", 1);
+        if (r->prompt_only) pk_kbool(&k, "prompt_only", 1);
         break;
     case PROTO_T_EVAL:
         pk_map(&k, 5 + (r->system != NULL));
@@ -387,12 +413,21 @@ int proto_ev_encode(proto_buf *b, const proto_ev *e)
         pk_kstr(&k, "model", e->model, e->model_len);
         break;
     case PROTO_T_TOKEN:
-        pk_map(&k, 4 + (e->reasoning != NULL));
+        pk_map(&k, 4 + (e->reasoning != NULL) + lp_keys(e));
         pk_kstr(&k, "type", tn, strlen(tn));
         pk_ku64(&k, "id", e->id);
         pk_ki64(&k, "token", e->token);
         pk_kstr(&k, "text", e->text, e->text_len);
         if (e->reasoning) pk_kstr(&k, "reasoning", e->reasoning, e->reasoning_len);
+        pk_lps(&k, e);
+        break;
+    case PROTO_T_PROMPT_TOKEN:
+        pk_map(&k, 4 + lp_keys(e));
+        pk_kstr(&k, "type", tn, strlen(tn));
+        pk_ku64(&k, "id", e->id);
+        pk_ki64(&k, "pos", e->pos);
+        pk_ki64(&k, "token", e->token);
+        pk_lps(&k, e);
         break;
     case PROTO_T_TOOL_CALL:
         pk_map(&k, 6);
@@ -1183,6 +1218,13 @@ static int decode_req(dctx *d, const msgpack_object *m, proto_req *q)
             else if (key_is(k, "grammar")) rc = get_str(d, v, "grammar", PROTO_MAX_PROMPT, &q->grammar, &q->grammar_len);
             else if (key_is(k, "json_schema")) rc = get_str(d, v, "json_schema", PROTO_MAX_PROMPT, &q->json_schema, &q->json_schema_len);
             else if (key_is(k, "json_object")) rc = get_bool(d, v, "json_object", &q->json_object);
+            else if (key_is(k, "logprobs")) {
+                /* true: the chosen token's alone; N: and N alternatives */
+                if (v->type == MSGPACK_OBJECT_BOOLEAN) { q->logprobs = v->via.boolean; q->top_logprobs = 0; }
+                else if ((rc = get_i32(d, v, "logprobs", 0, PROTO_MAX_LOGPROBS, &q->top_logprobs)) == 0) q->logprobs = 1;
+            }
+            else if (key_is(k, "echo")) rc = get_bool(d, v, "echo", &q->echo);
+            else if (key_is(k, "prompt_only")) rc = get_bool(d, v, "prompt_only", &q->prompt_only);
             else if (key_is(k, "stop")) {
                 if (v->type != MSGPACK_OBJECT_ARRAY) { rc = fail(d, PROTO_E_BAD_REQUEST, "\"stop\" must be an array of strings"); break; }
                 if (v->via.array.size > PROTO_MAX_STOP) {
@@ -1230,6 +1272,8 @@ static int decode_req(dctx *d, const msgpack_object *m, proto_req *q)
         if (q->tools && !has_msgs) return fail(d, PROTO_E_BAD_REQUEST, "\"tools\" go with \"messages\" (the chat template places them)");
         if (has_choice && !q->tools)
             return fail(d, PROTO_E_BAD_REQUEST, "\"tool_choice\" needs \"tools\"");
+        if (q->prompt_only && !q->echo)
+            return fail(d, PROTO_E_INVALID_VALUE, "\"prompt_only\" needs \"echo\": true");
         break;
     case PROTO_T_TOKENIZE:
         if (!has_text) return fail(d, PROTO_E_BAD_REQUEST, "missing \"text\"");
@@ -1286,6 +1330,54 @@ static int get_top(dctx *d, const msgpack_object *v, proto_ev *e)
     }
     e->top = t;
     e->n_top = n;
+    return 0;
+}
+
+/* bytes of a token: bin (or str), any bytes */
+static int get_bytes(dctx *d, const msgpack_object *o, const char *name, const char **s, size_t *n)
+{
+    if (o->type != MSGPACK_OBJECT_BIN && o->type != MSGPACK_OBJECT_STR)
+        return fail(d, PROTO_E_BAD_REQUEST, "\"%s\" must be bytes", name);
+    const char *p = o->type == MSGPACK_OBJECT_BIN ? o->via.bin.ptr : o->via.str.ptr;
+    size_t len = o->type == MSGPACK_OBJECT_BIN ? o->via.bin.size : o->via.str.size;
+    char *c = arena_alloc(d->r, len + 1, 1);
+    if (!c) return fail(d, PROTO_E_INTERNAL, "out of memory");
+    if (len) memcpy(c, p, len);
+    c[len] = 0;
+    *s = c;
+    *n = len;
+    return 0;
+}
+
+/* token / prompt_token: bytes, logprob, top_logprobs [[id, logprob, bytes], ...] */
+static int get_lp_field(dctx *d, const msgpack_object *k, const msgpack_object *v, proto_ev *e)
+{
+    double x;
+    if (key_is(k, "bytes")) return get_bytes(d, v, "bytes", &e->bytes, &e->bytes_len);
+    if (key_is(k, "logprob")) {
+        if (obj_number(v, &x) < 0) return fail(d, PROTO_E_BAD_REQUEST, "\"logprob\" must be a number");
+        e->logprob = (float)x;
+        e->has_logprob = 1;
+        return 0;
+    }
+    if (!key_is(k, "top_logprobs")) return 0;
+    if (v->type != MSGPACK_OBJECT_ARRAY) return fail(d, PROTO_E_BAD_REQUEST, "\"top_logprobs\" must be an array");
+    uint32_t n = v->via.array.size;
+    if (n > PROTO_MAX_LOGPROBS) return fail(d, PROTO_E_TOO_LARGE, "\"top_logprobs\" has %u entries, over %d", n, PROTO_MAX_LOGPROBS);
+    proto_lp *t = arena_alloc(d->r, (n ? n : 1) * sizeof *t, 8);
+    if (!t) return fail(d, PROTO_E_INTERNAL, "out of memory");
+    for (uint32_t i = 0; i < n; i++) {
+        const msgpack_object *p = &v->via.array.ptr[i];
+        if (p->type != MSGPACK_OBJECT_ARRAY || p->via.array.size != 3)
+            return fail(d, PROTO_E_BAD_REQUEST, "\"top_logprobs\"[%u] must be [id, logprob, bytes]", i);
+        if (get_i32(d, &p->via.array.ptr[0], "top_logprobs id", 0, INT32_MAX, &t[i].id) < 0) return -1;
+        if (obj_number(&p->via.array.ptr[1], &x) < 0)
+            return fail(d, PROTO_E_BAD_REQUEST, "\"top_logprobs\"[%u] logprob must be a number", i);
+        t[i].logprob = (float)x;
+        if (get_bytes(d, &p->via.array.ptr[2], "top_logprobs bytes", &t[i].bytes, &t[i].bytes_len) < 0) return -1;
+    }
+    e->lps = t;
+    e->n_lps = n;
     return 0;
 }
 
@@ -1392,6 +1484,12 @@ static int decode_ev(dctx *d, const msgpack_object *m, proto_ev *e)
             if (key_is(k, "token")) rc = get_i32(d, v, "token", 0, INT32_MAX, &e->token);
             else if (key_is(k, "text")) rc = get_str(d, v, "text", big, &e->text, &e->text_len);
             else if (key_is(k, "reasoning")) rc = get_str(d, v, "reasoning", big, &e->reasoning, &e->reasoning_len);
+            else rc = get_lp_field(d, k, v, e);
+            break;
+        case PROTO_T_PROMPT_TOKEN:
+            if (key_is(k, "token")) rc = get_i32(d, v, "token", 0, INT32_MAX, &e->token);
+            else if (key_is(k, "pos")) rc = get_i32(d, v, "pos", 0, INT32_MAX, &e->pos);
+            else rc = get_lp_field(d, k, v, e);
             break;
         case PROTO_T_TOOL_CALL:
             if (key_is(k, "index")) rc = get_u32(d, v, "index", &e->call_index);

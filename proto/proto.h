@@ -55,6 +55,7 @@ typedef enum proto_type {
     PROTO_T_PONG,       /* "pong"   */
     PROTO_T_TOOL_CALL,  /* "tool_call" (generate with tools) */
     PROTO_T_EMBEDDING,  /* "embedding" (embed) */
+    PROTO_T_PROMPT_TOKEN, /* "prompt_token" (generate with echo) */
 } proto_type;
 
 /* generate's "tool_choice" */
@@ -137,12 +138,20 @@ typedef struct proto_req {
     const char *grammar; size_t grammar_len;
     const char *json_schema; size_t json_schema_len;
     int json_object;
+    /* generate: "logprobs" (logprobs 1, top_logprobs alternatives 0..20),
+     * "echo" (prompt_token events), "prompt_only" (with echo: no generation) */
+    int logprobs;
+    int32_t top_logprobs;
+    int echo, prompt_only;
     /* cancel: `id` names the request to cancel */
 } proto_req;
 
 void proto_req_init(proto_req *r, proto_type t, uint64_t id); /* zero + defaults */
 
 typedef struct proto_top { int32_t id; float logit; } proto_top;
+/* One top_logprobs entry: a token, its log-probability and its bytes. */
+typedef struct proto_lp { int32_t id; float logprob; const char *bytes; size_t bytes_len; } proto_lp;
+#define PROTO_MAX_LOGPROBS 20
 
 typedef struct proto_client_count { uint32_t uid; uint32_t pid; uint32_t active, queued; } proto_client_count;
 
@@ -158,6 +167,11 @@ typedef struct proto_ev {
     int32_t token;
     const char *text; size_t text_len;        /* token text, detokenize text */
     const char *reasoning; size_t reasoning_len; /* token (tools): reasoning text, NULL = none */
+    /* token with logprobs, prompt_token: the token's bytes (NULL: not sent),
+     * its logprob (has_logprob) and the alternatives (lps != NULL: sent) */
+    const char *bytes; size_t bytes_len;
+    int has_logprob; float logprob;
+    const proto_lp *lps; size_t n_lps;
     /* tool_call */
     uint32_t call_index;
     const char *call_name; size_t call_name_len;

@@ -1,5 +1,5 @@
 // The official OpenAI Node SDK against aned-http, with tools: chat.completions.create
-// (streamed and not) and the runTools helper. The model (mk_chain_model.py) always
+// (streamed and not) and the runTools helper; logprobs on both endpoints. The model (mk_chain_model.py) always
 // answers with one call get_weather({"city": "Paris"}) in its template's Hermes syntax,
 // so every check below needs the call parsed out of the reply and carried through
 // OpenAI's shapes. Prints "N passed, M failed".
@@ -73,9 +73,15 @@ await check('tool_choice none: the reply is text', async () => {
   assert.equal(r.choices[0].finish_reason, 'stop');
 });
 
-await check('tool_choice required: refused (no constrained decoding yet)', async () => {
-  await assert.rejects(client.chat.completions.create({ model: 'any', messages, tools, tool_choice: 'required', max_tokens: 8 }),
-                       (e) => e.status === 400);
+await check('tool_choice required and named: one call to the function', async () => {
+  for (const tool_choice of ['required', { type: 'function', function: { name: 'get_weather' } }]) {
+    const r = await client.chat.completions.create({ model: 'any', messages, tools, tool_choice, temperature: 0, max_tokens: 200 });
+    const calls = r.choices[0].message.tool_calls;
+    assert.equal(r.choices[0].finish_reason, 'tool_calls');
+    assert.equal(calls.length, 1);
+    assert.equal(calls[0].function.name, 'get_weather');
+    assert.equal(typeof JSON.parse(calls[0].function.arguments).city, 'string');
+  }
 });
 
 await check('runTools', async () => {
@@ -115,6 +121,36 @@ await check('embeddings with dimensions', async () => {
   r.data.forEach((d) => { assert.equal(d.embedding.length, 8); assert.ok(Math.abs(norm(d.embedding) - 1) < 1e-5); });
   await assert.rejects(emb.embeddings.create({ model: 'any', input: 'x', dimensions: 1 << 19 }),
     (e) => e.status === 400 && e.param === 'dimensions');
+await check('chat logprobs, whole and streamed', async () => {
+  const r = await client.chat.completions.create({ model: 'any', messages, temperature: 0, max_tokens: 6,
+                                                   logprobs: true, top_logprobs: 3 });
+  const content = r.choices[0].logprobs.content;
+  assert.equal(content.length, r.usage.completion_tokens);
+  for (const e of content) {
+    assert.equal(typeof e.token, 'string');
+    assert.ok(e.logprob <= 0 && Array.isArray(e.bytes) && e.top_logprobs.length === 3);
+    assert.equal(e.top_logprobs[0].logprob, e.logprob);   // greedy: the chosen is the likeliest
+  }
+  const s = await client.chat.completions.create({ model: 'any', messages, temperature: 0, max_tokens: 6,
+                                                   logprobs: true, top_logprobs: 3, stream: true });
+  const got = [];
+  for await (const chunk of s) {
+    const ch = chunk.choices[0];
+    if (ch && ch.logprobs && ch.logprobs.content) got.push(...ch.logprobs.content);
+  }
+  assert.deepEqual(got, content);
+});
+
+await check('completions logprobs and echo (a loglikelihood request)', async () => {
+  const r = await client.completions.create({ model: 'any', prompt: 'What is the weather', max_tokens: 0, echo: true,
+                                             logprobs: 1, temperature: 0 });
+  const lp = r.choices[0].logprobs;
+  assert.equal(lp.token_logprobs.length, r.usage.prompt_tokens);
+  assert.equal(lp.token_logprobs[0], null);
+  assert.ok(lp.token_logprobs.slice(1).every((v) => v <= 0));
+  assert.equal(lp.tokens.length, lp.text_offset.length);
+  assert.equal(r.usage.completion_tokens, 0);
+  await assert.rejects(client.completions.create({ model: 'any', prompt: 'x', logprobs: 21 }), (e) => e.status === 400);
 });
 
 console.log(`${passed} passed, ${failed} failed`);

@@ -942,6 +942,19 @@ def lim_top(env, v):
     c.close()
 
 
+def lim_logprobs(env, v):
+    lo, hi = (int(x) for x in v.split(".."))
+    c = env.main.connect()
+    evs = list(c.events(c.request("generate", tokens=[1], max_tokens=1, temperature=0, logprobs=hi)))
+    tok = [e for e in evs if e.get("type") == "token"]
+    check(len(tok) == 1 and len(tok[0].get("top_logprobs", [])) == min(hi, env.n_vocab),
+          "§8 logprobs %d: %r" % (hi, tok))
+    for bad in (lo - 1, hi + 1):
+        ev = first_error(c, c.request("generate", tokens=[1], max_tokens=1, logprobs=bad))
+        check(ev and ev.get("code") == "invalid_value" and names_field(ev, "logprobs"), "§8 logprobs %d: %r" % (bad, ev))
+    c.close()
+
+
 def lim_max_tokens(env, v):
     lo, hi = (int(x) for x in v.split(".."))
     check_range(env, env.main, "generate", "max_tokens", "uint", "%d..%d" % (lo, hi))
@@ -1012,7 +1025,8 @@ LIMITS = {
     "message size, both directions": lim_message, "nesting depth": lim_depth,
     "prompt / system / tokenize text": lim_text, "messages": lim_messages,
     "token ids in one request": lim_ids, "requests in flight per connection": lim_inflight,
-    "stop strings": lim_stop, "eval top": lim_top, "max_tokens": lim_max_tokens,
+    "stop strings": lim_stop, "eval top": lim_top, "logprobs alternatives": lim_logprobs,
+    "max_tokens": lim_max_tokens,
     "hello client name": lim_client, "ids in one tokenize reply": lim_tokenize_reply,
     "text of one detokenize reply": lim_detokenize_reply,
 }

@@ -400,7 +400,7 @@ def t_chat(env):
                       ({"messages": same, "functions": [{"name": "f"}]}, "unsupported_parameter"),
                       ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
                        "unsupported_content"),
-                      ({"messages": same, "logprobs": True}, "unsupported_parameter"),
+                      ({"messages": same, "logprobs": 1}, "invalid_value"),
                       ({"messages": same, "response_format": {"type": "xml"}}, "unsupported_parameter")]:
         st, _, b = post(gw, "/v1/chat/completions", bad)
         check(st == 400 and is_error(b, code), "refused %r: %s %r" % (bad, st, b))
@@ -477,7 +477,7 @@ def t_http_errors(env):
                       ({"prompt": "x", "stream": "yes"}, "invalid_value"),
                       ({"prompt": 5}, "invalid_value"),
                       ({"max_tokens": 3}, "invalid_value"),
-                      ({"prompt": "x", "logprobs": 1}, "unsupported_parameter"),
+                      ({"prompt": "x", "logprobs": 21}, "invalid_value"),
                       ({"prompt": "x", "presence_penalty": 0.5}, "unsupported_parameter"),
                       ({"prompt": "x", "logit_bias": {"5": 1}}, "unsupported_parameter"),
                       ({"prompt": "x", "suffix": "y"}, "unsupported_parameter"),

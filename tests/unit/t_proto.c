@@ -245,6 +245,63 @@ static int rt_ev(proto_reader *r, const proto_ev *e, proto_ev *out)
     return rc == 1 && code == PROTO_OK ? 0 : -1;
 }
 
+/* logprobs: the request's fields, token and prompt_token events' keys
+ * (bytes that are not UTF-8 kept as they are), bad values named. */
+static void t_logprobs(void)
+{
+    proto_reader *r = proto_reader_new(0);
+    proto_buf b = {0};
+    proto_req q, o;
+    proto_err code;
+    char err[256];
+    proto_req_init(&q, PROTO_T_GENERATE, 3);
+    q.text = "x"; q.text_len = 1;
+    q.logprobs = 1; q.top_logprobs = 20; q.echo = 1; q.prompt_only = 1;
+    CHECK(proto_req_encode(&b, &q) == 0);
+    CHECK(proto_reader_feed(r, b.data, b.len) == 0);
+    CHECK(proto_reader_next_req(r, &o, &code, err, sizeof err) == 1 && code == PROTO_OK);
+    CHECK(o.logprobs == 1 && o.top_logprobs == 20 && o.echo == 1 && o.prompt_only == 1);
+    b.len = 0;
+    proto_req_init(&q, PROTO_T_GENERATE, 4);
+    q.text = "x"; q.text_len = 1;
+    CHECK(proto_req_encode(&b, &q) == 0);
+    CHECK(proto_reader_feed(r, b.data, b.len) == 0);
+    CHECK(proto_reader_next_req(r, &o, &code, err, sizeof err) == 1 && code == PROTO_OK);
+    CHECK(o.logprobs == 0 && o.echo == 0 && o.prompt_only == 0);
+    proto_buf_free(&b);
+    static void (*const bad[])(msgpack_packer *) = { p_big, p_neg, p_str };
+    static const proto_err want[] = { PROTO_E_INVALID_VALUE, PROTO_E_INVALID_VALUE, PROTO_E_BAD_REQUEST };
+    for (int i = 0; i < 3; i++) {
+        CHECK(field_case("generate", "logprobs", bad[i], "prompt", p_str, &o, &code, err, sizeof err) == 1);
+        CHECKF(code == want[i] && strstr(err, "\"logprobs\""), "logprobs case %d: %d %s", i, code, err);
+    }
+    CHECK(field_case("generate", "prompt_only", p_bool, "prompt", p_str, &o, &code, err, sizeof err) == 1);
+    CHECK(code == PROTO_E_INVALID_VALUE && strstr(err, "\"prompt_only\""));
+    CHECK(field_case("generate", "logprobs", p_bool, "prompt", p_str, &o, &code, err, sizeof err) == 1);
+    CHECK(code == PROTO_OK && o.logprobs == 1 && o.top_logprobs == 0);
+
+    proto_ev e, v;
+    proto_lp lps[2] = { { 5, -0.25f, "\xe2\x82", 2 }, { 9, -INFINITY, "", 0 } };
+    proto_ev_init(&e, PROTO_T_TOKEN, 9);
+    e.token = 5; e.text = ""; e.bytes = "\xe2\x82"; e.bytes_len = 2;
+    e.has_logprob = 1; e.logprob = -0.25f; e.lps = lps; e.n_lps = 2;
+    if (rt_ev(r, &e, &v) == 0) {
+        CHECK(v.has_logprob && v.logprob == -0.25f && v.bytes_len == 2 && !memcmp(v.bytes, "\xe2\x82", 2));
+        CHECK(v.n_lps == 2 && v.lps[0].id == 5 && v.lps[0].logprob == -0.25f && v.lps[0].bytes_len == 2);
+        CHECK(v.lps[1].id == 9 && v.lps[1].logprob == -INFINITY && v.lps[1].bytes_len == 0);
+    }
+    proto_ev_init(&e, PROTO_T_TOKEN, 9);   /* without logprobs: none of the keys */
+    e.token = 5; e.text = "a"; e.text_len = 1;
+    if (rt_ev(r, &e, &v) == 0) CHECK(!v.has_logprob && !v.bytes && !v.lps);
+    proto_ev_init(&e, PROTO_T_PROMPT_TOKEN, 10);
+    e.pos = 0; e.token = 1; e.bytes = "<s>"; e.bytes_len = 3;
+    if (rt_ev(r, &e, &v) == 0) CHECK(v.type == PROTO_T_PROMPT_TOKEN && v.pos == 0 && v.token == 1 && !v.has_logprob && !v.lps);
+    e.pos = 1; e.has_logprob = 1; e.logprob = -3; e.lps = lps; e.n_lps = 1;
+    if (rt_ev(r, &e, &v) == 0) CHECK(v.pos == 1 && v.logprob == -3 && v.n_lps == 1);
+    CHECK(strcmp(proto_type_name(PROTO_T_PROMPT_TOKEN), "prompt_token") == 0);
+    proto_reader_free(r);
+}
+
 static void t_ev_roundtrip(void)
 {
     proto_reader *r = proto_reader_new(0);
@@ -1417,6 +1474,7 @@ int main(void)
     RUN(t_defaults);
     RUN(t_req_roundtrip);
     RUN(t_ev_roundtrip);
+    RUN(t_logprobs);
     RUN(t_done_wire);
     RUN(t_partial);
     RUN(t_too_large);
