@@ -121,6 +121,8 @@ await check('embeddings with dimensions', async () => {
   r.data.forEach((d) => { assert.equal(d.embedding.length, 8); assert.ok(Math.abs(norm(d.embedding) - 1) < 1e-5); });
   await assert.rejects(emb.embeddings.create({ model: 'any', input: 'x', dimensions: 1 << 19 }),
     (e) => e.status === 400 && e.param === 'dimensions');
+});
+
 await check('chat logprobs, whole and streamed', async () => {
   const r = await client.chat.completions.create({ model: 'any', messages, temperature: 0, max_tokens: 6,
                                                    logprobs: true, top_logprobs: 3 });
