@@ -71,9 +71,18 @@ await check('tool_choice none: the reply is text', async () => {
   assert.equal(r.choices[0].finish_reason, 'stop');
 });
 
-await check('tool_choice required: refused (no constrained decoding yet)', async () => {
-  await assert.rejects(client.chat.completions.create({ model: 'any', messages, tools, tool_choice: 'required', max_tokens: 8 }),
-                       (e) => e.status === 400);
+await check('tool_choice required and named: a call, finish_reason tool_calls', async () => {
+  for (const tool_choice of ['required', { type: 'function', function: { name: 'get_weather' } }]) {
+    // one call, arguments bounded: the chain model's greedy reply would otherwise go round
+    const strict = [{ type: 'function', function: { name: 'get_weather', parameters: { type: 'object',
+      properties: { city: { type: 'string', maxLength: 8 } }, required: ['city'], additionalProperties: false } } }];
+    const r = await client.chat.completions.create({ model: 'any', messages, tools: strict, tool_choice, max_tokens: 200, temperature: 0,
+                                                     parallel_tool_calls: false });
+    assert.equal(r.choices[0].finish_reason, 'tool_calls');
+    const calls = r.choices[0].message.tool_calls;
+    assert.ok(calls && calls.length === 1 && calls[0].function.name === 'get_weather');
+    assert.equal(typeof JSON.parse(calls[0].function.arguments), 'object');
+  }
 });
 
 await check('runTools', async () => {
