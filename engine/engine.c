@@ -1122,7 +1122,7 @@ static int kv_size(eng *e, const eng_opts *opt, int max_T, int max_out, size_t *
         if (room / page_bytes < n_pages) n_pages = room / page_bytes;
         if (opt->n_ctx > 0 && n_pages < pages_per_ctx) n_pages = pages_per_ctx;
     }
-    if (n_pages > (size_t)1 << 24) n_pages = (size_t)1 << 24;
+    if (n_pages > (size_t)1 << 24 && !(dev && opt->kv_budget)) n_pages = (size_t)1 << 24;   /* (page tables) */
     if (n_pages < pages_per_ctx) {
         if (opt->n_ctx > 0 || n_pages * KV_PAGE < 64) {
             snprintf(err, errlen, "%s: a KV pool of %zu MiB (%zu tokens) is below one full context of %d tokens "
@@ -1147,6 +1147,7 @@ static int kv_size(eng *e, const eng_opts *opt, int max_T, int max_out, size_t *
             return -1;
         }
     }
+    if (n_pages > (size_t)1 << 24) n_pages = (size_t)1 << 24;
     *out = n_pages;
     return 0;
 }

@@ -306,13 +306,23 @@ static void check_invariance(int pooling)
     for (int i = 0; i < 16; i++) d[ng + i] = embed_text(texts[(i * 7 + 3) % 16]);
     run_jobs(e, ng + 16, d, r);
     int same = 0;
+    const char *bk = getenv("ANE_BACKEND");
+    const int cuda = bk && !strcmp(bk, "cuda");
     for (int i = 0; i < 16; i++) {
         const float *a = alone[(i * 7 + 3) % 16], *v = r[ng + i].v;
         CHECKF(v && r[ng + i].n == E, "%s", r[ng + i].msg);
         if (v && a) {
             int eq = memcmp(a, v, (size_t)E * sizeof *v) == 0;
             same += eq;
-            CHECKF(eq, "pooling %d input %d: differs in a batch", pooling, (i * 7 + 3) % 16);
+            if (cuda) {
+                /* CUDA's prompt matmuls tile by the pass's rows: within
+                 * rounding, not bit for bit (docs/engine.md) */
+                double dot = 0;
+                for (int k = 0; k < E; k++) dot += (double)a[k] * v[k];
+                CHECKF(dot > 1 - 1e-5, "pooling %d input %d: cosine %.9f alone and in a batch", pooling,
+                       (i * 7 + 3) % 16, dot);
+            } else
+                CHECKF(eq, "pooling %d input %d: differs in a batch", pooling, (i * 7 + 3) % 16);
         }
     }
     for (int g = 0; g < ng; g++) CHECKF(r[g].done && !r[g].err && r[g].n_gen > 0, "%s", r[g].msg);

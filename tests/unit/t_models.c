@@ -285,6 +285,9 @@ static void test_too_big(void)
         fprintf(stderr, "  (no accelerator backend asked for: nothing to check)\n");
         return;
     }
+    /* (a context alone no longer asks for max_seqs full contexts: pages are
+     * taken as sequences grow, and one 16M-token context of this model fits
+     * a large card) */
     for (int k = 0; k < 2; k++) {
         char err[512] = "";
         eng *e = NULL;
@@ -292,10 +295,9 @@ static void test_too_big(void)
         o.model_path = M("qwen3-tiny.bf16.gguf");
         o.n_threads = 2;
         o.backend = bk;
-        if (k == 0) o.kv_budget = (size_t)1 << 42;   /* 4 TiB */
-        else { o.n_ctx = 16777216; o.max_seqs = 256; }
-        CHECKF(eng_open(&e, &o, err, sizeof err) != 0, "a %s the device cannot hold was accepted",
-               k ? "context" : "KV budget");
+        o.kv_budget = k == 0 ? (size_t)1 << 42 : (size_t)1 << 41;   /* 4 TiB, 2 TiB with a long context */
+        if (k) o.n_ctx = 16777216;
+        CHECKF(eng_open(&e, &o, err, sizeof err) != 0, "a KV budget the device cannot hold was accepted");
         CHECKF(strstr(err, "device memory") && strstr(err, "are free") && strstr(err, "KV pool") &&
                strstr(err, "qwen3-tiny"), "%s", err);
         fprintf(stderr, "  %s\n", err);
@@ -501,7 +503,7 @@ static const char *make_gptoss_mxfp4(void)
     json_decref(cfg);
     static const char *const link_[3] = { "tokenizer.json", "tokenizer_config.json", "generation_config.json" };
     for (int i = 0; i < 3; i++) {
-        char from[256];
+        char from[PATH_MAX + 64];
         snprintf(p, sizeof p, "%s/%s", dir, link_[i]);
         CHECK(realpath(FIXTURE("hf/gptoss-tiny"), from) != NULL);
         strncat(from, "/", sizeof from - strlen(from) - 1);
