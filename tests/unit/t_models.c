@@ -486,8 +486,10 @@ static const char *make_gptoss_mxfp4(void)
     char *hs = json_dumps(nh, JSON_COMPACT);
     snprintf(p, sizeof p, "%s/model.safetensors", dir);
     f = fopen(p, "wb");
-    uint64_t nhl = strlen(hs);
-    CHECK(f && fwrite(&nhl, 8, 1, f) == 1 && fwrite(hs, 1, nhl, f) == nhl && fwrite(out, 1, len, f) == len);
+    /* the header padded with spaces to a multiple of 8, as safetensors writes it */
+    uint64_t nhl = strlen(hs), padded = (nhl + 7) / 8 * 8;
+    CHECK(f && fwrite(&padded, 8, 1, f) == 1 && fwrite(hs, 1, nhl, f) == nhl &&
+          fwrite("        ", 1, padded - nhl, f) == padded - nhl && fwrite(out, 1, len, f) == len);
     if (f) fclose(f);
     free(hs); free(out); free(src);
     json_decref(hdr); json_decref(nh);
