@@ -19,7 +19,7 @@ typedef struct cpu_be {
     pool *pool;
     void *act;            /* quantized activations */
     size_t act_cap;
-    int simd_att;         /* attention through AVX2/F16C */
+    int simd;             /* attention and silu through AVX2/F16C/FMA (be_cpu_scalar turns off) */
     /* rope: cos/sin per (position, pair), computed once per position and
      * reused by every head, layer and later batch; grows by doubling. */
     float *rope_tab;      /* [rope_n][half][2] */
@@ -281,7 +281,7 @@ static void cpu_silu_mul(be *b, const float *g, const float *u, size_t n, float 
     silu_job j = { g, u, out, n };
     pool_fn fn = silu_part;
 #if defined(__x86_64__)
-    if (c->simd_att) fn = silu_part_avx2;
+    if (c->simd) fn = silu_part_avx2;
 #endif
     pool_run(c->pool, fn, &j, (int)((n + SILU_CHUNK - 1) / SILU_CHUNK));
 }
@@ -619,7 +619,7 @@ static void cpu_attention(be *b, const float *q, const void *kc, const void *vc,
 {
     cpu_be *c = (cpu_be *)b;
     att_job j = { b, q, kc, vc, bt, n_head, n_head_kv, head_dim, out, 0, 0, NULL, 1.0f / sqrtf((float)head_dim) };
-    j.simd = c->simd_att && head_dim % 8 == 0;
+    j.simd = c->simd && head_dim % 8 == 0;
     pool_run(c->pool, att_one, &j, bt->T * n_head);
 }
 
@@ -633,7 +633,7 @@ static void cpu_attention_ex(be *b, const float *q, const void *kc, const void *
         j.sinks = ex->sinks && ex->sinks->data ? ex->sinks->data : NULL;
         if (ex->scale != 0) j.scale = ex->scale;
     }
-    j.simd = c->simd_att && head_dim % 8 == 0;
+    j.simd = c->simd && head_dim % 8 == 0;
     pool_run(c->pool, att_one, &j, bt->T * n_head);
 }
 
@@ -701,7 +701,7 @@ static int x86_simd(void)
 
 void be_cpu_scalar(be *b, int on)
 {
-    ((cpu_be *)b)->simd_att = !on && x86_simd();
+    ((cpu_be *)b)->simd = !on && x86_simd();
 }
 
 int be_cpu_open(be **out, pool *p, int kv_type, char *err, size_t errlen)
@@ -712,7 +712,7 @@ int be_cpu_open(be **out, pool *p, int kv_type, char *err, size_t errlen)
     c->base.kv_type = kv_type;
     c->pool = p;
     qt_init();
-    c->simd_att = x86_simd();
+    c->simd = x86_simd();
     *out = &c->base;
     return 0;
 }

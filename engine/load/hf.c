@@ -755,6 +755,26 @@ static gguf_tensor *add_owned(hf_model *h, const char *nm, uint32_t type, int64_
     return t;
 }
 
+/* gpt_oss expert biases: gate_up_proj_bias [X][2F] (gate and up
+ * interleaved) and down_proj_bias [X][E] into the f32 ffn_{gate,up,down}_exps
+ * biases gb, ub [X][F] and db [X][E]; -1 with err when out of memory. */
+static int gptoss_biases(const gguf_tensor *gu, const gguf_tensor *dn, int64_t X, int64_t F, int64_t E, float *gb,
+                         float *ub, float *db, char *err, size_t errlen)
+{
+    float *row = malloc((size_t)(2 * F) * 4);
+    if (!row) { snprintf(err, errlen, "out of memory"); return -1; }
+    for (int64_t x = 0; x < X; x++) {
+        qt_dequant_row(gu->type, (const uint8_t *)gu->data + (size_t)x * qt_row_size(gu->type, 2 * F), row, 2 * F);
+        for (int64_t f = 0; f < F; f++) {
+            gb[x * F + f] = row[2 * f];
+            ub[x * F + f] = row[2 * f + 1];
+        }
+        qt_dequant_row(dn->type, (const uint8_t *)dn->data + (size_t)x * qt_row_size(dn->type, E), db + x * E, E);
+    }
+    free(row);
+    return 0;
+}
+
 /* gpt_oss experts as released, in MXFP4: gate_up_proj_blocks [X][2F][E/32][16]
  * and _scales [X][2F][E/32] (rows: gate and up interleaved), down_proj_blocks
  * [X][E][F/32][16] and _scales [X][E][F/32]; rows of out, 32-value blocks.
@@ -843,20 +863,8 @@ static int gptoss_mxfp4(hf_model *h, const char *dir, int64_t l, char *err, size
             }
         }
     }
-    float *gub = malloc((size_t)(2 * F) * 4);
-    if (!gub) { snprintf(err, errlen, "out of memory"); return -1; }
-    for (int64_t x = 0; x < X; x++) {
-        qt_dequant_row(t[4]->type, (const uint8_t *)t[4]->data + (size_t)x * qt_row_size(t[4]->type, 2 * F), gub,
-                       2 * F);
-        for (int64_t f = 0; f < F; f++) {
-            ((float *)o[3]->data)[x * F + f] = gub[2 * f];
-            ((float *)o[4]->data)[x * F + f] = gub[2 * f + 1];
-        }
-        qt_dequant_row(t[5]->type, (const uint8_t *)t[5]->data + (size_t)x * qt_row_size(t[5]->type, E),
-                       (float *)o[5]->data + x * E, E);
-    }
-    free(gub);
-    return 0;
+    return gptoss_biases(t[4], t[5], X, F, E, (float *)o[3]->data, (float *)o[4]->data,
+                         (float *)o[5]->data, err, errlen);
 }
 
 /* gpt_oss experts: gate_up_proj [X][E][2F] (gate and up interleaved, the
@@ -932,19 +940,8 @@ static int gptoss_experts(hf_model *h, const char *dir, char *err, size_t errlen
                     memcpy((uint8_t *)o[2]->data + (size_t)((x * E + e) * F + f) * dsz,
                            dn + (size_t)((x * F + f) * E + e) * dsz, dsz);
                 }
-        float *gub = malloc((size_t)(2 * F) * 4);
-        if (!gub) { snprintf(err, errlen, "out of memory"); return -1; }
-        for (int64_t x = 0; x < X; x++) {
-            qt_dequant_row(t[1]->type, (const uint8_t *)t[1]->data + (size_t)x * qt_row_size(t[1]->type, 2 * F), gub,
-                           2 * F);
-            for (int64_t f = 0; f < F; f++) {
-                ((float *)o[3]->data)[x * F + f] = gub[2 * f];
-                ((float *)o[4]->data)[x * F + f] = gub[2 * f + 1];
-            }
-            qt_dequant_row(t[3]->type, (const uint8_t *)t[3]->data + (size_t)x * qt_row_size(t[3]->type, E),
-                           (float *)o[5]->data + x * E, E);
-        }
-        free(gub);
+        if (gptoss_biases(t[1], t[3], X, F, E, (float *)o[3]->data, (float *)o[4]->data,
+                          (float *)o[5]->data, err, errlen)) return -1;
     }
     return 0;
 }
