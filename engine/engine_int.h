@@ -120,6 +120,12 @@ struct eng {
     struct gram_vocab *gvocab;   /* the vocabulary's token trie, built at the first grammar */
     pthread_mutex_t gv_mu;
     uint32_t *gmask;             /* worker scratch: one grammar mask */
+    /* worker scratch of greedy passes under grammars: the masks of the
+     * output rows (gm_cap words), the end-of-generation tokens as bits,
+     * the rows whose grammar failed */
+    uint32_t *gm_rows, *eog_bits;
+    size_t gm_cap;
+    uint8_t *b_gfail;
     eng_model_info info;
     char warning[256];
     int n_ctx, max_seqs, max_queued;
@@ -175,6 +181,7 @@ struct eng {
      * the next step is that batch (else its ids are dropped). */
     int a_on, a_T;
     int a_stale;                 /* a job of the queued step was evicted: not the next batch */
+    int a_noarg;                 /* its argmax is not queued yet (it waits for grammar masks) */
     int32_t *a_pos, *a_out, *a_ids;
     job **a_job;
 };

@@ -433,6 +433,53 @@ static int grammar_mask(eng *e, job *j, float *lg)
     return 0;
 }
 
+/* The grammar masks of the n_out output rows of a greedy pass, for the
+ * backend's argmax: the tokens each row's grammar allows, and the
+ * end-of-generation tokens where it may end (rows without a grammar allow
+ * every token): what grammar_mask leaves finite. A row whose grammar fails
+ * is marked in e->b_gfail (its job got its error). NULL when out of memory
+ * (every grammar row failed). */
+static const uint32_t *masks_fill(eng *e, int n_out)
+{
+    int32_t nv = e->m->hp.n_vocab;
+    size_t nw = ((size_t)nv + 31) / 32, need = (size_t)n_out * nw;
+    if (!e->eog_bits && (e->eog_bits = calloc(nw, 4)))
+        for (int32_t i = 0; i < nv; i++)
+            if (e->eog[i]) e->eog_bits[i >> 5] |= 1u << (i & 31);
+    if (need > e->gm_cap) {
+        free(e->gm_rows);
+        e->gm_rows = malloc(need * 4);
+        e->gm_cap = e->gm_rows ? need : 0;
+    }
+    for (int o = 0; o < n_out; o++) {
+        job *j = e->b_job_of_out[o];
+        e->b_gfail[o] = 0;
+        if (!j->gm) {
+            if (e->gm_rows) memset(e->gm_rows + (size_t)o * nw, 0xFF, nw * 4);
+            continue;
+        }
+        if (!e->gm_rows || !e->eog_bits) {
+            grammar_fail(j, "grammar: out of memory");
+            e->b_gfail[o] = 1;
+            continue;
+        }
+        uint32_t *row = e->gm_rows + (size_t)o * nw;
+        char gerr[160];
+        int can_end = gram_match_can_end(j->gm);
+        int64_t n = 0;
+        if (gram_match_must_end(j->gm)) memset(row, 0, nw * 4);
+        else n = gram_match_mask(j->gm, e->gvocab, row, gerr, sizeof gerr);
+        if (n < 0 || (n == 0 && !can_end)) {
+            grammar_fail(j, n < 0 ? gerr : "grammar: no token of the vocabulary can continue the text");
+            e->b_gfail[o] = 1;
+            continue;
+        }
+        if (can_end)
+            for (size_t w = 0; w < nw; w++) row[w] |= e->eog_bits[w];
+    }
+    return e->gm_rows && e->eog_bits ? e->gm_rows : NULL;
+}
+
 /* The log-probabilities an event carries (logprobs): chosen's and the
  * job's n_lp likeliest, from lg as given. */
 static void ev_logprobs(eng *e, job *j, eng_event *ev, const float *lg, int32_t chosen)
@@ -565,21 +612,34 @@ static int ahead_ok(eng *e, int T, int n_decode, int n_out)
     return idle;
 }
 
+/* The queued step, dropped: the ids of its argmax (when queued) are taken
+ * and forgotten. */
+static void ahead_drop(eng *e)
+{
+    if (e->a_on && !e->a_noarg) fw_greedy_take(e->fw, e->a_ids, e->a_T);
+    e->a_on = 0;
+}
+
 /* The greedy pass of the batch in e->b_*: queued unless the step before
- * queued it already, the next step queued behind it when ahead_ok, then
- * its ids taken into e->b_ids. */
-static void run_greedy(eng *e, const be_batch *bt, int n_decode, int n_out)
+ * queued it already; under grammars (masked) its masks computed while it
+ * runs, then its argmax queued; the next step's pass queued behind it when
+ * ahead_ok (with its argmax unless masked: its masks need this step's
+ * ids); then this step's ids taken into e->b_ids. */
+static void run_greedy(eng *e, const be_batch *bt, int n_decode, int n_out, int masked)
 {
     int T = bt->T;
-    int have = ahead_is(e, T, n_out);
-    if (!have && fw_greedy_queue(e->fw, e->b_tok, bt, e->b_out, n_out) != 0) {
-        if (e->a_on) fw_greedy_take(e->fw, e->a_ids, e->a_T);
-        e->a_on = 0;
-        fw_run_greedy(e->fw, e->b_tok, bt, e->b_out, n_out, e->b_ids);
-        return;
+    int have = ahead_is(e, T, n_out) && (masked ? e->a_noarg : 1);
+    int argq = have && !e->a_noarg;   /* its argmax is queued too */
+    if (!have) {
+        ahead_drop(e);
+        if (fw_pass_queue(e->fw, e->b_tok, bt, e->b_out, n_out) != 0) {
+            const uint32_t *mk = masked ? masks_fill(e, n_out) : NULL;
+            fw_run_greedy(e->fw, e->b_tok, bt, e->b_out, n_out, mk, e->b_ids);
+            return;
+        }
     }
-    if (e->a_on && !have) fw_greedy_take(e->fw, e->a_ids, e->a_T);   /* (queued first: dropped) */
     e->a_on = 0;
+    if (!argq) fw_argmax_queue(e->fw, n_out, masked ? masks_fill(e, n_out) : NULL);
     if (ahead_ok(e, T, n_decode, n_out)) {
         for (int t = 0; t < T; t++) {
             e->a_pos[t] = e->b_pos[t] + 1;
@@ -589,8 +649,10 @@ static void run_greedy(eng *e, const be_batch *bt, int n_decode, int n_out)
         be_batch ab = *bt;
         ab.pos = e->a_pos;
         ab.ids_dev = 1;
-        if (fw_greedy_queue(e->fw, NULL, &ab, e->a_out, n_out) == 0) {
+        if (fw_pass_queue(e->fw, NULL, &ab, e->a_out, n_out) == 0) {
+            if (!masked) fw_argmax_queue(e->fw, n_out, NULL);
             e->a_on = 1;
+            e->a_noarg = masked;
             e->a_stale = 0;
             e->a_T = T;
         }
@@ -664,27 +726,26 @@ static void step(eng *e)
     be_batch bt = { .T = T, .pos = e->b_pos, .pages = e->b_pages, .slot = e->b_slot, .n_dec = n_decode };
     /* when every output row is greedy without penalties, only the argmax ids
      * are needed: backends that can (CUDA) compute them and skip the logits */
-    int greedy = n_out > 0 && fw_greedy_ok(e->fw), embed = 0;
+    int greedy = n_out > 0 && fw_greedy_ok(e->fw), embed = 0, masked = 0;
     for (int o = 0; o < n_out; o++) {
         const job *j = e->b_job_of_out[o];
         embed |= j->kind == ENG_JOB_EMBED;
-        if (j->kind != ENG_JOB_GENERATE || j->s.temperature > 0.0f || j->s.repeat_penalty != 1.0f || j->gm ||
-            j->lp || j->echo)
+        masked |= j->gm != NULL;
+        if (j->kind != ENG_JOB_GENERATE || j->s.temperature > 0.0f || j->s.repeat_penalty != 1.0f || j->lp ||
+            j->echo)
             greedy = 0;
     }
     double t_pass = now_ms();
     if (greedy) {
-        run_greedy(e, &bt, n_decode, n_out);
+        run_greedy(e, &bt, n_decode, n_out, masked);
     } else {
-        if (e->a_on) fw_greedy_take(e->fw, e->a_ids, e->a_T);   /* (dropped) */
-        e->a_on = 0;
+        ahead_drop(e);
         fw_run(e->fw, e->b_tok, &bt, e->b_out, n_out, e->logits);
         if (embed) fw_hidden(e->fw, e->hidden, n_out);
     }
     t_pass = now_ms() - t_pass;
     if (model_gone(e, 1)) {   /* this pass read other weights: its jobs end (schedule) */
-        if (e->a_on) fw_greedy_take(e->fw, e->a_ids, e->a_T);
-        e->a_on = 0;
+        ahead_drop(e);
         return;
     }
 
@@ -719,7 +780,7 @@ static void step(eng *e)
             if (j->prompt_only) continue;   /* the last prompt position: nothing to generate */
         }
         if (!j->t_first) j->t_first = now_ms();
-        if (j->gm && grammar_mask(e, j, lg)) continue;
+        if (j->gm && (greedy ? e->b_gfail[o] : grammar_mask(e, j, lg) != 0)) continue;   /* (failed) */
         int32_t id;
         if (greedy) id = e->b_ids[o];
         else if (j->lp) {
@@ -798,8 +859,7 @@ void *worker_main(void *arg)
         notify(e);
         done = now_ms() - t0;
     }
-    if (e->a_on) fw_greedy_take(e->fw, e->a_ids, e->a_T);
-    e->a_on = 0;
+    ahead_drop(e);
     return NULL;
 }
 

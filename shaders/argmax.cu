@@ -4,16 +4,19 @@
 /* Block (row, part) of P: the best (value, first index) of its share of the
  * row, to part[row][P] (the index as the float's bits); with P == 1 the
  * index itself to ids. Max with the smaller index on ties is associative,
- * so the split does not change the result. */
-__global__ void k_argmax(const float *x, int n, int32_t *ids, float2 *part)
+ * so the split does not change the result. mask (NULL or [rows][nw] bits):
+ * only the tokens whose bit is set compete. */
+__global__ void k_argmax(const float *x, int n, const uint32_t *mask, int nw, int32_t *ids, float2 *part)
 {
     pdl_begin();
     const float *r = x + (size_t)blockIdx.x * n;
+    const uint32_t *mr = mask ? mask + (size_t)blockIdx.x * nw : NULL;
     int P = gridDim.y, per = (n + P - 1) / P, i0 = blockIdx.y * per, i1 = min(n, i0 + per);
     float best = -INFINITY;
     int bi = 0x7fffffff;
     for (int i = i0 + threadIdx.x; i < i1; i += blockDim.x) {
         float v = r[i];
+        if (mr && !((mr[i >> 5] >> (i & 31)) & 1u)) continue;
         if (v > best) { best = v; bi = i; }
     }
     __shared__ float sv[1024];
@@ -55,13 +58,13 @@ __global__ void k_argmax_fin(const float2 *part, int P, int32_t *ids)
 
 extern "C" {
 
-void ck_argmax(cudaStream_t st, const float *x, int rows, int n, int32_t *ids, void *part)
+void ck_argmax(cudaStream_t st, const float *x, int rows, int n, const uint32_t *mask, int32_t *ids, void *part)
 {
     /* a row per block when there are enough rows; else each row split in
      * up to 32 parts (one block scanning a 150k vocabulary is latency-bound) */
     int P = !part || rows >= 64 ? 1 : min(32, max(1, n / 4096));
     dim3 g(rows, P);
-    lk(k_argmax, g, 1024, 0, st, x, n, ids, (float2 *)part);
+    lk(k_argmax, g, 1024, 0, st, x, n, mask, (n + 31) / 32, ids, (float2 *)part);
     if (P > 1) lk(k_argmax_fin, rows, 32, 0, st, (const float2 *)part, P, ids);
 }
 

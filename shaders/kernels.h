@@ -230,11 +230,12 @@ void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *v
 void ck_attention_ex(cudaStream_t st, const float *q, const void *kc, const void *vc, int f16, const int32_t *pos,
                      const int32_t *off, const int32_t *pages, int T, int n_head, int n_head_kv, int hd, int window,
                      const float *sinks, float scale, float *out);
-/* ids[r] = argmax of row r of x [rows][n] (first of equals). part (or
- * NULL): a scratch of CK_ARGMAX_PART bytes, with which fewer than 64 rows
- * are each split over several blocks. */
+/* ids[r] = argmax of row r of x [rows][n] (first of equals) among the
+ * tokens whose bit is set in mask (device [rows][(n + 31) / 32], or NULL:
+ * all; none set: 0). part (or NULL): a scratch of CK_ARGMAX_PART bytes,
+ * with which fewer than 64 rows are each split over several blocks. */
 #define CK_ARGMAX_PART (64 * 32 * 8)
-void ck_argmax(cudaStream_t st, const float *x, int rows, int n, int32_t *ids, void *part);
+void ck_argmax(cudaStream_t st, const float *x, int rows, int n, const uint32_t *mask, int32_t *ids, void *part);
 
 /* Mixture of experts (moe.cu; the op of backend.h's be_moe, gating and
  * act as its BE_MOE_* numbers). Routing: ids, wts [T][K] from the logits

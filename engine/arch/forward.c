@@ -137,22 +137,26 @@ void fw_hidden(fw *f, float *hidden, int n_out)
 
 int fw_greedy_ok(const fw *f) { return f->fam->greedy && f->b->ops->argmax != NULL; }
 
-int fw_greedy_queue(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out)
+int fw_pass_queue(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out)
 {
     be *b = f->b;
     if (!f->fam->greedy || !b->ops->argmax_queue || n_out <= 0 || n_out > BE_QUEUE_ROWS) return -1;
     fw_pass(f, tokens, bt, out_idx, n_out);
-    b->ops->argmax_queue(b, f->lg, n_out, f->m->hp.n_vocab);
     return 0;
+}
+
+void fw_argmax_queue(fw *f, int n_out, const uint32_t *mask)
+{
+    f->b->ops->argmax_queue(f->b, f->lg, n_out, f->m->hp.n_vocab, mask);
 }
 
 void fw_greedy_take(fw *f, int32_t *ids, int n_out) { f->b->ops->argmax_take(f->b, ids, n_out); }
 
 void fw_run_greedy(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out,
-                   int32_t *ids)
+                   const uint32_t *mask, int32_t *ids)
 {
     be *b = f->b;
     fw_pass(f, tokens, bt, out_idx, n_out);
-    if (n_out > 0) b->ops->argmax(b, f->lg, n_out, f->m->hp.n_vocab, ids);
+    if (n_out > 0) b->ops->argmax(b, f->lg, n_out, f->m->hp.n_vocab, mask, ids);
     b->ops->sync(b);
 }

@@ -64,19 +64,24 @@ void fw_run(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out
  * projection's input) of its n_out output rows to host memory
  * hidden [n_out][n_embd]. */
 void fw_hidden(fw *f, float *hidden, int n_out);
-/* As fw_run, but writes only the greedy choice (first argmax of the logits)
- * of each output row to host ids[n_out]: the logits stay on the device. Only
- * where fw_greedy_ok (the backend has an argmax). */
+/* As fw_run, but writes only the greedy choice (first argmax of the logits,
+ * among the tokens mask allows where it is not NULL: host bits
+ * [n_out][(n_vocab + 31) / 32], see be_ops.argmax) of each output row to
+ * host ids[n_out]: the logits stay on the device. Only where fw_greedy_ok
+ * (the backend has an argmax). */
 int fw_greedy_ok(const fw *f);
 void fw_run_greedy(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out,
-                   int32_t *ids);
-/* The same in two halves, so that a next pass can be queued before the
- * ids of this one are read: fw_greedy_queue queues the pass and its argmax
- * (0; -1 where the backend cannot, or n_out > BE_QUEUE_ROWS: nothing
- * queued), fw_greedy_take waits for the oldest queued pass's ids. A pass
- * whose bt->ids_dev is set takes as its tokens the ids of the pass queued
- * before it (rows 0..T-1; tokens is then NULL). At most two are queued. */
-int fw_greedy_queue(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out);
+                   const uint32_t *mask, int32_t *ids);
+/* The same in parts, so that a next pass can be queued before the ids of
+ * this one are read, and a grammar's mask be computed while its pass runs:
+ * fw_pass_queue queues the pass (0; -1 where the backend cannot, or
+ * n_out > BE_QUEUE_ROWS: nothing queued), fw_argmax_queue the argmax of the
+ * pass queued last, fw_greedy_take waits for the oldest queued argmax's
+ * ids. A pass whose bt->ids_dev is set takes as its tokens the ids of the
+ * argmax queued before it (rows 0..T-1; tokens is then NULL). At most two
+ * argmaxes are queued. */
+int fw_pass_queue(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out);
+void fw_argmax_queue(fw *f, int n_out, const uint32_t *mask);
 void fw_greedy_take(fw *f, int32_t *ids, int n_out);
 
 #endif

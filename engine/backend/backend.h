@@ -220,13 +220,17 @@ typedef struct be_ops {
      * ops (or the skip), before the logits are read. */
     int (*step_begin)(be *b, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out);
     void (*step_end)(be *b);
-    /* Optional: host ids[r] = first argmax of row r of x [rows][n]; waits. */
-    void (*argmax)(be *b, const float *x, int rows, int n, int32_t *ids);
-    /* Optional pair: argmax_queue queues argmax without waiting and leaves
-     * the ids where a next pass with ids_dev reads them; argmax_take waits
-     * for the oldest queued and writes it to host ids[rows]. At most two are
-     * queued at once, of at most BE_QUEUE_ROWS rows. */
-    void (*argmax_queue)(be *b, const float *x, int rows, int n);
+    /* Optional: host ids[r] = first argmax of row r of x [rows][n]; waits.
+     * mask: NULL, or host bits [rows][(n + 31) / 32] (bit i & 31 of word
+     * i >> 5 set: token i may be chosen), as a grammar allows; a row that
+     * allows nothing gives 0. */
+    void (*argmax)(be *b, const float *x, int rows, int n, const uint32_t *mask, int32_t *ids);
+    /* Optional pair: argmax_queue queues argmax (mask as above, read before
+     * the call returns) without waiting and leaves the ids where a next pass
+     * with ids_dev reads them; argmax_take waits for the oldest queued and
+     * writes it to host ids[rows]. At most two are queued at once, of at
+     * most BE_QUEUE_ROWS rows. */
+    void (*argmax_queue)(be *b, const float *x, int rows, int n, const uint32_t *mask);
     void (*argmax_take)(be *b, int32_t *ids, int rows);
     /* Optional fused ops (fw_run uses the plain ops where NULL).
      * matmul_n: n (<= 3) matmuls of the same x: out[i] = W[i] x (+ bias[i]). */

@@ -102,6 +102,8 @@ static void cu_close(be *b)
     if (c->h_out) cudaFreeHost(c->h_out);
     if (c->h_ids_out) cudaFreeHost(c->h_ids_out);
     if (c->h_ids_q) cudaFreeHost(c->h_ids_q);
+    if (c->h_mask) cudaFreeHost(c->h_mask);
+    cudaFree(c->d_mask);
     for (int i = 0; i < 2; i++) {
         if (c->ev_ids[i]) cudaEventDestroy(c->ev_ids[i]);
         if (c->ev_step[i]) cudaEventDestroy(c->ev_step[i]);
@@ -1063,12 +1065,41 @@ static int cu_qkv_rope(be *b, const wt *const *w, const wt *const *bias, const f
     return 1;
 }
 
-static void cu_argmax(be *b, const float *x, int rows, int n, int32_t *ids)
+/* A grammar's host mask for rows argmax rows to the device, through the
+ * pinned half h (that of the ids it goes with: a half is written again
+ * only after those ids were taken, so no queued copy reads it then).
+ * NULL when mask is NULL, or on failure (c->failed). */
+static const uint32_t *mask_up(cu_be *c, const uint32_t *mask, int rows, int n, int h)
+{
+    if (!mask) return NULL;
+    size_t words = (size_t)rows * (((size_t)n + 31) / 32);
+    if (words > c->mask_cap) {
+        ok(c, cudaStreamSynchronize(c->st), "sync");   /* (the copies from the old halves) */
+        if (c->h_mask) cudaFreeHost(c->h_mask);
+        cudaFree(c->d_mask);
+        c->h_mask = NULL;
+        c->d_mask = NULL;
+        c->mask_cap = 0;
+        if (!ok(c, cudaMallocHost((void **)&c->h_mask, 2 * words * 4), "grammar mask") ||
+            !ok(c, cudaMalloc((void **)&c->d_mask, 2 * words * 4), "grammar mask"))
+            return NULL;
+        c->mask_cap = words;
+    }
+    uint32_t *hm = c->h_mask + (size_t)h * c->mask_cap, *dm = c->d_mask + (size_t)h * c->mask_cap;
+    memcpy(hm, mask, words * 4);
+    ok(c, cudaMemcpyAsync(dm, hm, words * 4, cudaMemcpyHostToDevice, c->st), "grammar mask");
+    return dm;
+}
+
+static void cu_argmax(be *b, const float *x, int rows, int n, const uint32_t *mask, int32_t *ids)
 {
     cu_be *c = (cu_be *)b;
+    if (mask && c->ids_n == 2) ok(c, cudaStreamSynchronize(c->st), "sync");   /* (both halves queued) */
+    const uint32_t *dm = mask_up(c, mask, rows, n, (c->ids_head + c->ids_n) & 1);
+    size_t nw = ((size_t)n + 31) / 32;
     for (int r0 = 0; r0 < rows; r0 += ARGMAX_ROWS) {
         int nr = rows - r0 < ARGMAX_ROWS ? rows - r0 : ARGMAX_ROWS;
-        ck_argmax(c->st, x + (size_t)r0 * n, nr, n, c->d_ids_out, c->d_amax);
+        ck_argmax(c->st, x + (size_t)r0 * n, nr, n, dm ? dm + (size_t)r0 * nw : NULL, c->d_ids_out, c->d_amax);
         ok(c, cudaMemcpyAsync(c->h_ids_out, c->d_ids_out, (size_t)nr * 4, cudaMemcpyDeviceToHost, c->st), "ids");
         ok(c, cudaStreamSynchronize(c->st), "sync");
         memcpy(ids + r0, c->h_ids_out, (size_t)nr * 4);
@@ -1078,7 +1109,7 @@ static void cu_argmax(be *b, const float *x, int rows, int n, int32_t *ids)
 /* The ids go to the step block's id rows (read by a next pass with
  * ids_dev; a pass with host ids overwrites them) and from there to a host
  * half; the pass queued next does not restage them. */
-static void cu_argmax_queue(be *b, const float *x, int rows, int n)
+static void cu_argmax_queue(be *b, const float *x, int rows, int n, const uint32_t *mask)
 {
     cu_be *c = (cu_be *)b;
     if (rows > c->cap_T) stage(c, NULL, rows, NULL);   /* (no pass yet: the step block) */
@@ -1087,7 +1118,7 @@ static void cu_argmax_queue(be *b, const float *x, int rows, int n)
         return;
     }
     int s2 = (c->ids_head + c->ids_n) & 1;
-    ck_argmax(c->st, x, rows, n, c->d_step, c->d_amax);
+    ck_argmax(c->st, x, rows, n, mask_up(c, mask, rows, n, s2), c->d_step, c->d_amax);
     ok(c, cudaMemcpyAsync(c->h_ids_q + (size_t)s2 * BE_QUEUE_ROWS, c->d_step, (size_t)rows * 4,
                           cudaMemcpyDeviceToHost, c->st), "ids");
     ok(c, cudaEventRecord(c->ev_ids[s2], c->st), "event");

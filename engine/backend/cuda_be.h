@@ -90,6 +90,10 @@ typedef struct cu_be {
     cudaEvent_t ev_ids[2];
     int ids_head, ids_n;
     void *d_amax;              /* argmax partials: CK_ARGMAX_PART bytes */
+    /* grammar masks of argmax rows: pinned halves (one per queued argmax)
+     * and their device copy, mask_cap words each */
+    uint32_t *h_mask, *d_mask;
+    size_t mask_cap;
 } cu_be;
 
 static inline int ok(cu_be *c, cudaError_t e, const char *what)

@@ -213,6 +213,7 @@ int main(int argc, char **argv)
         RUN_SOME(test_attention_ex);
         RUN_SOME(test_gelu_layernorm);
         RUN_SOME(test_argmax);
+        RUN_SOME(test_argmax_mask);
         RUN_SOME(test_ssm_elementwise);
         RUN_SOME(test_conv1d);
         RUN_SOME(test_deltanet);

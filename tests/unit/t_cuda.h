@@ -61,6 +61,7 @@ void test_elementwise(void);
 void test_norms(void);
 void test_rope(void);
 void test_argmax(void);
+void test_argmax_mask(void);
 void test_gelu_layernorm(void);
 void test_rope_kv(void);
 void test_qkv_rope(void);

@@ -153,7 +153,7 @@ void test_argmax(void)
         float *dx = dev_from(gpu, x, N);
         int32_t ids[100];
         CHECK(gpu->ops->argmax != NULL);
-        if (gpu->ops->argmax) gpu->ops->argmax(gpu, dx, rows, n, ids);
+        if (gpu->ops->argmax) gpu->ops->argmax(gpu, dx, rows, n, NULL, ids);
         for (int r = 0; r < rows; r++) {
             int best = 0;
             for (int i = 1; i < n; i++) if (x[(size_t)r * n + i] > x[(size_t)r * n + best]) best = i;
@@ -162,12 +162,12 @@ void test_argmax(void)
         /* again (the split's counters were left at zero), and queued: two
          * at once, taken in order */
         int32_t again[100], q1[100], q2[100];
-        if (gpu->ops->argmax) gpu->ops->argmax(gpu, dx, rows, n, again);
+        if (gpu->ops->argmax) gpu->ops->argmax(gpu, dx, rows, n, NULL, again);
         CHECKF(memcmp(again, ids, (size_t)rows * 4) == 0, "argmax %d rows: a second call differs", rows);
         CHECK(gpu->ops->argmax_queue && gpu->ops->argmax_take);
         if (gpu->ops->argmax_queue && gpu->ops->argmax_take) {
-            gpu->ops->argmax_queue(gpu, dx, rows, n);
-            gpu->ops->argmax_queue(gpu, dx + n, rows - 1, n);
+            gpu->ops->argmax_queue(gpu, dx, rows, n, NULL);
+            gpu->ops->argmax_queue(gpu, dx + n, rows - 1, n, NULL);
             gpu->ops->argmax_take(gpu, q1, rows);
             gpu->ops->argmax_take(gpu, q2, rows - 1);
             CHECKF(memcmp(q1, ids, (size_t)rows * 4) == 0, "argmax_queue %d rows: ids differ", rows);
@@ -176,6 +176,72 @@ void test_argmax(void)
         }
         gpu->ops->free(gpu, dx);
         free(x);
+    }
+}
+
+/* The first argmax of row r among the tokens mask allows (0 when none). */
+static int32_t masked_best(const float *x, const uint32_t *mask, int r, int n)
+{
+    size_t nw = ((size_t)n + 31) / 32;
+    int best = -1;
+    for (int i = 0; i < n; i++) {
+        if (!((mask[(size_t)r * nw + (size_t)(i >> 5)] >> (i & 31)) & 1u)) continue;
+        if (x[(size_t)r * n + i] == -INFINITY) continue;
+        if (best < 0 || x[(size_t)r * n + i] > x[(size_t)r * n + best]) best = i;
+    }
+    return best < 0 ? 0 : best;
+}
+
+/* argmax under a grammar's mask: rows with a sparse mask, a dense one,
+ * one token, none, the best token refused, ties among the allowed; split
+ * and unsplit rows; synchronous and two queued at once with different
+ * masks (each queued mask is its own copy); odd vocabulary sizes. */
+void test_argmax_mask(void)
+{
+    const int nrows[3] = { 5, 37, 100 }, ns[3] = { 151936, 32001, 4099 };
+    for (int c = 0; c < 3; c++) {
+        int rows = nrows[c], n = ns[c];
+        size_t N = (size_t)rows * n, nw = ((size_t)n + 31) / 32;
+        float *x = malloc(N * 4);
+        uint32_t *m1 = calloc((size_t)rows * nw, 4), *m2 = calloc((size_t)rows * nw, 4);
+        for (size_t i = 0; i < N; i++) x[i] = frand() * 20;
+        for (int r = 0; r < rows; r++) {
+            uint32_t *w1 = m1 + (size_t)r * nw, *w2 = m2 + (size_t)r * nw;
+            int kind = r % 5;
+            for (int i = 0; i < n; i++) {
+                int a = kind == 0 ? frand() < 0.01 : kind == 1 ? frand() < 0.9 : kind == 2 ? i == n - 1 : 0;
+                if (kind == 4) a = i % 7 == 3;
+                if (a) w1[i >> 5] |= 1u << (i & 31);
+                if (frand() < 0.5) w2[i >> 5] |= 1u << (i & 31);
+            }
+        }
+        /* the best token refused, two allowed equal maxima */
+        int b0 = 123 % n;
+        x[b0] = 1000;
+        m1[b0 >> 5] &= ~(1u << (b0 & 31));
+        if (rows > 4) {
+            size_t o = (size_t)4 * n;
+            x[o + 3] = 500; x[o + 10] = 500;   /* both allowed (i % 7 == 3) */
+        }
+        float *dx = dev_from(gpu, x, N);
+        int32_t *ids = malloc((size_t)rows * 4), *q1 = malloc((size_t)rows * 4), *q2 = malloc((size_t)rows * 4);
+        if (gpu->ops->argmax && gpu->ops->argmax_queue && gpu->ops->argmax_take) {
+            gpu->ops->argmax(gpu, dx, rows, n, m1, ids);
+            for (int r = 0; r < rows; r++)
+                CHECKF(ids[r] == masked_best(x, m1, r, n), "masked argmax n %d %d rows, row %d: %d, want %d", n,
+                       rows, r, ids[r], masked_best(x, m1, r, n));
+            gpu->ops->argmax_queue(gpu, dx, rows, n, m1);
+            gpu->ops->argmax_queue(gpu, dx, rows, n, m2);
+            memset(m1, 0, (size_t)rows * nw * 4);   /* (already copied) */
+            gpu->ops->argmax_take(gpu, q1, rows);
+            gpu->ops->argmax_take(gpu, q2, rows);
+            CHECKF(memcmp(q1, ids, (size_t)rows * 4) == 0, "masked argmax_queue n %d %d rows: ids differ", n, rows);
+            for (int r = 0; r < rows; r++)
+                CHECKF(q2[r] == masked_best(x, m2, r, n), "masked argmax_queue (second) n %d row %d: %d, want %d", n,
+                       r, q2[r], masked_best(x, m2, r, n));
+        } else CHECK(0);
+        gpu->ops->free(gpu, dx);
+        free(x); free(m1); free(m2); free(ids); free(q1); free(q2);
     }
 }
 

@@ -1,6 +1,7 @@
 /* t_engine — the engine through its public header: greedy decoding against
  * the llama2.c reference, batch invariance, prefix reuse, cancellation, stop
- * strings, seeded sampling, every submit-time error, and text prompts
+ * strings, seeded sampling, greedy decoding under grammars, every
+ * submit-time error, and text prompts
  * tokenized off the caller's thread (errors as events, cancel, order). */
 #include "engine/engine.h"
 #include "tests/check.h"
@@ -150,6 +151,95 @@ static void test_batch_invariance(void)
     batch_invariance(FIXTURE("models/llama-q.Q8_0.gguf"), 1000);
     batch_invariance(FIXTURE("models/llama-q.Q4_0.gguf"), 1000);
     batch_invariance(FIXTURE("models/qwen2-tiny.bf16.gguf"), 1000);
+}
+
+/* Greedy decoding under grammars: the choice made where the logits stay on
+ * the device (CUDA masks them there) is the one made from the host's copy
+ * (logprobs need the logits on the host), alone and with other grammars and
+ * an unconstrained job in the same pass; a closed grammar ends the reply. */
+static int submit_g(eng *e, const int32_t *toks, size_t n, const char *grammar, const char *schema, int logprobs,
+                    intptr_t user)
+{
+    eng_job_desc d = { 0 };
+    char err[256];
+    eng_err code;
+    uint64_t id;
+    d.kind = ENG_JOB_GENERATE;
+    d.tokens = toks;
+    d.n_tokens = n;
+    d.max_tokens = 48;
+    eng_sampling_default(&d.sampling);
+    d.sampling.temperature = 0;
+    d.grammar = grammar;
+    d.grammar_len = grammar ? strlen(grammar) : 0;
+    d.json_schema = schema;
+    d.json_schema_len = schema ? strlen(schema) : 0;
+    d.logprobs = logprobs;
+    d.user = (void *)user;
+    d.owner = (uint64_t)user;
+    int rc = eng_submit(e, &d, &id, &code, err, sizeof err);
+    if (rc) fprintf(stderr, "submit: %s\n", err);
+    return rc;
+}
+
+static void grammar_greedy(const char *model, int32_t t0)
+{
+    static const char *const gram[3] = {
+        "root ::= (\"Tom\" | \"Lily\" | \"Ben\") \" \" (\"ran\" | \"sat\" | \"ate\") \".\"",
+        NULL,
+        "root ::= [a-z]+ (\" \" [a-z]+)* \".\"",
+    };
+    static const char *const schema =
+        "{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"integer\"},\"s\":{\"type\":\"string\",\"maxLength\":8}},"
+        "\"required\":[\"n\",\"s\"],\"additionalProperties\":false}";
+    eng *e = open_eng(model, 4);
+    if (!e) { CHECK(0); return; }
+    int32_t prompt[4][3];
+    static res solo[4], host[4], many[4];
+    memset(solo, 0, sizeof solo);
+    memset(host, 0, sizeof host);
+    memset(many, 0, sizeof many);
+    for (int g = 0; g < 4; g++) {
+        prompt[g][0] = 1; prompt[g][1] = t0 + 11 * g; prompt[g][2] = t0 + 5;
+    }
+    for (int g = 0; g < 3; g++) {
+        CHECK(submit_g(e, prompt[g], 3, gram[g], g == 1 ? schema : NULL, 0, g) == 0);
+        pump(e, solo, 1);
+        CHECK(submit_g(e, prompt[g], 3, gram[g], g == 1 ? schema : NULL, 1, g) == 0);
+        pump(e, host, 1);
+    }
+    CHECK(submit_g(e, prompt[3], 3, NULL, NULL, 0, 3) == 0);
+    pump(e, solo, 1);
+    for (int g = 0; g < 4; g++) CHECK(submit_g(e, prompt[g], 3, g < 3 ? gram[g] : NULL, g == 1 ? schema : NULL, 0, g) == 0);
+    pump(e, many, 4);
+    for (int g = 0; g < 4; g++) {
+        CHECKF(solo[g].done && !solo[g].error && many[g].done && !many[g].error, "%s grammar %d: done", model, g);
+        if (g < 3) {
+            CHECKF(host[g].done && !host[g].error, "%s grammar %d: done (logprobs)", model, g);
+            CHECKF(solo[g].n == host[g].n && !memcmp(solo[g].ids, host[g].ids, sizeof(int32_t) * (size_t)solo[g].n),
+                   "%s grammar %d: greedy %.*s, from the host's logits %.*s", model, g, (int)solo[g].text_len,
+                   solo[g].text, (int)host[g].text_len, host[g].text);
+        }
+        CHECKF(solo[g].n == many[g].n && !memcmp(solo[g].ids, many[g].ids, sizeof(int32_t) * (size_t)solo[g].n),
+               "%s job %d: alone %.*s, batched %.*s", model, g, (int)solo[g].text_len, solo[g].text,
+               (int)many[g].text_len, many[g].text);
+    }
+    /* the closed grammar: one of its nine sentences, then the end */
+    const char *t = solo[0].text;
+    int ok = solo[0].finish == ENG_FINISH_EOS && solo[0].text_len >= 7 && t[solo[0].text_len - 1] == '.' &&
+             (!strncmp(t, "Tom ", 4) || !strncmp(t, "Lily ", 5) || !strncmp(t, "Ben ", 4));
+    CHECKF(ok, "%s: closed grammar gave %.*s (finish %d)", model, (int)solo[0].text_len, t, (int)solo[0].finish);
+    size_t k = 0;   /* (JSON may open with white space) */
+    while (k < solo[1].text_len && strchr(" \t\r\n", solo[1].text[k])) k++;
+    CHECKF(k == solo[1].text_len || solo[1].text[k] == '{', "%s: schema gave %.*s", model, (int)solo[1].text_len,
+           solo[1].text);
+    eng_close(e);
+}
+
+static void test_grammar_greedy(void)
+{
+    grammar_greedy(STORIES, 300);
+    grammar_greedy(FIXTURE("models/qwen2-tiny.bf16.gguf"), 1000);
 }
 
 static void test_prefix_reuse(void)
@@ -1008,6 +1098,7 @@ int main(int argc, char **argv)
     CHECK_ARGS(argc, argv);
     RUN(test_greedy_reference);
     RUN(test_batch_invariance);
+    RUN(test_grammar_greedy);
     RUN(test_prefix_reuse);
     RUN(test_cancel);
     RUN(test_pause);
