@@ -1272,6 +1272,7 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
     e->b_out = malloc((size_t)max_T * sizeof *e->b_out);
     e->b_ids = malloc((size_t)max_T * sizeof *e->b_ids);
     e->b_gfail = calloc((size_t)max_T, 1);
+    e->b_gneed = calloc((size_t)max_T, 1);
     e->a_pos = malloc((size_t)max_T * sizeof *e->a_pos);
     e->a_out = malloc((size_t)max_T * sizeof *e->a_out);
     e->a_ids = malloc((size_t)max_T * sizeof *e->a_ids);
@@ -1289,7 +1290,7 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
         snprintf(err, errlen, "out of memory");
         goto fail;
     }
-    if (!e->active || !e->b_tok || !e->b_pos || !e->b_out || !e->b_ids || !e->b_gfail || !e->a_pos || !e->a_out || !e->a_ids ||
+    if (!e->active || !e->b_tok || !e->b_pos || !e->b_out || !e->b_ids || !e->b_gfail || !e->b_gneed || !e->a_pos || !e->a_out || !e->a_ids ||
         !e->a_job || !e->b_pages || !e->b_job || !e->b_slot || !e->slot_used ||
         !e->b_job_of_out || !e->b_out_pos || !e->logits || !e->hidden) {
         snprintf(err, errlen, "out of memory");
@@ -1335,6 +1336,7 @@ void eng_close(eng *e)
     free(e->gm_rows);
     free(e->eog_bits);
     free(e->b_gfail);
+    free(e->b_gneed);
     fw_close(e->fw);
     if (e->be) e->be->ops->close(e->be);
     pool_close(e->pool);

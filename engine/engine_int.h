@@ -125,7 +125,7 @@ struct eng {
      * the rows whose grammar failed */
     uint32_t *gm_rows, *eog_bits;
     size_t gm_cap;
-    uint8_t *b_gfail;
+    uint8_t *b_gfail, *b_gneed;
     eng_model_info info;
     char warning[256];
     int n_ctx, max_seqs, max_queued;

@@ -433,13 +433,35 @@ static int grammar_mask(eng *e, job *j, float *lg)
     return 0;
 }
 
+/* Whether j's grammar allows token id next, as its mask would (1, 0; -1
+ * when it passed a bound: the job failed). */
+static int grammar_allows(eng *e, job *j, int32_t id)
+{
+    const tok *t = e->m->tok;
+    char gerr[160];
+    size_t l = 0;
+    int r;
+    if (id < 0 || id >= tok_n_vocab(t)) return 0;
+    if (e->eog[id]) return gram_match_can_end(j->gm);
+    if (gram_match_must_end(j->gm)) return 0;
+    if (tok_is_control(t, id)) r = gram_match_check_token(j->gm, id, gerr, sizeof gerr);
+    else {
+        const char *pc = tok_piece(t, id, &l);
+        if (!pc || !l || l > GRAM_MAX_PIECE) return 0;
+        r = gram_match_check(j->gm, pc, l, gerr, sizeof gerr);
+    }
+    if (r < 0) grammar_fail(j, gerr);
+    return r;
+}
+
 /* The grammar masks of the n_out output rows of a greedy pass, for the
  * backend's argmax: the tokens each row's grammar allows, and the
- * end-of-generation tokens where it may end (rows without a grammar allow
- * every token): what grammar_mask leaves finite. A row whose grammar fails
- * is marked in e->b_gfail (its job got its error). NULL when out of memory
- * (every grammar row failed). */
-static const uint32_t *masks_fill(eng *e, int n_out)
+ * end-of-generation tokens where it may end: what grammar_mask leaves
+ * finite. Rows without a grammar, and those only leaves out (when not
+ * NULL), allow every token. A row whose grammar fails is marked in
+ * e->b_gfail (its job got its error). NULL when out of memory (every
+ * grammar row failed). */
+static const uint32_t *masks_fill(eng *e, int n_out, const uint8_t *only)
 {
     int32_t nv = e->m->hp.n_vocab;
     size_t nw = ((size_t)nv + 31) / 32, need = (size_t)n_out * nw;
@@ -453,11 +475,11 @@ static const uint32_t *masks_fill(eng *e, int n_out)
     }
     for (int o = 0; o < n_out; o++) {
         job *j = e->b_job_of_out[o];
-        e->b_gfail[o] = 0;
-        if (!j->gm) {
+        if (!j->gm || (only && !only[o])) {
             if (e->gm_rows) memset(e->gm_rows + (size_t)o * nw, 0xFF, nw * 4);
             continue;
         }
+        e->b_gfail[o] = 0;
         if (!e->gm_rows || !e->eog_bits) {
             grammar_fail(j, "grammar: out of memory");
             e->b_gfail[o] = 1;
@@ -478,6 +500,41 @@ static const uint32_t *masks_fill(eng *e, int n_out)
             for (size_t w = 0; w < nw; w++) row[w] |= e->eog_bits[w];
     }
     return e->gm_rows && e->eog_bits ? e->gm_rows : NULL;
+}
+
+/* Whether some grammar row's mask is not at hand (a state not seen
+ * before: its walk over the vocabulary may take longer than a pass). */
+static int masks_cold(eng *e, int n_out)
+{
+    for (int o = 0; o < n_out; o++) {
+        const job *j = e->b_job_of_out[o];
+        if (j->gm && !gram_match_mask_cached(j->gm, e->gvocab)) return 1;
+    }
+    return 0;
+}
+
+/* After an unconstrained argmax into e->b_ids: the rows whose grammar
+ * refuses their id get their masks and the argmax again, on the same
+ * logits (nothing was queued behind them). Where the grammar allows the
+ * unconstrained choice it is the constrained one too (the first of the
+ * largest among all tokens is the first among those allowed). */
+static void greedy_recheck(eng *e, int n_out)
+{
+    int any = 0;
+    for (int o = 0; o < n_out; o++) {
+        job *j = e->b_job_of_out[o];
+        e->b_gfail[o] = 0;
+        e->b_gneed[o] = 0;
+        if (!j->gm) continue;
+        int ok = grammar_allows(e, j, e->b_ids[o]);
+        if (ok < 0) e->b_gfail[o] = 1;
+        else if (!ok) e->b_gneed[o] = any = 1;
+    }
+    if (!any) return;
+    const uint32_t *mk = masks_fill(e, n_out, e->b_gneed);
+    if (!mk) return;   /* (those rows failed) */
+    fw_argmax_queue(e->fw, n_out, mk);
+    fw_greedy_take(e->fw, e->b_ids, n_out);
 }
 
 /* The log-probabilities an event carries (logprobs): chosen's and the
@@ -624,7 +681,10 @@ static void ahead_drop(eng *e)
  * queued it already; under grammars (masked) its masks computed while it
  * runs, then its argmax queued; the next step's pass queued behind it when
  * ahead_ok (with its argmax unless masked: its masks need this step's
- * ids); then this step's ids taken into e->b_ids. */
+ * ids); then this step's ids taken into e->b_ids. Under grammars whose
+ * masks are not at hand, the unconstrained argmax first, the masks only
+ * where a grammar refuses its choice (greedy_recheck), nothing queued
+ * behind. */
 static void run_greedy(eng *e, const be_batch *bt, int n_decode, int n_out, int masked)
 {
     int T = bt->T;
@@ -633,13 +693,19 @@ static void run_greedy(eng *e, const be_batch *bt, int n_decode, int n_out, int 
     if (!have) {
         ahead_drop(e);
         if (fw_pass_queue(e->fw, e->b_tok, bt, e->b_out, n_out) != 0) {
-            const uint32_t *mk = masked ? masks_fill(e, n_out) : NULL;
+            const uint32_t *mk = masked ? masks_fill(e, n_out, NULL) : NULL;
             fw_run_greedy(e->fw, e->b_tok, bt, e->b_out, n_out, mk, e->b_ids);
             return;
         }
     }
     e->a_on = 0;
-    if (!argq) fw_argmax_queue(e->fw, n_out, masked ? masks_fill(e, n_out) : NULL);
+    if (masked && masks_cold(e, n_out)) {
+        fw_argmax_queue(e->fw, n_out, NULL);
+        fw_greedy_take(e->fw, e->b_ids, n_out);
+        greedy_recheck(e, n_out);
+        return;
+    }
+    if (!argq) fw_argmax_queue(e->fw, n_out, masked ? masks_fill(e, n_out, NULL) : NULL);
     if (ahead_ok(e, T, n_decode, n_out)) {
         for (int t = 0; t < T; t++) {
             e->a_pos[t] = e->b_pos[t] + 1;
@@ -780,10 +846,25 @@ static void step(eng *e)
             if (j->prompt_only) continue;   /* the last prompt position: nothing to generate */
         }
         if (!j->t_first) j->t_first = now_ms();
-        if (j->gm && (greedy ? e->b_gfail[o] : grammar_mask(e, j, lg) != 0)) continue;   /* (failed) */
         int32_t id;
-        if (greedy) id = e->b_ids[o];
-        else if (j->lp) {
+        if (greedy) {
+            if (j->gm && e->b_gfail[o]) continue;   /* (failed) */
+            id = e->b_ids[o];
+        } else if (j->gm && j->s.temperature <= 0.0f && !j->lp) {
+            /* greedy: the unconstrained choice where the grammar allows it
+             * (then it is the constrained one: greedy_recheck), the mask
+             * only where it does not */
+            sampler_penalize(e->smp, lg, &j->s, j->toks, (size_t)j->n_tok);
+            id = sampler_choose(e->smp, lg, &j->s, &j->rng);
+            int ok = grammar_allows(e, j, id);
+            if (ok < 0) continue;
+            if (!ok) {
+                if (grammar_mask(e, j, lg)) continue;
+                id = sampler_choose(e->smp, lg, &j->s, &j->rng);
+            }
+        } else if (j->gm && grammar_mask(e, j, lg)) {
+            continue;   /* (failed) */
+        } else if (j->lp) {
             /* the logprobs come from the logits the choice is made from */
             sampler_penalize(e->smp, lg, &j->s, j->toks, (size_t)j->n_tok);
             id = sampler_choose(e->smp, lg, &j->s, &j->rng);

@@ -50,7 +50,7 @@ struct gram_match {
 
 struct gram_vocab {
     int32_t n_vocab;
-    uint32_t n_nodes;
+    uint32_t n_nodes, max_depth;
     uint8_t *byte;
     uint16_t *depth;
     uint32_t *end;             /* past the node's subtree (preorder) */
@@ -458,7 +458,9 @@ static int advance(gram_match *m, const char *bytes, size_t n, int commit, char 
     return 1;
 }
 
-int gram_match_accept_token(gram_match *m, int32_t id, char *err, size_t errlen)
+/* A special token's step: the new state's size at the end of buf (0:
+ * refused), -1 past a bound. */
+static int64_t token_step(gram_match *m, int32_t id, char *err, size_t errlen)
 {
     if (m->over) { bound_err(err, errlen); return -1; }
     if (m->left || id < 0 || (uint32_t)id > GRAM_MAX_TOKEN) return 0;
@@ -467,8 +469,20 @@ int gram_match_accept_token(gram_match *m, int32_t id, char *err, size_t errlen)
     memcpy(m->buf, m->cur, m->n_cur * sizeof *m->buf);
     m->n_buf = m->n_cur;
     int64_t k = step_memo(m, 0, m->n_cur, GRAM_TOKEN_CP + (uint32_t)id);
-    if (k < 0) { bound_err(err, errlen); return -1; }
-    if (k == 0) return 0;
+    if (k < 0) bound_err(err, errlen);
+    return k;
+}
+
+int gram_match_check_token(gram_match *m, int32_t id, char *err, size_t errlen)
+{
+    int64_t k = token_step(m, id, err, errlen);
+    return k < 0 ? -1 : k > 0;
+}
+
+int gram_match_accept_token(gram_match *m, int32_t id, char *err, size_t errlen)
+{
+    int64_t k = token_step(m, id, err, errlen);
+    if (k <= 0) return k < 0 ? -1 : 0;
     if ((uint32_t)k > m->cap_cur) {
         uint32_t *q = realloc(m->cur, (size_t)(k + 16) * sizeof *q);
         if (!q) { m->over = 1; bound_err(err, errlen); return -1; }
@@ -521,7 +535,7 @@ gram_vocab *gram_vocab_new(const char *const *pieces, const size_t *lens, int32_
     uint32_t nt = 0;
     size_t total = 0;
     for (int32_t i = 0; i < n; i++) {
-        if (!pieces[i] || !lens[i] || lens[i] > 60000) continue;
+        if (!pieces[i] || !lens[i] || lens[i] > GRAM_MAX_PIECE) continue;
         t[nt++] = (vtok){ (const uint8_t *)pieces[i], lens[i], i };
         total += lens[i];
     }
@@ -530,7 +544,7 @@ gram_vocab *gram_vocab_new(const char *const *pieces, const size_t *lens, int32_
     v->byte = malloc(cap); v->depth = malloc(cap * sizeof *v->depth);
     v->end = malloc(cap * sizeof *v->end); v->tok_off = malloc(cap * sizeof *v->tok_off);
     v->tok_n = calloc(cap, sizeof *v->tok_n); v->toks = malloc(sizeof *v->toks * (nt + 1));
-    uint32_t *path = malloc(sizeof *path * 60001);
+    uint32_t *path = malloc(sizeof *path * (GRAM_MAX_PIECE + 1));
     if (!v->byte || !v->depth || !v->end || !v->tok_off || !v->tok_n || !v->toks || !path) {
         free(path); free(t); gram_vocab_free(v); return NULL;
     }
@@ -543,6 +557,7 @@ gram_vocab *gram_vocab_new(const char *const *pieces, const size_t *lens, int32_
         for (size_t d = pd; d < t[k].n; d++) {
             v->byte[nn] = t[k].s[d];
             v->depth[nn] = (uint16_t)(d + 1);
+            if (d + 1 > v->max_depth) v->max_depth = (uint32_t)(d + 1);
             v->tok_n[nn] = 0;
             v->tok_off[nn] = 0;
             path[pd++] = nn++;
@@ -581,43 +596,57 @@ int gram_vocab_set_special(gram_vocab *v, const int32_t *ids, uint32_t n)
     return 0;
 }
 
+/* The cache slot holding the current state's mask, or -1. */
+static int cache_find(const gram_match *m, const gram_vocab *v)
+{
+    for (int i = 0; i < CACHE_N; i++) {
+        const mcache *c = &m->cache[i];
+        if (c->mask && c->v == v && c->n == m->n_cur && c->cp == m->cp && c->left == m->left &&
+            memcmp(c->set, m->cur, m->n_cur * sizeof *m->cur) == 0)
+            return i;
+    }
+    return -1;
+}
+
+int gram_match_mask_cached(const gram_match *m, const gram_vocab *v)
+{
+    return m->over || gram_match_must_end(m) || cache_find(m, v) >= 0;
+}
+
 int64_t gram_match_mask(gram_match *m, const gram_vocab *v, uint32_t *mask, char *err, size_t errlen)
 {
     size_t words = ((size_t)v->n_vocab + 31) / 32;
     if (m->over) { bound_err(err, errlen); return -1; }
     /* a state seen before: its mask again */
-    for (int i = 0; i < CACHE_N; i++) {
-        mcache *c = &m->cache[i];
-        if (c->mask && c->v == v && c->n == m->n_cur && c->cp == m->cp && c->left == m->left &&
-            memcmp(c->set, m->cur, m->n_cur * sizeof *m->cur) == 0) {
-            memcpy(mask, c->mask, words * sizeof *mask);
-            c->used = ++m->tick;
-            return c->count;
-        }
+    int hit = cache_find(m, v);
+    if (hit >= 0) {
+        mcache *c = &m->cache[hit];
+        memcpy(mask, c->mask, words * sizeof *mask);
+        c->used = ++m->tick;
+        return c->count;
     }
     memset(mask, 0, words * sizeof *mask);
-    uint32_t maxd = 0;
-    for (uint32_t i = 0; i < v->n_nodes; i++) if (v->depth[i] > maxd) maxd = v->depth[i];
-    uint32_t *lin = malloc(sizeof *lin * 4 * (maxd + 1));
+    uint32_t maxd = v->max_depth;
+    uint32_t *lin = malloc(sizeof *lin * 5 * (maxd + 1));
     if (!lin) { snprintf(err, errlen, "out of memory"); return -1; }
     uint32_t *lnum = lin + (maxd + 1), *lcp = lnum + (maxd + 1), *lleft = lcp + (maxd + 1);
+    uint32_t *ltop = lleft + (maxd + 1);   /* past every level's set up to this one */
     m->n_buf = 0;
     if (buf_reserve(m, m->n_cur)) { free(lin); snprintf(err, errlen, "out of memory"); return -1; }
     memcpy(m->buf, m->cur, m->n_cur * sizeof *m->buf);
-    lin[0] = 0; lnum[0] = m->n_cur; lcp[0] = m->cp; lleft[0] = m->left;
+    lin[0] = 0; lnum[0] = m->n_cur; lcp[0] = m->cp; lleft[0] = m->left; ltop[0] = m->n_cur;
     int64_t count = 0;
     uint32_t i = 0;
     while (i < v->n_nodes) {
         uint32_t d = v->depth[i];
         /* the buffer's top is past every live level below d */
-        uint32_t top = lin[d - 1] + lnum[d - 1];
-        for (uint32_t k = 0; k + 1 < d; k++) if (lin[k] + lnum[k] > top) top = lin[k] + lnum[k];
-        m->n_buf = top;
+        m->n_buf = ltop[d - 1];
         uint32_t cp = lcp[d - 1], left = lleft[d - 1], oin, on;
         int r = step_byte(m, lin[d - 1], lnum[d - 1], &cp, &left, v->byte[i], &oin, &on);
         if (r < 0) { free(lin); bound_err(err, errlen); return -1; }
         if (r == 0) { i = v->end[i]; continue; }
         lin[d] = oin; lnum[d] = on; lcp[d] = cp; lleft[d] = left;
+        ltop[d] = oin + on > ltop[d - 1] ? oin + on : ltop[d - 1];
         for (uint32_t k = 0; k < v->tok_n[i]; k++) {
             int32_t id = v->toks[v->tok_off[i] + k];
             mask[id >> 5] |= 1u << (id & 31);

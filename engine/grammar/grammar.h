@@ -54,6 +54,9 @@ int gram_match_accept_token(gram_match *m, int32_t id, char *err, size_t errlen)
 /* As gram_match_accept, without changing the state. */
 int gram_match_check(gram_match *m, const char *bytes, size_t n, char *err, size_t errlen);
 
+/* As gram_match_accept_token, without changing the state. */
+int gram_match_check_token(gram_match *m, int32_t id, char *err, size_t errlen);
+
 /* 1 when the text so far is a whole sentence of the grammar (EOS may follow). */
 int gram_match_can_end(const gram_match *m);
 
@@ -64,6 +67,14 @@ int gram_match_must_end(const gram_match *m);
  * token whose whole text the grammar accepts next. Returns the number of
  * such tokens, or -1 when a work bound was passed (err set). */
 int64_t gram_match_mask(gram_match *m, const gram_vocab *v, uint32_t *mask, char *err, size_t errlen);
+
+/* 1 when gram_match_mask of the current state would come from its cache
+ * (the state's mask was made before and kept) or needs no walk. */
+int gram_match_mask_cached(const gram_match *m, const gram_vocab *v);
+
+/* Tokens longer than this (bytes) are not in the vocabulary trie: no mask
+ * allows them. */
+#define GRAM_MAX_PIECE 60000
 
 /* ---- JSON Schema (jsonschema.c) → GBNF, compiled with gram_compile.
  *The result is compiled with gram_compile.
