@@ -1,10 +1,13 @@
 #include "engine/sampler.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
 typedef struct cand { int32_t id; float logit; float p; } cand;
+
+#define SMALL_K 256   /* top-k up to this: by insertion, no sort */
 
 struct sampler {
     int32_t n_vocab;
@@ -86,41 +89,25 @@ int32_t sampler_pick(sampler *s, float *logits, const eng_sampling *p,
     return sampler_choose(s, logits, p, rng);
 }
 
-int32_t sampler_choose(sampler *s, const float *logits, const eng_sampling *p, uint64_t *rng)
+/* The first k (<= SMALL_K) of logits in cand_cmp's order into c, by
+ * insertion in one pass over the vocabulary; NaN skipped. Returns how many. */
+static size_t top_insert(const float *logits, int32_t n, size_t k, cand *c)
 {
-    int32_t n = s->n_vocab;
-    if (p->temperature <= 0.0f) {
-        /* the largest value with 8 independent running maxima (no branch on
-         * the data, no chain through one register), then its first index */
-        float m[8];
-        int32_t i = 0;
-        for (int k = 0; k < 8; k++) m[k] = -INFINITY;
-        for (; i + 8 <= n; i += 8)
-            for (int k = 0; k < 8; k++) m[k] = logits[i + k] > m[k] ? logits[i + k] : m[k];
-        float best = -INFINITY;
-        for (int k = 0; k < 8; k++) best = m[k] > best ? m[k] : best;
-        for (; i < n; i++) best = logits[i] > best ? logits[i] : best;
-        for (i = 0; i < n; i++) if (logits[i] == best) return i;
-        return 0;   /* all NaN */
-    }
-    cand *c = s->c;
     size_t m = 0;
-    size_t k = p->top_k > 0 ? (size_t)p->top_k : (size_t)n;
-    if (k <= 256) {
-        /* small k: keep the best k by insertion, one pass over the vocabulary */
-        for (int32_t i = 0; i < n; i++) {
-            float v = logits[i];
-            if (isnan(v) || (m == k && !(v > c[m - 1].logit))) continue;
-            size_t j = m < k ? m++ : k - 1;
-            while (j > 0 && v > c[j - 1].logit) { c[j] = c[j - 1]; j--; }
-            c[j].id = i; c[j].logit = v;
-        }
-    } else {
-        for (int32_t i = 0; i < n; i++)
-            if (!isnan(logits[i])) { c[m].id = i; c[m].logit = logits[i]; m++; }
-        qsort(c, m, sizeof *c, cand_cmp);
-        if (k < m) m = k;
+    for (int32_t i = 0; i < n; i++) {
+        float v = logits[i];
+        if (isnan(v) || (m == k && !(v > c[m - 1].logit))) continue;
+        size_t j = m < k ? m++ : k - 1;
+        while (j > 0 && v > c[j - 1].logit) { c[j] = c[j - 1]; j--; }
+        c[j].id = i; c[j].logit = v;
     }
+    return m;
+}
+
+/* top-p, min-p, temperature and the draw over candidates c[0..m), best
+ * first */
+static int32_t draw(cand *c, size_t m, const eng_sampling *p, uint64_t *rng)
+{
     if (m == 0) return 0;
     /* softmax at temperature 1 for top-p / min-p (as llama.cpp's chain) */
     double mx = c[0].logit, sum = 0;
@@ -153,6 +140,56 @@ int32_t sampler_choose(sampler *s, const float *logits, const eng_sampling *p, u
         if (r < acc) return c[i].id;
     }
     return c[m - 1].id;
+}
+
+
+int32_t sampler_choose(sampler *s, const float *logits, const eng_sampling *p, uint64_t *rng)
+{
+    int32_t n = s->n_vocab;
+    if (p->temperature <= 0.0f) {
+        /* the largest value with 8 independent running maxima (no branch on
+         * the data, no chain through one register), then its first index */
+        float m[8];
+        int32_t i = 0;
+        for (int k = 0; k < 8; k++) m[k] = -INFINITY;
+        for (; i + 8 <= n; i += 8)
+            for (int k = 0; k < 8; k++) m[k] = logits[i + k] > m[k] ? logits[i + k] : m[k];
+        float best = -INFINITY;
+        for (int k = 0; k < 8; k++) best = m[k] > best ? m[k] : best;
+        for (; i < n; i++) best = logits[i] > best ? logits[i] : best;
+        for (i = 0; i < n; i++) if (logits[i] == best) return i;
+        return 0;   /* all NaN */
+    }
+    cand *c = s->c;
+    size_t m = 0;
+    size_t k = p->top_k > 0 ? (size_t)p->top_k : (size_t)n;
+    if (k <= SMALL_K) {
+        m = top_insert(logits, n, k, c);   /* small k: one pass */
+    } else {
+        for (int32_t i = 0; i < n; i++)
+            if (!isnan(logits[i])) { c[m].id = i; c[m].logit = logits[i]; m++; }
+        qsort(c, m, sizeof *c, cand_cmp);
+        if (k < m) m = k;
+    }
+    return draw(c, m, p, rng);
+}
+
+int32_t sampler_choose_allowed(sampler *s, const float *logits, const eng_sampling *p, uint64_t *rng,
+                               int (*allow)(void *ctx, int32_t id), void *ctx)
+{
+    if (p->temperature <= 0.0f || p->top_k <= 0 || p->top_k > SMALL_K) return -1;
+    size_t want = (size_t)p->top_k;
+    /* the top_k first (inside a string usually all allowed), then SMALL_K */
+    for (size_t K = want;; K = SMALL_K) {
+        size_t m = top_insert(logits, s->n_vocab, K, s->c), got = 0;
+        for (size_t i = 0; i < m && got < want; i++) {
+            int a = allow(ctx, s->c[i].id);
+            if (a < 0) return -2;
+            if (a) s->c[got++] = s->c[i];
+        }
+        if (got == want) return draw(s->c, want, p, rng);
+        if (K == SMALL_K || m < K) return -1;
+    }
 }
 
 void sampler_top(const float *logits, int32_t n_vocab, int n, int32_t *ids, float *vals)

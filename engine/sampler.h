@@ -27,6 +27,16 @@ void sampler_penalize(sampler *s, float *logits, const eng_sampling *p,
                       const int32_t *recent, size_t n_recent);
 int32_t sampler_choose(sampler *s, const float *logits, const eng_sampling *p, uint64_t *rng);
 
+/* sampler_choose over logits a grammar masks (the tokens it refuses at
+ * -inf), without making the mask: the top_k candidates are the top_k
+ * likeliest tokens allow(ctx, id) accepts (1; 0 refuses; -1 stops: -2 is
+ * returned), looked for among the 256 likeliest. The same choice, and the
+ * same RNG step, as sampler_choose on the masked logits; -1 when fewer than
+ * top_k are there (then mask and sampler_choose). Only for temperature > 0
+ * and 0 < top_k <= 256 (else -1). */
+int32_t sampler_choose_allowed(sampler *s, const float *logits, const eng_sampling *p, uint64_t *rng,
+                               int (*allow)(void *ctx, int32_t id), void *ctx);
+
 /* Log-softmax of logits (over the whole vocabulary, in double): returns
  * chosen's log-probability (-inf out of range) and writes the top n ids and
  * theirs, best first (ties by lower id; n <= n_vocab). A value and the same

@@ -454,6 +454,14 @@ static int grammar_allows(eng *e, job *j, int32_t id)
     return r;
 }
 
+typedef struct { eng *e; job *j; } allow_ctx;
+
+static int allow_cb(void *ctx, int32_t id)
+{
+    allow_ctx *a = ctx;
+    return grammar_allows(a->e, a->j, id);
+}
+
 /* The grammar masks of the n_out output rows of a greedy pass, for the
  * backend's argmax: the tokens each row's grammar allows, and the
  * end-of-generation tokens where it may end: what grammar_mask leaves
@@ -859,6 +867,18 @@ static void step(eng *e)
             int ok = grammar_allows(e, j, id);
             if (ok < 0) continue;
             if (!ok) {
+                if (grammar_mask(e, j, lg)) continue;
+                id = sampler_choose(e->smp, lg, &j->s, &j->rng);
+            }
+        } else if (j->gm && !j->lp && !gram_match_mask_cached(j->gm, e->gvocab)) {
+            /* sampling where the grammar's mask is not at hand: the top_k
+             * candidates checked one by one, the mask only when too few of
+             * the likeliest are allowed (the same choice and RNG step) */
+            sampler_penalize(e->smp, lg, &j->s, j->toks, (size_t)j->n_tok);
+            allow_ctx ac = { e, j };
+            id = sampler_choose_allowed(e->smp, lg, &j->s, &j->rng, allow_cb, &ac);
+            if (id == -2) continue;   /* (failed) */
+            if (id < 0) {
                 if (grammar_mask(e, j, lg)) continue;
                 id = sampler_choose(e->smp, lg, &j->s, &j->rng);
             }
