@@ -32,11 +32,14 @@ static volatile sig_atomic_t connecting;
 /* Generated text went to a terminal and its last line is open: a newline is
  * owed before the shell's prompt, whichever way aneclient ends. */
 static volatile sig_atomic_t line_open;
+/* Reasoning is being shown dimmed on a terminal: the colour is reset first. */
+static volatile sig_atomic_t dim_fd = -1;
 
 static void on_sigint(int sig)
 {
     (void)sig;
     if (interrupted || connecting) {   /* second Ctrl-C, or nothing to cancel yet: leave now */
+        if (dim_fd >= 0) (void)!write(dim_fd, "\033[0m", 4);
         if (line_open) (void)!write(STDOUT_FILENO, "\n", 1);
         _exit(EX_INTERRUPTED);
     }
@@ -93,6 +96,13 @@ static void usage(FILE *f)
 "                          temperature): \"TOKEN\"<tab>LOGPROB<tab>| \"ALT\" LOGPROB ...\n"
 "                          (bytes that are not whole UTF-8 shown as \\xNN)\n"
 "      --raw               no chat template: continue the prompt as is\n"
+"      --reasoning MODE    a thinking model's reasoning (<think>, gpt-oss analysis):\n"
+"                          show (default): printed before the answer, dimmed, on\n"
+"                          a terminal; on standard error when standard output is\n"
+"                          not one, so that a pipe or file gets the answer alone;\n"
+"                          hide: not printed; raw: left in the text as generated\n"
+"      --keep-reasoning    the template sees earlier turns' reasoning (the\n"
+"                          assistant messages' reasoning_content)\n"
 "      --special           parse special tokens such as <|im_end|> in the text\n"
 "      --no-bos            --tokenize: do not prepend BOS\n"
 "      --no-stdin          never read standard input\n"
@@ -116,8 +126,10 @@ static void usage(FILE *f)
 "is added as the last user message, and the reply is the assistant's next\n"
 "turn. To go on, append {\"role\": \"assistant\", \"content\": REPLY} and the next\n"
 "user message, and run again. Needs a model with a chat template (--info).\n"
+"An assistant entry may carry \"reasoning_content\" (its reasoning).\n"
 "--chat holds the conversation for you: each line read is a user message, sent\n"
-"with the whole history; the reply is printed and kept. With --messages FILE\n"
+"with the whole history; the reply is printed and kept (its reasoning apart,\n"
+"as reasoning_content). With --messages FILE\n"
 "the history starts from the file (answered at once when it ends with a user\n"
 "message), with --system STR from that system message; a PROMPT is the first\n"
 "line. Lines starting with / are commands: /reset (forget the conversation but\n"
@@ -127,9 +139,10 @@ static void usage(FILE *f)
 "and recalled as in a shell when aneclient was built with libedit.\n"
 "\n"
 "--json uses the protocol's event names and keys (PROTOCOL.md):\n"
-"  {\"type\":\"token\",\"token\":ID,\"text\":\"...\"} per token (with --logprobs also\n"
-"  \"logprob\":F,\"top_logprobs\":[[ID,F,\"TOKEN\"],...]), then {\"type\":\"done\",\n"
-"  \"finish\":\"...\",\"tokens\":[ID,...],\"text\":\"...\",\"usage\":{...},\"timings\":{...}};\n"
+"  {\"type\":\"token\",\"token\":ID,\"text\":\"...\"} per token (\"reasoning\":\"...\" too\n"
+"  where it has some; with --logprobs also \"logprob\":F,\"top_logprobs\":\n"
+"  [[ID,F,\"TOKEN\"],...]), then {\"type\":\"done\",\"finish\":\"...\",\"tokens\":[ID,...],\n"
+"  \"text\":\"...\",(\"reasoning\":\"...\",)\"usage\":{...},\"timings\":{...}};\n"
 "  --eval: {\"type\":\"done\",\"finish\":...,\"positions\":[{\"pos\":P,\"top\":[[ID,LOGIT]\n"
 "  ,...]},...],\"usage\":...,\"timings\":...}, one line at the end;\n"
 "  --embed {\"type\":\"done\",\"finish\":...,\"embedding\":[F,...],\"usage\":...,\n"
@@ -307,6 +320,16 @@ static proto_msg *load_messages(const char *path, const char *extra, size_t extr
             die_usage("--messages %s: entry %zu: \"role\" must be \"system\", \"user\" or \"assistant\"", name, i);
         if (c && !json_is_null(c) && !json_is_string(c))
             die_usage("--messages %s: entry %zu: \"content\" must be a string", name, i);
+        json_t *rc = json_object_get(e, "reasoning_content");
+        if (rc && !json_is_null(rc)) {
+            if (!json_is_string(rc)) die_usage("--messages %s: entry %zu: \"reasoning_content\" must be a string", name, i);
+            json_t *x = json_pack("{sO}", "reasoning_content", rc);
+            char *xs = x ? json_dumps(x, JSON_COMPACT) : NULL;   /* freed by msgs_free */
+            json_decref(x);
+            if (!xs) die_fail("out of memory");
+            m[i].extra = xs;
+            m[i].extra_len = strlen(xs);
+        }
         m[i].role = json_string_value(r);
         m[i].role_len = json_string_length(r);
         m[i].content = json_is_string(c) ? json_string_value(c) : "";
@@ -319,6 +342,12 @@ static proto_msg *load_messages(const char *path, const char *extra, size_t extr
     *root = a;
     *n_out = n;
     return m;
+}
+
+static void msgs_free(proto_msg *m, size_t n)
+{
+    for (size_t i = 0; m && i < n; i++) free((char *)m[i].extra);
+    free(m);
 }
 
 /* ---- JSON output ---- */
@@ -471,6 +500,10 @@ typedef struct run {
     int tty_out;
     int chat;                                     /* --chat: the reply's text kept in acc */
     int logprobs;                                 /* --logprobs: a line per token */
+    int hide_reasoning;                           /* --reasoning hide */
+    FILE *reason_out;                             /* where reasoning is being shown, or NULL */
+    int reason_dim, reason_nl;                    /* ... dimmed; its last byte was a newline */
+    char *racc; size_t racc_len; FILE *raccf;    /* the reply's reasoning (generate) */
     /* accumulated for --json done / --eval --json */
     char *acc; size_t acc_len; FILE *accf;       /* text (generate) or positions (eval) */
     char *toks; size_t toks_len; FILE *toksf;    /* generated ids, JSON */
@@ -519,6 +552,41 @@ static void report_error(const run *R, const char *code, const char *msg, size_t
     }
 }
 
+/* Reasoning text as it comes: before the answer, dimmed where it goes to a
+ * terminal; to standard error when standard output is not one (so that a
+ * pipe or a file gets the answer alone). */
+static void reason_show(run *R, const char *s, size_t n)
+{
+    if (R->hide_reasoning) return;
+    if (!R->reason_out) {
+        R->reason_out = R->tty_out ? stdout : stderr;
+        R->reason_dim = isatty(fileno(R->reason_out));
+        if (R->reason_dim) { fputs("\033[2m", R->reason_out); dim_fd = fileno(R->reason_out); }
+    }
+    fwrite(s, 1, n, R->reason_out);
+    R->reason_nl = s[n - 1] == '\n';
+    if (R->reason_out == stdout) line_open = !R->reason_nl;
+    fflush(R->reason_out);
+}
+
+/* The reasoning shown is over: the colour reset; before the answer (gap) a
+ * blank line after it on the terminal, a line end on standard error. */
+static void reason_end(run *R, int gap)
+{
+    if (!R->reason_out) return;
+    if (R->reason_dim) fputs("\033[0m", R->reason_out);
+    dim_fd = -1;
+    if (R->reason_out == stdout) {
+        if (gap) fputs(R->reason_nl ? "\n" : "\n\n", stdout);
+        line_open = 0;
+        if (!gap && !R->reason_nl) line_open = 1;
+    } else if (!R->reason_nl) {
+        fputc('\n', stderr);
+    }
+    fflush(R->reason_out);
+    R->reason_out = NULL;
+}
+
 /* Handles one event of our request; returns -1 to go on, else the exit code. */
 static int on_event(run *R, const proto_ev *ev)
 {
@@ -528,6 +596,7 @@ static int on_event(run *R, const proto_ev *ev)
         if (R->json) {
             fprintf(stdout, "{\"type\":\"token\",\"token\":%d,\"text\":", ev->token);
             json_str(stdout, ev->text, ev->text_len);
+            if (ev->reasoning) { fputs(",\"reasoning\":", stdout); json_str(stdout, ev->reasoning, ev->reasoning_len); }
             if (ev->has_logprob) {
                 fputs(",\"logprob\":", stdout);
                 json_num(stdout, ev->logprob);
@@ -546,11 +615,16 @@ static int on_event(run *R, const proto_ev *ev)
             fwrite(ev->text, 1, ev->text_len, R->accf);
         } else if (R->logprobs) {
             print_logprobs(stdout, ev);
-        } else if (ev->text_len) {
-            if (R->chat) fwrite(ev->text, 1, ev->text_len, R->accf);
-            fwrite(ev->text, 1, ev->text_len, stdout);
-            line_open = R->tty_out && ev->text[ev->text_len - 1] != '\n';
+        } else {
+            if (ev->reasoning_len) reason_show(R, ev->reasoning, ev->reasoning_len);
+            if (ev->text_len) {
+                reason_end(R, 1);
+                if (R->chat) fwrite(ev->text, 1, ev->text_len, R->accf);
+                fwrite(ev->text, 1, ev->text_len, stdout);
+                line_open = R->tty_out && ev->text[ev->text_len - 1] != '\n';
+            }
         }
+        if (ev->reasoning_len && R->raccf) fwrite(ev->reasoning, 1, ev->reasoning_len, R->raccf);
         fflush(stdout);
         return -1;
     case PROTO_T_LOGITS:
@@ -600,6 +674,8 @@ static int on_event(run *R, const proto_ev *ev)
                 fwrite(R->toks, 1, R->toks_len, stdout);
                 fputs("],\"text\":", stdout);
                 json_str(stdout, R->acc, R->acc_len);
+                if (R->raccf) fflush(R->raccf);
+                if (R->racc_len) { fputs(",\"reasoning\":", stdout); json_str(stdout, R->racc, R->racc_len); }
                 fputc(',', stdout);
             }
             json_usage_timings(stdout, ev);
@@ -608,6 +684,7 @@ static int on_event(run *R, const proto_ev *ev)
             fflush(R->accf);
             if (R->acc_len) { fwrite(R->acc, 1, R->acc_len, stdout); fputc('\n', stdout); }
         } else {
+            reason_end(R, 0);
             end_line();
         }
         fflush(stdout);
@@ -696,6 +773,7 @@ static int blank(const char *s, size_t n)
 typedef struct hmsg {
     char *role, *content;
     size_t len;
+    char *reasoning;          /* an assistant turn's reasoning (reasoning_content), or NULL */
 } hmsg;
 
 typedef struct hist {
@@ -718,6 +796,7 @@ static void hist_add(hist *h, const char *role, const char *content, size_t len)
     memcpy(e->content, content, len);
     e->content[len] = 0;
     e->len = len;
+    e->reasoning = NULL;
     h->n++;
 }
 
@@ -728,6 +807,7 @@ static void hist_cut(hist *h, size_t i)
         h->n--;
         free(h->m[h->n].role);
         free(h->m[h->n].content);
+        free(h->m[h->n].reasoning);
     }
 }
 
@@ -739,6 +819,7 @@ static void hist_system(hist *h, const char *text, size_t len)
     if (has_system(h)) {
         free(h->m[0].role);
         free(h->m[0].content);
+        free(h->m[0].reasoning);
         memmove(h->m, h->m + 1, (h->n - 1) * sizeof *h->m);
         h->n--;
     }
@@ -795,8 +876,17 @@ static int chat_turn(ane_client *cl, run *R, proto_req *q, hist *h, int *failed)
     }
     proto_msg *m = calloc(h->n, sizeof *m);
     if (!m) die_fail("out of memory");
-    for (size_t i = 0; i < h->n; i++)
+    for (size_t i = 0; i < h->n; i++) {
         m[i] = (proto_msg){ .role = h->m[i].role, .role_len = strlen(h->m[i].role), .content = h->m[i].content, .content_len = h->m[i].len };
+        if (h->m[i].reasoning) {
+            json_t *x = json_pack("{ss}", "reasoning_content", h->m[i].reasoning);
+            char *xs = x ? json_dumps(x, JSON_COMPACT) : NULL;
+            json_decref(x);
+            if (!xs) die_fail("out of memory");
+            m[i].extra = xs;
+            m[i].extra_len = strlen(xs);
+        }
+    }
     q->type = PROTO_T_GENERATE;
     q->msgs = m;
     q->n_msgs = h->n;
@@ -805,7 +895,7 @@ static int chat_turn(ane_client *cl, run *R, proto_req *q, hist *h, int *failed)
     int enc = proto_req_encode(&probe, q);
     proto_buf_free(&probe);
     if (enc < 0) {
-        free(m);
+        msgs_free(m, h->n);
         fprintf(stderr, "aneclient: the conversation does not fit aned's %d-byte message limit; /reset starts over\n",
                 PROTO_MAX_FRAME);
         *failed = 1;
@@ -815,13 +905,17 @@ static int chat_turn(ane_client *cl, run *R, proto_req *q, hist *h, int *failed)
     R->acc = NULL;
     R->acc_len = 0;
     R->accf = open_memstream(&R->acc, &R->acc_len);
-    if (!R->accf) die_fail("out of memory");
+    free(R->racc);
+    R->racc = NULL;
+    R->racc_len = 0;
+    R->raccf = open_memstream(&R->racc, &R->racc_len);
+    if (!R->accf || !R->raccf) die_fail("out of memory");
     R->n_gen = 0;
     R->rc = -1;
     R->cancel_sent = 0;
     R->t0_ns = now_ns();
     uint64_t id = ane_submit(cl, q, err, sizeof err);
-    free(m);
+    msgs_free(m, h->n);
     q->msgs = NULL;
     q->n_msgs = 0;
     if (!id) { report_error(R, "connect", err, strlen(err)); return EX_CONNECT; }
@@ -829,6 +923,9 @@ static int chat_turn(ane_client *cl, run *R, proto_req *q, hist *h, int *failed)
     int st = ane_run(cl, id, on_run_event, R, 100, err, sizeof err);
     fclose(R->accf);
     R->accf = NULL;
+    fclose(R->raccf);
+    R->raccf = NULL;
+    reason_end(R, 0);
     end_line();
     if (!R->tty_out && R->acc_len && R->acc[R->acc_len - 1] != '\n') fputc('\n', stdout);
     fflush(stdout);
@@ -837,6 +934,7 @@ static int chat_turn(ane_client *cl, run *R, proto_req *q, hist *h, int *failed)
     if (R->rc == EX_OK || R->rc == EX_INTERRUPTED || (R->rc < 0 && interrupted)) {
         /* kept as shown, a reply stopped with Ctrl-C too */
         hist_add(h, "assistant", R->acc ? R->acc : "", R->acc_len);
+        if (R->racc_len && !(h->m[h->n - 1].reasoning = strndup(R->racc, R->racc_len))) die_fail("out of memory");
         interrupted = 0;
         return -1;
     }
@@ -937,8 +1035,10 @@ static int chat_main(run *R, proto_req *q, const char *socket_path, uid_t daemon
             char role[16];
             snprintf(role, sizeof role, "%.*s", (int)m[i].role_len, m[i].role);
             hist_add(&h, role, m[i].content, m[i].content_len);
+            json_t *rc = json_object_get(json_array_get(root, i), "reasoning_content");
+            if (json_is_string(rc) && !(h.m[h.n - 1].reasoning = strdup(json_string_value(rc)))) die_fail("out of memory");
         }
-        free(m);
+        msgs_free(m, n);
         json_decref(root);
     }
     if (q->system) hist_add(&h, "system", q->system, q->system_len);
@@ -973,6 +1073,7 @@ static int chat_main(run *R, proto_req *q, const char *socket_path, uid_t daemon
     free(h.m);
     free(first);
     free(R->acc);
+    free(R->racc);
     if (fflush(stdout) != 0 && rc == EX_OK) rc = EX_FAIL;
     return rc;
 }
@@ -981,7 +1082,7 @@ int main(int argc, char **argv)
 {
     enum { O_SOCKET = 256, O_TOPK, O_TOPP, O_MINP, O_RPEN, O_RLAST, O_SEED, O_STOP, O_GRAMMAR, O_JSCHEMA, O_SYSTEM, O_RAW,
            O_SPECIAL, O_NOBOS, O_TOKENS, O_TOKENIZE, O_DETOKENIZE, O_EVAL, O_EMBED, O_TOP, O_INFO, O_PING, O_JSON, O_DUSER,
-           O_NOSTDIN, O_MESSAGES, O_CHAT, O_LOGPROBS };
+           O_NOSTDIN, O_MESSAGES, O_CHAT, O_LOGPROBS, O_REASONING, O_KEEP_REASONING };
     static const struct option opts[] = {
         { "socket", required_argument, 0, O_SOCKET },
         { "daemon-user", required_argument, 0, O_DUSER },
@@ -999,6 +1100,8 @@ int main(int argc, char **argv)
         { "json-schema", required_argument, 0, O_JSCHEMA },
         { "system", required_argument, 0, O_SYSTEM },
         { "raw", no_argument, 0, O_RAW },
+        { "reasoning", required_argument, 0, O_REASONING },
+        { "keep-reasoning", no_argument, 0, O_KEEP_REASONING },
         { "logprobs", required_argument, 0, O_LOGPROBS },
         { "special", no_argument, 0, O_SPECIAL },
         { "no-bos", no_argument, 0, O_NOBOS },
@@ -1078,6 +1181,13 @@ int main(int argc, char **argv)
         }
         case O_SYSTEM: q.system = optarg; q.system_len = strlen(optarg); break;
         case O_RAW: q.raw = 1; break;
+        case O_REASONING:
+            if (!strcmp(optarg, "show")) R.hide_reasoning = 0;
+            else if (!strcmp(optarg, "hide")) R.hide_reasoning = 1;
+            else if (!strcmp(optarg, "raw")) q.reasoning = PROTO_REASONING_RAW;
+            else die_usage("--reasoning must be show, hide or raw, not \"%s\"", optarg);
+            break;
+        case O_KEEP_REASONING: q.keep_reasoning = 1; break;
         case O_LOGPROBS:
             q.top_logprobs = (int32_t)parse_int("--logprobs", optarg, 0, PROTO_MAX_LOGPROBS);
             q.logprobs = R.logprobs = 1;
@@ -1224,7 +1334,8 @@ int main(int argc, char **argv)
     R.tty_out = isatty(STDOUT_FILENO);
     R.accf = open_memstream(&R.acc, &R.acc_len);
     R.toksf = open_memstream(&R.toks, &R.toks_len);
-    if (!R.accf || !R.toksf) die_fail("out of memory");
+    R.raccf = open_memstream(&R.racc, &R.racc_len);
+    if (!R.accf || !R.toksf || !R.raccf) die_fail("out of memory");
 
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -1268,15 +1379,18 @@ int main(int argc, char **argv)
         rc = R.rc >= 0 ? R.rc : EX_INTERRUPTED;
     }
 out:
+    reason_end(&R, 0);
     end_line();
     ane_close(cl);
     if (R.accf) fclose(R.accf);
     if (R.toksf) fclose(R.toksf);
+    if (R.raccf) fclose(R.raccf);
     free(R.acc);
     free(R.toks);
+    free(R.racc);
     free(input);
     free(ids);
-    free(msgs);
+    msgs_free(msgs, n_msgs);
     json_decref(msgs_root);
     if (fflush(stdout) != 0 && rc == EX_OK) rc = EX_FAIL;
     return rc;

@@ -171,6 +171,9 @@ static void req_submit(client *cl, const proto_req *r)
     d.top_logprobs = r->top_logprobs;
     d.echo = r->echo;
     d.prompt_only = r->prompt_only;
+    d.reasoning = r->reasoning == PROTO_REASONING_SPLIT ? ENG_REASONING_SPLIT
+                : r->reasoning == PROTO_REASONING_RAW ? ENG_REASONING_RAW : ENG_REASONING_AUTO;
+    d.keep_reasoning = r->keep_reasoning;
     d.owner = cl->serial;
     d.uid = (uint32_t)cl->peer.uid;
     d.user = j;

@@ -300,6 +300,8 @@ static void tc_on_content(void *ctx, const char *s, size_t n)
 static void tc_on_reasoning(void *ctx, const char *s, size_t n)
 {
     job *j = ctx;
+    /* raw with tools: Harmony's analysis channel is content like the rest */
+    if (!j->split) { tc_on_content(ctx, s, n); return; }
     if (buf_add(&j->tc_reason, &j->tc_reason_len, &j->tc_reason_cap, s, n)) j->tc_failed = 1;
 }
 
@@ -442,8 +444,8 @@ static int job_encode(const eng *e, const job *j, int32_t **ids, size_t *n,
     } else if (!j->raw && e->chat) {
         chat_msg msgs[2];
         size_t nm = 0;
-        if (j->system_len) msgs[nm++] = (chat_msg){ "system", j->system, j->system_len, NULL, 0 };
-        msgs[nm++] = (chat_msg){ "user", j->text ? j->text : "", j->text_len, NULL, 0 };
+        if (j->system_len) msgs[nm++] = (chat_msg){ "system", j->system, j->system_len, NULL, 0, 0 };
+        msgs[nm++] = (chat_msg){ "user", j->text ? j->text : "", j->text_len, NULL, 0, 0 };
         rc = chat_encode(t, e->chat, msgs, nm, NULL, 0, 1, ids, n, terr, sizeof terr);
     } else {
         rc = tok_encode(t, j->text ? j->text : "", j->text_len, j->parse_special, ids, n, terr, sizeof terr);
@@ -505,7 +507,8 @@ static int job_set_prompt(eng *e, job *j, int32_t *ids, size_t n, eng_err *code,
     j->n_prompt = j->n_tok = (int)n;
     j->pages = malloc((size_t)need * sizeof *j->pages);
     if (!j->pages) return fail(code, ENG_ENOMEM, err, errlen, NULL);
-    if (j->parse_tools) {
+    int harmony = (e->tc_fmt & TC_SYNTAX_MASK) == TC_HARMONY;
+    if (j->parse_tools || (j->split && ((e->tc_fmt & TC_THINK) || harmony))) {
         tc_format f = e->tc_fmt;
         if (f & TC_THINK) {
             /* whether the prompt leaves a reasoning block open: its tail suffices */
@@ -517,6 +520,11 @@ static int job_set_prompt(eng *e, job *j, int32_t *ids, size_t n, eng_err *code,
         }
         /* a forced call after an open reasoning block closes it first */
         if (j->force_tools && (f & TC_THINK_OPEN) && job_tool_grammar(e, j, f, code, err, errlen)) return -1;
+        /* without tools the parser looks for reasoning alone; raw with tools
+         * leaves reasoning blocks in the content, tags and all */
+        if (!j->parse_tools) f |= TC_NO_CALLS;
+        else if (!j->split) f &= ~(TC_THINK | TC_THINK_OPEN);
+        j->tc_ctl = j->parse_tools || harmony;
         j->tc = tc_new(f);
         if (!j->tc) return fail(code, ENG_ENOMEM, err, errlen, NULL);
         tc_seed(j->tc, j->s.seed);
@@ -559,7 +567,7 @@ static int job_copy_prompt(eng *e, job *j, const eng_job_desc *d, eng_err *code,
             size_t cl = mm->content ? mm->content_len : 0, xl = mm->extra ? mm->extra_len : 0;
             if (cl) memcpy(j->msg_buf + off, mm->content, cl);
             j->msg_buf[off + cl] = 0;
-            j->msgs[i] = (chat_msg){ role, j->msg_buf + off, cl, NULL, 0 };
+            j->msgs[i] = (chat_msg){ role, j->msg_buf + off, cl, NULL, 0, !d->keep_reasoning && !strcmp(role, "assistant") };
             off += cl + 1;
             if (xl) {
                 memcpy(j->msg_buf + off, mm->extra, xl);
@@ -742,6 +750,8 @@ int eng_submit(eng *e, const eng_job_desc *d, uint64_t *job_id, eng_err *code, c
         return fail(code, ENG_EINVAL, err, errlen, "logprobs and echo go with generate");
     if (d->prompt_only && !d->echo)
         return fail(code, ENG_EINVAL, err, errlen, "\"prompt_only\" needs \"echo\"");
+    if (d->reasoning < ENG_REASONING_AUTO || d->reasoning > ENG_REASONING_RAW)
+        return fail(code, ENG_EINVAL, err, errlen, "\"reasoning\" must be \"split\" or \"raw\"");
 
     if (d->system) {
         /* a system message goes where the chat template puts it; never dropped unsaid */
@@ -768,6 +778,11 @@ int eng_submit(eng *e, const eng_job_desc *d, uint64_t *job_id, eng_err *code, c
     j->n_lp = j->lp ? d->top_logprobs : 0;
     j->echo = d->echo != 0;
     j->prompt_only = d->prompt_only != 0;
+    /* before the prompt is taken (ids are taken at once): it builds the parser */
+    j->split = d->kind == ENG_JOB_GENERATE &&
+               (d->reasoning == ENG_REASONING_SPLIT ||
+                (d->reasoning == ENG_REASONING_AUTO &&
+                 (d->parse_tools || (d->n_tokens == 0 && (d->n_msgs > 0 || (!d->raw && e->chat))))));
     int text = d->n_tokens == 0;
     if (!text) {
         /* ids as given: checked and taken now, linear and cheap */
@@ -1051,6 +1066,12 @@ static int chat_setup(eng *e, char *err, size_t errlen)
         }
     }
     e->tc_fmt = e->chat ? tc_detect(chat_source(e->chat)) : TC_PLAIN;
+    int mi = (e->tc_fmt & TC_SYNTAX_MASK) == TC_MISTRAL;
+    e->think_tok[0] = e->think_tok[1] = -1;
+    if (e->tc_fmt & TC_THINK) {
+        e->think_tok[0] = mi ? tok_find(t, "[THINK]", 7) : tok_find(t, "<think>", 7);
+        e->think_tok[1] = mi ? tok_find(t, "[/THINK]", 8) : tok_find(t, "</think>", 8);
+    }
     in->tool_format = tc_format_name(e->tc_fmt);
     int32_t nv = tok_n_vocab(t);
     e->eog = calloc((size_t)nv, 1);

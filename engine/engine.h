@@ -209,6 +209,9 @@ typedef struct eng_job_desc {
     int parse_tools;       /* generate with messages: the reply is parsed for tool calls (and
                               reasoning) in the template's syntax: TOKEN text is the content
                               alone, each call an ENG_EV_TOOL_CALL event */
+    int reasoning;         /* generate: ENG_REASONING_AUTO, _SPLIT or _RAW (see below) */
+    int keep_reasoning;    /* messages: 1 = assistant messages' reasoning_content reaches the
+                              template; 0 = it is removed before rendering */
     int max_tool_calls;    /* with parse_tools: the reply ends (ENG_FINISH_TOOL_CALLS) after
                               this many calls; 0 = no limit */
     int force_tools;       /* with parse_tools: the reply is calls alone (tool_choice "required",
@@ -246,6 +249,15 @@ typedef struct eng_job_desc {
     uint32_t uid;          /* fairness key: peer uid */
     void *user;            /* returned in every event of this job */
 } eng_job_desc;
+
+/* Reasoning (desc.reasoning), where the template marks it (<think> blocks,
+ * Mistral's [THINK], gpt-oss's analysis channel): SPLIT sends its text in
+ * TOKEN events' reasoning, never in text; RAW leaves the reply's text as
+ * generated (no parsing without tools; with tools the blocks stay in the
+ * content). AUTO is SPLIT for a prompt rendered with the chat template
+ * (messages, or text without raw) and for tools, RAW otherwise. The ids
+ * (TOKEN events, logprobs) do not depend on it. */
+enum { ENG_REASONING_AUTO = 0, ENG_REASONING_SPLIT = 1, ENG_REASONING_RAW = 2 };
 
 #define ENG_MAX_TOP 100
 #define ENG_MAX_STOP 16
@@ -306,7 +318,7 @@ typedef struct eng_event {
     int32_t token;
     char *text;
     size_t text_len;
-    /* TOKEN with parse_tools: reasoning text this token completes (NULL when none) */
+    /* TOKEN with parse_tools or split reasoning: reasoning text this token completes (NULL when none) */
     char *reasoning;
     size_t reasoning_len;
     /* TOOL_CALL: its index in the reply (0, 1, ...), name, arguments (compact

@@ -581,9 +581,10 @@ static void emit_token(eng *e, job *j, int32_t id, const float *lg, int *finishe
     int eog = e->eog[id];
     size_t plen = 0;
     const char *piece = "";
-    /* control tokens have no text, but for the tool-call parser, whose
-     * markers may be control tokens (gpt-oss's <|channel|>, ...) */
-    if (!eog && (!tok_is_control(t, id) || j->tc)) {
+    /* control tokens have no text, but for the parser, whose markers may be
+     * control tokens (gpt-oss's <|channel|>, [THINK], ...) */
+    if (!eog && (!tok_is_control(t, id) ||
+                 (j->tc && (j->tc_ctl || id == e->think_tok[0] || id == e->think_tok[1])))) {
         piece = tok_piece(t, id, &plen);
         /* SentencePiece drops the space prefix of the first piece after BOS */
         int32_t prev = j->toks[j->n_tok - 2];

@@ -102,7 +102,12 @@ int call_daemon(gw_req *rq, proto_req *q, proto_ev *ev, char *err, size_t errlen
 
 static void rq_free_jobs(gw_req *rq)
 {
-    for (int i = 0; i < rq->n_jobs; i++) { sb_free(&rq->jobs[i].text); sb_free(&rq->jobs[i].calls); lp_free(&rq->jobs[i]); }
+    for (int i = 0; i < rq->n_jobs; i++) {
+        sb_free(&rq->jobs[i].text);
+        sb_free(&rq->jobs[i].calls);
+        sb_free(&rq->jobs[i].reasoning);
+        lp_free(&rq->jobs[i]);
+    }
 }
 
 static job *job_by_id(gw_req *rq, uint64_t id)
@@ -147,14 +152,18 @@ static void sse_chunk_head(gw_req *rq, sbuf *b)
               rq->id, rq->chat ? "chat.completion.chunk" : "text_completion", rq->created, rq->model_json);
 }
 
-static void sse_text(gw_req *rq, int index, const char *text, size_t len, const char *finish, job *lpj)
+/* reason (chat): reasoning text, a delta's reasoning_content; its content
+ * then only when there is some. */
+static void sse_delta(gw_req *rq, int index, const char *reason, size_t rlen, const char *text, size_t len,
+                      const char *finish, job *lpj)
 {
     sbuf *b = &rq->out;
     sse_chunk_head(rq, b);
     sb_printf(b, "{\"index\":%d,", index);
     if (rq->chat) {
         sb_puts(b, "\"delta\":{");
-        if (text) { sb_puts(b, "\"content\":"); sb_json_str(b, text, len); }
+        if (reason) { sb_puts(b, "\"reasoning_content\":"); sb_json_str(b, reason, rlen); }
+        if (text && (len || !reason)) { sb_puts(b, reason ? ",\"content\":" : "\"content\":"); sb_json_str(b, text, len); }
         sb_puts(b, "}");
     } else {
         sb_puts(b, "\"text\":");
@@ -167,6 +176,11 @@ static void sse_text(gw_req *rq, int index, const char *text, size_t len, const 
     if (finish) sb_printf(b, "\"%s\"", finish);
     else sb_puts(b, "null");
     sb_puts(b, "}]}\n\n");
+}
+
+static void sse_text(gw_req *rq, int index, const char *text, size_t len, const char *finish, job *lpj)
+{
+    sse_delta(rq, index, NULL, 0, text, len, finish, lpj);
 }
 
 /* One tool call in OpenAI's shape: streamed as a whole delta (index, id,
@@ -240,9 +254,13 @@ static int apply_event(gw_req *rq, const proto_ev *ev, job_err *je)
         break;
     case PROTO_T_TOKEN:
         lp_add(rq, j, ev);
-        if (ev->text_len == 0 && !lp_pending(j)) break;
-        if (rq->stream) sse_text(rq, j->index, ev->text, ev->text_len, NULL, j->lp ? j : NULL);
-        else if (ev->text_len) sb_add(&j->text, ev->text, ev->text_len);
+        if (ev->text_len == 0 && !ev->reasoning_len && !lp_pending(j)) break;
+        if (rq->stream) sse_delta(rq, j->index, ev->reasoning_len ? ev->reasoning : NULL, ev->reasoning_len,
+                                  ev->text, ev->text_len, NULL, j->lp ? j : NULL);
+        else {
+            if (ev->text_len) sb_add(&j->text, ev->text, ev->text_len);
+            if (ev->reasoning_len) sb_add(&j->reasoning, ev->reasoning, ev->reasoning_len);
+        }
         break;
     case PROTO_T_TOOL_CALL:
         if (rq->stream) sse_call(rq, j->index, ev);
@@ -427,6 +445,10 @@ static enum MHD_Result respond_generation(gw_req *rq, struct MHD_Connection *mc)
             sb_puts(&b, "\"message\":{\"role\":\"assistant\",\"content\":");
             if (j->n_calls && !j->text.len) sb_puts(&b, "null");   /* as OpenAI: a reply that only calls */
             else sb_json_str(&b, j->text.p ? j->text.p : "", j->text.len);
+            if (j->reasoning.len) {
+                sb_puts(&b, ",\"reasoning_content\":");
+                sb_json_str(&b, j->reasoning.p, j->reasoning.len);
+            }
             if (j->n_calls) {
                 sb_puts(&b, ",\"tool_calls\":[");
                 sb_add(&b, j->calls.p, j->calls.len);
@@ -534,8 +556,9 @@ static enum MHD_Result handle_generation(gw_req *rq, struct MHD_Connection *mc, 
             }
             int xbad;
             char xmsg[256];
-            char *x = gwt_msg_extra(m, i, &xbad, xmsg, sizeof xmsg);
-            if (xbad) { pfail(&e, msg_param(&e, i, "tool_calls"), "%s", xmsg); goto bad; }
+            const char *xfield;
+            char *x = gwt_msg_extra(m, i, &xbad, &xfield, xmsg, sizeof xmsg);
+            if (xbad) { pfail(&e, msg_param(&e, i, xfield), "%s", xmsg); goto bad; }
             if (x) {
                 char **nk = realloc(extras, (n_extras + 1) * sizeof *nk);
                 if (!nk) { free(x); ret = send_error(rq, mc, 500, NULL, NULL, "out of memory"); goto out; }
@@ -563,7 +586,8 @@ static enum MHD_Result handle_generation(gw_req *rq, struct MHD_Connection *mc, 
         base.n_msgs = nm;
         const char *tparam = NULL;
         char tmsg[256];
-        if (gwt_request(o, &base, &tools_json, &tparam, tmsg, sizeof tmsg) < 0) {
+        if (gwt_request(o, &base, &tools_json, &tparam, tmsg, sizeof tmsg) < 0 ||
+            gwt_reasoning(o, &base, &tparam, tmsg, sizeof tmsg) < 0) {
             pfail(&e, tparam, "%s", tmsg);
             goto bad;
         }

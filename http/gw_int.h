@@ -38,6 +38,7 @@ typedef struct job {
     int prompt_no;                /* which prompt (usage counts each once) */
     sbuf text;
     sbuf calls;                   /* non-streamed: the message's tool_calls entries, JSON */
+    sbuf reasoning;               /* non-streamed: the message's reasoning_content */
     int n_calls;
     const char *finish;           /* OpenAI finish_reason once done */
     uint32_t prompt_tokens, cached_tokens, completion_tokens;

@@ -189,6 +189,12 @@ int parse_sampling(json_t *o, proto_req *q, int chat, int *n_out, perr *e)
     json_t *tc = json_object_get(o, "tool_choice");
     if (!chat && present(tc) && !(json_is_string(tc) && (!strcmp(json_string_value(tc), "none") || !strcmp(json_string_value(tc), "auto"))))
         return unsupported(e, "tool_choice", "tools go with /v1/chat/completions");
+    /* completions are raw text: reasoning is not taken apart there */
+    json_t *rfmt = json_object_get(o, "reasoning_format");
+    if (!chat && present(rfmt) && !(json_is_string(rfmt) && !strcmp(json_string_value(rfmt), "none")))
+        return unsupported(e, "reasoning_format", "reasoning is taken apart on /v1/chat/completions; completions are raw text");
+    if (!chat && present(json_object_get(o, "keep_reasoning")))
+        return unsupported(e, "keep_reasoning", "it applies to messages (/v1/chat/completions)");
     json_t *fc = json_object_get(o, "function_call");
     if (present(fc) && !(json_is_string(fc) && (!strcmp(json_string_value(fc), "none") || !strcmp(json_string_value(fc), "auto"))))
         return unsupported(e, "function_call", "tool calls are not implemented");

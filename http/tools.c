@@ -76,9 +76,33 @@ int gwt_request(json_t *o, struct proto_req *q, char **tools_json, const char **
     return 0;
 }
 
-char *gwt_msg_extra(json_t *m, size_t i, int *bad_out, char *msg, size_t msglen)
+int gwt_reasoning(json_t *o, struct proto_req *q, const char **param, char *msg, size_t msglen)
+{
+    json_t *f = json_object_get(o, "reasoning_format"), *k = json_object_get(o, "keep_reasoning");
+    if (f && !json_is_null(f)) {
+        const char *s = json_is_string(f) ? json_string_value(f) : NULL;
+        if (s && (!strcmp(s, "auto") || !strcmp(s, "deepseek"))) q->reasoning = PROTO_REASONING_SPLIT;
+        else if (s && !strcmp(s, "none")) q->reasoning = PROTO_REASONING_RAW;
+        else return bad(param, "reasoning_format", msg, msglen, "\"reasoning_format\" must be \"auto\", \"deepseek\" or \"none\"");
+    }
+    if (k && !json_is_null(k)) {
+        if (!json_is_boolean(k)) return bad(param, "keep_reasoning", msg, msglen, "\"keep_reasoning\" must be a boolean");
+        q->keep_reasoning = json_is_true(k);
+    }
+    return 0;
+}
+
+char *gwt_msg_extra(json_t *m, size_t i, int *bad_out, const char **field, char *msg, size_t msglen)
 {
     *bad_out = 0;
+    *field = "tool_calls";
+    json_t *rc = json_object_get(m, "reasoning_content");
+    if (rc && !json_is_null(rc) && !json_is_string(rc)) {
+        snprintf(msg, msglen, "messages[%zu].reasoning_content must be a string", i);
+        *field = "reasoning_content";
+        *bad_out = 1;
+        return NULL;
+    }
     json_t *calls = json_object_get(m, "tool_calls");
     if (calls && !json_is_null(calls)) {
         size_t k;

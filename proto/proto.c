@@ -322,7 +322,7 @@ int proto_req_encode(proto_buf *b, const proto_req *r)
         if (r->n_stop > PROTO_MAX_STOP) return -1;
         pk_map(&k, 13 + (r->has_seed != 0) + (r->system != NULL) + n_tool_keys(r) + (r->grammar != NULL) +
                    (r->json_schema != NULL) + (r->json_object != 0) + (r->logprobs != 0) + (r->echo != 0) +
-                   (r->prompt_only != 0));
+                   (r->prompt_only != 0) + (r->reasoning != PROTO_REASONING_AUTO) + (r->keep_reasoning != 0));
         pk_kstr(&k, "type", tn, strlen(tn));
         pk_ku64(&k, "id", r->id);
         if (prompt_msgs) pk_msgs(&k, r->msgs, r->n_msgs);
@@ -349,9 +349,11 @@ int proto_req_encode(proto_buf *b, const proto_req *r)
         if (r->logprobs) pk_ki64(&k, "logprobs", r->top_logprobs);
         if (r->echo) pk_kbool(&k, "echo", 1);
         if (r->prompt_only) pk_kbool(&k, "prompt_only", 1);
+        if (r->reasoning != PROTO_REASONING_AUTO) { pk_key(&k, "reasoning"); pk_cstr(&k, r->reasoning == PROTO_REASONING_RAW ? "raw" : "split"); }
+        if (r->keep_reasoning) pk_kbool(&k, "keep_reasoning", 1);
         break;
     case PROTO_T_EVAL:
-        pk_map(&k, 5 + (r->system != NULL));
+        pk_map(&k, 5 + (r->system != NULL) + (r->keep_reasoning != 0));
         pk_kstr(&k, "type", tn, strlen(tn));
         pk_ku64(&k, "id", r->id);
         if (prompt_msgs) pk_msgs(&k, r->msgs, r->n_msgs);
@@ -360,6 +362,7 @@ int proto_req_encode(proto_buf *b, const proto_req *r)
         if (r->system) pk_kstr(&k, "system", r->system, r->system_len);
         pk_kbool(&k, "raw", r->raw);
         pk_ki64(&k, "top", r->top);
+        if (r->keep_reasoning) pk_kbool(&k, "keep_reasoning", 1);
         break;
     case PROTO_T_EMBED:
         pk_map(&k, 4);

@@ -58,6 +58,9 @@ typedef enum proto_type {
     PROTO_T_PROMPT_TOKEN, /* "prompt_token" (generate with echo) */
 } proto_type;
 
+/* generate's "reasoning": AUTO = not sent (split for a chat-rendered prompt) */
+enum { PROTO_REASONING_AUTO = 0, PROTO_REASONING_SPLIT, PROTO_REASONING_RAW };
+
 /* generate's "tool_choice" */
 enum { PROTO_TOOLS_AUTO = 0, PROTO_TOOLS_NONE, PROTO_TOOLS_REQUIRED, PROTO_TOOLS_NAMED };
 
@@ -120,6 +123,11 @@ typedef struct proto_req {
     int tool_choice;
     const char *tool_name; size_t tool_name_len;
     int parallel_tool_calls;
+    /* generate: "reasoning" (PROTO_REASONING_*); generate/eval with
+     * messages: "keep_reasoning" (assistant messages' reasoning_content
+     * reaches the template; default 0: removed) */
+    int reasoning;
+    int keep_reasoning;
     int raw;                /* generate/eval: 1 = no chat template */
     int special;            /* tokenize, generate: parse special tokens in text */
     int add_bos;            /* tokenize: prepend BOS when the model uses one (default 1) */
@@ -166,7 +174,7 @@ typedef struct proto_ev {
     /* token */
     int32_t token;
     const char *text; size_t text_len;        /* token text, detokenize text */
-    const char *reasoning; size_t reasoning_len; /* token (tools): reasoning text, NULL = none */
+    const char *reasoning; size_t reasoning_len; /* token: reasoning text (split), NULL = none */
     /* token with logprobs, prompt_token: the token's bytes (NULL: not sent),
      * its logprob (has_logprob) and the alternatives (lps != NULL: sent) */
     const char *bytes; size_t bytes_len;

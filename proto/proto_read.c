@@ -549,6 +549,16 @@ static int get_tool_choice(dctx *d, const msgpack_object *v, proto_req *q)
     return 0;
 }
 
+/* "reasoning": "split" or "raw" */
+static int get_reasoning(dctx *d, const msgpack_object *v, proto_req *q)
+{
+    if (v->type != MSGPACK_OBJECT_STR) return fail(d, PROTO_E_BAD_REQUEST, "\"reasoning\" must be a string");
+    if (key_is(v, "split")) q->reasoning = PROTO_REASONING_SPLIT;
+    else if (key_is(v, "raw")) q->reasoning = PROTO_REASONING_RAW;
+    else return fail(d, PROTO_E_INVALID_VALUE, "\"reasoning\" must be \"split\" or \"raw\"");
+    return 0;
+}
+
 /* "messages": [{"role": str, "content": str}, ...], 1..PROTO_MAX_MSGS of
  * them, contents adding up to at most PROTO_MAX_PROMPT bytes. */
 static int get_msgs(dctx *d, const msgpack_object *v, proto_req *q)
@@ -585,6 +595,8 @@ static int get_msgs(dctx *d, const msgpack_object *v, proto_req *q)
                 if (get_str(d, x, "content", PROTO_MAX_PROMPT, &m[i].content, &m[i].content_len) < 0) return -1;
             } else if (k->type == MSGPACK_OBJECT_STR) {
                 if (key_is(k, "tool_calls") && check_calls(d, x, i) < 0) return -1;
+                if (key_is(k, "reasoning_content") && x->type != MSGPACK_OBJECT_STR)
+                    return fail(d, PROTO_E_BAD_REQUEST, "\"messages\"[%u].reasoning_content must be a string", i);
                 extra = 1;
             }
         }
@@ -656,6 +668,8 @@ static int decode_req(dctx *d, const msgpack_object *m, proto_req *q)
             else if (key_is(k, "raw")) rc = get_bool(d, v, "raw", &q->raw);
             else if (key_is(k, "tools") && q->type == PROTO_T_GENERATE) rc = get_tools(d, v, q);
             else if (key_is(k, "tool_choice") && q->type == PROTO_T_GENERATE) { rc = get_tool_choice(d, v, q); has_choice = 1; }
+            else if (key_is(k, "reasoning") && q->type == PROTO_T_GENERATE) rc = get_reasoning(d, v, q);
+            else if (key_is(k, "keep_reasoning")) rc = get_bool(d, v, "keep_reasoning", &q->keep_reasoning);
             else if (key_is(k, "parallel_tool_calls") && q->type == PROTO_T_GENERATE)
                 rc = get_bool(d, v, "parallel_tool_calls", &q->parallel_tool_calls);
             else if (q->type == PROTO_T_EVAL) {

@@ -107,6 +107,7 @@ static json_t *build_vars(const chat_tpl *c, const chat_msg *msgs, size_t n, con
                 return NULL;
             }
             args_to_objects(m);
+            if (msgs[i].drop_reasoning) json_object_del(m, "reasoning_content");
         } else {
             m = json_object();
         }
@@ -243,7 +244,7 @@ int chat_end_tokens(const struct tok *t, const chat_tpl *c, int32_t *ids, int ca
     char err[64], *out;
     size_t ol;
     /* a plain reply: the first special token after its text */
-    chat_msg m[2] = { { "user", "Hi", 2, NULL, 0 }, { "assistant", mark, sizeof mark - 1, NULL, 0 } };
+    chat_msg m[2] = { { "user", "Hi", 2, NULL, 0, 0 }, { "assistant", mark, sizeof mark - 1, NULL, 0, 0 } };
     if (chat_render(c, m, 2, NULL, 0, 0, &out, &ol, err, sizeof err) == 0) {
         const char *at = find(out, ol, mark, sizeof mark - 1);
         if (at) {
@@ -260,7 +261,7 @@ int chat_end_tokens(const struct tok *t, const chat_tpl *c, int32_t *ids, int ca
                                "\"function\": {\"name\": \"f\", \"arguments\": {}}}]}";
     static const char tools[] = "[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"description\": \"f\", "
                                 "\"parameters\": {\"type\": \"object\", \"properties\": {}}}}]";
-    chat_msg m2[2] = { { "user", "Hi", 2, NULL, 0 }, { "assistant", "", 0, call, sizeof call - 1 } };
+    chat_msg m2[2] = { { "user", "Hi", 2, NULL, 0, 0 }, { "assistant", "", 0, call, sizeof call - 1, 0 } };
     if (chat_render(c, m2, 2, tools, sizeof tools - 1, 0, &out, &ol, err, sizeof err) == 0) {
         size_t cut = 0;
         const char *u = find(out, ol, "Hi", 2);   /* after the user's turn */

@@ -32,6 +32,7 @@ typedef struct chat_msg {
      * as the text of a JSON object, merged into the message; NULL = none */
     const char *extra;
     size_t extra_len;
+    int drop_reasoning;       /* 1: extra's reasoning_content is not given to the template */
 } chat_msg;
 
 /* Error codes (besides the tokenizer's TOK_E*). */

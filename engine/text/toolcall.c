@@ -49,6 +49,7 @@ typedef struct chan {
 struct tc_parser {
     tc_format fmt;
     int syn, think;
+    int calls;          /* calls are looked for (not TC_NO_CALLS) */
     const char *think_open, *think_close;
     tcbuf buf;
     size_t pos;
@@ -521,7 +522,7 @@ static int st_text(tc_parser *p, int final)
         p->content_seen = 0;
         return 1;
     }
-    if (p->syn == TC_LLAMA3 && !p->content_seen) {
+    if (p->syn == TC_LLAMA3 && p->calls && !p->content_seen) {
         /* a reply that opens with "{" may be a call */
         size_t i = 0;
         while (i < n && is_ws(s[i])) i++;
@@ -535,7 +536,7 @@ static int st_text(tc_parser *p, int final)
         if (i == n && !final) { out_text(p, CH_CONTENT, s, n); p->pos += n; return 0; }
     }
     if (p->think) mk[nm++] = p->think_open;
-    switch (p->syn) {
+    switch (p->calls ? p->syn : TC_PLAIN) {
     case TC_HERMES: mk[nm++] = M_TOOL_CALL; break;
     case TC_LLAMA3: mk[nm++] = M_PYTAG; break;
     case TC_MISTRAL: mk[nm++] = M_TOOL_CALLS; break;
@@ -974,7 +975,7 @@ static int h_parse(tc_parser *p, const char *h, size_t n, int *kind)
         }
         i++;
     }
-    if (p->name.n) *kind = -1;
+    if (p->name.n && p->calls) *kind = -1;
     else if (chl == 8 && !memcmp(ch, "analysis", 8)) *kind = CH_REASONING;
     else *kind = CH_CONTENT;
     return 0;
@@ -1099,7 +1100,7 @@ static void reset(tc_parser *p)
     if (p->in_think) p->ch[CH_REASONING].trim_lead = 1;
     p->n_calls = 0;
     /* functionary's prompt ends in ">>>": the reply starts with a name */
-    p->st = p->syn == TC_FUNCTIONARY ? S_FN_NAME : p->syn == TC_HARMONY ? S_H_START : S_TEXT;
+    p->st = p->syn == TC_FUNCTIONARY && p->calls ? S_FN_NAME : p->syn == TC_HARMONY ? S_H_START : S_TEXT;
 }
 
 /* Drops the reported text from the buffer's start. */
@@ -1165,6 +1166,7 @@ tc_parser *tc_new(tc_format fmt)
     p->syn = (int)(fmt & TC_SYNTAX_MASK);
     if (p->syn > TC_FUNCTIONARY) p->syn = TC_PLAIN;
     p->think = (fmt & TC_THINK) && p->syn != TC_HARMONY;
+    p->calls = !(fmt & TC_NO_CALLS);
     p->think_open = p->syn == TC_MISTRAL ? "[THINK]" : "<think>";
     p->think_close = p->syn == TC_MISTRAL ? "[/THINK]" : "</think>";
     static unsigned long long counter;

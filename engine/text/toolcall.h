@@ -47,6 +47,9 @@
  *   TC_THINK_OPEN  the prompt already opened a reasoning block (the reply
  *                  starts inside it and closes it with </think>); see
  *                  tc_after_prompt.
+ *   TC_NO_CALLS    reasoning alone (a reply without tools): the syntax's
+ *                  calls are not looked for, their text is content; with
+ *                  TC_HARMONY a message to a recipient is content too.
  *
  * Ids: a call's own id when the model wrote one (Mistral), otherwise a fresh
  * random one: "call_" and 24 letters and digits, or 9 letters and digits for
@@ -69,6 +72,7 @@ typedef enum tc_format {
     TC_SYNTAX_MASK = 0xff,
     TC_THINK = 0x100,
     TC_THINK_OPEN = 0x200,
+    TC_NO_CALLS = 0x400,
 } tc_format;
 
 typedef struct tc_call {

@@ -4,8 +4,9 @@
  * piece sizes, then the reply. It is parsed twice, whole and in pieces of
  * 1..16 bytes, which must give the same content, reasoning and calls. Every
  * call's arguments must be valid JSON and its name non-empty; for a valid
- * UTF-8 reply, every text piece must be whole UTF-8; TC_PLAIN must give the
- * reply back byte for byte. */
+ * UTF-8 reply, every text piece must be whole UTF-8; TC_PLAIN (and any
+ * syntax but Harmony with TC_NO_CALLS) without TC_THINK must give the reply
+ * back byte for byte; TC_NO_CALLS never a call. */
 #include "common/utf8.h"
 #include "engine/text/toolcall.h"
 
@@ -75,7 +76,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 2) return 0;
     static const int flags[4] = { 0, TC_THINK, TC_THINK | TC_THINK_OPEN, TC_THINK_OPEN };
-    tc_format fmt = (tc_format)((data[0] % 7) | flags[(data[0] >> 3) & 3]);
+    tc_format fmt = (tc_format)((data[0] % 7) | flags[(data[0] >> 3) & 3] | ((data[0] >> 5) & 1 ? TC_NO_CALLS : 0));
     unsigned seed = data[1];
     const char *s = (const char *)data + 2;
     size_t n = size - 2;
@@ -87,7 +88,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     run(fmt, s, n, seed, 0, &b);
     for (int k = 0; k < 3; k++)
         if (a.n[k] != b.n[k] || memcmp(a.p[k], b.p[k], a.n[k])) abort();
-    if ((fmt & TC_SYNTAX_MASK) == TC_PLAIN && !(fmt & TC_THINK) && (a.n[0] != n || memcmp(a.p[0], s, n))) abort();
+    int plain = (fmt & TC_SYNTAX_MASK) == TC_PLAIN || ((fmt & TC_NO_CALLS) && (fmt & TC_SYNTAX_MASK) != TC_HARMONY);
+    if (plain && !(fmt & TC_THINK) && (a.n[0] != n || memcmp(a.p[0], s, n))) abort();
+    if ((fmt & TC_NO_CALLS) && a.n[2]) abort();   /* reasoning alone: never a call */
     for (int k = 0; k < 3; k++) { free(a.p[k]); free(b.p[k]); }
     return 0;
 }

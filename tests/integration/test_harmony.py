@@ -5,7 +5,8 @@ with Harmony's special tokens and gpt-oss's chat template
 <|end|> closes a message and generation goes on (an analysis message, then
 the final one), <|return|> and <|call|> end the reply; a forced tool call
 is written with the special tokens themselves (<|channel|>, <|constrain|>,
-<|message|>), then ends. Ends with "N passed, M failed"."""
+<|message|>), then ends; without tools the analysis message is reasoning
+apart from the final one's text (or all text, raw). Ends with "N passed, M failed"."""
 import json
 import os
 import subprocess
@@ -69,6 +70,19 @@ def t_harmony(d, ids):
         check(evs[-1].get("finish") == "eos" and text == "Hi." and reason == "Think." and END in toks
               and toks[-1] in (RET, CALL) + tuple(t for t in toks[-1:] if t not in ids.values()),
               "analysis then final: text %r reasoning %r finish %r toks %r" % (text, reason, evs[-1], toks[-6:]))
+    # 2b. the same without tools: split by default (analysis = reasoning, final = text, the reply
+    # still ends at <|return|>); raw: the tokens' text as generated (control tokens have none)
+    for seed in range(3):
+        evs = run(c, grammar=g2, max_tokens=64, seed=seed)
+        raw = run(c, grammar=g2, max_tokens=64, seed=seed, reasoning="raw")
+        text = "".join(e.get("text", "") for e in evs if e["type"] == "token")
+        reason = "".join(e.get("reasoning", "") for e in evs if e["type"] == "token")
+        toks = [e["token"] for e in evs if e["type"] == "token"]
+        rtext = "".join(e.get("text", "") for e in raw if e["type"] == "token")
+        check(evs[-1].get("finish") == "eos" and text == "Hi." and reason == "Think." and END in toks
+              and toks == [e["token"] for e in raw if e["type"] == "token"] and rtext == "analysisThink.assistantfinalHi."
+              and not any("reasoning" in e for e in raw),
+              "no tools: text %r reasoning %r finish %r; raw %r" % (text, reason, evs[-1], rtext))
     # 3. a forced call: written with the special tokens, then the reply ends
     good = 0
     for seed in range(20):

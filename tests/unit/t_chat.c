@@ -25,7 +25,7 @@ static tok *load(const char *path)
 
 static chat_msg M(const char *role, const char *content)
 {
-    chat_msg m = { role, content, strlen(content), NULL, 0 };
+    chat_msg m = { role, content, strlen(content), NULL, 0, 0 };
     return m;
 }
 
@@ -207,9 +207,9 @@ static void test_chatml(void)
         free(txt);
         free(ids);
         /* bad input */
-        chat_msg bad[] = { { "user", NULL, 3, NULL, 0 } };
+        chat_msg bad[] = { { "user", NULL, 3, NULL, 0, 0 } };
         CHECK(chat_encode(t, c, bad, 1, NULL, 0, 1, &ids, &n, err, sizeof err) == CHAT_EINPUT);
-        chat_msg bad3[] = { { "user", "\xff", 1, NULL, 0 } };
+        chat_msg bad3[] = { { "user", "\xff", 1, NULL, 0, 0 } };
         CHECK(chat_encode(t, c, bad3, 1, NULL, 0, 1, &ids, &n, err, sizeof err) == TOK_EUTF8);
         /* the template's own error (messages[0] of none) is the request's error */
         CHECK(chat_encode(t, c, NULL, 0, NULL, 0, 1, &ids, &n, err, sizeof err) == CHAT_ERENDER && ids == NULL);

@@ -177,6 +177,12 @@ static void t_req_roundtrip(void)
     }
     proto_req_init(&q, PROTO_T_GENERATE, 3);
     if (rt_req(r, &q, &o) == 0) CHECK(o.text != NULL && o.text_len == 0);
+    CHECK(o.reasoning == PROTO_REASONING_AUTO && !o.keep_reasoning);
+    for (int m = PROTO_REASONING_SPLIT; m <= PROTO_REASONING_RAW; m++) {
+        proto_req_init(&q, PROTO_T_GENERATE, 3);
+        q.reasoning = m; q.keep_reasoning = 1;
+        if (rt_req(r, &q, &o) == 0) CHECK(o.reasoning == m && o.keep_reasoning == 1);
+    }
 
     proto_req_init(&q, PROTO_T_EVAL, 4);
     q.text = "abc"; q.text_len = 3; q.top = 100;
@@ -644,6 +650,9 @@ static void t_fields(void)
         { "generate", "system", p_arr, PROTO_E_BAD_REQUEST },
         { "generate", "system", p_badutf8, PROTO_E_INVALID_UTF8 },
         { "generate", "max_tokens", p_str, PROTO_E_BAD_REQUEST },
+        { "generate", "reasoning", p_int, PROTO_E_BAD_REQUEST },
+        { "generate", "reasoning", p_str, PROTO_E_INVALID_VALUE },
+        { "generate", "keep_reasoning", p_str, PROTO_E_BAD_REQUEST },
         { "generate", "max_tokens", p_neg, PROTO_E_INVALID_VALUE },
         { "generate", "max_tokens", p_float, PROTO_E_INVALID_VALUE },
         { "generate", "max_tokens", p_big, PROTO_E_INVALID_VALUE },

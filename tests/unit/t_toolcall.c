@@ -231,6 +231,34 @@ static void test_think(void)
     expect(TC_PLAIN | TC_THINK, "a <thin", "a <thin", "", "");
 }
 
+/* Reasoning alone (a reply without tools): think blocks and Harmony's
+ * analysis channel are reasoning; call syntax is content as written. */
+static void test_no_calls(void)
+{
+    const char *call = "<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>";
+    char in[256];
+    snprintf(in, sizeof in, "<think>\nplan\n</think>\n\nSure: %s", call);
+    char want[256];
+    snprintf(want, sizeof want, "Sure: %s", call);
+    expect(TC_HERMES | TC_THINK | TC_NO_CALLS, in, want, "plan", "");
+    expect(TC_HERMES | TC_THINK, in, "Sure:", "plan", "f({})");   /* the same with calls */
+    expect(TC_HERMES | TC_THINK | TC_THINK_OPEN | TC_NO_CALLS, "plan\n</think>\n\nHi", "Hi", "plan", "");
+    expect(TC_MISTRAL | TC_THINK | TC_NO_CALLS, "[THINK]plan[/THINK]Hi [TOOL_CALLS]f[ARGS]{}", "Hi [TOOL_CALLS]f[ARGS]{}",
+           "plan", "");
+    expect(TC_LLAMA3 | TC_NO_CALLS, "{\"name\": \"f\", \"parameters\": {}}", "{\"name\": \"f\", \"parameters\": {}}", "", "");
+    expect(TC_FUNCTIONARY | TC_NO_CALLS, "f\n{\"a\": 1}", "f\n{\"a\": 1}", "", "");
+    expect(TC_DEEPSEEK | TC_THINK | TC_NO_CALLS, "<think>x</think>y " "<\xEF\xBD\x9Ctool\xE2\x96\x81" "calls\xE2\x96\x81" "begin\xEF\xBD\x9C>",
+           "y " "<\xEF\xBD\x9Ctool\xE2\x96\x81" "calls\xE2\x96\x81" "begin\xEF\xBD\x9C>", "x", "");
+    /* Harmony: analysis is reasoning, final content; a message to a function is content */
+    expect(TC_HARMONY | TC_NO_CALLS,
+           "<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>final<|message|>Hi.<|return|>",
+           "Hi.", "Think.", "");
+    expect(TC_HARMONY | TC_NO_CALLS,
+           "<|channel|>analysis<|message|>Need it.<|end|><|start|>assistant<|channel|>commentary "
+           "to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\"}<|call|>",
+           "{\"city\": \"Paris\"}", "Need it.", "");
+}
+
 /* ---- Llama 3.x ---- */
 
 static void test_llama3(void)
@@ -653,6 +681,7 @@ int main(int argc, char **argv)
     RUN(test_hermes);
     RUN(test_qwen3_coder);
     RUN(test_think);
+    RUN(test_no_calls);
     RUN(test_llama3);
     RUN(test_mistral);
     RUN(test_ids);
