@@ -103,6 +103,8 @@ static void usage(FILE *f)
 "                          hide: not printed; raw: left in the text as generated\n"
 "      --keep-reasoning    the template sees earlier turns' reasoning (the\n"
 "                          assistant messages' reasoning_content)\n"
+"      --template-vars JSON  further variables for the chat template, a JSON\n"
+"                          object, e.g. '{\"enable_thinking\": false}'\n"
 "      --special           parse special tokens such as <|im_end|> in the text\n"
 "      --no-bos            --tokenize: do not prepend BOS\n"
 "      --no-stdin          never read standard input\n"
@@ -1082,7 +1084,7 @@ int main(int argc, char **argv)
 {
     enum { O_SOCKET = 256, O_TOPK, O_TOPP, O_MINP, O_RPEN, O_RLAST, O_SEED, O_STOP, O_GRAMMAR, O_JSCHEMA, O_SYSTEM, O_RAW,
            O_SPECIAL, O_NOBOS, O_TOKENS, O_TOKENIZE, O_DETOKENIZE, O_EVAL, O_EMBED, O_TOP, O_INFO, O_PING, O_JSON, O_DUSER,
-           O_NOSTDIN, O_MESSAGES, O_CHAT, O_LOGPROBS, O_REASONING, O_KEEP_REASONING };
+           O_NOSTDIN, O_MESSAGES, O_CHAT, O_LOGPROBS, O_REASONING, O_KEEP_REASONING, O_TVARS };
     static const struct option opts[] = {
         { "socket", required_argument, 0, O_SOCKET },
         { "daemon-user", required_argument, 0, O_DUSER },
@@ -1102,6 +1104,7 @@ int main(int argc, char **argv)
         { "raw", no_argument, 0, O_RAW },
         { "reasoning", required_argument, 0, O_REASONING },
         { "keep-reasoning", no_argument, 0, O_KEEP_REASONING },
+        { "template-vars", required_argument, 0, O_TVARS },
         { "logprobs", required_argument, 0, O_LOGPROBS },
         { "special", no_argument, 0, O_SPECIAL },
         { "no-bos", no_argument, 0, O_NOBOS },
@@ -1188,6 +1191,16 @@ int main(int argc, char **argv)
             else die_usage("--reasoning must be show, hide or raw, not \"%s\"", optarg);
             break;
         case O_KEEP_REASONING: q.keep_reasoning = 1; break;
+        case O_TVARS: {
+            json_error_t je;
+            json_t *tv = json_loads(optarg, 0, &je);
+            int obj = json_is_object(tv);
+            json_decref(tv);
+            if (!obj) die_usage("--template-vars must be a JSON object, not \"%s\"", optarg);
+            q.template_vars = optarg;
+            q.template_vars_len = strlen(optarg);
+            break;
+        }
         case O_LOGPROBS:
             q.top_logprobs = (int32_t)parse_int("--logprobs", optarg, 0, PROTO_MAX_LOGPROBS);
             q.logprobs = R.logprobs = 1;

@@ -174,6 +174,8 @@ static void req_submit(client *cl, const proto_req *r)
     d.reasoning = r->reasoning == PROTO_REASONING_SPLIT ? ENG_REASONING_SPLIT
                 : r->reasoning == PROTO_REASONING_RAW ? ENG_REASONING_RAW : ENG_REASONING_AUTO;
     d.keep_reasoning = r->keep_reasoning;
+    d.template_vars = r->template_vars;
+    d.template_vars_len = r->template_vars_len;
     d.owner = cl->serial;
     d.uid = (uint32_t)cl->peer.uid;
     d.user = j;

@@ -156,6 +156,7 @@ static void job_prompt_free(job *j)
     free(j->msgs); j->msgs = NULL;
     free(j->msg_buf); j->msg_buf = NULL;
     free(j->tools); j->tools = NULL;
+    free(j->tvars); j->tvars = NULL;
     j->n_msgs = 0;
 }
 
@@ -440,13 +441,14 @@ static int job_encode(const eng *e, const job *j, int32_t **ids, size_t *n,
     *ids = NULL;
     *n = 0;
     if (j->n_msgs > 0) {
-        rc = chat_encode(t, e->chat, j->msgs, j->n_msgs, j->tools, j->tools_len, 1, ids, n, terr, sizeof terr);
+        rc = chat_encode(t, e->chat, j->msgs, j->n_msgs, j->tools, j->tools_len, j->tvars, j->tvars_len, 1, ids, n,
+                         terr, sizeof terr);
     } else if (!j->raw && e->chat) {
         chat_msg msgs[2];
         size_t nm = 0;
         if (j->system_len) msgs[nm++] = (chat_msg){ "system", j->system, j->system_len, NULL, 0, 0 };
         msgs[nm++] = (chat_msg){ "user", j->text ? j->text : "", j->text_len, NULL, 0, 0 };
-        rc = chat_encode(t, e->chat, msgs, nm, NULL, 0, 1, ids, n, terr, sizeof terr);
+        rc = chat_encode(t, e->chat, msgs, nm, NULL, 0, j->tvars, j->tvars_len, 1, ids, n, terr, sizeof terr);
     } else {
         rc = tok_encode(t, j->text ? j->text : "", j->text_len, j->parse_special, ids, n, terr, sizeof terr);
         if (rc == 0 && tok_add_bos(t) && tok_bos(t) >= 0) {
@@ -538,6 +540,14 @@ static int job_copy_prompt(eng *e, job *j, const eng_job_desc *d, eng_err *code,
 {
     j->raw = d->raw;
     j->parse_special = d->parse_special;
+    if (d->template_vars) {
+        if (d->template_vars_len > ((size_t)1 << 20)) return fail(code, ENG_EINVAL, err, errlen, "template_vars too long");
+        j->tvars = malloc(d->template_vars_len + 1);
+        if (!j->tvars) return fail(code, ENG_ENOMEM, err, errlen, NULL);
+        memcpy(j->tvars, d->template_vars, d->template_vars_len);
+        j->tvars[d->template_vars_len] = 0;
+        j->tvars_len = d->template_vars_len;
+    }
     if (d->n_msgs > 0) {
         if (!e->chat) return fail(code, ENG_EINVAL, err, errlen, "the model has no chat template for messages");
         if (d->n_msgs > 4096) return fail(code, ENG_EINVAL, err, errlen, "too many messages");

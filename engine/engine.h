@@ -206,6 +206,8 @@ typedef struct eng_job_desc {
     size_t n_msgs;         /* with the model's chat template; ends with the assistant's turn */
     const char *tools;     /* messages only: the template's "tools", the text of a JSON array; */
     size_t tools_len;      /* NULL = none */
+    const char *template_vars; /* prompts through the chat template: further variables for it, the */
+    size_t template_vars_len;  /* text of a JSON object (e.g. {"enable_thinking": false}); NULL = none */
     int parse_tools;       /* generate with messages: the reply is parsed for tool calls (and
                               reasoning) in the template's syntax: TOKEN text is the content
                               alone, each call an ENG_EV_TOOL_CALL event */

@@ -102,6 +102,7 @@ typedef struct job {
     char *system; size_t system_len;
     chat_msg *msgs; size_t n_msgs; char *msg_buf;
     char *tools; size_t tools_len;   /* messages: the template's tools (JSON text), or NULL */
+    char *tvars; size_t tvars_len;   /* the template's further variables (JSON object text), or NULL */
     int raw, parse_special, add_bos;
     int32_t max_tokens;
     eng_err err_code;            /* set by the tokenizer: fails with this once taken */

@@ -512,7 +512,7 @@ static enum MHD_Result handle_generation(gw_req *rq, struct MHD_Connection *mc, 
     proto_msg *msgs = NULL;
     sbuf parts = {0};
     int *part_of = NULL;   /* per message: 1 when its content lives in parts */
-    char **extras = NULL, *tools_json = NULL;   /* JSON texts the requests point into */
+    char **extras = NULL, *tools_json = NULL, *tvars_json = NULL;   /* JSON texts the requests point into */
     size_t n_extras = 0;
     enum MHD_Result ret;
     char err[256];
@@ -587,7 +587,8 @@ static enum MHD_Result handle_generation(gw_req *rq, struct MHD_Connection *mc, 
         const char *tparam = NULL;
         char tmsg[256];
         if (gwt_request(o, &base, &tools_json, &tparam, tmsg, sizeof tmsg) < 0 ||
-            gwt_reasoning(o, &base, &tparam, tmsg, sizeof tmsg) < 0) {
+            gwt_reasoning(o, &base, &tparam, tmsg, sizeof tmsg) < 0 ||
+            gwt_template_vars(o, &base, &tvars_json, &tparam, tmsg, sizeof tmsg) < 0) {
             pfail(&e, tparam, "%s", tmsg);
             goto bad;
         }
@@ -702,6 +703,7 @@ out:
     for (size_t i = 0; i < n_extras; i++) free(extras[i]);
     free(extras);
     free(tools_json);
+    free(tvars_json);
     sb_free(&parts);
     return ret;
 }

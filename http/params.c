@@ -195,6 +195,8 @@ int parse_sampling(json_t *o, proto_req *q, int chat, int *n_out, perr *e)
         return unsupported(e, "reasoning_format", "reasoning is taken apart on /v1/chat/completions; completions are raw text");
     if (!chat && present(json_object_get(o, "keep_reasoning")))
         return unsupported(e, "keep_reasoning", "it applies to messages (/v1/chat/completions)");
+    if (!chat && present(json_object_get(o, "chat_template_kwargs")))
+        return unsupported(e, "chat_template_kwargs", "completions are raw text, not rendered by the chat template");
     json_t *fc = json_object_get(o, "function_call");
     if (present(fc) && !(json_is_string(fc) && (!strcmp(json_string_value(fc), "none") || !strcmp(json_string_value(fc), "auto"))))
         return unsupported(e, "function_call", "tool calls are not implemented");

@@ -22,6 +22,12 @@ int gwt_request(json_t *o, struct proto_req *q, char **tools_json, const char **
  * template) of body o into q. -1 with *param and msg for a 400. */
 int gwt_reasoning(json_t *o, struct proto_req *q, const char **param, char *msg, size_t msglen);
 
+/* chat_template_kwargs of body o (an object of further variables for the
+ * chat template, e.g. {"enable_thinking": false}) into q as JSON text in
+ * *vars_json (malloc'd; NULL when absent). -1 with *param and msg for a 400. */
+int gwt_template_vars(json_t *o, struct proto_req *q, char **vars_json, const char **param, char *msg,
+                      size_t msglen);
+
 /* A message's keys other than role and content, as JSON object text
  * (malloc'd), or NULL with *bad = 0 when it has none; *bad = 1, msg and
  * *field (the key at fault) when its tool_calls are malformed or its

@@ -285,6 +285,13 @@ static void pk_tools(pk *k, const proto_req *r)
     pk_kbool(k, "parallel_tool_calls", r->parallel_tool_calls);
 }
 
+static void pk_tvars(pk *k, const proto_req *r)
+{
+    if (!r->template_vars) return;
+    pk_key(k, "template_vars");
+    if (pj_pack(&k->p, r->template_vars, r->template_vars_len, 0, NULL)) k->fail = 1;
+}
+
 /* Starts a message; finish with pk_end, which rolls back on failure. */
 static void pk_begin(pk *k, proto_buf *b)
 {
@@ -322,7 +329,8 @@ int proto_req_encode(proto_buf *b, const proto_req *r)
         if (r->n_stop > PROTO_MAX_STOP) return -1;
         pk_map(&k, 13 + (r->has_seed != 0) + (r->system != NULL) + n_tool_keys(r) + (r->grammar != NULL) +
                    (r->json_schema != NULL) + (r->json_object != 0) + (r->logprobs != 0) + (r->echo != 0) +
-                   (r->prompt_only != 0) + (r->reasoning != PROTO_REASONING_AUTO) + (r->keep_reasoning != 0));
+                   (r->prompt_only != 0) + (r->reasoning != PROTO_REASONING_AUTO) + (r->keep_reasoning != 0) +
+                   (r->template_vars != NULL));
         pk_kstr(&k, "type", tn, strlen(tn));
         pk_ku64(&k, "id", r->id);
         if (prompt_msgs) pk_msgs(&k, r->msgs, r->n_msgs);
@@ -351,9 +359,10 @@ int proto_req_encode(proto_buf *b, const proto_req *r)
         if (r->prompt_only) pk_kbool(&k, "prompt_only", 1);
         if (r->reasoning != PROTO_REASONING_AUTO) { pk_key(&k, "reasoning"); pk_cstr(&k, r->reasoning == PROTO_REASONING_RAW ? "raw" : "split"); }
         if (r->keep_reasoning) pk_kbool(&k, "keep_reasoning", 1);
+        pk_tvars(&k, r);
         break;
     case PROTO_T_EVAL:
-        pk_map(&k, 5 + (r->system != NULL) + (r->keep_reasoning != 0));
+        pk_map(&k, 5 + (r->system != NULL) + (r->keep_reasoning != 0) + (r->template_vars != NULL));
         pk_kstr(&k, "type", tn, strlen(tn));
         pk_ku64(&k, "id", r->id);
         if (prompt_msgs) pk_msgs(&k, r->msgs, r->n_msgs);
@@ -363,6 +372,7 @@ int proto_req_encode(proto_buf *b, const proto_req *r)
         pk_kbool(&k, "raw", r->raw);
         pk_ki64(&k, "top", r->top);
         if (r->keep_reasoning) pk_kbool(&k, "keep_reasoning", 1);
+        pk_tvars(&k, r);
         break;
     case PROTO_T_EMBED:
         pk_map(&k, 4);

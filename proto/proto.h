@@ -128,6 +128,10 @@ typedef struct proto_req {
      * reaches the template; default 0: removed) */
     int reasoning;
     int keep_reasoning;
+    /* generate / eval through the chat template: "template_vars", a map of
+     * further variables for it (e.g. {"enable_thinking": false}) as the text
+     * of a JSON object; NULL = none */
+    const char *template_vars; size_t template_vars_len;
     int raw;                /* generate/eval: 1 = no chat template */
     int special;            /* tokenize, generate: parse special tokens in text */
     int add_bos;            /* tokenize: prepend BOS when the model uses one (default 1) */

@@ -532,6 +532,22 @@ static int get_tools(dctx *d, const msgpack_object *v, proto_req *q)
     return get_json(d, v, NULL, "\"tools\"", &q->tools, &q->tools_len);
 }
 
+/* "template_vars": a map of further variables for the chat template; the
+ * request's own (messages, tools, add_generation_prompt) are not among them */
+static int get_tvars(dctx *d, const msgpack_object *v, proto_req *q)
+{
+    static const char *const own[] = { "messages", "tools", "add_generation_prompt" };
+    if (v->type != MSGPACK_OBJECT_MAP) return fail(d, PROTO_E_BAD_REQUEST, "\"template_vars\" must be a map");
+    for (uint32_t i = 0; i < v->via.map.size; i++) {
+        const msgpack_object *kk = &v->via.map.ptr[i].key;
+        if (kk->type != MSGPACK_OBJECT_STR) return fail(d, PROTO_E_BAD_REQUEST, "\"template_vars\" keys must be strings");
+        for (int o = 0; o < 3; o++)
+            if (key_is(kk, own[o]))
+                return fail(d, PROTO_E_INVALID_VALUE, "\"template_vars\".%s: set by the request itself", own[o]);
+    }
+    return get_json(d, v, NULL, "\"template_vars\"", &q->template_vars, &q->template_vars_len);
+}
+
 /* "tool_choice": "auto", "none", "required", or {"type": "function",
  * "function": {"name": str}} */
 static int get_tool_choice(dctx *d, const msgpack_object *v, proto_req *q)
@@ -670,6 +686,7 @@ static int decode_req(dctx *d, const msgpack_object *m, proto_req *q)
             else if (key_is(k, "tool_choice") && q->type == PROTO_T_GENERATE) { rc = get_tool_choice(d, v, q); has_choice = 1; }
             else if (key_is(k, "reasoning") && q->type == PROTO_T_GENERATE) rc = get_reasoning(d, v, q);
             else if (key_is(k, "keep_reasoning")) rc = get_bool(d, v, "keep_reasoning", &q->keep_reasoning);
+            else if (key_is(k, "template_vars")) rc = get_tvars(d, v, q);
             else if (key_is(k, "parallel_tool_calls") && q->type == PROTO_T_GENERATE)
                 rc = get_bool(d, v, "parallel_tool_calls", &q->parallel_tool_calls);
             else if (q->type == PROTO_T_EVAL) {

@@ -85,7 +85,7 @@ static void args_to_objects(json_t *msg)
 }
 
 static json_t *build_vars(const chat_tpl *c, const chat_msg *msgs, size_t n, const char *tools, size_t tools_len,
-                          int add_assistant, char *err, size_t errlen)
+                          const char *vars, size_t vars_len, int add_assistant, char *err, size_t errlen)
 {
     json_t *v = json_object(), *ms = json_array();
     if (!v || !ms) { json_decref(v); json_decref(ms); err_set(err, errlen, "out of memory"); return NULL; }
@@ -133,15 +133,38 @@ static json_t *build_vars(const chat_tpl *c, const chat_msg *msgs, size_t n, con
     json_object_set_new(v, "add_generation_prompt", json_boolean(add_assistant));
     json_object_set_new(v, "bos_token", json_string_nocheck(c->bos));
     json_object_set_new(v, "eos_token", json_string_nocheck(c->eos));
+    if (vars) {
+        json_error_t je;
+        json_t *o = json_loadb(vars, vars_len, 0, &je);
+        const char *key;
+        json_t *val;
+        if (!json_is_object(o)) {
+            json_decref(o);
+            json_decref(v);
+            err_set(err, errlen, "template_vars: not a JSON object");
+            return NULL;
+        }
+        json_object_foreach(o, key, val) {
+            if (!strcmp(key, "messages") || !strcmp(key, "tools") || !strcmp(key, "add_generation_prompt")) {
+                err_set(err, errlen, "template_vars: \"%s\" is the request's own", key);
+                json_decref(o);
+                json_decref(v);
+                return NULL;
+            }
+            json_object_set(v, key, val);
+        }
+        json_decref(o);
+    }
     return v;
 }
 
 int chat_render(const chat_tpl *c, const chat_msg *msgs, size_t n, const char *tools, size_t tools_len,
-                int add_assistant, char **out, size_t *out_len, char *err, size_t errlen)
+                const char *vars, size_t vars_len, int add_assistant, char **out, size_t *out_len, char *err,
+                size_t errlen)
 {
     *out = NULL;
     *out_len = 0;
-    json_t *v = build_vars(c, msgs, n, tools, tools_len, add_assistant, err, errlen);
+    json_t *v = build_vars(c, msgs, n, tools, tools_len, vars, vars_len, add_assistant, err, errlen);
     if (!v) return CHAT_EINPUT;
     jinja_limits lim;
     limits(&lim);
@@ -164,14 +187,14 @@ static const char *find(const char *h, size_t hl, const char *nd, size_t nl)
 static int is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
 
 int chat_encode(const struct tok *t, const chat_tpl *c, const chat_msg *msgs, size_t n,
-                const char *tools, size_t tools_len, int add_assistant,
+                const char *tools, size_t tools_len, const char *vars, size_t vars_len, int add_assistant,
                 int32_t **ids, size_t *n_ids, char *err, size_t errlen)
 {
     *ids = NULL;
     *n_ids = 0;
     char *text;
     size_t tl;
-    int rc = chat_render(c, msgs, n, tools, tools_len, add_assistant, &text, &tl, err, errlen);
+    int rc = chat_render(c, msgs, n, tools, tools_len, vars, vars_len, add_assistant, &text, &tl, err, errlen);
     if (rc) return rc;
     /* segments: template text (specials parsed) around each content found
      * in order (plain); content the template changed beyond trimming is
@@ -245,7 +268,7 @@ int chat_end_tokens(const struct tok *t, const chat_tpl *c, int32_t *ids, int ca
     size_t ol;
     /* a plain reply: the first special token after its text */
     chat_msg m[2] = { { "user", "Hi", 2, NULL, 0, 0 }, { "assistant", mark, sizeof mark - 1, NULL, 0, 0 } };
-    if (chat_render(c, m, 2, NULL, 0, 0, &out, &ol, err, sizeof err) == 0) {
+    if (chat_render(c, m, 2, NULL, 0, NULL, 0, 0, &out, &ol, err, sizeof err) == 0) {
         const char *at = find(out, ol, mark, sizeof mark - 1);
         if (at) {
             size_t off = (size_t)(at - out) + sizeof mark - 1;
@@ -262,7 +285,7 @@ int chat_end_tokens(const struct tok *t, const chat_tpl *c, int32_t *ids, int ca
     static const char tools[] = "[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"description\": \"f\", "
                                 "\"parameters\": {\"type\": \"object\", \"properties\": {}}}}]";
     chat_msg m2[2] = { { "user", "Hi", 2, NULL, 0, 0 }, { "assistant", "", 0, call, sizeof call - 1, 0 } };
-    if (chat_render(c, m2, 2, tools, sizeof tools - 1, 0, &out, &ol, err, sizeof err) == 0) {
+    if (chat_render(c, m2, 2, tools, sizeof tools - 1, NULL, 0, 0, &out, &ol, err, sizeof err) == 0) {
         size_t cut = 0;
         const char *u = find(out, ol, "Hi", 2);   /* after the user's turn */
         if (u) cut = (size_t)(u - out) + 2;

@@ -42,16 +42,20 @@ enum {
 };
 
 /* The variables' JSON for msgs, tools (the text of a JSON array; NULL =
- * none) and add_generation_prompt = add_assistant. A function's "arguments"
- * given as the text of a JSON object become that object (templates
- * tojson them; transformers expects a dict). *out malloc'd. */
+ * none) and add_generation_prompt = add_assistant, then vars (the text of a
+ * JSON object of further variables, e.g. {"enable_thinking": false}; NULL =
+ * none; messages, tools and add_generation_prompt may not be among them).
+ * A function's "arguments" given as the text of a JSON object become that
+ * object (templates tojson them; transformers expects a dict). *out
+ * malloc'd. */
 int chat_render(const chat_tpl *c, const chat_msg *msgs, size_t n, const char *tools, size_t tools_len,
-                int add_assistant, char **out, size_t *out_len, char *err, size_t errlen);
+                const char *vars, size_t vars_len, int add_assistant, char **out, size_t *out_len, char *err,
+                size_t errlen);
 
 /* chat_render, then the ids (BOS first when the tokenizer adds one and the
  * template did not write it). *ids malloc'd. 0, a TOK_E* or CHAT_E* code. */
 int chat_encode(const struct tok *t, const chat_tpl *c, const chat_msg *msgs, size_t n,
-                const char *tools, size_t tools_len, int add_assistant,
+                const char *tools, size_t tools_len, const char *vars, size_t vars_len, int add_assistant,
                 int32_t **ids, size_t *n_ids, char *err, size_t errlen);
 
 /* The special tokens the template ends an assistant turn with: the first

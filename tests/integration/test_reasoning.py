@@ -160,6 +160,18 @@ def t_http(d):
             check(st == 200, "history with reasoning_content accepted: %r" % r)
             n[keep] = r["usage"]["prompt_tokens"] if st == 200 else 0
         check(n[True] > n[False] + 10, "keep_reasoning through HTTP: %d vs %d prompt tokens" % (n[True], n[False]))
+        # chat_template_kwargs: Qwen3's enable_thinking false writes an empty block into the prompt
+        n = {}
+        for kw in (None, {"enable_thinking": False}):
+            st, _, r = post(gw, "/v1/chat/completions", dict(body, max_tokens=1, **({"chat_template_kwargs": kw} if kw else {})))
+            n[bool(kw)] = r["usage"]["prompt_tokens"] if st == 200 else 0
+        check(n[True] > n[False], "chat_template_kwargs enable_thinking false: %d vs %d prompt tokens" % (n[True], n[False]))
+        for kw in ("x", [1], {"messages": []}, {"add_generation_prompt": False}):
+            st, _, r = post(gw, "/v1/chat/completions", dict(body, chat_template_kwargs=kw))
+            check(st == 400 and r["error"].get("param") == "chat_template_kwargs",
+                  "chat_template_kwargs %r: 400 naming it: %r" % (kw, r))
+        st, _, r = post(gw, "/v1/completions", {"prompt": "x", "chat_template_kwargs": {"enable_thinking": False}})
+        check(st == 400 and r["error"].get("param") == "chat_template_kwargs", "chat_template_kwargs on completions: %r" % r)
         # errors
         for b, param in ((dict(body, reasoning_format="think"), "reasoning_format"),
                          (dict(body, reasoning_format=1), "reasoning_format"),
@@ -195,6 +207,16 @@ def t_client(d, dk):
     lines = [json.loads(x) for x in out.splitlines()]
     check(rc == 0 and lines[-1].get("text") == ANSWER and lines[-1].get("reasoning") == THOUGHT
           and "".join(x.get("reasoning", "") for x in lines[:-1]) == THOUGHT, "--json: %r" % lines[-1])
+    counts = {}
+    for tv in ((), ("--template-vars", '{"enable_thinking": false}')):
+        rc, out, err = client(d.sock, "-v", *tv, "Hi")
+        c2 = re.findall(r"prompt (\d+) tokens", err)
+        counts[bool(tv)] = int(c2[-1]) if rc == 0 and c2 else 0
+    check(counts[True] > counts[False] > 0, "--template-vars enable_thinking false: %r" % counts)
+    rc, out, err = client(d.sock, "--template-vars", "[1]", "Hi")
+    check(rc == 2 and "--template-vars" in err, "--template-vars [1]: usage error: %r" % err)
+    rc, out, err = client(d.sock, "--template-vars", '{"tools": []}', "Hi")
+    check(rc != 0 and "template_vars" in err, "--template-vars with tools: refused by aned: %r" % err)
     rc, out, err = client(d.sock, "--reasoning", "loud", "Hi")
     check(rc == 2 and "--reasoning" in err, "--reasoning loud: usage error: %r" % err)
     # --chat keeps the content; the reasoning goes back as reasoning_content (seen by a template

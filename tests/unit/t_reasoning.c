@@ -3,7 +3,8 @@
  * gpt-oss) given as the chat template and a grammar that makes the reply a
  * known text: the text and reasoning each mode gives, the same ids either
  * way, stop strings and max_tokens inside the reasoning, a prompt that
- * opens the block, and keep_reasoning's effect on the rendered prompt. */
+ * opens the block, keep_reasoning's effect on the rendered prompt, and
+ * template_vars (enable_thinking). */
 #include "engine/engine.h"
 #include "tests/check.h"
 
@@ -249,6 +250,67 @@ static void test_keep(void)
     }
 }
 
+/* template_vars: {"enable_thinking": false} closes the block in the
+ * prompt (Qwen3.5: the reply is then text, not reasoning; Qwen3: an empty
+ * block is written); the request's own variables may not be among them,
+ * and a text that is not an object is an error event naming them. */
+static void test_template_vars(void)
+{
+    const char *off = "{\"enable_thinking\": false}";
+    eng *e = open_with(TPL("Qwen3.5-4B.jinja"), NULL);
+    if (!e) { CHECK(0); return; }
+    res on, no;
+    eng_job_desc d = { 0 };
+    d.msgs = USER_HI;
+    d.n_msgs = 1;
+    d.grammar = "root ::= \"Hi.\"";
+    d.grammar_len = strlen(d.grammar);
+    d.max_tokens = 16;
+    eng_sampling_default(&d.sampling);
+    d.sampling.temperature = 0;
+    run_job(e, &d, &on);
+    d.template_vars = off;
+    d.template_vars_len = strlen(off);
+    run_job(e, &d, &no);
+    CHECK(on.done && no.done);
+    CHECKF(!strcmp(on.reason, "Hi.") && on.text_len == 0, "thinking: text \"%s\" reasoning \"%s\"", on.text, on.reason);
+    CHECKF(!strcmp(no.text, "Hi.") && no.reason_len == 0, "enable_thinking false: text \"%s\" reasoning \"%s\"", no.text,
+           no.reason);
+    CHECKF(no.prompt_tokens > on.prompt_tokens, "the closed block is in the prompt: %d vs %d", no.prompt_tokens,
+           on.prompt_tokens);
+    /* a text prompt through the template takes them too */
+    eng_job_desc t = d;
+    t.msgs = NULL;
+    t.n_msgs = 0;
+    t.text = "Hi";
+    t.text_len = 2;
+    res tx;
+    run_job(e, &t, &tx);
+    CHECKF(tx.done && !strcmp(tx.text, "Hi.") && tx.prompt_tokens == no.prompt_tokens, "text prompt: \"%s\" %d",
+           tx.text, tx.prompt_tokens);
+    /* not an object; a variable of the request's own */
+    const char *bad[2] = { "[1, 2]", "{\"messages\": []}" };
+    for (int b = 0; b < 2; b++) {
+        res r;
+        d.template_vars = bad[b];
+        d.template_vars_len = strlen(bad[b]);
+        run_job(e, &d, &r);
+        CHECKF(r.error && strstr(r.err, "template_vars"), "%s: %s", bad[b], r.err);
+    }
+    eng_close(e);
+    e = open_with(TPL("Qwen-Qwen3-0.6B.jinja"), NULL);
+    if (!e) { CHECK(0); return; }
+    d.template_vars = NULL;
+    d.template_vars_len = 0;
+    run_job(e, &d, &on);
+    d.template_vars = off;
+    d.template_vars_len = strlen(off);
+    run_job(e, &d, &no);
+    CHECKF(on.done && no.done && no.prompt_tokens > on.prompt_tokens, "Qwen3: %d vs %d prompt tokens", no.prompt_tokens,
+           on.prompt_tokens);
+    eng_close(e);
+}
+
 int main(int argc, char **argv)
 {
     CHECK_ARGS(argc, argv);
@@ -256,5 +318,6 @@ int main(int argc, char **argv)
     RUN(test_open_block);
     RUN(test_harmony);
     RUN(test_keep);
+    RUN(test_template_vars);
     return CHECK_DONE();
 }
