@@ -112,6 +112,14 @@ char *jsonschema_gbnf(const char *schema, size_t len, char *err, size_t errlen);
 char *jsonschema_gbnf_set(const char *const *schemas, const size_t *lens, size_t n, const char *prefix,
                           const char *no_raw, char *err, size_t errlen);
 
+/* GBNF for text the whole of which matches the regex re (the pattern
+ * subset above, over any characters; ^ and $ at the ends change nothing);
+ * malloc'd, or NULL with err naming the offset of what is not supported. */
+char *regex_gbnf(const char *re, size_t len, char *err, size_t errlen);
+
+/* GBNF for exactly one of k non-empty texts; malloc'd, or NULL with err. */
+char *choice_gbnf(const char *const *s, const size_t *lens, size_t k, char *err, size_t errlen);
+
 /* GBNF for any JSON object (response_format json_object). Static. */
 const char *jsonschema_object_gbnf(void);
 

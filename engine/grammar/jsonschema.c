@@ -133,8 +133,17 @@ static void gen_const(js *j, sbuf *b, json_t *v, const char *path)
     sb_printf(j, b, "r%u", r);
 }
 
-/* ---- pattern (a small regex subset) → GBNF ---- */
-typedef struct { const char *p, *end; js *j; const char *path; sbuf *b; int depth; } rx;
+/* ---- pattern (a small regex subset) → GBNF ----
+ * Inside a JSON string (a schema's pattern) no character that needs a JSON
+ * escape is written raw; a regex of its own (raw) ranges over any text. */
+typedef struct {
+    const char *p, *end;
+    js *j;
+    const char *path;
+    sbuf *b;
+    int depth, raw;
+    const char *at;   /* where the piece being read starts (for errors) */
+} rx;
 
 static int rx_alt(rx *r);
 
@@ -153,9 +162,9 @@ static int rx_escape_class(rx *r, char c, int in_class)
     case 'd': cls = "0-9"; break;
     case 'w': cls = "a-zA-Z0-9_"; break;
     case 's': cls = " \\t\\n\\r\\x0B\\x0C"; break;
-    case 'D': cls = "^0-9\"\\\\"; break;
-    case 'W': cls = "^a-zA-Z0-9_\"\\\\"; break;
-    case 'S': cls = "^ \\t\\n\\r\\x0B\\x0C\"\\\\"; break;
+    case 'D': cls = r->raw ? "^0-9" : "^0-9\"\\\\"; break;
+    case 'W': cls = r->raw ? "^a-zA-Z0-9_" : "^a-zA-Z0-9_\"\\\\"; break;
+    case 'S': cls = r->raw ? "^ \\t\\n\\r\\x0B\\x0C" : "^ \\t\\n\\r\\x0B\\x0C\"\\\\"; break;
     default: break;
     }
     if (cls) {
@@ -164,7 +173,7 @@ static int rx_escape_class(rx *r, char c, int in_class)
             sb_add(r->j, r->b, cls, strlen(cls));
         } else {
             sb_str(r->j, r->b, "["); sb_add(r->j, r->b, cls, strlen(cls));
-            if (cls[0] == '^') sb_str(r->j, r->b, "\\x00-\\x1F");
+            if (cls[0] == '^' && !r->raw) sb_str(r->j, r->b, "\\x00-\\x1F");
             sb_str(r->j, r->b, "]");
         }
         return 1;
@@ -175,6 +184,7 @@ static int rx_escape_class(rx *r, char c, int in_class)
 static int rx_atom(rx *r)
 {
     char c = *r->p;
+    r->at = r->p;
     if (c == '(') {
         r->p++;
         if (r->p + 1 < r->end && r->p[0] == '?' && r->p[1] == ':') r->p += 2;
@@ -215,23 +225,24 @@ static int rx_atom(rx *r)
         }
         if (r->p >= r->end) return -1;
         r->p++;
-        if (neg) sb_str(r->j, r->b, "\"\\\\\\x00-\\x1F");   /* never a bare quote, backslash or control */
+        if (neg && !r->raw) sb_str(r->j, r->b, "\"\\\\\\x00-\\x1F");   /* never a bare quote, backslash or control */
         sb_str(r->j, r->b, "]");
         return 0;
     }
-    if (c == '.') { r->p++; sb_str(r->j, r->b, "[^\\n\"\\\\\\x00-\\x1F]"); return 0; }
+    if (c == '.') { r->p++; sb_str(r->j, r->b, r->raw ? "[^\\n]" : "[^\\n\"\\\\\\x00-\\x1F]"); return 0; }
     if (c == '\\') {
         r->p++;
         if (r->p >= r->end) return -1;
         char e = *r->p++;
         int k = rx_escape_class(r, e, 0);
         if (k) return k < 0 ? -1 : 0;
-        if ((e >= 'a' && e <= 'z') || (e >= 'A' && e <= 'Z') || (e >= '0' && e <= '9')) return -1;  /* \b, backrefs, ... */
-        if (e == '"' || e == '\\') return -1;
+        if (r->raw && (e == 'n' || e == 't' || e == 'r')) e = e == 'n' ? '\n' : e == 't' ? '\t' : '\r';
+        else if ((e >= 'a' && e <= 'z') || (e >= 'A' && e <= 'Z') || (e >= '0' && e <= '9')) return -1;  /* \b, backrefs, ... */
+        else if ((e == '"' || e == '\\') && !r->raw) return -1;
         lit(r->j, r->b, &e, 1);
         return 0;
     }
-    if (c == '"' || (unsigned char)c < 0x20) return -1;
+    if ((c == '"' || (unsigned char)c < 0x20) && !r->raw) return -1;
     /* one UTF-8 character */
     size_t n = 1;
     while (r->p + n < r->end && ((unsigned char)r->p[n] & 0xC0) == 0x80) n++;
@@ -244,6 +255,7 @@ static int rx_seq(rx *r)
 {
     sb_str(r->j, r->b, "(");
     while (r->p < r->end && *r->p != '|' && *r->p != ')') {
+        r->at = r->p;
         if (*r->p == '^' || *r->p == '$') return -1;   /* anchors only at the ends */
         sb_str(r->j, r->b, " ");
         if (rx_atom(r)) return -1;
@@ -256,6 +268,7 @@ static int rx_seq(rx *r)
             sb_add(r->j, r->b, r->p, (size_t)(q + 1 - r->p));
             r->p = q + 1;
         }
+        r->at = r->p;
         if (r->p < r->end && (*r->p == '?' || *r->p == '+')) return -1;   /* lazy / possessive */
     }
     sb_str(r->j, r->b, " )");
@@ -279,7 +292,7 @@ static void gen_pattern(js *j, unsigned id, const char *pat, const char *path)
     size_t n = strlen(pat);
     int a0 = n && pat[0] == '^', a1 = n > (size_t)a0 && pat[n - 1] == '$' && (n < 2 || pat[n - 2] != '\\');
     sbuf b = { 0 };
-    rx r = { pat + a0, pat + n - a1, j, path, &b, 0 };
+    rx r = { pat + a0, pat + n - a1, j, path, &b, 0, 0, pat };
     int rc = rx_alt(&r);
     if (rc || r.p != r.end) { free(b.s); fail(j, path, "pattern '%s' uses regex features not supported", pat); return; }
     sb_printf(j, &j->out, "r%u ::= \"\\\"\" %s %s %s \"\\\"\"\n", id, a0 ? "" : "char*", b.s ? b.s : "", a1 ? "" : "char*");
@@ -770,4 +783,38 @@ char *jsonschema_gbnf_set(const char *const *schemas, const size_t *lens, size_t
 const char *jsonschema_object_gbnf(void)
 {
     return PRIMS "root ::= ws object ws\n";
+}
+
+char *regex_gbnf(const char *re, size_t n, char *err, size_t errlen)
+{
+    js j = { .err = err, .errlen = errlen };
+    int a0 = n && re[0] == '^', a1 = n > (size_t)a0 && re[n - 1] == '$' && (n < 2 || re[n - 2] != '\\');
+    sbuf b = { 0 };
+    rx r = { re + a0, re + n - a1, &j, "", &b, 0, 1, re };
+    int rc = rx_alt(&r);
+    if (!j.failed && (rc || r.p != r.end)) {
+        j.failed = 1;
+        snprintf(err, errlen, "regex: '%.*s' uses a feature not supported, at offset %zu (supported: literals, classes, "
+                 "\\d \\w \\s, '.', groups, '|', '*' '+' '?' {m,n}, ^ and $ at the ends)",
+                 n > 200 ? 200 : (int)n, re, (size_t)((rc ? r.at : r.p) - re));
+    }
+    if (!j.failed) sb_printf(&j, &j.out, "root ::= %s\n", b.s ? b.s : "\"\"");
+    free(b.s);
+    if (j.failed) { free(j.out.s); return NULL; }
+    return j.out.s;
+}
+
+char *choice_gbnf(const char *const *s, const size_t *lens, size_t k, char *err, size_t errlen)
+{
+    js j = { .err = err, .errlen = errlen };
+    if (k == 0) { snprintf(err, errlen, "choice: no text to choose from"); return NULL; }
+    sb_str(&j, &j.out, "root ::= ");
+    for (size_t i = 0; i < k && !j.failed; i++) {
+        if (!lens[i]) { snprintf(err, errlen, "choice: text %zu is empty", i); free(j.out.s); return NULL; }
+        if (i) sb_str(&j, &j.out, " | ");
+        lit(&j, &j.out, s[i], lens[i]);
+    }
+    sb_str(&j, &j.out, "\n");
+    if (j.failed) { free(j.out.s); return NULL; }
+    return j.out.s;
 }

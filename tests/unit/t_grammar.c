@@ -584,6 +584,60 @@ static void test_json_object(void)
     }
 }
 
+/* Regex and choice constraints: the whole text must match, as Python's
+ * re.fullmatch says (the cases' verdicts); features outside the subset are
+ * refused naming their offset. */
+static void test_regex_choice(void)
+{
+    static const struct { const char *re, *text; int want; } cases[] = {
+        { "[a-z]+@[a-z]+\\.com", "bob@ex.com", 1 }, { "[a-z]+@[a-z]+\\.com", "bob@ex.org", 0 },
+        { "[a-z]+@[a-z]+\\.com", "Bob@ex.com", 0 }, { "\\d{3}-\\d{4}", "555-1234", 1 },
+        { "\\d{3}-\\d{4}", "55-1234", 0 }, { "(yes|no)", "yes", 1 }, { "(yes|no)", "no", 1 },
+        { "(yes|no)", "maybe", 0 }, { "yes|no", "yesno", 0 }, { "^a.c$", "abc", 1 }, { "^a.c$", "a\nc", 0 },
+        { "a.c", "a\"c", 1 }, { "\"[^\"]*\"", "\"abc\"", 1 }, { "\"[^\"]*\"", "\"a\"b\"", 0 },
+        { "\\w+\\s\\w+", "hello world", 1 }, { "\\w+\\s\\w+", "hello  world", 0 }, { "a{2,3}", "aa", 1 },
+        { "a{2,3}", "aaaa", 0 }, { "x\\ty\\n", "x\ty\n", 1 }, { "[^0-9]+", "ab\"\\", 1 }, { "[^0-9]+", "ab1", 0 },
+        { "\\D\\W", "a!", 1 }, { "\\D\\W", "1!", 0 }, { "\xc3\xa9+", "\xc3\xa9\xc3\xa9", 1 }, { "a\\\\b", "a\\b", 1 },
+        { "(a|b)*c?", "", 1 }, { "(a|b)*c?", "abbac", 1 }, { "(a|b)*c?", "abcc", 0 },
+    };
+    char err[256];
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char *text = regex_gbnf(cases[i].re, strlen(cases[i].re), err, sizeof err);
+        gram *g = text ? compile_str(text, err, sizeof err) : NULL;
+        CHECKF(g != NULL, "regex %s: %s", cases[i].re, err);
+        if (g) CHECKF(matches(g, cases[i].text, strlen(cases[i].text)) == cases[i].want, "regex %s on \"%s\": want %d",
+                      cases[i].re, cases[i].text, cases[i].want);
+        gram_free(g);
+        free(text);
+    }
+    static const struct { const char *re; int at; } unsupported[] = {
+        { "(?=a)b", 0 }, { "a\\bc", 1 }, { "(a)\\1", 3 }, { "a^b", 1 }, { "a+?", 2 }, { "[a", 0 },
+    };
+    for (size_t i = 0; i < sizeof unsupported / sizeof *unsupported; i++) {
+        char *text = regex_gbnf(unsupported[i].re, strlen(unsupported[i].re), err, sizeof err);
+        char at[32];
+        snprintf(at, sizeof at, "offset %d", unsupported[i].at);
+        CHECKF(text == NULL && strstr(err, "regex") && strstr(err, at), "regex %s: %s", unsupported[i].re,
+               text ? text : err);
+        free(text);
+    }
+    const char *opts[] = { "red", "green", "blue", "a\"b\\c" };
+    size_t lens[] = { 3, 5, 4, 5 };
+    char *text = choice_gbnf(opts, lens, 4, err, sizeof err);
+    gram *g = text ? compile_str(text, err, sizeof err) : NULL;
+    CHECKF(g != NULL, "choice: %s", err);
+    if (g) {
+        CHECK(matches(g, "green", 5) == 1 && matches(g, "a\"b\\c", 5) == 1);
+        CHECK(matches(g, "gre", 3) == 0 && matches(g, "greenblue", 9) == 0 && matches(g, "", 0) == 0);
+    }
+    gram_free(g);
+    free(text);
+    lens[1] = 0;
+    text = choice_gbnf(opts, lens, 4, err, sizeof err);
+    CHECK(text == NULL && strstr(err, "text 1 is empty"));
+    CHECK(choice_gbnf(opts, lens, 0, err, sizeof err) == NULL);
+}
+
 int main(int argc, char **argv)
 {
     CHECK_ARGS(argc, argv);
@@ -595,6 +649,7 @@ int main(int argc, char **argv)
     RUN(test_mask_speed);
     RUN(test_number_bounds);
     RUN(test_json_object);
+    RUN(test_regex_choice);
     RUN(test_schema_suite);
     return CHECK_DONE();
 }
