@@ -86,6 +86,9 @@ static void usage(FILE *f)
 "      --stop STR          stop when STR is generated; repeatable (up to %d)\n"
 "      --grammar FILE      output follows this GBNF grammar (llama.cpp's syntax)\n"
 "      --json-schema FILE  output is JSON valid under this JSON Schema\n"
+"      --regex RE          the whole output matches RE (classes, \\d \\w \\s, '.',\n"
+"                          groups, |, * + ? {m,n})\n"
+"      --choice TEXT       the output is one of the --choice texts; repeatable\n"
 "      --system STR        system message, placed by the model's chat template.\n"
 "                          Refused with --raw, --tokens and --messages; a model\n"
 "                          without a template: aned decides (an error is shown)\n"
@@ -1084,7 +1087,7 @@ int main(int argc, char **argv)
 {
     enum { O_SOCKET = 256, O_TOPK, O_TOPP, O_MINP, O_RPEN, O_RLAST, O_SEED, O_STOP, O_GRAMMAR, O_JSCHEMA, O_SYSTEM, O_RAW,
            O_SPECIAL, O_NOBOS, O_TOKENS, O_TOKENIZE, O_DETOKENIZE, O_EVAL, O_EMBED, O_TOP, O_INFO, O_PING, O_JSON, O_DUSER,
-           O_NOSTDIN, O_MESSAGES, O_CHAT, O_LOGPROBS, O_REASONING, O_KEEP_REASONING, O_TVARS };
+           O_NOSTDIN, O_MESSAGES, O_CHAT, O_LOGPROBS, O_REASONING, O_KEEP_REASONING, O_TVARS, O_REGEX, O_CHOICE };
     static const struct option opts[] = {
         { "socket", required_argument, 0, O_SOCKET },
         { "daemon-user", required_argument, 0, O_DUSER },
@@ -1100,6 +1103,8 @@ int main(int argc, char **argv)
         { "stop", required_argument, 0, O_STOP },
         { "grammar", required_argument, 0, O_GRAMMAR },
         { "json-schema", required_argument, 0, O_JSCHEMA },
+        { "regex", required_argument, 0, O_REGEX },
+        { "choice", required_argument, 0, O_CHOICE },
         { "system", required_argument, 0, O_SYSTEM },
         { "raw", no_argument, 0, O_RAW },
         { "reasoning", required_argument, 0, O_REASONING },
@@ -1182,6 +1187,13 @@ int main(int argc, char **argv)
             else { q.json_schema = buf; q.json_schema_len = len; }
             break;
         }
+        case O_REGEX: q.regex = optarg; q.regex_len = strlen(optarg); break;
+        case O_CHOICE:
+            if (q.n_choice == PROTO_MAX_CHOICE) die_usage("--choice: at most %d", PROTO_MAX_CHOICE);
+            if (!optarg[0]) die_usage("--choice: an empty text");
+            q.choice[q.n_choice] = optarg;
+            q.choice_len[q.n_choice++] = strlen(optarg);
+            break;
         case O_SYSTEM: q.system = optarg; q.system_len = strlen(optarg); break;
         case O_RAW: q.raw = 1; break;
         case O_REASONING:

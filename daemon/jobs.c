@@ -167,6 +167,11 @@ static void req_submit(client *cl, const proto_req *r)
     d.json_schema = r->json_schema;
     d.json_schema_len = r->json_schema_len;
     d.json_object = r->json_object;
+    d.regex = r->regex;
+    d.regex_len = r->regex_len;
+    d.choice = r->choice;
+    d.choice_len = r->choice_len;
+    d.n_choice = r->n_choice;
     d.logprobs = r->logprobs;
     d.top_logprobs = r->top_logprobs;
     d.echo = r->echo;

@@ -711,21 +711,25 @@ static int job_tool_grammar(eng *e, job *j, tc_format f, eng_err *code, char *er
 
 static int job_set_grammar(eng *e, job *j, const eng_job_desc *d, eng_err *code, char *err, size_t errlen)
 {
-    int n = (d->grammar != NULL) + (d->json_schema != NULL) + (d->json_object != 0);
+    int n = (d->grammar != NULL) + (d->json_schema != NULL) + (d->json_object != 0) + (d->regex != NULL) +
+            (d->n_choice > 0);
     if (j->force_tools) {
         if (n) return fail(code, ENG_EINVAL, err, errlen, "\"tool_choice\" \"required\" or a named function "
-                           "constrains the reply to calls: it excludes grammar, json_schema and json_object (response_format)");
+                           "constrains the reply to calls: it excludes grammar, json_schema, json_object (response_format), "
+                           "regex and choice");
         return job_tool_grammar(e, j, e->tc_fmt & ~TC_THINK_OPEN, code, err, errlen);
     }
     if (!n) return 0;
-    if (n > 1) return fail(code, ENG_EINVAL, err, errlen, "grammar, json_schema and json_object exclude each other");
+    if (n > 1) return fail(code, ENG_EINVAL, err, errlen, "grammar, json_schema, json_object, regex and choice exclude each other");
     char *text = NULL;
     const char *src;
     size_t len;
     if (d->grammar) { src = d->grammar; len = d->grammar_len; }
     else if (d->json_object) { src = jsonschema_object_gbnf(); len = strlen(src); }
     else {
-        text = jsonschema_gbnf(d->json_schema, d->json_schema_len, err, errlen);
+        text = d->regex ? regex_gbnf(d->regex, d->regex_len, err, errlen)
+             : d->n_choice ? choice_gbnf(d->choice, d->choice_len, d->n_choice, err, errlen)
+             : jsonschema_gbnf(d->json_schema, d->json_schema_len, err, errlen);
         if (!text) { if (code) *code = ENG_EINVAL; return -1; }
         src = text; len = strlen(text);
     }

@@ -235,6 +235,10 @@ typedef struct eng_job_desc {
     const char *grammar; size_t grammar_len;
     const char *json_schema; size_t json_schema_len;
     int json_object;
+    /* or the whole output one match of a regex (the subset jsonschema.h
+     * names), or exactly one of n_choice non-empty texts */
+    const char *regex; size_t regex_len;
+    const char *const *choice; const size_t *choice_len; size_t n_choice;
     /* generate, logprobs (docs: proto/PROTOCOL.md "logprobs"): with logprobs
      * 1 each TOKEN event carries the chosen token's log-probability and the
      * top_logprobs (0..ENG_MAX_LOGPROBS) likeliest tokens', from the logits

@@ -232,6 +232,31 @@ int parse_sampling(json_t *o, proto_req *q, int chat, int *n_out, perr *e)
         if (q->grammar && (q->json_object || q->json_schema))
             return pfail(e, "grammar", "\"grammar\" and a JSON \"response_format\" exclude each other");
     }
+    /* guided_regex and guided_choice, as vLLM names them */
+    json_t *gx = json_object_get(o, "guided_regex"), *gc = json_object_get(o, "guided_choice");
+    if (present(gx)) {
+        if (!json_is_string(gx) || json_string_length(gx) == 0 || json_string_length(gx) > PROTO_MAX_CHOICE_LEN)
+            return pfail(e, "guided_regex", "\"guided_regex\" must be a non-empty string of at most %d bytes", PROTO_MAX_CHOICE_LEN);
+        q->regex = json_string_value(gx);
+        q->regex_len = json_string_length(gx);
+    }
+    if (present(gc)) {
+        size_t i;
+        json_t *c;
+        if (!json_is_array(gc) || json_array_size(gc) == 0 || json_array_size(gc) > PROTO_MAX_CHOICE)
+            return pfail(e, "guided_choice", "\"guided_choice\" must be an array of 1 to %d strings", PROTO_MAX_CHOICE);
+        json_array_foreach(gc, i, c) {
+            if (!json_is_string(c) || json_string_length(c) == 0 || json_string_length(c) > PROTO_MAX_CHOICE_LEN)
+                return pfail(e, "guided_choice", "\"guided_choice\"[%zu] must be a non-empty string of at most %d bytes", i,
+                             PROTO_MAX_CHOICE_LEN);
+            q->choice[i] = json_string_value(c);
+            q->choice_len[i] = json_string_length(c);
+        }
+        q->n_choice = json_array_size(gc);
+    }
+    if ((q->grammar || q->json_object || q->json_schema) + (q->regex != NULL) + (q->n_choice > 0) > 1)
+        return pfail(e, present(gx) ? "guided_regex" : "guided_choice",
+                     "grammar, response_format, guided_regex and guided_choice exclude each other");
     json_t *mo = json_object_get(o, "modalities");
     if (present(mo)) {
         size_t i;

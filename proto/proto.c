@@ -326,11 +326,11 @@ int proto_req_encode(proto_buf *b, const proto_req *r)
         if (r->client) pk_kstr(&k, "client", r->client, r->client_len);
         break;
     case PROTO_T_GENERATE:
-        if (r->n_stop > PROTO_MAX_STOP) return -1;
+        if (r->n_stop > PROTO_MAX_STOP || r->n_choice > PROTO_MAX_CHOICE) return -1;
         pk_map(&k, 13 + (r->has_seed != 0) + (r->system != NULL) + n_tool_keys(r) + (r->grammar != NULL) +
                    (r->json_schema != NULL) + (r->json_object != 0) + (r->logprobs != 0) + (r->echo != 0) +
                    (r->prompt_only != 0) + (r->reasoning != PROTO_REASONING_AUTO) + (r->keep_reasoning != 0) +
-                   (r->template_vars != NULL));
+                   (r->template_vars != NULL) + (r->regex != NULL) + (r->n_choice > 0));
         pk_kstr(&k, "type", tn, strlen(tn));
         pk_ku64(&k, "id", r->id);
         if (prompt_msgs) pk_msgs(&k, r->msgs, r->n_msgs);
@@ -354,6 +354,12 @@ int proto_req_encode(proto_buf *b, const proto_req *r)
         if (r->grammar) pk_kstr(&k, "grammar", r->grammar, r->grammar_len);
         if (r->json_schema) pk_kstr(&k, "json_schema", r->json_schema, r->json_schema_len);
         if (r->json_object) pk_kbool(&k, "json_object", 1);
+        if (r->regex) pk_kstr(&k, "regex", r->regex, r->regex_len);
+        if (r->n_choice) {
+            pk_key(&k, "choice");
+            pk_arr(&k, r->n_choice);
+            for (size_t i = 0; i < r->n_choice; i++) pk_str(&k, r->choice[i], r->choice_len[i]);
+        }
         if (r->logprobs) pk_ki64(&k, "logprobs", r->top_logprobs);
         if (r->echo) pk_kbool(&k, "echo", 1);
         if (r->prompt_only) pk_kbool(&k, "prompt_only", 1);

@@ -27,6 +27,8 @@
 #define PROTO_MAX_INFLIGHT  32          /* requests in flight per connection */
 #define PROTO_MAX_STOP      16          /* stop strings per request */
 #define PROTO_MAX_STOP_LEN  256         /* bytes per stop string */
+#define PROTO_MAX_CHOICE    64          /* texts of a "choice" constraint */
+#define PROTO_MAX_CHOICE_LEN 4096       /* bytes per choice text, and of a "regex" */
 #define PROTO_MAX_TOP       100         /* eval top-N */
 #define PROTO_MAX_GEN       1048576     /* max_tokens upper bound */
 #define PROTO_MAX_NAME      256         /* bytes of hello's "client" */
@@ -144,6 +146,9 @@ typedef struct proto_req {
     int32_t repeat_last_n;  /* default 64 */
     uint64_t seed; int has_seed;
     const char *stop[PROTO_MAX_STOP]; size_t stop_len[PROTO_MAX_STOP]; size_t n_stop;
+    /* generate: the output one match of "regex", or exactly one of "choice" */
+    const char *regex; size_t regex_len;
+    const char *choice[PROTO_MAX_CHOICE]; size_t choice_len[PROTO_MAX_CHOICE]; size_t n_choice;
     int32_t top;            /* eval: top-N per position, default 10 */
     /* generate: constrained output (at most one): a GBNF grammar, a JSON
      * Schema as JSON text, or any JSON object */

@@ -711,6 +711,27 @@ static int decode_req(dctx *d, const msgpack_object *m, proto_req *q)
             }
             else if (key_is(k, "echo")) rc = get_bool(d, v, "echo", &q->echo);
             else if (key_is(k, "prompt_only")) rc = get_bool(d, v, "prompt_only", &q->prompt_only);
+            else if (key_is(k, "regex")) {
+                rc = get_str(d, v, "regex", PROTO_MAX_CHOICE_LEN, &q->regex, &q->regex_len);
+                if (rc == 0 && q->regex_len == 0) rc = fail(d, PROTO_E_INVALID_VALUE, "\"regex\" is empty");
+            }
+            else if (key_is(k, "choice")) {
+                if (v->type != MSGPACK_OBJECT_ARRAY || v->via.array.size == 0) {
+                    rc = fail(d, PROTO_E_BAD_REQUEST, "\"choice\" must be a non-empty array of strings");
+                    break;
+                }
+                if (v->via.array.size > PROTO_MAX_CHOICE) {
+                    rc = fail(d, PROTO_E_TOO_LARGE, "\"choice\" has %u texts, over the limit of %d", v->via.array.size,
+                              PROTO_MAX_CHOICE);
+                    break;
+                }
+                q->n_choice = 0;
+                for (uint32_t j = 0; j < v->via.array.size && rc == 0; j++) {
+                    rc = get_str(d, &v->via.array.ptr[j], "choice", PROTO_MAX_CHOICE_LEN, &q->choice[j], &q->choice_len[j]);
+                    if (rc == 0 && q->choice_len[j] == 0) rc = fail(d, PROTO_E_INVALID_VALUE, "\"choice\"[%u] is empty", j);
+                    if (rc == 0) q->n_choice = j + 1;
+                }
+            }
             else if (key_is(k, "stop")) {
                 if (v->type != MSGPACK_OBJECT_ARRAY) { rc = fail(d, PROTO_E_BAD_REQUEST, "\"stop\" must be an array of strings"); break; }
                 if (v->via.array.size > PROTO_MAX_STOP) {

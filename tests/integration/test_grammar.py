@@ -3,7 +3,7 @@
 under a JSON Schema, 100 of 100 outputs validate with python3-jsonschema, at
 temperature 1.0 and greedy, on the qwen2 and llama3 fixture models, with the
 requests of different schemas batched together; GBNF grammars; compile
-errors. Ends with "N passed, M failed"."""
+errors; regex and choice constraints (protocol, aned-http, aneclient). Ends with "N passed, M failed"."""
 import json
 import os
 import sys
@@ -162,6 +162,69 @@ def t_http(d):
         gw.stop()
 
 
+def t_regex_choice(d):
+    """regex and choice constraints: through the protocol (sampled, several
+    at once), aned-http's guided_regex / guided_choice on both endpoints and
+    aneclient --regex / --choice; each output matched whole (re.fullmatch);
+    errors named."""
+    import re
+    import subprocess
+    c = d.connect()
+    rx = r"[A-Z][a-z]{2,8} (is|was) \d{1,3}(\.\d)?!"
+    labels = ["positive", "negative", "neutral"]
+    ids = [(c.submit_generate("Say something:", max_tokens=60, temperature=1.0, seed=s, regex=rx), "re", s) for s in range(8)]
+    ids += [(c.submit_generate("Sentiment:", max_tokens=20, temperature=1.0, seed=s, choice=labels), "ch", s) for s in range(8)]
+    for rid, kind, s in ids:
+        text, fin = [], None
+        for ev in c.events(rid, timeout=120):
+            if ev["type"] == "token":
+                text.append(ev["text"])
+            elif ev["type"] in ("done", "error"):
+                fin = ev.get("finish") or ev.get("message")
+        out = "".join(text)
+        ok = re.fullmatch(rx, out) if kind == "re" else out in labels
+        check(ok and fin == "eos", "%s seed %d: %r (%s)" % (kind, s, out, fin))
+    for kw, code, want in ((dict(regex="(?=x)y"), "invalid_value", "offset 0"),
+                           (dict(regex="a", choice=["a"]), "invalid_value", "exclude each other"),
+                           (dict(choice=["a", ""]), "invalid_value", "\"choice\"[1] is empty"),
+                           (dict(choice=[]), "bad_request", "\"choice\""),
+                           (dict(regex=""), "invalid_value", "\"regex\" is empty")):
+        try:
+            c.generate_text("x", max_tokens=4, **kw)
+            check(False, "%r accepted" % kw)
+        except anepy.AneError as e:
+            check(e.code == code and want in e.message, "%r: %s %s" % (kw, e.code, e.message))
+    c.close()
+    if os.path.exists(os.path.join(ROOT, "bin/aned-http")):
+        from test_http import Gateway, post
+        gw = Gateway(d.sock).start()
+        try:
+            for path, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "Sentiment?"}]}),
+                               ("/v1/completions", {"prompt": "Sentiment:"})):
+                for key, val, ok in (("guided_choice", labels, lambda o: o in labels),
+                                     ("guided_regex", rx, lambda o: re.fullmatch(rx, o))):
+                    st, _, r = post(gw, path, dict(body, max_tokens=60, temperature=1.0, seed=3, **{key: val}))
+                    ch = r["choices"][0] if st == 200 else {}
+                    out = ch.get("message", {}).get("content") if "message" in ch else ch.get("text")
+                    check(st == 200 and ok(out or "") and ch.get("finish_reason") == "stop", "%s %s: %s %r" % (path, key, st, r))
+                for b, param in ((dict(body, guided_regex=5), "guided_regex"), (dict(body, guided_choice=[]), "guided_choice"),
+                                 (dict(body, guided_choice=["a", 1]), "guided_choice"),
+                                 (dict(body, guided_regex="a", guided_choice=["a"]), "guided_regex")):
+                    st, _, r = post(gw, path, b)
+                    check(st == 400 and r["error"].get("param") == param, "%s %r: %s %r" % (path, b, st, r))
+                st, _, r = post(gw, path, dict(body, guided_regex="a\\b"))
+                check(st == 400 and "offset 1" in r["error"]["message"], "%s unsupported regex: %s %r" % (path, st, r))
+        finally:
+            gw.stop()
+    cl = os.path.join(ROOT, "bin/aneclient")
+    p = subprocess.run([cl, "--socket", d.sock, "-T", "1", "--seed", "5", "-n", "20", "--choice", "yes", "--choice", "no",
+                        "Well?"], capture_output=True, timeout=60)
+    check(p.returncode == 0 and p.stdout.decode().strip() in ("yes", "no"), "aneclient --choice: %r %r" % (p.stdout, p.stderr))
+    p = subprocess.run([cl, "--socket", d.sock, "-T", "1", "--seed", "5", "-n", "60", "--regex", rx, "Say:"],
+                       capture_output=True, timeout=60)
+    check(p.returncode == 0 and re.fullmatch(rx, p.stdout.decode().rstrip("\n")), "aneclient --regex: %r %r" % (p.stdout, p.stderr))
+
+
 def main():
     if jsonschema is None:
         print("notice: python3-jsonschema missing; test_grammar skipped")
@@ -170,7 +233,7 @@ def main():
     for model in MODELS:
         d = Daemon(os.path.join(ROOT, model), "grammar", ["--max-seqs", "16"])
         try:
-            for t in (t_schema, t_gbnf, t_http):
+            for t in (t_schema, t_gbnf, t_http, t_regex_choice):
                 f0 = test_protocol.failed
                 try:
                     t(d, model) if t is t_schema else t(d)

@@ -1,6 +1,6 @@
-/* t_proto_chat — the chat fields of generate and eval (PROTOCOL.md):
- * reasoning, keep_reasoning and template_vars round trips, and the values
- * the decoder refuses, each naming its field. */
+/* t_proto_fields — generate's and eval's fields for chat and constraints
+ * (PROTOCOL.md): reasoning, keep_reasoning, template_vars, regex and choice
+ * round trips, and the values the decoder refuses, each naming its field. */
 #include "proto/proto.h"
 #include "tests/check.h"
 
@@ -72,8 +72,8 @@ static void test_template_vars(void)
     proto_buf_free(&b);
 }
 
-/* {"type": "generate", "id": 1, "prompt": "x", "template_vars": <v>} */
-static void refused(void (*pack)(msgpack_packer *), proto_err want, const char *needle)
+/* {"type": "generate", "id": 1, "prompt": "x", key: <v>} */
+static void refused_key(const char *key, void (*pack)(msgpack_packer *), proto_err want, const char *needle)
 {
     msgpack_sbuffer sb;
     msgpack_packer pk;
@@ -83,7 +83,7 @@ static void refused(void (*pack)(msgpack_packer *), proto_err want, const char *
     msgpack_pack_str_with_body(&pk, "type", 4); msgpack_pack_str_with_body(&pk, "generate", 8);
     msgpack_pack_str_with_body(&pk, "id", 2); msgpack_pack_uint64(&pk, 1);
     msgpack_pack_str_with_body(&pk, "prompt", 6); msgpack_pack_str_with_body(&pk, "x", 1);
-    msgpack_pack_str_with_body(&pk, "template_vars", 13);
+    msgpack_pack_str_with_body(&pk, key, strlen(key));
     pack(&pk);
     proto_reader *r = proto_reader_new(0);
     proto_req q;
@@ -94,6 +94,11 @@ static void refused(void (*pack)(msgpack_packer *), proto_err want, const char *
     CHECK_EQ_INT(q.id, 1);
     proto_reader_free(r);
     msgpack_sbuffer_destroy(&sb);
+}
+
+static void refused(void (*pack)(msgpack_packer *), proto_err want, const char *needle)
+{
+    refused_key("template_vars", pack, want, needle);
 }
 
 static void p_str(msgpack_packer *pk) { msgpack_pack_str_with_body(pk, "{}", 2); }
@@ -114,11 +119,62 @@ static void test_template_vars_refused(void)
     refused(p_own, PROTO_E_INVALID_VALUE, "\"template_vars\".add_generation_prompt");
 }
 
+static void test_regex_choice(void)
+{
+    proto_req q, o;
+    proto_reader *r;
+    proto_req_init(&q, PROTO_T_GENERATE, 8);
+    q.text = "x"; q.text_len = 1;
+    q.regex = "[a-z]+\\d"; q.regex_len = strlen(q.regex);
+    if (round_trip(&q, &o, &r) == 0)
+        CHECK(o.regex && o.regex_len == q.regex_len && !memcmp(o.regex, q.regex, q.regex_len) && o.n_choice == 0);
+    proto_reader_free(r);
+    proto_req_init(&q, PROTO_T_GENERATE, 9);
+    q.text = "x"; q.text_len = 1;
+    q.choice[0] = "yes"; q.choice_len[0] = 3;
+    q.choice[1] = "n\"o"; q.choice_len[1] = 3;
+    q.n_choice = 2;
+    if (round_trip(&q, &o, &r) == 0)
+        CHECK(o.n_choice == 2 && o.choice_len[1] == 3 && !memcmp(o.choice[1], "n\"o", 3) && o.regex == NULL);
+    proto_reader_free(r);
+    proto_buf b = { 0 };
+    q.n_choice = PROTO_MAX_CHOICE + 1;
+    CHECK(proto_req_encode(&b, &q) != 0 && b.len == 0);
+    proto_buf_free(&b);
+}
+
+static void p_choice_empty(msgpack_packer *pk) { msgpack_pack_array(pk, 0); }
+static void p_choice_blank(msgpack_packer *pk)
+{
+    msgpack_pack_array(pk, 2);
+    msgpack_pack_str_with_body(pk, "a", 1);
+    msgpack_pack_str_with_body(pk, "", 0);
+}
+static void p_choice_many(msgpack_packer *pk)
+{
+    msgpack_pack_array(pk, PROTO_MAX_CHOICE + 1);
+    for (int i = 0; i <= PROTO_MAX_CHOICE; i++) msgpack_pack_str_with_body(pk, "a", 1);
+}
+static void p_choice_int(msgpack_packer *pk) { msgpack_pack_array(pk, 1); msgpack_pack_int(pk, 1); }
+static void p_regex_empty(msgpack_packer *pk) { msgpack_pack_str_with_body(pk, "", 0); }
+
+static void test_regex_choice_refused(void)
+{
+    refused_key("choice", p_choice_empty, PROTO_E_BAD_REQUEST, "\"choice\" must be a non-empty array");
+    refused_key("choice", p_choice_blank, PROTO_E_INVALID_VALUE, "\"choice\"[1] is empty");
+    refused_key("choice", p_choice_many, PROTO_E_TOO_LARGE, "\"choice\" has 65 texts");
+    refused_key("choice", p_choice_int, PROTO_E_BAD_REQUEST, "choice");
+    refused_key("regex", p_regex_empty, PROTO_E_INVALID_VALUE, "\"regex\" is empty");
+    refused_key("regex", p_choice_empty, PROTO_E_BAD_REQUEST, "regex");
+}
+
 int main(int argc, char **argv)
 {
     CHECK_ARGS(argc, argv);
     RUN(test_reasoning_fields);
     RUN(test_template_vars);
     RUN(test_template_vars_refused);
+    RUN(test_regex_choice);
+    RUN(test_regex_choice_refused);
     return CHECK_DONE();
 }
