@@ -716,8 +716,12 @@ static int decode_req(dctx *d, const msgpack_object *m, proto_req *q)
                 if (rc == 0 && q->regex_len == 0) rc = fail(d, PROTO_E_INVALID_VALUE, "\"regex\" is empty");
             }
             else if (key_is(k, "choice")) {
-                if (v->type != MSGPACK_OBJECT_ARRAY || v->via.array.size == 0) {
-                    rc = fail(d, PROTO_E_BAD_REQUEST, "\"choice\" must be a non-empty array of strings");
+                if (v->type != MSGPACK_OBJECT_ARRAY) {
+                    rc = fail(d, PROTO_E_BAD_REQUEST, "\"choice\" must be an array of strings");
+                    break;
+                }
+                if (v->via.array.size == 0) {
+                    rc = fail(d, PROTO_E_INVALID_VALUE, "\"choice\" is empty: it needs 1 to %d texts", PROTO_MAX_CHOICE);
                     break;
                 }
                 if (v->via.array.size > PROTO_MAX_CHOICE) {

@@ -656,12 +656,14 @@ BASE = {"generate": {"prompt": "x", "raw": True, "max_tokens": 1}, "eval": {"tok
 WRONG = {"x": 1}   # a map: the wrong type for every field
 
 
-def knows(env, d, req, field):
-    """Whether the daemon reads field in req (a map there is refused naming it)."""
+def knows(env, d, req, field, ty=None):
+    """Whether the daemon reads field in req (a map there, or a string for a
+    field that takes a map, is refused naming it)."""
+    wrong = "x" if ty == "map" else WRONG
     if req == "hello":
         c = d.connect(hello=False)
         msg = {"type": "hello", "id": 0, "version": 1}
-        msg[field] = WRONG
+        msg[field] = wrong
         c.send(msg)
         ev = c.recv()
         c.close()
@@ -669,7 +671,7 @@ def knows(env, d, req, field):
     c = d.connect()
     try:
         msg = dict(BASE[req])
-        msg[field] = WRONG
+        msg[field] = wrong
         id = c.request(req, **msg)
         if req == "cancel":
             pid = c.request("ping")
@@ -750,7 +752,7 @@ def check_range(env, d, req, field, ty, rng):
             mk = lambda k: [one] * k   # noqa: E731
             base = {"max_tokens": 1}
         else:
-            mk = lambda k: [1] * k   # noqa: E731
+            mk = (lambda k: ["a"] * k) if ty == "[str]" else (lambda k: [1] * k)   # noqa: E731
             base = dict(BASE[req])
             base.pop("tokens", None)
             if req == "generate":
@@ -788,7 +790,7 @@ def t_request_fields(env, doc):
     candidates -= {"type", "id"}
     d = env.chat   # a model with a chat template: "system" and "messages" apply
     for req, documented in fields.items():
-        known = {f for f in sorted(candidates) if knows(env, d, req, f)}
+        known = {f for f in sorted(candidates) if knows(env, d, req, f, documented.get(f, (None,))[0])}
         check(known == set(documented), "§5 %s: the daemon reads %r, the document lists %r"
               % (req, sorted(known), sorted(documented)))
     for req, documented in fields.items():

@@ -187,7 +187,8 @@ def t_regex_choice(d):
     for kw, code, want in ((dict(regex="(?=x)y"), "invalid_value", "offset 0"),
                            (dict(regex="a", choice=["a"]), "invalid_value", "exclude each other"),
                            (dict(choice=["a", ""]), "invalid_value", "\"choice\"[1] is empty"),
-                           (dict(choice=[]), "bad_request", "\"choice\""),
+                           (dict(choice=[]), "invalid_value", "\"choice\" is empty"),
+                           (dict(choice="a"), "bad_request", "\"choice\" must be an array"),
                            (dict(regex=""), "invalid_value", "\"regex\" is empty")):
         try:
             c.generate_text("x", max_tokens=4, **kw)

@@ -160,7 +160,7 @@ static void p_regex_empty(msgpack_packer *pk) { msgpack_pack_str_with_body(pk, "
 
 static void test_regex_choice_refused(void)
 {
-    refused_key("choice", p_choice_empty, PROTO_E_BAD_REQUEST, "\"choice\" must be a non-empty array");
+    refused_key("choice", p_choice_empty, PROTO_E_INVALID_VALUE, "\"choice\" is empty");
     refused_key("choice", p_choice_blank, PROTO_E_INVALID_VALUE, "\"choice\"[1] is empty");
     refused_key("choice", p_choice_many, PROTO_E_TOO_LARGE, "\"choice\" has 65 texts");
     refused_key("choice", p_choice_int, PROTO_E_BAD_REQUEST, "choice");
