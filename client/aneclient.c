@@ -148,16 +148,22 @@ static void usage(FILE *f)
     PROTO_MAX_TOP, PROTO_MAX_STOP, PROTO_MAX_LOGPROBS, sock);
 }
 
+/* "aneclient: " and the message, then `tail`; exits with `status`. */
+static void vdie(int status, const char *tail, const char *fmt, va_list ap) __attribute__((noreturn));
+static void vdie(int status, const char *tail, const char *fmt, va_list ap)
+{
+    fputs("aneclient: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputs(tail, stderr);
+    exit(status);
+}
+
 static void die_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 static void die_usage(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    fputs("aneclient: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputs("\nTry 'aneclient --help'.\n", stderr);
-    va_end(ap);
-    exit(EX_USAGE);
+    vdie(EX_USAGE, "\nTry 'aneclient --help'.\n", fmt, ap);
 }
 
 static void die_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
@@ -165,11 +171,7 @@ static void die_fail(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    fputs("aneclient: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    exit(EX_FAIL);
+    vdie(EX_FAIL, "\n", fmt, ap);
 }
 
 static long long parse_int(const char *opt, const char *s, long long lo, long long hi)
