@@ -166,16 +166,22 @@ static void usage(FILE *f)
     PROTO_MAX_TOP, PROTO_MAX_STOP, PROTO_MAX_LOGPROBS, sock);
 }
 
+/* "aneclient: " and the message, then `tail`; exits with `status`. */
+static void vdie(int status, const char *tail, const char *fmt, va_list ap) __attribute__((noreturn));
+static void vdie(int status, const char *tail, const char *fmt, va_list ap)
+{
+    fputs("aneclient: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputs(tail, stderr);
+    exit(status);
+}
+
 static void die_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 static void die_usage(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    fputs("aneclient: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputs("\nTry 'aneclient --help'.\n", stderr);
-    va_end(ap);
-    exit(EX_USAGE);
+    vdie(EX_USAGE, "\nTry 'aneclient --help'.\n", fmt, ap);
 }
 
 static void die_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
@@ -183,11 +189,7 @@ static void die_fail(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    fputs("aneclient: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    exit(EX_FAIL);
+    vdie(EX_FAIL, "\n", fmt, ap);
 }
 
 static long long parse_int(const char *opt, const char *s, long long lo, long long hi)
@@ -950,6 +952,29 @@ static int chat_turn(ane_client *cl, run *R, proto_req *q, hist *h, int *failed)
 }
 
 /* Reads lines and holds the conversation; the exit code. */
+
+/* SIGINT to on_sigint (no SA_RESTART: waits return to check the flag), then
+ * the connection to aned into *cl: EX_OK, or the exit status once the
+ * reason is reported. */
+static int connect_aned(run *R, const char *socket_path, uid_t daemon_uid, ane_client **cl)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigint;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    char err[512];
+    ane_connect_opts co = { socket_path, "aneclient", 0, daemon_uid };
+    proto_err refused = PROTO_OK;
+    connecting = 1;
+    int rc = ane_connect_with(cl, &co, &refused, err, sizeof err);
+    connecting = 0;
+    if (rc >= 0) return EX_OK;
+    if (interrupted) return EX_INTERRUPTED;
+    report_error(R, refused ? proto_err_name(refused) : "connect", err, strlen(err));
+    return refused ? EX_REFUSED : EX_CONNECT;
+}
+
 static int chat(ane_client *cl, run *R, proto_req *q, hist *h, const char *first, size_t first_len)
 {
     int tty = isatty(STDIN_FILENO), failed = 0, rc;
@@ -1054,25 +1079,9 @@ static int chat_main(run *R, proto_req *q, const char *socket_path, uid_t daemon
     if (first && !proto_utf8_valid(first, first_len)) die_usage("the prompt is not valid UTF-8");
 
     R->tty_out = isatty(STDOUT_FILENO);
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_sigint;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-
-    char err[512];
     ane_client *cl = NULL;
-    ane_connect_opts co = { socket_path, "aneclient", 0, daemon_uid };
-    proto_err refused = PROTO_OK;
-    connecting = 1;
-    int rc = ane_connect_with(&cl, &co, &refused, err, sizeof err);
-    connecting = 0;
-    if (rc < 0) {
-        report_error(R, refused ? proto_err_name(refused) : "connect", err, strlen(err));
-        rc = refused ? EX_REFUSED : EX_CONNECT;
-    } else {
-        rc = chat(cl, R, q, &h, first, first_len);
-    }
+    int rc = connect_aned(R, socket_path, daemon_uid, &cl);
+    if (rc == EX_OK) rc = chat(cl, R, q, &h, first, first_len);
     ane_close(cl);
     hist_cut(&h, 0);
     free(h.m);
@@ -1362,28 +1371,12 @@ int main(int argc, char **argv)
     R.raccf = open_memstream(&R.racc, &R.racc_len);
     if (!R.accf || !R.toksf || !R.raccf) die_fail("out of memory");
 
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_sigint;   /* no SA_RESTART: waits return to check the flag */
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-
     /* Connect and send. */
     char err[512];
     ane_client *cl = NULL;
-    ane_connect_opts co = { socket_path, "aneclient", 0, daemon_uid };
-    proto_err refused = PROTO_OK;
-    int rc = EX_OK;
     R.t0_ns = now_ns();
-    connecting = 1;
-    int crc = ane_connect_with(&cl, &co, &refused, err, sizeof err);
-    connecting = 0;
-    if (crc < 0) {
-        if (interrupted) { rc = EX_INTERRUPTED; goto out; }
-        report_error(&R, refused ? proto_err_name(refused) : "connect", err, strlen(err));
-        rc = refused ? EX_REFUSED : EX_CONNECT;
-        goto out;
-    }
+    int rc = connect_aned(&R, socket_path, daemon_uid, &cl);
+    if (rc != EX_OK) goto out;
     R.t0_ns = now_ns();
     uint64_t id = ane_submit(cl, &q, err, sizeof err);
     if (!id) {

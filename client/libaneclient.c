@@ -391,12 +391,18 @@ uint64_t ane_submit(ane_client *c, proto_req *req, char *err, size_t errlen)
     return req->id;
 }
 
+/* A request of type t on the text prompt (NULL: empty). */
+static void text_req(proto_req *q, proto_type t, const char *prompt)
+{
+    proto_req_init(q, t, 0);
+    q->text = prompt ? prompt : "";
+    q->text_len = strlen(q->text);
+}
+
 uint64_t ane_submit_generate(ane_client *c, const char *prompt, int32_t max_tokens, char *err, size_t errlen)
 {
     proto_req q;
-    proto_req_init(&q, PROTO_T_GENERATE, 0);
-    q.text = prompt ? prompt : "";
-    q.text_len = strlen(q.text);
+    text_req(&q, PROTO_T_GENERATE, prompt);
     q.max_tokens = max_tokens;
     return ane_submit(c, &q, err, errlen);
 }
@@ -404,9 +410,7 @@ uint64_t ane_submit_generate(ane_client *c, const char *prompt, int32_t max_toke
 uint64_t ane_submit_eval(ane_client *c, const char *prompt, int32_t top, char *err, size_t errlen)
 {
     proto_req q;
-    proto_req_init(&q, PROTO_T_EVAL, 0);
-    q.text = prompt ? prompt : "";
-    q.text_len = strlen(q.text);
+    text_req(&q, PROTO_T_EVAL, prompt);
     q.top = top;
     return ane_submit(c, &q, err, errlen);
 }

@@ -89,6 +89,23 @@ static int check_vocab(client *cl, const proto_req *r)
     return 0;
 }
 
+/* An engine call's failure, answered with its code and message. */
+static void send_eng_error(client *cl, const proto_req *r, eng_err code, const char *err)
+{
+    if (code == ENG_OK) code = ENG_EINTERNAL;
+    send_error(cl, r->id, r->type, map_eng_err(code), err[0] ? err : eng_strerror(code));
+}
+
+/* 1 (answered busy) when the connection already has its most jobs. */
+static int inflight_full(client *cl, const proto_req *r)
+{
+    if (cl->n_jobs < PROTO_MAX_INFLIGHT) return 0;
+    char msg[64];
+    snprintf(msg, sizeof msg, "%d requests already in flight on this connection", PROTO_MAX_INFLIGHT);
+    send_error(cl, r->id, r->type, PROTO_E_BUSY, msg);
+    return 1;
+}
+
 static void req_submit(client *cl, const proto_req *r)
 {
     server *s = cl->srv;
@@ -96,13 +113,7 @@ static void req_submit(client *cl, const proto_req *r)
         send_error(cl, r->id, r->type, PROTO_E_SHUTDOWN, "the server is shutting down");
         return;
     }
-    if (cl->n_jobs >= PROTO_MAX_INFLIGHT) {
-        char msg[64];
-        snprintf(msg, sizeof msg, "%d requests already in flight on this connection",
-                 PROTO_MAX_INFLIGHT);
-        send_error(cl, r->id, r->type, PROTO_E_BUSY, msg);
-        return;
-    }
+    if (inflight_full(cl, r)) return;
     uid_use *uu = uid_find(s, cl->peer.uid, 1);
     if (!uu) { send_error(cl, r->id, r->type, PROTO_E_INTERNAL, "out of memory"); return; }
     if (s->opt.max_jobs_per_uid > 0 && uu->jobs >= (uint32_t)s->opt.max_jobs_per_uid) {
@@ -191,8 +202,7 @@ static void req_submit(client *cl, const proto_req *r)
     free(msgs);   /* eng_submit copied them */
     if (rc < 0) {
         free(j);
-        if (code == ENG_OK) code = ENG_EINTERNAL;
-        send_error(cl, r->id, r->type, map_eng_err(code), err[0] ? err : eng_strerror(code));
+        send_eng_error(cl, r, code, err);
         return;
     }
     job_link(s, cl, j, r);
@@ -214,12 +224,7 @@ static void req_tokenize(client *cl, const proto_req *r)
         send_error(cl, r->id, r->type, PROTO_E_BAD_REQUEST, "tokenize takes text");
         return;
     }
-    if (cl->n_jobs >= PROTO_MAX_INFLIGHT) {
-        char msg[64];
-        snprintf(msg, sizeof msg, "%d requests already in flight on this connection", PROTO_MAX_INFLIGHT);
-        send_error(cl, r->id, r->type, PROTO_E_BUSY, msg);
-        return;
-    }
+    if (inflight_full(cl, r)) return;
     job *j = calloc(1, sizeof *j);
     if (!j) { send_error(cl, r->id, r->type, PROTO_E_INTERNAL, "out of memory"); return; }
     j->tokenize = 1;
@@ -228,8 +233,7 @@ static void req_tokenize(client *cl, const proto_req *r)
     if (eng_tokenize_submit(s->eng, r->text, r->text_len, r->add_bos, r->special, (uint32_t)cl->peer.uid,
                             j, &j->eng_id, &code, err, sizeof err) < 0) {
         free(j);
-        if (code == ENG_OK) code = ENG_EINTERNAL;
-        send_error(cl, r->id, r->type, map_eng_err(code), err[0] ? err : eng_strerror(code));
+        send_eng_error(cl, r, code, err);
         return;
     }
     job_link(s, cl, j, r);
@@ -248,8 +252,7 @@ static void req_detokenize(client *cl, const proto_req *r)
     eng_err code = ENG_OK;
     char err[256] = "";
     if (eng_detokenize(s->eng, r->tokens, r->n_tokens, &text, &len, &code, err, sizeof err) < 0) {
-        if (code == ENG_OK) code = ENG_EINTERNAL;
-        send_error(cl, r->id, r->type, map_eng_err(code), err[0] ? err : eng_strerror(code));
+        send_eng_error(cl, r, code, err);
         return;
     }
     if (len > PROTO_MAX_REPLY_TEXT) {
@@ -402,17 +405,80 @@ static void job_end(server *s, job *j)
     free(j);
 }
 
+/* The events that stream a job's output: each its message, and whether it
+ * marks the job as started (for info's active/queued). */
+static const struct { proto_type type; uint8_t starts; } streamed[] = {
+    [ENG_EV_TOKEN] = { PROTO_T_TOKEN, 1 },         [ENG_EV_PROMPT_TOKEN] = { PROTO_T_PROMPT_TOKEN, 1 },
+    [ENG_EV_TOOL_CALL] = { PROTO_T_TOOL_CALL, 0 }, [ENG_EV_LOGITS] = { PROTO_T_LOGITS, 1 },
+    [ENG_EV_EMBEDDING] = { PROTO_T_EMBEDDING, 1 },
+};
+
+static void stream_event(server *s, job *j, const eng_event *ev)
+{
+    client *cl = j->cl;
+    if (streamed[ev->type].starts) j->started = 1;
+    if (!cl || j->overflow) return;
+    proto_ev e;
+    proto_lp lps[PROTO_MAX_LOGPROBS];
+    proto_top top[ENG_MAX_TOP];
+    proto_ev_init(&e, streamed[ev->type].type, j->req_id);
+    switch (ev->type) {
+    case ENG_EV_TOKEN:
+        e.token = ev->token;
+        e.text = ev->text ? ev->text : "";
+        e.text_len = ev->text ? ev->text_len : 0;
+        e.reasoning = ev->reasoning;
+        e.reasoning_len = ev->reasoning_len;
+        ev_put_logprobs(s->eng, ev, ev->has_logprob, &e, lps);
+        cl->n_tokens++;
+        s->tokens_served++;
+        break;
+    case ENG_EV_PROMPT_TOKEN:
+        e.pos = ev->pos;
+        e.token = ev->token;
+        ev_put_logprobs(s->eng, ev, 1, &e, lps);
+        break;
+    case ENG_EV_TOOL_CALL:
+        e.call_index = (uint32_t)ev->call_index;
+        e.call_name = ev->call_name;
+        e.call_name_len = ev->call_name_len;
+        e.call_args = ev->call_args;
+        e.call_args_len = ev->call_args_len;
+        e.call_id = ev->call_id;
+        e.call_id_len = ev->call_id_len;
+        break;
+    case ENG_EV_LOGITS: {
+        int32_t n = ev->n_top < 0 ? 0 : ev->n_top > ENG_MAX_TOP ? ENG_MAX_TOP : ev->n_top;
+        for (int32_t i = 0; i < n; i++) {
+            top[i].id = ev->top_ids[i];
+            top[i].logit = ev->top_logits[i];
+        }
+        e.pos = ev->pos;
+        e.top = top;
+        e.n_top = (size_t)n;
+        break;
+    }
+    default:   /* ENG_EV_EMBEDDING */
+        e.embedding = ev->embd;
+        e.n_embedding = ev->embd ? (size_t)ev->n_embd : 0;
+        break;
+    }
+    client_send(cl, &e);
+}
+
 void handle_event(server *s, const eng_event *ev)
 {
     job *j = ev->user;
     if (!j) { log_error("engine event without a job (job %llu)", (unsigned long long)ev->job_id); return; }
+    if ((unsigned)ev->type < sizeof streamed / sizeof streamed[0] && streamed[ev->type].type != PROTO_T_NONE) {
+        stream_event(s, j, ev);
+        return;
+    }
     client *cl = j->cl;
-    int live = cl && !j->overflow;
     proto_ev e;
-    proto_lp lps[PROTO_MAX_LOGPROBS];
     switch (ev->type) {
     case ENG_EV_TOKENS:
-        if (!live) break;
+        if (!cl || j->overflow) break;
         if (ev->n_ids > PROTO_MAX_TOKENS) {
             char msg[128];
             snprintf(msg, sizeof msg, "the text gives %zu tokens, over the limit of %d one reply may carry",
@@ -425,65 +491,6 @@ void handle_event(server *s, const eng_event *ev)
         e.n_tokens = ev->n_ids;
         client_send(cl, &e);
         break;
-    case ENG_EV_TOKEN:
-        j->started = 1;
-        if (!live) return;
-        proto_ev_init(&e, PROTO_T_TOKEN, j->req_id);
-        e.token = ev->token;
-        e.text = ev->text ? ev->text : "";
-        e.text_len = ev->text ? ev->text_len : 0;
-        e.reasoning = ev->reasoning;
-        e.reasoning_len = ev->reasoning_len;
-        ev_put_logprobs(s->eng, ev, ev->has_logprob, &e, lps);
-        cl->n_tokens++;
-        s->tokens_served++;
-        client_send(cl, &e);
-        return;
-    case ENG_EV_PROMPT_TOKEN:
-        j->started = 1;
-        if (!live) return;
-        proto_ev_init(&e, PROTO_T_PROMPT_TOKEN, j->req_id);
-        e.pos = ev->pos;
-        e.token = ev->token;
-        ev_put_logprobs(s->eng, ev, 1, &e, lps);
-        client_send(cl, &e);
-        return;
-    case ENG_EV_TOOL_CALL:
-        if (!live) return;
-        proto_ev_init(&e, PROTO_T_TOOL_CALL, j->req_id);
-        e.call_index = (uint32_t)ev->call_index;
-        e.call_name = ev->call_name;
-        e.call_name_len = ev->call_name_len;
-        e.call_args = ev->call_args;
-        e.call_args_len = ev->call_args_len;
-        e.call_id = ev->call_id;
-        e.call_id_len = ev->call_id_len;
-        client_send(cl, &e);
-        return;
-    case ENG_EV_LOGITS: {
-        j->started = 1;
-        if (!live) return;
-        proto_top top[ENG_MAX_TOP];
-        int32_t n = ev->n_top < 0 ? 0 : ev->n_top > ENG_MAX_TOP ? ENG_MAX_TOP : ev->n_top;
-        for (int32_t i = 0; i < n; i++) {
-            top[i].id = ev->top_ids[i];
-            top[i].logit = ev->top_logits[i];
-        }
-        proto_ev_init(&e, PROTO_T_LOGITS, j->req_id);
-        e.pos = ev->pos;
-        e.top = top;
-        e.n_top = (size_t)n;
-        client_send(cl, &e);
-        return;
-    }
-    case ENG_EV_EMBEDDING:
-        j->started = 1;
-        if (!live) return;
-        proto_ev_init(&e, PROTO_T_EMBEDDING, j->req_id);
-        e.embedding = ev->embd;
-        e.n_embedding = ev->embd ? (size_t)ev->n_embd : 0;
-        client_send(cl, &e);
-        return;
     case ENG_EV_DONE:
         if (j->type == PROTO_T_EMBED && !j->started && ev->finish != ENG_FINISH_CANCELLED && cl && !j->overflow) {
             send_error(cl, j->req_id, j->type, PROTO_E_INTERNAL, "out of memory for the vector");

@@ -17,7 +17,7 @@ void sb_free(sbuf *b) { free(b->p); b->p = NULL; b->len = b->cap = 0; b->oom = 0
 int sb_reserve(sbuf *b, size_t add)
 {
     if (b->oom) return -1;
-    if (add <= b->cap - b->len) return 0;
+    if (b->p && add <= b->cap - b->len) return 0;   /* an empty add still makes room for the NUL */
     size_t need = b->len + add, cap = b->cap ? b->cap : 256;
     while (cap < need) cap *= 2;
     char *p = realloc(b->p, cap + 1);

@@ -201,6 +201,13 @@ static void pk_ki64(pk *k, const char *key, int64_t v) { pk_key(k, key); pk_i64(
 static void pk_kf32(pk *k, const char *key, float v) { pk_key(k, key); pk_f32(k, v); }
 static void pk_kf64(pk *k, const char *key, double v) { pk_key(k, key); pk_f64(k, v); }
 static void pk_kbool(pk *k, const char *key, int v) { pk_key(k, key); pk_bool(k, v); }
+/* Every message opens with its map header, "type" and "id". */
+static void pk_head(pk *k, size_t n_keys, const char *type, uint64_t id)
+{
+    pk_map(k, n_keys);
+    pk_kstr(k, "type", type, strlen(type));
+    pk_ku64(k, "id", id);
+}
 static void pk_bin(pk *k, const char *s, size_t n)
 {
     k->fail |= msgpack_pack_bin(&k->p, n);
@@ -319,20 +326,16 @@ int proto_req_encode(proto_buf *b, const proto_req *r)
         return -1;
     switch (r->type) {
     case PROTO_T_HELLO:
-        pk_map(&k, r->client ? 4 : 3);
-        pk_kstr(&k, "type", tn, strlen(tn));
-        pk_ku64(&k, "id", r->id);
+        pk_head(&k, r->client ? 4 : 3, tn, r->id);
         pk_ku64(&k, "version", r->version);
         if (r->client) pk_kstr(&k, "client", r->client, r->client_len);
         break;
     case PROTO_T_GENERATE:
         if (r->n_stop > PROTO_MAX_STOP || r->n_choice > PROTO_MAX_CHOICE) return -1;
-        pk_map(&k, 13 + (r->has_seed != 0) + (r->system != NULL) + n_tool_keys(r) + (r->grammar != NULL) +
+        pk_head(&k, 13 + (r->has_seed != 0) + (r->system != NULL) + n_tool_keys(r) + (r->grammar != NULL) +
                    (r->json_schema != NULL) + (r->json_object != 0) + (r->logprobs != 0) + (r->echo != 0) +
                    (r->prompt_only != 0) + (r->reasoning != PROTO_REASONING_AUTO) + (r->keep_reasoning != 0) +
-                   (r->template_vars != NULL) + (r->regex != NULL) + (r->n_choice > 0));
-        pk_kstr(&k, "type", tn, strlen(tn));
-        pk_ku64(&k, "id", r->id);
+                   (r->template_vars != NULL) + (r->regex != NULL) + (r->n_choice > 0), tn, r->id);
         if (prompt_msgs) pk_msgs(&k, r->msgs, r->n_msgs);
         else if (prompt_tokens) { pk_key(&k, "tokens"); pk_tokens(&k, r->tokens, r->n_tokens); }
         else pk_kstr(&k, "prompt", r->text, r->text_len);
@@ -368,9 +371,7 @@ int proto_req_encode(proto_buf *b, const proto_req *r)
         pk_tvars(&k, r);
         break;
     case PROTO_T_EVAL:
-        pk_map(&k, 5 + (r->system != NULL) + (r->keep_reasoning != 0) + (r->template_vars != NULL));
-        pk_kstr(&k, "type", tn, strlen(tn));
-        pk_ku64(&k, "id", r->id);
+        pk_head(&k, 5 + (r->system != NULL) + (r->keep_reasoning != 0) + (r->template_vars != NULL), tn, r->id);
         if (prompt_msgs) pk_msgs(&k, r->msgs, r->n_msgs);
         else if (prompt_tokens) { pk_key(&k, "tokens"); pk_tokens(&k, r->tokens, r->n_tokens); }
         else pk_kstr(&k, "prompt", r->text, r->text_len);
@@ -381,34 +382,26 @@ int proto_req_encode(proto_buf *b, const proto_req *r)
         pk_tvars(&k, r);
         break;
     case PROTO_T_EMBED:
-        pk_map(&k, 4);
-        pk_kstr(&k, "type", tn, strlen(tn));
-        pk_ku64(&k, "id", r->id);
+        pk_head(&k, 4, tn, r->id);
         if (prompt_tokens) { pk_key(&k, "tokens"); pk_tokens(&k, r->tokens, r->n_tokens); }
         else pk_kstr(&k, "prompt", r->text, r->text_len);
         pk_kbool(&k, "special", r->special);
         break;
     case PROTO_T_TOKENIZE:
-        pk_map(&k, 5);
-        pk_kstr(&k, "type", tn, strlen(tn));
-        pk_ku64(&k, "id", r->id);
+        pk_head(&k, 5, tn, r->id);
         pk_kstr(&k, "text", r->text, r->text_len);
         pk_kbool(&k, "special", r->special);
         pk_kbool(&k, "add_bos", r->add_bos);
         break;
     case PROTO_T_DETOKENIZE:
-        pk_map(&k, 3);
-        pk_kstr(&k, "type", tn, strlen(tn));
-        pk_ku64(&k, "id", r->id);
+        pk_head(&k, 3, tn, r->id);
         pk_key(&k, "tokens");
         pk_tokens(&k, r->tokens, r->tokens ? r->n_tokens : 0);
         break;
     case PROTO_T_CANCEL:
     case PROTO_T_INFO:
     case PROTO_T_PING:
-        pk_map(&k, 2);
-        pk_kstr(&k, "type", tn, strlen(tn));
-        pk_ku64(&k, "id", r->id);
+        pk_head(&k, 2, tn, r->id);
         break;
     default:
         return -1;
@@ -426,43 +419,33 @@ int proto_ev_encode(proto_buf *b, const proto_ev *e)
     const char *tn = proto_type_name(e->type);
     switch (e->type) {
     case PROTO_T_HELLO_OK:
-        pk_map(&k, 5);
-        pk_kstr(&k, "type", tn, strlen(tn));
-        pk_ku64(&k, "id", e->id);
+        pk_head(&k, 5, tn, e->id);
         pk_ku64(&k, "version", e->version);
         pk_kstr(&k, "server", e->server, e->server_len);
         pk_kstr(&k, "model", e->model, e->model_len);
         break;
     case PROTO_T_TOKEN:
-        pk_map(&k, 4 + (e->reasoning != NULL) + lp_keys(e));
-        pk_kstr(&k, "type", tn, strlen(tn));
-        pk_ku64(&k, "id", e->id);
+        pk_head(&k, 4 + (e->reasoning != NULL) + lp_keys(e), tn, e->id);
         pk_ki64(&k, "token", e->token);
         pk_kstr(&k, "text", e->text, e->text_len);
         if (e->reasoning) pk_kstr(&k, "reasoning", e->reasoning, e->reasoning_len);
         pk_lps(&k, e);
         break;
     case PROTO_T_PROMPT_TOKEN:
-        pk_map(&k, 4 + lp_keys(e));
-        pk_kstr(&k, "type", tn, strlen(tn));
-        pk_ku64(&k, "id", e->id);
+        pk_head(&k, 4 + lp_keys(e), tn, e->id);
         pk_ki64(&k, "pos", e->pos);
         pk_ki64(&k, "token", e->token);
         pk_lps(&k, e);
         break;
     case PROTO_T_TOOL_CALL:
-        pk_map(&k, 6);
-        pk_kstr(&k, "type", tn, strlen(tn));
-        pk_ku64(&k, "id", e->id);
+        pk_head(&k, 6, tn, e->id);
         pk_ku64(&k, "index", e->call_index);
         pk_kstr(&k, "name", e->call_name, e->call_name_len);
         pk_kstr(&k, "arguments", e->call_args, e->call_args_len);
         pk_kstr(&k, "call_id", e->call_id, e->call_id_len);
         break;
     case PROTO_T_LOGITS:
-        pk_map(&k, 4);
-        pk_kstr(&k, "type", tn, strlen(tn));
-        pk_ku64(&k, "id", e->id);
+        pk_head(&k, 4, tn, e->id);
         pk_ki64(&k, "pos", e->pos);
         pk_key(&k, "top");
         pk_arr(&k, e->top ? e->n_top : 0);
@@ -473,16 +456,12 @@ int proto_ev_encode(proto_buf *b, const proto_ev *e)
         }
         break;
     case PROTO_T_EMBEDDING:
-        pk_map(&k, 3);
-        pk_kstr(&k, "type", tn, strlen(tn));
-        pk_ku64(&k, "id", e->id);
+        pk_head(&k, 3, tn, e->id);
         pk_key(&k, "embedding");
         pk_f32le(&k, e->embedding, e->embedding ? e->n_embedding : 0);
         break;
     case PROTO_T_DONE: {
-        pk_map(&k, 5);
-        pk_kstr(&k, "type", tn, strlen(tn));
-        pk_ku64(&k, "id", e->id);
+        pk_head(&k, 5, tn, e->id);
         pk_kstr(&k, "finish", e->finish, e->finish_len);
         pk_key(&k, "usage");
         pk_map(&k, 3);
@@ -501,31 +480,23 @@ int proto_ev_encode(proto_buf *b, const proto_ev *e)
         break;
     }
     case PROTO_T_ERROR:
-        pk_map(&k, 4 + (e->closing != 0));
-        pk_kstr(&k, "type", tn, strlen(tn));
-        pk_ku64(&k, "id", e->id);
+        pk_head(&k, 4 + (e->closing != 0), tn, e->id);
         pk_kstr(&k, "code", proto_err_name(e->code), strlen(proto_err_name(e->code)));
         pk_kstr(&k, "message", e->message, e->message_len);
         if (e->closing) pk_kbool(&k, "closing", 1);
         break;
     case PROTO_T_TOKENS:
-        pk_map(&k, 3);
-        pk_kstr(&k, "type", tn, strlen(tn));
-        pk_ku64(&k, "id", e->id);
+        pk_head(&k, 3, tn, e->id);
         pk_key(&k, "tokens");
         pk_tokens(&k, e->tokens, e->tokens ? e->n_tokens : 0);
         break;
     case PROTO_T_TEXT:
-        pk_map(&k, 3);
-        pk_kstr(&k, "type", tn, strlen(tn));
-        pk_ku64(&k, "id", e->id);
+        pk_head(&k, 3, tn, e->id);
         pk_kstr(&k, "text", e->text, e->text_len);
         break;
     case PROTO_T_INFO_OK:
-        pk_map(&k, 33 + (e->cuda_f16_cache != NULL) + (e->kv_type != NULL) + (e->device != NULL) +
-                   (e->pooling != NULL) + (e->pooling_source != NULL));
-        pk_kstr(&k, "type", tn, strlen(tn));
-        pk_ku64(&k, "id", e->id);
+        pk_head(&k, 33 + (e->cuda_f16_cache != NULL) + (e->kv_type != NULL) + (e->device != NULL) +
+                   (e->pooling != NULL) + (e->pooling_source != NULL), tn, e->id);
         pk_ku64(&k, "version", e->version);
         pk_kstr(&k, "server", e->server, e->server_len);
         pk_kstr(&k, "model", e->model, e->model_len);
@@ -573,9 +544,7 @@ int proto_ev_encode(proto_buf *b, const proto_ev *e)
         if (e->pooling_source) pk_kstr(&k, "pooling_source", e->pooling_source, strlen(e->pooling_source));
         break;
     case PROTO_T_PONG:
-        pk_map(&k, 2);
-        pk_kstr(&k, "type", tn, strlen(tn));
-        pk_ku64(&k, "id", e->id);
+        pk_head(&k, 2, tn, e->id);
         break;
     default:
         return -1;

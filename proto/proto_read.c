@@ -633,36 +633,41 @@ static int get_msgs(dctx *d, const msgpack_object *v, proto_req *q)
     return 0;
 }
 
-/* Reads "type" and "id" of a message map; the rest is per type. */
-static void read_head(const msgpack_object *m, const msgpack_object **type, const msgpack_object **id)
+/* Reads "type" and "id" of a message map (a request's, or an event's when
+ * `events`); the rest is per type. The id is kept even when the type is bad,
+ * so that the error answers it. */
+static int decode_head(dctx *d, const msgpack_object *m, int events, proto_type *type, uint64_t *id,
+                       int *has_id)
 {
-    *type = *id = NULL;
+    const msgpack_object *ot = NULL, *oid = NULL;
     for (uint32_t i = 0; i < m->via.map.size; i++) {
         const msgpack_object_kv *kv = &m->via.map.ptr[i];
-        if (key_is(&kv->key, "type")) *type = &kv->val;
-        else if (key_is(&kv->key, "id")) *id = &kv->val;
+        if (key_is(&kv->key, "type")) ot = &kv->val;
+        else if (key_is(&kv->key, "id")) oid = &kv->val;
     }
-}
-
-static int decode_req(dctx *d, const msgpack_object *m, proto_req *q)
-{
-    const msgpack_object *ot, *oid;
-    read_head(m, &ot, &oid);
-    proto_req_init(q, PROTO_T_NONE, 0);
-    d->what = "request";
-    if (oid && get_u64(d, oid, "id", &q->id) < 0) q->id = 0;
+    d->what = events ? "event" : "request";
+    *has_id = oid != NULL;
+    if (oid && get_u64(d, oid, "id", id) < 0) *id = 0;
     if (!ot) return fail(d, PROTO_E_BAD_REQUEST, "missing \"type\"");
     if (ot->type != MSGPACK_OBJECT_STR) return fail(d, PROTO_E_BAD_REQUEST, "\"type\" must be a string");
-    q->type = proto_type_lookup(ot->via.str.ptr, ot->via.str.size, 0);
-    if (q->type == PROTO_T_NONE) {
+    *type = proto_type_lookup(ot->via.str.ptr, ot->via.str.size, events);
+    if (*type == PROTO_T_NONE) {
+        if (events) return fail(d, PROTO_E_UNKNOWN_TYPE, "unknown event type");
         size_t n = ot->via.str.size;
         int show = proto_utf8_valid(ot->via.str.ptr, n) && n <= 64;
         return fail(d, PROTO_E_UNKNOWN_TYPE, "unknown request type \"%.*s\"",
                     show ? (int)n : 3, show ? ot->via.str.ptr : "...");
     }
-    d->what = proto_type_name(q->type);
-    if (*d->code) return -1;   /* a bad id */
-    if (!oid && q->type != PROTO_T_HELLO) return fail(d, PROTO_E_BAD_REQUEST, "missing \"id\"");
+    d->what = proto_type_name(*type);
+    return *d->code ? -1 : 0;   /* a bad id */
+}
+
+static int decode_req(dctx *d, const msgpack_object *m, proto_req *q)
+{
+    proto_req_init(q, PROTO_T_NONE, 0);
+    int has_id = 0;
+    if (decode_head(d, m, 0, &q->type, &q->id, &has_id) < 0) return -1;
+    if (!has_id && q->type != PROTO_T_HELLO) return fail(d, PROTO_E_BAD_REQUEST, "missing \"id\"");
 
     int has_prompt = 0, has_tokens = 0, has_version = 0, has_text = 0, has_msgs = 0, has_choice = 0;
     for (uint32_t i = 0; i < m->via.map.size; i++) {
@@ -822,13 +827,30 @@ static int get_f32le(dctx *d, const msgpack_object *v, proto_ev *e)
     return 0;
 }
 
+/* An array "name" of at most `max` entries: its count, and zeroed arena room
+ * for as many `size`-byte records (NULL after fail()). */
+static void *get_array(dctx *d, const msgpack_object *v, const char *name, uint32_t max, size_t size, uint32_t *n)
+{
+    if (v->type != MSGPACK_OBJECT_ARRAY) {
+        fail(d, PROTO_E_BAD_REQUEST, "\"%s\" must be an array", name);
+        return NULL;
+    }
+    *n = v->via.array.size;
+    if (*n > max) {
+        fail(d, PROTO_E_TOO_LARGE, "\"%s\" has %u entries, over the limit of %u", name, *n, max);
+        return NULL;
+    }
+    void *t = arena_alloc(d->r, (*n ? *n : 1) * size, 8);
+    if (!t) fail(d, PROTO_E_INTERNAL, "out of memory");
+    else memset(t, 0, (*n ? *n : 1) * size);
+    return t;
+}
+
 static int get_top(dctx *d, const msgpack_object *v, proto_ev *e)
 {
-    if (v->type != MSGPACK_OBJECT_ARRAY) return fail(d, PROTO_E_BAD_REQUEST, "\"top\" must be an array");
-    uint32_t n = v->via.array.size;
-    if (n > PROTO_MAX_TOP) return fail(d, PROTO_E_TOO_LARGE, "\"top\" has %u entries, over the limit of %d", n, PROTO_MAX_TOP);
-    proto_top *t = arena_alloc(d->r, (n ? n : 1) * sizeof *t, 8);
-    if (!t) return fail(d, PROTO_E_INTERNAL, "out of memory");
+    uint32_t n;
+    proto_top *t = get_array(d, v, "top", PROTO_MAX_TOP, sizeof *t, &n);
+    if (!t) return -1;
     for (uint32_t i = 0; i < n; i++) {
         const msgpack_object *p = &v->via.array.ptr[i];
         double logit;
@@ -872,11 +894,9 @@ static int get_lp_field(dctx *d, const msgpack_object *k, const msgpack_object *
         return 0;
     }
     if (!key_is(k, "top_logprobs")) return 0;
-    if (v->type != MSGPACK_OBJECT_ARRAY) return fail(d, PROTO_E_BAD_REQUEST, "\"top_logprobs\" must be an array");
-    uint32_t n = v->via.array.size;
-    if (n > PROTO_MAX_LOGPROBS) return fail(d, PROTO_E_TOO_LARGE, "\"top_logprobs\" has %u entries, over %d", n, PROTO_MAX_LOGPROBS);
-    proto_lp *t = arena_alloc(d->r, (n ? n : 1) * sizeof *t, 8);
-    if (!t) return fail(d, PROTO_E_INTERNAL, "out of memory");
+    uint32_t n;
+    proto_lp *t = get_array(d, v, "top_logprobs", PROTO_MAX_LOGPROBS, sizeof *t, &n);
+    if (!t) return -1;
     for (uint32_t i = 0; i < n; i++) {
         const msgpack_object *p = &v->via.array.ptr[i];
         if (p->type != MSGPACK_OBJECT_ARRAY || p->via.array.size != 3)
@@ -894,11 +914,9 @@ static int get_lp_field(dctx *d, const msgpack_object *k, const msgpack_object *
 
 static int get_per_client(dctx *d, const msgpack_object *v, proto_ev *e)
 {
-    if (v->type != MSGPACK_OBJECT_ARRAY) return fail(d, PROTO_E_BAD_REQUEST, "\"per_client\" must be an array");
-    uint32_t n = v->via.array.size;
-    proto_client_count *c = arena_alloc(d->r, (n ? n : 1) * sizeof *c, 8);
-    if (!c) return fail(d, PROTO_E_INTERNAL, "out of memory");
-    memset(c, 0, (n ? n : 1) * sizeof *c);
+    uint32_t n;
+    proto_client_count *c = get_array(d, v, "per_client", UINT32_MAX, sizeof *c, &n);
+    if (!c) return -1;
     for (uint32_t i = 0; i < n; i++) {
         const msgpack_object *m = &v->via.array.ptr[i];
         if (m->type != MSGPACK_OBJECT_MAP) return fail(d, PROTO_E_BAD_REQUEST, "\"per_client\"[%u] must be a map", i);
@@ -936,17 +954,9 @@ static int decode_submap(dctx *d, const msgpack_object *v, const char *name, pro
 
 static int decode_ev(dctx *d, const msgpack_object *m, proto_ev *e)
 {
-    const msgpack_object *ot, *oid;
-    read_head(m, &ot, &oid);
     proto_ev_init(e, PROTO_T_NONE, 0);
-    d->what = "event";
-    if (oid && get_u64(d, oid, "id", &e->id) < 0) e->id = 0;
-    if (!ot) return fail(d, PROTO_E_BAD_REQUEST, "missing \"type\"");
-    if (ot->type != MSGPACK_OBJECT_STR) return fail(d, PROTO_E_BAD_REQUEST, "\"type\" must be a string");
-    e->type = proto_type_lookup(ot->via.str.ptr, ot->via.str.size, 1);
-    if (e->type == PROTO_T_NONE) return fail(d, PROTO_E_UNKNOWN_TYPE, "unknown event type");
-    d->what = proto_type_name(e->type);
-    if (*d->code) return -1;
+    int has_id = 0;
+    if (decode_head(d, m, 1, &e->type, &e->id, &has_id) < 0) return -1;
 
     int has_code = 0;
     for (uint32_t i = 0; i < m->via.map.size; i++) {

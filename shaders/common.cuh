@@ -96,6 +96,20 @@ __device__ __forceinline__ void scale_min_k4(int j, const uint8_t *q, int &d, in
     }
 }
 
+/* q4_K / q5_K: chunk c's 32-value sub-block of super-block b: its pair g
+ * of sub-blocks, which nibble (hi), its scale d1 and min m1. */
+__device__ __forceinline__ void k4_sub(const uint8_t *b, int c, int &g, int &hi, float &d1, float &m1)
+{
+    const int sub = c & 7;
+    g = sub >> 1;
+    hi = sub & 1;
+    float d = h2f(b), mn = h2f(b + 2);
+    int sc, m;
+    scale_min_k4(sub, b + 4, sc, m);
+    d1 = d * (float)sc;
+    m1 = mn * (float)m;
+}
+
 /* q6_K lives on the device repacked at upload (k_repack_q6_K; same bytes
  * per row) so that the int8 GEMV reads it in aligned words. A row of n
  * values is nu = n/64 units of 64 values: QL [n/2] (8 words per unit), QH

@@ -70,16 +70,27 @@ __global__ void k_repack_q6_K(const uint8_t *src, uint8_t *dst, size_t rb, int n
 
 /* ---------------- dequantize to f16 (the GEMM path) ---------------- */
 
+/* A thread's 32-value chunk c of row r (rows rb bytes apart, n values, n_out
+ * of them) dequantized into w; false for the threads past the last. */
 template <int TY>
-__global__ void k_dequant_f32(const uint8_t *W, size_t rb, int n, int n_out, float *dst)
+__device__ __forceinline__ bool dq_chunk(const uint8_t *W, size_t rb, int n, int n_out, int &r, int &c, float *w)
 {
     pdl_begin();
     int nc = (n + 31) / 32;
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)nc * n_out) return;
-    int r = (int)(i / nc), c = (int)(i % nc);
-    float w[32];
+    if (i >= (size_t)nc * n_out) return false;
+    r = (int)(i / nc);
+    c = (int)(i % nc);
     dq32<TY>(W + (size_t)r * rb, c, n, w);
+    return true;
+}
+
+template <int TY>
+__global__ void k_dequant_f32(const uint8_t *W, size_t rb, int n, int n_out, float *dst)
+{
+    int r, c;
+    float w[32];
+    if (!dq_chunk<TY>(W, rb, n, n_out, r, c, w)) return;
     float *o = dst + (size_t)r * n + c * 32;
 #pragma unroll
     for (int k = 0; k < 32; k++)
@@ -89,13 +100,9 @@ __global__ void k_dequant_f32(const uint8_t *W, size_t rb, int n, int n_out, flo
 template <int TY>
 __global__ void k_dequant_f16(const uint8_t *W, size_t rb, int n, int n_out, __half *dst)
 {
-    pdl_begin();
-    int nc = (n + 31) / 32;
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)nc * n_out) return;
-    int r = (int)(i / nc), c = (int)(i % nc);
+    int r, c;
     float w[32];
-    dq32<TY>(W + (size_t)r * rb, c, n, w);
+    if (!dq_chunk<TY>(W, rb, n, n_out, r, c, w)) return;
     __half *o = dst + (size_t)r * n + c * 32;
     if ((n & 31) == 0) {
         __align__(16) __half h[32];

@@ -148,11 +148,9 @@ __device__ __forceinline__ void dq32(const uint8_t *row, int c, int n, float w[3
             w[16 + l] = dl * (float)(((q[l + 16] >> shift) & 3) - ((hm[l + 16] & m) ? 0 : 4));
     } else if (TY == QT_Q4_K) {
         const uint8_t *b = row + (c >> 3) * 144;
-        int sub = c & 7, g = sub >> 1, hi = sub & 1;
-        float d = h2f(b), mn = h2f(b + 2);
-        int sc, m;
-        scale_min_k4(sub, b + 4, sc, m);
-        float d1 = d * (float)sc, m1 = mn * (float)m;
+        int g, hi;
+        float d1, m1;
+        k4_sub(b, c, g, hi, d1, m1);
         const uint4 *q4 = (const uint4 *)(b + 16 + 32 * g);   /* 16-byte aligned when rows are */
         if (((uintptr_t)q4 & 15) == 0) {
 #pragma unroll
@@ -172,11 +170,9 @@ __device__ __forceinline__ void dq32(const uint8_t *row, int c, int n, float w[3
         }
     } else if (TY == QT_Q5_K) {
         const uint8_t *b = row + (c >> 3) * 176;
-        int sub = c & 7, g = sub >> 1, hi = sub & 1;
-        float d = h2f(b), mn = h2f(b + 2);
-        int sc, m;
-        scale_min_k4(sub, b + 4, sc, m);
-        float d1 = d * (float)sc, m1 = mn * (float)m;
+        int g, hi;
+        float d1, m1;
+        k4_sub(b, c, g, hi, d1, m1);
         const uint8_t *qh = b + 16, *ql = b + 48 + 32 * g;
         int bit = 2 * g + hi;
 #pragma unroll

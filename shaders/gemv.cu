@@ -187,12 +187,18 @@ static int gemv_prefetches(size_t bytes)
 
 /* The row of a one-row GEMV's warp: matrix mi of the set, row r (row 0's
  * bytes when r is past the end: live false), part of its K warps. */
-struct gemv_row { int mi, r, part; bool live; const uint8_t *row; };
+struct gemv_row { int warp, lane, mi, r, part; bool live; const uint8_t *row; };
 
+/* The start of a one-row GEMV: after the previous kernel (pdl_begin), this
+ * warp's row (rows rb bytes apart), its part of it and whether it is one. */
 template <int K>
-__device__ __forceinline__ gemv_row gemv_row_of(const mat_set &S, size_t rb, int warp)
+__device__ __forceinline__ gemv_row gemv_begin(const mat_set &S, size_t rb)
 {
+    pdl_begin();
     gemv_row g;
+    g.warp = threadIdx.x >> 5;
+    g.lane = threadIdx.x & 31;
+    const int warp = g.warp;
     g.mi = block_matrix(S);
     g.r = ((int)blockIdx.x - S.m[g.mi].blk0) * (4 / K) + warp / K;
     g.part = warp % K;
@@ -205,9 +211,10 @@ __device__ __forceinline__ gemv_row gemv_row_of(const mat_set &S, size_t rb, int
  * the K warps of a row are added in warp order, and lane t of the row's
  * first warp writes token t (plus bias). Every thread of the block calls it. */
 template <int NT, int K>
-__device__ __forceinline__ void gemv_finish(float (&acc)[NT], int warp, int lane, int part, bool live, int r, int T,
-                                          const set_matrix &m)
+__device__ __forceinline__ void gemv_finish(float (&acc)[NT], const gemv_row &g, int T, const set_matrix &m)
 {
+    const int warp = g.warp, lane = g.lane, part = g.part, r = g.r;
+    const bool live = g.live;
 #pragma unroll
     for (int t = 0; t < NT; t++) {
         float s = acc[t];
@@ -242,25 +249,19 @@ __device__ __forceinline__ void gemv_finish(float (&acc)[NT], int warp, int lane
 template <int TY, int NT, int K>
 __global__ void __launch_bounds__(128) k_gemv(const mat_set S, size_t rb, int n, const float *__restrict__ x, int T)
 {
-    pdl_begin();
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    gemv_row g = gemv_row_of<K>(S, rb, warp);
-    int mi = g.mi, r = g.r, part = g.part;
-    bool live = g.live;
+    const gemv_row g = gemv_begin<K>(S, rb);
     const uint8_t *row = g.row;
-    float acc[NT];
-#pragma unroll
-    for (int t = 0; t < NT; t++) acc[t] = 0.f;
-    int ng = live ? (n + 7) / 8 : 0;
+    float acc[NT] = {};
+    int ng = g.live ? (n + 7) / 8 : 0;
     bool vec = (n & 7) == 0;
 #pragma unroll 4
-    for (int g = lane + 32 * part; g < ng; g += 32 * K) {
+    for (int u = g.lane + 32 * g.part; u < ng; u += 32 * K) {
         float w[8];
-        dq8<TY>(row, g, n, w);
+        dq8<TY>(row, u, n, w);
 #pragma unroll
         for (int t = 0; t < NT; t++) {
             if (t >= T) break;
-            const float *xt = x + (size_t)t * n + g * 8;
+            const float *xt = x + (size_t)t * n + u * 8;
             float s;
             if (vec) {
                 float4 a = __ldg((const float4 *)xt), b = __ldg((const float4 *)xt + 1);
@@ -272,12 +273,12 @@ __global__ void __launch_bounds__(128) k_gemv(const mat_set S, size_t rb, int n,
                 s = __fmul_rn(w[0], xt[0]);
 #pragma unroll
                 for (int i = 1; i < 8; i++)
-                    if (g * 8 + i < n) s = __fmaf_rn(w[i], xt[i], s);
+                    if (u * 8 + i < n) s = __fmaf_rn(w[i], xt[i], s);
             }
             acc[t] = __fadd_rn(acc[t], s);
         }
     }
-    gemv_finish<NT, K>(acc, warp, lane, part, live, r, T, S.m[mi]);
+    gemv_finish<NT, K>(acc, g, T, S.m[g.mi]);
 }
 
 
@@ -309,6 +310,37 @@ __device__ __forceinline__ float q8_unit(float acc, float dw, float dx, int dot)
     return __fadd_rn(acc, __fmul_rn(__fmul_rn(dw, dx), (float)dot));
 }
 
+/* The exact integer dot of one 32-value unit: int8 weights (qa, qb) by int8
+ * x (xa, xb), four at a time in a fixed order. */
+__device__ __forceinline__ int dot32(const int (&q)[8], int4 xa, int4 xb)
+{
+    int dot = __dp4a(q[0], xa.x, 0);
+    dot = __dp4a(q[1], xa.y, dot); dot = __dp4a(q[2], xa.z, dot); dot = __dp4a(q[3], xa.w, dot);
+    dot = __dp4a(q[4], xb.x, dot); dot = __dp4a(q[5], xb.y, dot); dot = __dp4a(q[6], xb.z, dot);
+    return __dp4a(q[7], xb.w, dot);
+}
+__device__ __forceinline__ int dot32(int4 qa, int4 qb, int4 xa, int4 xb)
+{
+    const int q[8] = { qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w };
+    return dot32(q, xa, xb);
+}
+
+/* Unit c of a row (its weights q as int8 words, its scale dw) into the sums
+ * acc[t] of the T tokens of x (int8 xq [T][n], scales xd [T][n/32]). */
+template <int NT>
+__device__ __forceinline__ void q8_tokens(float (&acc)[NT], const int (&q)[8], float dw, const int8_t *xq,
+                                          const float *xd, int n, int c, int T)
+{
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        if (t >= T) break;
+        const int4 *xv = (const int4 *)(xq + (size_t)t * n + 32 * c);
+        int4 xa = xv[0], xb = xv[1];
+        const int dot = dot32(q, xa, xb);
+        acc[t] = q8_unit(acc[t], dw, __ldg(xd + (size_t)t * (n / 32) + c), dot);
+    }
+}
+
 /* Warps per row (K) of every int8 GEMV: a function of the units per row
  * only, since the lane -> unit split and the reduction depend on it. A
  * one-token GEMV's time is its loads' latency, a round per unit a lane
@@ -321,18 +353,12 @@ template <int NT, int K>
 __global__ void __launch_bounds__(128) k_gemv_q4k(const mat_set S, size_t rb, int n, const int8_t *__restrict__ xq,
                                                   const float *__restrict__ xd, const int *__restrict__ xs, int T)
 {
-    pdl_begin();
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    gemv_row g = gemv_row_of<K>(S, rb, warp);
-    int mi = g.mi, r = g.r, part = g.part;
-    bool live = g.live;
+    const gemv_row g = gemv_begin<K>(S, rb);
     const uint8_t *row = g.row;
-    float acc[NT];
-#pragma unroll
-    for (int t = 0; t < NT; t++) acc[t] = 0.f;
-    int np = live ? n / 64 : 0, nbx = n / 32;
+    float acc[NT] = {};
+    int np = g.live ? n / 64 : 0, nbx = n / 32;
 #pragma unroll 2
-    for (int p = lane + 32 * part; p < np; p += 32 * K) {
+    for (int p = g.lane + 32 * g.part; p < np; p += 32 * K) {
         const uint8_t *b = row + (p >> 2) * 144;
         int j = p & 3;
         uint4 h = *(const uint4 *)b;
@@ -359,7 +385,7 @@ __global__ void __launch_bounds__(128) k_gemv_q4k(const mat_set S, size_t rb, in
             acc[t] = q4k_unit(acc[t], dx0, d0, dot0, mm0, s0, dx1, d1, dot1, mm1, s1);
         }
     }
-    gemv_finish<NT, K>(acc, warp, lane, part, live, r, T, S.m[mi]);
+    gemv_finish<NT, K>(acc, g, T, S.m[g.mi]);
 }
 
 /* q8_0 (repacked): lane takes one 32-value block: 32 quant bytes, one scale */
@@ -367,19 +393,13 @@ template <int NT, int K>
 __global__ void __launch_bounds__(128) k_gemv_q8(const mat_set S, size_t rb, int n, const int8_t *__restrict__ xq,
                                                  const float *__restrict__ xd, int T)
 {
-    pdl_begin();
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    gemv_row g = gemv_row_of<K>(S, rb, warp);
-    int mi = g.mi, r = g.r, part = g.part;
-    bool live = g.live;
+    const gemv_row g = gemv_begin<K>(S, rb);
     const uint8_t *row = g.row;
     bool a16 = ((uintptr_t)row & 15) == 0;
-    float acc[NT];
-#pragma unroll
-    for (int t = 0; t < NT; t++) acc[t] = 0.f;
-    int nb = live ? n / 32 : 0;
+    float acc[NT] = {};
+    int nb = g.live ? n / 32 : 0;
 #pragma unroll 2
-    for (int c = lane + 32 * part; c < nb; c += 32 * K) {
+    for (int c = g.lane + 32 * g.part; c < nb; c += 32 * K) {
         int q[8];
         if (a16) {
             int4 u = *(const int4 *)(row + 32 * c), v = *(const int4 *)(row + 32 * c + 16);
@@ -389,19 +409,9 @@ __global__ void __launch_bounds__(128) k_gemv_q8(const mat_set S, size_t rb, int
             for (int i = 0; i < 4; i++) { int2 u = ld8(row + 32 * c + 8 * i); q[2 * i] = u.x; q[2 * i + 1] = u.y; }
         }
         float dw = h2f(row + n + 2 * c);
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-            if (t >= T) break;
-            const int4 *xv = (const int4 *)(xq + (size_t)t * n + 32 * c);
-            int4 xa = xv[0], xb = xv[1];
-            int dot = __dp4a(q[0], xa.x, 0);
-            dot = __dp4a(q[1], xa.y, dot); dot = __dp4a(q[2], xa.z, dot); dot = __dp4a(q[3], xa.w, dot);
-            dot = __dp4a(q[4], xb.x, dot); dot = __dp4a(q[5], xb.y, dot); dot = __dp4a(q[6], xb.z, dot);
-            dot = __dp4a(q[7], xb.w, dot);
-            acc[t] = q8_unit(acc[t], dw, __ldg(xd + (size_t)t * (n / 32) + c), dot);
-        }
+        q8_tokens<NT>(acc, q, dw, xq, xd, n, c, T);
     }
-    gemv_finish<NT, K>(acc, warp, lane, part, live, r, T, S.m[mi]);
+    gemv_finish<NT, K>(acc, g, T, S.m[g.mi]);
 }
 
 /* iq4_nl, iq4_xs, mxfp4: lane takes one 32-value block (iq4_xs: one
@@ -412,18 +422,12 @@ template <int TY, int NT, int K>
 __global__ void __launch_bounds__(128) k_gemv_nl(const mat_set S, size_t rb, int n, const int8_t *__restrict__ xq,
                                                  const float *__restrict__ xd, int T)
 {
-    pdl_begin();
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    gemv_row g = gemv_row_of<K>(S, rb, warp);
-    int mi = g.mi, r = g.r, part = g.part;
-    bool live = g.live;
+    const gemv_row g = gemv_begin<K>(S, rb);
     const uint8_t *row = g.row;
-    float acc[NT];
-#pragma unroll
-    for (int t = 0; t < NT; t++) acc[t] = 0.f;
-    int nb = live ? n / 32 : 0;
+    float acc[NT] = {};
+    int nb = g.live ? n / 32 : 0;
 #pragma unroll 2
-    for (int c = lane + 32 * part; c < nb; c += 32 * K) {
+    for (int c = g.lane + 32 * g.part; c < nb; c += 32 * K) {
         const uint8_t *qs;
         float dw;
         if (TY == QT_IQ4_XS) {
@@ -453,19 +457,9 @@ __global__ void __launch_bounds__(128) k_gemv_nl(const mat_set S, size_t rb, int
                 q[4 + i] = (int)iq_lookup4((a >> 4) & 0x0F0F0F0Fu, IQ_NL_TAB);
             }
         }
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-            if (t >= T) break;
-            const int4 *xv = (const int4 *)(xq + (size_t)t * n + 32 * c);
-            int4 xa = xv[0], xb = xv[1];
-            int dot = __dp4a(q[0], xa.x, 0);
-            dot = __dp4a(q[1], xa.y, dot); dot = __dp4a(q[2], xa.z, dot); dot = __dp4a(q[3], xa.w, dot);
-            dot = __dp4a(q[4], xb.x, dot); dot = __dp4a(q[5], xb.y, dot); dot = __dp4a(q[6], xb.z, dot);
-            dot = __dp4a(q[7], xb.w, dot);
-            acc[t] = q8_unit(acc[t], dw, __ldg(xd + (size_t)t * (n / 32) + c), dot);
-        }
+        q8_tokens<NT>(acc, q, dw, xq, xd, n, c, T);
     }
-    gemv_finish<NT, K>(acc, warp, lane, part, live, r, T, S.m[mi]);
+    gemv_finish<NT, K>(acc, g, T, S.m[g.mi]);
 }
 
 /* per-unit sum of the q6_K GEMV: i0, i1 the exact integer dots of the
@@ -617,11 +611,7 @@ __global__ void __launch_bounds__(GLU ? 512 : 128) k_gemv_mr(const mat_set S, si
             float dx = __ldg(xd + (size_t)t * nbx + u);
 #pragma unroll
             for (int r = 0; r < R; r++) {
-                int dot = __dp4a(q[r][0], xa.x, 0);
-                dot = __dp4a(q[r][1], xa.y, dot); dot = __dp4a(q[r][2], xa.z, dot); dot = __dp4a(q[r][3], xa.w, dot);
-                dot = __dp4a(q[r][4], xb.x, dot); dot = __dp4a(q[r][5], xb.y, dot); dot = __dp4a(q[r][6], xb.z, dot);
-                dot = __dp4a(q[r][7], xb.w, dot);
-                acc[r][t] = q8_unit(acc[r][t], dw[r], dx, dot);
+                acc[r][t] = q8_unit(acc[r][t], dw[r], dx, dot32(q[r], xa, xb));
             }
         }
     };
@@ -960,11 +950,7 @@ __global__ void __launch_bounds__(128) k_gemv_q8bulk(const mat_set S, size_t rb,
         if (u >= nu) break;
         const int4 qa = *(const int4 *)(wrow + 32 * u), qb = *(const int4 *)(wrow + 32 * u + 16);
         const float dw = __half2float(*(const __half *)(wrow + n + 2 * u));
-        int dot = __dp4a(qa.x, xa[i].x, 0);
-        dot = __dp4a(qa.y, xa[i].y, dot); dot = __dp4a(qa.z, xa[i].z, dot); dot = __dp4a(qa.w, xa[i].w, dot);
-        dot = __dp4a(qb.x, xb[i].x, dot); dot = __dp4a(qb.y, xb[i].y, dot); dot = __dp4a(qb.z, xb[i].z, dot);
-        dot = __dp4a(qb.w, xb[i].w, dot);
-        acc = q8_unit(acc, dw, dx[i], dot);
+        acc = q8_unit(acc, dw, dx[i], dot32(qa, qb, xa[i], xb[i]));
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);

@@ -117,13 +117,7 @@ static int gemma3_open(fw **out, model *m, be *b, int max_T, int max_out, int ma
     const ly_buf bufs[] = { { &f->x, T * E }, { &f->xb, T * E }, { &f->q, T * Q }, { &f->att, T * Q },
                             { &f->k, T * K }, { &f->v, T * K }, { &f->hg, T * F }, { &f->hu, T * F },
                             { &f->xo, O * E }, { &f->base.lg, O * hp->n_vocab } };
-    if (ly_bufs_alloc(b, bufs, sizeof bufs / sizeof bufs[0], err, errlen)) {
-        gemma3_close(&f->base);
-        return -1;
-    }
-    f->base.xo = f->xo;
-    *out = &f->base;
-    return 0;
+    return ly_open_bufs(&f->base, bufs, sizeof bufs / sizeof bufs[0], &f->xo, NULL, NULL, max_T, out, err, errlen);
 }
 
 static void gemma3_pass(fw *base, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out)
@@ -160,8 +154,7 @@ static void gemma3_pass(fw *base, const int32_t *tokens, const be_batch *bt, con
         o->rmsnorm(b, f->xb, &L->post_ffn_norm, T, E, eps, f->xb);
         o->add(b, f->x, f->xb, (size_t)T * E);
     }
-    ly_out_norm(b, f->x, &m->output_norm, out_idx, n_out, E, eps, f->xo);
-    if (n_out > 0) o->matmul(b, &m->output, NULL, f->xo, n_out, base->lg);
+    ly_logits(b, m, f->x, out_idx, n_out, eps, f->xo, base->lg);
 }
 
 const arch_family arch_gemma3 = {

@@ -112,13 +112,7 @@ static int gpt2_open(fw **out, model *m, be *b, int max_T, int max_out, int max_
     const ly_buf bufs[] = { { &f->x, T * E }, { &f->xb, T * E }, { &f->q, T * E }, { &f->k, T * E },
                             { &f->v, T * E }, { &f->att, T * E }, { &f->h, T * F }, { &f->xo, O * E },
                             { &f->base.lg, O * hp->n_vocab } };
-    if (ly_bufs_alloc(b, bufs, sizeof bufs / sizeof bufs[0], err, errlen)) {
-        gpt2_close(&f->base);
-        return -1;
-    }
-    f->base.xo = f->xo;
-    *out = &f->base;
-    return 0;
+    return ly_open_bufs(&f->base, bufs, sizeof bufs / sizeof bufs[0], &f->xo, NULL, NULL, max_T, out, err, errlen);
 }
 
 static void gpt2_pass(fw *base, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out)

@@ -102,14 +102,8 @@ static int gptoss_open(fw **out, model *m, be *b, int max_T, int max_out, int ma
     const ly_buf bufs[] = { { &f->x, T * E }, { &f->xb, T * E }, { &f->q, T * Q }, { &f->att, T * Q },
                             { &f->k, T * K }, { &f->v, T * K }, { &f->xo, O * E }, { &f->base.lg, O * hp->n_vocab } };
     const be_moe swiglu = { .act = BE_MOE_SWIGLU_OAI, .alpha = GPTOSS_SWIGLU_ALPHA, .limit = hp->swiglu_limit };
-    if (ly_bufs_alloc(b, bufs, sizeof bufs / sizeof bufs[0], err, errlen) ||
-        ly_moe_open(&f->moe, b, m, &swiglu, max_T, NULL, err, errlen)) {
-        gptoss_close(&f->base);
-        return -1;
-    }
-    f->base.xo = f->xo;
-    *out = &f->base;
-    return 0;
+    return ly_open_bufs(&f->base, bufs, sizeof bufs / sizeof bufs[0], &f->xo, &f->moe, &swiglu, max_T, out, err,
+                        errlen);
 }
 
 /* Layer l's attention of f->xb into f->xb (through f->att). */
@@ -148,17 +142,11 @@ static void gptoss_pass(fw *base, const int32_t *tokens, const be_batch *bt, con
         const layer_w *L = &m->layers[l];
         o->rmsnorm(b, f->x, &L->attn_norm, T, E, hp->norm_eps, f->xb);
         gptoss_attention(f, l, bt);
-        if (o->add_rmsnorm) {
-            o->add_rmsnorm(b, f->x, f->xb, &L->ffn_norm, T, E, hp->norm_eps, f->xb);
-        } else {
-            o->add(b, f->x, f->xb, (size_t)T * E);
-            o->rmsnorm(b, f->x, &L->ffn_norm, T, E, hp->norm_eps, f->xb);
-        }
+        ly_add_norm(b, f->x, f->xb, &L->ffn_norm, T, E, hp->norm_eps, f->xb);
         ly_moe_ffn(b, &f->moe, l, f->xb, T, f->xb);
         o->add(b, f->x, f->xb, (size_t)T * E);
     }
-    ly_out_norm(b, f->x, &m->output_norm, out_idx, n_out, E, hp->norm_eps, f->xo);
-    if (n_out > 0) o->matmul(b, &m->output, NULL, f->xo, n_out, base->lg);
+    ly_logits(b, m, f->x, out_idx, n_out, hp->norm_eps, f->xo, base->lg);
 }
 
 const arch_family arch_gptoss = {

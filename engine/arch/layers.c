@@ -1,5 +1,6 @@
 /* layers.c — see layers.h. */
 #include "engine/arch/layers.h"
+#include "engine/arch/arch.h"
 #include "common/err.h"
 
 #include <stdlib.h>
@@ -71,6 +72,36 @@ void ly_out_norm(be *b, const float *x, const wt *w, const int32_t *out_idx, int
     for (int i = 0, j; i < n_out; i = j) {
         for (j = i + 1; j < n_out && out_idx[j] == out_idx[j - 1] + 1; j++) {}
         b->ops->rmsnorm(b, x + (size_t)out_idx[i] * E, w, j - i, E, eps, xo + (size_t)i * E);
+    }
+}
+
+int ly_open_bufs(fw *base, const ly_buf *bufs, size_t n, float *const *xo, ly_moe *mo, const be_moe *how, int max_T,
+                 fw **out, char *err, size_t errlen)
+{
+    if (ly_bufs_alloc(base->b, bufs, n, err, errlen) ||
+        (mo && ly_moe_open(mo, base->b, base->m, how, max_T, NULL, err, errlen))) {
+        base->fam->close(base);
+        return -1;
+    }
+    base->xo = *xo;
+    *out = base;
+    return 0;
+}
+
+void ly_logits(be *b, const model *m, const float *x, const int32_t *out_idx, int n_out, float eps, float *xo,
+               float *lg)
+{
+    ly_out_norm(b, x, &m->output_norm, out_idx, n_out, (int)m->hp.n_embd, eps, xo);
+    if (n_out > 0) b->ops->matmul(b, &m->output, NULL, xo, n_out, lg);
+}
+
+void ly_add_norm(be *b, float *x, const float *y, const wt *w, int T, int E, float eps, float *out)
+{
+    if (b->ops->add_rmsnorm) {
+        b->ops->add_rmsnorm(b, x, y, w, T, E, eps, out);
+    } else {
+        b->ops->add(b, x, y, (size_t)T * E);
+        b->ops->rmsnorm(b, x, w, T, E, eps, out);
     }
 }
 

@@ -5,6 +5,7 @@
 #define ANE_LAYERS_H
 
 #include "engine/backend/backend.h"
+#include "engine/arch/forward.h"
 #include "engine/load/loader.h"
 
 /* How a layer attends once q, k, v are projected. */
@@ -71,6 +72,13 @@ void ly_moe_ffn(be *b, const ly_moe *mo, int l, const float *x, int T, float *ou
  * one rmsnorm per run of consecutive rows (a decode batch's are all one). */
 void ly_out_norm(be *b, const float *x, const wt *w, const int32_t *out_idx, int n_out, int E, float eps,
                  float *xo);
+/* The logits lg [n_out][n_vocab] of the output rows of x [T][E]: their
+ * final rmsnorm (output_norm) into xo, then the output matrix. */
+void ly_logits(be *b, const model *m, const float *x, const int32_t *out_idx, int n_out, float eps, float *xo,
+               float *lg);
+/* The residual add and the next norm: x += y, then out = rmsnorm(x) * w
+ * [T][E] (out may be y); by the backend's add_rmsnorm where it has one. */
+void ly_add_norm(be *b, float *x, const float *y, const wt *w, int T, int E, float eps, float *out);
 
 /* The KV caches of every layer that attends (not layers[l].linear):
  * (*kc)[l] and (*vc)[l] of n_pages pages (a sliding-window layer with
@@ -89,6 +97,12 @@ typedef struct ly_buf { float **p; size_t n; } ly_buf;
 /* Allocates bufs[0..n) on b: 0, or -1 with err when any failed (the others
  * stay set, for the family's close to free). */
 int ly_bufs_alloc(be *b, const ly_buf *bufs, size_t n, char *err, size_t errlen);
+/* The end of a family's open: bufs[0..n) (*xo among them, the final
+ * norm's rows) and, with mo, the experts of `how` for batches of max_T;
+ * then base->xo and *out set, 0; or -1 with err, base closed by its
+ * family's close. */
+int ly_open_bufs(fw *base, const ly_buf *bufs, size_t n, float *const *xo, ly_moe *mo, const be_moe *how, int max_T,
+                 fw **out, char *err, size_t errlen);
 /* Frees the set ones of p[0..n). */
 void ly_free(be *b, void *const *p, size_t n);
 

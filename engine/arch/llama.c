@@ -88,14 +88,8 @@ static int llama_open(fw **out, model *m, be *b, int max_T, int max_out, int max
                             { &f->k, T * K }, { &f->v, T * K }, { &f->hg, T * F }, { &f->hu, T * F },
                             { &f->xo, O * E }, { &f->base.lg, O * hp->n_vocab } };
     const be_moe silu_glu = { .act = BE_MOE_SILU };
-    if (ly_bufs_alloc(b, bufs, sizeof bufs / sizeof bufs[0], err, errlen) ||
-        ly_moe_open(&f->moe, b, m, &silu_glu, max_T, NULL, err, errlen)) {
-        llama_close(&f->base);
-        return -1;
-    }
-    f->base.xo = f->xo;
-    *out = &f->base;
-    return 0;
+    return ly_open_bufs(&f->base, bufs, sizeof bufs / sizeof bufs[0], &f->xo, &f->moe, &silu_glu, max_T, out, err,
+                        errlen);
 }
 
 /* Layer l's q, k, v from f->xb and its attention into f->att. */
@@ -144,12 +138,7 @@ static void llama_pass(fw *base, const int32_t *tokens, const be_batch *bt, cons
         if (!fuse || l == 0) o->rmsnorm(b, f->x, &L->attn_norm, T, E, hp->norm_eps, f->xb);
         llama_attention(f, l, bt);
         o->matmul(b, &L->wo, NULL, f->att, T, f->xb);
-        if (fuse) {
-            o->add_rmsnorm(b, f->x, f->xb, &L->ffn_norm, T, E, hp->norm_eps, f->xb);
-        } else {
-            o->add(b, f->x, f->xb, (size_t)T * E);
-            o->rmsnorm(b, f->x, &L->ffn_norm, T, E, hp->norm_eps, f->xb);
-        }
+        ly_add_norm(b, f->x, f->xb, &L->ffn_norm, T, E, hp->norm_eps, f->xb);
         if (L->ffn_gate_exps.data) ly_moe_ffn(b, &f->moe, l, f->xb, T, f->xb);
         else ly_ffn_glu(b, L, f->xb, T, hp->n_ff, 1, f->hg, f->hu, f->xb);
         if (fuse && l + 1 < hp->n_layer)
@@ -158,11 +147,12 @@ static void llama_pass(fw *base, const int32_t *tokens, const be_batch *bt, cons
             o->add(b, f->x, f->xb, (size_t)T * E);
     }
     /* every row out (decode): the last residual add with the output norm */
-    if (fuse && every_row)
+    if (fuse && every_row) {
         o->add_rmsnorm(b, f->x, f->xb, &m->output_norm, T, E, hp->norm_eps, f->xo);
-    else
-        ly_out_norm(b, f->x, &m->output_norm, out_idx, n_out, E, hp->norm_eps, f->xo);
-    if (n_out > 0) o->matmul(b, &m->output, NULL, f->xo, n_out, base->lg);
+        if (n_out > 0) o->matmul(b, &m->output, NULL, f->xo, n_out, base->lg);
+    } else {
+        ly_logits(b, m, f->x, out_idx, n_out, hp->norm_eps, f->xo, base->lg);
+    }
 }
 
 const arch_family arch_llama = {

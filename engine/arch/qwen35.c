@@ -318,8 +318,7 @@ static void q35_pass(fw *base, const int32_t *tokens, const be_batch *bt, const 
         ly_ffn_glu(b, L, f->xb, T, hp->n_ff, 0, f->hg, f->hu, f->xb);
         o->add(b, f->x, f->xb, (size_t)T * E);
     }
-    ly_out_norm(b, f->x, &m->output_norm, out_idx, n_out, E, hp->norm_eps, f->xo);
-    if (n_out > 0) o->matmul(b, &m->output, NULL, f->xo, n_out, base->lg);
+    ly_logits(b, m, f->x, out_idx, n_out, hp->norm_eps, f->xo, base->lg);
     f->n_req = 0;
 }
 

@@ -12,6 +12,7 @@
  * other step is per row, so a token's output is the same in any batch. */
 #include "engine/backend/cpu_moe.h"
 #include "engine/backend/cpu_ssm.h"
+#include "engine/backend/moe_lay.h"
 #include "engine/pool.h"
 #include "engine/quant/qtypes.h"
 
@@ -19,46 +20,36 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The scratch, carved into 64-byte aligned parts. */
-typedef struct moe_lay {
-    size_t logits, ids, wts, cnt, first, slot, pair, act_g, act_u, act_d, hg, hu, y, total;
+/* The scratch: the shared parts (moe_lay.h), then the per-expert counts
+ * and the quantized activations, 64-byte aligned. */
+typedef struct cpu_moe_lay {
+    moe_lay p;
+    size_t cnt, act_g, act_u, act_d, total;
     size_t sg, su, sd;          /* quantized row strides */
     uint32_t tg, tu, td;        /* activation types */
-} moe_lay;
+} cpu_moe_lay;
 
-static size_t al64(size_t n) { return (n + 63) & ~(size_t)63; }
-
-static void moe_layout(const be_moe *m, int max_T, moe_lay *L)
+static void moe_layout(const be_moe *m, int max_T, cpu_moe_lay *L)
 {
-    size_t T = (size_t)(max_T > 0 ? max_T : 1), N = T * (size_t)m->n_used, E = (size_t)m->down->n_out / m->n_expert,
-           F = (size_t)m->n_ff, X = (size_t)m->n_expert;
+    moe_lay_of(m, max_T, 64, &L->p);
+    const size_t N = L->p.N;
     L->tg = qt_act_type(m->gate->type);
     L->tu = qt_act_type(m->up->type);
     L->td = qt_act_type(m->down->type);
-    L->sg = qt_row_size(L->tg, (int64_t)E);
-    L->su = qt_row_size(L->tu, (int64_t)E);
-    L->sd = qt_row_size(L->td, (int64_t)F);
-    size_t o = 0;
-    L->logits = o; o += al64(T * X * 4);
-    L->ids = o;    o += al64(N * 4);
-    L->wts = o;    o += al64(N * 4);
-    L->cnt = o;    o += al64((X + 1) * 4);
-    L->first = o;  o += al64((X + 1) * 4);
-    L->slot = o;   o += al64(N * 4);      /* slot of pair t*K+k */
-    L->pair = o;   o += al64(N * 4);      /* pair of each slot */
-    L->act_g = o;  o += al64(N * L->sg);
-    L->act_u = o;  o += L->tu == L->tg ? 0 : al64(N * L->su);
-    L->act_d = o;  o += al64(N * L->sd);
-    L->hg = o;     o += al64(N * F * 4);
-    L->hu = o;     o += al64(N * F * 4);
-    L->y = o;      o += al64(N * E * 4);
-    L->total = o;
+    L->sg = qt_row_size(L->tg, (int64_t)L->p.E);
+    L->su = qt_row_size(L->tu, (int64_t)L->p.E);
+    L->sd = qt_row_size(L->td, (int64_t)L->p.F);
+    L->cnt = moe_lay_part(&L->p, (L->p.X + 1) * 4, 64);
+    L->act_g = moe_lay_part(&L->p, N * L->sg, 64);
+    L->act_u = L->tu == L->tg ? L->act_g : moe_lay_part(&L->p, N * L->su, 64);
+    L->act_d = moe_lay_part(&L->p, N * L->sd, 64);
+    L->total = L->p.end;
 }
 
 size_t cpu_moe_scratch(be *b, const be_moe *m, int max_T)
 {
     (void)b;
-    moe_lay L;
+    cpu_moe_lay L;
     moe_layout(m, max_T, &L);
     return L.total;
 }
@@ -132,7 +123,7 @@ static inline float moe_act(const be_moe *m, float g, float u)
 
 typedef struct moe_job {
     const be_moe *m;
-    const moe_lay *L;
+    const cpu_moe_lay *L;
     char *s;                    /* the scratch */
     const float *x;
     float *out;
@@ -151,11 +142,25 @@ static void moe_quant_x(void *arg, int i, int ith)
 {
     (void)ith;
     moe_job *j = arg;
-    const moe_lay *L = j->L;
-    int t = P(j, pair, int32_t)[i] / j->K;
+    const cpu_moe_lay *L = j->L;
+    int t = P(j, p.pair, int32_t)[i] / j->K;
     const float *xr = j->x + (size_t)t * j->E;
     qt_quantize_row(L->tg, xr, j->s + L->act_g + (size_t)i * L->sg, j->E);
     if (L->tu != L->tg) qt_quantize_row(L->tu, xr, j->s + L->act_u + (size_t)i * L->su, j->E);
+}
+
+/* Work item it of a step of ipe items per active expert, each `chunk` of
+ * the expert's `rows` rows: its expert (returned), rows [r0, r1), and the
+ * expert's first slot and slot count. */
+static int moe_item(const moe_job *j, int it, int ipe, int chunk, int rows, int64_t *r0, int64_t *r1, int *first,
+                    int *nb)
+{
+    const int e = j->act_e[it / ipe];
+    *r0 = (int64_t)(it % ipe) * chunk;
+    *r1 = *r0 + chunk < rows ? *r0 + chunk : rows;
+    *first = P(j, p.first, int32_t)[e];
+    *nb = P(j, cnt, int32_t)[e];
+    return e;
 }
 
 static void moe_gate_up(void *arg, int it, int ith)
@@ -163,11 +168,11 @@ static void moe_gate_up(void *arg, int it, int ith)
     (void)ith;
     moe_job *j = arg;
     const be_moe *m = j->m;
-    const moe_lay *L = j->L;
-    int e = j->act_e[it / j->ipe_f], F = j->F;
-    int64_t r0 = (int64_t)(it % j->ipe_f) * j->chunk_f, r1 = r0 + j->chunk_f < F ? r0 + j->chunk_f : F;
-    int first = P(j, first, int32_t)[e], nb = P(j, cnt, int32_t)[e];
-    float *hg = P(j, hg, float) + (size_t)first * F, *hu = P(j, hu, float) + (size_t)first * F;
+    const cpu_moe_lay *L = j->L;
+    const int F = j->F;
+    int64_t r0, r1;
+    int first, nb, e = moe_item(j, it, j->ipe_f, j->chunk_f, F, &r0, &r1, &first, &nb);
+    float *hg = P(j, p.hg, float) + (size_t)first * F, *hu = P(j, p.hu, float) + (size_t)first * F;
     const char *ag = j->s + L->act_g + (size_t)first * L->sg;
     const char *au = L->tu == L->tg ? ag : j->s + L->act_u + (size_t)first * L->su;
     qt_gemm(m->gate->type, j->E, (const char *)m->gate->data + (size_t)e * F * m->gate->row_bytes,
@@ -189,8 +194,8 @@ static void moe_quant_h(void *arg, int i, int ith)
 {
     (void)ith;
     moe_job *j = arg;
-    const moe_lay *L = j->L;
-    qt_quantize_row(L->td, P(j, hg, float) + (size_t)i * j->F, j->s + L->act_d + (size_t)i * L->sd, j->F);
+    const cpu_moe_lay *L = j->L;
+    qt_quantize_row(L->td, P(j, p.hg, float) + (size_t)i * j->F, j->s + L->act_d + (size_t)i * L->sd, j->F);
 }
 
 static void moe_down(void *arg, int it, int ith)
@@ -198,11 +203,11 @@ static void moe_down(void *arg, int it, int ith)
     (void)ith;
     moe_job *j = arg;
     const be_moe *m = j->m;
-    const moe_lay *L = j->L;
-    int e = j->act_e[it / j->ipe_e], E = j->E;
-    int64_t r0 = (int64_t)(it % j->ipe_e) * j->chunk_e, r1 = r0 + j->chunk_e < E ? r0 + j->chunk_e : E;
-    int first = P(j, first, int32_t)[e], nb = P(j, cnt, int32_t)[e];
-    float *y = P(j, y, float) + (size_t)first * E;
+    const cpu_moe_lay *L = j->L;
+    const int E = j->E;
+    int64_t r0, r1;
+    int first, nb, e = moe_item(j, it, j->ipe_e, j->chunk_e, E, &r0, &r1, &first, &nb);
+    float *y = P(j, p.y, float) + (size_t)first * E;
     qt_gemm(m->down->type, j->F, (const char *)m->down->data + (size_t)e * E * m->down->row_bytes,
             m->down->row_bytes, r0, r1, j->s + L->act_d + (size_t)first * L->sd, L->sd, nb, y, E);
     if (m->down_b && m->down_b->data) {
@@ -218,8 +223,8 @@ static void moe_combine(void *arg, int t, int ith)
     (void)ith;
     moe_job *j = arg;
     int K = j->K, E = j->E;
-    const int32_t *slot = P(j, slot, int32_t) + (size_t)t * K;
-    const float *w = P(j, wts, float) + (size_t)t * K, *y = P(j, y, float);
+    const int32_t *slot = P(j, p.slot, int32_t) + (size_t)t * K;
+    const float *w = P(j, p.wts, float) + (size_t)t * K, *y = P(j, p.y, float);
     float *o = j->out + (size_t)t * E;
     for (int i = 0; i < E; i++) o[i] = w[0] * y[(size_t)slot[0] * E + i];
     for (int k = 1; k < K; k++) {
@@ -240,14 +245,14 @@ static int moe_chunk(int rows, int n_act, int nth)
 void cpu_moe(be *b, const be_moe *m, const float *x, int T, void *scratch, float *out)
 {
     if (T <= 0) return;
-    moe_lay L;
+    cpu_moe_lay L;
     moe_layout(m, T, &L);
     moe_job j = { .m = m, .L = &L, .s = scratch, .x = x, .out = out, .T = T, .K = m->n_used,
                   .E = (int)(m->down->n_out / m->n_expert), .F = m->n_ff };
     int K = j.K, X = m->n_expert, N = T * K;
-    float *lg = P(&j, logits, float), *wts = P(&j, wts, float);
-    int32_t *ids = P(&j, ids, int32_t), *cnt = P(&j, cnt, int32_t), *first = P(&j, first, int32_t);
-    int32_t *slot = P(&j, slot, int32_t), *pair = P(&j, pair, int32_t);
+    float *lg = P(&j, p.lg, float), *wts = P(&j, p.wts, float);
+    int32_t *ids = P(&j, p.ids, int32_t), *cnt = P(&j, cnt, int32_t), *first = P(&j, p.first, int32_t);
+    int32_t *slot = P(&j, p.slot, int32_t), *pair = P(&j, p.pair, int32_t);
 
     b->ops->matmul(b, m->router, m->router_b, x, T, lg);
     long ties = 0;

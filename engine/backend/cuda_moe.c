@@ -5,28 +5,18 @@
 #ifdef ANE_CUDA
 
 #include "engine/backend/cuda_be.h"
+#include "engine/backend/moe_lay.h"
 
-/* The scratch of cu_moe for max_T tokens, in 256-byte aligned parts. */
-typedef struct cmoe_lay { size_t lg, ids, wts, first, slot, pair, tiles, nt, hg, hu, y, total; } cmoe_lay;
-
-static size_t al256(size_t n) { return (n + 255) & ~(size_t)255; }
+/* The scratch of cu_moe for max_T tokens: the shared parts (moe_lay.h),
+ * then the (expert, slots) tiles and their count, 256-byte aligned. */
+typedef struct cmoe_lay { moe_lay p; size_t tiles, nt, total; } cmoe_lay;
 
 static void cmoe_layout(const be_moe *m, int max_T, cmoe_lay *L)
 {
-    size_t T = (size_t)(max_T > 0 ? max_T : 1), N = T * (size_t)m->n_used, X = (size_t)m->n_expert,
-           F = (size_t)m->n_ff, E = (size_t)(m->down->n_out / m->n_expert), o = 0;
-    L->lg = o;    o += al256(T * X * 4);
-    L->ids = o;   o += al256(N * 4);
-    L->wts = o;   o += al256(N * 4);
-    L->first = o; o += al256((X + 1) * 4);
-    L->slot = o;  o += al256(N * 4);
-    L->pair = o;  o += al256(N * 4);
-    L->tiles = o; o += al256((size_t)ck_moe_max_tiles(N, X) * 3 * 4);
-    L->nt = o;    o += 256;
-    L->hg = o;    o += al256(N * F * 4);
-    L->hu = o;    o += al256(N * F * 4);
-    L->y = o;     o += al256(N * E * 4);
-    L->total = o;
+    moe_lay_of(m, max_T, 256, &L->p);
+    L->tiles = moe_lay_part(&L->p, (size_t)ck_moe_max_tiles(L->p.N, L->p.X) * 3 * 4, 256);
+    L->nt = moe_lay_part(&L->p, 4, 256);
+    L->total = L->p.end;
 }
 
 size_t cu_moe_scratch(be *b, const be_moe *m, int max_T)
@@ -46,10 +36,10 @@ void cu_moe(be *b, const be_moe *m, const float *x, int T, void *scratch, float 
     cmoe_lay L;
     cmoe_layout(m, T, &L);
     char *s = scratch;
-    float *lg = (float *)(s + L.lg), *wts = (float *)(s + L.wts), *hg = (float *)(s + L.hg),
-          *hu = (float *)(s + L.hu), *y = (float *)(s + L.y);
-    int32_t *ids = (int32_t *)(s + L.ids), *first = (int32_t *)(s + L.first), *slot = (int32_t *)(s + L.slot),
-            *pair = (int32_t *)(s + L.pair), *tiles = (int32_t *)(s + L.tiles), *nt = (int32_t *)(s + L.nt);
+    float *lg = (float *)(s + L.p.lg), *wts = (float *)(s + L.p.wts), *hg = (float *)(s + L.p.hg),
+          *hu = (float *)(s + L.p.hu), *y = (float *)(s + L.p.y);
+    int32_t *ids = (int32_t *)(s + L.p.ids), *first = (int32_t *)(s + L.p.first), *slot = (int32_t *)(s + L.p.slot),
+            *pair = (int32_t *)(s + L.p.pair), *tiles = (int32_t *)(s + L.tiles), *nt = (int32_t *)(s + L.nt);
     int X = m->n_expert, K = m->n_used, N = T * K, F = m->n_ff, E = (int)(m->down->n_out / X);
     int E_in = (int)m->gate->n_in, mt = ck_moe_max_tiles(N, X);
     /* decode-sized batches (and every batch when deterministic) by the

@@ -311,12 +311,24 @@ static int shard_load(hf_model *h, const char *path, char *err, size_t errlen)
     }
     json_decref(root);
     if (!rc) rc = apart(h, first, path, err, errlen);
-    /* GPT-2's Conv1D weights, [in][out]: copied into rows of in values
-     * (after apart, which looks at the file's own ranges) */
+    /* GPT-2's Conv1D weights, [in][out]: copied into rows of in values; and
+     * any tensor whose data does not start on a multiple of its element size
+     * (a header whose length is not a multiple of 8): copied as is, so that
+     * every tensor is read aligned (after apart, which looks at the file's
+     * own ranges) */
     for (uint64_t i = first; !rc && i < h->n_t; i++) {
-        if (!h->trans[i]) continue;
         gguf_tensor *t = &h->t[i];
-        size_t esz = t->nbytes / ((size_t)t->ne[0] * (size_t)t->ne[1]);
+        const size_t esz = t->nbytes / ((size_t)t->ne[0] * (size_t)t->ne[1] * (size_t)t->ne[2] * (size_t)t->ne[3]);
+        const int odd = esz > 1 && (uintptr_t)t->data % esz != 0;
+        if (!h->trans[i]) {
+            if (!odd) continue;
+            void *c = malloc((size_t)t->nbytes);
+            if (!c) { snprintf(err, errlen, "out of memory"); rc = -1; break; }
+            memcpy(c, t->data, (size_t)t->nbytes);
+            h->owned[i] = c;
+            t->data = c;
+            continue;
+        }
         size_t in = (size_t)t->ne[1], outn = (size_t)t->ne[0];
         uint8_t *c = malloc((size_t)t->nbytes);
         if (!c) { snprintf(err, errlen, "out of memory"); rc = -1; break; }

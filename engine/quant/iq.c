@@ -15,16 +15,6 @@
 #pragma STDC FP_CONTRACT OFF
 #endif
 
-_Static_assert(sizeof(qt_block_iq2_xxs) == 66, "iq2_xxs");
-_Static_assert(sizeof(qt_block_iq2_xs) == 74, "iq2_xs");
-_Static_assert(sizeof(qt_block_iq2_s) == 82, "iq2_s");
-_Static_assert(sizeof(qt_block_iq3_xxs) == 98, "iq3_xxs");
-_Static_assert(sizeof(qt_block_iq3_s) == 110, "iq3_s");
-_Static_assert(sizeof(qt_block_iq1_s) == 50, "iq1_s");
-_Static_assert(sizeof(qt_block_iq4_nl) == 18, "iq4_nl");
-_Static_assert(sizeof(qt_block_iq4_xs) == 136, "iq4_xs");
-_Static_assert(sizeof(qt_block_mxfp4) == 17, "mxfp4");
-
 static inline float h2f(uint16_t h) { return qt_fp16_to_fp32(h); }
 static inline float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 

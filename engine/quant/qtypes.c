@@ -25,19 +25,6 @@
 #pragma STDC FP_CONTRACT OFF
 #endif
 
-_Static_assert(sizeof(qt_block_q4_0) == 18, "q4_0");
-_Static_assert(sizeof(qt_block_q4_1) == 20, "q4_1");
-_Static_assert(sizeof(qt_block_q5_0) == 22, "q5_0");
-_Static_assert(sizeof(qt_block_q5_1) == 24, "q5_1");
-_Static_assert(sizeof(qt_block_q8_0) == 34, "q8_0");
-_Static_assert(sizeof(qt_block_q8_1) == 36, "q8_1");
-_Static_assert(sizeof(qt_block_q2_K) == 84, "q2_K");
-_Static_assert(sizeof(qt_block_q3_K) == 110, "q3_K");
-_Static_assert(sizeof(qt_block_q4_K) == 144, "q4_K");
-_Static_assert(sizeof(qt_block_q5_K) == 176, "q5_K");
-_Static_assert(sizeof(qt_block_q6_K) == 210, "q6_K");
-_Static_assert(sizeof(qt_block_q8_K) == 292, "q8_K");
-
 static const qt_traits g_traits[QT_COUNT] = {
     [QT_F32]  = { "f32",  1, 4, 1 },
     [QT_F16]  = { "f16",  1, 2, 1 },

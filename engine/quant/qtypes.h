@@ -97,9 +97,63 @@ typedef struct { uint16_t d; uint8_t qs[64]; uint8_t qh[8]; uint8_t scales[8]; }
 typedef struct { uint16_t d; uint8_t qs[96]; } qt_block_iq3_xxs;                     /* 98: 64 grid bytes, 8 scale+sign words */
 typedef struct { uint16_t d; uint8_t qs[64]; uint8_t qh[8]; uint8_t signs[32]; uint8_t scales[4]; } qt_block_iq3_s; /* 110 */
 typedef struct { uint16_t d; uint8_t qs[32]; uint16_t qh[8]; } qt_block_iq1_s;      /* 50 */
+
 typedef struct { uint16_t d; uint8_t qs[16]; } qt_block_iq4_nl;                      /* 18 */
 typedef struct { uint16_t d; uint16_t scales_h; uint8_t scales_l[4]; uint8_t qs[128]; } qt_block_iq4_xs; /* 136 */
 typedef struct { uint8_t e; uint8_t qs[16]; } qt_block_mxfp4;                        /* 17: e = E8M0 exponent */
+
+/* The layouts are the GGUF files' bytes. */
+#ifndef __cplusplus
+_Static_assert(sizeof(qt_block_q4_0) == 18, "q4_0");
+_Static_assert(sizeof(qt_block_q4_1) == 20, "q4_1");
+_Static_assert(sizeof(qt_block_q5_0) == 22, "q5_0");
+_Static_assert(sizeof(qt_block_q5_1) == 24, "q5_1");
+_Static_assert(sizeof(qt_block_q8_0) == 34, "q8_0");
+_Static_assert(sizeof(qt_block_q8_1) == 36, "q8_1");
+_Static_assert(sizeof(qt_block_q2_K) == 84, "q2_K");
+_Static_assert(sizeof(qt_block_q3_K) == 110, "q3_K");
+_Static_assert(sizeof(qt_block_q4_K) == 144, "q4_K");
+_Static_assert(sizeof(qt_block_q5_K) == 176, "q5_K");
+_Static_assert(sizeof(qt_block_q6_K) == 210, "q6_K");
+_Static_assert(sizeof(qt_block_q8_K) == 292, "q8_K");
+_Static_assert(sizeof(qt_block_iq2_xxs) == 66, "iq2_xxs");
+_Static_assert(sizeof(qt_block_iq2_xs) == 74, "iq2_xs");
+_Static_assert(sizeof(qt_block_iq2_s) == 82, "iq2_s");
+_Static_assert(sizeof(qt_block_iq3_xxs) == 98, "iq3_xxs");
+_Static_assert(sizeof(qt_block_iq3_s) == 110, "iq3_s");
+_Static_assert(sizeof(qt_block_iq1_s) == 50, "iq1_s");
+_Static_assert(sizeof(qt_block_iq4_nl) == 18, "iq4_nl");
+_Static_assert(sizeof(qt_block_iq4_xs) == 136, "iq4_xs");
+_Static_assert(sizeof(qt_block_mxfp4) == 17, "mxfp4");
+#endif
+
+/* Bytes of one block of a quantized type the gemm kernels take (0: none
+ * such), a compile-time constant once inlined (qt_get's type_size is not). */
+static inline __attribute__((always_inline)) size_t qt_block_bytes(uint32_t type)
+{
+    switch (type) {
+    case QT_Q4_0: return sizeof(qt_block_q4_0);
+    case QT_Q4_1: return sizeof(qt_block_q4_1);
+    case QT_Q5_0: return sizeof(qt_block_q5_0);
+    case QT_Q5_1: return sizeof(qt_block_q5_1);
+    case QT_Q8_0: return sizeof(qt_block_q8_0);
+    case QT_Q2_K: return sizeof(qt_block_q2_K);
+    case QT_Q3_K: return sizeof(qt_block_q3_K);
+    case QT_Q4_K: return sizeof(qt_block_q4_K);
+    case QT_Q5_K: return sizeof(qt_block_q5_K);
+    case QT_Q6_K: return sizeof(qt_block_q6_K);
+    case QT_IQ4_NL: return sizeof(qt_block_iq4_nl);
+    case QT_MXFP4: return sizeof(qt_block_mxfp4);
+    case QT_IQ4_XS: return sizeof(qt_block_iq4_xs);
+    case QT_IQ2_XXS: return sizeof(qt_block_iq2_xxs);
+    case QT_IQ2_XS: return sizeof(qt_block_iq2_xs);
+    case QT_IQ2_S: return sizeof(qt_block_iq2_s);
+    case QT_IQ3_XXS: return sizeof(qt_block_iq3_xxs);
+    case QT_IQ3_S: return sizeof(qt_block_iq3_s);
+    case QT_IQ1_S: return sizeof(qt_block_iq1_s);
+    default: return 0;
+    }
+}
 
 
 /* Dot of two rows in the reference arithmetic (w row of wtype, a row of

@@ -613,6 +613,21 @@ static val call_node(jctx *c, const jnode *n, val extra_caller)
     return r;
 }
 
+/* The filter (or with `test`, the test) of node n on x, with n's
+ * arguments. Takes x. */
+static val apply_named(jctx *c, const jnode *n, val x, int test)
+{
+    callargs a;
+    eval_args(c, n, &a, 0);
+    c->cur_line = n->line;
+    if (n->fid < 0) jfail(c, JE_RUNTIME, "No %s named '%s' found.", test ? "test" : "filter", n->name->s);
+    jargs ja = { a.n, a.v, a.nk, a.kn, a.kv };
+    val r = test ? vbool(jtest_call(c, n->fid, x, &ja)) : jfilter_call(c, n->fid, x, &ja);
+    args_free(c, &a);
+    junref(c, x);
+    return r;
+}
+
 /* Applies a filter node (and the chain under it) to `in` when the chain's
  * innermost input is absent (set/filter blocks). Takes in. */
 static val apply_filter(jctx *c, const jnode *f, val in, int pipe)
@@ -621,15 +636,7 @@ static val apply_filter(jctx *c, const jnode *f, val in, int pipe)
     if (pipe && !f->a) x = in;
     else if (pipe) x = apply_filter(c, f->a, in, 1);
     else x = jeval(c, f->a);
-    callargs a;
-    eval_args(c, f, &a, 0);
-    c->cur_line = f->line;
-    if (f->fid < 0) jfail(c, JE_RUNTIME, "No filter named '%s' found.", f->name->s);
-    jargs ja = { a.n, a.v, a.nk, a.kn, a.kv };
-    val r = jfilter_call(c, f->fid, x, &ja);
-    args_free(c, &a);
-    junref(c, x);
-    return r;
+    return apply_named(c, f, x, 0);
 }
 
 /* ---- expressions ---- */
@@ -671,18 +678,7 @@ val jeval(jctx *c, const jnode *n)
     }
     case E_CALL: return call_node(c, n, vundef0());
     case E_FILTER: return apply_filter(c, n, vundef0(), 0);
-    case E_TEST: {
-        val x = jeval(c, n->a);
-        callargs a;
-        eval_args(c, n, &a, 0);
-        c->cur_line = n->line;
-        if (n->fid < 0) jfail(c, JE_RUNTIME, "No test named '%s' found.", n->name->s);
-        jargs ja = { a.n, a.v, a.nk, a.kn, a.kv };
-        int r = jtest_call(c, n->fid, x, &ja);
-        args_free(c, &a);
-        junref(c, x);
-        return vbool(r);
-    }
+    case E_TEST: return apply_named(c, n, jeval(c, n->a), 1);
     case E_NOT: {
         val x = jeval(c, n->a);
         int r = !jtruthy(c, x);

@@ -319,6 +319,23 @@ static val select_reject(jctx *c, val in, jargs *a, int want, int by_attr)
     return rv;
 }
 
+/* An indent argument: a string as it is, a number as that many spaces
+ * (0 to 255, written into spaces). */
+static void indent_of(jctx *c, val v, char spaces[256], const char **ind, size_t *ind_n)
+{
+    if (v.t == JT_STR) {
+        *ind = S(v)->s;
+        *ind_n = S(v)->len;
+        return;
+    }
+    int64_t k = want_int(c, v);
+    if (k > 255) k = 255;
+    if (k < 0) k = 0;
+    memset(spaces, ' ', (size_t)k);
+    *ind = spaces;
+    *ind_n = (size_t)k;
+}
+
 static val f_tojson(jctx *c, val in, jargs *a)
 {
     static const char *const n[] = { "ensure_ascii", "indent", "separators", "sort_keys" };
@@ -328,17 +345,7 @@ static val f_tojson(jctx *c, val in, jargs *a)
     char spaces[256];
     const char *ind = NULL;
     size_t ind_n = 0;
-    if (given(v[1]) && v[1].t != JT_NONE) {
-        if (v[1].t == JT_STR) { ind = S(v[1])->s; ind_n = S(v[1])->len; }
-        else {
-            int64_t k = want_int(c, v[1]);
-            if (k > 255) k = 255;
-            if (k < 0) k = 0;
-            memset(spaces, ' ', (size_t)k);
-            ind = spaces;
-            ind_n = (size_t)k;
-        }
-    }
+    if (given(v[1]) && v[1].t != JT_NONE) indent_of(c, v[1], spaces, &ind, &ind_n);
     const char *isep = ind ? "," : ", ", *ksep = ": ";
     size_t isep_n = ind ? 1 : 2, ksep_n = 2;
     if (given(v[2]) && v[2].t != JT_NONE) {
@@ -364,17 +371,7 @@ static val f_indent(jctx *c, val in, jargs *a)
     char spaces[256];
     const char *ind = "    ";
     size_t ind_n = 4;
-    if (given(v[0])) {
-        if (v[0].t == JT_STR) { ind = S(v[0])->s; ind_n = S(v[0])->len; }
-        else {
-            int64_t k = want_int(c, v[0]);
-            if (k > 255) k = 255;
-            if (k < 0) k = 0;
-            memset(spaces, ' ', (size_t)k);
-            ind = spaces;
-            ind_n = (size_t)k;
-        }
-    }
+    if (given(v[0])) indent_of(c, v[0], spaces, &ind, &ind_n);
     int first = given(v[1]) && jtruthy(c, v[1]), blank = given(v[2]) && jtruthy(c, v[2]);
     /* (s + "\n").splitlines() */
     jbuf tmp;

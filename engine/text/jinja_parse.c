@@ -71,6 +71,15 @@ static jnode *node(parser *P, int kind, int line)
     return n;
 }
 
+/* A node of kind whose list is v's nodes. */
+static jnode *list_node(parser *P, int kind, int line, const nvec *v)
+{
+    jnode *n = node(P, kind, line);
+    n->list = v->v;
+    n->nlist = v->n;
+    return n;
+}
+
 static jtok *cur(parser *P) { return &P->tok[P->i]; }
 static jtok *look(parser *P) { return &P->tok[P->i + 1 < P->ntok ? P->i + 1 : P->i]; }
 static jtok *next(parser *P)
@@ -191,37 +200,25 @@ static jnode *parse_and(parser *P);
 static jnode *parse_not(parser *P);
 static jnode *parse_compare(parser *P);
 
-static jnode *parse_or(parser *P)
+/* operand (kw operand)*, left-associative nodes of kind */
+static jnode *parse_left_kw(parser *P, jnode *(*operand)(parser *), const char *kw, int kind)
 {
-    jnode *l = parse_and(P);
+    jnode *l = operand(P);
     int d0 = P->depth;
-    while (is_name(cur(P), "or")) {
+    while (is_name(cur(P), kw)) {
         int line = next(P)->line;
         enter(P, line);
-        jnode *n = node(P, E_OR, line);
+        jnode *n = node(P, kind, line);
         n->a = l;
-        n->b = parse_and(P);
+        n->b = operand(P);
         l = n;
     }
     P->depth = d0;
     return l;
 }
 
-static jnode *parse_and(parser *P)
-{
-    jnode *l = parse_not(P);
-    int d0 = P->depth;
-    while (is_name(cur(P), "and")) {
-        int line = next(P)->line;
-        enter(P, line);
-        jnode *n = node(P, E_AND, line);
-        n->a = l;
-        n->b = parse_not(P);
-        l = n;
-    }
-    P->depth = d0;
-    return l;
-}
+static jnode *parse_or(parser *P) { return parse_left_kw(P, parse_and, "or", E_OR); }
+static jnode *parse_and(parser *P) { return parse_left_kw(P, parse_not, "and", E_AND); }
 
 static jnode *parse_not(parser *P)
 {
@@ -271,10 +268,8 @@ static jnode *parse_compare(parser *P)
         nv_push(P, &ops, o);
     }
     if (!ops.n) return e;
-    jnode *n = node(P, E_CMP, line);
+    jnode *n = list_node(P, E_CMP, line, &ops);
     n->a = e;
-    n->list = ops.v;
-    n->nlist = ops.n;
     return n;
 }
 
@@ -314,10 +309,7 @@ static jnode *parse_concat(parser *P)
         next(P);
         nv_push(P, &v, parse_math2(P));
     }
-    jnode *n = node(P, E_CONCAT, line);
-    n->list = v.v;
-    n->nlist = v.n;
-    return n;
+    return list_node(P, E_CONCAT, line, &v);
 }
 
 static jnode *parse_math2(parser *P)
@@ -381,10 +373,7 @@ static jnode *parse_list(parser *P)
         nv_push(P, &v, parse_expression(P, 1));
     }
     expect_op(P, P_RBRACKET);
-    jnode *n = node(P, E_LIST, line);
-    n->list = v.v;
-    n->nlist = v.n;
-    return n;
+    return list_node(P, E_LIST, line, &v);
 }
 
 static jnode *parse_dict(parser *P)
@@ -399,9 +388,7 @@ static jnode *parse_dict(parser *P)
         nv_push(P, &v, parse_expression(P, 1));
     }
     expect_op(P, P_RBRACE);
-    jnode *n = node(P, E_DICT, line);
-    n->list = k.v;
-    n->nlist = k.n;
+    jnode *n = list_node(P, E_DICT, line, &k);
     n->list2 = v.v;
     n->nlist2 = v.n;
     return n;
@@ -498,10 +485,7 @@ static jnode *parse_tuple(parser *P, int simplified, int with_condexpr, const ch
             pfail(P, cur(P)->line, "Expected an expression, got '%s'", describe(cur(P), b, sizeof b));
         }
     }
-    jnode *n = node(P, E_TUPLE, line);
-    n->list = v.v;
-    n->nlist = v.n;
-    return n;
+    return list_node(P, E_TUPLE, line, &v);
 }
 
 /* (args, kw=..., *dyn, **dynkw) into n's list / names+list2 / c / d */

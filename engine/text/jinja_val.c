@@ -791,30 +791,20 @@ static int printable(uint32_t cp)
     return 1;
 }
 
-static void repr_str(jctx *c, jbuf *b, const char *s, size_t n)
+/* A character's escape (into tmp, or a literal), NULL when it stands as
+ * itself; *k: its length in bytes (1, or a UTF-8 sequence's). */
+typedef const char *esc_fn(const char *s, size_t n, size_t i, size_t *k, char tmp[16], int arg);
+
+/* s[0..n) between quotes q, each character as esc gives it; the runs that
+ * need no escape copied whole. */
+static void put_quoted(jctx *c, jbuf *b, const char *s, size_t n, char q, esc_fn *esc_of, int arg)
 {
-    char q = '\'';
-    if (memchr(s, '\'', n) && !memchr(s, '"', n)) q = '"';
     jbuf_putc(c, b, q);
     size_t run = 0;
     for (size_t i = 0; i < n;) {
-        unsigned char ch = (unsigned char)s[i];
-        const char *esc = NULL;
         char tmp[16];
         size_t k = 1;
-        if (ch == (unsigned char)q || ch == '\\') { tmp[0] = '\\'; tmp[1] = (char)ch; tmp[2] = 0; esc = tmp; }
-        else if (ch == '\t') esc = "\\t";
-        else if (ch == '\n') esc = "\\n";
-        else if (ch == '\r') esc = "\\r";
-        else if (ch < 0x20 || ch == 0x7f) { snprintf(tmp, sizeof tmp, "\\x%02x", ch); esc = tmp; }
-        else if (ch >= 0x80) {
-            uint32_t cp;
-            k = (size_t)utf8_dec(s + i, n - i, &cp);
-            if (!printable(cp)) {
-                snprintf(tmp, sizeof tmp, cp <= 0xff ? "\\x%02x" : cp <= 0xffff ? "\\u%04x" : "\\U%08x", (unsigned)cp);
-                esc = tmp;
-            }
-        }
+        const char *esc = esc_of(s, n, i, &k, tmp, arg);
         if (esc) {
             jbuf_put(c, b, s + i - run, run);
             run = 0;
@@ -826,6 +816,30 @@ static void repr_str(jctx *c, jbuf *b, const char *s, size_t n)
     }
     jbuf_put(c, b, s + n - run, run);
     jbuf_putc(c, b, q);
+}
+
+/* Python's repr of a str (arg: the quote) */
+static const char *repr_esc(const char *s, size_t n, size_t i, size_t *k, char tmp[16], int q)
+{
+    unsigned char ch = (unsigned char)s[i];
+    if (ch == (unsigned char)q || ch == '\\') { tmp[0] = '\\'; tmp[1] = (char)ch; tmp[2] = 0; return tmp; }
+    if (ch == '\t') return "\\t";
+    if (ch == '\n') return "\\n";
+    if (ch == '\r') return "\\r";
+    if (ch < 0x20 || ch == 0x7f) { snprintf(tmp, 16, "\\x%02x", ch); return tmp; }
+    if (ch < 0x80) return NULL;
+    uint32_t cp;
+    *k = (size_t)utf8_dec(s + i, n - i, &cp);
+    if (printable(cp)) return NULL;
+    snprintf(tmp, 16, cp <= 0xff ? "\\x%02x" : cp <= 0xffff ? "\\u%04x" : "\\U%08x", (unsigned)cp);
+    return tmp;
+}
+
+static void repr_str(jctx *c, jbuf *b, const char *s, size_t n)
+{
+    char q = '\'';
+    if (memchr(s, '\'', n) && !memchr(s, '"', n)) q = '"';
+    put_quoted(c, b, s, n, q, repr_esc, q);
 }
 
 static void repr_items(jctx *c, jbuf *b, jlist *l, size_t from)
@@ -932,50 +946,37 @@ typedef struct jsonfmt {
     const char *ksep; size_t ksep_n;
 } jsonfmt;
 
+/* json.dumps of a str (arg: ensure_ascii) */
+static const char *json_esc(const char *s, size_t n, size_t i, size_t *k, char tmp[16], int ascii)
+{
+    unsigned char ch = (unsigned char)s[i];
+    switch (ch) {
+    case '"': return "\\\"";
+    case '\\': return "\\\\";
+    case '\n': return "\\n";
+    case '\r': return "\\r";
+    case '\t': return "\\t";
+    case '\b': return "\\b";
+    case '\f': return "\\f";
+    default: break;
+    }
+    if (ch < 0x20) { snprintf(tmp, 16, "\\u%04x", ch); return tmp; }
+    if (ch < 0x80) return NULL;
+    uint32_t cp;
+    *k = (size_t)utf8_dec(s + i, n - i, &cp);
+    if (!ascii) return NULL;
+    if (cp >= 0x10000) {
+        uint32_t v = cp - 0x10000;
+        snprintf(tmp, 16, "\\u%04x\\u%04x", 0xD800 + (v >> 10), 0xDC00 + (v & 0x3FF));
+    } else {
+        snprintf(tmp, 16, "\\u%04x", cp);
+    }
+    return tmp;
+}
+
 static void json_str(jctx *c, jbuf *b, const char *s, size_t n, int ascii)
 {
-    jbuf_putc(c, b, '"');
-    size_t run = 0;
-    for (size_t i = 0; i < n;) {
-        unsigned char ch = (unsigned char)s[i];
-        char tmp[16];
-        const char *esc = NULL;
-        size_t k = 1;
-        switch (ch) {
-        case '"': esc = "\\\""; break;
-        case '\\': esc = "\\\\"; break;
-        case '\n': esc = "\\n"; break;
-        case '\r': esc = "\\r"; break;
-        case '\t': esc = "\\t"; break;
-        case '\b': esc = "\\b"; break;
-        case '\f': esc = "\\f"; break;
-        default:
-            if (ch < 0x20) { snprintf(tmp, sizeof tmp, "\\u%04x", ch); esc = tmp; }
-            else if (ch >= 0x80) {
-                uint32_t cp;
-                k = (size_t)utf8_dec(s + i, n - i, &cp);
-                if (ascii) {
-                    if (cp >= 0x10000) {
-                        uint32_t v = cp - 0x10000;
-                        snprintf(tmp, sizeof tmp, "\\u%04x\\u%04x", 0xD800 + (v >> 10), 0xDC00 + (v & 0x3FF));
-                    } else {
-                        snprintf(tmp, sizeof tmp, "\\u%04x", cp);
-                    }
-                    esc = tmp;
-                }
-            }
-        }
-        if (esc) {
-            jbuf_put(c, b, s + i - run, run);
-            run = 0;
-            jbuf_put(c, b, esc, strlen(esc));
-        } else {
-            run += k;
-        }
-        i += k;
-    }
-    jbuf_put(c, b, s + n - run, run);
-    jbuf_putc(c, b, '"');
+    put_quoted(c, b, s, n, '"', json_esc, ascii);
 }
 
 static void json_float(jctx *c, jbuf *b, double f)

@@ -695,25 +695,34 @@ static void spm_try(enc *e, const char *s, int32_t l, int32_t r)
  * token until none is left; symbols that are not tokens become bytes. */
 static void bpe_merge(enc *e, size_t ns);
 
-/* SentencePiece-style text under BPE merge ranks (a tokenizer.json "BPE"
- * model with byte_fallback: Llama-2, Mistral): one symbol per character,
- * rank-ordered merges, characters outside the vocabulary as byte tokens. */
-static void spm_chunk_ranked(enc *e, const char *s, size_t n)
+/* e->syms: one symbol per UTF-8 character of s[0..n), linked in order (with
+ * `ids`, each character's id or -1); their count, 0 when none or out of
+ * memory (e->oom set). */
+static size_t spm_split(enc *e, const char *s, size_t n, int ids)
 {
-    const tok *t = e->t;
     size_t ns = 0;
-    if (grow((void **)&e->syms, &e->syms_cap, n + 1, sizeof(sym))) { e->oom = 1; return; }
+    if (grow((void **)&e->syms, &e->syms_cap, n + 1, sizeof(sym))) { e->oom = 1; return 0; }
     for (size_t off = 0; off < n;) {
         size_t l = utf8_len_lead((unsigned char)s[off]);
         if (l > n - off) l = n - off;
         sym *y = &e->syms[ns];
-        y->id = tok_find(t, s + off, l);
+        if (ids) y->id = tok_find(e->t, s + off, l);
         y->off = (uint32_t)off; y->n = (uint32_t)l;
         y->prev = (int32_t)ns - 1;
         off += l;
         y->next = off == n ? -1 : (int32_t)ns + 1;
         ns++;
     }
+    return ns;
+}
+
+/* SentencePiece-style text under BPE merge ranks (a tokenizer.json "BPE"
+ * model with byte_fallback: Llama-2, Mistral): one symbol per character,
+ * rank-ordered merges, characters outside the vocabulary as byte tokens. */
+static void spm_chunk_ranked(enc *e, const char *s, size_t n)
+{
+    const tok *t = e->t;
+    size_t ns = spm_split(e, s, n, 1);
     if (!ns) return;
     bpe_merge(e, ns);
     for (int32_t i = 0; i != -1; i = e->syms[i].next) {
@@ -729,18 +738,7 @@ static void spm_chunk_ranked(enc *e, const char *s, size_t n)
 static void spm_chunk(enc *e, const char *s, size_t n)
 {
     if (e->t->mmap) { spm_chunk_ranked(e, s, n); return; }
-    size_t ns = 0;
-    if (grow((void **)&e->syms, &e->syms_cap, n + 1, sizeof(sym))) { e->oom = 1; return; }
-    for (size_t off = 0; off < n;) {
-        size_t l = utf8_len_lead((unsigned char)s[off]);
-        if (l > n - off) l = n - off;
-        sym *y = &e->syms[ns];
-        y->off = (uint32_t)off; y->n = (uint32_t)l;
-        y->prev = (int32_t)ns - 1;
-        off += l;
-        y->next = off == n ? -1 : (int32_t)ns + 1;
-        ns++;
-    }
+    size_t ns = spm_split(e, s, n, 0);
     if (!ns) return;
     e->hn = 0;
     for (size_t i = 1; i < ns; i++) spm_try(e, s, (int32_t)i - 1, (int32_t)i);

@@ -386,11 +386,7 @@ N_AI void n_float(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64_t
 #define QT_GE_NAME qt_gemm_neon
 #include "engine/quant/gemm_entry.h"
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+#include "engine/quant/target_pop.h"
 #else
 typedef int qt_neon_unused;
 #endif

@@ -27,12 +27,7 @@
 #include "engine/quant/qtypes.h"
 
 #if defined(__x86_64__)
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")
-#endif
+#include "engine/quant/x86/avx512_target.h"
 
 #include <immintrin.h>
 #include <pthread.h>
@@ -499,11 +494,7 @@ int qt_gemm_amx(uint32_t wtype, int64_t n, const void *W, size_t w_stride,
     return 0;
 }
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+#include "engine/quant/target_pop.h"
 #else
 typedef int qt_amx_unused;
 #endif

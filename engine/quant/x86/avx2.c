@@ -130,11 +130,7 @@ int qt_quantize_avx2(uint32_t act_type, const float *x, void *dst, int64_t n)
     }
 }
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+#include "engine/quant/target_pop.h"
 #else
 typedef int qt_avx2_unused;
 #endif

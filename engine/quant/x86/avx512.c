@@ -8,12 +8,7 @@
 #include "engine/quant/qtypes.h"
 
 #if defined(__x86_64__) || defined(__i386__)
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")
-#endif
+#include "engine/quant/x86/avx512_target.h"
 
 #include <immintrin.h>
 
@@ -35,11 +30,7 @@ static inline __attribute__((always_inline)) __m256i qt_dot_bcast(__m256i acc, _
 #define QT_DOT_BCAST(acc, u, p) qt_dot_bcast((acc), (u), (p))
 #include "engine/quant/x86/kernels.h"
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+#include "engine/quant/target_pop.h"
 #else
 typedef int qt_avx512_unused;
 #endif

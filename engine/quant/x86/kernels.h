@@ -42,33 +42,6 @@
 #define QT_AI static inline __attribute__((always_inline))
 #define QT_PF 1024
 
-/* Block size as a compile-time constant once inlined. */
-QT_AI size_t x_tsize(uint32_t type)
-{
-    switch (type) {
-    case QT_Q4_0: return sizeof(qt_block_q4_0);
-    case QT_Q4_1: return sizeof(qt_block_q4_1);
-    case QT_Q5_0: return sizeof(qt_block_q5_0);
-    case QT_Q5_1: return sizeof(qt_block_q5_1);
-    case QT_Q8_0: return sizeof(qt_block_q8_0);
-    case QT_Q2_K: return sizeof(qt_block_q2_K);
-    case QT_Q3_K: return sizeof(qt_block_q3_K);
-    case QT_Q4_K: return sizeof(qt_block_q4_K);
-    case QT_Q5_K: return sizeof(qt_block_q5_K);
-    case QT_Q6_K: return sizeof(qt_block_q6_K);
-    case QT_IQ4_NL: return sizeof(qt_block_iq4_nl);
-    case QT_MXFP4: return sizeof(qt_block_mxfp4);
-    case QT_IQ4_XS: return sizeof(qt_block_iq4_xs);
-    case QT_IQ2_XXS: return sizeof(qt_block_iq2_xxs);
-    case QT_IQ2_XS: return sizeof(qt_block_iq2_xs);
-    case QT_IQ2_S: return sizeof(qt_block_iq2_s);
-    case QT_IQ3_XXS: return sizeof(qt_block_iq3_xxs);
-    case QT_IQ3_S: return sizeof(qt_block_iq3_s);
-    case QT_IQ1_S: return sizeof(qt_block_iq1_s);
-    default: return 0;
-    }
-}
-
 QT_AI float x_h2f(const void *p)
 {
     uint16_t h;
@@ -341,7 +314,7 @@ static const int x_lane_row[8] = { 0, 2, 4, 6, 1, 3, 5, 7 };
 QT_AI void x_small_tile(uint32_t type, int G, int64_t cn, const uint8_t *const *p, int lin, size_t step,
                         const uint8_t *a0, size_t as, const x_sact *s, __m256 *acc)
 {
-    const size_t bs = x_tsize(type);
+    const size_t bs = qt_block_bytes(type);
     const int sgn = !(type == QT_Q4_1 || type == QT_Q5_1), c = x_soff(type);
     const size_t abs_ = sgn ? 34 : 36, aoff = sgn ? 2 : 4;
     const size_t pfd = lin && step * (size_t)cn > QT_SPFB ? step * (size_t)cn : QT_SPFB;
@@ -405,7 +378,7 @@ QT_AI void x_small_tile(uint32_t type, int G, int64_t cn, const uint8_t *const *
 QT_AI void x_small(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64_t r0, int64_t r1,
                    const uint8_t *A, size_t as, int nb, float *Y, int64_t ldy)
 {
-    const size_t bs = x_tsize(type);
+    const size_t bs = qt_block_bytes(type);
     const int64_t nblk = n / 32;
     const int sgn = !(type == QT_Q4_1 || type == QT_Q5_1);
     const size_t abs_ = sgn ? 34 : 36;
@@ -604,6 +577,33 @@ QT_AI __m256i x_hsum8_i32(const __m256i *v)
     return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
 }
 
+/* The nb == 1 K-quant rows (x_krows1, x_kvnni_rows1): the R <= 8 rows'
+ * exact int32 totals iv (dots), mv (mins) to float lanes, one per row (R 4:
+ * the low half); a super-block's d * (vd * isum - vm * msum) added lane-wise;
+ * the R sums stored. */
+QT_AI void x_krows_isum(int R, const __m256i *iv, const __m256i *mv, __m256 *isum, __m256 *msum)
+{
+    if (R == 4) {
+        const __m256i v[8] = { iv[0], iv[1], iv[2], iv[3], mv[0], mv[1], mv[2], mv[3] };
+        const __m256i h = x_hsum8_i32(v);
+        *isum = _mm256_castps128_ps256(_mm_cvtepi32_ps(_mm256_castsi256_si128(h)));
+        *msum = _mm256_castps128_ps256(_mm_cvtepi32_ps(_mm256_extracti128_si256(h, 1)));
+    } else {
+        *isum = _mm256_cvtepi32_ps(x_hsum8_i32(iv));
+        *msum = _mm256_cvtepi32_ps(x_hsum8_i32(mv));
+    }
+}
+QT_AI __m256 x_krows_add(__m256 sums, float d, __m256 vd, __m256 isum, __m256 vm, __m256 msum)
+{
+    const __m256 t = _mm256_sub_ps(_mm256_mul_ps(vd, isum), _mm256_mul_ps(vm, msum));
+    return _mm256_add_ps(sums, _mm256_mul_ps(_mm256_set1_ps(d), t));
+}
+QT_AI void x_krows_store(int R, float *y, __m256 sums)
+{
+    if (R == 4) _mm_storeu_ps(y, _mm256_castps256_ps128(sums));
+    else _mm256_storeu_ps(y, sums);
+}
+
 /* The int32 lanes of one super-block's dot with activation a: the 8
  * weight chunks (unpacked in registers from wb, or read from q, a super-block
  * already unpacked to 256 bytes) times a's bytes, scaled per chunk; two
@@ -662,7 +662,7 @@ QT_AI size_t x_kpf(int R, size_t ws)
 QT_AI void x_krows1(uint32_t type, int R, int64_t nsb, const uint8_t *wr, size_t ws,
                     const uint8_t *A, float *y)
 {
-    const size_t bs = x_tsize(type);
+    const size_t bs = qt_block_bytes(type);
     const size_t pf = x_kpf(R, ws);
     __m256 sums = _mm256_setzero_ps();
     for (int64_t i = 0; i < nsb; i++) {
@@ -681,24 +681,17 @@ QT_AI void x_krows1(uint32_t type, int R, int64_t nsb, const uint8_t *wr, size_t
             fm[u] = ks.fm;
         }
         __m256 isum, msum, vd, vm;
+        x_krows_isum(R, iv, mv, &isum, &msum);
         if (R == 4) {
-            const __m256i v[8] = { iv[0], iv[1], iv[2], iv[3], mv[0], mv[1], mv[2], mv[3] };
-            const __m256i h = x_hsum8_i32(v);
-            isum = _mm256_castps128_ps256(_mm_cvtepi32_ps(_mm256_castsi256_si128(h)));
-            msum = _mm256_castps128_ps256(_mm_cvtepi32_ps(_mm256_extracti128_si256(h, 1)));
             vd = _mm256_castps128_ps256(_mm_setr_ps(fd[0], fd[1], fd[2], fd[3]));
             vm = _mm256_castps128_ps256(_mm_setr_ps(fm[0], fm[1], fm[2], fm[3]));
         } else {
-            isum = _mm256_cvtepi32_ps(x_hsum8_i32(iv));
-            msum = _mm256_cvtepi32_ps(x_hsum8_i32(mv));
             vd = _mm256_setr_ps(fd[0], fd[1], fd[2], fd[3], fd[4], fd[5], fd[6], fd[7]);
             vm = _mm256_setr_ps(fm[0], fm[1], fm[2], fm[3], fm[4], fm[5], fm[6], fm[7]);
         }
-        const __m256 t = _mm256_sub_ps(_mm256_mul_ps(vd, isum), _mm256_mul_ps(vm, msum));
-        sums = _mm256_add_ps(sums, _mm256_mul_ps(_mm256_set1_ps(a->d), t));
+        sums = x_krows_add(sums, a->d, vd, isum, vm, msum);
     }
-    if (R == 4) _mm_storeu_ps(y, _mm256_castps256_ps128(sums));
-    else _mm256_storeu_ps(y, sums);
+    x_krows_store(R, y, sums);
 }
 
 #ifdef QT_VNNI
@@ -890,7 +883,7 @@ QT_AI void x_kz_rows(const x_kz *kz, const uint8_t *A, size_t as, int b0, int g,
 QT_AI void x_kvnni_rows1(uint32_t type, int R, int64_t nsb, const uint8_t *wr, size_t ws,
                          const uint8_t *A, float *y)
 {
-    const size_t bs = x_tsize(type);
+    const size_t bs = qt_block_bytes(type);
     const size_t pf = x_kpf(R, ws);
     __m256 sums = _mm256_setzero_ps();
     for (int64_t i = 0; i < nsb; i++) {
@@ -925,18 +918,13 @@ QT_AI void x_kvnni_rows1(uint32_t type, int R, int64_t nsb, const uint8_t *wr, s
         }
         __m256 isum, msum, vd, vm;
         const __m256i ev = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+        x_krows_isum(R, iv, mv, &isum, &msum);
         if (R == 4) {
-            const __m256i v[8] = { iv[0], iv[1], iv[2], iv[3], mv[0], mv[1], mv[2], mv[3] };
-            const __m256i h = x_hsum8_i32(v);
-            isum = _mm256_castps128_ps256(_mm_cvtepi32_ps(_mm256_castsi256_si128(h)));
-            msum = _mm256_castps128_ps256(_mm_cvtepi32_ps(_mm256_extracti128_si256(h, 1)));
             /* d0 m0 d1 m1 .. -> d0-3 m0-3 */
             vd = _mm256_permutevar8x32_ps(
                 _mm256_cvtph_ps(_mm_setr_epi32((int)dm[0], (int)dm[1], (int)dm[2], (int)dm[3])), ev);
             vm = _mm256_castps128_ps256(_mm256_extractf128_ps(vd, 1));
         } else {
-            isum = _mm256_cvtepi32_ps(x_hsum8_i32(iv));
-            msum = _mm256_cvtepi32_ps(x_hsum8_i32(mv));
             const __m256 g0 = _mm256_permutevar8x32_ps(
                 _mm256_cvtph_ps(_mm_setr_epi32((int)dm[0], (int)dm[1], (int)dm[2], (int)dm[3])), ev);
             const __m256 g1 = _mm256_permutevar8x32_ps(
@@ -944,18 +932,16 @@ QT_AI void x_kvnni_rows1(uint32_t type, int R, int64_t nsb, const uint8_t *wr, s
             vd = _mm256_permute2f128_ps(g0, g1, 0x20);
             vm = _mm256_permute2f128_ps(g0, g1, 0x31);
         }
-        const __m256 t = _mm256_sub_ps(_mm256_mul_ps(vd, isum), _mm256_mul_ps(vm, msum));
-        sums = _mm256_add_ps(sums, _mm256_mul_ps(_mm256_set1_ps(a->d), t));
+        sums = x_krows_add(sums, a->d, vd, isum, vm, msum);
     }
-    if (R == 4) _mm_storeu_ps(y, _mm256_castps256_ps128(sums));
-    else _mm256_storeu_ps(y, sums);
+    x_krows_store(R, y, sums);
 }
 #endif
 
 QT_AI void x_kquant(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64_t r0, int64_t r1,
                     const uint8_t *A, size_t as, int nb, float *Y, int64_t ldy)
 {
-    const size_t bs = x_tsize(type);
+    const size_t bs = qt_block_bytes(type);
     const int64_t nsb = n / 256;
     uint8_t q[256] __attribute__((aligned(32)));
     x_kscale ks;
@@ -1129,7 +1115,7 @@ QT_AI float x_iq4xs_1(const uint8_t *wb, const qt_block_q8_K *a, float sum)
 QT_AI void x_iqk(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64_t r0, int64_t r1,
                  const uint8_t *A, size_t as, int nb, float *Y, int64_t ldy)
 {
-    const size_t bs = x_tsize(type);
+    const size_t bs = qt_block_bytes(type);
     const int64_t nsb = n / 256;
     x_iqb u;
     float sums[64];
