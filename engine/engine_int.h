@@ -132,6 +132,10 @@ struct eng {
     uint32_t *gm_rows, *eog_bits;
     size_t gm_cap;
     uint8_t *b_gfail, *b_gneed;
+    /* running means (ms) of a greedy pass and of masks made for states not
+     * seen before: run_greedy checks the unconstrained choice first only
+     * where such masks take longer than half a pass */
+    double gm_pass_ms, gm_cold_ms;
     eng_model_info info;
     char warning[256];
     int n_ctx, max_seqs, max_queued;

@@ -521,12 +521,16 @@ static int masks_cold(eng *e, int n_out)
     return 0;
 }
 
+/* A running mean (ms), the last sample weighing a quarter. */
+static void ema(double *m, double v) { *m = *m > 0 ? 0.75 * *m + 0.25 * v : v; }
+
 /* After an unconstrained argmax into e->b_ids: the rows whose grammar
  * refuses their id get their masks and the argmax again, on the same
  * logits (nothing was queued behind them). Where the grammar allows the
  * unconstrained choice it is the constrained one too (the first of the
- * largest among all tokens is the first among those allowed). */
-static void greedy_recheck(eng *e, int n_out)
+ * largest among all tokens is the first among those allowed). Returns
+ * whether it made masks. */
+static int greedy_recheck(eng *e, int n_out)
 {
     int any = 0;
     for (int o = 0; o < n_out; o++) {
@@ -538,11 +542,12 @@ static void greedy_recheck(eng *e, int n_out)
         if (ok < 0) e->b_gfail[o] = 1;
         else if (!ok) e->b_gneed[o] = any = 1;
     }
-    if (!any) return;
+    if (!any) return 0;
     const uint32_t *mk = masks_fill(e, n_out, e->b_gneed);
-    if (!mk) return;   /* (those rows failed) */
+    if (!mk) return 1;   /* (those rows failed) */
     fw_argmax_queue(e->fw, n_out, mk);
     fw_greedy_take(e->fw, e->b_ids, n_out);
+    return 1;
 }
 
 /* The log-probabilities an event carries (logprobs): chosen's and the
@@ -691,9 +696,10 @@ static void ahead_drop(eng *e)
  * runs, then its argmax queued; the next step's pass queued behind it when
  * ahead_ok (with its argmax unless masked: its masks need this step's
  * ids); then this step's ids taken into e->b_ids. Under grammars whose
- * masks are not at hand, the unconstrained argmax first, the masks only
- * where a grammar refuses its choice (greedy_recheck), nothing queued
- * behind. */
+ * masks are not at hand and have lately taken longer than half a pass to
+ * make, the unconstrained argmax first, the masks only where a grammar
+ * refuses its choice (greedy_recheck), nothing queued behind. (Either way
+ * the same tokens.) */
 static void run_greedy(eng *e, const be_batch *bt, int n_decode, int n_out, int masked)
 {
     int T = bt->T;
@@ -708,13 +714,21 @@ static void run_greedy(eng *e, const be_batch *bt, int n_decode, int n_out, int 
         }
     }
     e->a_on = 0;
-    if (masked && masks_cold(e, n_out)) {
+    int cold = masked && masks_cold(e, n_out);
+    if (cold && e->gm_cold_ms > 0.5 * e->gm_pass_ms) {
         fw_argmax_queue(e->fw, n_out, NULL);
         fw_greedy_take(e->fw, e->b_ids, n_out);
-        greedy_recheck(e, n_out);
+        double t0 = now_ms();
+        if (greedy_recheck(e, n_out)) ema(&e->gm_cold_ms, now_ms() - t0);
         return;
     }
-    if (!argq) fw_argmax_queue(e->fw, n_out, masked ? masks_fill(e, n_out, NULL) : NULL);
+    const uint32_t *mk = NULL;
+    if (masked) {
+        double t0 = now_ms();
+        mk = masks_fill(e, n_out, NULL);
+        if (cold) ema(&e->gm_cold_ms, now_ms() - t0);
+    }
+    if (!argq) fw_argmax_queue(e->fw, n_out, mk);
     if (ahead_ok(e, T, n_decode, n_out)) {
         for (int t = 0; t < T; t++) {
             e->a_pos[t] = e->b_pos[t] + 1;
@@ -813,6 +827,7 @@ static void step(eng *e)
     double t_pass = now_ms();
     if (greedy) {
         run_greedy(e, &bt, n_decode, n_out, masked);
+        if (masked) ema(&e->gm_pass_ms, now_ms() - t_pass);
     } else {
         ahead_drop(e);
         fw_run(e->fw, e->b_tok, &bt, e->b_out, n_out, e->logits);
