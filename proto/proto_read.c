@@ -532,6 +532,23 @@ static int get_tools(dctx *d, const msgpack_object *v, proto_req *q)
     return get_json(d, v, NULL, "\"tools\"", &q->tools, &q->tools_len);
 }
 
+/* An array of at most max_n non-empty strings of at most max_len bytes
+ * (stop, choice) into s[], lens[], *n. */
+static int get_strs(dctx *d, const msgpack_object *v, const char *name, uint32_t max_n, size_t max_len,
+                    const char **s, size_t *lens, size_t *n)
+{
+    if (v->type != MSGPACK_OBJECT_ARRAY) return fail(d, PROTO_E_BAD_REQUEST, "\"%s\" must be an array of strings", name);
+    if (v->via.array.size > max_n)
+        return fail(d, PROTO_E_TOO_LARGE, "\"%s\" has %u strings, over the limit of %u", name, v->via.array.size, max_n);
+    *n = 0;
+    for (uint32_t j = 0; j < v->via.array.size; j++) {
+        if (get_str(d, &v->via.array.ptr[j], name, max_len, &s[j], &lens[j])) return -1;
+        if (lens[j] == 0) return fail(d, PROTO_E_INVALID_VALUE, "\"%s\"[%u] is empty", name, j);
+        *n = j + 1;
+    }
+    return 0;
+}
+
 /* "template_vars": a map of further variables for the chat template; the
  * request's own (messages, tools, add_generation_prompt) are not among them */
 static int get_tvars(dctx *d, const msgpack_object *v, proto_req *q)
@@ -721,39 +738,11 @@ static int decode_req(dctx *d, const msgpack_object *m, proto_req *q)
                 if (rc == 0 && q->regex_len == 0) rc = fail(d, PROTO_E_INVALID_VALUE, "\"regex\" is empty");
             }
             else if (key_is(k, "choice")) {
-                if (v->type != MSGPACK_OBJECT_ARRAY) {
-                    rc = fail(d, PROTO_E_BAD_REQUEST, "\"choice\" must be an array of strings");
-                    break;
-                }
-                if (v->via.array.size == 0) {
+                if (v->type == MSGPACK_OBJECT_ARRAY && v->via.array.size == 0)
                     rc = fail(d, PROTO_E_INVALID_VALUE, "\"choice\" is empty: it needs 1 to %d texts", PROTO_MAX_CHOICE);
-                    break;
-                }
-                if (v->via.array.size > PROTO_MAX_CHOICE) {
-                    rc = fail(d, PROTO_E_TOO_LARGE, "\"choice\" has %u texts, over the limit of %d", v->via.array.size,
-                              PROTO_MAX_CHOICE);
-                    break;
-                }
-                q->n_choice = 0;
-                for (uint32_t j = 0; j < v->via.array.size && rc == 0; j++) {
-                    rc = get_str(d, &v->via.array.ptr[j], "choice", PROTO_MAX_CHOICE_LEN, &q->choice[j], &q->choice_len[j]);
-                    if (rc == 0 && q->choice_len[j] == 0) rc = fail(d, PROTO_E_INVALID_VALUE, "\"choice\"[%u] is empty", j);
-                    if (rc == 0) q->n_choice = j + 1;
-                }
+                else rc = get_strs(d, v, "choice", PROTO_MAX_CHOICE, PROTO_MAX_CHOICE_LEN, q->choice, q->choice_len, &q->n_choice);
             }
-            else if (key_is(k, "stop")) {
-                if (v->type != MSGPACK_OBJECT_ARRAY) { rc = fail(d, PROTO_E_BAD_REQUEST, "\"stop\" must be an array of strings"); break; }
-                if (v->via.array.size > PROTO_MAX_STOP) {
-                    rc = fail(d, PROTO_E_TOO_LARGE, "\"stop\" has %u strings, over the limit of %d", v->via.array.size, PROTO_MAX_STOP);
-                    break;
-                }
-                q->n_stop = 0;
-                for (uint32_t j = 0; j < v->via.array.size && rc == 0; j++) {
-                    rc = get_str(d, &v->via.array.ptr[j], "stop", PROTO_MAX_STOP_LEN, &q->stop[j], &q->stop_len[j]);
-                    if (rc == 0 && q->stop_len[j] == 0) rc = fail(d, PROTO_E_INVALID_VALUE, "\"stop\"[%u] is empty", j);
-                    if (rc == 0) q->n_stop = j + 1;
-                }
-            }
+            else if (key_is(k, "stop")) rc = get_strs(d, v, "stop", PROTO_MAX_STOP, PROTO_MAX_STOP_LEN, q->stop, q->stop_len, &q->n_stop);
             break;
         case PROTO_T_TOKENIZE:
             if (key_is(k, "text")) { rc = get_str(d, v, "text", PROTO_MAX_PROMPT, &q->text, &q->text_len); has_text = 1; }

@@ -162,7 +162,7 @@ static void test_regex_choice_refused(void)
 {
     refused_key("choice", p_choice_empty, PROTO_E_INVALID_VALUE, "\"choice\" is empty");
     refused_key("choice", p_choice_blank, PROTO_E_INVALID_VALUE, "\"choice\"[1] is empty");
-    refused_key("choice", p_choice_many, PROTO_E_TOO_LARGE, "\"choice\" has 65 texts");
+    refused_key("choice", p_choice_many, PROTO_E_TOO_LARGE, "\"choice\" has 65 strings");
     refused_key("choice", p_choice_int, PROTO_E_BAD_REQUEST, "choice");
     refused_key("regex", p_regex_empty, PROTO_E_INVALID_VALUE, "\"regex\" is empty");
     refused_key("regex", p_choice_empty, PROTO_E_BAD_REQUEST, "regex");
