@@ -177,7 +177,7 @@ static void t_req_roundtrip(void)
     }
     proto_req_init(&q, PROTO_T_GENERATE, 3);
     if (rt_req(r, &q, &o) == 0) CHECK(o.text != NULL && o.text_len == 0);
-    CHECK(o.reasoning == PROTO_REASONING_AUTO && !o.keep_reasoning);   /* (the rest: t_proto_chat) */
+    CHECK(o.reasoning == PROTO_REASONING_AUTO && !o.keep_reasoning);   /* (the rest: t_proto_fields) */
 
     proto_req_init(&q, PROTO_T_EVAL, 4);
     q.text = "abc"; q.text_len = 3; q.top = 100;
