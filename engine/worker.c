@@ -874,37 +874,34 @@ static void step(eng *e)
         if (greedy) {
             if (j->gm && e->b_gfail[o]) continue;   /* (failed) */
             id = e->b_ids[o];
-        } else if (j->gm && j->s.temperature <= 0.0f && !j->lp) {
-            /* greedy: the unconstrained choice where the grammar allows it
-             * (then it is the constrained one: greedy_recheck), the mask
-             * only where it does not */
+        } else if (j->gm && !j->lp && (j->s.temperature <= 0.0f || !gram_match_mask_cached(j->gm, e->gvocab))) {
+            /* the choice without the grammar's mask where it can be exact:
+             * greedy, the unconstrained choice where the grammar allows it
+             * (then it is the constrained one: greedy_recheck); sampling,
+             * the top_k candidates checked one by one (the same choice and
+             * RNG step). The mask only where that does not settle it. */
             sampler_penalize(e->smp, lg, &j->s, j->toks, (size_t)j->n_tok);
-            id = sampler_choose(e->smp, lg, &j->s, &j->rng);
-            int ok = grammar_allows(e, j, id);
-            if (ok < 0) continue;
-            if (!ok) {
-                if (grammar_mask(e, j, lg)) continue;
+            if (j->s.temperature <= 0.0f) {
                 id = sampler_choose(e->smp, lg, &j->s, &j->rng);
+                int ok = grammar_allows(e, j, id);
+                id = ok > 0 ? id : ok < 0 ? -2 : -1;
+            } else {
+                allow_ctx ac = { e, j };
+                id = sampler_choose_allowed(e->smp, lg, &j->s, &j->rng, allow_cb, &ac);
             }
-        } else if (j->gm && !j->lp && !gram_match_mask_cached(j->gm, e->gvocab)) {
-            /* sampling where the grammar's mask is not at hand: the top_k
-             * candidates checked one by one, the mask only when too few of
-             * the likeliest are allowed (the same choice and RNG step) */
-            sampler_penalize(e->smp, lg, &j->s, j->toks, (size_t)j->n_tok);
-            allow_ctx ac = { e, j };
-            id = sampler_choose_allowed(e->smp, lg, &j->s, &j->rng, allow_cb, &ac);
             if (id == -2) continue;   /* (failed) */
             if (id < 0) {
                 if (grammar_mask(e, j, lg)) continue;
                 id = sampler_choose(e->smp, lg, &j->s, &j->rng);
             }
-        } else if (j->gm && grammar_mask(e, j, lg)) {
-            continue;   /* (failed) */
-        } else if (j->lp) {
-            /* the logprobs come from the logits the choice is made from */
-            sampler_penalize(e->smp, lg, &j->s, j->toks, (size_t)j->n_tok);
-            id = sampler_choose(e->smp, lg, &j->s, &j->rng);
-        } else id = sampler_pick(e->smp, lg, &j->s, j->toks, (size_t)j->n_tok, &j->rng);
+        } else {
+            if (j->gm && grammar_mask(e, j, lg)) continue;   /* (failed) */
+            if (j->lp) {
+                /* the logprobs come from the logits the choice is made from */
+                sampler_penalize(e->smp, lg, &j->s, j->toks, (size_t)j->n_tok);
+                id = sampler_choose(e->smp, lg, &j->s, &j->rng);
+            } else id = sampler_pick(e->smp, lg, &j->s, j->toks, (size_t)j->n_tok, &j->rng);
+        }
         if (j->gm && !e->eog[id]) {
             size_t l;
             const char *pc = tok_piece(e->m->tok, id, &l);
