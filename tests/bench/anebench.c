@@ -1,7 +1,8 @@
 /* anebench — in-process speed of the engine on one model.
  *
  *   anebench --model FILE [--prompt N] [--gen M] [--threads T] [--streams S]
- *            [--repeat R] [--backend cpu|cuda] [--json-schema FILE] [--json]
+ *            [--repeat R] [--backend cpu|cuda] [--ctx N] [--kv-type f16|q8_0|f32]
+ *            [--json-schema FILE] [--json]
  *
  * Prefill: a prompt of N tokens, generate 1 token; prefill tokens/s from the
  * engine's own timing. Decode: M greedy tokens; decode tokens/s over the
@@ -308,13 +309,14 @@ static int run_jobs(eng *e, int n_prompt, int n_gen, int streams, double *prefil
 static void usage(void)
 {
     fprintf(stderr, "usage: anebench --model FILE [--prompt N] [--gen M] [--threads T] [--streams S]\n"
-                    "                [--repeat R] [--backend cpu|cuda] [--ctx N] [--json-schema FILE] [--json]\n");
+                    "                [--repeat R] [--backend cpu|cuda] [--ctx N] [--kv-type f16|q8_0|f32]\n"
+                    "                [--json-schema FILE] [--json]\n");
 }
 
 int main(int argc, char **argv)
 {
     const char *model = NULL, *backend = NULL;
-    int n_prompt = 128, n_gen = 64, threads = 0, streams = 1, repeat = 3, json = 0, ctx = 0;
+    int n_prompt = 128, n_gen = 64, threads = 0, streams = 1, repeat = 3, json = 0, ctx = 0, kv_type = ENG_KV_F16;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -329,6 +331,12 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--repeat")) repeat = atoi(v);
         else if (!strcmp(a, "--backend")) backend = v;
         else if (!strcmp(a, "--ctx")) ctx = atoi(v);
+        else if (!strcmp(a, "--kv-type")) {
+            if (!strcmp(v, "f16")) kv_type = ENG_KV_F16;
+            else if (!strcmp(v, "q8_0")) kv_type = ENG_KV_Q8_0;
+            else if (!strcmp(v, "f32")) kv_type = ENG_KV_F32;
+            else { usage(); return 1; }
+        }
         else if (!strcmp(a, "--json-schema")) {
             FILE *f = fopen(v, "rb");
             if (!f) { fprintf(stderr, "anebench: cannot open %s\n", v); return 1; }
@@ -350,6 +358,7 @@ int main(int argc, char **argv)
     o.backend = backend;
     o.max_seqs = streams > 16 ? streams : 16;
     o.n_ctx = ctx ? ctx : n_prompt + n_gen + 16;
+    o.kv_type = kv_type;
     double t0 = now_s();
     if (eng_open(&e, &o, err, sizeof err)) { fprintf(stderr, "anebench: %s\n", err); return 1; }
     double load_s = now_s() - t0;
@@ -408,7 +417,7 @@ int main(int argc, char **argv)
     } else {
         printf("model      %s (%s, %.1f MB of weights, loaded in %.2f s)\n", model, mi->arch,
                mi->weight_bytes / 1e6, load_s);
-        printf("backend    %s, %d threads\n", mi->backend, nth);
+        printf("backend    %s, %d threads, KV cache %s\n", mi->backend, nth, mi->kv_type ? mi->kv_type : "?");
         printf("prefill    %8.2f tokens/s  (%d-token prompt)\n", prefill, n_prompt);
         printf("decode     %8.2f tokens/s  (%d tokens)  %.2f GB/s of weights, %.0f%% of the %.2f GB/s read ceiling\n",
                decode, n_gen, wgbs, ceil_gbs > 0 ? 100 * wgbs / ceil_gbs : 0, ceil_gbs);
