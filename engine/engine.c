@@ -1254,7 +1254,7 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
         goto fail;
     }
     be_opts bo = { .kv_type = kvt, .deterministic = opt->deterministic,
-                   .f16_cache_off = opt->cuda_f16_cache_off };
+                   .f16_cache_off = opt->cuda_f16_cache_off, .act_int8 = m->hp.n_expert > 0 };
     if (be_open_opts(&e->be, opt->backend, e->pool, &bo, err, errlen)) goto fail;
     /* CUDA's windowed attention (sliding-window layers, sinks) reads f16 and f32 caches only */
     if (kvt == BE_KV_Q8_0 && strcmp(e->be->ops->name, "cpu") && (m->hp.n_swa > 0 || m->hp.swa_window > 0)) {

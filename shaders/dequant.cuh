@@ -194,3 +194,146 @@ __device__ __forceinline__ void dq32(const uint8_t *row, int c, int n, float w[3
         for (int l = 0; l < 32; l++) w[l] = (l < 16 ? d0 : d1) * (float)(q6_val(ql, qh, hh, l) - 32);
     }
 }
+
+/* The int8 form of dq32's values where a type has one: value i = (i < 16 ?
+ * d0 : d1) * q_i - m, q_i a signed byte, four to a word (byte j of q[k]:
+ * value 4k + j). These are the types whose values are small integers times
+ * one or two scales per 32 values, less an offset: x quantized per 32
+ * values (int8, scale, sum of the ints) dots them in integers. */
+#define DQ32I_SWITCH(type, FN)                \
+    switch (type) {                           \
+    case QT_Q4_0: FN(QT_Q4_0); break;         \
+    case QT_Q4_1: FN(QT_Q4_1); break;         \
+    case QT_Q5_0: FN(QT_Q5_0); break;         \
+    case QT_Q5_1: FN(QT_Q5_1); break;         \
+    case QT_Q8_0: FN(QT_Q8_0); break;         \
+    case QT_Q3_K: FN(QT_Q3_K); break;         \
+    case QT_Q4_K: FN(QT_Q4_K); break;         \
+    case QT_Q5_K: FN(QT_Q5_K); break;         \
+    case QT_Q6_K: FN(QT_Q6_K); break;         \
+    case QT_IQ4_NL: FN(QT_IQ4_NL); break;     \
+    case QT_IQ4_XS: FN(QT_IQ4_XS); break;     \
+    case QT_MXFP4: FN(QT_MXFP4); break;       \
+    default: break;                           \
+    }
+
+__device__ __forceinline__ int pack4(const int *v)
+{
+    return (int)((uint32_t)(v[0] & 255) | ((uint32_t)(v[1] & 255) << 8) | ((uint32_t)(v[2] & 255) << 16) |
+                 ((uint32_t)v[3] << 24));
+}
+
+template <int TY>
+__device__ __forceinline__ void dq32i(const uint8_t *row, int c, int n, int (&q)[8], float &d0, float &d1, float &m)
+{
+    m = 0.f;
+    int v[32];
+    if (TY == QT_Q8_0) {   /* repacked (ck_repack_q8_0) */
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int2 w = ld8(row + c * 32 + 8 * i);
+            q[2 * i] = w.x;
+            q[2 * i + 1] = w.y;
+        }
+        d0 = d1 = h2f(row + n + 2 * c);
+    } else if (TY == QT_Q4_0 || TY == QT_Q4_1) {
+        const int o = TY == QT_Q4_0 ? 2 : 4;
+        const uint8_t *b = row + c * (16 + o);
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            uint32_t u = ld32a2(b + o + 4 * k), lo = u & 0x0F0F0F0Fu, hi = (u >> 4) & 0x0F0F0F0Fu;
+            if (TY == QT_Q4_0) { lo = __vsub4(lo, 0x08080808u); hi = __vsub4(hi, 0x08080808u); }
+            q[k] = (int)lo;
+            q[4 + k] = (int)hi;
+        }
+        d0 = d1 = h2f(b);
+        if (TY == QT_Q4_1) m = -h2f(b + 2);
+    } else if (TY == QT_Q5_0 || TY == QT_Q5_1) {
+        const int o = TY == QT_Q5_0 ? 0 : 2, off = TY == QT_Q5_0 ? 16 : 0;
+        const uint8_t *b = row + c * (22 + o);
+        uint32_t qh = ld32(b + 2 + o);
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            int x = b[6 + o + j];
+            v[j] = ((x & 0xF) | (((qh >> j) << 4) & 0x10)) - off;
+            v[j + 16] = ((x >> 4) | ((qh >> (j + 12)) & 0x10)) - off;
+        }
+        d0 = d1 = h2f(b);
+        if (TY == QT_Q5_1) m = -h2f(b + 2);
+    } else if (TY == QT_Q3_K) {
+        const uint8_t *b = row + (c >> 3) * 110;
+        int sub = c & 7, half = sub >> 2, j = sub & 3, shift = 2 * j;
+        const uint8_t *hm = b, *qs = b + 32 + 32 * half, *s12 = b + 96;
+        int mk = 1 << (half * 4 + j), is = half * 8 + 2 * j, sc[2];
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            int i = is + k;
+            int lo = i < 8 ? (s12[i] & 0xF) : (s12[i - 8] >> 4);
+            int hi = (s12[8 + (i & 3)] >> (2 * (i >> 2))) & 3;
+            sc[k] = (lo | (hi << 4)) - 32;
+        }
+#pragma unroll
+        for (int l = 0; l < 32; l++) v[l] = ((qs[l] >> shift) & 3) - ((hm[l] & mk) ? 0 : 4);
+        float d = h2f(b + 108);
+        d0 = d * (float)sc[0];
+        d1 = d * (float)sc[1];
+    } else if (TY == QT_Q4_K || TY == QT_Q5_K) {
+        const uint8_t *b = row + (c >> 3) * (TY == QT_Q4_K ? 144 : 176);
+        int g, hi;
+        k4_sub(b, c, g, hi, d0, m);
+        d1 = d0;
+        const uint8_t *ql = b + (TY == QT_Q4_K ? 16 : 48) + 32 * g;
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            uint32_t u = (ld32a2(ql + 4 * k) >> (hi ? 4 : 0)) & 0x0F0F0F0Fu;
+            if (TY == QT_Q5_K) u |= ((ld32a2(b + 16 + 4 * k) >> (2 * g + hi)) & 0x01010101u) << 4;
+            q[k] = (int)u;
+        }
+    } else if (TY == QT_Q6_K) {   /* repacked (q6_word) */
+        int nu = n >> 6, u = c >> 1, hh = c & 1;
+        uint32_t ql[8], qh[4];
+#pragma unroll
+        for (int k = 0; k < 8; k++) ql[k] = ld32a2(row + q6_word(nu, u, k, 8));
+#pragma unroll
+        for (int k = 0; k < 4; k++) qh[k] = ld32a2(row + n / 2 + q6_word(nu, u, k, 4));
+        const int8_t *sc = (const int8_t *)row + 3 * (n / 4) + 4 * u + 2 * hh;
+        float d = h2f(row + 13 * (n / 16) + 2 * (u >> 2));
+        d0 = d * (float)sc[0];
+        d1 = d * (float)sc[1];
+#pragma unroll
+        for (int l = 0; l < 32; l++) v[l] = q6_val(ql, qh, hh, l) - 32;
+    } else {   /* iq4_nl, iq4_xs, mxfp4: 16 signed levels per scale */
+        const uint8_t *qs;
+        if (TY == QT_IQ4_XS) {
+            const uint8_t *b = row + (size_t)(c >> 3) * 136;
+            const int ib = c & 7;
+            const int ls = ((b[4 + ib / 2] >> (4 * (ib & 1))) & 0xf) | ((((b[2] | (b[3] << 8)) >> (2 * ib)) & 3) << 4);
+            d0 = __fmul_rn(h2f(b), (float)(ls - 32));
+            qs = b + 8 + 16 * ib;
+        } else if (TY == QT_IQ4_NL) {
+            const uint8_t *b = row + (size_t)c * 18;
+            d0 = h2f(b);
+            qs = b + 2;
+        } else {
+            const uint8_t *b = row + (size_t)c * 17;
+            d0 = iq_e8m0_half(b[0]);
+            qs = b + 1;
+        }
+        d1 = d0;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint32_t a = iq_u32(qs + 4 * i);
+            if (TY == QT_MXFP4) {
+                q[i] = (int)iq_lookup4(a & 0x0F0F0F0Fu, IQ_FP4_TAB);
+                q[4 + i] = (int)iq_lookup4((a >> 4) & 0x0F0F0F0Fu, IQ_FP4_TAB);
+            } else {
+                q[i] = (int)iq_lookup4(a & 0x0F0F0F0Fu, IQ_NL_TAB);
+                q[4 + i] = (int)iq_lookup4((a >> 4) & 0x0F0F0F0Fu, IQ_NL_TAB);
+            }
+        }
+    }
+    if (TY == QT_Q5_0 || TY == QT_Q5_1 || TY == QT_Q3_K || TY == QT_Q6_K) {
+#pragma unroll
+        for (int k = 0; k < 8; k++) q[k] = pack4(v + 4 * k);
+    }
+}

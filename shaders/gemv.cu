@@ -1133,6 +1133,12 @@ static void gemv_t(cudaStream_t st, mat_set S, size_t rb, int n, const float *x,
 
 extern "C" {
 
+void ck_quant_x(cudaStream_t st, const float *x, int rows, int n, void *xq)
+{
+    size_t nbt = (size_t)rows * (n / 32);
+    lk(k_quant_x, nblk(nbt * 32, 128), 128, 0, st, x, nbt, act_int8_at(xq, rows, n));
+}
+
 int ck_gemv_int8(uint32_t type, int n_in)
 {
     /* (q6_K: rows of an even number of super-blocks are 4-byte aligned) */
@@ -1147,8 +1153,7 @@ static void gemv_multi(cudaStream_t st, uint32_t type, int nm, const void *const
 {
     if (xq_scratch && ck_gemv_int8(type, n)) {
         act_forms L = act_int8_at(xq_scratch, T, n);
-        size_t nbt = (size_t)T * (n / 32);
-        if (!pre) lk(k_quant_x, nblk(nbt * 32, 128), 128, 0, st, x, nbt, L);
+        if (!pre) ck_quant_x(st, x, T, n, xq_scratch);
         int8_t *xq = L.q;
         float *xd = L.d;
         int *xs = L.s;

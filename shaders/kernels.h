@@ -115,6 +115,9 @@ void ck_add_rmsnorm(cudaStream_t st, float *x, const float *y, const float *w, i
                     float *out, void *xq, void *x16);
 /* ck_gemv_multi of an int8 type on x already quantized into xq (by one of
  * the producers above, with the same T and n_in). */
+/* x [rows][n] (n % 32 == 0) quantized into xq (CK_XQ_BYTES(rows, n)) as
+ * ck_gemv_multi quantizes its input */
+void ck_quant_x(cudaStream_t st, const float *x, int rows, int n, void *xq);
 void ck_gemv_multi_q(cudaStream_t st, uint32_t type, int nm, const void *const *W, size_t row_bytes, int n_in,
                      const int *n_out, const float *const *bias, int T, float *const *out, void *xq);
 /* dst [n_out][n_in] f16 = W dequantized. */
@@ -259,6 +262,14 @@ void ck_moe_group(cudaStream_t st, const int32_t *ids, int N, int X, int32_t *fi
 void ck_moe_mm(cudaStream_t st, uint32_t type, const void *W, size_t rb, int n, int rows, const float *x,
                int by_token, int K, const int32_t *pair, const int32_t *tiles, const int32_t *n_tiles, int max_tiles,
                const float *bias, float *y, int mv);
+/* Types whose experts take int8 activations (n % 32 == 0), and their
+ * products as ck_moe_mm's mv form: x quantized by ck_quant_x into xq
+ * (x_rows rows of n), the CPU's kind of arithmetic, one form for every
+ * batch size (a (slot, row) output depends on nothing else). */
+int ck_moe_int8(uint32_t type, int n);
+void ck_moe_mmq(cudaStream_t st, uint32_t type, const void *W, size_t rb, int n, int rows, const void *xq,
+                int x_rows, int by_token, int K, const int32_t *pair, const int32_t *tiles, const int32_t *n_tiles,
+                int max_tiles, const float *bias, float *y);
 /* g = act(g, u)                                                     [n] */
 void ck_moe_act(cudaStream_t st, float *g, const float *u, size_t n, int act, float alpha, float limit);
 /* out[t] = sum over k of w[t][k] * y[slot[t*K+k]], k in order    [T][E] */

@@ -101,6 +101,17 @@ __global__ void k_moe_group(const int32_t *ids, int N, int X, int32_t *first, in
     }
 }
 
+/* The tile of this block (blockIdx.x): its expert e, first slot s0 and
+ * slots ns; false past the tiles the grouping made. */
+__device__ __forceinline__ bool moe_tile(const int32_t *tiles, const int32_t *n_tiles, int &e, int &s0, int &ns)
+{
+    pdl_begin();
+    int ti = blockIdx.x;
+    if (ti >= *n_tiles) return false;
+    e = tiles[3 * ti]; s0 = tiles[3 * ti + 1]; ns = tiles[3 * ti + 2];
+    return true;
+}
+
 /* y[s][r] = dot(row r of expert e, x of slot s) (+ bias[e][r]) for the
  * slots of tile blockIdx.x and rows blockIdx.y * CK_MOE_RT ...; x rows by
  * token (pair / K) when by_token, else by slot. Each step takes MOE_KC
@@ -112,10 +123,8 @@ __global__ void __launch_bounds__(256) k_moe_mm(const uint8_t *W, size_t rb, int
                                                int by_token, int K, const int32_t *pair, const int32_t *tiles,
                                                const int32_t *n_tiles, const float *bias, float *y)
 {
-    pdl_begin();
-    int ti = blockIdx.x;
-    if (ti >= *n_tiles) return;
-    int e = tiles[3 * ti], s0 = tiles[3 * ti + 1], ns = tiles[3 * ti + 2];
+    int e, s0, ns;
+    if (!moe_tile(tiles, n_tiles, e, s0, ns)) return;
     int r0 = blockIdx.y * CK_MOE_RT, tid = threadIdx.x;
     __shared__ float ws[CK_MOE_RT][32 * MOE_KC + 1], xs[CK_MOE_TT][32 * MOE_KC + 1];
     __shared__ int src[CK_MOE_TT];
@@ -172,10 +181,8 @@ __global__ void __launch_bounds__(256) k_moe_mv(const uint8_t *W, size_t rb, int
                                                int by_token, int K, const int32_t *pair, const int32_t *tiles,
                                                const int32_t *n_tiles, const float *bias, float *y)
 {
-    pdl_begin();
-    int ti = blockIdx.x;
-    if (ti >= *n_tiles) return;
-    int e = tiles[3 * ti], s0 = tiles[3 * ti + 1], ns = tiles[3 * ti + 2];
+    int e, s0, ns;
+    if (!moe_tile(tiles, n_tiles, e, s0, ns)) return;
     int lane = threadIdx.x & 31, r = blockIdx.y * 8 + (threadIdx.x >> 5);
     if (r >= rows) return;
     const uint8_t *row = W + ((size_t)e * rows + r) * rb;
@@ -198,6 +205,60 @@ __global__ void __launch_bounds__(256) k_moe_mv(const uint8_t *W, size_t rb, int
             float a = acc[s];
             for (int k = 0; k < lim; k++) a = fmaf(w[k], xv[k], a);
             acc[s] = a;
+        }
+    }
+#pragma unroll
+    for (int s = 0; s < CK_MOE_TT; s++) {
+        if (s >= ns) break;
+        float v = acc[s];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (lane == 0) y[(size_t)(s0 + s) * rows + r] = bias ? v + bias[(size_t)e * rows + r] : v;
+    }
+}
+
+/* k_moe_mv for the types with an int8 form (dq32i), x quantized per 32
+ * values as the GEMV's (xq [rows][n], scales xd and sums xs [rows][n/32]):
+ * the CPU's kind of arithmetic (int8 activations, exact integer dots), so
+ * that both route alike. For every batch size: a weight row is read once
+ * per tile of up to CK_MOE_TT slots, and each unit costs eight __dp4a per
+ * slot. A (slot, row) output depends only on its own x and row. */
+template <int TY>
+__global__ void __launch_bounds__(256) k_moe_mvq(const uint8_t *W, size_t rb, int n, int rows, const int8_t *xq,
+                                                const float *xd, const int *xs, int by_token, int K,
+                                                const int32_t *pair, const int32_t *tiles, const int32_t *n_tiles,
+                                                const float *bias, float *y)
+{
+    int e, s0, ns;
+    if (!moe_tile(tiles, n_tiles, e, s0, ns)) return;
+    int lane = threadIdx.x & 31, r = blockIdx.y * 8 + (threadIdx.x >> 5);
+    if (r >= rows) return;
+    const uint8_t *row = W + ((size_t)e * rows + r) * rb;
+    const bool two = TY == QT_Q3_K || TY == QT_Q6_K, min = TY == QT_Q4_1 || TY == QT_Q5_1 || TY == QT_Q4_K || TY == QT_Q5_K;
+    const int nc = n / 32;
+    size_t src[CK_MOE_TT];
+#pragma unroll
+    for (int s = 0; s < CK_MOE_TT; s++) src[s] = s < ns ? (size_t)(by_token ? pair[s0 + s] / K : s0 + s) * nc : 0;
+    float acc[CK_MOE_TT];
+#pragma unroll
+    for (int s = 0; s < CK_MOE_TT; s++) acc[s] = 0.f;
+    for (int c = lane; c < nc; c += 32) {
+        int q[8];
+        float d0, d1, m;
+        dq32i<TY>(row, c, n, q, d0, d1, m);
+#pragma unroll
+        for (int s = 0; s < CK_MOE_TT; s++) {
+            if (s >= ns) break;
+            const size_t bi = src[s] + c;
+            const int4 *xv = (const int4 *)(xq + bi * 32);
+            const int4 xa = xv[0], xb = xv[1];
+            int lo = __dp4a(q[0], xa.x, 0);
+            lo = __dp4a(q[1], xa.y, lo); lo = __dp4a(q[2], xa.z, lo); lo = __dp4a(q[3], xa.w, lo);
+            int hi = __dp4a(q[4], xb.x, 0);
+            hi = __dp4a(q[5], xb.y, hi); hi = __dp4a(q[6], xb.z, hi); hi = __dp4a(q[7], xb.w, hi);
+            float v = two ? d0 * (float)lo + d1 * (float)hi : d0 * (float)(lo + hi);
+            if (min) v -= m * (float)xs[bi];
+            acc[s] = fmaf(xd[bi], v, acc[s]);
         }
     }
 #pragma unroll
@@ -271,6 +332,25 @@ void ck_moe_mm(cudaStream_t st, uint32_t type, const void *W, size_t rb, int n, 
 #define L_MOE(TY) lk(k_moe_mm<TY>, g, 256, 0, st, (const uint8_t *)W, rb, n, rows, x, by_token, K, pair, tiles, \
                       n_tiles, bias, y)
     TYPE_SWITCH(type, L_MOE)
+}
+
+int ck_moe_int8(uint32_t type, int n)
+{
+    if (n % 32) return 0;
+#define I8_OK(TY) return 1
+    DQ32I_SWITCH(type, I8_OK)
+    return 0;
+}
+
+void ck_moe_mmq(cudaStream_t st, uint32_t type, const void *W, size_t rb, int n, int rows, const void *xq,
+                int x_rows, int by_token, int K, const int32_t *pair, const int32_t *tiles, const int32_t *n_tiles,
+                int max_tiles, const float *bias, float *y)
+{
+    act_forms L = act_int8_at((void *)xq, x_rows, n);
+    dim3 g((unsigned)max_tiles, nblk((size_t)rows, 8));
+#define L_MVQ(TY) lk(k_moe_mvq<TY>, g, 256, 0, st, (const uint8_t *)W, rb, n, rows, (const int8_t *)L.q, \
+                     (const float *)L.d, (const int *)L.s, by_token, K, pair, tiles, n_tiles, bias, y)
+    DQ32I_SWITCH(type, L_MVQ)
 }
 
 void ck_moe_act(cudaStream_t st, float *g, const float *u, size_t n, int act, float alpha, float limit)

@@ -285,6 +285,11 @@ typedef struct be_opts {
     /* 1 (CUDA): no f16 copies of the quantized weights for prompt matmuls:
      * less device memory, each prompt pass dequantizes instead. */
     int f16_cache_off;
+    /* 1 (CUDA): matmuls of types with an int8 path take int8 activations
+     * at every batch size, as the CPU's do (else prompt rows go to f16
+     * tensor cores): for mixture-of-experts models, whose routers then
+     * choose the experts the CPU (and llama.cpp) would. */
+    int act_int8;
 } be_opts;
 
 struct pool;

@@ -165,7 +165,8 @@ dims:
         if (k == c->n_q_n && k < 8 && ck_gemv_int8(w->type, (int)w->n_in)) c->q_n[c->n_q_n++] = (int)w->n_in;
         k = 0;
         while (k < c->n_h_n && c->h_n[k] != (int)w->n_in) k++;
-        if (k == c->n_h_n && k < 8 && w->type != QT_F32 && w->type != QT_F16 && w->type != QT_BF16)
+        if (k == c->n_h_n && k < 8 && w->type != QT_F32 && w->type != QT_F16 && w->type != QT_BF16 &&
+            !(c->act_int8 && ck_gemv_int8(w->type, (int)w->n_in)))
             c->h_n[c->n_h_n++] = (int)w->n_in;
     }
     return 0;
@@ -578,6 +579,7 @@ static const void *mmqb_weight(cu_be *c, const wt *w, size_t *rb)
 /* gemv_take for w (rows to the batched kernel only where its bytes are at hand) */
 static int gemv_count(cu_be *c, const wt *w, int T, int *batched)
 {
+    if (c->act_int8 && ck_gemv_int8(w->type, (int)w->n_in)) { *batched = 0; return T; }
     int nd = gemv_take(c, ck_mmqb_ok(w->type, (int)w->n_in), T, batched);
     size_t rb;
     if (*batched && !mmqb_weight(c, w, &rb)) nd = gemv_take(c, 0, T, batched);
@@ -600,7 +602,8 @@ static void *quant_ahead(cu_be *c, const float *out, int rows, int n)
     tag_clear(c);
     if (!c->fuse || rows < 1 || n < 32 || n % 32) return NULL;
     int bt;
-    if (!width_in(c->q_n, c->n_q_n, n) || gemv_take(c, 0, rows, &bt) != rows) return NULL;   /* (all rows by the GEMV) */
+    if (!width_in(c->q_n, c->n_q_n, n) || (!c->act_int8 && gemv_take(c, 0, rows, &bt) != rows))
+        return NULL;   /* (all rows by the GEMV) */
     void *xq = xq_for(c, rows, n);   /* (NULL while recording, if too small) */
     if (xq) tag_set(c, out, rows, n);
     return xq;
@@ -1261,6 +1264,7 @@ int be_cuda_open(be **out, struct pool *p, const be_opts *o, char *err, size_t e
     if (cudaMallocHost((void **)&c->h_ids_out, ARGMAX_ROWS * 4) != cudaSuccess) goto fail;
     c->cache16 = !o->f16_cache_off;
     c->invariant = o->deterministic;
+    c->act_int8 = o->act_int8;
     be_cuda_force_set(&c->base, &(be_cuda_force){ 0 });
     what = "device memory";
     if (cudaMalloc(&c->mmqb_part, CK_MMQB_PART) != cudaSuccess ||

@@ -62,6 +62,7 @@ typedef struct cu_be {
     /* be_cuda_force_set's (tests; the defaults otherwise) */
     int fuse;                  /* fused kernels, matmul inputs written ahead (debug switch ANE_CUDA_FUSE=0: off) */
     int gemv_all;              /* every matmul row by the GEMV */
+    int act_int8;              /* be_opts.act_int8: int8-path matrices take every row by the GEMV */
     int glu;                   /* gate, up and silu_mul in one launch where it applies */
     int rope_att_always;       /* decode rope inside the attention after any q/k/v set, not only small ones */
     const float *xq_src;       /* xq holds the int8 form of xq_src [xq_rows][xq_n], or nothing */

@@ -8,14 +8,17 @@
 #include "engine/backend/moe_lay.h"
 
 /* The scratch of cu_moe for max_T tokens: the shared parts (moe_lay.h),
- * then the (expert, slots) tiles and their count, 256-byte aligned. */
-typedef struct cmoe_lay { moe_lay p; size_t tiles, nt, total; } cmoe_lay;
+ * then the (expert, slots) tiles and their count, and the int8 forms of x
+ * [T][E] and hg [N][F] (ck_moe_int8 types), 256-byte aligned. */
+typedef struct cmoe_lay { moe_lay p; size_t tiles, nt, xq, hq, total; } cmoe_lay;
 
 static void cmoe_layout(const be_moe *m, int max_T, cmoe_lay *L)
 {
     moe_lay_of(m, max_T, 256, &L->p);
     L->tiles = moe_lay_part(&L->p, (size_t)ck_moe_max_tiles(L->p.N, L->p.X) * 3 * 4, 256);
     L->nt = moe_lay_part(&L->p, 4, 256);
+    L->xq = moe_lay_part(&L->p, CK_XQ_BYTES(L->p.T, m->gate->n_in), 256);
+    L->hq = moe_lay_part(&L->p, CK_XQ_BYTES(L->p.N, L->p.F), 256);
     L->total = L->p.end;
 }
 
@@ -42,22 +45,40 @@ void cu_moe(be *b, const be_moe *m, const float *x, int T, void *scratch, float 
             *pair = (int32_t *)(s + L.p.pair), *tiles = (int32_t *)(s + L.tiles), *nt = (int32_t *)(s + L.nt);
     int X = m->n_expert, K = m->n_used, N = T * K, F = m->n_ff, E = (int)(m->down->n_out / X);
     int E_in = (int)m->gate->n_in, mt = ck_moe_max_tiles(N, X);
-    /* decode-sized batches (and every batch when deterministic) by the
-     * warp-per-row kernel, as the dense matmuls take the GEMV up to
-     * CK_GEMV_MAX_T tokens: a token's bits are the same alone or in any
-     * such batch; its grid needs no more tiles than slots */
-    int mv = T <= CK_GEMV_MAX_T || c->invariant, mvt = mv && N < mt ? N : mt;
+    /* Experts of int8 types take int8 activations at every batch size (as
+     * the CPU's do, so that the next layers' routers choose alike); the
+     * others decode-sized batches (and every batch when deterministic) by
+     * the warp-per-row kernel, as the dense matmuls take the GEMV up to
+     * CK_GEMV_MAX_T tokens, so that a token's bits are the same alone or
+     * in any such batch. A grid needs no more tiles than slots. */
+    int mv = T <= CK_GEMV_MAX_T || c->invariant, mvt = N < mt ? N : mt;
     cu_matmul(b, m->router, m->router_b, x, T, lg);
     tag_clear(c);
     ck_moe_route(c->st, lg, T, X, K, m->gating, m->norm, m->scale, ids, wts);
     ck_moe_group(c->st, ids, N, X, first, slot, pair, tiles, nt);
-    ck_moe_mm(c->st, m->gate->type, m->gate->dev, m->gate->row_bytes, E_in, F, x, 1, K, pair, tiles, nt, mvt,
-              dev_or_null(m->gate_b), hg, mv);
-    ck_moe_mm(c->st, m->up->type, m->up->dev, m->up->row_bytes, E_in, F, x, 1, K, pair, tiles, nt, mvt,
-              dev_or_null(m->up_b), hu, mv);
+    const void *xq = NULL;
+    const wt *gu[2] = { m->gate, m->up }, *gub[2] = { m->gate_b, m->up_b };
+    float *guo[2] = { hg, hu };
+    for (int i = 0; i < 2; i++) {
+        const wt *w = gu[i];
+        if (ck_moe_int8(w->type, E_in)) {
+            if (!xq) ck_quant_x(c->st, x, T, E_in, (void *)(xq = s + L.xq));
+            ck_moe_mmq(c->st, w->type, w->dev, w->row_bytes, E_in, F, xq, T, 1, K, pair, tiles, nt, mvt,
+                       dev_or_null(gub[i]), guo[i]);
+        } else {
+            ck_moe_mm(c->st, w->type, w->dev, w->row_bytes, E_in, F, x, 1, K, pair, tiles, nt, mvt,
+                      dev_or_null(gub[i]), guo[i], mv);
+        }
+    }
     ck_moe_act(c->st, hg, hu, (size_t)N * F, m->act, m->alpha, m->limit);
-    ck_moe_mm(c->st, m->down->type, m->down->dev, m->down->row_bytes, F, E, hg, 0, K, pair, tiles, nt, mvt,
-              dev_or_null(m->down_b), y, mv);
+    if (ck_moe_int8(m->down->type, F)) {
+        ck_quant_x(c->st, hg, N, F, s + L.hq);
+        ck_moe_mmq(c->st, m->down->type, m->down->dev, m->down->row_bytes, F, E, s + L.hq, N, 0, K, pair, tiles, nt,
+                   mvt, dev_or_null(m->down_b), y);
+    } else {
+        ck_moe_mm(c->st, m->down->type, m->down->dev, m->down->row_bytes, F, E, hg, 0, K, pair, tiles, nt,
+                  mvt, dev_or_null(m->down_b), y, mv);
+    }
     ck_moe_combine(c->st, y, slot, wts, T, K, E, out);
     tag_clear(c);
 }
