@@ -248,59 +248,21 @@ N_AI void n_unpack_k(uint32_t type, const uint8_t *b, uint8_t *q, int16_t *s, in
     }
 }
 
-N_AI void n_kquant(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64_t r0, int64_t r1,
-                   const uint8_t *A, size_t as, int nb, float *Y, int64_t ldy)
-{
-    const size_t bs = qt_get(type)->type_size;
-    const int64_t nsb = n / 256;
-    uint8_t q[256] __attribute__((aligned(16)));
-    int16_t s[16], m[16];
-    float fd, fm, sums[16];
-    for (int64_t r = r0; r < r1; r++) {
-        const uint8_t *wr = W + r * ws;
-        for (int b0 = 0; b0 < nb; b0 += 16) {
-            const int g = nb - b0 < 16 ? nb - b0 : 16;
-            for (int k = 0; k < g; k++) sums[k] = 0;
-            for (int64_t i = 0; i < nsb; i++) {
-                const uint8_t *wb = wr + i * bs;
-                for (size_t o = 0; o < bs; o += 64) __builtin_prefetch(wb + 1024 + o);
-                n_unpack_k(type, wb, q, s, m, &fd, &fm);
-                const int16x8_t m0 = vld1q_s16(m), m1 = vld1q_s16(m + 8);
-                for (int k = 0; k < g; k++) {
-                    const qt_block_q8_K *a = (const void *)(A + (size_t)(b0 + k) * as + i * sizeof(qt_block_q8_K));
-                    int32x4_t acc = vdupq_n_s32(0);
-                    for (int c = 0; c < 16; c++) {
-                        const int32x4_t p = n_sdot(vdupq_n_s32(0), vreinterpretq_s8_u8(vld1q_u8(q + 16 * c)),
-                                                      vld1q_s8(a->qs + 16 * c));
-                        acc = vmlaq_n_s32(acc, p, s[c]);
-                    }
-                    const int16x8_t bs0 = vld1q_s16(a->bsums), bs1 = vld1q_s16(a->bsums + 8);
-                    int32x4_t ma = vmull_s16(vget_low_s16(m0), vget_low_s16(bs0));
-                    ma = vmlal_s16(ma, vget_high_s16(m0), vget_high_s16(bs0));
-                    ma = vmlal_s16(ma, vget_low_s16(m1), vget_low_s16(bs1));
-                    ma = vmlal_s16(ma, vget_high_s16(m1), vget_high_s16(bs1));
-                    const int32_t isum = vaddvq_s32(acc), msum = vaddvq_s32(ma);
-                    sums[k] += a->d * (fd * (float)isum - fm * (float)msum);
-                }
-            }
-            for (int k = 0; k < g; k++) Y[(b0 + k) * ldy + r] = sums[k];
-        }
-    }
-}
-
-/* ---- i-quants and iq4_xs (q8_K activations) ----
+/* ---- K-quants, i-quants and iq4_xs (q8_K activations) ----
  * A super-block unpacked once per (weight row, group of up to 16 activation
- * rows) to signed bytes and per-16 scales (iq4_xs by table lookups, the grid
- * types by qt_iq_unpack), SDOT per 16 values times the scale into exact
- * int32 totals, then qt_iq_dot_ref's float expression (bit-identical). */
-N_AI void n_iqk(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64_t r0, int64_t r1,
-                const uint8_t *A, size_t as, int nb, float *Y, int64_t ldy)
+ * rows) to bytes and per-16 scales (K-quants by n_unpack_k, with per-16
+ * mins; iq4_xs by table lookups; the grid types by qt_iq_unpack), SDOT per
+ * 16 values times the scale into exact int32 totals, then the reference's
+ * float expression (qt_dot_k_ref's, qt_iq_dot_ref's: bit-identical). */
+N_AI void n_k256(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64_t r0, int64_t r1, const uint8_t *A,
+                 size_t as, int nb, float *Y, int64_t ldy)
 {
     const size_t bs = qt_get(type)->type_size;
     const int64_t nsb = n / 256;
+    const int kq = type == QT_Q2_K || type == QT_Q3_K || type == QT_Q4_K || type == QT_Q5_K || type == QT_Q6_K;
     int8_t q[256] __attribute__((aligned(16))), gs[8];
-    int16_t s[16];
-    float fd, sums[16];
+    int16_t s[16], m[16] = { 0 };
+    float fd, fm = 0, sums[16];
     const int8x16_t tab = vld1q_s8(qt_iq4nl_values());
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *wr = W + r * ws;
@@ -310,7 +272,9 @@ N_AI void n_iqk(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64_t r
             for (int64_t i = 0; i < nsb; i++) {
                 const uint8_t *wb = wr + i * bs;
                 for (size_t o = 0; o < bs; o += 64) __builtin_prefetch(wb + 1024 + o);
-                if (type == QT_IQ4_XS) {
+                if (kq) {
+                    n_unpack_k(type, wb, (uint8_t *)q, s, m, &fd, &fm);
+                } else if (type == QT_IQ4_XS) {
                     const qt_block_iq4_xs *x = (const void *)wb;
                     for (int c = 0; c < 8; c++) {
                         const uint8x16_t v = vld1q_u8(x->qs + 16 * c);
@@ -324,21 +288,44 @@ N_AI void n_iqk(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64_t r
                 } else {
                     qt_iq_unpack(type, wb, q, s, gs, &fd);
                 }
+                const int16x8_t m0 = vld1q_s16(m), m1 = vld1q_s16(m + 8);
                 for (int k = 0; k < g; k++) {
                     const qt_block_q8_K *a = (const void *)(A + (size_t)(b0 + k) * as + i * sizeof(qt_block_q8_K));
                     int32x4_t acc = vdupq_n_s32(0);
                     for (int c = 0; c < 16; c++)
                         acc = vmlaq_n_s32(acc, n_sdot(vdupq_n_s32(0), vld1q_s8(q + 16 * c), vld1q_s8(a->qs + 16 * c)), s[c]);
-                    int32_t msum = 0;
-                    if (type == QT_IQ1_S)
-                        for (int j = 0; j < 8; j++) msum += gs[j] * s[2 * j] * (a->bsums[2 * j] + a->bsums[2 * j + 1]);
                     const int32_t isum = vaddvq_s32(acc);
-                    sums[k] = sums[k] + (fd * a->d) * ((float)isum + 0.125f * (float)msum);
+                    if (kq) {   /* the mins against the activations' 16-value sums */
+                        const int16x8_t bs0 = vld1q_s16(a->bsums), bs1 = vld1q_s16(a->bsums + 8);
+                        int32x4_t ma = vmull_s16(vget_low_s16(m0), vget_low_s16(bs0));
+                        ma = vmlal_s16(ma, vget_high_s16(m0), vget_high_s16(bs0));
+                        ma = vmlal_s16(ma, vget_low_s16(m1), vget_low_s16(bs1));
+                        ma = vmlal_s16(ma, vget_high_s16(m1), vget_high_s16(bs1));
+                        sums[k] += a->d * (fd * (float)isum - fm * (float)vaddvq_s32(ma));
+                    } else {
+                        int32_t msum = 0;
+                        if (type == QT_IQ1_S)
+                            for (int j = 0; j < 8; j++) msum += gs[j] * s[2 * j] * (a->bsums[2 * j] + a->bsums[2 * j + 1]);
+                        sums[k] = sums[k] + (fd * a->d) * ((float)isum + 0.125f * (float)msum);
+                    }
                 }
             }
             for (int k = 0; k < g; k++) Y[(b0 + k) * ldy + r] = sums[k];
         }
     }
+}
+
+/* the families' names for the dispatch (QT_GE_FAM) */
+N_AI void n_kquant(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64_t r0, int64_t r1,
+                   const uint8_t *A, size_t as, int nb, float *Y, int64_t ldy)
+{
+    n_k256(type, n, W, ws, r0, r1, A, as, nb, Y, ldy);
+}
+
+N_AI void n_iqk(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64_t r0, int64_t r1,
+                const uint8_t *A, size_t as, int nb, float *Y, int64_t ldy)
+{
+    n_k256(type, n, W, ws, r0, r1, A, as, nb, Y, ldy);
 }
 
 /* ---- float weights ---- */
