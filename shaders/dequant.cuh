@@ -8,193 +8,6 @@
 #include "shaders/common.cuh"
 #include "shaders/iq.cuh"
 
-// 32 values c*32 .. c*32+31 of a row (n values; float types mask past n).
-template <int TY>
-__device__ __forceinline__ void dq32(const uint8_t *row, int c, int n, float w[32])
-{
-    if (iq_type(TY)) {   /* i-quants, iq4_nl, iq4_xs, mxfp4 */
-        const int per = iq_blck(TY) / 32;   /* 32-value chunks per block */
-        const uint8_t *b = row + (size_t)(c / per) * iq_bsize(TY);
-#pragma unroll
-        for (int l = 0; l < 4; l++) iq_dq8<TY>(b, 4 * (c % per) + l, w + 8 * l);
-        return;
-    }
-    if (TY == QT_F32) {
-        const float *r = (const float *)row + c * 32;
-        if (c * 32 + 32 <= n && ((uintptr_t)r & 15) == 0) {
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                float4 v = __ldg((const float4 *)r + i);
-                w[4 * i] = v.x; w[4 * i + 1] = v.y; w[4 * i + 2] = v.z; w[4 * i + 3] = v.w;
-            }
-        } else {
-#pragma unroll
-            for (int i = 0; i < 32; i++) w[i] = c * 32 + i < n ? r[i] : 0.f;
-        }
-    } else if (TY == QT_F16 || TY == QT_BF16) {
-        const unsigned short *r = (const unsigned short *)row + c * 32;
-        if (c * 32 + 32 <= n && ((uintptr_t)r & 15) == 0) {
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                uint4 v = __ldg((const uint4 *)r + i);
-                uint32_t u[4] = { v.x, v.y, v.z, v.w };
-#pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    unsigned short lo = (unsigned short)(u[k] & 0xffff), hi = (unsigned short)(u[k] >> 16);
-                    if (TY == QT_F16) {
-                        w[8 * i + 2 * k] = __half2float(__ushort_as_half(lo));
-                        w[8 * i + 2 * k + 1] = __half2float(__ushort_as_half(hi));
-                    } else {
-                        w[8 * i + 2 * k] = __uint_as_float((uint32_t)lo << 16);
-                        w[8 * i + 2 * k + 1] = __uint_as_float((uint32_t)hi << 16);
-                    }
-                }
-            }
-        } else {
-#pragma unroll
-            for (int i = 0; i < 32; i++) {
-                unsigned short u = c * 32 + i < n ? r[i] : 0;
-                w[i] = TY == QT_F16 ? __half2float(__ushort_as_half(u)) : __uint_as_float((uint32_t)u << 16);
-            }
-        }
-    } else if (TY == QT_Q4_0) {
-        const uint8_t *b = row + c * 18;
-        float d = h2f(b);
-#pragma unroll
-        for (int j = 0; j < 16; j++) {
-            int q = b[2 + j];
-            w[j] = (float)((q & 0xF) - 8) * d;
-            w[j + 16] = (float)((q >> 4) - 8) * d;
-        }
-    } else if (TY == QT_Q4_1) {
-        const uint8_t *b = row + c * 20;
-        float d = h2f(b), m = h2f(b + 2);
-#pragma unroll
-        for (int j = 0; j < 16; j++) {
-            int q = b[4 + j];
-            w[j] = (float)(q & 0xF) * d + m;
-            w[j + 16] = (float)(q >> 4) * d + m;
-        }
-    } else if (TY == QT_Q5_0) {
-        const uint8_t *b = row + c * 22;
-        float d = h2f(b);
-        uint32_t qh = ld32(b + 2);
-#pragma unroll
-        for (int j = 0; j < 16; j++) {
-            int q = b[6 + j];
-            int xh0 = ((qh >> j) << 4) & 0x10, xh1 = (qh >> (j + 12)) & 0x10;
-            w[j] = (float)(((q & 0xF) | xh0) - 16) * d;
-            w[j + 16] = (float)(((q >> 4) | xh1) - 16) * d;
-        }
-    } else if (TY == QT_Q5_1) {
-        const uint8_t *b = row + c * 24;
-        float d = h2f(b), m = h2f(b + 2);
-        uint32_t qh = ld32(b + 4);
-#pragma unroll
-        for (int j = 0; j < 16; j++) {
-            int q = b[8 + j];
-            int xh0 = ((qh >> j) << 4) & 0x10, xh1 = (qh >> (j + 12)) & 0x10;
-            w[j] = (float)((q & 0xF) | xh0) * d + m;
-            w[j + 16] = (float)((q >> 4) | xh1) * d + m;
-        }
-    } else if (TY == QT_Q8_0) {
-        /* repacked on the device (ck_repack_q8_0): a row's quants, then its scales */
-        const uint8_t *q = row + c * 32;
-        float d = h2f(row + n + 2 * c);
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            int2 v = ld8(q + 8 * i);
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                w[8 * i + k] = (float)(int8_t)(v.x >> (8 * k)) * d;
-                w[8 * i + 4 + k] = (float)(int8_t)(v.y >> (8 * k)) * d;
-            }
-        }
-    } else if (TY == QT_Q2_K) {
-        const uint8_t *b = row + (c >> 3) * 84;
-        int sub = c & 7, half = sub >> 2, j = sub & 3, shift = 2 * j;
-        float d = h2f(b + 80), mn = h2f(b + 82);
-        const uint8_t *q = b + 16 + 32 * half;
-        int is = half * 8 + 2 * j;
-        int sc = b[is];
-        float dl = d * (float)(sc & 0xF), ml = mn * (float)(sc >> 4);
-#pragma unroll
-        for (int l = 0; l < 16; l++) w[l] = dl * (float)((q[l] >> shift) & 3) - ml;
-        sc = b[is + 1];
-        dl = d * (float)(sc & 0xF); ml = mn * (float)(sc >> 4);
-#pragma unroll
-        for (int l = 0; l < 16; l++) w[16 + l] = dl * (float)((q[l + 16] >> shift) & 3) - ml;
-    } else if (TY == QT_Q3_K) {
-        const uint8_t *b = row + (c >> 3) * 110;
-        int sub = c & 7, half = sub >> 2, j = sub & 3, shift = 2 * j;
-        const uint8_t *hm = b, *q = b + 32 + 32 * half, *s12 = b + 96;
-        float d_all = h2f(b + 108);
-        int m = 1 << (half * 4 + j);
-        int is = half * 8 + 2 * j;
-        int sc[2];
-#pragma unroll
-        for (int k = 0; k < 2; k++) {
-            int i = is + k;   /* 6-bit scale i: low 4 bits, high 2 bits */
-            int lo = i < 8 ? (s12[i] & 0xF) : (s12[i - 8] >> 4);
-            int hi = (s12[8 + (i & 3)] >> (2 * (i >> 2))) & 3;
-            sc[k] = (lo | (hi << 4)) - 32;
-        }
-        float dl = d_all * (float)sc[0];
-#pragma unroll
-        for (int l = 0; l < 16; l++) w[l] = dl * (float)(((q[l] >> shift) & 3) - ((hm[l] & m) ? 0 : 4));
-        dl = d_all * (float)sc[1];
-#pragma unroll
-        for (int l = 0; l < 16; l++)
-            w[16 + l] = dl * (float)(((q[l + 16] >> shift) & 3) - ((hm[l + 16] & m) ? 0 : 4));
-    } else if (TY == QT_Q4_K) {
-        const uint8_t *b = row + (c >> 3) * 144;
-        int g, hi;
-        float d1, m1;
-        k4_sub(b, c, g, hi, d1, m1);
-        const uint4 *q4 = (const uint4 *)(b + 16 + 32 * g);   /* 16-byte aligned when rows are */
-        if (((uintptr_t)q4 & 15) == 0) {
-#pragma unroll
-            for (int i = 0; i < 2; i++) {
-                uint4 v = q4[i];
-                uint32_t u[4] = { v.x, v.y, v.z, v.w };
-#pragma unroll
-                for (int k = 0; k < 16; k++) {
-                    int byte = (u[k >> 2] >> (8 * (k & 3))) & 0xff;
-                    w[16 * i + k] = d1 * (float)(hi ? byte >> 4 : byte & 0xF) - m1;
-                }
-            }
-        } else {
-            const uint8_t *q = b + 16 + 32 * g;
-#pragma unroll
-            for (int l = 0; l < 32; l++) w[l] = d1 * (float)(hi ? q[l] >> 4 : q[l] & 0xF) - m1;
-        }
-    } else if (TY == QT_Q5_K) {
-        const uint8_t *b = row + (c >> 3) * 176;
-        int g, hi;
-        float d1, m1;
-        k4_sub(b, c, g, hi, d1, m1);
-        const uint8_t *qh = b + 16, *ql = b + 48 + 32 * g;
-        int bit = 2 * g + hi;
-#pragma unroll
-        for (int l = 0; l < 32; l++) {
-            int v = (hi ? ql[l] >> 4 : ql[l] & 0xF) + (((qh[l] >> bit) & 1) << 4);
-            w[l] = d1 * (float)v - m1;
-        }
-    } else if (TY == QT_Q6_K) {   /* repacked (q6_word) */
-        int nu = n >> 6, u = c >> 1, hh = c & 1;
-        uint32_t ql[8], qh[4];
-#pragma unroll
-        for (int k = 0; k < 8; k++) ql[k] = ld32a2(row + q6_word(nu, u, k, 8));
-#pragma unroll
-        for (int k = 0; k < 4; k++) qh[k] = ld32a2(row + n / 2 + q6_word(nu, u, k, 4));
-        const int8_t *sc = (const int8_t *)row + 3 * (n / 4) + 4 * u + 2 * hh;
-        float d = h2f(row + 13 * (n / 16) + 2 * (u >> 2));
-        float d0 = d * (float)sc[0], d1 = d * (float)sc[1];
-#pragma unroll
-        for (int l = 0; l < 32; l++) w[l] = (l < 16 ? d0 : d1) * (float)(q6_val(ql, qh, hh, l) - 32);
-    }
-}
-
 /* The int8 form of dq32's values where a type has one: value i = (i < 16 ?
  * d0 : d1) * q_i - m, q_i a signed byte, four to a word (byte j of q[k]:
  * value 4k + j). These are the types whose values are small integers times
@@ -335,5 +148,164 @@ __device__ __forceinline__ void dq32i(const uint8_t *row, int c, int n, int (&q)
     if (TY == QT_Q5_0 || TY == QT_Q5_1 || TY == QT_Q3_K || TY == QT_Q6_K) {
 #pragma unroll
         for (int k = 0; k < 8; k++) q[k] = pack4(v + 4 * k);
+    }
+}
+
+// 32 values c*32 .. c*32+31 of a row (n values; float types mask past n).
+template <int TY>
+__device__ __forceinline__ void dq32(const uint8_t *row, int c, int n, float w[32])
+{
+    if (iq_type(TY)) {   /* i-quants, iq4_nl, iq4_xs, mxfp4 */
+        const int per = iq_blck(TY) / 32;   /* 32-value chunks per block */
+        const uint8_t *b = row + (size_t)(c / per) * iq_bsize(TY);
+#pragma unroll
+        for (int l = 0; l < 4; l++) iq_dq8<TY>(b, 4 * (c % per) + l, w + 8 * l);
+        return;
+    }
+    if (TY == QT_F32) {
+        const float *r = (const float *)row + c * 32;
+        if (c * 32 + 32 <= n && ((uintptr_t)r & 15) == 0) {
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                float4 v = __ldg((const float4 *)r + i);
+                w[4 * i] = v.x; w[4 * i + 1] = v.y; w[4 * i + 2] = v.z; w[4 * i + 3] = v.w;
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < 32; i++) w[i] = c * 32 + i < n ? r[i] : 0.f;
+        }
+    } else if (TY == QT_F16 || TY == QT_BF16) {
+        const unsigned short *r = (const unsigned short *)row + c * 32;
+        if (c * 32 + 32 <= n && ((uintptr_t)r & 15) == 0) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                uint4 v = __ldg((const uint4 *)r + i);
+                uint32_t u[4] = { v.x, v.y, v.z, v.w };
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    unsigned short lo = (unsigned short)(u[k] & 0xffff), hi = (unsigned short)(u[k] >> 16);
+                    if (TY == QT_F16) {
+                        w[8 * i + 2 * k] = __half2float(__ushort_as_half(lo));
+                        w[8 * i + 2 * k + 1] = __half2float(__ushort_as_half(hi));
+                    } else {
+                        w[8 * i + 2 * k] = __uint_as_float((uint32_t)lo << 16);
+                        w[8 * i + 2 * k + 1] = __uint_as_float((uint32_t)hi << 16);
+                    }
+                }
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < 32; i++) {
+                unsigned short u = c * 32 + i < n ? r[i] : 0;
+                w[i] = TY == QT_F16 ? __half2float(__ushort_as_half(u)) : __uint_as_float((uint32_t)u << 16);
+            }
+        }
+    } else if (TY == QT_Q4_0) {
+        const uint8_t *b = row + c * 18;
+        float d = h2f(b);
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            int q = b[2 + j];
+            w[j] = (float)((q & 0xF) - 8) * d;
+            w[j + 16] = (float)((q >> 4) - 8) * d;
+        }
+    } else if (TY == QT_Q4_1) {
+        const uint8_t *b = row + c * 20;
+        float d = h2f(b), m = h2f(b + 2);
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            int q = b[4 + j];
+            w[j] = (float)(q & 0xF) * d + m;
+            w[j + 16] = (float)(q >> 4) * d + m;
+        }
+    } else if (TY == QT_Q5_0) {
+        const uint8_t *b = row + c * 22;
+        float d = h2f(b);
+        uint32_t qh = ld32(b + 2);
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            int q = b[6 + j];
+            int xh0 = ((qh >> j) << 4) & 0x10, xh1 = (qh >> (j + 12)) & 0x10;
+            w[j] = (float)(((q & 0xF) | xh0) - 16) * d;
+            w[j + 16] = (float)(((q >> 4) | xh1) - 16) * d;
+        }
+    } else if (TY == QT_Q5_1) {
+        const uint8_t *b = row + c * 24;
+        float d = h2f(b), m = h2f(b + 2);
+        uint32_t qh = ld32(b + 4);
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            int q = b[8 + j];
+            int xh0 = ((qh >> j) << 4) & 0x10, xh1 = (qh >> (j + 12)) & 0x10;
+            w[j] = (float)((q & 0xF) | xh0) * d + m;
+            w[j + 16] = (float)((q >> 4) | xh1) * d + m;
+        }
+    } else if (TY == QT_Q8_0) {
+        /* repacked on the device (ck_repack_q8_0): a row's quants, then its scales */
+        const uint8_t *q = row + c * 32;
+        float d = h2f(row + n + 2 * c);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int2 v = ld8(q + 8 * i);
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                w[8 * i + k] = (float)(int8_t)(v.x >> (8 * k)) * d;
+                w[8 * i + 4 + k] = (float)(int8_t)(v.y >> (8 * k)) * d;
+            }
+        }
+    } else if (TY == QT_Q2_K) {
+        const uint8_t *b = row + (c >> 3) * 84;
+        int sub = c & 7, half = sub >> 2, j = sub & 3, shift = 2 * j;
+        float d = h2f(b + 80), mn = h2f(b + 82);
+        const uint8_t *q = b + 16 + 32 * half;
+        int is = half * 8 + 2 * j;
+        int sc = b[is];
+        float dl = d * (float)(sc & 0xF), ml = mn * (float)(sc >> 4);
+#pragma unroll
+        for (int l = 0; l < 16; l++) w[l] = dl * (float)((q[l] >> shift) & 3) - ml;
+        sc = b[is + 1];
+        dl = d * (float)(sc & 0xF); ml = mn * (float)(sc >> 4);
+#pragma unroll
+        for (int l = 0; l < 16; l++) w[16 + l] = dl * (float)((q[l + 16] >> shift) & 3) - ml;
+    } else if (TY == QT_Q3_K || TY == QT_Q6_K) {   /* small integers times two scales: dq32i's */
+        int q[8];
+        float d0, d1, m;
+        dq32i<TY>(row, c, n, q, d0, d1, m);
+#pragma unroll
+        for (int l = 0; l < 32; l++) w[l] = (l < 16 ? d0 : d1) * (float)(int8_t)(q[l >> 2] >> (8 * (l & 3)));
+    } else if (TY == QT_Q4_K) {
+        const uint8_t *b = row + (c >> 3) * 144;
+        int g, hi;
+        float d1, m1;
+        k4_sub(b, c, g, hi, d1, m1);
+        const uint4 *q4 = (const uint4 *)(b + 16 + 32 * g);   /* 16-byte aligned when rows are */
+        if (((uintptr_t)q4 & 15) == 0) {
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                uint4 v = q4[i];
+                uint32_t u[4] = { v.x, v.y, v.z, v.w };
+#pragma unroll
+                for (int k = 0; k < 16; k++) {
+                    int byte = (u[k >> 2] >> (8 * (k & 3))) & 0xff;
+                    w[16 * i + k] = d1 * (float)(hi ? byte >> 4 : byte & 0xF) - m1;
+                }
+            }
+        } else {
+            const uint8_t *q = b + 16 + 32 * g;
+#pragma unroll
+            for (int l = 0; l < 32; l++) w[l] = d1 * (float)(hi ? q[l] >> 4 : q[l] & 0xF) - m1;
+        }
+    } else if (TY == QT_Q5_K) {
+        const uint8_t *b = row + (c >> 3) * 176;
+        int g, hi;
+        float d1, m1;
+        k4_sub(b, c, g, hi, d1, m1);
+        const uint8_t *qh = b + 16, *ql = b + 48 + 32 * g;
+        int bit = 2 * g + hi;
+#pragma unroll
+        for (int l = 0; l < 32; l++) {
+            int v = (hi ? ql[l] >> 4 : ql[l] & 0xF) + (((qh[l] >> bit) & 1) << 4);
+            w[l] = d1 * (float)v - m1;
+        }
     }
 }

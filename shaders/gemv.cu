@@ -4,6 +4,7 @@
 // per (row, token) at every batch size and tile shape.
 #include "shaders/common.cuh"
 #include "shaders/iq.cuh"
+#include "shaders/dequant.cuh"
 
 __device__ __forceinline__ void nib8(uint32_t lo4, uint32_t hi4, int high, float *q)
 {
@@ -428,35 +429,9 @@ __global__ void __launch_bounds__(128) k_gemv_nl(const mat_set S, size_t rb, int
     int nb = g.live ? n / 32 : 0;
 #pragma unroll 2
     for (int c = g.lane + 32 * g.part; c < nb; c += 32 * K) {
-        const uint8_t *qs;
-        float dw;
-        if (TY == QT_IQ4_XS) {
-            const uint8_t *b = row + (size_t)(c >> 3) * 136;
-            const int ib = c & 7;
-            const int ls = ((b[4 + ib / 2] >> (4 * (ib & 1))) & 0xf) | ((((b[2] | (b[3] << 8)) >> (2 * ib)) & 3) << 4);
-            dw = __fmul_rn(h2f(b), (float)(ls - 32));
-            qs = b + 8 + 16 * ib;
-        } else if (TY == QT_IQ4_NL) {
-            const uint8_t *b = row + (size_t)c * 18;
-            dw = h2f(b);
-            qs = b + 2;
-        } else {
-            const uint8_t *b = row + (size_t)c * 17;
-            dw = iq_e8m0_half(b[0]);
-            qs = b + 1;
-        }
         int q[8];
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const uint32_t a = iq_u32(qs + 4 * i);
-            if (TY == QT_MXFP4) {
-                q[i] = (int)iq_lookup4(a & 0x0F0F0F0Fu, IQ_FP4_TAB);
-                q[4 + i] = (int)iq_lookup4((a >> 4) & 0x0F0F0F0Fu, IQ_FP4_TAB);
-            } else {
-                q[i] = (int)iq_lookup4(a & 0x0F0F0F0Fu, IQ_NL_TAB);
-                q[4 + i] = (int)iq_lookup4((a >> 4) & 0x0F0F0F0Fu, IQ_NL_TAB);
-            }
-        }
+        float dw, d1, m;
+        dq32i<TY>(row, c, n, q, dw, d1, m);
         q8_tokens<NT>(acc, q, dw, xq, xd, n, c, T);
     }
     gemv_finish<NT, K>(acc, g, T, S.m[g.mi]);

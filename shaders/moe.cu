@@ -112,6 +112,38 @@ __device__ __forceinline__ bool moe_tile(const int32_t *tiles, const int32_t *n_
     return true;
 }
 
+/* The warp-per-row kernels' (tile, row) of this warp: false past the
+ * tiles or the rows; else its expert e, slots s0.., lane and row r. */
+__device__ __forceinline__ bool moe_warp(const int32_t *tiles, const int32_t *n_tiles, int rows, int &e, int &s0,
+                                         int &ns, int &lane, int &r)
+{
+    if (!moe_tile(tiles, n_tiles, e, s0, ns)) return false;
+    lane = threadIdx.x & 31;
+    r = blockIdx.y * 8 + (threadIdx.x >> 5);
+    return r < rows;
+}
+
+/* x's row of slot s0 + s: by token (pair / K) or by slot */
+__device__ __forceinline__ size_t moe_src(int by_token, const int32_t *pair, int K, int s0, int s)
+{
+    return (size_t)(by_token ? pair[s0 + s] / K : s0 + s);
+}
+
+/* The warp's sums of its slots met by a fixed butterfly, lane 0 storing
+ * y[slot][r] (+ the expert's bias) */
+__device__ __forceinline__ void moe_warp_store(const float (&acc)[CK_MOE_TT], int ns, int s0, int e, int r,
+                                               int rows, int lane, const float *bias, float *y)
+{
+#pragma unroll
+    for (int s = 0; s < CK_MOE_TT; s++) {
+        if (s >= ns) break;
+        float v = acc[s];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (lane == 0) y[(size_t)(s0 + s) * rows + r] = bias ? v + bias[(size_t)e * rows + r] : v;
+    }
+}
+
 /* y[s][r] = dot(row r of expert e, x of slot s) (+ bias[e][r]) for the
  * slots of tile blockIdx.x and rows blockIdx.y * CK_MOE_RT ...; x rows by
  * token (pair / K) when by_token, else by slot. Each step takes MOE_KC
@@ -181,15 +213,12 @@ __global__ void __launch_bounds__(256) k_moe_mv(const uint8_t *W, size_t rb, int
                                                int by_token, int K, const int32_t *pair, const int32_t *tiles,
                                                const int32_t *n_tiles, const float *bias, float *y)
 {
-    int e, s0, ns;
-    if (!moe_tile(tiles, n_tiles, e, s0, ns)) return;
-    int lane = threadIdx.x & 31, r = blockIdx.y * 8 + (threadIdx.x >> 5);
-    if (r >= rows) return;
+    int e, s0, ns, lane, r;
+    if (!moe_warp(tiles, n_tiles, rows, e, s0, ns, lane, r)) return;
     const uint8_t *row = W + ((size_t)e * rows + r) * rb;
     const float *xs[CK_MOE_TT];
 #pragma unroll
-    for (int s = 0; s < CK_MOE_TT; s++)
-        xs[s] = s < ns ? x + (size_t)(by_token ? pair[s0 + s] / K : s0 + s) * n : NULL;
+    for (int s = 0; s < CK_MOE_TT; s++) xs[s] = s < ns ? x + moe_src(by_token, pair, K, s0, s) * n : NULL;
     float acc[CK_MOE_TT];
 #pragma unroll
     for (int s = 0; s < CK_MOE_TT; s++) acc[s] = 0.f;
@@ -207,14 +236,7 @@ __global__ void __launch_bounds__(256) k_moe_mv(const uint8_t *W, size_t rb, int
             acc[s] = a;
         }
     }
-#pragma unroll
-    for (int s = 0; s < CK_MOE_TT; s++) {
-        if (s >= ns) break;
-        float v = acc[s];
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-        if (lane == 0) y[(size_t)(s0 + s) * rows + r] = bias ? v + bias[(size_t)e * rows + r] : v;
-    }
+    moe_warp_store(acc, ns, s0, e, r, rows, lane, bias, y);
 }
 
 /* k_moe_mv for the types with an int8 form (dq32i), x quantized per 32
@@ -229,16 +251,14 @@ __global__ void __launch_bounds__(256) k_moe_mvq(const uint8_t *W, size_t rb, in
                                                 const int32_t *pair, const int32_t *tiles, const int32_t *n_tiles,
                                                 const float *bias, float *y)
 {
-    int e, s0, ns;
-    if (!moe_tile(tiles, n_tiles, e, s0, ns)) return;
-    int lane = threadIdx.x & 31, r = blockIdx.y * 8 + (threadIdx.x >> 5);
-    if (r >= rows) return;
+    int e, s0, ns, lane, r;
+    if (!moe_warp(tiles, n_tiles, rows, e, s0, ns, lane, r)) return;
     const uint8_t *row = W + ((size_t)e * rows + r) * rb;
     const bool two = TY == QT_Q3_K || TY == QT_Q6_K, min = TY == QT_Q4_1 || TY == QT_Q5_1 || TY == QT_Q4_K || TY == QT_Q5_K;
     const int nc = n / 32;
     size_t src[CK_MOE_TT];
 #pragma unroll
-    for (int s = 0; s < CK_MOE_TT; s++) src[s] = s < ns ? (size_t)(by_token ? pair[s0 + s] / K : s0 + s) * nc : 0;
+    for (int s = 0; s < CK_MOE_TT; s++) src[s] = s < ns ? moe_src(by_token, pair, K, s0, s) * nc : 0;
     float acc[CK_MOE_TT];
 #pragma unroll
     for (int s = 0; s < CK_MOE_TT; s++) acc[s] = 0.f;
@@ -261,14 +281,7 @@ __global__ void __launch_bounds__(256) k_moe_mvq(const uint8_t *W, size_t rb, in
             acc[s] = fmaf(xd[bi], v, acc[s]);
         }
     }
-#pragma unroll
-    for (int s = 0; s < CK_MOE_TT; s++) {
-        if (s >= ns) break;
-        float v = acc[s];
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-        if (lane == 0) y[(size_t)(s0 + s) * rows + r] = bias ? v + bias[(size_t)e * rows + r] : v;
-    }
+    moe_warp_store(acc, ns, s0, e, r, rows, lane, bias, y);
 }
 
 /* g = act(g, u) over n values (cpu_moe.c's moe_act) */
