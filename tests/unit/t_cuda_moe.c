@@ -50,14 +50,15 @@ static void moe_gpu_case(uint32_t type, int gating, int act, int biases, int X, 
      * dot products' format). The GPU's int8 experts (ck_moe_int8) do so
      * too, per 32 values: where the CPU's format is also per 32 (q8_0,
      * q8_1) only the sums' order and the odd rounding of a value that a
-     * last-bit difference moves across a step differ (2e-3); per 256 (q8_K)
+     * last-bit difference moves across a step differ (on an H100 at most
+     * 0.0029 relative over these cases; 5e-3); per 256 (q8_K)
      * the two roundings differ. The other types keep f32: on an H200 the
      * two differ by 0.020-0.029 relative for the 2- and 3-bit types and the
      * clamped SwiGLU with biases; a wrong expert, weight or bias is off by
      * far more. */
     uint32_t at = qt_act_type(type);
     int i8 = ck_moe_int8(type, E), same32 = i8 && (at == QT_Q8_0 || at == QT_Q8_1);
-    double e = rel_err_f(yg, yc, (size_t)T * E), tol = type == QT_F32 ? 1e-5 : same32 ? 2e-3 : 4e-2;
+    double e = rel_err_f(yg, yc, (size_t)T * E), tol = type == QT_F32 ? 1e-5 : same32 ? 5e-3 : 4e-2;
     if (ties)
         fprintf(stderr, "  moe %s gating %d: %ld router near-ties on the CPU, not compared\n", qt_name(type), gating,
                 ties);
