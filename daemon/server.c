@@ -33,6 +33,7 @@
  * connection with nothing in flight is closed after opt.idle_timeout. Log
  * lines a peer can cause at will are rate-limited per uid (rl_allow). */
 #include "daemon/server_int.h"
+#include "common/mem.h"
 
 #include <errno.h>
 #include <ev.h>
@@ -107,13 +108,9 @@ uid_use *uid_find(server *s, uid_t uid, int create)
     for (size_t i = 0; i < s->n_uids; i++)
         if (s->uids[i].uid == uid) return &s->uids[i];
     if (!create) return NULL;
-    if (s->n_uids == s->cap_uids) {
-        size_t nc = s->cap_uids ? s->cap_uids * 2 : 8;
-        uid_use *nu = realloc(s->uids, nc * sizeof *nu);
-        if (!nu) return NULL;
-        s->uids = nu;
-        s->cap_uids = nc;
-    }
+    uid_use *nu = mem_grow(s->uids, &s->cap_uids, s->n_uids + 1, sizeof *nu, 8);
+    if (!nu) return NULL;
+    s->uids = nu;
     uid_use *u = &s->uids[s->n_uids++];
     u->uid = uid;
     u->clients = u->jobs = 0;
@@ -131,16 +128,12 @@ void uid_release(server *s, uid_t uid, int clients, int jobs)
 
 void server_opts_default(server_opts *o)
 {
-    memset(o, 0, sizeof *o);
-    o->max_clients = 256;
-    o->out_pause = 1u << 20;
-    o->out_max = 16u << 20;
-    o->stall_timeout = 60.0;
-    o->handshake_timeout = 10.0;
-    o->shutdown_grace = 5.0;
-    o->drain_timeout = 2.0;
-    o->max_clients_per_uid = 64;
-    o->idle_timeout = 300.0;
+    *o = (server_opts){
+        .max_clients = 256, .max_clients_per_uid = 64,
+        .out_pause = 1u << 20, .out_max = 16u << 20,
+        .stall_timeout = 60.0, .handshake_timeout = 10.0, .idle_timeout = 300.0,
+        .shutdown_grace = 5.0, .drain_timeout = 2.0,
+    };
 }
 
 /* root and the daemon's own user: the only ones who may take the last

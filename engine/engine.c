@@ -24,6 +24,7 @@
  * uid or owner holding more than its share (make_room). Such a job keeps
  * its tokens and, once admitted again, computes those whose KV the prefix
  * cache no longer holds without giving their outputs a second time. */
+#include "common/sampling.h"
 #include "engine/engine_int.h"
 #include "engine/grammar/grammar.h"
 #include "engine/grammar/toolgram.h"
@@ -65,16 +66,7 @@ const char *eng_finish_str(eng_finish f)
     return "length";
 }
 
-void eng_sampling_default(eng_sampling *s)
-{
-    s->temperature = 0.8f;
-    s->top_k = 40;
-    s->top_p = 0.95f;
-    s->min_p = 0.05f;
-    s->repeat_penalty = 1.0f;
-    s->repeat_last_n = 64;
-    s->seed = 0;
-}
+void eng_sampling_default(eng_sampling *s) { *s = (eng_sampling){ SAMPLING_DEFAULTS }; }
 
 /* ---- UTF-8 --------------------------------------------------------------- */
 

@@ -2,6 +2,7 @@
  * The framing reader and the decoders are in proto_read.c. See proto.h and
  * PROTOCOL.md. */
 #include "common/err.h"
+#include "common/sampling.h"
 #include "common/utf8.h"
 #include "proto/proto.h"
 #include "proto/proto_int.h"
@@ -89,20 +90,8 @@ proto_type proto_type_lookup(const char *s, size_t n, int events)
 
 void proto_req_init(proto_req *r, proto_type t, uint64_t id)
 {
-    memset(r, 0, sizeof *r);
-    r->type = t;
-    r->id = id;
-    r->version = PROTO_VERSION;
-    r->add_bos = 1;
-    r->max_tokens = PROTO_DEF_MAX_TOKENS;
-    r->temperature = 0.8f;
-    r->top_k = 40;
-    r->top_p = 0.95f;
-    r->min_p = 0.05f;
-    r->repeat_penalty = 1.0f;
-    r->repeat_last_n = 64;
-    r->top = 10;
-    r->parallel_tool_calls = 1;
+    *r = (proto_req){ .type = t, .id = id, .version = PROTO_VERSION, .add_bos = 1, .max_tokens = PROTO_DEF_MAX_TOKENS,
+                      SAMPLING_DEFAULTS, .top = 10, .parallel_tool_calls = 1 };
 }
 
 void proto_ev_init(proto_ev *e, proto_type t, uint64_t id)

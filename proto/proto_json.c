@@ -1,5 +1,6 @@
 /* proto_json.c — MessagePack values <-> JSON text (proto_json.h). */
 #include "proto/proto_json.h"
+#include "common/mem.h"
 #include "common/utf8.h"
 
 #include <jansson.h>
@@ -13,14 +14,9 @@ typedef struct jb { char *s; size_t n, cap; int oom; } jb;
 static void put(jb *b, const char *s, size_t n)
 {
     if (b->oom) return;
-    if (b->n + n + 1 > b->cap) {
-        size_t c = b->cap ? b->cap : 256;
-        while (c < b->n + n + 1) c *= 2;
-        char *p = realloc(b->s, c);
-        if (!p) { b->oom = 1; return; }
-        b->s = p;
-        b->cap = c;
-    }
+    char *p = mem_grow(b->s, &b->cap, b->n + n + 1, 1, 256);
+    if (!p) { b->oom = 1; return; }
+    b->s = p;
     memcpy(b->s + b->n, s, n);
     b->n += n;
     b->s[b->n] = 0;

@@ -8,6 +8,7 @@
  * template's storage: an arena for the tree and interned names. */
 #include "engine/text/jinja_int.h"
 #include "common/err.h"
+#include "common/mem.h"
 #include "common/utf8.h"
 
 #include <stdio.h>
@@ -127,13 +128,9 @@ static int lfail(lexer *L, size_t pos, const char *msg)
 
 static jtok *push(lexer *L, int type, size_t pos)
 {
-    if (L->ntok == L->cap) {
-        size_t nc = L->cap ? L->cap * 2 : 256;
-        jtok *nt = realloc(L->tok, nc * sizeof *nt);
-        if (!nt) return NULL;
-        L->tok = nt;
-        L->cap = nc;
-    }
+    jtok *nt = mem_grow(L->tok, &L->cap, L->ntok + 1, sizeof *nt, 256);
+    if (!nt) return NULL;
+    L->tok = nt;
     jtok *k = &L->tok[L->ntok++];
     memset(k, 0, sizeof *k);
     k->type = type;

@@ -4,6 +4,7 @@
  * whitespace. */
 #include "engine/text/toolcall_int.h"
 
+#include "common/mem.h"
 #include "common/utf8.h"
 
 #include <stdlib.h>
@@ -12,14 +13,9 @@
 void tcb_put(tcbuf *b, const char *s, size_t n)
 {
     if (b->oom || !n) return;
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 64;
-        while (cap < b->n + n + 1) cap *= 2;
-        char *q = realloc(b->p, cap);
-        if (!q) { b->oom = 1; return; }
-        b->p = q;
-        b->cap = cap;
-    }
+    char *q = mem_grow(b->p, &b->cap, b->n + n + 1, 1, 64);
+    if (!q) { b->oom = 1; return; }
+    b->p = q;
     memcpy(b->p + b->n, s, n);
     b->n += n;
     b->p[b->n] = 0;
