@@ -15,6 +15,7 @@
  * event loop (ev_feed_signal). During teardown they are ignored, so a
  * repeated signal can never kill a clean shutdown. */
 #include "daemon/aned.h"
+#include "common/sig.h"
 #include "proto/proto.h"
 
 #include <errno.h>
@@ -299,10 +300,7 @@ static void *sig_main(void *arg)
 static int sig_start(void)
 {
     sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGHUP);
+    stop_signals(&set);
     sigs.sfd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
     if (sigs.sfd < 0 || pipe2(sigs.ctl, O_CLOEXEC | O_NONBLOCK) < 0) return -1;
     int e = pthread_create(&sigs.th, NULL, sig_main, NULL);
@@ -646,10 +644,7 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     /* Blocked in every thread for good: the signal thread reads them. */
     sigset_t stop_sigs;
-    sigemptyset(&stop_sigs);
-    sigaddset(&stop_sigs, SIGTERM);
-    sigaddset(&stop_sigs, SIGINT);
-    sigaddset(&stop_sigs, SIGHUP);
+    stop_signals(&stop_sigs);
     sigprocmask(SIG_BLOCK, &stop_sigs, NULL);
     /* Set before any other thread exists, so every thread inherits it (Landlock
      * needs it on each): aned never executes anything, and nothing it runs may

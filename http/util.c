@@ -139,6 +139,14 @@ enum MHD_Result send_json(gw_req *rq, struct MHD_Connection *mc, unsigned status
     return ret;
 }
 
+enum MHD_Result send_sb(gw_req *rq, struct MHD_Connection *mc, sbuf *b)
+{
+    enum MHD_Result ret = b->oom ? send_error(rq, mc, 500, NULL, NULL, "out of memory")
+                                 : send_buf(rq, mc, 200, "application/json", b->p, b->len);
+    sb_free(b);
+    return ret;
+}
+
 json_t *error_obj(unsigned status, const char *code, const char *param, const char *msg)
 {
     json_t *e = json_pack("{s:s, s:s, s:s?, s:s?}", "message", msg, "type", err_type_for(status),

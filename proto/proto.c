@@ -234,8 +234,11 @@ static void pk_f32le(pk *k, const float *v, size_t n)
     }
 }
 
-static void pk_tokens(pk *k, const int32_t *t, size_t n)
+/* "tokens": the ids (none when t is NULL) */
+static void pk_ktokens(pk *k, const int32_t *t, size_t n)
 {
+    if (!t) n = 0;
+    pk_key(k, "tokens");
     pk_arr(k, n);
     for (size_t i = 0; i < n && !k->fail; i++) pk_i64(k, t[i]);
 }
@@ -326,7 +329,7 @@ int proto_req_encode(proto_buf *b, const proto_req *r)
                    (r->prompt_only != 0) + (r->reasoning != PROTO_REASONING_AUTO) + (r->keep_reasoning != 0) +
                    (r->template_vars != NULL) + (r->regex != NULL) + (r->n_choice > 0), tn, r->id);
         if (prompt_msgs) pk_msgs(&k, r->msgs, r->n_msgs);
-        else if (prompt_tokens) { pk_key(&k, "tokens"); pk_tokens(&k, r->tokens, r->n_tokens); }
+        else if (prompt_tokens) pk_ktokens(&k, r->tokens, r->n_tokens);
         else pk_kstr(&k, "prompt", r->text, r->text_len);
         if (r->system) pk_kstr(&k, "system", r->system, r->system_len);
         pk_kbool(&k, "raw", r->raw);
@@ -362,7 +365,7 @@ int proto_req_encode(proto_buf *b, const proto_req *r)
     case PROTO_T_EVAL:
         pk_head(&k, 5 + (r->system != NULL) + (r->keep_reasoning != 0) + (r->template_vars != NULL), tn, r->id);
         if (prompt_msgs) pk_msgs(&k, r->msgs, r->n_msgs);
-        else if (prompt_tokens) { pk_key(&k, "tokens"); pk_tokens(&k, r->tokens, r->n_tokens); }
+        else if (prompt_tokens) pk_ktokens(&k, r->tokens, r->n_tokens);
         else pk_kstr(&k, "prompt", r->text, r->text_len);
         if (r->system) pk_kstr(&k, "system", r->system, r->system_len);
         pk_kbool(&k, "raw", r->raw);
@@ -372,7 +375,7 @@ int proto_req_encode(proto_buf *b, const proto_req *r)
         break;
     case PROTO_T_EMBED:
         pk_head(&k, 4, tn, r->id);
-        if (prompt_tokens) { pk_key(&k, "tokens"); pk_tokens(&k, r->tokens, r->n_tokens); }
+        if (prompt_tokens) pk_ktokens(&k, r->tokens, r->n_tokens);
         else pk_kstr(&k, "prompt", r->text, r->text_len);
         pk_kbool(&k, "special", r->special);
         break;
@@ -384,8 +387,7 @@ int proto_req_encode(proto_buf *b, const proto_req *r)
         break;
     case PROTO_T_DETOKENIZE:
         pk_head(&k, 3, tn, r->id);
-        pk_key(&k, "tokens");
-        pk_tokens(&k, r->tokens, r->tokens ? r->n_tokens : 0);
+        pk_ktokens(&k, r->tokens, r->n_tokens);
         break;
     case PROTO_T_CANCEL:
     case PROTO_T_INFO:
@@ -476,8 +478,7 @@ int proto_ev_encode(proto_buf *b, const proto_ev *e)
         break;
     case PROTO_T_TOKENS:
         pk_head(&k, 3, tn, e->id);
-        pk_key(&k, "tokens");
-        pk_tokens(&k, e->tokens, e->tokens ? e->n_tokens : 0);
+        pk_ktokens(&k, e->tokens, e->n_tokens);
         break;
     case PROTO_T_TEXT:
         pk_head(&k, 3, tn, e->id);
