@@ -583,6 +583,23 @@ static long long wait_for(tc_parser *p, const char *m)
 
 /* A call that cannot be read: its text from mark to `to` is content, and the
  * text after it is read as usual. */
+/* back to text at pos: the call or block is done */
+static int resume_text(tc_parser *p, size_t pos)
+{
+    p->pos = pos;
+    p->st = S_TEXT;
+    return 1;
+}
+
+/* the buffer's bytes [from, to), trimmed */
+static const char *span(const tc_parser *p, size_t from, size_t to, size_t *len)
+{
+    const char *b = p->buf.p + from;
+    *len = to - from;
+    trim(&b, len);
+    return b;
+}
+
 static int fail(tc_parser *p, size_t to)
 {
     p->st = S_TEXT;
@@ -595,16 +612,13 @@ static int st_hermes(tc_parser *p, int final)
     long long e = wait_for(p, M_TOOL_CALL_END);
     if (e < 0) return final ? fail(p, p->buf.n) : 0;
     size_t end = (size_t)e + strlen(M_TOOL_CALL_END);
-    const char *b = p->buf.p + p->body;
-    size_t bl = (size_t)e - p->body;
-    trim(&b, &bl);
+    size_t bl;
+    const char *b = span(p, p->body, (size_t)e, &bl);
     int ok = bl && b[0] == '{' ? json_call_text(p, b, bl) : starts(b, bl, "<function=") ? xml_call(p, b, bl)
                                                                                          : glm_call(p, b, bl);
     if (ok < 0) return fail(p, end);
     out_call(p);
-    p->pos = end;
-    p->st = S_TEXT;
-    return 1;
+    return resume_text(p, end);
 }
 
 /* A bare JSON call (llama3) from p->mark; several may follow each other. */
@@ -668,18 +682,15 @@ static int st_pytag(tc_parser *p, int final)
     }
     size_t stop = h ? (size_t)(h - p->buf.p) : p->buf.n;
     size_t end = h ? stop + strlen(M_EOM) : stop;   /* both end markers are as long */
-    const char *b = p->buf.p + p->body;
-    size_t bl = stop - p->body;
-    trim(&b, &bl);
+    size_t bl;
+    const char *b = span(p, p->body, stop, &bl);
     if (!bl) return fail(p, end);
     if (b[0] == '{' && json_seq(p, b, bl, 0) == 0) json_seq(p, b, bl, 1);
     else {
         if (builtin_call(p, b, bl) < 0) code_call(p, b, bl);
         out_call(p);
     }
-    p->pos = end;
-    p->st = S_TEXT;
-    return 1;
+    return resume_text(p, end);
 }
 
 /* ---- Mistral ---- */
@@ -720,9 +731,7 @@ static int st_mi_list(tc_parser *p, int final)
     }
     tcb_free(&c);
     if (!ok) return fail(p, end);
-    p->pos = end;
-    p->st = S_TEXT;
-    return 1;
+    return resume_text(p, end);
 }
 
 /* NAME, then [ARGS] or [CALL_ID]ID[ARGS] */
@@ -761,9 +770,7 @@ static int st_mi_args(tc_parser *p, int final)
     p->args.n = 0;
     if (tcj_compact(p->buf.p + p->aux, p->js.pos - p->aux, &p->args) < 0) return fail(p, p->js.pos);
     out_call(p);
-    p->pos = p->js.pos;
-    p->st = S_TEXT;
-    return 1;
+    return resume_text(p, p->js.pos);
 }
 
 /* ---- DeepSeek ---- */
@@ -781,13 +788,11 @@ static int st_ds_block(tc_parser *p, int final)
         return 1;
     }
     if (starts(s, n, M_DS_CALLS_END)) {
-        p->pos = i + strlen(M_DS_CALLS_END);
-        p->st = S_TEXT;
-        return 1;
+        return resume_text(p, i + strlen(M_DS_CALLS_END));
     }
     if (!final && (prefix_of(s, n, M_DS_CALL) || prefix_of(s, n, M_DS_CALLS_END))) return 0;
     /* anything else ends the block */
-    if (p->blk_calls) { p->pos = p->body; p->st = S_TEXT; return 1; }
+    if (p->blk_calls) return resume_text(p, p->body);
     p->mark = p->blk_mark;
     return fail(p, i);
 }
@@ -852,9 +857,7 @@ static int st_fn_name(tc_parser *p, int final)
     }
     if (i == 3 && !memcmp(s, "all", 3)) {
         /* text for the user, to the next >>> */
-        p->pos = p->body + 4;
-        p->st = S_TEXT;
-        return 1;
+        return resume_text(p, p->body + 4);
     }
     p->name.n = p->id.n = 0;
     tcb_put(&p->name, s, i);
@@ -892,14 +895,11 @@ static int st_fn_code(tc_parser *p, int final)
     long long e = wait_for(p, M_FN);
     if (e < 0 && !final) return 0;
     size_t stop = e < 0 ? p->buf.n : (size_t)e;
-    const char *b = p->buf.p + p->aux;
-    size_t bl = stop - p->aux;
-    trim(&b, &bl);
+    size_t bl;
+    const char *b = span(p, p->aux, stop, &bl);
     code_call(p, b, bl);
     out_call(p);
-    p->pos = stop;
-    p->st = S_TEXT;
-    return 1;
+    return resume_text(p, stop);
 }
 
 static int st_fn_after(tc_parser *p, int final)
@@ -907,9 +907,7 @@ static int st_fn_after(tc_parser *p, int final)
     size_t i = p->pos;
     while (i < p->buf.n && is_ws(p->buf.p[i])) i++;
     if (i == p->buf.n && !final) return 0;
-    p->pos = i;
-    p->st = S_TEXT;
-    return 1;
+    return resume_text(p, i);
 }
 
 /* ---- Harmony (gpt-oss) ---- */
@@ -1045,9 +1043,8 @@ static int st_h_call(tc_parser *p, int final)
     }
     size_t stop = best ? (size_t)(best - p->buf.p) : p->buf.n;
     size_t end = best && which >= 2 ? stop + strlen(h_markers[which]) : stop;
-    const char *b = p->buf.p + p->body;
-    size_t bl = stop - p->body;
-    trim(&b, &bl);
+    size_t bl;
+    const char *b = span(p, p->body, stop, &bl);
     p->args.n = 0;
     if (!bl || tcj_compact(b, bl, &p->args) < 0) {
         p->st = S_H_TOP;
