@@ -2,6 +2,7 @@
  * shape for every error, its HTTP status and OpenAI "type"/"code"/"param"
  * from the daemon's error codes. */
 #include "http/gw_int.h"
+#include "common/strbuf.h"
 
 #include <ctype.h>
 #include <stdarg.h>
@@ -55,29 +56,16 @@ void sb_printf(sbuf *b, const char *fmt, ...)
 /* A JSON string literal of UTF-8 text (the daemon guarantees UTF-8). */
 void sb_json_str(sbuf *b, const char *s, size_t n)
 {
-    static const char hex[] = "0123456789abcdef";
     if (sb_reserve(b, n + 2) < 0) return;
     sb_add(b, "\"", 1);
-    size_t run = 0;
+    size_t run = 0;   /* s[run..i) is added as it is */
     for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c >= 0x20 && c != '"' && c != '\\') continue;
+        char e[6];
+        size_t el = json_escape((unsigned char)s[i], e);
+        if (!el) continue;
         sb_add(b, s + run, i - run);
-        run = i + 1;
-        char e[6] = { '\\', 0 };
-        size_t el = 2;
-        switch (c) {
-        case '"': e[1] = '"'; break;
-        case '\\': e[1] = '\\'; break;
-        case '\n': e[1] = 'n'; break;
-        case '\r': e[1] = 'r'; break;
-        case '\t': e[1] = 't'; break;
-        case '\b': e[1] = 'b'; break;
-        case '\f': e[1] = 'f'; break;
-        default:
-            e[1] = 'u'; e[2] = '0'; e[3] = '0'; e[4] = hex[c >> 4]; e[5] = hex[c & 15]; el = 6;
-        }
         sb_add(b, e, el);
+        run = i + 1;
     }
     sb_add(b, s + run, n - run);
     sb_add(b, "\"", 1);

@@ -190,6 +190,8 @@ static void pk_ki64(pk *k, const char *key, int64_t v) { pk_key(k, key); pk_i64(
 static void pk_kf32(pk *k, const char *key, float v) { pk_key(k, key); pk_f32(k, v); }
 static void pk_kf64(pk *k, const char *key, double v) { pk_key(k, key); pk_f64(k, v); }
 static void pk_kbool(pk *k, const char *key, int v) { pk_key(k, key); pk_bool(k, v); }
+/* an optional C string: the key only when s is not NULL */
+static void pk_kopt(pk *k, const char *key, const char *s) { if (s) pk_kstr(k, key, s, strlen(s)); }
 /* Every message opens with its map header, "type" and "id". */
 static void pk_head(pk *k, size_t n_keys, const char *type, uint64_t id)
 {
@@ -394,8 +396,7 @@ int proto_req_encode(proto_buf *b, const proto_req *r)
     case PROTO_T_PING:
         pk_head(&k, 2, tn, r->id);
         break;
-    default:
-        return -1;
+    default: return -1;
     }
     return pk_end(&k, b, start);
 }
@@ -527,17 +528,16 @@ int proto_ev_encode(proto_buf *b, const proto_ev *e)
         pk_kf64(&k, "idle_timeout_s", e->idle_timeout_s);
         pk_ku64(&k, "max_clients_per_uid", e->max_clients_per_uid);
         pk_kbool(&k, "deterministic", e->deterministic);
-        if (e->cuda_f16_cache) pk_kstr(&k, "cuda_f16_cache", e->cuda_f16_cache, strlen(e->cuda_f16_cache));
-        if (e->kv_type) pk_kstr(&k, "kv_type", e->kv_type, strlen(e->kv_type));
-        if (e->device) pk_kstr(&k, "device", e->device, strlen(e->device));
-        if (e->pooling) pk_kstr(&k, "pooling", e->pooling, strlen(e->pooling));
-        if (e->pooling_source) pk_kstr(&k, "pooling_source", e->pooling_source, strlen(e->pooling_source));
+        pk_kopt(&k, "cuda_f16_cache", e->cuda_f16_cache);
+        pk_kopt(&k, "kv_type", e->kv_type);
+        pk_kopt(&k, "device", e->device);
+        pk_kopt(&k, "pooling", e->pooling);
+        pk_kopt(&k, "pooling_source", e->pooling_source);
         break;
     case PROTO_T_PONG:
         pk_head(&k, 2, tn, e->id);
         break;
-    default:
-        return -1;
+    default: return -1;
     }
     return pk_end(&k, b, start);
 }

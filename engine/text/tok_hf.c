@@ -2,6 +2,7 @@
  * tokenizer.json files are 10+ MB; a general-purpose JSON library takes
  * 200-300 ms on them, so this file carries a small arena-based JSON reader
  * (strict RFC 8259, depth-limited) that parses them in a few tens of ms. */
+#include "common/hex.h"
 #include "engine/load/mfile.h"
 #include "engine/text/tokenizer.h"
 #include "engine/text/tok_internal.h"
@@ -86,20 +87,12 @@ static void jws(jp *j)
     j->p = p;
 }
 
-static int hexv(char c)
-{
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-}
-
 static int j_hex4(jp *j, const char *p, unsigned *v)
 {
     if (j->end - p < 4) return -1;
     unsigned x = 0;
     for (int i = 0; i < 4; i++) {
-        int h = hexv(p[i]);
+        int h = hex_digit(p[i]);
         if (h < 0) return -1;
         x = x * 16 + (unsigned)h;
     }
@@ -613,7 +606,7 @@ int tok_load_hf(tok **out, const char *tokenizer_json, const char *tokenizer_con
         for (int32_t i = 0; i < h.n; i++) {
             const tok_sv *x = &h.text[i];
             if (h.types[i] == TT_NORMAL && x->n == 6 && memcmp(x->s, "<0x", 3) == 0 && x->s[5] == '>' &&
-                hexv(x->s[3]) >= 0 && hexv(x->s[4]) >= 0)
+                hex_digit(x->s[3]) >= 0 && hex_digit(x->s[4]) >= 0)
                 h.types[i] = TT_BYTE;
         }
         sp.unk = find_text(&h, unk);
