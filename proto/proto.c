@@ -308,6 +308,17 @@ static int pk_end(pk *k, proto_buf *b, size_t start)
     return 0;
 }
 
+/* generate's and eval's prompt: messages, tokens or text (the first given),
+ * then "system" when given and "raw" */
+static void pk_chat_prompt(pk *k, const proto_req *r)
+{
+    if (r->msgs && r->n_msgs > 0) pk_msgs(k, r->msgs, r->n_msgs);
+    else if (r->tokens) pk_ktokens(k, r->tokens, r->n_tokens);
+    else pk_kstr(k, "prompt", r->text, r->text_len);
+    if (r->system) pk_kstr(k, "system", r->system, r->system_len);
+    pk_kbool(k, "raw", r->raw);
+}
+
 int proto_req_encode(proto_buf *b, const proto_req *r)
 {
     size_t start = b->len;
@@ -315,8 +326,7 @@ int proto_req_encode(proto_buf *b, const proto_req *r)
     pk_begin(&k, b);
     const char *tn = proto_type_name(r->type);
     int prompt_tokens = r->tokens != NULL;
-    int prompt_msgs = r->msgs != NULL && r->n_msgs > 0;
-    if ((r->type == PROTO_T_GENERATE || r->type == PROTO_T_EVAL) && prompt_msgs && r->n_msgs > PROTO_MAX_MSGS)
+    if ((r->type == PROTO_T_GENERATE || r->type == PROTO_T_EVAL) && r->msgs && r->n_msgs > PROTO_MAX_MSGS)
         return -1;
     switch (r->type) {
     case PROTO_T_HELLO:
@@ -330,11 +340,7 @@ int proto_req_encode(proto_buf *b, const proto_req *r)
                    (r->json_schema != NULL) + (r->json_object != 0) + (r->logprobs != 0) + (r->echo != 0) +
                    (r->prompt_only != 0) + (r->reasoning != PROTO_REASONING_AUTO) + (r->keep_reasoning != 0) +
                    (r->template_vars != NULL) + (r->regex != NULL) + (r->n_choice > 0), tn, r->id);
-        if (prompt_msgs) pk_msgs(&k, r->msgs, r->n_msgs);
-        else if (prompt_tokens) pk_ktokens(&k, r->tokens, r->n_tokens);
-        else pk_kstr(&k, "prompt", r->text, r->text_len);
-        if (r->system) pk_kstr(&k, "system", r->system, r->system_len);
-        pk_kbool(&k, "raw", r->raw);
+        pk_chat_prompt(&k, r);
         pk_ki64(&k, "max_tokens", r->max_tokens);
         pk_kf32(&k, "temperature", r->temperature);
         pk_ki64(&k, "top_k", r->top_k);
@@ -366,11 +372,7 @@ int proto_req_encode(proto_buf *b, const proto_req *r)
         break;
     case PROTO_T_EVAL:
         pk_head(&k, 5 + (r->system != NULL) + (r->keep_reasoning != 0) + (r->template_vars != NULL), tn, r->id);
-        if (prompt_msgs) pk_msgs(&k, r->msgs, r->n_msgs);
-        else if (prompt_tokens) pk_ktokens(&k, r->tokens, r->n_tokens);
-        else pk_kstr(&k, "prompt", r->text, r->text_len);
-        if (r->system) pk_kstr(&k, "system", r->system, r->system_len);
-        pk_kbool(&k, "raw", r->raw);
+        pk_chat_prompt(&k, r);
         pk_ki64(&k, "top", r->top);
         if (r->keep_reasoning) pk_kbool(&k, "keep_reasoning", 1);
         pk_tvars(&k, r);
