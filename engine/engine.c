@@ -121,14 +121,11 @@ eng_event *eng_events_take(eng *e)
 void eng_event_free(eng_event *ev)
 {
     if (!ev) return;
-    free(ev->text);
+    free(ev->text); free(ev->reasoning);
     free(ev->ids);
-    free(ev->top_ids);
-    free(ev->top_logits);
+    free(ev->top_ids); free(ev->top_logits);
     free(ev->embd);
-    free(ev->lp_ids);
-    free(ev->lp_vals);
-    free(ev->reasoning);
+    free(ev->lp_ids); free(ev->lp_vals);
     free(ev->call_name); free(ev->call_args); free(ev->call_id);
     free(ev);
 }
@@ -159,8 +156,7 @@ void job_free(job *j)
     free(j->toks);
     free(j->emb_acc);
     for (size_t i = 0; i < j->n_stop; i++) free(j->stop[i]);
-    free(j->stop);
-    free(j->stop_len);
+    free(j->stop); free(j->stop_len);
     free(j->hold);
     tc_free(j->tc);
     free(j->tc_text); free(j->tc_reason);
@@ -1359,11 +1355,9 @@ void eng_close(eng *e)
     while (ev) { eng_event *n = ev->next; eng_event_free(ev); ev = n; }
     sampler_close(e->smp);
     gram_vocab_free(e->gvocab);
-    free(e->gmask);
-    free(e->gm_rows);
+    free(e->gmask); free(e->gm_rows);
     free(e->eog_bits);
-    free(e->b_gfail);
-    free(e->b_gneed);
+    free(e->b_gfail); free(e->b_gneed);
     fw_close(e->fw);
     if (e->be) e->be->ops->close(e->be);
     pool_close(e->pool);

@@ -39,18 +39,19 @@ void sb_puts(sbuf *b, const char *s) { sb_add(b, s, strlen(s)); }
 
 void sb_printf(sbuf *b, const char *fmt, ...)
 {
-    char tmp[256];
-    va_list ap;
+    char tmp[256];   /* most fit: formatted once */
+    va_list ap, again;
     va_start(ap, fmt);
+    va_copy(again, ap);
     int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
     va_end(ap);
-    if (n < 0) return;
-    if ((size_t)n < sizeof tmp) { sb_add(b, tmp, (size_t)n); return; }
-    if (sb_reserve(b, (size_t)n + 1) < 0) return;
-    va_start(ap, fmt);
-    vsnprintf(b->p + b->len, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    b->len += (size_t)n;
+    if (n >= 0 && (size_t)n < sizeof tmp) {
+        sb_add(b, tmp, (size_t)n);
+    } else if (n >= 0 && sb_reserve(b, (size_t)n + 1) == 0) {
+        vsnprintf(b->p + b->len, (size_t)n + 1, fmt, again);
+        b->len += (size_t)n;
+    }
+    va_end(again);
 }
 
 /* A JSON string literal of UTF-8 text (the daemon guarantees UTF-8). */
