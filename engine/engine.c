@@ -615,6 +615,19 @@ static uint64_t pend_vt(const eng *e, uint32_t uid)
     return vt;
 }
 
+/* j joins the jobs waiting for the tokenizer, at the end, with its fair
+ * start, and wakes it. Under mu. */
+static void pend_add(eng *e, job *j)
+{
+    j->state = JOB_PENDING;
+    j->vt = pend_vt(e, j->uid);
+    if (e->pend_tail) e->pend_tail->next = j; else e->pend_head = j;
+    e->pend_tail = j;
+    if (j->kind == JOB_TOKENIZE) e->n_tokreq++;
+    else e->n_pending++;
+    pthread_cond_signal(&e->tok_cv);
+}
+
 /* A pending job leaves the tokenizer's count. Under mu. */
 void pend_done(eng *e, const job *j)
 {
@@ -857,12 +870,7 @@ int eng_submit(eng *e, const eng_job_desc *d, uint64_t *job_id, eng_err *code, c
     j->id = ++e->next_id;
     *job_id = j->id;   /* under mu: once it is unlocked the job may end and be freed */
     if (text) {
-        j->state = JOB_PENDING;
-        j->vt = pend_vt(e, j->uid);
-        if (e->pend_tail) e->pend_tail->next = j; else e->pend_head = j;
-        e->pend_tail = j;
-        e->n_pending++;
-        pthread_cond_signal(&e->tok_cv);
+        pend_add(e, j);
     } else {
         queue_insert(e, j);
         pthread_cond_signal(&e->cv);
@@ -901,12 +909,7 @@ int eng_tokenize_submit(eng *e, const char *text, size_t len, int add_bos, int p
     }
     j->id = ++e->next_id;
     *job_id = j->id;
-    j->state = JOB_PENDING;
-    j->vt = pend_vt(e, j->uid);
-    if (e->pend_tail) e->pend_tail->next = j; else e->pend_head = j;
-    e->pend_tail = j;
-    e->n_tokreq++;
-    pthread_cond_signal(&e->tok_cv);
+    pend_add(e, j);
     pthread_mutex_unlock(&e->mu);
     return 0;
 }

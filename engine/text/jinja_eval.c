@@ -258,6 +258,17 @@ static val repeat(jctx *c, val s, int64_t k)
 
 static int plain_seq(val v) { return v.t == JT_LIST && (L(v)->h.sub == L_LIST || L(v)->h.sub == L_TUPLE); }
 
+/* a + b, a - b or a * b on ints; where int64 overflows (Python's ints would
+ * grow), an error */
+static val int_arith(jctx *c, int op, int64_t x, int64_t y)
+{
+    int64_t r;
+    int over = op == OP_ADD ? __builtin_add_overflow(x, y, &r)
+             : op == OP_SUB ? __builtin_sub_overflow(x, y, &r) : __builtin_mul_overflow(x, y, &r);
+    if (over) jfail(c, JE_OVERFLOW, "integer too large");
+    return vint(r);
+}
+
 /* Python's a // b (mod 0) or a % b (mod 1) on numbers: the quotient
  * rounded down, the remainder with b's sign. */
 static val floordiv_mod(jctx *c, int mod, val a, val b, int ints)
@@ -288,11 +299,7 @@ static val binop(jctx *c, int op, val a, val b)
     int ints = is_int(a) && is_int(b);
     switch (op) {
     case OP_ADD:
-        if (ints) {
-            int64_t r;
-            if (__builtin_add_overflow(a.i, b.i, &r)) jfail(c, JE_OVERFLOW, "integer too large");
-            return vint(r);
-        }
+        if (ints) return int_arith(c, op, a.i, b.i);
         if (is_num(a) && is_num(b)) return vfloat(num(a) + num(b));
         if (a.t == JT_STR && b.t == JT_STR) {
             int mk = is_markup(a) || is_markup(b);
@@ -316,19 +323,11 @@ static val binop(jctx *c, int op, val a, val b)
             jfail(c, JE_TYPE, "can only concatenate %s (not \"%s\") to %s", jtype_name(a), jtype_name(b), jtype_name(a));
         unsupported(c, "+", a, b);
     case OP_SUB:
-        if (ints) {
-            int64_t r;
-            if (__builtin_sub_overflow(a.i, b.i, &r)) jfail(c, JE_OVERFLOW, "integer too large");
-            return vint(r);
-        }
+        if (ints) return int_arith(c, op, a.i, b.i);
         if (is_num(a) && is_num(b)) return vfloat(num(a) - num(b));
         unsupported(c, "-", a, b);
     case OP_MUL:
-        if (ints) {
-            int64_t r;
-            if (__builtin_mul_overflow(a.i, b.i, &r)) jfail(c, JE_OVERFLOW, "integer too large");
-            return vint(r);
-        }
+        if (ints) return int_arith(c, op, a.i, b.i);
         if (is_num(a) && is_num(b)) return vfloat(num(a) * num(b));
         if ((a.t == JT_STR || plain_seq(a)) && is_int(b)) { val r = repeat(c, a, b.i); return is_markup(a) ? jmark(c, r) : r; }
         if ((b.t == JT_STR || plain_seq(b)) && is_int(a)) { val r = repeat(c, b, a.i); return is_markup(b) ? jmark(c, r) : r; }
