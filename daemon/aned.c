@@ -361,7 +361,10 @@ static void raise_fd_limit(int max_clients)
                  (unsigned long long)rl.rlim_cur, (unsigned long long)want);
 }
 
+/* Every option by name; those with a short form are its letter. */
 enum {
+    OPT_MODEL = 'm', OPT_SOCKET = 's', OPT_THREADS = 't', OPT_CTX = 'c', OPT_USER = 'u', OPT_GROUP = 'g',
+    OPT_DAEMONIZE = 'd', OPT_LOG = 'l', OPT_PIDFILE = 'p', OPT_HELP = 'h', OPT_VERSION = 'V',
     OPT_SOCKET_MODE = 256, OPT_SOCKET_GROUP, OPT_BACKEND, OPT_MAX_SEQS, OPT_MAX_QUEUED, OPT_KV_BUDGET, OPT_DETERMINISTIC, OPT_F16_CACHE, OPT_CHAT_TEMPLATE, OPT_KV_TYPE, OPT_POOLING, OPT_SWA_FULL,
     OPT_MAX_CLIENTS, OPT_MAX_BACKLOG, OPT_STALL, OPT_GRACE, OPT_HELLO, OPT_LOG_LEVEL,
     OPT_ALLOW_USER, OPT_ALLOW_GROUP, OPT_JOBS_UID, OPT_CLIENTS_UID, OPT_SECCOMP, OPT_IDLE,
@@ -421,13 +424,13 @@ static int read_template(const char *path, char **out, size_t *len, char *err, s
 int main(int argc, char **argv)
 {
     static const struct option longopts[] = {
-        { "model", required_argument, 0, 'm' },
-        { "socket", required_argument, 0, 's' },
+        { "model", required_argument, 0, OPT_MODEL },
+        { "socket", required_argument, 0, OPT_SOCKET },
         { "socket-mode", required_argument, 0, OPT_SOCKET_MODE },
         { "socket-group", required_argument, 0, OPT_SOCKET_GROUP },
         { "backend", required_argument, 0, OPT_BACKEND },
-        { "threads", required_argument, 0, 't' },
-        { "ctx", required_argument, 0, 'c' },
+        { "threads", required_argument, 0, OPT_THREADS },
+        { "ctx", required_argument, 0, OPT_CTX },
         { "max-seqs", required_argument, 0, OPT_MAX_SEQS },
         { "max-queued", required_argument, 0, OPT_MAX_QUEUED },
         { "kv-budget", required_argument, 0, OPT_KV_BUDGET },
@@ -443,19 +446,19 @@ int main(int argc, char **argv)
         { "shutdown-grace", required_argument, 0, OPT_GRACE },
         { "hello-timeout", required_argument, 0, OPT_HELLO },
         { "idle-timeout", required_argument, 0, OPT_IDLE },
-        { "user", required_argument, 0, 'u' },
-        { "group", required_argument, 0, 'g' },
+        { "user", required_argument, 0, OPT_USER },
+        { "group", required_argument, 0, OPT_GROUP },
         { "allow-user", required_argument, 0, OPT_ALLOW_USER },
         { "allow-group", required_argument, 0, OPT_ALLOW_GROUP },
         { "max-jobs-per-uid", required_argument, 0, OPT_JOBS_UID },
         { "max-clients-per-uid", required_argument, 0, OPT_CLIENTS_UID },
         { "seccomp", required_argument, 0, OPT_SECCOMP },
-        { "daemonize", no_argument, 0, 'd' },
-        { "log", required_argument, 0, 'l' },
+        { "daemonize", no_argument, 0, OPT_DAEMONIZE },
+        { "log", required_argument, 0, OPT_LOG },
         { "log-level", required_argument, 0, OPT_LOG_LEVEL },
-        { "pidfile", required_argument, 0, 'p' },
-        { "help", no_argument, 0, 'h' },
-        { "version", no_argument, 0, 'V' },
+        { "pidfile", required_argument, 0, OPT_PIDFILE },
+        { "help", no_argument, 0, OPT_HELP },
+        { "version", no_argument, 0, OPT_VERSION },
         { 0, 0, 0, 0 },
     };
     server_opts so;
@@ -474,8 +477,8 @@ int main(int argc, char **argv)
     int c;
     while ((c = getopt_long(argc, argv, "m:s:t:c:u:g:dl:p:hV", longopts, NULL)) != -1) {
         switch (c) {
-        case 'm': so.eng.model_path = optarg; break;
-        case 's': sock_path = optarg; break;
+        case OPT_MODEL: so.eng.model_path = optarg; break;
+        case OPT_SOCKET: sock_path = optarg; break;
         case OPT_SOCKET_MODE: {
             char *end;
             errno = 0;
@@ -507,8 +510,8 @@ int main(int argc, char **argv)
             }
             so.eng.backend = optarg;
             break;
-        case 't': if (parse_int("--threads", optarg, 0, 1024, &v)) return 2; so.eng.n_threads = (int)v; break;
-        case 'c': if (parse_int("--ctx", optarg, 8, 1 << 24, &v)) return 2; so.eng.n_ctx = (int)v; break;
+        case OPT_THREADS: if (parse_int("--threads", optarg, 0, 1024, &v)) return 2; so.eng.n_threads = (int)v; break;
+        case OPT_CTX: if (parse_int("--ctx", optarg, 8, 1 << 24, &v)) return 2; so.eng.n_ctx = (int)v; break;
         case OPT_MAX_SEQS: if (parse_int("--max-seqs", optarg, 0, 4096, &v)) return 2; so.eng.max_seqs = (int)v; break;
         case OPT_MAX_QUEUED: if (parse_int("--max-queued", optarg, 0, 1 << 20, &v)) return 2; so.eng.max_queued = (int)v; break;
         case OPT_DETERMINISTIC: so.eng.deterministic = 1; break;
@@ -543,8 +546,8 @@ int main(int argc, char **argv)
         case OPT_GRACE: if (parse_double("--shutdown-grace", optarg, 0, 3600, &d)) return 2; so.shutdown_grace = d; break;
         case OPT_HELLO: if (parse_double("--hello-timeout", optarg, 0.1, 3600, &d)) return 2; so.handshake_timeout = d; break;
         case OPT_IDLE: if (parse_double("--idle-timeout", optarg, 0, 86400 * 7, &d)) return 2; so.idle_timeout = d; break;
-        case 'u': user = optarg; break;
-        case 'g': group = optarg; break;
+        case OPT_USER: user = optarg; break;
+        case OPT_GROUP: group = optarg; break;
         case OPT_ALLOW_USER:
             if (acl_add_user(&allow, optarg, aerr, sizeof aerr) < 0) { fprintf(stderr, "aned: %s\n", aerr); return 2; }
             break;
@@ -559,8 +562,8 @@ int main(int argc, char **argv)
                 return 2;
             }
             break;
-        case 'd': detach = 1; break;
-        case 'l': log_path = optarg; break;
+        case OPT_DAEMONIZE: detach = 1; break;
+        case OPT_LOG: log_path = optarg; break;
         case OPT_LOG_LEVEL: {
             log_level lv;
             if (log_level_parse(optarg, &lv) < 0) {
@@ -570,9 +573,9 @@ int main(int argc, char **argv)
             log_set_level(lv);
             break;
         }
-        case 'p': pidfile = optarg; break;
-        case 'h': usage(stdout); return 0;
-        case 'V': printf("%s (protocol %d)\n", ANED_SERVER_NAME, PROTO_VERSION); return 0;
+        case OPT_PIDFILE: pidfile = optarg; break;
+        case OPT_HELP: usage(stdout); return 0;
+        case OPT_VERSION: printf("%s (protocol %d)\n", ANED_SERVER_NAME, PROTO_VERSION); return 0;
         default: usage(stderr); return 2;
         }
     }
