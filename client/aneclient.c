@@ -1094,17 +1094,15 @@ static int chat_main(run *R, proto_req *q, const char *socket_path, uid_t daemon
 
 int main(int argc, char **argv)
 {
-    /* every option by name; those with a short form are its letter */
-    enum { O_MAX_TOKENS = 'n', O_TEMP = 'T', O_VERBOSE = 'v', O_HELP = 'h', O_VERSION = 'V',
-           O_SOCKET = 256, O_TOPK, O_TOPP, O_MINP, O_RPEN, O_RLAST, O_SEED, O_STOP, O_GRAMMAR, O_JSCHEMA, O_SYSTEM, O_RAW,
+    enum { O_SOCKET = 256, O_TOPK, O_TOPP, O_MINP, O_RPEN, O_RLAST, O_SEED, O_STOP, O_GRAMMAR, O_JSCHEMA, O_SYSTEM, O_RAW,
            O_SPECIAL, O_NOBOS, O_TOKENS, O_TOKENIZE, O_DETOKENIZE, O_EVAL, O_EMBED, O_TOP, O_INFO, O_PING, O_JSON, O_DUSER,
            O_NOSTDIN, O_MESSAGES, O_CHAT, O_LOGPROBS, O_REASONING, O_KEEP_REASONING, O_TVARS, O_REGEX, O_CHOICE };
     static const struct option opts[] = {
         { "socket", required_argument, 0, O_SOCKET },
         { "daemon-user", required_argument, 0, O_DUSER },
-        { "max-tokens", required_argument, 0, O_MAX_TOKENS },
-        { "temperature", required_argument, 0, O_TEMP },
-        { "temp", required_argument, 0, O_TEMP },
+        { "max-tokens", required_argument, 0, 'n' },
+        { "temperature", required_argument, 0, 'T' },
+        { "temp", required_argument, 0, 'T' },
         { "top-k", required_argument, 0, O_TOPK },
         { "top-p", required_argument, 0, O_TOPP },
         { "min-p", required_argument, 0, O_MINP },
@@ -1136,9 +1134,9 @@ int main(int argc, char **argv)
         { "info", no_argument, 0, O_INFO },
         { "ping", no_argument, 0, O_PING },
         { "json", no_argument, 0, O_JSON },
-        { "verbose", no_argument, 0, O_VERBOSE },
-        { "help", no_argument, 0, O_HELP },
-        { "version", no_argument, 0, O_VERSION },
+        { "verbose", no_argument, 0, 'v' },
+        { "help", no_argument, 0, 'h' },
+        { "version", no_argument, 0, 'V' },
         { 0, 0, 0, 0 },
     };
     run R;
@@ -1161,8 +1159,8 @@ int main(int argc, char **argv)
             if (ane_parse_uid(optarg, &daemon_uid, e, sizeof e) < 0) die_usage("--daemon-user: %s", e);
             break;
         }
-        case O_MAX_TOKENS: q.max_tokens = (int32_t)parse_int("--max-tokens", optarg, 0, PROTO_MAX_GEN); break;
-        case O_TEMP: q.temperature = parse_float("--temperature", optarg, 0, PROTO_MAX_TEMPERATURE); break;
+        case 'n': q.max_tokens = (int32_t)parse_int("--max-tokens", optarg, 0, PROTO_MAX_GEN); break;
+        case 'T': q.temperature = parse_float("--temperature", optarg, 0, PROTO_MAX_TEMPERATURE); break;
         case 't': die_usage("-t is not an option of aneclient: the temperature is -T (--temp, --temperature); "
                             "-t is aned's --threads");
         case O_TOPK: q.top_k = (int32_t)parse_int("--top-k", optarg, 0, INT32_MAX); break;
@@ -1242,9 +1240,9 @@ int main(int argc, char **argv)
         case O_INFO: R.mode = M_INFO; modes++; break;
         case O_PING: R.mode = M_PING; modes++; break;
         case O_JSON: R.json = 1; break;
-        case O_VERBOSE: R.verbose = 1; break;
-        case O_HELP: usage(stdout); return EX_OK;
-        case O_VERSION: printf("aneclient %s (protocol %d)\n", ANE_VERSION, PROTO_VERSION); return EX_OK;
+        case 'v': R.verbose = 1; break;
+        case 'h': usage(stdout); return EX_OK;
+        case 'V': printf("aneclient %s (protocol %d)\n", ANE_VERSION, PROTO_VERSION); return EX_OK;
         case ':': die_usage("%s needs a value", argv[optind - 1]);
         default:
             if (optopt) die_usage("unknown option -%c", optopt);

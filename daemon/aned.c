@@ -421,6 +421,18 @@ static int read_template(const char *path, char **out, size_t *len, char *err, s
     return 0;
 }
 
+/* arg as one of names (NULL-terminated): its index; else -1, having said
+ * which were expected */
+static int pick(const char *opt, const char *arg, const char *const *names)
+{
+    for (int i = 0; names[i]; i++)
+        if (!strcmp(arg, names[i])) return i;
+    fprintf(stderr, "aned: %s: expected ", opt);
+    for (int i = 0; names[i]; i++) fprintf(stderr, "%s%s", i == 0 ? "" : names[i + 1] ? ", " : " or ", names[i]);
+    fprintf(stderr, ", got '%s'\n", arg);
+    return -1;
+}
+
 int main(int argc, char **argv)
 {
     static const struct option longopts[] = {
@@ -461,6 +473,13 @@ int main(int argc, char **argv)
         { "version", no_argument, 0, OPT_VERSION },
         { 0, 0, 0, 0 },
     };
+    /* the options that take one of a few words, and what each word sets */
+    static const char *const backends[] = { "cpu", "cuda", NULL };
+    static const char *const f16_caches[] = { "auto", "off", NULL };
+    static const char *const kv_types[] = { "f16", "q8_0", "f32", NULL };
+    static const int kv_type_of[] = { ENG_KV_F16, ENG_KV_Q8_0, ENG_KV_F32 };
+    static const char *const poolings[] = { "mean", "cls", "last", NULL };
+    static const int pooling_of[] = { ENG_POOL_MEAN, ENG_POOL_CLS, ENG_POOL_LAST };
     server_opts so;
     server_opts_default(&so);
     const char *sock_path = NULL, *log_path = NULL, *pidfile = NULL;
@@ -474,7 +493,7 @@ int main(int argc, char **argv)
     char aerr[256];
     long v;
     double d;
-    int c;
+    int c, w;   /* w: the word a pick() found */
     while ((c = getopt_long(argc, argv, "m:s:t:c:u:g:dl:p:hV", longopts, NULL)) != -1) {
         switch (c) {
         case OPT_MODEL: so.eng.model_path = optarg; break;
@@ -504,10 +523,7 @@ int main(int argc, char **argv)
             break;
         }
         case OPT_BACKEND:
-            if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda")) {
-                fprintf(stderr, "aned: --backend: expected cpu or cuda, got '%s'\n", optarg);
-                return 2;
-            }
+            if (pick("--backend", optarg, backends) < 0) return 2;
             so.eng.backend = optarg;
             break;
         case OPT_THREADS: if (parse_int("--threads", optarg, 0, 1024, &v)) return 2; so.eng.n_threads = (int)v; break;
@@ -517,21 +533,16 @@ int main(int argc, char **argv)
         case OPT_DETERMINISTIC: so.eng.deterministic = 1; break;
         case OPT_CHAT_TEMPLATE: chat_template = optarg; break;
         case OPT_F16_CACHE:
-            if (!strcmp(optarg, "auto")) so.eng.cuda_f16_cache_off = 0;
-            else if (!strcmp(optarg, "off")) so.eng.cuda_f16_cache_off = 1;
-            else { fprintf(stderr, "aned: --cuda-f16-cache: expected auto or off, got '%s'\n", optarg); return 2; }
+            if ((w = pick("--cuda-f16-cache", optarg, f16_caches)) < 0) return 2;
+            so.eng.cuda_f16_cache_off = w == 1;
             break;
         case OPT_KV_TYPE:
-            if (!strcmp(optarg, "f16")) so.eng.kv_type = ENG_KV_F16;
-            else if (!strcmp(optarg, "q8_0")) so.eng.kv_type = ENG_KV_Q8_0;
-            else if (!strcmp(optarg, "f32")) so.eng.kv_type = ENG_KV_F32;
-            else { fprintf(stderr, "aned: --kv-type: expected f16, q8_0 or f32, got '%s'\n", optarg); return 2; }
+            if ((w = pick("--kv-type", optarg, kv_types)) < 0) return 2;
+            so.eng.kv_type = kv_type_of[w];
             break;
         case OPT_POOLING:
-            if (!strcmp(optarg, "mean")) so.eng.pooling = ENG_POOL_MEAN;
-            else if (!strcmp(optarg, "cls")) so.eng.pooling = ENG_POOL_CLS;
-            else if (!strcmp(optarg, "last")) so.eng.pooling = ENG_POOL_LAST;
-            else { fprintf(stderr, "aned: --pooling: expected mean, cls or last, got '%s'\n", optarg); return 2; }
+            if ((w = pick("--pooling", optarg, poolings)) < 0) return 2;
+            so.eng.pooling = pooling_of[w];
             break;
         case OPT_SWA_FULL: so.eng.swa_full = 1; break;
         case OPT_KV_BUDGET: if (parse_int("--kv-budget", optarg, 0, 1L << 30, &v)) return 2; so.eng.kv_budget = (size_t)v << 20; break;
