@@ -245,6 +245,13 @@ static void pk_ktokens(pk *k, const int32_t *t, size_t n)
     for (size_t i = 0; i < n && !k->fail; i++) pk_i64(k, t[i]);
 }
 
+/* a message of its type, id and "tokens" alone (detokenize, tokens) */
+static void pk_tokens_msg(pk *k, const char *type, uint64_t id, const int32_t *t, size_t n)
+{
+    pk_head(k, 3, type, id);
+    pk_ktokens(k, t, n);
+}
+
 static void pk_msgs(pk *k, const proto_msg *m, size_t n)
 {
     pk_key(k, "messages");
@@ -390,8 +397,7 @@ int proto_req_encode(proto_buf *b, const proto_req *r)
         pk_kbool(&k, "add_bos", r->add_bos);
         break;
     case PROTO_T_DETOKENIZE:
-        pk_head(&k, 3, tn, r->id);
-        pk_ktokens(&k, r->tokens, r->n_tokens);
+        pk_tokens_msg(&k, tn, r->id, r->tokens, r->n_tokens);
         break;
     case PROTO_T_CANCEL:
     case PROTO_T_INFO:
@@ -480,8 +486,7 @@ int proto_ev_encode(proto_buf *b, const proto_ev *e)
         if (e->closing) pk_kbool(&k, "closing", 1);
         break;
     case PROTO_T_TOKENS:
-        pk_head(&k, 3, tn, e->id);
-        pk_ktokens(&k, e->tokens, e->n_tokens);
+        pk_tokens_msg(&k, tn, e->id, e->tokens, e->n_tokens);
         break;
     case PROTO_T_TEXT:
         pk_head(&k, 3, tn, e->id);
