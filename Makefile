@@ -134,39 +134,35 @@ help:
 # SKIP_DEPS=1: the libraries come from elsewhere (PC_CFLAGS/PC_LIBS given).
 # The aarch64 test tools are optional: without them make test says so and
 # skips the NEON tests.
+# $(call DEPS_MISSING,PKGS): sets $$missing to those of PKGS not installed
+DEPS_MISSING = missing=""; \
+	for p in $(1); do dpkg-query -W -f='$${db:Status-Abbrev}\n' $$p 2>/dev/null | grep -q '^ii' || missing="$$missing $$p"; done
+# installs $$missing, with an apt-get update when the first try fails
+DEPS_INSTALL = (apt-get install -y -qq $$missing >/dev/null 2>&1 || \
+	(apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq $$missing >/dev/null 2>&1))
+# $(call DEPS_OPTIONAL,PKGS,WHAT,WITHOUT): installs PKGS for WHAT when root,
+# else says so; WITHOUT: what happens while they are missing
+DEPS_OPTIONAL = $(call DEPS_MISSING,$(1)); \
+	if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ]; then \
+	  echo "installing ($(2)):$$missing"; \
+	  $(DEPS_INSTALL) || echo "apt-get install failed:$$missing: $(3)" >&2; \
+	elif [ -n "$$missing" ]; then \
+	  echo "missing for $(2):$$missing (sudo apt-get install$$missing); $(3)" >&2; \
+	fi
 deps:
-	@[ -n "$(SKIP_DEPS)" ] && exit 0; missing=""; \
-	for p in $(DEB_PKGS); do dpkg-query -W -f='$${db:Status-Abbrev}\n' $$p 2>/dev/null | grep -q '^ii' || missing="$$missing $$p"; done; \
+	@[ -n "$(SKIP_DEPS)" ] && exit 0; $(call DEPS_MISSING,$(DEB_PKGS)); \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    echo "installing:$$missing"; \
-	    (apt-get install -y -qq $$missing >/dev/null 2>&1 || \
-	     (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq $$missing >/dev/null)) || \
-	     { echo "apt-get install failed:$$missing" >&2; exit 1; }; \
+	    $(DEPS_INSTALL) || { echo "apt-get install failed:$$missing" >&2; exit 1; }; \
 	  else \
 	    echo "missing packages; run: sudo apt-get install$$missing" >&2; exit 1; \
 	  fi; \
 	fi
-	@[ -n "$(SKIP_DEPS)" ] && exit 0; missing=""; \
-	for p in $(OPT_DEB_PKGS); do dpkg-query -W -f='$${db:Status-Abbrev}\n' $$p 2>/dev/null | grep -q '^ii' || missing="$$missing $$p"; done; \
-	if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ]; then \
-	  echo "installing (line editing in aneclient --chat):$$missing"; \
-	  (apt-get install -y -qq $$missing >/dev/null 2>&1 || \
-	   (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq $$missing >/dev/null 2>&1)) || \
-	   echo "apt-get install failed:$$missing: aneclient --chat reads plain lines" >&2; \
-	elif [ -n "$$missing" ]; then \
-	  echo "aneclient --chat edits lines with:$$missing (sudo apt-get install$$missing); reads plain lines without" >&2; \
-	fi
-	@[ -n "$(SKIP_DEPS)$(filter 1,$(CUDA))" ] && exit 0; missing=""; \
-	for p in $(AA_DEB_PKGS); do dpkg-query -W -f='$${db:Status-Abbrev}\n' $$p 2>/dev/null | grep -q '^ii' || missing="$$missing $$p"; done; \
-	if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ]; then \
-	  echo "installing (aarch64 tests):$$missing"; \
-	  (apt-get install -y -qq $$missing >/dev/null 2>&1 || \
-	   (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq $$missing >/dev/null 2>&1)) || \
-	   echo "apt-get install failed:$$missing: the aarch64 tests will be skipped" >&2; \
-	elif [ -n "$$missing" ]; then \
-	  echo "aarch64 tests need:$$missing (sudo apt-get install$$missing)" >&2; \
-	fi
+	@[ -n "$(SKIP_DEPS)" ] && exit 0; \
+	$(call DEPS_OPTIONAL,$(OPT_DEB_PKGS),line editing in aneclient --chat,aneclient --chat reads plain lines)
+	@[ -n "$(SKIP_DEPS)$(filter 1,$(CUDA))" ] && exit 0; \
+	$(call DEPS_OPTIONAL,$(AA_DEB_PKGS),the aarch64 tests,they are skipped)
 	@[ -n "$(SKIP_DEPS)$(filter 1,$(CUDA))" ] && exit 0; $(AA_FETCH_JANSSON)
 
 # --- aarch64: the NEON kernels (engine/quant/arm/neon.c) are compiled and checked

@@ -212,6 +212,16 @@ int ane_next_event(ane_client *c, proto_ev *ev, int timeout_ms, char *err, size_
     return next_event(c, ev, deadline, err, errlen);
 }
 
+void ane_close(ane_client *c)
+{
+    if (!c) return;
+    if (c->fd >= 0) close(c->fd);
+    proto_reader_free(c->rd);
+    proto_buf_free(&c->out);
+    free(c->flight);
+    free(c);
+}
+
 int ane_connect(ane_client **out, const char *socket_path, char *err, size_t errlen)
 {
     ane_connect_opts o = { socket_path, NULL, 0, 0 };
@@ -351,16 +361,6 @@ int ane_connect_with(ane_client **out, const ane_connect_opts *o, proto_err *ref
 fail:
     ane_close(c);
     return -1;
-}
-
-void ane_close(ane_client *c)
-{
-    if (!c) return;
-    if (c->fd >= 0) close(c->fd);
-    proto_reader_free(c->rd);
-    proto_buf_free(&c->out);
-    free(c->flight);
-    free(c);
 }
 
 uint32_t ane_server_version(const ane_client *c) { return c ? c->version : 0; }

@@ -15,6 +15,7 @@
  * event loop (ev_feed_signal). During teardown they are ignored, so a
  * repeated signal can never kill a clean shutdown. */
 #include "daemon/aned.h"
+#include "common/sig.h"
 #include "proto/proto.h"
 
 #include <errno.h>
@@ -299,10 +300,7 @@ static void *sig_main(void *arg)
 static int sig_start(void)
 {
     sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGHUP);
+    stop_signals(&set);
     sigs.sfd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
     if (sigs.sfd < 0 || pipe2(sigs.ctl, O_CLOEXEC | O_NONBLOCK) < 0) return -1;
     int e = pthread_create(&sigs.th, NULL, sig_main, NULL);
@@ -363,7 +361,10 @@ static void raise_fd_limit(int max_clients)
                  (unsigned long long)rl.rlim_cur, (unsigned long long)want);
 }
 
+/* Every option by name; those with a short form are its letter. */
 enum {
+    OPT_MODEL = 'm', OPT_SOCKET = 's', OPT_THREADS = 't', OPT_CTX = 'c', OPT_USER = 'u', OPT_GROUP = 'g',
+    OPT_DAEMONIZE = 'd', OPT_LOG = 'l', OPT_PIDFILE = 'p', OPT_HELP = 'h', OPT_VERSION = 'V',
     OPT_SOCKET_MODE = 256, OPT_SOCKET_GROUP, OPT_BACKEND, OPT_MAX_SEQS, OPT_MAX_QUEUED, OPT_KV_BUDGET, OPT_DETERMINISTIC, OPT_F16_CACHE, OPT_CHAT_TEMPLATE, OPT_KV_TYPE, OPT_POOLING, OPT_SWA_FULL,
     OPT_MAX_CLIENTS, OPT_MAX_BACKLOG, OPT_STALL, OPT_GRACE, OPT_HELLO, OPT_LOG_LEVEL,
     OPT_ALLOW_USER, OPT_ALLOW_GROUP, OPT_JOBS_UID, OPT_CLIENTS_UID, OPT_SECCOMP, OPT_IDLE,
@@ -420,16 +421,28 @@ static int read_template(const char *path, char **out, size_t *len, char *err, s
     return 0;
 }
 
+/* arg as one of names (NULL-terminated): its index; else -1, having said
+ * which were expected */
+static int pick(const char *opt, const char *arg, const char *const *names)
+{
+    for (int i = 0; names[i]; i++)
+        if (!strcmp(arg, names[i])) return i;
+    fprintf(stderr, "aned: %s: expected ", opt);
+    for (int i = 0; names[i]; i++) fprintf(stderr, "%s%s", i == 0 ? "" : names[i + 1] ? ", " : " or ", names[i]);
+    fprintf(stderr, ", got '%s'\n", arg);
+    return -1;
+}
+
 int main(int argc, char **argv)
 {
     static const struct option longopts[] = {
-        { "model", required_argument, 0, 'm' },
-        { "socket", required_argument, 0, 's' },
+        { "model", required_argument, 0, OPT_MODEL },
+        { "socket", required_argument, 0, OPT_SOCKET },
         { "socket-mode", required_argument, 0, OPT_SOCKET_MODE },
         { "socket-group", required_argument, 0, OPT_SOCKET_GROUP },
         { "backend", required_argument, 0, OPT_BACKEND },
-        { "threads", required_argument, 0, 't' },
-        { "ctx", required_argument, 0, 'c' },
+        { "threads", required_argument, 0, OPT_THREADS },
+        { "ctx", required_argument, 0, OPT_CTX },
         { "max-seqs", required_argument, 0, OPT_MAX_SEQS },
         { "max-queued", required_argument, 0, OPT_MAX_QUEUED },
         { "kv-budget", required_argument, 0, OPT_KV_BUDGET },
@@ -445,21 +458,28 @@ int main(int argc, char **argv)
         { "shutdown-grace", required_argument, 0, OPT_GRACE },
         { "hello-timeout", required_argument, 0, OPT_HELLO },
         { "idle-timeout", required_argument, 0, OPT_IDLE },
-        { "user", required_argument, 0, 'u' },
-        { "group", required_argument, 0, 'g' },
+        { "user", required_argument, 0, OPT_USER },
+        { "group", required_argument, 0, OPT_GROUP },
         { "allow-user", required_argument, 0, OPT_ALLOW_USER },
         { "allow-group", required_argument, 0, OPT_ALLOW_GROUP },
         { "max-jobs-per-uid", required_argument, 0, OPT_JOBS_UID },
         { "max-clients-per-uid", required_argument, 0, OPT_CLIENTS_UID },
         { "seccomp", required_argument, 0, OPT_SECCOMP },
-        { "daemonize", no_argument, 0, 'd' },
-        { "log", required_argument, 0, 'l' },
+        { "daemonize", no_argument, 0, OPT_DAEMONIZE },
+        { "log", required_argument, 0, OPT_LOG },
         { "log-level", required_argument, 0, OPT_LOG_LEVEL },
-        { "pidfile", required_argument, 0, 'p' },
-        { "help", no_argument, 0, 'h' },
-        { "version", no_argument, 0, 'V' },
+        { "pidfile", required_argument, 0, OPT_PIDFILE },
+        { "help", no_argument, 0, OPT_HELP },
+        { "version", no_argument, 0, OPT_VERSION },
         { 0, 0, 0, 0 },
     };
+    /* the options that take one of a few words, and what each word sets */
+    static const char *const backends[] = { "cpu", "cuda", NULL };
+    static const char *const f16_caches[] = { "auto", "off", NULL };
+    static const char *const kv_types[] = { "f16", "q8_0", "f32", NULL };
+    static const int kv_type_of[] = { ENG_KV_F16, ENG_KV_Q8_0, ENG_KV_F32 };
+    static const char *const poolings[] = { "mean", "cls", "last", NULL };
+    static const int pooling_of[] = { ENG_POOL_MEAN, ENG_POOL_CLS, ENG_POOL_LAST };
     server_opts so;
     server_opts_default(&so);
     const char *sock_path = NULL, *log_path = NULL, *pidfile = NULL;
@@ -473,11 +493,11 @@ int main(int argc, char **argv)
     char aerr[256];
     long v;
     double d;
-    int c;
+    int c, w;   /* w: the word a pick() found */
     while ((c = getopt_long(argc, argv, "m:s:t:c:u:g:dl:p:hV", longopts, NULL)) != -1) {
         switch (c) {
-        case 'm': so.eng.model_path = optarg; break;
-        case 's': sock_path = optarg; break;
+        case OPT_MODEL: so.eng.model_path = optarg; break;
+        case OPT_SOCKET: sock_path = optarg; break;
         case OPT_SOCKET_MODE: {
             char *end;
             errno = 0;
@@ -503,34 +523,26 @@ int main(int argc, char **argv)
             break;
         }
         case OPT_BACKEND:
-            if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda")) {
-                fprintf(stderr, "aned: --backend: expected cpu or cuda, got '%s'\n", optarg);
-                return 2;
-            }
+            if (pick("--backend", optarg, backends) < 0) return 2;
             so.eng.backend = optarg;
             break;
-        case 't': if (parse_int("--threads", optarg, 0, 1024, &v)) return 2; so.eng.n_threads = (int)v; break;
-        case 'c': if (parse_int("--ctx", optarg, 8, 1 << 24, &v)) return 2; so.eng.n_ctx = (int)v; break;
+        case OPT_THREADS: if (parse_int("--threads", optarg, 0, 1024, &v)) return 2; so.eng.n_threads = (int)v; break;
+        case OPT_CTX: if (parse_int("--ctx", optarg, 8, 1 << 24, &v)) return 2; so.eng.n_ctx = (int)v; break;
         case OPT_MAX_SEQS: if (parse_int("--max-seqs", optarg, 0, 4096, &v)) return 2; so.eng.max_seqs = (int)v; break;
         case OPT_MAX_QUEUED: if (parse_int("--max-queued", optarg, 0, 1 << 20, &v)) return 2; so.eng.max_queued = (int)v; break;
         case OPT_DETERMINISTIC: so.eng.deterministic = 1; break;
         case OPT_CHAT_TEMPLATE: chat_template = optarg; break;
         case OPT_F16_CACHE:
-            if (!strcmp(optarg, "auto")) so.eng.cuda_f16_cache_off = 0;
-            else if (!strcmp(optarg, "off")) so.eng.cuda_f16_cache_off = 1;
-            else { fprintf(stderr, "aned: --cuda-f16-cache: expected auto or off, got '%s'\n", optarg); return 2; }
+            if ((w = pick("--cuda-f16-cache", optarg, f16_caches)) < 0) return 2;
+            so.eng.cuda_f16_cache_off = w == 1;
             break;
         case OPT_KV_TYPE:
-            if (!strcmp(optarg, "f16")) so.eng.kv_type = ENG_KV_F16;
-            else if (!strcmp(optarg, "q8_0")) so.eng.kv_type = ENG_KV_Q8_0;
-            else if (!strcmp(optarg, "f32")) so.eng.kv_type = ENG_KV_F32;
-            else { fprintf(stderr, "aned: --kv-type: expected f16, q8_0 or f32, got '%s'\n", optarg); return 2; }
+            if ((w = pick("--kv-type", optarg, kv_types)) < 0) return 2;
+            so.eng.kv_type = kv_type_of[w];
             break;
         case OPT_POOLING:
-            if (!strcmp(optarg, "mean")) so.eng.pooling = ENG_POOL_MEAN;
-            else if (!strcmp(optarg, "cls")) so.eng.pooling = ENG_POOL_CLS;
-            else if (!strcmp(optarg, "last")) so.eng.pooling = ENG_POOL_LAST;
-            else { fprintf(stderr, "aned: --pooling: expected mean, cls or last, got '%s'\n", optarg); return 2; }
+            if ((w = pick("--pooling", optarg, poolings)) < 0) return 2;
+            so.eng.pooling = pooling_of[w];
             break;
         case OPT_SWA_FULL: so.eng.swa_full = 1; break;
         case OPT_KV_BUDGET: if (parse_int("--kv-budget", optarg, 0, 1L << 30, &v)) return 2; so.eng.kv_budget = (size_t)v << 20; break;
@@ -545,8 +557,8 @@ int main(int argc, char **argv)
         case OPT_GRACE: if (parse_double("--shutdown-grace", optarg, 0, 3600, &d)) return 2; so.shutdown_grace = d; break;
         case OPT_HELLO: if (parse_double("--hello-timeout", optarg, 0.1, 3600, &d)) return 2; so.handshake_timeout = d; break;
         case OPT_IDLE: if (parse_double("--idle-timeout", optarg, 0, 86400 * 7, &d)) return 2; so.idle_timeout = d; break;
-        case 'u': user = optarg; break;
-        case 'g': group = optarg; break;
+        case OPT_USER: user = optarg; break;
+        case OPT_GROUP: group = optarg; break;
         case OPT_ALLOW_USER:
             if (acl_add_user(&allow, optarg, aerr, sizeof aerr) < 0) { fprintf(stderr, "aned: %s\n", aerr); return 2; }
             break;
@@ -561,8 +573,8 @@ int main(int argc, char **argv)
                 return 2;
             }
             break;
-        case 'd': detach = 1; break;
-        case 'l': log_path = optarg; break;
+        case OPT_DAEMONIZE: detach = 1; break;
+        case OPT_LOG: log_path = optarg; break;
         case OPT_LOG_LEVEL: {
             log_level lv;
             if (log_level_parse(optarg, &lv) < 0) {
@@ -572,9 +584,9 @@ int main(int argc, char **argv)
             log_set_level(lv);
             break;
         }
-        case 'p': pidfile = optarg; break;
-        case 'h': usage(stdout); return 0;
-        case 'V': printf("%s (protocol %d)\n", ANED_SERVER_NAME, PROTO_VERSION); return 0;
+        case OPT_PIDFILE: pidfile = optarg; break;
+        case OPT_HELP: usage(stdout); return 0;
+        case OPT_VERSION: printf("%s (protocol %d)\n", ANED_SERVER_NAME, PROTO_VERSION); return 0;
         default: usage(stderr); return 2;
         }
     }
@@ -646,10 +658,7 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     /* Blocked in every thread for good: the signal thread reads them. */
     sigset_t stop_sigs;
-    sigemptyset(&stop_sigs);
-    sigaddset(&stop_sigs, SIGTERM);
-    sigaddset(&stop_sigs, SIGINT);
-    sigaddset(&stop_sigs, SIGHUP);
+    stop_signals(&stop_sigs);
     sigprocmask(SIG_BLOCK, &stop_sigs, NULL);
     /* Set before any other thread exists, so every thread inherits it (Landlock
      * needs it on each): aned never executes anything, and nothing it runs may

@@ -468,24 +468,26 @@ static int list_has(const unsigned *v, size_t n, unsigned x)
     return 0;
 }
 
+/* A user or group for --allow-user/--allow-group: id is its id when the name
+ * was found (named), else s must be a number. */
+static int acl_add_id(unsigned **v, size_t *n, int named, unsigned long id, const char *s, const char *what,
+                      char *err, size_t errlen)
+{
+    if (!named && parse_id(s, &id) < 0) { snprintf(err, errlen, "--allow-%s: no %s '%s'", what, what, s); return -1; }
+    if (list_add(v, n, (unsigned)id) < 0) { snprintf(err, errlen, "out of memory"); return -1; }
+    return 0;
+}
+
 int acl_add_user(acl *a, const char *s, char *err, size_t errlen)
 {
     struct passwd *pw = getpwnam(s);
-    unsigned long id;
-    if (pw) id = pw->pw_uid;
-    else if (parse_id(s, &id) < 0) { snprintf(err, errlen, "--allow-user: no user '%s'", s); return -1; }
-    if (list_add(&a->uids, &a->n_uids, (unsigned)id) < 0) { snprintf(err, errlen, "out of memory"); return -1; }
-    return 0;
+    return acl_add_id(&a->uids, &a->n_uids, pw != NULL, pw ? pw->pw_uid : 0, s, "user", err, errlen);
 }
 
 int acl_add_group(acl *a, const char *s, char *err, size_t errlen)
 {
     struct group *gr = getgrnam(s);
-    unsigned long id;
-    if (gr) id = gr->gr_gid;
-    else if (parse_id(s, &id) < 0) { snprintf(err, errlen, "--allow-group: no group '%s'", s); return -1; }
-    if (list_add(&a->gids, &a->n_gids, (unsigned)id) < 0) { snprintf(err, errlen, "out of memory"); return -1; }
-    return 0;
+    return acl_add_id(&a->gids, &a->n_gids, gr != NULL, gr ? gr->gr_gid : 0, s, "group", err, errlen);
 }
 
 int acl_add_uid(acl *a, uid_t uid)

@@ -33,6 +33,8 @@
  * connection with nothing in flight is closed after opt.idle_timeout. Log
  * lines a peer can cause at will are rate-limited per uid (rl_allow). */
 #include "daemon/server_int.h"
+#include "common/mem.h"
+#include "common/sig.h"
 
 #include <errno.h>
 #include <ev.h>
@@ -107,13 +109,9 @@ uid_use *uid_find(server *s, uid_t uid, int create)
     for (size_t i = 0; i < s->n_uids; i++)
         if (s->uids[i].uid == uid) return &s->uids[i];
     if (!create) return NULL;
-    if (s->n_uids == s->cap_uids) {
-        size_t nc = s->cap_uids ? s->cap_uids * 2 : 8;
-        uid_use *nu = realloc(s->uids, nc * sizeof *nu);
-        if (!nu) return NULL;
-        s->uids = nu;
-        s->cap_uids = nc;
-    }
+    uid_use *nu = mem_grow(s->uids, &s->cap_uids, s->n_uids + 1, sizeof *nu, 8);
+    if (!nu) return NULL;
+    s->uids = nu;
     uid_use *u = &s->uids[s->n_uids++];
     u->uid = uid;
     u->clients = u->jobs = 0;
@@ -131,16 +129,12 @@ void uid_release(server *s, uid_t uid, int clients, int jobs)
 
 void server_opts_default(server_opts *o)
 {
-    memset(o, 0, sizeof *o);
-    o->max_clients = 256;
-    o->out_pause = 1u << 20;
-    o->out_max = 16u << 20;
-    o->stall_timeout = 60.0;
-    o->handshake_timeout = 10.0;
-    o->shutdown_grace = 5.0;
-    o->drain_timeout = 2.0;
-    o->max_clients_per_uid = 64;
-    o->idle_timeout = 300.0;
+    *o = (server_opts){
+        .max_clients = 256, .max_clients_per_uid = 64,
+        .out_pause = 1u << 20, .out_max = 16u << 20,
+        .stall_timeout = 60.0, .handshake_timeout = 10.0, .idle_timeout = 300.0,
+        .shutdown_grace = 5.0, .drain_timeout = 2.0,
+    };
 }
 
 /* root and the daemon's own user: the only ones who may take the last
@@ -823,6 +817,11 @@ static void on_signal(struct ev_loop *loop, ev_signal *w, int revents)
 
 /* ---------------------------------------------------------------- lifecycle */
 
+static void signals_stop(server *s)
+{
+    for (int i = 0; i < N_STOP_SIGS; i++) ev_signal_stop(s->loop, &s->sig[i]);
+}
+
 int server_open(server **out, const server_opts *opt, char *err, size_t errlen)
 {
     *out = NULL;
@@ -841,21 +840,16 @@ int server_open(server **out, const server_opts *opt, char *err, size_t errlen)
     for (int i = 0; i < RL_SLOTS; i++) s->rl[i].kind = -1;
     /* Watched from here on: a SIGTERM while the model loads stops the
      * daemon cleanly as soon as the loop runs. */
-    ev_signal_init(&s->sig_term, on_signal, SIGTERM);
-    ev_signal_init(&s->sig_int, on_signal, SIGINT);
-    ev_signal_init(&s->sig_hup, on_signal, SIGHUP);
-    s->sig_term.data = s->sig_int.data = s->sig_hup.data = s;
-    ev_signal_start(s->loop, &s->sig_term);
-    ev_signal_start(s->loop, &s->sig_int);
-    ev_signal_start(s->loop, &s->sig_hup);
+    for (int i = 0; i < N_STOP_SIGS; i++) {
+        ev_signal_init(&s->sig[i], on_signal, stop_sig[i]);
+        s->sig[i].data = s;
+        ev_signal_start(s->loop, &s->sig[i]);
+    }
 
     /* The engine's worker thread inherits this mask: signals are for the loop.
      * Unblocked here once the engine runs, whatever the caller's mask was. */
     sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGHUP);
+    stop_signals(&set);
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     eng_opts eo = opt->eng;
     eo.notify = notify_loop;
@@ -868,9 +862,7 @@ int server_open(server **out, const server_opts *opt, char *err, size_t errlen)
         const char *p = eo.model_path ? eo.model_path : "(none)";
         if (strstr(eerr, p)) snprintf(err, errlen, "cannot load model: %s", eerr);
         else snprintf(err, errlen, "cannot load model %s: %s", p, eerr[0] ? eerr : "unknown error");
-        ev_signal_stop(s->loop, &s->sig_term);
-        ev_signal_stop(s->loop, &s->sig_int);
-        ev_signal_stop(s->loop, &s->sig_hup);
+        signals_stop(s);
         ev_async_stop(s->loop, &s->wake);
         ev_loop_destroy(s->loop);
         free(s);
@@ -897,9 +889,7 @@ int server_run(server *s, sock_listener *l)
 
     ev_run(s->loop, 0);
 
-    ev_signal_stop(s->loop, &s->sig_term);
-    ev_signal_stop(s->loop, &s->sig_int);
-    ev_signal_stop(s->loop, &s->sig_hup);
+    signals_stop(s);
     ev_io_stop(s->loop, &s->accept_io);
     ev_timer_stop(s->loop, &s->accept_retry);
     ev_timer_stop(s->loop, &s->phase_timer);
@@ -924,9 +914,7 @@ void server_close(server *s)
         nx = j->all_next;
         free(j);
     }
-    ev_signal_stop(s->loop, &s->sig_term);
-    ev_signal_stop(s->loop, &s->sig_int);
-    ev_signal_stop(s->loop, &s->sig_hup);
+    signals_stop(s);
     ev_timer_stop(s->loop, &s->poll_timer);
     ev_timer_stop(s->loop, &s->rl_timer);
     ev_async_stop(s->loop, &s->wake);

@@ -4,6 +4,7 @@
 #ifndef ANED_SERVER_INT_H
 #define ANED_SERVER_INT_H
 
+#include "common/sig.h"
 #include "daemon/aned.h"
 #include "proto/proto.h"
 
@@ -95,7 +96,7 @@ struct server {
     eng *eng;
     server_opts opt;
     ev_async wake;
-    ev_signal sig_term, sig_int, sig_hup;
+    ev_signal sig[N_STOP_SIGS];   /* SIGTERM, SIGINT, SIGHUP */
     ev_io accept_io;
     ev_timer accept_retry;
     ev_timer phase_timer;

@@ -24,6 +24,7 @@
  * uid or owner holding more than its share (make_room). Such a job keeps
  * its tokens and, once admitted again, computes those whose KV the prefix
  * cache no longer holds without giving their outputs a second time. */
+#include "common/sampling.h"
 #include "engine/engine_int.h"
 #include "engine/grammar/grammar.h"
 #include "engine/grammar/toolgram.h"
@@ -65,16 +66,7 @@ const char *eng_finish_str(eng_finish f)
     return "length";
 }
 
-void eng_sampling_default(eng_sampling *s)
-{
-    s->temperature = 0.8f;
-    s->top_k = 40;
-    s->top_p = 0.95f;
-    s->min_p = 0.05f;
-    s->repeat_penalty = 1.0f;
-    s->repeat_last_n = 64;
-    s->seed = 0;
-}
+void eng_sampling_default(eng_sampling *s) { *s = (eng_sampling){ SAMPLING_DEFAULTS }; }
 
 /* ---- UTF-8 --------------------------------------------------------------- */
 
@@ -129,14 +121,11 @@ eng_event *eng_events_take(eng *e)
 void eng_event_free(eng_event *ev)
 {
     if (!ev) return;
-    free(ev->text);
+    free(ev->text); free(ev->reasoning);
     free(ev->ids);
-    free(ev->top_ids);
-    free(ev->top_logits);
+    free(ev->top_ids); free(ev->top_logits);
     free(ev->embd);
-    free(ev->lp_ids);
-    free(ev->lp_vals);
-    free(ev->reasoning);
+    free(ev->lp_ids); free(ev->lp_vals);
     free(ev->call_name); free(ev->call_args); free(ev->call_id);
     free(ev);
 }
@@ -167,8 +156,7 @@ void job_free(job *j)
     free(j->toks);
     free(j->emb_acc);
     for (size_t i = 0; i < j->n_stop; i++) free(j->stop[i]);
-    free(j->stop);
-    free(j->stop_len);
+    free(j->stop); free(j->stop_len);
     free(j->hold);
     tc_free(j->tc);
     free(j->tc_text); free(j->tc_reason);
@@ -627,6 +615,19 @@ static uint64_t pend_vt(const eng *e, uint32_t uid)
     return vt;
 }
 
+/* j joins the jobs waiting for the tokenizer, at the end, with its fair
+ * start, and wakes it. Under mu. */
+static void pend_add(eng *e, job *j)
+{
+    j->state = JOB_PENDING;
+    j->vt = pend_vt(e, j->uid);
+    if (e->pend_tail) e->pend_tail->next = j; else e->pend_head = j;
+    e->pend_tail = j;
+    if (j->kind == JOB_TOKENIZE) e->n_tokreq++;
+    else e->n_pending++;
+    pthread_cond_signal(&e->tok_cv);
+}
+
 /* A pending job leaves the tokenizer's count. Under mu. */
 void pend_done(eng *e, const job *j)
 {
@@ -869,12 +870,7 @@ int eng_submit(eng *e, const eng_job_desc *d, uint64_t *job_id, eng_err *code, c
     j->id = ++e->next_id;
     *job_id = j->id;   /* under mu: once it is unlocked the job may end and be freed */
     if (text) {
-        j->state = JOB_PENDING;
-        j->vt = pend_vt(e, j->uid);
-        if (e->pend_tail) e->pend_tail->next = j; else e->pend_head = j;
-        e->pend_tail = j;
-        e->n_pending++;
-        pthread_cond_signal(&e->tok_cv);
+        pend_add(e, j);
     } else {
         queue_insert(e, j);
         pthread_cond_signal(&e->cv);
@@ -913,12 +909,7 @@ int eng_tokenize_submit(eng *e, const char *text, size_t len, int add_bos, int p
     }
     j->id = ++e->next_id;
     *job_id = j->id;
-    j->state = JOB_PENDING;
-    j->vt = pend_vt(e, j->uid);
-    if (e->pend_tail) e->pend_tail->next = j; else e->pend_head = j;
-    e->pend_tail = j;
-    e->n_tokreq++;
-    pthread_cond_signal(&e->tok_cv);
+    pend_add(e, j);
     pthread_mutex_unlock(&e->mu);
     return 0;
 }
@@ -1367,11 +1358,9 @@ void eng_close(eng *e)
     while (ev) { eng_event *n = ev->next; eng_event_free(ev); ev = n; }
     sampler_close(e->smp);
     gram_vocab_free(e->gvocab);
-    free(e->gmask);
-    free(e->gm_rows);
+    free(e->gmask); free(e->gm_rows);
     free(e->eog_bits);
-    free(e->b_gfail);
-    free(e->b_gneed);
+    free(e->b_gfail); free(e->b_gneed);
     fw_close(e->fw);
     if (e->be) e->be->ops->close(e->be);
     pool_close(e->pool);

@@ -130,6 +130,18 @@ static void evict(eng *e, job *j)
     e->st.evictions++;
 }
 
+/* Moves active[i] to the parked jobs (evicted first, or keeping its KV).
+ * Under mu. */
+static void park(eng *e, int i)
+{
+    job *j = e->active[i];
+    e->active[i] = e->active[--e->n_active];
+    j->state = JOB_PARKED;
+    j->next = e->parked;
+    e->parked = j;
+    e->n_parked++;
+}
+
 /* What a job costs its uid's share: its pages, and its slot while it holds
  * one, each as a fraction of the whole (scaled to integers). */
 static uint64_t job_cost(const eng *e, int pages, int slot)
@@ -168,11 +180,7 @@ static int make_room(eng *e, job *w)
         }
     if (v) {
         evict(e, v);
-        e->active[best] = e->active[--e->n_active];
-        v->state = JOB_PARKED;
-        v->next = e->parked;
-        e->parked = v;
-        e->n_parked++;
+        park(e, best);
         return 1;
     }
     if (!no_slot)
@@ -235,11 +243,7 @@ again:
             if (atomic_load(&e->active[k]->paused) && e->active[k]->n_pages > 0) { v = e->active[k]; vi = k; break; }
         if (v) {
             evict(e, v);
-            e->active[vi] = e->active[--e->n_active];
-            v->state = JOB_PARKED;
-            v->next = e->parked;
-            e->parked = v;
-            e->n_parked++;
+            park(e, vi);
             goto again;
         }
         for (job *q = e->parked; q && !v; q = q->next)
@@ -356,11 +360,7 @@ static void schedule(eng *e)
         job *j = e->active[i];
         if (atomic_load(&j->paused)) {
             e->slot_used[j->slot] = 0;
-            j->state = JOB_PARKED;
-            j->next = e->parked;
-            e->parked = j;
-            e->n_parked++;
-            e->active[i] = e->active[--e->n_active];
+            park(e, i);
         } else i++;
     }
     for (job **pp = &e->parked; *pp;) {

@@ -82,6 +82,13 @@ int wait_event(gw_req *rq, proto_ev *ev, char *err, size_t errlen)
 }
 
 /* A one-shot request (info, ping, tokenize, detokenize): its terminal event. */
+int ask_daemon(gw_req *rq, proto_type t, proto_ev *ev, char *err, size_t errlen)
+{
+    proto_req q;
+    proto_req_init(&q, t, 0);
+    return call_daemon(rq, &q, ev, err, errlen);
+}
+
 int call_daemon(gw_req *rq, proto_req *q, proto_ev *ev, char *err, size_t errlen)
 {
     for (int attempt = 0; attempt < 2; attempt++) {
@@ -466,10 +473,7 @@ static enum MHD_Result respond_generation(gw_req *rq, struct MHD_Connection *mc)
     sb_puts(&b, "],\"usage\":");
     usage_json(rq, &b);
     sb_puts(&b, "}");
-    enum MHD_Result ret = b.oom ? send_error(rq, mc, 500, NULL, NULL, "out of memory")
-                                : send_buf(rq, mc, 200, "application/json", b.p, b.len);
-    sb_free(&b);
-    return ret;
+    return send_sb(rq, mc, &b);
 }
 
 /* Chat message content: a string, null, or text parts joined by newlines. */
@@ -725,11 +729,9 @@ enum MHD_Result ev_error(gw_req *rq, struct MHD_Connection *mc, const proto_ev *
 
 static enum MHD_Result handle_health(gw_req *rq, struct MHD_Connection *mc)
 {
-    proto_req q;
     proto_ev ev;
     char err[256];
-    proto_req_init(&q, PROTO_T_PING, 0);
-    int rc = call_daemon(rq, &q, &ev, err, sizeof err);
+    int rc = ask_daemon(rq, PROTO_T_PING, &ev, err, sizeof err);
     if (rc < 0) {
         if (rc == -2) return MHD_NO;
         return send_json(rq, mc, 503, json_pack("{s:s, s:s}", "status", "unavailable", "error", err));
@@ -739,11 +741,9 @@ static enum MHD_Result handle_health(gw_req *rq, struct MHD_Connection *mc)
 
 static enum MHD_Result handle_models(gw_req *rq, struct MHD_Connection *mc)
 {
-    proto_req q;
     proto_ev ev;
     char err[256];
-    proto_req_init(&q, PROTO_T_INFO, 0);
-    int rc = call_daemon(rq, &q, &ev, err, sizeof err);
+    int rc = ask_daemon(rq, PROTO_T_INFO, &ev, err, sizeof err);
     if (rc < 0) return daemon_failed(rq, mc, rc, err);
     if (ev.type != PROTO_T_INFO_OK) return ev_error(rq, mc, &ev);
     json_t *m = json_pack("{s:s%, s:s, s:I, s:s, s:{s:s%, s:s%, s:s%, s:i, s:i, s:b}}",
@@ -785,10 +785,7 @@ static enum MHD_Result handle_tokenize(gw_req *rq, struct MHD_Connection *mc, js
     sb_puts(&b, "{\"tokens\":[");
     for (size_t i = 0; i < ev.n_tokens; i++) sb_printf(&b, "%s%d", i ? "," : "", (int)ev.tokens[i]);
     sb_puts(&b, "]}");
-    enum MHD_Result ret = b.oom ? send_error(rq, mc, 500, NULL, NULL, "out of memory")
-                                : send_buf(rq, mc, 200, "application/json", b.p, b.len);
-    sb_free(&b);
-    return ret;
+    return send_sb(rq, mc, &b);
 }
 
 static enum MHD_Result handle_detokenize(gw_req *rq, struct MHD_Connection *mc, json_t *o)
@@ -821,10 +818,7 @@ static enum MHD_Result handle_detokenize(gw_req *rq, struct MHD_Connection *mc, 
     sb_puts(&b, "{\"content\":");
     sb_json_str(&b, ev.text, ev.text_len);
     sb_puts(&b, "}");
-    enum MHD_Result ret = b.oom ? send_error(rq, mc, 500, NULL, NULL, "out of memory")
-                                : send_buf(rq, mc, 200, "application/json", b.p, b.len);
-    sb_free(&b);
-    return ret;
+    return send_sb(rq, mc, &b);
 }
 
 /* ------------------------------------------------------------------ routing and checks */

@@ -141,9 +141,7 @@ static int put_vec(sbuf *b, const float *v, size_t n, size_t d, int base64)
 /* The model's n_embd (info); -1 when the daemon failed (rc in *rc). */
 static int n_embd_of(gw_req *rq, int *rc, char *err, size_t errlen, proto_ev *ev)
 {
-    proto_req q;
-    proto_req_init(&q, PROTO_T_INFO, 0);
-    *rc = call_daemon(rq, &q, ev, err, errlen);
+    *rc = ask_daemon(rq, PROTO_T_INFO, ev, err, errlen);
     if (*rc < 0) return -1;
     return ev->type == PROTO_T_INFO_OK ? ev->n_embd : 0;
 }
@@ -249,8 +247,7 @@ enum MHD_Result gw_embeddings(gw_req *rq, struct MHD_Connection *mc, json_t *o)
     sb_json_str(&b, name ? name : "", name ? strlen(name) : 0);
     sb_printf(&b, ",\"usage\":{\"prompt_tokens\":%llu,\"total_tokens\":%llu}}", (unsigned long long)prompt_tokens,
               (unsigned long long)prompt_tokens);
-    ret = b.oom ? send_error(rq, mc, 500, NULL, NULL, "out of memory")
-                : send_buf(rq, mc, 200, "application/json", b.p, b.len);
+    ret = send_sb(rq, mc, &b);
     goto out;
 bad:
     ret = send_error(rq, mc, e.status, e.code, e.param, "%s", e.msg);

@@ -96,6 +96,8 @@ int conn_ane(gw_conn *c, char *err, size_t errlen);
 void conn_drop(gw_conn *c);
 int wait_event(gw_req *rq, proto_ev *ev, char *err, size_t errlen);
 int call_daemon(gw_req *rq, proto_req *q, proto_ev *ev, char *err, size_t errlen);
+/* call_daemon with a request of type t and no fields */
+int ask_daemon(gw_req *rq, proto_type t, proto_ev *ev, char *err, size_t errlen);
 enum MHD_Result daemon_failed(gw_req *rq, struct MHD_Connection *mc, int rc, const char *err);
 enum MHD_Result ev_error(gw_req *rq, struct MHD_Connection *mc, const proto_ev *ev);
 /* embeddings.c: POST /v1/embeddings */
@@ -104,6 +106,8 @@ enum MHD_Result gw_embeddings(gw_req *rq, struct MHD_Connection *mc, json_t *o);
 void add_common_headers(gw_req *rq, struct MHD_Response *r);
 enum MHD_Result send_buf(gw_req *rq, struct MHD_Connection *mc, unsigned status, const char *ctype, const char *data, size_t len);
 enum MHD_Result send_json(gw_req *rq, struct MHD_Connection *mc, unsigned status, json_t *j);
+/* b's JSON with status 200 (500 when b ran out of memory); frees b */
+enum MHD_Result send_sb(gw_req *rq, struct MHD_Connection *mc, sbuf *b);
 json_t *error_obj(unsigned status, const char *code, const char *param, const char *msg);
 enum MHD_Result send_error(gw_req *rq, struct MHD_Connection *mc, unsigned status, const char *code,
                            const char *param, const char *fmt, ...) __attribute__((format(printf, 6, 7)));

@@ -1,6 +1,7 @@
 /* main.c — aned-http's options, listening socket and main loop; the
  * requests themselves are served in aned-http.c. */
 #include "client/aneclient.h"
+#include "common/sig.h"
 #include "http/gw.h"
 
 #include <arpa/inet.h>
@@ -272,10 +273,7 @@ int main(int argc, char **argv)
     /* Signals are taken synchronously by main; every thread inherits the mask. */
     signal(SIGPIPE, SIG_IGN);
     sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGHUP);
+    stop_signals(&set);
     pthread_sigmask(SIG_BLOCK, &set, NULL);
 
     char shown[600];

@@ -2,6 +2,7 @@
  * shape for every error, its HTTP status and OpenAI "type"/"code"/"param"
  * from the daemon's error codes. */
 #include "http/gw_int.h"
+#include "common/strbuf.h"
 
 #include <ctype.h>
 #include <stdarg.h>
@@ -38,46 +39,34 @@ void sb_puts(sbuf *b, const char *s) { sb_add(b, s, strlen(s)); }
 
 void sb_printf(sbuf *b, const char *fmt, ...)
 {
-    char tmp[256];
-    va_list ap;
+    char tmp[256];   /* most fit: formatted once */
+    va_list ap, again;
     va_start(ap, fmt);
+    va_copy(again, ap);
     int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
     va_end(ap);
-    if (n < 0) return;
-    if ((size_t)n < sizeof tmp) { sb_add(b, tmp, (size_t)n); return; }
-    if (sb_reserve(b, (size_t)n + 1) < 0) return;
-    va_start(ap, fmt);
-    vsnprintf(b->p + b->len, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    b->len += (size_t)n;
+    if (n >= 0 && (size_t)n < sizeof tmp) {
+        sb_add(b, tmp, (size_t)n);
+    } else if (n >= 0 && sb_reserve(b, (size_t)n + 1) == 0) {
+        vsnprintf(b->p + b->len, (size_t)n + 1, fmt, again);
+        b->len += (size_t)n;
+    }
+    va_end(again);
 }
 
 /* A JSON string literal of UTF-8 text (the daemon guarantees UTF-8). */
 void sb_json_str(sbuf *b, const char *s, size_t n)
 {
-    static const char hex[] = "0123456789abcdef";
     if (sb_reserve(b, n + 2) < 0) return;
     sb_add(b, "\"", 1);
-    size_t run = 0;
+    size_t run = 0;   /* s[run..i) is added as it is */
     for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c >= 0x20 && c != '"' && c != '\\') continue;
+        char e[6];
+        size_t el = json_escape((unsigned char)s[i], e);
+        if (!el) continue;
         sb_add(b, s + run, i - run);
-        run = i + 1;
-        char e[6] = { '\\', 0 };
-        size_t el = 2;
-        switch (c) {
-        case '"': e[1] = '"'; break;
-        case '\\': e[1] = '\\'; break;
-        case '\n': e[1] = 'n'; break;
-        case '\r': e[1] = 'r'; break;
-        case '\t': e[1] = 't'; break;
-        case '\b': e[1] = 'b'; break;
-        case '\f': e[1] = 'f'; break;
-        default:
-            e[1] = 'u'; e[2] = '0'; e[3] = '0'; e[4] = hex[c >> 4]; e[5] = hex[c & 15]; el = 6;
-        }
         sb_add(b, e, el);
+        run = i + 1;
     }
     sb_add(b, s + run, n - run);
     sb_add(b, "\"", 1);
@@ -136,6 +125,14 @@ enum MHD_Result send_json(gw_req *rq, struct MHD_Connection *mc, unsigned status
                             "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,\"code\":null}}", 84);
     enum MHD_Result ret = send_buf(rq, mc, status, "application/json", s, strlen(s));
     free(s);
+    return ret;
+}
+
+enum MHD_Result send_sb(gw_req *rq, struct MHD_Connection *mc, sbuf *b)
+{
+    enum MHD_Result ret = b->oom ? send_error(rq, mc, 500, NULL, NULL, "out of memory")
+                                 : send_buf(rq, mc, 200, "application/json", b->p, b->len);
+    sb_free(b);
     return ret;
 }
 

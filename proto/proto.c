@@ -2,6 +2,7 @@
  * The framing reader and the decoders are in proto_read.c. See proto.h and
  * PROTOCOL.md. */
 #include "common/err.h"
+#include "common/sampling.h"
 #include "common/utf8.h"
 #include "proto/proto.h"
 #include "proto/proto_int.h"
@@ -89,20 +90,8 @@ proto_type proto_type_lookup(const char *s, size_t n, int events)
 
 void proto_req_init(proto_req *r, proto_type t, uint64_t id)
 {
-    memset(r, 0, sizeof *r);
-    r->type = t;
-    r->id = id;
-    r->version = PROTO_VERSION;
-    r->add_bos = 1;
-    r->max_tokens = PROTO_DEF_MAX_TOKENS;
-    r->temperature = 0.8f;
-    r->top_k = 40;
-    r->top_p = 0.95f;
-    r->min_p = 0.05f;
-    r->repeat_penalty = 1.0f;
-    r->repeat_last_n = 64;
-    r->top = 10;
-    r->parallel_tool_calls = 1;
+    *r = (proto_req){ .type = t, .id = id, .version = PROTO_VERSION, .add_bos = 1, .max_tokens = PROTO_DEF_MAX_TOKENS,
+                      SAMPLING_DEFAULTS, .top = 10, .parallel_tool_calls = 1 };
 }
 
 void proto_ev_init(proto_ev *e, proto_type t, uint64_t id)
@@ -201,6 +190,8 @@ static void pk_ki64(pk *k, const char *key, int64_t v) { pk_key(k, key); pk_i64(
 static void pk_kf32(pk *k, const char *key, float v) { pk_key(k, key); pk_f32(k, v); }
 static void pk_kf64(pk *k, const char *key, double v) { pk_key(k, key); pk_f64(k, v); }
 static void pk_kbool(pk *k, const char *key, int v) { pk_key(k, key); pk_bool(k, v); }
+/* an optional C string: the key only when s is not NULL */
+static void pk_kopt(pk *k, const char *key, const char *s) { if (s) pk_kstr(k, key, s, strlen(s)); }
 /* Every message opens with its map header, "type" and "id". */
 static void pk_head(pk *k, size_t n_keys, const char *type, uint64_t id)
 {
@@ -245,10 +236,20 @@ static void pk_f32le(pk *k, const float *v, size_t n)
     }
 }
 
-static void pk_tokens(pk *k, const int32_t *t, size_t n)
+/* "tokens": the ids (none when t is NULL) */
+static void pk_ktokens(pk *k, const int32_t *t, size_t n)
 {
+    if (!t) n = 0;
+    pk_key(k, "tokens");
     pk_arr(k, n);
     for (size_t i = 0; i < n && !k->fail; i++) pk_i64(k, t[i]);
+}
+
+/* a message of its type, id and "tokens" alone (detokenize, tokens) */
+static void pk_tokens_msg(pk *k, const char *type, uint64_t id, const int32_t *t, size_t n)
+{
+    pk_head(k, 3, type, id);
+    pk_ktokens(k, t, n);
 }
 
 static void pk_msgs(pk *k, const proto_msg *m, size_t n)
@@ -314,6 +315,17 @@ static int pk_end(pk *k, proto_buf *b, size_t start)
     return 0;
 }
 
+/* generate's and eval's prompt: messages, tokens or text (the first given),
+ * then "system" when given and "raw" */
+static void pk_chat_prompt(pk *k, const proto_req *r)
+{
+    if (r->msgs && r->n_msgs > 0) pk_msgs(k, r->msgs, r->n_msgs);
+    else if (r->tokens) pk_ktokens(k, r->tokens, r->n_tokens);
+    else pk_kstr(k, "prompt", r->text, r->text_len);
+    if (r->system) pk_kstr(k, "system", r->system, r->system_len);
+    pk_kbool(k, "raw", r->raw);
+}
+
 int proto_req_encode(proto_buf *b, const proto_req *r)
 {
     size_t start = b->len;
@@ -321,8 +333,7 @@ int proto_req_encode(proto_buf *b, const proto_req *r)
     pk_begin(&k, b);
     const char *tn = proto_type_name(r->type);
     int prompt_tokens = r->tokens != NULL;
-    int prompt_msgs = r->msgs != NULL && r->n_msgs > 0;
-    if ((r->type == PROTO_T_GENERATE || r->type == PROTO_T_EVAL) && prompt_msgs && r->n_msgs > PROTO_MAX_MSGS)
+    if ((r->type == PROTO_T_GENERATE || r->type == PROTO_T_EVAL) && r->msgs && r->n_msgs > PROTO_MAX_MSGS)
         return -1;
     switch (r->type) {
     case PROTO_T_HELLO:
@@ -336,11 +347,7 @@ int proto_req_encode(proto_buf *b, const proto_req *r)
                    (r->json_schema != NULL) + (r->json_object != 0) + (r->logprobs != 0) + (r->echo != 0) +
                    (r->prompt_only != 0) + (r->reasoning != PROTO_REASONING_AUTO) + (r->keep_reasoning != 0) +
                    (r->template_vars != NULL) + (r->regex != NULL) + (r->n_choice > 0), tn, r->id);
-        if (prompt_msgs) pk_msgs(&k, r->msgs, r->n_msgs);
-        else if (prompt_tokens) { pk_key(&k, "tokens"); pk_tokens(&k, r->tokens, r->n_tokens); }
-        else pk_kstr(&k, "prompt", r->text, r->text_len);
-        if (r->system) pk_kstr(&k, "system", r->system, r->system_len);
-        pk_kbool(&k, "raw", r->raw);
+        pk_chat_prompt(&k, r);
         pk_ki64(&k, "max_tokens", r->max_tokens);
         pk_kf32(&k, "temperature", r->temperature);
         pk_ki64(&k, "top_k", r->top_k);
@@ -372,18 +379,14 @@ int proto_req_encode(proto_buf *b, const proto_req *r)
         break;
     case PROTO_T_EVAL:
         pk_head(&k, 5 + (r->system != NULL) + (r->keep_reasoning != 0) + (r->template_vars != NULL), tn, r->id);
-        if (prompt_msgs) pk_msgs(&k, r->msgs, r->n_msgs);
-        else if (prompt_tokens) { pk_key(&k, "tokens"); pk_tokens(&k, r->tokens, r->n_tokens); }
-        else pk_kstr(&k, "prompt", r->text, r->text_len);
-        if (r->system) pk_kstr(&k, "system", r->system, r->system_len);
-        pk_kbool(&k, "raw", r->raw);
+        pk_chat_prompt(&k, r);
         pk_ki64(&k, "top", r->top);
         if (r->keep_reasoning) pk_kbool(&k, "keep_reasoning", 1);
         pk_tvars(&k, r);
         break;
     case PROTO_T_EMBED:
         pk_head(&k, 4, tn, r->id);
-        if (prompt_tokens) { pk_key(&k, "tokens"); pk_tokens(&k, r->tokens, r->n_tokens); }
+        if (prompt_tokens) pk_ktokens(&k, r->tokens, r->n_tokens);
         else pk_kstr(&k, "prompt", r->text, r->text_len);
         pk_kbool(&k, "special", r->special);
         break;
@@ -394,17 +397,14 @@ int proto_req_encode(proto_buf *b, const proto_req *r)
         pk_kbool(&k, "add_bos", r->add_bos);
         break;
     case PROTO_T_DETOKENIZE:
-        pk_head(&k, 3, tn, r->id);
-        pk_key(&k, "tokens");
-        pk_tokens(&k, r->tokens, r->tokens ? r->n_tokens : 0);
+        pk_tokens_msg(&k, tn, r->id, r->tokens, r->n_tokens);
         break;
     case PROTO_T_CANCEL:
     case PROTO_T_INFO:
     case PROTO_T_PING:
         pk_head(&k, 2, tn, r->id);
         break;
-    default:
-        return -1;
+    default: return -1;
     }
     return pk_end(&k, b, start);
 }
@@ -486,9 +486,7 @@ int proto_ev_encode(proto_buf *b, const proto_ev *e)
         if (e->closing) pk_kbool(&k, "closing", 1);
         break;
     case PROTO_T_TOKENS:
-        pk_head(&k, 3, tn, e->id);
-        pk_key(&k, "tokens");
-        pk_tokens(&k, e->tokens, e->tokens ? e->n_tokens : 0);
+        pk_tokens_msg(&k, tn, e->id, e->tokens, e->n_tokens);
         break;
     case PROTO_T_TEXT:
         pk_head(&k, 3, tn, e->id);
@@ -537,17 +535,16 @@ int proto_ev_encode(proto_buf *b, const proto_ev *e)
         pk_kf64(&k, "idle_timeout_s", e->idle_timeout_s);
         pk_ku64(&k, "max_clients_per_uid", e->max_clients_per_uid);
         pk_kbool(&k, "deterministic", e->deterministic);
-        if (e->cuda_f16_cache) pk_kstr(&k, "cuda_f16_cache", e->cuda_f16_cache, strlen(e->cuda_f16_cache));
-        if (e->kv_type) pk_kstr(&k, "kv_type", e->kv_type, strlen(e->kv_type));
-        if (e->device) pk_kstr(&k, "device", e->device, strlen(e->device));
-        if (e->pooling) pk_kstr(&k, "pooling", e->pooling, strlen(e->pooling));
-        if (e->pooling_source) pk_kstr(&k, "pooling_source", e->pooling_source, strlen(e->pooling_source));
+        pk_kopt(&k, "cuda_f16_cache", e->cuda_f16_cache);
+        pk_kopt(&k, "kv_type", e->kv_type);
+        pk_kopt(&k, "device", e->device);
+        pk_kopt(&k, "pooling", e->pooling);
+        pk_kopt(&k, "pooling_source", e->pooling_source);
         break;
     case PROTO_T_PONG:
         pk_head(&k, 2, tn, e->id);
         break;
-    default:
-        return -1;
+    default: return -1;
     }
     return pk_end(&k, b, start);
 }

@@ -1,5 +1,6 @@
 /* proto_json.c — MessagePack values <-> JSON text (proto_json.h). */
 #include "proto/proto_json.h"
+#include "common/strbuf.h"
 #include "common/utf8.h"
 
 #include <jansson.h>
@@ -8,44 +9,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct jb { char *s; size_t n, cap; int oom; } jb;
-
-static void put(jb *b, const char *s, size_t n)
-{
-    if (b->oom) return;
-    if (b->n + n + 1 > b->cap) {
-        size_t c = b->cap ? b->cap : 256;
-        while (c < b->n + n + 1) c *= 2;
-        char *p = realloc(b->s, c);
-        if (!p) { b->oom = 1; return; }
-        b->s = p;
-        b->cap = c;
-    }
-    memcpy(b->s + b->n, s, n);
-    b->n += n;
-    b->s[b->n] = 0;
-}
-
-static int put_str(jb *b, const char *s, size_t n, const char **why)
+/* s[0..n) as a JSON string literal; only valid UTF-8 is taken */
+static int put_str(strbuf *b, const char *s, size_t n, const char **why)
 {
     if (!utf8_valid(s, n, NULL)) { *why = "a string is not valid UTF-8"; return -1; }
-    put(b, "\"", 1);
-    size_t run = 0;
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c >= 0x20 && c != '"' && c != '\\') continue;
-        put(b, s + run, i - run);
-        char esc[8];
-        if (c == '"') put(b, "\\\"", 2);
-        else if (c == '\\') put(b, "\\\\", 2);
-        else if (c == '\n') put(b, "\\n", 2);
-        else if (c == '\t') put(b, "\\t", 2);
-        else if (c == '\r') put(b, "\\r", 2);
-        else { snprintf(esc, sizeof esc, "\\u%04x", c); put(b, esc, 6); }
-        run = i + 1;
-    }
-    put(b, s + run, n - run);
-    put(b, "\"", 1);
+    strbuf_json_str(b, s, n);
     return 0;
 }
 
@@ -56,52 +24,52 @@ static int skipped(const msgpack_object *k, const char *const *skip)
     return 0;
 }
 
-static int conv(jb *b, const msgpack_object *o, const char *const *skip, const char **why)
+static int conv(strbuf *b, const msgpack_object *o, const char *const *skip, const char **why)
 {
     char num[40];
     switch (o->type) {
-    case MSGPACK_OBJECT_NIL: put(b, "null", 4); return 0;
-    case MSGPACK_OBJECT_BOOLEAN: o->via.boolean ? put(b, "true", 4) : put(b, "false", 5); return 0;
+    case MSGPACK_OBJECT_NIL: strbuf_add(b, "null", 4); return 0;
+    case MSGPACK_OBJECT_BOOLEAN: o->via.boolean ? strbuf_add(b, "true", 4) : strbuf_add(b, "false", 5); return 0;
     case MSGPACK_OBJECT_POSITIVE_INTEGER:
-        put(b, num, (size_t)snprintf(num, sizeof num, "%llu", (unsigned long long)o->via.u64));
+        strbuf_add(b, num, (size_t)snprintf(num, sizeof num, "%llu", (unsigned long long)o->via.u64));
         return 0;
     case MSGPACK_OBJECT_NEGATIVE_INTEGER:
-        put(b, num, (size_t)snprintf(num, sizeof num, "%lld", (long long)o->via.i64));
+        strbuf_add(b, num, (size_t)snprintf(num, sizeof num, "%lld", (long long)o->via.i64));
         return 0;
     case MSGPACK_OBJECT_FLOAT32:
     case MSGPACK_OBJECT_FLOAT64: {
         double v = o->via.f64;
         if (!isfinite(v)) { *why = "a float that is not finite"; return -1; }
         int l = snprintf(num, sizeof num, "%.17g", v);
-        put(b, num, (size_t)l);
-        if (!strpbrk(num, ".eE")) put(b, ".0", 2);   /* stays a float */
+        strbuf_add(b, num, (size_t)l);
+        if (!strpbrk(num, ".eE")) strbuf_add(b, ".0", 2);   /* stays a float */
         return 0;
     }
     case MSGPACK_OBJECT_STR: return put_str(b, o->via.str.ptr, o->via.str.size, why);
     case MSGPACK_OBJECT_BIN: return put_str(b, o->via.bin.ptr, o->via.bin.size, why);
     case MSGPACK_OBJECT_ARRAY:
-        put(b, "[", 1);
+        strbuf_addc(b, '[');
         for (uint32_t i = 0; i < o->via.array.size; i++) {
-            if (i) put(b, ",", 1);
+            if (i) strbuf_addc(b, ',');
             if (conv(b, &o->via.array.ptr[i], NULL, why)) return -1;
         }
-        put(b, "]", 1);
+        strbuf_addc(b, ']');
         return 0;
     case MSGPACK_OBJECT_MAP: {
-        put(b, "{", 1);
+        strbuf_addc(b, '{');
         int first = 1;
         for (uint32_t i = 0; i < o->via.map.size; i++) {
             const msgpack_object *k = &o->via.map.ptr[i].key;
             if (k->type != MSGPACK_OBJECT_STR) { *why = "a key is not a string"; return -1; }
             if (skipped(k, skip)) continue;
             /* a repeated key keeps its last value, as JSON readers do */
-            if (!first) put(b, ",", 1);
+            if (!first) strbuf_addc(b, ',');
             first = 0;
             if (put_str(b, k->via.str.ptr, k->via.str.size, why)) return -1;
-            put(b, ":", 1);
+            strbuf_addc(b, ':');
             if (conv(b, &o->via.map.ptr[i].val, NULL, why)) return -1;
         }
-        put(b, "}", 1);
+        strbuf_addc(b, '}');
         return 0;
     }
     default:
@@ -113,17 +81,17 @@ static int conv(jb *b, const msgpack_object *o, const char *const *skip, const c
 int pj_to_json(const msgpack_object *o, const char *const *skip, char **out, size_t *len,
                const char **why, int *bad_oom)
 {
-    jb b = { 0 };
+    strbuf b = { 0 };
     *out = NULL;
     *len = 0;
     *bad_oom = 0;
     *why = NULL;
     int rc = conv(&b, o, skip, why);
     if (!rc && b.oom) { *why = "out of memory"; *bad_oom = 1; rc = -1; }
-    if (rc) { free(b.s); return -1; }
-    if (!b.s) put(&b, "", 0);
+    if (rc) { free(b.p); return -1; }
+    if (!b.p) strbuf_add(&b, "", 0);
     if (b.oom) { *why = "out of memory"; *bad_oom = 1; return -1; }
-    *out = b.s;
+    *out = b.p;
     *len = b.n;
     return 0;
 }

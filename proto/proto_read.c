@@ -835,19 +835,35 @@ static void *get_array(dctx *d, const msgpack_object *v, const char *name, uint3
     return t;
 }
 
+/* Item i of the array v ("name"): an array [id, number, ...] of k items
+ * (shape, e.g. "[id, logit]", names them in errors; num the number). Its
+ * items, with the id and the number in *id and *x; NULL on failure. */
+static const msgpack_object *get_id_num(dctx *d, const msgpack_object *v, const char *name, uint32_t i,
+                                        uint32_t k, const char *shape, const char *num, int32_t *id, double *x)
+{
+    const msgpack_object *p = &v->via.array.ptr[i];
+    if (p->type != MSGPACK_OBJECT_ARRAY || p->via.array.size != k) {
+        fail(d, PROTO_E_BAD_REQUEST, "\"%s\"[%u] must be %s", name, i, shape);
+        return NULL;
+    }
+    char id_name[32];
+    snprintf(id_name, sizeof id_name, "%s id", name);
+    if (get_i32(d, &p->via.array.ptr[0], id_name, 0, INT32_MAX, id) < 0) return NULL;
+    if (obj_number(&p->via.array.ptr[1], x) < 0) {
+        fail(d, PROTO_E_BAD_REQUEST, "\"%s\"[%u] %s must be a number", name, i, num);
+        return NULL;
+    }
+    return p->via.array.ptr;
+}
+
 static int get_top(dctx *d, const msgpack_object *v, proto_ev *e)
 {
     uint32_t n;
     proto_top *t = get_array(d, v, "top", PROTO_MAX_TOP, sizeof *t, &n);
     if (!t) return -1;
     for (uint32_t i = 0; i < n; i++) {
-        const msgpack_object *p = &v->via.array.ptr[i];
         double logit;
-        if (p->type != MSGPACK_OBJECT_ARRAY || p->via.array.size != 2)
-            return fail(d, PROTO_E_BAD_REQUEST, "\"top\"[%u] must be [id, logit]", i);
-        if (get_i32(d, &p->via.array.ptr[0], "top id", 0, INT32_MAX, &t[i].id) < 0) return -1;
-        if (obj_number(&p->via.array.ptr[1], &logit) < 0)
-            return fail(d, PROTO_E_BAD_REQUEST, "\"top\"[%u] logit must be a number", i);
+        if (!get_id_num(d, v, "top", i, 2, "[id, logit]", "logit", &t[i].id, &logit)) return -1;
         t[i].logit = (float)logit;   /* -inf is a legal logit */
     }
     e->top = t;
@@ -887,14 +903,11 @@ static int get_lp_field(dctx *d, const msgpack_object *k, const msgpack_object *
     proto_lp *t = get_array(d, v, "top_logprobs", PROTO_MAX_LOGPROBS, sizeof *t, &n);
     if (!t) return -1;
     for (uint32_t i = 0; i < n; i++) {
-        const msgpack_object *p = &v->via.array.ptr[i];
-        if (p->type != MSGPACK_OBJECT_ARRAY || p->via.array.size != 3)
-            return fail(d, PROTO_E_BAD_REQUEST, "\"top_logprobs\"[%u] must be [id, logprob, bytes]", i);
-        if (get_i32(d, &p->via.array.ptr[0], "top_logprobs id", 0, INT32_MAX, &t[i].id) < 0) return -1;
-        if (obj_number(&p->via.array.ptr[1], &x) < 0)
-            return fail(d, PROTO_E_BAD_REQUEST, "\"top_logprobs\"[%u] logprob must be a number", i);
+        const msgpack_object *p = get_id_num(d, v, "top_logprobs", i, 3, "[id, logprob, bytes]", "logprob",
+                                                &t[i].id, &x);
+        if (!p) return -1;
         t[i].logprob = (float)x;
-        if (get_bytes(d, &p->via.array.ptr[2], "top_logprobs bytes", &t[i].bytes, &t[i].bytes_len) < 0) return -1;
+        if (get_bytes(d, &p[2], "top_logprobs bytes", &t[i].bytes, &t[i].bytes_len) < 0) return -1;
     }
     e->lps = t;
     e->n_lps = n;

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "engine/grammar/gram_int.h"
+#include "common/hex.h"
 
 typedef struct {
     const char *s, *end, *base;
@@ -151,14 +152,6 @@ static void skip_space(gp *p, int newline_ok)
     }
 }
 
-static int hexval(int c)
-{
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-}
-
 /* One UTF-8 code point from raw text. */
 static int64_t decode_utf8(gp *p)
 {
@@ -201,7 +194,7 @@ static int64_t parse_char(gp *p)
     }
     uint32_t v = 0;
     for (int i = 0; i < nhex; i++) {
-        int h = p->s < p->end ? hexval((unsigned char)*p->s) : -1;
+        int h = p->s < p->end ? hex_digit((unsigned char)*p->s) : -1;
         if (h < 0) { fail(p, at, "expected %d hex digits after '\\%c'", nhex, c); return -1; }
         v = v * 16 + (uint32_t)h; p->s++;
     }

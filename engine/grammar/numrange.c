@@ -18,27 +18,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/strbuf.h"
 #include "engine/grammar/gram_int.h"
 
 #define MAXD 16
 static const int64_t INT_CAP = 9999999999999999LL;   /* 16 digits */
 
-typedef struct { char *s; size_t n, cap; int failed; } sb;
+typedef strbuf sb;
 
-static void add(sb *b, const char *s)
-{
-    size_t n = strlen(s);
-    if (b->failed) return;
-    if (b->n + n + 1 > b->cap) {
-        size_t nc = b->cap ? b->cap * 2 : 256;
-        while (nc < b->n + n + 1) nc *= 2;
-        char *q = realloc(b->s, nc);
-        if (!q) { b->failed = 1; return; }
-        b->s = q; b->cap = nc;
-    }
-    memcpy(b->s + b->n, s, n + 1);
-    b->n += n;
-}
+static void add(sb *b, const char *s) { strbuf_adds(b, s); }
 
 static void addf(sb *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void addf(sb *b, const char *fmt, ...)
@@ -154,15 +142,15 @@ static int frac_ne(sb *b, int lk, const char *L, int hk, const char *H, int n)
         sb r = { 0 };
         int has = frac_ne(&r, rlk, rL, rhk, rH, n - 1);
         int eo = empty_ok(rlk, rL, rhk, rH);
-        if (!has && !eo) { free(r.s); continue; }
+        if (!has && !eo) { free(r.p); continue; }
         if (alts++) add(&t, " | ");
         addf(&t, "\"%d\"", d);
-        if (has) { add(&t, " ("); add(&t, r.s); add(&t, eo ? ")?" : ")"); }
-        free(r.s);
+        if (has) { add(&t, " ("); add(&t, r.p); add(&t, eo ? ")?" : ")"); }
+        free(r.p);
     }
-    if (alts) { add(b, "("); add(b, t.s); add(b, ")"); }
-    if (t.failed) b->failed = 1;
-    free(t.s);
+    if (alts) { add(b, "("); add(b, t.p); add(b, ")"); }
+    if (t.oom) b->oom = 1;
+    free(t.p);
     return alts > 0;
 }
 
@@ -171,10 +159,10 @@ static int fraction(sb *b, int lk, const char *L, int hk, const char *H)
 {
     sb r = { 0 };
     int has = frac_ne(&r, lk, L, hk, H, MAXD), eo = empty_ok(lk, L, hk, H);
-    if (has) { add(b, "(\".\" "); add(b, r.s); add(b, eo ? ")?" : ")"); }
+    if (has) { add(b, "(\".\" "); add(b, r.p); add(b, eo ? ")?" : ")"); }
     else if (eo) add(b, "\"\"");
-    if (r.failed) b->failed = 1;
-    free(r.s);
+    if (r.oom) b->oom = 1;
+    free(r.p);
     return has || eo;
 }
 
@@ -194,12 +182,12 @@ static int mag_range(sb *b, const mag *lo, const mag *hi, int integer)
         if (LI <= HI) { int_range(&t, LI, HI); alts = 1; }
     } else if (LI == HI) {
         sb f = { 0 };
-        if (fraction(&f, lk, lo->F, hk, hi->F)) { addf(&t, "\"%" PRId64 "\" ", LI); add(&t, f.s); alts++; }
-        free(f.s);
+        if (fraction(&f, lk, lo->F, hk, hi->F)) { addf(&t, "\"%" PRId64 "\" ", LI); add(&t, f.p); alts++; }
+        free(f.p);
     } else {
         sb f = { 0 };
-        if (fraction(&f, lk, lo->F, K_NONE, "")) { addf(&t, "\"%" PRId64 "\" ", LI); add(&t, f.s); alts++; }
-        free(f.s);
+        if (fraction(&f, lk, lo->F, K_NONE, "")) { addf(&t, "\"%" PRId64 "\" ", LI); add(&t, f.p); alts++; }
+        free(f.p);
         if (LI + 1 <= HI - (hi->on ? 1 : 0)) {
             if (alts++) add(&t, " | ");
             int_range(&t, LI + 1, hi->on ? HI - 1 : HI);
@@ -209,14 +197,14 @@ static int mag_range(sb *b, const mag *lo, const mag *hi, int integer)
             sb g = { 0 };
             if (fraction(&g, K_NONE, "", hk, hi->F)) {
                 if (alts++) add(&t, " | ");
-                addf(&t, "\"%" PRId64 "\" ", HI); add(&t, g.s);
+                addf(&t, "\"%" PRId64 "\" ", HI); add(&t, g.p);
             }
-            free(g.s);
+            free(g.p);
         }
     }
-    if (alts) { add(b, "("); add(b, t.s); add(b, ")"); }
-    if (t.failed) b->failed = 1;
-    free(t.s);
+    if (alts) { add(b, "("); add(b, t.p); add(b, ")"); }
+    if (t.oom) b->oom = 1;
+    free(t.p);
     return alts > 0;
 }
 
@@ -304,8 +292,8 @@ char *numrange_gbnf(const gram_bound *lo, const gram_bound *hi, int integer, cha
         snprintf(mhi.F, sizeof mhi.F, "%s", hF);
         if (lo->on && !lneg) { mlo.excl = lex; mlo.I = lI; snprintf(mlo.F, sizeof mlo.F, "%s", lF); }
         sb t = { 0 };
-        if (mag_range(&t, &mlo, &mhi, integer)) { add(&b, t.s); alts++; }
-        free(t.s);
+        if (mag_range(&t, &mlo, &mhi, integer)) { add(&b, t.p); alts++; }
+        free(t.p);
     }
     /* negative values: "-" and a magnitude above 0 (or above -hi) */
     if (!lo->on || lneg) {
@@ -316,13 +304,13 @@ char *numrange_gbnf(const gram_bound *lo, const gram_bound *hi, int integer, cha
         sb t = { 0 };
         if (mag_range(&t, &mlo, &mhi, integer)) {
             if (alts++) add(&b, " | ");
-            add(&b, "\"-\" "); add(&b, t.s);
+            add(&b, "\"-\" "); add(&b, t.p);
         }
-        free(t.s);
+        free(t.p);
     }
     add(&b, ")");
     if (integer) addf(&b, " (\".\" \"0\"{1,%d})?", MAXD);
-    if (!alts) { free(b.s); b.s = NULL; b.n = 0; b.cap = 0; add(&b, "[^\\x00-\\U0010FFFF]"); }
-    if (b.failed) { free(b.s); snprintf(err, errlen, "out of memory"); return NULL; }
-    return b.s;
+    if (!alts) { free(b.p); b.p = NULL; b.n = 0; b.cap = 0; add(&b, "[^\\x00-\\U0010FFFF]"); }
+    if (b.oom) { free(b.p); snprintf(err, errlen, "out of memory"); return NULL; }
+    return b.p;
 }

@@ -8,28 +8,14 @@
 #include <string.h>
 
 #include "engine/grammar/grammar.h"
+#include "common/strbuf.h"
 
 typedef struct {
-    char *s; size_t n, cap;
-    int failed;
+    strbuf o;
     toolgram_special_fn special; void *ctx;
 } gb;
 
-static void put(gb *b, const char *s, size_t n)
-{
-    if (b->failed) return;
-    if (b->n + n + 1 > b->cap) {
-        size_t nc = b->cap ? b->cap * 2 : 1024;
-        while (nc < b->n + n + 1) nc *= 2;
-        char *q = realloc(b->s, nc);
-        if (!q) { b->failed = 1; return; }
-        b->s = q; b->cap = nc;
-    }
-    memcpy(b->s + b->n, s, n);
-    b->n += n;
-    b->s[b->n] = 0;
-}
-
+static void put(gb *b, const char *s, size_t n) { strbuf_add(&b->o, s, n); }
 static void puts_(gb *b, const char *s) { put(b, s, strlen(s)); }
 
 /* A GBNF literal of raw bytes (UTF-8 passes as it is). */
@@ -94,7 +80,7 @@ static void call_alt(gb *b, int syn, int variant, const char *n, size_t nl, size
     json_t *js = json_stringn(n, nl);
     char *jn = js ? json_dumps(js, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
     json_decref(js);
-    if (!jn) { b->failed = 1; return; }
+    if (!jn) { b->o.oom = 1; return; }
     switch (syn) {
     case TC_HERMES:
         mark(b, "<tool_call>");
@@ -256,11 +242,11 @@ char *toolgram_gbnf(tc_format fmt, const char *tpl_src, const char *tools, size_
         mark(&b, DS_CALLS_END);
     } else puts_(&b, " tc-calls");
     puts_(&b, "\n");
-    if (b.failed) { fail(err, errlen, "out of memory"); goto done; }
-    out = b.s;
-    b.s = NULL;
+    if (b.o.oom) { fail(err, errlen, "out of memory"); goto done; }
+    out = b.o.p;
+    b.o.p = NULL;
 done:
-    free(b.s);
+    free(b.o.p);
     free(rules);
     for (size_t i = 0; owned && i < nt; i++) free(owned[i]);
     free(owned); free(schemas); free(slen); free(which);

@@ -258,6 +258,39 @@ static val repeat(jctx *c, val s, int64_t k)
 
 static int plain_seq(val v) { return v.t == JT_LIST && (L(v)->h.sub == L_LIST || L(v)->h.sub == L_TUPLE); }
 
+/* a + b, a - b or a * b on ints; where int64 overflows (Python's ints would
+ * grow), an error */
+static val int_arith(jctx *c, int op, int64_t x, int64_t y)
+{
+    int64_t r;
+    int over = op == OP_ADD ? __builtin_add_overflow(x, y, &r)
+             : op == OP_SUB ? __builtin_sub_overflow(x, y, &r) : __builtin_mul_overflow(x, y, &r);
+    if (over) jfail(c, JE_OVERFLOW, "integer too large");
+    return vint(r);
+}
+
+/* Python's a // b (mod 0) or a % b (mod 1) on numbers: the quotient
+ * rounded down, the remainder with b's sign. */
+static val floordiv_mod(jctx *c, int mod, val a, val b, int ints)
+{
+    if (ints) {
+        if (!b.i) jfail(c, JE_ZERODIV, "integer division or modulo by zero");
+        if (b.i == -1) {   /* INT64_MIN / -1 overflows in C */
+            if (mod) return vint(0);
+            if (a.i == INT64_MIN) jfail(c, JE_OVERFLOW, "integer too large");
+            return vint(-a.i);
+        }
+        int64_t q = a.i / b.i, m = a.i % b.i;
+        if (m && ((m < 0) != (b.i < 0))) { q--; m += b.i; }
+        return vint(mod ? m : q);
+    }
+    if (is_num(a) && is_num(b)) {
+        if (num(b) == 0) jfail(c, JE_ZERODIV, mod ? "float modulo" : "float floor division by zero");
+        return vfloat(mod ? py_fmod(num(a), num(b)) : py_floordiv(num(a), num(b)));
+    }
+    unsupported(c, mod ? "%" : "//", a, b);
+}
+
 static val binop(jctx *c, int op, val a, val b)
 {
     static const char *sym[] = { "", "+", "-", "*", "/", "//", "%", "** or pow()" };
@@ -266,11 +299,7 @@ static val binop(jctx *c, int op, val a, val b)
     int ints = is_int(a) && is_int(b);
     switch (op) {
     case OP_ADD:
-        if (ints) {
-            int64_t r;
-            if (__builtin_add_overflow(a.i, b.i, &r)) jfail(c, JE_OVERFLOW, "integer too large");
-            return vint(r);
-        }
+        if (ints) return int_arith(c, op, a.i, b.i);
         if (is_num(a) && is_num(b)) return vfloat(num(a) + num(b));
         if (a.t == JT_STR && b.t == JT_STR) {
             int mk = is_markup(a) || is_markup(b);
@@ -294,19 +323,11 @@ static val binop(jctx *c, int op, val a, val b)
             jfail(c, JE_TYPE, "can only concatenate %s (not \"%s\") to %s", jtype_name(a), jtype_name(b), jtype_name(a));
         unsupported(c, "+", a, b);
     case OP_SUB:
-        if (ints) {
-            int64_t r;
-            if (__builtin_sub_overflow(a.i, b.i, &r)) jfail(c, JE_OVERFLOW, "integer too large");
-            return vint(r);
-        }
+        if (ints) return int_arith(c, op, a.i, b.i);
         if (is_num(a) && is_num(b)) return vfloat(num(a) - num(b));
         unsupported(c, "-", a, b);
     case OP_MUL:
-        if (ints) {
-            int64_t r;
-            if (__builtin_mul_overflow(a.i, b.i, &r)) jfail(c, JE_OVERFLOW, "integer too large");
-            return vint(r);
-        }
+        if (ints) return int_arith(c, op, a.i, b.i);
         if (is_num(a) && is_num(b)) return vfloat(num(a) * num(b));
         if ((a.t == JT_STR || plain_seq(a)) && is_int(b)) { val r = repeat(c, a, b.i); return is_markup(a) ? jmark(c, r) : r; }
         if ((b.t == JT_STR || plain_seq(b)) && is_int(a)) { val r = repeat(c, b, a.i); return is_markup(b) ? jmark(c, r) : r; }
@@ -321,18 +342,7 @@ static val binop(jctx *c, int op, val a, val b)
         }
         unsupported(c, "/", a, b);
     case OP_FLOORDIV:
-        if (ints) {
-            if (!b.i) jfail(c, JE_ZERODIV, "integer division or modulo by zero");
-            if (a.i == INT64_MIN && b.i == -1) jfail(c, JE_OVERFLOW, "integer too large");
-            int64_t q = a.i / b.i;
-            if ((a.i % b.i) && ((a.i < 0) != (b.i < 0))) q--;
-            return vint(q);
-        }
-        if (is_num(a) && is_num(b)) {
-            if (num(b) == 0) jfail(c, JE_ZERODIV, "float floor division by zero");
-            return vfloat(py_floordiv(num(a), num(b)));
-        }
-        unsupported(c, "//", a, b);
+        return floordiv_mod(c, 0, a, b, ints);
     case OP_MOD:
         if (a.t == JT_STR && is_markup(a)) {
             /* Markup % args: the string arguments are escaped */
@@ -352,18 +362,7 @@ static val binop(jctx *c, int op, val a, val b)
             return jmark(c, r);
         }
         if (a.t == JT_STR) return jformat_percent(c, a, b);
-        if (ints) {
-            if (!b.i) jfail(c, JE_ZERODIV, "integer division or modulo by zero");
-            if (b.i == -1) return vint(0);
-            int64_t m = a.i % b.i;
-            if (m && ((m < 0) != (b.i < 0))) m += b.i;
-            return vint(m);
-        }
-        if (is_num(a) && is_num(b)) {
-            if (num(b) == 0) jfail(c, JE_ZERODIV, "float modulo");
-            return vfloat(py_fmod(num(a), num(b)));
-        }
-        unsupported(c, "%", a, b);
+        return floordiv_mod(c, 1, a, b, ints);
     case OP_POW:
         if (ints && b.i >= 0) {
             int64_t r = 1, base = a.i, e = b.i;

@@ -8,6 +8,8 @@
  * template's storage: an arena for the tree and interned names. */
 #include "engine/text/jinja_int.h"
 #include "common/err.h"
+#include "common/hex.h"
+#include "common/mem.h"
 #include "common/utf8.h"
 
 #include <stdio.h>
@@ -127,13 +129,9 @@ static int lfail(lexer *L, size_t pos, const char *msg)
 
 static jtok *push(lexer *L, int type, size_t pos)
 {
-    if (L->ntok == L->cap) {
-        size_t nc = L->cap ? L->cap * 2 : 256;
-        jtok *nt = realloc(L->tok, nc * sizeof *nt);
-        if (!nt) return NULL;
-        L->tok = nt;
-        L->cap = nc;
-    }
+    jtok *nt = mem_grow(L->tok, &L->cap, L->ntok + 1, sizeof *nt, 256);
+    if (!nt) return NULL;
+    L->tok = nt;
     jtok *k = &L->tok[L->ntok++];
     memset(k, 0, sizeof *k);
     k->type = type;
@@ -219,14 +217,6 @@ static size_t match_named_block(lexer *L, size_t p, const char *name, char *sign
     return 0;
 }
 
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-}
-
 /* Decodes a string literal's body [a, b) as Python's unicode-escape does. */
 static int string_tok(lexer *L, size_t start, size_t a, size_t b)
 {
@@ -275,7 +265,7 @@ static int string_tok(lexer *L, size_t start, size_t a, size_t b)
             continue;
         }
         for (int k = 0; k < nd; k++) {
-            int h = i < b ? hexval(s[i]) : -1;
+            int h = i < b ? hex_digit(s[i]) : -1;
             if (h < 0) { free(buf); return lfail(L, start, "truncated \\x, \\u or \\U escape in a string"); }
             cp = cp * 16 + (uint32_t)h;
             i++;
@@ -340,7 +330,7 @@ static size_t match_int(const char *s, size_t p, size_t n, int *base)
         for (;;) {
             size_t r = q;
             if (r < n && s[r] == '_') r++;
-            int h = r < n ? hexval(s[r]) : -1;
+            int h = r < n ? hex_digit(s[r]) : -1;
             if (h < 0 || h >= *base) break;
             q = r + 1;
             last = q;
@@ -389,7 +379,7 @@ static int number_tok(lexer *L, size_t p, size_t e, int is_float, int base)
     } else {
         uint64_t v = 0;
         for (size_t i = 0; i < k; i++) {
-            uint64_t d = (uint64_t)hexval(buf[i]);
+            uint64_t d = (uint64_t)hex_digit(buf[i]);
             if (v > (UINT64_MAX - d) / (uint64_t)base) return lfail(L, p, "integer literal too large");
             v = v * (uint64_t)base + d;
         }

@@ -454,6 +454,50 @@ static val minmax(jctx *c, val in, jargs *a, int is_max)
     return r;
 }
 
+/* s|format(*args) or s|format(**kwargs): printf-style, as Python's % */
+static val f_format(jctx *c, val in, jargs *a)
+{
+    if (a->n && a->nk) jfail(c, JE_RUNTIME, "can't handle positional and keyword arguments at the same time");
+    val s = vstr_of(c, in);
+    val args;
+    if (a->nk) {
+        jdict *d = jdict_new(c, 0);
+        args = vobj(JT_DICT, d);
+        for (int i = 0; i < a->nk; i++) jdict_set(c, d, jref(vobj(JT_STR, (void *)a->kn[i])), jref(a->kv[i]));
+    } else {
+        jlist *t = jlist_new(c, L_TUPLE, (size_t)a->n);
+        args = vlist(t);
+        for (int i = 0; i < a->n; i++) jlist_push(c, t, jref(a->v[i]));
+    }
+    val r = jformat_percent(c, s, args);
+    junref(c, args);
+    junref(c, s);
+    return r;
+}
+
+/* the items without repeats (first kept), by attribute and case when asked */
+static val f_unique(jctx *c, val in, jargs *a)
+{
+    static const char *const n[] = { "case_sensitive", "attribute" };
+    val v[2];
+    jbind(c, "unique", a, n, 2, v);
+    keyspec k;
+    keyspec_prep(c, &k, v[1], 0, !(given(v[0]) && jtruthy(c, v[0])));
+    jlist *items = jiterate(c, in);
+    jdict *seen = jdict_new(c, 0);
+    jlist *r = jlist_new(c, L_GEN, 0);
+    for (size_t i = 0; i < items->n; i++) {
+        val key = key_of(c, &k, items->v[i]);
+        if (jdict_get(c, seen, key)) { junref(c, key); continue; }
+        jdict_set(c, seen, key, vnone());
+        jlist_push(c, r, jref(items->v[i]));
+    }
+    jobj_unref(c, &seen->h);
+    jobj_unref(c, &items->h);
+    keyspec_free(c, &k);
+    return gen(r);
+}
+
 static val f_truncate(jctx *c, val in, jargs *a)
 {
     static const char *const n[] = { "length", "killwords", "end", "leeway" };
@@ -637,24 +681,7 @@ val jfilter_call(jctx *c, int id, val in, jargs *a)
         }
         return jref(dflt);
     }
-    case F_FORMAT: {
-        if (a->n && a->nk) jfail(c, JE_RUNTIME, "can't handle positional and keyword arguments at the same time");
-        val s = vstr_of(c, in);
-        val args;
-        if (a->nk) {
-            jdict *d = jdict_new(c, 0);
-            args = vobj(JT_DICT, d);
-            for (int i = 0; i < a->nk; i++) jdict_set(c, d, jref(vobj(JT_STR, (void *)a->kn[i])), jref(a->kv[i]));
-        } else {
-            jlist *t = jlist_new(c, L_TUPLE, (size_t)a->n);
-            args = vlist(t);
-            for (int i = 0; i < a->n; i++) jlist_push(c, t, jref(a->v[i]));
-        }
-        val r = jformat_percent(c, s, args);
-        junref(c, args);
-        junref(c, s);
-        return r;
-    }
+    case F_FORMAT: return f_format(c, in, a);
     case F_INDENT: return f_indent(c, in, a);
     case F_INT: {
         static const char *const n[] = { "default", "base" };
@@ -863,25 +890,7 @@ val jfilter_call(jctx *c, int id, val in, jargs *a)
         return r;
     }
     case F_TRUNCATE: return f_truncate(c, in, a);
-    case F_UNIQUE: {
-        static const char *const n[] = { "case_sensitive", "attribute" };
-        jbind(c, "unique", a, n, 2, v);
-        keyspec k;
-        keyspec_prep(c, &k, v[1], 0, !(given(v[0]) && jtruthy(c, v[0])));
-        jlist *items = jiterate(c, in);
-        jdict *seen = jdict_new(c, 0);
-        jlist *r = jlist_new(c, L_GEN, 0);
-        for (size_t i = 0; i < items->n; i++) {
-            val key = key_of(c, &k, items->v[i]);
-            if (jdict_get(c, seen, key)) { junref(c, key); continue; }
-            jdict_set(c, seen, key, vnone());
-            jlist_push(c, r, jref(items->v[i]));
-        }
-        jobj_unref(c, &seen->h);
-        jobj_unref(c, &items->h);
-        keyspec_free(c, &k);
-        return gen(r);
-    }
+    case F_UNIQUE: return f_unique(c, in, a);
     case F_WORDCOUNT: {
         jbind(c, "wordcount", a, NULL, 0, v);
         val s = vstr_of(c, in);

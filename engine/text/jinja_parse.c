@@ -758,6 +758,15 @@ static void parse_statements(parser *P, nvec *body, const char *const *end_token
 static void set_body(jnode *n, nvec *v) { n->list = v->v; n->nlist = v->n; }
 static void set_else(jnode *n, nvec *v) { n->list2 = v->v; n->nlist2 = v->n; }
 
+/* n's body: the statements up to {% end %} (one tag), which is consumed */
+static void parse_body_to(parser *P, jnode *n, const char *end, const char *block)
+{
+    const char *const e[] = { end, NULL };
+    nvec body = { 0 };
+    parse_statements(P, &body, e, 1, block);
+    set_body(n, &body);
+}
+
 static jnode *parse_for(parser *P)
 {
     int line = next(P)->line;
@@ -850,10 +859,7 @@ static jnode *parse_macro(parser *P)
     jnode *n = node(P, N_MACRO, line);
     n->name = expect_name(P);
     parse_signature(P, n);
-    static const char *const e[] = { "endmacro", NULL };
-    nvec body = { 0 };
-    parse_statements(P, &body, e, 1, "macro");
-    set_body(n, &body);
+    parse_body_to(P, n, "endmacro", "macro");
     return n;
 }
 
@@ -864,10 +870,7 @@ static jnode *parse_call_block(parser *P)
     if (is_op(cur(P), P_LPAREN)) parse_signature(P, n);
     n->a = parse_expression(P, 1);
     if (n->a->kind != E_CALL) pfail(P, line, "expected call");
-    static const char *const e[] = { "endcall", NULL };
-    nvec body = { 0 };
-    parse_statements(P, &body, e, 1, "call");
-    set_body(n, &body);
+    parse_body_to(P, n, "endcall", "call");
     return n;
 }
 
@@ -885,10 +888,7 @@ static jnode *parse_set(parser *P)
     jnode *n = node(P, N_SETBLOCK, line);
     n->a = target;
     n->b = parse_filter(P, NULL, 0);
-    static const char *const e[] = { "endset", NULL };
-    nvec body = { 0 };
-    parse_statements(P, &body, e, 1, "set");
-    set_body(n, &body);
+    parse_body_to(P, n, "endset", "set");
     return n;
 }
 
@@ -906,10 +906,7 @@ static jnode *parse_with(parser *P)
         nv_push(P, &sets, s);
     }
     set_else(n, &sets);
-    static const char *const e[] = { "endwith", NULL };
-    nvec body = { 0 };
-    parse_statements(P, &body, e, 1, "with");
-    set_body(n, &body);
+    parse_body_to(P, n, "endwith", "with");
     return n;
 }
 
@@ -936,20 +933,14 @@ static jnode *parse_statement(parser *P)
         next(P);
         n = node(P, N_FILTERBLOCK, k->line);
         n->a = parse_filter(P, NULL, 1);
-        static const char *const e[] = { "endfilter", NULL };
-        nvec body = { 0 };
-        parse_statements(P, &body, e, 1, "filter");
-        set_body(n, &body);
+        parse_body_to(P, n, "endfilter", "filter");
     } else if (is_name(k, "break") || is_name(k, "continue")) {
         next(P);
         n = node(P, is_name(k, "break") ? N_BREAK : N_CONTINUE, k->line);
     } else if (is_name(k, "generation")) {
         next(P);
         n = node(P, N_GENERATION, k->line);
-        static const char *const e[] = { "endgeneration", NULL };
-        nvec body = { 0 };
-        parse_statements(P, &body, e, 1, "generation");
-        set_body(n, &body);
+        parse_body_to(P, n, "endgeneration", "generation");
     } else if (is_name(k, "block") || is_name(k, "extends") || is_name(k, "include") || is_name(k, "import") ||
                is_name(k, "from") || is_name(k, "autoescape")) {
         pfail(P, k->line, "tag '%s' is not supported in chat templates", k->sv->s);

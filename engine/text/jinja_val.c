@@ -520,32 +520,42 @@ val *jscope_find(jscope *s, const jstr *name)
 
 /* ---- undefined ---- */
 
-static const char *objtype(val v)
+/* Each type's Python name (type(v).__name__) and what jinja2's undefined
+ * messages call an object of it ("'dict object' has no attribute 'x'"). */
+typedef struct type_names { const char *name, *obj; } type_names;
+
+static const type_names *names_of(val v)
 {
-    switch (v.t) {
-    case JT_NONE: return "None";
-    case JT_BOOL: return "bool object";
-    case JT_INT: return "int object";
-    case JT_FLOAT: return "float object";
-    case JT_STR: return "str object";
-    case JT_DICT: return "dict object";
-    case JT_NS: return "jinja2.utils.Namespace object";
-    case JT_LOOP: return "jinja2.runtime.LoopContext object";
-    case JT_MACRO: return "jinja2.runtime.Macro object";
-    case JT_FUNC: return "builtin_function_or_method object";
-    case JT_LIST:
-        switch (L(v)->h.sub) {
-        case L_TUPLE: return "tuple object";
-        case L_GEN: return "generator object";
-        case L_REVITER: return "list_reverseiterator object";
-        case L_ITEMS: return "dict_items object";
-        case L_KEYS: return "dict_keys object";
-        case L_VALUES: return "dict_values object";
-        case L_RANGE: return "range object";
-        }
-        return "list object";
+    static const type_names by_type[] = {
+        [JT_UNDEF] = { "Undefined", "Undefined" },
+        [JT_NONE] = { "NoneType", "None" },
+        [JT_BOOL] = { "bool", "bool object" },
+        [JT_INT] = { "int", "int object" },
+        [JT_FLOAT] = { "float", "float object" },
+        [JT_STR] = { "str", "str object" },
+        [JT_DICT] = { "dict", "dict object" },
+        [JT_NS] = { "Namespace", "jinja2.utils.Namespace object" },
+        [JT_LOOP] = { "LoopContext", "jinja2.runtime.LoopContext object" },
+        [JT_MACRO] = { "Macro", "jinja2.runtime.Macro object" },
+        [JT_FUNC] = { "builtin_function_or_method", "builtin_function_or_method object" },
+    };
+    static const type_names by_sub[] = {   /* the kinds of JT_LIST */
+        [L_LIST] = { "list", "list object" },
+        [L_TUPLE] = { "tuple", "tuple object" },
+        [L_GEN] = { "generator", "generator object" },
+        [L_REVITER] = { "list_reverseiterator", "list_reverseiterator object" },
+        [L_ITEMS] = { "dict_items", "dict_items object" },
+        [L_KEYS] = { "dict_keys", "dict_keys object" },
+        [L_VALUES] = { "dict_values", "dict_values object" },
+        [L_RANGE] = { "range", "range object" },
+    };
+    static const type_names other = { "object", "Undefined" };
+    if (v.t == JT_LIST) {
+        unsigned sub = L(v)->h.sub;
+        return &by_sub[sub < sizeof by_sub / sizeof by_sub[0] ? sub : L_LIST];
     }
-    return "Undefined";
+    if ((unsigned)v.t < sizeof by_type / sizeof by_type[0] && by_type[v.t].name) return &by_type[v.t];
+    return &other;
 }
 
 val vundef_name(jctx *c, const jstr *name)
@@ -560,7 +570,7 @@ val vundef_attr(jctx *c, val obj, val key, int is_elem)
 {
     jundef *u = jalloc(c, O_UNDEF, sizeof *u);
     u->key = jref(key);
-    u->otype = objtype(obj);
+    u->otype = names_of(obj)->obj;
     u->is_elem = is_elem;
     u->exc = JE_UNDEFINED;
     return vobj(JT_UNDEF, u);
@@ -594,34 +604,7 @@ void jundef_fail(jctx *c, val v)
 
 /* ---- type names, truth, equality, order ---- */
 
-const char *jtype_name(val v)
-{
-    switch (v.t) {
-    case JT_UNDEF: return "Undefined";
-    case JT_NONE: return "NoneType";
-    case JT_BOOL: return "bool";
-    case JT_INT: return "int";
-    case JT_FLOAT: return "float";
-    case JT_STR: return "str";
-    case JT_DICT: return "dict";
-    case JT_NS: return "Namespace";
-    case JT_LOOP: return "LoopContext";
-    case JT_MACRO: return "Macro";
-    case JT_FUNC: return "builtin_function_or_method";
-    case JT_LIST:
-        switch (L(v)->h.sub) {
-        case L_TUPLE: return "tuple";
-        case L_GEN: return "generator";
-        case L_REVITER: return "list_reverseiterator";
-        case L_ITEMS: return "dict_items";
-        case L_KEYS: return "dict_keys";
-        case L_VALUES: return "dict_values";
-        case L_RANGE: return "range";
-        }
-        return "list";
-    }
-    return "object";
-}
+const char *jtype_name(val v) { return names_of(v)->name; }
 
 int jtruthy(jctx *c, val v)
 {

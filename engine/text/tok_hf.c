@@ -2,6 +2,8 @@
  * tokenizer.json files are 10+ MB; a general-purpose JSON library takes
  * 200-300 ms on them, so this file carries a small arena-based JSON reader
  * (strict RFC 8259, depth-limited) that parses them in a few tens of ms. */
+#include "common/hex.h"
+#include "common/mem.h"
 #include "engine/load/mfile.h"
 #include "engine/text/tokenizer.h"
 #include "engine/text/tok_internal.h"
@@ -86,20 +88,12 @@ static void jws(jp *j)
     j->p = p;
 }
 
-static int hexv(char c)
-{
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-}
-
 static int j_hex4(jp *j, const char *p, unsigned *v)
 {
     if (j->end - p < 4) return -1;
     unsigned x = 0;
     for (int i = 0; i < 4; i++) {
-        int h = hexv(p[i]);
+        int h = hex_digit(p[i]);
         if (h < 0) return -1;
         x = x * 16 + (unsigned)h;
     }
@@ -195,12 +189,27 @@ static int j_lit(jp *j, char c, const char *what)
     return 0;
 }
 
+/* At close (after white space): consumes it, 1; else 0. */
+static int j_close(jp *j, char close)
+{
+    jws(j);
+    if (j->p < j->end && *j->p == close) { j->p++; return 1; }
+    return 0;
+}
+
+/* After an item of a container that ends in close: 1 when a ',' (consumed)
+ * says another follows, 0 at close (consumed), else -1 (what: the error). */
+static int j_more(jp *j, char close, const char *what)
+{
+    jws(j);
+    if (j->p < j->end && *j->p == ',') { j->p++; return 1; }
+    return j_close(j, close) ? 0 : jerr(j, what);
+}
+
 static int j_vocab(jp *j)
 {
     if (j_lit(j, '{', "model.vocab: expected an object")) return -1;
-    jws(j);
-    if (j->p < j->end && *j->p == '}') { j->p++; j->have_vocab = 1; return 0; }
-    for (;;) {
+    for (int more = !j_close(j, '}'); more;) {
         jv k, v;
         jws(j);
         if (j->p >= j->end || *j->p != '"') return jerr(j, "model.vocab: expected a token");
@@ -219,10 +228,7 @@ static int j_vocab(jp *j)
         j->vk[j->vn].s = k.u.s;
         j->vk[j->vn].n = k.n;
         j->vid[j->vn++] = (int32_t)v.u.d;
-        jws(j);
-        if (j->p < j->end && *j->p == ',') { j->p++; continue; }
-        if (j->p < j->end && *j->p == '}') { j->p++; break; }
-        return jerr(j, "model.vocab: expected ',' or '}'");
+        if ((more = j_more(j, '}', "model.vocab: expected ',' or '}'")) < 0) return -1;
     }
     j->have_vocab = 1;
     return 0;
@@ -232,9 +238,7 @@ static int j_vocab(jp *j)
 static int j_merges(jp *j)
 {
     if (j_lit(j, '[', "model.merges: expected an array")) return -1;
-    jws(j);
-    if (j->p < j->end && *j->p == ']') { j->p++; j->have_merges = 1; return 0; }
-    for (;;) {
+    for (int more = !j_close(j, ']'); more;) {
         jv a, b;
         tok_merge m;
         jws(j);
@@ -255,18 +259,11 @@ static int j_merges(jp *j)
             m.a.s = a.u.s; m.a.n = a.n;
             m.b.s = b.u.s; m.b.n = b.n;
         }
-        if (j->mn == j->mcap) {
-            size_t nc = j->mcap ? j->mcap * 2 : 65536;
-            tok_merge *x = realloc(j->mg, nc * sizeof(tok_merge));
-            if (!x) return jerr(j, "out of memory");
-            j->mg = x;
-            j->mcap = nc;
-        }
+        tok_merge *x = mem_grow(j->mg, &j->mcap, j->mn + 1, sizeof *x, 65536);
+        if (!x) return jerr(j, "out of memory");
+        j->mg = x;
         j->mg[j->mn++] = m;
-        jws(j);
-        if (j->p < j->end && *j->p == ',') { j->p++; continue; }
-        if (j->p < j->end && *j->p == ']') { j->p++; break; }
-        return jerr(j, "model.merges: expected ',' or ']'");
+        if ((more = j_more(j, ']', "model.merges: expected ',' or ']'")) < 0) return -1;
     }
     j->have_merges = 1;
     return 0;
@@ -279,9 +276,8 @@ static int j_container(jp *j, jv *out, int obj)
     if (++j->depth > 64) return jerr(j, "nesting too deep");
     j->p++;
     size_t base = j->sn;
-    jws(j);
-    if (j->p < j->end && *j->p == (obj ? '}' : ']')) { j->p++; goto close; }
-    for (;;) {
+    char close = obj ? '}' : ']';
+    for (int more = !j_close(j, close); more;) {
         jv v;
         jws(j);
         if (obj) {
@@ -306,12 +302,8 @@ static int j_container(jp *j, jv *out, int obj)
         }
         if (j_value(j, &v) || j_push(j, &v)) return -1;
 next:
-        jws(j);
-        if (j->p < j->end && *j->p == ',') { j->p++; continue; }
-        if (j->p < j->end && *j->p == (obj ? '}' : ']')) { j->p++; break; }
-        return jerr(j, obj ? "expected ',' or '}'" : "expected ',' or ']'");
+        if ((more = j_more(j, close, obj ? "expected ',' or '}'" : "expected ',' or ']'")) < 0) return -1;
     }
-close:;
     size_t cnt = j->sn - base;
     jv *items = ja_alloc(j, (cnt ? cnt : 1) * sizeof(jv));
     if (!items) return jerr(j, "out of memory");
@@ -613,7 +605,7 @@ int tok_load_hf(tok **out, const char *tokenizer_json, const char *tokenizer_con
         for (int32_t i = 0; i < h.n; i++) {
             const tok_sv *x = &h.text[i];
             if (h.types[i] == TT_NORMAL && x->n == 6 && memcmp(x->s, "<0x", 3) == 0 && x->s[5] == '>' &&
-                hexv(x->s[3]) >= 0 && hexv(x->s[4]) >= 0)
+                hex_digit(x->s[3]) >= 0 && hex_digit(x->s[4]) >= 0)
                 h.types[i] = TT_BYTE;
         }
         sp.unk = find_text(&h, unk);

@@ -269,12 +269,10 @@ int tok_build(tok **out, const tok_spec *s, char *err, size_t errlen)
     t->type = s->type;
     t->n = n;
     t->bos = s->bos; t->eos = s->eos; t->eot = s->eot; t->unk = s->unk;
-    t->add_space_prefix = s->add_space_prefix;
-    t->split_words = s->split_words;
-    t->split_digits = s->split_digits;
+    t->add_space_prefix = s->add_space_prefix; t->add_prefix_space = s->add_prefix_space;
+    t->split_words = s->split_words; t->split_digits = s->split_digits;
     t->ignore_merges = s->ignore_merges;
     t->nfc = s->nfc;
-    t->add_prefix_space = s->add_prefix_space;
     snprintf(t->pre_name, sizeof t->pre_name, "%s", s->pre_name ? s->pre_name : (s->type == TOK_SPM ? "spm" : "gpt-2"));
     snprintf(t->note, sizeof t->note, "%s", s->note ? s->note : "");
 

@@ -42,7 +42,7 @@ enum { CH_CONTENT, CH_REASONING };
 /* Text kept back per channel: trailing whitespace (dropped when a marker
  * follows), and whether leading whitespace is to be dropped. */
 typedef struct chan {
-    tcbuf ws;
+    strbuf ws;
     int trim_lead;
 } chan;
 
@@ -51,7 +51,7 @@ struct tc_parser {
     int syn, think;
     int calls;          /* calls are looked for (not TC_NO_CALLS) */
     const char *think_open, *think_close;
-    tcbuf buf;
+    strbuf buf;
     size_t pos;
     enum state st;
     int in_think;
@@ -62,7 +62,7 @@ struct tc_parser {
     tcj_scan js;
     chan ch[2];
     const tc_callbacks *cb;
-    tcbuf name, args, id, tmp;
+    strbuf name, args, id, tmp;
     uint64_t rng;
     size_t n_calls;
 };
@@ -191,7 +191,7 @@ static void out_text(tc_parser *p, int c, const char *s, size_t n)
         out_raw(p, c, s, body);
         if (c == CH_CONTENT) p->content_seen = 1;
     }
-    tcb_put(&h->ws, s + body, n - body);
+    strbuf_add(&h->ws, s + body, n - body);
 }
 
 /* A marker ends the channel's text: its kept-back whitespace is dropped. */
@@ -230,8 +230,8 @@ static void make_id(tc_parser *p)
     p->id.n = 0;
     int n = 24;
     if (p->syn == TC_MISTRAL) n = 9;
-    else tcb_puts(&p->id, "call_");
-    for (int i = 0; i < n; i++) tcb_putc(&p->id, al[rng_next(p) % 62]);
+    else strbuf_adds(&p->id, "call_");
+    for (int i = 0; i < n; i++) strbuf_addc(&p->id, al[rng_next(p) % 62]);
 }
 
 /* Reports the call in p->name / p->args (p->id when set, else a fresh id). */
@@ -254,14 +254,14 @@ static void out_call(tc_parser *p)
 static int set_args(tc_parser *p, const char *v, size_t vl)
 {
     p->args.n = 0;
-    if (!v) { tcb_puts(&p->args, "{}"); return 0; }
+    if (!v) { strbuf_adds(&p->args, "{}"); return 0; }
     if (vl && v[0] == '"') {
         p->tmp.n = 0;
         if (tcj_str_decode(v, vl, &p->tmp) == 0 && !p->tmp.oom && tcj_compact(p->tmp.p, p->tmp.n, &p->args) == 0)
             return 0;
         p->args.n = 0;
     }
-    tcb_put(&p->args, v, vl);
+    strbuf_add(&p->args, v, vl);
     return 0;
 }
 
@@ -285,9 +285,9 @@ static int json_call(tc_parser *p, const char *o, size_t n)
 /* A JSON call in raw text s[0..n). */
 static int json_call_text(tc_parser *p, const char *s, size_t n)
 {
-    tcbuf c = {0};
+    strbuf c = {0};
     int rc = tcj_compact(s, n, &c) == 0 && !c.oom ? json_call(p, c.p, c.n) : -1;
-    tcb_free(&c);
+    strbuf_free(&c);
     return rc;
 }
 
@@ -296,15 +296,15 @@ static int json_call_text(tc_parser *p, const char *s, size_t n)
  * string. */
 static void put_param(tc_parser *p, int *first, const char *k, size_t kl, const char *v, size_t vl)
 {
-    if (!*first) tcb_putc(&p->args, ',');
+    if (!*first) strbuf_addc(&p->args, ',');
     *first = 0;
-    tcj_str_encode(&p->args, k, kl);
-    tcb_putc(&p->args, ':');
+    strbuf_json_str(&p->args, k, kl);
+    strbuf_addc(&p->args, ':');
     const char *tv = v;
     size_t tl = vl;
     trim(&tv, &tl);
     if (!tl || (tv[0] == '"' && tl > 1) || tcj_compact(tv, tl, &p->args) < 0)
-        tcj_str_encode(&p->args, v, vl);
+        strbuf_json_str(&p->args, v, vl);
 }
 
 /* GLM 4.5-4.7: N<arg_key>K</arg_key><arg_value>V</arg_value>... (newlines
@@ -318,8 +318,8 @@ static int glm_call(tc_parser *p, const char *s, size_t n)
     trim(&nm, &nl);
     if (!valid_name(nm, nl)) return -1;
     p->name.n = p->args.n = p->id.n = 0;
-    tcb_put(&p->name, nm, nl);
-    tcb_putc(&p->args, '{');
+    strbuf_add(&p->name, nm, nl);
+    strbuf_addc(&p->args, '{');
     int first = 1;
     n -= (size_t)(k ? k - s : (ptrdiff_t)n);
     s = k ? k : s + n;
@@ -344,7 +344,7 @@ static int glm_call(tc_parser *p, const char *s, size_t n)
         s = ve + 12;
         while (n && is_ws(*s)) { s++; n--; }
     }
-    tcb_putc(&p->args, '}');
+    strbuf_addc(&p->args, '}');
     return 0;
 }
 
@@ -361,11 +361,11 @@ static int xml_call(tc_parser *p, const char *s, size_t n)
     trim(&nm, &nl);
     if (!valid_name(nm, nl)) return -1;
     p->name.n = 0;
-    tcb_put(&p->name, nm, nl);
+    strbuf_add(&p->name, nm, nl);
     n -= (size_t)(gt + 1 - s);
     s = gt + 1;
     p->args.n = 0;
-    tcb_putc(&p->args, '{');
+    strbuf_addc(&p->args, '{');
     int first = 1;
     for (;;) {
         while (n && is_ws(*s)) { s++; n--; }
@@ -400,7 +400,7 @@ static int xml_call(tc_parser *p, const char *s, size_t n)
         n -= (size_t)(e - s) + skip;
         s = e + skip;
     }
-    tcb_putc(&p->args, '}');
+    strbuf_addc(&p->args, '}');
     p->id.n = 0;
     return 0;
 }
@@ -411,10 +411,10 @@ static int builtin_call(tc_parser *p, const char *s, size_t n)
     const char *dot = find(s, n, ".call(");
     if (!dot || !valid_name(s, (size_t)(dot - s)) || n < 1 || s[n - 1] != ')') return -1;
     p->name.n = 0;
-    tcb_put(&p->name, s, (size_t)(dot - s));
+    strbuf_add(&p->name, s, (size_t)(dot - s));
     const char *a = dot + 6, *end = s + n - 1;
     p->args.n = 0;
-    tcb_putc(&p->args, '{');
+    strbuf_addc(&p->args, '{');
     int first = 1;
     while (a < end) {
         while (a < end && (is_ws(*a) || *a == ',')) a++;
@@ -426,37 +426,37 @@ static int builtin_call(tc_parser *p, const char *s, size_t n)
         if (!kl || a == end || *a != '=') return -1;
         a++;
         while (a < end && is_ws(*a)) a++;
-        if (!first) tcb_putc(&p->args, ',');
+        if (!first) strbuf_addc(&p->args, ',');
         first = 0;
-        tcj_str_encode(&p->args, k, kl);
-        tcb_putc(&p->args, ':');
+        strbuf_json_str(&p->args, k, kl);
+        strbuf_addc(&p->args, ':');
         if (a < end && (*a == '"' || *a == '\'')) {
             char q = *a++;
             p->tmp.n = 0;
             while (a < end && *a != q) {
                 if (*a == '\\' && a + 1 < end) {
                     a++;
-                    tcb_putc(&p->tmp, *a == 'n' ? '\n' : *a == 't' ? '\t' : *a);
+                    strbuf_addc(&p->tmp, *a == 'n' ? '\n' : *a == 't' ? '\t' : *a);
                 } else {
-                    tcb_putc(&p->tmp, *a);
+                    strbuf_addc(&p->tmp, *a);
                 }
                 a++;
             }
             if (a == end) return -1;
             a++;
-            tcj_str_encode(&p->args, p->tmp.p, p->tmp.n);
+            strbuf_json_str(&p->args, p->tmp.p, p->tmp.n);
         } else {
             const char *v = a;
             while (a < end && *a != ',') a++;
             size_t vl = (size_t)(a - v);
             trim(&v, &vl);
-            if (vl == 4 && !memcmp(v, "True", 4)) tcb_puts(&p->args, "true");
-            else if (vl == 5 && !memcmp(v, "False", 5)) tcb_puts(&p->args, "false");
-            else if (vl == 4 && !memcmp(v, "None", 4)) tcb_puts(&p->args, "null");
+            if (vl == 4 && !memcmp(v, "True", 4)) strbuf_adds(&p->args, "true");
+            else if (vl == 5 && !memcmp(v, "False", 5)) strbuf_adds(&p->args, "false");
+            else if (vl == 4 && !memcmp(v, "None", 4)) strbuf_adds(&p->args, "null");
             else if (!vl || tcj_compact(v, vl, &p->args) < 0) return -1;
         }
     }
-    tcb_putc(&p->args, '}');
+    strbuf_addc(&p->args, '}');
     p->id.n = 0;
     return 0;
 }
@@ -464,10 +464,10 @@ static int builtin_call(tc_parser *p, const char *s, size_t n)
 static void code_call(tc_parser *p, const char *s, size_t n)
 {
     p->name.n = p->args.n = p->id.n = 0;
-    tcb_puts(&p->name, "python");
-    tcb_puts(&p->args, "{\"code\":");
-    tcj_str_encode(&p->args, s, n);
-    tcb_putc(&p->args, '}');
+    strbuf_adds(&p->name, "python");
+    strbuf_adds(&p->args, "{\"code\":");
+    strbuf_json_str(&p->args, s, n);
+    strbuf_addc(&p->args, '}');
 }
 
 /* ---- the states ---- */
@@ -583,6 +583,23 @@ static long long wait_for(tc_parser *p, const char *m)
 
 /* A call that cannot be read: its text from mark to `to` is content, and the
  * text after it is read as usual. */
+/* back to text at pos: the call or block is done */
+static int resume_text(tc_parser *p, size_t pos)
+{
+    p->pos = pos;
+    p->st = S_TEXT;
+    return 1;
+}
+
+/* the buffer's bytes [from, to), trimmed */
+static const char *span(const tc_parser *p, size_t from, size_t to, size_t *len)
+{
+    const char *b = p->buf.p + from;
+    *len = to - from;
+    trim(&b, len);
+    return b;
+}
+
 static int fail(tc_parser *p, size_t to)
 {
     p->st = S_TEXT;
@@ -595,16 +612,13 @@ static int st_hermes(tc_parser *p, int final)
     long long e = wait_for(p, M_TOOL_CALL_END);
     if (e < 0) return final ? fail(p, p->buf.n) : 0;
     size_t end = (size_t)e + strlen(M_TOOL_CALL_END);
-    const char *b = p->buf.p + p->body;
-    size_t bl = (size_t)e - p->body;
-    trim(&b, &bl);
+    size_t bl;
+    const char *b = span(p, p->body, (size_t)e, &bl);
     int ok = bl && b[0] == '{' ? json_call_text(p, b, bl) : starts(b, bl, "<function=") ? xml_call(p, b, bl)
                                                                                          : glm_call(p, b, bl);
     if (ok < 0) return fail(p, end);
     out_call(p);
-    p->pos = end;
-    p->st = S_TEXT;
-    return 1;
+    return resume_text(p, end);
 }
 
 /* A bare JSON call (llama3) from p->mark; several may follow each other. */
@@ -668,18 +682,15 @@ static int st_pytag(tc_parser *p, int final)
     }
     size_t stop = h ? (size_t)(h - p->buf.p) : p->buf.n;
     size_t end = h ? stop + strlen(M_EOM) : stop;   /* both end markers are as long */
-    const char *b = p->buf.p + p->body;
-    size_t bl = stop - p->body;
-    trim(&b, &bl);
+    size_t bl;
+    const char *b = span(p, p->body, stop, &bl);
     if (!bl) return fail(p, end);
     if (b[0] == '{' && json_seq(p, b, bl, 0) == 0) json_seq(p, b, bl, 1);
     else {
         if (builtin_call(p, b, bl) < 0) code_call(p, b, bl);
         out_call(p);
     }
-    p->pos = end;
-    p->st = S_TEXT;
-    return 1;
+    return resume_text(p, end);
 }
 
 /* ---- Mistral ---- */
@@ -706,7 +717,7 @@ static int st_mi_list(tc_parser *p, int final)
     if (r == 0 && !final) return 0;
     if (r <= 0) return fail(p, p->buf.n);
     size_t end = p->js.pos;
-    tcbuf c = {0};
+    strbuf c = {0};
     int ok = tcj_compact(p->buf.p + p->aux, end - p->aux, &c) == 0 && !c.oom && c.n > 2;
     /* every element must be a call before any is reported */
     for (int pass = 0; ok && pass < 2; pass++) {
@@ -718,11 +729,9 @@ static int st_mi_list(tc_parser *p, int final)
             i += l + 1;
         }
     }
-    tcb_free(&c);
+    strbuf_free(&c);
     if (!ok) return fail(p, end);
-    p->pos = end;
-    p->st = S_TEXT;
-    return 1;
+    return resume_text(p, end);
 }
 
 /* NAME, then [ARGS] or [CALL_ID]ID[ARGS] */
@@ -740,8 +749,8 @@ static int st_mi_name(tc_parser *p, int final)
     }
     int is_args = starts(s + i, n - i, M_ARGS), is_id = !id && starts(s + i, n - i, M_CALL_ID);
     if (!i || (!is_args && !is_id)) return fail(p, p->body + i);
-    if (!id) { p->name.n = 0; tcb_put(&p->name, s, i); p->id.n = 0; }
-    else { p->id.n = 0; tcb_put(&p->id, s, i); }
+    if (!id) { p->name.n = 0; strbuf_add(&p->name, s, i); p->id.n = 0; }
+    else { p->id.n = 0; strbuf_add(&p->id, s, i); }
     if (is_id) {
         p->st = S_MI_ID;
         p->body = p->scan = p->body + i + strlen(M_CALL_ID);
@@ -761,9 +770,7 @@ static int st_mi_args(tc_parser *p, int final)
     p->args.n = 0;
     if (tcj_compact(p->buf.p + p->aux, p->js.pos - p->aux, &p->args) < 0) return fail(p, p->js.pos);
     out_call(p);
-    p->pos = p->js.pos;
-    p->st = S_TEXT;
-    return 1;
+    return resume_text(p, p->js.pos);
 }
 
 /* ---- DeepSeek ---- */
@@ -781,13 +788,11 @@ static int st_ds_block(tc_parser *p, int final)
         return 1;
     }
     if (starts(s, n, M_DS_CALLS_END)) {
-        p->pos = i + strlen(M_DS_CALLS_END);
-        p->st = S_TEXT;
-        return 1;
+        return resume_text(p, i + strlen(M_DS_CALLS_END));
     }
     if (!final && (prefix_of(s, n, M_DS_CALL) || prefix_of(s, n, M_DS_CALLS_END))) return 0;
     /* anything else ends the block */
-    if (p->blk_calls) { p->pos = p->body; p->st = S_TEXT; return 1; }
+    if (p->blk_calls) return resume_text(p, p->body);
     p->mark = p->blk_mark;
     return fail(p, i);
 }
@@ -825,7 +830,7 @@ static int st_ds_call(tc_parser *p, int final)
         p->args.n = 0;
         if (valid_name(nm, nl) && al && a[0] == '{' && tcj_compact(a, al, &p->args) == 0) {
             p->name.n = p->id.n = 0;
-            tcb_put(&p->name, nm, nl);
+            strbuf_add(&p->name, nm, nl);
             ok = 0;
         }
     }
@@ -852,12 +857,10 @@ static int st_fn_name(tc_parser *p, int final)
     }
     if (i == 3 && !memcmp(s, "all", 3)) {
         /* text for the user, to the next >>> */
-        p->pos = p->body + 4;
-        p->st = S_TEXT;
-        return 1;
+        return resume_text(p, p->body + 4);
     }
     p->name.n = p->id.n = 0;
-    tcb_put(&p->name, s, i);
+    strbuf_add(&p->name, s, i);
     p->aux = p->body + i + 1;
     size_t j = p->aux;
     while (j < p->buf.n && is_ws(p->buf.p[j])) j++;
@@ -892,14 +895,11 @@ static int st_fn_code(tc_parser *p, int final)
     long long e = wait_for(p, M_FN);
     if (e < 0 && !final) return 0;
     size_t stop = e < 0 ? p->buf.n : (size_t)e;
-    const char *b = p->buf.p + p->aux;
-    size_t bl = stop - p->aux;
-    trim(&b, &bl);
+    size_t bl;
+    const char *b = span(p, p->aux, stop, &bl);
     code_call(p, b, bl);
     out_call(p);
-    p->pos = stop;
-    p->st = S_TEXT;
-    return 1;
+    return resume_text(p, stop);
 }
 
 static int st_fn_after(tc_parser *p, int final)
@@ -907,9 +907,7 @@ static int st_fn_after(tc_parser *p, int final)
     size_t i = p->pos;
     while (i < p->buf.n && is_ws(p->buf.p[i])) i++;
     if (i == p->buf.n && !final) return 0;
-    p->pos = i;
-    p->st = S_TEXT;
-    return 1;
+    return resume_text(p, i);
 }
 
 /* ---- Harmony (gpt-oss) ---- */
@@ -970,7 +968,7 @@ static int h_parse(tc_parser *p, const char *h, size_t n, int *kind)
             if (starts(r, rl, "functions.")) { r += 10; rl -= 10; }
             if (!valid_name(r, rl)) return -1;
             p->name.n = 0;
-            tcb_put(&p->name, r, rl);
+            strbuf_add(&p->name, r, rl);
             continue;
         }
         i++;
@@ -1045,9 +1043,8 @@ static int st_h_call(tc_parser *p, int final)
     }
     size_t stop = best ? (size_t)(best - p->buf.p) : p->buf.n;
     size_t end = best && which >= 2 ? stop + strlen(h_markers[which]) : stop;
-    const char *b = p->buf.p + p->body;
-    size_t bl = stop - p->body;
-    trim(&b, &bl);
+    size_t bl;
+    const char *b = span(p, p->body, stop, &bl);
     p->args.n = 0;
     if (!bl || tcj_compact(b, bl, &p->args) < 0) {
         p->st = S_H_TOP;
@@ -1133,7 +1130,7 @@ static int run(tc_parser *p, const tc_callbacks *cb, int final)
 int tc_feed(tc_parser *p, const char *text, size_t len, const tc_callbacks *cb)
 {
     if (p->buf.oom) return -1;
-    tcb_put(&p->buf, text, len);
+    strbuf_add(&p->buf, text, len);
     if (p->buf.oom) return -1;
     return run(p, cb, 0);
 }
@@ -1188,13 +1185,13 @@ void tc_seed(tc_parser *p, uint64_t seed)
 void tc_free(tc_parser *p)
 {
     if (!p) return;
-    tcb_free(&p->buf);
-    tcb_free(&p->name);
-    tcb_free(&p->args);
-    tcb_free(&p->id);
-    tcb_free(&p->tmp);
-    tcb_free(&p->ch[0].ws);
-    tcb_free(&p->ch[1].ws);
+    strbuf_free(&p->buf);
+    strbuf_free(&p->name);
+    strbuf_free(&p->args);
+    strbuf_free(&p->id);
+    strbuf_free(&p->tmp);
+    strbuf_free(&p->ch[0].ws);
+    strbuf_free(&p->ch[1].ws);
     free(p);
 }
 

@@ -1,28 +1,17 @@
-/* toolcall_int.h — the tool-call parser's JSON helpers and growable buffer
- * (engine/text/toolcall*.c only). */
+/* toolcall_int.h — the tool-call parser's JSON helpers
+ * (engine/text/toolcall*.c only); their buffer is common/strbuf.h. */
 #ifndef ANE_TOOLCALL_INT_H
 #define ANE_TOOLCALL_INT_H
 
+#include "common/strbuf.h"
+
 #include <stddef.h>
-
-/* A growable byte buffer; oom is sticky, so a sequence of puts is checked
- * once. */
-typedef struct tcbuf {
-    char *p;
-    size_t n, cap;
-    int oom;
-} tcbuf;
-
-void tcb_put(tcbuf *b, const char *s, size_t n);
-void tcb_putc(tcbuf *b, char c);
-void tcb_puts(tcbuf *b, const char *s);
-void tcb_free(tcbuf *b);
 
 /* Exactly one JSON value in s[0..n) (surrounding whitespace allowed),
  * appended to out without insignificant whitespace; every token (numbers,
  * string escapes) kept as written. Strings must be valid UTF-8 without raw
  * control characters. 0, or -1 when it is not valid JSON (out as before). */
-int tcj_compact(const char *s, size_t n, tcbuf *out);
+int tcj_compact(const char *s, size_t n, strbuf *out);
 
 /* In a compact JSON object, the value of key (its compact text): 1 when
  * found, 0 when not (or obj is not an object). */
@@ -33,11 +22,8 @@ size_t tcj_value_len(const char *s, size_t n);
 
 /* A compact JSON string token decoded to UTF-8 (appended to out). 0, or -1
  * when s is not a string. */
-int tcj_str_decode(const char *s, size_t n, tcbuf *out);
+int tcj_str_decode(const char *s, size_t n, strbuf *out);
 
-/* s[0..n) as a JSON string token. Bytes that are not valid UTF-8 become
- * U+FFFD so that the result is always valid JSON. */
-void tcj_str_encode(tcbuf *out, const char *s, size_t n);
 
 /* Finding where a JSON object or array ends in streamed text, without
  * rescanning: fed from pos on as text arrives. */

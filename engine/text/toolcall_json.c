@@ -4,56 +4,25 @@
  * whitespace. */
 #include "engine/text/toolcall_int.h"
 
+#include "common/hex.h"
+#include "common/strbuf.h"
 #include "common/utf8.h"
 
 #include <stdlib.h>
 #include <string.h>
-
-void tcb_put(tcbuf *b, const char *s, size_t n)
-{
-    if (b->oom || !n) return;
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 64;
-        while (cap < b->n + n + 1) cap *= 2;
-        char *q = realloc(b->p, cap);
-        if (!q) { b->oom = 1; return; }
-        b->p = q;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-}
-
-void tcb_putc(tcbuf *b, char c) { tcb_put(b, &c, 1); }
-void tcb_puts(tcbuf *b, const char *s) { tcb_put(b, s, strlen(s)); }
-
-void tcb_free(tcbuf *b)
-{
-    free(b->p);
-    memset(b, 0, sizeof *b);
-}
 
 /* ---- the compactor: recursive descent over s[*i..n) ---- */
 
 typedef struct rd {
     const char *s;
     size_t n, i;
-    tcbuf *out;
+    strbuf *out;
 } rd;
 
 static void skip_ws(rd *r)
 {
     while (r->i < r->n && (r->s[r->i] == ' ' || r->s[r->i] == '\t' || r->s[r->i] == '\n' || r->s[r->i] == '\r'))
         r->i++;
-}
-
-static int hexv(char c)
-{
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
 }
 
 static int rd_string(rd *r)
@@ -63,7 +32,7 @@ static int rd_string(rd *r)
         unsigned char c = (unsigned char)r->s[r->i];
         if (c == '"') {
             r->i++;
-            tcb_put(r->out, r->s + st, r->i - st);
+            strbuf_add(r->out, r->s + st, r->i - st);
             return 0;
         }
         if (c < 0x20) return -1;
@@ -72,7 +41,7 @@ static int rd_string(rd *r)
             char e = r->s[r->i + 1];
             if (e == 'u') {
                 if (r->i + 6 > r->n) return -1;
-                for (int k = 2; k < 6; k++) if (hexv(r->s[r->i + k]) < 0) return -1;
+                for (int k = 2; k < 6; k++) if (hex_digit(r->s[r->i + k]) < 0) return -1;
                 r->i += 6;
             } else if (strchr("\"\\/bfnrt", e) && e) {
                 r->i += 2;
@@ -108,7 +77,7 @@ static int rd_number(rd *r)
         if (r->i < r->n && (r->s[r->i] == '+' || r->s[r->i] == '-')) r->i++;
         if (digits(r) < 0) return -1;
     }
-    tcb_put(r->out, r->s + st, r->i - st);
+    strbuf_add(r->out, r->s + st, r->i - st);
     return 0;
 }
 
@@ -124,17 +93,17 @@ static int rd_value(rd *r, int depth)
     for (int k = 0; k < 3; k++) {
         size_t l = strlen(lit[k]);
         if (r->n - r->i >= l && !memcmp(r->s + r->i, lit[k], l)) {
-            tcb_put(r->out, lit[k], l);
+            strbuf_add(r->out, lit[k], l);
             r->i += l;
             return 0;
         }
     }
     if (c != '{' && c != '[') return -1;
     char close = c == '{' ? '}' : ']';
-    tcb_putc(r->out, c);
+    strbuf_addc(r->out, c);
     r->i++;
     skip_ws(r);
-    if (r->i < r->n && r->s[r->i] == close) { r->i++; tcb_putc(r->out, close); return 0; }
+    if (r->i < r->n && r->s[r->i] == close) { r->i++; strbuf_addc(r->out, close); return 0; }
     for (;;) {
         if (c == '{') {
             skip_ws(r);
@@ -142,18 +111,18 @@ static int rd_value(rd *r, int depth)
             skip_ws(r);
             if (r->i >= r->n || r->s[r->i] != ':') return -1;
             r->i++;
-            tcb_putc(r->out, ':');
+            strbuf_addc(r->out, ':');
         }
         if (rd_value(r, depth + 1) < 0) return -1;
         skip_ws(r);
         if (r->i >= r->n) return -1;
-        if (r->s[r->i] == ',') { r->i++; tcb_putc(r->out, ','); continue; }
-        if (r->s[r->i] == close) { r->i++; tcb_putc(r->out, close); return 0; }
+        if (r->s[r->i] == ',') { r->i++; strbuf_addc(r->out, ','); continue; }
+        if (r->s[r->i] == close) { r->i++; strbuf_addc(r->out, close); return 0; }
         return -1;
     }
 }
 
-int tcj_compact(const char *s, size_t n, tcbuf *out)
+int tcj_compact(const char *s, size_t n, strbuf *out)
 {
     size_t n0 = out->n;
     rd r = { s, n, 0, out };
@@ -196,7 +165,7 @@ int tcj_get(const char *obj, size_t n, const char *key, const char **v, size_t *
 {
     if (n < 2 || obj[0] != '{') return 0;
     size_t i = 1;
-    tcbuf k = {0};
+    strbuf k = {0};
     int found = 0;
     while (i < n && obj[i] == '"') {
         size_t kl = tcj_value_len(obj + i, n - i);
@@ -213,11 +182,11 @@ int tcj_get(const char *obj, size_t n, const char *key, const char **v, size_t *
         i += l;
         if (i < n && obj[i] == ',') i++;
     }
-    tcb_free(&k);
+    strbuf_free(&k);
     return found;
 }
 
-static void put_utf8(tcbuf *b, unsigned cp)
+static void put_utf8(strbuf *b, unsigned cp)
 {
     char u[4];
     size_t l;
@@ -229,26 +198,26 @@ static void put_utf8(tcbuf *b, unsigned cp)
         u[0] = (char)(0xF0 | cp >> 18); u[1] = (char)(0x80 | ((cp >> 12) & 63));
         u[2] = (char)(0x80 | ((cp >> 6) & 63)); u[3] = (char)(0x80 | (cp & 63)); l = 4;
     }
-    tcb_put(b, u, l);
+    strbuf_add(b, u, l);
 }
 
 static unsigned hex4(const char *s)
 {
-    return (unsigned)(hexv(s[0]) << 12 | hexv(s[1]) << 8 | hexv(s[2]) << 4 | hexv(s[3]));
+    return (unsigned)(hex_digit(s[0]) << 12 | hex_digit(s[1]) << 8 | hex_digit(s[2]) << 4 | hex_digit(s[3]));
 }
 
-int tcj_str_decode(const char *s, size_t n, tcbuf *out)
+int tcj_str_decode(const char *s, size_t n, strbuf *out)
 {
     if (n < 2 || s[0] != '"' || s[n - 1] != '"') return -1;
     for (size_t i = 1; i + 1 < n; i++) {
-        if (s[i] != '\\') { tcb_putc(out, s[i]); continue; }
+        if (s[i] != '\\') { strbuf_addc(out, s[i]); continue; }
         char e = s[++i];
         switch (e) {
-        case 'b': tcb_putc(out, '\b'); break;
-        case 'f': tcb_putc(out, '\f'); break;
-        case 'n': tcb_putc(out, '\n'); break;
-        case 'r': tcb_putc(out, '\r'); break;
-        case 't': tcb_putc(out, '\t'); break;
+        case 'b': strbuf_addc(out, '\b'); break;
+        case 'f': strbuf_addc(out, '\f'); break;
+        case 'n': strbuf_addc(out, '\n'); break;
+        case 'r': strbuf_addc(out, '\r'); break;
+        case 't': strbuf_addc(out, '\t'); break;
         case 'u': {
             unsigned cp = hex4(s + i + 1);
             i += 4;
@@ -260,41 +229,10 @@ int tcj_str_decode(const char *s, size_t n, tcbuf *out)
             put_utf8(out, cp);
             break;
         }
-        default: tcb_putc(out, e); break;   /* " \ / */
+        default: strbuf_addc(out, e); break;   /* " \ / */
         }
     }
     return 0;
-}
-
-void tcj_str_encode(tcbuf *out, const char *s, size_t n)
-{
-    static const char hex[] = "0123456789abcdef";
-    tcb_putc(out, '"');
-    for (size_t i = 0; i < n;) {
-        unsigned char c = (unsigned char)s[i];
-        if (c >= 0x80) {
-            int l = utf8_char(s + i, n - i);
-            if (l > 0) { tcb_put(out, s + i, (size_t)l); i += (size_t)l; }
-            else { tcb_puts(out, "\xEF\xBF\xBD"); i++; }
-            continue;
-        }
-        i++;
-        switch (c) {
-        case '"': tcb_puts(out, "\\\""); break;
-        case '\\': tcb_puts(out, "\\\\"); break;
-        case '\n': tcb_puts(out, "\\n"); break;
-        case '\r': tcb_puts(out, "\\r"); break;
-        case '\t': tcb_puts(out, "\\t"); break;
-        default:
-            if (c < 0x20) {
-                char u[6] = { '\\', 'u', '0', '0', hex[c >> 4], hex[c & 15] };
-                tcb_put(out, u, 6);
-            } else {
-                tcb_putc(out, (char)c);
-            }
-        }
-    }
-    tcb_putc(out, '"');
 }
 
 int tcj_scan_feed(tcj_scan *sc, const char *s, size_t len)

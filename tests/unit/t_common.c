@@ -1,12 +1,21 @@
 /* t_common.c — common/: the UTF-8 validator against a decoder written from
  * RFC 3629's definition (every 1- to 3-byte sequence, 4-byte ones over every
- * lead and second byte), and the error-message helpers. */
+ * lead and second byte), the error-message helpers, array growth, the byte
+ * buffer and its JSON strings (read back by jansson), hex digits and the stop
+ * signals. */
 #include "common/err.h"
+#include "common/hex.h"
+#include "common/mem.h"
+#include "common/sig.h"
+#include "common/strbuf.h"
 #include "common/utf8.h"
 #include "tests/check.h"
 
+#include <jansson.h>
+#include <ctype.h>
 #include <stdarg.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 /* Reference: the length of the character at s[0..n) when whole and valid
  * (decode, then require the shortest form and a scalar value), 0 when a
@@ -130,10 +139,122 @@ static void t_err(void)
     CHECK(strcmp(e, "n=3") == 0);
 }
 
+static void t_mem_grow(void)
+{
+    size_t cap = 0;
+    int *a = mem_grow(NULL, &cap, 1, sizeof *a, 8);
+    CHECK(a && cap == 8);
+    for (int i = 0; i < 8; i++) a[i] = i;
+    CHECK(mem_grow(a, &cap, 8, sizeof *a, 8) == a && cap == 8);   /* room enough: unchanged */
+    a = mem_grow(a, &cap, 9, sizeof *a, 8);
+    CHECK(a && cap == 16);
+    for (int i = 0; i < 8; i++) CHECK_EQ_INT(a[i], i);             /* kept */
+    a = mem_grow(a, &cap, 100, sizeof *a, 8);
+    CHECK(a && cap == 128);
+    size_t before = cap;
+    CHECK(mem_grow(a, &cap, SIZE_MAX / 2, sizeof *a, 8) == NULL);  /* overflow: refused, untouched */
+    CHECK(cap == before);
+    free(a);
+}
+
+static void t_strbuf(void)
+{
+    strbuf b = { 0 };
+    strbuf_add(&b, "", 0);
+    CHECK(b.p && b.n == 0 && b.p[0] == 0);
+    strbuf_adds(&b, "ab");
+    strbuf_addc(&b, 'c');
+    strbuf_add(&b, "d\0e", 3);
+    CHECK(b.n == 6 && memcmp(b.p, "abcd\0e", 7) == 0 && !b.oom);
+    strbuf_free(&b);
+    CHECK(!b.p && !b.n && !b.cap);
+    for (int i = 0; i < 10000; i++) strbuf_addc(&b, (char)('a' + i % 26));
+    CHECK(b.n == 10000 && b.p[9999] == 'a' + 9999 % 26 && b.p[10000] == 0);
+    strbuf_free(&b);
+}
+
+/* json_escape: the short forms where JSON has them, \u00XX for the other
+ * controls, nothing for the rest */
+static void t_json_escape(void)
+{
+    for (int c = 0; c < 256; c++) {
+        char e[6];
+        size_t n = json_escape((unsigned char)c, e);
+        const char *want = c == '"' ? "\\\"" : c == '\\' ? "\\\\" : c == '\n' ? "\\n" : c == '\r' ? "\\r" : c == '\t' ? "\\t" : NULL;
+        char u[7];
+        snprintf(u, sizeof u, "\\u%04x", c);
+        if (!want && c < 0x20) want = u;
+        if (!want) CHECKF(n == 0, "byte %d", c);
+        else CHECKF(n == strlen(want) && memcmp(e, want, n) == 0, "byte %d", c);
+    }
+}
+
+/* strbuf_json_str read back by jansson: the same bytes for valid UTF-8 (all
+ * controls, quotes, backslashes, 2- to 4-byte characters), U+FFFD for each
+ * byte that does not start a valid character */
+static void t_json_str(void)
+{
+    static const char *const ok[] = { "", "plain", "q\"b\\s/", "\x01\x1f\x7f\b\f\n\r\t", "\xC3\xA9\xE2\x82\xAC\xF0\x9F\x98\x80" };
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        strbuf b = { 0 };
+        strbuf_json_str(&b, ok[i], strlen(ok[i]));
+        json_error_t je;
+        json_t *j = json_loadb(b.p, b.n, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
+        CHECKF(j && json_is_string(j) && json_string_length(j) == strlen(ok[i]) &&
+               memcmp(json_string_value(j), ok[i], strlen(ok[i])) == 0, "case %zu: %s", i, b.p);
+        json_decref(j);
+        strbuf_free(&b);
+    }
+    strbuf b = { 0 };
+    strbuf_json_str(&b, "a\xFF\xC3(\xE2\x82", 6);   /* bad lead, bad second byte, cut at the end */
+    CHECK(b.p && strcmp(b.p, "\"a\xEF\xBF\xBD\xEF\xBF\xBD(\xEF\xBF\xBD\xEF\xBF\xBD\"") == 0);
+    strbuf_free(&b);
+    /* a random mix: always valid JSON, and valid input comes back whole */
+    uint32_t x = 12345;
+    for (int r = 0; r < 2000; r++) {
+        char s[32];
+        size_t n = (size_t)(r % 32);
+        for (size_t i = 0; i < n; i++) { x = x * 1664525u + 1013904223u; s[i] = (char)(x >> 24); }
+        strbuf_json_str(&b, s, n);
+        json_error_t je;
+        json_t *j = json_loadb(b.p, b.n, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
+        CHECKF(j != NULL, "round %d: %s", r, je.text);
+        if (j && utf8_valid(s, n, NULL))
+            CHECKF(json_string_length(j) == n && memcmp(json_string_value(j), s, n) == 0, "round %d", r);
+        json_decref(j);
+        strbuf_free(&b);
+    }
+}
+
+static void t_hex_digit(void)
+{
+    static const char digits[] = "0123456789abcdef";
+    for (int c = 0; c < 256; c++) {
+        const char *p = c ? strchr(digits, tolower(c)) : NULL;
+        CHECKF(hex_digit(c) == (p ? (int)(p - digits) : -1), "byte %d", c);
+    }
+}
+
+static void t_stop_signals(void)
+{
+    sigset_t s;
+    stop_signals(&s);
+    int n = 0;
+    for (int sig = 1; sig < 32; sig++) n += sigismember(&s, sig) == 1;
+    CHECK_EQ_INT(n, 3);
+    CHECK(sigismember(&s, SIGTERM) == 1 && sigismember(&s, SIGINT) == 1 && sigismember(&s, SIGHUP) == 1);
+}
+
 int main(void)
 {
     RUN(t_utf8_exhaustive);
     RUN(t_utf8_valid);
     RUN(t_err);
+    RUN(t_mem_grow);
+    RUN(t_strbuf);
+    RUN(t_json_escape);
+    RUN(t_json_str);
+    RUN(t_hex_digit);
+    RUN(t_stop_signals);
     return CHECK_DONE();
 }
