@@ -85,26 +85,22 @@ __device__ __forceinline__ bool dq_chunk(const uint8_t *W, size_t rb, int n, int
     return true;
 }
 
-template <int TY>
-__global__ void k_dequant_f32(const uint8_t *W, size_t rb, int n, int n_out, float *dst)
-{
-    int r, c;
-    float w[32];
-    if (!dq_chunk<TY>(W, rb, n, n_out, r, c, w)) return;
-    float *o = dst + (size_t)r * n + c * 32;
-#pragma unroll
-    for (int k = 0; k < 32; k++)
-        if (c * 32 + k < n) o[k] = w[k];
-}
+__device__ __forceinline__ void put1(float *p, float v) { *p = v; }
+__device__ __forceinline__ void put1(__half *p, float v) { *p = __float2half_rn(v); }
 
-template <int TY>
-__global__ void k_dequant_f16(const uint8_t *W, size_t rb, int n, int n_out, __half *dst)
+/* dst [n_out][n] = W dequantized, as f32 or f16 (OT) */
+template <int TY, class OT>
+__global__ void k_dequant(const uint8_t *W, size_t rb, int n, int n_out, OT *dst)
 {
     int r, c;
     float w[32];
     if (!dq_chunk<TY>(W, rb, n, n_out, r, c, w)) return;
-    __half *o = dst + (size_t)r * n + c * 32;
-    if ((n & 31) == 0) {
+    OT *o = dst + (size_t)r * n + c * 32;
+    if (sizeof(OT) == 4) {
+#pragma unroll
+        for (int k = 0; k < 32; k++)
+            if (c * 32 + k < n) put1(o + k, w[k]);
+    } else if ((n & 31) == 0) {   /* f16: four 16-byte stores */
         __align__(16) __half h[32];
 #pragma unroll
         for (int k = 0; k < 32; k++) h[k] = __float2half_rn(w[k]);
@@ -112,7 +108,7 @@ __global__ void k_dequant_f16(const uint8_t *W, size_t rb, int n, int n_out, __h
         for (int k = 0; k < 4; k++) ((uint4 *)o)[k] = ((const uint4 *)h)[k];
     } else {
         for (int k = 0; k < 32; k++)
-            if (c * 32 + k < n) o[k] = __float2half_rn(w[k]);
+            if (c * 32 + k < n) put1(o + k, w[k]);
     }
 }
 
@@ -160,14 +156,14 @@ void ck_repack_q6_K(cudaStream_t st, const void *src, void *dst, size_t rb, int 
 void ck_dequant_f16(cudaStream_t st, uint32_t type, const void *W, size_t rb, int n, int n_out, void *dst)
 {
     size_t tot = (size_t)((n + 31) / 32) * n_out;
-#define L_DQ(TY) lk(k_dequant_f16<TY>, nblk(tot, 256), 256, 0, st, (const uint8_t *)W, rb, n, n_out, (__half *)dst)
+#define L_DQ(TY) lk(k_dequant<TY, __half>, nblk(tot, 256), 256, 0, st, (const uint8_t *)W, rb, n, n_out, (__half *)dst)
     TYPE_SWITCH(type, L_DQ)
 }
 
 void ck_dequant_f32(cudaStream_t st, uint32_t type, const void *W, size_t rb, int n, int n_out, float *dst)
 {
     size_t tot = (size_t)((n + 31) / 32) * n_out;
-#define L_DQ32(TY) lk(k_dequant_f32<TY>, nblk(tot, 256), 256, 0, st, (const uint8_t *)W, rb, n, n_out, dst)
+#define L_DQ32(TY) lk(k_dequant<TY, float>, nblk(tot, 256), 256, 0, st, (const uint8_t *)W, rb, n, n_out, dst)
     TYPE_SWITCH(type, L_DQ32)
 }
 
