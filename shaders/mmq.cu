@@ -122,6 +122,21 @@ __device__ __forceinline__ void mmqb_sum_splits(const float *part0, int sp, int 
 #define MMQB_WPIECES ((MMQB_ROWS * 9 + MMQB_THREADS - 1) / MMQB_THREADS)
 /* A block's place: its matrix (S.m[mi]), its index among that matrix's
  * blocks, the K split, its row tile and its chunks [c0, c1) */
+/* Chunk c of the T rows of x16 (J * 8 rows, rows past T zero-filled) into
+ * shared memory by cp.async, 16 bytes (piece pc of row xt) a thread a
+ * step, to dst(xt, pc): each kernel's own layout. */
+template <int J, class D>
+__device__ __forceinline__ void mmqb_load_x(const __half *x16, int T, int n, int c, int tid, D dst)
+{
+#pragma unroll
+    for (int k = 0; k < (J * 8 * 32 + MMQB_THREADS - 1) / MMQB_THREADS; k++) {
+        int p = tid + MMQB_THREADS * k, xt = p >> 5, pc = p & 31;
+        bool xv = xt < T;
+        if (p < J * 8 * 32)
+            cp_async16(dst(xt, pc), x16 + (size_t)(xv ? xt : 0) * n + (size_t)c * MMQB_CHUNK + 8 * pc, xv ? 16 : 0);
+    }
+}
+
 struct mmqb_place { int mi, local, sp, tile, c0, c1; };
 __device__ __forceinline__ mmqb_place mmqb_place_of(const mat_set &S, int n)
 {
@@ -246,17 +261,10 @@ __global__ void __launch_bounds__(MMQB_WARPS * 32, 2)
     const mmqb_place P = mmqb_place_of(S, n);
     const set_matrix &M = S.m[P.mi];
     const int c0 = P.c0, c1 = P.c1, ra = warp * 16 + g;
-    constexpr int XP = (J * 8 * 32 + MMQB_THREADS - 1) / MMQB_THREADS;
     const mmqb_wcopy<MMQB_WPITCH> wc(S, M, P.tile, rb, tid);
     auto load_w = [&](int c, int st) { wc.copy(&sm.w[st][0][0], c, tid); };
     auto load_x = [&](int c, int st) {
-#pragma unroll
-        for (int k = 0; k < XP; k++) {
-            int p = tid + MMQB_THREADS * k, xt = p >> 5, xk = (p & 31) * 8;
-            bool xv = xt < T;
-            if (p < J * 8 * 32)
-                cp_async16(&sm.x[st][xt][xk], x16 + (size_t)(xv ? xt : 0) * n + (size_t)c * MMQB_CHUNK + xk, xv ? 16 : 0);
-        }
+        mmqb_load_x<J>(x16, T, n, c, tid, [&](int xt, int pc) { return &sm.x[st][xt][8 * pc]; });
     };
     auto load = [&](int c, int st) { load_w(c, st); load_x(c, st); };
 
@@ -480,18 +488,12 @@ __global__ void __launch_bounds__(MMQB_WARPS * 32, 2)
     const mmqb_place P = mmqb_place_of(S, n);
     const set_matrix &M = S.m[P.mi];
     const int c0 = P.c0, c1 = P.c1, ra = warp * 16 + g;
-    constexpr int XP = (J * 8 * 32 + MMQB_THREADS - 1) / MMQB_THREADS;
     const typename std::conditional<Q6, wg_q6_wcopy, mmqb_wcopy<WG_WPITCH>>::type wc(S, M, P.tile, rb, tid);
     auto load_w = [&](int c, int st) { wc.copy(wg_wstage<J>(sm, st), c, tid); };
     auto load_x = [&](int c, int st) {
-#pragma unroll
-        for (int k = 0; k < XP; k++) {
-            int p = tid + MMQB_THREADS * k, xt = p >> 5, pc = p & 31;
-            bool xv = xt < T;
-            if (p < J * 8 * 32)
-                cp_async16(&sm.x[st][((pc >> 3) * J + (xt >> 3)) * (WG_ATOM / 16) + (xt & 7) * 8 + ((pc ^ xt) & 7)],
-                           x16 + (size_t)(xv ? xt : 0) * n + (size_t)c * MMQB_CHUNK + 8 * pc, xv ? 16 : 0);
-        }
+        mmqb_load_x<J>(x16, T, n, c, tid, [&](int xt, int pc) {
+            return &sm.x[st][((pc >> 3) * J + (xt >> 3)) * (WG_ATOM / 16) + (xt & 7) * 8 + ((pc ^ xt) & 7)];
+        });
     };
     auto load = [&](int c, int st) { load_w(c, st); load_x(c, st); };
 

@@ -548,8 +548,8 @@ static void test_gptoss(void)
      * loaded experts are the GGUF's bytes exactly, and the model opens. (Not
      * against llama.cpp's logits: with bf16 attention where the GGUF has
      * q8_0, this random model's router picks other experts at a few
-     * positions and logits move by up to 1.22, as on CUDA, whose float
-     * activations differ from the CPU's q8_0 ones.) */
+     * positions and logits move by up to 1.22; CUDA, which rounds a MoE
+     * model's activations as the CPU does (be_opts.act_int8), matches.) */
     const char *dir = make_gptoss_mxfp4();
     CHECK(dir != NULL);
     if (!dir) return;
