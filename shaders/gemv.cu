@@ -481,21 +481,6 @@ enum { GEMV_Q8_0 = 0, GEMV_Q4_K = 1, GEMV_Q6_K = 2 };   /* k_gemv_mr's weight ki
  * rope_cs's, read or computed before the launch wait), writes q or k, and
  * k's cache row; a v block writes v and its cache row plus bias. Every
  * value is k_gemv_mr's then k_rope_kv's (the same bits). */
-/* The NT tokens' int8 x of unit u (64 values), token by token:
- * f(t, xl, xh, dx0, dx1) with x_unit64's words and scales */
-template <int NT, class F>
-__device__ __forceinline__ void x_units64(const int8_t *xq, const float *xd, int n, int u, int T, F &&f)
-{
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-        if (t >= T) break;
-        int xl[8], xh[8];
-        float dx0, dx1;
-        x_unit64(xq, xd, n, t, u, xl, xh, dx0, dx1);
-        f(t, xl, xh, dx0, dx1);
-    }
-}
-
 template <int NT, int R, int K, int KD, int GLU, int PRE = 1, int ROPE = 0>
 __global__ void __launch_bounds__(GLU ? 512 : 128) k_gemv_mr(const mat_set S, size_t rb, int n,
                                                              const int8_t *__restrict__ xq,
@@ -646,7 +631,12 @@ __global__ void __launch_bounds__(GLU ? 512 : 128) k_gemv_mr(const mat_set S, si
                 sw[r] = wld4(rows[r] + 3 * (n / 4) + 4 * u, pol);
                 dd[r] = __half2float(__ushort_as_half(wld2(rows[r] + 13 * (n / 16) + 2 * (u >> 2), pol)));
             }
-            x_units64<NT>(xq, xd, n, u, T, [&](int t, const int (&xl)[8], const int (&xh)[8], float dx0, float dx1) {
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                if (t >= T) break;
+                int xl[8], xh[8];
+                float dx0, dx1;
+                x_unit64(xq, xd, n, t, u, xl, xh, dx0, dx1);
                 int s16[4] = { 0, 0, 0, 0 };
 #pragma unroll
                 for (int k = 0; k < 8; k++) {
@@ -669,7 +659,7 @@ __global__ void __launch_bounds__(GLU ? 512 : 128) k_gemv_mr(const mat_set S, si
                     int i1 = (int)(int8_t)(s >> 16) * (a[2] - 32 * s16[2]) + (int)(int8_t)(s >> 24) * (a[3] - 32 * s16[3]);
                     acc[r][t] = q6k_unit(acc[r][t], dd[r], dx0, i0, dx1, i1);
                 }
-            });
+            }
         } else if (Q4K && NT <= 2) {
             /* one or two tokens: x loaded with the weights, before any of them is used */
             const int j = u & 3;
@@ -719,7 +709,12 @@ __global__ void __launch_bounds__(GLU ? 512 : 128) k_gemv_mr(const mat_set S, si
                 qw[r][4] = q1[r].x; qw[r][5] = q1[r].y; qw[r][6] = q1[r].z; qw[r][7] = q1[r].w;
             }
             /* token by token: x is loaded once per unit and used for the R rows */
-            x_units64<NT>(xq, xd, n, u, T, [&](int t, const int (&xl)[8], const int (&xh)[8], float dx0, float dx1) {
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                if (t >= T) break;
+                int xl[8], xh[8];
+                float dx0, dx1;
+                x_unit64(xq, xd, n, t, u, xl, xh, dx0, dx1);
                 size_t xb0 = (size_t)t * nbx + 2 * u;
                 int s0 = __ldg(xs + xb0), s1 = __ldg(xs + xb0 + 1);
 #pragma unroll
@@ -732,7 +727,7 @@ __global__ void __launch_bounds__(GLU ? 512 : 128) k_gemv_mr(const mat_set S, si
                     }
                     acc[r][t] = q4k_unit(acc[r][t], dx0, d0[r], dot0, mm0[r], s0, dx1, d1[r], dot1, mm1[r], s1);
                 }
-            });
+            }
         } else {
             int q[R][8];
             float dw[R];
