@@ -577,7 +577,7 @@ QT_AI __m256i x_hsum8_i32(const __m256i *v)
     return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
 }
 
-/* The nb == 1 K-quant rows (x_krows1, x_kvnni_rows1): the R <= 8 rows'
+/* The nb == 1 K-quant rows (x_krows1): the R <= 8 rows'
  * exact int32 totals iv (dots), mv (mins) to float lanes, one per row (R 4:
  * the low half); a super-block's d * (vd * isum - vm * msum) added lane-wise;
  * the R sums stored. */
@@ -659,39 +659,32 @@ QT_AI size_t x_kpf(int R, size_t ws)
  * rows' exact int32 totals (isum, msum) are reduced together and the float
  * expression of x_kfinish is evaluated lane-wise, one lane per row: the same
  * IEEE operations in the same order per row, so the same bits. */
-QT_AI void x_krows1(uint32_t type, int R, int64_t nsb, const uint8_t *wr, size_t ws,
-                    const uint8_t *A, float *y)
+/* One super-block (at wb0, the R rows ws bytes apart) of the R rows against
+ * activation block a: their exact int32 totals (iv, mv) and scales lane-wise
+ * (vd, vm) as x_krows_add takes them */
+QT_AI void x_krows_gen(uint32_t type, int R, const uint8_t *wb0, size_t ws, size_t pf, const qt_block_q8_K *a,
+                       __m256i *iv, __m256i *mv, __m256 *vd, __m256 *vm)
 {
     const size_t bs = qt_block_bytes(type);
-    const size_t pf = x_kpf(R, ws);
-    __m256 sums = _mm256_setzero_ps();
-    for (int64_t i = 0; i < nsb; i++) {
-        const qt_block_q8_K *a = (const void *)(A + i * sizeof(qt_block_q8_K));
-        __m256i iv[8], mv[8];
-        float fd[8], fm[8];
-        QT_UNROLL8
-        for (int u = 0; u < R; u++) {
-            const uint8_t *wb = wr + (size_t)u * ws + i * bs;
-            for (size_t o = 0; o < bs; o += 64) _mm_prefetch((const char *)wb + pf + o, _MM_HINT_T1);
-            x_kscale ks;
-            x_kscales_of(type, wb, &ks);
-            iv[u] = x_kdot(type, wb, NULL, &ks, a);
-            mv[u] = _mm256_madd_epi16(ks.mv, x_ld((const uint8_t *)a->bsums));
-            fd[u] = ks.fd;
-            fm[u] = ks.fm;
-        }
-        __m256 isum, msum, vd, vm;
-        x_krows_isum(R, iv, mv, &isum, &msum);
-        if (R == 4) {
-            vd = _mm256_castps128_ps256(_mm_setr_ps(fd[0], fd[1], fd[2], fd[3]));
-            vm = _mm256_castps128_ps256(_mm_setr_ps(fm[0], fm[1], fm[2], fm[3]));
-        } else {
-            vd = _mm256_setr_ps(fd[0], fd[1], fd[2], fd[3], fd[4], fd[5], fd[6], fd[7]);
-            vm = _mm256_setr_ps(fm[0], fm[1], fm[2], fm[3], fm[4], fm[5], fm[6], fm[7]);
-        }
-        sums = x_krows_add(sums, a->d, vd, isum, vm, msum);
+    float fd[8], fm[8];
+    QT_UNROLL8
+    for (int u = 0; u < R; u++) {
+        const uint8_t *wb = wb0 + (size_t)u * ws;
+        for (size_t o = 0; o < bs; o += 64) _mm_prefetch((const char *)wb + pf + o, _MM_HINT_T1);
+        x_kscale ks;
+        x_kscales_of(type, wb, &ks);
+        iv[u] = x_kdot(type, wb, NULL, &ks, a);
+        mv[u] = _mm256_madd_epi16(ks.mv, x_ld((const uint8_t *)a->bsums));
+        fd[u] = ks.fd;
+        fm[u] = ks.fm;
     }
-    x_krows_store(R, y, sums);
+    if (R == 4) {
+        *vd = _mm256_castps128_ps256(_mm_setr_ps(fd[0], fd[1], fd[2], fd[3]));
+        *vm = _mm256_castps128_ps256(_mm_setr_ps(fm[0], fm[1], fm[2], fm[3]));
+    } else {
+        *vd = _mm256_setr_ps(fd[0], fd[1], fd[2], fd[3], fd[4], fd[5], fd[6], fd[7]);
+        *vm = _mm256_setr_ps(fm[0], fm[1], fm[2], fm[3], fm[4], fm[5], fm[6], fm[7]);
+    }
 }
 
 #ifdef QT_VNNI
@@ -880,63 +873,75 @@ QT_AI void x_kz_rows(const x_kz *kz, const uint8_t *A, size_t as, int b0, int g,
     }
 }
 
-QT_AI void x_kvnni_rows1(uint32_t type, int R, int64_t nsb, const uint8_t *wr, size_t ws,
-                         const uint8_t *A, float *y)
+QT_AI void x_krows_vnni(uint32_t type, int R, const uint8_t *wb0, size_t ws, size_t pf, const qt_block_q8_K *a,
+                        __m256i *iv, __m256i *mv, __m256 *vd, __m256 *vm)
+{
+    const size_t bs = qt_block_bytes(type);
+    const __m256i bsum = x_ld((const uint8_t *)a->bsums);
+    /* activation chunk pairs as the weight zmm hold them */
+    __m512i az[4];
+    const uint8_t *aq = (const uint8_t *)a->qs;
+    QT_UNROLL8
+    for (int h = 0; h < 4; h++) {
+        if (type == QT_Q4_K)   /* [c0|c2] [c1|c3] [c4|c6] [c5|c7] */
+            az[h] = _mm512_inserti64x4(_mm512_castsi256_si512(x_ld(aq + 128 * (h / 2) + 32 * (h % 2))),
+                                       x_ld(aq + 128 * (h / 2) + 32 * (h % 2) + 64), 1);
+        else                   /* [c0|c1] [c2|c3] .. */
+            az[h] = _mm512_loadu_si512((const void *)(aq + 64 * h));
+    }
+    uint32_t dm[8];   /* fp16 pairs (d, dmin); q6_K: (d, d) */
+    QT_UNROLL8
+    for (int u = 0; u < R; u++) {
+        const uint8_t *wb = wb0 + (size_t)u * ws;
+        for (size_t o = 0; o < bs; o += 64) _mm_prefetch((const char *)wb + pf + o, _MM_HINT_T1);
+        if (type == QT_Q4_K) {
+            x_q4k_row_z(wb, az, bsum, &iv[u], &mv[u]);
+            memcpy(&dm[u], wb, 4);
+        } else {
+            x_q6k_row_z(wb, az, bsum, &iv[u], &mv[u]);
+            uint16_t d;
+            memcpy(&d, wb + 208, 2);
+            dm[u] = (uint32_t)d * 0x10001u;
+        }
+    }
+    const __m256i ev = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+    if (R == 4) {
+        /* d0 m0 d1 m1 .. -> d0-3 m0-3 */
+        *vd = _mm256_permutevar8x32_ps(
+            _mm256_cvtph_ps(_mm_setr_epi32((int)dm[0], (int)dm[1], (int)dm[2], (int)dm[3])), ev);
+        *vm = _mm256_castps128_ps256(_mm256_extractf128_ps(*vd, 1));
+    } else {
+        const __m256 g0 = _mm256_permutevar8x32_ps(
+            _mm256_cvtph_ps(_mm_setr_epi32((int)dm[0], (int)dm[1], (int)dm[2], (int)dm[3])), ev);
+        const __m256 g1 = _mm256_permutevar8x32_ps(
+            _mm256_cvtph_ps(_mm_setr_epi32((int)dm[4], (int)dm[5], (int)dm[6], (int)dm[7])), ev);
+        *vd = _mm256_permute2f128_ps(g0, g1, 0x20);
+        *vm = _mm256_permute2f128_ps(g0, g1, 0x31);
+    }
+}
+#endif
+
+/* nb == 1, R rows (x_krows_vnni's where vnni, q4_K and q6_K on VNNI builds) */
+QT_AI void x_krows1(uint32_t type, int vnni, int R, int64_t nsb, const uint8_t *wr, size_t ws, const uint8_t *A,
+                    float *y)
 {
     const size_t bs = qt_block_bytes(type);
     const size_t pf = x_kpf(R, ws);
     __m256 sums = _mm256_setzero_ps();
     for (int64_t i = 0; i < nsb; i++) {
         const qt_block_q8_K *a = (const void *)(A + i * sizeof(qt_block_q8_K));
-        const __m256i bsum = x_ld((const uint8_t *)a->bsums);
-        /* activation chunk pairs as the weight zmm hold them */
-        __m512i az[4];
-        const uint8_t *aq = (const uint8_t *)a->qs;
-        QT_UNROLL8
-        for (int h = 0; h < 4; h++) {
-            if (type == QT_Q4_K)   /* [c0|c2] [c1|c3] [c4|c6] [c5|c7] */
-                az[h] = _mm512_inserti64x4(_mm512_castsi256_si512(x_ld(aq + 128 * (h / 2) + 32 * (h % 2))),
-                                           x_ld(aq + 128 * (h / 2) + 32 * (h % 2) + 64), 1);
-            else                   /* [c0|c1] [c2|c3] .. */
-                az[h] = _mm512_loadu_si512((const void *)(aq + 64 * h));
-        }
         __m256i iv[8], mv[8];
-        uint32_t dm[8];   /* fp16 pairs (d, dmin); q6_K: (d, d) */
-        QT_UNROLL8
-        for (int u = 0; u < R; u++) {
-            const uint8_t *wb = wr + (size_t)u * ws + i * bs;
-            for (size_t o = 0; o < bs; o += 64) _mm_prefetch((const char *)wb + pf + o, _MM_HINT_T1);
-            if (type == QT_Q4_K) {
-                x_q4k_row_z(wb, az, bsum, &iv[u], &mv[u]);
-                memcpy(&dm[u], wb, 4);
-            } else {
-                x_q6k_row_z(wb, az, bsum, &iv[u], &mv[u]);
-                uint16_t d;
-                memcpy(&d, wb + 208, 2);
-                dm[u] = (uint32_t)d * 0x10001u;
-            }
-        }
         __m256 isum, msum, vd, vm;
-        const __m256i ev = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+#ifdef QT_VNNI
+        if (vnni) x_krows_vnni(type, R, wr + i * bs, ws, pf, a, iv, mv, &vd, &vm);
+        else
+#endif
+            x_krows_gen(type, R, wr + i * bs, ws, pf, a, iv, mv, &vd, &vm);
         x_krows_isum(R, iv, mv, &isum, &msum);
-        if (R == 4) {
-            /* d0 m0 d1 m1 .. -> d0-3 m0-3 */
-            vd = _mm256_permutevar8x32_ps(
-                _mm256_cvtph_ps(_mm_setr_epi32((int)dm[0], (int)dm[1], (int)dm[2], (int)dm[3])), ev);
-            vm = _mm256_castps128_ps256(_mm256_extractf128_ps(vd, 1));
-        } else {
-            const __m256 g0 = _mm256_permutevar8x32_ps(
-                _mm256_cvtph_ps(_mm_setr_epi32((int)dm[0], (int)dm[1], (int)dm[2], (int)dm[3])), ev);
-            const __m256 g1 = _mm256_permutevar8x32_ps(
-                _mm256_cvtph_ps(_mm_setr_epi32((int)dm[4], (int)dm[5], (int)dm[6], (int)dm[7])), ev);
-            vd = _mm256_permute2f128_ps(g0, g1, 0x20);
-            vm = _mm256_permute2f128_ps(g0, g1, 0x31);
-        }
         sums = x_krows_add(sums, a->d, vd, isum, vm, msum);
     }
     x_krows_store(R, y, sums);
 }
-#endif
 
 QT_AI void x_kquant(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64_t r0, int64_t r1,
                     const uint8_t *A, size_t as, int nb, float *Y, int64_t ldy)
@@ -958,9 +963,9 @@ QT_AI void x_kquant(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64
     if (nb == 1)
         for (; r + QT_KR <= r1; r += QT_KR) {
 #ifdef QT_VNNI
-            if (type == QT_Q4_K || type == QT_Q6_K) { x_kvnni_rows1(type, QT_KR, nsb, W + r * ws, ws, A, Y + r); continue; }
+            if (type == QT_Q4_K || type == QT_Q6_K) { x_krows1(type, 1, QT_KR, nsb, W + r * ws, ws, A, Y + r); continue; }
 #endif
-            x_krows1(type, QT_KR, nsb, W + r * ws, ws, A, Y + r);
+            x_krows1(type, 0, QT_KR, nsb, W + r * ws, ws, A, Y + r);
         }
     for (; r < r1; r++) {
         const uint8_t *wr = W + r * ws;
