@@ -13,22 +13,11 @@
  * value 4k + j). These are the types whose values are small integers times
  * one or two scales per 32 values, less an offset: x quantized per 32
  * values (int8, scale, sum of the ints) dots them in integers. */
-#define DQ32I_SWITCH(type, FN)                \
-    switch (type) {                           \
-    case QT_Q4_0: FN(QT_Q4_0); break;         \
-    case QT_Q4_1: FN(QT_Q4_1); break;         \
-    case QT_Q5_0: FN(QT_Q5_0); break;         \
-    case QT_Q5_1: FN(QT_Q5_1); break;         \
-    case QT_Q8_0: FN(QT_Q8_0); break;         \
-    case QT_Q3_K: FN(QT_Q3_K); break;         \
-    case QT_Q4_K: FN(QT_Q4_K); break;         \
-    case QT_Q5_K: FN(QT_Q5_K); break;         \
-    case QT_Q6_K: FN(QT_Q6_K); break;         \
-    case QT_IQ4_NL: FN(QT_IQ4_NL); break;     \
-    case QT_IQ4_XS: FN(QT_IQ4_XS); break;     \
-    case QT_MXFP4: FN(QT_MXFP4); break;       \
-    default: break;                           \
-    }
+__host__ __device__ constexpr bool dq32i_type(int ty)
+{
+    return ty == QT_Q4_0 || ty == QT_Q4_1 || ty == QT_Q5_0 || ty == QT_Q5_1 || ty == QT_Q8_0 || ty == QT_Q3_K ||
+           ty == QT_Q4_K || ty == QT_Q5_K || ty == QT_Q6_K || ty == QT_IQ4_NL || ty == QT_IQ4_XS || ty == QT_MXFP4;
+}
 
 __device__ __forceinline__ int pack4(const int *v)
 {

@@ -316,6 +316,17 @@ __global__ void k_moe_combine(const float *y, const int32_t *slot, const float *
     out[(size_t)t * E + i] = o;
 }
 
+/* k_moe_mvq for the types with an int8 form (none for the others) */
+template <int TY>
+static void mvq_launch(cudaStream_t st, dim3 g, const uint8_t *W, size_t rb, int n, int rows, act_forms L,
+                       int by_token, int K, const int32_t *pair, const int32_t *tiles, const int32_t *n_tiles,
+                       const float *bias, float *y)
+{
+    if constexpr (dq32i_type(TY))
+        lk(k_moe_mvq<TY>, g, 256, 0, st, W, rb, n, rows, (const int8_t *)L.q, (const float *)L.d, (const int *)L.s,
+           by_token, K, pair, tiles, n_tiles, bias, y);
+}
+
 extern "C" {
 
 void ck_moe_route(cudaStream_t st, const float *lg, int T, int X, int K, int gating, int norm, float scale,
@@ -347,13 +358,7 @@ void ck_moe_mm(cudaStream_t st, uint32_t type, const void *W, size_t rb, int n, 
     TYPE_SWITCH(type, L_MOE)
 }
 
-int ck_moe_int8(uint32_t type, int n)
-{
-    if (n % 32) return 0;
-#define I8_OK(TY) return 1
-    DQ32I_SWITCH(type, I8_OK)
-    return 0;
-}
+int ck_moe_int8(uint32_t type, int n) { return n % 32 == 0 && dq32i_type((int)type); }
 
 void ck_moe_mmq(cudaStream_t st, uint32_t type, const void *W, size_t rb, int n, int rows, const void *xq,
                 int x_rows, int by_token, int K, const int32_t *pair, const int32_t *tiles, const int32_t *n_tiles,
@@ -361,9 +366,8 @@ void ck_moe_mmq(cudaStream_t st, uint32_t type, const void *W, size_t rb, int n,
 {
     act_forms L = act_int8_at((void *)xq, x_rows, n);
     dim3 g((unsigned)max_tiles, nblk((size_t)rows, 8));
-#define L_MVQ(TY) lk(k_moe_mvq<TY>, g, 256, 0, st, (const uint8_t *)W, rb, n, rows, (const int8_t *)L.q, \
-                     (const float *)L.d, (const int *)L.s, by_token, K, pair, tiles, n_tiles, bias, y)
-    DQ32I_SWITCH(type, L_MVQ)
+#define L_MVQ(TY) mvq_launch<TY>(st, g, (const uint8_t *)W, rb, n, rows, L, by_token, K, pair, tiles, n_tiles, bias, y)
+    TYPE_SWITCH(type, L_MVQ)
 }
 
 void ck_moe_act(cudaStream_t st, float *g, const float *u, size_t n, int act, float alpha, float limit)
