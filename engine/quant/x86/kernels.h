@@ -703,9 +703,9 @@ QT_AI __m256i x_fold16(__m512i v)
     return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
 }
 
-QT_AI void x_q4k_row_z(const uint8_t *wb, const __m512i *az, __m256i bsum, __m256i *iv, __m256i *mv)
+/* A q4_K super-block's 6-bit scales and mins as int16: sc0-7 m0-7 */
+QT_AI __m256i x_q4k_s16(const uint8_t *wb)
 {
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
     uint64_t x;
     uint32_t z;
     memcpy(&x, wb + 4, 8);
@@ -713,9 +713,14 @@ QT_AI void x_q4k_row_z(const uint8_t *wb, const __m512i *az, __m256i bsum, __m25
     const uint64_t lo = x & 0x3f3f3f3f3f3f3f3full;
     const uint64_t hb = (x >> 2) & 0x3030303030303030ull;
     const uint64_t hi = ((uint64_t)(z & 0x0f0f0f0fu) | ((uint64_t)((z >> 4) & 0x0f0f0f0fu) << 32)) | hb;
-    /* int16: sc0-7 m0-7 */
-    const __m256i s16 = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(
+    return _mm256_cvtepu8_epi16(_mm_shuffle_epi8(
         _mm_set_epi64x((long long)hi, (long long)lo), _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15)));
+}
+
+QT_AI void x_q4k_row_z(const uint8_t *wb, const __m512i *az, __m256i bsum, __m256i *iv, __m256i *mv)
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m256i s16 = x_q4k_s16(wb);
     const __m512i s = _mm512_castsi256_si512(s16);
     /* packs of [c0|c2] with [c1|c3]: 128-bit lanes c0 c1 | c0 c1 | c2 c3 | c2 c3 (4 words each) */
     const __m512i i0 = _mm512_set_epi16(3, 3, 3, 3, 2, 2, 2, 2, 3, 3, 3, 3, 2, 2, 2, 2,
@@ -781,15 +786,7 @@ QT_AI void x_kz_prep(uint32_t type, const uint8_t *wb, x_kz *kz)
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     if (type == QT_Q4_K) {
         const __m512i sh = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
-        uint64_t x;
-        uint32_t z;
-        memcpy(&x, wb + 4, 8);
-        memcpy(&z, wb + 12, 4);
-        const uint64_t lo = x & 0x3f3f3f3f3f3f3f3full;
-        const uint64_t hb = (x >> 2) & 0x3030303030303030ull;
-        const uint64_t hi = ((uint64_t)(z & 0x0f0f0f0fu) | ((uint64_t)((z >> 4) & 0x0f0f0f0fu) << 32)) | hb;
-        const __m256i s16 = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(   /* sc0-7 m0-7 */
-            _mm_set_epi64x((long long)hi, (long long)lo), _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15)));
+        const __m256i s16 = x_q4k_s16(wb);
         const __m512i s = _mm512_castsi256_si512(s16);
         /* packs of [c0|c1] with [c2|c3]: 128-bit lanes c0 c2 | c0 c2 | c1 c3 | c1 c3 (4 words each) */
         const __m512i i0 = _mm512_set_epi16(3, 3, 3, 3, 1, 1, 1, 1, 3, 3, 3, 3, 1, 1, 1, 1,
