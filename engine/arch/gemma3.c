@@ -13,8 +13,8 @@
  * (n_embd/n_head there), which the GGUF does not record (llama.cpp tells
  * 27B by its 62 layers; so do we). rope.scaling.type linear (4B and up:
  * factor 8) divides the global layers' frequencies only, as transformers'
- * rotary_emb (the sliding layers' rotary_emb_local has none). Buffers as
- * llama.c's. */
+ * rotary_emb (the sliding layers' rotary_emb_local has none). Buffers:
+ * layers.h's ly_fw, F = n_ff. */
 #include "engine/arch/arch.h"
 #include "engine/arch/layers.h"
 #include "common/err.h"
@@ -22,11 +22,6 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
-
-typedef struct gemma3_fw {
-    fw base;
-    float *x, *xb, *q, *k, *v, *att, *hg, *hu, *xo;
-} gemma3_fw;
 
 /* Which layers slide: attention.sliding_window_pattern as a period P
  * (layer i global when (i+1) % P == 0; 0 or absent: 6) or as one bool per
@@ -93,36 +88,17 @@ static const char *gemma3_lacks(const model *m, const be_ops *o)
     return !o->attention_ex || !o->gelu_mul || !o->scale ? "sliding-window attention, gelu, scale" : NULL;
 }
 
-static void gemma3_close(fw *base)
-{
-    gemma3_fw *f = (gemma3_fw *)base;
-    be *b = base->b;
-    void *bufs[] = { f->x, f->xb, f->q, f->k, f->v, f->att, f->hg, f->hu, f->xo, base->lg };
-    ly_free(b, bufs, sizeof bufs / sizeof bufs[0]);
-    free(f);
-}
-
 /* (without m->swa_ring, a sliding layer's KV pages past its window are not
  * read again but stay allocated with the sequence's: the page tables are
  * shared) */
 static int gemma3_open(fw **out, model *m, be *b, int max_T, int max_out, int max_seqs, char *err, size_t errlen)
 {
-    (void)max_seqs;
-    const hparams *hp = &m->hp;
-    gemma3_fw *f = calloc(1, sizeof *f);
-    if (!f) return err_set(err, errlen, "out of memory for activation buffers");
-    f->base = (fw){ .fam = &arch_gemma3, .m = m, .b = b };
-    size_t T = (size_t)max_T, E = hp->n_embd, Q = (size_t)hp->n_head * hp->head_dim,
-           K = (size_t)hp->n_head_kv * hp->head_dim, F = hp->n_ff, O = (size_t)max_out;
-    const ly_buf bufs[] = { { &f->x, T * E }, { &f->xb, T * E }, { &f->q, T * Q }, { &f->att, T * Q },
-                            { &f->k, T * K }, { &f->v, T * K }, { &f->hg, T * F }, { &f->hu, T * F },
-                            { &f->xo, O * E }, { &f->base.lg, O * hp->n_vocab } };
-    return ly_open_bufs(&f->base, bufs, sizeof bufs / sizeof bufs[0], &f->xo, NULL, NULL, max_T, out, err, errlen);
+    return ly_fw_open(out, &arch_gemma3, m, b, (size_t)m->hp.n_ff, 1, NULL, max_T, max_out, err, errlen);
 }
 
 static void gemma3_pass(fw *base, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out)
 {
-    gemma3_fw *f = (gemma3_fw *)base;
+    ly_fw *f = (ly_fw *)base;
     const model *m = base->m;
     const hparams *hp = &m->hp;
     be *b = base->b;
@@ -161,7 +137,7 @@ const arch_family arch_gemma3 = {
     .load = gemma3_load,
     .lacks = gemma3_lacks,
     .open = gemma3_open,
-    .close = gemma3_close,
+    .close = ly_fw_close,
     .pass = gemma3_pass,
     .greedy = 1,
 };

@@ -7,23 +7,14 @@
  * ARCH_QK_NORM) are there when the row says so. A file with expert_count
  * (Mixtral as llama, qwen3moe) has a mixture of SiLU-GLU experts in place
  * of every FFN (moe.c): softmax router, top-k, the chosen weights
- * renormalised unless the file says otherwise. Buffers (T = tokens in the
- * batch, E = n_embd, Q = n_head*head_dim, K = n_head_kv*head_dim, F = n_ff,
- * V = n_vocab):
- *   x, xb [T][E]   q, att [T][Q]   k, v [T][K]   hg, hu [T][F]
- *   xo [max_out][E]   lg [max_out][V] */
+ * renormalised unless the file says otherwise. Buffers: layers.h's ly_fw,
+ * F = n_ff (1 with experts). */
 #include "engine/arch/arch.h"
 #include "engine/arch/layers.h"
 #include "common/err.h"
 
 #include <stdio.h>
 #include <stdlib.h>
-
-typedef struct llama_fw {
-    fw base;
-    float *x, *xb, *q, *k, *v, *att, *hg, *hu, *xo;
-    ly_moe moe;                /* the experts, when the model has them */
-} llama_fw;
 
 static int llama_load(ld *l)
 {
@@ -64,36 +55,16 @@ static int llama_load(ld *l)
     return 0;
 }
 
-static void llama_close(fw *base)
-{
-    llama_fw *f = (llama_fw *)base;
-    be *b = base->b;
-    void *bufs[] = { f->x, f->xb, f->q, f->k, f->v, f->att, f->hg, f->hu, f->xo, base->lg };
-    ly_free(b, bufs, sizeof bufs / sizeof bufs[0]);
-    ly_moe_close(&f->moe, b);
-    free(f);
-}
-
 static int llama_open(fw **out, model *m, be *b, int max_T, int max_out, int max_seqs, char *err, size_t errlen)
 {
-    (void)max_seqs;
-    const hparams *hp = &m->hp;
-    llama_fw *f = calloc(1, sizeof *f);
-    if (!f) return err_set(err, errlen, "out of memory for activation buffers");
-    f->base = (fw){ .fam = &arch_llama, .m = m, .b = b };
-    size_t T = (size_t)max_T, E = hp->n_embd, Q = (size_t)hp->n_head * hp->head_dim,
-           K = (size_t)hp->n_head_kv * hp->head_dim, F = hp->n_expert ? 1 : hp->n_ff,   /* (no dense FFN) */
-           O = (size_t)max_out;
-    const ly_buf bufs[] = { { &f->x, T * E }, { &f->xb, T * E }, { &f->q, T * Q }, { &f->att, T * Q },
-                            { &f->k, T * K }, { &f->v, T * K }, { &f->hg, T * F }, { &f->hu, T * F },
-                            { &f->xo, O * E }, { &f->base.lg, O * hp->n_vocab } };
     const be_moe silu_glu = { .act = BE_MOE_SILU };
-    return ly_open_bufs(&f->base, bufs, sizeof bufs / sizeof bufs[0], &f->xo, &f->moe, &silu_glu, max_T, out, err,
-                        errlen);
+    /* (no dense FFN with experts) */
+    return ly_fw_open(out, &arch_llama, m, b, m->hp.n_expert ? 1 : (size_t)m->hp.n_ff, 1, &silu_glu, max_T, max_out,
+                      err, errlen);
 }
 
 /* Layer l's q, k, v from f->xb and its attention into f->att. */
-static void llama_attention(llama_fw *f, int l, const be_batch *bt)
+static void llama_attention(ly_fw *f, int l, const be_batch *bt)
 {
     const model *m = f->base.m;
     const hparams *hp = &m->hp;
@@ -123,7 +94,7 @@ static void llama_attention(llama_fw *f, int l, const be_batch *bt)
 
 static void llama_pass(fw *base, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out)
 {
-    llama_fw *f = (llama_fw *)base;
+    ly_fw *f = (ly_fw *)base;
     const model *m = base->m;
     const hparams *hp = &m->hp;
     be *b = base->b;
@@ -159,7 +130,7 @@ const arch_family arch_llama = {
     .load = llama_load,
     .lacks = ly_moe_lacks,
     .open = llama_open,
-    .close = llama_close,
+    .close = ly_fw_close,
     .pass = llama_pass,
     .greedy = 1,
 };
