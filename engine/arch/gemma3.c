@@ -96,48 +96,47 @@ static int gemma3_open(fw **out, model *m, be *b, int max_T, int max_out, int ma
     return ly_fw_open(out, &arch_gemma3, m, b, (size_t)m->hp.n_ff, 1, NULL, max_T, max_out, err, errlen);
 }
 
-static void gemma3_pass(fw *base, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out)
+static void gemma3_first(ly_fw *f, const be_batch *bt)
 {
-    ly_fw *f = (ly_fw *)base;
-    const model *m = base->m;
+    int E = f->base.m->hp.n_embd;
+    f->base.b->ops->scale(f->base.b, f->x, (size_t)bt->T * E, sqrtf((float)E));
+}
+
+static void gemma3_layer(ly_fw *f, const layer_w *L, int l, const be_batch *bt)
+{
+    const model *m = f->base.m;
     const hparams *hp = &m->hp;
-    be *b = base->b;
+    be *b = f->base.b;
     const be_ops *o = b->ops;
     int T = bt->T, E = hp->n_embd, HD = hp->head_dim;
     float eps = hp->norm_eps;
-    o->embed(b, &m->tok_embd, tokens, T, f->x);
-    o->scale(b, f->x, (size_t)T * E, sqrtf((float)E));
-    for (int l = 0; l < hp->n_layer; l++) {
-        const layer_w *L = &m->layers[l];
-        o->rmsnorm(b, f->x, &L->attn_norm, T, E, eps, f->xb);
-        const wt *wqkv[3] = { &L->wq, &L->wk, &L->wv }, *none[3] = { NULL, NULL, NULL };
-        float *const qkv[3] = { f->q, f->k, f->v };
-        ly_matmuls(b, 3, wqkv, none, f->xb, T, qkv);
-        ly_attn a = { hp->n_head, hp->n_head_kv, HD, hp->n_rot, L->swa ? hp->rope_base_swa : hp->rope_base, 1,
-                      L->swa ? NULL : &m->rope_freqs, &L->q_norm, &L->k_norm, eps, 1, L->swa ? hp->n_swa : 0, NULL,
-                      hp->attn_scale };
-        be_batch rb;
-        ly_attend(b, &a, f->q, f->k, f->v, f->base.kc[l], f->base.vc[l], ly_kv_batch(m, l, bt, &rb), NULL, f->att);
-        o->matmul(b, &L->wo, NULL, f->att, T, f->xb);
-        o->rmsnorm(b, f->xb, &L->post_attn_norm, T, E, eps, f->xb);
-        o->add(b, f->x, f->xb, (size_t)T * E);
-        o->rmsnorm(b, f->x, &L->ffn_norm, T, E, eps, f->xb);
-        const wt *wgu[2] = { &L->w_gate, &L->w_up };
-        float *const gu[2] = { f->hg, f->hu };
-        ly_matmuls(b, 2, wgu, none, f->xb, T, gu);
-        o->gelu_mul(b, f->hg, f->hu, (size_t)T * hp->n_ff, f->hg);
-        o->matmul(b, &L->w_down, NULL, f->hg, T, f->xb);
-        o->rmsnorm(b, f->xb, &L->post_ffn_norm, T, E, eps, f->xb);
-        o->add(b, f->x, f->xb, (size_t)T * E);
-    }
-    ly_logits(b, m, f->x, out_idx, n_out, eps, f->xo, base->lg);
+    o->rmsnorm(b, f->x, &L->attn_norm, T, E, eps, f->xb);
+    const wt *wqkv[3] = { &L->wq, &L->wk, &L->wv }, *none[3] = { NULL, NULL, NULL };
+    float *const qkv[3] = { f->q, f->k, f->v };
+    ly_matmuls(b, 3, wqkv, none, f->xb, T, qkv);
+    ly_attn a = { hp->n_head, hp->n_head_kv, HD, hp->n_rot, L->swa ? hp->rope_base_swa : hp->rope_base, 1,
+                  L->swa ? NULL : &m->rope_freqs, &L->q_norm, &L->k_norm, eps, 1, L->swa ? hp->n_swa : 0, NULL,
+                  hp->attn_scale };
+    be_batch rb;
+    ly_attend(b, &a, f->q, f->k, f->v, f->base.kc[l], f->base.vc[l], ly_kv_batch(m, l, bt, &rb), NULL, f->att);
+    o->matmul(b, &L->wo, NULL, f->att, T, f->xb);
+    o->rmsnorm(b, f->xb, &L->post_attn_norm, T, E, eps, f->xb);
+    o->add(b, f->x, f->xb, (size_t)T * E);
+    o->rmsnorm(b, f->x, &L->ffn_norm, T, E, eps, f->xb);
+    const wt *wgu[2] = { &L->w_gate, &L->w_up };
+    float *const gu[2] = { f->hg, f->hu };
+    ly_matmuls(b, 2, wgu, none, f->xb, T, gu);
+    o->gelu_mul(b, f->hg, f->hu, (size_t)T * hp->n_ff, f->hg);
+    o->matmul(b, &L->w_down, NULL, f->hg, T, f->xb);
+    o->rmsnorm(b, f->xb, &L->post_ffn_norm, T, E, eps, f->xb);
+    o->add(b, f->x, f->xb, (size_t)T * E);
 }
 
-const arch_family arch_gemma3 = {
-    .load = gemma3_load,
-    .lacks = gemma3_lacks,
-    .open = gemma3_open,
-    .close = ly_fw_close,
-    .pass = gemma3_pass,
-    .greedy = 1,
-};
+static void gemma3_pass(fw *base, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out)
+{
+    static const ly_pass p = { .first = gemma3_first, .layer = gemma3_layer };
+    ly_fw_pass((ly_fw *)base, &p, tokens, bt, out_idx, n_out);
+}
+
+const arch_family arch_gemma3 = { .load = gemma3_load, .lacks = gemma3_lacks, .open = gemma3_open,
+                                  .close = ly_fw_close, .pass = gemma3_pass, .greedy = 1 };

@@ -80,11 +80,10 @@ static int gptoss_open(fw **out, model *m, be *b, int max_T, int max_out, int ma
 }
 
 /* Layer l's attention of f->xb into f->xb (through f->att). */
-static void gptoss_attention(ly_fw *f, int l, const be_batch *bt)
+static void gptoss_attention(ly_fw *f, const layer_w *L, int l, const be_batch *bt)
 {
     const model *m = f->base.m;
     const hparams *hp = &m->hp;
-    const layer_w *L = &m->layers[l];
     be *b = f->base.b;
     const be_ops *o = b->ops;
     int T = bt->T, HD = hp->head_dim;
@@ -102,31 +101,24 @@ static void gptoss_attention(ly_fw *f, int l, const be_batch *bt)
     o->matmul(b, &L->wo, &L->bo, f->att, T, f->xb);
 }
 
-static void gptoss_pass(fw *base, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out)
+static void gptoss_layer(ly_fw *f, const layer_w *L, int l, const be_batch *bt)
 {
-    ly_fw *f = (ly_fw *)base;
-    const model *m = base->m;
-    const hparams *hp = &m->hp;
-    be *b = base->b;
+    const hparams *hp = &f->base.m->hp;
+    be *b = f->base.b;
     const be_ops *o = b->ops;
     int T = bt->T, E = hp->n_embd;
-    o->embed(b, &m->tok_embd, tokens, T, f->x);
-    for (int l = 0; l < hp->n_layer; l++) {
-        const layer_w *L = &m->layers[l];
-        o->rmsnorm(b, f->x, &L->attn_norm, T, E, hp->norm_eps, f->xb);
-        gptoss_attention(f, l, bt);
-        ly_add_norm(b, f->x, f->xb, &L->ffn_norm, T, E, hp->norm_eps, f->xb);
-        ly_moe_ffn(b, &f->moe, l, f->xb, T, f->xb);
-        o->add(b, f->x, f->xb, (size_t)T * E);
-    }
-    ly_logits(b, m, f->x, out_idx, n_out, hp->norm_eps, f->xo, base->lg);
+    o->rmsnorm(b, f->x, &L->attn_norm, T, E, hp->norm_eps, f->xb);
+    gptoss_attention(f, L, l, bt);
+    ly_add_norm(b, f->x, f->xb, &L->ffn_norm, T, E, hp->norm_eps, f->xb);
+    ly_moe_ffn(b, &f->moe, l, f->xb, T, f->xb);
+    o->add(b, f->x, f->xb, (size_t)T * E);
 }
 
-const arch_family arch_gptoss = {
-    .load = gptoss_load,
-    .lacks = gptoss_lacks,
-    .open = gptoss_open,
-    .close = ly_fw_close,
-    .pass = gptoss_pass,
-    .greedy = 1,
-};
+static void gptoss_pass(fw *base, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out)
+{
+    static const ly_pass p = { .layer = gptoss_layer };
+    ly_fw_pass((ly_fw *)base, &p, tokens, bt, out_idx, n_out);
+}
+
+const arch_family arch_gptoss = { .load = gptoss_load, .lacks = gptoss_lacks, .open = gptoss_open,
+                                  .close = ly_fw_close, .pass = gptoss_pass, .greedy = 1 };

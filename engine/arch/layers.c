@@ -106,6 +106,20 @@ void ly_fw_close(fw *base)
     free(f);
 }
 
+void ly_fw_pass(ly_fw *f, const ly_pass *p, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx,
+                int n_out)
+{
+    const model *m = f->base.m;
+    be *b = f->base.b;
+    f->every_row = n_out == bt->T;
+    for (int i = 0; f->every_row && i < n_out; i++) f->every_row = out_idx[i] == i;
+    b->ops->embed(b, &m->tok_embd, tokens, bt->T, f->x);
+    if (p->first) p->first(f, bt);
+    for (int l = 0; l < m->hp.n_layer; l++) p->layer(f, &m->layers[l], l, bt);
+    if (p->last) p->last(f, out_idx, n_out);
+    else ly_logits(b, m, f->x, out_idx, n_out, m->hp.norm_eps, f->xo, f->base.lg);
+}
+
 void ly_logits(be *b, const model *m, const float *x, const int32_t *out_idx, int n_out, float eps, float *xo,
                float *lg)
 {

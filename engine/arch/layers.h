@@ -108,6 +108,7 @@ typedef struct ly_fw {
     fw base;
     float *x, *xb, *q, *k, *v, *att, *hg, *hu, *xo;
     ly_moe moe;                 /* the experts, when the model has them */
+    int every_row;              /* this pass's output rows are its every row, in order (decode) */
 } ly_fw;
 /* fam's open over ly_fw: the buffers (hu with glu), and where the model
  * has experts, their be_moe with the activation of `how`. 0 with *out
@@ -116,6 +117,16 @@ int ly_fw_open(fw **out, const arch_family *fam, model *m, be *b, size_t F, int 
                int max_out, char *err, size_t errlen);
 /* Frees what ly_fw_open allocated: the close of its families. */
 void ly_fw_close(fw *base);
+/* A ly_fw family's pass by its hooks: x = embed(tokens), then first (NULL:
+ * nothing more), layer for every layer in order, then last (NULL:
+ * ly_logits). f->every_row is set for them. */
+typedef struct ly_pass {
+    void (*first)(ly_fw *f, const be_batch *bt);
+    void (*layer)(ly_fw *f, const layer_w *L, int l, const be_batch *bt);
+    void (*last)(ly_fw *f, const int32_t *out_idx, int n_out);
+} ly_pass;
+void ly_fw_pass(ly_fw *f, const ly_pass *p, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx,
+                int n_out);
 
 /* Loading layer i: the attention projections attn_{q,k,v,output}.weight
  * (q with q_out rows), and the GLU FFN ffn_{gate,up,down}.weight. */

@@ -92,45 +92,45 @@ static void llama_attention(ly_fw *f, int l, const be_batch *bt)
     ly_attend(b, &a, f->q, f->k, f->v, f->base.kc[l], f->base.vc[l], bt, mb == none ? qkv_b : NULL, f->att);
 }
 
-static void llama_pass(fw *base, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out)
+/* (backends with fused ops: each residual add runs with the next norm) */
+static void llama_layer(ly_fw *f, const layer_w *L, int l, const be_batch *bt)
 {
-    ly_fw *f = (ly_fw *)base;
-    const model *m = base->m;
+    const model *m = f->base.m;
     const hparams *hp = &m->hp;
-    be *b = base->b;
+    be *b = f->base.b;
     const be_ops *o = b->ops;
-    int T = bt->T, E = hp->n_embd;
-    o->embed(b, &m->tok_embd, tokens, T, f->x);
-    /* backends with fused ops: each residual add runs with the next norm */
-    int fuse = o->add_rmsnorm != NULL, every_row = n_out == T;
-    for (int i = 0; every_row && i < n_out; i++) every_row = out_idx[i] == i;
-    for (int l = 0; l < hp->n_layer; l++) {
-        const layer_w *L = &m->layers[l];
-        if (!fuse || l == 0) o->rmsnorm(b, f->x, &L->attn_norm, T, E, hp->norm_eps, f->xb);
-        llama_attention(f, l, bt);
-        o->matmul(b, &L->wo, NULL, f->att, T, f->xb);
-        ly_add_norm(b, f->x, f->xb, &L->ffn_norm, T, E, hp->norm_eps, f->xb);
-        if (L->ffn_gate_exps.data) ly_moe_ffn(b, &f->moe, l, f->xb, T, f->xb);
-        else ly_ffn_glu(b, L, f->xb, T, hp->n_ff, 1, f->hg, f->hu, f->xb);
-        if (fuse && l + 1 < hp->n_layer)
-            o->add_rmsnorm(b, f->x, f->xb, &m->layers[l + 1].attn_norm, T, E, hp->norm_eps, f->xb);
-        else if (!(fuse && every_row))
-            o->add(b, f->x, f->xb, (size_t)T * E);
-    }
-    /* every row out (decode): the last residual add with the output norm */
-    if (fuse && every_row) {
-        o->add_rmsnorm(b, f->x, f->xb, &m->output_norm, T, E, hp->norm_eps, f->xo);
-        if (n_out > 0) o->matmul(b, &m->output, NULL, f->xo, n_out, base->lg);
-    } else {
-        ly_logits(b, m, f->x, out_idx, n_out, hp->norm_eps, f->xo, base->lg);
-    }
+    int T = bt->T, E = hp->n_embd, fuse = o->add_rmsnorm != NULL;
+    if (!fuse || l == 0) o->rmsnorm(b, f->x, &L->attn_norm, T, E, hp->norm_eps, f->xb);
+    llama_attention(f, l, bt);
+    o->matmul(b, &L->wo, NULL, f->att, T, f->xb);
+    ly_add_norm(b, f->x, f->xb, &L->ffn_norm, T, E, hp->norm_eps, f->xb);
+    if (L->ffn_gate_exps.data) ly_moe_ffn(b, &f->moe, l, f->xb, T, f->xb);
+    else ly_ffn_glu(b, L, f->xb, T, hp->n_ff, 1, f->hg, f->hu, f->xb);
+    if (fuse && l + 1 < hp->n_layer)
+        o->add_rmsnorm(b, f->x, f->xb, &m->layers[l + 1].attn_norm, T, E, hp->norm_eps, f->xb);
+    else if (!(fuse && f->every_row))
+        o->add(b, f->x, f->xb, (size_t)T * E);
 }
 
-const arch_family arch_llama = {
-    .load = llama_load,
-    .lacks = ly_moe_lacks,
-    .open = llama_open,
-    .close = ly_fw_close,
-    .pass = llama_pass,
-    .greedy = 1,
-};
+/* every row out (decode) with fused ops: the last residual add with the
+ * output norm (the batch's T rows are the n_out) */
+static void llama_last(ly_fw *f, const int32_t *out_idx, int n_out)
+{
+    const model *m = f->base.m;
+    be *b = f->base.b;
+    if (!b->ops->add_rmsnorm || !f->every_row) {
+        ly_logits(b, m, f->x, out_idx, n_out, m->hp.norm_eps, f->xo, f->base.lg);
+        return;
+    }
+    b->ops->add_rmsnorm(b, f->x, f->xb, &m->output_norm, n_out, m->hp.n_embd, m->hp.norm_eps, f->xo);
+    if (n_out > 0) b->ops->matmul(b, &m->output, NULL, f->xo, n_out, f->base.lg);
+}
+
+static void llama_pass(fw *base, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out)
+{
+    static const ly_pass p = { .layer = llama_layer, .last = llama_last };
+    ly_fw_pass((ly_fw *)base, &p, tokens, bt, out_idx, n_out);
+}
+
+const arch_family arch_llama = { .load = llama_load, .lacks = ly_moe_lacks, .open = llama_open, .close = ly_fw_close,
+                                 .pass = llama_pass, .greedy = 1 };

@@ -325,12 +325,5 @@ static const arch_seq q35_seq = {
 };
 
 /* no greedy passes: the logits come to the host (fw_run) */
-const arch_family arch_qwen35 = {
-    .load = q35_load,
-    .lacks = q35_lacks,
-    .open = q35_open,
-    .close = q35_close,
-    .pass = q35_pass,
-    .replayable = q35_replayable,
-    .seq = &q35_seq,
-};
+const arch_family arch_qwen35 = { .load = q35_load, .lacks = q35_lacks, .open = q35_open, .close = q35_close,
+                                  .pass = q35_pass, .replayable = q35_replayable, .seq = &q35_seq };
