@@ -60,10 +60,7 @@ int kvc_open(kvc **out, int n_pages, int page_tokens)
 void kvc_close(kvc *c)
 {
     if (!c) return;
-    free(c->pg);
-    free(c->toks);
-    free(c->free_list);
-    free(c->ht);
+    free(c->pg); free(c->toks); free(c->free_list); free(c->ht);
     free(c);
 }
 

@@ -13,8 +13,8 @@
  * (n_embd/n_head there), which the GGUF does not record (llama.cpp tells
  * 27B by its 62 layers; so do we). rope.scaling.type linear (4B and up:
  * factor 8) divides the global layers' frequencies only, as transformers'
- * rotary_emb (the sliding layers' rotary_emb_local has none). Buffers as
- * llama.c's. */
+ * rotary_emb (the sliding layers' rotary_emb_local has none). Buffers:
+ * layers.h's ly_fw, F = n_ff. */
 #include "engine/arch/arch.h"
 #include "engine/arch/layers.h"
 #include "common/err.h"
@@ -22,11 +22,6 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
-
-typedef struct gemma3_fw {
-    fw base;
-    float *x, *xb, *q, *k, *v, *att, *hg, *hu, *xo;
-} gemma3_fw;
 
 /* Which layers slide: attention.sliding_window_pattern as a period P
  * (layer i global when (i+1) % P == 0; 0 or absent: 6) or as one bool per
@@ -93,75 +88,55 @@ static const char *gemma3_lacks(const model *m, const be_ops *o)
     return !o->attention_ex || !o->gelu_mul || !o->scale ? "sliding-window attention, gelu, scale" : NULL;
 }
 
-static void gemma3_close(fw *base)
-{
-    gemma3_fw *f = (gemma3_fw *)base;
-    be *b = base->b;
-    void *bufs[] = { f->x, f->xb, f->q, f->k, f->v, f->att, f->hg, f->hu, f->xo, base->lg };
-    ly_free(b, bufs, sizeof bufs / sizeof bufs[0]);
-    free(f);
-}
-
 /* (without m->swa_ring, a sliding layer's KV pages past its window are not
  * read again but stay allocated with the sequence's: the page tables are
  * shared) */
 static int gemma3_open(fw **out, model *m, be *b, int max_T, int max_out, int max_seqs, char *err, size_t errlen)
 {
-    (void)max_seqs;
+    return ly_fw_open(out, &arch_gemma3, m, b, (size_t)m->hp.n_ff, 1, NULL, max_T, max_out, err, errlen);
+}
+
+static void gemma3_first(ly_fw *f, const be_batch *bt)
+{
+    int E = f->base.m->hp.n_embd;
+    f->base.b->ops->scale(f->base.b, f->x, (size_t)bt->T * E, sqrtf((float)E));
+}
+
+static void gemma3_layer(ly_fw *f, const layer_w *L, int l, const be_batch *bt)
+{
+    const model *m = f->base.m;
     const hparams *hp = &m->hp;
-    gemma3_fw *f = calloc(1, sizeof *f);
-    if (!f) return err_set(err, errlen, "out of memory for activation buffers");
-    f->base = (fw){ .fam = &arch_gemma3, .m = m, .b = b };
-    size_t T = (size_t)max_T, E = hp->n_embd, Q = (size_t)hp->n_head * hp->head_dim,
-           K = (size_t)hp->n_head_kv * hp->head_dim, F = hp->n_ff, O = (size_t)max_out;
-    const ly_buf bufs[] = { { &f->x, T * E }, { &f->xb, T * E }, { &f->q, T * Q }, { &f->att, T * Q },
-                            { &f->k, T * K }, { &f->v, T * K }, { &f->hg, T * F }, { &f->hu, T * F },
-                            { &f->xo, O * E }, { &f->base.lg, O * hp->n_vocab } };
-    return ly_open_bufs(&f->base, bufs, sizeof bufs / sizeof bufs[0], &f->xo, NULL, NULL, max_T, out, err, errlen);
+    be *b = f->base.b;
+    const be_ops *o = b->ops;
+    int T = bt->T, E = hp->n_embd, HD = hp->head_dim;
+    float eps = hp->norm_eps;
+    o->rmsnorm(b, f->x, &L->attn_norm, T, E, eps, f->xb);
+    const wt *wqkv[3] = { &L->wq, &L->wk, &L->wv }, *none[3] = { NULL, NULL, NULL };
+    float *const qkv[3] = { f->q, f->k, f->v };
+    ly_matmuls(b, 3, wqkv, none, f->xb, T, qkv);
+    ly_attn a = { hp->n_head, hp->n_head_kv, HD, hp->n_rot, L->swa ? hp->rope_base_swa : hp->rope_base, 1,
+                  L->swa ? NULL : &m->rope_freqs, &L->q_norm, &L->k_norm, eps, 1, L->swa ? hp->n_swa : 0, NULL,
+                  hp->attn_scale };
+    be_batch rb;
+    ly_attend(b, &a, f->q, f->k, f->v, f->base.kc[l], f->base.vc[l], ly_kv_batch(m, l, bt, &rb), NULL, f->att);
+    o->matmul(b, &L->wo, NULL, f->att, T, f->xb);
+    o->rmsnorm(b, f->xb, &L->post_attn_norm, T, E, eps, f->xb);
+    o->add(b, f->x, f->xb, (size_t)T * E);
+    o->rmsnorm(b, f->x, &L->ffn_norm, T, E, eps, f->xb);
+    const wt *wgu[2] = { &L->w_gate, &L->w_up };
+    float *const gu[2] = { f->hg, f->hu };
+    ly_matmuls(b, 2, wgu, none, f->xb, T, gu);
+    o->gelu_mul(b, f->hg, f->hu, (size_t)T * hp->n_ff, f->hg);
+    o->matmul(b, &L->w_down, NULL, f->hg, T, f->xb);
+    o->rmsnorm(b, f->xb, &L->post_ffn_norm, T, E, eps, f->xb);
+    o->add(b, f->x, f->xb, (size_t)T * E);
 }
 
 static void gemma3_pass(fw *base, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out)
 {
-    gemma3_fw *f = (gemma3_fw *)base;
-    const model *m = base->m;
-    const hparams *hp = &m->hp;
-    be *b = base->b;
-    const be_ops *o = b->ops;
-    int T = bt->T, E = hp->n_embd, HD = hp->head_dim;
-    float eps = hp->norm_eps;
-    o->embed(b, &m->tok_embd, tokens, T, f->x);
-    o->scale(b, f->x, (size_t)T * E, sqrtf((float)E));
-    for (int l = 0; l < hp->n_layer; l++) {
-        const layer_w *L = &m->layers[l];
-        o->rmsnorm(b, f->x, &L->attn_norm, T, E, eps, f->xb);
-        const wt *wqkv[3] = { &L->wq, &L->wk, &L->wv }, *none[3] = { NULL, NULL, NULL };
-        float *const qkv[3] = { f->q, f->k, f->v };
-        ly_matmuls(b, 3, wqkv, none, f->xb, T, qkv);
-        ly_attn a = { hp->n_head, hp->n_head_kv, HD, hp->n_rot, L->swa ? hp->rope_base_swa : hp->rope_base, 1,
-                      L->swa ? NULL : &m->rope_freqs, &L->q_norm, &L->k_norm, eps, 1, L->swa ? hp->n_swa : 0, NULL,
-                      hp->attn_scale };
-        be_batch rb;
-        ly_attend(b, &a, f->q, f->k, f->v, f->base.kc[l], f->base.vc[l], ly_kv_batch(m, l, bt, &rb), NULL, f->att);
-        o->matmul(b, &L->wo, NULL, f->att, T, f->xb);
-        o->rmsnorm(b, f->xb, &L->post_attn_norm, T, E, eps, f->xb);
-        o->add(b, f->x, f->xb, (size_t)T * E);
-        o->rmsnorm(b, f->x, &L->ffn_norm, T, E, eps, f->xb);
-        const wt *wgu[2] = { &L->w_gate, &L->w_up };
-        float *const gu[2] = { f->hg, f->hu };
-        ly_matmuls(b, 2, wgu, none, f->xb, T, gu);
-        o->gelu_mul(b, f->hg, f->hu, (size_t)T * hp->n_ff, f->hg);
-        o->matmul(b, &L->w_down, NULL, f->hg, T, f->xb);
-        o->rmsnorm(b, f->xb, &L->post_ffn_norm, T, E, eps, f->xb);
-        o->add(b, f->x, f->xb, (size_t)T * E);
-    }
-    ly_logits(b, m, f->x, out_idx, n_out, eps, f->xo, base->lg);
+    static const ly_pass p = { .first = gemma3_first, .layer = gemma3_layer };
+    ly_fw_pass((ly_fw *)base, &p, tokens, bt, out_idx, n_out);
 }
 
-const arch_family arch_gemma3 = {
-    .load = gemma3_load,
-    .lacks = gemma3_lacks,
-    .open = gemma3_open,
-    .close = gemma3_close,
-    .pass = gemma3_pass,
-    .greedy = 1,
-};
+const arch_family arch_gemma3 = { .load = gemma3_load, .lacks = gemma3_lacks, .open = gemma3_open,
+                                  .close = ly_fw_close, .pass = gemma3_pass, .greedy = 1 };

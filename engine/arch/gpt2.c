@@ -5,19 +5,13 @@
  *   logits = Wout · n(x)  (the embedding: tied)
  * n is a LayerNorm with bias; gelu the tanh approximation; no rope. The
  * file's fused attn_qkv (rows q, then k, then v) is taken as three views.
- * Buffers (T tokens, E = n_embd, F = n_ff, V = n_vocab):
- *   x, xb, q, k, v, att [T][E]   h [T][F]   xo [max_out][E]   lg [max_out][V] */
+ * Buffers: layers.h's ly_fw, Q = K = E, F = n_ff (hg the FFN's, no hu). */
 #include "engine/arch/arch.h"
 #include "engine/arch/layers.h"
 #include "common/err.h"
 #include "engine/quant/qtypes.h"
 
 #include <stdlib.h>
-
-typedef struct gpt2_fw {
-    fw base;
-    float *x, *xb, *q, *k, *v, *att, *h, *xo;
-} gpt2_fw;
 
 /* rows [r0, r0+n) of w as a weight of its own */
 static wt rows_of(const wt *w, int64_t r0, int64_t n)
@@ -87,75 +81,63 @@ static int gpt2_load(ld *l)
     return 0;
 }
 
+/* (q, k, v, att [T][E]: no grouped heads; the FFN's activations in hg) */
+static int gpt2_open(fw **out, model *m, be *b, int max_T, int max_out, int max_seqs, char *err, size_t errlen)
+{
+    return ly_fw_open(out, &arch_gpt2, m, b, (size_t)m->hp.n_ff, 0, NULL, max_T, max_out, err, errlen);
+}
+
 static const char *gpt2_lacks(const model *m, const be_ops *o)
 {
     return !o->layernorm || !o->gelu_mul || !o->add_pos ? "layernorm, gelu, learned positions" : NULL;
 }
 
-static void gpt2_close(fw *base)
+static void gpt2_first(ly_fw *f, const be_batch *bt)
 {
-    gpt2_fw *f = (gpt2_fw *)base;
-    be *b = base->b;
-    void *bufs[] = { f->x, f->xb, f->q, f->k, f->v, f->att, f->h, f->xo, base->lg };
-    ly_free(b, bufs, sizeof bufs / sizeof bufs[0]);
-    free(f);
+    f->base.b->ops->add_pos(f->base.b, f->x, &f->base.m->pos_embd, bt, f->base.m->hp.n_embd);
 }
 
-static int gpt2_open(fw **out, model *m, be *b, int max_T, int max_out, int max_seqs, char *err, size_t errlen)
+static void gpt2_layer(ly_fw *f, const layer_w *L, int l, const be_batch *bt)
 {
-    (void)max_seqs;
-    const hparams *hp = &m->hp;
-    gpt2_fw *f = calloc(1, sizeof *f);
-    if (!f) return err_set(err, errlen, "out of memory for activation buffers");
-    f->base = (fw){ .fam = &arch_gpt2, .m = m, .b = b };
-    size_t T = (size_t)max_T, E = hp->n_embd, F = hp->n_ff, O = (size_t)max_out;
-    const ly_buf bufs[] = { { &f->x, T * E }, { &f->xb, T * E }, { &f->q, T * E }, { &f->k, T * E },
-                            { &f->v, T * E }, { &f->att, T * E }, { &f->h, T * F }, { &f->xo, O * E },
-                            { &f->base.lg, O * hp->n_vocab } };
-    return ly_open_bufs(&f->base, bufs, sizeof bufs / sizeof bufs[0], &f->xo, NULL, NULL, max_T, out, err, errlen);
+    const hparams *hp = &f->base.m->hp;
+    be *b = f->base.b;
+    const be_ops *o = b->ops;
+    int T = bt->T, E = hp->n_embd;
+    float eps = hp->norm_eps;
+    o->layernorm(b, f->x, &L->attn_norm, &L->attn_norm_b, T, E, eps, f->xb);
+    const wt *wqkv[3] = { &L->wq, &L->wk, &L->wv }, *bqkv[3] = { &L->bq, &L->bk, &L->bv };
+    float *const qkv[3] = { f->q, f->k, f->v };
+    ly_matmuls(b, 3, wqkv, bqkv, f->xb, T, qkv);
+    o->kv_store(b, f->base.kc[l], f->base.vc[l], bt, E, f->k, f->v);
+    o->attention(b, f->q, f->base.kc[l], f->base.vc[l], bt, hp->n_head, hp->n_head, hp->head_dim, f->att);
+    o->matmul(b, &L->wo, &L->bo, f->att, T, f->xb);
+    o->add(b, f->x, f->xb, (size_t)T * E);
+    o->layernorm(b, f->x, &L->ffn_norm, &L->ffn_norm_b, T, E, eps, f->xb);
+    o->matmul(b, &L->w_up, &L->b_up, f->xb, T, f->hg);
+    o->gelu_mul(b, f->hg, NULL, (size_t)T * hp->n_ff, f->hg);
+    o->matmul(b, &L->w_down, &L->b_down, f->hg, T, f->xb);
+    o->add(b, f->x, f->xb, (size_t)T * E);
+}
+
+/* the final norm of the output rows, a run of consecutive rows at a time */
+static void gpt2_last(ly_fw *f, const int32_t *out_idx, int n_out)
+{
+    const model *m = f->base.m;
+    be *b = f->base.b;
+    int E = m->hp.n_embd;
+    for (int i = 0, j; i < n_out; i = j) {
+        for (j = i + 1; j < n_out && out_idx[j] == out_idx[j - 1] + 1; j++) {}
+        b->ops->layernorm(b, f->x + (size_t)out_idx[i] * E, &m->output_norm, &m->output_norm_b, j - i, E,
+                          m->hp.norm_eps, f->xo + (size_t)i * E);
+    }
+    if (n_out > 0) b->ops->matmul(b, &m->output, NULL, f->xo, n_out, f->base.lg);
 }
 
 static void gpt2_pass(fw *base, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out)
 {
-    gpt2_fw *f = (gpt2_fw *)base;
-    const model *m = base->m;
-    const hparams *hp = &m->hp;
-    be *b = base->b;
-    const be_ops *o = b->ops;
-    int T = bt->T, E = hp->n_embd;
-    float eps = hp->norm_eps;
-    o->embed(b, &m->tok_embd, tokens, T, f->x);
-    o->add_pos(b, f->x, &m->pos_embd, bt, E);
-    for (int l = 0; l < hp->n_layer; l++) {
-        const layer_w *L = &m->layers[l];
-        o->layernorm(b, f->x, &L->attn_norm, &L->attn_norm_b, T, E, eps, f->xb);
-        const wt *wqkv[3] = { &L->wq, &L->wk, &L->wv }, *bqkv[3] = { &L->bq, &L->bk, &L->bv };
-        float *const qkv[3] = { f->q, f->k, f->v };
-        ly_matmuls(b, 3, wqkv, bqkv, f->xb, T, qkv);
-        o->kv_store(b, f->base.kc[l], f->base.vc[l], bt, E, f->k, f->v);
-        o->attention(b, f->q, f->base.kc[l], f->base.vc[l], bt, hp->n_head, hp->n_head, hp->head_dim, f->att);
-        o->matmul(b, &L->wo, &L->bo, f->att, T, f->xb);
-        o->add(b, f->x, f->xb, (size_t)T * E);
-        o->layernorm(b, f->x, &L->ffn_norm, &L->ffn_norm_b, T, E, eps, f->xb);
-        o->matmul(b, &L->w_up, &L->b_up, f->xb, T, f->h);
-        o->gelu_mul(b, f->h, NULL, (size_t)T * hp->n_ff, f->h);
-        o->matmul(b, &L->w_down, &L->b_down, f->h, T, f->xb);
-        o->add(b, f->x, f->xb, (size_t)T * E);
-    }
-    /* the final norm of the output rows, a run of consecutive rows at a time */
-    for (int i = 0, j; i < n_out; i = j) {
-        for (j = i + 1; j < n_out && out_idx[j] == out_idx[j - 1] + 1; j++) {}
-        o->layernorm(b, f->x + (size_t)out_idx[i] * E, &m->output_norm, &m->output_norm_b, j - i, E, eps,
-                     f->xo + (size_t)i * E);
-    }
-    if (n_out > 0) o->matmul(b, &m->output, NULL, f->xo, n_out, base->lg);
+    static const ly_pass p = { .first = gpt2_first, .layer = gpt2_layer, .last = gpt2_last };
+    ly_fw_pass((ly_fw *)base, &p, tokens, bt, out_idx, n_out);
 }
 
-const arch_family arch_gpt2 = {
-    .load = gpt2_load,
-    .lacks = gpt2_lacks,
-    .open = gpt2_open,
-    .close = gpt2_close,
-    .pass = gpt2_pass,
-    .greedy = 1,
-};
+const arch_family arch_gpt2 = { .load = gpt2_load, .lacks = gpt2_lacks, .open = gpt2_open, .close = ly_fw_close,
+                                .pass = gpt2_pass, .greedy = 1 };

@@ -9,22 +9,14 @@
  * token, and each head has a learned sink logit in its softmax denominator
  * (backend.h attention_ex). Every FFN is a mixture of experts: a router with
  * a bias, the top n_used logits chosen and weighted by their softmax, each
- * expert a clamped SwiGLU with biases (BE_MOE_SWIGLU_OAI). Buffers (T =
- * tokens in the batch, E = n_embd, Q = n_head*head_dim, K = n_head_kv*head_dim,
- * V = n_vocab):
- *   x, xb [T][E]   q, att [T][Q]   k, v [T][K]   xo [max_out][E]   lg [max_out][V] */
+ * expert a clamped SwiGLU with biases (BE_MOE_SWIGLU_OAI). Buffers:
+ * layers.h's ly_fw (hg unused). */
 #include "engine/arch/arch.h"
 #include "engine/arch/layers.h"
 #include "common/err.h"
 
 #include <math.h>
 #include <stdlib.h>
-
-typedef struct gptoss_fw {
-    fw base;
-    float *x, *xb, *q, *k, *v, *att, *xo;
-    ly_moe moe;
-} gptoss_fw;
 
 /* llama.cpp's fixed values for gpt-oss, which its GGUF files do not carry */
 #define GPTOSS_SWIGLU_ALPHA 1.702f
@@ -81,37 +73,17 @@ static const char *gptoss_lacks(const model *m, const be_ops *o)
     return ly_moe_lacks(m, o);
 }
 
-static void gptoss_close(fw *base)
-{
-    gptoss_fw *f = (gptoss_fw *)base;
-    be *b = base->b;
-    void *bufs[] = { f->x, f->xb, f->q, f->k, f->v, f->att, f->xo, base->lg };
-    ly_free(b, bufs, sizeof bufs / sizeof bufs[0]);
-    ly_moe_close(&f->moe, b);
-    free(f);
-}
-
 static int gptoss_open(fw **out, model *m, be *b, int max_T, int max_out, int max_seqs, char *err, size_t errlen)
 {
-    const hparams *hp = &m->hp;
-    gptoss_fw *f = calloc(1, sizeof *f);
-    if (!f) return err_set(err, errlen, "out of memory for activation buffers");
-    f->base = (fw){ .fam = &arch_gptoss, .m = m, .b = b };
-    size_t T = (size_t)max_T, E = hp->n_embd, Q = (size_t)hp->n_head * hp->head_dim,
-           K = (size_t)hp->n_head_kv * hp->head_dim, O = (size_t)max_out;
-    const ly_buf bufs[] = { { &f->x, T * E }, { &f->xb, T * E }, { &f->q, T * Q }, { &f->att, T * Q },
-                            { &f->k, T * K }, { &f->v, T * K }, { &f->xo, O * E }, { &f->base.lg, O * hp->n_vocab } };
-    const be_moe swiglu = { .act = BE_MOE_SWIGLU_OAI, .alpha = GPTOSS_SWIGLU_ALPHA, .limit = hp->swiglu_limit };
-    return ly_open_bufs(&f->base, bufs, sizeof bufs / sizeof bufs[0], &f->xo, &f->moe, &swiglu, max_T, out, err,
-                        errlen);
+    const be_moe swiglu = { .act = BE_MOE_SWIGLU_OAI, .alpha = GPTOSS_SWIGLU_ALPHA, .limit = m->hp.swiglu_limit };
+    return ly_fw_open(out, &arch_gptoss, m, b, 1, 0, &swiglu, max_T, max_out, err, errlen);   /* (no dense FFN) */
 }
 
 /* Layer l's attention of f->xb into f->xb (through f->att). */
-static void gptoss_attention(gptoss_fw *f, int l, const be_batch *bt)
+static void gptoss_attention(ly_fw *f, const layer_w *L, int l, const be_batch *bt)
 {
     const model *m = f->base.m;
     const hparams *hp = &m->hp;
-    const layer_w *L = &m->layers[l];
     be *b = f->base.b;
     const be_ops *o = b->ops;
     int T = bt->T, HD = hp->head_dim;
@@ -129,31 +101,24 @@ static void gptoss_attention(gptoss_fw *f, int l, const be_batch *bt)
     o->matmul(b, &L->wo, &L->bo, f->att, T, f->xb);
 }
 
-static void gptoss_pass(fw *base, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out)
+static void gptoss_layer(ly_fw *f, const layer_w *L, int l, const be_batch *bt)
 {
-    gptoss_fw *f = (gptoss_fw *)base;
-    const model *m = base->m;
-    const hparams *hp = &m->hp;
-    be *b = base->b;
+    const hparams *hp = &f->base.m->hp;
+    be *b = f->base.b;
     const be_ops *o = b->ops;
     int T = bt->T, E = hp->n_embd;
-    o->embed(b, &m->tok_embd, tokens, T, f->x);
-    for (int l = 0; l < hp->n_layer; l++) {
-        const layer_w *L = &m->layers[l];
-        o->rmsnorm(b, f->x, &L->attn_norm, T, E, hp->norm_eps, f->xb);
-        gptoss_attention(f, l, bt);
-        ly_add_norm(b, f->x, f->xb, &L->ffn_norm, T, E, hp->norm_eps, f->xb);
-        ly_moe_ffn(b, &f->moe, l, f->xb, T, f->xb);
-        o->add(b, f->x, f->xb, (size_t)T * E);
-    }
-    ly_logits(b, m, f->x, out_idx, n_out, hp->norm_eps, f->xo, base->lg);
+    o->rmsnorm(b, f->x, &L->attn_norm, T, E, hp->norm_eps, f->xb);
+    gptoss_attention(f, L, l, bt);
+    ly_add_norm(b, f->x, f->xb, &L->ffn_norm, T, E, hp->norm_eps, f->xb);
+    ly_moe_ffn(b, &f->moe, l, f->xb, T, f->xb);
+    o->add(b, f->x, f->xb, (size_t)T * E);
 }
 
-const arch_family arch_gptoss = {
-    .load = gptoss_load,
-    .lacks = gptoss_lacks,
-    .open = gptoss_open,
-    .close = gptoss_close,
-    .pass = gptoss_pass,
-    .greedy = 1,
-};
+static void gptoss_pass(fw *base, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out)
+{
+    static const ly_pass p = { .layer = gptoss_layer };
+    ly_fw_pass((ly_fw *)base, &p, tokens, bt, out_idx, n_out);
+}
+
+const arch_family arch_gptoss = { .load = gptoss_load, .lacks = gptoss_lacks, .open = gptoss_open,
+                                  .close = ly_fw_close, .pass = gptoss_pass, .greedy = 1 };

@@ -75,17 +75,49 @@ void ly_out_norm(be *b, const float *x, const wt *w, const int32_t *out_idx, int
     }
 }
 
-int ly_open_bufs(fw *base, const ly_buf *bufs, size_t n, float *const *xo, ly_moe *mo, const be_moe *how, int max_T,
-                 fw **out, char *err, size_t errlen)
+int ly_fw_open(fw **out, const arch_family *fam, model *m, be *b, size_t F, int glu, const be_moe *how, int max_T,
+               int max_out, char *err, size_t errlen)
 {
-    if (ly_bufs_alloc(base->b, bufs, n, err, errlen) ||
-        (mo && ly_moe_open(mo, base->b, base->m, how, max_T, NULL, err, errlen))) {
-        base->fam->close(base);
+    const hparams *hp = &m->hp;
+    ly_fw *f = calloc(1, sizeof *f);
+    if (!f) return err_set(err, errlen, "out of memory for activation buffers");
+    f->base = (fw){ .fam = fam, .m = m, .b = b };
+    size_t T = (size_t)max_T, E = hp->n_embd, Q = (size_t)hp->n_head * hp->head_dim,
+           K = (size_t)hp->n_head_kv * hp->head_dim, O = (size_t)max_out;
+    const ly_buf bufs[] = { { &f->x, T * E }, { &f->xb, T * E }, { &f->q, T * Q }, { &f->att, T * Q },
+                            { &f->k, T * K }, { &f->v, T * K }, { &f->hg, T * F }, { &f->xo, O * E },
+                            { &f->base.lg, O * hp->n_vocab }, { &f->hu, T * F } };
+    if (ly_bufs_alloc(b, bufs, sizeof bufs / sizeof bufs[0] - !glu, err, errlen) ||
+        (how && ly_moe_open(&f->moe, b, m, how, max_T, NULL, err, errlen))) {
+        ly_fw_close(&f->base);
         return -1;
     }
-    base->xo = *xo;
-    *out = base;
+    f->base.xo = f->xo;
+    *out = &f->base;
     return 0;
+}
+
+void ly_fw_close(fw *base)
+{
+    ly_fw *f = (ly_fw *)base;
+    void *bufs[] = { f->x, f->xb, f->q, f->k, f->v, f->att, f->hg, f->hu, f->xo, base->lg };
+    ly_free(base->b, bufs, sizeof bufs / sizeof bufs[0]);
+    ly_moe_close(&f->moe, base->b);
+    free(f);
+}
+
+void ly_fw_pass(ly_fw *f, const ly_pass *p, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx,
+                int n_out)
+{
+    const model *m = f->base.m;
+    be *b = f->base.b;
+    f->every_row = n_out == bt->T;
+    for (int i = 0; f->every_row && i < n_out; i++) f->every_row = out_idx[i] == i;
+    b->ops->embed(b, &m->tok_embd, tokens, bt->T, f->x);
+    if (p->first) p->first(f, bt);
+    for (int l = 0; l < m->hp.n_layer; l++) p->layer(f, &m->layers[l], l, bt);
+    if (p->last) p->last(f, out_idx, n_out);
+    else ly_logits(b, m, f->x, out_idx, n_out, m->hp.norm_eps, f->xo, f->base.lg);
 }
 
 void ly_logits(be *b, const model *m, const float *x, const int32_t *out_idx, int n_out, float eps, float *xo,

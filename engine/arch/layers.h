@@ -5,8 +5,7 @@
 #define ANE_LAYERS_H
 
 #include "engine/backend/backend.h"
-#include "engine/arch/forward.h"
-#include "engine/load/loader.h"
+#include "engine/arch/arch.h"
 
 /* How a layer attends once q, k, v are projected. */
 typedef struct ly_attn {
@@ -97,14 +96,37 @@ typedef struct ly_buf { float **p; size_t n; } ly_buf;
 /* Allocates bufs[0..n) on b: 0, or -1 with err when any failed (the others
  * stay set, for the family's close to free). */
 int ly_bufs_alloc(be *b, const ly_buf *bufs, size_t n, char *err, size_t errlen);
-/* The end of a family's open: bufs[0..n) (*xo among them, the final
- * norm's rows) and, with mo, the experts of `how` for batches of max_T;
- * then base->xo and *out set, 0; or -1 with err, base closed by its
- * family's close. */
-int ly_open_bufs(fw *base, const ly_buf *bufs, size_t n, float *const *xo, ly_moe *mo, const be_moe *how, int max_T,
-                 fw **out, char *err, size_t errlen);
 /* Frees the set ones of p[0..n). */
 void ly_free(be *b, void *const *p, size_t n);
+
+/* The forward state of the families whose every layer attends and has
+ * an FFN (llama, gemma3, gpt2, gpt-oss). Buffers (T = max_T, E = n_embd,
+ * Q = n_head*head_dim, K = n_head_kv*head_dim, F = ly_fw_open's):
+ *   x, xb [T][E]   q, att [T][Q]   k, v [T][K]   hg [T][F]   hu [T][F] (GLU
+ *   FFNs; else NULL)   xo [max_out][E]   base.lg [max_out][n_vocab] */
+typedef struct ly_fw {
+    fw base;
+    float *x, *xb, *q, *k, *v, *att, *hg, *hu, *xo;
+    ly_moe moe;                 /* the experts, when the model has them */
+    int every_row;              /* this pass's output rows are its every row, in order (decode) */
+} ly_fw;
+/* fam's open over ly_fw: the buffers (hu with glu), and where the model
+ * has experts, their be_moe with the activation of `how`. 0 with *out
+ * set, or -1 with err (nothing left allocated). */
+int ly_fw_open(fw **out, const arch_family *fam, model *m, be *b, size_t F, int glu, const be_moe *how, int max_T,
+               int max_out, char *err, size_t errlen);
+/* Frees what ly_fw_open allocated: the close of its families. */
+void ly_fw_close(fw *base);
+/* A ly_fw family's pass by its hooks: x = embed(tokens), then first (NULL:
+ * nothing more), layer for every layer in order, then last (NULL:
+ * ly_logits). f->every_row is set for them. */
+typedef struct ly_pass {
+    void (*first)(ly_fw *f, const be_batch *bt);
+    void (*layer)(ly_fw *f, const layer_w *L, int l, const be_batch *bt);
+    void (*last)(ly_fw *f, const int32_t *out_idx, int n_out);
+} ly_pass;
+void ly_fw_pass(ly_fw *f, const ly_pass *p, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx,
+                int n_out);
 
 /* Loading layer i: the attention projections attn_{q,k,v,output}.weight
  * (q with q_out rows), and the GLU FFN ffn_{gate,up,down}.weight. */

@@ -7,23 +7,14 @@
  * ARCH_QK_NORM) are there when the row says so. A file with expert_count
  * (Mixtral as llama, qwen3moe) has a mixture of SiLU-GLU experts in place
  * of every FFN (moe.c): softmax router, top-k, the chosen weights
- * renormalised unless the file says otherwise. Buffers (T = tokens in the
- * batch, E = n_embd, Q = n_head*head_dim, K = n_head_kv*head_dim, F = n_ff,
- * V = n_vocab):
- *   x, xb [T][E]   q, att [T][Q]   k, v [T][K]   hg, hu [T][F]
- *   xo [max_out][E]   lg [max_out][V] */
+ * renormalised unless the file says otherwise. Buffers: layers.h's ly_fw,
+ * F = n_ff (1 with experts). */
 #include "engine/arch/arch.h"
 #include "engine/arch/layers.h"
 #include "common/err.h"
 
 #include <stdio.h>
 #include <stdlib.h>
-
-typedef struct llama_fw {
-    fw base;
-    float *x, *xb, *q, *k, *v, *att, *hg, *hu, *xo;
-    ly_moe moe;                /* the experts, when the model has them */
-} llama_fw;
 
 static int llama_load(ld *l)
 {
@@ -64,36 +55,16 @@ static int llama_load(ld *l)
     return 0;
 }
 
-static void llama_close(fw *base)
-{
-    llama_fw *f = (llama_fw *)base;
-    be *b = base->b;
-    void *bufs[] = { f->x, f->xb, f->q, f->k, f->v, f->att, f->hg, f->hu, f->xo, base->lg };
-    ly_free(b, bufs, sizeof bufs / sizeof bufs[0]);
-    ly_moe_close(&f->moe, b);
-    free(f);
-}
-
 static int llama_open(fw **out, model *m, be *b, int max_T, int max_out, int max_seqs, char *err, size_t errlen)
 {
-    (void)max_seqs;
-    const hparams *hp = &m->hp;
-    llama_fw *f = calloc(1, sizeof *f);
-    if (!f) return err_set(err, errlen, "out of memory for activation buffers");
-    f->base = (fw){ .fam = &arch_llama, .m = m, .b = b };
-    size_t T = (size_t)max_T, E = hp->n_embd, Q = (size_t)hp->n_head * hp->head_dim,
-           K = (size_t)hp->n_head_kv * hp->head_dim, F = hp->n_expert ? 1 : hp->n_ff,   /* (no dense FFN) */
-           O = (size_t)max_out;
-    const ly_buf bufs[] = { { &f->x, T * E }, { &f->xb, T * E }, { &f->q, T * Q }, { &f->att, T * Q },
-                            { &f->k, T * K }, { &f->v, T * K }, { &f->hg, T * F }, { &f->hu, T * F },
-                            { &f->xo, O * E }, { &f->base.lg, O * hp->n_vocab } };
     const be_moe silu_glu = { .act = BE_MOE_SILU };
-    return ly_open_bufs(&f->base, bufs, sizeof bufs / sizeof bufs[0], &f->xo, &f->moe, &silu_glu, max_T, out, err,
-                        errlen);
+    /* (no dense FFN with experts) */
+    return ly_fw_open(out, &arch_llama, m, b, m->hp.n_expert ? 1 : (size_t)m->hp.n_ff, 1, &silu_glu, max_T, max_out,
+                      err, errlen);
 }
 
 /* Layer l's q, k, v from f->xb and its attention into f->att. */
-static void llama_attention(llama_fw *f, int l, const be_batch *bt)
+static void llama_attention(ly_fw *f, int l, const be_batch *bt)
 {
     const model *m = f->base.m;
     const hparams *hp = &m->hp;
@@ -121,45 +92,45 @@ static void llama_attention(llama_fw *f, int l, const be_batch *bt)
     ly_attend(b, &a, f->q, f->k, f->v, f->base.kc[l], f->base.vc[l], bt, mb == none ? qkv_b : NULL, f->att);
 }
 
-static void llama_pass(fw *base, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out)
+/* (backends with fused ops: each residual add runs with the next norm) */
+static void llama_layer(ly_fw *f, const layer_w *L, int l, const be_batch *bt)
 {
-    llama_fw *f = (llama_fw *)base;
-    const model *m = base->m;
+    const model *m = f->base.m;
     const hparams *hp = &m->hp;
-    be *b = base->b;
+    be *b = f->base.b;
     const be_ops *o = b->ops;
-    int T = bt->T, E = hp->n_embd;
-    o->embed(b, &m->tok_embd, tokens, T, f->x);
-    /* backends with fused ops: each residual add runs with the next norm */
-    int fuse = o->add_rmsnorm != NULL, every_row = n_out == T;
-    for (int i = 0; every_row && i < n_out; i++) every_row = out_idx[i] == i;
-    for (int l = 0; l < hp->n_layer; l++) {
-        const layer_w *L = &m->layers[l];
-        if (!fuse || l == 0) o->rmsnorm(b, f->x, &L->attn_norm, T, E, hp->norm_eps, f->xb);
-        llama_attention(f, l, bt);
-        o->matmul(b, &L->wo, NULL, f->att, T, f->xb);
-        ly_add_norm(b, f->x, f->xb, &L->ffn_norm, T, E, hp->norm_eps, f->xb);
-        if (L->ffn_gate_exps.data) ly_moe_ffn(b, &f->moe, l, f->xb, T, f->xb);
-        else ly_ffn_glu(b, L, f->xb, T, hp->n_ff, 1, f->hg, f->hu, f->xb);
-        if (fuse && l + 1 < hp->n_layer)
-            o->add_rmsnorm(b, f->x, f->xb, &m->layers[l + 1].attn_norm, T, E, hp->norm_eps, f->xb);
-        else if (!(fuse && every_row))
-            o->add(b, f->x, f->xb, (size_t)T * E);
-    }
-    /* every row out (decode): the last residual add with the output norm */
-    if (fuse && every_row) {
-        o->add_rmsnorm(b, f->x, f->xb, &m->output_norm, T, E, hp->norm_eps, f->xo);
-        if (n_out > 0) o->matmul(b, &m->output, NULL, f->xo, n_out, base->lg);
-    } else {
-        ly_logits(b, m, f->x, out_idx, n_out, hp->norm_eps, f->xo, base->lg);
-    }
+    int T = bt->T, E = hp->n_embd, fuse = o->add_rmsnorm != NULL;
+    if (!fuse || l == 0) o->rmsnorm(b, f->x, &L->attn_norm, T, E, hp->norm_eps, f->xb);
+    llama_attention(f, l, bt);
+    o->matmul(b, &L->wo, NULL, f->att, T, f->xb);
+    ly_add_norm(b, f->x, f->xb, &L->ffn_norm, T, E, hp->norm_eps, f->xb);
+    if (L->ffn_gate_exps.data) ly_moe_ffn(b, &f->moe, l, f->xb, T, f->xb);
+    else ly_ffn_glu(b, L, f->xb, T, hp->n_ff, 1, f->hg, f->hu, f->xb);
+    if (fuse && l + 1 < hp->n_layer)
+        o->add_rmsnorm(b, f->x, f->xb, &m->layers[l + 1].attn_norm, T, E, hp->norm_eps, f->xb);
+    else if (!(fuse && f->every_row))
+        o->add(b, f->x, f->xb, (size_t)T * E);
 }
 
-const arch_family arch_llama = {
-    .load = llama_load,
-    .lacks = ly_moe_lacks,
-    .open = llama_open,
-    .close = llama_close,
-    .pass = llama_pass,
-    .greedy = 1,
-};
+/* every row out (decode) with fused ops: the last residual add with the
+ * output norm (the batch's T rows are the n_out) */
+static void llama_last(ly_fw *f, const int32_t *out_idx, int n_out)
+{
+    const model *m = f->base.m;
+    be *b = f->base.b;
+    if (!b->ops->add_rmsnorm || !f->every_row) {
+        ly_logits(b, m, f->x, out_idx, n_out, m->hp.norm_eps, f->xo, f->base.lg);
+        return;
+    }
+    b->ops->add_rmsnorm(b, f->x, f->xb, &m->output_norm, n_out, m->hp.n_embd, m->hp.norm_eps, f->xo);
+    if (n_out > 0) b->ops->matmul(b, &m->output, NULL, f->xo, n_out, f->base.lg);
+}
+
+static void llama_pass(fw *base, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out)
+{
+    static const ly_pass p = { .layer = llama_layer, .last = llama_last };
+    ly_fw_pass((ly_fw *)base, &p, tokens, bt, out_idx, n_out);
+}
+
+const arch_family arch_llama = { .load = llama_load, .lacks = ly_moe_lacks, .open = llama_open, .close = ly_fw_close,
+                                 .pass = llama_pass, .greedy = 1 };

@@ -54,25 +54,20 @@ int ly_load_moe(ld *l, layer_w *L, int i)
     return 0;
 }
 
+/* w, or NULL where the file has no such tensor */
+static const wt *present(const wt *w) { return w->data ? w : NULL; }
+
 void ly_moe_desc(const model *m, int l, const be_moe *how, be_moe *d)
 {
     const hparams *hp = &m->hp;
     const layer_w *L = &m->layers[l];
-    *d = *how;
-    d->n_expert = hp->n_expert;
-    d->n_used = hp->n_expert_used;
-    d->n_ff = hp->n_ff_exp;
-    d->gating = hp->expert_gating;
-    d->norm = hp->expert_norm;
-    d->scale = hp->expert_scale;
-    d->router = &L->ffn_gate_inp;
-    d->router_b = L->ffn_gate_inp_b.data ? &L->ffn_gate_inp_b : NULL;
-    d->gate = &L->ffn_gate_exps;
-    d->up = &L->ffn_up_exps;
-    d->down = &L->ffn_down_exps;
-    d->gate_b = L->ffn_gate_exps_b.data ? &L->ffn_gate_exps_b : NULL;
-    d->up_b = L->ffn_up_exps_b.data ? &L->ffn_up_exps_b : NULL;
-    d->down_b = L->ffn_down_exps_b.data ? &L->ffn_down_exps_b : NULL;
+    *d = (be_moe){ .n_expert = hp->n_expert, .n_used = hp->n_expert_used, .n_ff = hp->n_ff_exp,
+                   .gating = hp->expert_gating, .norm = hp->expert_norm, .scale = hp->expert_scale,
+                   .act = how->act, .alpha = how->alpha, .limit = how->limit,
+                   .router = &L->ffn_gate_inp, .router_b = present(&L->ffn_gate_inp_b),
+                   .gate = &L->ffn_gate_exps, .up = &L->ffn_up_exps, .down = &L->ffn_down_exps,
+                   .gate_b = present(&L->ffn_gate_exps_b), .up_b = present(&L->ffn_up_exps_b),
+                   .down_b = present(&L->ffn_down_exps_b) };
 }
 
 const char *ly_moe_lacks(const model *m, const be_ops *o)

@@ -125,19 +125,13 @@ static void q35_close(fw *base)
     be *b = base->b;
     void *bufs[] = { f->x, f->xb, f->big, f->q, f->gz, f->att, f->k, f->v, f->ga, f->gb, f->hg, f->hu, f->xo, base->lg };
     ly_free(b, bufs, sizeof bufs / sizeof bufs[0]);
-    for (int l = 0; l < base->m->hp.n_layer; l++) {
-        if (f->conv && f->conv[l]) b->ops->free(b, f->conv[l]);
-        if (f->ssm && f->ssm[l]) b->ops->free(b, f->ssm[l]);
-        if (f->conv_snap && f->conv_snap[l]) b->ops->free(b, f->conv_snap[l]);
-        if (f->ssm_snap && f->ssm_snap[l]) b->ops->free(b, f->ssm_snap[l]);
+    float **state[] = { f->conv, f->ssm, f->conv_snap, f->ssm_snap };   /* [n_layer] each */
+    for (int k = 0; k < 4; k++) {
+        for (int l = 0; state[k] && l < base->m->hp.n_layer; l++)
+            if (state[k][l]) b->ops->free(b, state[k][l]);
+        free(state[k]);
     }
-    free(f->conv_snap);
-    free(f->ssm_snap);
-    free(f->req);
-    free(f->sv);
-    free(f->conv);
-    free(f->ssm);
-    free(f->zero);
+    free(f->req); free(f->sv); free(f->zero);
     free(f);
 }
 
@@ -331,12 +325,5 @@ static const arch_seq q35_seq = {
 };
 
 /* no greedy passes: the logits come to the host (fw_run) */
-const arch_family arch_qwen35 = {
-    .load = q35_load,
-    .lacks = q35_lacks,
-    .open = q35_open,
-    .close = q35_close,
-    .pass = q35_pass,
-    .replayable = q35_replayable,
-    .seq = &q35_seq,
-};
+const arch_family arch_qwen35 = { .load = q35_load, .lacks = q35_lacks, .open = q35_open, .close = q35_close,
+                                  .pass = q35_pass, .replayable = q35_replayable, .seq = &q35_seq };

@@ -102,6 +102,40 @@ typedef struct be_moe {
 
 #define BE_MOE_MAX 512   /* experts of one layer at most */
 
+/* The linear-attention ops of be_ops (below), typed here for the backends'
+ * files that define them (cpu_ssm.h, cuda_be.h). */
+/* dst[r*dst_stride + i] = src[r*src_stride + i], i < n, r < rows. */
+typedef void be_copy_rows_fn(be *b, float *dst, size_t dst_stride, const float *src, size_t src_stride, int rows,
+                             int n);
+/* x *= sigmoid(g)                                         [n] */
+typedef void be_sigmoid_mul_fn(be *b, float *x, const float *g, size_t n);
+/* out[r] = x[r] / rms(x[r]) * w * silu(z[r]).  x, z, out [rows][n];
+ * in place (out == x) allowed; w an f32 vector of n. */
+typedef void be_rmsnorm_gated_fn(be *b, const float *x, const float *z, const wt *w, int rows, int n, float eps,
+                                 float *out);
+/* Causal depthwise convolution of each sequence's stream, then SiLU:
+ * out[t][c] = silu(sum_j w[c][j] * in[t-K+1+j][c]), where inputs before
+ * the batch come from state ([max_seqs][K-1][C]: the sequence's last K-1
+ * inputs), which is updated. w: f32 rows of K taps, one per channel.
+ * x, out [T][C]; in place allowed. */
+typedef void be_conv1d_silu_fn(be *b, const float *x, const wt *w, float *state, const be_batch *bt, int C, int K,
+                               const be_save *sv, int n_sv, float *out);
+/* Gated delta rule (Gated DeltaNet), per value head h of nv, with key
+ * head h % nk (GGUF files store value heads in this tiled order; the
+ * Hugging Face layout groups them, h / (nv/nk)). Row t of qkv (stride floats apart) holds q [nk][dk],
+ * k [nk][dk], v [nv][dv]; q and k are L2-normalized (eps) and q scaled
+ * by 1/sqrt(dk). Gates: g = A[h] * softplus(a[t][h] + dt_bias[h]) (log
+ * decay), beta = sigmoid(bb[t][h]). With S [dk][dv] the head's state
+ * (state: [max_seqs][nv][dk][dv]):
+ *   S = exp(g) S;  S += k ((v - S^T k) beta)^T;  out[t][h] = S^T q.
+ * A run of tokens of one sequence is computed in chunks (the chunked
+ * parallel form), which equals the token-by-token recurrence.
+ * a, bb [T][nv]; out [T][nv][dv]. Both ops honour save points sv[n_sv]
+ * (the prefix state a later prompt can resume from). */
+typedef void be_deltanet_fn(be *b, const float *qkv, size_t stride, const float *a, const float *bb, const wt *A,
+                            const wt *dt_bias, float *state, const be_batch *bt, int nk, int nv, int dk, int dv,
+                            float eps, const be_save *sv, int n_sv, float *out);
+
 typedef struct be_ops {
     const char *name;
     /* 1: kv_store and attention(_ex) take be_batch.ring */
@@ -155,38 +189,12 @@ typedef struct be_ops {
      * DeltaNet) layers and gated attention (qwen35). Per-sequence state
      * lives in buffers indexed by bt->slot; the tokens of one sequence come
      * in position order within a batch, and a token at position 0 starts
-     * from zero state. ---- */
-    /* dst[r*dst_stride + i] = src[r*src_stride + i], i < n, r < rows. */
-    void (*copy_rows)(be *b, float *dst, size_t dst_stride, const float *src, size_t src_stride,
-                      int rows, int n);
-    /* x *= sigmoid(g)                                         [n] */
-    void (*sigmoid_mul)(be *b, float *x, const float *g, size_t n);
-    /* out[r] = x[r] / rms(x[r]) * w * silu(z[r]).  x, z, out [rows][n];
-     * in place (out == x) allowed; w an f32 vector of n. */
-    void (*rmsnorm_gated)(be *b, const float *x, const float *z, const wt *w, int rows, int n, float eps,
-                          float *out);
-    /* Causal depthwise convolution of each sequence's stream, then SiLU:
-     * out[t][c] = silu(sum_j w[c][j] * in[t-K+1+j][c]), where inputs before
-     * the batch come from state ([max_seqs][K-1][C]: the sequence's last K-1
-     * inputs), which is updated. w: f32 rows of K taps, one per channel.
-     * x, out [T][C]; in place allowed. */
-    void (*conv1d_silu)(be *b, const float *x, const wt *w, float *state, const be_batch *bt, int C, int K,
-                        const be_save *sv, int n_sv, float *out);
-    /* Gated delta rule (Gated DeltaNet), per value head h of nv, with key
-     * head h % nk (GGUF files store value heads in this tiled order; the
-     * Hugging Face layout groups them, h / (nv/nk)). Row t of qkv (stride floats apart) holds q [nk][dk],
-     * k [nk][dk], v [nv][dv]; q and k are L2-normalized (eps) and q scaled
-     * by 1/sqrt(dk). Gates: g = A[h] * softplus(a[t][h] + dt_bias[h]) (log
-     * decay), beta = sigmoid(bb[t][h]). With S [dk][dv] the head's state
-     * (state: [max_seqs][nv][dk][dv]):
-     *   S = exp(g) S;  S += k ((v - S^T k) beta)^T;  out[t][h] = S^T q.
-     * A run of tokens of one sequence is computed in chunks (the chunked
-     * parallel form), which equals the token-by-token recurrence.
-     * a, bb [T][nv]; out [T][nv][dv]. Both ops honour save points sv[n_sv]
-     * (the prefix state a later prompt can resume from). */
-    void (*deltanet)(be *b, const float *qkv, size_t stride, const float *a, const float *bb, const wt *A,
-                     const wt *dt_bias, float *state, const be_batch *bt, int nk, int nv, int dk, int dv,
-                     float eps, const be_save *sv, int n_sv, float *out);
+     * from zero state (the types above say what each does). ---- */
+    be_copy_rows_fn *copy_rows;
+    be_sigmoid_mul_fn *sigmoid_mul;
+    be_rmsnorm_gated_fn *rmsnorm_gated;
+    be_conv1d_silu_fn *conv1d_silu;
+    be_deltanet_fn *deltanet;
 
     /* ---- Optional: a mixture-of-experts FFN (be_moe below). ----
      * moe_scratch: bytes of device memory that moe needs for batches of up

@@ -455,6 +455,14 @@ static inline int att_first(const att_job *j, int t)
  * scalar version is the reference for the SIMD one below. */
 #define ATT_CHUNK 32
 
+/* How many keys from position p0 on the chunk takes (up to token t's own;
+ * 0 or less: none left). */
+static inline int att_chunk(const att_job *j, int t, int p0)
+{
+    int n = j->bt->pos[t] + 1 - p0;
+    return n < ATT_CHUNK ? n : ATT_CHUNK;
+}
+
 static void att_one_ref(att_job *j, int t, int h)
 {
     int hd = j->head_dim, kvd = j->n_head_kv * hd;
@@ -470,9 +478,7 @@ static void att_one_ref(att_job *j, int t, int h)
         acc[d] = 0;
     }
     float mx = j->sinks ? j->sinks[h] : -INFINITY, sum = j->sinks ? 1 : 0, scale = j->scale;
-    int n = j->bt->pos[t] + 1;
-    for (int p0 = att_first(j, t); p0 < n; p0 += ATT_CHUNK) {
-        int m = n - p0 < ATT_CHUNK ? n - p0 : ATT_CHUNK;
+    for (int p0 = att_first(j, t), m; (m = att_chunk(j, t, p0)) > 0; p0 += m) {
         float cmx = -INFINITY;
         for (int i = 0; i < m; i++) {
             size_t s = kv_slot(j->bt, t, p0 + i) * (size_t)kvd + (size_t)kvh * hd;
@@ -545,9 +551,7 @@ static void att_one_avx2(att_job *j, int t, int h)
         _mm256_store_ps(acc + d, _mm256_setzero_ps());
     }
     float mx = j->sinks ? j->sinks[h] : -INFINITY, sum = j->sinks ? 1 : 0, scale = j->scale;
-    int n = j->bt->pos[t] + 1;
-    for (int p0 = att_first(j, t); p0 < n; p0 += ATT_CHUNK) {
-        int m = n - p0 < ATT_CHUNK ? n - p0 : ATT_CHUNK;
+    for (int p0 = att_first(j, t), m; (m = att_chunk(j, t, p0)) > 0; p0 += m) {
         float cmx = -INFINITY;
         for (int i = 0; i < m; i++) {
             size_t s = kv_slot(j->bt, t, p0 + i) * (size_t)kvd + (size_t)kvh * hd;

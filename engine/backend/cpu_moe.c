@@ -24,12 +24,12 @@
  * and the quantized activations, 64-byte aligned. */
 typedef struct cpu_moe_lay {
     moe_lay p;
-    size_t cnt, act_g, act_u, act_d, total;
+    size_t cnt, act_g, act_u, act_d;
     size_t sg, su, sd;          /* quantized row strides */
     uint32_t tg, tu, td;        /* activation types */
 } cpu_moe_lay;
 
-static void moe_layout(const be_moe *m, int max_T, cpu_moe_lay *L)
+static size_t moe_layout(const be_moe *m, int max_T, cpu_moe_lay *L)
 {
     moe_lay_of(m, max_T, 64, &L->p);
     const size_t N = L->p.N;
@@ -43,15 +43,13 @@ static void moe_layout(const be_moe *m, int max_T, cpu_moe_lay *L)
     L->act_g = moe_lay_part(&L->p, N * L->sg, 64);
     L->act_u = L->tu == L->tg ? L->act_g : moe_lay_part(&L->p, N * L->su, 64);
     L->act_d = moe_lay_part(&L->p, N * L->sd, 64);
-    L->total = L->p.end;
+    return L->p.end;
 }
 
 size_t cpu_moe_scratch(be *b, const be_moe *m, int max_T)
 {
-    (void)b;
     cpu_moe_lay L;
-    moe_layout(m, max_T, &L);
-    return L.total;
+    return moe_layout(m, max_T, &L);
 }
 
 /* The n_used best of s[n] (ties: the lower index) into ids, in descending
@@ -165,7 +163,6 @@ static int moe_item(const moe_job *j, int it, int ipe, int chunk, int rows, int6
 
 static void moe_gate_up(void *arg, int it, int ith)
 {
-    (void)ith;
     moe_job *j = arg;
     const be_moe *m = j->m;
     const cpu_moe_lay *L = j->L;
@@ -200,13 +197,12 @@ static void moe_quant_h(void *arg, int i, int ith)
 
 static void moe_down(void *arg, int it, int ith)
 {
-    (void)ith;
     moe_job *j = arg;
     const be_moe *m = j->m;
     const cpu_moe_lay *L = j->L;
-    const int E = j->E;
     int64_t r0, r1;
-    int first, nb, e = moe_item(j, it, j->ipe_e, j->chunk_e, E, &r0, &r1, &first, &nb);
+    int first, nb, e = moe_item(j, it, j->ipe_e, j->chunk_e, j->E, &r0, &r1, &first, &nb);
+    const int E = j->E;
     float *y = P(j, p.y, float) + (size_t)first * E;
     qt_gemm(m->down->type, j->F, (const char *)m->down->data + (size_t)e * E * m->down->row_bytes,
             m->down->row_bytes, r0, r1, j->s + L->act_d + (size_t)first * L->sd, L->sd, nb, y, E);

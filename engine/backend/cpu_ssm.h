@@ -13,13 +13,10 @@ struct pool;
 struct pool *be_cpu_pool(be *b);
 void *be_cpu_scratch(be *b, size_t bytes);
 
-void cpu_copy_rows(be *b, float *dst, size_t dst_stride, const float *src, size_t src_stride, int rows, int n);
-void cpu_sigmoid_mul(be *b, float *x, const float *g, size_t n);
-void cpu_rmsnorm_gated(be *b, const float *x, const float *z, const wt *w, int rows, int n, float eps, float *out);
-void cpu_conv1d_silu(be *b, const float *x, const wt *w, float *state, const be_batch *bt, int C, int K,
-                     const be_save *sv, int n_sv, float *out);
-void cpu_deltanet(be *b, const float *qkv, size_t stride, const float *a, const float *bb, const wt *A,
-                  const wt *dt_bias, float *state, const be_batch *bt, int nk, int nv, int dk, int dv, float eps,
-                  const be_save *sv, int n_sv, float *out);
+be_copy_rows_fn cpu_copy_rows;
+be_sigmoid_mul_fn cpu_sigmoid_mul;
+be_rmsnorm_gated_fn cpu_rmsnorm_gated;
+be_conv1d_silu_fn cpu_conv1d_silu;
+be_deltanet_fn cpu_deltanet;
 
 #endif

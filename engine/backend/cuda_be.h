@@ -126,14 +126,11 @@ void cu_use_batch(cu_be *c, const be_batch *bt);
 void cu_matmul(be *b, const wt *w, const wt *bias, const float *x, int T, float *out);
 
 /* cuda_ssm.c */
-void cu_copy_rows(be *b, float *dst, size_t ds, const float *src, size_t ss, int rows, int n);
-void cu_sigmoid_mul(be *b, float *x, const float *g, size_t n);
-void cu_rmsnorm_gated(be *b, const float *x, const float *z, const wt *w, int rows, int n, float eps, float *out);
-void cu_conv1d_silu(be *b, const float *x, const wt *w, float *state, const be_batch *bt, int C, int K,
-                    const be_save *sv, int n_sv, float *out);
-void cu_deltanet(be *b, const float *qkv, size_t stride, const float *a, const float *bb, const wt *A,
-                 const wt *dt_bias, float *state, const be_batch *bt, int nk, int nv, int dk, int dv, float eps,
-                 const be_save *sv, int n_sv, float *out);
+be_copy_rows_fn cu_copy_rows;
+be_sigmoid_mul_fn cu_sigmoid_mul;
+be_rmsnorm_gated_fn cu_rmsnorm_gated;
+be_conv1d_silu_fn cu_conv1d_silu;
+be_deltanet_fn cu_deltanet;
 
 /* cuda_moe.c */
 size_t cu_moe_scratch(be *b, const be_moe *m, int max_T);

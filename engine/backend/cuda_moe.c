@@ -10,24 +10,22 @@
 /* The scratch of cu_moe for max_T tokens: the shared parts (moe_lay.h),
  * then the (expert, slots) tiles and their count, and the int8 forms of x
  * [T][E] and hg [N][F] (ck_moe_int8 types), 256-byte aligned. */
-typedef struct cmoe_lay { moe_lay p; size_t tiles, nt, xq, hq, total; } cmoe_lay;
+typedef struct cmoe_lay { moe_lay p; size_t tiles, nt, xq, hq; } cmoe_lay;
 
-static void cmoe_layout(const be_moe *m, int max_T, cmoe_lay *L)
+static size_t cmoe_layout(const be_moe *m, int max_T, cmoe_lay *L)
 {
     moe_lay_of(m, max_T, 256, &L->p);
     L->tiles = moe_lay_part(&L->p, (size_t)ck_moe_max_tiles(L->p.N, L->p.X) * 3 * 4, 256);
     L->nt = moe_lay_part(&L->p, 4, 256);
     L->xq = moe_lay_part(&L->p, CK_XQ_BYTES(L->p.T, m->gate->n_in), 256);
     L->hq = moe_lay_part(&L->p, CK_XQ_BYTES(L->p.N, L->p.F), 256);
-    L->total = L->p.end;
+    return L->p.end;
 }
 
 size_t cu_moe_scratch(be *b, const be_moe *m, int max_T)
 {
-    (void)b;
     cmoe_lay L;
-    cmoe_layout(m, max_T, &L);
-    return L.total;
+    return cmoe_layout(m, max_T, &L);
 }
 
 static const float *dev_or_null(const wt *w) { return w && w->data ? w->dev : NULL; }

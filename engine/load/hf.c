@@ -37,13 +37,8 @@ void hf_close(hf_model *h)
     for (int i = 0; i < h->n_shards; i++) mf_unmap(&h->shards[i]);
     for (uint64_t i = 0; i < h->n_t; i++) free(h->names[i]);
     for (uint64_t i = 0; h->owned && i < h->cap; i++) free(h->owned[i]);
-    free(h->owned);
-    free(h->trans);
-    free(h->names);
     for (int i = 0; i < h->n_stacked; i++) free(h->stacked[i]);
-    free(h->stacked);
-    free(h->shards);
-    free(h->t);
+    free(h->owned); free(h->trans); free(h->names); free(h->stacked); free(h->shards); free(h->t);
     free(h);
 }
 

@@ -360,8 +360,7 @@ void model_free(model *m)
 {
     if (!m) return;
     tok_free(m->tok);
-    free(m->layers);
-    free(m->owned);
+    free(m->layers); free(m->owned);
     gguf_close(m->gguf);
     hf_close(m->hf);
     free(m);
@@ -444,31 +443,18 @@ static int model_load_hf(model *m, ld *l)
     if (c->vocab != tok_n_vocab(m->tok))
         return ld_fail(l, "config.json: vocab_size is %lld but tokenizer.json has %d tokens (expected the same)",
                        (long long)c->vocab, tok_n_vocab(m->tok));
-    hp->n_embd = (int32_t)c->hidden;
-    hp->n_layer = (int32_t)c->layers;
-    hp->n_head = (int32_t)c->heads;
-    hp->n_head_kv = (int32_t)c->kv_heads;
-    hp->head_dim = (int32_t)c->head_dim;
-    hp->n_ff = (int32_t)c->ff;
-    hp->n_rot = hp->head_dim;
-    hp->n_ctx_train = (int32_t)c->ctx;
-    hp->pooling_type = -1;   /* (config.json names none) */
-    hp->norm_eps = (float)c->eps;
-    hp->rope_base = (float)c->rope_theta;
-    hp->rope_neox = 1;   /* HF checkpoints rotate halves; only GGUF llama rows are permuted */
-    hp->n_expert = (int32_t)c->n_expert;
-    hp->n_expert_used = (int32_t)c->n_expert_used;
-    hp->n_ff_exp = (int32_t)c->ff_exp;
-    hp->expert_gating = -1;
-    hp->expert_norm = c->norm_topk;
-    hp->expert_scale = 1;
-    hp->rope_yarn = c->rope_yarn;
-    hp->yarn_factor = c->rope_factor;
-    hp->yarn_orig_ctx = c->rope_orig_ctx;
-    hp->yarn_beta_fast = c->yarn_beta_fast;
-    hp->yarn_beta_slow = c->yarn_beta_slow;
-    hp->yarn_truncate = c->yarn_truncate;
-    hp->yarn_attn = c->yarn_attn;
+    /* (config.json names no pooling type; HF checkpoints rotate halves, only
+     * GGUF llama rows are permuted) */
+    *hp = (hparams){ .n_embd = (int32_t)c->hidden, .n_layer = (int32_t)c->layers, .n_head = (int32_t)c->heads,
+                     .n_head_kv = (int32_t)c->kv_heads, .head_dim = (int32_t)c->head_dim, .n_ff = (int32_t)c->ff,
+                     .n_rot = (int32_t)c->head_dim, .n_ctx_train = (int32_t)c->ctx, .pooling_type = -1,
+                     .norm_eps = (float)c->eps, .rope_base = (float)c->rope_theta, .rope_neox = 1,
+                     .n_expert = (int32_t)c->n_expert, .n_expert_used = (int32_t)c->n_expert_used,
+                     .n_ff_exp = (int32_t)c->ff_exp, .expert_gating = -1, .expert_norm = c->norm_topk,
+                     .expert_scale = 1, .rope_yarn = c->rope_yarn, .yarn_factor = c->rope_factor,
+                     .yarn_orig_ctx = c->rope_orig_ctx, .yarn_beta_fast = c->yarn_beta_fast,
+                     .yarn_beta_slow = c->yarn_beta_slow, .yarn_truncate = c->yarn_truncate,
+                     .yarn_attn = c->yarn_attn };
     if (m->arch->fam->load(l) || experts_loaded(l) || yarn_set(l)) return -1;
     if (c->tie == 0 && !hf_tensor_find(m->hf, "output.weight"))
         return ld_fail(l, "config.json: tie_word_embeddings is false but no shard has lm_head.weight");

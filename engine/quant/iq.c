@@ -106,42 +106,37 @@ static void iq1s_group(const qt_block_iq1_s *x, int l, int8_t v[8], int *ls, int
 
 /* ---- reference dequantizers ---- */
 
+/* y[0..32) = d * kv[nibble]: the low nibbles of qs[0..16), then the high */
+static inline void deq_nibbles(const int8_t *kv, const uint8_t *qs, float d, float *y)
+{
+    for (int j = 0; j < 16; j++) {
+        y[j] = d * (float)kv[qs[j] & 15];
+        y[j + 16] = d * (float)kv[qs[j] >> 4];
+    }
+}
+
 void qt_iq_dequant(uint32_t type, const void *src, float *y, int64_t nb)
 {
     const uint8_t *base = src;
     switch (type) {
-    case QT_IQ4_NL:
+    case QT_IQ4_NL: case QT_MXFP4: {   /* a scale (f16; mxfp4: e8m0), then 16 bytes of nibbles */
+        const int mx = type == QT_MXFP4;
+        const size_t bs = qt_get(type)->type_size;
         for (int64_t i = 0; i < nb; i++, y += 32) {
-            const qt_block_iq4_nl *x = (const void *)(base + i * sizeof *x);
-            const float d = h2f(x->d);
-            for (int j = 0; j < 16; j++) {
-                y[j] = d * (float)qt_kvalues_iq4nl[x->qs[j] & 15];
-                y[j + 16] = d * (float)qt_kvalues_iq4nl[x->qs[j] >> 4];
-            }
+            const uint8_t *b = base + i * bs;
+            uint16_t hd;
+            memcpy(&hd, b, 2);
+            deq_nibbles(mx ? qt_kvalues_mxfp4 : qt_kvalues_iq4nl, b + (mx ? 1 : 2),
+                        mx ? qt_e8m0_half(b[0]) : h2f(hd), y);
         }
         return;
-    case QT_MXFP4:
-        for (int64_t i = 0; i < nb; i++, y += 32) {
-            const qt_block_mxfp4 *x = (const void *)(base + i * sizeof *x);
-            const float d = qt_e8m0_half(x->e);
-            for (int j = 0; j < 16; j++) {
-                y[j] = (float)qt_kvalues_mxfp4[x->qs[j] & 15] * d;
-                y[j + 16] = (float)qt_kvalues_mxfp4[x->qs[j] >> 4] * d;
-            }
-        }
-        return;
+    }
     case QT_IQ4_XS:
         for (int64_t i = 0; i < nb; i++) {
             const qt_block_iq4_xs *x = (const void *)(base + i * sizeof *x);
             const float d = h2f(x->d);
-            for (int ib = 0; ib < 8; ib++, y += 32) {
-                const float dl = d * (float)(iq4xs_ls(x, ib) - 32);
-                const uint8_t *qs = x->qs + 16 * ib;
-                for (int j = 0; j < 16; j++) {
-                    y[j] = dl * (float)qt_kvalues_iq4nl[qs[j] & 15];
-                    y[j + 16] = dl * (float)qt_kvalues_iq4nl[qs[j] >> 4];
-                }
-            }
+            for (int ib = 0; ib < 8; ib++, y += 32)
+                deq_nibbles(qt_kvalues_iq4nl, x->qs + 16 * ib, d * (float)(iq4xs_ls(x, ib) - 32), y);
         }
         return;
     case QT_IQ1_S:

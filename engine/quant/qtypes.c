@@ -153,8 +153,9 @@ static inline void q3k_scales(const uint8_t *s12, int8_t out[16])
     memcpy(out, aux, 16);
 }
 
-static void deq_q4_0(const qt_block_q4_0 *x, float *y, int64_t nb)
+static void deq_q4_0(const void *vx, float *y, int64_t nb)
 {
+    const qt_block_q4_0 *x = vx;
     for (int64_t i = 0; i < nb; i++, y += 32) {
         const float d = h2f(x[i].d);
         for (int j = 0; j < 16; j++) {
@@ -164,8 +165,9 @@ static void deq_q4_0(const qt_block_q4_0 *x, float *y, int64_t nb)
     }
 }
 
-static void deq_q4_1(const qt_block_q4_1 *x, float *y, int64_t nb)
+static void deq_q4_1(const void *vx, float *y, int64_t nb)
 {
+    const qt_block_q4_1 *x = vx;
     for (int64_t i = 0; i < nb; i++, y += 32) {
         const float d = h2f(x[i].d), m = h2f(x[i].m);
         for (int j = 0; j < 16; j++) {
@@ -175,8 +177,9 @@ static void deq_q4_1(const qt_block_q4_1 *x, float *y, int64_t nb)
     }
 }
 
-static void deq_q5_0(const qt_block_q5_0 *x, float *y, int64_t nb)
+static void deq_q5_0(const void *vx, float *y, int64_t nb)
 {
+    const qt_block_q5_0 *x = vx;
     for (int64_t i = 0; i < nb; i++, y += 32) {
         const float d = h2f(x[i].d);
         uint32_t qh;
@@ -190,8 +193,9 @@ static void deq_q5_0(const qt_block_q5_0 *x, float *y, int64_t nb)
     }
 }
 
-static void deq_q5_1(const qt_block_q5_1 *x, float *y, int64_t nb)
+static void deq_q5_1(const void *vx, float *y, int64_t nb)
 {
+    const qt_block_q5_1 *x = vx;
     for (int64_t i = 0; i < nb; i++, y += 32) {
         const float d = h2f(x[i].d), m = h2f(x[i].m);
         uint32_t qh;
@@ -205,24 +209,27 @@ static void deq_q5_1(const qt_block_q5_1 *x, float *y, int64_t nb)
     }
 }
 
-static void deq_q8_0(const qt_block_q8_0 *x, float *y, int64_t nb)
+static void deq_q8_0(const void *vx, float *y, int64_t nb)
 {
+    const qt_block_q8_0 *x = vx;
     for (int64_t i = 0; i < nb; i++, y += 32) {
         const float d = h2f(x[i].d);
         for (int j = 0; j < 32; j++) y[j] = (float)x[i].qs[j] * d;
     }
 }
 
-static void deq_q8_1(const qt_block_q8_1 *x, float *y, int64_t nb)
+static void deq_q8_1(const void *vx, float *y, int64_t nb)
 {
+    const qt_block_q8_1 *x = vx;
     for (int64_t i = 0; i < nb; i++, y += 32) {
         const float d = h2f(x[i].d);
         for (int j = 0; j < 32; j++) y[j] = (float)x[i].qs[j] * d;
     }
 }
 
-static void deq_q2_K(const qt_block_q2_K *x, float *y, int64_t nb)
+static void deq_q2_K(const void *vx, float *y, int64_t nb)
 {
+    const qt_block_q2_K *x = vx;
     for (int64_t i = 0; i < nb; i++) {
         const float d = h2f(x[i].d), min = h2f(x[i].dmin);
         const uint8_t *q = x[i].qs;
@@ -243,8 +250,9 @@ static void deq_q2_K(const qt_block_q2_K *x, float *y, int64_t nb)
     }
 }
 
-static void deq_q3_K(const qt_block_q3_K *x, float *y, int64_t nb)
+static void deq_q3_K(const void *vx, float *y, int64_t nb)
 {
+    const qt_block_q3_K *x = vx;
     for (int64_t i = 0; i < nb; i++) {
         int8_t scales[16];
         q3k_scales(x[i].scales, scales);
@@ -269,8 +277,9 @@ static void deq_q3_K(const qt_block_q3_K *x, float *y, int64_t nb)
     }
 }
 
-static void deq_q4_K(const qt_block_q4_K *x, float *y, int64_t nb)
+static void deq_q4_K(const void *vx, float *y, int64_t nb)
 {
+    const qt_block_q4_K *x = vx;
     for (int64_t i = 0; i < nb; i++) {
         const uint8_t *q = x[i].qs;
         const float d = h2f(x[i].d), min = h2f(x[i].dmin);
@@ -288,8 +297,9 @@ static void deq_q4_K(const qt_block_q4_K *x, float *y, int64_t nb)
     }
 }
 
-static void deq_q5_K(const qt_block_q5_K *x, float *y, int64_t nb)
+static void deq_q5_K(const void *vx, float *y, int64_t nb)
 {
+    const qt_block_q5_K *x = vx;
     for (int64_t i = 0; i < nb; i++) {
         const uint8_t *ql = x[i].qs, *qh = x[i].qh;
         const float d = h2f(x[i].d), min = h2f(x[i].dmin);
@@ -308,8 +318,9 @@ static void deq_q5_K(const qt_block_q5_K *x, float *y, int64_t nb)
     }
 }
 
-static void deq_q6_K(const qt_block_q6_K *x, float *y, int64_t nb)
+static void deq_q6_K(const void *vx, float *y, int64_t nb)
 {
+    const qt_block_q6_K *x = vx;
     for (int64_t i = 0; i < nb; i++) {
         const float d = h2f(x[i].d);
         const uint8_t *ql = x[i].ql, *qh = x[i].qh;
@@ -331,17 +342,31 @@ static void deq_q6_K(const qt_block_q6_K *x, float *y, int64_t nb)
     }
 }
 
-static void deq_q8_K(const qt_block_q8_K *x, float *y, int64_t nb)
+static void deq_q8_K(const void *vx, float *y, int64_t nb)
 {
+    const qt_block_q8_K *x = vx;
     for (int64_t i = 0; i < nb; i++, y += 256)
         for (int j = 0; j < 256; j++) y[j] = x[i].d * (float)x[i].qs[j];
 }
 
-void qt_dequant_row(uint32_t type, const void *src, float *dst, int64_t n)
+/* The other block types' dequantizers, by type. */
+static void (*const deq_block[QT_COUNT])(const void *x, float *y, int64_t nb) = {
+    [QT_Q4_0] = deq_q4_0, [QT_Q4_1] = deq_q4_1, [QT_Q5_0] = deq_q5_0, [QT_Q5_1] = deq_q5_1,
+    [QT_Q8_0] = deq_q8_0, [QT_Q8_1] = deq_q8_1, [QT_Q8_K] = deq_q8_K,
+    [QT_Q2_K] = deq_q2_K, [QT_Q3_K] = deq_q3_K, [QT_Q4_K] = deq_q4_K, [QT_Q5_K] = deq_q5_K, [QT_Q6_K] = deq_q6_K,
+};
+
+/* The blocks of n values of type (0: an unknown type, or n not whole blocks). */
+static int64_t blocks_of(uint32_t type, int64_t n)
 {
     const qt_traits *t = qt_get(type);
-    if (!t || n <= 0 || n % t->blck) return;
-    const int64_t nb = n / t->blck;
+    return t && n > 0 && n % t->blck == 0 ? n / t->blck : 0;
+}
+
+void qt_dequant_row(uint32_t type, const void *src, float *dst, int64_t n)
+{
+    const int64_t nb = blocks_of(type, n);
+    if (nb <= 0) return;
     switch (type) {
     case QT_F32: memcpy(dst, src, (size_t)n * 4); break;
     case QT_F16: {
@@ -354,23 +379,13 @@ void qt_dequant_row(uint32_t type, const void *src, float *dst, int64_t n)
         for (int64_t i = 0; i < n; i++) dst[i] = qt_bf16_to_fp32(s[i]);
         break;
     }
-    case QT_Q4_0: deq_q4_0(src, dst, nb); break;
-    case QT_Q4_1: deq_q4_1(src, dst, nb); break;
-    case QT_Q5_0: deq_q5_0(src, dst, nb); break;
-    case QT_Q5_1: deq_q5_1(src, dst, nb); break;
-    case QT_Q8_0: deq_q8_0(src, dst, nb); break;
-    case QT_Q8_1: deq_q8_1(src, dst, nb); break;
-    case QT_Q2_K: deq_q2_K(src, dst, nb); break;
-    case QT_Q3_K: deq_q3_K(src, dst, nb); break;
-    case QT_Q4_K: deq_q4_K(src, dst, nb); break;
-    case QT_Q5_K: deq_q5_K(src, dst, nb); break;
-    case QT_Q6_K: deq_q6_K(src, dst, nb); break;
-    case QT_Q8_K: deq_q8_K(src, dst, nb); break;
     case QT_IQ2_XXS: case QT_IQ2_XS: case QT_IQ2_S: case QT_IQ3_XXS: case QT_IQ3_S:
     case QT_IQ1_S: case QT_IQ4_NL: case QT_IQ4_XS: case QT_MXFP4:
         qt_iq_dequant(type, src, dst, nb);
         break;
-    default: break;
+    default:
+        if (deq_block[type]) deq_block[type](src, dst, nb);
+        break;
     }
 }
 
@@ -460,9 +475,8 @@ void qt_quantize_row(uint32_t act_type, const float *x, void *dst, int64_t n)
 
 void qt_quantize_row_ref(uint32_t act_type, const float *x, void *dst, int64_t n)
 {
-    const qt_traits *t = qt_get(act_type);
-    if (!t || n <= 0 || n % t->blck) return;
-    const int64_t nb = n / t->blck;
+    const int64_t nb = blocks_of(act_type, n);
+    if (nb <= 0) return;
     switch (act_type) {
     case QT_F32: memcpy(dst, x, (size_t)n * 4); break;
     case QT_Q8_0: quant_q8_0(x, dst, nb); break;
@@ -495,11 +509,7 @@ static void unpack_small(uint32_t type, const uint8_t *b, int8_t q[32], float *d
     switch (type) {
     case QT_IQ4_NL: case QT_MXFP4: {
         const int8_t *kv = type == QT_MXFP4 ? qt_mxfp4_values() : qt_iq4nl_values();
-        const uint8_t *qs = b + (type == QT_MXFP4 ? 1 : 2);
-        for (int j = 0; j < 16; j++) {
-            q[j] = kv[qs[j] & 15];
-            q[j + 16] = kv[qs[j] >> 4];
-        }
+        qt_nibbles_i8(kv, b + (type == QT_MXFP4 ? 1 : 2), q);
         break;
     }
     case QT_Q4_0: {

@@ -155,6 +155,16 @@ static inline __attribute__((always_inline)) size_t qt_block_bytes(uint32_t type
     }
 }
 
+/* q[0..32) = kv[nibble] of the 16 bytes qs: the low nibbles, then the high
+ * (iq4_nl, mxfp4: 4-bit indices into a table of int8 levels). */
+static inline void qt_nibbles_i8(const int8_t *kv, const uint8_t *qs, int8_t *q)
+{
+    for (int j = 0; j < 16; j++) {
+        q[j] = kv[qs[j] & 15];
+        q[j + 16] = kv[qs[j] >> 4];
+    }
+}
+
 
 /* Dot of two rows in the reference arithmetic (w row of wtype, a row of
  * qt_act_type(wtype)). */

@@ -93,13 +93,8 @@ static void to_b_layout(const int8_t *in, int8_t *out)
 static size_t small_wbytes(uint32_t type)
 {
     switch (type) {
-    case QT_Q4_0: return sizeof(qt_block_q4_0);
-    case QT_Q4_1: return sizeof(qt_block_q4_1);
-    case QT_Q5_0: return sizeof(qt_block_q5_0);
-    case QT_Q5_1: return sizeof(qt_block_q5_1);
-    case QT_Q8_0: return sizeof(qt_block_q8_0);
-    case QT_IQ4_NL: return sizeof(qt_block_iq4_nl);
-    case QT_MXFP4: return sizeof(qt_block_mxfp4);
+    case QT_Q4_0: case QT_Q4_1: case QT_Q5_0: case QT_Q5_1: case QT_Q8_0: case QT_IQ4_NL: case QT_MXFP4:
+        return qt_block_bytes(type);
     default: return 0;
     }
 }
@@ -142,12 +137,8 @@ static void small_unpack(uint32_t type, const uint8_t *b, int8_t *q, float *d, f
     }
     default: {   /* iq4_nl, mxfp4: 4-bit indices into a table of int8 levels */
         const int8_t *kv = type == QT_MXFP4 ? qt_mxfp4_values() : qt_iq4nl_values();
-        const uint8_t *qs = b + (type == QT_MXFP4 ? 1 : 2);
         *d = type == QT_MXFP4 ? qt_e8m0_half(b[0]) : h2f(b);
-        for (int j = 0; j < 16; j++) {
-            q[j] = kv[qs[j] & 15];
-            q[j + 16] = kv[qs[j] >> 4];
-        }
+        qt_nibbles_i8(kv, b + (type == QT_MXFP4 ? 1 : 2), q);
         return;
     }
     }
