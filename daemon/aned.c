@@ -67,8 +67,9 @@ static void usage(FILE *f)
 "                          at most --max-seqs full contexts)\n"
 "      --kv-type f16|q8_0|f32  how the KV cache holds keys and values (default\n"
 "                          f16); q8_0: blocks of 32 with an f16 scale, about half\n"
-"                          f16's bytes, slightly less accurate (docs/cuda.md);\n"
-"                          needs a head_dim that is a multiple of 32\n"
+"                          f16's bytes, slightly less accurate and, on CUDA,\n"
+"                          slower at long contexts (docs/cuda.md); needs a\n"
+"                          head_dim that is a multiple of 32\n"
 "      --pooling mean|cls|last  how embed requests pool the hidden states (default:\n"
 "                          the GGUF's <arch>.pooling_type; last token when it\n"
 "                          names none, as decoder embedding models want)\n"
@@ -476,8 +477,6 @@ int main(int argc, char **argv)
     /* the options that take one of a few words, and what each word sets */
     static const char *const backends[] = { "cpu", "cuda", NULL };
     static const char *const f16_caches[] = { "auto", "off", NULL };
-    static const char *const kv_types[] = { "f16", "q8_0", "f32", NULL };
-    static const int kv_type_of[] = { ENG_KV_F16, ENG_KV_Q8_0, ENG_KV_F32 };
     static const char *const poolings[] = { "mean", "cls", "last", NULL };
     static const int pooling_of[] = { ENG_POOL_MEAN, ENG_POOL_CLS, ENG_POOL_LAST };
     server_opts so;
@@ -537,8 +536,8 @@ int main(int argc, char **argv)
             so.eng.cuda_f16_cache_off = w == 1;
             break;
         case OPT_KV_TYPE:
-            if ((w = pick("--kv-type", optarg, kv_types)) < 0) return 2;
-            so.eng.kv_type = kv_type_of[w];
+            if ((w = pick("--kv-type", optarg, eng_kv_types)) < 0) return 2;
+            so.eng.kv_type = w;
             break;
         case OPT_POOLING:
             if ((w = pick("--pooling", optarg, poolings)) < 0) return 2;

@@ -36,6 +36,8 @@ double now_ms(void)
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
+const char *const eng_kv_types[] = { "f16", "q8_0", "f32", NULL };
+
 const char *eng_strerror(eng_err c)
 {
     switch (c) {

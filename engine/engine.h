@@ -20,6 +20,8 @@ typedef struct eng eng;
 /* KV cache types (eng_opts.kv_type): f16 the default; q8_0 about half
  * its bytes (docs/cuda.md gives the accuracy); f32 twice them */
 enum { ENG_KV_F16 = 0, ENG_KV_Q8_0 = 1, ENG_KV_F32 = 2 };
+/* their names, indexed by ENG_KV_* (NULL-terminated): what --kv-type takes */
+extern const char *const eng_kv_types[];
 
 /* How embed jobs pool the hidden states after the final norm (eng_opts.pooling;
  * 1..3 are llama.cpp's pooling_type values): ENG_POOL_MODEL takes the GGUF's

@@ -1193,9 +1193,9 @@ static void cu_device_name(cu_be *c)
         cudaGetLastError();
         snprintf(pr.name, sizeof pr.name, "CUDA device");
     }
-    snprintf(c->base.device, sizeof c->base.device, "%.100s, compute capability %d.%d, sm_%d%s code, %s path", pr.name,
-             f->cc / 10, f->cc % 10, f->code, f->code == 90 && c->feat.wgmma ? "a" : "",
-             f->wgmma ? "Hopper" : "portable");
+    snprintf(c->base.device, sizeof c->base.device, "%.100s, compute capability %d.%d, sm_%d%s code, %s path%s",
+             pr.name, f->cc / 10, f->cc % 10, f->code, f->code == 90 && c->feat.wgmma ? "a" : "",
+             f->wgmma ? "Hopper" : "portable", c->act_int8 ? ", int8 activations" : "");
 }
 
 void be_cuda_force_set(be *b, const be_cuda_force *f)

@@ -332,10 +332,8 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--backend")) backend = v;
         else if (!strcmp(a, "--ctx")) ctx = atoi(v);
         else if (!strcmp(a, "--kv-type")) {
-            if (!strcmp(v, "f16")) kv_type = ENG_KV_F16;
-            else if (!strcmp(v, "q8_0")) kv_type = ENG_KV_Q8_0;
-            else if (!strcmp(v, "f32")) kv_type = ENG_KV_F32;
-            else { usage(); return 1; }
+            for (kv_type = 0; eng_kv_types[kv_type] && strcmp(v, eng_kv_types[kv_type]); kv_type++) {}
+            if (!eng_kv_types[kv_type]) { usage(); return 1; }
         }
         else if (!strcmp(a, "--json-schema")) {
             FILE *f = fopen(v, "rb");
