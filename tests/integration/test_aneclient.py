@@ -51,9 +51,10 @@ def run_pty(args, sock, interrupts=0, want=b"", timeout=30):
                 p.send_signal(signal.SIGINT)
                 sent += 1
                 time.sleep(0.2)
+            exited = p.poll() is not None   # (before the select: what it wrote by then is read below)
             r, _, _ = select.select([m], [], [], 0.1)
             if not r:
-                if p.poll() is not None:
+                if exited:
                     break
                 continue
             try:
