@@ -1,5 +1,6 @@
 /* tools.c — OpenAI tool fields to aned's (tools.h). */
 #include "http/tools.h"
+#include "common/chatvars.h"
 #include "proto/proto.h"
 
 #include <stdio.h>
@@ -139,17 +140,19 @@ char *gwt_msg_extra(json_t *m, size_t i, int *bad_out, const char **field, char 
 int gwt_template_vars(json_t *o, struct proto_req *q, char **vars_json, const char **param, char *msg,
                       size_t msglen)
 {
-    static const char *const own[] = { "messages", "tools", "add_generation_prompt" };
-    json_t *v = json_object_get(o, "chat_template_kwargs");
+    json_t *v = json_object_get(o, "chat_template_kwargs"), *val;
+    const char *key;
     *vars_json = NULL;
     if (!v || json_is_null(v)) return 0;
     if (!json_is_object(v)) return bad(param, "chat_template_kwargs", msg, msglen, "\"chat_template_kwargs\" must be an object");
-    for (int i = 0; i < 3; i++)
-        if (json_object_get(v, own[i])) {
+    json_object_foreach(v, key, val) {
+        const char *own = chat_own_var(key, strlen(key));
+        if (own) {
             *param = "chat_template_kwargs";
-            snprintf(msg, msglen, "\"chat_template_kwargs\".%s: set by the request itself", own[i]);
+            snprintf(msg, msglen, "\"chat_template_kwargs\".%s: set by the request itself", own);
             return -1;
         }
+    }
     *vars_json = json_dumps(v, JSON_COMPACT);
     if (!*vars_json) return bad(param, "chat_template_kwargs", msg, msglen, "out of memory");
     q->template_vars = *vars_json;

@@ -1,6 +1,7 @@
 /* proto_read.c — the framing reader (a frame is one msgpack map, skimmed
  * before it is parsed so that size and depth limits hold before any
  * allocation) and the request and event decoders. See proto.h. */
+#include "common/chatvars.h"
 #include "common/err.h"
 #include "common/utf8.h"
 #include "proto/proto.h"
@@ -553,14 +554,12 @@ static int get_strs(dctx *d, const msgpack_object *v, const char *name, uint32_t
  * request's own (messages, tools, add_generation_prompt) are not among them */
 static int get_tvars(dctx *d, const msgpack_object *v, proto_req *q)
 {
-    static const char *const own[] = { "messages", "tools", "add_generation_prompt" };
     if (v->type != MSGPACK_OBJECT_MAP) return fail(d, PROTO_E_BAD_REQUEST, "\"template_vars\" must be a map");
     for (uint32_t i = 0; i < v->via.map.size; i++) {
         const msgpack_object *kk = &v->via.map.ptr[i].key;
         if (kk->type != MSGPACK_OBJECT_STR) return fail(d, PROTO_E_BAD_REQUEST, "\"template_vars\" keys must be strings");
-        for (int o = 0; o < 3; o++)
-            if (key_is(kk, own[o]))
-                return fail(d, PROTO_E_INVALID_VALUE, "\"template_vars\".%s: set by the request itself", own[o]);
+        const char *own = chat_own_var(kk->via.str.ptr, kk->via.str.size);
+        if (own) return fail(d, PROTO_E_INVALID_VALUE, "\"template_vars\".%s: set by the request itself", own);
     }
     return get_json(d, v, NULL, "\"template_vars\"", &q->template_vars, &q->template_vars_len);
 }

@@ -3,6 +3,7 @@
  * template's own text (message contents are located in the output, in
  * order, and encoded as plain text). */
 #include "engine/text/chat.h"
+#include "common/chatvars.h"
 #include "common/err.h"
 #include "engine/text/jinja.h"
 #include "engine/text/tokenizer.h"
@@ -145,7 +146,7 @@ static json_t *build_vars(const chat_tpl *c, const chat_msg *msgs, size_t n, con
             return NULL;
         }
         json_object_foreach(o, key, val) {
-            if (!strcmp(key, "messages") || !strcmp(key, "tools") || !strcmp(key, "add_generation_prompt")) {
+            if (chat_own_var(key, strlen(key))) {
                 err_set(err, errlen, "template_vars: \"%s\" is the request's own", key);
                 json_decref(o);
                 json_decref(v);

@@ -4,6 +4,7 @@
  * buffer and its JSON strings (read back by jansson), hex digits and the stop
  * signals. */
 #include "common/err.h"
+#include "common/chatvars.h"
 #include "common/hex.h"
 #include "common/mem.h"
 #include "common/sig.h"
@@ -235,6 +236,16 @@ static void t_hex_digit(void)
     }
 }
 
+/* chat_own_var: the three names whole, nothing else (prefixes, longer names, case) */
+static void t_chat_own_var(void)
+{
+    static const char *const own[] = { "messages", "tools", "add_generation_prompt" };
+    for (int i = 0; i < 3; i++) CHECK(chat_own_var(own[i], strlen(own[i])) != NULL && !strcmp(chat_own_var(own[i], strlen(own[i])), own[i]));
+    static const char *const other[] = { "", "tool", "toolsx", "Messages", "message", "add_generation_prompt_", "enable_thinking" };
+    for (size_t i = 0; i < sizeof other / sizeof other[0]; i++) CHECKF(chat_own_var(other[i], strlen(other[i])) == NULL, "%s", other[i]);
+    CHECK(chat_own_var("messagesX", 8) != NULL);   /* (a length, not a terminator, ends the key) */
+}
+
 static void t_stop_signals(void)
 {
     sigset_t s;
@@ -255,6 +266,7 @@ int main(void)
     RUN(t_json_escape);
     RUN(t_json_str);
     RUN(t_hex_digit);
+    RUN(t_chat_own_var);
     RUN(t_stop_signals);
     return CHECK_DONE();
 }

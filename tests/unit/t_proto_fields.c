@@ -111,12 +111,19 @@ static void p_own(msgpack_packer *pk)
     msgpack_pack_str_with_body(pk, "add_generation_prompt", 21); msgpack_pack_false(pk);
 }
 
+static void p_tools(msgpack_packer *pk)
+{
+    msgpack_pack_map(pk, 1);
+    msgpack_pack_str_with_body(pk, "tools", 5); msgpack_pack_array(pk, 0);
+}
+
 static void test_template_vars_refused(void)
 {
     refused(p_str, PROTO_E_BAD_REQUEST, "\"template_vars\" must be a map");
     refused(p_arr, PROTO_E_BAD_REQUEST, "\"template_vars\" must be a map");
     refused(p_intkey, PROTO_E_BAD_REQUEST, "\"template_vars\" keys must be strings");
     refused(p_own, PROTO_E_INVALID_VALUE, "\"template_vars\".add_generation_prompt");
+    refused(p_tools, PROTO_E_INVALID_VALUE, "\"template_vars\".tools: set by the request itself");
 }
 
 static void test_regex_choice(void)
