@@ -1,8 +1,8 @@
 /* t_common.c — common/: the UTF-8 validator against a decoder written from
  * RFC 3629's definition (every 1- to 3-byte sequence, 4-byte ones over every
  * lead and second byte), the error-message helpers, array growth, the byte
- * buffer and its JSON strings (read back by jansson), hex digits and the stop
- * signals. */
+ * buffer and its JSON strings (read back by jansson), hex digits, the chat
+ * template variables a request sets itself and the stop signals. */
 #include "common/err.h"
 #include "common/chatvars.h"
 #include "common/hex.h"
