@@ -964,9 +964,9 @@ QT_AI void x_kquant(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64
 #endif
             x_krows1(type, 0, QT_KR, nsb, W + r * ws, ws, A, Y + r);
         }
-    for (; r < r1; r++) {
-        const uint8_t *wr = W + r * ws;
-        if (nb == 1) {   /* decode: unpack in registers, no stores */
+    if (nb == 1) {   /* decode: unpack in registers, no stores */
+        for (; r < r1; r++) {
+            const uint8_t *wr = W + r * ws;
             float sum = 0;
             for (int64_t i = 0; i < nsb; i++) {
                 const uint8_t *wb = wr + i * bs;
@@ -976,10 +976,17 @@ QT_AI void x_kquant(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64
                 sum = x_kfinish(x_kdot(type, wb, NULL, &ks, a), &ks, a, sum);
             }
             Y[r] = sum;
-            continue;
         }
-        for (int b0 = 0; b0 < nb; b0 += 16) {
-            const int g = nb - b0 < 16 ? nb - b0 : 16;
+        return;
+    }
+    /* Batches: 16 activation rows against every row of the range, then the
+     * next 16. The group (16 x 292 bytes a super-block) stays in L2 while
+     * the rows go by; rows outermost streamed all nb activation rows per
+     * weight row, past L2 from nb ~ 64 on for the wide matrices. */
+    for (int b0 = 0; b0 < nb; b0 += 16) {
+        const int g = nb - b0 < 16 ? nb - b0 : 16;
+        for (r = r0; r < r1; r++) {
+            const uint8_t *wr = W + r * ws;
             for (int k = 0; k < g; k++) sums[k] = 0;
             for (int64_t i = 0; i < nsb; i++) {
                 const uint8_t *wb = wr + i * bs;
