@@ -715,6 +715,9 @@ int main(int argc, char **argv)
              (unsigned long long)(mi->kv_bytes >> 20), mi->swa_ring ? ", sliding-window layers in rings" : "",
              mi->tokenizer_only ? ", tokenizer only" : "");
     if (mi->device && mi->device[0]) log_info("device: %s", mi->device);
+    if (mi->repacked_bytes)
+        log_info("weights: %.1f MiB of q4_K matrices held in 8-row groups for the AVX2 kernels (a copy; the "
+                 "file's bytes of them are no longer read)", (double)mi->repacked_bytes / (1 << 20));
     if (mi->pooling) log_info("embeddings: %s pooling (%s)", mi->pooling, mi->pooling_source);
     if (mi->warning && mi->warning[0]) log_warn("model: %s", mi->warning);
     if (so.eng.n_ctx > 0 && mi->n_ctx_train > 0 && mi->n_ctx > mi->n_ctx_train)

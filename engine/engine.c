@@ -1286,6 +1286,7 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
     in->n_ctx = e->n_ctx;
     if (n_pages > (size_t)1 << 24) n_pages = (size_t)1 << 24;
     if (model_prepare(m, e->be, err, errlen)) goto fail;
+    in->repacked_bytes = e->be->own_bytes;
     e->n_pages_total = (int)n_pages;
     in->kv_pool_tokens = (uint64_t)n_pages * KV_PAGE;
     if (fw_open(&e->fw, m, e->be, max_T, max_out, e->n_pages_total, e->max_seqs, err, errlen)) goto fail;

@@ -281,6 +281,7 @@ struct be {
     const be_ops *ops;
     int kv_type;           /* BE_KV_* */
     char device[192];      /* the accelerator and the kernels' path (info), or "" */
+    size_t own_bytes;      /* host memory of the weights' repacked copies (CPU), logged at start */
 };
 
 /* What a backend is opened with (zero: the defaults). */

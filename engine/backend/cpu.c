@@ -30,6 +30,8 @@ typedef struct cpu_be {
     void *scratch;        /* be_cpu_scratch */
     size_t scratch_cap;
     long moe_ties;        /* be_cpu_moe_ties */
+    void **own;           /* the weights' repacked copies (cpu_weight_prepare), freed at close */
+    int n_own, cap_own;
 } cpu_be;
 
 /* Large buffers (the KV pool's layers) are anonymous mappings: zero pages
@@ -67,7 +69,31 @@ static void cpu_free(be *b, void *q)
     if (n >= CPU_MAP_MIN) munmap(p, n + CPU_HDR);
     else free(p);
 }
-static int cpu_weight_prepare(be *b, wt *w) { (void)b; (void)w; return 0; }
+/* q4_K matrices in 8-row groups (quant/q4kx8.c) where the kernels run AVX2
+ * (not AVX-512 or AMX, whose q4_K kernels are their own): a copy at w->dev
+ * that mm_rows reads instead of the file's bytes, counted in own_bytes.
+ * Without memory for it the matrix keeps the GGUF layout. */
+static int cpu_weight_prepare(be *b, wt *w)
+{
+    cpu_be *c = (cpu_be *)b;
+    size_t n = w->type == QT_Q4_K && w->n_mat <= 1 && !w->lookup && qt_isa_get() == QT_ISA_AVX2
+             ? qt_q4kx8_bytes(w->n_in, w->n_out) : 0;
+    if (!n) return 0;
+    if (c->n_own == c->cap_own) {
+        int cap = c->cap_own ? 2 * c->cap_own : 64;
+        void **o = realloc(c->own, (size_t)cap * sizeof *o);
+        if (!o) return 0;
+        c->own = o;
+        c->cap_own = cap;
+    }
+    void *p = cpu_alloc(b, n);
+    if (!p) return 0;
+    qt_q4kx8_pack(w->data, w->row_bytes, w->n_in, w->n_out, p);
+    c->own[c->n_own++] = p;
+    c->base.own_bytes += n;
+    w->dev = p;
+    return 0;
+}
 static void cpu_copy(be *b, void *dst, const void *src, size_t n) { (void)b; memcpy(dst, src, n); }
 static void cpu_sync(be *b) { (void)b; }
 
@@ -78,6 +104,8 @@ static void cpu_close(be *b)
     free(c->act);
     free(c->rope_tab);
     free(c->scratch);
+    for (int i = 0; i < c->n_own; i++) cpu_free(b, c->own[i]);
+    free(c->own);
     free(c);
 }
 
@@ -139,7 +167,8 @@ static void mm_rows(void *arg, int i, int ith)
     int64_t r0 = (int64_t)(i - j->first[k]) * j->chunk[k], r1 = r0 + j->chunk[k];
     if (r1 > w->n_out) r1 = w->n_out;
     float *out = j->out[k];
-    qt_gemm(w->type, w->n_in, w->data, w->row_bytes, r0, r1, j->act, j->act_stride, j->T, out, w->n_out);
+    if (!w->dev || qt_q4kx8_gemm(w->n_in, w->dev, r0, r1, j->act, j->act_stride, j->T, out, w->n_out))
+        qt_gemm(w->type, w->n_in, w->data, w->row_bytes, r0, r1, j->act, j->act_stride, j->T, out, w->n_out);
     if (j->bias[k])
         for (int t = 0; t < j->T; t++) {
             float *o = out + (size_t)t * w->n_out;

@@ -386,7 +386,8 @@ int ld_common(ld *l, size_t vec_cap)
     if (get_w(l, &m->tok_embd, "token_embd.weight", E, hp->n_vocab, 1)) return -1;
     if (get_w(l, &m->output_norm, "output_norm.weight", E, 0, 1)) return -1;
     if (get_w(l, &m->output, "output.weight", E, hp->n_vocab, 0)) return -1;
-    if (!m->output.data) m->output = m->tok_embd;   /* tied embeddings */
+    m->tok_embd.lookup = 1;
+    if (!m->output.data) { m->output = m->tok_embd; m->output.lookup = 0; }   /* tied embeddings */
     return 0;
 }
 

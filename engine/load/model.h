@@ -20,6 +20,7 @@ typedef struct wt {
     size_t row_bytes;
     const void *data;       /* host bytes (mmap or owned) */
     void *dev;              /* the backend's copy, when it keeps one */
+    int lookup;             /* 1: rows are looked up (token, position embeddings), never multiplied */
 } wt;
 
 typedef struct layer_w {

@@ -795,6 +795,12 @@ qt_isa qt_isa_get(void)
     return __atomic_load_n(&g_cur, __ATOMIC_RELAXED);
 }
 
+qt_isa qt_isa_cpu(void)
+{
+    qt_init();
+    return g_best;
+}
+
 const char *qt_isa_name(qt_isa isa)
 {
     switch (isa) {

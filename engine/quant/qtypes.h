@@ -58,11 +58,25 @@ void qt_gemm_ref(uint32_t wtype, int64_t n, const void *W, size_t w_stride,
                  int64_t r0, int64_t r1, const void *A, size_t a_stride, int nb,
                  float *Y, int64_t ldy);
 
+/* q4_K in 8-row groups (q4kx8.c says why and how they are laid out): the
+ * AVX2 form of the q4_K kernels. qt_q4kx8_bytes: the packed size of rows
+ * (a multiple of 8) of n values (a multiple of 256), 0 when not packable.
+ * qt_q4kx8_gemm: qt_gemm on the packed matrix P (rows r0..r1, multiples of
+ * 8), the same bits as qt_gemm_ref on the GGUF bytes; -1 where the CPU
+ * lacks AVX2 (the caller then runs qt_gemm on the GGUF bytes). */
+#define QT_Q4KX8_BLOCK 1216
+size_t qt_q4kx8_bytes(int64_t n, int64_t rows);
+int qt_q4kx8_pack(const void *W, size_t w_stride, int64_t n, int64_t rows, void *dst);
+int qt_q4kx8_gemm(int64_t n, const void *P, int64_t r0, int64_t r1, const void *A, size_t a_stride, int nb,
+                  float *Y, int64_t ldy);
+
 /* Run-time ISA choice. qt_init is idempotent and thread-safe. */
 /* QT_ISA_AMX: AVX-512 plus AMX int8 tiles for batches of 16 or more rows. */
 typedef enum qt_isa { QT_ISA_SCALAR = 0, QT_ISA_AVX2, QT_ISA_AVX512, QT_ISA_NEON, QT_ISA_AMX } qt_isa;
 void qt_init(void);
 qt_isa qt_isa_get(void);
+/* What the CPU has, whatever qt_isa_set or ANE_QT_ISA chose. */
+qt_isa qt_isa_cpu(void);
 const char *qt_isa_name(qt_isa isa);
 /* Force a lower ISA (tests, benchmarks); clamps to what the CPU has. */
 void qt_isa_set(qt_isa isa);

@@ -1,0 +1,213 @@
+/* q4kx8.c — q4_K matrices repacked in groups of 8 rows for the AVX2
+ * kernels (qtypes.h, "q4_K in 8-row groups").
+ *
+ * Why: in GGUF's layout a super-block's dot with one activation row ends in
+ * a horizontal sum and a float finish of its own, and its scales are spread
+ * per chunk for every row: on AVX2 that instruction count, not memory,
+ * bounds the kernels (~12 multiply-adds a cycle of the 32 the multipliers
+ * allow). With 8 rows side by side each vector lane is a row: 4 values of
+ * each of the 8 rows against 4 activation bytes broadcast, 8 such products
+ * summed in int16 before one multiply by the 8 rows' scales, no horizontal
+ * sums, one float finish for 8 rows. Per 256 multiply-adds a token takes 18
+ * vector operations where the GGUF-layout kernel takes ~44.
+ *
+ * Layout, per group g of 8 rows and super-block i, QT_Q4KX8_BLOCK bytes at
+ * (g * nsb + i) * QT_Q4KX8_BLOCK:
+ *   [0, 1024)     nibbles: for chunk c (values 32c..32c+31) and h in 0..3 the
+ *                 32 bytes at (4c + h) * 32; byte 4r + j holds row r's value
+ *                 32c + 4h + j (low nibble) and 32c + 16 + 4h + j (high)
+ *   [1024, 1088)  scales: byte 8c + r = row r's 6-bit scale of chunk c
+ *   [1088, 1152)  mins: byte 16p + 2r + e = row r's min of chunk 2p + e
+ *   [1152, 1184)  d of rows 0..7 as f32 (the f16's exact value)
+ *   [1184, 1216)  dmin of rows 0..7 as f32
+ *
+ * Arithmetic: per (row, activation row, super-block) the same exact int32
+ * totals as the reference (isum = sum over chunks of scale x dot, msum =
+ * sum of mins x the activation's 32-value sums), then its float expression
+ * sum + d_a * (d * isum - dmin * msum) lane-wise, super-blocks in order:
+ * bit-identical to qt_gemm_ref on the GGUF bytes, whatever nb or the rows.
+ * int16 partial sums: 8 products of 2 pairs, each |15 * 128| * 2 = 3840,
+ * stay below 2^15. */
+#include "engine/quant/qtypes.h"
+
+#include <string.h>
+
+static void scale_min(int j, const uint8_t *q, uint8_t *d, uint8_t *m)
+{
+    if (j < 4) {
+        *d = q[j] & 63; *m = q[j + 4] & 63;
+    } else {
+        *d = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+        *m = (uint8_t)((q[j + 4] >> 4) | ((q[j - 0] >> 6) << 4));
+    }
+}
+
+size_t qt_q4kx8_bytes(int64_t n, int64_t rows)
+{
+    if (n <= 0 || rows <= 0 || n % 256 || rows % 8) return 0;
+    return (size_t)(rows / 8) * (size_t)(n / 256) * QT_Q4KX8_BLOCK;
+}
+
+int qt_q4kx8_pack(const void *W, size_t w_stride, int64_t n, int64_t rows, void *dst)
+{
+    if (!qt_q4kx8_bytes(n, rows)) return -1;
+    const int64_t nsb = n / 256;
+    for (int64_t g = 0; g < rows / 8; g++)
+        for (int64_t i = 0; i < nsb; i++) {
+            uint8_t *o = (uint8_t *)dst + (size_t)(g * nsb + i) * QT_Q4KX8_BLOCK;
+            for (int r = 0; r < 8; r++) {
+                const qt_block_q4_K *b =
+                    (const qt_block_q4_K *)((const uint8_t *)W + (size_t)(g * 8 + r) * w_stride) + i;
+                uint8_t q[256];
+                for (int c = 0; c < 8; c++)
+                    for (int l = 0; l < 32; l++) {
+                        const uint8_t byte = b->qs[32 * (c / 2) + l];
+                        q[32 * c + l] = (uint8_t)(c & 1 ? byte >> 4 : byte & 15);
+                    }
+                for (int c = 0; c < 8; c++)
+                    for (int h = 0; h < 4; h++)
+                        for (int j = 0; j < 4; j++)
+                            o[(4 * c + h) * 32 + 4 * r + j] =
+                                (uint8_t)(q[32 * c + 4 * h + j] | q[32 * c + 16 + 4 * h + j] << 4);
+                for (int c = 0; c < 8; c++) {
+                    uint8_t sc, mn;
+                    scale_min(c, b->scales, &sc, &mn);
+                    o[1024 + 8 * c + r] = sc;
+                    o[1088 + 16 * (c / 2) + 2 * r + (c & 1)] = mn;
+                }
+                const float d = qt_fp16_to_fp32(b->d), dm = qt_fp16_to_fp32(b->dmin);
+                memcpy(o + 1152 + 4 * r, &d, 4);
+                memcpy(o + 1184 + 4 * r, &dm, 4);
+            }
+        }
+    return 0;
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#endif
+#include <immintrin.h>
+
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#endif
+
+#define X8_AI static inline __attribute__((always_inline))
+#if defined(__clang__)
+#define X8_UNROLL _Pragma("unroll")
+#else
+#define X8_UNROLL _Pragma("GCC unroll 8")
+#endif
+
+/* 8 rows (group block p, nsb super-blocks) against T (1 or 2) activation
+ * rows a[t] (q8_K, nsb blocks each): the 8 results of activation row t to
+ * y[t]. Two activation rows a pass: with more, the int16 and int32 sums
+ * no longer fit the 16 registers (4 spilled and ran at 2/3 the speed). */
+X8_AI void x8_tile(int T, const uint8_t *p, int64_t nsb, const uint8_t *const *a, float *const *y)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m256 sums[2];
+    X8_UNROLL
+    for (int t = 0; t < T; t++) sums[t] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nsb; i++, p += QT_Q4KX8_BLOCK) {
+        _mm_prefetch((const char *)p + 2 * QT_Q4KX8_BLOCK, _MM_HINT_T0);
+        const qt_block_q8_K *ab[2];
+        X8_UNROLL
+        for (int t = 0; t < T; t++) ab[t] = (const qt_block_q8_K *)(const void *)a[t] + i;
+        __m256i acc[2];
+        X8_UNROLL
+        for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_si256();
+        X8_UNROLL
+        for (int c = 0; c < 8; c++) {
+            __m256i s16[2];
+            X8_UNROLL
+            for (int t = 0; t < T; t++) s16[t] = _mm256_setzero_si256();
+            X8_UNROLL
+            for (int h = 0; h < 4; h++) {
+                const __m256i v = _mm256_load_si256((const __m256i *)(const void *)(p + (4 * c + h) * 32));
+                const __m256i wl = _mm256_and_si256(v, m4), wh = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                X8_UNROLL
+                for (int t = 0; t < T; t++) {
+                    int32_t lo, hi;
+                    memcpy(&lo, ab[t]->qs + 32 * c + 4 * h, 4);
+                    memcpy(&hi, ab[t]->qs + 32 * c + 16 + 4 * h, 4);
+                    const __m256i pl = _mm256_maddubs_epi16(wl, _mm256_set1_epi32(lo));
+                    const __m256i ph = _mm256_maddubs_epi16(wh, _mm256_set1_epi32(hi));
+                    s16[t] = _mm256_add_epi16(s16[t], _mm256_add_epi16(pl, ph));
+                }
+            }
+            const __m128i sc = _mm_loadl_epi64((const __m128i *)(const void *)(p + 1024 + 8 * c));
+            const __m256i s = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(sc, sc));
+            X8_UNROLL
+            for (int t = 0; t < T; t++) acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(s16[t], s));
+        }
+        const __m256 fd = _mm256_loadu_ps((const float *)(const void *)(p + 1152));
+        const __m256 fm = _mm256_loadu_ps((const float *)(const void *)(p + 1184));
+        X8_UNROLL
+        for (int t = 0; t < T; t++) {
+            const __m256i bs = _mm256_loadu_si256((const __m256i *)(const void *)ab[t]->bsums);
+            const __m128i b8 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+            const __m256i bb = _mm256_broadcastsi128_si256(b8);
+            __m256i ms = _mm256_setzero_si256();
+            X8_UNROLL
+            for (int q = 0; q < 4; q++) {
+                const __m256i mn = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(p + 1088 + 16 * q)));
+                __m256i bq;
+                switch (q) {   /* (the shuffle takes an immediate) */
+                case 0: bq = _mm256_shuffle_epi32(bb, 0x00); break;
+                case 1: bq = _mm256_shuffle_epi32(bb, 0x55); break;
+                case 2: bq = _mm256_shuffle_epi32(bb, 0xAA); break;
+                default: bq = _mm256_shuffle_epi32(bb, 0xFF); break;
+                }
+                ms = _mm256_add_epi32(ms, _mm256_madd_epi16(mn, bq));
+            }
+            const __m256 v = _mm256_sub_ps(_mm256_mul_ps(fd, _mm256_cvtepi32_ps(acc[t])),
+                                           _mm256_mul_ps(fm, _mm256_cvtepi32_ps(ms)));
+            sums[t] = _mm256_add_ps(sums[t], _mm256_mul_ps(_mm256_set1_ps(ab[t]->d), v));
+        }
+    }
+    X8_UNROLL
+    for (int t = 0; t < T; t++) _mm256_storeu_ps(y[t], sums[t]);
+}
+
+int qt_q4kx8_gemm(int64_t n, const void *P, int64_t r0, int64_t r1, const void *A, size_t a_stride, int nb,
+                  float *Y, int64_t ldy)
+{
+    if (qt_isa_cpu() == QT_ISA_SCALAR || n <= 0 || n % 256 || r0 % 8 || r1 % 8 || r1 < r0 || nb < 0) return -1;
+    const int64_t nsb = n / 256;
+    /* 16 activation rows against every group of the range, then the next
+     * 16: a group of them stays in L2 while the rows go by */
+    for (int b0 = 0; b0 < nb; b0 += 16) {
+        const int be = nb - b0 < 16 ? nb : b0 + 16;
+        for (int64_t g = r0 / 8; g < r1 / 8; g++) {
+            const uint8_t *p = (const uint8_t *)P + (size_t)g * (size_t)nsb * QT_Q4KX8_BLOCK;
+            for (int b = b0; b < be; b += 2) {
+                const int T = be - b < 2 ? 1 : 2;
+                const uint8_t *a[2] = { (const uint8_t *)A + (size_t)b * a_stride, NULL };
+                float *y[2] = { Y + (size_t)b * (size_t)ldy + (size_t)g * 8, NULL };
+                if (T == 2) {
+                    a[1] = a[0] + a_stride;
+                    y[1] = y[0] + ldy;
+                    x8_tile(2, p, nsb, a, y);
+                } else {
+                    x8_tile(1, p, nsb, a, y);
+                }
+            }
+        }
+    }
+    return 0;
+}
+
+#include "engine/quant/target_pop.h"
+#else
+int qt_q4kx8_gemm(int64_t n, const void *P, int64_t r0, int64_t r1, const void *A, size_t a_stride, int nb,
+                  float *Y, int64_t ldy)
+{
+    (void)n; (void)P; (void)r0; (void)r1; (void)A; (void)a_stride; (void)nb; (void)Y; (void)ldy;
+    return -1;
+}
+#endif
