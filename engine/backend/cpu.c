@@ -69,6 +69,18 @@ static void cpu_free(be *b, void *q)
     if (n >= CPU_MAP_MIN) munmap(p, n + CPU_HDR);
     else free(p);
 }
+/* a weight's rows packed on the pool, PACK_ROWS an item */
+#define PACK_ROWS 256
+typedef struct pack_job { const wt *w; void *dst; } pack_job;
+
+static void pack_rows(void *arg, int i, int ith)
+{
+    (void)ith;
+    const pack_job *j = arg;
+    int64_t r0 = (int64_t)i * PACK_ROWS, r1 = r0 + PACK_ROWS < j->w->n_out ? r0 + PACK_ROWS : j->w->n_out;
+    qt_q4kx8_pack(j->w->data, j->w->row_bytes, j->w->n_in, r0, r1, j->dst);
+}
+
 /* q4_K matrices in 8-row groups (quant/q4kx8.c) where the kernels run AVX2
  * (not AVX-512 or AMX, whose q4_K kernels are their own): a copy at w->dev
  * that mm_rows reads instead of the file's bytes, counted in own_bytes.
@@ -88,7 +100,8 @@ static int cpu_weight_prepare(be *b, wt *w)
     }
     void *p = cpu_alloc(b, n);
     if (!p) return 0;
-    qt_q4kx8_pack(w->data, w->row_bytes, w->n_in, w->n_out, p);
+    pack_job j = { w, p };
+    pool_run(c->pool, pack_rows, &j, (int)((w->n_out + PACK_ROWS - 1) / PACK_ROWS));
     c->own[c->n_own++] = p;
     c->base.own_bytes += n;
     w->dev = p;

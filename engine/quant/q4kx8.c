@@ -48,11 +48,11 @@ size_t qt_q4kx8_bytes(int64_t n, int64_t rows)
     return (size_t)(rows / 8) * (size_t)(n / 256) * QT_Q4KX8_BLOCK;
 }
 
-int qt_q4kx8_pack(const void *W, size_t w_stride, int64_t n, int64_t rows, void *dst)
+int qt_q4kx8_pack(const void *W, size_t w_stride, int64_t n, int64_t r0, int64_t r1, void *dst)
 {
-    if (!qt_q4kx8_bytes(n, rows)) return -1;
+    if (!qt_q4kx8_bytes(n, 8) || r0 < 0 || r1 < r0 || r0 % 8 || r1 % 8) return -1;
     const int64_t nsb = n / 256;
-    for (int64_t g = 0; g < rows / 8; g++)
+    for (int64_t g = r0 / 8; g < r1 / 8; g++)
         for (int64_t i = 0; i < nsb; i++) {
             uint8_t *o = (uint8_t *)dst + (size_t)(g * nsb + i) * QT_Q4KX8_BLOCK;
             for (int r = 0; r < 8; r++) {

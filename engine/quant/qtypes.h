@@ -66,7 +66,8 @@ void qt_gemm_ref(uint32_t wtype, int64_t n, const void *W, size_t w_stride,
  * lacks AVX2 (the caller then runs qt_gemm on the GGUF bytes). */
 #define QT_Q4KX8_BLOCK 1216
 size_t qt_q4kx8_bytes(int64_t n, int64_t rows);
-int qt_q4kx8_pack(const void *W, size_t w_stride, int64_t n, int64_t rows, void *dst);
+/* rows r0..r1 (multiples of 8) of W into their places in dst */
+int qt_q4kx8_pack(const void *W, size_t w_stride, int64_t n, int64_t r0, int64_t r1, void *dst);
 int qt_q4kx8_gemm(int64_t n, const void *P, int64_t r0, int64_t r1, const void *A, size_t a_stride, int nb,
                   float *Y, int64_t ldy);
 

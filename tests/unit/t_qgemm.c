@@ -409,7 +409,7 @@ static void test_q4kx8(void)
                 for (int64_t i = 0; i < n; i++) x[i] = b == 2 ? (i & 1 ? 1.0f : -1.0f) : frand() * sc;
                 qt_quantize_row(QT_Q8_K, x, A + (size_t)b * as, n);
             }
-            CHECK(qt_q4kx8_pack(W, ws, n, rows, P) == 0);
+            CHECK(qt_q4kx8_pack(W, ws, n, 0, 8, P) == 0 && qt_q4kx8_pack(W, ws, n, 8, rows, P) == 0);   /* (in parts) */
             int bad = 0, cases = 0;
             for (int nb = 1; nb <= nbmax; nb++) {
                 qt_gemm_ref(QT_Q4_K, n, W, ws, 0, rows, A, as, nb, Yr, ldy);
