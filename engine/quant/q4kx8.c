@@ -18,8 +18,8 @@
  *                 32c + 4h + j (low nibble) and 32c + 16 + 4h + j (high)
  *   [1024, 1088)  scales: byte 8c + r = row r's 6-bit scale of chunk c
  *   [1088, 1152)  mins: byte 16p + 2r + e = row r's min of chunk 2p + e
- *   [1152, 1184)  d of rows 0..7 as f32 (the f16's exact value)
- *   [1184, 1216)  dmin of rows 0..7 as f32
+ *   [1152, 1168)  d of rows 0..7 (f16, as in the file)
+ *   [1168, 1184)  dmin of rows 0..7 (f16)
  *
  * Arithmetic: per (row, activation row, super-block) the same exact int32
  * totals as the reference (isum = sum over chunks of scale x dot, msum =
@@ -75,9 +75,8 @@ int qt_q4kx8_pack(const void *W, size_t w_stride, int64_t n, int64_t r0, int64_t
                     o[1024 + 8 * c + r] = sc;
                     o[1088 + 16 * (c / 2) + 2 * r + (c & 1)] = mn;
                 }
-                const float d = qt_fp16_to_fp32(b->d), dm = qt_fp16_to_fp32(b->dmin);
-                memcpy(o + 1152 + 4 * r, &d, 4);
-                memcpy(o + 1184 + 4 * r, &dm, 4);
+                memcpy(o + 1152 + 2 * r, &b->d, 2);
+                memcpy(o + 1168 + 2 * r, &b->dmin, 2);
             }
         }
     return 0;
@@ -145,8 +144,8 @@ X8_AI void x8_tile(int T, const uint8_t *p, int64_t nsb, const uint8_t *const *a
             X8_UNROLL
             for (int t = 0; t < T; t++) acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(s16[t], s));
         }
-        const __m256 fd = _mm256_loadu_ps((const float *)(const void *)(p + 1152));
-        const __m256 fm = _mm256_loadu_ps((const float *)(const void *)(p + 1184));
+        const __m256 fd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p + 1152)));
+        const __m256 fm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p + 1168)));
         X8_UNROLL
         for (int t = 0; t < T; t++) {
             const __m256i bs = _mm256_loadu_si256((const __m256i *)(const void *)ab[t]->bsums);

@@ -64,7 +64,7 @@ void qt_gemm_ref(uint32_t wtype, int64_t n, const void *W, size_t w_stride,
  * qt_q4kx8_gemm: qt_gemm on the packed matrix P (rows r0..r1, multiples of
  * 8), the same bits as qt_gemm_ref on the GGUF bytes; -1 where the CPU
  * lacks AVX2 (the caller then runs qt_gemm on the GGUF bytes). */
-#define QT_Q4KX8_BLOCK 1216
+#define QT_Q4KX8_BLOCK 1184
 size_t qt_q4kx8_bytes(int64_t n, int64_t rows);
 /* rows r0..r1 (multiples of 8) of W into their places in dst */
 int qt_q4kx8_pack(const void *W, size_t w_stride, int64_t n, int64_t r0, int64_t r1, void *dst);
