@@ -86,6 +86,11 @@ static void usage(FILE *f)
 "      --cuda-f16-cache auto|off  f16 copies of quantized weights on the GPU for\n"
 "                          prompt matmuls while memory allows (auto), or none:\n"
 "                          less GPU memory, slower prompts (off)\n"
+"      --cpu-repack auto|off  the CPU backend's copies of weights in its kernels'\n"
+"                          own layouts (auto: q4_K in 8-row groups where AVX2\n"
+"                          is the best the CPU has; about the matrices' size,\n"
+"                          in place of the file's pages of them), or none: the\n"
+"                          file's bytes only, slower (off)\n"
 "      --max-clients N     connections at once (default 256)\n"
 "      --max-backlog KIB   output waiting for one client before its jobs are\n"
 "                          cancelled with \"busy\" (default 16384); past a\n"
@@ -366,7 +371,7 @@ static void raise_fd_limit(int max_clients)
 enum {
     OPT_MODEL = 'm', OPT_SOCKET = 's', OPT_THREADS = 't', OPT_CTX = 'c', OPT_USER = 'u', OPT_GROUP = 'g',
     OPT_DAEMONIZE = 'd', OPT_LOG = 'l', OPT_PIDFILE = 'p', OPT_HELP = 'h', OPT_VERSION = 'V',
-    OPT_SOCKET_MODE = 256, OPT_SOCKET_GROUP, OPT_BACKEND, OPT_MAX_SEQS, OPT_MAX_QUEUED, OPT_KV_BUDGET, OPT_DETERMINISTIC, OPT_F16_CACHE, OPT_CHAT_TEMPLATE, OPT_KV_TYPE, OPT_POOLING, OPT_SWA_FULL,
+    OPT_SOCKET_MODE = 256, OPT_SOCKET_GROUP, OPT_BACKEND, OPT_MAX_SEQS, OPT_MAX_QUEUED, OPT_KV_BUDGET, OPT_DETERMINISTIC, OPT_F16_CACHE, OPT_CPU_REPACK, OPT_CHAT_TEMPLATE, OPT_KV_TYPE, OPT_POOLING, OPT_SWA_FULL,
     OPT_MAX_CLIENTS, OPT_MAX_BACKLOG, OPT_STALL, OPT_GRACE, OPT_HELLO, OPT_LOG_LEVEL,
     OPT_ALLOW_USER, OPT_ALLOW_GROUP, OPT_JOBS_UID, OPT_CLIENTS_UID, OPT_SECCOMP, OPT_IDLE,
 };
@@ -449,6 +454,7 @@ int main(int argc, char **argv)
         { "kv-budget", required_argument, 0, OPT_KV_BUDGET },
         { "deterministic", no_argument, 0, OPT_DETERMINISTIC },
         { "cuda-f16-cache", required_argument, 0, OPT_F16_CACHE },
+        { "cpu-repack", required_argument, 0, OPT_CPU_REPACK },
         { "chat-template", required_argument, 0, OPT_CHAT_TEMPLATE },
         { "kv-type", required_argument, 0, OPT_KV_TYPE },
         { "pooling", required_argument, 0, OPT_POOLING },
@@ -476,7 +482,7 @@ int main(int argc, char **argv)
     };
     /* the options that take one of a few words, and what each word sets */
     static const char *const backends[] = { "cpu", "cuda", NULL };
-    static const char *const f16_caches[] = { "auto", "off", NULL };
+    static const char *const f16_caches[] = { "auto", "off", NULL };   /* (and --cpu-repack's) */
     static const char *const poolings[] = { "mean", "cls", "last", NULL };
     static const int pooling_of[] = { ENG_POOL_MEAN, ENG_POOL_CLS, ENG_POOL_LAST };
     server_opts so;
@@ -534,6 +540,10 @@ int main(int argc, char **argv)
         case OPT_F16_CACHE:
             if ((w = pick("--cuda-f16-cache", optarg, f16_caches)) < 0) return 2;
             so.eng.cuda_f16_cache_off = w == 1;
+            break;
+        case OPT_CPU_REPACK:
+            if ((w = pick("--cpu-repack", optarg, f16_caches)) < 0) return 2;
+            so.eng.cpu_repack_off = w == 1;
             break;
         case OPT_KV_TYPE:
             if ((w = pick("--kv-type", optarg, eng_kv_types)) < 0) return 2;

@@ -312,6 +312,8 @@ static void req_info(client *cl, const proto_req *r)
     e.max_clients_per_uid = (uint32_t)s->opt.max_clients_per_uid;
     e.deterministic = mi->deterministic;
     e.cuda_f16_cache = mi->cuda_f16_cache_off ? "off" : "auto";
+    e.cpu_repack = mi->cpu_repack_off ? "off" : "auto";
+    e.repacked_bytes = mi->repacked_bytes;
     e.kv_type = mi->kv_type;
     e.device = mi->device;
     e.pooling = mi->tokenizer_only ? NULL : mi->pooling;

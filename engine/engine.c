@@ -1234,6 +1234,7 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
     in->max_seqs = e->max_seqs;
     in->deterministic = opt->deterministic;
     in->cuda_f16_cache_off = opt->cuda_f16_cache_off;
+    in->cpu_repack_off = opt->cpu_repack_off;
 
     int nth = opt->n_threads > 0 ? opt->n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (nth < 1) nth = 1;
@@ -1285,6 +1286,7 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
     if (kv_size(e, opt, max_T, max_out, &n_pages, err, errlen)) goto fail;
     in->n_ctx = e->n_ctx;
     if (n_pages > (size_t)1 << 24) n_pages = (size_t)1 << 24;
+    if (opt->cpu_repack_off && !strcmp(e->be->ops->name, "cpu")) be_cpu_repack(e->be, 0);
     if (model_prepare(m, e->be, err, errlen)) goto fail;
     in->repacked_bytes = e->be->own_bytes;
     e->n_pages_total = (int)n_pages;

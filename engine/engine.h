@@ -53,6 +53,7 @@ typedef struct eng_opts {
     /* Backend options that change results or memory (be_opts): */
     int deterministic;      /* 1: a sequence's results never depend on the others batched with it (aned --deterministic) */
     int cuda_f16_cache_off; /* 1: no f16 weight copies on the GPU for prompts (aned --cuda-f16-cache off) */
+    int cpu_repack_off;     /* 1: the CPU keeps every weight in the file's layout (aned --cpu-repack off) */
     /* A line for the daemon's log (warn 0: an error, 1: a warning), from any
      * engine thread, e.g. that the model file changed on disk. May be NULL
      * (then stderr). */
@@ -107,7 +108,7 @@ typedef struct eng_model_info {
     uint64_t n_params;         /* weights */
     uint64_t weight_bytes;
     int n_threads, max_seqs;
-    int deterministic, cuda_f16_cache_off; /* as opened (eng_opts) */
+    int deterministic, cuda_f16_cache_off, cpu_repack_off; /* as opened (eng_opts) */
     const char *kv_type;       /* "f16", "q8_0" or "f32" */
     const char *device;        /* the accelerator and the kernels' path, or "" (CPU) */
     const char *pooling;       /* embed jobs' pooling: "mean", "cls" or "last" */

@@ -493,7 +493,8 @@ int proto_ev_encode(proto_buf *b, const proto_ev *e)
         pk_kstr(&k, "text", e->text, e->text_len);
         break;
     case PROTO_T_INFO_OK:
-        pk_head(&k, 33 + (e->cuda_f16_cache != NULL) + (e->kv_type != NULL) + (e->device != NULL) +
+        pk_head(&k, 33 + (e->cuda_f16_cache != NULL) + 2 * (e->cpu_repack != NULL) + (e->kv_type != NULL) +
+                   (e->device != NULL) +
                    (e->pooling != NULL) + (e->pooling_source != NULL), tn, e->id);
         pk_ku64(&k, "version", e->version);
         pk_kstr(&k, "server", e->server, e->server_len);
@@ -536,6 +537,10 @@ int proto_ev_encode(proto_buf *b, const proto_ev *e)
         pk_ku64(&k, "max_clients_per_uid", e->max_clients_per_uid);
         pk_kbool(&k, "deterministic", e->deterministic);
         pk_kopt(&k, "cuda_f16_cache", e->cuda_f16_cache);
+        if (e->cpu_repack) {
+            pk_kopt(&k, "cpu_repack", e->cpu_repack);
+            pk_ku64(&k, "repacked_bytes", e->repacked_bytes);
+        }
         pk_kopt(&k, "kv_type", e->kv_type);
         pk_kopt(&k, "device", e->device);
         pk_kopt(&k, "pooling", e->pooling);

@@ -228,6 +228,8 @@ typedef struct proto_ev {
     uint32_t max_clients_per_uid; /* info: 0 = no limit */
     int deterministic;       /* info: batch-invariant results at every batch size */
     const char *cuda_f16_cache; /* info: "auto" or "off" (NULL: not sent) */
+    const char *cpu_repack;  /* info: "auto" or "off" (NULL: not sent, nor repacked_bytes) */
+    uint64_t repacked_bytes; /* info: host memory of the CPU backend's repacked weights */
     const char *kv_type;     /* info: "f16", "q8_0" or "f32" (NULL: not sent) */
     const char *device;      /* info: the accelerator and the kernels' path, "" on the CPU (NULL: not sent) */
     const char *pooling, *pooling_source; /* info: embed's pooling and where it came from (NULL: not sent) */

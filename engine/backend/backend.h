@@ -309,6 +309,9 @@ int be_open_opts(be **out, const char *name, struct pool *p, const be_opts *o, c
 /* be_open_opts with only kv_type given */
 int be_open(be **out, const char *name, struct pool *p, int kv_type, char *err, size_t errlen);
 int be_cpu_open(be **out, struct pool *p, int kv_type, char *err, size_t errlen);
+/* Whether weight_prepare may keep weights in the kernels' own layouts (a
+ * copy; on by default): before the weights are prepared. */
+void be_cpu_repack(be *b, int on);
 /* Bytes of n cached values (n % 32 == 0 for q8_0) */
 static inline size_t be_kv_bytes(int kv_type, size_t n)
 {

@@ -30,6 +30,7 @@ typedef struct cpu_be {
     void *scratch;        /* be_cpu_scratch */
     size_t scratch_cap;
     long moe_ties;        /* be_cpu_moe_ties */
+    int repack;           /* be_cpu_repack */
     void **own;           /* the weights' repacked copies (cpu_weight_prepare), freed at close */
     int n_own, cap_own;
 } cpu_be;
@@ -88,7 +89,7 @@ static void pack_rows(void *arg, int i, int ith)
 static int cpu_weight_prepare(be *b, wt *w)
 {
     cpu_be *c = (cpu_be *)b;
-    size_t n = w->type == QT_Q4_K && w->n_mat <= 1 && !w->lookup && qt_isa_get() == QT_ISA_AVX2
+    size_t n = c->repack && w->type == QT_Q4_K && w->n_mat <= 1 && !w->lookup && qt_isa_get() == QT_ISA_AVX2
              ? qt_q4kx8_bytes(w->n_in, w->n_out) : 0;
     if (!n) return 0;
     if (c->n_own == c->cap_own) {
@@ -759,6 +760,9 @@ int be_cpu_open(be **out, pool *p, int kv_type, char *err, size_t errlen)
     c->pool = p;
     qt_init();
     c->simd = x86_simd();
+    c->repack = 1;
     *out = &c->base;
     return 0;
 }
+
+void be_cpu_repack(be *b, int on) { ((cpu_be *)b)->repack = on; }

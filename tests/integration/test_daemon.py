@@ -335,6 +335,50 @@ def test_kv_type():
         d.stop()
 
 
+def test_cpu_repack():
+    """--cpu-repack: on a q4_K model the CPU backend's copy is reported
+    (cpu_repack, repacked_bytes > 0 where AVX2 is the kernels' ISA) and
+    named in the log; with off there is none; both give the same greedy
+    tokens and the same logits to the bit (the packed kernels give the
+    reference's bits). A bad value exits 2."""
+    p = subprocess.run([ANED, "--model", MODEL, "--socket", "/tmp/x.sock", "--cpu-repack", "on"],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=10)
+    check(p.returncode == 2 and b"--cpu-repack" in p.stderr, "bad --cpu-repack: %d %r" % (p.returncode, p.stderr))
+    q4k = os.path.join(ROOT, "tests/fixtures/models/llama-q.Q4_K_M.gguf")
+    got = {}
+    for mode in ("auto", "off"):
+        d = Daemon(model=q4k, args=["--cpu-repack", mode]).start()
+        try:
+            c = Conn(d.sock)
+            c.hello()
+            r = c.call("info")
+            packed = r.get("repacked_bytes", -1)
+            check(r.get("cpu_repack") == mode, "info cpu_repack %r" % r.get("cpu_repack"))
+            if mode == "off":
+                check(packed == 0, "--cpu-repack off: repacked_bytes %r" % packed)
+            elif r.get("backend") == "cpu" and b"avx2" in subprocess.run(
+                    [os.path.join(ROOT, "bin/tests/t_qgemm"), "test_isa"], stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT, timeout=60).stdout.split(b"best ISA: ")[-1][:6]:
+                check(packed > 0 and "q4_K matrices held in 8-row groups" in d.log_text(),
+                      "auto on AVX2: repacked_bytes %r" % packed)
+            ids, _, last = c.generate(**greedy_req(32, tokens=[1, 50, 60]))
+            rid = c.request("eval", tokens=[1, 50, 60, 70, 80, 90, 100, 110], top=5)
+            tops = []
+            while True:
+                m = c.recv()
+                check(m is not None and m.get("id") == rid, "eval: %r" % (m,))
+                if m is None or m["type"] != "logits":
+                    break
+                tops.append(m["top"])
+            got[mode] = (ids, last.get("finish"), tops)
+            c.close()
+        finally:
+            d.stop()
+    check(got["auto"][0] == got["off"][0] and len(got["off"][0]) == 32, "greedy tokens differ: %r" % (got,))
+    check(len(got["off"][2]) == 8 and got["auto"][2] == got["off"][2],
+          "eval logits differ between --cpu-repack auto and off: %r" % (got,))
+
+
 def test_kv_pool_info():
     """info: n_ctx is the model's trained context by default, kv_tokens the
     pool's tokens (at least one context), swa_ring the sliding-window
@@ -1368,7 +1412,7 @@ SHARED = [
     test_half_close, test_slow_reader, test_many_connections, test_big_prompt_while_streaming,
 ]
 OWN = [
-    test_help, test_missing_model, test_corrupt_model, test_kv_type, test_kv_pool_info, test_tokenizer_only, test_sigterm_mid_generation,
+    test_help, test_missing_model, test_corrupt_model, test_kv_type, test_cpu_repack, test_kv_pool_info, test_tokenizer_only, test_sigterm_mid_generation,
     test_sigint_idle, test_sigterm_during_startup, test_hello_timeout, test_shutdown_grace,
     test_sighup_reopens_log, test_backlog_cap, test_max_clients, test_fd_exhaustion, test_socket_activation, test_stale_socket, test_second_daemon_refuses, test_socket_mode, test_daemonize,
 ]
