@@ -83,12 +83,7 @@ int qt_q4kx8_pack(const void *W, size_t w_stride, int64_t n, int64_t r0, int64_t
 }
 
 #if defined(__x86_64__) || defined(__i386__)
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
-#endif
+#include "engine/quant/x86/avx2_target.h"
 #include <immintrin.h>
 
 #if defined(__clang__)

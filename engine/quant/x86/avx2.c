@@ -4,12 +4,7 @@
 #include "engine/quant/qtypes.h"
 
 #if defined(__x86_64__) || defined(__i386__)
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
-#endif
+#include "engine/quant/x86/avx2_target.h"
 
 #include <immintrin.h>
 
