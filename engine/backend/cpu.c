@@ -79,7 +79,8 @@ static void pack_rows(void *arg, int i, int ith)
     (void)ith;
     const pack_job *j = arg;
     int64_t r0 = (int64_t)i * PACK_ROWS, r1 = r0 + PACK_ROWS < j->w->n_out ? r0 + PACK_ROWS : j->w->n_out;
-    qt_q4kx8_pack(j->w->data, j->w->row_bytes, j->w->n_in, r0, r1, j->dst);
+    if (j->w->type == QT_Q4_K) qt_q4kx8_pack(j->w->data, j->w->row_bytes, j->w->n_in, r0, r1, j->dst);
+    else qt_q8x8_pack(j->w->data, j->w->row_bytes, j->w->n_in, r0, r1, j->dst);
 }
 
 /* q4_K matrices in 8-row groups (quant/q4kx8.c) where the kernels run AVX2
@@ -89,8 +90,10 @@ static void pack_rows(void *arg, int i, int ith)
 static int cpu_weight_prepare(be *b, wt *w)
 {
     cpu_be *c = (cpu_be *)b;
-    size_t n = c->repack && w->type == QT_Q4_K && w->n_mat <= 1 && !w->lookup && qt_isa_get() == QT_ISA_AVX2
-             ? qt_q4kx8_bytes(w->n_in, w->n_out) : 0;
+    size_t n = 0;
+    if (c->repack && w->n_mat <= 1 && !w->lookup && qt_isa_get() == QT_ISA_AVX2)
+        n = w->type == QT_Q4_K ? qt_q4kx8_bytes(w->n_in, w->n_out)
+          : w->type == QT_Q8_0 ? qt_q8x8_bytes(w->n_in, w->n_out) : 0;
     if (!n) return 0;
     if (c->n_own == c->cap_own) {
         int cap = c->cap_own ? 2 * c->cap_own : 64;
@@ -181,7 +184,11 @@ static void mm_rows(void *arg, int i, int ith)
     int64_t r0 = (int64_t)(i - j->first[k]) * j->chunk[k], r1 = r0 + j->chunk[k];
     if (r1 > w->n_out) r1 = w->n_out;
     float *out = j->out[k];
-    if (!w->dev || qt_q4kx8_gemm(w->n_in, w->dev, r0, r1, j->act, j->act_stride, j->T, out, w->n_out))
+    int done = -1;
+    if (w->dev)
+        done = w->type == QT_Q4_K ? qt_q4kx8_gemm(w->n_in, w->dev, r0, r1, j->act, j->act_stride, j->T, out, w->n_out)
+                                  : qt_q8x8_gemm(w->n_in, w->dev, r0, r1, j->act, j->act_stride, j->T, out, w->n_out);
+    if (done)
         qt_gemm(w->type, w->n_in, w->data, w->row_bytes, r0, r1, j->act, j->act_stride, j->T, out, w->n_out);
     if (j->bias[k])
         for (int t = 0; t < j->T; t++) {

@@ -82,6 +82,34 @@ int qt_q4kx8_pack(const void *W, size_t w_stride, int64_t n, int64_t r0, int64_t
     return 0;
 }
 
+/* q8_0 in 8-row groups, per group and block of 32 values QT_Q8X8_BLOCK
+ * bytes: [0, 256) the values, 32 bytes for each k in 0..7 whose byte
+ * 4r + j is row r's value 4k + j; [256, 272) d of rows 0..7 (f16). The
+ * same size as the file's 8 blocks; no per-block transposes left for the
+ * kernel. */
+size_t qt_q8x8_bytes(int64_t n, int64_t rows)
+{
+    if (n <= 0 || rows <= 0 || n % 32 || rows % 8) return 0;
+    return (size_t)(rows / 8) * (size_t)(n / 32) * QT_Q8X8_BLOCK;
+}
+
+int qt_q8x8_pack(const void *W, size_t w_stride, int64_t n, int64_t r0, int64_t r1, void *dst)
+{
+    if (!qt_q8x8_bytes(n, 8) || r0 < 0 || r1 < r0 || r0 % 8 || r1 % 8) return -1;
+    const int64_t nblk = n / 32;
+    for (int64_t g = r0 / 8; g < r1 / 8; g++)
+        for (int64_t i = 0; i < nblk; i++) {
+            uint8_t *o = (uint8_t *)dst + (size_t)(g * nblk + i) * QT_Q8X8_BLOCK;
+            for (int r = 0; r < 8; r++) {
+                const qt_block_q8_0 *b =
+                    (const qt_block_q8_0 *)((const uint8_t *)W + (size_t)(g * 8 + r) * w_stride) + i;
+                for (int k = 0; k < 8; k++) memcpy(o + 32 * k + 4 * r, b->qs + 4 * k, 4);
+                memcpy(o + 256 + 2 * r, &b->d, 2);
+            }
+        }
+    return 0;
+}
+
 #if defined(__x86_64__) || defined(__i386__)
 #include "engine/quant/x86/avx2_target.h"
 #include <immintrin.h>
@@ -196,10 +224,89 @@ int qt_q4kx8_gemm(int64_t n, const void *P, int64_t r0, int64_t r1, const void *
     return 0;
 }
 
+/* 8 q8_0 rows (group block p, nblk blocks) against T (1..4) activation rows
+ * a[t] (q8_0): per block the int32 dot by the sign trick (|w| times a with
+ * w's sign; pairs up to 2 * 128 * 127), then the reference's
+ * sum + isum * (d * d_a) lane-wise, blocks in order: the same bits. */
+X8_AI void q8_tile(int T, const uint8_t *p, int64_t nblk, const uint8_t *const *a, float *const *y)
+{
+    const __m256i one = _mm256_set1_epi16(1);
+    __m256 sums[4];
+    X8_UNROLL
+    for (int t = 0; t < T; t++) sums[t] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nblk; i++, p += QT_Q8X8_BLOCK) {
+        _mm_prefetch((const char *)p + 8 * QT_Q8X8_BLOCK, _MM_HINT_T0);
+        const uint8_t *ab[4];
+        X8_UNROLL
+        for (int t = 0; t < T; t++) ab[t] = a[t] + (size_t)i * sizeof(qt_block_q8_0);
+        __m256i acc[4];
+        X8_UNROLL
+        for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_si256();
+        X8_UNROLL
+        for (int k = 0; k < 8; k++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(p + 32 * k));
+            const __m256i va = _mm256_sign_epi8(v, v);
+            X8_UNROLL
+            for (int t = 0; t < T; t++) {
+                int32_t x;
+                memcpy(&x, ab[t] + 2 + 4 * k, 4);
+                const __m256i pr = _mm256_maddubs_epi16(va, _mm256_sign_epi8(_mm256_set1_epi32(x), v));
+                acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(pr, one));
+            }
+        }
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p + 256)));
+        X8_UNROLL
+        for (int t = 0; t < T; t++) {
+            uint16_t h;
+            memcpy(&h, ab[t], 2);
+            const __m256 sc = _mm256_mul_ps(dw, _mm256_set1_ps(_cvtsh_ss(h)));
+            sums[t] = _mm256_add_ps(sums[t], _mm256_mul_ps(_mm256_cvtepi32_ps(acc[t]), sc));
+        }
+    }
+    X8_UNROLL
+    for (int t = 0; t < T; t++) _mm256_storeu_ps(y[t], sums[t]);
+}
+
+int qt_q8x8_gemm(int64_t n, const void *P, int64_t r0, int64_t r1, const void *A, size_t a_stride, int nb, float *Y,
+                 int64_t ldy)
+{
+    if (qt_isa_cpu() == QT_ISA_SCALAR || n <= 0 || n % 32 || r0 % 8 || r1 % 8 || r1 < r0 || nb < 0) return -1;
+    const int64_t nblk = n / 32;
+    for (int b0 = 0; b0 < nb; b0 += 16) {
+        const int be = nb - b0 < 16 ? nb : b0 + 16;
+        for (int64_t g = r0 / 8; g < r1 / 8; g++) {
+            const uint8_t *p = (const uint8_t *)P + (size_t)g * (size_t)nblk * QT_Q8X8_BLOCK;
+            for (int b = b0; b < be; b += 4) {
+                const int T = be - b < 4 ? be - b : 4;
+                const uint8_t *a[4];
+                float *y[4];
+                for (int t = 0; t < T; t++) {
+                    a[t] = (const uint8_t *)A + (size_t)(b + t) * a_stride;
+                    y[t] = Y + (size_t)(b + t) * (size_t)ldy + (size_t)g * 8;
+                }
+                switch (T) {
+                case 4: q8_tile(4, p, nblk, a, y); break;
+                case 3: q8_tile(3, p, nblk, a, y); break;
+                case 2: q8_tile(2, p, nblk, a, y); break;
+                default: q8_tile(1, p, nblk, a, y); break;
+                }
+            }
+        }
+    }
+    return 0;
+}
+
 #include "engine/quant/target_pop.h"
 #else
 int qt_q4kx8_gemm(int64_t n, const void *P, int64_t r0, int64_t r1, const void *A, size_t a_stride, int nb,
                   float *Y, int64_t ldy)
+{
+    (void)n; (void)P; (void)r0; (void)r1; (void)A; (void)a_stride; (void)nb; (void)Y; (void)ldy;
+    return -1;
+}
+
+int qt_q8x8_gemm(int64_t n, const void *P, int64_t r0, int64_t r1, const void *A, size_t a_stride, int nb, float *Y,
+                 int64_t ldy)
 {
     (void)n; (void)P; (void)r0; (void)r1; (void)A; (void)a_stride; (void)nb; (void)Y; (void)ldy;
     return -1;

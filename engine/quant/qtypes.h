@@ -68,6 +68,12 @@ void qt_gemm_ref(uint32_t wtype, int64_t n, const void *W, size_t w_stride,
 size_t qt_q4kx8_bytes(int64_t n, int64_t rows);
 /* rows r0..r1 (multiples of 8) of W into their places in dst */
 int qt_q4kx8_pack(const void *W, size_t w_stride, int64_t n, int64_t r0, int64_t r1, void *dst);
+/* q8_0 in 8-row groups, the same API (blocks of 32: n a multiple of 32) */
+#define QT_Q8X8_BLOCK 272
+size_t qt_q8x8_bytes(int64_t n, int64_t rows);
+int qt_q8x8_pack(const void *W, size_t w_stride, int64_t n, int64_t r0, int64_t r1, void *dst);
+int qt_q8x8_gemm(int64_t n, const void *P, int64_t r0, int64_t r1, const void *A, size_t a_stride, int nb, float *Y,
+                 int64_t ldy);
 int qt_q4kx8_gemm(int64_t n, const void *P, int64_t r0, int64_t r1, const void *A, size_t a_stride, int nb,
                   float *Y, int64_t ldy);
 
