@@ -380,9 +380,10 @@ static void test_decode_tiles(void)
 }
 
 /* K-quant batches over more than 16 activation rows, rows of 40 super-blocks */
+#if defined(__x86_64__) || defined(__i386__)
 /* q4_K in 8-row groups (qt_q4kx8_*): the packed kernel against the
- * reference on the GGUF bytes, bit for bit, for every nb 1..21 (the 4-row
- * tiles and their remainders), widths of 1 to 40 super-blocks (past L2 for
+ * reference on the GGUF bytes, bit for bit, for every nb 1..21 (the 2-row
+ * passes and their remainders), widths of 1 to 40 super-blocks (past L2 for
  * the larger batches), and row ranges of whole groups inside the matrix;
  * activations of both scales and one with all activation bytes at -127 /
  * 127 (the int16 partial sums' bound). Rows not a multiple of 8 and widths
@@ -480,6 +481,7 @@ static void test_q8x8(void)
             free(W); free(A); free(P); free(x); free(Yr); free(Yp);
         }
 }
+#endif
 
 static void test_kquant_long_batches(void)
 {
