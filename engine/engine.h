@@ -121,7 +121,7 @@ typedef struct eng_model_info {
     uint64_t kv_pool_tokens;   /* tokens the KV pool's pages hold, over all sequences */
     uint64_t kv_bytes;         /* the KV pool's and the rings' bytes, as allocated (eng_stats.kv_total) */
     uint64_t repacked_bytes;   /* host memory of weights the CPU backend holds in its own layout
-                                  (q4_K in 8-row groups for AVX2), beside the mapped file; 0: none */
+                                  (q4_K, q8_0 in 8-row groups for AVX2), beside the mapped file; 0: none */
 } eng_model_info;
 
 const eng_model_info *eng_model(const eng *e);

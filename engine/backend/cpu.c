@@ -83,8 +83,8 @@ static void pack_rows(void *arg, int i, int ith)
     else qt_q8x8_pack(j->w->data, j->w->row_bytes, j->w->n_in, r0, r1, j->dst);
 }
 
-/* q4_K matrices in 8-row groups (quant/q4kx8.c) where the kernels run AVX2
- * (not AVX-512 or AMX, whose q4_K kernels are their own): a copy at w->dev
+/* q4_K and q8_0 matrices in 8-row groups (quant/q4kx8.c) where the kernels
+ * run AVX2 (not AVX-512 or AMX, whose kernels for them are their own): a copy at w->dev
  * that mm_rows reads instead of the file's bytes, counted in own_bytes.
  * Without memory for it the matrix keeps the GGUF layout. */
 static int cpu_weight_prepare(be *b, wt *w)

@@ -1,5 +1,5 @@
-/* q4kx8.c — q4_K matrices repacked in groups of 8 rows for the AVX2
- * kernels (qtypes.h, "q4_K in 8-row groups").
+/* q4kx8.c — q4_K (and, at the end, q8_0) matrices repacked in groups of 8
+ * rows for the AVX2 kernels (qtypes.h, "q4_K in 8-row groups").
  *
  * Why: in GGUF's layout a super-block's dot with one activation row ends in
  * a horizontal sum and a float finish of its own, and its scales are spread
@@ -227,7 +227,9 @@ int qt_q4kx8_gemm(int64_t n, const void *P, int64_t r0, int64_t r1, const void *
 /* 8 q8_0 rows (group block p, nblk blocks) against T (1..4) activation rows
  * a[t] (q8_0): per block the int32 dot by the sign trick (|w| times a with
  * w's sign; pairs up to 2 * 128 * 127), then the reference's
- * sum + isum * (d * d_a) lane-wise, blocks in order: the same bits. */
+ * sum + isum * (d * d_a) lane-wise, blocks in order: the same bits. No
+ * software prefetch: a group's blocks are one sequential stream that the
+ * hardware prefetchers follow (one 2 KiB ahead cost 15% of decode). */
 X8_AI void q8_tile(int T, const uint8_t *p, int64_t nblk, const uint8_t *const *a, float *const *y)
 {
     const __m256i one = _mm256_set1_epi16(1);
@@ -235,7 +237,6 @@ X8_AI void q8_tile(int T, const uint8_t *p, int64_t nblk, const uint8_t *const *
     X8_UNROLL
     for (int t = 0; t < T; t++) sums[t] = _mm256_setzero_ps();
     for (int64_t i = 0; i < nblk; i++, p += QT_Q8X8_BLOCK) {
-        _mm_prefetch((const char *)p + 8 * QT_Q8X8_BLOCK, _MM_HINT_T0);
         const uint8_t *ab[4];
         X8_UNROLL
         for (int t = 0; t < T; t++) ab[t] = a[t] + (size_t)i * sizeof(qt_block_q8_0);
