@@ -400,7 +400,7 @@ static void test_q4kx8(void)
             const int nbmax = n >= 10240 ? 9 : 21;
             const size_t ws = qt_row_size(QT_Q4_K, n), as = qt_row_size(QT_Q8_K, n);
             uint8_t *W = malloc(ws * (size_t)rows), *A = malloc(as * (size_t)nbmax);
-            void *P = aligned_alloc(64, qt_q4kx8_bytes(n, rows));
+            void *P = aligned_alloc(64, (qt_q4kx8_bytes(n, rows) + 63) / 64 * 64);   /* (a multiple of the alignment) */
             float *x = malloc((size_t)n * 4);
             const int64_t ldy = rows + 5;
             float *Yr = malloc((size_t)(ldy * nbmax) * 4), *Yp = malloc((size_t)(ldy * nbmax) * 4);
