@@ -13,6 +13,7 @@
 #include "engine/load/gguf.h"
 #include "engine/load/model.h"
 #include "tests/check.h"
+#include "tests/unit/eng_wait.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -1422,8 +1423,7 @@ static void test_engine_parked_pending(void)
     CHECKF(r[T].done && !r[T].error && r[T].n_tok > 2, "tokenize: done %d error %d (%s) ids %d", r[T].done,
            r[T].error, r[T].msg, r[T].n_tok);
     eng_pause(e, id_a, 0);   /* (ended: ignored) */
-    usleep(20000);
-    eng_stats_get(e, &st);
+    eng_stats_idle(e, &st);
     CHECK_EQ_INT(st.active + st.queued, 0);
     CHECK_EQ_INT(st.kv_used, 0);
     CHECK_EQ_INT(lc.n, 1);
