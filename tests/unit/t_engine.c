@@ -616,7 +616,7 @@ static void test_huge_prompt_async(void)
     CHECKF(r[0].order == 1 || r[0].n_during > 0, "stream ended %d, %d tokens while encoding", r[0].order, r[0].n_during);
     CHECK(r[0].after_end == 0 && r[1].after_end == 0);
     eng_stats st;
-    eng_stats_get(e, &st);
+    eng_stats_idle(e, &st);
     CHECK_EQ_INT(st.queued + st.active, 0);
     eng_close(e);
 }
@@ -736,7 +736,7 @@ static void test_cancel_tokenizing(void)
     CHECK(r[2].done && r[2].finish == ENG_FINISH_LENGTH && r[2].n_tok == 8);
     CHECK(r[0].after_end == 0 && r[1].after_end == 0);
     eng_stats st;
-    eng_stats_get(e, &st);
+    eng_stats_idle(e, &st);
     CHECK_EQ_INT(st.queued + st.active, 0);
     /* close with one prompt being encoded and one waiting */
     CHECK(submit_text(e, ENG_JOB_GENERATE, text, big, 1, 8, 0, 0, &x, &code, err, sizeof err) == 0);
