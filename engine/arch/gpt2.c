@@ -20,6 +20,7 @@ static wt rows_of(const wt *w, int64_t r0, int64_t n)
     v.n_out = n;
     v.data = (const char *)w->data + (size_t)r0 * w->row_bytes;
     v.dev = NULL;
+    v.pack = NULL;
     return v;
 }
 
@@ -31,6 +32,7 @@ static wt vec_of(const wt *w, int64_t e0, int64_t n)
     v.row_bytes = (size_t)n * 4;
     v.data = (const float *)w->data + e0;
     v.dev = NULL;
+    v.pack = NULL;
     return v;
 }
 

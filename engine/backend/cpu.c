@@ -79,21 +79,20 @@ static void pack_rows(void *arg, int i, int ith)
     (void)ith;
     const pack_job *j = arg;
     int64_t r0 = (int64_t)i * PACK_ROWS, r1 = r0 + PACK_ROWS < j->w->n_out ? r0 + PACK_ROWS : j->w->n_out;
-    if (j->w->type == QT_Q4_K) qt_q4kx8_pack(j->w->data, j->w->row_bytes, j->w->n_in, r0, r1, j->dst);
-    else qt_q8x8_pack(j->w->data, j->w->row_bytes, j->w->n_in, r0, r1, j->dst);
+    qt_x8_pack(j->w->type, j->w->data, j->w->row_bytes, j->w->n_in, r0, r1, j->dst);
 }
 
-/* q4_K and q8_0 matrices in 8-row groups (quant/q4kx8.c) where the kernels
- * run AVX2 (not AVX-512 or AMX, whose kernels for them are their own): a copy at w->dev
- * that mm_rows reads instead of the file's bytes, counted in own_bytes.
+/* q4_K and q8_0 matrices in 8-row groups (quant/x8.c) where the kernels
+ * run AVX2 (not AVX-512 or AMX, whose kernels for them are their own): a
+ * copy at w->pack that mm_rows reads instead of the file's bytes, counted
+ * in own_bytes.
  * Without memory for it the matrix keeps the GGUF layout. */
 static int cpu_weight_prepare(be *b, wt *w)
 {
     cpu_be *c = (cpu_be *)b;
     size_t n = 0;
     if (c->repack && w->n_mat <= 1 && !w->lookup && qt_isa_get() == QT_ISA_AVX2)
-        n = w->type == QT_Q4_K ? qt_q4kx8_bytes(w->n_in, w->n_out)
-          : w->type == QT_Q8_0 ? qt_q8x8_bytes(w->n_in, w->n_out) : 0;
+        n = qt_x8_bytes(w->type, w->n_in, w->n_out);
     if (!n) return 0;
     if (c->n_own == c->cap_own) {
         int cap = c->cap_own ? 2 * c->cap_own : 64;
@@ -108,7 +107,7 @@ static int cpu_weight_prepare(be *b, wt *w)
     pool_run(c->pool, pack_rows, &j, (int)((w->n_out + PACK_ROWS - 1) / PACK_ROWS));
     c->own[c->n_own++] = p;
     c->base.own_bytes += n;
-    w->dev = p;
+    w->pack = p;
     return 0;
 }
 static void cpu_copy(be *b, void *dst, const void *src, size_t n) { (void)b; memcpy(dst, src, n); }
@@ -185,9 +184,7 @@ static void mm_rows(void *arg, int i, int ith)
     if (r1 > w->n_out) r1 = w->n_out;
     float *out = j->out[k];
     int done = -1;
-    if (w->dev)
-        done = w->type == QT_Q4_K ? qt_q4kx8_gemm(w->n_in, w->dev, r0, r1, j->act, j->act_stride, j->T, out, w->n_out)
-                                  : qt_q8x8_gemm(w->n_in, w->dev, r0, r1, j->act, j->act_stride, j->T, out, w->n_out);
+    if (w->pack) done = qt_x8_gemm(w->type, w->n_in, w->pack, r0, r1, j->act, j->act_stride, j->T, out, w->n_out);
     if (done)
         qt_gemm(w->type, w->n_in, w->data, w->row_bytes, r0, r1, j->act, j->act_stride, j->T, out, w->n_out);
     if (j->bias[k])

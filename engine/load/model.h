@@ -19,7 +19,8 @@ typedef struct wt {
     int32_t n_mat;          /* > 1: n_mat matrices (experts) stacked, n_out / n_mat rows each */
     size_t row_bytes;
     const void *data;       /* host bytes (mmap or owned) */
-    void *dev;              /* the backend's copy, when it keeps one */
+    void *dev;              /* the GPU backend's copy, when it keeps one */
+    void *pack;             /* the CPU backend's copy in its kernels' layout (quant/x8.c), when it keeps one */
     int lookup;             /* 1: rows are looked up (token, position embeddings), never multiplied */
 } wt;
 

@@ -58,24 +58,18 @@ void qt_gemm_ref(uint32_t wtype, int64_t n, const void *W, size_t w_stride,
                  int64_t r0, int64_t r1, const void *A, size_t a_stride, int nb,
                  float *Y, int64_t ldy);
 
-/* q4_K in 8-row groups (q4kx8.c says why and how they are laid out): the
- * AVX2 form of the q4_K kernels. qt_q4kx8_bytes: the packed size of rows
- * (a multiple of 8) of n values (a multiple of 256), 0 when not packable.
- * qt_q4kx8_gemm: qt_gemm on the packed matrix P (rows r0..r1, multiples of
- * 8), the same bits as qt_gemm_ref on the GGUF bytes; -1 where the CPU
- * lacks AVX2 (the caller then runs qt_gemm on the GGUF bytes). */
-#define QT_Q4KX8_BLOCK 1184
-size_t qt_q4kx8_bytes(int64_t n, int64_t rows);
-/* rows r0..r1 (multiples of 8) of W into their places in dst */
-int qt_q4kx8_pack(const void *W, size_t w_stride, int64_t n, int64_t r0, int64_t r1, void *dst);
-/* q8_0 in 8-row groups, the same API (blocks of 32: n a multiple of 32) */
-#define QT_Q8X8_BLOCK 272
-size_t qt_q8x8_bytes(int64_t n, int64_t rows);
-int qt_q8x8_pack(const void *W, size_t w_stride, int64_t n, int64_t r0, int64_t r1, void *dst);
-int qt_q8x8_gemm(int64_t n, const void *P, int64_t r0, int64_t r1, const void *A, size_t a_stride, int nb, float *Y,
-                 int64_t ldy);
-int qt_q4kx8_gemm(int64_t n, const void *P, int64_t r0, int64_t r1, const void *A, size_t a_stride, int nb,
-                  float *Y, int64_t ldy);
+/* Matrices in 8-row groups (x8.c says why and how they are laid out): the
+ * AVX2 form of the q4_K and q8_0 kernels. qt_x8_bytes: the packed size of
+ * rows (a multiple of 8) of n values (whole blocks), 0 where the type has
+ * no such layout or the shape does not fit it. qt_x8_pack: rows r0..r1
+ * (multiples of 8) of W into their places in dst. qt_x8_gemm: qt_gemm on
+ * the packed matrix P (rows r0..r1, multiples of 8), the same bits as
+ * qt_gemm_ref on the GGUF bytes; -1 where the CPU lacks AVX2 (the caller
+ * then runs qt_gemm on the GGUF bytes). */
+size_t qt_x8_bytes(uint32_t type, int64_t n, int64_t rows);
+int qt_x8_pack(uint32_t type, const void *W, size_t w_stride, int64_t n, int64_t r0, int64_t r1, void *dst);
+int qt_x8_gemm(uint32_t type, int64_t n, const void *P, int64_t r0, int64_t r1, const void *A, size_t a_stride,
+               int nb, float *Y, int64_t ldy);
 
 /* Run-time ISA choice. qt_init is idempotent and thread-safe. */
 /* QT_ISA_AMX: AVX-512 plus AMX int8 tiles for batches of 16 or more rows. */

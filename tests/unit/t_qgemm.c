@@ -381,45 +381,43 @@ static void test_decode_tiles(void)
 
 /* K-quant batches over more than 16 activation rows, rows of 40 super-blocks */
 #if defined(__x86_64__) || defined(__i386__)
-/* q4_K in 8-row groups (qt_q4kx8_*): the packed kernel against the
- * reference on the GGUF bytes, bit for bit, for every nb 1..21 (the 2-row
- * passes and their remainders), widths of 1 to 40 super-blocks (past L2 for
- * the larger batches), and row ranges of whole groups inside the matrix;
+/* Matrices in 8-row groups (qt_x8_*): the packed kernel against the
+ * reference on the GGUF bytes, bit for bit, for every nb 1..21 (each
+ * tile's passes and their remainders), widths ns (up to past L2 for the
+ * larger batches), and row ranges of whole groups inside the matrix;
  * activations of both scales and one with all activation bytes at -127 /
- * 127 (the int16 partial sums' bound). Rows not a multiple of 8 and widths
- * not a multiple of 256 are refused. */
-static void test_q4kx8(void)
+ * 127 (q4_K's int16 partial sums' bound). Rows not a multiple of 8 and
+ * widths of part of a block are refused. */
+static void x8_case(uint32_t type, const int64_t *ns, size_t n_ns)
 {
-    static const int64_t ns[] = { 256, 512, 1536, 2816, 10240 };
     static const int64_t rowss[] = { 8, 24, 64 };
-    if (qt_isa_cpu() == QT_ISA_SCALAR) { fprintf(stderr, "test_q4kx8: no AVX2 here, skipped\n"); return; }
-    CHECK(qt_q4kx8_bytes(256, 12) == 0 && qt_q4kx8_bytes(300, 8) == 0 && qt_q4kx8_bytes(256, 8) == QT_Q4KX8_BLOCK);
-    for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++)
+    const uint32_t at = qt_act_type(type);
+    for (size_t ni = 0; ni < n_ns; ni++)
         for (size_t ri = 0; ri < sizeof rowss / sizeof rowss[0]; ri++) {
             const int64_t n = ns[ni], rows = rowss[ri];
             const int nbmax = n >= 10240 ? 9 : 21;
-            const size_t ws = qt_row_size(QT_Q4_K, n), as = qt_row_size(QT_Q8_K, n);
+            const size_t ws = qt_row_size(type, n), as = qt_row_size(at, n);
             uint8_t *W = malloc(ws * (size_t)rows), *A = malloc(as * (size_t)nbmax);
-            void *P = aligned_alloc(64, (qt_q4kx8_bytes(n, rows) + 63) / 64 * 64);   /* (a multiple of the alignment) */
+            void *P = aligned_alloc(64, (qt_x8_bytes(type, n, rows) + 63) / 64 * 64);   /* (a multiple of the alignment) */
             float *x = malloc((size_t)n * 4);
             const int64_t ldy = rows + 5;
             float *Yr = malloc((size_t)(ldy * nbmax) * 4), *Yp = malloc((size_t)(ldy * nbmax) * 4);
-            make_weights(QT_Q4_K, W, rows, n);
+            make_weights(type, W, rows, n);
             for (int b = 0; b < nbmax; b++) {
                 const float sc = (b & 1) ? 3.0f : 0.25f;
                 for (int64_t i = 0; i < n; i++) x[i] = b == 2 ? (i & 1 ? 1.0f : -1.0f) : frand() * sc;
-                qt_quantize_row(QT_Q8_K, x, A + (size_t)b * as, n);
+                qt_quantize_row(at, x, A + (size_t)b * as, n);
             }
-            CHECK(qt_q4kx8_pack(W, ws, n, 0, 8, P) == 0 && qt_q4kx8_pack(W, ws, n, 8, rows, P) == 0);   /* (in parts) */
+            CHECK(qt_x8_pack(type, W, ws, n, 0, 8, P) == 0 && qt_x8_pack(type, W, ws, n, 8, rows, P) == 0);   /* (in parts) */
             int bad = 0, cases = 0;
             for (int nb = 1; nb <= nbmax; nb++) {
-                qt_gemm_ref(QT_Q4_K, n, W, ws, 0, rows, A, as, nb, Yr, ldy);
+                qt_gemm_ref(type, n, W, ws, 0, rows, A, as, nb, Yr, ldy);
                 for (int part = 0; part < 2; part++) {
                     for (size_t i = 0; i < (size_t)(ldy * nb); i++) Yp[i] = -12345.f;
                     int64_t r0 = part ? 8 : 0, r1 = part ? rows - 8 : rows;
                     if (r1 <= r0) continue;
                     cases++;
-                    if (qt_q4kx8_gemm(n, P, r0, r1, A, as, nb, Yp, ldy)) { bad = -1; break; }
+                    if (qt_x8_gemm(type, n, P, r0, r1, A, as, nb, Yp, ldy)) { bad = -1; break; }
                     for (int b = 0; b < nb; b++)
                         for (int64_t r = 0; r < ldy; r++) {
                             const float got = Yp[(size_t)b * ldy + r];
@@ -428,58 +426,22 @@ static void test_q4kx8(void)
                         }
                 }
             }
-            CHECKF(bad == 0, "q4_K x8 n=%lld rows=%lld: %d mismatches in %d cases", (long long)n, (long long)rows,
-                   bad, cases);
+            CHECKF(bad == 0, "%s x8 n=%lld rows=%lld: %d mismatches in %d cases", qt_name(type), (long long)n,
+                   (long long)rows, bad, cases);
             free(W); free(A); free(P); free(x); free(Yr); free(Yp);
         }
 }
 
-/* q8_0 in 8-row groups (qt_q8x8_*): as test_q4kx8, widths of 1 to 160
- * blocks, weights of every byte (-128 included) */
-static void test_q8x8(void)
+static void test_x8(void)
 {
-    static const int64_t ns[] = { 32, 96, 896, 4864 };
-    static const int64_t rowss[] = { 8, 24, 64 };
-    if (qt_isa_cpu() == QT_ISA_SCALAR) { fprintf(stderr, "test_q8x8: no AVX2 here, skipped\n"); return; }
-    CHECK(qt_q8x8_bytes(32, 12) == 0 && qt_q8x8_bytes(40, 8) == 0 && qt_q8x8_bytes(64, 8) == 2 * QT_Q8X8_BLOCK);
-    for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++)
-        for (size_t ri = 0; ri < sizeof rowss / sizeof rowss[0]; ri++) {
-            const int64_t n = ns[ni], rows = rowss[ri];
-            const int nbmax = 21;
-            const size_t ws = qt_row_size(QT_Q8_0, n), as = qt_row_size(QT_Q8_0, n);
-            uint8_t *W = malloc(ws * (size_t)rows), *A = malloc(as * (size_t)nbmax);
-            void *P = aligned_alloc(64, (qt_q8x8_bytes(n, rows) + 63) / 64 * 64);
-            float *x = malloc((size_t)n * 4);
-            const int64_t ldy = rows + 5;
-            float *Yr = malloc((size_t)(ldy * nbmax) * 4), *Yp = malloc((size_t)(ldy * nbmax) * 4);
-            make_weights(QT_Q8_0, W, rows, n);
-            for (int b = 0; b < nbmax; b++) {
-                const float sc = (b & 1) ? 3.0f : 0.25f;
-                for (int64_t i = 0; i < n; i++) x[i] = b == 2 ? (i & 1 ? 1.0f : -1.0f) : frand() * sc;
-                qt_quantize_row(QT_Q8_0, x, A + (size_t)b * as, n);
-            }
-            CHECK(qt_q8x8_pack(W, ws, n, 0, 8, P) == 0 && qt_q8x8_pack(W, ws, n, 8, rows, P) == 0);
-            int bad = 0, cases = 0;
-            for (int nb = 1; nb <= nbmax; nb++) {
-                qt_gemm_ref(QT_Q8_0, n, W, ws, 0, rows, A, as, nb, Yr, ldy);
-                for (int part = 0; part < 2; part++) {
-                    for (size_t i = 0; i < (size_t)(ldy * nb); i++) Yp[i] = -12345.f;
-                    int64_t r0 = part ? 8 : 0, r1 = part ? rows - 8 : rows;
-                    if (r1 <= r0) continue;
-                    cases++;
-                    if (qt_q8x8_gemm(n, P, r0, r1, A, as, nb, Yp, ldy)) { bad = -1; break; }
-                    for (int b = 0; b < nb; b++)
-                        for (int64_t r = 0; r < ldy; r++) {
-                            const float got = Yp[(size_t)b * ldy + r];
-                            const int in = r >= r0 && r < r1;
-                            if (in ? memcmp(&got, &Yr[(size_t)b * ldy + r], 4) != 0 : got != -12345.f) bad++;
-                        }
-                }
-            }
-            CHECKF(bad == 0, "q8_0 x8 n=%lld rows=%lld: %d mismatches in %d cases", (long long)n, (long long)rows, bad,
-                   cases);
-            free(W); free(A); free(P); free(x); free(Yr); free(Yp);
-        }
+    static const int64_t q4k_ns[] = { 256, 512, 1536, 2816, 10240 };   /* 1 to 40 super-blocks */
+    static const int64_t q80_ns[] = { 32, 96, 896, 4864 };             /* 1 to 152 blocks */
+    if (qt_isa_cpu() == QT_ISA_SCALAR) { fprintf(stderr, "test_x8: no AVX2 here, skipped\n"); return; }
+    CHECK(qt_x8_bytes(QT_Q4_K, 256, 12) == 0 && qt_x8_bytes(QT_Q4_K, 300, 8) == 0 && qt_x8_bytes(QT_Q4_K, 256, 8) == 1184);
+    CHECK(qt_x8_bytes(QT_Q8_0, 32, 12) == 0 && qt_x8_bytes(QT_Q8_0, 40, 8) == 0 && qt_x8_bytes(QT_Q8_0, 64, 8) == 2 * 272);
+    CHECK(qt_x8_bytes(QT_Q6_K, 256, 8) == 0 && qt_x8_pack(QT_Q6_K, NULL, 0, 256, 0, 8, NULL) == -1);
+    x8_case(QT_Q4_K, q4k_ns, sizeof q4k_ns / sizeof q4k_ns[0]);
+    x8_case(QT_Q8_0, q80_ns, sizeof q80_ns / sizeof q80_ns[0]);
 }
 #endif
 
@@ -504,8 +466,7 @@ int main(void)
     RUN(test_decode_tiles);
     RUN(test_kquant_long_batches);
 #if defined(__x86_64__) || defined(__i386__)
-    RUN(test_q4kx8);
-    RUN(test_q8x8);
+    RUN(test_x8);
 #endif
     return CHECK_DONE();
 }

@@ -1,5 +1,7 @@
-/* q4kx8.c — q4_K (and, at the end, q8_0) matrices repacked in groups of 8
- * rows for the AVX2 kernels (qtypes.h, "q4_K in 8-row groups").
+/* x8.c — q4_K and q8_0 matrices repacked in groups of 8 rows for the AVX2
+ * kernels (qtypes.h, "Matrices in 8-row groups"): one table of layouts, one
+ * pack and one batch driver over it; a type's block packer and tile are
+ * its own.
  *
  * Why: in GGUF's layout a super-block's dot with one activation row ends in
  * a horizontal sum and a float finish of its own, and its scales are spread
@@ -11,8 +13,8 @@
  * sums, one float finish for 8 rows. Per 256 multiply-adds a token takes 18
  * vector operations where the GGUF-layout kernel takes ~44.
  *
- * Layout, per group g of 8 rows and super-block i, QT_Q4KX8_BLOCK bytes at
- * (g * nsb + i) * QT_Q4KX8_BLOCK:
+ * q4_K layout, per group g of 8 rows and super-block i, 1,184 bytes at
+ * (g * nsb + i) * 1184:
  *   [0, 1024)     nibbles: for chunk c (values 32c..32c+31) and h in 0..3 the
  *                 32 bytes at (4c + h) * 32; byte 4r + j holds row r's value
  *                 32c + 4h + j (low nibble) and 32c + 16 + 4h + j (high)
@@ -42,71 +44,119 @@ static void scale_min(int j, const uint8_t *q, uint8_t *d, uint8_t *m)
     }
 }
 
-size_t qt_q4kx8_bytes(int64_t n, int64_t rows)
+/* one super-block of 8 rows (b[r]: row r's) into its 1,184 bytes */
+static void q4k_pack8(const uint8_t *const *src, uint8_t *o)
 {
-    if (n <= 0 || rows <= 0 || n % 256 || rows % 8) return 0;
-    return (size_t)(rows / 8) * (size_t)(n / 256) * QT_Q4KX8_BLOCK;
+    for (int r = 0; r < 8; r++) {
+        const qt_block_q4_K *b = (const qt_block_q4_K *)(const void *)src[r];
+        uint8_t q[256];
+        for (int c = 0; c < 8; c++)
+            for (int l = 0; l < 32; l++) {
+                const uint8_t byte = b->qs[32 * (c / 2) + l];
+                q[32 * c + l] = (uint8_t)(c & 1 ? byte >> 4 : byte & 15);
+            }
+        for (int c = 0; c < 8; c++)
+            for (int h = 0; h < 4; h++)
+                for (int j = 0; j < 4; j++)
+                    o[(4 * c + h) * 32 + 4 * r + j] = (uint8_t)(q[32 * c + 4 * h + j] | q[32 * c + 16 + 4 * h + j] << 4);
+        for (int c = 0; c < 8; c++) {
+            uint8_t sc, mn;
+            scale_min(c, b->scales, &sc, &mn);
+            o[1024 + 8 * c + r] = sc;
+            o[1088 + 16 * (c / 2) + 2 * r + (c & 1)] = mn;
+        }
+        memcpy(o + 1152 + 2 * r, &b->d, 2);
+        memcpy(o + 1168 + 2 * r, &b->dmin, 2);
+    }
 }
 
-int qt_q4kx8_pack(const void *W, size_t w_stride, int64_t n, int64_t r0, int64_t r1, void *dst)
+/* q8_0 layout, per group and block of 32 values 272 bytes: [0, 256) the
+ * values, 32 bytes for each k in 0..7 whose byte 4r + j is row r's value
+ * 4k + j; [256, 272) d of rows 0..7 (f16). The same size as the file's 8
+ * blocks; no per-block transposes left for the kernel. */
+static void q80_pack8(const uint8_t *const *src, uint8_t *o)
 {
-    if (!qt_q4kx8_bytes(n, 8) || r0 < 0 || r1 < r0 || r0 % 8 || r1 % 8) return -1;
-    const int64_t nsb = n / 256;
+    for (int r = 0; r < 8; r++) {
+        const qt_block_q8_0 *b = (const qt_block_q8_0 *)(const void *)src[r];
+        for (int k = 0; k < 8; k++) memcpy(o + 32 * k + 4 * r, b->qs + 4 * k, 4);
+        memcpy(o + 256 + 2 * r, &b->d, 2);
+    }
+}
+
+/* A tile: 8 rows (group block p, nblk blocks) against T activation rows
+ * a[t] (T <= the layout's tmax), the 8 results of row t to y[t]. */
+typedef void x8_tile_fn(int T, const uint8_t *p, int64_t nblk, const uint8_t *const *a, float *const *y);
+
+typedef struct x8_lay {
+    uint32_t type;
+    int64_t block_n;        /* values per block */
+    size_t bytes;           /* per 8 rows x block */
+    int tmax;               /* activation rows a tile takes */
+    void (*pack8)(const uint8_t *const *src, uint8_t *o);
+    x8_tile_fn *tile;
+} x8_lay;
+
+static x8_tile_fn q4k_tile, q80_tile;
+
+static const x8_lay x8_lays[] = {
+    { QT_Q4_K, 256, 1184, 2, q4k_pack8, q4k_tile },
+    { QT_Q8_0, 32, 272, 4, q80_pack8, q80_tile },
+};
+
+static const x8_lay *x8_find(uint32_t type)
+{
+    for (size_t i = 0; i < sizeof x8_lays / sizeof x8_lays[0]; i++)
+        if (x8_lays[i].type == type) return &x8_lays[i];
+    return NULL;
+}
+
+size_t qt_x8_bytes(uint32_t type, int64_t n, int64_t rows)
+{
+    const x8_lay *L = x8_find(type);
+    if (!L || n <= 0 || rows <= 0 || n % L->block_n || rows % 8) return 0;
+    return (size_t)(rows / 8) * (size_t)(n / L->block_n) * L->bytes;
+}
+
+int qt_x8_pack(uint32_t type, const void *W, size_t w_stride, int64_t n, int64_t r0, int64_t r1, void *dst)
+{
+    const x8_lay *L = x8_find(type);
+    if (!qt_x8_bytes(type, n, 8) || r0 < 0 || r1 < r0 || r0 % 8 || r1 % 8) return -1;
+    const int64_t nblk = n / L->block_n;
+    const size_t sb = qt_row_size(type, L->block_n);
     for (int64_t g = r0 / 8; g < r1 / 8; g++)
-        for (int64_t i = 0; i < nsb; i++) {
-            uint8_t *o = (uint8_t *)dst + (size_t)(g * nsb + i) * QT_Q4KX8_BLOCK;
-            for (int r = 0; r < 8; r++) {
-                const qt_block_q4_K *b =
-                    (const qt_block_q4_K *)((const uint8_t *)W + (size_t)(g * 8 + r) * w_stride) + i;
-                uint8_t q[256];
-                for (int c = 0; c < 8; c++)
-                    for (int l = 0; l < 32; l++) {
-                        const uint8_t byte = b->qs[32 * (c / 2) + l];
-                        q[32 * c + l] = (uint8_t)(c & 1 ? byte >> 4 : byte & 15);
-                    }
-                for (int c = 0; c < 8; c++)
-                    for (int h = 0; h < 4; h++)
-                        for (int j = 0; j < 4; j++)
-                            o[(4 * c + h) * 32 + 4 * r + j] =
-                                (uint8_t)(q[32 * c + 4 * h + j] | q[32 * c + 16 + 4 * h + j] << 4);
-                for (int c = 0; c < 8; c++) {
-                    uint8_t sc, mn;
-                    scale_min(c, b->scales, &sc, &mn);
-                    o[1024 + 8 * c + r] = sc;
-                    o[1088 + 16 * (c / 2) + 2 * r + (c & 1)] = mn;
-                }
-                memcpy(o + 1152 + 2 * r, &b->d, 2);
-                memcpy(o + 1168 + 2 * r, &b->dmin, 2);
-            }
+        for (int64_t i = 0; i < nblk; i++) {
+            const uint8_t *src[8];
+            for (int r = 0; r < 8; r++) src[r] = (const uint8_t *)W + (size_t)(g * 8 + r) * w_stride + (size_t)i * sb;
+            L->pack8(src, (uint8_t *)dst + (size_t)(g * nblk + i) * L->bytes);
         }
     return 0;
 }
 
-/* q8_0 in 8-row groups, per group and block of 32 values QT_Q8X8_BLOCK
- * bytes: [0, 256) the values, 32 bytes for each k in 0..7 whose byte
- * 4r + j is row r's value 4k + j; [256, 272) d of rows 0..7 (f16). The
- * same size as the file's 8 blocks; no per-block transposes left for the
- * kernel. */
-size_t qt_q8x8_bytes(int64_t n, int64_t rows)
+int qt_x8_gemm(uint32_t type, int64_t n, const void *P, int64_t r0, int64_t r1, const void *A, size_t a_stride,
+               int nb, float *Y, int64_t ldy)
 {
-    if (n <= 0 || rows <= 0 || n % 32 || rows % 8) return 0;
-    return (size_t)(rows / 8) * (size_t)(n / 32) * QT_Q8X8_BLOCK;
-}
-
-int qt_q8x8_pack(const void *W, size_t w_stride, int64_t n, int64_t r0, int64_t r1, void *dst)
-{
-    if (!qt_q8x8_bytes(n, 8) || r0 < 0 || r1 < r0 || r0 % 8 || r1 % 8) return -1;
-    const int64_t nblk = n / 32;
-    for (int64_t g = r0 / 8; g < r1 / 8; g++)
-        for (int64_t i = 0; i < nblk; i++) {
-            uint8_t *o = (uint8_t *)dst + (size_t)(g * nblk + i) * QT_Q8X8_BLOCK;
-            for (int r = 0; r < 8; r++) {
-                const qt_block_q8_0 *b =
-                    (const qt_block_q8_0 *)((const uint8_t *)W + (size_t)(g * 8 + r) * w_stride) + i;
-                for (int k = 0; k < 8; k++) memcpy(o + 32 * k + 4 * r, b->qs + 4 * k, 4);
-                memcpy(o + 256 + 2 * r, &b->d, 2);
+    const x8_lay *L = x8_find(type);
+    if (!L || qt_isa_cpu() == QT_ISA_SCALAR || !qt_x8_bytes(type, n, 8) || r0 % 8 || r1 % 8 || r1 < r0 || nb < 0)
+        return -1;
+    const int64_t nblk = n / L->block_n;
+    /* tmax activation rows against every group of the range, 16 rows at a
+     * time: a group of them stays in L2 while the weight rows go by */
+    for (int b0 = 0; b0 < nb; b0 += 16) {
+        const int be = nb - b0 < 16 ? nb : b0 + 16;
+        for (int64_t g = r0 / 8; g < r1 / 8; g++) {
+            const uint8_t *p = (const uint8_t *)P + (size_t)g * (size_t)nblk * L->bytes;
+            for (int b = b0; b < be; b += L->tmax) {
+                const int T = be - b < L->tmax ? be - b : L->tmax;
+                const uint8_t *a[4];
+                float *y[4];
+                for (int t = 0; t < T; t++) {
+                    a[t] = (const uint8_t *)A + (size_t)(b + t) * a_stride;
+                    y[t] = Y + (size_t)(b + t) * (size_t)ldy + (size_t)g * 8;
+                }
+                L->tile(T, p, nblk, a, y);
             }
         }
+    }
     return 0;
 }
 
@@ -125,18 +175,17 @@ int qt_q8x8_pack(const void *W, size_t w_stride, int64_t n, int64_t r0, int64_t 
 #define X8_UNROLL _Pragma("GCC unroll 8")
 #endif
 
-/* 8 rows (group block p, nsb super-blocks) against T (1 or 2) activation
- * rows a[t] (q8_K, nsb blocks each): the 8 results of activation row t to
- * y[t]. Two activation rows a pass: with more, the int16 and int32 sums
- * no longer fit the 16 registers (4 spilled and ran at 2/3 the speed). */
-X8_AI void x8_tile(int T, const uint8_t *p, int64_t nsb, const uint8_t *const *a, float *const *y)
+/* q4_K: activation rows in q8_K, two a pass: with more, the int16 and int32
+ * sums no longer fit the 16 registers (4 spilled and ran at 2/3 the
+ * speed). */
+X8_AI void q4k_tile_t(int T, const uint8_t *p, int64_t nsb, const uint8_t *const *a, float *const *y)
 {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     __m256 sums[2];
     X8_UNROLL
     for (int t = 0; t < T; t++) sums[t] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < nsb; i++, p += QT_Q4KX8_BLOCK) {
-        _mm_prefetch((const char *)p + 2 * QT_Q4KX8_BLOCK, _MM_HINT_T0);
+    for (int64_t i = 0; i < nsb; i++, p += 1184) {
+        _mm_prefetch((const char *)p + 2 * 1184, _MM_HINT_T0);
         const qt_block_q8_K *ab[2];
         X8_UNROLL
         for (int t = 0; t < T; t++) ab[t] = (const qt_block_q8_K *)(const void *)a[t] + i;
@@ -196,47 +245,24 @@ X8_AI void x8_tile(int T, const uint8_t *p, int64_t nsb, const uint8_t *const *a
     for (int t = 0; t < T; t++) _mm256_storeu_ps(y[t], sums[t]);
 }
 
-int qt_q4kx8_gemm(int64_t n, const void *P, int64_t r0, int64_t r1, const void *A, size_t a_stride, int nb,
-                  float *Y, int64_t ldy)
+static void q4k_tile(int T, const uint8_t *p, int64_t nsb, const uint8_t *const *a, float *const *y)
 {
-    if (qt_isa_cpu() == QT_ISA_SCALAR || n <= 0 || n % 256 || r0 % 8 || r1 % 8 || r1 < r0 || nb < 0) return -1;
-    const int64_t nsb = n / 256;
-    /* 16 activation rows against every group of the range, then the next
-     * 16: a group of them stays in L2 while the rows go by */
-    for (int b0 = 0; b0 < nb; b0 += 16) {
-        const int be = nb - b0 < 16 ? nb : b0 + 16;
-        for (int64_t g = r0 / 8; g < r1 / 8; g++) {
-            const uint8_t *p = (const uint8_t *)P + (size_t)g * (size_t)nsb * QT_Q4KX8_BLOCK;
-            for (int b = b0; b < be; b += 2) {
-                const int T = be - b < 2 ? 1 : 2;
-                const uint8_t *a[2] = { (const uint8_t *)A + (size_t)b * a_stride, NULL };
-                float *y[2] = { Y + (size_t)b * (size_t)ldy + (size_t)g * 8, NULL };
-                if (T == 2) {
-                    a[1] = a[0] + a_stride;
-                    y[1] = y[0] + ldy;
-                    x8_tile(2, p, nsb, a, y);
-                } else {
-                    x8_tile(1, p, nsb, a, y);
-                }
-            }
-        }
-    }
-    return 0;
+    if (T == 2) q4k_tile_t(2, p, nsb, a, y);
+    else q4k_tile_t(1, p, nsb, a, y);
 }
 
-/* 8 q8_0 rows (group block p, nblk blocks) against T (1..4) activation rows
- * a[t] (q8_0): per block the int32 dot by the sign trick (|w| times a with
+/* q8_0: activation rows in q8_0, up to 4 a pass; per block the int32 dot by the sign trick (|w| times a with
  * w's sign; pairs up to 2 * 128 * 127), then the reference's
  * sum + isum * (d * d_a) lane-wise, blocks in order: the same bits. No
  * software prefetch: a group's blocks are one sequential stream that the
  * hardware prefetchers follow (one 2 KiB ahead cost 15% of decode). */
-X8_AI void q8_tile(int T, const uint8_t *p, int64_t nblk, const uint8_t *const *a, float *const *y)
+X8_AI void q80_tile_t(int T, const uint8_t *p, int64_t nblk, const uint8_t *const *a, float *const *y)
 {
     const __m256i one = _mm256_set1_epi16(1);
     __m256 sums[4];
     X8_UNROLL
     for (int t = 0; t < T; t++) sums[t] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < nblk; i++, p += QT_Q8X8_BLOCK) {
+    for (int64_t i = 0; i < nblk; i++, p += 272) {
         const uint8_t *ab[4];
         X8_UNROLL
         for (int t = 0; t < T; t++) ab[t] = a[t] + (size_t)i * sizeof(qt_block_q8_0);
@@ -268,48 +294,25 @@ X8_AI void q8_tile(int T, const uint8_t *p, int64_t nblk, const uint8_t *const *
     for (int t = 0; t < T; t++) _mm256_storeu_ps(y[t], sums[t]);
 }
 
-int qt_q8x8_gemm(int64_t n, const void *P, int64_t r0, int64_t r1, const void *A, size_t a_stride, int nb, float *Y,
-                 int64_t ldy)
+static void q80_tile(int T, const uint8_t *p, int64_t nblk, const uint8_t *const *a, float *const *y)
 {
-    if (qt_isa_cpu() == QT_ISA_SCALAR || n <= 0 || n % 32 || r0 % 8 || r1 % 8 || r1 < r0 || nb < 0) return -1;
-    const int64_t nblk = n / 32;
-    for (int b0 = 0; b0 < nb; b0 += 16) {
-        const int be = nb - b0 < 16 ? nb : b0 + 16;
-        for (int64_t g = r0 / 8; g < r1 / 8; g++) {
-            const uint8_t *p = (const uint8_t *)P + (size_t)g * (size_t)nblk * QT_Q8X8_BLOCK;
-            for (int b = b0; b < be; b += 4) {
-                const int T = be - b < 4 ? be - b : 4;
-                const uint8_t *a[4];
-                float *y[4];
-                for (int t = 0; t < T; t++) {
-                    a[t] = (const uint8_t *)A + (size_t)(b + t) * a_stride;
-                    y[t] = Y + (size_t)(b + t) * (size_t)ldy + (size_t)g * 8;
-                }
-                switch (T) {
-                case 4: q8_tile(4, p, nblk, a, y); break;
-                case 3: q8_tile(3, p, nblk, a, y); break;
-                case 2: q8_tile(2, p, nblk, a, y); break;
-                default: q8_tile(1, p, nblk, a, y); break;
-                }
-            }
-        }
+    switch (T) {
+    case 4: q80_tile_t(4, p, nblk, a, y); break;
+    case 3: q80_tile_t(3, p, nblk, a, y); break;
+    case 2: q80_tile_t(2, p, nblk, a, y); break;
+    default: q80_tile_t(1, p, nblk, a, y); break;
     }
-    return 0;
 }
 
 #include "engine/quant/target_pop.h"
 #else
-int qt_q4kx8_gemm(int64_t n, const void *P, int64_t r0, int64_t r1, const void *A, size_t a_stride, int nb,
-                  float *Y, int64_t ldy)
+/* (never called: qt_x8_gemm refuses where qt_isa_cpu has no AVX2) */
+static void q4k_tile(int T, const uint8_t *p, int64_t nblk, const uint8_t *const *a, float *const *y)
 {
-    (void)n; (void)P; (void)r0; (void)r1; (void)A; (void)a_stride; (void)nb; (void)Y; (void)ldy;
-    return -1;
+    (void)T; (void)p; (void)nblk; (void)a; (void)y;
 }
-
-int qt_q8x8_gemm(int64_t n, const void *P, int64_t r0, int64_t r1, const void *A, size_t a_stride, int nb, float *Y,
-                 int64_t ldy)
+static void q80_tile(int T, const uint8_t *p, int64_t nblk, const uint8_t *const *a, float *const *y)
 {
-    (void)n; (void)P; (void)r0; (void)r1; (void)A; (void)a_stride; (void)nb; (void)Y; (void)ldy;
-    return -1;
+    (void)T; (void)p; (void)nblk; (void)a; (void)y;
 }
 #endif
