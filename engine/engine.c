@@ -1386,12 +1386,24 @@ void eng_close(eng *e)
 
 const eng_model_info *eng_model(const eng *e) { return &e->info; }
 
+/* The job and KV counts as they are now. Under mu: the worker retires a
+ * job (its pages released) in the same hold of mu as its done event, so a
+ * reader woken by that event sees the job gone. */
+void stats_now(eng *e)
+{
+    e->st.active = (uint32_t)(e->n_active + e->n_parked);
+    e->st.queued = (uint32_t)(e->n_queued + e->n_pending);
+    /* the pages in use, and the rings of the slots in use */
+    e->st.kv_used = (size_t)kvc_in_use(e->kv) * fw_kv_page_bytes(e->m, e->be->kv_type) +
+                    (size_t)e->n_active * fw_kv_ring_bytes(e->m, e->be->kv_type);
+    if (e->st.kv_used > e->st.kv_peak) e->st.kv_peak = e->st.kv_used;
+}
+
 void eng_stats_get(eng *e, eng_stats *st)
 {
     pthread_mutex_lock(&e->mu);
+    stats_now(e);
     *st = e->st;
-    st->active = (uint32_t)(e->n_active + e->n_parked);
-    st->queued = (uint32_t)(e->n_queued + e->n_pending);
     pthread_mutex_unlock(&e->mu);
 }
 

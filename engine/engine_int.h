@@ -203,6 +203,7 @@ void ev_push(eng *e, eng_event *ev);
 void notify(eng *e);
 void job_free(job *j);
 void pages_release(eng *e, job *j);
+void stats_now(eng *e);
 void pages_publish(eng *e, job *j);
 void job_finish(eng *e, job *j, eng_finish f);
 char *job_text(job *j, const char *piece, size_t plen, int final, int *stopped, size_t *out_len);

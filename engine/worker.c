@@ -395,12 +395,7 @@ static void schedule(eng *e)
         if (admit(e, j, p)) continue;
         if (!make_room(e, j)) break;         /* wait for pages or a slot; keeps order fair */
     }
-    e->st.active = (uint32_t)(e->n_active + e->n_parked);
-    e->st.queued = (uint32_t)(e->n_queued + e->n_pending);
-    /* the pages in use, and the rings of the slots in use */
-    e->st.kv_used = (size_t)kvc_in_use(e->kv) * fw_kv_page_bytes(e->m, e->be->kv_type) +
-                    (size_t)e->n_active * fw_kv_ring_bytes(e->m, e->be->kv_type);
-    if (e->st.kv_used > e->st.kv_peak) e->st.kv_peak = e->st.kv_used;
+    stats_now(e);
 }
 
 /* The grammar's mask on a job's logits: tokens it refuses get -inf; the

@@ -5,7 +5,6 @@
  * tokenized off the caller's thread (errors as events, cancel, order). */
 #include "engine/engine.h"
 #include "tests/check.h"
-#include "tests/unit/eng_wait.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -262,7 +261,7 @@ static void test_prefix_reuse(void)
     CHECK_EQ_INT(r[1].prompt_tokens, 80);
     CHECK(r[0].n == r[1].n && !memcmp(r[0].ids, r[1].ids, sizeof(int32_t) * (size_t)r[0].n));
     eng_stats st;
-    eng_stats_idle(e, &st);
+    eng_stats_get(e, &st);
     CHECK(st.cached_tokens >= 64);
     CHECK_EQ_INT(st.active, 0);
     CHECK_EQ_INT(st.kv_used, 0);
@@ -284,7 +283,7 @@ static void test_cancel(void)
     CHECK(r[0].done);
     CHECK(r[0].finish == ENG_FINISH_CANCELLED);
     eng_stats st;
-    eng_stats_idle(e, &st);
+    eng_stats_get(e, &st);
     CHECK_EQ_INT(st.active, 0);
     CHECK_EQ_INT(st.kv_used, 0);
     eng_cancel(e, 987654);     /* unknown: ignored */
@@ -616,7 +615,7 @@ static void test_huge_prompt_async(void)
     CHECKF(r[0].order == 1 || r[0].n_during > 0, "stream ended %d, %d tokens while encoding", r[0].order, r[0].n_during);
     CHECK(r[0].after_end == 0 && r[1].after_end == 0);
     eng_stats st;
-    eng_stats_idle(e, &st);
+    eng_stats_get(e, &st);
     CHECK_EQ_INT(st.queued + st.active, 0);
     eng_close(e);
 }
@@ -736,7 +735,7 @@ static void test_cancel_tokenizing(void)
     CHECK(r[2].done && r[2].finish == ENG_FINISH_LENGTH && r[2].n_tok == 8);
     CHECK(r[0].after_end == 0 && r[1].after_end == 0);
     eng_stats st;
-    eng_stats_idle(e, &st);
+    eng_stats_get(e, &st);
     CHECK_EQ_INT(st.queued + st.active, 0);
     /* close with one prompt being encoded and one waiting */
     CHECK(submit_text(e, ENG_JOB_GENERATE, text, big, 1, 8, 0, 0, &x, &code, err, sizeof err) == 0);
@@ -896,7 +895,7 @@ static void evict_paused(const char *model)
         printf("  %s (%s): evicted job's ids equal the uninterrupted run's up to %d of %d\n", model,
                eng_model(e)->backend, same, m);
     CHECK(r[0].after_end == 0 && r[1].after_end == 0);
-    eng_stats_idle(e, &st);
+    eng_stats_get(e, &st);
     CHECK_EQ_INT(st.active + st.queued, 0);
     CHECK_EQ_INT(st.kv_used, 0);
     eng_close(e);

@@ -10,7 +10,6 @@
 #include "engine/load/model.h"
 #include "engine/pool.h"
 #include "tests/check.h"
-#include "tests/unit/eng_wait.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -170,7 +169,7 @@ static void test_lazy_pages(void)
     kpump(e, r, 1, 1, 20000);
     CHECKF(r->n >= 30, "%d tokens", r->n);
     eng_stats st;
-    eng_stats_idle(e, &st);
+    eng_stats_get(e, &st);
     /* bytes per token of this model's KV, from the pool itself */
     double per_tok = (double)st.kv_total / (double)eng_model(e)->kv_pool_tokens;
     double held = (double)st.kv_peak / per_tok;
@@ -212,7 +211,7 @@ static void test_grow_preempt(void)
     ksubmit(e, ENG_JOB_GENERATE, pa, n_p, gen, 0, NULL);
     ksubmit(e, ENG_JOB_GENERATE, pb, n_p, gen, 1, NULL);
     kpump(e, r, 2, 2, 120000);
-    eng_stats_idle(e, &st);
+    eng_stats_get(e, &st);
     for (int i = 0; i < 2; i++) {
         CHECKF(r[i].done && r[i].n == gen, "job %d: done %d, %d tokens (%s)", i, r[i].done, r[i].n, r[i].msg);
         CHECKF(!memcmp(r[i].ids, solo[i].ids, sizeof(int32_t) * (size_t)gen), "job %d: ids differ from its solo run", i);

@@ -13,7 +13,6 @@
 #include "engine/load/gguf.h"
 #include "engine/load/model.h"
 #include "tests/check.h"
-#include "tests/unit/eng_wait.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -1423,7 +1422,7 @@ static void test_engine_parked_pending(void)
     CHECKF(r[T].done && !r[T].error && r[T].n_tok > 2, "tokenize: done %d error %d (%s) ids %d", r[T].done,
            r[T].error, r[T].msg, r[T].n_tok);
     eng_pause(e, id_a, 0);   /* (ended: ignored) */
-    eng_stats_idle(e, &st);
+    eng_stats_get(e, &st);
     CHECK_EQ_INT(st.active + st.queued, 0);
     CHECK_EQ_INT(st.kv_used, 0);
     CHECK_EQ_INT(lc.n, 1);
