@@ -110,7 +110,7 @@ typedef struct eng_model_info {
     int n_threads, max_seqs;
     int deterministic, cuda_f16_cache_off, cpu_repack_off; /* as opened (eng_opts) */
     const char *kv_type;       /* "f16", "q8_0" or "f32" */
-    const char *device;        /* the accelerator and the kernels' path, or "" (CPU) */
+    const char *device;        /* the accelerator or processor and the kernels' path */
     const char *pooling;       /* embed jobs' pooling: "mean", "cls" or "last" */
     const char *pooling_source; /* "model" (its pooling_type), "default" (it names none: last
                                    token) or "option" (eng_opts.pooling) */

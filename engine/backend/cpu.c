@@ -755,6 +755,27 @@ void be_cpu_scalar(be *b, int on)
     ((cpu_be *)b)->simd = !on && x86_simd();
 }
 
+/* info's device on the CPU: the processor, the threads and the kernels'
+ * instruction set, e.g. "AMD EPYC 7B13, 2 threads, avx2 kernels" */
+static void cpu_describe(char *out, size_t n, int threads)
+{
+    char name[128] = "";
+    FILE *f = fopen("/proc/cpuinfo", "re");
+    if (f) {
+        char line[256];
+        while (!name[0] && fgets(line, sizeof line, f)) {
+            if (strncmp(line, "model name", 10)) continue;
+            const char *v = strchr(line, ':');
+            if (!v) continue;
+            v += strspn(v + 1, " \t") + 1;
+            snprintf(name, sizeof name, "%.*s", (int)strcspn(v, "\n"), v);
+        }
+        fclose(f);
+    }
+    snprintf(out, n, "%s, %d thread%s, %s kernels", name[0] ? name : "CPU", threads, threads == 1 ? "" : "s",
+             qt_isa_name(qt_isa_get()));
+}
+
 int be_cpu_open(be **out, pool *p, int kv_type, char *err, size_t errlen)
 {
     cpu_be *c = calloc(1, sizeof *c);
@@ -765,6 +786,7 @@ int be_cpu_open(be **out, pool *p, int kv_type, char *err, size_t errlen)
     qt_init();
     c->simd = x86_simd();
     c->repack = 1;
+    cpu_describe(c->base.device, sizeof c->base.device, pool_size(p));
     *out = &c->base;
     return 0;
 }
