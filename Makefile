@@ -124,7 +124,7 @@ LIBCLIENT := $(LIBDIR)/libaneclient.a
 PROGS := $(if $(DAEMON_SRC),bin/aned) $(if $(wildcard client/aneclient.c),bin/aneclient) \
          $(if $(HTTP_SRC),bin/aned-http) bin/ane-template $(BENCH_BIN)
 
-.PHONY: all deps run test bench cuda test-cuda ktrace help clean fixtures fuzz install aarch64
+.PHONY: all deps run test bench cuda test-cuda ktrace sprof help clean fixtures fuzz install aarch64
 all: $(PROGS) $(LIBCLIENT) $(UNIT_BIN)
 
 help:
@@ -239,6 +239,12 @@ ktrace: bin/ktrace.so
 bin/ktrace.so: tests/bench/ktrace/ktrace.c
 	@mkdir -p bin
 	$(CC) -shared -fPIC -O2 -Wall -Wextra -isystem $(CUDA_HOME)/include $< -o $@ -L$(CUDA_HOME)/lib64 -lcupti
+
+# where a CPU program's time goes, without perf: tests/bench/sprof/sprof.c says how
+sprof: bin/sprof.so
+bin/sprof.so: tests/bench/sprof/sprof.c
+	@mkdir -p bin
+	$(CC) -shared -fPIC -O2 -Wall -Wextra $< -o $@ -ldl
 
 # kernels against the CPU reference, then the model references through CUDA
 test-cuda: fixtures
