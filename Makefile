@@ -244,7 +244,7 @@ bin/ktrace.so: tests/bench/ktrace/ktrace.c
 sprof: bin/sprof.so
 bin/sprof.so: tests/bench/sprof/sprof.c
 	@mkdir -p bin
-	$(CC) -shared -fPIC -O2 -Wall -Wextra $< -o $@ -ldl
+	$(CC) -shared -fPIC -O2 -Wall -Wextra $< -o $@ -ldl -pthread
 
 # kernels against the CPU reference, then the model references through CUDA
 test-cuda: fixtures

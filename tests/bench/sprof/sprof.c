@@ -1,20 +1,26 @@
 /* sprof.so — where a CPU program's time goes, for machines without perf.
- * LD_PRELOAD it with SPROF=FILE: SIGPROF every millisecond of the
- * process's CPU time (all threads) records the interrupted instruction; at
+ * LD_PRELOAD it with SPROF=FILE: every millisecond a sampler thread sends
+ * SIGPROF to each of the program's threads (pthread_create is wrapped to
+ * know them), whose handler records the interrupted instruction: wall
+ * time, so a thread waiting at a barrier is seen waiting. (A sampler
+ * thread, not ITIMER_PROF: some sandboxed kernels never deliver that.) At
  * exit FILE gets one line per distinct address: count, offset in its
  * object, object path. sprof.py turns that into time per function.
  *   make sprof
- *   SPROF=/tmp/p.txt LD_PRELOAD=bin/sprof.so bin/anebench --model M --threads 16 --gen 1
+ *   SPROF=/tmp/p.txt LD_PRELOAD=$PWD/bin/sprof.so bin/anebench --model M --threads 16 --gen 1
  *   python3 tests/bench/sprof/sprof.py /tmp/p.txt */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/time.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
 #include <ucontext.h>
 
 #define MAX_SAMPLES (1u << 23)
@@ -38,17 +44,65 @@ static void on_prof(int sig, siginfo_t *si, void *ctx)
     if (i < MAX_SAMPLES) pcs[i] = pc;
 }
 
+#define MAX_THREADS 1024
+static pid_t threads[MAX_THREADS];   /* kernel thread ids */
+static atomic_int n_threads, stopping;
+static pthread_t sampler;
+static int (*real_create)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
+
+static void add_thread(void)
+{
+    int i = atomic_fetch_add(&n_threads, 1);
+    if (i < MAX_THREADS) threads[i] = (pid_t)syscall(SYS_gettid);
+}
+
+typedef struct start { void *(*fn)(void *); void *arg; } start;
+
+static void *wrapped(void *p)
+{
+    start s = *(start *)p;
+    free(p);
+    add_thread();
+    return s.fn(s.arg);
+}
+
+int pthread_create(pthread_t *t, const pthread_attr_t *a, void *(*fn)(void *), void *arg)
+{
+    if (!real_create) real_create = (int (*)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *))dlsym(RTLD_NEXT, "pthread_create");
+    start *s = pcs ? malloc(sizeof *s) : NULL;
+    if (!s) return real_create(t, a, fn, arg);
+    s->fn = fn;
+    s->arg = arg;
+    return real_create(t, a, wrapped, s);
+}
+
+/* by kernel thread id: one that has ended is refused (ESRCH), where
+ * pthread_kill on its handle would read freed memory */
+static void *sample_loop(void *arg)
+{
+    (void)arg;
+    const struct timespec ms = { 0, 1000000 };
+    const pid_t pid = getpid();
+    while (!atomic_load(&stopping)) {
+        int n = atomic_load(&n_threads);
+        for (int i = 0; i < n && i < MAX_THREADS; i++) syscall(SYS_tgkill, pid, threads[i], SIGPROF);
+        nanosleep(&ms, NULL);
+    }
+    return NULL;
+}
+
 __attribute__((constructor)) static void sprof_start(void)
 {
     if (!getenv("SPROF") || !(pcs = malloc(MAX_SAMPLES * sizeof *pcs))) return;
+    real_create = (int (*)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *))dlsym(RTLD_NEXT, "pthread_create");
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_sigaction = on_prof;
     sa.sa_flags = SA_SIGINFO | SA_RESTART;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGPROF, &sa, NULL);
-    struct itimerval it = { { 0, 1000 }, { 0, 1000 } };
-    setitimer(ITIMER_PROF, &it, NULL);
+    add_thread();
+    real_create(&sampler, NULL, sample_loop, NULL);
 }
 
 static int by_pc(const void *a, const void *b)
@@ -60,8 +114,8 @@ static int by_pc(const void *a, const void *b)
 __attribute__((destructor)) static void sprof_stop(void)
 {
     if (!pcs) return;
-    struct itimerval off = { { 0, 0 }, { 0, 0 } };
-    setitimer(ITIMER_PROF, &off, NULL);
+    atomic_store(&stopping, 1);
+    pthread_join(sampler, NULL);
     signal(SIGPROF, SIG_IGN);
     unsigned n = atomic_load(&n_pcs);
     if (n > MAX_SAMPLES) n = MAX_SAMPLES;

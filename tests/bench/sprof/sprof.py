@@ -43,7 +43,7 @@ def main():
         i = bisect.bisect_right(syms, (off, "\uffff")) - 1
         name = syms[i][1] if i >= 0 else "?"
         per["%s (%s)" % (name, path.rsplit("/", 1)[-1])] += c
-    print("%d samples (1 ms of CPU time each)" % total)
+    print("%d samples (each a thread's millisecond)" % total)
     for name, c in per.most_common(top):
         print("%6.2f%%  %7d  %s" % (100.0 * c / total, c, name))
 
