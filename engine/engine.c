@@ -1393,6 +1393,7 @@ void stats_now(eng *e)
 {
     e->st.active = (uint32_t)(e->n_active + e->n_parked);
     e->st.queued = (uint32_t)(e->n_queued + e->n_pending);
+    if (e->m->tokenizer_only) return;   /* (no backend, no KV) */
     /* the pages in use, and the rings of the slots in use */
     e->st.kv_used = (size_t)kvc_in_use(e->kv) * fw_kv_page_bytes(e->m, e->be->kv_type) +
                     (size_t)e->n_active * fw_kv_ring_bytes(e->m, e->be->kv_type);

@@ -136,7 +136,9 @@ static void cpu_embed(be *b, const wt *emb, const int32_t *ids, int T, float *ou
  * thread makes it, and on many cores these ops, run by one thread, were a
  * serial part of every layer. */
 #define ROW_ELEMS 4096
-typedef struct row_job {
+typedef struct row_job row_job;
+struct row_job {
+    void (*row)(const row_job *j, int r);
     const float *x, *w, *bias;
     float *out;
     int rows, n, per;
@@ -149,33 +151,38 @@ typedef struct row_job {
     void *kc, *vc;
     const float *k, *v;
     int kv_type;
-} row_job;
+};
 
-static void rows_run(be *b, pool_fn fn, row_job *j)
-{
-    j->per = j->n >= ROW_ELEMS ? 1 : ROW_ELEMS / j->n;
-    pool_run(((cpu_be *)b)->pool, fn, j, (j->rows + j->per - 1) / j->per);
-}
-
-static void rms_part(void *arg, int it, int ith)
+static void rows_part(void *arg, int it, int ith)
 {
     (void)ith;
     const row_job *j = arg;
-    const int n = j->n, r1 = (it + 1) * j->per < j->rows ? (it + 1) * j->per : j->rows;
-    for (int r = it * j->per; r < r1; r++) {
-        const float *xr = j->x + (size_t)r * n;
-        float *o = j->out + (size_t)r * n;
-        double ss = 0;
-        for (int i = 0; i < n; i++) ss += (double)xr[i] * xr[i];
-        float scale = (float)(1.0 / sqrt(ss / n + j->eps));
-        for (int i = 0; i < n; i++) o[i] = xr[i] * scale * j->w[i];
-    }
+    const int r1 = (it + 1) * j->per < j->rows ? (it + 1) * j->per : j->rows;
+    for (int r = it * j->per; r < r1; r++) j->row(j, r);
+}
+
+static void rows_run(be *b, void (*row)(const row_job *, int), row_job *j)
+{
+    j->row = row;
+    j->per = j->n >= ROW_ELEMS ? 1 : ROW_ELEMS / j->n;
+    pool_run(((cpu_be *)b)->pool, rows_part, j, (j->rows + j->per - 1) / j->per);
+}
+
+static void rms_row(const row_job *j, int r)
+{
+    const int n = j->n;
+    const float *xr = j->x + (size_t)r * n;
+    float *o = j->out + (size_t)r * n;
+    double ss = 0;
+    for (int i = 0; i < n; i++) ss += (double)xr[i] * xr[i];
+    float scale = (float)(1.0 / sqrt(ss / n + j->eps));
+    for (int i = 0; i < n; i++) o[i] = xr[i] * scale * j->w[i];
 }
 
 static void cpu_rmsnorm(be *b, const float *x, const wt *wv, int rows, int n, float eps, float *out)
 {
     row_job j = { .x = x, .w = wv->data, .out = out, .rows = rows, .n = n, .eps = eps };
-    rows_run(b, rms_part, &j);
+    rows_run(b, rms_row, &j);
 }
 
 /* matmul: activations are quantized once (per row, in parallel), then row
@@ -388,28 +395,24 @@ static void cpu_gelu_mul(be *b, const float *x, const float *up, size_t n, float
     pool_run(c->pool, gelu_part, &j, (int)((n + SILU_CHUNK - 1) / SILU_CHUNK));
 }
 
-static void ln_part(void *arg, int it, int ith)
+static void ln_row(const row_job *j, int r)
 {
-    (void)ith;
-    const row_job *j = arg;
-    const int n = j->n, r1 = (it + 1) * j->per < j->rows ? (it + 1) * j->per : j->rows;
-    for (int r = it * j->per; r < r1; r++) {
-        const float *xr = j->x + (size_t)r * n;
-        float *o = j->out + (size_t)r * n;
-        double s = 0, ss = 0;
-        for (int i = 0; i < n; i++) s += xr[i];
-        double mean = s / n;
-        for (int i = 0; i < n; i++) ss += (xr[i] - mean) * (xr[i] - mean);
-        float inv = (float)(1.0 / sqrt(ss / n + j->eps)), mf = (float)mean;
-        for (int i = 0; i < n; i++) o[i] = (xr[i] - mf) * inv * j->w[i] + (j->bias ? j->bias[i] : 0.0f);
-    }
+    const int n = j->n;
+    const float *xr = j->x + (size_t)r * n;
+    float *o = j->out + (size_t)r * n;
+    double s = 0, ss = 0;
+    for (int i = 0; i < n; i++) s += xr[i];
+    double mean = s / n;
+    for (int i = 0; i < n; i++) ss += (xr[i] - mean) * (xr[i] - mean);
+    float inv = (float)(1.0 / sqrt(ss / n + j->eps)), mf = (float)mean;
+    for (int i = 0; i < n; i++) o[i] = (xr[i] - mf) * inv * j->w[i] + (j->bias ? j->bias[i] : 0.0f);
 }
 
 static void cpu_layernorm(be *b, const float *x, const wt *wv, const wt *bv, int rows, int n, float eps, float *out)
 {
     row_job j = { .x = x, .w = wv->data, .bias = bv && bv->data ? bv->data : NULL, .out = out, .rows = rows,
                   .n = n, .eps = eps };
-    rows_run(b, ln_part, &j);
+    rows_run(b, ln_row, &j);
 }
 
 static void cpu_scale(be *b, float *x, size_t n, float s)
@@ -428,7 +431,7 @@ static void cpu_add_pos(be *b, float *x, const wt *table, const be_batch *bt, in
     }
 }
 
-static void rope_part(void *arg, int it, int ith);
+static void rope_row(const row_job *j, int t);
 
 static void cpu_rope(be *b, float *x, const be_batch *bt, int n_heads, int head_dim, int n_rot,
                      float base, int neox, const wt *fd)
@@ -468,30 +471,26 @@ static void cpu_rope(be *b, float *x, const be_batch *bt, int n_heads, int head_
     }
     row_job j = { .out = x, .rows = bt->T, .n = n_heads * head_dim, .tab = c->rope_tab, .bt = bt,
                   .n_heads = n_heads, .head_dim = head_dim, .half = half, .neox = neox };
-    rows_run(b, rope_part, &j);
+    rows_run(b, rope_row, &j);
 }
 
-static void rope_part(void *arg, int it, int ith)
+static void rope_row(const row_job *j, int t)
 {
-    (void)ith;
-    const row_job *j = arg;
-    const int half = j->half, r1 = (it + 1) * j->per < j->rows ? (it + 1) * j->per : j->rows;
-    for (int t = it * j->per; t < r1; t++) {
-        const float *cs = j->tab + (size_t)j->bt->pos[t] * half * 2;
-        for (int h = 0; h < j->n_heads; h++) {
-            float *v = j->out + ((size_t)t * j->n_heads + h) * j->head_dim;
-            if (j->neox) {
-                for (int i = 0; i < half; i++) {
-                    float a = v[i], d = v[i + half];
-                    v[i] = a * cs[2 * i] - d * cs[2 * i + 1];
-                    v[i + half] = a * cs[2 * i + 1] + d * cs[2 * i];
-                }
-            } else {
-                for (int i = 0; i < half; i++) {
-                    float a = v[2 * i], d = v[2 * i + 1];
-                    v[2 * i] = a * cs[2 * i] - d * cs[2 * i + 1];
-                    v[2 * i + 1] = a * cs[2 * i + 1] + d * cs[2 * i];
-                }
+    const int half = j->half;
+    const float *cs = j->tab + (size_t)j->bt->pos[t] * half * 2;
+    for (int h = 0; h < j->n_heads; h++) {
+        float *v = j->out + ((size_t)t * j->n_heads + h) * j->head_dim;
+        if (j->neox) {
+            for (int i = 0; i < half; i++) {
+                float a = v[i], d = v[i + half];
+                v[i] = a * cs[2 * i] - d * cs[2 * i + 1];
+                v[i + half] = a * cs[2 * i + 1] + d * cs[2 * i];
+            }
+        } else {
+            for (int i = 0; i < half; i++) {
+                float a = v[2 * i], d = v[2 * i + 1];
+                v[2 * i] = a * cs[2 * i] - d * cs[2 * i + 1];
+                v[2 * i + 1] = a * cs[2 * i + 1] + d * cs[2 * i];
             }
         }
     }
@@ -510,32 +509,28 @@ static inline const void *kv_q8_at(const void *c, const be_batch *bt, int t, int
            be_kv_bytes(BE_KV_Q8_0, (size_t)kvh * hd);
 }
 
-static void kv_part(void *arg, int it, int ith)
+static void kv_row(const row_job *j, int t)
 {
-    (void)ith;
-    const row_job *j = arg;
-    const int kv_dim = j->n, r1 = (it + 1) * j->per < j->rows ? (it + 1) * j->per : j->rows;
-    for (int t = it * j->per; t < r1; t++) {
-        size_t s = kv_slot(j->bt, t, j->bt->pos[t]) * (size_t)kv_dim;
-        const float *kt = j->k + (size_t)t * kv_dim, *vt = j->v + (size_t)t * kv_dim;
-        if (j->kv_type == BE_KV_Q8_0) {   /* ggml's q8_0 blocks (the reference quantizer) */
-            size_t o = be_kv_bytes(BE_KV_Q8_0, s);
-            qt_quantize_row_ref(QT_Q8_0, kt, (uint8_t *)j->kc + o, kv_dim);
-            qt_quantize_row_ref(QT_Q8_0, vt, (uint8_t *)j->vc + o, kv_dim);
-        } else if (j->kv_type == BE_KV_F16) {
-            uint16_t *kd = (uint16_t *)j->kc + s, *vd = (uint16_t *)j->vc + s;
-            for (int i = 0; i < kv_dim; i++) { kd[i] = qt_fp32_to_fp16(kt[i]); vd[i] = qt_fp32_to_fp16(vt[i]); }
-        } else {
-            memcpy((float *)j->kc + s, kt, (size_t)kv_dim * 4);
-            memcpy((float *)j->vc + s, vt, (size_t)kv_dim * 4);
-        }
+    const int kv_dim = j->n;
+    size_t s = kv_slot(j->bt, t, j->bt->pos[t]) * (size_t)kv_dim;
+    const float *kt = j->k + (size_t)t * kv_dim, *vt = j->v + (size_t)t * kv_dim;
+    if (j->kv_type == BE_KV_Q8_0) {   /* ggml's q8_0 blocks (the reference quantizer) */
+        size_t o = be_kv_bytes(BE_KV_Q8_0, s);
+        qt_quantize_row_ref(QT_Q8_0, kt, (uint8_t *)j->kc + o, kv_dim);
+        qt_quantize_row_ref(QT_Q8_0, vt, (uint8_t *)j->vc + o, kv_dim);
+    } else if (j->kv_type == BE_KV_F16) {
+        uint16_t *kd = (uint16_t *)j->kc + s, *vd = (uint16_t *)j->vc + s;
+        for (int i = 0; i < kv_dim; i++) { kd[i] = qt_fp32_to_fp16(kt[i]); vd[i] = qt_fp32_to_fp16(vt[i]); }
+    } else {
+        memcpy((float *)j->kc + s, kt, (size_t)kv_dim * 4);
+        memcpy((float *)j->vc + s, vt, (size_t)kv_dim * 4);
     }
 }
 
 static void cpu_kv_store(be *b, void *kc, void *vc, const be_batch *bt, int kv_dim, const float *k, const float *v)
 {
     row_job j = { .rows = bt->T, .n = kv_dim, .bt = bt, .kc = kc, .vc = vc, .k = k, .v = v, .kv_type = b->kv_type };
-    rows_run(b, kv_part, &j);
+    rows_run(b, kv_row, &j);
 }
 
 typedef struct att_job {
