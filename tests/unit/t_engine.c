@@ -1077,6 +1077,9 @@ static void test_tokenizer_only(void)
     eng_sampling_default(&d.sampling);
     CHECK(eng_submit(e, &d, &id, &code, err, sizeof err) == -1 && code == ENG_ENOMODEL);
     free(ids);
+    eng_stats st;   /* (no KV pool to count) */
+    eng_stats_get(e, &st);
+    CHECK(st.active + st.queued == 0 && st.kv_used == 0 && st.kv_total == 0);
     eng_close(e);
 }
 
