@@ -44,21 +44,26 @@ static void scale_min(int j, const uint8_t *q, uint8_t *d, uint8_t *m)
     }
 }
 
-/* one super-block of 8 rows (b[r]: row r's) into its 1,184 bytes */
+/* one super-block of 8 rows (src[r]: row r's) into its 1,184 bytes. The
+ * nibbles 4 bytes at a time: GGUF's byte l of chunk pair p holds value l of
+ * chunk 2p (low nibble) and of chunk 2p + 1 (high); the packed byte wants
+ * values i and 16 + i of one chunk, so from the words a (values 4h..4h+3)
+ * and b (16 + 4h..) of the pair, chunk 2p's bytes are a's low nibbles with
+ * b's as high, chunk 2p + 1's a's high nibbles moved down with b's. */
 static void q4k_pack8(const uint8_t *const *src, uint8_t *o)
 {
     for (int r = 0; r < 8; r++) {
         const qt_block_q4_K *b = (const qt_block_q4_K *)(const void *)src[r];
-        uint8_t q[256];
-        for (int c = 0; c < 8; c++)
-            for (int l = 0; l < 32; l++) {
-                const uint8_t byte = b->qs[32 * (c / 2) + l];
-                q[32 * c + l] = (uint8_t)(c & 1 ? byte >> 4 : byte & 15);
+        for (int p = 0; p < 4; p++)
+            for (int h = 0; h < 4; h++) {
+                uint32_t a, bb;
+                memcpy(&a, b->qs + 32 * p + 4 * h, 4);
+                memcpy(&bb, b->qs + 32 * p + 16 + 4 * h, 4);
+                const uint32_t lo = (a & 0x0F0F0F0Fu) | (bb & 0x0F0F0F0Fu) << 4;
+                const uint32_t hi = (a >> 4 & 0x0F0F0F0Fu) | (bb & 0xF0F0F0F0u);
+                memcpy(o + (4 * (2 * p) + h) * 32 + 4 * r, &lo, 4);
+                memcpy(o + (4 * (2 * p + 1) + h) * 32 + 4 * r, &hi, 4);
             }
-        for (int c = 0; c < 8; c++)
-            for (int h = 0; h < 4; h++)
-                for (int j = 0; j < 4; j++)
-                    o[(4 * c + h) * 32 + 4 * r + j] = (uint8_t)(q[32 * c + 4 * h + j] | q[32 * c + 16 + 4 * h + j] << 4);
         for (int c = 0; c < 8; c++) {
             uint8_t sc, mn;
             scale_min(c, b->scales, &sc, &mn);
