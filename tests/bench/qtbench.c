@@ -85,17 +85,19 @@ static double read_gbs(const uint64_t *buf, size_t n, int nt, double tmin)
 typedef struct {
     uint32_t wt; int64_t n; const uint8_t *W; size_t ws; int64_t r0, r1;
     const uint8_t *A; size_t as; int nb; float *Y; int64_t ldy;
+    const void *P;   /* the matrix in 8-row groups (qt_x8_*), or NULL */
 } gm_job;
 
 static void *gm_main(void *arg)
 {
     gm_job *j = arg;
-    qt_gemm(j->wt, j->n, j->W, j->ws, j->r0, j->r1, j->A, j->as, j->nb, j->Y, j->ldy);
+    if (j->P) qt_x8_gemm(j->wt, j->n, j->P, j->r0, j->r1, j->A, j->as, j->nb, j->Y, j->ldy);
+    else qt_gemm(j->wt, j->n, j->W, j->ws, j->r0, j->r1, j->A, j->as, j->nb, j->Y, j->ldy);
     return NULL;
 }
 
 /* Seconds per call (best of repeated calls over at least tmin). */
-static double gemm_time(uint32_t wt, int64_t n, const uint8_t *W, int64_t rows,
+static double gemm_time(uint32_t wt, int64_t n, const uint8_t *W, const void *P, int64_t rows,
                         const uint8_t *A, int nb, float *Y, int nt, double tmin)
 {
     const size_t ws = qt_row_size(wt, n), as = qt_row_size(qt_act_type(wt), n);
@@ -106,7 +108,9 @@ static double gemm_time(uint32_t wt, int64_t n, const uint8_t *W, int64_t rows,
         gm_job jb[8];
         double s = now();
         for (int t = 0; t < nt; t++) {
-            jb[t] = (gm_job){ wt, n, W, ws, rows * t / nt, rows * (t + 1) / nt, A, as, nb, Y, rows };
+            int64_t r0 = rows * t / nt, r1 = rows * (t + 1) / nt;
+            if (P) { r0 = r0 / 8 * 8; r1 = t == nt - 1 ? rows : r1 / 8 * 8; }   /* (whole groups) */
+            jb[t] = (gm_job){ wt, n, W, ws, r0, r1, A, as, nb, Y, rows, P };
             if (nt == 1) gm_main(&jb[t]);
             else pthread_create(&th[t], NULL, gm_main, &jb[t]);
         }
@@ -171,7 +175,7 @@ static double shape_time(uint32_t wt, int64_t n, const uint8_t *W, int64_t rows,
         sh_job jb[2];
         double s = now();
         for (int t = 0; t < nt; t++)
-            jb[t] = (sh_job){ { wt, n, W, ws, t * chunk, 0, A, as, nb, Y, rows }, nt == 1 ? rows : chunk, rows };
+            jb[t] = (sh_job){ { wt, n, W, ws, t * chunk, 0, A, as, nb, Y, rows, NULL }, nt == 1 ? rows : chunk, rows };
         if (nt == 1) sh_main(&jb[0]);
         else {
             for (int t = 0; t < nt; t++) jb[t].chunk = chunk;
@@ -312,7 +316,7 @@ int main(int argc, char **argv)
         const uint32_t wt = types[ti], at = qt_act_type(wt);
         const size_t ws = qt_row_size(wt, n), as = qt_row_size(at, n);
         if (!ws) { printf("%-5s n=%lld is not a multiple of its block\n", qt_name(wt), (long long)n); continue; }
-        int64_t rows = (int64_t)((big + ws - 1) / ws);
+        int64_t rows = (int64_t)((big + ws - 1) / ws + 7) / 8 * 8;
         if (!cached && rows < 4096) rows = 4096;
         uint8_t *W = malloc(ws * (size_t)rows);
         uint8_t *A = malloc(as * 64);
@@ -328,29 +332,44 @@ int main(int argc, char **argv)
             }
             qt_quantize_row(at, x, A + b * as, n);
         }
-        for (int isa = 0; isa <= (int)best; isa++) {
-            if (!want_isa[isa]) continue;
-            qt_isa_set((qt_isa)isa);
-            if ((int)qt_isa_get() != isa) continue;
+        /* where AVX2 is there, a last row "x8": the same matrix in 8-row
+         * groups (the CPU backend's copy where AVX2 is the kernels' ISA) */
+        void *P = NULL;
+        const size_t pb = best >= QT_ISA_AVX2 && best != QT_ISA_NEON ? qt_x8_bytes(wt, n, rows) : 0;
+        if (pb && (P = aligned_alloc(64, (pb + 63) / 64 * 64)) && qt_x8_pack(wt, W, ws, n, 0, rows, P)) {
+            free(P);
+            P = NULL;
+        }
+        for (int isa = 0; isa <= (int)best + (P != NULL); isa++) {
+            const int x8 = isa > (int)best;
+            if (x8) {
+                if (!want_isa[QT_ISA_AVX2]) continue;
+                qt_isa_set(QT_ISA_AVX2);
+            } else {
+                if (!want_isa[isa]) continue;
+                qt_isa_set((qt_isa)isa);
+                if ((int)qt_isa_get() != isa) continue;
+            }
+            const void *Px = x8 ? P : NULL;
             /* the scalar reference is slow: time it on fewer rows */
             const int64_t drows = isa == QT_ISA_SCALAR ? rows / 16 : rows;
             int64_t crows = isa == QT_ISA_SCALAR ? 256 : 4096;
-            if (cached) crows = rows / 16 > 16 ? rows / 16 : 16;
+            if (cached) crows = rows / 16 > 16 ? rows / 16 / 8 * 8 : 16;
             const double bytes = (double)ws * (double)drows;
-            printf("%-5s %-7s |", qt_name(wt), qt_isa_name((qt_isa)isa));
+            printf("%-5s %-7s |", qt_name(wt), x8 ? "x8" : qt_isa_name((qt_isa)isa));
             const int nbs[3] = { 1, 4, 8 };
             for (int k = 0; k < 3; k++) {
-                double t1 = gemm_time(wt, n, W, drows, A, nbs[k], Y, 1, tmin);
-                double t2 = gemm_time(wt, n, W, drows, A, nbs[k], Y, 2, tmin);
+                double t1 = gemm_time(wt, n, W, Px, drows, A, nbs[k], Y, 1, tmin);
+                double t2 = gemm_time(wt, n, W, Px, drows, A, nbs[k], Y, 2, tmin);
                 printf(" %6.2f %6.2f  |", bytes / t1 / 1e9, bytes / t2 / 1e9);
             }
             double flop = 2.0 * (double)n * (double)crows * 64;
-            double t1 = gemm_time(wt, n, W, crows, A, 64, Y, 1, tmin);
-            double t2 = gemm_time(wt, n, W, crows, A, 64, Y, 2, tmin);
+            double t1 = gemm_time(wt, n, W, Px, crows, A, 64, Y, 1, tmin);
+            double t2 = gemm_time(wt, n, W, Px, crows, A, 64, Y, 2, tmin);
             printf(" %7.1f %7.1f\n", flop / t1 / 1e9, flop / t2 / 1e9);
             fflush(stdout);
         }
-        free(W); free(A); free(Y); free(x);
+        free(P); free(W); free(A); free(Y); free(x);
     }
     qt_isa_set(best);
     return 0;
