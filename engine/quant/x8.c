@@ -103,6 +103,18 @@ typedef struct x8_lay {
 
 static x8_tile_fn q4k_tile, q80_tile;
 
+/* whether the tiles can run: they are AVX2 (x86 with more than the scalar
+ * kernels); elsewhere qt_x8_gemm refuses and the caller keeps the GGUF
+ * layout */
+static int x8_cpu_ok(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    return qt_isa_cpu() != QT_ISA_SCALAR;
+#else
+    return 0;
+#endif
+}
+
 static const x8_lay x8_lays[] = {
     { QT_Q4_K, 256, 1184, 2, q4k_pack8, q4k_tile },
     { QT_Q8_0, 32, 272, 4, q80_pack8, q80_tile },
@@ -141,8 +153,7 @@ int qt_x8_gemm(uint32_t type, int64_t n, const void *P, int64_t r0, int64_t r1, 
                int nb, float *Y, int64_t ldy)
 {
     const x8_lay *L = x8_find(type);
-    if (!L || qt_isa_cpu() == QT_ISA_SCALAR || !qt_x8_bytes(type, n, 8) || r0 % 8 || r1 % 8 || r1 < r0 || nb < 0)
-        return -1;
+    if (!L || !x8_cpu_ok() || !qt_x8_bytes(type, n, 8) || r0 % 8 || r1 % 8 || r1 < r0 || nb < 0) return -1;
     const int64_t nblk = n / L->block_n;
     /* tmax activation rows against every group of the range, 16 rows at a
      * time: a group of them stays in L2 while the weight rows go by */
@@ -311,7 +322,7 @@ static void q80_tile(int T, const uint8_t *p, int64_t nblk, const uint8_t *const
 
 #include "engine/quant/target_pop.h"
 #else
-/* (never called: qt_x8_gemm refuses where qt_isa_cpu has no AVX2) */
+/* (never called: qt_x8_gemm refuses off x86, x8_cpu_ok) */
 static void q4k_tile(int T, const uint8_t *p, int64_t nblk, const uint8_t *const *a, float *const *y)
 {
     (void)T; (void)p; (void)nblk; (void)a; (void)y;
