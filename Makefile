@@ -178,7 +178,7 @@ AA_DEB_PKGS := gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static
 AA_DIR      := bin/aarch64
 AA_SYSROOT  := $(AA_DIR)/sysroot
 AA_JANSSON  := $(AA_SYSROOT)/usr/lib/aarch64-linux-gnu/libjansson.a
-AA_ENG_SRC  := $(filter %/qtypes.c %/iq.c %/arm/neon.c %/gguf.c %/mfile.c,$(ENGINE_SRC)) $(COMMON_SRC)
+AA_ENG_SRC  := $(filter %/qtypes.c %/iq.c %/arm/neon.c %/quant/x8.c %/gguf.c %/mfile.c,$(ENGINE_SRC)) $(COMMON_SRC)
 AA_OBJ      := $(AA_ENG_SRC:%.c=$(AA_DIR)/obj/%.o)
 AA_TESTS    := $(AA_DIR)/t_qgemm $(AA_DIR)/t_dequant
 AA_CFLAGS    = -std=c11 $(OPT) -g -pthread $(WARN) -I. -D_GNU_SOURCE -idirafter $(AA_SYSROOT)/usr/include
