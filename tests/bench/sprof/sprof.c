@@ -12,6 +12,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -102,7 +103,12 @@ __attribute__((constructor)) static void sprof_start(void)
     sigemptyset(&sa.sa_mask);
     sigaction(SIGPROF, &sa, NULL);
     add_thread();
-    real_create(&sampler, NULL, sample_loop, NULL);
+    if (real_create(&sampler, NULL, sample_loop, NULL)) return;
+    /* above the program's threads where allowed: with every core busy an
+     * ordinary sampler runs late and busy periods go unsampled */
+    struct sched_param sp = { .sched_priority = 1 };
+    if (pthread_setschedparam(sampler, SCHED_FIFO, &sp))
+        fprintf(stderr, "sprof: the sampler runs at normal priority: with every core busy, busy time is undersampled\n");
 }
 
 static int by_pc(const void *a, const void *b)
