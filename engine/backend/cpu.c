@@ -164,7 +164,7 @@ static void rows_part(void *arg, int it, int ith)
 static void rows_run(be *b, void (*row)(const row_job *, int), row_job *j)
 {
     j->row = row;
-    j->per = j->n >= ROW_ELEMS ? 1 : ROW_ELEMS / j->n;
+    j->per = j->n >= ROW_ELEMS || j->n <= 0 ? 1 : ROW_ELEMS / j->n;
     pool_run(((cpu_be *)b)->pool, rows_part, j, (j->rows + j->per - 1) / j->per);
 }
 
