@@ -57,10 +57,10 @@ void strbuf_json_str(strbuf *b, const char *s, size_t n)
             i++;
             continue;
         }
-        strbuf_add(b, s + run, i - run);
+        if (i > run) strbuf_add(b, s + run, i - run);
         strbuf_add(b, e, el);
         run = ++i;
     }
-    strbuf_add(b, s + run, n - run);
+    if (n > run) strbuf_add(b, s + run, n - run);   /* s may be NULL when n is 0 */
     strbuf_addc(b, '"');
 }
