@@ -136,40 +136,37 @@ static void cpu_embed(be *b, const wt *emb, const int32_t *ids, int T, float *ou
  * thread makes it, and on many cores these ops, run by one thread, were a
  * serial part of every layer. */
 #define ROW_ELEMS 4096
-typedef struct row_job row_job;
-struct row_job {
-    void (*row)(const row_job *j, int r);
-    const float *x, *w, *bias;
-    float *out;
-    int rows, n, per;
-    float eps;
-    /* rope */
-    const float *tab;
-    const be_batch *bt;
-    int n_heads, head_dim, half, neox;
-    /* kv_store */
-    void *kc, *vc;
-    const float *k, *v;
-    int kv_type;
-};
+typedef struct row_job {
+    void (*row)(const void *ctx, int r);
+    const void *ctx;   /* the op's own arguments */
+    int rows, per;
+} row_job;
 
 static void rows_part(void *arg, int it, int ith)
 {
     (void)ith;
     const row_job *j = arg;
     const int r1 = (it + 1) * j->per < j->rows ? (it + 1) * j->per : j->rows;
-    for (int r = it * j->per; r < r1; r++) j->row(j, r);
+    for (int r = it * j->per; r < r1; r++) j->row(j->ctx, r);
 }
 
-static void rows_run(be *b, void (*row)(const row_job *, int), row_job *j)
+/* rows of n values each */
+static void rows_run(be *b, void (*row)(const void *, int), const void *ctx, int rows, int n)
 {
-    j->row = row;
-    j->per = j->n >= ROW_ELEMS || j->n <= 0 ? 1 : ROW_ELEMS / j->n;
-    pool_run(((cpu_be *)b)->pool, rows_part, j, (j->rows + j->per - 1) / j->per);
+    row_job j = { row, ctx, rows, n >= ROW_ELEMS || n <= 0 ? 1 : ROW_ELEMS / n };
+    pool_run(((cpu_be *)b)->pool, rows_part, &j, (j.rows + j.per - 1) / j.per);
 }
 
-static void rms_row(const row_job *j, int r)
+typedef struct norm_ctx {
+    const float *x, *w, *bias;
+    float *out;
+    int n;
+    float eps;
+} norm_ctx;
+
+static void rms_row(const void *ctx, int r)
 {
+    const norm_ctx *j = ctx;
     const int n = j->n;
     const float *xr = j->x + (size_t)r * n;
     float *o = j->out + (size_t)r * n;
@@ -181,8 +178,8 @@ static void rms_row(const row_job *j, int r)
 
 static void cpu_rmsnorm(be *b, const float *x, const wt *wv, int rows, int n, float eps, float *out)
 {
-    row_job j = { .x = x, .w = wv->data, .out = out, .rows = rows, .n = n, .eps = eps };
-    rows_run(b, rms_row, &j);
+    norm_ctx j = { .x = x, .w = wv->data, .out = out, .n = n, .eps = eps };
+    rows_run(b, rms_row, &j, rows, n);
 }
 
 /* matmul: activations are quantized once (per row, in parallel), then row
@@ -395,8 +392,9 @@ static void cpu_gelu_mul(be *b, const float *x, const float *up, size_t n, float
     pool_run(c->pool, gelu_part, &j, (int)((n + SILU_CHUNK - 1) / SILU_CHUNK));
 }
 
-static void ln_row(const row_job *j, int r)
+static void ln_row(const void *ctx, int r)
 {
+    const norm_ctx *j = ctx;
     const int n = j->n;
     const float *xr = j->x + (size_t)r * n;
     float *o = j->out + (size_t)r * n;
@@ -410,9 +408,8 @@ static void ln_row(const row_job *j, int r)
 
 static void cpu_layernorm(be *b, const float *x, const wt *wv, const wt *bv, int rows, int n, float eps, float *out)
 {
-    row_job j = { .x = x, .w = wv->data, .bias = bv && bv->data ? bv->data : NULL, .out = out, .rows = rows,
-                  .n = n, .eps = eps };
-    rows_run(b, ln_row, &j);
+    norm_ctx j = { .x = x, .w = wv->data, .bias = bv && bv->data ? bv->data : NULL, .out = out, .n = n, .eps = eps };
+    rows_run(b, ln_row, &j, rows, n);
 }
 
 static void cpu_scale(be *b, float *x, size_t n, float s)
@@ -431,7 +428,35 @@ static void cpu_add_pos(be *b, float *x, const wt *table, const be_batch *bt, in
     }
 }
 
-static void rope_row(const row_job *j, int t);
+typedef struct rope_ctx {
+    float *x;
+    const float *tab;   /* cos, sin by position and pair */
+    const be_batch *bt;
+    int n_heads, head_dim, half, neox;
+} rope_ctx;
+
+static void rope_row(const void *ctx, int t)
+{
+    const rope_ctx *j = ctx;
+    const int half = j->half;
+    const float *cs = j->tab + (size_t)j->bt->pos[t] * half * 2;
+    for (int h = 0; h < j->n_heads; h++) {
+        float *v = j->x + ((size_t)t * j->n_heads + h) * j->head_dim;
+        if (j->neox) {
+            for (int i = 0; i < half; i++) {
+                float a = v[i], d = v[i + half];
+                v[i] = a * cs[2 * i] - d * cs[2 * i + 1];
+                v[i + half] = a * cs[2 * i + 1] + d * cs[2 * i];
+            }
+        } else {
+            for (int i = 0; i < half; i++) {
+                float a = v[2 * i], d = v[2 * i + 1];
+                v[2 * i] = a * cs[2 * i] - d * cs[2 * i + 1];
+                v[2 * i + 1] = a * cs[2 * i + 1] + d * cs[2 * i];
+            }
+        }
+    }
+}
 
 static void cpu_rope(be *b, float *x, const be_batch *bt, int n_heads, int head_dim, int n_rot,
                      float base, int neox, const wt *fd)
@@ -469,31 +494,9 @@ static void cpu_rope(be *b, float *x, const be_batch *bt, int n_heads, int head_
         c->rope_fd = freq_div;
         if (n_fd) memcpy(c->rope_fdv, freq_div, (size_t)n_fd * 4);
     }
-    row_job j = { .out = x, .rows = bt->T, .n = n_heads * head_dim, .tab = c->rope_tab, .bt = bt,
-                  .n_heads = n_heads, .head_dim = head_dim, .half = half, .neox = neox };
-    rows_run(b, rope_row, &j);
-}
-
-static void rope_row(const row_job *j, int t)
-{
-    const int half = j->half;
-    const float *cs = j->tab + (size_t)j->bt->pos[t] * half * 2;
-    for (int h = 0; h < j->n_heads; h++) {
-        float *v = j->out + ((size_t)t * j->n_heads + h) * j->head_dim;
-        if (j->neox) {
-            for (int i = 0; i < half; i++) {
-                float a = v[i], d = v[i + half];
-                v[i] = a * cs[2 * i] - d * cs[2 * i + 1];
-                v[i + half] = a * cs[2 * i + 1] + d * cs[2 * i];
-            }
-        } else {
-            for (int i = 0; i < half; i++) {
-                float a = v[2 * i], d = v[2 * i + 1];
-                v[2 * i] = a * cs[2 * i] - d * cs[2 * i + 1];
-                v[2 * i + 1] = a * cs[2 * i + 1] + d * cs[2 * i];
-            }
-        }
-    }
+    rope_ctx j = { .x = x, .tab = c->rope_tab, .bt = bt, .n_heads = n_heads, .head_dim = head_dim, .half = half,
+                   .neox = neox };
+    rows_run(b, rope_row, &j, bt->T, n_heads * head_dim);
 }
 
 static inline size_t kv_slot(const be_batch *bt, int t, int pos)
@@ -509,9 +512,17 @@ static inline const void *kv_q8_at(const void *c, const be_batch *bt, int t, int
            be_kv_bytes(BE_KV_Q8_0, (size_t)kvh * hd);
 }
 
-static void kv_row(const row_job *j, int t)
+typedef struct kv_ctx {
+    void *kc, *vc;
+    const float *k, *v;
+    const be_batch *bt;
+    int kv_dim, kv_type;
+} kv_ctx;
+
+static void kv_row(const void *ctx, int t)
 {
-    const int kv_dim = j->n;
+    const kv_ctx *j = ctx;
+    const int kv_dim = j->kv_dim;
     size_t s = kv_slot(j->bt, t, j->bt->pos[t]) * (size_t)kv_dim;
     const float *kt = j->k + (size_t)t * kv_dim, *vt = j->v + (size_t)t * kv_dim;
     if (j->kv_type == BE_KV_Q8_0) {   /* ggml's q8_0 blocks (the reference quantizer) */
@@ -529,8 +540,8 @@ static void kv_row(const row_job *j, int t)
 
 static void cpu_kv_store(be *b, void *kc, void *vc, const be_batch *bt, int kv_dim, const float *k, const float *v)
 {
-    row_job j = { .rows = bt->T, .n = kv_dim, .bt = bt, .kc = kc, .vc = vc, .k = k, .v = v, .kv_type = b->kv_type };
-    rows_run(b, kv_row, &j);
+    kv_ctx j = { .kc = kc, .vc = vc, .k = k, .v = v, .bt = bt, .kv_dim = kv_dim, .kv_type = b->kv_type };
+    rows_run(b, kv_row, &j, bt->T, kv_dim);
 }
 
 typedef struct att_job {

@@ -49,7 +49,8 @@ static void on_prof(int sig, siginfo_t *si, void *ctx)
 static pid_t threads[MAX_THREADS];   /* kernel thread ids */
 static atomic_int n_threads, stopping;
 static pthread_t sampler;
-static int (*real_create)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
+typedef int (*create_fn)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
+static create_fn real_create;
 
 static void add_thread(void)
 {
@@ -67,9 +68,14 @@ static void *wrapped(void *p)
     return s.fn(s.arg);
 }
 
+static void resolve(void)
+{
+    if (!real_create) real_create = (create_fn)dlsym(RTLD_NEXT, "pthread_create");
+}
+
 int pthread_create(pthread_t *t, const pthread_attr_t *a, void *(*fn)(void *), void *arg)
 {
-    if (!real_create) real_create = (int (*)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *))dlsym(RTLD_NEXT, "pthread_create");
+    resolve();
     start *s = pcs ? malloc(sizeof *s) : NULL;
     if (!s) return real_create(t, a, fn, arg);
     s->fn = fn;
@@ -95,7 +101,7 @@ static void *sample_loop(void *arg)
 __attribute__((constructor)) static void sprof_start(void)
 {
     if (!getenv("SPROF") || !(pcs = malloc(MAX_SAMPLES * sizeof *pcs))) return;
-    real_create = (int (*)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *))dlsym(RTLD_NEXT, "pthread_create");
+    resolve();
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_sigaction = on_prof;
