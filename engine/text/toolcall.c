@@ -983,7 +983,9 @@ static int st_h_header(tc_parser *p, int final)
 {
     long long e = wait_for(p, M_H_MESSAGE);
     size_t lim = p->mark + MAX_HEADER;
-    if (e < 0 && !final && p->buf.n <= lim) return 0;
+    /* until a marker starting at lim would be whole: the decision must not
+     * depend on where the reply was cut into pieces */
+    if (e < 0 && !final && p->buf.n < lim + strlen(M_H_MESSAGE)) return 0;
     if (e < 0 || (size_t)e > lim) {
         /* not a header: its first byte on is text again */
         p->st = S_H_TOP;
