@@ -715,7 +715,7 @@ static int st_mi_list(tc_parser *p, int final)
 {
     int r = tcj_scan_feed(&p->js, p->buf.p, p->buf.n);
     if (r == 0 && !final) return 0;
-    if (r <= 0) return fail(p, p->buf.n);
+    if (r <= 0) return fail(p, r < 0 ? p->js.pos : p->buf.n);   /* (not what happens to be buffered) */
     size_t end = p->js.pos;
     strbuf c = {0};
     int ok = tcj_compact(p->buf.p + p->aux, end - p->aux, &c) == 0 && !c.oom && c.n > 2;
@@ -881,7 +881,7 @@ static int st_fn_args(tc_parser *p, int final)
 {
     int r = tcj_scan_feed(&p->js, p->buf.p, p->buf.n);
     if (r == 0 && !final) return 0;
-    if (r <= 0) return fail(p, p->buf.n);
+    if (r <= 0) return fail(p, r < 0 ? p->js.pos : p->buf.n);   /* (not what happens to be buffered) */
     p->args.n = 0;
     if (tcj_compact(p->buf.p + p->aux, p->js.pos - p->aux, &p->args) < 0) return fail(p, p->js.pos);
     out_call(p);
