@@ -294,8 +294,12 @@ static int json_call_text(tc_parser *p, const char *s, size_t n)
 /* One "key":value of XML-ish arguments: JSON values as they are, anything
  * else (a JSON string included: it is text that happens to be quoted) as a
  * string. */
-static void put_param(tc_parser *p, int *first, const char *k, size_t kl, const char *v, size_t vl)
+/* -1 for a key with a control character (not a parameter's name, and a
+ * NUL in a key is more than many JSON readers take) */
+static int put_param(tc_parser *p, int *first, const char *k, size_t kl, const char *v, size_t vl)
 {
+    for (size_t i = 0; i < kl; i++)
+        if ((unsigned char)k[i] < 0x20 || k[i] == 0x7F) return -1;
     if (!*first) strbuf_addc(&p->args, ',');
     *first = 0;
     strbuf_json_str(&p->args, k, kl);
@@ -305,6 +309,7 @@ static void put_param(tc_parser *p, int *first, const char *k, size_t kl, const 
     trim(&tv, &tl);
     if (!tl || (tv[0] == '"' && tl > 1) || tcj_compact(tv, tl, &p->args) < 0)
         strbuf_json_str(&p->args, v, vl);
+    return 0;
 }
 
 /* GLM 4.5-4.7: N<arg_key>K</arg_key><arg_value>V</arg_value>... (newlines
@@ -339,7 +344,7 @@ static int glm_call(tc_parser *p, const char *s, size_t n)
         if (!ve) return -1;
         trim(&key, &keyl);
         if (!keyl) return -1;
-        put_param(p, &first, key, keyl, s, (size_t)(ve - s));
+        if (put_param(p, &first, key, keyl, s, (size_t)(ve - s)) < 0) return -1;
         n -= (size_t)(ve - s) + 12;
         s = ve + 12;
         while (n && is_ws(*s)) { s++; n--; }
@@ -396,7 +401,7 @@ static int xml_call(tc_parser *p, const char *s, size_t n)
         size_t vl = (size_t)(e - s);
         if (vl && v[0] == '\n') { v++; vl--; }
         if (vl && v[vl - 1] == '\n') vl--;
-        put_param(p, &first, k, kl, v, vl);
+        if (put_param(p, &first, k, kl, v, vl) < 0) return -1;
         n -= (size_t)(e - s) + skip;
         s = e + skip;
     }
