@@ -87,10 +87,11 @@ static void usage(FILE *f)
 "                          prompt matmuls while memory allows (auto), or none:\n"
 "                          less GPU memory, slower prompts (off)\n"
 "      --cpu-repack auto|off  the CPU backend's copies of weights in its kernels'\n"
-"                          own layouts (auto: q4_K and q8_0 in 8-row groups\n"
-"                          where AVX2 is the best the CPU has; about the\n"
-"                          matrices' size, in place of the file's pages of\n"
-"                          them), or none: the file's bytes only, slower (off)\n"
+"                          own layouts (auto: q4_K in 8-row groups where\n"
+"                          AVX2 or AVX-512 without AMX is the best the CPU\n"
+"                          has, q8_0 too on AVX2; about the matrices' size,\n"
+"                          in place of the file's pages of them), or none:\n"
+"                          the file's bytes only, slower (off)\n"
 "      --max-clients N     connections at once (default 256)\n"
 "      --max-backlog KIB   output waiting for one client before its jobs are\n"
 "                          cancelled with \"busy\" (default 16384); past a\n"
@@ -726,7 +727,7 @@ int main(int argc, char **argv)
              mi->tokenizer_only ? ", tokenizer only" : "");
     if (mi->device && mi->device[0]) log_info("device: %s", mi->device);
     if (mi->repacked_bytes)
-        log_info("weights: %.1f MiB of q4_K and q8_0 matrices held in 8-row groups for the AVX2 kernels (a copy; the "
+        log_info("weights: %.1f MiB of q4_K and q8_0 matrices held in 8-row groups (a copy; the "
                  "file's bytes of them are no longer read)", (double)mi->repacked_bytes / (1 << 20));
     if (mi->pooling) log_info("embeddings: %s pooling (%s)", mi->pooling, mi->pooling_source);
     if (mi->warning && mi->warning[0]) log_warn("model: %s", mi->warning);

@@ -42,13 +42,19 @@ typedef struct cpu_be {
 #define CPU_MAP_MIN ((size_t)1 << 20)
 #define CPU_HDR 64
 
-static void *cpu_alloc(be *b, size_t n)
+/* huge: in 2 MiB pages where the kernel allows (weights read whole every
+ * token; not the KV pool, where that would commit 2 MiB per page touched) */
+static void *cpu_take(size_t n, int huge)
 {
-    (void)b;
     uint8_t *p;
     if (n >= CPU_MAP_MIN) {
         void *m = mmap(NULL, n + CPU_HDR, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (m == MAP_FAILED) return NULL;
+#ifdef MADV_HUGEPAGE
+        if (huge) madvise(m, n + CPU_HDR, MADV_HUGEPAGE);   /* (a hint: 4 KiB pages if refused) */
+#else
+        (void)huge;
+#endif
         p = m;
     } else {
         void *a = NULL;
@@ -58,6 +64,12 @@ static void *cpu_alloc(be *b, size_t n)
     }
     memcpy(p, &n, sizeof n);
     return p + CPU_HDR;
+}
+
+static void *cpu_alloc(be *b, size_t n)
+{
+    (void)b;
+    return cpu_take(n, 0);
 }
 
 static void cpu_free(be *b, void *q)
@@ -82,16 +94,19 @@ static void pack_rows(void *arg, int i, int ith)
     qt_x8_pack(j->w->type, j->w->data, j->w->row_bytes, j->w->n_in, r0, r1, j->dst);
 }
 
-/* q4_K and q8_0 matrices in 8-row groups (quant/x8.c) where the kernels
- * run AVX2 (not AVX-512 or AMX, whose kernels for them are their own): a
- * copy at w->pack that mm_rows reads instead of the file's bytes, counted
- * in own_bytes.
+/* Matrices in 8-row groups (quant/x8.c) where they beat the GGUF-layout
+ * kernels (docs/benchmarks.md): q4_K and q8_0 on AVX2; q4_K on AVX-512
+ * (its VNNI tiles; q8_0's GGUF-layout AVX-512 kernel is faster on batches);
+ * none with AMX, whose prompt tiles read the GGUF layout. A copy at
+ * w->pack, in 2 MiB pages where allowed, that mm_rows reads instead of the
+ * file's bytes, counted in own_bytes.
  * Without memory for it the matrix keeps the GGUF layout. */
 static int cpu_weight_prepare(be *b, wt *w)
 {
     cpu_be *c = (cpu_be *)b;
     size_t n = 0;
-    if (c->repack && w->n_mat <= 1 && !w->lookup && qt_isa_get() == QT_ISA_AVX2)
+    const qt_isa isa = qt_isa_get();
+    if (c->repack && w->n_mat <= 1 && !w->lookup && (isa == QT_ISA_AVX2 || (isa == QT_ISA_AVX512 && w->type == QT_Q4_K)))
         n = qt_x8_bytes(w->type, w->n_in, w->n_out);
     if (!n) return 0;
     if (c->n_own == c->cap_own) {
@@ -101,7 +116,7 @@ static int cpu_weight_prepare(be *b, wt *w)
         c->own = o;
         c->cap_own = cap;
     }
-    void *p = cpu_alloc(b, n);
+    void *p = cpu_take(n, 1);
     if (!p) return 0;
     pack_job j = { w, p };
     pool_run(c->pool, pack_rows, &j, (int)((w->n_out + PACK_ROWS - 1) / PACK_ROWS));

@@ -1,7 +1,7 @@
 /* x8.c — q4_K and q8_0 matrices repacked in groups of 8 rows for the AVX2
- * kernels (qtypes.h, "Matrices in 8-row groups"): one table of layouts, one
- * pack and one batch driver over it; a type's block packer and tile are
- * its own.
+ * and AVX-512 VNNI kernels (qtypes.h, "Matrices in 8-row groups"): one
+ * table of layouts, one pack and one batch driver over it; a type's block
+ * packer and tiles are its own.
  *
  * Why: in GGUF's layout a super-block's dot with one activation row ends in
  * a horizontal sum and a float finish of its own, and its scales are spread
@@ -96,12 +96,14 @@ typedef struct x8_lay {
     uint32_t type;
     int64_t block_n;        /* values per block */
     size_t bytes;           /* per 8 rows x block */
-    int tmax;               /* activation rows a tile takes */
     void (*pack8)(const uint8_t *const *src, uint8_t *o);
-    x8_tile_fn *tile;
+    x8_tile_fn *tile;       /* AVX2 */
+    int tmax;               /* activation rows it takes */
+    x8_tile_fn *tile_vnni;  /* AVX-512 VNNI (vpdpbusd on 8 lanes), or NULL */
+    int tmax_vnni;
 } x8_lay;
 
-static x8_tile_fn q4k_tile, q80_tile;
+static x8_tile_fn q4k_tile, q80_tile, q4k_tile_vnni;
 
 /* whether the tiles can run: they are AVX2 (x86 with more than the scalar
  * kernels); elsewhere qt_x8_gemm refuses and the caller keeps the GGUF
@@ -116,8 +118,8 @@ static int x8_cpu_ok(void)
 }
 
 static const x8_lay x8_lays[] = {
-    { QT_Q4_K, 256, 1184, 2, q4k_pack8, q4k_tile },
-    { QT_Q8_0, 32, 272, 4, q80_pack8, q80_tile },
+    { QT_Q4_K, 256, 1184, q4k_pack8, q4k_tile, 2, q4k_tile_vnni, 4 },
+    { QT_Q8_0, 32, 272, q80_pack8, q80_tile, 4, NULL, 0 },
 };
 
 static const x8_lay *x8_find(uint32_t type)
@@ -155,21 +157,25 @@ int qt_x8_gemm(uint32_t type, int64_t n, const void *P, int64_t r0, int64_t r1, 
     const x8_lay *L = x8_find(type);
     if (!L || !x8_cpu_ok() || !qt_x8_bytes(type, n, 8) || r0 % 8 || r1 % 8 || r1 < r0 || nb < 0) return -1;
     const int64_t nblk = n / L->block_n;
+    const qt_isa isa = qt_isa_get();
+    const int vnni = (isa == QT_ISA_AVX512 || isa == QT_ISA_AMX) && L->tile_vnni;
+    x8_tile_fn *tile = vnni ? L->tile_vnni : L->tile;
+    const int tmax = vnni ? L->tmax_vnni : L->tmax;
     /* tmax activation rows against every group of the range, 16 rows at a
      * time: a group of them stays in L2 while the weight rows go by */
     for (int b0 = 0; b0 < nb; b0 += 16) {
         const int be = nb - b0 < 16 ? nb : b0 + 16;
         for (int64_t g = r0 / 8; g < r1 / 8; g++) {
             const uint8_t *p = (const uint8_t *)P + (size_t)g * (size_t)nblk * L->bytes;
-            for (int b = b0; b < be; b += L->tmax) {
-                const int T = be - b < L->tmax ? be - b : L->tmax;
-                const uint8_t *a[4];
-                float *y[4];
+            for (int b = b0; b < be; b += tmax) {
+                const int T = be - b < tmax ? be - b : tmax;
+                const uint8_t *a[8];
+                float *y[8];
                 for (int t = 0; t < T; t++) {
                     a[t] = (const uint8_t *)A + (size_t)(b + t) * a_stride;
                     y[t] = Y + (size_t)(b + t) * (size_t)ldy + (size_t)g * 8;
                 }
-                L->tile(T, p, nblk, a, y);
+                tile(T, p, nblk, a, y);
             }
         }
     }
@@ -190,6 +196,37 @@ int qt_x8_gemm(uint32_t type, int64_t n, const void *P, int64_t r0, int64_t r1, 
 #else
 #define X8_UNROLL _Pragma("GCC unroll 8")
 #endif
+
+/* a q4_K super-block's float finish for T activation rows: the mins
+ * against the activations' 32-value sums, then d, dmin and the
+ * activation's d as the reference orders them */
+X8_AI void q4k_finish(int T, const uint8_t *p, const qt_block_q8_K *const *ab, const __m256i *acc, __m256 *sums)
+{
+    const __m256 fd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p + 1152)));
+    const __m256 fm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p + 1168)));
+    X8_UNROLL
+    for (int t = 0; t < T; t++) {
+        const __m256i bs = _mm256_loadu_si256((const __m256i *)(const void *)ab[t]->bsums);
+        const __m128i b8 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+        const __m256i bb = _mm256_broadcastsi128_si256(b8);
+        __m256i ms = _mm256_setzero_si256();
+        X8_UNROLL
+        for (int q = 0; q < 4; q++) {
+            const __m256i mn = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(p + 1088 + 16 * q)));
+            __m256i bq;
+            switch (q) {   /* (the shuffle takes an immediate) */
+            case 0: bq = _mm256_shuffle_epi32(bb, 0x00); break;
+            case 1: bq = _mm256_shuffle_epi32(bb, 0x55); break;
+            case 2: bq = _mm256_shuffle_epi32(bb, 0xAA); break;
+            default: bq = _mm256_shuffle_epi32(bb, 0xFF); break;
+            }
+            ms = _mm256_add_epi32(ms, _mm256_madd_epi16(mn, bq));
+        }
+        const __m256 v = _mm256_sub_ps(_mm256_mul_ps(fd, _mm256_cvtepi32_ps(acc[t])),
+                                       _mm256_mul_ps(fm, _mm256_cvtepi32_ps(ms)));
+        sums[t] = _mm256_add_ps(sums[t], _mm256_mul_ps(_mm256_set1_ps(ab[t]->d), v));
+    }
+}
 
 /* q4_K: activation rows in q8_K, two a pass: with more, the int16 and int32
  * sums no longer fit the 16 registers (4 spilled and ran at 2/3 the
@@ -232,30 +269,7 @@ X8_AI void q4k_tile_t(int T, const uint8_t *p, int64_t nsb, const uint8_t *const
             X8_UNROLL
             for (int t = 0; t < T; t++) acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(s16[t], s));
         }
-        const __m256 fd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p + 1152)));
-        const __m256 fm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p + 1168)));
-        X8_UNROLL
-        for (int t = 0; t < T; t++) {
-            const __m256i bs = _mm256_loadu_si256((const __m256i *)(const void *)ab[t]->bsums);
-            const __m128i b8 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
-            const __m256i bb = _mm256_broadcastsi128_si256(b8);
-            __m256i ms = _mm256_setzero_si256();
-            X8_UNROLL
-            for (int q = 0; q < 4; q++) {
-                const __m256i mn = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(p + 1088 + 16 * q)));
-                __m256i bq;
-                switch (q) {   /* (the shuffle takes an immediate) */
-                case 0: bq = _mm256_shuffle_epi32(bb, 0x00); break;
-                case 1: bq = _mm256_shuffle_epi32(bb, 0x55); break;
-                case 2: bq = _mm256_shuffle_epi32(bb, 0xAA); break;
-                default: bq = _mm256_shuffle_epi32(bb, 0xFF); break;
-                }
-                ms = _mm256_add_epi32(ms, _mm256_madd_epi16(mn, bq));
-            }
-            const __m256 v = _mm256_sub_ps(_mm256_mul_ps(fd, _mm256_cvtepi32_ps(acc[t])),
-                                           _mm256_mul_ps(fm, _mm256_cvtepi32_ps(ms)));
-            sums[t] = _mm256_add_ps(sums[t], _mm256_mul_ps(_mm256_set1_ps(ab[t]->d), v));
-        }
+        q4k_finish(T, p, ab, acc, sums);
     }
     X8_UNROLL
     for (int t = 0; t < T; t++) _mm256_storeu_ps(y[t], sums[t]);
@@ -321,14 +335,79 @@ static void q80_tile(int T, const uint8_t *p, int64_t nblk, const uint8_t *const
 }
 
 #include "engine/quant/target_pop.h"
+#include "engine/quant/x86/avx512_target.h"
+
+/* q4_K's tile with AVX-512 VNNI's vpdpbusd on the 8 lanes (32 vector
+ * registers, so 4 activation rows a pass): the products go to int32
+ * without the int16 step and its adds. Same integers, same float finish:
+ * the same bits. (q8_0's such tile, with w + 128 against a and the block
+ * sums taken off, lost to the GGUF-layout AVX-512 kernel on batches of 4
+ * to 64 rows: docs/benchmarks.md.)
+ *
+ * Per chunk the low and the high nibbles' products in int32 apart,
+ * each 16 products of at most 15 * 128 = 30,720 a lane, so that one
+ * vpdpwssd (the lane's low 16 bits times the scale; its high half, the
+ * sign, times 0) multiplies each by the chunk's scale. */
+X8_AI void q4k_vtile_t(int T, const uint8_t *p, int64_t nsb, const uint8_t *const *a, float *const *y)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m256 sums[4];
+    X8_UNROLL
+    for (int t = 0; t < T; t++) sums[t] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nsb; i++, p += 1184) {
+        _mm_prefetch((const char *)p + 2 * 1184, _MM_HINT_T0);
+        const qt_block_q8_K *ab[4];
+        X8_UNROLL
+        for (int t = 0; t < T; t++) ab[t] = (const qt_block_q8_K *)(const void *)a[t] + i;
+        __m256i acc[4];
+        X8_UNROLL
+        for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_si256();
+        X8_UNROLL
+        for (int c = 0; c < 8; c++) {
+            __m256i lo[4], hi[4];
+            X8_UNROLL
+            for (int t = 0; t < T; t++) lo[t] = hi[t] = _mm256_setzero_si256();
+            X8_UNROLL
+            for (int h = 0; h < 4; h++) {
+                const __m256i v = _mm256_load_si256((const __m256i *)(const void *)(p + (4 * c + h) * 32));
+                const __m256i wl = _mm256_and_si256(v, m4), wh = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                X8_UNROLL
+                for (int t = 0; t < T; t++) {
+                    int32_t l, u;
+                    memcpy(&l, ab[t]->qs + 32 * c + 4 * h, 4);
+                    memcpy(&u, ab[t]->qs + 32 * c + 16 + 4 * h, 4);
+                    lo[t] = _mm256_dpbusd_epi32(lo[t], wl, _mm256_set1_epi32(l));
+                    hi[t] = _mm256_dpbusd_epi32(hi[t], wh, _mm256_set1_epi32(u));
+                }
+            }
+            const __m256i s = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(p + 1024 + 8 * c)));
+            X8_UNROLL
+            for (int t = 0; t < T; t++) acc[t] = _mm256_dpwssd_epi32(_mm256_dpwssd_epi32(acc[t], lo[t], s), hi[t], s);
+        }
+        q4k_finish(T, p, ab, acc, sums);
+    }
+    X8_UNROLL
+    for (int t = 0; t < T; t++) _mm256_storeu_ps(y[t], sums[t]);
+}
+
+static void q4k_tile_vnni(int T, const uint8_t *p, int64_t nsb, const uint8_t *const *a, float *const *y)
+{
+    switch (T) {
+    case 4: q4k_vtile_t(4, p, nsb, a, y); break;
+    case 3: q4k_vtile_t(3, p, nsb, a, y); break;
+    case 2: q4k_vtile_t(2, p, nsb, a, y); break;
+    default: q4k_vtile_t(1, p, nsb, a, y); break;
+    }
+}
+
+#include "engine/quant/target_pop.h"
 #else
 /* (never called: qt_x8_gemm refuses off x86, x8_cpu_ok) */
-static void q4k_tile(int T, const uint8_t *p, int64_t nblk, const uint8_t *const *a, float *const *y)
+static void x8_none(int T, const uint8_t *p, int64_t nblk, const uint8_t *const *a, float *const *y)
 {
     (void)T; (void)p; (void)nblk; (void)a; (void)y;
 }
-static void q80_tile(int T, const uint8_t *p, int64_t nblk, const uint8_t *const *a, float *const *y)
-{
-    (void)T; (void)p; (void)nblk; (void)a; (void)y;
-}
+static void q4k_tile(int T, const uint8_t *p, int64_t n, const uint8_t *const *a, float *const *y) { x8_none(T, p, n, a, y); }
+static void q80_tile(int T, const uint8_t *p, int64_t n, const uint8_t *const *a, float *const *y) { x8_none(T, p, n, a, y); }
+static void q4k_tile_vnni(int T, const uint8_t *p, int64_t n, const uint8_t *const *a, float *const *y) { x8_none(T, p, n, a, y); }
 #endif

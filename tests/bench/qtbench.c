@@ -340,11 +340,13 @@ int main(int argc, char **argv)
             free(P);
             P = NULL;
         }
-        for (int isa = 0; isa <= (int)best + (P != NULL); isa++) {
-            const int x8 = isa > (int)best;
+        /* then the packed rows: "x8" its AVX2 tiles, "x8vnni" the VNNI ones */
+        const int n_x8 = !P ? 0 : best >= QT_ISA_AVX512 && best != QT_ISA_NEON ? 2 : 1;
+        for (int isa = 0; isa <= (int)best + n_x8; isa++) {
+            const int x8 = isa > (int)best ? isa - (int)best : 0;
             if (x8) {
-                if (!want_isa[QT_ISA_AVX2]) continue;
-                qt_isa_set(QT_ISA_AVX2);
+                if (!want_isa[x8 == 1 ? QT_ISA_AVX2 : QT_ISA_AVX512]) continue;
+                qt_isa_set(x8 == 1 ? QT_ISA_AVX2 : QT_ISA_AVX512);
             } else {
                 if (!want_isa[isa]) continue;
                 qt_isa_set((qt_isa)isa);
@@ -356,7 +358,7 @@ int main(int argc, char **argv)
             int64_t crows = isa == QT_ISA_SCALAR ? 256 : 4096;
             if (cached) crows = rows / 16 > 16 ? rows / 16 / 8 * 8 : 16;
             const double bytes = (double)ws * (double)drows;
-            printf("%-5s %-7s |", qt_name(wt), x8 ? "x8" : qt_isa_name((qt_isa)isa));
+            printf("%-5s %-7s |", qt_name(wt), x8 ? (x8 == 1 ? "x8" : "x8vnni") : qt_isa_name((qt_isa)isa));
             const int nbs[3] = { 1, 4, 8 };
             for (int k = 0; k < 3; k++) {
                 double t1 = gemm_time(wt, n, W, Px, drows, A, nbs[k], Y, 1, tmin);

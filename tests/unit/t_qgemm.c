@@ -380,7 +380,8 @@ static void test_decode_tiles(void)
 }
 
 /* K-quant batches over more than 16 activation rows, rows of 40 super-blocks */
-/* Matrices in 8-row groups (qt_x8_*): the packed kernel against the
+/* Matrices in 8-row groups (qt_x8_*): the packed kernels (AVX2, and VNNI
+ * where the CPU has AVX-512) against the
  * reference on the GGUF bytes, bit for bit, for every nb 1..21 (each
  * tile's passes and their remainders), widths ns (up to past L2 for the
  * larger batches), and row ranges of whole groups inside the matrix;
@@ -425,7 +426,8 @@ static void x8_case(uint32_t type, const int64_t *ns, size_t n_ns)
                         }
                 }
             }
-            CHECKF(bad == 0, "%s x8 n=%lld rows=%lld: %d mismatches in %d cases", qt_name(type), (long long)n,
+            CHECKF(bad == 0, "%s x8 (%s) n=%lld rows=%lld: %d mismatches in %d cases", qt_name(type),
+                   qt_isa_name(qt_isa_get()), (long long)n,
                    (long long)rows, bad, cases);
             free(W); free(A); free(P); free(x); free(Yr); free(Yp);
         }
@@ -450,8 +452,14 @@ static void test_x8(void)
         fprintf(stderr, "test_x8: no AVX2 here, the kernels not run\n");
         return;
     }
-    x8_case(QT_Q4_K, q4k_ns, sizeof q4k_ns / sizeof q4k_ns[0]);
-    x8_case(QT_Q8_0, q80_ns, sizeof q80_ns / sizeof q80_ns[0]);
+    /* the AVX2 tiles, then the VNNI ones where the CPU has AVX-512 */
+    const qt_isa best = qt_isa_get();
+    for (int isa = QT_ISA_AVX2; isa <= QT_ISA_AVX512 && isa <= (int)qt_isa_cpu(); isa++) {
+        qt_isa_set((qt_isa)isa);
+        x8_case(QT_Q4_K, q4k_ns, sizeof q4k_ns / sizeof q4k_ns[0]);
+        x8_case(QT_Q8_0, q80_ns, sizeof q80_ns / sizeof q80_ns[0]);
+    }
+    qt_isa_set(best);
 }
 
 static void test_kquant_long_batches(void)
