@@ -45,7 +45,12 @@ struct gram_match {
     uint32_t *marena; uint32_t n_marena, cap_marena;
 };
 
+/* The memo starts small and doubles up to these (then is cleared when
+ * full): a matcher that takes a few values touches a few KiB, not the
+ * 18 MiB of the largest. */
+#define MEMO_MIN (1u << 10)
 #define MEMO_CAP (1u << 16)
+#define MEMO_ARENA_MIN (1u << 14)
 #define MEMO_ARENA (1u << 22)
 
 struct gram_vocab {
@@ -252,14 +257,45 @@ static uint64_t set_hash(const uint32_t *s, uint32_t n, uint32_t c)
     return h | 1;    /* 0 marks a free slot */
 }
 
+/* Room for one more entry and `need` arena words by doubling the table
+ * (its entries placed again by their hashes) or the arena; -1 where that
+ * would pass the caps or memory ran out (the caller clears instead). */
+static int memo_grow(gram_match *m, uint32_t need)
+{
+    uint32_t cap = m->memo_cap, acap = m->cap_marena;
+    if (m->n_memo * 2 >= cap) cap *= 2;
+    while ((uint64_t)m->n_marena + need > acap && acap <= MEMO_ARENA) acap *= 2;
+    if (cap > MEMO_CAP || acap > MEMO_ARENA) return -1;
+    if (acap != m->cap_marena) {
+        uint32_t *a = realloc(m->marena, (size_t)acap * sizeof *a);
+        if (!a) return -1;
+        m->marena = a;
+        m->cap_marena = acap;
+    }
+    if (cap != m->memo_cap) {
+        struct memo *t = calloc(cap, sizeof *t);
+        if (!t) return -1;
+        for (uint32_t i = 0; i < m->memo_cap; i++) {
+            if (!m->memo[i].h) continue;
+            uint32_t s = (uint32_t)(m->memo[i].h >> 1) & (cap - 1);
+            while (t[s].h) s = (s + 1) & (cap - 1);
+            t[s] = m->memo[i];
+        }
+        free(m->memo);
+        m->memo = t;
+        m->memo_cap = cap;
+    }
+    return 0;
+}
+
 /* step() through the memo. */
 static int64_t step_memo(gram_match *m, uint32_t in, uint32_t n, uint32_t c)
 {
     if (!m->memo) {
-        m->memo = calloc(MEMO_CAP, sizeof *m->memo);
-        m->marena = malloc(MEMO_ARENA * sizeof *m->marena);
+        m->memo = calloc(MEMO_MIN, sizeof *m->memo);
+        m->marena = malloc(MEMO_ARENA_MIN * sizeof *m->marena);
         if (!m->memo || !m->marena) { free(m->memo); free(m->marena); m->memo = NULL; m->marena = NULL; return step(m, in, n, c); }
-        m->memo_cap = MEMO_CAP; m->cap_marena = MEMO_ARENA;
+        m->memo_cap = MEMO_MIN; m->cap_marena = MEMO_ARENA_MIN;
     }
     uint64_t h = set_hash(m->buf + in, n, c);
     uint32_t slot = (uint32_t)(h >> 1) & (m->memo_cap - 1);
@@ -276,8 +312,9 @@ static int64_t step_memo(gram_match *m, uint32_t in, uint32_t n, uint32_t c)
     int64_t k = step(m, in, n, c);
     if (k < 0) return k;
     if (m->n_memo * 2 >= m->memo_cap || m->n_marena + n + (uint32_t)k > m->cap_marena) {
-        memo_clear(m);
+        if (memo_grow(m, n + (uint32_t)k) < 0) memo_clear(m);
         slot = (uint32_t)(h >> 1) & (m->memo_cap - 1);
+        while (m->memo[slot].h) slot = (slot + 1) & (m->memo_cap - 1);
     }
     struct memo *e = &m->memo[slot];
     e->h = h; e->cp = c;
