@@ -612,6 +612,14 @@ static int fail(tc_parser *p, size_t to)
     return 1;
 }
 
+/* A JSON value that ended unread (r from tcj_scan_feed, <= 0): text up to
+ * the byte the scanner refused, or everything once the reply ended, never
+ * up to what happens to be buffered, so whole and streamed replies agree. */
+static int fail_json(tc_parser *p, int r)
+{
+    return fail(p, r < 0 ? p->js.pos : p->buf.n);
+}
+
 static int st_hermes(tc_parser *p, int final)
 {
     long long e = wait_for(p, M_TOOL_CALL_END);
@@ -633,7 +641,7 @@ static int st_json(tc_parser *p, int final)
     if (r == 0 && !final) return 0;
     if (r <= 0) {
         p->content_seen = 1;   /* this text is content: no call follows it */
-        return fail(p, r < 0 ? p->js.pos : p->buf.n);
+        return fail_json(p, r);
     }
     if (json_call_text(p, p->buf.p + p->mark, p->js.pos - p->mark) < 0) {
         p->content_seen = 1;
@@ -720,7 +728,7 @@ static int st_mi_list(tc_parser *p, int final)
 {
     int r = tcj_scan_feed(&p->js, p->buf.p, p->buf.n);
     if (r == 0 && !final) return 0;
-    if (r <= 0) return fail(p, r < 0 ? p->js.pos : p->buf.n);   /* (not what happens to be buffered) */
+    if (r <= 0) return fail_json(p, r);
     size_t end = p->js.pos;
     strbuf c = {0};
     int ok = tcj_compact(p->buf.p + p->aux, end - p->aux, &c) == 0 && !c.oom && c.n > 2;
@@ -771,7 +779,7 @@ static int st_mi_args(tc_parser *p, int final)
 {
     int r = tcj_scan_feed(&p->js, p->buf.p, p->buf.n);
     if (r == 0 && !final) return 0;
-    if (r <= 0) return fail(p, r < 0 ? p->aux : p->buf.n);
+    if (r <= 0) return fail_json(p, r);
     p->args.n = 0;
     if (tcj_compact(p->buf.p + p->aux, p->js.pos - p->aux, &p->args) < 0) return fail(p, p->js.pos);
     out_call(p);
@@ -886,7 +894,7 @@ static int st_fn_args(tc_parser *p, int final)
 {
     int r = tcj_scan_feed(&p->js, p->buf.p, p->buf.n);
     if (r == 0 && !final) return 0;
-    if (r <= 0) return fail(p, r < 0 ? p->js.pos : p->buf.n);   /* (not what happens to be buffered) */
+    if (r <= 0) return fail_json(p, r);
     p->args.n = 0;
     if (tcj_compact(p->buf.p + p->aux, p->js.pos - p->aux, &p->args) < 0) return fail(p, p->js.pos);
     out_call(p);
