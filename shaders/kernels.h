@@ -253,6 +253,11 @@ void ck_moe_route(cudaStream_t st, const float *lg, int T, int X, int K, int gat
                   int32_t *ids, float *wts);
 void ck_moe_group(cudaStream_t st, const int32_t *ids, int N, int X, int32_t *first, int32_t *slot, int32_t *pair,
                   int32_t *tiles, int32_t *n_tiles);
+/* Both in one launch (one block: for batches of a few tokens) */
+#define CK_MOE_RG_MAX_T 32
+void ck_moe_route_group(cudaStream_t st, const float *lg, int T, int X, int K, int gating, int norm, float scale,
+                        int32_t *ids, float *wts, int32_t *first, int32_t *slot, int32_t *pair, int32_t *tiles,
+                        int32_t *n_tiles);
 /* y [N][rows] by slot = each tile's expert's rows (W: stacked experts of
  * `rows` rows each, n values a row) on x (rows of n: by token, pair / K,
  * when by_token, else by slot) (+ bias [X][rows], or NULL); f32
@@ -270,6 +275,22 @@ int ck_moe_int8(uint32_t type, int n);
 void ck_moe_mmq(cudaStream_t st, uint32_t type, const void *W, size_t rb, int n, int rows, const void *xq,
                 int x_rows, int by_token, int K, const int32_t *pair, const int32_t *tiles, const int32_t *n_tiles,
                 int max_tiles, const float *bias, float *y);
+/* The gate and up products of int8 experts (both of one type and row
+ * length, ck_moe_gluq_ok), act of the two, into hg [N][F] by slot (f32,
+ * when not NULL) and its int8 form hq (CK_XQ_BYTES(N, F), when not NULL),
+ * the same bits as ck_moe_mmq twice, ck_moe_act and ck_quant_x. */
+int ck_moe_gluq_ok(uint32_t type, int n, int F);
+void ck_moe_gluq(cudaStream_t st, uint32_t type, const void *Wg, const void *Wu, size_t rb, int n, int F,
+                 const void *xq, int x_rows, int K, const int32_t *pair, const int32_t *tiles, const int32_t *n_tiles,
+                 int max_tiles, const float *bg, const float *bu, int act, float alpha, float limit, float *hg,
+                 void *hq, int N);
+/* out [T][E] = the down products of the T tokens' K pairs (int8 experts,
+ * hq: the activations by slot, N rows of F) summed by the weights, the
+ * same bits as ck_moe_mmq and ck_moe_combine; K <= ck_moe_downq_ok's bound.
+ * A warp per (token, row) reads its K experts' rows: for a few tokens. */
+int ck_moe_downq_ok(uint32_t type, int F, int K);
+void ck_moe_downq(cudaStream_t st, uint32_t type, const void *W, size_t rb, int F, int E, const void *hq, int N, int T,
+                  int K, const int32_t *ids, const int32_t *slot, const float *wts, const float *bias, float *out);
 /* g = act(g, u)                                                     [n] */
 void ck_moe_act(cudaStream_t st, float *g, const float *u, size_t n, int act, float alpha, float limit);
 /* out[t] = sum over k of w[t][k] * y[slot[t*K+k]], k in order    [T][E] */

@@ -17,14 +17,11 @@
 
 #include <limits.h>
 
-/* one warp per token: the K best logits (ties: the lower index), then the
- * weights as cpu_moe.c's route computes them */
-__global__ void k_moe_route(const float *lg, int T, int X, int K, int gating, int norm, float scale, int32_t *ids,
-                            float *wts)
+/* Token t's routing by one warp: the K best logits (ties: the lower
+ * index), then the weights as cpu_moe.c's route computes them. */
+__device__ __forceinline__ void moe_route_tok(const float *lg, int t, int lane, int X, int K, int gating, int norm,
+                                              float scale, int32_t *ids, float *wts)
 {
-    pdl_begin();
-    int t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
-    if (t >= T) return;
     const float *l = lg + (size_t)t * X;
     int32_t *id = ids + (size_t)t * K;
     float *w = wts + (size_t)t * K;
@@ -65,40 +62,98 @@ __global__ void k_moe_route(const float *lg, int T, int X, int K, int gating, in
     }
 }
 
-/* one block: the pairs' slots, expert by expert, tokens in order within
- * one; the tiles (expert, first slot, slots) of up to CK_MOE_TT */
+/* one warp per token */
+__global__ void k_moe_route(const float *lg, int T, int X, int K, int gating, int norm, float scale, int32_t *ids,
+                            float *wts)
+{
+    pdl_begin();
+    int t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (t < T) moe_route_tok(lg, t, threadIdx.x & 31, X, K, gating, norm, scale, ids, wts);
+}
+
+/* Inclusive prefix sums of a[0..X) and b[0..X) (X <= 1024) in shared
+ * memory, by the whole block (32-entry segments by warps, then the
+ * segments' offsets by warp 0). */
+__device__ void moe_scan2(int *a, int *b, int X, int *wa, int *wb)
+{
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5, nseg = (X + 31) / 32;
+    for (int g = w; g < nseg; g += nw) {
+        int i = g * 32 + lane, va = i < X ? a[i] : 0, vb = i < X ? b[i] : 0;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            int ta = __shfl_up_sync(0xffffffffu, va, o), tb = __shfl_up_sync(0xffffffffu, vb, o);
+            if (lane >= o) { va += ta; vb += tb; }
+        }
+        if (i < X) { a[i] = va; b[i] = vb; }
+        if (lane == 31) { wa[g] = va; wb[g] = vb; }
+    }
+    __syncthreads();
+    if (w == 0) {
+        int va = lane < nseg ? wa[lane] : 0, vb = lane < nseg ? wb[lane] : 0;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            int ta = __shfl_up_sync(0xffffffffu, va, o), tb = __shfl_up_sync(0xffffffffu, vb, o);
+            if (lane >= o) { va += ta; vb += tb; }
+        }
+        int ea = __shfl_up_sync(0xffffffffu, va, 1), eb = __shfl_up_sync(0xffffffffu, vb, 1);
+        if (lane < nseg) { wa[lane] = lane ? ea : 0; wb[lane] = lane ? eb : 0; }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < X; i += blockDim.x) { a[i] += wa[i / 32]; b[i] += wb[i / 32]; }
+    __syncthreads();
+}
+
+/* By the whole block: the pairs' slots, expert by expert, tokens in order
+ * within one; the tiles (expert, first slot, slots) of up to CK_MOE_TT.
+ * Counts and their prefix sums in shared memory; then each expert's
+ * thread lists its slots and tiles. */
+__device__ void moe_group_block(const int32_t *ids, int N, int X, int32_t *first, int32_t *slot, int32_t *pair,
+                                int32_t *tiles, int32_t *n_tiles)
+{
+    __shared__ int cnt[1024], tof[1024], wa[32], wb[32];
+    for (int e = threadIdx.x; e < X; e += blockDim.x) cnt[e] = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < N; i += blockDim.x) atomicAdd(&cnt[ids[i]], 1);
+    __syncthreads();
+    for (int e = threadIdx.x; e < X; e += blockDim.x) tof[e] = (cnt[e] + CK_MOE_TT - 1) / CK_MOE_TT;
+    __syncthreads();
+    moe_scan2(cnt, tof, X, wa, wb);   /* cnt[e], tof[e]: slots and tiles of experts 0..e */
+    for (int e = threadIdx.x; e < X; e += blockDim.x) {
+        int end = cnt[e], f = e ? cnt[e - 1] : 0, t = e ? tof[e - 1] : 0;
+        first[e] = f;
+        for (int s = f; s < end; s += CK_MOE_TT, t++) {
+            tiles[3 * t] = e;
+            tiles[3 * t + 1] = s;
+            tiles[3 * t + 2] = end - s < CK_MOE_TT ? end - s : CK_MOE_TT;
+        }
+        int k = f;
+        for (int i = 0; i < N && k < end; i++)
+            if (ids[i] == e) { slot[i] = k; pair[k] = i; k++; }
+    }
+    if (threadIdx.x == 0) {
+        first[X] = cnt[X - 1];
+        *n_tiles = tof[X - 1];
+    }
+}
+
 __global__ void k_moe_group(const int32_t *ids, int N, int X, int32_t *first, int32_t *slot, int32_t *pair,
                             int32_t *tiles, int32_t *n_tiles)
 {
     pdl_begin();
-    for (int e = threadIdx.x; e < X; e += blockDim.x) {
-        int c = 0;
-        for (int i = 0; i < N; i++) c += ids[i] == e;
-        first[e + 1] = c;
-    }
+    moe_group_block(ids, N, X, first, slot, pair, tiles, n_tiles);
+}
+
+/* Routing and grouping of a small batch in one block (a warp per token
+ * in turn, then the grouping): one launch fewer per layer in decode. */
+__global__ void k_moe_route_group(const float *lg, int T, int X, int K, int gating, int norm, float scale,
+                                  int32_t *ids, float *wts, int32_t *first, int32_t *slot, int32_t *pair,
+                                  int32_t *tiles, int32_t *n_tiles)
+{
+    pdl_begin();
+    for (int t = threadIdx.x >> 5; t < T; t += blockDim.x >> 5)
+        moe_route_tok(lg, t, threadIdx.x & 31, X, K, gating, norm, scale, ids, wts);
     __syncthreads();
-    if (threadIdx.x == 0) {
-        int f = 0, nt = 0;
-        for (int e = 0; e < X; e++) {
-            int c = first[e + 1];
-            first[e] = f;
-            for (int s = 0; s < c; s += CK_MOE_TT) {
-                tiles[3 * nt] = e;
-                tiles[3 * nt + 1] = f + s;
-                tiles[3 * nt + 2] = c - s < CK_MOE_TT ? c - s : CK_MOE_TT;
-                nt++;
-            }
-            f += c;
-        }
-        first[X] = f;
-        *n_tiles = nt;
-    }
-    __syncthreads();
-    for (int e = threadIdx.x; e < X; e += blockDim.x) {
-        int s = first[e];
-        for (int i = 0; i < N; i++)
-            if (ids[i] == e) { slot[i] = s; pair[s] = i; s++; }
-    }
+    moe_group_block(ids, T * K, X, first, slot, pair, tiles, n_tiles);
 }
 
 /* The tile of this block (blockIdx.x): its expert e, first slot s0 and
@@ -129,6 +184,14 @@ __device__ __forceinline__ size_t moe_src(int by_token, const int32_t *pair, int
     return (size_t)(by_token ? pair[s0 + s] / K : s0 + s);
 }
 
+/* A warp's per-lane sum met by the fixed butterfly (every lane gets it) */
+__device__ __forceinline__ float warp_sum(float v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
 /* The warp's sums of its slots met by a fixed butterfly, lane 0 storing
  * y[slot][r] (+ the expert's bias) */
 __device__ __forceinline__ void moe_warp_store(const float (&acc)[CK_MOE_TT], int ns, int s0, int e, int r,
@@ -137,9 +200,7 @@ __device__ __forceinline__ void moe_warp_store(const float (&acc)[CK_MOE_TT], in
 #pragma unroll
     for (int s = 0; s < CK_MOE_TT; s++) {
         if (s >= ns) break;
-        float v = acc[s];
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        float v = warp_sum(acc[s]);
         if (lane == 0) y[(size_t)(s0 + s) * rows + r] = bias ? v + bias[(size_t)e * rows + r] : v;
     }
 }
@@ -239,6 +300,28 @@ __global__ void __launch_bounds__(256) k_moe_mv(const uint8_t *W, size_t rb, int
     moe_warp_store(acc, ns, s0, e, r, rows, lane, bias, y);
 }
 
+/* One (row chunk, x block) product of the int8 experts: the unit dq32i
+ * gave (q, d0, d1, m) against x's block bi (int8 values, scale xd, sum
+ * xs), exact integer dots, then added to acc. Every int8 expert kernel
+ * takes its products through this, so a (slot, row) output has the same
+ * bits whichever kernel and batch computed it. */
+template <int TY>
+__device__ __forceinline__ float mvq_unit(float acc, const int (&q)[8], float d0, float d1, float m,
+                                          const int8_t *xq, const float *xd, const int *xs, size_t bi)
+{
+    const bool two = TY == QT_Q3_K || TY == QT_Q6_K, min = TY == QT_Q4_1 || TY == QT_Q5_1 || TY == QT_Q4_K || TY == QT_Q5_K;
+    const int4 *xv = (const int4 *)(xq + bi * 32);
+    const int4 xa = xv[0], xb = xv[1];
+    int lo = __dp4a(q[0], xa.x, 0);
+    lo = __dp4a(q[1], xa.y, lo); lo = __dp4a(q[2], xa.z, lo); lo = __dp4a(q[3], xa.w, lo);
+    int hi = __dp4a(q[4], xb.x, 0);
+    hi = __dp4a(q[5], xb.y, hi); hi = __dp4a(q[6], xb.z, hi); hi = __dp4a(q[7], xb.w, hi);
+    /* (rounding spelled out: the same bits in every kernel that inlines it) */
+    float v = two ? __fmaf_rn(d0, (float)lo, __fmul_rn(d1, (float)hi)) : __fmul_rn(d0, (float)(lo + hi));
+    if (min) v = __fmaf_rn(-m, (float)xs[bi], v);
+    return __fmaf_rn(xd[bi], v, acc);
+}
+
 /* k_moe_mv for the types with an int8 form (dq32i), x quantized per 32
  * values as the GEMV's (xq [rows][n], scales xd and sums xs [rows][n/32]):
  * the CPU's kind of arithmetic (int8 activations, exact integer dots), so
@@ -254,7 +337,6 @@ __global__ void __launch_bounds__(256) k_moe_mvq(const uint8_t *W, size_t rb, in
     int e, s0, ns, lane, r;
     if (!moe_warp(tiles, n_tiles, rows, e, s0, ns, lane, r)) return;
     const uint8_t *row = W + ((size_t)e * rows + r) * rb;
-    const bool two = TY == QT_Q3_K || TY == QT_Q6_K, min = TY == QT_Q4_1 || TY == QT_Q5_1 || TY == QT_Q4_K || TY == QT_Q5_K;
     const int nc = n / 32;
     size_t src[CK_MOE_TT];
 #pragma unroll
@@ -269,28 +351,15 @@ __global__ void __launch_bounds__(256) k_moe_mvq(const uint8_t *W, size_t rb, in
 #pragma unroll
         for (int s = 0; s < CK_MOE_TT; s++) {
             if (s >= ns) break;
-            const size_t bi = src[s] + c;
-            const int4 *xv = (const int4 *)(xq + bi * 32);
-            const int4 xa = xv[0], xb = xv[1];
-            int lo = __dp4a(q[0], xa.x, 0);
-            lo = __dp4a(q[1], xa.y, lo); lo = __dp4a(q[2], xa.z, lo); lo = __dp4a(q[3], xa.w, lo);
-            int hi = __dp4a(q[4], xb.x, 0);
-            hi = __dp4a(q[5], xb.y, hi); hi = __dp4a(q[6], xb.z, hi); hi = __dp4a(q[7], xb.w, hi);
-            float v = two ? d0 * (float)lo + d1 * (float)hi : d0 * (float)(lo + hi);
-            if (min) v -= m * (float)xs[bi];
-            acc[s] = fmaf(xd[bi], v, acc[s]);
+            acc[s] = mvq_unit<TY>(acc[s], q, d0, d1, m, xq, xd, xs, src[s] + c);
         }
     }
     moe_warp_store(acc, ns, s0, e, r, rows, lane, bias, y);
 }
 
-/* g = act(g, u) over n values (cpu_moe.c's moe_act) */
-__global__ void k_moe_act(float *g, const float *u, size_t n, int act, float alpha, float limit)
+/* act(g, u) of one value (cpu_moe.c's moe_act) */
+__device__ __forceinline__ float moe_act1(float a, float b, int act, float alpha, float limit)
 {
-    pdl_begin();
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    float a = g[i], b = u[i];
     if (act == 1) {
         a = 0.5f * a * (1.0f + tanhf(0.7978845608f * (a + 0.044715f * a * a * a))) * b;
     } else if (act == 2) {
@@ -300,7 +369,117 @@ __global__ void k_moe_act(float *g, const float *u, size_t n, int act, float alp
     } else {
         a = a / (1.0f + expf(-a)) * b;
     }
-    g[i] = a;
+    return a;
+}
+
+/* The gate and up products of the int8 experts, their activation and its
+ * int8 form in one launch: a block takes a tile (blockIdx.x) and 32 rows
+ * (blockIdx.y; a warp 4 of them), each (slot, row) product as k_moe_mvq
+ * computes it (+ bias), act of the pair into shared memory, then a warp
+ * per slot writes the 32 values (hg, f32, when given) and quantizes them
+ * as k_quant_x would (into hq's act_forms). rows % 32 == 0. */
+template <int TY>
+__global__ void __launch_bounds__(256) k_moe_gluq(const uint8_t *Wg, const uint8_t *Wu, size_t rb, int n, int rows,
+                                                 const int8_t *xq, const float *xd, const int *xs, int K,
+                                                 const int32_t *pair, const int32_t *tiles, const int32_t *n_tiles,
+                                                 const float *bg, const float *bu, int act, float alpha, float limit,
+                                                 float *hg, act_forms hq)
+{
+    int e, s0, ns;
+    if (!moe_tile(tiles, n_tiles, e, s0, ns)) return;
+    __shared__ float hv[CK_MOE_TT][33];
+    const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, r0 = blockIdx.y * 32, nc = n / 32;
+    size_t src[CK_MOE_TT];
+#pragma unroll
+    for (int s = 0; s < CK_MOE_TT; s++) src[s] = s < ns ? moe_src(1, pair, K, s0, s) * nc : 0;
+    for (int j = 0; j < 4; j++) {
+        const int rr = wp * 4 + j, r = r0 + rr;
+        const uint8_t *rg = Wg + ((size_t)e * rows + r) * rb, *ru = Wu + ((size_t)e * rows + r) * rb;
+        float ag[CK_MOE_TT], au[CK_MOE_TT];
+#pragma unroll
+        for (int s = 0; s < CK_MOE_TT; s++) ag[s] = au[s] = 0.f;
+        for (int c = lane; c < nc; c += 32) {
+            int qg[8], qu[8];
+            float g0, g1, gm, u0, u1, um;
+            dq32i<TY>(rg, c, n, qg, g0, g1, gm);
+            dq32i<TY>(ru, c, n, qu, u0, u1, um);
+#pragma unroll
+            for (int s = 0; s < CK_MOE_TT; s++) {
+                if (s >= ns) break;
+                ag[s] = mvq_unit<TY>(ag[s], qg, g0, g1, gm, xq, xd, xs, src[s] + c);
+                au[s] = mvq_unit<TY>(au[s], qu, u0, u1, um, xq, xd, xs, src[s] + c);
+            }
+        }
+#pragma unroll
+        for (int s = 0; s < CK_MOE_TT; s++) {
+            if (s >= ns) break;
+            float g = warp_sum(ag[s]), u = warp_sum(au[s]);
+            if (bg) g = g + bg[(size_t)e * rows + r];
+            if (bu) u = u + bu[(size_t)e * rows + r];
+            if (lane == 0) hv[s][rr] = moe_act1(g, u, act, alpha, limit);
+        }
+    }
+    __syncthreads();
+    for (int s = wp; s < ns; s += 8) {
+        float v = hv[s][lane];
+        if (hg) hg[(size_t)(s0 + s) * rows + r0 + lane] = v;
+        if (hq.q) quant_block(v, lane, (size_t)(s0 + s) * (rows / 32) + r0 / 32, hq);
+    }
+}
+
+/* The down products of a few tokens with the weighted sum (ck_moe_combine)
+ * in one launch: a warp per (token blockIdx.y, row), its K <= CK_MOE_KTOK
+ * pairs' experts' rows against their slots' int8 activations (each (slot,
+ * row) product as k_moe_mvq's, + bias), then out = sum over k of w * y in
+ * rank order, as k_moe_combine sums. Each lane's chunks of the K rows are
+ * read together: a decode step's K expert rows in flight at once. */
+#define CK_MOE_KTOK 8
+template <int TY>
+__global__ void __launch_bounds__(256) k_moe_downq(const uint8_t *W, size_t rb, int n, int rows, const int8_t *xq,
+                                                  const float *xd, const int *xs, int K, const int32_t *ids,
+                                                  const int32_t *slot, const float *wts, const float *bias, float *out)
+{
+    pdl_begin();
+    const int t = blockIdx.y, lane = threadIdx.x & 31, r = blockIdx.x * 8 + (threadIdx.x >> 5), nc = n / 32;
+    if (r >= rows) return;
+    const uint8_t *row[CK_MOE_KTOK];
+    size_t src[CK_MOE_KTOK];
+    float acc[CK_MOE_KTOK];
+#pragma unroll
+    for (int k = 0; k < CK_MOE_KTOK; k++) {
+        int p = t * K + (k < K ? k : 0);
+        row[k] = W + ((size_t)ids[p] * rows + r) * rb;
+        src[k] = (size_t)slot[p] * nc;
+        acc[k] = 0.f;
+    }
+    for (int c = lane; c < nc; c += 32) {
+#pragma unroll
+        for (int k = 0; k < CK_MOE_KTOK; k++) {
+            if (k >= K) break;
+            int q[8];
+            float d0, d1, m;
+            dq32i<TY>(row[k], c, n, q, d0, d1, m);
+            acc[k] = mvq_unit<TY>(acc[k], q, d0, d1, m, xq, xd, xs, src[k] + c);
+        }
+    }
+    const float *w = wts + (size_t)t * K;
+    float o = 0.f;
+#pragma unroll
+    for (int k = 0; k < CK_MOE_KTOK; k++) {
+        if (k >= K) break;
+        float v = warp_sum(acc[k]);
+        if (bias) v = v + bias[(size_t)ids[t * K + k] * rows + r];
+        o = k ? __fmaf_rn(w[k], v, o) : __fmul_rn(w[0], v);
+    }
+    if (lane == 0) out[(size_t)t * rows + r] = o;
+}
+
+/* g = act(g, u) over n values */
+__global__ void k_moe_act(float *g, const float *u, size_t n, int act, float alpha, float limit)
+{
+    pdl_begin();
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) g[i] = moe_act1(g[i], u[i], act, alpha, limit);
 }
 
 /* out[t] = sum over k of w[t][k] * y[slot[t][k]], k in order */
@@ -311,8 +490,8 @@ __global__ void k_moe_combine(const float *y, const int32_t *slot, const float *
     if (i >= E) return;
     const int32_t *sl = slot + (size_t)t * K;
     const float *wt = w + (size_t)t * K;
-    float o = wt[0] * y[(size_t)sl[0] * E + i];
-    for (int k = 1; k < K; k++) o += wt[k] * y[(size_t)sl[k] * E + i];
+    float o = __fmul_rn(wt[0], y[(size_t)sl[0] * E + i]);   /* (k_moe_downq's sum) */
+    for (int k = 1; k < K; k++) o = __fmaf_rn(wt[k], y[(size_t)sl[k] * E + i], o);
     out[(size_t)t * E + i] = o;
 }
 
@@ -327,12 +506,39 @@ static void mvq_launch(cudaStream_t st, dim3 g, const uint8_t *W, size_t rb, int
            by_token, K, pair, tiles, n_tiles, bias, y);
 }
 
+template <int TY>
+static void gluq_launch(cudaStream_t st, dim3 g, const void *Wg, const void *Wu, size_t rb, int n, int F, act_forms L,
+                        int K, const int32_t *pair, const int32_t *tiles, const int32_t *n_tiles, const float *bg,
+                        const float *bu, int act, float alpha, float limit, float *hg, act_forms H)
+{
+    if constexpr (dq32i_type(TY))
+        lk(k_moe_gluq<TY>, g, 256, 0, st, (const uint8_t *)Wg, (const uint8_t *)Wu, rb, n, F, (const int8_t *)L.q,
+           (const float *)L.d, (const int *)L.s, K, pair, tiles, n_tiles, bg, bu, act, alpha, limit, hg, H);
+}
+
+template <int TY>
+static void downq_launch(cudaStream_t st, dim3 g, const void *W, size_t rb, int F, int E, act_forms L, int K,
+                         const int32_t *ids, const int32_t *slot, const float *wts, const float *bias, float *out)
+{
+    if constexpr (dq32i_type(TY))
+        lk(k_moe_downq<TY>, g, 256, 0, st, (const uint8_t *)W, rb, F, E, (const int8_t *)L.q, (const float *)L.d,
+           (const int *)L.s, K, ids, slot, wts, bias, out);
+}
+
 extern "C" {
 
 void ck_moe_route(cudaStream_t st, const float *lg, int T, int X, int K, int gating, int norm, float scale,
                   int32_t *ids, float *wts)
 {
     lk(k_moe_route, nblk((size_t)T, 4), 128, 0, st, lg, T, X, K, gating, norm, scale, ids, wts);
+}
+
+void ck_moe_route_group(cudaStream_t st, const float *lg, int T, int X, int K, int gating, int norm, float scale,
+                        int32_t *ids, float *wts, int32_t *first, int32_t *slot, int32_t *pair, int32_t *tiles,
+                        int32_t *n_tiles)
+{
+    lk(k_moe_route_group, 1, 512, 0, st, lg, T, X, K, gating, norm, scale, ids, wts, first, slot, pair, tiles,
+       n_tiles);
 }
 
 void ck_moe_group(cudaStream_t st, const int32_t *ids, int N, int X, int32_t *first, int32_t *slot, int32_t *pair,
@@ -368,6 +574,32 @@ void ck_moe_mmq(cudaStream_t st, uint32_t type, const void *W, size_t rb, int n,
     dim3 g((unsigned)max_tiles, nblk((size_t)rows, 8));
 #define L_MVQ(TY) mvq_launch<TY>(st, g, (const uint8_t *)W, rb, n, rows, L, by_token, K, pair, tiles, n_tiles, bias, y)
     TYPE_SWITCH(type, L_MVQ)
+}
+
+int ck_moe_gluq_ok(uint32_t type, int n, int F) { return ck_moe_int8(type, n) && F % 32 == 0; }
+
+void ck_moe_gluq(cudaStream_t st, uint32_t type, const void *Wg, const void *Wu, size_t rb, int n, int F,
+                 const void *xq, int x_rows, int K, const int32_t *pair, const int32_t *tiles, const int32_t *n_tiles,
+                 int max_tiles, const float *bg, const float *bu, int act, float alpha, float limit, float *hg,
+                 void *hq, int N)
+{
+    act_forms L = act_int8_at((void *)xq, x_rows, n), H;
+    if (hq) H = act_int8_at(hq, N, F);
+    else memset(&H, 0, sizeof H);
+    dim3 g((unsigned)max_tiles, (unsigned)(F / 32));
+#define L_GLU(TY) gluq_launch<TY>(st, g, Wg, Wu, rb, n, F, L, K, pair, tiles, n_tiles, bg, bu, act, alpha, limit, hg, H)
+    TYPE_SWITCH(type, L_GLU)
+}
+
+int ck_moe_downq_ok(uint32_t type, int F, int K) { return ck_moe_int8(type, F) && K >= 1 && K <= CK_MOE_KTOK; }
+
+void ck_moe_downq(cudaStream_t st, uint32_t type, const void *W, size_t rb, int F, int E, const void *hq, int N, int T,
+                  int K, const int32_t *ids, const int32_t *slot, const float *wts, const float *bias, float *out)
+{
+    act_forms L = act_int8_at((void *)hq, N, F);
+    dim3 g(nblk((size_t)E, 8), (unsigned)T);
+#define L_DOWN(TY) downq_launch<TY>(st, g, W, rb, F, E, L, K, ids, slot, wts, bias, out)
+    TYPE_SWITCH(type, L_DOWN)
 }
 
 void ck_moe_act(cudaStream_t st, float *g, const float *u, size_t n, int act, float alpha, float limit)

@@ -59,11 +59,6 @@ static void *cu_alloc(be *b, size_t n)
     return p;
 }
 
-static int tag_is(const cu_be *c, const float *x, int rows, int n)
-{
-    return c->xq_src && c->xq_src == x && c->xq_rows == rows && c->xq_n == n;
-}
-
 static int overlaps(const float *a, size_t na, const float *b, size_t nb)
 {
     return a && b < a + na && a < b + nb;

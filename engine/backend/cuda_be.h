@@ -111,6 +111,10 @@ static inline int ok(cu_be *c, cudaError_t e, const char *what)
 static inline void tag_set(cu_be *c, const float *x, int rows, int n) { c->xq_src = x; c->xq_rows = rows; c->xq_n = n; }
 static inline void tag16_set(cu_be *c, const float *x, int rows, int n) { c->x16_src = x; c->x16_rows = rows; c->x16_n = n; }
 
+static inline int tag_is(const cu_be *c, const float *x, int rows, int n)
+{
+    return c->xq_src && c->xq_src == x && c->xq_rows == rows && c->xq_n == n;
+}
 static inline void tag_clear(cu_be *c)
 {
     tag_set(c, NULL, 0, 0);

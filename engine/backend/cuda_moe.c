@@ -51,33 +51,55 @@ void cu_moe(be *b, const be_moe *m, const float *x, int T, void *scratch, float 
      * in any such batch. A grid needs no more tiles than slots. */
     int mv = T <= CK_GEMV_MAX_T || c->invariant, mvt = N < mt ? N : mt;
     cu_matmul(b, m->router, m->router_b, x, T, lg);
+    /* x's int8 form, where the norm before (or the router) left it */
+    const void *xq = tag_is(c, x, T, E_in) ? c->xq : NULL;
     tag_clear(c);
-    ck_moe_route(c->st, lg, T, X, K, m->gating, m->norm, m->scale, ids, wts);
-    ck_moe_group(c->st, ids, N, X, first, slot, pair, tiles, nt);
-    const void *xq = NULL;
-    const wt *gu[2] = { m->gate, m->up }, *gub[2] = { m->gate_b, m->up_b };
-    float *guo[2] = { hg, hu };
-    for (int i = 0; i < 2; i++) {
-        const wt *w = gu[i];
-        if (ck_moe_int8(w->type, E_in)) {
-            if (!xq) ck_quant_x(c->st, x, T, E_in, (void *)(xq = s + L.xq));
-            ck_moe_mmq(c->st, w->type, w->dev, w->row_bytes, E_in, F, xq, T, 1, K, pair, tiles, nt, mvt,
-                       dev_or_null(gub[i]), guo[i]);
-        } else {
-            ck_moe_mm(c->st, w->type, w->dev, w->row_bytes, E_in, F, x, 1, K, pair, tiles, nt, mvt,
-                      dev_or_null(gub[i]), guo[i], mv);
-        }
-    }
-    ck_moe_act(c->st, hg, hu, (size_t)N * F, m->act, m->alpha, m->limit);
-    if (ck_moe_int8(m->down->type, F)) {
-        ck_quant_x(c->st, hg, N, F, s + L.hq);
-        ck_moe_mmq(c->st, m->down->type, m->down->dev, m->down->row_bytes, F, E, s + L.hq, N, 0, K, pair, tiles, nt,
-                   mvt, dev_or_null(m->down_b), y);
+    if (T <= CK_MOE_RG_MAX_T) {
+        ck_moe_route_group(c->st, lg, T, X, K, m->gating, m->norm, m->scale, ids, wts, first, slot, pair, tiles, nt);
     } else {
-        ck_moe_mm(c->st, m->down->type, m->down->dev, m->down->row_bytes, F, E, hg, 0, K, pair, tiles, nt,
-                  mvt, dev_or_null(m->down_b), y, mv);
+        ck_moe_route(c->st, lg, T, X, K, m->gating, m->norm, m->scale, ids, wts);
+        ck_moe_group(c->st, ids, N, X, first, slot, pair, tiles, nt);
     }
-    ck_moe_combine(c->st, y, slot, wts, T, K, E, out);
+    const wt *gu[2] = { m->gate, m->up }, *gub[2] = { m->gate_b, m->up_b };
+    int down8 = ck_moe_int8(m->down->type, F);
+    void *hq = s + L.hq;
+    if (m->gate->type == m->up->type && m->gate->row_bytes == m->up->row_bytes &&
+        ck_moe_gluq_ok(m->gate->type, E_in, F)) {
+        if (!xq) ck_quant_x(c->st, x, T, E_in, (void *)(xq = s + L.xq));
+        ck_moe_gluq(c->st, m->gate->type, m->gate->dev, m->up->dev, m->gate->row_bytes, E_in, F, xq, T, K, pair,
+                    tiles, nt, mvt, dev_or_null(m->gate_b), dev_or_null(m->up_b), m->act, m->alpha, m->limit,
+                    down8 ? NULL : hg, down8 ? hq : NULL, N);
+    } else {
+        float *guo[2] = { hg, hu };
+        for (int i = 0; i < 2; i++) {
+            const wt *w = gu[i];
+            if (ck_moe_int8(w->type, E_in)) {
+                if (!xq) ck_quant_x(c->st, x, T, E_in, (void *)(xq = s + L.xq));
+                ck_moe_mmq(c->st, w->type, w->dev, w->row_bytes, E_in, F, xq, T, 1, K, pair, tiles, nt, mvt,
+                           dev_or_null(gub[i]), guo[i]);
+            } else {
+                ck_moe_mm(c->st, w->type, w->dev, w->row_bytes, E_in, F, x, 1, K, pair, tiles, nt, mvt,
+                          dev_or_null(gub[i]), guo[i], mv);
+            }
+        }
+        ck_moe_act(c->st, hg, hu, (size_t)N * F, m->act, m->alpha, m->limit);
+        if (down8) ck_quant_x(c->st, hg, N, F, hq);
+    }
+    /* A few tokens (no more pairs than experts, so that few share one):
+     * the down products and the weighted sum in one launch, each pair's
+     * expert rows read by its token's warps. */
+    if (down8 && N <= X && ck_moe_downq_ok(m->down->type, F, K)) {
+        ck_moe_downq(c->st, m->down->type, m->down->dev, m->down->row_bytes, F, E, hq, N, T, K, ids, slot, wts,
+                     dev_or_null(m->down_b), out);
+    } else {
+        if (down8)
+            ck_moe_mmq(c->st, m->down->type, m->down->dev, m->down->row_bytes, F, E, hq, N, 0, K, pair, tiles, nt,
+                       mvt, dev_or_null(m->down_b), y);
+        else
+            ck_moe_mm(c->st, m->down->type, m->down->dev, m->down->row_bytes, F, E, hg, 0, K, pair, tiles, nt,
+                      mvt, dev_or_null(m->down_b), y, mv);
+        ck_moe_combine(c->st, y, slot, wts, T, K, E, out);
+    }
     tag_clear(c);
 }
 
