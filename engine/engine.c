@@ -1218,6 +1218,7 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
     in->n_head_kv = m->hp.n_head_kv;
     in->n_params = m->n_params;
     in->weight_bytes = m->weight_bytes;
+    in->active_bytes = m->active_bytes;
 
     /* the model's trained context unless --ctx; kv_size may lower it to what the KV pool holds */
     e->n_ctx = opt->n_ctx > 0 ? opt->n_ctx : m->hp.n_ctx_train > 0 ? m->hp.n_ctx_train : 4096;

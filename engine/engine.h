@@ -107,6 +107,8 @@ typedef struct eng_model_info {
                                   "mistral", "harmony", "deepseek", "functionary"), or "plain" */
     uint64_t n_params;         /* weights */
     uint64_t weight_bytes;
+    uint64_t active_bytes;     /* of them, what one token reads (mixtures of experts: the experts
+                                  it is routed to) */
     int n_threads, max_seqs;
     int deterministic, cuda_f16_cache_off, cpu_repack_off; /* as opened (eng_opts) */
     const char *kv_type;       /* "f16", "q8_0" or "f32" */

@@ -927,11 +927,14 @@ __global__ void k_att_merge(const float *part, const int32_t *pos, int n_head, i
 
 /* ---------------- attention_ex ----------------
  * Attention with a sliding window, sinks and a given scale (be_attn_ex): a
- * warp per (token, head). Each span of 32 positions gives lane l the score
- * of position p0+l (a whole q·k dot), then one online softmax step; lanes
- * hold dims lane, lane+32, .. of the accumulator. A sink starts the
- * running (max, sum) at (sink, 1). q is rounded to f16 with an f16 cache,
- * as the CPU does. head_dim <= 32*ND. */
+ * block of four warps per (token, head). Warp w takes the spans of 32
+ * positions w, w+4, ..: each position's q·k by the whole warp (lanes hold
+ * dims lane, lane+32, .., K rows read whole), the score kept by lane j for
+ * position p0+j, then one online softmax step per span and V rows read
+ * whole. The warps' (max, sum, accumulator) are merged in warp order. A
+ * sink starts warp 0's running (max, sum) at (sink, 1). q is rounded to
+ * f16 with an f16 cache, as the CPU does. head_dim <= 32*ND. A token's
+ * result depends on its own positions only. */
 template <int ND, int F16>
 __global__ void __launch_bounds__(128) k_att_ex(const float *q, const void *kc, const void *vc, const int32_t *pos,
                                                const int32_t *off, const int32_t *pages, int T, int n_head,
@@ -939,53 +942,60 @@ __global__ void __launch_bounds__(128) k_att_ex(const float *q, const void *kc, 
                                                float *out)
 {
     pdl_begin();
-    int w = blockIdx.x * 4 + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (w >= T * n_head) return;
-    int t = w / n_head, h = w % n_head, kvh = h / (n_head / n_head_kv);
-    size_t kvd = (size_t)n_head_kv * hd;
-    const float *qt = q + (size_t)w * hd;
-    float acc[ND];
+    const int th = blockIdx.x, wp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int t = th / n_head, h = th % n_head, kvh = h / (n_head / n_head_kv);
+    const size_t kvd = (size_t)n_head_kv * hd, kvo = (size_t)kvh * hd;
+    const float *qt = q + (size_t)th * hd;
+    float qv[ND], acc[ND];
 #pragma unroll
-    for (int i = 0; i < ND; i++) acc[i] = 0;
-    float M = sinks ? sinks[h] : -INFINITY, L = sinks ? 1.f : 0.f;
-    int p = pos[t], first = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
-    for (int p0 = first; p0 <= p; p0 += 32) {
-        int pj = p0 + lane;
+    for (int i = 0; i < ND; i++) {
+        const int d = lane + 32 * i;
+        float v = d < hd ? qt[d] : 0.f;
+        qv[i] = F16 ? __half2float(__float2half_rn(v)) : v;
+        acc[i] = 0.f;
+    }
+    float M = sinks && wp == 0 ? sinks[h] : -INFINITY, L = sinks && wp == 0 ? 1.f : 0.f;
+    const int p = pos[t], first = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
+    const int32_t *pg = pages + off[t];
+    for (int p0 = first + 32 * wp; p0 <= p; p0 += 128) {
+        const int n = p - p0 + 1 < 32 ? p - p0 + 1 : 32;
         float sc = -INFINITY;
-        if (pj <= p) {
-            size_t row = (size_t)pages[off[t] + pj / 16] * 16 + pj % 16;
-            size_t base = row * kvd + (size_t)kvh * hd;
-            float dot = 0;
-            for (int d = 0; d < hd; d++) {
-                float qd = qt[d], kd;
-                if (F16) {
-                    qd = __half2float(__float2half_rn(qd));
-                    kd = __half2float(((const __half *)kc)[base + d]);
-                } else {
-                    kd = ((const float *)kc)[base + d];
+#pragma unroll 4
+        for (int j = 0; j < n; j++) {
+            const int pj = p0 + j;
+            const size_t base = ((size_t)pg[pj / 16] * 16 + pj % 16) * kvd + kvo;
+            float dot = 0.f;
+#pragma unroll
+            for (int i = 0; i < ND; i++) {
+                const int d = lane + 32 * i;
+                if (d < hd) {
+                    float kd = F16 ? __half2float(((const __half *)kc)[base + d]) : ((const float *)kc)[base + d];
+                    dot = __fmaf_rn(qv[i], kd, dot);
                 }
-                dot = __fmaf_rn(qd, kd, dot);
             }
-            sc = dot * scale;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+            if (lane == j) sc = dot * scale;
         }
         float m = sc;
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-        float mn = fmaxf(M, m), fo = expf(M - mn);
-        float e = pj <= p ? expf(sc - mn) : 0.f, l = e;
+        const float mn = fmaxf(M, m), fo = expf(M - mn);
+        const float e = lane < n ? expf(sc - mn) : 0.f;
+        float l = e;
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
         L = L * fo + l;
 #pragma unroll
         for (int i = 0; i < ND; i++) acc[i] *= fo;
-        int n = p - p0 + 1 < 32 ? p - p0 + 1 : 32;
+#pragma unroll 4
         for (int j = 0; j < n; j++) {
-            float ej = __shfl_sync(0xffffffffu, e, j);
-            int pp = p0 + j;
-            size_t base = ((size_t)pages[off[t] + pp / 16] * 16 + pp % 16) * kvd + (size_t)kvh * hd;
+            const float ej = __shfl_sync(0xffffffffu, e, j);
+            const int pj = p0 + j;
+            const size_t base = ((size_t)pg[pj / 16] * 16 + pj % 16) * kvd + kvo;
 #pragma unroll
             for (int i = 0; i < ND; i++) {
-                int d = lane + 32 * i;
+                const int d = lane + 32 * i;
                 if (d < hd) {
                     float vd = F16 ? __half2float(((const __half *)vc)[base + d]) : ((const float *)vc)[base + d];
                     acc[i] = __fmaf_rn(ej, vd, acc[i]);
@@ -994,10 +1004,27 @@ __global__ void __launch_bounds__(128) k_att_ex(const float *q, const void *kc, 
         }
         M = mn;
     }
-    float *o = out + (size_t)w * hd;
+    __shared__ float sm_m[4], sm_l[4], sm_a[4][32 * ND];
+    if (lane == 0) { sm_m[wp] = M; sm_l[wp] = L; }
+#pragma unroll
+    for (int i = 0; i < ND; i++) sm_a[wp][lane + 32 * i] = acc[i];
+    __syncthreads();
+    if (wp) return;
+    float mx = sm_m[0];
+    for (int w = 1; w < 4; w++) mx = fmaxf(mx, sm_m[w]);
+    float lt = 0.f, at[ND];
+#pragma unroll
+    for (int i = 0; i < ND; i++) at[i] = 0.f;
+    for (int w = 0; w < 4; w++) {
+        const float f = sm_m[w] == -INFINITY ? 0.f : expf(sm_m[w] - mx);
+        lt = __fmaf_rn(sm_l[w], f, lt);
+#pragma unroll
+        for (int i = 0; i < ND; i++) at[i] = __fmaf_rn(sm_a[w][lane + 32 * i], f, at[i]);
+    }
+    float *o = out + (size_t)th * hd;
 #pragma unroll
     for (int i = 0; i < ND; i++)
-        if (lane + 32 * i < hd) o[lane + 32 * i] = acc[i] / L;
+        if (lane + 32 * i < hd) o[lane + 32 * i] = at[i] / lt;
 }
 
 extern "C" {
@@ -1133,7 +1160,7 @@ void ck_attention_ex(cudaStream_t st, const float *q, const void *kc, const void
                      const int32_t *off, const int32_t *pages, int T, int n_head, int n_head_kv, int hd, int window,
                      const float *sinks, float scale, float *out)
 {
-    unsigned g = nblk((size_t)T * n_head, 4);
+    unsigned g = (unsigned)(T * n_head);
 #define L_EX(ND)                                                                                               \
     do {                                                                                                       \
         if (f16) lk(k_att_ex<ND, 1>, g, 128, 0, st, q, kc, vc, pos, off, pages, T, n_head, n_head_kv, hd,      \

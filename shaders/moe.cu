@@ -103,6 +103,7 @@ __device__ void moe_scan2(int *a, int *b, int X, int *wa, int *wb)
     __syncthreads();
 }
 
+#define MOE_GROUP_SID 2048
 /* By the whole block: the pairs' slots, expert by expert, tokens in order
  * within one; the tiles (expert, first slot, slots) of up to CK_MOE_TT.
  * Counts and their prefix sums in shared memory; then each expert's
@@ -110,10 +111,15 @@ __device__ void moe_scan2(int *a, int *b, int X, int *wa, int *wb)
 __device__ void moe_group_block(const int32_t *ids, int N, int X, int32_t *first, int32_t *slot, int32_t *pair,
                                 int32_t *tiles, int32_t *n_tiles)
 {
-    __shared__ int cnt[1024], tof[1024], wa[32], wb[32];
+    __shared__ int cnt[1024], tof[1024], wa[32], wb[32], sid[MOE_GROUP_SID];
+    /* a few tokens' ids in shared memory: each expert's walk over them
+     * below is a chain of dependent reads */
+    const bool sh = N <= MOE_GROUP_SID;
+    for (int i = threadIdx.x; sh && i < N; i += blockDim.x) sid[i] = ids[i];
     for (int e = threadIdx.x; e < X; e += blockDim.x) cnt[e] = 0;
     __syncthreads();
-    for (int i = threadIdx.x; i < N; i += blockDim.x) atomicAdd(&cnt[ids[i]], 1);
+    const int32_t *id = sh ? sid : ids;
+    for (int i = threadIdx.x; i < N; i += blockDim.x) atomicAdd(&cnt[id[i]], 1);
     __syncthreads();
     for (int e = threadIdx.x; e < X; e += blockDim.x) tof[e] = (cnt[e] + CK_MOE_TT - 1) / CK_MOE_TT;
     __syncthreads();
@@ -128,7 +134,7 @@ __device__ void moe_group_block(const int32_t *ids, int N, int X, int32_t *first
         }
         int k = f;
         for (int i = 0; i < N && k < end; i++)
-            if (ids[i] == e) { slot[i] = k; pair[k] = i; k++; }
+            if (id[i] == e) { slot[i] = k; pair[k] = i; k++; }
     }
     if (threadIdx.x == 0) {
         first[X] = cnt[X - 1];
@@ -372,13 +378,59 @@ __device__ __forceinline__ float moe_act1(float a, float b, int act, float alpha
     return a;
 }
 
+/* R rows (r, r+1, ..) of gate and up for the tile's slots (up to NS), the
+ * lanes' chunks outer so that the R rows' loads are in flight together:
+ * each (slot, row) sums its units in chunk order, as k_moe_mvq does; the
+ * rows' act values (+ biases) into hv[slot][rr..]. */
+template <int TY, int NS, int R>
+__device__ __forceinline__ void glu_rows(const uint8_t *Wg, const uint8_t *Wu, size_t rb, int n, int rows, int e,
+                                         int r, int rr, int ns, const size_t (&src)[NS], const int8_t *xq,
+                                         const float *xd, const int *xs, const float *bg, const float *bu, int act,
+                                         float alpha, float limit, int lane, float (*hv)[33])
+{
+    const int nc = n / 32;
+    float ag[R][NS], au[R][NS];
+#pragma unroll
+    for (int j = 0; j < R; j++)
+#pragma unroll
+        for (int s = 0; s < NS; s++) ag[j][s] = au[j][s] = 0.f;
+    for (int c = lane; c < nc; c += 32) {
+#pragma unroll
+        for (int j = 0; j < R; j++) {
+            const size_t ro = ((size_t)e * rows + r + j) * rb;
+            int qg[8], qu[8];
+            float g0, g1, gm, u0, u1, um;
+            dq32i<TY>(Wg + ro, c, n, qg, g0, g1, gm);
+            dq32i<TY>(Wu + ro, c, n, qu, u0, u1, um);
+#pragma unroll
+            for (int s = 0; s < NS; s++) {
+                if (s >= ns) break;
+                ag[j][s] = mvq_unit<TY>(ag[j][s], qg, g0, g1, gm, xq, xd, xs, src[s] + c);
+                au[j][s] = mvq_unit<TY>(au[j][s], qu, u0, u1, um, xq, xd, xs, src[s] + c);
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < R; j++)
+#pragma unroll
+        for (int s = 0; s < NS; s++) {
+            if (s >= ns) break;
+            float g = warp_sum(ag[j][s]), u = warp_sum(au[j][s]);
+            if (bg) g = g + bg[(size_t)e * rows + r + j];
+            if (bu) u = u + bu[(size_t)e * rows + r + j];
+            if (lane == 0) hv[s][rr + j] = moe_act1(g, u, act, alpha, limit);
+        }
+}
+
 /* The gate and up products of the int8 experts, their activation and its
  * int8 form in one launch: a block takes a tile (blockIdx.x) and 32 rows
  * (blockIdx.y; a warp 4 of them), each (slot, row) product as k_moe_mvq
  * computes it (+ bias), act of the pair into shared memory, then a warp
  * per slot writes the 32 values (hg, f32, when given) and quantizes them
- * as k_quant_x would (into hq's act_forms). rows % 32 == 0. */
-template <int TY>
+ * as k_quant_x would (into hq's act_forms). rows % 32 == 0. NS: the most
+ * slots a tile has (a tile has at most one slot per token): with a few,
+ * a warp's four rows are read together. */
+template <int TY, int NS>
 __global__ void __launch_bounds__(256) k_moe_gluq(const uint8_t *Wg, const uint8_t *Wu, size_t rb, int n, int rows,
                                                  const int8_t *xq, const float *xd, const int *xs, int K,
                                                  const int32_t *pair, const int32_t *tiles, const int32_t *n_tiles,
@@ -387,37 +439,18 @@ __global__ void __launch_bounds__(256) k_moe_gluq(const uint8_t *Wg, const uint8
 {
     int e, s0, ns;
     if (!moe_tile(tiles, n_tiles, e, s0, ns)) return;
-    __shared__ float hv[CK_MOE_TT][33];
+    __shared__ float hv[NS][33];
     const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, r0 = blockIdx.y * 32, nc = n / 32;
-    size_t src[CK_MOE_TT];
+    size_t src[NS];
 #pragma unroll
-    for (int s = 0; s < CK_MOE_TT; s++) src[s] = s < ns ? moe_src(1, pair, K, s0, s) * nc : 0;
-    for (int j = 0; j < 4; j++) {
-        const int rr = wp * 4 + j, r = r0 + rr;
-        const uint8_t *rg = Wg + ((size_t)e * rows + r) * rb, *ru = Wu + ((size_t)e * rows + r) * rb;
-        float ag[CK_MOE_TT], au[CK_MOE_TT];
-#pragma unroll
-        for (int s = 0; s < CK_MOE_TT; s++) ag[s] = au[s] = 0.f;
-        for (int c = lane; c < nc; c += 32) {
-            int qg[8], qu[8];
-            float g0, g1, gm, u0, u1, um;
-            dq32i<TY>(rg, c, n, qg, g0, g1, gm);
-            dq32i<TY>(ru, c, n, qu, u0, u1, um);
-#pragma unroll
-            for (int s = 0; s < CK_MOE_TT; s++) {
-                if (s >= ns) break;
-                ag[s] = mvq_unit<TY>(ag[s], qg, g0, g1, gm, xq, xd, xs, src[s] + c);
-                au[s] = mvq_unit<TY>(au[s], qu, u0, u1, um, xq, xd, xs, src[s] + c);
-            }
-        }
-#pragma unroll
-        for (int s = 0; s < CK_MOE_TT; s++) {
-            if (s >= ns) break;
-            float g = warp_sum(ag[s]), u = warp_sum(au[s]);
-            if (bg) g = g + bg[(size_t)e * rows + r];
-            if (bu) u = u + bu[(size_t)e * rows + r];
-            if (lane == 0) hv[s][rr] = moe_act1(g, u, act, alpha, limit);
-        }
+    for (int s = 0; s < NS; s++) src[s] = s < ns ? moe_src(1, pair, K, s0, s) * nc : 0;
+    if constexpr (NS <= 4) {
+        glu_rows<TY, NS, 4>(Wg, Wu, rb, n, rows, e, r0 + wp * 4, wp * 4, ns, src, xq, xd, xs, bg, bu, act, alpha,
+                            limit, lane, hv);
+    } else {
+        for (int j = 0; j < 4; j++)
+            glu_rows<TY, NS, 1>(Wg, Wu, rb, n, rows, e, r0 + wp * 4 + j, wp * 4 + j, ns, src, xq, xd, xs, bg, bu,
+                                act, alpha, limit, lane, hv);
     }
     __syncthreads();
     for (int s = wp; s < ns; s += 8) {
@@ -507,12 +540,12 @@ static void mvq_launch(cudaStream_t st, dim3 g, const uint8_t *W, size_t rb, int
 }
 
 template <int TY>
-static void gluq_launch(cudaStream_t st, dim3 g, const void *Wg, const void *Wu, size_t rb, int n, int F, act_forms L,
-                        int K, const int32_t *pair, const int32_t *tiles, const int32_t *n_tiles, const float *bg,
-                        const float *bu, int act, float alpha, float limit, float *hg, act_forms H)
+static void gluq_launch(cudaStream_t st, dim3 g, int T, const void *Wg, const void *Wu, size_t rb, int n, int F,
+                        act_forms L, int K, const int32_t *pair, const int32_t *tiles, const int32_t *n_tiles,
+                        const float *bg, const float *bu, int act, float alpha, float limit, float *hg, act_forms H)
 {
     if constexpr (dq32i_type(TY))
-        lk(k_moe_gluq<TY>, g, 256, 0, st, (const uint8_t *)Wg, (const uint8_t *)Wu, rb, n, F, (const int8_t *)L.q,
+        lk(T <= 4 ? k_moe_gluq<TY, 4> : k_moe_gluq<TY, CK_MOE_TT>, g, 256, 0, st, (const uint8_t *)Wg, (const uint8_t *)Wu, rb, n, F, (const int8_t *)L.q,
            (const float *)L.d, (const int *)L.s, K, pair, tiles, n_tiles, bg, bu, act, alpha, limit, hg, H);
 }
 
@@ -587,7 +620,8 @@ void ck_moe_gluq(cudaStream_t st, uint32_t type, const void *Wg, const void *Wu,
     if (hq) H = act_int8_at(hq, N, F);
     else memset(&H, 0, sizeof H);
     dim3 g((unsigned)max_tiles, (unsigned)(F / 32));
-#define L_GLU(TY) gluq_launch<TY>(st, g, Wg, Wu, rb, n, F, L, K, pair, tiles, n_tiles, bg, bu, act, alpha, limit, hg, H)
+#define L_GLU(TY) \
+    gluq_launch<TY>(st, g, x_rows, Wg, Wu, rb, n, F, L, K, pair, tiles, n_tiles, bg, bu, act, alpha, limit, hg, H)
     TYPE_SWITCH(type, L_GLU)
 }
 

@@ -270,6 +270,9 @@ int get_w3(ld *l, wt *w, const char *name, int64_t n_in, int64_t n_out, int64_t 
     w->data = t->data;
     l->m->n_params += (uint64_t)(t->ne[0] * e1 * n_mat);
     l->m->weight_bytes += t->nbytes;
+    l->m->active_bytes += n_mat > 1 && l->m->hp.n_expert == n_mat
+                              ? t->nbytes / (uint64_t)n_mat * (uint64_t)l->m->hp.n_expert_used
+                              : t->nbytes;
     if (!n_out) { /* vector: widen to f32 into the model's buffer */
         if (l->vec_used + (size_t)n_in > l->vec_cap) return ld_fail(l, "internal: vector buffer too small");
         float *dst = l->vec_buf + l->vec_used;

@@ -112,6 +112,7 @@ typedef struct model {
     int swa_ring;
     struct tok *tok;
     uint64_t n_params, weight_bytes;
+    uint64_t active_bytes;      /* weight bytes a token reads: experts' by n_expert_used of n_expert */
     int resident;               /* the backend holds its own copy of every weight: the
                                    file mappings are not read after model_prepare */
     atomic_llong check_due;     /* resident: model_check looks again from then on (ms) */

@@ -382,7 +382,7 @@ int main(int argc, char **argv)
          * compares the two at (nearly) the same moment of the machine */
         double dsec = dc[r] > 0 ? (n_gen - 1) / dc[r] : 1;
         rc[r] = rd_window(rdb, nth, dsec < 0.5 ? 0.5 : dsec > 3 ? 3 : dsec, &rp[r]);
-        rf[r] = rc[r] > 0 ? dc[r] * (double)mi->weight_bytes / 1e9 / rc[r] : 0;
+        rf[r] = rc[r] > 0 ? dc[r] * (double)mi->active_bytes / 1e9 / rc[r] : 0;
         if (streams > 1 && run_jobs(e, n_prompt, n_gen, streams, &pfs[r], &dcs[r], &ag[r], &st[r])) return 1;
     }
     double prefill = median(pf, repeat), decode = median(dc, repeat);
@@ -402,7 +402,7 @@ int main(int argc, char **argv)
      * the pool's spinning is, as it would be on an idle machine) */
     double prefill_cpu = median(pfc, repeat) * nth, decode_cpu = median(dcc, repeat) * nth;
     double ceil_gbs = mem_read_gbs(nth, (size_t)1 << 30);
-    double wgbs = decode * (double)mi->weight_bytes / 1e9;
+    double wgbs = decode * (double)mi->active_bytes / 1e9;   /* (a token's weights: its experts only) */
     if (json) {
         printf("{\"model\":\"%s\",\"backend\":\"%s\",\"threads\":%d,\"prompt\":%d,\"gen\":%d,\"streams\":%d,"
                "\"load_s\":%.3f,\"weight_bytes\":%llu,\"prefill_tps\":%.2f,\"decode_tps\":%.2f,"
@@ -413,8 +413,8 @@ int main(int argc, char **argv)
                prefill, decode, agg, steady, wgbs, ceil_gbs, ceil_gbs > 0 ? wgbs / ceil_gbs : 0, prefill_cpu, decode_cpu,
                rep_ceil, rep_frac, rf_min, rf_max, rep_peak, huge_anon_kb, huge_file_kb);
     } else {
-        printf("model      %s (%s, %.1f MB of weights, loaded in %.2f s)\n", model, mi->arch,
-               mi->weight_bytes / 1e6, load_s);
+        printf("model      %s (%s, %.1f MB of weights, %.1f MB a token, loaded in %.2f s)\n", model, mi->arch,
+               mi->weight_bytes / 1e6, mi->active_bytes / 1e6, load_s);
         printf("backend    %s, %d threads, KV cache %s\n", mi->backend, nth, mi->kv_type ? mi->kv_type : "?");
         printf("prefill    %8.2f tokens/s  (%d-token prompt)\n", prefill, n_prompt);
         printf("decode     %8.2f tokens/s  (%d tokens)  %.2f GB/s of weights, %.0f%% of the %.2f GB/s read ceiling\n",

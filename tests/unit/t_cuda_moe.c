@@ -7,7 +7,7 @@
  * near-tie (reported); batches with several tiles of an expert (T = 100);
  * a token alone the same bits as in its batch, also where the batch takes
  * the tiled down products and the token alone the per-token kernel (more
- * pairs than experts). */
+ * pairs than experts: X 8, K 2, T 5). */
 static void moe_gpu_case(uint32_t type, int gating, int act, int biases, int X, int K, int T)
 {
     enum { E = 256, F = 256 };
@@ -67,10 +67,9 @@ static void moe_gpu_case(uint32_t type, int gating, int act, int biases, int X, 
     else
         CHECKF(e <= tol, "moe %s gating %d act %d biases %d X %d K %d T %d: rel err %.3g (tol %g)", qt_name(type),
                gating, act, biases, X, K, T, e, tol);
-    {   /* every token of a small batch; the first, middle and last of a large one */
-        int same = 1, some[3] = { 0, T / 2, T - 1 };
-        for (int i = 0; i < (T <= 8 ? T : 3); i++) {
-            int t = T <= 8 ? i : some[i];
+    if (T <= 8) {   /* (larger batches: the router's matmul is not batch-invariant) */
+        int same = 1;
+        for (int t = 0; t < T; t++) {
             gpu->ops->moe(gpu, &m, dx + (size_t)t * E, 1, sg, dy);
             gpu->ops->to_host(gpu, y1, dy, (size_t)E * 4);
             gpu->ops->sync(gpu);
@@ -95,6 +94,6 @@ void test_moe(void)
         for (int a = BE_MOE_SILU; a <= BE_MOE_SWIGLU_OAI; a++) moe_gpu_case(QT_Q8_0, g, a, 1, 8, 3, 7);
     moe_gpu_case(QT_Q4_K, BE_MOE_SOFTMAX, BE_MOE_SILU, 0, 128, 8, 3);    /* Qwen3-30B-A3B's routing */
     moe_gpu_case(QT_Q4_K, BE_MOE_SOFTMAX, BE_MOE_SILU, 0, 128, 8, 40);   /* its batches: tiles, route apart */
-    moe_gpu_case(QT_MXFP4, BE_MOE_TOPK_SOFTMAX, BE_MOE_SWIGLU_OAI, 1, 32, 4, 9);   /* gpt-oss-20b's */
+    moe_gpu_case(QT_MXFP4, BE_MOE_TOPK_SOFTMAX, BE_MOE_SWIGLU_OAI, 1, 16, 4, 6);   /* gpt-oss's kind */
     moe_gpu_case(QT_BF16, BE_MOE_SOFTMAX, BE_MOE_SILU, 0, 4, 4, 40);     /* every expert */
 }
