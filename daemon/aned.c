@@ -27,6 +27,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -246,7 +247,10 @@ enum { PH_START, PH_RUN, PH_TEARDOWN };
 static struct {
     pthread_mutex_t mu;      /* held by main while it creates what a stop removes */
     int phase;
-    sock_listener *lst;      /* created by start-up: closed (socket removed) on a stop */
+    /* created by start-up: closed (socket removed) on a stop. Published
+     * whole once made; main does not touch it again before serving, so a
+     * stop removes it even while main holds mu (a hung start-up step). */
+    _Atomic(sock_listener *) lst;
     const char *pidfile;     /* written by start-up: removed on a stop */
     int sfd;                 /* signalfd: SIGTERM, SIGINT, SIGHUP */
     int ctl[2];              /* main → thread: the phase changed */
@@ -291,8 +295,8 @@ static void *sig_main(void *arg)
                 /* Start-up: main may be anywhere (loading the model); what it
                  * created is published under sigs.mu, held here until exit. */
                 log_info("%s during start-up: stopping", sig_name(s));
-                if (!locked) log_warn("a start-up step did not finish within 2 s: leaving what it created");
-                if (locked && sigs.lst) sock_close(sigs.lst);
+                if (!locked) log_warn("a start-up step did not finish within 2 s: leaving the pidfile");
+                sock_close(atomic_load_explicit(&sigs.lst, memory_order_acquire));
                 if (locked && sigs.pidfile && unlink(sigs.pidfile) < 0 && errno != ENOENT)
                     log_debug("cannot remove pidfile %s: %s", sigs.pidfile, strerror(errno));
                 notify_send("STOPPING=1");
@@ -697,7 +701,7 @@ int main(int argc, char **argv)
     if (act == 0) {
         pthread_mutex_lock(&sigs.mu);
         int lrc = sock_listen(&lst, sock_path, sock_mode, sock_gid, SOMAXCONN, err, sizeof err);
-        if (lrc == 0) sigs.lst = &lst;
+        if (lrc == 0) atomic_store_explicit(&sigs.lst, &lst, memory_order_release);
         pthread_mutex_unlock(&sigs.mu);
         if (lrc < 0) { log_error("%s", err); goto out; }
     }

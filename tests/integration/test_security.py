@@ -527,7 +527,7 @@ def test_sigterm_while_loading():
             check(rc == 0, "exit status %s:\n%s" % (rc, dm.text()[-1500:]))
             check("SIGTERM during start-up" in dm.text(), "stop not logged:\n" + dm.text()[-1500:])
             for p in (dm.sock, dm.sock + ".lock"):
-                check(not os.path.lexists(p), "%s left behind" % p)
+                check(not os.path.lexists(p), "%s left behind:\n%s" % (p, dm.text()[-1500:]))
             print("    frozen while starting up on attempt %d" % (attempt + 1))
             return
         finally:
