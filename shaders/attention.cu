@@ -956,14 +956,14 @@ __global__ void __launch_bounds__(128) k_att_ex(const float *q, const void *kc, 
     }
     float M = sinks && wp == 0 ? sinks[h] : -INFINITY, L = sinks && wp == 0 ? 1.f : 0.f;
     const int p = pos[t], first = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
-    const int32_t *pg = pages + off[t];
     for (int p0 = first + 32 * wp; p0 <= p; p0 += 128) {
         const int n = p - p0 + 1 < 32 ? p - p0 + 1 : 32;
+        /* lane j: the cache row of position p0 + j, for both loops */
+        const size_t row = lane < n ? kv_slot(off, pages, t, p0 + lane) * kvd + kvo : 0;
         float sc = -INFINITY;
 #pragma unroll 4
         for (int j = 0; j < n; j++) {
-            const int pj = p0 + j;
-            const size_t base = ((size_t)pg[pj / 16] * 16 + pj % 16) * kvd + kvo;
+            const size_t base = __shfl_sync(0xffffffffu, row, j);
             float dot = 0.f;
 #pragma unroll
             for (int i = 0; i < ND; i++) {
@@ -991,8 +991,7 @@ __global__ void __launch_bounds__(128) k_att_ex(const float *q, const void *kc, 
 #pragma unroll 4
         for (int j = 0; j < n; j++) {
             const float ej = __shfl_sync(0xffffffffu, e, j);
-            const int pj = p0 + j;
-            const size_t base = ((size_t)pg[pj / 16] * 16 + pj % 16) * kvd + kvo;
+            const size_t base = __shfl_sync(0xffffffffu, row, j);
 #pragma unroll
             for (int i = 0; i < ND; i++) {
                 const int d = lane + 32 * i;
