@@ -927,19 +927,22 @@ __global__ void k_att_merge(const float *part, const int32_t *pos, int n_head, i
 
 /* ---------------- attention_ex ----------------
  * Attention with a sliding window, sinks and a given scale (be_attn_ex): a
- * block of four warps per (token, head). Warp w takes the spans of 32
- * positions w, w+4, ..: each position's q·k by the whole warp (lanes hold
- * dims lane, lane+32, .., K rows read whole), the score kept by lane j for
- * position p0+j, then one online softmax step per span and V rows read
- * whole. The warps' (max, sum, accumulator) are merged in warp order. A
- * sink starts warp 0's running (max, sum) at (sink, 1). q is rounded to
- * f16 with an f16 cache, as the CPU does. head_dim <= 32*ND. A token's
- * result depends on its own positions only. */
+ * block of ATT_EX_WARPS warps per (token, head), so that a decode step's
+ * few blocks still spread a long context over many warps. Warp w takes
+ * the spans of 32 positions w, w + ATT_EX_WARPS, ..: each position's q·k
+ * by the whole warp (lanes hold dims lane, lane+32, .., K rows read
+ * whole), the score kept by lane j for position p0+j, then one online
+ * softmax step per span and V rows read whole. The warps' (max, sum,
+ * accumulator) are merged in warp order. A sink starts warp 0's running
+ * (max, sum) at (sink, 1). q is rounded to f16 with an f16 cache, as the
+ * CPU does. head_dim <= 32*ND. A token's result depends on its own
+ * positions only. */
+#define ATT_EX_WARPS 16
 template <int ND, int F16>
-__global__ void __launch_bounds__(128) k_att_ex(const float *q, const void *kc, const void *vc, const int32_t *pos,
-                                               const int32_t *off, const int32_t *pages, int T, int n_head,
-                                               int n_head_kv, int hd, int window, const float *sinks, float scale,
-                                               float *out)
+__global__ void __launch_bounds__(ATT_EX_WARPS * 32)
+    k_att_ex(const float *q, const void *kc, const void *vc, const int32_t *pos, const int32_t *off,
+             const int32_t *pages, int T, int n_head, int n_head_kv, int hd, int window, const float *sinks,
+             float scale, float *out)
 {
     pdl_begin();
     const int th = blockIdx.x, wp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -956,7 +959,7 @@ __global__ void __launch_bounds__(128) k_att_ex(const float *q, const void *kc, 
     }
     float M = sinks && wp == 0 ? sinks[h] : -INFINITY, L = sinks && wp == 0 ? 1.f : 0.f;
     const int p = pos[t], first = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
-    for (int p0 = first + 32 * wp; p0 <= p; p0 += 128) {
+    for (int p0 = first + 32 * wp; p0 <= p; p0 += 32 * ATT_EX_WARPS) {
         const int n = p - p0 + 1 < 32 ? p - p0 + 1 : 32;
         /* lane j: the cache row of position p0 + j, for both loops */
         const size_t row = lane < n ? kv_slot(off, pages, t, p0 + lane) * kvd + kvo : 0;
@@ -1003,18 +1006,18 @@ __global__ void __launch_bounds__(128) k_att_ex(const float *q, const void *kc, 
         }
         M = mn;
     }
-    __shared__ float sm_m[4], sm_l[4], sm_a[4][32 * ND];
+    __shared__ float sm_m[ATT_EX_WARPS], sm_l[ATT_EX_WARPS], sm_a[ATT_EX_WARPS][32 * ND];
     if (lane == 0) { sm_m[wp] = M; sm_l[wp] = L; }
 #pragma unroll
     for (int i = 0; i < ND; i++) sm_a[wp][lane + 32 * i] = acc[i];
     __syncthreads();
     if (wp) return;
     float mx = sm_m[0];
-    for (int w = 1; w < 4; w++) mx = fmaxf(mx, sm_m[w]);
+    for (int w = 1; w < ATT_EX_WARPS; w++) mx = fmaxf(mx, sm_m[w]);
     float lt = 0.f, at[ND];
 #pragma unroll
     for (int i = 0; i < ND; i++) at[i] = 0.f;
-    for (int w = 0; w < 4; w++) {
+    for (int w = 0; w < ATT_EX_WARPS; w++) {
         const float f = sm_m[w] == -INFINITY ? 0.f : expf(sm_m[w] - mx);
         lt = __fmaf_rn(sm_l[w], f, lt);
 #pragma unroll
@@ -1162,10 +1165,10 @@ void ck_attention_ex(cudaStream_t st, const float *q, const void *kc, const void
     unsigned g = (unsigned)(T * n_head);
 #define L_EX(ND)                                                                                               \
     do {                                                                                                       \
-        if (f16) lk(k_att_ex<ND, 1>, g, 128, 0, st, q, kc, vc, pos, off, pages, T, n_head, n_head_kv, hd,      \
-                    window, sinks, scale, out);                                                                \
-        else lk(k_att_ex<ND, 0>, g, 128, 0, st, q, kc, vc, pos, off, pages, T, n_head, n_head_kv, hd, window,  \
-                sinks, scale, out);                                                                            \
+        if (f16) lk(k_att_ex<ND, 1>, g, ATT_EX_WARPS * 32, 0, st, q, kc, vc, pos, off, pages, T, n_head,       \
+                    n_head_kv, hd, window, sinks, scale, out);                                                 \
+        else lk(k_att_ex<ND, 0>, g, ATT_EX_WARPS * 32, 0, st, q, kc, vc, pos, off, pages, T, n_head,           \
+                n_head_kv, hd, window, sinks, scale, out);                                                     \
     } while (0)
     int nd = (hd + 31) / 32;
     if (nd <= 1) L_EX(1);

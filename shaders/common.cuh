@@ -25,6 +25,14 @@ __device__ __forceinline__ float h2f(const uint8_t *p)
     return __half2float(__ushort_as_half(u));
 }
 
+/* A warp's per-lane sum met by the fixed butterfly (every lane gets it) */
+__device__ __forceinline__ float warp_sum(float v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
 /* f32 -> f16 for the GEMMs' inputs, saturated at the f16 range (one
  * expression for every kernel that writes an f16 copy of an activation) */
 __device__ __forceinline__ __half f2h_sat(float v)

@@ -244,15 +244,18 @@ void ck_argmax(cudaStream_t st, const float *x, int rows, int n, const uint32_t 
  * act as its BE_MOE_* numbers). Routing: ids, wts [T][K] from the logits
  * lg [T][X] (X <= 1024). Grouping of the N = T*K pairs by expert:
  * first [X+1], slot [N] (pair -> slot), pair [N] (slot -> pair), and the
- * tiles (expert, first slot, slots) of up to CK_MOE_TT slots, as int32
- * triples, their count in *n_tiles (at most ck_moe_max_tiles(N, X)). */
+ * tiles (expert, first slot, slots) of up to tt slots (CK_MOE_TT, or
+ * CK_MOE_TC_TT for the tensor-core kernels), as int32 triples, their count
+ * in *n_tiles (at most ck_moe_tiles_max(N, X, tt)). */
 #define CK_MOE_TT 16
+#define CK_MOE_TC_TT 64
 #define CK_MOE_RT 64
-#define ck_moe_max_tiles(N, X) (((N) + CK_MOE_TT - 1) / CK_MOE_TT + (X))
+#define ck_moe_tiles_max(N, X, tt) (((N) + (tt) - 1) / (tt) + (X))
+#define ck_moe_max_tiles(N, X) ck_moe_tiles_max(N, X, CK_MOE_TT)
 void ck_moe_route(cudaStream_t st, const float *lg, int T, int X, int K, int gating, int norm, float scale,
                   int32_t *ids, float *wts);
-void ck_moe_group(cudaStream_t st, const int32_t *ids, int N, int X, int32_t *first, int32_t *slot, int32_t *pair,
-                  int32_t *tiles, int32_t *n_tiles);
+void ck_moe_group(cudaStream_t st, const int32_t *ids, int N, int X, int tt, int32_t *first, int32_t *slot,
+                  int32_t *pair, int32_t *tiles, int32_t *n_tiles);
 /* Both in one launch (one block: for batches of a few tokens) */
 #define CK_MOE_RG_MAX_T 32
 void ck_moe_route_group(cudaStream_t st, const float *lg, int T, int X, int K, int gating, int norm, float scale,
@@ -291,6 +294,20 @@ void ck_moe_gluq(cudaStream_t st, uint32_t type, const void *Wg, const void *Wu,
 int ck_moe_downq_ok(uint32_t type, int F, int K);
 void ck_moe_downq(cudaStream_t st, uint32_t type, const void *W, size_t rb, int F, int E, const void *hq, int N, int T,
                   int K, const int32_t *ids, const int32_t *slot, const float *wts, const float *bias, float *out);
+/* The experts' products of prompt batches on int8 tensor cores
+ * (moe_tc.cu), tiles of up to CK_MOE_TC_TT slots, for the types of
+ * ck_moe_int8: each 32 values' integer dots exact, then scaled and summed
+ * in f32 in value order, so another order than ck_moe_mmq's (and not
+ * batch-invariant: for batches past CK_MOE_RG_MAX_T, not deterministic).
+ * ck_moe_tc_mm: as ck_moe_mmq; ck_moe_tc_glu: as ck_moe_gluq, into hq
+ * only (F % 32 == 0). */
+void ck_moe_tc_mm(cudaStream_t st, uint32_t type, const void *W, size_t rb, int n, int rows, const void *xq,
+                  int x_rows, int by_token, int K, const int32_t *pair, const int32_t *tiles, const int32_t *n_tiles,
+                  int max_tiles, const float *bias, float *y);
+void ck_moe_tc_glu(cudaStream_t st, uint32_t type, const void *Wg, const void *Wu, size_t rb, int n, int F,
+                   const void *xq, int x_rows, int K, const int32_t *pair, const int32_t *tiles,
+                   const int32_t *n_tiles, int max_tiles, const float *bg, const float *bu, int act, float alpha,
+                   float limit, void *hq, int N);
 /* g = act(g, u)                                                     [n] */
 void ck_moe_act(cudaStream_t st, float *g, const float *u, size_t n, int act, float alpha, float limit);
 /* out[t] = sum over k of w[t][k] * y[slot[t*K+k]], k in order    [T][E] */

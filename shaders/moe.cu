@@ -13,7 +13,7 @@
 // tokens of one expert share a tile: its weights are read once per tile.
 // A (slot, row) output's arithmetic does not depend on the other slots of
 // its tile, so a token's result does not depend on its batch.
-#include "shaders/dequant.cuh"
+#include "shaders/moe.cuh"
 
 #include <limits.h>
 
@@ -105,11 +105,11 @@ __device__ void moe_scan2(int *a, int *b, int X, int *wa, int *wb)
 
 #define MOE_GROUP_SID 2048
 /* By the whole block: the pairs' slots, expert by expert, tokens in order
- * within one; the tiles (expert, first slot, slots) of up to CK_MOE_TT.
+ * within one; the tiles (expert, first slot, slots) of up to tt.
  * Counts and their prefix sums in shared memory; then each expert's
  * thread lists its slots and tiles. */
-__device__ void moe_group_block(const int32_t *ids, int N, int X, int32_t *first, int32_t *slot, int32_t *pair,
-                                int32_t *tiles, int32_t *n_tiles)
+__device__ void moe_group_block(const int32_t *ids, int N, int X, int tt, int32_t *first, int32_t *slot,
+                                int32_t *pair, int32_t *tiles, int32_t *n_tiles)
 {
     __shared__ int cnt[1024], tof[1024], wa[32], wb[32], sid[MOE_GROUP_SID];
     /* a few tokens' ids in shared memory: each expert's walk over them
@@ -121,16 +121,16 @@ __device__ void moe_group_block(const int32_t *ids, int N, int X, int32_t *first
     const int32_t *id = sh ? sid : ids;
     for (int i = threadIdx.x; i < N; i += blockDim.x) atomicAdd(&cnt[id[i]], 1);
     __syncthreads();
-    for (int e = threadIdx.x; e < X; e += blockDim.x) tof[e] = (cnt[e] + CK_MOE_TT - 1) / CK_MOE_TT;
+    for (int e = threadIdx.x; e < X; e += blockDim.x) tof[e] = (cnt[e] + tt - 1) / tt;
     __syncthreads();
     moe_scan2(cnt, tof, X, wa, wb);   /* cnt[e], tof[e]: slots and tiles of experts 0..e */
     for (int e = threadIdx.x; e < X; e += blockDim.x) {
         int end = cnt[e], f = e ? cnt[e - 1] : 0, t = e ? tof[e - 1] : 0;
         first[e] = f;
-        for (int s = f; s < end; s += CK_MOE_TT, t++) {
+        for (int s = f; s < end; s += tt, t++) {
             tiles[3 * t] = e;
             tiles[3 * t + 1] = s;
-            tiles[3 * t + 2] = end - s < CK_MOE_TT ? end - s : CK_MOE_TT;
+            tiles[3 * t + 2] = end - s < tt ? end - s : tt;
         }
         int k = f;
         for (int i = 0; i < N && k < end; i++)
@@ -142,11 +142,11 @@ __device__ void moe_group_block(const int32_t *ids, int N, int X, int32_t *first
     }
 }
 
-__global__ void k_moe_group(const int32_t *ids, int N, int X, int32_t *first, int32_t *slot, int32_t *pair,
+__global__ void k_moe_group(const int32_t *ids, int N, int X, int tt, int32_t *first, int32_t *slot, int32_t *pair,
                             int32_t *tiles, int32_t *n_tiles)
 {
     pdl_begin();
-    moe_group_block(ids, N, X, first, slot, pair, tiles, n_tiles);
+    moe_group_block(ids, N, X, tt, first, slot, pair, tiles, n_tiles);
 }
 
 /* Routing and grouping of a small batch in one block (a warp per token
@@ -159,18 +159,7 @@ __global__ void k_moe_route_group(const float *lg, int T, int X, int K, int gati
     for (int t = threadIdx.x >> 5; t < T; t += blockDim.x >> 5)
         moe_route_tok(lg, t, threadIdx.x & 31, X, K, gating, norm, scale, ids, wts);
     __syncthreads();
-    moe_group_block(ids, T * K, X, first, slot, pair, tiles, n_tiles);
-}
-
-/* The tile of this block (blockIdx.x): its expert e, first slot s0 and
- * slots ns; false past the tiles the grouping made. */
-__device__ __forceinline__ bool moe_tile(const int32_t *tiles, const int32_t *n_tiles, int &e, int &s0, int &ns)
-{
-    pdl_begin();
-    int ti = blockIdx.x;
-    if (ti >= *n_tiles) return false;
-    e = tiles[3 * ti]; s0 = tiles[3 * ti + 1]; ns = tiles[3 * ti + 2];
-    return true;
+    moe_group_block(ids, T * K, X, CK_MOE_TT, first, slot, pair, tiles, n_tiles);
 }
 
 /* The warp-per-row kernels' (tile, row) of this warp: false past the
@@ -182,20 +171,6 @@ __device__ __forceinline__ bool moe_warp(const int32_t *tiles, const int32_t *n_
     lane = threadIdx.x & 31;
     r = blockIdx.y * 8 + (threadIdx.x >> 5);
     return r < rows;
-}
-
-/* x's row of slot s0 + s: by token (pair / K) or by slot */
-__device__ __forceinline__ size_t moe_src(int by_token, const int32_t *pair, int K, int s0, int s)
-{
-    return (size_t)(by_token ? pair[s0 + s] / K : s0 + s);
-}
-
-/* A warp's per-lane sum met by the fixed butterfly (every lane gets it) */
-__device__ __forceinline__ float warp_sum(float v)
-{
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
 }
 
 /* The warp's sums of its slots met by a fixed butterfly, lane 0 storing
@@ -361,21 +336,6 @@ __global__ void __launch_bounds__(256) k_moe_mvq(const uint8_t *W, size_t rb, in
         }
     }
     moe_warp_store(acc, ns, s0, e, r, rows, lane, bias, y);
-}
-
-/* act(g, u) of one value (cpu_moe.c's moe_act) */
-__device__ __forceinline__ float moe_act1(float a, float b, int act, float alpha, float limit)
-{
-    if (act == 1) {
-        a = 0.5f * a * (1.0f + tanhf(0.7978845608f * (a + 0.044715f * a * a * a))) * b;
-    } else if (act == 2) {
-        a = a < limit ? a : limit;
-        b = b < -limit ? -limit : b > limit ? limit : b;
-        a = a / (1.0f + expf(-alpha * a)) * (b + 1.0f);
-    } else {
-        a = a / (1.0f + expf(-a)) * b;
-    }
-    return a;
 }
 
 /* R rows (r, r+1, ..) of gate and up for the tile's slots (up to NS), the
@@ -574,10 +534,10 @@ void ck_moe_route_group(cudaStream_t st, const float *lg, int T, int X, int K, i
        n_tiles);
 }
 
-void ck_moe_group(cudaStream_t st, const int32_t *ids, int N, int X, int32_t *first, int32_t *slot, int32_t *pair,
-                  int32_t *tiles, int32_t *n_tiles)
+void ck_moe_group(cudaStream_t st, const int32_t *ids, int N, int X, int tt, int32_t *first, int32_t *slot,
+                  int32_t *pair, int32_t *tiles, int32_t *n_tiles)
 {
-    lk(k_moe_group, 1, 512, 0, st, ids, N, X, first, slot, pair, tiles, n_tiles);
+    lk(k_moe_group, 1, 512, 0, st, ids, N, X, tt, first, slot, pair, tiles, n_tiles);
 }
 
 void ck_moe_mm(cudaStream_t st, uint32_t type, const void *W, size_t rb, int n, int rows, const float *x,

@@ -10,7 +10,7 @@
 // so the launch shape depends on the batch size only.
 #include "shaders/ssm.h"
 
-#include "shaders/launch.cuh"
+#include "shaders/common.cuh"
 
 #include <math.h>
 #include <stdint.h>
@@ -29,12 +29,6 @@ __global__ void k_sigmoid_mul(float *x, const float *g, size_t n)
     pdl_begin();
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         x[i] = x[i] / (1.0f + expf(-g[i]));
-}
-
-__device__ __forceinline__ float warp_sum(float v)
-{
-    for (int k = 16; k > 0; k >>= 1) v += __shfl_xor_sync(0xffffffffu, v, k);
-    return v;
 }
 
 // One block per row; x and out may be the same.

@@ -42,7 +42,14 @@ void cu_moe(be *b, const be_moe *m, const float *x, int T, void *scratch, float 
     int32_t *ids = (int32_t *)(s + L.p.ids), *first = (int32_t *)(s + L.p.first), *slot = (int32_t *)(s + L.p.slot),
             *pair = (int32_t *)(s + L.p.pair), *tiles = (int32_t *)(s + L.tiles), *nt = (int32_t *)(s + L.nt);
     int X = m->n_expert, K = m->n_used, N = T * K, F = m->n_ff, E = (int)(m->down->n_out / X);
-    int E_in = (int)m->gate->n_in, mt = ck_moe_max_tiles(N, X);
+    int E_in = (int)m->gate->n_in, down8 = ck_moe_int8(m->down->type, F);
+    int glu8 = m->gate->type == m->up->type && m->gate->row_bytes == m->up->row_bytes &&
+               ck_moe_gluq_ok(m->gate->type, E_in, F);
+    /* Prompt batches of int8 experts go by tensor-core tiles of an expert's
+     * tokens (another order of the sums: not for deterministic daemons,
+     * which keep the per-row kernels' bits at every batch size). */
+    int tc = glu8 && down8 && T > CK_MOE_RG_MAX_T && !c->invariant;
+    int tt = tc ? CK_MOE_TC_TT : CK_MOE_TT, mt = ck_moe_tiles_max(N, X, tt);
     /* Experts of int8 types take int8 activations at every batch size (as
      * the CPU's do, so that the next layers' routers choose alike); the
      * others decode-sized batches (and every batch when deterministic) by
@@ -58,18 +65,27 @@ void cu_moe(be *b, const be_moe *m, const float *x, int T, void *scratch, float 
         ck_moe_route_group(c->st, lg, T, X, K, m->gating, m->norm, m->scale, ids, wts, first, slot, pair, tiles, nt);
     } else {
         ck_moe_route(c->st, lg, T, X, K, m->gating, m->norm, m->scale, ids, wts);
-        ck_moe_group(c->st, ids, N, X, first, slot, pair, tiles, nt);
+        ck_moe_group(c->st, ids, N, X, tt, first, slot, pair, tiles, nt);
     }
-    const wt *gu[2] = { m->gate, m->up }, *gub[2] = { m->gate_b, m->up_b };
-    int down8 = ck_moe_int8(m->down->type, F);
     void *hq = s + L.hq;
-    if (m->gate->type == m->up->type && m->gate->row_bytes == m->up->row_bytes &&
-        ck_moe_gluq_ok(m->gate->type, E_in, F)) {
+    if (tc) {
+        if (!xq) ck_quant_x(c->st, x, T, E_in, (void *)(xq = s + L.xq));
+        ck_moe_tc_glu(c->st, m->gate->type, m->gate->dev, m->up->dev, m->gate->row_bytes, E_in, F, xq, T, K, pair,
+                      tiles, nt, mvt, dev_or_null(m->gate_b), dev_or_null(m->up_b), m->act, m->alpha, m->limit, hq,
+                      N);
+        ck_moe_tc_mm(c->st, m->down->type, m->down->dev, m->down->row_bytes, F, E, hq, N, 0, K, pair, tiles, nt,
+                     mvt, dev_or_null(m->down_b), y);
+        ck_moe_combine(c->st, y, slot, wts, T, K, E, out);
+        tag_clear(c);
+        return;
+    }
+    if (glu8) {
         if (!xq) ck_quant_x(c->st, x, T, E_in, (void *)(xq = s + L.xq));
         ck_moe_gluq(c->st, m->gate->type, m->gate->dev, m->up->dev, m->gate->row_bytes, E_in, F, xq, T, K, pair,
                     tiles, nt, mvt, dev_or_null(m->gate_b), dev_or_null(m->up_b), m->act, m->alpha, m->limit,
                     down8 ? NULL : hg, down8 ? hq : NULL, N);
     } else {
+        const wt *gu[2] = { m->gate, m->up }, *gub[2] = { m->gate_b, m->up_b };
         float *guo[2] = { hg, hu };
         for (int i = 0; i < 2; i++) {
             const wt *w = gu[i];

@@ -8,9 +8,8 @@
  * a token alone the same bits as in its batch, also where the batch takes
  * the tiled down products and the token alone the per-token kernel (more
  * pairs than experts: X 8, K 2, T 5). */
-static void moe_gpu_case(uint32_t type, int gating, int act, int biases, int X, int K, int T)
+static void moe_gpu_case_ef(uint32_t type, int gating, int act, int biases, int X, int K, int T, int E, int F)
 {
-    enum { E = 256, F = 256 };
     size_t rbg, rbu, rbd, rbr;
     wt gate = { .type = type, .n_in = E, .n_out = (int64_t)X * F, .n_mat = X },
        up = { .type = type, .n_in = E, .n_out = (int64_t)X * F, .n_mat = X },
@@ -84,6 +83,11 @@ static void moe_gpu_case(uint32_t type, int gating, int act, int biases, int X, 
     free(x); free(yc); free(yg); free(y1);
 }
 
+static void moe_gpu_case(uint32_t type, int gating, int act, int biases, int X, int K, int T)
+{
+    moe_gpu_case_ef(type, gating, act, biases, X, K, T, 256, 256);
+}
+
 void test_moe(void)
 {
     for (size_t ti = 0; ti < N_TYPES; ti++) {
@@ -96,4 +100,12 @@ void test_moe(void)
     moe_gpu_case(QT_Q4_K, BE_MOE_SOFTMAX, BE_MOE_SILU, 0, 128, 8, 40);   /* its batches: tiles, route apart */
     moe_gpu_case(QT_MXFP4, BE_MOE_TOPK_SOFTMAX, BE_MOE_SWIGLU_OAI, 1, 16, 4, 6);   /* gpt-oss's kind */
     moe_gpu_case(QT_BF16, BE_MOE_SOFTMAX, BE_MOE_SILU, 0, 4, 4, 40);     /* every expert */
+    /* prompt batches (the tensor-core tiles): an expert's tokens over two
+     * tiles, the last one part full; rows and values that leave part of a
+     * block's rows and of its last stage (96: three chunks) */
+    moe_gpu_case(QT_Q4_K, BE_MOE_SOFTMAX, BE_MOE_SILU, 0, 4, 2, 200);
+    moe_gpu_case(QT_Q6_K, BE_MOE_SOFTMAX, BE_MOE_SILU, 0, 4, 2, 70);
+    moe_gpu_case_ef(QT_Q8_0, BE_MOE_SOFTMAX, BE_MOE_SILU, 1, 4, 2, 90, 96, 96);
+    moe_gpu_case_ef(QT_MXFP4, BE_MOE_TOPK_SOFTMAX, BE_MOE_SWIGLU_OAI, 1, 8, 4, 50, 96, 160);
+    moe_gpu_case_ef(QT_Q4_1, BE_MOE_SIGMOID, BE_MOE_GELU, 0, 4, 1, 60, 160, 96);
 }
