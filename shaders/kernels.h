@@ -308,6 +308,11 @@ void ck_moe_tc_glu(cudaStream_t st, uint32_t type, const void *Wg, const void *W
                    const void *xq, int x_rows, int K, const int32_t *pair, const int32_t *tiles,
                    const int32_t *n_tiles, int max_tiles, const float *bg, const float *bu, int act, float alpha,
                    float limit, void *hq, int N);
+/* The same for one matrix of those types on all T rows of xq: y [T][rows]
+ * (+ bias), the int8 GEMV's arithmetic in another order of the sums (for
+ * the prompts of models whose experts take int8 activations). */
+void ck_tc_matmul(cudaStream_t st, uint32_t type, const void *W, size_t rb, int n, int rows, const void *xq, int T,
+                  const float *bias, float *y);
 /* g = act(g, u)                                                     [n] */
 void ck_moe_act(cudaStream_t st, float *g, const float *u, size_t n, int act, float alpha, float limit);
 /* out[t] = sum over k of w[t][k] * y[slot[t*K+k]], k in order    [T][E] */

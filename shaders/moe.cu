@@ -103,17 +103,17 @@ __device__ void moe_scan2(int *a, int *b, int X, int *wa, int *wb)
     __syncthreads();
 }
 
-#define MOE_GROUP_SID 2048
+#define MOE_GROUP_SID 6144
 /* By the whole block: the pairs' slots, expert by expert, tokens in order
- * within one; the tiles (expert, first slot, slots) of up to tt.
- * Counts and their prefix sums in shared memory; then each expert's
- * thread lists its slots and tiles. */
+ * within one; the tiles (expert, first slot, slots) of up to tt. Counts
+ * and their prefix sums in shared memory, each expert's tiles by its
+ * thread; then warp 0 walks the pairs 32 at a time, each lane's slot its
+ * expert's next free one plus its rank among the lanes of that expert. */
 __device__ void moe_group_block(const int32_t *ids, int N, int X, int tt, int32_t *first, int32_t *slot,
                                 int32_t *pair, int32_t *tiles, int32_t *n_tiles)
 {
-    __shared__ int cnt[1024], tof[1024], wa[32], wb[32], sid[MOE_GROUP_SID];
-    /* a few tokens' ids in shared memory: each expert's walk over them
-     * below is a chain of dependent reads */
+    __shared__ int cnt[1024], tof[1024], run[1024], wa[32], wb[32], sid[MOE_GROUP_SID];
+    /* the ids in shared memory where they fit (the walk's reads) */
     const bool sh = N <= MOE_GROUP_SID;
     for (int i = threadIdx.x; sh && i < N; i += blockDim.x) sid[i] = ids[i];
     for (int e = threadIdx.x; e < X; e += blockDim.x) cnt[e] = 0;
@@ -127,18 +127,34 @@ __device__ void moe_group_block(const int32_t *ids, int N, int X, int tt, int32_
     for (int e = threadIdx.x; e < X; e += blockDim.x) {
         int end = cnt[e], f = e ? cnt[e - 1] : 0, t = e ? tof[e - 1] : 0;
         first[e] = f;
+        run[e] = f;
         for (int s = f; s < end; s += tt, t++) {
             tiles[3 * t] = e;
             tiles[3 * t + 1] = s;
             tiles[3 * t + 2] = end - s < tt ? end - s : tt;
         }
-        int k = f;
-        for (int i = 0; i < N && k < end; i++)
-            if (id[i] == e) { slot[i] = k; pair[k] = i; k++; }
     }
     if (threadIdx.x == 0) {
         first[X] = cnt[X - 1];
         *n_tiles = tof[X - 1];
+    }
+    __syncthreads();
+    if (threadIdx.x >= 32) return;
+    const int lane = threadIdx.x;
+    const unsigned below = (1u << lane) - 1;
+    for (int i0 = 0; i0 < N; i0 += 32) {
+        const int i = i0 + lane;
+        const bool live = i < N;
+        const int e = live ? id[i] : -1 - lane;   /* (a dead lane matches no other) */
+        const unsigned peers = __match_any_sync(0xffffffffu, e);
+        if (live) {
+            const int k = run[e] + __popc(peers & below);
+            slot[i] = k;
+            pair[k] = i;
+        }
+        __syncwarp();
+        if (live && !(peers & below)) run[e] += __popc(peers);
+        __syncwarp();
     }
 }
 
@@ -290,7 +306,8 @@ template <int TY>
 __device__ __forceinline__ float mvq_unit(float acc, const int (&q)[8], float d0, float d1, float m,
                                           const int8_t *xq, const float *xd, const int *xs, size_t bi)
 {
-    const bool two = TY == QT_Q3_K || TY == QT_Q6_K, min = TY == QT_Q4_1 || TY == QT_Q5_1 || TY == QT_Q4_K || TY == QT_Q5_K;
+    const bool two = TY == QT_Q3_K || TY == QT_Q6_K,
+               min = TY == QT_Q4_1 || TY == QT_Q5_1 || TY == QT_Q4_K || TY == QT_Q5_K;
     const int4 *xv = (const int4 *)(xq + bi * 32);
     const int4 xa = xv[0], xb = xv[1];
     int lo = __dp4a(q[0], xa.x, 0);
@@ -505,8 +522,9 @@ static void gluq_launch(cudaStream_t st, dim3 g, int T, const void *Wg, const vo
                         const float *bg, const float *bu, int act, float alpha, float limit, float *hg, act_forms H)
 {
     if constexpr (dq32i_type(TY))
-        lk(T <= 4 ? k_moe_gluq<TY, 4> : k_moe_gluq<TY, CK_MOE_TT>, g, 256, 0, st, (const uint8_t *)Wg, (const uint8_t *)Wu, rb, n, F, (const int8_t *)L.q,
-           (const float *)L.d, (const int *)L.s, K, pair, tiles, n_tiles, bg, bu, act, alpha, limit, hg, H);
+        lk(T <= 4 ? k_moe_gluq<TY, 4> : k_moe_gluq<TY, CK_MOE_TT>, g, 256, 0, st, (const uint8_t *)Wg,
+           (const uint8_t *)Wu, rb, n, F, (const int8_t *)L.q, (const float *)L.d, (const int *)L.s, K, pair, tiles,
+           n_tiles, bg, bu, act, alpha, limit, hg, H);
 }
 
 template <int TY>

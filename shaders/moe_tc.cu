@@ -73,7 +73,8 @@ __device__ __forceinline__ void tc_stage(tc_smem &sm, RP rowp, int c0, int nc, i
 
 /* y[slot][r] = row r of expert e on x of the slot (+ bias), for the tile
  * blockIdx.x and rows 64 blockIdx.y ..; x by token (pair / K) when
- * by_token, else by slot. GLU: rows 0..31 of the block are gate rows and
+ * by_token, else by slot. No tiles: one matrix (expert 0) on the dense_T
+ * rows of x, 64 of them a tile. GLU: rows 0..31 of the block are gate rows and
  * 32..63 up rows of features f0 = 32 blockIdx.y ..; act of each pair (+
  * biases bias, bu) goes through shared memory to a warp per slot, which
  * quantizes the 32 values into hq as k_quant_x would. */
@@ -81,13 +82,14 @@ template <int TY, bool GLU>
 __global__ void __launch_bounds__(128) k_moe_tc(const uint8_t *W, const uint8_t *Wu, size_t rb, int n, int rows,
                                                const int8_t *xq, const float *xd, const int *xs, int by_token, int K,
                                                const int32_t *pair, const int32_t *tiles, const int32_t *n_tiles,
-                                               const float *bias, const float *bu, int act, float alpha,
-                                               float limit, float *y, act_forms hq)
+                                               int dense_T, const float *bias, const float *bu, int act,
+                                               float alpha, float limit, float *y, act_forms hq)
 {
     constexpr bool two = TY == QT_Q3_K || TY == QT_Q6_K,
                    mn = TY == QT_Q4_1 || TY == QT_Q5_1 || TY == QT_Q4_K || TY == QT_Q5_K;
-    int e, s0, ns;
-    if (!moe_tile(tiles, n_tiles, e, s0, ns)) return;
+    int e = 0, s0 = blockIdx.x * CK_MOE_TC_TT, ns = min(CK_MOE_TC_TT, dense_T - s0);
+    if (!tiles) pdl_begin();
+    else if (!moe_tile(tiles, n_tiles, e, s0, ns)) return;
     __shared__ __align__(16) tc_smem sm;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, q = lane & 3;
     const int wr = warp & 1, ws = warp >> 1, nc = n / 32, r0 = GLU ? blockIdx.y * 32 : blockIdx.y * TC_ROWS;
@@ -201,13 +203,13 @@ __global__ void __launch_bounds__(128) k_moe_tc(const uint8_t *W, const uint8_t 
 template <int TY>
 static void tc_launch(cudaStream_t st, dim3 g, bool glu, const void *W, const void *Wu, size_t rb, int n, int rows,
                       act_forms L, int by_token, int K, const int32_t *pair, const int32_t *tiles,
-                      const int32_t *n_tiles, const float *bias, const float *bu, int act, float alpha, float limit,
-                      float *y, act_forms H)
+                      const int32_t *n_tiles, int dense_T, const float *bias, const float *bu, int act, float alpha,
+                      float limit, float *y, act_forms H)
 {
     if constexpr (dq32i_type(TY))
         lk(glu ? k_moe_tc<TY, true> : k_moe_tc<TY, false>, g, 128, 0, st, (const uint8_t *)W, (const uint8_t *)Wu,
            rb, n, rows, (const int8_t *)L.q, (const float *)L.d, (const int *)L.s, by_token, K, pair, tiles, n_tiles,
-           bias, bu, act, alpha, limit, y, H);
+           dense_T, bias, bu, act, alpha, limit, y, H);
 }
 
 extern "C" {
@@ -219,8 +221,8 @@ void ck_moe_tc_mm(cudaStream_t st, uint32_t type, const void *W, size_t rb, int 
     act_forms L = act_int8_at((void *)xq, x_rows, n), H;
     memset(&H, 0, sizeof H);
     dim3 g((unsigned)max_tiles, nblk((size_t)rows, TC_ROWS));
-#define L_TC(TY) tc_launch<TY>(st, g, false, W, NULL, rb, n, rows, L, by_token, K, pair, tiles, n_tiles, bias, \
-                               NULL, 0, 0.f, 0.f, y, H)
+#define L_TC(TY) tc_launch<TY>(st, g, false, W, NULL, rb, n, rows, L, by_token, K, pair, tiles, n_tiles, 0, \
+                               bias, NULL, 0, 0.f, 0.f, y, H)
     TYPE_SWITCH(type, L_TC)
 }
 
@@ -231,9 +233,20 @@ void ck_moe_tc_glu(cudaStream_t st, uint32_t type, const void *Wg, const void *W
 {
     act_forms L = act_int8_at((void *)xq, x_rows, n), H = act_int8_at(hq, N, F);
     dim3 g((unsigned)max_tiles, (unsigned)(F / 32));
-#define L_TCG(TY) tc_launch<TY>(st, g, true, Wg, Wu, rb, n, F, L, 1, K, pair, tiles, n_tiles, bg, bu, act, alpha, \
-                                limit, NULL, H)
+#define L_TCG(TY) tc_launch<TY>(st, g, true, Wg, Wu, rb, n, F, L, 1, K, pair, tiles, n_tiles, 0, bg, bu, act, \
+                                alpha, limit, NULL, H)
     TYPE_SWITCH(type, L_TCG)
+}
+
+void ck_tc_matmul(cudaStream_t st, uint32_t type, const void *W, size_t rb, int n, int rows, const void *xq, int T,
+                  const float *bias, float *y)
+{
+    act_forms L = act_int8_at((void *)xq, T, n), H;
+    memset(&H, 0, sizeof H);
+    dim3 g(nblk((size_t)T, CK_MOE_TC_TT), nblk((size_t)rows, TC_ROWS));
+#define L_TCD(TY) tc_launch<TY>(st, g, false, W, NULL, rb, n, rows, L, 0, 1, NULL, NULL, NULL, T, bias, NULL, 0, \
+                                0.f, 0.f, y, H)
+    TYPE_SWITCH(type, L_TCD)
 }
 
 }

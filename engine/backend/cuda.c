@@ -655,6 +655,29 @@ static int mmqb_try(cu_be *c, int nm, const wt *const *w, const float *const *bv
     return 1;
 }
 
+/* Prompt batches of the int8 matrices of a model whose experts take int8
+ * activations (be_opts.act_int8): on int8 tensor cores, the GEMV's
+ * arithmetic in another order of the sums, so not for deterministic
+ * daemons (nor decode batches: the GEMV's bits alone or batched). x's
+ * int8 form as tagged, or quantized here (then tagged). 0: not taken. */
+static int tc_rows(cu_be *c, int nm, const wt *const *w, const float *const *bv, const float *x, int T,
+                   float *const *out)
+{
+    int n = (int)w[0]->n_in;
+    if (!c->act_int8 || c->invariant || T <= CK_MOE_RG_MAX_T || !ck_moe_int8(w[0]->type, n)) return 0;
+    const void *xq = c->xq;
+    if (!tag_is(c, x, T, n)) {
+        void *q = xq_for(c, T, n);
+        if (!q) return 0;
+        ck_quant_x(c->st, x, T, n, q);
+        tag_set(c, x, T, n);
+        xq = q;
+    }
+    for (int i = 0; i < nm; i++)
+        ck_tc_matmul(c->st, w[i]->type, w[i]->dev, w[i]->row_bytes, n, (int)w[i]->n_out, xq, T, bv[i], out[i]);
+    return 1;
+}
+
 /* int8 types on x [T][n]: from the tagged xq, or quantized here (then
  * tagged); else f32 */
 static void gemv_rows(cu_be *c, const wt *w, const float *bv, const float *x, int T, float *out)
@@ -664,6 +687,7 @@ static void gemv_rows(cu_be *c, const wt *w, const float *bv, const float *x, in
         ck_gemv(c->st, w->type, w->dev, w->row_bytes, n, (int)w->n_out, bv, x, T, out, NULL);
         return;
     }
+    if (tc_rows(c, 1, &w, &bv, x, T, &out)) return;
     const void *W = w->dev;
     int no = (int)w->n_out;
     if (tag_is(c, x, T, n)) {
@@ -780,6 +804,8 @@ static void cu_matmul_n(be *b, int n, const wt *const *w, const wt *const *bias,
         /* (done) */
     } else if (!ck_gemv_int8(w[0]->type, nin)) {
         ck_gemv_multi(c->st, w[0]->type, n, W, w[0]->row_bytes, nin, no, bv, x, T, out, NULL);
+    } else if (tc_rows(c, n, w, bv, x, T, out)) {
+        /* (done) */
     } else if (tag_is(c, x, T, nin)) {
         ck_gemv_multi_q(c->st, w[0]->type, n, W, w[0]->row_bytes, nin, no, bv, T, out, c->xq);
     } else {

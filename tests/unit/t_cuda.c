@@ -218,6 +218,7 @@ int main(int argc, char **argv)
         RUN_SOME(test_conv1d);
         RUN_SOME(test_deltanet);
         RUN_SOME(test_moe);
+        RUN_SOME(test_int8_prompt);
         if (gpu_open(&gpuv, 1, &(be_cuda_force){ .gemv_all = 1 }, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
         RUN_SOME(test_invariance);
         RUN_SOME(test_deterministic);

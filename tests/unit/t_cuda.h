@@ -55,6 +55,7 @@ void test_glu_batched(void);
 void test_fused_quant(void);
 void test_invariance(void);
 void test_deterministic(void);
+void test_int8_prompt(void);
 void test_q6b_layout(void);
 void test_embed(void);
 void test_elementwise(void);
