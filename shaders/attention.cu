@@ -929,10 +929,10 @@ __global__ void k_att_merge(const float *part, const int32_t *pos, int n_head, i
  * Attention with a sliding window, sinks and a given scale (be_attn_ex): a
  * block of ATT_EX_WARPS warps per (token, head), so that a decode step's
  * few blocks still spread a long context over many warps. Warp w takes
- * the spans of 32 positions w, w + ATT_EX_WARPS, ..: each position's q·k
- * by the whole warp (lanes hold dims lane, lane+32, .., K rows read
- * whole), the score kept by lane j for position p0+j, then one online
- * softmax step per span and V rows read whole. The warps' (max, sum,
+ * the spans of 32 positions w, w + ATT_EX_WARPS, ..: lane j scores
+ * position p0+j alone (its K row in 16-byte loads, q from shared memory),
+ * then one online softmax step per span and V rows read whole (lanes hold
+ * dims lane, lane+32, ..). The warps' (max, sum,
  * accumulator) are merged in warp order. A sink starts warp 0's running
  * (max, sum) at (sink, 1). q is rounded to f16 with an f16 cache, as the
  * CPU does. head_dim <= 32*ND. A token's result depends on its own
@@ -949,36 +949,59 @@ __global__ void __launch_bounds__(ATT_EX_WARPS * 32)
     const int t = th / n_head, h = th % n_head, kvh = h / (n_head / n_head_kv);
     const size_t kvd = (size_t)n_head_kv * hd, kvo = (size_t)kvh * hd;
     const float *qt = q + (size_t)th * hd;
-    float qv[ND], acc[ND];
-#pragma unroll
-    for (int i = 0; i < ND; i++) {
-        const int d = lane + 32 * i;
-        float v = d < hd ? qt[d] : 0.f;
-        qv[i] = F16 ? __half2float(__float2half_rn(v)) : v;
-        acc[i] = 0.f;
+    __shared__ __align__(16) float qs[32 * ND];
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        const float v = qt[d];
+        qs[d] = F16 ? __half2float(__float2half_rn(v)) : v;
     }
+    float acc[ND];
+#pragma unroll
+    for (int i = 0; i < ND; i++) acc[i] = 0.f;
+    __syncthreads();
+    /* a lane's K row in 16-byte loads (all in flight at once), where rows
+     * are 16-byte aligned */
+    const int vec = hd % (F16 ? 8 : 4) == 0;
     float M = sinks && wp == 0 ? sinks[h] : -INFINITY, L = sinks && wp == 0 ? 1.f : 0.f;
     const int p = pos[t], first = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
     for (int p0 = first + 32 * wp; p0 <= p; p0 += 32 * ATT_EX_WARPS) {
         const int n = p - p0 + 1 < 32 ? p - p0 + 1 : 32;
-        /* lane j: the cache row of position p0 + j, for both loops */
+        /* lane j: the cache row of position p0 + j, its score, and the row
+         * for the value loop */
         const size_t row = lane < n ? kv_slot(off, pages, t, p0 + lane) * kvd + kvo : 0;
         float sc = -INFINITY;
-#pragma unroll 4
-        for (int j = 0; j < n; j++) {
-            const size_t base = __shfl_sync(0xffffffffu, row, j);
+        if (lane < n) {
             float dot = 0.f;
+            if (F16 && vec) {
+                const uint4 *kr = (const uint4 *)((const __half *)kc + row);
+#pragma unroll 4
+                for (int c = 0; c < hd / 8; c++) {
+                    const uint4 u = kr[c];
+                    const uint32_t w[4] = { u.x, u.y, u.z, u.w };
 #pragma unroll
-            for (int i = 0; i < ND; i++) {
-                const int d = lane + 32 * i;
-                if (d < hd) {
-                    float kd = F16 ? __half2float(((const __half *)kc)[base + d]) : ((const float *)kc)[base + d];
-                    dot = __fmaf_rn(qv[i], kd, dot);
+                    for (int k = 0; k < 4; k++) {
+                        const float2 f = __half22float2(u2h(w[k]));
+                        dot = __fmaf_rn(qs[8 * c + 2 * k], f.x, dot);
+                        dot = __fmaf_rn(qs[8 * c + 2 * k + 1], f.y, dot);
+                    }
+                }
+            } else if (!F16 && vec) {
+                const float4 *kr = (const float4 *)((const float *)kc + row);
+#pragma unroll 4
+                for (int c = 0; c < hd / 4; c++) {
+                    const float4 f = kr[c];
+                    dot = __fmaf_rn(qs[4 * c], f.x, dot);
+                    dot = __fmaf_rn(qs[4 * c + 1], f.y, dot);
+                    dot = __fmaf_rn(qs[4 * c + 2], f.z, dot);
+                    dot = __fmaf_rn(qs[4 * c + 3], f.w, dot);
+                }
+            } else {
+                for (int d = 0; d < hd; d++) {
+                    const float kd =
+                        F16 ? __half2float(((const __half *)kc)[row + d]) : ((const float *)kc)[row + d];
+                    dot = __fmaf_rn(qs[d], kd, dot);
                 }
             }
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-            if (lane == j) sc = dot * scale;
+            sc = dot * scale;
         }
         float m = sc;
 #pragma unroll
@@ -991,7 +1014,7 @@ __global__ void __launch_bounds__(ATT_EX_WARPS * 32)
         L = L * fo + l;
 #pragma unroll
         for (int i = 0; i < ND; i++) acc[i] *= fo;
-#pragma unroll 4
+#pragma unroll 8
         for (int j = 0; j < n; j++) {
             const float ej = __shfl_sync(0xffffffffu, e, j);
             const size_t base = __shfl_sync(0xffffffffu, row, j);
