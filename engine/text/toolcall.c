@@ -620,6 +620,27 @@ static int fail_json(tc_parser *p, int r)
     return fail(p, r < 0 ? p->js.pos : p->buf.n);
 }
 
+/* A call's arguments, the JSON value scanned from p->aux: once whole,
+ * compacted into p->args and the call put out (1, the value's end at
+ * p->js.pos); 0 while more may come; -1 where they are not JSON (put out
+ * as text: the state is already text's). */
+static int args_out(tc_parser *p, int final)
+{
+    int r = tcj_scan_feed(&p->js, p->buf.p, p->buf.n);
+    if (r == 0 && !final) return 0;
+    if (r <= 0) {
+        fail_json(p, r);
+        return -1;
+    }
+    p->args.n = 0;
+    if (tcj_compact(p->buf.p + p->aux, p->js.pos - p->aux, &p->args) < 0) {
+        fail(p, p->js.pos);
+        return -1;
+    }
+    out_call(p);
+    return 1;
+}
+
 static int st_hermes(tc_parser *p, int final)
 {
     long long e = wait_for(p, M_TOOL_CALL_END);
@@ -777,13 +798,8 @@ static int st_mi_name(tc_parser *p, int final)
 
 static int st_mi_args(tc_parser *p, int final)
 {
-    int r = tcj_scan_feed(&p->js, p->buf.p, p->buf.n);
-    if (r == 0 && !final) return 0;
-    if (r <= 0) return fail_json(p, r);
-    p->args.n = 0;
-    if (tcj_compact(p->buf.p + p->aux, p->js.pos - p->aux, &p->args) < 0) return fail(p, p->js.pos);
-    out_call(p);
-    return resume_text(p, p->js.pos);
+    int r = args_out(p, final);
+    return r <= 0 ? -r : resume_text(p, p->js.pos);
 }
 
 /* ---- DeepSeek ---- */
@@ -892,12 +908,8 @@ static int st_fn_name(tc_parser *p, int final)
 
 static int st_fn_args(tc_parser *p, int final)
 {
-    int r = tcj_scan_feed(&p->js, p->buf.p, p->buf.n);
-    if (r == 0 && !final) return 0;
-    if (r <= 0) return fail_json(p, r);
-    p->args.n = 0;
-    if (tcj_compact(p->buf.p + p->aux, p->js.pos - p->aux, &p->args) < 0) return fail(p, p->js.pos);
-    out_call(p);
+    int r = args_out(p, final);
+    if (r <= 0) return -r;
     p->pos = p->js.pos;
     p->st = S_FN_AFTER;
     return 1;
