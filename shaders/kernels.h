@@ -282,7 +282,7 @@ void ck_moe_mmq(cudaStream_t st, uint32_t type, const void *W, size_t rb, int n,
  * length, ck_moe_gluq_ok), act of the two, into hg [N][F] by slot (f32,
  * when not NULL) and its int8 form hq (CK_XQ_BYTES(N, F), when not NULL),
  * the same bits as ck_moe_mmq twice, ck_moe_act and ck_quant_x. */
-int ck_moe_gluq_ok(uint32_t type, int n, int F);
+int ck_moe_gluq_ok(uint32_t gate_type, size_t gate_rb, uint32_t up_type, size_t up_rb, int n, int F);
 void ck_moe_gluq(cudaStream_t st, uint32_t type, const void *Wg, const void *Wu, size_t rb, int n, int F,
                  const void *xq, int x_rows, int K, const int32_t *pair, const int32_t *tiles, const int32_t *n_tiles,
                  int max_tiles, const float *bg, const float *bu, int act, float alpha, float limit, float *hg,

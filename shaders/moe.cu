@@ -587,7 +587,10 @@ void ck_moe_mmq(cudaStream_t st, uint32_t type, const void *W, size_t rb, int n,
     TYPE_SWITCH(type, L_MVQ)
 }
 
-int ck_moe_gluq_ok(uint32_t type, int n, int F) { return ck_moe_int8(type, n) && F % 32 == 0; }
+int ck_moe_gluq_ok(uint32_t gate_type, size_t gate_rb, uint32_t up_type, size_t up_rb, int n, int F)
+{
+    return gate_type == up_type && gate_rb == up_rb && ck_moe_int8(gate_type, n) && F % 32 == 0;
+}
 
 void ck_moe_gluq(cudaStream_t st, uint32_t type, const void *Wg, const void *Wu, size_t rb, int n, int F,
                  const void *xq, int x_rows, int K, const int32_t *pair, const int32_t *tiles, const int32_t *n_tiles,

@@ -43,8 +43,7 @@ void cu_moe(be *b, const be_moe *m, const float *x, int T, void *scratch, float 
             *pair = (int32_t *)(s + L.p.pair), *tiles = (int32_t *)(s + L.tiles), *nt = (int32_t *)(s + L.nt);
     int X = m->n_expert, K = m->n_used, N = T * K, F = m->n_ff, E = (int)(m->down->n_out / X);
     int E_in = (int)m->gate->n_in, down8 = ck_moe_int8(m->down->type, F);
-    int glu8 = m->gate->type == m->up->type && m->gate->row_bytes == m->up->row_bytes &&
-               ck_moe_gluq_ok(m->gate->type, E_in, F);
+    int glu8 = ck_moe_gluq_ok(m->gate->type, m->gate->row_bytes, m->up->type, m->up->row_bytes, E_in, F);
     /* Prompt batches of int8 experts go by tensor-core tiles of an expert's
      * tokens (another order of the sums: not for deterministic daemons,
      * which keep the per-row kernels' bits at every batch size). */
