@@ -932,11 +932,10 @@ __global__ void k_att_merge(const float *part, const int32_t *pos, int n_head, i
  * the spans of 32 positions w, w + ATT_EX_WARPS, ..: lane j scores
  * position p0+j alone (its K row in 16-byte loads, q from shared memory),
  * then one online softmax step per span and V rows read whole (lanes hold
- * dims lane, lane+32, ..). The warps' (max, sum,
- * accumulator) are merged in warp order. A sink starts warp 0's running
- * (max, sum) at (sink, 1). q is rounded to f16 with an f16 cache, as the
- * CPU does. head_dim <= 32*ND. A token's result depends on its own
- * positions only. */
+ * dims lane, lane+32, ..). The warps' (max, sum, accumulator) are merged
+ * in warp order. A sink starts warp 0's running (max, sum) at (sink, 1).
+ * q is rounded to f16 with an f16 cache, as the CPU does. head_dim <=
+ * 32*ND. A token's result depends on its own positions only. */
 #define ATT_EX_WARPS 16
 template <int ND, int F16>
 __global__ void __launch_bounds__(ATT_EX_WARPS * 32)
@@ -996,9 +995,7 @@ __global__ void __launch_bounds__(ATT_EX_WARPS * 32)
                 }
             } else {
                 for (int d = 0; d < hd; d++) {
-                    const float kd =
-                        F16 ? __half2float(((const __half *)kc)[row + d]) : ((const float *)kc)[row + d];
-                    dot = __fmaf_rn(qs[d], kd, dot);
+                    dot = __fmaf_rn(qs[d], att_ld1<F16>(kc, row + d), dot);
                 }
             }
             sc = dot * scale;
@@ -1021,10 +1018,7 @@ __global__ void __launch_bounds__(ATT_EX_WARPS * 32)
 #pragma unroll
             for (int i = 0; i < ND; i++) {
                 const int d = lane + 32 * i;
-                if (d < hd) {
-                    float vd = F16 ? __half2float(((const __half *)vc)[base + d]) : ((const float *)vc)[base + d];
-                    acc[i] = __fmaf_rn(ej, vd, acc[i]);
-                }
+                if (d < hd) acc[i] = __fmaf_rn(ej, att_ld1<F16>(vc, base + d), acc[i]);
             }
         }
         M = mn;

@@ -664,7 +664,7 @@ static int tc_rows(cu_be *c, int nm, const wt *const *w, const float *const *bv,
                    float *const *out)
 {
     int n = (int)w[0]->n_in;
-    if (!c->act_int8 || c->invariant || T <= CK_MOE_RG_MAX_T || !ck_moe_int8(w[0]->type, n)) return 0;
+    if (!c->act_int8 || !tc_batch(c, T) || !ck_moe_int8(w[0]->type, n)) return 0;
     const void *xq = c->xq;
     if (!tag_is(c, x, T, n)) {
         void *q = xq_for(c, T, n);

@@ -115,6 +115,13 @@ static inline int tag_is(const cu_be *c, const float *x, int rows, int n)
 {
     return c->xq_src && c->xq_src == x && c->xq_rows == rows && c->xq_n == n;
 }
+
+/* Whether a batch of T rows takes the int8 tensor-core kernels
+ * (ck_moe_tc_*, ck_tc_matmul): prompts past the batches that route and
+ * group in one block, never in a deterministic daemon (their sums are in
+ * another order than the per-row kernels'). */
+static inline int tc_batch(const cu_be *c, int T) { return T > CK_MOE_RG_MAX_T && !c->invariant; }
+
 static inline void tag_clear(cu_be *c)
 {
     tag_set(c, NULL, 0, 0);

@@ -47,7 +47,7 @@ void cu_moe(be *b, const be_moe *m, const float *x, int T, void *scratch, float 
     /* Prompt batches of int8 experts go by tensor-core tiles of an expert's
      * tokens (another order of the sums: not for deterministic daemons,
      * which keep the per-row kernels' bits at every batch size). */
-    int tc = glu8 && down8 && T > CK_MOE_RG_MAX_T && !c->invariant;
+    int tc = glu8 && down8 && tc_batch(c, T);
     int tt = tc ? CK_MOE_TC_TT : CK_MOE_TT, mt = ck_moe_tiles_max(N, X, tt);
     /* Experts of int8 types take int8 activations at every batch size (as
      * the CPU's do, so that the next layers' routers choose alike); the
@@ -67,8 +67,10 @@ void cu_moe(be *b, const be_moe *m, const float *x, int T, void *scratch, float 
         ck_moe_group(c->st, ids, N, X, tt, first, slot, pair, tiles, nt);
     }
     void *hq = s + L.hq;
+    /* x's int8 form once, for whichever int8 kernels take it */
+    if (!xq && (glu8 || ck_moe_int8(m->gate->type, E_in) || ck_moe_int8(m->up->type, E_in)))
+        ck_quant_x(c->st, x, T, E_in, (void *)(xq = s + L.xq));
     if (tc) {
-        if (!xq) ck_quant_x(c->st, x, T, E_in, (void *)(xq = s + L.xq));
         ck_moe_tc_glu(c->st, m->gate->type, m->gate->dev, m->up->dev, m->gate->row_bytes, E_in, F, xq, T, K, pair,
                       tiles, nt, mvt, dev_or_null(m->gate_b), dev_or_null(m->up_b), m->act, m->alpha, m->limit, hq,
                       N);
@@ -79,7 +81,6 @@ void cu_moe(be *b, const be_moe *m, const float *x, int T, void *scratch, float 
         return;
     }
     if (glu8) {
-        if (!xq) ck_quant_x(c->st, x, T, E_in, (void *)(xq = s + L.xq));
         ck_moe_gluq(c->st, m->gate->type, m->gate->dev, m->up->dev, m->gate->row_bytes, E_in, F, xq, T, K, pair,
                     tiles, nt, mvt, dev_or_null(m->gate_b), dev_or_null(m->up_b), m->act, m->alpha, m->limit,
                     down8 ? NULL : hg, down8 ? hq : NULL, N);
@@ -89,7 +90,6 @@ void cu_moe(be *b, const be_moe *m, const float *x, int T, void *scratch, float 
         for (int i = 0; i < 2; i++) {
             const wt *w = gu[i];
             if (ck_moe_int8(w->type, E_in)) {
-                if (!xq) ck_quant_x(c->st, x, T, E_in, (void *)(xq = s + L.xq));
                 ck_moe_mmq(c->st, w->type, w->dev, w->row_bytes, E_in, F, xq, T, 1, K, pair, tiles, nt, mvt,
                            dev_or_null(gub[i]), guo[i]);
             } else {
