@@ -97,10 +97,9 @@ ENGINE_SRC := $(sort $(shell find engine -name '*.c'))
 CLIENT_LIB_SRC := $(wildcard client/libaneclient.c)
 HTTP_SRC   := $(wildcard http/*.c)
 DAEMON_SRC := $(wildcard daemon/*.c)
-# t_cuda checks the CUDA kernels: built only in CUDA builds (make cuda / test-cuda),
-# from t_cuda.c (main) and its topics t_cuda_*.c
+# t_backend's CUDA part (tests/unit/t_cuda_*.c): linked into it in CUDA builds
 CUDA_TEST_SRC := $(wildcard tests/unit/t_cuda_*.c)
-UNIT_SRC   := $(filter-out $(if $(filter 1,$(CUDA)),,tests/unit/t_cuda.c) $(CUDA_TEST_SRC),$(wildcard tests/unit/t_*.c))
+UNIT_SRC   := $(filter-out $(CUDA_TEST_SRC),$(wildcard tests/unit/t_*.c))
 BENCH_SRC  := $(wildcard tests/bench/*.c)
 BENCH_BIN  := $(BENCH_SRC:tests/bench/%.c=bin/%)
 TEST_HELP_SRC := $(filter-out tests/unit/t_%.c,$(wildcard tests/unit/*.c))
@@ -249,7 +248,7 @@ bin/sprof.so: tests/bench/sprof/sprof.c
 # kernels against the CPU reference, then the model references through CUDA
 test-cuda: fixtures
 	$(MAKE) CUDA=1 all
-	@bin/tests/t_cuda && ANE_BACKEND=cuda bin/tests/t_models && ANE_BACKEND=cuda bin/tests/t_embed
+	@bin/tests/t_backend && ANE_BACKEND=cuda bin/tests/t_models && ANE_BACKEND=cuda bin/tests/t_embed
 $(LIBCLIENT): $(CLIENT_LIB_OBJ) $(PROTO_OBJ) $(COMMON_OBJ)
 	@mkdir -p $(dir $@); rm -f $@; ar rcs $@ $^
 
@@ -270,9 +269,10 @@ $(BENCH_BIN): bin/%: $(O)/tests/bench/%.o $(LIBENGINE) $(LIBCLIENT) $(LIBPROTO) 
 bin/tests/%: $(O)/tests/unit/%.o $(TEST_HELP_OBJ) $(LIBENGINE) $(LIBCLIENT) $(LIBPROTO) bin/.kind
 	@mkdir -p bin/tests
 	$(CC) $(LDFLAGS) -o $@ $< $(TEST_HELP_OBJ) $(LIBENGINE) $(LIBCLIENT) $(LIBPROTO) $(LDLIBS)
-bin/tests/t_cuda: $(O)/tests/unit/t_cuda.o $(CUDA_TEST_OBJ) $(TEST_HELP_OBJ) $(LIBENGINE) $(LIBCLIENT) $(LIBPROTO) bin/.kind
+T_BACKEND_CUDA := $(if $(filter 1,$(CUDA)),$(CUDA_TEST_OBJ))
+bin/tests/t_backend: $(O)/tests/unit/t_backend.o $(T_BACKEND_CUDA) $(TEST_HELP_OBJ) $(LIBENGINE) $(LIBCLIENT) $(LIBPROTO) bin/.kind
 	@mkdir -p bin/tests
-	$(CC) $(LDFLAGS) -o $@ $< $(CUDA_TEST_OBJ) $(TEST_HELP_OBJ) $(LIBENGINE) $(LIBCLIENT) $(LIBPROTO) $(LDLIBS)
+	$(CC) $(LDFLAGS) -o $@ $< $(T_BACKEND_CUDA) $(TEST_HELP_OBJ) $(LIBENGINE) $(LIBCLIENT) $(LIBPROTO) $(LDLIBS)
 
 # Fixtures that are stored compressed are unpacked at build time.
 XZ_FIX := $(patsubst %.xz,%,$(wildcard tests/fixtures/tokenizers/*.xz tests/fixtures/tokenizers/hf/*.xz))
@@ -338,12 +338,13 @@ PREFIX  ?= /usr/local
 DESTDIR ?=
 INST    := $(DESTDIR)$(PREFIX)
 install: all
-	install -d $(INST)/bin $(INST)/lib/pkgconfig $(INST)/include/aned/proto \
+	install -d $(INST)/bin $(INST)/lib/pkgconfig $(INST)/include/aned/proto $(INST)/include/aned/common \
 	    $(INST)/lib/systemd/system $(INST)/share/doc/aned
 	install -m 0755 bin/aned bin/aneclient bin/aned-http bin/ane-template $(INST)/bin/
 	install -m 0644 $(LIBCLIENT) $(INST)/lib/
 	install -m 0644 client/aneclient.h $(INST)/include/aned/
 	install -m 0644 proto/proto.h $(INST)/include/aned/proto/
+	install -m 0644 common/msg.h $(INST)/include/aned/common/
 	printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$${prefix}/lib' 'includedir=$${prefix}/include/aned' '' \
 	    'Name: aneclient' 'Description: client library for the aned LLM daemon' 'Version: 0.1.0' \
 	    'Cflags: -I$${includedir}' 'Libs: -L$${libdir} -laneclient -lmsgpackc -ljansson' \

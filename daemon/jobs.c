@@ -127,16 +127,6 @@ static void req_submit(client *cl, const proto_req *r)
     job *j = calloc(1, sizeof *j);
     if (!j) { send_error(cl, r->id, r->type, PROTO_E_INTERNAL, "out of memory"); return; }
 
-    /* proto_msg and eng_msg are separate types by design (wire vs engine). */
-    eng_msg *msgs = NULL;
-    if (r->n_msgs) {
-        msgs = calloc(r->n_msgs, sizeof *msgs);
-        if (!msgs) { free(j); send_error(cl, r->id, r->type, PROTO_E_INTERNAL, "out of memory"); return; }
-        for (size_t i = 0; i < r->n_msgs; i++)
-            msgs[i] = (eng_msg){ r->msgs[i].role, r->msgs[i].role_len,
-                                 r->msgs[i].content, r->msgs[i].content_len,
-                                 r->msgs[i].extra, r->msgs[i].extra_len };
-    }
     eng_job_desc d;
     memset(&d, 0, sizeof d);
     d.kind = r->type == PROTO_T_EVAL ? ENG_JOB_EVAL : r->type == PROTO_T_EMBED ? ENG_JOB_EMBED : ENG_JOB_GENERATE;
@@ -146,7 +136,7 @@ static void req_submit(client *cl, const proto_req *r)
     d.text_len = r->text_len;
     d.system = r->system;
     d.system_len = r->system_len;
-    d.msgs = msgs;
+    d.msgs = r->msgs;   /* (one type: common/msg.h; eng_submit copies) */
     d.n_msgs = r->n_msgs;
     d.raw = r->raw;
     d.parse_special = r->special;
@@ -199,7 +189,6 @@ static void req_submit(client *cl, const proto_req *r)
     eng_err code = ENG_OK;
     char err[256] = "";
     int rc = eng_submit(s->eng, &d, &j->eng_id, &code, err, sizeof err);
-    free(msgs);   /* eng_submit copied them */
     if (rc < 0) {
         free(j);
         send_eng_error(cl, r, code, err);

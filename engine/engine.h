@@ -15,6 +15,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/msg.h"
+
 typedef struct eng eng;
 
 /* KV cache types (eng_opts.kv_type): f16 the default; q8_0 about half
@@ -190,14 +192,8 @@ void eng_sampling_default(eng_sampling *s);
  * text prompt is encoded as is (no chat template; BOS per the tokenizer). */
 typedef enum eng_job_kind { ENG_JOB_GENERATE = 0, ENG_JOB_EVAL = 1, ENG_JOB_EMBED = 2 } eng_job_kind;
 
-/* One chat message (role "system", "user", "assistant" or "tool"). */
-typedef struct eng_msg {
-    const char *role; size_t role_len;
-    const char *content; size_t content_len;
-    /* optional: its other fields (tool_calls, tool_call_id, name, ...) as the
-     * text of a JSON object, given to the template with role and content */
-    const char *extra; size_t extra_len;
-} eng_msg;
+/* One chat message: common/msg.h. */
+typedef ane_msg eng_msg;
 
 /* Everything is copied by eng_submit; the caller's buffers may go away after. */
 typedef struct eng_job_desc {

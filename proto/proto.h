@@ -19,6 +19,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/msg.h"
+
 #define PROTO_VERSION       1
 #define PROTO_MAX_FRAME     (1u << 20)  /* bytes of one message, both directions */
 #define PROTO_MAX_DEPTH     8           /* nesting of maps/arrays in one message */
@@ -94,14 +96,8 @@ const char *proto_err_name(proto_err e);
 proto_err proto_err_from_name(const char *s, size_t n); /* PROTO_E_INTERNAL if unknown */
 const char *proto_type_name(proto_type t);               /* wire name */
 
-/* One chat message of a request's "messages". */
-typedef struct proto_msg {
-    const char *role; size_t role_len;
-    const char *content; size_t content_len;
-    /* its other keys (tool_calls, tool_call_id, name, ...) as the text of a
-     * JSON object; NULL when it has none */
-    const char *extra; size_t extra_len;
-} proto_msg;
+/* One chat message of a request's "messages": common/msg.h. */
+typedef ane_msg proto_msg;
 
 /* A request (client → server). Strings are bytes with explicit length and
  * are not NUL-terminated. has_* flags say which optional fields were sent. */

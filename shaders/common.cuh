@@ -25,6 +25,12 @@ __device__ __forceinline__ float h2f(const uint8_t *p)
     return __half2float(__ushort_as_half(u));
 }
 
+/* A 16-bit weight (QT_F16 or QT_BF16) as float */
+template <int TY> __device__ __forceinline__ float w16_to_f(unsigned short u)
+{
+    return TY == QT_F16 ? __half2float(__ushort_as_half(u)) : __uint_as_float((uint32_t)u << 16);
+}
+
 /* A warp's per-lane sum met by the fixed butterfly (every lane gets it) */
 __device__ __forceinline__ float warp_sum(float v)
 {

@@ -173,20 +173,15 @@ __device__ __forceinline__ void dq32(const uint8_t *row, int c, int n, float w[3
 #pragma unroll
                 for (int k = 0; k < 4; k++) {
                     unsigned short lo = (unsigned short)(u[k] & 0xffff), hi = (unsigned short)(u[k] >> 16);
-                    if (TY == QT_F16) {
-                        w[8 * i + 2 * k] = __half2float(__ushort_as_half(lo));
-                        w[8 * i + 2 * k + 1] = __half2float(__ushort_as_half(hi));
-                    } else {
-                        w[8 * i + 2 * k] = __uint_as_float((uint32_t)lo << 16);
-                        w[8 * i + 2 * k + 1] = __uint_as_float((uint32_t)hi << 16);
-                    }
+                    w[8 * i + 2 * k] = w16_to_f<TY>(lo);
+                    w[8 * i + 2 * k + 1] = w16_to_f<TY>(hi);
                 }
             }
         } else {
 #pragma unroll
             for (int i = 0; i < 32; i++) {
                 unsigned short u = c * 32 + i < n ? r[i] : 0;
-                w[i] = TY == QT_F16 ? __half2float(__ushort_as_half(u)) : __uint_as_float((uint32_t)u << 16);
+                w[i] = w16_to_f<TY>(u);
             }
         }
     } else if (TY == QT_Q4_0) {

@@ -43,14 +43,14 @@ __device__ __forceinline__ void dq8(const uint8_t *__restrict__ row, int g, int 
 #pragma unroll
             for (int k = 0; k < 4; k++) {
                 unsigned short lo = (unsigned short)(u[k] & 0xffff), hi = (unsigned short)(u[k] >> 16);
-                if (TY == QT_F16) { w[2 * k] = __half2float(__ushort_as_half(lo)); w[2 * k + 1] = __half2float(__ushort_as_half(hi)); }
-                else { w[2 * k] = __uint_as_float((uint32_t)lo << 16); w[2 * k + 1] = __uint_as_float((uint32_t)hi << 16); }
+                w[2 * k] = w16_to_f<TY>(lo);
+                w[2 * k + 1] = w16_to_f<TY>(hi);
             }
         } else {
 #pragma unroll
             for (int i = 0; i < 8; i++) {
                 unsigned short u = g * 8 + i < n ? r[i] : 0;
-                w[i] = TY == QT_F16 ? __half2float(__ushort_as_half(u)) : __uint_as_float((uint32_t)u << 16);
+                w[i] = w16_to_f<TY>(u);
             }
         }
     } else if (TY == QT_Q8_0) {
@@ -444,18 +444,20 @@ __device__ __forceinline__ float q6k_unit(float acc, float d, float dx0, int i0,
     return __fadd_rn(acc, __fadd_rn(__fmul_rn(__fmul_rn(d, dx0), (float)i0), __fmul_rn(__fmul_rn(d, dx1), (float)i1)));
 }
 
-/* x's int8 values 64u .. 64u+63 of token t (xl the first 32, xh the
+/* x's int8 values 64u .. 64u+63 of token t (l the first 32, h the
  * second, as words) and their two blocks' scales */
-__device__ __forceinline__ void x_unit64(const int8_t *xq, const float *xd, int n, int t, int u, int (&xl)[8],
-                                        int (&xh)[8], float &dx0, float &dx1)
+struct xunit { int l[8], h[8]; float d0, d1; };
+__device__ __forceinline__ xunit x_unit64(const int8_t *xq, const float *xd, int n, int t, int u)
 {
     const int4 *xv = (const int4 *)(xq + (size_t)t * n + 64 * u);
     int4 xa = __ldg(xv), xb = __ldg(xv + 1), xc = __ldg(xv + 2), xe = __ldg(xv + 3);
-    xl[0] = xa.x; xl[1] = xa.y; xl[2] = xa.z; xl[3] = xa.w; xl[4] = xb.x; xl[5] = xb.y; xl[6] = xb.z; xl[7] = xb.w;
-    xh[0] = xc.x; xh[1] = xc.y; xh[2] = xc.z; xh[3] = xc.w; xh[4] = xe.x; xh[5] = xe.y; xh[6] = xe.z; xh[7] = xe.w;
+    xunit x;
+    x.l[0] = xa.x; x.l[1] = xa.y; x.l[2] = xa.z; x.l[3] = xa.w; x.l[4] = xb.x; x.l[5] = xb.y; x.l[6] = xb.z; x.l[7] = xb.w;
+    x.h[0] = xc.x; x.h[1] = xc.y; x.h[2] = xc.z; x.h[3] = xc.w; x.h[4] = xe.x; x.h[5] = xe.y; x.h[6] = xe.z; x.h[7] = xe.w;
     size_t xb0 = (size_t)t * (n / 32) + 2 * u;
-    dx0 = __ldg(xd + xb0);
-    dx1 = __ldg(xd + xb0 + 1);
+    x.d0 = __ldg(xd + xb0);
+    x.d1 = __ldg(xd + xb0 + 1);
+    return x;
 }
 
 enum { GEMV_Q8_0 = 0, GEMV_Q4_K = 1, GEMV_Q6_K = 2 };   /* k_gemv_mr's weight kinds */
@@ -634,14 +636,12 @@ __global__ void __launch_bounds__(GLU ? 512 : 128) k_gemv_mr(const mat_set S, si
 #pragma unroll
             for (int t = 0; t < NT; t++) {
                 if (t >= T) break;
-                int xl[8], xh[8];
-                float dx0, dx1;
-                x_unit64(xq, xd, n, t, u, xl, xh, dx0, dx1);
+                const xunit x = x_unit64(xq, xd, n, t, u);
                 int s16[4] = { 0, 0, 0, 0 };
 #pragma unroll
                 for (int k = 0; k < 8; k++) {
-                    s16[k >> 2] = __dp4a(xl[k], 0x01010101, s16[k >> 2]);
-                    s16[2 + (k >> 2)] = __dp4a(xh[k], 0x01010101, s16[2 + (k >> 2)]);
+                    s16[k >> 2] = __dp4a(x.l[k], 0x01010101, s16[k >> 2]);
+                    s16[2 + (k >> 2)] = __dp4a(x.h[k], 0x01010101, s16[2 + (k >> 2)]);
                 }
 #pragma unroll
                 for (int r = 0; r < R; r++) {
@@ -651,13 +651,13 @@ __global__ void __launch_bounds__(GLU ? 512 : 128) k_gemv_mr(const mat_set S, si
                         uint32_t hb = qh[r][k >> 1] >> (4 * (k & 1));
                         int lo = (int)((ql[r][k] & 0x0F0F0F0Fu) | ((hb & 0x03030303u) << 4));
                         int hi = (int)(((ql[r][k] >> 4) & 0x0F0F0F0Fu) | (((hb >> 2) & 0x03030303u) << 4));
-                        a[k >> 2] = __dp4a(lo, xl[k], a[k >> 2]);
-                        a[2 + (k >> 2)] = __dp4a(hi, xh[k], a[2 + (k >> 2)]);
+                        a[k >> 2] = __dp4a(lo, x.l[k], a[k >> 2]);
+                        a[2 + (k >> 2)] = __dp4a(hi, x.h[k], a[2 + (k >> 2)]);
                     }
                     int s = (int)sw[r];
                     int i0 = (int)(int8_t)s * (a[0] - 32 * s16[0]) + (int)(int8_t)(s >> 8) * (a[1] - 32 * s16[1]);
                     int i1 = (int)(int8_t)(s >> 16) * (a[2] - 32 * s16[2]) + (int)(int8_t)(s >> 24) * (a[3] - 32 * s16[3]);
-                    acc[r][t] = q6k_unit(acc[r][t], dd[r], dx0, i0, dx1, i1);
+                    acc[r][t] = q6k_unit(acc[r][t], dd[r], x.d0, i0, x.d1, i1);
                 }
             }
         } else if (Q4K && NT <= 2) {
@@ -665,19 +665,12 @@ __global__ void __launch_bounds__(GLU ? 512 : 128) k_gemv_mr(const mat_set S, si
             const int j = u & 3;
             uint4 h[R], q0[R], q1[R];
             ld_q4k(u, h, q0, q1);
-            int xl[NT][8], xh[NT][8];
-            float dx0[NT], dx1[NT];
+            xunit x[NT];
             int s0[NT], s1[NT];
 #pragma unroll
             for (int t = 0; t < NT; t++) {
-                const int4 *xv = (const int4 *)(xq + (size_t)t * n + 64 * u);
-                int4 xa = __ldg(xv), xb = __ldg(xv + 1), xc = __ldg(xv + 2), xe = __ldg(xv + 3);
-                xl[t][0] = xa.x; xl[t][1] = xa.y; xl[t][2] = xa.z; xl[t][3] = xa.w;
-                xl[t][4] = xb.x; xl[t][5] = xb.y; xl[t][6] = xb.z; xl[t][7] = xb.w;
-                xh[t][0] = xc.x; xh[t][1] = xc.y; xh[t][2] = xc.z; xh[t][3] = xc.w;
-                xh[t][4] = xe.x; xh[t][5] = xe.y; xh[t][6] = xe.z; xh[t][7] = xe.w;
+                x[t] = x_unit64(xq, xd, n, t, u);
                 size_t xb0 = (size_t)t * nbx + 2 * u;
-                dx0[t] = __ldg(xd + xb0); dx1[t] = __ldg(xd + xb0 + 1);
                 s0[t] = __ldg(xs + xb0); s1[t] = __ldg(xs + xb0 + 1);
             }
 #pragma unroll
@@ -690,10 +683,10 @@ __global__ void __launch_bounds__(GLU ? 512 : 128) k_gemv_mr(const mat_set S, si
                     int dot0 = 0, dot1 = 0;
 #pragma unroll
                     for (int k = 0; k < 8; k++) {
-                        dot0 = __dp4a((int)(qw[k] & 0x0F0F0F0Fu), xl[t][k], dot0);
-                        dot1 = __dp4a((int)((qw[k] >> 4) & 0x0F0F0F0Fu), xh[t][k], dot1);
+                        dot0 = __dp4a((int)(qw[k] & 0x0F0F0F0Fu), x[t].l[k], dot0);
+                        dot1 = __dp4a((int)((qw[k] >> 4) & 0x0F0F0F0Fu), x[t].h[k], dot1);
                     }
-                    acc[r][t] = q4k_unit(acc[r][t], dx0[t], d0, dot0, mm0, s0[t], dx1[t], d1, dot1, mm1, s1[t]);
+                    acc[r][t] = q4k_unit(acc[r][t], x[t].d0, d0, dot0, mm0, s0[t], x[t].d1, d1, dot1, mm1, s1[t]);
                 }
             }
         } else if (Q4K) {
@@ -712,9 +705,7 @@ __global__ void __launch_bounds__(GLU ? 512 : 128) k_gemv_mr(const mat_set S, si
 #pragma unroll
             for (int t = 0; t < NT; t++) {
                 if (t >= T) break;
-                int xl[8], xh[8];
-                float dx0, dx1;
-                x_unit64(xq, xd, n, t, u, xl, xh, dx0, dx1);
+                const xunit x = x_unit64(xq, xd, n, t, u);
                 size_t xb0 = (size_t)t * nbx + 2 * u;
                 int s0 = __ldg(xs + xb0), s1 = __ldg(xs + xb0 + 1);
 #pragma unroll
@@ -722,10 +713,10 @@ __global__ void __launch_bounds__(GLU ? 512 : 128) k_gemv_mr(const mat_set S, si
                     int dot0 = 0, dot1 = 0;
 #pragma unroll
                     for (int k = 0; k < 8; k++) {
-                        dot0 = __dp4a((int)(qw[r][k] & 0x0F0F0F0Fu), xl[k], dot0);
-                        dot1 = __dp4a((int)((qw[r][k] >> 4) & 0x0F0F0F0Fu), xh[k], dot1);
+                        dot0 = __dp4a((int)(qw[r][k] & 0x0F0F0F0Fu), x.l[k], dot0);
+                        dot1 = __dp4a((int)((qw[r][k] >> 4) & 0x0F0F0F0Fu), x.h[k], dot1);
                     }
-                    acc[r][t] = q4k_unit(acc[r][t], dx0, d0[r], dot0, mm0[r], s0, dx1, d1[r], dot1, mm1[r], s1);
+                    acc[r][t] = q4k_unit(acc[r][t], x.d0, d0[r], dot0, mm0[r], s0, x.d1, d1[r], dot1, mm1[r], s1);
                 }
             }
         } else {

@@ -231,54 +231,14 @@ X8_AI void q4k_finish(int T, const uint8_t *p, const qt_block_q8_K *const *ab, c
 /* q4_K: activation rows in q8_K, two a pass: with more, the int16 and int32
  * sums no longer fit the 16 registers (4 spilled and ran at 2/3 the
  * speed). */
-X8_AI void q4k_tile_t(int T, const uint8_t *p, int64_t nsb, const uint8_t *const *a, float *const *y)
-{
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    __m256 sums[2];
-    X8_UNROLL
-    for (int t = 0; t < T; t++) sums[t] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < nsb; i++, p += 1184) {
-        _mm_prefetch((const char *)p + 2 * 1184, _MM_HINT_T0);
-        const qt_block_q8_K *ab[2];
-        X8_UNROLL
-        for (int t = 0; t < T; t++) ab[t] = (const qt_block_q8_K *)(const void *)a[t] + i;
-        __m256i acc[2];
-        X8_UNROLL
-        for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_si256();
-        X8_UNROLL
-        for (int c = 0; c < 8; c++) {
-            __m256i s16[2];
-            X8_UNROLL
-            for (int t = 0; t < T; t++) s16[t] = _mm256_setzero_si256();
-            X8_UNROLL
-            for (int h = 0; h < 4; h++) {
-                const __m256i v = _mm256_load_si256((const __m256i *)(const void *)(p + (4 * c + h) * 32));
-                const __m256i wl = _mm256_and_si256(v, m4), wh = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-                X8_UNROLL
-                for (int t = 0; t < T; t++) {
-                    int32_t lo, hi;
-                    memcpy(&lo, ab[t]->qs + 32 * c + 4 * h, 4);
-                    memcpy(&hi, ab[t]->qs + 32 * c + 16 + 4 * h, 4);
-                    const __m256i pl = _mm256_maddubs_epi16(wl, _mm256_set1_epi32(lo));
-                    const __m256i ph = _mm256_maddubs_epi16(wh, _mm256_set1_epi32(hi));
-                    s16[t] = _mm256_add_epi16(s16[t], _mm256_add_epi16(pl, ph));
-                }
-            }
-            const __m128i sc = _mm_loadl_epi64((const __m128i *)(const void *)(p + 1024 + 8 * c));
-            const __m256i s = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(sc, sc));
-            X8_UNROLL
-            for (int t = 0; t < T; t++) acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(s16[t], s));
-        }
-        q4k_finish(T, p, ab, acc, sums);
-    }
-    X8_UNROLL
-    for (int t = 0; t < T; t++) _mm256_storeu_ps(y[t], sums[t]);
-}
+#define Q4K_TILE_VNNI 0
+#include "engine/quant/x86/q4k_tile.h"
+#undef Q4K_TILE_VNNI
 
 static void q4k_tile(int T, const uint8_t *p, int64_t nsb, const uint8_t *const *a, float *const *y)
 {
-    if (T == 2) q4k_tile_t(2, p, nsb, a, y);
-    else q4k_tile_t(1, p, nsb, a, y);
+    if (T == 2) q4k_tile_avx2(2, p, nsb, a, y);
+    else q4k_tile_avx2(1, p, nsb, a, y);
 }
 
 /* q8_0: activation rows in q8_0, up to 4 a pass; per block the int32 dot by the sign trick (|w| times a with
@@ -342,61 +302,18 @@ static void q80_tile(int T, const uint8_t *p, int64_t nblk, const uint8_t *const
  * without the int16 step and its adds. Same integers, same float finish:
  * the same bits. (q8_0's such tile, with w + 128 against a and the block
  * sums taken off, lost to the GGUF-layout AVX-512 kernel on batches of 4
- * to 64 rows: docs/benchmarks.md.)
- *
- * Per chunk the low and the high nibbles' products in int32 apart,
- * each 16 products of at most 15 * 128 = 30,720 a lane, so that one
- * vpdpwssd (the lane's low 16 bits times the scale; its high half, the
- * sign, times 0) multiplies each by the chunk's scale. */
-X8_AI void q4k_vtile_t(int T, const uint8_t *p, int64_t nsb, const uint8_t *const *a, float *const *y)
-{
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    __m256 sums[4];
-    X8_UNROLL
-    for (int t = 0; t < T; t++) sums[t] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < nsb; i++, p += 1184) {
-        _mm_prefetch((const char *)p + 2 * 1184, _MM_HINT_T0);
-        const qt_block_q8_K *ab[4];
-        X8_UNROLL
-        for (int t = 0; t < T; t++) ab[t] = (const qt_block_q8_K *)(const void *)a[t] + i;
-        __m256i acc[4];
-        X8_UNROLL
-        for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_si256();
-        X8_UNROLL
-        for (int c = 0; c < 8; c++) {
-            __m256i lo[4], hi[4];
-            X8_UNROLL
-            for (int t = 0; t < T; t++) lo[t] = hi[t] = _mm256_setzero_si256();
-            X8_UNROLL
-            for (int h = 0; h < 4; h++) {
-                const __m256i v = _mm256_load_si256((const __m256i *)(const void *)(p + (4 * c + h) * 32));
-                const __m256i wl = _mm256_and_si256(v, m4), wh = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-                X8_UNROLL
-                for (int t = 0; t < T; t++) {
-                    int32_t l, u;
-                    memcpy(&l, ab[t]->qs + 32 * c + 4 * h, 4);
-                    memcpy(&u, ab[t]->qs + 32 * c + 16 + 4 * h, 4);
-                    lo[t] = _mm256_dpbusd_epi32(lo[t], wl, _mm256_set1_epi32(l));
-                    hi[t] = _mm256_dpbusd_epi32(hi[t], wh, _mm256_set1_epi32(u));
-                }
-            }
-            const __m256i s = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(p + 1024 + 8 * c)));
-            X8_UNROLL
-            for (int t = 0; t < T; t++) acc[t] = _mm256_dpwssd_epi32(_mm256_dpwssd_epi32(acc[t], lo[t], s), hi[t], s);
-        }
-        q4k_finish(T, p, ab, acc, sums);
-    }
-    X8_UNROLL
-    for (int t = 0; t < T; t++) _mm256_storeu_ps(y[t], sums[t]);
-}
+ * to 64 rows: docs/benchmarks.md.) */
+#define Q4K_TILE_VNNI 1
+#include "engine/quant/x86/q4k_tile.h"
+#undef Q4K_TILE_VNNI
 
 static void q4k_tile_vnni(int T, const uint8_t *p, int64_t nsb, const uint8_t *const *a, float *const *y)
 {
     switch (T) {
-    case 4: q4k_vtile_t(4, p, nsb, a, y); break;
-    case 3: q4k_vtile_t(3, p, nsb, a, y); break;
-    case 2: q4k_vtile_t(2, p, nsb, a, y); break;
-    default: q4k_vtile_t(1, p, nsb, a, y); break;
+    case 4: q4k_tile_avx512(4, p, nsb, a, y); break;
+    case 3: q4k_tile_avx512(3, p, nsb, a, y); break;
+    case 2: q4k_tile_avx512(2, p, nsb, a, y); break;
+    default: q4k_tile_avx512(1, p, nsb, a, y); break;
     }
 }
 

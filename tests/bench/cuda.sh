@@ -30,7 +30,7 @@ echo "== build $(( $(date +%s) - t0 )) s"
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader
 rc=0
 if [ "$what" = test ] || [ "$what" = all ]; then
-    echo "== t_cuda"; bin/tests/t_cuda || rc=1
+    echo "== t_backend"; bin/tests/t_backend || rc=1
     echo "== t_models (--backend cuda)"; ANE_BACKEND=cuda bin/tests/t_models || rc=1
     echo "== t_engine (default backend: cuda)"
     bin/tests/t_engine > /tmp/t_engine.log 2>&1 || rc=1

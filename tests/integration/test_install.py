@@ -40,7 +40,7 @@ def main():
         if install("/opt/anetest", stage):
             base = stage + "/opt/anetest"
             for f in ["bin/aned", "bin/aneclient", "bin/aned-http", "lib/libaneclient.a",
-                      "include/aned/aneclient.h", "include/aned/proto/proto.h",
+                      "include/aned/aneclient.h", "include/aned/proto/proto.h", "include/aned/common/msg.h",
                       "lib/pkgconfig/aneclient.pc", "lib/systemd/system/aned.service",
                       "lib/systemd/system/aned.socket", "lib/systemd/system/aned-http.service",
                       "share/doc/aned/README.md", "share/doc/aned/PROTOCOL.md",

@@ -1,10 +1,20 @@
-/* t_backend — CPU backend ops: every SIMD path against its scalar reference
- * on random data (attention over paged f16/f32 caches, GQA, odd lengths),
- * and the scalar ops against direct definitions. */
+/* t_backend — the backends' ops on random data and awkward shapes. CPU:
+ * every SIMD path against its scalar reference (attention over paged f16/f32
+ * caches, GQA, odd lengths), and the scalar ops against direct definitions
+ * (the matmul kernels per type: t_qgemm). CUDA builds then run every CUDA op
+ * against the CPU reference (t_cuda_run: tests/unit/t_cuda_*.c).
+ *
+ * t_backend [NAME]: only the tests whose name holds NAME. */
+#define CHECK_SHARED
 #include "engine/backend/backend.h"
 #include "engine/pool.h"
 #include "engine/quant/qtypes.h"
 #include "tests/check.h"
+#ifdef ANE_CUDA
+#include "tests/unit/t_cuda.h"
+#endif
+
+CHECK_COUNTERS;
 
 #include <math.h>
 #include <stdio.h>
@@ -12,7 +22,7 @@
 #include <string.h>
 
 static uint64_t rs = 88172645463325252ull;
-static float frand(void)
+static float rnd_pm1(void)
 {
     rs ^= rs << 13; rs ^= rs >> 7; rs ^= rs << 17;
     return (float)((rs >> 11) * (1.0 / 9007199254740992.0)) * 2 - 1;
@@ -51,7 +61,7 @@ static void attention_case_ex(pool *p, int kvt, int n_head, int n_head_kv, int h
     void *vc = b->ops->alloc(b, be_kv_bytes(kvt, (size_t)n_pages * KV_PAGE * kvd));
     float *k = malloc((size_t)ctx * kvd * 4), *v = malloc((size_t)ctx * kvd * 4);
     float *kr = malloc((size_t)ctx * kvd * 4), *vr = malloc((size_t)ctx * kvd * 4);   /* as cached */
-    for (int i = 0; i < ctx * kvd; i++) { k[i] = frand() * 2; v[i] = frand(); }
+    for (int i = 0; i < ctx * kvd; i++) { k[i] = rnd_pm1() * 2; v[i] = rnd_pm1(); }
     for (int i = 0; i < ctx * kvd; i++) {
         kr[i] = kv_f16 ? qt_fp16_to_fp32(qt_fp32_to_fp16(k[i])) : k[i];
         vr[i] = kv_f16 ? qt_fp16_to_fp32(qt_fp32_to_fp16(v[i])) : v[i];
@@ -65,7 +75,7 @@ static void attention_case_ex(pool *p, int kvt, int n_head, int n_head_kv, int h
     /* the last T positions attend */
     float *q = malloc((size_t)T * n_head * hd * 4), *o1 = malloc((size_t)T * n_head * hd * 4),
           *o2 = malloc((size_t)T * n_head * hd * 4);
-    for (int i = 0; i < T * n_head * hd; i++) q[i] = frand() * 3;
+    for (int i = 0; i < T * n_head * hd; i++) q[i] = rnd_pm1() * 3;
     be_batch bt = { .T = T, .pos = pos + (ctx - T), .pages = pg };
     be_cpu_scalar(b, 1);
     if (ex) b->ops->attention_ex(b, q, kc, vc, &bt, n_head, n_head_kv, hd, ex, o1);
@@ -128,12 +138,12 @@ static void attention_case(pool *p, int kvt, int n_head, int n_head_kv, int hd, 
 /* attention_ex: sliding windows (shorter and longer than the context, one
  * token), sinks (large ones that take most of the weight), an explicit
  * scale; and with nothing set, the same bytes as attention. */
-static void test_attention_ex(void)
+static void cpu_attention_ex(void)
 {
     pool *p;
     CHECK(pool_open(&p, 2) == 0);
     float sk[16];
-    for (int i = 0; i < 16; i++) sk[i] = frand() * 4 + (i == 1 ? 6 : 0);
+    for (int i = 0; i < 16; i++) sk[i] = rnd_pm1() * 4 + (i == 1 ? 6 : 0);
     wt sinks = { .type = QT_F32, .n_in = 16, .n_out = 1, .row_bytes = 64, .data = sk };
     for (int f16 = 0; f16 <= 1; f16++) {
         be_attn_ex w5 = { 5, NULL, 0 }, w1 = { 1, NULL, 0 }, wbig = { 1000, NULL, 0 };
@@ -153,13 +163,13 @@ static void test_attention_ex(void)
     CHECK(be_cpu_open(&b, p, 0, err, sizeof err) == 0);
     int H = 4, HD = 16;
     float *kc = b->ops->alloc(b, (size_t)3 * KV_PAGE * H * HD * 4), *vc = b->ops->alloc(b, (size_t)3 * KV_PAGE * H * HD * 4);
-    for (int i = 0; i < 3 * KV_PAGE * H * HD; i++) { kc[i] = frand(); vc[i] = frand(); }
+    for (int i = 0; i < 3 * KV_PAGE * H * HD; i++) { kc[i] = rnd_pm1(); vc[i] = rnd_pm1(); }
     static const int32_t pages[3] = { 2, 0, 1 };
     int32_t pos[4] = { 3, 17, 30, 39 };
     const int32_t *pg[4] = { pages, pages, pages, pages };
     be_batch bt = { .T = 4, .pos = pos, .pages = pg };
     float q[4 * 4 * 16], o1[4 * 4 * 16], o2[4 * 4 * 16];
-    for (int i = 0; i < 4 * H * HD; i++) q[i] = frand();
+    for (int i = 0; i < 4 * H * HD; i++) q[i] = rnd_pm1();
     be_attn_ex zero = { 0, NULL, 0 };
     b->ops->attention(b, q, kc, vc, &bt, H, H, HD, o1);
     b->ops->attention_ex(b, q, kc, vc, &bt, H, H, HD, &zero, o2);
@@ -170,7 +180,7 @@ static void test_attention_ex(void)
     pool_close(p);
 }
 
-static void test_attention(void)
+static void cpu_attention(void)
 {
     pool *p;
     CHECK(pool_open(&p, 2) == 0);
@@ -189,7 +199,7 @@ static void test_attention(void)
     pool_close(p);
 }
 
-static void test_rmsnorm_rope(void)
+static void cpu_rmsnorm_rope(void)
 {
     pool *p;
     char err[128];
@@ -197,7 +207,7 @@ static void test_rmsnorm_rope(void)
     CHECK(pool_open(&p, 1) == 0);
     CHECK(be_cpu_open(&b, p, 1, err, sizeof err) == 0);
     float x[2][16], w[16], out[2][16];
-    for (int i = 0; i < 16; i++) { x[0][i] = frand(); x[1][i] = frand() * 5; w[i] = frand(); }
+    for (int i = 0; i < 16; i++) { x[0][i] = rnd_pm1(); x[1][i] = rnd_pm1() * 5; w[i] = rnd_pm1(); }
     wt wv = { .type = QT_F32, .n_in = 16, .n_out = 1, .row_bytes = 64, .data = w };
     b->ops->rmsnorm(b, &x[0][0], &wv, 2, 16, 1e-5f, &out[0][0]);
     for (int r = 0; r < 2; r++) {
@@ -208,7 +218,7 @@ static void test_rmsnorm_rope(void)
     }
     /* rope: rotation keeps each pair's norm; position 0 is the identity */
     float v[2][2][8], v0[2][2][8];
-    for (int i = 0; i < 32; i++) (&v[0][0][0])[i] = (&v0[0][0][0])[i] = frand();
+    for (int i = 0; i < 32; i++) (&v[0][0][0])[i] = (&v0[0][0][0])[i] = rnd_pm1();
     int32_t pos[2] = { 0, 5 };
     be_batch bt = { .T = 2, .pos = pos };
     b->ops->rope(b, &v[0][0][0], &bt, 2, 8, 8, 10000.0f, 1, NULL);
@@ -228,7 +238,7 @@ static void test_rmsnorm_rope(void)
 
 /* matmul_n (Q/K/V, gate/up in one pass) gives the same bits as one matmul per
  * weight, with biases, uneven row counts, and mixed types (which fall back). */
-static void test_matmul_n(void)
+static void cpu_matmul_n(void)
 {
     pool *p;
     char err[128];
@@ -242,7 +252,7 @@ static void test_matmul_n(void)
     void *wd[3];
     float bias[3][96], x[T][N], y1[3][T * 96], yn[3][T * 96];
     for (int t = 0; t < T; t++)
-        for (int i = 0; i < N; i++) x[t][i] = frand();
+        for (int i = 0; i < N; i++) x[t][i] = rnd_pm1();
     for (int set = 0; set < 2; set++) {
         wt w[3], bw[3];
         for (int k = 0; k < 3; k++) {
@@ -252,7 +262,7 @@ static void test_matmul_n(void)
             uint8_t *q = wd[k];
             for (size_t i = 0; i < rb * (size_t)rows[k]; i++) q[i] = (uint8_t)(rand() & 0xff);
             if (ty == QT_F32)
-                for (int i = 0; i < N * rows[k]; i++) ((float *)wd[k])[i] = frand();
+                for (int i = 0; i < N * rows[k]; i++) ((float *)wd[k])[i] = rnd_pm1();
             else if (ty == QT_Q8_0)
                 for (int r = 0; r < rows[k] * N / 32; r++) {
                     uint16_t h = qt_fp32_to_fp16(0.01f + 0.001f * (float)(r % 7));
@@ -265,7 +275,7 @@ static void test_matmul_n(void)
                     memcpy(q + (size_t)r * 144 + 2, &m, 2);
                 }
             w[k] = (wt){ .type = ty, .n_in = N, .n_out = rows[k], .row_bytes = rb, .data = wd[k] };
-            for (int i = 0; i < rows[k]; i++) bias[k][i] = frand();
+            for (int i = 0; i < rows[k]; i++) bias[k][i] = rnd_pm1();
             bw[k] = (wt){ .type = QT_F32, .n_in = rows[k], .n_out = 1, .row_bytes = (size_t)rows[k] * 4,
                           .data = k == 1 ? NULL : bias[k] };
         }
@@ -283,7 +293,7 @@ static void test_matmul_n(void)
 }
 
 /* rope's cos/sin table is rebuilt when the base changes, and grows with positions */
-static void test_rope_table(void)
+static void cpu_rope_table(void)
 {
     pool *p;
     char err[128];
@@ -294,7 +304,7 @@ static void test_rope_table(void)
     const int32_t poss[3] = { 3, 3, 5000 };
     for (int c = 0; c < 3; c++) {
         float v[8], v0[8];
-        for (int i = 0; i < 8; i++) v[i] = v0[i] = frand();
+        for (int i = 0; i < 8; i++) v[i] = v0[i] = rnd_pm1();
         int32_t pos[1] = { poss[c] };
         be_batch bt = { .T = 1, .pos = pos };
         b->ops->rope(b, v, &bt, 1, 8, 8, bases[c], 1, NULL);
@@ -329,7 +339,7 @@ static void yarn_case(be *b, int hd, int n_rot, double base, double factor, doub
     enum { NP = 4 };
     const int32_t ps[NP] = { 0, 1, 37, 4095 };
     float *v = malloc((size_t)NP * H * hd * 4), *v0 = malloc((size_t)NP * H * hd * 4);
-    for (int i = 0; i < NP * H * hd; i++) v[i] = v0[i] = frand();
+    for (int i = 0; i < NP * H * hd; i++) v[i] = v0[i] = rnd_pm1();
     be_batch bt = { .T = NP, .pos = ps };
     b->ops->rope(b, v, &bt, H, hd, n_rot, (float)base, neox, &fd);
     double worst = 0;
@@ -354,7 +364,7 @@ static void yarn_case(be *b, int hd, int n_rot, double base, double factor, doub
     free(v0);
 }
 
-static void test_rope_yarn(void)
+static void cpu_rope_yarn(void)
 {
     pool *p;
     char err[128];
@@ -481,16 +491,16 @@ static void moe_case(be *b, uint32_t tg, uint32_t tu, uint32_t td, int gating, i
     float *v = malloc(sizeof(float) * (size_t)X * F * E), *rv = malloc(sizeof(float) * (size_t)X * E);
     float rb[64], gb[64 * F], ub[64 * F], db[64 * E];
     void *keep[4];
-    for (int i = 0; i < X * E; i++) rv[i] = frand() * 0.2f;
-    for (int i = 0; i < X; i++) rb[i] = frand() * 0.5f;
-    for (int i = 0; i < X * F; i++) { gb[i] = frand() * 0.3f; ub[i] = frand() * 0.3f; }
-    for (int i = 0; i < X * E; i++) db[i] = frand() * 0.1f;
+    for (int i = 0; i < X * E; i++) rv[i] = rnd_pm1() * 0.2f;
+    for (int i = 0; i < X; i++) rb[i] = rnd_pm1() * 0.5f;
+    for (int i = 0; i < X * F; i++) { gb[i] = rnd_pm1() * 0.3f; ub[i] = rnd_pm1() * 0.3f; }
+    for (int i = 0; i < X * E; i++) db[i] = rnd_pm1() * 0.1f;
     wt router = moe_w(QT_F32, rv, E, X, &keep[0]);
-    for (int i = 0; i < X * F * E; i++) v[i] = frand() * 0.15f;
+    for (int i = 0; i < X * F * E; i++) v[i] = rnd_pm1() * 0.15f;
     wt gate = moe_w(tg, v, E, X * F, &keep[1]);
-    for (int i = 0; i < X * F * E; i++) v[i] = frand() * 0.15f;
+    for (int i = 0; i < X * F * E; i++) v[i] = rnd_pm1() * 0.15f;
     wt up = moe_w(tu, v, E, X * F, &keep[2]);
-    for (int i = 0; i < X * F * E; i++) v[i] = frand() * 0.15f;
+    for (int i = 0; i < X * F * E; i++) v[i] = rnd_pm1() * 0.15f;
     wt down = moe_w(td, v, F, X * E, &keep[3]);
     wt rbw = { .type = QT_F32, .n_in = X, .n_out = 1, .row_bytes = (size_t)X * 4, .data = rb };
     wt gbw = { .type = QT_F32, .n_in = F, .n_out = X, .row_bytes = F * 4, .data = gb };
@@ -503,7 +513,7 @@ static void moe_case(be *b, uint32_t tg, uint32_t tu, uint32_t td, int gating, i
     if (act == BE_MOE_SWIGLU_OAI) m.limit = 0.3f;   /* so that the clamps act on these values */
     static float x[T][E], out[T][E], one[E], inpl[T][E];
     for (int t = 0; t < T; t++)
-        for (int i = 0; i < E; i++) inpl[t][i] = x[t][i] = frand() * (act == BE_MOE_SWIGLU_OAI ? 8.0f : 1.0f);
+        for (int i = 0; i < E; i++) inpl[t][i] = x[t][i] = rnd_pm1() * (act == BE_MOE_SWIGLU_OAI ? 8.0f : 1.0f);
     size_t sz = b->ops->moe_scratch(b, &m, T);
     void *scr = b->ops->alloc(b, sz);
     be_cpu_moe_ties(b);
@@ -539,7 +549,7 @@ static void moe_case(be *b, uint32_t tg, uint32_t tu, uint32_t td, int gating, i
     free(rv);
 }
 
-static void test_moe(void)
+static void cpu_moe(void)
 {
     pool *p;
     char err[128];
@@ -563,7 +573,7 @@ static void test_moe(void)
 /* silu_mul: the SIMD path against the definition g / (1 + expf(-g)) * u
  * (libm), on random values, the range ends and every tail length; a value's
  * result is the same at any place in the array (batch invariance). */
-static void test_silu_mul(void)
+static void cpu_silu_mul(void)
 {
     pool *p;
     char err[128];
@@ -575,8 +585,8 @@ static void test_silu_mul(void)
     static const float ends[] = { 0.0f, -0.0f, 1e-30f, -1e-30f, 87.0f, -87.0f, 88.5f, -88.5f, 100.0f, -100.0f,
                                   1e4f, -1e4f, 20.0f, -20.0f, 0.6931472f, -0.6931472f };
     for (int i = 0; i < N; i++) {
-        g[i] = i < 16 ? ends[i] : frand() * (i % 3 == 0 ? 30.0f : 4.0f);
-        u[i] = frand() * 2;
+        g[i] = i < 16 ? ends[i] : rnd_pm1() * (i % 3 == 0 ? 30.0f : 4.0f);
+        u[i] = rnd_pm1() * 2;
     }
     b->ops->silu_mul(b, g, u, N, o);
     int bad = 0;
@@ -601,16 +611,22 @@ static void test_silu_mul(void)
     pool_close(p);
 }
 
-int main(void)
+#define RUN_SOME(fn) do { if (!only || strstr(#fn, only)) RUN(fn); } while (0)
+
+int main(int argc, char **argv)
 {
+    const char *only = argc > 1 ? argv[1] : NULL;
     qt_init();
-    RUN(test_attention);
-    RUN(test_attention_ex);
-    RUN(test_rmsnorm_rope);
-    RUN(test_matmul_n);
-    RUN(test_rope_table);
-    RUN(test_rope_yarn);
-    RUN(test_moe);
-    RUN(test_silu_mul);
+    RUN_SOME(cpu_attention);
+    RUN_SOME(cpu_attention_ex);
+    RUN_SOME(cpu_rmsnorm_rope);
+    RUN_SOME(cpu_matmul_n);
+    RUN_SOME(cpu_rope_table);
+    RUN_SOME(cpu_rope_yarn);
+    RUN_SOME(cpu_moe);
+    RUN_SOME(cpu_silu_mul);
+#ifdef ANE_CUDA
+    if (t_cuda_run(only) < 0) return 1;
+#endif
     return CHECK_DONE();
 }

@@ -1,5 +1,6 @@
-/* t_cuda.h — what the files of t_cuda share: the random data, the backends
- * every test runs on (opened by main in t_cuda.c) and the tests themselves. */
+/* t_cuda.h — what t_backend's CUDA files (t_cuda_*.c) share: the random
+ * data, the backends every test runs on (opened by t_cuda_run) and the tests
+ * themselves. */
 #ifndef ANE_T_CUDA_H
 #define ANE_T_CUDA_H
 
@@ -46,6 +47,10 @@ extern pool *pl;
 /* 1 in the second round of the tests: every backend on the portable path
  * (no Hopper feature), as on an 8.x device */
 extern int portable;
+
+/* every CUDA test on both paths, only those whose name holds only (when not
+ * NULL); -1 when a backend does not open, 0 else (no GPU: nothing run) */
+int t_cuda_run(const char *only);
 
 void test_matmul(void);
 void test_mmqb(void);

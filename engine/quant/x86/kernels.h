@@ -577,6 +577,32 @@ QT_AI __m256i x_hsum8_i32(const __m256i *v)
     return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
 }
 
+/* activation row r's q8_K block i (rows as bytes apart in A) */
+QT_AI const qt_block_q8_K *x_arow(const uint8_t *A, size_t as, int r, int64_t i)
+{
+    return (const void *)(A + (size_t)r * as + (size_t)i * sizeof(qt_block_q8_K));
+}
+
+/* Activation rows r .. r+7 against one super-block, their dots iv taken:
+ * the mins (mvec against each row's bsums), then x_kfinish's float
+ * expression lane-wise (same bits): sums[0..7] += d_a * (fd * isum - fm * msum). */
+QT_AI void x_k8_finish(const __m256i *iv, __m256i mvec, const uint8_t *A, size_t as, int r, int64_t i,
+                       float fd, float fm, float *sums)
+{
+    __m256i mv[8];
+    float dv[8];
+    QT_UNROLL8
+    for (int u = 0; u < 8; u++) {
+        const qt_block_q8_K *a = x_arow(A, as, r + u, i);
+        mv[u] = _mm256_madd_epi16(mvec, x_ld((const uint8_t *)a->bsums));
+        dv[u] = a->d;
+    }
+    const __m256 isum = _mm256_cvtepi32_ps(x_hsum8_i32(iv));
+    const __m256 msum = _mm256_cvtepi32_ps(x_hsum8_i32(mv));
+    const __m256 t = _mm256_sub_ps(_mm256_mul_ps(_mm256_set1_ps(fd), isum), _mm256_mul_ps(_mm256_set1_ps(fm), msum));
+    _mm256_storeu_ps(sums, _mm256_add_ps(_mm256_loadu_ps(sums), _mm256_mul_ps(_mm256_loadu_ps(dv), t)));
+}
+
 /* The nb == 1 K-quant rows (x_krows1): the R <= 8 rows'
  * exact int32 totals iv (dots), mv (mins) to float lanes, one per row (R 4:
  * the low half); a super-block's d * (vd * isum - vm * msum) added lane-wise;
@@ -844,23 +870,13 @@ QT_AI void x_kz_rows(const x_kz *kz, const uint8_t *A, size_t as, int b0, int g,
 {
     int k = 0;
     for (; k + 8 <= g; k += 8) {
-        __m256i iv[8], mv[8];
-        float dv[8];
+        __m256i iv[8];
         QT_UNROLL8
-        for (int u = 0; u < 8; u++) {
-            const qt_block_q8_K *a = (const void *)(A + (b0 + k + u) * as + i * sizeof(qt_block_q8_K));
-            iv[u] = x_kz_dot(kz, (const uint8_t *)a->qs);
-            mv[u] = _mm256_madd_epi16(kz->mv, x_ld((const uint8_t *)a->bsums));
-            dv[u] = a->d;
-        }
-        const __m256 isum = _mm256_cvtepi32_ps(x_hsum8_i32(iv));
-        const __m256 msum = _mm256_cvtepi32_ps(x_hsum8_i32(mv));
-        const __m256 t = _mm256_sub_ps(_mm256_mul_ps(_mm256_set1_ps(kz->fd), isum),
-                                       _mm256_mul_ps(_mm256_set1_ps(kz->fm), msum));
-        _mm256_storeu_ps(sums + k, _mm256_add_ps(_mm256_loadu_ps(sums + k), _mm256_mul_ps(_mm256_loadu_ps(dv), t)));
+        for (int u = 0; u < 8; u++) iv[u] = x_kz_dot(kz, (const uint8_t *)x_arow(A, as, b0 + k + u, i)->qs);
+        x_k8_finish(iv, kz->mv, A, as, b0 + k, i, kz->fd, kz->fm, sums + k);
     }
     for (; k < g; k++) {
-        const qt_block_q8_K *a = (const void *)(A + (b0 + k) * as + i * sizeof(qt_block_q8_K));
+        const qt_block_q8_K *a = x_arow(A, as, b0 + k, i);
         const __m256i h = _mm256_hadd_epi32(x_kz_dot(kz, (const uint8_t *)a->qs),
                                             _mm256_madd_epi16(kz->mv, x_ld((const uint8_t *)a->bsums)));
         __m128i x = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
@@ -1007,24 +1023,13 @@ QT_AI void x_kquant(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64
                 /* 8 rows at once: the horizontal sums as two 8-way reductions and
                  * the float expression of x_kfinish lane-wise (same bits) */
                 for (; k + 8 <= g; k += 8) {
-                    __m256i iv[8], mv[8];
-                    float dv[8];
+                    __m256i iv[8];
                     QT_UNROLL8
-                    for (int u = 0; u < 8; u++) {
-                        const qt_block_q8_K *a = (const void *)(A + (b0 + k + u) * as + i * sizeof(qt_block_q8_K));
-                        iv[u] = x_kdot(type, wb, q, &ks, a);
-                        mv[u] = _mm256_madd_epi16(ks.mv, x_ld((const uint8_t *)a->bsums));
-                        dv[u] = a->d;
-                    }
-                    const __m256 isum = _mm256_cvtepi32_ps(x_hsum8_i32(iv));
-                    const __m256 msum = _mm256_cvtepi32_ps(x_hsum8_i32(mv));
-                    const __m256 t = _mm256_sub_ps(_mm256_mul_ps(_mm256_set1_ps(ks.fd), isum),
-                                                   _mm256_mul_ps(_mm256_set1_ps(ks.fm), msum));
-                    _mm256_storeu_ps(sums + k, _mm256_add_ps(_mm256_loadu_ps(sums + k),
-                                                             _mm256_mul_ps(_mm256_loadu_ps(dv), t)));
+                    for (int u = 0; u < 8; u++) iv[u] = x_kdot(type, wb, q, &ks, x_arow(A, as, b0 + k + u, i));
+                    x_k8_finish(iv, ks.mv, A, as, b0 + k, i, ks.fd, ks.fm, sums + k);
                 }
                 for (; k < g; k++) {
-                    const qt_block_q8_K *a = (const void *)(A + (b0 + k) * as + i * sizeof(qt_block_q8_K));
+                    const qt_block_q8_K *a = x_arow(A, as, b0 + k, i);
                     sums[k] = x_kfinish(x_kdot(type, wb, q, &ks, a), &ks, a, sums[k]);
                 }
             }

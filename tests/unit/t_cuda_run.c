@@ -1,4 +1,4 @@
-/* t_cuda — every op of the CUDA backend against the CPU reference on random
+/* t_backend's CUDA part — every op of the CUDA backend against the CPU reference on random
  * data: matmul for every weight type (the GEMV path and the cuBLAS path) against
  * the dequantized weights in double, embedding rows bit-exact, and rmsnorm,
  * add, silu_mul, rope, kv_store + paged attention (f16 and f32 caches, GQA,
@@ -8,11 +8,9 @@
  * and the fused ops bit for bit against the plain ones (rope_kv; GEMV input
  * quantized by the op that produced it), and the mixture-of-experts op.
  * The topics sit in t_cuda_*.c over t_cuda.h; this file holds the shared
- * helpers, the path switch's test and main.
- * Builds without CUDA print "0 passed, 0 failed" (nothing to test). */
+ * helpers, the path switch's test and t_cuda_run, which t_backend's main
+ * calls in CUDA builds after the CPU ops. */
 #include "tests/unit/t_cuda.h"
-
-CHECK_COUNTERS;
 
 static uint64_t rng_s = 0x9e3779b97f4a7c15ull;
 uint32_t rnd(void)
@@ -164,24 +162,21 @@ static void test_paths(void)
 }
 
 
-/* t_cuda [NAME]: only the tests whose name holds NAME */
-static const char *only;
 #define RUN_SOME(fn) do { if (!only || strstr(#fn, only)) RUN(fn); } while (0)
 
-int main(int argc, char **argv)
+int t_cuda_run(const char *only)
 {
     char err[256];
-    only = argc > 1 ? argv[1] : NULL;
-    if (pool_open(&pl, 2)) return 1;
+    if (pool_open(&pl, 2)) return -1;
     if (gpu_open(&gpu, 1, NULL, err, sizeof err)) {
-        fprintf(stderr, "t_cuda: %s: nothing to test\n", err);
+        fprintf(stderr, "t_backend: %s: no CUDA op to test\n", err);
         pool_close(pl);
-        return CHECK_DONE();
+        return 0;
     }
     if (gpu_open(&gpu32, 0, NULL, err, sizeof err) || be_open(&cpu, "cpu", pl, 1, err, sizeof err) ||
         be_open(&cpu32, "cpu", pl, 0, err, sizeof err)) {
         fprintf(stderr, "%s\n", err);
-        return 1;
+        return -1;
     }
     /* every test twice on a Hopper card: its own path, then the portable
      * one of 8.x devices (on others, the portable path once) */
@@ -219,7 +214,7 @@ int main(int argc, char **argv)
         RUN_SOME(test_deltanet);
         RUN_SOME(test_moe);
         RUN_SOME(test_int8_prompt);
-        if (gpu_open(&gpuv, 1, &(be_cuda_force){ .gemv_all = 1 }, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
+        if (gpu_open(&gpuv, 1, &(be_cuda_force){ .gemv_all = 1 }, err, sizeof err)) { fprintf(stderr, "%s\n", err); return -1; }
         RUN_SOME(test_invariance);
         RUN_SOME(test_deterministic);
         gpuv->ops->close(gpuv);
@@ -227,5 +222,5 @@ int main(int argc, char **argv)
     gpu->ops->close(gpu); gpu32->ops->close(gpu32); cpu->ops->close(cpu); cpu32->ops->close(cpu32);
     pool_close(pl);
     for (int i = 0; i < n_keep; i++) free(keep[i]);
-    return CHECK_DONE();
+    return 0;
 }
