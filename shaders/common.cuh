@@ -261,6 +261,30 @@ __device__ __forceinline__ int byte_of3(uint4 h, int k)   /* byte k (0..11) of h
     return (int)((w >> (8 * (k & 3))) & 0xFF);
 }
 
+/* k4_sub from the super-block's first 16 bytes h (d, dmin, the 12 scale
+ * bytes): the same expressions */
+__device__ __forceinline__ void k4_sub_h(uint4 h, int sub, float &d1, float &m1)
+{
+    int sc, m;
+    if (sub < 4) {
+        sc = byte_of3(h, sub) & 63; m = byte_of3(h, sub + 4) & 63;
+    } else {
+        sc = (byte_of3(h, sub + 4) & 0xF) | ((byte_of3(h, sub - 4) >> 6) << 4);
+        m = (byte_of3(h, sub + 4) >> 4) | ((byte_of3(h, sub) >> 6) << 4);
+    }
+    const float d = __half2float(__ushort_as_half((unsigned short)(h.x & 0xffff)));
+    const float mn = __half2float(__ushort_as_half((unsigned short)(h.x >> 16)));
+    d1 = d * (float)sc;
+    m1 = mn * (float)m;
+}
+
+/* 32 bytes at p (16-byte aligned) as 8 words */
+__device__ __forceinline__ void ld16x2(const uint8_t *p, uint32_t (&w)[8])
+{
+    const uint4 a = __ldg((const uint4 *)p), b = __ldg((const uint4 *)(p + 16));
+    w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w; w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
+}
+
 /* q4_K scales of pair j (0..3) of a super-block with header h, as q4k_unit takes them */
 __device__ __forceinline__ void q4k_scales(uint4 h, int j, float &d0, float &d1, float &mm0, float &mm1)
 {

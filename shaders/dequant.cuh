@@ -25,19 +25,30 @@ __device__ __forceinline__ int pack4(const int *v)
                  ((uint32_t)v[3] << 24));
 }
 
+/* Rows as the device holds them: each weight in an allocation of its own
+ * (256-byte aligned), rows of whole blocks, so q4_K/q5_K super-blocks lie
+ * on 16-byte words and iq4_xs's on 8-byte ones (read whole); repacked q8_0
+ * and q6_K rows and iq4_nl blocks start at even bytes, mxfp4's at any. */
 template <int TY>
 __device__ __forceinline__ void dq32i(const uint8_t *row, int c, int n, int (&q)[8], float &d0, float &d1, float &m)
 {
     m = 0.f;
     int v[32];
-    if (TY == QT_Q8_0) {   /* repacked (ck_repack_q8_0) */
+    if (TY == QT_Q8_0) {   /* repacked (ck_repack_q8_0): rows at even bytes */
+        if (((uintptr_t)row & 15) == 0) {
+            uint32_t w[8];
+            ld16x2(row + c * 32, w);
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            int2 w = ld8(row + c * 32 + 8 * i);
-            q[2 * i] = w.x;
-            q[2 * i + 1] = w.y;
+            for (int k = 0; k < 8; k++) q[k] = (int)w[k];
+        } else {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int2 w = ld8(row + c * 32 + 8 * i);
+                q[2 * i] = w.x;
+                q[2 * i + 1] = w.y;
+            }
         }
-        d0 = d1 = h2f(row + n + 2 * c);
+        d0 = d1 = __half2float(__ushort_as_half(__ldg((const unsigned short *)(row + n + 2 * c))));
     } else if (TY == QT_Q4_0 || TY == QT_Q4_1) {
         const int o = TY == QT_Q4_0 ? 2 : 4;
         const uint8_t *b = row + c * (16 + o);
@@ -81,14 +92,18 @@ __device__ __forceinline__ void dq32i(const uint8_t *row, int c, int n, int (&q)
         d1 = d * (float)sc[1];
     } else if (TY == QT_Q4_K || TY == QT_Q5_K) {
         const uint8_t *b = row + (c >> 3) * (TY == QT_Q4_K ? 144 : 176);
-        int g, hi;
-        k4_sub(b, c, g, hi, d0, m);
-        d1 = d0;
+        const int sub = c & 7, g = sub >> 1, hi = sub & 1;
         const uint8_t *ql = b + (TY == QT_Q4_K ? 16 : 48) + 32 * g;
+        uint32_t w[8], h5[8];
+        const uint4 h = __ldg((const uint4 *)b);
+        k4_sub_h(h, sub, d0, m);
+        ld16x2(ql, w);
+        if (TY == QT_Q5_K) ld16x2(b + 16, h5);
+        d1 = d0;
 #pragma unroll
         for (int k = 0; k < 8; k++) {
-            uint32_t u = (ld32a2(ql + 4 * k) >> (hi ? 4 : 0)) & 0x0F0F0F0Fu;
-            if (TY == QT_Q5_K) u |= ((ld32a2(b + 16 + 4 * k) >> (2 * g + hi)) & 0x01010101u) << 4;
+            uint32_t u = (w[k] >> (hi ? 4 : 0)) & 0x0F0F0F0Fu;
+            if (TY == QT_Q5_K) u |= ((h5[k] >> (2 * g + hi)) & 0x01010101u) << 4;
             q[k] = (int)u;
         }
     } else if (TY == QT_Q6_K) {   /* repacked (q6_word) */
@@ -105,32 +120,41 @@ __device__ __forceinline__ void dq32i(const uint8_t *row, int c, int n, int (&q)
 #pragma unroll
         for (int l = 0; l < 32; l++) v[l] = q6_val(ql, qh, hh, l) - 32;
     } else {   /* iq4_nl, iq4_xs, mxfp4: 16 signed levels per scale */
-        const uint8_t *qs;
+        uint32_t a[4];   /* the 16 bytes of 32 nibbles */
         if (TY == QT_IQ4_XS) {
             const uint8_t *b = row + (size_t)(c >> 3) * 136;
             const int ib = c & 7;
-            const int ls = ((b[4 + ib / 2] >> (4 * (ib & 1))) & 0xf) | ((((b[2] | (b[3] << 8)) >> (2 * ib)) & 3) << 4);
-            d0 = __fmul_rn(h2f(b), (float)(ls - 32));
-            qs = b + 8 + 16 * ib;
-        } else if (TY == QT_IQ4_NL) {
-            const uint8_t *b = row + (size_t)c * 18;
-            d0 = h2f(b);
-            qs = b + 2;
+            const uint2 h = __ldg((const uint2 *)b), q0 = __ldg((const uint2 *)(b + 8 + 16 * ib)),
+                        q1 = __ldg((const uint2 *)(b + 16 + 16 * ib));
+            const int ls = ((h.y >> (4 * ib)) & 0xf) | (((h.x >> (16 + 2 * ib)) & 3) << 4);
+            d0 = __fmul_rn(__half2float(__ushort_as_half((unsigned short)(h.x & 0xffff))), (float)(ls - 32));
+            a[0] = q0.x; a[1] = q0.y; a[2] = q1.x; a[3] = q1.y;
         } else {
-            const uint8_t *b = row + (size_t)c * 17;
-            d0 = iq_e8m0_half(b[0]);
-            qs = b + 1;
+            /* iq4_nl (18-byte blocks: f16 d, 16 bytes; at even bytes) and
+             * mxfp4 (17: e8m0 e, 16 bytes; at any byte): the five aligned
+             * words that hold the block (its last byte is in the fifth),
+             * the bytes shifted out of them */
+            const int hb = TY == QT_IQ4_NL ? 2 : 1;
+            const uint8_t *b = row + (size_t)c * (16 + hb);
+            const int o = (int)((uintptr_t)b & 3);
+            const uint32_t *wp = (const uint32_t *)(b - o);
+            uint32_t w[5];
+#pragma unroll
+            for (int i = 0; i < 5; i++) w[i] = __ldg(wp + i);
+            const uint32_t h = __funnelshift_r(w[0], w[1], 8 * o);   /* the block's first 4 bytes */
+            d0 = TY == QT_IQ4_NL ? __half2float(__ushort_as_half((unsigned short)(h & 0xffff))) : iq_e8m0_half((int)(h & 0xff));
+#pragma unroll
+            for (int i = 0; i < 4; i++) a[i] = __funnelshift_rc(w[i], w[i + 1], 8 * (o + hb));
         }
         d1 = d0;
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            const uint32_t a = iq_u32(qs + 4 * i);
             if (TY == QT_MXFP4) {
-                q[i] = (int)iq_lookup4(a & 0x0F0F0F0Fu, IQ_FP4_TAB);
-                q[4 + i] = (int)iq_lookup4((a >> 4) & 0x0F0F0F0Fu, IQ_FP4_TAB);
+                q[i] = (int)iq_lookup4(a[i] & 0x0F0F0F0Fu, IQ_FP4_TAB);
+                q[4 + i] = (int)iq_lookup4((a[i] >> 4) & 0x0F0F0F0Fu, IQ_FP4_TAB);
             } else {
-                q[i] = (int)iq_lookup4(a & 0x0F0F0F0Fu, IQ_NL_TAB);
-                q[4 + i] = (int)iq_lookup4((a >> 4) & 0x0F0F0F0Fu, IQ_NL_TAB);
+                q[i] = (int)iq_lookup4(a[i] & 0x0F0F0F0Fu, IQ_NL_TAB);
+                q[4 + i] = (int)iq_lookup4((a[i] >> 4) & 0x0F0F0F0Fu, IQ_NL_TAB);
             }
         }
     }

@@ -444,10 +444,13 @@ __global__ void __launch_bounds__(256) k_moe_gluq(const uint8_t *Wg, const uint8
  * rank order, as k_moe_combine sums. Each lane's chunks of the K rows are
  * read together: a decode step's K expert rows in flight at once. */
 #define CK_MOE_KTOK 8
+/* (three blocks an SM: each lane's K rows' loads hoisted ahead took up to
+ * 157 registers, one block an SM, and a layer's rows a third wave; q5_K and
+ * q6_K, whose units need more, two) */
 template <int TY>
-__global__ void __launch_bounds__(256) k_moe_downq(const uint8_t *W, size_t rb, int n, int rows, const int8_t *xq,
-                                                  const float *xd, const int *xs, int K, const int32_t *ids,
-                                                  const int32_t *slot, const float *wts, const float *bias, float *out)
+__global__ void __launch_bounds__(256, TY == QT_Q5_K || TY == QT_Q6_K ? 2 : 3)
+k_moe_downq(const uint8_t *W, size_t rb, int n, int rows, const int8_t *xq, const float *xd, const int *xs, int K,
+            const int32_t *ids, const int32_t *slot, const float *wts, const float *bias, float *out)
 {
     pdl_begin();
     const int t = blockIdx.y, lane = threadIdx.x & 31, r = blockIdx.x * 8 + (threadIdx.x >> 5), nc = n / 32;
