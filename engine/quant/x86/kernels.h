@@ -1157,7 +1157,7 @@ QT_AI void x_iqk(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64_t 
                 for (size_t o = 0; o < bs; o += 64) _mm_prefetch((const char *)wb + QT_PF + o, _MM_HINT_T0);
                 x_iq_prep(type, wb, &u);
                 for (int k = 0; k < g; k++)
-                    sums[k] = x_iq_finish(&u, (const void *)(A + (size_t)(b0 + k) * as + i * sizeof(qt_block_q8_K)), sums[k]);
+                    sums[k] = x_iq_finish(&u, x_arow(A, as, b0 + k, i), sums[k]);
             }
             for (int k = 0; k < g; k++) Y[(b0 + k) * ldy + r] = sums[k];
         }

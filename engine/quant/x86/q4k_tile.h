@@ -31,9 +31,15 @@ X8_AI void q4k_tile_avx2(int T, const uint8_t *p, int64_t nsb, const uint8_t *co
         for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_si256();
         X8_UNROLL
         for (int c = 0; c < 8; c++) {
-            __m256i lo[Q4K_TILE_T], hi[Q4K_TILE_T];   /* without VNNI: lo holds both, in int16 */
+#if Q4K_TILE_VNNI
+            __m256i lo[Q4K_TILE_T], hi[Q4K_TILE_T];   /* the low and the high nibbles' products */
             X8_UNROLL
             for (int t = 0; t < T; t++) lo[t] = hi[t] = _mm256_setzero_si256();
+#else
+            __m256i lo[Q4K_TILE_T];   /* both nibbles' products, in int16 */
+            X8_UNROLL
+            for (int t = 0; t < T; t++) lo[t] = _mm256_setzero_si256();
+#endif
             X8_UNROLL
             for (int h = 0; h < 4; h++) {
                 const __m256i v = _mm256_load_si256((const __m256i *)(const void *)(p + (4 * c + h) * 32));
