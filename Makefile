@@ -71,6 +71,16 @@ CPPFLAGS += -DANE_CUDA -isystem $(CUDA_HOME)/include
 CUDA_OBJ := $(patsubst %.cu,$(O)/%.o,$(wildcard shaders/*.cu))
 CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcublas -lcublasLt -lcudart_static -ldl -lrt -lstdc++
 NVCCFLAGS ?= -O3 -std=c++17 -lineinfo
+# NCCL for tensor parallelism over several GPUs (aned --gpus): its header
+# from the toolkit, the system or a pip-installed nvidia-nccl-*; the library
+# is loaded at run time, so a machine without it still runs on one GPU.
+NCCL_PIP  := $(shell python3 -c 'import nvidia.nccl as n, os; print(os.path.dirname(n.__file__) if n.__file__ else list(n.__path__)[0])' 2>/dev/null)
+NCCL_HOME ?= $(firstword $(foreach d,$(CUDA_HOME) /usr $(NCCL_PIP),$(if $(wildcard $(d)/include/nccl.h),$(d))))
+ifneq ($(NCCL_HOME),)
+NCCL_LIB  := $(firstword $(wildcard $(NCCL_HOME)/lib64/libnccl.so.2 $(NCCL_HOME)/lib/libnccl.so.2 \
+                                    /usr/lib/$(shell $(CC) -dumpmachine)/libnccl.so.2))
+CPPFLAGS  += -DANE_NCCL -isystem $(NCCL_HOME)/include $(if $(NCCL_LIB),-DANE_NCCL_LIB='"$(NCCL_LIB)"')
+endif
 # The GPU architectures compiled into one fat binary (docs/cuda.md): Ampere
 # (80 A100, 86 RTX 30xx), Ada (89 RTX 40xx, L4, L40), Hopper as sm_90a (the
 # warpgroup MMAs; "90" means 90a too), and Blackwell's 120 (RTX 50xx) where

@@ -55,6 +55,10 @@ static void usage(FILE *f)
 "      --socket-group G    group owning the socket, by name or number (default:\n"
 "                          the daemon's); with 0660 its members may connect\n"
 "      --backend NAME      cpu or cuda (default: the best present)\n"
+"      --gpus LIST         CUDA devices, e.g. 0,1: the model split over them\n"
+"                          (tensor parallel through NCCL: each GPU holds its\n"
+"                          share of every layer's heads and FFN); one number:\n"
+"                          that GPU alone (default 0); docs/cuda.md\n"
 "  -t, --threads N         matmul threads (default: online cores)\n"
 "  -c, --ctx N             tokens per sequence, 8..16777216 (default: the model's\n"
 "                          trained context, or what the KV pool holds if less);\n"
@@ -376,7 +380,7 @@ static void raise_fd_limit(int max_clients)
 enum {
     OPT_MODEL = 'm', OPT_SOCKET = 's', OPT_THREADS = 't', OPT_CTX = 'c', OPT_USER = 'u', OPT_GROUP = 'g',
     OPT_DAEMONIZE = 'd', OPT_LOG = 'l', OPT_PIDFILE = 'p', OPT_HELP = 'h', OPT_VERSION = 'V',
-    OPT_SOCKET_MODE = 256, OPT_SOCKET_GROUP, OPT_BACKEND, OPT_MAX_SEQS, OPT_MAX_QUEUED, OPT_KV_BUDGET, OPT_DETERMINISTIC, OPT_F16_CACHE, OPT_CPU_REPACK, OPT_CHAT_TEMPLATE, OPT_KV_TYPE, OPT_POOLING, OPT_SWA_FULL,
+    OPT_SOCKET_MODE = 256, OPT_SOCKET_GROUP, OPT_BACKEND, OPT_MAX_SEQS, OPT_MAX_QUEUED, OPT_KV_BUDGET, OPT_DETERMINISTIC, OPT_F16_CACHE, OPT_CPU_REPACK, OPT_CHAT_TEMPLATE, OPT_KV_TYPE, OPT_POOLING, OPT_SWA_FULL, OPT_GPUS,
     OPT_MAX_CLIENTS, OPT_MAX_BACKLOG, OPT_STALL, OPT_GRACE, OPT_HELLO, OPT_LOG_LEVEL,
     OPT_ALLOW_USER, OPT_ALLOW_GROUP, OPT_JOBS_UID, OPT_CLIENTS_UID, OPT_SECCOMP, OPT_IDLE,
 };
@@ -462,6 +466,7 @@ int main(int argc, char **argv)
         { "cpu-repack", required_argument, 0, OPT_CPU_REPACK },
         { "chat-template", required_argument, 0, OPT_CHAT_TEMPLATE },
         { "kv-type", required_argument, 0, OPT_KV_TYPE },
+        { "gpus", required_argument, 0, OPT_GPUS },
         { "pooling", required_argument, 0, OPT_POOLING },
         { "swa-full", no_argument, 0, OPT_SWA_FULL },
         { "max-clients", required_argument, 0, OPT_MAX_CLIENTS },
@@ -553,6 +558,9 @@ int main(int argc, char **argv)
         case OPT_KV_TYPE:
             if ((w = pick("--kv-type", optarg, eng_kv_types)) < 0) return 2;
             so.eng.kv_type = w;
+            break;
+        case OPT_GPUS:
+            so.eng.gpus = optarg;
             break;
         case OPT_POOLING:
             if ((w = pick("--pooling", optarg, poolings)) < 0) return 2;

@@ -348,7 +348,7 @@ void gone_msg(const eng *e, char *msg, size_t n)
     snprintf(msg, n, "model file %.80s changed on disk after load; restart aned to load it", e->m->path);
 }
 
-static void eng_log(eng *e, int warn, const char *line)
+void eng_log(eng *e, int warn, const char *line)
 {
     if (e->opt.log) e->opt.log(e->opt.log_arg, warn, line);
     else fprintf(stderr, "aned: %s: %s\n", warn ? "warning" : "error", line);
@@ -1111,75 +1111,6 @@ static int tokw_start(eng *e, char *err, size_t errlen)
     return 0;
 }
 
-/* The KV pool's pages: --kv-budget, else what fits (the CPU: a quarter of
- * physical memory; an accelerator: its free memory less everything else
- * fw_mem_estimate counts, a margin of 1/16 of the device and, where that
- * leaves a context, room for the f16 weight copies), never more than
- * max_seqs full contexts. Pages are taken as sequences grow, so the pool is
- * shared by what sequences hold, not by what they could reach. Without --ctx
- * the context is lowered to what the pool holds; a pool below a --ctx
- * context is an error (with the default budget, the device check says what
- * does not fit). */
-static int kv_size(eng *e, const eng_opts *opt, int max_T, int max_out, size_t *out, char *err, size_t errlen)
-{
-    model *m = e->m;
-    size_t page_bytes = fw_kv_page_bytes(m, e->be->kv_type);
-    size_t pages_per_ctx = ((size_t)e->n_ctx + KV_PAGE - 1) / KV_PAGE;
-    size_t n_pages, dev_free = 0, dev_total = 0;
-    int dev = e->be->ops->mem_free && !e->be->ops->mem_free(e->be, &dev_free, &dev_total);
-    if (opt->kv_budget) {
-        n_pages = opt->kv_budget / page_bytes;
-    } else {
-        n_pages = pages_per_ctx * (size_t)e->max_seqs;
-        size_t room;
-        if (dev) {
-            fw_mem need;
-            fw_mem_estimate(m, e->be->kv_type, 0, max_T, max_out, e->max_seqs, &need);   /* (rings included) */
-            size_t keep = need.total + dev_total / 16;
-            room = dev_free > keep ? dev_free - keep : 0;
-            /* leave the f16 weight copies for prompts their room too (at
-             * most 2 bytes a weight), unless that leaves less than a context */
-            size_t f16 = opt->cuda_f16_cache_off ? 0 : (size_t)2 * m->n_params;
-            if (room > f16 + pages_per_ctx * page_bytes) room -= f16;
-        } else {
-            long pg = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGE_SIZE);
-            room = pg > 0 && psz > 0 ? (size_t)pg * (size_t)psz / 4 : (size_t)1 << 30;
-            size_t rings = (size_t)e->max_seqs * fw_kv_ring_bytes(m, e->be->kv_type);
-            room = room > rings ? room - rings : 0;
-        }
-        if (room / page_bytes < n_pages) n_pages = room / page_bytes;
-        if (opt->n_ctx > 0 && n_pages < pages_per_ctx) n_pages = pages_per_ctx;
-    }
-    if (n_pages > (size_t)1 << 24 && !(dev && opt->kv_budget)) n_pages = (size_t)1 << 24;   /* (page tables) */
-    if (n_pages < pages_per_ctx) {
-        if (opt->n_ctx > 0 || n_pages * KV_PAGE < 64) {
-            snprintf(err, errlen, "%s: a KV pool of %zu MiB (%zu tokens) is below one full context of %d tokens "
-                     "(%zu MiB in %s); raise --kv-budget or lower --ctx", m->path, n_pages * page_bytes >> 20,
-                     n_pages * KV_PAGE, e->n_ctx, pages_per_ctx * page_bytes >> 20, be_kv_name(e->be->kv_type));
-            return -1;
-        }
-        e->n_ctx = (int)(n_pages * KV_PAGE);
-    }
-    if (dev) {
-        /* the whole need against the device's free memory, before any of it is taken */
-        fw_mem need;
-        fw_mem_estimate(m, e->be->kv_type, n_pages, max_T, max_out, e->max_seqs, &need);
-        if (need.total > dev_free) {
-            snprintf(err, errlen,
-                     "%s: the model needs about %zu MiB of %s device memory (weights %zu, KV pool %zu for %zu "
-                     "tokens in %s, state %zu, activations %zu, scratch %zu MiB) but %zu MiB of %zu are free; "
-                     "lower --ctx, --max-seqs or --kv-budget, use --kv-type q8_0, or a smaller model",
-                     m->path, need.total >> 20, e->be->ops->name, need.weights >> 20, need.kv >> 20,
-                     n_pages * KV_PAGE, be_kv_name(e->be->kv_type), need.state >> 20, need.act >> 20,
-                     need.scratch >> 20, dev_free >> 20, dev_total >> 20);
-            return -1;
-        }
-    }
-    if (n_pages > (size_t)1 << 24) n_pages = (size_t)1 << 24;
-    *out = n_pages;
-    return 0;
-}
-
 int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
 {
     *out = NULL;
@@ -1242,57 +1173,9 @@ int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen)
     if (nth > 256) nth = 256;
     in->n_threads = nth;
     if (pool_open(&e->pool, nth)) { snprintf(err, errlen, "cannot start %d threads", nth); goto fail; }
-    int kvt = opt->kv_type == ENG_KV_F32 ? BE_KV_F32 : opt->kv_type == ENG_KV_Q8_0 ? BE_KV_Q8_0 : BE_KV_F16;
-    if (kvt == BE_KV_Q8_0 && m->hp.n_attn_layers > 0 && m->hp.head_dim % 32) {
-        snprintf(err, errlen, "%s: --kv-type q8_0 needs a head_dim that is a multiple of 32 (the model's is %d); use f16",
-                 m->path, m->hp.head_dim);
-        goto fail;
-    }
-    be_opts bo = { .kv_type = kvt, .deterministic = opt->deterministic,
-                   .f16_cache_off = opt->cuda_f16_cache_off, .act_int8 = m->hp.n_expert > 0 };
-    if (be_open_opts(&e->be, opt->backend, e->pool, &bo, err, errlen)) goto fail;
-    /* CUDA's windowed attention (sliding-window layers, sinks) reads f16 and f32 caches only */
-    if (kvt == BE_KV_Q8_0 && strcmp(e->be->ops->name, "cpu") && (m->hp.n_swa > 0 || m->hp.swa_window > 0)) {
-        snprintf(err, errlen, "%s: --kv-type q8_0 is not supported on %s for a model with sliding-window layers; "
-                 "use f16 (or --backend cpu)", m->path, e->be->ops->name);
-        goto fail;
-    }
-    const char *lacks = fw_lacks(m, e->be->ops);
-    if (lacks) {
-        /* the architecture needs ops this backend lacks: when the
-         * backend was not asked for by name, run the model on the CPU */
-        if (opt->backend) {
-            snprintf(err, errlen, "%s: the %s backend cannot run %s models (%s); use --backend cpu",
-                     m->path, e->be->ops->name, m->arch_name, lacks);
-            goto fail;
-        }
-        e->be->ops->close(e->be);
-        e->be = NULL;
-        if (be_cpu_open(&e->be, e->pool, kvt, err, errlen)) goto fail;
-    }
-    in->backend = e->be->ops->name;
-    in->kv_type = be_kv_name(e->be->kv_type);
-    in->device = e->be->device;
-    /* a GPU pass costs about the same for 128 or 512 prompt tokens (each
-     * pass reads, and for prompts converts, every weight once): there
-     * prompts share passes with decoding streams at full width */
-    e->prefill_shared = strcmp(e->be->ops->name, "cpu") ? BATCH_TOKENS : PREFILL_SHARED;
-
     int max_out = EVAL_ROWS > e->max_seqs ? EVAL_ROWS : e->max_seqs;
     int max_T = BATCH_TOKENS + e->max_seqs;
-    /* sliding-window layers: a ring per sequence slot, unless --swa-full */
-    m->swa_ring = opt->swa_full ? 0 : fw_swa_ring(m, e->be->ops, max_T, e->n_ctx);
-    in->swa_ring = m->swa_ring;
-    size_t n_pages;
-    if (kv_size(e, opt, max_T, max_out, &n_pages, err, errlen)) goto fail;
-    in->n_ctx = e->n_ctx;
-    if (n_pages > (size_t)1 << 24) n_pages = (size_t)1 << 24;
-    if (opt->cpu_repack_off && !strcmp(e->be->ops->name, "cpu")) be_cpu_repack(e->be, 0);
-    if (model_prepare(m, e->be, err, errlen)) goto fail;
-    in->repacked_bytes = e->be->own_bytes;
-    e->n_pages_total = (int)n_pages;
-    in->kv_pool_tokens = (uint64_t)n_pages * KV_PAGE;
-    if (fw_open(&e->fw, m, e->be, max_T, max_out, e->n_pages_total, e->max_seqs, err, errlen)) goto fail;
+    if (eng_place(e, opt, max_T, max_out, err, errlen)) goto fail;
     emb_setup(e);
     if (sampler_open(&e->smp, m->hp.n_vocab)) { snprintf(err, errlen, "out of memory"); goto fail; }
     pthread_mutex_init(&e->gv_mu, NULL);
@@ -1367,8 +1250,7 @@ void eng_close(eng *e)
     free(e->gmask); free(e->gm_rows);
     free(e->eog_bits);
     free(e->b_gfail); free(e->b_gneed);
-    fw_close(e->fw);
-    if (e->be) e->be->ops->close(e->be);
+    eng_unplace(e);
     pool_close(e->pool);
     model_free(e->m);
     kvc_close(e->kv);

@@ -68,7 +68,12 @@ typedef struct eng_opts {
     size_t chat_template_len;
     const char *chat_template_name;
     int pooling;            /* ENG_POOL_*: embed jobs' pooling (aned --pooling); 0 = the model's */
+    /* "0,1": the CUDA devices the model is split over, tensor parallel (aned
+     * --gpus; one number: that GPU alone); NULL = the first GPU */
+    const char *gpus;
 } eng_opts;
+
+#define ENG_GPUS_MAX 8   /* GPUs of --gpus at most */
 
 /* Loads the model and starts the worker. */
 int eng_open(eng **out, const eng_opts *opt, char *err, size_t errlen);

@@ -117,6 +117,11 @@ struct eng {
     pool *pool;
     be *be;
     fw *fw;
+    /* tensor parallelism (--gpus with several): each rank's backend
+     * (rank_be[0] is be) and part of the model; fw is rank 0's */
+    int n_ranks;
+    be *rank_be[ENG_GPUS_MAX];
+    model *rank_m[ENG_GPUS_MAX];
     sampler *smp;
     chat_tpl *chat;              /* the chat template, or NULL when none */
     tc_format tc_fmt;            /* the template's tool-call syntax */
@@ -219,6 +224,12 @@ void emb_setup(eng *e);                     /* e->pooling and info from opt and 
 int emb_out_row(const eng *e, const job *j, int pos);   /* whether position pos is pooled */
 void emb_add(const eng *e, job *j, const float *h);     /* one pooled row's hidden state */
 void emb_emit(eng *e, job *j);              /* the vector's event, once every row is in */
+/* a line for the daemon's log (eng_opts.log) */
+void eng_log(eng *e, int warn, const char *line);
+/* place.c: the backend(s), the KV pool and the forward pass, for eng_open
+ * (with --gpus over several GPUs, a tensor-parallel group); their end */
+int eng_place(eng *e, const eng_opts *opt, int max_T, int max_out, char *err, size_t errlen);
+void eng_unplace(eng *e);
 /* worker.c, for engine.c */
 void job_error(eng *e, job *j);
 void *worker_main(void *arg);

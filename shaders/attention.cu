@@ -1053,8 +1053,8 @@ int ck_att_grp_ok(int f16, int n_head, int n_head_kv, int hd)
     if (f16 == CK_KV_Q8_0) return 0;   /* (k_attention only) */
     if (n_head_kv < 1 || n_head % n_head_kv || n_head / n_head_kv < 2 || n_head / n_head_kv > 8) return 0;
     if (hd > 256 || hd * (f16 ? 2 : 4) > 512 || (hd * (f16 ? 2 : 4)) % 16) return 0;
-    static bool attr = false;   /* (64 KiB of dynamic shared memory at most, once) */
-    if (!attr) {
+    static unsigned attr = 0;   /* (64 KiB of dynamic shared memory at most, once a device) */
+    if (ck_first_on_device(&attr)) {
         int b = 64 << 10;
         cudaFuncSetAttribute(k_att_grp<1, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, b);
         cudaFuncSetAttribute(k_att_grp<2, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, b);
@@ -1068,7 +1068,6 @@ int ck_att_grp_ok(int f16, int n_head, int n_head_kv, int hd)
             cudaFuncSetAttribute(k_att_mma<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ATT_MMA_SMEM(64));
         if ((int)ATT_MMA_SMEM(128) <= ck_feat_now()->smem_optin)
             cudaFuncSetAttribute(k_att_mma<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ATT_MMA_SMEM(128));
-        attr = true;
     }
     return 1;
 }

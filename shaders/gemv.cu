@@ -1030,9 +1030,8 @@ static int gemv_bulk(int n, size_t rb)
 
 static void gemv_q8bulk(cudaStream_t st, mat_set S, size_t rb, int n, const int8_t *xq, const float *xd)
 {
-    static int carve = 0;
-    if (!carve) {   /* as many rows in flight per SM as shared memory holds */
-        carve = 1;
+    static unsigned carve = 0;
+    if (ck_first_on_device(&carve)) {   /* as many rows in flight per SM as shared memory holds */
         cudaFuncSetAttribute(k_gemv_q8bulk, cudaFuncAttributePreferredSharedMemoryCarveout,
                              cudaSharedmemCarveoutMaxShared);
     }

@@ -43,6 +43,17 @@ static inline int pdl_on()
     return !dbg && ck_feat_now()->pdl;
 }
 
+/* True the first time it is asked on the calling thread's current device
+ * (per flag): settings such as cudaFuncSetAttribute hold for one device,
+ * and a backend of each device of a tensor-parallel group asks once. */
+static inline bool ck_first_on_device(unsigned *done)
+{
+    int d = 0;
+    if (cudaGetDevice(&d) != cudaSuccess) d = 0;
+    unsigned bit = 1u << (d & 31);
+    return !(__atomic_fetch_or(done, bit, __ATOMIC_RELAXED) & bit);
+}
+
 template <typename... KA, typename... AA>
 static inline void lk(void (*k)(KA...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, AA &&...args)
 {

@@ -643,11 +643,8 @@ static void mmqb_launch(cudaStream_t st, mat_set S, size_t rb, int n, const __ha
 {
     auto kern = WG ? k_mmqb_wgmma<J, Q6> : k_mmqb_mma<J>;
     const size_t smem = WG ? sizeof(wg_smem<J, Q6>) + WG_ATOM : sizeof(mma_smem<J>);   /* (+ the atoms' alignment) */
-    static bool attr = false;   /* (the dynamic shared memory past 48 KiB, once) */
-    if (!attr) {
-        cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        attr = true;
-    }
+    static unsigned attr = 0;   /* (the dynamic shared memory past 48 KiB, once a device) */
+    if (ck_first_on_device(&attr)) cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     int nch = n / MMQB_CHUNK, ctas = MMQB_CTAS * n_sm, ttot = 0, cap = 1 << 30;
     for (int i = 0; i < S.nm; i++) ttot += (S.glu_u ? 2 : 1) * (int)nblk(S.m[i].n_out, MMQB_ROWS);
     if (ttot <= ctas) cap = ctas / ttot;

@@ -20,6 +20,8 @@
 #include "engine/arch/forward.h"
 #include "engine/load/loader.h"
 
+struct sp;
+
 /* Options of a row, read by its family's hooks. */
 enum {
     ARCH_ROPE_NEOX = 1u << 0,   /* GGUF q/k rows rotate halves (llama's were permuted to adjacent pairs) */
@@ -64,6 +66,11 @@ typedef struct arch_family {
     int (*replayable)(const fw *f);
     const arch_seq *seq;        /* NULL: no state outside the KV pages */
     int greedy;                 /* its logits may stay on the device for the backend's argmax (fw_greedy_*) */
+    /* Cuts s->r, a copy of the whole model, to rank s->rank's part
+     * (split.h) and divides its hparams; 0, or -1 through split.h's
+     * messages. NULL: the family does not split. Its pass then calls
+     * ly_reduce after each split sum. */
+    int (*split)(struct sp *s);
 } arch_family;
 
 /* A row of the table. */
@@ -83,7 +90,17 @@ struct fw {
     float *xo;                  /* [max_out][n_embd] their input: the final norm's output rows */
     void **kc, **vc;            /* [n_layer] KV cache of each layer that attends (fw_open's) */
     size_t kv_bytes;            /* the KV pool and any per-sequence state */
+    struct fw_group *grp;       /* rank 0 of a tensor-parallel group: the other ranks it drives (group.c) */
 };
+
+/* forward.c: one rank's pass (fw_pass without the group) */
+void fw_pass_one(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out);
+/* group.c: a pass, an argmax_queue and an argmax_take on every rank of
+ * f's group; its end (the other ranks' threads and passes) */
+void fw_group_pass(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out);
+void fw_group_argmax(fw *f, int n_out, const uint32_t *mask);
+void fw_group_take(fw *f, int32_t *ids, int n_out);
+void fw_group_close(fw *f);
 
 extern const arch_family arch_llama, arch_qwen35, arch_gemma3, arch_gpt2, arch_gptoss;
 

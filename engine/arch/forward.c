@@ -93,6 +93,7 @@ int fw_open(fw **out, model *m, be *b, int max_T, int max_out, int n_pages, int 
 void fw_close(fw *f)
 {
     if (!f) return;
+    fw_group_close(f);
     ly_kv_close(f->b, f->m, f->kc, f->vc);
     f->fam->close(f);
 }
@@ -110,7 +111,7 @@ void fw_snap_at(fw *f, int slot, int pos, int snap) { if (f->fam->seq) f->fam->s
 size_t fw_kv_bytes(const fw *f) { return f->kv_bytes; }
 
 /* Every op of a forward pass, up to the logits in f->lg (queued, not synced). */
-static void fw_pass(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out)
+void fw_pass_one(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out)
 {
     be *b = f->b;
     const be_ops *o = b->ops;
@@ -119,6 +120,13 @@ static void fw_pass(fw *f, const int32_t *tokens, const be_batch *bt, const int3
     int rec = o->step_begin && (!f->fam->replayable || f->fam->replayable(f));
     if (!rec || !o->step_begin(b, tokens, bt, out_idx, n_out)) f->fam->pass(f, tokens, bt, out_idx, n_out);
     if (rec && o->step_end) o->step_end(b);
+}
+
+/* ... on every rank of a group */
+static void fw_pass(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out)
+{
+    if (f->grp) fw_group_pass(f, tokens, bt, out_idx, n_out);
+    else fw_pass_one(f, tokens, bt, out_idx, n_out);
 }
 
 void fw_run(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out, float *logits)
@@ -145,12 +153,19 @@ int fw_pass_queue(fw *f, const int32_t *tokens, const be_batch *bt, const int32_
     return 0;
 }
 
+/* (a group's every rank queues the argmax: a next pass with ids_dev reads
+ * each rank's own) */
 void fw_argmax_queue(fw *f, int n_out, const uint32_t *mask)
 {
-    f->b->ops->argmax_queue(f->b, f->lg, n_out, f->m->hp.n_vocab, mask);
+    if (f->grp) fw_group_argmax(f, n_out, mask);
+    else f->b->ops->argmax_queue(f->b, f->lg, n_out, f->m->hp.n_vocab, mask);
 }
 
-void fw_greedy_take(fw *f, int32_t *ids, int n_out) { f->b->ops->argmax_take(f->b, ids, n_out); }
+void fw_greedy_take(fw *f, int32_t *ids, int n_out)
+{
+    if (f->grp) fw_group_take(f, ids, n_out);
+    else f->b->ops->argmax_take(f->b, ids, n_out);
+}
 
 void fw_run_greedy(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out,
                    const uint32_t *mask, int32_t *ids)

@@ -11,6 +11,14 @@
 
 typedef struct fw fw;
 
+/* Tensor parallelism: fs[0..n) are the open passes of the ranks of a
+ * split model (split.h), on backends joined by be_ops.group. Afterwards
+ * every call on fs[0] runs on all of them (ranks 1.. on threads of their
+ * own) and reads its results from rank 0; fw_close(fs[0]) closes the
+ * others (not their backends or models). Models whose family splits keep
+ * no per-sequence state. 0, or -1 with err (nothing joined). */
+int fw_join(fw *const *fs, int n, char *err, size_t errlen);
+
 /* max_seqs: sequence slots for per-sequence state (recurrent layers). */
 int fw_open(fw **out, model *m, be *b, int max_T, int max_out, int n_pages, int max_seqs,
             char *err, size_t errlen);

@@ -79,6 +79,14 @@ void ly_logits(be *b, const model *m, const float *x, const int32_t *out_idx, in
  * [T][E] (out may be y); by the backend's add_rmsnorm where it has one. */
 void ly_add_norm(be *b, float *x, const float *y, const wt *w, int T, int E, float eps, float *out);
 
+/* A split sum (a tensor-parallel rank's attention or FFN output, split.h)
+ * made whole: x [n] summed over the ranks by the backend's allreduce;
+ * nothing on a backend outside a group. */
+static inline void ly_reduce(be *b, float *x, size_t n)
+{
+    if (b->ops->allreduce) b->ops->allreduce(b, x, n);
+}
+
 /* The KV caches of every layer that attends (not layers[l].linear):
  * (*kc)[l] and (*vc)[l] of n_pages pages (a sliding-window layer with
  * m->swa_ring set: max_seqs rings of that many rows) ([n_layer], NULL

@@ -268,6 +268,16 @@ typedef struct be_ops {
     int (*qkv_rope)(be *b, const wt *const *w, const wt *const *bias, const float *x, float *q, float *k, float *v,
                     void *kcache, void *vcache, const be_batch *bt, int n_head, int n_head_kv, int head_dim,
                     int n_rot, float base, int neox, const wt *freq_div);
+
+    /* ---- Optional: tensor parallelism (engine/arch/split.h). ----
+     * group: joins bs[0..n) (backends of this kind, rank = index) into a
+     * group; from then on each rank's passes run on a thread of its own, and
+     * every rank queues the same ops in the same order. 0, or -1 with err
+     * (nothing joined).
+     * allreduce: x [n] becomes the sum of every rank's x, taken in rank
+     * order, so that all ranks hold the same bits; nothing outside a group. */
+    int (*group)(be *const *bs, int n, char *err, size_t errlen);
+    void (*allreduce)(be *b, float *x, size_t n);
 } be_ops;
 
 /* How the KV cache holds keys and values (aned --kv-type). A cache row is
@@ -299,6 +309,8 @@ typedef struct be_opts {
      * tensor cores): for mixture-of-experts models, whose routers then
      * choose the experts the CPU (and llama.cpp) would. */
     int act_int8;
+    /* (CUDA) the device's index (0: the first) */
+    int device;
 } be_opts;
 
 struct pool;

@@ -9,6 +9,7 @@
 #include "engine/quant/qtypes.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,7 +34,18 @@ typedef struct cpu_be {
     int repack;           /* be_cpu_repack */
     void **own;           /* the weights' repacked copies (cpu_weight_prepare), freed at close */
     int n_own, cap_own;
+    struct cpu_group *grp; int rank;   /* a tensor-parallel group (cpu_group_join), or NULL */
 } cpu_be;
+
+/* Ranks of a group meet at the barrier: each publishes its x, then sums a
+ * slice of every x over the ranks in rank order and writes it back to all,
+ * then they meet again so that no rank moves on while another still reads. */
+typedef struct cpu_group {
+    int n, refs;
+    pthread_mutex_t mu;
+    pthread_barrier_t bar;
+    float *x[];
+} cpu_group;
 
 /* Large buffers (the KV pool's layers) are anonymous mappings: zero pages
  * that take memory only once written, so a pool sized for many sequences
@@ -137,7 +149,51 @@ static void cpu_close(be *b)
     free(c->scratch);
     for (int i = 0; i < c->n_own; i++) cpu_free(b, c->own[i]);
     free(c->own);
+    if (c->grp) {
+        cpu_group *g = c->grp;
+        pthread_mutex_lock(&g->mu);
+        int last = --g->refs == 0;
+        pthread_mutex_unlock(&g->mu);
+        if (last) {
+            pthread_barrier_destroy(&g->bar);
+            pthread_mutex_destroy(&g->mu);
+            free(g);
+        }
+    }
     free(c);
+}
+
+static int cpu_group_join(be *const *bs, int n, char *err, size_t errlen)
+{
+    cpu_group *g = calloc(1, sizeof *g + (size_t)n * sizeof g->x[0]);
+    if (!g || pthread_barrier_init(&g->bar, NULL, (unsigned)n)) {
+        free(g);
+        snprintf(err, errlen, "cannot set up a group of %d CPU backends", n);
+        return -1;
+    }
+    pthread_mutex_init(&g->mu, NULL);
+    g->n = g->refs = n;
+    for (int r = 0; r < n; r++) {
+        ((cpu_be *)bs[r])->grp = g;
+        ((cpu_be *)bs[r])->rank = r;
+    }
+    return 0;
+}
+
+static void cpu_allreduce(be *b, float *x, size_t n)
+{
+    cpu_be *c = (cpu_be *)b;
+    cpu_group *g = c->grp;
+    if (!g) return;
+    g->x[c->rank] = x;
+    pthread_barrier_wait(&g->bar);
+    size_t i0 = n * (size_t)c->rank / (size_t)g->n, i1 = n * (size_t)(c->rank + 1) / (size_t)g->n;
+    for (size_t i = i0; i < i1; i++) {
+        float s = g->x[0][i];
+        for (int r = 1; r < g->n; r++) s += g->x[r][i];
+        for (int r = 0; r < g->n; r++) g->x[r][i] = s;
+    }
+    pthread_barrier_wait(&g->bar);
 }
 
 static void cpu_embed(be *b, const wt *emb, const int32_t *ids, int T, float *out)
@@ -816,6 +872,8 @@ static const be_ops cpu_ops = {
     .deltanet = cpu_deltanet,
     .moe_scratch = cpu_moe_scratch,
     .moe = cpu_moe,
+    .group = cpu_group_join,
+    .allreduce = cpu_allreduce,
 };
 
 long *be_cpu_moe_tie_count(be *b) { return &((cpu_be *)b)->moe_ties; }

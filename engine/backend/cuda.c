@@ -50,6 +50,7 @@
 static void *cu_alloc(be *b, size_t n)
 {
     cu_be *c = (cu_be *)b;
+    cu_dev(c);
     void *p = NULL;
     if (cudaMalloc(&p, n ? n : 256) != cudaSuccess) { cudaGetLastError(); return NULL; }
     if (!ok(c, cudaMemsetAsync(p, 0, n ? n : 256, c->st), "memset") || !ok(c, cudaStreamSynchronize(c->st), "memset")) {
@@ -59,21 +60,10 @@ static void *cu_alloc(be *b, size_t n)
     return p;
 }
 
-static int overlaps(const float *a, size_t na, const float *b, size_t nb)
-{
-    return a && b < a + na && a < b + nb;
-}
-
-/* out [n] floats were written: a tag on memory overlapping them goes */
-static void tag_written(cu_be *c, const float *out, size_t n)
-{
-    if (overlaps(c->xq_src, (size_t)c->xq_rows * c->xq_n, out, n)) tag_set(c, NULL, 0, 0);
-    if (overlaps(c->x16_src, (size_t)c->x16_rows * c->x16_n, out, n)) tag16_set(c, NULL, 0, 0);
-}
-
 static void cu_free(be *b, void *p)
 {
     tag_clear((cu_be *)b);
+    cu_dev((cu_be *)b);
     if (p) cudaFree(p);
 }
 
@@ -87,7 +77,9 @@ static void cu_close(be *b)
 {
     cu_be *c = (cu_be *)b;
     if (!c) return;
+    cu_dev(c);
     if (c->st) cudaStreamSynchronize(c->st);
+    cu_group_leave(c);
     graphs_drop(c);
     for (int i = 0; i < c->n_up; i++) { cudaFree(c->up[i].dev); cudaFree(c->up[i].dev16); cudaFree(c->up[i].devb); }
     free(c->up);
@@ -115,6 +107,7 @@ static int cu_weight_prepare(be *b, wt *w)
 {
     cu_be *c = (cu_be *)b;
     if (!w->data) return 0;
+    cu_dev(c);
     if (!ck_type_ok(w->type) || (w->n_in > 0 && w->row_bytes == 0)) return -1;   /* (no whole blocks) */
     for (int i = 0; i < c->n_up; i++)
         if (c->up[i].data == w->data) { w->dev = c->up[i].dev; goto dims; }
@@ -170,6 +163,7 @@ dims:
 static void cu_to_host(be *b, void *dst, const void *src, size_t n)
 {
     cu_be *c = (cu_be *)b;
+    cu_dev(c);
     if (n > c->h_out_cap) {
         if (c->h_out) cudaFreeHost(c->h_out);
         c->h_out = NULL; c->h_out_cap = 0;
@@ -189,6 +183,7 @@ static void cu_to_dev(be *b, void *dst, const void *src, size_t n)
 {
     cu_be *c = (cu_be *)b;
     tag_clear(c);
+    cu_dev(c);
     /* (see cu_weight_prepare: a plain cudaMemcpy could still be in flight) */
     ok(c, cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, c->st), "to_dev");
     ok(c, cudaStreamSynchronize(c->st), "sync");
@@ -196,7 +191,7 @@ static void cu_to_dev(be *b, void *dst, const void *src, size_t n)
 
 static int cu_mem_free(be *b, size_t *free_bytes, size_t *total_bytes)
 {
-    (void)b;
+    cu_dev((cu_be *)b);
     if (cudaMemGetInfo(free_bytes, total_bytes) != cudaSuccess) { cudaGetLastError(); return -1; }
     return 0;
 }
@@ -204,6 +199,7 @@ static int cu_mem_free(be *b, size_t *free_bytes, size_t *total_bytes)
 static void cu_sync(be *b)
 {
     cu_be *c = (cu_be *)b;
+    cu_dev(c);
     ok(c, cudaStreamSynchronize(c->st), "sync");
     ok(c, cudaGetLastError(), "kernel");
 }
@@ -445,6 +441,7 @@ static int cu_step_begin(be *b, const int32_t *tokens, const be_batch *bt, const
     cu_be *c = (cu_be *)b;
     int T = bt->T;
     tag_clear(c);
+    cu_dev(c);
     /* the scratch is taken at the first pass: GEMM for batches up to 1024 */
     if (ensure_gemm(c, T > 1024 ? T : 1024)) return 0;
     xq_for(c, T > 16 ? T : 16, (int)c->max_n_in);   /* before any capture */
@@ -1118,6 +1115,7 @@ static const uint32_t *mask_up(cu_be *c, const uint32_t *mask, int rows, int n, 
 static void cu_argmax(be *b, const float *x, int rows, int n, const uint32_t *mask, int32_t *ids)
 {
     cu_be *c = (cu_be *)b;
+    cu_dev(c);
     if (mask && c->ids_n == 2) ok(c, cudaStreamSynchronize(c->st), "sync");   /* (both halves queued) */
     const uint32_t *dm = mask_up(c, mask, rows, n, (c->ids_head + c->ids_n) & 1);
     size_t nw = ((size_t)n + 31) / 32;
@@ -1136,6 +1134,7 @@ static void cu_argmax(be *b, const float *x, int rows, int n, const uint32_t *ma
 static void cu_argmax_queue(be *b, const float *x, int rows, int n, const uint32_t *mask)
 {
     cu_be *c = (cu_be *)b;
+    cu_dev(c);
     if (rows > c->cap_T) stage(c, NULL, rows, NULL);   /* (no pass yet: the step block) */
     if (c->ids_n == 2 || rows > BE_QUEUE_ROWS || rows > c->cap_T) {   /* (outside the contract) */
         c->failed = 1;
@@ -1152,6 +1151,7 @@ static void cu_argmax_queue(be *b, const float *x, int rows, int n, const uint32
 static void cu_argmax_take(be *b, int32_t *ids, int rows)
 {
     cu_be *c = (cu_be *)b;
+    cu_dev(c);
     if (c->ids_n == 0) { memset(ids, 0, (size_t)rows * 4); c->failed = 1; return; }
     int s2 = c->ids_head;
     ok(c, cudaEventSynchronize(c->ev_ids[s2]), "sync");
@@ -1201,6 +1201,8 @@ static const be_ops cuda_ops = {
     .rmsnorm_gated = cu_rmsnorm_gated,
     .conv1d_silu = cu_conv1d_silu,
     .deltanet = cu_deltanet,
+    .group = cu_group,
+    .allreduce = cu_allreduce,
 };
 
 /* info's device: the card, its compute capability, the code it runs and
@@ -1209,19 +1211,21 @@ static void cu_device_name(cu_be *c)
 {
     struct cudaDeviceProp pr;
     const ck_feat *f = ck_feat_now();
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&pr, dev) != cudaSuccess) {
+    if (cudaGetDeviceProperties(&pr, c->dev) != cudaSuccess) {
         cudaGetLastError();
         snprintf(pr.name, sizeof pr.name, "CUDA device");
     }
-    snprintf(c->base.device, sizeof c->base.device, "%.100s, compute capability %d.%d, sm_%d%s code, %s path%s",
-             pr.name, f->cc / 10, f->cc % 10, f->code, f->code == 90 && c->feat.wgmma ? "a" : "",
+    char gpu[24] = "";
+    if (c->dev) snprintf(gpu, sizeof gpu, " (GPU %d)", c->dev);
+    snprintf(c->base.device, sizeof c->base.device, "%.100s%s, compute capability %d.%d, sm_%d%s code, %s path%s",
+             pr.name, gpu, f->cc / 10, f->cc % 10, f->code, f->code == 90 && c->feat.wgmma ? "a" : "",
              f->wgmma ? "Hopper" : "portable", c->act_int8 ? ", int8 activations" : "");
 }
 
 void be_cuda_force_set(be *b, const be_cuda_force *f)
 {
     cu_be *c = (cu_be *)b;
+    cu_dev(c);
     c->fuse = !f->unfused && !ck_debug_off("ANE_CUDA_FUSE");
     c->gemv_all = f->gemv_all;
     c->glu = !f->glu_apart;
@@ -1251,13 +1255,18 @@ int be_cuda_open(be **out, struct pool *p, const be_opts *o, char *err, size_t e
         snprintf(err, errlen, "no CUDA device");
         return -1;
     }
+    if (o->device < 0 || o->device >= n) {
+        snprintf(err, errlen, "no CUDA device %d (this machine has %d: 0..%d)", o->device, n, n - 1);
+        return -1;
+    }
     cu_be *c = calloc(1, sizeof *c);
     if (!c) { snprintf(err, errlen, "out of memory"); return -1; }
     c->base.ops = &cuda_ops;
     c->base.kv_type = o->kv_type;
+    c->dev = o->device;
     const char *what = "device";
-    if (cudaSetDevice(0) != cudaSuccess) goto fail;
-    if (cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess) goto fail;
+    if (cudaSetDevice(c->dev) != cudaSuccess) goto fail;
+    if (cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, c->dev) != cudaSuccess) goto fail;
     if (ck_feat_probe(&c->feat, err, errlen)) {
         cu_close(&c->base);
         return -1;

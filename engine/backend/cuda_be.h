@@ -19,8 +19,13 @@
  * matrix in the batched kernel's layout (nob) */
 typedef struct upl { const void *data; void *dev; void *dev16; int no16; void *devb; int nob; } upl;
 
+#define CU_GROUP_MAX 8           /* GPUs of one tensor-parallel group */
+
 typedef struct cu_be {
     be base;
+    int dev;                   /* the device (be_opts.device): made current by every entry point */
+    void *comm;                /* the tensor-parallel group's NCCL communicator (cuda_tp.c), or NULL */
+    int rank, n_rank;
     cudaStream_t st;
     cublasHandle_t blas;
     void *blas_ws;
@@ -128,6 +133,23 @@ static inline void tag_clear(cu_be *c)
     tag16_set(c, NULL, 0, 0);
 }
 
+static inline int overlaps(const float *a, size_t na, const float *b, size_t nb)
+{
+    return a && b < a + na && a < b + nb;
+}
+
+/* out [n] floats were written: a tag on memory overlapping them goes */
+static inline void tag_written(cu_be *c, const float *out, size_t n)
+{
+    if (overlaps(c->xq_src, (size_t)c->xq_rows * c->xq_n, out, n)) tag_set(c, NULL, 0, 0);
+    if (overlaps(c->x16_src, (size_t)c->x16_rows * c->x16_n, out, n)) tag16_set(c, NULL, 0, 0);
+}
+
+/* The backend's device current on the calling thread: the host calls of
+ * one backend may come from several threads (the engine's, a rank's), and
+ * those of several backends from one. */
+static inline void cu_dev(const cu_be *c) { cudaSetDevice(c->dev); }
+
 /* the per-step block's positions and sequence slots (cu_step_begin) */
 static inline const int32_t *d_pos(cu_be *c) { return c->d_step + c->cap_T; }
 static inline const int32_t *d_slot(cu_be *c) { return c->d_step + 3 * c->cap_T; }
@@ -142,6 +164,11 @@ be_sigmoid_mul_fn cu_sigmoid_mul;
 be_rmsnorm_gated_fn cu_rmsnorm_gated;
 be_conv1d_silu_fn cu_conv1d_silu;
 be_deltanet_fn cu_deltanet;
+
+/* cuda_tp.c: be_ops.group and allreduce; the communicator's end (cu_close) */
+int cu_group(be *const *bs, int n, char *err, size_t errlen);
+void cu_allreduce(be *b, float *x, size_t n);
+void cu_group_leave(cu_be *c);
 
 /* cuda_moe.c */
 size_t cu_moe_scratch(be *b, const be_moe *m, int max_T);

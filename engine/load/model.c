@@ -297,28 +297,44 @@ int get_layer_w(ld *l, wt *w, int i, const char *what, int64_t n_in, int64_t n_o
     return get_w(l, w, name, n_in, n_out, required);
 }
 
-int model_prepare(model *m, be *b, char *err, size_t errlen)
+#define LAYER_WTS 39
+#define TOP_WTS 6
+
+int model_wts(model *m, wt **out, int cap)
 {
-    wt *top[] = { &m->tok_embd, &m->output_norm, &m->output, &m->rope_freqs, &m->output_norm_b, &m->pos_embd };
-    for (size_t i = 0; i < sizeof top / sizeof top[0]; i++)
-        if (top[i]->data && b->ops->weight_prepare(b, top[i])) goto fail;
-    int own = 1;   /* whether the backend keeps a copy of every weight */
-    for (size_t i = 0; i < sizeof top / sizeof top[0]; i++)
-        if (top[i]->data && (!top[i]->dev || top[i]->dev == top[i]->data)) own = 0;
-    for (int l = 0; l < m->hp.n_layer; l++) {
+    wt *top[TOP_WTS] = { &m->tok_embd, &m->output_norm, &m->output, &m->rope_freqs, &m->output_norm_b, &m->pos_embd };
+    int n = 0;
+    for (int i = 0; i < TOP_WTS; i++)
+        if (n < cap) out[n++] = top[i];
+    for (int l = 0; m->layers && l < m->hp.n_layer; l++) {
         layer_w *L = &m->layers[l];
-        wt *ws[] = { &L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_norm, &L->w_gate, &L->w_up,
+        wt *ws[LAYER_WTS] = { &L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_norm, &L->w_gate, &L->w_up,
                      &L->w_down, &L->bq, &L->bk, &L->bv, &L->q_norm, &L->k_norm,
                      &L->ssm_qkv, &L->ssm_z, &L->ssm_alpha, &L->ssm_beta, &L->ssm_a, &L->ssm_dt_bias,
                      &L->ssm_conv, &L->ssm_norm, &L->ssm_out, &L->ffn_gate_inp, &L->ffn_gate_inp_b,
                      &L->ffn_gate_exps, &L->ffn_up_exps, &L->ffn_down_exps, &L->ffn_gate_exps_b,
                      &L->ffn_up_exps_b, &L->ffn_down_exps_b,
                      &L->post_attn_norm, &L->post_ffn_norm, &L->attn_norm_b, &L->ffn_norm_b, &L->bo, &L->b_up, &L->b_down, &L->attn_sinks };
-        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) {
-            if (ws[i]->data && b->ops->weight_prepare(b, ws[i])) goto fail;
-            if (ws[i]->data && (!ws[i]->dev || ws[i]->dev == ws[i]->data)) own = 0;
-        }
+        for (int i = 0; i < LAYER_WTS; i++)
+            if (n < cap) out[n++] = ws[i];
     }
+    return n;
+}
+
+int model_wts_count(const model *m) { return TOP_WTS + LAYER_WTS * (m->layers ? m->hp.n_layer : 0); }
+
+int model_prepare(model *m, be *b, char *err, size_t errlen)
+{
+    int n = model_wts_count(m);
+    wt **ws = malloc((size_t)n * sizeof *ws);
+    if (!ws) { snprintf(err, errlen, "out of memory"); return -1; }
+    n = model_wts(m, ws, n);
+    int own = 1;   /* whether the backend keeps a copy of every weight */
+    for (int i = 0; i < n; i++) {
+        if (ws[i]->data && b->ops->weight_prepare(b, ws[i])) { free(ws); goto fail; }
+        if (ws[i]->data && (!ws[i]->dev || ws[i]->dev == ws[i]->data)) own = 0;
+    }
+    free(ws);
     /* what the backend took must be what was loaded */
     char why[400];
     if (model_check(m, 0, why, sizeof why) == MODEL_CHANGED) {

@@ -128,6 +128,10 @@ int model_load(model **out, const char *path, char *err, size_t errlen);
 void model_free(model *m);
 
 struct be;
+/* Every weight slot of m (data NULL where absent) into out[0..cap): the
+ * count; model_wts_count(m) slots in all. */
+int model_wts(model *m, wt **out, int cap);
+int model_wts_count(const model *m);
 /* Hands every weight to the backend once (upload/repack); 0 ok. */
 int model_prepare(model *m, struct be *b, char *err, size_t errlen);
 

@@ -1,7 +1,7 @@
 /* anebench — in-process speed of the engine on one model.
  *
  *   anebench --model FILE [--prompt N] [--gen M] [--threads T] [--streams S]
- *            [--repeat R] [--backend cpu|cuda] [--ctx N] [--kv-type f16|q8_0|f32]
+ *            [--repeat R] [--backend cpu|cuda] [--gpus LIST] [--ctx N] [--kv-type f16|q8_0|f32]
  *            [--json-schema FILE] [--json]
  *
  * Prefill: a prompt of N tokens, generate 1 token; prefill tokens/s from the
@@ -309,13 +309,13 @@ static int run_jobs(eng *e, int n_prompt, int n_gen, int streams, double *prefil
 static void usage(void)
 {
     fprintf(stderr, "usage: anebench --model FILE [--prompt N] [--gen M] [--threads T] [--streams S]\n"
-                    "                [--repeat R] [--backend cpu|cuda] [--ctx N] [--kv-type f16|q8_0|f32]\n"
+                    "                [--repeat R] [--backend cpu|cuda] [--gpus LIST] [--ctx N] [--kv-type f16|q8_0|f32]\n"
                     "                [--json-schema FILE] [--json]\n");
 }
 
 int main(int argc, char **argv)
 {
-    const char *model = NULL, *backend = NULL;
+    const char *model = NULL, *backend = NULL, *gpus = NULL;
     int n_prompt = 128, n_gen = 64, threads = 0, streams = 1, repeat = 3, json = 0, ctx = 0, kv_type = ENG_KV_F16;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -330,6 +330,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--streams")) streams = atoi(v);
         else if (!strcmp(a, "--repeat")) repeat = atoi(v);
         else if (!strcmp(a, "--backend")) backend = v;
+        else if (!strcmp(a, "--gpus")) gpus = v;
         else if (!strcmp(a, "--ctx")) ctx = atoi(v);
         else if (!strcmp(a, "--kv-type")) {
             for (kv_type = 0; eng_kv_types[kv_type] && strcmp(v, eng_kv_types[kv_type]); kv_type++) {}
@@ -354,6 +355,7 @@ int main(int argc, char **argv)
     o.model_path = model;
     o.n_threads = threads;
     o.backend = backend;
+    o.gpus = gpus;
     o.max_seqs = streams > 16 ? streams : 16;
     o.n_ctx = ctx ? ctx : n_prompt + n_gen + 16;
     o.kv_type = kv_type;
@@ -416,6 +418,7 @@ int main(int argc, char **argv)
         printf("model      %s (%s, %.1f MB of weights, %.1f MB a token, loaded in %.2f s)\n", model, mi->arch,
                mi->weight_bytes / 1e6, mi->active_bytes / 1e6, load_s);
         printf("backend    %s, %d threads, KV cache %s\n", mi->backend, nth, mi->kv_type ? mi->kv_type : "?");
+        if (mi->device && mi->device[0]) printf("device     %s\n", mi->device);
         printf("prefill    %8.2f tokens/s  (%d-token prompt)\n", prefill, n_prompt);
         printf("decode     %8.2f tokens/s  (%d tokens)  %.2f GB/s of weights, %.0f%% of the %.2f GB/s read ceiling\n",
                decode, n_gen, wgbs, ceil_gbs > 0 ? 100 * wgbs / ceil_gbs : 0, ceil_gbs);

@@ -119,6 +119,8 @@ static void check_crowd(eng *e, const char *mname, json_t *cases, double tol)
     fprintf(stderr, "  %-44s %d jobs at once: greedy misses %d\n", "", CROWD, bad);
 }
 
+static const char *g_gpus;   /* test_gpus: the engine's --gpus */
+
 static void check_model(const char *mname, const char *ref, double tol, int kv_type)
 {
     char err[512];
@@ -133,6 +135,7 @@ static void check_model(const char *mname, const char *ref, double tol, int kv_t
     o.kv_type = kv_type;
     o.max_seqs = CROWD;
     o.backend = getenv("ANE_BACKEND");   /* e.g. cuda; NULL: the best present */
+    o.gpus = g_gpus;
     if (eng_open(&e, &o, err, sizeof err)) {
         CHECKF(0, "%s", err);
         json_decref(root);
@@ -647,6 +650,25 @@ static void test_hf_odd_header(void)
     rm_dir(dir);
 }
 
+/* The llama family split over the GPUs of ANE_GPUS (e.g. 0,1; CUDA
+ * builds), against the same references through the daemon's engine */
+static void test_gpus(void)
+{
+    const char *gs = getenv("ANE_GPUS");
+    if (!gs || !strchr(gs, ',')) {
+        fprintf(stderr, "  (ANE_GPUS=0,1 runs the llama family split over those GPUs)\n");
+        return;
+    }
+    g_gpus = gs;
+    check_model(M("qwen2-tiny.bf16.gguf"), R("qwen2-tiny.dev.json"), 0.05, 0);
+    check_model(M("qwen3-tiny.bf16.gguf"), R("qwen3-tiny.dev.json"), 0.05, 0);
+    check_model(M("llama3-tiny.bf16.gguf"), R("llama3-tiny.dev.json"), 0.05, 0);
+    check_model(M("qwen2-tiny.Q8_0.gguf"), R("qwen2-tiny.Q8_0.llamacpp.dev.json"), 0.15, 0);
+    check_model(M("qwen3moe-tiny.bf16.gguf"), R("qwen3moe-tiny.dev.json"), 0.05, 0);
+    check_model(M("mixtral-tiny.bf16.gguf"), R("mixtral-tiny.dev.json"), 0.05, 0);
+    g_gpus = NULL;
+}
+
 int main(int argc, char **argv)
 {
     CHECK_ARGS(argc, argv);
@@ -661,5 +683,6 @@ int main(int argc, char **argv)
     RUN(test_quantized_vs_llamacpp);
     RUN(test_moe_vs_transformers);
     RUN(test_gptoss);
+    RUN(test_gpus);
     return CHECK_DONE();
 }

@@ -1,0 +1,191 @@
+/* split.c — see split.h. */
+#include "engine/arch/split.h"
+#include "engine/arch/arch.h"
+#include "engine/quant/qtypes.h"
+#include "common/err.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A rank's model and the copies it owns (columns, experts' rows). */
+typedef struct rank_model {
+    model m;
+    void **own;
+    int n_own, cap_own;
+} rank_model;
+
+void sp_fail(sp *s, const char *fmt, ...)
+{
+    if (s->failed) return;
+    s->failed = 1;
+    va_list ap;
+    va_start(ap, fmt);
+    int k = snprintf(s->err, s->errlen, "%s: ", s->r->path);
+    if (k >= 0 && (size_t)k < s->errlen) vsnprintf(s->err + k, s->errlen - (size_t)k, fmt, ap);
+    va_end(ap);
+}
+
+static void *sp_take(sp *s, size_t bytes)
+{
+    rank_model *rm = (rank_model *)s->r;
+    if (rm->n_own == rm->cap_own) {
+        int cap = rm->cap_own ? 2 * rm->cap_own : 64;
+        void **o = realloc(rm->own, (size_t)cap * sizeof *o);
+        if (!o) return NULL;
+        rm->own = o;
+        rm->cap_own = cap;
+    }
+    void *p = malloc(bytes ? bytes : 1);
+    if (p) rm->own[rm->n_own++] = p;
+    return p;
+}
+
+/* w's bytes and values left the rank: weight_bytes, n_params and
+ * active_bytes follow */
+static void sp_account(sp *s, const wt *old, const wt *w)
+{
+    model *r = s->r;
+    uint64_t ob = (uint64_t)old->row_bytes * (uint64_t)old->n_out, nb = (uint64_t)w->row_bytes * (uint64_t)w->n_out;
+    r->weight_bytes -= ob - nb;
+    r->n_params -= (uint64_t)(old->n_in * old->n_out - w->n_in * w->n_out);
+    r->active_bytes -= old->n_mat > 1 && old->n_mat == r->hp.n_expert
+                           ? (ob - nb) / (uint64_t)old->n_mat * (uint64_t)r->hp.n_expert_used
+                           : ob - nb;
+}
+
+static const char *wname(char *buf, size_t n, const char *name, int layer)
+{
+    if (layer >= 0) snprintf(buf, n, "blk.%d.%s", layer, name);
+    else snprintf(buf, n, "%s", name);
+    return buf;
+}
+
+void sp_rows_part(sp *s, wt *w, const char *name, int layer, int part, int parts)
+{
+    if (s->failed || !w->data) return;
+    int64_t mats = w->n_mat > 1 ? w->n_mat : 1, per = w->n_out / mats;
+    char nm[96];
+    if (per % parts) {
+        sp_fail(s, "tensor '%s' has %lld rows%s, which do not split in %d", wname(nm, sizeof nm, name, layer),
+                (long long)per, mats > 1 ? " per expert" : "", parts);
+        return;
+    }
+    wt old = *w;
+    int64_t k = per / parts, r0 = k * part;
+    if (mats == 1) {
+        w->data = (const char *)w->data + (size_t)r0 * w->row_bytes;
+    } else {
+        char *d = sp_take(s, (size_t)(mats * k) * w->row_bytes);
+        if (!d) { sp_fail(s, "out of memory splitting '%s'", wname(nm, sizeof nm, name, layer)); return; }
+        for (int64_t e = 0; e < mats; e++)
+            memcpy(d + (size_t)(e * k) * w->row_bytes, (const char *)w->data + (size_t)(e * per + r0) * w->row_bytes,
+                   (size_t)k * w->row_bytes);
+        w->data = d;
+    }
+    w->n_out = mats * k;
+    w->dev = w->pack = NULL;
+    sp_account(s, &old, w);
+}
+
+void sp_rows(sp *s, wt *w, const char *name, int layer) { sp_rows_part(s, w, name, layer, s->rank, s->n); }
+
+void sp_cols_part(sp *s, wt *w, const char *name, int layer, int part, int parts)
+{
+    if (s->failed || !w->data) return;
+    const qt_traits *tr = qt_get(w->type);
+    int64_t k = w->n_in / parts;
+    char nm[96];
+    size_t rb = tr ? qt_row_size(w->type, k) : 0;
+    if (w->n_in % parts || !rb) {
+        sp_fail(s, "tensor '%s' has rows of %lld values in %s blocks of %d, which do not split in %d in whole "
+                "blocks", wname(nm, sizeof nm, name, layer), (long long)w->n_in, qt_name(w->type),
+                tr ? tr->blck : 0, parts);
+        return;
+    }
+    wt old = *w;
+    if (w->n_out == 1) {
+        w->data = (const char *)w->data + rb * (size_t)part;
+    } else {
+        char *d = sp_take(s, rb * (size_t)w->n_out);
+        if (!d) { sp_fail(s, "out of memory splitting '%s'", wname(nm, sizeof nm, name, layer)); return; }
+        for (int64_t i = 0; i < w->n_out; i++)
+            memcpy(d + rb * (size_t)i, (const char *)w->data + (size_t)i * w->row_bytes + rb * (size_t)part, rb);
+        w->data = d;
+    }
+    w->n_in = k;
+    w->row_bytes = rb;
+    w->dev = w->pack = NULL;
+    sp_account(s, &old, w);
+}
+
+void sp_cols(sp *s, wt *w, const char *name, int layer) { sp_cols_part(s, w, name, layer, s->rank, s->n); }
+
+void sp_first(sp *s, wt *w)
+{
+    if (s->failed || !w->data || s->rank == 0) return;
+    wt old = *w;
+    memset(w, 0, sizeof *w);
+    w->n_mat = old.n_mat;
+    sp_account(s, &old, w);
+}
+
+int sp_divides(sp *s, int64_t v, const char *what)
+{
+    if (s->failed) return -1;
+    if (v % s->n == 0) return 0;
+    sp_fail(s, "%s.%s is %lld, which does not split over %d GPUs (expected a multiple of %d)", s->r->arch_name, what,
+            (long long)v, s->n, s->n);
+    return -1;
+}
+
+void model_split_free(model *r)
+{
+    if (!r) return;
+    rank_model *rm = (rank_model *)r;
+    for (int i = 0; i < rm->n_own; i++) free(rm->own[i]);
+    free(rm->own);
+    free(r->layers);
+    free(rm);
+}
+
+int model_split(const model *m, int n, model **ranks, char *err, size_t errlen)
+{
+    for (int r = 0; r < n; r++) ranks[r] = NULL;
+    const arch_family *fam = m->arch ? m->arch->fam : NULL;
+    if (!fam || !fam->split)
+        return err_set(err, errlen, "%s: %s models do not split over GPUs yet (tensor parallelism takes llama, "
+                       "qwen2, qwen3, qwen3moe and Mixtral-style models); run it on one GPU", m->path, m->arch_name);
+    for (int r = 0; r < n; r++) {
+        rank_model *rm = calloc(1, sizeof *rm);
+        layer_w *ls = rm ? malloc((size_t)m->hp.n_layer * sizeof *ls) : NULL;
+        if (!ls) {
+            free(rm);
+            for (int i = 0; i < r; i++) model_split_free(ranks[i]);
+            return err_set(err, errlen, "out of memory");
+        }
+        memcpy(&rm->m, m, sizeof *m);
+        memcpy(ls, m->layers, (size_t)m->hp.n_layer * sizeof *ls);
+        rm->m.layers = ls;
+        rm->m.owned = NULL;   /* (the whole model's; shared, like the file and the tokenizer) */
+        ranks[r] = &rm->m;
+        sp s = { .rank = r, .n = n, .r = &rm->m, .err = err, .errlen = errlen };
+        int nw = model_wts_count(&rm->m);
+        wt **ws = malloc((size_t)nw * sizeof *ws);
+        if (ws) {   /* (the rank's backend prepares its own copies) */
+            nw = model_wts(&rm->m, ws, nw);
+            for (int i = 0; i < nw; i++) ws[i]->dev = ws[i]->pack = NULL;
+            free(ws);
+        } else {
+            sp_fail(&s, "out of memory");
+        }
+        if (s.failed || fam->split(&s) || s.failed) {
+            if (!s.failed) sp_fail(&s, "cannot split the model over %d GPUs", n);
+            for (int i = 0; i <= r; i++) model_split_free(ranks[i]);
+            for (int i = 0; i <= r; i++) ranks[i] = NULL;
+            return -1;
+        }
+    }
+    return 0;
+}

@@ -1,0 +1,54 @@
+/* split.h — a model split over the ranks of a tensor-parallel group
+ * (engine-internal).
+ *
+ * Rank r of n holds the r-th n-th of every attention layer's heads (the
+ * rows of q, k, v and their biases, the columns of the output projection;
+ * with fewer key/value heads than ranks, the one its query heads read, so
+ * that ranks share it)
+ * and of every FFN's hidden units (the rows of gate and up, the columns of
+ * down; for experts, of each expert's), and all of the rest (embeddings,
+ * norms, routers, the output matrix). Each rank's attention and FFN then
+ * give a partial sum of the layer's output, which the backends' allreduce
+ * adds up (layers.h ly_reduce) before the residual: two all-reduces a
+ * layer. A bias added after a split sum (attention output, experts' down)
+ * is rank 0's alone. Rows are a view into the file; columns are copies
+ * owned by the rank's model. A family splits its models by its hook
+ * (arch_family.split) over the helpers below. */
+#ifndef ANE_SPLIT_H
+#define ANE_SPLIT_H
+
+#include "engine/load/model.h"
+
+#include <stddef.h>
+
+/* ranks[0..n) = the models of each rank (their own hparams: heads, n_ff
+ * and n_ff_exp divided by n; weight_bytes theirs). 0, or -1 with err
+ * naming the file and what does not divide (nothing left allocated). */
+int model_split(const model *m, int n, model **ranks, char *err, size_t errlen);
+void model_split_free(model *rank);
+
+/* A split in progress, for the families' hooks. */
+typedef struct sp {
+    int rank, n;
+    model *r;                 /* the rank's model (a copy of the whole one, being cut) */
+    char *err; size_t errlen;
+    int failed;
+} sp;
+/* The r-th n-th of the rows of each of w's n_mat matrices (all of w's
+ * rows when n_mat <= 1). name: for messages. */
+void sp_rows(sp *s, wt *w, const char *name, int layer);
+/* The r-th n-th of every row's values: whole blocks of w's type. */
+void sp_cols(sp *s, wt *w, const char *name, int layer);
+/* The same with part `part` of `parts` in place of the rank's (key/value
+ * heads fewer than the ranks: each rank takes its group's whole head). */
+void sp_rows_part(sp *s, wt *w, const char *name, int layer, int part, int parts);
+void sp_cols_part(sp *s, wt *w, const char *name, int layer, int part, int parts);
+/* Rank 0 keeps w, the others have none (a bias added after a split sum). */
+void sp_first(sp *s, wt *w);
+/* The split fails with err "<file>: " and fmt's message */
+void sp_fail(sp *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* -1 with err naming the file, when a hyper-parameter v does not divide
+ * over the ranks */
+int sp_divides(sp *s, int64_t v, const char *what);
+
+#endif

@@ -1,0 +1,126 @@
+/* cuda_tp.c — the CUDA backend's tensor-parallel group: one NCCL
+ * communicator per rank, made for the ranks' devices at once, and the
+ * all-reduce on the rank's stream (recorded into its CUDA graphs like any
+ * other launch).
+ *
+ * NCCL is loaded when a group is made, not linked: a build without it, or a
+ * machine without libnccl.so.2, runs on one GPU and says why a group
+ * cannot be made. The header is the build's (make finds the toolkit's, the
+ * system's or a pip-installed NCCL, docs/cuda.md). */
+#ifdef ANE_CUDA
+
+#include "engine/backend/cuda_be.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#ifdef ANE_NCCL
+#include <dlfcn.h>
+#include <nccl.h>
+
+static struct {
+    void *lib;
+    ncclResult_t (*init_all)(ncclComm_t *, int, const int *);
+    ncclResult_t (*all_reduce)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t);
+    ncclResult_t (*destroy)(ncclComm_t);
+    const char *(*error)(ncclResult_t);
+    ncclResult_t (*version)(int *);
+} nc;
+
+/* libnccl.so.2 from the loader's search path, else where the build found it */
+static int nccl_load(char *err, size_t errlen)
+{
+    if (nc.lib) return 0;
+    void *h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+#ifdef ANE_NCCL_LIB
+    if (!h) h = dlopen(ANE_NCCL_LIB, RTLD_NOW | RTLD_LOCAL);
+#endif
+    if (!h) {
+        snprintf(err, errlen, "NCCL is not installed (libnccl.so.2: %s)", dlerror());
+        return -1;
+    }
+    *(void **)&nc.init_all = dlsym(h, "ncclCommInitAll");
+    *(void **)&nc.all_reduce = dlsym(h, "ncclAllReduce");
+    *(void **)&nc.destroy = dlsym(h, "ncclCommDestroy");
+    *(void **)&nc.error = dlsym(h, "ncclGetErrorString");
+    *(void **)&nc.version = dlsym(h, "ncclGetVersion");
+    if (!nc.init_all || !nc.all_reduce || !nc.destroy || !nc.error || !nc.version) {
+        snprintf(err, errlen, "libnccl.so.2 lacks the NCCL functions this build needs");
+        dlclose(h);
+        memset(&nc, 0, sizeof nc);
+        return -1;
+    }
+    nc.lib = h;
+    return 0;
+}
+#endif
+
+int cu_group(be *const *bs, int n, char *err, size_t errlen)
+{
+#ifndef ANE_NCCL
+    (void)bs; (void)n;
+    snprintf(err, errlen, "this build has no NCCL (rebuild with it installed: docs/cuda.md)");
+    return -1;
+#else
+    if (n < 2 || n > CU_GROUP_MAX) {
+        snprintf(err, errlen, "a group of %d GPUs (expected 2 to %d)", n, CU_GROUP_MAX);
+        return -1;
+    }
+    int devs[CU_GROUP_MAX];
+    for (int r = 0; r < n; r++) {
+        const cu_be *c = (const cu_be *)bs[r];
+        devs[r] = c->dev;
+        if (c->feat.cc != ((const cu_be *)bs[0])->feat.cc || c->feat.code != ((const cu_be *)bs[0])->feat.code) {
+            snprintf(err, errlen, "GPUs %d and %d differ (compute capability %d.%d and %d.%d): a group takes one "
+                     "kind", devs[0], devs[r], ((const cu_be *)bs[0])->feat.cc / 10,
+                     ((const cu_be *)bs[0])->feat.cc % 10, c->feat.cc / 10, c->feat.cc % 10);
+            return -1;
+        }
+    }
+    if (nccl_load(err, errlen)) return -1;
+    ncclComm_t comms[CU_GROUP_MAX];
+    ncclResult_t r = nc.init_all(comms, n, devs);
+    if (r != ncclSuccess) {
+        snprintf(err, errlen, "NCCL could not join GPUs %d..%d: %s", devs[0], devs[n - 1], nc.error(r));
+        return -1;
+    }
+    int v = 0;
+    nc.version(&v);
+    for (int i = 0; i < n; i++) {
+        cu_be *c = (cu_be *)bs[i];
+        c->comm = comms[i];
+        c->rank = i;
+        c->n_rank = n;
+        size_t len = strlen(c->base.device);
+        snprintf(c->base.device + len, sizeof c->base.device - len, "; GPU %d, rank %d of %d over NCCL %d.%d", devs[i], i, n,
+                 v / 10000, v / 100 % 100);
+    }
+    return 0;
+#endif
+}
+
+void cu_allreduce(be *b, float *x, size_t n)
+{
+    cu_be *c = (cu_be *)b;
+    if (!c->comm || n == 0) return;
+#ifdef ANE_NCCL
+    ncclResult_t r = nc.all_reduce(x, x, n, ncclFloat32, ncclSum, (ncclComm_t)c->comm, c->st);
+    if (r != ncclSuccess && !c->failed) {
+        fprintf(stderr, "cuda backend: all-reduce: %s\n", nc.error(r));
+        c->failed = 1;
+    }
+#endif
+    tag_written(c, x, n);
+}
+
+void cu_group_leave(cu_be *c)
+{
+#ifdef ANE_NCCL
+    if (c->comm) nc.destroy((ncclComm_t)c->comm);
+#endif
+    c->comm = NULL;
+}
+
+#else
+typedef int backend_cuda_tp_unused;   /* CPU-only builds: nothing here */
+#endif
