@@ -93,8 +93,10 @@ struct fw {
     struct fw_group *grp;       /* rank 0 of a tensor-parallel group: the other ranks it drives (group.c) */
 };
 
-/* forward.c: one rank's pass (fw_pass without the group) */
-void fw_pass_one(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out);
+/* forward.c: one rank's pass (fw_pass without the group); wait(arg), where
+ * not NULL, after the backend's step_begin and before the ops */
+void fw_pass_one(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out,
+                 void (*wait)(void *), void *arg);
 /* group.c: a pass, an argmax_queue and an argmax_take on every rank of
  * f's group; its end (the other ranks' threads and passes) */
 void fw_group_pass(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out);

@@ -110,15 +110,20 @@ void fw_snap_at(fw *f, int slot, int pos, int snap) { if (f->fam->seq) f->fam->s
 
 size_t fw_kv_bytes(const fw *f) { return f->kv_bytes; }
 
-/* Every op of a forward pass, up to the logits in f->lg (queued, not synced). */
-void fw_pass_one(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out)
+/* Every op of a forward pass, up to the logits in f->lg (queued, not
+ * synced); between the backend's step_begin and the ops, wait(arg) where
+ * given (a group's ranks meet there: see group.c). */
+void fw_pass_one(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out,
+                 void (*wait)(void *), void *arg)
 {
     be *b = f->b;
     const be_ops *o = b->ops;
     /* a backend that records passes (CUDA graphs) may replay one instead,
      * unless the family must run this one's ops */
     int rec = o->step_begin && (!f->fam->replayable || f->fam->replayable(f));
-    if (!rec || !o->step_begin(b, tokens, bt, out_idx, n_out)) f->fam->pass(f, tokens, bt, out_idx, n_out);
+    int replayed = rec && o->step_begin(b, tokens, bt, out_idx, n_out);
+    if (wait) wait(arg);
+    if (!replayed) f->fam->pass(f, tokens, bt, out_idx, n_out);
     if (rec && o->step_end) o->step_end(b);
 }
 
@@ -126,7 +131,7 @@ void fw_pass_one(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t
 static void fw_pass(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out)
 {
     if (f->grp) fw_group_pass(f, tokens, bt, out_idx, n_out);
-    else fw_pass_one(f, tokens, bt, out_idx, n_out);
+    else fw_pass_one(f, tokens, bt, out_idx, n_out, NULL, NULL);
 }
 
 void fw_run(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out, float *logits)

@@ -4,7 +4,12 @@
  * all-reduces (NCCL's, which may wait on the host until every rank has
  * called) meet. The caller goes on when every rank has queued its part;
  * logits and ids are read from rank 0, whose results every rank shares
- * bit for bit (the all-reduces give all ranks the same sums). */
+ * bit for bit (the all-reduces give all ranks the same sums).
+ *
+ * A rank must never block on another device's work before it has queued
+ * the all-reduces that device waits for: a pass's set-up (the backend's
+ * step_begin: uploads, scratch that grows, pinned buffers, whose frees wait
+ * for every device) ends on every rank before any rank queues an op. */
 #include "engine/arch/arch.h"
 #include "common/err.h"
 
@@ -36,15 +41,18 @@ struct fw_group {
     pthread_mutex_t mu;
     pthread_cond_t go, done;
     unsigned gen;            /* bumped for each job */
+    pthread_barrier_t set;   /* every rank's pass set up */
     int left;                /* ranks still on the current job */
     gjob job;
     fw_rank r[];             /* [n]; r[0] is the caller's */
 };
 
-static void run_job(fw *f, const gjob *j, int32_t *ids)
+static void set_up(void *arg) { pthread_barrier_wait(arg); }
+
+static void run_job(struct fw_group *g, fw *f, const gjob *j, int32_t *ids)
 {
     switch (j->kind) {
-    case GJ_PASS: fw_pass_one(f, j->tokens, j->bt, j->out_idx, j->n_out); break;
+    case GJ_PASS: fw_pass_one(f, j->tokens, j->bt, j->out_idx, j->n_out, set_up, &g->set); break;
     case GJ_ARGMAX: f->b->ops->argmax_queue(f->b, f->lg, j->n_out, f->m->hp.n_vocab, j->mask); break;
     case GJ_TAKE: f->b->ops->argmax_take(f->b, ids, j->n_out); break;
     default: break;
@@ -62,7 +70,7 @@ static void *rank_main(void *arg)
         seen = g->gen;
         gjob j = g->job;
         pthread_mutex_unlock(&g->mu);
-        if (j.kind != GJ_STOP) run_job(rk->f, &j, rk->ids);
+        if (j.kind != GJ_STOP) run_job(g, rk->f, &j, rk->ids);
         pthread_mutex_lock(&g->mu);
         if (--g->left == 0) pthread_cond_signal(&g->done);
         pthread_mutex_unlock(&g->mu);
@@ -80,7 +88,7 @@ static void group_run(struct fw_group *g, const gjob *j, int32_t *ids)
     g->gen++;
     pthread_cond_broadcast(&g->go);
     pthread_mutex_unlock(&g->mu);
-    if (j->kind != GJ_STOP) run_job(g->r[0].f, j, ids);
+    if (j->kind != GJ_STOP) run_job(g, g->r[0].f, j, ids);
     pthread_mutex_lock(&g->mu);
     while (g->left > 0) pthread_cond_wait(&g->done, &g->mu);
     pthread_mutex_unlock(&g->mu);
@@ -104,6 +112,7 @@ static void group_free(struct fw_group *g, int started)
         free(g->r[i].ids);
         fw_close(g->r[i].f);
     }
+    pthread_barrier_destroy(&g->set);
     pthread_cond_destroy(&g->go);
     pthread_cond_destroy(&g->done);
     pthread_mutex_destroy(&g->mu);
@@ -116,6 +125,10 @@ int fw_join(fw *const *fs, int n, char *err, size_t errlen)
     struct fw_group *g = calloc(1, sizeof *g + (size_t)n * sizeof g->r[0]);
     if (!g) return err_set(err, errlen, "out of memory");
     g->n = n;
+    if (pthread_barrier_init(&g->set, NULL, (unsigned)n)) {
+        free(g);
+        return err_set(err, errlen, "cannot set up the threads of %d GPUs", n);
+    }
     pthread_mutex_init(&g->mu, NULL);
     pthread_cond_init(&g->go, NULL);
     pthread_cond_init(&g->done, NULL);

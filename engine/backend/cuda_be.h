@@ -25,6 +25,7 @@ typedef struct cu_be {
     be base;
     int dev;                   /* the device (be_opts.device): made current by every entry point */
     void *comm;                /* the tensor-parallel group's NCCL communicator (cuda_tp.c), or NULL */
+    struct cu_comms *comms;    /* the group's communicators (cuda_tp.c) */
     int rank, n_rank;
     cudaStream_t st;
     cublasHandle_t blas;

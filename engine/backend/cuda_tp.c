@@ -17,12 +17,17 @@
 #ifdef ANE_NCCL
 #include <dlfcn.h>
 #include <nccl.h>
+#include <pthread.h>
+#include <stdlib.h>
 
 static struct {
     void *lib;
     ncclResult_t (*init_all)(ncclComm_t *, int, const int *);
     ncclResult_t (*all_reduce)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t);
     ncclResult_t (*destroy)(ncclComm_t);
+    ncclResult_t (*finalize)(ncclComm_t);
+    ncclResult_t (*group_start)(void);
+    ncclResult_t (*group_end)(void);
     const char *(*error)(ncclResult_t);
     ncclResult_t (*version)(int *);
 } nc;
@@ -44,7 +49,11 @@ static int nccl_load(char *err, size_t errlen)
     *(void **)&nc.destroy = dlsym(h, "ncclCommDestroy");
     *(void **)&nc.error = dlsym(h, "ncclGetErrorString");
     *(void **)&nc.version = dlsym(h, "ncclGetVersion");
-    if (!nc.init_all || !nc.all_reduce || !nc.destroy || !nc.error || !nc.version) {
+    *(void **)&nc.finalize = dlsym(h, "ncclCommFinalize");
+    *(void **)&nc.group_start = dlsym(h, "ncclGroupStart");
+    *(void **)&nc.group_end = dlsym(h, "ncclGroupEnd");
+    if (!nc.init_all || !nc.all_reduce || !nc.destroy || !nc.error || !nc.version || !nc.finalize ||
+        !nc.group_start || !nc.group_end) {
         snprintf(err, errlen, "libnccl.so.2 lacks the NCCL functions this build needs");
         dlclose(h);
         memset(&nc, 0, sizeof nc);
@@ -53,6 +62,15 @@ static int nccl_load(char *err, size_t errlen)
     nc.lib = h;
     return 0;
 }
+
+/* The ranks' communicators, shared: finalizing is collective (each waits
+ * for the others), so the first rank to leave finalizes them all at once,
+ * from its thread, and each then destroys its own. */
+struct cu_comms {
+    int n, refs, finalized;
+    pthread_mutex_t mu;
+    ncclComm_t c[CU_GROUP_MAX];
+};
 #endif
 
 int cu_group(be *const *bs, int n, char *err, size_t errlen)
@@ -78,17 +96,22 @@ int cu_group(be *const *bs, int n, char *err, size_t errlen)
         }
     }
     if (nccl_load(err, errlen)) return -1;
-    ncclComm_t comms[CU_GROUP_MAX];
-    ncclResult_t r = nc.init_all(comms, n, devs);
+    struct cu_comms *g = calloc(1, sizeof *g);
+    if (!g) { snprintf(err, errlen, "out of memory"); return -1; }
+    ncclResult_t r = nc.init_all(g->c, n, devs);
     if (r != ncclSuccess) {
         snprintf(err, errlen, "NCCL could not join GPUs %d..%d: %s", devs[0], devs[n - 1], nc.error(r));
+        free(g);
         return -1;
     }
+    g->n = g->refs = n;
+    pthread_mutex_init(&g->mu, NULL);
     int v = 0;
     nc.version(&v);
     for (int i = 0; i < n; i++) {
         cu_be *c = (cu_be *)bs[i];
-        c->comm = comms[i];
+        c->comm = g->c[i];
+        c->comms = g;
         c->rank = i;
         c->n_rank = n;
         size_t len = strlen(c->base.device);
@@ -116,9 +139,25 @@ void cu_allreduce(be *b, float *x, size_t n)
 void cu_group_leave(cu_be *c)
 {
 #ifdef ANE_NCCL
-    if (c->comm) nc.destroy((ncclComm_t)c->comm);
+    struct cu_comms *g = c->comms;
+    if (!g) return;
+    pthread_mutex_lock(&g->mu);
+    if (!g->finalized) {
+        g->finalized = 1;
+        nc.group_start();
+        for (int i = 0; i < g->n; i++) nc.finalize(g->c[i]);
+        nc.group_end();
+    }
+    nc.destroy((ncclComm_t)c->comm);
+    int last = --g->refs == 0;
+    pthread_mutex_unlock(&g->mu);
+    if (last) {
+        pthread_mutex_destroy(&g->mu);
+        free(g);
+    }
 #endif
     c->comm = NULL;
+    c->comms = NULL;
 }
 
 #else
