@@ -24,10 +24,7 @@ static struct {
     void *lib;
     ncclResult_t (*init_all)(ncclComm_t *, int, const int *);
     ncclResult_t (*all_reduce)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t);
-    ncclResult_t (*destroy)(ncclComm_t);
-    ncclResult_t (*finalize)(ncclComm_t);
-    ncclResult_t (*group_start)(void);
-    ncclResult_t (*group_end)(void);
+    ncclResult_t (*abort)(ncclComm_t);
     const char *(*error)(ncclResult_t);
     ncclResult_t (*version)(int *);
 } nc;
@@ -46,14 +43,10 @@ static int nccl_load(char *err, size_t errlen)
     }
     *(void **)&nc.init_all = dlsym(h, "ncclCommInitAll");
     *(void **)&nc.all_reduce = dlsym(h, "ncclAllReduce");
-    *(void **)&nc.destroy = dlsym(h, "ncclCommDestroy");
     *(void **)&nc.error = dlsym(h, "ncclGetErrorString");
     *(void **)&nc.version = dlsym(h, "ncclGetVersion");
-    *(void **)&nc.finalize = dlsym(h, "ncclCommFinalize");
-    *(void **)&nc.group_start = dlsym(h, "ncclGroupStart");
-    *(void **)&nc.group_end = dlsym(h, "ncclGroupEnd");
-    if (!nc.init_all || !nc.all_reduce || !nc.destroy || !nc.error || !nc.version || !nc.finalize ||
-        !nc.group_start || !nc.group_end) {
+    *(void **)&nc.abort = dlsym(h, "ncclCommAbort");
+    if (!nc.init_all || !nc.all_reduce || !nc.error || !nc.version || !nc.abort) {
         snprintf(err, errlen, "libnccl.so.2 lacks the NCCL functions this build needs");
         dlclose(h);
         memset(&nc, 0, sizeof nc);
@@ -63,11 +56,14 @@ static int nccl_load(char *err, size_t errlen)
     return 0;
 }
 
-/* The ranks' communicators, shared: finalizing is collective (each waits
- * for the others), so the first rank to leave finalizes them all at once,
- * from its thread, and each then destroys its own. */
+/* The ranks' communicators, shared. Ending one is collective (finalize,
+ * or destroy without it, waits for the other ranks to end theirs, and
+ * finalizing them together from one thread spun in ncclGroupEnd on an
+ * H200 pair), so the first rank to leave waits for every rank's device to
+ * be idle and then aborts them all, which is local. */
 struct cu_comms {
-    int n, refs, finalized;
+    int n, refs, ended;
+    int dev[CU_GROUP_MAX];
     pthread_mutex_t mu;
     ncclComm_t c[CU_GROUP_MAX];
 };
@@ -105,6 +101,7 @@ int cu_group(be *const *bs, int n, char *err, size_t errlen)
         return -1;
     }
     g->n = g->refs = n;
+    memcpy(g->dev, devs, sizeof devs[0] * (size_t)n);
     pthread_mutex_init(&g->mu, NULL);
     int v = 0;
     nc.version(&v);
@@ -142,13 +139,15 @@ void cu_group_leave(cu_be *c)
     struct cu_comms *g = c->comms;
     if (!g) return;
     pthread_mutex_lock(&g->mu);
-    if (!g->finalized) {
-        g->finalized = 1;
-        nc.group_start();
-        for (int i = 0; i < g->n; i++) nc.finalize(g->c[i]);
-        nc.group_end();
+    if (!g->ended) {
+        g->ended = 1;
+        for (int i = 0; i < g->n; i++) {
+            cudaSetDevice(g->dev[i]);
+            cudaDeviceSynchronize();
+        }
+        for (int i = 0; i < g->n; i++) nc.abort(g->c[i]);
+        cu_dev(c);
     }
-    nc.destroy((ncclComm_t)c->comm);
     int last = --g->refs == 0;
     pthread_mutex_unlock(&g->mu);
     if (last) {
