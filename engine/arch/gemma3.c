@@ -17,6 +17,7 @@
  * layers.h's ly_fw, F = n_ff. */
 #include "engine/arch/arch.h"
 #include "engine/arch/layers.h"
+#include "engine/arch/split.h"
 #include "common/err.h"
 
 #include <math.h>
@@ -120,6 +121,7 @@ static void gemma3_layer(ly_fw *f, const layer_w *L, int l, const be_batch *bt)
     be_batch rb;
     ly_attend(b, &a, f->q, f->k, f->v, f->base.kc[l], f->base.vc[l], ly_kv_batch(m, l, bt, &rb), NULL, f->att);
     o->matmul(b, &L->wo, NULL, f->att, T, f->xb);
+    ly_reduce(b, f->xb, (size_t)T * E);
     o->rmsnorm(b, f->xb, &L->post_attn_norm, T, E, eps, f->xb);
     o->add(b, f->x, f->xb, (size_t)T * E);
     o->rmsnorm(b, f->x, &L->ffn_norm, T, E, eps, f->xb);
@@ -128,6 +130,7 @@ static void gemma3_layer(ly_fw *f, const layer_w *L, int l, const be_batch *bt)
     ly_matmuls(b, 2, wgu, none, f->xb, T, gu);
     o->gelu_mul(b, f->hg, f->hu, (size_t)T * hp->n_ff, f->hg);
     o->matmul(b, &L->w_down, NULL, f->hg, T, f->xb);
+    ly_reduce(b, f->xb, (size_t)T * E);
     o->rmsnorm(b, f->xb, &L->post_ffn_norm, T, E, eps, f->xb);
     o->add(b, f->x, f->xb, (size_t)T * E);
 }
@@ -139,4 +142,4 @@ static void gemma3_pass(fw *base, const int32_t *tokens, const be_batch *bt, con
 }
 
 const arch_family arch_gemma3 = { .load = gemma3_load, .lacks = gemma3_lacks, .open = gemma3_open,
-                                  .close = ly_fw_close, .pass = gemma3_pass, .greedy = 1 };
+                                  .close = ly_fw_close, .pass = gemma3_pass, .greedy = 1, .split = sp_layers };

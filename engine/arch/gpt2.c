@@ -8,6 +8,7 @@
  * Buffers: layers.h's ly_fw, Q = K = E, F = n_ff (hg the FFN's, no hu). */
 #include "engine/arch/arch.h"
 #include "engine/arch/layers.h"
+#include "engine/arch/split.h"
 #include "common/err.h"
 #include "engine/quant/qtypes.h"
 
@@ -110,14 +111,16 @@ static void gpt2_layer(ly_fw *f, const layer_w *L, int l, const be_batch *bt)
     const wt *wqkv[3] = { &L->wq, &L->wk, &L->wv }, *bqkv[3] = { &L->bq, &L->bk, &L->bv };
     float *const qkv[3] = { f->q, f->k, f->v };
     ly_matmuls(b, 3, wqkv, bqkv, f->xb, T, qkv);
-    o->kv_store(b, f->base.kc[l], f->base.vc[l], bt, E, f->k, f->v);
-    o->attention(b, f->q, f->base.kc[l], f->base.vc[l], bt, hp->n_head, hp->n_head, hp->head_dim, f->att);
+    o->kv_store(b, f->base.kc[l], f->base.vc[l], bt, hp->n_head_kv * hp->head_dim, f->k, f->v);
+    o->attention(b, f->q, f->base.kc[l], f->base.vc[l], bt, hp->n_head, hp->n_head_kv, hp->head_dim, f->att);
     o->matmul(b, &L->wo, &L->bo, f->att, T, f->xb);
+    ly_reduce(b, f->xb, (size_t)T * E);
     o->add(b, f->x, f->xb, (size_t)T * E);
     o->layernorm(b, f->x, &L->ffn_norm, &L->ffn_norm_b, T, E, eps, f->xb);
     o->matmul(b, &L->w_up, &L->b_up, f->xb, T, f->hg);
     o->gelu_mul(b, f->hg, NULL, (size_t)T * hp->n_ff, f->hg);
     o->matmul(b, &L->w_down, &L->b_down, f->hg, T, f->xb);
+    ly_reduce(b, f->xb, (size_t)T * E);
     o->add(b, f->x, f->xb, (size_t)T * E);
 }
 
@@ -142,4 +145,4 @@ static void gpt2_pass(fw *base, const int32_t *tokens, const be_batch *bt, const
 }
 
 const arch_family arch_gpt2 = { .load = gpt2_load, .lacks = gpt2_lacks, .open = gpt2_open, .close = ly_fw_close,
-                                .pass = gpt2_pass, .greedy = 1 };
+                                .pass = gpt2_pass, .greedy = 1, .split = sp_layers };

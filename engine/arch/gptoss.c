@@ -13,6 +13,7 @@
  * layers.h's ly_fw (hg unused). */
 #include "engine/arch/arch.h"
 #include "engine/arch/layers.h"
+#include "engine/arch/split.h"
 #include "common/err.h"
 
 #include <math.h>
@@ -99,6 +100,7 @@ static void gptoss_attention(ly_fw *f, const layer_w *L, int l, const be_batch *
                       .scale = 1.0f / sqrtf((float)HD) };
     o->attention_ex(b, f->q, f->base.kc[l], f->base.vc[l], kb, hp->n_head, hp->n_head_kv, HD, &ax, f->att);
     o->matmul(b, &L->wo, &L->bo, f->att, T, f->xb);
+    ly_reduce(b, f->xb, (size_t)T * hp->n_embd);
 }
 
 static void gptoss_layer(ly_fw *f, const layer_w *L, int l, const be_batch *bt)
@@ -111,6 +113,7 @@ static void gptoss_layer(ly_fw *f, const layer_w *L, int l, const be_batch *bt)
     gptoss_attention(f, L, l, bt);
     ly_add_norm(b, f->x, f->xb, &L->ffn_norm, T, E, hp->norm_eps, f->xb);
     ly_moe_ffn(b, &f->moe, l, f->xb, T, f->xb);
+    ly_reduce(b, f->xb, (size_t)T * E);
     o->add(b, f->x, f->xb, (size_t)T * E);
 }
 
@@ -121,4 +124,4 @@ static void gptoss_pass(fw *base, const int32_t *tokens, const be_batch *bt, con
 }
 
 const arch_family arch_gptoss = { .load = gptoss_load, .lacks = gptoss_lacks, .open = gptoss_open,
-                                  .close = ly_fw_close, .pass = gptoss_pass, .greedy = 1 };
+                                  .close = ly_fw_close, .pass = gptoss_pass, .greedy = 1, .split = sp_layers };

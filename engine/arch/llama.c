@@ -129,48 +129,6 @@ static void llama_last(ly_fw *f, const int32_t *out_idx, int n_out)
     if (n_out > 0) b->ops->matmul(b, &m->output, NULL, f->xo, n_out, f->base.lg);
 }
 
-/* Heads and FFN units over the ranks (split.h); experts by each one's units */
-static int llama_split(sp *s)
-{
-    model *r = s->r;
-    hparams *hp = &r->hp;
-    int moe = hp->n_expert > 0;
-    /* key/value heads by the ranks, or where fewer, each rank the one of its query heads */
-    int kvh = hp->n_head_kv, kv_parts = kvh % s->n == 0 ? s->n : kvh, kv_part = kvh % s->n == 0 ? s->rank : s->rank * kvh / s->n;
-    if (kvh % s->n && s->n % kvh) {
-        sp_fail(s, "%s.attention.head_count_kv is %d, which does not split over %d GPUs (expected a multiple or a "
-                "divisor of %d)", r->arch_name, kvh, s->n, s->n);
-        return -1;
-    }
-    if (sp_divides(s, hp->n_head, "attention.head_count") ||
-        sp_divides(s, moe ? hp->n_ff_exp : hp->n_ff, moe ? "expert_feed_forward_length" : "feed_forward_length"))
-        return -1;
-    for (int i = 0; i < hp->n_layer; i++) {
-        layer_w *L = &r->layers[i];
-        sp_rows(s, &L->wq, "attn_q.weight", i);
-        sp_rows_part(s, &L->wk, "attn_k.weight", i, kv_part, kv_parts);
-        sp_rows_part(s, &L->wv, "attn_v.weight", i, kv_part, kv_parts);
-        sp_cols(s, &L->bq, "attn_q.bias", i);
-        sp_cols_part(s, &L->bk, "attn_k.bias", i, kv_part, kv_parts);
-        sp_cols_part(s, &L->bv, "attn_v.bias", i, kv_part, kv_parts);
-        sp_cols(s, &L->wo, "attn_output.weight", i);
-        sp_rows(s, &L->w_gate, "ffn_gate.weight", i);
-        sp_rows(s, &L->w_up, "ffn_up.weight", i);
-        sp_cols(s, &L->w_down, "ffn_down.weight", i);
-        sp_rows(s, &L->ffn_gate_exps, "ffn_gate_exps.weight", i);
-        sp_rows(s, &L->ffn_up_exps, "ffn_up_exps.weight", i);
-        sp_cols(s, &L->ffn_down_exps, "ffn_down_exps.weight", i);
-        sp_cols(s, &L->ffn_gate_exps_b, "ffn_gate_exps.bias", i);
-        sp_cols(s, &L->ffn_up_exps_b, "ffn_up_exps.bias", i);
-        sp_first(s, &L->ffn_down_exps_b);
-    }
-    hp->n_head /= s->n;
-    hp->n_head_kv /= kv_parts;
-    if (moe) hp->n_ff_exp /= s->n;
-    else hp->n_ff /= s->n;
-    return s->failed ? -1 : 0;
-}
-
 static void llama_pass(fw *base, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out)
 {
     static const ly_pass p = { .layer = llama_layer, .last = llama_last };
@@ -178,4 +136,4 @@ static void llama_pass(fw *base, const int32_t *tokens, const be_batch *bt, cons
 }
 
 const arch_family arch_llama = { .load = llama_load, .lacks = ly_moe_lacks, .open = llama_open, .close = ly_fw_close,
-                                 .pass = llama_pass, .greedy = 1, .split = llama_split };
+                                 .pass = llama_pass, .greedy = 1, .split = sp_layers };

@@ -140,6 +140,51 @@ int sp_divides(sp *s, int64_t v, const char *what)
     return -1;
 }
 
+int sp_layers(sp *s)
+{
+    model *r = s->r;
+    hparams *hp = &r->hp;
+    int moe = hp->n_expert > 0;
+    /* key/value heads by the ranks, or where fewer, each rank the one of its query heads */
+    int kvh = hp->n_head_kv, kv_parts = kvh % s->n == 0 ? s->n : kvh, kv_part = kvh % s->n == 0 ? s->rank : s->rank * kvh / s->n;
+    if (kvh % s->n && s->n % kvh) {
+        sp_fail(s, "%s.attention.head_count_kv is %d, which does not split over %d GPUs (expected a multiple or a "
+                "divisor of %d)", r->arch_name, kvh, s->n, s->n);
+        return -1;
+    }
+    if (sp_divides(s, hp->n_head, "attention.head_count") ||
+        sp_divides(s, moe ? hp->n_ff_exp : hp->n_ff, moe ? "expert_feed_forward_length" : "feed_forward_length"))
+        return -1;
+    for (int i = 0; i < hp->n_layer; i++) {
+        layer_w *L = &r->layers[i];
+        sp_rows(s, &L->wq, "attn_q.weight", i);
+        sp_rows_part(s, &L->wk, "attn_k.weight", i, kv_part, kv_parts);
+        sp_rows_part(s, &L->wv, "attn_v.weight", i, kv_part, kv_parts);
+        sp_cols(s, &L->bq, "attn_q.bias", i);
+        sp_cols_part(s, &L->bk, "attn_k.bias", i, kv_part, kv_parts);
+        sp_cols_part(s, &L->bv, "attn_v.bias", i, kv_part, kv_parts);
+        sp_cols(s, &L->wo, "attn_output.weight", i);
+        sp_rows(s, &L->w_gate, "ffn_gate.weight", i);
+        sp_rows(s, &L->w_up, "ffn_up.weight", i);
+        sp_cols(s, &L->w_down, "ffn_down.weight", i);
+        sp_rows(s, &L->ffn_gate_exps, "ffn_gate_exps.weight", i);
+        sp_rows(s, &L->ffn_up_exps, "ffn_up_exps.weight", i);
+        sp_cols(s, &L->ffn_down_exps, "ffn_down_exps.weight", i);
+        sp_cols(s, &L->ffn_gate_exps_b, "ffn_gate_exps.bias", i);
+        sp_cols(s, &L->ffn_up_exps_b, "ffn_up_exps.bias", i);
+        sp_first(s, &L->ffn_down_exps_b);
+        sp_cols(s, &L->b_up, "ffn_up.bias", i);
+        sp_first(s, &L->b_down);
+        sp_first(s, &L->bo);
+        sp_cols(s, &L->attn_sinks, "attn_sinks.weight", i);
+    }
+    hp->n_head /= s->n;
+    hp->n_head_kv /= kv_parts;
+    if (moe) hp->n_ff_exp /= s->n;
+    else hp->n_ff /= s->n;
+    return s->failed ? -1 : 0;
+}
+
 void model_split_free(model *r)
 {
     if (!r) return;
@@ -155,8 +200,9 @@ int model_split(const model *m, int n, model **ranks, char *err, size_t errlen)
     for (int r = 0; r < n; r++) ranks[r] = NULL;
     const arch_family *fam = m->arch ? m->arch->fam : NULL;
     if (!fam || !fam->split)
-        return err_set(err, errlen, "%s: %s models do not split over GPUs yet (tensor parallelism takes llama, "
-                       "qwen2, qwen3, qwen3moe and Mixtral-style models); run it on one GPU", m->path, m->arch_name);
+        return err_set(err, errlen, "%s: %s models do not split over GPUs yet (tensor parallelism takes the "
+                       "families of attention and FFN layers: llama, qwen2, qwen3, qwen3moe, gemma3, gpt2, gpt-oss); "
+                       "run it on one GPU", m->path, m->arch_name);
     for (int r = 0; r < n; r++) {
         rank_model *rm = calloc(1, sizeof *rm);
         layer_w *ls = rm ? malloc((size_t)m->hp.n_layer * sizeof *ls) : NULL;

@@ -51,4 +51,12 @@ void sp_fail(sp *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
  * over the ranks */
 int sp_divides(sp *s, int64_t v, const char *what);
 
+/* The split of the families whose layers are attention and an FFN (or
+ * experts): q, k, v and their biases by heads, the output projection's
+ * columns, gate and up (and their biases) by units, down's columns, the
+ * sinks by heads; the biases after a split sum (attention output, down)
+ * rank 0's. Families: .split = sp_layers, and ly_reduce after wo and
+ * after the FFN. */
+int sp_layers(sp *s);
+
 #endif

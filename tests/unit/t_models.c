@@ -650,13 +650,13 @@ static void test_hf_odd_header(void)
     rm_dir(dir);
 }
 
-/* The llama family split over the GPUs of ANE_GPUS (e.g. 0,1; CUDA
+/* The families that split, over the GPUs of ANE_GPUS (e.g. 0,1; CUDA
  * builds), against the same references through the daemon's engine */
 static void test_gpus(void)
 {
     const char *gs = getenv("ANE_GPUS");
     if (!gs || !strchr(gs, ',')) {
-        fprintf(stderr, "  (ANE_GPUS=0,1 runs the llama family split over those GPUs)\n");
+        fprintf(stderr, "  (ANE_GPUS=0,1 runs the models that split over those GPUs)\n");
         return;
     }
     g_gpus = gs;
@@ -666,6 +666,9 @@ static void test_gpus(void)
     check_model(M("qwen2-tiny.Q8_0.gguf"), R("qwen2-tiny.Q8_0.llamacpp.dev.json"), 0.15, 0);
     check_model(M("qwen3moe-tiny.bf16.gguf"), R("qwen3moe-tiny.dev.json"), 0.05, 0);
     check_model(M("mixtral-tiny.bf16.gguf"), R("mixtral-tiny.dev.json"), 0.05, 0);
+    check_model(M("gemma3-tiny.bf16.gguf"), R("gemma3-tiny.dev.json"), 0.05, 0);
+    check_model(M("gpt2-tiny.bf16.gguf"), R("gpt2-tiny.dev.json"), 0.05, 0);
+    check_model(M("gptoss-tiny.bf16.gguf"), R("gptoss-tiny.dev.json"), 0.05, 0);
     g_gpus = NULL;
 }
 

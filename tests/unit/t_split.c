@@ -1,7 +1,8 @@
 /* t_split — a model split over the ranks of a tensor-parallel group
  * (engine/arch/split.h, group.c) computes what the whole model computes:
  * on groups of CPU backends (whose all-reduce sums host memory) for every
- * family that splits, the logits of a prompt within 1e-3 of the unsplit
+ * family that splits (llama, qwen2, qwen3, qwen3moe, Mixtral, gemma3, gpt2,
+ * gpt-oss), the logits of a prompt within 1e-3 of the unsplit
  * pass at every position and the same greedy tokens, at 2 and 4 ranks.
  * With ANE_BACKEND=cuda and ANE_GPUS=0,1[,...] the same over NCCL on those
  * GPUs. Models and shapes that do not split are refused naming why. */
@@ -149,12 +150,14 @@ static void test_cpu_groups(void)
     /* (llama3-tiny has one key/value head, the others two: at 4 ranks they share them) */
     static const char *const models[] = { M("llama3-tiny.bf16.gguf"), M("qwen2-tiny.bf16.gguf"),
                                           M("qwen3-tiny.bf16.gguf"), M("qwen3moe-tiny.bf16.gguf"),
-                                          M("mixtral-tiny.bf16.gguf") };
+                                          M("mixtral-tiny.bf16.gguf"), M("gemma3-tiny.bf16.gguf"),
+                                          M("gpt2-tiny.bf16.gguf"), M("gptoss-tiny.bf16.gguf") };
     for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
         check_split(models[i], 2, NULL);
         check_split(models[i], 4, NULL);
     }
     check_split(M("qwen2-tiny.Q8_0.gguf"), 2, NULL);   /* (its 64-value rows: two q8_0 blocks) */
+    check_split(M("gptoss-tiny.MXFP4_MOE.gguf"), 2, NULL);
 }
 
 /* What does not split says why, and leaves nothing behind */
@@ -162,10 +165,10 @@ static void test_refusals(void)
 {
     char err[512];
     model *m = NULL, *r[RANKS];
-    CHECK(model_load(&m, M("gemma3-tiny.bf16.gguf"), err, sizeof err) == 0);
+    CHECK(model_load(&m, M("qwen35-tiny.bf16.gguf"), err, sizeof err) == 0);
     if (m) {
         CHECK(model_split(m, 2, r, err, sizeof err) != 0);
-        CHECKF(strstr(err, "gemma3") && strstr(err, "do not split"), "%s", err);
+        CHECKF(strstr(err, "qwen35") && strstr(err, "do not split"), "%s", err);
         model_free(m);
     }
     CHECK(model_load(&m, M("qwen3-tiny.bf16.gguf"), err, sizeof err) == 0);
@@ -236,7 +239,9 @@ static void test_gpu_groups(void)
     }
     static const char *const models[] = { M("llama3-tiny.bf16.gguf"), M("qwen2-tiny.bf16.gguf"),
                                           M("qwen3-tiny.bf16.gguf"), M("qwen3moe-tiny.bf16.gguf"),
-                                          M("mixtral-tiny.bf16.gguf"), M("qwen2-tiny.Q8_0.gguf") };
+                                          M("mixtral-tiny.bf16.gguf"), M("qwen2-tiny.Q8_0.gguf"),
+                                          M("gemma3-tiny.bf16.gguf"), M("gpt2-tiny.bf16.gguf"),
+                                          M("gptoss-tiny.bf16.gguf"), M("gptoss-tiny.MXFP4_MOE.gguf") };
     for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) check_split(models[i], n, ids);
 }
 
