@@ -79,8 +79,8 @@ static void cu_close(be *b)
     if (!c) return;
     cu_dev(c);
     if (c->st) cudaStreamSynchronize(c->st);
+    graphs_drop(c);   /* (before the group ends: graphs hold the communicator's resources) */
     cu_group_leave(c);
-    graphs_drop(c);
     for (int i = 0; i < c->n_up; i++) { cudaFree(c->up[i].dev); cudaFree(c->up[i].dev16); cudaFree(c->up[i].devb); }
     free(c->up);
     cudaFree(c->w16); cudaFree(c->x16); cudaFree(c->x16b); cudaFree(c->xq); cudaFree(c->xq2); cudaFree(c->d_step); cudaFree(c->part); cudaFree(c->blas_ws);

@@ -59,10 +59,10 @@ static int nccl_load(char *err, size_t errlen)
 /* The ranks' communicators, shared. Ending one is collective (finalize,
  * or destroy without it, waits for the other ranks to end theirs, and
  * finalizing them together from one thread spun in ncclGroupEnd on an
- * H200 pair), so the first rank to leave waits for every rank's device to
+ * H200 pair), so the last rank to leave waits for every rank's device to
  * be idle and then aborts them all, which is local. */
 struct cu_comms {
-    int n, refs, ended;
+    int n, refs;
     int dev[CU_GROUP_MAX];
     pthread_mutex_t mu;
     ncclComm_t c[CU_GROUP_MAX];
@@ -139,18 +139,15 @@ void cu_group_leave(cu_be *c)
     struct cu_comms *g = c->comms;
     if (!g) return;
     pthread_mutex_lock(&g->mu);
-    if (!g->ended) {
-        g->ended = 1;
+    int last = --g->refs == 0;
+    pthread_mutex_unlock(&g->mu);
+    if (last) {
         for (int i = 0; i < g->n; i++) {
             cudaSetDevice(g->dev[i]);
             cudaDeviceSynchronize();
         }
         for (int i = 0; i < g->n; i++) nc.abort(g->c[i]);
         cu_dev(c);
-    }
-    int last = --g->refs == 0;
-    pthread_mutex_unlock(&g->mu);
-    if (last) {
         pthread_mutex_destroy(&g->mu);
         free(g);
     }
