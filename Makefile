@@ -255,10 +255,13 @@ bin/sprof.so: tests/bench/sprof/sprof.c
 	@mkdir -p bin
 	$(CC) -shared -fPIC -O2 -Wall -Wextra $< -o $@ -ldl -pthread
 
-# kernels against the CPU reference, then the model references through CUDA
+# kernels against the CPU reference, then the model references through CUDA;
+# on a machine of two GPUs or more, the models split over the first two
 test-cuda: fixtures
 	$(MAKE) CUDA=1 all
 	@bin/tests/t_backend && ANE_BACKEND=cuda bin/tests/t_models && ANE_BACKEND=cuda bin/tests/t_embed
+	@if [ "$$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')" -ge 2 ]; then \
+	  ANE_BACKEND=cuda ANE_GPUS=0,1 bin/tests/t_split && ANE_BACKEND=cuda ANE_GPUS=0,1 bin/tests/t_models test_gpus; fi
 $(LIBCLIENT): $(CLIENT_LIB_OBJ) $(PROTO_OBJ) $(COMMON_OBJ)
 	@mkdir -p $(dir $@); rm -f $@; ar rcs $@ $^
 
