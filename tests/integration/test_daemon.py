@@ -336,6 +336,27 @@ def test_kv_type():
         d.stop()
 
 
+def test_gpus_bad():
+    """--gpus: a list that is not GPU numbers, a GPU named twice, or GPUs
+    with --backend cpu are start-up errors naming --gpus; in a build without
+    CUDA, GPUs are refused naming the backend."""
+    tmp = mktmp()
+    sock = os.path.join(tmp, "s.sock")
+    cases = [(["--gpus", "0,x"], "expected up to 8 GPU numbers"), (["--gpus", "1,1"], "named twice"),
+             (["--gpus", "0,1", "--backend", "cpu"], "not --backend cpu")]
+    for args, want in cases:
+        p = subprocess.run([ANED, "--model", MODEL, "--socket", sock] + args, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, timeout=30)
+        err = p.stderr.decode("utf-8", "replace")
+        check(p.returncode != 0 and "--gpus" in err and want in err, "%r: %d %r" % (args, p.returncode, err))
+    if shutil.which("nvidia-smi"):
+        return   # (on a GPU machine two GPUs may be there: the split's own tests cover it)
+    p = subprocess.run([ANED, "--model", MODEL, "--socket", sock, "--gpus", "0,1"], stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, timeout=30)
+    err = p.stderr.decode("utf-8", "replace")
+    check(p.returncode != 0 and "cuda" in err, "--gpus 0,1 without a GPU: %d %r" % (p.returncode, err))
+
+
 def test_cpu_repack():
     """--cpu-repack: on a q4_K model the CPU backend's copy is reported
     (cpu_repack, repacked_bytes > 0 where AVX2 or AVX-512 is the kernels' ISA) and
@@ -1412,7 +1433,7 @@ SHARED = [
     test_half_close, test_slow_reader, test_many_connections, test_big_prompt_while_streaming,
 ]
 OWN = [
-    test_help, test_missing_model, test_corrupt_model, test_kv_type, test_cpu_repack, test_kv_pool_info, test_tokenizer_only, test_sigterm_mid_generation,
+    test_help, test_missing_model, test_corrupt_model, test_kv_type, test_gpus_bad, test_cpu_repack, test_kv_pool_info, test_tokenizer_only, test_sigterm_mid_generation,
     test_sigint_idle, test_sigterm_during_startup, test_hello_timeout, test_shutdown_grace,
     test_sighup_reopens_log, test_backlog_cap, test_max_clients, test_fd_exhaustion, test_socket_activation, test_stale_socket, test_second_daemon_refuses, test_socket_mode, test_daemonize,
 ]
