@@ -56,9 +56,12 @@ static void usage(FILE *f)
 "                          the daemon's); with 0660 its members may connect\n"
 "      --backend NAME      cpu or cuda (default: the best present)\n"
 "      --gpus LIST         CUDA devices, e.g. 0,1: the model split over them\n"
-"                          (tensor parallel through NCCL: each GPU holds its\n"
-"                          share of every layer's heads and FFN); one number:\n"
-"                          that GPU alone (default 0); docs/cuda.md\n"
+"                          through NCCL; one number: that GPU alone (default 0);\n"
+"                          docs/cuda.md\n"
+"      --split heads|layers  how --gpus splits: heads (default; each GPU holds\n"
+"                          its share of every layer's heads and FFN, for GPUs\n"
+"                          linked by NVLink) or layers (each GPU whole layers\n"
+"                          in turn, one hand-over a pass, for GPUs on PCIe)\n"
 "  -t, --threads N         matmul threads (default: online cores)\n"
 "  -c, --ctx N             tokens per sequence, 8..16777216 (default: the model's\n"
 "                          trained context, or what the KV pool holds if less);\n"
@@ -380,7 +383,7 @@ static void raise_fd_limit(int max_clients)
 enum {
     OPT_MODEL = 'm', OPT_SOCKET = 's', OPT_THREADS = 't', OPT_CTX = 'c', OPT_USER = 'u', OPT_GROUP = 'g',
     OPT_DAEMONIZE = 'd', OPT_LOG = 'l', OPT_PIDFILE = 'p', OPT_HELP = 'h', OPT_VERSION = 'V',
-    OPT_SOCKET_MODE = 256, OPT_SOCKET_GROUP, OPT_BACKEND, OPT_MAX_SEQS, OPT_MAX_QUEUED, OPT_KV_BUDGET, OPT_DETERMINISTIC, OPT_F16_CACHE, OPT_CPU_REPACK, OPT_CHAT_TEMPLATE, OPT_KV_TYPE, OPT_POOLING, OPT_SWA_FULL, OPT_GPUS,
+    OPT_SOCKET_MODE = 256, OPT_SOCKET_GROUP, OPT_BACKEND, OPT_MAX_SEQS, OPT_MAX_QUEUED, OPT_KV_BUDGET, OPT_DETERMINISTIC, OPT_F16_CACHE, OPT_CPU_REPACK, OPT_CHAT_TEMPLATE, OPT_KV_TYPE, OPT_POOLING, OPT_SWA_FULL, OPT_GPUS, OPT_SPLIT,
     OPT_MAX_CLIENTS, OPT_MAX_BACKLOG, OPT_STALL, OPT_GRACE, OPT_HELLO, OPT_LOG_LEVEL,
     OPT_ALLOW_USER, OPT_ALLOW_GROUP, OPT_JOBS_UID, OPT_CLIENTS_UID, OPT_SECCOMP, OPT_IDLE,
 };
@@ -467,6 +470,7 @@ int main(int argc, char **argv)
         { "chat-template", required_argument, 0, OPT_CHAT_TEMPLATE },
         { "kv-type", required_argument, 0, OPT_KV_TYPE },
         { "gpus", required_argument, 0, OPT_GPUS },
+        { "split", required_argument, 0, OPT_SPLIT },
         { "pooling", required_argument, 0, OPT_POOLING },
         { "swa-full", no_argument, 0, OPT_SWA_FULL },
         { "max-clients", required_argument, 0, OPT_MAX_CLIENTS },
@@ -494,6 +498,7 @@ int main(int argc, char **argv)
     static const char *const backends[] = { "cpu", "cuda", NULL };
     static const char *const f16_caches[] = { "auto", "off", NULL };   /* (and --cpu-repack's) */
     static const char *const poolings[] = { "mean", "cls", "last", NULL };
+    static const char *const splits[] = { "heads", "layers", NULL };
     static const int pooling_of[] = { ENG_POOL_MEAN, ENG_POOL_CLS, ENG_POOL_LAST };
     server_opts so;
     server_opts_default(&so);
@@ -561,6 +566,10 @@ int main(int argc, char **argv)
             break;
         case OPT_GPUS:
             so.eng.gpus = optarg;
+            break;
+        case OPT_SPLIT:
+            if ((w = pick("--split", optarg, splits)) < 0) return 2;
+            so.eng.split_layers = w == 1;
             break;
         case OPT_POOLING:
             if ((w = pick("--pooling", optarg, poolings)) < 0) return 2;

@@ -71,6 +71,9 @@ typedef struct eng_opts {
     /* "0,1": the CUDA devices the model is split over, tensor parallel (aned
      * --gpus; one number: that GPU alone); NULL = the first GPU */
     const char *gpus;
+    /* 1: --gpus splits the model by layers, each GPU whole layers in turn
+     * (aned --split layers); 0: by heads, tensor parallel */
+    int split_layers;
 } eng_opts;
 
 #define ENG_GPUS_MAX 8   /* GPUs of --gpus at most */

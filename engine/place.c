@@ -123,7 +123,7 @@ static int place_group(eng *e, const be_opts *bo, const int *ids, int n, char *e
         }
         e->n_ranks = i + 1;
     }
-    if (model_split(e->m, n, e->rank_m, err, errlen)) return -1;
+    if ((e->opt.split_layers ? model_stages : model_split)(e->m, n, e->rank_m, err, errlen)) return -1;
     char gerr[256];
     if (e->be->ops->group(e->rank_be, n, gerr, sizeof gerr)) {
         char line[400];
@@ -192,6 +192,10 @@ int eng_place(eng *e, const eng_opts *opt, int max_T, int max_out, char *err, si
     m->swa_ring = opt->swa_full ? 0 : fw_swa_ring(m, e->be->ops, max_T, e->n_ctx);
     in->swa_ring = m->swa_ring;
     if (n_gpus > 1 && place_group(e, &bo, ids, n_gpus, err, errlen)) return -1;
+    if (e->n_ranks && opt->split_layers) {
+        size_t len = strlen(e->be->device);
+        snprintf(e->be->device + len, sizeof e->be->device - len, ", split by layers");
+    }
     in->device = e->be->device;
     /* each rank's device holds its part of the weights and of every page */
     size_t n_pages = 0;

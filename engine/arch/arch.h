@@ -103,6 +103,8 @@ void fw_group_pass(fw *f, const int32_t *tokens, const be_batch *bt, const int32
 void fw_group_argmax(fw *f, int n_out, const uint32_t *mask);
 void fw_group_take(fw *f, int32_t *ids, int n_out);
 void fw_group_close(fw *f);
+/* the rank whose logits are the pass's: a layer split's last, else f */
+fw *fw_group_out(fw *f);
 
 extern const arch_family arch_llama, arch_qwen35, arch_gemma3, arch_gpt2, arch_gptoss;
 

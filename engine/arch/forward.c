@@ -134,18 +134,22 @@ static void fw_pass(fw *f, const int32_t *tokens, const be_batch *bt, const int3
     else fw_pass_one(f, tokens, bt, out_idx, n_out, NULL, NULL);
 }
 
+/* where a pass's logits are: a layer split's last stage, else f */
+static fw *out_of(fw *f) { return f->grp ? fw_group_out(f) : f; }
+
 void fw_run(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out, float *logits)
 {
-    be *b = f->b;
     fw_pass(f, tokens, bt, out_idx, n_out);
-    if (n_out > 0) b->ops->to_host(b, logits, f->lg, (size_t)n_out * f->m->hp.n_vocab * 4);
-    b->ops->sync(b);
+    fw *o = out_of(f);
+    if (n_out > 0) o->b->ops->to_host(o->b, logits, o->lg, (size_t)n_out * o->m->hp.n_vocab * 4);
+    o->b->ops->sync(o->b);
 }
 
 void fw_hidden(fw *f, float *hidden, int n_out)
 {
-    if (n_out > 0) f->b->ops->to_host(f->b, hidden, f->xo, (size_t)n_out * f->m->hp.n_embd * 4);
-    f->b->ops->sync(f->b);
+    fw *o = out_of(f);
+    if (n_out > 0) o->b->ops->to_host(o->b, hidden, o->xo, (size_t)n_out * o->m->hp.n_embd * 4);
+    o->b->ops->sync(o->b);
 }
 
 int fw_greedy_ok(const fw *f) { return f->fam->greedy && f->b->ops->argmax != NULL; }
@@ -153,7 +157,9 @@ int fw_greedy_ok(const fw *f) { return f->fam->greedy && f->b->ops->argmax != NU
 int fw_pass_queue(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out)
 {
     be *b = f->b;
-    if (!f->fam->greedy || !b->ops->argmax_queue || n_out <= 0 || n_out > BE_QUEUE_ROWS) return -1;
+    /* (a layer split's ids would have to go back from its last stage to its first) */
+    if (!f->fam->greedy || !b->ops->argmax_queue || n_out <= 0 || n_out > BE_QUEUE_ROWS || f->m->n_stages > 1)
+        return -1;
     fw_pass(f, tokens, bt, out_idx, n_out);
     return 0;
 }
@@ -175,8 +181,8 @@ void fw_greedy_take(fw *f, int32_t *ids, int n_out)
 void fw_run_greedy(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out,
                    const uint32_t *mask, int32_t *ids)
 {
-    be *b = f->b;
     fw_pass(f, tokens, bt, out_idx, n_out);
-    if (n_out > 0) b->ops->argmax(b, f->lg, n_out, f->m->hp.n_vocab, mask, ids);
-    b->ops->sync(b);
+    fw *o = out_of(f);
+    if (n_out > 0) o->b->ops->argmax(o->b, o->lg, n_out, o->m->hp.n_vocab, mask, ids);
+    o->b->ops->sync(o->b);
 }

@@ -11,12 +11,13 @@
 
 typedef struct fw fw;
 
-/* Tensor parallelism: fs[0..n) are the open passes of the ranks of a
- * split model (split.h), on backends joined by be_ops.group. Afterwards
- * every call on fs[0] runs on all of them (ranks 1.. on threads of their
- * own) and reads its results from rank 0; fw_close(fs[0]) closes the
- * others (not their backends or models). Models whose family splits keep
- * no per-sequence state. 0, or -1 with err (nothing joined). */
+/* Several GPUs: fs[0..n) are the open passes of the ranks of a split
+ * model (split.h: model_split's heads, or model_stages' layers), on
+ * backends joined by be_ops.group. Afterwards every call on fs[0] runs on
+ * all of them (ranks 1.. on threads of their own) and reads its results
+ * from rank 0 (a layer split: from its last stage); fw_close(fs[0])
+ * closes the others (not their backends or models). Models whose family
+ * splits keep no per-sequence state. 0, or -1 with err (nothing joined). */
 int fw_join(fw *const *fs, int n, char *err, size_t errlen);
 
 /* max_seqs: sequence slots for per-sequence state (recurrent layers). */

@@ -121,7 +121,7 @@ static void gemma3_layer(ly_fw *f, const layer_w *L, int l, const be_batch *bt)
     be_batch rb;
     ly_attend(b, &a, f->q, f->k, f->v, f->base.kc[l], f->base.vc[l], ly_kv_batch(m, l, bt, &rb), NULL, f->att);
     o->matmul(b, &L->wo, NULL, f->att, T, f->xb);
-    ly_reduce(b, f->xb, (size_t)T * E);
+    ly_reduce(f, f->xb, (size_t)T * E);
     o->rmsnorm(b, f->xb, &L->post_attn_norm, T, E, eps, f->xb);
     o->add(b, f->x, f->xb, (size_t)T * E);
     o->rmsnorm(b, f->x, &L->ffn_norm, T, E, eps, f->xb);
@@ -130,7 +130,7 @@ static void gemma3_layer(ly_fw *f, const layer_w *L, int l, const be_batch *bt)
     ly_matmuls(b, 2, wgu, none, f->xb, T, gu);
     o->gelu_mul(b, f->hg, f->hu, (size_t)T * hp->n_ff, f->hg);
     o->matmul(b, &L->w_down, NULL, f->hg, T, f->xb);
-    ly_reduce(b, f->xb, (size_t)T * E);
+    ly_reduce(f, f->xb, (size_t)T * E);
     o->rmsnorm(b, f->xb, &L->post_ffn_norm, T, E, eps, f->xb);
     o->add(b, f->x, f->xb, (size_t)T * E);
 }

@@ -114,13 +114,13 @@ static void gpt2_layer(ly_fw *f, const layer_w *L, int l, const be_batch *bt)
     o->kv_store(b, f->base.kc[l], f->base.vc[l], bt, hp->n_head_kv * hp->head_dim, f->k, f->v);
     o->attention(b, f->q, f->base.kc[l], f->base.vc[l], bt, hp->n_head, hp->n_head_kv, hp->head_dim, f->att);
     o->matmul(b, &L->wo, &L->bo, f->att, T, f->xb);
-    ly_reduce(b, f->xb, (size_t)T * E);
+    ly_reduce(f, f->xb, (size_t)T * E);
     o->add(b, f->x, f->xb, (size_t)T * E);
     o->layernorm(b, f->x, &L->ffn_norm, &L->ffn_norm_b, T, E, eps, f->xb);
     o->matmul(b, &L->w_up, &L->b_up, f->xb, T, f->hg);
     o->gelu_mul(b, f->hg, NULL, (size_t)T * hp->n_ff, f->hg);
     o->matmul(b, &L->w_down, &L->b_down, f->hg, T, f->xb);
-    ly_reduce(b, f->xb, (size_t)T * E);
+    ly_reduce(f, f->xb, (size_t)T * E);
     o->add(b, f->x, f->xb, (size_t)T * E);
 }
 

@@ -100,7 +100,7 @@ static void gptoss_attention(ly_fw *f, const layer_w *L, int l, const be_batch *
                       .scale = 1.0f / sqrtf((float)HD) };
     o->attention_ex(b, f->q, f->base.kc[l], f->base.vc[l], kb, hp->n_head, hp->n_head_kv, HD, &ax, f->att);
     o->matmul(b, &L->wo, &L->bo, f->att, T, f->xb);
-    ly_reduce(b, f->xb, (size_t)T * hp->n_embd);
+    ly_reduce(f, f->xb, (size_t)T * hp->n_embd);
 }
 
 static void gptoss_layer(ly_fw *f, const layer_w *L, int l, const be_batch *bt)
@@ -113,7 +113,7 @@ static void gptoss_layer(ly_fw *f, const layer_w *L, int l, const be_batch *bt)
     gptoss_attention(f, L, l, bt);
     ly_add_norm(b, f->x, f->xb, &L->ffn_norm, T, E, hp->norm_eps, f->xb);
     ly_moe_ffn(b, &f->moe, l, f->xb, T, f->xb);
-    ly_reduce(b, f->xb, (size_t)T * E);
+    ly_reduce(f, f->xb, (size_t)T * E);
     o->add(b, f->x, f->xb, (size_t)T * E);
 }
 

@@ -168,6 +168,12 @@ void fw_group_take(fw *f, int32_t *ids, int n_out)
     group_run(f->grp, &j, ids);
 }
 
+fw *fw_group_out(fw *f)
+{
+    struct fw_group *g = f->grp;
+    return f->m->n_stages > 1 ? g->r[g->n - 1].f : f;
+}
+
 void fw_group_close(fw *f)
 {
     if (!f->grp) return;

@@ -79,14 +79,6 @@ void ly_logits(be *b, const model *m, const float *x, const int32_t *out_idx, in
  * [T][E] (out may be y); by the backend's add_rmsnorm where it has one. */
 void ly_add_norm(be *b, float *x, const float *y, const wt *w, int T, int E, float eps, float *out);
 
-/* A split sum (a tensor-parallel rank's attention or FFN output, split.h)
- * made whole: x [n] summed over the ranks by the backend's allreduce;
- * nothing on a backend outside a group. */
-static inline void ly_reduce(be *b, float *x, size_t n)
-{
-    if (b->ops->allreduce) b->ops->allreduce(b, x, n);
-}
-
 /* The KV caches of every layer that attends (not layers[l].linear):
  * (*kc)[l] and (*vc)[l] of n_pages pages (a sliding-window layer with
  * m->swa_ring set: max_seqs rings of that many rows) ([n_layer], NULL
@@ -117,7 +109,18 @@ typedef struct ly_fw {
     float *x, *xb, *q, *k, *v, *att, *hg, *hu, *xo;
     ly_moe moe;                 /* the experts, when the model has them */
     int every_row;              /* this pass's output rows are its every row, in order (decode) */
+    int last_here;              /* the pass's last layer and logits are here (not a layer split's earlier stage) */
 } ly_fw;
+/* A split sum (a tensor-parallel rank's attention or FFN output, split.h)
+ * made whole: x [n] summed over the ranks by the backend's allreduce;
+ * nothing for a whole model or a layer split's stage, whose sums are
+ * whole. */
+static inline void ly_reduce(ly_fw *f, float *x, size_t n)
+{
+    be *b = f->base.b;
+    if (b->ops->allreduce && f->base.m->n_stages <= 1) b->ops->allreduce(b, x, n);
+}
+
 /* fam's open over ly_fw: the buffers (hu with glu), and where the model
  * has experts, their be_moe with the activation of `how`. 0 with *out
  * set, or -1 with err (nothing left allocated). */
@@ -127,7 +130,11 @@ int ly_fw_open(fw **out, const arch_family *fam, model *m, be *b, size_t F, int 
 void ly_fw_close(fw *base);
 /* A ly_fw family's pass by its hooks: x = embed(tokens), then first (NULL:
  * nothing more), layer for every layer in order, then last (NULL:
- * ly_logits). f->every_row is set for them. */
+ * ly_logits). f->every_row and f->last_here are set for them. A layer
+ * split's stage (model_stages) takes x from the stage before instead of
+ * the embedding and its first hook, and hands x to the next stage instead
+ * of last: a family that leaves its last layer's residual add to last
+ * does it itself where last_here is 0. */
 typedef struct ly_pass {
     void (*first)(ly_fw *f, const be_batch *bt);
     void (*layer)(ly_fw *f, const layer_w *L, int l, const be_batch *bt);

@@ -104,14 +104,14 @@ static void llama_layer(ly_fw *f, const layer_w *L, int l, const be_batch *bt)
     if (!fuse || l == 0) o->rmsnorm(b, f->x, &L->attn_norm, T, E, hp->norm_eps, f->xb);
     llama_attention(f, l, bt);
     o->matmul(b, &L->wo, NULL, f->att, T, f->xb);
-    ly_reduce(b, f->xb, (size_t)T * E);
+    ly_reduce(f, f->xb, (size_t)T * E);
     ly_add_norm(b, f->x, f->xb, &L->ffn_norm, T, E, hp->norm_eps, f->xb);
     if (L->ffn_gate_exps.data) ly_moe_ffn(b, &f->moe, l, f->xb, T, f->xb);
     else ly_ffn_glu(b, L, f->xb, T, hp->n_ff, 1, f->hg, f->hu, f->xb);
-    ly_reduce(b, f->xb, (size_t)T * E);
+    ly_reduce(f, f->xb, (size_t)T * E);
     if (fuse && l + 1 < hp->n_layer)
         o->add_rmsnorm(b, f->x, f->xb, &m->layers[l + 1].attn_norm, T, E, hp->norm_eps, f->xb);
-    else if (!(fuse && f->every_row))
+    else if (!(fuse && f->every_row && f->last_here))   /* (else llama_last adds it, with the output norm) */
         o->add(b, f->x, f->xb, (size_t)T * E);
 }
 

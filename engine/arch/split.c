@@ -195,6 +195,77 @@ void model_split_free(model *r)
     free(rm);
 }
 
+/* the bytes of r's weights (shared data, e.g. a tied output, once) */
+static uint64_t weight_bytes(model *r, wt **ws, int nw)
+{
+    uint64_t b = 0;
+    for (int i = 0; i < nw; i++) {
+        if (!ws[i]->data) continue;
+        int seen = 0;
+        for (int j = 0; j < i && !seen; j++) seen = ws[j]->data == ws[i]->data;
+        if (!seen) b += (uint64_t)ws[i]->row_bytes * (uint64_t)ws[i]->n_out;
+    }
+    (void)r;
+    return b;
+}
+
+int model_stages(const model *m, int n, model **ranks, char *err, size_t errlen)
+{
+    for (int r = 0; r < n; r++) ranks[r] = NULL;
+    const arch_family *fam = m->arch ? m->arch->fam : NULL;
+    if (!fam || fam->seq)
+        return err_set(err, errlen, "%s: %s models do not split by layers yet (their per-sequence state); run it on "
+                       "one GPU", m->path, m->arch_name);
+    if (m->hp.n_layer < n)
+        return err_set(err, errlen, "%s: %d layers do not split over %d GPUs (expected at least one layer a GPU)",
+                       m->path, m->hp.n_layer, n);
+    for (int r = 0; r < n; r++) {
+        int l0 = (int)((int64_t)m->hp.n_layer * r / n), l1 = (int)((int64_t)m->hp.n_layer * (r + 1) / n);
+        rank_model *rm = calloc(1, sizeof *rm);
+        layer_w *ls = rm ? malloc((size_t)(l1 - l0) * sizeof *ls) : NULL;
+        wt **ws = NULL;
+        if (ls) {
+            memcpy(&rm->m, m, sizeof *m);
+            memcpy(ls, m->layers + l0, (size_t)(l1 - l0) * sizeof *ls);
+            rm->m.layers = ls;
+            rm->m.owned = NULL;
+            rm->m.hp.n_layer = l1 - l0;
+            rm->m.stage = r;
+            rm->m.n_stages = n;
+            int attn = 0;
+            for (int l = 0; l < l1 - l0; l++) attn += !ls[l].linear;
+            rm->m.hp.n_attn_layers = attn;
+            /* the embeddings are the first stage's, the output the last's */
+            if (r > 0) { memset(&rm->m.tok_embd, 0, sizeof rm->m.tok_embd); memset(&rm->m.pos_embd, 0, sizeof rm->m.pos_embd); }
+            if (r < n - 1) {
+                memset(&rm->m.output, 0, sizeof rm->m.output);
+                memset(&rm->m.output_norm, 0, sizeof rm->m.output_norm);
+                memset(&rm->m.output_norm_b, 0, sizeof rm->m.output_norm_b);
+            }
+            int nw = model_wts_count(&rm->m);
+            if ((ws = malloc((size_t)nw * sizeof *ws))) {
+                nw = model_wts(&rm->m, ws, nw);
+                for (int i = 0; i < nw; i++) ws[i]->dev = ws[i]->pack = NULL;
+                rm->m.weight_bytes = weight_bytes(&rm->m, ws, nw);
+                rm->m.active_bytes = m->weight_bytes ? (uint64_t)((double)m->active_bytes * rm->m.weight_bytes /
+                                                                  m->weight_bytes) : 0;
+                rm->m.n_params = m->weight_bytes ? (uint64_t)((double)m->n_params * rm->m.weight_bytes /
+                                                              m->weight_bytes) : 0;
+            }
+        }
+        if (!ws) {
+            free(ls);
+            free(rm);
+            for (int i = 0; i < r; i++) model_split_free(ranks[i]);
+            for (int i = 0; i < r; i++) ranks[i] = NULL;
+            return err_set(err, errlen, "out of memory");
+        }
+        free(ws);
+        ranks[r] = &rm->m;
+    }
+    return 0;
+}
+
 int model_split(const model *m, int n, model **ranks, char *err, size_t errlen)
 {
     for (int r = 0; r < n; r++) ranks[r] = NULL;

@@ -26,6 +26,13 @@
  * naming the file and what does not divide (nothing left allocated). */
 int model_split(const model *m, int n, model **ranks, char *err, size_t errlen);
 void model_split_free(model *rank);
+/* The layer split: ranks[r] = stage r of n, the r-th n-th of the layers
+ * whole (the first also the embeddings, the last the output), which takes
+ * the residual stream from stage r - 1 and hands it to stage r + 1 (be_ops
+ * send and recv): one hand-over of T x n_embd floats a stage a pass, for
+ * GPUs without a fast link. Not for families with per-sequence state.
+ * model_split_free frees each. */
+int model_stages(const model *m, int n, model **ranks, char *err, size_t errlen);
 
 /* A split in progress, for the families' hooks. */
 typedef struct sp {

@@ -278,6 +278,11 @@ typedef struct be_ops {
      * order, so that all ranks hold the same bits; nothing outside a group. */
     int (*group)(be *const *bs, int n, char *err, size_t errlen);
     void (*allreduce)(be *b, float *x, size_t n);
+    /* A layer split's hand-over (split.h model_stages): send gives x [n]
+     * to rank `to`, whose recv of n floats into its x takes it; each rank
+     * queues its sends and receives in the order of the stages. */
+    void (*send)(be *b, const float *x, size_t n, int to);
+    void (*recv)(be *b, float *x, size_t n, int from);
 } be_ops;
 
 /* How the KV cache holds keys and values (aned --kv-type). A cache row is

@@ -43,7 +43,10 @@ typedef struct cpu_be {
 typedef struct cpu_group {
     int n, refs;
     pthread_mutex_t mu;
+    pthread_cond_t cv;           /* a hand-over's box filled or emptied */
     pthread_barrier_t bar;
+    const float **box;           /* [n] send's x for rank i, until its recv has copied it */
+    size_t *box_n;
     float *x[];
 } cpu_group;
 
@@ -156,7 +159,10 @@ static void cpu_close(be *b)
         pthread_mutex_unlock(&g->mu);
         if (last) {
             pthread_barrier_destroy(&g->bar);
+            pthread_cond_destroy(&g->cv);
             pthread_mutex_destroy(&g->mu);
+            free(g->box);
+            free(g->box_n);
             free(g);
         }
     }
@@ -166,18 +172,53 @@ static void cpu_close(be *b)
 static int cpu_group_join(be *const *bs, int n, char *err, size_t errlen)
 {
     cpu_group *g = calloc(1, sizeof *g + (size_t)n * sizeof g->x[0]);
-    if (!g || pthread_barrier_init(&g->bar, NULL, (unsigned)n)) {
+    if (g) {
+        g->box = calloc((size_t)n, sizeof *g->box);
+        g->box_n = calloc((size_t)n, sizeof *g->box_n);
+    }
+    if (!g || !g->box || !g->box_n || pthread_barrier_init(&g->bar, NULL, (unsigned)n)) {
+        if (g) { free(g->box); free(g->box_n); }
         free(g);
         snprintf(err, errlen, "cannot set up a group of %d CPU backends", n);
         return -1;
     }
     pthread_mutex_init(&g->mu, NULL);
+    pthread_cond_init(&g->cv, NULL);
     g->n = g->refs = n;
     for (int r = 0; r < n; r++) {
         ((cpu_be *)bs[r])->grp = g;
         ((cpu_be *)bs[r])->rank = r;
     }
     return 0;
+}
+
+/* A hand-over waits until the receiver has copied x (x stays the
+ * sender's), as the CPU's ops finish before they return. */
+static void cpu_send(be *b, const float *x, size_t n, int to)
+{
+    cpu_group *g = ((cpu_be *)b)->grp;
+    if (!g || to < 0 || to >= g->n) return;
+    pthread_mutex_lock(&g->mu);
+    while (g->box[to]) pthread_cond_wait(&g->cv, &g->mu);
+    g->box[to] = x;
+    g->box_n[to] = n;
+    pthread_cond_broadcast(&g->cv);
+    while (g->box[to] == x) pthread_cond_wait(&g->cv, &g->mu);
+    pthread_mutex_unlock(&g->mu);
+}
+
+static void cpu_recv(be *b, float *x, size_t n, int from)
+{
+    cpu_be *c = (cpu_be *)b;
+    cpu_group *g = c->grp;
+    (void)from;
+    if (!g) return;
+    pthread_mutex_lock(&g->mu);
+    while (!g->box[c->rank]) pthread_cond_wait(&g->cv, &g->mu);
+    memcpy(x, g->box[c->rank], (n < g->box_n[c->rank] ? n : g->box_n[c->rank]) * sizeof *x);
+    g->box[c->rank] = NULL;
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
 }
 
 static void cpu_allreduce(be *b, float *x, size_t n)
@@ -874,6 +915,8 @@ static const be_ops cpu_ops = {
     .moe = cpu_moe,
     .group = cpu_group_join,
     .allreduce = cpu_allreduce,
+    .send = cpu_send,
+    .recv = cpu_recv,
 };
 
 long *be_cpu_moe_tie_count(be *b) { return &((cpu_be *)b)->moe_ties; }

@@ -1203,6 +1203,8 @@ static const be_ops cuda_ops = {
     .deltanet = cu_deltanet,
     .group = cu_group,
     .allreduce = cu_allreduce,
+    .send = cu_send,
+    .recv = cu_recv,
 };
 
 /* info's device: the card, its compute capability, the code it runs and

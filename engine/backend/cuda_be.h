@@ -169,6 +169,8 @@ be_deltanet_fn cu_deltanet;
 /* cuda_tp.c: be_ops.group and allreduce; the communicator's end (cu_close) */
 int cu_group(be *const *bs, int n, char *err, size_t errlen);
 void cu_allreduce(be *b, float *x, size_t n);
+void cu_send(be *b, const float *x, size_t n, int to);
+void cu_recv(be *b, float *x, size_t n, int from);
 void cu_group_leave(cu_be *c);
 
 /* cuda_moe.c */

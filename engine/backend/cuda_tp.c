@@ -25,6 +25,8 @@ static struct {
     ncclResult_t (*init_all)(ncclComm_t *, int, const int *);
     ncclResult_t (*all_reduce)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t);
     ncclResult_t (*abort)(ncclComm_t);
+    ncclResult_t (*send)(const void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+    ncclResult_t (*recv)(void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
     const char *(*error)(ncclResult_t);
     ncclResult_t (*version)(int *);
 } nc;
@@ -46,7 +48,9 @@ static int nccl_load(char *err, size_t errlen)
     *(void **)&nc.error = dlsym(h, "ncclGetErrorString");
     *(void **)&nc.version = dlsym(h, "ncclGetVersion");
     *(void **)&nc.abort = dlsym(h, "ncclCommAbort");
-    if (!nc.init_all || !nc.all_reduce || !nc.error || !nc.version || !nc.abort) {
+    *(void **)&nc.send = dlsym(h, "ncclSend");
+    *(void **)&nc.recv = dlsym(h, "ncclRecv");
+    if (!nc.init_all || !nc.all_reduce || !nc.error || !nc.version || !nc.abort || !nc.send || !nc.recv) {
         snprintf(err, errlen, "libnccl.so.2 lacks the NCCL functions this build needs");
         dlclose(h);
         memset(&nc, 0, sizeof nc);
@@ -129,6 +133,38 @@ void cu_allreduce(be *b, float *x, size_t n)
         fprintf(stderr, "cuda backend: all-reduce: %s\n", nc.error(r));
         c->failed = 1;
     }
+#endif
+    tag_written(c, x, n);
+}
+
+/* (a point-to-point pair on the two ranks' streams; NVLink or PCIe) */
+void cu_send(be *b, const float *x, size_t n, int to)
+{
+    cu_be *c = (cu_be *)b;
+    if (!c->comm || n == 0) return;
+#ifdef ANE_NCCL
+    ncclResult_t r = nc.send(x, n, ncclFloat32, to, (ncclComm_t)c->comm, c->st);
+    if (r != ncclSuccess && !c->failed) {
+        fprintf(stderr, "cuda backend: send: %s\n", nc.error(r));
+        c->failed = 1;
+    }
+#else
+    (void)x; (void)to;
+#endif
+}
+
+void cu_recv(be *b, float *x, size_t n, int from)
+{
+    cu_be *c = (cu_be *)b;
+    if (!c->comm || n == 0) return;
+#ifdef ANE_NCCL
+    ncclResult_t r = nc.recv(x, n, ncclFloat32, from, (ncclComm_t)c->comm, c->st);
+    if (r != ncclSuccess && !c->failed) {
+        fprintf(stderr, "cuda backend: recv: %s\n", nc.error(r));
+        c->failed = 1;
+    }
+#else
+    (void)from;
 #endif
     tag_written(c, x, n);
 }

@@ -110,6 +110,10 @@ typedef struct model {
      * the window (the window plus a batch); 0: those layers are paged like
      * the others. Set by the engine before fw_open (fw_swa_ring). */
     int swa_ring;
+    /* A layer split's stage (split.h model_stages): this part's layers take
+     * x from stage - 1 (none at stage 0) and hand it to stage + 1 (the last
+     * computes the logits); n_stages 0: a whole model */
+    int stage, n_stages;
     struct tok *tok;
     uint64_t n_params, weight_bytes;
     uint64_t active_bytes;      /* weight bytes a token reads: experts' by n_expert_used of n_expert */

@@ -338,17 +338,20 @@ def test_kv_type():
 
 def test_gpus_bad():
     """--gpus: a list that is not GPU numbers, a GPU named twice, or GPUs
-    with --backend cpu are start-up errors naming --gpus; in a build without
-    CUDA, GPUs are refused naming the backend."""
+    with --backend cpu are start-up errors naming --gpus, a --split other
+    than heads or layers one naming --split; in a build without CUDA, GPUs
+    are refused naming the backend."""
     tmp = mktmp()
     sock = os.path.join(tmp, "s.sock")
-    cases = [(["--gpus", "0,x"], "expected up to 8 GPU numbers"), (["--gpus", "1,1"], "named twice"),
-             (["--gpus", "0,1", "--backend", "cpu"], "not --backend cpu")]
-    for args, want in cases:
+    cases = [(["--gpus", "0,x"], ["--gpus", "expected up to 8 GPU numbers"]),
+             (["--gpus", "1,1"], ["--gpus", "named twice"]),
+             (["--gpus", "0,1", "--backend", "cpu"], ["--gpus", "not --backend cpu"]),
+             (["--gpus", "0,1", "--split", "rows"], ["--split", "heads or layers"])]
+    for args, wants in cases:
         p = subprocess.run([ANED, "--model", MODEL, "--socket", sock] + args, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, timeout=30)
         err = p.stderr.decode("utf-8", "replace")
-        check(p.returncode != 0 and "--gpus" in err and want in err, "%r: %d %r" % (args, p.returncode, err))
+        check(p.returncode != 0 and all(w in err for w in wants), "%r: %d %r" % (args, p.returncode, err))
     if shutil.which("nvidia-smi"):
         return   # (on a GPU machine two GPUs may be there: the split's own tests cover it)
     p = subprocess.run([ANED, "--model", MODEL, "--socket", sock, "--gpus", "0,1"], stdout=subprocess.PIPE,

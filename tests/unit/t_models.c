@@ -119,7 +119,8 @@ static void check_crowd(eng *e, const char *mname, json_t *cases, double tol)
     fprintf(stderr, "  %-44s %d jobs at once: greedy misses %d\n", "", CROWD, bad);
 }
 
-static const char *g_gpus;   /* test_gpus: the engine's --gpus */
+static const char *g_gpus;   /* test_gpus: the engine's --gpus, and --split layers */
+static int g_split_layers;
 
 static void check_model(const char *mname, const char *ref, double tol, int kv_type)
 {
@@ -136,6 +137,7 @@ static void check_model(const char *mname, const char *ref, double tol, int kv_t
     o.max_seqs = CROWD;
     o.backend = getenv("ANE_BACKEND");   /* e.g. cuda; NULL: the best present */
     o.gpus = g_gpus;
+    o.split_layers = g_split_layers;
     if (eng_open(&e, &o, err, sizeof err)) {
         CHECKF(0, "%s", err);
         json_decref(root);
@@ -669,6 +671,11 @@ static void test_gpus(void)
     check_model(M("gemma3-tiny.bf16.gguf"), R("gemma3-tiny.dev.json"), 0.05, 0);
     check_model(M("gpt2-tiny.bf16.gguf"), R("gpt2-tiny.dev.json"), 0.05, 0);
     check_model(M("gptoss-tiny.bf16.gguf"), R("gptoss-tiny.dev.json"), 0.05, 0);
+    g_split_layers = 1;   /* (the same references, the model split by layers) */
+    check_model(M("qwen3-tiny.bf16.gguf"), R("qwen3-tiny.dev.json"), 0.05, 0);
+    check_model(M("gemma3-tiny.bf16.gguf"), R("gemma3-tiny.dev.json"), 0.05, 0);
+    check_model(M("qwen3moe-tiny.bf16.gguf"), R("qwen3moe-tiny.dev.json"), 0.05, 0);
+    g_split_layers = 0;
     g_gpus = NULL;
 }
 

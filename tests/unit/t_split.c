@@ -3,7 +3,8 @@
  * on groups of CPU backends (whose all-reduce sums host memory) for every
  * family that splits (llama, qwen2, qwen3, qwen3moe, Mixtral, gemma3, gpt2,
  * gpt-oss), the logits of a prompt within 1e-3 of the unsplit
- * pass at every position and the same greedy tokens, at 2 and 4 ranks.
+ * pass at every position and the same greedy tokens, at 2 and 4 ranks;
+ * split by layers instead (model_stages), the same bits.
  * With ANE_BACKEND=cuda and ANE_GPUS=0,1[,...] the same over NCCL on those
  * GPUs. Models and shapes that do not split are refused naming why. */
 #include "engine/engine.h"
@@ -43,8 +44,9 @@ static int gpus_of(const char *s, int *ids)
     return n;
 }
 
-/* devs: CUDA device numbers (NULL: CPU backends) */
-static int runner_open(runner *r, model *m, int n, const int *devs, char *err, size_t errlen)
+/* devs: CUDA device numbers (NULL: CPU backends); layers: split by layers
+ * (model_stages), else by heads (model_split) */
+static int runner_open(runner *r, model *m, int n, const int *devs, int layers, char *err, size_t errlen)
 {
     memset(r, 0, sizeof *r);
     r->n = n;
@@ -59,7 +61,7 @@ static int runner_open(runner *r, model *m, int n, const int *devs, char *err, s
         if (model_prepare(m, r->b[0], err, errlen)) return -1;
         return fw_open(&r->f, m, r->b[0], MAX_T, MAX_T, PAGES, 1, err, errlen);
     }
-    if (model_split(m, n, r->m, err, errlen)) return -1;
+    if ((layers ? model_stages : model_split)(m, n, r->m, err, errlen)) return -1;
     if (r->b[0]->ops->group(r->b, n, err, errlen)) return -1;
     for (int i = 0; i < n; i++)
         if (model_prepare(r->m[i], r->b[i], err, errlen) ||
@@ -107,7 +109,7 @@ static void runner_go(runner *r, int V, const int32_t *toks, int T, float *logit
     free(lg);
 }
 
-static void check_split(const char *path, int n, const int *devs)
+static void check_split_as(const char *path, int n, const int *devs, int layers)
 {
     char err[512];
     model *m = NULL;
@@ -118,11 +120,11 @@ static void check_split(const char *path, int n, const int *devs)
     float *whole = malloc((size_t)T * V * sizeof *whole), *part = malloc((size_t)T * V * sizeof *part);
     int32_t g1[GEN], gn[GEN];
     runner a, b;
-    int okw = runner_open(&a, m, 1, devs, err, sizeof err) == 0;
+    int okw = runner_open(&a, m, 1, devs, 0, err, sizeof err) == 0;
     CHECKF(okw, "%s whole: %s", path, err);
     if (okw) runner_go(&a, V, toks, T, whole, g1);
     runner_close(&a);
-    int oks = okw && runner_open(&b, m, n, devs, err, sizeof err) == 0;
+    int oks = okw && runner_open(&b, m, n, devs, layers, err, sizeof err) == 0;
     CHECKF(!okw || oks, "%s over %d: %s", path, n, err);
     if (oks) {
         runner_go(&b, V, toks, T, part, gn);
@@ -131,17 +133,20 @@ static void check_split(const char *path, int n, const int *devs)
             double d = fabs((double)whole[i] - part[i]);
             if (d > worst || d != d) worst = d != d ? INFINITY : d;
         }
-        CHECKF(worst <= 1e-3, "%s over %d ranks: max |dlogit| %g", path, n, worst);
+        /* (a layer split runs the same ops in the same order: the same bits) */
+        CHECKF(layers ? worst == 0 : worst <= 1e-3, "%s over %d ranks: max |dlogit| %g", path, n, worst);
         int same = !memcmp(g1, gn, sizeof g1);
         CHECKF(same, "%s over %d ranks: greedy tokens differ", path, n);
-        fprintf(stderr, "  %-46s %d %s ranks: max |dlogit| %.2e over %d positions, greedy %s\n", path, n,
-                devs ? "GPU" : "CPU", worst, T, same ? "same" : "DIFFERENT");
+        fprintf(stderr, "  %-46s %d %s %s: max |dlogit| %.2e over %d positions, greedy %s\n", path, n,
+                devs ? "GPU" : "CPU", layers ? "stages" : "ranks", worst, T, same ? "same" : "DIFFERENT");
     }
     if (okw) runner_close(&b);
     free(whole);
     free(part);
     model_free(m);
 }
+
+static void check_split(const char *path, int n, const int *devs) { check_split_as(path, n, devs, 0); }
 
 #define M(f) FIXTURE("models/" f)
 
@@ -158,6 +163,27 @@ static void test_cpu_groups(void)
     }
     check_split(M("qwen2-tiny.Q8_0.gguf"), 2, NULL);   /* (its 64-value rows: two q8_0 blocks) */
     check_split(M("gptoss-tiny.MXFP4_MOE.gguf"), 2, NULL);
+}
+
+/* A layer split: every family but qwen35, at 2 stages and at one stage a
+ * layer (the tiny models' 2 to 4 layers) */
+static void test_cpu_stages(void)
+{
+    static const char *const models[] = { M("llama3-tiny.bf16.gguf"), M("qwen2-tiny.bf16.gguf"),
+                                          M("qwen3-tiny.bf16.gguf"), M("qwen3moe-tiny.bf16.gguf"),
+                                          M("mixtral-tiny.bf16.gguf"), M("gemma3-tiny.bf16.gguf"),
+                                          M("gpt2-tiny.bf16.gguf"), M("gptoss-tiny.bf16.gguf"),
+                                          M("qwen2-tiny.Q8_0.gguf"), M("llama-q.Q4_K_M.gguf") };
+    char err[512];
+    for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
+        check_split_as(models[i], 2, NULL, 1);
+        model *m = NULL;
+        if (model_load(&m, models[i], err, sizeof err) == 0) {
+            int L = m->hp.n_layer;
+            model_free(m);
+            if (L > 2 && L <= RANKS) check_split_as(models[i], L, NULL, 1);
+        }
+    }
 }
 
 /* What does not split says why, and leaves nothing behind */
@@ -242,13 +268,17 @@ static void test_gpu_groups(void)
                                           M("mixtral-tiny.bf16.gguf"), M("qwen2-tiny.Q8_0.gguf"),
                                           M("gemma3-tiny.bf16.gguf"), M("gpt2-tiny.bf16.gguf"),
                                           M("gptoss-tiny.bf16.gguf"), M("gptoss-tiny.MXFP4_MOE.gguf") };
-    for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) check_split(models[i], n, ids);
+    for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
+        check_split(models[i], n, ids);
+        check_split_as(models[i], 2, ids, 1);
+    }
 }
 
 int main(int argc, char **argv)
 {
     CHECK_ARGS(argc, argv);
     RUN(test_cpu_groups);
+    RUN(test_cpu_stages);
     RUN(test_refusals);
     RUN(test_engine_gpus);
     RUN(test_gpu_groups);
