@@ -87,8 +87,9 @@ static void runner_close(runner *r)
     }
 }
 
-/* The prompt's logits [T][V] and GEN greedy tokens after it */
-static void runner_go(runner *r, int V, const int32_t *toks, int T, float *logits, int32_t *gen)
+/* The prompt's logits [T][V] and GEN greedy tokens after it; hidden [E]:
+ * the last step's final-norm output (fw_hidden, what embeddings pool) */
+static void runner_go(runner *r, int V, const int32_t *toks, int T, float *logits, int32_t *gen, float *hidden)
 {
     int32_t pos[MAX_T], out[MAX_T], slot[MAX_T] = { 0 }, pages[PAGES];
     const int32_t *pg[MAX_T];
@@ -106,6 +107,7 @@ static void runner_go(runner *r, int V, const int32_t *toks, int T, float *logit
         fw_run(r->f, &gen[g], &d, out, 1, lg);
         last = lg;
     }
+    fw_hidden(r->f, hidden, 1);
     free(lg);
 }
 
@@ -119,15 +121,22 @@ static void check_split_as(const char *path, int n, const int *devs, int layers)
     for (int t = 0; t < T; t++) toks[t] = (int32_t)((t * 7919u + 13u) % (unsigned)(V > 300 ? 300 : V));
     float *whole = malloc((size_t)T * V * sizeof *whole), *part = malloc((size_t)T * V * sizeof *part);
     int32_t g1[GEN], gn[GEN];
+    float *h1 = calloc((size_t)m->hp.n_embd, sizeof *h1), *hn = calloc((size_t)m->hp.n_embd, sizeof *hn);
     runner a, b;
     int okw = runner_open(&a, m, 1, devs, 0, err, sizeof err) == 0;
     CHECKF(okw, "%s whole: %s", path, err);
-    if (okw) runner_go(&a, V, toks, T, whole, g1);
+    if (okw) runner_go(&a, V, toks, T, whole, g1, h1);
     runner_close(&a);
     int oks = okw && runner_open(&b, m, n, devs, layers, err, sizeof err) == 0;
     CHECKF(!okw || oks, "%s over %d: %s", path, n, err);
     if (oks) {
-        runner_go(&b, V, toks, T, part, gn);
+        runner_go(&b, V, toks, T, part, gn, hn);
+        double hw = 0;
+        for (int i = 0; i < m->hp.n_embd; i++) {
+            double d = fabs((double)h1[i] - hn[i]);
+            if (d > hw || d != d) hw = d != d ? INFINITY : d;
+        }
+        CHECKF(layers ? hw == 0 : hw <= 1e-3, "%s over %d: hidden state differs by %g", path, n, hw);
         double worst = 0;
         for (size_t i = 0; i < (size_t)T * V; i++) {
             double d = fabs((double)whole[i] - part[i]);
@@ -143,6 +152,8 @@ static void check_split_as(const char *path, int n, const int *devs, int layers)
     if (okw) runner_close(&b);
     free(whole);
     free(part);
+    free(h1);
+    free(hn);
     model_free(m);
 }
 
