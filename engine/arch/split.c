@@ -195,9 +195,46 @@ void model_split_free(model *r)
     free(rm);
 }
 
-/* the bytes of r's weights (shared data, e.g. a tied output, once) */
-static uint64_t weight_bytes(model *r, wt **ws, int nw)
+/* A rank's copy of m with layers [l0, l1) (the file, tokenizer and m's
+ * buffers shared), none of its weights yet prepared by a backend; NULL
+ * when out of memory. */
+static model *rank_copy(const model *m, int l0, int l1)
 {
+    rank_model *rm = calloc(1, sizeof *rm);
+    layer_w *ls = rm ? malloc((size_t)(l1 - l0) * sizeof *ls) : NULL;
+    wt **ws = NULL;
+    if (ls) {
+        memcpy(&rm->m, m, sizeof *m);
+        memcpy(ls, m->layers + l0, (size_t)(l1 - l0) * sizeof *ls);
+        rm->m.layers = ls;
+        rm->m.owned = NULL;
+        rm->m.hp.n_layer = l1 - l0;
+        int attn = 0;
+        for (int l = 0; l < l1 - l0; l++) attn += !ls[l].linear;
+        rm->m.hp.n_attn_layers = attn;
+        int nw = model_wts_count(&rm->m);
+        if ((ws = malloc((size_t)nw * sizeof *ws))) {
+            nw = model_wts(&rm->m, ws, nw);
+            for (int i = 0; i < nw; i++) ws[i]->dev = ws[i]->pack = NULL;
+        }
+    }
+    if (!ws) {
+        free(ls);
+        free(rm);
+        return NULL;
+    }
+    free(ws);
+    return &rm->m;
+}
+
+/* the bytes of r's weights (shared data, e.g. a tied output, once); 0 when
+ * out of memory */
+static uint64_t weight_bytes(model *r)
+{
+    int nw = model_wts_count(r);
+    wt **ws = malloc((size_t)nw * sizeof *ws);
+    if (!ws) return 0;
+    nw = model_wts(r, ws, nw);
     uint64_t b = 0;
     for (int i = 0; i < nw; i++) {
         if (!ws[i]->data) continue;
@@ -205,7 +242,7 @@ static uint64_t weight_bytes(model *r, wt **ws, int nw)
         for (int j = 0; j < i && !seen; j++) seen = ws[j]->data == ws[i]->data;
         if (!seen) b += (uint64_t)ws[i]->row_bytes * (uint64_t)ws[i]->n_out;
     }
-    (void)r;
+    free(ws);
     return b;
 }
 
@@ -221,47 +258,25 @@ int model_stages(const model *m, int n, model **ranks, char *err, size_t errlen)
                        m->path, m->hp.n_layer, n);
     for (int r = 0; r < n; r++) {
         int l0 = (int)((int64_t)m->hp.n_layer * r / n), l1 = (int)((int64_t)m->hp.n_layer * (r + 1) / n);
-        rank_model *rm = calloc(1, sizeof *rm);
-        layer_w *ls = rm ? malloc((size_t)(l1 - l0) * sizeof *ls) : NULL;
-        wt **ws = NULL;
-        if (ls) {
-            memcpy(&rm->m, m, sizeof *m);
-            memcpy(ls, m->layers + l0, (size_t)(l1 - l0) * sizeof *ls);
-            rm->m.layers = ls;
-            rm->m.owned = NULL;
-            rm->m.hp.n_layer = l1 - l0;
-            rm->m.stage = r;
-            rm->m.n_stages = n;
-            int attn = 0;
-            for (int l = 0; l < l1 - l0; l++) attn += !ls[l].linear;
-            rm->m.hp.n_attn_layers = attn;
-            /* the embeddings are the first stage's, the output the last's */
-            if (r > 0) { memset(&rm->m.tok_embd, 0, sizeof rm->m.tok_embd); memset(&rm->m.pos_embd, 0, sizeof rm->m.pos_embd); }
-            if (r < n - 1) {
-                memset(&rm->m.output, 0, sizeof rm->m.output);
-                memset(&rm->m.output_norm, 0, sizeof rm->m.output_norm);
-                memset(&rm->m.output_norm_b, 0, sizeof rm->m.output_norm_b);
-            }
-            int nw = model_wts_count(&rm->m);
-            if ((ws = malloc((size_t)nw * sizeof *ws))) {
-                nw = model_wts(&rm->m, ws, nw);
-                for (int i = 0; i < nw; i++) ws[i]->dev = ws[i]->pack = NULL;
-                rm->m.weight_bytes = weight_bytes(&rm->m, ws, nw);
-                rm->m.active_bytes = m->weight_bytes ? (uint64_t)((double)m->active_bytes * rm->m.weight_bytes /
-                                                                  m->weight_bytes) : 0;
-                rm->m.n_params = m->weight_bytes ? (uint64_t)((double)m->n_params * rm->m.weight_bytes /
-                                                              m->weight_bytes) : 0;
-            }
-        }
-        if (!ws) {
-            free(ls);
-            free(rm);
+        model *rm = rank_copy(m, l0, l1);
+        if (!rm) {
             for (int i = 0; i < r; i++) model_split_free(ranks[i]);
             for (int i = 0; i < r; i++) ranks[i] = NULL;
             return err_set(err, errlen, "out of memory");
         }
-        free(ws);
-        ranks[r] = &rm->m;
+        ranks[r] = rm;
+        rm->stage = r;
+        rm->n_stages = n;
+        /* the embeddings are the first stage's, the output the last's */
+        if (r > 0) { memset(&rm->tok_embd, 0, sizeof rm->tok_embd); memset(&rm->pos_embd, 0, sizeof rm->pos_embd); }
+        if (r < n - 1) {
+            memset(&rm->output, 0, sizeof rm->output);
+            memset(&rm->output_norm, 0, sizeof rm->output_norm);
+            memset(&rm->output_norm_b, 0, sizeof rm->output_norm_b);
+        }
+        rm->weight_bytes = weight_bytes(rm);
+        rm->active_bytes = m->weight_bytes ? (uint64_t)((double)m->active_bytes * rm->weight_bytes / m->weight_bytes) : 0;
+        rm->n_params = m->weight_bytes ? (uint64_t)((double)m->n_params * rm->weight_bytes / m->weight_bytes) : 0;
     }
     return 0;
 }
@@ -275,29 +290,15 @@ int model_split(const model *m, int n, model **ranks, char *err, size_t errlen)
                        "families of attention and FFN layers: llama, qwen2, qwen3, qwen3moe, gemma3, gpt2, gpt-oss); "
                        "run it on one GPU", m->path, m->arch_name);
     for (int r = 0; r < n; r++) {
-        rank_model *rm = calloc(1, sizeof *rm);
-        layer_w *ls = rm ? malloc((size_t)m->hp.n_layer * sizeof *ls) : NULL;
-        if (!ls) {
-            free(rm);
+        model *rm = rank_copy(m, 0, m->hp.n_layer);
+        if (!rm) {
             for (int i = 0; i < r; i++) model_split_free(ranks[i]);
+            for (int i = 0; i < r; i++) ranks[i] = NULL;
             return err_set(err, errlen, "out of memory");
         }
-        memcpy(&rm->m, m, sizeof *m);
-        memcpy(ls, m->layers, (size_t)m->hp.n_layer * sizeof *ls);
-        rm->m.layers = ls;
-        rm->m.owned = NULL;   /* (the whole model's; shared, like the file and the tokenizer) */
-        ranks[r] = &rm->m;
-        sp s = { .rank = r, .n = n, .r = &rm->m, .err = err, .errlen = errlen };
-        int nw = model_wts_count(&rm->m);
-        wt **ws = malloc((size_t)nw * sizeof *ws);
-        if (ws) {   /* (the rank's backend prepares its own copies) */
-            nw = model_wts(&rm->m, ws, nw);
-            for (int i = 0; i < nw; i++) ws[i]->dev = ws[i]->pack = NULL;
-            free(ws);
-        } else {
-            sp_fail(&s, "out of memory");
-        }
-        if (s.failed || fam->split(&s) || s.failed) {
+        ranks[r] = rm;
+        sp s = { .rank = r, .n = n, .r = rm, .err = err, .errlen = errlen };
+        if (fam->split(&s) || s.failed) {
             if (!s.failed) sp_fail(&s, "cannot split the model over %d GPUs", n);
             for (int i = 0; i <= r; i++) model_split_free(ranks[i]);
             for (int i = 0; i <= r; i++) ranks[i] = NULL;

@@ -123,16 +123,22 @@ int cu_group(be *const *bs, int n, char *err, size_t errlen)
 #endif
 }
 
+#ifdef ANE_NCCL
+/* a queued collective's result: a failure reported once, the backend failed */
+static void nccl_ok(cu_be *c, ncclResult_t r, const char *what)
+{
+    if (r == ncclSuccess || c->failed) return;
+    fprintf(stderr, "cuda backend: %s: %s\n", what, nc.error(r));
+    c->failed = 1;
+}
+#endif
+
 void cu_allreduce(be *b, float *x, size_t n)
 {
     cu_be *c = (cu_be *)b;
     if (!c->comm || n == 0) return;
 #ifdef ANE_NCCL
-    ncclResult_t r = nc.all_reduce(x, x, n, ncclFloat32, ncclSum, (ncclComm_t)c->comm, c->st);
-    if (r != ncclSuccess && !c->failed) {
-        fprintf(stderr, "cuda backend: all-reduce: %s\n", nc.error(r));
-        c->failed = 1;
-    }
+    nccl_ok(c, nc.all_reduce(x, x, n, ncclFloat32, ncclSum, (ncclComm_t)c->comm, c->st), "all-reduce");
 #endif
     tag_written(c, x, n);
 }
@@ -143,11 +149,7 @@ void cu_send(be *b, const float *x, size_t n, int to)
     cu_be *c = (cu_be *)b;
     if (!c->comm || n == 0) return;
 #ifdef ANE_NCCL
-    ncclResult_t r = nc.send(x, n, ncclFloat32, to, (ncclComm_t)c->comm, c->st);
-    if (r != ncclSuccess && !c->failed) {
-        fprintf(stderr, "cuda backend: send: %s\n", nc.error(r));
-        c->failed = 1;
-    }
+    nccl_ok(c, nc.send(x, n, ncclFloat32, to, (ncclComm_t)c->comm, c->st), "send");
 #else
     (void)x; (void)to;
 #endif
@@ -158,11 +160,7 @@ void cu_recv(be *b, float *x, size_t n, int from)
     cu_be *c = (cu_be *)b;
     if (!c->comm || n == 0) return;
 #ifdef ANE_NCCL
-    ncclResult_t r = nc.recv(x, n, ncclFloat32, from, (ncclComm_t)c->comm, c->st);
-    if (r != ncclSuccess && !c->failed) {
-        fprintf(stderr, "cuda backend: recv: %s\n", nc.error(r));
-        c->failed = 1;
-    }
+    nccl_ok(c, nc.recv(x, n, ncclFloat32, from, (ncclComm_t)c->comm, c->st), "recv");
 #else
     (void)from;
 #endif
