@@ -12,6 +12,7 @@ reference's top-2 margin exceeds it, greedy ids equal until the first step
 whose margin is below it. Ends with "N passed, M failed"."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -114,6 +115,7 @@ def run_pair(model, ref, tol):
     finally:
         d.terminate()
         d.wait(timeout=10)
+        shutil.rmtree(tmp, ignore_errors=True)
     print("%-34s %2d cases, max |dlogit| %.4f (tolerance %.2f)" % (model, len(cases), worst, tol), flush=True)
 
 
