@@ -409,7 +409,8 @@ int main(int argc, char **argv)
      * the pool's spinning is, as it would be on an idle machine) */
     double prefill_cpu = median(pfc, repeat) * nth, decode_cpu = median(dcc, repeat) * nth;
     double ceil_gbs = mem_read_gbs(nth, (size_t)1 << 30);
-    double wgbs = decode * (double)mi->active_bytes / 1e9;   /* (a token's weights: its experts only) */
+    double wgbs = decode * (double)mi->active_bytes / 1e9;
+    int on_cpu = !mi->backend || !strcmp(mi->backend, "cpu");   /* (a token's weights: its experts only) */
     if (json) {
         printf("{\"model\":\"%s\",\"backend\":\"%s\",\"threads\":%d,\"prompt\":%d,\"gen\":%d,\"streams\":%d,"
                "\"load_s\":%.3f,\"weight_bytes\":%llu,\"prefill_tps\":%.2f,\"decode_tps\":%.2f,"
@@ -425,17 +426,22 @@ int main(int argc, char **argv)
         printf("backend    %s, %d threads, KV cache %s\n", mi->backend, nth, mi->kv_type ? mi->kv_type : "?");
         if (mi->device && mi->device[0]) printf("device     %s\n", mi->device);
         printf("prefill    %8.2f tokens/s  (%d-token prompt)\n", prefill, n_prompt);
-        printf("decode     %8.2f tokens/s  (%d tokens)  %.2f GB/s of weights, %.0f%% of the %.2f GB/s read ceiling\n",
-               decode, n_gen, wgbs, ceil_gbs > 0 ? 100 * wgbs / ceil_gbs : 0, ceil_gbs);
-        printf("bandwidth  %.0f%% of the read ceiling: median over %d repeats of each decode's weight rate\n"
-               "           against reads for as long right after it (%.0f-%.0f%%; those ceilings: median %.2f GB/s,\n"
-               "           fastest single %d MiB read %.2f GB/s%s)\n",
-               100 * rep_frac, repeat, 100 * rf_min, 100 * rf_max, rep_ceil, (int)(RD_BYTES >> 20), rep_peak,
-               rd_huge ? ", 2 MiB pages" : "");
-        printf("pages      %ld kB of the process in 2 MiB anonymous pages, %ld kB of files mapped in 2 MiB pages\n",
-               huge_anon_kb, huge_file_kb);
-        printf("cpu-time   prefill %.2f, decode %.2f tokens/s with the cores to itself (tokens per CPU-second\n"
-               "           x %d threads: time lost to other load not counted)\n", prefill_cpu, decode_cpu, nth);
+        if (!on_cpu) {
+            /* (the read ceiling is the host's: it says nothing of a GPU) */
+            printf("decode     %8.2f tokens/s  (%d tokens)  %.2f GB/s of weights\n", decode, n_gen, wgbs);
+        } else {
+            printf("decode     %8.2f tokens/s  (%d tokens)  %.2f GB/s of weights, %.0f%% of the %.2f GB/s read ceiling\n",
+                   decode, n_gen, wgbs, ceil_gbs > 0 ? 100 * wgbs / ceil_gbs : 0, ceil_gbs);
+            printf("bandwidth  %.0f%% of the read ceiling: median over %d repeats of each decode's weight rate\n"
+                   "           against reads for as long right after it (%.0f-%.0f%%; those ceilings: median %.2f GB/s,\n"
+                   "           fastest single %d MiB read %.2f GB/s%s)\n",
+                   100 * rep_frac, repeat, 100 * rf_min, 100 * rf_max, rep_ceil, (int)(RD_BYTES >> 20), rep_peak,
+                   rd_huge ? ", 2 MiB pages" : "");
+            printf("pages      %ld kB of the process in 2 MiB anonymous pages, %ld kB of files mapped in 2 MiB pages\n",
+                   huge_anon_kb, huge_file_kb);
+            printf("cpu-time   prefill %.2f, decode %.2f tokens/s with the cores to itself (tokens per CPU-second\n"
+                   "           x %d threads: time lost to other load not counted)\n", prefill_cpu, decode_cpu, nth);
+        }
         if (streams > 1)
         {
             printf("aggregate  %8.2f tokens/s  over %d concurrent streams (%.2fx one stream), prompts included\n",
