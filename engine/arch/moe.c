@@ -67,7 +67,8 @@ void ly_moe_desc(const model *m, int l, const be_moe *how, be_moe *d)
                    .router = &L->ffn_gate_inp, .router_b = present(&L->ffn_gate_inp_b),
                    .gate = &L->ffn_gate_exps, .up = &L->ffn_up_exps, .down = &L->ffn_down_exps,
                    .gate_b = present(&L->ffn_gate_exps_b), .up_b = present(&L->ffn_up_exps_b),
-                   .down_b = present(&L->ffn_down_exps_b) };
+                   .down_b = present(&L->ffn_down_exps_b), .expert0 = m->expert0,
+                   .n_held = m->n_held };
 }
 
 const char *ly_moe_lacks(const model *m, const be_ops *o)

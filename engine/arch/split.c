@@ -140,11 +140,49 @@ int sp_divides(sp *s, int64_t v, const char *what)
     return -1;
 }
 
+/* Experts [rank * X/n, (rank + 1) * X/n) of w's X stacked (their rows, or
+ * for an f32 bias [X][rows] its X rows): a view into the file. */
+static void sp_experts(sp *s, wt *w)
+{
+    if (s->failed || !w->data) return;
+    int64_t X = s->r->hp.n_expert, per = w->n_out / X, nh = X / s->n;
+    wt old = *w;
+    w->data = (const char *)w->data + (size_t)(s->rank * nh * per) * w->row_bytes;
+    w->n_out = nh * per;
+    if (w->n_mat == X) w->n_mat = (int)nh;
+    w->dev = w->pack = NULL;
+    sp_account(s, &old, w);
+}
+
+/* Whether every layer's experts split by units: gate and up rows, down's
+ * columns in whole blocks of its type (else the experts go whole) */
+static int units_split(const model *r, int n, const char **type)
+{
+    if (r->hp.n_ff_exp % n) return 0;
+    for (int i = 0; i < r->hp.n_layer; i++) {
+        const wt *d = &r->layers[i].ffn_down_exps;
+        if (d->data && !qt_row_size(d->type, d->n_in / n)) {
+            *type = qt_name(d->type);
+            return 0;
+        }
+    }
+    return 1;
+}
+
 int sp_layers(sp *s)
 {
     model *r = s->r;
     hparams *hp = &r->hp;
     int moe = hp->n_expert > 0;
+    /* experts by units where their rows allow, else each rank whole experts */
+    const char *ty = NULL;
+    int whole = moe && (s->experts_whole || !units_split(r, s->n, &ty));
+    if (whole && hp->n_expert % s->n) {
+        sp_fail(s, "the experts split neither by units (%s.expert_feed_forward_length %d over %d GPUs%s%s%s) nor "
+                "whole (%s.expert_count %d, expected a multiple of %d)", r->arch_name, hp->n_ff_exp, s->n,
+                ty ? ": not whole " : "", ty ? ty : "", ty ? " blocks" : "", r->arch_name, hp->n_expert, s->n);
+        return -1;
+    }
     /* key/value heads by the ranks, or where fewer, each rank the one of its query heads */
     int kvh = hp->n_head_kv, kv_parts = kvh % s->n == 0 ? s->n : kvh, kv_part = kvh % s->n == 0 ? s->rank : s->rank * kvh / s->n;
     if (kvh % s->n && s->n % kvh) {
@@ -153,7 +191,8 @@ int sp_layers(sp *s)
         return -1;
     }
     if (sp_divides(s, hp->n_head, "attention.head_count") ||
-        sp_divides(s, moe ? hp->n_ff_exp : hp->n_ff, moe ? "expert_feed_forward_length" : "feed_forward_length"))
+        (!whole && sp_divides(s, moe ? hp->n_ff_exp : hp->n_ff,
+                              moe ? "expert_feed_forward_length" : "feed_forward_length")))
         return -1;
     for (int i = 0; i < hp->n_layer; i++) {
         layer_w *L = &r->layers[i];
@@ -167,12 +206,18 @@ int sp_layers(sp *s)
         sp_rows(s, &L->w_gate, "ffn_gate.weight", i);
         sp_rows(s, &L->w_up, "ffn_up.weight", i);
         sp_cols(s, &L->w_down, "ffn_down.weight", i);
-        sp_rows(s, &L->ffn_gate_exps, "ffn_gate_exps.weight", i);
-        sp_rows(s, &L->ffn_up_exps, "ffn_up_exps.weight", i);
-        sp_cols(s, &L->ffn_down_exps, "ffn_down_exps.weight", i);
-        sp_cols(s, &L->ffn_gate_exps_b, "ffn_gate_exps.bias", i);
-        sp_cols(s, &L->ffn_up_exps_b, "ffn_up_exps.bias", i);
-        sp_first(s, &L->ffn_down_exps_b);
+        if (whole) {
+            wt *ew[6] = { &L->ffn_gate_exps, &L->ffn_up_exps, &L->ffn_down_exps, &L->ffn_gate_exps_b,
+                          &L->ffn_up_exps_b, &L->ffn_down_exps_b };
+            for (int k = 0; k < 6; k++) sp_experts(s, ew[k]);
+        } else {
+            sp_rows(s, &L->ffn_gate_exps, "ffn_gate_exps.weight", i);
+            sp_rows(s, &L->ffn_up_exps, "ffn_up_exps.weight", i);
+            sp_cols(s, &L->ffn_down_exps, "ffn_down_exps.weight", i);
+            sp_cols(s, &L->ffn_gate_exps_b, "ffn_gate_exps.bias", i);
+            sp_cols(s, &L->ffn_up_exps_b, "ffn_up_exps.bias", i);
+            sp_first(s, &L->ffn_down_exps_b);
+        }
         sp_cols(s, &L->b_up, "ffn_up.bias", i);
         sp_first(s, &L->b_down);
         sp_first(s, &L->bo);
@@ -180,8 +225,14 @@ int sp_layers(sp *s)
     }
     hp->n_head /= s->n;
     hp->n_head_kv /= kv_parts;
-    if (moe) hp->n_ff_exp /= s->n;
-    else hp->n_ff /= s->n;
+    if (whole) {
+        r->expert0 = s->rank * (hp->n_expert / s->n);
+        r->n_held = hp->n_expert / s->n;
+    } else if (moe) {
+        hp->n_ff_exp /= s->n;
+    } else {
+        hp->n_ff /= s->n;
+    }
     return s->failed ? -1 : 0;
 }
 
@@ -281,7 +332,7 @@ int model_stages(const model *m, int n, model **ranks, char *err, size_t errlen)
     return 0;
 }
 
-int model_split(const model *m, int n, model **ranks, char *err, size_t errlen)
+static int split_as(const model *m, int n, int experts_whole, model **ranks, char *err, size_t errlen)
 {
     for (int r = 0; r < n; r++) ranks[r] = NULL;
     const arch_family *fam = m->arch ? m->arch->fam : NULL;
@@ -297,7 +348,7 @@ int model_split(const model *m, int n, model **ranks, char *err, size_t errlen)
             return err_set(err, errlen, "out of memory");
         }
         ranks[r] = rm;
-        sp s = { .rank = r, .n = n, .r = rm, .err = err, .errlen = errlen };
+        sp s = { .rank = r, .n = n, .r = rm, .err = err, .errlen = errlen, .experts_whole = experts_whole };
         if (fam->split(&s) || s.failed) {
             if (!s.failed) sp_fail(&s, "cannot split the model over %d GPUs", n);
             for (int i = 0; i <= r; i++) model_split_free(ranks[i]);
@@ -306,4 +357,14 @@ int model_split(const model *m, int n, model **ranks, char *err, size_t errlen)
         }
     }
     return 0;
+}
+
+int model_split(const model *m, int n, model **ranks, char *err, size_t errlen)
+{
+    return split_as(m, n, 0, ranks, err, errlen);
+}
+
+int model_split_experts(const model *m, int n, model **ranks, char *err, size_t errlen)
+{
+    return split_as(m, n, 1, ranks, err, errlen);
 }

@@ -6,7 +6,9 @@
  * with fewer key/value heads than ranks, the one its query heads read, so
  * that ranks share it)
  * and of every FFN's hidden units (the rows of gate and up, the columns of
- * down; for experts, of each expert's), and all of the rest (embeddings,
+ * down; for experts, of each expert's, or where those do not split in
+ * whole blocks, the r-th n-th of the experts whole: expert parallelism,
+ * be_moe.n_held), and all of the rest (embeddings,
  * norms, routers, the output matrix). Each rank's attention and FFN then
  * give a partial sum of the layer's output, which the backends' allreduce
  * adds up (layers.h ly_reduce) before the residual: two all-reduces a
@@ -25,6 +27,8 @@
  * and n_ff_exp divided by n; weight_bytes theirs). 0, or -1 with err
  * naming the file and what does not divide (nothing left allocated). */
 int model_split(const model *m, int n, model **ranks, char *err, size_t errlen);
+/* The same with every mixture-of-experts layer's experts whole (tests) */
+int model_split_experts(const model *m, int n, model **ranks, char *err, size_t errlen);
 void model_split_free(model *rank);
 /* The layer split: ranks[r] = stage r of n, the r-th n-th of the layers
  * whole (the first also the embeddings, the last the output), which takes
@@ -40,6 +44,7 @@ typedef struct sp {
     model *r;                 /* the rank's model (a copy of the whole one, being cut) */
     char *err; size_t errlen;
     int failed;
+    int experts_whole;        /* experts whole even where their units split */
 } sp;
 /* The r-th n-th of the rows of each of w's n_mat matrices (all of w's
  * rows when n_mat <= 1). name: for messages. */

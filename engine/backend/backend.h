@@ -98,7 +98,15 @@ typedef struct be_moe {
     /* f32 per-expert biases, [n_expert][n_ff] for gate and up and
      * [n_expert][E] for down (n_in = row, n_out = n_expert), or NULL */
     const wt *gate_b, *up_b, *down_b;
+    /* Expert parallelism (split.h): this backend holds experts [expert0,
+     * expert0 + n_held) of the n_expert routed over, stacked as above from
+     * its first (and their biases); a pair routed to another adds nothing
+     * here, the group's all-reduce sums the ranks. n_held 0: all. */
+    int expert0, n_held;
 } be_moe;
+
+/* The experts m's backend holds. */
+static inline int be_moe_held(const be_moe *m) { return m->n_held ? m->n_held : m->n_expert; }
 
 #define BE_MOE_MAX 512   /* experts of one layer at most */
 

@@ -8,6 +8,8 @@
  *      the activation applied in the same work item;
  *   4. the hidden rows quantized, every expert's down rows over its slots;
  *   5. out[t] = sum over rank k of weight * y[slot of (t, k)], in rank order.
+ * A backend holding some of the experts (be_moe.n_held) routes over all of
+ * them and skips the pairs routed elsewhere. 
  * qt_gemm's results do not depend on the rows batched with a row, and every
  * other step is per row, so a token's output is the same in any batch. */
 #include "engine/backend/cpu_moe.h"
@@ -213,20 +215,26 @@ static void moe_down(void *arg, int it, int ith)
     }
 }
 
-/* out[t] = sum_k w[t][k] * y[slot(t, k)], k ascending. */
+/* out[t] = sum_k w[t][k] * y[slot(t, k)], k ascending, over the pairs
+ * whose experts are held here (slot -1: held elsewhere; none: zeros). */
 static void moe_combine(void *arg, int t, int ith)
 {
     (void)ith;
     moe_job *j = arg;
-    int K = j->K, E = j->E;
+    int K = j->K, E = j->E, any = 0;
     const int32_t *slot = P(j, p.slot, int32_t) + (size_t)t * K;
     const float *w = P(j, p.wts, float) + (size_t)t * K, *y = P(j, p.y, float);
     float *o = j->out + (size_t)t * E;
-    for (int i = 0; i < E; i++) o[i] = w[0] * y[(size_t)slot[0] * E + i];
-    for (int k = 1; k < K; k++) {
+    for (int k = 0; k < K; k++) {
+        if (slot[k] < 0) continue;
         const float *yk = y + (size_t)slot[k] * E;
-        for (int i = 0; i < E; i++) o[i] += w[k] * yk[i];
+        if (!any)
+            for (int i = 0; i < E; i++) o[i] = w[k] * yk[i];
+        else
+            for (int i = 0; i < E; i++) o[i] += w[k] * yk[i];
+        any = 1;
     }
+    if (!any) memset(o, 0, (size_t)E * sizeof *o);
 }
 
 /* rows per work item: a multiple of 16, enough items for the threads */
@@ -243,8 +251,9 @@ void cpu_moe(be *b, const be_moe *m, const float *x, int T, void *scratch, float
     if (T <= 0) return;
     cpu_moe_lay L;
     moe_layout(m, T, &L);
+    const int XH = be_moe_held(m), e0 = m->expert0;
     moe_job j = { .m = m, .L = &L, .s = scratch, .x = x, .out = out, .T = T, .K = m->n_used,
-                  .E = (int)(m->down->n_out / m->n_expert), .F = m->n_ff };
+                  .E = (int)(m->down->n_out / XH), .F = m->n_ff };
     int K = j.K, X = m->n_expert, N = T * K;
     float *lg = P(&j, p.lg, float), *wts = P(&j, p.wts, float);
     int32_t *ids = P(&j, p.ids, int32_t), *cnt = P(&j, cnt, int32_t), *first = P(&j, p.first, int32_t);
@@ -255,29 +264,35 @@ void cpu_moe(be *b, const be_moe *m, const float *x, int T, void *scratch, float
     for (int t = 0; t < T; t++) ties += route(m, lg + (size_t)t * X, ids + (size_t)t * K, wts + (size_t)t * K);
     *be_cpu_moe_tie_count(b) += ties;
 
-    memset(cnt, 0, (size_t)(X + 1) * 4);
-    for (int i = 0; i < N; i++) cnt[ids[i]]++;
+    /* the held experts by their index here; -1: held by another rank */
+    for (int i = 0; i < N; i++) ids[i] = ids[i] >= e0 && ids[i] < e0 + XH ? ids[i] - e0 : -1;
+    memset(cnt, 0, (size_t)(XH + 1) * 4);
+    int n_pairs = 0;   /* pairs held here */
+    for (int i = 0; i < N; i++)
+        if (ids[i] >= 0) cnt[ids[i]]++, n_pairs++;
     first[0] = 0;
-    for (int e = 0; e < X; e++) first[e + 1] = first[e] + cnt[e];
-    memset(cnt, 0, (size_t)X * 4);
+    for (int e = 0; e < XH; e++) first[e + 1] = first[e] + cnt[e];
+    memset(cnt, 0, (size_t)XH * 4);
     for (int i = 0; i < N; i++) {   /* token order within an expert */
-        int e = ids[i], s = first[e] + cnt[e]++;
+        int e = ids[i], s = e < 0 ? -1 : first[e] + cnt[e]++;
         slot[i] = s;
-        pair[s] = i;
+        if (s >= 0) pair[s] = i;
     }
     j.n_act = 0;
-    for (int e = 0; e < X; e++)
+    for (int e = 0; e < XH; e++)
         if (cnt[e]) j.act_e[j.n_act++] = e;
 
     pool *p = be_cpu_pool(b);
     int nth = pool_size(p);
-    pool_run(p, moe_quant_x, &j, N);
-    j.chunk_f = moe_chunk(j.F, j.n_act, nth);
-    j.ipe_f = (j.F + j.chunk_f - 1) / j.chunk_f;
-    pool_run(p, moe_gate_up, &j, j.n_act * j.ipe_f);
-    pool_run(p, moe_quant_h, &j, N);
-    j.chunk_e = moe_chunk(j.E, j.n_act, nth);
-    j.ipe_e = (j.E + j.chunk_e - 1) / j.chunk_e;
-    pool_run(p, moe_down, &j, j.n_act * j.ipe_e);
+    if (j.n_act) {   /* (none: every pair's expert is another rank's) */
+        pool_run(p, moe_quant_x, &j, n_pairs);
+        j.chunk_f = moe_chunk(j.F, j.n_act, nth);
+        j.ipe_f = (j.F + j.chunk_f - 1) / j.chunk_f;
+        pool_run(p, moe_gate_up, &j, j.n_act * j.ipe_f);
+        pool_run(p, moe_quant_h, &j, n_pairs);
+        j.chunk_e = moe_chunk(j.E, j.n_act, nth);
+        j.ipe_e = (j.E + j.chunk_e - 1) / j.chunk_e;
+        pool_run(p, moe_down, &j, j.n_act * j.ipe_e);
+    }
     pool_run(p, moe_combine, &j, T);
 }

@@ -14,7 +14,7 @@ void moe_lay_of(const be_moe *m, int max_T, size_t align, moe_lay *L)
     L->N = L->T * (size_t)m->n_used;
     L->X = (size_t)m->n_expert;
     L->F = (size_t)m->n_ff;
-    L->E = (size_t)(m->down->n_out / m->n_expert);
+    L->E = (size_t)(m->down->n_out / be_moe_held(m));
     L->end = 0;
     L->lg = moe_lay_part(L, L->T * L->X * 4, align);
     L->ids = moe_lay_part(L, L->N * 4, align);

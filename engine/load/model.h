@@ -114,6 +114,9 @@ typedef struct model {
      * x from stage - 1 (none at stage 0) and hand it to stage + 1 (the last
      * computes the logits); n_stages 0: a whole model */
     int stage, n_stages;
+    /* Expert parallelism (split.h model_split): the experts this rank
+     * holds, [expert0, expert0 + n_held); n_held 0: all of them */
+    int expert0, n_held;
     struct tok *tok;
     uint64_t n_params, weight_bytes;
     uint64_t active_bytes;      /* weight bytes a token reads: experts' by n_expert_used of n_expert */

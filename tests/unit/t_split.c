@@ -4,7 +4,8 @@
  * family that splits (llama, qwen2, qwen3, qwen3moe, Mixtral, gemma3, gpt2,
  * gpt-oss), the logits of a prompt within 1e-3 of the unsplit
  * pass at every position and the same greedy tokens, at 2 and 4 ranks;
- * split by layers instead (model_stages), the same bits.
+ * split by layers instead (model_stages), the same bits; with each rank
+ * whole experts (expert parallelism), within 1e-3 as by heads.
  * With ANE_BACKEND=cuda and ANE_GPUS=0,1[,...] the same over NCCL on those
  * GPUs. Models and shapes that do not split are refused naming why. */
 #include "engine/engine.h"
@@ -45,9 +46,13 @@ static int gpus_of(const char *s, int *ids)
     return n;
 }
 
-/* devs: CUDA device numbers (NULL: CPU backends); layers: split by layers
- * (model_stages), else by heads (model_split) */
-static int runner_open(runner *r, model *m, int n, const int *devs, int layers, char *err, size_t errlen)
+/* How a runner splits its model: by heads (model_split), by layers
+ * (model_stages), or by heads with every expert whole (model_split_experts) */
+enum { BY_HEADS, BY_LAYERS, BY_EXPERTS };
+static const char *const how_name[] = { "ranks", "stages", "experts" };
+
+/* devs: CUDA device numbers (NULL: CPU backends) */
+static int runner_open(runner *r, model *m, int n, const int *devs, int how, char *err, size_t errlen)
 {
     memset(r, 0, sizeof *r);
     r->n = n;
@@ -62,7 +67,9 @@ static int runner_open(runner *r, model *m, int n, const int *devs, int layers, 
         if (model_prepare(m, r->b[0], err, errlen)) return -1;
         return fw_open(&r->f, m, r->b[0], MAX_T, MAX_T, PAGES, 1, err, errlen);
     }
-    if ((layers ? model_stages : model_split)(m, n, r->m, err, errlen)) return -1;
+    if ((how == BY_LAYERS ? model_stages : how == BY_EXPERTS ? model_split_experts : model_split)(m, n, r->m, err,
+                                                                                                  errlen))
+        return -1;
     if (r->b[0]->ops->group(r->b, n, err, errlen)) return -1;
     for (int i = 0; i < n; i++)
         if (model_prepare(r->m[i], r->b[i], err, errlen) ||
@@ -124,7 +131,7 @@ static int rounds_inputs(const model *m)
     return 0;
 }
 
-static void check_split_as(const char *path, int n, const int *devs, int layers)
+static void check_split_as(const char *path, int n, const int *devs, int how)
 {
     char err[512];
     model *m = NULL;
@@ -136,11 +143,11 @@ static void check_split_as(const char *path, int n, const int *devs, int layers)
     int32_t g1[GEN], gn[GEN];
     float *h1 = calloc((size_t)m->hp.n_embd, sizeof *h1), *hn = calloc((size_t)m->hp.n_embd, sizeof *hn);
     runner a, b;
-    int okw = runner_open(&a, m, 1, devs, 0, err, sizeof err) == 0;
+    int okw = runner_open(&a, m, 1, devs, BY_HEADS, err, sizeof err) == 0;
     CHECKF(okw, "%s whole: %s", path, err);
     if (okw) runner_go(&a, V, toks, T, whole, g1, h1);
     runner_close(&a);
-    int oks = okw && runner_open(&b, m, n, devs, layers, err, sizeof err) == 0;
+    int oks = okw && runner_open(&b, m, n, devs, how, err, sizeof err) == 0;
     CHECKF(!okw || oks, "%s over %d: %s", path, n, err);
     if (oks) {
         runner_go(&b, V, toks, T, part, gn, hn);
@@ -149,7 +156,7 @@ static void check_split_as(const char *path, int n, const int *devs, int layers)
             double d = fabs((double)h1[i] - hn[i]);
             if (d > hw || d != d) hw = d != d ? INFINITY : d;
         }
-        CHECKF(layers ? hw == 0 : hw <= 1e-3, "%s over %d: hidden state differs by %g", path, n, hw);
+        CHECKF(how == BY_LAYERS ? hw == 0 : hw <= 1e-3, "%s over %d: hidden state differs by %g", path, n, hw);
         double worst = 0;
         for (size_t i = 0; i < (size_t)T * V; i++) {
             double d = fabs((double)whole[i] - part[i]);
@@ -161,12 +168,12 @@ static void check_split_as(const char *path, int n, const int *devs, int layers)
          * Quantized weights on a GPU read their inputs rounded to int8 or
          * f16, and that order moves a few of those roundings by one step:
          * a quantized file gets the bound of one such step, 1e-2. */
-        double tol = layers ? 0 : devs && rounds_inputs(m) ? 1e-2 : 1e-3;
+        double tol = how == BY_LAYERS ? 0 : devs && rounds_inputs(m) ? 1e-2 : 1e-3;
         CHECKF(worst <= tol, "%s over %d ranks: max |dlogit| %g (bound %g)", path, n, worst, tol);
         int same = !memcmp(g1, gn, sizeof g1);
         CHECKF(same, "%s over %d ranks: greedy tokens differ", path, n);
         fprintf(stderr, "  %-46s %d %s %s: max |dlogit| %.2e over %d positions, greedy %s\n", path, n,
-                devs ? "GPU" : "CPU", layers ? "stages" : "ranks", worst, T, same ? "same" : "DIFFERENT");
+                devs ? "GPU" : "CPU", how_name[how], worst, T, same ? "same" : "DIFFERENT");
     }
     if (okw) runner_close(&b);
     free(whole);
@@ -176,7 +183,7 @@ static void check_split_as(const char *path, int n, const int *devs, int layers)
     model_free(m);
 }
 
-static void check_split(const char *path, int n, const int *devs) { check_split_as(path, n, devs, 0); }
+static void check_split(const char *path, int n, const int *devs) { check_split_as(path, n, devs, BY_HEADS); }
 
 #define M(f) FIXTURE("models/" f)
 
@@ -195,6 +202,38 @@ static void test_cpu_groups(void)
     check_split(M("gptoss-tiny.MXFP4_MOE.gguf"), 2, NULL);
 }
 
+/* Expert parallelism: the mixture-of-experts files with each rank whole
+ * experts (qwen3moe-tiny 8, the others 4), the attention by heads */
+static const char *const moe_models[] = { M("qwen3moe-tiny.bf16.gguf"), M("mixtral-tiny.bf16.gguf"),
+                                          M("gptoss-tiny.bf16.gguf"), M("gptoss-tiny.MXFP4_MOE.gguf") };
+
+static void test_cpu_experts(void)
+{
+    for (size_t i = 0; i < sizeof moe_models / sizeof moe_models[0]; i++) {
+        check_split_as(moe_models[i], 2, NULL, BY_EXPERTS);
+        check_split_as(moe_models[i], 4, NULL, BY_EXPERTS);
+    }
+    /* gptoss MXFP4's 64-unit experts do not split in 4 in whole 32-value
+     * blocks (16 each): model_split gives each of 4 ranks an expert whole */
+    char err[512];
+    model *m = NULL, *r[RANKS];
+    CHECK(model_load(&m, M("gptoss-tiny.MXFP4_MOE.gguf"), err, sizeof err) == 0);
+    if (m) {
+        int rc = model_split(m, 4, r, err, sizeof err);
+        CHECKF(rc == 0, "gptoss MXFP4 over 4: %s", err);
+        for (int i = 0; rc == 0 && i < 4; i++) {
+            CHECK(r[i]->n_held == 1 && r[i]->expert0 == i && r[i]->hp.n_ff_exp == 64);
+            model_split_free(r[i]);
+        }
+        /* over 8 neither: 8 does not divide its 4 experts */
+        rc = model_split(m, 8, r, err, sizeof err);
+        CHECKF(rc != 0 && (strstr(err, "head_count") || strstr(err, "expert_count 4")), "over 8: %s",
+               rc ? err : "split");
+        model_free(m);
+    }
+    check_split(M("gptoss-tiny.MXFP4_MOE.gguf"), 4, NULL);
+}
+
 /* A layer split: every family but qwen35, at 2 stages and at one stage a
  * layer (the tiny models' 2 to 4 layers) */
 static void test_cpu_stages(void)
@@ -206,12 +245,12 @@ static void test_cpu_stages(void)
                                           M("qwen2-tiny.Q8_0.gguf"), M("llama-q.Q4_K_M.gguf") };
     char err[512];
     for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
-        check_split_as(models[i], 2, NULL, 1);
+        check_split_as(models[i], 2, NULL, BY_LAYERS);
         model *m = NULL;
         if (model_load(&m, models[i], err, sizeof err) == 0) {
             int L = m->hp.n_layer;
             model_free(m);
-            if (L > 2 && L <= RANKS) check_split_as(models[i], L, NULL, 1);
+            if (L > 2 && L <= RANKS) check_split_as(models[i], L, NULL, BY_LAYERS);
         }
     }
 }
@@ -299,11 +338,13 @@ static void test_gpu_groups(void)
                                           M("gemma3-tiny.bf16.gguf"), M("gpt2-tiny.bf16.gguf"),
                                           M("gptoss-tiny.bf16.gguf"), M("gptoss-tiny.MXFP4_MOE.gguf") };
     for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
-        /* (the quantized files' 64-value rows are two blocks: two ranks at most) */
-        int two = strstr(models[i], "Q8_0") || strstr(models[i], "MXFP4");
+        /* (the Q8_0 file's 64-value rows are two blocks: two ranks at most) */
+        int two = strstr(models[i], "Q8_0") != NULL;
         check_split(models[i], two && n > 2 ? 2 : n, ids);
-        check_split_as(models[i], 2, ids, 1);
+        check_split_as(models[i], 2, ids, BY_LAYERS);
     }
+    for (size_t i = 0; i < sizeof moe_models / sizeof moe_models[0]; i++)
+        check_split_as(moe_models[i], n > 4 ? 4 : n, ids, BY_EXPERTS);
 }
 
 int main(int argc, char **argv)
@@ -311,6 +352,7 @@ int main(int argc, char **argv)
     CHECK_ARGS(argc, argv);
     RUN(test_cpu_groups);
     RUN(test_cpu_stages);
+    RUN(test_cpu_experts);
     RUN(test_refusals);
     RUN(test_engine_gpus);
     RUN(test_gpu_groups);
