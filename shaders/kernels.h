@@ -252,15 +252,19 @@ void ck_argmax(cudaStream_t st, const float *x, int rows, int n, const uint32_t 
 #define CK_MOE_RT 64
 #define ck_moe_tiles_max(N, X, tt) (((N) + (tt) - 1) / (tt) + (X))
 #define ck_moe_max_tiles(N, X) ck_moe_tiles_max(N, X, CK_MOE_TT)
-void ck_moe_route(cudaStream_t st, const float *lg, int T, int X, int K, int gating, int norm, float scale,
-                  int32_t *ids, float *wts);
+/* Routing over X experts; each id then its expert's index among the nh
+ * held from e0 on (expert parallelism), -1 for another rank's. Grouping
+ * over the nh held: a pair of id -1 gets slot -1 and no tile, and the
+ * combines below skip it (0 where a token has none here). */
+void ck_moe_route(cudaStream_t st, const float *lg, int T, int X, int K, int gating, int norm, float scale, int e0,
+                  int nh, int32_t *ids, float *wts);
 void ck_moe_group(cudaStream_t st, const int32_t *ids, int N, int X, int tt, int32_t *first, int32_t *slot,
                   int32_t *pair, int32_t *tiles, int32_t *n_tiles);
 /* Both in one launch (one block: for batches of a few tokens) */
 #define CK_MOE_RG_MAX_T 32
 void ck_moe_route_group(cudaStream_t st, const float *lg, int T, int X, int K, int gating, int norm, float scale,
-                        int32_t *ids, float *wts, int32_t *first, int32_t *slot, int32_t *pair, int32_t *tiles,
-                        int32_t *n_tiles);
+                        int e0, int nh, int32_t *ids, float *wts, int32_t *first, int32_t *slot, int32_t *pair,
+                        int32_t *tiles, int32_t *n_tiles);
 /* y [N][rows] by slot = each tile's expert's rows (W: stacked experts of
  * `rows` rows each, n values a row) on x (rows of n: by token, pair / K,
  * when by_token, else by slot) (+ bias [X][rows], or NULL); f32

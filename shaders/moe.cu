@@ -18,9 +18,11 @@
 #include <limits.h>
 
 /* Token t's routing by one warp: the K best logits (ties: the lower
- * index), then the weights as cpu_moe.c's route computes them. */
+ * index), then the weights as cpu_moe.c's route computes them; each id
+ * then the expert's index among the nh held from e0 on, -1 where held by
+ * another rank (expert parallelism; e0 0, nh X: all). */
 __device__ __forceinline__ void moe_route_tok(const float *lg, int t, int lane, int X, int K, int gating, int norm,
-                                              float scale, int32_t *ids, float *wts)
+                                              float scale, int e0, int nh, int32_t *ids, float *wts)
 {
     const float *l = lg + (size_t)t * X;
     int32_t *id = ids + (size_t)t * K;
@@ -59,16 +61,17 @@ __device__ __forceinline__ void moe_route_tok(const float *lg, int t, int lane, 
     for (int j = 0; j < K; j++) {
         if (norm || gating == 1) w[j] /= sum;
         if (scale != 0 && scale != 1) w[j] *= scale;
+        id[j] = id[j] >= e0 && id[j] < e0 + nh ? id[j] - e0 : -1;
     }
 }
 
 /* one warp per token */
-__global__ void k_moe_route(const float *lg, int T, int X, int K, int gating, int norm, float scale, int32_t *ids,
-                            float *wts)
+__global__ void k_moe_route(const float *lg, int T, int X, int K, int gating, int norm, float scale, int e0, int nh,
+                            int32_t *ids, float *wts)
 {
     pdl_begin();
     int t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    if (t < T) moe_route_tok(lg, t, threadIdx.x & 31, X, K, gating, norm, scale, ids, wts);
+    if (t < T) moe_route_tok(lg, t, threadIdx.x & 31, X, K, gating, norm, scale, e0, nh, ids, wts);
 }
 
 /* Inclusive prefix sums of a[0..X) and b[0..X) (X <= 1024) in shared
@@ -108,7 +111,8 @@ __device__ void moe_scan2(int *a, int *b, int X, int *wa, int *wb)
  * within one; the tiles (expert, first slot, slots) of up to tt. Counts
  * and their prefix sums in shared memory, each expert's tiles by its
  * thread; then warp 0 walks the pairs 32 at a time, each lane's slot its
- * expert's next free one plus its rank among the lanes of that expert. */
+ * expert's next free one plus its rank among the lanes of that expert.
+ * A pair of id -1 (another rank's expert) gets slot -1 and no tile. */
 __device__ void moe_group_block(const int32_t *ids, int N, int X, int tt, int32_t *first, int32_t *slot,
                                 int32_t *pair, int32_t *tiles, int32_t *n_tiles)
 {
@@ -119,7 +123,8 @@ __device__ void moe_group_block(const int32_t *ids, int N, int X, int tt, int32_
     for (int e = threadIdx.x; e < X; e += blockDim.x) cnt[e] = 0;
     __syncthreads();
     const int32_t *id = sh ? sid : ids;
-    for (int i = threadIdx.x; i < N; i += blockDim.x) atomicAdd(&cnt[id[i]], 1);
+    for (int i = threadIdx.x; i < N; i += blockDim.x)
+        if (id[i] >= 0) atomicAdd(&cnt[id[i]], 1);
     __syncthreads();
     for (int e = threadIdx.x; e < X; e += blockDim.x) tof[e] = (cnt[e] + tt - 1) / tt;
     __syncthreads();
@@ -144,9 +149,10 @@ __device__ void moe_group_block(const int32_t *ids, int N, int X, int tt, int32_
     const unsigned below = (1u << lane) - 1;
     for (int i0 = 0; i0 < N; i0 += 32) {
         const int i = i0 + lane;
-        const bool live = i < N;
+        const bool live = i < N && id[i] >= 0;
         const int e = live ? id[i] : -1 - lane;   /* (a dead lane matches no other) */
         const unsigned peers = __match_any_sync(0xffffffffu, e);
+        if (i < N && !live) slot[i] = -1;
         if (live) {
             const int k = run[e] + __popc(peers & below);
             slot[i] = k;
@@ -167,15 +173,15 @@ __global__ void k_moe_group(const int32_t *ids, int N, int X, int tt, int32_t *f
 
 /* Routing and grouping of a small batch in one block (a warp per token
  * in turn, then the grouping): one launch fewer per layer in decode. */
-__global__ void k_moe_route_group(const float *lg, int T, int X, int K, int gating, int norm, float scale,
-                                  int32_t *ids, float *wts, int32_t *first, int32_t *slot, int32_t *pair,
+__global__ void k_moe_route_group(const float *lg, int T, int X, int K, int gating, int norm, float scale, int e0,
+                                  int nh, int32_t *ids, float *wts, int32_t *first, int32_t *slot, int32_t *pair,
                                   int32_t *tiles, int32_t *n_tiles)
 {
     pdl_begin();
     for (int t = threadIdx.x >> 5; t < T; t += blockDim.x >> 5)
-        moe_route_tok(lg, t, threadIdx.x & 31, X, K, gating, norm, scale, ids, wts);
+        moe_route_tok(lg, t, threadIdx.x & 31, X, K, gating, norm, scale, e0, nh, ids, wts);
     __syncthreads();
-    moe_group_block(ids, T * K, X, CK_MOE_TT, first, slot, pair, tiles, n_tiles);
+    moe_group_block(ids, T * K, nh, CK_MOE_TT, first, slot, pair, tiles, n_tiles);
 }
 
 /* The warp-per-row kernels' (tile, row) of this warp: false past the
@@ -458,17 +464,20 @@ k_moe_downq(const uint8_t *W, size_t rb, int n, int rows, const int8_t *xq, cons
     const uint8_t *row[CK_MOE_KTOK];
     size_t src[CK_MOE_KTOK];
     float acc[CK_MOE_KTOK];
+    unsigned held = 0;   /* bit k: pair k's expert is held here */
 #pragma unroll
     for (int k = 0; k < CK_MOE_KTOK; k++) {
-        int p = t * K + (k < K ? k : 0);
-        row[k] = W + ((size_t)ids[p] * rows + r) * rb;
-        src[k] = (size_t)slot[p] * nc;
+        int p = t * K + (k < K ? k : 0), e = ids[p];
+        held |= (unsigned)(k < K && e >= 0) << k;
+        row[k] = W + ((size_t)(e < 0 ? 0 : e) * rows + r) * rb;
+        src[k] = (size_t)(e < 0 ? 0 : slot[p]) * nc;
         acc[k] = 0.f;
     }
     for (int c = lane; c < nc; c += 32) {
 #pragma unroll
         for (int k = 0; k < CK_MOE_KTOK; k++) {
             if (k >= K) break;
+            if (!((held >> k) & 1)) continue;
             int q[8];
             float d0, d1, m;
             dq32i<TY>(row[k], c, n, q, d0, d1, m);
@@ -477,12 +486,15 @@ k_moe_downq(const uint8_t *W, size_t rb, int n, int rows, const int8_t *xq, cons
     }
     const float *w = wts + (size_t)t * K;
     float o = 0.f;
+    bool any = false;
 #pragma unroll
     for (int k = 0; k < CK_MOE_KTOK; k++) {
         if (k >= K) break;
+        if (!((held >> k) & 1)) continue;
         float v = warp_sum(acc[k]);
         if (bias) v = v + bias[(size_t)ids[t * K + k] * rows + r];
-        o = k ? __fmaf_rn(w[k], v, o) : __fmul_rn(w[0], v);
+        o = any ? __fmaf_rn(w[k], v, o) : __fmul_rn(w[k], v);
+        any = true;
     }
     if (lane == 0) out[(size_t)t * rows + r] = o;
 }
@@ -495,7 +507,8 @@ __global__ void k_moe_act(float *g, const float *u, size_t n, int act, float alp
     if (i < n) g[i] = moe_act1(g[i], u[i], act, alpha, limit);
 }
 
-/* out[t] = sum over k of w[t][k] * y[slot[t][k]], k in order */
+/* out[t] = sum over k of w[t][k] * y[slot[t][k]], k in order, over the
+ * pairs held here (slot -1: another rank's expert; none: 0) */
 __global__ void k_moe_combine(const float *y, const int32_t *slot, const float *w, int K, int E, float *out)
 {
     pdl_begin();
@@ -503,8 +516,13 @@ __global__ void k_moe_combine(const float *y, const int32_t *slot, const float *
     if (i >= E) return;
     const int32_t *sl = slot + (size_t)t * K;
     const float *wt = w + (size_t)t * K;
-    float o = __fmul_rn(wt[0], y[(size_t)sl[0] * E + i]);   /* (k_moe_downq's sum) */
-    for (int k = 1; k < K; k++) o = __fmaf_rn(wt[k], y[(size_t)sl[k] * E + i], o);
+    float o = 0.f;   /* (k_moe_downq's sum) */
+    bool any = false;
+    for (int k = 0; k < K; k++) {
+        if (sl[k] < 0) continue;
+        o = any ? __fmaf_rn(wt[k], y[(size_t)sl[k] * E + i], o) : __fmul_rn(wt[k], y[(size_t)sl[k] * E + i]);
+        any = true;
+    }
     out[(size_t)t * E + i] = o;
 }
 
@@ -541,18 +559,18 @@ static void downq_launch(cudaStream_t st, dim3 g, const void *W, size_t rb, int 
 
 extern "C" {
 
-void ck_moe_route(cudaStream_t st, const float *lg, int T, int X, int K, int gating, int norm, float scale,
-                  int32_t *ids, float *wts)
+void ck_moe_route(cudaStream_t st, const float *lg, int T, int X, int K, int gating, int norm, float scale, int e0,
+                  int nh, int32_t *ids, float *wts)
 {
-    lk(k_moe_route, nblk((size_t)T, 4), 128, 0, st, lg, T, X, K, gating, norm, scale, ids, wts);
+    lk(k_moe_route, nblk((size_t)T, 4), 128, 0, st, lg, T, X, K, gating, norm, scale, e0, nh, ids, wts);
 }
 
 void ck_moe_route_group(cudaStream_t st, const float *lg, int T, int X, int K, int gating, int norm, float scale,
-                        int32_t *ids, float *wts, int32_t *first, int32_t *slot, int32_t *pair, int32_t *tiles,
-                        int32_t *n_tiles)
+                        int e0, int nh, int32_t *ids, float *wts, int32_t *first, int32_t *slot, int32_t *pair,
+                        int32_t *tiles, int32_t *n_tiles)
 {
-    lk(k_moe_route_group, 1, 512, 0, st, lg, T, X, K, gating, norm, scale, ids, wts, first, slot, pair, tiles,
-       n_tiles);
+    lk(k_moe_route_group, 1, 512, 0, st, lg, T, X, K, gating, norm, scale, e0, nh, ids, wts, first, slot, pair,
+       tiles, n_tiles);
 }
 
 void ck_moe_group(cudaStream_t st, const int32_t *ids, int N, int X, int tt, int32_t *first, int32_t *slot,

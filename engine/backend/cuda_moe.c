@@ -41,7 +41,7 @@ void cu_moe(be *b, const be_moe *m, const float *x, int T, void *scratch, float 
           *hu = (float *)(s + L.p.hu), *y = (float *)(s + L.p.y);
     int32_t *ids = (int32_t *)(s + L.p.ids), *first = (int32_t *)(s + L.p.first), *slot = (int32_t *)(s + L.p.slot),
             *pair = (int32_t *)(s + L.p.pair), *tiles = (int32_t *)(s + L.tiles), *nt = (int32_t *)(s + L.nt);
-    int X = m->n_expert, K = m->n_used, N = T * K, F = m->n_ff, E = (int)(m->down->n_out / X);
+    int X = m->n_expert, XH = be_moe_held(m), K = m->n_used, N = T * K, F = m->n_ff, E = (int)(m->down->n_out / XH);
     int E_in = (int)m->gate->n_in, down8 = ck_moe_int8(m->down->type, F);
     int glu8 = ck_moe_gluq_ok(m->gate->type, m->gate->row_bytes, m->up->type, m->up->row_bytes, E_in, F);
     /* Prompt batches of int8 experts go by tensor-core tiles of an expert's
@@ -61,10 +61,11 @@ void cu_moe(be *b, const be_moe *m, const float *x, int T, void *scratch, float 
     const void *xq = tag_is(c, x, T, E_in) ? c->xq : NULL;
     tag_clear(c);
     if (T <= CK_MOE_RG_MAX_T) {
-        ck_moe_route_group(c->st, lg, T, X, K, m->gating, m->norm, m->scale, ids, wts, first, slot, pair, tiles, nt);
+        ck_moe_route_group(c->st, lg, T, X, K, m->gating, m->norm, m->scale, m->expert0, XH, ids, wts, first, slot,
+                           pair, tiles, nt);
     } else {
-        ck_moe_route(c->st, lg, T, X, K, m->gating, m->norm, m->scale, ids, wts);
-        ck_moe_group(c->st, ids, N, X, tt, first, slot, pair, tiles, nt);
+        ck_moe_route(c->st, lg, T, X, K, m->gating, m->norm, m->scale, m->expert0, XH, ids, wts);
+        ck_moe_group(c->st, ids, N, XH, tt, first, slot, pair, tiles, nt);
     }
     void *hq = s + L.hq;
     /* x's int8 form once, for whichever int8 kernels take it */

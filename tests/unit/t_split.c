@@ -136,7 +136,9 @@ static void check_split_as(const char *path, int n, const int *devs, int how)
     char err[512];
     model *m = NULL;
     if (model_load(&m, path, err, sizeof err)) { CHECKF(0, "%s", err); return; }
-    const int V = m->hp.n_vocab, T = 24;
+    /* (by experts, a prompt past CK_MOE_RG_MAX_T: CUDA's separate routing
+     * and grouping, and its tensor-core experts for int8 types) */
+    const int V = m->hp.n_vocab, T = how == BY_EXPERTS ? 40 : 24;
     int32_t toks[MAX_T];
     for (int t = 0; t < T; t++) toks[t] = (int32_t)((t * 7919u + 13u) % (unsigned)(V > 300 ? 300 : V));
     float *whole = malloc((size_t)T * V * sizeof *whole), *part = malloc((size_t)T * V * sizeof *part);
