@@ -192,9 +192,10 @@ int eng_place(eng *e, const eng_opts *opt, int max_T, int max_out, char *err, si
     m->swa_ring = opt->swa_full ? 0 : fw_swa_ring(m, e->be->ops, max_T, e->n_ctx);
     in->swa_ring = m->swa_ring;
     if (n_gpus > 1 && place_group(e, &bo, ids, n_gpus, err, errlen)) return -1;
-    if (e->n_ranks && opt->split_layers) {
+    if (e->n_ranks && (opt->split_layers || e->rank_m[0]->n_held)) {
         size_t len = strlen(e->be->device);
-        snprintf(e->be->device + len, sizeof e->be->device - len, ", split by layers");
+        snprintf(e->be->device + len, sizeof e->be->device - len, "%s",
+                 opt->split_layers ? ", split by layers" : ", experts whole");
     }
     in->device = e->be->device;
     /* each rank's device holds its part of the weights and of every page */
