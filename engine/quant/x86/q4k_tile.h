@@ -22,7 +22,16 @@ X8_AI void q4k_tile_avx2(int T, const uint8_t *p, int64_t nsb, const uint8_t *co
     X8_UNROLL
     for (int t = 0; t < T; t++) sums[t] = _mm256_setzero_ps();
     for (int64_t i = 0; i < nsb; i++, p += 1184) {
+#if Q4K_TILE_VNNI
+        /* every line of the group's superblock 4 ahead (the scales here,
+         * the quants chunk by chunk below): decode +10% on Zen 5, where
+         * one line 2 ahead left the rest to the hardware prefetchers */
+        _mm_prefetch((const char *)p + 4 * 1184 + 1024, _MM_HINT_T0);
+        _mm_prefetch((const char *)p + 4 * 1184 + 1088, _MM_HINT_T0);
+        _mm_prefetch((const char *)p + 4 * 1184 + 1152, _MM_HINT_T0);
+#else
         _mm_prefetch((const char *)p + 2 * 1184, _MM_HINT_T0);
+#endif
         const qt_block_q8_K *ab[Q4K_TILE_T];
         X8_UNROLL
         for (int t = 0; t < T; t++) ab[t] = (const qt_block_q8_K *)(const void *)a[t] + i;
@@ -32,6 +41,8 @@ X8_AI void q4k_tile_avx2(int T, const uint8_t *p, int64_t nsb, const uint8_t *co
         X8_UNROLL
         for (int c = 0; c < 8; c++) {
 #if Q4K_TILE_VNNI
+            _mm_prefetch((const char *)p + 4 * 1184 + 128 * c, _MM_HINT_T0);
+            _mm_prefetch((const char *)p + 4 * 1184 + 128 * c + 64, _MM_HINT_T0);
             __m256i lo[Q4K_TILE_T], hi[Q4K_TILE_T];   /* the low and the high nibbles' products */
             X8_UNROLL
             for (int t = 0; t < T; t++) lo[t] = hi[t] = _mm256_setzero_si256();
