@@ -23,7 +23,7 @@
 #include <string.h>
 
 #define MAX_T 48
-#define PAGES (MAX_T / KV_PAGE + 2)
+#define PAGES ((MAX_T + GEN) / KV_PAGE + 2)
 #define GEN 12
 #define RANKS 8
 
@@ -99,10 +99,12 @@ static void runner_close(runner *r)
  * the last step's final-norm output (fw_hidden, what embeddings pool) */
 static void runner_go(runner *r, int V, const int32_t *toks, int T, float *logits, int32_t *gen, float *hidden)
 {
-    int32_t pos[MAX_T], out[MAX_T], slot[MAX_T] = { 0 }, pages[PAGES];
+    /* (positions of the prompt and of the GEN steps after it) */
+    int32_t pos[MAX_T + GEN], out[MAX_T], slot[MAX_T] = { 0 }, pages[PAGES];
     const int32_t *pg[MAX_T];
     for (int i = 0; i < PAGES; i++) pages[i] = PAGES - 1 - i;   /* (not in order) */
-    for (int t = 0; t < MAX_T; t++) { pos[t] = t; out[t] = t; pg[t] = pages; }
+    for (int t = 0; t < MAX_T + GEN; t++) pos[t] = t;
+    for (int t = 0; t < MAX_T; t++) { out[t] = t; pg[t] = pages; }
     be_batch bt = { .T = T, .pos = pos, .pages = pg, .slot = slot };
     fw_run(r->f, toks, &bt, out, T, logits);
     float *lg = malloc((size_t)V * sizeof *lg);
