@@ -484,6 +484,15 @@ static double ms_now(void)
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
+/* this thread's CPU time: what a call did itself, however long a busy
+ * machine kept it waiting */
+static double cpu_ms_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
 /* A job's events as they were taken: when, and how it ended. */
 typedef struct tres {
     int n_tok;
@@ -595,16 +604,18 @@ static void test_huge_prompt_async(void)
     for (double end = ms_now() + 10000; !r[0].n_tok && ms_now() < end;) tpump(e, r, 1, 1, 1);
     CHECK(r[0].n_tok > 0 && !r[0].ended);
     watch_open = 1;
-    t0 = ms_now();
+    t0 = cpu_ms_now();
     int rc = submit_text(e, ENG_JOB_GENERATE, text, big, 1, 16, 0, 1, &b, &code, err, sizeof err);
-    double sub_ms = ms_now() - t0;
+    double sub_ms = cpu_ms_now() - t0;
     free(text);                                          /* eng_submit copied it */
     CHECKF(rc == 0, "%s", err);
     tpump(e, r, 2, 2, 60000);
     watch_open = 0;
-    fprintf(stderr, "  encode %.1f ms, submit %.2f ms, stream's largest gap %.1f ms, %d tokens while encoding\n",
+    fprintf(stderr, "  encode %.1f ms, submit %.2f ms of CPU, stream's largest gap %.1f ms, %d tokens while encoding\n",
             tok_ms, sub_ms, r[0].max_gap_ms, r[0].n_during);
-    CHECKF(sub_ms < tok_ms / 4, "submit took %.1f ms, encoding takes %.1f ms", sub_ms, tok_ms);
+    /* (CPU time, not wall time: on a loaded machine the call can wait for a
+     * core longer than it works; encoding inline would cost tok_ms of work) */
+    CHECKF(sub_ms < tok_ms / 4, "submit took %.1f ms of CPU, encoding takes %.1f ms", sub_ms, tok_ms);
     CHECK(r[1].error && r[1].code == ENG_ECTX);
     CHECKF(strstr(r[1].message, "does not fit the context of") != NULL, "'%s'", r[1].message);
     CHECK(r[0].done && r[0].finish == ENG_FINISH_LENGTH);
