@@ -9,7 +9,7 @@
  *   4. the hidden rows quantized, every expert's down rows over its slots;
  *   5. out[t] = sum over rank k of weight * y[slot of (t, k)], in rank order.
  * A backend holding some of the experts (be_moe.n_held) routes over all of
- * them and skips the pairs routed elsewhere. 
+ * them and skips the pairs routed elsewhere.
  * qt_gemm's results do not depend on the rows batched with a row, and every
  * other step is per row, so a token's output is the same in any batch. */
 #include "engine/backend/cpu_moe.h"

@@ -373,8 +373,10 @@ int main(int argc, char **argv)
     double pf[64], dc[64], ag[64], st[64], pfs[64], dcs[64], pfc[64], dcc[64], rc[64], rf[64], rp[64];
     if (repeat > 64) repeat = 64;
     int nth = mi->n_threads, rd_huge = 0;
-    uint8_t *rdb = rd_buf_new(&rd_huge);
-    if (!rdb) { fprintf(stderr, "anebench: out of memory\n"); return 1; }
+    /* (the host's read ceiling says nothing of a GPU: measured on the CPU only) */
+    int on_cpu = !mi->backend || !strcmp(mi->backend, "cpu");
+    uint8_t *rdb = on_cpu ? rd_buf_new(&rd_huge) : NULL;
+    if (on_cpu && !rdb) { fprintf(stderr, "anebench: out of memory\n"); return 1; }
     /* warm-up: one prompt of the measured length, so the weights are touched
      * and what a first prompt pass builds once per model (the CUDA backend's
      * f16 weight copies for its GEMMs) is in place before anything is timed,
@@ -388,7 +390,8 @@ int main(int argc, char **argv)
         /* the ceiling right after this repeat's decode, so that the ratio
          * compares the two at (nearly) the same moment of the machine */
         double dsec = dc[r] > 0 ? (n_gen - 1) / dc[r] : 1;
-        rc[r] = rd_window(rdb, nth, dsec < 0.5 ? 0.5 : dsec > 3 ? 3 : dsec, &rp[r]);
+        rc[r] = rp[r] = 0;
+        if (on_cpu) rc[r] = rd_window(rdb, nth, dsec < 0.5 ? 0.5 : dsec > 3 ? 3 : dsec, &rp[r]);
         rf[r] = rc[r] > 0 ? dc[r] * (double)mi->active_bytes / 1e9 / rc[r] : 0;
         if (streams > 1 && run_jobs(e, n_prompt, n_gen, streams, &pfs[r], &dcs[r], &ag[r], &st[r])) return 1;
     }
@@ -408,9 +411,8 @@ int main(int argc, char **argv)
      * the cores to itself (time descheduled by other load is not counted;
      * the pool's spinning is, as it would be on an idle machine) */
     double prefill_cpu = median(pfc, repeat) * nth, decode_cpu = median(dcc, repeat) * nth;
-    double ceil_gbs = mem_read_gbs(nth, (size_t)1 << 30);
-    double wgbs = decode * (double)mi->active_bytes / 1e9;
-    int on_cpu = !mi->backend || !strcmp(mi->backend, "cpu");   /* (a token's weights: its experts only) */
+    double ceil_gbs = on_cpu ? mem_read_gbs(nth, (size_t)1 << 30) : 0;
+    double wgbs = decode * (double)mi->active_bytes / 1e9;   /* (a token's weights: its experts only) */
     if (json) {
         printf("{\"model\":\"%s\",\"backend\":\"%s\",\"threads\":%d,\"prompt\":%d,\"gen\":%d,\"streams\":%d,"
                "\"load_s\":%.3f,\"weight_bytes\":%llu,\"prefill_tps\":%.2f,\"decode_tps\":%.2f,"
@@ -427,7 +429,6 @@ int main(int argc, char **argv)
         if (mi->device && mi->device[0]) printf("device     %s\n", mi->device);
         printf("prefill    %8.2f tokens/s  (%d-token prompt)\n", prefill, n_prompt);
         if (!on_cpu) {
-            /* (the read ceiling is the host's: it says nothing of a GPU) */
             printf("decode     %8.2f tokens/s  (%d tokens)  %.2f GB/s of weights\n", decode, n_gen, wgbs);
         } else {
             printf("decode     %8.2f tokens/s  (%d tokens)  %.2f GB/s of weights, %.0f%% of the %.2f GB/s read ceiling\n",
