@@ -162,12 +162,6 @@ int eng_place(eng *e, const eng_opts *opt, int max_T, int max_out, char *err, si
     be_opts bo = { .kv_type = kvt, .deterministic = opt->deterministic,
                    .f16_cache_off = opt->cuda_f16_cache_off, .act_int8 = m->hp.n_expert > 0, .device = ids[0] };
     if (be_open_opts(&e->be, opt->gpus ? "cuda" : opt->backend, e->pool, &bo, err, errlen)) return -1;
-    /* CUDA's windowed attention (sliding-window layers, sinks) reads f16 and f32 caches only */
-    if (kvt == BE_KV_Q8_0 && strcmp(e->be->ops->name, "cpu") && (m->hp.n_swa > 0 || m->hp.swa_window > 0)) {
-        snprintf(err, errlen, "%s: --kv-type q8_0 is not supported on %s for a model with sliding-window layers; "
-                 "use f16 (or --backend cpu)", m->path, e->be->ops->name);
-        return -1;
-    }
     const char *lacks = fw_lacks(m, e->be->ops);
     if (lacks) {
         /* the architecture needs ops this backend lacks: when the

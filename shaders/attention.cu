@@ -54,10 +54,18 @@ __device__ __forceinline__ void att_merge_step(float &M, float &L, float (&A)[AT
 
 /* value i of a q8_0 cache (F16 == CK_KV_Q8_0): its block's f16 scale
  * times its int8, as the CPU's dequantization */
+/* int8 byte k of w ^ 0x80808080 as a float: 2^23 + (byte ^ 0x80) less
+ * 2^23 + 128, exact (an integer conversion runs at a quarter of the FMA
+ * rate, and a long context's attention is FMA-bound) */
+__device__ __forceinline__ float kq8_f(uint32_t wx, int k)
+{
+    return __int_as_float(__byte_perm(wx, 0x4B000000u, 0x7440 | k)) - 8388736.f;
+}
+
 __device__ __forceinline__ float kq8_ld(const void *c, size_t i)
 {
     const uint8_t *b = (const uint8_t *)c + (i >> 5) * CK_KV_Q8_BLOCK;
-    return __half2float(*(const __half *)b) * (float)(int8_t)b[2 + (i & 31)];
+    return __half2float(*(const __half *)b) * kq8_f(b[2 + (i & 31)] ^ 0x80u, 0);
 }
 
 /* ND consecutive cache values from element i, of which the first nv are
@@ -66,7 +74,23 @@ __device__ __forceinline__ float kq8_ld(const void *c, size_t i)
 template <int ND, int F16>
 __device__ __forceinline__ void att_load(const void *c, size_t i, int nv, bool vec, float (&v)[ND])
 {
-    if (F16 == CK_KV_Q8_0) {
+    if (F16 == CK_KV_Q8_0 && vec && nv == ND) {
+        /* (i % ND == 0 and ND | 32: one block's scale and ND of its int8,
+         * in 2-byte loads as its 34-byte blocks allow; kq8_ld's products) */
+        const uint8_t *b = (const uint8_t *)c + (i >> 5) * CK_KV_Q8_BLOCK;
+        const float d = __half2float(*(const __half *)b);
+        if (ND == 1) {
+            v[0] = d * kq8_f(b[2 + (i & 31)] ^ 0x80u, 0);
+        } else {
+            const uint16_t *qp = (const uint16_t *)(b + 2 + (i & 31));
+#pragma unroll
+            for (int k = 0; k < ND; k += 4) {
+                const uint32_t w = ((uint32_t)qp[k / 2] | (ND > 2 ? (uint32_t)qp[k / 2 + 1] << 16 : 0u)) ^ 0x80808080u;
+#pragma unroll
+                for (int x = 0; x < 4 && k + x < ND; x++) v[k + x] = d * kq8_f(w, x);
+            }
+        }
+    } else if (F16 == CK_KV_Q8_0) {
 #pragma unroll
         for (int k = 0; k < ND; k++) v[k] = k < nv ? kq8_ld(c, i + k) : 0.f;
     } else if (F16 && ND % 2 == 0 && vec) {
@@ -290,11 +314,15 @@ __device__ __forceinline__ void att_put_part(float *part, int th, int maxs, int 
 /* Cache row `row` (hd values of eb bytes) of K and of V into L2: a
  * prefetch before the launch wait, of rows earlier launches wrote (one
  * this pass writes is only fetched early, never read stale) */
-__device__ __forceinline__ void att_prefetch_row(const void *kc, const void *vc, size_t row, int hd, size_t eb)
+template <int F16>
+__device__ __forceinline__ void att_prefetch_row(const void *kc, const void *vc, size_t row, int hd)
 {
-    for (size_t o = 0; o < hd * eb; o += 128) {
-        asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)kc + row * eb + o) : "memory");
-        asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)vc + row * eb + o) : "memory");
+    /* (bytes from value `row` on: a q8_0 row's head share starts on a block) */
+    const size_t b0 = F16 == CK_KV_Q8_0 ? (row >> 5) * CK_KV_Q8_BLOCK : row * (F16 ? 2 : 4);
+    const size_t nb = F16 == CK_KV_Q8_0 ? (size_t)(hd >> 5) * CK_KV_Q8_BLOCK : (size_t)hd * (F16 ? 2 : 4);
+    for (size_t o = 0; o < nb; o += 128) {
+        asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)kc + b0 + o) : "memory");
+        asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)vc + b0 + o) : "memory");
     }
 }
 
@@ -419,9 +447,9 @@ __global__ void __launch_bounds__(NG * ATT_WARPS * 32) k_att_par(const float *q,
     const int grp = threadIdx.x / hd, dim = threadIdx.x % hd, lane = threadIdx.x & 31;
     const int kvh = h / (n_head / n_head_kv), kvd = n_head_kv * hd;
     const int len = pos[t] + 1, ns = (len + CK_ATT_SPAN - 1) / CK_ATT_SPAN;
-    const size_t kvo = (size_t)kvh * hd, eb = F16 ? 2 : 4;
+    const size_t kvo = (size_t)kvh * hd;
     for (int p = threadIdx.x; p < min(len, NG * CK_ATT_SPAN); p += blockDim.x)
-        att_prefetch_row(kc, vc, kv_slot(off, pages, t, p) * (size_t)kvd + kvo, hd, eb);
+        att_prefetch_row<F16>(kc, vc, kv_slot(off, pages, t, p) * (size_t)kvd + kvo, hd);
     /* the first round's pages (the batch block is written before the pass) */
     size_t rA = 0, rB = 0;
     if (grp < ns) att_pages(off, pages, t, grp * CK_ATT_SPAN, min(len - grp * CK_ATT_SPAN, CK_ATT_SPAN), rA, rB);
@@ -430,7 +458,7 @@ __global__ void __launch_bounds__(NG * ATT_WARPS * 32) k_att_par(const float *q,
 #pragma unroll
     for (int k = 0; k < ND; k++) {   /* (as k_attention's qs: f16 caches take q rounded to f16) */
         float v = q[(size_t)th * hd + ND * lane + k];
-        qv[k] = F16 ? __half2float(__float2half_rn(v)) : v;
+        qv[k] = F16 == 1 ? __half2float(__float2half_rn(v)) : v;
     }
     __shared__ float ssc[NG][2][CK_ATT_SPAN];
     __shared__ float pm[NG], pl[NG], pa[NG][hd];
@@ -483,10 +511,10 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const float *q, co
      * cache rows by earlier kernels: read before the wait, into L2) */
     int len = pos[t] + 1, ns = (len + CK_ATT_SPAN - 1) / CK_ATT_SPAN;
     if ((G == 1 || ns == 1) && y != 0) return;
-    if (ROLL && F16 != CK_KV_Q8_0) {   /* (few blocks: their latency is the launch's) */
+    if (ROLL) {   /* (few blocks: their latency is the launch's) */
         int s = G == 1 || ns == 1 ? warp : y + G * warp, p = s * CK_ATT_SPAN + lane;
         if (s < ns && p < len)
-            att_prefetch_row(kc, vc, kv_slot(off, pages, t, p) * (size_t)kvd + (size_t)kvh * hd, hd, F16 ? 2 : 4);
+            att_prefetch_row<F16>(kc, vc, kv_slot(off, pages, t, p) * (size_t)kvd + (size_t)kvh * hd, hd);
     }
     /* the fused rope's angles and biases: not written by the kernel before
      * (the angles by the pass's first rope_kv, two launches back at least) */
@@ -604,7 +632,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const float *q, co
  * from the empty state, as k_attention's rounds do, and written to out;
  * else spans y, y + G, ... to part, merged in order by k_att_merge. So
  * every (token, head) has k_attention's bits. Shared memory: two stages of
- * K and V, 32 rows of hd values each (hd * elt <= 512 bytes). */
+ * K and V, 32 rows of hd values each (hd * elt <= 512 bytes; a q8_0
+ * cache's rows as their blocks). */
 template <int ND, int F16>
 __global__ void __launch_bounds__(256) k_att_grp(const float *q, const void *kc, const void *vc, const int32_t *pos,
                                                  const int32_t *off, const int32_t *pages, int n_head,
@@ -618,15 +647,20 @@ __global__ void __launch_bounds__(256) k_att_grp(const float *q, const void *kc,
     const bool direct = G == 1 || ns == 1;
     if (direct && y != 0) return;
     pdl_begin();
-    constexpr int EB = F16 ? 2 : 4;
+    /* a row's head share: hd values, or for a q8_0 cache its hd / 32
+     * blocks as they are (read by att_load's q8_0 form, the same values),
+     * copied in pieces of pb bytes (a q8_0 share starts on a multiple of
+     * 34 hd / 32 bytes: 4-byte aligned for hd 64, 8 for 128 and 256) */
+    constexpr int EB = F16 == 1 ? 2 : 4;
     extern __shared__ __align__(16) unsigned char ag_raw[];
-    const int rowb = hd * EB, pr = rowb / 16;   /* bytes and 16-byte pieces of a row's head share */
+    const int rowb = F16 == CK_KV_Q8_0 ? hd / 32 * CK_KV_Q8_BLOCK : hd * EB;
+    const int pb = F16 == CK_KV_Q8_0 ? (hd % 128 ? 4 : 8) : 16, pr = rowb / pb;
     auto stage = [&](int b, int v) { return ag_raw + (size_t)(2 * b + v) * 32 * rowb; };
     __shared__ float qs[8][ND * 32];
     const float *qt = q + (size_t)th * hd;
     for (int d = lane; d < hd; d += 32) {
         float v = qt[d];
-        qs[warp][d] = F16 ? __half2float(__float2half_rn(v)) : v;
+        qs[warp][d] = F16 == 1 ? __half2float(__float2half_rn(v)) : v;
     }
     const int s0 = direct ? 0 : y, ds = direct ? 1 : G;
     /* span s's rows (zeros past the token's length) into stage b */
@@ -635,9 +669,11 @@ __global__ void __launch_bounds__(256) k_att_grp(const float *q, const void *kc,
         for (int e = threadIdx.x; e < 2 * 32 * pr; e += blockDim.x) {
             int v = e / (32 * pr), j = (e / pr) % 32, pc = e % pr;
             const char *src = (const char *)(v ? vc : kc);
-            size_t r = kv_slot(off, pages, t, p0 + (j < np ? j : 0));
-            cp_async16(stage(b, v) + (size_t)j * rowb + 16 * pc, src + (r * kvd + (size_t)kvh * hd) * EB + 16 * pc,
-                       j < np ? 16 : 0);
+            size_t r = kv_slot(off, pages, t, p0 + (j < np ? j : 0)) * kvd + (size_t)kvh * hd;
+            unsigned char *dst = stage(b, v) + (size_t)j * rowb + pb * pc;
+            if (F16 != CK_KV_Q8_0) cp_async16(dst, src + r * EB + 16 * pc, j < np ? 16 : 0);
+            else if (pb == 8) cp_async_ca<8>(dst, src + (r >> 5) * CK_KV_Q8_BLOCK + 8 * pc, j < np ? 8 : 0);
+            else cp_async_ca<4>(dst, src + (r >> 5) * CK_KV_Q8_BLOCK + 4 * pc, j < np ? 4 : 0);
         }
     };
     const float scale = 1.0f / sqrtf((float)hd);
@@ -951,7 +987,7 @@ __global__ void __launch_bounds__(ATT_EX_WARPS * 32)
     __shared__ __align__(16) float qs[32 * ND];
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         const float v = qt[d];
-        qs[d] = F16 ? __half2float(__float2half_rn(v)) : v;
+        qs[d] = F16 == 1 ? __half2float(__float2half_rn(v)) : v;
     }
     float acc[ND];
 #pragma unroll
@@ -970,7 +1006,15 @@ __global__ void __launch_bounds__(ATT_EX_WARPS * 32)
         float sc = -INFINITY;
         if (lane < n) {
             float dot = 0.f;
-            if (F16 && vec) {
+            if (F16 == CK_KV_Q8_0) {   /* (hd % 32 == 0: whole blocks, in 8-value pieces) */
+#pragma unroll 4
+                for (int c = 0; c < hd / 8; c++) {
+                    float x[8];
+                    att_load<8, CK_KV_Q8_0>(kc, row + 8 * c, 8, true, x);
+#pragma unroll
+                    for (int k = 0; k < 8; k++) dot = __fmaf_rn(qs[8 * c + k], x[k], dot);
+                }
+            } else if (F16 && vec) {
                 const uint4 *kr = (const uint4 *)((const __half *)kc + row);
 #pragma unroll 4
                 for (int c = 0; c < hd / 8; c++) {
@@ -983,7 +1027,7 @@ __global__ void __launch_bounds__(ATT_EX_WARPS * 32)
                         dot = __fmaf_rn(qs[8 * c + 2 * k + 1], f.y, dot);
                     }
                 }
-            } else if (!F16 && vec) {
+            } else if (F16 == 0 && vec) {
                 const float4 *kr = (const float4 *)((const float *)kc + row);
 #pragma unroll 4
                 for (int c = 0; c < hd / 4; c++) {
@@ -1050,9 +1094,9 @@ extern "C" {
 
 int ck_att_grp_ok(int f16, int n_head, int n_head_kv, int hd)
 {
-    if (f16 == CK_KV_Q8_0) return 0;   /* (k_attention only) */
+    const int eb = f16 == 1 ? 2 : 4;
     if (n_head_kv < 1 || n_head % n_head_kv || n_head / n_head_kv < 2 || n_head / n_head_kv > 8) return 0;
-    if (hd > 256 || hd * (f16 ? 2 : 4) > 512 || (hd * (f16 ? 2 : 4)) % 16) return 0;
+    if (f16 == CK_KV_Q8_0 ? hd % 64 || hd > 256 : hd > 256 || hd * eb > 512 || (hd * eb) % 16) return 0;
     static unsigned attr = 0;   /* (64 KiB of dynamic shared memory at most, once a device) */
     if (ck_first_on_device(&attr)) {
         int b = 64 << 10;
@@ -1064,6 +1108,10 @@ int ck_att_grp_ok(int f16, int n_head, int n_head_kv, int hd)
         cudaFuncSetAttribute(k_att_grp<2, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, b);
         cudaFuncSetAttribute(k_att_grp<4, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, b);
         cudaFuncSetAttribute(k_att_grp<8, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, b);
+        cudaFuncSetAttribute(k_att_grp<1, CK_KV_Q8_0>, cudaFuncAttributeMaxDynamicSharedMemorySize, b);
+        cudaFuncSetAttribute(k_att_grp<2, CK_KV_Q8_0>, cudaFuncAttributeMaxDynamicSharedMemorySize, b);
+        cudaFuncSetAttribute(k_att_grp<4, CK_KV_Q8_0>, cudaFuncAttributeMaxDynamicSharedMemorySize, b);
+        cudaFuncSetAttribute(k_att_grp<8, CK_KV_Q8_0>, cudaFuncAttributeMaxDynamicSharedMemorySize, b);
         if ((int)ATT_MMA_SMEM(64) <= ck_feat_now()->smem_optin)
             cudaFuncSetAttribute(k_att_mma<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ATT_MMA_SMEM(64));
         if ((int)ATT_MMA_SMEM(128) <= ck_feat_now()->smem_optin)
@@ -1120,19 +1168,22 @@ void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *v
             return;
         }
         int bs = n_head / n_head_kv * 32;
-        size_t sm = (size_t)4 * 32 * hd * (f16 ? 2 : 4);
+        size_t sm = (size_t)4 * 32 * (f16 == CK_KV_Q8_0 ? hd / 32 * CK_KV_Q8_BLOCK : hd * (f16 ? 2 : 4));
+#define L_GRP2(ND, F)                                                                                          \
+    lk(k_att_grp<ND, F>, g, bs, sm, st, q, kc, vc, pos, off, pages, n_head, n_head_kv, hd, out, part, grp,     \
+       maxs, L)
 #define L_GRP(ND)                                                                                              \
     do {                                                                                                       \
-        if (f16) lk(k_att_grp<ND, 1>, g, bs, sm, st, q, kc, vc, pos, off, pages, n_head, n_head_kv, hd, out,   \
-                    part, grp, maxs, L);                                                                       \
-        else lk(k_att_grp<ND, 0>, g, bs, sm, st, q, kc, vc, pos, off, pages, n_head, n_head_kv, hd, out, part, \
-                grp, maxs, L);                                                                                 \
+        if (f16 == CK_KV_Q8_0) L_GRP2(ND, CK_KV_Q8_0);                                                         \
+        else if (f16) L_GRP2(ND, 1);                                                                           \
+        else L_GRP2(ND, 0);                                                                                    \
     } while (0)
         if (nd <= 1) L_GRP(1);
         else if (nd <= 2) L_GRP(2);
         else if (nd <= 4) L_GRP(4);
         else L_GRP(8);
 #undef L_GRP
+#undef L_GRP2
         if (grp > 1) lk(k_att_merge, T * n_head, 128, 0, st, part, pos, n_head, hd, maxs, out, L);
         return;
     }
@@ -1147,8 +1198,11 @@ void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *v
     /* rolled span loops for launches of fewer blocks than SMs */
     bool roll = (int)(g.x * g.y) < n_sm;
     int coop = ck_att_coop(hd);
-    if (G == 1 && !rp && f16 != CK_KV_Q8_0 && ck_att_par(hd) && T * n_head <= n_sm) {
-        if (f16) lk(k_att_par<ATT_WARPS, 1, ATT_PAR_G>, g, ATT_PAR_G * ATT_WARPS * 32, 0, st, q, kc, vc, pos, off,
+    if (G == 1 && !rp && ck_att_par(hd) && T * n_head <= n_sm) {
+        if (f16 == CK_KV_Q8_0)
+            lk(k_att_par<ATT_WARPS, CK_KV_Q8_0, ATT_PAR_G>, g, ATT_PAR_G * ATT_WARPS * 32, 0, st, q, kc, vc, pos,
+               off, pages, n_head, n_head_kv, out, L);
+        else if (f16) lk(k_att_par<ATT_WARPS, 1, ATT_PAR_G>, g, ATT_PAR_G * ATT_WARPS * 32, 0, st, q, kc, vc, pos, off,
                     pages, n_head, n_head_kv, out, L);
         else lk(k_att_par<ATT_WARPS, 0, ATT_PAR_G>, g, ATT_PAR_G * ATT_WARPS * 32, 0, st, q, kc, vc, pos, off,
                 pages, n_head, n_head_kv, out, L);
@@ -1179,12 +1233,14 @@ void ck_attention_ex(cudaStream_t st, const float *q, const void *kc, const void
                      const float *sinks, float scale, float *out)
 {
     unsigned g = (unsigned)(T * n_head);
+#define L_EX2(ND, F)                                                                                           \
+    lk(k_att_ex<ND, F>, g, ATT_EX_WARPS * 32, 0, st, q, kc, vc, pos, off, pages, T, n_head, n_head_kv, hd,    \
+       window, sinks, scale, out)
 #define L_EX(ND)                                                                                               \
     do {                                                                                                       \
-        if (f16) lk(k_att_ex<ND, 1>, g, ATT_EX_WARPS * 32, 0, st, q, kc, vc, pos, off, pages, T, n_head,       \
-                    n_head_kv, hd, window, sinks, scale, out);                                                 \
-        else lk(k_att_ex<ND, 0>, g, ATT_EX_WARPS * 32, 0, st, q, kc, vc, pos, off, pages, T, n_head,           \
-                n_head_kv, hd, window, sinks, scale, out);                                                     \
+        if (f16 == CK_KV_Q8_0) L_EX2(ND, CK_KV_Q8_0);                                                          \
+        else if (f16) L_EX2(ND, 1);                                                                            \
+        else L_EX2(ND, 0);                                                                                     \
     } while (0)
     int nd = (hd + 31) / 32;
     if (nd <= 1) L_EX(1);
@@ -1192,6 +1248,7 @@ void ck_attention_ex(cudaStream_t st, const float *q, const void *kc, const void
     else if (nd <= 4) L_EX(4);
     else L_EX(8);
 #undef L_EX
+#undef L_EX2
 }
 
 }  /* extern "C" */

@@ -310,6 +310,12 @@ __device__ __forceinline__ void cp_async16(void *smem, const void *g, int bytes)
     unsigned a = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(a), "l"(g), "r"(bytes) : "memory");
 }
+/* N (4 or 8) bytes, through L1 (cp.async.cg takes 16 only) */
+template <int N> __device__ __forceinline__ void cp_async_ca(void *smem, const void *g, int bytes)
+{
+    unsigned a = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(a), "l"(g), "n"(N), "r"(bytes) : "memory");
+}
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 

@@ -1028,7 +1028,7 @@ static void cu_attention_ex(be *b, const float *q, const void *kc, const void *v
     cu_use_batch(c, bt);
     tag_clear(c);
     float scale = ex->scale != 0 ? ex->scale : 1.0f / sqrtf((float)head_dim);
-    ck_attention_ex(c->st, q, kc, vc, b->kv_type == BE_KV_F16, d_pos(c), d_off(c), d_pages(c), bt->T, n_head, n_head_kv,
+    ck_attention_ex(c->st, q, kc, vc, b->kv_type, d_pos(c), d_off(c), d_pages(c), bt->T, n_head, n_head_kv,
                     head_dim, ex->window > 0 ? ex->window : 0, ex->sinks && ex->sinks->data ? ex->sinks->dev : NULL,
                     scale, out);
 }

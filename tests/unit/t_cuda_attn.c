@@ -431,7 +431,7 @@ static void attn_group_case(be *gb, be *gd, be *gn, be *const *gm, be *cb, int n
 {
     enum { NS = 40, MAXP = 48 };
     int n_pages = NS * MAXP, kvd = n_head_kv * hd;
-    size_t elt = gb->kv_type == BE_KV_F16 ? 2 : 4, cache = be_kv_bytes(gb->kv_type, (size_t)n_pages * KV_PAGE * kvd);
+    size_t cache = be_kv_bytes(gb->kv_type, (size_t)n_pages * KV_PAGE * kvd);
     int32_t perm[NS * MAXP];
     page_perm(perm, n_pages);
     void *ckc = calloc(1, cache), *cvc = calloc(1, cache);
@@ -459,7 +459,7 @@ static void attn_group_case(be *gb, be *gd, be *gn, be *const *gm, be *cb, int n
     gb->ops->attention(gb, dq, gkc, gvc, &bt, n_head, n_head_kv, hd, dout);
     gb->ops->to_host(gb, g, dout, nq * 4);
     gb->ops->sync(gb);
-    const char *kv = elt == 2 ? "16" : "32";
+    const char *kv = be_kv_name(gb->kv_type);
     double e = rel_err_f(g, a, nq);
     CHECKF(e < 1e-4, "grouped attention kv%s heads %d/%d hd %d: rel err %.3g", kv, n_head, n_head_kv, hd, e);
     for (int o = 0; o < 2; o++) {
@@ -470,7 +470,7 @@ static void attn_group_case(be *gb, be *gd, be *gn, be *const *gm, be *cb, int n
         CHECKF(!memcmp(g, h, nq * 4), "grouped attention kv%s heads %d/%d hd %d: differs from the %s kernel", kv,
                n_head, n_head_kv, hd, o ? "one-block grouped" : "ungrouped");
     }
-    int mma = elt == 2 && (hd == 64 || hd == 128);
+    int mma = gb->kv_type == BE_KV_F16 && (hd == 64 || hd == 128);
     for (int o = 0; o < 2; o++) {
         gm[o]->ops->attention(gm[o], dq, gkc, gvc, &bt, n_head, n_head_kv, hd, dn);
         gm[o]->ops->to_host(gm[o], h, dn, nq * 4);
@@ -518,6 +518,25 @@ void test_att_group(void)
     be *all[8] = { gn, gn32, gd, gd32, gm[0], gm[1], gm32[0], gm32[1] };
     for (int i = 0; i < 8; i++)
         if (all[i]) all[i]->ops->close(all[i]);
+    /* q8_0 caches: rows staged as f32 (the tensor-core form does not
+     * apply: asking for it keeps the grouped kernel's bits) */
+    be *q8[6] = { NULL };
+    be *cq8 = NULL;
+    bad = gpu_open(&q8[0], BE_KV_Q8_0, NULL, err, sizeof err) ||
+          gpu_open(&q8[1], BE_KV_Q8_0, &one, err, sizeof err) ||
+          gpu_open(&q8[2], BE_KV_Q8_0, &ungrouped, err, sizeof err) ||
+          gpu_open(&q8[3], BE_KV_Q8_0, &mma_split, err, sizeof err) ||
+          gpu_open(&q8[4], BE_KV_Q8_0, &mma_one, err, sizeof err) ||
+          be_open(&cq8, "cpu", pl, BE_KV_Q8_0, err, sizeof err);
+    CHECKF(!bad, "%s", err);
+    if (!bad) {
+        attn_group_case(q8[0], q8[1], q8[2], q8 + 3, cq8, 28, 4, 128);
+        attn_group_case(q8[0], q8[1], q8[2], q8 + 3, cq8, 14, 2, 64);
+        attn_group_case(q8[0], q8[1], q8[2], q8 + 3, cq8, 16, 8, 32);
+    }
+    for (int i = 0; i < 5; i++)
+        if (q8[i]) q8[i]->ops->close(q8[i]);
+    if (cq8) cq8->ops->close(cq8);
 }
 
 void test_attention(void)
@@ -583,8 +602,8 @@ static void attn_ex_case(be *gb, be *cb, int n_head, int n_head_kv, int hd, int 
         gb->ops->to_host(gb, g, dout, nq * 4);
         gb->ops->sync(gb);
         double e = rel_err_f(g, a, nq);
-        CHECKF(e < 1e-4, "attention_ex kv%d heads %d/%d hd %d window %d sinks %d scale %g step %d: rel err %.3g",
-               gb->kv_type == BE_KV_F16 ? 16 : 32, n_head, n_head_kv, hd, window, with_sinks, scale, step, e);
+        CHECKF(e < 1e-4, "attention_ex kv %s heads %d/%d hd %d window %d sinks %d scale %g step %d: rel err %.3g",
+               be_kv_name(gb->kv_type), n_head, n_head_kv, hd, window, with_sinks, scale, step, e);
         gb->ops->free(gb, dq); gb->ops->free(gb, dk); gb->ops->free(gb, dv); gb->ops->free(gb, dout);
         free(q); free(k); free(v); free(a); free(g);
     }
@@ -600,4 +619,16 @@ void test_attention_ex(void)
     attn_ex_case(gpu, cpu, 6, 3, 48, 16, 1, 0.2f);
     attn_ex_case(gpu32, cpu32, 8, 8, 128, 1, 1, 0);
     attn_ex_case(gpu32, cpu32, 4, 2, 32, 100, 1, 0);
+    be *gq8 = NULL, *cq8 = NULL;
+    char err[256];
+    CHECKF(!gpu_open(&gq8, BE_KV_Q8_0, NULL, err, sizeof err), "%s", err);
+    CHECKF(!be_open(&cq8, "cpu", pl, BE_KV_Q8_0, err, sizeof err), "%s", err);
+    if (gq8 && cq8) {
+        attn_ex_case(gq8, cq8, 8, 2, 64, 0, 1, 0);
+        attn_ex_case(gq8, cq8, 8, 2, 64, 37, 0, 0);
+        attn_ex_case(gq8, cq8, 4, 1, 256, 512, 0, 0.0625f);
+        attn_ex_case(gq8, cq8, 4, 2, 32, 100, 1, 0);
+    }
+    if (gq8) gq8->ops->close(gq8);
+    if (cq8) cq8->ops->close(cq8);
 }
