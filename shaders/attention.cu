@@ -52,8 +52,6 @@ __device__ __forceinline__ void att_merge_step(float &M, float &L, float (&A)[AT
     att_merge_n<ATT_DPT>(M, L, A, m, l, a);
 }
 
-/* value i of a q8_0 cache (F16 == CK_KV_Q8_0): its block's f16 scale
- * times its int8, as the CPU's dequantization */
 /* int8 byte k of w ^ 0x80808080 as a float: 2^23 + (byte ^ 0x80) less
  * 2^23 + 128, exact (an integer conversion runs at a quarter of the FMA
  * rate, and a long context's attention is FMA-bound) */
@@ -62,6 +60,8 @@ __device__ __forceinline__ float kq8_f(uint32_t wx, int k)
     return __int_as_float(__byte_perm(wx, 0x4B000000u, 0x7440 | k)) - 8388736.f;
 }
 
+/* value i of a q8_0 cache (F16 == CK_KV_Q8_0): its block's f16 scale
+ * times its int8, as the CPU's dequantization */
 __device__ __forceinline__ float kq8_ld(const void *c, size_t i)
 {
     const uint8_t *b = (const uint8_t *)c + (i >> 5) * CK_KV_Q8_BLOCK;
