@@ -691,10 +691,25 @@ __global__ void __launch_bounds__(256) k_att_grp(const float *q, const void *kc,
         /* (head_dim 32 ND and whole spans, the common case, with constant
          * row offsets and no bounds: the same code, folded) */
         const void *sk = stage(i & 1, 0), *sv = stage(i & 1, 1);
+        /* a q8_0 span dequantized once for the group's heads into f32
+         * (the values att_load gives: exact products, so the same bits) */
+        constexpr int SF = F16 == CK_KV_Q8_0 ? 0 : F16;
+        if constexpr (F16 == CK_KV_Q8_0) {
+            float *fk = (float *)(ag_raw + (size_t)4 * 32 * rowb), *fv = fk + 32 * hd;
+            for (int e = threadIdx.x; e < 2 * 32 * (hd / 4); e += blockDim.x) {
+                int v = e / (32 * (hd / 4)), j = (e / (hd / 4)) % 32, pc = e % (hd / 4);
+                float x[4];
+                att_load<4, CK_KV_Q8_0>(v ? sv : sk, (size_t)j * hd + 4 * pc, 4, true, x);
+                *(float4 *)((v ? fv : fk) + (size_t)j * hd + 4 * pc) = make_float4(x[0], x[1], x[2], x[3]);
+            }
+            __syncthreads();
+            sk = fk;
+            sv = fv;
+        }
         if (hd == 32 * ND && np == CK_ATT_SPAN)
-            att_span_at<ND, F16, 0>(qs[warp], sk, sv, 0, 16, 0, 32 * ND, 32 * ND, scale, CK_ATT_SPAN, NULL, m, l, a);
+            att_span_at<ND, SF, 0>(qs[warp], sk, sv, 0, 16, 0, 32 * ND, 32 * ND, scale, CK_ATT_SPAN, NULL, m, l, a);
         else
-            att_span_at<ND, F16, 0>(qs[warp], sk, sv, 0, 16, 0, hd, hd, scale, np, NULL, m, l, a);
+            att_span_at<ND, SF, 0>(qs[warp], sk, sv, 0, 16, 0, hd, hd, scale, np, NULL, m, l, a);
         if (direct) att_merge_n<ND>(M, L, A, m, l, a);
         else att_put_part<ND>(part, th, maxs, s, hd, m, l, a);
         __syncthreads();   /* stage i & 1 is free for span s + 2 ds */
@@ -1096,7 +1111,7 @@ int ck_att_grp_ok(int f16, int n_head, int n_head_kv, int hd)
 {
     const int eb = f16 == 1 ? 2 : 4;
     if (n_head_kv < 1 || n_head % n_head_kv || n_head / n_head_kv < 2 || n_head / n_head_kv > 8) return 0;
-    if (f16 == CK_KV_Q8_0 ? hd % 64 || hd > 256 : hd > 256 || hd * eb > 512 || (hd * eb) % 16) return 0;
+    if (f16 == CK_KV_Q8_0 ? hd % 64 || hd > 128 : hd > 256 || hd * eb > 512 || (hd * eb) % 16) return 0;
     static unsigned attr = 0;   /* (64 KiB of dynamic shared memory at most, once a device) */
     if (ck_first_on_device(&attr)) {
         int b = 64 << 10;
@@ -1168,7 +1183,9 @@ void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *v
             return;
         }
         int bs = n_head / n_head_kv * 32;
-        size_t sm = (size_t)4 * 32 * (f16 == CK_KV_Q8_0 ? hd / 32 * CK_KV_Q8_BLOCK : hd * (f16 ? 2 : 4));
+        /* (q8_0: the blocks' two stages, then one f32 stage they are dequantized into) */
+        size_t sm = f16 == CK_KV_Q8_0 ? (size_t)4 * 32 * (hd / 32 * CK_KV_Q8_BLOCK) + (size_t)2 * 32 * hd * 4
+                                      : (size_t)4 * 32 * hd * (f16 ? 2 : 4);
 #define L_GRP2(ND, F)                                                                                          \
     lk(k_att_grp<ND, F>, g, bs, sm, st, q, kc, vc, pos, off, pages, n_head, n_head_kv, hd, out, part, grp,     \
        maxs, L)

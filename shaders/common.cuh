@@ -369,6 +369,19 @@ __device__ __forceinline__ void kv_put(void *c, int f16, size_t s, float v)
     else ((float *)c)[s] = v;
 }
 
+/* One q8_0 cache block b of 32 values, lane i of a whole warp holding x_i
+ * (ggml's q8_0 with the CPU's arithmetic: d = max|x| / 127, x * (1 / d)
+ * rounded half away from zero, d kept in f16) */
+__device__ __forceinline__ void kv_put_q8(uint8_t *b, float x, int lane)
+{
+    float amax = fabsf(x);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float d = amax / 127.0f, id = d != 0.f ? 1.0f / d : 0.0f;
+    b[2 + lane] = (uint8_t)(int8_t)roundf(x * id);
+    if (lane == 0) *(__half *)b = __float2half_rn(d);
+}
+
 /* ---------------- launchers ---------------- */
 
 #define TYPE_SWITCH(type, FN)         \

@@ -149,8 +149,9 @@ void ck_rope(cudaStream_t st, float *x, const int32_t *pos, int T, int n_heads, 
              float base, int neox, const float *freq_div);
 /* The KV cache's forms (the `f16` argument of the cache's launchers): 0
  * f32, 1 f16, CK_KV_Q8_0 ggml's q8_0 blocks of CK_KV_Q8_BLOCK bytes (an f16
- * scale, 32 int8), a row's kv_dim / 32 of them (kv_dim % 32 == 0); the
- * fused rope forms and the tensor-core attention take f16 and f32 only */
+ * scale, 32 int8), a row's kv_dim / 32 of them (kv_dim % 32 == 0);
+ * ck_rope_kv takes all three, the rope inside the attention or the matmul
+ * and the tensor-core attention f16 and f32 only */
 #define CK_KV_Q8_0 2
 #define CK_KV_Q8_BLOCK 34
 void ck_kv_store(cudaStream_t st, void *kc, void *vc, int f16, const int32_t *pos, const int32_t *off,

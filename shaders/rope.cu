@@ -30,8 +30,7 @@ __global__ void k_kv_store(void *kc, void *vc, int f16, const int32_t *pos, cons
 }
 
 /* The KV store into a q8_0 cache: a warp per block of 32 values of a
- * token's k and v rows (ggml's q8_0 with the CPU's arithmetic: d =
- * max|x| / 127, x * (1 / d) rounded half away from zero, d kept in f16) */
+ * token's k and v rows (kv_put_q8) */
 __global__ void k_kv_store_q8(void *kc, void *vc, const int32_t *pos, const int32_t *off, const int32_t *pages,
                               int kv_dim, const float *k, const float *v)
 {
@@ -40,21 +39,16 @@ __global__ void k_kv_store_q8(void *kc, void *vc, const int32_t *pos, const int3
     const int blk = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5), nb = kv_dim / 32;
     if (blk >= nb) return;
     const size_t row = kv_slot(off, pages, t, pos[t]) * (size_t)nb + blk;
-    for (int w = 0; w < 2; w++) {
-        const float x = (w ? v : k)[(size_t)t * kv_dim + (size_t)blk * 32 + lane];
-        float amax = fabsf(x);
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-        const float d = amax / 127.0f, id = d != 0.f ? 1.0f / d : 0.0f;
-        uint8_t *b = (uint8_t *)(w ? vc : kc) + row * CK_KV_Q8_BLOCK;
-        b[2 + lane] = (uint8_t)(int8_t)roundf(x * id);
-        if (lane == 0) *(__half *)b = __float2half_rn(d);
-    }
+    for (int w = 0; w < 2; w++)
+        kv_put_q8((uint8_t *)(w ? vc : kc) + row * CK_KV_Q8_BLOCK,
+                  (w ? v : k)[(size_t)t * kv_dim + (size_t)blk * 32 + lane], lane);
 }
 
 /* rope of q and k, then kv_store of k and v, in one launch: block (t, h),
  * h < n_head a head of q, else head h - n_head of k (and v): the same
- * values as k_rope, k_rope, k_kv_store. */
+ * values as k_rope, k_rope, k_kv_store. f16: the cache type (0 f32, 1
+ * f16, CK_KV_Q8_0: the head's k and v rows, once roped, by the block's
+ * warps a 32-value block each, k_kv_store_q8's bytes). */
 __global__ void k_rope_kv(float *q, float *k, const float *v, void *kc, void *vc, int f16, const int32_t *pos,
                           const int32_t *off, const int32_t *pages, int n_head, int n_head_kv, int hd, int n_rot,
                           float base, int neox, const float *fd, const float *bq, const float *bk,
@@ -79,14 +73,25 @@ __global__ void k_rope_kv(float *q, float *k, const float *v, void *kc, void *vc
             if (tmode == 1 && h == 0) tab[(size_t)t * half + i] = make_float2(cs, sn);
         }
         rope_pair(x, i, half, neox, cs, sn, o0, o1, i0, i1, bx);
-        if (isk) { kv_put(kc, f16, s + i0, o0); kv_put(kc, f16, s + i1, o1); }
+        if (isk && f16 != CK_KV_Q8_0) { kv_put(kc, f16, s + i0, o0); kv_put(kc, f16, s + i1, o1); }
     }
     /* past the rotated dims: as they are (with the bias) */
     if (bx)
         for (int d = n_rot + threadIdx.x; d < hd; d += blockDim.x) x[d] = __fadd_rn(x[d], bx[d]);
     if (!isk) return;
-    if (bx) __syncthreads();   /* (the tail written above is read below by other threads) */
     const float *vr = v + ((size_t)t * n_head_kv + hh) * hd;
+    if (f16 == CK_KV_Q8_0) {
+        __syncthreads();   /* (every value of the k row is written) */
+        const int lane = threadIdx.x & 31;
+        for (int b = threadIdx.x >> 5; b < hd / 32; b += blockDim.x >> 5) {
+            const int d = 32 * b + lane;
+            const size_t blk = (s + 32 * b) / 32 * CK_KV_Q8_BLOCK;
+            kv_put_q8((uint8_t *)kc + blk, x[d], lane);
+            kv_put_q8((uint8_t *)vc + blk, bvh ? __fadd_rn(vr[d], bvh[d]) : vr[d], lane);
+        }
+        return;
+    }
+    if (bx) __syncthreads();   /* (the tail written above is read below by other threads) */
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         if (d >= n_rot) kv_put(kc, f16, s + d, x[d]);
         kv_put(vc, f16, s + d, bvh ? __fadd_rn(vr[d], bvh[d]) : vr[d]);

@@ -363,6 +363,12 @@ static int scratch_regrow(cu_be *c, void **p, size_t bytes, const char *what)
 }
 
 #define ATT_GRP_PART ((size_t)64 << 20)   /* the most partials kept for grouped attention's rows */
+/* Spans from which a token's heads go grouped however few the rows: a long
+ * context's decode reads each KV row once per group instead of once per
+ * q head */
+#ifndef ATT_GRP_NS
+#define ATT_GRP_NS 8
+#endif
 
 /* Room in part for `rows` (token, head) rows of `need` spans each. The
  * rows a grouped batch added are kept while they fit ATT_GRP_PART. */
@@ -408,8 +414,8 @@ static int att_blocks(cu_be *c, int T, int ns, int n_head, int head_dim)
     return g > c->att_maxs ? c->att_maxs : g < 1 ? 1 : g;
 }
 
-/* Grouped attention (ck_attention's grp) for a batch that k_attention
- * takes a block per (token, head) with G == 1: blocks per (token, KV head)
+/* Grouped attention (ck_attention's grp) for a batch of at least 2 rows
+ * per SM, or tokens of ATT_GRP_NS spans or more: blocks per (token, KV head)
  * for about att_grp blocks per SM (2, 4 and 8 alike on a 7b, 32 streams).
  * 0 (the ungrouped kernel, the same bits) when
  * the heads do not group, or the partials would pass ATT_GRP_PART (a
@@ -417,7 +423,8 @@ static int att_blocks(cu_be *c, int T, int ns, int n_head, int head_dim)
  * capture). */
 static int att_group(cu_be *c, int T, int ns, int n_head, int n_head_kv, int head_dim, int mma)
 {
-    if (!c->att_grp || T * n_head < 2 * c->n_sm || !ck_att_grp_ok(c->base.kv_type, n_head, n_head_kv, head_dim))
+    if (!c->att_grp || (T * n_head < 2 * c->n_sm && ns < ATT_GRP_NS) ||
+        !ck_att_grp_ok(c->base.kv_type, n_head, n_head_kv, head_dim))
         return 0;
     int per = T * n_head_kv, g = (mma ? c->att_mma_bps : c->att_grp) * c->n_sm / per;
     g = g > ns ? ns : g < 1 ? 1 : g;
@@ -959,7 +966,7 @@ static void cu_rope_kv(be *b, float *q, float *k, float *v, void *kc, void *vc, 
                        const wt *const *bias)
 {
     cu_be *c = (cu_be *)b;
-    if (!c->fuse || b->kv_type == BE_KV_Q8_0) {   /* (q8_0 caches: the plain kernels) */
+    if (!c->fuse) {
         const float *bq = bias_dev(bias, 0), *bk = bias_dev(bias, 1), *bv = bias_dev(bias, 2);
         tag_clear(c);
         if (bq) ck_add_bias(c->st, q, bq, bt->T, n_head * head_dim);
@@ -990,7 +997,7 @@ static void cu_rope_kv(be *b, float *q, float *k, float *v, void *kc, void *vc, 
             c->rope_have = 1; c->rope_base = base; c->rope_rot = n_rot; c->rope_fd = fdd;
         }
     }
-    ck_rope_kv(c->st, q, k, v, kc, vc, b->kv_type == BE_KV_F16, d_pos(c), d_off(c), d_pages(c), bt->T, n_head, n_head_kv,
+    ck_rope_kv(c->st, q, k, v, kc, vc, b->kv_type, d_pos(c), d_off(c), d_pages(c), bt->T, n_head, n_head_kv,
                head_dim, n_rot, base, rope_mode(neox, n_rot, fd), fdd, bias_dev(bias, 0), bias_dev(bias, 1),
                bias_dev(bias, 2), c->rope_tab, mode);
 }
@@ -1000,11 +1007,12 @@ static void att_run(cu_be *c, const float *q, const void *kc, const void *vc, co
 {
     cu_use_batch(c, bt);
     int ns = att_spans(bt);
-    int G = att_room(c, ns) ? 1 : att_blocks(c, bt->T, ns, n_head, head_dim);
+    int room = !att_room(c, ns);
     /* tensor cores where the matmuls leave the batch-invariance promise too */
     int mma = (c->att_mma == 2 || (c->att_mma == 1 && c->in_step && c->n_dec > CK_GEMV_MAX_T && !c->invariant)) &&
               ck_att_mma_ok(c->base.kv_type, n_head, n_head_kv, head_dim);
-    int grp = G == 1 && !rp && c->att_maxs >= ns ? att_group(c, bt->T, ns, n_head, n_head_kv, head_dim, mma) : 0;
+    int grp = room && !rp && c->att_maxs >= ns ? att_group(c, bt->T, ns, n_head, n_head_kv, head_dim, mma) : 0;
+    int G = grp || !room ? 1 : att_blocks(c, bt->T, ns, n_head, head_dim);
     void *xq = head_dim % 32 == 0 ? quant_ahead(c, out, bt->T, n_head * head_dim) : (tag_clear(c), NULL);
     void *x16 = f16_ahead(c, out, bt->T, n_head * head_dim);
     ck_attention(c->st, q, kc, vc, c->base.kv_type, d_pos(c), d_off(c), d_pages(c), bt->T, n_head, n_head_kv,

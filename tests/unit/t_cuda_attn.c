@@ -79,8 +79,8 @@ static void rope_kv_case(be *g, int n_head, int n_head_kv, int hd, int n_rot, in
     for (int i = 0; i < 4; i++) {
         g->ops->to_host(g, a, src[i][0], len[i]);
         g->ops->to_host(g, b, src[i][1], len[i]);
-        CHECKF(memcmp(a, b, len[i]) == 0, "rope_kv kv%s heads %d/%d hd %d n_rot %d neox %d fd %d bias %d: %s differs",
-               g->kv_type == BE_KV_F16 ? "16" : "32", n_head, n_head_kv, hd, n_rot, neox, with_fd, with_bias, what[i]);
+        CHECKF(memcmp(a, b, len[i]) == 0, "rope_kv kv %s heads %d/%d hd %d n_rot %d neox %d fd %d bias %d: %s differs",
+               be_kv_name(g->kv_type), n_head, n_head_kv, hd, n_rot, neox, with_fd, with_bias, what[i]);
     }
     g->ops->sync(g);
     for (int r = 0; r < 2; r++) {
@@ -107,10 +107,25 @@ void test_rope_kv(void)
         rope_kv_case(gs[i], 64, 8, 64, 64, 1, 2, 1);   /* gpt-oss-20b: YaRN, q, k, v biases */
         rope_kv_case(gs[i], 6, 3, 48, 32, 0, 2, 0);
     }
+    /* a q8_0 cache: the fused kernel's blocks are the plain store's bytes
+     * (head_dim a multiple of 32) */
+    be *q8 = NULL;
+    char err[256];
+    int bad = gpu_open(&q8, BE_KV_Q8_0, NULL, err, sizeof err);
+    CHECKF(!bad, "%s", err);
+    if (!bad) {
+        rope_kv_case(q8, 14, 2, 64, 64, 1, 0, 0);
+        rope_kv_case(q8, 8, 2, 128, 128, 0, 1, 0);
+        rope_kv_case(q8, 28, 4, 128, 128, 1, 0, 1);   /* qwen2.5-7b: q, k, v biases */
+        rope_kv_case(q8, 4, 2, 64, 32, 1, 1, 1);      /* partial rotary */
+        rope_kv_case(q8, 16, 8, 256, 64, 1, 0, 0);
+        rope_kv_case(q8, 64, 8, 64, 64, 1, 2, 1);
+        rope_kv_case(q8, 6, 3, 32, 32, 0, 0, 1);      /* (a warp a block) */
+        q8->ops->close(q8);
+    }
     /* and with fusion off (the plain ops, biases added first) */
     be *plain = NULL;
-    char err[256];
-    int bad = gpu_open(&plain, 1, &(be_cuda_force){ .unfused = 1 }, err, sizeof err);
+    bad = gpu_open(&plain, 1, &(be_cuda_force){ .unfused = 1 }, err, sizeof err);
     CHECKF(!bad, "%s", err);
     if (!bad) {
         rope_kv_case(plain, 14, 2, 64, 64, 1, 0, 1);
