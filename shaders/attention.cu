@@ -633,7 +633,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(const float *q, co
  * else spans y, y + G, ... to part, merged in order by k_att_merge. So
  * every (token, head) has k_attention's bits. Shared memory: two stages of
  * K and V, 32 rows of hd values each (hd * elt <= 512 bytes; a q8_0
- * cache's rows as their blocks). */
+ * cache's rows as their blocks, and one f32 stage they are dequantized
+ * into, head_dim <= 128). */
 template <int ND, int F16>
 __global__ void __launch_bounds__(256) k_att_grp(const float *q, const void *kc, const void *vc, const int32_t *pos,
                                                  const int32_t *off, const int32_t *pages, int n_head,
