@@ -62,6 +62,8 @@ static void usage(FILE *f)
 "                          its share of every layer's heads and FFN, for GPUs\n"
 "                          linked by NVLink) or layers (each GPU whole layers\n"
 "                          in turn, one hand-over a pass, for GPUs on PCIe)\n"
+"      --gpu-layers N      only the last N layers (and the output) on the GPU,\n"
+"                          the others on the CPU: a model larger than the GPU\n"
 "  -t, --threads N         matmul threads (default: online cores)\n"
 "  -c, --ctx N             tokens per sequence, 8..16777216 (default: the model's\n"
 "                          trained context, or what the KV pool holds if less);\n"
@@ -383,7 +385,7 @@ static void raise_fd_limit(int max_clients)
 enum {
     OPT_MODEL = 'm', OPT_SOCKET = 's', OPT_THREADS = 't', OPT_CTX = 'c', OPT_USER = 'u', OPT_GROUP = 'g',
     OPT_DAEMONIZE = 'd', OPT_LOG = 'l', OPT_PIDFILE = 'p', OPT_HELP = 'h', OPT_VERSION = 'V',
-    OPT_SOCKET_MODE = 256, OPT_SOCKET_GROUP, OPT_BACKEND, OPT_MAX_SEQS, OPT_MAX_QUEUED, OPT_KV_BUDGET, OPT_DETERMINISTIC, OPT_F16_CACHE, OPT_CPU_REPACK, OPT_CHAT_TEMPLATE, OPT_KV_TYPE, OPT_POOLING, OPT_SWA_FULL, OPT_GPUS, OPT_SPLIT,
+    OPT_SOCKET_MODE = 256, OPT_SOCKET_GROUP, OPT_BACKEND, OPT_MAX_SEQS, OPT_MAX_QUEUED, OPT_KV_BUDGET, OPT_DETERMINISTIC, OPT_F16_CACHE, OPT_CPU_REPACK, OPT_CHAT_TEMPLATE, OPT_KV_TYPE, OPT_POOLING, OPT_SWA_FULL, OPT_GPUS, OPT_SPLIT, OPT_GPU_LAYERS,
     OPT_MAX_CLIENTS, OPT_MAX_BACKLOG, OPT_STALL, OPT_GRACE, OPT_HELLO, OPT_LOG_LEVEL,
     OPT_ALLOW_USER, OPT_ALLOW_GROUP, OPT_JOBS_UID, OPT_CLIENTS_UID, OPT_SECCOMP, OPT_IDLE,
 };
@@ -471,6 +473,7 @@ int main(int argc, char **argv)
         { "kv-type", required_argument, 0, OPT_KV_TYPE },
         { "gpus", required_argument, 0, OPT_GPUS },
         { "split", required_argument, 0, OPT_SPLIT },
+        { "gpu-layers", required_argument, 0, OPT_GPU_LAYERS },
         { "pooling", required_argument, 0, OPT_POOLING },
         { "swa-full", no_argument, 0, OPT_SWA_FULL },
         { "max-clients", required_argument, 0, OPT_MAX_CLIENTS },
@@ -571,6 +574,7 @@ int main(int argc, char **argv)
             if ((w = pick("--split", optarg, splits)) < 0) return 2;
             so.eng.split_layers = w == 1;
             break;
+        case OPT_GPU_LAYERS: if (parse_int("--gpu-layers", optarg, 1, 1 << 20, &v)) return 2; so.eng.gpu_layers = (int)v; break;
         case OPT_POOLING:
             if ((w = pick("--pooling", optarg, poolings)) < 0) return 2;
             so.eng.pooling = pooling_of[w];

@@ -74,6 +74,12 @@ typedef struct eng_opts {
     /* 1: --gpus splits the model by layers, each GPU whole layers in turn
      * (aned --split layers); 0: by heads, tensor parallel */
     int split_layers;
+    /* N > 0: only the last N layers and the output on the GPU, the layers
+     * before them and the embeddings on the CPU, the residual stream
+     * handed over through host memory each pass (aned --gpu-layers, for a
+     * model larger than the GPU); 0, or N at least the layers: all on the
+     * GPU */
+    int gpu_layers;
 } eng_opts;
 
 #define ENG_GPUS_MAX 8   /* GPUs of --gpus at most */

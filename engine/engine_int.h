@@ -118,8 +118,11 @@ struct eng {
     be *be;
     fw *fw;
     /* tensor parallelism (--gpus with several): each rank's backend
-     * (rank_be[0] is be) and part of the model; fw is rank 0's */
+     * (rank_be[0] is be) and part of the model; fw is rank 0's. With
+     * --gpu-layers, two ranks: the CPU's stage (rank_be[0], its own
+     * backend) then be's */
     int n_ranks;
+    int offload;              /* the ranks are --gpu-layers' CPU and GPU stages */
     be *rank_be[ENG_GPUS_MAX];
     model *rank_m[ENG_GPUS_MAX];
     sampler *smp;

@@ -1,7 +1,9 @@
 /* place.c — where the model runs (engine-internal): its backend, the
  * size of the KV pool, and with eng_opts.gpus naming several GPUs, the
  * model split over them (engine/arch/split.h) as one tensor-parallel
- * group whose rank 0 the worker drives like any forward pass. */
+ * group whose rank 0 the worker drives like any forward pass; with
+ * eng_opts.gpu_layers, the first layers on the CPU and the rest on the GPU
+ * as a layer split of two stages. */
 #include "engine/engine_int.h"
 #include "engine/arch/split.h"
 
@@ -64,13 +66,21 @@ static int kv_size(eng *e, const eng_opts *opt, model *m, be *b, int max_T, int 
         fw_mem need;
         fw_mem_estimate(m, b->kv_type, n_pages, max_T, max_out, e->max_seqs, &need);
         if (need.total > dev_free) {
+            /* the layers that would fit beside the rest (the output, the
+             * scratch), each with its share of the weights and the pool */
+            char fit[96] = "";
+            size_t rest = need.total - need.weights - need.kv, per = (need.weights + need.kv) / (size_t)m->hp.n_layer;
+            long n_fit = per && dev_free > rest ? (long)((dev_free - rest) / per) : 0;
+            if (!m->n_stages && n_fit > 0 && n_fit < m->hp.n_layer)
+                snprintf(fit, sizeof fit, ", --gpu-layers %ld (about that many of its %d layers fit)", n_fit,
+                         m->hp.n_layer);
             snprintf(err, errlen,
                      "%s: the model needs about %zu MiB of %s device memory (weights %zu, KV pool %zu for %zu "
                      "tokens in %s, state %zu, activations %zu, scratch %zu MiB) but %zu MiB of %zu are free; "
-                     "lower --ctx, --max-seqs or --kv-budget, use --kv-type q8_0, or a smaller model",
+                     "lower --ctx, --max-seqs or --kv-budget, use --kv-type q8_0%s, or a smaller model",
                      m->path, need.total >> 20, b->ops->name, need.weights >> 20, need.kv >> 20,
                      n_pages * KV_PAGE, be_kv_name(b->kv_type), need.state >> 20, need.act >> 20,
-                     need.scratch >> 20, dev_free >> 20, dev_total >> 20);
+                     need.scratch >> 20, dev_free >> 20, dev_total >> 20, fit);
             return -1;
         }
     }
@@ -140,6 +150,27 @@ static int place_group(eng *e, const be_opts *bo, const int *ids, int n, char *e
     return 0;
 }
 
+/* --gpu-layers: the CPU takes the layers before the last n as stage 0
+ * (with the embeddings), the GPU the rest and the output as stage 1 */
+static int place_offload(eng *e, int kvt, int n, char *err, size_t errlen)
+{
+    be *cpu = NULL;
+    if (be_cpu_open(&cpu, e->pool, kvt, err, errlen)) return -1;
+    const int first[2] = { 0, e->m->hp.n_layer - n };
+    if (model_stages_from(e->m, 2, first, e->rank_m, err, errlen)) {
+        cpu->ops->close(cpu);
+        return -1;
+    }
+    e->rank_be[0] = cpu;
+    e->rank_be[1] = e->be;
+    e->n_ranks = 2;
+    e->offload = 1;
+    size_t len = strlen(e->be->device);
+    snprintf(e->be->device + len, sizeof e->be->device - len, ", %d of %d layers on it, %d on the CPU", n,
+             e->m->hp.n_layer, e->m->hp.n_layer - n);
+    return 0;
+}
+
 int eng_place(eng *e, const eng_opts *opt, int max_T, int max_out, char *err, size_t errlen)
 {
     model *m = e->m;
@@ -154,19 +185,32 @@ int eng_place(eng *e, const eng_opts *opt, int max_T, int max_out, char *err, si
         }
     }
     int kvt = opt->kv_type == ENG_KV_F32 ? BE_KV_F32 : opt->kv_type == ENG_KV_Q8_0 ? BE_KV_Q8_0 : BE_KV_F16;
+    int offload = opt->gpu_layers > 0 && opt->gpu_layers < m->hp.n_layer;
+    if (opt->gpu_layers < 0) {
+        snprintf(err, errlen, "--gpu-layers %d: expected a number of layers from 1 (use --backend cpu for none)",
+                 opt->gpu_layers);
+        return -1;
+    }
+    if (opt->gpu_layers && ((opt->backend && strcmp(opt->backend, "cuda")) || n_gpus > 1)) {
+        snprintf(err, errlen, "--gpu-layers %d: layers go to one GPU (the cuda backend, one --gpus number), not %s",
+                 opt->gpu_layers, n_gpus > 1 ? "to several" : opt->backend);
+        return -1;
+    }
     if (kvt == BE_KV_Q8_0 && m->hp.n_attn_layers > 0 && m->hp.head_dim % 32) {
         snprintf(err, errlen, "%s: --kv-type q8_0 needs a head_dim that is a multiple of 32 (the model's is %d); use f16",
                  m->path, m->hp.head_dim);
         return -1;
     }
     be_opts bo = { .kv_type = kvt, .deterministic = opt->deterministic,
-                   .f16_cache_off = opt->cuda_f16_cache_off, .act_int8 = m->hp.n_expert > 0, .device = ids[0] };
-    if (be_open_opts(&e->be, opt->gpus ? "cuda" : opt->backend, e->pool, &bo, err, errlen)) return -1;
+                   .f16_cache_off = opt->cuda_f16_cache_off, .act_int8 = m->hp.n_expert > 0, .device = ids[0],
+                   .no_graphs = offload };
+    if (be_open_opts(&e->be, opt->gpus || opt->gpu_layers ? "cuda" : opt->backend, e->pool, &bo, err, errlen))
+        return -1;
     const char *lacks = fw_lacks(m, e->be->ops);
     if (lacks) {
         /* the architecture needs ops this backend lacks: when the
          * backend was not asked for by name, run the model on the CPU */
-        if (opt->backend || opt->gpus) {
+        if (opt->backend || opt->gpus || opt->gpu_layers) {
             snprintf(err, errlen, "%s: the %s backend cannot run %s models (%s); use --backend cpu",
                      m->path, e->be->ops->name, m->arch_name, lacks);
             return -1;
@@ -186,6 +230,7 @@ int eng_place(eng *e, const eng_opts *opt, int max_T, int max_out, char *err, si
     m->swa_ring = opt->swa_full ? 0 : fw_swa_ring(m, e->be->ops, max_T, e->n_ctx);
     in->swa_ring = m->swa_ring;
     if (n_gpus > 1 && place_group(e, &bo, ids, n_gpus, err, errlen)) return -1;
+    if (offload && place_offload(e, kvt, opt->gpu_layers, err, errlen)) return -1;
     if (e->n_ranks && (opt->split_layers || e->rank_m[0]->n_held)) {
         size_t len = strlen(e->be->device);
         snprintf(e->be->device + len, sizeof e->be->device - len, "%s",
@@ -204,6 +249,7 @@ int eng_place(eng *e, const eng_opts *opt, int max_T, int max_out, char *err, si
     in->n_ctx = e->n_ctx;
     if (n_pages > (size_t)1 << 24) n_pages = (size_t)1 << 24;
     if (opt->cpu_repack_off && !strcmp(e->be->ops->name, "cpu")) be_cpu_repack(e->be, 0);
+    if (opt->cpu_repack_off && e->offload) be_cpu_repack(e->rank_be[0], 0);
     e->n_pages_total = (int)n_pages;
     in->kv_pool_tokens = (uint64_t)n_pages * KV_PAGE;
     if (!e->n_ranks) {
@@ -220,7 +266,7 @@ int eng_place(eng *e, const eng_opts *opt, int max_T, int max_out, char *err, si
             return -1;
         }
     }
-    if (fw_join(fs, e->n_ranks, err, errlen)) {
+    if (fw_join(fs, e->n_ranks, e->offload ? (size_t)max_T * m->hp.n_embd : 0, err, errlen)) {
         for (int i = 0; i < e->n_ranks; i++) fw_close(fs[i]);
         return -1;
     }
@@ -233,11 +279,12 @@ void eng_unplace(eng *e)
 {
     fw_close(e->fw);   /* (a group's other ranks with it) */
     e->fw = NULL;
-    for (int r = 1; r < e->n_ranks; r++)
-        if (e->rank_be[r]) e->rank_be[r]->ops->close(e->rank_be[r]);
+    for (int r = 0; r < e->n_ranks; r++)
+        if (e->rank_be[r] && e->rank_be[r] != e->be) e->rank_be[r]->ops->close(e->rank_be[r]);
     for (int r = 0; r < ENG_GPUS_MAX; r++) model_split_free(e->rank_m[r]);
     memset(e->rank_m, 0, sizeof e->rank_m);
     if (e->be) e->be->ops->close(e->be);
     e->be = NULL;
     e->n_ranks = 0;
+    e->offload = 0;
 }

@@ -91,6 +91,7 @@ struct fw {
     void **kc, **vc;            /* [n_layer] KV cache of each layer that attends (fw_open's) */
     size_t kv_bytes;            /* the KV pool and any per-sequence state */
     struct fw_group *grp;       /* rank 0 of a tensor-parallel group: the other ranks it drives (group.c) */
+    struct fw_group *relay;     /* every rank of a layer split whose hand-overs go through host memory */
 };
 
 /* forward.c: one rank's pass (fw_pass without the group); wait(arg), where
@@ -105,6 +106,11 @@ void fw_group_take(fw *f, int32_t *ids, int n_out);
 void fw_group_close(fw *f);
 /* the rank whose logits are the pass's: a layer split's last, else f */
 fw *fw_group_out(fw *f);
+/* A layer split's hand-over of x [n] to stage `to`, and its taking from
+ * stage `from`: the backends' send and recv, or through host memory
+ * where the group relays (fw_join) */
+void fw_send(fw *f, const float *x, size_t n, int to);
+void fw_recv(fw *f, float *x, size_t n, int from);
 
 extern const arch_family arch_llama, arch_qwen35, arch_gemma3, arch_gpt2, arch_gptoss;
 

@@ -17,8 +17,12 @@ typedef struct fw fw;
  * all of them (ranks 1.. on threads of their own) and reads its results
  * from rank 0 (a layer split: from its last stage); fw_close(fs[0])
  * closes the others (not their backends or models). Models whose family
- * splits keep no per-sequence state. 0, or -1 with err (nothing joined). */
-int fw_join(fw *const *fs, int n, char *err, size_t errlen);
+ * splits keep no per-sequence state. relay > 0: a layer split over
+ * backends of different kinds, not joined (the CPU, then a GPU:
+ * --gpu-layers): each hand-over of up to relay floats goes to host memory
+ * (the sender's to_host) and from there to the next stage (its to_dev).
+ * 0, or -1 with err (nothing joined). */
+int fw_join(fw *const *fs, int n, size_t relay, char *err, size_t errlen);
 
 /* max_seqs: sequence slots for per-sequence state (recurrent layers). */
 int fw_open(fw **out, model *m, be *b, int max_T, int max_out, int n_pages, int max_seqs,

@@ -9,7 +9,14 @@
  * A rank must never block on another device's work before it has queued
  * the all-reduces that device waits for: a pass's set-up (the backend's
  * step_begin: uploads, scratch that grows, pinned buffers, whose frees wait
- * for every device) ends on every rank before any rank queues an op. */
+ * for every device) ends on every rank before any rank queues an op.
+ *
+ * A relay (a layer split over backends of different kinds: the CPU's
+ * layers, then a GPU's) hands the residual stream over through host
+ * memory: the sender's to_host (which waits for its device) into hand[s],
+ * then the next stage's to_dev from there. Each pass hands over once a
+ * boundary, and a job ends on every rank before the next starts, so one
+ * buffer a boundary and a flag suffice. */
 #include "engine/arch/arch.h"
 #include "common/err.h"
 
@@ -44,6 +51,10 @@ struct fw_group {
     pthread_barrier_t set;   /* every rank's pass set up */
     int left;                /* ranks still on the current job */
     gjob job;
+    float **hand;            /* relay: [n - 1] buffers of relay_n floats, stage s's x for s + 1 */
+    int *full;               /* relay: hand[s] holds a pass's x not yet taken */
+    size_t relay_n;
+    pthread_cond_t handed;
     fw_rank r[];             /* [n]; r[0] is the caller's */
 };
 
@@ -112,6 +123,10 @@ static void group_free(struct fw_group *g, int started)
         free(g->r[i].ids);
         fw_close(g->r[i].f);
     }
+    for (int i = 0; g->hand && i < g->n - 1; i++) free(g->hand[i]);
+    free(g->hand);
+    free(g->full);
+    pthread_cond_destroy(&g->handed);
     pthread_barrier_destroy(&g->set);
     pthread_cond_destroy(&g->go);
     pthread_cond_destroy(&g->done);
@@ -119,7 +134,7 @@ static void group_free(struct fw_group *g, int started)
     free(g);
 }
 
-int fw_join(fw *const *fs, int n, char *err, size_t errlen)
+int fw_join(fw *const *fs, int n, size_t relay, char *err, size_t errlen)
 {
     if (n < 2) return 0;
     struct fw_group *g = calloc(1, sizeof *g + (size_t)n * sizeof g->r[0]);
@@ -132,6 +147,18 @@ int fw_join(fw *const *fs, int n, char *err, size_t errlen)
     pthread_mutex_init(&g->mu, NULL);
     pthread_cond_init(&g->go, NULL);
     pthread_cond_init(&g->done, NULL);
+    pthread_cond_init(&g->handed, NULL);
+    if (relay) {
+        g->relay_n = relay;
+        g->hand = calloc((size_t)n - 1, sizeof *g->hand);
+        g->full = calloc((size_t)n - 1, sizeof *g->full);
+        int ok = g->hand && g->full;
+        for (int i = 0; ok && i < n - 1; i++) ok = (g->hand[i] = malloc(relay * sizeof(float))) != NULL;
+        if (!ok) {
+            group_free(g, 0);
+            return err_set(err, errlen, "out of memory for the hand-over between the CPU and the GPU");
+        }
+    }
     int started = 0;
     for (int i = 0; i < n; i++) {
         g->r[i] = (fw_rank){ .g = g, .f = fs[i] };
@@ -147,7 +174,40 @@ int fw_join(fw *const *fs, int n, char *err, size_t errlen)
         return err_set(err, errlen, "cannot start the threads of %d GPUs", n);
     }
     fs[0]->grp = g;
+    for (int i = 0; relay && i < n; i++) fs[i]->relay = g;
     return 0;
+}
+
+void fw_send(fw *f, const float *x, size_t n, int to)
+{
+    struct fw_group *g = f->relay;
+    if (!g) {
+        f->b->ops->send(f->b, x, n, to);
+        return;
+    }
+    if (n > g->relay_n) n = g->relay_n;   /* (never: passes are at most the relay's size) */
+    f->b->ops->to_host(f->b, g->hand[to - 1], x, n * sizeof *x);
+    pthread_mutex_lock(&g->mu);
+    g->full[to - 1] = 1;
+    pthread_cond_broadcast(&g->handed);
+    pthread_mutex_unlock(&g->mu);
+}
+
+void fw_recv(fw *f, float *x, size_t n, int from)
+{
+    struct fw_group *g = f->relay;
+    if (!g) {
+        f->b->ops->recv(f->b, x, n, from);
+        return;
+    }
+    if (n > g->relay_n) n = g->relay_n;
+    pthread_mutex_lock(&g->mu);
+    while (!g->full[from]) pthread_cond_wait(&g->handed, &g->mu);
+    pthread_mutex_unlock(&g->mu);
+    f->b->ops->to_dev(f->b, x, g->hand[from], n * sizeof *x);
+    pthread_mutex_lock(&g->mu);
+    g->full[from] = 0;
+    pthread_mutex_unlock(&g->mu);
 }
 
 void fw_group_pass(fw *f, const int32_t *tokens, const be_batch *bt, const int32_t *out_idx, int n_out)

@@ -118,13 +118,13 @@ void ly_fw_pass(ly_fw *f, const ly_pass *p, const int32_t *tokens, const be_batc
     for (int i = 0; f->every_row && i < n_out; i++) f->every_row = out_idx[i] == i;
     f->last_here = !out;
     if (in) {
-        b->ops->recv(b, f->x, xn, m->stage - 1);
+        fw_recv(&f->base, f->x, xn, m->stage - 1);
     } else {
         b->ops->embed(b, &m->tok_embd, tokens, bt->T, f->x);
         if (p->first) p->first(f, bt);
     }
     for (int l = 0; l < m->hp.n_layer; l++) p->layer(f, &m->layers[l], l, bt);
-    if (out) b->ops->send(b, f->x, xn, m->stage + 1);
+    if (out) fw_send(&f->base, f->x, xn, m->stage + 1);
     else if (p->last) p->last(f, out_idx, n_out);
     else ly_logits(b, m, f->x, out_idx, n_out, m->hp.norm_eps, f->xo, f->base.lg);
 }

@@ -300,15 +300,28 @@ static uint64_t weight_bytes(model *r)
 int model_stages(const model *m, int n, model **ranks, char *err, size_t errlen)
 {
     for (int r = 0; r < n; r++) ranks[r] = NULL;
-    const arch_family *fam = m->arch ? m->arch->fam : NULL;
-    if (!fam || fam->seq)
-        return err_set(err, errlen, "%s: %s models do not split by layers yet (their per-sequence state); run it on "
-                       "one GPU", m->path, m->arch_name);
     if (m->hp.n_layer < n)
         return err_set(err, errlen, "%s: %d layers do not split over %d GPUs (expected at least one layer a GPU)",
                        m->path, m->hp.n_layer, n);
+    int first[16];
+    if (n > 16) return err_set(err, errlen, "%s: %d stages (16 at most)", m->path, n);
+    for (int r = 0; r < n; r++) first[r] = (int)((int64_t)m->hp.n_layer * r / n);
+    return model_stages_from(m, n, first, ranks, err, errlen);
+}
+
+int model_stages_from(const model *m, int n, const int *first, model **ranks, char *err, size_t errlen)
+{
+    for (int r = 0; r < n; r++) ranks[r] = NULL;
+    const arch_family *fam = m->arch ? m->arch->fam : NULL;
+    if (!fam || fam->seq)
+        return err_set(err, errlen, "%s: %s models do not split by layers yet (their per-sequence state); run it "
+                       "whole on one device", m->path, m->arch_name);
+    for (int r = 0; r < n; r++)
+        if ((r == 0 && first[0] != 0) || first[r] >= m->hp.n_layer || (r && first[r] <= first[r - 1]))
+            return err_set(err, errlen, "%s: stage %d cannot start at layer %d of %d", m->path, r, first[r],
+                           m->hp.n_layer);
     for (int r = 0; r < n; r++) {
-        int l0 = (int)((int64_t)m->hp.n_layer * r / n), l1 = (int)((int64_t)m->hp.n_layer * (r + 1) / n);
+        int l0 = first[r], l1 = r + 1 < n ? first[r + 1] : m->hp.n_layer;
         model *rm = rank_copy(m, l0, l1);
         if (!rm) {
             for (int i = 0; i < r; i++) model_split_free(ranks[i]);

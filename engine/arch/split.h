@@ -37,6 +37,9 @@ void model_split_free(model *rank);
  * GPUs without a fast link. Not for families with per-sequence state.
  * model_split_free frees each. */
 int model_stages(const model *m, int n, model **ranks, char *err, size_t errlen);
+/* The same with stage r's layers from first[r] (first[0] == 0, rising, all
+ * below n_layer): a CPU stage before a GPU's (--gpu-layers) */
+int model_stages_from(const model *m, int n, const int *first, model **ranks, char *err, size_t errlen);
 
 /* A split in progress, for the families' hooks. */
 typedef struct sp {

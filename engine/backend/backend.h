@@ -324,6 +324,9 @@ typedef struct be_opts {
     int act_int8;
     /* (CUDA) the device's index (0: the first) */
     int device;
+    /* 1 (CUDA): passes never recorded as graphs and replayed (a layer
+     * split's stage fed through host memory: fw_join's relay) */
+    int no_graphs;
 } be_opts;
 
 struct pool;

@@ -459,7 +459,7 @@ static int cu_step_begin(be *b, const int32_t *tokens, const be_batch *bt, const
     c->in_step = 1;
     c->rope_have = 0;
     c->n_dec = bt->n_dec;
-    if (c->failed || bt->n_dec != T || !decode_shape(T, out_idx, n_out)) return 0;
+    if (c->failed || c->no_graphs || bt->n_dec != T || !decode_shape(T, out_idx, n_out)) return 0;
     if (c->graph[T]) {
         if (!ok(c, cudaGraphLaunch(c->graph[T], c->st), "graph launch")) return 0;
         return 1;
@@ -1304,6 +1304,7 @@ int be_cuda_open(be **out, struct pool *p, const be_opts *o, char *err, size_t e
     if (cudaMallocHost((void **)&c->h_ids_out, ARGMAX_ROWS * 4) != cudaSuccess) goto fail;
     c->cache16 = !o->f16_cache_off;
     c->invariant = o->deterministic;
+    c->no_graphs = o->no_graphs;
     c->act_int8 = o->act_int8;
     be_cuda_force_set(&c->base, &(be_cuda_force){ 0 });
     what = "device memory";

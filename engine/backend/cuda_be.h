@@ -62,6 +62,7 @@ typedef struct cu_be {
                                 * (not invariant), 2 always, 0 never */
     int att_mma_bps;           /* its blocks per SM (1: a block's 4 warps hold 136 KiB of stages) */
     int invariant;             /* decode rows always by GEMV (be_opts.deterministic) */
+    int no_graphs;             /* passes never recorded (be_opts.no_graphs) */
     int cache16;               /* keep f16 copies of quantized weights (unless be_opts.f16_cache_off) */
     void *mmqb_part; int *mmqb_cnt;   /* the batched kernel's split-K scratch (CK_MMQB_PART bytes, CK_MMQB_CNT counters) */
     ck_feat feat;              /* what the device and this build offer (ck_feat_probe) */

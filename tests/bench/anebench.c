@@ -1,7 +1,7 @@
 /* anebench — in-process speed of the engine on one model.
  *
  *   anebench --model FILE [--prompt N] [--gen M] [--threads T] [--streams S]
- *            [--repeat R] [--backend cpu|cuda] [--gpus LIST] [--split heads|layers] [--ctx N] [--kv-type f16|q8_0|f32]
+ *            [--repeat R] [--backend cpu|cuda] [--gpus LIST] [--split heads|layers] [--gpu-layers N] [--ctx N] [--kv-type f16|q8_0|f32]
  *            [--json-schema FILE] [--json]
  *
  * Prefill: a prompt of N tokens, generate 1 token; prefill tokens/s from the
@@ -309,14 +309,14 @@ static int run_jobs(eng *e, int n_prompt, int n_gen, int streams, double *prefil
 static void usage(void)
 {
     fprintf(stderr, "usage: anebench --model FILE [--prompt N] [--gen M] [--threads T] [--streams S]\n"
-                    "                [--repeat R] [--backend cpu|cuda] [--gpus LIST] [--split heads|layers] [--ctx N] [--kv-type f16|q8_0|f32]\n"
+                    "                [--repeat R] [--backend cpu|cuda] [--gpus LIST] [--split heads|layers] [--gpu-layers N] [--ctx N] [--kv-type f16|q8_0|f32]\n"
                     "                [--json-schema FILE] [--json]\n");
 }
 
 int main(int argc, char **argv)
 {
     const char *model = NULL, *backend = NULL, *gpus = NULL;
-    int split_layers = 0, n_prompt = 128, n_gen = 64, threads = 0, streams = 1, repeat = 3, json = 0, ctx = 0, kv_type = ENG_KV_F16;
+    int split_layers = 0, gpu_layers = 0, n_prompt = 128, n_gen = 64, threads = 0, streams = 1, repeat = 3, json = 0, ctx = 0, kv_type = ENG_KV_F16;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -335,6 +335,7 @@ int main(int argc, char **argv)
             if (strcmp(v, "heads") && strcmp(v, "layers")) { usage(); return 1; }
             split_layers = !strcmp(v, "layers");
         }
+        else if (!strcmp(a, "--gpu-layers")) gpu_layers = atoi(v);
         else if (!strcmp(a, "--ctx")) ctx = atoi(v);
         else if (!strcmp(a, "--kv-type")) {
             for (kv_type = 0; eng_kv_types[kv_type] && strcmp(v, eng_kv_types[kv_type]); kv_type++) {}
@@ -361,6 +362,7 @@ int main(int argc, char **argv)
     o.backend = backend;
     o.gpus = gpus;
     o.split_layers = split_layers;
+    o.gpu_layers = gpu_layers;
     o.max_seqs = streams > 16 ? streams : 16;
     o.n_ctx = ctx ? ctx : n_prompt + n_gen + 16;
     o.kv_type = kv_type;

@@ -4,8 +4,10 @@
  * family that splits (llama, qwen2, qwen3, qwen3moe, Mixtral, gemma3, gpt2,
  * gpt-oss), the logits of a prompt within 1e-3 of the unsplit
  * pass at every position and the same greedy tokens, at 2 and 4 ranks;
- * split by layers instead (model_stages), the same bits; with each rank
- * whole experts (expert parallelism), within 1e-3 as by heads.
+ * split by layers instead (model_stages), the same bits, also unevenly
+ * with backends not joined and the hand-over through host memory (the
+ * relay of --gpu-layers); with each rank whole experts (expert
+ * parallelism), within 1e-3 as by heads.
  * With ANE_BACKEND=cuda and ANE_GPUS=0,1[,...] the same over NCCL on those
  * GPUs. Models and shapes that do not split are refused naming why. */
 #include "engine/engine.h"
@@ -47,9 +49,11 @@ static int gpus_of(const char *s, int *ids)
 }
 
 /* How a runner splits its model: by heads (model_split), by layers
- * (model_stages), or by heads with every expert whole (model_split_experts) */
-enum { BY_HEADS, BY_LAYERS, BY_EXPERTS };
-static const char *const how_name[] = { "ranks", "stages", "experts" };
+ * (model_stages), by heads with every expert whole (model_split_experts),
+ * or by layers with the last stage one layer, through a relay (fw_join's:
+ * the backends not joined, as the CPU and a GPU of --gpu-layers) */
+enum { BY_HEADS, BY_LAYERS, BY_EXPERTS, BY_RELAY };
+static const char *const how_name[] = { "ranks", "stages", "experts", "relayed stages" };
 
 /* devs: CUDA device numbers (NULL: CPU backends) */
 static int runner_open(runner *r, model *m, int n, const int *devs, int how, char *err, size_t errlen)
@@ -58,8 +62,11 @@ static int runner_open(runner *r, model *m, int n, const int *devs, int how, cha
     r->n = n;
     for (int i = 0; i < n; i++) {
         if (pool_open(&r->pools[i], 1)) return -1;
-        be_opts o = { .kv_type = BE_KV_F32, .device = devs ? devs[i] : 0 };
-        if (be_open_opts(&r->b[i], devs ? "cuda" : "cpu", r->pools[i], &o, err, errlen)) return -1;
+        /* (relayed over GPUs: the CPU, then the first GPU, as --gpu-layers) */
+        int gpu = devs && !(how == BY_RELAY && n > 1 && i == 0);
+        be_opts o = { .kv_type = BE_KV_F32, .device = gpu ? devs[how == BY_RELAY ? 0 : i] : 0,
+                      .no_graphs = how == BY_RELAY && n > 1 };
+        if (be_open_opts(&r->b[i], gpu ? "cuda" : "cpu", r->pools[i], &o, err, errlen)) return -1;
     }
     fw *fs[RANKS] = { 0 };
     if (n == 1) {
@@ -67,17 +74,22 @@ static int runner_open(runner *r, model *m, int n, const int *devs, int how, cha
         if (model_prepare(m, r->b[0], err, errlen)) return -1;
         return fw_open(&r->f, m, r->b[0], MAX_T, MAX_T, PAGES, 1, err, errlen);
     }
-    if ((how == BY_LAYERS ? model_stages : how == BY_EXPERTS ? model_split_experts : model_split)(m, n, r->m, err,
-                                                                                                  errlen))
+    if (how == BY_RELAY) {
+        int first[RANKS] = { 0 };
+        for (int i = 0; i < n; i++) first[i] = i ? m->hp.n_layer - n + i : 0;
+        if (model_stages_from(m, n, first, r->m, err, errlen)) return -1;
+    } else if ((how == BY_LAYERS ? model_stages : how == BY_EXPERTS ? model_split_experts : model_split)(
+                   m, n, r->m, err, errlen)) {
         return -1;
-    if (r->b[0]->ops->group(r->b, n, err, errlen)) return -1;
+    }
+    if (how != BY_RELAY && r->b[0]->ops->group(r->b, n, err, errlen)) return -1;
     for (int i = 0; i < n; i++)
         if (model_prepare(r->m[i], r->b[i], err, errlen) ||
             fw_open(&fs[i], r->m[i], r->b[i], MAX_T, MAX_T, PAGES, 1, err, errlen)) {
             for (int j = 0; j < i; j++) fw_close(fs[j]);
             return -1;
         }
-    if (fw_join(fs, n, err, errlen)) {
+    if (fw_join(fs, n, how == BY_RELAY ? (size_t)MAX_T * m->hp.n_embd : 0, err, errlen)) {
         for (int j = 0; j < n; j++) fw_close(fs[j]);
         return -1;
     }
@@ -160,7 +172,9 @@ static void check_split_as(const char *path, int n, const int *devs, int how)
             double d = fabs((double)h1[i] - hn[i]);
             if (d > hw || d != d) hw = d != d ? INFINITY : d;
         }
-        CHECKF(how == BY_LAYERS ? hw == 0 : hw <= 1e-3, "%s over %d: hidden state differs by %g", path, n, hw);
+        const int layers = how == BY_LAYERS || how == BY_RELAY;
+        CHECKF(layers && !(how == BY_RELAY && devs) ? hw == 0 : hw <= (rounds_inputs(m) ? 5e-2 : 1e-3),
+               "%s over %d: hidden state differs by %g", path, n, hw);
         double worst = 0;
         for (size_t i = 0; i < (size_t)T * V; i++) {
             double d = fabs((double)whole[i] - part[i]);
@@ -172,7 +186,11 @@ static void check_split_as(const char *path, int n, const int *devs, int how)
          * Quantized weights on a GPU read their inputs rounded to int8 or
          * f16, and that order moves a few of those roundings by one step:
          * a quantized file gets the bound of one such step, 1e-2. */
-        double tol = how == BY_LAYERS ? 0 : devs && rounds_inputs(m) ? 1e-2 : 1e-3;
+        /* (relayed with a GPU: the CPU's layers against the GPU's, whose
+         * matmuls differ from the CPU's by ~1e-5 in floats and by int8
+         * roundings where quantized, as t_models bounds them) */
+        double tol = how == BY_RELAY && devs ? (rounds_inputs(m) ? 5e-2 : 1e-3)
+                   : layers ? 0 : devs && rounds_inputs(m) ? 1e-2 : 1e-3;
         CHECKF(worst <= tol, "%s over %d ranks: max |dlogit| %g (bound %g)", path, n, worst, tol);
         int same = !memcmp(g1, gn, sizeof g1);
         CHECKF(same, "%s over %d ranks: greedy tokens differ", path, n);
@@ -255,7 +273,21 @@ static void test_cpu_stages(void)
             int L = m->hp.n_layer;
             model_free(m);
             if (L > 2 && L <= RANKS) check_split_as(models[i], L, NULL, BY_LAYERS);
+            check_split_as(models[i], 2, NULL, BY_RELAY);   /* (all but one layer, then one) */
+            if (L >= 3) check_split_as(models[i], 3, NULL, BY_RELAY);
         }
+    }
+    /* stages that do not fit the model */
+    model *m = NULL, *r[RANKS];
+    CHECK(model_load(&m, M("qwen3-tiny.bf16.gguf"), err, sizeof err) == 0);
+    if (m) {
+        const int bad[3][2] = { { 0, 0 }, { 1, 2 }, { 0, 99 } };
+        for (int i = 0; i < 3; i++) {
+            CHECK(model_stages_from(m, 2, bad[i], r, err, sizeof err) != 0);
+            CHECKF(strstr(err, "cannot start at layer"), "%s", err);
+            CHECK(r[0] == NULL && r[1] == NULL);
+        }
+        model_free(m);
     }
 }
 
@@ -318,12 +350,31 @@ static void test_engine_gpus(void)
         CHECKF(strstr(err, cases[i].want), "--gpus '%s': %s", cases[i].gpus, err);
         eng_close(e);
     }
+    /* --gpu-layers: one GPU, the cuda backend, a count from 1 */
+    static const struct { int n; const char *gpus, *backend, *want; } gl[] = {
+        { 1, NULL, "cpu", "layers go to one GPU (the cuda backend, one --gpus number), not cpu" },
+        { 1, "0,1", NULL, "not to several" },
+        { -1, NULL, NULL, "expected a number of layers from 1" },
+    };
+    for (size_t i = 0; i < sizeof gl / sizeof gl[0]; i++) {
+        eng *e = NULL;
+        eng_opts o = { .model_path = M("qwen3-tiny.bf16.gguf"), .n_threads = 1, .gpus = gl[i].gpus,
+                       .backend = gl[i].backend, .gpu_layers = gl[i].n };
+        char err[512] = "";
+        CHECK(eng_open(&e, &o, err, sizeof err) != 0);
+        CHECKF(strstr(err, gl[i].want), "--gpu-layers %d: %s", gl[i].n, err);
+        eng_close(e);
+    }
 #ifndef ANE_CUDA
     eng *e = NULL;
     eng_opts o = { .model_path = M("qwen3-tiny.bf16.gguf"), .n_threads = 1, .gpus = "0,1" };
     char err[512] = "";
     CHECK(eng_open(&e, &o, err, sizeof err) != 0);
     CHECKF(strstr(err, "cuda") && strstr(err, "not available"), "%s", err);
+    eng_close(e);
+    o = (eng_opts){ .model_path = M("qwen3-tiny.bf16.gguf"), .n_threads = 1, .gpu_layers = 1 };
+    CHECK(eng_open(&e, &o, err, sizeof err) != 0);
+    CHECKF(strstr(err, "cuda") && strstr(err, "not available"), "--gpu-layers 1: %s", err);
     eng_close(e);
 #endif
 }
@@ -351,6 +402,24 @@ static void test_gpu_groups(void)
         check_split_as(moe_models[i], n > 4 ? 4 : n, ids, BY_EXPERTS);
 }
 
+/* --gpu-layers' split: the first layers on the CPU, the last on one GPU,
+ * relayed through host memory, against the whole model on that GPU */
+static void test_gpu_offload(void)
+{
+    const char *bn = getenv("ANE_BACKEND"), *gs = getenv("ANE_GPUS");
+    int ids[RANKS] = { 0 };
+    if (gs) gpus_of(gs, ids);
+    if (!bn || strcmp(bn, "cuda")) {
+        fprintf(stderr, "  (no GPU: ANE_BACKEND=cuda runs it)\n");
+        return;
+    }
+    static const char *const models[] = { M("llama3-tiny.bf16.gguf"), M("qwen2-tiny.bf16.gguf"),
+                                          M("qwen3moe-tiny.bf16.gguf"), M("gemma3-tiny.bf16.gguf"),
+                                          M("gpt2-tiny.bf16.gguf"), M("gptoss-tiny.bf16.gguf"),
+                                          M("qwen2-tiny.Q8_0.gguf"), M("llama-q.Q4_K_M.gguf") };
+    for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) check_split_as(models[i], 2, ids, BY_RELAY);
+}
+
 int main(int argc, char **argv)
 {
     CHECK_ARGS(argc, argv);
@@ -360,5 +429,6 @@ int main(int argc, char **argv)
     RUN(test_refusals);
     RUN(test_engine_gpus);
     RUN(test_gpu_groups);
+    RUN(test_gpu_offload);
     return CHECK_DONE();
 }
