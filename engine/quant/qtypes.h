@@ -60,9 +60,10 @@ void qt_gemm_ref(uint32_t wtype, int64_t n, const void *W, size_t w_stride,
 
 /* Matrices in 8-row groups (x8.c says why and how they are laid out): the
  * AVX2 form of the q4_K and q8_0 kernels, and their AVX-512 VNNI forms
- * where qt_isa_get is AVX-512 or AMX. qt_x8_bytes: the packed size of
- * rows (a multiple of 8) of n values (whole blocks), 0 where the type has
- * no such layout or the shape does not fit it. qt_x8_pack: rows r0..r1
+ * (and q6_K's) where qt_isa_get is AVX-512 or AMX. qt_x8_bytes: the
+ * packed size of rows (a multiple of 8) of n values (whole blocks), 0
+ * where the type has no such layout (q6_K: below AVX-512) or the shape
+ * does not fit it. qt_x8_pack: rows r0..r1
  * (multiples of 8) of W into their places in dst. qt_x8_gemm: qt_gemm on
  * the packed matrix P (rows r0..r1, multiples of 8), the same bits as
  * qt_gemm_ref on the GGUF bytes; -1 where the CPU lacks AVX2 (the caller

@@ -1,4 +1,4 @@
-/* x8.c — q4_K and q8_0 matrices repacked in groups of 8 rows for the AVX2
+/* x8.c — q4_K, q6_K and q8_0 matrices repacked in groups of 8 rows for the AVX2
  * and AVX-512 VNNI kernels (qtypes.h, "Matrices in 8-row groups"): one
  * table of layouts, one pack and one batch driver over it; a type's block
  * packer and tiles are its own.
@@ -29,7 +29,20 @@
  * sum + d_a * (d * isum - dmin * msum) lane-wise, super-blocks in order:
  * bit-identical to qt_gemm_ref on the GGUF bytes, whatever nb or the rows.
  * int16 partial sums: 8 products of 2 pairs, each |15 * 128| * 2 = 3840,
- * stay below 2^15. */
+ * stay below 2^15.
+ *
+ * q6_K layout, per group and super-block, 1,680 bytes (the file's 8 x 210):
+ *   [0, 1024)     low nibbles, as q4_K's: byte 4r + j of (4c + h) * 32 holds
+ *                 row r's values 32c + 4h + j (low) and 32c + 16 + 4h + j
+ *   [1024, 1536)  their high 2 bits: byte 4r + j of 1024 + 64c + 32e (e 0,
+ *                 1) holds, 2 bits each from bit 0, those two values' for
+ *                 h = e, then for h = e + 2
+ *   [1536, 1664)  scales: byte 8k + r = row r's int8 scale of sub-block k
+ *                 (values 16k..16k+15)
+ *   [1664, 1680)  d of rows 0..7 (f16)
+ * Arithmetic: the reference's isum = sum of scale x dot over the 16
+ * sub-blocks and msum = sum of 32 x scale x the activation's sums, then
+ * sum + d_a * (d * isum - d * msum): the same bits. */
 #include "engine/quant/qtypes.h"
 
 #include <string.h>
@@ -75,6 +88,37 @@ static void q4k_pack8(const uint8_t *const *src, uint8_t *o)
     }
 }
 
+/* one q6_K super-block of 8 rows into its 1,680 bytes, through each row's
+ * 256 values (0..63, the file's order: per 128, ql's low nibbles with qh's
+ * bits 0-1, the next 32 with bits 2-3, ql's high nibbles with 4-5, 6-7) */
+static void q6k_pack8(const uint8_t *const *src, uint8_t *o)
+{
+    for (int r = 0; r < 8; r++) {
+        const qt_block_q6_K *b = (const qt_block_q6_K *)(const void *)src[r];
+        uint8_t q[256];
+        for (int hf = 0; hf < 2; hf++) {
+            const uint8_t *ql = b->ql + 64 * hf, *qh = b->qh + 32 * hf;
+            uint8_t *v = q + 128 * hf;
+            for (int l = 0; l < 32; l++) {
+                v[l] = (uint8_t)((ql[l] & 15) | (qh[l] & 3) << 4);
+                v[l + 32] = (uint8_t)((ql[l + 32] & 15) | (qh[l] >> 2 & 3) << 4);
+                v[l + 64] = (uint8_t)((ql[l] >> 4) | (qh[l] >> 4 & 3) << 4);
+                v[l + 96] = (uint8_t)((ql[l + 32] >> 4) | (qh[l] >> 6 & 3) << 4);
+            }
+        }
+        for (int c = 0; c < 8; c++)
+            for (int j = 0; j < 4; j++) {
+                const uint8_t *v = q + 32 * c + j;
+                for (int h = 0; h < 4; h++) o[(4 * c + h) * 32 + 4 * r + j] = (uint8_t)((v[4 * h] & 15) | (v[16 + 4 * h] & 15) << 4);
+                for (int e = 0; e < 2; e++)
+                    o[1024 + 64 * c + 32 * e + 4 * r + j] = (uint8_t)(v[4 * e] >> 4 | (v[16 + 4 * e] >> 4) << 2 |
+                                                                      (v[4 * e + 8] >> 4) << 4 | (v[16 + 4 * e + 8] >> 4) << 6);
+            }
+        for (int k = 0; k < 16; k++) o[1536 + 8 * k + r] = (uint8_t)b->scales[k];
+        memcpy(o + 1664 + 2 * r, &b->d, 2);
+    }
+}
+
 /* q8_0 layout, per group and block of 32 values 272 bytes: [0, 256) the
  * values, 32 bytes for each k in 0..7 whose byte 4r + j is row r's value
  * 4k + j; [256, 272) d of rows 0..7 (f16). The same size as the file's 8
@@ -97,13 +141,13 @@ typedef struct x8_lay {
     int64_t block_n;        /* values per block */
     size_t bytes;           /* per 8 rows x block */
     void (*pack8)(const uint8_t *const *src, uint8_t *o);
-    x8_tile_fn *tile;       /* AVX2 */
+    x8_tile_fn *tile;       /* AVX2, or NULL (the layout is AVX-512's only) */
     int tmax;               /* activation rows it takes */
     x8_tile_fn *tile_vnni;  /* AVX-512 VNNI (vpdpbusd on 8 lanes), or NULL */
     int tmax_vnni;
 } x8_lay;
 
-static x8_tile_fn q4k_tile, q80_tile, q4k_tile_vnni, q80_tile_vnni;
+static x8_tile_fn q4k_tile, q80_tile, q4k_tile_vnni, q80_tile_vnni, q6k_tile_vnni;
 
 /* whether the tiles can run: they are AVX2 (x86 with more than the scalar
  * kernels); elsewhere qt_x8_gemm refuses and the caller keeps the GGUF
@@ -120,6 +164,7 @@ static int x8_cpu_ok(void)
 static const x8_lay x8_lays[] = {
     { QT_Q4_K, 256, 1184, q4k_pack8, q4k_tile, 2, q4k_tile_vnni, 4 },
     { QT_Q8_0, 32, 272, q80_pack8, q80_tile, 4, q80_tile_vnni, 8 },
+    { QT_Q6_K, 256, 1680, q6k_pack8, NULL, 0, q6k_tile_vnni, 4 },
 };
 
 static const x8_lay *x8_find(uint32_t type)
@@ -129,10 +174,22 @@ static const x8_lay *x8_find(uint32_t type)
     return NULL;
 }
 
+/* the tile of L for the CPU (qt_isa_get), and the activation rows it
+ * takes; NULL where there is none */
+static x8_tile_fn *x8_tile_of(const x8_lay *L, int *tmax)
+{
+    const qt_isa isa = qt_isa_get();
+    const int vnni = (isa == QT_ISA_AVX512 || isa == QT_ISA_AMX) && L->tile_vnni;
+    *tmax = vnni ? L->tmax_vnni : L->tmax;
+    return x8_cpu_ok() ? (vnni ? L->tile_vnni : L->tile) : NULL;
+}
+
 size_t qt_x8_bytes(uint32_t type, int64_t n, int64_t rows)
 {
     const x8_lay *L = x8_find(type);
+    int tmax;
     if (!L || n <= 0 || rows <= 0 || n % L->block_n || rows % 8) return 0;
+    if (!L->tile && !x8_tile_of(L, &tmax)) return 0;   /* (an AVX-512-only layout elsewhere) */
     return (size_t)(rows / 8) * (size_t)(n / L->block_n) * L->bytes;
 }
 
@@ -155,12 +212,11 @@ int qt_x8_gemm(uint32_t type, int64_t n, const void *P, int64_t r0, int64_t r1, 
                int nb, float *Y, int64_t ldy)
 {
     const x8_lay *L = x8_find(type);
-    if (!L || !x8_cpu_ok() || !qt_x8_bytes(type, n, 8) || r0 % 8 || r1 % 8 || r1 < r0 || nb < 0) return -1;
+    if (!L || !qt_x8_bytes(type, n, 8) || r0 % 8 || r1 % 8 || r1 < r0 || nb < 0) return -1;
     const int64_t nblk = n / L->block_n;
-    const qt_isa isa = qt_isa_get();
-    const int vnni = (isa == QT_ISA_AVX512 || isa == QT_ISA_AMX) && L->tile_vnni;
-    x8_tile_fn *tile = vnni ? L->tile_vnni : L->tile;
-    const int tmax = vnni ? L->tmax_vnni : L->tmax;
+    int tmax;
+    x8_tile_fn *tile = x8_tile_of(L, &tmax);
+    if (!tile) return -1;
     /* tmax activation rows against every group of the range, 16 rows at a
      * time: a group of them stays in L2 while the weight rows go by */
     for (int b0 = 0; b0 < nb; b0 += 16) {
@@ -241,6 +297,34 @@ static void q4k_tile(int T, const uint8_t *p, int64_t nsb, const uint8_t *const 
     else q4k_tile_avx2(1, p, nsb, a, y);
 }
 
+/* a q6_K super-block's float finish for T activation rows: msum = 32 x the
+ * scales against the activation's 16-value sums (pairs of sub-blocks by
+ * madd), then the reference's d * isum - d * msum and the activation's d */
+X8_AI void q6k_finish(int T, const uint8_t *p, const qt_block_q8_K *const *ab, const __m256i *acc, __m256 *sums)
+{
+    const __m256 fd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p + 1664)));
+    __m256i sp[8];   /* row r's scales of sub-blocks 2q and 2q + 1 as two int16 */
+    X8_UNROLL
+    for (int q = 0; q < 8; q++) {
+        const __m128i x = _mm_loadu_si128((const __m128i *)(const void *)(p + 1536 + 16 * q));
+        sp[q] = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(x, _mm_srli_si128(x, 8)));
+    }
+    X8_UNROLL
+    for (int t = 0; t < T; t++) {
+        __m256i ms = _mm256_setzero_si256();
+        X8_UNROLL
+        for (int q = 0; q < 8; q++) {
+            int32_t bp;
+            memcpy(&bp, ab[t]->bsums + 2 * q, 4);
+            ms = _mm256_add_epi32(ms, _mm256_madd_epi16(sp[q], _mm256_set1_epi32(bp)));
+        }
+        ms = _mm256_slli_epi32(ms, 5);
+        const __m256 v = _mm256_sub_ps(_mm256_mul_ps(fd, _mm256_cvtepi32_ps(acc[t])),
+                                       _mm256_mul_ps(fd, _mm256_cvtepi32_ps(ms)));
+        sums[t] = _mm256_add_ps(sums[t], _mm256_mul_ps(_mm256_set1_ps(ab[t]->d), v));
+    }
+}
+
 /* q8_0: activation rows in q8_0, up to 4 a pass; per block the int32 dot by the sign trick (|w| times a with
  * w's sign; pairs up to 2 * 128 * 127), then the reference's
  * sum + isum * (d * d_a) lane-wise, blocks in order: the same bits. No
@@ -312,6 +396,85 @@ static void q4k_tile_vnni(int T, const uint8_t *p, int64_t nsb, const uint8_t *c
     case 3: q4k_tile_avx512(3, p, nsb, a, y); break;
     case 2: q4k_tile_avx512(2, p, nsb, a, y); break;
     default: q4k_tile_avx512(1, p, nsb, a, y); break;
+    }
+}
+
+/* q6_K's tile (AVX-512 VNNI on 8 lanes; T <= 4): per chunk c the units
+ * (c, h) of 32 bytes, a unit's values = its nibbles | the 2 high bits
+ * from the 32 bytes of (c, h & 1) (at bits 0-3 for h < 2, 4-7 after) << 4,
+ * 0..63; vpdpbusd against the activation's 4 bytes into the dots of
+ * sub-blocks 2c (low nibbles) and 2c + 1 (high), then vpmulld by their
+ * scales (a sub-block's 16 products reach 16 x 63 x 128, past int16), and
+ * q6k_finish: the reference's integers and float expression, the same
+ * bits. A group's super-block is 1,680 bytes, so only 16-byte aligned:
+ * unaligned loads. On AVX2 (maddubs into int16, two steps at a time) the
+ * tile lost to the GGUF-layout kernel at one row (docs/benchmarks.md),
+ * so q6_K keeps that layout there. */
+X8_AI void q6k_tile_avx512(int T, const uint8_t *p, int64_t nsb, const uint8_t *const *a, float *const *y)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m3f = _mm256_set1_epi8(0x3F);
+    __m256 sums[4];
+    X8_UNROLL
+    for (int t = 0; t < T; t++) sums[t] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nsb; i++, p += 1680) {
+        _mm_prefetch((const char *)p + 4 * 1680 + 1536, _MM_HINT_T0);
+        _mm_prefetch((const char *)p + 4 * 1680 + 1600, _MM_HINT_T0);
+        _mm_prefetch((const char *)p + 4 * 1680 + 1664, _MM_HINT_T0);
+        /* (every line of the group's super-block 4 ahead, as q4_K's) */
+        const qt_block_q8_K *ab[4];
+        X8_UNROLL
+        for (int t = 0; t < T; t++) ab[t] = (const qt_block_q8_K *)(const void *)a[t] + i;
+        __m256i acc[4];
+        X8_UNROLL
+        for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_si256();
+        X8_UNROLL
+        for (int c = 0; c < 8; c++) {
+            _mm_prefetch((const char *)p + 4 * 1680 + 128 * c, _MM_HINT_T0);
+            _mm_prefetch((const char *)p + 4 * 1680 + 128 * c + 64, _MM_HINT_T0);
+            _mm_prefetch((const char *)p + 4 * 1680 + 1024 + 64 * c, _MM_HINT_T0);
+            __m256i lo[4], hi[4];   /* sub-blocks 2c and 2c + 1: dots */
+            X8_UNROLL
+            for (int t = 0; t < T; t++) lo[t] = hi[t] = _mm256_setzero_si256();
+            X8_UNROLL
+            for (int h = 0; h < 4; h++) {
+                const __m256i n = _mm256_loadu_si256((const __m256i *)(const void *)(p + (4 * c + h) * 32));
+                const __m256i hb = _mm256_loadu_si256((const __m256i *)(const void *)(p + 1024 + 64 * c + 32 * (h & 1)));
+                /* (bits 0-3 from the nibbles, 4-7 from the shifted high
+                 * bits: one ternary select, 0xE4 = C ? A : B, then the
+                 * value's 6 bits) */
+                const __m256i bl = h < 2 ? _mm256_slli_epi16(hb, 4) : hb;
+                const __m256i bh = h < 2 ? _mm256_slli_epi16(hb, 2) : _mm256_srli_epi16(hb, 2);
+                const __m256i wl = _mm256_and_si256(_mm256_ternarylogic_epi32(n, bl, m4, 0xE4), m3f);
+                const __m256i wh = _mm256_and_si256(_mm256_ternarylogic_epi32(_mm256_srli_epi16(n, 4), bh, m4, 0xE4), m3f);
+                X8_UNROLL
+                for (int t = 0; t < T; t++) {
+                    int32_t l, u;
+                    memcpy(&l, ab[t]->qs + 32 * c + 4 * h, 4);
+                    memcpy(&u, ab[t]->qs + 32 * c + 16 + 4 * h, 4);
+                    lo[t] = _mm256_dpbusd_epi32(lo[t], wl, _mm256_set1_epi32(l));
+                    hi[t] = _mm256_dpbusd_epi32(hi[t], wh, _mm256_set1_epi32(u));
+                }
+            }
+            const __m256i sl = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(p + 1536 + 16 * c)));
+            const __m256i sh = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(p + 1544 + 16 * c)));
+            X8_UNROLL
+            for (int t = 0; t < T; t++)
+                acc[t] = _mm256_add_epi32(acc[t], _mm256_add_epi32(_mm256_mullo_epi32(lo[t], sl), _mm256_mullo_epi32(hi[t], sh)));
+        }
+        q6k_finish(T, p, ab, acc, sums);
+    }
+    X8_UNROLL
+    for (int t = 0; t < T; t++) _mm256_storeu_ps(y[t], sums[t]);
+}
+
+
+static void q6k_tile_vnni(int T, const uint8_t *p, int64_t nsb, const uint8_t *const *a, float *const *y)
+{
+    switch (T) {
+    case 4: q6k_tile_avx512(4, p, nsb, a, y); break;
+    case 3: q6k_tile_avx512(3, p, nsb, a, y); break;
+    case 2: q6k_tile_avx512(2, p, nsb, a, y); break;
+    default: q6k_tile_avx512(1, p, nsb, a, y); break;
     }
 }
 
@@ -396,4 +559,5 @@ static void q4k_tile(int T, const uint8_t *p, int64_t n, const uint8_t *const *a
 static void q80_tile(int T, const uint8_t *p, int64_t n, const uint8_t *const *a, float *const *y) { x8_none(T, p, n, a, y); }
 static void q4k_tile_vnni(int T, const uint8_t *p, int64_t n, const uint8_t *const *a, float *const *y) { x8_none(T, p, n, a, y); }
 static void q80_tile_vnni(int T, const uint8_t *p, int64_t n, const uint8_t *const *a, float *const *y) { x8_none(T, p, n, a, y); }
+static void q6k_tile_vnni(int T, const uint8_t *p, int64_t n, const uint8_t *const *a, float *const *y) { x8_none(T, p, n, a, y); }
 #endif

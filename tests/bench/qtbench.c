@@ -347,6 +347,7 @@ int main(int argc, char **argv)
             if (x8) {
                 if (!want_isa[x8 == 1 ? QT_ISA_AVX2 : QT_ISA_AVX512]) continue;
                 qt_isa_set(x8 == 1 ? QT_ISA_AVX2 : QT_ISA_AVX512);
+                if (!qt_x8_bytes(wt, n, rows)) continue;   /* (q6_K: no AVX2 tile) */
             } else {
                 if (!want_isa[isa]) continue;
                 qt_isa_set((qt_isa)isa);

@@ -386,7 +386,7 @@ static void test_decode_tiles(void)
  * tile's passes and their remainders), widths ns (up to past L2 for the
  * larger batches), and row ranges of whole groups inside the matrix;
  * activations of both scales and one with all activation bytes at -127 /
- * 127 (q4_K's int16 partial sums' bound). Rows not a multiple of 8 and
+ * 127 (q4_K's and q6_K's int16 partial sums' bound). Rows not a multiple of 8 and
  * widths of part of a block are refused. */
 static void x8_case(uint32_t type, const int64_t *ns, size_t n_ns)
 {
@@ -439,7 +439,8 @@ static void test_x8(void)
     static const int64_t q80_ns[] = { 32, 96, 896, 4864 };             /* 1 to 152 blocks */
     CHECK(qt_x8_bytes(QT_Q4_K, 256, 12) == 0 && qt_x8_bytes(QT_Q4_K, 300, 8) == 0 && qt_x8_bytes(QT_Q4_K, 256, 8) == 1184);
     CHECK(qt_x8_bytes(QT_Q8_0, 32, 12) == 0 && qt_x8_bytes(QT_Q8_0, 40, 8) == 0 && qt_x8_bytes(QT_Q8_0, 64, 8) == 2 * 272);
-    CHECK(qt_x8_bytes(QT_Q6_K, 256, 8) == 0 && qt_x8_pack(QT_Q6_K, NULL, 0, 256, 0, 8, NULL) == -1);
+    CHECK(qt_x8_bytes(QT_Q6_K, 256, 12) == 0 && qt_x8_bytes(QT_Q6_K, 128, 8) == 0);
+    CHECK(qt_x8_bytes(QT_Q5_K, 256, 8) == 0 && qt_x8_pack(QT_Q5_K, NULL, 0, 256, 0, 8, NULL) == -1);
 #if defined(__x86_64__) || defined(__i386__)
     const int avx2 = qt_isa_cpu() != QT_ISA_SCALAR;
 #else
@@ -458,6 +459,9 @@ static void test_x8(void)
         qt_isa_set((qt_isa)isa);
         x8_case(QT_Q4_K, q4k_ns, sizeof q4k_ns / sizeof q4k_ns[0]);
         x8_case(QT_Q8_0, q80_ns, sizeof q80_ns / sizeof q80_ns[0]);
+        /* (q6_K's tile is AVX-512's only: below it, no layout) */
+        CHECK(qt_x8_bytes(QT_Q6_K, 256, 8) == (isa >= QT_ISA_AVX512 ? 1680u : 0u));
+        if (isa >= QT_ISA_AVX512) x8_case(QT_Q6_K, q4k_ns, sizeof q4k_ns / sizeof q4k_ns[0]);
     }
     qt_isa_set(best);
 }
