@@ -752,7 +752,7 @@ int main(int argc, char **argv)
              mi->tokenizer_only ? ", tokenizer only" : "");
     if (mi->device && mi->device[0]) log_info("device: %s", mi->device);
     if (mi->repacked_bytes)
-        log_info("weights: %.1f MiB of q4_K and q8_0 matrices held in 8-row groups (a copy; the "
+        log_info("weights: %.1f MiB of q4_K, q6_K and q8_0 matrices held in 8-row groups (a copy; the "
                  "file's bytes of them are no longer read)", (double)mi->repacked_bytes / (1 << 20));
     if (mi->pooling) log_info("embeddings: %s pooling (%s)", mi->pooling, mi->pooling_source);
     if (mi->warning && mi->warning[0]) log_warn("model: %s", mi->warning);
