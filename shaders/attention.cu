@@ -1162,6 +1162,29 @@ int ck_att_par(int hd)
     return hd == 32 * ATT_WARPS ? 8 : 0;
 }
 
+/* A launch macro M(F) or M(ND, F) for the cache type f16 (F: 0 f32, 1
+ * f16, CK_KV_Q8_0) and, with ATT_LAUNCH, nd values of head_dim a lane (ND
+ * 1, 2, 4 or 8): each kernel is instantiated for these */
+#define ATT_KV(M, f16)                                    \
+    do {                                                  \
+        if ((f16) == CK_KV_Q8_0) M(CK_KV_Q8_0);           \
+        else if (f16) M(1);                               \
+        else M(0);                                        \
+    } while (0)
+#define ATT_KV_ND(M, ND, f16)                             \
+    do {                                                  \
+        if ((f16) == CK_KV_Q8_0) M(ND, CK_KV_Q8_0);       \
+        else if (f16) M(ND, 1);                           \
+        else M(ND, 0);                                    \
+    } while (0)
+#define ATT_LAUNCH(M, nd, f16)                            \
+    do {                                                  \
+        if ((nd) <= 1) ATT_KV_ND(M, 1, f16);              \
+        else if ((nd) <= 2) ATT_KV_ND(M, 2, f16);         \
+        else if ((nd) <= 4) ATT_KV_ND(M, 4, f16);         \
+        else ATT_KV_ND(M, 8, f16);                        \
+    } while (0)
+
 void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *vc, int f16, const int32_t *pos,
                   const int32_t *off, const int32_t *pages, int T, int n_head, int n_head_kv, int hd, float *out,
                   float *part, int G, int maxs, void *xq, void *x16, int n_sm, const ck_rope_in *rp, int grp,
@@ -1190,17 +1213,7 @@ void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *v
 #define L_GRP2(ND, F)                                                                                          \
     lk(k_att_grp<ND, F>, g, bs, sm, st, q, kc, vc, pos, off, pages, n_head, n_head_kv, hd, out, part, grp,     \
        maxs, L)
-#define L_GRP(ND)                                                                                              \
-    do {                                                                                                       \
-        if (f16 == CK_KV_Q8_0) L_GRP2(ND, CK_KV_Q8_0);                                                         \
-        else if (f16) L_GRP2(ND, 1);                                                                           \
-        else L_GRP2(ND, 0);                                                                                    \
-    } while (0)
-        if (nd <= 1) L_GRP(1);
-        else if (nd <= 2) L_GRP(2);
-        else if (nd <= 4) L_GRP(4);
-        else L_GRP(8);
-#undef L_GRP
+        ATT_LAUNCH(L_GRP2, nd, f16);
 #undef L_GRP2
         if (grp > 1) lk(k_att_merge, T * n_head, 128, 0, st, part, pos, n_head, hd, maxs, out, L);
         return;
@@ -1217,13 +1230,11 @@ void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *v
     bool roll = (int)(g.x * g.y) < n_sm;
     int coop = ck_att_coop(hd);
     if (G == 1 && !rp && ck_att_par(hd) && T * n_head <= n_sm) {
-        if (f16 == CK_KV_Q8_0)
-            lk(k_att_par<ATT_WARPS, CK_KV_Q8_0, ATT_PAR_G>, g, ATT_PAR_G * ATT_WARPS * 32, 0, st, q, kc, vc, pos,
-               off, pages, n_head, n_head_kv, out, L);
-        else if (f16) lk(k_att_par<ATT_WARPS, 1, ATT_PAR_G>, g, ATT_PAR_G * ATT_WARPS * 32, 0, st, q, kc, vc, pos, off,
-                    pages, n_head, n_head_kv, out, L);
-        else lk(k_att_par<ATT_WARPS, 0, ATT_PAR_G>, g, ATT_PAR_G * ATT_WARPS * 32, 0, st, q, kc, vc, pos, off,
-                pages, n_head, n_head_kv, out, L);
+#define L_PAR(F)                                                                                               \
+    lk(k_att_par<ATT_WARPS, F, ATT_PAR_G>, g, ATT_PAR_G * ATT_WARPS * 32, 0, st, q, kc, vc, pos, off, pages,  \
+       n_head, n_head_kv, out, L)
+        ATT_KV(L_PAR, f16);
+#undef L_PAR
         return;
     }
 #define L_ATT2(ND, F16)                                                                                        \
@@ -1233,16 +1244,8 @@ void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *v
         else lk(k_attention<ND, F16, 0>, g, ATT_WARPS * 32, 0, st, q, kc, vc, pos, off, pages, n_head,         \
                 n_head_kv, hd, out, part, G, maxs, L, R, coop);                                                \
     } while (0)
-#define L_ATT(ND)                                                                                              \
-    do {                                                                                                       \
-        if (f16 == CK_KV_Q8_0) L_ATT2(ND, CK_KV_Q8_0);                                                         \
-        else if (f16) L_ATT2(ND, 1);                                                                           \
-        else L_ATT2(ND, 0);                                                                                    \
-    } while (0)
-    if (nd <= 1) L_ATT(1);
-    else if (nd <= 2) L_ATT(2);
-    else if (nd <= 4) L_ATT(4);
-    else L_ATT(8);
+    ATT_LAUNCH(L_ATT2, nd, f16);
+#undef L_ATT2
     if (G > 1) lk(k_att_merge, T * n_head, 128, 0, st, part, pos, n_head, hd, maxs, out, L);
 }
 
@@ -1254,18 +1257,7 @@ void ck_attention_ex(cudaStream_t st, const float *q, const void *kc, const void
 #define L_EX2(ND, F)                                                                                           \
     lk(k_att_ex<ND, F>, g, ATT_EX_WARPS * 32, 0, st, q, kc, vc, pos, off, pages, T, n_head, n_head_kv, hd,    \
        window, sinks, scale, out)
-#define L_EX(ND)                                                                                               \
-    do {                                                                                                       \
-        if (f16 == CK_KV_Q8_0) L_EX2(ND, CK_KV_Q8_0);                                                          \
-        else if (f16) L_EX2(ND, 1);                                                                            \
-        else L_EX2(ND, 0);                                                                                     \
-    } while (0)
-    int nd = (hd + 31) / 32;
-    if (nd <= 1) L_EX(1);
-    else if (nd <= 2) L_EX(2);
-    else if (nd <= 4) L_EX(4);
-    else L_EX(8);
-#undef L_EX
+    ATT_LAUNCH(L_EX2, (hd + 31) / 32, f16);
 #undef L_EX2
 }
 

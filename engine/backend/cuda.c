@@ -366,9 +366,7 @@ static int scratch_regrow(cu_be *c, void **p, size_t bytes, const char *what)
 /* Spans from which a token's heads go grouped however few the rows: a long
  * context's decode reads each KV row once per group instead of once per
  * q head */
-#ifndef ATT_GRP_NS
 #define ATT_GRP_NS 8
-#endif
 
 /* Room in part for `rows` (token, head) rows of `need` spans each. The
  * rows a grouped batch added are kept while they fit ATT_GRP_PART. */

@@ -212,11 +212,10 @@ int qt_x8_gemm(uint32_t type, int64_t n, const void *P, int64_t r0, int64_t r1, 
                int nb, float *Y, int64_t ldy)
 {
     const x8_lay *L = x8_find(type);
-    if (!L || !qt_x8_bytes(type, n, 8) || r0 % 8 || r1 % 8 || r1 < r0 || nb < 0) return -1;
-    const int64_t nblk = n / L->block_n;
     int tmax;
-    x8_tile_fn *tile = x8_tile_of(L, &tmax);
-    if (!tile) return -1;
+    x8_tile_fn *tile = L ? x8_tile_of(L, &tmax) : NULL;
+    if (!tile || n <= 0 || n % L->block_n || r0 % 8 || r1 % 8 || r1 < r0 || nb < 0) return -1;
+    const int64_t nblk = n / L->block_n;
     /* tmax activation rows against every group of the range, 16 rows at a
      * time: a group of them stays in L2 while the weight rows go by */
     for (int b0 = 0; b0 < nb; b0 += 16) {
