@@ -107,9 +107,11 @@ static void runner_close(runner *r)
     }
 }
 
-/* The prompt's logits [T][V] and GEN greedy tokens after it; hidden [E]:
- * the last step's final-norm output (fw_hidden, what embeddings pool) */
-static void runner_go(runner *r, int V, const int32_t *toks, int T, float *logits, int32_t *gen, float *hidden)
+/* The prompt's logits [T][V] and GEN greedy tokens after it, margin[GEN]
+ * the lead of each over the runner-up; hidden [E]: the last step's
+ * final-norm output (fw_hidden, what embeddings pool) */
+static void runner_go(runner *r, int V, const int32_t *toks, int T, float *logits, int32_t *gen, float *margin,
+                      float *hidden)
 {
     /* (positions of the prompt and of the GEN steps after it) */
     int32_t pos[MAX_T + GEN], out[MAX_T], slot[MAX_T] = { 0 }, pages[PAGES];
@@ -122,9 +124,13 @@ static void runner_go(runner *r, int V, const int32_t *toks, int T, float *logit
     float *lg = malloc((size_t)V * sizeof *lg);
     const float *last = logits + (size_t)(T - 1) * V;
     for (int g = 0; g < GEN; g++) {
-        int best = 0;
-        for (int i = 1; i < V; i++) if (last[i] > last[best]) best = i;
+        int best = 0, second = -1;
+        for (int i = 1; i < V; i++) {
+            if (last[i] > last[best]) { second = best; best = i; }
+            else if (second < 0 || last[i] > last[second]) second = i;
+        }
         gen[g] = best;
+        margin[g] = last[best] - last[second];
         be_batch d = { .T = 1, .pos = pos + T + g, .pages = pg, .slot = slot, .n_dec = 1 };
         fw_run(r->f, &gen[g], &d, out, 1, lg);
         last = lg;
@@ -145,6 +151,30 @@ static int rounds_inputs(const model *m)
     return 0;
 }
 
+/* max |logit| between the prompt's logits on the GPU (gpu) and the same
+ * model whole on the CPU */
+static double cpu_gpu_distance(const char *path, int V, const int32_t *toks, int T, const float *gpu)
+{
+    char err[512];
+    model *m = NULL;
+    if (model_load(&m, path, err, sizeof err)) { CHECKF(0, "%s", err); return 0; }
+    float *cpu = malloc((size_t)T * V * sizeof *cpu), *h = calloc((size_t)m->hp.n_embd, sizeof *h), mg[GEN];
+    int32_t g[GEN];
+    runner c;
+    double d = 0;
+    int ok = runner_open(&c, m, 1, NULL, BY_HEADS, err, sizeof err) == 0;
+    CHECKF(ok, "%s whole on the CPU: %s", path, err);
+    if (ok) {
+        runner_go(&c, V, toks, T, cpu, g, mg, h);
+        for (size_t i = 0; i < (size_t)T * V; i++) d = fmax(d, fabs((double)cpu[i] - gpu[i]));
+    }
+    runner_close(&c);
+    free(cpu);
+    free(h);
+    model_free(m);
+    return d;
+}
+
 static void check_split_as(const char *path, int n, const int *devs, int how)
 {
     char err[512];
@@ -157,24 +187,24 @@ static void check_split_as(const char *path, int n, const int *devs, int how)
     for (int t = 0; t < T; t++) toks[t] = (int32_t)((t * 7919u + 13u) % (unsigned)(V > 300 ? 300 : V));
     float *whole = malloc((size_t)T * V * sizeof *whole), *part = malloc((size_t)T * V * sizeof *part);
     int32_t g1[GEN], gn[GEN];
+    float m1[GEN], mn[GEN];
     float *h1 = calloc((size_t)m->hp.n_embd, sizeof *h1), *hn = calloc((size_t)m->hp.n_embd, sizeof *hn);
     runner a, b;
     int okw = runner_open(&a, m, 1, devs, BY_HEADS, err, sizeof err) == 0;
     CHECKF(okw, "%s whole: %s", path, err);
-    if (okw) runner_go(&a, V, toks, T, whole, g1, h1);
+    if (okw) runner_go(&a, V, toks, T, whole, g1, m1, h1);
     runner_close(&a);
+    /* Relayed from the CPU to a GPU, a quantized file meets two kernels
+     * that round their inputs differently (int8 blocks on the CPU, the
+     * GPU's own): the relay is bounded by how far the whole model on the
+     * CPU is from it on the GPU, plus one rounding step. */
+    const int mixed = how == BY_RELAY && devs && rounds_inputs(m);
+    double cg = 0;
+    if (okw && mixed) cg = cpu_gpu_distance(path, V, toks, T, whole);
     int oks = okw && runner_open(&b, m, n, devs, how, err, sizeof err) == 0;
     CHECKF(!okw || oks, "%s over %d: %s", path, n, err);
     if (oks) {
-        runner_go(&b, V, toks, T, part, gn, hn);
-        double hw = 0;
-        for (int i = 0; i < m->hp.n_embd; i++) {
-            double d = fabs((double)h1[i] - hn[i]);
-            if (d > hw || d != d) hw = d != d ? INFINITY : d;
-        }
-        const int layers = how == BY_LAYERS || how == BY_RELAY;
-        CHECKF(layers && !(how == BY_RELAY && devs) ? hw == 0 : hw <= (rounds_inputs(m) ? 5e-2 : 1e-3),
-               "%s over %d: hidden state differs by %g", path, n, hw);
+        runner_go(&b, V, toks, T, part, gn, mn, hn);
         double worst = 0;
         for (size_t i = 0; i < (size_t)T * V; i++) {
             double d = fabs((double)whole[i] - part[i]);
@@ -185,17 +215,34 @@ static void check_split_as(const char *path, int n, const int *devs, int how)
          * moves a float model's logits by ~1e-6 (the issue's bound: 1e-3).
          * Quantized weights on a GPU read their inputs rounded to int8 or
          * f16, and that order moves a few of those roundings by one step:
-         * a quantized file gets the bound of one such step, 1e-2. */
-        /* (relayed with a GPU: the CPU's layers against the GPU's, whose
-         * matmuls differ from the CPU's by ~1e-5 in floats and by int8
-         * roundings where quantized, as t_models bounds them) */
-        double tol = how == BY_RELAY && devs ? (rounds_inputs(m) ? 5e-2 : 1e-3)
+         * a quantized file gets the bound of one such step, 1e-2.
+         * Relayed with a GPU, the CPU's layers against the GPU's: ~1e-5
+         * apart in floats, and for quantized files as above. */
+        const int layers = how == BY_LAYERS || how == BY_RELAY;
+        double tol = mixed ? cg + 1e-2 : how == BY_RELAY && devs ? 1e-3
                    : layers ? 0 : devs && rounds_inputs(m) ? 1e-2 : 1e-3;
         CHECKF(worst <= tol, "%s over %d ranks: max |dlogit| %g (bound %g)", path, n, worst, tol);
-        int same = !memcmp(g1, gn, sizeof g1);
-        CHECKF(same, "%s over %d ranks: greedy tokens differ", path, n);
-        fprintf(stderr, "  %-46s %d %s %s: max |dlogit| %.2e over %d positions, greedy %s\n", path, n,
-                devs ? "GPU" : "CPU", how_name[how], worst, T, same ? "same" : "DIFFERENT");
+        /* greedy tokens the same up to a near-tie (a lead within the bound),
+         * after which the two continuations are different texts */
+        int k = 0;
+        while (k < GEN && g1[k] == gn[k]) k++;
+        int tie = k < GEN && (m1[k] <= tol || mn[k] <= tol);
+        CHECKF(k == GEN || tie, "%s over %d ranks: greedy tokens differ at %d (leads %g, %g)", path, n, k,
+               (double)m1[k < GEN ? k : 0], (double)mn[k < GEN ? k : 0]);
+        if (k == GEN) {
+            double hw = 0;
+            for (int i = 0; i < m->hp.n_embd; i++) {
+                double d = fabs((double)h1[i] - hn[i]);
+                if (d > hw || d != d) hw = d != d ? INFINITY : d;
+            }
+            CHECKF(layers && !(how == BY_RELAY && devs) ? hw == 0 : hw <= (rounds_inputs(m) ? 5e-2 : 1e-3) + cg,
+                   "%s over %d: hidden state differs by %g", path, n, hw);
+        }
+        char why[80] = "";
+        if (mixed) snprintf(why, sizeof why, " (whole on CPU and GPU: %.2e apart)", cg);
+        if (k < GEN) snprintf(why + strlen(why), sizeof why - strlen(why), ", a near-tie at token %d", k);
+        fprintf(stderr, "  %-46s %d %s %s: max |dlogit| %.2e over %d positions%s, greedy %s\n", path, n,
+                devs ? "GPU" : "CPU", how_name[how], worst, T, why, k == GEN ? "same" : "same to the tie");
     }
     if (okw) runner_close(&b);
     free(whole);
