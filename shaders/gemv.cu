@@ -345,7 +345,7 @@ __device__ __forceinline__ void q8_tokens(float (&acc)[NT], const int (&q)[8], f
 /* Warps per row (K) of every int8 GEMV: a function of the units per row
  * only, since the lane -> unit split and the reduction depend on it. A
  * one-token GEMV's time is its loads' latency, a round per unit a lane
- * takes, so K grows early (docs/benchmarks.md). */
+ * takes, so K grows early (docs/benchmarks-cuda.md). */
 static inline int gemv_warps(int nu) { return nu >= 128 ? 4 : nu > 32 ? 2 : 1; }
 
 /* q4_K: lane takes one 64-value pair of a super-block (16-byte header and
@@ -596,7 +596,7 @@ __global__ void __launch_bounds__(GLU ? 512 : 128) k_gemv_mr(const mat_set S, si
      * path that waits for x), then used in order (the same sums): two or
      * more in a loop of their own ahead of the main loop, one by the main
      * loop's first trip; for q4_K the registers held across the wait cost
-     * more than they gain (docs/benchmarks.md) */
+     * more than they gain (docs/benchmarks-cuda.md) */
     const int u0 = lane + 32 * part;
     constexpr int PQ = KD == GEMV_Q8_0 ? PRE : 1;
     int pq[PQ][R][8];
@@ -1068,7 +1068,7 @@ static void gemv_mr_q(cudaStream_t st, const mat_set &S, size_t rb, int n, const
     /* one token: rows of 2048 values and more (a 7b's) at 1 row per group
      * for q8_0 (two units a lane loaded before the launch wait; a down
      * projection's rows of four warps by bulk copies), 2 for the K-quants;
-     * shorter ones (a 0.5b's, launch-bound) 4 (docs/benchmarks.md) */
+     * shorter ones (a 0.5b's, launch-bound) 4 (docs/benchmarks-cuda.md) */
     if (T > 8) gemv_mr_k<16, 4, KD>(st, S, rb, n, xq, xd, xs, T);
     else if (T > 4) gemv_mr_k<8, 4, KD>(st, S, rb, n, xq, xd, xs, T);
     else if (T > 2) gemv_mr_k<4, 4, KD>(st, S, rb, n, xq, xd, xs, T);

@@ -77,7 +77,7 @@ int ck_gemv_int8(uint32_t type, int n_in);
  * promise). part (part_bytes) and cnt (n_cnt ints, zero, left zero) are
  * scratch for matrices whose rows are split over several blocks (how many:
  * from n_sm, the device's SM count); with too little, no split (slower). */
-#define CK_MMQB_MAX_T 32   /* (wider decode batches: cuBLAS, faster there: docs/benchmarks.md) */
+#define CK_MMQB_MAX_T 32   /* (wider decode batches: cuBLAS, faster there: docs/benchmarks-cuda.md) */
 #define CK_MMQB_PART (32u << 20)   /* part_bytes ample for any model */
 #define CK_MMQB_CNT 16384
 int ck_mmqb_ok(uint32_t type, int n_in);

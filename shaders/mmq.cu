@@ -337,7 +337,7 @@ __global__ void __launch_bounds__(MMQB_WARPS * 32, 2)
  * 2q, 2q + 1's scales of its two rows and takes the others from its row
  * group's lanes by shuffle (no barrier or buffer for them). Same tiles,
  * chunks, split and partial sums as k_mmqb_mma; faster at 25-32 tokens,
- * bound by each warp's chain of waits as k_mmqb_mma is (docs/benchmarks.md).
+ * bound by each warp's chain of waits as k_mmqb_mma is (docs/benchmarks-cuda.md).
  * Q6: q6_K in the batched layout (k_repack_q6_Kb), the same tiles, chunks
  * and split, a chunk's MMAs by wg_q6_chunk. */
 #define WG_WPITCH 176   /* bytes per row and chunk: 2-byte gathers by 8 rows hit 16 banks */
@@ -620,7 +620,7 @@ __global__ void k_repack_q6_Kb(const uint8_t *src, uint8_t *dst, size_t rb, int 
     }
 }
 
-/* CTAs per SM that the batched kernels' K split aims at (docs/benchmarks.md) */
+/* CTAs per SM that the batched kernels' K split aims at (docs/benchmarks-cuda.md) */
 #define MMQB_CTAS 2
 
 /* k_mmqb_wgmma for four token tiles: where the device runs sm_90a code

@@ -210,7 +210,7 @@ void ck_add_pos(cudaStream_t st, float *x, const void *tab, int kind, size_t row
 /* Whether a norm schedules the next launch before its own wait, so that
  * the matmul after it loads its weights while the norm's predecessor
  * drains (every kernel reads only weights and the pass's constants before
- * its wait): rows under 2048 values, launch-bound models (docs/benchmarks.md). */
+ * its wait): rows under 2048 values, launch-bound models (docs/benchmarks-cuda.md). */
 static inline int norm_early(int n) { return n < 2048; }
 
 /* a block per row: up to 1024 threads, each with up to 8 values in registers */

@@ -1044,7 +1044,7 @@ static void cu_attention_ex(be *b, const float *q, const void *kc, const void *v
  * and the KV store inside the attention kernel: one launch less per layer,
  * the same values (the attention reads its token's K/V row only after
  * writing it). Only after a small q/k/v set (ck_small_set: launch-bound
- * layers): a small model gains, a 7b loses (docs/benchmarks.md). */
+ * layers): a small model gains, a 7b loses (docs/benchmarks-cuda.md). */
 static void cu_rope_attention(be *b, float *q, float *k, float *v, void *kc, void *vc, const be_batch *bt,
                               int n_head, int n_head_kv, int head_dim, int n_rot, float base, int neox,
                               const wt *freq_div, const wt *const *bias, float *out)

@@ -1,7 +1,7 @@
 #!/bin/sh
 # The CUDA backend on a GPU machine: build (make cuda), kernel tests against
 # the CPU reference, model references through --backend cuda, then anebench
-# on real-size synthetic models (llama.cpp anchors in docs/benchmarks.md).
+# on real-size synthetic models (llama.cpp anchors in docs/benchmarks-cuda.md).
 #   sh tests/bench/cuda.sh [build|test|bench|all] [MODEL:TYPE ...]
 # Where the Debian libraries are missing, .debs/*.deb (apt-get download of
 # libmsgpack-dev libmsgpackc2 libev-dev libev4 libjansson-dev libjansson4
