@@ -111,8 +111,8 @@ static void pack_rows(void *arg, int i, int ith)
 
 /* Matrices in 8-row groups (quant/x8.c) where they beat the GGUF-layout
  * kernels (docs/benchmarks.md): q4_K and q8_0 on AVX2 and on AVX-512 (its
- * VNNI tiles), q6_K on AVX-512; none with AMX, whose prompt tiles read the
- * GGUF layout. A copy at
+ * VNNI tiles), q6_K on AVX-512; with AMX q8_0 alone, whose prompt tiles
+ * read the layout (qt_x8_bytes says which). A copy at
  * w->pack, in 2 MiB pages where allowed, that mm_rows reads instead of the
  * file's bytes, counted in own_bytes.
  * Without memory for it the matrix keeps the GGUF layout. */
@@ -121,7 +121,7 @@ static int cpu_weight_prepare(be *b, wt *w)
     cpu_be *c = (cpu_be *)b;
     size_t n = 0;
     const qt_isa isa = qt_isa_get();
-    if (c->repack && w->n_mat <= 1 && !w->lookup && (isa == QT_ISA_AVX2 || isa == QT_ISA_AVX512))
+    if (c->repack && w->n_mat <= 1 && !w->lookup && (isa == QT_ISA_AVX2 || isa == QT_ISA_AVX512 || isa == QT_ISA_AMX))
         n = qt_x8_bytes(w->type, w->n_in, w->n_out);
     if (!n) return 0;
     if (c->n_own == c->cap_own) {

@@ -145,6 +145,7 @@ typedef struct x8_lay {
     int tmax;               /* activation rows it takes */
     x8_tile_fn *tile_vnni;  /* AVX-512 VNNI (vpdpbusd on 8 lanes), or NULL */
     int tmax_vnni;
+    int amx;                /* has AMX prompt tiles (qt_gemm_amx_x8) */
 } x8_lay;
 
 static x8_tile_fn q4k_tile, q80_tile, q4k_tile_vnni, q80_tile_vnni, q6k_tile_vnni;
@@ -162,9 +163,9 @@ static int x8_cpu_ok(void)
 }
 
 static const x8_lay x8_lays[] = {
-    { QT_Q4_K, 256, 1184, q4k_pack8, q4k_tile, 2, q4k_tile_vnni, 4 },
-    { QT_Q8_0, 32, 272, q80_pack8, q80_tile, 4, q80_tile_vnni, 8 },
-    { QT_Q6_K, 256, 1680, q6k_pack8, NULL, 0, q6k_tile_vnni, 4 },
+    { QT_Q4_K, 256, 1184, q4k_pack8, q4k_tile, 2, q4k_tile_vnni, 4, 0 },
+    { QT_Q8_0, 32, 272, q80_pack8, q80_tile, 4, q80_tile_vnni, 8, 1 },
+    { QT_Q6_K, 256, 1680, q6k_pack8, NULL, 0, q6k_tile_vnni, 4, 0 },
 };
 
 static const x8_lay *x8_find(uint32_t type)
@@ -190,6 +191,7 @@ size_t qt_x8_bytes(uint32_t type, int64_t n, int64_t rows)
     int tmax;
     if (!L || n <= 0 || rows <= 0 || n % L->block_n || rows % 8) return 0;
     if (!L->tile && !x8_tile_of(L, &tmax)) return 0;   /* (an AVX-512-only layout elsewhere) */
+    if (qt_isa_get() == QT_ISA_AMX && !L->amx) return 0;   /* (AMX's prompt tiles read the GGUF layout) */
     return (size_t)(rows / 8) * (size_t)(n / L->block_n) * L->bytes;
 }
 
@@ -216,9 +218,21 @@ int qt_x8_gemm(uint32_t type, int64_t n, const void *P, int64_t r0, int64_t r1, 
     x8_tile_fn *tile = L ? x8_tile_of(L, &tmax) : NULL;
     if (!tile || n <= 0 || n % L->block_n || r0 % 8 || r1 % 8 || r1 < r0 || nb < 0) return -1;
     const int64_t nblk = n / L->block_n;
+    int bs = 0;   /* activation rows done on AMX tiles */
+#if defined(__x86_64__)
+    if (L->amx && qt_isa_get() == QT_ISA_AMX && nb >= 16 && r1 - r0 >= 16) {
+        /* whole panels of 16 rows and tiles of 16 activation rows on AMX;
+         * the rows of a last half panel, and the last activation rows,
+         * below (the same bits) */
+        const int np = (int)((r1 - r0) / 16);
+        bs = nb / 16 * 16;
+        qt_gemm_amx_x8(type, n, P, r0, np, A, a_stride, nb / 16, Y, ldy);
+        if (r0 + 16 * np < r1 && qt_x8_gemm(type, n, P, r0 + 16 * np, r1, A, a_stride, bs, Y, ldy)) return -1;
+    }
+#endif
     /* tmax activation rows against every group of the range, 16 rows at a
      * time: a group of them stays in L2 while the weight rows go by */
-    for (int b0 = 0; b0 < nb; b0 += 16) {
+    for (int b0 = bs; b0 < nb; b0 += 16) {
         const int be = nb - b0 < 16 ? nb : b0 + 16;
         for (int64_t g = r0 / 8; g < r1 / 8; g++) {
             const uint8_t *p = (const uint8_t *)P + (size_t)g * (size_t)nblk * L->bytes;
@@ -496,7 +510,7 @@ X8_AI void q80_tile_vnni_t(int T, const uint8_t *p, int64_t nblk, const uint8_t 
          * alone at one row; with more rows the tile computes longer per
          * byte and the stream falls behind (nb = 4: 14 GB/s a thread
          * without, 20 with): every line 4 blocks ahead) */
-        if (T > 1) {
+        {
             X8_UNROLL
             for (int l = 0; l < 5; l++) _mm_prefetch((const char *)p + 4 * 272 + 64 * l, _MM_HINT_T0);
         }

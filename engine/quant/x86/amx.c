@@ -170,7 +170,7 @@ static inline __attribute__((always_inline)) void finish16m(__m512 *acc, const i
 
 /* Small types: rows [r0, r0 + 16 np) x activation rows [0, nt * 16); Y
  * points at row r0's column. */
-static void amx_small(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64_t r0, int np,
+static void amx_small(uint32_t type, int64_t n, const uint8_t *W, size_t ws, const uint8_t *X8, int64_t r0, int np,
                       const uint8_t *A, size_t as, int nt, float *Y, int64_t ldy)
 {
     const int hm = small_has_min(type);
@@ -192,13 +192,29 @@ static void amx_small(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int
         const int pn = np - p0 < NPAN ? np - p0 : NPAN;
         for (int64_t k0 = 0; k0 < nbk; k0 += KC) {
             const int kc = nbk - k0 < KC ? (int)(nbk - k0) : KC;
-            for (int p = 0; p < pn; p++)
+            for (int p = 0; p < pn; p++) {
+                if (X8) {   /* two 8-row groups side by side: each k's 32 bytes are half a B row */
+                    const int64_t g = (r0 + 16 * (p0 + p)) / 8;
+                    const uint8_t *g0 = X8 + (size_t)g * (size_t)nbk * 272, *g1 = g0 + (size_t)nbk * 272;
+                    for (int j = 0; j < kc; j++) {
+                        const uint8_t *s0 = g0 + (size_t)(k0 + j) * 272, *s1 = g1 + (size_t)(k0 + j) * 272;
+                        for (int k = 0; k < 8; k++)
+                            _mm512_store_si512((void *)(bbuf[p][j] + 64 * k), _mm512_inserti64x4(
+                                _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)(s0 + 32 * k))),
+                                _mm256_loadu_si256((const __m256i *)(const void *)(s1 + 32 * k)), 1));
+                        _mm512_store_ps(dwb[p][j], _mm512_insertf32x8(
+                            _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(s0 + 256)))),
+                            _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(s1 + 256))), 1));
+                    }
+                    continue;
+                }
                 for (int j = 0; j < kc; j++) {
                     for (int r = 0; r < 16; r++)
                         small_unpack(type, W + (size_t)(r0 + 16 * (p0 + p) + r) * ws + (size_t)(k0 + j) * wbs,
                                      tmp + 32 * r, &dwb[p][j][r], &mwb[p][j][r]);
                     to_b_layout(tmp, bbuf[p][j]);
                 }
+            }
             for (int t = 0; t < nt; t++) {
                 const uint8_t *at = A + (size_t)(16 * t) * as;
                 for (int j = 0; j < kc; j++)
@@ -404,7 +420,7 @@ static void amx_kquant(uint32_t type, int64_t n, const uint8_t *W, size_t ws, in
 static void amx_run(uint32_t wtype, int64_t n, const uint8_t *W, size_t ws, int64_t r0, int np,
                     const uint8_t *A, size_t as, int nt, float *Y, int64_t ldy)
 {
-    if (small_wbytes(wtype)) amx_small(wtype, n, W, ws, r0, np, A, as, nt, Y, ldy);
+    if (small_wbytes(wtype)) amx_small(wtype, n, W, ws, NULL, r0, np, A, as, nt, Y, ldy);
     else amx_kquant(wtype, n, W, ws, r0, np, A, as, nt, Y, ldy);
 }
 
@@ -483,6 +499,19 @@ int qt_gemm_amx(uint32_t wtype, int64_t n, const void *W, size_t w_stride,
                        Y + (size_t)ntiled * (size_t)ldy, ldy))
         return -1;
     return 0;
+}
+
+/* q8_0 in 8-row groups (x8.c's layout, 272 bytes a group and block): rows
+ * [r0, r0 + 16 np) (r0 a multiple of 8) of the pack P against nt whole
+ * tiles of activation rows; the B tiles are the layout's bytes, two groups
+ * side by side, so only copies are left to prepare. The same arithmetic
+ * as from the GGUF layout: the same bits. */
+void qt_gemm_amx_x8(uint32_t wtype, int64_t n, const void *P, int64_t r0, int np, const void *A, size_t a_stride,
+                    int nt, float *Y, int64_t ldy)
+{
+    tiles_config(32);
+    amx_small(wtype, n, NULL, 0, P, r0, np, A, a_stride, nt, Y + r0, ldy);
+    tiles_release();
 }
 
 #include "engine/quant/target_pop.h"
