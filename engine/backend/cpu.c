@@ -110,9 +110,9 @@ static void pack_rows(void *arg, int i, int ith)
 }
 
 /* Matrices in 8-row groups (quant/x8.c) where they beat the GGUF-layout
- * kernels (docs/benchmarks.md): q4_K and q8_0 on AVX2 and on AVX-512 (its
- * VNNI tiles), q6_K on AVX-512; with AMX q8_0 alone, whose prompt tiles
- * read the layout (qt_x8_bytes says which). A copy at
+ * kernels (docs/benchmarks.md): q4_K and q8_0 on AVX2, AVX-512 (its VNNI
+ * tiles) and AMX (whose prompt tiles read the layout), q6_K on AVX-512
+ * (qt_x8_bytes says which). A copy at
  * w->pack, in 2 MiB pages where allowed, that mm_rows reads instead of the
  * file's bytes, counted in own_bytes.
  * Without memory for it the matrix keeps the GGUF layout. */

@@ -68,14 +68,14 @@ void qt_gemm_ref(uint32_t wtype, int64_t n, const void *W, size_t w_stride,
  * the packed matrix P (rows r0..r1, multiples of 8), the same bits as
  * qt_gemm_ref on the GGUF bytes; -1 where the CPU lacks AVX2 (the caller
  * then runs qt_gemm on the GGUF bytes). With AMX only the layouts that
- * have AMX prompt tiles (q8_0) are packed: the others' prompts run
+ * have AMX prompt tiles (q8_0, q4_K) are packed: q6_K's prompts run
  * faster on the tiles from the GGUF layout. */
 size_t qt_x8_bytes(uint32_t type, int64_t n, int64_t rows);
 int qt_x8_pack(uint32_t type, const void *W, size_t w_stride, int64_t n, int64_t r0, int64_t r1, void *dst);
 int qt_x8_gemm(uint32_t type, int64_t n, const void *P, int64_t r0, int64_t r1, const void *A, size_t a_stride,
                int nb, float *Y, int64_t ldy);
-/* (x86/amx.c) q8_0's pack on AMX tiles: rows [r0, r0 + 16 np), r0 a
- * multiple of 8, against nt whole 16-row tiles of activations */
+/* (x86/amx.c) q8_0's and q4_K's packs on AMX tiles: rows [r0, r0 + 16 np),
+ * r0 a multiple of 8, against nt whole 16-row tiles of activations */
 void qt_gemm_amx_x8(uint32_t wtype, int64_t n, const void *P, int64_t r0, int np, const void *A, size_t a_stride,
                     int nt, float *Y, int64_t ldy);
 

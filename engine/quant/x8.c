@@ -1,5 +1,6 @@
 /* x8.c — q4_K, q6_K and q8_0 matrices repacked in groups of 8 rows for the AVX2
- * and AVX-512 VNNI kernels (qtypes.h, "Matrices in 8-row groups"): one
+ * and AVX-512 VNNI kernels, and for AMX's prompt tiles (q8_0 and q4_K, in
+ * x86/amx.c) (qtypes.h, "Matrices in 8-row groups"): one
  * table of layouts, one pack and one batch driver over it; a type's block
  * packer and tiles are its own.
  *
@@ -145,7 +146,7 @@ typedef struct x8_lay {
     int tmax;               /* activation rows it takes */
     x8_tile_fn *tile_vnni;  /* AVX-512 VNNI (vpdpbusd on 8 lanes), or NULL */
     int tmax_vnni;
-    int amx;                /* has AMX prompt tiles (qt_gemm_amx_x8) */
+    int amx;                /* has AMX prompt tiles (qt_gemm_amx_x8); without, not packed with AMX */
 } x8_lay;
 
 static x8_tile_fn q4k_tile, q80_tile, q4k_tile_vnni, q80_tile_vnni, q6k_tile_vnni;
@@ -163,7 +164,7 @@ static int x8_cpu_ok(void)
 }
 
 static const x8_lay x8_lays[] = {
-    { QT_Q4_K, 256, 1184, q4k_pack8, q4k_tile, 2, q4k_tile_vnni, 4, 0 },
+    { QT_Q4_K, 256, 1184, q4k_pack8, q4k_tile, 2, q4k_tile_vnni, 4, 1 },
     { QT_Q8_0, 32, 272, q80_pack8, q80_tile, 4, q80_tile_vnni, 8, 1 },
     { QT_Q6_K, 256, 1680, q6k_pack8, NULL, 0, q6k_tile_vnni, 4, 0 },
 };

@@ -437,10 +437,7 @@ static void test_x8(void)
 {
     static const int64_t q4k_ns[] = { 256, 512, 1536, 2816, 10240 };   /* 1 to 40 super-blocks */
     static const int64_t q80_ns[] = { 32, 96, 896, 4864 };             /* 1 to 152 blocks */
-    /* (with AMX only q8_0 is packed: its prompt tiles read the layout) */
-    const int amx = qt_isa_get() == QT_ISA_AMX;
-    CHECK(qt_x8_bytes(QT_Q4_K, 256, 12) == 0 && qt_x8_bytes(QT_Q4_K, 300, 8) == 0 &&
-          qt_x8_bytes(QT_Q4_K, 256, 8) == (amx ? 0u : 1184u));
+    CHECK(qt_x8_bytes(QT_Q4_K, 256, 12) == 0 && qt_x8_bytes(QT_Q4_K, 300, 8) == 0 && qt_x8_bytes(QT_Q4_K, 256, 8) == 1184);
     CHECK(qt_x8_bytes(QT_Q8_0, 32, 12) == 0 && qt_x8_bytes(QT_Q8_0, 40, 8) == 0 && qt_x8_bytes(QT_Q8_0, 64, 8) == 2 * 272);
     CHECK(qt_x8_bytes(QT_Q6_K, 256, 12) == 0 && qt_x8_bytes(QT_Q6_K, 128, 8) == 0);
     CHECK(qt_x8_bytes(QT_Q5_K, 256, 8) == 0 && qt_x8_pack(QT_Q5_K, NULL, 0, 256, 0, 8, NULL) == -1);
@@ -457,18 +454,18 @@ static void test_x8(void)
         return;
     }
     /* the AVX2 tiles, then the VNNI ones where the CPU has AVX-512, then
-     * q8_0's AMX tiles (16 activation rows and more) where it has AMX */
+     * q8_0's and q4_K's AMX tiles (16 activation rows and more) where it
+     * has AMX */
     const qt_isa best = qt_isa_get();
     static const qt_isa isas[] = { QT_ISA_AVX2, QT_ISA_AVX512, QT_ISA_AMX };
     for (size_t k = 0; k < sizeof isas / sizeof isas[0] && isas[k] <= qt_isa_cpu(); k++) {
         const qt_isa isa = isas[k];
         qt_isa_set(isa);
-        if (isa != QT_ISA_AMX) x8_case(QT_Q4_K, q4k_ns, sizeof q4k_ns / sizeof q4k_ns[0]);
+        x8_case(QT_Q4_K, q4k_ns, sizeof q4k_ns / sizeof q4k_ns[0]);
         x8_case(QT_Q8_0, q80_ns, sizeof q80_ns / sizeof q80_ns[0]);
         /* (q6_K's tile is AVX-512's only: below it, no layout; with AMX
-         * q4_K and q6_K keep the GGUF layout) */
+         * it keeps the GGUF layout, whose prompt tiles it has) */
         CHECK(qt_x8_bytes(QT_Q6_K, 256, 8) == (isa == QT_ISA_AVX512 ? 1680u : 0u));
-        CHECK(isa != QT_ISA_AMX || qt_x8_bytes(QT_Q4_K, 256, 8) == 0);
         if (isa == QT_ISA_AVX512) x8_case(QT_Q6_K, q4k_ns, sizeof q4k_ns / sizeof q4k_ns[0]);
     }
     qt_isa_set(best);

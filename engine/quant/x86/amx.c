@@ -352,9 +352,53 @@ static void k_prepare(uint32_t type, const uint8_t *W, size_t ws, int64_t r, int
     }
 }
 
+/* k_prepare from q4_K's 8-row groups (x8.c's layout, 1,184 bytes a group
+ * and super-block; g0 and g1 the panel's two groups at super-block i0):
+ * the 32 bytes of chunk c's step h hold, 4 a row, the values 32c + 4h + j
+ * in their low nibbles and 32c + 16 + 4h + j in their high ones, so two
+ * groups' bytes side by side, masked, are B rows h and 4 + h of chunk c. */
+static void kx8_prepare(const uint8_t *g0, const uint8_t *g1, int kc, kpanel *P)
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0F), lo16 = _mm512_set1_epi32(0xFFFF);
+    for (int i = 0; i < kc; i++, g0 += 1184, g1 += 1184) {
+        for (int c = 0; c < 8; c++) {
+            for (int h = 0; h < 4; h++) {
+                const __m512i z = _mm512_inserti64x4(
+                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)(g0 + 32 * (4 * c + h)))),
+                    _mm256_loadu_si256((const __m256i *)(const void *)(g1 + 32 * (4 * c + h))), 1);
+                _mm512_store_si512((void *)(P->b[i] + 512 * c + 64 * h), _mm512_and_si512(z, m4));
+                _mm512_store_si512((void *)(P->b[i] + 512 * c + 64 * (4 + h)),
+                                   _mm512_and_si512(_mm512_srli_epi16(z, 4), m4));
+            }
+            uint8_t sc[16];
+            memcpy(sc, g0 + 1024 + 8 * c, 8);
+            memcpy(sc + 8, g1 + 1024 + 8 * c, 8);
+            const __m512i s = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)sc));
+            _mm512_store_si512((void *)P->sc[i][2 * c], s);
+            _mm512_store_si512((void *)P->sc[i][2 * c + 1], s);
+        }
+        /* mins: bytes 2r + e of pair p are row r's of chunk 2p + e; mp[c]
+         * holds chunk c's twice (against the activation's two 16-value sums) */
+        for (int q = 0; q < 4; q++) {
+            const __m512i v = _mm512_cvtepu8_epi16(_mm256_inserti128_si256(
+                _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(g0 + 1088 + 16 * q))),
+                _mm_loadu_si128((const __m128i *)(const void *)(g1 + 1088 + 16 * q)), 1));
+            const __m512i e0 = _mm512_and_si512(v, lo16), e1 = _mm512_srli_epi32(v, 16);
+            _mm512_store_si512((void *)P->mp[i][2 * q], _mm512_or_si512(e0, _mm512_slli_epi32(e0, 16)));
+            _mm512_store_si512((void *)P->mp[i][2 * q + 1], _mm512_or_si512(e1, _mm512_slli_epi32(e1, 16)));
+        }
+        _mm512_store_ps(P->fd[i], _mm512_insertf32x8(
+            _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(g0 + 1152)))),
+            _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(g1 + 1152))), 1));
+        _mm512_store_ps(P->fm[i], _mm512_insertf32x8(
+            _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(g0 + 1168)))),
+            _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(g1 + 1168))), 1));
+    }
+}
+
 /* G = 32: q4_K (scale per 32 values, group k's scale at sc[2k]);
- * G = 16: q6_K. */
-static void amx_kquant(uint32_t type, int64_t n, const uint8_t *W, size_t ws, int64_t r0, int np,
+ * G = 16: q6_K. X8: q4_K's 8-row groups instead of W (kx8_prepare). */
+static void amx_kquant(uint32_t type, int64_t n, const uint8_t *W, size_t ws, const uint8_t *X8, int64_t r0, int np,
                        const uint8_t *A, size_t as, int nt, float *Y, int64_t ldy)
 {
     const int G = type == QT_Q6_K ? 16 : 32, ng = 256 / G;
@@ -368,7 +412,14 @@ static void amx_kquant(uint32_t type, int64_t n, const uint8_t *W, size_t ws, in
         const int pn = np - p0 < NPAN ? np - p0 : NPAN;
         for (int64_t i0 = 0; i0 < nsb; i0 += KCK) {
             const int kc = nsb - i0 < KCK ? (int)(nsb - i0) : KCK;
-            for (int p = 0; p < pn; p++) k_prepare(type, W, ws, r0 + 16 * (p0 + p), i0, kc, &P[p]);
+            for (int p = 0; p < pn; p++) {
+                if (X8) {
+                    const uint8_t *g0 = X8 + ((size_t)((r0 + 16 * (p0 + p)) / 8) * (size_t)nsb + (size_t)i0) * 1184;
+                    kx8_prepare(g0, g0 + (size_t)nsb * 1184, kc, &P[p]);
+                } else {
+                    k_prepare(type, W, ws, r0 + 16 * (p0 + p), i0, kc, &P[p]);
+                }
+            }
             for (int t = 0; t < nt; t++) {
                 const uint8_t *at = A + (size_t)(16 * t) * as;
                 for (int p = 0; p < pn; p++) {
@@ -421,7 +472,7 @@ static void amx_run(uint32_t wtype, int64_t n, const uint8_t *W, size_t ws, int6
                     const uint8_t *A, size_t as, int nt, float *Y, int64_t ldy)
 {
     if (small_wbytes(wtype)) amx_small(wtype, n, W, ws, NULL, r0, np, A, as, nt, Y, ldy);
-    else amx_kquant(wtype, n, W, ws, r0, np, A, as, nt, Y, ldy);
+    else amx_kquant(wtype, n, W, ws, NULL, r0, np, A, as, nt, Y, ldy);
 }
 
 /* Per-thread scratch for padded tiles, kept between calls (MoE layers make
@@ -501,16 +552,17 @@ int qt_gemm_amx(uint32_t wtype, int64_t n, const void *W, size_t w_stride,
     return 0;
 }
 
-/* q8_0 in 8-row groups (x8.c's layout, 272 bytes a group and block): rows
- * [r0, r0 + 16 np) (r0 a multiple of 8) of the pack P against nt whole
- * tiles of activation rows; the B tiles are the layout's bytes, two groups
- * side by side, so only copies are left to prepare. The same arithmetic
- * as from the GGUF layout: the same bits. */
+/* q8_0 and q4_K in 8-row groups (x8.c's layouts): rows [r0, r0 + 16 np)
+ * (r0 a multiple of 8) of the pack P against nt whole tiles of activation
+ * rows. Two groups side by side are a panel's B tiles: copies (q8_0) or
+ * masks (q4_K's nibbles) are left to prepare, no unpacking or gathers.
+ * The same arithmetic as from the GGUF layout: the same bits. */
 void qt_gemm_amx_x8(uint32_t wtype, int64_t n, const void *P, int64_t r0, int np, const void *A, size_t a_stride,
                     int nt, float *Y, int64_t ldy)
 {
     tiles_config(32);
-    amx_small(wtype, n, NULL, 0, P, r0, np, A, a_stride, nt, Y + r0, ldy);
+    if (wtype == QT_Q4_K) amx_kquant(wtype, n, NULL, 0, P, r0, np, A, a_stride, nt, Y + r0, ldy);
+    else amx_small(wtype, n, NULL, 0, P, r0, np, A, a_stride, nt, Y + r0, ldy);
     tiles_release();
 }
 
