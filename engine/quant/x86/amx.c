@@ -144,30 +144,6 @@ static void small_unpack(uint32_t type, const uint8_t *b, int8_t *q, float *d, f
     }
 }
 
-/* acc[m] += (float)C[m] * (dw * da[m]), m = 0..15, as the reference's
- * sum = sum + (float)isum * (d * da). */
-static inline __attribute__((always_inline)) void finish16(__m512 *acc, const int32_t *cb, __m512 dw,
-                                                           const float *da)
-{
-    for (int m = 0; m < 16; m++) {
-        const __m512 c = _mm512_cvtepi32_ps(_mm512_load_si512((const void *)(cb + 16 * m)));
-        const __m512 dd = _mm512_mul_ps(dw, _mm512_set1_ps(da[m]));
-        acc[m] = _mm512_add_ps(acc[m], _mm512_mul_ps(c, dd));
-    }
-}
-
-/* With a min (q4_1, q5_1): acc[m] += (dw * da[m]) * (float)C[m] + mw * sa[m],
- * the reference's sum = sum + ((d * da) * (float)isum + m * s). */
-static inline __attribute__((always_inline)) void finish16m(__m512 *acc, const int32_t *cb, __m512 dw, __m512 mw,
-                                                            const float *da, const float *sa)
-{
-    for (int m = 0; m < 16; m++) {
-        const __m512 c = _mm512_cvtepi32_ps(_mm512_load_si512((const void *)(cb + 16 * m)));
-        const __m512 dd = _mm512_mul_ps(dw, _mm512_set1_ps(da[m]));
-        acc[m] = _mm512_add_ps(acc[m], _mm512_add_ps(_mm512_mul_ps(dd, c), _mm512_mul_ps(mw, _mm512_set1_ps(sa[m]))));
-    }
-}
-
 /* Small types: rows [r0, r0 + 16 np) x activation rows [0, nt * 16); Y
  * points at row r0's column. */
 static void amx_small(uint32_t type, int64_t n, const uint8_t *W, size_t ws, const uint8_t *X8, int64_t r0, int np,
@@ -185,9 +161,6 @@ static void amx_small(uint32_t type, int64_t n, const uint8_t *W, size_t ws, con
     int32_t cb[4][256] __attribute__((aligned(64)));
 #define SMALL_STEP(c, ta, tb, jj) do { TLOAD(ta, a0 + (size_t)(jj) * abs, as); TLOAD(tb, bbuf[p][jj], 64); \
         TZERO(c); TDP(c, ta, tb); TSTORE(c, cb[(jj) & 3], 64); } while (0)
-#define SMALL_FIN(f) do { \
-        if (hm) finish16m(acc, cb[(f) & 3], _mm512_load_ps(dwb[p][f]), _mm512_load_ps(mwb[p][f]), da[f], sa[f]); \
-        else finish16(acc, cb[(f) & 3], _mm512_load_ps(dwb[p][f]), da[f]); } while (0)
     for (int p0 = 0; p0 < np; p0 += NPAN) {
         const int pn = np - p0 < NPAN ? np - p0 : NPAN;
         for (int64_t k0 = 0; k0 < nbk; k0 += KC) {
@@ -225,21 +198,48 @@ static void amx_small(uint32_t type, int64_t n, const uint8_t *W, size_t ws, con
                     }
                 for (int p = 0; p < pn; p++) {
                     float *y = Y + (size_t)(16 * t) * (size_t)ldy + 16 * (p0 + p);
-                    __m512 acc[16];
-                    for (int m = 0; m < 16; m++)
-                        acc[m] = k0 ? _mm512_loadu_ps(y + (size_t)m * (size_t)ldy) : _mm512_setzero_ps();
+                    /* 16 named accumulators: an array of them is kept in
+                     * memory by gcc (a load and a store per row and block) */
+#define R16(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(15)
+#define RDECL(m) __m512 v##m = k0 ? _mm512_loadu_ps(y + (size_t)(m) * (size_t)ldy) : _mm512_setzero_ps();
+#define RC(m) _mm512_cvtepi32_ps(_mm512_load_si512((const void *)(cbf + 16 * (m))))
+#define RDD(m) _mm512_mul_ps(dw, _mm512_set1_ps(daf[m]))
+/* the reference's sum + (float)isum * (d * da), with a min
+ * sum + ((d * da) * (float)isum + m * s) */
+#define RFIN(m) v##m = _mm512_add_ps(v##m, _mm512_mul_ps(RC(m), RDD(m)));
+#define RFINM(m) v##m = _mm512_add_ps(v##m, _mm512_add_ps(_mm512_mul_ps(RDD(m), RC(m)), \
+                                                        _mm512_mul_ps(mw, _mm512_set1_ps(saf[m]))));
+#define RSTORE(m) _mm512_storeu_ps(y + (size_t)(m) * (size_t)ldy, v##m);
+                    R16(RDECL)
                     const uint8_t *a0 = at + (size_t)k0 * abs + aq;
                     /* software-pipelined: block j's product is read back
                      * AMX_LAG blocks after its tile store (a tile store's
                      * bytes are not forwarded to vector loads at once) */
-                    for (int j = 0; j < kc; j++) {
-                        if (j & 1) SMALL_STEP(1, 3, 5, j);
-                        else SMALL_STEP(0, 2, 4, j);
-                        const int f = j - AMX_LAG;
-                        if (f >= 0) SMALL_FIN(f);
+#define RLOOP(FIN) \
+                    for (int j = 0; j < kc + AMX_LAG; j++) { \
+                        if (j < kc) { \
+                            if (j & 1) SMALL_STEP(1, 3, 5, j); \
+                            else SMALL_STEP(0, 2, 4, j); \
+                        } \
+                        const int f = j - AMX_LAG; \
+                        if (f < 0) continue; \
+                        const int32_t *cbf = cb[f & 3]; \
+                        const float *daf = da[f], *saf = sa[f]; \
+                        const __m512 dw = _mm512_load_ps(dwb[p][f]), mw = _mm512_load_ps(mwb[p][f]); \
+                        (void)saf; (void)mw; \
+                        R16(FIN) \
                     }
-                    for (int f = kc - AMX_LAG > 0 ? kc - AMX_LAG : 0; f < kc; f++) SMALL_FIN(f);
-                    for (int m = 0; m < 16; m++) _mm512_storeu_ps(y + (size_t)m * (size_t)ldy, acc[m]);
+                    if (hm) { RLOOP(RFINM) }
+                    else { RLOOP(RFIN) }
+                    R16(RSTORE)
+#undef R16
+#undef RDECL
+#undef RC
+#undef RDD
+#undef RFIN
+#undef RFINM
+#undef RSTORE
+#undef RLOOP
                 }
             }
         }
