@@ -151,6 +151,17 @@ static int rounds_inputs(const model *m)
     return 0;
 }
 
+/* max |a[i] - b[i]|, a NaN on either side counting as infinite */
+static double max_diff(const float *a, const float *b, size_t n)
+{
+    double w = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]);
+        if (d > w || d != d) w = d != d ? INFINITY : d;
+    }
+    return w;
+}
+
 /* max |logit| between the prompt's logits on the GPU (gpu) and the same
  * model whole on the CPU */
 static double cpu_gpu_distance(const char *path, int V, const int32_t *toks, int T, const float *gpu)
@@ -166,7 +177,9 @@ static double cpu_gpu_distance(const char *path, int V, const int32_t *toks, int
     CHECKF(ok, "%s whole on the CPU: %s", path, err);
     if (ok) {
         runner_go(&c, V, toks, T, cpu, g, mg, h);
-        for (size_t i = 0; i < (size_t)T * V; i++) d = fmax(d, fabs((double)cpu[i] - gpu[i]));
+        d = max_diff(cpu, gpu, (size_t)T * V);
+        CHECKF(d < INFINITY, "%s: NaN in the whole model's logits on the CPU or the GPU", path);
+        if (!(d < INFINITY)) d = 0;   /* (no bound to widen) */
     }
     runner_close(&c);
     free(cpu);
@@ -205,11 +218,7 @@ static void check_split_as(const char *path, int n, const int *devs, int how)
     CHECKF(!okw || oks, "%s over %d: %s", path, n, err);
     if (oks) {
         runner_go(&b, V, toks, T, part, gn, mn, hn);
-        double worst = 0;
-        for (size_t i = 0; i < (size_t)T * V; i++) {
-            double d = fabs((double)whole[i] - part[i]);
-            if (d > worst || d != d) worst = d != d ? INFINITY : d;
-        }
+        const double worst = max_diff(whole, part, (size_t)T * V);
         /* A layer split runs the same ops in the same order: the same bits.
          * A head split sums each block's output in another order, which
          * moves a float model's logits by ~1e-6 (the issue's bound: 1e-3).
@@ -230,11 +239,7 @@ static void check_split_as(const char *path, int n, const int *devs, int how)
         CHECKF(k == GEN || tie, "%s over %d ranks: greedy tokens differ at %d (leads %g, %g)", path, n, k,
                (double)m1[k < GEN ? k : 0], (double)mn[k < GEN ? k : 0]);
         if (k == GEN) {
-            double hw = 0;
-            for (int i = 0; i < m->hp.n_embd; i++) {
-                double d = fabs((double)h1[i] - hn[i]);
-                if (d > hw || d != d) hw = d != d ? INFINITY : d;
-            }
+            const double hw = max_diff(h1, hn, (size_t)m->hp.n_embd);
             CHECKF(layers && !(how == BY_RELAY && devs) ? hw == 0 : hw <= (rounds_inputs(m) ? 5e-2 : 1e-3) + cg,
                    "%s over %d: hidden state differs by %g", path, n, hw);
         }

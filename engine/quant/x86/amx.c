@@ -144,8 +144,38 @@ static void small_unpack(uint32_t type, const uint8_t *b, int8_t *q, float *d, f
     }
 }
 
+/* x8.c's bytes per 8-row group and block: q8_0's (272) and q4_K's (1,184) */
+#define X8_Q80 272
+#define X8_Q4K 1184
+
+/* 32 bytes of an 8-row group and the same 32 of the next group, side by
+ * side: rows 0-7 and 8-15 of one B tile row */
+static inline __m512i x8_pair(const uint8_t *a, const uint8_t *b)
+{
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)a)),
+                              _mm256_loadu_si256((const __m256i *)(const void *)b), 1);
+}
+
+/* the 8 f16 of a group and the next group's 8, as 16 floats */
+static inline __m512 x8_pair_ph(const uint8_t *a, const uint8_t *b)
+{
+    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)a))),
+                              _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)b)), 1);
+}
+
+/* A panel's B tiles and scales from q8_0's 8-row groups (g0, g1 at the
+ * chunk's first block): each k's 32 bytes are half a B row */
+static void q80x8_prepare(const uint8_t *g0, const uint8_t *g1, int kc, int8_t (*b)[512], float (*dw)[16])
+{
+    for (int j = 0; j < kc; j++, g0 += X8_Q80, g1 += X8_Q80) {
+        for (int k = 0; k < 8; k++) _mm512_store_si512((void *)(b[j] + 64 * k), x8_pair(g0 + 32 * k, g1 + 32 * k));
+        _mm512_store_ps(dw[j], x8_pair_ph(g0 + 256, g1 + 256));
+    }
+}
+
 /* Small types: rows [r0, r0 + 16 np) x activation rows [0, nt * 16); Y
- * points at row r0's column. */
+ * points at row r0's column. X8: q8_0's 8-row groups instead of W
+ * (q80x8_prepare). */
 static void amx_small(uint32_t type, int64_t n, const uint8_t *W, size_t ws, const uint8_t *X8, int64_t r0, int np,
                       const uint8_t *A, size_t as, int nt, float *Y, int64_t ldy)
 {
@@ -166,26 +196,16 @@ static void amx_small(uint32_t type, int64_t n, const uint8_t *W, size_t ws, con
         for (int64_t k0 = 0; k0 < nbk; k0 += KC) {
             const int kc = nbk - k0 < KC ? (int)(nbk - k0) : KC;
             for (int p = 0; p < pn; p++) {
-                if (X8) {   /* two 8-row groups side by side: each k's 32 bytes are half a B row */
-                    const int64_t g = (r0 + 16 * (p0 + p)) / 8;
-                    const uint8_t *g0 = X8 + (size_t)g * (size_t)nbk * 272, *g1 = g0 + (size_t)nbk * 272;
+                if (X8) {
+                    const uint8_t *g0 = X8 + ((size_t)((r0 + 16 * (p0 + p)) / 8) * (size_t)nbk + (size_t)k0) * X8_Q80;
+                    q80x8_prepare(g0, g0 + (size_t)nbk * X8_Q80, kc, bbuf[p], dwb[p]);
+                } else {
                     for (int j = 0; j < kc; j++) {
-                        const uint8_t *s0 = g0 + (size_t)(k0 + j) * 272, *s1 = g1 + (size_t)(k0 + j) * 272;
-                        for (int k = 0; k < 8; k++)
-                            _mm512_store_si512((void *)(bbuf[p][j] + 64 * k), _mm512_inserti64x4(
-                                _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)(s0 + 32 * k))),
-                                _mm256_loadu_si256((const __m256i *)(const void *)(s1 + 32 * k)), 1));
-                        _mm512_store_ps(dwb[p][j], _mm512_insertf32x8(
-                            _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(s0 + 256)))),
-                            _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(s1 + 256))), 1));
+                        for (int r = 0; r < 16; r++)
+                            small_unpack(type, W + (size_t)(r0 + 16 * (p0 + p) + r) * ws + (size_t)(k0 + j) * wbs,
+                                         tmp + 32 * r, &dwb[p][j][r], &mwb[p][j][r]);
+                        to_b_layout(tmp, bbuf[p][j]);
                     }
-                    continue;
-                }
-                for (int j = 0; j < kc; j++) {
-                    for (int r = 0; r < 16; r++)
-                        small_unpack(type, W + (size_t)(r0 + 16 * (p0 + p) + r) * ws + (size_t)(k0 + j) * wbs,
-                                     tmp + 32 * r, &dwb[p][j][r], &mwb[p][j][r]);
-                    to_b_layout(tmp, bbuf[p][j]);
                 }
             }
             for (int t = 0; t < nt; t++) {
@@ -360,12 +380,10 @@ static void k_prepare(uint32_t type, const uint8_t *W, size_t ws, int64_t r, int
 static void kx8_prepare(const uint8_t *g0, const uint8_t *g1, int kc, kpanel *P)
 {
     const __m512i m4 = _mm512_set1_epi8(0x0F), lo16 = _mm512_set1_epi32(0xFFFF);
-    for (int i = 0; i < kc; i++, g0 += 1184, g1 += 1184) {
+    for (int i = 0; i < kc; i++, g0 += X8_Q4K, g1 += X8_Q4K) {
         for (int c = 0; c < 8; c++) {
             for (int h = 0; h < 4; h++) {
-                const __m512i z = _mm512_inserti64x4(
-                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)(g0 + 32 * (4 * c + h)))),
-                    _mm256_loadu_si256((const __m256i *)(const void *)(g1 + 32 * (4 * c + h))), 1);
+                const __m512i z = x8_pair(g0 + 32 * (4 * c + h), g1 + 32 * (4 * c + h));
                 _mm512_store_si512((void *)(P->b[i] + 512 * c + 64 * h), _mm512_and_si512(z, m4));
                 _mm512_store_si512((void *)(P->b[i] + 512 * c + 64 * (4 + h)),
                                    _mm512_and_si512(_mm512_srli_epi16(z, 4), m4));
@@ -387,12 +405,8 @@ static void kx8_prepare(const uint8_t *g0, const uint8_t *g1, int kc, kpanel *P)
             _mm512_store_si512((void *)P->mp[i][2 * q], _mm512_or_si512(e0, _mm512_slli_epi32(e0, 16)));
             _mm512_store_si512((void *)P->mp[i][2 * q + 1], _mm512_or_si512(e1, _mm512_slli_epi32(e1, 16)));
         }
-        _mm512_store_ps(P->fd[i], _mm512_insertf32x8(
-            _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(g0 + 1152)))),
-            _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(g1 + 1152))), 1));
-        _mm512_store_ps(P->fm[i], _mm512_insertf32x8(
-            _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(g0 + 1168)))),
-            _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(g1 + 1168))), 1));
+        _mm512_store_ps(P->fd[i], x8_pair_ph(g0 + 1152, g1 + 1152));
+        _mm512_store_ps(P->fm[i], x8_pair_ph(g0 + 1168, g1 + 1168));
     }
 }
 
@@ -414,8 +428,8 @@ static void amx_kquant(uint32_t type, int64_t n, const uint8_t *W, size_t ws, co
             const int kc = nsb - i0 < KCK ? (int)(nsb - i0) : KCK;
             for (int p = 0; p < pn; p++) {
                 if (X8) {
-                    const uint8_t *g0 = X8 + ((size_t)((r0 + 16 * (p0 + p)) / 8) * (size_t)nsb + (size_t)i0) * 1184;
-                    kx8_prepare(g0, g0 + (size_t)nsb * 1184, kc, &P[p]);
+                    const uint8_t *g0 = X8 + ((size_t)((r0 + 16 * (p0 + p)) / 8) * (size_t)nsb + (size_t)i0) * X8_Q4K;
+                    kx8_prepare(g0, g0 + (size_t)nsb * X8_Q4K, kc, &P[p]);
                 } else {
                     k_prepare(type, W, ws, r0 + 16 * (p0 + p), i0, kc, &P[p]);
                 }
