@@ -942,39 +942,65 @@ __global__ void __launch_bounds__(ATT_MMA_WARPS * 32) k_att_mma(const float *q, 
     }
 }
 
-/* Tokens of more than one span, after k_attention with G > 1. 128 threads. */
-__global__ void k_att_merge(const float *part, const int32_t *pos, int n_head, int hd, int maxs, float *out,
-                            act_forms qx)
+/* Tokens of more than one span, after a split over blocks (G > 1): a
+ * (token, head)'s span partials merged in span order with att_merge_n's
+ * arithmetic, so the same bits as a merge in one block. A block per (token,
+ * head), a thread per dim (hd rounded up to whole warps). The merge's one
+ * serial part is each dim's chain A = a fs + A fo: the running max and the
+ * factors fo, fs of 32 spans at a time come from a warp's prefix max (the
+ * max is exact: the values of the one-by-one merge), and the next 32 spans'
+ * values load while these are merged (a 32k token's 1,000 spans had been a
+ * chain of loads and exponentials, 150 us a layer). */
+__global__ void __launch_bounds__(256) k_att_merge(const float *part, const int32_t *pos, int n_head, int hd,
+                                                   int maxs, float *out, act_forms qx)
 {
     pdl_begin();
-    int th = blockIdx.x, t = th / n_head;
-    int ns = (pos[t] + 1 + CK_ATT_SPAN - 1) / CK_ATT_SPAN;
+    const int th = blockIdx.x, t = th / n_head, d = threadIdx.x, lane = d & 31, warp = d >> 5;
+    const int ns = (pos[t] + CK_ATT_SPAN) / CK_ATT_SPAN;
     if (ns <= 1) return;
-    float M = -INFINITY, L = 0.f, A[ATT_DPT];
+    const size_t rs = (size_t)hd + 2;
+    const float *pb = part + (size_t)th * maxs * rs;
+    const int dd = 2 + min(d, hd - 1);   /* (a lane past hd merges a copy of the last dim) */
+    __shared__ float4 fac[8][32];        /* a warp's factors of its chunk: fo (-1: skipped), fs, l */
+    float M = -INFINITY, L = 0.f, A = 0.f, cm, cl, ca[32], nm = -INFINITY, nl = 0.f, na[32];
+    auto load = [&](int c0, float &m, float &l, float (&a)[32]) {
+        const size_t s = (size_t)min(c0 + lane, ns - 1) * rs;
+        m = c0 + lane < ns ? pb[s] : -INFINITY;
+        l = pb[s + 1];
 #pragma unroll
-    for (int i = 0; i < ATT_DPT; i++) A[i] = 0.f;
-    /* 8 spans' partials loaded at once, then merged in order */
-    for (int s0 = 0; s0 < ns; s0 += 8) {
-        float pm[8], pl[8], pa[8][ATT_DPT];
+        for (int j = 0; j < 32; j++) a[j] = pb[(size_t)min(c0 + j, ns - 1) * rs + dd];
+    };
+    load(0, cm, cl, ca);
+    for (int c0 = 0; c0 < ns; c0 += 32) {
+        if (c0 + 32 < ns) load(c0 + 32, nm, nl, na);
+        /* span c0 + lane: att_merge_n skips it unless its max is above -inf;
+         * else mn = max(M, m), fo = exp(M - mn), fs = exp(m - mn) */
+        const bool live = cm > -INFINITY;
+        float x = live ? cm : -INFINITY;
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
-            const float *pp = part + ((size_t)th * maxs + min(s0 + j, ns - 1)) * (hd + 2);
-            pm[j] = s0 + j < ns ? pp[0] : -INFINITY;
-            pl[j] = pp[1];
+        for (int o = 1; o < 32; o <<= 1) {
+            float y = __shfl_up_sync(0xffffffffu, x, o);
+            if (lane >= o) x = fmaxf(x, y);
+        }
+        const float before = __shfl_up_sync(0xffffffffu, x, 1);
+        const float mp = lane ? fmaxf(M, before) : M, mn = fmaxf(mp, x);
+        fac[warp][lane] = make_float4(live ? expf(mp - mn) : -1.f, live ? expf(cm - mn) : 0.f, cl, 0.f);
+        M = fmaxf(M, __shfl_sync(0xffffffffu, x, 31));
+        __syncwarp();
 #pragma unroll
-            for (int i = 0; i < ATT_DPT; i++) {
-                int d = threadIdx.x + 128 * i;
-                pa[j][i] = d < hd ? pp[2 + d] : 0.f;
+        for (int j = 0; j < 32; j++) {
+            const float4 f = fac[warp][j];
+            if (c0 + j < ns && f.x != -1.f) {
+                L = __fmaf_rn(f.z, f.y, __fmul_rn(L, f.x));
+                A = __fmaf_rn(ca[j], f.y, __fmul_rn(A, f.x));
             }
         }
+        __syncwarp();   /* (fac is the next chunk's) */
+        cm = nm; cl = nl;
 #pragma unroll
-        for (int j = 0; j < 8; j++) att_merge_step(M, L, A, pm[j], pl[j], pa[j]);
+        for (int j = 0; j < 32; j++) ca[j] = na[j];
     }
-#pragma unroll
-    for (int i = 0; i < ATT_DPT; i++) {
-        int d = threadIdx.x + 128 * i;
-        if (d < hd) att_put_out(A[i] / L, (size_t)th * hd + d, threadIdx.x & 31, out, qx);
-    }
+    if (d < hd) att_put_out(A / L, (size_t)th * hd + d, lane, out, qx);
 }
 
 /* ---------------- attention_ex ----------------
@@ -1203,7 +1229,7 @@ void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *v
             else
                 lk(k_att_mma<128>, g, ATT_MMA_WARPS * 32, ATT_MMA_SMEM(128), st, q, k16, v16, pos, off, pages, n_head,
                    n_head_kv, out, part, grp, maxs, L);
-            if (grp > 1) lk(k_att_merge, T * n_head, 128, 0, st, part, pos, n_head, hd, maxs, out, L);
+            if (grp > 1) lk(k_att_merge, T * n_head, (hd + 31) & ~31, 0, st, part, pos, n_head, hd, maxs, out, L);
             return;
         }
         int bs = n_head / n_head_kv * 32;
@@ -1215,7 +1241,7 @@ void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *v
        maxs, L)
         ATT_LAUNCH(L_GRP2, nd, f16);
 #undef L_GRP2
-        if (grp > 1) lk(k_att_merge, T * n_head, 128, 0, st, part, pos, n_head, hd, maxs, out, L);
+        if (grp > 1) lk(k_att_merge, T * n_head, (hd + 31) & ~31, 0, st, part, pos, n_head, hd, maxs, out, L);
         return;
     }
     att_rope R;
@@ -1246,7 +1272,7 @@ void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *v
     } while (0)
     ATT_LAUNCH(L_ATT2, nd, f16);
 #undef L_ATT2
-    if (G > 1) lk(k_att_merge, T * n_head, 128, 0, st, part, pos, n_head, hd, maxs, out, L);
+    if (G > 1) lk(k_att_merge, T * n_head, (hd + 31) & ~31, 0, st, part, pos, n_head, hd, maxs, out, L);
 }
 
 void ck_attention_ex(cudaStream_t st, const float *q, const void *kc, const void *vc, int f16, const int32_t *pos,

@@ -435,7 +435,8 @@ static void attn_case(be *gb, be *cb, int n_head, int n_head_kv, int hd)
 }
 
 /* A decode batch of many sequences (one token each, contexts of 1 to 700
- * positions): the grouped kernel (a block per token and KV head; gb's
+ * positions, and some of 1,100 to 2,600: k_att_merge's chunks of 32 spans
+ * and a part of one): the grouped kernel (a block per token and KV head; gb's
  * spans split over blocks, gd's all in one block) against the CPU, bit for
  * bit against the ungrouped kernel (gn: att_grp -1) and against
  * each token alone (split over blocks). gm[0..1]: the tensor-core form
@@ -444,17 +445,18 @@ static void attn_case(be *gb, be *cb, int n_head, int n_head_kv, int hd)
  * grouped kernel's bits. */
 static void attn_group_case(be *gb, be *gd, be *gn, be *const *gm, be *cb, int n_head, int n_head_kv, int hd)
 {
-    enum { NS = 40, MAXP = 48 };
+    enum { NS = 40, MAXP = 164 };
     int n_pages = NS * MAXP, kvd = n_head_kv * hd;
     size_t cache = be_kv_bytes(gb->kv_type, (size_t)n_pages * KV_PAGE * kvd);
-    int32_t perm[NS * MAXP];
+    static int32_t perm[NS * MAXP];
     page_perm(perm, n_pages);
     void *ckc = calloc(1, cache), *cvc = calloc(1, cache);
     void *gkc = gb->ops->alloc(gb, cache), *gvc = gb->ops->alloc(gb, cache);
     int32_t pos[NS], slot[NS];
     const int32_t *pages[NS];
     for (int s = 0; s < NS; s++) {
-        pos[s] = s % 5 == 0 ? (int)(rnd() % 32) : (int)(rnd() % 700);   /* one-span tokens among them */
+        /* one-span tokens among them, and long ones */
+        pos[s] = s % 5 == 0 ? (int)(rnd() % 32) : s % 7 == 3 ? 1100 + (int)(rnd() % 1500) : (int)(rnd() % 700);
         pages[s] = perm + s * MAXP;
         slot[s] = s;
     }

@@ -43,14 +43,41 @@ void test_matmul(void)
                 gpu->ops->matmul(gpu, &w, use_bias ? &bw : NULL, dx, T, dy);
                 gpu->ops->to_host(gpu, y, dy, (size_t)T * n_out * 4);
                 gpu->ops->sync(gpu);
-                double e = rel_err(y, ref, (size_t)T * n_out);
                 /* int8 activations (q4_K, q8_0, q6_K of whole super-block pairs GEMV; q4_K
                  * 17..32 rows: f16 tensor cores on the quantized weights); else f32 GEMV,
                  * f16 tensor cores from 9 */
                 int i8 = type == QT_Q4_K || type == QT_Q8_0 || (type == QT_Q6_K && n_in % 512 == 0) ||
                          type == QT_IQ4_NL || type == QT_IQ4_XS || type == QT_MXFP4;
                 double tol = i8 ? 1e-2 : T > 8 ? 2e-3 : 2e-5;
-                CHECKF(e <= tol, "matmul %s %dx%d T=%d: rel err %.3g (tol %g)", qt_name(type), n_out, n_in, T, e, tol);
+                const char *vs = "";
+                if (i8 && T < 9) {   /* (outside a pass the GEMV takes batches under GEMM_MIN_T, 9) */
+                    /* the GEMV's rows: against x as its quantizer gives it (per
+                     * 32 values d = amax / 127, q = x / d rounded to even: the
+                     * same float operations), so only the kernel's own rounding
+                     * is left (a few rows' 0.4% activation error had left a
+                     * 1e-2 bound to chance) */
+                    for (int t = 0; t < T; t++) {
+                        const float *xt = x + (size_t)t * n_in;
+                        double *xq = malloc((size_t)n_in * sizeof *xq);
+                        for (int b0 = 0; b0 < n_in; b0 += 32) {
+                            float amax = 0.f;
+                            for (int i = b0; i < b0 + 32; i++) amax = fmaxf(amax, fabsf(xt[i]));
+                            float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
+                            for (int i = b0; i < b0 + 32; i++) xq[i] = (double)rintf(xt[i] * id) * d;
+                        }
+                        for (int r = 0; r < n_out; r++) {
+                            double s2 = use_bias ? bias[r] : 0;
+                            for (int i = 0; i < n_in; i++) s2 += (double)wf[(size_t)r * n_in + i] * xq[i];
+                            ref[(size_t)t * n_out + r] = s2;
+                        }
+                        free(xq);
+                    }
+                    tol = 1e-3;
+                    vs = " against the quantized x";
+                }
+                double e = rel_err(y, ref, (size_t)T * n_out);
+                CHECKF(e <= tol, "matmul %s %dx%d T=%d: rel err %.3g%s (tol %g)", qt_name(type), n_out, n_in, T, e,
+                       vs, tol);
                 gpu->ops->free(gpu, dx);
                 gpu->ops->free(gpu, dy);
                 free(x); free(y); free(ref);
