@@ -18,11 +18,14 @@
  * The tile instructions are written here as inline assembly, not with
  * gcc 12's <amxtileintrin.h>: its _tile_loadd has neither a memory operand
  * nor a memory clobber, so stores into a tile's source buffer may be moved
- * past the load or dropped, and its _tile_loadconfig declares only the
- * first 8 of the 64 configuration bytes as read, so the stores of the rows
- * and column widths may be dropped, and ldtilecfg then faults on the
- * invalid configuration (the fault of llama.cpp's AMX build under gcc 12).
- * Every statement below takes the whole object or clobbers memory. */
+ * past the load or dropped, and its _tile_loadconfig does not declare the
+ * 64 configuration bytes as read, so gcc 12 -O2 drops the stores of the
+ * rows and column widths (it keeps 16 zero bytes and the palette): the
+ * tiles stay unconfigured and the first tile instruction raises SIGILL.
+ * That is the fault of llama.cpp's AMX build under gcc 12, at a tilezero
+ * in tinygemm_kernel_amx after ggml_tile_config_init's ldtilecfg; clang
+ * 14 keeps the stores. Every statement below takes the whole object or
+ * clobbers memory. */
 #include "engine/quant/iq.h"
 #include "engine/quant/qtypes.h"
 
