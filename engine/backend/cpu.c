@@ -664,6 +664,7 @@ typedef struct att_job {
     int n_head, n_head_kv, head_dim;
     float *out;
     int simd;                 /* use the AVX2 version */
+    int grouped;              /* its items: (token, KV head) */
     int window;               /* be_attn_ex's */
     const float *sinks;       /* [n_head], or NULL */
     float scale;
@@ -760,14 +761,6 @@ static inline float hsum256(__m256 v)
     return _mm_cvtss_f32(x);
 }
 
-/* 8 values of a cache row (f16 or f32) from dim d */
-__attribute__((target("avx2,fma,f16c"), always_inline))
-static inline __m256 att_ld8(const void *r, int f16, int d)
-{
-    return f16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)r + d)))
-               : _mm256_loadu_ps((const float *)r + d);
-}
-
 /* exp(x) for x <= 0 (a score less its max; -inf gives 0): x = n ln 2 + r,
  * e^r by Cephes' expf polynomial, times 2^n; within 2 ulp of expf */
 __attribute__((target("avx2,fma,f16c")))
@@ -790,29 +783,27 @@ static inline __m256 att_exp8(__m256 x)
 }
 
 /* A chunk's m scaled scores into sc (-inf past m, to a multiple of 8):
- * 8 positions at a time, their dot products summed across lanes by one
- * transpose; returns the lanes' max. rf16: rows of f16 (else f32), a
- * constant in each call so that the loops are specialised. */
+ * 8 positions at a time (f32 rows kr), their dot products summed across
+ * lanes by one transpose; returns the lanes' max */
 __attribute__((target("avx2,fma,f16c"), always_inline))
-static inline __m256 att_scores8(const float *qr, const void *const *kr, int m, int hd, float scale, float *sc,
-                                 const int rf16)
+static inline __m256 att_scores8(const float *qr, const float *const *kr, int m, int hd, float scale, float *sc)
 {
     const __m256 ninf = _mm256_set1_ps(-INFINITY);
     __m256 vmx = ninf;
     for (int i0 = 0; i0 < m; i0 += 8) {
-        const void *r8[8];
+        const float *r8[8];
         for (int k = 0; k < 8; k++) r8[k] = kr[i0 + k < m ? i0 + k : i0];
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
         for (int d = 0; d < hd; d += 8) {
             const __m256 q = _mm256_load_ps(qr + d);
-            a0 = _mm256_fmadd_ps(q, att_ld8(r8[0], rf16, d), a0);
-            a1 = _mm256_fmadd_ps(q, att_ld8(r8[1], rf16, d), a1);
-            a2 = _mm256_fmadd_ps(q, att_ld8(r8[2], rf16, d), a2);
-            a3 = _mm256_fmadd_ps(q, att_ld8(r8[3], rf16, d), a3);
-            a4 = _mm256_fmadd_ps(q, att_ld8(r8[4], rf16, d), a4);
-            a5 = _mm256_fmadd_ps(q, att_ld8(r8[5], rf16, d), a5);
-            a6 = _mm256_fmadd_ps(q, att_ld8(r8[6], rf16, d), a6);
-            a7 = _mm256_fmadd_ps(q, att_ld8(r8[7], rf16, d), a7);
+            a0 = _mm256_fmadd_ps(q, _mm256_loadu_ps(r8[0] + d), a0);
+            a1 = _mm256_fmadd_ps(q, _mm256_loadu_ps(r8[1] + d), a1);
+            a2 = _mm256_fmadd_ps(q, _mm256_loadu_ps(r8[2] + d), a2);
+            a3 = _mm256_fmadd_ps(q, _mm256_loadu_ps(r8[3] + d), a3);
+            a4 = _mm256_fmadd_ps(q, _mm256_loadu_ps(r8[4] + d), a4);
+            a5 = _mm256_fmadd_ps(q, _mm256_loadu_ps(r8[5] + d), a5);
+            a6 = _mm256_fmadd_ps(q, _mm256_loadu_ps(r8[6] + d), a6);
+            a7 = _mm256_fmadd_ps(q, _mm256_loadu_ps(r8[7] + d), a7);
         }
         /* lane k: position i0 + k's dot product */
         __m256 t0 = _mm256_hadd_ps(a0, a1), t1 = _mm256_hadd_ps(a2, a3);
@@ -830,10 +821,10 @@ static inline __m256 att_scores8(const float *qr, const void *const *kr, int m, 
     return vmx;
 }
 
-/* acc += the chunk's m value rows weighted by e (rows of f16 or f32, as
- * att_scores8), 64 dims at a time in registers */
+/* acc += the chunk's m value rows (f32) weighted by e, 64 dims at a time
+ * in registers */
 __attribute__((target("avx2,fma,f16c"), always_inline))
-static inline void att_values8(float *acc, const void *const *vr, const float *e, int m, int hd, const int rf16)
+static inline void att_values8(float *acc, const float *const *vr, const float *e, int m, int hd)
 {
     int d0 = 0;
     for (; d0 + 64 <= hd; d0 += 64) {
@@ -843,15 +834,15 @@ static inline void att_values8(float *acc, const void *const *vr, const float *e
         __m256 v6 = _mm256_load_ps(acc + d0 + 48), v7 = _mm256_load_ps(acc + d0 + 56);
         for (int i = 0; i < m; i++) {
             const __m256 w = _mm256_set1_ps(e[i]);
-            const void *r = vr[i];
-            v0 = _mm256_fmadd_ps(w, att_ld8(r, rf16, d0), v0);
-            v1 = _mm256_fmadd_ps(w, att_ld8(r, rf16, d0 + 8), v1);
-            v2 = _mm256_fmadd_ps(w, att_ld8(r, rf16, d0 + 16), v2);
-            v3 = _mm256_fmadd_ps(w, att_ld8(r, rf16, d0 + 24), v3);
-            v4 = _mm256_fmadd_ps(w, att_ld8(r, rf16, d0 + 32), v4);
-            v5 = _mm256_fmadd_ps(w, att_ld8(r, rf16, d0 + 40), v5);
-            v6 = _mm256_fmadd_ps(w, att_ld8(r, rf16, d0 + 48), v6);
-            v7 = _mm256_fmadd_ps(w, att_ld8(r, rf16, d0 + 56), v7);
+            const float *r = vr[i];
+            v0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(r + d0), v0);
+            v1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(r + d0 + 8), v1);
+            v2 = _mm256_fmadd_ps(w, _mm256_loadu_ps(r + d0 + 16), v2);
+            v3 = _mm256_fmadd_ps(w, _mm256_loadu_ps(r + d0 + 24), v3);
+            v4 = _mm256_fmadd_ps(w, _mm256_loadu_ps(r + d0 + 32), v4);
+            v5 = _mm256_fmadd_ps(w, _mm256_loadu_ps(r + d0 + 40), v5);
+            v6 = _mm256_fmadd_ps(w, _mm256_loadu_ps(r + d0 + 48), v6);
+            v7 = _mm256_fmadd_ps(w, _mm256_loadu_ps(r + d0 + 56), v7);
         }
         _mm256_store_ps(acc + d0, v0); _mm256_store_ps(acc + d0 + 8, v1);
         _mm256_store_ps(acc + d0 + 16, v2); _mm256_store_ps(acc + d0 + 24, v3);
@@ -860,82 +851,101 @@ static inline void att_values8(float *acc, const void *const *vr, const float *e
     }
     for (; d0 < hd; d0 += 8) {   /* (the rest of head_dims not a multiple of 64) */
         __m256 v = _mm256_load_ps(acc + d0);
-        for (int i = 0; i < m; i++) v = _mm256_fmadd_ps(_mm256_set1_ps(e[i]), att_ld8(vr[i], rf16, d0), v);
+        for (int i = 0; i < m; i++) v = _mm256_fmadd_ps(_mm256_set1_ps(e[i]), _mm256_loadu_ps(vr[i] + d0), v);
         _mm256_store_ps(acc + d0, v);
     }
 }
 
 /* AVX2/F16C version of att_one_ref for head_dim % 8 == 0 (f16, f32 or
- * q8_0 cache, q8_0 rows dequantized per chunk as the reference does).
- * Per chunk: the scores of 8 positions at a time (8 dot products, summed
- * across lanes by one transpose), their exponentials 8 at a time
- * (att_exp8), and the weighted values summed in registers, 64 dims at a
- * time. Another summation order than the reference's, within 2e-5 of it
- * (t_backend); a token's arithmetic does not depend on its batch. The
- * per-position form it replaces (a horizontal sum and expf per position,
- * the accumulators through memory) spent ~100 cycles a position and head:
- * 70% of a 2,048-token prompt's time on a 0.5b. */
+ * q8_0 cache), for heads h0 .. h0 + nh - 1 of token t, all of one KV head.
+ * Per chunk of positions: the rows as f32 (an f16 cache's converted, a
+ * q8_0 cache's dequantized as the reference does, once for the nh heads;
+ * an f32 cache's read in place), then for each head the scores of 8
+ * positions at a time (att_scores8), their exponentials 8 at a time
+ * (att_exp8) and the weighted values in registers (att_values8). Another
+ * summation order than the reference's, within 2e-5 of it (t_backend). A
+ * head's arithmetic is the same whatever nh is, so a token's result does
+ * not depend on its batch. The per-position form this replaced (a
+ * horizontal sum and expf a position, the sums through memory) spent ~100
+ * cycles a position and head: 70% of a 2,048-token prompt on a 0.5b. */
 __attribute__((target("avx2,fma,f16c")))
-static void att_one_avx2(att_job *j, int t, int h)
+static void att_heads_avx2(att_job *j, int t, int h0, int nh)
 {
     int hd = j->head_dim, kvd = j->n_head_kv * hd;
-    int kvh = h / (j->n_head / j->n_head_kv);
-    const float *q0 = j->q + ((size_t)t * j->n_head + h) * hd;
-    float *o = j->out + ((size_t)t * j->n_head + h) * hd;
-    float acc[1024] __attribute__((aligned(32))), qr[1024] __attribute__((aligned(32)));
-    float sc[ATT_CHUNK] __attribute__((aligned(32)));
+    int kvh = h0 / (j->n_head / j->n_head_kv);
     int f16 = j->b->kv_type == BE_KV_F16, q8 = j->b->kv_type == BE_KV_Q8_0;
-    /* q8_0: the chunk's rows dequantized (f32), K then V */
-    float *kq = q8 ? aligned_alloc(32, (size_t)2 * ATT_CHUNK * hd * 4) : NULL;
-    if (q8 && !kq) { att_one_ref(j, t, h); return; }
-    const int rf16 = f16 && !q8;   /* the rows read: f16 or f32 */
-    const void *kr[ATT_CHUNK], *vr[ATT_CHUNK];
-    for (int d = 0; d < hd; d += 8) {
-        __m256 q = _mm256_loadu_ps(q0 + d);
-        if (f16) q = _mm256_cvtph_ps(_mm256_cvtps_ph(q, _MM_FROUND_TO_NEAREST_INT));
-        _mm256_store_ps(qr + d, q);
-        _mm256_store_ps(acc + d, _mm256_setzero_ps());
+    /* per head: q (rounded to f16 with an f16 cache), the sums, max and
+     * sum; then the chunk's K and V rows as f32 */
+    float *buf = aligned_alloc(32, ((size_t)2 * nh * hd + (size_t)2 * ATT_CHUNK * hd + 2 * (size_t)nh + 8) * 4);
+    if (!buf) { for (int h = h0; h < h0 + nh; h++) att_one_ref(j, t, h); return; }
+    float *qr = buf, *acc = qr + (size_t)nh * hd, *kf = acc + (size_t)nh * hd, *vf = kf + (size_t)ATT_CHUNK * hd;
+    float *mx = vf + (size_t)ATT_CHUNK * hd, *sum = mx + nh;
+    float sc[ATT_CHUNK] __attribute__((aligned(32)));
+    const float *kr[ATT_CHUNK], *vr[ATT_CHUNK];
+    const float scale = j->scale;
+    for (int h = 0; h < nh; h++) {
+        const float *q0 = j->q + ((size_t)t * j->n_head + h0 + h) * hd;
+        for (int d = 0; d < hd; d += 8) {
+            __m256 q = _mm256_loadu_ps(q0 + d);
+            if (f16) q = _mm256_cvtph_ps(_mm256_cvtps_ph(q, _MM_FROUND_TO_NEAREST_INT));
+            _mm256_store_ps(qr + (size_t)h * hd + d, q);
+            _mm256_store_ps(acc + (size_t)h * hd + d, _mm256_setzero_ps());
+        }
+        mx[h] = j->sinks ? j->sinks[h0 + h] : -INFINITY;
+        sum[h] = j->sinks ? 1 : 0;
     }
-    float mx = j->sinks ? j->sinks[h] : -INFINITY, sum = j->sinks ? 1 : 0, scale = j->scale;
     for (int p0 = att_first(j, t), m; (m = att_chunk(j, t, p0)) > 0; p0 += m) {
         for (int i = 0; i < m; i++) {
+            float *kd = kf + (size_t)i * hd, *vd = vf + (size_t)i * hd;
             if (q8) {
-                float *kd = kq + (size_t)i * hd, *vd = kq + (size_t)(ATT_CHUNK + i) * hd;
                 qt_dequant_row(QT_Q8_0, kv_q8_at(j->kc, j->bt, t, p0 + i, kvd, kvh, hd), kd, hd);
                 qt_dequant_row(QT_Q8_0, kv_q8_at(j->vc, j->bt, t, p0 + i, kvd, kvh, hd), vd, hd);
-                kr[i] = kd;
-                vr[i] = vd;
+            } else if (f16) {
+                size_t s = kv_slot(j->bt, t, p0 + i) * (size_t)kvd + (size_t)kvh * hd;
+                const uint16_t *k = (const uint16_t *)j->kc + s, *v = (const uint16_t *)j->vc + s;
+                for (int d = 0; d < hd; d += 8) {
+                    _mm256_store_ps(kd + d, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + d))));
+                    _mm256_store_ps(vd + d, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + d))));
+                }
             } else {
                 size_t s = kv_slot(j->bt, t, p0 + i) * (size_t)kvd + (size_t)kvh * hd;
-                kr[i] = f16 ? (const void *)((const uint16_t *)j->kc + s) : (const void *)((const float *)j->kc + s);
-                vr[i] = f16 ? (const void *)((const uint16_t *)j->vc + s) : (const void *)((const float *)j->vc + s);
+                kd = (float *)j->kc + s;
+                vd = (float *)j->vc + s;
             }
+            kr[i] = kd;
+            vr[i] = vd;
         }
-        const __m256 vmx = rf16 ? att_scores8(qr, kr, m, hd, scale, sc, 1) : att_scores8(qr, kr, m, hd, scale, sc, 0);
-        __m128 x = _mm_max_ps(_mm256_castps256_ps128(vmx), _mm256_extractf128_ps(vmx, 1));
-        x = _mm_max_ps(x, _mm_movehl_ps(x, x));
-        x = _mm_max_ss(x, _mm_movehdup_ps(x));
-        const float cmx = _mm_cvtss_f32(x);
-        if (cmx > mx) {
-            const float r = expf(mx - cmx);
-            const __m256 rv = _mm256_set1_ps(r);
-            for (int d = 0; d < hd; d += 8) _mm256_store_ps(acc + d, _mm256_mul_ps(_mm256_load_ps(acc + d), rv));
-            sum *= r;
-            mx = cmx;
+        for (int h = 0; h < nh; h++) {
+            float *ah = acc + (size_t)h * hd;
+            const __m256 vmx = att_scores8(qr + (size_t)h * hd, kr, m, hd, scale, sc);
+            __m128 x = _mm_max_ps(_mm256_castps256_ps128(vmx), _mm256_extractf128_ps(vmx, 1));
+            x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+            x = _mm_max_ss(x, _mm_movehdup_ps(x));
+            const float cmx = _mm_cvtss_f32(x);
+            if (cmx > mx[h]) {
+                const float r = expf(mx[h] - cmx);
+                const __m256 rv = _mm256_set1_ps(r);
+                for (int d = 0; d < hd; d += 8) _mm256_store_ps(ah + d, _mm256_mul_ps(_mm256_load_ps(ah + d), rv));
+                sum[h] *= r;
+                mx[h] = cmx;
+            }
+            __m256 es = _mm256_setzero_ps();
+            for (int i0 = 0; i0 < m; i0 += 8) {
+                const __m256 e = att_exp8(_mm256_sub_ps(_mm256_load_ps(sc + i0), _mm256_set1_ps(mx[h])));
+                _mm256_store_ps(sc + i0, e);
+                es = _mm256_add_ps(es, e);
+            }
+            sum[h] += hsum256(es);
+            att_values8(ah, vr, sc, m, hd);
         }
-        __m256 es = _mm256_setzero_ps();
-        for (int i0 = 0; i0 < m; i0 += 8) {
-            const __m256 e = att_exp8(_mm256_sub_ps(_mm256_load_ps(sc + i0), _mm256_set1_ps(mx)));
-            _mm256_store_ps(sc + i0, e);
-            es = _mm256_add_ps(es, e);
-        }
-        sum += hsum256(es);
-        if (rf16) att_values8(acc, vr, sc, m, hd, 1);
-        else att_values8(acc, vr, sc, m, hd, 0);
     }
-    free(kq);
-    __m256 inv = _mm256_set1_ps(1.0f / sum);
-    for (int d = 0; d < hd; d += 8) _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_load_ps(acc + d), inv));
+    for (int h = 0; h < nh; h++) {
+        float *o = j->out + ((size_t)t * j->n_head + h0 + h) * hd;
+        const __m256 inv = _mm256_set1_ps(1.0f / sum[h]);
+        for (int d = 0; d < hd; d += 8)
+            _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_load_ps(acc + (size_t)h * hd + d), inv));
+    }
+    free(buf);
 }
 #endif
 
@@ -943,34 +953,47 @@ static void att_one(void *arg, int i, int ith)
 {
     (void)ith;
     att_job *j = arg;
-    int t = i / j->n_head, h = i % j->n_head;
 #if defined(__x86_64__)
-    if (j->simd) { att_one_avx2(j, t, h); return; }
+    if (j->simd) {   /* item i: a (token, KV head)'s heads, or a (token, head) */
+        int g = j->n_head / j->n_head_kv;
+        if (j->grouped) att_heads_avx2(j, i / j->n_head_kv, (i % j->n_head_kv) * g, g);
+        else att_heads_avx2(j, i / j->n_head, i % j->n_head, 1);
+        return;
+    }
 #endif
-    att_one_ref(j, t, h);
+    att_one_ref(j, i / j->n_head, i % j->n_head);
+}
+
+/* The pool's items: (token, KV head) where they are at least 4 a thread
+ * (each chunk's rows converted once for the group's heads), else (token,
+ * head) (a decode step's few tokens spread over the threads); the same
+ * bits either way */
+static void att_run(cpu_be *c, att_job *j)
+{
+    j->simd = c->simd && j->head_dim % 8 == 0;
+    j->grouped = j->simd && j->bt->T * j->n_head_kv >= 4 * pool_size(c->pool);
+    pool_run(c->pool, att_one, j, j->bt->T * (j->grouped ? j->n_head_kv : j->n_head));
 }
 
 static void cpu_attention(be *b, const float *q, const void *kc, const void *vc, const be_batch *bt,
                           int n_head, int n_head_kv, int head_dim, float *out)
 {
     cpu_be *c = (cpu_be *)b;
-    att_job j = { b, q, kc, vc, bt, n_head, n_head_kv, head_dim, out, 0, 0, NULL, 1.0f / sqrtf((float)head_dim) };
-    j.simd = c->simd && head_dim % 8 == 0;
-    pool_run(c->pool, att_one, &j, bt->T * n_head);
+    att_job j = { b, q, kc, vc, bt, n_head, n_head_kv, head_dim, out, 0, 0, 0, NULL, 1.0f / sqrtf((float)head_dim) };
+    att_run(c, &j);
 }
 
 static void cpu_attention_ex(be *b, const float *q, const void *kc, const void *vc, const be_batch *bt,
                              int n_head, int n_head_kv, int head_dim, const be_attn_ex *ex, float *out)
 {
     cpu_be *c = (cpu_be *)b;
-    att_job j = { b, q, kc, vc, bt, n_head, n_head_kv, head_dim, out, 0, 0, NULL, 1.0f / sqrtf((float)head_dim) };
+    att_job j = { b, q, kc, vc, bt, n_head, n_head_kv, head_dim, out, 0, 0, 0, NULL, 1.0f / sqrtf((float)head_dim) };
     if (ex) {
         j.window = ex->window > 0 ? ex->window : 0;
         j.sinks = ex->sinks && ex->sinks->data ? ex->sinks->data : NULL;
         if (ex->scale != 0) j.scale = ex->scale;
     }
-    j.simd = c->simd && head_dim % 8 == 0;
-    pool_run(c->pool, att_one, &j, bt->T * n_head);
+    att_run(c, &j);
 }
 
 pool *be_cpu_pool(be *b) { return ((cpu_be *)b)->pool; }
