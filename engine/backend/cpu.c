@@ -876,7 +876,8 @@ static void att_heads_avx2(att_job *j, int t, int h0, int nh)
     int f16 = j->b->kv_type == BE_KV_F16, q8 = j->b->kv_type == BE_KV_Q8_0;
     /* per head: q (rounded to f16 with an f16 cache), the sums, max and
      * sum; then the chunk's K and V rows as f32 */
-    float *buf = aligned_alloc(32, ((size_t)2 * nh * hd + (size_t)2 * ATT_CHUNK * hd + 2 * (size_t)nh + 8) * 4);
+    size_t nbuf = ((size_t)2 * nh * hd + (size_t)2 * ATT_CHUNK * hd + 2 * (size_t)nh + 7) / 8 * 8;
+    float *buf = aligned_alloc(32, nbuf * 4);   /* (a size of whole 32-byte units, as aligned_alloc wants) */
     if (!buf) { for (int h = h0; h < h0 + nh; h++) att_one_ref(j, t, h); return; }
     float *qr = buf, *acc = qr + (size_t)nh * hd, *kf = acc + (size_t)nh * hd, *vf = kf + (size_t)ATT_CHUNK * hd;
     float *mx = vf + (size_t)ATT_CHUNK * hd, *sum = mx + nh;
