@@ -761,27 +761,6 @@ static inline float hsum256(__m256 v)
     return _mm_cvtss_f32(x);
 }
 
-/* exp(x) for x <= 0 (a score less its max; -inf gives 0): x = n ln 2 + r,
- * e^r by Cephes' expf polynomial, times 2^n; within 2 ulp of expf */
-__attribute__((target("avx2,fma,f16c")))
-static inline __m256 att_exp8(__m256 x)
-{
-    const __m256 live = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_GT_OQ);
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
-    __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(e)), live);
-}
-
 /* A chunk's m scaled scores into sc (-inf past m, to a multiple of 8):
  * 8 positions at a time (f32 rows kr), their dot products summed across
  * lanes by one transpose; returns the lanes' max */
@@ -862,7 +841,7 @@ static inline void att_values8(float *acc, const float *const *vr, const float *
  * q8_0 cache's dequantized as the reference does, once for the nh heads;
  * an f32 cache's read in place), then for each head the scores of 8
  * positions at a time (att_scores8), their exponentials 8 at a time
- * (att_exp8) and the weighted values in registers (att_values8). Another
+ * (exp8, 0 past the chunk) and the weighted values in registers (att_values8). Another
  * summation order than the reference's, within 2e-5 of it (t_backend). A
  * head's arithmetic is the same whatever nh is, so a token's result does
  * not depend on its batch. The per-position form this replaced (a
@@ -932,7 +911,8 @@ static void att_heads_avx2(att_job *j, int t, int h0, int nh)
             }
             __m256 es = _mm256_setzero_ps();
             for (int i0 = 0; i0 < m; i0 += 8) {
-                const __m256 e = att_exp8(_mm256_sub_ps(_mm256_load_ps(sc + i0), _mm256_set1_ps(mx[h])));
+                const __m256 z = _mm256_sub_ps(_mm256_load_ps(sc + i0), _mm256_set1_ps(mx[h]));
+                const __m256 e = _mm256_and_ps(exp8(z), _mm256_cmp_ps(z, _mm256_set1_ps(-INFINITY), _CMP_GT_OQ));
                 _mm256_store_ps(sc + i0, e);
                 es = _mm256_add_ps(es, e);
             }
