@@ -289,15 +289,6 @@ __device__ __forceinline__ void att_span(const float *qs, const void *kc, const 
         att_span_at<ND, F16, ROLL>(qs, kc, vc, rowA, rowB, kvo, kvd, hd, scale, np, sp, m, l, a);
 }
 
-/* A (token, head) row's output value i (of out [T*n_head][hd]) and its
- * int8 / f16 forms; lane: the caller's lane, whose warp holds i's 32-value block */
-__device__ __forceinline__ void att_put_out(float o, size_t i, int lane, float *out, const act_forms &qx)
-{
-    out[i] = o;
-    if (qx.q) quant_block(o, lane, i >> 5, qx);
-    if (qx.h) qx.h[i] = f2h_sat(o);
-}
-
 /* Span s's partial (m, l, this lane's dims of a) of row th, for k_att_merge */
 template <int ND>
 __device__ __forceinline__ void att_put_part(float *part, int th, int maxs, int s, int hd, float m, float l,
@@ -746,27 +737,6 @@ template <int HD> struct att_mma_stage {
 };
 #define ATT_MMA_SMEM(HD) (ATT_MMA_WARPS * 2 * sizeof(att_mma_stage<HD>))
 
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void *p)
-{
-    unsigned a = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void *p)
-{
-    unsigned a = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
-}
-/* (x, y) as f16 high parts, and what they leave as low parts */
-__device__ __forceinline__ void h2_split(float x, float y, uint32_t &hi, uint32_t &lo)
-{
-    __half2 h = __floats2half2_rn(x, y);
-    float2 f = __half22float2(h);
-    hi = h2u(h);
-    lo = h2u(__floats2half2_rn(x - f.x, y - f.y));
-}
-
 template <int HD>
 __global__ void __launch_bounds__(ATT_MMA_WARPS * 32) k_att_mma(const float *q, const __half *kc, const __half *vc,
                                                         const int32_t *pos, const int32_t *off,
@@ -1212,14 +1182,14 @@ int ck_att_par(int hd)
     } while (0)
 
 void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *vc, int f16, const int32_t *pos,
-                  const int32_t *off, const int32_t *pages, int T, int n_head, int n_head_kv, int hd, float *out,
-                  float *part, int G, int maxs, void *xq, void *x16, int n_sm, const ck_rope_in *rp, int grp,
-                  int mma)
+                  const int32_t *off, const int32_t *pages, int T, int T_all, int n_head, int n_head_kv, int hd,
+                  float *out, float *part, int G, int maxs, void *xq, void *x16, int n_sm, const ck_rope_in *rp,
+                  int grp, int mma)
 {
     if (G < 1 || maxs < 1) G = 1;
     int nd = (hd + 31) / 32;
     if (grp > 0 && !rp && ck_att_grp_ok(f16, n_head, n_head_kv, hd)) {
-        act_forms L = act_forms_for(hd % 32 == 0 ? xq : NULL, x16, T, n_head * hd);
+        act_forms L = act_forms_for(hd % 32 == 0 ? xq : NULL, x16, T_all, n_head * hd);
         dim3 g(T * n_head_kv, grp);
         if (mma && ck_att_mma_ok(f16, n_head, n_head_kv, hd)) {
             const __half *k16 = (const __half *)kc, *v16 = (const __half *)vc;
@@ -1250,7 +1220,7 @@ void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *v
         R.k = rp->k; R.v = rp->v; R.bq = rp->bq; R.bk = rp->bk; R.bv = rp->bv;
         R.tab = (const float2 *)rp->tab; R.kc = (void *)kc; R.vc = (void *)vc; R.n_rot = rp->n_rot; R.neox = rp->neox;
     }
-    act_forms L = act_forms_for(hd % 32 == 0 ? xq : NULL, x16, T, n_head * hd);
+    act_forms L = act_forms_for(hd % 32 == 0 ? xq : NULL, x16, T_all, n_head * hd);
     dim3 g(T * n_head, G);
     /* rolled span loops for launches of fewer blocks than SMs */
     bool roll = (int)(g.x * g.y) < n_sm;

@@ -255,6 +255,15 @@ __device__ __forceinline__ void quant_block(float v, int lane, size_t b, const a
     quant_blocks<1>(vv, lane, bb, 1, L);
 }
 
+/* A (token, head) row's output value i (of out [T*n_head][hd]) and its
+ * int8 / f16 forms; lane: the caller's lane, whose warp holds i's 32-value block */
+__device__ __forceinline__ void att_put_out(float o, size_t i, int lane, float *out, const act_forms &qx)
+{
+    out[i] = o;
+    if (qx.q) quant_block(o, lane, i >> 5, qx);
+    if (qx.h) qx.h[i] = f2h_sat(o);
+}
+
 __device__ __forceinline__ int byte_of3(uint4 h, int k)   /* byte k (0..11) of h.y, h.z, h.w */
 {
     uint32_t w = k < 4 ? h.y : k < 8 ? h.z : h.w;
@@ -329,6 +338,29 @@ __device__ __forceinline__ void mma_f16(float (&c)[4], uint32_t a0, uint32_t a1,
 
 __device__ __forceinline__ uint32_t h2u(__half2 h) { return *(uint32_t *)&h; }
 __device__ __forceinline__ __half2 u2h(uint32_t u) { return *(__half2 *)&u; }
+
+/* ldmatrix of four 8x8 b16 matrices (and transposed), rows from shared memory */
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void *p)
+{
+    unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void *p)
+{
+    unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
+}
+/* (x, y) as f16 high parts, and what they leave as low parts */
+__device__ __forceinline__ void h2_split(float x, float y, uint32_t &hi, uint32_t &lo)
+{
+    __half2 h = __floats2half2_rn(x, y);
+    float2 f = __half22float2(h);
+    hi = h2u(h);
+    lo = h2u(__floats2half2_rn(x - f.x, y - f.y));
+}
+
 
 /* Rope: the angle of pair i at position p (double, as the CPU reference),
  * and the rotation of one pair, rounded step by step: every rope kernel

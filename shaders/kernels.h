@@ -223,8 +223,9 @@ int ck_att_coop(int hd);
  * same bits): the spans up to which a token's (token, head) stays in one
  * block rather than split (head_dim 32 * CK_ATT_WARPS) */
 int ck_att_par(int hd);
+/* T: the rows [0, T) computed, of T_all (out's rows, and its forms') */
 void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *vc, int f16,
-                  const int32_t *pos, const int32_t *off, const int32_t *pages, int T, int n_head,
+                  const int32_t *pos, const int32_t *off, const int32_t *pages, int T, int T_all, int n_head,
                   int n_head_kv, int head_dim, float *out, float *part, int G, int maxs, void *xq, void *x16,
                   int n_sm, const ck_rope_in *rp, int grp, int mma);
 /* Attention with be_attn_ex's extras: positions pos-window+1..pos
@@ -233,6 +234,19 @@ void ck_attention(cudaStream_t st, const float *q, const void *kc, const void *v
 void ck_attention_ex(cudaStream_t st, const float *q, const void *kc, const void *vc, int f16, const int32_t *pos,
                      const int32_t *off, const int32_t *pages, int T, int n_head, int n_head_kv, int hd, int window,
                      const float *sinks, float scale, float *out);
+/* A prompt's attention on tensor cores (outside the batch-invariance
+ * promise, f32-accurate): rows [t_first, T) of q, as ck_attention's (and
+ * out's forms for T rows, xq / x16 or NULL) with ck_attention_ex's window
+ * (0: none), sinks (or NULL) and scale. A block takes
+ * ck_att_prompt_tokens() consecutive tokens' q heads of one KV head and
+ * reads each cached K and V row once for them; tokens of one sequence (the
+ * same page table) share the reads. ck_att_prompt_ok: f16 caches, head_dim
+ * 64 or 128, up to 16 q heads per KV head. */
+int ck_att_prompt_ok(int kv, int n_head, int n_head_kv, int hd);
+int ck_att_prompt_tokens(int n_head, int n_head_kv);
+void ck_att_prompt(cudaStream_t st, const float *q, const void *kc, const void *vc, const int32_t *pos,
+                   const int32_t *off, const int32_t *pages, int t_first, int T, int n_head, int n_head_kv, int hd,
+                   int window, const float *sinks, float scale, float *out, void *xq, void *x16);
 /* ids[r] = argmax of row r of x [rows][n] (first of equals) among the
  * tokens whose bit is set in mask (device [rows][(n + 31) / 32], or NULL:
  * all; none set: 0). part (or NULL): a scratch of CK_ARGMAX_PART bytes,

@@ -336,13 +336,11 @@ static void *xq_for(cu_be *c, int T, int n)
     return c->xq;
 }
 
-/* Room in part for every token of bt (spans of CK_ATT_SPAN); grows it
- * (dropping recorded graphs, which bake its size) when a sequence outgrows
- * it. 0 when there is room. */
-static int att_spans(const be_batch *bt)
+/* The spans (CK_ATT_SPAN) of the longest of bt's tokens [0, T) */
+static int att_spans(const be_batch *bt, int T)
 {
     int need = 1;
-    for (int t = 0; t < bt->T; t++) {
+    for (int t = 0; t < T; t++) {
         int ns = (bt->pos[t] + CK_ATT_SPAN) / CK_ATT_SPAN;
         if (ns > need) need = ns;
     }
@@ -450,7 +448,7 @@ static int cu_step_begin(be *b, const int32_t *tokens, const be_batch *bt, const
     /* the scratch is taken at the first pass: GEMM for batches up to 1024 */
     if (ensure_gemm(c, T > 1024 ? T : 1024)) return 0;
     xq_for(c, T > 16 ? T : 16, (int)c->max_n_in);   /* before any capture */
-    att_room(c, att_spans(bt));
+    att_room(c, att_spans(bt, bt->T));
     stage(c, tokens, T, bt);
     c->cur_bt = bt;
     c->cur_ids = tokens;
@@ -1000,21 +998,51 @@ static void cu_rope_kv(be *b, float *q, float *k, float *v, void *kc, void *vc, 
                bias_dev(bias, 2), c->rope_tab, mode);
 }
 
-static void att_run(cu_be *c, const float *q, const void *kc, const void *vc, const be_batch *bt, int n_head,
-                    int n_head_kv, int head_dim, float *out, const ck_rope_in *rp)
+/* The first row of bt's prompt rows that go to ck_att_prompt (bt->T:
+ * none): rows past the decode rows, where tensor cores are allowed (the
+ * prompt's matmuls leave the batch-invariance promise too), in runs of one
+ * sequence (at least 2 tokens a run on average), and (unless forced) enough
+ * of them to give every SM a block. */
+static int att_prompt_from(const cu_be *c, const be_batch *bt, int n_head, int n_head_kv, int head_dim)
 {
-    cu_use_batch(c, bt);
-    int ns = att_spans(bt);
+    int t0 = bt->n_dec, n = bt->T - t0;
+    if (n < 2 || !(c->att_mma == 2 || (c->att_mma == 1 && !c->invariant)) ||
+        !ck_att_prompt_ok(c->base.kv_type, n_head, n_head_kv, head_dim))
+        return bt->T;
+    int runs = 1;
+    for (int t = t0 + 1; t < bt->T; t++) runs += bt->pages[t] != bt->pages[t - 1];
+    if (n < 2 * runs) return bt->T;
+    int tb = ck_att_prompt_tokens(n_head, n_head_kv);
+    if (c->att_mma != 2 && (n + tb - 1) / tb * n_head_kv < c->n_sm) return bt->T;
+    return t0;
+}
+
+/* Rows [0, T) of bt (T < bt->T: the rest is ck_att_prompt's) */
+static void att_run_rows(cu_be *c, const float *q, const void *kc, const void *vc, const be_batch *bt, int T,
+                         int n_head, int n_head_kv, int head_dim, float *out, const ck_rope_in *rp, void *xq,
+                         void *x16)
+{
+    int ns = att_spans(bt, T);
     int room = !att_room(c, ns);
     /* tensor cores where the matmuls leave the batch-invariance promise too */
     int mma = (c->att_mma == 2 || (c->att_mma == 1 && c->in_step && c->n_dec > CK_GEMV_MAX_T && !c->invariant)) &&
               ck_att_mma_ok(c->base.kv_type, n_head, n_head_kv, head_dim);
-    int grp = room && !rp && c->att_maxs >= ns ? att_group(c, bt->T, ns, n_head, n_head_kv, head_dim, mma) : 0;
-    int G = grp || !room ? 1 : att_blocks(c, bt->T, ns, n_head, head_dim);
+    int grp = room && !rp && c->att_maxs >= ns ? att_group(c, T, ns, n_head, n_head_kv, head_dim, mma) : 0;
+    int G = grp || !room ? 1 : att_blocks(c, T, ns, n_head, head_dim);
+    ck_attention(c->st, q, kc, vc, c->base.kv_type, d_pos(c), d_off(c), d_pages(c), T, bt->T, n_head, n_head_kv,
+                 head_dim, out, c->part, G, c->att_maxs, xq, x16, c->n_sm, rp, grp, mma);
+}
+
+static void att_run(cu_be *c, const float *q, const void *kc, const void *vc, const be_batch *bt, int n_head,
+                    int n_head_kv, int head_dim, float *out, const ck_rope_in *rp)
+{
+    cu_use_batch(c, bt);
+    int tp = rp ? bt->T : att_prompt_from(c, bt, n_head, n_head_kv, head_dim);
     void *xq = head_dim % 32 == 0 ? quant_ahead(c, out, bt->T, n_head * head_dim) : (tag_clear(c), NULL);
     void *x16 = f16_ahead(c, out, bt->T, n_head * head_dim);
-    ck_attention(c->st, q, kc, vc, c->base.kv_type, d_pos(c), d_off(c), d_pages(c), bt->T, n_head, n_head_kv,
-                 head_dim, out, c->part, G, c->att_maxs, xq, x16, c->n_sm, rp, grp, mma);
+    if (tp > 0) att_run_rows(c, q, kc, vc, bt, tp, n_head, n_head_kv, head_dim, out, rp, xq, x16);
+    ck_att_prompt(c->st, q, kc, vc, d_pos(c), d_off(c), d_pages(c), tp, bt->T, n_head, n_head_kv, head_dim, 0, NULL,
+                  1.0f / sqrtf((float)head_dim), out, xq, x16);
 }
 
 static void cu_attention(be *b, const float *q, const void *kc, const void *vc, const be_batch *bt, int n_head,
@@ -1034,9 +1062,13 @@ static void cu_attention_ex(be *b, const float *q, const void *kc, const void *v
     cu_use_batch(c, bt);
     tag_clear(c);
     float scale = ex->scale != 0 ? ex->scale : 1.0f / sqrtf((float)head_dim);
-    ck_attention_ex(c->st, q, kc, vc, b->kv_type, d_pos(c), d_off(c), d_pages(c), bt->T, n_head, n_head_kv,
-                    head_dim, ex->window > 0 ? ex->window : 0, ex->sinks && ex->sinks->data ? ex->sinks->dev : NULL,
-                    scale, out);
+    int window = ex->window > 0 ? ex->window : 0, tp = att_prompt_from(c, bt, n_head, n_head_kv, head_dim);
+    const float *sinks = ex->sinks && ex->sinks->data ? ex->sinks->dev : NULL;
+    if (tp > 0)
+        ck_attention_ex(c->st, q, kc, vc, b->kv_type, d_pos(c), d_off(c), d_pages(c), tp, n_head, n_head_kv,
+                        head_dim, window, sinks, scale, out);
+    ck_att_prompt(c->st, q, kc, vc, d_pos(c), d_off(c), d_pages(c), tp, bt->T, n_head, n_head_kv, head_dim, window,
+                  sinks, scale, out, NULL, NULL);
 }
 
 /* rope_kv then attention. A pass's decode batch (a token per sequence) past

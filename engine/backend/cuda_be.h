@@ -58,8 +58,8 @@ typedef struct cu_be {
     int att_maxs;              /* spans per (token, head) row of part */
     int att_rows;              /* (token, head) rows of part: 2*n_sm, more for grouped decode batches */
     int att_grp;               /* grouped attention's blocks per SM (4; 0: never grouped) */
-    int att_mma;               /* grouped attention on tensor cores: 1 for decode batches past CK_GEMV_MAX_T
-                                * (not invariant), 2 always, 0 never */
+    int att_mma;               /* attention on tensor cores: 1 for decode batches past CK_GEMV_MAX_T and
+                                * prompts of a block per SM (not invariant), 2 always, 0 never */
     int att_mma_bps;           /* its blocks per SM (1: a block's 4 warps hold 136 KiB of stages) */
     int invariant;             /* decode rows always by GEMV (be_opts.deterministic) */
     int no_graphs;             /* passes never recorded (be_opts.no_graphs) */

@@ -2,7 +2,10 @@
  *
  *   anebench --model FILE [--prompt N] [--gen M] [--threads T] [--streams S]
  *            [--repeat R] [--backend cpu|cuda] [--gpus LIST] [--split heads|layers] [--gpu-layers N] [--ctx N] [--kv-type f16|q8_0|f32]
- *            [--json-schema FILE] [--json]
+ *            [--json-schema FILE] [--deterministic] [--json]
+ *
+ * --deterministic: as aned's (decode rows and attention never on tensor
+ * cores past the batch-invariance promise).
  *
  * Prefill: a prompt of N tokens, generate 1 token; prefill tokens/s from the
  * engine's own timing. Decode: M greedy tokens; decode tokens/s over the
@@ -310,17 +313,19 @@ static void usage(void)
 {
     fprintf(stderr, "usage: anebench --model FILE [--prompt N] [--gen M] [--threads T] [--streams S]\n"
                     "                [--repeat R] [--backend cpu|cuda] [--gpus LIST] [--split heads|layers] [--gpu-layers N] [--ctx N] [--kv-type f16|q8_0|f32]\n"
-                    "                [--json-schema FILE] [--json]\n");
+                    "                [--json-schema FILE] [--deterministic] [--json]\n");
 }
 
 int main(int argc, char **argv)
 {
     const char *model = NULL, *backend = NULL, *gpus = NULL;
     int split_layers = 0, gpu_layers = 0, n_prompt = 128, n_gen = 64, threads = 0, streams = 1, repeat = 3, json = 0, ctx = 0, kv_type = ENG_KV_F16;
+    int deterministic = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--json")) { json = 1; continue; }
+        if (!strcmp(a, "--deterministic")) { deterministic = 1; continue; }
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(); return 0; }
         if (!v) { usage(); return 1; }
         if (!strcmp(a, "--model")) model = v;
@@ -366,6 +371,7 @@ int main(int argc, char **argv)
     o.max_seqs = streams > 16 ? streams : 16;
     o.n_ctx = ctx ? ctx : n_prompt + n_gen + 16;
     o.kv_type = kv_type;
+    o.deterministic = deterministic;
     double t0 = now_s();
     if (eng_open(&e, &o, err, sizeof err)) { fprintf(stderr, "anebench: %s\n", err); return 1; }
     double load_s = now_s() - t0;

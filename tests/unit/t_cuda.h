@@ -75,6 +75,7 @@ void test_rope_attention(void);
 void test_att_group(void);
 void test_attention(void);
 void test_attention_ex(void);
+void test_attention_prompt(void);
 void test_ssm_elementwise(void);
 void test_conv1d(void);
 void test_deltanet(void);

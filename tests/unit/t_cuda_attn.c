@@ -649,3 +649,83 @@ void test_attention_ex(void)
     if (gq8) gq8->ops->close(gq8);
     if (cq8) cq8->ops->close(cq8);
 }
+
+/* A batch of two decode rows (sequences D, E) then prompts of three
+ * sequences (A from position 0, B after 700 cached positions, C of 3
+ * tokens): with tensor cores forced (gf), the prompt rows go to
+ * ck_att_prompt, within 1e-4 of the CPU (attention, or attention_ex with
+ * a window, sinks and a scale when ex), and the decode rows keep the bits
+ * they have in a batch of their own. */
+static void attn_prompt_case(be *gf, be *cb, int n_head, int n_head_kv, int hd, int ex, int window, int with_sinks,
+                             float scale)
+{
+    enum { NS = 5, MAXP = 64 };
+    int n_pages = NS * MAXP, kvd = n_head_kv * hd;
+    size_t cache = be_kv_bytes(gf->kv_type, (size_t)n_pages * KV_PAGE * kvd);
+    int32_t perm[NS * MAXP];
+    page_perm(perm, n_pages);
+    void *ckc = calloc(1, cache), *cvc = calloc(1, cache);
+    void *gkc = gf->ops->alloc(gf, cache), *gvc = gf->ops->alloc(gf, cache);
+    float *sk = kept(malloc((size_t)n_head * 4));
+    for (int h = 0; h < n_head; h++) sk[h] = frand() * 3 + (h % 3 == 0 ? 4 : 0);
+    wt sinks = { .type = QT_F32, .n_in = n_head, .n_out = 1, .row_bytes = (size_t)n_head * 4, .data = sk };
+    CHECK(gf->ops->weight_prepare(gf, &sinks) == 0);
+    be_attn_ex aex = { window, with_sinks ? &sinks : NULL, scale };
+    /* sequences D, E, A, B, C: cached positions before the batch, rows in it */
+    const int from[NS] = { 200, 90, 0, 700, 0 }, cnt[NS] = { 1, 1, 300, 45, 3 };
+    int T = 0;
+    int32_t pos[400], slot[400];
+    const int32_t *pages[400];
+    for (int s = 0; s < NS; s++) {
+        kv_fill(gf, gkc, gvc, cb, ckc, cvc, kvd, perm + s * MAXP, s, 0, from[s]);
+        for (int i = 0; i < cnt[s]; i++) { pos[T] = from[s] + i; pages[T] = perm + s * MAXP; slot[T] = s; T++; }
+    }
+    be_batch bt = { .T = T, .pos = pos, .pages = pages, .slot = slot, .n_dec = 2 };
+    size_t row = (size_t)n_head * hd, nq = (size_t)T * row, nk = (size_t)T * kvd;
+    float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4), *a = malloc(nq * 4), *g = malloc(nq * 4);
+    float *g2 = malloc(2 * row * 4);
+    for (size_t i = 0; i < nq; i++) q[i] = frand() * 2;
+    for (size_t i = 0; i < nk; i++) { k[i] = frand(); v[i] = frand(); }
+    float *dq = dev_from(gf, q, nq), *dk = dev_from(gf, k, nk), *dv = dev_from(gf, v, nk);
+    float *dout = gf->ops->alloc(gf, nq * 4);
+    cb->ops->kv_store(cb, ckc, cvc, &bt, kvd, k, v);
+    gf->ops->kv_store(gf, gkc, gvc, &bt, kvd, dk, dv);
+    for (int pass = 0; pass < 2; pass++) {
+        be_batch dec = { .T = 2, .pos = pos, .pages = pages, .slot = slot, .n_dec = 2 };
+        const be_batch *b = pass ? &dec : &bt;
+        if (ex) gf->ops->attention_ex(gf, dq, gkc, gvc, b, n_head, n_head_kv, hd, &aex, dout);
+        else gf->ops->attention(gf, dq, gkc, gvc, b, n_head, n_head_kv, hd, dout);
+        gf->ops->to_host(gf, pass ? g2 : g, dout, (pass ? 2 * row : nq) * 4);
+        gf->ops->sync(gf);
+    }
+    if (ex) cb->ops->attention_ex(cb, q, ckc, cvc, &bt, n_head, n_head_kv, hd, &aex, a);
+    else cb->ops->attention(cb, q, ckc, cvc, &bt, n_head, n_head_kv, hd, a);
+    double e = rel_err_f(g + 2 * row, a + 2 * row, nq - 2 * row);
+    CHECKF(e < 1e-4, "prompt attention%s heads %d/%d hd %d window %d sinks %d: rel err %.3g", ex ? "_ex" : "",
+           n_head, n_head_kv, hd, window, with_sinks, e);
+    CHECKF(!memcmp(g, g2, 2 * row * 4), "prompt attention%s heads %d/%d hd %d: the decode rows differ from a batch "
+           "of their own", ex ? "_ex" : "", n_head, n_head_kv, hd);
+    gf->ops->free(gf, dq); gf->ops->free(gf, dk); gf->ops->free(gf, dv); gf->ops->free(gf, dout);
+    gf->ops->free(gf, gkc); gf->ops->free(gf, gvc);
+    free(q); free(k); free(v); free(a); free(g); free(g2); free(ckc); free(cvc);
+}
+
+void test_attention_prompt(void)
+{
+    const be_cuda_force mma = { .att_mma = 1 };
+    be *gf = NULL;
+    char err[256];
+    CHECKF(!gpu_open(&gf, 1, &mma, err, sizeof err), "%s", err);
+    if (!gf) return;
+    attn_prompt_case(gf, cpu, 8, 2, 64, 0, 0, 0, 0);
+    attn_prompt_case(gf, cpu, 28, 4, 128, 0, 0, 0, 0);
+    attn_prompt_case(gf, cpu, 32, 4, 128, 0, 0, 0, 0);
+    attn_prompt_case(gf, cpu, 16, 16, 64, 0, 0, 0, 0);
+    attn_prompt_case(gf, cpu, 12, 1, 128, 0, 0, 0, 0);
+    attn_prompt_case(gf, cpu, 10, 2, 128, 0, 0, 0, 0);
+    attn_prompt_case(gf, cpu, 64, 8, 64, 1, 128, 1, 0);
+    attn_prompt_case(gf, cpu, 32, 4, 128, 1, 37, 0, 0);
+    attn_prompt_case(gf, cpu, 8, 2, 64, 1, 0, 1, 0.2f);
+    attn_prompt_case(gf, cpu, 6, 3, 128, 1, 100, 1, 0.0625f);
+    gf->ops->close(gf);
+}

@@ -206,6 +206,7 @@ int t_cuda_run(const char *only)
         RUN_SOME(test_attention);
         RUN_SOME(test_att_group);
         RUN_SOME(test_attention_ex);
+        RUN_SOME(test_attention_prompt);
         RUN_SOME(test_gelu_layernorm);
         RUN_SOME(test_argmax);
         RUN_SOME(test_argmax_mask);
