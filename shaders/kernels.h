@@ -240,11 +240,12 @@ void ck_attention_ex(cudaStream_t st, const float *q, const void *kc, const void
  * (0: none), sinks (or NULL) and scale. A block takes
  * ck_att_prompt_tokens() consecutive tokens' q heads of one KV head and
  * reads each cached K and V row once for them; tokens of one sequence (the
- * same page table) share the reads. ck_att_prompt_ok: f16 caches, head_dim
- * 64 or 128, up to 16 q heads per KV head. */
+ * same page table) share the reads. kv: the cache type (ck_attention's
+ * f16). ck_att_prompt_ok: f16 and q8_0 caches, head_dim 64 or 128, up to
+ * 16 q heads per KV head. */
 int ck_att_prompt_ok(int kv, int n_head, int n_head_kv, int hd);
 int ck_att_prompt_tokens(int n_head, int n_head_kv);
-void ck_att_prompt(cudaStream_t st, const float *q, const void *kc, const void *vc, const int32_t *pos,
+void ck_att_prompt(cudaStream_t st, const float *q, const void *kc, const void *vc, int kv, const int32_t *pos,
                    const int32_t *off, const int32_t *pages, int t_first, int T, int n_head, int n_head_kv, int hd,
                    int window, const float *sinks, float scale, float *out, void *xq, void *x16);
 /* ids[r] = argmax of row r of x [rows][n] (first of equals) among the

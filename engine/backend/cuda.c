@@ -1041,8 +1041,8 @@ static void att_run(cu_be *c, const float *q, const void *kc, const void *vc, co
     void *xq = head_dim % 32 == 0 ? quant_ahead(c, out, bt->T, n_head * head_dim) : (tag_clear(c), NULL);
     void *x16 = f16_ahead(c, out, bt->T, n_head * head_dim);
     if (tp > 0) att_run_rows(c, q, kc, vc, bt, tp, n_head, n_head_kv, head_dim, out, rp, xq, x16);
-    ck_att_prompt(c->st, q, kc, vc, d_pos(c), d_off(c), d_pages(c), tp, bt->T, n_head, n_head_kv, head_dim, 0, NULL,
-                  1.0f / sqrtf((float)head_dim), out, xq, x16);
+    ck_att_prompt(c->st, q, kc, vc, c->base.kv_type, d_pos(c), d_off(c), d_pages(c), tp, bt->T, n_head, n_head_kv,
+                  head_dim, 0, NULL, 1.0f / sqrtf((float)head_dim), out, xq, x16);
 }
 
 static void cu_attention(be *b, const float *q, const void *kc, const void *vc, const be_batch *bt, int n_head,
@@ -1067,8 +1067,8 @@ static void cu_attention_ex(be *b, const float *q, const void *kc, const void *v
     if (tp > 0)
         ck_attention_ex(c->st, q, kc, vc, b->kv_type, d_pos(c), d_off(c), d_pages(c), tp, n_head, n_head_kv,
                         head_dim, window, sinks, scale, out);
-    ck_att_prompt(c->st, q, kc, vc, d_pos(c), d_off(c), d_pages(c), tp, bt->T, n_head, n_head_kv, head_dim, window,
-                  sinks, scale, out, NULL, NULL);
+    ck_att_prompt(c->st, q, kc, vc, b->kv_type, d_pos(c), d_off(c), d_pages(c), tp, bt->T, n_head, n_head_kv,
+                  head_dim, window, sinks, scale, out, NULL, NULL);
 }
 
 /* rope_kv then attention. A pass's decode batch (a token per sequence) past
