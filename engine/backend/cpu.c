@@ -30,6 +30,8 @@ typedef struct cpu_be {
     float rope_fdv[513];  /* the divisors (and YaRN factor) the table was made with */
     void *scratch;        /* be_cpu_scratch */
     size_t scratch_cap;
+    float *att_buf;       /* the AVX2 attention's buffers, one per pool thread */
+    size_t att_cap;       /* (floats) */
     long moe_ties;        /* be_cpu_moe_ties */
     int repack;           /* be_cpu_repack */
     void **own;           /* the weights' repacked copies (cpu_weight_prepare), freed at close */
@@ -150,6 +152,7 @@ static void cpu_close(be *b)
     free(c->act);
     free(c->rope_tab);
     free(c->scratch);
+    free(c->att_buf);
     for (int i = 0; i < c->n_own; i++) cpu_free(b, c->own[i]);
     free(c->own);
     if (c->grp) {
@@ -668,6 +671,8 @@ typedef struct att_job {
     int window;               /* be_attn_ex's */
     const float *sinks;       /* [n_head], or NULL */
     float scale;
+    float *buf;               /* the AVX2 version's buffers: stride floats per pool thread */
+    size_t stride;
 } att_job;
 
 /* The first position token t sees, and the softmax's starting max and sum:
@@ -847,17 +852,20 @@ static inline void att_values8(float *acc, const float *const *vr, const float *
  * not depend on its batch. The per-position form this replaced (a
  * horizontal sum and expf a position, the sums through memory) spent ~100
  * cycles a position and head: 70% of a 2,048-token prompt on a 0.5b. */
+/* Floats of att_heads_avx2's buffer for nh heads: per head q (rounded to
+ * f16 with an f16 cache), the sums, max and sum; then the chunk's K and V
+ * rows as f32 (whole 32-byte units, so that each thread's stays aligned) */
+static size_t att_buf_floats(int nh, int hd)
+{
+    return ((size_t)2 * nh * hd + (size_t)2 * ATT_CHUNK * hd + 2 * (size_t)nh + 7) / 8 * 8;
+}
+
 __attribute__((target("avx2,fma,f16c")))
-static void att_heads_avx2(att_job *j, int t, int h0, int nh)
+static void att_heads_avx2(att_job *j, float *buf, int t, int h0, int nh)
 {
     int hd = j->head_dim, kvd = j->n_head_kv * hd;
     int kvh = h0 / (j->n_head / j->n_head_kv);
     int f16 = j->b->kv_type == BE_KV_F16, q8 = j->b->kv_type == BE_KV_Q8_0;
-    /* per head: q (rounded to f16 with an f16 cache), the sums, max and
-     * sum; then the chunk's K and V rows as f32 */
-    size_t nbuf = ((size_t)2 * nh * hd + (size_t)2 * ATT_CHUNK * hd + 2 * (size_t)nh + 7) / 8 * 8;
-    float *buf = aligned_alloc(32, nbuf * 4);   /* (a size of whole 32-byte units, as aligned_alloc wants) */
-    if (!buf) { for (int h = h0; h < h0 + nh; h++) att_one_ref(j, t, h); return; }
     float *qr = buf, *acc = qr + (size_t)nh * hd, *kf = acc + (size_t)nh * hd, *vf = kf + (size_t)ATT_CHUNK * hd;
     float *mx = vf + (size_t)ATT_CHUNK * hd, *sum = mx + nh;
     float sc[ATT_CHUNK] __attribute__((aligned(32)));
@@ -926,21 +934,22 @@ static void att_heads_avx2(att_job *j, int t, int h0, int nh)
         for (int d = 0; d < hd; d += 8)
             _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_load_ps(acc + (size_t)h * hd + d), inv));
     }
-    free(buf);
 }
 #endif
 
 static void att_one(void *arg, int i, int ith)
 {
-    (void)ith;
     att_job *j = arg;
 #if defined(__x86_64__)
     if (j->simd) {   /* item i: a (token, KV head)'s heads, or a (token, head) */
         int g = j->n_head / j->n_head_kv;
-        if (j->grouped) att_heads_avx2(j, i / j->n_head_kv, (i % j->n_head_kv) * g, g);
-        else att_heads_avx2(j, i / j->n_head, i % j->n_head, 1);
+        float *buf = j->buf + (size_t)ith * j->stride;
+        if (j->grouped) att_heads_avx2(j, buf, i / j->n_head_kv, (i % j->n_head_kv) * g, g);
+        else att_heads_avx2(j, buf, i / j->n_head, i % j->n_head, 1);
         return;
     }
+#else
+    (void)ith;
 #endif
     att_one_ref(j, i / j->n_head, i % j->n_head);
 }
@@ -953,6 +962,21 @@ static void att_run(cpu_be *c, att_job *j)
 {
     j->simd = c->simd && j->head_dim % 8 == 0;
     j->grouped = j->simd && j->bt->T * j->n_head_kv >= 4 * pool_size(c->pool);
+#if defined(__x86_64__)
+    if (j->simd) {   /* (a buffer per thread, kept: grown here, never in the items) */
+        j->stride = att_buf_floats(j->grouped ? j->n_head / j->n_head_kv : 1, j->head_dim);
+        size_t need = j->stride * (size_t)pool_size(c->pool);
+        if (need > c->att_cap) {
+            free(c->att_buf);
+            c->att_cap = 0;
+            c->att_buf = aligned_alloc(32, need * 4);
+            if (c->att_buf) c->att_cap = need;
+        }
+        j->buf = c->att_buf;
+        j->simd = j->buf != NULL;
+        if (!j->simd) j->grouped = 0;
+    }
+#endif
     pool_run(c->pool, att_one, j, j->bt->T * (j->grouped ? j->n_head_kv : j->n_head));
 }
 
@@ -960,7 +984,7 @@ static void cpu_attention(be *b, const float *q, const void *kc, const void *vc,
                           int n_head, int n_head_kv, int head_dim, float *out)
 {
     cpu_be *c = (cpu_be *)b;
-    att_job j = { b, q, kc, vc, bt, n_head, n_head_kv, head_dim, out, 0, 0, 0, NULL, 1.0f / sqrtf((float)head_dim) };
+    att_job j = { b, q, kc, vc, bt, n_head, n_head_kv, head_dim, out, 0, 0, 0, NULL, 1.0f / sqrtf((float)head_dim), NULL, 0 };
     att_run(c, &j);
 }
 
@@ -968,7 +992,7 @@ static void cpu_attention_ex(be *b, const float *q, const void *kc, const void *
                              int n_head, int n_head_kv, int head_dim, const be_attn_ex *ex, float *out)
 {
     cpu_be *c = (cpu_be *)b;
-    att_job j = { b, q, kc, vc, bt, n_head, n_head_kv, head_dim, out, 0, 0, 0, NULL, 1.0f / sqrtf((float)head_dim) };
+    att_job j = { b, q, kc, vc, bt, n_head, n_head_kv, head_dim, out, 0, 0, 0, NULL, 1.0f / sqrtf((float)head_dim), NULL, 0 };
     if (ex) {
         j.window = ex->window > 0 ? ex->window : 0;
         j.sinks = ex->sinks && ex->sinks->data ? ex->sinks->data : NULL;
