@@ -170,44 +170,14 @@ __global__ void __launch_bounds__(APR_WARPS * 32) k_att_pre(const void *kc, cons
                         }
                     }
                 }
-                float mx[2] = { -INFINITY, -INFINITY };
 #pragma unroll
                 for (int n = 0; n < 4; n++)
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
                         const int p = q0 + 8 * n + 2 * qd + (e & 1), r = e >> 1;
-                        const float sv = p <= P[r] && p >= lo[r] ? c[n][e] * scale : -INFINITY;
-                        c[n][e] = sv;
-                        mx[r] = fmaxf(mx[r], sv);
+                        c[n][e] = p <= P[r] && p >= lo[r] ? c[n][e] * scale : -INFINITY;
                     }
-                float base[2], corr[2], rs[2] = { 0.f, 0.f };
-#pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-                    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-                    const float mn = fmaxf(m_r[r], mx[r]);
-                    base[r] = mn == -INFINITY ? 0.f : mn;   /* (no position yet: every weight 0, no NaN) */
-                    corr[r] = exp2f((m_r[r] - base[r]) * LOG2E);
-                    m_r[r] = mn;
-                }
-#pragma unroll
-                for (int n = 0; n < 4; n++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const float p = exp2f((c[n][e] - base[e >> 1]) * LOG2E);
-                        c[n][e] = p;
-                        rs[e >> 1] += p;
-                    }
-#pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    rs[r] += __shfl_xor_sync(0xffffffffu, rs[r], 1);
-                    rs[r] += __shfl_xor_sync(0xffffffffu, rs[r], 2);
-                    l_r[r] = l_r[r] * corr[r] + rs[r];
-                }
-#pragma unroll
-                for (int dt = 0; dt < DT; dt++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) o[dt][e] *= corr[e >> 1];
+                mma_soft_step<DT>(c, m_r, l_r, o);
                 /* O += P V, positions j0 + 16 ks .. + 15 a k-step */
 #pragma unroll
                 for (int ks = 0; ks < 2; ks++) {

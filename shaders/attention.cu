@@ -744,7 +744,6 @@ __global__ void __launch_bounds__(ATT_MMA_WARPS * 32) k_att_mma(const float *q, 
                                                         float *out, float *part, int G, int maxs, act_forms qx)
 {
     constexpr int KS = HD / 16, DT = HD / 8, PR = HD * 2 / 16;
-    const float LOG2E = 1.4426950408889634f;
     const int t = blockIdx.x / n_head_kv, kvh = blockIdx.x % n_head_kv, y = blockIdx.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, qd = lane & 3;
     const int gh = n_head / n_head_kv, h0 = t * n_head + kvh * gh, kvd = n_head_kv * HD;
@@ -808,42 +807,11 @@ __global__ void __launch_bounds__(ATT_MMA_WARPS * 32) k_att_mma(const float *q, 
                 mma_f16(c[nt], qa[kk + 1][0], qa[kk + 1][1], qa[kk + 1][2], qa[kk + 1][3], b[2], b[3]);
             }
         }
-        float mx[2] = { -INFINITY, -INFINITY };
 #pragma unroll
         for (int nt = 0; nt < 4; nt++)
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                float sv = 8 * nt + 2 * qd + (i & 1) < np ? c[nt][i] * scale : -INFINITY;
-                c[nt][i] = sv;
-                mx[i >> 1] = fmaxf(mx[i >> 1], sv);
-            }
-        float mn[2], corr[2], rs[2] = { 0.f, 0.f };
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-            mn[r] = fmaxf(m_r[r], mx[r]);
-            corr[r] = exp2f((m_r[r] - mn[r]) * LOG2E);
-        }
-#pragma unroll
-        for (int nt = 0; nt < 4; nt++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                float p = exp2f((c[nt][i] - mn[i >> 1]) * LOG2E);
-                c[nt][i] = p;
-                rs[i >> 1] += p;
-            }
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            rs[r] += __shfl_xor_sync(0xffffffffu, rs[r], 1);
-            rs[r] += __shfl_xor_sync(0xffffffffu, rs[r], 2);
-            l_r[r] = l_r[r] * corr[r] + rs[r];
-            m_r[r] = mn[r];
-        }
-#pragma unroll
-        for (int dt = 0; dt < DT; dt++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) o[dt][i] *= corr[i >> 1];
+            for (int i = 0; i < 4; i++) c[nt][i] = 8 * nt + 2 * qd + (i & 1) < np ? c[nt][i] * scale : -INFINITY;
+        mma_soft_step<DT>(c, m_r, l_r, o);
         /* O += P V, positions 16 ks .. 16 ks + 15 a k-step */
 #pragma unroll
         for (int ks = 0; ks < 2; ks++) {

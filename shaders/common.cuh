@@ -339,6 +339,50 @@ __device__ __forceinline__ void mma_f16(float (&c)[4], uint32_t a0, uint32_t a1,
 __device__ __forceinline__ uint32_t h2u(__half2 h) { return *(uint32_t *)&h; }
 __device__ __forceinline__ __half2 u2h(uint32_t u) { return *(__half2 *)&u; }
 
+/* One online-softmax step of a tensor-core attention on a warp's S
+ * fragments c (four m16n8 tiles: rows g and g + 8 of the 16, scaled, -inf
+ * where masked): each row's max over its 4 lanes joins the running max
+ * m_r, c becomes the weights exp(s - max), their sums join l_r, and the
+ * accumulators o are rescaled. A row without a position yet keeps weight
+ * 0 everywhere (no NaN). */
+template <int DT>
+__device__ __forceinline__ void mma_soft_step(float (&c)[4][4], float (&m_r)[2], float (&l_r)[2], float (&o)[DT][4])
+{
+    const float LOG2E = 1.4426950408889634f;
+    float mx[2] = { -INFINITY, -INFINITY }, base[2], corr[2], rs[2] = { 0.f, 0.f };
+#pragma unroll
+    for (int n = 0; n < 4; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) mx[e >> 1] = fmaxf(mx[e >> 1], c[n][e]);
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        const float mn = fmaxf(m_r[r], mx[r]);
+        base[r] = mn == -INFINITY ? 0.f : mn;
+        corr[r] = exp2f((m_r[r] - base[r]) * LOG2E);
+        m_r[r] = mn;
+    }
+#pragma unroll
+    for (int n = 0; n < 4; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const float p = exp2f((c[n][e] - base[e >> 1]) * LOG2E);
+            c[n][e] = p;
+            rs[e >> 1] += p;
+        }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        rs[r] += __shfl_xor_sync(0xffffffffu, rs[r], 1);
+        rs[r] += __shfl_xor_sync(0xffffffffu, rs[r], 2);
+        l_r[r] = l_r[r] * corr[r] + rs[r];
+    }
+#pragma unroll
+    for (int dt = 0; dt < DT; dt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[dt][e] *= corr[e >> 1];
+}
+
 /* ldmatrix of four 8x8 b16 matrices (and transposed), rows from shared memory */
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void *p)
 {

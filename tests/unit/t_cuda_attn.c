@@ -580,6 +580,16 @@ void test_attention(void)
     if (cq8) cq8->ops->close(cq8);
 }
 
+/* Random sinks, one per head (some large), prepared on g */
+static wt sinks_rand(be *g, int n_head)
+{
+    float *sk = kept(malloc((size_t)n_head * 4));
+    for (int h = 0; h < n_head; h++) sk[h] = frand() * 3 + (h % 3 == 0 ? 4 : 0);
+    wt sinks = { .type = QT_F32, .n_in = n_head, .n_out = 1, .row_bytes = (size_t)n_head * 4, .data = sk };
+    CHECK(g->ops->weight_prepare(g, &sinks) == 0);
+    return sinks;
+}
+
 /* attention_ex against the CPU's: a prefill of two sequences (scrambled
  * pages) then a decode step each, with a window, sinks and a scale. */
 static void attn_ex_case(be *gb, be *cb, int n_head, int n_head_kv, int hd, int window, int with_sinks, float scale)
@@ -591,10 +601,7 @@ static void attn_ex_case(be *gb, be *cb, int n_head, int n_head_kv, int hd, int 
     page_perm(perm, n_pages);
     void *ckc = calloc(1, cache), *cvc = calloc(1, cache);
     void *gkc = gb->ops->alloc(gb, cache), *gvc = gb->ops->alloc(gb, cache);
-    float *sk = kept(malloc((size_t)n_head * 4));
-    for (int h = 0; h < n_head; h++) sk[h] = frand() * 3 + (h % 3 == 0 ? 4 : 0);
-    wt sinks = { .type = QT_F32, .n_in = n_head, .n_out = 1, .row_bytes = (size_t)n_head * 4, .data = sk };
-    CHECK(gb->ops->weight_prepare(gb, &sinks) == 0);
+    wt sinks = sinks_rand(gb, n_head);
     be_attn_ex ex = { window, with_sinks ? &sinks : NULL, scale };
     int lens[NS] = { 300, 41 };
     for (int step = 0; step < 2; step++) {
@@ -666,10 +673,7 @@ static void attn_prompt_case(be *gf, be *cb, int n_head, int n_head_kv, int hd, 
     page_perm(perm, n_pages);
     void *ckc = calloc(1, cache), *cvc = calloc(1, cache);
     void *gkc = gf->ops->alloc(gf, cache), *gvc = gf->ops->alloc(gf, cache);
-    float *sk = kept(malloc((size_t)n_head * 4));
-    for (int h = 0; h < n_head; h++) sk[h] = frand() * 3 + (h % 3 == 0 ? 4 : 0);
-    wt sinks = { .type = QT_F32, .n_in = n_head, .n_out = 1, .row_bytes = (size_t)n_head * 4, .data = sk };
-    CHECK(gf->ops->weight_prepare(gf, &sinks) == 0);
+    wt sinks = sinks_rand(gf, n_head);
     be_attn_ex aex = { window, with_sinks ? &sinks : NULL, scale };
     /* sequences D, E, A, B, C: cached positions before the batch, rows in it */
     const int from[NS] = { 200, 90, 0, 700, 0 }, cnt[NS] = { 1, 1, 300, 45, 3 };
