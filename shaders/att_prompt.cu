@@ -52,7 +52,7 @@ __global__ void __launch_bounds__(APR_WARPS * 32) k_att_pre(const void *kc, cons
     pdl_begin();
     extern __shared__ __align__(16) unsigned char apr_raw[];
     apr_stage<HD> *sb = (apr_stage<HD> *)apr_raw;
-    __shared__ int s_off[64], s_pos[64];
+    __shared__ int s_off[APR_WARPS * 16], s_pos[APR_WARPS * 16];   /* (tb at most: gh >= 1) */
     for (int i = threadIdx.x; i < tb; i += blockDim.x) {
         const int t = b0 + i;
         s_off[i] = t < T ? off[t] : -1;

@@ -840,18 +840,6 @@ static inline void att_values8(float *acc, const float *const *vr, const float *
     }
 }
 
-/* AVX2/F16C version of att_one_ref for head_dim % 8 == 0 (f16, f32 or
- * q8_0 cache), for heads h0 .. h0 + nh - 1 of token t, all of one KV head.
- * Per chunk of positions: the rows as f32 (an f16 cache's converted, a
- * q8_0 cache's dequantized as the reference does, once for the nh heads;
- * an f32 cache's read in place), then for each head the scores of 8
- * positions at a time (att_scores8), their exponentials 8 at a time
- * (exp8, 0 past the chunk) and the weighted values in registers (att_values8). Another
- * summation order than the reference's, within 2e-5 of it (t_backend). A
- * head's arithmetic is the same whatever nh is, so a token's result does
- * not depend on its batch. The per-position form this replaced (a
- * horizontal sum and expf a position, the sums through memory) spent ~100
- * cycles a position and head: 70% of a 2,048-token prompt on a 0.5b. */
 /* Floats of att_heads_avx2's buffer for nh heads: per head q (rounded to
  * f16 with an f16 cache), the sums, max and sum; then the chunk's K and V
  * rows as f32 (whole 32-byte units, so that each thread's stays aligned) */
@@ -860,6 +848,19 @@ static size_t att_buf_floats(int nh, int hd)
     return ((size_t)2 * nh * hd + (size_t)2 * ATT_CHUNK * hd + 2 * (size_t)nh + 7) / 8 * 8;
 }
 
+/* AVX2/F16C version of att_one_ref for head_dim % 8 == 0 (f16, f32 or
+ * q8_0 cache), for heads h0 .. h0 + nh - 1 of token t, all of one KV head.
+ * Per chunk of positions: the rows as f32 (an f16 cache's converted, a
+ * q8_0 cache's dequantized as the reference does, once for the nh heads;
+ * an f32 cache's read in place), then for each head the scores of 8
+ * positions at a time (att_scores8), their exponentials 8 at a time
+ * (exp8, 0 past the chunk) and the weighted values in registers
+ * (att_values8), in this pool thread's buffer (att_buf_floats). Another
+ * summation order than the reference's, within 2e-5 of it (t_backend). A
+ * head's arithmetic is the same whatever nh is, so a token's result does
+ * not depend on its batch. The per-position form this replaced (a
+ * horizontal sum and expf a position, the sums through memory) spent ~100
+ * cycles a position and head: 70% of a 2,048-token prompt on a 0.5b. */
 __attribute__((target("avx2,fma,f16c")))
 static void att_heads_avx2(att_job *j, float *buf, int t, int h0, int nh)
 {

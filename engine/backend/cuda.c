@@ -998,6 +998,13 @@ static void cu_rope_kv(be *b, float *q, float *k, float *v, void *kc, void *vc, 
                bias_dev(bias, 2), c->rope_tab, mode);
 }
 
+/* Attention on tensor cores allowed: where the matmuls leave the
+ * batch-invariance promise too (not deterministic), or forced */
+static int att_tc(const cu_be *c)
+{
+    return c->att_mma == 2 || (c->att_mma == 1 && !c->invariant);
+}
+
 /* The first row of bt's prompt rows that go to ck_att_prompt (bt->T:
  * none): rows past the decode rows, where tensor cores are allowed (the
  * prompt's matmuls leave the batch-invariance promise too), in runs of one
@@ -1006,7 +1013,7 @@ static void cu_rope_kv(be *b, float *q, float *k, float *v, void *kc, void *vc, 
 static int att_prompt_from(const cu_be *c, const be_batch *bt, int n_head, int n_head_kv, int head_dim)
 {
     int t0 = bt->n_dec, n = bt->T - t0;
-    if (n < 2 || !(c->att_mma == 2 || (c->att_mma == 1 && !c->invariant)) ||
+    if (n < 2 || !att_tc(c) ||
         !ck_att_prompt_ok(c->base.kv_type, n_head, n_head_kv, head_dim))
         return bt->T;
     int runs = 1;
@@ -1024,8 +1031,8 @@ static void att_run_rows(cu_be *c, const float *q, const void *kc, const void *v
 {
     int ns = att_spans(bt, T);
     int room = !att_room(c, ns);
-    /* tensor cores where the matmuls leave the batch-invariance promise too */
-    int mma = (c->att_mma == 2 || (c->att_mma == 1 && c->in_step && c->n_dec > CK_GEMV_MAX_T && !c->invariant)) &&
+    /* (decode batches past CK_GEMV_MAX_T streams) */
+    int mma = att_tc(c) && (c->att_mma == 2 || (c->in_step && c->n_dec > CK_GEMV_MAX_T)) &&
               ck_att_mma_ok(c->base.kv_type, n_head, n_head_kv, head_dim);
     int grp = room && !rp && c->att_maxs >= ns ? att_group(c, T, ns, n_head, n_head_kv, head_dim, mma) : 0;
     int G = grp || !room ? 1 : att_blocks(c, T, ns, n_head, head_dim);
